@@ -1,0 +1,145 @@
+package di
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"reflect"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+)
+
+// Config is everything the apps read from the environment. See the
+// configuration table in README.md.
+type Config struct {
+	DatabaseURL    string        `env:"DATABASE_URL,required,notEmpty"`
+	OAuth          OAuthConfig   `envPrefix:"OAUTH_"`
+	APIBaseURL     string        `env:"API_BASE_URL"`
+	HTTPAddr       string        `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
+	RefreshSkew    time.Duration `env:"TOKEN_REFRESH_SKEW" envDefault:"30s"`
+	LockWait       time.Duration `env:"TOKEN_LOCK_WAIT" envDefault:"15s"`
+	RefreshTimeout time.Duration `env:"TOKEN_REFRESH_TIMEOUT" envDefault:"10s"`
+	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
+	// MigrateOnStart applies pending migrations when an app starts.
+	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
+}
+
+// OAuthConfig is the client registration at the provider.
+type OAuthConfig struct {
+	ClientID     string   `env:"CLIENT_ID"`
+	ClientSecret string   `env:"CLIENT_SECRET"`
+	TokenURL     string   `env:"TOKEN_URL"`
+	AuthURL      string   `env:"AUTH_URL"`
+	RedirectURL  string   `env:"REDIRECT_URL"`
+	Scopes       []string `env:"SCOPES" envSeparator:","`
+}
+
+// String never shows the client secret or the database password.
+func (c Config) String() string {
+	return fmt.Sprintf("{database:%s token_url:%s client_id:%s skew:%v lock_wait:%v refresh_timeout:%v}",
+		redactURL(c.DatabaseURL), c.OAuth.TokenURL, c.OAuth.ClientID, c.RefreshSkew, c.LockWait, c.RefreshTimeout)
+}
+
+// ConfigFromEnv reads the configuration from environ (os.Environ() form)
+// and checks it. Errors name the offending variable.
+func ConfigFromEnv(environ []string) (Config, error) {
+	vars := env.ToMap(environ)
+	var c Config
+	if err := env.ParseWithOptions(&c, env.Options{Environment: vars}); err != nil {
+		return Config{}, friendly(err)
+	}
+	return c, c.validate()
+}
+
+func (c Config) validate() error {
+	if c.RefreshSkew < 0 {
+		return errors.New("TOKEN_REFRESH_SKEW must not be negative")
+	}
+	if c.LockWait <= 0 {
+		return errors.New("TOKEN_LOCK_WAIT must be positive")
+	}
+	if c.RefreshTimeout <= 0 || c.RefreshTimeout >= c.LockWait {
+		return fmt.Errorf("TOKEN_REFRESH_TIMEOUT must be positive and shorter than TOKEN_LOCK_WAIT (%v)", c.LockWait)
+	}
+	if c.DBMaxConns < 1 {
+		return errors.New("DB_MAX_CONNS must be at least 1")
+	}
+	for name, v := range map[string]string{
+		"OAUTH_TOKEN_URL": c.OAuth.TokenURL, "OAUTH_AUTH_URL": c.OAuth.AuthURL,
+		"OAUTH_REDIRECT_URL": c.OAuth.RedirectURL, "API_BASE_URL": c.APIBaseURL,
+	} {
+		if v == "" {
+			continue
+		}
+		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return fmt.Errorf("%s must be an http(s) URL, got %q", name, v)
+		}
+	}
+	return nil
+}
+
+// RequireOAuth reports the first setting a refreshing app is missing.
+func (c Config) RequireOAuth() error {
+	switch {
+	case c.OAuth.TokenURL == "":
+		return errors.New("OAUTH_TOKEN_URL is required")
+	case c.OAuth.ClientID == "":
+		return errors.New("OAUTH_CLIENT_ID is required")
+	}
+	return nil
+}
+
+// friendly rewrites env's errors so they name the variable, not the Go field.
+func friendly(err error) error {
+	var agg env.AggregateError
+	if !errors.As(err, &agg) || len(agg.Errors) == 0 {
+		return err
+	}
+	var msgs []string
+	for _, e := range agg.Errors {
+		var notSet env.VarIsNotSetError
+		var empty env.EmptyVarError
+		var parse env.ParseError
+		switch {
+		case errors.As(e, &notSet):
+			msgs = append(msgs, notSet.Key+" is required")
+		case errors.As(e, &empty):
+			msgs = append(msgs, empty.Key+" must not be empty")
+		case errors.As(e, &parse):
+			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", envKey(reflect.TypeFor[Config](), "", parse.Name), parse.Err))
+		default:
+			msgs = append(msgs, e.Error())
+		}
+	}
+	return errors.New(strings.Join(msgs, "; "))
+}
+
+// envKey finds the variable behind a Go field name, which is all env's
+// ParseError reports.
+func envKey(t reflect.Type, prefix, field string) string {
+	for f := range t.Fields() {
+		if f.Type.Kind() == reflect.Struct && f.Tag.Get("envPrefix") != "" {
+			if k := envKey(f.Type, prefix+f.Tag.Get("envPrefix"), field); k != field {
+				return k
+			}
+			continue
+		}
+		if f.Name == field {
+			return prefix + strings.Split(f.Tag.Get("env"), ",")[0]
+		}
+	}
+	return field
+}
+
+func redactURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil || u.User == nil {
+		return s
+	}
+	if _, has := u.User.Password(); has {
+		u.User = url.UserPassword(u.User.Username(), "xxxxx")
+	}
+	return u.String()
+}

@@ -1,0 +1,46 @@
+package domain
+
+import (
+	"fmt"
+	"log/slog"
+)
+
+// Secret holds a credential (an access or refresh token). It is a struct, not
+// a string type, so that a careless conversion or format verb cannot leak it:
+// every printing path shows a redaction marker and only Reveal returns the value.
+type Secret struct{ v string }
+
+const redacted = "[REDACTED]"
+
+// NewSecret wraps a credential.
+func NewSecret(s string) Secret { return Secret{v: s} }
+
+// Reveal returns the credential. Call it only where the value leaves for the
+// provider, the protected API or the database.
+func (s Secret) Reveal() string { return s.v }
+
+// IsZero reports whether the secret is empty.
+func (s Secret) IsZero() bool { return s.v == "" }
+
+// Equal reports whether two secrets hold the same value.
+func (s Secret) Equal(o Secret) bool { return s.v == o.v }
+
+func (s Secret) String() string   { return s.mask() }
+func (s Secret) GoString() string { return s.mask() }
+
+// Format covers every verb, including %x and %q, which would otherwise
+// bypass String.
+func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.mask())) }
+
+// LogValue keeps slog from ever seeing the value.
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.mask()) }
+
+// MarshalText keeps encoders (JSON, YAML, text logs) from seeing the value.
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
+
+func (s Secret) mask() string {
+	if s.v == "" {
+		return ""
+	}
+	return redacted
+}

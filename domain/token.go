@@ -1,0 +1,120 @@
+package domain
+
+import (
+	"fmt"
+	"log/slog"
+	"regexp"
+	"time"
+)
+
+// Status says whether a connection's grant can still be refreshed.
+type Status string
+
+const (
+	StatusActive      Status = "active"
+	StatusNeedsReauth Status = "needs_reauth"
+)
+
+// Token is the OAuth2 token of one connection as tokenguard stores it.
+// The credentials are Secrets, so printing a Token never shows them.
+type Token struct {
+	ConnectionID string
+	AccessToken  Secret
+	TokenType    string
+	RefreshToken Secret
+	Expiry       time.Time // zero means the provider gave no expiry
+	ObtainedAt   time.Time // when AccessToken was issued; bounds the refresh skew
+	Version      int64     // bumped by every write; never goes back
+	Status       Status
+	StatusReason string // why the connection needs re-authorisation, if it does
+	UpdatedAt    time.Time
+}
+
+// Grant is what a provider hands out: a fresh access token and possibly a
+// new refresh token.
+type Grant struct {
+	AccessToken  Secret
+	TokenType    string
+	RefreshToken Secret // zero when the provider did not rotate
+	Expiry       time.Time
+}
+
+// EffectiveSkew caps skew at half the lifetime the provider granted, so a
+// skew longer than the lifetime cannot turn every call into a refresh.
+func (t Token) EffectiveSkew(skew time.Duration) time.Duration {
+	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() {
+		return skew
+	}
+	if half := t.Expiry.Sub(t.ObtainedAt) / 2; half >= 0 && skew > half {
+		return half
+	}
+	return skew
+}
+
+// FreshAt reports whether the access token may be used at now without a
+// refresh: the connection is active and the token outlives now by the
+// (capped) skew.
+func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
+	if t.Status != StatusActive || t.AccessToken.IsZero() {
+		return false
+	}
+	if t.Expiry.IsZero() {
+		return true
+	}
+	return now.Before(t.Expiry.Add(-t.EffectiveSkew(skew)))
+}
+
+// Rotated returns t carrying g, issued at now. The refresh token is kept
+// when the provider did not send a new one (RFC 6749 §6 makes rotation optional).
+func (t Token) Rotated(g Grant, now time.Time) Token {
+	t.AccessToken = g.AccessToken
+	t.TokenType = g.TokenType
+	if !g.RefreshToken.IsZero() {
+		t.RefreshToken = g.RefreshToken
+	}
+	t.Expiry = g.Expiry
+	t.ObtainedAt = now
+	t.Status = StatusActive
+	t.StatusReason = ""
+	return t
+}
+
+// NewToken builds the token of a freshly granted connection.
+func NewToken(connectionID string, g Grant, now time.Time) (Token, error) {
+	if err := ValidateConnectionID(connectionID); err != nil {
+		return Token{}, err
+	}
+	if g.AccessToken.IsZero() {
+		return Token{}, fmt.Errorf("%w: access token is empty", ErrInvalidToken)
+	}
+	if g.RefreshToken.IsZero() {
+		// Without a refresh token nobody could ever refresh it, so the
+		// connection would silently die at its first expiry.
+		return Token{}, fmt.Errorf("%w: refresh token is empty", ErrInvalidToken)
+	}
+	if g.TokenType == "" {
+		g.TokenType = "Bearer"
+	}
+	return Token{ConnectionID: connectionID}.Rotated(g, now), nil
+}
+
+// LogValue shows what operators need and no credential.
+func (t Token) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("connection", t.ConnectionID),
+		slog.Int64("version", t.Version),
+		slog.String("status", string(t.Status)),
+		slog.Time("expiry", t.Expiry),
+	)
+}
+
+var connectionIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+
+// ValidateConnectionID accepts names that are safe in URLs, logs and
+// command lines: 1 to 128 letters, digits, '.', '_' or '-'.
+func ValidateConnectionID(id string) error {
+	if !connectionIDPattern.MatchString(id) {
+		return fmt.Errorf("%w: %q (want 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", ErrInvalidConnection, id)
+	}
+	return nil
+}

@@ -1,0 +1,87 @@
+// Package postgres opens the GORM connection pool tokenguard runs on.
+package postgres
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// Pool sizes the connection pool. Each refresh in flight holds one
+// connection for the length of the provider call, so MaxOpenConns bounds
+// how many connections one process can refresh at once.
+type Pool struct {
+	MaxOpenConns    int           // default 10
+	MaxIdleConns    int           // default 5
+	ConnMaxLifetime time.Duration // default 30m
+	ConnMaxIdleTime time.Duration // default 5m
+}
+
+func (p Pool) withDefaults() Pool {
+	if p.MaxOpenConns <= 0 {
+		p.MaxOpenConns = 10
+	}
+	if p.MaxIdleConns <= 0 {
+		p.MaxIdleConns = min(5, p.MaxOpenConns)
+	}
+	if p.ConnMaxLifetime <= 0 {
+		p.ConnMaxLifetime = 30 * time.Minute
+	}
+	if p.ConnMaxIdleTime <= 0 {
+		p.ConnMaxIdleTime = 5 * time.Minute
+	}
+	return p
+}
+
+// Open connects to the database at url and checks it answers. log may be
+// nil (GORM then only reports errors to slog's default logger).
+func Open(ctx context.Context, url string, pool Pool, log *slog.Logger) (*gorm.DB, error) {
+	if log == nil {
+		log = slog.Default()
+	}
+	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
+		// Parameterised: the SQL GORM logs never contains the bound
+		// values, which are tokens.
+		Logger: logger.NewSlogLogger(log, logger.Config{
+			SlowThreshold:             time.Second,
+			LogLevel:                  logger.Warn,
+			ParameterizedQueries:      true,
+			IgnoreRecordNotFoundError: true,
+		}),
+		// Each write is already in an explicit transaction.
+		SkipDefaultTransaction: true,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return nil, fmt.Errorf("open database: %w", err)
+	}
+	pool = pool.withDefaults()
+	sqlDB.SetMaxOpenConns(pool.MaxOpenConns)
+	sqlDB.SetMaxIdleConns(pool.MaxIdleConns)
+	sqlDB.SetConnMaxLifetime(pool.ConnMaxLifetime)
+	sqlDB.SetConnMaxIdleTime(pool.ConnMaxIdleTime)
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := sqlDB.PingContext(pingCtx); err != nil {
+		_ = sqlDB.Close()
+		return nil, fmt.Errorf("connect to database: %w", err)
+	}
+	return db, nil
+}
+
+// Close closes the pool behind db.
+func Close(db *gorm.DB) error {
+	sqlDB, err := db.DB()
+	if err != nil {
+		return err
+	}
+	return sqlDB.Close()
+}

@@ -1,0 +1,2 @@
+DROP TABLE IF EXISTS tokens;
+DROP TABLE IF EXISTS connections;

@@ -1,0 +1,44 @@
+package repository
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// storeError turns a database error into a domain error. It keeps the
+// SQLSTATE and message but drops the detail, which for constraint errors
+// repeats the failing row, tokens included.
+func storeError(ctx context.Context, op string, err error) error {
+	if err == nil {
+		return nil
+	}
+	if errors.Is(err, gorm.ErrRecordNotFound) {
+		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
+	}
+	var pgErr *pgconn.PgError
+	isPg := errors.As(err, &pgErr)
+	if isPg && pgErr.Code == "55P03" { // lock_not_available: lock_timeout fired
+		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
+	}
+	// A cancelled or expired context surfaces as whatever the driver saw
+	// (a cancel request, a closed socket); report the caller's reason.
+	if ctxErr := ctx.Err(); ctxErr != nil {
+		return fmt.Errorf("%s: %w", op, ctxErr)
+	}
+	if isPg {
+		msg := pgErr.Message
+		if strings.HasPrefix(pgErr.Code, "22") {
+			// Data exceptions quote the offending input value.
+			msg = "data exception"
+		}
+		return fmt.Errorf("%s: %w: SQLSTATE %s: %s", op, domain.ErrStoreUnavailable, pgErr.Code, msg)
+	}
+	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)
+}

@@ -1,0 +1,202 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// TokenRepository reads and writes connection tokens. Plain reads take no
+// lock; every write happens in a LockedTokens handed out by InLock.
+type TokenRepository struct {
+	db *gorm.DB
+}
+
+// NewTokenRepository binds the repository to a pool.
+func NewTokenRepository(db *gorm.DB) *TokenRepository { return &TokenRepository{db: db} }
+
+const selectToken = `
+SELECT c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
+       t.expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at
+FROM tokens t JOIN connections c ON c.id = t.connection_id`
+
+// Get reads a connection's token without locking: readers never wait on a
+// refresh in progress.
+func (r *TokenRepository) Get(ctx context.Context, connectionID string) (domain.Token, error) {
+	return getToken(ctx, r.db.WithContext(ctx), connectionID)
+}
+
+// List reads every stored token, ordered by connection name.
+func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
+	var rows []tokenRow
+	if err := r.db.WithContext(ctx).Raw(selectToken + " ORDER BY c.name").Scan(&rows).Error; err != nil {
+		return nil, storeError(ctx, "list tokens", err)
+	}
+	out := make([]domain.Token, len(rows))
+	for i, row := range rows {
+		out[i] = row.domain()
+	}
+	return out, nil
+}
+
+// Register records a connection name (idempotently) so that it has a lock
+// key before it has a token.
+func (r *TokenRepository) Register(ctx context.Context, connectionID string) error {
+	if err := domain.ValidateConnectionID(connectionID); err != nil {
+		return err
+	}
+	err := r.db.WithContext(ctx).
+		Exec("INSERT INTO connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connectionID).Error
+	return storeError(ctx, "register connection", err)
+}
+
+// WithAdvisoryLock takes, on tx's own connection, the transaction-scoped
+// advisory locks of the named connections, always in the same order. They
+// are released when tx commits or rolls back, never earlier. Connections
+// must be registered.
+func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string) error {
+	ids := slices.Compact(slices.Sorted(slices.Values(connectionIDs)))
+	var keys []int32
+	if err := tx.Raw("SELECT id FROM connections WHERE name IN ?", ids).Scan(&keys).Error; err != nil {
+		return err
+	}
+	if len(keys) != len(ids) {
+		return fmt.Errorf("lock %d connection(s), %d registered: %w", len(ids), len(keys), domain.ErrNotFound)
+	}
+	return lockConnections(tx, keys)
+}
+
+// InLock runs fn in a transaction that holds connectionID's advisory lock.
+//
+// ctx bounds only the wait for the lock, together with wait (lock_timeout,
+// reported as domain.ErrLockTimeout). Once the lock is held the transaction
+// no longer follows ctx: fn gets a context bounded by hold instead, so a
+// caller that gives up cannot roll back a token fn already obtained from the
+// provider. fn's error rolls back and is returned as is; otherwise the
+// transaction commits and a commit failure is returned.
+func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+	fn func(context.Context, *LockedTokens) error) error {
+	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+hold)
+	defer cancel()
+	var fnErr error
+	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
+		if err := setLockTimeout(tx, wait); err != nil {
+			return storeError(ctx, "set lock_timeout", err)
+		}
+		if err := r.WithAdvisoryLock(tx.WithContext(ctx), connectionID); err != nil {
+			return storeError(ctx, "lock connection "+connectionID, err)
+		}
+		fnErr = fn(txCtx, &LockedTokens{tx: tx})
+		return fnErr
+	})
+	if err != nil && fnErr == nil {
+		return storeError(txCtx, "transaction", err)
+	}
+	return err
+}
+
+// setLockTimeout bounds lock waits for the rest of this transaction only
+// (set_config with is_local=true is SET LOCAL that takes a parameter).
+func setLockTimeout(tx *gorm.DB, wait time.Duration) error {
+	if wait <= 0 {
+		return nil
+	}
+	ms := max(wait.Milliseconds(), 1)
+	return tx.Exec("SELECT set_config('lock_timeout', ?, true)", fmt.Sprintf("%dms", ms)).Error
+}
+
+// LockedTokens is the token store bound to a transaction that holds a
+// connection's advisory lock. It is valid only inside InLock's callback.
+type LockedTokens struct {
+	tx *gorm.DB
+}
+
+// Get re-reads a token inside the lock: another process may have refreshed
+// it while we waited.
+func (l *LockedTokens) Get(ctx context.Context, connectionID string) (domain.Token, error) {
+	return getToken(ctx, l.tx.WithContext(ctx), connectionID)
+}
+
+// Save writes t over the stored token if the stored version is still
+// t.Version, bumps the version and returns what was stored. An empty refresh
+// token never replaces a stored one.
+func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
+	var out struct {
+		Version   int64
+		UpdatedAt time.Time
+	}
+	res := l.tx.WithContext(ctx).Raw(`
+UPDATE tokens AS t SET
+    access_token  = ?,
+    token_type    = ?,
+    refresh_token = COALESCE(NULLIF(?, ''), t.refresh_token),
+    expiry        = ?,
+    obtained_at   = ?,
+    status        = ?,
+    status_reason = ?,
+    version       = t.version + 1,
+    updated_at    = now()
+FROM connections c
+WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
+RETURNING t.version, t.updated_at`,
+		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt,
+		string(t.Status), t.StatusReason, t.ConnectionID, t.Version,
+	).Scan(&out)
+	if res.Error != nil {
+		return domain.Token{}, storeError(ctx, "save token", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		if _, err := l.Get(ctx, t.ConnectionID); err != nil {
+			return domain.Token{}, err
+		}
+		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.ConnectionID, t.Version, domain.ErrConflict)
+	}
+	return l.Get(ctx, t.ConnectionID)
+}
+
+// Put stores a newly granted token for a registered connection, replacing
+// whatever grant it had (a person connected it again). The version keeps
+// increasing across grants.
+func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, error) {
+	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
+		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.ConnectionID, domain.ErrInvalidToken)
+	}
+	res := l.tx.WithContext(ctx).Exec(`
+INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, obtained_at, version, status, status_reason)
+SELECT c.id, ?, ?, ?, ?, ?, 1, 'active', '' FROM connections c WHERE c.name = ?
+ON CONFLICT (connection_id) DO UPDATE SET
+    access_token  = EXCLUDED.access_token,
+    token_type    = EXCLUDED.token_type,
+    refresh_token = EXCLUDED.refresh_token,
+    expiry        = EXCLUDED.expiry,
+    obtained_at   = EXCLUDED.obtained_at,
+    status        = 'active',
+    status_reason = '',
+    version       = t.version + 1,
+    updated_at    = now()`,
+		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, t.ConnectionID,
+	)
+	if res.Error != nil {
+		return domain.Token{}, storeError(ctx, "put token", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.ConnectionID, domain.ErrNotFound)
+	}
+	return l.Get(ctx, t.ConnectionID)
+}
+
+func getToken(ctx context.Context, db *gorm.DB, connectionID string) (domain.Token, error) {
+	var rows []tokenRow
+	if err := db.Raw(selectToken+" WHERE c.name = ?", connectionID).Scan(&rows).Error; err != nil {
+		return domain.Token{}, storeError(ctx, "get token", err)
+	}
+	if len(rows) == 0 {
+		return domain.Token{}, fmt.Errorf("connection %q: %w", connectionID, domain.ErrNotFound)
+	}
+	return rows[0].domain(), nil
+}

@@ -1,0 +1,52 @@
+// Package usecase holds tokenguard's application logic: hand out a valid
+// access token for a connection, refreshing it at most once per expiry
+// across every goroutine and process that shares the connection.
+//
+// It declares the ports it needs (a token store, a provider, a clock) and
+// knows nothing of GORM, SQL or HTTP.
+package usecase
+
+import (
+	"context"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// TokenStore is where tokens live, shared by every process.
+type TokenStore interface {
+	// Get reads a token without locking.
+	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	// InLock runs fn in a transaction holding the connection's exclusive
+	// refresh lock. ctx and wait bound the wait for the lock; after that fn
+	// runs under the context it is given, bounded by hold and no longer
+	// cancelled by ctx. fn's error rolls back; nil commits.
+	InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+		fn func(ctx context.Context, s LockedStore) error) error
+}
+
+// LockedStore is the store bound to the locked transaction.
+type LockedStore interface {
+	// Get re-reads the token inside the lock.
+	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	// Save writes t if the stored version is still t.Version and returns
+	// the stored token with its new version.
+	Save(ctx context.Context, t domain.Token) (domain.Token, error)
+}
+
+// Refresher redeems a refresh token at the provider.
+type Refresher interface {
+	// Refresh returns the new grant, or an error that wraps
+	// domain.ErrGrantRevoked when retrying cannot help and
+	// domain.ErrProviderUnavailable when it may.
+	Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error)
+}
+
+// Clock tells the time; tests move it.
+type Clock interface {
+	Now() time.Time
+}
+
+type systemClock struct{}
+
+func (systemClock) Now() time.Time { return time.Now() }

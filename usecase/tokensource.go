@@ -1,0 +1,37 @@
+package usecase
+
+import (
+	"context"
+
+	"golang.org/x/oauth2"
+)
+
+// TokenSource returns an oauth2.TokenSource for one connection, so existing
+// code can keep calling oauth2.NewClient(ctx, src). ctx is used for every
+// Token call, as with oauth2.Config.TokenSource.
+//
+// The returned token never carries the refresh token, and its Expiry is the
+// moment tokenguard itself stops handing it out (expiry minus skew): a
+// caching wrapper such as the oauth2.ReuseTokenSource inside
+// oauth2.NewClient then lets go of it no later than tokenguard would.
+func (u *RefreshTokenUseCase) TokenSource(ctx context.Context, connectionID string) oauth2.TokenSource {
+	return &connectionSource{ctx: ctx, uc: u, id: connectionID}
+}
+
+type connectionSource struct {
+	ctx context.Context
+	uc  *RefreshTokenUseCase
+	id  string
+}
+
+func (s *connectionSource) Token() (*oauth2.Token, error) {
+	t, err := s.uc.Token(s.ctx, s.id)
+	if err != nil {
+		return nil, err
+	}
+	out := &oauth2.Token{AccessToken: t.AccessToken.Reveal(), TokenType: t.TokenType}
+	if !t.Expiry.IsZero() {
+		out.Expiry = t.Expiry.Add(-t.EffectiveSkew(s.uc.opts.Skew))
+	}
+	return out, nil
+}
