@@ -1,0 +1,232 @@
+package sandbox
+
+import (
+	"context"
+	"encoding/json"
+	"math"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/ory/fosite"
+)
+
+// Handler serves the provider:
+//
+//	POST /oauth2/token  authorization_code and refresh_token grants
+//	GET  /oauth2/auth   authorization endpoint (auto-approves)
+//	GET  /resource      protected API, requires a Bearer access token
+//	GET  /stats         Stats as JSON
+func (p *Provider) Handler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /oauth2/token", p.handleToken)
+	mux.HandleFunc("GET /oauth2/auth", p.handleAuthorize)
+	mux.HandleFunc("GET /resource", p.handleResource)
+	mux.HandleFunc("GET /stats", p.handleStats)
+	return mux
+}
+
+func (p *Provider) handleAuthorize(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	if p.store.anyRedirect {
+		ctx = context.WithValue(ctx, redirectKey{}, r.URL.Query().Get("redirect_uri"))
+	}
+	ar, err := p.oauth.NewAuthorizeRequest(ctx, r)
+	if err != nil {
+		p.oauth.WriteAuthorizeError(ctx, w, ar, err)
+		return
+	}
+	// Auto-approve. fosite has already checked the requested scopes and
+	// audience against what the client is allowed.
+	for _, s := range ar.GetRequestedScopes() {
+		ar.GrantScope(s)
+	}
+	for _, a := range ar.GetRequestedAudience() {
+		ar.GrantAudience(a)
+	}
+	resp, err := p.oauth.NewAuthorizeResponse(ctx, ar, &fosite.DefaultSession{Subject: Subject, Username: Subject})
+	if err != nil {
+		p.oauth.WriteAuthorizeError(ctx, w, ar, err)
+		return
+	}
+	p.oauth.WriteAuthorizeResponse(ctx, w, ar, resp)
+}
+
+func (p *Provider) handleToken(w http.ResponseWriter, r *http.Request) {
+	// Parsing the form here is harmless: fosite's ParseMultipartForm reuses
+	// r.PostForm once it is set.
+	if r.PostFormValue("grant_type") == "refresh_token" {
+		p.handleRefresh(w, r)
+		return
+	}
+	ctx := r.Context()
+	ar, err := p.validate(ctx, r)
+	var resp fosite.AccessResponder
+	if err == nil {
+		resp, err = p.commit(ctx, ar)
+	}
+	if err != nil {
+		p.oauth.WriteAccessError(ctx, w, ar, err)
+		return
+	}
+	if ar.GetGrantTypes().ExactOne("authorization_code") {
+		p.stats.codeExchanges.Add(1)
+	}
+	p.oauth.WriteAccessResponse(ctx, w, ar, resp)
+}
+
+func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
+	if fp := p.refreshFault.Load(); fp != nil {
+		if f := (*fp)(); f != FaultNone {
+			p.writeFault(w, r, f)
+			return
+		}
+	}
+
+	p.refreshMu.Lock()
+	defer p.refreshMu.Unlock()
+
+	ctx := r.Context()
+	// Decide reuse before fosite runs: on reuse fosite deletes the presented
+	// token's session, so afterwards it could no longer tell reuse from a
+	// token it never issued.
+	sig := p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("refresh_token"))
+	reused := sig != "" && p.store.wasRotated(sig)
+
+	ar, err := p.validate(ctx, r)
+	if err == nil && reused {
+		// Safety net that must never fire: fosite itself rejects rotated
+		// refresh tokens. Nothing has been stored at this point.
+		err = fosite.ErrInvalidGrant.WithHint("The refresh token was already used.")
+	}
+	if d := time.Duration(p.refreshLatency.Load()); d > 0 {
+		// Between validation (token read as active) and rotation: the
+		// window in which an unserialised provider would let a concurrent
+		// request redeem the same token. Deliberately not cut short by the
+		// request context, see Options.RefreshLatency.
+		time.Sleep(d)
+	}
+	var resp fosite.AccessResponder
+	if err == nil {
+		resp, err = p.commit(ctx, ar)
+	}
+	if err != nil {
+		p.stats.refreshRejected.Add(1)
+		if reused {
+			p.stats.refreshReuse.Add(1)
+		}
+		p.oauth.WriteAccessError(ctx, w, ar, err)
+		return
+	}
+	p.stats.refreshes.Add(1)
+	p.oauth.WriteAccessResponse(ctx, w, ar, resp)
+}
+
+// validate is the first half of a token request: fosite authenticates the
+// client and checks the grant (code or refresh token) without storing
+// anything. It then re-stamps token expiry: fosite rounds it to whole seconds
+// (so a 300ms lifespan could expire at once or live 1.3s).
+func (p *Provider) validate(ctx context.Context, r *http.Request) (fosite.AccessRequester, error) {
+	ar, err := p.oauth.NewAccessRequest(ctx, r, new(fosite.DefaultSession))
+	if err != nil {
+		return ar, err
+	}
+	now := time.Now().UTC()
+	sess := ar.GetSession()
+	sess.SetExpiresAt(fosite.AccessToken, now.Add(p.atLifespan))
+	if p.rtLifespan > 0 {
+		sess.SetExpiresAt(fosite.RefreshToken, now.Add(p.rtLifespan))
+	}
+	return ar, nil
+}
+
+// commit is the second half: fosite consumes the code or rotates the refresh
+// token (revoking the grant's previous access token) and stores the new
+// tokens.
+func (p *Provider) commit(ctx context.Context, ar fosite.AccessRequester) (fosite.AccessResponder, error) {
+	resp, err := p.oauth.NewAccessResponse(ctx, ar)
+	if err != nil {
+		return nil, err
+	}
+	resp.SetExtra("expires_in", expiresIn(ar.GetSession().GetExpiresAt(fosite.AccessToken)))
+	return resp, nil
+}
+
+// expiresIn is the remaining lifetime in whole seconds, rounded, and at least
+// 1: fosite truncates (1.999s -> 1) and a 0 reads as "no expiry" to clients.
+func expiresIn(exp time.Time) int64 {
+	return max(int64(math.Round(time.Until(exp).Seconds())), 1)
+}
+
+func (p *Provider) writeFault(w http.ResponseWriter, r *http.Request, f Fault) {
+	// Count before answering, so a client that sees the answer (or its own
+	// timeout) also sees the counters.
+	p.stats.refreshFaults.Add(1)
+	p.stats.refreshRejected.Add(1)
+	tempUnavailable := oauthError{Error: "temporarily_unavailable"}
+	switch f {
+	case FaultUnavailable:
+		writeJSON(w, http.StatusServiceUnavailable, tempUnavailable)
+	case FaultTooManyRequests:
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusTooManyRequests, tempUnavailable)
+	case FaultHang:
+		t := time.NewTimer(maxHang)
+		defer t.Stop()
+		select {
+		case <-r.Context().Done():
+			// The client is gone; nothing to write.
+		case <-t.C:
+			writeJSON(w, http.StatusServiceUnavailable, tempUnavailable)
+		}
+	case FaultInvalidGrant:
+		writeJSON(w, http.StatusBadRequest, oauthError{Error: "invalid_grant"})
+	default:
+		writeJSON(w, http.StatusInternalServerError, oauthError{Error: "server_error"})
+	}
+}
+
+func (p *Provider) handleResource(w http.ResponseWriter, r *http.Request) {
+	if token, ok := bearerToken(r); ok {
+		use, ar, err := p.oauth.IntrospectToken(r.Context(), token, fosite.AccessToken, new(fosite.DefaultSession))
+		if err == nil && use == fosite.AccessToken {
+			p.stats.resourceAccepted(r.UserAgent())
+			writeJSON(w, http.StatusOK, resourceBody{
+				OK:      true,
+				Subject: ar.GetSession().GetSubject(),
+				Scope:   strings.Join(ar.GetGrantedScopes(), " "),
+			})
+			return
+		}
+	}
+	p.stats.resource401.Add(1)
+	w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+	writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_token"})
+}
+
+func bearerToken(r *http.Request) (string, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	return token, ok && strings.EqualFold(scheme, "Bearer") && token != ""
+}
+
+func (p *Provider) handleStats(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, p.Stats())
+}
+
+type oauthError struct {
+	Error string `json:"error"`
+}
+
+type resourceBody struct {
+	OK      bool   `json:"ok"`
+	Subject string `json:"subject"`
+	Scope   string `json:"scope"`
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,294 @@
+// Package sandbox is a strict, in-process OAuth2 authorization server for
+// tests and demos of tokenguard. It is built on github.com/ory/fosite (memory
+// store, HMAC tokens) and behaves like the providers tokenguard has to cope
+// with:
+//
+//   - Refresh tokens rotate: every successful refresh_token grant returns a new
+//     refresh token, and the presented one can never be used again.
+//   - A refresh revokes the access token previously issued for the grant; it
+//     answers 401 at /resource at once, even though it has not expired.
+//   - Presenting a refresh token that was already rotated away is answered
+//     with 400 invalid_grant and counted in Stats.RefreshReuse. Following
+//     RFC 9700 §4.14.2, fosite then also revokes the whole grant: the newest
+//     refresh token and access token of that grant die too, so a client that
+//     lost a refresh race finds out loudly instead of silently.
+//   - Refresh-grant requests are serialised per Provider, so two concurrent
+//     requests presenting the same refresh token can never both succeed.
+//   - Access tokens expire exactly after Options.AccessTokenLifespan (fosite
+//     itself would round expiry to whole seconds; the sandbox does not).
+//
+// The authorization endpoint auto-approves: it grants every requested (and
+// allowed) scope to the subject "sandbox-user" and redirects with a code.
+// Refresh tokens are issued on every code exchange; the client does not have
+// to ask for "offline" or "offline_access" (fosite would require one of them
+// by default, the sandbox configures fosite's RefreshTokenScopes to be empty).
+// Both scopes are still accepted, for clients configured for providers that
+// need them.
+//
+// Token values are never logged and never appear in errors or statistics.
+package sandbox
+
+import (
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ory/fosite"
+	"github.com/ory/fosite/compose"
+	fositeoauth2 "github.com/ory/fosite/handler/oauth2"
+	"github.com/ory/fosite/storage"
+	"golang.org/x/oauth2"
+)
+
+// Subject is the resource owner the authorization endpoint approves for.
+const Subject = "sandbox-user"
+
+// Fault is a failure the token endpoint can inject into a refresh_token grant.
+// A faulted request never reaches the store: nothing is rotated or revoked.
+type Fault int
+
+const (
+	FaultNone Fault = iota
+	// FaultUnavailable answers 503 {"error":"temporarily_unavailable"}.
+	FaultUnavailable
+	// FaultTooManyRequests answers 429 with Retry-After: 1 and
+	// {"error":"temporarily_unavailable"}.
+	FaultTooManyRequests
+	// FaultHang blocks until the client gives up (its request context is
+	// done), so the client sees a timeout. As a safety net against clients
+	// without a timeout it stops waiting after maxHang.
+	FaultHang
+	// FaultInvalidGrant answers 400 {"error":"invalid_grant"} without
+	// consulting the store; the refresh token stays valid.
+	FaultInvalidGrant
+)
+
+func (f Fault) String() string {
+	switch f {
+	case FaultNone:
+		return "none"
+	case FaultUnavailable:
+		return "unavailable"
+	case FaultTooManyRequests:
+		return "too-many-requests"
+	case FaultHang:
+		return "hang"
+	case FaultInvalidGrant:
+		return "invalid-grant"
+	}
+	return fmt.Sprintf("Fault(%d)", int(f))
+}
+
+// Options configures a Provider. The zero value is usable.
+type Options struct {
+	// ClientID and ClientSecret of the single registered confidential client.
+	// Defaults "tokenguard" / "tokenguard-secret". The client may
+	// authenticate with client_secret_basic or client_secret_post.
+	ClientID, ClientSecret string
+	// RedirectURIs allowed in the authorization-code flow. Default
+	// {"http://127.0.0.1/callback"}. Loopback URIs match any port (RFC 8252).
+	// An entry "*" accepts any redirect URI that fosite considers valid
+	// (absolute, no fragment, https or loopback http).
+	RedirectURIs []string
+	// AccessTokenLifespan defaults to 1h. It may be sub-second; expires_in
+	// is then reported as 1 (its minimum, since 0 means "unknown").
+	AccessTokenLifespan time.Duration
+	// RefreshTokenLifespan defaults to 30 days; negative means never expire.
+	RefreshTokenLifespan time.Duration
+	// RefreshLatency is slept inside every refresh_token grant that is not
+	// faulted, while holding the rotation lock, between fosite's validation
+	// of the presented refresh token and its rotation. It simulates a slow
+	// provider; refreshes queue behind each other. The rotation completes
+	// even if the client gives up meanwhile, like a real provider whose
+	// response is lost.
+	RefreshLatency time.Duration
+	// RefreshFault is called once per refresh_token grant request, before
+	// anything else and without holding the rotation lock; it may be called
+	// concurrently. Nil means never fault.
+	RefreshFault func() Fault
+	// Scopes the client may request. Default {"api"}. "offline" and
+	// "offline_access" are always allowed in addition.
+	Scopes []string
+}
+
+// maxHang bounds FaultHang so that a client without a timeout cannot wedge a
+// test server (httptest.Server.Close waits for running handlers) forever.
+const maxHang = time.Minute
+
+// Provider is a strict OAuth2 authorization server plus a protected resource.
+// Create it with New and serve Handler().
+type Provider struct {
+	oauth      fosite.OAuth2Provider
+	store      *store
+	strategy   *fositeoauth2.HMACSHAStrategy
+	atLifespan time.Duration
+	rtLifespan time.Duration // <= 0: refresh tokens never expire
+	clientID   string
+	secret     string
+	redirect   string // default redirect URI for OAuth2Config
+	scopes     []string
+
+	// refreshMu serialises refresh_token grants from fosite's request
+	// parsing to the response write. fosite's MemoryStore is not
+	// transactional: without this lock two requests presenting the same
+	// refresh token could both load it as active before either rotates it,
+	// and both would succeed. Code exchanges and /resource never take it.
+	refreshMu sync.Mutex
+
+	refreshLatency atomic.Int64 // time.Duration
+	refreshFault   atomic.Pointer[func() Fault]
+
+	stats counters
+}
+
+// New builds a Provider with its own random HMAC secret and empty store.
+func New(opts Options) (*Provider, error) {
+	if opts.ClientID == "" {
+		opts.ClientID = "tokenguard"
+	}
+	if opts.ClientSecret == "" {
+		opts.ClientSecret = "tokenguard-secret"
+	}
+	if len(opts.RedirectURIs) == 0 {
+		opts.RedirectURIs = []string{"http://127.0.0.1/callback"}
+	}
+	if opts.AccessTokenLifespan < 0 {
+		return nil, errors.New("sandbox: negative AccessTokenLifespan")
+	}
+	if opts.AccessTokenLifespan == 0 {
+		opts.AccessTokenLifespan = time.Hour
+	}
+	if opts.RefreshTokenLifespan == 0 {
+		opts.RefreshTokenLifespan = 30 * 24 * time.Hour
+	}
+	if opts.RefreshLatency < 0 {
+		return nil, errors.New("sandbox: negative RefreshLatency")
+	}
+	if len(opts.Scopes) == 0 {
+		opts.Scopes = []string{"api"}
+	}
+
+	secret := make([]byte, 32)
+	if _, err := rand.Read(secret); err != nil {
+		return nil, fmt.Errorf("sandbox: global secret: %w", err)
+	}
+
+	rtLifespan := opts.RefreshTokenLifespan
+	fositeRT := rtLifespan
+	if rtLifespan < 0 {
+		rtLifespan, fositeRT = 0, -1 // fosite: -1 means "no expiry"
+	}
+
+	cfg := &fosite.Config{
+		AccessTokenLifespan:  opts.AccessTokenLifespan,
+		RefreshTokenLifespan: fositeRT,
+		GlobalSecret:         secret,
+		// Empty (not nil): issue refresh tokens without requiring the
+		// "offline"/"offline_access" scope, see the package doc.
+		RefreshTokenScopes: []string{},
+		ScopeStrategy:      fosite.ExactScopeStrategy,
+		// Set explicitly: fosite's getters lazily assign these defaults,
+		// which is a data race under concurrent requests.
+		AudienceMatchingStrategy: fosite.DefaultAudienceMatchingStrategy,
+		ClientSecretsHasher:      plainSecret{},
+		// /resource introspects access tokens only; otherwise fosite would
+		// fall back to accepting refresh tokens as bearer tokens.
+		DisableRefreshTokenValidation: true,
+	}
+
+	ms := storage.NewMemoryStore()
+	ms.Clients[opts.ClientID] = &fosite.DefaultClient{
+		ID:            opts.ClientID,
+		Secret:        []byte(opts.ClientSecret), // compared by plainSecret
+		RedirectURIs:  slices.Clone(opts.RedirectURIs),
+		GrantTypes:    []string{"authorization_code", "refresh_token"},
+		ResponseTypes: []string{"code"},
+		Scopes:        append(slices.Clone(opts.Scopes), "offline", "offline_access"),
+	}
+	st := newStore(ms, slices.Contains(opts.RedirectURIs, "*"))
+
+	strategy := compose.NewOAuth2HMACStrategy(cfg)
+	p := &Provider{
+		oauth: compose.Compose(cfg, st, strategy,
+			compose.OAuth2AuthorizeExplicitFactory,
+			compose.OAuth2RefreshTokenGrantFactory,
+			compose.OAuth2TokenIntrospectionFactory,
+		),
+		store:      st,
+		strategy:   strategy,
+		atLifespan: opts.AccessTokenLifespan,
+		rtLifespan: rtLifespan,
+		clientID:   opts.ClientID,
+		secret:     opts.ClientSecret,
+		redirect:   defaultRedirect(opts.RedirectURIs),
+		scopes:     slices.Clone(opts.Scopes),
+	}
+	p.SetRefreshLatency(opts.RefreshLatency)
+	p.SetRefreshFault(opts.RefreshFault)
+	p.stats.reset()
+	return p, nil
+}
+
+func defaultRedirect(uris []string) string {
+	for _, u := range uris {
+		if u != "*" {
+			return u
+		}
+	}
+	return "http://127.0.0.1/callback"
+}
+
+// SetRefreshFault replaces Options.RefreshFault; nil disables faults. It is
+// safe to call while requests are in flight.
+func (p *Provider) SetRefreshFault(f func() Fault) {
+	if f == nil {
+		p.refreshFault.Store(nil)
+		return
+	}
+	p.refreshFault.Store(&f)
+}
+
+// SetRefreshLatency replaces Options.RefreshLatency; safe to call while
+// requests are in flight.
+func (p *Provider) SetRefreshLatency(d time.Duration) {
+	p.refreshLatency.Store(int64(max(d, 0)))
+}
+
+// RevokeAll revokes every grant issued so far: their refresh tokens answer
+// invalid_grant and their access tokens 401. Authorization codes not yet
+// exchanged are not affected, and new grants work as before. Revoked refresh
+// tokens were not rotated, so presenting them does not count as reuse.
+func (p *Provider) RevokeAll() {
+	// Taking the rotation lock keeps a refresh in flight from re-issuing
+	// tokens for a grant right after we revoked it.
+	p.refreshMu.Lock()
+	defer p.refreshMu.Unlock()
+	p.store.revokeAll()
+}
+
+// OAuth2Config returns a client configuration for a Provider served at
+// baseURL: its client credentials, Endpoint(baseURL), the first configured
+// redirect URI and Options.Scopes.
+func (p *Provider) OAuth2Config(baseURL string) *oauth2.Config {
+	return &oauth2.Config{
+		ClientID:     p.clientID,
+		ClientSecret: p.secret,
+		Endpoint:     Endpoint(baseURL),
+		RedirectURL:  p.redirect,
+		Scopes:       slices.Clone(p.scopes),
+	}
+}
+
+// Endpoint returns the sandbox endpoints under baseURL, using
+// client_secret_basic.
+func Endpoint(baseURL string) oauth2.Endpoint {
+	return oauth2.Endpoint{
+		AuthURL:   baseURL + "/oauth2/auth",
+		TokenURL:  baseURL + "/oauth2/token",
+		AuthStyle: oauth2.AuthStyleInHeader,
+	}
+}

@@ -1,0 +1,99 @@
+package sandbox
+
+import (
+	"maps"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// Stats counts what the provider saw. It is also served as JSON at /stats.
+type Stats struct {
+	// CodeExchanges counts successful authorization_code grants.
+	CodeExchanges int64 `json:"code_exchanges"`
+	// Refreshes counts successful refresh_token grants (rotations).
+	Refreshes int64 `json:"refreshes"`
+	// RefreshReuse counts refresh_token grant requests presenting a refresh
+	// token that had already been rotated away: the race tokenguard exists
+	// to prevent.
+	RefreshReuse int64 `json:"refresh_reuse"`
+	// RefreshRejected counts refresh_token grant requests rejected for any
+	// reason, including reuse, injected faults and revoked grants.
+	RefreshRejected int64 `json:"refresh_rejected"`
+	// RefreshFaults counts requests answered with an injected Fault.
+	RefreshFaults int64 `json:"refresh_faults"`
+	// ResourceOK and Resource401 count /resource calls accepted / rejected.
+	ResourceOK  int64 `json:"resource_ok"`
+	Resource401 int64 `json:"resource_401"`
+	// ResourceByAgent counts accepted /resource calls by User-Agent product
+	// (the text before the first '/'; "unknown" when empty). It is a copy.
+	ResourceByAgent map[string]int64 `json:"resource_by_agent"`
+}
+
+type counters struct {
+	codeExchanges   atomic.Int64
+	refreshes       atomic.Int64
+	refreshReuse    atomic.Int64
+	refreshRejected atomic.Int64
+	refreshFaults   atomic.Int64
+	resourceOK      atomic.Int64
+	resource401     atomic.Int64
+
+	agentsMu sync.Mutex
+	agents   map[string]int64
+}
+
+func (c *counters) reset() {
+	for _, n := range []*atomic.Int64{
+		&c.codeExchanges, &c.refreshes, &c.refreshReuse, &c.refreshRejected,
+		&c.refreshFaults, &c.resourceOK, &c.resource401,
+	} {
+		n.Store(0)
+	}
+	c.agentsMu.Lock()
+	c.agents = make(map[string]int64)
+	c.agentsMu.Unlock()
+}
+
+func (c *counters) resourceAccepted(userAgent string) {
+	c.resourceOK.Add(1)
+	c.agentsMu.Lock()
+	c.agents[agentProduct(userAgent)]++
+	c.agentsMu.Unlock()
+}
+
+// agentProduct returns the product name of a User-Agent header, e.g.
+// "tokenguard-server" for "tokenguard-server/1.2 (linux)".
+func agentProduct(userAgent string) string {
+	product, _, _ := strings.Cut(userAgent, "/")
+	if product = strings.TrimSpace(product); product == "" {
+		return "unknown"
+	}
+	return product
+}
+
+// Stats returns a snapshot of the counters. Counters are read one by one, so
+// a snapshot taken while requests are in flight may be slightly inconsistent
+// across fields; each field is exact.
+func (p *Provider) Stats() Stats {
+	c := &p.stats
+	s := Stats{
+		CodeExchanges:   c.codeExchanges.Load(),
+		Refreshes:       c.refreshes.Load(),
+		RefreshReuse:    c.refreshReuse.Load(),
+		RefreshRejected: c.refreshRejected.Load(),
+		RefreshFaults:   c.refreshFaults.Load(),
+		ResourceOK:      c.resourceOK.Load(),
+		Resource401:     c.resource401.Load(),
+	}
+	c.agentsMu.Lock()
+	s.ResourceByAgent = maps.Clone(c.agents)
+	c.agentsMu.Unlock()
+	return s
+}
+
+// ResetStats zeroes all counters. It does not forget which refresh tokens
+// were rotated away: presenting one later still counts as reuse.
+func (p *Provider) ResetStats() {
+	p.stats.reset()
+}

@@ -1,0 +1,220 @@
+package usecase_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Unit tests of the decision logic with small hand-written fakes. The
+// behaviour against a real Postgres and a real provider is in
+// refresh_integration_test.go.
+
+type fakeClock struct{ now time.Time }
+
+func (c *fakeClock) Now() time.Time { return c.now }
+
+type fakeStore struct {
+	mu      sync.Mutex
+	tok     domain.Token
+	locks   int
+	saves   []domain.Token
+	lockErr error
+	// beforeRelock runs after the lock is taken and before the re-read,
+	// to simulate another process finishing a refresh while we waited.
+	beforeRelock func(*domain.Token)
+}
+
+func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if id != s.tok.ConnectionID {
+		return domain.Token{}, domain.ErrNotFound
+	}
+	return s.tok, nil
+}
+
+func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
+	if s.lockErr != nil {
+		return s.lockErr
+	}
+	s.mu.Lock()
+	s.locks++
+	if s.beforeRelock != nil {
+		s.beforeRelock(&s.tok)
+	}
+	s.mu.Unlock()
+	return fn(context.WithoutCancel(ctx), s)
+}
+
+func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.Version != s.tok.Version {
+		return domain.Token{}, domain.ErrConflict
+	}
+	t.Version++
+	s.tok = t
+	s.saves = append(s.saves, t)
+	return t, nil
+}
+
+type fakeRefresher struct {
+	calls int
+	grant domain.Grant
+	err   error
+}
+
+func (r *fakeRefresher) Refresh(_ context.Context, rt domain.Secret) (domain.Grant, error) {
+	r.calls++
+	return r.grant, r.err
+}
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func setup(t *testing.T, expiresIn time.Duration) (*usecase.RefreshTokenUseCase, *fakeStore, *fakeRefresher, *fakeClock) {
+	t.Helper()
+	store := &fakeStore{tok: domain.Token{
+		ConnectionID: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
+		TokenType: "Bearer", ObtainedAt: t0.Add(-time.Hour), Expiry: t0.Add(expiresIn), Version: 1, Status: domain.StatusActive,
+	}}
+	ref := &fakeRefresher{grant: domain.Grant{
+		AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2"), TokenType: "Bearer", Expiry: t0.Add(time.Hour),
+	}}
+	clock := &fakeClock{now: t0}
+	uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Skew: 30 * time.Second, Clock: clock})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc, store, ref, clock
+}
+
+func TestFreshTokenIsReusedWithoutLock(t *testing.T) {
+	uc, store, ref, _ := setup(t, time.Minute)
+	tok, err := uc.Token(context.Background(), "acme")
+	if err != nil || tok.AccessToken.Reveal() != "at-1" {
+		t.Fatalf("Token = %v, %v", tok, err)
+	}
+	if store.locks != 0 || ref.calls != 0 {
+		t.Errorf("locks=%d refreshes=%d, want 0 0", store.locks, ref.calls)
+	}
+}
+
+func TestStaleTokenIsRefreshedAndRotatedTokenPersisted(t *testing.T) {
+	uc, store, ref, _ := setup(t, 10*time.Second) // inside the 30s skew
+	tok, err := uc.Token(context.Background(), "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ref.calls != 1 || store.locks != 1 || len(store.saves) != 1 {
+		t.Fatalf("refreshes=%d locks=%d saves=%d, want 1 1 1", ref.calls, store.locks, len(store.saves))
+	}
+	if tok.AccessToken.Reveal() != "at-2" || tok.RefreshToken.Reveal() != "rt-2" || tok.Version != 2 || !tok.ObtainedAt.Equal(t0) {
+		t.Errorf("got %+v", tok)
+	}
+}
+
+func TestRecheckAfterLockSkipsRefreshDoneByAnotherProcess(t *testing.T) {
+	uc, store, ref, _ := setup(t, 10*time.Second)
+	store.beforeRelock = func(tk *domain.Token) {
+		tk.AccessToken, tk.Expiry, tk.Version = domain.NewSecret("at-other"), t0.Add(time.Hour), 2
+	}
+	tok, err := uc.Token(context.Background(), "acme")
+	if err != nil || tok.AccessToken.Reveal() != "at-other" {
+		t.Fatalf("Token = %v, %v", tok, err)
+	}
+	if ref.calls != 0 || len(store.saves) != 0 {
+		t.Errorf("refreshed although another process had: refreshes=%d saves=%d", ref.calls, len(store.saves))
+	}
+}
+
+func TestProviderWithoutRotationKeepsRefreshToken(t *testing.T) {
+	uc, store, ref, _ := setup(t, 0)
+	ref.grant.RefreshToken = domain.Secret{}
+	if _, err := uc.Token(context.Background(), "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if got := store.tok.RefreshToken.Reveal(); got != "rt-1" {
+		t.Errorf("refresh token = %q, want the old one kept", got)
+	}
+}
+
+func TestInvalidGrantMarksNeedsReauthOnce(t *testing.T) {
+	uc, store, ref, _ := setup(t, 0)
+	ref.err = &domain.ProviderError{Code: "invalid_grant", HTTPStatus: 400, Permanent: true}
+	_, err := uc.Token(context.Background(), "acme")
+	if !errors.Is(err, domain.ErrNeedsReauth) || !errors.Is(err, domain.ErrGrantRevoked) {
+		t.Fatalf("err = %v, want ErrNeedsReauth and ErrGrantRevoked", err)
+	}
+	if store.tok.Status != domain.StatusNeedsReauth || store.tok.StatusReason != "invalid_grant" {
+		t.Errorf("stored status = %q (%q)", store.tok.Status, store.tok.StatusReason)
+	}
+	if store.tok.RefreshToken.Reveal() != "rt-1" {
+		t.Errorf("refresh token not kept for forensics")
+	}
+	// Later calls fail fast without calling the provider.
+	_, err = uc.Token(context.Background(), "acme")
+	if !errors.Is(err, domain.ErrNeedsReauth) || ref.calls != 1 {
+		t.Errorf("second call: err=%v provider calls=%d, want ErrNeedsReauth and 1", err, ref.calls)
+	}
+}
+
+func TestTransientProviderErrorLeavesTokenUntouched(t *testing.T) {
+	uc, store, ref, _ := setup(t, 0)
+	ref.err = &domain.ProviderError{HTTPStatus: 503, Code: "temporarily_unavailable"}
+	_, err := uc.Token(context.Background(), "acme")
+	if !errors.Is(err, domain.ErrProviderUnavailable) {
+		t.Fatalf("err = %v, want ErrProviderUnavailable", err)
+	}
+	if len(store.saves) != 0 || store.tok.Version != 1 {
+		t.Errorf("token written after a transient failure")
+	}
+	ref.err = nil
+	if tok, err := uc.Token(context.Background(), "acme"); err != nil || tok.AccessToken.Reveal() != "at-2" {
+		t.Errorf("next call = %v, %v; want success", tok, err)
+	}
+}
+
+func TestCancelledCallerDoesNotRedeem(t *testing.T) {
+	uc, _, ref, _ := setup(t, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	// The fake store does not look at ctx; the use case must check it
+	// before spending the refresh token.
+	if _, err := uc.Token(ctx, "acme"); !errors.Is(err, context.Canceled) {
+		t.Fatalf("err = %v, want context.Canceled", err)
+	}
+	if ref.calls != 0 {
+		t.Errorf("provider called for a cancelled caller")
+	}
+}
+
+func TestErrorsPassThrough(t *testing.T) {
+	uc, store, _, _ := setup(t, 0)
+	if _, err := uc.Token(context.Background(), "nope"); !errors.Is(err, domain.ErrNotFound) {
+		t.Errorf("unknown connection: err = %v", err)
+	}
+	store.lockErr = domain.ErrLockTimeout
+	if _, err := uc.Token(context.Background(), "acme"); !errors.Is(err, domain.ErrLockTimeout) {
+		t.Errorf("lock timeout: err = %v", err)
+	}
+}
+
+func TestOptionsValidation(t *testing.T) {
+	for name, o := range map[string]usecase.Options{
+		"refresh timeout not shorter than lock wait": {LockWait: time.Second, RefreshTimeout: time.Second},
+		"negative skew": {Skew: -time.Second},
+	} {
+		if _, err := usecase.NewRefreshTokenUseCase(&fakeStore{}, &fakeRefresher{}, o); err == nil {
+			t.Errorf("%s: accepted", name)
+		}
+	}
+	if _, err := usecase.NewRefreshTokenUseCase(&fakeStore{}, &fakeRefresher{}, usecase.Options{LockWait: 3 * time.Second}); err != nil {
+		t.Errorf("defaults derived from a short lock wait rejected: %v", err)
+	}
+}
