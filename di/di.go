@@ -24,6 +24,7 @@ type Tokens struct {
 	DB           *gorm.DB
 	Repository   *repository.TokenRepository
 	RefreshToken *usecase.RefreshTokenUseCase
+	Connect      *usecase.ConnectUseCase
 	OAuth        *oauth2.Config
 }
 
@@ -53,7 +54,13 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 		cleanup()
 		return nil, nil, err
 	}
-	return &Tokens{DB: db, Repository: repository.NewTokenRepository(db), RefreshToken: uc, OAuth: oc}, cleanup, nil
+	return &Tokens{
+		DB:           db,
+		Repository:   repository.NewTokenRepository(db),
+		RefreshToken: uc,
+		Connect:      NewConnectUseCase(db, cfg.LockWait),
+		OAuth:        oc,
+	}, cleanup, nil
 }
 
 // NewRefreshTokenUseCase builds the use case on a pool and a refresher.
@@ -63,6 +70,11 @@ func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Optio
 		return nil, fmt.Errorf("configure refresh: %w", err)
 	}
 	return uc, nil
+}
+
+// NewConnectUseCase builds the use case that stores new grants.
+func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseCase {
+	return usecase.NewConnectUseCase(tokenStore{repository.NewTokenRepository(db)}, nil, lockWait)
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration.

@@ -34,7 +34,7 @@ func (r *TokenRepository) Get(ctx context.Context, connectionID string) (domain.
 // List reads every stored token, ordered by connection name.
 func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
 	var rows []tokenRow
-	if err := r.db.WithContext(ctx).Raw(selectToken + " ORDER BY c.name").Scan(&rows).Error; err != nil {
+	if err := r.db.WithContext(ctx).Raw(selectToken + " ORDER BY c.name").Find(&rows).Error; err != nil {
 		return nil, storeError(ctx, "list tokens", err)
 	}
 	out := make([]domain.Token, len(rows))
@@ -62,7 +62,7 @@ func (r *TokenRepository) Register(ctx context.Context, connectionID string) err
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connectionIDs)))
 	var keys []int32
-	if err := tx.Raw("SELECT id FROM connections WHERE name IN ?", ids).Scan(&keys).Error; err != nil {
+	if err := tx.Raw("SELECT id FROM connections WHERE name IN ?", ids).Find(&keys).Error; err != nil {
 		return err
 	}
 	if len(keys) != len(ids) {
@@ -83,21 +83,26 @@ func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait,
 	fn func(context.Context, *LockedTokens) error) error {
 	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+hold)
 	defer cancel()
-	var fnErr error
+	var inner error // already mapped, or fn's own
 	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
-		if err := setLockTimeout(tx, wait); err != nil {
-			return storeError(ctx, "set lock_timeout", err)
-		}
-		if err := r.WithAdvisoryLock(tx.WithContext(ctx), connectionID); err != nil {
-			return storeError(ctx, "lock connection "+connectionID, err)
-		}
-		fnErr = fn(txCtx, &LockedTokens{tx: tx})
-		return fnErr
+		inner = r.lockAndRun(ctx, txCtx, tx, connectionID, wait, fn)
+		return inner
 	})
-	if err != nil && fnErr == nil {
-		return storeError(txCtx, "transaction", err)
+	if inner != nil {
+		return inner
 	}
-	return err
+	return storeError(txCtx, "transaction", err) // begin or commit failed
+}
+
+func (r *TokenRepository) lockAndRun(ctx, txCtx context.Context, tx *gorm.DB, connectionID string, wait time.Duration,
+	fn func(context.Context, *LockedTokens) error) error {
+	if err := setLockTimeout(tx, wait); err != nil {
+		return storeError(ctx, "set lock_timeout", err)
+	}
+	if err := r.WithAdvisoryLock(tx.WithContext(ctx), connectionID); err != nil {
+		return storeError(ctx, "lock connection "+connectionID, err)
+	}
+	return fn(txCtx, &LockedTokens{tx: tx})
 }
 
 // setLockTimeout bounds lock waits for the rest of this transaction only
@@ -126,10 +131,7 @@ func (l *LockedTokens) Get(ctx context.Context, connectionID string) (domain.Tok
 // t.Version, bumps the version and returns what was stored. An empty refresh
 // token never replaces a stored one.
 func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
-	var out struct {
-		Version   int64
-		UpdatedAt time.Time
-	}
+	var out []struct{ Version int64 }
 	res := l.tx.WithContext(ctx).Raw(`
 UPDATE tokens AS t SET
     access_token  = ?,
@@ -143,14 +145,14 @@ UPDATE tokens AS t SET
     updated_at    = now()
 FROM connections c
 WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
-RETURNING t.version, t.updated_at`,
+RETURNING t.version`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt,
 		string(t.Status), t.StatusReason, t.ConnectionID, t.Version,
-	).Scan(&out)
+	).Find(&out)
 	if res.Error != nil {
 		return domain.Token{}, storeError(ctx, "save token", res.Error)
 	}
-	if res.RowsAffected == 0 {
+	if len(out) == 0 {
 		if _, err := l.Get(ctx, t.ConnectionID); err != nil {
 			return domain.Token{}, err
 		}
@@ -192,7 +194,7 @@ ON CONFLICT (connection_id) DO UPDATE SET
 
 func getToken(ctx context.Context, db *gorm.DB, connectionID string) (domain.Token, error) {
 	var rows []tokenRow
-	if err := db.Raw(selectToken+" WHERE c.name = ?", connectionID).Scan(&rows).Error; err != nil {
+	if err := db.Raw(selectToken+" WHERE c.name = ?", connectionID).Find(&rows).Error; err != nil {
 		return domain.Token{}, storeError(ctx, "get token", err)
 	}
 	if len(rows) == 0 {

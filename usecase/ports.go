@@ -32,6 +32,17 @@ type LockedStore interface {
 	// Save writes t if the stored version is still t.Version and returns
 	// the stored token with its new version.
 	Save(ctx context.Context, t domain.Token) (domain.Token, error)
+	// Put stores a newly granted token, replacing the connection's grant.
+	Put(ctx context.Context, t domain.Token) (domain.Token, error)
+}
+
+// ConnectionStore is what connecting a new grant needs on top of locking.
+type ConnectionStore interface {
+	// Register records a connection name so that it can be locked before
+	// it has a token. Registering twice is harmless.
+	Register(ctx context.Context, connectionID string) error
+	InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+		fn func(ctx context.Context, s LockedStore) error) error
 }
 
 // Refresher redeems a refresh token at the provider.

@@ -64,6 +64,10 @@ func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error
 	return t, nil
 }
 
+func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
+	panic("refresh never puts")
+}
+
 type fakeRefresher struct {
 	calls int
 	grant domain.Grant

@@ -9,7 +9,6 @@ import (
 
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 )
 
 // Pool sizes the connection pool. Each refresh in flight holds one
@@ -45,14 +44,8 @@ func Open(ctx context.Context, url string, pool Pool, log *slog.Logger) (*gorm.D
 		log = slog.Default()
 	}
 	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
-		// Parameterised: the SQL GORM logs never contains the bound
-		// values, which are tokens.
-		Logger: logger.NewSlogLogger(log, logger.Config{
-			SlowThreshold:             time.Second,
-			LogLevel:                  logger.Warn,
-			ParameterizedQueries:      true,
-			IgnoreRecordNotFoundError: true,
-		}),
+		// Never logs bound values or literals: they are tokens.
+		Logger: newLogger(log),
 		// Each write is already in an explicit transaction.
 		SkipDefaultTransaction: true,
 	})
