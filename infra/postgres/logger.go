@@ -9,7 +9,7 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// quoted matches SQL string literals, ” escapes included.
+// quoted matches SQL string literals, doubled-quote escapes included.
 var quoted = regexp.MustCompile(`'(?:[^']|'')*'`)
 
 // redactingLogger is GORM's slog logger with every string literal blanked.
