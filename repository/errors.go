@@ -4,12 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strings"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
 )
 
 // storeError turns a database error into a domain error. It keeps the
@@ -33,12 +33,7 @@ func storeError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%s: %w", op, ctxErr)
 	}
 	if isPg {
-		msg := pgErr.Message
-		if strings.HasPrefix(pgErr.Code, "22") {
-			// Data exceptions quote the offending input value.
-			msg = "data exception"
-		}
-		return fmt.Errorf("%s: %w: SQLSTATE %s: %s", op, domain.ErrStoreUnavailable, pgErr.Code, msg)
+		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, postgres.SafeMessage(pgErr))
 	}
 	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)
 }

@@ -2,10 +2,13 @@ package postgres
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"regexp"
+	"strings"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm/logger"
 )
 
@@ -37,10 +40,30 @@ func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (
 	l.Interface.Trace(ctx, begin, func() (string, int64) {
 		sql, rows := fc()
 		return quoted.ReplaceAllString(sql, "'?'"), rows
-	}, err)
+	}, safeError(err))
 }
 
 // ParamsFilter keeps GORM from handing bound values to the logger at all.
 func (l redactingLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
 	return sql, nil
+}
+
+// SafeMessage describes a Postgres error without echoing data: the detail
+// (which for constraint errors repeats the failing row) is never included,
+// and data exceptions (class 22), whose message quotes the offending input,
+// are reduced to their SQLSTATE.
+func SafeMessage(e *pgconn.PgError) string {
+	if strings.HasPrefix(e.Code, "22") {
+		return "data exception (SQLSTATE " + e.Code + ")"
+	}
+	return e.Message + " (SQLSTATE " + e.Code + ")"
+}
+
+// safeError is what the logger is allowed to print of a query error.
+func safeError(err error) error {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) {
+		return err
+	}
+	return errors.New(SafeMessage(pgErr))
 }

@@ -1,0 +1,99 @@
+package postgres_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/testdb"
+	"github.com/tokenguard/tokenguard/repository"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+// Every statement the repository runs is logged here (level Info), and so
+// are failing ones; no token value may appear in the output.
+func TestSQLLogsNeverContainTokens(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	db, err := postgres.Open(context.Background(), testdb.New(t), postgres.Pool{}, log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = postgres.Close(db) })
+	verbose := db.Session(&gorm.Session{Logger: db.Logger.LogMode(logger.Info)})
+	repo := repository.NewTokenRepository(verbose)
+	ctx := context.Background()
+
+	const at, rt, rt2 = "access-SECRET-1", "refresh-SECRET-1", "refresh-SECRET-2"
+	tok, err := domain.NewToken("acme", domain.Grant{AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt), Expiry: time.Now().Add(time.Hour)}, time.Now())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := repo.Register(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	err = repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		stored, err := l.Put(ctx, tok)
+		if err != nil {
+			return err
+		}
+		next := stored
+		next.RefreshToken = domain.NewSecret(rt2)
+		if _, err := l.Save(ctx, next); err != nil {
+			return err
+		}
+		_, _ = l.Save(ctx, next) // version conflict: a failing path
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := repo.Get(ctx, "acme"); err != nil {
+		t.Fatal(err)
+	}
+	// Failing statements carrying a token, through GORM's Scan finisher,
+	// which inlines bound values into what it logs.
+	var n int
+	verbose.Raw("SELECT ?::int", rt).Scan(&n)
+	verbose.Exec("UPDATE tokens SET refresh_token = ? WHERE version = 'x'", rt2)
+
+	out := buf.String()
+	if !strings.Contains(out, "UPDATE tokens") || !strings.Contains(out, "SELECT") {
+		t.Fatalf("expected the statements in the log, got:\n%s", out)
+	}
+	for _, secret := range []string{at, rt, rt2, "SECRET"} {
+		if strings.Contains(out, secret) {
+			t.Errorf("log contains %q:\n%s", secret, out)
+		}
+	}
+}
