@@ -3,7 +3,7 @@ GO        ?= go
 PKGS      := ./...
 DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
 TEST_DATABASE_URL ?= $(DATABASE_URL)
-STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@2025.1.1
+STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 
 export TEST_DATABASE_URL
 

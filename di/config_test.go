@@ -1,0 +1,67 @@
+package di
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestConfigFromEnvDefaults(t *testing.T) {
+	c, err := ConfigFromEnv([]string{
+		"DATABASE_URL=postgres://u:pw@db/x", "OAUTH_TOKEN_URL=https://p/token", "OAUTH_CLIENT_ID=id",
+		"OAUTH_SCOPES=read,write",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.HTTPAddr != "127.0.0.1:8080" || c.RefreshSkew != 30*time.Second || !c.MigrateOnStart ||
+		len(c.OAuth.Scopes) != 2 || c.OAuth.Scopes[1] != "write" {
+		t.Errorf("config = %+v", c)
+	}
+	if err := c.RequireOAuth(); err != nil {
+		t.Error(err)
+	}
+	if s := c.String(); strings.Contains(s, "pw") {
+		t.Errorf("String leaks the database password: %s", s)
+	}
+}
+
+func TestConfigErrorsNameTheVariable(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://db/x"}
+	cases := map[string]struct {
+		env  []string
+		want string
+	}{
+		"missing database":  {nil, "DATABASE_URL is required"},
+		"empty database":    {[]string{"DATABASE_URL="}, "DATABASE_URL"},
+		"malformed skew":    {append(base, "TOKEN_REFRESH_SKEW=soon"), "TOKEN_REFRESH_SKEW is malformed"},
+		"malformed conns":   {append(base, "DB_MAX_CONNS=many"), "DB_MAX_CONNS is malformed"},
+		"negative skew":     {append(base, "TOKEN_REFRESH_SKEW=-1s"), "TOKEN_REFRESH_SKEW"},
+		"timeout vs wait":   {append(base, "TOKEN_LOCK_WAIT=2s", "TOKEN_REFRESH_TIMEOUT=3s"), "TOKEN_REFRESH_TIMEOUT"},
+		"token url":         {append(base, "OAUTH_TOKEN_URL=not a url"), "OAUTH_TOKEN_URL"},
+		"api base url":      {append(base, "API_BASE_URL=ftp://x"), "API_BASE_URL"},
+		"bool":              {append(base, "MIGRATE_ON_START=perhaps"), "MIGRATE_ON_START is malformed"},
+		"oauth scopes okay": {append(base, "OAUTH_SCOPES="), ""},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			_, err := ConfigFromEnv(c.env)
+			if c.want == "" {
+				if err != nil {
+					t.Fatalf("unexpected error %v", err)
+				}
+				return
+			}
+			if err == nil || !strings.Contains(err.Error(), c.want) {
+				t.Fatalf("err = %v, want it to mention %q", err, c.want)
+			}
+			if strings.Contains(err.Error(), "\n") {
+				t.Errorf("error spans several lines: %q", err)
+			}
+		})
+	}
+	c, _ := ConfigFromEnv(base)
+	if err := c.RequireOAuth(); err == nil || !strings.Contains(err.Error(), "OAUTH_TOKEN_URL") {
+		t.Errorf("RequireOAuth = %v", err)
+	}
+}
