@@ -45,7 +45,7 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 	}
 	cleanup := func() { _ = postgres.Close(db) }
 	oc := OAuth2Config(cfg.OAuth)
-	uc, err := NewRefreshTokenUseCase(db, provider.NewRefresher(oc, provider.NewHTTPClient(cfg.RefreshTimeout)), usecase.Options{
+	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(provider.NewRefresher(oc, provider.NewHTTPClient(cfg.RefreshTimeout)), provider.Policy{Log: log}), usecase.Options{
 		Skew:           cfg.RefreshSkew,
 		LockWait:       cfg.LockWait,
 		RefreshTimeout: cfg.RefreshTimeout,
@@ -53,6 +53,20 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 	if err != nil {
 		cleanup()
 		return nil, nil, err
+	}
+	// The cache is trusted only while this listener hears every change
+	// other processes commit.
+	listenCtx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
+	listening := make(chan struct{})
+	go func() {
+		defer close(listening)
+		_ = repository.NewChangeListener(cfg.DatabaseURL, uc, log).Run(listenCtx)
+	}()
+	closeDB := cleanup
+	cleanup = func() {
+		stopListening()
+		<-listening
+		closeDB()
 	}
 	return &Tokens{
 		DB:           db,

@@ -158,6 +158,9 @@ RETURNING t.version`,
 		}
 		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.ConnectionID, t.Version, domain.ErrConflict)
 	}
+	if err := notifyChange(l.tx.WithContext(ctx), t.ConnectionID, out[0].Version); err != nil {
+		return domain.Token{}, storeError(ctx, "announce token change", err)
+	}
 	return l.Get(ctx, t.ConnectionID)
 }
 
@@ -168,7 +171,8 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.ConnectionID, domain.ErrInvalidToken)
 	}
-	res := l.tx.WithContext(ctx).Exec(`
+	var out []struct{ Version int64 }
+	res := l.tx.WithContext(ctx).Raw(`
 INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, obtained_at, version, status, status_reason)
 SELECT c.id, ?, ?, ?, ?, ?, 1, 'active', '' FROM connections c WHERE c.name = ?
 ON CONFLICT (connection_id) DO UPDATE SET
@@ -180,14 +184,18 @@ ON CONFLICT (connection_id) DO UPDATE SET
     status        = 'active',
     status_reason = '',
     version       = t.version + 1,
-    updated_at    = now()`,
+    updated_at    = now()
+RETURNING t.version`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, t.ConnectionID,
-	)
+	).Find(&out)
 	if res.Error != nil {
 		return domain.Token{}, storeError(ctx, "put token", res.Error)
 	}
-	if res.RowsAffected == 0 {
+	if len(out) == 0 {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.ConnectionID, domain.ErrNotFound)
+	}
+	if err := notifyChange(l.tx.WithContext(ctx), t.ConnectionID, out[0].Version); err != nil {
+		return domain.Token{}, storeError(ctx, "announce token change", err)
 	}
 	return l.Get(ctx, t.ConnectionID)
 }

@@ -70,6 +70,8 @@ type RefreshTokenUseCase struct {
 	store     TokenStore
 	refresher Refresher
 	opts      Options
+	cache     tokenCache
+	flights   flights
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -85,21 +87,58 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // skew. Errors wrap domain.ErrNotFound, domain.ErrNeedsReauth,
 // domain.ErrLockTimeout, domain.ErrProviderUnavailable,
 // domain.ErrStoreUnavailable or the context's error.
+//
+// A cached fresh token costs no query and no lock. Otherwise one goroutine
+// per connection and process reads the store (and refreshes if needed)
+// while the others wait for it.
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (domain.Token, error) {
-	t, err := u.store.Get(ctx, connectionID)
+	if t, ok := u.cache.get(connectionID, u.opts.Clock.Now(), u.opts.Skew); ok {
+		return t, nil
+	}
+	t, err := u.flights.do(ctx, connectionID, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+		return u.load(ctx, connectionID)
+	})
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("token for %s: %w", connectionID, err)
+	}
+	return t, nil
+}
+
+// Invalidate tells the use case that another process stored version of
+// connectionID's token; any older cached copy is dropped.
+func (u *RefreshTokenUseCase) Invalidate(connectionID string, version int64) {
+	u.cache.invalidate(connectionID, version)
+}
+
+// TrustCache turns the in-process cache on while the caller guarantees
+// Invalidate is called for every change committed by other processes (the
+// change listener is connected), and off when it no longer can. Either call
+// forgets everything cached so far.
+func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
+	u.cache.setTrusted(trusted)
+}
+
+// flightLimit bounds one slow path: a lock wait, a provider call, a write.
+func (u *RefreshTokenUseCase) flightLimit() time.Duration {
+	return u.opts.LockWait + u.opts.RefreshTimeout + 2*u.opts.WriteTimeout
+}
+
+// load reads the stored token and refreshes it if it is stale.
+func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string) (domain.Token, error) {
+	epoch := u.cache.begin()
+	t, err := u.store.Get(ctx, connectionID)
+	if err != nil {
+		return domain.Token{}, err
 	}
 	if t.Status == domain.StatusNeedsReauth {
 		return domain.Token{}, needsReauth(t)
 	}
-	if t.FreshAt(u.opts.Clock.Now(), u.opts.Skew) {
-		return t, nil
+	if !t.FreshAt(u.opts.Clock.Now(), u.opts.Skew) {
+		if t, err = u.refresh(ctx, connectionID); err != nil {
+			return domain.Token{}, fmt.Errorf("refresh: %w", err)
+		}
 	}
-	t, err = u.refresh(ctx, connectionID)
-	if err != nil {
-		return domain.Token{}, fmt.Errorf("refresh token for %s: %w", connectionID, err)
-	}
+	u.cache.put(t, epoch)
 	return t, nil
 }
 

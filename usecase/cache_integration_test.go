@@ -1,0 +1,201 @@
+package usecase_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// countQueries counts every statement db runs.
+func countQueries(t *testing.T, db *gorm.DB) *atomic.Int64 {
+	t.Helper()
+	var n atomic.Int64
+	inc := func(*gorm.DB) { n.Add(1) }
+	cb := db.Callback()
+	for name, err := range map[string]error{
+		"query": cb.Query().Before("gorm:query").Register("test:count", inc),
+		"raw":   cb.Raw().Before("gorm:raw").Register("test:count", inc),
+		"row":   cb.Row().Before("gorm:row").Register("test:count", inc),
+	} {
+		if err != nil {
+			t.Fatalf("register %s callback: %v", name, err)
+		}
+	}
+	return &n
+}
+
+// listeningStack is a stack wired like di.NewTokens: its cache is fed by a
+// change listener on its own connection.
+func (w *world) listeningStack(t *testing.T, opts usecase.Options) (*stack, *atomic.Int64) {
+	t.Helper()
+	s := w.stack(t, opts)
+	queries := countQueries(t, s.db)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_ = repository.NewChangeListener(w.url, s.uc, nil).Run(ctx)
+	}()
+	t.Cleanup(func() { cancel(); <-done })
+	return s, queries
+}
+
+// waitCached polls until Token is served without a query.
+func waitCached(t *testing.T, s *stack, queries *atomic.Int64) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		if _, err := s.uc.Token(context.Background(), conn); err != nil {
+			t.Fatal(err)
+		}
+		before := queries.Load()
+		if _, err := s.uc.Token(context.Background(), conn); err != nil {
+			t.Fatal(err)
+		}
+		if queries.Load() == before {
+			return
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	t.Fatal("the cache never served a token (listener not up?)")
+}
+
+func TestHotPathMakesNoQuery(t *testing.T) {
+	w := newWorld(t, time.Hour)
+	s, queries := w.listeningStack(t, usecase.Options{})
+	w.connect(t, s)
+	waitCached(t, s, queries)
+	before := queries.Load()
+	for range 1000 {
+		if _, err := s.uc.Token(context.Background(), conn); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := queries.Load() - before; n != 0 {
+		t.Errorf("1000 hot-path calls ran %d queries, want 0", n)
+	}
+}
+
+func TestOtherProcessRefreshInvalidatesCache(t *testing.T) {
+	const lifespan = 4 * time.Second
+	w := newWorld(t, lifespan)
+	// a reuses its token until 100ms before expiry; b refreshes at half
+	// the lifetime (its skew is capped there), long before a would.
+	a, aq := w.listeningStack(t, usecase.Options{Skew: 100 * time.Millisecond})
+	b, _ := w.listeningStack(t, usecase.Options{Skew: time.Hour})
+	w.connect(t, a)
+	waitCached(t, a, aq)
+	old, _ := a.uc.Token(context.Background(), conn)
+
+	waitUntilStale(t, b, time.Hour)
+	fresh, err := b.uc.Token(context.Background(), conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	committed := time.Now()
+	if fresh.Version <= old.Version {
+		t.Fatalf("b did not refresh: version %d", fresh.Version)
+	}
+	// The old access token is revoked now; a must switch promptly and
+	// never present it again.
+	var switched time.Duration
+	for {
+		tok, err := a.uc.Token(context.Background(), conn)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok.Version >= fresh.Version {
+			switched = time.Since(committed)
+			break
+		}
+		if time.Since(committed) > 2*time.Second {
+			t.Fatal("a kept serving the superseded token")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t.Logf("a switched to version %d %v after b committed", fresh.Version, switched)
+	for range 200 {
+		tok, _ := a.uc.Token(context.Background(), conn)
+		if tok.Version < fresh.Version {
+			t.Fatalf("went back to version %d after seeing %d", tok.Version, fresh.Version)
+		}
+	}
+	if code := w.callResource(t, old.AccessToken.Reveal()); code != 401 {
+		t.Errorf("the old token still works (%d): the provider would not have caught a stale cache", code)
+	}
+	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
+		t.Errorf("refreshes=%d reuse=%d", st.Refreshes, st.RefreshReuse)
+	}
+}
+
+func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
+	w := newWorld(t, time.Hour)
+	a, aq := w.listeningStack(t, usecase.Options{})
+	b := w.stack(t, usecase.Options{})
+	w.connect(t, a)
+	waitCached(t, a, aq)
+	v1, _ := a.uc.Token(context.Background(), conn)
+
+	// Kill the listener's backend.
+	var killed int64
+	if err := b.db.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = ?",
+		repository.ListenerApplicationName).Scan(&killed).Error; err != nil || killed != 1 {
+		t.Fatalf("terminated %d listener backends: %v", killed, err)
+	}
+	// While it is gone, a change by another process must be seen at once:
+	// the cache reads through. Store a new grant from b right away.
+	eventually(t, func() bool {
+		before := aq.Load()
+		_, _ = a.uc.Token(context.Background(), conn)
+		return aq.Load() > before
+	}, "the cache kept serving without a listener")
+	w.connect(t, b)
+	tok, err := a.uc.Token(context.Background(), conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if tok.Version <= v1.Version {
+		t.Errorf("served version %d after version %d was stored", tok.Version, v1.Version+1)
+	}
+	// The listener comes back and the cache serves again.
+	eventually(t, func() bool {
+		var n int64
+		b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ?", repository.ListenerApplicationName).Scan(&n)
+		return n == 1
+	}, "listener did not reconnect")
+	waitCached(t, a, aq)
+}
+
+func TestDIWiresTheListener(t *testing.T) {
+	w := newWorld(t, time.Hour)
+	cfg, err := di.ConfigFromEnv([]string{
+		"DATABASE_URL=" + w.url, "OAUTH_TOKEN_URL=" + w.oauth.Endpoint.TokenURL,
+		"OAUTH_CLIENT_ID=" + w.oauth.ClientID, "OAUTH_CLIENT_SECRET=" + w.oauth.ClientSecret,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tokens, cleanup, err := di.NewTokens(context.Background(), cfg, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cleanup()
+	tok, err := sandbox.Grant(context.Background(), w.oauth)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokens.Connect.Connect(context.Background(), conn, provider.GrantFrom(tok)); err != nil {
+		t.Fatal(err)
+	}
+	queries := countQueries(t, tokens.DB)
+	waitCached(t, &stack{db: tokens.DB, uc: tokens.RefreshToken}, queries)
+}

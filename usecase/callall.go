@@ -1,0 +1,85 @@
+package usecase
+
+import (
+	"context"
+	"fmt"
+	"sync"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ConnectionLister lists the stored connections.
+type ConnectionLister interface {
+	List(ctx context.Context) ([]domain.Token, error)
+}
+
+// APICaller makes one call to the external API on behalf of a connection.
+type APICaller interface {
+	Call(ctx context.Context, connectionID, path string) error
+}
+
+// CallResult is the outcome of one connection's call.
+type CallResult struct {
+	ConnectionID string
+	Err          error
+}
+
+// CallAllResult is the outcome of one CallAll round.
+type CallAllResult struct {
+	Calls   []CallResult // one per active connection, in name order
+	Skipped []string     // connections that need re-authorisation
+}
+
+// Failed counts the calls that failed.
+func (r CallAllResult) Failed() int {
+	n := 0
+	for _, c := range r.Calls {
+		if c.Err != nil {
+			n++
+		}
+	}
+	return n
+}
+
+// CallAllUseCase calls an API path once for every active connection: the
+// batch job.
+type CallAllUseCase struct {
+	conns       ConnectionLister
+	api         APICaller
+	path        string
+	concurrency int
+}
+
+// NewCallAllUseCase calls path with at most concurrency calls at a time
+// (at least 1).
+func NewCallAllUseCase(conns ConnectionLister, api APICaller, path string, concurrency int) *CallAllUseCase {
+	return &CallAllUseCase{conns: conns, api: api, path: path, concurrency: max(concurrency, 1)}
+}
+
+// CallAll makes one call per active connection. A failed call is reported
+// in the result; the error is for failing to list the connections.
+func (u *CallAllUseCase) CallAll(ctx context.Context) (CallAllResult, error) {
+	toks, err := u.conns.List(ctx)
+	if err != nil {
+		return CallAllResult{}, fmt.Errorf("list connections: %w", err)
+	}
+	var res CallAllResult
+	for _, t := range toks {
+		if t.Status == domain.StatusActive {
+			res.Calls = append(res.Calls, CallResult{ConnectionID: t.ConnectionID})
+		} else {
+			res.Skipped = append(res.Skipped, t.ConnectionID)
+		}
+	}
+	sem := make(chan struct{}, u.concurrency)
+	var wg sync.WaitGroup
+	for i := range res.Calls {
+		sem <- struct{}{}
+		wg.Go(func() {
+			defer func() { <-sem }()
+			res.Calls[i].Err = u.api.Call(ctx, res.Calls[i].ConnectionID, u.path)
+		})
+	}
+	wg.Wait()
+	return res, nil
+}

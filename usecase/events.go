@@ -1,0 +1,54 @@
+package usecase
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// TokenReader reads a connection's token without locking.
+type TokenReader interface {
+	Get(ctx context.Context, connectionID string) (domain.Token, error)
+}
+
+// EventQueue durably queues an event for the worker.
+type EventQueue interface {
+	// Enqueue stores the event and returns its id.
+	Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error)
+}
+
+// EnqueueEventUseCase accepts an event for a connection, to be handled by
+// the worker.
+type EnqueueEventUseCase struct {
+	tokens TokenReader
+	queue  EventQueue
+}
+
+// NewEnqueueEventUseCase builds the use case.
+func NewEnqueueEventUseCase(tokens TokenReader, queue EventQueue) *EnqueueEventUseCase {
+	return &EnqueueEventUseCase{tokens: tokens, queue: queue}
+}
+
+// Enqueue queues an event for connectionID and returns its id. It refuses
+// events for a connection that does not exist (domain.ErrNotFound) or needs
+// re-authorisation (domain.ErrNeedsReauth), since the worker could not
+// handle them.
+func (u *EnqueueEventUseCase) Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error) {
+	if err := domain.ValidateConnectionID(connectionID); err != nil {
+		return 0, err
+	}
+	t, err := u.tokens.Get(ctx, connectionID)
+	if err != nil {
+		return 0, fmt.Errorf("enqueue event for %s: %w", connectionID, err)
+	}
+	if t.Status == domain.StatusNeedsReauth {
+		return 0, fmt.Errorf("enqueue event for %s: %w", connectionID, needsReauth(t))
+	}
+	id, err := u.queue.Enqueue(ctx, connectionID, payload)
+	if err != nil {
+		return 0, fmt.Errorf("enqueue event for %s: %w", connectionID, err)
+	}
+	return id, nil
+}
