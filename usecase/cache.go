@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -29,34 +30,48 @@ type cacheSlot struct {
 
 type snapshot struct {
 	tok   domain.Token // zero when only floor is known
+	until int64        // Unix nanoseconds: fresh before this (expiry minus skew); 0 if unusable
 	epoch uint64
 	// floor is the newest version other processes announced: a token
 	// below it is superseded and must not be cached again.
 	floor int64
 }
 
+// lookup is what the cache knows about a connection.
+type lookup int
+
+const (
+	miss  lookup = iota // nothing it can vouch for: read the store
+	hit                 // a fresh token
+	stale               // the current token, no longer fresh: go refresh
+)
+
 // get returns a cached token that is fresh at now.
-func (c *tokenCache) get(id string, now time.Time, skew time.Duration) (domain.Token, bool) {
+func (c *tokenCache) get(id string, now time.Time) (domain.Token, lookup) {
 	if !c.trusted.Load() {
-		return domain.Token{}, false
+		return domain.Token{}, miss
 	}
 	v, ok := c.slots.Load(id)
 	if !ok {
-		return domain.Token{}, false
+		return domain.Token{}, miss
 	}
 	s := v.(*cacheSlot).cur.Load()
-	if s == nil || s.epoch != c.epoch.Load() || s.tok.Version < s.floor || !s.tok.FreshAt(now, skew) {
-		return domain.Token{}, false
+	if s == nil || s.epoch != c.epoch.Load() || s.tok.Version == 0 || s.tok.Version < s.floor {
+		return domain.Token{}, miss
 	}
-	return s.tok, true
+	if now.UnixNano() >= s.until {
+		return domain.Token{}, stale
+	}
+	return s.tok, hit
 }
 
 // begin returns the epoch a read starts in; put refuses the result if the
 // epoch moved on meanwhile.
 func (c *tokenCache) begin() uint64 { return c.epoch.Load() }
 
-// put remembers tok if nothing newer is known.
-func (c *tokenCache) put(tok domain.Token, epoch uint64) {
+// put remembers tok, fresh until its expiry minus skew, if nothing newer is
+// known.
+func (c *tokenCache) put(tok domain.Token, epoch uint64, skew time.Duration) {
 	if !c.trusted.Load() || tok.Status != domain.StatusActive {
 		return
 	}
@@ -73,7 +88,8 @@ func (c *tokenCache) put(tok domain.Token, epoch uint64) {
 		if tok.Version < floor || epoch != c.epoch.Load() {
 			return
 		}
-		if slot.cur.CompareAndSwap(old, &snapshot{tok: tok, epoch: epoch, floor: floor}) {
+		next := &snapshot{tok: tok, until: freshUntil(tok, skew), epoch: epoch, floor: floor}
+		if slot.cur.CompareAndSwap(old, next) {
 			return
 		}
 	}
@@ -92,7 +108,7 @@ func (c *tokenCache) invalidate(id string, version int64) {
 			}
 			next.floor = max(old.floor, version)
 			if old.tok.Version >= version {
-				next.tok, next.epoch = old.tok, old.epoch
+				next.tok, next.until, next.epoch = old.tok, old.until, old.epoch
 			}
 		}
 		if slot.cur.CompareAndSwap(old, next) {
@@ -113,4 +129,16 @@ func (c *tokenCache) slot(id string) *cacheSlot {
 	}
 	v, _ := c.slots.LoadOrStore(id, &cacheSlot{})
 	return v.(*cacheSlot)
+}
+
+// freshUntil precomputes the freshness rule (domain.Token.FreshAt) as one
+// instant, so that the hot path is a single integer comparison.
+func freshUntil(tok domain.Token, skew time.Duration) int64 {
+	if tok.Status != domain.StatusActive || tok.AccessToken.IsZero() {
+		return 0
+	}
+	if tok.Expiry.IsZero() {
+		return math.MaxInt64
+	}
+	return tok.Expiry.Add(-tok.EffectiveSkew(skew)).UnixNano()
 }

@@ -2,6 +2,7 @@ package usecase_test
 
 import (
 	"context"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +17,7 @@ import (
 )
 
 // countQueries counts every statement db runs.
-func countQueries(t *testing.T, db *gorm.DB) *atomic.Int64 {
+func countQueries(t testing.TB, db *gorm.DB) *atomic.Int64 {
 	t.Helper()
 	var n atomic.Int64
 	inc := func(*gorm.DB) { n.Add(1) }
@@ -35,7 +36,7 @@ func countQueries(t *testing.T, db *gorm.DB) *atomic.Int64 {
 
 // listeningStack is a stack wired like di.NewTokens: its cache is fed by a
 // change listener on its own connection.
-func (w *world) listeningStack(t *testing.T, opts usecase.Options) (*stack, *atomic.Int64) {
+func (w *world) listeningStack(t testing.TB, opts usecase.Options) (*stack, *atomic.Int64) {
 	t.Helper()
 	s := w.stack(t, opts)
 	queries := countQueries(t, s.db)
@@ -50,7 +51,7 @@ func (w *world) listeningStack(t *testing.T, opts usecase.Options) (*stack, *ato
 }
 
 // waitCached polls until Token is served without a query.
-func waitCached(t *testing.T, s *stack, queries *atomic.Int64) {
+func waitCached(t testing.TB, s *stack, queries *atomic.Int64) {
 	t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
 	for time.Now().Before(deadline) {
@@ -198,4 +199,21 @@ func TestDIWiresTheListener(t *testing.T) {
 	}
 	queries := countQueries(t, tokens.DB)
 	waitCached(t, &stack{db: tokens.DB, uc: tokens.RefreshToken}, queries)
+}
+
+func connName(i int) string { return "conn-" + strconv.Itoa(i) }
+
+// seedConnections stores n connections with distinct long-lived tokens in
+// one statement per table (the provider is not involved).
+func seedConnections(tb testing.TB, s *stack, n int) {
+	tb.Helper()
+	err := s.db.Exec(`INSERT INTO connections (name) SELECT 'conn-' || g FROM generate_series(0, ?) g`, n-1).Error
+	if err == nil {
+		err = s.db.Exec(`INSERT INTO tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version)
+			SELECT id, md5(random()::text) || md5(random()::text), md5(random()::text), now() + interval '1 hour', now(), 1
+			FROM connections WHERE name LIKE 'conn-%'`).Error
+	}
+	if err != nil {
+		tb.Fatal(err)
+	}
 }

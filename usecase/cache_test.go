@@ -18,24 +18,28 @@ var at = time.Unix(60, 0)
 
 func TestCacheServesOnlyWhileTrusted(t *testing.T) {
 	var c tokenCache
-	c.put(cached(1), c.begin())
-	if _, ok := c.get("acme", at, 0); ok {
+	c.put(cached(1), c.begin(), 0)
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Fatal("served without a listener vouching for it")
 	}
 	c.setTrusted(true)
-	c.put(cached(1), c.begin())
-	if tok, ok := c.get("acme", at, 0); !ok || tok.Version != 1 {
+	c.put(cached(1), c.begin(), 0)
+	if tok, ok := c.get("acme", at); ok != hit || tok.Version != 1 {
 		t.Fatalf("get = %v, %v", tok.Version, ok)
 	}
-	if _, ok := c.get("acme", time.Unix(3599, 0), 30*time.Second); ok {
+	c.put(cached(1), c.begin(), 30*time.Second)
+	if _, ok := c.get("acme", time.Unix(3571, 0)); ok != stale {
 		t.Error("served a token inside the skew")
 	}
+	if _, ok := c.get("acme", time.Unix(3569, 0)); ok != hit {
+		t.Error("did not serve a token outside the skew")
+	}
 	c.setTrusted(false)
-	if _, ok := c.get("acme", at, 0); ok {
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Error("served after the listener was lost")
 	}
 	c.setTrusted(true)
-	if _, ok := c.get("acme", at, 0); ok {
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Error("served a token cached before a gap in the change feed")
 	}
 }
@@ -43,44 +47,44 @@ func TestCacheServesOnlyWhileTrusted(t *testing.T) {
 func TestCacheInvalidation(t *testing.T) {
 	var c tokenCache
 	c.setTrusted(true)
-	c.put(cached(1), c.begin())
+	c.put(cached(1), c.begin(), 0)
 	c.invalidate("acme", 2)
-	if _, ok := c.get("acme", at, 0); ok {
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Fatal("served a superseded token")
 	}
 	// A read that started before the change and returns the old version
 	// must not put it back.
-	c.put(cached(1), c.begin())
-	if _, ok := c.get("acme", at, 0); ok {
+	c.put(cached(1), c.begin(), 0)
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Fatal("an old read re-cached a superseded token")
 	}
-	c.put(cached(2), c.begin())
-	if tok, ok := c.get("acme", at, 0); !ok || tok.Version != 2 {
+	c.put(cached(2), c.begin(), 0)
+	if tok, ok := c.get("acme", at); ok != hit || tok.Version != 2 {
 		t.Fatalf("new version not cached: %v %v", tok.Version, ok)
 	}
 	// Our own change announced back to us keeps the entry.
 	c.invalidate("acme", 2)
-	if _, ok := c.get("acme", at, 0); !ok {
+	if _, ok := c.get("acme", at); ok != hit {
 		t.Error("an announcement of the cached version dropped it")
 	}
 	// Never back to an older version.
-	c.put(cached(1), c.begin())
-	if tok, _ := c.get("acme", at, 0); tok.Version != 2 {
+	c.put(cached(1), c.begin(), 0)
+	if tok, _ := c.get("acme", at); tok.Version != 2 {
 		t.Errorf("went back to version %d", tok.Version)
 	}
 	// A read that began in an earlier epoch is not cached.
 	epoch := c.begin()
 	c.setTrusted(false)
 	c.setTrusted(true)
-	c.put(cached(3), epoch)
-	if _, ok := c.get("acme", at, 0); ok {
+	c.put(cached(3), epoch, 0)
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Error("cached a read from before a reconnect")
 	}
 	// Connections needing re-authorisation are never cached.
 	bad := cached(4)
 	bad.Status = domain.StatusNeedsReauth
-	c.put(bad, c.begin())
-	if _, ok := c.get("acme", at, 0); ok {
+	c.put(bad, c.begin(), 0)
+	if _, ok := c.get("acme", at); ok == hit {
 		t.Error("cached a needs_reauth token")
 	}
 }
@@ -88,8 +92,8 @@ func TestCacheInvalidation(t *testing.T) {
 func TestCacheHotPathDoesNotAllocate(t *testing.T) {
 	var c tokenCache
 	c.setTrusted(true)
-	c.put(cached(1), c.begin())
-	if n := testing.AllocsPerRun(1000, func() { _, _ = c.get("acme", at, 0) }); n != 0 {
+	c.put(cached(1), c.begin(), 0)
+	if n := testing.AllocsPerRun(1000, func() { _, _ = c.get("acme", at) }); n != 0 {
 		t.Errorf("get allocates %v times", n)
 	}
 }

@@ -47,7 +47,7 @@ type stack struct {
 	uc   *usecase.RefreshTokenUseCase
 }
 
-func newWorld(t *testing.T, lifespan time.Duration) *world {
+func newWorld(t testing.TB, lifespan time.Duration) *world {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Postgres")
@@ -61,7 +61,7 @@ func newWorld(t *testing.T, lifespan time.Duration) *world {
 	return &world{url: testdb.New(t), provider: p, srv: srv, oauth: p.OAuth2Config(srv.URL)}
 }
 
-func (w *world) stack(t *testing.T, opts usecase.Options) *stack {
+func (w *world) stack(t testing.TB, opts usecase.Options) *stack {
 	t.Helper()
 	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
 	if err != nil {
@@ -76,7 +76,7 @@ func (w *world) stack(t *testing.T, opts usecase.Options) *stack {
 }
 
 // connect runs the real authorization-code flow and stores the first token.
-func (w *world) connect(t *testing.T, s *stack) domain.Token {
+func (w *world) connect(t testing.TB, s *stack) domain.Token {
 	t.Helper()
 	tok, err := sandbox.Grant(context.Background(), w.oauth)
 	if err != nil {
@@ -90,7 +90,7 @@ func (w *world) connect(t *testing.T, s *stack) domain.Token {
 }
 
 // callResource calls the protected API and returns the status code.
-func (w *world) callResource(t *testing.T, accessToken string) int {
+func (w *world) callResource(t testing.TB, accessToken string) int {
 	req, _ := http.NewRequest(http.MethodGet, w.srv.URL+"/resource", nil)
 	req.Header.Set("Authorization", "Bearer "+accessToken)
 	resp, err := http.DefaultClient.Do(req)
@@ -103,7 +103,7 @@ func (w *world) callResource(t *testing.T, accessToken string) int {
 }
 
 // waitUntilStale sleeps until the stored token is due for refresh.
-func waitUntilStale(t *testing.T, s *stack, skew time.Duration) {
+func waitUntilStale(t testing.TB, s *stack, skew time.Duration) {
 	t.Helper()
 	tok, err := s.repo.Get(context.Background(), conn)
 	if err != nil {
@@ -314,7 +314,7 @@ func TestControlRefreshOnEveryCallBreaksInFlightCalls(t *testing.T) {
 	}
 }
 
-func mustGet(t *testing.T, s *stack) domain.Token {
+func mustGet(t testing.TB, s *stack) domain.Token {
 	t.Helper()
 	tok, err := s.repo.Get(context.Background(), conn)
 	if err != nil {

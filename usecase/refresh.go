@@ -92,11 +92,12 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // per connection and process reads the store (and refreshes if needed)
 // while the others wait for it.
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (domain.Token, error) {
-	if t, ok := u.cache.get(connectionID, u.opts.Clock.Now(), u.opts.Skew); ok {
+	t, state := u.cache.get(connectionID, u.opts.Clock.Now())
+	if state == hit {
 		return t, nil
 	}
 	t, err := u.flights.do(ctx, connectionID, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
-		return u.load(ctx, connectionID)
+		return u.load(ctx, connectionID, state == stale)
 	})
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("token for %s: %w", connectionID, err)
@@ -123,22 +124,29 @@ func (u *RefreshTokenUseCase) flightLimit() time.Duration {
 	return u.opts.LockWait + u.opts.RefreshTimeout + 2*u.opts.WriteTimeout
 }
 
-// load reads the stored token and refreshes it if it is stale.
-func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string) (domain.Token, error) {
+// load reads the stored token and refreshes it if it is stale. When the
+// cache already knows the current token is stale, the read outside the lock
+// is skipped: the refresh re-reads inside it anyway.
+func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, knownStale bool) (domain.Token, error) {
 	epoch := u.cache.begin()
-	t, err := u.store.Get(ctx, connectionID)
-	if err != nil {
-		return domain.Token{}, err
-	}
-	if t.Status == domain.StatusNeedsReauth {
-		return domain.Token{}, needsReauth(t)
-	}
-	if !t.FreshAt(u.opts.Clock.Now(), u.opts.Skew) {
-		if t, err = u.refresh(ctx, connectionID); err != nil {
-			return domain.Token{}, fmt.Errorf("refresh: %w", err)
+	if !knownStale {
+		t, err := u.store.Get(ctx, connectionID)
+		if err != nil {
+			return domain.Token{}, err
+		}
+		if t.Status == domain.StatusNeedsReauth {
+			return domain.Token{}, needsReauth(t)
+		}
+		if t.FreshAt(u.opts.Clock.Now(), u.opts.Skew) {
+			u.cache.put(t, epoch, u.opts.Skew)
+			return t, nil
 		}
 	}
-	u.cache.put(t, epoch)
+	t, err := u.refresh(ctx, connectionID)
+	if err != nil {
+		return domain.Token{}, fmt.Errorf("refresh: %w", err)
+	}
+	u.cache.put(t, epoch, u.opts.Skew)
 	return t, nil
 }
 

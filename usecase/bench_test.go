@@ -1,0 +1,282 @@
+package usecase_test
+
+import (
+	"context"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Benchmarks run against the same real parts as the tests. `make bench`
+// runs them and prints the ratios (cmd/benchreport).
+
+// BenchmarkTokenHot compares the hot path (a cached, fresh token) with
+// x/oauth2's in-memory reuse and with reading the row on every call.
+func BenchmarkTokenHot(b *testing.B) {
+	w := newWorld(b, time.Hour)
+	s, queries := w.listeningStack(b, usecase.Options{})
+	w.connect(b, s)
+	waitCached(b, s, queries)
+	ctx := context.Background()
+
+	b.Run("tokenguard", func(b *testing.B) {
+		before := queries.Load()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := s.uc.Token(ctx, conn); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(queries.Load()-before)/float64(b.N), "queries/op")
+	})
+	b.Run("oauth2-reuse", func(b *testing.B) {
+		src := oauth2.ReuseTokenSource(nil, oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "x", Expiry: time.Now().Add(time.Hour)}))
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := src.Token(); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+	b.Run("db-read", func(b *testing.B) {
+		var key int32
+		if err := s.db.Raw("SELECT id FROM connections WHERE name = ?", conn).Scan(&key).Error; err != nil {
+			b.Fatal(err)
+		}
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			var row struct {
+				AccessToken string
+				Expiry      time.Time
+			}
+			for pb.Next() {
+				if err := s.db.Raw("SELECT access_token, expiry FROM tokens WHERE connection_id = ?", key).Scan(&row).Error; err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+	})
+}
+
+// countingStore measures how many database connections the use case holds
+// at once: each Get and each InLock uses exactly one.
+type countingStore struct {
+	di.TokenStore
+	cur, peak *atomic.Int64
+}
+
+func (c countingStore) enter() {
+	n := c.cur.Add(1)
+	for {
+		p := c.peak.Load()
+		if n <= p || c.peak.CompareAndSwap(p, n) {
+			return
+		}
+	}
+}
+
+func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error) {
+	c.enter()
+	defer c.cur.Add(-1)
+	return c.TokenStore.Get(ctx, id)
+}
+
+func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
+	c.enter()
+	defer c.cur.Add(-1)
+	return c.TokenStore.InLock(ctx, id, wait, hold, fn)
+}
+
+// expireStoredToken makes the stored token expired and announces the
+// change, so every process's cache drops its copy and the next call of
+// every goroutine finds an expired token.
+func expireStoredToken(tb testing.TB, s *stack) {
+	tb.Helper()
+	err := s.db.Exec(`WITH t AS (
+		UPDATE tokens SET expiry = now() - interval '1 second', version = version + 1
+		WHERE connection_id = (SELECT id FROM connections WHERE name = ?) RETURNING version)
+		SELECT pg_notify(?, t.version || ' ' || ?) FROM t`, conn, repository.ChangeChannel, conn).Error
+	if err != nil {
+		tb.Fatal(err)
+	}
+	time.Sleep(50 * time.Millisecond) // let the notification reach every listener
+}
+
+// BenchmarkRefreshStorm: 3 independent stacks (own pools, caches,
+// listeners) x 200 goroutines ask for an expired token at once, against the
+// strict provider with a fixed latency. One op is one storm.
+func BenchmarkRefreshStorm(b *testing.B) {
+	const (
+		stacks     = 3
+		goroutines = 200
+		latency    = 20 * time.Millisecond
+	)
+	w := newWorld(b, time.Hour)
+	w.provider.SetRefreshLatency(latency)
+	var cur, peak atomic.Int64
+	ucs := make([]*usecase.RefreshTokenUseCase, stacks)
+	for i := range ucs {
+		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 20}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = postgres.Close(db) })
+		store := countingStore{TokenStore: di.NewTokenStore(db), cur: &cur, peak: &peak}
+		uc, err := usecase.NewRefreshTokenUseCase(store, provider.NewRefresher(w.oauth, nil), usecase.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = repository.NewChangeListener(w.url, uc, nil).Run(ctx) }()
+		b.Cleanup(func() { cancel(); <-done })
+		ucs[i] = uc
+	}
+	seed := w.stack(b, usecase.Options{})
+	w.connect(b, seed)
+	for _, uc := range ucs { // caches filled (listeners up)
+		if _, err := uc.Token(context.Background(), conn); err != nil {
+			b.Fatal(err)
+		}
+	}
+
+	var waits []time.Duration
+	var peaks []int64
+	var before sandbox.Stats
+	b.ResetTimer()
+	for i := -1; i < b.N; i++ { // op -1 warms the pools up and is not counted
+		if i == 0 {
+			before, waits, peaks = w.provider.Stats(), waits[:0], peaks[:0]
+		}
+		b.StopTimer()
+		expireStoredToken(b, seed)
+		peak.Store(0)
+		start := make(chan struct{})
+		lat := make(chan time.Duration, stacks*goroutines)
+		var wg sync.WaitGroup
+		for _, uc := range ucs {
+			for range goroutines {
+				wg.Go(func() {
+					<-start
+					t0 := time.Now()
+					if _, err := uc.Token(context.Background(), conn); err != nil {
+						b.Error(err)
+					}
+					lat <- time.Since(t0)
+				})
+			}
+		}
+		b.StartTimer()
+		close(start)
+		wg.Wait()
+		b.StopTimer()
+		close(lat)
+		for d := range lat {
+			waits = append(waits, d)
+		}
+		peaks = append(peaks, peak.Load())
+		b.StartTimer()
+	}
+	b.StopTimer()
+	after := w.provider.Stats()
+	slices.Sort(waits)
+	b.ReportMetric(float64(after.Refreshes-before.Refreshes)/float64(b.N), "refreshes/op")
+	b.ReportMetric(float64(after.RefreshReuse-before.RefreshReuse)/float64(b.N), "reuse/op")
+	b.ReportMetric(float64(slices.Max(peaks)), "db-conns-peak/op")
+	b.ReportMetric(float64(waits[len(waits)/2].Microseconds())/1000, "p50-wait-ms")
+	b.ReportMetric(float64(waits[len(waits)*99/100].Microseconds())/1000, "p99-wait-ms")
+	b.ReportMetric(float64(latency.Milliseconds()), "provider-latency-ms")
+}
+
+// BenchmarkCacheMemory reports the heap held per cached connection.
+func BenchmarkCacheMemory(b *testing.B) {
+	const conns = 5000
+	w := newWorld(b, time.Hour)
+	s, queries := w.listeningStack(b, usecase.Options{})
+	seedConnections(b, s, conns)
+	w.connect(b, s)
+	waitCached(b, s, queries) // the listener is up
+	ctx := context.Background()
+	for range b.N {
+		b.StopTimer()
+		uc, err := di.NewRefreshTokenUseCase(s.db, provider.NewRefresher(w.oauth, nil), usecase.Options{})
+		if err != nil {
+			b.Fatal(err)
+		}
+		uc.TrustCache(true)
+		var m0, m1 runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&m0)
+		b.StartTimer()
+		for i := range conns {
+			if _, err := uc.Token(ctx, connName(i)); err != nil {
+				b.Fatal(err)
+			}
+		}
+		b.StopTimer()
+		runtime.GC()
+		runtime.ReadMemStats(&m1)
+		before := queries.Load()
+		for i := range conns { // all cached now: no query
+			_, _ = uc.Token(ctx, connName(i))
+		}
+		if queries.Load() != before {
+			b.Fatalf("%d queries for cached connections", queries.Load()-before)
+		}
+		b.ReportMetric(float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc))/conns, "B/conn")
+		runtime.KeepAlive(uc)
+		b.StartTimer()
+	}
+}
+
+// BenchmarkInvalidate: one process refreshes; how long until another
+// process's cache has switched to the new version.
+func BenchmarkInvalidate(b *testing.B) {
+	w := newWorld(b, time.Hour)
+	a, aq := w.listeningStack(b, usecase.Options{})
+	other := w.stack(b, usecase.Options{})
+	w.connect(b, a)
+	waitCached(b, a, aq)
+	ctx := context.Background()
+	var total time.Duration
+	b.ResetTimer()
+	for range b.N {
+		stored := w.connect(b, other) // a new grant committed by another process
+		committed := time.Now()
+		for {
+			tok, err := a.uc.Token(ctx, conn)
+			if err != nil {
+				b.Fatal(err)
+			}
+			if tok.Version >= stored.Version {
+				break
+			}
+			if time.Since(committed) > 5*time.Second {
+				b.Fatal("never switched")
+			}
+			runtime.Gosched()
+		}
+		total += time.Since(committed)
+	}
+	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "invalidate-ms")
+}
