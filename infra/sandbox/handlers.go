@@ -83,14 +83,19 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 
-	p.refreshMu.Lock()
-	defer p.refreshMu.Unlock()
-
 	ctx := r.Context()
+	if err := r.ParseForm(); err != nil {
+		p.oauth.WriteAccessError(ctx, w, nil, fosite.ErrInvalidRequest.WithWrap(err))
+		return
+	}
+	sig := p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("refresh_token"))
+	lock := p.refreshLock(ctx, sig)
+	lock.Lock()
+	defer lock.Unlock()
+
 	// Decide reuse before fosite runs: on reuse fosite deletes the presented
 	// token's session, so afterwards it could no longer tell reuse from a
 	// token it never issued.
-	sig := p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("refresh_token"))
 	reused := sig != "" && p.store.wasRotated(sig)
 
 	ar, err := p.validate(ctx, r)

@@ -29,9 +29,11 @@
 package sandbox
 
 import (
+	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -132,12 +134,14 @@ type Provider struct {
 	redirect   string // default redirect URI for OAuth2Config
 	scopes     []string
 
-	// refreshMu serialises refresh_token grants from fosite's request
-	// parsing to the response write. fosite's MemoryStore is not
-	// transactional: without this lock two requests presenting the same
+	// refreshLocks serialise refresh_token grants of one grant family from
+	// fosite's request parsing to the response write. fosite's MemoryStore
+	// is not transactional: without this two requests presenting the same
 	// refresh token could both load it as active before either rotates it,
-	// and both would succeed. Code exchanges and /resource never take it.
-	refreshMu sync.Mutex
+	// and both would succeed. Refreshes of different grants run in
+	// parallel (one stripe per grant, by hash), like at a real provider;
+	// code exchanges and /resource never take these locks.
+	refreshLocks [64]sync.Mutex
 
 	refreshLatency atomic.Int64 // time.Duration
 	refreshFault   atomic.Pointer[func() Fault]
@@ -265,8 +269,10 @@ func (p *Provider) SetRefreshLatency(d time.Duration) {
 func (p *Provider) RevokeAll() {
 	// Taking the rotation lock keeps a refresh in flight from re-issuing
 	// tokens for a grant right after we revoked it.
-	p.refreshMu.Lock()
-	defer p.refreshMu.Unlock()
+	for i := range p.refreshLocks {
+		p.refreshLocks[i].Lock()
+		defer p.refreshLocks[i].Unlock()
+	}
 	p.store.revokeAll()
 }
 
@@ -291,4 +297,16 @@ func Endpoint(baseURL string) oauth2.Endpoint {
 		TokenURL:  baseURL + "/oauth2/token",
 		AuthStyle: oauth2.AuthStyleInHeader,
 	}
+}
+
+// refreshLock is the lock of the grant family the refresh token (by
+// signature) belongs to; unknown tokens hash by their signature.
+func (p *Provider) refreshLock(ctx context.Context, signature string) *sync.Mutex {
+	key := signature
+	if req, err := p.store.GetRefreshTokenSession(ctx, signature, nil); req != nil && (err == nil || errors.Is(err, fosite.ErrInactiveToken)) {
+		key = req.GetID()
+	}
+	h := fnv.New32a()
+	_, _ = h.Write([]byte(key))
+	return &p.refreshLocks[h.Sum32()%uint32(len(p.refreshLocks))]
 }
