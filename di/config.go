@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 )
 
 // Config is everything the apps read from the environment. See the
@@ -24,6 +26,10 @@ type Config struct {
 	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
 	// MigrateOnStart applies pending migrations when an app starts.
 	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
+	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt). Unset
+	// stores them as plaintext, with a warning at start-up. It prints as
+	// [REDACTED] under every verb.
+	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
 }
 
 // OAuthConfig is the client registration at the provider.
@@ -38,8 +44,8 @@ type OAuthConfig struct {
 
 // String never shows the client secret or the database password.
 func (c Config) String() string {
-	return fmt.Sprintf("{database:%s token_url:%s client_id:%s skew:%v lock_wait:%v refresh_timeout:%v}",
-		redactURL(c.DatabaseURL), c.OAuth.TokenURL, c.OAuth.ClientID, c.RefreshSkew, c.LockWait, c.RefreshTimeout)
+	return fmt.Sprintf("{database:%s token_url:%s client_id:%s skew:%v lock_wait:%v refresh_timeout:%v encryption:%s}",
+		redactURL(c.DatabaseURL), c.OAuth.TokenURL, c.OAuth.ClientID, c.RefreshSkew, c.LockWait, c.RefreshTimeout, encryptionSummary(c.EncryptionKeys))
 }
 
 // ConfigFromEnv reads the configuration from environ (os.Environ() form)
@@ -65,6 +71,9 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 {
 		return errors.New("DB_MAX_CONNS must be at least 1")
+	}
+	if _, err := c.keyring(); err != nil {
+		return err
 	}
 	for name, v := range map[string]string{
 		"OAUTH_TOKEN_URL": c.OAuth.TokenURL, "OAUTH_AUTH_URL": c.OAuth.AuthURL,

@@ -44,12 +44,17 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 		return nil, nil, err
 	}
 	cleanup := func() { _ = postgres.Close(db) }
+	ropts, err := openSealed(ctx, db, cfg, log)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
 	oc := OAuth2Config(cfg.OAuth)
 	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(provider.NewRefresher(oc, provider.NewHTTPClient(cfg.RefreshTimeout)), provider.Policy{Log: log}), usecase.Options{
 		Skew:           cfg.RefreshSkew,
 		LockWait:       cfg.LockWait,
 		RefreshTimeout: cfg.RefreshTimeout,
-	})
+	}, ropts...)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
@@ -70,16 +75,17 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 	}
 	return &Tokens{
 		DB:           db,
-		Repository:   repository.NewTokenRepository(db),
+		Repository:   repository.NewTokenRepository(db, ropts...),
 		RefreshToken: uc,
-		Connect:      NewConnectUseCase(db, cfg.LockWait),
+		Connect:      NewConnectUseCase(db, cfg.LockWait, ropts...),
 		OAuth:        oc,
 	}, cleanup, nil
 }
 
 // NewRefreshTokenUseCase builds the use case on a pool and a refresher.
-func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Options) (*usecase.RefreshTokenUseCase, error) {
-	uc, err := usecase.NewRefreshTokenUseCase(tokenStore{repository.NewTokenRepository(db)}, r, opts)
+// repoOpts configure its repository (repository.WithSealer).
+func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Options, repoOpts ...repository.Option) (*usecase.RefreshTokenUseCase, error) {
+	uc, err := usecase.NewRefreshTokenUseCase(NewTokenStore(db, repoOpts...), r, opts)
 	if err != nil {
 		return nil, fmt.Errorf("configure refresh: %w", err)
 	}
@@ -87,8 +93,8 @@ func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Optio
 }
 
 // NewConnectUseCase builds the use case that stores new grants.
-func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseCase {
-	return usecase.NewConnectUseCase(tokenStore{repository.NewTokenRepository(db)}, nil, lockWait)
+func NewConnectUseCase(db *gorm.DB, lockWait time.Duration, repoOpts ...repository.Option) *usecase.ConnectUseCase {
+	return usecase.NewConnectUseCase(NewTokenStore(db, repoOpts...), nil, lockWait)
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration.
@@ -102,16 +108,31 @@ func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	}
 }
 
-// tokenStore adapts the repository to usecase.TokenStore: the repository
-// hands its callback a concrete *LockedTokens and does not know the use
-// case's port, which this bridge supplies.
-type tokenStore struct {
+// TokenStore adapts the repository to the use case's ports
+// (usecase.TokenStore and usecase.ConnectionStore): the repository hands its
+// callback a concrete *LockedTokens and does not know the use case's
+// interfaces, which this bridge supplies.
+type TokenStore struct {
 	*repository.TokenRepository
 }
 
-func (s tokenStore) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+// NewTokenStore binds a TokenStore to a pool.
+func NewTokenStore(db *gorm.DB, opts ...repository.Option) TokenStore {
+	return TokenStore{repository.NewTokenRepository(db, opts...)}
+}
+
+// InLock implements the use case's port on top of the repository's.
+func (s TokenStore) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) error {
 	return s.TokenRepository.InLock(ctx, connectionID, wait, hold, func(ctx context.Context, l *repository.LockedTokens) error {
+		return fn(ctx, l)
+	})
+}
+
+// TryInLock implements usecase.AheadStore on top of the repository.
+func (s TokenStore) TryInLock(ctx context.Context, connectionID string, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	return s.TokenRepository.TryInLock(ctx, connectionID, hold, func(ctx context.Context, l *repository.LockedTokens) error {
 		return fn(ctx, l)
 	})
 }

@@ -12,22 +12,16 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
-	"gorm.io/gorm"
 )
 
 // ChangeChannel is the Postgres NOTIFY channel on which every committed
-// token write is announced as "<version> <connection>". It carries no
-// secret: listeners re-read what they need.
+// token write is announced as "<version> <connection>" (LockedTokens.Save
+// and Put notify in the writing statement; Postgres delivers at commit). It
+// carries no secret: listeners re-read what they need.
 const ChangeChannel = "tokenguard_token_changed"
 
 // ListenerApplicationName names the listener's session in pg_stat_activity.
 const ListenerApplicationName = "tokenguard-listener"
-
-// notifyChange queues the announcement in tx; Postgres delivers it only if
-// and when tx commits.
-func notifyChange(tx *gorm.DB, connectionID string, version int64) error {
-	return tx.Exec("SELECT pg_notify(?, ?)", ChangeChannel, strconv.FormatInt(version, 10)+" "+connectionID).Error
-}
 
 // ParseChange reads a ChangeChannel payload.
 func ParseChange(payload string) (connectionID string, version int64, err error) {

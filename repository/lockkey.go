@@ -34,3 +34,21 @@ func lockConnections(tx *gorm.DB, keys []int32) error {
 	}
 	return nil
 }
+
+// lockConnectionByName takes one connection's lock, resolving its key in
+// the same statement (one round trip on the refresh path). found is false
+// for an unregistered name.
+func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
+	var rows []struct{ Locked string }
+	err = tx.Raw("SELECT pg_advisory_xact_lock(?, id)::text AS locked FROM connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
+	return len(rows) == 1, err
+}
+
+// tryLockConnectionByName is the non-waiting variant, for sweeps that
+// should skip a connection another process is refreshing rather than queue
+// behind it.
+func tryLockConnectionByName(tx *gorm.DB, name string) (found, locked bool, err error) {
+	var rows []bool
+	err = tx.Raw("SELECT pg_try_advisory_xact_lock(?, id) FROM connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
+	return len(rows) == 1, len(rows) == 1 && rows[0], err
+}

@@ -23,19 +23,25 @@ type tokenRow struct {
 	UpdatedAt    time.Time
 }
 
-func (r tokenRow) domain() domain.Token {
+// domain opens the row's credentials with s: a value that fails to open is
+// an error wrapping domain.ErrUndecryptable, never a token.
+func (r tokenRow) domain(s Sealer) (domain.Token, error) {
+	at, rt, err := opened(s, r.Name, r.AccessToken, r.RefreshToken)
+	if err != nil {
+		return domain.Token{}, err
+	}
 	return domain.Token{
 		ConnectionID: r.Name,
-		AccessToken:  domain.NewSecret(r.AccessToken),
+		AccessToken:  domain.NewSecret(at),
 		TokenType:    r.TokenType,
-		RefreshToken: domain.NewSecret(r.RefreshToken),
+		RefreshToken: domain.NewSecret(rt),
 		Expiry:       r.Expiry.Time,
 		ObtainedAt:   r.ObtainedAt,
 		Version:      r.Version,
 		Status:       domain.Status(r.Status),
 		StatusReason: r.StatusReason,
 		UpdatedAt:    r.UpdatedAt,
-	}
+	}, nil
 }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: t, Valid: !t.IsZero()} }

@@ -14,11 +14,19 @@ import (
 // TokenRepository reads and writes connection tokens. Plain reads take no
 // lock; every write happens in a LockedTokens handed out by InLock.
 type TokenRepository struct {
-	db *gorm.DB
+	db     *gorm.DB
+	sealer Sealer
 }
 
-// NewTokenRepository binds the repository to a pool.
-func NewTokenRepository(db *gorm.DB) *TokenRepository { return &TokenRepository{db: db} }
+// NewTokenRepository binds the repository to a pool. Token values are
+// stored as plaintext unless WithSealer says otherwise.
+func NewTokenRepository(db *gorm.DB, opts ...Option) *TokenRepository {
+	r := &TokenRepository{db: db, sealer: plaintext{}}
+	for _, o := range opts {
+		o(r)
+	}
+	return r
+}
 
 const selectToken = `
 SELECT c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
@@ -28,7 +36,7 @@ FROM tokens t JOIN connections c ON c.id = t.connection_id`
 // Get reads a connection's token without locking: readers never wait on a
 // refresh in progress.
 func (r *TokenRepository) Get(ctx context.Context, connectionID string) (domain.Token, error) {
-	return getToken(ctx, r.db.WithContext(ctx), connectionID)
+	return getToken(ctx, r.db.WithContext(ctx), r.sealer, connectionID)
 }
 
 // List reads every stored token, ordered by connection name.
@@ -39,7 +47,10 @@ func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
 	}
 	out := make([]domain.Token, len(rows))
 	for i, row := range rows {
-		out[i] = row.domain()
+		var err error
+		if out[i], err = row.domain(r.sealer); err != nil {
+			return nil, err
+		}
 	}
 	return out, nil
 }
@@ -61,6 +72,13 @@ func (r *TokenRepository) Register(ctx context.Context, connectionID string) err
 // must be registered.
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connectionIDs)))
+	if len(ids) == 1 {
+		found, err := lockConnectionByName(tx, ids[0])
+		if err == nil && !found {
+			err = fmt.Errorf("lock %s: %w", ids[0], domain.ErrNotFound)
+		}
+		return err
+	}
 	var keys []int32
 	if err := tx.Raw("SELECT id FROM connections WHERE name IN ?", ids).Find(&keys).Error; err != nil {
 		return err
@@ -102,7 +120,12 @@ func (r *TokenRepository) lockAndRun(ctx, txCtx context.Context, tx *gorm.DB, co
 	if err := r.WithAdvisoryLock(tx.WithContext(ctx), connectionID); err != nil {
 		return storeError(ctx, "lock connection "+connectionID, err)
 	}
-	return fn(txCtx, &LockedTokens{tx: tx})
+	return fn(txCtx, r.locked(tx))
+}
+
+// locked binds the tx-bound store to tx, which holds a connection's lock.
+func (r *TokenRepository) locked(tx *gorm.DB) *LockedTokens {
+	return &LockedTokens{tx: tx, sealer: r.sealer}
 }
 
 // setLockTimeout bounds lock waits for the rest of this transaction only
@@ -118,89 +141,101 @@ func setLockTimeout(tx *gorm.DB, wait time.Duration) error {
 // LockedTokens is the token store bound to a transaction that holds a
 // connection's advisory lock. It is valid only inside InLock's callback.
 type LockedTokens struct {
-	tx *gorm.DB
+	tx     *gorm.DB
+	sealer Sealer
 }
 
 // Get re-reads a token inside the lock: another process may have refreshed
 // it while we waited.
 func (l *LockedTokens) Get(ctx context.Context, connectionID string) (domain.Token, error) {
-	return getToken(ctx, l.tx.WithContext(ctx), connectionID)
+	return getToken(ctx, l.tx.WithContext(ctx), l.sealer, connectionID)
 }
 
 // Save writes t over the stored token if the stored version is still
-// t.Version, bumps the version and returns what was stored. An empty refresh
-// token never replaces a stored one.
+// t.Version, bumps the version, announces the change and returns what was
+// stored, all in one statement. An empty refresh token never replaces a
+// stored one.
 func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
-	var out []struct{ Version int64 }
+	t, err := sealed(l.sealer, t)
+	if err != nil {
+		return domain.Token{}, err
+	}
+	var rows []tokenRow
 	res := l.tx.WithContext(ctx).Raw(`
-UPDATE tokens AS t SET
-    access_token  = ?,
-    token_type    = ?,
-    refresh_token = COALESCE(NULLIF(?, ''), t.refresh_token),
-    expiry        = ?,
-    obtained_at   = ?,
-    status        = ?,
-    status_reason = ?,
-    version       = t.version + 1,
-    updated_at    = now()
-FROM connections c
-WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
-RETURNING t.version`,
+WITH u AS (
+    UPDATE tokens AS t SET
+        access_token  = ?,
+        token_type    = ?,
+        refresh_token = COALESCE(NULLIF(?, ''), t.refresh_token),
+        expiry        = ?,
+        obtained_at   = ?,
+        status        = ?,
+        status_reason = ?,
+        version       = t.version + 1,
+        updated_at    = now()
+    FROM connections c
+    WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
+    RETURNING c.id AS lock_key, c.name, t.*
+)
+SELECT u.*, pg_notify(?, u.version || ' ' || u.name) IS NULL AS notified FROM u`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.ConnectionID, t.Version,
-	).Find(&out)
+		string(t.Status), t.StatusReason, t.ConnectionID, t.Version, ChangeChannel,
+	).Find(&rows)
 	if res.Error != nil {
 		return domain.Token{}, storeError(ctx, "save token", res.Error)
 	}
-	if len(out) == 0 {
+	if len(rows) == 0 {
 		if _, err := l.Get(ctx, t.ConnectionID); err != nil {
 			return domain.Token{}, err
 		}
 		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.ConnectionID, t.Version, domain.ErrConflict)
 	}
-	if err := notifyChange(l.tx.WithContext(ctx), t.ConnectionID, out[0].Version); err != nil {
-		return domain.Token{}, storeError(ctx, "announce token change", err)
-	}
-	return l.Get(ctx, t.ConnectionID)
+	return rows[0].domain(l.sealer)
 }
 
 // Put stores a newly granted token for a registered connection, replacing
-// whatever grant it had (a person connected it again). The version keeps
-// increasing across grants.
+// whatever grant it had (a person connected it again), and announces the
+// change. The version keeps increasing across grants.
 func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, error) {
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.ConnectionID, domain.ErrInvalidToken)
 	}
-	var out []struct{ Version int64 }
+	t, err := sealed(l.sealer, t)
+	if err != nil {
+		return domain.Token{}, err
+	}
+	var rows []tokenRow
 	res := l.tx.WithContext(ctx).Raw(`
-INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, obtained_at, version, status, status_reason)
-SELECT c.id, ?, ?, ?, ?, ?, 1, 'active', '' FROM connections c WHERE c.name = ?
-ON CONFLICT (connection_id) DO UPDATE SET
-    access_token  = EXCLUDED.access_token,
-    token_type    = EXCLUDED.token_type,
-    refresh_token = EXCLUDED.refresh_token,
-    expiry        = EXCLUDED.expiry,
-    obtained_at   = EXCLUDED.obtained_at,
-    status        = 'active',
-    status_reason = '',
-    version       = t.version + 1,
-    updated_at    = now()
-RETURNING t.version`,
-		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, t.ConnectionID,
-	).Find(&out)
+WITH c AS (SELECT id, name FROM connections WHERE name = ?),
+u AS (
+    INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, obtained_at, version, status, status_reason)
+    SELECT c.id, ?, ?, ?, ?, ?, 1, 'active', '' FROM c
+    ON CONFLICT (connection_id) DO UPDATE SET
+        access_token  = EXCLUDED.access_token,
+        token_type    = EXCLUDED.token_type,
+        refresh_token = EXCLUDED.refresh_token,
+        expiry        = EXCLUDED.expiry,
+        obtained_at   = EXCLUDED.obtained_at,
+        status        = 'active',
+        status_reason = '',
+        version       = t.version + 1,
+        updated_at    = now()
+    RETURNING t.*
+)
+SELECT c.id AS lock_key, c.name, u.*, pg_notify(?, u.version || ' ' || c.name) IS NULL AS notified
+FROM u JOIN c ON c.id = u.connection_id`,
+		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, ChangeChannel,
+	).Find(&rows)
 	if res.Error != nil {
 		return domain.Token{}, storeError(ctx, "put token", res.Error)
 	}
-	if len(out) == 0 {
+	if len(rows) == 0 {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.ConnectionID, domain.ErrNotFound)
 	}
-	if err := notifyChange(l.tx.WithContext(ctx), t.ConnectionID, out[0].Version); err != nil {
-		return domain.Token{}, storeError(ctx, "announce token change", err)
-	}
-	return l.Get(ctx, t.ConnectionID)
+	return rows[0].domain(l.sealer)
 }
 
-func getToken(ctx context.Context, db *gorm.DB, connectionID string) (domain.Token, error) {
+func getToken(ctx context.Context, db *gorm.DB, s Sealer, connectionID string) (domain.Token, error) {
 	var rows []tokenRow
 	if err := db.Raw(selectToken+" WHERE c.name = ?", connectionID).Find(&rows).Error; err != nil {
 		return domain.Token{}, storeError(ctx, "get token", err)
@@ -208,5 +243,5 @@ func getToken(ctx context.Context, db *gorm.DB, connectionID string) (domain.Tok
 	if len(rows) == 0 {
 		return domain.Token{}, fmt.Errorf("connection %q: %w", connectionID, domain.ErrNotFound)
 	}
-	return rows[0].domain(), nil
+	return rows[0].domain(s)
 }

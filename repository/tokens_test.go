@@ -282,7 +282,8 @@ func TestLockIsHeldOnTheTransactionsConnection(t *testing.T) {
 		// Another session sees the lock held by a backend other than its own.
 		var n int64
 		err := db.Raw(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
-			AND classid = $1 AND objsubid = 2`, 0x746b6764).Scan(&n).Error
+			AND classid = $1 AND objsubid = 2
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, 0x746b6764).Scan(&n).Error
 		if err != nil {
 			return err
 		}

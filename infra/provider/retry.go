@@ -1,0 +1,210 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// GrantRefresher is what Retrying decorates: Refresher, or anything else
+// that redeems a refresh token and reports failures as the domain does.
+type GrantRefresher interface {
+	Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error)
+}
+
+// Policy tunes Retrying. Zero values take the defaults.
+type Policy struct {
+	// InitialInterval is the first backoff (default 100ms).
+	InitialInterval time.Duration
+	// MaxInterval caps every backoff, jitter included (default 2s).
+	MaxInterval time.Duration
+	// Multiplier grows the backoff after each failure (default 2).
+	Multiplier float64
+	// Jitter is the randomisation factor: each wait is drawn from
+	// interval×[1-Jitter, 1+Jitter] (default 0.5; negative means none).
+	Jitter float64
+	// MaxAttempts bounds the tries, the first included; 0 means only the
+	// deadline bounds them.
+	MaxAttempts int
+	// MaxElapsed bounds the whole call when ctx has no deadline
+	// (default 30s). With a deadline, the deadline alone bounds it.
+	MaxElapsed time.Duration
+	// AttemptTimeout bounds one try (0: a try may use all the time that is
+	// left). A try cut short by it counts as a timeout and is retried; see
+	// Retrying about the risk of cutting off a slow but successful answer.
+	AttemptTimeout time.Duration
+	// Log receives one line per retry; nil logs nothing. Lines carry the
+	// attempt number, the wait and the error (never a token).
+	Log *slog.Logger
+}
+
+// Retry policy defaults.
+const (
+	DefaultInitialInterval = 100 * time.Millisecond
+	DefaultMaxInterval     = 2 * time.Second
+	DefaultMultiplier      = 2.0
+	DefaultJitter          = 0.5
+	DefaultMaxElapsed      = 30 * time.Second
+)
+
+func (p Policy) withDefaults() Policy {
+	if p.InitialInterval <= 0 {
+		p.InitialInterval = DefaultInitialInterval
+	}
+	if p.MaxInterval <= 0 {
+		p.MaxInterval = DefaultMaxInterval
+	}
+	p.MaxInterval = max(p.MaxInterval, p.InitialInterval)
+	if p.Multiplier < 1 {
+		p.Multiplier = DefaultMultiplier
+	}
+	switch {
+	case p.Jitter == 0:
+		p.Jitter = DefaultJitter
+	case p.Jitter < 0:
+		p.Jitter = 0
+	case p.Jitter > 1:
+		p.Jitter = 1
+	}
+	if p.MaxElapsed <= 0 {
+		p.MaxElapsed = DefaultMaxElapsed
+	}
+	return p
+}
+
+// Retrying retries a GrantRefresher's transient failures (errors wrapping
+// domain.ErrProviderUnavailable: 5xx, 429, timeouts, refused connections)
+// with capped exponential backoff and jitter, computed by
+// github.com/cenkalti/backoff/v5. Permanent failures (domain.ErrGrantRevoked)
+// and anything else are returned after the first try. It is safe for
+// concurrent use.
+//
+// Every wait ends before ctx's deadline: a Retry-After the provider sent is
+// the minimum wait before the next try, and when it (or the backoff) would
+// reach past the deadline, Retrying gives up at once with the last error
+// instead of sleeping into a try it could not make. The use case calls it
+// inside the connection's lock with a context bounded by the refresh
+// timeout, which is shorter than the lock wait, so retries never outlast
+// the lock bound.
+//
+// The stored refresh token is not touched here: Retrying only presents the
+// same token again, and the caller persists a token only after a success.
+//
+// Retrying after an ambiguous failure (a timeout, a connection reset after
+// the request was sent) may present a refresh token the provider already
+// rotated. A strict provider then answers invalid_grant. That is no worse
+// than not retrying: the stored token is still the one we presented, so the
+// next caller would present it anyway and get the same answer. Only a
+// provider-side grace period for the previous refresh token closes this
+// window. For the same reason AttemptTimeout should not be set below the
+// provider's worst normal latency.
+//
+// backoff.Retry itself is not used: it treats Retry-After as an exact wait
+// (not a minimum), sleeps up to the deadline even when the next try could
+// not fit, and on cancellation returns the context's error instead of the
+// provider's, which callers need to classify the failure.
+type Retrying struct {
+	next   GrantRefresher
+	policy Policy
+}
+
+// NewRetrying decorates next with policy (zero fields take the defaults).
+func NewRetrying(next GrantRefresher, policy Policy) *Retrying {
+	return &Retrying{next: next, policy: policy.withDefaults()}
+}
+
+// Refresh calls the decorated refresher until it succeeds, fails
+// permanently, or the time is up. On failure it returns the last error,
+// which keeps its kind (errors.Is ErrProviderUnavailable or ErrGrantRevoked,
+// errors.As *domain.ProviderError), joined with ctx's error when ctx ended
+// the retries.
+func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
+	p := r.policy
+	if _, ok := ctx.Deadline(); !ok {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, p.MaxElapsed)
+		defer cancel()
+	}
+	deadline, _ := ctx.Deadline()
+	b := &backoff.ExponentialBackOff{
+		InitialInterval:     p.InitialInterval,
+		RandomizationFactor: p.Jitter,
+		Multiplier:          p.Multiplier,
+		MaxInterval:         p.MaxInterval,
+	}
+	b.Reset()
+
+	var timer *time.Timer
+	defer func() {
+		if timer != nil {
+			timer.Stop()
+		}
+	}()
+	for attempt := 1; ; attempt++ {
+		g, err := r.try(ctx, refreshToken)
+		if err == nil {
+			return g, nil
+		}
+		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) {
+			return domain.Grant{}, attempts(attempt, err)
+		}
+		if ctxErr := ctx.Err(); ctxErr != nil {
+			return domain.Grant{}, attempts(attempt, joinCtx(err, ctxErr))
+		}
+		if p.MaxAttempts > 0 && attempt >= p.MaxAttempts {
+			return domain.Grant{}, attempts(attempt, err)
+		}
+		wait := min(b.NextBackOff(), p.MaxInterval)
+		var pe *domain.ProviderError
+		if errors.As(err, &pe) && pe.RetryAfter > wait {
+			wait = pe.RetryAfter
+		}
+		if time.Until(deadline) <= wait {
+			// The next try could not start before the deadline.
+			return domain.Grant{}, attempts(attempt, err)
+		}
+		if p.Log != nil {
+			p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
+				slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
+		}
+		if timer == nil {
+			timer = time.NewTimer(wait)
+		} else {
+			timer.Reset(wait)
+		}
+		select {
+		case <-timer.C:
+		case <-ctx.Done():
+			return domain.Grant{}, attempts(attempt, joinCtx(err, ctx.Err()))
+		}
+	}
+}
+
+func (r *Retrying) try(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
+	if r.policy.AttemptTimeout <= 0 {
+		return r.next.Refresh(ctx, refreshToken)
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.policy.AttemptTimeout)
+	defer cancel()
+	return r.next.Refresh(ctx, refreshToken)
+}
+
+func attempts(n int, err error) error {
+	if n == 1 {
+		return err
+	}
+	return fmt.Errorf("after %d attempts: %w", n, err)
+}
+
+func joinCtx(err, ctxErr error) error {
+	if errors.Is(err, ctxErr) {
+		return err
+	}
+	return fmt.Errorf("%w (%w)", err, ctxErr)
+}

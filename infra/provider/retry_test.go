@@ -1,0 +1,295 @@
+package provider_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+)
+
+// These tests run Retrying over the real Refresher against the strict
+// sandbox provider (fosite: the refresh token rotates on every success, and
+// presenting a rotated one is counted as reuse).
+
+// hangTimeout is the HTTP client timeout: a hung request fails after it.
+const hangTimeout = 200 * time.Millisecond
+
+type rig struct {
+	p     *sandbox.Provider
+	srv   *httptest.Server
+	oauth *oauth2.Config
+	first *oauth2.Token
+}
+
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	p, err := sandbox.New(sandbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(srv.Close)
+	cfg := p.OAuth2Config(srv.URL)
+	tok, err := sandbox.Grant(context.Background(), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rig{p: p, srv: srv, oauth: cfg, first: tok}
+}
+
+func (r *rig) retrying(policy provider.Policy) *provider.Retrying {
+	return provider.NewRetrying(provider.NewRefresher(r.oauth, provider.NewHTTPClient(hangTimeout)), policy)
+}
+
+// always injects f into every refresh.
+func always(f sandbox.Fault) func() sandbox.Fault { return func() sandbox.Fault { return f } }
+
+// logTo returns a logger writing into a buffer that is safe to read later.
+func logTo() (*slog.Logger, func() string) {
+	var mu sync.Mutex
+	var buf bytes.Buffer
+	w := writerFunc(func(p []byte) (int, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		return buf.Write(p)
+	})
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: slog.LevelDebug})),
+		func() string { mu.Lock(); defer mu.Unlock(); return buf.String() }
+}
+
+type writerFunc func([]byte) (int, error)
+
+func (f writerFunc) Write(p []byte) (int, error) { return f(p) }
+
+func TestRetryingRidesOutTransientFaults(t *testing.T) {
+	r := newRig(t)
+	// A fixed schedule, so every kind of fault is exercised on every run:
+	// 6 of 20 requests answer 503, 1 answers 429 (Retry-After: 1), 2 hang.
+	u, tm, h, o := sandbox.FaultUnavailable, sandbox.FaultTooManyRequests, sandbox.FaultHang, sandbox.FaultNone
+	schedule := []sandbox.Fault{
+		u, o, u, u, o, h, o, u, o, tm,
+		o, u, h, o, o, u, o, o, o, o,
+	}
+	var faults, refreshes int
+	for _, f := range schedule {
+		if f == o {
+			refreshes++
+		} else {
+			faults++
+		}
+	}
+	var calls atomic.Int64
+	r.p.SetRefreshFault(func() sandbox.Fault {
+		i := calls.Add(1) - 1
+		if int(i) < len(schedule) {
+			return schedule[i]
+		}
+		return sandbox.FaultNone
+	})
+	log, logged := logTo()
+	ret := r.retrying(provider.Policy{Log: log})
+
+	rt := domain.NewSecret(r.first.RefreshToken)
+	var at domain.Secret
+	seen := map[string]bool{r.first.RefreshToken: true}
+	for i := range refreshes {
+		const budget = 4 * time.Second
+		ctx, cancel := context.WithTimeout(context.Background(), budget)
+		start := time.Now()
+		g, err := ret.Refresh(ctx, rt)
+		cancel()
+		if err != nil {
+			t.Fatalf("refresh %d failed: %v", i, err)
+		}
+		if took := time.Since(start); took > budget {
+			t.Fatalf("refresh %d took %v, past its %v deadline", i, took, budget)
+		}
+		if g.AccessToken.IsZero() || g.RefreshToken.IsZero() || seen[g.RefreshToken.Reveal()] {
+			t.Fatalf("refresh %d: empty or repeated token", i)
+		}
+		seen[g.RefreshToken.Reveal()] = true
+		rt, at = g.RefreshToken, g.AccessToken
+	}
+
+	st := r.p.Stats()
+	if st.Refreshes != int64(refreshes) || st.RefreshReuse != 0 {
+		t.Errorf("provider saw %d refreshes and %d reuses, want %d and 0", st.Refreshes, st.RefreshReuse, refreshes)
+	}
+	if st.RefreshFaults != int64(faults) {
+		t.Errorf("provider injected %d faults, want the whole schedule's %d", st.RefreshFaults, faults)
+	}
+	// The last access token is the live one.
+	if code := resource(t, r.srv.URL, at.Reveal()); code != http.StatusOK {
+		t.Errorf("latest access token answered %d", code)
+	}
+	out := logged()
+	if n := strings.Count(out, "retrying"); n != int(st.RefreshFaults) {
+		t.Errorf("logged %d retries, want %d", n, st.RefreshFaults)
+	}
+	for s := range seen {
+		if strings.Contains(out, s) {
+			t.Fatalf("a refresh token reached the log:\n%s", out)
+		}
+	}
+}
+
+func TestRetryingNeverRetriesARejectedGrant(t *testing.T) {
+	r := newRig(t)
+	r.p.SetRefreshFault(always(sandbox.FaultInvalidGrant))
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	_, err := r.retrying(provider.Policy{}).Refresh(ctx, domain.NewSecret(r.first.RefreshToken))
+	if !errors.Is(err, domain.ErrGrantRevoked) {
+		t.Fatalf("err = %v, want ErrGrantRevoked", err)
+	}
+	var pe *domain.ProviderError
+	if !errors.As(err, &pe) || pe.Code != "invalid_grant" {
+		t.Errorf("err = %v, want the provider's invalid_grant", err)
+	}
+	if st := r.p.Stats(); st.RefreshFaults != 1 || st.RefreshRejected != 1 {
+		t.Errorf("provider saw %d requests, want exactly 1", st.RefreshRejected)
+	}
+}
+
+func TestRetryingStopsAtTheDeadline(t *testing.T) {
+	for _, f := range []sandbox.Fault{sandbox.FaultUnavailable, sandbox.FaultHang} {
+		t.Run(f.String(), func(t *testing.T) {
+			r := newRig(t)
+			r.p.SetRefreshFault(always(f))
+			const budget = 900 * time.Millisecond
+			ctx, cancel := context.WithTimeout(context.Background(), budget)
+			defer cancel()
+			start := time.Now()
+			_, err := r.retrying(provider.Policy{}).Refresh(ctx, domain.NewSecret(r.first.RefreshToken))
+			took := time.Since(start)
+			if !errors.Is(err, domain.ErrProviderUnavailable) {
+				t.Fatalf("err = %v, want ErrProviderUnavailable", err)
+			}
+			if took > budget+100*time.Millisecond {
+				t.Errorf("returned after %v for a %v deadline", took, budget)
+			}
+			if n := r.p.Stats().RefreshFaults; n < 2 {
+				t.Errorf("provider saw %d requests, want retries", n)
+			}
+			// Nothing was rotated: the refresh token we kept still works.
+			r.p.SetRefreshFault(nil)
+			if _, err := r.retrying(provider.Policy{}).Refresh(context.Background(), domain.NewSecret(r.first.RefreshToken)); err != nil {
+				t.Errorf("refresh token spent by failed tries: %v", err)
+			}
+			if st := r.p.Stats(); st.RefreshReuse != 0 {
+				t.Errorf("RefreshReuse = %d", st.RefreshReuse)
+			}
+		})
+	}
+}
+
+func TestRetryingGivesUpWhenRetryAfterPassesTheDeadline(t *testing.T) {
+	r := newRig(t)
+	r.p.SetRefreshFault(always(sandbox.FaultTooManyRequests)) // Retry-After: 1
+	ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	_, err := r.retrying(provider.Policy{}).Refresh(ctx, domain.NewSecret(r.first.RefreshToken))
+	took := time.Since(start)
+	var pe *domain.ProviderError
+	if !errors.As(err, &pe) || pe.HTTPStatus != http.StatusTooManyRequests || pe.RetryAfter != time.Second {
+		t.Fatalf("err = %v, want the provider's 429 with its Retry-After", err)
+	}
+	if took > 300*time.Millisecond {
+		t.Errorf("waited %v although Retry-After could not fit before the deadline", took)
+	}
+	if n := r.p.Stats().RefreshFaults; n != 1 {
+		t.Errorf("provider saw %d requests, want 1", n)
+	}
+}
+
+func TestRetryingHonoursRetryAfterAsMinimumWait(t *testing.T) {
+	r := newRig(t)
+	var calls atomic.Int64
+	r.p.SetRefreshFault(func() sandbox.Fault {
+		if calls.Add(1) == 1 {
+			return sandbox.FaultTooManyRequests // Retry-After: 1
+		}
+		return sandbox.FaultNone
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+	defer cancel()
+	start := time.Now()
+	if _, err := r.retrying(provider.Policy{}).Refresh(ctx, domain.NewSecret(r.first.RefreshToken)); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took < time.Second {
+		t.Errorf("retried after %v, before the provider's Retry-After of 1s", took)
+	}
+}
+
+func TestRetryingStopsWhenCancelled(t *testing.T) {
+	r := newRig(t)
+	r.p.SetRefreshFault(always(sandbox.FaultUnavailable))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	time.AfterFunc(150*time.Millisecond, cancel)
+	start := time.Now()
+	_, err := r.retrying(provider.Policy{InitialInterval: 5 * time.Second, MaxInterval: 5 * time.Second, Jitter: -1}).
+		Refresh(ctx, domain.NewSecret(r.first.RefreshToken))
+	if !errors.Is(err, context.Canceled) || !errors.Is(err, domain.ErrProviderUnavailable) {
+		t.Fatalf("err = %v, want the provider's error and context.Canceled", err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Errorf("cancelled retry returned after %v", took)
+	}
+}
+
+func TestRetryingMaxAttemptsAndRefusedConnections(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	_ = ln.Close() // nothing listens there now: connection refused
+
+	log, logged := logTo()
+	cfg := &oauth2.Config{ClientID: "c", ClientSecret: "s", Endpoint: sandbox.Endpoint("http://" + addr)}
+	ret := provider.NewRetrying(provider.NewRefresher(cfg, provider.NewHTTPClient(hangTimeout)),
+		provider.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 4, Log: log})
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	const secret = "rt-must-not-be-logged"
+	_, err = ret.Refresh(ctx, domain.NewSecret(secret))
+	if !errors.Is(err, domain.ErrProviderUnavailable) || !strings.Contains(err.Error(), "after 4 attempts") {
+		t.Fatalf("err = %v, want ErrProviderUnavailable after 4 attempts", err)
+	}
+	out := logged()
+	if n := strings.Count(out, "retrying"); n != 3 {
+		t.Errorf("logged %d retries, want 3:\n%s", n, out)
+	}
+	if strings.Contains(out, secret) || strings.Contains(err.Error(), secret) {
+		t.Errorf("refresh token leaked: %v\n%s", err, out)
+	}
+}
+
+func resource(t *testing.T, base, accessToken string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, base+"/resource", nil)
+	req.Header.Set("Authorization", "Bearer "+accessToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}

@@ -1,0 +1,275 @@
+// Package tokencrypt seals token values for storage with AES-256-GCM from
+// the standard library, and opens them again.
+//
+// # Keys
+//
+// Keys come from TOKEN_ENCRYPTION_KEYS, a comma-separated list of
+// id=key entries:
+//
+//	TOKEN_ENCRYPTION_KEYS="k2=<base64 of 32 random bytes>*,k1=<base64 of 32 random bytes>"
+//
+// A key id is 1 to 32 of a-z 0-9 _ -. A key is 32 random bytes in standard
+// base64 with padding (openssl rand -base64 32). The entry whose key ends
+// with '*' is the current key: Seal uses it, and every listed key can Open.
+// A list of one entry may leave out the '*'. Spaces around entries are
+// ignored. Exactly one entry is current, ids are unique.
+//
+// # Envelope
+//
+// A sealed value is text that fits the existing columns:
+//
+//	tg1:<key id>:<base64url, unpadded, of nonce (12 bytes) | ciphertext | tag (16 bytes)>
+//
+// Every value gets its own random nonce. The GCM additional data is
+// "tg1:<key id>:" followed by the caller's aad, which names the row and
+// column (for example "acme/refresh_token"), so a ciphertext copied to
+// another row or column, or relabelled with another key id, fails to open.
+//
+// # Legacy plaintext
+//
+// A stored value that does not start with "tg1:" is plaintext written
+// before encryption was turned on. Open returns it unchanged, so such rows
+// keep working until "tokenctl rotate-key" seals them. The empty string is
+// never sealed (it means "no value" to the repository) and opens as itself.
+//
+// Errors never contain a plaintext, a ciphertext or a key.
+package tokencrypt
+
+import (
+	"crypto/aes"
+	"crypto/cipher"
+	"crypto/rand"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"log/slog"
+	"regexp"
+	"slices"
+	"strings"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// EnvKeys is the variable the key list is read from; errors name it.
+const EnvKeys = "TOKEN_ENCRYPTION_KEYS"
+
+const (
+	prefix    = "tg1:"
+	keySize   = 32 // AES-256
+	nonceSize = 12 // GCM standard nonce
+	tagSize   = 16
+)
+
+var (
+	keyIDPattern = regexp.MustCompile(`^[a-z0-9_-]{1,32}$`)
+	// envelope bodies are strict: a changed character can never decode to
+	// the same bytes through non-canonical trailing bits.
+	bodyEncoding = base64.RawURLEncoding.Strict()
+)
+
+// Keyring holds the configured keys. It is safe for concurrent use, and
+// printing it in any way shows key ids only.
+type Keyring struct {
+	current string
+	ids     []string // sorted
+	aeads   map[string]cipher.AEAD
+}
+
+// ParseKeyring reads a TOKEN_ENCRYPTION_KEYS value (see the package
+// documentation). Errors name the variable and the entry, never a key.
+func ParseKeyring(spec string) (*Keyring, error) {
+	if strings.TrimSpace(spec) == "" {
+		return nil, fmt.Errorf("%s is empty", EnvKeys)
+	}
+	entries := strings.Split(spec, ",")
+	k := &Keyring{aeads: make(map[string]cipher.AEAD, len(entries))}
+	for i, entry := range entries {
+		where := fmt.Sprintf("%s entry %d", EnvKeys, i+1)
+		id, key, ok := strings.Cut(strings.TrimSpace(entry), "=")
+		if !ok {
+			return nil, fmt.Errorf("%s: want id=base64key, with '*' after the current key", where)
+		}
+		id = strings.TrimSpace(id)
+		if !keyIDPattern.MatchString(id) {
+			return nil, fmt.Errorf("%s: key id must be 1-32 of a-z 0-9 _ -", where)
+		}
+		where = fmt.Sprintf("%s (key id %q)", where, id)
+		if _, dup := k.aeads[id]; dup {
+			return nil, fmt.Errorf("%s: key id listed twice", where)
+		}
+		key = strings.TrimSpace(key)
+		current := strings.HasSuffix(key, "*")
+		if current {
+			if k.current != "" {
+				return nil, fmt.Errorf("%s: more than one key is marked current with '*'", where)
+			}
+			k.current = id
+			key = strings.TrimSpace(strings.TrimSuffix(key, "*"))
+		}
+		raw, err := base64.StdEncoding.Strict().DecodeString(key)
+		if err != nil || len(raw) != keySize {
+			return nil, fmt.Errorf("%s: key must be %d random bytes in standard base64 (openssl rand -base64 32)", where, keySize)
+		}
+		aead, err := newAEAD(raw)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", where, err)
+		}
+		k.aeads[id] = aead
+		k.ids = append(k.ids, id)
+	}
+	if k.current == "" {
+		if len(k.ids) != 1 {
+			return nil, fmt.Errorf("%s: mark the current key with '*' after it (id=base64key*)", EnvKeys)
+		}
+		k.current = k.ids[0]
+	}
+	slices.Sort(k.ids)
+	return k, nil
+}
+
+func newAEAD(key []byte) (cipher.AEAD, error) {
+	block, err := aes.NewCipher(key)
+	if err != nil {
+		return nil, errors.New("unusable AES key")
+	}
+	aead, err := cipher.NewGCM(block)
+	if err != nil {
+		return nil, errors.New("unusable AES-GCM key")
+	}
+	return aead, nil
+}
+
+// Current is the id of the key Seal uses.
+func (k *Keyring) Current() string { return k.current }
+
+// IDs are the ids of every configured key, sorted.
+func (k *Keyring) IDs() []string { return slices.Clone(k.ids) }
+
+// Seal encrypts plaintext with the current key and a fresh random nonce,
+// bound to aad. The empty string stays empty.
+func (k *Keyring) Seal(plaintext, aad string) (string, error) {
+	if plaintext == "" {
+		return "", nil
+	}
+	aead := k.aeads[k.current]
+	buf := make([]byte, nonceSize, nonceSize+len(plaintext)+tagSize)
+	// crypto/rand.Read never fails (it crashes the program instead).
+	_, _ = rand.Read(buf)
+	buf = aead.Seal(buf, buf[:nonceSize], []byte(plaintext), additionalData(k.current, aad))
+	return prefix + k.current + ":" + bodyEncoding.EncodeToString(buf), nil
+}
+
+// Open decrypts a value Seal produced with the same aad under any key in
+// the ring. Values without the "tg1:" prefix are legacy plaintext and are
+// returned as they are. Failures are *OpenError, which wraps
+// domain.ErrUndecryptable.
+func (k *Keyring) Open(stored, aad string) (string, error) {
+	if !IsSealed(stored) {
+		return stored, nil
+	}
+	id, raw, err := parseEnvelope(stored)
+	if err != nil {
+		return "", err
+	}
+	aead, ok := k.aeads[id]
+	if !ok {
+		return "", &OpenError{KeyID: id, Reason: "its key id is not in " + EnvKeys}
+	}
+	pt, err := aead.Open(nil, raw[:nonceSize], raw[nonceSize:], additionalData(id, aad))
+	if err != nil {
+		return "", &OpenError{KeyID: id, Reason: "authentication failed (altered, or moved from another row or column)"}
+	}
+	return string(pt), nil
+}
+
+// IsCurrent reports whether stored needs no resealing: it is empty or
+// sealed with the current key. Legacy plaintext and values sealed with an
+// older key are not current.
+func (k *Keyring) IsCurrent(stored string) bool {
+	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":")
+}
+
+// IsSealed reports whether stored is an envelope rather than legacy
+// plaintext. It does not check that the envelope is well formed.
+func IsSealed(stored string) bool { return strings.HasPrefix(stored, prefix) }
+
+// KeyID returns the key id an envelope names, if it is well formed enough
+// to name one.
+func KeyID(stored string) (string, bool) {
+	if !IsSealed(stored) {
+		return "", false
+	}
+	id, _, ok := strings.Cut(stored[len(prefix):], ":")
+	return id, ok && keyIDPattern.MatchString(id)
+}
+
+func parseEnvelope(stored string) (id string, raw []byte, err error) {
+	id, body, ok := strings.Cut(stored[len(prefix):], ":")
+	if !ok || !keyIDPattern.MatchString(id) {
+		return "", nil, &OpenError{Reason: "malformed envelope"}
+	}
+	raw, err = bodyEncoding.DecodeString(body)
+	if err != nil || len(raw) < nonceSize+tagSize {
+		return "", nil, &OpenError{KeyID: id, Reason: "malformed envelope"}
+	}
+	return id, raw, nil
+}
+
+func additionalData(id, aad string) []byte { return []byte(prefix + id + ":" + aad) }
+
+// String shows the key ids and which one is current, never key bytes.
+func (k *Keyring) String() string {
+	if k == nil {
+		return "Keyring(none)"
+	}
+	return fmt.Sprintf("Keyring(current=%s keys=%s)", k.current, strings.Join(k.ids, ","))
+}
+
+// GoString is String: %#v would otherwise print the expanded keys.
+func (k *Keyring) GoString() string { return k.String() }
+
+// Format covers every verb, including %x and %+v.
+func (k *Keyring) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(k.String())) }
+
+// LogValue keeps slog to the key ids.
+func (k *Keyring) LogValue() slog.Value { return slog.StringValue(k.String()) }
+
+// OpenError says why a stored value could not be decrypted. It never
+// carries the value. errors.Is(err, domain.ErrUndecryptable) holds.
+type OpenError struct {
+	KeyID  string // the envelope's key id; empty when it names none
+	Reason string
+}
+
+func (e *OpenError) Error() string {
+	if e.KeyID == "" {
+		return fmt.Sprintf("%v: %s", domain.ErrUndecryptable, e.Reason)
+	}
+	return fmt.Sprintf("%v: sealed with key id %q: %s", domain.ErrUndecryptable, e.KeyID, e.Reason)
+}
+
+// Unwrap makes the error match domain.ErrUndecryptable.
+func (e *OpenError) Unwrap() error { return domain.ErrUndecryptable }
+
+// KeySpec is a TOKEN_ENCRYPTION_KEYS value as configuration holds it. It
+// prints as a redaction marker under every verb and encoder, so logging a
+// configuration struct cannot leak the keys.
+type KeySpec string
+
+const redacted = "[REDACTED]"
+
+// Keyring parses the spec; see ParseKeyring.
+func (s KeySpec) Keyring() (*Keyring, error) { return ParseKeyring(string(s)) }
+
+func (s KeySpec) mask() string {
+	if s == "" {
+		return ""
+	}
+	return redacted
+}
+
+func (s KeySpec) String() string               { return s.mask() }
+func (s KeySpec) GoString() string             { return s.mask() }
+func (s KeySpec) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.mask())) }
+func (s KeySpec) LogValue() slog.Value         { return slog.StringValue(s.mask()) }
+func (s KeySpec) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }

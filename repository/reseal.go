@@ -1,0 +1,151 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// DefaultResealBatch is how many connections Reseal and CheckKeys read per
+// query.
+const DefaultResealBatch = 100
+
+// resealHold bounds one connection's reseal transaction once it holds the
+// lock: a read and an update of one row.
+const resealHold = 10 * time.Second
+
+// ResealResult counts what Reseal did.
+type ResealResult struct {
+	Resealed int // rows rewritten with the current key, legacy plaintext included
+	Current  int // rows that already were
+}
+
+// storedRow is a token row's raw credential columns.
+type storedRow struct {
+	ID           int32
+	Name         string
+	AccessToken  string
+	RefreshToken string
+}
+
+// scanStored reads up to batch raw rows with connection ids above after,
+// in id order.
+func scanStored(ctx context.Context, r *TokenRepository, after int32, batch int) ([]storedRow, error) {
+	var rows []storedRow
+	err := r.db.WithContext(ctx).Raw(`
+SELECT c.id, c.name, t.access_token, t.refresh_token
+FROM tokens t JOIN connections c ON c.id = t.connection_id
+WHERE c.id > ? ORDER BY c.id LIMIT ?`, after, batch).Find(&rows).Error
+	if err != nil {
+		return nil, storeError(ctx, "read stored tokens", err)
+	}
+	return rows, nil
+}
+
+// Reseal rewrites every stored token with the repository's Sealer as it
+// seals now: values sealed with an older key, and legacy plaintext, are
+// sealed with the current key. It walks the connections in id order,
+// batch at a time (DefaultResealBatch when batch <= 0), and rewrites each
+// connection in its own short transaction under the connection's advisory
+// lock, the one refreshes take, after re-reading the row: a reseal never
+// interleaves with a refresh, and never writes back a token a refresh
+// replaced. The version is not bumped and no change is announced, because
+// the token did not change. wait bounds each lock wait.
+//
+// It stops at the first value it cannot open (domain.ErrUndecryptable,
+// naming the connection); what it resealed so far stays resealed, and
+// running it again is harmless.
+func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Duration) (ResealResult, error) {
+	if batch <= 0 {
+		batch = DefaultResealBatch
+	}
+	var res ResealResult
+	for after := int32(0); ; {
+		rows, err := scanStored(ctx, r, after, batch)
+		if err != nil || len(rows) == 0 {
+			return res, err
+		}
+		for _, row := range rows {
+			after = row.ID
+			if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {
+				res.Current++
+				continue
+			}
+			resealed, err := r.resealOne(ctx, row.Name, wait)
+			if err != nil {
+				return res, fmt.Errorf("reseal %s: %w", row.Name, err)
+			}
+			if resealed {
+				res.Resealed++
+			} else {
+				res.Current++
+			}
+		}
+	}
+}
+
+func (r *TokenRepository) resealOne(ctx context.Context, connectionID string, wait time.Duration) (bool, error) {
+	resealed := false
+	err := r.InLock(ctx, connectionID, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
+		var rows []storedRow
+		err := l.tx.WithContext(ctx).Raw(`
+SELECT c.id, c.name, t.access_token, t.refresh_token
+FROM tokens t JOIN connections c ON c.id = t.connection_id
+WHERE c.name = ?`, connectionID).Find(&rows).Error
+		if err != nil {
+			return storeError(ctx, "read token", err)
+		}
+		if len(rows) == 0 || (r.sealer.IsCurrent(rows[0].AccessToken) && r.sealer.IsCurrent(rows[0].RefreshToken)) {
+			return nil // gone, or a refresh stored it sealed with the current key meanwhile
+		}
+		at, rt, err := opened(r.sealer, connectionID, rows[0].AccessToken, rows[0].RefreshToken)
+		if err != nil {
+			return err
+		}
+		t, err := sealed(r.sealer, domain.Token{ConnectionID: connectionID, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)})
+		if err != nil {
+			return err
+		}
+		err = l.tx.WithContext(ctx).Exec(`UPDATE tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
+			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), rows[0].ID).Error
+		if err != nil {
+			return storeError(ctx, "write resealed token", err)
+		}
+		resealed = true
+		return nil
+	})
+	return resealed, err
+}
+
+// KeyCheck is what CheckKeys found.
+type KeyCheck struct {
+	Rows  int // token rows read
+	Stale int // rows with a value not sealed with the current key (legacy plaintext or an older key)
+}
+
+// CheckKeys opens every stored credential with the repository's Sealer, so
+// that a process with a wrong or missing key fails at start-up instead of
+// at its first refresh. The first value that cannot be opened is returned
+// as an error wrapping domain.ErrUndecryptable that names the connection
+// and the envelope's key id. It reads without locking.
+func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
+	var kc KeyCheck
+	for after := int32(0); ; {
+		rows, err := scanStored(ctx, r, after, 500)
+		if err != nil || len(rows) == 0 {
+			return kc, err
+		}
+		for _, row := range rows {
+			after = row.ID
+			kc.Rows++
+			if _, _, err := opened(r.sealer, row.Name, row.AccessToken, row.RefreshToken); err != nil {
+				return kc, err
+			}
+			if !r.sealer.IsCurrent(row.AccessToken) || !r.sealer.IsCurrent(row.RefreshToken) {
+				kc.Stale++
+			}
+		}
+	}
+}

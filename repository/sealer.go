@@ -1,0 +1,92 @@
+package repository
+
+import (
+	"fmt"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+)
+
+// Sealer encrypts token values on their way into the tokens table and
+// decrypts them on the way out. *tokencrypt.Keyring is one.
+type Sealer interface {
+	// Seal returns what to store for plaintext, bound to aad (the row and
+	// column). The empty string must stay empty.
+	Seal(plaintext, aad string) (string, error)
+	// Open returns the plaintext of a stored value sealed with the same
+	// aad, or an error wrapping domain.ErrUndecryptable.
+	Open(stored, aad string) (string, error)
+	// IsCurrent reports whether a stored value is already in the form Seal
+	// produces now, so that Reseal can leave it alone.
+	IsCurrent(stored string) bool
+}
+
+// Option configures a TokenRepository.
+type Option func(*TokenRepository)
+
+// WithSealer stores token values sealed by s. Without it they are stored
+// as plaintext (see plaintext).
+func WithSealer(s Sealer) Option {
+	return func(r *TokenRepository) {
+		if s != nil {
+			r.sealer = s
+		}
+	}
+}
+
+// plaintext is the default Sealer: values are stored as they are. It still
+// recognises sealed values, and refuses them instead of handing an
+// envelope to the provider as if it were a token: that happens when
+// TOKEN_ENCRYPTION_KEYS is missing from a process whose database holds
+// encrypted tokens.
+type plaintext struct{}
+
+func (plaintext) Seal(p, _ string) (string, error) { return p, nil }
+
+func (plaintext) Open(stored, _ string) (string, error) {
+	if tokencrypt.IsSealed(stored) {
+		id, _ := tokencrypt.KeyID(stored)
+		return "", fmt.Errorf("%w: sealed with key id %q, but no %s are configured", domain.ErrUndecryptable, id, tokencrypt.EnvKeys)
+	}
+	return stored, nil
+}
+
+func (plaintext) IsCurrent(stored string) bool { return !tokencrypt.IsSealed(stored) }
+
+// Column names double as the second half of the additional data that binds
+// a sealed value to its row and column.
+const (
+	colAccess  = "access_token"
+	colRefresh = "refresh_token"
+)
+
+func aadFor(connectionID, column string) string { return connectionID + "/" + column }
+
+// sealed returns t with its two credentials replaced by what is stored for
+// them. The envelopes stay inside Secrets, so they never print either.
+// An empty refresh token stays empty ("keep the stored one" to Save).
+func sealed(s Sealer, t domain.Token) (domain.Token, error) {
+	at, err := s.Seal(t.AccessToken.Reveal(), aadFor(t.ConnectionID, colAccess))
+	if err != nil {
+		return domain.Token{}, fmt.Errorf("seal access token of %s: %w", t.ConnectionID, err)
+	}
+	rt := ""
+	if !t.RefreshToken.IsZero() {
+		if rt, err = s.Seal(t.RefreshToken.Reveal(), aadFor(t.ConnectionID, colRefresh)); err != nil {
+			return domain.Token{}, fmt.Errorf("seal refresh token of %s: %w", t.ConnectionID, err)
+		}
+	}
+	t.AccessToken, t.RefreshToken = domain.NewSecret(at), domain.NewSecret(rt)
+	return t, nil
+}
+
+// opened decrypts the two credential columns of a row of connectionID.
+func opened(s Sealer, connectionID, access, refresh string) (at, rt string, err error) {
+	if at, err = s.Open(access, aadFor(connectionID, colAccess)); err != nil {
+		return "", "", fmt.Errorf("access token of %s: %w", connectionID, err)
+	}
+	if rt, err = s.Open(refresh, aadFor(connectionID, colRefresh)); err != nil {
+		return "", "", fmt.Errorf("refresh token of %s: %w", connectionID, err)
+	}
+	return at, rt, nil
+}
