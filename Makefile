@@ -1,11 +1,8 @@
 # tokenguard — see README.md.
 GO        ?= go
 PKGS      := ./...
-DATABASE_URL      ?= postgres://postgres@127.0.0.1:5432/test?sslmode=disable
-TEST_DATABASE_URL ?= $(DATABASE_URL)
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
-
-export TEST_DATABASE_URL
+# Tests use TEST_DATABASE_URL when it is set, otherwise dockertest.
 
 .PHONY: build test test-short lint migrate bench
 
@@ -26,8 +23,20 @@ lint:
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
 
-migrate:
-	$(GO) run ./cmd/tokenctl migrate
+# Applies the migrations to DATABASE_URL.
+migrate: build
+	./bin/tokenctl migrate
 
+# The performance figures, measured side by side in one run, then the table
+# of ratios against the targets (cmd/benchreport). Run on a quiet machine.
+BENCH ?= TokenHot|RefreshStorm|ProactiveRefresh|CacheMemory|Invalidate
 bench:
-	$(GO) test -run '^$$' -bench . -benchmem $(PKGS)
+	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./usecase/ | tee bench.out
+	$(GO) run ./cmd/benchreport < bench.out
+
+# One command, a fresh machine: the sandbox provider, a fresh database, and
+# server, worker and batch as separate processes under load (README.md).
+# DEMO_FLAGS: --duration 30s --token-lifetime 3s --skew 1s
+.PHONY: demo
+demo: build
+	./bin/demo $(DEMO_FLAGS)

@@ -27,6 +27,9 @@ var (
 	ErrInvalidToken = errors.New("invalid token")
 	// ErrInvalidConnection: a connection name is malformed.
 	ErrInvalidConnection = errors.New("invalid connection name")
+	// ErrRefreshRateLimited: forced refreshes of a connection came faster
+	// than allowed (an API answering 401 to everything).
+	ErrRefreshRateLimited = errors.New("forced refresh rate limited")
 )
 
 // ProviderError describes a failed token request. It carries the OAuth2

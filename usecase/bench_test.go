@@ -280,3 +280,52 @@ func BenchmarkInvalidate(b *testing.B) {
 	}
 	b.ReportMetric(float64(total.Microseconds())/1000/float64(b.N), "invalidate-ms")
 }
+
+// BenchmarkProactiveRefresh: one sweep over 10,000 connections that all
+// expire inside the window, against the provider with a fixed latency. The
+// expected rate is concurrency / latency.
+func BenchmarkProactiveRefresh(b *testing.B) {
+	const (
+		conns       = 2000
+		concurrency = 20
+		latency     = 20 * time.Millisecond
+	)
+	w := newWorld(b, time.Hour)
+	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: concurrency + 4}, nil)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = postgres.Close(db) })
+	uc, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(w.oauth, provider.NewHTTPClient(5*time.Second)), usecase.Options{})
+	if err != nil {
+		b.Fatal(err)
+	}
+	s := &stack{db: db, uc: uc, repo: repository.NewTokenRepository(db)}
+	setup := time.Now()
+	connectMany(b, w, s, conns)
+	b.Logf("granted and stored %d connections in %v", conns, time.Since(setup))
+	w.provider.SetRefreshLatency(latency)
+	store := di.NewTokenStore(db)
+
+	before := w.provider.Stats()
+	var swept int
+	b.ResetTimer()
+	start := time.Now()
+	for range b.N {
+		rep, err := uc.RefreshAhead(context.Background(), store, 2*time.Hour, concurrency) // every token is inside a 2h window
+		if err != nil {
+			b.Fatal(err)
+		}
+		if rep.Refreshed != conns {
+			b.Fatalf("refreshed %d of %d: %+v", rep.Refreshed, conns, rep)
+		}
+		swept += rep.Refreshed
+	}
+	elapsed := time.Since(start)
+	b.StopTimer()
+	after := w.provider.Stats()
+	rate := float64(swept) / elapsed.Seconds()
+	b.ReportMetric(rate, "conns/s")
+	b.ReportMetric(float64(concurrency)/latency.Seconds(), "target-conns/s")
+	b.ReportMetric(float64(after.RefreshReuse-before.RefreshReuse), "reuse")
+}

@@ -148,7 +148,7 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 
 	// Kill the listener's backend.
 	var killed int64
-	if err := b.db.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = ?",
+	if err := b.db.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()",
 		repository.ListenerApplicationName).Scan(&killed).Error; err != nil || killed != 1 {
 		t.Fatalf("terminated %d listener backends: %v", killed, err)
 	}
@@ -170,7 +170,7 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 	// The listener comes back and the cache serves again.
 	eventually(t, func() bool {
 		var n int64
-		b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ?", repository.ListenerApplicationName).Scan(&n)
+		b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
 		return n == 1
 	}, "listener did not reconnect")
 	waitCached(t, a, aq)

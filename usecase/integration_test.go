@@ -150,8 +150,10 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 	}
 
 	for cycle := 1; cycle <= cycles; cycle++ {
-		waitUntilStale(t, stacks[0], skew)
+		// Counted from the end of the previous cycle: the flowing calls
+		// may meet the expiry a moment before the storm does.
 		before := w.provider.Stats()
+		waitUntilStale(t, stacks[0], skew)
 		start := make(chan struct{})
 		type result struct {
 			tok    domain.Token
@@ -196,7 +198,7 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 		}
 		after := w.provider.Stats()
 		refreshes, reuse := after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse
-		t.Logf("cycle %d: %d callers in %d processes; provider saw %d refresh(es), %d reuse; all callers share version %d",
+		t.Logf("cycle %d: %d callers in %d processes; provider saw %d refresh(es) this expiry, %d reuse; all callers share version %d",
 			cycle, n, processes, refreshes, reuse, first.Version)
 		if refreshes != 1 || reuse != 0 {
 			t.Errorf("cycle %d: provider saw %d refreshes and %d reuses, want exactly 1 and 0", cycle, refreshes, reuse)
@@ -403,24 +405,7 @@ func TestProviderFailuresLeaveTokenUntouched(t *testing.T) {
 }
 
 // holdLock keeps the connection's lock from another pool until release.
-func holdLock(t *testing.T, s *stack) (release func()) {
-	t.Helper()
-	held, rel, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
-	go func() {
-		done <- s.repo.InLock(context.Background(), conn, time.Second, time.Minute, func(context.Context, *repository.LockedTokens) error {
-			close(held)
-			<-rel
-			return nil
-		})
-	}()
-	<-held
-	return func() {
-		close(rel)
-		if err := <-done; err != nil {
-			t.Error(err)
-		}
-	}
-}
+func holdLock(t *testing.T, s *stack) (release func()) { return holdLockOn(t, s, conn) }
 
 func TestLockWaitBoundAndCancellation(t *testing.T) {
 	w := newWorld(t, time.Second)

@@ -4,63 +4,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
+
+	"github.com/cenkalti/backoff/v5"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
-
-// Options tune RefreshTokenUseCase. Zero values take the defaults.
-type Options struct {
-	// Skew: a token is refreshed once it is within Skew of its expiry
-	// (default 30s), capped at half the lifetime the provider granted.
-	Skew time.Duration
-	// LockWait bounds the wait for another process's refresh (default 15s).
-	LockWait time.Duration
-	// RefreshTimeout bounds one provider call (default 10s). It must be
-	// shorter than LockWait, so that a process waiting behind a refresh
-	// outlasts it and then finds the new token instead of timing out.
-	RefreshTimeout time.Duration
-	// WriteTimeout bounds persisting the rotated token after the provider
-	// answered (default 5s).
-	WriteTimeout time.Duration
-	// Clock defaults to the system clock.
-	Clock Clock
-}
-
-// Defaults.
-const (
-	DefaultSkew           = 30 * time.Second
-	DefaultLockWait       = 15 * time.Second
-	DefaultRefreshTimeout = 10 * time.Second
-	DefaultWriteTimeout   = 5 * time.Second
-)
-
-func (o Options) withDefaults() (Options, error) {
-	if o.Skew == 0 {
-		o.Skew = DefaultSkew
-	}
-	if o.LockWait == 0 {
-		o.LockWait = DefaultLockWait
-	}
-	if o.RefreshTimeout == 0 {
-		o.RefreshTimeout = min(DefaultRefreshTimeout, o.LockWait*2/3)
-	}
-	if o.WriteTimeout == 0 {
-		o.WriteTimeout = DefaultWriteTimeout
-	}
-	if o.Clock == nil {
-		o.Clock = systemClock{}
-	}
-	switch {
-	case o.Skew < 0:
-		return o, fmt.Errorf("usecase: skew %v is negative", o.Skew)
-	case o.LockWait < 0 || o.RefreshTimeout < 0 || o.WriteTimeout < 0:
-		return o, errors.New("usecase: timeouts must be positive")
-	case o.RefreshTimeout >= o.LockWait:
-		return o, fmt.Errorf("usecase: refresh timeout %v must be shorter than lock wait %v", o.RefreshTimeout, o.LockWait)
-	}
-	return o, nil
-}
 
 // RefreshTokenUseCase hands out a connection's access token, reusing it
 // until it nearly expires and then refreshing it under the connection's
@@ -72,6 +22,8 @@ type RefreshTokenUseCase struct {
 	opts      Options
 	cache     tokenCache
 	flights   flights
+
+	forceLimits sync.Map // connection id -> *rate.Limiter
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -142,7 +94,7 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 			return t, nil
 		}
 	}
-	t, err := u.refresh(ctx, connectionID)
+	t, err := u.refresh(ctx, connectionID, u.stale)
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
@@ -151,14 +103,22 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 }
 
 // refresh takes the lock, re-reads, and redeems the refresh token only if
-// nobody else has refreshed it meanwhile.
-func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string) (domain.Token, error) {
+// the stored token is still due (nobody refreshed it meanwhile).
+//
+// The rotation window: between the provider's answer and the commit, the
+// new refresh token exists only here, and the old one is already dead. If
+// that write or commit fails (the database connection dropped, the commit
+// failed), refresh keeps the rotated token and retries writing it in fresh
+// transactions for RescueWindow, logging loudly, instead of dropping it.
+func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, due func(domain.Token) bool) (domain.Token, error) {
 	var (
 		out     domain.Token
-		revoked error // committed as needs_reauth, then returned
+		revoked error         // committed as needs_reauth, then returned
+		rotated *domain.Token // the provider's answer, once there is one
 	)
-	hold := u.opts.RefreshTimeout + u.opts.WriteTimeout
-	err := u.store.InLock(ctx, connectionID, u.opts.LockWait, hold, func(txCtx context.Context, s LockedStore) error {
+	err := u.store.InLock(ctx, connectionID, u.opts.LockWait, u.hold(), func(txCtx context.Context, s LockedStore) error {
+		// The re-read is also the liveness check of the transaction: it
+		// runs right before the refresh token is spent.
 		t, err := s.Get(txCtx, connectionID)
 		if err != nil {
 			return err
@@ -166,7 +126,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string) 
 		if t.Status == domain.StatusNeedsReauth {
 			return needsReauth(t)
 		}
-		if t.FreshAt(u.opts.Clock.Now(), u.opts.Skew) {
+		if !due(t) {
 			out = t // another process refreshed while we waited
 			return nil
 		}
@@ -176,34 +136,104 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string) 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
-		g, err := u.refresher.Refresh(callCtx, t.RefreshToken)
-		cancel()
-		now := u.opts.Clock.Now()
-		if err != nil {
-			if !errors.Is(err, domain.ErrGrantRevoked) {
-				return err // transient: roll back, stored token untouched
-			}
-			// Permanent: record it (keeping the refresh token for
-			// forensics) so that no process redeems it again.
-			t.Status = domain.StatusNeedsReauth
-			t.StatusReason = reason(err)
-			if _, saveErr := s.Save(txCtx, t); saveErr != nil {
-				return errors.Join(err, saveErr)
-			}
-			revoked = fmt.Errorf("%w: %w", domain.ErrNeedsReauth, err)
-			return nil
-		}
-		out, err = s.Save(txCtx, t.Rotated(g, now))
+		out, revoked, rotated, err = u.redeem(txCtx, s, t)
 		return err
 	})
-	if err != nil {
+	switch {
+	case err != nil && rotated != nil:
+		return u.rescue(connectionID, *rotated, err)
+	case err != nil:
 		return domain.Token{}, err
-	}
-	if revoked != nil {
+	case revoked != nil:
+		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
+			"connection", connectionID, "reason", reason(revoked))
+		u.opts.OnNeedsReauth(connectionID, reason(revoked))
 		return domain.Token{}, revoked
 	}
 	return out, nil
+}
+
+// rescue writes a rotated token whose first write failed: each attempt is a
+// fresh transaction under the connection's lock, and stores it only if the
+// stored token is still the one it was rotated from. It gives up after
+// RescueWindow, or when another token was stored meanwhile (then the
+// rotated one is obsolete, and that is said loudly too).
+func (u *RefreshTokenUseCase) rescue(connectionID string, rotated domain.Token, cause error) (domain.Token, error) {
+	log := u.opts.Logger.With("connection", connectionID, "from_version", rotated.Version)
+	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
+	ctx, cancel := context.WithTimeout(context.Background(), u.opts.RescueWindow)
+	defer cancel()
+	policy := backoff.NewExponentialBackOff()
+	policy.InitialInterval, policy.MaxInterval = 50*time.Millisecond, time.Second
+	attempt := func() (domain.Token, error) {
+		var out domain.Token
+		err := u.store.InLock(ctx, connectionID, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+			now, err := s.Get(txCtx, connectionID)
+			if err != nil {
+				return err
+			}
+			if now.Version != rotated.Version {
+				return backoff.Permanent(fmt.Errorf("%w: stored version is %d", domain.ErrConflict, now.Version))
+			}
+			out, err = s.Save(txCtx, rotated)
+			return err
+		})
+		if err != nil {
+			log.Error("rotated refresh token still not persisted", "err", err)
+		}
+		return out, err
+	}
+	out, err := backoff.Retry(ctx, attempt, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(u.opts.RescueWindow))
+	if err != nil {
+		log.Error("rotated refresh token dropped", "err", err)
+		return domain.Token{}, fmt.Errorf("persist rotated token: %w (first failure: %w)", err, cause)
+	}
+	log.Warn("rotated refresh token persisted on retry", "version", out.Version)
+	return out, nil
+}
+
+// hold bounds the locked part of a refresh: the provider call and the write.
+func (u *RefreshTokenUseCase) hold() time.Duration {
+	return u.opts.RefreshTimeout + u.opts.WriteTimeout
+}
+
+// stale is the due rule of Token: the skew rule says refresh.
+func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
+	return !t.FreshAt(u.opts.Clock.Now(), u.opts.Skew)
+}
+
+// redeem spends t's refresh token at the provider and stores the outcome
+// through s, which holds the connection's lock. A transient failure returns
+// err (roll back: the stored token is untouched). A permanent rejection is
+// stored as needs_reauth and returned as revoked with a nil err, so that
+// the transaction commits it. rotated is set as soon as the provider
+// answered with a new token, whether or not the write then succeeds.
+func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token) (out domain.Token, revoked error, rotated *domain.Token, err error) {
+	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
+	g, err := u.refresher.Refresh(callCtx, t.RefreshToken)
+	cancel()
+	if err == nil {
+		next := t.Rotated(g, u.opts.Clock.Now())
+		out, err = s.Save(txCtx, next)
+		return out, nil, &next, err
+	}
+	if !errors.Is(err, domain.ErrGrantRevoked) {
+		return domain.Token{}, nil, nil, err
+	}
+	// Before declaring the grant dead, look again: a token stored since
+	// we read (a rotated token written late by its redeemer, a new grant)
+	// means this rejection is stale news.
+	if now, getErr := s.Get(txCtx, t.ConnectionID); getErr == nil && now.Version != t.Version && now.Status == domain.StatusActive {
+		return now, nil, nil, nil
+	}
+	// Permanent: record it (keeping the refresh token for forensics) so
+	// that no process redeems it again.
+	t.Status = domain.StatusNeedsReauth
+	t.StatusReason = reason(err)
+	if _, saveErr := s.Save(txCtx, t); saveErr != nil {
+		return domain.Token{}, nil, nil, errors.Join(err, saveErr)
+	}
+	return domain.Token{}, fmt.Errorf("%w: %w", domain.ErrNeedsReauth, err), nil, nil
 }
 
 func needsReauth(t domain.Token) error {

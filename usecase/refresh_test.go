@@ -25,6 +25,9 @@ type fakeStore struct {
 	locks   int
 	saves   []domain.Token
 	lockErr error
+	// failCommits makes that many otherwise successful transactions fail
+	// at commit (and roll back).
+	failCommits int
 	// beforeRelock runs after the lock is taken and before the re-read,
 	// to simulate another process finishing a refresh while we waited.
 	beforeRelock func(*domain.Token)
@@ -48,8 +51,19 @@ func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, f
 	if s.beforeRelock != nil {
 		s.beforeRelock(&s.tok)
 	}
+	before := s.tok
 	s.mu.Unlock()
-	return fn(context.WithoutCancel(ctx), s)
+	err := fn(context.WithoutCancel(ctx), s)
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err == nil && s.failCommits > 0 {
+		s.failCommits--
+		err = errors.New("commit failed: connection reset")
+	}
+	if err != nil {
+		s.tok = before // roll back
+	}
+	return err
 }
 
 func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error) {
@@ -69,12 +83,15 @@ func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
 }
 
 type fakeRefresher struct {
+	mu    sync.Mutex
 	calls int
 	grant domain.Grant
 	err   error
 }
 
 func (r *fakeRefresher) Refresh(_ context.Context, rt domain.Secret) (domain.Grant, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	r.calls++
 	return r.grant, r.err
 }
@@ -220,5 +237,88 @@ func TestOptionsValidation(t *testing.T) {
 	}
 	if _, err := usecase.NewRefreshTokenUseCase(&fakeStore{}, &fakeRefresher{}, usecase.Options{LockWait: 3 * time.Second}); err != nil {
 		t.Errorf("defaults derived from a short lock wait rejected: %v", err)
+	}
+}
+
+func TestForceRefreshAfter401(t *testing.T) {
+	uc, store, ref, _ := setup(t, time.Hour) // fresh by the skew rule
+	ctx := context.Background()
+
+	// Someone already stored a newer token: no refresh.
+	store.tok.Version = 5
+	tok, err := uc.ForceRefresh(ctx, "acme", 4)
+	if err != nil || tok.Version != 5 || ref.calls != 0 {
+		t.Fatalf("newer stored token: %v v%d, provider calls %d", err, tok.Version, ref.calls)
+	}
+
+	// A burst of 401s for the stored version causes one refresh.
+	var wg sync.WaitGroup
+	for range 20 {
+		wg.Go(func() {
+			if tok, err := uc.ForceRefresh(ctx, "acme", 5); err != nil || tok.Version != 6 {
+				t.Errorf("ForceRefresh = v%d, %v", tok.Version, err)
+			}
+		})
+	}
+	wg.Wait()
+	if ref.calls != 1 {
+		t.Errorf("provider called %d times for one burst", ref.calls)
+	}
+
+	// An API that keeps answering 401 cannot drive a refresh loop.
+	_, err = uc.ForceRefresh(ctx, "acme", 6)
+	if !errors.Is(err, domain.ErrRefreshRateLimited) || ref.calls != 1 {
+		t.Errorf("second forced refresh within the interval: %v, provider calls %d", err, ref.calls)
+	}
+}
+
+func TestNeedsReauthHookFiresOnce(t *testing.T) {
+	store := &fakeStore{tok: domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r"),
+		Version: 1, Status: domain.StatusActive, Expiry: t0}}
+	ref := &fakeRefresher{err: &domain.ProviderError{Code: "invalid_grant", Permanent: true}}
+	var calls []string
+	uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Clock: &fakeClock{now: t0},
+		OnNeedsReauth: func(id, reason string) { calls = append(calls, id+":"+reason) }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		_, _ = uc.Token(context.Background(), "acme")
+	}
+	if len(calls) != 1 || calls[0] != "acme:invalid_grant" {
+		t.Errorf("hook calls = %v, want one", calls)
+	}
+}
+
+func TestRotatedTokenSurvivesFailedCommit(t *testing.T) {
+	uc, store, ref, _ := setup(t, 0)
+	store.failCommits = 2 // the refresh's commit and the first rescue attempt
+	tok, err := uc.Token(context.Background(), "acme")
+	if err != nil {
+		t.Fatalf("Token: %v", err)
+	}
+	if ref.calls != 1 {
+		t.Errorf("provider called %d times", ref.calls)
+	}
+	if tok.RefreshToken.Reveal() != "rt-2" || store.tok.RefreshToken.Reveal() != "rt-2" || store.tok.Version != 2 {
+		t.Errorf("rotated token not persisted: stored %q v%d", store.tok.RefreshToken.Reveal(), store.tok.Version)
+	}
+}
+
+func TestRescueGivesWayToANewerToken(t *testing.T) {
+	uc, store, _, _ := setup(t, 0)
+	store.failCommits = 1
+	store.beforeRelock = func(tk *domain.Token) {
+		// From the rescue attempt on, another grant is stored.
+		if tk.Version == 1 && store.locks > 1 {
+			tk.Version, tk.RefreshToken = 7, domain.NewSecret("rt-other")
+		}
+	}
+	_, err := uc.Token(context.Background(), "acme")
+	if !errors.Is(err, domain.ErrConflict) {
+		t.Fatalf("err = %v, want ErrConflict", err)
+	}
+	if store.tok.RefreshToken.Reveal() != "rt-other" {
+		t.Errorf("the rescue overwrote a newer token")
 	}
 }

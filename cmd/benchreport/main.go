@@ -1,0 +1,22 @@
+// Command benchreport reads `go test -bench` output on stdin and prints the
+// table of figures against the performance targets (make bench). It exits 1
+// when a target is missed. A developer tool, not an app: nothing to wire.
+package main
+
+import (
+	"fmt"
+	"os"
+
+	"github.com/tokenguard/tokenguard/infra/benchreport"
+)
+
+func main() {
+	r, err := benchreport.Read(os.Stdin)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "benchreport:", err)
+		os.Exit(2)
+	}
+	if !benchreport.Write(os.Stdout, r.Checks()) {
+		os.Exit(1)
+	}
+}

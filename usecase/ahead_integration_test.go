@@ -1,0 +1,133 @@
+package usecase_test
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sync/errgroup"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// connectMany grants n connections named ahead-0..n-1 through the real
+// authorization-code flow and stores them.
+func connectMany(tb testing.TB, w *world, s *stack, n int) []string {
+	tb.Helper()
+	names := make([]string, n)
+	connect := di.NewConnectUseCase(s.db, 10*time.Second)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for i := range names {
+		names[i] = fmt.Sprintf("ahead-%d", i)
+		g.Go(func() error {
+			tok, err := sandbox.Grant(context.Background(), w.oauth)
+			if err != nil {
+				return err
+			}
+			_, err = connect.Connect(context.Background(), names[i], provider.GrantFrom(tok))
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		tb.Fatal(err)
+	}
+	return names
+}
+
+func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
+	w := newWorld(t, time.Hour)
+	s := w.stack(t, usecase.Options{})
+	other := w.stack(t, usecase.Options{})
+	names := connectMany(t, w, s, 20)
+	ctx := context.Background()
+
+	// Nothing expires within a minute.
+	rep, err := s.uc.RefreshAhead(ctx, di.NewTokenStore(s.db), time.Minute, 4)
+	if err != nil || rep.Due != 0 {
+		t.Fatalf("window 1m: %+v, %v", rep, err)
+	}
+
+	// Another process is busy with one of them: it is skipped, not waited for.
+	busy := &stack{db: other.db, repo: other.repo}
+	release := holdLockOn(t, busy, names[3])
+	rep, err = s.uc.RefreshAhead(ctx, di.NewTokenStore(s.db), 2*time.Hour, 4)
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("window 2h with one connection locked elsewhere: %+v", rep)
+	if rep.Due != 20 || rep.Refreshed != 19 || rep.Skipped != 1 || rep.Failed != 0 {
+		t.Errorf("report %+v, want 20 due, 19 refreshed, 1 skipped", rep)
+	}
+	st := w.provider.Stats()
+	if st.Refreshes != 19 || st.RefreshReuse != 0 {
+		t.Errorf("provider saw %d refreshes and %d reuses", st.Refreshes, st.RefreshReuse)
+	}
+	// Every refreshed token works.
+	for _, n := range names {
+		tok, err := s.uc.Token(ctx, n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if code := w.callResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
+			t.Errorf("%s: resource answered %d", n, code)
+		}
+	}
+}
+
+func TestRefreshAheadRacesCallersWithoutReuse(t *testing.T) {
+	w := newWorld(t, 2*time.Second)
+	opts := usecase.Options{Skew: 500 * time.Millisecond}
+	stacks := []*stack{w.stack(t, opts), w.stack(t, opts), w.stack(t, opts)}
+	names := connectMany(t, w, stacks[0], 10)
+	time.Sleep(1600 * time.Millisecond) // all are now stale by the skew rule
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for _, s := range stacks {
+		for _, n := range names {
+			wg.Go(func() {
+				if _, err := s.uc.Token(ctx, n); err != nil {
+					t.Error(err)
+				}
+			})
+		}
+	}
+	rep, err := stacks[1].uc.RefreshAhead(ctx, di.NewTokenStore(stacks[1].db), time.Second, 8)
+	wg.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	st := w.provider.Stats()
+	t.Logf("sweep %+v; provider: %d refreshes, %d reuse", rep, st.Refreshes, st.RefreshReuse)
+	if st.RefreshReuse != 0 || st.Refreshes != int64(len(names)) {
+		t.Errorf("provider saw %d refreshes (want %d) and %d reuses", st.Refreshes, len(names), st.RefreshReuse)
+	}
+}
+
+// holdLockOn keeps one connection's lock from another pool until release.
+func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
+	t.Helper()
+	held, rel, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
+	go func() {
+		done <- s.repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, *repository.LockedTokens) error {
+			close(held)
+			<-rel
+			return nil
+		})
+	}()
+	<-held
+	return func() {
+		close(rel)
+		if err := <-done; err != nil {
+			t.Error(err)
+		}
+	}
+}

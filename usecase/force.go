@@ -1,0 +1,58 @@
+package usecase
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+
+	"golang.org/x/time/rate"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ForceRefresh is for a caller whose request was answered 401 with the
+// token of version failed (its access token was revoked, typically by a
+// refresh in another process). It returns a newer token: the stored one if
+// some process already stored it, otherwise one refreshed now under the
+// connection's lock, but only if the stored version is still failed, so a
+// burst of 401s causes one refresh, not many.
+//
+// Forced refreshes of one connection are limited to one per ForceInterval
+// in this process; beyond that it fails with domain.ErrRefreshRateLimited
+// rather than let an API that always answers 401 drive a refresh loop.
+func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error) {
+	u.cache.invalidate(connectionID, failed+1) // never hand out the failed token again
+	key := connectionID + "\x00" + strconv.FormatInt(failed, 10)
+	t, err := u.flights.do(ctx, key, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+		epoch := u.cache.begin()
+		t, err := u.store.Get(ctx, connectionID)
+		if err != nil {
+			return domain.Token{}, err
+		}
+		if t.Status == domain.StatusNeedsReauth {
+			return domain.Token{}, needsReauth(t)
+		}
+		if t.Version == failed {
+			if !u.forceLimiter(connectionID).Allow() {
+				return domain.Token{}, domain.ErrRefreshRateLimited
+			}
+			if t, err = u.refresh(ctx, connectionID, func(t domain.Token) bool { return t.Version == failed }); err != nil {
+				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
+			}
+		}
+		u.cache.put(t, epoch, u.opts.Skew)
+		return t, nil
+	})
+	if err != nil {
+		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connectionID, failed, err)
+	}
+	return t, nil
+}
+
+func (u *RefreshTokenUseCase) forceLimiter(connectionID string) *rate.Limiter {
+	if l, ok := u.forceLimits.Load(connectionID); ok {
+		return l.(*rate.Limiter)
+	}
+	l, _ := u.forceLimits.LoadOrStore(connectionID, rate.NewLimiter(rate.Every(u.opts.ForceInterval), 1))
+	return l.(*rate.Limiter)
+}

@@ -1,0 +1,88 @@
+package usecase
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// Options tune RefreshTokenUseCase. Zero values take the defaults.
+type Options struct {
+	// Skew: a token is refreshed once it is within Skew of its expiry
+	// (default 30s), capped at half the lifetime the provider granted.
+	Skew time.Duration
+	// LockWait bounds the wait for another process's refresh (default 15s).
+	LockWait time.Duration
+	// RefreshTimeout bounds one provider call (default 10s). It must be
+	// shorter than LockWait, so that a process waiting behind a refresh
+	// outlasts it and then finds the new token instead of timing out.
+	RefreshTimeout time.Duration
+	// WriteTimeout bounds persisting the rotated token after the provider
+	// answered (default 5s).
+	WriteTimeout time.Duration
+	// Clock defaults to the system clock.
+	Clock Clock
+	// Logger receives what operators must know (never a token); default
+	// slog.Default().
+	Logger *slog.Logger
+	// OnNeedsReauth is called once, by the process that found out, when a
+	// connection's grant is rejected for good.
+	OnNeedsReauth func(connectionID, reason string)
+	// ForceInterval is the least time between two forced refreshes of one
+	// connection by this process (default 5s), so an API that answers 401
+	// to everything cannot drive a refresh loop.
+	ForceInterval time.Duration
+	// RescueWindow bounds how long a rotated token whose first write failed
+	// is retried (default 30s). See refresh.
+	RescueWindow time.Duration
+}
+
+// Defaults.
+const (
+	DefaultSkew           = 30 * time.Second
+	DefaultLockWait       = 15 * time.Second
+	DefaultRefreshTimeout = 10 * time.Second
+	DefaultWriteTimeout   = 5 * time.Second
+	DefaultForceInterval  = 5 * time.Second
+	DefaultRescueWindow   = 30 * time.Second
+)
+
+func (o Options) withDefaults() (Options, error) {
+	if o.Skew == 0 {
+		o.Skew = DefaultSkew
+	}
+	if o.LockWait == 0 {
+		o.LockWait = DefaultLockWait
+	}
+	if o.RefreshTimeout == 0 {
+		o.RefreshTimeout = min(DefaultRefreshTimeout, o.LockWait*2/3)
+	}
+	if o.WriteTimeout == 0 {
+		o.WriteTimeout = DefaultWriteTimeout
+	}
+	if o.Clock == nil {
+		o.Clock = systemClock{}
+	}
+	if o.Logger == nil {
+		o.Logger = slog.Default()
+	}
+	if o.OnNeedsReauth == nil {
+		o.OnNeedsReauth = func(string, string) {}
+	}
+	if o.ForceInterval == 0 {
+		o.ForceInterval = DefaultForceInterval
+	}
+	if o.RescueWindow == 0 {
+		o.RescueWindow = DefaultRescueWindow
+	}
+	switch {
+	case o.Skew < 0:
+		return o, fmt.Errorf("usecase: skew %v is negative", o.Skew)
+	case o.LockWait < 0 || o.RefreshTimeout < 0 || o.WriteTimeout < 0:
+		return o, errors.New("usecase: timeouts must be positive")
+	case o.RefreshTimeout >= o.LockWait:
+		return o, fmt.Errorf("usecase: refresh timeout %v must be shorter than lock wait %v", o.RefreshTimeout, o.LockWait)
+	}
+	return o, nil
+}
