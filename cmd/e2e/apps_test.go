@@ -1,0 +1,246 @@
+package e2e
+
+import (
+	"context"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tokenguard/tokenguard/infra/demo"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+)
+
+const (
+	lifetime = 3 * time.Second
+	skew     = time.Second
+)
+
+func TestApps(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end: builds the apps and needs Postgres")
+	}
+	bin := buildApps(t)
+	// Each subtest has its own database and provider; running them side by
+	// side keeps the package within CI's budget.
+	t.Run("ConfigAndInputErrors", func(t *testing.T) { t.Parallel(); testErrors(t, bin) })
+	t.Run("ThreeAppsShareOneConnection", func(t *testing.T) { t.Parallel(); testThreeApps(t, bin) })
+	t.Run("KillWorkerHoldingTheRefreshLock", func(t *testing.T) { t.Parallel(); testKillWorker(t, bin) })
+	t.Run("RefreshAheadAndRotateKey", func(t *testing.T) { t.Parallel(); testOperations(t, bin) })
+}
+
+// testThreeApps runs server, worker and batch --every as processes through
+// several expiry cycles of one connection.
+func testThreeApps(t *testing.T, bin string) {
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
+	s.migrate()
+	const conn = "acme"
+	granted := s.importGrant(conn)
+	server := s.start("server")
+	s.waitHealthy(server)
+	worker := s.start("worker")
+	loadStart := time.Now()
+	batchApp := s.start("batch", "--every", "500ms")
+	d := startDriver(s, conn, 3, 50*time.Millisecond)
+
+	time.Sleep(12 * time.Second)
+	d.finish()
+	ids := d.eventIDs()
+	js := waitEvents(t, s.dbURL, ids, 20*time.Second)
+	loadEnd := time.Now()
+	s.stop(batchApp)
+	s.stop(worker)
+	s.stop(server)
+	st := s.sb.Stats()
+
+	// No failure in any app.
+	d.check()
+	var roundCalls, roundFailed int
+	rs := rounds(t, batchApp)
+	for _, r := range rs {
+		roundCalls += r.Succeeded
+		roundFailed += r.Failed + len(r.Errors)
+	}
+	if roundFailed > 0 || len(rs) < 10 {
+		t.Errorf("batch: %d rounds, %d failures: %+v", len(rs), roundFailed, rs)
+	}
+	// Every event processed exactly once: completed at its first attempt,
+	// and one accepted worker call per event at the provider.
+	for _, id := range ids {
+		j, ok := js[id]
+		if !ok || j.State != "completed" || j.Attempt != 1 || j.Errors != 0 {
+			t.Errorf("event %d: %+v (present: %t), want completed at attempt 1 without errors", id, j, ok)
+		}
+	}
+	// Every accepted call at the provider is one an app counted, and each
+	// app announced itself.
+	want := map[string]int64{"tokenguard-server": d.ok.Load(), "tokenguard-worker": int64(len(ids)), "tokenguard-batch": int64(roundCalls)}
+	for agent, n := range want {
+		if got := st.ResourceByAgent[agent]; got != n {
+			t.Errorf("provider saw %d calls from %s, the app made %d", got, agent, n)
+		}
+	}
+	if len(st.ResourceByAgent) != len(want) {
+		t.Errorf("calls by user agent = %v, want only the three apps", st.ResourceByAgent)
+	}
+	// Zero reuse; one refresh per expiry.
+	if st.RefreshReuse != 0 {
+		t.Errorf("refresh-token reuse = %d", st.RefreshReuse)
+	}
+	expected := demo.ExpectedRefreshes(granted, loadStart, loadEnd, lifetime-skew)
+	if diff := st.Refreshes - int64(expected); diff < -1 || diff > 1 {
+		t.Errorf("refreshes = %d, want %d ±1 (%v of use, %v tokens refreshed %v early)", st.Refreshes, expected,
+			loadEnd.Sub(loadStart).Round(time.Millisecond), lifetime, skew)
+	}
+	// The store agrees: one version per refresh on top of the grant.
+	if v := storedVersion(t, s, conn); v != st.Refreshes+1 {
+		t.Errorf("stored version %d after %d refreshes", v, st.Refreshes)
+	}
+	t.Logf("server %d calls, worker %d events, batch %d rounds; provider: %d refreshes (expected %d), %d reuse, %d×401",
+		d.ok.Load(), len(ids), len(rs), st.Refreshes, expected, st.RefreshReuse, st.Resource401)
+}
+
+// testKillWorker kills the worker with SIGKILL while it holds the
+// connection's refresh lock and its refresh request is at the provider,
+// then restarts it.
+func testKillWorker(t *testing.T, bin string) {
+	// The provider holds the next refresh request once armed, until told
+	// to answer; it then answers 503 so nothing is rotated, as when the
+	// dying process's request never got through.
+	var armed atomic.Bool
+	hit := make(chan struct{})
+	release := make(chan struct{})
+	fault := func() sandbox.Fault {
+		if !armed.CompareAndSwap(true, false) {
+			return sandbox.FaultNone
+		}
+		close(hit)
+		<-release
+		return sandbox.FaultUnavailable
+	}
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: fault,
+		// Events of a dead worker are retried 3+2+2 = 7s after they started.
+		extraEnv: []string{"WORKER_JOB_TIMEOUT=3s"}})
+	s.migrate()
+	const conn = "acme"
+	s.importGrant(conn)
+	server := s.start("server")
+	s.waitHealthy(server)
+	worker := s.start("worker")
+	d := startDriver(s, conn, 2, 50*time.Millisecond)
+	time.Sleep(2 * time.Second)
+
+	// Only the worker uses the token now, so the next refresh is its own.
+	d.pause.Lock()
+	armed.Store(true)
+	select {
+	case <-hit:
+	case <-time.After(2 * lifetime):
+		close(release)
+		d.pause.Unlock()
+		t.Fatal("no refresh reached the provider")
+	}
+	if n := advisoryLocks(t, s.dbURL); n != 1 {
+		t.Errorf("refresh lock holders while the worker refreshes = %d, want 1", n)
+	}
+	if err := syscall.Kill(worker.Pid(), syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	worker.Wait()
+	close(release)
+	waitFor(t, 5*time.Second, "the dead worker's refresh lock was not released", func() bool { return advisoryLocks(t, s.dbURL) == 0 })
+	d.pause.Unlock()
+	worker2 := s.start("worker")
+	time.Sleep(3 * time.Second)
+	d.finish()
+
+	ids := d.eventIDs()
+	js := waitEvents(t, s.dbURL, ids, 60*time.Second)
+	// The connection stays usable.
+	if code, body := s.do("GET", "/connections/"+conn+"/resource", ""); code != 200 {
+		t.Errorf("after the kill: %d %s", code, body)
+	}
+	s.stop(worker2)
+	s.stop(server)
+	st := s.sb.Stats()
+
+	d.check()
+	retried := 0
+	for _, id := range ids {
+		j, ok := js[id]
+		if !ok || j.State != "completed" {
+			t.Errorf("event %d lost: %+v (present: %t)", id, j, ok)
+		}
+		if j.Attempt > 1 {
+			retried++
+		}
+	}
+	if retried == 0 {
+		t.Error("no event was retried, yet the worker was killed while handling one")
+	}
+	if st.RefreshReuse != 0 {
+		t.Errorf("refresh-token reuse = %d", st.RefreshReuse)
+	}
+	if st.RefreshFaults != 1 {
+		t.Errorf("faulted refreshes = %d, want the one held while the worker was killed", st.RefreshFaults)
+	}
+	// The store matches the provider.
+	out := run(t, s.bin, "tokenctl", s.env, "", "status", "--connection", conn)
+	if out.code != 0 || !strings.Contains(out.stdout, " active ") {
+		t.Errorf("tokenctl status: exit %d\n%s%s", out.code, out.stdout, out.stderr)
+	}
+	if v := storedVersion(t, s, conn); v != st.Refreshes+1 {
+		t.Errorf("stored version %d after %d refreshes", v, st.Refreshes)
+	}
+	t.Logf("%d events, %d retried after the kill; provider: %d refreshes, %d reuse, %d×401",
+		len(ids), retried, st.Refreshes, st.RefreshReuse, st.Resource401)
+}
+
+// advisoryLocks counts granted connection locks (tokenguard's namespace).
+func advisoryLocks(t *testing.T, dbURL string) int {
+	t.Helper()
+	ctx := context.Background()
+	c, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	var n int
+	err = c.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND classid = $1 AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
+		0x746b6764).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n
+}
+
+var versionCol = regexp.MustCompile(`(?m)^\S+\s+\S+\s+\S+ \([^)]*\)\s+(\d+)\s`)
+
+// storedVersion reads the connection's version from tokenctl status.
+func storedVersion(t *testing.T, s *stack, conn string) int64 {
+	t.Helper()
+	out := run(t, s.bin, "tokenctl", s.env, "", "status", "--connection", conn)
+	m := versionCol.FindStringSubmatch(out.stdout)
+	if out.code != 0 || m == nil {
+		t.Fatalf("tokenctl status: exit %d\n%s%s", out.code, out.stdout, out.stderr)
+	}
+	v, _ := strconv.ParseInt(m[1], 10, 64)
+	return v
+}
+
+func waitFor(t *testing.T, within time.Duration, msg string, ok func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for !ok() {
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}

@@ -1,0 +1,334 @@
+// Package e2e tests the four binaries as separate OS processes against a
+// fresh Postgres database and the sandbox provider. go test -short skips it.
+package e2e
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tokenguard/tokenguard/infra/batch"
+	"github.com/tokenguard/tokenguard/infra/demo"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/infra/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// buildApps builds the four binaries once per test run into dir.
+func buildApps(t *testing.T) string {
+	t.Helper()
+	dir := t.TempDir()
+	args := []string{"build", "-o", dir + string(os.PathSeparator)}
+	if raceEnabled {
+		args = append(args, "-race")
+	}
+	args = append(args, "github.com/tokenguard/tokenguard/cmd/server", "github.com/tokenguard/tokenguard/cmd/worker",
+		"github.com/tokenguard/tokenguard/cmd/batch", "github.com/tokenguard/tokenguard/cmd/tokenctl")
+	start := time.Now()
+	out, err := exec.Command("go", args...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build: %v\n%s", err, out)
+	}
+	t.Logf("built the apps (race: %t) in %v", raceEnabled, time.Since(start).Round(time.Millisecond))
+	return dir
+}
+
+// stack is one database, one sandbox provider and the apps' environment.
+type stack struct {
+	t      *testing.T
+	bin    string
+	dbURL  string
+	sb     *demo.Sandbox
+	addr   string
+	env    []string
+	client *http.Client
+}
+
+type stackOpts struct {
+	lifetime time.Duration
+	skew     time.Duration
+	fault    func() sandbox.Fault
+	extraEnv []string
+}
+
+func newStack(t *testing.T, bin string, o stackOpts) *stack {
+	t.Helper()
+	dbURL := testdb.NewEmpty(t) // tokenctl migrate applies the migrations
+	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(sb.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cfg := sb.OAuth2Config(sb.URL)
+	env := append(baseEnv(),
+		"DATABASE_URL="+dbURL,
+		"OAUTH_CLIENT_ID="+cfg.ClientID,
+		"OAUTH_CLIENT_SECRET="+cfg.ClientSecret,
+		"OAUTH_TOKEN_URL="+cfg.Endpoint.TokenURL,
+		"OAUTH_AUTH_URL="+cfg.Endpoint.AuthURL,
+		"OAUTH_REDIRECT_URL=http://"+addr+"/oauth/callback",
+		"OAUTH_SCOPES=api",
+		"API_BASE_URL="+sb.URL,
+		"HTTP_ADDR="+addr,
+		"TOKEN_REFRESH_SKEW="+o.skew.String(),
+		"TOKEN_LOCK_WAIT=4s",
+		"TOKEN_REFRESH_TIMEOUT=2s",
+		"API_TIMEOUT=3s",
+		"LOG_LEVEL=info",
+	)
+	s := &stack{t: t, bin: bin, dbURL: dbURL, sb: sb, addr: addr, env: append(env, o.extraEnv...),
+		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}
+	t.Cleanup(s.client.CloseIdleConnections)
+	return s
+}
+
+// baseEnv is a clean environment: nothing from the developer's shell
+// (DATABASE_URL, OAUTH_*) reaches the apps.
+func baseEnv() []string {
+	return []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.Getenv("HOME"), "GORACE=halt_on_error=1"}
+}
+
+// result of a short-lived command.
+type result struct {
+	code           int
+	stdout, stderr string
+}
+
+// run runs a binary to completion.
+func run(t *testing.T, bin, name string, env []string, stdin string, args ...string) result {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(bin, name), args...)
+	cmd.Env = env
+	cmd.Stdin = strings.NewReader(stdin)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	err := cmd.Run()
+	var ee *exec.ExitError
+	if err != nil && !asExitError(err, &ee) {
+		t.Fatalf("%s %v: %v", name, args, err)
+	}
+	return result{code: cmd.ProcessState.ExitCode(), stdout: stdout.String(), stderr: stderr.String()}
+}
+
+func asExitError(err error, target **exec.ExitError) bool {
+	ee, ok := err.(*exec.ExitError)
+	if ok {
+		*target = ee
+	}
+	return ok
+}
+
+func (s *stack) migrate() {
+	s.t.Helper()
+	if r := run(s.t, s.bin, "tokenctl", s.env, "", "migrate"); r.code != 0 {
+		s.t.Fatalf("tokenctl migrate: exit %d: %s", r.code, r.stderr)
+	}
+}
+
+// importGrant runs the authorization-code flow at the sandbox and imports
+// the token with tokenctl; it returns when the token was granted.
+func (s *stack) importGrant(name string) time.Time {
+	s.t.Helper()
+	tok, err := sandbox.Grant(context.Background(), s.sb.OAuth2Config(s.sb.URL))
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	granted := time.Now()
+	js, _ := json.Marshal(tok)
+	if r := run(s.t, s.bin, "tokenctl", s.env, string(js), "import", "--connection", name); r.code != 0 {
+		s.t.Fatalf("tokenctl import: exit %d: %s", r.code, r.stderr)
+	}
+	return granted
+}
+
+// app is a long-running app process with its output captured.
+type app struct {
+	*demo.Proc
+	mu     sync.Mutex
+	stderr bytes.Buffer
+	lines  []string // stdout lines
+	outEOF chan struct{}
+}
+
+func (a *app) Write(p []byte) (int, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stderr.Write(p)
+}
+
+func (a *app) Stderr() string {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.stderr.String()
+}
+
+func (s *stack) start(name string, args ...string) *app {
+	s.t.Helper()
+	a := &app{outEOF: make(chan struct{})}
+	pr, pw := io.Pipe()
+	go func() {
+		defer close(a.outEOF)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			a.mu.Lock()
+			a.lines = append(a.lines, sc.Text())
+			a.mu.Unlock()
+		}
+	}()
+	p, err := demo.Start(demo.ProcSpec{Name: name, Path: filepath.Join(s.bin, name), Args: args, Env: s.env, Stdout: pw, Stderr: a})
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	go func() { <-p.Done(); pw.Close() }()
+	a.Proc = p
+	s.t.Cleanup(func() {
+		p.Kill()
+		if s.t.Failed() {
+			s.t.Logf("%s stderr:\n%s", name, tail(a.Stderr(), 4000))
+		}
+	})
+	return a
+}
+
+// stop sends SIGTERM and checks the contract: exit 0 within 10 s.
+func (s *stack) stop(a *app) {
+	s.t.Helper()
+	st := a.Stop(10 * time.Second)
+	if st.Killed || st.ExitCode != 0 {
+		s.t.Errorf("%s after SIGTERM: exit %d in %v (killed: %t)", a.Name, st.ExitCode, st.Took, st.Killed)
+	} else {
+		s.t.Logf("%s stopped on SIGTERM in %v", a.Name, st.Took.Round(time.Millisecond))
+	}
+}
+
+func (s *stack) waitHealthy(a *app) {
+	s.t.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for time.Now().Before(deadline) {
+		resp, err := s.client.Get("http://" + s.addr + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return
+			}
+		}
+		select {
+		case <-a.Done():
+			s.t.Fatalf("server exited %d: %s", a.ExitCode(), a.Stderr())
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	s.t.Fatal("server not healthy within 30s")
+}
+
+// get calls the server and returns status and body.
+func (s *stack) do(method, path, body string) (int, string) {
+	s.t.Helper()
+	req, _ := http.NewRequest(method, "http://"+s.addr+path, strings.NewReader(body))
+	resp, err := s.client.Do(req)
+	if err != nil {
+		return 0, err.Error()
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	return resp.StatusCode, string(b)
+}
+
+// rounds parses the batch's JSON lines.
+func rounds(t *testing.T, a *app) []batch.Round {
+	<-a.outEOF
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []batch.Round
+	for _, l := range a.lines {
+		var r batch.Round
+		if err := json.Unmarshal([]byte(l), &r); err != nil {
+			t.Errorf("batch printed a line that is not a round: %q", l)
+			continue
+		}
+		out = append(out, r)
+	}
+	return out
+}
+
+// job is an event's row in River's table.
+type job struct {
+	ID      int64
+	State   string
+	Attempt int
+	Errors  int
+}
+
+func jobs(t *testing.T, dbURL string, ids []int64) map[int64]job {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	rows, err := conn.Query(ctx, `SELECT id, state, attempt, coalesce(array_length(errors, 1), 0) FROM river_job WHERE id = ANY($1)`, ids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[int64]job{}
+	for rows.Next() {
+		var j job
+		if err := rows.Scan(&j.ID, &j.State, &j.Attempt, &j.Errors); err != nil {
+			t.Fatal(err)
+		}
+		out[j.ID] = j
+	}
+	if err := rows.Err(); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// waitEvents waits until every event is completed; it returns the rows.
+func waitEvents(t *testing.T, dbURL string, ids []int64, within time.Duration) map[int64]job {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		js := jobs(t, dbURL, ids)
+		done := 0
+		for _, j := range js {
+			if j.State == "completed" {
+				done++
+			}
+		}
+		if done == len(ids) || time.Now().After(deadline) {
+			return js
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+}
+
+func tail(s string, n int) string {
+	if len(s) > n {
+		return "…" + s[len(s)-n:]
+	}
+	return s
+}

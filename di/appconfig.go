@@ -1,0 +1,103 @@
+package di
+
+import (
+	"errors"
+	"fmt"
+	"reflect"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/caarlos0/env/v11"
+	"github.com/jackc/pgx/v5"
+)
+
+// AppConfig is Config plus the settings only the three apps read.
+type AppConfig struct {
+	Config
+	AppSettings
+}
+
+// AppSettings tune the apps' calls to the external API and the worker. All
+// are optional.
+type AppSettings struct {
+	// APITimeout bounds one call to the external API.
+	APITimeout time.Duration `env:"API_TIMEOUT" envDefault:"10s"`
+	// WorkerConcurrency is how many events one worker handles at once.
+	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"10"`
+	// WorkerJobTimeout bounds one event. An event still marked running
+	// this long plus TOKEN_REFRESH_TIMEOUT plus 2s after it started is taken
+	// for lost (its worker died) and retried.
+	WorkerJobTimeout time.Duration `env:"WORKER_JOB_TIMEOUT" envDefault:"1m"`
+	// LogLevel is debug, info, warn or error.
+	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+}
+
+// ConfigError is a missing or malformed setting. Its message names the
+// variable; the apps print it as one line and exit with status 2.
+type ConfigError struct{ Msg string }
+
+func (e *ConfigError) Error() string { return e.Msg }
+
+func configErr(format string, args ...any) error {
+	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
+}
+
+// ConfigFromEnvChecked is ConfigFromEnv that also checks DATABASE_URL
+// parses, and returns *ConfigError.
+func ConfigFromEnvChecked(environ []string) (Config, error) {
+	c, err := ConfigFromEnv(environ)
+	if err != nil {
+		return Config{}, &ConfigError{Msg: err.Error()}
+	}
+	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
+		// pgx quotes the URL (password masked) before the cause; keep
+		// only the cause.
+		msg := parseCause.ReplaceAllString(err.Error(), "")
+		return Config{}, configErr("DATABASE_URL is malformed: %s", msg)
+	}
+	return c, nil
+}
+
+var parseCause = regexp.MustCompile("^cannot parse `.*?`: ")
+
+// AppConfigFromEnv reads an app's configuration from environ.
+func AppConfigFromEnv(environ []string) (AppConfig, error) {
+	c, err := ConfigFromEnvChecked(environ)
+	if err != nil {
+		return AppConfig{}, err
+	}
+	var s AppSettings
+	if err := env.ParseWithOptions(&s, env.Options{Environment: env.ToMap(environ)}); err != nil {
+		var parse env.ParseError
+		if errors.As(err, &parse) {
+			return AppConfig{}, configErr("%s is malformed: %v", envKey(reflect.TypeFor[AppSettings](), "", parse.Name), parse.Err)
+		}
+		return AppConfig{}, &ConfigError{Msg: err.Error()}
+	}
+	switch {
+	case s.APITimeout <= 0:
+		return AppConfig{}, configErr("API_TIMEOUT must be positive")
+	case s.WorkerConcurrency < 1:
+		return AppConfig{}, configErr("WORKER_CONCURRENCY must be at least 1")
+	case s.WorkerJobTimeout <= 0:
+		return AppConfig{}, configErr("WORKER_JOB_TIMEOUT must be positive")
+	}
+	switch strings.ToLower(s.LogLevel) {
+	case "debug", "info", "warn", "error":
+	default:
+		return AppConfig{}, configErr("LOG_LEVEL must be debug, info, warn or error, got %q", s.LogLevel)
+	}
+	return AppConfig{Config: c, AppSettings: s}, nil
+}
+
+// requireAPI reports what an app that calls the external API is missing.
+func (c AppConfig) requireAPI() error {
+	if c.APIBaseURL == "" {
+		return configErr("API_BASE_URL is required")
+	}
+	if err := c.RequireOAuth(); err != nil {
+		return &ConfigError{Msg: err.Error()}
+	}
+	return nil
+}

@@ -1,0 +1,164 @@
+package di
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/batch"
+	"github.com/tokenguard/tokenguard/infra/httpapi"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// shutdownGrace bounds how long an app finishes work in flight after
+// SIGTERM, inside the 10 s an orchestrator gives it.
+const shutdownGrace = 8 * time.Second
+
+// Server is the HTTP app, ready to run.
+type Server struct {
+	srv  *httpapi.Server
+	addr string
+}
+
+// Run listens on HTTP_ADDR and serves until ctx is done.
+func (s *Server) Run(ctx context.Context) error {
+	ln, err := net.Listen("tcp", s.addr)
+	if err != nil {
+		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
+	}
+	return s.srv.Serve(ctx, ln, shutdownGrace)
+}
+
+// NewServer wires the HTTP app. Call the returned cleanup when done.
+func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, func(), error) {
+	a, cleanup, err := newApp(ctx, cfg, "server", 4, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	producer, err := queue.NewProducer(a.pool, log)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	sqlDB, err := a.tokens.DB.DB()
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	srv := httpapi.New(httpapi.Deps{
+		API:       a.api,
+		Events:    usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
+		Connector: a.tokens.Connect,
+		DB:        sqlDB,
+		OAuth:     a.tokens.OAuth,
+		OAuthHTTP: provider.NewHTTPClient(cfg.RefreshTimeout),
+		Log:       log,
+	})
+	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
+}
+
+// NewWorker wires the event consumer. Call the returned cleanup when done.
+func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Worker, func(), error) {
+	a, cleanup, err := newApp(ctx, cfg, "worker", int32(cfg.WorkerConcurrency)+4, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	handle := queue.HandlerFunc(func(ctx context.Context, e queue.EventArgs) error {
+		return a.api.Call(ctx, e.Connection, httpapi.ResourcePath)
+	})
+	w, err := queue.NewWorker(a.pool, handle, queue.WorkerOptions{
+		Concurrency: cfg.WorkerConcurrency,
+		JobTimeout:  cfg.WorkerJobTimeout,
+		// A refresh holds on past a cancelled job for up to the refresh
+		// timeout; only after that can a running event be taken for lost.
+		RescueAfter: cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
+		StopTimeout: shutdownGrace,
+	}, log)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	return w, cleanup, nil
+}
+
+// NewBatch wires the batch job; its rounds' summaries go to out.
+func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logger, ahead RefreshAhead) (*batch.Runner, func(), error) {
+	a, cleanup, err := newApp(ctx, cfg, "batch", 0, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	r := &batch.Runner{
+		UseCase:      usecase.NewCallAllUseCase(a.tokens.Repository, a.api, httpapi.ResourcePath, 4),
+		Out:          out,
+		Log:          log,
+		RoundTimeout: cfg.LockWait + cfg.RefreshTimeout + 3*cfg.APITimeout,
+	}
+	if ahead.Window > 0 {
+		store := TokenStore{a.tokens.Repository}
+		r.Ahead = func(ctx context.Context) (usecase.AheadReport, error) {
+			return a.tokens.RefreshToken.RefreshAhead(ctx, store, ahead.Window, ahead.Concurrency)
+		}
+		// A sweep over many connections takes longer than one round of calls.
+		r.RoundTimeout += ahead.Window
+	}
+	return r, cleanup, nil
+}
+
+// RefreshAhead configures the batch's proactive refresh (--refresh-ahead).
+type RefreshAhead struct {
+	Window      time.Duration // refresh connections expiring within this; 0 disables
+	Concurrency int           // refreshes at once
+}
+
+// app is what the three apps share: the token layer, the API client and,
+// for those that use the queue, a pgx pool.
+type app struct {
+	tokens *Tokens
+	api    *apiclient.Client
+	pool   *pgxpool.Pool
+}
+
+// newApp opens the shared parts. queueConns > 0 opens the queue's pool
+// (migrating River's tables too if MIGRATE_ON_START).
+func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, log *slog.Logger) (*app, func(), error) {
+	if err := cfg.requireAPI(); err != nil {
+		return nil, nil, err
+	}
+	tokens, closeTokens, err := NewTokens(ctx, cfg.Config, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	api, err := apiclient.New(cfg.APIBaseURL, tokens.RefreshToken, apiclient.Options{
+		UserAgent: UserAgent(name),
+		Timeout:   cfg.APITimeout,
+	})
+	if err != nil {
+		closeTokens()
+		return nil, nil, err
+	}
+	a := &app{tokens: tokens, api: api}
+	if queueConns == 0 {
+		return a, closeTokens, nil
+	}
+	a.pool, err = queue.OpenPool(ctx, cfg.DatabaseURL, queueConns)
+	if err != nil {
+		closeTokens()
+		return nil, nil, err
+	}
+	cleanup := func() { a.pool.Close(); closeTokens() }
+	if cfg.MigrateOnStart {
+		if err := queue.Migrate(ctx, a.pool); err != nil {
+			cleanup()
+			return nil, nil, err
+		}
+	}
+	return a, cleanup, nil
+}

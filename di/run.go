@@ -1,0 +1,59 @@
+package di
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os/signal"
+	"strings"
+	"syscall"
+)
+
+// ExitCode is returned by the apps' run functions to choose an exit status
+// without an error message of their own (the batch's "some calls failed").
+type ExitCode int
+
+func (c ExitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
+
+// Run is the body of an app's main: it reads the configuration from
+// environ, builds a logger on stderr, runs fn until SIGTERM or SIGINT and
+// returns the exit status: 0, 1 for a failure, 2 for a missing or malformed
+// setting (printed as one line naming the variable).
+func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Context, cfg AppConfig, log *slog.Logger) error) int {
+	cfg, err := AppConfigFromEnv(environ)
+	if err != nil {
+		fmt.Fprintf(stderr, "%s: %v\n", app, err)
+		return 2
+	}
+	log := NewLogger(stderr, cfg.LogLevel).With("app", app)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	return ExitStatus(app, stderr, log, fn(ctx, cfg, log))
+}
+
+// ExitStatus maps a run function's error to an exit status, reporting it.
+func ExitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
+	var code ExitCode
+	var cfgErr *ConfigError
+	switch {
+	case err == nil:
+		return 0
+	case errors.As(err, &code):
+		return int(code)
+	case errors.As(err, &cfgErr):
+		fmt.Fprintf(stderr, "%s: %v\n", app, cfgErr)
+		return 2
+	}
+	log.Error("stopped", "err", err)
+	return 1
+}
+
+// NewLogger is the apps' logger: text lines on w at level (debug, info,
+// warn, error).
+func NewLogger(w io.Writer, level string) *slog.Logger {
+	var l slog.Level
+	_ = l.UnmarshalText([]byte(strings.ToUpper(level)))
+	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+}

@@ -1,0 +1,55 @@
+package di
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/migrations"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Store is the token store without the provider: what the operator tools
+// need, built from DATABASE_URL alone.
+type Store struct {
+	DB         *gorm.DB
+	Repository *repository.TokenRepository
+	Connect    *usecase.ConnectUseCase
+}
+
+// NewStore opens the database. It neither migrates nor needs the OAuth2
+// settings. Call the returned cleanup when done.
+func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func(), error) {
+	ropts, err := repositoryOptions(cfg)
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: min(cfg.DBMaxConns, 4)}, log)
+	if err != nil {
+		return nil, nil, err
+	}
+	return &Store{
+		DB:         db,
+		Repository: repository.NewTokenRepository(db, ropts...),
+		Connect:    NewConnectUseCase(db, cfg.LockWait, ropts...),
+	}, func() { _ = postgres.Close(db) }, nil
+}
+
+// Migrate applies tokenguard's migrations and then River's (the event
+// queue's). Processes that migrate at the same time wait for each other.
+func Migrate(ctx context.Context, databaseURL string) error {
+	if err := migrations.Up(databaseURL); err != nil {
+		return err
+	}
+	pool, err := queue.OpenPool(ctx, databaseURL, 2)
+	if err != nil {
+		return fmt.Errorf("migrate queue: %w", err)
+	}
+	defer pool.Close()
+	return queue.Migrate(ctx, pool)
+}

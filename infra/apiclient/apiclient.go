@@ -1,0 +1,167 @@
+// Package apiclient calls the external protected API with a connection's
+// access token, as the three apps do. Every request carries the app's
+// User-Agent. Transport, an http.RoundTripper over the refresh use case,
+// recovers a 401 caused by another process's refresh (the provider revokes
+// the previous access token on refresh) instead of letting it reach the
+// caller.
+package apiclient
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// Tokens hands out a connection's valid access token and, after a 401, a
+// newer one; usecase.RefreshTokenUseCase implements it.
+type Tokens interface {
+	Token(ctx context.Context, connectionID string) (domain.Token, error)
+	// ForceRefresh returns a token newer than version failed: the stored
+	// one if another process already refreshed, else a refreshed one.
+	ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error)
+}
+
+// Options tune a Client. Zero values take the defaults.
+type Options struct {
+	// UserAgent is sent with every request, e.g. "tokenguard-worker/1.2.0".
+	UserAgent string
+	// Timeout bounds one HTTP exchange with the API (default 10s).
+	Timeout time.Duration
+	// MaxBody caps the response body kept (default 1 MiB).
+	MaxBody int64
+}
+
+// Client calls the API at a base URL. It is safe for concurrent use.
+type Client struct {
+	base   *url.URL
+	tokens Tokens
+	base2  http.RoundTripper // shared by the per-connection transports
+	opts   Options
+}
+
+// Response is an API answer, body included (capped at Options.MaxBody).
+type Response struct {
+	StatusCode int
+	Header     http.Header
+	Body       []byte
+}
+
+// StatusError is a non-2xx answer, as returned by Call.
+type StatusError struct {
+	StatusCode int
+}
+
+func (e *StatusError) Error() string {
+	return fmt.Sprintf("external API answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
+}
+
+// ErrUnavailable wraps failures to reach the API (network, timeout).
+var ErrUnavailable = errors.New("external API unavailable")
+
+// New returns a Client for the API at baseURL.
+func New(baseURL string, tokens Tokens, opts Options) (*Client, error) {
+	u, err := url.Parse(baseURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("apiclient: base URL %q is not an http(s) URL", baseURL)
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 10 * time.Second
+	}
+	if opts.MaxBody <= 0 {
+		opts.MaxBody = 1 << 20
+	}
+	dialer := &net.Dialer{Timeout: min(5*time.Second, opts.Timeout), KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           dialer.DialContext,
+		TLSHandshakeTimeout:   min(5*time.Second, opts.Timeout),
+		ResponseHeaderTimeout: opts.Timeout,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   32,
+		ForceAttemptHTTP2:     true,
+	}
+	return &Client{base: u, tokens: tokens, base2: userAgent{ua: opts.UserAgent, next: transport}, opts: opts}, nil
+}
+
+// HTTPClient returns an *http.Client whose requests carry connectionID's
+// token and recover from 401s (see Transport), for code that builds its
+// own requests.
+func (c *Client) HTTPClient(connectionID string) *http.Client {
+	return &http.Client{
+		Timeout:   c.opts.Timeout,
+		Transport: &Transport{Tokens: c.tokens, Connection: connectionID, Base: c.base2},
+		// Never forward the bearer token to wherever a redirect points.
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
+}
+
+// Get calls GET {base}{path} with connectionID's access token and returns
+// the answer whatever its status. Errors wrap the domain errors of
+// Tokens.Token, or ErrUnavailable when the API could not be reached. A 401
+// caused by a refresh elsewhere is retried once by the Transport.
+func (c *Client) Get(ctx context.Context, connectionID, path string) (*Response, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base.JoinPath(path).String(), nil)
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: %w", path, err)
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := c.HTTPClient(connectionID).Do(req)
+	if err != nil {
+		var tokenErr *tokenError
+		if errors.As(err, &tokenErr) {
+			return nil, tokenErr.err
+		}
+		return nil, fmt.Errorf("GET %s: %w: %w", path, ErrUnavailable, scrub(err))
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxBody))
+	if err != nil {
+		return nil, fmt.Errorf("GET %s: read body: %w: %w", path, ErrUnavailable, scrub(err))
+	}
+	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil
+}
+
+// Call is Get for callers that only need to know it worked: a non-2xx
+// answer is a *StatusError.
+func (c *Client) Call(ctx context.Context, connectionID, path string) error {
+	resp, err := c.Get(ctx, connectionID, path)
+	if err != nil {
+		return err
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("GET %s for %s: %w", path, connectionID, &StatusError{StatusCode: resp.StatusCode})
+	}
+	return nil
+}
+
+// scrub drops the URL from a *url.Error (it can carry a query string) but
+// keeps the cause, so errors.Is still sees timeouts and cancellation.
+func scrub(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return fmt.Errorf("%s: %w", strings.ToLower(ue.Op), ue.Err)
+	}
+	return err
+}
+
+// userAgent sets the User-Agent of every request.
+type userAgent struct {
+	ua   string
+	next http.RoundTripper
+}
+
+func (t userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
+	if t.ua != "" {
+		r = r.Clone(r.Context())
+		r.Header.Set("User-Agent", t.ua)
+	}
+	return t.next.RoundTrip(r)
+}

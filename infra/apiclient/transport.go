@@ -1,0 +1,105 @@
+package apiclient
+
+import (
+	"io"
+	"net/http"
+	"strings"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// Transport is an http.RoundTripper that authorises every request with one
+// connection's access token. When the API answers 401 because the token
+// was revoked (WWW-Authenticate: Bearer error="invalid_token", or a bare
+// 401), typically by another process's refresh, it asks Tokens for a token
+// newer than the one that failed and sends the request once more, if its
+// body can be replayed. Any other answer, and a second 401, reach the
+// caller unchanged.
+type Transport struct {
+	Tokens     Tokens
+	Connection string
+	Base       http.RoundTripper // http.DefaultTransport when nil
+}
+
+// tokenError carries a domain error from Tokens through http.Client, which
+// would otherwise bury it in a *url.Error.
+type tokenError struct{ err error }
+
+func (e *tokenError) Error() string { return e.err.Error() }
+func (e *tokenError) Unwrap() error { return e.err }
+
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	tok, err := t.Tokens.Token(req.Context(), t.Connection)
+	if err != nil {
+		closeBody(req)
+		return nil, &tokenError{err}
+	}
+	retry, replayable := replay(req)
+	resp, err := t.base().RoundTrip(authorised(req, tok))
+	if err != nil || resp.StatusCode != http.StatusUnauthorized || !revoked(resp.Header) || !replayable {
+		return resp, err
+	}
+	next, ferr := t.Tokens.ForceRefresh(req.Context(), t.Connection, tok.Version)
+	if ferr != nil {
+		// No newer token (rate limited, provider down...): the caller
+		// gets the API's own 401.
+		return resp, nil
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	return t.base().RoundTrip(authorised(retry, next))
+}
+
+func (t *Transport) base() http.RoundTripper {
+	if t.Base == nil {
+		return http.DefaultTransport
+	}
+	return t.Base
+}
+
+// authorised returns a copy of req carrying tok (a RoundTripper must not
+// modify the request it was given).
+func authorised(req *http.Request, tok domain.Token) *http.Request {
+	r := req.Clone(req.Context())
+	r.Header.Set("Authorization", "Bearer "+tok.AccessToken.Reveal())
+	return r
+}
+
+// replay prepares a second copy of req for a retry; false when its body
+// cannot be read twice.
+func replay(req *http.Request) (*http.Request, bool) {
+	r := req.Clone(req.Context())
+	if req.Body == nil || req.Body == http.NoBody {
+		return r, true
+	}
+	if req.GetBody == nil {
+		return nil, false
+	}
+	body, err := req.GetBody()
+	if err != nil {
+		return nil, false
+	}
+	r.Body = body
+	return r, true
+}
+
+// revoked reports whether a 401 says the token itself is no good (RFC 6750
+// §3.1 invalid_token, or no error code at all) rather than, say, missing a
+// scope.
+func revoked(h http.Header) bool {
+	challenge := h.Get("WWW-Authenticate")
+	if challenge == "" {
+		return true
+	}
+	lower := strings.ToLower(challenge)
+	if !strings.Contains(lower, "error=") {
+		return true
+	}
+	return strings.Contains(lower, `error="invalid_token"`) || strings.Contains(lower, "error=invalid_token")
+}
+
+func closeBody(req *http.Request) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+}

@@ -1,0 +1,109 @@
+// Package batch is the batch app: rounds of one external API call per
+// active connection, once or on an interval.
+package batch
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// ErrFailed reports that a round had a failed call (or could not list the
+// connections).
+var ErrFailed = errors.New("batch: some calls failed")
+
+// Round is one round's summary, printed as a JSON line on the runner's
+// output.
+type Round struct {
+	Round      int      `json:"round"`
+	Calls      int      `json:"calls"`
+	Succeeded  int      `json:"succeeded"`
+	Failed     int      `json:"failed"`
+	Skipped    int      `json:"skipped"`
+	DurationMS int64    `json:"duration_ms"`
+	Errors     []string `json:"errors,omitempty"`
+	// Refresh-ahead sweep of the round (--refresh-ahead), when enabled.
+	AheadDue       int `json:"ahead_due,omitempty"`
+	AheadRefreshed int `json:"ahead_refreshed,omitempty"`
+	AheadBusy      int `json:"ahead_skipped_busy,omitempty"`
+	AheadFailed    int `json:"ahead_failed,omitempty"`
+}
+
+// Runner runs rounds.
+type Runner struct {
+	UseCase *usecase.CallAllUseCase
+	Out     io.Writer
+	Log     *slog.Logger
+	// RoundTimeout bounds one round, which is not cut short by shutdown.
+	RoundTimeout time.Duration
+	// Ahead, when set, runs at the start of each round: it refreshes the
+	// connections about to expire, skipping those another process is
+	// refreshing right now.
+	Ahead func(ctx context.Context) (usecase.AheadReport, error)
+}
+
+// Run makes one round, or with every > 0 a round every interval until ctx
+// is done. A round in flight when ctx is done is finished. Run returns
+// ErrFailed when a single round failed; with every > 0 it returns nil once
+// stopped (failures are in the output and the log).
+func (r *Runner) Run(ctx context.Context, every time.Duration) error {
+	if every <= 0 {
+		if !r.round(ctx, 1) {
+			return ErrFailed
+		}
+		return nil
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for n := 1; ; n++ {
+		r.round(ctx, n)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Runner) round(ctx context.Context, n int) bool {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.RoundTimeout)
+	defer cancel()
+	start := time.Now()
+	var out Round
+	aheadOK := true
+	if r.Ahead != nil {
+		rep, err := r.Ahead(ctx)
+		out.AheadDue, out.AheadRefreshed, out.AheadBusy, out.AheadFailed = rep.Due, rep.Refreshed, rep.Skipped, rep.Failed
+		if err != nil {
+			aheadOK = false
+			out.Errors = append(out.Errors, "refresh ahead: "+err.Error())
+			r.Log.Warn("refresh ahead failed for some connections", "round", n, "failed", rep.Failed, "err", err)
+		}
+	}
+	res, err := r.UseCase.CallAll(ctx)
+	out.Round, out.Calls, out.Skipped, out.DurationMS = n, len(res.Calls), len(res.Skipped), time.Since(start).Milliseconds()
+	if err != nil {
+		out.Errors = append(out.Errors, err.Error())
+		r.Log.Error("batch round failed", "round", n, "err", err)
+	}
+	for _, c := range res.Calls {
+		if c.Err != nil {
+			out.Failed++
+			out.Errors = append(out.Errors, c.ConnectionID+": "+c.Err.Error())
+			r.Log.Warn("call failed", "round", n, "connection", c.ConnectionID, "err", c.Err)
+		} else {
+			out.Succeeded++
+		}
+	}
+	for _, id := range res.Skipped {
+		r.Log.Warn("connection needs re-authorisation; skipped", "round", n, "connection", id)
+	}
+	line, _ := json.Marshal(out)
+	_, _ = r.Out.Write(append(line, '\n'))
+	return err == nil && out.Failed == 0 && aheadOK
+}

@@ -1,0 +1,606 @@
+// Package demo runs tokenguard end to end on one machine: a fresh
+// database, the sandbox provider, and the server, worker and batch apps as
+// separate OS processes under load, then reports what every app and the
+// provider saw. cmd/demo (make demo) drives it; cmd/sandbox reuses its
+// sandbox server.
+package demo
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/cookiejar"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/infra/batch"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+)
+
+// Options configure a run. Zero values take the defaults.
+type Options struct {
+	BinDir          string        // the built apps (default "bin")
+	OutDir          string        // logs and report.json (default "demo-out")
+	Duration        time.Duration // load phase (default 30s)
+	TokenLifetime   time.Duration // sandbox access-token lifetime (default 3s)
+	Skew            time.Duration // TOKEN_REFRESH_SKEW (default 1s)
+	Concurrency     int           // concurrent HTTP clients of the server (default 4)
+	EventsPerSecond int           // events posted to the server (default 20)
+	BatchEvery      time.Duration // batch --every (default 1s)
+	Live            bool          // redraw one progress line (a terminal) instead of printing lines
+}
+
+func (o Options) withDefaults() Options {
+	if o.BinDir == "" {
+		o.BinDir = "bin"
+	}
+	if o.OutDir == "" {
+		o.OutDir = "demo-out"
+	}
+	if o.Duration <= 0 {
+		o.Duration = 30 * time.Second
+	}
+	if o.TokenLifetime <= 0 {
+		o.TokenLifetime = 3 * time.Second
+	}
+	if o.Skew <= 0 {
+		o.Skew = time.Second
+	}
+	if o.Concurrency <= 0 {
+		o.Concurrency = 4
+	}
+	if o.EventsPerSecond <= 0 {
+		o.EventsPerSecond = 20
+	}
+	if o.BatchEvery <= 0 {
+		o.BatchEvery = time.Second
+	}
+	return o
+}
+
+// Connections the demo creates: the first through the browser flow of the
+// server, the second with tokenctl import.
+var connections = []string{"acme", "globex"}
+
+// run is one demo run's state.
+type run struct {
+	o      Options
+	out    io.Writer
+	env    []string
+	server string // base URL of the server app
+	sb     *Sandbox
+	db     *pgx.Conn
+	procs  map[string]*Proc
+	logs   []*os.File
+
+	granted   map[string]time.Time
+	serverOK  atomic.Int64
+	serverBad atomic.Int64
+	enqBad    atomic.Int64
+	eventsMu  sync.Mutex
+	eventIDs  []int64
+	rounds    atomic.Int64
+	batchOK   atomic.Int64
+	batchBad  atomic.Int64
+	batchDone chan struct{}
+}
+
+// Run runs the demo. The report is returned even when the run failed or
+// was interrupted (ctx done); the error is for runs that could not start.
+func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
+	o = o.withDefaults()
+	r := &run{o: o, out: out, procs: map[string]*Proc{}, granted: map[string]time.Time{}, batchDone: make(chan struct{})}
+	rep := &Report{
+		StartedAt: time.Now().UTC(), AccessTokenLifetime: o.TokenLifetime.Seconds(), RefreshSkew: o.Skew.Seconds(),
+		Connections: connections, Apps: map[string]AppReport{}, Shutdown: map[string]Stopped{},
+	}
+	for _, name := range []string{"tokenctl", "server", "worker", "batch"} {
+		if _, err := os.Stat(filepath.Join(o.BinDir, name)); err != nil {
+			return nil, fmt.Errorf("%s/%s is missing: run make build first", o.BinDir, name)
+		}
+	}
+	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
+		return nil, err
+	}
+	defer r.closeLogs()
+	r.say("tokenguard demo: %s of load, access tokens live %s, refreshed %s before expiry", o.Duration, o.TokenLifetime, o.Skew)
+
+	srv, err := FindServer(ctx, func(s string) { r.say("  %s", s) })
+	if err != nil {
+		return nil, err
+	}
+	defer srv.Close()
+	dbURL, drop, err := CreateDatabase(ctx, srv.AdminURL, "tokenguard_demo")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err := drop(); err != nil {
+			r.say("warning: could not drop the demo database: %v", err)
+		}
+	}()
+	rep.Database = srv.Source
+	r.say("  database:  fresh database on %s (%s), dropped at the end", redact(dbURL), srv.Source)
+
+	r.sb, err = StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.TokenLifetime})
+	if err != nil {
+		return nil, err
+	}
+	defer r.sb.Close()
+	r.say("  provider:  sandbox at %s (refresh tokens rotate, the old access token is revoked on refresh)", r.sb.URL)
+
+	addr, err := freeAddr()
+	if err != nil {
+		return nil, err
+	}
+	r.server = "http://" + addr
+	cfg := r.sb.OAuth2Config(r.sb.URL)
+	r.env = Env(
+		"DATABASE_URL="+dbURL,
+		"OAUTH_CLIENT_ID="+cfg.ClientID,
+		"OAUTH_CLIENT_SECRET="+cfg.ClientSecret,
+		"OAUTH_TOKEN_URL="+cfg.Endpoint.TokenURL,
+		"OAUTH_AUTH_URL="+cfg.Endpoint.AuthURL,
+		"OAUTH_REDIRECT_URL="+r.server+"/oauth/callback",
+		"OAUTH_SCOPES="+strings.Join(cfg.Scopes, ","),
+		"API_BASE_URL="+r.sb.URL,
+		"HTTP_ADDR="+addr,
+		"TOKEN_REFRESH_SKEW="+o.Skew.String(),
+		"TOKEN_LOCK_WAIT=5s",
+		"TOKEN_REFRESH_TIMEOUT=3s",
+		"API_TIMEOUT=5s",
+		"WORKER_JOB_TIMEOUT=15s",
+		"LOG_LEVEL=info",
+	)
+	defer r.stopAll(rep) // on every path, including errors and Ctrl-C
+
+	if err := r.tool(ctx, nil, "migrate"); err != nil {
+		return nil, err
+	}
+	r.say("  migrated:  bin/tokenctl migrate")
+	if err := r.startServer(ctx); err != nil {
+		return nil, err
+	}
+	if err := r.connectViaBrowserFlow(ctx, connections[0]); err != nil {
+		return nil, err
+	}
+	r.say("  connected: %q through the server's /oauth/connect (authorization code, state and PKCE checked)", connections[0])
+	if err := r.importToken(ctx, connections[1], cfg); err != nil {
+		return nil, err
+	}
+	r.say("  imported:  %q with bin/tokenctl import (token JSON on stdin)", connections[1])
+	loadStart := time.Now()
+	if err := r.startWorkerAndBatch(); err != nil {
+		return nil, err
+	}
+	r.say("  apps:      server pid %d, worker pid %d, batch --every %s pid %d; logs in %s/",
+		r.procs["server"].Pid(), r.procs["worker"].Pid(), o.BatchEvery, r.procs["batch"].Pid(), o.OutDir)
+	if r.db, err = pgx.Connect(ctx, dbURL); err != nil {
+		return nil, err
+	}
+	defer r.db.Close(context.Background())
+	r.say("")
+
+	rep.Interrupted = !r.load(ctx)
+	r.drain(ctx)
+	loadEnd := time.Now()
+	r.stopAll(rep)
+	rep.DurationSeconds = loadEnd.Sub(loadStart).Round(time.Second).Seconds()
+	r.finish(rep, loadStart, loadEnd)
+	if err := r.statusTable(); err != nil {
+		rep.Problems = append(rep.Problems, "tokenctl status: "+err.Error())
+		rep.OK = false
+	}
+	return rep, nil
+}
+
+func (r *run) say(format string, a ...any) { fmt.Fprintf(r.out, format+"\n", a...) }
+
+func (r *run) logFile(name string) (*os.File, error) {
+	f, err := os.Create(filepath.Join(r.o.OutDir, name+".log"))
+	if err != nil {
+		return nil, err
+	}
+	r.logs = append(r.logs, f)
+	return f, nil
+}
+
+func (r *run) closeLogs() {
+	for _, f := range r.logs {
+		_ = f.Close()
+	}
+}
+
+// tool runs bin/tokenctl and fails unless it exits 0.
+func (r *run) tool(ctx context.Context, stdin io.Reader, args ...string) error {
+	log, err := r.logFile("tokenctl-" + args[0])
+	if err != nil {
+		return err
+	}
+	var stderr bytes.Buffer
+	p, err := Start(ProcSpec{Name: "tokenctl", Path: filepath.Join(r.o.BinDir, "tokenctl"), Args: args, Env: r.env,
+		Stdin: stdin, Stdout: log, Stderr: io.MultiWriter(log, &stderr)})
+	if err != nil {
+		return err
+	}
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		p.Stop(10 * time.Second)
+		return ctx.Err()
+	}
+	if code := p.ExitCode(); code != 0 {
+		return fmt.Errorf("tokenctl %s exited %d: %s", args[0], code, strings.TrimSpace(stderr.String()))
+	}
+	return nil
+}
+
+func (r *run) start(name string, stdout io.Writer, args ...string) error {
+	log, err := r.logFile(name)
+	if err != nil {
+		return err
+	}
+	if stdout == nil {
+		stdout = log
+	}
+	p, err := Start(ProcSpec{Name: name, Path: filepath.Join(r.o.BinDir, name), Args: args, Env: r.env, Stdout: stdout, Stderr: log})
+	if err != nil {
+		return err
+	}
+	r.procs[name] = p
+	return nil
+}
+
+func (r *run) startServer(ctx context.Context) error {
+	if err := r.start("server", nil); err != nil {
+		return err
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for {
+		resp, err := http.Get(r.server + "/healthz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == http.StatusOK {
+				return nil
+			}
+		}
+		select {
+		case <-r.procs["server"].Done():
+			return fmt.Errorf("server exited with status %d; see %s/server.log", r.procs["server"].ExitCode(), r.o.OutDir)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("server not healthy after 20s; see %s/server.log", r.o.OutDir)
+		}
+	}
+}
+
+// connectViaBrowserFlow does what a browser does: follow
+// /oauth/connect to the provider (which approves at once) and back to
+// /oauth/callback, carrying the server's cookie.
+func (r *run) connectViaBrowserFlow(ctx context.Context, name string) error {
+	jar, _ := cookiejar.New(nil)
+	c := &http.Client{Jar: jar, Timeout: 15 * time.Second}
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.server+"/oauth/connect?connection="+name, nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return fmt.Errorf("connect %s: %w", name, err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("connect %s: %s: %s", name, resp.Status, body)
+	}
+	r.granted[name] = time.Now()
+	return nil
+}
+
+// importToken gets a grant from the provider as another tool would and
+// pipes it into tokenctl import.
+func (r *run) importToken(ctx context.Context, name string, cfg *oauth2.Config) error {
+	tok, err := sandbox.Grant(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	js, err := json.Marshal(tok)
+	if err != nil {
+		return err
+	}
+	r.granted[name] = time.Now()
+	return r.tool(ctx, bytes.NewReader(js), "import", "--connection", name)
+}
+
+func (r *run) startWorkerAndBatch() error {
+	if err := r.start("worker", nil); err != nil {
+		return err
+	}
+	pr, pw := io.Pipe()
+	log, err := r.logFile("batch-rounds")
+	if err != nil {
+		return err
+	}
+	go func() {
+		defer close(r.batchDone)
+		sc := bufio.NewScanner(pr)
+		for sc.Scan() {
+			_, _ = log.Write(append(sc.Bytes(), '\n'))
+			var round batch.Round
+			if json.Unmarshal(sc.Bytes(), &round) != nil {
+				continue
+			}
+			r.rounds.Add(1)
+			r.batchOK.Add(int64(round.Succeeded))
+			r.batchBad.Add(int64(max(round.Failed, len(round.Errors))))
+		}
+	}()
+	if err := r.start("batch", pw, "--every", r.o.BatchEvery.String()); err != nil {
+		pw.Close()
+		return err
+	}
+	go func() { <-r.procs["batch"].Done(); pw.Close() }()
+	return nil
+}
+
+// load drives the server and the worker for the configured duration; it
+// returns false if ctx ended it early.
+func (r *run) load(ctx context.Context) bool {
+	loadCtx, cancel := context.WithTimeout(ctx, r.o.Duration)
+	defer cancel()
+	client := &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+	var wg sync.WaitGroup
+	for i := range r.o.Concurrency {
+		wg.Go(func() {
+			for n := i; loadCtx.Err() == nil; n++ {
+				// Requests run on ctx, not loadCtx: the last ones finish
+				// and are counted; only Ctrl-C cuts them short.
+				if r.callResource(ctx, client, connections[n%len(connections)]) {
+					r.serverOK.Add(1)
+				} else if ctx.Err() == nil {
+					r.serverBad.Add(1)
+				}
+				sleep(loadCtx, 10*time.Millisecond)
+			}
+		})
+	}
+	wg.Go(func() {
+		t := time.NewTicker(time.Second / time.Duration(r.o.EventsPerSecond))
+		defer t.Stop()
+		for n := 0; ; n++ {
+			select {
+			case <-loadCtx.Done():
+				return
+			case <-t.C:
+			}
+			if id, ok := r.postEvent(ctx, client, connections[n%len(connections)]); ok {
+				r.eventsMu.Lock()
+				r.eventIDs = append(r.eventIDs, id)
+				r.eventsMu.Unlock()
+			} else if ctx.Err() == nil {
+				r.enqBad.Add(1)
+			}
+		}
+	})
+	start := time.Now()
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for n := 1; ; n++ {
+		select {
+		case <-loadCtx.Done():
+			wg.Wait()
+			if r.o.Live {
+				fmt.Fprintln(r.out)
+			}
+			return ctx.Err() == nil
+		case <-tick.C:
+			line := r.progress(ctx, time.Since(start))
+			if r.o.Live {
+				fmt.Fprintf(r.out, "\r%s\033[K", line)
+			} else if n%5 == 0 {
+				fmt.Fprintln(r.out, line)
+			}
+		}
+	}
+}
+
+func (r *run) callResource(ctx context.Context, c *http.Client, name string) bool {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.server+"/connections/"+name+"/resource", nil)
+	resp, err := c.Do(req)
+	if err != nil {
+		return false
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode == http.StatusOK
+}
+
+func (r *run) postEvent(ctx context.Context, c *http.Client, name string) (int64, bool) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.server+"/connections/"+name+"/events",
+		strings.NewReader(`{"source":"demo"}`))
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.Do(req)
+	if err != nil {
+		return 0, false
+	}
+	defer resp.Body.Close()
+	var body struct {
+		EventID int64 `json:"event_id"`
+	}
+	if resp.StatusCode != http.StatusAccepted || json.NewDecoder(resp.Body).Decode(&body) != nil {
+		return 0, false
+	}
+	return body.EventID, true
+}
+
+// queueState counts the demo's events by outcome, from River's table.
+func (r *run) queueState(ctx context.Context) (processed, retried, pending int64, err error) {
+	r.eventsMu.Lock()
+	ids := append([]int64(nil), r.eventIDs...)
+	r.eventsMu.Unlock()
+	err = r.db.QueryRow(ctx, `
+SELECT count(*) FILTER (WHERE state = 'completed'),
+       coalesce(sum(coalesce(array_length(errors, 1), 0)), 0),
+       count(*) FILTER (WHERE state <> 'completed')
+FROM river_job WHERE id = ANY($1)`, ids).Scan(&processed, &retried, &pending)
+	// pending: not completed yet, or not even in the table.
+	return processed, retried, int64(len(ids)) - processed, err
+}
+
+func (r *run) progress(ctx context.Context, elapsed time.Duration) string {
+	st := r.sb.Stats()
+	processed, retried, _, _ := r.queueState(ctx)
+	r.eventsMu.Lock()
+	enq := len(r.eventIDs)
+	r.eventsMu.Unlock()
+	return fmt.Sprintf("%3.0fs  server %d ok/%d failed · worker %d/%d events, %d retried · batch %d ok/%d failed · refreshes %d · reuse %d · 401s %d",
+		elapsed.Seconds(), r.serverOK.Load(), r.serverBad.Load()+r.enqBad.Load(), processed, enq, retried,
+		r.batchOK.Load(), r.batchBad.Load(), st.Refreshes, st.RefreshReuse, st.Resource401)
+}
+
+// drain waits (up to 20s) for the worker to finish the events enqueued.
+func (r *run) drain(ctx context.Context) {
+	deadline := time.Now().Add(20 * time.Second)
+	for time.Now().Before(deadline) && ctx.Err() == nil {
+		if _, _, pending, err := r.queueState(ctx); err == nil && pending == 0 {
+			return
+		}
+		sleep(ctx, 200*time.Millisecond)
+	}
+}
+
+// stopAll sends SIGTERM to every app still running, at once, and records
+// how each exited. Safe to call twice.
+func (r *run) stopAll(rep *Report) {
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	for name, p := range r.procs {
+		if _, done := rep.Shutdown[name]; done {
+			continue
+		}
+		wg.Go(func() {
+			s := p.Stop(10 * time.Second)
+			mu.Lock()
+			rep.Shutdown[name] = s
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+}
+
+func (r *run) finish(rep *Report, loadStart, loadEnd time.Time) {
+	if p, ok := r.procs["batch"]; ok {
+		<-p.Done()
+		<-r.batchDone
+	}
+	st := r.sb.Stats()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	processed, retried, lost, err := r.queueState(ctx)
+	if err != nil {
+		rep.Problems = append(rep.Problems, "could not read the queue: "+err.Error())
+	}
+	r.eventsMu.Lock()
+	rep.Events = EventReport{Enqueued: int64(len(r.eventIDs)), Processed: processed, Retried: retried, Lost: lost}
+	r.eventsMu.Unlock()
+	if rep.Interrupted {
+		rep.Events.Unfinished, rep.Events.Lost, lost = lost, 0, 0
+	}
+	expected := 0
+	for _, name := range connections {
+		expected += ExpectedRefreshes(r.granted[name], loadStart, loadEnd, r.o.TokenLifetime-r.o.Skew)
+	}
+	rep.Provider = ProviderReport{
+		Refreshes: st.Refreshes, ExpectedRefreshes: expected, RefreshReuse: st.RefreshReuse,
+		Resource401: st.Resource401, ResourceOK: st.ResourceOK, ByAgent: st.ResourceByAgent, CodeExchanges: st.CodeExchanges,
+	}
+	rep.Apps["server"] = AppReport{
+		Calls: st.ResourceByAgent["tokenguard-server"], Failures: r.serverBad.Load() + r.enqBad.Load(),
+		Detail: fmt.Sprintf("%d requests answered 200, %d events accepted", r.serverOK.Load(), rep.Events.Enqueued),
+	}
+	rep.Apps["worker"] = AppReport{
+		Calls: st.ResourceByAgent["tokenguard-worker"], Failures: retried + lost,
+		Detail: fmt.Sprintf("%d/%d events processed", processed, rep.Events.Enqueued),
+	}
+	rep.Apps["batch"] = AppReport{
+		Calls: st.ResourceByAgent["tokenguard-batch"], Failures: r.batchBad.Load(),
+		Detail: fmt.Sprintf("%d rounds", r.rounds.Load()),
+	}
+	for _, name := range []string{"server", "worker", "batch"} {
+		if f := rep.Apps[name].Failures; f > 0 {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s: %d failed calls (see %s/%s.log)", name, f, r.o.OutDir, name))
+		}
+		if s, ok := rep.Shutdown[name]; ok && (s.ExitCode != 0 || s.Killed) {
+			rep.Problems = append(rep.Problems, fmt.Sprintf("%s: exit status %d after SIGTERM (killed: %t)", name, s.ExitCode, s.Killed))
+		}
+	}
+	if st.RefreshReuse > 0 {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("the provider saw %d refresh-token reuse", st.RefreshReuse))
+	}
+	if rep.Interrupted {
+		rep.Problems = append(rep.Problems, "interrupted")
+	}
+	rep.OK = len(rep.Problems) == 0
+}
+
+// statusTable prints what tokenctl status says at the end.
+func (r *run) statusTable() error {
+	var out, stderr bytes.Buffer
+	p, err := Start(ProcSpec{Name: "tokenctl", Path: filepath.Join(r.o.BinDir, "tokenctl"), Args: []string{"status"},
+		Env: r.env, Stdout: &out, Stderr: &stderr})
+	if err != nil {
+		return err
+	}
+	if code := p.Wait(); code != 0 {
+		return fmt.Errorf("exit %d: %s", code, strings.TrimSpace(stderr.String()))
+	}
+	r.say("\n$ bin/tokenctl status")
+	_, _ = io.Copy(r.out, &out)
+	return nil
+}
+
+func freeAddr() (string, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer ln.Close()
+	return ln.Addr().String(), nil
+}
+
+func sleep(ctx context.Context, d time.Duration) {
+	select {
+	case <-ctx.Done():
+	case <-time.After(d):
+	}
+}
+
+func redact(u string) string {
+	if i := strings.Index(u, "://"); i >= 0 {
+		if j := strings.Index(u[i+3:], "@"); j >= 0 {
+			return u[:i+3] + "…@" + u[i+3+j+1:]
+		}
+	}
+	return u
+}
+
+// WriteJSON writes the report to path.
+func (rep *Report) WriteJSON(path string) error {
+	js, err := json.MarshalIndent(rep, "", "  ")
+	if err != nil {
+		return err
+	}
+	return os.WriteFile(path, append(js, '\n'), 0o644)
+}

@@ -1,0 +1,110 @@
+package demo
+
+import (
+	"fmt"
+	"io"
+	"strings"
+	"time"
+)
+
+// ExpectedRefreshes is how many refreshes a connection whose token was
+// granted at granted needs while it is in continuous use from from to to,
+// when each token is refreshed cycle (lifetime minus skew) after it was
+// obtained: the first at granted+cycle (or at from, if the token was
+// already stale then), then one every cycle.
+func ExpectedRefreshes(granted, from, to time.Time, cycle time.Duration) int {
+	if cycle <= 0 || !to.After(from) {
+		return 0
+	}
+	first := granted.Add(cycle)
+	if first.Before(from) {
+		first = from
+	}
+	if first.After(to) {
+		return 0
+	}
+	return 1 + int(to.Sub(first)/cycle)
+}
+
+// AppReport is what one app did, as the demo saw it.
+type AppReport struct {
+	Calls    int64  `json:"calls"`    // calls to the external API the app made successfully, counted by the provider
+	Failures int64  `json:"failures"` // failures the app's users saw
+	Detail   string `json:"detail"`
+}
+
+// Report is the demo's result, also written as JSON.
+type Report struct {
+	StartedAt           time.Time            `json:"started_at"`
+	DurationSeconds     float64              `json:"duration_seconds"`
+	AccessTokenLifetime float64              `json:"access_token_lifetime_seconds"`
+	RefreshSkew         float64              `json:"refresh_skew_seconds"`
+	Database            string               `json:"database"`
+	Connections         []string             `json:"connections"`
+	Apps                map[string]AppReport `json:"apps"`
+	Events              EventReport          `json:"events"`
+	Provider            ProviderReport       `json:"provider"`
+	Shutdown            map[string]Stopped   `json:"shutdown"`
+	Interrupted         bool                 `json:"interrupted"`
+	Problems            []string             `json:"problems"`
+	OK                  bool                 `json:"ok"`
+}
+
+// EventReport follows the events the demo enqueued.
+type EventReport struct {
+	Enqueued  int64 `json:"enqueued"`
+	Processed int64 `json:"processed"` // completed by the worker
+	Retried   int64 `json:"retried"`   // failed attempts that were retried
+	Lost      int64 `json:"lost"`      // enqueued but never completed
+	// Unfinished: not processed yet when the run was interrupted (they
+	// are not failures; the database is dropped with them).
+	Unfinished int64 `json:"unfinished"`
+}
+
+// ProviderReport is what the sandbox provider saw.
+type ProviderReport struct {
+	Refreshes         int64            `json:"refreshes"`
+	ExpectedRefreshes int              `json:"expected_refreshes"`
+	RefreshReuse      int64            `json:"refresh_token_reuse"`
+	Resource401       int64            `json:"resource_401"`
+	ResourceOK        int64            `json:"resource_ok"`
+	ByAgent           map[string]int64 `json:"resource_ok_by_user_agent"`
+	CodeExchanges     int64            `json:"code_exchanges"`
+}
+
+// PrintTable writes the final table.
+func (r *Report) PrintTable(w io.Writer) {
+	fmt.Fprintf(w, "\ntokenguard demo: %.0fs, %d connections, access tokens live %s, refreshed %s early\n\n",
+		r.DurationSeconds, len(r.Connections), secs(r.AccessTokenLifetime), secs(r.RefreshSkew))
+	fmt.Fprintf(w, "  %-7s %9s %9s\n", "app", "API calls", "failures")
+	for _, name := range []string{"server", "worker", "batch"} {
+		a := r.Apps[name]
+		fmt.Fprintf(w, "  %-7s %9d %9d   %s\n", name, a.Calls, a.Failures, a.Detail)
+	}
+	p := r.Provider
+	fmt.Fprintf(w, "\nprovider: %d refreshes (expected %d for this run), %d refresh-token reuse, %d × 401\n",
+		p.Refreshes, p.ExpectedRefreshes, p.RefreshReuse, p.Resource401)
+	fmt.Fprintf(w, "events:   %d enqueued, %d processed, %d retried, %d lost",
+		r.Events.Enqueued, r.Events.Processed, r.Events.Retried, r.Events.Lost)
+	if r.Events.Unfinished > 0 {
+		fmt.Fprintf(w, ", %d unfinished (interrupted)", r.Events.Unfinished)
+	}
+	fmt.Fprintln(w)
+	var stops []string
+	for _, name := range []string{"server", "worker", "batch"} {
+		if s, ok := r.Shutdown[name]; ok {
+			stops = append(stops, fmt.Sprintf("%s exit %d in %.1fs", name, s.ExitCode, s.Seconds))
+		}
+	}
+	fmt.Fprintf(w, "SIGTERM:  %s\n", strings.Join(stops, ", "))
+	if r.OK {
+		fmt.Fprintln(w, "\nPASS: no failed call, no refresh-token reuse")
+		return
+	}
+	fmt.Fprintln(w, "\nFAIL:")
+	for _, p := range r.Problems {
+		fmt.Fprintln(w, "  - "+p)
+	}
+}
+
+func secs(s float64) string { return (time.Duration(s * float64(time.Second))).String() }

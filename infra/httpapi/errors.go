@@ -1,0 +1,77 @@
+package httpapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/apiclient"
+)
+
+// errorBody is every error answer: a stable code to branch on and a
+// message for people. Neither ever carries a token.
+type errorBody struct {
+	Error      string `json:"error"`
+	Code       string `json:"code"`
+	Connection string `json:"connection,omitempty"`
+	ConnectURL string `json:"connect_url,omitempty"`
+}
+
+// problem is how an error is answered.
+type problem struct {
+	status     int
+	code       string
+	message    string
+	retryAfter time.Duration
+}
+
+// classify maps an error from the layers below to its HTTP answer. It is
+// the only place that does.
+func classify(err error) problem {
+	var pe *domain.ProviderError
+	switch {
+	case errors.Is(err, domain.ErrInvalidConnection):
+		return problem{http.StatusBadRequest, "invalid_connection", err.Error(), 0}
+	case errors.Is(err, domain.ErrNotFound):
+		return problem{http.StatusNotFound, "not_found", "connection not found", 0}
+	case errors.Is(err, domain.ErrNeedsReauth):
+		return problem{http.StatusConflict, "needs_reauth", err.Error() + "; connect it again", 0}
+	case errors.Is(err, domain.ErrLockTimeout):
+		return problem{http.StatusServiceUnavailable, "busy", "another process is refreshing the token; try again", time.Second}
+	case errors.As(err, &pe) && !pe.Permanent:
+		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again",
+			max(pe.RetryAfter, time.Second)}
+	case errors.Is(err, domain.ErrProviderUnavailable):
+		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again", time.Second}
+	case errors.Is(err, domain.ErrStoreUnavailable):
+		return problem{http.StatusServiceUnavailable, "store_unavailable", "the token store is unavailable; try again", time.Second}
+	case errors.Is(err, apiclient.ErrUnavailable):
+		return problem{http.StatusBadGateway, "upstream_unavailable", "the external API could not be reached", 0}
+	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
+		return problem{http.StatusServiceUnavailable, "timeout", "the request timed out", time.Second}
+	}
+	return problem{http.StatusInternalServerError, "internal", "internal error", 0}
+}
+
+func writeError(w http.ResponseWriter, connectionID string, err error) {
+	p := classify(err)
+	body := errorBody{Error: p.message, Code: p.code, Connection: connectionID}
+	if p.code == "needs_reauth" {
+		body.ConnectURL = "/oauth/connect?connection=" + connectionID
+	}
+	if p.retryAfter > 0 {
+		w.Header().Set("Retry-After", strconv.Itoa(int((p.retryAfter+time.Second-1)/time.Second)))
+	}
+	writeJSON(w, p.status, body)
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}

@@ -1,0 +1,248 @@
+// Package queue carries events from the server to the worker through River
+// (github.com/riverqueue/river), a job queue in the same Postgres database as
+// the tokens: an event is a row, so none is lost when a process dies, and a
+// failed one is retried with backoff.
+package queue
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+	"github.com/riverqueue/river/riverdriver/riverpgxv5"
+	"github.com/riverqueue/river/rivermigrate"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// EventArgs is one event for a connection: the worker calls the external
+// API with the connection's token.
+type EventArgs struct {
+	Connection string          `json:"connection"`
+	Payload    json.RawMessage `json:"payload,omitempty"`
+}
+
+// Kind names the job kind in River's tables.
+func (EventArgs) Kind() string { return "tokenguard_event" }
+
+// OpenPool opens the pgx pool River runs on (River needs pgx, the token
+// store runs on GORM; they share the database, not the pool).
+func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(url)
+	if err != nil {
+		return nil, fmt.Errorf("queue: parse database URL: %w", err)
+	}
+	cfg.MaxConns = max(maxConns, 2)
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return nil, fmt.Errorf("queue: open pool: %w", err)
+	}
+	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := pool.Ping(pingCtx); err != nil {
+		pool.Close()
+		return nil, fmt.Errorf("queue: connect to database: %w", err)
+	}
+	return pool, nil
+}
+
+// migrateLockKey serialises River migrations across processes that start at
+// the same time (rivermigrate takes no lock of its own). It lives in the
+// single-int8 advisory key space, apart from the connection locks.
+const migrateLockKey int64 = 0x746b675f72697672 // "tkg_rivr"
+
+// Migrate applies River's pending migrations. Concurrent callers in other
+// processes wait for each other.
+func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
+	conn, err := pool.Acquire(ctx)
+	if err != nil {
+		return fmt.Errorf("queue: migrate: %w", err)
+	}
+	defer conn.Release()
+	if _, err := conn.Exec(ctx, "SELECT pg_advisory_lock($1)", migrateLockKey); err != nil {
+		return fmt.Errorf("queue: migrate: lock: %w", err)
+	}
+	defer func() {
+		_, unlockErr := conn.Exec(context.WithoutCancel(ctx), "SELECT pg_advisory_unlock($1)", migrateLockKey)
+		if err == nil && unlockErr != nil {
+			err = fmt.Errorf("queue: migrate: unlock: %w", unlockErr)
+		}
+	}()
+	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: quiet()})
+	if err != nil {
+		return fmt.Errorf("queue: migrate: %w", err)
+	}
+	if _, err := m.Migrate(ctx, rivermigrate.DirectionUp, nil); err != nil {
+		return fmt.Errorf("queue: migrate: %w", err)
+	}
+	return nil
+}
+
+// Producer enqueues events (the server's side).
+type Producer struct {
+	client *river.Client[pgx.Tx]
+}
+
+// NewProducer builds an insert-only River client on pool.
+func NewProducer(pool *pgxpool.Pool, log *slog.Logger) (*Producer, error) {
+	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{Logger: riverLogger(log)})
+	if err != nil {
+		return nil, fmt.Errorf("queue: %w", err)
+	}
+	return &Producer{client: c}, nil
+}
+
+// Enqueue stores one event and returns its id (River's job id).
+func (p *Producer) Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error) {
+	res, err := p.client.Insert(ctx, EventArgs{Connection: connectionID, Payload: payload}, nil)
+	if err != nil {
+		return 0, fmt.Errorf("queue: insert event: %w: %w", domain.ErrStoreUnavailable, err)
+	}
+	return res.Job.ID, nil
+}
+
+// Handler handles one event.
+type Handler interface {
+	HandleEvent(ctx context.Context, e EventArgs) error
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(ctx context.Context, e EventArgs) error
+
+// HandleEvent calls f.
+func (f HandlerFunc) HandleEvent(ctx context.Context, e EventArgs) error { return f(ctx, e) }
+
+// WorkerOptions tune a Worker. Zero values take the defaults.
+type WorkerOptions struct {
+	// Concurrency is how many events are handled at once (default 10).
+	Concurrency int
+	// JobTimeout bounds one event (default 1m).
+	JobTimeout time.Duration
+	// RescueAfter is how long an event may stay "running" before it is
+	// taken for lost (its worker died) and retried (default JobTimeout+15s).
+	// It must exceed the longest an event can really run.
+	RescueAfter time.Duration
+	// StopTimeout bounds the wait for events in flight at shutdown
+	// (default 8s); past it they are cancelled and retried later.
+	StopTimeout time.Duration
+}
+
+// Worker consumes events (the worker's side).
+type Worker struct {
+	client *river.Client[pgx.Tx]
+	log    *slog.Logger
+	opts   WorkerOptions
+}
+
+// NewWorker builds a River client that works events with h.
+func NewWorker(pool *pgxpool.Pool, h Handler, opts WorkerOptions, log *slog.Logger) (*Worker, error) {
+	if opts.Concurrency <= 0 {
+		opts.Concurrency = 10
+	}
+	if opts.JobTimeout <= 0 {
+		opts.JobTimeout = time.Minute
+	}
+	if opts.RescueAfter <= opts.JobTimeout {
+		opts.RescueAfter = opts.JobTimeout + 15*time.Second
+	}
+	if opts.StopTimeout <= 0 {
+		opts.StopTimeout = 8 * time.Second
+	}
+	workers := river.NewWorkers()
+	if err := river.AddWorkerSafely(workers, &eventWorker{h: h, log: log}); err != nil {
+		return nil, fmt.Errorf("queue: %w", err)
+	}
+	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
+		Logger:               riverLogger(log),
+		Queues:               map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: opts.Concurrency}},
+		Workers:              workers,
+		JobTimeout:           opts.JobTimeout,
+		RescueStuckJobsAfter: opts.RescueAfter,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("queue: %w", err)
+	}
+	return &Worker{client: c, log: log, opts: opts}, nil
+}
+
+// Run works events until ctx is done, then stops fetching, lets events in
+// flight finish (bounded by StopTimeout) and returns.
+func (w *Worker) Run(ctx context.Context) error {
+	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
+		return fmt.Errorf("queue: start worker: %w", err)
+	}
+	select {
+	case <-ctx.Done():
+	case <-w.client.Stopped():
+		return errors.New("queue: worker stopped unexpectedly")
+	}
+	stopCtx, cancel := context.WithTimeout(context.Background(), w.opts.StopTimeout)
+	defer cancel()
+	if err := w.client.Stop(stopCtx); err != nil {
+		w.log.Warn("events still in flight at the stop deadline; cancelling them, they will be retried", "err", err)
+		hardCtx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := w.client.StopAndCancel(hardCtx); err != nil {
+			return fmt.Errorf("queue: stop worker: %w", err)
+		}
+	}
+	return nil
+}
+
+type eventWorker struct {
+	river.WorkerDefaults[EventArgs]
+	h   Handler
+	log *slog.Logger
+}
+
+func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) error {
+	err := w.h.HandleEvent(ctx, job.Args)
+	switch {
+	case err == nil:
+		w.log.Debug("event handled", "event_id", job.ID, "connection", job.Args.Connection)
+		return nil
+	case errors.Is(err, domain.ErrNotFound), errors.Is(err, domain.ErrInvalidConnection):
+		// Retrying cannot bring the connection back.
+		w.log.Warn("event dropped: unknown connection", "event_id", job.ID, "connection", job.Args.Connection, "err", err)
+		return river.JobCancel(err)
+	default:
+		w.log.Warn("event failed; will retry", "event_id", job.ID, "connection", job.Args.Connection,
+			"attempt", job.Attempt, "err", err)
+		return err
+	}
+}
+
+// riverLogger keeps River's own chatter at warnings.
+func riverLogger(log *slog.Logger) *slog.Logger {
+	if log == nil {
+		return quiet()
+	}
+	return slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn})
+}
+
+func quiet() *slog.Logger {
+	return slog.New(slog.DiscardHandler)
+}
+
+type minLevel struct {
+	slog.Handler
+	min slog.Level
+}
+
+func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= h.min && h.Handler.Enabled(ctx, l)
+}
+
+func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler {
+	return minLevel{Handler: h.Handler.WithAttrs(as), min: h.min}
+}
+
+func (h minLevel) WithGroup(name string) slog.Handler {
+	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
+}

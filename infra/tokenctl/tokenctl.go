@@ -1,0 +1,250 @@
+// Package tokenctl is the operator CLI: apply migrations, import a token,
+// show connection status. It needs only DATABASE_URL and never prints a
+// secret.
+package tokenctl
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os/signal"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
+)
+
+const usage = `usage:
+  tokenctl migrate                          apply the database migrations
+  tokenctl import --connection NAME < TOKEN store a token (x/oauth2 JSON on stdin) as an active connection
+  tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh
+  tokenctl rotate-key                       re-encrypt every stored token with the current TOKEN_ENCRYPTION_KEYS key
+Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key).`
+
+// Exit statuses.
+const (
+	exitOK      = 0
+	exitFailure = 1 // the database failed
+	exitUsage   = 2 // bad arguments, configuration or input
+)
+
+// Backend is what tokenctl works on; di.Tokenctl builds the real one from
+// the environment.
+type Backend interface {
+	// Migrate applies every pending migration.
+	Migrate(ctx context.Context) error
+	// RotateKey re-encrypts every stored token with the current key.
+	RotateKey(ctx context.Context) (resealed, current int, err error)
+	// Open connects to the token store.
+	Open(ctx context.Context) (Store, func(), error)
+}
+
+// Store is the token store as the operator sees it.
+type Store interface {
+	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	List(ctx context.Context) ([]domain.Token, error)
+	Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error)
+}
+
+// ConfigError is a missing or malformed setting, reported by a Backend. It
+// is printed as one line and exits with status 2.
+type ConfigError struct{ Err error }
+
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
+
+// IO is where a run reads and writes.
+type IO struct {
+	Stdin          io.Reader
+	Stdout, Stderr io.Writer
+}
+
+// Main runs tokenctl with args (without the program name) and returns the
+// exit status.
+func Main(args []string, backend Backend, stdio IO) int {
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+	defer stop()
+	fail := func(code int, format string, a ...any) int {
+		fmt.Fprintf(stdio.Stderr, "tokenctl: "+format+"\n", a...)
+		return code
+	}
+	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintln(stdio.Stderr, usage)
+		if len(args) == 0 {
+			return exitUsage
+		}
+		return exitOK
+	}
+	cmd, rest := args[0], args[1:]
+	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stdio.Stderr)
+	var connection string
+	switch cmd {
+	case "migrate", "rotate-key":
+	case "import":
+		fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
+	case "status":
+		fs.StringVar(&connection, "connection", "", "show only connection `NAME`")
+	default:
+		return fail(exitUsage, "unknown command %q\n%s", cmd, usage)
+	}
+	if err := fs.Parse(rest); err != nil {
+		return exitUsage
+	}
+	if fs.NArg() > 0 {
+		return fail(exitUsage, "%s: unexpected argument %q (secrets are read from stdin, never from the command line)", cmd, fs.Arg(0))
+	}
+	if cmd == "import" && connection == "" {
+		return fail(exitUsage, "import: --connection NAME is required")
+	}
+	if connection != "" {
+		if err := domain.ValidateConnectionID(connection); err != nil {
+			return fail(exitUsage, "%v", err)
+		}
+	}
+
+	// failed reports a backend error; configuration errors are usage errors.
+	failed := func(prefix string, err error) int {
+		var ce *ConfigError
+		if errors.As(err, &ce) {
+			return fail(exitUsage, "%v", ce)
+		}
+		return fail(exitFailure, "%s%v", prefix, err)
+	}
+	if cmd == "migrate" {
+		if err := backend.Migrate(ctx); err != nil {
+			return failed("migrate: ", err)
+		}
+		fmt.Fprintln(stdio.Stdout, "migrations applied")
+		return exitOK
+	}
+	if cmd == "rotate-key" {
+		resealed, current, err := backend.RotateKey(ctx)
+		if err != nil {
+			return failed("rotate-key: ", err)
+		}
+		fmt.Fprintf(stdio.Stdout, "re-encrypted %d connection(s); %d already used the current key\n", resealed, current)
+		return exitOK
+	}
+
+	// Read stdin before opening the database: bad input fails fast.
+	var grant domain.Grant
+	if cmd == "import" {
+		var err error
+		if grant, err = readGrant(stdio.Stdin, time.Now()); err != nil {
+			return fail(exitUsage, "import: %v", err)
+		}
+	}
+	store, cleanup, err := backend.Open(ctx)
+	if err != nil {
+		return failed("", err)
+	}
+	defer cleanup()
+
+	switch cmd {
+	case "import":
+		t, err := store.Connect(ctx, connection, grant)
+		switch {
+		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection):
+			return fail(exitUsage, "import: %v", err)
+		case err != nil:
+			return fail(exitFailure, "import: %v", err)
+		}
+		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d\n",
+			t.ConnectionID, t.Status, formatTime(t.Expiry), t.Version)
+	case "status":
+		var toks []domain.Token
+		if connection != "" {
+			t, err := store.Get(ctx, connection)
+			switch {
+			case errors.Is(err, domain.ErrNotFound):
+				return fail(exitUsage, "status: connection %q not found", connection)
+			case err != nil:
+				return fail(exitFailure, "status: %v", err)
+			}
+			toks = []domain.Token{t}
+		} else if toks, err = store.List(ctx); err != nil {
+			return fail(exitFailure, "status: %v", err)
+		}
+		printStatus(stdio.Stdout, toks, time.Now())
+	}
+	return exitOK
+}
+
+// readGrant reads one token in golang.org/x/oauth2's JSON shape.
+func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
+	dec := json.NewDecoder(io.LimitReader(r, 1<<20))
+	var tok oauth2.Token
+	if err := dec.Decode(&tok); err != nil {
+		if errors.Is(err, io.EOF) {
+			return domain.Grant{}, errors.New("no token on stdin (want JSON with access_token, token_type, refresh_token, expiry)")
+		}
+		return domain.Grant{}, fmt.Errorf("stdin is not a token in golang.org/x/oauth2's JSON shape: %w", jsonCause(err))
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return domain.Grant{}, errors.New("stdin has more than one JSON value")
+	}
+	if tok.Expiry.IsZero() && tok.ExpiresIn > 0 {
+		tok.Expiry = now.Add(time.Duration(tok.ExpiresIn) * time.Second)
+	}
+	if tok.RefreshToken == "" {
+		return domain.Grant{}, fmt.Errorf("%w: refresh_token is empty; without it the connection could never be refreshed", domain.ErrInvalidToken)
+	}
+	if tok.AccessToken == "" {
+		return domain.Grant{}, fmt.Errorf("%w: access_token is empty", domain.ErrInvalidToken)
+	}
+	return provider.GrantFrom(&tok), nil
+}
+
+// jsonCause keeps a decoding error free of input: syntax and type errors
+// carry only an offset or a field name, but a time's error quotes its value,
+// which is harmless, so only values of other fields need hiding.
+func jsonCause(err error) error {
+	var syn *json.SyntaxError
+	if errors.As(err, &syn) {
+		return fmt.Errorf("invalid JSON at byte %d", syn.Offset)
+	}
+	var typ *json.UnmarshalTypeError
+	if errors.As(err, &typ) {
+		return fmt.Errorf("field %q must be a %s", typ.Field, typ.Type)
+	}
+	if errors.Is(err, io.ErrUnexpectedEOF) {
+		return errors.New("truncated JSON")
+	}
+	return err
+}
+
+func printStatus(w io.Writer, toks []domain.Token, now time.Time) {
+	if len(toks) == 0 {
+		fmt.Fprintln(w, "no connections")
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREASON")
+	for _, t := range toks {
+		exp := formatTime(t.Expiry)
+		if !t.Expiry.IsZero() {
+			if d := t.Expiry.Sub(now).Round(time.Second); d >= 0 {
+				exp += " (in " + d.String() + ")"
+			} else {
+				exp += " (expired)"
+			}
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), t.StatusReason)
+	}
+	_ = tw.Flush()
+}
+
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return "none"
+	}
+	return t.UTC().Format(time.RFC3339)
+}
