@@ -52,21 +52,39 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 			redeemed := false
 			var revoked error
 			var rotated *domain.Token
+			var out domain.Token
+			ev := RefreshEvent{ConnectionID: id}
 			locked, err := store.TryInLock(gctx, id, u.hold(), func(txCtx context.Context, s LockedStore) error {
 				t, err := s.Get(txCtx, id)
 				if err != nil {
 					return err
 				}
+				ev.OldVersion = t.Version
 				if t.Status != domain.StatusActive || t.Expiry.IsZero() || !t.Expiry.Before(deadline) {
 					return nil // someone refreshed it since we listed it
 				}
-				_, revoked, rotated, err = u.redeem(txCtx, s, t)
+				out, revoked, rotated, err = u.redeem(txCtx, s, t, &ev.ProviderLatency)
 				redeemed = err == nil && revoked == nil
 				return err
 			})
 			if err != nil && rotated != nil {
-				_, err = u.rescue(id, *rotated, err)
+				out, err = u.rescue(id, *rotated, err)
 				redeemed = err == nil
+			}
+			if locked && (redeemed || err != nil || revoked != nil) {
+				ev.NewVersion, ev.Err = out.Version, errors.Join(err, revoked)
+				switch {
+				case redeemed:
+					ev.Outcome = OutcomeOK
+				case revoked != nil:
+					ev.Outcome = OutcomeInvalidGrant
+					u.opts.OnNeedsReauth(id, reason(revoked))
+				case errors.Is(err, domain.ErrProviderUnavailable):
+					ev.Outcome = OutcomeTransientError
+				default:
+					ev.Outcome = OutcomeError
+				}
+				u.observe(ev)
 			}
 			switch {
 			case err != nil || revoked != nil:

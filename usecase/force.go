@@ -21,6 +21,7 @@ import (
 // in this process; beyond that it fails with domain.ErrRefreshRateLimited
 // rather than let an API that always answers 401 drive a refresh loop.
 func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error) {
+	u.opts.Observer.ForcedRefresh(connectionID)
 	u.cache.invalidate(connectionID, failed+1) // never hand out the failed token again
 	key := connectionID + "\x00" + strconv.FormatInt(failed, 10)
 	t, err := u.flights.do(ctx, key, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
@@ -36,7 +37,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 			if !u.forceLimiter(connectionID).Allow() {
 				return domain.Token{}, domain.ErrRefreshRateLimited
 			}
-			if t, err = u.refresh(ctx, connectionID, func(t domain.Token) bool { return t.Version == failed }); err != nil {
+			if t, err = u.refresh(ctx, connectionID, true, func(t domain.Token) bool { return t.Version == failed }); err != nil {
 				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
 			}
 		}

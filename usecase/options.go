@@ -36,6 +36,8 @@ type Options struct {
 	// RescueWindow bounds how long a rotated token whose first write failed
 	// is retried (default 30s). See refresh.
 	RescueWindow time.Duration
+	// Observer receives events for metrics; default none.
+	Observer Observer
 }
 
 // Defaults.
@@ -72,6 +74,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.ForceInterval == 0 {
 		o.ForceInterval = DefaultForceInterval
+	}
+	if o.Observer == nil {
+		o.Observer = noObserver{}
 	}
 	if o.RescueWindow == 0 {
 		o.RescueWindow = DefaultRescueWindow

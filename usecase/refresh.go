@@ -45,6 +45,7 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // while the others wait for it.
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (domain.Token, error) {
 	t, state := u.cache.get(connectionID, u.opts.Clock.Now())
+	u.opts.Observer.CacheLookup(state == hit)
 	if state == hit {
 		return t, nil
 	}
@@ -60,6 +61,7 @@ func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (d
 // Invalidate tells the use case that another process stored version of
 // connectionID's token; any older cached copy is dropped.
 func (u *RefreshTokenUseCase) Invalidate(connectionID string, version int64) {
+	u.opts.Observer.Invalidated()
 	u.cache.invalidate(connectionID, version)
 }
 
@@ -94,7 +96,7 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 			return t, nil
 		}
 	}
-	t, err := u.refresh(ctx, connectionID, u.stale)
+	t, err := u.refresh(ctx, connectionID, false, u.stale)
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
@@ -110,24 +112,29 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 // that write or commit fails (the database connection dropped, the commit
 // failed), refresh keeps the rotated token and retries writing it in fresh
 // transactions for RescueWindow, logging loudly, instead of dropping it.
-func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, due func(domain.Token) bool) (domain.Token, error) {
+func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, forced bool, due func(domain.Token) bool) (domain.Token, error) {
 	var (
 		out     domain.Token
 		revoked error         // committed as needs_reauth, then returned
 		rotated *domain.Token // the provider's answer, once there is one
 	)
+	ev := RefreshEvent{ConnectionID: connectionID, Forced: forced}
+	asked := time.Now()
 	err := u.store.InLock(ctx, connectionID, u.opts.LockWait, u.hold(), func(txCtx context.Context, s LockedStore) error {
+		ev.LockWait = time.Since(asked)
 		// The re-read is also the liveness check of the transaction: it
 		// runs right before the refresh token is spent.
 		t, err := s.Get(txCtx, connectionID)
 		if err != nil {
 			return err
 		}
+		ev.OldVersion = t.Version
 		if t.Status == domain.StatusNeedsReauth {
 			return needsReauth(t)
 		}
 		if !due(t) {
 			out = t // another process refreshed while we waited
+			ev.Outcome = OutcomeSkippedFresh
 			return nil
 		}
 		// Last chance to give up: past this point the refresh token is
@@ -136,19 +143,34 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		out, revoked, rotated, err = u.redeem(txCtx, s, t)
+		out, revoked, rotated, err = u.redeem(txCtx, s, t, &ev.ProviderLatency)
 		return err
 	})
+	if ev.LockWait == 0 {
+		ev.LockWait = time.Since(asked) // never got the lock
+	}
 	switch {
 	case err != nil && rotated != nil:
-		return u.rescue(connectionID, *rotated, err)
-	case err != nil:
-		return domain.Token{}, err
-	case revoked != nil:
+		out, err = u.rescue(connectionID, *rotated, err)
+	case err == nil && revoked != nil:
+		ev.Outcome, err = OutcomeInvalidGrant, revoked
 		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
 			"connection", connectionID, "reason", reason(revoked))
 		u.opts.OnNeedsReauth(connectionID, reason(revoked))
-		return domain.Token{}, revoked
+	}
+	switch {
+	case ev.Outcome != "":
+	case err == nil:
+		ev.Outcome = OutcomeOK
+	case errors.Is(err, domain.ErrProviderUnavailable):
+		ev.Outcome = OutcomeTransientError
+	default:
+		ev.Outcome = OutcomeError
+	}
+	ev.NewVersion, ev.Err = out.Version, err
+	u.observe(ev)
+	if err != nil {
+		return domain.Token{}, err
 	}
 	return out, nil
 }
@@ -208,9 +230,11 @@ func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
 // stored as needs_reauth and returned as revoked with a nil err, so that
 // the transaction commits it. rotated is set as soon as the provider
 // answered with a new token, whether or not the write then succeeds.
-func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token) (out domain.Token, revoked error, rotated *domain.Token, err error) {
+func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token, latency *time.Duration) (out domain.Token, revoked error, rotated *domain.Token, err error) {
 	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
+	called := time.Now()
 	g, err := u.refresher.Refresh(callCtx, t.RefreshToken)
+	*latency = time.Since(called)
 	cancel()
 	if err == nil {
 		next := t.Rotated(g, u.opts.Clock.Now())

@@ -1,0 +1,79 @@
+package usecase
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// Observer is told what the use case does, for metrics. Its methods are
+// called on hot paths: they must be cheap and safe for concurrent use.
+type Observer interface {
+	// CacheLookup: a Token call was served from the cache (hit) or not.
+	CacheLookup(hit bool)
+	// Refreshed: one pass through a connection's lock ended.
+	Refreshed(e RefreshEvent)
+	// ForcedRefresh: a caller whose token was rejected (401) asked for a
+	// newer one.
+	ForcedRefresh(connectionID string)
+	// Invalidated: another process announced a new version.
+	Invalidated()
+}
+
+// RefreshOutcome says how a pass through the lock ended.
+type RefreshOutcome string
+
+// Outcomes; labels of the refresh metrics.
+const (
+	OutcomeOK             RefreshOutcome = "ok"                       // refreshed and stored
+	OutcomeSkippedFresh   RefreshOutcome = "skipped_fresh_after_lock" // someone else had refreshed
+	OutcomeTransientError RefreshOutcome = "transient_error"          // provider unavailable; token untouched
+	OutcomeInvalidGrant   RefreshOutcome = "invalid_grant"            // grant rejected; connection needs_reauth
+	OutcomeError          RefreshOutcome = "error"                    // lock wait, store or context
+)
+
+// RefreshEvent describes one pass through a connection's lock. It carries
+// no secret.
+type RefreshEvent struct {
+	ConnectionID    string
+	Outcome         RefreshOutcome
+	Forced          bool  // after a 401
+	OldVersion      int64 // version found inside the lock (0 if not read)
+	NewVersion      int64 // version stored (0 if none)
+	LockWait        time.Duration
+	ProviderLatency time.Duration // 0 when the provider was not called
+	Err             error
+}
+
+type noObserver struct{}
+
+func (noObserver) CacheLookup(bool)       {}
+func (noObserver) Refreshed(RefreshEvent) {}
+func (noObserver) ForcedRefresh(string)   {}
+func (noObserver) Invalidated()           {}
+
+// observe logs the pass (one line for each provider call, which is what
+// operators follow) and reports it to the Observer.
+func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
+	level := slog.LevelInfo
+	switch {
+	case e.Outcome == OutcomeSkippedFresh:
+		level = slog.LevelDebug
+	case e.Err != nil:
+		level = slog.LevelWarn
+	}
+	attrs := []slog.Attr{
+		slog.String("connection", e.ConnectionID),
+		slog.String("outcome", string(e.Outcome)),
+		slog.Int64("old_version", e.OldVersion),
+		slog.Int64("new_version", e.NewVersion),
+		slog.Float64("lock_wait_ms", float64(e.LockWait.Microseconds())/1000),
+		slog.Float64("provider_ms", float64(e.ProviderLatency.Microseconds())/1000),
+		slog.Bool("forced", e.Forced),
+	}
+	if e.Err != nil {
+		attrs = append(attrs, slog.String("err", e.Err.Error()))
+	}
+	u.opts.Logger.LogAttrs(context.Background(), level, "token refresh", attrs...)
+	u.opts.Observer.Refreshed(e)
+}
