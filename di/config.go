@@ -48,6 +48,22 @@ func (c Config) String() string {
 		redactURL(c.DatabaseURL), c.OAuth.TokenURL, c.OAuth.ClientID, c.RefreshSkew, c.LockWait, c.RefreshTimeout, encryptionSummary(c.EncryptionKeys))
 }
 
+// GoString keeps %#v as quiet as %v.
+func (c Config) GoString() string { return "di.Config" + c.String() }
+
+// String never shows the client secret.
+func (o OAuthConfig) String() string {
+	secret := ""
+	if o.ClientSecret != "" {
+		secret = "[REDACTED]"
+	}
+	return fmt.Sprintf("{client_id:%s client_secret:%s token_url:%s auth_url:%s redirect_url:%s scopes:%v}",
+		o.ClientID, secret, o.TokenURL, o.AuthURL, o.RedirectURL, o.Scopes)
+}
+
+// GoString keeps %#v as quiet as %v.
+func (o OAuthConfig) GoString() string { return "di.OAuthConfig" + o.String() }
+
 // ConfigFromEnv reads the configuration from environ (os.Environ() form)
 // and checks it. Errors name the offending variable.
 func ConfigFromEnv(environ []string) (Config, error) {

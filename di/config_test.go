@@ -1,6 +1,7 @@
 package di
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -21,8 +22,11 @@ func TestConfigFromEnvDefaults(t *testing.T) {
 	if err := c.RequireOAuth(); err != nil {
 		t.Error(err)
 	}
-	if s := c.String(); strings.Contains(s, "pw") {
-		t.Errorf("String leaks the database password: %s", s)
+	c.OAuth.ClientSecret = "client-SECRET"
+	for _, s := range []string{c.String(), fmt.Sprintf("%v|%+v|%#v|%v|%#v", c, c, c, c.OAuth, c.OAuth)} {
+		if strings.Contains(s, "pw") || strings.Contains(s, "SECRET") {
+			t.Errorf("configuration printing leaks a secret: %s", s)
+		}
 	}
 }
 

@@ -83,6 +83,24 @@ var permanentCodes = map[string]bool{
 	"invalid_scope":          true,
 }
 
+// knownCodes are the token endpoint error codes of RFC 6749 §5.2 and the
+// ones providers commonly add. Anything else is reported as
+// "unrecognized_error": the code ends up in errors, logs and the stored
+// status reason, and a broken or hostile provider could put anything
+// there, the credentials it was sent included.
+var knownCodes = map[string]bool{
+	"invalid_request": true, "invalid_client": true, "invalid_grant": true, "unauthorized_client": true,
+	"unsupported_grant_type": true, "invalid_scope": true, "temporarily_unavailable": true,
+	"server_error": true, "access_denied": true, "slow_down": true, "invalid_token": true,
+}
+
+func errorCode(code string) string {
+	if code == "" || knownCodes[code] {
+		return code
+	}
+	return "unrecognized_error"
+}
+
 // classify maps an x/oauth2 error to a *domain.ProviderError. It never
 // keeps *oauth2.RetrieveError itself: its Error() prints the response body.
 func classify(ctx context.Context, err error) error {
@@ -94,7 +112,7 @@ func classify(ctx context.Context, err error) error {
 		}
 		return &domain.ProviderError{Err: err}
 	}
-	pe := &domain.ProviderError{Code: re.ErrorCode, Permanent: permanentCodes[re.ErrorCode]}
+	pe := &domain.ProviderError{Code: errorCode(re.ErrorCode), Permanent: permanentCodes[re.ErrorCode]}
 	if re.Response != nil {
 		pe.HTTPStatus = re.Response.StatusCode
 		pe.RetryAfter = retryAfter(re.Response.Header.Get("Retry-After"), time.Now())

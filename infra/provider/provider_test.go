@@ -47,6 +47,7 @@ func TestRefreshClassifiesProviderAnswers(t *testing.T) {
 		{"429 with Retry-After", 429, http.Header{"Retry-After": {"7"}}, `{"error":"temporarily_unavailable"}`, false, "temporarily_unavailable", 7 * time.Second},
 		{"502 html", 502, nil, `<html>bad gateway ` + leaked + `</html>`, false, "", 0},
 		{"400 without a code", 400, nil, `{}`, false, "", 0},
+		{"code echoing the request", 400, nil, `{"error":"` + leaked + `"}`, false, "unrecognized_error", 0},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
