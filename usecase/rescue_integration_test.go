@@ -1,0 +1,121 @@
+package usecase_test
+
+import (
+	"bytes"
+	"context"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// killAfterAnswer is the real refresher, except that right after the
+// provider answered it terminates the database backend holding the
+// connection's lock: the crash window between the provider's rotation and
+// our commit.
+type killAfterAnswer struct {
+	next  usecase.Refresher
+	admin *gorm.DB
+	t     *testing.T
+	mu    sync.Mutex
+	grant domain.Grant
+	kills int
+}
+
+func (k *killAfterAnswer) Refresh(ctx context.Context, rt domain.Secret) (domain.Grant, error) {
+	g, err := k.next.Refresh(ctx, rt)
+	if err != nil {
+		return g, err
+	}
+	var n int64
+	if err := k.admin.Raw(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n).Error; err != nil {
+		k.t.Error(err)
+	}
+	k.mu.Lock()
+	k.grant, k.kills = g, k.kills+int(n)
+	k.mu.Unlock()
+	return g, nil
+}
+
+func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T) {
+	w := newWorld(t, time.Second)
+	admin := w.stack(t, usecase.Options{})
+	w.connect(t, admin)
+
+	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = postgres.Close(db) })
+	var logs syncBuffer
+	killer := &killAfterAnswer{next: provider.NewRefresher(w.oauth, nil), admin: admin.db, t: t}
+	uc, err := di.NewRefreshTokenUseCase(db, killer, usecase.Options{
+		Skew: 500 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitUntilStale(t, admin, 500*time.Millisecond)
+
+	tok, err := uc.Token(context.Background(), conn)
+	if err != nil {
+		t.Fatalf("Token: %v\nlogs:\n%s", err, logs.String())
+	}
+	if killer.kills != 1 {
+		t.Fatalf("terminated %d backends, want the lock holder", killer.kills)
+	}
+	stored := mustGet(t, admin)
+	t.Logf("backend killed after the provider answered; logs:\n%s", logs.String())
+	if !stored.RefreshToken.Equal(killer.grant.RefreshToken) || !tok.AccessToken.Equal(killer.grant.AccessToken) {
+		t.Fatal("the rotated token was not persisted")
+	}
+	if !strings.Contains(logs.String(), "rotated refresh token not persisted") ||
+		!strings.Contains(logs.String(), "rotated refresh token persisted on retry") {
+		t.Error("the failed first write and the rescue were not logged")
+	}
+	if code := w.callResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
+		t.Errorf("rescued token answered %d", code)
+	}
+	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
+		t.Errorf("provider: %d refreshes, %d reuse", st.Refreshes, st.RefreshReuse)
+	}
+	// And the connection keeps working: the next refresh redeems the
+	// rescued refresh token.
+	waitUntilStale(t, admin, 500*time.Millisecond)
+	if _, err := admin.uc.Token(context.Background(), conn); err != nil {
+		t.Errorf("refresh after the rescue: %v", err)
+	}
+	for _, secret := range []string{killer.grant.AccessToken.Reveal(), killer.grant.RefreshToken.Reveal()} {
+		if strings.Contains(logs.String(), secret) {
+			t.Error("a token reached the log")
+		}
+	}
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
