@@ -92,6 +92,12 @@ func testThreeApps(t *testing.T, bin string) {
 	if st.RefreshReuse != 0 {
 		t.Errorf("refresh-token reuse = %d", st.RefreshReuse)
 	}
+	// The provider's view of the caches: every refresh revokes the previous
+	// access token, so a process presenting a token older than the newest
+	// would be answered 401 (even if the transport then recovered it).
+	if st.Resource401 != 0 {
+		t.Errorf("the provider answered %d calls 401: a process presented a superseded token", st.Resource401)
+	}
 	expected := demo.ExpectedRefreshes(granted, loadStart, loadEnd, lifetime-skew)
 	if diff := st.Refreshes - int64(expected); diff < -1 || diff > 1 {
 		t.Errorf("refreshes = %d, want %d ±1 (%v of use, %v tokens refreshed %v early)", st.Refreshes, expected,
