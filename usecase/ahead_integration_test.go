@@ -24,7 +24,7 @@ func connectMany(tb testing.TB, w *world, s *stack, n int) []string {
 	names := make([]string, n)
 	connect := di.NewConnectUseCase(s.db, 10*time.Second)
 	var g errgroup.Group
-	g.SetLimit(16)
+	g.SetLimit(32)
 	for i := range names {
 		names[i] = fmt.Sprintf("ahead-%d", i)
 		g.Go(func() error {

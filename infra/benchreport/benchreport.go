@@ -97,7 +97,8 @@ func (r Results) Checks() []Check {
 	const sweep = "ProactiveRefresh"
 	rate, ok1 := r.get(sweep, "conns/s")
 	want, ok2 := r.get(sweep, "target-conns/s")
-	add("proactive sweep: conns/s vs concurrency/latency", fmt.Sprintf("%.0f +-20%%", want), ok1 && ok2, rate, "%.0f/s", rate >= 0.8*want && rate <= 1.2*want)
+	pms, _ := r.get(sweep, "provider-ms")
+	add(fmt.Sprintf("proactive sweep: conns/s vs concurrency / provider latency (%.1f ms seen)", pms), fmt.Sprintf("%.0f/s +-20%%", want), ok1 && ok2, rate, "%.0f/s", rate >= 0.8*want && rate <= 1.2*want)
 	sreuse, ok := r.get(sweep, "reuse")
 	add("proactive sweep: reuse", "0", ok, sreuse, "%.0f", sreuse == 0)
 

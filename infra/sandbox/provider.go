@@ -141,7 +141,7 @@ type Provider struct {
 	// and both would succeed. Refreshes of different grants run in
 	// parallel (one stripe per grant, by hash), like at a real provider;
 	// code exchanges and /resource never take these locks.
-	refreshLocks [64]sync.Mutex
+	refreshLocks [1024]sync.Mutex
 
 	refreshLatency atomic.Int64 // time.Duration
 	refreshFault   atomic.Pointer[func() Fault]
