@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/sandbox"
@@ -114,8 +115,8 @@ func waitUntilStale(t testing.TB, s *stack, skew time.Duration) {
 
 func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 	const (
-		lifespan   = 2 * time.Second
-		skew       = 500 * time.Millisecond
+		lifespan   = 3 * time.Second
+		skew       = time.Second
 		processes  = 3
 		goroutines = 50
 		cycles     = 3
@@ -128,11 +129,17 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 	}
 	w.connect(t, stacks[0])
 
-	// Calls keep flowing from every process between and during the storms.
+	// Calls keep flowing from every process between and during the storms,
+	// through the client the apps use: a call in flight when another
+	// process refreshes meets a 401, which the client recovers.
 	var flowCalls, flowFailures atomic.Int64
 	stop := make(chan struct{})
 	var flow sync.WaitGroup
 	for _, s := range stacks {
+		client, err := apiclient.New(w.srv.URL, s.uc, apiclient.Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
 		flow.Go(func() {
 			for {
 				select {
@@ -140,10 +147,10 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 					return
 				case <-time.After(7 * time.Millisecond):
 				}
-				tok, err := s.uc.Token(context.Background(), conn)
 				flowCalls.Add(1)
-				if err != nil || w.callResource(t, tok.AccessToken.Reveal()) != http.StatusOK {
+				if err := client.Call(context.Background(), conn, "/resource"); err != nil {
 					flowFailures.Add(1)
+					t.Logf("flow call failed: %v", err)
 				}
 			}
 		})
@@ -368,12 +375,21 @@ func TestRevokedGrantMarksNeedsReauthAndStopsCallingProvider(t *testing.T) {
 }
 
 func TestProviderFailuresLeaveTokenUntouched(t *testing.T) {
-	w := newWorld(t, time.Second)
-	s := w.stack(t, usecase.Options{Skew: 500 * time.Millisecond, LockWait: 2 * time.Second, RefreshTimeout: 300 * time.Millisecond})
+	w := newWorld(t, 2*time.Second)
+	s := w.stack(t, usecase.Options{Skew: time.Second, LockWait: 2 * time.Second, RefreshTimeout: 300 * time.Millisecond})
 	w.connect(t, s)
-	waitUntilStale(t, s, 500*time.Millisecond)
+	waitUntilStale(t, s, time.Second)
 	before := mustGet(t, s)
 
+	// Inside the skew the refresh fails, but the stored token has not
+	// expired: it is served.
+	w.provider.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnavailable })
+	if tok, err := s.uc.Token(context.Background(), conn); err != nil || tok.Version != before.Version {
+		t.Fatalf("provider down inside the skew: %v (version %d), want the still-valid token", err, tok.Version)
+	}
+	time.Sleep(time.Until(before.Expiry) + 10*time.Millisecond)
+
+	// Expired: the failures reach the caller, typed.
 	for _, f := range []sandbox.Fault{sandbox.FaultUnavailable, sandbox.FaultTooManyRequests, sandbox.FaultHang} {
 		w.provider.SetRefreshFault(func() sandbox.Fault { return f })
 		start := time.Now()

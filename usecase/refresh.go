@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -117,6 +118,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		out     domain.Token
 		revoked error         // committed as needs_reauth, then returned
 		rotated *domain.Token // the provider's answer, once there is one
+		current domain.Token  // the stored token, as read under the lock
 	)
 	ev := RefreshEvent{ConnectionID: connectionID, Forced: forced}
 	asked := time.Now()
@@ -128,6 +130,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		if err != nil {
 			return err
 		}
+		current = t
 		ev.OldVersion = t.Version
 		if t.Status == domain.StatusNeedsReauth {
 			return needsReauth(t)
@@ -158,8 +161,20 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 			"connection", connectionID, "reason", reason(revoked))
 		u.opts.OnNeedsReauth(connectionID, reason(revoked))
 	}
+	var stillValid error // the transient failure a still-valid token is served through
+	if err != nil && !forced && errors.Is(err, domain.ErrProviderUnavailable) && usable(current, u.opts.Clock.Now()) {
+		// The provider is down or slow, but the stored token has not
+		// expired yet: the skew is there for exactly this. Serve it; it is
+		// not cached as fresh, so the next caller tries again.
+		u.opts.Logger.Warn("token refresh failed; serving the current token until it expires",
+			"connection", connectionID, "version", current.Version,
+			"expires_in", current.Expiry.Sub(u.opts.Clock.Now()).Round(time.Millisecond), "err", err)
+		stillValid, out, err = err, current, nil
+	}
 	switch {
 	case ev.Outcome != "":
+	case stillValid != nil:
+		ev.Outcome = OutcomeTransientError
 	case err == nil:
 		ev.Outcome = OutcomeOK
 	case errors.Is(err, domain.ErrProviderUnavailable):
@@ -167,7 +182,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 	default:
 		ev.Outcome = OutcomeError
 	}
-	ev.NewVersion, ev.Err = out.Version, err
+	ev.NewVersion, ev.Err = out.Version, cmp.Or(err, stillValid)
 	u.observe(ev)
 	if err != nil {
 		return domain.Token{}, err
@@ -258,6 +273,12 @@ func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t dom
 		return domain.Token{}, nil, nil, errors.Join(err, saveErr)
 	}
 	return domain.Token{}, fmt.Errorf("%w: %w", domain.ErrNeedsReauth, err), nil, nil
+}
+
+// usable reports whether t is active and not expired at now (the skew
+// aside).
+func usable(t domain.Token, now time.Time) bool {
+	return t.Status == domain.StatusActive && !t.AccessToken.IsZero() && (t.Expiry.IsZero() || now.Before(t.Expiry))
 }
 
 func needsReauth(t domain.Token) error {

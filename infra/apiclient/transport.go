@@ -1,6 +1,7 @@
 package apiclient
 
 import (
+	"errors"
 	"io"
 	"net/http"
 	"strings"
@@ -40,6 +41,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	next, ferr := t.Tokens.ForceRefresh(req.Context(), t.Connection, tok.Version)
+	if errors.Is(ferr, domain.ErrNeedsReauth) {
+		// The refresh found the grant revoked: that, not the API's 401,
+		// is what the caller must hear.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+		resp.Body.Close()
+		return nil, &tokenError{ferr}
+	}
 	if ferr != nil {
 		// No newer token (rate limited, provider down...): the caller
 		// gets the API's own 401.
