@@ -2,9 +2,14 @@
 GO        ?= go
 PKGS      := ./...
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
+GOVULNCHECK := $(GO) run golang.org/x/vuln/cmd/govulncheck@v1.9.0
+# Vulnerability database (a URL, or file:///dir for an offline mirror).
+GOVULNDB    ?= https://vuln.go.dev
+# VULNCHECK_REQUIRED=1: fail, instead of skipping, when GOVULNDB is unreachable.
+VULNCHECK_REQUIRED ?=
 # Tests use TEST_DATABASE_URL when it is set, otherwise dockertest.
 
-.PHONY: build test test-short lint migrate bench
+.PHONY: build test test-short lint vulncheck migrate bench
 
 build:
 	@mkdir -p bin
@@ -22,6 +27,22 @@ lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
+	@$(MAKE) --no-print-directory vulncheck
+
+# govulncheck against GOVULNDB. Known vulnerabilities in code we call fail
+# it. Only when the database cannot be fetched (no network) is it skipped,
+# loudly, unless VULNCHECK_REQUIRED is set.
+vulncheck:
+	@echo "$(GOVULNCHECK) -db $(GOVULNDB) $(PKGS)"; \
+	out=$$($(GOVULNCHECK) -db $(GOVULNDB) $(PKGS) 2>&1); rc=$$?; \
+	if [ $$rc -ne 0 ] && printf '%s\n' "$$out" | grep -q '^govulncheck: fetching vulnerabilities'; then \
+		printf '%s\n' "$$out" | grep '^govulncheck: fetching vulnerabilities' >&2; \
+		if [ -n "$(VULNCHECK_REQUIRED)" ]; then \
+			echo "govulncheck: vulnerability database $(GOVULNDB) unreachable, and VULNCHECK_REQUIRED is set" >&2; exit 1; \
+		fi; \
+		echo "govulncheck: vulnerability database $(GOVULNDB) unreachable, SKIPPED (not checked)" >&2; exit 0; \
+	fi; \
+	printf '%s\n' "$$out"; exit $$rc
 
 # Applies the migrations to DATABASE_URL.
 migrate: build
@@ -40,3 +61,18 @@ bench:
 .PHONY: demo
 demo: build
 	./bin/demo $(DEMO_FLAGS)
+
+# Renders demo-out/report.html (written by make demo) to demo-out/report.png
+# with headless Chromium (Debian: apt-get install chromium), offline: the
+# page is self-contained, and Chromium's own background traffic is off.
+CHROMIUM ?= chromium
+.PHONY: demo-screenshot
+demo-screenshot:
+	@test -f demo-out/report.html || { echo "demo-out/report.html is missing: run make demo first"; exit 1; }
+	@command -v $(CHROMIUM) >/dev/null || { echo "$(CHROMIUM) not found: apt-get install chromium"; exit 1; }
+	profile=$$(mktemp -d) && trap 'rm -rf "$$profile"' EXIT && \
+	$(CHROMIUM) --headless --no-sandbox --disable-gpu --disable-quic --no-first-run \
+		--disable-background-networking --disable-component-update --disable-sync \
+		--user-data-dir="$$profile" --hide-scrollbars --window-size=1400,900 \
+		--screenshot="$(CURDIR)/demo-out/report.png" "file://$(CURDIR)/demo-out/report.html"
+	@test -s demo-out/report.png && echo "wrote demo-out/report.png"

@@ -3,6 +3,7 @@ package di
 import (
 	"errors"
 	"fmt"
+	"net"
 	"reflect"
 	"regexp"
 	"strings"
@@ -31,6 +32,15 @@ type AppSettings struct {
 	WorkerJobTimeout time.Duration `env:"WORKER_JOB_TIMEOUT" envDefault:"1m"`
 	// LogLevel is debug, info, warn or error.
 	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
+	// LogFormat is json (one object per line, for log pipelines) or text
+	// (logfmt-like key=value lines, for a terminal).
+	LogFormat string `env:"LOG_FORMAT" envDefault:"json"`
+	// MetricsAddr, when set, serves GET /metrics on its own listener (the
+	// server also serves it on HTTP_ADDR).
+	MetricsAddr string `env:"METRICS_ADDR"`
+	// MetricsConnectionLabel adds the connection name as a label of the
+	// refresh counters: one series per connection, for small fleets only.
+	MetricsConnectionLabel bool `env:"METRICS_CONNECTION_LABEL" envDefault:"false"`
 }
 
 // ConfigError is a missing or malformed setting. Its message names the
@@ -87,6 +97,16 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 	case "debug", "info", "warn", "error":
 	default:
 		return AppConfig{}, configErr("LOG_LEVEL must be debug, info, warn or error, got %q", s.LogLevel)
+	}
+	switch strings.ToLower(s.LogFormat) {
+	case "json", "text":
+	default:
+		return AppConfig{}, configErr("LOG_FORMAT must be json or text, got %q", s.LogFormat)
+	}
+	if s.MetricsAddr != "" {
+		if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
+			return AppConfig{}, configErr("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
+		}
 	}
 	return AppConfig{Config: c, AppSettings: s}, nil
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
+	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/queue"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -60,6 +61,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		DB:        sqlDB,
 		OAuth:     a.tokens.OAuth,
 		OAuthHTTP: provider.NewHTTPClient(cfg.RefreshTimeout),
+		Metrics:   a.metrics.Handler(),
 		Log:       log,
 	})
 	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
@@ -121,9 +123,10 @@ type RefreshAhead struct {
 // app is what the three apps share: the token layer, the API client and,
 // for those that use the queue, a pgx pool.
 type app struct {
-	tokens *Tokens
-	api    *apiclient.Client
-	pool   *pgxpool.Pool
+	tokens  *Tokens
+	api     *apiclient.Client
+	pool    *pgxpool.Pool
+	metrics *metrics.Metrics
 }
 
 // newApp opens the shared parts. queueConns > 0 opens the queue's pool
@@ -132,9 +135,20 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	if err := cfg.requireAPI(); err != nil {
 		return nil, nil, err
 	}
-	tokens, closeTokens, err := NewTokens(ctx, cfg.Config, log)
+	m := metrics.New(metrics.Options{ConnectionLabel: cfg.MetricsConnectionLabel, Log: log})
+	tokens, closeTokens, err := NewTokensWith(ctx, cfg.Config, log, TokenOptions{App: name, Metrics: m})
 	if err != nil {
 		return nil, nil, err
+	}
+	m.CountConnections(tokens.Repository)
+	if cfg.MetricsAddr != "" {
+		stopMetrics, err := serveMetrics(cfg.MetricsAddr, m, log)
+		if err != nil {
+			closeTokens()
+			return nil, nil, err
+		}
+		closeAll := closeTokens
+		closeTokens = func() { stopMetrics(); closeAll() }
 	}
 	api, err := apiclient.New(cfg.APIBaseURL, tokens.RefreshToken, apiclient.Options{
 		UserAgent: UserAgent(name),
@@ -144,7 +158,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		closeTokens()
 		return nil, nil, err
 	}
-	a := &app{tokens: tokens, api: api}
+	a := &app{tokens: tokens, api: api, metrics: m}
 	if queueConns == 0 {
 		return a, closeTokens, nil
 	}

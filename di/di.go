@@ -12,6 +12,7 @@ import (
 	"golang.org/x/oauth2"
 	"gorm.io/gorm"
 
+	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/migrations"
@@ -31,6 +32,25 @@ type Tokens struct {
 // NewTokens opens the database (migrating it if cfg says so) and builds the
 // use case. Call the returned cleanup when done.
 func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func(), error) {
+	return NewTokensWith(ctx, cfg, log, TokenOptions{})
+}
+
+// TokenOptions say which app the token layer serves and where its events
+// go. The zero value is an anonymous process without metrics.
+type TokenOptions struct {
+	// App ("server", "worker", "batch") is announced to the provider's
+	// token endpoint as the User-Agent tokenguard-<app>/<version>.
+	App string
+	// Metrics, when set, observes the use case and the change listener.
+	Metrics *metrics.Metrics
+}
+
+// NewTokensWith is NewTokens for an app: log (which should carry the
+// process identity) receives the one line per refresh, o.Metrics counts.
+func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
+	if log == nil {
+		log = slog.Default()
+	}
 	if err := cfg.RequireOAuth(); err != nil {
 		return nil, nil, err
 	}
@@ -50,22 +70,36 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 		return nil, nil, err
 	}
 	oc := OAuth2Config(cfg.OAuth)
-	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(provider.NewRefresher(oc, provider.NewHTTPClient(cfg.RefreshTimeout)), provider.Policy{Log: log}), usecase.Options{
+	tokenHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
+	if o.App != "" {
+		tokenHTTP.Transport = userAgent{base: tokenHTTP.Transport, value: UserAgent(o.App)}
+	}
+	uopts := usecase.Options{
 		Skew:           cfg.RefreshSkew,
 		LockWait:       cfg.LockWait,
 		RefreshTimeout: cfg.RefreshTimeout,
-	}, ropts...)
+		Logger:         log,
+	}
+	var target repository.ChangeTarget
+	if o.Metrics != nil {
+		uopts.Observer = o.Metrics
+	}
+	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(provider.NewRefresher(oc, tokenHTTP), provider.Policy{Log: log}), uopts, ropts...)
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
 	// The cache is trusted only while this listener hears every change
 	// other processes commit.
+	target = uc
+	if o.Metrics != nil {
+		target = listenerGauge{ChangeTarget: uc, m: o.Metrics}
+	}
 	listenCtx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
 	listening := make(chan struct{})
 	go func() {
 		defer close(listening)
-		_ = repository.NewChangeListener(cfg.DatabaseURL, uc, log).Run(listenCtx)
+		_ = repository.NewChangeListener(cfg.DatabaseURL, target, log).Run(listenCtx)
 	}()
 	closeDB := cleanup
 	cleanup = func() {

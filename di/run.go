@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -27,7 +28,9 @@ func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Con
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return 2
 	}
-	log := NewLogger(stderr, cfg.LogLevel).With("app", app)
+	// Every line says which process wrote it: the three apps share one
+	// connection, and "who refreshed" is the first question asked.
+	log := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("app", app, "pid", os.Getpid())
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	return ExitStatus(app, stderr, log, fn(ctx, cfg, log))
@@ -50,10 +53,14 @@ func ExitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
 	return 1
 }
 
-// NewLogger is the apps' logger: text lines on w at level (debug, info,
-// warn, error).
-func NewLogger(w io.Writer, level string) *slog.Logger {
+// NewLogger is the apps' logger on w at level (debug, info, warn, error),
+// as JSON lines or, with format "text", key=value lines.
+func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(strings.ToUpper(level)))
-	return slog.New(slog.NewTextHandler(w, &slog.HandlerOptions{Level: l}))
+	opts := &slog.HandlerOptions{Level: l}
+	if strings.EqualFold(format, "text") {
+		return slog.New(slog.NewTextHandler(w, opts))
+	}
+	return slog.New(slog.NewJSONHandler(w, opts))
 }

@@ -45,7 +45,7 @@ func (b tokenctlBackend) RotateKey(ctx context.Context) (int, int, error) {
 	if cfg.EncryptionKeys == "" {
 		return 0, 0, &tokenctl.ConfigError{Err: errors.New("TOKEN_ENCRYPTION_KEYS is required for rotate-key")}
 	}
-	res, err := Reseal(ctx, cfg, NewLogger(b.logTo, "warn").With("app", "tokenctl"))
+	res, err := Reseal(ctx, cfg, NewLogger(b.logTo, "warn", "text").With("app", "tokenctl"))
 	return res.Resealed, res.Current, err
 }
 

@@ -1,7 +1,8 @@
 // Command demo (make demo) shows tokenguard working for real: the sandbox
 // provider, a fresh database, and the server, worker and batch apps as
 // separate processes under load. It prints a table, writes
-// demo-out/report.json and exits non-zero if any call failed or any refresh
+// demo-out/report.json and demo-out/report.html (a timeline of the run,
+// self-contained) and exits non-zero if any call failed or any refresh
 // token was reused.
 package main
 
@@ -41,7 +42,12 @@ func main() {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-	fmt.Println("report:", path)
+	page := filepath.Join(o.OutDir, "report.html")
+	if err := rep.WriteHTMLFile(page); err != nil {
+		fmt.Fprintln(os.Stderr, "demo:", err)
+		os.Exit(1)
+	}
+	fmt.Println("report:", path, "and", page)
 	if !rep.OK {
 		os.Exit(1)
 	}

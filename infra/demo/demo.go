@@ -95,6 +95,7 @@ type run struct {
 	batchOK   atomic.Int64
 	batchBad  atomic.Int64
 	batchDone chan struct{}
+	fails     failures // per app and second, for the timeline
 }
 
 // Run runs the demo. The report is returned even when the run failed or
@@ -163,6 +164,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		"API_TIMEOUT=5s",
 		"WORKER_JOB_TIMEOUT=15s",
 		"LOG_LEVEL=info",
+		"LOG_FORMAT=json", // the timeline reads the "token refresh" lines
 	)
 	defer r.stopAll(rep) // on every path, including errors and Ctrl-C
 
@@ -197,8 +199,13 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	r.drain(ctx)
 	loadEnd := time.Now()
 	r.stopAll(rep)
+	stopped := time.Now()
 	rep.DurationSeconds = loadEnd.Sub(loadStart).Round(time.Second).Seconds()
 	r.finish(rep, loadStart, loadEnd)
+	if rep.Timeline, err = r.timeline(stopped); err != nil {
+		rep.Problems = append(rep.Problems, "timeline: "+err.Error())
+		rep.OK = false
+	}
 	if err := r.statusTable(); err != nil {
 		rep.Problems = append(rep.Problems, "tokenctl status: "+err.Error())
 		rep.OK = false
@@ -345,6 +352,7 @@ func (r *run) startWorkerAndBatch() error {
 			r.rounds.Add(1)
 			r.batchOK.Add(int64(round.Succeeded))
 			r.batchBad.Add(int64(max(round.Failed, len(round.Errors))))
+			r.fails.add("batch", time.Now(), int64(max(round.Failed, len(round.Errors))))
 		}
 	}()
 	if err := r.start("batch", pw, "--every", r.o.BatchEvery.String()); err != nil {
@@ -371,6 +379,7 @@ func (r *run) load(ctx context.Context) bool {
 					r.serverOK.Add(1)
 				} else if ctx.Err() == nil {
 					r.serverBad.Add(1)
+					r.fails.add("server", time.Now(), 1)
 				}
 				sleep(loadCtx, 10*time.Millisecond)
 			}
@@ -391,6 +400,7 @@ func (r *run) load(ctx context.Context) bool {
 				r.eventsMu.Unlock()
 			} else if ctx.Err() == nil {
 				r.enqBad.Add(1)
+				r.fails.add("server", time.Now(), 1)
 			}
 		}
 	})
@@ -603,4 +613,62 @@ func (rep *Report) WriteJSON(path string) error {
 		return err
 	}
 	return os.WriteFile(path, append(js, '\n'), 0o644)
+}
+
+// timeline gathers the run second by second: the provider's counts per
+// app, the failures seen, and the refreshes each app logged.
+func (r *run) timeline(end time.Time) (*Timeline, error) {
+	apps := []string{"server", "worker", "batch"}
+	t := &Timeline{End: end.UTC(), ProviderRefreshes: map[string]int{}}
+	for _, at := range r.granted {
+		if t.Start.IsZero() || at.Before(t.Start) {
+			t.Start = at.UTC()
+		}
+	}
+	// Failed attempts of the worker's events, from River's table.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	r.eventsMu.Lock()
+	ids := append([]int64(nil), r.eventIDs...)
+	r.eventsMu.Unlock()
+	rows, err := r.db.Query(ctx, `SELECT (e->>'at')::timestamptz FROM river_job j, unnest(j.errors) e WHERE j.id = ANY($1)`, ids)
+	if err != nil {
+		return nil, err
+	}
+	for rows.Next() {
+		var at time.Time
+		if err := rows.Scan(&at); err != nil {
+			rows.Close()
+			return nil, err
+		}
+		r.fails.add("worker", at, 1)
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return nil, err
+	}
+	pids := map[string]int{}
+	for _, app := range apps {
+		if p, ok := r.procs[app]; ok {
+			pids[app] = p.Pid()
+		}
+		f, err := os.Open(filepath.Join(r.o.OutDir, app+".log"))
+		if err != nil {
+			return nil, err
+		}
+		marks, err := ParseRefreshLog(f)
+		f.Close()
+		if err != nil {
+			return nil, err
+		}
+		t.Refreshes = append(t.Refreshes, marks...)
+	}
+	sortMarks(t.Refreshes)
+	tl := r.sb.Timeline()
+	for _, rec := range tl.Refreshes {
+		t.ProviderRefreshes[strings.TrimPrefix(rec.Agent, "tokenguard-")]++
+	}
+	t.Lanes = r.fails.lanes(apps, pids, tl.Resource)
+	t.Tokens = TokenBands(r.granted, t.Refreshes, r.o.TokenLifetime)
+	return t, nil
 }

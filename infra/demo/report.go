@@ -48,6 +48,8 @@ type Report struct {
 	Interrupted         bool                 `json:"interrupted"`
 	Problems            []string             `json:"problems"`
 	OK                  bool                 `json:"ok"`
+	// Timeline is the run second by second (the HTML report's picture).
+	Timeline *Timeline `json:"timeline,omitempty"`
 }
 
 // EventReport follows the events the demo enqueued.

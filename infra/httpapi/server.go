@@ -52,7 +52,9 @@ type Deps struct {
 	OAuth *oauth2.Config
 	// OAuthHTTP is the client for the code exchange (nil: a 10s-timeout client).
 	OAuthHTTP *http.Client
-	Log       *slog.Logger
+	// Metrics serves GET /metrics; nil leaves the route out.
+	Metrics http.Handler
+	Log     *slog.Logger
 }
 
 // ResourcePath is the external API path the apps call.
@@ -85,6 +87,9 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("POST /connections/{name}/events", s.event)
 	mux.HandleFunc("GET /oauth/connect", s.connect)
 	mux.HandleFunc("GET /oauth/callback", s.callback)
+	if s.deps.Metrics != nil {
+		mux.Handle("GET /metrics", s.deps.Metrics)
+	}
 	return mux
 }
 

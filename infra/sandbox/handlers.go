@@ -124,6 +124,7 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.stats.refreshes.Add(1)
+	p.timeline.refreshed(time.Now(), r.UserAgent(), ar.GetID())
 	p.oauth.WriteAccessResponse(ctx, w, ar, resp)
 }
 
@@ -196,6 +197,7 @@ func (p *Provider) handleResource(w http.ResponseWriter, r *http.Request) {
 		use, ar, err := p.oauth.IntrospectToken(r.Context(), token, fosite.AccessToken, new(fosite.DefaultSession))
 		if err == nil && use == fosite.AccessToken {
 			p.stats.resourceAccepted(r.UserAgent())
+			p.timeline.resource(time.Now(), r.UserAgent(), true)
 			writeJSON(w, http.StatusOK, resourceBody{
 				OK:      true,
 				Subject: ar.GetSession().GetSubject(),
@@ -205,6 +207,7 @@ func (p *Provider) handleResource(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	p.stats.resource401.Add(1)
+	p.timeline.resource(time.Now(), r.UserAgent(), false)
 	w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 	writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_token"})
 }

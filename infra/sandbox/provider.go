@@ -146,7 +146,8 @@ type Provider struct {
 	refreshLatency atomic.Int64 // time.Duration
 	refreshFault   atomic.Pointer[func() Fault]
 
-	stats counters
+	stats    counters
+	timeline timeline
 }
 
 // New builds a Provider with its own random HMAC secret and empty store.
@@ -234,6 +235,7 @@ func New(opts Options) (*Provider, error) {
 	p.SetRefreshLatency(opts.RefreshLatency)
 	p.SetRefreshFault(opts.RefreshFault)
 	p.stats.reset()
+	p.timeline.reset()
 	return p, nil
 }
 

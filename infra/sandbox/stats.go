@@ -92,8 +92,9 @@ func (p *Provider) Stats() Stats {
 	return s
 }
 
-// ResetStats zeroes all counters. It does not forget which refresh tokens
+// ResetStats zeroes all counters and empties the Timeline. It does not forget which refresh tokens
 // were rotated away: presenting one later still counts as reuse.
 func (p *Provider) ResetStats() {
 	p.stats.reset()
+	p.timeline.reset()
 }

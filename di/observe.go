@@ -1,0 +1,73 @@
+package di
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+
+	"github.com/tokenguard/tokenguard/infra/metrics"
+	"github.com/tokenguard/tokenguard/repository"
+)
+
+// userAgent names the app in the requests it sends to the token endpoint,
+// as the API client does for the API: the provider (and the demo's
+// timeline) can tell which process refreshed.
+type userAgent struct {
+	base  http.RoundTripper
+	value string
+}
+
+func (u userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
+	r = r.Clone(r.Context()) // a RoundTripper must not change the caller's request
+	r.Header.Set("User-Agent", u.value)
+	return u.base.RoundTrip(r)
+}
+
+// listenerGauge passes the change listener's calls on to the use case and
+// records whether the listener is connected.
+type listenerGauge struct {
+	repository.ChangeTarget
+	m *metrics.Metrics
+}
+
+func (l listenerGauge) TrustCache(trusted bool) {
+	l.ChangeTarget.TrustCache(trusted)
+	l.m.ListenerConnected(trusted)
+}
+
+// serveMetrics serves m at GET /metrics on addr until the returned stop is
+// called. Listening happens now, so a taken address fails the start-up.
+func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("listen on METRICS_ADDR: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", m.Handler())
+	srv := &http.Server{
+		Handler:           mux,
+		ReadHeaderTimeout: 5 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			log.Warn("metrics server stopped", "err", err)
+		}
+	}()
+	log.Info("metrics listening", "addr", ln.Addr().String())
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		if srv.Shutdown(ctx) != nil {
+			_ = srv.Close()
+		}
+		<-done
+	}, nil
+}

@@ -1,0 +1,245 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi"
+	"github.com/tokenguard/tokenguard/infra/metrics"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/infra/testdb"
+)
+
+func TestMain(m *testing.M) { testdb.Main(m) }
+
+// process is one app's token layer, wired by di as the apps wire it, with
+// its metrics served by the server's real /metrics route.
+type process struct {
+	name    string
+	tokens  *di.Tokens
+	metrics *metrics.Metrics
+	scrape  http.Handler
+}
+
+// TestMetricsAgreeWithTheProvider runs two processes against the strict
+// provider across several expiries, then checks what /metrics says
+// against what the provider counted.
+func TestMetricsAgreeWithTheProvider(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	const (
+		lifetime = 1500 * time.Millisecond
+		skew     = 500 * time.Millisecond // a refresh every second per connection
+		load     = 3200 * time.Millisecond
+	)
+	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: lifetime})
+	if err != nil {
+		t.Fatal(err)
+	}
+	psrv := httptest.NewServer(p.Handler())
+	defer psrv.Close()
+	oc := p.OAuth2Config(psrv.URL)
+	cfg, err := di.ConfigFromEnv([]string{
+		"DATABASE_URL=" + testdb.New(t), "OAUTH_TOKEN_URL=" + oc.Endpoint.TokenURL,
+		"OAUTH_CLIENT_ID=" + oc.ClientID, "OAUTH_CLIENT_SECRET=" + oc.ClientSecret,
+		"TOKEN_REFRESH_SKEW=" + skew.String(), "TOKEN_LOCK_WAIT=5s", "TOKEN_REFRESH_TIMEOUT=3s",
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	var procs []*process
+	for _, name := range []string{"server", "worker"} {
+		m := metrics.New(metrics.Options{})
+		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Metrics: m})
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cleanup()
+		m.CountConnections(tokens.Repository)
+		procs = append(procs, &process{name: name, tokens: tokens, metrics: m,
+			scrape: httpapi.New(httpapi.Deps{Metrics: m.Handler()}).Handler()})
+	}
+	conns := []string{"acme", "globex"}
+	for _, name := range conns {
+		tok, err := sandbox.Grant(ctx, oc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := procs[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for _, pr := range procs { // both listeners up: caches trusted
+		eventually(t, func() bool {
+			fams, _ := scrape(t, pr.scrape)
+			return value(fams, "tokenguard_token_listener_connected") == 1
+		}, pr.name+": listener never connected")
+	}
+
+	// Load: each process calls the protected API with its token; a call
+	// answered 401 (its token was revoked by the other process's refresh
+	// while in flight) asks for a newer one, as the API client does.
+	var forced, calls, failed atomic.Int64
+	loadCtx, stop := context.WithTimeout(ctx, load)
+	defer stop()
+	var wg sync.WaitGroup
+	for _, pr := range procs {
+		for g := range 4 {
+			wg.Go(func() {
+				for n := g; loadCtx.Err() == nil; n++ {
+					name := conns[n%len(conns)]
+					tok, err := pr.tokens.RefreshToken.Token(ctx, name)
+					if err != nil {
+						t.Errorf("%s: %v", pr.name, err)
+						return
+					}
+					status := callResource(t, psrv.URL, tok.AccessToken.Reveal())
+					if status == http.StatusUnauthorized {
+						forced.Add(1)
+						if tok, err = pr.tokens.RefreshToken.ForceRefresh(ctx, name, tok.Version); err == nil {
+							status = callResource(t, psrv.URL, tok.AccessToken.Reveal())
+						}
+					}
+					calls.Add(1)
+					if status != http.StatusOK {
+						failed.Add(1)
+					}
+					time.Sleep(5 * time.Millisecond)
+				}
+			})
+		}
+	}
+	wg.Wait()
+	st := p.Stats()
+	t.Logf("%d calls, %d failed, %d forced; provider: %d refreshes, %d reuse, %d × 401", calls.Load(), failed.Load(), forced.Load(), st.Refreshes, st.RefreshReuse, st.Resource401)
+	if st.Refreshes < 4 || st.RefreshReuse != 0 || failed.Load() != 0 {
+		t.Fatalf("the run itself went wrong: %+v, %d failed calls", st, failed.Load())
+	}
+
+	// Every notification reaches both processes (each hears its own too).
+	for _, pr := range procs {
+		eventually(t, func() bool {
+			fams, _ := scrape(t, pr.scrape)
+			return value(fams, "tokenguard_token_invalidations_total") >= float64(st.Refreshes)
+		}, pr.name+": invalidations fewer than refreshes")
+	}
+
+	var okSum, forcedSum float64
+	byAgent := map[string]int{}
+	for _, r := range p.Timeline().Refreshes {
+		byAgent[r.Agent]++
+	}
+	for _, pr := range procs {
+		fams, body := scrape(t, pr.scrape)
+		ok := value(fams, "tokenguard_token_refreshes_total", "outcome", "ok")
+		all := value(fams, "tokenguard_token_refreshes_total")
+		called := ok + value(fams, "tokenguard_token_refreshes_total", "outcome", "transient_error") +
+			value(fams, "tokenguard_token_refreshes_total", "outcome", "invalid_grant")
+		okSum += ok
+		forcedSum += value(fams, "tokenguard_token_forced_refresh_requests_total")
+		// The provider saw this process's User-Agent on exactly its refreshes.
+		if got := byAgent["tokenguard-"+pr.name]; float64(got) != ok {
+			t.Errorf("%s: refreshes{outcome=ok} = %v, the provider saw %d from tokenguard-%s", pr.name, ok, got, pr.name)
+		}
+		if got := value(fams, "tokenguard_token_lock_wait_seconds"); got != all || all == 0 {
+			t.Errorf("%s: %v lock waits for %v passes through the lock", pr.name, got, all)
+		}
+		if got := value(fams, "tokenguard_provider_refresh_duration_seconds"); got != called {
+			t.Errorf("%s: %v provider latencies for %v provider calls", pr.name, got, called)
+		}
+		if hit, miss := value(fams, "tokenguard_token_cache_lookups_total", "result", "hit"), value(fams, "tokenguard_token_cache_lookups_total", "result", "miss"); hit <= miss || miss == 0 {
+			t.Errorf("%s: cache hits %v, misses %v", pr.name, hit, miss)
+		}
+		if a, n := value(fams, "tokenguard_connections", "status", "active"), value(fams, "tokenguard_connections", "status", "needs_reauth"); a != 2 || n != 0 {
+			t.Errorf("%s: connections active=%v needs_reauth=%v, want 2 and 0", pr.name, a, n)
+		}
+		for _, name := range conns {
+			if strings.Contains(body, name) {
+				t.Errorf("%s: connection %q is a label by default", pr.name, name)
+			}
+		}
+		assertNoSecret(t, body, procs[0].tokens, conns)
+	}
+	if okSum != float64(st.Refreshes) {
+		t.Errorf("refreshes{outcome=ok} over both processes = %v, provider counted %d", okSum, st.Refreshes)
+	}
+	if forcedSum != float64(forced.Load()) {
+		t.Errorf("forced refresh requests = %v, callers asked %d times", forcedSum, forced.Load())
+	}
+
+	// The provider revokes the grants; at its next refresh acme is found
+	// dead and moves to needs_reauth, in the gauge of both processes.
+	p.RevokeAll()
+	tok, err := procs[0].tokens.Repository.Get(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(time.Until(tok.Expiry.Add(-tok.EffectiveSkew(skew))) + 10*time.Millisecond)
+	if _, err := procs[0].tokens.RefreshToken.Token(ctx, "acme"); !errors.Is(err, domain.ErrNeedsReauth) {
+		t.Fatalf("after RevokeAll: %v, want needs reauth", err)
+	}
+	for i, pr := range procs {
+		fams, _ := scrape(t, pr.scrape)
+		if a, n := value(fams, "tokenguard_connections", "status", "active"), value(fams, "tokenguard_connections", "status", "needs_reauth"); a != 1 || n != 1 {
+			t.Errorf("%s: connections active=%v needs_reauth=%v, want 1 and 1", pr.name, a, n)
+		}
+		want := 0.0
+		if i == 0 {
+			want = 1
+		}
+		if got := value(fams, "tokenguard_token_refreshes_total", "outcome", "invalid_grant"); got != want {
+			t.Errorf("%s: refreshes{outcome=invalid_grant} = %v, want %v", pr.name, got, want)
+		}
+	}
+}
+
+func callResource(t *testing.T, base, accessToken string) int {
+	req, _ := http.NewRequest(http.MethodGet, base+"/resource", nil)
+	req.Header.Set("Authorization", "Bearer "+accessToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Errorf("resource: %v", err)
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+// assertNoSecret fails if body holds any stored token value.
+func assertNoSecret(t *testing.T, body string, tokens *di.Tokens, conns []string) {
+	t.Helper()
+	for _, name := range conns {
+		tok, err := tokens.Repository.Get(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range []domain.Secret{tok.AccessToken, tok.RefreshToken} {
+			if v := s.Reveal(); len(v) < 8 || strings.Contains(body, v) {
+				t.Fatalf("a token of %s is in /metrics (or too short to check)", name)
+			}
+		}
+	}
+}
+
+func eventually(t *testing.T, cond func() bool, msg string) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal(msg)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
