@@ -14,6 +14,7 @@ import (
 // Prometheus observer the apps use: every call counts a cache lookup. Run
 // together with BenchmarkTokenHot (-bench TokenHot) to compare.
 func BenchmarkTokenHotMetrics(b *testing.B) {
+	quiet(b)
 	w := newWorld(b, time.Hour)
 	plain, pq := w.listeningStack(b, usecase.Options{})
 	observed, oq := w.listeningStack(b, usecase.Options{Observer: metrics.New(metrics.Options{})})

@@ -91,8 +91,9 @@ func (r Results) Checks() []Check {
 	conns, ok := r.get(storm, "db-conns-peak/op")
 	add("storm: peak database connections", "<= 3", ok, conns, "%.0f", conns <= 3)
 	p99, ok1 := r.get(storm, "p99-wait-ms")
-	lat, ok2 := r.get(storm, "provider-latency-ms")
-	add(fmt.Sprintf("storm: p99 wait (provider latency %.0f ms)", lat), fmt.Sprintf("<= %.0f ms", lat+5), ok1 && ok2, p99, "%.1f ms", p99 <= lat+5)
+	lat, ok2 := r.get(storm, "provider-ms") // as the client saw it
+	nominal, _ := r.get(storm, "provider-latency-ms")
+	add(fmt.Sprintf("storm: p99 wait (provider %.0f ms configured, %.1f ms seen)", nominal, lat), fmt.Sprintf("<= %.1f ms", lat+5), ok1 && ok2, p99, "%.1f ms", p99 <= lat+5)
 
 	const sweep = "ProactiveRefresh"
 	rate, ok1 := r.get(sweep, "conns/s")
