@@ -12,7 +12,6 @@ import (
 	"os"
 
 	"github.com/tokenguard/tokenguard/di"
-	"github.com/tokenguard/tokenguard/infra/batch"
 )
 
 func main() {
@@ -33,7 +32,7 @@ func main() {
 			return err
 		}
 		defer cleanup()
-		if err := runner.Run(ctx, *every); errors.Is(err, batch.ErrFailed) {
+		if err := runner.Run(ctx, *every); errors.Is(err, di.ErrBatchFailed) {
 			return di.ExitCode(1)
 		} else if err != nil {
 			return err

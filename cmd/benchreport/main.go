@@ -1,22 +1,22 @@
 // Command benchreport reads `go test -bench` output on stdin and prints the
 // table of figures against the performance targets (make bench). It exits 1
-// when a target is missed. A developer tool, not an app: nothing to wire.
+// when a target is missed.
 package main
 
 import (
 	"fmt"
 	"os"
 
-	"github.com/tokenguard/tokenguard/infra/benchreport"
+	"github.com/tokenguard/tokenguard/di"
 )
 
 func main() {
-	r, err := benchreport.Read(os.Stdin)
+	met, err := di.BenchReport(os.Stdin, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(2)
 	}
-	if !benchreport.Write(os.Stdout, r.Checks()) {
+	if !met {
 		os.Exit(1)
 	}
 }

@@ -12,14 +12,13 @@ import (
 	"fmt"
 	"os"
 	"os/signal"
-	"path/filepath"
 	"syscall"
 
-	"github.com/tokenguard/tokenguard/infra/demo"
+	"github.com/tokenguard/tokenguard/di"
 )
 
 func main() {
-	var o demo.Options
+	var o di.DemoOptions
 	flag.DurationVar(&o.Duration, "duration", 0, "load phase (default 30s)")
 	flag.DurationVar(&o.TokenLifetime, "token-lifetime", 0, "access-token lifetime at the sandbox provider (default 3s)")
 	flag.DurationVar(&o.Skew, "skew", 0, "TOKEN_REFRESH_SKEW for the apps (default 1s)")
@@ -31,24 +30,12 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	rep, err := demo.Run(ctx, o, os.Stdout)
+	ok, err := di.RunDemo(ctx, o, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)
 	}
-	rep.PrintTable(os.Stdout)
-	path := filepath.Join(o.OutDir, "report.json")
-	if err := rep.WriteJSON(path); err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
-	}
-	page := filepath.Join(o.OutDir, "report.html")
-	if err := rep.WriteHTMLFile(page); err != nil {
-		fmt.Fprintln(os.Stderr, "demo:", err)
-		os.Exit(1)
-	}
-	fmt.Println("report:", path, "and", page)
-	if !rep.OK {
+	if !ok {
 		os.Exit(1)
 	}
 }

@@ -214,7 +214,12 @@ func testKillWorker(t *testing.T, bin string) {
 }
 
 // advisoryLocks counts granted connection locks (tokenguard's namespace).
-func advisoryLocks(t *testing.T, dbURL string) int {
+func advisoryLocks(t *testing.T, dbURL string) int { return connectionLocks(t, dbURL, true) }
+
+// lockWaiters counts connection-lock requests still waiting.
+func lockWaiters(t *testing.T, dbURL string) int { return connectionLocks(t, dbURL, false) }
+
+func connectionLocks(t *testing.T, dbURL string, granted bool) int {
 	t.Helper()
 	ctx := context.Background()
 	c, err := pgx.Connect(ctx, dbURL)
@@ -223,9 +228,9 @@ func advisoryLocks(t *testing.T, dbURL string) int {
 	}
 	defer c.Close(ctx)
 	var n int
-	err = c.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+	err = c.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = $2
 		AND classid = $1 AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		0x746b6764).Scan(&n)
+		0x746b6764, granted).Scan(&n)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -20,8 +19,6 @@ import (
 	"syscall"
 	"testing"
 	"time"
-
-	"github.com/jackc/pgx/v5"
 
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/infra/demo"
@@ -647,25 +644,6 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	}
 	t.Logf("scanned %d lines (%d at debug level) and %d HTTP answers for %d tokens and %d codes; provider: %d grants, %d refreshes, %d faults, %d rejected, %d reuse",
 		total, debug, responses, len(tokens), len(codes), st.CodeExchanges, st.Refreshes, st.RefreshFaults, st.RefreshRejected, st.RefreshReuse)
-}
-
-// lockWaiters counts connection-lock requests still waiting.
-func lockWaiters(t *testing.T, dbURL string) int {
-	t.Helper()
-	ctx := context.Background()
-	c, err := pgx.Connect(ctx, dbURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Close(ctx)
-	var n int
-	err = c.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted
-		AND classid = $1 AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		0x746b6764).Scan(&n)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return n
 }
 
 // testKillHolderOthersProceed kills the worker with SIGKILL while it holds

@@ -12,8 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tokenguard/tokenguard/infra/demo"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/di"
 )
 
 func main() {
@@ -21,7 +20,7 @@ func main() {
 	lifetime := flag.Duration("access-token-lifetime", 0, "access-token lifetime (default 1h)")
 	clientID := flag.String("client-id", "tokenguard", "the registered client's id")
 	flag.Parse()
-	sb, err := demo.StartSandbox(*addr, sandbox.Options{AccessTokenLifespan: *lifetime, ClientID: *clientID,
+	sb, err := di.StartSandbox(*addr, di.SandboxOptions{AccessTokenLifespan: *lifetime, ClientID: *clientID,
 		ClientSecret: os.Getenv("SANDBOX_CLIENT_SECRET")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox:", err)

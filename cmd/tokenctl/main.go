@@ -1,14 +1,12 @@
-// Command tokenctl is the operator CLI: migrate, import, status.
+// Command tokenctl is the operator CLI: migrate, import, status, rotate-key.
 package main
 
 import (
 	"os"
 
 	"github.com/tokenguard/tokenguard/di"
-	"github.com/tokenguard/tokenguard/infra/tokenctl"
 )
 
 func main() {
-	stdio := tokenctl.IO{Stdin: os.Stdin, Stdout: os.Stdout, Stderr: os.Stderr}
-	os.Exit(tokenctl.Main(os.Args[1:], di.Tokenctl(os.Environ(), os.Stderr), stdio))
+	os.Exit(di.RunTokenctl(os.Args[1:], os.Environ(), os.Stdin, os.Stdout, os.Stderr))
 }
