@@ -204,8 +204,9 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 }
 
 // jsonCause keeps a decoding error free of input: syntax and type errors
-// carry only an offset or a field name, but a time's error quotes its value,
-// which is harmless, so only values of other fields need hiding.
+// carry only an offset or a field name; anything else (a time's error
+// quotes the value, which may well be a pasted token) is described without
+// it.
 func jsonCause(err error) error {
 	var syn *json.SyntaxError
 	if errors.As(err, &syn) {
@@ -218,7 +219,7 @@ func jsonCause(err error) error {
 	if errors.Is(err, io.ErrUnexpectedEOF) {
 		return errors.New("truncated JSON")
 	}
-	return err
+	return errors.New("a value does not fit its field (expiry must be RFC 3339)")
 }
 
 func printStatus(w io.Writer, toks []domain.Token, now time.Time) {
