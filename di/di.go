@@ -79,6 +79,13 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		LockWait:       cfg.LockWait,
 		RefreshTimeout: cfg.RefreshTimeout,
 		Logger:         log,
+		// The process that found the grant revoked tells the operator
+		// what to do; tokenctl status shows the state and the reason.
+		OnNeedsReauth: func(connectionID, reason string) {
+			log.Warn("operator action needed: connect it again with tokenctl import or /oauth/connect",
+				"connection", connectionID, "reason", reason,
+				"connect_path", "/oauth/connect?connection="+connectionID)
+		},
 	}
 	var target repository.ChangeTarget
 	if o.Metrics != nil {

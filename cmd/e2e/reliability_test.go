@@ -29,6 +29,7 @@ import (
 // apps log text or JSON, so only the message is matched.
 const (
 	markedLine = `connection needs re-authorisation: the provider rejected its grant`
+	hookLine   = `operator action needed: connect it again`
 	retryLine  = `token refresh failed, retrying`
 )
 
@@ -316,6 +317,10 @@ func testRevokedGrantOnce(t *testing.T, bin string) {
 
 	if marks != 1 {
 		t.Errorf("%d needs-reauth log lines, want exactly 1:\n%s", marks, strings.Join(markLines, "\n"))
+	}
+	// The apps' OnNeedsReauth hook tells the operator what to do, once.
+	if hooks, hookLines := appLines(hookLine, server, worker, batchApp); hooks != 1 {
+		t.Errorf("the OnNeedsReauth hook fired %d times, want exactly 1:\n%s", hooks, strings.Join(hookLines, "\n"))
 	}
 	if n := st1.RefreshRejected - st0.RefreshRejected; n != 1 {
 		t.Errorf("%d refresh requests rejected after the revocation, want exactly 1", n)
