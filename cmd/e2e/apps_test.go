@@ -5,7 +5,6 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -13,7 +12,6 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tokenguard/tokenguard/infra/demo"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
 )
 
 const (
@@ -121,21 +119,9 @@ func testThreeApps(t *testing.T, bin string) {
 // connection's refresh lock and its refresh request is at the provider,
 // then restarts it.
 func testKillWorker(t *testing.T, bin string) {
-	// The provider holds the next refresh request once armed, until told
-	// to answer; it then answers 503 so nothing is rotated, as when the
-	// dying process's request never got through.
-	var armed atomic.Bool
-	hit := make(chan struct{})
-	release := make(chan struct{})
-	fault := func() sandbox.Fault {
-		if !armed.CompareAndSwap(true, false) {
-			return sandbox.FaultNone
-		}
-		close(hit)
-		<-release
-		return sandbox.FaultUnavailable
-	}
-	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: fault,
+	// The provider holds the worker's refresh request until the kill.
+	held := newHeldRefresh()
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: held.fault,
 		// Events of a dead worker are retried 3+2+2 = 7s after they started.
 		extraEnv: []string{"WORKER_JOB_TIMEOUT=3s"}})
 	s.migrate()
@@ -149,11 +135,11 @@ func testKillWorker(t *testing.T, bin string) {
 
 	// Only the worker uses the token now, so the next refresh is its own.
 	d.pause.Lock()
-	armed.Store(true)
+	held.armed.Store(true)
 	select {
-	case <-hit:
+	case <-held.hit:
 	case <-time.After(2 * lifetime):
-		close(release)
+		held.let()
 		d.pause.Unlock()
 		t.Fatal("no refresh reached the provider")
 	}
@@ -164,7 +150,7 @@ func testKillWorker(t *testing.T, bin string) {
 		t.Fatal(err)
 	}
 	worker.Wait()
-	close(release)
+	held.let()
 	waitFor(t, 5*time.Second, "the dead worker's refresh lock was not released", func() bool { return advisoryLocks(t, s.dbURL) == 0 })
 	d.pause.Unlock()
 	worker2 := s.start("worker")

@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -332,3 +333,29 @@ func tail(s string, n int) string {
 	}
 	return s
 }
+
+// heldRefresh is a provider fault that, once armed, holds the next refresh
+// request until released and then answers 503, so nothing is rotated: as
+// when the dying process's request never got through.
+type heldRefresh struct {
+	armed   atomic.Bool
+	hit     chan struct{} // closed when the held request arrived
+	release chan struct{}
+	once    sync.Once
+}
+
+func newHeldRefresh() *heldRefresh {
+	return &heldRefresh{hit: make(chan struct{}), release: make(chan struct{})}
+}
+
+func (h *heldRefresh) fault() sandbox.Fault {
+	if !h.armed.CompareAndSwap(true, false) {
+		return sandbox.FaultNone
+	}
+	close(h.hit)
+	<-h.release
+	return sandbox.FaultUnavailable
+}
+
+// let answers the held request (safe to call more than once).
+func (h *heldRefresh) let() { h.once.Do(func() { close(h.release) }) }

@@ -657,20 +657,9 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 // token within TOKEN_LOCK_WAIT of the kill, without a failure.
 func testKillHolderOthersProceed(t *testing.T, bin string) {
 	const lockWait = 4 * time.Second // newStack's TOKEN_LOCK_WAIT
-	var armed atomic.Bool
-	hit := make(chan struct{})
-	release := make(chan struct{})
-	fault := func() sandbox.Fault {
-		if !armed.CompareAndSwap(true, false) {
-			return sandbox.FaultNone
-		}
-		close(hit)
-		<-release // the worker's request, until the test ends
-		return sandbox.FaultUnavailable
-	}
-	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: fault})
-	var once sync.Once
-	t.Cleanup(func() { once.Do(func() { close(release) }) }) // before the sandbox closes
+	held := newHeldRefresh()         // the worker's request, until the test ends
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: held.fault})
+	t.Cleanup(held.let) // before the sandbox closes
 	s.migrate()
 	const conn = "acme"
 	s.importGrant(conn)
@@ -693,9 +682,9 @@ func testKillHolderOthersProceed(t *testing.T, bin string) {
 			}
 		}
 	})
-	armed.Store(true)
+	held.armed.Store(true)
 	select {
-	case <-hit:
+	case <-held.hit:
 	case <-time.After(3 * lifetime):
 		t.Fatal("no refresh reached the provider")
 	}
