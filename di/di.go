@@ -12,6 +12,7 @@ import (
 	"golang.org/x/oauth2"
 	"gorm.io/gorm"
 
+	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -171,6 +172,14 @@ func (s TokenStore) InLock(ctx context.Context, connectionID string, wait, hold 
 }
 
 // TryInLock implements usecase.AheadStore on top of the repository.
+// InLockUnless implements the use case's port on top of the repository's.
+func (s TokenStore) InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
+	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
+	return s.TokenRepository.InLockUnless(ctx, connectionID, wait, hold, settled, func(ctx context.Context, l *repository.LockedTokens) error {
+		return fn(ctx, l)
+	})
+}
+
 func (s TokenStore) TryInLock(ctx context.Context, connectionID string, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
 	return s.TokenRepository.TryInLock(ctx, connectionID, hold, func(ctx context.Context, l *repository.LockedTokens) error {

@@ -20,9 +20,11 @@ const lockNamespace int32 = 0x746b6764
 // for a connection that is only being created.
 
 // lockConnections takes the transaction-scoped advisory locks of keys on
-// tx's own connection. It is the only place that calls pg_advisory_xact_lock,
-// and it always locks in ascending key order without duplicates, so two
-// transactions that need overlapping sets of connections cannot deadlock.
+// tx's own connection. With the statements below it is the only place that
+// takes these locks, and it always locks in ascending key order without
+// duplicates, so two transactions that need overlapping sets of
+// connections cannot deadlock. (The statements below lock one connection
+// each, so they have no order to keep.)
 func lockConnections(tx *gorm.DB, keys []int32) error {
 	keys = slices.Clone(keys)
 	slices.Sort(keys)
@@ -44,11 +46,28 @@ func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
 	return len(rows) == 1, err
 }
 
-// tryLockConnectionByName is the non-waiting variant, for sweeps that
-// should skip a connection another process is refreshing rather than queue
-// behind it.
-func tryLockConnectionByName(tx *gorm.DB, name string) (found, locked bool, err error) {
-	var rows []bool
-	err = tx.Raw("SELECT pg_try_advisory_xact_lock(?, id) FROM connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
-	return len(rows) == 1, len(rows) == 1 && rows[0], err
-}
+// The single-connection lock statements that open the pipelined
+// transactions of InLock, InLockUnless and TryInLock (locktx.go), in pgx's
+// placeholder style. Each resolves the key in the statement (an
+// unregistered name gives no row) and answers how the lock is held.
+const (
+	// Wait for the lock.
+	lockByNameSQL = `SELECT CASE WHEN pg_advisory_xact_lock($1, id) IS NOT NULL THEN 1 END
+		FROM connections WHERE name = $2`
+	// Take the lock if it is free.
+	tryLockByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock($1, id) THEN 1 ELSE 0 END
+		FROM connections WHERE name = $2`
+	// Take the lock if it is free; else wait for its holder in shared mode,
+	// beside (not behind) every other transaction waiting the same way.
+	// CASE evaluates its branches in order, and only as far as needed.
+	lockOrAwaitByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock($1, id) THEN 1
+		WHEN pg_advisory_xact_lock_shared($1, id) IS NOT NULL THEN 2 END
+		FROM connections WHERE name = $2`
+)
+
+// How a pipelined transaction holds its connection's lock.
+const (
+	heldNone      = 0 // the lock was taken (TryInLock)
+	heldExclusive = 1
+	heldShared    = 2 // its holder has ended: nobody can change the token now
+)

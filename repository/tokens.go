@@ -99,43 +99,65 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string)
 // transaction commits and a commit failure is returned.
 func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
-	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+hold)
-	defer cancel()
-	var inner error // already mapped, or fn's own
-	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
-		inner = r.lockAndRun(ctx, txCtx, tx, connectionID, wait, fn)
-		return inner
-	})
-	if inner != nil {
-		return inner
+	tx, err := r.beginLocked(ctx, connectionID, lockMode{wait: wait})
+	if err != nil {
+		return err
 	}
-	return storeError(txCtx, "transaction", err) // begin or commit failed
+	return r.runLocked(ctx, tx, hold, fn)
 }
 
-func (r *TokenRepository) lockAndRun(ctx, txCtx context.Context, tx *gorm.DB, connectionID string, wait time.Duration,
+// InLockUnless is InLock for work that the lock's holder may be doing
+// already, such as refreshing the token. If the lock is free, it is InLock.
+// If another transaction holds it, InLockUnless waits for that transaction
+// to end in shared mode, so that every transaction waiting this way wakes
+// at the same moment instead of one after the other, and re-reads the
+// token: if settled says the work is done, it returns that token with done
+// true, and fn does not run. Otherwise (the holder failed, or died) it
+// waits for the lock as InLock does, for what is left of wait, and runs fn.
+func (r *TokenRepository) InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
+	settled func(domain.Token) bool, fn func(context.Context, *LockedTokens) error) (t domain.Token, done bool, err error) {
+	asked := time.Now()
+	tx, err := r.beginLocked(ctx, connectionID, lockMode{share: true, wait: wait})
+	if err != nil {
+		return domain.Token{}, false, err
+	}
+	if tx.held == heldShared {
+		if tx.first != nil {
+			t, err = tx.first.domain(r.sealer)
+			done = err == nil && settled(t)
+		}
+		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = tx.end(endCtx, false) // it only read
+		cancel()
+		if err != nil || done {
+			return t, done, err
+		}
+		rest := wait - time.Since(asked)
+		if wait > 0 && rest <= 0 {
+			return domain.Token{}, false, fmt.Errorf("lock connection %s: %w", connectionID, domain.ErrLockTimeout)
+		}
+		if tx, err = r.beginLocked(ctx, connectionID, lockMode{wait: rest}); err != nil {
+			return domain.Token{}, false, err
+		}
+	}
+	return domain.Token{}, false, r.runLocked(ctx, tx, hold, fn)
+}
+
+// runLocked runs fn in tx and ends tx: fn's error rolls back, nil commits.
+func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
-	if err := setLockTimeout(tx, wait); err != nil {
-		return storeError(ctx, "set lock_timeout", err)
+	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold)
+	defer cancel()
+	defer tx.discard() // fn panicked: the connection may be mid-statement
+	l := &LockedTokens{tx: tx.gorm(r.db, txCtx), sealer: r.sealer, first: tx.first}
+	if err := fn(txCtx, l); err != nil {
+		_ = tx.end(txCtx, false)
+		return err
 	}
-	if err := r.WithAdvisoryLock(tx.WithContext(ctx), connectionID); err != nil {
-		return storeError(ctx, "lock connection "+connectionID, err)
+	if err := tx.end(txCtx, true); err != nil {
+		return storeError(txCtx, "commit", err)
 	}
-	return fn(txCtx, r.locked(tx))
-}
-
-// locked binds the tx-bound store to tx, which holds a connection's lock.
-func (r *TokenRepository) locked(tx *gorm.DB) *LockedTokens {
-	return &LockedTokens{tx: tx, sealer: r.sealer}
-}
-
-// setLockTimeout bounds lock waits for the rest of this transaction only
-// (set_config with is_local=true is SET LOCAL that takes a parameter).
-func setLockTimeout(tx *gorm.DB, wait time.Duration) error {
-	if wait <= 0 {
-		return nil
-	}
-	ms := max(wait.Milliseconds(), 1)
-	return tx.Exec("SELECT set_config('lock_timeout', ?, true)", fmt.Sprintf("%dms", ms)).Error
+	return nil
 }
 
 // LockedTokens is the token store bound to a transaction that holds a
@@ -143,11 +165,18 @@ func setLockTimeout(tx *gorm.DB, wait time.Duration) error {
 type LockedTokens struct {
 	tx     *gorm.DB
 	sealer Sealer
+	first  *tokenRow // read right after the lock was granted, not yet returned
 }
 
 // Get re-reads a token inside the lock: another process may have refreshed
-// it while we waited.
+// it while we waited. The first Get returns the read that came back with
+// the lock, which is just as recent.
 func (l *LockedTokens) Get(ctx context.Context, connectionID string) (domain.Token, error) {
+	first := l.first
+	l.first = nil
+	if first != nil && first.Name == connectionID {
+		return first.domain(l.sealer)
+	}
 	return getToken(ctx, l.tx.WithContext(ctx), l.sealer, connectionID)
 }
 

@@ -110,6 +110,13 @@ func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Du
 	return c.TokenStore.InLock(ctx, id, wait, hold, fn)
 }
 
+func (c countingStore) InLockUnless(ctx context.Context, id string, wait, hold time.Duration, settled func(domain.Token) bool,
+	fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
+	c.enter()
+	defer c.cur.Add(-1)
+	return c.TokenStore.InLockUnless(ctx, id, wait, hold, settled, fn)
+}
+
 // stormClock is the clock the stacks share. expire moves it to just past the
 // stored token's expiry: every process's cache still holds the token and
 // now finds it expired, as at a real expiry, while a token issued during

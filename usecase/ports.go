@@ -23,6 +23,13 @@ type TokenStore interface {
 	// cancelled by ctx. fn's error rolls back; nil commits.
 	InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
+	// InLockUnless is InLock for work the lock's holder may be doing
+	// already: when another transaction holds the lock, it waits for that
+	// one to end (beside, not behind, the other waiters) and, if settled
+	// says the token it then reads needs nothing more, returns it with done
+	// true instead of running fn.
+	InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
+		settled func(domain.Token) bool, fn func(ctx context.Context, s LockedStore) error) (t domain.Token, done bool, err error)
 }
 
 // LockedStore is the store bound to the locked transaction.

@@ -122,24 +122,29 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 	)
 	ev := RefreshEvent{ConnectionID: connectionID, Forced: forced}
 	asked := time.Now()
-	err := u.store.InLock(ctx, connectionID, u.opts.LockWait, u.hold(), func(txCtx context.Context, s LockedStore) error {
-		ev.LockWait = time.Since(asked)
+	// settle takes the stored token as read under the lock: done when it
+	// needs no refresh (another process refreshed it while we waited) or
+	// cannot have one.
+	settled := func(t domain.Token) bool { return t.Status == domain.StatusNeedsReauth || !due(t) }
+	settle := func(t domain.Token) error {
+		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
+		if t.Status == domain.StatusNeedsReauth {
+			return needsReauth(t)
+		}
+		out, ev.Outcome = t, OutcomeSkippedFresh
+		return nil
+	}
+	held, done, err := u.store.InLockUnless(ctx, connectionID, u.opts.LockWait, u.hold(), settled, func(txCtx context.Context, s LockedStore) error {
 		// The re-read is also the liveness check of the transaction: it
 		// runs right before the refresh token is spent.
 		t, err := s.Get(txCtx, connectionID)
 		if err != nil {
 			return err
 		}
-		current = t
-		ev.OldVersion = t.Version
-		if t.Status == domain.StatusNeedsReauth {
-			return needsReauth(t)
+		if settled(t) {
+			return settle(t)
 		}
-		if !due(t) {
-			out = t // another process refreshed while we waited
-			ev.Outcome = OutcomeSkippedFresh
-			return nil
-		}
+		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
 		// Last chance to give up: past this point the refresh token is
 		// spent, and the new one must reach the database whatever the
 		// caller does, so the rest runs under txCtx.
@@ -149,6 +154,9 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		out, revoked, rotated, err = u.redeem(txCtx, s, t, &ev.ProviderLatency)
 		return err
 	})
+	if done {
+		err = settle(held)
+	}
 	if ev.LockWait == 0 {
 		ev.LockWait = time.Since(asked) // never got the lock
 	}

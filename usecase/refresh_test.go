@@ -66,6 +66,12 @@ func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, f
 	return err
 }
 
+// InLockUnless: nobody else holds the fake's lock, so it is InLock.
+func (s *fakeStore) InLockUnless(ctx context.Context, id string, wait, hold time.Duration, _ func(domain.Token) bool,
+	fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
+	return domain.Token{}, false, s.InLock(ctx, id, wait, hold, fn)
+}
+
 func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()

@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -23,16 +24,6 @@ import (
 
 // These tests run the use case on tokens encrypted at rest: a real keyring,
 // a real Postgres and the strict sandbox provider.
-
-// sealedStore adapts the repository to the use case's ports.
-type sealedStore struct{ *repository.TokenRepository }
-
-func (s sealedStore) InLock(ctx context.Context, id string, wait, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) error {
-	return s.TokenRepository.InLock(ctx, id, wait, hold, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
-}
 
 // countingRefresher counts the calls that reach the real refresher.
 type countingRefresher struct {
@@ -80,7 +71,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	useCase := func(opt repository.Option) (*usecase.RefreshTokenUseCase, *countingRefresher) {
 		t.Helper()
 		cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-		uc, err := usecase.NewRefreshTokenUseCase(sealedStore{repository.NewTokenRepository(db, opt)}, cr, usecase.Options{Clock: later{}})
+		uc, err := usecase.NewRefreshTokenUseCase(di.NewTokenStore(db, opt), cr, usecase.Options{Clock: later{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -91,7 +82,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	connect := usecase.NewConnectUseCase(sealedStore{repository.NewTokenRepository(db, ring(k1))}, nil, time.Second)
+	connect := usecase.NewConnectUseCase(di.NewTokenStore(db, ring(k1)), nil, time.Second)
 	if _, err := connect.Connect(ctx, "acme", provider.GrantFrom(tok)); err != nil {
 		t.Fatal(err)
 	}
@@ -129,7 +120,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 				}
 				uc, cr := func() (*usecase.RefreshTokenUseCase, *countingRefresher) {
 					cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-					uc, err := usecase.NewRefreshTokenUseCase(sealedStore{repository.NewTokenRepository(tx, c.opt)}, cr, usecase.Options{Clock: later{}})
+					uc, err := usecase.NewRefreshTokenUseCase(di.NewTokenStore(tx, c.opt), cr, usecase.Options{Clock: later{}})
 					if err != nil {
 						t.Fatal(err)
 					}

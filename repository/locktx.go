@@ -1,0 +1,189 @@
+package repository
+
+import (
+	"context"
+	"database/sql"
+	"database/sql/driver"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// lockTx is the transaction of InLock and TryInLock: one pool connection
+// of its own, on which the transaction is driven explicitly.
+//
+// It opens with one round trip: BEGIN, the lock timeout, the lock and the
+// re-read of the token go to the server together as a pipeline. Before a
+// refresh can start that saves three round trips, and a process woken by
+// the release of the lock gets the token its holder stored in the same
+// answer as the lock. Statements of a pipeline run one after the other and
+// each takes its own snapshot (READ COMMITTED), so the read sees everything
+// committed before the lock was granted.
+type lockTx struct {
+	conn  *sql.Conn
+	held  int       // heldExclusive or heldShared
+	first *tokenRow // the re-read, if the connection has a token
+	ended bool
+}
+
+// lockMode says how beginLocked takes the lock.
+type lockMode struct {
+	try   bool          // take it only if nobody holds it
+	share bool          // take it if free, else wait for its holder (shared)
+	wait  time.Duration // the bound of a wait (lock_timeout); 0: none
+}
+
+// beginLocked acquires a pool connection, begins a transaction and takes
+// connectionID's lock. ctx bounds all of it. It returns a nil lockTx and no
+// error when mode.try found the lock taken.
+func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, mode lockMode) (*lockTx, error) {
+	pool, ok := r.db.Statement.ConnPool.(interface {
+		Conn(context.Context) (*sql.Conn, error)
+	})
+	if !ok {
+		// A lock transaction commits on its own (a rotated token must not
+		// depend on a caller's commit), so it cannot nest in another.
+		return nil, fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connectionID, r.db.Statement.ConnPool)
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return nil, storeError(ctx, "lock connection "+connectionID, err)
+	}
+	tx := &lockTx{conn: conn}
+	var found bool
+	err = conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			return fmt.Errorf("database driver %T is not pgx", dc)
+		}
+		found, tx.held, tx.first, err = pipelineLock(ctx, pc.Conn(), connectionID, mode)
+		return err
+	})
+	if err != nil || !found || tx.held == heldNone {
+		// Roll back even when the caller gave up: the connection goes back
+		// to the pool if it can.
+		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		_ = tx.end(endCtx, false)
+	}
+	switch {
+	case err != nil:
+		return nil, storeError(ctx, "lock connection "+connectionID, err)
+	case !found:
+		return nil, fmt.Errorf("lock connection %s: %w", connectionID, domain.ErrNotFound)
+	case tx.held == heldNone:
+		return nil, nil
+	}
+	return tx, nil
+}
+
+// pipelineLock sends the opening statements of a lockTx in one batch and
+// reads their answers.
+func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) (found bool, held int, first *tokenRow, err error) {
+	var b pgx.Batch
+	b.Queue("BEGIN")
+	if !mode.try && mode.wait > 0 {
+		b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(mode.wait.Milliseconds(), 1)))
+	}
+	lockSQL := lockByNameSQL
+	switch {
+	case mode.try:
+		lockSQL = tryLockByNameSQL
+	case mode.share:
+		lockSQL = lockOrAwaitByNameSQL
+	}
+	b.Queue(lockSQL, lockNamespace, name).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			found = true
+			if err := rows.Scan(&held); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	b.Queue(selectToken+" WHERE c.name = $1", name).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			var t tokenRow
+			if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
+				&t.Expiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt); err != nil {
+				return err
+			}
+			first = &t
+		}
+		return rows.Err()
+	})
+	if err := c.SendBatch(ctx, &b).Close(); err != nil {
+		return false, heldNone, nil, err
+	}
+	if held == heldNone {
+		first = nil // read without the lock: worth nothing
+	}
+	return found, held, first, nil
+}
+
+// gorm binds a GORM session to the transaction's connection.
+func (tx *lockTx) gorm(db *gorm.DB, ctx context.Context) *gorm.DB {
+	g := db.Session(&gorm.Session{NewDB: true, Context: ctx}) // Context: a statement of its own
+	g.Statement.ConnPool = tx.conn
+	return g
+}
+
+// end commits or rolls back and gives the connection back to the pool. A
+// connection whose transaction did not end cleanly (the database went
+// away, the commit failed, the transaction was aborted) is closed rather
+// than pooled: it might still hold the lock. It returns the error of the
+// COMMIT or ROLLBACK.
+func (tx *lockTx) end(ctx context.Context, commit bool) error {
+	if tx.ended {
+		return nil
+	}
+	tx.ended = true
+	stmt := "ROLLBACK"
+	if commit {
+		stmt = "COMMIT"
+	}
+	var err error
+	_ = tx.conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			err = fmt.Errorf("database driver %T is not pgx", dc)
+			return driver.ErrBadConn
+		}
+		var tag pgconn.CommandTag
+		tag, err = pc.Conn().Exec(ctx, stmt)
+		if err == nil && commit && tag.String() != "COMMIT" {
+			// Postgres answers COMMIT of an aborted transaction with ROLLBACK.
+			err = errCommitRolledBack
+		}
+		if err != nil || pc.Conn().PgConn().TxStatus() != 'I' {
+			return driver.ErrBadConn // closes it
+		}
+		return nil
+	})
+	_ = tx.conn.Close()
+	return err
+}
+
+// discard closes the connection without ending the transaction; the
+// server rolls it back and releases the lock. For the paths that cannot
+// trust the connection any more (a panic in the callback).
+func (tx *lockTx) discard() {
+	if tx.ended {
+		return
+	}
+	tx.ended = true
+	_ = tx.conn.Raw(func(any) error { return driver.ErrBadConn })
+	_ = tx.conn.Close()
+}
+
+// rollbackTimeout bounds the ROLLBACK of a transaction whose caller has
+// gone; past it the connection is closed instead.
+const rollbackTimeout = 2 * time.Second
+
+var errCommitRolledBack = errors.New("commit rolled back: the transaction had failed")
