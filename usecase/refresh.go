@@ -217,6 +217,12 @@ func (u *RefreshTokenUseCase) rescue(connectionID string, rotated domain.Token, 
 			if err != nil {
 				return err
 			}
+			if now.Version > rotated.Version && now.RefreshToken.Equal(rotated.RefreshToken) {
+				// The failed commit had in fact gone through (its answer was
+				// lost): the rotated token is stored.
+				out = now
+				return nil
+			}
 			if now.Version != rotated.Version {
 				return backoff.Permanent(fmt.Errorf("%w: stored version is %d", domain.ErrConflict, now.Version))
 			}

@@ -3,6 +3,8 @@ package usecase_test
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -28,6 +30,9 @@ type fakeStore struct {
 	// failCommits makes that many otherwise successful transactions fail
 	// at commit (and roll back).
 	failCommits int
+	// lostCommits makes that many transactions commit but report failure,
+	// as when the answer to COMMIT is lost with the connection.
+	lostCommits int
 	// beforeRelock runs after the lock is taken and before the re-read,
 	// to simulate another process finishing a refresh while we waited.
 	beforeRelock func(*domain.Token)
@@ -56,6 +61,10 @@ func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, f
 	err := fn(context.WithoutCancel(ctx), s)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err == nil && s.lostCommits > 0 {
+		s.lostCommits--
+		return errors.New("commit: connection reset (outcome unknown)")
+	}
 	if err == nil && s.failCommits > 0 {
 		s.failCommits--
 		err = errors.New("commit failed: connection reset")
@@ -308,6 +317,30 @@ func TestRotatedTokenSurvivesFailedCommit(t *testing.T) {
 	}
 	if tok.RefreshToken.Reveal() != "rt-2" || store.tok.RefreshToken.Reveal() != "rt-2" || store.tok.Version != 2 {
 		t.Errorf("rotated token not persisted: stored %q v%d", store.tok.RefreshToken.Reveal(), store.tok.Version)
+	}
+}
+
+// The commit went through but its answer was lost: the rescue finds the
+// rotated token stored and says so, instead of reporting it dropped or
+// storing it twice.
+func TestRescueRecognisesACommitWhoseAnswerWasLost(t *testing.T) {
+	uc, store, ref, clock := setup(t, 0)
+	store.lostCommits = 1
+	var logs syncBuffer
+	uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Skew: 30 * time.Second, Clock: clock,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := uc.Token(context.Background(), "acme")
+	if err != nil {
+		t.Fatalf("Token: %v", err)
+	}
+	if ref.calls != 1 || len(store.saves) != 1 || store.tok.Version != 2 || tok.Version != 2 || tok.RefreshToken.Reveal() != "rt-2" {
+		t.Errorf("provider calls %d, saves %d, stored v%d, got v%d", ref.calls, len(store.saves), store.tok.Version, tok.Version)
+	}
+	if strings.Contains(logs.String(), "dropped") {
+		t.Errorf("reported a stored token as dropped:\n%s", logs.String())
 	}
 }
 
