@@ -61,6 +61,7 @@ type Check struct {
 	Target string
 	Met    bool
 	Found  bool
+	Info   bool // context for the targets, not a target itself
 }
 
 // Checks evaluates the targets of the performance issue.
@@ -90,10 +91,21 @@ func (r Results) Checks() []Check {
 	add("storm: refresh-token reuse", "0", ok, reuse, "%.0f", reuse == 0)
 	conns, ok := r.get(storm, "db-conns-peak/op")
 	add("storm: peak database connections", "<= 3", ok, conns, "%.0f", conns <= 3)
-	p99, ok1 := r.get(storm, "p99-wait-ms")
+	p99, p99ok := r.get(storm, "p99-wait-ms")
 	lat, ok2 := r.get(storm, "provider-ms") // as the client saw it
 	nominal, _ := r.get(storm, "provider-latency-ms")
-	add(fmt.Sprintf("storm: p99 wait (provider %.0f ms configured, %.1f ms seen)", nominal, lat), fmt.Sprintf("<= %.1f ms", lat+5), ok1 && ok2, p99, "%.1f ms", p99 <= lat+5)
+	add(fmt.Sprintf("storm: p99 wait (provider %.0f ms configured, %.1f ms seen)", nominal, lat), fmt.Sprintf("<= %.1f ms", lat+5), p99ok && ok2, p99, "%.1f ms", p99 <= lat+5)
+	// The same storm with nothing but the provider call, run right after
+	// each one: what the machine makes of waiting for the provider.
+	info := func(what string, found bool, value float64, format string) {
+		add(what, "-", found, value, format, true)
+		out[len(out)-1].Info = true
+	}
+	p50, ok1 := r.get(storm, "p50-wait-ms")
+	base50, ok2 := r.get(storm, "baseline-p50-ms")
+	info(fmt.Sprintf("storm: p50 wait over the provider-only storm's p50 (%.1f ms)", base50), ok1 && ok2, p50-base50, "+%.1f ms")
+	base99, ok2 := r.get(storm, "baseline-p99-ms")
+	info(fmt.Sprintf("storm: p99 wait over the provider-only storm's p99 (%.1f ms)", base99), p99ok && ok2, p99-base99, "+%.1f ms")
 
 	const sweep = "ProactiveRefresh"
 	rate, ok1 := r.get(sweep, "conns/s")
@@ -120,10 +132,12 @@ func Write(w io.Writer, checks []Check) bool {
 		switch {
 		case !c.Found:
 			met, c.Value = "not run", "-"
+		case c.Info:
+			met = "info"
 		case !c.Met:
 			met = "NO"
 		}
-		all = all && c.Met
+		all = all && (c.Met || c.Info)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\n", c.What, c.Value, c.Target, met)
 	}
 	_ = tw.Flush()
