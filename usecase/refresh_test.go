@@ -324,7 +324,7 @@ func TestRotatedTokenSurvivesFailedCommit(t *testing.T) {
 // rotated token stored and says so, instead of reporting it dropped or
 // storing it twice.
 func TestRescueRecognisesACommitWhoseAnswerWasLost(t *testing.T) {
-	uc, store, ref, clock := setup(t, 0)
+	_, store, ref, clock := setup(t, 0)
 	store.lostCommits = 1
 	var logs syncBuffer
 	uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Skew: 30 * time.Second, Clock: clock,
