@@ -108,15 +108,9 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) 
 		return rows.Err()
 	})
 	b.Queue(selectToken+" WHERE c.name = $1", name).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			var t tokenRow
-			if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
-				&t.Expiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt); err != nil {
-				return err
-			}
-			first = &t
-		}
-		return rows.Err()
+		var err error
+		first, err = scanTokenRow(rows)
+		return err
 	})
 	if err := c.SendBatch(ctx, &b).Close(); err != nil {
 		return false, heldNone, nil, err
@@ -170,6 +164,57 @@ func (tx *lockTx) end(ctx context.Context, commit bool) error {
 	return err
 }
 
+// writeAndCommit runs a write that returns at most one tokenRow and
+// commits, in one round trip. It returns a nil row if nothing was written.
+// If the write fails, the transaction is left to be rolled back.
+func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (row *tokenRow, err error) {
+	if tx.ended {
+		return nil, errTxEnded
+	}
+	_ = tx.conn.Raw(func(dc any) error {
+		pc, ok := dc.(interface{ Conn() *pgx.Conn })
+		if !ok {
+			err = fmt.Errorf("database driver %T is not pgx", dc)
+			return nil
+		}
+		var b pgx.Batch
+		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
+			var err error
+			row, err = scanTokenRow(rows)
+			return err
+		})
+		var tag pgconn.CommandTag
+		b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
+		err = pc.Conn().SendBatch(ctx, &b).Close()
+		if err == nil && tag.String() != "COMMIT" {
+			// Postgres answers COMMIT of an aborted transaction with ROLLBACK.
+			err = errCommitRolledBack
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err // end rolls back, or closes a broken connection
+	}
+	tx.ended = true
+	_ = tx.conn.Close()
+	return row, nil
+}
+
+// scanTokenRow reads the one row of a selectToken or tokenColumns query,
+// if there is one.
+func scanTokenRow(rows pgx.Rows) (*tokenRow, error) {
+	var row *tokenRow
+	for rows.Next() {
+		var t tokenRow
+		if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
+			&t.Expiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt); err != nil {
+			return nil, err
+		}
+		row = &t
+	}
+	return row, rows.Err()
+}
+
 // discard closes the connection without ending the transaction; the
 // server rolls it back and releases the lock. For the paths that cannot
 // trust the connection any more (a panic in the callback).
@@ -186,4 +231,7 @@ func (tx *lockTx) discard() {
 // gone; past it the connection is closed instead.
 const rollbackTimeout = 2 * time.Second
 
-var errCommitRolledBack = errors.New("commit rolled back: the transaction had failed")
+var (
+	errCommitRolledBack = errors.New("commit rolled back: the transaction had failed")
+	errTxEnded          = errors.New("the locked transaction has ended: its write committed it")
+)

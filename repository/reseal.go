@@ -90,7 +90,7 @@ func (r *TokenRepository) resealOne(ctx context.Context, connectionID string, wa
 	resealed := false
 	err := r.InLock(ctx, connectionID, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
 		var rows []storedRow
-		err := l.tx.WithContext(ctx).Raw(`
+		err := l.db.WithContext(ctx).Raw(`
 SELECT c.id, c.name, t.access_token, t.refresh_token
 FROM tokens t JOIN connections c ON c.id = t.connection_id
 WHERE c.name = ?`, connectionID).Find(&rows).Error
@@ -108,7 +108,7 @@ WHERE c.name = ?`, connectionID).Find(&rows).Error
 		if err != nil {
 			return err
 		}
-		err = l.tx.WithContext(ctx).Exec(`UPDATE tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
+		err = l.db.WithContext(ctx).Exec(`UPDATE tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
 			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), rows[0].ID).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)

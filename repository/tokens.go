@@ -28,10 +28,15 @@ func NewTokenRepository(db *gorm.DB, opts ...Option) *TokenRepository {
 	return r
 }
 
+// selectToken reads tokenRows, its columns in scanTokenRow's order.
 const selectToken = `
 SELECT c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at
 FROM tokens t JOIN connections c ON c.id = t.connection_id`
+
+// tokenColumns are the same columns, of a write's result u.
+const tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
+       u.expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at`
 
 // Get reads a connection's token without locking: readers never wait on a
 // refresh in progress.
@@ -95,7 +100,8 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string)
 // reported as domain.ErrLockTimeout). Once the lock is held the transaction
 // no longer follows ctx: fn gets a context bounded by hold instead, so a
 // caller that gives up cannot roll back a token fn already obtained from the
-// provider. fn's error rolls back and is returned as is; otherwise the
+// provider. fn's error rolls back what fn did before a write (LockedTokens'
+// Save and Put commit at once) and is returned as is; otherwise the
 // transaction commits and a commit failure is returned.
 func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
@@ -149,9 +155,9 @@ func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.D
 	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold)
 	defer cancel()
 	defer tx.discard() // fn panicked: the connection may be mid-statement
-	l := &LockedTokens{tx: tx.gorm(r.db, txCtx), sealer: r.sealer, first: tx.first}
+	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first}
 	if err := fn(txCtx, l); err != nil {
-		_ = tx.end(txCtx, false)
+		_ = tx.end(txCtx, false) // a write that committed stays
 		return err
 	}
 	if err := tx.end(txCtx, true); err != nil {
@@ -162,8 +168,15 @@ func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.D
 
 // LockedTokens is the token store bound to a transaction that holds a
 // connection's advisory lock. It is valid only inside InLock's callback.
+//
+// Save and Put commit: the write and the COMMIT go to the server together,
+// in one round trip, and nothing that happens after them in the callback
+// can roll back a token the provider has rotated. They are the
+// transaction's last statement; any call after them fails.
 type LockedTokens struct {
-	tx     *gorm.DB
+	tx     *lockTx
+	db     *gorm.DB // bound to tx's connection
+	pool   *gorm.DB
 	sealer Sealer
 	first  *tokenRow // read right after the lock was granted, not yet returned
 }
@@ -172,60 +185,67 @@ type LockedTokens struct {
 // it while we waited. The first Get returns the read that came back with
 // the lock, which is just as recent.
 func (l *LockedTokens) Get(ctx context.Context, connectionID string) (domain.Token, error) {
+	if l.tx.ended {
+		return domain.Token{}, errTxEnded
+	}
 	first := l.first
 	l.first = nil
 	if first != nil && first.Name == connectionID {
 		return first.domain(l.sealer)
 	}
-	return getToken(ctx, l.tx.WithContext(ctx), l.sealer, connectionID)
+	return getToken(ctx, l.db.WithContext(ctx), l.sealer, connectionID)
 }
 
 // Save writes t over the stored token if the stored version is still
-// t.Version, bumps the version, announces the change and returns what was
-// stored, all in one statement. An empty refresh token never replaces a
-// stored one.
+// t.Version, bumps the version, announces the change, commits, and returns
+// what was stored. An empty refresh token never replaces a stored one.
 func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
+	if l.tx.ended {
+		return domain.Token{}, errTxEnded
+	}
 	t, err := sealed(l.sealer, t)
 	if err != nil {
 		return domain.Token{}, err
 	}
-	var rows []tokenRow
-	res := l.tx.WithContext(ctx).Raw(`
+	row, err := l.tx.writeAndCommit(ctx, `
 WITH u AS (
     UPDATE tokens AS t SET
-        access_token  = ?,
-        token_type    = ?,
-        refresh_token = COALESCE(NULLIF(?, ''), t.refresh_token),
-        expiry        = ?,
-        obtained_at   = ?,
-        status        = ?,
-        status_reason = ?,
+        access_token  = $1,
+        token_type    = $2,
+        refresh_token = COALESCE(NULLIF($3, ''), t.refresh_token),
+        expiry        = $4,
+        obtained_at   = $5,
+        status        = $6,
+        status_reason = $7,
         version       = t.version + 1,
         updated_at    = now()
     FROM connections c
-    WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
+    WHERE c.id = t.connection_id AND c.name = $8 AND t.version = $9
     RETURNING c.id AS lock_key, c.name, t.*
 )
-SELECT u.*, pg_notify(?, u.version || ' ' || u.name) IS NULL AS notified FROM u`,
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($10, u.version || ' ' || u.name)`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.ConnectionID, t.Version, ChangeChannel,
-	).Find(&rows)
-	if res.Error != nil {
-		return domain.Token{}, storeError(ctx, "save token", res.Error)
+		string(t.Status), t.StatusReason, t.ConnectionID, t.Version, ChangeChannel)
+	if err != nil {
+		return domain.Token{}, storeError(ctx, "save token", err)
 	}
-	if len(rows) == 0 {
-		if _, err := l.Get(ctx, t.ConnectionID); err != nil {
+	if row == nil {
+		// Nothing was written (an empty transaction committed): say why.
+		if _, err := getToken(ctx, l.pool.WithContext(ctx), l.sealer, t.ConnectionID); err != nil {
 			return domain.Token{}, err
 		}
 		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.ConnectionID, t.Version, domain.ErrConflict)
 	}
-	return rows[0].domain(l.sealer)
+	return row.domain(l.sealer)
 }
 
 // Put stores a newly granted token for a registered connection, replacing
-// whatever grant it had (a person connected it again), and announces the
-// change. The version keeps increasing across grants.
+// whatever grant it had (a person connected it again), announces the
+// change and commits. The version keeps increasing across grants.
 func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, error) {
+	if l.tx.ended {
+		return domain.Token{}, errTxEnded
+	}
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.ConnectionID, domain.ErrInvalidToken)
 	}
@@ -233,12 +253,11 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 	if err != nil {
 		return domain.Token{}, err
 	}
-	var rows []tokenRow
-	res := l.tx.WithContext(ctx).Raw(`
-WITH c AS (SELECT id, name FROM connections WHERE name = ?),
-u AS (
+	row, err := l.tx.writeAndCommit(ctx, `
+WITH c AS (SELECT id, name FROM connections WHERE name = $1),
+t AS (
     INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, obtained_at, version, status, status_reason)
-    SELECT c.id, ?, ?, ?, ?, ?, 1, 'active', '' FROM c
+    SELECT c.id, $2, $3, $4, $5, $6, 1, 'active', '' FROM c
     ON CONFLICT (connection_id) DO UPDATE SET
         access_token  = EXCLUDED.access_token,
         token_type    = EXCLUDED.token_type,
@@ -250,18 +269,17 @@ u AS (
         version       = t.version + 1,
         updated_at    = now()
     RETURNING t.*
-)
-SELECT c.id AS lock_key, c.name, u.*, pg_notify(?, u.version || ' ' || c.name) IS NULL AS notified
-FROM u JOIN c ON c.id = u.connection_id`,
-		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, ChangeChannel,
-	).Find(&rows)
-	if res.Error != nil {
-		return domain.Token{}, storeError(ctx, "put token", res.Error)
+),
+u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id)
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($7, u.version || ' ' || u.name)`,
+		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, ChangeChannel)
+	if err != nil {
+		return domain.Token{}, storeError(ctx, "put token", err)
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.ConnectionID, domain.ErrNotFound)
 	}
-	return rows[0].domain(l.sealer)
+	return row.domain(l.sealer)
 }
 
 func getToken(ctx context.Context, db *gorm.DB, s Sealer, connectionID string) (domain.Token, error) {

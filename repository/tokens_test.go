@@ -91,14 +91,18 @@ func TestPutGetSaveRoundTrip(t *testing.T) {
 		if saved.Version != 2 || saved.AccessToken.Reveal() != "at-2" || saved.RefreshToken.Reveal() != "rt-1" {
 			t.Errorf("saved %+v, rt %q", saved, saved.RefreshToken.Reveal())
 		}
-		// A write based on an old version is refused.
-		if _, err := l.Save(ctx, next); !errors.Is(err, domain.ErrConflict) {
-			t.Errorf("stale save: err = %v, want ErrConflict", err)
-		}
 		return nil
 	})
 	if err != nil {
 		t.Fatal(err)
+	}
+	// A write based on an old version is refused.
+	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		_, err := l.Save(ctx, next)
+		return err
+	})
+	if !errors.Is(err, domain.ErrConflict) {
+		t.Errorf("stale save: err = %v, want ErrConflict", err)
 	}
 
 	// A new grant replaces the old one and the version keeps growing.
@@ -113,14 +117,12 @@ func TestPutGetSaveRoundTrip(t *testing.T) {
 }
 
 func TestRollbackLeavesTokenUntouched(t *testing.T) {
-	r, _, _ := newRepo(t)
+	r, db, _ := newRepo(t)
 	ctx := context.Background()
 	orig := put(t, r, grantToken("acme", "at-1", "rt-1"))
 	boom := errors.New("provider said no")
 	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
-		next := orig
-		next.RefreshToken = domain.NewSecret("rt-2")
-		if _, err := l.Save(ctx, next); err != nil {
+		if _, err := l.Get(ctx, "acme"); err != nil {
 			return err
 		}
 		return boom
@@ -129,9 +131,42 @@ func TestRollbackLeavesTokenUntouched(t *testing.T) {
 		t.Fatalf("err = %v, want the callback's error", err)
 	}
 	got, _ := r.Get(ctx, "acme")
-	if got.Version != 1 || got.RefreshToken.Reveal() != "rt-1" {
-		t.Errorf("rolled-back write visible: %+v", got)
+	if got.Version != orig.Version || got.RefreshToken.Reveal() != "rt-1" {
+		t.Errorf("token changed: %+v", got)
 	}
+	assertNoLocksLeft(t, db)
+}
+
+// Save commits with the write: a rotated token, once written, survives
+// whatever the callback does next, and nothing more runs in the
+// transaction.
+func TestSaveCommitsAtOnce(t *testing.T) {
+	r, db, _ := newRepo(t)
+	ctx := context.Background()
+	orig := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	boom := errors.New("something after the write failed")
+	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		next := orig
+		next.RefreshToken = domain.NewSecret("rt-2")
+		if _, err := l.Save(ctx, next); err != nil {
+			return err
+		}
+		if _, err := l.Get(ctx, "acme"); err == nil {
+			t.Error("read in a transaction that has ended")
+		}
+		if _, err := l.Save(ctx, next); err == nil || errors.Is(err, domain.ErrConflict) {
+			t.Errorf("second write: %v, want a refusal", err)
+		}
+		return boom
+	})
+	if !errors.Is(err, boom) {
+		t.Fatalf("err = %v, want the callback's error", err)
+	}
+	got, _ := r.Get(ctx, "acme")
+	if got.Version != orig.Version+1 || got.RefreshToken.Reveal() != "rt-2" {
+		t.Errorf("the rotated token was rolled back: %+v", got)
+	}
+	assertNoLocksLeft(t, db)
 }
 
 func TestDatabaseRefusesEmptyRefreshToken(t *testing.T) {

@@ -20,7 +20,8 @@ type TokenStore interface {
 	// InLock runs fn in a transaction holding the connection's exclusive
 	// refresh lock. ctx and wait bound the wait for the lock; after that fn
 	// runs under the context it is given, bounded by hold and no longer
-	// cancelled by ctx. fn's error rolls back; nil commits.
+	// cancelled by ctx. A write (Save, Put) commits at once; otherwise
+	// fn's error rolls back and nil commits.
 	InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
 	// InLockUnless is InLock for work the lock's holder may be doing
@@ -32,14 +33,18 @@ type TokenStore interface {
 		settled func(domain.Token) bool, fn func(ctx context.Context, s LockedStore) error) (t domain.Token, done bool, err error)
 }
 
-// LockedStore is the store bound to the locked transaction.
+// LockedStore is the store bound to the locked transaction. Save and Put
+// commit it: a token the provider rotated is durable as soon as it is
+// written, whatever happens next, and the write is the transaction's last
+// statement.
 type LockedStore interface {
 	// Get re-reads the token inside the lock.
 	Get(ctx context.Context, connectionID string) (domain.Token, error)
-	// Save writes t if the stored version is still t.Version and returns
-	// the stored token with its new version.
+	// Save writes t if the stored version is still t.Version, commits, and
+	// returns the stored token with its new version.
 	Save(ctx context.Context, t domain.Token) (domain.Token, error)
-	// Put stores a newly granted token, replacing the connection's grant.
+	// Put stores a newly granted token, replacing the connection's grant,
+	// and commits.
 	Put(ctx context.Context, t domain.Token) (domain.Token, error)
 }
 

@@ -3,6 +3,7 @@ package postgres_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"log/slog"
 	"strings"
 	"sync"
@@ -62,21 +63,30 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	if err := repo.Register(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
-	err = repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
-		stored, err := l.Put(ctx, tok)
-		if err != nil {
-			return err
-		}
-		next := stored
-		next.RefreshToken = domain.NewSecret(rt2)
-		if _, err := l.Save(ctx, next); err != nil {
-			return err
-		}
-		_, _ = l.Save(ctx, next) // version conflict: a failing path
-		return nil
-	})
-	if err != nil {
+	inLock := func(fn func(context.Context, *repository.LockedTokens) error) error {
+		return repo.InLock(ctx, "acme", time.Second, time.Second, fn)
+	}
+	var stored domain.Token
+	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) (err error) {
+		stored, err = l.Put(ctx, tok)
+		return err
+	}); err != nil {
 		t.Fatal(err)
+	}
+	next := stored
+	next.RefreshToken = domain.NewSecret(rt2)
+	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) error {
+		_, err := l.Save(ctx, next)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	// A version conflict: a failing path.
+	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) error {
+		_, err := l.Save(ctx, next)
+		return err
+	}); !errors.Is(err, domain.ErrConflict) {
+		t.Fatalf("stale save: %v", err)
 	}
 	if _, err := repo.Get(ctx, "acme"); err != nil {
 		t.Fatal(err)
