@@ -15,8 +15,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// lockTx is the transaction of InLock and TryInLock: one pool connection
-// of its own, on which the transaction is driven explicitly.
+// lockTx is the transaction of InLock, InLockUnless and TryInLock: one
+// pool connection of its own, on which the transaction is driven
+// explicitly with pgx (GORM cannot pipeline).
 //
 // It opens with one round trip: BEGIN, the lock timeout, the lock and the
 // re-read of the token go to the server together as a pipeline. Before a
@@ -24,7 +25,8 @@ import (
 // the release of the lock gets the token its holder stored in the same
 // answer as the lock. Statements of a pipeline run one after the other and
 // each takes its own snapshot (READ COMMITTED), so the read sees everything
-// committed before the lock was granted.
+// committed before the lock was granted. A write ends it the same way:
+// the statement and COMMIT in one round trip (writeAndCommit).
 type lockTx struct {
 	conn  *sql.Conn
 	held  int       // heldExclusive or heldShared
