@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 )
@@ -40,6 +41,12 @@ type OAuthConfig struct {
 	AuthURL      string   `env:"AUTH_URL"`
 	RedirectURL  string   `env:"REDIRECT_URL"`
 	Scopes       []string `env:"SCOPES" envSeparator:","`
+	// AuthStyle is how the client authenticates at the token endpoint:
+	// "header" (HTTP Basic, client_secret_basic) or "params"
+	// (client_secret_post). Never probed: x/oauth2's auto-detection sends
+	// a failed request again in the other style, which presents the same
+	// refresh token twice.
+	AuthStyle string `env:"AUTH_STYLE" envDefault:"header"`
 }
 
 // String never shows the client secret or the database password.
@@ -64,6 +71,16 @@ func (o OAuthConfig) String() string {
 // GoString keeps %#v as quiet as %v.
 func (o OAuthConfig) GoString() string { return "di.OAuthConfig" + o.String() }
 
+func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
+	switch o.AuthStyle {
+	case "header", "":
+		return oauth2.AuthStyleInHeader, nil
+	case "params":
+		return oauth2.AuthStyleInParams, nil
+	}
+	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be header or params, got %q", o.AuthStyle)
+}
+
 // ConfigFromEnv reads the configuration from environ (os.Environ() form)
 // and checks it. Errors name the offending variable.
 func ConfigFromEnv(environ []string) (Config, error) {
@@ -87,6 +104,9 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 {
 		return errors.New("DB_MAX_CONNS must be at least 1")
+	}
+	if _, err := c.OAuth.authStyle(); err != nil {
+		return err
 	}
 	if _, err := c.keyring(); err != nil {
 		return err

@@ -46,6 +46,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		"api base url":      {append(base, "API_BASE_URL=ftp://x"), "API_BASE_URL"},
 		"bool":              {append(base, "MIGRATE_ON_START=perhaps"), "MIGRATE_ON_START is malformed"},
 		"oauth scopes okay": {append(base, "OAUTH_SCOPES="), ""},
+		"auth style":        {append(base, "OAUTH_AUTH_STYLE=auto"), "OAUTH_AUTH_STYLE must be header or params"},
+		"auth style params": {append(base, "OAUTH_AUTH_STYLE=params"), ""},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

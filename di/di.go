@@ -141,10 +141,11 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration, repoOpts ...reposito
 
 // OAuth2Config is the x/oauth2 view of the client registration.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
+	style, _ := c.authStyle() // checked with the rest of the configuration
 	return &oauth2.Config{
 		ClientID:     c.ClientID,
 		ClientSecret: c.ClientSecret,
-		Endpoint:     oauth2.Endpoint{AuthURL: c.AuthURL, TokenURL: c.TokenURL},
+		Endpoint:     oauth2.Endpoint{AuthURL: c.AuthURL, TokenURL: c.TokenURL, AuthStyle: style},
 		RedirectURL:  c.RedirectURL,
 		Scopes:       c.Scopes,
 	}
