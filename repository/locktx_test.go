@@ -14,15 +14,15 @@ import (
 	"github.com/tokenguard/tokenguard/repository"
 )
 
-// holdLock holds acme's lock in r until release is closed, then runs then
+// holdLock holds name's lock in r until release is called, then runs then
 // (a write, or nothing) and commits. It returns when the lock is held.
-func holdLock(t *testing.T, r *repository.TokenRepository, then func(context.Context, *repository.LockedTokens) error) (release func() error) {
+func holdLock(t *testing.T, r *repository.TokenRepository, name string, then func(context.Context, *repository.LockedTokens) error) (release func() error) {
 	t.Helper()
 	held := make(chan struct{})
 	rel := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- r.InLock(context.Background(), "acme", time.Second, 10*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		done <- r.InLock(context.Background(), name, time.Second, 10*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
 			close(held)
 			<-rel
 			return then(ctx, l)
@@ -51,15 +51,18 @@ func waitForLockWaiters(t *testing.T, db *gorm.DB, n int) {
 	t.Fatalf("never saw %d lock waiters", n)
 }
 
-func rotate(ctx context.Context, l *repository.LockedTokens) error {
-	cur, err := l.Get(ctx, "acme")
-	if err != nil {
+// rotate stores a rotated token for name, as a refresh does.
+func rotate(name string) func(context.Context, *repository.LockedTokens) error {
+	return func(ctx context.Context, l *repository.LockedTokens) error {
+		cur, err := l.Get(ctx, name)
+		if err != nil {
+			return err
+		}
+		next := cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at2"), RefreshToken: domain.NewSecret("rt2"),
+			Expiry: time.Now().Add(time.Hour)}, time.Now())
+		_, err = l.Save(ctx, next)
 		return err
 	}
-	next := cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at2"), RefreshToken: domain.NewSecret("rt2"),
-		Expiry: time.Now().Add(time.Hour)}, time.Now())
-	_, err = l.Save(ctx, next)
-	return err
 }
 
 // The read that comes back with the lock (in the same round trip) must be
@@ -69,7 +72,7 @@ func TestInLockReadsWhatTheHolderCommitted(t *testing.T) {
 	r2 := repository.NewTokenRepository(open(t, url))
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
 
-	release := holdLock(t, r1, rotate)
+	release := holdLock(t, r1, "acme", rotate("acme"))
 	got := make(chan domain.Token, 1)
 	errc := make(chan error, 1)
 	go func() {
@@ -94,7 +97,7 @@ func TestInLockReadsWhatTheHolderCommitted(t *testing.T) {
 func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
 	r1, db, url := newRepo(t)
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
-	release := holdLock(t, r1, rotate)
+	release := holdLock(t, r1, "acme", rotate("acme"))
 
 	const waiters = 3
 	var wg sync.WaitGroup
@@ -142,7 +145,7 @@ func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
 func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
 	r1, db, url := newRepo(t)
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
-	release := holdLock(t, r1, func(context.Context, *repository.LockedTokens) error { return errors.New("provider down") })
+	release := holdLock(t, r1, "acme", func(context.Context, *repository.LockedTokens) error { return errors.New("provider down") })
 
 	const waiters = 3
 	var wg sync.WaitGroup
@@ -157,7 +160,7 @@ func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
 					if err != nil || cur.Version > v1.Version {
 						return err // a previous waiter did it
 					}
-					return rotate(ctx, l)
+					return rotate("acme")(ctx, l)
 				})
 		})
 	}
@@ -181,7 +184,7 @@ func TestInLockUnlessBoundsTheWait(t *testing.T) {
 	r1, _, url := newRepo(t)
 	put(t, r1, grantToken("acme", "at", "rt"))
 	r2 := repository.NewTokenRepository(open(t, url))
-	release := holdLock(t, r1, func(context.Context, *repository.LockedTokens) error { return nil })
+	release := holdLock(t, r1, "acme", func(context.Context, *repository.LockedTokens) error { return nil })
 	defer func() { _ = release() }()
 	_, _, err := r2.InLockUnless(context.Background(), "acme", 200*time.Millisecond, time.Second,
 		func(domain.Token) bool { return true },
@@ -275,5 +278,48 @@ func assertNoLocksLeft(t *testing.T, db *gorm.DB) {
 	}
 	if inUse := sqlDB.Stats().InUse; inUse != 0 {
 		t.Errorf("%d pool connections still checked out", inUse)
+	}
+}
+
+// docs/operations.md tells PgBouncer users without prepared-statement
+// support to switch pgx to the exec or simple protocol: the pipelined lock
+// transaction must work in every mode, the re-read included.
+func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
+	_, _, url := newRepo(t)
+	sep := "?"
+	if strings.Contains(url, "?") {
+		sep = "&"
+	}
+	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
+		t.Run(mode, func(t *testing.T) {
+			db := open(t, url+sep+"default_query_exec_mode="+mode)
+			r := repository.NewTokenRepository(db)
+			name := "acme-" + strings.ReplaceAll(mode, "_", "-")
+			v1 := put(t, r, grantToken(name, "at", "rt"))
+			release := holdLock(t, r, name, rotate(name))
+			got := make(chan domain.Token, 1)
+			errc := make(chan error, 1)
+			go func() {
+				tok, done, err := r.InLockUnless(context.Background(), name, 5*time.Second, time.Second,
+					func(t domain.Token) bool { return t.Version > v1.Version },
+					func(context.Context, *repository.LockedTokens) error { return errors.New("ran although settled") })
+				if err == nil && !done {
+					err = errors.New("not settled by the holder")
+				}
+				got <- tok
+				errc <- err
+			}()
+			waitForLockWaiters(t, db, 1)
+			if err := release(); err != nil {
+				t.Fatal(err)
+			}
+			if err := <-errc; err != nil {
+				t.Fatal(err)
+			}
+			if tok := <-got; tok.Version != v1.Version+1 {
+				t.Fatalf("waiter read version %d, want the holder's %d", tok.Version, v1.Version+1)
+			}
+			assertNoLocksLeft(t, db)
+		})
 	}
 }
