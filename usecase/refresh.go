@@ -122,9 +122,9 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 	)
 	ev := RefreshEvent{ConnectionID: connectionID, Forced: forced}
 	asked := time.Now()
-	// settle takes the stored token as read under the lock: done when it
-	// needs no refresh (another process refreshed it while we waited) or
-	// cannot have one.
+	// settled says the stored token, as read under the lock, needs nothing
+	// more: another process refreshed it while we waited, or it cannot be
+	// refreshed (needs_reauth). settle makes it the outcome.
 	settled := func(t domain.Token) bool { return t.Status == domain.StatusNeedsReauth || !due(t) }
 	settle := func(t domain.Token) error {
 		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
