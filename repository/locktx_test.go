@@ -36,12 +36,19 @@ func holdLock(t *testing.T, r *repository.TokenRepository, name string, then fun
 	return func() error { close(rel); return <-done }
 }
 
+// advisoryLocks counts the advisory locks of this test's database: the
+// server is shared with the tests of other packages, running meanwhile.
+const (
+	advisoryLocksFrom = " FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+	advisoryLocks     = "SELECT count(*)" + advisoryLocksFrom
+)
+
 // waitForLockWaiters waits until n transactions wait for an advisory lock.
 func waitForLockWaiters(t *testing.T, db *gorm.DB, n int) {
 	t.Helper()
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
 		var waiting int
-		if err := db.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&waiting).Error; err != nil {
+		if err := db.Raw(advisoryLocks + " AND NOT granted").Scan(&waiting).Error; err != nil {
 			t.Fatal(err)
 		}
 		if waiting == n {
@@ -117,7 +124,7 @@ func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
 	// All of them wait at once, in shared mode: none queues behind another.
 	waitForLockWaiters(t, db, waiters)
 	var modes []string
-	if err := db.Raw("SELECT mode FROM pg_locks WHERE locktype = 'advisory' AND NOT granted").Scan(&modes).Error; err != nil {
+	if err := db.Raw("SELECT mode" + advisoryLocksFrom + " AND NOT granted").Scan(&modes).Error; err != nil {
 		t.Fatal(err)
 	}
 	for _, m := range modes {
@@ -237,7 +244,7 @@ func TestInLockPanicClosesTheConnection(t *testing.T) {
 	// The server rolled the transaction back when its connection closed.
 	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
 		var n int
-		if err := db.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n).Error; err != nil {
+		if err := db.Raw(advisoryLocks).Scan(&n).Error; err != nil {
 			t.Fatal(err)
 		}
 		if n == 0 {
@@ -266,7 +273,7 @@ func TestInLockRefusesARepositoryBoundToATransaction(t *testing.T) {
 func assertNoLocksLeft(t *testing.T, db *gorm.DB) {
 	t.Helper()
 	var n int
-	if err := db.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").Scan(&n).Error; err != nil {
+	if err := db.Raw(advisoryLocks).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {
