@@ -60,11 +60,11 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, 
 	tx := &lockTx{conn: conn}
 	var found bool
 	err = conn.Raw(func(dc any) error {
-		pc, ok := dc.(interface{ Conn() *pgx.Conn })
-		if !ok {
-			return fmt.Errorf("database driver %T is not pgx", dc)
+		pc, err := pgxConn(dc)
+		if err != nil {
+			return err
 		}
-		found, tx.held, tx.first, err = pipelineLock(ctx, pc.Conn(), connectionID, mode)
+		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connectionID, mode)
 		return err
 	})
 	if err != nil || !found || tx.held == heldNone {
@@ -146,18 +146,17 @@ func (tx *lockTx) end(ctx context.Context, commit bool) error {
 	}
 	var err error
 	_ = tx.conn.Raw(func(dc any) error {
-		pc, ok := dc.(interface{ Conn() *pgx.Conn })
-		if !ok {
-			err = fmt.Errorf("database driver %T is not pgx", dc)
+		var pc *pgx.Conn
+		if pc, err = pgxConn(dc); err != nil {
 			return driver.ErrBadConn
 		}
 		var tag pgconn.CommandTag
-		tag, err = pc.Conn().Exec(ctx, stmt)
+		tag, err = pc.Exec(ctx, stmt)
 		if err == nil && commit && tag.String() != "COMMIT" {
 			// Postgres answers COMMIT of an aborted transaction with ROLLBACK.
 			err = errCommitRolledBack
 		}
-		if err != nil || pc.Conn().PgConn().TxStatus() != 'I' {
+		if err != nil || pc.PgConn().TxStatus() != 'I' {
 			return driver.ErrBadConn // closes it
 		}
 		return nil
@@ -174,9 +173,8 @@ func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (
 		return nil, errTxEnded
 	}
 	_ = tx.conn.Raw(func(dc any) error {
-		pc, ok := dc.(interface{ Conn() *pgx.Conn })
-		if !ok {
-			err = fmt.Errorf("database driver %T is not pgx", dc)
+		var pc *pgx.Conn
+		if pc, err = pgxConn(dc); err != nil {
 			return nil
 		}
 		var b pgx.Batch
@@ -187,7 +185,7 @@ func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (
 		})
 		var tag pgconn.CommandTag
 		b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
-		err = pc.Conn().SendBatch(ctx, &b).Close()
+		err = pc.SendBatch(ctx, &b).Close()
 		if err == nil && tag.String() != "COMMIT" {
 			// Postgres answers COMMIT of an aborted transaction with ROLLBACK.
 			err = errCommitRolledBack
@@ -200,6 +198,16 @@ func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (
 	tx.ended = true
 	_ = tx.conn.Close()
 	return row, nil
+}
+
+// pgxConn is the pgx connection under a database/sql driver connection
+// (conn.Raw's argument).
+func pgxConn(dc any) (*pgx.Conn, error) {
+	pc, ok := dc.(interface{ Conn() *pgx.Conn })
+	if !ok {
+		return nil, fmt.Errorf("database driver %T is not pgx", dc)
+	}
+	return pc.Conn(), nil
 }
 
 // scanTokenRow reads the one row of a selectToken or tokenColumns query,
