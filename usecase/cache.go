@@ -46,23 +46,24 @@ const (
 	stale               // the current token, no longer fresh: go refresh
 )
 
-// get returns a cached token that is fresh at now.
-func (c *tokenCache) get(id string, now time.Time) (domain.Token, lookup) {
+// get returns the snapshot of a cached token that is fresh at now (hit),
+// or nil. Snapshots are immutable.
+func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 	if !c.trusted.Load() {
-		return domain.Token{}, miss
+		return nil, miss
 	}
 	v, ok := c.slots.Load(id)
 	if !ok {
-		return domain.Token{}, miss
+		return nil, miss
 	}
 	s := v.(*cacheSlot).cur.Load()
 	if s == nil || s.epoch != c.epoch.Load() || s.tok.Version == 0 || s.tok.Version < s.floor {
-		return domain.Token{}, miss
+		return nil, miss
 	}
 	if now.UnixNano() >= s.until {
-		return domain.Token{}, stale
+		return nil, stale
 	}
-	return s.tok, hit
+	return s, hit
 }
 
 // begin returns the epoch a read starts in; put refuses the result if the

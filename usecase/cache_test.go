@@ -24,8 +24,8 @@ func TestCacheServesOnlyWhileTrusted(t *testing.T) {
 	}
 	c.setTrusted(true)
 	c.put(cached(1), c.begin(), 0)
-	if tok, ok := c.get("acme", at); ok != hit || tok.Version != 1 {
-		t.Fatalf("get = %v, %v", tok.Version, ok)
+	if tok, ok := c.get("acme", at); ok != hit || tok.tok.Version != 1 {
+		t.Fatalf("get = %v, %v", tok.tok.Version, ok)
 	}
 	c.put(cached(1), c.begin(), 30*time.Second)
 	if _, ok := c.get("acme", time.Unix(3571, 0)); ok != stale {
@@ -59,8 +59,8 @@ func TestCacheInvalidation(t *testing.T) {
 		t.Fatal("an old read re-cached a superseded token")
 	}
 	c.put(cached(2), c.begin(), 0)
-	if tok, ok := c.get("acme", at); ok != hit || tok.Version != 2 {
-		t.Fatalf("new version not cached: %v %v", tok.Version, ok)
+	if tok, ok := c.get("acme", at); ok != hit || tok.tok.Version != 2 {
+		t.Fatalf("new version not cached: %v %v", tok.tok.Version, ok)
 	}
 	// Our own change announced back to us keeps the entry.
 	c.invalidate("acme", 2)
@@ -69,8 +69,8 @@ func TestCacheInvalidation(t *testing.T) {
 	}
 	// Never back to an older version.
 	c.put(cached(1), c.begin(), 0)
-	if tok, _ := c.get("acme", at); tok.Version != 2 {
-		t.Errorf("went back to version %d", tok.Version)
+	if tok, _ := c.get("acme", at); tok.tok.Version != 2 {
+		t.Errorf("went back to version %d", tok.tok.Version)
 	}
 	// A read that began in an earlier epoch is not cached.
 	epoch := c.begin()

@@ -3,6 +3,7 @@ package usecase
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -16,65 +17,96 @@ import (
 // caller gives up, everyone fails, and if it is not cancelled nobody can
 // stop the wait. Here the work runs on its own context, and is cancelled
 // only when every waiter has gone, which ends a lock wait nobody needs.
+//
+// Joining a flight takes no lock: at an expiry every goroutine of the
+// process arrives at once, and a mutex would queue them behind each other
+// (and behind whichever holder the OS preempted) while the flight's own
+// answer from the database waits for a free CPU.
 type flights struct {
-	mu sync.Mutex
-	m  map[string]*flight
+	m sync.Map // key -> *flight
 }
 
 type flight struct {
 	done    chan struct{}
-	tok     domain.Token
+	tok     domain.Token // set before done is closed
 	err     error
-	waiters int
+	waiters atomic.Int64 // callers still waiting; 0 once abandoned, for good
 	cancel  context.CancelFunc
 }
 
-// do runs fn once for key at a time. fn's context keeps ctx's values, is
-// bounded by limit, and is cancelled when all callers have left.
-func (f *flights) do(ctx context.Context, key string, limit time.Duration,
-	fn func(context.Context) (domain.Token, error)) (domain.Token, error) {
-	if err := ctx.Err(); err != nil {
-		return domain.Token{}, err
+// join adds a waiter unless every waiter has left already.
+func (fl *flight) join() bool {
+	for {
+		n := fl.waiters.Load()
+		if n == 0 {
+			return false
+		}
+		if fl.waiters.CompareAndSwap(n, n+1) {
+			return true
+		}
 	}
-	f.mu.Lock()
-	if f.m == nil {
-		f.m = make(map[string]*flight)
-	}
-	fl, ok := f.m[key]
-	if !ok {
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
-		fl = &flight{done: make(chan struct{}), cancel: cancel}
-		f.m[key] = fl
-		go func() {
-			tok, err := fn(fctx)
-			f.mu.Lock()
-			if f.m[key] == fl {
-				delete(f.m, key)
-			}
-			fl.tok, fl.err = tok, err
-			f.mu.Unlock()
-			close(fl.done)
-			cancel()
-		}()
-	}
-	fl.waiters++
-	f.mu.Unlock()
+}
 
+// do runs fn once for key at a time and returns the finished flight, whose
+// tok and err are fn's answer, or ctx's error if the caller gave up first.
+// fn's context keeps ctx's values, is bounded by limit, and is cancelled
+// when all callers have left.
+//
+// It hands back a pointer, not a copy of the token: every frame on a
+// waiter's path counts, since a goroutine whose stack outgrows its first
+// 2 KiB has it copied, and at an expiry hundreds of fresh goroutines arrive
+// at once (BenchmarkTokenWaiters).
+func (f *flights) do(ctx context.Context, key string, limit time.Duration,
+	fn func(context.Context) (domain.Token, error)) (*flight, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	fl := f.join(ctx, key, limit, fn)
+	cancelled := ctx.Done()
+	if cancelled == nil { // a context that is never cancelled: no select
+		<-fl.done
+		return fl, nil
+	}
 	select {
 	case <-fl.done:
-		return fl.tok, fl.err
-	case <-ctx.Done():
-		f.mu.Lock()
-		fl.waiters--
-		if fl.waiters == 0 {
+		return fl, nil
+	case <-cancelled:
+		if fl.waiters.Add(-1) == 0 {
 			// Nobody wants the answer: stop waiting for the lock. A refresh
 			// already sent to the provider still completes (see refresh).
 			fl.cancel()
-			if f.m[key] == fl {
-				delete(f.m, key)
-			}
+			f.m.CompareAndDelete(key, fl)
 		}
-		f.mu.Unlock()
-		return domain.Token{}, ctx.Err()
+		return nil, ctx.Err()
+	}
+}
+
+// join returns key's flight with the caller counted as a waiter, starting
+// one if there is none.
+func (f *flights) join(ctx context.Context, key string, limit time.Duration,
+	fn func(context.Context) (domain.Token, error)) *flight {
+	for {
+		if v, ok := f.m.Load(key); ok {
+			fl := v.(*flight)
+			if fl.join() {
+				return fl
+			}
+			f.m.CompareAndDelete(key, fl) // abandoned: start another
+			continue
+		}
+		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
+		fl := &flight{done: make(chan struct{}), cancel: cancel}
+		fl.waiters.Store(1)
+		if _, taken := f.m.LoadOrStore(key, fl); taken {
+			cancel()
+			continue
+		}
+		go func() {
+			defer cancel()
+			fl.tok, fl.err = fn(fctx)
+			f.m.CompareAndDelete(key, fl)
+			close(fl.done)
+		}()
+		return fl
 	}
 }

@@ -24,7 +24,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 	u.opts.Observer.ForcedRefresh(connectionID)
 	u.cache.invalidate(connectionID, failed+1) // never hand out the failed token again
 	key := connectionID + "\x00" + strconv.FormatInt(failed, 10)
-	t, err := u.flights.do(ctx, key, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+	fl, err := u.flights.do(ctx, key, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
 		t, err := u.store.Get(ctx, connectionID)
 		if err != nil {
@@ -44,10 +44,13 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 		u.cache.put(t, epoch, u.opts.Skew)
 		return t, nil
 	})
+	if err == nil {
+		err = fl.err
+	}
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connectionID, failed, err)
 	}
-	return t, nil
+	return fl.tok, nil
 }
 
 func (u *RefreshTokenUseCase) forceLimiter(connectionID string) *rate.Limiter {

@@ -45,18 +45,31 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // per connection and process reads the store (and refreshes if needed)
 // while the others wait for it.
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (domain.Token, error) {
-	t, state := u.cache.get(connectionID, u.opts.Clock.Now())
+	s, state := u.cache.get(connectionID, u.opts.Clock.Now())
 	u.opts.Observer.CacheLookup(state == hit)
 	if state == hit {
-		return t, nil
+		return s.tok, nil
 	}
-	t, err := u.flights.do(ctx, connectionID, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
-		return u.load(ctx, connectionID, state == stale)
-	})
+	fl, err := u.await(ctx, connectionID, state == stale)
 	if err != nil {
-		return domain.Token{}, fmt.Errorf("token for %s: %w", connectionID, err)
+		return domain.Token{}, err
 	}
-	return t, nil
+	return fl.tok, nil
+}
+
+// await is Token's slow path: it joins (or starts) the connection's flight
+// and waits for it.
+func (u *RefreshTokenUseCase) await(ctx context.Context, connectionID string, knownStale bool) (*flight, error) {
+	fl, err := u.flights.do(ctx, connectionID, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+		return u.load(ctx, connectionID, knownStale)
+	})
+	if err == nil {
+		err = fl.err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("token for %s: %w", connectionID, err)
+	}
+	return fl, nil
 }
 
 // Invalidate tells the use case that another process stored version of
