@@ -68,11 +68,7 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, 
 		return err
 	})
 	if err != nil || !found || tx.held == heldNone {
-		// Roll back even when the caller gave up: the connection goes back
-		// to the pool if it can.
-		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		defer cancel()
-		_ = tx.end(endCtx, false)
+		tx.rollback(ctx)
 	}
 	switch {
 	case err != nil:
@@ -163,6 +159,15 @@ func (tx *lockTx) end(ctx context.Context, commit bool) error {
 	})
 	_ = tx.conn.Close()
 	return err
+}
+
+// rollback ends the transaction, bounded by rollbackTimeout rather than
+// by ctx: the connection goes back to the pool even when the caller gave
+// up.
+func (tx *lockTx) rollback(ctx context.Context) {
+	endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	defer cancel()
+	_ = tx.end(endCtx, false)
 }
 
 // writeAndCommit runs a write that returns at most one tokenRow and

@@ -132,12 +132,13 @@ func (r *TokenRepository) InLockUnless(ctx context.Context, connectionID string,
 			t, err = tx.first.domain(r.sealer)
 			done = err == nil && settled(t)
 		}
-		endCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		_ = tx.end(endCtx, false) // it only read
-		cancel()
 		if err != nil || done {
+			// The transaction only read, and what it read is in hand: the
+			// caller need not wait for the answer to its ROLLBACK.
+			go tx.rollback(ctx)
 			return t, done, err
 		}
+		tx.rollback(ctx) // before asking for the lock on another connection
 		rest := wait - time.Since(asked)
 		if wait > 0 && rest <= 0 {
 			return domain.Token{}, false, fmt.Errorf("lock connection %s: %w", connectionID, domain.ErrLockTimeout)
