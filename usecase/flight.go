@@ -34,8 +34,8 @@ type flight struct {
 	cancel  context.CancelFunc
 }
 
-// join adds a waiter unless every waiter has left already.
-func (fl *flight) join() bool {
+// addWaiter counts one more waiter unless every waiter has left already.
+func (fl *flight) addWaiter() bool {
 	for {
 		n := fl.waiters.Load()
 		if n == 0 {
@@ -88,7 +88,7 @@ func (f *flights) join(ctx context.Context, key string, limit time.Duration,
 	for {
 		if v, ok := f.m.Load(key); ok {
 			fl := v.(*flight)
-			if fl.join() {
+			if fl.addWaiter() {
 				return fl
 			}
 			f.m.CompareAndDelete(key, fl) // abandoned: start another
