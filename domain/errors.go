@@ -17,8 +17,17 @@ var (
 	ErrLockTimeout = errors.New("timed out waiting for the connection's refresh lock")
 	// ErrProviderUnavailable: the provider failed in a way a later call may not (5xx, 429, timeout, network).
 	ErrProviderUnavailable = errors.New("token provider unavailable")
-	// ErrGrantRevoked: the provider answered with a permanent error (invalid_grant and kin).
+	// ErrGrantRevoked: the provider says the grant itself is dead
+	// (invalid_grant and the few non-standard codes that mean the same).
 	ErrGrantRevoked = errors.New("grant rejected by the provider")
+	// ErrClientRejected: the provider rejected the client, not the grant
+	// (invalid_client, unauthorized_client, unsupported_grant_type, a 401
+	// from the token endpoint). The refresh token was not spent; the
+	// connection stays active and recovers once the client is accepted.
+	ErrClientRejected = errors.New("token endpoint rejected the client (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE)")
+	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404,
+	// 405, a redirect). No grant was touched.
+	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check OAUTH_TOKEN_URL)")
 	// ErrStoreUnavailable: the database could not be reached or failed.
 	ErrStoreUnavailable = errors.New("token store unavailable")
 	// ErrConflict: the stored token changed between read and write.
@@ -39,8 +48,53 @@ type ProviderError struct {
 	Code       string        // OAuth2 error code such as "invalid_grant"; empty for transport failures
 	HTTPStatus int           // 0 when no response arrived
 	RetryAfter time.Duration // from a Retry-After header, when the provider sent one
-	Permanent  bool          // retrying with the same refresh token cannot succeed
+	Class      ErrorClass    // what the answer means for the grant
 	Err        error         // transport cause (already free of secrets), or nil
+}
+
+// ErrorClass is what a token endpoint's answer means for the grant. The
+// provider adapter decides it, in one table; the use case acts on it.
+type ErrorClass int
+
+const (
+	// Transient: 5xx, 429, timeouts, network errors, unparsable or unknown
+	// answers. Retried; the stored token is untouched.
+	Transient ErrorClass = iota
+	// GrantDead: the grant is gone (invalid_grant). The only class that may
+	// mark a connection needs_reauth, after a re-read.
+	GrantDead
+	// ClientRejected: the client's registration or credentials are wrong;
+	// the refresh token was not spent. No grant is touched.
+	ClientRejected
+	// EndpointMisconfigured: the token URL does not lead to a token
+	// endpoint. No grant is touched.
+	EndpointMisconfigured
+)
+
+// String names the class as metrics and logs show it.
+func (c ErrorClass) String() string {
+	switch c {
+	case GrantDead:
+		return "grant_dead"
+	case ClientRejected:
+		return "client_rejected"
+	case EndpointMisconfigured:
+		return "endpoint_misconfigured"
+	}
+	return "transient"
+}
+
+// Sentinel is the error of errors.Is that stands for the class.
+func (c ErrorClass) Sentinel() error {
+	switch c {
+	case GrantDead:
+		return ErrGrantRevoked
+	case ClientRejected:
+		return ErrClientRejected
+	case EndpointMisconfigured:
+		return ErrEndpointMisconfigured
+	}
+	return ErrProviderUnavailable
 }
 
 func (e *ProviderError) Error() string {
@@ -57,13 +111,11 @@ func (e *ProviderError) Error() string {
 	return msg
 }
 
-// Unwrap lets errors.Is match ErrGrantRevoked or ErrProviderUnavailable and
+// Unwrap lets errors.Is match the class's sentinel (ErrGrantRevoked,
+// ErrClientRejected, ErrEndpointMisconfigured or ErrProviderUnavailable) and
 // the transport cause (context.DeadlineExceeded, net errors).
 func (e *ProviderError) Unwrap() []error {
-	kind := ErrProviderUnavailable
-	if e.Permanent {
-		kind = ErrGrantRevoked
-	}
+	kind := e.Class.Sentinel()
 	if e.Err == nil {
 		return []error{kind}
 	}

@@ -131,7 +131,7 @@ func TestSecretsNeverPrint(t *testing.T) {
 }
 
 func TestProviderErrorMatchesItsKind(t *testing.T) {
-	perm := &domain.ProviderError{Code: "invalid_grant", HTTPStatus: 400, Permanent: true}
+	perm := &domain.ProviderError{Code: "invalid_grant", HTTPStatus: 400, Class: domain.GrantDead}
 	if !errors.Is(perm, domain.ErrGrantRevoked) || errors.Is(perm, domain.ErrProviderUnavailable) {
 		t.Errorf("permanent error kinds wrong")
 	}

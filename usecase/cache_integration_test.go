@@ -11,7 +11,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )

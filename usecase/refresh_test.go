@@ -182,7 +182,7 @@ func TestProviderWithoutRotationKeepsRefreshToken(t *testing.T) {
 
 func TestInvalidGrantMarksNeedsReauthOnce(t *testing.T) {
 	uc, store, ref, _ := setup(t, 0)
-	ref.err = &domain.ProviderError{Code: "invalid_grant", HTTPStatus: 400, Permanent: true}
+	ref.err = &domain.ProviderError{Code: "invalid_grant", HTTPStatus: 400, Class: domain.GrantDead}
 	_, err := uc.Token(context.Background(), "acme")
 	if !errors.Is(err, domain.ErrNeedsReauth) || !errors.Is(err, domain.ErrGrantRevoked) {
 		t.Fatalf("err = %v, want ErrNeedsReauth and ErrGrantRevoked", err)
@@ -290,7 +290,7 @@ func TestForceRefreshAfter401(t *testing.T) {
 func TestNeedsReauthHookFiresOnce(t *testing.T) {
 	store := &fakeStore{tok: domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r"),
 		Version: 1, Status: domain.StatusActive, Expiry: t0}}
-	ref := &fakeRefresher{err: &domain.ProviderError{Code: "invalid_grant", Permanent: true}}
+	ref := &fakeRefresher{err: &domain.ProviderError{Code: "invalid_grant", Class: domain.GrantDead}}
 	var calls []string
 	uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Clock: &fakeClock{now: t0},
 		OnNeedsReauth: func(id, reason string) { calls = append(calls, id+":"+reason) }})

@@ -7,16 +7,16 @@ import (
 	"fmt"
 	"os"
 
-	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/internal/benchreport"
 )
 
 func main() {
-	met, err := di.BenchReport(os.Stdin, os.Stdout)
+	r, err := benchreport.Read(os.Stdin)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(2)
 	}
-	if !met {
+	if !benchreport.Write(os.Stdout, r.Checks()) {
 		os.Exit(1)
 	}
 }

@@ -14,11 +14,11 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/internal/demo"
 )
 
 func main() {
-	var o di.DemoOptions
+	var o demo.Options
 	flag.DurationVar(&o.Duration, "duration", 0, "load phase (default 30s)")
 	flag.DurationVar(&o.TokenLifetime, "token-lifetime", 0, "access-token lifetime at the sandbox provider (default 3s)")
 	flag.DurationVar(&o.Skew, "skew", 0, "TOKEN_REFRESH_SKEW for the apps (default 1s)")
@@ -30,7 +30,7 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
-	ok, err := di.RunDemo(ctx, o, os.Stdout)
+	ok, err := demo.RunAndReport(ctx, o, os.Stdout)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "demo:", err)
 		os.Exit(1)

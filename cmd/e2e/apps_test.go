@@ -11,7 +11,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/tokenguard/tokenguard/infra/demo"
+	"github.com/tokenguard/tokenguard/internal/demo"
 )
 
 const (

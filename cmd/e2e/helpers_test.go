@@ -22,9 +22,9 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tokenguard/tokenguard/infra/batch"
-	"github.com/tokenguard/tokenguard/infra/demo"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
-	"github.com/tokenguard/tokenguard/infra/testdb"
+	"github.com/tokenguard/tokenguard/internal/demo"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

@@ -21,8 +21,8 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/infra/batch"
-	"github.com/tokenguard/tokenguard/infra/demo"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/internal/demo"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 // Messages of log lines the use case and the retry decorator write; the

@@ -1,5 +1,5 @@
 // Command sandbox runs the strict sandbox OAuth2 provider (see
-// infra/sandbox): refresh tokens rotate on every refresh, the previous
+// internal/sandbox): refresh tokens rotate on every refresh, the previous
 // access token is revoked, /resource is the protected API and /stats counts
 // what happened. It prints its base URL and the settings for the apps.
 package main
@@ -12,7 +12,8 @@ import (
 	"os/signal"
 	"syscall"
 
-	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/internal/demo"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 func main() {
@@ -20,7 +21,7 @@ func main() {
 	lifetime := flag.Duration("access-token-lifetime", 0, "access-token lifetime (default 1h)")
 	clientID := flag.String("client-id", "tokenguard", "the registered client's id")
 	flag.Parse()
-	sb, err := di.StartSandbox(*addr, di.SandboxOptions{AccessTokenLifespan: *lifetime, ClientID: *clientID,
+	sb, err := demo.StartSandbox(*addr, sandbox.Options{AccessTokenLifespan: *lifetime, ClientID: *clientID,
 		ClientSecret: os.Getenv("SANDBOX_CLIENT_SECRET")})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "sandbox:", err)

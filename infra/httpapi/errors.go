@@ -42,7 +42,7 @@ func classify(err error) problem {
 		return problem{http.StatusConflict, "needs_reauth", err.Error() + "; connect it again", 0}
 	case errors.Is(err, domain.ErrLockTimeout):
 		return problem{http.StatusServiceUnavailable, "busy", "another process is refreshing the token; try again", time.Second}
-	case errors.As(err, &pe) && !pe.Permanent:
+	case errors.As(err, &pe) && pe.Class != domain.GrantDead:
 		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again",
 			max(pe.RetryAfter, time.Second)}
 	case errors.Is(err, domain.ErrProviderUnavailable):

@@ -22,7 +22,7 @@ func TestClassifyMapsDomainErrorsOnce(t *testing.T) {
 	}{
 		{wrap(domain.ErrInvalidConnection), http.StatusBadRequest, "invalid_connection", ""},
 		{wrap(domain.ErrNotFound), http.StatusNotFound, "not_found", ""},
-		{wrap(fmt.Errorf("%w: %w", domain.ErrNeedsReauth, &domain.ProviderError{Code: "invalid_grant", Permanent: true})),
+		{wrap(fmt.Errorf("%w: %w", domain.ErrNeedsReauth, &domain.ProviderError{Code: "invalid_grant", Class: domain.GrantDead})),
 			http.StatusConflict, "needs_reauth", ""},
 		{wrap(domain.ErrLockTimeout), http.StatusServiceUnavailable, "busy", "1"},
 		{wrap(&domain.ProviderError{HTTPStatus: 429, RetryAfter: 3 * time.Second}), http.StatusServiceUnavailable, "provider_unavailable", "3"},

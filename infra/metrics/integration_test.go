@@ -16,8 +16,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
-	"github.com/tokenguard/tokenguard/infra/testdb"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testdb"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }

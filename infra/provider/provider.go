@@ -73,14 +73,13 @@ func GrantFrom(tok *oauth2.Token) domain.Grant {
 	}
 }
 
-// permanentCodes are the RFC 6749 §5.2 codes after which the same refresh
-// token can never work again: the grant is gone or the client is wrong.
-var permanentCodes = map[string]bool{
-	"invalid_grant":          true,
-	"invalid_client":         true,
-	"unauthorized_client":    true,
-	"unsupported_grant_type": true,
-	"invalid_scope":          true,
+// codeClasses: the RFC 6749 §5.2 codes that are not transient.
+var codeClasses = map[string]domain.ErrorClass{
+	"invalid_grant":          domain.GrantDead,
+	"invalid_client":         domain.ClientRejected,
+	"unauthorized_client":    domain.ClientRejected,
+	"unsupported_grant_type": domain.ClientRejected,
+	"invalid_scope":          domain.ClientRejected,
 }
 
 // knownCodes are the token endpoint error codes of RFC 6749 §5.2 and the
@@ -112,7 +111,7 @@ func classify(ctx context.Context, err error) error {
 		}
 		return &domain.ProviderError{Err: err}
 	}
-	pe := &domain.ProviderError{Code: errorCode(re.ErrorCode), Permanent: permanentCodes[re.ErrorCode]}
+	pe := &domain.ProviderError{Code: errorCode(re.ErrorCode), Class: codeClasses[re.ErrorCode]}
 	if re.Response != nil {
 		pe.HTTPStatus = re.Response.StatusCode
 		pe.RetryAfter = retryAfter(re.Response.Header.Get("Retry-After"), time.Now())

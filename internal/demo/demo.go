@@ -26,7 +26,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/infra/batch"
-	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 // Options configure a run. Zero values take the defaults.

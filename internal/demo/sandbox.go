@@ -7,7 +7,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 // Sandbox is a sandbox provider served over HTTP.

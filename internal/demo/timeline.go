@@ -10,7 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/tokenguard/tokenguard/infra/sandbox"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 // Timeline is what happened during a run, second by second, for the HTML
