@@ -8,22 +8,36 @@ import (
 // Secret holds a credential (an access or refresh token). It is a struct, not
 // a string type, so that a careless conversion or format verb cannot leak it:
 // every printing path shows a redaction marker and only Reveal returns the value.
-type Secret struct{ v string }
+//
+// The value sits behind a pointer: fmt cannot call String on a Secret held
+// in an unexported struct field and prints such fields raw, which then
+// shows an address, not the credential.
+type Secret struct{ v *string }
 
 const redacted = "[REDACTED]"
 
 // NewSecret wraps a credential.
-func NewSecret(s string) Secret { return Secret{v: s} }
+func NewSecret(s string) Secret {
+	if s == "" {
+		return Secret{}
+	}
+	return Secret{v: &s}
+}
 
 // Reveal returns the credential. Call it only where the value leaves for the
 // provider, the protected API or the database.
-func (s Secret) Reveal() string { return s.v }
+func (s Secret) Reveal() string {
+	if s.v == nil {
+		return ""
+	}
+	return *s.v
+}
 
 // IsZero reports whether the secret is empty.
-func (s Secret) IsZero() bool { return s.v == "" }
+func (s Secret) IsZero() bool { return s.v == nil }
 
 // Equal reports whether two secrets hold the same value.
-func (s Secret) Equal(o Secret) bool { return s.v == o.v }
+func (s Secret) Equal(o Secret) bool { return s.Reveal() == o.Reveal() }
 
 func (s Secret) String() string   { return s.mask() }
 func (s Secret) GoString() string { return s.mask() }
@@ -39,7 +53,7 @@ func (s Secret) LogValue() slog.Value { return slog.StringValue(s.mask()) }
 func (s Secret) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
 
 func (s Secret) mask() string {
-	if s.v == "" {
+	if s.v == nil {
 		return ""
 	}
 	return redacted

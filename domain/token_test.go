@@ -144,3 +144,24 @@ func TestProviderErrorMatchesItsKind(t *testing.T) {
 		t.Errorf("Error() = %q", got)
 	}
 }
+
+// fmt prints an unexported field without calling its methods; a Secret in
+// one must still not show its value.
+func TestSecretInUnexportedFieldNeverPrints(t *testing.T) {
+	type holder struct {
+		name   string
+		secret domain.Secret
+	}
+	h := holder{name: "x", secret: domain.NewSecret("rt-unexported")}
+	for _, verb := range []string{"%v", "%+v", "%#v", "%s", "%x"} {
+		if out := fmt.Sprintf(verb, h); strings.Contains(out, "rt-unexported") || strings.Contains(out, fmt.Sprintf("%x", "rt-unexported")) {
+			t.Errorf("%s leaked the secret: %s", verb, out)
+		}
+	}
+	if !h.secret.Equal(domain.NewSecret("rt-unexported")) || h.secret.Reveal() != "rt-unexported" {
+		t.Errorf("Equal/Reveal broken")
+	}
+	if !domain.NewSecret("").IsZero() || domain.NewSecret("").Reveal() != "" {
+		t.Errorf("empty secret not zero")
+	}
+}
