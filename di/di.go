@@ -107,7 +107,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	listening := make(chan struct{})
 	go func() {
 		defer close(listening)
-		_ = repository.NewChangeListener(cfg.DatabaseURL, target, log).Run(listenCtx)
+		_ = repository.NewChangeListener(cfg.DatabaseURL, target, log).WithHeartbeat(db, repository.DefaultHeartbeat).Run(listenCtx)
 	}()
 	closeDB := cleanup
 	cleanup = func() {

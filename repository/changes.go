@@ -2,16 +2,20 @@ package repository
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
+	"gorm.io/gorm"
 )
 
 // ChangeChannel is the Postgres NOTIFY channel on which every committed
@@ -52,6 +56,14 @@ type ChangeListener struct {
 	target         ChangeTarget
 	log            *slog.Logger
 	reconnectDelay time.Duration
+
+	// The heartbeat (WithHeartbeat); beatDB nil: none.
+	beatDB       *gorm.DB
+	beatInterval time.Duration
+	beatChannel  string
+	beatSeq      atomic.Int64
+	lastBeat     atomic.Int64 // Unix nanoseconds of the last beat heard
+	trusted      atomic.Bool  // what the target was last told
 }
 
 // NewChangeListener listens on the database at url for target. log may be nil.
@@ -62,10 +74,64 @@ func NewChangeListener(url string, target ChangeTarget, log *slog.Logger) *Chang
 	return &ChangeListener{url: url, target: target, log: log, reconnectDelay: 500 * time.Millisecond}
 }
 
+// DefaultHeartbeat is how often a listener with a heartbeat proves it hears.
+const DefaultHeartbeat = time.Second
+
+// heartbeatMisses is how many intervals may pass without a beat heard
+// before the feed is taken for broken.
+const heartbeatMisses = 3
+
+// WithHeartbeat makes the listener prove that it hears: every interval it
+// commits a notification to a channel of its own through db (the path the
+// token writes take) and trusts the cache only while those come back. A
+// connection can look alive and deliver nothing — a half-open TCP
+// connection, a pooler that swallowed the LISTEN — and only a round trip
+// through the server shows it. Without a beat for heartbeatMisses
+// intervals, the cache is bypassed and the connection replaced; after a
+// (re)connection the cache is trusted again at the first beat heard.
+func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *ChangeListener {
+	if interval <= 0 {
+		interval = DefaultHeartbeat
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	l.beatDB, l.beatInterval, l.beatChannel = db, interval, "tokenguard_beat_"+hex.EncodeToString(b[:])
+	return l
+}
+
+// errBeatLost ends a listening session whose beats stopped coming back.
+var errBeatLost = errors.New("token change listener: heartbeat not heard")
+
 // Run listens until ctx is done. The target's cache is trusted only while
-// a LISTEN is in place.
+// a LISTEN is in place (and, with a heartbeat, proves to deliver).
 func (l *ChangeListener) Run(ctx context.Context) error {
-	defer l.target.TrustCache(false)
+	defer l.trust(false)
+	for {
+		err := l.session(ctx)
+		switch {
+		case ctx.Err() != nil:
+			return nil
+		case errors.Is(err, errBeatLost):
+			continue // a new connection
+		}
+		return err
+	}
+}
+
+// trust tells the target when trust changes: each change starts a new
+// cache epoch, so it must not be repeated for every beat.
+func (l *ChangeListener) trust(ok bool) {
+	if l.trusted.Swap(ok) != ok || !ok {
+		l.target.TrustCache(ok)
+	}
+}
+
+// session is one listening connection (reconnected by pgxlisten when it
+// fails), ended early when the heartbeat stops.
+func (l *ChangeListener) session(ctx context.Context) error {
+	ctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	l.lastBeat.Store(time.Now().UnixNano())
 	pl := &pgxlisten.Listener{
 		Connect: func(ctx context.Context) (*pgx.Conn, error) {
 			cfg, err := pgx.ParseConfig(l.url)
@@ -78,7 +144,7 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 		LogError: func(ctx context.Context, err error) {
 			// Every error that reaches here ends or precedes a
 			// (re)connection: until LISTEN is back, changes may be missed.
-			l.target.TrustCache(false)
+			l.trust(false)
 			if ctx.Err() == nil {
 				l.log.Warn("token change listener lost; reading through until it is back", "err", err)
 			}
@@ -86,19 +152,78 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 		ReconnectDelay: l.reconnectDelay,
 	}
 	pl.Handle(ChangeChannel, changeHandler{l})
+	if l.beatDB != nil {
+		pl.Handle(l.beatChannel, beatHandler{l})
+		go l.beat(ctx, cancel)
+	}
 	err := pl.Listen(ctx)
+	if cause := context.Cause(ctx); errors.Is(cause, errBeatLost) {
+		return cause
+	}
 	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return nil
 	}
 	return err
 }
 
+// beat sends a heartbeat every interval and ends the session when none has
+// been heard for heartbeatMisses intervals.
+func (l *ChangeListener) beat(ctx context.Context, end context.CancelCauseFunc) {
+	t := time.NewTicker(l.beatInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if silent := time.Since(time.Unix(0, l.lastBeat.Load())); silent > heartbeatMisses*l.beatInterval {
+			if l.trusted.Load() { // once per outage, not per reconnection
+				l.log.Warn("token change listener hears nothing; reading through and reconnecting",
+					"silent_for", silent.Round(time.Millisecond))
+			}
+			l.trust(false)
+			end(errBeatLost)
+			return
+		}
+		l.sendBeat(ctx)
+	}
+}
+
+func (l *ChangeListener) sendBeat(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, l.beatInterval)
+	defer cancel()
+	seq := strconv.FormatInt(l.beatSeq.Add(1), 10)
+	if err := l.beatDB.WithContext(ctx).Exec("SELECT pg_notify(?, ?)", l.beatChannel, seq).Error; err != nil && ctx.Err() == nil {
+		l.log.Warn("token change listener heartbeat not sent", "err", storeError(ctx, "heartbeat", err))
+	}
+}
+
 type changeHandler struct{ l *ChangeListener }
 
 // HandleBacklog runs right after LISTEN succeeded: from now on nothing is
-// missed, so the cache may be trusted again (in a new epoch).
+// missed, so the cache may be trusted again (in a new epoch). With a
+// heartbeat, the first beat heard does that instead.
 func (h changeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.l.target.TrustCache(true)
+	if h.l.beatDB == nil {
+		h.l.trust(true)
+	}
+	return nil
+}
+
+type beatHandler struct{ l *ChangeListener }
+
+// HandleBacklog sends the first beat as soon as its channel is listened to.
+// Notifications are handled only once every channel is listened to, so
+// hearing it means the change channel is in place too.
+func (h beatHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
+	go h.l.sendBeat(ctx)
+	return nil
+}
+
+func (h beatHandler) HandleNotification(context.Context, *pgconn.Notification, *pgx.Conn) error {
+	h.l.lastBeat.Store(time.Now().UnixNano())
+	h.l.trust(true)
 	return nil
 }
 
