@@ -1,0 +1,85 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"gorm.io/gorm"
+)
+
+// DatabaseClock tells the database server's time on this host: the host's
+// clock corrected by its measured offset from the server's.
+//
+// Every process decides "stale" by comparing a stored expiry with its own
+// now, and the expiry was computed by whichever host refreshed. Hosts whose
+// clocks disagree by more than the skew then refresh too early or serve
+// expired tokens until a 401. With every process on the server's clock,
+// they agree however far their own clocks drift.
+type DatabaseClock struct {
+	db     *gorm.DB
+	local  func() time.Time
+	offset atomic.Int64 // server minus host, nanoseconds
+}
+
+// NewDatabaseClock measures the offset of local (time.Now when nil) from the
+// server db reaches.
+func NewDatabaseClock(ctx context.Context, db *gorm.DB, local func() time.Time) (*DatabaseClock, error) {
+	if local == nil {
+		local = time.Now
+	}
+	c := &DatabaseClock{db: db, local: local}
+	if err := c.Measure(ctx); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+// Now is the server's time, as well as this host can tell it.
+func (c *DatabaseClock) Now() time.Time {
+	return c.local().Add(time.Duration(c.offset.Load()))
+}
+
+// Offset is the server's clock minus this host's.
+func (c *DatabaseClock) Offset() time.Duration { return time.Duration(c.offset.Load()) }
+
+// Measure reads the server's clock a few times and keeps the offset seen
+// with the shortest round trip (its midpoint is the best estimate).
+func (c *DatabaseClock) Measure(ctx context.Context) error {
+	best := time.Duration(-1)
+	var offset time.Duration
+	for range 3 {
+		var server time.Time
+		sent := c.local()
+		if err := c.db.WithContext(ctx).Raw("SELECT clock_timestamp()").Scan(&server).Error; err != nil {
+			return storeError(ctx, "read the database clock", err)
+		}
+		got := c.local()
+		rtt := got.Sub(sent)
+		if best < 0 || rtt < best {
+			best, offset = rtt, server.Sub(sent.Add(rtt/2))
+		}
+	}
+	c.offset.Store(int64(offset))
+	return nil
+}
+
+// Run measures again every interval until ctx ends, so a host clock that
+// is stepped or drifts is followed. Failures keep the last offset.
+func (c *DatabaseClock) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			_ = c.Measure(ctx)
+		}
+	}
+}
+
+func (c *DatabaseClock) String() string {
+	return fmt.Sprintf("database clock (host offset %v)", c.Offset().Round(time.Millisecond))
+}
