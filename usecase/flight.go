@@ -2,6 +2,10 @@ package usecase
 
 import (
 	"context"
+	"fmt"
+	"log/slog"
+	"runtime"
+	"runtime/debug"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,7 +27,8 @@ import (
 // (and behind whichever holder the OS preempted) while the flight's own
 // answer from the database waits for a free CPU.
 type flights struct {
-	m sync.Map // key -> *flight
+	m   sync.Map     // key -> *flight
+	log *slog.Logger // receives recovered panics; nil: slog.Default()
 }
 
 type flight struct {
@@ -103,10 +108,34 @@ func (f *flights) join(ctx context.Context, key string, limit time.Duration,
 		}
 		go func() {
 			defer cancel()
-			fl.tok, fl.err = fn(fctx)
+			fl.tok, fl.err = f.run(fctx, key, fn)
 			f.m.CompareAndDelete(key, fl)
 			close(fl.done)
 		}()
 		return fl
 	}
+}
+
+// run calls fn, turning a panic into an error: the flight runs on a
+// goroutine of its own, where a panic would end the process and leave its
+// waiters hanging. The panic's value is logged only when it is a runtime
+// error; any other value might hold a token.
+func (f *flights) run(ctx context.Context, key string, fn func(context.Context) (domain.Token, error)) (t domain.Token, err error) {
+	defer func() {
+		r := recover()
+		if r == nil {
+			return
+		}
+		what := fmt.Sprintf("%T", r)
+		if re, ok := r.(runtime.Error); ok {
+			what = re.Error()
+		}
+		log := f.log
+		if log == nil {
+			log = slog.Default()
+		}
+		log.Error("panic in a token refresh, recovered", "flight", key, "panic", what, "stack", string(debug.Stack()))
+		t, err = domain.Token{}, fmt.Errorf("token refresh panicked (%s)", what)
+	}()
+	return fn(ctx)
 }

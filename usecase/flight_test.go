@@ -1,8 +1,11 @@
 package usecase
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -200,4 +203,48 @@ func (s heldStore) InLockUnless(_ context.Context, _ string, _, _ time.Duration,
 	_ func(context.Context, LockedStore) error) (domain.Token, bool, error) {
 	<-s.all
 	return s.tok, settled(s.tok), nil
+}
+
+// A panic inside the work reaches every waiter as an error, is logged with
+// its stack, and never shows a panic value that could hold a token.
+func TestFlightRecoversAPanic(t *testing.T) {
+	var buf lockedBuffer
+	f := flights{log: slog.New(slog.NewTextHandler(&buf, nil))}
+	for _, boom := range []func(){
+		func() { panic("rt-secret-in-panic") },
+		func() { var m map[string]int; m["x"]++; panic("unreachable") },
+		func() { var p *domain.Token; _ = p.Version },
+	} {
+		fl, err := f.do(context.Background(), "acme", time.Minute, func(context.Context) (domain.Token, error) {
+			boom()
+			return domain.Token{}, nil
+		})
+		if err != nil || fl.err == nil || !strings.Contains(fl.err.Error(), "panicked") {
+			t.Fatalf("do = %v, flight err %v; want a panic error", err, fl.err)
+		}
+	}
+	out := buf.String()
+	if strings.Contains(out, "rt-secret-in-panic") {
+		t.Errorf("panic value logged: %s", out)
+	}
+	if !strings.Contains(out, "nil pointer dereference") || !strings.Contains(out, "assignment to entry in nil map") || !strings.Contains(out, "flight_test.go") {
+		t.Errorf("log lacks the runtime errors or the stack: %s", out)
+	}
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
 }

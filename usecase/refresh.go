@@ -33,7 +33,7 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	if err != nil {
 		return nil, err
 	}
-	return &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts}, nil
+	return &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger}}, nil
 }
 
 // Token returns a token for connectionID that is valid for at least the
