@@ -25,6 +25,8 @@ type Config struct {
 	LockWait       time.Duration `env:"TOKEN_LOCK_WAIT" envDefault:"15s"`
 	RefreshTimeout time.Duration `env:"TOKEN_REFRESH_TIMEOUT" envDefault:"10s"`
 	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
+	// CacheSize bounds the connections each process caches a token of.
+	CacheSize int `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
 	// MigrateOnStart applies pending migrations when an app starts.
 	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
 	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt). Unset
@@ -104,6 +106,9 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 {
 		return errors.New("DB_MAX_CONNS must be at least 1")
+	}
+	if c.CacheSize < 1 {
+		return errors.New("TOKEN_CACHE_SIZE must be at least 1")
 	}
 	if _, err := c.OAuth.authStyle(); err != nil {
 		return err

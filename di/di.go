@@ -79,6 +79,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		Skew:           cfg.RefreshSkew,
 		LockWait:       cfg.LockWait,
 		RefreshTimeout: cfg.RefreshTimeout,
+		CacheSize:      cfg.CacheSize,
 		Logger:         log,
 		// The process that found the grant revoked tells the operator
 		// what to do; tokenctl status shows the state and the reason.

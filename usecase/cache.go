@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"hash/maphash"
 	"math"
 	"sync"
 	"sync/atomic"
@@ -18,24 +19,55 @@ import (
 // without it the cache is bypassed. Each (re)connection of the listener
 // starts a new epoch, and snapshots from an older epoch are ignored, so
 // nothing cached before a gap in the change feed survives it.
+//
+// It holds at most capacity connections (0: no bound), evicting by CLOCK:
+// a hit marks its slot, and a sweep spares marked slots once (clearing the
+// mark) and drops the others. A library LRU would take a lock or allocate
+// on every hit; this keeps the hit path as it was. A change announced for
+// a connection that has no slot allocates nothing: it only advances its
+// shard's sequence, which refuses any read of that connection begun
+// before it (as a slot's floor would), and so does an eviction.
 type tokenCache struct {
-	trusted atomic.Bool
-	epoch   atomic.Uint64
-	slots   sync.Map // connection id -> *cacheSlot
+	trusted  atomic.Bool
+	epoch    atomic.Uint64
+	slots    sync.Map // connection id -> *cacheSlot
+	size     atomic.Int64
+	capacity int64
+	clock    Clock // for tokens without expiry; nil: the system clock
+	evicting atomic.Bool
+
+	seq    atomic.Uint64
+	shards [cacheShards]atomic.Uint64 // seq of the last slot-less change or eviction per shard
 }
+
+const cacheShards = 256
+
+// untimedTTL bounds how long a token without expiry is served from the
+// cache before it is read again.
+const untimedTTL = time.Minute
+
+var shardSeed = maphash.MakeSeed()
+
+func shardOf(id string) int { return int(maphash.String(shardSeed, id) % cacheShards) }
 
 type cacheSlot struct {
 	cur atomic.Pointer[snapshot]
+	ref atomic.Bool // hit since the last sweep
 }
 
 type snapshot struct {
-	tok   domain.Token // zero when only floor is known
+	tok   domain.Token // zero when only floor is known; never holds the refresh token
 	until int64        // Unix nanoseconds: fresh before this (expiry minus skew); 0 if unusable
 	epoch uint64
 	// floor is the newest version other processes announced: a token
 	// below it is superseded and must not be cached again.
 	floor int64
+	// untimed: the token has no expiry, and until only bounds its stay.
+	untimed bool
 }
+
+// cacheMark is when a read of the store began, as put needs to know it.
+type cacheMark struct{ epoch, seq uint64 }
 
 // lookup is what the cache knows about a connection.
 type lookup int
@@ -61,20 +93,33 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 		return nil, miss
 	}
 	if now.UnixNano() >= s.until {
+		if s.untimed {
+			return nil, miss
+		}
 		return nil, stale
+	}
+	if !v.(*cacheSlot).ref.Load() {
+		v.(*cacheSlot).ref.Store(true)
 	}
 	return s, hit
 }
 
-// begin returns the epoch a read starts in; put refuses the result if the
-// epoch moved on meanwhile.
-func (c *tokenCache) begin() uint64 { return c.epoch.Load() }
+// begin marks the start of a read of the store; put refuses the result if
+// the epoch moved on meanwhile, or a change of that connection was
+// announced that no slot recorded.
+func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(), seq: c.seq.Load()} }
 
 // put remembers tok, fresh until its expiry minus skew, if nothing newer is
-// known.
-func (c *tokenCache) put(tok domain.Token, epoch uint64, skew time.Duration) {
-	if !c.trusted.Load() || tok.Status != domain.StatusActive {
+// known. The refresh token stays out: the hot path never needs it.
+func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
+	if !c.trusted.Load() || tok.Status != domain.StatusActive || c.shards[shardOf(tok.ConnectionID)].Load() > m.seq {
 		return
+	}
+	tok.RefreshToken = domain.Secret{}
+	epoch := m.epoch
+	until, untimed := freshUntil(tok, skew), tok.Expiry.IsZero()
+	if untimed && until != 0 {
+		until = c.now().Add(untimedTTL).UnixNano()
 	}
 	slot := c.slot(tok.ConnectionID)
 	for {
@@ -89,7 +134,7 @@ func (c *tokenCache) put(tok domain.Token, epoch uint64, skew time.Duration) {
 		if tok.Version < floor || epoch != c.epoch.Load() {
 			return
 		}
-		next := &snapshot{tok: tok, until: freshUntil(tok, skew), epoch: epoch, floor: floor}
+		next := &snapshot{tok: tok, until: until, epoch: epoch, floor: floor, untimed: untimed}
 		if slot.cur.CompareAndSwap(old, next) {
 			return
 		}
@@ -99,7 +144,12 @@ func (c *tokenCache) put(tok domain.Token, epoch uint64, skew time.Duration) {
 // invalidate records that the stored token of id is now at version: any
 // older cached token is dropped.
 func (c *tokenCache) invalidate(id string, version int64) {
-	slot := c.slot(id)
+	v, ok := c.slots.Load(id)
+	if !ok {
+		c.shards[shardOf(id)].Store(c.seq.Add(1))
+		return
+	}
+	slot := v.(*cacheSlot)
 	for {
 		old := slot.cur.Load()
 		next := &snapshot{epoch: c.epoch.Load(), floor: version}
@@ -109,7 +159,7 @@ func (c *tokenCache) invalidate(id string, version int64) {
 			}
 			next.floor = max(old.floor, version)
 			if old.tok.Version >= version {
-				next.tok, next.until, next.epoch = old.tok, old.until, old.epoch
+				next.tok, next.until, next.epoch, next.untimed = old.tok, old.until, old.epoch, old.untimed
 			}
 		}
 		if slot.cur.CompareAndSwap(old, next) {
@@ -128,8 +178,45 @@ func (c *tokenCache) slot(id string) *cacheSlot {
 	if v, ok := c.slots.Load(id); ok {
 		return v.(*cacheSlot)
 	}
-	v, _ := c.slots.LoadOrStore(id, &cacheSlot{})
+	v, loaded := c.slots.LoadOrStore(id, &cacheSlot{})
+	if !loaded && c.size.Add(1) > c.capacity && c.capacity > 0 {
+		c.evict()
+	}
 	return v.(*cacheSlot)
+}
+
+// evict sweeps the slots down to 90% of capacity, sparing each slot hit
+// since the last sweep once. One sweep runs at a time; a put that finds
+// one running goes on (the next put sweeps again).
+func (c *tokenCache) evict() {
+	if !c.evicting.CompareAndSwap(false, true) {
+		return
+	}
+	defer c.evicting.Store(false)
+	target := c.capacity * 9 / 10
+	for pass := 0; pass < 2 && c.size.Load() > target; pass++ {
+		c.slots.Range(func(k, v any) bool {
+			if v.(*cacheSlot).ref.Swap(false) {
+				return true
+			}
+			id := k.(string)
+			if c.slots.CompareAndDelete(id, v) {
+				c.shards[shardOf(id)].Store(c.seq.Add(1))
+				c.size.Add(-1)
+			}
+			return c.size.Load() > target
+		})
+	}
+}
+
+// len is how many connections have a slot.
+func (c *tokenCache) len() int { return int(c.size.Load()) }
+
+func (c *tokenCache) now() time.Time {
+	if c.clock == nil {
+		return time.Now()
+	}
+	return c.clock.Now()
 }
 
 // freshUntil precomputes the freshness rule (domain.Token.FreshAt) as one

@@ -1,6 +1,8 @@
 package usecase
 
 import (
+	"runtime"
+	"strconv"
 	"testing"
 	"time"
 
@@ -97,3 +99,93 @@ func TestCacheHotPathDoesNotAllocate(t *testing.T) {
 		t.Errorf("get allocates %v times", n)
 	}
 }
+
+func tokenOf(id string, version int64) domain.Token {
+	t := cached(version)
+	t.ConnectionID = id
+	t.RefreshToken = domain.NewSecret("rt-" + id)
+	return t
+}
+
+// The cache holds at most its capacity; connections hit since the last
+// sweep survive it, and a change announced for a connection without a slot
+// allocates none.
+func TestCacheIsBoundedAndKeepsHotConnections(t *testing.T) {
+	c := tokenCache{capacity: 1000}
+	c.setTrusted(true)
+	hot := []string{"hot-1", "hot-2", "hot-3"}
+	for _, id := range hot {
+		c.put(tokenOf(id, 1), c.begin(), 0)
+	}
+	heap := func() uint64 {
+		runtime.GC()
+		var m runtime.MemStats
+		runtime.ReadMemStats(&m)
+		return m.HeapAlloc
+	}
+	start := heap()
+	for i := range 50_000 {
+		c.put(tokenOf("cold-"+strconv.Itoa(i), 1), c.begin(), 0)
+		for _, id := range hot {
+			if _, ok := c.get(id, at); ok != hit {
+				t.Fatalf("hot connection %s evicted after %d cold ones", id, i)
+			}
+		}
+		if n := c.len(); n > 1000 {
+			t.Fatalf("cache holds %d connections, capacity 1000", n)
+		}
+	}
+	// 1,000 entries of about 0.5 KB; unbounded, the 50,000 would take 25 MB.
+	if grew := int64(heap()) - int64(start); grew > 2<<20 {
+		t.Errorf("heap grew by %d KB for a cache of 1,000 connections, bound 2048 KB", grew>>10)
+	}
+	before := c.len()
+	for i := range 10_000 {
+		c.invalidate("never-seen-"+strconv.Itoa(i), 5)
+	}
+	if c.len() != before {
+		t.Errorf("announcements for unknown connections added %d slots", c.len()-before)
+	}
+	if s, ok := c.get("hot-1", at); ok != hit || !s.tok.RefreshToken.IsZero() {
+		t.Errorf("hot-1: %v, refresh token cached: %v", ok, !s.tok.RefreshToken.IsZero())
+	}
+}
+
+// A read that began before a change was announced for a connection the
+// cache had no slot for (or before its slot was evicted) is not cached: it
+// may hold the superseded token.
+func TestCacheRefusesAReadOlderThanASlotlessAnnouncement(t *testing.T) {
+	var c tokenCache
+	c.setTrusted(true)
+	m := c.begin()
+	c.invalidate("acme", 2) // no slot: nothing allocated
+	c.put(cached(1), m, 0)
+	if _, ok := c.get("acme", at); ok == hit {
+		t.Fatal("cached a read that began before version 2 was announced")
+	}
+	c.put(cached(2), c.begin(), 0)
+	if s, ok := c.get("acme", at); ok != hit || s.tok.Version != 2 {
+		t.Fatalf("a read after the announcement was not cached: %v", ok)
+	}
+}
+
+// A token without expiry stays in the cache for untimedTTL, then is read
+// again (a miss, not a refresh).
+func TestCacheBoundsTokensWithoutExpiry(t *testing.T) {
+	now := time.Unix(1000, 0)
+	c := tokenCache{clock: clockAt(func() time.Time { return now })}
+	c.setTrusted(true)
+	tok := cached(1)
+	tok.Expiry = time.Time{}
+	c.put(tok, c.begin(), 0)
+	if _, ok := c.get("acme", now.Add(untimedTTL-time.Second)); ok != hit {
+		t.Fatal("not served within its bound")
+	}
+	if _, ok := c.get("acme", now.Add(untimedTTL+time.Second)); ok != miss {
+		t.Fatalf("after its bound: %v, want a miss (read again, not refresh)", ok)
+	}
+}
+
+type clockAt func() time.Time
+
+func (f clockAt) Now() time.Time { return f() }

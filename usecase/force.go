@@ -15,7 +15,8 @@ import (
 // refresh in another process). It returns a newer token: the stored one if
 // some process already stored it, otherwise one refreshed now under the
 // connection's lock, but only if the stored version is still failed, so a
-// burst of 401s causes one refresh, not many.
+// burst of 401s causes one refresh, not many. Like Token, it returns no
+// refresh token.
 //
 // Forced refreshes of one connection are limited to one per ForceInterval
 // in this process; beyond that it fails with domain.ErrRefreshRateLimited
@@ -50,7 +51,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connectionID, failed, err)
 	}
-	return fl.tok, nil
+	return withoutRefreshToken(fl.tok), nil
 }
 
 func (u *RefreshTokenUseCase) forceLimiter(connectionID string) *rate.Limiter {

@@ -38,6 +38,10 @@ type Options struct {
 	RescueWindow time.Duration
 	// Observer receives events for metrics; default none.
 	Observer Observer
+	// CacheSize bounds how many connections this process keeps a token of
+	// (default DefaultCacheSize); negative means no bound. The least
+	// recently hit are dropped first and read again when asked for.
+	CacheSize int
 }
 
 // Defaults.
@@ -48,6 +52,10 @@ const (
 	DefaultWriteTimeout   = 5 * time.Second
 	DefaultForceInterval  = 5 * time.Second
 	DefaultRescueWindow   = 30 * time.Second
+	// DefaultCacheSize: at about 0.5 KB a connection, 5 MB a process, and
+	// more connections than most deployments have; a larger fleet's
+	// processes keep their working sets and read the rest through.
+	DefaultCacheSize = 10_000
 )
 
 func (o Options) withDefaults() (Options, error) {
@@ -80,6 +88,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.RescueWindow == 0 {
 		o.RescueWindow = DefaultRescueWindow
+	}
+	if o.CacheSize == 0 {
+		o.CacheSize = DefaultCacheSize
 	}
 	switch {
 	case o.Skew < 0:

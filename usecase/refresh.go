@@ -33,11 +33,13 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	if err != nil {
 		return nil, err
 	}
-	return &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger}}, nil
+	u := &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger}}
+	u.cache.capacity, u.cache.clock = int64(max(opts.CacheSize, 0)), opts.Clock
+	return u, nil
 }
 
 // Token returns a token for connectionID that is valid for at least the
-// skew. Errors wrap domain.ErrNotFound, domain.ErrNeedsReauth,
+// skew, without its refresh token. Errors wrap domain.ErrNotFound, domain.ErrNeedsReauth,
 // domain.ErrLockTimeout, domain.ErrProviderUnavailable,
 // domain.ErrStoreUnavailable or the context's error.
 //
@@ -54,7 +56,15 @@ func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (d
 	if err != nil {
 		return domain.Token{}, err
 	}
-	return fl.tok, nil
+	return withoutRefreshToken(fl.tok), nil
+}
+
+// withoutRefreshToken is what callers get: the refresh token is spent only
+// under the connection's lock, and a caller that had it could spend it
+// outside.
+func withoutRefreshToken(t domain.Token) domain.Token {
+	t.RefreshToken = domain.Secret{}
+	return t
 }
 
 // await is Token's slow path: it joins (or starts) the connection's flight

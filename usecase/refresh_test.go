@@ -150,8 +150,11 @@ func TestStaleTokenIsRefreshedAndRotatedTokenPersisted(t *testing.T) {
 	if ref.calls != 1 || store.locks != 1 || len(store.saves) != 1 {
 		t.Fatalf("refreshes=%d locks=%d saves=%d, want 1 1 1", ref.calls, store.locks, len(store.saves))
 	}
-	if tok.AccessToken.Reveal() != "at-2" || tok.RefreshToken.Reveal() != "rt-2" || tok.Version != 2 || !tok.ObtainedAt.Equal(t0) {
+	if tok.AccessToken.Reveal() != "at-2" || !tok.RefreshToken.IsZero() || tok.Version != 2 || !tok.ObtainedAt.Equal(t0) {
 		t.Errorf("got %+v", tok)
+	}
+	if store.tok.RefreshToken.Reveal() != "rt-2" {
+		t.Errorf("rotated refresh token not stored")
 	}
 }
 
@@ -315,7 +318,10 @@ func TestRotatedTokenSurvivesFailedCommit(t *testing.T) {
 	if ref.calls != 1 {
 		t.Errorf("provider called %d times", ref.calls)
 	}
-	if tok.RefreshToken.Reveal() != "rt-2" || store.tok.RefreshToken.Reveal() != "rt-2" || store.tok.Version != 2 {
+	if !tok.RefreshToken.IsZero() {
+		t.Error("Token handed out the refresh token")
+	}
+	if store.tok.RefreshToken.Reveal() != "rt-2" || store.tok.Version != 2 {
 		t.Errorf("rotated token not persisted: stored %q v%d", store.tok.RefreshToken.Reveal(), store.tok.Version)
 	}
 }
@@ -336,7 +342,7 @@ func TestRescueRecognisesACommitWhoseAnswerWasLost(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Token: %v", err)
 	}
-	if ref.calls != 1 || len(store.saves) != 1 || store.tok.Version != 2 || tok.Version != 2 || tok.RefreshToken.Reveal() != "rt-2" {
+	if ref.calls != 1 || len(store.saves) != 1 || store.tok.Version != 2 || tok.Version != 2 || store.tok.RefreshToken.Reveal() != "rt-2" {
 		t.Errorf("provider calls %d, saves %d, stored v%d, got v%d", ref.calls, len(store.saves), store.tok.Version, tok.Version)
 	}
 	if strings.Contains(logs.String(), "dropped") {
