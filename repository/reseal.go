@@ -121,31 +121,61 @@ WHERE c.name = ?`, connectionID).Find(&rows).Error
 
 // KeyCheck is what CheckKeys found.
 type KeyCheck struct {
-	Rows  int // token rows read
-	Stale int // rows with a value not sealed with the current key (legacy plaintext or an older key)
+	Rows  int // token rows with a key id that is not current (counted), plus one per current key id
+	Stale int // rows not sealed with the current key (legacy plaintext or an older key)
 }
 
-// CheckKeys opens every stored credential with the repository's Sealer, so
-// that a process with a wrong or missing key fails at start-up instead of
-// at its first refresh. The first value that cannot be opened is returned
-// as an error wrapping domain.ErrUndecryptable that names the connection
-// and the envelope's key id. It reads without locking.
+// keyIDOf is a stored refresh token's key id, "" for legacy plaintext; the
+// index tokens_key_id (migration 5) is on it.
+const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_token, ':', 2) ELSE '' END)`
+
+// CheckKeys opens one stored token per key id in use with the repository's
+// Sealer, so that a process with a wrong or missing key fails at start-up
+// instead of at its first refresh, in a time that does not grow with the
+// table: the key ids come from a skip scan of the index on them, and only
+// rows waiting for a new key are counted. A value that cannot be opened is
+// returned as an error wrapping domain.ErrUndecryptable that names the
+// connection and the envelope's key id. It reads without locking.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
+	var ids []string
+	err := r.db.WithContext(ctx).Raw(`
+WITH RECURSIVE k(id) AS (
+    (SELECT ` + keyIDOf + ` FROM tokens ORDER BY 1 LIMIT 1)
+    UNION ALL
+    SELECT (SELECT ` + keyIDOf + ` FROM tokens WHERE ` + keyIDOf + ` > k.id ORDER BY 1 LIMIT 1)
+    FROM k WHERE k.id IS NOT NULL
+)
+SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
+	if err != nil {
+		return KeyCheck{}, storeError(ctx, "read key ids in use", err)
+	}
 	var kc KeyCheck
-	for after := int32(0); ; {
-		rows, err := scanStored(ctx, r, after, 500)
-		if err != nil || len(rows) == 0 {
+	for _, id := range ids {
+		var rows []storedRow
+		err := r.db.WithContext(ctx).Raw(`
+SELECT c.id, c.name, t.access_token, t.refresh_token
+FROM tokens t JOIN connections c ON c.id = t.connection_id
+WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
+		if err != nil {
+			return kc, storeError(ctx, "read a stored token", err)
+		}
+		if len(rows) == 0 {
+			continue // rewritten meanwhile
+		}
+		row := rows[0]
+		if _, _, err := opened(r.sealer, row.Name, row.AccessToken, row.RefreshToken); err != nil {
 			return kc, err
 		}
-		for _, row := range rows {
-			after = row.ID
+		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {
 			kc.Rows++
-			if _, _, err := opened(r.sealer, row.Name, row.AccessToken, row.RefreshToken); err != nil {
-				return kc, err
-			}
-			if !r.sealer.IsCurrent(row.AccessToken) || !r.sealer.IsCurrent(row.RefreshToken) {
-				kc.Stale++
-			}
+			continue
 		}
+		var n int64
+		if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokens WHERE `+keyIDOf+` = ?`, id).Scan(&n).Error; err != nil {
+			return kc, storeError(ctx, "count tokens waiting for a new key", err)
+		}
+		kc.Rows += int(n)
+		kc.Stale += int(n)
 	}
+	return kc, nil
 }
