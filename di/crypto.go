@@ -69,10 +69,10 @@ func openSealed(ctx context.Context, db *gorm.DB, cfg Config, log *slog.Logger) 
 	}
 	switch {
 	case len(opts) == 0:
-		log.Warn(tokencrypt.EnvKeys+" is unset: access and refresh tokens are stored in plaintext", slog.Int("rows", kc.Rows))
+		log.Warn(tokencrypt.EnvKeys + " is unset: access and refresh tokens are stored in plaintext")
 	case kc.Stale > 0:
 		log.Warn("some stored tokens are not sealed with the current key; run tokenctl rotate-key",
-			slog.Int("rows", kc.Stale), slog.Int("of", kc.Rows))
+			slog.Int("rows", kc.Stale))
 	}
 	return opts, nil
 }

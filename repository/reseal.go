@@ -121,7 +121,6 @@ WHERE c.name = ?`, connectionID).Find(&rows).Error
 
 // KeyCheck is what CheckKeys found.
 type KeyCheck struct {
-	Rows  int // token rows with a key id that is not current (counted), plus one per current key id
 	Stale int // rows not sealed with the current key (legacy plaintext or an older key)
 }
 
@@ -167,14 +166,12 @@ WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 			return kc, err
 		}
 		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {
-			kc.Rows++
 			continue
 		}
 		var n int64
 		if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokens WHERE `+keyIDOf+` = ?`, id).Scan(&n).Error; err != nil {
 			return kc, storeError(ctx, "count tokens waiting for a new key", err)
 		}
-		kc.Rows += int(n)
 		kc.Stale += int(n)
 	}
 	return kc, nil
