@@ -26,6 +26,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/infra/batch"
+	"github.com/tokenguard/tokenguard/internal/pgserver"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
@@ -118,17 +119,19 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	defer r.closeLogs()
 	r.say("tokenguard demo: %s of load, access tokens live %s, refreshed %s before expiry", o.Duration, o.TokenLifetime, o.Skew)
 
-	srv, err := FindServer(ctx, func(s string) { r.say("  %s", s) })
+	srv, err := pgserver.Find(ctx, pgserver.Options{URLVar: "DATABASE_URL", Note: func(s string) { r.say("  %s", s) }})
 	if err != nil {
 		return nil, err
 	}
 	defer srv.Close()
-	dbURL, drop, err := CreateDatabase(ctx, srv.AdminURL, "tokenguard_demo")
+	dbURL, drop, err := pgserver.CreateDatabase(ctx, srv.URL, "tokenguard_demo")
 	if err != nil {
 		return nil, err
 	}
 	defer func() {
-		if err := drop(); err != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		defer cancel()
+		if err := drop(ctx); err != nil {
 			r.say("warning: could not drop the demo database: %v", err)
 		}
 	}()
