@@ -7,7 +7,10 @@ GOVULNCHECK := $(GO) run golang.org/x/vuln/cmd/govulncheck@v1.9.0
 GOVULNDB    ?= https://vuln.go.dev
 # VULNCHECK_REQUIRED=1: fail, instead of skipping, when GOVULNDB is unreachable.
 VULNCHECK_REQUIRED ?=
-# Tests use TEST_DATABASE_URL when it is set, otherwise dockertest.
+# Tests find their Postgres server as the demo does (internal/pgserver):
+# TEST_DATABASE_URL, else dockertest, else 127.0.0.1:5432 (user postgres,
+# trust), else a throw-away cluster made with the local initdb (Debian:
+# apt-get install postgresql). TESTDB_SKIP=env,docker,local skips steps.
 
 .PHONY: build test test-short lint vulncheck migrate bench
 
@@ -15,7 +18,8 @@ build:
 	@mkdir -p bin
 	$(GO) build -o bin/ ./cmd/...
 
-# All tests, with the race detector, against a real Postgres.
+# All tests, with the race detector, against a real Postgres found as
+# above; each test creates and drops a database of its own.
 test:
 	$(GO) test -race -count=1 -timeout 8m $(PKGS)
 
@@ -55,8 +59,9 @@ bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./usecase/ | tee bench.out
 	$(GO) run ./cmd/benchreport < bench.out
 
-# One command, a fresh machine: the sandbox provider, a fresh database, and
-# server, worker and batch as separate processes under load (README.md).
+# One command, a fresh machine: the sandbox provider, a fresh database (on
+# DATABASE_URL, else found as for the tests), and server, worker and batch
+# as separate processes under load (README.md).
 # DEMO_FLAGS: --duration 30s --token-lifetime 3s --skew 1s
 .PHONY: demo
 demo: build

@@ -22,6 +22,9 @@ import (
 // cannot be tested, and Find says what to install instead.
 func needBinaries(t *testing.T) {
 	t.Helper()
+	if testing.Short() {
+		t.Skip("starts postgres")
+	}
 	if _, err := findBinaries(); err != nil {
 		t.Skipf("initdb step not testable here: %v (Debian: apt-get install postgresql)", err)
 	}

@@ -20,6 +20,9 @@ import (
 func TestMain(m *testing.M) { testdb.Main(m) }
 
 func TestNewGivesMigratedDatabaseDroppedAtEnd(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
 	var name string
 	t.Run("use", func(t *testing.T) {
 		db, err := sql.Open("pgx", testdb.New(t))
@@ -59,6 +62,9 @@ func TestHelperThrowAway(t *testing.T) {
 // With every earlier step skipped, a test binary gets its databases from a
 // throw-away cluster, which is gone once the binary has exited.
 func TestThrowAwayClusterThroughTestdb(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts postgres")
+	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperThrowAway$", "-test.count=1")
 	cmd.Env = append(os.Environ(), "TESTDB_HELPER=1", testdb.EnvSkip+"=env,docker,local")
 	out, err := cmd.CombinedOutput()
