@@ -154,7 +154,11 @@ func (p *Provider) commit(ctx context.Context, ar fosite.AccessRequester) (fosit
 	if err != nil {
 		return nil, err
 	}
-	resp.SetExtra("expires_in", expiresIn(ar.GetSession().GetExpiresAt(fosite.AccessToken)))
+	if p.omitExpiry {
+		delete(resp.ToMap(), "expires_in") // ToMap is the answer's own map
+	} else {
+		resp.SetExtra("expires_in", expiresIn(ar.GetSession().GetExpiresAt(fosite.AccessToken)))
+	}
 	return resp, nil
 }
 
@@ -187,6 +191,10 @@ func (p *Provider) writeFault(w http.ResponseWriter, r *http.Request, f Fault) {
 		}
 	case FaultInvalidGrant:
 		writeJSON(w, http.StatusBadRequest, oauthError{Error: "invalid_grant"})
+	case FaultInvalidClient:
+		// RFC 6749 §5.2: 401 and a challenge for the scheme the client used.
+		w.Header().Set("WWW-Authenticate", `Basic realm="sandbox"`)
+		writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_client"})
 	default:
 		writeJSON(w, http.StatusInternalServerError, oauthError{Error: "server_error"})
 	}

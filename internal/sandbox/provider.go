@@ -67,6 +67,10 @@ const (
 	// FaultInvalidGrant answers 400 {"error":"invalid_grant"} without
 	// consulting the store; the refresh token stays valid.
 	FaultInvalidGrant
+	// FaultInvalidClient answers 401 {"error":"invalid_client"}, what a
+	// provider says while a rotated client secret has not reached the apps
+	// yet. The refresh token is not looked at and stays valid.
+	FaultInvalidClient
 )
 
 func (f Fault) String() string {
@@ -81,6 +85,8 @@ func (f Fault) String() string {
 		return "hang"
 	case FaultInvalidGrant:
 		return "invalid-grant"
+	case FaultInvalidClient:
+		return "invalid-client"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }
@@ -115,6 +121,9 @@ type Options struct {
 	// Scopes the client may request. Default {"api"}. "offline" and
 	// "offline_access" are always allowed in addition.
 	Scopes []string
+	// OmitExpiresIn leaves expires_in out of token answers, as providers
+	// that never say how long a token lives do: clients learn it from a 401.
+	OmitExpiresIn bool
 }
 
 // maxHang bounds FaultHang so that a client without a timeout cannot wedge a
@@ -133,6 +142,7 @@ type Provider struct {
 	secret     string
 	redirect   string // default redirect URI for OAuth2Config
 	scopes     []string
+	omitExpiry bool
 
 	// refreshLocks serialise refresh_token grants of one grant family from
 	// fosite's request parsing to the response write. fosite's MemoryStore
@@ -231,6 +241,7 @@ func New(opts Options) (*Provider, error) {
 		secret:     opts.ClientSecret,
 		redirect:   defaultRedirect(opts.RedirectURIs),
 		scopes:     slices.Clone(opts.Scopes),
+		omitExpiry: opts.OmitExpiresIn,
 	}
 	p.SetRefreshLatency(opts.RefreshLatency)
 	p.SetRefreshFault(opts.RefreshFault)

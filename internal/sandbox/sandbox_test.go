@@ -152,6 +152,24 @@ func TestExpiresInMatchesLifespan(t *testing.T) {
 	}
 }
 
+func TestOmitExpiresIn(t *testing.T) {
+	e := newEnv(t, Options{AccessTokenLifespan: 300 * time.Millisecond, OmitExpiresIn: true})
+	tok := e.grant(t)
+	next, err := e.refresh(tok.RefreshToken)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tk := range []*oauth2.Token{tok, next} {
+		if tk.Extra("expires_in") != nil || !tk.Expiry.IsZero() {
+			t.Errorf("expires_in = %v, expiry %v: want neither", tk.Extra("expires_in"), tk.Expiry)
+		}
+	}
+	// The token still expires at the provider: the client learns it from a 401.
+	wantResource(t, e, next.AccessToken, http.StatusOK)
+	time.Sleep(400 * time.Millisecond)
+	wantResource(t, e, next.AccessToken, http.StatusUnauthorized)
+}
+
 func TestClientSecretPost(t *testing.T) {
 	e := newEnv(t, Options{})
 	e.cfg.Endpoint.AuthStyle = oauth2.AuthStyleInParams
@@ -362,6 +380,9 @@ func TestFaults(t *testing.T) {
 		}},
 		{FaultInvalidGrant, func(t *testing.T, err error) {
 			check(t, err, http.StatusBadRequest, "invalid_grant")
+		}},
+		{FaultInvalidClient, func(t *testing.T, err error) {
+			check(t, err, http.StatusUnauthorized, "invalid_client")
 		}},
 		{FaultHang, func(t *testing.T, err error) {
 			if !errors.Is(err, context.DeadlineExceeded) {
