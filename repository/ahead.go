@@ -17,6 +17,18 @@ func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time) ([]st
 	return names, nil
 }
 
+// ObtainedBefore lists the active connections whose token was obtained
+// before t, oldest first.
+func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time) ([]string, error) {
+	var names []string
+	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
+		WHERE t.status = 'active' AND t.obtained_at < ? ORDER BY t.obtained_at, c.id`, t).Find(&names).Error
+	if err != nil {
+		return nil, storeError(ctx, "list idle tokens", err)
+	}
+	return names, nil
+}
+
 // TryInLock is InLock without the wait: if another transaction holds the
 // connection's lock it returns false at once and fn does not run.
 func (r *TokenRepository) TryInLock(ctx context.Context, connectionID string, hold time.Duration,

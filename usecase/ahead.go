@@ -12,20 +12,24 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// AheadStore is what refreshing ahead of expiry needs from the store.
+// AheadStore is what refreshing ahead of expiry and keeping idle grants
+// alive need from the store.
 type AheadStore interface {
 	// ExpiringBefore lists the active connections whose token expires
 	// before t, soonest first.
 	ExpiringBefore(ctx context.Context, t time.Time) ([]string, error)
+	// ObtainedBefore lists the active connections whose token was obtained
+	// before t, oldest first.
+	ObtainedBefore(ctx context.Context, t time.Time) ([]string, error)
 	// TryInLock runs fn like TokenStore.InLock if the connection's lock is
 	// free right now, and reports false without waiting if it is not.
 	TryInLock(ctx context.Context, connectionID string, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) (bool, error)
 }
 
-// AheadReport counts what one RefreshAhead pass did.
+// AheadReport counts what one sweep (RefreshAhead or KeepAlive) did.
 type AheadReport struct {
-	Due       int // connections expiring inside the window
+	Due       int // connections listed
 	Refreshed int
 	Skipped   int // another process held the lock: it is refreshing them
 	Fresh     int // already refreshed by someone else by the time we looked
@@ -43,16 +47,37 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 	if err != nil {
 		return AheadReport{}, fmt.Errorf("refresh ahead: %w", err)
 	}
+	return u.sweep(ctx, store, ids, concurrency, func(t domain.Token) bool {
+		return !t.Expiry.IsZero() && t.Expiry.Before(deadline)
+	})
+}
+
+// KeepAlive refreshes every connection whose token was not refreshed for
+// idle, like RefreshAhead: some providers let a refresh token die when it
+// is not used for a while (30, 90, 100 days), even though its grant stands.
+func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, idle time.Duration, concurrency int) (AheadReport, error) {
+	cutoff := u.opts.Clock.Now().Add(-idle)
+	ids, err := store.ObtainedBefore(ctx, cutoff)
+	if err != nil {
+		return AheadReport{}, fmt.Errorf("keep alive: %w", err)
+	}
+	return u.sweep(ctx, store, ids, concurrency, func(t domain.Token) bool {
+		return t.ObtainedAt.Before(cutoff)
+	})
+}
+
+// sweep refreshes the connections ids whose token, read under the lock,
+// is active and due, at most concurrency at a time, skipping those whose
+// lock is taken.
+func (u *RefreshTokenUseCase) sweep(ctx context.Context, store AheadStore, ids []string, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
 	var refreshed, skipped, fresh, failed atomic.Int64
 	errs := make([]error, len(ids))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(concurrency, 1))
 	for i, id := range ids {
 		g.Go(func() error {
-			redeemed := false
-			var revoked error
-			var rotated *domain.Token
-			var out domain.Token
+			var r redeemed
+			called := false
 			ev := RefreshEvent{ConnectionID: id}
 			locked, err := store.TryInLock(gctx, id, u.hold(), func(txCtx context.Context, s LockedStore) error {
 				t, err := s.Get(txCtx, id)
@@ -60,39 +85,35 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 					return err
 				}
 				ev.OldVersion = t.Version
-				if t.Status != domain.StatusActive || t.Expiry.IsZero() || !t.Expiry.Before(deadline) {
+				if t.Status != domain.StatusActive || !due(t) {
 					return nil // someone refreshed it since we listed it
 				}
-				out, revoked, rotated, err = u.redeem(txCtx, s, t, &ev.ProviderLatency)
-				redeemed = err == nil && revoked == nil
+				called = true
+				if err := u.gate.check(u.opts.Clock.Now()); err != nil {
+					return err
+				}
+				r, err = u.redeem(txCtx, s, t)
 				return err
 			})
-			if err != nil && rotated != nil {
-				out, err = u.rescue(id, *rotated, err)
-				redeemed = err == nil
+			if err != nil && r.rotated != nil {
+				r.tok, err = u.rescue(id, *r.rotated, err)
 			}
-			if locked && (redeemed || err != nil || revoked != nil) {
-				ev.NewVersion, ev.Err = out.Version, errors.Join(err, revoked)
-				switch {
-				case redeemed:
-					ev.Outcome = OutcomeOK
-				case revoked != nil:
+			if locked && (called || err != nil) {
+				ev.NewVersion, ev.ProviderLatency, ev.Err = r.tok.Version, r.latency, errors.Join(err, r.revoked)
+				ev.Outcome = outcome(err)
+				if r.revoked != nil {
 					ev.Outcome = OutcomeInvalidGrant
-					u.opts.OnNeedsReauth(id, reason(revoked))
-				case errors.Is(err, domain.ErrProviderUnavailable):
-					ev.Outcome = OutcomeTransientError
-				default:
-					ev.Outcome = OutcomeError
+					u.opts.OnNeedsReauth(id, reason(r.revoked))
 				}
 				u.observe(ev)
 			}
 			switch {
-			case err != nil || revoked != nil:
+			case err != nil || r.revoked != nil:
 				failed.Add(1)
-				errs[i] = fmt.Errorf("%s: %w", id, errors.Join(err, revoked))
+				errs[i] = fmt.Errorf("%s: %w", id, errors.Join(err, r.revoked))
 			case !locked:
 				skipped.Add(1)
-			case redeemed:
+			case called:
 				refreshed.Add(1)
 			default:
 				fresh.Add(1)

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"strconv"
 
-	"golang.org/x/time/rate"
-
 	"github.com/tokenguard/tokenguard/domain"
 )
 
@@ -19,8 +17,11 @@ import (
 // refresh token.
 //
 // Forced refreshes of one connection are limited to one per ForceInterval
-// in this process; beyond that it fails with domain.ErrRefreshRateLimited
-// rather than let an API that always answers 401 drive a refresh loop.
+// (or half the token's granted lifetime, if shorter) in this process;
+// beyond that it fails with domain.ErrRefreshRateLimited rather than let an
+// API that always answers 401 drive a refresh loop. Only a refresh that
+// would call the provider counts: a 401 for a token another process has
+// just replaced never does.
 func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error) {
 	u.opts.Observer.ForcedRefresh(connectionID)
 	u.cache.invalidate(connectionID, failed+1) // never hand out the failed token again
@@ -35,9 +36,6 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 			return domain.Token{}, needsReauth(t)
 		}
 		if t.Version == failed {
-			if !u.forceLimiter(connectionID).Allow() {
-				return domain.Token{}, domain.ErrRefreshRateLimited
-			}
 			if t, err = u.refresh(ctx, connectionID, true, func(t domain.Token) bool { return t.Version == failed }); err != nil {
 				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
 			}
@@ -52,12 +50,4 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connectionID, failed, err)
 	}
 	return withoutRefreshToken(fl.tok), nil
-}
-
-func (u *RefreshTokenUseCase) forceLimiter(connectionID string) *rate.Limiter {
-	if l, ok := u.forceLimits.Load(connectionID); ok {
-		return l.(*rate.Limiter)
-	}
-	l, _ := u.forceLimits.LoadOrStore(connectionID, rate.NewLimiter(rate.Every(u.opts.ForceInterval), 1))
-	return l.(*rate.Limiter)
 }

@@ -57,6 +57,15 @@ func newWorld(t testing.TB, lifespan time.Duration) *world {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return newWorldWith(t, p)
+}
+
+// newWorldWith serves p and gives the world its own database.
+func newWorldWith(t testing.TB, p *sandbox.Provider) *world {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
 	srv := httptest.NewServer(p.Handler())
 	t.Cleanup(srv.Close)
 	return &world{url: testdb.New(t), provider: p, srv: srv, oauth: p.OAuth2Config(srv.URL)}

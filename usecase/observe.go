@@ -2,8 +2,11 @@ package usecase
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // Observer is told what the use case does, for metrics. Its methods are
@@ -29,8 +32,31 @@ const (
 	OutcomeSkippedFresh   RefreshOutcome = "skipped_fresh_after_lock" // someone else had refreshed
 	OutcomeTransientError RefreshOutcome = "transient_error"          // provider unavailable; token untouched
 	OutcomeInvalidGrant   RefreshOutcome = "invalid_grant"            // grant rejected; connection needs_reauth
-	OutcomeError          RefreshOutcome = "error"                    // lock wait, store or context
+	// The provider rejected the client (or, in a pause after that, was not
+	// called); connection and token untouched.
+	OutcomeClientRejected RefreshOutcome = "client_rejected"
+	// The token URL is not a token endpoint; connection and token untouched.
+	OutcomeEndpointMisconfigured RefreshOutcome = "endpoint_misconfigured"
+	OutcomeError                 RefreshOutcome = "error" // lock wait, store or context
 )
+
+func (o RefreshOutcome) String() string { return string(o) }
+
+// outcome names how a pass that found the token due and did not store a
+// dead grant ended.
+func outcome(err error) RefreshOutcome {
+	switch {
+	case err == nil:
+		return OutcomeOK
+	case errors.Is(err, domain.ErrClientRejected):
+		return OutcomeClientRejected
+	case errors.Is(err, domain.ErrEndpointMisconfigured):
+		return OutcomeEndpointMisconfigured
+	case errors.Is(err, domain.ErrProviderUnavailable):
+		return OutcomeTransientError
+	}
+	return OutcomeError
+}
 
 // RefreshEvent describes one pass through a connection's lock. It carries
 // no secret.
@@ -59,6 +85,8 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	switch {
 	case e.Outcome == OutcomeSkippedFresh:
 		level = slog.LevelDebug
+	case e.ProviderLatency == 0 && (e.Outcome == OutcomeClientRejected || e.Outcome == OutcomeEndpointMisconfigured):
+		level = slog.LevelDebug // paused by the client gate: no provider call to follow
 	case e.Err != nil:
 		level = slog.LevelWarn
 	}

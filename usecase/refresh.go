@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -24,7 +23,9 @@ type RefreshTokenUseCase struct {
 	cache     tokenCache
 	flights   flights
 
-	forceLimits sync.Map // connection id -> *rate.Limiter
+	gate       clientGate // pauses provider calls after the client was rejected
+	forced     throttle   // connection -> last forced refresh
+	errorLines throttle   // connection -> last ERROR line about the client
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -33,7 +34,8 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	if err != nil {
 		return nil, err
 	}
-	u := &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger}}
+	u := &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger},
+		forced: throttle{keep: opts.ForceInterval}, errorLines: throttle{keep: errorLineEvery}}
 	u.cache.capacity, u.cache.clock = int64(max(opts.CacheSize, 0)), opts.Clock
 	return u, nil
 }
@@ -41,6 +43,7 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // Token returns a token for connectionID that is valid for at least the
 // skew, without its refresh token. Errors wrap domain.ErrNotFound, domain.ErrNeedsReauth,
 // domain.ErrLockTimeout, domain.ErrProviderUnavailable,
+// domain.ErrClientRejected, domain.ErrEndpointMisconfigured,
 // domain.ErrStoreUnavailable or the context's error.
 //
 // A cached fresh token costs no query and no lock. Otherwise one goroutine
@@ -139,9 +142,8 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, forced bool, due func(domain.Token) bool) (domain.Token, error) {
 	var (
 		out     domain.Token
-		revoked error         // committed as needs_reauth, then returned
-		rotated *domain.Token // the provider's answer, once there is one
-		current domain.Token  // the stored token, as read under the lock
+		r       redeemed
+		current domain.Token // the stored token, as read under the lock
 	)
 	ev := RefreshEvent{ConnectionID: connectionID, Forced: forced}
 	asked := time.Now()
@@ -168,13 +170,20 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 			return settle(t)
 		}
 		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
+		if err := u.gate.check(u.opts.Clock.Now()); err != nil {
+			return err
+		}
+		if forced && !u.forced.allow(connectionID, u.opts.Clock.Now(), u.forceGap(t)) {
+			return domain.ErrRefreshRateLimited
+		}
 		// Last chance to give up: past this point the refresh token is
 		// spent, and the new one must reach the database whatever the
 		// caller does, so the rest runs under txCtx.
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		out, revoked, rotated, err = u.redeem(txCtx, s, t, &ev.ProviderLatency)
+		r, err = u.redeem(txCtx, s, t)
+		out = r.tok
 		return err
 	})
 	if done {
@@ -183,35 +192,30 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 	if ev.LockWait == 0 {
 		ev.LockWait = time.Since(asked) // never got the lock
 	}
+	ev.ProviderLatency = r.latency
 	switch {
-	case err != nil && rotated != nil:
-		out, err = u.rescue(connectionID, *rotated, err)
-	case err == nil && revoked != nil:
-		ev.Outcome, err = OutcomeInvalidGrant, revoked
+	case err != nil && r.rotated != nil:
+		out, err = u.rescue(connectionID, *r.rotated, err)
+	case err == nil && r.revoked != nil:
+		ev.Outcome, err = OutcomeInvalidGrant, r.revoked
 		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
-			"connection", connectionID, "reason", reason(revoked))
-		u.opts.OnNeedsReauth(connectionID, reason(revoked))
+			"connection", connectionID, "reason", reason(r.revoked))
+		u.opts.OnNeedsReauth(connectionID, reason(r.revoked))
 	}
-	var stillValid error // the transient failure a still-valid token is served through
-	if err != nil && !forced && errors.Is(err, domain.ErrProviderUnavailable) && usable(current, u.opts.Clock.Now()) {
-		// The provider is down or slow, but the stored token has not
-		// expired yet: the skew is there for exactly this. Serve it; it is
-		// not cached as fresh, so the next caller tries again.
-		u.opts.Logger.Warn("token refresh failed; serving the current token until it expires",
-			"connection", connectionID, "version", current.Version,
-			"expires_in", current.Expiry.Sub(u.opts.Clock.Now()).Round(time.Millisecond), "err", err)
+	var stillValid error // the failure a still-valid token is served through
+	if err != nil && !forced && untouched(err) && usable(current, u.opts.Clock.Now()) {
+		// The provider is down or rejects the client, but the stored token
+		// has not expired yet: the skew is there for exactly this. Serve
+		// it; it is not cached as fresh, so the next caller tries again.
+		if errors.Is(err, domain.ErrProviderUnavailable) {
+			u.opts.Logger.Warn("token refresh failed; serving the current token until it expires",
+				"connection", connectionID, "version", current.Version,
+				"expires_in", current.Expiry.Sub(u.opts.Clock.Now()).Round(time.Millisecond), "err", err)
+		}
 		stillValid, out, err = err, current, nil
 	}
-	switch {
-	case ev.Outcome != "":
-	case stillValid != nil:
-		ev.Outcome = OutcomeTransientError
-	case err == nil:
-		ev.Outcome = OutcomeOK
-	case errors.Is(err, domain.ErrProviderUnavailable):
-		ev.Outcome = OutcomeTransientError
-	default:
-		ev.Outcome = OutcomeError
+	if ev.Outcome == "" {
+		ev.Outcome = outcome(cmp.Or(err, stillValid))
 	}
 	ev.NewVersion, ev.Err = out.Version, cmp.Or(err, stillValid)
 	u.observe(ev)
@@ -276,40 +280,99 @@ func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
 	return !t.FreshAt(u.opts.Clock.Now(), u.opts.Skew)
 }
 
+// redeemed is what spending a refresh token led to.
+type redeemed struct {
+	tok     domain.Token  // the stored token afterwards
+	rotated *domain.Token // the provider's answer, as soon as there is one, written or not
+	revoked error         // the grant is dead: stored as needs_reauth, to be committed
+	latency time.Duration // of the provider call
+}
+
 // redeem spends t's refresh token at the provider and stores the outcome
-// through s, which holds the connection's lock. A transient failure returns
-// err (roll back: the stored token is untouched). A permanent rejection is
-// stored as needs_reauth and returned as revoked with a nil err, so that
-// the transaction commits it. rotated is set as soon as the provider
-// answered with a new token, whether or not the write then succeeds.
-func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token, latency *time.Duration) (out domain.Token, revoked error, rotated *domain.Token, err error) {
+// through s, which holds the connection's lock. A failure that leaves the
+// grant alive (provider unavailable, client rejected, endpoint wrong)
+// returns err: roll back, the stored token is untouched. Only a dead grant
+// is stored as needs_reauth and returned as revoked with a nil err, so that
+// the transaction commits it.
+func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token) (redeemed, error) {
+	var r redeemed
 	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
 	called := time.Now()
 	g, err := u.refresher.Refresh(callCtx, t.RefreshToken)
-	*latency = time.Since(called)
+	r.latency = time.Since(called)
 	cancel()
-	if err == nil {
+	switch {
+	case err == nil:
+		u.gate.accept()
 		next := t.Rotated(g, u.opts.Clock.Now())
-		out, err = s.Save(txCtx, next)
-		return out, nil, &next, err
-	}
-	if !errors.Is(err, domain.ErrGrantRevoked) {
-		return domain.Token{}, nil, nil, err
+		r.rotated = &next
+		r.tok, err = s.Save(txCtx, next)
+		return r, err
+	case clientSide(err):
+		u.clientFailed(t.ConnectionID, err)
+		return r, err
+	case !errors.Is(err, domain.ErrGrantRevoked):
+		return r, err
 	}
 	// Before declaring the grant dead, look again: a token stored since
 	// we read (a rotated token written late by its redeemer, a new grant)
 	// means this rejection is stale news.
 	if now, getErr := s.Get(txCtx, t.ConnectionID); getErr == nil && now.Version != t.Version && now.Status == domain.StatusActive {
-		return now, nil, nil, nil
+		r.tok = now
+		return r, nil
 	}
 	// Permanent: record it (keeping the refresh token for forensics) so
 	// that no process redeems it again.
 	t.Status = domain.StatusNeedsReauth
 	t.StatusReason = reason(err)
 	if _, saveErr := s.Save(txCtx, t); saveErr != nil {
-		return domain.Token{}, nil, nil, errors.Join(err, saveErr)
+		return r, errors.Join(err, saveErr)
 	}
-	return domain.Token{}, fmt.Errorf("%w: %w", domain.ErrNeedsReauth, err), nil, nil
+	r.revoked = fmt.Errorf("%w: %w", domain.ErrNeedsReauth, err)
+	return r, nil
+}
+
+// clientSide reports whether err says the client or its configuration is
+// wrong, not the grant: the refresh token was not spent and no connection
+// is touched.
+func clientSide(err error) bool {
+	return errors.Is(err, domain.ErrClientRejected) || errors.Is(err, domain.ErrEndpointMisconfigured)
+}
+
+// untouched reports whether err left the grant and the stored token as
+// they were, so that a still-valid access token may be served through it.
+func untouched(err error) bool {
+	return errors.Is(err, domain.ErrProviderUnavailable) || clientSide(err)
+}
+
+// clientFailed closes the client gate and tells operators, at most once a
+// minute per connection, which setting to check.
+func (u *RefreshTokenUseCase) clientFailed(connectionID string, err error) {
+	now := u.opts.Clock.Now()
+	u.gate.reject(now, err)
+	if !u.errorLines.allow(connectionID, now, errorLineEvery) {
+		return
+	}
+	check, msg := "OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE", "the token endpoint rejected the client; connection kept active, its token untouched"
+	if errors.Is(err, domain.ErrEndpointMisconfigured) {
+		check, msg = "OAUTH_TOKEN_URL", "the token URL does not answer as a token endpoint; connection kept active, its token untouched"
+	}
+	u.opts.Logger.Error(msg, "connection", connectionID, "check", check, "err", err)
+}
+
+// errorLineEvery spaces the ERROR lines about a rejected client per
+// connection.
+const errorLineEvery = time.Minute
+
+// forceGap is the least time between two forced refreshes of t's
+// connection in this process: ForceInterval, or half the lifetime the
+// provider granted t if that is shorter, so that a token that lives less
+// than ForceInterval can still be replaced after every 401.
+func (u *RefreshTokenUseCase) forceGap(t domain.Token) time.Duration {
+	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() {
+		return u.opts.ForceInterval
+	}
+	return max(min(u.opts.ForceInterval, t.Expiry.Sub(t.ObtainedAt)/2), 0)
 }
 
 // usable reports whether t is active and not expired at now (the skew

@@ -42,6 +42,12 @@ func classify(err error) problem {
 		return problem{http.StatusConflict, "needs_reauth", err.Error() + "; connect it again", 0}
 	case errors.Is(err, domain.ErrLockTimeout):
 		return problem{http.StatusServiceUnavailable, "busy", "another process is refreshing the token; try again", time.Second}
+	case errors.Is(err, domain.ErrClientRejected):
+		return problem{http.StatusServiceUnavailable, "client_rejected",
+			"the token provider rejects this client; check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET and OAUTH_AUTH_STYLE", time.Second}
+	case errors.Is(err, domain.ErrEndpointMisconfigured):
+		return problem{http.StatusServiceUnavailable, "provider_misconfigured",
+			"the token URL does not answer as a token endpoint; check OAUTH_TOKEN_URL", time.Second}
 	case errors.As(err, &pe) && pe.Class != domain.GrantDead:
 		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again",
 			max(pe.RetryAfter, time.Second)}

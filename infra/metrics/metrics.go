@@ -66,7 +66,7 @@ type Metrics struct {
 // alerts work before the first failure.
 var outcomes = []usecase.RefreshOutcome{
 	usecase.OutcomeOK, usecase.OutcomeSkippedFresh, usecase.OutcomeTransientError,
-	usecase.OutcomeInvalidGrant, usecase.OutcomeError,
+	usecase.OutcomeInvalidGrant, usecase.OutcomeClientRejected, usecase.OutcomeEndpointMisconfigured, usecase.OutcomeError,
 }
 
 // Refresh triggers (the "trigger" label).
@@ -91,7 +91,7 @@ func New(o Options) *Metrics {
 	}
 	m.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_token_refreshes_total",
-		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), error (lock wait, store, context); and by trigger (expiry or unauthorized: forced after a 401).",
+		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), error (lock wait, store, context); and by trigger (expiry or unauthorized: forced after a 401).",
 	}, refreshLabels)
 	m.forced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_token_forced_refresh_requests_total",

@@ -1,0 +1,103 @@
+package usecase
+
+import (
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+)
+
+// throttle lets an event for a key happen only when the key's last one is
+// at least some interval old. It forgets keys whose last event is older
+// than keep (the longest interval asked for), so it holds only the keys
+// active lately, never every connection ever seen.
+type throttle struct {
+	keep time.Duration
+	mu   sync.Mutex
+	last map[string]time.Time
+}
+
+// forgetAt is the size beyond which old keys are swept out as new ones come.
+const forgetAt = 256
+
+// allow reports whether key's last event is at least every ago (every <=
+// keep), and if so records now as its last.
+func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	if last, ok := th.last[key]; ok && now.Sub(last) < every {
+		return false
+	}
+	if th.last == nil {
+		th.last = map[string]time.Time{}
+	}
+	if len(th.last) >= forgetAt {
+		for k, last := range th.last {
+			if now.Sub(last) >= th.keep {
+				delete(th.last, k)
+			}
+		}
+	}
+	th.last[key] = now
+	return true
+}
+
+// Pauses of clientGate: short enough that the apps find out within a few
+// seconds that the provider accepts the client again.
+const (
+	clientPauseFirst = 250 * time.Millisecond
+	clientPauseMax   = 2 * time.Second
+)
+
+// clientGate holds back this process's provider calls for a while after
+// the provider rejected the client or the token URL proved wrong. Every
+// connection shares the client, so one such answer stands for all of them:
+// a fleet does not hammer a provider that will answer the same. The pause
+// grows with repeated rejections up to clientPauseMax; a success ends it.
+type clientGate struct {
+	mu     sync.Mutex
+	until  time.Time
+	cause  error
+	pauses *backoff.ExponentialBackOff
+}
+
+// check returns the rejection that closes the gate at now, or nil.
+func (g *clientGate) check(now time.Time) error {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if !now.Before(g.until) {
+		return nil
+	}
+	return fmt.Errorf("%w (provider not called for %v after it rejected the client)", g.cause, g.until.Sub(now).Round(time.Millisecond))
+}
+
+// reject closes the gate after the provider answered err at now. Answers
+// to calls made before the current pause began do not lengthen it.
+func (g *clientGate) reject(now time.Time, err error) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if now.Before(g.until) {
+		return
+	}
+	if g.pauses == nil {
+		g.pauses = &backoff.ExponentialBackOff{
+			InitialInterval:     clientPauseFirst,
+			RandomizationFactor: 0.2, // processes that start pausing together do not call together
+			Multiplier:          2,
+			MaxInterval:         clientPauseMax,
+		}
+		g.pauses.Reset()
+	}
+	g.until, g.cause = now.Add(min(g.pauses.NextBackOff(), clientPauseMax)), err
+}
+
+// accept opens the gate after a success.
+func (g *clientGate) accept() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	if g.pauses != nil {
+		g.pauses.Reset()
+	}
+	g.until, g.cause = time.Time{}, nil
+}
