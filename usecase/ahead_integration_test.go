@@ -131,3 +131,60 @@ func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
 		}
 	}
 }
+
+// KeepAlive refreshes exactly the connections whose token was not
+// refreshed for the idle duration, skips one whose lock another process
+// holds, and leaves the others alone.
+func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
+	w := newWorld(t, time.Hour)
+	s := w.stack(t, usecase.Options{})
+	other := w.stack(t, usecase.Options{})
+	names := connectMany(t, w, s, 8)
+	ctx := context.Background()
+	store := di.NewTokenStore(s.db)
+	idle := map[string]bool{names[1]: true, names[4]: true, names[6]: true}
+	before := map[string]int64{}
+	for _, n := range names {
+		if idle[n] {
+			// As if granted 40 days ago and never used since.
+			if err := s.db.Exec(`UPDATE tokens SET obtained_at = now() - interval '40 days'
+				WHERE connection_id = (SELECT id FROM connections WHERE name = ?)`, n).Error; err != nil {
+				t.Fatal(err)
+			}
+		}
+		before[n] = mustGetName(t, s, n).Version
+	}
+
+	release := holdLockOn(t, &stack{db: other.db, repo: other.repo}, names[4])
+	rep, err := s.uc.KeepAlive(ctx, store, 30*24*time.Hour, 4)
+	release()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("keep-alive (30 days) with one idle connection locked elsewhere: %+v", rep)
+	if rep.Due != 3 || rep.Refreshed != 2 || rep.Skipped != 1 || rep.Failed != 0 {
+		t.Errorf("report %+v, want 3 due, 2 refreshed, 1 skipped", rep)
+	}
+	for _, n := range names {
+		tok := mustGetName(t, s, n)
+		refreshed := tok.Version != before[n]
+		if want := idle[n] && n != names[4]; refreshed != want {
+			t.Errorf("%s: refreshed %t, want %t", n, refreshed, want)
+		}
+		if refreshed && time.Since(tok.ObtainedAt) > time.Minute {
+			t.Errorf("%s: refreshed but obtained_at %v", n, tok.ObtainedAt)
+		}
+	}
+	if st := w.provider.Stats(); st.Refreshes != 2 || st.RefreshReuse != 0 {
+		t.Errorf("provider saw %d refreshes and %d reuses", st.Refreshes, st.RefreshReuse)
+	}
+	// The next pass takes the one that was busy, and nothing else.
+	rep, err = s.uc.KeepAlive(ctx, store, 30*24*time.Hour, 4)
+	if err != nil || rep.Due != 1 || rep.Refreshed != 1 {
+		t.Errorf("second pass: %+v, %v; want the skipped one refreshed", rep, err)
+	}
+	tok := mustGetName(t, s, names[4])
+	if tok.Version != before[names[4]]+1 || w.callResource(t, tok.AccessToken.Reveal()) != http.StatusOK {
+		t.Errorf("%s after the second pass: v%d (was v%d)", names[4], tok.Version, before[names[4]])
+	}
+}

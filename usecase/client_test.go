@@ -1,7 +1,6 @@
 package usecase_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"log/slog"
@@ -29,23 +28,6 @@ func (o *outcomes) Refreshed(e usecase.RefreshEvent) {
 	o.mu.Unlock()
 }
 
-// safeBuffer is a log sink for concurrent writers.
-type safeBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *safeBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-func (s *safeBuffer) lines(sub string) int {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return strings.Count(s.b.String(), sub)
-}
-
 func TestClientRejectionNeverTouchesTheConnection(t *testing.T) {
 	for _, c := range []struct {
 		err     *domain.ProviderError
@@ -63,7 +45,7 @@ func TestClientRejectionNeverTouchesTheConnection(t *testing.T) {
 			store := &fakeStore{tok: domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
 				TokenType: "Bearer", ObtainedAt: t0.Add(-time.Hour), Expiry: t0.Add(10 * time.Second), Version: 1, Status: domain.StatusActive}}
 			ref := &fakeRefresher{err: c.err, grant: domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2"), Expiry: t0.Add(time.Hour)}}
-			var logs safeBuffer
+			var logs syncBuffer
 			obs := &outcomes{}
 			hooked := 0
 			uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Clock: clock, Observer: obs,
@@ -111,12 +93,12 @@ func TestClientRejectionNeverTouchesTheConnection(t *testing.T) {
 				t.Errorf("pauses %v: want growing, capped at a few seconds", gaps)
 			}
 			// One ERROR line (naming the setting) for all of this, another a minute later.
-			if n := logs.lines("level=ERROR"); n != 1 || logs.lines(c.check) < 1 {
-				t.Errorf("%d ERROR lines, want 1 naming %s:\n%s", n, c.check, logs.b.String())
+			if n := strings.Count(logs.String(), "level=ERROR"); n != 1 || strings.Count(logs.String(), c.check) < 1 {
+				t.Errorf("%d ERROR lines, want 1 naming %s:\n%s", n, c.check, logs.String())
 			}
 			clock.now = clock.now.Add(time.Minute)
 			_, _ = uc.Token(ctx, "acme")
-			if n := logs.lines("level=ERROR"); n != 2 {
+			if n := strings.Count(logs.String(), "level=ERROR"); n != 2 {
 				t.Errorf("%d ERROR lines after a minute, want 2", n)
 			}
 			// The provider accepts the client again: the next call after

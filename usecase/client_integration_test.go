@@ -1,0 +1,290 @@
+package usecase_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// clientWindow makes the sandbox answer every refresh 401 invalid_client
+// while open, as during a client-secret rotation, and counts those answers.
+type clientWindow struct {
+	open     atomic.Bool
+	rejected atomic.Int64
+}
+
+func (c *clientWindow) fault() sandbox.Fault {
+	if !c.open.Load() {
+		return sandbox.FaultNone
+	}
+	c.rejected.Add(1)
+	return sandbox.FaultInvalidClient
+}
+
+// stackWith is world.stack with a refresher of the test's choosing.
+func (w *world) stackWith(t testing.TB, r usecase.Refresher, opts usecase.Options) *stack {
+	t.Helper()
+	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = postgres.Close(db) })
+	uc, err := di.NewRefreshTokenUseCase(db, r, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stack{db: db, repo: repository.NewTokenRepository(db), uc: uc}
+}
+
+// rows is the tokens table as stored, byte for byte (as text).
+func rows(t *testing.T, s *stack) []string {
+	t.Helper()
+	var out []string
+	if err := s.db.Raw(`SELECT concat_ws('|', connection_id, access_token, token_type, refresh_token, expiry, obtained_at,
+		version, status, status_reason, updated_at) FROM tokens ORDER BY connection_id`).Scan(&out).Error; err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// callResult is one Token call (and, when it succeeded, one API call with
+// the token).
+type callResult struct {
+	at     time.Time
+	stack  int
+	name   string
+	err    error
+	status int
+}
+
+// caller asks every stack for every connection's token every 20 ms and
+// uses it, recording each result.
+type caller struct {
+	mu   sync.Mutex
+	got  []callResult
+	stop chan struct{}
+	wg   sync.WaitGroup
+}
+
+func startCallers(t *testing.T, w *world, stacks []*stack, names []string) *caller {
+	c := &caller{stop: make(chan struct{})}
+	for i, s := range stacks {
+		for _, n := range names {
+			c.wg.Go(func() {
+				for {
+					select {
+					case <-c.stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					r := callResult{stack: i, name: n}
+					tok, err := s.uc.Token(context.Background(), n)
+					r.err = err
+					if err == nil {
+						r.status = w.callResource(t, tok.AccessToken.Reveal())
+					}
+					r.at = time.Now()
+					c.mu.Lock()
+					c.got = append(c.got, r)
+					c.mu.Unlock()
+				}
+			})
+		}
+	}
+	return c
+}
+
+func (c *caller) finish() []callResult {
+	close(c.stop)
+	c.wg.Wait()
+	return c.got
+}
+
+// An invalid_client window of 5 s (a client-secret rotation at the
+// provider) against two processes sharing five connections: no connection
+// changes in any way, calls are served while the stored token is valid and
+// fail with ErrClientRejected only after it expired, the provider is called
+// a few times per process (not once per caller and call), one ERROR line per
+// connection and process, and every caller recovers by itself within a few
+// seconds after the window.
+func TestInvalidClientWindowLeavesConnectionsActive(t *testing.T) {
+	const (
+		lifespan = 2 * time.Second
+		skew     = time.Second
+		window   = 5 * time.Second
+		conns    = 5
+	)
+	w := newWorld(t, lifespan)
+	var win clientWindow
+	w.provider.SetRefreshFault(win.fault)
+	logs := []*syncBuffer{{}, {}}
+	stacks := make([]*stack, len(logs))
+	for i, l := range logs {
+		stacks[i] = w.stack(t, usecase.Options{Skew: skew, Logger: slog.New(slog.NewTextHandler(l, nil))})
+	}
+	names := connectMany(t, w, stacks[0], conns)
+	c := startCallers(t, w, stacks, names)
+	time.Sleep(lifespan) // a refresh cycle before the window
+
+	win.open.Store(true)
+	opened := time.Now()
+	time.Sleep(100 * time.Millisecond) // refreshes already past the check finish
+	before := rows(t, stacks[0])
+	expiry := map[string]time.Time{}
+	for _, n := range names {
+		tok, err := stacks[0].repo.Get(context.Background(), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		expiry[n] = tok.Expiry
+	}
+	time.Sleep(window - 100*time.Millisecond)
+	after := rows(t, stacks[0])
+	win.open.Store(false)
+	closed := time.Now()
+	inWindow := win.rejected.Load()
+
+	// Recovery: every caller's first successful call after the window.
+	recovered := map[string]time.Duration{}
+	deadline := closed.Add(20 * time.Second)
+	for len(recovered) < len(stacks)*conns && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		c.mu.Lock()
+		for _, r := range c.got {
+			key := fmt.Sprint(r.stack, r.name)
+			if _, ok := recovered[key]; !ok && r.at.After(closed) && r.err == nil && r.status == http.StatusOK {
+				recovered[key] = r.at.Sub(closed)
+			}
+		}
+		c.mu.Unlock()
+	}
+	results := c.finish()
+	var took []time.Duration
+	for _, d := range recovered {
+		took = append(took, d)
+	}
+	slices.Sort(took)
+
+	// During the window.
+	var served, failed, early int
+	var wrong []string
+	for _, r := range results {
+		if r.at.Before(opened.Add(100*time.Millisecond)) || r.at.After(closed) {
+			continue
+		}
+		switch {
+		case r.err == nil && r.status == http.StatusOK:
+			served++
+		case r.err == nil:
+			wrong = append(wrong, fmt.Sprintf("%s: API answered %d", r.name, r.status))
+		case !errors.Is(r.err, domain.ErrClientRejected) || errors.Is(r.err, domain.ErrNeedsReauth):
+			wrong = append(wrong, r.err.Error())
+		default:
+			failed++
+			if r.at.Before(expiry[r.name].Add(-50 * time.Millisecond)) {
+				early++ // failed although the stored token was still valid
+			}
+		}
+	}
+	errorLines := 0
+	for _, l := range logs {
+		errorLines += strings.Count(l.String(), "level=ERROR")
+	}
+	st := w.provider.Stats()
+	t.Logf("window %v: %d calls served, %d failed with ErrClientRejected (%d while the token was valid); provider answered invalid_client %d times; %d ERROR lines",
+		window, served, failed, early, inWindow, errorLines)
+	t.Logf("recovery after the window, per process and connection: min %v, median %v, max %v (%d of %d)",
+		took[0].Round(time.Millisecond), took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), len(took), len(stacks)*conns)
+
+	if !slices.Equal(before, after) {
+		t.Errorf("stored tokens changed during the window:\nbefore %q\nafter  %q", before, after)
+	}
+	if len(wrong) > 0 {
+		t.Errorf("%d unexpected results, e.g. %q", len(wrong), wrong[0])
+	}
+	if served == 0 || failed == 0 || early > 0 {
+		t.Errorf("served %d, failed %d (%d early): want valid tokens served and expired ones refused", served, failed, early)
+	}
+	// Without the pause every caller would reach the provider every 20 ms
+	// (about 2500 calls in the window); with it each process calls a few
+	// times, once per connection at most each time the pause ends.
+	if limit := int64(len(stacks) * conns * 8); inWindow > limit || inWindow == 0 {
+		t.Errorf("provider answered invalid_client %d times in the window, want 1..%d", inWindow, limit)
+	}
+	if errorLines == 0 || errorLines > len(stacks)*conns {
+		t.Errorf("%d ERROR lines, want at most one per connection and process", errorLines)
+	}
+	if len(took) != len(stacks)*conns || took[len(took)-1] > 15*time.Second {
+		t.Errorf("recovered %d of %d callers, slowest after %v", len(took), len(stacks)*conns, took[len(took)-1])
+	}
+	for _, n := range names {
+		if tok := mustGetName(t, stacks[0], n); tok.Status != domain.StatusActive {
+			t.Errorf("%s: %s (%s)", n, tok.Status, tok.StatusReason)
+		}
+	}
+	if st.RefreshReuse != 0 {
+		t.Errorf("refresh-token reuse = %d", st.RefreshReuse)
+	}
+}
+
+// grantDeadOnClientRejection is the broken strategy: it takes the
+// provider's rejection of the client for a dead grant.
+type grantDeadOnClientRejection struct{ usecase.Refresher }
+
+func (r grantDeadOnClientRejection) Refresh(ctx context.Context, rt domain.Secret) (domain.Grant, error) {
+	g, err := r.Refresher.Refresh(ctx, rt)
+	var pe *domain.ProviderError
+	if errors.As(err, &pe) && pe.Class == domain.ClientRejected {
+		return g, &domain.ProviderError{Code: pe.Code, HTTPStatus: pe.HTTPStatus, Class: domain.GrantDead}
+	}
+	return g, err
+}
+
+// Control: the same window against the same provider, with the strategy
+// that treats invalid_client as a dead grant: the connection is marked
+// needs_reauth and stays dead after the window, until a person connects it
+// again.
+func TestControlInvalidClientAsGrantDeadKillsTheConnection(t *testing.T) {
+	w := newWorld(t, time.Second)
+	var win clientWindow
+	w.provider.SetRefreshFault(win.fault)
+	s := w.stackWith(t, grantDeadOnClientRejection{provider.NewRefresher(w.oauth, provider.NewHTTPClient(5*time.Second))},
+		usecase.Options{Skew: 500 * time.Millisecond})
+	w.connect(t, s)
+	waitUntilStale(t, s, 500*time.Millisecond)
+	win.open.Store(true)
+	_, err := s.uc.Token(context.Background(), conn)
+	time.Sleep(2 * time.Second)
+	win.open.Store(false)
+	_, after := s.uc.Token(context.Background(), conn)
+	stored := mustGet(t, s)
+	t.Logf("in the window: %v; after it: %v; stored %s (%s)", err, after, stored.Status, stored.StatusReason)
+	if stored.Status != domain.StatusNeedsReauth || !errors.Is(after, domain.ErrNeedsReauth) {
+		t.Errorf("broken strategy left the connection %s after the window (%v): the control shows nothing", stored.Status, after)
+	}
+}
+
+func mustGetName(t *testing.T, s *stack, name string) domain.Token {
+	t.Helper()
+	tok, err := s.repo.Get(context.Background(), name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
