@@ -111,13 +111,22 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window
 	}
+	if ahead.KeepAlive > 0 {
+		store := TokenStore{a.tokens.Repository}
+		r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
+			return a.tokens.RefreshToken.KeepAlive(ctx, store, ahead.KeepAlive, ahead.Concurrency)
+		}
+		r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
+	}
 	return r, cleanup, nil
 }
 
-// RefreshAhead configures the batch's proactive refresh (--refresh-ahead).
+// RefreshAhead configures the batch's proactive refreshes (--refresh-ahead,
+// --keep-alive).
 type RefreshAhead struct {
 	Window      time.Duration // refresh connections expiring within this; 0 disables
-	Concurrency int           // refreshes at once
+	KeepAlive   time.Duration // refresh connections not refreshed for this long; 0 disables
+	Concurrency int           // refreshes at once, for both
 }
 
 // app is what the three apps share: the token layer, the API client and,

@@ -18,16 +18,17 @@ func main() {
 	fs := flag.NewFlagSet("batch", flag.ContinueOnError)
 	every := fs.Duration("every", 0, "repeat every `DURATION` until SIGTERM (default: one round)")
 	ahead := fs.Duration("refresh-ahead", 0, "first refresh every connection expiring within `DURATION` (0: off)")
-	concurrency := fs.Int("refresh-concurrency", 8, "refreshes at once for --refresh-ahead")
+	keepAlive := fs.Duration("keep-alive", 0, "first refresh every connection not refreshed for `DURATION`, for providers whose refresh tokens die unused (0: off)")
+	concurrency := fs.Int("refresh-concurrency", 8, "refreshes at once for --refresh-ahead and --keep-alive")
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)
 	}
-	if *every < 0 || *ahead < 0 || *concurrency < 1 || fs.NArg() > 0 {
-		fmt.Fprintln(os.Stderr, "batch: usage: batch [--every DURATION] [--refresh-ahead DURATION [--refresh-concurrency N]]")
+	if *every < 0 || *ahead < 0 || *keepAlive < 0 || *concurrency < 1 || fs.NArg() > 0 {
+		fmt.Fprintln(os.Stderr, "batch: usage: batch [--every DURATION] [--refresh-ahead DURATION] [--keep-alive DURATION] [--refresh-concurrency N]")
 		os.Exit(2)
 	}
 	os.Exit(di.Run("batch", os.Environ(), os.Stderr, func(ctx context.Context, cfg di.AppConfig, log *slog.Logger) error {
-		runner, cleanup, err := di.NewBatch(ctx, cfg, os.Stdout, log, di.RefreshAhead{Window: *ahead, Concurrency: *concurrency})
+		runner, cleanup, err := di.NewBatch(ctx, cfg, os.Stdout, log, di.RefreshAhead{Window: *ahead, KeepAlive: *keepAlive, Concurrency: *concurrency})
 		if err != nil {
 			return err
 		}

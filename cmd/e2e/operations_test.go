@@ -47,6 +47,28 @@ func testOperations(t *testing.T, bin string) {
 		t.Errorf("second sweep: exit %d, provider refreshes %d", r.code, s.sb.Stats().Refreshes)
 	}
 
+	// Keep-alive: only the connection not refreshed for 40 days is.
+	db, err := pgx.Connect(context.Background(), s.dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close(context.Background())
+	if _, err := db.Exec(context.Background(), `UPDATE tokens SET obtained_at = now() - interval '40 days'
+		WHERE connection_id = (SELECT id FROM connections WHERE name = 'b')`); err != nil {
+		t.Fatal(err)
+	}
+	r = run(t, bin, "batch", s.env, "", "--keep-alive", "720h")
+	var kept struct {
+		Due       int `json:"keepalive_due"`
+		Refreshed int `json:"keepalive_refreshed"`
+	}
+	if err := json.Unmarshal([]byte(strings.TrimSpace(r.stdout)), &kept); r.code != 0 || err != nil {
+		t.Fatalf("batch --keep-alive: exit %d, %v\n%s%s", r.code, err, r.stdout, r.stderr)
+	}
+	if st := s.sb.Stats(); kept.Due != 1 || kept.Refreshed != 1 || st.Refreshes != 4 || st.RefreshReuse != 0 {
+		t.Errorf("keep-alive round %+v, provider refreshes %d, reuse %d: want the idle connection refreshed, alone", kept, st.Refreshes, st.RefreshReuse)
+	}
+
 	// Turn encryption on: rotate-key needs the key, seals every row, and
 	// the apps keep working with the key set.
 	if r := run(t, bin, "tokenctl", s.env, "", "rotate-key"); r.code != 2 || !strings.Contains(r.stderr, "TOKEN_ENCRYPTION_KEYS") {

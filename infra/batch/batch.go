@@ -32,6 +32,11 @@ type Round struct {
 	AheadRefreshed int `json:"ahead_refreshed,omitempty"`
 	AheadBusy      int `json:"ahead_skipped_busy,omitempty"`
 	AheadFailed    int `json:"ahead_failed,omitempty"`
+	// Keep-alive sweep of the round (--keep-alive), when enabled.
+	KeepAliveDue       int `json:"keepalive_due,omitempty"`
+	KeepAliveRefreshed int `json:"keepalive_refreshed,omitempty"`
+	KeepAliveBusy      int `json:"keepalive_skipped_busy,omitempty"`
+	KeepAliveFailed    int `json:"keepalive_failed,omitempty"`
 }
 
 // Runner runs rounds.
@@ -45,6 +50,10 @@ type Runner struct {
 	// connections about to expire, skipping those another process is
 	// refreshing right now.
 	Ahead func(ctx context.Context) (usecase.AheadReport, error)
+	// KeepAlive, when set, runs after Ahead: it refreshes the connections
+	// not refreshed for a long time, whose refresh tokens some providers
+	// let die unused.
+	KeepAlive func(ctx context.Context) (usecase.AheadReport, error)
 }
 
 // Run makes one round, or with every > 0 a round every interval until ctx
@@ -75,16 +84,8 @@ func (r *Runner) round(ctx context.Context, n int) bool {
 	defer cancel()
 	start := time.Now()
 	var out Round
-	aheadOK := true
-	if r.Ahead != nil {
-		rep, err := r.Ahead(ctx)
-		out.AheadDue, out.AheadRefreshed, out.AheadBusy, out.AheadFailed = rep.Due, rep.Refreshed, rep.Skipped, rep.Failed
-		if err != nil {
-			aheadOK = false
-			out.Errors = append(out.Errors, "refresh ahead: "+err.Error())
-			r.Log.Warn("refresh ahead failed for some connections", "round", n, "failed", rep.Failed, "err", err)
-		}
-	}
+	aheadOK := r.sweep(ctx, n, "refresh ahead", r.Ahead, &out, &out.AheadDue, &out.AheadRefreshed, &out.AheadBusy, &out.AheadFailed)
+	aheadOK = r.sweep(ctx, n, "keep alive", r.KeepAlive, &out, &out.KeepAliveDue, &out.KeepAliveRefreshed, &out.KeepAliveBusy, &out.KeepAliveFailed) && aheadOK
 	res, err := r.UseCase.CallAll(ctx)
 	out.Round, out.Calls, out.Skipped, out.DurationMS = n, len(res.Calls), len(res.Skipped), time.Since(start).Milliseconds()
 	if err != nil {
@@ -106,4 +107,21 @@ func (r *Runner) round(ctx context.Context, n int) bool {
 	line, _ := json.Marshal(out)
 	_, _ = r.Out.Write(append(line, '\n'))
 	return err == nil && out.Failed == 0 && aheadOK
+}
+
+// sweep runs one of the round's sweeps, if set, into out's fields; false
+// when some connection failed.
+func (r *Runner) sweep(ctx context.Context, n int, name string, run func(context.Context) (usecase.AheadReport, error),
+	out *Round, due, refreshed, busy, failed *int) bool {
+	if run == nil {
+		return true
+	}
+	rep, err := run(ctx)
+	*due, *refreshed, *busy, *failed = rep.Due, rep.Refreshed, rep.Skipped, rep.Failed
+	if err != nil {
+		out.Errors = append(out.Errors, name+": "+err.Error())
+		r.Log.Warn(name+" failed for some connections", "round", n, "failed", rep.Failed, "err", err)
+		return false
+	}
+	return true
 }
