@@ -31,7 +31,9 @@ type Options struct {
 	OnNeedsReauth func(connectionID, reason string)
 	// ForceInterval is the least time between two forced refreshes of one
 	// connection by this process (default 5s), so an API that answers 401
-	// to everything cannot drive a refresh loop.
+	// to everything cannot drive a refresh loop. A token the provider
+	// granted for less than twice that may be replaced after half its
+	// lifetime instead.
 	ForceInterval time.Duration
 	// RescueWindow bounds how long a rotated token whose first write failed
 	// is retried (default 30s). See refresh.
