@@ -369,10 +369,11 @@ const errorLineEvery = time.Minute
 // provider granted t if that is shorter, so that a token that lives less
 // than ForceInterval can still be replaced after every 401.
 func (u *RefreshTokenUseCase) forceGap(t domain.Token) time.Duration {
-	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() {
+	life := t.Expiry.Sub(t.ObtainedAt)
+	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() || life <= 0 {
 		return u.opts.ForceInterval
 	}
-	return max(min(u.opts.ForceInterval, t.Expiry.Sub(t.ObtainedAt)/2), 0)
+	return min(u.opts.ForceInterval, life/2)
 }
 
 // usable reports whether t is active and not expired at now (the skew
