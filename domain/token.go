@@ -23,11 +23,14 @@ type Token struct {
 	TokenType    string
 	RefreshToken Secret
 	Expiry       time.Time // zero means the provider gave no expiry
-	ObtainedAt   time.Time // when AccessToken was issued; bounds the refresh skew
-	Version      int64     // bumped by every write; never goes back
-	Status       Status
-	StatusReason string // why the connection needs re-authorisation, if it does
-	UpdatedAt    time.Time
+	// RefreshExpiry is when RefreshToken stops working, if the provider
+	// said (refresh_token_expires_in); zero means unknown.
+	RefreshExpiry time.Time
+	ObtainedAt    time.Time // when AccessToken was issued; bounds the refresh skew
+	Version       int64     // bumped by every write; never goes back
+	Status        Status
+	StatusReason  string // why the connection needs re-authorisation, if it does
+	UpdatedAt     time.Time
 }
 
 // Grant is what a provider hands out: a fresh access token and possibly a
@@ -37,6 +40,9 @@ type Grant struct {
 	TokenType    string
 	RefreshToken Secret // zero when the provider did not rotate
 	Expiry       time.Time
+	// RefreshExpiry: when the refresh token expires, if the provider said
+	// (refresh_token_expires_in, x_refresh_token_expires_in); zero otherwise.
+	RefreshExpiry time.Time
 }
 
 // EffectiveSkew caps skew at half the lifetime the provider granted, so a
@@ -65,8 +71,16 @@ func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 }
 
 // Rotated returns t carrying g, issued at now. The refresh token is kept
-// when the provider did not send a new one (RFC 6749 §6 makes rotation optional).
+// when the provider did not send a new one (RFC 6749 §6 makes rotation
+// optional). So is its known expiry, unless the refresh token changed: a
+// new refresh token whose answer names no expiry has an unknown one.
 func (t Token) Rotated(g Grant, now time.Time) Token {
+	switch {
+	case !g.RefreshExpiry.IsZero():
+		t.RefreshExpiry = g.RefreshExpiry
+	case !g.RefreshToken.IsZero() && !g.RefreshToken.Equal(t.RefreshToken):
+		t.RefreshExpiry = time.Time{}
+	}
 	t.AccessToken = g.AccessToken
 	t.TokenType = g.TokenType
 	if !g.RefreshToken.IsZero() {

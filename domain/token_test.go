@@ -79,6 +79,40 @@ func TestRotatedKeepsRefreshTokenWhenProviderSendsNone(t *testing.T) {
 	}
 }
 
+func TestRotatedRefreshExpiry(t *testing.T) {
+	now := t0.Add(time.Hour)
+	known := now.Add(90 * 24 * time.Hour)
+	later := known.Add(24 * time.Hour)
+	at := domain.NewSecret("at-new")
+	cases := []struct {
+		name   string
+		stored time.Time
+		grant  domain.Grant
+		want   time.Time
+		wantRT string
+	}{
+		{"provider names it", time.Time{}, domain.Grant{AccessToken: at, RefreshToken: domain.NewSecret("rt-2"), RefreshExpiry: known}, known, "rt-2"},
+		{"provider renews it without rotating", known, domain.Grant{AccessToken: at, RefreshExpiry: later}, later, "rt-456"},
+		{"no rotation, not named: kept", known, domain.Grant{AccessToken: at}, known, "rt-456"},
+		{"same refresh token again, not named: kept", known, domain.Grant{AccessToken: at, RefreshToken: domain.NewSecret("rt-456")}, known, "rt-456"},
+		{"rotated, not named: unknown", known, domain.Grant{AccessToken: at, RefreshToken: domain.NewSecret("rt-2")}, time.Time{}, "rt-2"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tok := token(time.Hour)
+			tok.RefreshExpiry = c.stored
+			got := tok.Rotated(c.grant, now)
+			if !got.RefreshExpiry.Equal(c.want) || got.RefreshToken.Reveal() != c.wantRT {
+				t.Errorf("refresh expiry %v, refresh token %q; want %v, %q", got.RefreshExpiry, got.RefreshToken.Reveal(), c.want, c.wantRT)
+			}
+		})
+	}
+	g := domain.Grant{AccessToken: at, RefreshToken: domain.NewSecret("r"), RefreshExpiry: known}
+	if tok, err := domain.NewToken("acme", g, now); err != nil || !tok.RefreshExpiry.Equal(known) {
+		t.Errorf("NewToken = %v, %v; want refresh expiry %v", tok.RefreshExpiry, err, known)
+	}
+}
+
 func TestNewTokenRejectsUnusableGrants(t *testing.T) {
 	ok := domain.Grant{AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r")}
 	if tok, err := domain.NewToken("acme", ok, t0); err != nil || tok.TokenType != "Bearer" {

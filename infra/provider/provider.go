@@ -1,13 +1,16 @@
-// Package provider talks to the OAuth2 provider's token endpoint through
-// golang.org/x/oauth2 and turns its answers into domain values and errors.
+// Package provider talks to the OAuth2 provider's token endpoint and turns
+// its answers into domain values and classified errors.
 package provider
 
 import (
 	"context"
-	"errors"
+	"encoding/json"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/oauth2"
@@ -31,92 +34,231 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 			MaxIdleConnsPerHost:   4,
 			ForceAttemptHTTP2:     true,
 		},
-		// A token endpoint has no business redirecting a POST with credentials.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		CheckRedirect: noRedirect,
 	}
 }
 
-// Refresher redeems refresh tokens with an oauth2.Config.
+// Refresher redeems refresh tokens at the token endpoint of an
+// oauth2.Config (ClientID, ClientSecret, Endpoint.TokenURL and
+// Endpoint.AuthStyle). It is safe for concurrent use.
+//
+// It sends the token request itself instead of asking x/oauth2 (whose
+// TokenSource it used to call), because x/oauth2 cannot do what a shared,
+// rotating refresh token needs: its auth-style auto-detection sends the
+// request again in the other style after any failure, a timeout or
+// invalid_grant included, which presents a refresh token the provider may
+// already have spent; it reads neither an error inside an HTTP 200 answer
+// (Slack), nor refresh_token_expires_in, nor a fractional expires_in; and
+// its errors print the response body. x/oauth2 stays the configuration
+// type and the authorization-code exchange.
+//
+// Client authentication follows cfg.Endpoint.AuthStyle:
+// oauth2.AuthStyleInHeader (HTTP Basic, client_secret_basic) and
+// AuthStyleInParams (client_secret_post) are used as they are, never
+// probed. AuthStyleAutoDetect is "auto": the style remembered for this
+// token URL and client (in memory, and in the AuthStyleStore when there is
+// one), else HTTP Basic, which RFC 6749 §2.3.1 makes mandatory for servers
+// to support. Only when the answer says the client's authentication failed
+// (invalid_client, or a 401) is the same request sent once more in the
+// other style: the provider then never looked at the refresh token. On any
+// other failure (a timeout, a 5xx, invalid_grant, a lost connection) the
+// first request may have been processed, and presenting its refresh token
+// again is the reuse strict providers punish by revoking the grant. The
+// style that succeeds is remembered.
 type Refresher struct {
-	cfg    *oauth2.Config
-	client *http.Client
+	cfg             *oauth2.Config
+	client          *http.Client
+	styles          AuthStyleStore
+	defaultLifetime time.Duration
+	log             *slog.Logger
+
+	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 while unknown
+	stored  atomic.Int32 // the style the store is known to hold; 0 while unknown
+	loaded  atomic.Bool  // the store was read
+	loading sync.Mutex   // one read of the store at a time; others do not wait for it
+	saving  atomic.Bool  // a write to the store is under way
 }
 
-// NewRefresher uses cfg's client credentials and token URL, and client for
-// the HTTP calls (NewHTTPClient when nil).
-func NewRefresher(cfg *oauth2.Config, client *http.Client) *Refresher {
+// AuthStyleStore keeps, per token URL and client id, the client
+// authentication style the provider accepted ("header" or "params"), so
+// that other processes and restarts start with it instead of probing.
+// Load returns "" when nothing is stored.
+type AuthStyleStore interface {
+	Load(ctx context.Context, tokenURL, clientID string) (string, error)
+	Save(ctx context.Context, tokenURL, clientID, style string) error
+}
+
+// The styles as an AuthStyleStore holds them.
+const (
+	StyleHeader = "header"
+	StyleParams = "params"
+)
+
+// Option configures a Refresher.
+type Option func(*Refresher)
+
+// WithAuthStyleStore remembers the learned auth style in s as well as in
+// memory.
+func WithAuthStyleStore(s AuthStyleStore) Option { return func(r *Refresher) { r.styles = s } }
+
+// WithDefaultLifetime gives access tokens whose answer has no usable
+// expires_in this lifetime (0, the default: no expiry; the token is used
+// until the API answers 401).
+func WithDefaultLifetime(d time.Duration) Option {
+	return func(r *Refresher) { r.defaultLifetime = max(d, 0) }
+}
+
+// WithLogger receives a line when a style is learned or cannot be stored.
+func WithLogger(l *slog.Logger) Option { return func(r *Refresher) { r.log = l } }
+
+// storeTimeout bounds a read or write of the AuthStyleStore. A read
+// happens before the request and may not delay it long; a failed read
+// costs at most one rejected request (a probe), never a refresh token.
+const storeTimeout = 2 * time.Second
+
+// NewRefresher uses cfg's client credentials, token URL and auth style,
+// and client for the HTTP calls (NewHTTPClient when nil). The client never
+// follows redirects, whatever its CheckRedirect: a token endpoint has no
+// business redirecting a POST with credentials.
+func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refresher {
 	if client == nil {
 		client = NewHTTPClient(10 * time.Second)
 	}
-	return &Refresher{cfg: cfg, client: client}
-}
-
-// Refresh redeems refreshToken. Errors are *domain.ProviderError.
-func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
-	ctx = context.WithValue(ctx, oauth2.HTTPClient, r.client)
-	// A token with only a refresh token is invalid, so the source goes
-	// straight to the token endpoint.
-	tok, err := r.cfg.TokenSource(ctx, &oauth2.Token{RefreshToken: refreshToken.Reveal()}).Token()
-	if err != nil {
-		return domain.Grant{}, classify(ctx, err)
+	c := *client
+	c.CheckRedirect = noRedirect
+	r := &Refresher{cfg: cfg, client: &c}
+	for _, o := range opts {
+		o(r)
 	}
-	return GrantFrom(tok), nil
+	return r
 }
 
-// GrantFrom converts an x/oauth2 token.
+func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+// Refresh redeems refreshToken. Errors are *domain.ProviderError; their
+// Class says what the answer means for the grant (see classify).
+func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
+	style, auto := r.cfg.Endpoint.AuthStyle, r.cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect
+	if auto {
+		style = r.startStyle(ctx)
+	}
+	g, pe := r.exchange(ctx, refreshToken, style)
+	if pe != nil && auto && clientAuthFailed(pe) {
+		// Client authentication failed: the provider did not look at the
+		// refresh token, so the same request may go once in the other style.
+		style = other(style)
+		g, pe = r.exchange(ctx, refreshToken, style)
+		if pe == nil && r.log != nil {
+			r.log.Info("token endpoint accepted the client only with this auth style; remembered",
+				"token_url", r.cfg.Endpoint.TokenURL, "auth_style", styleName(style))
+		}
+	}
+	if pe != nil {
+		return domain.Grant{}, pe
+	}
+	if auto {
+		r.remember(style)
+	}
+	return g, nil
+}
+
+// startStyle is the style auto begins with: the learned one, else the
+// stored one, else HTTP Basic.
+func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
+	if s := oauth2.AuthStyle(r.learned.Load()); s != oauth2.AuthStyleAutoDetect {
+		return s
+	}
+	if r.styles != nil && !r.loaded.Load() && r.loading.TryLock() {
+		defer r.loading.Unlock()
+		lctx, cancel := context.WithTimeout(ctx, storeTimeout)
+		name, err := r.styles.Load(lctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID)
+		cancel()
+		switch {
+		case err != nil:
+			if r.log != nil {
+				r.log.Warn("could not read the remembered token endpoint auth style; starting with HTTP Basic", "err", err)
+			}
+		default:
+			r.loaded.Store(true)
+			if s := styleFromName(name); s != oauth2.AuthStyleAutoDetect {
+				r.stored.Store(int32(s))
+				r.learned.CompareAndSwap(0, int32(s))
+			}
+		}
+	}
+	if s := oauth2.AuthStyle(r.learned.Load()); s != oauth2.AuthStyleAutoDetect {
+		return s
+	}
+	return oauth2.AuthStyleInHeader
+}
+
+// remember keeps style, which just succeeded, in memory and, when the
+// store does not hold it yet, in the store. The write runs on its own:
+// the caller is about to persist a rotated refresh token, and nothing may
+// delay that.
+func (r *Refresher) remember(style oauth2.AuthStyle) {
+	r.learned.Store(int32(style))
+	if r.styles == nil || r.stored.Load() == int32(style) || !r.saving.CompareAndSwap(false, true) {
+		return
+	}
+	go func() {
+		defer r.saving.Store(false)
+		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
+		defer cancel()
+		if err := r.styles.Save(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, styleName(style)); err != nil {
+			if r.log != nil {
+				r.log.Warn("could not store the token endpoint auth style; other processes may probe it once", "err", err)
+			}
+			return
+		}
+		r.stored.Store(int32(style))
+	}()
+}
+
+func other(s oauth2.AuthStyle) oauth2.AuthStyle {
+	if s == oauth2.AuthStyleInParams {
+		return oauth2.AuthStyleInHeader
+	}
+	return oauth2.AuthStyleInParams
+}
+
+func styleName(s oauth2.AuthStyle) string {
+	if s == oauth2.AuthStyleInParams {
+		return StyleParams
+	}
+	return StyleHeader
+}
+
+func styleFromName(name string) oauth2.AuthStyle {
+	switch name {
+	case StyleHeader:
+		return oauth2.AuthStyleInHeader
+	case StyleParams:
+		return oauth2.AuthStyleInParams
+	}
+	return oauth2.AuthStyleAutoDetect
+}
+
+// GrantFrom converts an x/oauth2 token (from the authorization-code
+// exchange), with the refresh token's lifetime when the answer named it.
 func GrantFrom(tok *oauth2.Token) domain.Grant {
-	return domain.Grant{
+	g := domain.Grant{
 		AccessToken:  domain.NewSecret(tok.AccessToken),
 		TokenType:    tok.Type(),
 		RefreshToken: domain.NewSecret(tok.RefreshToken),
 		Expiry:       tok.Expiry,
 	}
-}
-
-// codeClasses: the RFC 6749 §5.2 codes that are not transient.
-var codeClasses = map[string]domain.ErrorClass{
-	"invalid_grant":          domain.GrantDead,
-	"invalid_client":         domain.ClientRejected,
-	"unauthorized_client":    domain.ClientRejected,
-	"unsupported_grant_type": domain.ClientRejected,
-	"invalid_scope":          domain.ClientRejected,
-}
-
-// knownCodes are the token endpoint error codes of RFC 6749 §5.2 and the
-// ones providers commonly add. Anything else is reported as
-// "unrecognized_error": the code ends up in errors, logs and the stored
-// status reason, and a broken or hostile provider could put anything
-// there, the credentials it was sent included.
-var knownCodes = map[string]bool{
-	"invalid_request": true, "invalid_client": true, "invalid_grant": true, "unauthorized_client": true,
-	"unsupported_grant_type": true, "invalid_scope": true, "temporarily_unavailable": true,
-	"server_error": true, "access_denied": true, "slow_down": true, "invalid_token": true,
-}
-
-func errorCode(code string) string {
-	if code == "" || knownCodes[code] {
-		return code
-	}
-	return "unrecognized_error"
-}
-
-// classify maps an x/oauth2 error to a *domain.ProviderError. It never
-// keeps *oauth2.RetrieveError itself: its Error() prints the response body.
-func classify(ctx context.Context, err error) error {
-	var re *oauth2.RetrieveError
-	if !errors.As(err, &re) {
-		// Transport failure: no answer, or one x/oauth2 could not parse.
-		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
-			err = errors.Join(ctxErr, err)
+	for _, k := range []string{"refresh_token_expires_in", "x_refresh_token_expires_in"} {
+		raw, err := json.Marshal(tok.Extra(k))
+		if err != nil {
+			continue
 		}
-		return &domain.ProviderError{Err: err}
+		if d, ok := (fields{k: raw}).lifetime(k); ok {
+			g.RefreshExpiry = time.Now().Add(d)
+			break
+		}
 	}
-	pe := &domain.ProviderError{Code: errorCode(re.ErrorCode), Class: codeClasses[re.ErrorCode]}
-	if re.Response != nil {
-		pe.HTTPStatus = re.Response.StatusCode
-		pe.RetryAfter = retryAfter(re.Response.Header.Get("Retry-After"), time.Now())
-	}
-	return pe
+	return g
 }
 
 // retryAfter reads a Retry-After header in either of its forms.

@@ -79,11 +79,12 @@ func (p Policy) withDefaults() Policy {
 }
 
 // Retrying retries a GrantRefresher's transient failures (errors wrapping
-// domain.ErrProviderUnavailable: 5xx, 429, timeouts, refused connections)
-// with capped exponential backoff and jitter, computed by
-// github.com/cenkalti/backoff/v5. Permanent failures (domain.ErrGrantRevoked)
-// and anything else are returned after the first try. It is safe for
-// concurrent use.
+// domain.ErrProviderUnavailable: 5xx, 429, timeouts, refused connections,
+// unparsable answers) with capped exponential backoff and jitter, computed
+// by github.com/cenkalti/backoff/v5. Every other class (a dead grant, a
+// rejected client, a misconfigured endpoint) and anything else is returned
+// after the first try: asking again cannot change the answer, and the use
+// case decides what to do about it. It is safe for concurrent use.
 //
 // Every wait ends before ctx's deadline: a Retry-After the provider sent is
 // the minimum wait before the next try, and when it (or the backoff) would

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
@@ -162,6 +163,49 @@ func TestRetryingNeverRetriesARejectedGrant(t *testing.T) {
 	}
 	if st := r.p.Stats(); st.RefreshFaults != 1 || st.RefreshRejected != 1 {
 		t.Errorf("provider saw %d requests, want exactly 1", st.RefreshRejected)
+	}
+}
+
+// Only transient failures are retried: a rejected client, a misconfigured
+// endpoint and a dead grant return after the first request.
+func TestRetryingRetriesOnlyTransientFailures(t *testing.T) {
+	cases := []struct {
+		status int
+		body   string
+		want   error
+		tries  int64
+	}{
+		{401, `{"error":"invalid_client"}`, domain.ErrClientRejected, 1},
+		{400, `{"error":"unauthorized_client"}`, domain.ErrClientRejected, 1},
+		{404, `not found`, domain.ErrEndpointMisconfigured, 1},
+		{302, ``, domain.ErrEndpointMisconfigured, 1},
+		{400, `{"error":"invalid_grant"}`, domain.ErrGrantRevoked, 1},
+		{200, `{"ok":false,"error":"invalid_refresh_token"}`, domain.ErrGrantRevoked, 1},
+		{503, `{"error":"temporarily_unavailable"}`, domain.ErrProviderUnavailable, 3},
+		{400, `<html>oops</html>`, domain.ErrProviderUnavailable, 3},
+	}
+	for _, c := range cases {
+		t.Run(fmt.Sprintf("%d %s", c.status, c.body), func(t *testing.T) {
+			var n atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n.Add(1)
+				if c.status == 302 {
+					w.Header().Set("Location", "/elsewhere")
+				}
+				w.WriteHeader(c.status)
+				_, _ = w.Write([]byte(c.body))
+			}))
+			defer srv.Close()
+			cfg := &oauth2.Config{ClientID: "c", ClientSecret: "s", Endpoint: oauth2.Endpoint{TokenURL: srv.URL, AuthStyle: oauth2.AuthStyleInHeader}}
+			r := provider.NewRetrying(provider.NewRefresher(cfg, nil), provider.Policy{InitialInterval: time.Millisecond, MaxAttempts: 3})
+			_, err := r.Refresh(context.Background(), domain.NewSecret("rt"))
+			if !errors.Is(err, c.want) {
+				t.Errorf("err = %v, want %v", err, c.want)
+			}
+			if got := n.Load(); got != c.tries {
+				t.Errorf("%d requests, want %d", got, c.tries)
+			}
+		})
 	}
 }
 

@@ -1,0 +1,222 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// maxAnswer bounds how much of an answer is read (x/oauth2 reads as much).
+const maxAnswer = 1 << 20
+
+// maxLifetime bounds an expires_in we believe; beyond it (or at or below
+// zero) the value is treated as absent.
+const maxLifetime = 100 * 365 * 24 * time.Hour
+
+// Reasons for answers that carry no usable code. They name no part of the
+// answer: the body is the provider's, and may hold anything.
+var (
+	errRedirect   = errors.New("the token URL answers with a redirect")
+	errNotFound   = errors.New("the token URL is not a token endpoint")
+	errNotJSON    = errors.New("the answer is neither JSON nor a form")
+	errNoAccess   = errors.New("the answer carries no access token")
+	errNoCode     = errors.New("the answer names no error code")
+	errReadAnswer = errors.New("reading the answer failed")
+)
+
+// exchange sends one refresh_token grant request with the client
+// credentials in style (oauth2.AuthStyleInHeader or InParams) and reads
+// the answer. Errors are *domain.ProviderError and free of secrets.
+func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
+	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
+	if style == oauth2.AuthStyleInParams {
+		form.Set("client_id", r.cfg.ClientID)
+		if r.cfg.ClientSecret != "" {
+			form.Set("client_secret", r.cfg.ClientSecret)
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.cfg.Endpoint.TokenURL, strings.NewReader(form.Encode()))
+	if err != nil {
+		// The URL was checked at configuration; the error names only it.
+		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	if style == oauth2.AuthStyleInHeader {
+		// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
+		req.SetBasicAuth(url.QueryEscape(r.cfg.ClientID), url.QueryEscape(r.cfg.ClientSecret))
+	}
+	sent := time.Now()
+	resp, err := r.client.Do(req)
+	if err != nil {
+		// *url.Error names the method and the URL (net/http strips a
+		// password from it), never the form.
+		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
+			err = errors.Join(ctxErr, err)
+		}
+		return domain.Grant{}, &domain.ProviderError{Err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		// A timeout or reset mid-body: keep the cause's kind, not its text
+		// beyond what the transport wrote.
+		return domain.Grant{}, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err)}
+	}
+	return r.judge(resp.StatusCode, resp.Header, body, sent)
+}
+
+// judge turns an answer into a grant or a classified error. sent is when
+// the request left: lifetimes count from it, so a slow answer errs on the
+// early side.
+func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time) (domain.Grant, *domain.ProviderError) {
+	f, parsed := parseAnswer(h.Get("Content-Type"), body)
+	code := f.str("error")
+	if code == "" {
+		if s := f.str("status"); s != "" {
+			if _, known := codes[s]; known {
+				code = s // HubSpot puts its code in "status"
+			}
+		}
+	}
+	success := status >= 200 && status < 300 && code == "" && !f.okFalse()
+	if success {
+		g, err := r.grant(f, sent)
+		if err == nil {
+			return g, nil
+		}
+		return domain.Grant{}, &domain.ProviderError{HTTPStatus: status, Err: err}
+	}
+	pe := &domain.ProviderError{
+		Code:       reportedCode(code),
+		HTTPStatus: status,
+		RetryAfter: retryAfter(h.Get("Retry-After"), time.Now()),
+		Class:      classify(status, code),
+	}
+	switch {
+	case status >= 300 && status < 400:
+		pe.Err = errRedirect
+	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
+		pe.Err = errNotFound
+	case code != "":
+	case !parsed:
+		pe.Err = errNotJSON
+	default:
+		pe.Err = errNoCode
+	}
+	return domain.Grant{}, pe
+}
+
+// grant reads a successful answer.
+func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
+	at := f.str("access_token")
+	if at == "" {
+		return domain.Grant{}, errNoAccess
+	}
+	g := domain.Grant{
+		AccessToken:  domain.NewSecret(at),
+		TokenType:    tokenType(f.str("token_type")),
+		RefreshToken: domain.NewSecret(f.str("refresh_token")),
+	}
+	if d, ok := f.lifetime("expires_in"); ok {
+		g.Expiry = sent.Add(d)
+	} else if r.defaultLifetime > 0 {
+		g.Expiry = sent.Add(r.defaultLifetime)
+	}
+	for _, k := range []string{"refresh_token_expires_in", "x_refresh_token_expires_in"} {
+		if d, ok := f.lifetime(k); ok {
+			g.RefreshExpiry = sent.Add(d)
+			break
+		}
+	}
+	return g, nil
+}
+
+// tokenType spells the type as RFC 6750 and x/oauth2 do.
+func tokenType(t string) string {
+	switch strings.ToLower(t) {
+	case "", "bearer":
+		return "Bearer"
+	case "mac":
+		return "MAC"
+	case "basic":
+		return "Basic"
+	}
+	return t
+}
+
+// fields is a parsed answer: JSON values, or form values as JSON strings.
+type fields map[string]json.RawMessage
+
+// parseAnswer reads a JSON object, or a form when the provider says it
+// sends one (GitHub's legacy answers, x/oauth2's rule). ok is false when
+// it is neither (an HTML error page, a truncated body).
+func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
+	if json.Unmarshal(body, &f) == nil && f != nil {
+		return f, true
+	}
+	media, _, _ := mime.ParseMediaType(contentType)
+	if media != "application/x-www-form-urlencoded" && media != "text/plain" {
+		return nil, false
+	}
+	vals, err := url.ParseQuery(string(bytes.TrimSpace(body)))
+	if err != nil || len(vals) == 0 {
+		return nil, false
+	}
+	f = fields{}
+	for k, v := range vals {
+		if raw, err := json.Marshal(v[0]); err == nil {
+			f[k] = raw
+		}
+	}
+	return f, true
+}
+
+// str is the string value of k; "" when absent or not a string.
+func (f fields) str(k string) string {
+	var s string
+	if json.Unmarshal(f[k], &s) != nil {
+		return ""
+	}
+	return s
+}
+
+// okFalse reports Slack's {"ok": false}.
+func (f fields) okFalse() bool {
+	var ok bool
+	return json.Unmarshal(f["ok"], &ok) == nil && !ok
+}
+
+// lifetime reads a number of seconds sent as a JSON number (3600, 3599.5)
+// or a string ("3600", as Microsoft Entra sends expires_in).
+func (f fields) lifetime(k string) (time.Duration, bool) {
+	raw := f[k]
+	var secs float64
+	if json.Unmarshal(raw, &secs) != nil {
+		var s string
+		if json.Unmarshal(raw, &s) != nil {
+			return 0, false
+		}
+		var err error
+		if secs, err = strconv.ParseFloat(strings.TrimSpace(s), 64); err != nil {
+			return 0, false
+		}
+	}
+	if math.IsNaN(secs) || secs <= 0 || secs > maxLifetime.Seconds() {
+		return 0, false
+	}
+	return time.Duration(secs * float64(time.Second)), true
+}

@@ -1,0 +1,89 @@
+package provider
+
+import (
+	"net/http"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// codes is the one table of token endpoint error codes: what each means
+// for the grant (RFC 6749 §5.2, plus what real providers send). A code in
+// it is reported as is; any other code becomes "unrecognized_error",
+// because the code ends up in errors, logs and the stored status reason,
+// and a broken or hostile provider could put anything there, the
+// credentials it was sent included.
+//
+// The code decides, whatever the status it came with (200 included, as
+// Slack sends its errors), except for the statuses classify checks first.
+// Only the GrantDead rows can ever mark a connection needs_reauth, so the
+// list is short and every entry says the refresh token itself is dead.
+//
+// invalid_request and invalid_scope are ClientRejected, not GrantDead:
+// neither says the grant is dead, and both are about our request and the
+// client's registration. tokenguard never sends a scope on refresh, so
+// invalid_scope can only come from a change of the client's allowed
+// scopes at the provider; invalid_request is a parameter the provider
+// refuses (a client authentication method it does not take, a missing
+// client_id). In both cases the refresh token was not redeemed, and
+// guessing GrantDead would force every user of the connection to consent
+// again for what an operator fixes in the configuration.
+var codes = map[string]domain.ErrorClass{
+	// RFC 6749 §5.2.
+	"invalid_grant":          domain.GrantDead,
+	"invalid_client":         domain.ClientRejected,
+	"unauthorized_client":    domain.ClientRejected,
+	"unsupported_grant_type": domain.ClientRejected,
+	"invalid_scope":          domain.ClientRejected, // see above
+	"invalid_request":        domain.ClientRejected, // see above
+	// Common additions (RFC 6749 §4.1.2.1, RFC 6750 §3.1, RFC 8628 §3.5).
+	"temporarily_unavailable": domain.Transient,
+	"server_error":            domain.Transient,
+	"slow_down":               domain.Transient,
+	"access_denied":           domain.Transient, // not a token endpoint code; too vague to kill a grant on
+	"invalid_token":           domain.Transient, // a resource server's code; says nothing about the refresh token
+	// Non-standard codes that say the refresh token is dead.
+	"invalid_refresh_token": domain.GrantDead, // Slack (token rotation), in an HTTP 200 body {"ok":false,...}
+	"BAD_REFRESH_TOKEN":     domain.GrantDead, // HubSpot, in a 400 body's "status" field
+}
+
+// classify says what an error answer means: status, then code.
+//
+//	3xx, 404, 405                   EndpointMisconfigured (whatever the body)
+//	5xx, 429                        Transient (whatever the body)
+//	a code in the table             its row
+//	401 without one                 ClientRejected
+//	anything else                   Transient (other 4xx, HTML, non-JSON, unknown codes)
+//
+// Transport failures (no answer, timeouts) never get here: they are
+// Transient.
+func classify(status int, code string) domain.ErrorClass {
+	switch {
+	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
+		return domain.EndpointMisconfigured
+	case status >= 500, status == http.StatusTooManyRequests:
+		return domain.Transient
+	}
+	if class, ok := codes[code]; ok {
+		return class
+	}
+	if status == http.StatusUnauthorized {
+		return domain.ClientRejected
+	}
+	return domain.Transient
+}
+
+// reportedCode is code as errors may show it.
+func reportedCode(code string) string {
+	if _, ok := codes[code]; code == "" || ok {
+		return code
+	}
+	return "unrecognized_error"
+}
+
+// clientAuthFailed reports whether the provider refused the client's
+// authentication before it looked at the grant (invalid_client, or a 401
+// that names no other cause): only then was the refresh token not spent,
+// and only then may the request be sent again in the other style.
+func clientAuthFailed(pe *domain.ProviderError) bool {
+	return pe.Class == domain.ClientRejected && (pe.Code == "invalid_client" || pe.HTTPStatus == http.StatusUnauthorized)
+}
