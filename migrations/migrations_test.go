@@ -3,7 +3,13 @@ package migrations_test
 import (
 	"context"
 	"database/sql"
+	"os"
+	"strings"
 	"testing"
+
+	"github.com/golang-migrate/migrate/v4"
+	_ "github.com/golang-migrate/migrate/v4/database/pgx/v5" // the pgx5:// driver
+	"github.com/golang-migrate/migrate/v4/source/iofs"
 
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/migrations"
@@ -51,7 +57,7 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("round %d second up: %v", round, err)
 		}
 		got := tables(t, url)
-		if !got["tokens"] || !got["connections"] {
+		if !got["tokens"] || !got["connections"] || !got["client_auth_styles"] || !hasColumn(t, url, "tokens", "refresh_expiry") {
 			t.Fatalf("round %d: after up, tables = %v", round, got)
 		}
 		if v, dirty, err := migrations.Version(url); err != nil || v == 0 || dirty {
@@ -61,9 +67,78 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("round %d down: %v", round, err)
 		}
 		got = tables(t, url)
-		if got["tokens"] || got["connections"] {
+		if got["tokens"] || got["connections"] || got["client_auth_styles"] {
 			t.Fatalf("round %d: after down, tables = %v", round, got)
 		}
+	}
+}
+
+func hasColumn(t *testing.T, url, table, column string) bool {
+	t.Helper()
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	var n int
+	err = db.QueryRowContext(context.Background(), `SELECT count(*) FROM information_schema.columns
+WHERE table_schema = current_schema() AND table_name = $1 AND column_name = $2`, table, column).Scan(&n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return n == 1
+}
+
+// 000002 is additive: rows written at version 1 survive it unchanged (the
+// new column reads NULL), and going back down to 1 removes only what it
+// added.
+func TestMigration2IsAdditive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	url := testdb.NewEmpty(t)
+	src, err := iofs.New(os.DirFS("."), ".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := migrate.NewWithSourceInstance("iofs", src, "pgx5://"+strings.TrimPrefix(strings.TrimPrefix(url, "postgres://"), "postgresql://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer m.Close()
+	if err := m.Migrate(1); err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	_, err = db.ExecContext(ctx, `INSERT INTO connections (name) VALUES ('acme');
+INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 7 FROM connections`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Migrate(2); err != nil {
+		t.Fatal(err)
+	}
+	var version int
+	var null bool
+	if err := db.QueryRowContext(ctx, "SELECT version, refresh_expiry IS NULL FROM tokens").Scan(&version, &null); err != nil || version != 7 || !null {
+		t.Fatalf("after up: version %d, refresh_expiry NULL %v, err %v", version, null, err)
+	}
+	if _, err := db.ExecContext(ctx, "UPDATE tokens SET refresh_expiry = now()"); err != nil {
+		t.Fatal(err)
+	}
+	if err := m.Migrate(1); err != nil {
+		t.Fatal(err)
+	}
+	if hasColumn(t, url, "tokens", "refresh_expiry") || tables(t, url)["client_auth_styles"] {
+		t.Error("down to 1 left what 000002 added")
+	}
+	if err := db.QueryRowContext(ctx, "SELECT version FROM tokens").Scan(&version); err != nil || version != 7 {
+		t.Errorf("after down: version %d, err %v", version, err)
 	}
 }
 

@@ -10,17 +10,18 @@ import (
 // tokenRow is the tokens table joined with the connection's name. It stays
 // inside this package: the rest of the code only sees domain.Token.
 type tokenRow struct {
-	LockKey      int32
-	Name         string
-	AccessToken  string
-	TokenType    string
-	RefreshToken string
-	Expiry       sql.NullTime
-	ObtainedAt   time.Time
-	Version      int64
-	Status       string
-	StatusReason string
-	UpdatedAt    time.Time
+	LockKey       int32
+	Name          string
+	AccessToken   string
+	TokenType     string
+	RefreshToken  string
+	Expiry        sql.NullTime
+	RefreshExpiry sql.NullTime
+	ObtainedAt    time.Time
+	Version       int64
+	Status        string
+	StatusReason  string
+	UpdatedAt     time.Time
 }
 
 // domain opens the row's credentials with s: a value that fails to open is
@@ -31,16 +32,17 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 		return domain.Token{}, err
 	}
 	return domain.Token{
-		ConnectionID: r.Name,
-		AccessToken:  domain.NewSecret(at),
-		TokenType:    r.TokenType,
-		RefreshToken: domain.NewSecret(rt),
-		Expiry:       r.Expiry.Time,
-		ObtainedAt:   r.ObtainedAt,
-		Version:      r.Version,
-		Status:       domain.Status(r.Status),
-		StatusReason: r.StatusReason,
-		UpdatedAt:    r.UpdatedAt,
+		ConnectionID:  r.Name,
+		AccessToken:   domain.NewSecret(at),
+		TokenType:     r.TokenType,
+		RefreshToken:  domain.NewSecret(rt),
+		Expiry:        r.Expiry.Time,
+		RefreshExpiry: r.RefreshExpiry.Time,
+		ObtainedAt:    r.ObtainedAt,
+		Version:       r.Version,
+		Status:        domain.Status(r.Status),
+		StatusReason:  r.StatusReason,
+		UpdatedAt:     r.UpdatedAt,
 	}, nil
 }
 

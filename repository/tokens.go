@@ -31,12 +31,12 @@ func NewTokenRepository(db *gorm.DB, opts ...Option) *TokenRepository {
 // selectToken reads tokenRows, its columns in scanTokenRow's order.
 const selectToken = `
 SELECT c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
-       t.expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at
+       t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at
 FROM tokens t JOIN connections c ON c.id = t.connection_id`
 
 // tokenColumns are the same columns, of a write's result u.
 const tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
-       u.expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at`
+       u.expiry, u.refresh_expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at`
 
 // Get reads a connection's token without locking: readers never wait on a
 // refresh in progress.
@@ -215,17 +215,18 @@ WITH u AS (
         token_type    = $2,
         refresh_token = COALESCE(NULLIF($3, ''), t.refresh_token),
         expiry        = $4,
-        obtained_at   = $5,
-        status        = $6,
-        status_reason = $7,
+        refresh_expiry = $5,
+        obtained_at   = $6,
+        status        = $7,
+        status_reason = $8,
         version       = t.version + 1,
         updated_at    = now()
     FROM connections c
-    WHERE c.id = t.connection_id AND c.name = $8 AND t.version = $9
+    WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10
     RETURNING c.id AS lock_key, c.name, t.*
 )
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($10, u.version || ' ' || u.name)`,
-		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt,
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($11, u.version || ' ' || u.name)`,
+		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
 		string(t.Status), t.StatusReason, t.ConnectionID, t.Version, ChangeChannel)
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "save token", err)
@@ -257,13 +258,14 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 	row, err := l.tx.writeAndCommit(ctx, `
 WITH c AS (SELECT id, name FROM connections WHERE name = $1),
 t AS (
-    INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, obtained_at, version, status, status_reason)
-    SELECT c.id, $2, $3, $4, $5, $6, 1, 'active', '' FROM c
+    INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason)
+    SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '' FROM c
     ON CONFLICT (connection_id) DO UPDATE SET
         access_token  = EXCLUDED.access_token,
         token_type    = EXCLUDED.token_type,
         refresh_token = EXCLUDED.refresh_token,
         expiry        = EXCLUDED.expiry,
+        refresh_expiry = EXCLUDED.refresh_expiry,
         obtained_at   = EXCLUDED.obtained_at,
         status        = 'active',
         status_reason = '',
@@ -272,8 +274,8 @@ t AS (
     RETURNING t.*
 ),
 u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id)
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($7, u.version || ' ' || u.name)`,
-		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), t.ObtainedAt, ChangeChannel)
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($8, u.version || ' ' || u.name)`,
+		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel)
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "put token", err)
 	}
