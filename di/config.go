@@ -33,6 +33,10 @@ type Config struct {
 	// stores them as plaintext, with a warning at start-up. It prints as
 	// [REDACTED] under every verb.
 	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
+	// DefaultLifetime is the access token lifetime assumed when a refresh
+	// answer has no usable expires_in. Unset: no expiry (the token is used
+	// until the API answers 401, then refreshed).
+	DefaultLifetime time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
 }
 
 // OAuthConfig is the client registration at the provider.
@@ -44,11 +48,12 @@ type OAuthConfig struct {
 	RedirectURL  string   `env:"REDIRECT_URL"`
 	Scopes       []string `env:"SCOPES" envSeparator:","`
 	// AuthStyle is how the client authenticates at the token endpoint:
-	// "header" (HTTP Basic, client_secret_basic) or "params"
-	// (client_secret_post). Never probed: x/oauth2's auto-detection sends
-	// a failed request again in the other style, which presents the same
-	// refresh token twice.
-	AuthStyle string `env:"AUTH_STYLE" envDefault:"header"`
+	// "auto" (HTTP Basic first; the form body only after invalid_client or
+	// a 401, which leave the refresh token unspent; the winner is
+	// remembered, see provider.Refresher), "header" (HTTP Basic,
+	// client_secret_basic) or "params" (client_secret_post). The last two
+	// never probe.
+	AuthStyle string `env:"AUTH_STYLE" envDefault:"auto"`
 }
 
 // String never shows the client secret or the database password.
@@ -75,12 +80,14 @@ func (o OAuthConfig) GoString() string { return "di.OAuthConfig" + o.String() }
 
 func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
 	switch o.AuthStyle {
-	case "header", "":
+	case "auto", "":
+		return oauth2.AuthStyleAutoDetect, nil
+	case "header":
 		return oauth2.AuthStyleInHeader, nil
 	case "params":
 		return oauth2.AuthStyleInParams, nil
 	}
-	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be header or params, got %q", o.AuthStyle)
+	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header or params, got %q", o.AuthStyle)
 }
 
 // ConfigFromEnv reads the configuration from environ (os.Environ() form)
@@ -103,6 +110,9 @@ func (c Config) validate() error {
 	}
 	if c.RefreshTimeout <= 0 || c.RefreshTimeout >= c.LockWait {
 		return fmt.Errorf("TOKEN_REFRESH_TIMEOUT must be positive and shorter than TOKEN_LOCK_WAIT (%v)", c.LockWait)
+	}
+	if c.DefaultLifetime < 0 {
+		return errors.New("TOKEN_DEFAULT_LIFETIME must not be negative")
 	}
 	if c.DBMaxConns < 1 {
 		return errors.New("DB_MAX_CONNS must be at least 1")

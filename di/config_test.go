@@ -16,6 +16,7 @@ func TestConfigFromEnvDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTPAddr != "127.0.0.1:8080" || c.RefreshSkew != 30*time.Second || !c.MigrateOnStart ||
+		c.OAuth.AuthStyle != "auto" || c.DefaultLifetime != 0 ||
 		len(c.OAuth.Scopes) != 2 || c.OAuth.Scopes[1] != "write" {
 		t.Errorf("config = %+v", c)
 	}
@@ -46,8 +47,13 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		"api base url":      {append(base, "API_BASE_URL=ftp://x"), "API_BASE_URL"},
 		"bool":              {append(base, "MIGRATE_ON_START=perhaps"), "MIGRATE_ON_START is malformed"},
 		"oauth scopes okay": {append(base, "OAUTH_SCOPES="), ""},
-		"auth style":        {append(base, "OAUTH_AUTH_STYLE=auto"), "OAUTH_AUTH_STYLE must be header or params"},
+		"auth style":        {append(base, "OAUTH_AUTH_STYLE=basic"), "OAUTH_AUTH_STYLE must be auto, header or params"},
+		"auth style auto":   {append(base, "OAUTH_AUTH_STYLE=auto"), ""},
+		"auth style header": {append(base, "OAUTH_AUTH_STYLE=header"), ""},
 		"auth style params": {append(base, "OAUTH_AUTH_STYLE=params"), ""},
+		"default lifetime":  {append(base, "TOKEN_DEFAULT_LIFETIME=1h"), ""},
+		"bad lifetime":      {append(base, "TOKEN_DEFAULT_LIFETIME=long"), "TOKEN_DEFAULT_LIFETIME is malformed"},
+		"negative lifetime": {append(base, "TOKEN_DEFAULT_LIFETIME=-1s"), "TOKEN_DEFAULT_LIFETIME must not be negative"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -93,7 +93,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if o.Metrics != nil {
 		uopts.Observer = o.Metrics
 	}
-	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(provider.NewRefresher(oc, tokenHTTP), provider.Policy{Log: log}), uopts, ropts...)
+	refresher := provider.NewRefresher(oc, tokenHTTP, provider.WithAuthStyleStore(repository.NewAuthStyles(db)),
+		provider.WithDefaultLifetime(cfg.DefaultLifetime), provider.WithLogger(log))
+	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(refresher, provider.Policy{Log: log}), uopts, ropts...)
 	if err != nil {
 		cleanup()
 		return nil, nil, err

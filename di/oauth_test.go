@@ -13,11 +13,12 @@ import (
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
-// A refresh token is presented once per refresh. x/oauth2's auth style
-// auto-detection sends a failed token request again in the other style:
-// for a process whose first refresh fails, that is the same refresh token
-// twice (the provider counts two rejections; after an ambiguous failure it
-// would be reuse). The apps' configuration never leaves the style to it.
+// A refresh token is presented once per refresh that fails for any reason
+// but client authentication. x/oauth2's auth style auto-detection sends a
+// failed token request again in the other style: for a refresh whose
+// grant the provider rejected, that is the same refresh token twice (the
+// provider counts two rejections; after an ambiguous failure it would be
+// reuse). The apps' styles, auto (the default) included, never do.
 func TestRejectedRefreshIsOneRequest(t *testing.T) {
 	p, err := sandbox.New(sandbox.Options{})
 	if err != nil {
@@ -34,23 +35,31 @@ func TestRejectedRefreshIsOneRequest(t *testing.T) {
 	p.RevokeAll()
 	rt := domain.NewSecret(tok.RefreshToken)
 
-	rejected := func(cfg *oauth2.Config) int64 {
+	rejected := func(refresh func() error) int64 {
 		before := p.Stats().RefreshRejected
-		if _, err := provider.NewRefresher(cfg, nil).Refresh(ctx, rt); !errors.Is(err, domain.ErrGrantRevoked) {
-			t.Fatalf("refresh of a revoked grant: %v", err)
+		if err := refresh(); err == nil {
+			t.Fatal("refresh of a revoked grant succeeded")
 		}
 		return p.Stats().RefreshRejected - before
 	}
-	// The control: left to x/oauth2, the style is probed (nothing has
-	// succeeded at this token URL yet, so nothing is cached).
-	auto := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: sc.ClientSecret, TokenURL: sc.Endpoint.TokenURL})
-	auto.Endpoint.AuthStyle = oauth2.AuthStyleAutoDetect
-	if n := rejected(auto); n != 2 {
-		t.Fatalf("auto-detected auth style: %d requests, want 2 (the control no longer shows the probe)", n)
+	// The control: x/oauth2 left to probe (nothing has succeeded at this
+	// token URL yet, so nothing is cached).
+	xauto := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: sc.ClientSecret, TokenURL: sc.Endpoint.TokenURL, AuthStyle: "auto"})
+	if n := rejected(func() error {
+		_, err := xauto.TokenSource(ctx, &oauth2.Token{RefreshToken: rt.Reveal()}).Token()
+		return err
+	}); n != 2 {
+		t.Fatalf("x/oauth2 auto-detection: %d requests, want 2 (the control no longer shows the probe)", n)
 	}
-	for _, style := range []string{"", "header", "params"} {
+	for _, style := range []string{"", "auto", "header", "params"} {
 		cfg := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: sc.ClientSecret, TokenURL: sc.Endpoint.TokenURL, AuthStyle: style})
-		if n := rejected(cfg); n != 1 {
+		if n := rejected(func() error {
+			_, err := provider.NewRefresher(cfg, nil).Refresh(ctx, rt)
+			if !errors.Is(err, domain.ErrGrantRevoked) {
+				t.Errorf("OAUTH_AUTH_STYLE=%q: err = %v, want ErrGrantRevoked", style, err)
+			}
+			return err
+		}); n != 1 {
 			t.Errorf("OAUTH_AUTH_STYLE=%q: %d requests for one refresh, want 1", style, n)
 		}
 	}

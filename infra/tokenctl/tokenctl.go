@@ -24,7 +24,7 @@ import (
 const usage = `usage:
   tokenctl migrate                          apply the database migrations
   tokenctl import --connection NAME < TOKEN store a token (x/oauth2 JSON on stdin) as an active connection
-  tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh
+  tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry
   tokenctl rotate-key                       re-encrypt every stored token with the current TOKEN_ENCRYPTION_KEYS key
 Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key).`
 
@@ -228,7 +228,7 @@ func printStatus(w io.Writer, toks []domain.Token, now time.Time) {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREASON")
+	fmt.Fprintln(tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tREASON")
 	for _, t := range toks {
 		exp := formatTime(t.Expiry)
 		if !t.Expiry.IsZero() {
@@ -238,7 +238,11 @@ func printStatus(w io.Writer, toks []domain.Token, now time.Time) {
 				exp += " (expired)"
 			}
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), t.StatusReason)
+		refreshExp := "unknown" // the provider did not say
+		if !t.RefreshExpiry.IsZero() {
+			refreshExp = formatTime(t.RefreshExpiry)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
 	}
 	_ = tw.Flush()
 }
