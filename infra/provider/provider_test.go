@@ -373,3 +373,22 @@ func TestRedirectIsNeverFollowed(t *testing.T) {
 		t.Errorf("the redirect was followed: %d requests at its target", n)
 	}
 }
+
+// The authorization-code exchange goes through x/oauth2; its answer's
+// refresh token lifetime is kept as well.
+func TestGrantFromReadsTheRefreshTokenLifetime(t *testing.T) {
+	for _, extra := range []map[string]any{
+		{"refresh_token_expires_in": float64(3600)},
+		{"x_refresh_token_expires_in": "3600"},
+	} {
+		tok := (&oauth2.Token{AccessToken: "at", RefreshToken: "rt", TokenType: "bearer"}).WithExtra(extra)
+		before := time.Now()
+		g := GrantFrom(tok)
+		if g.RefreshExpiry.Before(before.Add(time.Hour)) || g.RefreshExpiry.After(time.Now().Add(time.Hour)) || g.TokenType != "Bearer" {
+			t.Errorf("%v: grant %+v", extra, g)
+		}
+	}
+	if g := GrantFrom(&oauth2.Token{AccessToken: "at", RefreshToken: "rt"}); !g.RefreshExpiry.IsZero() {
+		t.Errorf("no lifetime named: %v", g.RefreshExpiry)
+	}
+}
