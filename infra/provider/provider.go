@@ -42,15 +42,15 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 // oauth2.Config (ClientID, ClientSecret, Endpoint.TokenURL and
 // Endpoint.AuthStyle). It is safe for concurrent use.
 //
-// It sends the token request itself instead of asking x/oauth2 (whose
-// TokenSource it used to call), because x/oauth2 cannot do what a shared,
-// rotating refresh token needs: its auth-style auto-detection sends the
-// request again in the other style after any failure, a timeout or
-// invalid_grant included, which presents a refresh token the provider may
-// already have spent; it reads neither an error inside an HTTP 200 answer
-// (Slack), nor refresh_token_expires_in, nor a fractional expires_in; and
-// its errors print the response body. x/oauth2 stays the configuration
-// type and the authorization-code exchange.
+// It sends the token request itself instead of calling x/oauth2's
+// TokenSource, because x/oauth2 cannot do what a shared, rotating refresh
+// token needs: its auth-style auto-detection sends the request again in
+// the other style after any failure, a timeout or invalid_grant included,
+// which presents a refresh token the provider may already have spent; a
+// fractional expires_in (3599.5) fails the whole answer; it reads neither
+// refresh_token_expires_in nor a code outside "error" (HubSpot); and its
+// errors print the response body. x/oauth2 stays the configuration type
+// and does the authorization-code exchange.
 //
 // Client authentication follows cfg.Endpoint.AuthStyle:
 // oauth2.AuthStyleInHeader (HTTP Basic, client_secret_basic) and
