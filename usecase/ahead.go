@@ -96,7 +96,7 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, store AheadStore, ids [
 				return err
 			})
 			if err != nil && r.rotated != nil {
-				r.tok, err = u.rescue(id, *r.rotated, err)
+				r.tok, err = u.rescue(id, r, err)
 			}
 			if locked && (called || err != nil) {
 				ev.NewVersion, ev.ProviderLatency, ev.Err = r.tok.Version, r.latency, errors.Join(err, r.revoked)

@@ -195,7 +195,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 	ev.ProviderLatency = r.latency
 	switch {
 	case err != nil && r.rotated != nil:
-		out, err = u.rescue(connectionID, *r.rotated, err)
+		out, err = u.rescue(connectionID, r, err)
 	case err == nil && r.revoked != nil:
 		ev.Outcome, err = OutcomeInvalidGrant, r.revoked
 		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
@@ -230,7 +230,15 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 // stored token is still the one it was rotated from. It gives up after
 // RescueWindow, or when another token was stored meanwhile (then the
 // rotated one is obsolete, and that is said loudly too).
-func (u *RefreshTokenUseCase) rescue(connectionID string, rotated domain.Token, cause error) (domain.Token, error) {
+//
+// One exception: when the lock was lost with the failed write, another
+// process may have redeemed the refresh token this one had just spent,
+// been told invalid_grant, and marked the connection needs_reauth. If the
+// stored refresh token is still the spent one, the rotated token is the
+// only live token of the grant (unless the provider revoked the whole
+// grant for that reuse, which the next refresh will tell): it is stored.
+func (u *RefreshTokenUseCase) rescue(connectionID string, r redeemed, cause error) (domain.Token, error) {
+	rotated := *r.rotated
 	log := u.opts.Logger.With("connection", connectionID, "from_version", rotated.Version)
 	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
 	ctx, cancel := context.WithTimeout(context.Background(), u.opts.RescueWindow)
@@ -250,10 +258,17 @@ func (u *RefreshTokenUseCase) rescue(connectionID string, rotated domain.Token, 
 				out = now
 				return nil
 			}
-			if now.Version != rotated.Version {
+			next := rotated
+			switch {
+			case now.Version == rotated.Version:
+			case now.Status == domain.StatusNeedsReauth && now.RefreshToken.Equal(r.from):
+				log.Error("connection was marked needs_reauth by a process that presented the refresh token this one had already rotated; storing the rotated token instead",
+					"stored_version", now.Version, "reason", now.StatusReason)
+				next.Version = now.Version
+			default:
 				return backoff.Permanent(fmt.Errorf("%w: stored version is %d", domain.ErrConflict, now.Version))
 			}
-			out, err = s.Save(txCtx, rotated)
+			out, err = s.Save(txCtx, next)
 			return err
 		})
 		if err != nil {
@@ -283,6 +298,7 @@ func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
 // redeemed is what spending a refresh token led to.
 type redeemed struct {
 	tok     domain.Token  // the stored token afterwards
+	from    domain.Secret // the refresh token spent
 	rotated *domain.Token // the provider's answer, as soon as there is one, written or not
 	revoked error         // the grant is dead: stored as needs_reauth, to be committed
 	latency time.Duration // of the provider call
@@ -295,7 +311,7 @@ type redeemed struct {
 // is stored as needs_reauth and returned as revoked with a nil err, so that
 // the transaction commits it.
 func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token) (redeemed, error) {
-	var r redeemed
+	r := redeemed{from: t.RefreshToken}
 	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
 	called := time.Now()
 	g, err := u.refresher.Refresh(callCtx, t.RefreshToken)

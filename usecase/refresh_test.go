@@ -367,3 +367,56 @@ func TestRescueGivesWayToANewerToken(t *testing.T) {
 		t.Errorf("the rescue overwrote a newer token")
 	}
 }
+
+// The write of a rotated token failed and the lock went with it; another
+// process took the lock, presented the refresh token this one had already
+// spent, was told invalid_grant and stored needs_reauth. The rescue still
+// stores the rotated token, the only live one, and says so. Had anything
+// else been stored meanwhile (a new grant), the rotated token is dropped.
+func TestRescueStoresTheRotatedTokenOverAWaitersNeedsReauth(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		storedRT  string
+		wantSaved bool
+	}{
+		{"stored refresh token is the spent one", "rt-1", true},
+		{"something else was stored", "rt-new-grant", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, store, ref, clock := setup(t, 0)
+			store.failCommits = 1
+			locks := 0
+			store.beforeRelock = func(tk *domain.Token) {
+				if locks++; locks == 2 { // the rescue's first attempt
+					tk.Status, tk.StatusReason, tk.Version = domain.StatusNeedsReauth, "invalid_grant", tk.Version+1
+					tk.RefreshToken = domain.NewSecret(tc.storedRT)
+				}
+			}
+			var logs syncBuffer
+			uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Skew: 30 * time.Second, Clock: clock,
+				Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok, err := uc.Token(context.Background(), "acme")
+			if !tc.wantSaved {
+				if err == nil || store.tok.Status != domain.StatusNeedsReauth || !strings.Contains(logs.String(), "dropped") {
+					t.Fatalf("Token = %v, %v; stored %s: want the rotated token dropped, loudly", tok.Version, err, store.tok.Status)
+				}
+				return
+			}
+			if err != nil || tok.AccessToken.Reveal() != "at-2" {
+				t.Fatalf("Token = %v, %v", tok.Version, err)
+			}
+			if store.tok.Status != domain.StatusActive || store.tok.RefreshToken.Reveal() != "rt-2" || store.tok.Version != 3 {
+				t.Errorf("stored %s %q v%d, want active rt-2 v3", store.tok.Status, store.tok.RefreshToken.Reveal(), store.tok.Version)
+			}
+			if !strings.Contains(logs.String(), "storing the rotated token instead") || !strings.Contains(logs.String(), "level=ERROR") {
+				t.Errorf("not said loudly:\n%s", logs.String())
+			}
+			if ref.calls != 1 {
+				t.Errorf("provider called %d times", ref.calls)
+			}
+		})
+	}
+}
