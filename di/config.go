@@ -3,8 +3,11 @@ package di
 import (
 	"errors"
 	"fmt"
+	"log/slog"
+	"net"
 	"net/url"
 	"reflect"
+	"regexp"
 	"strings"
 	"time"
 
@@ -37,6 +40,9 @@ type Config struct {
 	// answer has no usable expires_in. Unset: no expiry (the token is used
 	// until the API answers 401, then refreshed).
 	DefaultLifetime time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
+	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
+	// than loopback (a test network); tokens then cross it in the clear.
+	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
 }
 
 // OAuthConfig is the client registration at the provider.
@@ -65,6 +71,20 @@ func (c Config) String() string {
 // GoString keeps %#v as quiet as %v.
 func (c Config) GoString() string { return "di.Config" + c.String() }
 
+// LogValue keeps slog as quiet as %v: no client secret, no database
+// password, no key.
+func (c Config) LogValue() slog.Value {
+	return slog.GroupValue(
+		slog.String("database", redactURL(c.DatabaseURL)),
+		slog.String("token_url", c.OAuth.TokenURL),
+		slog.String("client_id", c.OAuth.ClientID),
+		slog.Duration("skew", c.RefreshSkew),
+		slog.Duration("lock_wait", c.LockWait),
+		slog.Duration("refresh_timeout", c.RefreshTimeout),
+		slog.String("encryption", encryptionSummary(c.EncryptionKeys)),
+	)
+}
+
 // String never shows the client secret.
 func (o OAuthConfig) String() string {
 	secret := ""
@@ -77,6 +97,9 @@ func (o OAuthConfig) String() string {
 
 // GoString keeps %#v as quiet as %v.
 func (o OAuthConfig) GoString() string { return "di.OAuthConfig" + o.String() }
+
+// LogValue keeps slog as quiet as %v.
+func (o OAuthConfig) LogValue() slog.Value { return slog.StringValue(o.String()) }
 
 func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
 	switch o.AuthStyle {
@@ -133,11 +156,24 @@ func (c Config) validate() error {
 		if v == "" {
 			continue
 		}
-		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		u, err := url.Parse(v)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("%s must be an http(s) URL, got %q", name, v)
+		}
+		// Tokens and the client secret travel to these two.
+		if (name == "OAUTH_TOKEN_URL" || name == "API_BASE_URL") && u.Scheme == "http" && !loopback(u.Hostname()) && !c.AllowInsecureURLs {
+			return fmt.Errorf("%s must be https (http only on loopback, or with ALLOW_INSECURE_URLS=true), got %q", name, v)
 		}
 	}
 	return nil
+}
+
+func loopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // RequireOAuth reports the first setting a refreshing app is missing.
@@ -193,9 +229,23 @@ func envKey(t reflect.Type, prefix, field string) string {
 	return field
 }
 
+// dsnPassword finds the password of a key=value connection string
+// ("host=db password='p w' user=x").
+var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+
+// urlCredentials is the userinfo of a URL url.Parse refused.
+var urlCredentials = regexp.MustCompile(`://[^/]*@`)
+
+// redactURL masks the password of a database URL or key=value string.
 func redactURL(s string) string {
+	if !strings.Contains(s, "://") {
+		return dsnPassword.ReplaceAllString(s, "${1}xxxxx")
+	}
 	u, err := url.Parse(s)
-	if err != nil || u.User == nil {
+	if err != nil {
+		return urlCredentials.ReplaceAllString(s, "://xxxxx@")
+	}
+	if u.User == nil {
 		return s
 	}
 	if _, has := u.User.Password(); has {

@@ -1,7 +1,10 @@
 package di
 
 import (
+	"bytes"
+	"encoding/base64"
 	"fmt"
+	"log/slog"
 	"strings"
 	"testing"
 	"time"
@@ -75,5 +78,51 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 	c, _ := ConfigFromEnv(base)
 	if err := c.RequireOAuth(); err == nil || !strings.Contains(err.Error(), "OAUTH_TOKEN_URL") {
 		t.Errorf("RequireOAuth = %v", err)
+	}
+}
+
+func TestConfigNeverPrintsSecrets(t *testing.T) {
+	for _, dsn := range []string{
+		"postgres://u:hunter2@db:5432/x",
+		"host=db user=u password=hunter2 dbname=x",
+		"host=db password='hunter2 with spaces' dbname=x",
+		"host=db PASSWORD = hunter2",
+		"postgres://u:hun%zzter2@db/x", // url.Parse refuses it
+	} {
+		c, err := ConfigFromEnv([]string{"DATABASE_URL=" + dsn, "OAUTH_CLIENT_SECRET=s3cr3t-client",
+			"TOKEN_ENCRYPTION_KEYS=k1=" + base64.StdEncoding.EncodeToString(make([]byte, 32)) + "*"})
+		if err != nil {
+			t.Fatalf("%s: %v", dsn, err)
+		}
+		var buf bytes.Buffer
+		slog.New(slog.NewJSONHandler(&buf, nil)).Info("config", "cfg", c, "oauth", c.OAuth)
+		for _, out := range []string{fmt.Sprint(c), fmt.Sprintf("%+v", c), fmt.Sprintf("%#v", c), buf.String()} {
+			if strings.Contains(out, "hunter2") || strings.Contains(out, "hun%zzter2") || strings.Contains(out, "s3cr3t-client") || strings.Contains(out, "AAAAAAAA") {
+				t.Errorf("secret printed: %s", out)
+			}
+		}
+	}
+}
+
+func TestTokenAndAPIURLsMustBeHTTPSOffLoopback(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://x@db/x"}
+	for _, tc := range []struct {
+		env []string
+		ok  bool
+	}{
+		{[]string{"OAUTH_TOKEN_URL=https://idp.example/token", "API_BASE_URL=https://api.example"}, true},
+		{[]string{"OAUTH_TOKEN_URL=http://127.0.0.1:9090/token", "API_BASE_URL=http://localhost:9090"}, true},
+		{[]string{"OAUTH_TOKEN_URL=http://[::1]:9090/token"}, true},
+		{[]string{"OAUTH_TOKEN_URL=http://idp.example/token"}, false},
+		{[]string{"API_BASE_URL=http://api.example"}, false},
+		{[]string{"OAUTH_TOKEN_URL=http://idp.test/token", "ALLOW_INSECURE_URLS=true"}, true},
+	} {
+		_, err := ConfigFromEnv(append(base, tc.env...))
+		if (err == nil) != tc.ok {
+			t.Errorf("%v: err = %v, want ok=%v", tc.env, err, tc.ok)
+		}
+		if err != nil && !strings.Contains(err.Error(), "https") {
+			t.Errorf("%v: error does not say https: %v", tc.env, err)
+		}
 	}
 }
