@@ -41,6 +41,7 @@ type AppSettings struct {
 	// MetricsConnectionLabel adds the connection name as a label of the
 	// refresh counters: one series per connection, for small fleets only.
 	MetricsConnectionLabel bool `env:"METRICS_CONNECTION_LABEL" envDefault:"false"`
+	Network
 }
 
 // ConfigError is a missing or malformed setting. Its message names the
@@ -107,6 +108,9 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 		if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
 			return AppConfig{}, configErr("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
 		}
+	}
+	if err := s.Network.validate(); err != nil {
+		return AppConfig{}, err
 	}
 	return AppConfig{Config: c, AppSettings: s}, nil
 }

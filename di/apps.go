@@ -16,6 +16,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -54,15 +55,21 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		cleanup()
 		return nil, nil, err
 	}
+	oauthHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
 	srv := httpapi.New(httpapi.Deps{
 		API:       a.api,
 		Events:    usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
 		Connector: a.tokens.Connect,
+		Keys:      repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
+		Sessions:  repository.NewConnectSessions(a.tokens.DB),
 		DB:        sqlDB,
 		OAuth:     a.tokens.OAuth,
-		OAuthHTTP: provider.NewHTTPClient(cfg.RefreshTimeout),
+		OAuthHTTP: oauthHTTP,
+		Account:   httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
 		Metrics:   a.metrics.Handler(),
+		Observer:  a.metrics,
 		Log:       log,
+		Edges:     cfg.edges(),
 	})
 	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
 }
@@ -83,6 +90,7 @@ func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Wor
 		// timeout; only after that can a running event be taken for lost.
 		RescueAfter: cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
 		StopTimeout: shutdownGrace,
+		Webhook:     cfg.webhook("worker"),
 	}, log)
 	if err != nil {
 		cleanup()

@@ -60,6 +60,10 @@ type OAuthConfig struct {
 	// client_secret_basic) or "params" (client_secret_post). The last two
 	// never probe.
 	AuthStyle string `env:"AUTH_STYLE" envDefault:"auto"`
+	// UserInfoURL and UserInfoIDField find the account that granted a
+	// connection when the token response has no ID token.
+	UserInfoURL     string `env:"USERINFO_URL"`
+	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
 }
 
 // String never shows the client secret or the database password.
@@ -151,7 +155,7 @@ func (c Config) validate() error {
 	}
 	for name, v := range map[string]string{
 		"OAUTH_TOKEN_URL": c.OAuth.TokenURL, "OAUTH_AUTH_URL": c.OAuth.AuthURL,
-		"OAUTH_REDIRECT_URL": c.OAuth.RedirectURL, "API_BASE_URL": c.APIBaseURL,
+		"OAUTH_REDIRECT_URL": c.OAuth.RedirectURL, "API_BASE_URL": c.APIBaseURL, "OAUTH_USERINFO_URL": c.OAuth.UserInfoURL,
 	} {
 		if v == "" {
 			continue

@@ -84,9 +84,8 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		// The process that found the grant revoked tells the operator
 		// what to do; tokenctl status shows the state and the reason.
 		OnNeedsReauth: func(connectionID, reason string) {
-			log.Warn("operator action needed: connect it again with tokenctl import or /oauth/connect",
-				"connection", connectionID, "reason", reason,
-				"connect_path", "/oauth/connect?connection="+connectionID)
+			log.Warn("operator action needed: connect it again (POST /connect-sessions, or tokenctl import)",
+				"connection", connectionID, "reason", reason)
 		},
 	}
 	var target repository.ChangeTarget

@@ -7,7 +7,9 @@ import (
 	"log/slog"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
+	"github.com/tokenguard/tokenguard/repository"
 )
 
 // Tokenctl is the operator CLI's backend, configured from environ
@@ -74,3 +76,38 @@ func (s ctlStore) List(ctx context.Context) ([]domain.Token, error) { return s.R
 func (s ctlStore) Connect(ctx context.Context, id string, g domain.Grant) (domain.Token, error) {
 	return s.Store.Connect.Connect(ctx, id, g)
 }
+
+// OpenKeys implements tokenctl.KeyBackend.
+func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(), error) {
+	cfg, err := b.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, slog.New(slog.DiscardHandler))
+	if err != nil {
+		return nil, nil, err
+	}
+	return ctlKeys{repository.NewAPIKeys(db)}, func() { _ = postgres.Close(db) }, nil
+}
+
+type ctlKeys struct{ keys *repository.APIKeys }
+
+func (k ctlKeys) Create(ctx context.Context, name string) (domain.Secret, error) {
+	key := repository.NewCredential(repository.APIKeyPrefix)
+	err := k.keys.Create(ctx, name, key)
+	if errors.Is(err, repository.ErrKeyExists) {
+		return domain.Secret{}, tokenctl.ErrKeyExists
+	}
+	return key, err
+}
+
+func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
+	keys, err := k.keys.List(ctx)
+	out := make([]tokenctl.APIKey, len(keys))
+	for i, key := range keys {
+		out[i] = tokenctl.APIKey{Name: key.Name, CreatedAt: key.CreatedAt, LastUsedAt: key.LastUsedAt}
+	}
+	return out, err
+}
+
+func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }

@@ -39,6 +39,13 @@ var (
 	// ErrRefreshRateLimited: forced refreshes of a connection came faster
 	// than allowed (an API answering 401 to everything).
 	ErrRefreshRateLimited = errors.New("forced refresh rate limited")
+	// ErrAccountMismatch: a new grant for a connection comes from another
+	// provider account than the stored one, and the connect session did
+	// not allow the change. Nothing was stored.
+	ErrAccountMismatch = errors.New("the grant is from a different provider account than the connection's")
+	// ErrUnauthorized: a missing, unknown or revoked API key or connect
+	// session.
+	ErrUnauthorized = errors.New("unauthorized")
 )
 
 // ProviderError describes a failed token request. It carries the OAuth2

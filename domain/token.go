@@ -31,6 +31,16 @@ type Token struct {
 	Status        Status
 	StatusReason  string // why the connection needs re-authorisation, if it does
 	UpdatedAt     time.Time
+	Binding       Binding // who granted it; zero for grants imported without an account
+}
+
+// Binding is who granted a connection and what. Account is the provider's
+// id of the account that consented (the ID token's sub, or a user-info
+// field); empty when unknown.
+type Binding struct {
+	Account       string
+	Scopes        []string // granted; nil when unknown
+	MissingScopes []string // requested (OAUTH_SCOPES) but not granted
 }
 
 // Grant is what a provider hands out: a fresh access token and possibly a

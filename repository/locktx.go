@@ -222,7 +222,8 @@ func scanTokenRow(rows pgx.Rows) (*tokenRow, error) {
 	for rows.Next() {
 		var t tokenRow
 		if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
-			&t.Expiry, &t.RefreshExpiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt); err != nil {
+			&t.Expiry, &t.RefreshExpiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt,
+			&t.GrantedAccount, &t.GrantedScopes, &t.MissingScopes); err != nil {
 			return nil, err
 		}
 		row = &t

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"database/sql"
+	"strings"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -22,6 +23,10 @@ type tokenRow struct {
 	Status        string
 	StatusReason  string
 	UpdatedAt     time.Time
+	// Who granted it: '' when unknown; scopes space-separated.
+	GrantedAccount string
+	GrantedScopes  string
+	MissingScopes  string
 }
 
 // domain opens the row's credentials with s: a value that fails to open is
@@ -43,7 +48,36 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 		Status:        domain.Status(r.Status),
 		StatusReason:  r.StatusReason,
 		UpdatedAt:     r.UpdatedAt,
+		Binding: domain.Binding{
+			Account:       r.GrantedAccount,
+			Scopes:        splitScopes(r.GrantedScopes),
+			MissingScopes: splitScopes(r.MissingScopes),
+		},
 	}, nil
+}
+
+func splitScopes(s string) []string {
+	if s == "" {
+		return nil
+	}
+	return strings.Fields(s)
+}
+
+// textArray is a text[] parameter; nil is NULL (unknown).
+func textArray(v []string) any {
+	if v == nil {
+		return nil
+	}
+	return "{" + strings.Join(quoteAll(v), ",") + "}"
+}
+
+// quoteAll quotes array elements for Postgres's array literal.
+func quoteAll(v []string) []string {
+	out := make([]string, len(v))
+	for i, s := range v {
+		out[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+	}
+	return out
 }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: t, Valid: !t.IsZero()} }

@@ -2,6 +2,7 @@ package usecase
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -33,15 +34,35 @@ func NewConnectUseCase(store ConnectionStore, clock Clock, lockWait time.Duratio
 // a refresh that started before it has finished, and one that starts after
 // it redeems the new grant.
 func (u *ConnectUseCase) Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error) {
+	return u.ConnectAs(ctx, connectionID, g, domain.Binding{}, true)
+}
+
+// ConnectAs is Connect for a grant whose account is known (b.Account): if
+// the connection is bound to another account, the grant is refused with
+// domain.ErrAccountMismatch and nothing is stored, unless allowChange. The
+// check and the write happen under the connection's lock, so two consents
+// cannot both pass it.
+func (u *ConnectUseCase) ConnectAs(ctx context.Context, connectionID string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
 	tok, err := domain.NewToken(connectionID, g, u.clock.Now())
 	if err != nil {
 		return domain.Token{}, err
 	}
+	tok.Binding = b
 	if err := u.store.Register(ctx, connectionID); err != nil {
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connectionID, err)
 	}
 	var out domain.Token
 	err = u.store.InLock(ctx, connectionID, u.lockWait, DefaultWriteTimeout, func(txCtx context.Context, s LockedStore) error {
+		if !allowChange {
+			cur, err := s.Get(txCtx, connectionID)
+			switch {
+			case errors.Is(err, domain.ErrNotFound):
+			case err != nil:
+				return err
+			case cur.Binding.Account != "" && cur.Binding.Account != b.Account:
+				return domain.ErrAccountMismatch
+			}
+		}
 		out, err = s.Put(txCtx, tok)
 		return err
 	})

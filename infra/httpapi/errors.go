@@ -18,7 +18,6 @@ type errorBody struct {
 	Error      string `json:"error"`
 	Code       string `json:"code"`
 	Connection string `json:"connection,omitempty"`
-	ConnectURL string `json:"connect_url,omitempty"`
 }
 
 // problem is how an error is answered.
@@ -39,7 +38,11 @@ func classify(err error) problem {
 	case errors.Is(err, domain.ErrNotFound):
 		return problem{http.StatusNotFound, "not_found", "connection not found", 0}
 	case errors.Is(err, domain.ErrNeedsReauth):
-		return problem{http.StatusConflict, "needs_reauth", err.Error() + "; connect it again", 0}
+		return problem{http.StatusConflict, "needs_reauth", err.Error() + "; connect it again (POST /connect-sessions)", 0}
+	case errors.Is(err, domain.ErrAccountMismatch):
+		return problem{http.StatusConflict, "account_mismatch", err.Error(), 0}
+	case errors.Is(err, domain.ErrUnauthorized):
+		return problem{http.StatusUnauthorized, "unauthorized", "unauthorized", 0}
 	case errors.Is(err, domain.ErrLockTimeout):
 		return problem{http.StatusServiceUnavailable, "busy", "another process is refreshing the token; try again", time.Second}
 	case errors.Is(err, domain.ErrClientRejected):
@@ -66,9 +69,6 @@ func classify(err error) problem {
 func writeError(w http.ResponseWriter, connectionID string, err error) {
 	p := classify(err)
 	body := errorBody{Error: p.message, Code: p.code, Connection: connectionID}
-	if p.code == "needs_reauth" {
-		body.ConnectURL = "/oauth/connect?connection=" + connectionID
-	}
 	if p.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((p.retryAfter+time.Second-1)/time.Second)))
 	}

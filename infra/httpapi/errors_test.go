@@ -46,10 +46,10 @@ func TestClassifyMapsDomainErrorsOnce(t *testing.T) {
 	}
 }
 
-func TestNeedsReauthAnswerPointsAtConnect(t *testing.T) {
+func TestNeedsReauthAnswerSaysHowToConnect(t *testing.T) {
 	w := httptest.NewRecorder()
 	writeError(w, "acme", fmt.Errorf("x: %w", domain.ErrNeedsReauth))
-	want := `{"error":"x: connection needs re-authorisation; connect it again","code":"needs_reauth","connection":"acme","connect_url":"/oauth/connect?connection=acme"}` + "\n"
+	want := `{"error":"x: connection needs re-authorisation; connect it again (POST /connect-sessions)","code":"needs_reauth","connection":"acme"}` + "\n"
 	if w.Body.String() != want {
 		t.Errorf("body = %s, want %s", w.Body, want)
 	}

@@ -4,10 +4,12 @@ import (
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"net/http"
+	"net/url"
+	"slices"
+	"strings"
 	"time"
 
 	"golang.org/x/oauth2"
@@ -16,78 +18,223 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
-const flowCookie = "tokenguard_oauth"
+// The flow cookie only points at the flow kept in the database. Over https
+// it carries the __Host- prefix: Secure, Path=/ and no Domain, so no other
+// host (a sibling subdomain) can set or overwrite it.
+const (
+	flowCookie       = "tokenguard_flow"
+	secureFlowCookie = "__Host-tokenguard_flow"
+)
 
-// flow is what the browser carries from /oauth/connect to /oauth/callback.
-// state is checked against the provider's redirect; the PKCE verifier
-// proves the code is redeemed by whoever started the flow.
-type flow struct {
-	State      string `json:"s"`
-	Verifier   string `json:"v"`
-	Connection string `json:"c"`
-}
+// callbackTimeout bounds the work after the provider's redirect: the code
+// exchange, the user-info request and the write. It does not follow the
+// browser: a closed tab must not lose a grant the provider has issued.
+const callbackTimeout = 30 * time.Second
 
 func (s *Server) oauthConfigured() bool {
 	c := s.deps.OAuth
-	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != ""
+	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil
 }
 
-// connect starts the authorization-code flow for ?connection=NAME.
-func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+func (s *Server) secureCookies() bool {
+	return s.deps.Edges.PublicURL != nil && s.deps.Edges.PublicURL.Scheme == "https"
+}
+
+func (s *Server) cookieName() string {
+	if s.secureCookies() {
+		return secureFlowCookie
+	}
+	return flowCookie
+}
+
+// sessionRequest is the body of POST /connect-sessions.
+type sessionRequest struct {
+	Connection         string `json:"connection"`
+	ReturnTo           string `json:"return_to,omitempty"`
+	AllowAccountChange bool   `json:"allow_account_change,omitempty"`
+}
+
+// createSession answers a connect URL for one connection, valid once for
+// ten minutes.
+func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{
 			Error: "the connect flow needs OAUTH_AUTH_URL, OAUTH_TOKEN_URL and OAUTH_REDIRECT_URL", Code: "not_configured"})
 		return
 	}
-	name := r.URL.Query().Get("connection")
-	if err := domain.ValidateConnectionID(name); err != nil {
+	var req sessionRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME"} (optional: "return_to", "allow_account_change")`, Code: "bad_request"})
+		return
+	}
+	if err := domain.ValidateConnectionID(req.Connection); err != nil {
 		writeError(w, "", err)
 		return
 	}
-	f := flow{State: rand.Text(), Verifier: oauth2.GenerateVerifier(), Connection: name}
-	raw, _ := json.Marshal(f)
-	http.SetCookie(w, &http.Cookie{
-		Name:     flowCookie,
-		Value:    base64.RawURLEncoding.EncodeToString(raw),
-		Path:     "/oauth/",
-		MaxAge:   int((10 * time.Minute).Seconds()),
-		HttpOnly: true,
-		Secure:   r.TLS != nil,
-		SameSite: http.SameSiteLaxMode, // sent on the provider's top-level redirect back
+	if req.ReturnTo != "" && !returnAllowed(req.ReturnTo, s.deps.Edges.ReturnURLs) {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
+		return
+	}
+	_, keyName, _ := s.deps.Keys.Verify(r.Context(), mustBearer(r))
+	token, expires, err := s.deps.Sessions.Create(r.Context(), domain.ConnectSession{
+		Connection: req.Connection, ReturnTo: req.ReturnTo, AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName,
 	})
-	http.Redirect(w, r, s.deps.OAuth.AuthCodeURL(f.State, oauth2.S256ChallengeOption(f.Verifier)), http.StatusFound)
+	if err != nil {
+		s.logFailure(r, req.Connection, err)
+		writeError(w, req.Connection, err)
+		return
+	}
+	s.deps.Log.Info("connect session created", "connection", req.Connection, "api_key", keyName,
+		"allow_account_change", req.AllowAccountChange, "expires_at", expires)
+	writeJSON(w, http.StatusCreated, map[string]any{
+		"connect_url": s.publicBase() + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()),
+		"expires_at":  expires.UTC(),
+		"connection":  req.Connection,
+	})
 }
 
-// callback checks state, redeems the code and stores the first token.
+func mustBearer(r *http.Request) domain.Secret {
+	k, _ := bearer(r)
+	return k
+}
+
+// publicBase is PUBLIC_URL without a trailing slash, else the redirect
+// URL's origin.
+func (s *Server) publicBase() string {
+	if u := s.deps.Edges.PublicURL; u != nil {
+		return strings.TrimSuffix(u.String(), "/")
+	}
+	if u, err := url.Parse(s.deps.OAuth.RedirectURL); err == nil {
+		return u.Scheme + "://" + u.Host
+	}
+	return ""
+}
+
+// returnAllowed reports whether target starts with one of the allowed
+// URLs: same scheme and host, and a path at or under the allowed one.
+func returnAllowed(target string, allowed []string) bool {
+	t, err := url.Parse(target)
+	if err != nil || (t.Scheme != "https" && t.Scheme != "http") || t.Host == "" || t.User != nil || t.Fragment != "" {
+		return false
+	}
+	for _, a := range allowed {
+		u, err := url.Parse(a)
+		if err != nil || !strings.EqualFold(u.Scheme, t.Scheme) || !strings.EqualFold(u.Host, t.Host) {
+			continue
+		}
+		base := strings.TrimSuffix(u.Path, "/")
+		if t.Path == u.Path || base == "" || t.Path == base || strings.HasPrefix(t.Path, base+"/") {
+			return true
+		}
+	}
+	return false
+}
+
+// connect spends a connect session and sends the browser to the provider.
+func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+	if !s.oauthConfigured() {
+		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+		return
+	}
+	token := r.URL.Query().Get("session")
+	if !strings.HasPrefix(token, "tgs_") || len(token) > 128 {
+		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This link is not a valid connect link. Ask for a new one."})
+		return
+	}
+	state, verifier, flow := rand.Text(), oauth2.GenerateVerifier(), newFlowID()
+	sess, err := s.deps.Sessions.Open(r.Context(), domain.NewSecret(token), flow, state, verifier)
+	if errors.Is(err, domain.ErrUnauthorized) {
+		s.deps.Log.Info("connect link refused: unknown, used or expired session")
+		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This connect link was already used or has expired. Ask for a new one."})
+		return
+	}
+	if err != nil {
+		s.logFailure(r, "", err)
+		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not start the connection; try again."})
+		return
+	}
+	http.SetCookie(w, &http.Cookie{
+		Name:     s.cookieName(),
+		Value:    flow.Reveal(),
+		Path:     "/",
+		MaxAge:   int(sessionLifetime.Seconds()),
+		HttpOnly: true,
+		Secure:   s.secureCookies(),
+		SameSite: http.SameSiteLaxMode, // sent on the provider's top-level redirect back
+	})
+	s.deps.Log.Info("connect flow started", "connection", sess.Connection)
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, s.deps.OAuth.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), http.StatusFound)
+}
+
+// sessionLifetime is the flow's lifetime (repository.SessionLifetime).
+const sessionLifetime = 10 * time.Minute
+
+// callback checks the flow, redeems the code and stores the grant.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
-		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the connect flow is not configured", Code: "not_configured"})
+		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
 		return
 	}
 	// Whatever happens, the flow is single-use.
-	http.SetCookie(w, &http.Cookie{Name: flowCookie, Path: "/oauth/", MaxAge: -1, HttpOnly: true, Secure: r.TLS != nil})
-	q := r.URL.Query()
-	f, ok := readFlow(r)
-	if !ok {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: "no authorization in progress (missing or expired cookie); start at /oauth/connect", Code: "bad_state"})
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Path: "/", MaxAge: -1, HttpOnly: true, Secure: s.secureCookies(), SameSite: http.SameSiteLaxMode})
+	c, err := r.Cookie(s.cookieName())
+	if err != nil || !strings.HasPrefix(c.Value, "tgf_") || len(c.Value) > 128 {
+		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "No connection is in progress in this browser (the link expired, or cookies are blocked). Start again from a new connect link."})
 		return
 	}
-	if subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(f.State)) != 1 {
-		s.deps.Log.Warn("oauth callback with a wrong state", "connection", f.Connection)
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: "state does not match; start again at /oauth/connect", Code: "bad_state", Connection: f.Connection})
+	// From here on the work does not follow the browser.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), callbackTimeout)
+	defer cancel()
+	sess, err := s.deps.Sessions.Finish(ctx, domain.NewSecret(c.Value))
+	if errors.Is(err, domain.ErrUnauthorized) {
+		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "This connection attempt was already completed or has expired. Start again from a new connect link."})
 		return
+	}
+	if err != nil {
+		s.logFailure(r, "", err)
+		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not complete the connection; try again."})
+		return
+	}
+	o := s.complete(ctx, r.URL.Query(), sess)
+	o.Connection = sess.Connection
+	if s.deps.Observer != nil {
+		s.deps.Observer.ConnectOutcome(o.Code)
+	}
+	if sess.ReturnTo != "" {
+		q := url.Values{"connection": {sess.Connection}, "status": {o.status()}, "code": {o.Code}}
+		sep := "?"
+		if strings.Contains(sess.ReturnTo, "?") {
+			sep = "&"
+		}
+		w.Header().Set("Cache-Control", "no-store")
+		http.Redirect(w, r, sess.ReturnTo+sep+q.Encode(), http.StatusSeeOther)
+		return
+	}
+	s.page(w, r, o.httpStatus, o)
+}
+
+// complete turns the provider's redirect into a stored grant, or says why
+// not.
+func (s *Server) complete(ctx context.Context, q url.Values, sess domain.ConnectSession) outcome {
+	name := sess.Connection
+	if subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(sess.State)) != 1 {
+		s.deps.Log.Warn("oauth callback with a wrong state", "connection", name)
+		return outcome{httpStatus: http.StatusBadRequest, Code: "bad_state", Message: "The answer from the provider does not belong to this connection attempt. Start again from a new connect link."}
 	}
 	if e := q.Get("error"); e != "" {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: "the provider refused the authorization: " + oauthCode(e), Code: "authorization_failed", Connection: f.Connection})
-		return
+		code := oauthCode(e)
+		s.deps.Log.Info("the provider refused the authorization", "connection", name, "reason", code)
+		return outcome{httpStatus: http.StatusBadRequest, Code: code, Message: "The provider did not grant access (" + code + ")."}
 	}
 	code := q.Get("code")
 	if code == "" {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: "no authorization code", Code: "bad_request", Connection: f.Connection})
-		return
+		return outcome{httpStatus: http.StatusBadRequest, Code: "bad_request", Message: "The provider sent no authorization code."}
 	}
-	exCtx := contextWithClient(r, s.deps.OAuthHTTP)
-	tok, err := s.deps.OAuth.Exchange(exCtx, code, oauth2.VerifierOption(f.Verifier))
+	exCtx := context.WithValue(ctx, oauth2.HTTPClient, s.deps.OAuthHTTP)
+	tok, err := s.deps.OAuth.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
 	if err != nil {
 		// Never log err itself: a RetrieveError prints the response body.
 		var re *oauth2.RetrieveError
@@ -95,40 +242,57 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		if errors.As(err, &re) {
 			reason = oauthCode(re.ErrorCode)
 		}
-		s.deps.Log.Warn("code exchange failed", "connection", f.Connection, "reason", reason)
-		writeJSON(w, http.StatusBadGateway, errorBody{Error: "code exchange failed: " + reason, Code: "exchange_failed", Connection: f.Connection})
-		return
+		s.deps.Log.Warn("code exchange failed", "connection", name, "reason", reason)
+		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
 	}
-	t, err := s.deps.Connector.Connect(r.Context(), f.Connection, provider.GrantFrom(tok))
-	if errors.Is(err, domain.ErrInvalidToken) {
-		writeJSON(w, http.StatusBadGateway, errorBody{Error: "the provider granted no usable token: " + err.Error(), Code: "exchange_failed", Connection: f.Connection})
-		return
-	}
+	account, err := s.deps.Account.Account(exCtx, tok)
 	if err != nil {
-		s.logFailure(r, f.Connection, err)
-		writeError(w, f.Connection, err)
-		return
+		s.deps.Log.Warn("the account that granted the connection is unknown; nothing stored", "connection", name, "err", err)
+		return outcome{httpStatus: http.StatusBadGateway, Code: "account_unknown", Message: "The provider did not say which account granted access; nothing was stored."}
 	}
-	s.deps.Log.Info("connection connected", "token", t)
-	writeJSON(w, http.StatusOK, map[string]any{
-		"connection": t.ConnectionID, "status": t.Status, "expiry": t.Expiry, "version": t.Version,
-	})
+	b := domain.Binding{Account: account, Scopes: grantedScopes(tok, s.deps.OAuth.Scopes)}
+	for _, want := range s.deps.OAuth.Scopes {
+		if !slices.Contains(b.Scopes, want) {
+			b.MissingScopes = append(b.MissingScopes, want)
+		}
+	}
+	t, err := s.deps.Connector.ConnectAs(ctx, name, provider.GrantFrom(tok), b, sess.AllowAccountChange)
+	switch {
+	case errors.Is(err, domain.ErrAccountMismatch):
+		s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored",
+			"connection", name, "account", account, "session_by", sess.CreatedBy)
+		return outcome{httpStatus: http.StatusConflict, Code: "account_mismatch",
+			Message: "This connection belongs to another account at the provider. Nothing was changed. To move it to this account, ask for a connect link that allows an account change."}
+	case errors.Is(err, domain.ErrInvalidToken):
+		s.deps.Log.Warn("the provider granted no usable token", "connection", name, "err", err)
+		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider granted no usable token (no refresh token?)."}
+	case err != nil:
+		p := classify(err)
+		s.deps.Log.Error("storing the grant failed", "connection", name, "err", err)
+		return outcome{httpStatus: p.status, Code: p.code, Message: "The grant could not be stored; try again."}
+	}
+	if len(b.MissingScopes) > 0 {
+		s.deps.Log.Warn("connection connected with fewer scopes than requested", "token", t,
+			"granted", b.Scopes, "missing", b.MissingScopes)
+		return outcome{httpStatus: http.StatusOK, Code: "scopes_narrowed", connected: true,
+			Message: "Connected, but without: " + strings.Join(b.MissingScopes, ", ") + ". Some features may not work."}
+	}
+	s.deps.Log.Info("connection connected", "token", t, "account", account, "scopes", b.Scopes)
+	return outcome{httpStatus: http.StatusOK, Code: "connected", connected: true, Message: "Connected. You can close this window."}
 }
 
-func readFlow(r *http.Request) (flow, bool) {
-	c, err := r.Cookie(flowCookie)
-	if err != nil {
-		return flow{}, false
+// grantedScopes is the token response's scope, or what was requested when
+// the provider sent none (RFC 6749 §5.1: then it granted what was asked).
+func grantedScopes(tok *oauth2.Token, requested []string) []string {
+	if s, ok := tok.Extra("scope").(string); ok {
+		return strings.Fields(strings.ReplaceAll(s, ",", " "))
 	}
-	raw, err := base64.RawURLEncoding.DecodeString(c.Value)
-	if err != nil {
-		return flow{}, false
-	}
-	var f flow
-	if json.Unmarshal(raw, &f) != nil || f.State == "" || f.Verifier == "" || domain.ValidateConnectionID(f.Connection) != nil {
-		return flow{}, false
-	}
-	return f, true
+	return slices.Clone(requested)
+}
+
+// newFlowID is the flow cookie's value.
+func newFlowID() domain.Secret {
+	return domain.NewSecret("tgf_" + rand.Text() + rand.Text())
 }
 
 // oauthCode keeps an OAuth2 error code printable and short: it comes from
@@ -147,8 +311,4 @@ func oauthCode(s string) string {
 		return "unknown"
 	}
 	return string(out)
-}
-
-func contextWithClient(r *http.Request, c *http.Client) context.Context {
-	return context.WithValue(r.Context(), oauth2.HTTPClient, c)
 }

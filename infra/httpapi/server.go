@@ -13,9 +13,11 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"golang.org/x/oauth2"
+	"golang.org/x/time/rate"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
@@ -31,9 +33,27 @@ type Events interface {
 	Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error)
 }
 
-// Connector stores a newly granted token.
+// Connector stores a newly granted token, bound to the account that
+// granted it (see usecase.ConnectUseCase.ConnectAs).
 type Connector interface {
-	Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error)
+	ConnectAs(ctx context.Context, connectionID string, g domain.Grant, b domain.Binding, allowAccountChange bool) (domain.Token, error)
+}
+
+// KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
+type KeyVerifier interface {
+	Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error)
+}
+
+// Sessions stores connect sessions and the browser flows they start.
+type Sessions interface {
+	Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error)
+	Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error)
+	Finish(ctx context.Context, flow domain.Secret) (domain.ConnectSession, error)
+}
+
+// ConnectObserver counts the outcomes of the connect flow.
+type ConnectObserver interface {
+	ConnectOutcome(outcome string)
 }
 
 // Pinger reports whether the database answers.
@@ -46,15 +66,42 @@ type Deps struct {
 	API       API
 	Events    Events
 	Connector Connector
+	Keys      KeyVerifier
+	Sessions  Sessions
 	DB        Pinger
 	// OAuth is the client registration for the connect flow; nil or without
 	// AuthURL/RedirectURL disables /oauth/connect.
 	OAuth *oauth2.Config
-	// OAuthHTTP is the client for the code exchange (nil: a 10s-timeout client).
+	// OAuthHTTP is the client for the code exchange and the user-info
+	// request (nil: a 10s-timeout client).
 	OAuthHTTP *http.Client
-	// Metrics serves GET /metrics; nil leaves the route out.
-	Metrics http.Handler
-	Log     *slog.Logger
+	// Account says how the account that granted a connection is found.
+	Account AccountSource
+	// Metrics serves GET /metrics behind an API key; nil leaves the route
+	// out.
+	Metrics  http.Handler
+	Observer ConnectObserver
+	Log      *slog.Logger
+	Edges    Edges
+}
+
+// Edges are the limits of the public listener.
+type Edges struct {
+	// PublicURL is where browsers and clients reach the server (connect
+	// URLs are built on it; its host is accepted in Host headers; https
+	// makes the flow cookie Secure and __Host-).
+	PublicURL *url.URL
+	// Hosts are further accepted Host header values (HTTP_ADDR's, the
+	// redirect URL's).
+	Hosts []string
+	// ReturnURLs are the allowed prefixes of a connect session's return_to.
+	ReturnURLs []string
+	// Rate and Burst limit requests per API key (Rate 0: 100/s, Burst 0:
+	// twice Rate).
+	Rate  rate.Limit
+	Burst int
+	// RequestTimeout is every request's deadline (0: 30s).
+	RequestTimeout time.Duration
 }
 
 // ResourcePath is the external API path the apps call.
@@ -62,7 +109,9 @@ const ResourcePath = "/resource"
 
 // Server is the HTTP app.
 type Server struct {
-	deps Deps
+	deps   Deps
+	hosts  map[string]bool
+	limits *keyLimits
 }
 
 // New builds the server.
@@ -76,21 +125,30 @@ func New(d Deps) *Server {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	return &Server{deps: d}
+	if d.Edges.RequestTimeout <= 0 {
+		d.Edges.RequestTimeout = 30 * time.Second
+	}
+	if d.Edges.Rate <= 0 {
+		d.Edges.Rate = 100
+	}
+	if d.Edges.Burst <= 0 {
+		d.Edges.Burst = int(2 * d.Edges.Rate)
+	}
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(d.Edges.Rate, d.Edges.Burst)}
+	return s
 }
 
-// Handler routes the server's endpoints.
+// Handler routes the server's endpoints: exactly those of routes(), each
+// behind the checks its access class requires.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", s.healthz)
-	mux.HandleFunc("GET /connections/{name}/resource", s.resource)
-	mux.HandleFunc("POST /connections/{name}/events", s.event)
-	mux.HandleFunc("GET /oauth/connect", s.connect)
-	mux.HandleFunc("GET /oauth/callback", s.callback)
-	if s.deps.Metrics != nil {
-		mux.Handle("GET /metrics", s.deps.Metrics)
+	for _, rt := range s.routes() {
+		mux.Handle(rt.method+" "+rt.path, s.guard(rt))
 	}
-	return mux
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such route", Code: "not_found"})
+	})
+	return s.edges(mux)
 }
 
 // Serve answers on ln until ctx is done, then stops accepting connections,
@@ -168,7 +226,7 @@ func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 		writeError(w, "", err)
 		return
 	}
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, 64<<10))
+	body, err := io.ReadAll(r.Body) // bounded by the route's body limit
 	if err != nil {
 		writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: "event body over 64 KiB", Code: "too_large"})
 		return

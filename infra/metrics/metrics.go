@@ -55,6 +55,7 @@ type Metrics struct {
 	providerLatency prometheus.Histogram
 	invalidations   prometheus.Counter
 	listener        prometheus.Gauge
+	connects        *prometheus.CounterVec
 
 	// The cache lookup is counted on every Token call, the hot path: see
 	// stripedCounter. misses is the slow path and may share a line.
@@ -123,7 +124,8 @@ func New(o Options) *Metrics {
 		}
 		m.forced.WithLabelValues()
 	}
-	m.reg.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener,
+	m.connects = newConnectCounter()
+	m.reg.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener, m.connects,
 		cacheCollector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return m
 }

@@ -131,11 +131,15 @@ type WorkerOptions struct {
 	// StopTimeout bounds the wait for events in flight at shutdown
 	// (default 8s); past it they are cancelled and retried later.
 	StopTimeout time.Duration
+	// Webhook, when set, delivers the webhook events of the outbox; nil
+	// drops them.
+	Webhook *Webhook
 }
 
 // Worker consumes events (the worker's side).
 type Worker struct {
 	client *river.Client[pgx.Tx]
+	pool   *pgxpool.Pool
 	log    *slog.Logger
 	opts   WorkerOptions
 }
@@ -158,9 +162,16 @@ func NewWorker(pool *pgxpool.Pool, h Handler, opts WorkerOptions, log *slog.Logg
 	if err := river.AddWorkerSafely(workers, &eventWorker{h: h, log: log}); err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
+	queues := map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: opts.Concurrency}}
+	if opts.Webhook != nil {
+		if err := river.AddWorkerSafely(workers, newWebhookWorker(*opts.Webhook, log)); err != nil {
+			return nil, fmt.Errorf("queue: %w", err)
+		}
+		queues[webhookQueue] = river.QueueConfig{MaxWorkers: 4}
+	}
 	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
 		Logger:               riverLogger(log),
-		Queues:               map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: opts.Concurrency}},
+		Queues:               queues,
 		Workers:              workers,
 		JobTimeout:           opts.JobTimeout,
 		RescueStuckJobsAfter: opts.RescueAfter,
@@ -168,7 +179,7 @@ func NewWorker(pool *pgxpool.Pool, h Handler, opts WorkerOptions, log *slog.Logg
 	if err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
-	return &Worker{client: c, log: log, opts: opts}, nil
+	return &Worker{client: c, pool: pool, log: log, opts: opts}, nil
 }
 
 // Run works events until ctx is done, then stops fetching, lets events in
@@ -177,6 +188,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("queue: start worker: %w", err)
 	}
+	relayDone := make(chan struct{})
+	go func() { defer close(relayDone); w.relay(ctx) }()
+	defer func() { <-relayDone }()
 	select {
 	case <-ctx.Done():
 	case <-w.client.Stopped():
@@ -193,6 +207,40 @@ func (w *Worker) Run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// relay moves the webhook outbox into River until ctx is done.
+func (w *Worker) relay(ctx context.Context) {
+	every := time.Second
+	if w.opts.Webhook != nil && w.opts.Webhook.Every > 0 {
+		every = w.opts.Webhook.Every
+	}
+	t := time.NewTicker(every)
+	defer t.Stop()
+	failing := false
+	for {
+		n, err := relayOutbox(ctx, w.pool, w.client, w.opts.Webhook != nil)
+		switch {
+		case err != nil && ctx.Err() == nil && !failing:
+			w.log.Warn("webhook outbox not relayed; will retry", "err", err)
+			failing = true
+		case err == nil && n > 0:
+			failing = false
+			if w.opts.Webhook == nil {
+				w.log.Debug("webhook events dropped: WEBHOOK_URL is not set", "events", n)
+			} else {
+				w.log.Debug("webhook events queued", "events", n)
+			}
+			continue // more may wait
+		case err == nil:
+			failing = false
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
 }
 
 type eventWorker struct {

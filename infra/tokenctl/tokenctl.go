@@ -26,6 +26,7 @@ const usage = `usage:
   tokenctl import --connection NAME < TOKEN store a token (x/oauth2 JSON on stdin) as an active connection
   tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry
   tokenctl rotate-key                       re-encrypt every stored token with the current TOKEN_ENCRYPTION_KEYS key
+  tokenctl apikey create|list|revoke         manage the server's API keys (tokenctl apikey for details)
 Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key).`
 
 // Exit statuses.
@@ -83,6 +84,9 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return exitOK
 	}
 	cmd, rest := args[0], args[1:]
+	if cmd == "apikey" {
+		return apikey(ctx, rest, backend, stdio)
+	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stdio.Stderr)
 	var connection string

@@ -1,0 +1,220 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// access is who may call a route.
+type access int
+
+const (
+	// apiKey: Authorization: Bearer <API key>. Every route is this unless
+	// it is listed in publicRoutes.
+	apiKey access = iota
+	// browser: the route checks its own credential (a connect session, a
+	// flow cookie), which a browser carries.
+	browser
+	// open: no credential (health checks).
+	open
+)
+
+// route is one endpoint. The table is data so that a test can walk it:
+// a route added without an API key fails it unless it is in publicRoutes.
+type route struct {
+	method, path string
+	access       access
+	maxBody      int64 // request body limit in bytes
+	handle       http.HandlerFunc
+}
+
+// publicRoutes are the only routes reachable without an API key.
+var publicRoutes = map[string]access{
+	"GET /healthz":        open,
+	"GET /oauth/connect":  browser,
+	"GET /oauth/callback": browser,
+}
+
+// defaultMaxBody bounds the body of routes that expect none or a small one.
+const defaultMaxBody = 16 << 10
+
+func (s *Server) routes() []route {
+	rs := []route{
+		{"GET", "/healthz", open, 0, s.healthz},
+		{"GET", "/connections/{name}/resource", apiKey, 0, s.resource},
+		{"POST", "/connections/{name}/events", apiKey, 64 << 10, s.event},
+		{"POST", "/connect-sessions", apiKey, defaultMaxBody, s.createSession},
+		{"GET", "/oauth/connect", browser, 0, s.connect},
+		{"GET", "/oauth/callback", browser, 0, s.callback},
+	}
+	if s.deps.Metrics != nil {
+		rs = append(rs, route{"GET", "/metrics", apiKey, 0, s.deps.Metrics.ServeHTTP})
+	}
+	return rs
+}
+
+// guard wraps a route's handler in its deadline, body limit and, for
+// apiKey routes, the key check and the key's rate limit.
+func (s *Server) guard(rt route) http.Handler {
+	limit := rt.maxBody
+	if limit <= 0 {
+		limit = defaultMaxBody
+	}
+	h := http.Handler(rt.handle)
+	if want, ok := publicRoutes[rt.method+" "+rt.path]; !ok || want != rt.access {
+		// A route in the table that claims less than its listed access
+		// still gets an API key check.
+		rt.access = apiKey
+	}
+	if rt.access == apiKey {
+		h = s.requireKey(h)
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ctx, cancel := context.WithTimeout(r.Context(), s.deps.Edges.RequestTimeout)
+		defer cancel()
+		r.Body = http.MaxBytesReader(w, r.Body, limit)
+		h.ServeHTTP(w, r.WithContext(ctx))
+	})
+}
+
+// requireKey answers 401 unless the request carries a valid API key, and
+// 429 when the key is over its rate.
+func (s *Server) requireKey(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, ok := bearer(r)
+		if !ok || s.deps.Keys == nil {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tokenguard"`)
+			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "an API key is required (Authorization: Bearer <key>)", Code: "unauthorized"})
+			return
+		}
+		id, _, err := s.deps.Keys.Verify(r.Context(), key)
+		if errors.Is(err, domain.ErrUnauthorized) {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="tokenguard", error="invalid_token"`)
+			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "the API key is not valid", Code: "unauthorized"})
+			return
+		}
+		if err != nil {
+			s.deps.Log.Error("API key check failed", "path", r.URL.Path, "err", err)
+			writeError(w, "", err)
+			return
+		}
+		if wait, ok := s.limits.allow(id); !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "rate limit of this API key exceeded; try again later", Code: "rate_limited"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+func bearer(r *http.Request) (domain.Secret, bool) {
+	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+	token = strings.TrimSpace(token)
+	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || len(token) > 512 {
+		return domain.Secret{}, false
+	}
+	return domain.NewSecret(token), true
+}
+
+// edges apply to every request: the Host check against DNS rebinding and
+// headers that keep browsers from reinterpreting answers.
+func (s *Server) edges(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Content-Type-Options", "nosniff")
+		// Health checks come from orchestrators, which address the pod, not
+		// the public name; the answer says nothing.
+		if r.URL.Path != "/healthz" && !s.hosts[strings.ToLower(r.Host)] {
+			writeJSON(w, http.StatusMisdirectedRequest, errorBody{Error: "unknown Host; set PUBLIC_URL to the address clients use", Code: "bad_host"})
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// allowedHosts are the Host header values the server answers: PUBLIC_URL's
+// host and e.Hosts, each also with its scheme's default port written out,
+// and the loopback names for a loopback or wildcard listener.
+func allowedHosts(e Edges) map[string]bool {
+	out := map[string]bool{}
+	add := func(hostport, scheme string) {
+		hostport = strings.ToLower(hostport)
+		if hostport == "" {
+			return
+		}
+		host, port, err := net.SplitHostPort(hostport)
+		if err != nil {
+			out[hostport] = true
+			port = "80"
+			if scheme == "https" {
+				port = "443"
+			}
+			out[net.JoinHostPort(strings.Trim(hostport, "[]"), port)] = true
+			return
+		}
+		ip := net.ParseIP(host)
+		if host == "" || (ip != nil && ip.IsUnspecified()) || host == "localhost" || (ip != nil && ip.IsLoopback()) {
+			// A wildcard or loopback listener is reached as localhost
+			// locally; any other name must be PUBLIC_URL's.
+			for _, h := range []string{"127.0.0.1", "localhost", "::1"} {
+				out[net.JoinHostPort(h, port)] = true
+			}
+			if host != "" && (ip == nil || !ip.IsUnspecified()) {
+				out[hostport] = true
+			}
+			return
+		}
+		out[hostport] = true
+		if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
+			out[host] = true
+		}
+	}
+	if e.PublicURL != nil {
+		add(e.PublicURL.Host, e.PublicURL.Scheme)
+	}
+	for _, h := range e.Hosts {
+		add(h, "http")
+	}
+	return out
+}
+
+// keyLimits is one token bucket per API key.
+type keyLimits struct {
+	rate  rate.Limit
+	burst int
+	mu    sync.Mutex
+	keys  map[int32]*rate.Limiter
+}
+
+func newKeyLimits(r rate.Limit, burst int) *keyLimits {
+	return &keyLimits{rate: r, burst: burst, keys: map[int32]*rate.Limiter{}}
+}
+
+// allow takes a token from the key's bucket; when there is none it says
+// how long until there is.
+func (k *keyLimits) allow(id int32) (time.Duration, bool) {
+	k.mu.Lock()
+	l, ok := k.keys[id]
+	if !ok {
+		l = rate.NewLimiter(k.rate, k.burst)
+		k.keys[id] = l
+	}
+	k.mu.Unlock()
+	now := time.Now()
+	res := l.ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}

@@ -1,0 +1,196 @@
+package queue
+
+import (
+	"bytes"
+	"context"
+	"crypto/hmac"
+	"crypto/sha256"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/url"
+	"strconv"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/riverqueue/river"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// WebhookEvent is one event as the receiver gets it (the JSON body) and as
+// River stores it until it is delivered. ID is the same on every attempt:
+// receivers deduplicate on it.
+type WebhookEvent struct {
+	ID         string          `json:"id"`
+	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered
+	Connection string          `json:"connection"`
+	OccurredAt time.Time       `json:"occurred_at"`
+	Data       json.RawMessage `json:"data"`
+}
+
+// Kind names the job kind in River's tables.
+func (WebhookEvent) Kind() string { return "tokenguard_webhook" }
+
+// webhookQueue keeps deliveries to a slow receiver from holding up events.
+const webhookQueue = "webhook"
+
+// webhookAttempts × backoff (1s doubling, capped at 1h) is about 14 hours
+// of retries before an event is given up (River then keeps it "discarded").
+const webhookAttempts = 25
+
+// InsertOpts puts events on their own queue with their own retry budget.
+func (WebhookEvent) InsertOpts() river.InsertOpts {
+	return river.InsertOpts{Queue: webhookQueue, MaxAttempts: webhookAttempts}
+}
+
+// Webhook is where events go and how they are signed.
+type Webhook struct {
+	URL    string
+	Secret domain.Secret
+	// UserAgent of the requests (default tokenguard).
+	UserAgent string
+	// HTTP defaults to a client with a 10s timeout that does not follow
+	// redirects (a redirect is a failed delivery).
+	HTTP *http.Client
+	// Every is how often the outbox is moved to River (default 1s).
+	Every time.Duration
+}
+
+// Signature header: t is the Unix time of the attempt, v1 the hex
+// HMAC-SHA256 of "<t>.<body>" under the webhook secret.
+const (
+	SignatureHeader = "Tokenguard-Signature"
+	EventIDHeader   = "Tokenguard-Event-Id"
+	EventTypeHeader = "Tokenguard-Event-Type"
+)
+
+// Sign returns the signature header's value for body sent at t.
+func Sign(secret domain.Secret, t time.Time, body []byte) string {
+	ts := strconv.FormatInt(t.Unix(), 10)
+	mac := hmac.New(sha256.New, []byte(secret.Reveal()))
+	mac.Write([]byte(ts))
+	mac.Write([]byte("."))
+	mac.Write(body)
+	return "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))
+}
+
+type webhookWorker struct {
+	river.WorkerDefaults[WebhookEvent]
+	hook Webhook
+	log  *slog.Logger
+	host string // for logs: the URL's query may hold a credential
+}
+
+func newWebhookWorker(h Webhook, log *slog.Logger) *webhookWorker {
+	if h.HTTP == nil {
+		h.HTTP = &http.Client{
+			Timeout:       10 * time.Second,
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		}
+	}
+	if h.UserAgent == "" {
+		h.UserAgent = "tokenguard"
+	}
+	host := ""
+	if u, err := url.Parse(h.URL); err == nil {
+		host = u.Host
+	}
+	return &webhookWorker{hook: h, log: log, host: host}
+}
+
+// Work delivers one event: a 2xx answer is delivered, anything else is
+// retried with backoff.
+func (w *webhookWorker) Work(ctx context.Context, job *river.Job[WebhookEvent]) error {
+	body, err := json.Marshal(job.Args)
+	if err != nil {
+		return river.JobCancel(err)
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, w.hook.URL, bytes.NewReader(body))
+	if err != nil {
+		return river.JobCancel(fmt.Errorf("webhook request: %w", err))
+	}
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("User-Agent", w.hook.UserAgent)
+	req.Header.Set(EventIDHeader, job.Args.ID)
+	req.Header.Set(EventTypeHeader, job.Args.Type)
+	req.Header.Set(SignatureHeader, Sign(w.hook.Secret, time.Now(), body))
+	resp, err := w.hook.HTTP.Do(req)
+	if err != nil {
+		w.log.Warn("webhook delivery failed; will retry", "event_id", job.Args.ID, "type", job.Args.Type,
+			"connection", job.Args.Connection, "host", w.host, "attempt", job.Attempt, "err", "no answer")
+		return fmt.Errorf("webhook %s: no answer", w.host)
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	_ = resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		w.log.Warn("webhook delivery refused; will retry", "event_id", job.Args.ID, "type", job.Args.Type,
+			"connection", job.Args.Connection, "host", w.host, "attempt", job.Attempt, "status", resp.StatusCode)
+		return fmt.Errorf("webhook %s answered %d", w.host, resp.StatusCode)
+	}
+	w.log.Info("webhook delivered", "event_id", job.Args.ID, "type", job.Args.Type, "connection", job.Args.Connection,
+		"attempt", job.Attempt)
+	return nil
+}
+
+// NextRetry backs off 1s, 2s, 4s … capped at 1h, with 10% jitter.
+func (w *webhookWorker) NextRetry(job *river.Job[WebhookEvent]) time.Time {
+	d := time.Hour
+	if n := job.Attempt - 1; n < 12 {
+		d = time.Second << max(n, 0)
+	}
+	return time.Now().Add(d + time.Duration(rand.Int64N(int64(d/10)+1)))
+}
+
+// Timeout bounds one delivery.
+func (w *webhookWorker) Timeout(*river.Job[WebhookEvent]) time.Duration { return 15 * time.Second }
+
+// relayOutbox moves up to 100 rows of webhook_outbox (written by the token
+// writes' trigger, in their transactions) into River jobs, in one
+// transaction: each event becomes exactly one job. Without a webhook the
+// rows are dropped.
+func relayOutbox(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], deliver bool) (int, error) {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return 0, err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	rows, err := tx.Query(ctx, `SELECT id, event_id, type, connection, data, occurred_at FROM webhook_outbox
+ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
+	if err != nil {
+		return 0, err
+	}
+	var ids []int64
+	var params []river.InsertManyParams
+	for rows.Next() {
+		var id int64
+		var e WebhookEvent
+		if err := rows.Scan(&id, &e.ID, &e.Type, &e.Connection, &e.Data, &e.OccurredAt); err != nil {
+			rows.Close()
+			return 0, err
+		}
+		ids = append(ids, id)
+		params = append(params, river.InsertManyParams{Args: e})
+	}
+	rows.Close()
+	if err := rows.Err(); err != nil {
+		return 0, err
+	}
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if deliver {
+		if _, err := client.InsertManyTx(ctx, tx, params); err != nil {
+			return 0, err
+		}
+	}
+	if _, err := tx.Exec(ctx, "DELETE FROM webhook_outbox WHERE id = ANY($1)", ids); err != nil {
+		return 0, err
+	}
+	return len(ids), tx.Commit(ctx)
+}

@@ -1,0 +1,209 @@
+package repository
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/subtle"
+	"encoding/base64"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ErrKeyExists: an API key by that name exists already.
+var ErrKeyExists = errors.New("an API key with that name exists")
+
+// APIKey is a stored key as an operator sees it: never the key itself.
+type APIKey struct {
+	ID         int32
+	Name       string
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+}
+
+// APIKeys stores the server's API keys as SHA-256 hashes.
+type APIKeys struct {
+	db *gorm.DB
+}
+
+// NewAPIKeys binds the store to a pool.
+func NewAPIKeys(db *gorm.DB) *APIKeys { return &APIKeys{db: db} }
+
+// HashKey is how a key (or a connect session token, or a flow cookie) is
+// stored: SHA-256. The values are 256 random bits, so the hash needs no
+// salt or stretching.
+func HashKey(s domain.Secret) []byte {
+	h := sha256.Sum256([]byte(s.Reveal()))
+	return h[:]
+}
+
+// Create stores a new key under name.
+func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) error {
+	if err := domain.ValidateConnectionID(name); err != nil {
+		return fmt.Errorf("API key name: %w", err)
+	}
+	err := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, ?)", name, HashKey(key)).Error
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "api_keys_name_key" {
+		return fmt.Errorf("API key %q: %w", name, ErrKeyExists)
+	}
+	return storeError(ctx, "create API key", err)
+}
+
+// List returns every key, by name.
+func (k *APIKeys) List(ctx context.Context) ([]APIKey, error) {
+	var out []APIKey
+	err := k.db.WithContext(ctx).Raw("SELECT id, name, created_at, last_used_at FROM api_keys ORDER BY name").Scan(&out).Error
+	return out, storeError(ctx, "list API keys", err)
+}
+
+// Revoke deletes the key called name; domain.ErrNotFound if there is none.
+func (k *APIKeys) Revoke(ctx context.Context, name string) error {
+	res := k.db.WithContext(ctx).Exec("DELETE FROM api_keys WHERE name = ?", name)
+	if res.Error != nil {
+		return storeError(ctx, "revoke API key", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("API key %q: %w", name, domain.ErrNotFound)
+	}
+	return nil
+}
+
+// KeyCache verifies API keys against the stored hashes without a query per
+// request: it holds the hashes for at most TTL, compares a presented key's
+// hash with each in constant time, and records "last used" in batches.
+// A revoked key stops working within TTL; a new key works at once (an
+// unknown hash reloads, at most once per MinReload).
+type KeyCache struct {
+	keys      *APIKeys
+	ttl       time.Duration
+	minReload time.Duration
+
+	mu       sync.Mutex
+	loaded   time.Time
+	entries  []keyEntry
+	used     map[int32]struct{}
+	reloadMu sync.Mutex
+}
+
+type keyEntry struct {
+	id   int32
+	name string
+	hash []byte
+}
+
+// NewKeyCache builds a cache over keys; ttl <= 0 means 2s.
+func NewKeyCache(keys *APIKeys, ttl time.Duration) *KeyCache {
+	if ttl <= 0 {
+		ttl = 2 * time.Second
+	}
+	return &KeyCache{keys: keys, ttl: ttl, minReload: 200 * time.Millisecond, used: map[int32]struct{}{}}
+}
+
+// Verify returns the name and id of the key, or domain.ErrUnauthorized.
+func (c *KeyCache) Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error) {
+	h := HashKey(key)
+	c.mu.Lock()
+	fresh := time.Since(c.loaded) < c.ttl
+	recent := time.Since(c.loaded) < c.minReload
+	entries := c.entries
+	c.mu.Unlock()
+	if fresh {
+		if e, ok := match(entries, h); ok {
+			c.markUsed(e.id)
+			return e.id, e.name, nil
+		}
+		if recent {
+			return 0, "", domain.ErrUnauthorized
+		}
+	}
+	if entries, err = c.reload(ctx); err != nil {
+		return 0, "", err
+	}
+	if e, ok := match(entries, h); ok {
+		c.markUsed(e.id)
+		return e.id, e.name, nil
+	}
+	return 0, "", domain.ErrUnauthorized
+}
+
+// match compares h with every stored hash, all of them, in constant time.
+func match(entries []keyEntry, h []byte) (keyEntry, bool) {
+	var found keyEntry
+	ok := 0
+	for _, e := range entries {
+		if subtle.ConstantTimeCompare(e.hash, h) == 1 {
+			found, ok = e, 1
+		}
+	}
+	return found, ok == 1
+}
+
+func (c *KeyCache) markUsed(id int32) {
+	c.mu.Lock()
+	c.used[id] = struct{}{}
+	c.mu.Unlock()
+}
+
+// reload reads the hashes (one caller at a time) and writes the pending
+// "last used" marks.
+func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
+	c.reloadMu.Lock()
+	defer c.reloadMu.Unlock()
+	c.mu.Lock()
+	if time.Since(c.loaded) < c.minReload {
+		e := c.entries
+		c.mu.Unlock()
+		return e, nil
+	}
+	used := make([]int32, 0, len(c.used))
+	for id := range c.used {
+		used = append(used, id)
+	}
+	c.used = map[int32]struct{}{}
+	c.mu.Unlock()
+
+	db := c.keys.db.WithContext(ctx)
+	if len(used) > 0 {
+		// Best effort: "last used" is for operators, to a minute or so.
+		_ = db.Exec("UPDATE api_keys SET last_used_at = now() WHERE id IN ?", used).Error
+	}
+	var rows []struct {
+		ID      int32
+		Name    string
+		KeyHash []byte
+	}
+	if err := db.Raw("SELECT id, name, key_hash FROM api_keys").Scan(&rows).Error; err != nil {
+		return nil, storeError(ctx, "read API keys", err)
+	}
+	entries := make([]keyEntry, len(rows))
+	for i, r := range rows {
+		entries[i] = keyEntry{id: r.ID, name: r.Name, hash: r.KeyHash}
+	}
+	c.mu.Lock()
+	c.entries, c.loaded = entries, time.Now()
+	c.mu.Unlock()
+	return entries, nil
+}
+
+// Prefixes make tokenguard's credentials recognisable (in a secret scanner,
+// in a pasted log) and tell them apart.
+const (
+	APIKeyPrefix  = "tgk_"
+	SessionPrefix = "tgs_"
+	FlowPrefix    = "tgf_"
+)
+
+// NewCredential returns prefix followed by 256 random bits in base64url.
+func NewCredential(prefix string) domain.Secret {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return domain.NewSecret(prefix + base64.RawURLEncoding.EncodeToString(b))
+}

@@ -1,0 +1,103 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// SessionLifetime bounds a connect session and, from its opening, the
+// browser's flow.
+const SessionLifetime = 10 * time.Minute
+
+// ConnectSessions stores connect sessions by the hash of their token and
+// the browser flow by the hash of its cookie.
+type ConnectSessions struct {
+	db *gorm.DB
+}
+
+// NewConnectSessions binds the store to a pool.
+func NewConnectSessions(db *gorm.DB) *ConnectSessions { return &ConnectSessions{db: db} }
+
+// Create stores a session and returns its token and expiry. Expired rows
+// older than a day are deleted on the way.
+func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error) {
+	if err := domain.ValidateConnectionID(s.Connection); err != nil {
+		return domain.Secret{}, time.Time{}, err
+	}
+	token := NewCredential(SessionPrefix)
+	var expires time.Time
+	db := c.db.WithContext(ctx)
+	err := db.Raw(`INSERT INTO connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at)
+VALUES (?, ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
+		HashKey(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds())).
+		Scan(&expires).Error
+	if err != nil {
+		return domain.Secret{}, time.Time{}, storeError(ctx, "create connect session", err)
+	}
+	_ = db.Exec("DELETE FROM connect_sessions WHERE expires_at < now() - interval '1 day'").Error
+	return token, expires, nil
+}
+
+// Open spends the session token (single use: domain.ErrUnauthorized if it
+// is unknown, expired or used) and binds the browser flow to it: the
+// cookie's hash, the OAuth2 state and PKCE verifier. The flow expires
+// SessionLifetime after opening.
+func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error) {
+	var rows []sessionRow
+	err := c.db.WithContext(ctx).Raw(`UPDATE connect_sessions
+SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = ?, oauth_state = ?, pkce_verifier = ?
+WHERE token_hash = ? AND opened_at IS NULL AND expires_at > now()
+RETURNING connection, return_to, allow_account_change, created_by, expires_at, oauth_state, pkce_verifier`,
+		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), HashKey(flow), state, verifier, HashKey(token)).
+		Scan(&rows).Error
+	if err != nil {
+		return domain.ConnectSession{}, storeError(ctx, "open connect session", err)
+	}
+	if len(rows) == 0 {
+		return domain.ConnectSession{}, fmt.Errorf("connect session: %w", domain.ErrUnauthorized)
+	}
+	return rows[0].session(), nil
+}
+
+// Finish spends the browser flow (single use: domain.ErrUnauthorized if it
+// is unknown, expired or finished) and returns it with its state and
+// verifier, which it erases from the table.
+func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret) (domain.ConnectSession, error) {
+	var rows []sessionRow
+	err := c.db.WithContext(ctx).Raw(`WITH s AS (
+    SELECT id, oauth_state, pkce_verifier FROM connect_sessions
+    WHERE flow_hash = ? AND finished_at IS NULL AND opened_at IS NOT NULL AND expires_at > now()
+    FOR UPDATE
+)
+UPDATE connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
+FROM s WHERE c.id = s.id
+RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier`,
+		HashKey(flow)).Scan(&rows).Error
+	if err != nil {
+		return domain.ConnectSession{}, storeError(ctx, "finish connect flow", err)
+	}
+	if len(rows) == 0 {
+		return domain.ConnectSession{}, fmt.Errorf("connect flow: %w", domain.ErrUnauthorized)
+	}
+	return rows[0].session(), nil
+}
+
+type sessionRow struct {
+	Connection         string
+	ReturnTo           string
+	AllowAccountChange bool
+	CreatedBy          string
+	ExpiresAt          time.Time
+	OauthState         string
+	PkceVerifier       string
+}
+
+func (r sessionRow) session() domain.ConnectSession {
+	return domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
+		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier}
+}
