@@ -6,6 +6,7 @@ import (
 	"crypto/sha256"
 	"crypto/subtle"
 	"encoding/base64"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"sync"
@@ -44,12 +45,16 @@ func HashKey(s domain.Secret) []byte {
 	return h[:]
 }
 
+// hashParam is HashKey as a query parameter, for decode(?, 'hex'): GORM
+// would expand a []byte into a list.
+func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
+
 // Create stores a new key under name.
 func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) error {
 	if err := domain.ValidateConnectionID(name); err != nil {
 		return fmt.Errorf("API key name: %w", err)
 	}
-	err := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, ?)", name, HashKey(key)).Error
+	err := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, decode(?, 'hex'))", name, hashParam(key)).Error
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "api_keys_name_key" {
 		return fmt.Errorf("API key %q: %w", name, ErrKeyExists)
@@ -178,14 +183,15 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 	var rows []struct {
 		ID      int32
 		Name    string
-		KeyHash []byte
+		KeyHash string
 	}
-	if err := db.Raw("SELECT id, name, key_hash FROM api_keys").Scan(&rows).Error; err != nil {
+	if err := db.Raw("SELECT id, name, encode(key_hash, 'hex') AS key_hash FROM api_keys").Scan(&rows).Error; err != nil {
 		return nil, storeError(ctx, "read API keys", err)
 	}
 	entries := make([]keyEntry, len(rows))
 	for i, r := range rows {
-		entries[i] = keyEntry{id: r.ID, name: r.Name, hash: r.KeyHash}
+		h, _ := hex.DecodeString(r.KeyHash)
+		entries[i] = keyEntry{id: r.ID, name: r.Name, hash: h}
 	}
 	c.mu.Lock()
 	c.entries, c.loaded = entries, time.Now()

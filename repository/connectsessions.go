@@ -33,8 +33,8 @@ func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (
 	var expires time.Time
 	db := c.db.WithContext(ctx)
 	err := db.Raw(`INSERT INTO connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at)
-VALUES (?, ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
-		HashKey(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds())).
+VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
+		hashParam(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds())).
 		Scan(&expires).Error
 	if err != nil {
 		return domain.Secret{}, time.Time{}, storeError(ctx, "create connect session", err)
@@ -50,10 +50,10 @@ VALUES (?, ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
 func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error) {
 	var rows []sessionRow
 	err := c.db.WithContext(ctx).Raw(`UPDATE connect_sessions
-SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = ?, oauth_state = ?, pkce_verifier = ?
-WHERE token_hash = ? AND opened_at IS NULL AND expires_at > now()
+SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = decode(?, 'hex'), oauth_state = ?, pkce_verifier = ?
+WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()
 RETURNING connection, return_to, allow_account_change, created_by, expires_at, oauth_state, pkce_verifier`,
-		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), HashKey(flow), state, verifier, HashKey(token)).
+		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token)).
 		Scan(&rows).Error
 	if err != nil {
 		return domain.ConnectSession{}, storeError(ctx, "open connect session", err)
@@ -71,13 +71,13 @@ func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret) (domai
 	var rows []sessionRow
 	err := c.db.WithContext(ctx).Raw(`WITH s AS (
     SELECT id, oauth_state, pkce_verifier FROM connect_sessions
-    WHERE flow_hash = ? AND finished_at IS NULL AND opened_at IS NOT NULL AND expires_at > now()
+    WHERE flow_hash = decode(?, 'hex') AND finished_at IS NULL AND opened_at IS NOT NULL AND expires_at > now()
     FOR UPDATE
 )
 UPDATE connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
 FROM s WHERE c.id = s.id
 RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier`,
-		HashKey(flow)).Scan(&rows).Error
+		hashParam(flow)).Scan(&rows).Error
 	if err != nil {
 		return domain.ConnectSession{}, storeError(ctx, "finish connect flow", err)
 	}

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"math"
 	"net/http"
+	"slices"
 	"strings"
 	"time"
 
@@ -16,12 +17,14 @@ import (
 //	POST /oauth2/token  authorization_code and refresh_token grants
 //	GET  /oauth2/auth   authorization endpoint (auto-approves)
 //	GET  /resource      protected API, requires a Bearer access token
+//	GET  /userinfo      {"sub": …} of a Bearer access token's subject
 //	GET  /stats         Stats as JSON
 func (p *Provider) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /oauth2/token", p.handleToken)
 	mux.HandleFunc("GET /oauth2/auth", p.handleAuthorize)
 	mux.HandleFunc("GET /resource", p.handleResource)
+	mux.HandleFunc("GET /userinfo", p.handleUserInfo)
 	mux.HandleFunc("GET /stats", p.handleStats)
 	return mux
 }
@@ -37,14 +40,26 @@ func (p *Provider) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	// Auto-approve. fosite has already checked the requested scopes and
-	// audience against what the client is allowed.
+	// audience against what the client is allowed. The person consenting
+	// is login_hint (default Subject), and consent_scope, when present,
+	// is the scopes they tick: a narrower grant than requested.
+	var consented []string
+	if r.URL.Query().Has("consent_scope") {
+		consented = strings.Fields(r.URL.Query().Get("consent_scope"))
+	}
 	for _, s := range ar.GetRequestedScopes() {
-		ar.GrantScope(s)
+		if consented == nil || slices.Contains(consented, s) {
+			ar.GrantScope(s)
+		}
 	}
 	for _, a := range ar.GetRequestedAudience() {
 		ar.GrantAudience(a)
 	}
-	resp, err := p.oauth.NewAuthorizeResponse(ctx, ar, &fosite.DefaultSession{Subject: Subject, Username: Subject})
+	subject := Subject
+	if h := r.URL.Query().Get("login_hint"); h != "" && len(h) <= 64 {
+		subject = h
+	}
+	resp, err := p.oauth.NewAuthorizeResponse(ctx, ar, &fosite.DefaultSession{Subject: subject, Username: subject})
 	if err != nil {
 		p.oauth.WriteAuthorizeError(ctx, w, ar, err)
 		return
@@ -216,6 +231,18 @@ func (p *Provider) handleResource(w http.ResponseWriter, r *http.Request) {
 	}
 	p.stats.resource401.Add(1)
 	p.timeline.resource(time.Now(), r.UserAgent(), false)
+	w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
+	writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_token"})
+}
+
+func (p *Provider) handleUserInfo(w http.ResponseWriter, r *http.Request) {
+	if token, ok := bearerToken(r); ok {
+		use, ar, err := p.oauth.IntrospectToken(r.Context(), token, fosite.AccessToken, new(fosite.DefaultSession))
+		if err == nil && use == fosite.AccessToken {
+			writeJSON(w, http.StatusOK, map[string]string{"sub": ar.GetSession().GetSubject()})
+			return
+		}
+	}
 	w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 	writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_token"})
 }

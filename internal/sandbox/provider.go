@@ -19,6 +19,9 @@
 //
 // The authorization endpoint auto-approves: it grants every requested (and
 // allowed) scope to the subject "sandbox-user" and redirects with a code.
+// A test plays another person with login_hint=SUBJECT and a narrower
+// consent with consent_scope="a b" on the authorization request;
+// GET /userinfo tells who a token's subject is.
 // Refresh tokens are issued on every code exchange; the client does not have
 // to ask for "offline" or "offline_access" (fosite would require one of them
 // by default, the sandbox configures fosite's RefreshTokenScopes to be empty).

@@ -1,0 +1,201 @@
+package repository_test
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
+	_, db, _ := newRepo(t)
+	ctx := context.Background()
+	keys := repository.NewAPIKeys(db)
+	key := repository.NewCredential(repository.APIKeyPrefix)
+	if !strings.HasPrefix(key.Reveal(), "tgk_") || len(key.Reveal()) != 4+43 {
+		t.Fatalf("key shape: %d chars", len(key.Reveal()))
+	}
+	if err := keys.Create(ctx, "ci", key); err != nil {
+		t.Fatal(err)
+	}
+	if err := keys.Create(ctx, "ci", repository.NewCredential(repository.APIKeyPrefix)); !errors.Is(err, repository.ErrKeyExists) {
+		t.Errorf("second key named ci: %v", err)
+	}
+	// Only the hash is stored.
+	var stored string
+	db.Raw("SELECT encode(key_hash, 'hex') FROM api_keys WHERE name = 'ci'").Scan(&stored)
+	if stored != hex.EncodeToString(repository.HashKey(key)) {
+		t.Errorf("stored %s", stored)
+	}
+	cache := repository.NewKeyCache(keys, 300*time.Millisecond)
+	if _, name, err := cache.Verify(ctx, key); err != nil || name != "ci" {
+		t.Fatalf("Verify = %q, %v", name, err)
+	}
+	if _, _, err := cache.Verify(ctx, domain.NewSecret(key.Reveal()+"x")); !errors.Is(err, domain.ErrUnauthorized) {
+		t.Errorf("a wrong key: %v", err)
+	}
+	// A key created after the cache loaded works at once.
+	late := repository.NewCredential(repository.APIKeyPrefix)
+	if err := keys.Create(ctx, "late", late); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(250 * time.Millisecond) // past the reload floor
+	if _, name, err := cache.Verify(ctx, late); err != nil || name != "late" {
+		t.Errorf("new key: %q, %v", name, err)
+	}
+	if err := keys.Revoke(ctx, "ci"); err != nil {
+		t.Fatal(err)
+	}
+	if err := keys.Revoke(ctx, "ci"); !errors.Is(err, domain.ErrNotFound) {
+		t.Errorf("revoke twice: %v", err)
+	}
+	time.Sleep(350 * time.Millisecond) // the cache's TTL
+	if _, _, err := cache.Verify(ctx, key); !errors.Is(err, domain.ErrUnauthorized) {
+		t.Errorf("revoked key: %v", err)
+	}
+	list, err := keys.List(ctx)
+	if err != nil || len(list) != 1 || list[0].Name != "late" || list[0].LastUsedAt == nil {
+		t.Errorf("List = %+v, %v (want late, last used set)", list, err)
+	}
+}
+
+func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
+	_, db, _ := newRepo(t)
+	ctx := context.Background()
+	s := repository.NewConnectSessions(db)
+	tok, exp, err := s.Create(ctx, domain.ConnectSession{Connection: "acme", ReturnTo: "https://app/x", CreatedBy: "ci"})
+	if err != nil || !strings.HasPrefix(tok.Reveal(), "tgs_") || time.Until(exp) < 9*time.Minute || time.Until(exp) > 11*time.Minute {
+		t.Fatalf("Create: %v, expires in %v", err, time.Until(exp))
+	}
+	flow := repository.NewCredential(repository.FlowPrefix)
+	got, err := s.Open(ctx, tok, flow, "st", "ver")
+	if err != nil || got.Connection != "acme" || got.ReturnTo != "https://app/x" {
+		t.Fatalf("Open = %+v, %v", got, err)
+	}
+	if _, err := s.Open(ctx, tok, repository.NewCredential(repository.FlowPrefix), "st2", "ver2"); !errors.Is(err, domain.ErrUnauthorized) {
+		t.Errorf("replayed session: %v", err)
+	}
+	done, err := s.Finish(ctx, flow)
+	if err != nil || done.State != "st" || done.Verifier != "ver" || done.Connection != "acme" {
+		t.Fatalf("Finish = %+v, %v", done, err)
+	}
+	if _, err := s.Finish(ctx, flow); !errors.Is(err, domain.ErrUnauthorized) {
+		t.Errorf("replayed callback: %v", err)
+	}
+	var verifiers int
+	db.Raw("SELECT count(*) FROM connect_sessions WHERE pkce_verifier <> '' OR oauth_state <> ''").Scan(&verifiers)
+	if verifiers != 0 {
+		t.Errorf("%d finished flows keep their state or verifier", verifiers)
+	}
+	// Expired.
+	old, _, err := s.Create(ctx, domain.ConnectSession{Connection: "acme"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Exec("UPDATE connect_sessions SET expires_at = now() - interval '1 second' WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(old)))
+	if _, err := s.Open(ctx, old, repository.NewCredential(repository.FlowPrefix), "s", "v"); !errors.Is(err, domain.ErrUnauthorized) {
+		t.Errorf("expired session: %v", err)
+	}
+	// Only hashes are stored.
+	var n int
+	db.Raw("SELECT count(*) FROM connect_sessions WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(tok))).Scan(&n)
+	if n != 1 {
+		t.Errorf("%d sessions stored under the token's hash", n)
+	}
+}
+
+func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
+	repo, db, _ := newRepo(t)
+	ctx := context.Background()
+	uc := usecase.NewConnectUseCase(storeOf{repo}, nil, time.Second)
+	grant := func(at, rt string) domain.Grant {
+		return domain.Grant{AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt), Expiry: time.Now().Add(time.Hour)}
+	}
+	first, err := uc.ConnectAs(ctx, "acme", grant("at-owner", "rt-owner"), domain.Binding{Account: "owner", Scopes: []string{"api"}}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type row struct {
+		AccessToken, RefreshToken string
+		Version                   int64
+		UpdatedAt                 time.Time
+		GrantedAccount            string
+	}
+	read := func() row {
+		var r row
+		db.Raw("SELECT access_token, refresh_token, version, updated_at, granted_account FROM tokens").Scan(&r)
+		return r
+	}
+	before := read()
+	_, err = uc.ConnectAs(ctx, "acme", grant("at-attacker", "rt-attacker"), domain.Binding{Account: "attacker"}, false)
+	if !errors.Is(err, domain.ErrAccountMismatch) {
+		t.Fatalf("attacker's grant: %v", err)
+	}
+	if after := read(); after != before {
+		t.Errorf("stored row changed: %+v -> %+v", before, after)
+	}
+	// The owner connecting again is fine; an allowed change too.
+	if _, err := uc.ConnectAs(ctx, "acme", grant("at-2", "rt-2"), domain.Binding{Account: "owner"}, false); err != nil {
+		t.Errorf("same account again: %v", err)
+	}
+	moved, err := uc.ConnectAs(ctx, "acme", grant("at-3", "rt-3"), domain.Binding{Account: "new-owner", Scopes: []string{"read"}, MissingScopes: []string{"api"}}, true)
+	if err != nil || moved.Binding.Account != "new-owner" || moved.Version != first.Version+2 ||
+		strings.Join(moved.Binding.MissingScopes, ",") != "api" || strings.Join(moved.Binding.Scopes, ",") != "read" {
+		t.Errorf("allowed account change: %+v, %v", moved.Binding, err)
+	}
+
+	// Every grant and status change left one outbox event, in order.
+	var types []string
+	db.Raw("SELECT type FROM webhook_outbox ORDER BY id").Scan(&types)
+	if strings.Join(types, ",") != "connection.connected,connection.connected,connection.connected" {
+		t.Errorf("outbox after three grants: %v", types)
+	}
+	db.Exec("DELETE FROM webhook_outbox")
+	cur, _ := repo.Get(ctx, "acme")
+	dead := cur
+	dead.Status, dead.StatusReason = domain.StatusNeedsReauth, "invalid_grant"
+	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		_, err := l.Save(ctx, dead)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := uc.ConnectAs(ctx, "acme", grant("at-4", "rt-4"), domain.Binding{Account: "new-owner"}, false); err != nil {
+		t.Fatal(err)
+	}
+	// A refresh (Save on an active token) is no event.
+	cur, _ = repo.Get(ctx, "acme")
+	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		_, err := l.Save(ctx, cur.Rotated(grant("at-5", "rt-5"), time.Now()))
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	var events []struct {
+		Type, Connection string
+		Data             string
+	}
+	db.Raw("SELECT type, connection, data::text AS data FROM webhook_outbox ORDER BY id").Scan(&events)
+	if len(events) != 2 || events[0].Type != "connection.needs_reauth" || !strings.Contains(events[0].Data, `"reason": "invalid_grant"`) ||
+		events[1].Type != "connection.recovered" || events[1].Connection != "acme" || !strings.Contains(events[1].Data, `"account": "new-owner"`) {
+		t.Errorf("outbox: %+v", events)
+	}
+	for _, e := range events {
+		if strings.Contains(e.Data, "at-") || strings.Contains(e.Data, "rt-") {
+			t.Errorf("an event carries a token: %s", e.Data)
+		}
+	}
+}
+
+// storeOf adapts the repository to the use case's ports, as di does.
+type storeOf struct{ *repository.TokenRepository }
+
+func (s storeOf) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
+	return s.TokenRepository.InLock(ctx, id, wait, hold, func(ctx context.Context, l *repository.LockedTokens) error { return fn(ctx, l) })
+}
