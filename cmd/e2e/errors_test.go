@@ -137,22 +137,24 @@ func expectJSONError(t *testing.T, s *stack, method, path string, status int, co
 	}
 }
 
-// connectViaBrowser follows /oauth/connect through the provider and back
-// to /oauth/callback with a cookie jar, as a browser would.
+// connectViaBrowser gets a connect session and follows its URL through
+// the provider and back to /oauth/callback with a cookie jar, as a
+// browser would.
 func connectViaBrowser(t *testing.T, s *stack, name string) {
 	t.Helper()
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, Timeout: 10 * time.Second}
-	resp, err := c.Get("http://" + s.addr + "/oauth/connect?connection=" + name)
+	connectURL := s.connectSession(name, "")
+	resp, err := c.Get(connectURL)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"active"`) {
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"connected"`) {
 		t.Fatalf("connect flow: %s %s", resp.Status, b)
 	}
-	// The callback is single-use: replaying it fails on the state check.
+	// The callback is single-use: replaying it fails on the flow check.
 	last := resp.Request.URL.String()
 	resp2, err := c.Get(last)
 	if err != nil {
@@ -161,5 +163,14 @@ func connectViaBrowser(t *testing.T, s *stack, name string) {
 	resp2.Body.Close()
 	if resp2.StatusCode != http.StatusBadRequest {
 		t.Errorf("replayed callback answered %s", resp2.Status)
+	}
+	// So is the session.
+	resp3, err := c.Get(connectURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp3.Body.Close()
+	if resp3.StatusCode != http.StatusUnauthorized {
+		t.Errorf("replayed connect session answered %s", resp3.Status)
 	}
 }

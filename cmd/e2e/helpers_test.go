@@ -57,19 +57,21 @@ type stack struct {
 	addr   string
 	env    []string
 	client *http.Client
+	key    string // the API key tokenctl apikey create made, once migrated
 }
 
 type stackOpts struct {
 	lifetime time.Duration
 	skew     time.Duration
 	fault    func() sandbox.Fault
+	scopes   []string // the sandbox's allowed scopes (default: api)
 	extraEnv []string
 }
 
 func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	t.Helper()
 	dbURL := testdb.NewEmpty(t) // tokenctl migrate applies the migrations
-	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault})
+	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -141,11 +143,25 @@ func asExitError(err error, target **exec.ExitError) bool {
 	return ok
 }
 
+// migrate applies the migrations and creates the stack's API key.
 func (s *stack) migrate() {
 	s.t.Helper()
 	if r := run(s.t, s.bin, "tokenctl", s.env, "", "migrate"); r.code != 0 {
 		s.t.Fatalf("tokenctl migrate: exit %d: %s", r.code, r.stderr)
 	}
+	s.key = s.newKey("e2e")
+}
+
+// newKey runs tokenctl apikey create and checks its contract: the key
+// alone on one line of stdout, exit 0.
+func (s *stack) newKey(name string) string {
+	s.t.Helper()
+	r := run(s.t, s.bin, "tokenctl", s.env, "", "apikey", "create", "--name", name)
+	key := strings.TrimSuffix(r.stdout, "\n")
+	if r.code != 0 || !strings.HasPrefix(key, "tgk_") || len(key) < 4+43 || strings.ContainsAny(key, " \n\t") {
+		s.t.Fatalf("tokenctl apikey create: exit %d, stdout %q, stderr %q", r.code, r.stdout, r.stderr)
+	}
+	return key
 }
 
 // importGrant runs the authorization-code flow at the sandbox and imports
@@ -247,7 +263,16 @@ func (s *stack) waitHealthy(a *app) {
 // get calls the server and returns status and body.
 func (s *stack) do(method, path, body string) (int, string) {
 	s.t.Helper()
+	return s.doWith(s.key, method, path, body)
+}
+
+// doWith calls the server with API key key ("" for none).
+func (s *stack) doWith(key, method, path, body string) (int, string) {
+	s.t.Helper()
 	req, _ := http.NewRequest(method, "http://"+s.addr+path, strings.NewReader(body))
+	if key != "" {
+		req.Header.Set("Authorization", "Bearer "+key)
+	}
 	resp, err := s.client.Do(req)
 	if err != nil {
 		return 0, err.Error()
@@ -255,6 +280,24 @@ func (s *stack) do(method, path, body string) (int, string) {
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
 	return resp.StatusCode, string(b)
+}
+
+// connectSession asks the server for a connect URL (POST /connect-sessions)
+// with the request body extra fields merged in.
+func (s *stack) connectSession(name string, extra string) string {
+	s.t.Helper()
+	body := `{"connection":"` + name + `"` + extra + `}`
+	code, resp := s.do(http.MethodPost, "/connect-sessions", body)
+	var out struct {
+		ConnectURL string    `json:"connect_url"`
+		ExpiresAt  time.Time `json:"expires_at"`
+	}
+	if code != http.StatusCreated || json.Unmarshal([]byte(resp), &out) != nil ||
+		!strings.HasPrefix(out.ConnectURL, "http://"+s.addr+"/oauth/connect?session=tgs_") ||
+		time.Until(out.ExpiresAt) < 9*time.Minute || time.Until(out.ExpiresAt) > 11*time.Minute {
+		s.t.Fatalf("POST /connect-sessions %s: %d %s", body, code, resp)
+	}
+	return out.ConnectURL
 }
 
 // rounds parses the batch's JSON lines.

@@ -583,7 +583,7 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	// recording client.
 	jar, _ := cookiejar.New(nil)
 	browser := &http.Client{Jar: jar, Timeout: 10 * time.Second, Transport: bodies}
-	if resp, err := browser.Get("http://" + s.addr + "/oauth/connect?connection=beta"); err != nil {
+	if resp, err := browser.Get(s.connectSession("beta", "")); err != nil {
 		t.Fatal(err)
 	} else {
 		resp.Body.Close()

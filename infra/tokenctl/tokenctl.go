@@ -249,6 +249,7 @@ func printStatus(w io.Writer, toks []domain.Token, now time.Time) {
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
 	}
 	_ = tw.Flush()
+	printBindings(w, toks)
 }
 
 func formatTime(t time.Time) string {

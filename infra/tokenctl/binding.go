@@ -1,0 +1,29 @@
+package tokenctl
+
+import (
+	"fmt"
+	"io"
+	"strings"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// printBindings says who granted each connection whose account is known,
+// and which requested scopes the grant lacks.
+func printBindings(w io.Writer, toks []domain.Token) {
+	for _, t := range toks {
+		b := t.Binding
+		if b.Account == "" && len(b.MissingScopes) == 0 {
+			continue
+		}
+		account := b.Account
+		if account == "" {
+			account = "an unknown account"
+		}
+		line := t.ConnectionID + ": granted by " + account
+		if len(b.MissingScopes) > 0 {
+			line += "; missing scopes: " + strings.Join(b.MissingScopes, " ")
+		}
+		fmt.Fprintln(w, line)
+	}
+}
