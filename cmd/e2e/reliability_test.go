@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/cookiejar"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -539,7 +540,10 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	}
 	srv := httptest.NewServer(issued.tee(p.Handler()))
 	t.Cleanup(srv.Close)
-	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, extraEnv: []string{"LOG_LEVEL=debug"}})
+	const webhookSecret = "whsec-leak-5f1e0c9a7b3d2e4f6a8b"
+	rcv := newReceiver(t, webhookSecret)
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, extraEnv: []string{"LOG_LEVEL=debug",
+		"WEBHOOK_URL=" + rcv.url(), "WEBHOOK_SECRET=" + webhookSecret}})
 	// The stack's own sandbox stays idle: the apps talk to the tee'd one.
 	for i, e := range s.env {
 		s.env[i] = strings.ReplaceAll(e, s.sb.URL, srv.URL)
@@ -583,13 +587,28 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	// recording client.
 	jar, _ := cookiejar.New(nil)
 	browser := &http.Client{Jar: jar, Timeout: 10 * time.Second, Transport: bodies}
-	if resp, err := browser.Get(s.connectSession("beta", "")); err != nil {
-		t.Fatal(err)
-	} else {
+	// Credentials of tokenguard's own: the API key, the webhook secret and
+	// every connect session token handed out (used, replayed, or never used).
+	credentials := []string{s.key, strings.TrimPrefix(s.key, "tgk_"), webhookSecret}
+	connectURL := s.connectSession("beta", "")
+	unused := s.connectSession("gamma", "")
+	for _, u := range []string{connectURL, unused} {
+		parsed, _ := url.Parse(u)
+		sess := parsed.Query().Get("session")
+		credentials = append(credentials, sess, strings.TrimPrefix(sess, "tgs_"))
+	}
+	for range 2 { // the second use is a replay: 401
+		resp, err := browser.Get(connectURL)
+		if err != nil {
+			t.Fatal(err)
+		}
 		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
+		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusUnauthorized {
 			t.Fatalf("connect flow: %s", resp.Status)
 		}
+	}
+	for _, u := range browser.Jar.Cookies(&url.URL{Scheme: "http", Host: s.addr, Path: "/"}) {
+		credentials = append(credentials, u.Value) // flow cookies left, if any
 	}
 	d := startDriver(s, "acme", 2, 100*time.Millisecond)
 	d2 := startDriver(s, "beta", 1, 200*time.Millisecond)
@@ -604,7 +623,12 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		s.do(http.MethodPost, "/connections/"+c+"/events", `{"n":-1}`)
 	}
 	runAndKeep("tokenctl", "", "status")
+	runAndKeep("tokenctl", "", "apikey", "list")
 	runAndKeep("batch", "")
+	waitFor(t, 30*time.Second, "webhooks for the grants and the revocation", func() bool {
+		ev, _, _ := rcv.snapshot()
+		return len(ev) >= 4 // acme and beta connected, then both need re-authorisation
+	})
 	// Bad input that carries a live token must not echo it either.
 	runAndKeep("tokenctl", `{"access_token":"`+tokens[0]+`","token_type":"Bearer","refresh_token":`, "import", "--connection", "acme")
 	s.stop(batchApp)
@@ -621,7 +645,11 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		t.Errorf("the run did not go through the flow: %+v", st)
 	}
 	httpText, responses := bodies.text()
-	outputs := map[string]string{"HTTP answers to the test": httpText, "tokenctl and batch runs": strings.Join(printed, "\n")}
+	rcv.mu.Lock()
+	webhookText := strings.Join(rcv.bodies, "\n")
+	rcv.mu.Unlock()
+	outputs := map[string]string{"HTTP answers to the test": httpText, "tokenctl and batch runs": strings.Join(printed, "\n"),
+		"webhook requests": webhookText}
 	for _, a := range []*app{server, worker, batchApp} {
 		a.mu.Lock()
 		outputs[a.Name+" stdout"] = strings.Join(a.lines, "\n")
@@ -637,6 +665,16 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		if hits := scan(text, tokens); len(hits) > 0 {
 			t.Errorf("%s: %d line(s) carry a token, e.g. %q", name, len(hits), tail(hits[0], 300))
 		}
+		for l := range strings.SplitSeq(text, "\n") {
+			if strings.Contains(l, `"connect_url"`) {
+				continue // the answer to POST /connect-sessions hands a session out
+			}
+			for _, c := range credentials {
+				if c != "" && strings.Contains(l, c) {
+					t.Errorf("%s: a line carries an API key, session token, flow cookie or the webhook secret: %q", name, tail(l, 300))
+				}
+			}
+		}
 		if hits := scan(text, codes); len(hits) > 0 {
 			t.Errorf("%s: %d line(s) carry an authorization code, e.g. %q", name, len(hits), tail(hits[0], 300))
 		}
@@ -647,8 +685,8 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	if debug == 0 {
 		t.Error("no debug line at all: the apps did not log at debug level")
 	}
-	t.Logf("scanned %d lines (%d at debug level) and %d HTTP answers for %d tokens and %d codes; provider: %d grants, %d refreshes, %d faults, %d rejected, %d reuse",
-		total, debug, responses, len(tokens), len(codes), st.CodeExchanges, st.Refreshes, st.RefreshFaults, st.RefreshRejected, st.RefreshReuse)
+	t.Logf("scanned %d lines (%d at debug level), %d HTTP answers and the webhook requests for %d tokens, %d codes and %d API key, session and webhook secret needles; provider: %d grants, %d refreshes, %d faults, %d rejected, %d reuse",
+		total, debug, responses, len(tokens), len(codes), len(credentials), st.CodeExchanges, st.Refreshes, st.RefreshFaults, st.RefreshRejected, st.RefreshReuse)
 }
 
 // testKillHolderOthersProceed kills the worker with SIGKILL while it holds
