@@ -81,6 +81,8 @@ type run struct {
 	out    io.Writer
 	env    []string
 	server string // base URL of the server app
+	key    string // the API key tokenctl apikey create made
+	hooks  *hookReceiver
 	sb     *Sandbox
 	db     *pgx.Conn
 	procs  map[string]*Proc
@@ -150,6 +152,10 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	r.server = "http://" + addr
+	if r.hooks, err = startHookReceiver(); err != nil {
+		return nil, err
+	}
+	defer r.hooks.Close()
 	cfg := r.sb.OAuth2Config(r.sb.URL)
 	r.env = Env(
 		"DATABASE_URL="+dbURL,
@@ -160,6 +166,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		"OAUTH_REDIRECT_URL="+r.server+"/oauth/callback",
 		"OAUTH_SCOPES="+strings.Join(cfg.Scopes, ","),
 		"API_BASE_URL="+r.sb.URL,
+		"OAUTH_USERINFO_URL="+r.sb.URL+"/userinfo",
 		"HTTP_ADDR="+addr,
 		"TOKEN_REFRESH_SKEW="+o.Skew.String(),
 		"TOKEN_LOCK_WAIT=5s",
@@ -168,6 +175,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		"WORKER_JOB_TIMEOUT=15s",
 		"LOG_LEVEL=info",
 		"LOG_FORMAT=json", // the timeline reads the "token refresh" lines
+		"WEBHOOK_URL="+r.hooks.URL,
+		"WEBHOOK_SECRET="+r.hooks.Secret,
+		// One key drives all of the demo's load.
+		"API_KEY_RATE=100000",
+		"API_KEY_BURST=100000",
 	)
 	defer r.stopAll(rep) // on every path, including errors and Ctrl-C
 
@@ -175,13 +187,17 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	r.say("  migrated:  bin/tokenctl migrate")
+	if r.key, err = r.createKey(ctx); err != nil {
+		return nil, err
+	}
+	r.say("  API key:   bin/tokenctl apikey create --name demo (every request below carries it)")
 	if err := r.startServer(ctx); err != nil {
 		return nil, err
 	}
 	if err := r.connectViaBrowserFlow(ctx, connections[0]); err != nil {
 		return nil, err
 	}
-	r.say("  connected: %q through the server's /oauth/connect (authorization code, state and PKCE checked)", connections[0])
+	r.say("  connected: %q through a connect session (POST /connect-sessions, then the browser flow: state and PKCE checked)", connections[0])
 	if err := r.importToken(ctx, connections[1], cfg); err != nil {
 		return nil, err
 	}
@@ -190,6 +206,12 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	if err := r.startWorkerAndBatch(); err != nil {
 		return nil, err
 	}
+	for _, name := range connections {
+		if err := r.hooks.waitFor("connection.connected "+name, 15*time.Second); err != nil {
+			return nil, err
+		}
+	}
+	r.say("  webhooks:  connection.connected for %s, signatures verified (the worker delivers them)", strings.Join(connections, " and "))
 	r.say("  apps:      server pid %d, worker pid %d, batch --every %s pid %d; logs in %s/",
 		r.procs["server"].Pid(), r.procs["worker"].Pid(), o.BatchEvery, r.procs["batch"].Pid(), o.OutDir)
 	if r.db, err = pgx.Connect(ctx, dbURL); err != nil {
@@ -299,14 +321,56 @@ func (r *run) startServer(ctx context.Context) error {
 	}
 }
 
-// connectViaBrowserFlow does what a browser does: follow
-// /oauth/connect to the provider (which approves at once) and back to
-// /oauth/callback, carrying the server's cookie.
+// createKey runs tokenctl apikey create; the key (its stdout) is kept in
+// memory only, never in the logs.
+func (r *run) createKey(ctx context.Context) (string, error) {
+	var stdout, stderr bytes.Buffer
+	p, err := Start(ProcSpec{Name: "tokenctl", Path: filepath.Join(r.o.BinDir, "tokenctl"), Args: []string{"apikey", "create", "--name", "demo"},
+		Env: r.env, Stdout: &stdout, Stderr: &stderr})
+	if err != nil {
+		return "", err
+	}
+	select {
+	case <-p.Done():
+	case <-ctx.Done():
+		p.Stop(10 * time.Second)
+		return "", ctx.Err()
+	}
+	key := strings.TrimSpace(stdout.String())
+	if code := p.ExitCode(); code != 0 || key == "" || strings.ContainsAny(key, " \n") {
+		return "", fmt.Errorf("tokenctl apikey create exited %d: %s", code, strings.TrimSpace(stderr.String()))
+	}
+	return key, nil
+}
+
+// authorized is req with the demo's API key.
+func (r *run) authorized(req *http.Request) *http.Request {
+	req.Header.Set("Authorization", "Bearer "+r.key)
+	return req
+}
+
+// connectViaBrowserFlow asks for a connect session, then does what a
+// browser does with its URL: follow /oauth/connect to the provider (which
+// approves at once) and back to /oauth/callback, carrying the server's
+// cookie.
 func (r *run) connectViaBrowserFlow(ctx context.Context, name string) error {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.server+"/connect-sessions", strings.NewReader(`{"connection":"`+name+`"}`))
+	resp, err := http.DefaultClient.Do(r.authorized(req))
+	if err != nil {
+		return fmt.Errorf("connect session for %s: %w", name, err)
+	}
+	var session struct {
+		ConnectURL string `json:"connect_url"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&session)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusCreated || err != nil {
+		return fmt.Errorf("connect session for %s: %s", name, resp.Status)
+	}
 	jar, _ := cookiejar.New(nil)
 	c := &http.Client{Jar: jar, Timeout: 15 * time.Second}
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.server+"/oauth/connect?connection="+name, nil)
-	resp, err := c.Do(req)
+	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, session.ConnectURL, nil)
+	resp, err = c.Do(req)
 	if err != nil {
 		return fmt.Errorf("connect %s: %w", name, err)
 	}
@@ -431,7 +495,7 @@ func (r *run) load(ctx context.Context) bool {
 
 func (r *run) callResource(ctx context.Context, c *http.Client, name string) bool {
 	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, r.server+"/connections/"+name+"/resource", nil)
-	resp, err := c.Do(req)
+	resp, err := c.Do(r.authorized(req))
 	if err != nil {
 		return false
 	}
@@ -444,7 +508,7 @@ func (r *run) postEvent(ctx context.Context, c *http.Client, name string) (int64
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.server+"/connections/"+name+"/events",
 		strings.NewReader(`{"source":"demo"}`))
 	req.Header.Set("Content-Type", "application/json")
-	resp, err := c.Do(req)
+	resp, err := c.Do(r.authorized(req))
 	if err != nil {
 		return 0, false
 	}
