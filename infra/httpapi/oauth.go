@@ -77,7 +77,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
 		return
 	}
-	_, keyName, _ := s.deps.Keys.Verify(r.Context(), mustBearer(r))
+	keyName := keyName(r.Context())
 	token, expires, err := s.deps.Sessions.Create(r.Context(), domain.ConnectSession{
 		Connection: req.Connection, ReturnTo: req.ReturnTo, AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName,
 	})
@@ -93,11 +93,6 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		"expires_at":  expires.UTC(),
 		"connection":  req.Connection,
 	})
-}
-
-func mustBearer(r *http.Request) domain.Secret {
-	k, _ := bearer(r)
-	return k
 }
 
 // publicBase is PUBLIC_URL without a trailing slash, else the redirect

@@ -98,7 +98,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "an API key is required (Authorization: Bearer <key>)", Code: "unauthorized"})
 			return
 		}
-		id, _, err := s.deps.Keys.Verify(r.Context(), key)
+		id, name, err := s.deps.Keys.Verify(r.Context(), key)
 		if errors.Is(err, domain.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tokenguard", error="invalid_token"`)
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "the API key is not valid", Code: "unauthorized"})
@@ -114,8 +114,16 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "rate limit of this API key exceeded; try again later", Code: "rate_limited"})
 			return
 		}
-		next.ServeHTTP(w, r)
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, name)))
 	})
+}
+
+// keyNameKey carries the verified API key's name to the handler.
+type keyNameKey struct{}
+
+func keyName(ctx context.Context) string {
+	n, _ := ctx.Value(keyNameKey{}).(string)
+	return n
 }
 
 func bearer(r *http.Request) (domain.Secret, bool) {
