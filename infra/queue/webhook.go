@@ -40,7 +40,7 @@ func (WebhookEvent) Kind() string { return "tokenguard_webhook" }
 // webhookQueue keeps deliveries to a slow receiver from holding up events.
 const webhookQueue = "webhook"
 
-// webhookAttempts × backoff (1s doubling, capped at 1h) is about 14 hours
+// webhookAttempts × backoff (1s doubling, capped at 1h) is about 13 hours
 // of retries before an event is given up (River then keeps it "discarded").
 const webhookAttempts = 25
 
