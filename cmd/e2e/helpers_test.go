@@ -98,6 +98,9 @@ func newStack(t *testing.T, bin string, o stackOpts) *stack {
 		"TOKEN_REFRESH_TIMEOUT=2s",
 		"API_TIMEOUT=3s",
 		"LOG_LEVEL=info",
+		// One key drives every test's load.
+		"API_KEY_RATE=100000",
+		"API_KEY_BURST=100000",
 	)
 	s := &stack{t: t, bin: bin, dbURL: dbURL, sb: sb, addr: addr, env: append(env, o.extraEnv...),
 		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}

@@ -13,7 +13,6 @@ import (
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
@@ -69,7 +68,7 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 		defer cleanup()
 		m.CountConnections(tokens.Repository)
 		procs = append(procs, &process{name: name, tokens: tokens, metrics: m,
-			scrape: httpapi.New(httpapi.Deps{Metrics: m.Handler()}).Handler()})
+			scrape: m.Handler()}) // the server serves this behind an API key (httpapi tests)
 	}
 	conns := []string{"acme", "globex"}
 	for _, name := range conns {
