@@ -36,11 +36,12 @@ type Token struct {
 
 // Binding is who granted a connection and what. Account is the provider's
 // id of the account that consented (the ID token's sub, or a user-info
-// field); empty when unknown.
+// field); empty when unknown. Scopes are space-separated, as in OAuth2
+// (RFC 6749 §3.3), which keeps Token comparable.
 type Binding struct {
 	Account       string
-	Scopes        []string // granted; nil when unknown
-	MissingScopes []string // requested (OAUTH_SCOPES) but not granted
+	Scopes        string // granted; "" when unknown
+	MissingScopes string // requested (OAUTH_SCOPES) but not granted
 }
 
 // Grant is what a provider hands out: a fresh access token and possibly a

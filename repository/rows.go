@@ -50,25 +50,19 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 		UpdatedAt:     r.UpdatedAt,
 		Binding: domain.Binding{
 			Account:       r.GrantedAccount,
-			Scopes:        splitScopes(r.GrantedScopes),
-			MissingScopes: splitScopes(r.MissingScopes),
+			Scopes:        r.GrantedScopes,
+			MissingScopes: r.MissingScopes,
 		},
 	}, nil
 }
 
-func splitScopes(s string) []string {
-	if s == "" {
+// textArray is space-separated scopes as a text[] parameter; "" is NULL
+// (unknown, or none missing).
+func textArray(scopes string) any {
+	if scopes == "" {
 		return nil
 	}
-	return strings.Fields(s)
-}
-
-// textArray is a text[] parameter; nil is NULL (unknown).
-func textArray(v []string) any {
-	if v == nil {
-		return nil
-	}
-	return "{" + strings.Join(quoteAll(v), ",") + "}"
+	return "{" + strings.Join(quoteAll(strings.Fields(scopes)), ",") + "}"
 }
 
 // quoteAll quotes array elements for Postgres's array literal.

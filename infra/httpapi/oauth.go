@@ -245,12 +245,14 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		s.deps.Log.Warn("the account that granted the connection is unknown; nothing stored", "connection", name, "err", err)
 		return outcome{httpStatus: http.StatusBadGateway, Code: "account_unknown", Message: "The provider did not say which account granted access; nothing was stored."}
 	}
-	b := domain.Binding{Account: account, Scopes: grantedScopes(tok, s.deps.OAuth.Scopes)}
+	granted := grantedScopes(tok, s.deps.OAuth.Scopes)
+	var missing []string
 	for _, want := range s.deps.OAuth.Scopes {
-		if !slices.Contains(b.Scopes, want) {
-			b.MissingScopes = append(b.MissingScopes, want)
+		if !slices.Contains(granted, want) {
+			missing = append(missing, want)
 		}
 	}
+	b := domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")}
 	t, err := s.deps.Connector.ConnectAs(ctx, name, provider.GrantFrom(tok), b, sess.AllowAccountChange)
 	switch {
 	case errors.Is(err, domain.ErrAccountMismatch):
@@ -266,13 +268,13 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		s.deps.Log.Error("storing the grant failed", "connection", name, "err", err)
 		return outcome{httpStatus: p.status, Code: p.code, Message: "The grant could not be stored; try again."}
 	}
-	if len(b.MissingScopes) > 0 {
+	if len(missing) > 0 {
 		s.deps.Log.Warn("connection connected with fewer scopes than requested", "token", t,
-			"granted", b.Scopes, "missing", b.MissingScopes)
+			"granted", granted, "missing", missing)
 		return outcome{httpStatus: http.StatusOK, Code: "scopes_narrowed", connected: true,
-			Message: "Connected, but without: " + strings.Join(b.MissingScopes, ", ") + ". Some features may not work."}
+			Message: "Connected, but without: " + strings.Join(missing, ", ") + ". Some features may not work."}
 	}
-	s.deps.Log.Info("connection connected", "token", t, "account", account, "scopes", b.Scopes)
+	s.deps.Log.Info("connection connected", "token", t, "account", account, "scopes", granted)
 	return outcome{httpStatus: http.StatusOK, Code: "connected", connected: true, Message: "Connected. You can close this window."}
 }
 

@@ -65,7 +65,7 @@ func TestCallbackStoresTheGrantAfterTheBrowserLeft(t *testing.T) {
 	if err := <-conn.ctxErr; err != nil {
 		t.Errorf("the store's context ended with the browser's request: %v", err)
 	}
-	if b := <-conn.binding; strings.Join(b.Scopes, ",") != "api" || strings.Join(b.MissingScopes, ",") != "write" {
+	if b := <-conn.binding; b.Scopes != "api" || b.MissingScopes != "write" {
 		t.Errorf("binding %+v, want granted api, missing write", b)
 	}
 	if w.Code != http.StatusOK || !strings.Contains(w.Body.String(), `"code":"scopes_narrowed"`) {

@@ -3,7 +3,6 @@ package tokenctl
 import (
 	"fmt"
 	"io"
-	"strings"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -13,7 +12,7 @@ import (
 func printBindings(w io.Writer, toks []domain.Token) {
 	for _, t := range toks {
 		b := t.Binding
-		if b.Account == "" && len(b.MissingScopes) == 0 {
+		if b.Account == "" && b.MissingScopes == "" {
 			continue
 		}
 		account := b.Account
@@ -21,8 +20,8 @@ func printBindings(w io.Writer, toks []domain.Token) {
 			account = "an unknown account"
 		}
 		line := t.ConnectionID + ": granted by " + account
-		if len(b.MissingScopes) > 0 {
-			line += "; missing scopes: " + strings.Join(b.MissingScopes, " ")
+		if b.MissingScopes != "" {
+			line += "; missing scopes: " + b.MissingScopes
 		}
 		fmt.Fprintln(w, line)
 	}
