@@ -1,0 +1,256 @@
+package provider
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// CheckVerdict is what Check could tell about the client's registration.
+type CheckVerdict int
+
+const (
+	// CheckOK: the endpoint authenticated the client and rejected only the
+	// made-up refresh token (invalid_grant).
+	CheckOK CheckVerdict = iota
+	// CheckUnreachable: no answer (DNS, refused connection, TLS, timeout).
+	CheckUnreachable
+	// CheckNotJSON: an answer that is not JSON, typically an HTML page:
+	// the URL is not the token endpoint.
+	CheckNotJSON
+	// CheckNotTokenEndpoint: 404, 405 or a redirect.
+	CheckNotTokenEndpoint
+	// CheckClientRejected: invalid_client, unauthorized_client or a 401:
+	// wrong client id, secret or authentication style.
+	CheckClientRejected
+	// CheckInconclusive: anything else (5xx, 429, an unexpected code).
+	CheckInconclusive
+)
+
+// String names the verdict in logs.
+func (v CheckVerdict) String() string {
+	return [...]string{"ok", "unreachable", "not_json", "not_token_endpoint", "client_rejected", "inconclusive"}[v]
+}
+
+// CheckResult is Check's answer. It holds no secret and no response body.
+type CheckResult struct {
+	Verdict    CheckVerdict
+	URL        string   // the token URL without query or credentials
+	Styles     []string // client authentication styles tried, in order ("header", "params")
+	HTTPStatus int      // of the last answer; 0 when none came
+	Code       string   // OAuth2 error code of the last answer, as the refresher reports it
+	Media      string   // media type of the last answer
+	Err        error    // why no answer came (CheckUnreachable)
+}
+
+// OK reports whether the endpoint accepted the client.
+func (r CheckResult) OK() bool { return r.Verdict == CheckOK }
+
+// Style is the authentication style of the last request: the one the
+// endpoint accepted when OK.
+func (r CheckResult) Style() string {
+	if len(r.Styles) == 0 {
+		return ""
+	}
+	return r.Styles[len(r.Styles)-1]
+}
+
+// String is the operator's one line.
+func (r CheckResult) String() string {
+	answer := fmt.Sprintf("HTTP %d", r.HTTPStatus)
+	if r.Code != "" {
+		answer = fmt.Sprintf("%s (HTTP %d)", r.Code, r.HTTPStatus)
+	}
+	switch r.Verdict {
+	case CheckOK:
+		return fmt.Sprintf("ok: %s accepted the client with OAUTH_AUTH_STYLE=%s and rejected only the made-up refresh token: %s; no refresh token was spent",
+			r.URL, r.Style(), answer)
+	case CheckUnreachable:
+		return fmt.Sprintf("unreachable: no answer from %s: %v (check OAUTH_TOKEN_URL and the network)", r.URL, r.Err)
+	case CheckNotJSON:
+		media := r.Media
+		if media == "" {
+			media = "no Content-Type"
+		}
+		return fmt.Sprintf("not a token endpoint: %s answered HTTP %d with %s, not JSON (check OAUTH_TOKEN_URL)", r.URL, r.HTTPStatus, media)
+	case CheckNotTokenEndpoint:
+		what := "not found"
+		if r.HTTPStatus == http.StatusMethodNotAllowed {
+			what = "POST not allowed"
+		} else if r.HTTPStatus/100 == 3 {
+			what = "a redirect"
+		}
+		return fmt.Sprintf("not a token endpoint: %s answered HTTP %d, %s (check OAUTH_TOKEN_URL)", r.URL, r.HTTPStatus, what)
+	case CheckClientRejected:
+		return fmt.Sprintf("client rejected: %s answered %s to OAUTH_AUTH_STYLE=%s (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE)",
+			r.URL, answer, strings.Join(r.Styles, " and to "))
+	}
+	return fmt.Sprintf("inconclusive: %s answered %s; the client could not be judged (try again later)", r.URL, answer)
+}
+
+// Check asks cfg's token endpoint whether it accepts the client, without
+// spending a refresh token: it sends a refresh_token grant, through the
+// Refresher's own request code, with a refresh token made up for the
+// purpose. A provider authenticates the client before it looks at the
+// grant (RFC 6749 §5.2), so invalid_grant means the client is fine, and
+// invalid_client or a 401 means it is not. No stored token is ever sent.
+//
+// With cfg.Endpoint.AuthStyle oauth2.AuthStyleAutoDetect it tries HTTP
+// Basic and, if the client is rejected, the form body, and reports the
+// style the endpoint accepted. client may be nil; redirects are never
+// followed (a token endpoint does not redirect).
+func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client) CheckResult {
+	styles := []oauth2.AuthStyle{cfg.Endpoint.AuthStyle}
+	if cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
+		styles = []oauth2.AuthStyle{oauth2.AuthStyleInHeader, oauth2.AuthStyleInParams}
+	}
+	res := CheckResult{URL: displayURL(cfg.Endpoint.TokenURL)}
+	for _, style := range styles {
+		res = probe(ctx, cfg, client, style, res)
+		if res.Verdict != CheckClientRejected {
+			break
+		}
+	}
+	return res
+}
+
+func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style oauth2.AuthStyle, res CheckResult) CheckResult {
+	c := *cfg
+	c.Endpoint.AuthStyle = style
+	hc := NewHTTPClient(defaultCheckTimeout)
+	if client != nil {
+		copied := *client
+		hc = &copied
+	}
+	seen := &observed{base: hc.Transport}
+	if seen.base == nil {
+		seen.base = http.DefaultTransport
+	}
+	hc.Transport = seen
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+
+	res.Styles = append(res.Styles, styleName(style))
+	_, err := NewRefresher(&c, hc).Refresh(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()))
+	status, media, head, answered := seen.get()
+	res.HTTPStatus, res.Media, res.Code, res.Err = status, media, "", nil
+	var pe *domain.ProviderError
+	if errors.As(err, &pe) {
+		res.Code = pe.Code
+	}
+	switch {
+	case !answered:
+		res.Verdict = CheckUnreachable
+		res.Err = err
+		if pe != nil && pe.Err != nil {
+			res.Err = pe.Err
+		}
+		if ue := (*url.Error)(nil); errors.As(res.Err, &ue) {
+			res.Err = ue.Err // the URL is in the line already
+		}
+	case status/100 == 3, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
+		res.Verdict = CheckNotTokenEndpoint
+	case pe != nil && (pe.Class == domain.GrantDead || pe.Code == "invalid_grant"):
+		res.Verdict = CheckOK
+	case pe != nil && pe.Class == domain.ClientRejected, status == http.StatusUnauthorized:
+		res.Verdict = CheckClientRejected
+	case status/100 == 5, status == http.StatusTooManyRequests:
+		res.Verdict = CheckInconclusive
+	case !looksJSON(media, head):
+		res.Verdict = CheckNotJSON
+	default:
+		// Includes a token issued for the made-up refresh token: whatever
+		// that endpoint is, it is not one to trust with real ones.
+		res.Verdict = CheckInconclusive
+	}
+	return res
+}
+
+// defaultCheckTimeout bounds a probe when the caller gives no client.
+const defaultCheckTimeout = 10 * time.Second
+
+// observed is the probe's transport: it notes the status, the media type
+// and the first bytes of the answer, which the refresher reads but does not
+// report (it keeps no body).
+type observed struct {
+	base http.RoundTripper
+
+	mu       sync.Mutex
+	answered bool
+	status   int
+	media    string
+	head     bytes.Buffer
+}
+
+func (o *observed) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := o.base.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	media, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	o.mu.Lock()
+	o.answered, o.status, o.media = true, resp.StatusCode, media
+	o.head.Reset()
+	o.mu.Unlock()
+	resp.Body = struct {
+		io.Reader
+		io.Closer
+	}{io.TeeReader(resp.Body, headWriter{o}), resp.Body}
+	return resp, nil
+}
+
+// headWriter keeps the first 64 bytes of an answer.
+type headWriter struct{ o *observed }
+
+func (w headWriter) Write(p []byte) (int, error) {
+	w.o.mu.Lock()
+	defer w.o.mu.Unlock()
+	if n := 64 - w.o.head.Len(); n > 0 {
+		w.o.head.Write(p[:min(n, len(p))])
+	}
+	return len(p), nil
+}
+
+func (o *observed) get() (status int, media string, head []byte, answered bool) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	return o.status, o.media, bytes.Clone(o.head.Bytes()), o.answered
+}
+
+// looksJSON: a JSON media type, or, for providers that label JSON as
+// text/plain, a body that opens like a JSON object.
+func looksJSON(media string, head []byte) bool {
+	if media == "application/json" || strings.HasSuffix(media, "+json") {
+		return true
+	}
+	return media != "text/html" && bytes.HasPrefix(bytes.TrimSpace(head), []byte("{"))
+}
+
+func styleName(s oauth2.AuthStyle) string {
+	if s == oauth2.AuthStyleInParams {
+		return "params"
+	}
+	return "header"
+}
+
+// displayURL drops credentials and query from a URL before it is shown.
+func displayURL(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return "OAUTH_TOKEN_URL"
+	}
+	u.User, u.RawQuery, u.Fragment = nil, "", ""
+	return u.String()
+}
