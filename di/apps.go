@@ -158,6 +158,9 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		return nil, nil, err
 	}
 	m.CountConnections(tokens.Repository)
+	stopCheck := checkAtStart(ctx, cfg.Config, name, log)
+	closeChecked := closeTokens
+	closeTokens = func() { stopCheck(); closeChecked() }
 	if cfg.MetricsAddr != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsAddr, m, log)
 		if err != nil {

@@ -23,14 +23,22 @@ func (c ExitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) 
 // returns the exit status: 0, 1 for a failure, 2 for a missing or malformed
 // setting (printed as one line naming the variable).
 func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Context, cfg AppConfig, log *slog.Logger) error) int {
+	warnings := envWarnings(environ, true)
 	cfg, err := AppConfigFromEnv(environ)
 	if err != nil {
+		// A misspelt variable is often why a setting is missing.
+		for _, w := range warnings {
+			fmt.Fprintf(stderr, "%s: warning: %s\n", app, w.Message)
+		}
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return 2
 	}
 	// Every line says which process wrote it: the three apps share one
 	// connection, and "who refreshed" is the first question asked.
 	log := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("app", app, "pid", os.Getpid())
+	for _, w := range warnings {
+		log.Warn(w.Message, "variable", w.Variable)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	return ExitStatus(app, stderr, log, fn(ctx, cfg, log))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
@@ -62,16 +63,27 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
-	return ctlStore{s}, cleanup, nil
+	return ctlStore{s, cfg.LockWait}, cleanup, nil
 }
 
-type ctlStore struct{ *Store }
+type ctlStore struct {
+	*Store
+	lockWait time.Duration
+}
 
 func (s ctlStore) Get(ctx context.Context, id string) (domain.Token, error) {
 	return s.Repository.Get(ctx, id)
 }
 
 func (s ctlStore) List(ctx context.Context) ([]domain.Token, error) { return s.Repository.List(ctx) }
+
+func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Token, int64, error) {
+	return s.Repository.Reactivate(ctx, id, reason, s.lockWait)
+}
+
+func (s ctlStore) NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error) {
+	return s.Repository.NeedingReauth(ctx, reason, after, limit)
+}
 
 func (s ctlStore) Connect(ctx context.Context, id string, g domain.Grant) (domain.Token, error) {
 	return s.Store.Connect.Connect(ctx, id, g)

@@ -27,7 +27,11 @@ const usage = `usage:
   tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry
   tokenctl rotate-key                       re-encrypt every stored token with the current TOKEN_ENCRYPTION_KEYS key
   tokenctl apikey create|list|revoke         manage the server's API keys (tokenctl apikey for details)
-Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key).`
+  tokenctl reactivate --connection NAME     set a needs_reauth connection active again, tokens untouched (the next refresh decides)
+  tokenctl reactivate --all-with-reason R   the same for every connection marked needs_reauth for reason R (e.g. invalid_client)
+  tokenctl check                            ask the token endpoint whether it accepts the client, spending no refresh token
+Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
+OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (check only; check needs no DATABASE_URL).`
 
 // Exit statuses.
 const (
@@ -45,6 +49,9 @@ type Backend interface {
 	RotateKey(ctx context.Context) (resealed, current int, err error)
 	// Open connects to the token store.
 	Open(ctx context.Context) (Store, func(), error)
+	// Check asks the token endpoint about the client, with a made-up
+	// refresh token. It needs only the OAuth2 settings.
+	Check(ctx context.Context) (provider.CheckResult, error)
 }
 
 // Store is the token store as the operator sees it.
@@ -52,6 +59,14 @@ type Store interface {
 	Get(ctx context.Context, connectionID string) (domain.Token, error)
 	List(ctx context.Context) ([]domain.Token, error)
 	Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error)
+	// Reactivate sets a needs_reauth connection (for reason, if not
+	// empty) active again under its lock, tokens untouched. It returns the
+	// token as found under the lock and the version written, 0 if it left
+	// the connection alone.
+	Reactivate(ctx context.Context, connectionID, reason string) (found domain.Token, version int64, err error)
+	// NeedingReauth lists up to limit connections marked needs_reauth for
+	// reason, in name order, after the name after.
+	NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error)
 }
 
 // ConfigError is a missing or malformed setting, reported by a Backend. It
@@ -89,13 +104,16 @@ func Main(args []string, backend Backend, stdio IO) int {
 	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stdio.Stderr)
-	var connection string
+	var connection, reason string
 	switch cmd {
-	case "migrate", "rotate-key":
+	case "migrate", "rotate-key", "check":
 	case "import":
 		fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
 	case "status":
 		fs.StringVar(&connection, "connection", "", "show only connection `NAME`")
+	case "reactivate":
+		fs.StringVar(&connection, "connection", "", "reactivate connection `NAME`")
+		fs.StringVar(&reason, "all-with-reason", "", "reactivate every connection marked needs_reauth for `REASON` (e.g. invalid_client)")
 	default:
 		return fail(exitUsage, "unknown command %q\n%s", cmd, usage)
 	}
@@ -107,6 +125,9 @@ func Main(args []string, backend Backend, stdio IO) int {
 	}
 	if cmd == "import" && connection == "" {
 		return fail(exitUsage, "import: --connection NAME is required")
+	}
+	if cmd == "reactivate" && (connection == "") == (reason == "") {
+		return fail(exitUsage, "reactivate: give either --connection NAME or --all-with-reason REASON")
 	}
 	if connection != "" {
 		if err := domain.ValidateConnectionID(connection); err != nil {
@@ -127,6 +148,17 @@ func Main(args []string, backend Backend, stdio IO) int {
 			return failed("migrate: ", err)
 		}
 		fmt.Fprintln(stdio.Stdout, "migrations applied")
+		return exitOK
+	}
+	if cmd == "check" {
+		res, err := backend.Check(ctx)
+		if err != nil {
+			return failed("check: ", err)
+		}
+		fmt.Fprintln(stdio.Stdout, res)
+		if !res.OK() {
+			return exitFailure
+		}
 		return exitOK
 	}
 	if cmd == "rotate-key" {
@@ -178,6 +210,11 @@ func Main(args []string, backend Backend, stdio IO) int {
 			return fail(exitFailure, "status: %v", err)
 		}
 		printStatus(stdio.Stdout, toks, time.Now())
+	case "reactivate":
+		if connection != "" {
+			return reactivateOne(ctx, store, connection, stdio, fail)
+		}
+		return reactivateAll(ctx, store, reason, stdio, fail)
 	}
 	return exitOK
 }

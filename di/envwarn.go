@@ -1,0 +1,104 @@
+package di
+
+import (
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+
+	"github.com/agnivade/levenshtein"
+)
+
+// knownVars are the names of every setting, read from the env tags of the
+// configuration structs, so that a new setting is known as soon as it
+// exists.
+var knownVars = func() []string {
+	var names []string
+	var walk func(t reflect.Type, prefix string)
+	walk = func(t reflect.Type, prefix string) {
+		for f := range t.Fields() {
+			if p, ok := f.Tag.Lookup("envPrefix"); ok {
+				walk(f.Type, prefix+p)
+			} else if f.Anonymous && f.Type.Kind() == reflect.Struct {
+				walk(f.Type, prefix)
+			} else if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
+				names = append(names, prefix+name)
+			}
+		}
+	}
+	walk(reflect.TypeFor[AppConfig](), "")
+	slices.Sort(names)
+	return slices.Compact(names)
+}()
+
+// ourPrefixes are the first words of the known names (OAUTH_, TOKEN_,
+// DB_, ...): a variable that starts with one looks like a setting.
+var ourPrefixes = func() []string {
+	var ps []string
+	for _, n := range knownVars {
+		if i := strings.IndexByte(n, '_'); i > 0 {
+			ps = append(ps, n[:i+1])
+		}
+	}
+	slices.Sort(ps)
+	return slices.Compact(ps)
+}()
+
+// foreignVars share a prefix with ours but belong to others: Go's HTTP
+// client reads HTTP_PROXY.
+var foreignVars = map[string]bool{"HTTP_PROXY": true}
+
+// envWarning is one start-up warning. It names variables, never values.
+type envWarning struct {
+	Variable string
+	Message  string
+}
+
+// envWarnings looks at environ (os.Environ() form) for variables that look
+// like settings but are none (a typo leaves the setting at its default,
+// silently): those with one of our prefixes, and those a typo away from a
+// setting; and, when the client secret is needed, for an empty
+// OAUTH_CLIENT_SECRET.
+func envWarnings(environ []string, secretNeeded bool) []envWarning {
+	var out []envWarning
+	secret := ""
+	for _, kv := range environ {
+		name, value, _ := strings.Cut(kv, "=")
+		if name == "OAUTH_CLIENT_SECRET" {
+			secret = value
+		}
+		if _, known := slices.BinarySearch(knownVars, name); known || foreignVars[name] {
+			continue
+		}
+		upper := strings.ToUpper(name)
+		near := closest(upper)
+		if near == "" && !slices.ContainsFunc(ourPrefixes, func(p string) bool { return strings.HasPrefix(upper, p) }) {
+			continue
+		}
+		msg := name + " is not a tokenguard setting and is ignored"
+		if near != "" {
+			msg += fmt.Sprintf("; did you mean %s?", near)
+		}
+		out = append(out, envWarning{Variable: name, Message: msg})
+	}
+	if secretNeeded && strings.TrimSpace(secret) == "" {
+		out = append(out, envWarning{Variable: "OAUTH_CLIENT_SECRET",
+			Message: "OAUTH_CLIENT_SECRET is empty: the token endpoint will reject a confidential client (invalid_client)"})
+	}
+	return out
+}
+
+// closest is the known name nearest to name, if it is near enough to be
+// a typo of it: at most 2 edits, or a fifth of the name for long ones.
+func closest(name string) string {
+	best, bestDist := "", 0
+	for _, k := range knownVars {
+		if d := levenshtein.ComputeDistance(name, k); best == "" || d < bestDist {
+			best, bestDist = k, d
+		}
+	}
+	if bestDist <= max(2, len(best)/5) {
+		return best
+	}
+	return ""
+}

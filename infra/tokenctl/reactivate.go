@@ -1,0 +1,76 @@
+package tokenctl
+
+import (
+	"context"
+	"errors"
+	"fmt"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// reactivatePage is how many connections --all-with-reason reads per query.
+const reactivatePage = 100
+
+// reactivateOne is tokenctl reactivate --connection NAME.
+func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail func(int, string, ...any) int) int {
+	found, version, err := store.Reactivate(ctx, name, "")
+	switch {
+	case errors.Is(err, domain.ErrNotFound):
+		return fail(exitUsage, "reactivate: connection %q not found", name)
+	case err != nil:
+		return fail(exitFailure, "reactivate: %v", err)
+	}
+	fmt.Fprintln(stdio.Stdout, reactivated(found, version))
+	return exitOK
+}
+
+// reactivateAll is tokenctl reactivate --all-with-reason REASON: it walks
+// the matching connections a page at a time, each reactivated in its own
+// transaction under its own lock. A connection whose lock stays taken is
+// reported and skipped, and the exit status says so; any other error stops.
+func reactivateAll(ctx context.Context, store Store, reason string, stdio IO, fail func(int, string, ...any) int) int {
+	done, skipped := 0, 0
+	for after := ""; ; {
+		page, err := store.NeedingReauth(ctx, reason, after, reactivatePage)
+		if err != nil {
+			return fail(exitFailure, "reactivate: %v", err)
+		}
+		if len(page) == 0 {
+			break
+		}
+		for _, name := range page {
+			after = name
+			found, version, err := store.Reactivate(ctx, name, reason)
+			switch {
+			case errors.Is(err, domain.ErrLockTimeout):
+				fmt.Fprintf(stdio.Stderr, "tokenctl: reactivate: %s: %v; skipped\n", name, err)
+				skipped++
+				continue
+			case err != nil:
+				return fail(exitFailure, "reactivate: %s: %v (%d reactivated before it)", name, err, done)
+			}
+			if version != 0 {
+				done++
+			}
+			fmt.Fprintln(stdio.Stdout, reactivated(found, version))
+		}
+	}
+	fmt.Fprintf(stdio.Stdout, "reactivated %d connection(s) marked needs_reauth for %s\n", done, reason)
+	if skipped > 0 {
+		return fail(exitFailure, "reactivate: %d connection(s) skipped: their lock stayed taken; run it again", skipped)
+	}
+	return exitOK
+}
+
+// reactivated is the one line per connection: name, old reason, version.
+func reactivated(found domain.Token, version int64) string {
+	switch {
+	case version != 0:
+		return fmt.Sprintf("reactivated connection %s: was needs_reauth (%s), now active at version %d; the next refresh decides",
+			found.ConnectionID, found.StatusReason, version)
+	case found.Status == domain.StatusActive:
+		return fmt.Sprintf("connection %s is already active (version %d): left alone", found.ConnectionID, found.Version)
+	}
+	return fmt.Sprintf("connection %s now needs re-authorisation for %s (version %d): left alone",
+		found.ConnectionID, found.StatusReason, found.Version)
+}
