@@ -59,7 +59,7 @@ func TestUserAgent(t *testing.T) {
 func TestRunLogsSayWhichProcess(t *testing.T) {
 	for _, format := range []string{"json", "text"} {
 		var out bytes.Buffer
-		code := Run("worker", []string{"DATABASE_URL=postgres://u@127.0.0.1/db", "LOG_FORMAT=" + format}, &out,
+		code := Run("worker", []string{"DATABASE_URL=postgres://u@127.0.0.1/db", "OAUTH_CLIENT_SECRET=s", "LOG_FORMAT=" + format}, &out,
 			func(_ context.Context, _ AppConfig, log *slog.Logger) error {
 				log.Info("token refresh", "connection", "acme")
 				return nil
