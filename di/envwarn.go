@@ -45,7 +45,7 @@ var ourPrefixes = func() []string {
 }()
 
 // foreignVars share a prefix with ours but belong to others: Go's HTTP
-// client reads HTTP_PROXY.
+// client reads HTTP_PROXY (or http_proxy).
 var foreignVars = map[string]bool{"HTTP_PROXY": true}
 
 // envWarning is one start-up warning. It names variables, never values.
@@ -67,10 +67,10 @@ func envWarnings(environ []string, secretNeeded bool) []envWarning {
 		if name == "OAUTH_CLIENT_SECRET" {
 			secret = value
 		}
-		if _, known := slices.BinarySearch(knownVars, name); known || foreignVars[name] {
+		upper := strings.ToUpper(name)
+		if _, known := slices.BinarySearch(knownVars, name); known || foreignVars[upper] {
 			continue
 		}
-		upper := strings.ToUpper(name)
 		near := closest(upper)
 		if near == "" && !slices.ContainsFunc(ourPrefixes, func(p string) bool { return strings.HasPrefix(upper, p) }) {
 			continue

@@ -31,7 +31,7 @@ func TestEnvWarnings(t *testing.T) {
 		"log_level=debug", // names are case-sensitive
 		"OAUTH_CLIENT_ID=id", "OAUTH_CLIENT_SECRET=", "DATABASE_URL=postgres://db/x", "TOKEN_REFRESH_SKEW=1s",
 		"API_KEY=value-secret-2", // ours by its prefix, near nothing
-		"HTTP_PROXY=http://proxy:3128", "PATH=/bin", "TEST_DATABASE_URL=postgres://db/test", "HOME=/root",
+		"HTTP_PROXY=http://proxy:3128", "http_proxy=http://proxy:3128", "PATH=/bin", "TEST_DATABASE_URL=postgres://db/test", "HOME=/root",
 	}
 	want := map[string]string{
 		"OAUTH_CLIENT_SECERT": "OAUTH_CLIENT_SECERT is not a tokenguard setting and is ignored; did you mean OAUTH_CLIENT_SECRET?",
