@@ -704,6 +704,7 @@ func testKillHolderOthersProceed(t *testing.T, bin string) {
 	server := s.start("server")
 	s.waitHealthy(server)
 	worker := s.start("worker")
+	waitChecked(t, server, worker) // their start-up probes are not the refresh to hold
 	// Only events (the worker) use the token until the kill.
 	stopEvents := make(chan struct{})
 	var evBad atomic.Int64

@@ -52,9 +52,7 @@ func testReactivateAndCheck(t *testing.T, bin string) {
 	server := s.start("server")
 	s.env = env
 	s.waitHealthy(server)
-	waitFor(t, 10*time.Second, "no token endpoint check line from the server", func() bool {
-		return strings.Contains(server.Stderr(), `"verdict":"ok"`)
-	})
+	waitChecked(t, server)
 	if out := server.Stderr(); !strings.Contains(out, `"msg":"TOKEN_REFRESH_SKWE is not a tokenguard setting and is ignored; did you mean TOKEN_REFRESH_SKEW?"`) ||
 		!strings.Contains(out, `"msg":"token endpoint check: ok: `) {
 		t.Errorf("server start-up lines:\n%s", tail(out, 3000))
@@ -120,5 +118,17 @@ func testReactivateAndCheck(t *testing.T, bin string) {
 	s.stop(server)
 	if st := s.sb.Stats(); st.RefreshReuse != 0 {
 		t.Errorf("refresh-token reuse = %d", st.RefreshReuse)
+	}
+}
+
+// waitChecked waits until each app has logged its start-up check of the
+// token endpoint: that probe is a token request, which a test that holds
+// or counts the provider's next request must not take for a refresh.
+func waitChecked(t *testing.T, apps ...*app) {
+	t.Helper()
+	for _, a := range apps {
+		waitFor(t, 10*time.Second, a.Name+" logged no token endpoint check", func() bool {
+			return strings.Contains(a.Stderr(), `"msg":"token endpoint check: `)
+		})
 	}
 }
