@@ -30,8 +30,8 @@ const usage = `usage:
   tokenctl reactivate --connection NAME     set a needs_reauth connection active again, tokens untouched (the next refresh decides)
   tokenctl reactivate --all-with-reason R   the same for every connection marked needs_reauth for reason R (e.g. invalid_client)
   tokenctl check                            ask the token endpoint whether it accepts the client, spending no refresh token
-Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
-OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (check only; check needs no DATABASE_URL).`
+Configuration: DATABASE_URL (every command but check), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
+OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (check).`
 
 // Exit statuses.
 const (
