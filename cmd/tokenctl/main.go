@@ -1,4 +1,5 @@
-// Command tokenctl is the operator CLI: migrate, import, status, rotate-key.
+// Command tokenctl is the operator CLI: migrate, import, status, rotate-key,
+// reactivate, check.
 package main
 
 import (

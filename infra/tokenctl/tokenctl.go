@@ -1,6 +1,7 @@
 // Package tokenctl is the operator CLI: apply migrations, import a token,
-// show connection status. It needs only DATABASE_URL and never prints a
-// secret.
+// show connection status, re-encrypt, reactivate connections wrongly marked
+// needs_reauth, check the token endpoint. It needs DATABASE_URL (check
+// needs the OAUTH_ settings instead) and never prints a secret.
 package tokenctl
 
 import (
