@@ -140,7 +140,6 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 		seen.base = http.DefaultTransport
 	}
 	hc.Transport = seen
-	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
 	res.Styles = append(res.Styles, styleName(style))
 	_, err := NewRefresher(&c, hc).Refresh(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()))
@@ -236,13 +235,6 @@ func looksJSON(media string, head []byte) bool {
 		return true
 	}
 	return media != "text/html" && bytes.HasPrefix(bytes.TrimSpace(head), []byte("{"))
-}
-
-func styleName(s oauth2.AuthStyle) string {
-	if s == oauth2.AuthStyleInParams {
-		return "params"
-	}
-	return "header"
 }
 
 // displayURL drops credentials and query from a URL before it is shown.

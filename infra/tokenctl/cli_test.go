@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -314,15 +315,7 @@ func TestCheck(t *testing.T) {
 	c := newCLI(t, time.Hour)
 	live := c.grant("acme")
 	c.p.ResetStats()
-	set := func(kv ...string) []string {
-		var out []string
-		for _, e := range c.environ {
-			if !strings.HasPrefix(e, "DATABASE_URL=") { // check needs no database
-				out = append(out, e)
-			}
-		}
-		return append(out, kv...)
-	}
+	set := func(kv ...string) []string { return append(slices.Clone(c.environ), kv...) }
 
 	r := c.run(set(), "check")
 	if r.code != 0 || !strings.HasPrefix(r.stdout, "ok: "+c.srv.URL+"/oauth2/token accepted the client with OAUTH_AUTH_STYLE=header") || r.stderr != "" {
@@ -349,9 +342,9 @@ func TestCheck(t *testing.T) {
 		environ []string
 		stderr  string
 	}{
-		{[]string{"OAUTH_CLIENT_ID=x"}, "tokenctl: OAUTH_TOKEN_URL is required\n"},
+		{set("OAUTH_TOKEN_URL="), "tokenctl: OAUTH_TOKEN_URL is required\n"},
 		{set("OAUTH_TOKEN_URL=/token"), "tokenctl: OAUTH_TOKEN_URL must be an http(s) URL, got \"/token\"\n"},
-		{set("OAUTH_AUTH_STYLE=basic"), "tokenctl: OAUTH_AUTH_STYLE must be header or params, got \"basic\"\n"},
+		{set("OAUTH_AUTH_STYLE=basic"), "tokenctl: OAUTH_AUTH_STYLE must be auto, header or params, got \"basic\"\n"},
 	} {
 		environ := append(bad.environ, "OAUTH_CLIENT_SECRET=s")
 		if r := c.run(environ, "check"); r.code != 2 || r.stderr != bad.stderr {

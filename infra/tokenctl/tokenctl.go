@@ -1,7 +1,7 @@
 // Package tokenctl is the operator CLI: apply migrations, import a token,
 // show connection status, re-encrypt, reactivate connections wrongly marked
-// needs_reauth, check the token endpoint. It needs DATABASE_URL (check
-// needs the OAUTH_ settings instead) and never prints a secret.
+// needs_reauth, check the token endpoint. It needs DATABASE_URL (check the
+// OAUTH_ settings too) and never prints a secret.
 package tokenctl
 
 import (
@@ -31,8 +31,8 @@ const usage = `usage:
   tokenctl reactivate --connection NAME     set a needs_reauth connection active again, tokens untouched (the next refresh decides)
   tokenctl reactivate --all-with-reason R   the same for every connection marked needs_reauth for reason R (e.g. invalid_client)
   tokenctl check                            ask the token endpoint whether it accepts the client, spending no refresh token
-Configuration: DATABASE_URL (every command but check), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
-OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (check).`
+Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
+OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (required by check).`
 
 // Exit statuses.
 const (
@@ -51,7 +51,7 @@ type Backend interface {
 	// Open connects to the token store.
 	Open(ctx context.Context) (Store, func(), error)
 	// Check asks the token endpoint about the client, with a made-up
-	// refresh token. It needs only the OAuth2 settings.
+	// refresh token.
 	Check(ctx context.Context) (provider.CheckResult, error)
 }
 
