@@ -104,9 +104,8 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		RoundTimeout: cfg.LockWait + cfg.RefreshTimeout + 3*cfg.APITimeout,
 	}
 	if ahead.Window > 0 {
-		store := TokenStore{a.tokens.Repository}
 		r.Ahead = func(ctx context.Context) (usecase.AheadReport, error) {
-			return a.tokens.RefreshToken.RefreshAhead(ctx, store, ahead.Window, ahead.Concurrency)
+			return a.tokens.RefreshToken.RefreshAhead(ctx, a.tokens.Repository, ahead.Window, ahead.Concurrency)
 		}
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window

@@ -12,7 +12,6 @@ import (
 	"golang.org/x/oauth2"
 	"gorm.io/gorm"
 
-	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -130,7 +129,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 // NewRefreshTokenUseCase builds the use case on a pool and a refresher.
 // repoOpts configure its repository (repository.WithSealer).
 func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Options, repoOpts ...repository.Option) (*usecase.RefreshTokenUseCase, error) {
-	uc, err := usecase.NewRefreshTokenUseCase(NewTokenStore(db, repoOpts...), r, opts)
+	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, repoOpts...), r, opts)
 	if err != nil {
 		return nil, fmt.Errorf("configure refresh: %w", err)
 	}
@@ -139,7 +138,7 @@ func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Optio
 
 // NewConnectUseCase builds the use case that stores new grants.
 func NewConnectUseCase(db *gorm.DB, lockWait time.Duration, repoOpts ...repository.Option) *usecase.ConnectUseCase {
-	return usecase.NewConnectUseCase(NewTokenStore(db, repoOpts...), nil, lockWait)
+	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, repoOpts...), nil, lockWait)
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration.
@@ -152,41 +151,4 @@ func OAuth2Config(c OAuthConfig) *oauth2.Config {
 		RedirectURL:  c.RedirectURL,
 		Scopes:       c.Scopes,
 	}
-}
-
-// TokenStore adapts the repository to the use case's ports
-// (usecase.TokenStore and usecase.ConnectionStore): the repository hands its
-// callback a concrete *LockedTokens and does not know the use case's
-// interfaces, which this bridge supplies.
-type TokenStore struct {
-	*repository.TokenRepository
-}
-
-// NewTokenStore binds a TokenStore to a pool.
-func NewTokenStore(db *gorm.DB, opts ...repository.Option) TokenStore {
-	return TokenStore{repository.NewTokenRepository(db, opts...)}
-}
-
-// InLock implements the use case's port on top of the repository's.
-func (s TokenStore) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) error {
-	return s.TokenRepository.InLock(ctx, connectionID, wait, hold, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
-}
-
-// TryInLock implements usecase.AheadStore on top of the repository.
-// InLockUnless implements the use case's port on top of the repository's.
-func (s TokenStore) InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
-	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
-	return s.TokenRepository.InLockUnless(ctx, connectionID, wait, hold, settled, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
-}
-
-func (s TokenStore) TryInLock(ctx context.Context, connectionID string, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TokenRepository.TryInLock(ctx, connectionID, hold, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
 }

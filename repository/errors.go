@@ -24,7 +24,8 @@ func storeError(ctx context.Context, op string, err error) error {
 	}
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
-	if isPg && pgErr.Code == "55P03" { // lock_not_available: lock_timeout fired
+	var coded interface{ SQLState() string }                   // pgx and lib/pq errors alike
+	if errors.As(err, &coded) && coded.SQLState() == "55P03" { // lock_not_available: lock_timeout fired
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	}
 	// A cancelled or expired context surfaces as whatever the driver saw

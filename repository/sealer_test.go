@@ -15,6 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // These tests run the repository with a real keyring against a real Postgres.
@@ -74,7 +75,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 		t.Fatalf("Get = %+v, %v", got, err)
 	}
 	// Save seals too, and keeps the stored refresh token when given none.
-	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		next := got
 		next.AccessToken, next.RefreshToken = domain.NewSecret("at-secret-2"), domain.Secret{}
 		saved, err := l.Save(ctx, next)
@@ -180,7 +181,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 				if j > 0 {
 					prev = fmt.Sprintf("rt-%s-%d", name, j-1)
 				}
-				err := refresher.InLock(ctx, name, 5*time.Second, 5*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+				err := refresher.InLock(ctx, name, 5*time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 					cur, err := l.Get(ctx, name)
 					if err != nil {
 						return err
@@ -292,7 +293,7 @@ func TestResealWaitsForARefreshInProgress(t *testing.T) {
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- other.InLock(ctx, "acme", time.Second, 5*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		done <- other.InLock(ctx, "acme", time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 			cur, err := l.Get(ctx, "acme")
 			if err != nil {
 				return err

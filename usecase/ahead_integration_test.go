@@ -50,7 +50,7 @@ func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 	ctx := context.Background()
 
 	// Nothing expires within a minute.
-	rep, err := s.uc.RefreshAhead(ctx, di.NewTokenStore(s.db), time.Minute, 4)
+	rep, err := s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db), time.Minute, 4)
 	if err != nil || rep.Due != 0 {
 		t.Fatalf("window 1m: %+v, %v", rep, err)
 	}
@@ -58,7 +58,7 @@ func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 	// Another process is busy with one of them: it is skipped, not waited for.
 	busy := &stack{db: other.db, repo: other.repo}
 	release := holdLockOn(t, busy, names[3])
-	rep, err = s.uc.RefreshAhead(ctx, di.NewTokenStore(s.db), 2*time.Hour, 4)
+	rep, err = s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db), 2*time.Hour, 4)
 	release()
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +100,7 @@ func TestRefreshAheadRacesCallersWithoutReuse(t *testing.T) {
 			})
 		}
 	}
-	rep, err := stacks[1].uc.RefreshAhead(ctx, di.NewTokenStore(stacks[1].db), time.Second, 8)
+	rep, err := stacks[1].uc.RefreshAhead(ctx, repository.NewTokenRepository(stacks[1].db), time.Second, 8)
 	wg.Wait()
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +117,7 @@ func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
 	t.Helper()
 	held, rel, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- s.repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, *repository.LockedTokens) error {
+		done <- s.repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-rel
 			return nil

@@ -263,7 +263,7 @@ func TestControlRefreshWithoutLockIsCaughtAsReuse(t *testing.T) {
 					failures.Add(1)
 					return
 				}
-				_ = s.repo.InLock(ctx, conn, 10*time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+				_ = s.repo.InLock(ctx, conn, 10*time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 					_, err := l.Put(ctx, tok.Rotated(g, time.Now()))
 					return err
 				})
@@ -299,7 +299,7 @@ func TestControlRefreshOnEveryCallBreaksInFlightCalls(t *testing.T) {
 			wg.Go(func() {
 				for range 5 {
 					var at string
-					err := s.repo.InLock(context.Background(), conn, 20*time.Second, 5*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+					err := s.repo.InLock(context.Background(), conn, 20*time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 						tok, err := l.Get(ctx, conn)
 						if err != nil {
 							return err

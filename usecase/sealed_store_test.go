@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -71,7 +70,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	useCase := func(opt repository.Option) (*usecase.RefreshTokenUseCase, *countingRefresher) {
 		t.Helper()
 		cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-		uc, err := usecase.NewRefreshTokenUseCase(di.NewTokenStore(db, opt), cr, usecase.Options{Clock: later{}})
+		uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, opt), cr, usecase.Options{Clock: later{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +81,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	connect := usecase.NewConnectUseCase(di.NewTokenStore(db, ring(k1)), nil, time.Second)
+	connect := usecase.NewConnectUseCase(repository.NewTokenRepository(db, ring(k1)), nil, time.Second)
 	if _, err := connect.Connect(ctx, "acme", provider.GrantFrom(tok)); err != nil {
 		t.Fatal(err)
 	}
@@ -120,7 +119,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 				}
 				uc, cr := func() (*usecase.RefreshTokenUseCase, *countingRefresher) {
 					cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-					uc, err := usecase.NewRefreshTokenUseCase(di.NewTokenStore(tx, c.opt), cr, usecase.Options{Clock: later{}})
+					uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(tx, c.opt), cr, usecase.Options{Clock: later{}})
 					if err != nil {
 						t.Fatal(err)
 					}

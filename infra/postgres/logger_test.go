@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -63,11 +64,11 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	if err := repo.Register(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
-	inLock := func(fn func(context.Context, *repository.LockedTokens) error) error {
+	inLock := func(fn func(context.Context, usecase.LockedStore) error) error {
 		return repo.InLock(ctx, "acme", time.Second, time.Second, fn)
 	}
 	var stored domain.Token
-	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) (err error) {
+	if err := inLock(func(ctx context.Context, l usecase.LockedStore) (err error) {
 		stored, err = l.Put(ctx, tok)
 		return err
 	}); err != nil {
@@ -75,14 +76,14 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	}
 	next := stored
 	next.RefreshToken = domain.NewSecret(rt2)
-	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) error {
+	if err := inLock(func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, next)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	// A version conflict: a failing path.
-	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) error {
+	if err := inLock(func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, next)
 		return err
 	}); !errors.Is(err, domain.ErrConflict) {
