@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -61,7 +62,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		DB:        sqlDB,
 		OAuth:     a.tokens.OAuth,
 		OAuthHTTP: provider.NewHTTPClient(cfg.RefreshTimeout),
-		Metrics:   a.metrics.Handler(),
+		Metrics:   a.metrics,
 		Log:       log,
 	})
 	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
@@ -111,9 +112,8 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		r.RoundTimeout += ahead.Window
 	}
 	if ahead.KeepAlive > 0 {
-		store := TokenStore{a.tokens.Repository}
 		r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
-			return a.tokens.RefreshToken.KeepAlive(ctx, store, ahead.KeepAlive, ahead.Concurrency)
+			return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
 		}
 		r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
 	}
@@ -134,7 +134,7 @@ type app struct {
 	tokens  *Tokens
 	api     *apiclient.Client
 	pool    *pgxpool.Pool
-	metrics *metrics.Metrics
+	metrics http.Handler // GET /metrics
 }
 
 // newApp opens the shared parts. queueConns > 0 opens the queue's pool
@@ -143,12 +143,12 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	if err := cfg.requireAPI(); err != nil {
 		return nil, nil, err
 	}
-	m := metrics.New(metrics.Options{ConnectionLabel: cfg.MetricsConnectionLabel, Log: log})
-	tokens, closeTokens, err := NewTokensWith(ctx, cfg.Config, log, TokenOptions{App: name, Metrics: m})
+	reg := metrics.NewRegistry()
+	m := metrics.HandlerFor(reg, log)
+	tokens, closeTokens, err := NewTokensWith(ctx, cfg.Config, log, TokenOptions{App: name, Registry: reg, ConnectionLabel: cfg.MetricsConnectionLabel})
 	if err != nil {
 		return nil, nil, err
 	}
-	m.CountConnections(tokens.Repository)
 	if cfg.MetricsAddr != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsAddr, m, log)
 		if err != nil {
@@ -158,7 +158,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		closeAll := closeTokens
 		closeTokens = func() { stopMetrics(); closeAll() }
 	}
-	api, err := apiclient.New(cfg.APIBaseURL, tokens.RefreshToken, apiclient.Options{
+	api, err := apiclient.New(cfg.APIBaseURL, tokens.Guard, apiclient.Options{
 		UserAgent: UserAgent(name),
 		Timeout:   cfg.APITimeout,
 	})

@@ -9,7 +9,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 )
 
 // storeError turns a database error into a domain error. It keeps the
@@ -34,7 +33,7 @@ func storeError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%s: %w", op, ctxErr)
 	}
 	if isPg {
-		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, postgres.SafeMessage(pgErr))
+		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, safeMessage(pgErr))
 	}
 	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)
 }

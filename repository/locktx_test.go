@@ -11,6 +11,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -77,7 +78,7 @@ func rotate(name string) func(context.Context, usecase.LockedStore) error {
 // taken after the lock was granted: it sees what the holder committed.
 func TestInLockReadsWhatTheHolderCommitted(t *testing.T) {
 	r1, db, url := newRepo(t)
-	r2 := repository.NewTokenRepository(open(t, url))
+	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
 
 	release := holdLock(t, r1, "acme", rotate("acme"))
@@ -118,7 +119,7 @@ func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
 	for i := range waiters {
 		pool := open(t, url) // a process each
 		pools = append(pools, pool)
-		r := repository.NewTokenRepository(pool)
+		r := repository.NewTokenRepository(pool, tokencrypt.Plaintext{})
 		wg.Go(func() {
 			got[i], done[i], errs[i] = r.InLockUnless(context.Background(), "acme", 5*time.Second, time.Second,
 				func(t domain.Token) bool { return t.Version > v1.Version },
@@ -162,7 +163,7 @@ func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make([]error, waiters)
 	for i := range waiters {
-		r := repository.NewTokenRepository(open(t, url))
+		r := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 		wg.Go(func() {
 			_, _, errs[i] = r.InLockUnless(context.Background(), "acme", 5*time.Second, time.Second,
 				func(t domain.Token) bool { return t.Version > v1.Version },
@@ -194,7 +195,7 @@ func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
 func TestInLockUnlessBoundsTheWait(t *testing.T) {
 	r1, _, url := newRepo(t)
 	put(t, r1, grantToken("acme", "at", "rt"))
-	r2 := repository.NewTokenRepository(open(t, url))
+	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 	release := holdLock(t, r1, "acme", func(context.Context, usecase.LockedStore) error { return nil })
 	defer func() { _ = release() }()
 	_, _, err := r2.InLockUnless(context.Background(), "acme", 200*time.Millisecond, time.Second,
@@ -267,7 +268,7 @@ func TestInLockRefusesARepositoryBoundToATransaction(t *testing.T) {
 	_, db, _ := newRepo(t)
 	tx := db.Begin()
 	defer tx.Rollback()
-	err := repository.NewTokenRepository(tx).InLock(context.Background(), "acme", time.Second, time.Second,
+	err := repository.NewTokenRepository(tx, tokencrypt.Plaintext{}).InLock(context.Background(), "acme", time.Second, time.Second,
 		func(context.Context, usecase.LockedStore) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "not to a connection pool") {
 		t.Fatalf("err = %v, want a refusal", err)
@@ -316,7 +317,7 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			db := open(t, url+sep+"default_query_exec_mode="+mode)
-			r := repository.NewTokenRepository(db)
+			r := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
 			name := "acme-" + strings.ReplaceAll(mode, "_", "-")
 			v1 := put(t, r, grantToken(name, "at", "rt"))
 			release := holdLock(t, r, name, rotate(name))

@@ -22,13 +22,12 @@ type TokenRepository struct {
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
-// stored as plaintext unless WithSealer says otherwise.
-func NewTokenRepository(db *gorm.DB, opts ...Option) *TokenRepository {
-	r := &TokenRepository{db: db, sealer: plaintext{}}
-	for _, o := range opts {
-		o(r)
+// stored as s seals them (tokencrypt.Plaintext: as they are).
+func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
+	if s == nil {
+		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return r
+	return &TokenRepository{db: db, sealer: s}
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.

@@ -18,6 +18,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -60,7 +61,7 @@ func newRepo(t *testing.T) (*repository.TokenRepository, *gorm.DB, string) {
 	}
 	url := testdb.New(t)
 	db := open(t, url)
-	return repository.NewTokenRepository(db), db, url
+	return repository.NewTokenRepository(db, tokencrypt.Plaintext{}), db, url
 }
 
 func grantToken(id, at, rt string) domain.Token {
@@ -205,7 +206,7 @@ func TestDatabaseRefusesEmptyRefreshToken(t *testing.T) {
 
 func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 	r1, _, url := newRepo(t)
-	r2 := repository.NewTokenRepository(open(t, url)) // a second "process"
+	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{}) // a second "process"
 	put(t, r1, grantToken("acme", "at", "rt"))
 	ctx := context.Background()
 
@@ -253,7 +254,7 @@ func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 func TestCancelWhileWaitingReturnsPromptlyAndLeaksNothing(t *testing.T) {
 	r1, db1, url := newRepo(t)
 	db2 := open(t, url)
-	r2 := repository.NewTokenRepository(db2)
+	r2 := repository.NewTokenRepository(db2, tokencrypt.Plaintext{})
 	put(t, r1, grantToken("acme", "at", "rt"))
 
 	held := make(chan struct{})
@@ -363,7 +364,7 @@ func TestDatabaseGoneIsTyped(t *testing.T) {
 	if _, err := r.Get(context.Background(), "acme"); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("closed pool: err = %v, want ErrStoreUnavailable", err)
 	}
-	bad := repository.NewTokenRepository(open(t, testdb.URL(t)))
+	bad := repository.NewTokenRepository(open(t, testdb.URL(t)), tokencrypt.Plaintext{})
 	if _, err := bad.Get(context.Background(), "acme"); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("missing schema: err = %v, want ErrStoreUnavailable", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -156,7 +157,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = postgres.Close(db) })
-		store := countingStore{TokenRepository: repository.NewTokenRepository(db), cur: &cur, peak: &peak}
+		store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak}
 		uc, err := usecase.NewRefreshTokenUseCase(store, provider.NewRefresher(w.oauth, nil), usecase.Options{Observer: obs, Clock: clock, Skew: time.Millisecond})
 		if err != nil {
 			b.Fatal(err)
@@ -406,7 +407,7 @@ func BenchmarkProactiveRefresh(b *testing.B) {
 	connectMany(b, w, &stack{db: loader}, conns)
 	b.Logf("granted and stored %d connections in %v", conns, time.Since(setup))
 	w.provider.SetRefreshLatency(latency)
-	store := repository.NewTokenRepository(db)
+	store := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
 
 	before := w.provider.Stats()
 	var swept int

@@ -19,6 +19,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
@@ -82,7 +83,7 @@ func (w *world) stack(t testing.TB, opts usecase.Options) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &stack{db: db, repo: repository.NewTokenRepository(db), uc: uc}
+	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
 }
 
 // connect runs the real authorization-code flow and stores the first token.
@@ -145,7 +146,7 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 	stop := make(chan struct{})
 	var flow sync.WaitGroup
 	for _, s := range stacks {
-		client, err := apiclient.New(w.srv.URL, s.uc, apiclient.Options{})
+		client, err := apiclient.New(w.srv.URL, apiclient.TokenClients(s.uc), apiclient.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

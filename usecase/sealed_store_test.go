@@ -58,16 +58,16 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 
-	ring := func(spec string) repository.Option {
+	ring := func(spec string) repository.Sealer {
 		k, err := tokencrypt.ParseKeyring(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return repository.WithSealer(k)
+		return k
 	}
 	k1 := "k1=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x31}, 32))
 	k2 := "k2=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x32}, 32))
-	useCase := func(opt repository.Option) (*usecase.RefreshTokenUseCase, *countingRefresher) {
+	useCase := func(opt repository.Sealer) (*usecase.RefreshTokenUseCase, *countingRefresher) {
 		t.Helper()
 		cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
 		uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, opt), cr, usecase.Options{Clock: later{}})
@@ -101,11 +101,11 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 
 	before := p.Stats()
 	for name, c := range map[string]struct {
-		opt    repository.Option
+		opt    repository.Sealer
 		tamper string
 	}{
 		"key not configured": {ring(k2), ""},
-		"no keys at all":     {func(*repository.TokenRepository) {}, ""},
+		"no keys at all":     {tokencrypt.Plaintext{}, ""},
 		"columns swapped":    {ring(k1), "UPDATE tokens SET refresh_token = access_token, access_token = refresh_token"},
 		"tag altered": {ring(k1), `UPDATE tokens SET refresh_token =
 			left(refresh_token, -1) || CASE WHEN right(refresh_token, 1) = 'A' THEN 'B' ELSE 'A' END`},

@@ -25,10 +25,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // process is one app's token layer, wired by di as the apps wire it, with
 // its metrics served by the server's real /metrics route.
 type process struct {
-	name    string
-	tokens  *di.Tokens
-	metrics *metrics.Metrics
-	scrape  http.Handler
+	name   string
+	tokens *di.Tokens
+	scrape http.Handler
 }
 
 // TestMetricsAgreeWithTheProvider runs two processes against the strict
@@ -61,15 +60,14 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 	ctx := context.Background()
 	var procs []*process
 	for _, name := range []string{"server", "worker"} {
-		m := metrics.New(metrics.Options{})
-		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Metrics: m})
+		reg := metrics.NewRegistry()
+		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Registry: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer cleanup()
-		m.CountConnections(tokens.Repository)
-		procs = append(procs, &process{name: name, tokens: tokens, metrics: m,
-			scrape: httpapi.New(httpapi.Deps{Metrics: m.Handler()}).Handler()})
+		procs = append(procs, &process{name: name, tokens: tokens,
+			scrape: httpapi.New(httpapi.Deps{Metrics: metrics.HandlerFor(reg, nil)}).Handler()})
 	}
 	conns := []string{"acme", "globex"}
 	for _, name := range conns {

@@ -1,4 +1,4 @@
-package postgres_test
+package repository_test
 
 import (
 	"bytes"
@@ -15,12 +15,11 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
-
-func TestMain(m *testing.M) { testdb.Main(m) }
 
 type syncBuffer struct {
 	mu sync.Mutex
@@ -47,13 +46,13 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	}
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	db, err := postgres.Open(context.Background(), testdb.New(t), postgres.Pool{}, log)
+	db, err := postgres.Open(context.Background(), testdb.New(t), postgres.Pool{}, repository.NewLogger(log))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	verbose := db.Session(&gorm.Session{Logger: db.Logger.LogMode(logger.Info)})
-	repo := repository.NewTokenRepository(verbose)
+	repo := repository.NewTokenRepository(verbose, tokencrypt.Plaintext{})
 	ctx := context.Background()
 
 	const at, rt, rt2 = "access-SECRET-1", "refresh-SECRET-1", "refresh-SECRET-2"
