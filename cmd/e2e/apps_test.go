@@ -35,6 +35,7 @@ func TestApps(t *testing.T) {
 	t.Run("NoTokenInAnyOutput", func(t *testing.T) { t.Parallel(); testNoTokenLeaks(t, bin) })
 	t.Run("KillLockHolderOthersProceed", func(t *testing.T) { t.Parallel(); testKillHolderOthersProceed(t, bin) })
 	t.Run("InvalidClientWindowThreeApps", func(t *testing.T) { t.Parallel(); testInvalidClientWindow(t, bin) })
+	t.Run("SIGTERMDuringARefreshKeepsTheRotatedToken", func(t *testing.T) { t.Parallel(); testSIGTERMDuringRefresh(t, bin) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through
