@@ -9,16 +9,19 @@
 // refreshed it meanwhile), refreshes only if it is still stale, and stores
 // the rotated refresh token in that transaction.
 //
-//	if err := tokenguard.Migrate(ctx, db); err != nil { ... }
+//	err := tokenguard.Migrate(ctx, db)         // db: the application's *gorm.DB
 //	tokens, err := tokenguard.New(db, oauthConfig)
-//	go tokens.Run(ctx)                  // the cache, shared safely between processes
-//	defer tokens.Close(context.Background()) // before the pool closes
-//	client := tokens.Client(ctx, "acme") // an *http.Client that recovers 401s
+//	go tokens.Run(ctx)                         // the cache, kept right across processes
+//	defer tokens.Close(context.Background())   // on shutdown, before the pool closes
+//	resp, err := tokens.Client(ctx, "acme").Get(apiURL)
 //
 // Each process keeps the last token of each connection in memory while Run
-// listens for the changes other processes commit (Postgres LISTEN/NOTIFY);
-// until Run is running every call reads the database (a log line and the
-// tokenguard_token_listener_connected metric say so).
+// listens for the changes other processes commit (Postgres LISTEN/NOTIFY).
+// Until Run is running every call reads the database: a log line says so,
+// and with WithMetrics the gauge tokenguard_token_listener_connected is 0.
+//
+// tokenguard's tables (connections, tokens) are created in the database's
+// current schema; its schema version lives in tokenguard_schema_migrations.
 package tokenguard
 
 import (
