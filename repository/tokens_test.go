@@ -33,24 +33,30 @@ const driverEnv = "TOKENGUARD_TEST_SQL_DRIVER"
 
 func open(t *testing.T, url string) *gorm.DB {
 	t.Helper()
-	if os.Getenv(driverEnv) == "pq" {
+	return openDriver(t, url, os.Getenv(driverEnv))
+}
+
+// openDriver opens a pool on lib/pq for driver "pq", else on pgx.
+func openDriver(tb testing.TB, url, driver string) *gorm.DB {
+	tb.Helper()
+	if driver == "pq" {
 		sqlDB, err := sql.Open("postgres", url)
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
 		sqlDB.SetMaxOpenConns(8)
 		db, err := gorm.Open(gormpg.New(gormpg.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
 		if err != nil {
-			t.Fatal(err)
+			tb.Fatal(err)
 		}
-		t.Cleanup(func() { _ = sqlDB.Close() })
+		tb.Cleanup(func() { _ = sqlDB.Close() })
 		return db
 	}
 	db, err := postgres.Open(context.Background(), url, postgres.Pool{MaxOpenConns: 8}, nil)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { _ = postgres.Close(db) })
+	tb.Cleanup(func() { _ = postgres.Close(db) })
 	return db
 }
 
