@@ -20,8 +20,11 @@
 // Until Run is running every call reads the database: a log line says so,
 // and with WithMetrics the gauge tokenguard_token_listener_connected is 0.
 //
-// tokenguard's tables (connections, tokens) are created in the database's
-// current schema; its schema version lives in tokenguard_schema_migrations.
+// tokenguard's tables (connections, tokens, tokenguard_schema_migrations)
+// live in the current schema of the *gorm.DB it is given. To keep them apart
+// from the application's, give Migrate and New a pool whose search_path
+// names a schema of their own, e.g. gorm.Open(postgres.Open(dsn +
+// "&search_path=tokenguard")) after CREATE SCHEMA tokenguard.
 package tokenguard
 
 import (

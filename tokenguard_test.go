@@ -335,3 +335,49 @@ func (l lockedWriter) Write(p []byte) (int, error) {
 	defer l.mu.Unlock()
 	return l.w.Write(p)
 }
+
+// tokenguard's tables go to the current schema of the *gorm.DB it is given:
+// a pool whose search_path names a schema of their own keeps them apart
+// from the application's tables (and its schema_migrations), Run included.
+func TestTablesInASchemaOfTheirOwn(t *testing.T) {
+	w := newWorld(t, sandbox.Options{})
+	app := w.open(t, nil)
+	ctx := context.Background()
+	if err := app.Exec("CREATE SCHEMA tokenguard").Error; err != nil {
+		t.Fatal(err)
+	}
+	sep := "?"
+	if strings.Contains(w.url, "?") {
+		sep = "&"
+	}
+	db, err := gorm.Open(postgres.Open(w.url+sep+"search_path=tokenguard"), &gorm.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	reg := prometheus.NewRegistry()
+	tg := newTokens(t, w, db, tokenguard.WithMetrics(reg))
+	if err := tg.Import(ctx, "acme", w.grant(t)); err != nil {
+		t.Fatal(err)
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	go func() { _ = tg.Run(runCtx) }()
+	waitFor(t, func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 }, "Run never connected")
+	if code := get(t, tg.Client(ctx, "acme"), w.srv.URL); code != http.StatusOK {
+		t.Fatalf("resource answered %d", code)
+	}
+	var tables []string
+	if err := app.Raw(`SELECT table_schema || '.' || table_name FROM information_schema.tables
+		WHERE table_schema IN ('public', 'tokenguard') ORDER BY 1`).Scan(&tables).Error; err != nil {
+		t.Fatal(err)
+	}
+	want := "tokenguard.connections tokenguard.tokenguard_schema_migrations tokenguard.tokens"
+	if got := strings.Join(tables, " "); got != want {
+		t.Fatalf("tables: %s; want %s", got, want)
+	}
+}
