@@ -137,11 +137,15 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		}
 		sealer = k
 	}
-	// tokenguard's statements run on the pool itself (never through a
-	// PrepareStmt cache) and log through a logger that never prints a
-	// token.
-	rdb := db.Session(&gorm.Session{NewDB: true, Logger: repository.NewLogger(o.log)})
-	rdb.Statement.ConnPool = pool
+	// tokenguard's statements run on the application's pool through a
+	// *gorm.DB of their own: never through a PrepareStmt cache, never past
+	// the application's callbacks and plugins (which could record bound
+	// values: tokens), and logged by a logger that never prints a token.
+	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
+		&gorm.Config{Logger: repository.NewLogger(o.log), SkipDefaultTransaction: true})
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
 	repo := repository.NewTokenRepository(rdb, sealer)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
