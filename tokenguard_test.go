@@ -386,3 +386,61 @@ func TestTablesInASchemaOfTheirOwn(t *testing.T) {
 		t.Errorf("tables in public: %s", got)
 	}
 }
+
+// The application's GORM callbacks and plugins (a query logger, a tracer)
+// never see tokenguard's statements, so never a token in their bound
+// values.
+func TestApplicationCallbacksSeeNoToken(t *testing.T) {
+	w := newWorld(t, sandbox.Options{AccessTokenLifespan: time.Second})
+	db := w.open(t, nil)
+	var mu sync.Mutex
+	var seen []string
+	record := func(tx *gorm.DB) {
+		mu.Lock()
+		defer mu.Unlock()
+		seen = append(seen, tx.Statement.SQL.String())
+		for _, v := range tx.Statement.Vars {
+			if s, ok := v.(string); ok {
+				seen = append(seen, s)
+			}
+		}
+	}
+	cb := db.Callback()
+	for _, err := range []error{
+		cb.Query().Before("gorm:query").Register("app:record", record),
+		cb.Raw().Before("gorm:raw").Register("app:record", record),
+		cb.Row().Before("gorm:row").Register("app:record", record),
+	} {
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	tg := newTokens(t, w, db, tokenguard.WithSkew(500*time.Millisecond))
+	ctx := context.Background()
+	grant := w.grant(t)
+	if err := tg.Import(ctx, "acme", grant); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(600 * time.Millisecond) // due: the next call refreshes
+	tok, err := tg.Token(ctx, "acme")
+	if err != nil || tok.AccessToken == grant.AccessToken {
+		t.Fatalf("no refresh: %v", err)
+	}
+	if err := db.Exec("SELECT 1").Error; err != nil { // the callbacks do run
+		t.Fatal(err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	all := strings.Join(seen, "\n")
+	if !strings.Contains(all, "SELECT 1") {
+		t.Fatalf("the application's callbacks never ran:\n%s", all)
+	}
+	for _, secret := range []string{grant.AccessToken, grant.RefreshToken, tok.AccessToken} {
+		if strings.Contains(all, secret) {
+			t.Fatal("an application callback saw a token")
+		}
+	}
+	if strings.Contains(all, "tokens") {
+		t.Fatalf("an application callback saw tokenguard's statements:\n%s", all)
+	}
+}
