@@ -68,9 +68,10 @@ func WithMetrics(r prometheus.Registerer) Option { return func(o *options) { o.r
 // counters. Only for a small fleet: it makes a series per connection.
 func WithMetricsPerConnection() Option { return func(o *options) { o.connectionLabel = true } }
 
-// WithHTTPClient is the client for the provider's token endpoint. Its
-// timeout should be bounded (the lock is held meanwhile) and it must not
-// follow redirects. Default: every phase bounded by the refresh timeout.
+// WithHTTPClient is the client for the provider's token endpoint (to set
+// a User-Agent, a proxy, TLS settings). Bound its timeout: the connection's
+// lock is held meanwhile. It never follows a redirect, whatever its
+// CheckRedirect. Default: every phase bounded by the refresh timeout.
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
 
 // WithListenDSN is the database Run listens on for other processes'
