@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -66,8 +67,8 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		OAuth:     a.tokens.OAuth,
 		OAuthHTTP: oauthHTTP,
 		Account:   httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
-		Metrics:   a.metrics.Handler(),
-		Observer:  a.metrics,
+		Metrics:   a.metrics,
+		Observer:  a.connects,
 		Log:       log,
 		Edges:     cfg.edges(),
 	})
@@ -112,17 +113,15 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		RoundTimeout: cfg.LockWait + cfg.RefreshTimeout + 3*cfg.APITimeout,
 	}
 	if ahead.Window > 0 {
-		store := TokenStore{a.tokens.Repository}
 		r.Ahead = func(ctx context.Context) (usecase.AheadReport, error) {
-			return a.tokens.RefreshToken.RefreshAhead(ctx, store, ahead.Window, ahead.Concurrency)
+			return a.tokens.RefreshToken.RefreshAhead(ctx, a.tokens.Repository, ahead.Window, ahead.Concurrency)
 		}
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window
 	}
 	if ahead.KeepAlive > 0 {
-		store := TokenStore{a.tokens.Repository}
 		r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
-			return a.tokens.RefreshToken.KeepAlive(ctx, store, ahead.KeepAlive, ahead.Concurrency)
+			return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
 		}
 		r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
 	}
@@ -140,10 +139,11 @@ type RefreshAhead struct {
 // app is what the three apps share: the token layer, the API client and,
 // for those that use the queue, a pgx pool.
 type app struct {
-	tokens  *Tokens
-	api     *apiclient.Client
-	pool    *pgxpool.Pool
-	metrics *metrics.Metrics
+	tokens   *Tokens
+	api      *apiclient.Client
+	pool     *pgxpool.Pool
+	metrics  http.Handler // GET /metrics
+	connects *metrics.ConnectCounter
 }
 
 // newApp opens the shared parts. queueConns > 0 opens the queue's pool
@@ -152,12 +152,12 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	if err := cfg.requireAPI(); err != nil {
 		return nil, nil, err
 	}
-	m := metrics.New(metrics.Options{ConnectionLabel: cfg.MetricsConnectionLabel, Log: log})
-	tokens, closeTokens, err := NewTokensWith(ctx, cfg.Config, log, TokenOptions{App: name, Metrics: m})
+	reg := metrics.NewRegistry()
+	m := metrics.HandlerFor(reg, log)
+	tokens, closeTokens, err := NewTokensWith(ctx, cfg.Config, log, TokenOptions{App: name, Registry: reg, ConnectionLabel: cfg.MetricsConnectionLabel})
 	if err != nil {
 		return nil, nil, err
 	}
-	m.CountConnections(tokens.Repository)
 	stopCheck := checkAtStart(ctx, cfg.Config, name, log)
 	closeChecked := closeTokens
 	closeTokens = func() { stopCheck(); closeChecked() }
@@ -170,7 +170,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		closeAll := closeTokens
 		closeTokens = func() { stopMetrics(); closeAll() }
 	}
-	api, err := apiclient.New(cfg.APIBaseURL, tokens.RefreshToken, apiclient.Options{
+	api, err := apiclient.New(cfg.APIBaseURL, tokens.Guard, apiclient.Options{
 		UserAgent: UserAgent(name),
 		Timeout:   cfg.APITimeout,
 	})
@@ -178,7 +178,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		closeTokens()
 		return nil, nil, err
 	}
-	a := &app{tokens: tokens, api: api, metrics: m}
+	a := &app{tokens: tokens, api: api, metrics: m, connects: metrics.NewConnectCounter(reg)}
 	if queueConns == 0 {
 		return a, closeTokens, nil
 	}

@@ -140,7 +140,7 @@ func TestStartUpWarnsAboutPlaintext(t *testing.T) {
 		t.Fatal(err)
 	}
 	cleanup()
-	if !strings.Contains(buf.String(), "TOKEN_ENCRYPTION_KEYS is unset") {
+	if !strings.Contains(buf.String(), "level=WARN") || !strings.Contains(buf.String(), "stored in plaintext") {
 		t.Errorf("no plaintext warning:\n%s", buf.String())
 	}
 }

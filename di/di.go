@@ -5,49 +5,65 @@ package di
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/oauth2"
 	"gorm.io/gorm"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/migrations"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Tokens is the token layer an app shares with the others.
+// Tokens is the token layer an app shares with the others: a
+// *tokenguard.Tokens, as any application embeds it, and the reads the
+// bundled apps need beside it.
 type Tokens struct {
-	DB           *gorm.DB
-	Repository   *repository.TokenRepository
+	DB    *gorm.DB
+	Guard *tokenguard.Tokens
+	// RefreshToken is the use case under Guard (the batch refreshes ahead
+	// of expiry with it).
 	RefreshToken *usecase.RefreshTokenUseCase
-	Connect      *usecase.ConnectUseCase
-	OAuth        *oauth2.Config
+	// Connect stores new grants (the server's callback binds them to the
+	// account that consented).
+	Connect    *usecase.ConnectUseCase
+	Repository *repository.TokenRepository // reads: listing, events, status
+	OAuth      *oauth2.Config
 }
 
 // NewTokens opens the database (migrating it if cfg says so) and builds the
-// use case. Call the returned cleanup when done.
+// token layer. Call the returned cleanup when done.
 func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func(), error) {
 	return NewTokensWith(ctx, cfg, log, TokenOptions{})
 }
 
-// TokenOptions say which app the token layer serves and where its events
+// TokenOptions say which app the token layer serves and where its metrics
 // go. The zero value is an anonymous process without metrics.
 type TokenOptions struct {
 	// App ("server", "worker", "batch") is announced to the provider's
 	// token endpoint as the User-Agent tokenguard-<app>/<version>.
 	App string
-	// Metrics, when set, observes the use case and the change listener.
-	Metrics *metrics.Metrics
+	// Registry, when set, receives tokenguard's metrics.
+	Registry prometheus.Registerer
+	// ConnectionLabel labels the refresh metrics by connection.
+	ConnectionLabel bool
 }
 
 // NewTokensWith is NewTokens for an app: log (which should carry the
-// process identity) receives the one line per refresh, o.Metrics counts.
+// process identity) receives the one line per refresh, o.Registry counts.
+//
+// The cleanup first closes the token layer, waiting for refreshes in
+// flight (a rotated token must reach the database before the pool
+// closes), then stops listening and closes the pool.
 func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
 	if log == nil {
 		log = slog.Default()
@@ -55,90 +71,104 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if err := cfg.RequireOAuth(); err != nil {
 		return nil, nil, err
 	}
+	sealer, err := cfg.sealer()
+	if err != nil {
+		return nil, nil, err
+	}
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: cfg.DBMaxConns}, repository.NewLogger(log))
+	if err != nil {
+		return nil, nil, err
+	}
+	closeDB := func() { _ = postgres.Close(db) }
 	if cfg.MigrateOnStart {
-		if err := migrations.Up(cfg.DatabaseURL); err != nil {
+		if err := tokenguard.Migrate(ctx, db); err != nil {
+			closeDB()
 			return nil, nil, err
 		}
-	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: cfg.DBMaxConns}, log)
-	if err != nil {
-		return nil, nil, err
-	}
-	cleanup := func() { _ = postgres.Close(db) }
-	ropts, err := openSealed(ctx, db, cfg, log)
-	if err != nil {
-		cleanup()
-		return nil, nil, err
 	}
 	oc := OAuth2Config(cfg.OAuth)
 	tokenHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
 	if o.App != "" {
 		tokenHTTP.Transport = userAgent{base: tokenHTTP.Transport, value: UserAgent(o.App)}
 	}
-	uopts := usecase.Options{
-		Skew:           cfg.RefreshSkew,
-		LockWait:       cfg.LockWait,
-		RefreshTimeout: cfg.RefreshTimeout,
-		CacheSize:      cfg.CacheSize,
-		Logger:         log,
+	opts := []tokenguard.Option{
+		tokenguard.WithSkew(cfg.RefreshSkew),
+		tokenguard.WithLockWait(cfg.LockWait),
+		tokenguard.WithRefreshTimeout(cfg.RefreshTimeout),
+		tokenguard.WithCacheSize(cfg.CacheSize),
+		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
+		tokenguard.WithLogger(log),
+		tokenguard.WithHTTPClient(tokenHTTP),
+		tokenguard.WithListenDSN(cfg.DatabaseURL),
 		// The process that found the grant revoked tells the operator
 		// what to do; tokenctl status shows the state and the reason.
-		OnNeedsReauth: func(connectionID, reason string) {
+		tokenguard.WithNeedsReauth(func(connection, reason string) {
 			log.Warn("operator action needed: connect it again (POST /connect-sessions, or tokenctl import)",
-				"connection", connectionID, "reason", reason)
-		},
+				"connection", connection, "reason", reason)
+		}),
 	}
-	var target repository.ChangeTarget
-	if o.Metrics != nil {
-		uopts.Observer = o.Metrics
+	if cfg.EncryptionKeys != "" {
+		opts = append(opts, tokenguard.WithEncryptionKeys(string(cfg.EncryptionKeys)))
 	}
-	refresher := provider.NewRefresher(oc, tokenHTTP, provider.WithAuthStyleStore(repository.NewAuthStyles(db)),
-		provider.WithDefaultLifetime(cfg.DefaultLifetime), provider.WithLogger(log))
-	uc, err := NewRefreshTokenUseCase(db, provider.NewRetrying(refresher, provider.Policy{Log: log}), uopts, ropts...)
+	if o.Registry != nil {
+		opts = append(opts, tokenguard.WithMetrics(o.Registry))
+		if o.ConnectionLabel {
+			opts = append(opts, tokenguard.WithMetricsPerConnection())
+		}
+	}
+	guard, err := tokenguard.New(db, oc, opts...)
+	if errors.Is(err, domain.ErrUndecryptable) {
+		err = fmt.Errorf("%s cannot decrypt the stored tokens: %w", tokencrypt.EnvKeys, err)
+	}
 	if err != nil {
-		cleanup()
+		closeDB()
 		return nil, nil, err
 	}
-	// The cache is trusted only while this listener hears every change
-	// other processes commit.
-	target = uc
-	if o.Metrics != nil {
-		target = listenerGauge{ChangeTarget: uc, m: o.Metrics}
-	}
+	// The cache is trusted only while Run hears every change other
+	// processes commit.
 	listenCtx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
 	listening := make(chan struct{})
 	go func() {
 		defer close(listening)
-		_ = repository.NewChangeListener(cfg.DatabaseURL, target, log).WithHeartbeat(db, repository.DefaultHeartbeat).Run(listenCtx)
+		if err := guard.Run(listenCtx); err != nil {
+			log.Error("token change listener stopped", "err", err)
+		}
 	}()
-	closeDB := cleanup
-	cleanup = func() {
+	cleanup := func() {
+		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.RefreshTimeout+usecase.DefaultWriteTimeout)
+		if err := guard.Close(closeCtx); err != nil {
+			log.Error("stopping with a refresh still in flight", "err", err)
+		}
+		cancel()
 		stopListening()
 		<-listening
 		closeDB()
 	}
+	repo := repository.NewTokenRepository(db, sealer)
 	return &Tokens{
 		DB:           db,
-		Repository:   repository.NewTokenRepository(db, ropts...),
-		RefreshToken: uc,
-		Connect:      NewConnectUseCase(db, cfg.LockWait, ropts...),
+		Guard:        guard,
+		RefreshToken: usecaseof.Tokens(guard),
+		Connect:      usecase.NewConnectUseCase(repo, nil, cfg.LockWait),
+		Repository:   repo,
 		OAuth:        oc,
 	}, cleanup, nil
 }
 
-// NewRefreshTokenUseCase builds the use case on a pool and a refresher.
-// repoOpts configure its repository (repository.WithSealer).
-func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Options, repoOpts ...repository.Option) (*usecase.RefreshTokenUseCase, error) {
-	uc, err := usecase.NewRefreshTokenUseCase(NewTokenStore(db, repoOpts...), r, opts)
+// NewRefreshTokenUseCase builds the use case on a pool and a refresher,
+// storing tokens as they are.
+func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Options) (*usecase.RefreshTokenUseCase, error) {
+	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), r, opts)
 	if err != nil {
 		return nil, fmt.Errorf("configure refresh: %w", err)
 	}
 	return uc, nil
 }
 
-// NewConnectUseCase builds the use case that stores new grants.
-func NewConnectUseCase(db *gorm.DB, lockWait time.Duration, repoOpts ...repository.Option) *usecase.ConnectUseCase {
-	return usecase.NewConnectUseCase(NewTokenStore(db, repoOpts...), nil, lockWait)
+// NewConnectUseCase builds the use case that stores new grants, storing
+// tokens as they are.
+func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseCase {
+	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration.
@@ -151,41 +181,4 @@ func OAuth2Config(c OAuthConfig) *oauth2.Config {
 		RedirectURL:  c.RedirectURL,
 		Scopes:       c.Scopes,
 	}
-}
-
-// TokenStore adapts the repository to the use case's ports
-// (usecase.TokenStore and usecase.ConnectionStore): the repository hands its
-// callback a concrete *LockedTokens and does not know the use case's
-// interfaces, which this bridge supplies.
-type TokenStore struct {
-	*repository.TokenRepository
-}
-
-// NewTokenStore binds a TokenStore to a pool.
-func NewTokenStore(db *gorm.DB, opts ...repository.Option) TokenStore {
-	return TokenStore{repository.NewTokenRepository(db, opts...)}
-}
-
-// InLock implements the use case's port on top of the repository's.
-func (s TokenStore) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) error {
-	return s.TokenRepository.InLock(ctx, connectionID, wait, hold, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
-}
-
-// TryInLock implements usecase.AheadStore on top of the repository.
-// InLockUnless implements the use case's port on top of the repository's.
-func (s TokenStore) InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
-	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
-	return s.TokenRepository.InLockUnless(ctx, connectionID, wait, hold, settled, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
-}
-
-func (s TokenStore) TryInLock(ctx context.Context, connectionID string, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TokenRepository.TryInLock(ctx, connectionID, hold, func(ctx context.Context, l *repository.LockedTokens) error {
-		return fn(ctx, l)
-	})
 }

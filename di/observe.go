@@ -8,9 +8,6 @@ import (
 	"net"
 	"net/http"
 	"time"
-
-	"github.com/tokenguard/tokenguard/infra/metrics"
-	"github.com/tokenguard/tokenguard/repository"
 )
 
 // userAgent names the app in the requests it sends to the token endpoint,
@@ -27,27 +24,15 @@ func (u userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
 	return u.base.RoundTrip(r)
 }
 
-// listenerGauge passes the change listener's calls on to the use case and
-// records whether the listener is connected.
-type listenerGauge struct {
-	repository.ChangeTarget
-	m *metrics.Metrics
-}
-
-func (l listenerGauge) TrustCache(trusted bool) {
-	l.ChangeTarget.TrustCache(trusted)
-	l.m.ListenerConnected(trusted)
-}
-
 // serveMetrics serves m at GET /metrics on addr until the returned stop is
 // called. Listening happens now, so a taken address fails the start-up.
-func serveMetrics(addr string, m *metrics.Metrics, log *slog.Logger) (stop func(), err error) {
+func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {
 		return nil, fmt.Errorf("listen on METRICS_ADDR: %w", err)
 	}
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", m.Handler())
+	mux.Handle("GET /metrics", m)
 	srv := &http.Server{
 		Handler:           mux,
 		ReadHeaderTimeout: 5 * time.Second,

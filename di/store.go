@@ -7,9 +7,9 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/queue"
-	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -25,25 +25,33 @@ type Store struct {
 // NewStore opens the database. It neither migrates nor needs the OAuth2
 // settings. Call the returned cleanup when done.
 func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func(), error) {
-	ropts, err := repositoryOptions(cfg)
+	sealer, err := cfg.sealer()
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: min(cfg.DBMaxConns, 4)}, log)
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: min(cfg.DBMaxConns, 4)}, repository.NewLogger(log))
 	if err != nil {
 		return nil, nil, err
 	}
+	repo := repository.NewTokenRepository(db, sealer)
 	return &Store{
 		DB:         db,
-		Repository: repository.NewTokenRepository(db, ropts...),
-		Connect:    NewConnectUseCase(db, cfg.LockWait, ropts...),
+		Repository: repo,
+		Connect:    usecase.NewConnectUseCase(repo, nil, cfg.LockWait),
 	}, func() { _ = postgres.Close(db) }, nil
 }
 
-// Migrate applies tokenguard's migrations and then River's (the event
-// queue's). Processes that migrate at the same time wait for each other.
+// Migrate applies tokenguard's migrations (tokenguard.Migrate) and then
+// River's (the event queue's). Processes that migrate at the same time
+// wait for each other.
 func Migrate(ctx context.Context, databaseURL string) error {
-	if err := migrations.Up(databaseURL); err != nil {
+	db, err := postgres.Open(ctx, databaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+	if err != nil {
+		return err
+	}
+	err = tokenguard.Migrate(ctx, db)
+	_ = postgres.Close(db)
+	if err != nil {
 		return err
 	}
 	pool, err := queue.OpenPool(ctx, databaseURL, 2)

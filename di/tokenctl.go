@@ -95,7 +95,7 @@ func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, slog.New(slog.DiscardHandler))
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
 	if err != nil {
 		return nil, nil, err
 	}

@@ -189,3 +189,81 @@ func TestSchemaConstraints(t *testing.T) {
 		t.Errorf("valid row refused: %v", err)
 	}
 }
+
+// A database migrated by an older version records tokenguard's version in
+// schema_migrations. The first Up adopts it into tokenguard's own table,
+// even with several processes starting at once, and leaves
+// schema_migrations as the older processes still running expect it.
+func TestUpAdoptsTheVersionOfSchemaMigrations(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	url := testdb.NewEmpty(t)
+	if err := migrations.Up(url); err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := migrations.Version(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, "ALTER TABLE "+migrations.Table+" RENAME TO schema_migrations"); err != nil {
+		t.Fatal(err)
+	}
+	errs := make(chan error, 3)
+	for range 3 {
+		go func() { errs <- migrations.Up(url) }()
+	}
+	for range 3 {
+		if err := <-errs; err != nil {
+			t.Fatalf("up on a legacy database: %v", err)
+		}
+	}
+	if v, dirty, err := migrations.Version(url); err != nil || v != want || dirty {
+		t.Fatalf("adopted version %d dirty %t err %v, want %d", v, dirty, err, want)
+	}
+	var legacy int64
+	if err := db.QueryRowContext(ctx, "SELECT version FROM schema_migrations").Scan(&legacy); err != nil || uint(legacy) != want {
+		t.Fatalf("schema_migrations = %d, %v: want it untouched at %d", legacy, err, want)
+	}
+}
+
+// The application's own schema_migrations is never read as ours nor
+// written: on a fresh database tokenguard migrates beside it; with our
+// tables present and only the application's version there, Up refuses and
+// says what to do.
+func TestUpLeavesTheApplicationsSchemaMigrationsAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	url := testdb.NewEmpty(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	if _, err := db.ExecContext(ctx, `CREATE TABLE schema_migrations (version bigint NOT NULL PRIMARY KEY, dirty boolean NOT NULL);
+		INSERT INTO schema_migrations VALUES (20240101120000, false)`); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(url); err != nil {
+		t.Fatal(err)
+	}
+	var app int64
+	if err := db.QueryRowContext(ctx, "SELECT version FROM schema_migrations").Scan(&app); err != nil || app != 20240101120000 {
+		t.Fatalf("the application's version = %d, %v", app, err)
+	}
+	if _, err := db.ExecContext(ctx, "DROP TABLE "+migrations.Table); err != nil {
+		t.Fatal(err)
+	}
+	err = migrations.Up(url)
+	if err == nil || !strings.Contains(err.Error(), "20240101120000") || !strings.Contains(err.Error(), "INSERT INTO "+migrations.Table) {
+		t.Fatalf("err = %v, want a refusal naming the version and the fix", err)
+	}
+}

@@ -3,6 +3,8 @@ package repository
 import (
 	"context"
 	"time"
+
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // ExpiringBefore lists the active connections whose token expires before
@@ -32,10 +34,10 @@ func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time) ([]st
 // TryInLock is InLock without the wait: if another transaction holds the
 // connection's lock it returns false at once and fn does not run.
 func (r *TokenRepository) TryInLock(ctx context.Context, connectionID string, hold time.Duration,
-	fn func(context.Context, *LockedTokens) error) (bool, error) {
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
 	tx, err := r.beginLocked(ctx, connectionID, lockMode{try: true})
 	if err != nil || tx == nil {
 		return err != nil, err
 	}
-	return true, r.runLocked(ctx, tx, hold, fn)
+	return true, r.runLocked(ctx, tx, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
 }

@@ -9,7 +9,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 )
 
 // storeError turns a database error into a domain error. It keeps the
@@ -24,7 +23,8 @@ func storeError(ctx context.Context, op string, err error) error {
 	}
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
-	if isPg && pgErr.Code == "55P03" { // lock_not_available: lock_timeout fired
+	var coded interface{ SQLState() string }                   // pgx and lib/pq errors alike
+	if errors.As(err, &coded) && coded.SQLState() == "55P03" { // lock_not_available: lock_timeout fired
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	}
 	// A cancelled or expired context surfaces as whatever the driver saw
@@ -33,7 +33,7 @@ func storeError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%s: %w", op, ctxErr)
 	}
 	if isPg {
-		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, postgres.SafeMessage(pgErr))
+		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, safeMessage(pgErr))
 	}
 	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)
 }

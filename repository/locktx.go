@@ -15,20 +15,28 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// lockTx is the transaction of InLock, InLockUnless and TryInLock: one
-// pool connection of its own, on which the transaction is driven
-// explicitly with pgx (GORM cannot pipeline).
+// lockTx is the transaction of InLock, InLockUnless and TryInLock. It
+// commits on its own (a rotated token must not depend on a caller's
+// commit), so it cannot nest in another transaction.
 //
-// It opens with one round trip: BEGIN, the lock timeout, the lock and the
-// re-read of the token go to the server together as a pipeline. Before a
-// refresh can start that saves three round trips, and a process woken by
-// the release of the lock gets the token its holder stored in the same
-// answer as the lock. Statements of a pipeline run one after the other and
-// each takes its own snapshot (READ COMMITTED), so the read sees everything
-// committed before the lock was granted. A write ends it the same way:
-// the statement and COMMIT in one round trip (writeAndCommit).
+// On pgx (the driver of gorm.io/driver/postgres) it is one pool connection
+// of its own, on which the transaction is driven explicitly with pgx (GORM
+// cannot pipeline). It opens with one round trip: BEGIN, the lock timeout,
+// the lock and the re-read of the token go to the server together as a
+// pipeline. Before a refresh can start that saves three round trips, and a
+// process woken by the release of the lock gets the token its holder
+// stored in the same answer as the lock. Statements of a pipeline run one
+// after the other and each takes its own snapshot (READ COMMITTED), so the
+// read sees everything committed before the lock was granted. A write ends
+// it the same way: the statement and COMMIT in one round trip
+// (writeAndCommit).
+//
+// On any other database/sql driver it is a GORM transaction running the
+// same statements one at a time (plaintx.go): same contract, more round
+// trips.
 type lockTx struct {
-	conn  *sql.Conn
+	conn  *sql.Conn // pgx
+	plain *plainTx  // any other driver
 	held  int       // heldExclusive or heldShared
 	first *tokenRow // the re-read, if the connection has a token
 	ended bool
@@ -41,6 +49,9 @@ type lockMode struct {
 	wait  time.Duration // the bound of a wait (lock_timeout); 0: none
 }
 
+// errNotPgx: the pool's driver is not pgx; the GORM path is taken.
+var errNotPgx = errors.New("database driver is not pgx")
+
 // beginLocked acquires a pool connection, begins a transaction and takes
 // connectionID's lock. ctx bounds all of it. It returns a nil lockTx and no
 // error when mode.try found the lock taken.
@@ -49,9 +60,10 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, 
 		Conn(context.Context) (*sql.Conn, error)
 	})
 	if !ok {
-		// A lock transaction commits on its own (a rotated token must not
-		// depend on a caller's commit), so it cannot nest in another.
 		return nil, fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connectionID, r.db.Statement.ConnPool)
+	}
+	if r.notPgx.Load() {
+		return r.beginPlain(ctx, connectionID, mode)
 	}
 	conn, err := pool.Conn(ctx)
 	if err != nil {
@@ -62,11 +74,16 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, 
 	err = conn.Raw(func(dc any) error {
 		pc, err := pgxConn(dc)
 		if err != nil {
-			return err
+			return errNotPgx
 		}
 		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connectionID, mode)
 		return err
 	})
+	if errors.Is(err, errNotPgx) {
+		_ = conn.Close() // unused: back to the pool
+		r.notPgx.Store(true)
+		return r.beginPlain(ctx, connectionID, mode)
+	}
 	if err != nil || !found || tx.held == heldNone {
 		tx.rollback(ctx)
 	}
@@ -79,6 +96,30 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, 
 		return nil, nil
 	}
 	return tx, nil
+}
+
+// Pipelined reports whether the lock transactions run pipelined on pgx
+// (true) or as GORM transactions on another driver (false). It asks the
+// pool for a connection to find out.
+func (r *TokenRepository) Pipelined(ctx context.Context) (bool, error) {
+	pool, ok := r.db.Statement.ConnPool.(interface {
+		Conn(context.Context) (*sql.Conn, error)
+	})
+	if !ok {
+		return false, fmt.Errorf("the token repository is bound to %T, not to a connection pool", r.db.Statement.ConnPool)
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return false, storeError(ctx, "connect", err)
+	}
+	defer conn.Close()
+	var pgx bool
+	err = conn.Raw(func(dc any) error {
+		_, err := pgxConn(dc)
+		pgx = err == nil
+		return nil
+	})
+	return pgx, err
 }
 
 // pipelineLock sends the opening statements of a lockTx in one batch and
@@ -121,6 +162,9 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) 
 
 // gorm binds a GORM session to the transaction's connection.
 func (tx *lockTx) gorm(db *gorm.DB, ctx context.Context) *gorm.DB {
+	if tx.plain != nil {
+		return tx.plain.tx.WithContext(ctx)
+	}
 	g := db.Session(&gorm.Session{NewDB: true, Context: ctx}) // Context: a statement of its own
 	g.Statement.ConnPool = tx.conn
 	return g
@@ -136,6 +180,9 @@ func (tx *lockTx) end(ctx context.Context, commit bool) error {
 		return nil
 	}
 	tx.ended = true
+	if tx.plain != nil {
+		return tx.plain.end(commit)
+	}
 	stmt := "ROLLBACK"
 	if commit {
 		stmt = "COMMIT"
@@ -176,6 +223,9 @@ func (tx *lockTx) rollback(ctx context.Context) {
 func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (row *tokenRow, err error) {
 	if tx.ended {
 		return nil, errTxEnded
+	}
+	if tx.plain != nil {
+		return tx.plain.writeAndCommit(ctx, &tx.ended, sql, args...)
 	}
 	_ = tx.conn.Raw(func(dc any) error {
 		var pc *pgx.Conn
@@ -239,6 +289,10 @@ func (tx *lockTx) discard() {
 		return
 	}
 	tx.ended = true
+	if tx.plain != nil {
+		_ = tx.plain.end(false) // statements are synchronous: none is mid-way
+		return
+	}
 	_ = tx.conn.Raw(func(any) error { return driver.ErrBadConn })
 	_ = tx.conn.Close()
 }

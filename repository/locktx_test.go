@@ -11,18 +11,20 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // holdLock holds name's lock in r until release is called, then runs then
 // (a write, or nothing) and commits. It returns when the lock is held.
-func holdLock(t *testing.T, r *repository.TokenRepository, name string, then func(context.Context, *repository.LockedTokens) error) (release func() error) {
+func holdLock(t *testing.T, r *repository.TokenRepository, name string, then func(context.Context, usecase.LockedStore) error) (release func() error) {
 	t.Helper()
 	held := make(chan struct{})
 	rel := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- r.InLock(context.Background(), name, time.Second, 10*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		done <- r.InLock(context.Background(), name, time.Second, 10*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 			close(held)
 			<-rel
 			return then(ctx, l)
@@ -59,8 +61,8 @@ func waitForLockWaiters(t *testing.T, db *gorm.DB, n int) {
 }
 
 // rotate stores a rotated token for name, as a refresh does.
-func rotate(name string) func(context.Context, *repository.LockedTokens) error {
-	return func(ctx context.Context, l *repository.LockedTokens) error {
+func rotate(name string) func(context.Context, usecase.LockedStore) error {
+	return func(ctx context.Context, l usecase.LockedStore) error {
 		cur, err := l.Get(ctx, name)
 		if err != nil {
 			return err
@@ -76,14 +78,14 @@ func rotate(name string) func(context.Context, *repository.LockedTokens) error {
 // taken after the lock was granted: it sees what the holder committed.
 func TestInLockReadsWhatTheHolderCommitted(t *testing.T) {
 	r1, db, url := newRepo(t)
-	r2 := repository.NewTokenRepository(open(t, url))
+	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
 
 	release := holdLock(t, r1, "acme", rotate("acme"))
 	got := make(chan domain.Token, 1)
 	errc := make(chan error, 1)
 	go func() {
-		errc <- r2.InLock(context.Background(), "acme", 5*time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		errc <- r2.InLock(context.Background(), "acme", 5*time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 			tok, err := l.Get(ctx, "acme")
 			got <- tok
 			return err
@@ -117,11 +119,11 @@ func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
 	for i := range waiters {
 		pool := open(t, url) // a process each
 		pools = append(pools, pool)
-		r := repository.NewTokenRepository(pool)
+		r := repository.NewTokenRepository(pool, tokencrypt.Plaintext{})
 		wg.Go(func() {
 			got[i], done[i], errs[i] = r.InLockUnless(context.Background(), "acme", 5*time.Second, time.Second,
 				func(t domain.Token) bool { return t.Version > v1.Version },
-				func(context.Context, *repository.LockedTokens) error { mu.Lock(); ran++; mu.Unlock(); return nil })
+				func(context.Context, usecase.LockedStore) error { mu.Lock(); ran++; mu.Unlock(); return nil })
 		})
 	}
 	// All of them wait at once, in shared mode: none queues behind another.
@@ -155,17 +157,17 @@ func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
 func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
 	r1, db, url := newRepo(t)
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
-	release := holdLock(t, r1, "acme", func(context.Context, *repository.LockedTokens) error { return errors.New("provider down") })
+	release := holdLock(t, r1, "acme", func(context.Context, usecase.LockedStore) error { return errors.New("provider down") })
 
 	const waiters = 3
 	var wg sync.WaitGroup
 	errs := make([]error, waiters)
 	for i := range waiters {
-		r := repository.NewTokenRepository(open(t, url))
+		r := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 		wg.Go(func() {
 			_, _, errs[i] = r.InLockUnless(context.Background(), "acme", 5*time.Second, time.Second,
 				func(t domain.Token) bool { return t.Version > v1.Version },
-				func(ctx context.Context, l *repository.LockedTokens) error {
+				func(ctx context.Context, l usecase.LockedStore) error {
 					cur, err := l.Get(ctx, "acme")
 					if err != nil || cur.Version > v1.Version {
 						return err // a previous waiter did it
@@ -193,18 +195,18 @@ func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
 func TestInLockUnlessBoundsTheWait(t *testing.T) {
 	r1, _, url := newRepo(t)
 	put(t, r1, grantToken("acme", "at", "rt"))
-	r2 := repository.NewTokenRepository(open(t, url))
-	release := holdLock(t, r1, "acme", func(context.Context, *repository.LockedTokens) error { return nil })
+	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
+	release := holdLock(t, r1, "acme", func(context.Context, usecase.LockedStore) error { return nil })
 	defer func() { _ = release() }()
 	_, _, err := r2.InLockUnless(context.Background(), "acme", 200*time.Millisecond, time.Second,
 		func(domain.Token) bool { return true },
-		func(context.Context, *repository.LockedTokens) error { t.Error("fn ran"); return nil })
+		func(context.Context, usecase.LockedStore) error { t.Error("fn ran"); return nil })
 	if !errors.Is(err, domain.ErrLockTimeout) {
 		t.Fatalf("err = %v, want ErrLockTimeout", err)
 	}
 	if _, _, err := r2.InLockUnless(context.Background(), "nobody", time.Second, time.Second,
 		func(domain.Token) bool { return true },
-		func(context.Context, *repository.LockedTokens) error { return nil }); !errors.Is(err, domain.ErrNotFound) {
+		func(context.Context, usecase.LockedStore) error { return nil }); !errors.Is(err, domain.ErrNotFound) {
 		t.Fatalf("unregistered connection: %v, want ErrNotFound", err)
 	}
 }
@@ -215,7 +217,7 @@ func TestInLockUnlessBoundsTheWait(t *testing.T) {
 func TestInLockReportsACommitThatRolledBack(t *testing.T) {
 	r, db, _ := newRepo(t)
 	put(t, r, grantToken("acme", "at", "rt"))
-	err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		cur, err := l.Get(ctx, "acme")
 		if err != nil {
 			return err
@@ -240,7 +242,7 @@ func TestInLockPanicClosesTheConnection(t *testing.T) {
 	put(t, r, grantToken("acme", "at", "rt"))
 	func() {
 		defer func() { _ = recover() }()
-		_ = r.InLock(context.Background(), "acme", time.Second, time.Second, func(context.Context, *repository.LockedTokens) error {
+		_ = r.InLock(context.Background(), "acme", time.Second, time.Second, func(context.Context, usecase.LockedStore) error {
 			panic("boom")
 		})
 	}()
@@ -257,7 +259,7 @@ func TestInLockPanicClosesTheConnection(t *testing.T) {
 			t.Fatal("the panicking transaction still holds the lock")
 		}
 	}
-	if err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(context.Context, *repository.LockedTokens) error { return nil }); err != nil {
+	if err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(context.Context, usecase.LockedStore) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
 }
@@ -266,8 +268,8 @@ func TestInLockRefusesARepositoryBoundToATransaction(t *testing.T) {
 	_, db, _ := newRepo(t)
 	tx := db.Begin()
 	defer tx.Rollback()
-	err := repository.NewTokenRepository(tx).InLock(context.Background(), "acme", time.Second, time.Second,
-		func(context.Context, *repository.LockedTokens) error { return nil })
+	err := repository.NewTokenRepository(tx, tokencrypt.Plaintext{}).InLock(context.Background(), "acme", time.Second, time.Second,
+		func(context.Context, usecase.LockedStore) error { return nil })
 	if err == nil || !strings.Contains(err.Error(), "not to a connection pool") {
 		t.Fatalf("err = %v, want a refusal", err)
 	}
@@ -315,7 +317,7 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 	for _, mode := range []string{"cache_statement", "cache_describe", "describe_exec", "exec", "simple_protocol"} {
 		t.Run(mode, func(t *testing.T) {
 			db := open(t, url+sep+"default_query_exec_mode="+mode)
-			r := repository.NewTokenRepository(db)
+			r := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
 			name := "acme-" + strings.ReplaceAll(mode, "_", "-")
 			v1 := put(t, r, grantToken(name, "at", "rt"))
 			release := holdLock(t, r, name, rotate(name))
@@ -324,7 +326,7 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 			go func() {
 				tok, done, err := r.InLockUnless(context.Background(), name, 5*time.Second, time.Second,
 					func(t domain.Token) bool { return t.Version > v1.Version },
-					func(context.Context, *repository.LockedTokens) error { return errors.New("ran although settled") })
+					func(context.Context, usecase.LockedStore) error { return errors.New("ran although settled") })
 				if err == nil && !done {
 					err = errors.New("not settled by the holder")
 				}

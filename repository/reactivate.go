@@ -26,7 +26,7 @@ const reactivateHold = 10 * time.Second
 // lock and the version written, or 0 when it left the connection alone
 // (already active, or needs_reauth for another reason).
 func (r *TokenRepository) Reactivate(ctx context.Context, connectionID, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
-	err = r.InLock(ctx, connectionID, wait, reactivateHold, func(ctx context.Context, l *LockedTokens) error {
+	err = r.inLock(ctx, connectionID, wait, reactivateHold, func(ctx context.Context, l *LockedTokens) error {
 		if found, err = l.Get(ctx, connectionID); err != nil {
 			return err
 		}

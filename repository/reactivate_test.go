@@ -13,6 +13,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // markDead stores name as needs_reauth for reason, as a refresh that got
@@ -20,7 +21,7 @@ import (
 func markDead(t *testing.T, r *repository.TokenRepository, name, reason string) domain.Token {
 	t.Helper()
 	var out domain.Token
-	err := r.InLock(context.Background(), name, time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(context.Background(), name, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		tok, err := l.Get(ctx, name)
 		if err != nil {
 			return err
@@ -107,7 +108,7 @@ func TestReactivate(t *testing.T) {
 	_, db, url := newRepo(t)
 	// Sealed, so that "tokens untouched" means the stored envelopes too:
 	// writing the same token again would seal it with a new nonce.
-	r := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k1="+testKey1+"*")))
+	r := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1+"*"))
 	ctx := context.Background()
 	for _, name := range []string{"client-dead", "grant-dead", "alive"} {
 		put(t, r, grantToken(name, "at-"+name, "rt-"+name))
@@ -171,7 +172,7 @@ func TestReactivateWaitsForTheLockAndDecidesOnWhatItFinds(t *testing.T) {
 
 	// A refresh holds the lock and, meanwhile, finds the grant really
 	// dead: the reactivation waits for it and then leaves the row alone.
-	release := holdLock(t, r, "acme", func(ctx context.Context, l *repository.LockedTokens) error {
+	release := holdLock(t, r, "acme", func(ctx context.Context, l usecase.LockedStore) error {
 		tok, err := l.Get(ctx, "acme")
 		if err != nil {
 			return err
@@ -210,7 +211,7 @@ func TestReactivateWaitsForTheLockAndDecidesOnWhatItFinds(t *testing.T) {
 
 	// A lock held for longer than the wait is a typed error; nothing changes.
 	markDead(t, r, "acme", "invalid_client")
-	release = holdLock(t, r, "acme", func(context.Context, *repository.LockedTokens) error { return nil })
+	release = holdLock(t, r, "acme", func(context.Context, usecase.LockedStore) error { return nil })
 	_, _, err := r.Reactivate(ctx, "acme", "", 200*time.Millisecond)
 	if rerr := release(); rerr != nil {
 		t.Fatal(rerr)

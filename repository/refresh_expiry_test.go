@@ -7,6 +7,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // The refresh token's expiry goes through every write (Put, Save) and
@@ -36,7 +37,7 @@ func TestRefreshExpiryRoundTrip(t *testing.T) {
 	}
 	save := func(tok domain.Token) (locked, saved domain.Token) {
 		t.Helper()
-		err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 			var err error
 			if locked, err = l.Get(ctx, "acme"); err != nil {
 				return err

@@ -88,7 +88,7 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 
 func (r *TokenRepository) resealOne(ctx context.Context, connectionID string, wait time.Duration) (bool, error) {
 	resealed := false
-	err := r.InLock(ctx, connectionID, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
+	err := r.inLock(ctx, connectionID, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
 		var rows []storedRow
 		err := l.db.WithContext(ctx).Raw(`
 SELECT c.id, c.name, t.access_token, t.refresh_token

@@ -4,11 +4,11 @@ import (
 	"fmt"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 )
 
 // Sealer encrypts token values on their way into the tokens table and
-// decrypts them on the way out. *tokencrypt.Keyring is one.
+// decrypts them on the way out. *tokencrypt.Keyring is one, and
+// tokencrypt.Plaintext the one of a store without keys.
 type Sealer interface {
 	// Seal returns what to store for plaintext, bound to aad (the row and
 	// column). The empty string must stay empty.
@@ -20,38 +20,6 @@ type Sealer interface {
 	// produces now, so that Reseal can leave it alone.
 	IsCurrent(stored string) bool
 }
-
-// Option configures a TokenRepository.
-type Option func(*TokenRepository)
-
-// WithSealer stores token values sealed by s. Without it they are stored
-// as plaintext (see plaintext).
-func WithSealer(s Sealer) Option {
-	return func(r *TokenRepository) {
-		if s != nil {
-			r.sealer = s
-		}
-	}
-}
-
-// plaintext is the default Sealer: values are stored as they are. It still
-// recognises sealed values, and refuses them instead of handing an
-// envelope to the provider as if it were a token: that happens when
-// TOKEN_ENCRYPTION_KEYS is missing from a process whose database holds
-// encrypted tokens.
-type plaintext struct{}
-
-func (plaintext) Seal(p, _ string) (string, error) { return p, nil }
-
-func (plaintext) Open(stored, _ string) (string, error) {
-	if tokencrypt.IsSealed(stored) {
-		id, _ := tokencrypt.KeyID(stored)
-		return "", fmt.Errorf("%w: sealed with key id %q, but no %s are configured", domain.ErrUndecryptable, id, tokencrypt.EnvKeys)
-	}
-	return stored, nil
-}
-
-func (plaintext) IsCurrent(stored string) bool { return !tokencrypt.IsSealed(stored) }
 
 // Column names double as the second half of the additional data that binds
 // a sealed value to its row and column.

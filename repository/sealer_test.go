@@ -15,6 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // These tests run the repository with a real keyring against a real Postgres.
@@ -43,7 +44,7 @@ type rawRow struct {
 func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 	plain, db, _ := newRepo(t)
 	k1 := keyring(t, "k1="+testKey1)
-	r := repository.NewTokenRepository(db, repository.WithSealer(k1))
+	r := repository.NewTokenRepository(db, k1)
 	ctx := context.Background()
 
 	put(t, r, grantToken("acme", "at-secret-acme", "rt-secret-acme"))
@@ -74,7 +75,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 		t.Fatalf("Get = %+v, %v", got, err)
 	}
 	// Save seals too, and keeps the stored refresh token when given none.
-	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		next := got
 		next.AccessToken, next.RefreshToken = domain.NewSecret("at-secret-2"), domain.Secret{}
 		saved, err := l.Save(ctx, next)
@@ -95,7 +96,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 	// naming the connection and the key id, never an envelope as a token.
 	for name, other := range map[string]*repository.TokenRepository{
 		"no keys":     plain,
-		"another key": repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k2="+testKey2))),
+		"another key": repository.NewTokenRepository(db, keyring(t, "k2="+testKey2)),
 	} {
 		_, err := other.Get(ctx, "acme")
 		if !errors.Is(err, domain.ErrUndecryptable) || !strings.Contains(err.Error(), "acme") || !strings.Contains(err.Error(), `"k1"`) {
@@ -117,7 +118,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 		if err := tx.Exec(sql).Error; err != nil {
 			t.Fatal(err)
 		}
-		inTx := repository.NewTokenRepository(tx, repository.WithSealer(k1))
+		inTx := repository.NewTokenRepository(tx, k1)
 		if _, err := inTx.Get(ctx, "acme"); !errors.Is(err, domain.ErrUndecryptable) {
 			t.Errorf("%s: err = %v, want ErrUndecryptable", name, err)
 		}
@@ -128,7 +129,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	plainRepo, db, url := newRepo(t)
 	ctx := context.Background()
-	k1 := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k1="+testKey1)))
+	k1 := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1))
 	const n = 30
 	names := make([]string, n)
 	for i := range n {
@@ -150,8 +151,8 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	// and over meanwhile, so those rows keep going back to k1 and the
 	// reseal keeps finding work on connections that are being refreshed.
 	ring := keyring(t, "k2="+testKey2+"*,k1="+testKey1)
-	r := repository.NewTokenRepository(db, repository.WithSealer(ring))
-	refresher := repository.NewTokenRepository(open(t, url), repository.WithSealer(keyring(t, "k1="+testKey1+"*,k2="+testKey2)))
+	r := repository.NewTokenRepository(db, ring)
+	refresher := repository.NewTokenRepository(open(t, url), keyring(t, "k1="+testKey1+"*,k2="+testKey2))
 	hot := []string{"c00", "c01", "c07", "c12", "c13", "c20", "c26", "c29"}
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
@@ -180,7 +181,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 				if j > 0 {
 					prev = fmt.Sprintf("rt-%s-%d", name, j-1)
 				}
-				err := refresher.InLock(ctx, name, 5*time.Second, 5*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+				err := refresher.InLock(ctx, name, 5*time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 					cur, err := l.Get(ctx, name)
 					if err != nil {
 						return err
@@ -260,7 +261,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 		}
 	}
 	// k1 can go now.
-	onlyK2 := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k2="+testKey2)))
+	onlyK2 := repository.NewTokenRepository(db, keyring(t, "k2="+testKey2))
 	if kc, err := onlyK2.CheckKeys(ctx); err != nil || kc.Stale != 0 {
 		t.Errorf("CheckKeys after reseal = %+v, %v", kc, err)
 	}
@@ -282,17 +283,17 @@ func isHot(name string, hot []string) bool {
 func TestResealWaitsForARefreshInProgress(t *testing.T) {
 	_, db, url := newRepo(t)
 	ctx := context.Background()
-	k1 := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k1="+testKey1)))
+	k1 := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1))
 	put(t, k1, grantToken("acme", "at-1", "rt-1"))
 	ring := keyring(t, "k2="+testKey2+"*,k1="+testKey1)
-	r := repository.NewTokenRepository(db, repository.WithSealer(ring))
-	other := repository.NewTokenRepository(open(t, url), repository.WithSealer(ring))
+	r := repository.NewTokenRepository(db, ring)
+	other := repository.NewTokenRepository(open(t, url), ring)
 
 	held := make(chan struct{})
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- other.InLock(ctx, "acme", time.Second, 5*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+		done <- other.InLock(ctx, "acme", time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 			cur, err := l.Get(ctx, "acme")
 			if err != nil {
 				return err
@@ -331,20 +332,20 @@ func TestCheckKeysFailsOnAMissingKey(t *testing.T) {
 	plain, db, _ := newRepo(t)
 	ctx := context.Background()
 	put(t, plain, grantToken("legacy", "at-l", "rt-l"))
-	k1 := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k1="+testKey1)))
+	k1 := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1))
 	put(t, k1, grantToken("acme", "at-1", "rt-1"))
 
 	if kc, err := k1.CheckKeys(ctx); err != nil || kc.Stale != 1 {
 		t.Errorf("CheckKeys with k1 = %+v, %v; want 1 legacy", kc, err)
 	}
-	both := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k2="+testKey2+"*,k1="+testKey1)))
+	both := repository.NewTokenRepository(db, keyring(t, "k2="+testKey2+"*,k1="+testKey1))
 	if kc, err := both.CheckKeys(ctx); err != nil || kc.Stale != 2 {
 		t.Errorf("CheckKeys with k2 current = %+v, %v; want 2 stale", kc, err)
 	}
 	for name, r := range map[string]*repository.TokenRepository{
-		"k1 missing": repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k2="+testKey2))),
+		"k1 missing": repository.NewTokenRepository(db, keyring(t, "k2="+testKey2)),
 		"no keys":    plain,
-		"k1 wrong":   repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k1="+testKey2))),
+		"k1 wrong":   repository.NewTokenRepository(db, keyring(t, "k1="+testKey2)),
 	} {
 		_, err := r.CheckKeys(ctx)
 		if !errors.Is(err, domain.ErrUndecryptable) || !strings.Contains(err.Error(), "acme") ||
@@ -352,7 +353,7 @@ func TestCheckKeysFailsOnAMissingKey(t *testing.T) {
 			t.Errorf("%s: err = %v, want ErrUndecryptable naming acme and k1", name, err)
 		}
 	}
-	if _, err := repository.NewTokenRepository(db, repository.WithSealer(keyring(t, "k2="+testKey2))).Reseal(ctx, 0, time.Second); !errors.Is(err, domain.ErrUndecryptable) {
+	if _, err := repository.NewTokenRepository(db, keyring(t, "k2="+testKey2)).Reseal(ctx, 0, time.Second); !errors.Is(err, domain.ErrUndecryptable) {
 		t.Errorf("Reseal without the old key: err = %v", err)
 	}
 }

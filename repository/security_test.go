@@ -113,7 +113,7 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	repo, db, _ := newRepo(t)
 	ctx := context.Background()
-	uc := usecase.NewConnectUseCase(storeOf{repo}, nil, time.Second)
+	uc := usecase.NewConnectUseCase(repo, nil, time.Second)
 	grant := func(at, rt string) domain.Grant {
 		return domain.Grant{AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt), Expiry: time.Now().Add(time.Hour)}
 	}
@@ -160,7 +160,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	cur, _ := repo.Get(ctx, "acme")
 	dead := cur
 	dead.Status, dead.StatusReason = domain.StatusNeedsReauth, "invalid_grant"
-	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, dead)
 		return err
 	}); err != nil {
@@ -171,7 +171,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	}
 	// A refresh (Save on an active token) is no event.
 	cur, _ = repo.Get(ctx, "acme")
-	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, cur.Rotated(grant("at-5", "rt-5"), time.Now()))
 		return err
 	}); err != nil {
@@ -191,11 +191,4 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 			t.Errorf("an event carries a token: %s", e.Data)
 		}
 	}
-}
-
-// storeOf adapts the repository to the use case's ports, as di does.
-type storeOf struct{ *repository.TokenRepository }
-
-func (s storeOf) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
-	return s.TokenRepository.InLock(ctx, id, wait, hold, func(ctx context.Context, l *repository.LockedTokens) error { return fn(ctx, l) })
 }

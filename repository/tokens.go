@@ -4,11 +4,13 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // TokenRepository reads and writes connection tokens. Plain reads take no
@@ -16,16 +18,16 @@ import (
 type TokenRepository struct {
 	db     *gorm.DB
 	sealer Sealer
+	notPgx atomic.Bool // the pool's driver is not pgx: lock through GORM
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
-// stored as plaintext unless WithSealer says otherwise.
-func NewTokenRepository(db *gorm.DB, opts ...Option) *TokenRepository {
-	r := &TokenRepository{db: db, sealer: plaintext{}}
-	for _, o := range opts {
-		o(r)
+// stored as s seals them (tokencrypt.Plaintext: as they are).
+func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
+	if s == nil {
+		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return r
+	return &TokenRepository{db: db, sealer: s}
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.
@@ -115,6 +117,11 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string)
 // Save and Put commit at once) and is returned as is; otherwise the
 // transaction commits and a commit failure is returned.
 func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) error {
+	return r.inLock(ctx, connectionID, wait, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
+}
+
+func (r *TokenRepository) inLock(ctx context.Context, connectionID string, wait, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
 	tx, err := r.beginLocked(ctx, connectionID, lockMode{wait: wait})
 	if err != nil {
@@ -132,7 +139,7 @@ func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait,
 // true, and fn does not run. Otherwise (the holder failed, or died) it
 // waits for the lock as InLock does, for what is left of wait, and runs fn.
 func (r *TokenRepository) InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
-	settled func(domain.Token) bool, fn func(context.Context, *LockedTokens) error) (t domain.Token, done bool, err error) {
+	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (t domain.Token, done bool, err error) {
 	asked := time.Now()
 	tx, err := r.beginLocked(ctx, connectionID, lockMode{share: true, wait: wait})
 	if err != nil {
@@ -158,7 +165,7 @@ func (r *TokenRepository) InLockUnless(ctx context.Context, connectionID string,
 			return domain.Token{}, false, err
 		}
 	}
-	return domain.Token{}, false, r.runLocked(ctx, tx, hold, fn)
+	return domain.Token{}, false, r.runLocked(ctx, tx, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
 }
 
 // runLocked runs fn in tx and ends tx: fn's error rolls back, nil commits.
@@ -179,7 +186,8 @@ func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.D
 }
 
 // LockedTokens is the token store bound to a transaction that holds a
-// connection's advisory lock. It is valid only inside InLock's callback.
+// connection's advisory lock (usecase.LockedStore). It is valid only inside
+// InLock's callback.
 //
 // Save and Put commit: the write and the COMMIT go to the server together,
 // in one round trip, and nothing that happens after them in the callback
@@ -312,3 +320,11 @@ func getToken(ctx context.Context, db *gorm.DB, s Sealer, connectionID string) (
 	}
 	return rows[0].domain(s)
 }
+
+// The repository is the use case's store.
+var (
+	_ usecase.TokenStore      = (*TokenRepository)(nil)
+	_ usecase.ConnectionStore = (*TokenRepository)(nil)
+	_ usecase.AheadStore      = (*TokenRepository)(nil)
+	_ usecase.LockedStore     = (*LockedTokens)(nil)
+)

@@ -2,29 +2,61 @@ package repository_test
 
 import (
 	"context"
+	"database/sql"
 	"errors"
+	"os"
+	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
+	_ "github.com/lib/pq" // the "postgres" driver: not pgx
+	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
+// driverEnv names the database/sql driver the tests open their pools with:
+// pgx (the pipelined lock transactions) unless TestLockSuiteOnAnotherDriver
+// runs them again with lib/pq (the GORM transactions).
+const driverEnv = "TOKENGUARD_TEST_SQL_DRIVER"
+
 func open(t *testing.T, url string) *gorm.DB {
 	t.Helper()
+	return openDriver(t, url, os.Getenv(driverEnv))
+}
+
+// openDriver opens a pool on lib/pq for driver "pq", else on pgx.
+func openDriver(tb testing.TB, url, driver string) *gorm.DB {
+	tb.Helper()
+	if driver == "pq" {
+		sqlDB, err := sql.Open("postgres", url)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		sqlDB.SetMaxOpenConns(8)
+		db, err := gorm.Open(gormpg.New(gormpg.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
+		if err != nil {
+			tb.Fatal(err)
+		}
+		tb.Cleanup(func() { _ = sqlDB.Close() })
+		return db
+	}
 	db, err := postgres.Open(context.Background(), url, postgres.Pool{MaxOpenConns: 8}, nil)
 	if err != nil {
-		t.Fatal(err)
+		tb.Fatal(err)
 	}
-	t.Cleanup(func() { _ = postgres.Close(db) })
+	tb.Cleanup(func() { _ = postgres.Close(db) })
 	return db
 }
 
@@ -35,7 +67,7 @@ func newRepo(t *testing.T) (*repository.TokenRepository, *gorm.DB, string) {
 	}
 	url := testdb.New(t)
 	db := open(t, url)
-	return repository.NewTokenRepository(db), db, url
+	return repository.NewTokenRepository(db, tokencrypt.Plaintext{}), db, url
 }
 
 func grantToken(id, at, rt string) domain.Token {
@@ -56,7 +88,7 @@ func put(t *testing.T, r *repository.TokenRepository, tok domain.Token) domain.T
 		t.Fatal(err)
 	}
 	var out domain.Token
-	err := r.InLock(ctx, tok.ConnectionID, time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(ctx, tok.ConnectionID, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		var err error
 		out, err = l.Put(ctx, tok)
 		return err
@@ -83,7 +115,7 @@ func TestPutGetSaveRoundTrip(t *testing.T) {
 	// Save bumps the version and keeps the refresh token when given none.
 	next := got
 	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.Secret{}
-	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		saved, err := l.Save(ctx, next)
 		if err != nil {
 			return err
@@ -97,7 +129,7 @@ func TestPutGetSaveRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	// A write based on an old version is refused.
-	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, next)
 		return err
 	})
@@ -121,7 +153,7 @@ func TestRollbackLeavesTokenUntouched(t *testing.T) {
 	ctx := context.Background()
 	orig := put(t, r, grantToken("acme", "at-1", "rt-1"))
 	boom := errors.New("provider said no")
-	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		if _, err := l.Get(ctx, "acme"); err != nil {
 			return err
 		}
@@ -145,7 +177,7 @@ func TestSaveCommitsAtOnce(t *testing.T) {
 	ctx := context.Background()
 	orig := put(t, r, grantToken("acme", "at-1", "rt-1"))
 	boom := errors.New("something after the write failed")
-	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		next := orig
 		next.RefreshToken = domain.NewSecret("rt-2")
 		if _, err := l.Save(ctx, next); err != nil {
@@ -180,7 +212,7 @@ func TestDatabaseRefusesEmptyRefreshToken(t *testing.T) {
 
 func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 	r1, _, url := newRepo(t)
-	r2 := repository.NewTokenRepository(open(t, url)) // a second "process"
+	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{}) // a second "process"
 	put(t, r1, grantToken("acme", "at", "rt"))
 	ctx := context.Background()
 
@@ -188,7 +220,7 @@ func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- r1.InLock(ctx, "acme", time.Second, 5*time.Second, func(context.Context, *repository.LockedTokens) error {
+		done <- r1.InLock(ctx, "acme", time.Second, 5*time.Second, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-release
 			return nil
@@ -202,7 +234,7 @@ func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 	}
 	// The other pool's waiter hits its bound with a typed error.
 	start := time.Now()
-	err := r2.InLock(ctx, "acme", 200*time.Millisecond, time.Second, func(context.Context, *repository.LockedTokens) error {
+	err := r2.InLock(ctx, "acme", 200*time.Millisecond, time.Second, func(context.Context, usecase.LockedStore) error {
 		t.Error("ran while another pool held the lock")
 		return nil
 	})
@@ -220,7 +252,7 @@ func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 		t.Fatal(err)
 	}
 	// Released at commit: the other pool gets it now.
-	if err := r2.InLock(ctx, "acme", 200*time.Millisecond, time.Second, func(context.Context, *repository.LockedTokens) error { return nil }); err != nil {
+	if err := r2.InLock(ctx, "acme", 200*time.Millisecond, time.Second, func(context.Context, usecase.LockedStore) error { return nil }); err != nil {
 		t.Fatalf("lock not released at commit: %v", err)
 	}
 }
@@ -228,14 +260,14 @@ func TestLockExcludesAcrossPoolsAndReleasesAtCommit(t *testing.T) {
 func TestCancelWhileWaitingReturnsPromptlyAndLeaksNothing(t *testing.T) {
 	r1, db1, url := newRepo(t)
 	db2 := open(t, url)
-	r2 := repository.NewTokenRepository(db2)
+	r2 := repository.NewTokenRepository(db2, tokencrypt.Plaintext{})
 	put(t, r1, grantToken("acme", "at", "rt"))
 
 	held := make(chan struct{})
 	release := make(chan struct{})
 	done := make(chan error, 1)
 	go func() {
-		done <- r1.InLock(context.Background(), "acme", time.Second, 10*time.Second, func(context.Context, *repository.LockedTokens) error {
+		done <- r1.InLock(context.Background(), "acme", time.Second, 10*time.Second, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-release
 			return nil
@@ -246,7 +278,7 @@ func TestCancelWhileWaitingReturnsPromptlyAndLeaksNothing(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	time.AfterFunc(150*time.Millisecond, cancel)
 	start := time.Now()
-	err := r2.InLock(ctx, "acme", 30*time.Second, time.Second, func(context.Context, *repository.LockedTokens) error {
+	err := r2.InLock(ctx, "acme", 30*time.Second, time.Second, func(context.Context, usecase.LockedStore) error {
 		t.Error("ran while another pool held the lock")
 		return nil
 	})
@@ -313,7 +345,7 @@ func TestMultiLockTakesSortedOrderWithoutDeadlock(t *testing.T) {
 func TestLockIsHeldOnTheTransactionsConnection(t *testing.T) {
 	r, db, _ := newRepo(t)
 	put(t, r, grantToken("acme", "at", "rt"))
-	err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		// Another session sees the lock held by a backend other than its own.
 		var n int64
 		err := db.Raw(`SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted AND pid <> pg_backend_pid()
@@ -338,7 +370,7 @@ func TestDatabaseGoneIsTyped(t *testing.T) {
 	if _, err := r.Get(context.Background(), "acme"); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("closed pool: err = %v, want ErrStoreUnavailable", err)
 	}
-	bad := repository.NewTokenRepository(open(t, testdb.URL(t)))
+	bad := repository.NewTokenRepository(open(t, testdb.URL(t)), tokencrypt.Plaintext{})
 	if _, err := bad.Get(context.Background(), "acme"); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("missing schema: err = %v, want ErrStoreUnavailable", err)
 	}
@@ -352,5 +384,38 @@ func waitFor(t *testing.T, ok func() bool, msg string) {
 			t.Fatal(msg)
 		}
 		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Every test of this package runs again on lib/pq, where the lock
+// transactions are GORM transactions (WithAdvisoryLock) instead of pgx
+// pipelines: both paths keep the same contract.
+func TestLockSuiteOnAnotherDriver(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	if os.Getenv(driverEnv) != "" {
+		t.Skip("already the run on another driver")
+	}
+	cmd := exec.Command(os.Args[0], "-test.count=1",
+		"-test.skip", "^(TestLockSuiteOnAnotherDriver|TestLockTransactionInEveryQueryExecMode)$")
+	cmd.Env = append(os.Environ(), driverEnv+"=pq")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the suite on lib/pq: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "PASS") {
+		t.Fatalf("the suite on lib/pq did not pass:\n%s", out)
+	}
+}
+
+func TestLockPathFollowsTheDriver(t *testing.T) {
+	r, _, _ := newRepo(t)
+	pipelined, err := r.Pipelined(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := os.Getenv(driverEnv) != "pq"; pipelined != want {
+		t.Fatalf("pipelined = %t on driver %q", pipelined, os.Getenv(driverEnv))
 	}
 }

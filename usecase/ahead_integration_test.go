@@ -12,6 +12,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -50,7 +51,7 @@ func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 	ctx := context.Background()
 
 	// Nothing expires within a minute.
-	rep, err := s.uc.RefreshAhead(ctx, di.NewTokenStore(s.db), time.Minute, 4)
+	rep, err := s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db, tokencrypt.Plaintext{}), time.Minute, 4)
 	if err != nil || rep.Due != 0 {
 		t.Fatalf("window 1m: %+v, %v", rep, err)
 	}
@@ -58,7 +59,7 @@ func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 	// Another process is busy with one of them: it is skipped, not waited for.
 	busy := &stack{db: other.db, repo: other.repo}
 	release := holdLockOn(t, busy, names[3])
-	rep, err = s.uc.RefreshAhead(ctx, di.NewTokenStore(s.db), 2*time.Hour, 4)
+	rep, err = s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db, tokencrypt.Plaintext{}), 2*time.Hour, 4)
 	release()
 	if err != nil {
 		t.Fatal(err)
@@ -100,7 +101,7 @@ func TestRefreshAheadRacesCallersWithoutReuse(t *testing.T) {
 			})
 		}
 	}
-	rep, err := stacks[1].uc.RefreshAhead(ctx, di.NewTokenStore(stacks[1].db), time.Second, 8)
+	rep, err := stacks[1].uc.RefreshAhead(ctx, repository.NewTokenRepository(stacks[1].db, tokencrypt.Plaintext{}), time.Second, 8)
 	wg.Wait()
 	if err != nil {
 		t.Fatal(err)
@@ -117,7 +118,7 @@ func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
 	t.Helper()
 	held, rel, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- s.repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, *repository.LockedTokens) error {
+		done <- s.repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-rel
 			return nil
@@ -141,7 +142,7 @@ func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
 	other := w.stack(t, usecase.Options{})
 	names := connectMany(t, w, s, 8)
 	ctx := context.Background()
-	store := di.NewTokenStore(s.db)
+	store := repository.NewTokenRepository(s.db, tokencrypt.Plaintext{})
 	idle := map[string]bool{names[1]: true, names[4]: true, names[6]: true}
 	before := map[string]int64{}
 	for _, n := range names {

@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -84,7 +85,7 @@ func BenchmarkTokenHot(b *testing.B) {
 // countingStore measures how many database connections the use case holds
 // at once: each Get and each InLock uses exactly one.
 type countingStore struct {
-	di.TokenStore
+	*repository.TokenRepository
 	cur, peak *atomic.Int64
 }
 
@@ -101,20 +102,20 @@ func (c countingStore) enter() {
 func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error) {
 	c.enter()
 	defer c.cur.Add(-1)
-	return c.TokenStore.Get(ctx, id)
+	return c.TokenRepository.Get(ctx, id)
 }
 
 func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
 	c.enter()
 	defer c.cur.Add(-1)
-	return c.TokenStore.InLock(ctx, id, wait, hold, fn)
+	return c.TokenRepository.InLock(ctx, id, wait, hold, fn)
 }
 
 func (c countingStore) InLockUnless(ctx context.Context, id string, wait, hold time.Duration, settled func(domain.Token) bool,
 	fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
 	c.enter()
 	defer c.cur.Add(-1)
-	return c.TokenStore.InLockUnless(ctx, id, wait, hold, settled, fn)
+	return c.TokenRepository.InLockUnless(ctx, id, wait, hold, settled, fn)
 }
 
 // stormClock is the clock the stacks share. expire moves it to just past the
@@ -156,7 +157,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = postgres.Close(db) })
-		store := countingStore{TokenStore: di.NewTokenStore(db), cur: &cur, peak: &peak}
+		store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak}
 		uc, err := usecase.NewRefreshTokenUseCase(store, provider.NewRefresher(w.oauth, nil), usecase.Options{Observer: obs, Clock: clock, Skew: time.Millisecond})
 		if err != nil {
 			b.Fatal(err)
@@ -406,7 +407,7 @@ func BenchmarkProactiveRefresh(b *testing.B) {
 	connectMany(b, w, &stack{db: loader}, conns)
 	b.Logf("granted and stored %d connections in %v", conns, time.Since(setup))
 	w.provider.SetRefreshLatency(latency)
-	store := di.NewTokenStore(db)
+	store := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
 
 	before := w.provider.Stats()
 	var swept int

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/di"
@@ -176,6 +177,8 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 	waitCached(t, a, aq)
 }
 
+// The apps' wiring starts the listener: once it is up, a second Token call
+// is a cache hit (the cache counts its lookups in the metrics).
 func TestDIWiresTheListener(t *testing.T) {
 	w := newWorld(t, time.Hour)
 	cfg, err := di.ConfigFromEnv([]string{
@@ -185,7 +188,8 @@ func TestDIWiresTheListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tokens, cleanup, err := di.NewTokens(context.Background(), cfg, nil)
+	reg := prometheus.NewRegistry()
+	tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, nil, di.TokenOptions{Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -197,8 +201,37 @@ func TestDIWiresTheListener(t *testing.T) {
 	if _, err := tokens.Connect.Connect(context.Background(), conn, provider.GrantFrom(tok)); err != nil {
 		t.Fatal(err)
 	}
-	queries := countQueries(t, tokens.DB)
-	waitCached(t, &stack{db: tokens.DB, uc: tokens.RefreshToken}, queries)
+	hits := func() float64 {
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() != "tokenguard_token_cache_lookups_total" {
+				continue
+			}
+			for _, m := range mf.GetMetric() {
+				for _, l := range m.GetLabel() {
+					if l.GetName() == "result" && l.GetValue() == "hit" {
+						return m.GetCounter().GetValue()
+					}
+				}
+			}
+		}
+		t.Fatal("no cache lookup metric")
+		return 0
+	}
+	if hits() != 0 {
+		t.Fatal("cache hits before any Token call")
+	}
+	eventually(t, func() bool {
+		for range 2 {
+			if _, err := tokens.Guard.Token(context.Background(), conn); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return hits() > 0
+	}, "the cache never served a token (listener not up?)")
 }
 
 func connName(i int) string { return "conn-" + strconv.Itoa(i) }

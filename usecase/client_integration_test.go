@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -49,7 +50,7 @@ func (w *world) stackWith(t testing.TB, r usecase.Refresher, opts usecase.Option
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &stack{db: db, repo: repository.NewTokenRepository(db), uc: uc}
+	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
 }
 
 // rows is the tokens table as stored, byte for byte (as text).

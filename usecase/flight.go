@@ -27,8 +27,9 @@ import (
 // (and behind whichever holder the OS preempted) while the flight's own
 // answer from the database waits for a free CPU.
 type flights struct {
-	m   sync.Map     // key -> *flight
-	log *slog.Logger // receives recovered panics; nil: slog.Default()
+	m       sync.Map     // key -> *flight
+	log     *slog.Logger // receives recovered panics; nil: slog.Default()
+	running running      // flights whose work has not returned
 }
 
 type flight struct {
@@ -106,7 +107,9 @@ func (f *flights) join(ctx context.Context, key string, limit time.Duration,
 			cancel()
 			continue
 		}
+		f.running.add()
 		go func() {
+			defer f.running.done()
 			defer cancel()
 			fl.tok, fl.err = f.run(fctx, key, fn)
 			f.m.CompareAndDelete(key, fl)

@@ -19,6 +19,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
@@ -82,7 +83,7 @@ func (w *world) stack(t testing.TB, opts usecase.Options) *stack {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &stack{db: db, repo: repository.NewTokenRepository(db), uc: uc}
+	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
 }
 
 // connect runs the real authorization-code flow and stores the first token.
@@ -145,7 +146,7 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 	stop := make(chan struct{})
 	var flow sync.WaitGroup
 	for _, s := range stacks {
-		client, err := apiclient.New(w.srv.URL, s.uc, apiclient.Options{})
+		client, err := apiclient.New(w.srv.URL, apiclient.TokenClients(s.uc), apiclient.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -263,7 +264,7 @@ func TestControlRefreshWithoutLockIsCaughtAsReuse(t *testing.T) {
 					failures.Add(1)
 					return
 				}
-				_ = s.repo.InLock(ctx, conn, 10*time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+				_ = s.repo.InLock(ctx, conn, 10*time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 					_, err := l.Put(ctx, tok.Rotated(g, time.Now()))
 					return err
 				})
@@ -299,7 +300,7 @@ func TestControlRefreshOnEveryCallBreaksInFlightCalls(t *testing.T) {
 			wg.Go(func() {
 				for range 5 {
 					var at string
-					err := s.repo.InLock(context.Background(), conn, 20*time.Second, 5*time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+					err := s.repo.InLock(context.Background(), conn, 20*time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 						tok, err := l.Get(ctx, conn)
 						if err != nil {
 							return err

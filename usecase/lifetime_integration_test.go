@@ -29,7 +29,7 @@ func startCalls(t *testing.T, w *world, stacks []*stack, perStack int, pause tim
 	t.Helper()
 	l := &callLoop{errs: map[string]int{}, stop: make(chan struct{})}
 	for i, s := range stacks {
-		c, err := apiclient.New(w.srv.URL, s.uc, apiclient.Options{UserAgent: fmt.Sprintf("tokenguard-test-%d/1", i)})
+		c, err := apiclient.New(w.srv.URL, apiclient.TokenClients(s.uc), apiclient.Options{UserAgent: fmt.Sprintf("tokenguard-test-%d/1", i)})
 		if err != nil {
 			t.Fatal(err)
 		}

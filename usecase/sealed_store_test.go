@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -59,19 +58,19 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 
-	ring := func(spec string) repository.Option {
+	ring := func(spec string) repository.Sealer {
 		k, err := tokencrypt.ParseKeyring(spec)
 		if err != nil {
 			t.Fatal(err)
 		}
-		return repository.WithSealer(k)
+		return k
 	}
 	k1 := "k1=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x31}, 32))
 	k2 := "k2=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{0x32}, 32))
-	useCase := func(opt repository.Option) (*usecase.RefreshTokenUseCase, *countingRefresher) {
+	useCase := func(opt repository.Sealer) (*usecase.RefreshTokenUseCase, *countingRefresher) {
 		t.Helper()
 		cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-		uc, err := usecase.NewRefreshTokenUseCase(di.NewTokenStore(db, opt), cr, usecase.Options{Clock: later{}})
+		uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, opt), cr, usecase.Options{Clock: later{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -82,7 +81,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	connect := usecase.NewConnectUseCase(di.NewTokenStore(db, ring(k1)), nil, time.Second)
+	connect := usecase.NewConnectUseCase(repository.NewTokenRepository(db, ring(k1)), nil, time.Second)
 	if _, err := connect.Connect(ctx, "acme", provider.GrantFrom(tok)); err != nil {
 		t.Fatal(err)
 	}
@@ -102,11 +101,11 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 
 	before := p.Stats()
 	for name, c := range map[string]struct {
-		opt    repository.Option
+		opt    repository.Sealer
 		tamper string
 	}{
 		"key not configured": {ring(k2), ""},
-		"no keys at all":     {func(*repository.TokenRepository) {}, ""},
+		"no keys at all":     {tokencrypt.Plaintext{}, ""},
 		"columns swapped":    {ring(k1), "UPDATE tokens SET refresh_token = access_token, access_token = refresh_token"},
 		"tag altered": {ring(k1), `UPDATE tokens SET refresh_token =
 			left(refresh_token, -1) || CASE WHEN right(refresh_token, 1) = 'A' THEN 'B' ELSE 'A' END`},
@@ -120,7 +119,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 				}
 				uc, cr := func() (*usecase.RefreshTokenUseCase, *countingRefresher) {
 					cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-					uc, err := usecase.NewRefreshTokenUseCase(di.NewTokenStore(tx, c.opt), cr, usecase.Options{Clock: later{}})
+					uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(tx, c.opt), cr, usecase.Options{Clock: later{}})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -382,16 +382,18 @@ func tail(s string, n int) string {
 
 // heldRefresh is a provider fault that, once armed, holds the next refresh
 // request until released and then answers 503, so nothing is rotated: as
-// when the dying process's request never got through.
+// when the dying process's request never got through. With then set to
+// FaultNone the released request is answered normally and rotates.
 type heldRefresh struct {
 	armed   atomic.Bool
 	hit     chan struct{} // closed when the held request arrived
 	release chan struct{}
 	once    sync.Once
+	then    sandbox.Fault
 }
 
 func newHeldRefresh() *heldRefresh {
-	return &heldRefresh{hit: make(chan struct{}), release: make(chan struct{})}
+	return &heldRefresh{hit: make(chan struct{}), release: make(chan struct{}), then: sandbox.FaultUnavailable}
 }
 
 func (h *heldRefresh) fault() sandbox.Fault {
@@ -400,7 +402,7 @@ func (h *heldRefresh) fault() sandbox.Fault {
 	}
 	close(h.hit)
 	<-h.release
-	return sandbox.FaultUnavailable
+	return h.then
 }
 
 // let answers the held request (safe to call more than once).

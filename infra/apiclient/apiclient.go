@@ -17,6 +17,8 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/oauth2"
+
 	"github.com/tokenguard/tokenguard/domain"
 )
 
@@ -27,6 +29,40 @@ type Tokens interface {
 	// ForceRefresh returns a token newer than version failed: the stored
 	// one if another process already refreshed, else a refreshed one.
 	ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error)
+}
+
+// Clients hands out, per connection, an *http.Client that authorises every
+// request with the connection's token and recovers a 401 caused by another
+// process's refresh (see Transport). As with oauth2.NewClient, its base
+// transport is the one of the *http.Client in ctx under oauth2.HTTPClient.
+// *tokenguard.Tokens is one; TokenClients makes one of Tokens.
+type Clients interface {
+	Client(ctx context.Context, connection string) *http.Client
+}
+
+// TokenClients is Clients on Tokens, with NewHTTPClient.
+func TokenClients(t Tokens) Clients { return tokenClients{t} }
+
+type tokenClients struct{ t Tokens }
+
+func (c tokenClients) Client(ctx context.Context, connection string) *http.Client {
+	return NewHTTPClient(ctx, c.t, connection)
+}
+
+// NewHTTPClient returns an *http.Client whose requests carry connection's
+// token from t and recover from 401s (Transport). Its base transport is
+// the one of the *http.Client in ctx under oauth2.HTTPClient, else
+// http.DefaultTransport. It never follows a redirect: that would send the
+// bearer token wherever the redirect points.
+func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Client {
+	var base http.RoundTripper
+	if hc, ok := ctx.Value(oauth2.HTTPClient).(*http.Client); ok && hc != nil {
+		base = hc.Transport
+	}
+	return &http.Client{
+		Transport:     &Transport{Tokens: t, Connection: connection, Base: base},
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+	}
 }
 
 // Options tune a Client. Zero values take the defaults.
@@ -41,10 +77,10 @@ type Options struct {
 
 // Client calls the API at a base URL. It is safe for concurrent use.
 type Client struct {
-	base   *url.URL
-	tokens Tokens
-	base2  http.RoundTripper // shared by the per-connection transports
-	opts   Options
+	base    *url.URL
+	clients Clients
+	http    *http.Client // carries the shared transport to clients
+	opts    Options
 }
 
 // Response is an API answer, body included (capped at Options.MaxBody).
@@ -66,8 +102,8 @@ func (e *StatusError) Error() string {
 // ErrUnavailable wraps failures to reach the API (network, timeout).
 var ErrUnavailable = errors.New("external API unavailable")
 
-// New returns a Client for the API at baseURL.
-func New(baseURL string, tokens Tokens, opts Options) (*Client, error) {
+// New returns a Client for the API at baseURL, authorising with clients.
+func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 	u, err := url.Parse(baseURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 		return nil, fmt.Errorf("apiclient: base URL %q is not an http(s) URL", baseURL)
@@ -88,19 +124,18 @@ func New(baseURL string, tokens Tokens, opts Options) (*Client, error) {
 		MaxIdleConnsPerHost:   32,
 		ForceAttemptHTTP2:     true,
 	}
-	return &Client{base: u, tokens: tokens, base2: userAgent{ua: opts.UserAgent, next: transport}, opts: opts}, nil
+	return &Client{base: u, clients: clients, http: &http.Client{Transport: userAgent{ua: opts.UserAgent, next: transport}}, opts: opts}, nil
 }
 
 // HTTPClient returns an *http.Client whose requests carry connectionID's
 // token and recover from 401s (see Transport), for code that builds its
 // own requests.
-func (c *Client) HTTPClient(connectionID string) *http.Client {
-	return &http.Client{
-		Timeout:   c.opts.Timeout,
-		Transport: &Transport{Tokens: c.tokens, Connection: connectionID, Base: c.base2},
-		// Never forward the bearer token to wherever a redirect points.
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-	}
+func (c *Client) HTTPClient(ctx context.Context, connectionID string) *http.Client {
+	hc := c.clients.Client(context.WithValue(ctx, oauth2.HTTPClient, c.http), connectionID)
+	hc.Timeout = c.opts.Timeout
+	// Never forward the bearer token to wherever a redirect points.
+	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	return hc
 }
 
 // Get calls GET {base}{path} with connectionID's access token and returns
@@ -113,7 +148,7 @@ func (c *Client) Get(ctx context.Context, connectionID, path string) (*Response,
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
 	req.Header.Set("Accept", "application/json")
-	resp, err := c.HTTPClient(connectionID).Do(req)
+	resp, err := c.HTTPClient(ctx, connectionID).Do(req)
 	if err != nil {
 		var tokenErr *tokenError
 		if errors.As(err, &tokenErr) {

@@ -81,7 +81,7 @@ func TestRevokedTokenIsRetriedOnceWithANewerOne(t *testing.T) {
 	for _, challenge := range []string{`Bearer error="invalid_token"`, "", `Bearer realm="x"`} {
 		srv, seen := api(t, challenge)
 		tk := newTokens()
-		c, err := New(srv.URL+"/v1", tk, Options{UserAgent: "tokenguard-test/1.0"})
+		c, err := New(srv.URL+"/v1", TokenClients(tk), Options{UserAgent: "tokenguard-test/1.0"})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -102,7 +102,7 @@ func TestRevokedTokenIsRetriedOnceWithANewerOne(t *testing.T) {
 func TestOtherUnauthorizedAnswersAreNotRetried(t *testing.T) {
 	srv, seen := api(t, `Bearer error="insufficient_scope"`)
 	tk := newTokens()
-	c, _ := New(srv.URL+"/v1", tk, Options{})
+	c, _ := New(srv.URL+"/v1", TokenClients(tk), Options{})
 	resp, err := c.Get(context.Background(), "acme", "/resource")
 	if err != nil || resp.StatusCode != http.StatusUnauthorized || len(*seen) != 1 || len(tk.forced) != 0 {
 		t.Errorf("insufficient_scope: %+v %v, %d requests, forced %v", resp, err, len(*seen), tk.forced)
@@ -113,7 +113,7 @@ func TestPersistent401ReachesTheCaller(t *testing.T) {
 	srv, seen := api(t, "")
 	tk := newTokens()
 	tk.stuck = true
-	c, _ := New(srv.URL+"/v1", tk, Options{})
+	c, _ := New(srv.URL+"/v1", TokenClients(tk), Options{})
 	resp, err := c.Get(context.Background(), "acme", "/resource")
 	if err != nil || resp.StatusCode != http.StatusUnauthorized {
 		t.Fatalf("Get = %+v, %v; want the 401", resp, err)
@@ -131,8 +131,8 @@ func TestPersistent401ReachesTheCaller(t *testing.T) {
 func TestBodiesAreReplayedOnlyWhenPossible(t *testing.T) {
 	srv, seen := api(t, "")
 	tk := newTokens()
-	c, _ := New(srv.URL+"/v1", tk, Options{})
-	hc := c.HTTPClient("acme")
+	c, _ := New(srv.URL+"/v1", TokenClients(tk), Options{})
+	hc := c.HTTPClient(context.Background(), "acme")
 
 	// bytes.Reader: net/http sets GetBody, so the retry resends the body.
 	req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/resource", bytes.NewReader([]byte("payload")))
@@ -147,9 +147,9 @@ func TestBodiesAreReplayedOnlyWhenPossible(t *testing.T) {
 
 	// A one-shot stream cannot be sent twice: the 401 is returned.
 	tk2 := newTokens()
-	c2, _ := New(srv.URL+"/v1", tk2, Options{})
+	c2, _ := New(srv.URL+"/v1", TokenClients(tk2), Options{})
 	req, _ = http.NewRequest(http.MethodPost, srv.URL+"/v1/resource", io.NopCloser(strings.NewReader("stream")))
-	resp, err = c2.HTTPClient("acme").Do(req)
+	resp, err = c2.HTTPClient(context.Background(), "acme").Do(req)
 	if err != nil || resp.StatusCode != http.StatusUnauthorized || len(tk2.forced) != 0 {
 		t.Errorf("one-shot body: %v %v, forced %v", resp, err, tk2.forced)
 	}
@@ -160,17 +160,17 @@ func TestTokenErrorsAndUnreachableAPI(t *testing.T) {
 	srv, _ := api(t, "")
 	tk := newTokens()
 	tk.err = domain.ErrNeedsReauth
-	c, _ := New(srv.URL+"/v1", tk, Options{})
+	c, _ := New(srv.URL+"/v1", TokenClients(tk), Options{})
 	if _, err := c.Get(context.Background(), "acme", "/resource"); !errors.Is(err, domain.ErrNeedsReauth) {
 		t.Errorf("err = %v, want ErrNeedsReauth", err)
 	}
 	srv.Close()
-	c, _ = New(srv.URL, newTokens(), Options{Timeout: time.Second})
+	c, _ = New(srv.URL, TokenClients(newTokens()), Options{Timeout: time.Second})
 	_, err := c.Get(context.Background(), "acme", "/resource")
 	if !errors.Is(err, ErrUnavailable) {
 		t.Errorf("err = %v, want ErrUnavailable", err)
 	}
-	if _, err := New("not a url", newTokens(), Options{}); err == nil {
+	if _, err := New("not a url", TokenClients(newTokens()), Options{}); err == nil {
 		t.Error("accepted a base URL without scheme")
 	}
 }

@@ -59,7 +59,7 @@ func TestBurstOf401sCausesOneRefresh(t *testing.T) {
 	}
 	time.Sleep(1100 * time.Millisecond) // expired at the provider, fresh for the lagging clock
 
-	c, err := apiclient.New(srv.URL, uc, apiclient.Options{UserAgent: "tokenguard-test/1"})
+	c, err := apiclient.New(srv.URL, apiclient.TokenClients(uc), apiclient.Options{UserAgent: "tokenguard-test/1"})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,11 @@ import "github.com/prometheus/client_golang/prometheus"
 // outcome label; every other code of the connect flow counts as "failed".
 var connectOutcomes = []string{"connected", "scopes_narrowed", "account_mismatch", "bad_state", "exchange_failed", "failed"}
 
-func newConnectCounter() *prometheus.CounterVec {
+// ConnectCounter counts the ends of the server's browser connect flow.
+type ConnectCounter struct{ c *prometheus.CounterVec }
+
+// NewConnectCounter registers the counter on reg.
+func NewConnectCounter(reg prometheus.Registerer) *ConnectCounter {
 	c := prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_connect_grants_total",
 		Help: "Ends of the browser connect flow by outcome: connected, scopes_narrowed (connected with fewer scopes than OAUTH_SCOPES), account_mismatch (refused: another provider account), bad_state, exchange_failed, failed (anything else, the provider's refusal included).",
@@ -14,17 +18,18 @@ func newConnectCounter() *prometheus.CounterVec {
 	for _, o := range connectOutcomes {
 		c.WithLabelValues(o)
 	}
-	return c
+	reg.MustRegister(c)
+	return &ConnectCounter{c}
 }
 
 // ConnectOutcome counts one end of the connect flow (httpapi's outcome
 // code).
-func (m *Metrics) ConnectOutcome(code string) {
+func (m *ConnectCounter) ConnectOutcome(code string) {
 	for _, o := range connectOutcomes {
 		if o == code {
-			m.connects.WithLabelValues(o).Inc()
+			m.c.WithLabelValues(o).Inc()
 			return
 		}
 	}
-	m.connects.WithLabelValues("failed").Inc()
+	m.c.WithLabelValues("failed").Inc()
 }

@@ -24,10 +24,9 @@ func TestMain(m *testing.M) { testdb.Main(m) }
 // process is one app's token layer, wired by di as the apps wire it, with
 // its metrics served by the server's real /metrics route.
 type process struct {
-	name    string
-	tokens  *di.Tokens
-	metrics *metrics.Metrics
-	scrape  http.Handler
+	name   string
+	tokens *di.Tokens
+	scrape http.Handler
 }
 
 // TestMetricsAgreeWithTheProvider runs two processes against the strict
@@ -60,15 +59,14 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 	ctx := context.Background()
 	var procs []*process
 	for _, name := range []string{"server", "worker"} {
-		m := metrics.New(metrics.Options{})
-		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Metrics: m})
+		reg := metrics.NewRegistry()
+		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Registry: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer cleanup()
-		m.CountConnections(tokens.Repository)
-		procs = append(procs, &process{name: name, tokens: tokens, metrics: m,
-			scrape: m.Handler()}) // the server serves this behind an API key (httpapi tests)
+		procs = append(procs, &process{name: name, tokens: tokens,
+			scrape: metrics.HandlerFor(reg, nil)}) // the server serves this behind an API key (httpapi tests)
 	}
 	conns := []string{"acme", "globex"}
 	for _, name := range conns {

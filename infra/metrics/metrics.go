@@ -39,12 +39,18 @@ type Options struct {
 	StatusTimeout time.Duration
 	// Log receives scrape errors (default slog.Default()).
 	Log *slog.Logger
+	// Registerer, when set, receives tokenguard's collectors, and only
+	// those (an application's registry has its own runtime collectors).
+	// Otherwise they go to a fresh registry, with the Go runtime and
+	// process collectors, served by Handler.
+	Registerer prometheus.Registerer
 }
 
 // Metrics is a usecase.Observer that records into its own registry. It is
 // safe for concurrent use.
 type Metrics struct {
-	reg             *prometheus.Registry
+	reg             *prometheus.Registry // nil with Options.Registerer
+	registerer      prometheus.Registerer
 	connectionLabel bool
 	log             *slog.Logger
 	statusTimeout   time.Duration
@@ -55,7 +61,6 @@ type Metrics struct {
 	providerLatency prometheus.Histogram
 	invalidations   prometheus.Counter
 	listener        prometheus.Gauge
-	connects        *prometheus.CounterVec
 
 	// The cache lookup is counted on every Token call, the hot path: see
 	// stripedCounter. misses is the slow path and may share a line.
@@ -76,8 +81,8 @@ const (
 	TriggerUnauthorized = "unauthorized" // a caller's request was answered 401
 )
 
-// New builds the metrics and registers them, with the Go runtime and
-// process collectors, on a fresh registry.
+// New builds the metrics and registers them (see Options.Registerer). It
+// panics if they are registered there already.
 func New(o Options) *Metrics {
 	if o.Log == nil {
 		o.Log = slog.Default()
@@ -85,7 +90,12 @@ func New(o Options) *Metrics {
 	if o.StatusTimeout <= 0 {
 		o.StatusTimeout = 2 * time.Second
 	}
-	m := &Metrics{reg: prometheus.NewRegistry(), connectionLabel: o.ConnectionLabel, log: o.Log, statusTimeout: o.StatusTimeout}
+	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: o.Log, statusTimeout: o.StatusTimeout}
+	if m.registerer == nil {
+		m.reg = prometheus.NewRegistry()
+		m.registerer = m.reg
+		m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	}
 	refreshLabels, forcedLabels := []string{"outcome", "trigger"}, []string(nil)
 	if o.ConnectionLabel {
 		refreshLabels, forcedLabels = append(refreshLabels, "connection"), []string{"connection"}
@@ -124,9 +134,7 @@ func New(o Options) *Metrics {
 		}
 		m.forced.WithLabelValues()
 	}
-	m.connects = newConnectCounter()
-	m.reg.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener, m.connects,
-		cacheCollector{m}, collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	m.registerer.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener, cacheCollector{m})
 	return m
 }
 
@@ -134,21 +142,35 @@ func New(o Options) *Metrics {
 // every scrape. The figure is fleet-wide: every process reports the same
 // number (aggregate with max, not sum). Call it once.
 func (m *Metrics) CountConnections(c StatusCounter) {
-	m.reg.MustRegister(statusCollector{counter: c, timeout: m.statusTimeout})
+	m.registerer.MustRegister(statusCollector{counter: c, timeout: m.statusTimeout})
 }
 
-// Registry is where the metrics live; register more collectors on it.
+// Registry is the fresh registry of New, nil with Options.Registerer.
 func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 
-// Handler serves the registry in the Prometheus exposition format. A
-// collector that fails (the database is down) is left out of that scrape
-// and logged; the rest is still served.
-func (m *Metrics) Handler() http.Handler {
-	return promhttp.HandlerFor(m.reg, promhttp.HandlerOpts{
-		ErrorLog:      slog.NewLogLogger(m.log.Handler(), slog.LevelWarn),
+// Handler serves the fresh registry of New (see HandlerFor).
+func (m *Metrics) Handler() http.Handler { return HandlerFor(m.reg, m.log) }
+
+// HandlerFor serves reg in the Prometheus exposition format. A collector
+// that fails (the database is down) is left out of that scrape and logged
+// to log; the rest is still served.
+func HandlerFor(reg *prometheus.Registry, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.Default()
+	}
+	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError,
-		Registry:      m.reg, // promhttp_metric_handler_errors_total
+		Registry:      reg, // promhttp_metric_handler_errors_total
 	})
+}
+
+// NewRegistry is a registry with the Go runtime and process collectors,
+// for Options.Registerer.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
 }
 
 // CacheLookup implements usecase.Observer. It is on every Token call: one

@@ -4,11 +4,11 @@ package postgres
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 )
 
 // Pool sizes the connection pool. Each refresh in flight holds one
@@ -37,15 +37,14 @@ func (p Pool) withDefaults() Pool {
 	return p
 }
 
-// Open connects to the database at url and checks it answers. log may be
-// nil (GORM then only reports errors to slog's default logger).
-func Open(ctx context.Context, url string, pool Pool, log *slog.Logger) (*gorm.DB, error) {
+// Open connects to the database at url and checks it answers. GORM logs
+// through log (repository.NewLogger keeps tokens out); nil logs nothing.
+func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*gorm.DB, error) {
 	if log == nil {
-		log = slog.Default()
+		log = logger.Discard
 	}
 	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
-		// Never logs bound values or literals: they are tokens.
-		Logger: newLogger(log),
+		Logger: log,
 		// Each write is already in an explicit transaction.
 		SkipDefaultTransaction: true,
 	})

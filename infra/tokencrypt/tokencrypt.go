@@ -273,3 +273,25 @@ func (s KeySpec) GoString() string             { return s.mask() }
 func (s KeySpec) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.mask())) }
 func (s KeySpec) LogValue() slog.Value         { return slog.StringValue(s.mask()) }
 func (s KeySpec) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
+
+// Plaintext is the Sealer of a store without keys: values are stored as
+// they are. It still recognises envelopes and refuses them instead of
+// handing one to the provider as if it were a token: that happens when
+// TOKEN_ENCRYPTION_KEYS is missing from a process whose database holds
+// encrypted tokens.
+type Plaintext struct{}
+
+// Seal returns p unchanged.
+func (Plaintext) Seal(p, _ string) (string, error) { return p, nil }
+
+// Open returns a plaintext value, and refuses an envelope.
+func (Plaintext) Open(stored, _ string) (string, error) {
+	if IsSealed(stored) {
+		id, _ := KeyID(stored)
+		return "", fmt.Errorf("%w: sealed with key id %q, but no %s are configured", domain.ErrUndecryptable, id, EnvKeys)
+	}
+	return stored, nil
+}
+
+// IsCurrent reports whether stored is plaintext.
+func (Plaintext) IsCurrent(stored string) bool { return !IsSealed(stored) }

@@ -17,9 +17,11 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // These tests run tokenctl in-process, with its real backend, against a
@@ -54,7 +56,7 @@ func newCLI(t *testing.T, lifespan time.Duration) *cli {
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	oc := p.OAuth2Config(srv.URL)
-	return &cli{t: t, db: db, repo: repository.NewTokenRepository(db), p: p, srv: srv, environ: []string{
+	return &cli{t: t, db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), p: p, srv: srv, environ: []string{
 		"DATABASE_URL=" + url, "OAUTH_CLIENT_ID=" + oc.ClientID, "OAUTH_CLIENT_SECRET=" + oc.ClientSecret,
 		"OAUTH_TOKEN_URL=" + oc.Endpoint.TokenURL, "API_BASE_URL=" + srv.URL,
 		"TOKEN_LOCK_WAIT=5s", "TOKEN_REFRESH_TIMEOUT=2s", "MIGRATE_ON_START=false",
@@ -90,7 +92,7 @@ func (c *cli) grant(name string) domain.Token {
 // that answer did (before client errors were told apart from dead grants).
 func (c *cli) markDead(name, reason string) {
 	c.t.Helper()
-	err := c.repo.InLock(context.Background(), name, time.Second, time.Second, func(ctx context.Context, l *repository.LockedTokens) error {
+	err := c.repo.InLock(context.Background(), name, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		tok, err := l.Get(ctx, name)
 		if err != nil {
 			return err
@@ -247,7 +249,7 @@ func TestReactivateWaitsForTheRefreshLock(t *testing.T) {
 	release := make(chan struct{})
 	holder := make(chan error, 1)
 	go func() {
-		holder <- c.repo.InLock(context.Background(), "acme", time.Second, 30*time.Second, func(context.Context, *repository.LockedTokens) error {
+		holder <- c.repo.InLock(context.Background(), "acme", time.Second, 30*time.Second, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-release
 			return nil
@@ -290,7 +292,7 @@ func TestReactivateWaitsForTheRefreshLock(t *testing.T) {
 	release = make(chan struct{})
 	held = make(chan struct{})
 	go func() {
-		holder <- c.repo.InLock(context.Background(), "acme", time.Second, 30*time.Second, func(context.Context, *repository.LockedTokens) error {
+		holder <- c.repo.InLock(context.Background(), "acme", time.Second, 30*time.Second, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-release
 			return nil

@@ -41,6 +41,7 @@ var (
 // when the test binary exits.
 func Main(m *testing.M) {
 	code := m.Run()
+	runAtExit()
 	server.Close()
 	os.Exit(code)
 }

@@ -1,4 +1,4 @@
-package postgres
+package repository
 
 import (
 	"context"
@@ -23,7 +23,11 @@ type redactingLogger struct {
 	logger.Interface
 }
 
-func newLogger(log *slog.Logger) logger.Interface {
+// NewLogger is the GORM logger for a pool the repository runs on: it logs
+// through log, at warning level and above, and never a token. Bound values
+// are never handed to it, string literals are blanked, and Postgres errors
+// lose their detail (which can repeat a row).
+func NewLogger(log *slog.Logger) logger.Interface {
 	return redactingLogger{logger.NewSlogLogger(log, logger.Config{
 		SlowThreshold:             time.Second,
 		LogLevel:                  logger.Warn,
@@ -48,11 +52,11 @@ func (l redactingLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (
 	return sql, nil
 }
 
-// SafeMessage describes a Postgres error without echoing data: the detail
+// safeMessage describes a Postgres error without echoing data: the detail
 // (which for constraint errors repeats the failing row) is never included,
 // and data exceptions (class 22), whose message quotes the offending input,
 // are reduced to their SQLSTATE.
-func SafeMessage(e *pgconn.PgError) string {
+func safeMessage(e *pgconn.PgError) string {
 	if strings.HasPrefix(e.Code, "22") {
 		return "data exception (SQLSTATE " + e.Code + ")"
 	}
@@ -65,5 +69,5 @@ func safeError(err error) error {
 	if err == nil || !errors.As(err, &pgErr) {
 		return err
 	}
-	return errors.New(SafeMessage(pgErr))
+	return errors.New(safeMessage(pgErr))
 }

@@ -1,4 +1,4 @@
-package postgres_test
+package repository_test
 
 import (
 	"bytes"
@@ -15,11 +15,11 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
-
-func TestMain(m *testing.M) { testdb.Main(m) }
 
 type syncBuffer struct {
 	mu sync.Mutex
@@ -46,13 +46,13 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	}
 	var buf syncBuffer
 	log := slog.New(slog.NewJSONHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	db, err := postgres.Open(context.Background(), testdb.New(t), postgres.Pool{}, log)
+	db, err := postgres.Open(context.Background(), testdb.New(t), postgres.Pool{}, repository.NewLogger(log))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	verbose := db.Session(&gorm.Session{Logger: db.Logger.LogMode(logger.Info)})
-	repo := repository.NewTokenRepository(verbose)
+	repo := repository.NewTokenRepository(verbose, tokencrypt.Plaintext{})
 	ctx := context.Background()
 
 	const at, rt, rt2 = "access-SECRET-1", "refresh-SECRET-1", "refresh-SECRET-2"
@@ -63,11 +63,11 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	if err := repo.Register(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
-	inLock := func(fn func(context.Context, *repository.LockedTokens) error) error {
+	inLock := func(fn func(context.Context, usecase.LockedStore) error) error {
 		return repo.InLock(ctx, "acme", time.Second, time.Second, fn)
 	}
 	var stored domain.Token
-	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) (err error) {
+	if err := inLock(func(ctx context.Context, l usecase.LockedStore) (err error) {
 		stored, err = l.Put(ctx, tok)
 		return err
 	}); err != nil {
@@ -75,14 +75,14 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	}
 	next := stored
 	next.RefreshToken = domain.NewSecret(rt2)
-	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) error {
+	if err := inLock(func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, next)
 		return err
 	}); err != nil {
 		t.Fatal(err)
 	}
 	// A version conflict: a failing path.
-	if err := inLock(func(ctx context.Context, l *repository.LockedTokens) error {
+	if err := inLock(func(ctx context.Context, l usecase.LockedStore) error {
 		_, err := l.Save(ctx, next)
 		return err
 	}); !errors.Is(err, domain.ErrConflict) {

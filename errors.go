@@ -1,0 +1,46 @@
+package tokenguard
+
+import (
+	"errors"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// Every error of Token, Client, TokenSource and Import wraps one of these
+// (or the context's error); match them with errors.Is.
+var (
+	// ErrNotFound: no connection of that name has a token.
+	ErrNotFound = domain.ErrNotFound
+	// ErrNeedsReauth: the provider rejected the connection's grant for
+	// good; a person must connect it again (Import a new grant).
+	ErrNeedsReauth = domain.ErrNeedsReauth
+	// ErrLockTimeout: another process's refresh of the connection took
+	// longer than the lock wait.
+	ErrLockTimeout = domain.ErrLockTimeout
+	// ErrProviderUnavailable: the provider could not refresh right now
+	// (5xx, 429, timeout, network); the stored token is untouched.
+	ErrProviderUnavailable = domain.ErrProviderUnavailable
+	// ErrClientRejected: the token endpoint rejected the client
+	// registration (client id, secret or auth style): fix the
+	// oauth2.Config; the grant is fine and was not spent.
+	ErrClientRejected = domain.ErrClientRejected
+	// ErrEndpointMisconfigured: the token endpoint URL does not answer as
+	// one.
+	ErrEndpointMisconfigured = domain.ErrEndpointMisconfigured
+	// ErrStoreUnavailable: the database failed.
+	ErrStoreUnavailable = domain.ErrStoreUnavailable
+	// ErrUndecryptable: a stored token cannot be decrypted with the
+	// configured keys (WithEncryptionKeys); it is never sent anywhere.
+	ErrUndecryptable = domain.ErrUndecryptable
+	// ErrRefreshRateLimited: the API answered 401 again right after a
+	// forced refresh of the connection; Client gives the 401 back.
+	ErrRefreshRateLimited = domain.ErrRefreshRateLimited
+	// ErrInvalidToken: Import was given a token without an access or a
+	// refresh token.
+	ErrInvalidToken = domain.ErrInvalidToken
+	// ErrInvalidConnection: the connection name is not 1-128 characters
+	// of [A-Za-z0-9._-] starting with a letter or digit.
+	ErrInvalidConnection = domain.ErrInvalidConnection
+	// ErrClosed: Close was called.
+	ErrClosed = errors.New("tokenguard: closed")
+)

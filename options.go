@@ -1,0 +1,91 @@
+package tokenguard
+
+import (
+	"log/slog"
+	"net/http"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	skew, lockWait, refreshTimeout time.Duration
+	log                            *slog.Logger
+	keys                           string
+	onNeedsReauth                  func(connection, reason string)
+	registerer                     prometheus.Registerer
+	connectionLabel                bool
+	httpClient                     *http.Client
+	listenDSN                      string
+	cacheSize                      int
+	defaultLifetime                time.Duration
+}
+
+// WithSkew refreshes a token once it is within d of its expiry (default
+// 30s), capped at half the lifetime the provider granted.
+func WithSkew(d time.Duration) Option { return func(o *options) { o.skew = d } }
+
+// WithLockWait bounds the wait for another process's refresh of the same
+// connection (default 15s); past it Token fails with ErrLockTimeout.
+func WithLockWait(d time.Duration) Option { return func(o *options) { o.lockWait = d } }
+
+// WithRefreshTimeout bounds one refresh at the provider, retries included
+// (default 10s, and at most two thirds of the lock wait). It must be
+// shorter than the lock wait, so that a process waiting behind a refresh
+// outlasts it and then finds the new token.
+func WithRefreshTimeout(d time.Duration) Option {
+	return func(o *options) { o.refreshTimeout = d }
+}
+
+// WithLogger receives what operators must know: refreshes, the cache
+// state, a grant found dead. Never a token. Default slog.Default().
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+
+// WithEncryptionKeys stores access and refresh tokens encrypted with
+// AES-256-GCM. spec is "id=base64key*,id=base64key": key ids of 1-32
+// characters [a-z0-9_-], 32-byte keys in base64, the current key marked
+// with '*'. New fails if a stored token cannot be decrypted with them.
+// Without it, tokens are stored as they are (and New logs a warning).
+func WithEncryptionKeys(spec string) Option { return func(o *options) { o.keys = spec } }
+
+// WithNeedsReauth is called once, by the process that found out, when a
+// connection's grant is rejected for good: a person must connect it again
+// (Import a new grant). reason is the provider's OAuth2 error code.
+func WithNeedsReauth(fn func(connection, reason string)) Option {
+	return func(o *options) { o.onNeedsReauth = fn }
+}
+
+// WithMetrics registers tokenguard's Prometheus metrics on r: refreshes by
+// outcome, lock waits, provider latency, cache hits and misses, whether
+// the change listener (Run) is connected, connections by status. Without
+// it there are none.
+func WithMetrics(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
+
+// WithMetricsPerConnection adds a "connection" label to the refresh
+// counters. Only for a small fleet: it makes a series per connection.
+func WithMetricsPerConnection() Option { return func(o *options) { o.connectionLabel = true } }
+
+// WithHTTPClient is the client for the provider's token endpoint (to set
+// a User-Agent, a proxy, TLS settings). Bound its timeout: the connection's
+// lock is held meanwhile. It never follows a redirect, whatever its
+// CheckRedirect. Default: every phase bounded by the refresh timeout.
+func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
+
+// WithListenDSN is the database Run listens on for other processes'
+// token changes, for a *gorm.DB opened from an existing *sql.DB (whose
+// DSN New cannot see). By default it is the DSN the *gorm.DB was opened
+// with. The listener holds one connection of its own, outside the pool.
+func WithListenDSN(dsn string) Option { return func(o *options) { o.listenDSN = dsn } }
+
+// WithCacheSize bounds how many connections this process keeps a token of
+// (default 10,000, about 0.5 KB each); the least recently used are read
+// again when asked for. Negative: no bound.
+func WithCacheSize(n int) Option { return func(o *options) { o.cacheSize = n } }
+
+// WithDefaultLifetime is the lifetime of an access token whose token
+// endpoint answer has no usable expires_in (default none: such a token is
+// used until the API answers 401, then refreshed).
+func WithDefaultLifetime(d time.Duration) Option { return func(o *options) { o.defaultLifetime = d } }

@@ -1,0 +1,384 @@
+// Package tokenguard lets several processes (an HTTP server, a job worker,
+// a batch job) share OAuth2 connections stored in Postgres without breaking
+// them, on the application's own *gorm.DB.
+//
+// Providers rotate refresh tokens, and a refresh revokes the previous
+// access token. tokenguard reuses a connection's access token until it
+// nearly expires; then one caller in the whole fleet takes a Postgres
+// advisory lock for the connection, re-reads it (another process may have
+// refreshed it meanwhile), refreshes only if it is still stale, and stores
+// the rotated refresh token in that transaction.
+//
+//	err := tokenguard.Migrate(ctx, db)         // db: the application's *gorm.DB
+//	tokens, err := tokenguard.New(db, oauthConfig)
+//	go tokens.Run(ctx)                         // the cache, kept right across processes
+//	defer tokens.Close(context.Background())   // on shutdown, before the pool closes
+//	resp, err := tokens.Client(ctx, "acme").Get(apiURL)
+//
+// Each process keeps the last token of each connection in memory while Run
+// listens for the changes other processes commit (Postgres LISTEN/NOTIFY).
+// Until Run is running every call reads the database: a log line says so,
+// and with WithMetrics the gauge tokenguard_token_listener_connected is 0.
+//
+// tokenguard's tables (connections, tokens, tokenguard_schema_migrations)
+// live in the current schema of the *gorm.DB it is given. To keep them apart
+// from the application's, give Migrate and New a pool whose search_path
+// names a schema of their own, e.g. gorm.Open(postgres.Open(dsn +
+// "&search_path=tokenguard")) after CREATE SCHEMA tokenguard.
+package tokenguard
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"golang.org/x/oauth2"
+	gormpostgres "gorm.io/driver/postgres"
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/metrics"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/usecaseof"
+	"github.com/tokenguard/tokenguard/migrations"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Migrate creates or updates tokenguard's tables (connections, tokens) in
+// db's current schema. It records their version in its own table,
+// tokenguard_schema_migrations, never in the application's
+// schema_migrations. Processes that migrate at once wait for each other.
+//
+// A database migrated by an earlier tokenguard has its version in
+// golang-migrate's default schema_migrations: the first Migrate copies it
+// into tokenguard_schema_migrations (while holding golang-migrate's lock
+// for schema_migrations, so an older process migrating meanwhile is waited
+// for) and leaves schema_migrations as the older processes expect it.
+func Migrate(ctx context.Context, db *gorm.DB) error {
+	if err := checkDB(db); err != nil {
+		return err
+	}
+	sqlDB, err := db.DB()
+	if err != nil {
+		return fmt.Errorf("tokenguard: migrate: %w", err)
+	}
+	if err := migrations.UpDB(ctx, sqlDB); err != nil {
+		return fmt.Errorf("tokenguard: %w", err)
+	}
+	return nil
+}
+
+// Tokens hands out the connections' access tokens. It is safe for
+// concurrent use; make one per process and share it.
+type Tokens struct {
+	uc      *usecase.RefreshTokenUseCase
+	connect *usecase.ConnectUseCase
+	log     *slog.Logger
+	metrics *metrics.Metrics // nil without WithMetrics
+	dsn     string           // where Run listens
+	db      *gorm.DB         // tokenguard's statements; Run's heartbeat
+	skew    time.Duration
+
+	running atomic.Bool // Run is running
+	warned  atomic.Bool // a Token call was told the cache is bypassed
+	closed  atomic.Bool
+}
+
+// New builds the token layer on the application's pool. db must be a
+// Postgres *gorm.DB as gorm.Open returns it (not a transaction), on the
+// migrated database (Migrate); PrepareStmt is fine (tokenguard's own
+// statements bypass the prepared-statement cache). cfg is the client
+// registration; only its Endpoint.TokenURL, ClientID, ClientSecret and
+// Endpoint.AuthStyle are used. With AuthStyleAutoDetect, tokenguard (not
+// x/oauth2) tries the other client authentication style only when the
+// provider says the client's authentication failed, so a refresh token is
+// never presented twice, and remembers in the database the style that
+// worked.
+//
+// New checks that the database answers and that every stored token can be
+// decrypted (WithEncryptionKeys). On pgx (gorm.io/driver/postgres) a
+// refresh opens its transaction and takes the lock in one round trip; on
+// any other database/sql driver it runs the same statements in a GORM
+// transaction.
+func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
+	if err := checkDB(db); err != nil {
+		return nil, err
+	}
+	if cfg == nil || cfg.Endpoint.TokenURL == "" {
+		return nil, errors.New("tokenguard: the oauth2.Config has no Endpoint.TokenURL")
+	}
+	pool, err := poolOf(db)
+	if err != nil {
+		return nil, err
+	}
+	o := options{skew: usecase.DefaultSkew, lockWait: usecase.DefaultLockWait}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	if o.log == nil {
+		o.log = slog.Default()
+	}
+	if o.refreshTimeout == 0 {
+		o.refreshTimeout = min(usecase.DefaultRefreshTimeout, o.lockWait*2/3)
+	}
+	var sealer repository.Sealer = tokencrypt.Plaintext{}
+	if o.keys != "" {
+		k, err := tokencrypt.ParseKeyring(o.keys)
+		if err != nil {
+			return nil, fmt.Errorf("tokenguard: WithEncryptionKeys: %w", err)
+		}
+		sealer = k
+	}
+	// tokenguard's statements run on the application's pool through a
+	// *gorm.DB of their own: never through a PrepareStmt cache, never past
+	// the application's callbacks and plugins (which could record bound
+	// values: tokens), and logged by a logger that never prints a token.
+	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
+		&gorm.Config{Logger: repository.NewLogger(o.log), SkipDefaultTransaction: true})
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	repo := repository.NewTokenRepository(rdb, sealer)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	pipelined, err := repo.Pipelined(ctx)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	kc, err := repo.CheckKeys(ctx)
+	switch {
+	case errors.Is(err, domain.ErrUndecryptable):
+		return nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt the stored tokens: %w", err)
+	case err != nil:
+		return nil, fmt.Errorf("tokenguard: read the stored tokens (has Migrate run?): %w", err)
+	case o.keys == "":
+		o.log.Warn("tokenguard: access and refresh tokens are stored in plaintext (see WithEncryptionKeys)")
+	case kc.Stale > 0:
+		o.log.Warn("tokenguard: some stored tokens are not sealed with the current key; re-encrypt them (tokenctl rotate-key)",
+			slog.Int("rows", kc.Stale))
+	}
+
+	t := &Tokens{log: o.log, skew: o.skew, dsn: o.listenDSN, db: rdb}
+	if t.dsn == "" {
+		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
+			t.dsn = d.Config.DSN
+		}
+	}
+	uopts := usecase.Options{
+		Skew:           o.skew,
+		LockWait:       o.lockWait,
+		RefreshTimeout: o.refreshTimeout,
+		CacheSize:      o.cacheSize,
+		Logger:         o.log,
+		OnNeedsReauth:  o.onNeedsReauth,
+	}
+	if o.registerer != nil {
+		t.metrics = metrics.New(metrics.Options{Registerer: o.registerer, ConnectionLabel: o.connectionLabel, Log: o.log})
+		t.metrics.CountConnections(repo)
+		uopts.Observer = t.metrics
+	}
+	hc := o.httpClient
+	if hc == nil {
+		hc = provider.NewHTTPClient(o.refreshTimeout)
+	}
+	refresher := provider.NewRetrying(provider.NewRefresher(cfg, hc,
+		provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)),
+		provider.WithDefaultLifetime(o.defaultLifetime), provider.WithLogger(o.log)), provider.Policy{Log: o.log})
+	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, refresher, uopts); err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	t.connect = usecase.NewConnectUseCase(repo, nil, o.lockWait)
+	path := "pipelined on pgx"
+	if !pipelined {
+		path = "GORM transactions (the driver is not pgx)"
+	}
+	o.log.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)",
+		slog.String("lock_transactions", path))
+	return t, nil
+}
+
+// checkDB rejects, before anything runs, a *gorm.DB tokenguard cannot work
+// with.
+func checkDB(db *gorm.DB) error {
+	if db == nil {
+		return errors.New("tokenguard: nil *gorm.DB")
+	}
+	if name := db.Dialector.Name(); name != "postgres" {
+		return fmt.Errorf("tokenguard: needs Postgres, and this *gorm.DB is %q: the refresh lock is a Postgres advisory lock", name)
+	}
+	if _, inTx := db.Statement.ConnPool.(gorm.TxCommitter); inTx {
+		return errors.New("tokenguard: this *gorm.DB is bound to a transaction; pass the one gorm.Open returned: tokenguard commits its own transactions, so that a rotated token never waits for yours")
+	}
+	return nil
+}
+
+// poolOf is the *sql.DB (or equivalent pool) under db, unwrapped from a
+// PrepareStmt cache: that cache serialises statement preparation behind a
+// mutex that, with the pool exhausted, deadlocks (go-gorm/gorm#7465).
+func poolOf(db *gorm.DB) (gorm.ConnPool, error) {
+	pool := db.Statement.ConnPool
+	if p, ok := pool.(*gorm.PreparedStmtDB); ok {
+		pool = p.ConnPool
+	}
+	if _, ok := pool.(interface {
+		Conn(context.Context) (*sql.Conn, error)
+	}); !ok {
+		return nil, fmt.Errorf("tokenguard: the *gorm.DB's pool is a %T, not a *sql.DB", pool)
+	}
+	return pool, nil
+}
+
+// Token returns connection's access token, valid for at least the skew: a
+// cached one without any query while Run is running, else the stored one,
+// refreshed first if it is due (under the connection's lock, at most once
+// per expiry across every process).
+//
+// The token carries no refresh token (only tokenguard may spend it), and
+// its Expiry is when tokenguard stops handing it out (the provider's expiry
+// minus the skew), so that an oauth2.ReuseTokenSource never keeps it past a
+// refresh by another process. Errors wrap ErrNotFound, ErrNeedsReauth,
+// ErrLockTimeout, ErrProviderUnavailable, ErrClientRejected,
+// ErrEndpointMisconfigured, ErrStoreUnavailable, ErrUndecryptable,
+// ErrClosed or the context's error.
+func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, error) {
+	tok, err := t.token(ctx, connection)
+	if err != nil {
+		return nil, err
+	}
+	out := &oauth2.Token{AccessToken: tok.AccessToken.Reveal(), TokenType: tok.TokenType}
+	if !tok.Expiry.IsZero() {
+		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(t.skew))
+	}
+	return out, nil
+}
+
+func (t *Tokens) token(ctx context.Context, connection string) (domain.Token, error) {
+	if t.closed.Load() {
+		return domain.Token{}, ErrClosed
+	}
+	if !t.running.Load() && t.warned.CompareAndSwap(false, true) {
+		t.log.Warn("tokenguard: Token called while Run is not running: the cache is bypassed and every call reads the database")
+	}
+	return t.uc.Token(ctx, connection)
+}
+
+// TokenSource is connection's oauth2.TokenSource, for code that takes one.
+// Every Token call goes through Tokens.Token with ctx. Prefer Client for
+// HTTP: oauth2.NewClient cannot recover a 401 caused by another process's
+// refresh, Client can.
+func (t *Tokens) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
+	return tokenSource{t: t, ctx: ctx, connection: connection}
+}
+
+type tokenSource struct {
+	t          *Tokens
+	ctx        context.Context
+	connection string
+}
+
+func (s tokenSource) Token() (*oauth2.Token, error) { return s.t.Token(s.ctx, s.connection) }
+
+// Client returns an *http.Client whose every request carries connection's
+// access token. When the API answers 401 because the token was revoked
+// (typically by another process's refresh), it gets a newer token, by a
+// refresh only if nobody has refreshed yet, and sends the request once
+// more if its body can be replayed (GetBody). Token errors come back from
+// Do wrapped in a *url.Error: errors.Is sees them.
+//
+// As with oauth2.NewClient, the base transport is the one of the
+// *http.Client in ctx under oauth2.HTTPClient, else
+// http.DefaultTransport. It never follows redirects: that would send the
+// token wherever the redirect points.
+func (t *Tokens) Client(ctx context.Context, connection string) *http.Client {
+	return apiclient.NewHTTPClient(ctx, apiTokens{t}, connection)
+}
+
+// apiTokens is the use case as Client's transport needs it.
+type apiTokens struct{ t *Tokens }
+
+func (a apiTokens) Token(ctx context.Context, connection string) (domain.Token, error) {
+	return a.t.token(ctx, connection)
+}
+
+func (a apiTokens) ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error) {
+	if a.t.closed.Load() {
+		return domain.Token{}, ErrClosed
+	}
+	return a.t.uc.ForceRefresh(ctx, connection, failed)
+}
+
+// Import stores tok, a new grant (from the authorization-code flow, or
+// exported from another system), as connection's token, creating the
+// connection if need be and making it active again if it needed
+// re-authorisation. It waits for a refresh of the connection in progress.
+// tok must have an access and a refresh token.
+func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Token) error {
+	if t.closed.Load() {
+		return ErrClosed
+	}
+	if tok == nil {
+		return fmt.Errorf("import %s: %w: nil token", connection, ErrInvalidToken)
+	}
+	_, err := t.connect.Connect(ctx, connection, provider.GrantFrom(tok))
+	return err
+}
+
+// Run keeps the in-process cache correct across processes, and so turns
+// it on: it listens (on a connection of its own, outside the pool) for the
+// token changes every process commits, and drops superseded cached
+// tokens. Every second it commits a notification of its own through the
+// pool and trusts the cache only while those come back. While it is not
+// connected, every call reads the database. It reconnects by itself and
+// returns nil when ctx ends.
+func (t *Tokens) Run(ctx context.Context) error {
+	if t.dsn == "" {
+		return errors.New("tokenguard: Run needs the database's DSN: open the *gorm.DB with postgres.Open(dsn), or pass WithListenDSN")
+	}
+	if !t.running.CompareAndSwap(false, true) {
+		return errors.New("tokenguard: Run is running already")
+	}
+	defer t.running.Store(false)
+	var target repository.ChangeTarget = t.uc
+	if t.metrics != nil {
+		target = listenerGauge{ChangeTarget: t.uc, m: t.metrics}
+	}
+	return repository.NewChangeListener(t.dsn, target, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).Run(ctx)
+}
+
+// listenerGauge passes the listener's calls on to the use case and records
+// whether the listener is connected.
+type listenerGauge struct {
+	repository.ChangeTarget
+	m *metrics.Metrics
+}
+
+func (l listenerGauge) TrustCache(trusted bool) {
+	l.ChangeTarget.TrustCache(trusted)
+	l.m.ListenerConnected(trusted)
+}
+
+// Close refuses new calls (ErrClosed) and waits, bounded by ctx, for the
+// reads and refreshes in flight. A refresh goes on after its callers have
+// given up, because the provider may already have rotated the refresh
+// token: call Close before closing the pool (on SIGTERM, say), or a deploy
+// can lose a rotated token and with it the connection.
+func (t *Tokens) Close(ctx context.Context) error {
+	t.closed.Store(true)
+	if err := t.uc.Drain(ctx); err != nil {
+		return fmt.Errorf("tokenguard: close with refreshes still in flight: %w", err)
+	}
+	return nil
+}
+
+func init() {
+	usecaseof.Tokens = func(t any) *usecase.RefreshTokenUseCase { return t.(*Tokens).uc }
+}
