@@ -12,7 +12,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -54,12 +53,11 @@ func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) er
 	if err := domain.ValidateConnectionID(name); err != nil {
 		return fmt.Errorf("API key name: %w", err)
 	}
-	err := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, decode(?, 'hex'))", name, hashParam(key)).Error
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "api_keys_name_key" {
+	res := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, decode(?, 'hex')) ON CONFLICT (name) DO NOTHING", name, hashParam(key))
+	if res.Error == nil && res.RowsAffected == 0 {
 		return fmt.Errorf("API key %q: %w", name, ErrKeyExists)
 	}
-	return storeError(ctx, "create API key", err)
+	return storeError(ctx, "create API key", res.Error)
 }
 
 // List returns every key, by name.

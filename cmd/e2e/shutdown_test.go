@@ -55,6 +55,7 @@ func refreshHeldAtSignal(t *testing.T, bin string, sig syscall.Signal) (reuse in
 	granted := s.importGrant(conn)
 	server := s.start("server")
 	s.waitHealthy(server)
+	waitChecked(t, server) // its start-up probe is not the refresh to hold
 
 	// The token is due; a request makes the server refresh it, and gives
 	// up while the provider holds the refresh.
@@ -65,6 +66,7 @@ func refreshHeldAtSignal(t *testing.T, bin string, sig syscall.Signal) (reuse in
 	go func() {
 		defer close(answered)
 		req, _ := http.NewRequestWithContext(reqCtx, http.MethodGet, "http://"+s.addr+"/connections/"+conn+"/resource", nil)
+		req.Header.Set("Authorization", "Bearer "+s.key)
 		if resp, err := http.DefaultClient.Do(req); err == nil {
 			resp.Body.Close()
 		}
