@@ -85,6 +85,7 @@ type Tokens struct {
 	metrics *metrics.Metrics // nil without WithMetrics
 	dsn     string           // where Run listens
 	db      *gorm.DB         // tokenguard's statements; Run's heartbeat
+	clock   *repository.DatabaseClock
 	skew    time.Duration
 
 	running atomic.Bool // Run is running
@@ -173,7 +174,19 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			t.dsn = d.Config.DSN
 		}
 	}
+	// Staleness is decided on the database server's clock, by every
+	// process alike, however far the hosts' clocks drift apart.
+	clock, err := repository.NewDatabaseClock(ctx, rdb, nil)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	if off := clock.Offset(); off.Abs() > time.Second {
+		o.log.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
+			slog.Duration("offset", off.Round(time.Millisecond)))
+	}
+	t.clock = clock
 	uopts := usecase.Options{
+		Clock:          clock,
 		Skew:           o.skew,
 		LockWait:       o.lockWait,
 		RefreshTimeout: o.refreshTimeout,
@@ -192,11 +205,11 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	refresher := provider.NewRetrying(provider.NewRefresher(cfg, hc,
 		provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)),
-		provider.WithDefaultLifetime(o.defaultLifetime), provider.WithLogger(o.log)), provider.Policy{Log: o.log})
+		provider.WithDefaultLifetime(o.defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), provider.Policy{Log: o.log})
 	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, refresher, uopts); err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
-	t.connect = usecase.NewConnectUseCase(repo, nil, o.lockWait)
+	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	path := "pipelined on pgx"
 	if !pipelined {
 		path = "GORM transactions (the driver is not pgx)"
@@ -351,8 +364,13 @@ func (t *Tokens) Run(ctx context.Context) error {
 	if t.metrics != nil {
 		target = listenerGauge{ChangeTarget: t.uc, m: t.metrics}
 	}
+	go t.clock.Run(ctx, clockInterval)
 	return repository.NewChangeListener(t.dsn, target, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).Run(ctx)
 }
+
+// clockInterval is how often the host clock's offset from the database
+// server's is measured again while Run runs.
+const clockInterval = 5 * time.Minute
 
 // listenerGauge passes the listener's calls on to the use case and records
 // whether the listener is connected.

@@ -59,7 +59,7 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 		// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
 		req.SetBasicAuth(url.QueryEscape(r.cfg.ClientID), url.QueryEscape(r.cfg.ClientSecret))
 	}
-	sent := time.Now()
+	sent := r.now()
 	resp, err := r.client.Do(req)
 	if err != nil {
 		// *url.Error names the method and the URL (net/http strips a

@@ -71,6 +71,7 @@ type Refresher struct {
 	styles          AuthStyleStore
 	defaultLifetime time.Duration
 	log             *slog.Logger
+	now             func() time.Time
 
 	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 while unknown
 	stored  atomic.Int32 // the style the store is known to hold; 0 while unknown
@@ -111,6 +112,10 @@ func WithDefaultLifetime(d time.Duration) Option {
 // WithLogger receives a line when a style is learned or cannot be stored.
 func WithLogger(l *slog.Logger) Option { return func(r *Refresher) { r.log = l } }
 
+// WithClock is the clock expiries are computed with (default time.Now):
+// the one every process decides staleness with.
+func WithClock(now func() time.Time) Option { return func(r *Refresher) { r.now = now } }
+
 // storeTimeout bounds a read or write of the AuthStyleStore. A read
 // happens before the request and may not delay it long; a failed read
 // costs at most one rejected request (a probe), never a refresh token.
@@ -126,7 +131,7 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	}
 	c := *client
 	c.CheckRedirect = noRedirect
-	r := &Refresher{cfg: cfg, client: &c}
+	r := &Refresher{cfg: cfg, client: &c, now: time.Now}
 	for _, o := range opts {
 		o(r)
 	}

@@ -392,3 +392,18 @@ func TestGrantFromReadsTheRefreshTokenLifetime(t *testing.T) {
 		t.Errorf("no lifetime named: %v", g.RefreshExpiry)
 	}
 }
+
+// Expiries are computed on the clock the processes decide staleness with
+// (the database server's), not the host's.
+func TestExpiryIsComputedOnTheGivenClock(t *testing.T) {
+	server := time.Date(2030, 1, 2, 3, 4, 5, 0, time.UTC)
+	e := newEndpoint(t, fixed(reply{200, "", nil, `{"access_token":"at","expires_in":60,"refresh_token_expires_in":3600}`}))
+	g, err := NewRefresher(e.config(oauth2.AuthStyleInHeader), nil, WithClock(func() time.Time { return server })).
+		Refresh(context.Background(), domain.NewSecret(testRefreshToken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !g.Expiry.Equal(server.Add(time.Minute)) || !g.RefreshExpiry.Equal(server.Add(time.Hour)) {
+		t.Errorf("expiry %v, refresh expiry %v; want them counted from %v", g.Expiry, g.RefreshExpiry, server)
+	}
+}
