@@ -15,6 +15,7 @@ type options struct {
 	skew, lockWait, refreshTimeout time.Duration
 	log                            *slog.Logger
 	keys                           string
+	encryptionRequired             bool
 	onNeedsReauth                  func(connection, reason string)
 	registerer                     prometheus.Registerer
 	connectionLabel                bool
@@ -50,6 +51,12 @@ func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 // with '*'. New fails if a stored token cannot be decrypted with them.
 // Without it, tokens are stored as they are (and New logs a warning).
 func WithEncryptionKeys(spec string) Option { return func(o *options) { o.keys = spec } }
+
+// WithEncryptionRequired refuses stored tokens that are not encrypted: New
+// fails while any row is plaintext, and such a value is never used. Turn
+// it on once tokenctl rotate-key has sealed every row. It needs
+// WithEncryptionKeys.
+func WithEncryptionRequired() Option { return func(o *options) { o.encryptionRequired = true } }
 
 // WithNeedsReauth is called once, by the process that found out, when a
 // connection's grant is rejected for good: a person must connect it again

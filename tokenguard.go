@@ -136,7 +136,12 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		if err != nil {
 			return nil, fmt.Errorf("tokenguard: WithEncryptionKeys: %w", err)
 		}
+		if o.encryptionRequired {
+			k = k.RequireSealed()
+		}
 		sealer = k
+	} else if o.encryptionRequired {
+		return nil, errors.New("tokenguard: WithEncryptionRequired needs WithEncryptionKeys")
 	}
 	// tokenguard's statements run on the application's pool through a
 	// *gorm.DB of their own: never through a PrepareStmt cache, never past

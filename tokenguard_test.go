@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"database/sql"
+	"encoding/base64"
 	"errors"
 	"io"
 	"log/slog"
@@ -442,5 +443,32 @@ func TestApplicationCallbacksSeeNoToken(t *testing.T) {
 	}
 	if strings.Contains(all, "tokens") {
 		t.Fatalf("an application callback saw tokenguard's statements:\n%s", all)
+	}
+}
+
+// With encryption required, a plaintext row stops New (naming the
+// connection) until it is sealed; once sealed, the same settings start.
+func TestEncryptionRequiredRefusesPlaintextRows(t *testing.T) {
+	w := newWorld(t, sandbox.Options{})
+	db := w.open(t, nil)
+	plain := newTokens(t, w, db)
+	if err := plain.Import(context.Background(), "acme", w.grant(t)); err != nil {
+		t.Fatal(err)
+	}
+	keys := "k1=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{7}, 32)) + "*"
+	_, err := tokenguard.New(db, w.oauth, tokenguard.WithEncryptionKeys(keys), tokenguard.WithEncryptionRequired())
+	if !errors.Is(err, tokenguard.ErrUndecryptable) || !strings.Contains(err.Error(), "acme") || !strings.Contains(err.Error(), "TOKEN_ENCRYPTION_REQUIRED") {
+		t.Fatalf("New with a plaintext row = %v; want ErrUndecryptable naming acme and the setting", err)
+	}
+	if _, err := tokenguard.New(db, w.oauth, tokenguard.WithEncryptionRequired()); err == nil {
+		t.Fatal("WithEncryptionRequired without keys accepted")
+	}
+	// Imported again with the keys, the row is sealed and New starts.
+	sealed := newTokens(t, w, db, tokenguard.WithEncryptionKeys(keys))
+	if err := sealed.Import(context.Background(), "acme", w.grant(t)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := tokenguard.New(db, w.oauth, tokenguard.WithEncryptionKeys(keys), tokenguard.WithEncryptionRequired()); err != nil {
+		t.Fatalf("New with every row sealed: %v", err)
 	}
 }

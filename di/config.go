@@ -36,6 +36,9 @@ type Config struct {
 	// stores them as plaintext, with a warning at start-up. It prints as
 	// [REDACTED] under every verb.
 	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
+	// EncryptionRequired refuses plaintext rows (set it once rotate-key has
+	// sealed them all).
+	EncryptionRequired bool `env:"TOKEN_ENCRYPTION_REQUIRED" envDefault:"false"`
 	// DefaultLifetime is the access token lifetime assumed when a refresh
 	// answer has no usable expires_in. Unset: no expiry (the token is used
 	// until the API answers 401, then refreshed).
@@ -152,6 +155,9 @@ func (c Config) validate() error {
 	}
 	if _, err := c.keyring(); err != nil {
 		return err
+	}
+	if c.EncryptionRequired && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
+		return errors.New("TOKEN_ENCRYPTION_REQUIRED needs TOKEN_ENCRYPTION_KEYS")
 	}
 	for name, v := range map[string]string{
 		"OAUTH_TOKEN_URL": c.OAuth.TokenURL, "OAUTH_AUTH_URL": c.OAuth.AuthURL,

@@ -109,6 +109,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	}
 	if cfg.EncryptionKeys != "" {
 		opts = append(opts, tokenguard.WithEncryptionKeys(string(cfg.EncryptionKeys)))
+		if cfg.EncryptionRequired {
+			opts = append(opts, tokenguard.WithEncryptionRequired())
+		}
 	}
 	if o.Registry != nil {
 		opts = append(opts, tokenguard.WithMetrics(o.Registry))

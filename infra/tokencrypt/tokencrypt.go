@@ -53,6 +53,9 @@ import (
 // EnvKeys is the variable the key list is read from; errors name it.
 const EnvKeys = "TOKEN_ENCRYPTION_KEYS"
 
+// EnvRequired names the setting that refuses plaintext rows.
+const EnvRequired = "TOKEN_ENCRYPTION_REQUIRED"
+
 const (
 	prefix    = "tg1:"
 	keySize   = 32 // AES-256
@@ -70,9 +73,18 @@ var (
 // Keyring holds the configured keys. It is safe for concurrent use, and
 // printing it in any way shows key ids only.
 type Keyring struct {
-	current string
-	ids     []string // sorted
-	aeads   map[string]cipher.AEAD
+	current  string
+	ids      []string // sorted
+	aeads    map[string]cipher.AEAD
+	required bool // legacy plaintext is refused (RequireSealed)
+}
+
+// RequireSealed makes Open refuse legacy plaintext values, once every row
+// has been sealed (tokenctl rotate-key): a plaintext value in the table is
+// then something written around tokenguard.
+func (k *Keyring) RequireSealed() *Keyring {
+	k.required = true
+	return k
 }
 
 // ParseKeyring reads a TOKEN_ENCRYPTION_KEYS value (see the package
@@ -161,10 +173,13 @@ func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 
 // Open decrypts a value Seal produced with the same aad under any key in
 // the ring. Values without the "tg1:" prefix are legacy plaintext and are
-// returned as they are. Failures are *OpenError, which wraps
+// returned as they are, unless RequireSealed. Failures are *OpenError, which wraps
 // domain.ErrUndecryptable.
 func (k *Keyring) Open(stored, aad string) (string, error) {
 	if !IsSealed(stored) {
+		if k.required && stored != "" {
+			return "", &OpenError{Reason: "it is plaintext, and " + EnvRequired + " is set (run tokenctl rotate-key)"}
+		}
 		return stored, nil
 	}
 	id, raw, err := parseEnvelope(stored)
