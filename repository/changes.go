@@ -56,6 +56,7 @@ type ChangeListener struct {
 	target         ChangeTarget
 	log            *slog.Logger
 	reconnectDelay time.Duration
+	channel        string // ChangeChannel as the tables' schema has it
 
 	// The heartbeat (WithHeartbeat); beatDB nil: none.
 	beatDB       *gorm.DB
@@ -99,6 +100,15 @@ func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *Cha
 	return l
 }
 
+func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
+	cfg, err := pgx.ParseConfig(l.url)
+	if err != nil {
+		return nil, err
+	}
+	cfg.RuntimeParams["application_name"] = ListenerApplicationName
+	return pgx.ConnectConfig(ctx, cfg)
+}
+
 // errBeatLost ends a listening session whose beats stopped coming back.
 var errBeatLost = errors.New("token change listener: heartbeat not heard")
 
@@ -106,6 +116,11 @@ var errBeatLost = errors.New("token change listener: heartbeat not heard")
 // a LISTEN is in place (and, with a heartbeat, proves to deliver).
 func (l *ChangeListener) Run(ctx context.Context) error {
 	defer l.trust(false)
+	channel, err := l.channelOf(ctx)
+	if err != nil {
+		return nil // ctx ended before the database answered
+	}
+	l.channel = channel
 	for {
 		err := l.session(ctx)
 		switch {
@@ -115,6 +130,37 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 			continue // a new connection
 		}
 		return err
+	}
+}
+
+// channelOf asks the database which schema the tables are in (the URL's
+// search_path decides) and so which channel their changes are announced
+// on, until it answers or ctx ends.
+func (l *ChangeListener) channelOf(ctx context.Context) (string, error) {
+	for {
+		schema, err := func() (string, error) {
+			cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			conn, err := l.connect(cctx)
+			if err != nil {
+				return "", err
+			}
+			defer conn.Close(context.WithoutCancel(cctx))
+			var schema string
+			err = conn.QueryRow(cctx, "SELECT current_schema()").Scan(&schema)
+			return schema, err
+		}()
+		if err == nil {
+			return ChannelFor(schema), nil
+		}
+		if ctx.Err() == nil {
+			l.log.Warn("token change listener cannot reach the database yet; reading through", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return "", ctx.Err()
+		case <-time.After(l.reconnectDelay):
+		}
 	}
 }
 
@@ -133,14 +179,7 @@ func (l *ChangeListener) session(ctx context.Context) error {
 	defer cancel(nil)
 	l.lastBeat.Store(time.Now().UnixNano())
 	pl := &pgxlisten.Listener{
-		Connect: func(ctx context.Context) (*pgx.Conn, error) {
-			cfg, err := pgx.ParseConfig(l.url)
-			if err != nil {
-				return nil, err
-			}
-			cfg.RuntimeParams["application_name"] = ListenerApplicationName
-			return pgx.ConnectConfig(ctx, cfg)
-		},
+		Connect: l.connect,
 		LogError: func(ctx context.Context, err error) {
 			// Every error that reaches here ends or precedes a
 			// (re)connection: until LISTEN is back, changes may be missed.
@@ -151,7 +190,7 @@ func (l *ChangeListener) session(ctx context.Context) error {
 		},
 		ReconnectDelay: l.reconnectDelay,
 	}
-	pl.Handle(ChangeChannel, changeHandler{l})
+	pl.Handle(l.channel, changeHandler{l})
 	if l.beatDB != nil {
 		pl.Handle(l.beatChannel, beatHandler{l})
 		go l.beat(ctx, cancel)

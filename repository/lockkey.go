@@ -1,11 +1,37 @@
 package repository
 
 import (
+	"crypto/md5"
+	"encoding/hex"
 	"fmt"
 	"slices"
 
 	"gorm.io/gorm"
 )
+
+// nsInSchema keeps two deployments in one database apart: in the public
+// schema a lock namespace or NOTIFY channel is the fixed one (what every
+// earlier release used, so old and new processes meet during a rolling
+// deploy); in any other schema (the tables' schema, current_schema()) it is
+// derived from the schema's name. p is the placeholder of the fixed value.
+func nsInSchema(p string) string {
+	return "(CASE current_schema() WHEN 'public' THEN " + p + "::int4 ELSE hashtext('tokenguard:' || current_schema()) END)"
+}
+
+// channelInSchema is ChangeChannel as nsInSchema decides it; ChannelFor is
+// the same in Go.
+func channelInSchema(p string) string {
+	return "(CASE current_schema() WHEN 'public' THEN " + p + "::text ELSE " + p + "::text || '_' || left(md5(current_schema()), 16) END)"
+}
+
+// ChannelFor is the change channel of tokenguard's tables in schema.
+func ChannelFor(schema string) string {
+	if schema == "public" || schema == "" {
+		return ChangeChannel
+	}
+	sum := md5.Sum([]byte(schema))
+	return ChangeChannel + "_" + hex.EncodeToString(sum[:])[:16]
+}
 
 // lockNamespace is the first half of every connection lock key, in the
 // two-int4 form of pg_advisory_xact_lock. That form is a key space of its
@@ -30,7 +56,7 @@ func lockConnections(tx *gorm.DB, keys []int32) error {
 	slices.Sort(keys)
 	keys = slices.Compact(keys)
 	for _, k := range keys {
-		if err := tx.Exec("SELECT pg_advisory_xact_lock(?, ?)", lockNamespace, k).Error; err != nil {
+		if err := tx.Exec("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", ?)", lockNamespace, k).Error; err != nil {
 			return fmt.Errorf("lock connection key %d: %w", k, err)
 		}
 	}
@@ -42,7 +68,7 @@ func lockConnections(tx *gorm.DB, keys []int32) error {
 // for an unregistered name.
 func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
 	var rows []struct{ Locked string }
-	err = tx.Raw("SELECT pg_advisory_xact_lock(?, id)::text AS locked FROM connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
+	err = tx.Raw("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", id)::text AS locked FROM connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
 	return len(rows) == 1, err
 }
 
@@ -50,18 +76,18 @@ func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
 // transactions of InLock, InLockUnless and TryInLock (locktx.go), in pgx's
 // placeholder style. Each resolves the key in the statement (an
 // unregistered name gives no row) and answers how the lock is held.
-const (
+var (
 	// Wait for the lock.
-	lockByNameSQL = `SELECT CASE WHEN pg_advisory_xact_lock($1, id) IS NOT NULL THEN 1 END
+	lockByNameSQL = `SELECT CASE WHEN pg_advisory_xact_lock(` + nsInSchema("$1") + `, id) IS NOT NULL THEN 1 END
 		FROM connections WHERE name = $2`
 	// Take the lock if it is free.
-	tryLockByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock($1, id) THEN 1 ELSE 0 END
+	tryLockByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id) THEN 1 ELSE 0 END
 		FROM connections WHERE name = $2`
 	// Take the lock if it is free; else wait for its holder in shared mode,
 	// beside (not behind) every other transaction waiting the same way.
 	// CASE evaluates its branches in order, and only as far as needed.
-	lockOrAwaitByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock($1, id) THEN 1
-		WHEN pg_advisory_xact_lock_shared($1, id) IS NOT NULL THEN 2 END
+	lockOrAwaitByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id) THEN 1
+		WHEN pg_advisory_xact_lock_shared(` + nsInSchema("$1") + `, id) IS NOT NULL THEN 2 END
 		FROM connections WHERE name = $2`
 )
 

@@ -44,7 +44,7 @@ WITH u AS (
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2 AND t.status = 'needs_reauth'
     RETURNING c.id AS lock_key, c.name, t.*
 )
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($3, u.version || ' ' || u.name)`,
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, u.version || ' ' || u.name)`,
 			connectionID, found.Version, ChangeChannel)
 		if err != nil {
 			return storeError(ctx, "reactivate", err)

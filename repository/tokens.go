@@ -244,7 +244,7 @@ WITH u AS (
     WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10
     RETURNING c.id AS lock_key, c.name, t.*
 )
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($11, u.version || ' ' || u.name)`,
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$11")+`, u.version || ' ' || u.name)`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
 		string(t.Status), t.StatusReason, t.ConnectionID, t.Version, ChangeChannel)
 	if err != nil {
@@ -298,7 +298,7 @@ t AS (
     RETURNING t.*
 ),
 u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id)
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify($8, u.version || ' ' || u.name)`,
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
 		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes))
 	if err != nil {
