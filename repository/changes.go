@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -193,7 +194,10 @@ func (l *ChangeListener) session(ctx context.Context) error {
 	pl.Handle(l.channel, changeHandler{l})
 	if l.beatDB != nil {
 		pl.Handle(l.beatChannel, beatHandler{l})
-		go l.beat(ctx, cancel)
+		var beating sync.WaitGroup
+		beating.Go(func() { l.beat(ctx, cancel) })
+		defer beating.Wait() // after cancel: nothing logs once Run returned
+		defer cancel(nil)
 	}
 	err := pl.Listen(ctx)
 	if cause := context.Cause(ctx); errors.Is(cause, errBeatLost) {
@@ -256,7 +260,7 @@ type beatHandler struct{ l *ChangeListener }
 // Notifications are handled only once every channel is listened to, so
 // hearing it means the change channel is in place too.
 func (h beatHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
-	go h.l.sendBeat(ctx)
+	h.l.sendBeat(ctx) // through the pool: the answer comes on this connection later
 	return nil
 }
 
