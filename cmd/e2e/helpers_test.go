@@ -29,7 +29,7 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// buildApps builds the four binaries once per test run into dir.
+// buildApps builds the apps, tokenctl and the sandbox once per test run into dir.
 func buildApps(t *testing.T) string {
 	t.Helper()
 	dir := t.TempDir()
@@ -38,7 +38,8 @@ func buildApps(t *testing.T) string {
 		args = append(args, "-race")
 	}
 	args = append(args, "github.com/tokenguard/tokenguard/cmd/server", "github.com/tokenguard/tokenguard/cmd/worker",
-		"github.com/tokenguard/tokenguard/cmd/batch", "github.com/tokenguard/tokenguard/cmd/tokenctl")
+		"github.com/tokenguard/tokenguard/cmd/batch", "github.com/tokenguard/tokenguard/cmd/tokenctl",
+		"github.com/tokenguard/tokenguard/cmd/sandbox")
 	start := time.Now()
 	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
