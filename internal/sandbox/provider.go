@@ -98,8 +98,14 @@ func (f Fault) String() string {
 type Options struct {
 	// ClientID and ClientSecret of the single registered confidential client.
 	// Defaults "tokenguard" / "tokenguard-secret". The client may
-	// authenticate with client_secret_basic or client_secret_post.
+	// authenticate with client_secret_basic or client_secret_post, unless
+	// ClientAuth restricts it to one.
 	ClientID, ClientSecret string
+	// ClientAuth restricts the client authentication the token endpoint
+	// accepts to one method: ClientAuthBasic or ClientAuthPost (the
+	// client's token_endpoint_auth_method, enforced by fosite: the other
+	// method is answered 401 invalid_client). Empty accepts both.
+	ClientAuth string
 	// RedirectURIs allowed in the authorization-code flow. Default
 	// {"http://127.0.0.1/callback"}. Loopback URIs match any port (RFC 8252).
 	// An entry "*" accepts any redirect URI that fosite considers valid
@@ -129,6 +135,12 @@ type Options struct {
 	OmitExpiresIn bool
 }
 
+// Client authentication methods for Options.ClientAuth (RFC 7591 names).
+const (
+	ClientAuthBasic = "client_secret_basic" // HTTP Basic only
+	ClientAuthPost  = "client_secret_post"  // form body only
+)
+
 // maxHang bounds FaultHang so that a client without a timeout cannot wedge a
 // test server (httptest.Server.Close waits for running handlers) forever.
 const maxHang = time.Minute
@@ -143,6 +155,7 @@ type Provider struct {
 	rtLifespan time.Duration // <= 0: refresh tokens never expire
 	clientID   string
 	secret     string
+	clientAuth string
 	redirect   string // default redirect URI for OAuth2Config
 	scopes     []string
 	omitExpiry bool
@@ -189,6 +202,9 @@ func New(opts Options) (*Provider, error) {
 	if len(opts.Scopes) == 0 {
 		opts.Scopes = []string{"api"}
 	}
+	if opts.ClientAuth != "" && opts.ClientAuth != ClientAuthBasic && opts.ClientAuth != ClientAuthPost {
+		return nil, fmt.Errorf("sandbox: ClientAuth %q is neither %s nor %s", opts.ClientAuth, ClientAuthBasic, ClientAuthPost)
+	}
 
 	secret := make([]byte, 32)
 	if _, err := rand.Read(secret); err != nil {
@@ -219,13 +235,19 @@ func New(opts Options) (*Provider, error) {
 	}
 
 	ms := storage.NewMemoryStore()
-	ms.Clients[opts.ClientID] = &fosite.DefaultClient{
+	client := &fosite.DefaultClient{
 		ID:            opts.ClientID,
 		Secret:        []byte(opts.ClientSecret), // compared by plainSecret
 		RedirectURIs:  slices.Clone(opts.RedirectURIs),
 		GrantTypes:    []string{"authorization_code", "refresh_token"},
 		ResponseTypes: []string{"code"},
 		Scopes:        append(slices.Clone(opts.Scopes), "offline", "offline_access"),
+	}
+	ms.Clients[opts.ClientID] = client
+	if opts.ClientAuth != "" {
+		// fosite checks token_endpoint_auth_method only for OpenID
+		// Connect clients.
+		ms.Clients[opts.ClientID] = &fosite.DefaultOpenIDConnectClient{DefaultClient: client, TokenEndpointAuthMethod: opts.ClientAuth}
 	}
 	st := newStore(ms, slices.Contains(opts.RedirectURIs, "*"))
 
@@ -242,6 +264,7 @@ func New(opts Options) (*Provider, error) {
 		rtLifespan: rtLifespan,
 		clientID:   opts.ClientID,
 		secret:     opts.ClientSecret,
+		clientAuth: opts.ClientAuth,
 		redirect:   defaultRedirect(opts.RedirectURIs),
 		scopes:     slices.Clone(opts.Scopes),
 		omitExpiry: opts.OmitExpiresIn,
@@ -293,13 +316,14 @@ func (p *Provider) RevokeAll() {
 }
 
 // OAuth2Config returns a client configuration for a Provider served at
-// baseURL: its client credentials, Endpoint(baseURL), the first configured
-// redirect URI and Options.Scopes.
+// baseURL: its client credentials, Endpoint(baseURL) (with the form-body
+// auth style when Options.ClientAuth is ClientAuthPost), the first
+// configured redirect URI and Options.Scopes.
 func (p *Provider) OAuth2Config(baseURL string) *oauth2.Config {
 	return &oauth2.Config{
 		ClientID:     p.clientID,
 		ClientSecret: p.secret,
-		Endpoint:     Endpoint(baseURL),
+		Endpoint:     endpointFor(baseURL, p.clientAuth),
 		RedirectURL:  p.redirect,
 		Scopes:       slices.Clone(p.scopes),
 	}
@@ -313,6 +337,15 @@ func Endpoint(baseURL string) oauth2.Endpoint {
 		TokenURL:  baseURL + "/oauth2/token",
 		AuthStyle: oauth2.AuthStyleInHeader,
 	}
+}
+
+// endpointFor is Endpoint with the auth style the client is restricted to.
+func endpointFor(baseURL, clientAuth string) oauth2.Endpoint {
+	e := Endpoint(baseURL)
+	if clientAuth == ClientAuthPost {
+		e.AuthStyle = oauth2.AuthStyleInParams
+	}
+	return e
 }
 
 // refreshLock is the lock of the grant family the refresh token (by

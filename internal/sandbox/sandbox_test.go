@@ -193,6 +193,44 @@ func TestClientSecretPost(t *testing.T) {
 	}
 }
 
+// A client restricted to one authentication method is rejected with
+// invalid_client when it uses the other, before its refresh token is
+// looked at: the token stays valid.
+func TestClientAuthRestricted(t *testing.T) {
+	for _, tc := range []struct {
+		method      string
+		other       oauth2.AuthStyle
+		otherName   string
+		configStyle oauth2.AuthStyle
+	}{
+		{ClientAuthBasic, oauth2.AuthStyleInParams, "form body", oauth2.AuthStyleInHeader},
+		{ClientAuthPost, oauth2.AuthStyleInHeader, "HTTP Basic", oauth2.AuthStyleInParams},
+	} {
+		t.Run(tc.method, func(t *testing.T) {
+			e := newEnv(t, Options{ClientAuth: tc.method})
+			if e.cfg.Endpoint.AuthStyle != tc.configStyle {
+				t.Fatalf("OAuth2Config auth style = %v, want %v", e.cfg.Endpoint.AuthStyle, tc.configStyle)
+			}
+			tok := e.grant(t)
+			e.cfg.Endpoint.AuthStyle = tc.other
+			_, err := e.refresh(tok.RefreshToken)
+			if re := retrieveError(t, err, "invalid_client"); re.Response.StatusCode != http.StatusUnauthorized {
+				t.Errorf("%s: status %d, want 401", tc.otherName, re.Response.StatusCode)
+			}
+			e.cfg.Endpoint.AuthStyle = tc.configStyle
+			if _, err := e.refresh(tok.RefreshToken); err != nil {
+				t.Fatalf("refresh with %s after the rejected %s: %v", tc.method, tc.otherName, err)
+			}
+			if s := e.p.Stats(); s.Refreshes != 1 || s.RefreshReuse != 0 {
+				t.Errorf("stats = %+v", s)
+			}
+		})
+	}
+	if _, err := New(Options{ClientAuth: "private_key_jwt"}); err == nil {
+		t.Error("New accepted an unsupported ClientAuth")
+	}
+}
+
 func TestRefreshRotatesAndRevokes(t *testing.T) {
 	e := newEnv(t, Options{})
 	tok := e.grant(t)

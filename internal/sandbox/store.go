@@ -54,13 +54,21 @@ func (s *store) GetClient(ctx context.Context, id string) (fosite.Client, error)
 		return c, err
 	}
 	uri, _ := ctx.Value(redirectKey{}).(string)
-	dc, ok := c.(*fosite.DefaultClient)
-	if uri == "" || !ok {
+	if uri == "" {
 		return c, nil
 	}
-	cp := *dc
-	cp.RedirectURIs = append(slices.Clone(dc.RedirectURIs), uri)
-	return &cp, nil
+	switch dc := c.(type) {
+	case *fosite.DefaultClient:
+		cp := *dc
+		cp.RedirectURIs = append(slices.Clone(dc.RedirectURIs), uri)
+		return &cp, nil
+	case *fosite.DefaultOpenIDConnectClient:
+		cp, inner := *dc, *dc.DefaultClient
+		inner.RedirectURIs = append(slices.Clone(inner.RedirectURIs), uri)
+		cp.DefaultClient = &inner
+		return &cp, nil
+	}
+	return c, nil
 }
 
 func (s *store) CreateAccessTokenSession(ctx context.Context, signature string, req fosite.Requester) error {
