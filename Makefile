@@ -20,8 +20,24 @@ build:
 
 # All tests, with the race detector, against a real Postgres found as
 # above; each test creates and drops a database of its own.
-test:
+test: conformance-deps
 	$(GO) test -race -count=1 -timeout 8m $(PKGS)
+
+# The conformance matrix against independent OAuth2 servers
+# (internal/conformance), alone; CONFORMANCE_MATRIX_OUT=file also writes
+# the table to file.
+.PHONY: conformance
+conformance: conformance-deps
+	$(GO) test -race -count=1 -run '^TestConformance$$' -v ./internal/conformance/
+
+# The oidc-provider server the conformance suite runs as a separate
+# process: its npm dependencies, pinned by package-lock.json, installed
+# once (tests never download anything).
+OIDC_PROVIDER_DIR := internal/conformance/oidcprovider
+.PHONY: conformance-deps
+conformance-deps: $(OIDC_PROVIDER_DIR)/node_modules
+$(OIDC_PROVIDER_DIR)/node_modules:
+	cd $(OIDC_PROVIDER_DIR) && npm ci --no-audit --no-fund
 
 # Unit tests only (no database).
 test-short:

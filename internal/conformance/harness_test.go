@@ -1,0 +1,234 @@
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/metrics"
+	"github.com/tokenguard/tokenguard/infra/provider"
+)
+
+// skew is TOKEN_REFRESH_SKEW: with 2 s tokens a token is due 1 s after it
+// was granted.
+const skew = time.Second
+
+// stack is what one app process holds, built the way the apps build it
+// (di.NewTokensWith: its own pool, cache, change listener, provider
+// client and retry policy), plus the API client the apps use.
+type stack struct {
+	tokens  *di.Tokens
+	metrics *metrics.Metrics
+	api     *apiclient.Client
+	log     *syncBuffer
+}
+
+// env is one scenario's world: a server, its database, and the stacks.
+type env struct {
+	t      *testing.T
+	s      *server
+	db     string
+	stacks []*stack
+}
+
+// newStacks starts n stacks configured from the environment variables an
+// operator would set. authStyle "" leaves OAUTH_AUTH_STYLE at its default.
+func newStacks(t *testing.T, s *server, db string, n int, authStyle string) *env {
+	t.Helper()
+	e := &env{t: t, s: s, db: db}
+	environ := []string{
+		"DATABASE_URL=" + db,
+		"OAUTH_CLIENT_ID=" + s.oauth.ClientID,
+		"OAUTH_CLIENT_SECRET=" + s.oauth.ClientSecret,
+		"OAUTH_TOKEN_URL=" + s.proxyURL,
+		"TOKEN_REFRESH_SKEW=" + skew.String(),
+		"TOKEN_LOCK_WAIT=4s",
+		"TOKEN_REFRESH_TIMEOUT=2s",
+		"MIGRATE_ON_START=false",
+		"DB_MAX_CONNS=4",
+	}
+	if authStyle != "" {
+		environ = append(environ, "OAUTH_AUTH_STYLE="+authStyle)
+	}
+	cfg, err := di.ConfigFromEnv(environ)
+	if err != nil {
+		t.Fatalf("configuration: %v", err)
+	}
+	for i := range n {
+		buf := &syncBuffer{}
+		log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})).With("stack", i)
+		m := metrics.New(metrics.Options{Log: log})
+		tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, log, di.TokenOptions{App: fmt.Sprintf("conformance%d", i), Metrics: m})
+		if err != nil {
+			t.Fatalf("stack %d: %v", i, err)
+		}
+		t.Cleanup(cleanup)
+		api, err := apiclient.New(s.api, tokens.RefreshToken, apiclient.Options{Timeout: 5 * time.Second})
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.stacks = append(e.stacks, &stack{tokens: tokens, metrics: m, api: api, log: buf})
+	}
+	t.Cleanup(func() {
+		if t.Failed() {
+			for i, st := range e.stacks {
+				t.Logf("stack %d log (last lines):\n%s", i, st.log.tail(30))
+			}
+		}
+	})
+	// The cache is trusted only once the listener is connected: wait for
+	// it, as a process serving traffic would have.
+	deadline := time.Now().Add(10 * time.Second)
+	for _, st := range e.stacks {
+		for gauge(t, st.metrics.Registry(), "tokenguard_token_listener_connected", nil) != 1 {
+			if time.Now().After(deadline) {
+				t.Fatal("change listener did not connect within 10s")
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+	}
+	return e
+}
+
+// connect obtains a first grant from the server (its own authorization
+// flow, no tokenguard involved) and stores it as connection name.
+func (e *env) connect(name string) domain.Token {
+	e.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	tok, err := e.s.grant(ctx)
+	if err != nil {
+		e.t.Fatalf("first grant: %v", err)
+	}
+	if tok.RefreshToken == "" {
+		e.t.Fatal("first grant: no refresh token")
+	}
+	stored, err := e.stacks[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok))
+	if err != nil {
+		e.t.Fatalf("store first grant: %v", err)
+	}
+	return stored
+}
+
+// stored reads the connection's row.
+func (e *env) stored(name string) domain.Token {
+	e.t.Helper()
+	tok, err := e.stacks[0].tokens.Repository.Get(context.Background(), name)
+	if err != nil {
+		e.t.Fatalf("read %s: %v", name, err)
+	}
+	return tok
+}
+
+// dueAt is when the stored token becomes due for refresh.
+func (e *env) dueAt(name string) time.Time {
+	tok := e.stored(name)
+	return tok.Expiry.Add(-tok.EffectiveSkew(skew))
+}
+
+// waitDue sleeps until the stored token is due, and a little more.
+func (e *env) waitDue(name string) {
+	time.Sleep(time.Until(e.dueAt(name)) + 20*time.Millisecond)
+}
+
+// counter sums a counter over the stacks, restricted to labels.
+func (e *env) counter(name string, labels map[string]string) float64 {
+	var sum float64
+	for _, st := range e.stacks {
+		sum += gauge(e.t, st.metrics.Registry(), name, labels)
+	}
+	return sum
+}
+
+// gauge reads the sum of a metric's series that carry labels.
+func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != name {
+			continue
+		}
+	series:
+		for _, m := range mf.GetMetric() {
+			for k, v := range labels {
+				found := false
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == k && lp.GetValue() == v {
+						found = true
+					}
+				}
+				if !found {
+					continue series
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				sum += m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				sum += m.GetGauge().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
+// call makes one API call through the app's client and returns its
+// status, or the error.
+func (st *stack) call(ctx context.Context, name string) (int, error) {
+	resp, err := st.api.Get(ctx, name, "/resource")
+	if err != nil {
+		return 0, err
+	}
+	return resp.StatusCode, nil
+}
+
+// status calls the API with a given access token, bypassing tokenguard.
+func status(t *testing.T, api, accessToken string) int {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, api+"/resource", nil)
+	req.Header.Set("Authorization", "Bearer "+accessToken)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("API: %v", err)
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (b *syncBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+func (b *syncBuffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
+}
+
+// tail returns the last n lines.
+func (b *syncBuffer) tail(n int) string {
+	lines := strings.Split(strings.TrimRight(b.String(), "\n"), "\n")
+	return strings.Join(lines[max(0, len(lines)-n):], "\n")
+}
