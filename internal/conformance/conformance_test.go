@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/oauth2"
+
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/internal/conformance"
@@ -34,6 +36,7 @@ const (
 	scInvalidClient = "invalid_client window"
 	scUnavailable   = "transient 503 window"
 	scAutoStyle     = "auth style auto-detected (defaults)"
+	scControl       = "control: stale refresh token presented again"
 )
 
 type scenario struct {
@@ -48,6 +51,7 @@ var scenarios = []scenario{
 	{scInvalidClient, invalidClientWindow},
 	{scUnavailable, unavailableWindow},
 	{scAutoStyle, autoAuthStyle},
+	{scControl, staleCopyControl},
 }
 
 // TestConformance runs every scenario against every server and prints the
@@ -111,7 +115,8 @@ func TestConformance(t *testing.T) {
 					cell.Pass = !t.Failed()
 				})
 			}
-			matrix.SetProviderLog(s.name, fmt.Sprintf("%d (%s)", s.ownReuse(), s.ownSource))
+			total := s.ownReuse()
+			matrix.SetProviderLog(s.name, fmt.Sprintf("%d in the scenarios, %d in the control (%s)", total-s.controlReuse, s.controlReuse, s.ownSource))
 		})
 	}
 }
@@ -575,4 +580,42 @@ func autoAuthStyle(r *run) conformance.Cell {
 	}
 	return conformance.Cell{Refreshes: c.Refreshed, Reuse: reuse(c, ownDelta),
 		Note: fmt.Sprintf("%d × invalid_client; accepted requests by client auth %v", c.InvalidClient, styles)}
+}
+
+// staleCopyControl shows that the reuse counters can see reuse: a client
+// that redeems a refresh token and a second client that still holds the
+// same token (what several processes without a shared lock and store
+// are) present it one after the other, through the proxy. The server must
+// reject the second with invalid_grant and count it as reuse.
+func staleCopyControl(r *run) conformance.Cell {
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	tok, err := r.s.grant(ctx)
+	if err != nil {
+		r.t.Fatalf("first grant: %v", err)
+	}
+	cfg := *r.s.oauth
+	cfg.Endpoint.TokenURL = r.s.proxyURL
+	mark, own := r.s.proxy.Mark(), r.s.ownReuse()
+	if _, err := cfg.TokenSource(ctx, &oauth2.Token{RefreshToken: tok.RefreshToken}).Token(); err != nil {
+		r.failf("first client's refresh: %v", err)
+	}
+	_, err = cfg.TokenSource(ctx, &oauth2.Token{RefreshToken: tok.RefreshToken}).Token()
+	var re *oauth2.RetrieveError
+	if !errors.As(err, &re) || re.ErrorCode != "invalid_grant" {
+		r.failf("second client's refresh with the same token: %v, want invalid_grant", err)
+	}
+	// A server's log is read as the process writes it.
+	deadline := time.Now().Add(3 * time.Second)
+	for r.s.ownReuse() == own && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+	}
+	ownDelta := r.s.ownReuse() - own
+	r.s.controlReuse = ownDelta
+	c := r.s.proxy.Since(mark)
+	if c.Refreshed != 1 || c.InvalidGrant != 1 || ownDelta != 1 {
+		r.failf("token endpoint %+v, server counted %d reuse; want 1 refresh, 1 invalid_grant, 1 reuse", c, ownDelta)
+	}
+	return conformance.Cell{Refreshes: c.Refreshed, Reuse: max(c.InvalidGrant, ownDelta),
+		Note: fmt.Sprintf("reuse caught: %d × invalid_grant at the proxy, %d counted by the server", c.InvalidGrant, ownDelta)}
 }

@@ -53,10 +53,11 @@ type server struct {
 	revoke func(ctx context.Context, refreshToken string) error
 	// ownReuse is the server's own count of refresh-token reuse (its
 	// statistics or its log), and ownSource says where it comes from.
-	ownReuse  func() int
-	ownSource string
-	proxy     *conformance.Proxy
-	proxyURL  string // tokenguard's OAUTH_TOKEN_URL
+	ownReuse     func() int
+	ownSource    string
+	controlReuse int // the part of ownReuse the control scenario caused
+	proxy        *conformance.Proxy
+	proxyURL     string // tokenguard's OAUTH_TOKEN_URL
 }
 
 // withProxy puts the counting proxy in front of s.oauth's token endpoint.

@@ -70,8 +70,10 @@ server.listen(0, '127.0.0.1', () => {
       event: 'grant.error',
       grant_type: ctx.oidc.params?.grant_type,
       error: err.error,
-      error_description: err.error_description,
-      reuse: err.error_description === 'refresh token already used',
+      error_detail: err.error_detail,
+      // lib/actions/grants/refresh_token.js: a rotated (consumed) refresh
+      // token presented again; the server then revokes the whole grant.
+      reuse: err.error_detail === 'refresh token already used',
     });
   });
   provider.on('grant.revoked', (ctx, grantId) => {
