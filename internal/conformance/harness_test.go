@@ -37,6 +37,7 @@ type stack struct {
 // env is one scenario's world: a server, its database, and the stacks.
 type env struct {
 	t      *testing.T
+	r      *run
 	s      *server
 	db     string
 	stacks []*stack
@@ -44,9 +45,10 @@ type env struct {
 
 // newStacks starts n stacks configured from the environment variables an
 // operator would set. authStyle "" leaves OAUTH_AUTH_STYLE at its default.
-func newStacks(t *testing.T, s *server, db string, n int, authStyle string) *env {
+func newStacks(r *run, n int, authStyle string) *env {
+	t, s, db := r.t, r.s, r.db
 	t.Helper()
-	e := &env{t: t, s: s, db: db}
+	e := &env{t: t, r: r, s: s, db: db}
 	environ := []string{
 		"DATABASE_URL=" + db,
 		"OAUTH_CLIENT_ID=" + s.oauth.ClientID,
@@ -63,7 +65,7 @@ func newStacks(t *testing.T, s *server, db string, n int, authStyle string) *env
 	}
 	cfg, err := di.ConfigFromEnv(environ)
 	if err != nil {
-		t.Fatalf("configuration: %v", err)
+		r.fatalf("configuration: %v", err)
 	}
 	for i := range n {
 		buf := &syncBuffer{}
@@ -71,7 +73,7 @@ func newStacks(t *testing.T, s *server, db string, n int, authStyle string) *env
 		m := metrics.New(metrics.Options{Log: log})
 		tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, log, di.TokenOptions{App: fmt.Sprintf("conformance%d", i), Metrics: m})
 		if err != nil {
-			t.Fatalf("stack %d: %v", i, err)
+			r.fatalf("stack %d: %v", i, err)
 		}
 		t.Cleanup(cleanup)
 		api, err := apiclient.New(s.api, tokens.RefreshToken, apiclient.Options{Timeout: 5 * time.Second})
@@ -93,7 +95,7 @@ func newStacks(t *testing.T, s *server, db string, n int, authStyle string) *env
 	for _, st := range e.stacks {
 		for gauge(t, st.metrics.Registry(), "tokenguard_token_listener_connected", nil) != 1 {
 			if time.Now().After(deadline) {
-				t.Fatal("change listener did not connect within 10s")
+				r.fatalf("change listener did not connect within 10s")
 			}
 			time.Sleep(10 * time.Millisecond)
 		}
@@ -109,14 +111,14 @@ func (e *env) connect(name string) domain.Token {
 	defer cancel()
 	tok, err := e.s.grant(ctx)
 	if err != nil {
-		e.t.Fatalf("first grant: %v", err)
+		e.r.fatalf("first grant: %v", err)
 	}
 	if tok.RefreshToken == "" {
-		e.t.Fatal("first grant: no refresh token")
+		e.r.fatalf("first grant: no refresh token")
 	}
 	stored, err := e.stacks[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok))
 	if err != nil {
-		e.t.Fatalf("store first grant: %v", err)
+		e.r.fatalf("store first grant: %v", err)
 	}
 	return stored
 }
@@ -126,7 +128,7 @@ func (e *env) stored(name string) domain.Token {
 	e.t.Helper()
 	tok, err := e.stacks[0].tokens.Repository.Get(context.Background(), name)
 	if err != nil {
-		e.t.Fatalf("read %s: %v", name, err)
+		e.r.fatalf("read %s: %v", name, err)
 	}
 	return tok
 }
@@ -198,13 +200,13 @@ func (st *stack) call(ctx context.Context, name string) (int, error) {
 }
 
 // status calls the API with a given access token, bypassing tokenguard.
-func status(t *testing.T, api, accessToken string) int {
-	t.Helper()
+func status(r *run, api, accessToken string) int {
+	r.t.Helper()
 	req, _ := http.NewRequest(http.MethodGet, api+"/resource", nil)
 	req.Header.Set("Authorization", "Bearer "+accessToken)
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
-		t.Fatalf("API: %v", err)
+		r.fatalf("API: %v", err)
 	}
 	resp.Body.Close()
 	return resp.StatusCode

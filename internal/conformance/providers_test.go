@@ -264,14 +264,14 @@ var hiddenInput = regexp.MustCompile(`(?is)<input[^>]*type="hidden"[^>]*name="([
 // (and consent) pages, submitting each page's form with its hidden fields
 // plus what fill adds (fill returns false for a page it does not know), until
 // the server redirects to the client's redirect URI with a code, which it
-// exchanges.
+// exchanges (with PKCE, which oidc-provider requires).
 func browserGrant(ctx context.Context, cfg *oauth2.Config, fill func(page string, form url.Values) bool) (*oauth2.Token, error) {
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar, Timeout: 10 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	state := "conformance-state"
+	state, verifier := "conformance-state", oauth2.GenerateVerifier()
 	next, _ := http.NewRequestWithContext(ctx, http.MethodGet,
-		cfg.AuthCodeURL(state, oauth2.SetAuthURLParam("prompt", "consent")), nil)
+		cfg.AuthCodeURL(state, oauth2.SetAuthURLParam("prompt", "consent"), oauth2.S256ChallengeOption(verifier)), nil)
 	for step := 0; step < 12; step++ {
 		resp, err := client.Do(next)
 		if err != nil {
@@ -293,7 +293,7 @@ func browserGrant(ctx context.Context, cfg *oauth2.Config, fill func(page string
 				if q.Get("state") != state || q.Get("code") == "" {
 					return nil, errors.New("authorization redirect without code or with a wrong state")
 				}
-				return cfg.Exchange(ctx, q.Get("code"))
+				return cfg.Exchange(ctx, q.Get("code"), oauth2.VerifierOption(verifier))
 			}
 			next, _ = http.NewRequestWithContext(ctx, http.MethodGet, loc.String(), nil)
 		case resp.StatusCode == http.StatusOK:

@@ -1,13 +1,14 @@
 // A real, separate-process authorization server for tokenguard's
 // conformance suite: panva's oidc-provider (certified OpenID Provider) with
 // refresh-token rotation on every refresh. The Go side starts it with
-// `node server.mjs`, reads the first line of stdout ({"listening": URL}) and
-// then one JSON line per token-endpoint event. No token value is ever logged.
+// `node server.mjs` (oidc-provider 8 supports Node 18 and later; 9 wants
+// 22), reads the first line of stdout ({"listening": URL}) and then one
+// JSON line per token-endpoint event. No token value is ever logged.
 //
 // Clients (the secret comes from CLIENT_SECRET):
 //   tokenguard        registered with token_endpoint_auth_method
 //                     client_secret_post; oidc-provider accepts HTTP Basic
-//                     for it as well (lib/shared/client_auth.js treats the
+//                     for it as well (lib/shared/token_auth.js treats the
 //                     two as one family)
 //   resource-server   introspection only (the test's protected API)
 //
