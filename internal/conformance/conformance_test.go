@@ -248,12 +248,14 @@ func (g *gate) RoundTrip(req *http.Request) (*http.Response, error) {
 }
 
 // unauthorizedAfterOtherRefresh: stack A sends a request with the current
-// access token; before it arrives, stack B refreshes (the token came due).
-// At a server that revokes the previous access token on refresh, A's
-// request is answered 401, and apiclient.Transport recovers it with one
-// forced refresh, which finds B's token stored and calls no server. At a
-// server that keeps the previous access token valid until it expires, the
-// request succeeds and nothing is forced.
+// access token; before it arrives, stack B refreshes the token (as it does
+// after a 401 of its own: a forced refresh, so that the old access token is
+// far from its expiry and only the refresh can have revoked it). At a
+// server that revokes the previous access token on refresh, A's request is
+// answered 401, and apiclient.Transport recovers it with one forced
+// refresh, which finds B's token stored and calls no server. At a server
+// that keeps the previous access token valid until it expires, the request
+// succeeds and A forces nothing.
 func unauthorizedAfterOtherRefresh(r *run) conformance.Cell {
 	const name = "after401"
 	e := newStacks(r, 2, r.s.style)
@@ -276,25 +278,26 @@ func unauthorizedAfterOtherRefresh(r *run) conformance.Cell {
 	}()
 	<-g.entered // A holds the token of version old.Version, in flight
 
-	e.waitDue(name)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	next, err := b.tokens.RefreshToken.Token(ctx, name)
+	next, err := b.tokens.RefreshToken.ForceRefresh(ctx, name, old.Version)
 	if err != nil {
-		r.failf("stack B: Token: %v", err)
 		close(g.release)
 		<-result
-		return conformance.Cell{}
+		r.fatalf("stack B: refresh: %v", err)
 	}
 	if next.Version == old.Version {
 		r.failf("stack B did not refresh")
 	}
 	revoked := status(r, r.s.api, old.AccessToken.Reveal()) == http.StatusUnauthorized
+	if left := time.Until(old.Expiry); left < 500*time.Millisecond {
+		r.failf("the old access token is %v from its expiry: its 401 would not tell a revocation", left)
+	}
 	close(g.release)
 	if err := <-result; err != nil {
 		r.failf("stack A's request: %v", err)
 	}
-	forced := e.counter("tokenguard_token_forced_refresh_requests_total", nil)
+	forced := gauge(r, a.metrics.Registry(), "tokenguard_token_forced_refresh_requests_total", nil)
 	g.mu.Lock()
 	statuses := append([]int(nil), g.statuses...)
 	g.mu.Unlock()

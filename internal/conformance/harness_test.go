@@ -93,7 +93,7 @@ func newStacks(r *run, n int, authStyle string) *env {
 	// it, as a process serving traffic would have.
 	deadline := time.Now().Add(10 * time.Second)
 	for _, st := range e.stacks {
-		for gauge(t, st.metrics.Registry(), "tokenguard_token_listener_connected", nil) != 1 {
+		for gauge(r, st.metrics.Registry(), "tokenguard_token_listener_connected", nil) != 1 {
 			if time.Now().After(deadline) {
 				r.fatalf("change listener did not connect within 10s")
 			}
@@ -148,17 +148,17 @@ func (e *env) waitDue(name string) {
 func (e *env) counter(name string, labels map[string]string) float64 {
 	var sum float64
 	for _, st := range e.stacks {
-		sum += gauge(e.t, st.metrics.Registry(), name, labels)
+		sum += gauge(e.r, st.metrics.Registry(), name, labels)
 	}
 	return sum
 }
 
 // gauge reads the sum of a metric's series that carry labels.
-func gauge(t *testing.T, reg *prometheus.Registry, name string, labels map[string]string) float64 {
-	t.Helper()
+func gauge(r *run, reg *prometheus.Registry, name string, labels map[string]string) float64 {
+	r.t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
-		t.Fatal(err)
+		r.fatalf("metrics: %v", err)
 	}
 	var sum float64
 	for _, mf := range mfs {
