@@ -480,10 +480,12 @@ func invalidClientWindow(r *run) conformance.Cell {
 	time.Sleep(time.Until(opens))
 	r.s.proxy.SetMode(conformance.RejectClient)
 	time.Sleep(time.Until(opens.Add(window)))
-	r.s.proxy.SetMode(conformance.Pass)
+	// Traffic and watching stop before the window closes: what the
+	// watcher saw happened inside it.
+	tr.halt()
 	inWindow := r.s.proxy.Since(mark)
 	callsInWindow, failuresInWindow := tr.calls.Load(), tr.failures.Load()
-	tr.halt()
+	r.s.proxy.SetMode(conformance.Pass)
 	if v := changed.Load(); v != nil {
 		r.failf("stored row changed during the window: %s", v)
 	}
@@ -528,10 +530,12 @@ func unavailableWindow(r *run) conformance.Cell {
 	time.Sleep(time.Until(opens))
 	r.s.proxy.SetMode(conformance.Unavailable)
 	time.Sleep(time.Until(opens.Add(window)))
-	r.s.proxy.SetMode(conformance.Pass)
+	// Traffic and watching stop before the window closes: what the
+	// watcher saw happened inside it.
+	tr.halt()
 	inWindow := r.s.proxy.Since(mark)
 	callsInWindow, failuresInWindow := tr.calls.Load(), tr.failures.Load()
-	tr.halt()
+	r.s.proxy.SetMode(conformance.Pass)
 	if v := changed.Load(); v != nil {
 		r.failf("stored token changed during the window: %s", v)
 	}

@@ -29,7 +29,6 @@ const (
 
 // Answer is one token request as the proxy saw it. It holds no secret.
 type Answer struct {
-	At        time.Time
 	GrantType string // grant_type of the request
 	Auth      string // "basic", "post" or "none": where the client put its credentials
 	Status    int
@@ -117,7 +116,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	form, _ := url.ParseQuery(string(body))
-	a := Answer{At: time.Now(), GrantType: form.Get("grant_type"), Auth: "none"}
+	a := Answer{GrantType: form.Get("grant_type"), Auth: "none"}
 	id, secret, basic := r.BasicAuth()
 	switch {
 	case basic:

@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -17,18 +16,13 @@ import (
 // grant) is answered 401 with WWW-Authenticate: Bearer
 // error="invalid_token" (RFC 6750 §3.1), like a resource server does.
 type Resource struct {
-	IntrospectionURL   string
-	ClientID, Secret   string // the resource server's credentials (HTTP Basic)
-	Client             *http.Client
-	accepted, rejected atomic.Int64
+	IntrospectionURL string
+	ClientID, Secret string // the resource server's credentials (HTTP Basic)
+	Client           *http.Client
 }
 
 // Path is where Resource answers.
 const Path = "/resource"
-
-// Accepted and Rejected count the answers so far.
-func (r *Resource) Accepted() int64 { return r.accepted.Load() }
-func (r *Resource) Rejected() int64 { return r.rejected.Load() }
 
 func (r *Resource) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	scheme, token, ok := strings.Cut(req.Header.Get("Authorization"), " ")
@@ -46,13 +40,11 @@ func (r *Resource) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	}
 	w.Header().Set("Content-Type", "application/json")
 	if !active {
-		r.rejected.Add(1)
 		w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 		w.WriteHeader(http.StatusUnauthorized)
 		_, _ = w.Write([]byte(`{"error":"invalid_token"}`))
 		return
 	}
-	r.accepted.Add(1)
 	_, _ = w.Write([]byte(`{"ok":true}`))
 }
 
