@@ -34,6 +34,7 @@ const (
 	sc401           = "401 after another process's refresh"
 	scInvalidGrant  = "invalid_grant"
 	scInvalidClient = "invalid_client window"
+	scClientAuto    = "invalid_client window, defaults"
 	scUnavailable   = "transient 503 window"
 	scAutoStyle     = "auth style auto-detected (defaults)"
 	scControl       = "control: stale refresh token presented again"
@@ -48,9 +49,12 @@ var scenarios = []scenario{
 	{scStorm, stormAtExpiry},
 	{sc401, unauthorizedAfterOtherRefresh},
 	{scInvalidGrant, invalidGrant},
-	{scInvalidClient, invalidClientWindow},
+	{scInvalidClient, func(r *run) conformance.Cell { return invalidClientWindow(r, r.s.style) }},
 	{scUnavailable, unavailableWindow},
 	{scAutoStyle, autoAuthStyle},
+	// The same window with OAUTH_AUTH_STYLE at its default: the rejected
+	// probe must not teach the stacks a wrong style.
+	{scClientAuto, func(r *run) conformance.Cell { return invalidClientWindow(r, "") }},
 	{scControl, staleCopyControl},
 }
 
@@ -462,10 +466,10 @@ const recovery = 8 * time.Second
 // secret, the server answers invalid_client), while 3 stacks keep calling.
 // The connection never changes status, the stored token is not replaced,
 // and every stack is refreshed and calling again within seconds of the
-// window's end.
-func invalidClientWindow(r *run) conformance.Cell {
-	const name = "clientwindow"
-	e := newStacks(r, 3, r.s.style)
+// window's end. authStyle "" leaves OAUTH_AUTH_STYLE at its default.
+func invalidClientWindow(r *run, authStyle string) conformance.Cell {
+	name := "clientwindow" + authStyle
+	e := newStacks(r, 3, authStyle)
 	tok := e.connect(name)
 	mark, own := r.s.proxy.Mark(), r.s.ownReuse()
 	var changed atomic.Value
