@@ -72,13 +72,13 @@ func (m *Matrix) Failed() bool {
 	return false
 }
 
-// Markdown renders the table: one row per provider, one column per
-// scenario, and the provider's own reuse count last. A scenario that did
-// not run shows "not run".
+// Markdown renders the table (one row per provider, one column per
+// scenario, the provider's own reuse count last; a scenario that did not
+// run shows "not run"), then each cell's note, and why failed cells failed.
 func (m *Matrix) Markdown() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	var b strings.Builder
+	var b, notes strings.Builder
 	b.WriteString("| provider |")
 	for _, s := range m.scenarios {
 		b.WriteString(" " + s + " |")
@@ -91,12 +91,18 @@ func (m *Matrix) Markdown() string {
 		for _, s := range m.scenarios {
 			c, ok := m.cells[[2]string{p, s}]
 			b.WriteString(" " + cellText(c, ok) + " |")
+			if ok && c.Note != "" {
+				fmt.Fprintf(&notes, "- %s, %s: %s\n", p, s, c.Note)
+			}
 		}
 		f := m.footer[p]
 		if f == "" {
 			f = "—"
 		}
 		b.WriteString(" " + f + " |\n")
+	}
+	if notes.Len() > 0 {
+		b.WriteString("\n" + notes.String())
 	}
 	return b.String()
 }
@@ -109,11 +115,7 @@ func cellText(c Cell, ok bool) string {
 	if !c.Pass {
 		verdict = "**FAIL**"
 	}
-	s := fmt.Sprintf("%s: %d refresh%s, %d reuse", verdict, c.Refreshes, plural(c.Refreshes, "es"), c.Reuse)
-	if c.Note != "" {
-		s += "; " + strings.ReplaceAll(c.Note, "|", "/")
-	}
-	return s
+	return fmt.Sprintf("%s: %d refresh%s, %d reuse", verdict, c.Refreshes, plural(c.Refreshes, "es"), c.Reuse)
 }
 
 func plural(n int, suffix string) string {

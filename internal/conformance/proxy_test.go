@@ -104,21 +104,3 @@ func TestProxyModesAndCounts(t *testing.T) {
 		t.Errorf("auth methods seen: %v", auth)
 	}
 }
-
-func TestMatrixMarkdown(t *testing.T) {
-	m := NewMatrix("a", "b")
-	m.AddProvider("p1")
-	m.Set("p2", "a", Cell{Pass: true, Refreshes: 1, Note: "x|y"})
-	m.Set("p1", "b", Cell{Refreshes: 2, Reuse: 1, Note: "why"})
-	m.SetProviderLog("p1", "0")
-	got := m.Markdown()
-	want := "| provider | a | b | provider's own log: reuse |\n|---|---|---|---|\n" +
-		"| p1 | not run | **FAIL**: 2 refreshes, 1 reuse; why | 0 |\n" +
-		"| p2 | pass: 1 refresh, 0 reuse; x/y | not run | — |\n"
-	if got != want {
-		t.Errorf("got\n%s\nwant\n%s", got, want)
-	}
-	if !m.Failed() {
-		t.Error("Failed() = false with a failed cell")
-	}
-}
