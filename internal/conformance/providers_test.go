@@ -201,7 +201,7 @@ func zitadelServer(t *testing.T) *server {
 		},
 		ownReuse: func() int { return int(st.reuse.Load()) },
 		// The example OP logs no reuse; the storage wrapper counts it.
-		ownSource: "counted in its storage",
+		ownSource: "its storage, wrapped by the test: the example OP logs no reuse",
 	}
 	return s.withProxy(t)
 }
