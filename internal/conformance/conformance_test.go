@@ -15,7 +15,6 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/internal/conformance"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
@@ -268,7 +267,9 @@ func unauthorizedAfterOtherRefresh(r *run) conformance.Cell {
 	mark, own := r.s.proxy.Mark(), r.s.ownReuse()
 
 	g := &gate{base: http.DefaultTransport, entered: make(chan struct{}), release: make(chan struct{})}
-	client := &http.Client{Transport: &apiclient.Transport{Tokens: a.tokens.RefreshToken, Connection: name, Base: g}}
+	// The apps' client (tokenguard.Tokens.Client: apiclient.Transport)
+	// over the gate, passed the way x/oauth2 takes a base client.
+	client := a.tokens.Guard.Client(context.WithValue(context.Background(), oauth2.HTTPClient, &http.Client{Transport: g}), name)
 	result := make(chan error, 1)
 	go func() {
 		resp, err := client.Get(r.s.api + "/resource")
@@ -301,7 +302,7 @@ func unauthorizedAfterOtherRefresh(r *run) conformance.Cell {
 	if err := <-result; err != nil {
 		r.failf("stack A's request: %v", err)
 	}
-	forced := gauge(r, a.metrics.Registry(), "tokenguard_token_forced_refresh_requests_total", nil)
+	forced := gauge(r, a.metrics, "tokenguard_token_forced_refresh_requests_total", nil)
 	g.mu.Lock()
 	statuses := append([]int(nil), g.statuses...)
 	g.mu.Unlock()

@@ -16,7 +16,6 @@ import (
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
-	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
@@ -25,11 +24,12 @@ import (
 const skew = time.Second
 
 // stack is what one app process holds, built the way the apps build it
-// (di.NewTokensWith: its own pool, cache, change listener, provider
-// client and retry policy), plus the API client the apps use.
+// (di.NewTokensWith on the root package tokenguard: its own pool, cache,
+// change listener, provider client and retry policy), plus the API client
+// the apps use.
 type stack struct {
 	tokens  *di.Tokens
-	metrics *metrics.Metrics
+	metrics *prometheus.Registry
 	api     *apiclient.Client
 	log     *syncBuffer
 }
@@ -70,13 +70,13 @@ func newStacks(r *run, n int, authStyle string) *env {
 	for i := range n {
 		buf := &syncBuffer{}
 		log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})).With("stack", i)
-		m := metrics.New(metrics.Options{Log: log})
-		tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, log, di.TokenOptions{App: fmt.Sprintf("conformance%d", i), Metrics: m})
+		m := prometheus.NewRegistry()
+		tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, log, di.TokenOptions{App: fmt.Sprintf("conformance%d", i), Registry: m})
 		if err != nil {
 			r.fatalf("stack %d: %v", i, err)
 		}
 		t.Cleanup(cleanup)
-		api, err := apiclient.New(s.api, tokens.RefreshToken, apiclient.Options{Timeout: 5 * time.Second})
+		api, err := apiclient.New(s.api, tokens.Guard, apiclient.Options{Timeout: 5 * time.Second})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -93,7 +93,7 @@ func newStacks(r *run, n int, authStyle string) *env {
 	// it, as a process serving traffic would have.
 	deadline := time.Now().Add(10 * time.Second)
 	for _, st := range e.stacks {
-		for gauge(r, st.metrics.Registry(), "tokenguard_token_listener_connected", nil) != 1 {
+		for gauge(r, st.metrics, "tokenguard_token_listener_connected", nil) != 1 {
 			if time.Now().After(deadline) {
 				r.fatalf("change listener did not connect within 10s")
 			}
@@ -148,7 +148,7 @@ func (e *env) waitDue(name string) {
 func (e *env) counter(name string, labels map[string]string) float64 {
 	var sum float64
 	for _, st := range e.stacks {
-		sum += gauge(e.r, st.metrics.Registry(), name, labels)
+		sum += gauge(e.r, st.metrics, name, labels)
 	}
 	return sum
 }
