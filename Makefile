@@ -69,10 +69,17 @@ migrate: build
 	./bin/tokenctl migrate
 
 # The performance figures, measured side by side in one run, then the table
-# of ratios against the targets (cmd/benchreport). Run on a quiet machine.
-BENCH ?= TokenHot|RefreshStorm|ProactiveRefresh|CacheMemory|Invalidate
+# of ratios against the targets and the peer designs' table
+# (cmd/benchreport, docs/benchmarks.md). Run on a quiet machine. The storm
+# runs in STORM_BATCHES batches of STORMS storms; its figures are the
+# medians over the batches. The Nango-style peer needs Redis at
+# TEST_REDIS_ADDR (default 127.0.0.1:6379).
+BENCH ?= TokenHot|ProactiveRefresh|CacheMemory|Invalidate
+STORMS ?= 10
+STORM_BATCHES ?= 5
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./usecase/ | tee bench.out
+	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./usecase/ | tee -a bench.out
 	$(GO) run ./cmd/benchreport < bench.out
 
 # One command, a fresh machine: the sandbox provider, a fresh database (on

@@ -27,7 +27,8 @@ import (
 // runs them and prints the ratios (cmd/benchreport).
 
 // BenchmarkTokenHot compares the hot path (a cached, fresh token) with
-// x/oauth2's in-memory reuse and with reading the row on every call.
+// x/oauth2's in-memory reuse, with reading the row on every call, and with
+// the hot path of each peer design.
 func BenchmarkTokenHot(b *testing.B) {
 	quiet(b)
 	w := newWorld(b, time.Hour)
@@ -61,6 +62,22 @@ func BenchmarkTokenHot(b *testing.B) {
 			}
 		})
 	})
+	// The peers' designs (peers_test.go), one process each: every one of
+	// them reads the database on each call.
+	for _, name := range peerNames {
+		p := newPeer(b, w, name, 1)
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					if err := p.call(ctx, 0); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+		})
+	}
 	b.Run("db-read", func(b *testing.B) {
 		var key int32
 		if err := s.db.Raw("SELECT id FROM connections WHERE name = ?", conn).Scan(&key).Error; err != nil {
@@ -137,7 +154,9 @@ func (c *stormClock) expire(tb testing.TB, s *stack) {
 
 // BenchmarkRefreshStorm: 3 independent stacks (own pools, caches,
 // listeners) x 200 goroutines ask for an expired token at once, against the
-// strict provider with a fixed latency. One op is one storm.
+// strict provider with a fixed latency. One op is one storm; after it, the
+// provider-only storm, the protocol floor and every peer design meet the
+// same storm in turn (only tokenguard's is timed as the op).
 func BenchmarkRefreshStorm(b *testing.B) {
 	quiet(b)
 	const (
@@ -195,6 +214,13 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	// same fan-out (protocolFloor).
 	floor := newProtocolFloor(b, w, stacks)
 
+	// The designs peers ship (peers_test.go), each in a database of its
+	// own, with the same fan-out and provider.
+	peers := make([]*peerStorm, len(peerNames))
+	for k, name := range peerNames {
+		peers[k] = &peerStorm{name: name, p: newPeer(b, w, name, stacks)}
+	}
+
 	var waits, bareWaits, floorWaits []time.Duration
 	var peaks []int64
 	var refreshes, reuse int64
@@ -202,6 +228,9 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	for i := -1; i < b.N; i++ { // op -1 warms the pools up and is not counted
 		if i == 0 {
 			waits, bareWaits, floorWaits, peaks, refreshes, reuse = waits[:0], bareWaits[:0], floorWaits[:0], peaks[:0], 0, 0
+			for _, p := range peers {
+				p.clear()
+			}
 		}
 		b.StopTimer()
 		clock.expire(b, seed)
@@ -231,6 +260,9 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		if after := w.provider.Stats(); after.Refreshes-before.Refreshes != 1 || after.RefreshReuse != before.RefreshReuse {
 			b.Fatalf("protocol floor: %d refreshes, %d reuse in one storm", after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse)
 		}
+		for _, p := range peers {
+			p.run(b, w, stacks, goroutines)
+		}
 		b.StartTimer()
 	}
 	b.StopTimer()
@@ -251,6 +283,9 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	// What the refreshing process waited for the provider: the configured
 	// delay plus the provider's own work and the HTTP exchange.
 	b.ReportMetric(ms(obs.mean()), "provider-ms")
+	for _, p := range peers {
+		p.report(b)
+	}
 }
 
 // storm starts goroutines goroutines per stack, lets them call at once and

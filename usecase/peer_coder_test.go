@@ -90,7 +90,7 @@ func newCoderPeer(tb testing.TB, w *world, stacks int) *coderPeer {
 	return p
 }
 
-func (p *coderPeer) gauge() *gauge { return &p.g }
+func (p *coderPeer) watch() func() int64 { return p.g.watch() }
 
 func (p *coderPeer) expire(tb testing.TB) {
 	var exp time.Time

@@ -101,7 +101,7 @@ func newGrafanaPeer(tb testing.TB, w *world, stacks int) *grafanaPeer {
 	return p
 }
 
-func (p *grafanaPeer) gauge() *gauge { return &p.g }
+func (p *grafanaPeer) watch() func() int64 { return p.g.watch() }
 
 func (p *grafanaPeer) expire(tb testing.TB) {
 	var exp time.Time

@@ -124,7 +124,7 @@ func databaseName(tb testing.TB, dbURL string) string {
 	return strings.TrimPrefix(u.Path, "/")
 }
 
-func (p *nangoPeer) gauge() *gauge { return &p.g }
+func (p *nangoPeer) watch() func() int64 { return p.g.watch() }
 
 func (p *nangoPeer) expire(tb testing.TB) {
 	var exp time.Time

@@ -2,7 +2,9 @@ package usecase_test
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,15 +31,15 @@ import (
 type seedPeer struct {
 	procs []*seedProc
 	clock peerClock
-	g     gauge
 	read  *repository.TokenRepository
 }
 
 type seedProc struct {
-	peer *seedPeer
-	db   *gorm.DB
-	repo *repository.TokenRepository
-	ref  *provider.Refresher
+	peer  *seedPeer
+	db    *gorm.DB
+	sqlDB *sql.DB
+	repo  *repository.TokenRepository
+	ref   *provider.Refresher
 }
 
 const (
@@ -65,12 +67,39 @@ func newSeedPeer(tb testing.TB, w *world, stacks int) *seedPeer {
 	p.clock.issued()
 	for range stacks {
 		db := open(20)
-		p.procs = append(p.procs, &seedProc{peer: p, db: db, repo: repository.NewTokenRepository(db), ref: provider.NewRefresher(w.oauth, nil)})
+		sqlDB, err := db.DB()
+		if err != nil {
+			tb.Fatal(err)
+		}
+		p.procs = append(p.procs, &seedProc{peer: p, db: db, sqlDB: sqlDB, repo: repository.NewTokenRepository(db), ref: provider.NewRefresher(w.oauth, nil)})
 	}
 	return p
 }
 
-func (p *seedPeer) gauge() *gauge { return &p.g }
+// watch samples the pools' connections in use every 100 µs: database/sql
+// tells when a connection is taken from its pool to nobody but itself.
+func (p *seedPeer) watch() func() int64 {
+	var peak atomic.Int64
+	stop, done := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(100 * time.Microsecond)
+		defer t.Stop()
+		for {
+			var n int64
+			for _, s := range p.procs {
+				n += int64(s.sqlDB.Stats().InUse)
+			}
+			peak.Store(max(peak.Load(), n))
+			select {
+			case <-stop:
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() int64 { close(stop); <-done; return peak.Load() }
+}
 
 func (p *seedPeer) expire(tb testing.TB) {
 	t, err := p.read.Get(context.Background(), conn)
@@ -83,17 +112,13 @@ func (p *seedPeer) expire(tb testing.TB) {
 // call is RefreshTokenUseCase.Token as the seed wrote it.
 func (p *seedPeer) call(ctx context.Context, i int) error {
 	s := p.procs[i]
-	p.g.enter()
 	t, err := s.repo.Get(ctx, conn)
-	p.g.leave()
 	if err != nil {
 		return err
 	}
 	if t.FreshAt(p.clock.Now(), seedSkew) {
 		return nil
 	}
-	p.g.enter()
-	defer p.g.leave()
 	return s.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
 		if err := tx.Exec("SELECT set_config('lock_timeout', ?, true)", fmt.Sprintf("%dms", seedLockWait.Milliseconds())).Error; err != nil {
 			return err

@@ -32,8 +32,9 @@ type peer interface {
 	// expire moves the design's clock just past the point at which it
 	// refreshes the stored token, as at a real expiry.
 	expire(tb testing.TB)
-	// gauge counts the database connections its processes hold.
-	gauge() *gauge
+	// watch starts counting the database connections its processes hold;
+	// peak stops and returns the most held at once.
+	watch() (peak func() int64)
 }
 
 // peerNames are the designs, in the order the benchmarks run them.
@@ -71,7 +72,11 @@ func (g *gauge) enter() {
 
 func (g *gauge) leave() { g.cur.Add(-1) }
 
-func (g *gauge) reset() { g.peak.Store(g.cur.Load()) }
+// watch is peer.watch for designs whose pools count into g.
+func (g *gauge) watch() func() int64 {
+	g.peak.Store(g.cur.Load())
+	return g.peak.Load
+}
 
 // countedPool opens a pgx pool of size conns whose acquired connections g
 // counts.
@@ -150,7 +155,7 @@ func (s *peerStorm) clear() {
 // caller's error counted, not fatal (some designs give up under load).
 func (s *peerStorm) run(b *testing.B, w *world, stacks, goroutines int) {
 	s.p.expire(b)
-	s.p.gauge().reset()
+	peak := s.p.watch()
 	before := w.provider.Stats()
 	var errs atomic.Int64
 	s.waits = storm(b, stacks, goroutines, s.waits, func(i int) error {
@@ -163,7 +168,7 @@ func (s *peerStorm) run(b *testing.B, w *world, stacks, goroutines int) {
 	s.refreshes += after.Refreshes - before.Refreshes
 	s.reuse += after.RefreshReuse - before.RefreshReuse
 	s.errors += errs.Load()
-	s.peaks = append(s.peaks, s.p.gauge().peak.Load())
+	s.peaks = append(s.peaks, peak())
 }
 
 func (s *peerStorm) report(b *testing.B) {

@@ -1,6 +1,7 @@
 // Command benchreport reads `go test -bench` output on stdin and prints the
-// table of figures against the performance targets (make bench). It exits 1
-// when a target is missed.
+// table of figures against the performance targets (make bench), then the
+// peer designs' figures beside tokenguard's. It exits 1 when a target is
+// missed.
 package main
 
 import (
@@ -16,7 +17,10 @@ func main() {
 		fmt.Fprintln(os.Stderr, "benchreport:", err)
 		os.Exit(2)
 	}
-	if !benchreport.Write(os.Stdout, r.Checks()) {
+	met := benchreport.Write(os.Stdout, r.Checks())
+	fmt.Println()
+	benchreport.WritePeers(os.Stdout, r.PeerRows())
+	if !met {
 		os.Exit(1)
 	}
 }
