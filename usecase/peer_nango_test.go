@@ -246,12 +246,14 @@ func BenchmarkProactiveRefreshNangoCron(b *testing.B) {
 	p := newNangoPeer(b, w, 1)
 	s := p.procs[0]
 	ctx := context.Background()
-	loadNangoConnections(b, w, p.read, conns)
+	loadNangoConnections(b, w, p.read, conns-1) // and the peer's own, acme
 	w.provider.SetRefreshLatency(latency)
 	before := w.provider.Stats()
-	var swept int
+	var (
+		swept   int
+		elapsed time.Duration
+	)
 	b.ResetTimer()
-	start := time.Now()
 	for range b.N {
 		b.StopTimer()
 		if _, err := p.read.Exec(ctx, `UPDATE _nango_connections SET last_fetched_at = NULL`); err != nil {
@@ -265,7 +267,9 @@ func BenchmarkProactiveRefreshNangoCron(b *testing.B) {
 		p.clock.pass(latest.Add(-nangoMargin))
 		refreshed := w.provider.Stats().Refreshes
 		b.StartTimer()
+		start := time.Now()
 		n, err := s.cron(ctx, page)
+		elapsed += time.Since(start)
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -278,7 +282,7 @@ func BenchmarkProactiveRefreshNangoCron(b *testing.B) {
 	}
 	b.StopTimer()
 	after := w.provider.Stats()
-	b.ReportMetric(float64(swept)/time.Since(start).Seconds(), "conns/s")
+	b.ReportMetric(float64(swept)/elapsed.Seconds(), "conns/s")
 	b.ReportMetric(float64(after.RefreshReuse-before.RefreshReuse), "reuse")
 }
 
