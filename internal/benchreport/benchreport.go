@@ -158,11 +158,12 @@ func (r Results) Checks() []Check {
 	base99, ok := r.get(storm, "baseline-p99-ms")
 	info(fmt.Sprintf("storm: p99 wait over the provider-only storm's p99 (%.1f ms)", base99), p99ok && ok, p99-base99, "%+.1f ms")
 
+	var c *Check
 	for _, p := range Peers {
 		valid, found := r.peerValid(p)
 		n, _ := r.get(storm, p+"-refreshes/op")
 		ru, _ := r.get(storm, p+"-reuse/op")
-		c := add(fmt.Sprintf("storm: %s refreshes per expiry, reuse (else its figures do not count)", p), "1, 0", found, 0, "", valid)
+		c = add(fmt.Sprintf("storm: %s refreshes per expiry, reuse (else its figures do not count)", p), "1, 0", found, 0, "", valid)
 		if found {
 			c.Value = fmt.Sprintf("%.2f, %.0f", n, ru)
 		}
@@ -181,8 +182,12 @@ func (r Results) Checks() []Check {
 	rate, ok1 := r.get(sweep, "conns/s")
 	want, ok2 := r.get(sweep, "target-conns/s")
 	pms, _ := r.get(sweep, "provider-ms")
-	missBy(add(fmt.Sprintf("proactive sweep: conns/s vs concurrency / provider latency (%.1f ms seen)", pms), fmt.Sprintf("%.0f/s +-20%%", want), ok1 && ok2, rate, "%.0f/s", rate >= 0.8*want && rate <= 1.2*want),
-		"%.0f/s", min(rate-0.8*want, rate-1.2*want))
+	c = add(fmt.Sprintf("proactive sweep: conns/s vs concurrency / provider latency (%.1f ms seen)", pms), fmt.Sprintf("%.0f/s +-20%%", want), ok1 && ok2, rate, "%.0f/s", rate >= 0.8*want && rate <= 1.2*want)
+	if rate < 0.8*want {
+		missBy(c, "%.0f/s below", 0.8*want-rate)
+	} else {
+		missBy(c, "%.0f/s above", rate-1.2*want)
+	}
 	sreuse, ok := r.get(sweep, "reuse")
 	add("proactive sweep: reuse", "0", ok, sreuse, "%.0f", sreuse == 0)
 	nango, ok3 := r.get(cron, "conns/s")

@@ -76,6 +76,9 @@ func TestChecks(t *testing.T) {
 	if c := got["proactive sweep / Nango's cron (pages of 100, one process: 40/s)"]; !c.Info || c.Value != "10.0x" {
 		t.Errorf("cron row %+v", c)
 	}
+	if c := got["proactive sweep: conns/s vs concurrency / provider latency (21.4 ms seen)"]; !c.Met || c.Value != "400/s" {
+		t.Errorf("sweep rate %+v", c)
+	}
 	if c := got["proactive sweep: reuse"]; !c.Met {
 		t.Errorf("sweep reuse %+v", c)
 	}
@@ -126,5 +129,19 @@ func TestPeerTable(t *testing.T) {
 	}
 	if !strings.Contains(row("grafana"), "231") {
 		t.Errorf("grafana row lacks its failed calls: %s", row("grafana"))
+	}
+}
+
+func TestSweepMissSaysWhichSide(t *testing.T) {
+	for _, c := range []struct {
+		rate float64
+		by   string
+	}{{200, "174/s below"}, {700, "138/s above"}, {468, ""}} {
+		r := Results{"ProactiveRefresh": {"conns/s": {c.rate}, "target-conns/s": {468}, "provider-ms": {21.4}}}
+		for _, row := range r.Checks() {
+			if strings.HasPrefix(row.What, "proactive sweep: conns/s") && (row.By != c.by || row.Met != (c.by == "")) {
+				t.Errorf("rate %v: %+v", c.rate, row)
+			}
+		}
 	}
 }
