@@ -114,25 +114,32 @@ func refreshWith(ctx context.Context, cfg *oauth2.Config, refreshToken string) (
 	return cfg.TokenSource(ctx, &oauth2.Token{RefreshToken: refreshToken}).Token()
 }
 
-// peerClock is a design's clock: the wall clock moved forward by pass.
+// peerClock is a design's clock: the wall clock until pass stops it at a
+// token's due time. Stopped, the storm's callers all see the instant the
+// token fell due, however long the design keeps them waiting, so the token
+// the storm stores is never due before the storm ends.
 type peerClock struct {
-	offset atomic.Int64
-	next   time.Time // the earliest next pass
+	at   atomic.Int64 // UnixNano; 0: the wall clock
+	next time.Time    // the earliest next pass
 }
 
-func (c *peerClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *peerClock) Now() time.Time {
+	if at := c.at.Load(); at != 0 {
+		return time.Unix(0, at)
+	}
+	return time.Now()
+}
 
-// pass moves the clock to just past t, the point at which the stored
-// token becomes due. The token a storm stores must then be fresh: the
-// provider states lifetimes in whole seconds, so a token issued less than
-// a second after the previous one may expire before it. pass therefore
-// comes at least 1.5 s after the previous one (the storm's refresh comes
-// early in it), and 100 ms after the caller's last write, as
+// pass stops the clock just past t, the point at which the stored token
+// falls due. The provider states lifetimes in whole seconds, so a token
+// issued less than a second after the previous one may expire before it:
+// pass comes at least 1.5 s after the previous pass or grant (a storm's
+// refresh comes early in it), and 100 ms after the caller's last write, as
 // stormClock.expire does.
 func (c *peerClock) pass(t time.Time) {
 	time.Sleep(max(100*time.Millisecond, time.Until(c.next)))
 	c.issued()
-	c.offset.Store(int64(time.Until(t) + time.Millisecond))
+	c.at.Store(t.Add(time.Millisecond).UnixNano())
 }
 
 // issued says a token was stored now.
