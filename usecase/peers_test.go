@@ -2,6 +2,7 @@ package usecase_test
 
 import (
 	"context"
+	"errors"
 	"os"
 	"slices"
 	"sync"
@@ -191,8 +192,9 @@ func (s *peerStorm) report(b *testing.B) {
 
 // TestPeersRefreshOncePerExpiry: before their figures count, every peer
 // design refreshes exactly once per expiry, without reuse and without a
-// failed call, in storms of the benchmark's shape (3 processes, fewer
-// callers).
+// failed call (but for Grafana's giving up after 5 tries, which is its
+// design and which the benchmark counts), in storms of the benchmark's
+// shape (3 processes, fewer callers).
 func TestPeersRefreshOncePerExpiry(t *testing.T) {
 	w := newWorld(t, time.Hour)
 	for _, name := range peerNames {
@@ -208,9 +210,13 @@ func TestPeersRefreshOncePerExpiry(t *testing.T) {
 					for range 20 {
 						wg.Go(func() {
 							<-start
-							if err := p.call(context.Background(), i); err != nil {
+							err := p.call(context.Background(), i)
+							switch {
+							case errors.Is(err, errGrafanaRetriesExhausted):
+								t.Log(err) // the design gives up under contention: reported, not wrong
+							case err != nil:
 								failed.Add(1)
-								t.Log(err)
+								t.Error(err)
 							}
 						})
 					}
