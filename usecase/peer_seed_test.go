@@ -14,6 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
 )
@@ -60,7 +61,7 @@ func newSeedPeer(tb testing.TB, w *world, stacks int) *seedPeer {
 		return db
 	}
 	setup := open(2)
-	p.read = repository.NewTokenRepository(setup)
+	p.read = repository.NewTokenRepository(setup, tokencrypt.Plaintext{})
 	if _, err := di.NewConnectUseCase(setup, time.Second).Connect(context.Background(), conn, provider.GrantFrom(peerGrant(tb, w))); err != nil {
 		tb.Fatal(err)
 	}
@@ -71,7 +72,7 @@ func newSeedPeer(tb testing.TB, w *world, stacks int) *seedPeer {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		p.procs = append(p.procs, &seedProc{peer: p, db: db, sqlDB: sqlDB, repo: repository.NewTokenRepository(db), ref: provider.NewRefresher(w.oauth, nil)})
+		p.procs = append(p.procs, &seedProc{peer: p, db: db, sqlDB: sqlDB, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), ref: provider.NewRefresher(w.oauth, nil)})
 	}
 	return p
 }
@@ -126,7 +127,7 @@ func (p *seedPeer) call(ctx context.Context, i int) error {
 		if err := s.repo.WithAdvisoryLock(tx, conn); err != nil {
 			return err
 		}
-		locked := repository.NewTokenRepository(tx)
+		locked := repository.NewTokenRepository(tx, tokencrypt.Plaintext{})
 		t, err := locked.Get(ctx, conn)
 		if err != nil {
 			return err
