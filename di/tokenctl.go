@@ -75,7 +75,9 @@ func (s ctlStore) Get(ctx context.Context, id string) (domain.Token, error) {
 	return s.Repository.Get(ctx, id)
 }
 
-func (s ctlStore) List(ctx context.Context) ([]domain.Token, error) { return s.Repository.List(ctx) }
+func (s ctlStore) Each(ctx context.Context, fn func(domain.Token) error) error {
+	return s.Repository.Each(ctx, fn)
+}
 
 func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Token, int64, error) {
 	return s.Repository.Reactivate(ctx, id, reason, s.lockWait)

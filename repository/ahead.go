@@ -2,33 +2,76 @@ package repository
 
 import (
 	"context"
+	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// ExpiringBefore lists the active connections whose token expires before
-// t, soonest first.
-func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time) ([]string, error) {
-	var names []string
-	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
-		WHERE t.status = 'active' AND t.expiry < ? ORDER BY t.expiry, c.id`, t).Find(&names).Error
-	if err != nil {
-		return nil, storeError(ctx, "list expiring tokens", err)
-	}
-	return names, nil
+// ExpiringBefore lists up to limit active connections whose token expires
+// before t, soonest first, starting after the cursor after ("" for the
+// first page). next is the cursor of the following page, "" after the
+// last. Each page is a range scan of the index tokens_active_expiry
+// (migration 6), so paging through the table never holds it in memory and
+// a page costs the same however large the table. A token refreshed
+// meanwhile moves past t and is not listed again.
+func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error) {
+	return r.activeBefore(ctx, "expiry", t, after, limit)
 }
 
-// ObtainedBefore lists the active connections whose token was obtained
-// before t, oldest first.
-func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time) ([]string, error) {
-	var names []string
-	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
-		WHERE t.status = 'active' AND t.obtained_at < ? ORDER BY t.obtained_at, c.id`, t).Find(&names).Error
-	if err != nil {
-		return nil, storeError(ctx, "list idle tokens", err)
+// ObtainedBefore is ExpiringBefore for the active connections whose token
+// was obtained before t, oldest first (index tokens_active_obtained).
+func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error) {
+	return r.activeBefore(ctx, "obtained_at", t, after, limit)
+}
+
+// activeBefore pages through the active tokens whose column (expiry or
+// obtained_at) is before t, by (column, connection id).
+func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]string, string, error) {
+	q, args := `t.`+column+` < ?`, []any{t}
+	if after != "" {
+		from, id, err := parseTimeCursor(after)
+		if err != nil {
+			return nil, "", err
+		}
+		q, args = q+` AND (t.`+column+`, t.connection_id) > (?, ?)`, append(args, from, id)
 	}
-	return names, nil
+	var rows []struct {
+		Name string
+		At   time.Time
+		ID   int32
+	}
+	err := r.db.WithContext(ctx).Raw(`SELECT c.name, t.`+column+` AS at, t.connection_id AS id
+		FROM tokens t JOIN connections c ON c.id = t.connection_id
+		WHERE t.status = 'active' AND `+q+`
+		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(args, limit)...).Find(&rows).Error
+	if err != nil {
+		return nil, "", storeError(ctx, "list tokens by "+column, err)
+	}
+	names := make([]string, len(rows))
+	for i, row := range rows {
+		names[i] = row.Name
+	}
+	next := ""
+	if len(rows) == limit && limit > 0 {
+		last := rows[len(rows)-1]
+		next = strconv.FormatInt(last.At.UnixMicro(), 10) + ":" + strconv.FormatInt(int64(last.ID), 10)
+	}
+	return names, next, nil
+}
+
+// parseTimeCursor reads activeBefore's cursor: the last row's time (Unix
+// microseconds, Postgres' precision) and connection id.
+func parseTimeCursor(s string) (time.Time, int32, error) {
+	us, id, ok := strings.Cut(s, ":")
+	u, err1 := strconv.ParseInt(us, 10, 64)
+	i, err2 := strconv.ParseInt(id, 10, 32)
+	if !ok || err1 != nil || err2 != nil {
+		return time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
+	}
+	return time.UnixMicro(u), int32(i), nil
 }
 
 // TryInLock is InLock without the wait: if another transaction holds the

@@ -57,10 +57,16 @@ func (r *TokenRepository) Get(ctx context.Context, connectionID string) (domain.
 	return getToken(ctx, r.db.WithContext(ctx), r.sealer, connectionID)
 }
 
-// List reads every stored token, ordered by connection name.
-func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
+// DefaultPage is how many rows Each reads per query.
+const DefaultPage = 500
+
+// ListPage reads up to limit stored tokens whose connection name sorts
+// after after ("" for the first page), in name order: keyset pagination on
+// the connections' unique name index, so every page costs the same however
+// large the table.
+func (r *TokenRepository) ListPage(ctx context.Context, after string, limit int) ([]domain.Token, error) {
 	var rows []tokenRow
-	if err := r.db.WithContext(ctx).Raw(selectToken + " ORDER BY c.name").Find(&rows).Error; err != nil {
+	if err := r.db.WithContext(ctx).Raw(selectToken+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, limit).Find(&rows).Error; err != nil {
 		return nil, storeError(ctx, "list tokens", err)
 	}
 	out := make([]domain.Token, len(rows))
@@ -71,6 +77,35 @@ func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
 		}
 	}
 	return out, nil
+}
+
+// Each calls fn with every stored token, in connection name order, reading
+// DefaultPage rows at a time: it never holds more than a page in memory.
+// fn's error stops it and is returned.
+func (r *TokenRepository) Each(ctx context.Context, fn func(domain.Token) error) error {
+	for after := ""; ; {
+		page, err := r.ListPage(ctx, after, DefaultPage)
+		if err != nil {
+			return err
+		}
+		for _, t := range page {
+			if err := fn(t); err != nil {
+				return err
+			}
+		}
+		if len(page) < DefaultPage {
+			return nil
+		}
+		after = page[len(page)-1].ConnectionID
+	}
+}
+
+// List reads every stored token, ordered by connection name, into memory:
+// for tests and small tables. Each reads any number of them.
+func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
+	var out []domain.Token
+	err := r.Each(ctx, func(t domain.Token) error { out = append(out, t); return nil })
+	return out, err
 }
 
 // Register records a connection name (idempotently) so that it has a lock

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -15,12 +16,13 @@ import (
 // AheadStore is what refreshing ahead of expiry and keeping idle grants
 // alive need from the store.
 type AheadStore interface {
-	// ExpiringBefore lists the active connections whose token expires
-	// before t, soonest first.
-	ExpiringBefore(ctx context.Context, t time.Time) ([]string, error)
-	// ObtainedBefore lists the active connections whose token was obtained
-	// before t, oldest first.
-	ObtainedBefore(ctx context.Context, t time.Time) ([]string, error)
+	// ExpiringBefore lists up to limit active connections whose token
+	// expires before t, soonest first, from the cursor after ("" first);
+	// next is the following page's cursor, "" after the last page.
+	ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error)
+	// ObtainedBefore is ExpiringBefore for the connections whose token
+	// was obtained before t, oldest first.
+	ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error)
 	// TryInLock runs fn like TokenStore.InLock if the connection's lock is
 	// free right now, and reports false without waiting if it is not.
 	TryInLock(ctx context.Context, connectionID string, hold time.Duration,
@@ -36,20 +38,34 @@ type AheadReport struct {
 	Failed    int
 }
 
+// sweepPage is how many connections a sweep lists per query: a sweep
+// holds at most one page and the connections in flight, however many are
+// due.
+const sweepPage = 500
+
+// sweepErrors is how many single-connection errors a sweep returns; the
+// rest are only counted in AheadReport.Failed.
+const sweepErrors = 20
+
+// lister lists one page of a sweep's connections (AheadStore's methods).
+type lister func(ctx context.Context, t time.Time, after string, limit int) ([]string, string, error)
+
 // RefreshAhead refreshes every connection whose token expires within
 // window, at most concurrency at a time, so that callers rarely meet a
 // stale token. Connections another process is refreshing right now are
 // skipped rather than queued behind. Errors of single connections are
-// counted and joined into the returned error; the pass goes on.
+// counted, and the first few joined into the returned error; the pass goes
+// on. It pages through the due connections (keyset pagination on an index
+// on expiry), so its memory does not grow with the table.
 func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore, window time.Duration, concurrency int) (AheadReport, error) {
 	deadline := u.opts.Clock.Now().Add(window)
-	ids, err := store.ExpiringBefore(ctx, deadline)
-	if err != nil {
-		return AheadReport{}, fmt.Errorf("refresh ahead: %w", err)
-	}
-	return u.sweep(ctx, store, ids, concurrency, func(t domain.Token) bool {
+	rep, err := u.sweep(ctx, store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
 		return !t.Expiry.IsZero() && t.Expiry.Before(deadline)
 	})
+	if err != nil {
+		err = fmt.Errorf("refresh ahead: %w", err)
+	}
+	return rep, err
 }
 
 // KeepAlive refreshes every connection whose token was not refreshed for
@@ -57,71 +73,118 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 // is not used for a while (30, 90, 100 days), even though its grant stands.
 func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, idle time.Duration, concurrency int) (AheadReport, error) {
 	cutoff := u.opts.Clock.Now().Add(-idle)
-	ids, err := store.ObtainedBefore(ctx, cutoff)
-	if err != nil {
-		return AheadReport{}, fmt.Errorf("keep alive: %w", err)
-	}
-	return u.sweep(ctx, store, ids, concurrency, func(t domain.Token) bool {
+	rep, err := u.sweep(ctx, store, store.ObtainedBefore, cutoff, concurrency, func(t domain.Token) bool {
 		return t.ObtainedAt.Before(cutoff)
 	})
+	if err != nil {
+		err = fmt.Errorf("keep alive: %w", err)
+	}
+	return rep, err
 }
 
-// sweep refreshes the connections ids whose token, read under the lock,
-// is active and due, at most concurrency at a time, skipping those whose
-// lock is taken.
-func (u *RefreshTokenUseCase) sweep(ctx context.Context, store AheadStore, ids []string, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
-	var refreshed, skipped, fresh, failed atomic.Int64
-	errs := make([]error, len(ids))
+// sweep refreshes the connections list names, page by page, whose token,
+// read under the lock, is active and due, at most concurrency at a time,
+// skipping those whose lock is taken.
+func (u *RefreshTokenUseCase) sweep(ctx context.Context, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
+	var (
+		refreshed, skipped, fresh, failed atomic.Int64
+		mu                                sync.Mutex
+		errs                              []error
+		listed                            int
+		listErr                           error
+	)
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(concurrency, 1))
-	for i, id := range ids {
-		g.Go(func() error {
-			var r redeemed
-			called := false
-			ev := RefreshEvent{ConnectionID: id}
-			locked, err := store.TryInLock(gctx, id, u.hold(), func(txCtx context.Context, s LockedStore) error {
-				t, err := s.Get(txCtx, id)
-				if err != nil {
-					return err
+	for after := ""; ; {
+		ids, next, err := list(ctx, t, after, sweepPage)
+		if err != nil {
+			listErr = err
+			break
+		}
+		listed += len(ids)
+		for _, id := range ids {
+			g.Go(func() error {
+				switch outcome, err := u.sweepOne(gctx, store, id, due); outcome {
+				case sweepFailed:
+					failed.Add(1)
+					mu.Lock()
+					if len(errs) < sweepErrors {
+						errs = append(errs, fmt.Errorf("%s: %w", id, err))
+					}
+					mu.Unlock()
+				case sweepSkipped:
+					skipped.Add(1)
+				case sweepRefreshed:
+					refreshed.Add(1)
+				default:
+					fresh.Add(1)
 				}
-				ev.OldVersion = t.Version
-				if t.Status != domain.StatusActive || !due(t) {
-					return nil // someone refreshed it since we listed it
-				}
-				called = true
-				if err := u.gate.check(u.opts.Clock.Now()); err != nil {
-					return err
-				}
-				r, err = u.redeem(txCtx, s, t)
-				return err
+				return nil
 			})
-			if err != nil && r.rotated != nil {
-				r.tok, err = u.rescue(id, r, err)
-			}
-			if locked && (called || err != nil) {
-				ev.NewVersion, ev.ProviderLatency, ev.Err = r.tok.Version, r.latency, errors.Join(err, r.revoked)
-				ev.Outcome = outcome(err)
-				if r.revoked != nil {
-					ev.Outcome = OutcomeInvalidGrant
-					u.opts.OnNeedsReauth(id, reason(r.revoked))
-				}
-				u.observe(ev)
-			}
-			switch {
-			case err != nil || r.revoked != nil:
-				failed.Add(1)
-				errs[i] = fmt.Errorf("%s: %w", id, errors.Join(err, r.revoked))
-			case !locked:
-				skipped.Add(1)
-			case called:
-				refreshed.Add(1)
-			default:
-				fresh.Add(1)
-			}
-			return nil
-		})
+		}
+		if next == "" {
+			break
+		}
+		after = next
 	}
 	_ = g.Wait()
-	rep := AheadReport{Due: len(ids), Refreshed: int(refreshed.Load()), Skipped: int(skipped.Load()), Fresh: int(fresh.Load()), Failed: int(failed.Load())}
-	return rep, errors.Join(errs...)
+	rep := AheadReport{Due: listed, Refreshed: int(refreshed.Load()), Skipped: int(skipped.Load()), Fresh: int(fresh.Load()), Failed: int(failed.Load())}
+	if n := rep.Failed - len(errs); n > 0 {
+		errs = append(errs, fmt.Errorf("and %d more connection(s) failed", n))
+	}
+	return rep, errors.Join(append([]error{listErr}, errs...)...)
+}
+
+type sweepOutcome int
+
+const (
+	sweepFresh sweepOutcome = iota
+	sweepRefreshed
+	sweepSkipped
+	sweepFailed
+)
+
+// sweepOne refreshes one connection if its lock is free and its token,
+// read under the lock, is active and due.
+func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id string, due func(domain.Token) bool) (sweepOutcome, error) {
+	var r redeemed
+	called := false
+	ev := RefreshEvent{ConnectionID: id}
+	locked, err := store.TryInLock(ctx, id, u.hold(), func(txCtx context.Context, s LockedStore) error {
+		t, err := s.Get(txCtx, id)
+		if err != nil {
+			return err
+		}
+		ev.OldVersion = t.Version
+		if t.Status != domain.StatusActive || !due(t) {
+			return nil // someone refreshed it since we listed it
+		}
+		called = true
+		if err := u.gate.check(u.opts.Clock.Now()); err != nil {
+			return err
+		}
+		r, err = u.redeem(txCtx, s, t)
+		return err
+	})
+	if err != nil && r.rotated != nil {
+		r.tok, err = u.rescue(id, r, err)
+	}
+	if locked && (called || err != nil) {
+		ev.NewVersion, ev.ProviderLatency, ev.Err = r.tok.Version, r.latency, errors.Join(err, r.revoked)
+		ev.Outcome = outcome(err)
+		if r.revoked != nil {
+			ev.Outcome = OutcomeInvalidGrant
+			u.opts.OnNeedsReauth(id, reason(r.revoked))
+		}
+		u.observe(ev)
+	}
+	switch {
+	case err != nil || r.revoked != nil:
+		return sweepFailed, errors.Join(err, r.revoked)
+	case !locked:
+		return sweepSkipped, nil
+	case called:
+		return sweepRefreshed, nil
+	}
+	return sweepFresh, nil
 }

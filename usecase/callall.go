@@ -10,7 +10,8 @@ import (
 
 // ConnectionLister lists the stored connections.
 type ConnectionLister interface {
-	List(ctx context.Context) ([]domain.Token, error)
+	// Each calls fn with every stored token, a page at a time.
+	Each(ctx context.Context, fn func(domain.Token) error) error
 }
 
 // APICaller makes one call to the external API on behalf of a connection.
@@ -59,17 +60,17 @@ func NewCallAllUseCase(conns ConnectionLister, api APICaller, path string, concu
 // CallAll makes one call per active connection. A failed call is reported
 // in the result; the error is for failing to list the connections.
 func (u *CallAllUseCase) CallAll(ctx context.Context) (CallAllResult, error) {
-	toks, err := u.conns.List(ctx)
-	if err != nil {
-		return CallAllResult{}, fmt.Errorf("list connections: %w", err)
-	}
 	var res CallAllResult
-	for _, t := range toks {
+	err := u.conns.Each(ctx, func(t domain.Token) error {
 		if t.Status == domain.StatusActive {
 			res.Calls = append(res.Calls, CallResult{ConnectionID: t.ConnectionID})
 		} else {
 			res.Skipped = append(res.Skipped, t.ConnectionID)
 		}
+		return nil
+	})
+	if err != nil {
+		return CallAllResult{}, fmt.Errorf("list connections: %w", err)
 	}
 	sem := make(chan struct{}, u.concurrency)
 	var wg sync.WaitGroup

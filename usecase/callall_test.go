@@ -16,7 +16,17 @@ type caLister struct {
 	err  error
 }
 
-func (l caLister) List(context.Context) ([]domain.Token, error) { return l.toks, l.err }
+func (l caLister) Each(_ context.Context, fn func(domain.Token) error) error {
+	if l.err != nil {
+		return l.err
+	}
+	for _, t := range l.toks {
+		if err := fn(t); err != nil {
+			return err
+		}
+	}
+	return nil
+}
 
 func (l caLister) Get(_ context.Context, id string) (domain.Token, error) {
 	for _, t := range l.toks {

@@ -1,6 +1,9 @@
 package tokenctl
 
 import (
+	"bytes"
+	"context"
+	"fmt"
 	"regexp"
 	"strings"
 	"testing"
@@ -17,7 +20,11 @@ func TestStatusShowsRefreshTokenExpiry(t *testing.T) {
 		{ConnectionID: "unknown", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 4},
 	}
 	var out strings.Builder
-	printStatus(&out, toks, now)
+	p := newStatusPrinter(&out)
+	for _, tok := range toks {
+		p.print(tok, now)
+	}
+	p.flush()
 	lines := strings.Split(out.String(), "\n")
 	if !strings.Contains(lines[0], "REFRESH TOKEN EXPIRY") ||
 		!strings.Contains(lines[1], "2026-04-01T00:00:00Z") || !strings.Contains(lines[2], "unknown") {
@@ -30,5 +37,68 @@ func TestStatusShowsRefreshTokenExpiry(t *testing.T) {
 	}
 	if strings.Contains(out.String(), "rt-secret") {
 		t.Errorf("status shows a refresh token:\n%s", out.String())
+	}
+}
+
+// streamingStore yields n tokens and, past the second block, checks that
+// status has already written the first lines: it prints while it reads.
+type streamingStore struct {
+	Store  // the rest of the store: status uses none of it
+	n      int
+	out    *bytes.Buffer
+	early  bool // output seen before the walk ended
+	walked int
+}
+
+func (s *streamingStore) Get(context.Context, string) (domain.Token, error) {
+	return domain.Token{}, domain.ErrNotFound
+}
+
+func (s *streamingStore) Connect(context.Context, string, domain.Grant) (domain.Token, error) {
+	return domain.Token{}, nil
+}
+
+func (s *streamingStore) Each(_ context.Context, fn func(domain.Token) error) error {
+	for i := range s.n {
+		if i == 2*statusBlock+1 {
+			s.early = strings.Contains(s.out.String(), "conn-00000 ")
+		}
+		s.walked++
+		if err := fn(domain.Token{ConnectionID: fmt.Sprintf("conn-%05d", i), Status: domain.StatusActive, Version: 1,
+			Expiry: time.Now().Add(time.Hour)}); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+type storeBackend struct {
+	Backend // the rest of the backend: status uses none of it
+	s       Store
+}
+
+func (b storeBackend) Open(context.Context) (Store, func(), error) {
+	return b.s, func() {}, nil
+}
+
+func TestStatusStreams(t *testing.T) {
+	var out, errOut bytes.Buffer
+	s := &streamingStore{n: 3*statusBlock + 10, out: &out}
+	if code := Main([]string{"status"}, storeBackend{s: s}, IO{Stdout: &out, Stderr: &errOut}); code != exitOK {
+		t.Fatalf("exit %d: %s", code, errOut.String())
+	}
+	if !s.early {
+		t.Error("nothing was printed before the last row was read: status buffers the table")
+	}
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	if len(lines) != s.n+1 || !strings.HasPrefix(lines[0], "CONNECTION") || !strings.HasPrefix(lines[len(lines)-1], fmt.Sprintf("conn-%05d ", s.n-1)) {
+		t.Errorf("%d lines (want %d), first %q, last %q", len(lines), s.n+1, lines[0], lines[len(lines)-1])
+	}
+}
+
+func TestStatusWithoutConnections(t *testing.T) {
+	var out bytes.Buffer
+	if code := Main([]string{"status"}, storeBackend{s: &streamingStore{out: &out}}, IO{Stdout: &out, Stderr: &out}); code != exitOK || out.String() != "no connections\n" {
+		t.Errorf("exit %d, output %q", code, out.String())
 	}
 }

@@ -58,7 +58,9 @@ type Backend interface {
 // Store is the token store as the operator sees it.
 type Store interface {
 	Get(ctx context.Context, connectionID string) (domain.Token, error)
-	List(ctx context.Context) ([]domain.Token, error)
+	// Each calls fn with every stored token in name order, a page at a
+	// time: status streams, whatever the table's size.
+	Each(ctx context.Context, fn func(domain.Token) error) error
 	Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error)
 	// Reactivate sets a needs_reauth connection (for reason, if not
 	// empty) active again under its lock, tokens untouched. It returns the
@@ -197,7 +199,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d\n",
 			t.ConnectionID, t.Status, formatTime(t.Expiry), t.Version)
 	case "status":
-		var toks []domain.Token
+		now := time.Now()
 		if connection != "" {
 			t, err := store.Get(ctx, connection)
 			switch {
@@ -206,11 +208,17 @@ func Main(args []string, backend Backend, stdio IO) int {
 			case err != nil:
 				return fail(exitFailure, "status: %v", err)
 			}
-			toks = []domain.Token{t}
-		} else if toks, err = store.List(ctx); err != nil {
+			p := newStatusPrinter(stdio.Stdout)
+			p.print(t, now)
+			p.flush()
+			break
+		}
+		p := newStatusPrinter(stdio.Stdout)
+		err := store.Each(ctx, func(t domain.Token) error { p.print(t, now); return nil })
+		p.flush()
+		if err != nil {
 			return fail(exitFailure, "status: %v", err)
 		}
-		printStatus(stdio.Stdout, toks, time.Now())
 	case "reactivate":
 		if connection != "" {
 			return reactivateOne(ctx, store, connection, stdio, fail)
@@ -264,30 +272,63 @@ func jsonCause(err error) error {
 	return errors.New("a value does not fit its field (expiry must be RFC 3339)")
 }
 
-func printStatus(w io.Writer, toks []domain.Token, now time.Time) {
-	if len(toks) == 0 {
-		fmt.Fprintln(w, "no connections")
+// statusPrinter writes status lines as they come, aligned in blocks of
+// statusBlock lines, each followed by its connections' bindings: the
+// listing streams, whatever the table's size.
+type statusPrinter struct {
+	w     io.Writer
+	tw    *tabwriter.Writer
+	lines int
+	bound []domain.Token // of the current block, with a binding to show
+}
+
+const statusBlock = 500
+
+func newStatusPrinter(w io.Writer) *statusPrinter { return &statusPrinter{w: w} }
+
+func (p *statusPrinter) print(t domain.Token, now time.Time) {
+	if p.tw == nil {
+		p.tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
+		if p.lines == 0 {
+			fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tREASON")
+		}
+	}
+	exp := formatTime(t.Expiry)
+	if !t.Expiry.IsZero() {
+		if d := t.Expiry.Sub(now).Round(time.Second); d >= 0 {
+			exp += " (in " + d.String() + ")"
+		} else {
+			exp += " (expired)"
+		}
+	}
+	refreshExp := "unknown" // the provider did not say
+	if !t.RefreshExpiry.IsZero() {
+		refreshExp = formatTime(t.RefreshExpiry)
+	}
+	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
+	if t.Binding.Account != "" || t.Binding.MissingScopes != "" {
+		p.bound = append(p.bound, t)
+	}
+	if p.lines++; p.lines%statusBlock == 0 {
+		p.endBlock()
+	}
+}
+
+func (p *statusPrinter) endBlock() {
+	_ = p.tw.Flush()
+	p.tw = nil
+	printBindings(p.w, p.bound)
+	p.bound = p.bound[:0]
+}
+
+func (p *statusPrinter) flush() {
+	if p.lines == 0 {
+		fmt.Fprintln(p.w, "no connections")
 		return
 	}
-	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tREASON")
-	for _, t := range toks {
-		exp := formatTime(t.Expiry)
-		if !t.Expiry.IsZero() {
-			if d := t.Expiry.Sub(now).Round(time.Second); d >= 0 {
-				exp += " (in " + d.String() + ")"
-			} else {
-				exp += " (expired)"
-			}
-		}
-		refreshExp := "unknown" // the provider did not say
-		if !t.RefreshExpiry.IsZero() {
-			refreshExp = formatTime(t.RefreshExpiry)
-		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
+	if p.tw != nil {
+		p.endBlock()
 	}
-	_ = tw.Flush()
-	printBindings(w, toks)
 }
 
 func formatTime(t time.Time) string {

@@ -1,0 +1,2 @@
+DROP INDEX IF EXISTS tokens_active_expiry;
+DROP INDEX IF EXISTS tokens_active_obtained;
