@@ -29,6 +29,9 @@ var (
 	ErrEndpointMisconfigured = domain.ErrEndpointMisconfigured
 	// ErrStoreUnavailable: the database failed.
 	ErrStoreUnavailable = domain.ErrStoreUnavailable
+	// ErrReadOnlyStore: New was given a replica (a server in recovery);
+	// every refresh must be written to the primary.
+	ErrReadOnlyStore = domain.ErrReadOnlyStore
 	// ErrUndecryptable: a stored token cannot be decrypted with the
 	// configured keys (WithEncryptionKeys); it is never sent anywhere.
 	ErrUndecryptable = domain.ErrUndecryptable

@@ -104,7 +104,8 @@ type Tokens struct {
 // never presented twice, and remembers in the database the style that
 // worked.
 //
-// New checks that the database answers and that every stored token can be
+// New checks that the database answers, that it is the primary, not a
+// replica (ErrReadOnlyStore), and that every stored token can be
 // decrypted (WithEncryptionKeys). On pgx (gorm.io/driver/postgres) a
 // refresh opens its transaction and takes the lock in one round trip; on
 // any other database/sql driver it runs the same statements in a GORM
@@ -158,6 +159,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	defer cancel()
 	pipelined, err := repo.Pipelined(ctx)
 	if err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	if err := repo.CheckPrimary(ctx); err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	kc, err := repo.CheckKeys(ctx)

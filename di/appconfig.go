@@ -61,11 +61,17 @@ func ConfigFromEnvChecked(environ []string) (Config, error) {
 	if err != nil {
 		return Config{}, &ConfigError{Msg: err.Error()}
 	}
-	if _, err := pgx.ParseConfig(c.DatabaseURL); err != nil {
-		// pgx quotes the URL (password masked) before the cause; keep
-		// only the cause.
-		msg := parseCause.ReplaceAllString(err.Error(), "")
-		return Config{}, configErr("DATABASE_URL is malformed: %s", msg)
+	for _, v := range [][2]string{{"DATABASE_URL", c.DatabaseURL}, {"DATABASE_LISTEN_URL", c.DatabaseListenURL}, {"MIGRATE_DATABASE_URL", c.MigrateDatabaseURL}} {
+		name, u := v[0], v[1]
+		if u == "" {
+			continue
+		}
+		if _, err := pgx.ParseConfig(u); err != nil {
+			// pgx quotes the URL (password masked) before the cause; keep
+			// only the cause.
+			msg := parseCause.ReplaceAllString(err.Error(), "")
+			return Config{}, configErr("%s is malformed: %s", name, msg)
+		}
 	}
 	return c, nil
 }

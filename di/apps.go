@@ -92,6 +92,9 @@ func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Wor
 		RescueAfter: cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
 		StopTimeout: shutdownGrace,
 		Webhook:     cfg.webhook("worker"),
+		// Behind a transaction pooler River's LISTEN would hear nothing:
+		// it polls instead.
+		PollOnly: cfg.Pooled(),
 	}, log)
 	if err != nil {
 		cleanup()
@@ -189,7 +192,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	}
 	cleanup := func() { a.pool.Close(); closeTokens() }
 	if cfg.MigrateOnStart {
-		if err := queue.Migrate(ctx, a.pool); err != nil {
+		if err := migrateQueue(ctx, cfg.Config, a.pool); err != nil {
 			cleanup()
 			return nil, nil, err
 		}

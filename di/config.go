@@ -1,6 +1,7 @@
 package di
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -21,6 +22,15 @@ import (
 // configuration table in README.md.
 type Config struct {
 	DatabaseURL    string        `env:"DATABASE_URL,required,notEmpty"`
+	// DatabaseListenURL is a direct connection to the same database for
+	// what needs a session of its own: LISTEN for other processes' token
+	// changes. Set it when DATABASE_URL goes through a transaction pooler
+	// (PgBouncer pool_mode=transaction); default DATABASE_URL.
+	DatabaseListenURL string `env:"DATABASE_LISTEN_URL"`
+	// MigrateDatabaseURL is where migrations run: they hold a session
+	// advisory lock, which a transaction pooler would leave behind on a
+	// server connection. Default DATABASE_LISTEN_URL, then DATABASE_URL.
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	OAuth          OAuthConfig   `envPrefix:"OAUTH_"`
 	APIBaseURL     string        `env:"API_BASE_URL"`
 	HTTPAddr       string        `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
@@ -68,6 +78,19 @@ type OAuthConfig struct {
 	UserInfoURL     string `env:"USERINFO_URL"`
 	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
 }
+
+// ListenURL is where the change listener holds its session.
+func (c Config) ListenURL() string { return cmp.Or(c.DatabaseListenURL, c.DatabaseURL) }
+
+// MigrateURL is where migrations run.
+func (c Config) MigrateURL() string {
+	return cmp.Or(c.MigrateDatabaseURL, c.DatabaseListenURL, c.DatabaseURL)
+}
+
+// Pooled says DATABASE_URL goes through a transaction pooler (a direct
+// DATABASE_LISTEN_URL is set beside it): nothing may rely on a session
+// there, such as the event queue's LISTEN.
+func (c Config) Pooled() bool { return c.ListenURL() != c.DatabaseURL }
 
 // String never shows the client secret or the database password.
 func (c Config) String() string {

@@ -81,7 +81,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	}
 	closeDB := func() { _ = postgres.Close(db) }
 	if cfg.MigrateOnStart {
-		if err := tokenguard.Migrate(ctx, db); err != nil {
+		if err := migrate(ctx, cfg, db, log); err != nil {
 			closeDB()
 			return nil, nil, err
 		}
@@ -99,7 +99,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
 		tokenguard.WithLogger(log),
 		tokenguard.WithHTTPClient(tokenHTTP),
-		tokenguard.WithListenDSN(cfg.DatabaseURL),
+		tokenguard.WithListenDSN(cfg.ListenURL()),
 		// The process that found the grant revoked tells the operator
 		// what to do; tokenctl status shows the state and the reason.
 		tokenguard.WithNeedsReauth(func(connection, reason string) {
@@ -120,8 +120,11 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 	}
 	guard, err := tokenguard.New(db, oc, opts...)
-	if errors.Is(err, domain.ErrUndecryptable) {
+	switch {
+	case errors.Is(err, domain.ErrUndecryptable):
 		err = fmt.Errorf("%s cannot decrypt the stored tokens: %w", tokencrypt.EnvKeys, err)
+	case errors.Is(err, domain.ErrReadOnlyStore):
+		err = fmt.Errorf("DATABASE_URL: %w", err)
 	}
 	if err != nil {
 		closeDB()
@@ -184,4 +187,19 @@ func OAuth2Config(c OAuthConfig) *oauth2.Config {
 		RedirectURL:  c.RedirectURL,
 		Scopes:       c.Scopes,
 	}
+}
+
+// migrate applies tokenguard's migrations on db, or, when they run
+// elsewhere than DATABASE_URL (a transaction pooler in front of it), on a
+// pool of MigrateURL: they hold a session lock.
+func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) error {
+	if cfg.MigrateURL() == cfg.DatabaseURL {
+		return tokenguard.Migrate(ctx, db)
+	}
+	direct, err := postgres.Open(ctx, cfg.MigrateURL(), postgres.Pool{MaxOpenConns: 2}, repository.NewLogger(log))
+	if err != nil {
+		return fmt.Errorf("migrate: %w", err)
+	}
+	defer func() { _ = postgres.Close(direct) }()
+	return tokenguard.Migrate(ctx, direct)
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard"
@@ -60,4 +61,19 @@ func Migrate(ctx context.Context, databaseURL string) error {
 	}
 	defer pool.Close()
 	return queue.Migrate(ctx, pool)
+}
+
+// migrateQueue applies River's migrations on pool, or, when migrations
+// run elsewhere than DATABASE_URL (a pooler in front of it), on a pool of
+// the migration URL: they hold a session lock.
+func migrateQueue(ctx context.Context, cfg Config, pool *pgxpool.Pool) error {
+	if cfg.MigrateURL() == cfg.DatabaseURL {
+		return queue.Migrate(ctx, pool)
+	}
+	direct, err := queue.OpenPool(ctx, cfg.MigrateURL(), 2)
+	if err != nil {
+		return fmt.Errorf("migrate queue: %w", err)
+	}
+	defer direct.Close()
+	return queue.Migrate(ctx, direct)
 }

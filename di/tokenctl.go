@@ -37,7 +37,7 @@ func (b tokenctlBackend) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return Migrate(ctx, cfg.DatabaseURL)
+	return Migrate(ctx, cfg.MigrateURL())
 }
 
 func (b tokenctlBackend) RotateKey(ctx context.Context) (int, int, error) {

@@ -30,6 +30,9 @@ var (
 	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check OAUTH_TOKEN_URL)")
 	// ErrStoreUnavailable: the database could not be reached or failed.
 	ErrStoreUnavailable = errors.New("token store unavailable")
+	// ErrReadOnlyStore: the database is a replica (in recovery), where
+	// no refresh could be stored.
+	ErrReadOnlyStore = errors.New("token store is a read-only replica")
 	// ErrConflict: the stored token changed between read and write.
 	ErrConflict = errors.New("token changed concurrently")
 	// ErrInvalidToken: a token handed to us is unusable (for example it has no refresh token).

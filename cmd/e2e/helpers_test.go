@@ -23,11 +23,62 @@ import (
 
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/internal/demo"
+	"github.com/tokenguard/tokenguard/internal/pgbouncer"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 )
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	testdb.Main(runFunc(func() int {
+		defer bouncer.Close()
+		return m.Run()
+	}))
+}
+
+type runFunc func() int
+
+func (f runFunc) Run() int { return f() }
+
+// The apps reach Postgres through a PgBouncer in transaction pooling mode
+// (DATABASE_URL), as a fleet usually does, with DATABASE_LISTEN_URL direct.
+// E2E_PGBOUNCER=off runs them on the direct URL; without pgbouncer
+// installed they run direct too, except under CI, where that fails.
+var (
+	bouncerOnce sync.Once
+	bouncer     *pgbouncer.Bouncer
+	bouncerErr  error
+)
+
+// pooled returns dbURL through the test PgBouncer, or "" to run direct.
+func pooled(t *testing.T, dbURL string) string {
+	t.Helper()
+	if os.Getenv("E2E_PGBOUNCER") == "off" {
+		return ""
+	}
+	bouncerOnce.Do(func() {
+		if _, err := pgbouncer.Binary(); err != nil {
+			if os.Getenv("CI") != "" {
+				bouncerErr = err
+			}
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		bouncer, bouncerErr = pgbouncer.Start(ctx, testdb.URL(t), 20)
+	})
+	if bouncerErr != nil {
+		t.Fatalf("pgbouncer: %v", bouncerErr)
+	}
+	if bouncer == nil {
+		t.Log("pgbouncer not installed: the apps connect to Postgres directly")
+		return ""
+	}
+	u, err := bouncer.URL(dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return u
+}
 
 // buildApps builds the apps, tokenctl and the sandbox once per test run into dir.
 func buildApps(t *testing.T) string {
@@ -84,8 +135,13 @@ func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	addr := ln.Addr().String()
 	ln.Close()
 	cfg := sb.OAuth2Config(sb.URL)
+	appURL := dbURL
+	if u := pooled(t, dbURL); u != "" {
+		appURL = u
+		o.extraEnv = append([]string{"DATABASE_LISTEN_URL=" + dbURL}, o.extraEnv...)
+	}
 	env := append(baseEnv(),
-		"DATABASE_URL="+dbURL,
+		"DATABASE_URL="+appURL,
 		"OAUTH_CLIENT_ID="+cfg.ClientID,
 		"OAUTH_CLIENT_SECRET="+cfg.ClientSecret,
 		"OAUTH_TOKEN_URL="+cfg.Endpoint.TokenURL,

@@ -134,6 +134,10 @@ type WorkerOptions struct {
 	// Webhook, when set, delivers the webhook events of the outbox; nil
 	// drops them.
 	Webhook *Webhook
+	// PollOnly fetches new events by polling (River's FetchPollInterval,
+	// 1s) instead of LISTEN, which needs a session of its own: for a pool
+	// behind a transaction pooler.
+	PollOnly bool
 }
 
 // Worker consumes events (the worker's side).
@@ -175,6 +179,7 @@ func NewWorker(pool *pgxpool.Pool, h Handler, opts WorkerOptions, log *slog.Logg
 		Workers:              workers,
 		JobTimeout:           opts.JobTimeout,
 		RescueStuckJobsAfter: opts.RescueAfter,
+		PollOnly:             opts.PollOnly,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("queue: %w", err)

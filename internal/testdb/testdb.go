@@ -38,8 +38,9 @@ var (
 // Main runs a package's tests and stops the server, if they started one.
 // Use it as the body of TestMain. A package without it leaves a container
 // to expire and a throw-away cluster to its supervisor, which removes it
-// when the test binary exits.
-func Main(m *testing.M) {
+// when the test binary exits. m is a *testing.M, or a wrapper of its Run
+// that sets up and tears down more around it.
+func Main(m interface{ Run() int }) {
 	code := m.Run()
 	runAtExit()
 	server.Close()

@@ -1,0 +1,22 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// CheckPrimary fails with domain.ErrReadOnlyStore when the database is a
+// replica (pg_is_in_recovery): every refresh must be stored, and a process
+// started on a replica would fail at its first one instead of at start-up.
+func (r *TokenRepository) CheckPrimary(ctx context.Context) error {
+	var recovering bool
+	if err := r.db.WithContext(ctx).Raw("SELECT pg_is_in_recovery()").Scan(&recovering).Error; err != nil {
+		return storeError(ctx, "check the database is a primary", err)
+	}
+	if recovering {
+		return fmt.Errorf("%w: pg_is_in_recovery() is true; point DATABASE_URL at the primary", domain.ErrReadOnlyStore)
+	}
+	return nil
+}
