@@ -16,7 +16,7 @@ func (r *TokenRepository) CheckPrimary(ctx context.Context) error {
 		return storeError(ctx, "check the database is a primary", err)
 	}
 	if recovering {
-		return fmt.Errorf("%w: pg_is_in_recovery() is true; point DATABASE_URL at the primary", domain.ErrReadOnlyStore)
+		return fmt.Errorf("%w: pg_is_in_recovery() is true, and every refresh must be stored: connect to the primary", domain.ErrReadOnlyStore)
 	}
 	return nil
 }

@@ -52,6 +52,17 @@ var staleAfter = time.Minute
 // under base (the temporary directory when empty). It is stopped and
 // removed by Server.Close, or by its supervisor when this process ends.
 func startCluster(ctx context.Context, base string) (*Server, error) {
+	return startClusterAs(ctx, base, false)
+}
+
+// StartStandby starts a throw-away cluster in standby mode without a
+// primary: a server in recovery (pg_is_in_recovery() is true) that
+// answers read-only queries, as a replica does. Close stops it.
+func StartStandby(ctx context.Context) (*Server, error) {
+	return startClusterAs(ctx, "", true)
+}
+
+func startClusterAs(ctx context.Context, base string, standby bool) (*Server, error) {
 	if base == "" {
 		base = os.TempDir()
 	}
@@ -65,7 +76,7 @@ func startCluster(ctx context.Context, base string) (*Server, error) {
 	}
 	sweep(base)
 	for attempt := 1; ; attempt++ {
-		s, err := startClusterOnce(ctx, bin, base, cred)
+		s, err := startClusterOnce(ctx, bin, base, cred, standby)
 		// The free port is found before postgres binds it; another
 		// process may take it in between.
 		if err == nil || !errors.Is(err, errPortTaken) || attempt == 3 {
@@ -76,7 +87,7 @@ func startCluster(ctx context.Context, base string) (*Server, error) {
 
 var errPortTaken = errors.New("port taken")
 
-func startClusterOnce(ctx context.Context, bin, base string, cred *syscall.Credential) (*Server, error) {
+func startClusterOnce(ctx context.Context, bin, base string, cred *syscall.Credential, standby bool) (*Server, error) {
 	dir, err := os.MkdirTemp(base, dirPrefix)
 	if err != nil {
 		return nil, err
@@ -101,6 +112,14 @@ func startClusterOnce(ctx context.Context, bin, base string, cred *syscall.Crede
 		lock.Close()
 		_ = os.RemoveAll(dir)
 		return nil, fmt.Errorf("%s as %s in %s: %w: %s", initdb.Path, who(cred), dir, err, lastLines(out, 5))
+	}
+	if standby {
+		// Read by postgres only: it need not belong to the cluster's user.
+		if err := os.WriteFile(filepath.Join(dir, "data", "standby.signal"), nil, 0o644); err != nil {
+			lock.Close()
+			_ = os.RemoveAll(dir)
+			return nil, err
+		}
 	}
 	port, err := freePort()
 	if err != nil {

@@ -10,3 +10,8 @@ import (
 func startCluster(context.Context, string) (*Server, error) {
 	return nil, errors.New("throw-away clusters need a Unix system")
 }
+
+// StartStandby needs a Unix system.
+func StartStandby(context.Context) (*Server, error) {
+	return nil, errors.New("throw-away clusters need a Unix system")
+}
