@@ -22,15 +22,6 @@ import (
 // configuration table in README.md.
 type Config struct {
 	DatabaseURL    string        `env:"DATABASE_URL,required,notEmpty"`
-	// DatabaseListenURL is a direct connection to the same database for
-	// what needs a session of its own: LISTEN for other processes' token
-	// changes. Set it when DATABASE_URL goes through a transaction pooler
-	// (PgBouncer pool_mode=transaction); default DATABASE_URL.
-	DatabaseListenURL string `env:"DATABASE_LISTEN_URL"`
-	// MigrateDatabaseURL is where migrations run: they hold a session
-	// advisory lock, which a transaction pooler would leave behind on a
-	// server connection. Default DATABASE_LISTEN_URL, then DATABASE_URL.
-	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 	OAuth          OAuthConfig   `envPrefix:"OAUTH_"`
 	APIBaseURL     string        `env:"API_BASE_URL"`
 	HTTPAddr       string        `env:"HTTP_ADDR" envDefault:"127.0.0.1:8080"`
@@ -56,6 +47,16 @@ type Config struct {
 	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
 	// than loopback (a test network); tokens then cross it in the clear.
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
+
+	// DatabaseListenURL is a direct connection to the same database for
+	// what needs a session of its own: LISTEN for other processes' token
+	// changes. Set it when DATABASE_URL goes through a transaction pooler
+	// (PgBouncer pool_mode=transaction); default DATABASE_URL.
+	DatabaseListenURL string `env:"DATABASE_LISTEN_URL"`
+	// MigrateDatabaseURL is where migrations run: they hold a session
+	// advisory lock, which a transaction pooler would leave behind on a
+	// server connection. Default DATABASE_LISTEN_URL, then DATABASE_URL.
+	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 }
 
 // OAuthConfig is the client registration at the provider.

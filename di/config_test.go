@@ -126,3 +126,30 @@ func TestTokenAndAPIURLsMustBeHTTPSOffLoopback(t *testing.T) {
 		}
 	}
 }
+
+func TestPoolerURLs(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://pooler:6432/db", "OAUTH_TOKEN_URL=http://127.0.0.1/token", "OAUTH_CLIENT_ID=c"}
+	for _, c := range []struct {
+		name            string
+		env             []string
+		listen, migrate string
+		pooled          bool
+	}{
+		{"direct", nil, "postgres://pooler:6432/db", "postgres://pooler:6432/db", false},
+		{"listen URL", []string{"DATABASE_LISTEN_URL=postgres://db:5432/db"}, "postgres://db:5432/db", "postgres://db:5432/db", true},
+		{"both", []string{"DATABASE_LISTEN_URL=postgres://db:5432/db", "MIGRATE_DATABASE_URL=postgres://admin@db:5432/db"},
+			"postgres://db:5432/db", "postgres://admin@db:5432/db", true},
+	} {
+		cfg, err := ConfigFromEnv(append(append([]string{}, base...), c.env...))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if cfg.ListenURL() != c.listen || cfg.MigrateURL() != c.migrate || cfg.Pooled() != c.pooled {
+			t.Errorf("%s: listen %q, migrate %q, pooled %v", c.name, cfg.ListenURL(), cfg.MigrateURL(), cfg.Pooled())
+		}
+	}
+	if _, err := ConfigFromEnvChecked(append(base, "DATABASE_LISTEN_URL=postgres://x:y@host:notaport/db")); err == nil ||
+		!strings.HasPrefix(err.Error(), "DATABASE_LISTEN_URL is malformed") {
+		t.Errorf("malformed listen URL: %v", err)
+	}
+}

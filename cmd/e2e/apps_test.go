@@ -64,6 +64,7 @@ func testThreeApps(t *testing.T, bin string) {
 	s.stop(worker)
 	s.stop(server)
 	st := s.sb.Stats()
+	s.checkPooled()
 
 	// No failure in any app.
 	d.check()

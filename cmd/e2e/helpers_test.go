@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -163,6 +164,24 @@ func newStack(t *testing.T, bin string, o stackOpts) *stack {
 		client: &http.Client{Timeout: 20 * time.Second, Transport: &http.Transport{MaxIdleConnsPerHost: 32}}}
 	t.Cleanup(s.client.CloseIdleConnections)
 	return s
+}
+
+// checkPooled fails unless, when the apps run through the test PgBouncer,
+// it pooled transactions of their database.
+func (s *stack) checkPooled() {
+	s.t.Helper()
+	if bouncer == nil {
+		return
+	}
+	u, err := url.Parse(s.dbURL)
+	if err != nil {
+		s.t.Fatal(err)
+	}
+	n, err := bouncer.Transactions(context.Background(), u.User.Username(), strings.TrimPrefix(u.Path, "/"))
+	if err != nil || n == 0 {
+		s.t.Fatalf("the apps' transactions through PgBouncer: %d, %v", n, err)
+	}
+	s.t.Logf("PgBouncer (transaction pooling) carried %d of the apps' transactions", n)
 }
 
 // baseEnv is a clean environment: nothing from the developer's shell

@@ -254,3 +254,46 @@ func unprivileged() (string, error) {
 	}
 	return "", errors.New("running as root, which pgbouncer refuses, and there is no user postgres or nobody to run it as")
 }
+
+// Transactions is how many transactions PgBouncer has pooled for the
+// database named db (SHOW STATS, total_xact_count).
+func (b *Bouncer) Transactions(ctx context.Context, usr, db string) (int64, error) {
+	c, err := pgx.Connect(ctx, fmt.Sprintf("postgres://%s@%s/pgbouncer?sslmode=disable&default_query_exec_mode=simple_protocol", url.PathEscape(usr), b.Addr))
+	if err != nil {
+		return 0, err
+	}
+	defer c.Close(ctx)
+	rows, err := c.Query(ctx, "SHOW STATS")
+	if err != nil {
+		return 0, err
+	}
+	defer rows.Close()
+	var n int64
+	for rows.Next() {
+		vals, err := rows.Values()
+		if err != nil {
+			return 0, err
+		}
+		for i, f := range rows.FieldDescriptions() {
+			if f.Name == "database" && vals[i] != db {
+				break
+			}
+			if f.Name == "total_xact_count" {
+				n += toInt(vals[i])
+			}
+		}
+	}
+	return n, rows.Err()
+}
+
+func toInt(v any) int64 {
+	switch x := v.(type) {
+	case int64:
+		return x
+	case string:
+		n, _ := strconv.ParseInt(x, 10, 64)
+		return n
+	}
+	n, _ := strconv.ParseInt(fmt.Sprint(v), 10, 64)
+	return n
+}
