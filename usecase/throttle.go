@@ -11,32 +11,52 @@ import (
 // throttle lets an event for a key happen only when the key's last one is
 // at least some interval old. It forgets keys whose last event is older
 // than keep (the longest interval asked for), so it holds only the keys
-// active lately, never every connection ever seen.
+// active lately, never every connection ever seen; and it holds at most
+// limit keys (throttleLimit when 0): past that, an event for a new key is
+// refused rather than remembered, which errs on the side the throttle is
+// for (no refresh loop, no flood of log lines).
 type throttle struct {
-	keep time.Duration
-	mu   sync.Mutex
-	last map[string]time.Time
+	keep  time.Duration
+	limit int
+	mu    sync.Mutex
+	last  map[string]time.Time
+	sweep int // size at which old keys are next swept out
 }
 
 // forgetAt is the size beyond which old keys are swept out as new ones come.
 const forgetAt = 256
+
+// throttleLimit bounds a throttle's keys by default: at the default
+// forced-refresh interval (5s), 13,000 distinct connections a second.
+const throttleLimit = 65536
 
 // allow reports whether key's last event is at least every ago (every <=
 // keep), and if so records now as its last.
 func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
 	th.mu.Lock()
 	defer th.mu.Unlock()
-	if last, ok := th.last[key]; ok && now.Sub(last) < every {
+	last, ok := th.last[key]
+	if ok && now.Sub(last) < every {
 		return false
 	}
 	if th.last == nil {
 		th.last = map[string]time.Time{}
 	}
-	if len(th.last) >= forgetAt {
+	limit := th.limit
+	if limit <= 0 {
+		limit = throttleLimit
+	}
+	if !ok && (len(th.last) >= max(th.sweep, forgetAt) || len(th.last) >= limit) {
 		for k, last := range th.last {
 			if now.Sub(last) >= th.keep {
 				delete(th.last, k)
 			}
+		}
+		// Sweep again only once the map has doubled: a sweep costs the
+		// map's size, and this keeps it a constant per event.
+		th.sweep = 2 * len(th.last)
+		if len(th.last) >= limit {
+			return false
 		}
 	}
 	th.last[key] = now
