@@ -270,30 +270,21 @@ func (b *Bouncer) Transactions(ctx context.Context, usr, db string) (int64, erro
 	defer rows.Close()
 	var n int64
 	for rows.Next() {
-		vals, err := rows.Values()
-		if err != nil {
-			return 0, err
-		}
+		// The simple protocol answers in text.
+		vals := rows.RawValues()
+		var name string
+		var count int64
 		for i, f := range rows.FieldDescriptions() {
-			if f.Name == "database" && vals[i] != db {
-				break
+			switch f.Name {
+			case "database":
+				name = string(vals[i])
+			case "total_xact_count":
+				count, _ = strconv.ParseInt(string(vals[i]), 10, 64)
 			}
-			if f.Name == "total_xact_count" {
-				n += toInt(vals[i])
-			}
+		}
+		if name == db {
+			n += count
 		}
 	}
 	return n, rows.Err()
-}
-
-func toInt(v any) int64 {
-	switch x := v.(type) {
-	case int64:
-		return x
-	case string:
-		n, _ := strconv.ParseInt(x, 10, 64)
-		return n
-	}
-	n, _ := strconv.ParseInt(fmt.Sprint(v), 10, 64)
-	return n
 }

@@ -65,3 +65,37 @@ func TestTransactionPooling(t *testing.T) {
 		t.Fatal("through the bouncer, sessions did not share the server connection: not transaction pooling")
 	}
 }
+
+func TestTransactionsCounted(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres and pgbouncer")
+	}
+	if _, err := pgbouncer.Binary(); err != nil {
+		t.Skip(err)
+	}
+	direct := testdb.New(t)
+	ctx := context.Background()
+	b, err := pgbouncer.Start(ctx, testdb.URL(t), 2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(b.Close)
+	pooled, _ := b.URL(direct)
+	c, err := pgx.Connect(ctx, pooled)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close(ctx)
+	for range 5 {
+		if _, err := c.Exec(ctx, "SELECT 1"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	cfg, _ := pgx.ParseConfig(direct)
+	if n, err := b.Transactions(ctx, cfg.User, cfg.Database); err != nil || n < 5 {
+		t.Fatalf("transactions of %s: %d, %v; want at least 5", cfg.Database, n, err)
+	}
+	if n, err := b.Transactions(ctx, cfg.User, "nobody"); err != nil || n != 0 {
+		t.Fatalf("transactions of another database: %d, %v", n, err)
+	}
+}
