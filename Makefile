@@ -82,6 +82,19 @@ bench:
 	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./usecase/ | tee -a bench.out
 	$(GO) run ./cmd/benchreport < bench.out
 
+# The fleet benchmark (internal/scalebench, docs/scaling.md): 1,000,000
+# connections seeded by COPY, 8 app processes with a bounded and an
+# unbounded token cache side by side. Postgres: DATABASE_URL (a server on
+# which databases may be created), else found as for the tests. Fails when
+# a process with TOKEN_CACHE_SIZE=1000 exceeds SCALE_RSS_BOUND_MB after
+# touching 50,000 connections. Run it on a quiet machine.
+SCALE_FLAGS ?= -sizes 1000,1000000 -caches 1000,10000000 -procs 8 -working-set 50000 -rate 200
+SCALE_RSS_BOUND_MB ?= 64
+.PHONY: bench-scale
+bench-scale:
+	$(GO) build -o bin/benchscale ./cmd/benchscale
+	./bin/benchscale $(SCALE_FLAGS) -rss-bound-mb $(SCALE_RSS_BOUND_MB) -bounded-max 1000 | tee bench-scale.out
+
 # One command, a fresh machine: the sandbox provider, a fresh database (on
 # DATABASE_URL, else found as for the tests), and server, worker and batch
 # as separate processes under load (README.md).
