@@ -88,7 +88,8 @@ bench:
 # which databases may be created), else found as for the tests. Fails when
 # a process with TOKEN_CACHE_SIZE=1000 exceeds SCALE_RSS_BOUND_MB after
 # touching 50,000 connections. Run it on a quiet machine.
-SCALE_FLAGS ?= -sizes 1000,1000000 -caches 1000,10000000 -procs 8 -working-set 50000 -rate 200
+SCALE_FLAGS ?= -sizes 1000,1000000 -caches 1000,10000000 -procs 8 -working-set 50000 -rate 200 \
+	-wave 3000 -lifetime 30s -run 60s -provider-latency 50ms -sweep-concurrency 8
 SCALE_RSS_BOUND_MB ?= 64
 .PHONY: bench-scale
 bench-scale:
