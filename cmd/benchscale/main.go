@@ -20,6 +20,13 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == "status" {
+		if err := scalebench.Status(os.Environ(), os.Stdout); err != nil {
+			fmt.Fprintln(os.Stderr, "benchscale status:", err)
+			os.Exit(1)
+		}
+		return
+	}
 	if len(os.Args) > 1 && os.Args[1] == "child" {
 		if err := scalebench.Child(os.Environ(), os.Stdout); err != nil {
 			fmt.Fprintln(os.Stderr, "benchscale child:", err)

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/infra/tokenctl"
 	"github.com/tokenguard/tokenguard/repository"
 )
 
@@ -209,4 +210,28 @@ func procStatusOf(pid, field string) (int64, error) {
 		}
 	}
 	return 0, errors.New(field + " not found")
+}
+
+// Status is "tokenctl status" as the operator runs it, its output counted
+// and dropped; it reports the lines, the time and the process's peak RSS.
+func Status(environ []string, out io.Writer) error {
+	start := time.Now()
+	lines := &lineCounter{}
+	var stderr strings.Builder
+	if code := tokenctl.Main([]string{"status"}, di.Tokenctl(environ, io.Discard), tokenctl.IO{Stdout: lines, Stderr: &stderr}); code != 0 {
+		return fmt.Errorf("tokenctl status: exit %d: %s", code, stderr.String())
+	}
+	hwm, _ := procStatus("VmHWM")
+	return json.NewEncoder(out).Encode(report{Event: "status", Calls: lines.n, TouchS: time.Since(start).Seconds(), HWMKB: hwm})
+}
+
+type lineCounter struct{ n int64 }
+
+func (c *lineCounter) Write(p []byte) (int, error) {
+	for _, b := range p {
+		if b == '\n' {
+			c.n++
+		}
+	}
+	return len(p), nil
 }

@@ -79,6 +79,8 @@ type Result struct {
 	Lags                           int
 	SweepDue, SweepRefreshed       int
 	SweepPerS, SweepCeiling        float64
+	StatusLines                    int64   // tokenctl status: lines printed,
+	StatusS, StatusHWMMB           float64 // its time and peak RSS
 }
 
 // RunAll runs every size × cache combination and writes a table to out.
@@ -120,6 +122,11 @@ func run(ctx context.Context, o Options, rows, cache int, out io.Writer) (Result
 	res.SeedS = time.Since(start).Seconds()
 	fmt.Fprintf(out, "  seeded %d rows in %.1fs\n", rows, res.SeedS)
 
+	if err := status(dbURL, o.Self, &res); err != nil {
+		return res, err
+	}
+	fmt.Fprintf(out, "  tokenctl status: %d lines in %.1fs, peak RSS %.0f MiB\n", res.StatusLines, res.StatusS, res.StatusHWMMB)
+
 	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.Lifetime, RefreshLatency: o.Latency})
 	if err != nil {
 		return res, err
@@ -139,7 +146,7 @@ func run(ctx context.Context, o Options, rows, cache int, out io.Writer) (Result
 	// The fleet.
 	procs := make([]*child, o.Procs)
 	for i := range procs {
-		c, err := startChild(o.Self, append(slices.Clone(env), envSeed+"="+strconv.Itoa(i+1)))
+		c, err := startChild(o.Self, append(slices.Clone(env), envSeed+"="+strconv.Itoa(i+1)), "child")
 		if err != nil {
 			return res, err
 		}
@@ -230,6 +237,21 @@ func run(ctx context.Context, o Options, rows, cache int, out io.Writer) (Result
 	fmt.Fprintf(out, "  sweep: %d of %d due refreshed, %.0f connections/s (ceiling %.0f/s)\n",
 		res.SweepRefreshed, res.SweepDue, res.SweepPerS, res.SweepCeiling)
 	return res, nil
+}
+
+// status runs tokenctl status over the whole table in a process of its own.
+func status(dbURL, self string, res *Result) error {
+	c, err := startChild(self, append(os.Environ(), "DATABASE_URL="+dbURL), "status")
+	if err != nil {
+		return err
+	}
+	defer c.kill()
+	r, err := c.await("status", 10*time.Minute)
+	if err != nil {
+		return err
+	}
+	res.StatusLines, res.StatusS, res.StatusHWMMB = r.Calls, r.TouchS, float64(r.HWMKB)/1024
+	return c.cmd.Wait()
 }
 
 // seed writes rows connections with tokens that stay valid for a day
@@ -394,8 +416,8 @@ type child struct {
 	stderr *tail
 }
 
-func startChild(self string, env []string) (*child, error) {
-	cmd := exec.Command(self, "child")
+func startChild(self string, env []string, mode string) (*child, error) {
+	cmd := exec.Command(self, mode)
 	cmd.Env = append(env, envStarted+"="+strconv.FormatInt(time.Now().UnixNano(), 10))
 	out, err := cmd.StdoutPipe()
 	if err != nil {
@@ -493,6 +515,9 @@ func Table(out io.Writer, res []Result) {
 	})
 	row("Postgres sessions, max (mean)", func(r Result) string { return fmt.Sprintf("%.0f (%.0f)", r.PGConnsMax, r.PGConnsMean) })
 	row("NOTIFY lag p50 / p99, ms (worst process)", func(r Result) string { return fmt.Sprintf("%.1f / %.1f", r.LagP50MS, r.LagP99MS) })
+	row("tokenctl status: lines, s, peak RSS MiB", func(r Result) string {
+		return fmt.Sprintf("%d, %.1f, %.0f", r.StatusLines, r.StatusS, r.StatusHWMMB)
+	})
 	row("sweep: refreshed of due, conn/s (ceiling)", func(r Result) string {
 		return fmt.Sprintf("%d of %d, %.0f/s (%.0f/s)", r.SweepRefreshed, r.SweepDue, r.SweepPerS, r.SweepCeiling)
 	})
