@@ -145,10 +145,8 @@ func Child(environ []string, out io.Writer) error {
 		})
 	}
 	wg.Wait()
-	// A refresh that began before the stop finishes on its own (it does
-	// not follow ctx) and must store its rotated token before the pool
-	// closes: against the sandbox it takes milliseconds.
-	time.Sleep(2 * time.Second)
+	// closeTokens (deferred) waits for a refresh still in flight to store
+	// its rotated token before the pool closes.
 	rss, _ = procStatus("VmRSS")
 	hwm, _ := procStatus("VmHWM")
 	p50, p99, n := lags.quantiles()

@@ -35,6 +35,7 @@ import (
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/demo"
 	"github.com/tokenguard/tokenguard/internal/pgserver"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
@@ -175,7 +176,7 @@ func run(ctx context.Context, o Options, rows, cache int, out io.Writer) (Result
 	// The waves: the refreshed connections get real grants in three
 	// bursts a third of a lifetime apart; each then expires, and is
 	// refreshed, in its burst's rhythm.
-	db, err := postgres.Open(ctx, dbURL, postgres.Pool{MaxOpenConns: 16}, slog.New(slog.DiscardHandler))
+	db, err := postgres.Open(ctx, dbURL, postgres.Pool{MaxOpenConns: 16}, repository.NewLogger(slog.New(slog.DiscardHandler)))
 	if err != nil {
 		return res, err
 	}
@@ -309,7 +310,7 @@ func sweep(ctx context.Context, db *gorm.DB, oc *oauth2.Config, o Options, res *
 		return err
 	}
 	start := time.Now()
-	rep, err := uc.RefreshAhead(ctx, di.NewTokenStore(db), o.Lifetime, o.SweepConc)
+	rep, err := uc.RefreshAhead(ctx, repository.NewTokenRepository(db, tokencrypt.Plaintext{}), o.Lifetime, o.SweepConc)
 	elapsed := time.Since(start)
 	if err != nil {
 		return fmt.Errorf("sweep: %w", err)
