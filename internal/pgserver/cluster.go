@@ -15,6 +15,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -25,21 +26,37 @@ import (
 const dirPrefix = "tokenguard-pg-"
 
 // supervisor is the shell that runs postgres for the owner. Its standard
-// input is a pipe whose write end only the owner holds, so end of input
-// means the owner closed the server or died, however it died (SIGKILL, a
-// test timeout): then postgres gets a fast shutdown and the directory is
-// removed. Arguments: postgres binary, directory, postgres options.
+// input is a pipe whose write end only the owner holds. A line "restart"
+// stops postgres (fast shutdown) and starts it again on the same data
+// directory and port; end of input means the owner closed the server or
+// died, however it died (SIGKILL, a test timeout): then postgres gets a
+// fast shutdown and the directory is removed. If postgres exits on its
+// own, its status goes to postgres.exit. Arguments: postgres binary,
+// directory, postgres options.
 const supervisor = `
 exec 3<&0 </dev/null
 pg=$1 dir=$2
 shift 2
-"$pg" -D "$dir/data" "$@" 3<&- >>"$dir/postgres.log" 2>&1 &
-pg_pid=$!
-{ read -r _ <&3; kill -INT "$pg_pid" 2>/dev/null; } &
+{
+  while read -r cmd <&3; do
+    [ "$cmd" = restart ] && : >"$dir/restart" && kill -INT "$(cat "$dir/pg.pid")" 2>/dev/null
+  done
+  : >"$dir/stop"
+  kill -INT "$(cat "$dir/pg.pid")" 2>/dev/null
+} &
 watch_pid=$!
 exec 3<&-
-wait "$pg_pid"
-echo $? >"$dir/postgres.exit"
+while :; do
+  "$pg" -D "$dir/data" "$@" >>"$dir/postgres.log" 2>&1 &
+  pg_pid=$!
+  echo "$pg_pid" >"$dir/pg.pid"
+  wait "$pg_pid"
+  status=$?
+  [ -e "$dir/stop" ] && break
+  if [ -e "$dir/restart" ]; then rm -f "$dir/restart"; continue; fi
+  echo "$status" >"$dir/postgres.exit"
+  break
+done
 wait "$watch_pid"
 rm -rf "$dir"
 `
@@ -154,7 +171,12 @@ func startClusterOnce(ctx context.Context, bin, base string, cred *syscall.Crede
 	lifeline.Close()
 	exited := make(chan struct{})
 	go func() { _ = sup.Wait(); close(exited) }()
+	// mu keeps a restart and the close apart: the supervisor must not be
+	// told to stop while it starts postgres again.
+	var mu sync.Mutex
 	stop := func() {
+		mu.Lock()
+		defer mu.Unlock()
 		owner.Close() // end of input: the supervisor stops postgres and removes dir
 		select {
 		case <-exited:
@@ -168,7 +190,24 @@ func startClusterOnce(ctx context.Context, bin, base string, cred *syscall.Crede
 		stop()
 		return nil, err
 	}
-	return &Server{URL: u, Source: "initdb", close: stop}, nil
+	restart := func(ctx context.Context) (time.Duration, error) {
+		mu.Lock()
+		defer mu.Unlock()
+		start := time.Now()
+		if _, err := owner.WriteString("restart\n"); err != nil {
+			return 0, fmt.Errorf("restart postgres: %w", err)
+		}
+		// The old postmaster must be gone before readiness means the new one.
+		for Ping(ctx, u, 200*time.Millisecond) == nil {
+			if time.Since(start) > time.Minute || ctx.Err() != nil {
+				return time.Since(start), errors.New("restart postgres: the server did not stop")
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		err := awaitReady(ctx, u, dir)
+		return time.Since(start), err
+	}
+	return &Server{URL: u, Source: "initdb", close: stop, restart: restart}, nil
 }
 
 // awaitReady waits until the server at u answers, postgres exits, or a

@@ -289,3 +289,56 @@ func TestFindFallsThroughToInitdb(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+func TestClusterRestartKeepsDataPortAndDirectory(t *testing.T) {
+	needBinaries(t)
+	ctx := context.Background()
+	base := testBase(t)
+	s, err := startCluster(ctx, base)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	dirs := clusterDirs(t, base)
+	if len(dirs) != 1 {
+		t.Fatalf("want one cluster directory, got %v", dirs)
+	}
+	before := postmasterPid(t, dirs[0])
+	conn, err := pgx.Connect(ctx, s.URL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(ctx)
+	if _, err := conn.Exec(ctx, "CREATE TABLE t (v text); INSERT INTO t VALUES ('kept')"); err != nil {
+		t.Fatal(err)
+	}
+
+	took, err := s.Restart(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("restarted in %s", took.Round(time.Millisecond))
+	if err := conn.Ping(ctx); err == nil {
+		t.Fatal("a session from before the restart still answers: postgres was not restarted")
+	}
+	if after := postmasterPid(t, dirs[0]); after == before {
+		t.Fatalf("postmaster pid %d unchanged", after)
+	}
+	conn2, err := pgx.Connect(ctx, s.URL) // same URL: same port
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn2.Close(ctx)
+	var got string
+	if err := conn2.QueryRow(ctx, "SELECT v FROM t").Scan(&got); err != nil || got != "kept" {
+		t.Fatalf("after restart read %q, %v", got, err)
+	}
+	if _, err := s.Restart(ctx); err != nil {
+		t.Fatalf("second restart: %v", err)
+	}
+
+	s.Close()
+	if _, err := os.Stat(dirs[0]); !os.IsNotExist(err) {
+		t.Fatalf("cluster directory %s still there after Close: %v", dirs[0], err)
+	}
+}

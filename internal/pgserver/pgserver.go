@@ -54,8 +54,27 @@ type Server struct {
 	URL string
 	// Source says which step found it: the variable's name, "dockertest",
 	// "local" or "initdb".
-	Source string
-	close  func()
+	Source  string
+	close   func()
+	restart func(context.Context) (time.Duration, error)
+}
+
+// StartCluster makes and starts a throw-away cluster (the initdb step of
+// Find) in a new directory under base (the temporary directory when
+// empty), whatever else this machine offers: its owner may restart it.
+func StartCluster(ctx context.Context, base string) (*Server, error) {
+	return startCluster(ctx, base)
+}
+
+// Restart stops the server with a fast shutdown (sessions are ended) and
+// starts it again on the same data, directory and port; it returns once
+// the server answers again, with how long it was away. Only servers from
+// StartCluster (or Find's initdb step) can be restarted.
+func (s *Server) Restart(ctx context.Context) (time.Duration, error) {
+	if s == nil || s.restart == nil {
+		return 0, errors.New("pgserver: only a throw-away cluster can be restarted")
+	}
+	return s.restart(ctx)
 }
 
 // Close stops the server if Find started it. It is safe on a nil Server.
