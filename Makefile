@@ -118,3 +118,15 @@ demo-screenshot:
 		--user-data-dir="$$profile" --hide-scrollbars --window-size=1400,900 \
 		--screenshot="$(CURDIR)/demo-out/report.png" "file://$(CURDIR)/demo-out/report.html"
 	@test -s demo-out/report.png && echo "wrote demo-out/report.png"
+
+# Server, worker and batch as processes under load, against the sandbox
+# provider with 4 s tokens, on a throw-away Postgres cluster (local
+# initdb), while faults are injected at random: a slow, failing or hanging
+# provider, ended database sessions, kill -9 of the apps, Postgres
+# restarts, a stalled LISTEN session. Prints the invariant table
+# (docs/operations.md, "Soak"), writes soak-out/report.json, and fails
+# when an invariant does. SOAK_FLAGS: --seed N --fault-gap 8s
+SOAK_DURATION ?= 10m
+.PHONY: soak
+soak: build
+	./bin/soak --duration $(SOAK_DURATION) $(SOAK_FLAGS)
