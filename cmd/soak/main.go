@@ -22,6 +22,7 @@ func main() {
 	flag.DurationVar(&o.TokenLifetime, "token-lifetime", 0, "access-token lifetime at the sandbox provider (default 4s)")
 	flag.DurationVar(&o.FaultGap, "fault-gap", 0, "mean time between faults (default 8s)")
 	flag.Uint64Var(&o.Seed, "seed", 0, "seed of the fault schedule (default: from the clock)")
+	flag.BoolVar(&o.Control, "control", false, "also kill inside the rotation window and answer refreshes after the client gave up: the invariants must then fail")
 	flag.StringVar(&o.BinDir, "bin", "bin", "directory of the built apps")
 	flag.StringVar(&o.OutDir, "out", "soak-out", "directory for logs and report.json")
 	flag.Parse()

@@ -188,11 +188,8 @@ type gate struct {
 	inFlight map[string]int
 	lastDone map[string]time.Time
 	rescues  map[string]int
-	deferred int // kills put off because the target was in the window
-}
-
-func newGate() *gate {
-	return &gate{inFlight: map[string]int{}, lastDone: map[string]time.Time{}, rescues: map[string]int{}}
+	deferred int  // kills put off because the target was in the window
+	open     bool // kill at once (Options.Control)
 }
 
 // settle covers the commit after the provider's answer.
@@ -238,7 +235,7 @@ func (g *gate) killOutsideWindow(ctx context.Context, app string, within time.Du
 	deadline := time.Now().Add(within)
 	for waited := false; ; waited = true {
 		g.mu.Lock()
-		if g.inFlight[app] == 0 && g.rescues[app] == 0 && time.Since(g.lastDone[app]) > settle {
+		if g.open || g.inFlight[app] == 0 && g.rescues[app] == 0 && time.Since(g.lastDone[app]) > settle {
 			kill()
 			if waited {
 				g.deferred++

@@ -98,6 +98,9 @@ func (s *soak) inject(ctx context.Context) {
 			}
 			d := time.Duration(2+s.rng.IntN(9)) * time.Second
 			latency := maxLatency / 2 * time.Duration(1+s.rng.IntN(3)) / 2 // 375ms..1.1s
+			if s.o.Control {
+				latency = refreshTimeout + time.Second // answers after the client gave up
+			}
 			rate := 0.3 + 0.7*s.rng.Float64()
 			rng := rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())) // its own: drawn from on the provider's goroutines
 			wg.Go(func() {
@@ -209,7 +212,10 @@ SELECT pid, application_name, state, pg_terminate_backend(pid)
 FROM (SELECT pid, application_name, state FROM pg_stat_activity
       WHERE datname = current_database() AND pid <> pg_backend_pid()
         AND application_name <> 'tokenguard-soak' AND backend_type = 'client backend'
-      ORDER BY random() LIMIT $1) b`, n)
+      -- Sessions holding a connection's lock first: their refresh is in
+      -- its rotation window.
+      ORDER BY pid IN (SELECT pid FROM pg_locks WHERE locktype = 'advisory') DESC, random()
+      LIMIT $1) b`, n)
 		if err != nil {
 			return err
 		}
@@ -224,6 +230,9 @@ FROM (SELECT pid, application_name, state FROM pg_stat_activity
 			}
 			if name == "" {
 				name = "pool"
+			}
+			if !ok {
+				state += ", already gone"
 			}
 			ended = append(ended, fmt.Sprintf("%d (%s, %s)", pid, name, state))
 		}

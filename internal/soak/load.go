@@ -25,7 +25,7 @@ type call struct {
 type calls struct {
 	mu   sync.Mutex
 	ok   map[string]int64
-	okAt []time.Time // starts of successful server calls, in order of completion
+	okAt map[string][]time.Time // starts of successful calls by kind, in order of completion
 	bad  []call
 }
 
@@ -33,25 +33,23 @@ func (c *calls) add(kind string, start, end time.Time, ok bool, err string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.ok == nil {
-		c.ok = map[string]int64{}
+		c.ok, c.okAt = map[string]int64{}, map[string][]time.Time{}
 	}
 	if ok {
 		c.ok[kind]++
-		if kind != "batch" {
-			c.okAt = append(c.okAt, start)
-		}
+		c.okAt[kind] = append(c.okAt[kind], start)
 		return
 	}
 	c.bad = append(c.bad, call{kind: kind, start: start, end: end, err: err})
 }
 
-// firstOKAfter is the earliest start of a successful server call that
+// firstOKAfter is the earliest start of a successful call of kind that
 // started at or after t.
-func (c *calls) firstOKAfter(t time.Time) (time.Time, bool) {
+func (c *calls) firstOKAfter(kind string, t time.Time) (time.Time, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var best time.Time
-	for _, s := range c.okAt {
+	for _, s := range c.okAt[kind] {
 		if !s.Before(t) && (best.IsZero() || s.Before(best)) {
 			best = s
 		}

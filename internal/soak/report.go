@@ -21,6 +21,7 @@ type Report struct {
 	Duration      string      `json:"duration"`
 	TokenLifetime string      `json:"token_lifetime"`
 	Seed          uint64      `json:"seed"`
+	Control       bool        `json:"control"`
 	Interrupted   bool        `json:"interrupted"`
 	Invariants    []Invariant `json:"invariants"`
 	Restarts      []Restart   `json:"postgres_restarts"`
@@ -54,7 +55,7 @@ type Invariant struct {
 type Restart struct {
 	At       string `json:"at"`
 	Down     string `json:"down"`     // restart sent until Postgres answered again
-	Recovery string `json:"recovery"` // Postgres answering until the first successful server call
+	Recovery string `json:"recovery"` // Postgres answering until a resource call and an enqueue both succeeded
 	Failed   int    `json:"failed"`   // calls failed in the window
 	down     time.Duration
 	recovery time.Duration
@@ -136,7 +137,6 @@ func (s *soak) finish(ctx context.Context, rep *Report, initial map[string]int64
 	for name, v := range final {
 		stored += v - initial[name]
 	}
-	unaccounted := rep.Provider.Refreshes - stored - int64(len(rep.Dropped))
 
 	// Failed calls: each inside some fault's window, Postgres restarts first.
 	restarts, windows := s.windows(rep.Faults, bad)
@@ -169,6 +169,10 @@ func (s *soak) finish(ctx context.Context, rep *Report, initial map[string]int64
 	}
 	s.checks.mu.Unlock()
 	sort.Strings(reauth)
+	// Every save bumps the version: the rotations stored are the bumps
+	// but for the one that marked a connection needs_reauth.
+	stored -= int64(len(reauth))
+	unaccounted := rep.Provider.Refreshes - stored - int64(len(rep.Dropped))
 
 	inv := func(name string, ok bool, format string, a ...any) {
 		rep.Invariants = append(rep.Invariants, Invariant{Name: name, Value: fmt.Sprintf(format, a...), OK: ok})
@@ -208,8 +212,9 @@ type window struct {
 
 // windows returns each Postgres restart with its recovery, and every
 // fault's window, restarts first. A restart's window runs from the
-// restart until the first successful server call after Postgres answered
-// again; other faults' until slack after they ended.
+// restart until a resource call and an enqueue started after Postgres
+// answered again both succeeded; other faults' until slack after they
+// ended.
 func (s *soak) windows(faults []*Fault, bad []call) ([]Restart, []window) {
 	var restarts []Restart
 	var first, rest []window
@@ -221,11 +226,15 @@ func (s *soak) windows(faults []*Fault, bad []call) ([]Restart, []window) {
 		if f.ready.IsZero() {
 			f.ready = f.end // the restart failed; the run fails on it anyway
 		}
+		// Recovered: a call through the cache path and an enqueue (a
+		// database write) both succeeded again.
 		to := f.ready.Add(slack)
 		var recovery time.Duration
-		if ok, found := s.calls.firstOKAfter(f.ready); found {
-			recovery = ok.Sub(f.ready)
-			to = ok
+		res, ok1 := s.calls.firstOKAfter("resource", f.ready)
+		ev, ok2 := s.calls.firstOKAfter("event", f.ready)
+		if ok1 && ok2 {
+			to = maxTime(res, ev)
+			recovery = to.Sub(f.ready)
 		}
 		r := Restart{At: f.At, Down: round(f.down), Recovery: round(recovery), down: f.down, recovery: recovery}
 		for _, c := range bad {
@@ -279,7 +288,11 @@ func minTime(a, b time.Time) time.Time {
 
 // Print writes the report as tables.
 func (rep *Report) Print(w io.Writer) {
-	fmt.Fprintf(w, "\nInvariants (seed %d, %s, tokens live %s)\n", rep.Seed, rep.Duration, rep.TokenLifetime)
+	control := ""
+	if rep.Control {
+		control = ", CONTROL run"
+	}
+	fmt.Fprintf(w, "\nInvariants (seed %d, %s, tokens live %s%s)\n", rep.Seed, rep.Duration, rep.TokenLifetime, control)
 	fmt.Fprintf(w, "| %-55s | %-4s | %s\n", "invariant", "ok", "value")
 	for _, i := range rep.Invariants {
 		ok := "yes"

@@ -41,6 +41,11 @@ type Options struct {
 	Concurrency     int           // concurrent HTTP clients of the server (default 4)
 	EventsPerSecond int           // events posted to the server (default 10)
 	Seed            uint64        // fault schedule (0: from the clock; the report names it)
+	// Control adds the two faults no client survives against a strict
+	// provider, to show the invariants catch them: kill -9 inside the
+	// rotation window, and a provider that answers only after the client
+	// gave up (TOKEN_REFRESH_TIMEOUT). A control run is expected to fail.
+	Control bool
 }
 
 func (o Options) withDefaults() Options {
@@ -113,7 +118,7 @@ type soak struct {
 func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	o = o.withDefaults()
 	s := &soak{o: o, out: out, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)),
-		gate: newGate(), apps: map[string]*app{}, calls: &calls{}, events: &events{},
+		gate: &gate{inFlight: map[string]int{}, lastDone: map[string]time.Time{}, rescues: map[string]int{}, open: o.Control}, apps: map[string]*app{}, calls: &calls{}, events: &events{},
 		faults: &faultLog{}, checks: &checks{}, logs: &logCounts{}}
 	for _, name := range []string{"tokenctl", "server", "worker", "batch"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, name)); err != nil {
@@ -124,6 +129,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	s.say("tokenguard soak: %s of faults, access tokens live %s, seed %d", o.Duration, o.TokenLifetime, o.Seed)
+	if o.Control {
+		s.say("  CONTROL run: kills inside the rotation window, provider answers after %s; invariants are expected to fail", refreshTimeout)
+	}
 
 	var err error
 	if s.pg, err = pgserver.StartCluster(ctx, ""); err != nil {
@@ -196,7 +204,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	s.say("")
 
 	s.start = time.Now()
-	rep := &Report{StartedAt: s.start.UTC(), Seed: o.Seed, Duration: o.Duration.String(), TokenLifetime: o.TokenLifetime.String()}
+	rep := &Report{StartedAt: s.start.UTC(), Seed: o.Seed, Control: o.Control, Duration: o.Duration.String(), TokenLifetime: o.TokenLifetime.String()}
 	faultCtx, stopFaults := context.WithTimeout(ctx, o.Duration)
 	defer stopFaults()
 	var wg sync.WaitGroup
