@@ -188,9 +188,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 			return nil, err
 		}
 	}
-	initial, err := s.versions(ctx)
-	if err != nil {
-		return nil, err
+	if err := s.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
+		_, err := c.Exec(ctx, auditRotations)
+		return err
+	}); err != nil {
+		return nil, fmt.Errorf("audit trigger: %w", err)
 	}
 	s.say("  imported:  %s (tokenctl import)", strings.Join(connections, ", "))
 
@@ -231,7 +233,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	}
 	s.stopApps()
 	s.check(context.Background()) // the final word on reuse and needs_reauth
-	s.finish(ctx, rep, initial, faultEnd)
+	s.finish(ctx, rep, faultEnd)
 	if err := rep.writeJSON(filepath.Join(o.OutDir, "report.json")); err != nil {
 		rep.Problems = append(rep.Problems, "report.json: "+err.Error())
 	}
@@ -299,27 +301,25 @@ func (s *soak) query(ctx context.Context, fn func(context.Context, *pgx.Conn) er
 	return fn(ctx, conn)
 }
 
-// versions reads each connection's token version.
-func (s *soak) versions(ctx context.Context) (map[string]int64, error) {
-	out := map[string]int64{}
-	err := s.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT c.name, t.version FROM connections c JOIN tokens t ON t.connection_id = c.id`)
-		if err != nil {
-			return err
-		}
-		defer rows.Close()
-		for rows.Next() {
-			var name string
-			var v int64
-			if err := rows.Scan(&name, &v); err != nil {
-				return err
-			}
-			out[name] = v
-		}
-		return rows.Err()
-	})
-	return out, err
-}
+// auditRotations records, in the transaction that stores it, every new
+// refresh token written over an old one: the rotations the apps stored.
+// A save that only marks needs_reauth keeps the refresh token and is not
+// one. The soak database is the driver's own; the apps never read this.
+const auditRotations = `
+CREATE TABLE soak_rotations (
+    at            timestamptz NOT NULL DEFAULT clock_timestamp(),
+    connection_id integer     NOT NULL,
+    version       bigint      NOT NULL
+);
+CREATE FUNCTION soak_rotation() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NEW.refresh_token IS DISTINCT FROM OLD.refresh_token THEN
+        INSERT INTO soak_rotations (connection_id, version) VALUES (NEW.connection_id, NEW.version);
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER soak_rotation AFTER UPDATE ON tokens FOR EACH ROW EXECUTE FUNCTION soak_rotation();
+`
 
 // drain waits for every accepted event to complete. Events waiting for a
 // retry (River backs off by attempt⁴ seconds) are made due now; it returns
