@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -72,8 +73,8 @@ func (l *faultLog) list() []*Fault {
 	return append([]*Fault(nil), l.all...)
 }
 
-// inject draws faults until ctx ends: each kind once in random order,
-// then by weight, FaultGap apart on average. Provider faults last a
+// inject draws faults until ctx ends: a Postgres restart, each other
+// kind once in random order, then by weight, FaultGap apart on average. Provider faults last a
 // while and run alongside the others; the rest are done one at a time.
 func (s *soak) inject(ctx context.Context) {
 	var deck []string
@@ -81,6 +82,8 @@ func (s *soak) inject(ctx context.Context) {
 		deck = append(deck, w.name)
 	}
 	s.rng.Shuffle(len(deck), func(i, j int) { deck[i], deck[j] = deck[j], deck[i] })
+	// A Postgres restart first: even a short run has one.
+	deck = append([]string{fPGRestart}, slices.DeleteFunc(deck, func(k string) bool { return k == fPGRestart })...)
 	var providerBusy sync.Mutex
 	var wg sync.WaitGroup
 	defer wg.Wait()
