@@ -1,0 +1,76 @@
+package soak
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"testing"
+	"time"
+)
+
+func TestGateKillsOnlyOutsideTheRotationWindow(t *testing.T) {
+	g := &gate{inFlight: map[string]int{}, lastDone: map[string]time.Time{}, rescues: map[string]int{}}
+	release := make(chan struct{})
+	arrived := make(chan struct{})
+	srv := httptest.NewServer(g.wrap(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+	})))
+	defer srv.Close()
+	go func() {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/oauth2/token", nil)
+		req.Header.Set("User-Agent", "tokenguard-worker/1.0")
+		if resp, err := http.DefaultClient.Do(req); err == nil {
+			resp.Body.Close()
+		}
+	}()
+	<-arrived
+	ctx := context.Background()
+	killed := false
+	if g.killOutsideWindow(ctx, "worker", 100*time.Millisecond, func() { killed = true }) || killed {
+		t.Fatal("killed while its token request was at the provider")
+	}
+	if !g.killOutsideWindow(ctx, "server", 0, func() {}) {
+		t.Fatal("another app, with nothing in flight, was not killed")
+	}
+	close(release)
+	// Answered: still inside the window until the commit had time (settle).
+	time.Sleep(50 * time.Millisecond)
+	if g.killOutsideWindow(ctx, "worker", 0, func() { killed = true }) {
+		t.Fatal("killed right after the provider answered")
+	}
+	g.rescuing("worker", +1) // its log said the rotated token is not stored yet
+	time.Sleep(settle)
+	if g.killOutsideWindow(ctx, "worker", 0, func() { killed = true }) {
+		t.Fatal("killed while it held a rotated token not yet stored")
+	}
+	g.rescuing("worker", -1)
+	if !g.killOutsideWindow(ctx, "worker", 0, func() { killed = true }) || !killed {
+		t.Fatal("not killed outside the window")
+	}
+	if g.deferred != 0 {
+		t.Fatalf("deferred = %d, want 0 (no kill waited and then ran)", g.deferred)
+	}
+}
+
+func TestCoverageJoinsOverlappingWindows(t *testing.T) {
+	t0 := time.Unix(0, 0)
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+	ws := []window{{"a", at(10), at(30)}, {"b", at(20), at(40)}, {"c", at(90), at(120)}}
+	if got := coverage(ws, at(0), at(100)); got != 0.4 {
+		t.Fatalf("coverage = %v, want 0.4", got)
+	}
+}
+
+func TestPercentileNearestRank(t *testing.T) {
+	ds := []time.Duration{5, 1, 4, 2, 3}
+	if p := percentile(ds, 0.5); p != 3 {
+		t.Fatalf("p50 = %v", p)
+	}
+	if p := percentile(ds, 0.99); p != 5 {
+		t.Fatalf("p99 = %v", p)
+	}
+	if p := percentile(nil, 0.5); p != 0 {
+		t.Fatalf("p50 of nothing = %v", p)
+	}
+}
