@@ -255,12 +255,12 @@ func (s *soak) killApp(ctx context.Context, f *Fault) error {
 	var pid int
 	if !s.gate.killOutsideWindow(ctx, name, killRestartWait, func() {
 		pid = p.Pid()
+		f.start = time.Now()
 		p.Kill()
 	}) {
 		f.Detail = fmt.Sprintf("%s not killed: it stayed in its rotation window for %s", name, killRestartWait)
 		return nil
 	}
-	f.start = time.Now()
 	f.At = fmtOffset(s.since(f.start))
 	pause := time.Duration(500+s.rng.IntN(2500)) * time.Millisecond
 	sleep(ctx, pause)

@@ -55,7 +55,7 @@ type Invariant struct {
 type Restart struct {
 	At       string `json:"at"`
 	Down     string `json:"down"`     // restart sent until Postgres answered again
-	Recovery string `json:"recovery"` // Postgres answering until a resource call and an enqueue both succeeded
+	Recovery string `json:"recovery"` // Postgres answering until a resource call, an enqueue and a batch round all succeeded
 	Failed   int    `json:"failed"`   // calls failed in the window
 	down     time.Duration
 	recovery time.Duration
@@ -143,7 +143,7 @@ func (s *soak) finish(ctx context.Context, rep *Report, faultEnd time.Time) {
 	for _, c := range bad {
 		kind := ""
 		for _, w := range windows {
-			if c.end.After(w.from) && c.start.Before(w.to) {
+			if w.holds(c) {
 				kind = w.kind
 				break
 			}
@@ -208,46 +208,56 @@ func round(d time.Duration) string { return d.Round(10 * time.Millisecond).Strin
 
 type window struct {
 	kind     string
+	calls    string // only calls of this kind ("": all)
 	from, to time.Time
 }
 
+func (w window) holds(c call) bool {
+	return (w.calls == "" || w.calls == c.kind) && c.end.After(w.from) && c.start.Before(w.to)
+}
+
 // windows returns each Postgres restart with its recovery, and every
-// fault's window, restarts first. A restart's window runs from the
-// restart until a resource call and an enqueue started after Postgres
-// answered again both succeeded; other faults' until slack after they
-// ended.
+// fault's window, restarts first. After a restart each kind of call
+// (resource, event, batch round) is in the window until one of its kind
+// started after Postgres answered again succeeded: the restart's recovery
+// is the longest of the three. Other faults' windows last until slack
+// after they ended.
 func (s *soak) windows(faults []*Fault, bad []call) ([]Restart, []window) {
 	var restarts []Restart
 	var first, rest []window
 	for _, f := range faults {
 		if f.Kind != fPGRestart {
-			rest = append(rest, window{f.Kind, f.start, f.end.Add(slack)})
+			rest = append(rest, window{kind: f.Kind, from: f.start, to: f.end.Add(slack)})
 			continue
 		}
 		if f.ready.IsZero() {
 			f.ready = f.end // the restart failed; the run fails on it anyway
 		}
-		// Recovered: a call through the cache path and an enqueue (a
-		// database write) both succeeded again.
-		to := f.ready.Add(slack)
-		var recovery time.Duration
-		res, ok1 := s.calls.firstOKAfter("resource", f.ready)
-		ev, ok2 := s.calls.firstOKAfter("event", f.ready)
-		if ok1 && ok2 {
-			to = maxTime(res, ev)
-			recovery = to.Sub(f.ready)
+		r := Restart{At: f.At, Down: round(f.down), down: f.down}
+		var ws []window
+		for _, kind := range []string{"resource", "event", "batch"} {
+			ok, found := s.calls.firstOKAfter(kind, f.ready)
+			if !found {
+				r.Recovery, r.recovery = "never", -1
+				ok = f.ready.Add(slack)
+			} else if r.recovery >= 0 {
+				r.recovery = max(r.recovery, ok.Sub(f.ready))
+			}
+			ws = append(ws, window{kind: f.Kind, calls: kind, from: f.start, to: ok})
 		}
-		r := Restart{At: f.At, Down: round(f.down), Recovery: round(recovery), down: f.down, recovery: recovery}
-		if !ok1 || !ok2 {
-			r.Recovery, r.recovery = "never", -1
+		if r.recovery >= 0 {
+			r.Recovery = round(r.recovery)
 		}
 		for _, c := range bad {
-			if c.end.After(f.start) && c.start.Before(to) {
-				r.Failed++
+			for _, w := range ws {
+				if w.holds(c) {
+					r.Failed++
+					break
+				}
 			}
 		}
 		restarts = append(restarts, r)
-		first = append(first, window{f.Kind, f.start, to})
+		first = append(first, ws...)
 	}
 	// The faults on the apps' side come before the provider's, which
 	// overlap them for seconds at a time.

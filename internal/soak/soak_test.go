@@ -56,7 +56,7 @@ func TestGateKillsOnlyOutsideTheRotationWindow(t *testing.T) {
 func TestCoverageJoinsOverlappingWindows(t *testing.T) {
 	t0 := time.Unix(0, 0)
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
-	ws := []window{{"a", at(10), at(30)}, {"b", at(20), at(40)}, {"c", at(90), at(120)}}
+	ws := []window{{kind: "a", from: at(10), to: at(30)}, {kind: "b", from: at(20), to: at(40)}, {kind: "c", from: at(90), to: at(120)}}
 	if got := coverage(ws, at(0), at(100)); got != 0.4 {
 		t.Fatalf("coverage = %v, want 0.4", got)
 	}
