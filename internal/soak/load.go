@@ -122,7 +122,9 @@ func errText(err error) string {
 }
 
 func (s *soak) callResource(c *http.Client, name string) error {
-	resp, err := c.Get(s.server + "/connections/" + name + "/resource")
+	req, _ := http.NewRequest(http.MethodGet, s.server+"/connections/"+name+"/resource", nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := c.Do(req)
 	if err != nil {
 		return err
 	}
@@ -135,7 +137,10 @@ func (s *soak) callResource(c *http.Client, name string) error {
 }
 
 func (s *soak) postEvent(c *http.Client, name string) (int64, error) {
-	resp, err := c.Post(s.server+"/connections/"+name+"/events", "application/json", strings.NewReader(`{"source":"soak"}`))
+	req, _ := http.NewRequest(http.MethodPost, s.server+"/connections/"+name+"/events", strings.NewReader(`{"source":"soak"}`))
+	req.Header.Set("Content-Type", "application/json")
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := c.Do(req)
 	if err != nil {
 		return 0, err
 	}

@@ -103,6 +103,7 @@ type soak struct {
 	sb     *sandbox.Provider
 	sbURL  string
 	server string // base URL of the server app
+	key    string // its API key (tokenctl apikey create)
 	env    []string
 	gate   *gate
 	apps   map[string]*app
@@ -173,18 +174,26 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		"WORKER_JOB_TIMEOUT=10s",
 		"LOG_LEVEL=info",
 		"LOG_FORMAT=json",
+		// One key drives all the load.
+		"API_KEY_RATE=100000",
+		"API_KEY_BURST=100000",
 	)
 
-	if err := s.tokenctl(ctx, nil, "migrate"); err != nil {
+	if _, err := s.tokenctl(ctx, nil, "migrate"); err != nil {
 		return nil, err
 	}
+	key, err := s.tokenctl(ctx, nil, "apikey", "create", "--name", "soak")
+	if err != nil {
+		return nil, err
+	}
+	s.key = strings.TrimSpace(key)
 	for _, name := range connections {
 		tok, err := sandbox.Grant(ctx, cfg)
 		if err != nil {
 			return nil, err
 		}
 		js, _ := json.Marshal(tok)
-		if err := s.tokenctl(ctx, bytes.NewReader(js), "import", "--connection", name); err != nil {
+		if _, err := s.tokenctl(ctx, bytes.NewReader(js), "import", "--connection", name); err != nil {
 			return nil, err
 		}
 	}
@@ -263,24 +272,24 @@ func (s *soak) startSandbox() (func(), error) {
 	return func() { _ = srv.Close() }, nil
 }
 
-// tokenctl runs bin/tokenctl to completion.
-func (s *soak) tokenctl(ctx context.Context, stdin io.Reader, args ...string) error {
-	var stderr bytes.Buffer
+// tokenctl runs bin/tokenctl to completion and returns its output.
+func (s *soak) tokenctl(ctx context.Context, stdin io.Reader, args ...string) (string, error) {
+	var stdout, stderr bytes.Buffer
 	p, err := demo.Start(demo.ProcSpec{Name: "tokenctl", Path: filepath.Join(s.o.BinDir, "tokenctl"), Args: args,
-		Env: s.env, Stdin: stdin, Stderr: &stderr})
+		Env: s.env, Stdin: stdin, Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
-		return err
+		return "", err
 	}
 	select {
 	case <-p.Done():
 	case <-ctx.Done():
 		p.Kill()
-		return ctx.Err()
+		return "", ctx.Err()
 	}
 	if code := p.ExitCode(); code != 0 {
-		return fmt.Errorf("tokenctl %s exited %d: %s", args[0], code, strings.TrimSpace(stderr.String()))
+		return "", fmt.Errorf("tokenctl %s exited %d: %s", args[0], code, strings.TrimSpace(stderr.String()))
 	}
-	return nil
+	return stdout.String(), nil
 }
 
 // query runs fn on a fresh connection to the soak database (the database
