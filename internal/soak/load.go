@@ -14,11 +14,10 @@ import (
 	"github.com/jackc/pgx/v5"
 )
 
-// call is one call the soak made (or one batch round) and how it ended.
+// call is a failed call the soak made (or a failed batch round).
 type call struct {
 	kind       string // "resource", "event", "batch"
 	start, end time.Time
-	ok         bool
 	err        string
 }
 
