@@ -193,16 +193,18 @@ func startClusterOnce(ctx context.Context, bin, base string, cred *syscall.Crede
 	restart := func(ctx context.Context) (time.Duration, error) {
 		mu.Lock()
 		defer mu.Unlock()
+		pidFile := filepath.Join(dir, "pg.pid")
+		before, _ := os.ReadFile(pidFile)
 		start := time.Now()
 		if _, err := owner.WriteString("restart\n"); err != nil {
 			return 0, fmt.Errorf("restart postgres: %w", err)
 		}
-		// The old postmaster must be gone before readiness means the new one.
-		for Ping(ctx, u, 200*time.Millisecond) == nil {
+		// Readiness counts once the supervisor started the new postmaster.
+		for now, _ := os.ReadFile(pidFile); bytes.Equal(now, before); now, _ = os.ReadFile(pidFile) {
 			if time.Since(start) > time.Minute || ctx.Err() != nil {
 				return time.Since(start), errors.New("restart postgres: the server did not stop")
 			}
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(10 * time.Millisecond)
 		}
 		err := awaitReady(ctx, u, dir)
 		return time.Since(start), err
