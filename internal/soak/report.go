@@ -140,7 +140,16 @@ func (s *soak) finish(ctx context.Context, rep *Report, faultEnd time.Time) {
 	restarts, windows := s.windows(rep.Faults, bad)
 	rep.Restarts = restarts
 	rep.FailedByFault = map[string]int{}
+	s.checks.mu.Lock()
+	reauthSeen := len(s.checks.needsReauth) > 0
+	s.checks.mu.Unlock()
 	for _, c := range bad {
+		if reauthSeen && strings.Contains(c.err, `"code":"needs_reauth"`) {
+			// Answered for a connection marked needs_reauth: that
+			// invariant has failed already, and says when.
+			rep.FailedByFault["needs_reauth"]++
+			continue
+		}
 		kind := ""
 		for _, w := range windows {
 			if w.holds(c) {
