@@ -18,7 +18,7 @@ const (
 // Token is the OAuth2 token of one connection as tokenguard stores it.
 // The credentials are Secrets, so printing a Token never shows them.
 type Token struct {
-	ConnectionID string
+	Connection   string
 	AccessToken  Secret
 	TokenType    string
 	RefreshToken Secret
@@ -105,8 +105,8 @@ func (t Token) Rotated(g Grant, now time.Time) Token {
 }
 
 // NewToken builds the token of a freshly granted connection.
-func NewToken(connectionID string, g Grant, now time.Time) (Token, error) {
-	if err := ValidateConnectionID(connectionID); err != nil {
+func NewToken(connection string, g Grant, now time.Time) (Token, error) {
+	if err := ValidateName(connection); err != nil {
 		return Token{}, err
 	}
 	if g.AccessToken.IsZero() {
@@ -120,25 +120,25 @@ func NewToken(connectionID string, g Grant, now time.Time) (Token, error) {
 	if g.TokenType == "" {
 		g.TokenType = "Bearer"
 	}
-	return Token{ConnectionID: connectionID}.Rotated(g, now), nil
+	return Token{Connection: connection}.Rotated(g, now), nil
 }
 
 // LogValue shows what operators need and no credential.
 func (t Token) LogValue() slog.Value {
 	return slog.GroupValue(
-		slog.String("connection", t.ConnectionID),
+		slog.String("connection", t.Connection),
 		slog.Int64("version", t.Version),
 		slog.String("status", string(t.Status)),
 		slog.Time("expiry", t.Expiry),
 	)
 }
 
-var connectionIDPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
-// ValidateConnectionID accepts names that are safe in URLs, logs and
+// ValidateName accepts names that are safe in URLs, logs and
 // command lines: 1 to 128 letters, digits, '.', '_' or '-'.
-func ValidateConnectionID(id string) error {
-	if !connectionIDPattern.MatchString(id) {
+func ValidateName(id string) error {
+	if !namePattern.MatchString(id) {
 		return fmt.Errorf("%w: %q (want 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", ErrInvalidConnection, id)
 	}
 	return nil

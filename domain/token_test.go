@@ -17,7 +17,7 @@ var t0 = time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 
 func token(lifetime time.Duration) domain.Token {
 	return domain.Token{
-		ConnectionID: "acme",
+		Connection:   "acme",
 		AccessToken:  domain.NewSecret("at-123"),
 		RefreshToken: domain.NewSecret("rt-456"),
 		TokenType:    "Bearer",

@@ -50,7 +50,7 @@ func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
 
 // Create stores a new key under name.
 func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) error {
-	if err := domain.ValidateConnectionID(name); err != nil {
+	if err := domain.ValidateName(name); err != nil {
 		return fmt.Errorf("API key name: %w", err)
 	}
 	res := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, decode(?, 'hex')) ON CONFLICT (name) DO NOTHING", name, hashParam(key))

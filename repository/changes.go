@@ -29,7 +29,7 @@ const ChangeChannel = "tokenguard_token_changed"
 const ListenerApplicationName = "tokenguard-listener"
 
 // ParseChange reads a ChangeChannel payload.
-func ParseChange(payload string) (connectionID string, version int64, err error) {
+func ParseChange(payload string) (connection string, version int64, err error) {
 	v, id, ok := strings.Cut(payload, " ")
 	if !ok || id == "" {
 		return "", 0, fmt.Errorf("malformed change %q", payload)
@@ -43,8 +43,8 @@ func ParseChange(payload string) (connectionID string, version int64, err error)
 
 // ChangeTarget is told about changes; RefreshTokenUseCase is one.
 type ChangeTarget interface {
-	// Invalidate: connectionID's stored token is now at version.
-	Invalidate(connectionID string, version int64)
+	// Invalidate: connection's stored token is now at version.
+	Invalidate(connection string, version int64)
 	// TrustCache: true once listening (nothing can be missed from now on),
 	// false as soon as the feed may have a gap.
 	TrustCache(trusted bool)

@@ -26,7 +26,7 @@ func NewConnectSessions(db *gorm.DB) *ConnectSessions { return &ConnectSessions{
 // Create stores a session and returns its token and expiry. Expired rows
 // older than a day are deleted on the way.
 func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error) {
-	if err := domain.ValidateConnectionID(s.Connection); err != nil {
+	if err := domain.ValidateName(s.Connection); err != nil {
 		return domain.Secret{}, time.Time{}, err
 	}
 	token := NewCredential(SessionPrefix)

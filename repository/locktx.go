@@ -53,21 +53,21 @@ type lockMode struct {
 var errNotPgx = errors.New("database driver is not pgx")
 
 // beginLocked acquires a pool connection, begins a transaction and takes
-// connectionID's lock. ctx bounds all of it. It returns a nil lockTx and no
+// connection's lock. ctx bounds all of it. It returns a nil lockTx and no
 // error when mode.try found the lock taken.
-func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, mode lockMode) (*lockTx, error) {
+func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mode lockMode) (*lockTx, error) {
 	pool, ok := r.db.Statement.ConnPool.(interface {
 		Conn(context.Context) (*sql.Conn, error)
 	})
 	if !ok {
-		return nil, fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connectionID, r.db.Statement.ConnPool)
+		return nil, fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connection, r.db.Statement.ConnPool)
 	}
 	if r.notPgx.Load() {
-		return r.beginPlain(ctx, connectionID, mode)
+		return r.beginPlain(ctx, connection, mode)
 	}
 	conn, err := pool.Conn(ctx)
 	if err != nil {
-		return nil, storeError(ctx, "lock connection "+connectionID, err)
+		return nil, storeError(ctx, "lock connection "+connection, err)
 	}
 	tx := &lockTx{conn: conn}
 	var found bool
@@ -76,22 +76,22 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connectionID string, 
 		if err != nil {
 			return errNotPgx
 		}
-		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connectionID, mode)
+		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connection, mode)
 		return err
 	})
 	if errors.Is(err, errNotPgx) {
 		_ = conn.Close() // unused: back to the pool
 		r.notPgx.Store(true)
-		return r.beginPlain(ctx, connectionID, mode)
+		return r.beginPlain(ctx, connection, mode)
 	}
 	if err != nil || !found || tx.held == heldNone {
 		tx.rollback(ctx)
 	}
 	switch {
 	case err != nil:
-		return nil, storeError(ctx, "lock connection "+connectionID, err)
+		return nil, storeError(ctx, "lock connection "+connection, err)
 	case !found:
-		return nil, fmt.Errorf("lock connection %s: %w", connectionID, domain.ErrNotFound)
+		return nil, fmt.Errorf("lock connection %s: %w", connection, domain.ErrNotFound)
 	case tx.held == heldNone:
 		return nil, nil
 	}

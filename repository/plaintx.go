@@ -20,8 +20,8 @@ type plainTx struct {
 }
 
 // beginPlain is beginLocked on the GORM path.
-func (r *TokenRepository) beginPlain(ctx context.Context, connectionID string, mode lockMode) (*lockTx, error) {
-	op := "lock connection " + connectionID
+func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mode lockMode) (*lockTx, error) {
+	op := "lock connection " + connection
 	// database/sql rolls a transaction back when the context of BeginTx
 	// ends; this one must outlive ctx once it holds the lock (InLock), so
 	// only its statements follow ctx.
@@ -32,11 +32,11 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connectionID string, m
 		return nil, storeError(ctx, op, g.Error)
 	}
 	tx := &lockTx{plain: &plainTx{tx: g, cancel: cancel}}
-	held, found, err := tx.plain.lock(ctx, r, connectionID, mode)
+	held, found, err := tx.plain.lock(ctx, r, connection, mode)
 	if err == nil && found && held != heldNone {
 		tx.held = held
 		var rows []tokenRow
-		err = g.WithContext(ctx).Raw(selectToken+" WHERE c.name = ?", connectionID).Find(&rows).Error
+		err = g.WithContext(ctx).Raw(selectToken+" WHERE c.name = ?", connection).Find(&rows).Error
 		if len(rows) > 0 {
 			tx.first = &rows[0]
 		}

@@ -12,7 +12,7 @@ import (
 // came with the lock, what is left is one write and its commit.
 const reactivateHold = 10 * time.Second
 
-// Reactivate sets connectionID active again if it is marked needs_reauth
+// Reactivate sets connection active again if it is marked needs_reauth
 // and, when reason is not empty, marked so for that reason. Its tokens are
 // not touched: the next refresh tells whether the grant is alive. It is the
 // way back for grants marked dead for something that was not the grant's
@@ -25,9 +25,9 @@ const reactivateHold = 10 * time.Second
 // holds, committed with the write. It returns the token as found under the
 // lock and the version written, or 0 when it left the connection alone
 // (already active, or needs_reauth for another reason).
-func (r *TokenRepository) Reactivate(ctx context.Context, connectionID, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
-	err = r.inLock(ctx, connectionID, wait, reactivateHold, func(ctx context.Context, l *LockedTokens) error {
-		if found, err = l.Get(ctx, connectionID); err != nil {
+func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
+	err = r.inLock(ctx, connection, wait, reactivateHold, func(ctx context.Context, l *LockedTokens) error {
+		if found, err = l.Get(ctx, connection); err != nil {
 			return err
 		}
 		if found.Status != domain.StatusNeedsReauth || (reason != "" && found.StatusReason != reason) {
@@ -45,13 +45,13 @@ WITH u AS (
     RETURNING c.id AS lock_key, c.name, t.*
 )
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, u.version || ' ' || u.name)`,
-			connectionID, found.Version, ChangeChannel)
+			connection, found.Version, ChangeChannel)
 		if err != nil {
 			return storeError(ctx, "reactivate", err)
 		}
 		if row == nil {
 			// Cannot happen while the lock is held: every writer takes it.
-			return fmt.Errorf("reactivate %s at version %d: %w", connectionID, found.Version, domain.ErrConflict)
+			return fmt.Errorf("reactivate %s at version %d: %w", connection, found.Version, domain.ErrConflict)
 		}
 		version = row.Version
 		return nil

@@ -86,25 +86,25 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 	}
 }
 
-func (r *TokenRepository) resealOne(ctx context.Context, connectionID string, wait time.Duration) (bool, error) {
+func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
 	resealed := false
-	err := r.inLock(ctx, connectionID, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
+	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
 		var rows []storedRow
 		err := l.db.WithContext(ctx).Raw(`
 SELECT c.id, c.name, t.access_token, t.refresh_token
 FROM tokens t JOIN connections c ON c.id = t.connection_id
-WHERE c.name = ?`, connectionID).Find(&rows).Error
+WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
 			return storeError(ctx, "read token", err)
 		}
 		if len(rows) == 0 || (r.sealer.IsCurrent(rows[0].AccessToken) && r.sealer.IsCurrent(rows[0].RefreshToken)) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
 		}
-		at, rt, err := opened(r.sealer, connectionID, rows[0].AccessToken, rows[0].RefreshToken)
+		at, rt, err := opened(r.sealer, connection, rows[0].AccessToken, rows[0].RefreshToken)
 		if err != nil {
 			return err
 		}
-		t, err := sealed(r.sealer, domain.Token{ConnectionID: connectionID, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)})
+		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)})
 		if err != nil {
 			return err
 		}

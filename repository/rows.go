@@ -37,7 +37,7 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 		return domain.Token{}, err
 	}
 	return domain.Token{
-		ConnectionID:  r.Name,
+		Connection:    r.Name,
 		AccessToken:   domain.NewSecret(at),
 		TokenType:     r.TokenType,
 		RefreshToken:  domain.NewSecret(rt),

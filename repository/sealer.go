@@ -28,33 +28,33 @@ const (
 	colRefresh = "refresh_token"
 )
 
-func aadFor(connectionID, column string) string { return connectionID + "/" + column }
+func aadFor(connection, column string) string { return connection + "/" + column }
 
 // sealed returns t with its two credentials replaced by what is stored for
 // them. The envelopes stay inside Secrets, so they never print either.
 // An empty refresh token stays empty ("keep the stored one" to Save).
 func sealed(s Sealer, t domain.Token) (domain.Token, error) {
-	at, err := s.Seal(t.AccessToken.Reveal(), aadFor(t.ConnectionID, colAccess))
+	at, err := s.Seal(t.AccessToken.Reveal(), aadFor(t.Connection, colAccess))
 	if err != nil {
-		return domain.Token{}, fmt.Errorf("seal access token of %s: %w", t.ConnectionID, err)
+		return domain.Token{}, fmt.Errorf("seal access token of %s: %w", t.Connection, err)
 	}
 	rt := ""
 	if !t.RefreshToken.IsZero() {
-		if rt, err = s.Seal(t.RefreshToken.Reveal(), aadFor(t.ConnectionID, colRefresh)); err != nil {
-			return domain.Token{}, fmt.Errorf("seal refresh token of %s: %w", t.ConnectionID, err)
+		if rt, err = s.Seal(t.RefreshToken.Reveal(), aadFor(t.Connection, colRefresh)); err != nil {
+			return domain.Token{}, fmt.Errorf("seal refresh token of %s: %w", t.Connection, err)
 		}
 	}
 	t.AccessToken, t.RefreshToken = domain.NewSecret(at), domain.NewSecret(rt)
 	return t, nil
 }
 
-// opened decrypts the two credential columns of a row of connectionID.
-func opened(s Sealer, connectionID, access, refresh string) (at, rt string, err error) {
-	if at, err = s.Open(access, aadFor(connectionID, colAccess)); err != nil {
-		return "", "", fmt.Errorf("access token of %s: %w", connectionID, err)
+// opened decrypts the two credential columns of a row of connection.
+func opened(s Sealer, connection, access, refresh string) (at, rt string, err error) {
+	if at, err = s.Open(access, aadFor(connection, colAccess)); err != nil {
+		return "", "", fmt.Errorf("access token of %s: %w", connection, err)
 	}
-	if rt, err = s.Open(refresh, aadFor(connectionID, colRefresh)); err != nil {
-		return "", "", fmt.Errorf("refresh token of %s: %w", connectionID, err)
+	if rt, err = s.Open(refresh, aadFor(connection, colRefresh)); err != nil {
+		return "", "", fmt.Errorf("refresh token of %s: %w", connection, err)
 	}
 	return at, rt, nil
 }

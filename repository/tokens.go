@@ -53,8 +53,8 @@ func bindingColumns(t string) string {
 
 // Get reads a connection's token without locking: readers never wait on a
 // refresh in progress.
-func (r *TokenRepository) Get(ctx context.Context, connectionID string) (domain.Token, error) {
-	return getToken(ctx, r.db.WithContext(ctx), r.sealer, connectionID)
+func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.Token, error) {
+	return getToken(ctx, r.db.WithContext(ctx), r.sealer, connection)
 }
 
 // DefaultPage is how many rows Each reads per query.
@@ -96,7 +96,7 @@ func (r *TokenRepository) Each(ctx context.Context, fn func(domain.Token) error)
 		if len(page) < DefaultPage {
 			return nil
 		}
-		after = page[len(page)-1].ConnectionID
+		after = page[len(page)-1].Connection
 	}
 }
 
@@ -110,12 +110,12 @@ func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
 
 // Register records a connection name (idempotently) so that it has a lock
 // key before it has a token.
-func (r *TokenRepository) Register(ctx context.Context, connectionID string) error {
-	if err := domain.ValidateConnectionID(connectionID); err != nil {
+func (r *TokenRepository) Register(ctx context.Context, connection string) error {
+	if err := domain.ValidateName(connection); err != nil {
 		return err
 	}
 	err := r.db.WithContext(ctx).
-		Exec("INSERT INTO connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connectionID).Error
+		Exec("INSERT INTO connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connection).Error
 	return storeError(ctx, "register connection", err)
 }
 
@@ -123,8 +123,8 @@ func (r *TokenRepository) Register(ctx context.Context, connectionID string) err
 // advisory locks of the named connections, always in the same order. They
 // are released when tx commits or rolls back, never earlier. Connections
 // must be registered.
-func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string) error {
-	ids := slices.Compact(slices.Sorted(slices.Values(connectionIDs)))
+func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) error {
+	ids := slices.Compact(slices.Sorted(slices.Values(connections)))
 	if len(ids) == 1 {
 		found, err := lockConnectionByName(tx, ids[0])
 		if err == nil && !found {
@@ -142,7 +142,7 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string)
 	return lockConnections(tx, keys)
 }
 
-// InLock runs fn in a transaction that holds connectionID's advisory lock.
+// InLock runs fn in a transaction that holds connection's advisory lock.
 //
 // ctx bounds only the wait for the lock, together with wait (lock_timeout,
 // reported as domain.ErrLockTimeout). Once the lock is held the transaction
@@ -151,14 +151,14 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connectionIDs ...string)
 // provider. fn's error rolls back what fn did before a write (LockedTokens'
 // Save and Put commit at once) and is returned as is; otherwise the
 // transaction commits and a commit failure is returned.
-func (r *TokenRepository) InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) error {
-	return r.inLock(ctx, connectionID, wait, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
+	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
 }
 
-func (r *TokenRepository) inLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
-	tx, err := r.beginLocked(ctx, connectionID, lockMode{wait: wait})
+	tx, err := r.beginLocked(ctx, connection, lockMode{wait: wait})
 	if err != nil {
 		return err
 	}
@@ -173,10 +173,10 @@ func (r *TokenRepository) inLock(ctx context.Context, connectionID string, wait,
 // token: if settled says the work is done, it returns that token with done
 // true, and fn does not run. Otherwise (the holder failed, or died) it
 // waits for the lock as InLock does, for what is left of wait, and runs fn.
-func (r *TokenRepository) InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
+func (r *TokenRepository) InLockUnless(ctx context.Context, connection string, wait, hold time.Duration,
 	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (t domain.Token, done bool, err error) {
 	asked := time.Now()
-	tx, err := r.beginLocked(ctx, connectionID, lockMode{share: true, wait: wait})
+	tx, err := r.beginLocked(ctx, connection, lockMode{share: true, wait: wait})
 	if err != nil {
 		return domain.Token{}, false, err
 	}
@@ -194,9 +194,9 @@ func (r *TokenRepository) InLockUnless(ctx context.Context, connectionID string,
 		tx.rollback(ctx) // before asking for the lock on another connection
 		rest := wait - time.Since(asked)
 		if wait > 0 && rest <= 0 {
-			return domain.Token{}, false, fmt.Errorf("lock connection %s: %w", connectionID, domain.ErrLockTimeout)
+			return domain.Token{}, false, fmt.Errorf("lock connection %s: %w", connection, domain.ErrLockTimeout)
 		}
-		if tx, err = r.beginLocked(ctx, connectionID, lockMode{wait: rest}); err != nil {
+		if tx, err = r.beginLocked(ctx, connection, lockMode{wait: rest}); err != nil {
 			return domain.Token{}, false, err
 		}
 	}
@@ -239,16 +239,16 @@ type LockedTokens struct {
 // Get re-reads a token inside the lock: another process may have refreshed
 // it while we waited. The first Get returns the read that came back with
 // the lock, which is just as recent.
-func (l *LockedTokens) Get(ctx context.Context, connectionID string) (domain.Token, error) {
+func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token, error) {
 	if l.tx.ended {
 		return domain.Token{}, errTxEnded
 	}
 	first := l.first
 	l.first = nil
-	if first != nil && first.Name == connectionID {
+	if first != nil && first.Name == connection {
 		return first.domain(l.sealer)
 	}
-	return getToken(ctx, l.db.WithContext(ctx), l.sealer, connectionID)
+	return getToken(ctx, l.db.WithContext(ctx), l.sealer, connection)
 }
 
 // Save writes t over the stored token if the stored version is still
@@ -281,16 +281,16 @@ WITH u AS (
 )
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$11")+`, u.version || ' ' || u.name)`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.ConnectionID, t.Version, ChangeChannel)
+		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel)
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "save token", err)
 	}
 	if row == nil {
 		// Nothing was written (an empty transaction committed): say why.
-		if _, err := getToken(ctx, l.pool.WithContext(ctx), l.sealer, t.ConnectionID); err != nil {
+		if _, err := getToken(ctx, l.pool.WithContext(ctx), l.sealer, t.Connection); err != nil {
 			return domain.Token{}, err
 		}
-		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.ConnectionID, t.Version, domain.ErrConflict)
+		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
 	}
 	return row.domain(l.sealer)
 }
@@ -303,7 +303,7 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 		return domain.Token{}, errTxEnded
 	}
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
-		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.ConnectionID, domain.ErrInvalidToken)
+		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.Connection, domain.ErrInvalidToken)
 	}
 	t, err := sealed(l.sealer, t)
 	if err != nil {
@@ -334,24 +334,24 @@ t AS (
 ),
 u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id)
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
-		t.ConnectionID, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
+		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes))
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "put token", err)
 	}
 	if row == nil {
-		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.ConnectionID, domain.ErrNotFound)
+		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
 	}
 	return row.domain(l.sealer)
 }
 
-func getToken(ctx context.Context, db *gorm.DB, s Sealer, connectionID string) (domain.Token, error) {
+func getToken(ctx context.Context, db *gorm.DB, s Sealer, connection string) (domain.Token, error) {
 	var rows []tokenRow
-	if err := db.Raw(selectToken+" WHERE c.name = ?", connectionID).Find(&rows).Error; err != nil {
+	if err := db.Raw(selectToken+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
 		return domain.Token{}, storeError(ctx, "get token", err)
 	}
 	if len(rows) == 0 {
-		return domain.Token{}, fmt.Errorf("connection %q: %w", connectionID, domain.ErrNotFound)
+		return domain.Token{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
 	return rows[0].domain(s)
 }

@@ -84,11 +84,11 @@ func grantToken(id, at, rt string) domain.Token {
 func put(t *testing.T, r *repository.TokenRepository, tok domain.Token) domain.Token {
 	t.Helper()
 	ctx := context.Background()
-	if err := r.Register(ctx, tok.ConnectionID); err != nil {
+	if err := r.Register(ctx, tok.Connection); err != nil {
 		t.Fatal(err)
 	}
 	var out domain.Token
-	err := r.InLock(ctx, tok.ConnectionID, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
+	err := r.InLock(ctx, tok.Connection, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
 		var err error
 		out, err = l.Put(ctx, tok)
 		return err
@@ -143,7 +143,7 @@ func TestPutGetSaveRoundTrip(t *testing.T) {
 		t.Errorf("regrant %+v", regrant)
 	}
 	all, err := r.List(ctx)
-	if err != nil || len(all) != 1 || all[0].ConnectionID != "acme" {
+	if err != nil || len(all) != 1 || all[0].Connection != "acme" {
 		t.Errorf("List = %v, %v", all, err)
 	}
 }

@@ -25,7 +25,7 @@ type AheadStore interface {
 	ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error)
 	// TryInLock runs fn like TokenStore.InLock if the connection's lock is
 	// free right now, and reports false without waiting if it is not.
-	TryInLock(ctx context.Context, connectionID string, hold time.Duration,
+	TryInLock(ctx context.Context, connection string, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) (bool, error)
 }
 
@@ -149,7 +149,7 @@ const (
 func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id string, due func(domain.Token) bool) (sweepOutcome, error) {
 	var r redeemed
 	called := false
-	ev := RefreshEvent{ConnectionID: id}
+	ev := RefreshEvent{Connection: id}
 	locked, err := store.TryInLock(ctx, id, u.hold(), func(txCtx context.Context, s LockedStore) error {
 		t, err := s.Get(txCtx, id)
 		if err != nil {

@@ -112,7 +112,7 @@ func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(),
 // put remembers tok, fresh until its expiry minus skew, if nothing newer is
 // known. The refresh token stays out: the hot path never needs it.
 func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
-	if !c.trusted.Load() || tok.Status != domain.StatusActive || c.shards[shardOf(tok.ConnectionID)].Load() > m.seq {
+	if !c.trusted.Load() || tok.Status != domain.StatusActive || c.shards[shardOf(tok.Connection)].Load() > m.seq {
 		return
 	}
 	tok.RefreshToken = domain.Secret{}
@@ -121,7 +121,7 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 	if untimed && until != 0 {
 		until = c.now().Add(untimedTTL).UnixNano()
 	}
-	slot := c.slot(tok.ConnectionID)
+	slot := c.slot(tok.Connection)
 	for {
 		old := slot.cur.Load()
 		var floor int64

@@ -11,7 +11,7 @@ import (
 
 func cached(version int64) domain.Token {
 	return domain.Token{
-		ConnectionID: "acme", AccessToken: domain.NewSecret("at"), Version: version, Status: domain.StatusActive,
+		Connection: "acme", AccessToken: domain.NewSecret("at"), Version: version, Status: domain.StatusActive,
 		ObtainedAt: time.Unix(0, 0), Expiry: time.Unix(3600, 0),
 	}
 }
@@ -102,7 +102,7 @@ func TestCacheHotPathDoesNotAllocate(t *testing.T) {
 
 func tokenOf(id string, version int64) domain.Token {
 	t := cached(version)
-	t.ConnectionID = id
+	t.Connection = id
 	t.RefreshToken = domain.NewSecret("rt-" + id)
 	return t
 }

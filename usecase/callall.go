@@ -16,13 +16,13 @@ type ConnectionLister interface {
 
 // APICaller makes one call to the external API on behalf of a connection.
 type APICaller interface {
-	Call(ctx context.Context, connectionID, path string) error
+	Call(ctx context.Context, connection, path string) error
 }
 
 // CallResult is the outcome of one connection's call.
 type CallResult struct {
-	ConnectionID string
-	Err          error
+	Connection string
+	Err        error
 }
 
 // CallAllResult is the outcome of one CallAll round.
@@ -63,9 +63,9 @@ func (u *CallAllUseCase) CallAll(ctx context.Context) (CallAllResult, error) {
 	var res CallAllResult
 	err := u.conns.Each(ctx, func(t domain.Token) error {
 		if t.Status == domain.StatusActive {
-			res.Calls = append(res.Calls, CallResult{ConnectionID: t.ConnectionID})
+			res.Calls = append(res.Calls, CallResult{Connection: t.Connection})
 		} else {
-			res.Skipped = append(res.Skipped, t.ConnectionID)
+			res.Skipped = append(res.Skipped, t.Connection)
 		}
 		return nil
 	})
@@ -78,7 +78,7 @@ func (u *CallAllUseCase) CallAll(ctx context.Context) (CallAllResult, error) {
 		sem <- struct{}{}
 		wg.Go(func() {
 			defer func() { <-sem }()
-			res.Calls[i].Err = u.api.Call(ctx, res.Calls[i].ConnectionID, u.path)
+			res.Calls[i].Err = u.api.Call(ctx, res.Calls[i].Connection, u.path)
 		})
 	}
 	wg.Wait()

@@ -30,7 +30,7 @@ func (l caLister) Each(_ context.Context, fn func(domain.Token) error) error {
 
 func (l caLister) Get(_ context.Context, id string) (domain.Token, error) {
 	for _, t := range l.toks {
-		if t.ConnectionID == id {
+		if t.Connection == id {
 			return t, nil
 		}
 	}
@@ -51,7 +51,7 @@ func (c *caCaller) Call(_ context.Context, id, path string) error {
 }
 
 func caToken(id string, s domain.Status) domain.Token {
-	return domain.Token{ConnectionID: id, Status: s, AccessToken: domain.NewSecret("at")}
+	return domain.Token{Connection: id, Status: s, AccessToken: domain.NewSecret("at")}
 }
 
 func TestCallAllCallsEveryActiveConnectionOnce(t *testing.T) {
@@ -66,7 +66,7 @@ func TestCallAllCallsEveryActiveConnectionOnce(t *testing.T) {
 	if len(api.calls) != 3 {
 		t.Errorf("calls = %v, want a, c and d once each", api.calls)
 	}
-	if len(res.Calls) != 3 || res.Calls[0].ConnectionID != "a" || res.Calls[1].ConnectionID != "c" ||
+	if len(res.Calls) != 3 || res.Calls[0].Connection != "a" || res.Calls[1].Connection != "c" ||
 		!errors.Is(res.Calls[1].Err, boom) || res.Calls[2].Err != nil || res.Failed() != 1 {
 		t.Errorf("result = %+v", res)
 	}

@@ -42,7 +42,7 @@ func TestClientRejectionNeverTouchesTheConnection(t *testing.T) {
 	} {
 		t.Run(c.outcome.String(), func(t *testing.T) {
 			clock := &fakeClock{now: t0}
-			store := &fakeStore{tok: domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
+			store := &fakeStore{tok: domain.Token{Connection: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
 				TokenType: "Bearer", ObtainedAt: t0.Add(-time.Hour), Expiry: t0.Add(10 * time.Second), Version: 1, Status: domain.StatusActive}}
 			ref := &fakeRefresher{err: c.err, grant: domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2"), Expiry: t0.Add(time.Hour)}}
 			var logs syncBuffer

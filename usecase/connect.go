@@ -29,12 +29,12 @@ func NewConnectUseCase(store ConnectionStore, clock Clock, lockWait time.Duratio
 	return &ConnectUseCase{store: store, clock: clock, lockWait: lockWait}
 }
 
-// Connect stores g as connectionID's token and makes the connection active.
+// Connect stores g as connection's token and makes the connection active.
 // It takes the connection's lock, so it never interleaves with a refresh:
 // a refresh that started before it has finished, and one that starts after
 // it redeems the new grant.
-func (u *ConnectUseCase) Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error) {
-	return u.ConnectAs(ctx, connectionID, g, domain.Binding{}, true)
+func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domain.Grant) (domain.Token, error) {
+	return u.ConnectAs(ctx, connection, g, domain.Binding{}, true)
 }
 
 // ConnectAs is Connect for a grant whose account is known (b.Account): if
@@ -42,19 +42,19 @@ func (u *ConnectUseCase) Connect(ctx context.Context, connectionID string, g dom
 // domain.ErrAccountMismatch and nothing is stored, unless allowChange. The
 // check and the write happen under the connection's lock, so two consents
 // cannot both pass it.
-func (u *ConnectUseCase) ConnectAs(ctx context.Context, connectionID string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
-	tok, err := domain.NewToken(connectionID, g, u.clock.Now())
+func (u *ConnectUseCase) ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
+	tok, err := domain.NewToken(connection, g, u.clock.Now())
 	if err != nil {
 		return domain.Token{}, err
 	}
 	tok.Binding = b
-	if err := u.store.Register(ctx, connectionID); err != nil {
-		return domain.Token{}, fmt.Errorf("connect %s: %w", connectionID, err)
+	if err := u.store.Register(ctx, connection); err != nil {
+		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}
 	var out domain.Token
-	err = u.store.InLock(ctx, connectionID, u.lockWait, DefaultWriteTimeout, func(txCtx context.Context, s LockedStore) error {
+	err = u.store.InLock(ctx, connection, u.lockWait, DefaultWriteTimeout, func(txCtx context.Context, s LockedStore) error {
 		if !allowChange {
-			cur, err := s.Get(txCtx, connectionID)
+			cur, err := s.Get(txCtx, connection)
 			switch {
 			case errors.Is(err, domain.ErrNotFound):
 			case err != nil:
@@ -67,7 +67,7 @@ func (u *ConnectUseCase) ConnectAs(ctx context.Context, connectionID string, g d
 		return err
 	})
 	if err != nil {
-		return domain.Token{}, fmt.Errorf("connect %s: %w", connectionID, err)
+		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}
 	return out, nil
 }

@@ -10,13 +10,13 @@ import (
 
 // TokenReader reads a connection's token without locking.
 type TokenReader interface {
-	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	Get(ctx context.Context, connection string) (domain.Token, error)
 }
 
 // EventQueue durably queues an event for the worker.
 type EventQueue interface {
 	// Enqueue stores the event and returns its id.
-	Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error)
+	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
 }
 
 // EnqueueEventUseCase accepts an event for a connection, to be handled by
@@ -31,24 +31,24 @@ func NewEnqueueEventUseCase(tokens TokenReader, queue EventQueue) *EnqueueEventU
 	return &EnqueueEventUseCase{tokens: tokens, queue: queue}
 }
 
-// Enqueue queues an event for connectionID and returns its id. It refuses
+// Enqueue queues an event for connection and returns its id. It refuses
 // events for a connection that does not exist (domain.ErrNotFound) or needs
 // re-authorisation (domain.ErrNeedsReauth), since the worker could not
 // handle them.
-func (u *EnqueueEventUseCase) Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error) {
-	if err := domain.ValidateConnectionID(connectionID); err != nil {
+func (u *EnqueueEventUseCase) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
+	if err := domain.ValidateName(connection); err != nil {
 		return 0, err
 	}
-	t, err := u.tokens.Get(ctx, connectionID)
+	t, err := u.tokens.Get(ctx, connection)
 	if err != nil {
-		return 0, fmt.Errorf("enqueue event for %s: %w", connectionID, err)
+		return 0, fmt.Errorf("enqueue event for %s: %w", connection, err)
 	}
 	if t.Status == domain.StatusNeedsReauth {
-		return 0, fmt.Errorf("enqueue event for %s: %w", connectionID, needsReauth(t))
+		return 0, fmt.Errorf("enqueue event for %s: %w", connection, needsReauth(t))
 	}
-	id, err := u.queue.Enqueue(ctx, connectionID, payload)
+	id, err := u.queue.Enqueue(ctx, connection, payload)
 	if err != nil {
-		return 0, fmt.Errorf("enqueue event for %s: %w", connectionID, err)
+		return 0, fmt.Errorf("enqueue event for %s: %w", connection, err)
 	}
 	return id, nil
 }

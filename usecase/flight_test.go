@@ -162,7 +162,7 @@ func BenchmarkTokenWaiters(b *testing.B) {
 	}
 	b.Run("tokenguard", func(b *testing.B) {
 		flood(b, func(all <-chan struct{}) func() {
-			fresh := domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("at"), Status: domain.StatusActive, Version: 2, Expiry: time.Now().Add(time.Hour)}
+			fresh := domain.Token{Connection: "acme", AccessToken: domain.NewSecret("at"), Status: domain.StatusActive, Version: 2, Expiry: time.Now().Add(time.Hour)}
 			u, err := NewRefreshTokenUseCase(heldStore{all: all, tok: fresh}, nil, Options{})
 			if err != nil {
 				b.Fatal(err)

@@ -22,13 +22,13 @@ import (
 // API that always answers 401 drive a refresh loop. Only a refresh that
 // would call the provider counts: a 401 for a token another process has
 // just replaced never does.
-func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error) {
-	u.opts.Observer.ForcedRefresh(connectionID)
-	u.cache.invalidate(connectionID, failed+1) // never hand out the failed token again
-	key := connectionID + "\x00" + strconv.FormatInt(failed, 10)
+func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error) {
+	u.opts.Observer.ForcedRefresh(connection)
+	u.cache.invalidate(connection, failed+1) // never hand out the failed token again
+	key := connection + "\x00" + strconv.FormatInt(failed, 10)
 	fl, err := u.flights.do(ctx, key, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
-		t, err := u.store.Get(ctx, connectionID)
+		t, err := u.store.Get(ctx, connection)
 		if err != nil {
 			return domain.Token{}, err
 		}
@@ -36,7 +36,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 			return domain.Token{}, needsReauth(t)
 		}
 		if t.Version == failed {
-			if t, err = u.refresh(ctx, connectionID, true, func(t domain.Token) bool { return t.Version == failed }); err != nil {
+			if t, err = u.refresh(ctx, connection, true, func(t domain.Token) bool { return t.Version == failed }); err != nil {
 				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
 			}
 		}
@@ -47,7 +47,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connectionID str
 		err = fl.err
 	}
 	if err != nil {
-		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connectionID, failed, err)
+		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connection, failed, err)
 	}
 	return withoutRefreshToken(fl.tok), nil
 }

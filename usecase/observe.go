@@ -18,7 +18,7 @@ type Observer interface {
 	Refreshed(e RefreshEvent)
 	// ForcedRefresh: a caller whose token was rejected (401) asked for a
 	// newer one.
-	ForcedRefresh(connectionID string)
+	ForcedRefresh(connection string)
 	// Invalidated: another process announced a new version.
 	Invalidated()
 }
@@ -61,7 +61,7 @@ func outcome(err error) RefreshOutcome {
 // RefreshEvent describes one pass through a connection's lock. It carries
 // no secret.
 type RefreshEvent struct {
-	ConnectionID    string
+	Connection      string
 	Outcome         RefreshOutcome
 	Forced          bool  // after a 401
 	OldVersion      int64 // version found inside the lock (0 if not read)
@@ -91,7 +91,7 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
-		slog.String("connection", e.ConnectionID),
+		slog.String("connection", e.Connection),
 		slog.String("outcome", string(e.Outcome)),
 		slog.Int64("old_version", e.OldVersion),
 		slog.Int64("new_version", e.NewVersion),

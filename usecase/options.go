@@ -28,7 +28,7 @@ type Options struct {
 	Logger *slog.Logger
 	// OnNeedsReauth is called once, by the process that found out, when a
 	// connection's grant is rejected for good.
-	OnNeedsReauth func(connectionID, reason string)
+	OnNeedsReauth func(connection, reason string)
 	// ForceInterval is the least time between two forced refreshes of one
 	// connection by this process (default 5s), so an API that answers 401
 	// to everything cannot drive a refresh loop. A token the provider

@@ -162,13 +162,13 @@ FROM connections c
 WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
 RETURNING t.version`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), t.Expiry, t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.ConnectionID, t.Version).Scan(&out)
+		string(t.Status), t.StatusReason, t.Connection, t.Version).Scan(&out)
 	if res.Error != nil {
 		return res.Error
 	}
 	if res.RowsAffected == 0 {
-		return fmt.Errorf("save token of %s at version %d: %w", t.ConnectionID, t.Version, domain.ErrConflict)
+		return fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
 	}
-	_, err := locked.Get(ctx, t.ConnectionID)
+	_, err := locked.Get(ctx, t.Connection)
 	return err
 }

@@ -16,20 +16,20 @@ import (
 // TokenStore is where tokens live, shared by every process.
 type TokenStore interface {
 	// Get reads a token without locking.
-	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	Get(ctx context.Context, connection string) (domain.Token, error)
 	// InLock runs fn in a transaction holding the connection's exclusive
 	// refresh lock. ctx and wait bound the wait for the lock; after that fn
 	// runs under the context it is given, bounded by hold and no longer
 	// cancelled by ctx. A write (Save, Put) commits at once; otherwise
 	// fn's error rolls back and nil commits.
-	InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+	InLock(ctx context.Context, connection string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
 	// InLockUnless is InLock for work the lock's holder may be doing
 	// already: when another transaction holds the lock, it waits for that
 	// one to end (beside, not behind, the other waiters) and, if settled
 	// says the token it then reads needs nothing more, returns it with done
 	// true instead of running fn.
-	InLockUnless(ctx context.Context, connectionID string, wait, hold time.Duration,
+	InLockUnless(ctx context.Context, connection string, wait, hold time.Duration,
 		settled func(domain.Token) bool, fn func(ctx context.Context, s LockedStore) error) (t domain.Token, done bool, err error)
 }
 
@@ -39,7 +39,7 @@ type TokenStore interface {
 // statement.
 type LockedStore interface {
 	// Get re-reads the token inside the lock.
-	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	Get(ctx context.Context, connection string) (domain.Token, error)
 	// Save writes t if the stored version is still t.Version, commits, and
 	// returns the stored token with its new version.
 	Save(ctx context.Context, t domain.Token) (domain.Token, error)
@@ -52,8 +52,8 @@ type LockedStore interface {
 type ConnectionStore interface {
 	// Register records a connection name so that it can be locked before
 	// it has a token. Registering twice is harmless.
-	Register(ctx context.Context, connectionID string) error
-	InLock(ctx context.Context, connectionID string, wait, hold time.Duration,
+	Register(ctx context.Context, connection string) error
+	InLock(ctx context.Context, connection string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
 }
 

@@ -40,7 +40,7 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	return u, nil
 }
 
-// Token returns a token for connectionID that is valid for at least the
+// Token returns a token for connection that is valid for at least the
 // skew, without its refresh token. Errors wrap domain.ErrNotFound, domain.ErrNeedsReauth,
 // domain.ErrLockTimeout, domain.ErrProviderUnavailable,
 // domain.ErrClientRejected, domain.ErrEndpointMisconfigured,
@@ -49,13 +49,13 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // A cached fresh token costs no query and no lock. Otherwise one goroutine
 // per connection and process reads the store (and refreshes if needed)
 // while the others wait for it.
-func (u *RefreshTokenUseCase) Token(ctx context.Context, connectionID string) (domain.Token, error) {
-	s, state := u.cache.get(connectionID, u.opts.Clock.Now())
+func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (domain.Token, error) {
+	s, state := u.cache.get(connection, u.opts.Clock.Now())
 	u.opts.Observer.CacheLookup(state == hit)
 	if state == hit {
 		return s.tok, nil
 	}
-	fl, err := u.await(ctx, connectionID, state == stale)
+	fl, err := u.await(ctx, connection, state == stale)
 	if err != nil {
 		return domain.Token{}, err
 	}
@@ -72,24 +72,24 @@ func withoutRefreshToken(t domain.Token) domain.Token {
 
 // await is Token's slow path: it joins (or starts) the connection's flight
 // and waits for it.
-func (u *RefreshTokenUseCase) await(ctx context.Context, connectionID string, knownStale bool) (*flight, error) {
-	fl, err := u.flights.do(ctx, connectionID, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
-		return u.load(ctx, connectionID, knownStale)
+func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, knownStale bool) (*flight, error) {
+	fl, err := u.flights.do(ctx, connection, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+		return u.load(ctx, connection, knownStale)
 	})
 	if err == nil {
 		err = fl.err
 	}
 	if err != nil {
-		return nil, fmt.Errorf("token for %s: %w", connectionID, err)
+		return nil, fmt.Errorf("token for %s: %w", connection, err)
 	}
 	return fl, nil
 }
 
 // Invalidate tells the use case that another process stored version of
-// connectionID's token; any older cached copy is dropped.
-func (u *RefreshTokenUseCase) Invalidate(connectionID string, version int64) {
+// connection's token; any older cached copy is dropped.
+func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.opts.Observer.Invalidated()
-	u.cache.invalidate(connectionID, version)
+	u.cache.invalidate(connection, version)
 }
 
 // TrustCache turns the in-process cache on while the caller guarantees
@@ -108,10 +108,10 @@ func (u *RefreshTokenUseCase) flightLimit() time.Duration {
 // load reads the stored token and refreshes it if it is stale. When the
 // cache already knows the current token is stale, the read outside the lock
 // is skipped: the refresh re-reads inside it anyway.
-func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, knownStale bool) (domain.Token, error) {
+func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, knownStale bool) (domain.Token, error) {
 	epoch := u.cache.begin()
 	if !knownStale {
-		t, err := u.store.Get(ctx, connectionID)
+		t, err := u.store.Get(ctx, connection)
 		if err != nil {
 			return domain.Token{}, err
 		}
@@ -123,7 +123,7 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 			return t, nil
 		}
 	}
-	t, err := u.refresh(ctx, connectionID, false, u.stale)
+	t, err := u.refresh(ctx, connection, false, u.stale)
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
@@ -139,13 +139,13 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connectionID string, kno
 // that write or commit fails (the database connection dropped, the commit
 // failed), refresh keeps the rotated token and retries writing it in fresh
 // transactions for RescueWindow, logging loudly, instead of dropping it.
-func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, forced bool, due func(domain.Token) bool) (domain.Token, error) {
+func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool) (domain.Token, error) {
 	var (
 		out     domain.Token
 		r       redeemed
 		current domain.Token // the stored token, as read under the lock
 	)
-	ev := RefreshEvent{ConnectionID: connectionID, Forced: forced}
+	ev := RefreshEvent{Connection: connection, Forced: forced}
 	asked := time.Now()
 	// settled says the stored token, as read under the lock, needs nothing
 	// more: another process refreshed it while we waited, or it cannot be
@@ -159,10 +159,10 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		out, ev.Outcome = t, OutcomeSkippedFresh
 		return nil
 	}
-	held, done, err := u.store.InLockUnless(ctx, connectionID, u.opts.LockWait, u.hold(), settled, func(txCtx context.Context, s LockedStore) error {
+	held, done, err := u.store.InLockUnless(ctx, connection, u.opts.LockWait, u.hold(), settled, func(txCtx context.Context, s LockedStore) error {
 		// The re-read is also the liveness check of the transaction: it
 		// runs right before the refresh token is spent.
-		t, err := s.Get(txCtx, connectionID)
+		t, err := s.Get(txCtx, connection)
 		if err != nil {
 			return err
 		}
@@ -173,7 +173,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		if err := u.gate.check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
-		if forced && !u.forced.allow(connectionID, u.opts.Clock.Now(), u.forceGap(t)) {
+		if forced && !u.forced.allow(connection, u.opts.Clock.Now(), u.forceGap(t)) {
 			return domain.ErrRefreshRateLimited
 		}
 		// Last chance to give up: past this point the refresh token is
@@ -195,12 +195,12 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 	ev.ProviderLatency = r.latency
 	switch {
 	case err != nil && r.rotated != nil:
-		out, err = u.rescue(connectionID, r, err)
+		out, err = u.rescue(connection, r, err)
 	case err == nil && r.revoked != nil:
 		ev.Outcome, err = OutcomeInvalidGrant, r.revoked
 		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
-			"connection", connectionID, "reason", reason(r.revoked))
-		u.opts.OnNeedsReauth(connectionID, reason(r.revoked))
+			"connection", connection, "reason", reason(r.revoked))
+		u.opts.OnNeedsReauth(connection, reason(r.revoked))
 	}
 	var stillValid error // the failure a still-valid token is served through
 	if err != nil && !forced && untouched(err) && usable(current, u.opts.Clock.Now()) {
@@ -209,7 +209,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 		// it; it is not cached as fresh, so the next caller tries again.
 		if errors.Is(err, domain.ErrProviderUnavailable) {
 			u.opts.Logger.Warn("token refresh failed; serving the current token until it expires",
-				"connection", connectionID, "version", current.Version,
+				"connection", connection, "version", current.Version,
 				"expires_in", current.Expiry.Sub(u.opts.Clock.Now()).Round(time.Millisecond), "err", err)
 		}
 		stillValid, out, err = err, current, nil
@@ -237,9 +237,9 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connectionID string, 
 // stored refresh token is still the spent one, the rotated token is the
 // only live token of the grant (unless the provider revoked the whole
 // grant for that reuse, which the next refresh will tell): it is stored.
-func (u *RefreshTokenUseCase) rescue(connectionID string, r redeemed, cause error) (domain.Token, error) {
+func (u *RefreshTokenUseCase) rescue(connection string, r redeemed, cause error) (domain.Token, error) {
 	rotated := *r.rotated
-	log := u.opts.Logger.With("connection", connectionID, "from_version", rotated.Version)
+	log := u.opts.Logger.With("connection", connection, "from_version", rotated.Version)
 	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
 	ctx, cancel := context.WithTimeout(context.Background(), u.opts.RescueWindow)
 	defer cancel()
@@ -247,8 +247,8 @@ func (u *RefreshTokenUseCase) rescue(connectionID string, r redeemed, cause erro
 	policy.InitialInterval, policy.MaxInterval = 50*time.Millisecond, time.Second
 	attempt := func() (domain.Token, error) {
 		var out domain.Token
-		err := u.store.InLock(ctx, connectionID, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-			now, err := s.Get(txCtx, connectionID)
+		err := u.store.InLock(ctx, connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+			now, err := s.Get(txCtx, connection)
 			if err != nil {
 				return err
 			}
@@ -325,7 +325,7 @@ func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t dom
 		r.tok, err = s.Save(txCtx, next)
 		return r, err
 	case clientSide(err):
-		u.clientFailed(t.ConnectionID, err)
+		u.clientFailed(t.Connection, err)
 		return r, err
 	case !errors.Is(err, domain.ErrGrantRevoked):
 		return r, err
@@ -333,7 +333,7 @@ func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t dom
 	// Before declaring the grant dead, look again: a token stored since
 	// we read (a rotated token written late by its redeemer, a new grant)
 	// means this rejection is stale news.
-	if now, getErr := s.Get(txCtx, t.ConnectionID); getErr == nil && now.Version != t.Version && now.Status == domain.StatusActive {
+	if now, getErr := s.Get(txCtx, t.Connection); getErr == nil && now.Version != t.Version && now.Status == domain.StatusActive {
 		r.tok = now
 		return r, nil
 	}
@@ -363,17 +363,17 @@ func untouched(err error) bool {
 
 // clientFailed closes the client gate and tells operators, at most once a
 // minute per connection, which setting to check.
-func (u *RefreshTokenUseCase) clientFailed(connectionID string, err error) {
+func (u *RefreshTokenUseCase) clientFailed(connection string, err error) {
 	now := u.opts.Clock.Now()
 	u.gate.reject(now, err)
-	if !u.errorLines.allow(connectionID, now, errorLineEvery) {
+	if !u.errorLines.allow(connection, now, errorLineEvery) {
 		return
 	}
 	check, msg := "OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE", "the token endpoint rejected the client; connection kept active, its token untouched"
 	if errors.Is(err, domain.ErrEndpointMisconfigured) {
 		check, msg = "OAUTH_TOKEN_URL", "the token URL does not answer as a token endpoint; connection kept active, its token untouched"
 	}
-	u.opts.Logger.Error(msg, "connection", connectionID, "check", check, "err", err)
+	u.opts.Logger.Error(msg, "connection", connection, "check", check, "err", err)
 }
 
 // errorLineEvery spaces the ERROR lines about a rejected client per

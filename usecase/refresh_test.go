@@ -41,7 +41,7 @@ type fakeStore struct {
 func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if id != s.tok.ConnectionID {
+	if id != s.tok.Connection {
 		return domain.Token{}, domain.ErrNotFound
 	}
 	return s.tok, nil
@@ -116,7 +116,7 @@ var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 func setup(t *testing.T, expiresIn time.Duration) (*usecase.RefreshTokenUseCase, *fakeStore, *fakeRefresher, *fakeClock) {
 	t.Helper()
 	store := &fakeStore{tok: domain.Token{
-		ConnectionID: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
+		Connection: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
 		TokenType: "Bearer", ObtainedAt: t0.Add(-time.Hour), Expiry: t0.Add(expiresIn), Version: 1, Status: domain.StatusActive,
 	}}
 	ref := &fakeRefresher{grant: domain.Grant{
@@ -291,7 +291,7 @@ func TestForceRefreshAfter401(t *testing.T) {
 }
 
 func TestNeedsReauthHookFiresOnce(t *testing.T) {
-	store := &fakeStore{tok: domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r"),
+	store := &fakeStore{tok: domain.Token{Connection: "acme", AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r"),
 		Version: 1, Status: domain.StatusActive, Expiry: t0}}
 	ref := &fakeRefresher{err: &domain.ProviderError{Code: "invalid_grant", Class: domain.GrantDead}}
 	var calls []string

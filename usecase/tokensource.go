@@ -14,8 +14,8 @@ import (
 // moment tokenguard itself stops handing it out (expiry minus skew): a
 // caching wrapper such as the oauth2.ReuseTokenSource inside
 // oauth2.NewClient then lets go of it no later than tokenguard would.
-func (u *RefreshTokenUseCase) TokenSource(ctx context.Context, connectionID string) oauth2.TokenSource {
-	return &connectionSource{ctx: ctx, uc: u, id: connectionID}
+func (u *RefreshTokenUseCase) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
+	return &connectionSource{ctx: ctx, uc: u, id: connection}
 }
 
 type connectionSource struct {

@@ -25,10 +25,10 @@ import (
 // Tokens hands out a connection's valid access token and, after a 401, a
 // newer one; usecase.RefreshTokenUseCase implements it.
 type Tokens interface {
-	Token(ctx context.Context, connectionID string) (domain.Token, error)
+	Token(ctx context.Context, connection string) (domain.Token, error)
 	// ForceRefresh returns a token newer than version failed: the stored
 	// one if another process already refreshed, else a refreshed one.
-	ForceRefresh(ctx context.Context, connectionID string, failed int64) (domain.Token, error)
+	ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error)
 }
 
 // Clients hands out, per connection, an *http.Client that authorises every
@@ -127,28 +127,28 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 	return &Client{base: u, clients: clients, http: &http.Client{Transport: userAgent{ua: opts.UserAgent, next: transport}}, opts: opts}, nil
 }
 
-// HTTPClient returns an *http.Client whose requests carry connectionID's
+// HTTPClient returns an *http.Client whose requests carry connection's
 // token and recover from 401s (see Transport), for code that builds its
 // own requests.
-func (c *Client) HTTPClient(ctx context.Context, connectionID string) *http.Client {
-	hc := c.clients.Client(context.WithValue(ctx, oauth2.HTTPClient, c.http), connectionID)
+func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client {
+	hc := c.clients.Client(context.WithValue(ctx, oauth2.HTTPClient, c.http), connection)
 	hc.Timeout = c.opts.Timeout
 	// Never forward the bearer token to wherever a redirect points.
 	hc.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 	return hc
 }
 
-// Get calls GET {base}{path} with connectionID's access token and returns
+// Get calls GET {base}{path} with connection's access token and returns
 // the answer whatever its status. Errors wrap the domain errors of
 // Tokens.Token, or ErrUnavailable when the API could not be reached. A 401
 // caused by a refresh elsewhere is retried once by the Transport.
-func (c *Client) Get(ctx context.Context, connectionID, path string) (*Response, error) {
+func (c *Client) Get(ctx context.Context, connection, path string) (*Response, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base.JoinPath(path).String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
 	req.Header.Set("Accept", "application/json")
-	resp, err := c.HTTPClient(ctx, connectionID).Do(req)
+	resp, err := c.HTTPClient(ctx, connection).Do(req)
 	if err != nil {
 		var tokenErr *tokenError
 		if errors.As(err, &tokenErr) {
@@ -166,13 +166,13 @@ func (c *Client) Get(ctx context.Context, connectionID, path string) (*Response,
 
 // Call is Get for callers that only need to know it worked: a non-2xx
 // answer is a *StatusError.
-func (c *Client) Call(ctx context.Context, connectionID, path string) error {
-	resp, err := c.Get(ctx, connectionID, path)
+func (c *Client) Call(ctx context.Context, connection, path string) error {
+	resp, err := c.Get(ctx, connection, path)
 	if err != nil {
 		return err
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		return fmt.Errorf("GET %s for %s: %w", path, connectionID, &StatusError{StatusCode: resp.StatusCode})
+		return fmt.Errorf("GET %s for %s: %w", path, connection, &StatusError{StatusCode: resp.StatusCode})
 	}
 	return nil
 }

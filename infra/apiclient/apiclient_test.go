@@ -28,7 +28,7 @@ type tokens struct {
 }
 
 func newTokens() *tokens {
-	return &tokens{cur: domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("old"), Version: 1}}
+	return &tokens{cur: domain.Token{Connection: "acme", AccessToken: domain.NewSecret("old"), Version: 1}}
 }
 
 func (f *tokens) Token(context.Context, string) (domain.Token, error) {
@@ -45,7 +45,7 @@ func (f *tokens) ForceRefresh(_ context.Context, _ string, failed int64) (domain
 		return domain.Token{}, domain.ErrRefreshRateLimited
 	}
 	if f.cur.Version == failed {
-		f.cur = domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("new"), Version: failed + 1}
+		f.cur = domain.Token{Connection: "acme", AccessToken: domain.NewSecret("new"), Version: failed + 1}
 	}
 	return f.cur, nil
 }

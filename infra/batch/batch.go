@@ -95,8 +95,8 @@ func (r *Runner) round(ctx context.Context, n int) bool {
 	for _, c := range res.Calls {
 		if c.Err != nil {
 			out.Failed++
-			out.Errors = append(out.Errors, c.ConnectionID+": "+c.Err.Error())
-			r.Log.Warn("call failed", "round", n, "connection", c.ConnectionID, "err", c.Err)
+			out.Errors = append(out.Errors, c.Connection+": "+c.Err.Error())
+			r.Log.Warn("call failed", "round", n, "connection", c.Connection, "err", c.Err)
 		} else {
 			out.Succeeded++
 		}

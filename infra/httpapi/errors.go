@@ -66,9 +66,9 @@ func classify(err error) problem {
 	return problem{http.StatusInternalServerError, "internal", "internal error", 0}
 }
 
-func writeError(w http.ResponseWriter, connectionID string, err error) {
+func writeError(w http.ResponseWriter, connection string, err error) {
 	p := classify(err)
-	body := errorBody{Error: p.message, Code: p.code, Connection: connectionID}
+	body := errorBody{Error: p.message, Code: p.code, Connection: connection}
 	if p.retryAfter > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int((p.retryAfter+time.Second-1)/time.Second)))
 	}

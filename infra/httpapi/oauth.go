@@ -69,7 +69,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME"} (optional: "return_to", "allow_account_change")`, Code: "bad_request"})
 		return
 	}
-	if err := domain.ValidateConnectionID(req.Connection); err != nil {
+	if err := domain.ValidateName(req.Connection); err != nil {
 		writeError(w, "", err)
 		return
 	}

@@ -37,7 +37,7 @@ func (c slowConnector) ConnectAs(ctx context.Context, id string, _ domain.Grant,
 	time.Sleep(20 * time.Millisecond)
 	c.ctxErr <- ctx.Err()
 	c.binding <- b
-	return domain.Token{ConnectionID: id, Status: domain.StatusActive, Version: 1}, ctx.Err()
+	return domain.Token{Connection: id, Status: domain.StatusActive, Version: 1}, ctx.Err()
 }
 
 func TestCallbackStoresTheGrantAfterTheBrowserLeft(t *testing.T) {

@@ -25,18 +25,18 @@ import (
 
 // API is the external API as the server uses it.
 type API interface {
-	Get(ctx context.Context, connectionID, path string) (*apiclient.Response, error)
+	Get(ctx context.Context, connection, path string) (*apiclient.Response, error)
 }
 
 // Events accepts events for the worker.
 type Events interface {
-	Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error)
+	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
 }
 
 // Connector stores a newly granted token, bound to the account that
 // granted it (see usecase.ConnectUseCase.ConnectAs).
 type Connector interface {
-	ConnectAs(ctx context.Context, connectionID string, g domain.Grant, b domain.Binding, allowAccountChange bool) (domain.Token, error)
+	ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowAccountChange bool) (domain.Token, error)
 }
 
 // KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
@@ -198,7 +198,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 // with the upstream status and body.
 func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if err := domain.ValidateConnectionID(name); err != nil {
+	if err := domain.ValidateName(name); err != nil {
 		writeError(w, "", err)
 		return
 	}
@@ -222,7 +222,7 @@ func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
 // it travels with the event.
 func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	if err := domain.ValidateConnectionID(name); err != nil {
+	if err := domain.ValidateName(name); err != nil {
 		writeError(w, "", err)
 		return
 	}

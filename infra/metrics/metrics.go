@@ -189,7 +189,7 @@ func (m *Metrics) Refreshed(e usecase.RefreshEvent) {
 		trigger = TriggerUnauthorized
 	}
 	if m.connectionLabel {
-		m.refreshes.WithLabelValues(string(e.Outcome), trigger, e.ConnectionID).Inc()
+		m.refreshes.WithLabelValues(string(e.Outcome), trigger, e.Connection).Inc()
 	} else {
 		m.refreshes.WithLabelValues(string(e.Outcome), trigger).Inc()
 	}
@@ -200,9 +200,9 @@ func (m *Metrics) Refreshed(e usecase.RefreshEvent) {
 }
 
 // ForcedRefresh implements usecase.Observer.
-func (m *Metrics) ForcedRefresh(connectionID string) {
+func (m *Metrics) ForcedRefresh(connection string) {
 	if m.connectionLabel {
-		m.forced.WithLabelValues(connectionID).Inc()
+		m.forced.WithLabelValues(connection).Inc()
 		return
 	}
 	m.forced.WithLabelValues().Inc()

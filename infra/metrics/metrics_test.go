@@ -93,10 +93,10 @@ func TestObserverEventsBecomeMetrics(t *testing.T) {
 	}
 	m.CacheLookup(false)
 	m.CacheLookup(false)
-	m.Refreshed(usecase.RefreshEvent{ConnectionID: "acme", Outcome: usecase.OutcomeOK, LockWait: 3 * time.Millisecond, ProviderLatency: 40 * time.Millisecond})
-	m.Refreshed(usecase.RefreshEvent{ConnectionID: "acme", Outcome: usecase.OutcomeSkippedFresh, LockWait: 45 * time.Millisecond})
-	m.Refreshed(usecase.RefreshEvent{ConnectionID: "acme", Outcome: usecase.OutcomeOK, Forced: true, LockWait: time.Millisecond, ProviderLatency: 30 * time.Millisecond})
-	m.Refreshed(usecase.RefreshEvent{ConnectionID: "globex", Outcome: usecase.OutcomeInvalidGrant, LockWait: time.Millisecond, ProviderLatency: 20 * time.Millisecond, Err: errors.New("x")})
+	m.Refreshed(usecase.RefreshEvent{Connection: "acme", Outcome: usecase.OutcomeOK, LockWait: 3 * time.Millisecond, ProviderLatency: 40 * time.Millisecond})
+	m.Refreshed(usecase.RefreshEvent{Connection: "acme", Outcome: usecase.OutcomeSkippedFresh, LockWait: 45 * time.Millisecond})
+	m.Refreshed(usecase.RefreshEvent{Connection: "acme", Outcome: usecase.OutcomeOK, Forced: true, LockWait: time.Millisecond, ProviderLatency: 30 * time.Millisecond})
+	m.Refreshed(usecase.RefreshEvent{Connection: "globex", Outcome: usecase.OutcomeInvalidGrant, LockWait: time.Millisecond, ProviderLatency: 20 * time.Millisecond, Err: errors.New("x")})
 	m.ForcedRefresh("acme")
 	m.Invalidated()
 	m.Invalidated()
@@ -143,8 +143,8 @@ func TestObserverEventsBecomeMetrics(t *testing.T) {
 
 func TestConnectionLabelIsOptIn(t *testing.T) {
 	m := metrics.New(metrics.Options{ConnectionLabel: true})
-	m.Refreshed(usecase.RefreshEvent{ConnectionID: "acme", Outcome: usecase.OutcomeOK, ProviderLatency: time.Millisecond})
-	m.Refreshed(usecase.RefreshEvent{ConnectionID: "globex", Outcome: usecase.OutcomeTransientError, ProviderLatency: time.Millisecond})
+	m.Refreshed(usecase.RefreshEvent{Connection: "acme", Outcome: usecase.OutcomeOK, ProviderLatency: time.Millisecond})
+	m.Refreshed(usecase.RefreshEvent{Connection: "globex", Outcome: usecase.OutcomeTransientError, ProviderLatency: time.Millisecond})
 	m.ForcedRefresh("globex")
 	fams, _ := scrape(t, route(m))
 	if got := value(fams, "tokenguard_token_refreshes_total", "connection", "acme", "outcome", "ok"); got != 1 {

@@ -291,7 +291,7 @@ func TestRefreshAnswers(t *testing.T) {
 // known expiry; a rotated one without a named expiry has an unknown one.
 func TestRefreshAnswerWithoutRefreshTokenKeepsTheStoredOne(t *testing.T) {
 	now := time.Now()
-	stored := domain.Token{ConnectionID: "acme", AccessToken: domain.NewSecret("at0"), RefreshToken: domain.NewSecret(testRefreshToken),
+	stored := domain.Token{Connection: "acme", AccessToken: domain.NewSecret("at0"), RefreshToken: domain.NewSecret(testRefreshToken),
 		RefreshExpiry: now.Add(24 * time.Hour), Status: domain.StatusActive}
 	for _, c := range []struct {
 		body     string

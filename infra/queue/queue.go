@@ -99,8 +99,8 @@ func NewProducer(pool *pgxpool.Pool, log *slog.Logger) (*Producer, error) {
 }
 
 // Enqueue stores one event and returns its id (River's job id).
-func (p *Producer) Enqueue(ctx context.Context, connectionID string, payload json.RawMessage) (int64, error) {
-	res, err := p.client.Insert(ctx, EventArgs{Connection: connectionID, Payload: payload}, nil)
+func (p *Producer) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
+	res, err := p.client.Insert(ctx, EventArgs{Connection: connection, Payload: payload}, nil)
 	if err != nil {
 		return 0, fmt.Errorf("queue: insert event: %w: %w", domain.ErrStoreUnavailable, err)
 	}

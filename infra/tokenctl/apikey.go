@@ -72,7 +72,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 		if name == "" {
 			return fail(exitUsage, "%s: --name NAME is required", cmd)
 		}
-		if err := domain.ValidateConnectionID(name); err != nil {
+		if err := domain.ValidateName(name); err != nil {
 			return fail(exitUsage, "%s: invalid key name %q (want 1-128 of A-Z a-z 0-9 . _ -)", cmd, name)
 		}
 	}

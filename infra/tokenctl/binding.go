@@ -19,7 +19,7 @@ func printBindings(w io.Writer, toks []domain.Token) {
 		if account == "" {
 			account = "an unknown account"
 		}
-		line := t.ConnectionID + ": granted by " + account
+		line := t.Connection + ": granted by " + account
 		if b.MissingScopes != "" {
 			line += "; missing scopes: " + b.MissingScopes
 		}

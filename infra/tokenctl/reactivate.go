@@ -67,10 +67,10 @@ func reactivated(found domain.Token, version int64) string {
 	switch {
 	case version != 0:
 		return fmt.Sprintf("reactivated connection %s: was needs_reauth (%s), now active at version %d; the next refresh decides",
-			found.ConnectionID, found.StatusReason, version)
+			found.Connection, found.StatusReason, version)
 	case found.Status == domain.StatusActive:
-		return fmt.Sprintf("connection %s is already active (version %d): left alone", found.ConnectionID, found.Version)
+		return fmt.Sprintf("connection %s is already active (version %d): left alone", found.Connection, found.Version)
 	}
 	return fmt.Sprintf("connection %s now needs re-authorisation for %s (version %d): left alone",
-		found.ConnectionID, found.StatusReason, found.Version)
+		found.Connection, found.StatusReason, found.Version)
 }

@@ -15,9 +15,9 @@ import (
 func TestStatusShowsRefreshTokenExpiry(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	toks := []domain.Token{
-		{ConnectionID: "known", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 3,
+		{Connection: "known", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 3,
 			RefreshExpiry: now.Add(90 * 24 * time.Hour), RefreshToken: domain.NewSecret("rt-secret")},
-		{ConnectionID: "unknown", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 4},
+		{Connection: "unknown", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 4},
 	}
 	var out strings.Builder
 	p := newStatusPrinter(&out)
@@ -64,7 +64,7 @@ func (s *streamingStore) Each(_ context.Context, fn func(domain.Token) error) er
 			s.early = strings.Contains(s.out.String(), "conn-00000 ")
 		}
 		s.walked++
-		if err := fn(domain.Token{ConnectionID: fmt.Sprintf("conn-%05d", i), Status: domain.StatusActive, Version: 1,
+		if err := fn(domain.Token{Connection: fmt.Sprintf("conn-%05d", i), Status: domain.StatusActive, Version: 1,
 			Expiry: time.Now().Add(time.Hour)}); err != nil {
 			return err
 		}

@@ -57,16 +57,16 @@ type Backend interface {
 
 // Store is the token store as the operator sees it.
 type Store interface {
-	Get(ctx context.Context, connectionID string) (domain.Token, error)
+	Get(ctx context.Context, connection string) (domain.Token, error)
 	// Each calls fn with every stored token in name order, a page at a
 	// time: status streams, whatever the table's size.
 	Each(ctx context.Context, fn func(domain.Token) error) error
-	Connect(ctx context.Context, connectionID string, g domain.Grant) (domain.Token, error)
+	Connect(ctx context.Context, connection string, g domain.Grant) (domain.Token, error)
 	// Reactivate sets a needs_reauth connection (for reason, if not
 	// empty) active again under its lock, tokens untouched. It returns the
 	// token as found under the lock and the version written, 0 if it left
 	// the connection alone.
-	Reactivate(ctx context.Context, connectionID, reason string) (found domain.Token, version int64, err error)
+	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
 	// NeedingReauth lists up to limit connections marked needs_reauth for
 	// reason, in name order, after the name after.
 	NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error)
@@ -133,7 +133,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return fail(exitUsage, "reactivate: give either --connection NAME or --all-with-reason REASON")
 	}
 	if connection != "" {
-		if err := domain.ValidateConnectionID(connection); err != nil {
+		if err := domain.ValidateName(connection); err != nil {
 			return fail(exitUsage, "%v", err)
 		}
 	}
@@ -197,7 +197,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 			return fail(exitFailure, "import: %v", err)
 		}
 		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d\n",
-			t.ConnectionID, t.Status, formatTime(t.Expiry), t.Version)
+			t.Connection, t.Status, formatTime(t.Expiry), t.Version)
 	case "status":
 		now := time.Now()
 		if connection != "" {
@@ -305,7 +305,7 @@ func (p *statusPrinter) print(t domain.Token, now time.Time) {
 	if !t.RefreshExpiry.IsZero() {
 		refreshExp = formatTime(t.RefreshExpiry)
 	}
-	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.ConnectionID, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
+	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Connection, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
 	if t.Binding.Account != "" || t.Binding.MissingScopes != "" {
 		p.bound = append(p.bound, t)
 	}
