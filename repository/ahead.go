@@ -28,25 +28,31 @@ func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after
 }
 
 // activeBefore pages through the active tokens whose column (expiry or
-// obtained_at) is before t, by (column, connection id).
+// obtained_at) is before t, by (column, connection id). The cursor also
+// carries when the walk began: a token obtained after that (refreshed by
+// this very sweep, or by anyone) is left out, or a window longer than the
+// tokens' lifetime would meet every refreshed token again further on.
 func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]string, string, error) {
 	q, args := `t.`+column+` < ?`, []any{t}
+	var began *time.Time // NULL on the first page: the statement's now()
 	if after != "" {
-		from, id, err := parseTimeCursor(after)
+		b, from, id, err := parseTimeCursor(after)
 		if err != nil {
 			return nil, "", err
 		}
+		began = &b
 		q, args = q+` AND (t.`+column+`, t.connection_id) > (?, ?)`, append(args, from, id)
 	}
 	var rows []struct {
-		Name string
-		At   time.Time
-		ID   int32
+		Name  string
+		At    time.Time
+		ID    int32
+		Began time.Time
 	}
-	err := r.db.WithContext(ctx).Raw(`SELECT c.name, t.`+column+` AS at, t.connection_id AS id
-		FROM tokens t JOIN connections c ON c.id = t.connection_id
-		WHERE t.status = 'active' AND `+q+`
-		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(args, limit)...).Find(&rows).Error
+	err := r.db.WithContext(ctx).Raw(`SELECT c.name, t.`+column+` AS at, t.connection_id AS id, b.began
+		FROM tokens t JOIN connections c ON c.id = t.connection_id, (SELECT coalesce(?::timestamptz, now()) AS began) b
+		WHERE t.status = 'active' AND t.obtained_at < b.began AND `+q+`
+		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(append([]any{began}, args...), limit)...).Find(&rows).Error
 	if err != nil {
 		return nil, "", storeError(ctx, "list tokens by "+column, err)
 	}
@@ -57,28 +63,33 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 	next := ""
 	if len(rows) == limit && limit > 0 {
 		last := rows[len(rows)-1]
-		next = strconv.FormatInt(last.At.UnixMicro(), 10) + ":" + strconv.FormatInt(int64(last.ID), 10)
+		next = strconv.FormatInt(last.Began.UnixMicro(), 10) + ":" + strconv.FormatInt(last.At.UnixMicro(), 10) + ":" + strconv.FormatInt(int64(last.ID), 10)
 	}
 	return names, next, nil
 }
 
-// parseTimeCursor reads activeBefore's cursor: the last row's time (Unix
-// microseconds, Postgres' precision) and connection id.
-func parseTimeCursor(s string) (time.Time, int32, error) {
-	us, id, ok := strings.Cut(s, ":")
-	u, err1 := strconv.ParseInt(us, 10, 64)
-	i, err2 := strconv.ParseInt(id, 10, 32)
-	if !ok || err1 != nil || err2 != nil {
-		return time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
+// parseTimeCursor reads activeBefore's cursor: when the walk began, the
+// last row's time (Unix microseconds, Postgres' precision) and connection
+// id.
+func parseTimeCursor(s string) (began, at time.Time, id int32, err error) {
+	parts := strings.Split(s, ":")
+	if len(parts) != 3 {
+		return time.Time{}, time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
 	}
-	return time.UnixMicro(u), int32(i), nil
+	b, err1 := strconv.ParseInt(parts[0], 10, 64)
+	u, err2 := strconv.ParseInt(parts[1], 10, 64)
+	i, err3 := strconv.ParseInt(parts[2], 10, 32)
+	if err1 != nil || err2 != nil || err3 != nil {
+		return time.Time{}, time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
+	}
+	return time.UnixMicro(b), time.UnixMicro(u), int32(i), nil
 }
 
 // TryInLock is InLock without the wait: if another transaction holds the
 // connection's lock it returns false at once and fn does not run.
-func (r *TokenRepository) TryInLock(ctx context.Context, connectionID string, hold time.Duration,
+func (r *TokenRepository) TryInLock(ctx context.Context, connection string, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	tx, err := r.beginLocked(ctx, connectionID, lockMode{try: true})
+	tx, err := r.beginLocked(ctx, connection, lockMode{try: true})
 	if err != nil || tx == nil {
 		return err != nil, err
 	}

@@ -40,10 +40,10 @@ func TestEachPagesThroughEveryRowInNameOrder(t *testing.T) {
 	seedRows(t, db, n, time.Now())
 	var names []string
 	err := r.Each(context.Background(), func(tok domain.Token) error {
-		if tok.RefreshToken.Reveal() != "rt-"+tok.ConnectionID {
-			t.Fatalf("%s: refresh token not its own", tok.ConnectionID)
+		if tok.RefreshToken.Reveal() != "rt-"+tok.Connection {
+			t.Fatalf("%s: refresh token not its own", tok.Connection)
 		}
-		names = append(names, tok.ConnectionID)
+		names = append(names, tok.Connection)
 		return nil
 	})
 	if err != nil {
@@ -151,5 +151,48 @@ func TestExpiringBeforeUsesTheExpiryIndex(t *testing.T) {
 	}
 	if !strings.Contains(strings.Join(plan, "\n"), "tokens_active_obtained") {
 		t.Fatalf("plan does not use tokens_active_obtained:\n%s", strings.Join(plan, "\n"))
+	}
+}
+
+// A sweep whose window is longer than the tokens' lifetime meets every
+// token it refreshes again further on in expiry order; the walk leaves out
+// tokens obtained after it began, so it visits each connection once and
+// ends.
+func TestExpiringBeforeNeverRevisitsATokenRefreshedDuringTheWalk(t *testing.T) {
+	r, db, _ := newRepo(t)
+	const n = 300
+	base := time.Now().Add(time.Minute).UTC().Truncate(time.Microsecond)
+	seedRows(t, db, n, base)
+	ctx := context.Background()
+	deadline := base.Add(2 * time.Hour) // longer than the new lifetime below
+	seen := map[string]int{}
+	for after, pages := "", 0; ; pages++ {
+		if pages > n {
+			t.Fatal("the walk does not end")
+		}
+		names, next, err := r.ExpiringBefore(ctx, deadline, after, 16)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, name := range names {
+			seen[name]++
+			// Refreshed now: a new hour of life, still inside the window.
+			if err := db.Exec(`UPDATE tokens SET expiry = now() + interval '1 hour', obtained_at = clock_timestamp()
+				WHERE connection_id = (SELECT id FROM connections WHERE name = ?)`, name).Error; err != nil {
+				t.Fatal(err)
+			}
+		}
+		if next == "" {
+			break
+		}
+		after = next
+	}
+	for name, times := range seen {
+		if times != 1 {
+			t.Errorf("%s visited %d times", name, times)
+		}
+	}
+	if len(seen) < n/2 {
+		t.Errorf("visited %d connections", len(seen))
 	}
 }
