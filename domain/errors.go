@@ -33,6 +33,12 @@ var (
 	// ErrReadOnlyStore: the database is a replica (in recovery), where
 	// no refresh could be stored.
 	ErrReadOnlyStore = errors.New("token store is a read-only replica")
+	// ErrRefreshInProgress: another process's refresh of the same stored
+	// token may still be at the provider although that process lost the
+	// connection's lock (its database session ended mid-refresh). Its
+	// refresh token must not be presented again until that refresh has
+	// stored its answer or given up.
+	ErrRefreshInProgress = errors.New("another process's refresh of the token may still be at the provider")
 	// ErrConflict: the stored token changed between read and write.
 	ErrConflict = errors.New("token changed concurrently")
 	// ErrInvalidToken: a token handed to us is unusable (for example it has no refresh token).

@@ -169,6 +169,9 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 	if err != nil && r.rotated != nil {
 		r.tok, err = u.rescue(id, r, err)
 	}
+	if errors.Is(err, domain.ErrRefreshInProgress) {
+		return sweepSkipped, nil // another process's refresh of it is not over
+	}
 	if locked && (called || err != nil) {
 		ev.NewVersion, ev.ProviderLatency, ev.Err = r.tok.Version, r.latency, errors.Join(err, r.revoked)
 		ev.Outcome = outcome(err)

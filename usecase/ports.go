@@ -46,6 +46,14 @@ type LockedStore interface {
 	// Put stores a newly granted token, replacing the connection's grant,
 	// and commits.
 	Put(ctx context.Context, t domain.Token) (domain.Token, error)
+	// Lease records durably, outside the locked transaction, that t's
+	// refresh token is about to be presented at the provider, for at most
+	// d. If the transaction's session ends while the provider call is in
+	// flight, the lock goes with it, but the lease stays: the next holder's
+	// Lease fails with domain.ErrRefreshInProgress until a newer version is
+	// stored, the lease is released, or d has passed. release ends it early
+	// and is for a refresh whose token was not spent.
+	Lease(ctx context.Context, t domain.Token, d time.Duration) (release func(), err error)
 }
 
 // ConnectionStore is what connecting a new grant needs on top of locking.

@@ -159,7 +159,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		out, ev.Outcome = t, OutcomeSkippedFresh
 		return nil
 	}
-	held, done, err := u.store.InLockUnless(ctx, connection, u.opts.LockWait, u.hold(), settled, func(txCtx context.Context, s LockedStore) error {
+	locked := func(txCtx context.Context, s LockedStore) error {
 		// The re-read is also the liveness check of the transaction: it
 		// runs right before the refresh token is spent.
 		t, err := s.Get(txCtx, connection)
@@ -185,7 +185,17 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		r, err = u.redeem(txCtx, s, t)
 		out = r.tok
 		return err
-	})
+	}
+	held, done, err := u.store.InLockUnless(ctx, connection, u.opts.LockWait, u.hold(), settled, locked)
+	for err != nil && errors.Is(err, domain.ErrRefreshInProgress) {
+		// A holder that lost the lock may still be at the provider with
+		// this refresh token, or storing what it answered: wait for it
+		// rather than present the token a second time.
+		if err = u.awaitLease(ctx, asked, err); err != nil {
+			break
+		}
+		held, done, err = u.store.InLockUnless(ctx, connection, u.opts.LockWait, u.hold(), settled, locked)
+	}
 	if done {
 		err = settle(held)
 	}
@@ -285,6 +295,34 @@ func (u *RefreshTokenUseCase) rescue(connection string, r redeemed, cause error)
 	return out, nil
 }
 
+// leasePoll spaces the looks at a lease another process holds.
+const leasePoll = 100 * time.Millisecond
+
+// awaitLease waits before the next look at a connection whose refresh is
+// leased by another process (leased wraps domain.ErrRefreshInProgress). It
+// gives up, with an error that is also a lock timeout, when the next look
+// would come after the lock wait that began at asked.
+func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, leased error) error {
+	if time.Since(asked)+leasePoll > u.opts.LockWait {
+		return fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+	}
+	t := time.NewTimer(leasePoll)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%w)", ctx.Err(), leased)
+	case <-t.C:
+		return nil
+	}
+}
+
+// leaseTerm is how long a refresh keeps other processes from presenting
+// the refresh token it presents: the provider call, the write, and the
+// rescue of a rotated token whose write failed.
+func (u *RefreshTokenUseCase) leaseTerm() time.Duration {
+	return u.opts.RefreshTimeout + u.opts.WriteTimeout + u.opts.RescueWindow
+}
+
 // hold bounds the locked part of a refresh: the provider call and the write.
 func (u *RefreshTokenUseCase) hold() time.Duration {
 	return u.opts.RefreshTimeout + u.opts.WriteTimeout
@@ -312,6 +350,20 @@ type redeemed struct {
 // the transaction commits it.
 func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token) (redeemed, error) {
 	r := redeemed{from: t.RefreshToken}
+	// The lease outlives this transaction's session: if the session ends
+	// during the call, the next lock holder waits for this refresh instead
+	// of presenting the same refresh token. It stays while a rotated token
+	// is not stored yet (the rescue's time), and goes as soon as the token
+	// is known not to be spent.
+	release, err := s.Lease(txCtx, t, u.leaseTerm())
+	if err != nil {
+		return r, err
+	}
+	defer func() {
+		if r.rotated == nil {
+			release()
+		}
+	}()
 	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
 	called := time.Now()
 	g, err := u.refresher.Refresh(callCtx, t.RefreshToken)
@@ -358,7 +410,7 @@ func clientSide(err error) bool {
 // untouched reports whether err left the grant and the stored token as
 // they were, so that a still-valid access token may be served through it.
 func untouched(err error) bool {
-	return errors.Is(err, domain.ErrProviderUnavailable) || clientSide(err)
+	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) || clientSide(err)
 }
 
 // clientFailed closes the client gate and tells operators, at most once a

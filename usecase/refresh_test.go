@@ -36,6 +36,9 @@ type fakeStore struct {
 	// beforeRelock runs after the lock is taken and before the re-read,
 	// to simulate another process finishing a refresh while we waited.
 	beforeRelock func(*domain.Token)
+	// leasedElsewhere makes that many Lease calls find another process's
+	// lease; leases and releases count the others.
+	leasedElsewhere, leases, releases int
 }
 
 func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
@@ -95,6 +98,22 @@ func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error
 
 func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
 	panic("refresh never puts")
+}
+
+// Lease fails while leasedElsewhere says another process's lease runs.
+func (s *fakeStore) Lease(context.Context, domain.Token, time.Duration) (func(), error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.leasedElsewhere > 0 {
+		s.leasedElsewhere--
+		return nil, domain.ErrRefreshInProgress
+	}
+	s.leases++
+	return func() {
+		s.mu.Lock()
+		s.releases++
+		s.mu.Unlock()
+	}, nil
 }
 
 type fakeRefresher struct {
@@ -418,5 +437,53 @@ func TestRescueStoresTheRotatedTokenOverAWaitersNeedsReauth(t *testing.T) {
 				t.Errorf("provider called %d times", ref.calls)
 			}
 		})
+	}
+}
+
+func TestLeaseHeldElsewhereIsWaitedFor(t *testing.T) {
+	uc, store, ref, _ := setup(t, 10*time.Second)
+	store.leasedElsewhere = 2 // the other process's refresh ends during the third look
+	if _, err := uc.Token(context.Background(), "acme"); err != nil {
+		t.Fatal(err)
+	}
+	if store.locks != 3 || ref.calls != 1 || store.leases != 1 || store.releases != 0 {
+		t.Errorf("locks=%d refreshes=%d leases=%d releases=%d, want 3 1 1 0", store.locks, ref.calls, store.leases, store.releases)
+	}
+}
+
+func TestLeaseNeverEndingServesTheValidTokenThenTimesOut(t *testing.T) {
+	store := &fakeStore{leasedElsewhere: 1 << 30, tok: domain.Token{
+		Connection: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
+		ObtainedAt: t0.Add(-time.Hour), Expiry: t0.Add(10 * time.Second), Version: 1, Status: domain.StatusActive,
+	}}
+	ref := &fakeRefresher{}
+	clock := &fakeClock{now: t0}
+	uc, err := usecase.NewRefreshTokenUseCase(store, ref, usecase.Options{Skew: 30 * time.Second, Clock: clock,
+		LockWait: 300 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Not expired yet: served, the refresh token left alone.
+	if tok, err := uc.Token(context.Background(), "acme"); err != nil || tok.AccessToken.Reveal() != "at-1" {
+		t.Fatalf("Token = %v, %v; want the stored token", tok.AccessToken, err)
+	}
+	clock.now = t0.Add(11 * time.Second) // expired
+	_, err = uc.Token(context.Background(), "acme")
+	if !errors.Is(err, domain.ErrLockTimeout) || !errors.Is(err, domain.ErrRefreshInProgress) {
+		t.Fatalf("err = %v, want a lock timeout caused by the lease", err)
+	}
+	if ref.calls != 0 {
+		t.Errorf("the refresh token was presented %d times under another process's lease", ref.calls)
+	}
+}
+
+func TestLeaseReleasedWhenTheTokenWasNotSpent(t *testing.T) {
+	uc, store, ref, _ := setup(t, 0)
+	ref.err = &domain.ProviderError{HTTPStatus: 503, Class: domain.Transient}
+	if _, err := uc.Token(context.Background(), "acme"); !errors.Is(err, domain.ErrProviderUnavailable) {
+		t.Fatalf("err = %v", err)
+	}
+	if store.leases != 1 || store.releases != 1 {
+		t.Errorf("leases=%d releases=%d, want 1 1", store.leases, store.releases)
 	}
 }

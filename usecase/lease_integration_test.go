@@ -1,0 +1,191 @@
+package usecase_test
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// announcing is the real refresher, except that it says when a call has
+// gone out to the provider.
+type announcing struct {
+	next   usecase.Refresher
+	called chan struct{}
+}
+
+func (a *announcing) Refresh(ctx context.Context, rt domain.Secret) (domain.Grant, error) {
+	select {
+	case a.called <- struct{}{}:
+	default:
+	}
+	return a.next.Refresh(ctx, rt)
+}
+
+// withoutLeases is a token store whose lock holders ignore refresh
+// leases: the strategy before them, for the controls.
+type withoutLeases struct{ usecase.TokenStore }
+
+type ignoredLease struct{ usecase.LockedStore }
+
+func (ignoredLease) Lease(context.Context, domain.Token, time.Duration) (func(), error) {
+	return func() {}, nil
+}
+
+func (s withoutLeases) InLock(ctx context.Context, connection string, wait, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) error {
+	return s.TokenStore.InLock(ctx, connection, wait, hold, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, ignoredLease{l})
+	})
+}
+
+func (s withoutLeases) InLockUnless(ctx context.Context, connection string, wait, hold time.Duration,
+	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
+	return s.TokenStore.InLockUnless(ctx, connection, wait, hold, settled, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, ignoredLease{l})
+	})
+}
+
+// TestLostLockWhileAtTheProvider is the soak's finding: a process's
+// refresh is at a slow provider when the database session holding the
+// connection's lock ends (here pg_terminate_backend; a Postgres restart
+// does the same). The lock goes with the session, and another process
+// takes it while the first one's call is still in flight. With leases, the
+// second process waits for the first, whose rotated token the rescue
+// stores; the provider sees one refresh and no reuse. The control runs the
+// second process without leases against the same strict provider: it
+// presents the refresh token the first one is spending, the provider sees
+// a reuse and revokes the grant.
+func TestLostLockWhileAtTheProvider(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		control bool
+	}{{"lease", false}, {"control without leases", true}} {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, 4*time.Second)
+			admin := w.stack(t, usecase.Options{})
+			w.connect(t, admin)
+			stored := mustGet(t, admin)
+			opts := usecase.Options{Skew: time.Second, LockWait: 5 * time.Second, RefreshTimeout: 3 * time.Second,
+				RescueWindow: 5 * time.Second}
+			waitUntilStale(t, admin, opts.Skew)
+
+			first := &announcing{next: provider.NewRefresher(w.oauth, nil), called: make(chan struct{}, 1)}
+			a := w.stackWith(t, first, opts)
+			w.provider.SetRefreshLatency(time.Second)
+
+			type result struct {
+				tok domain.Token
+				err error
+			}
+			aDone := make(chan result, 1)
+			go func() {
+				tok, err := a.uc.Token(context.Background(), conn)
+				aDone <- result{tok, err}
+			}()
+			<-first.called
+			var ended int64
+			if err := admin.db.Raw(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted
+				AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&ended).Error; err != nil {
+				t.Fatal(err)
+			}
+			if ended != 1 {
+				t.Fatalf("terminated %d sessions, want the lock holder's", ended)
+			}
+
+			// The second process: the lock is free, the stored token is
+			// still the one being spent.
+			db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { _ = postgres.Close(db) })
+			var store usecase.TokenStore = repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+			if tc.control {
+				store = withoutLeases{store}
+			}
+			b, err := usecase.NewRefreshTokenUseCase(store, provider.NewRefresher(w.oauth, nil), opts)
+			if err != nil {
+				t.Fatal(err)
+			}
+			bTok, bErr := b.Token(context.Background(), conn)
+			ra := <-aDone
+			w.provider.SetRefreshLatency(0)
+			st := w.provider.Stats()
+			now := mustGet(t, admin)
+			t.Logf("first: err=%v; second: err=%v; provider: %d refreshes, %d reuse; stored: version %d, %s",
+				ra.err, bErr, st.Refreshes, st.RefreshReuse, now.Version, now.Status)
+
+			if tc.control {
+				if st.RefreshReuse == 0 {
+					t.Fatal("control: the second process did not reuse the refresh token; the test shows nothing")
+				}
+				return
+			}
+			if ra.err != nil || bErr != nil {
+				t.Fatalf("first: %v, second: %v", ra.err, bErr)
+			}
+			if st.RefreshReuse != 0 || st.Refreshes != 1 {
+				t.Fatalf("provider saw %d refreshes and %d reuse, want 1 and 0", st.Refreshes, st.RefreshReuse)
+			}
+			if now.Status != domain.StatusActive || now.Version != stored.Version+1 ||
+				!bTok.AccessToken.Equal(now.AccessToken) || !ra.tok.AccessToken.Equal(now.AccessToken) {
+				t.Fatalf("stored version %d (%s), want %d active and served by both", now.Version, now.Status, stored.Version+1)
+			}
+			if code := w.callResource(t, bTok.AccessToken.Reveal()); code != 200 {
+				t.Errorf("the token both processes hold answered %d", code)
+			}
+			// The connection lives on: the next refresh redeems the rescued
+			// refresh token.
+			if _, err := b.Token(context.Background(), conn); err != nil {
+				t.Errorf("next refresh: %v", err)
+			}
+			if st := w.provider.Stats(); st.RefreshReuse != 0 {
+				t.Errorf("reuse after the rescue: %d", st.RefreshReuse)
+			}
+		})
+	}
+}
+
+// TestLeaseEndsWhenTheTokenWasNotSpent: a refresh that failed without
+// spending the refresh token (the provider answered 503) releases its
+// lease, so the next process refreshes at once instead of waiting the
+// lease out.
+func TestLeaseEndsWhenTheTokenWasNotSpent(t *testing.T) {
+	w := newWorld(t, 2*time.Second)
+	admin := w.stack(t, usecase.Options{})
+	w.connect(t, admin)
+	opts := usecase.Options{Skew: 500 * time.Millisecond, LockWait: 2 * time.Second, RefreshTimeout: time.Second}
+	waitUntilStale(t, admin, opts.Skew)
+	a := w.stack(t, opts)
+	w.provider.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnavailable })
+	// The token is due but not expired: it is served through the failure.
+	if _, err := a.uc.Token(context.Background(), conn); err != nil {
+		t.Fatalf("Token during the outage: %v", err)
+	}
+	w.provider.SetRefreshFault(nil)
+	if st := w.provider.Stats(); st.RefreshFaults == 0 {
+		t.Fatal("the provider was not asked")
+	}
+	var leases int64
+	if err := admin.db.Raw(`SELECT count(*) FROM refresh_leases`).Scan(&leases).Error; err != nil {
+		t.Fatal(err)
+	}
+	if leases != 0 {
+		t.Fatalf("%d leases left by a refresh that spent nothing", leases)
+	}
+	b := w.stack(t, opts)
+	if _, err := b.uc.Token(context.Background(), conn); err != nil {
+		t.Fatalf("next process: %v", err)
+	}
+	if st := w.provider.Stats(); st.Refreshes != 1 {
+		t.Fatalf("the next process made %d refreshes, want 1 at once", st.Refreshes)
+	}
+}
