@@ -291,8 +291,11 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 // unknownProvider reports whether err is the tokens.provider foreign key
 // refusing a provider name that is not registered.
 func unknownProvider(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23503" && strings.Contains(pgErr.ConstraintName, "provider")
+	if !isSQLState(err, "23503") {
+		return false
+	}
+	var pgErr *pgconn.PgError // lib/pq's errors name no constraint here
+	return !errors.As(err, &pgErr) || strings.Contains(pgErr.ConstraintName, "provider")
 }
 
 func isSQLState(err error, code string) bool {
