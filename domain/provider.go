@@ -56,6 +56,10 @@ func ParseAuthStyle(s string) (AuthStyle, error) {
 	return "", fmt.Errorf("%w: auth style must be auto, header or params, got %q", ErrInvalidProvider, s)
 }
 
+// ReservedProviderName is what metrics call the provider of the process's
+// configuration; no stored provider may take it.
+const ReservedProviderName = "default"
+
 // Provider errors.
 var (
 	// ErrUnknownProvider: a connection (or an import) names a provider
@@ -77,6 +81,9 @@ var (
 func (p Provider) Validate() error {
 	if err := ValidateName(p.Name); err != nil {
 		return fmt.Errorf("%w: name: %w", ErrInvalidProvider, err)
+	}
+	if p.Name == ReservedProviderName {
+		return fmt.Errorf("%w: the name %q stands for the OAUTH_* provider in metrics and logs", ErrInvalidProvider, p.Name)
 	}
 	if p.ClientID == "" {
 		return fmt.Errorf("%w: client id is empty", ErrInvalidProvider)
