@@ -237,6 +237,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, t.providers, uopts); err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
+	t.providers.OnChange(t.uc.ProviderChanged)
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	path := "pipelined on pgx"
 	if !pipelined {
@@ -428,4 +429,5 @@ func (t *Tokens) Close(ctx context.Context) error {
 
 func init() {
 	usecaseof.Tokens = func(t any) *usecase.RefreshTokenUseCase { return t.(*Tokens).uc }
+	usecaseof.Providers = func(t any) *provider.Registry { return t.(*Tokens).providers }
 }

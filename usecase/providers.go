@@ -42,3 +42,10 @@ func (g *clientGates) of(provider string) *clientGate {
 	}
 	return c
 }
+
+// ProviderChanged says provider's settings changed (a rotated client
+// secret, say): its client gate opens, so that the next refresh tries the
+// new settings at once instead of waiting out a pause the old ones caused.
+func (u *RefreshTokenUseCase) ProviderChanged(provider string) {
+	u.gate.of(provider).accept()
+}

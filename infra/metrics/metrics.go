@@ -318,7 +318,7 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 
 // DefaultProvider is the provider label of the connections that name no
 // stored provider (they use the OAUTH_* settings).
-const DefaultProvider = "default"
+const DefaultProvider = domain.ReservedProviderName
 
 // OtherProviders is the provider label of every provider past the first
 // MaxProviderLabels a process has seen.

@@ -48,7 +48,8 @@ type Registry struct {
 	build  Build
 	log    *slog.Logger
 
-	state atomic.Pointer[registryState]
+	state    atomic.Pointer[registryState]
+	onChange atomic.Pointer[func(name string)]
 
 	loading  sync.Mutex  // one Load at a time
 	pending  atomic.Bool // a change arrived: read again
@@ -100,6 +101,7 @@ func (r *Registry) Load(ctx context.Context) error {
 	r.loads.Add(1)
 	old := r.state.Load().byName
 	next := make(map[string]registered, len(list))
+	var changed []string
 	for _, p := range list {
 		if cur, ok := old[p.Name]; ok && cur.p.Version == p.Version {
 			next[p.Name] = cur // keeps what its refresher learned
@@ -111,6 +113,7 @@ func (r *Registry) Load(ctx context.Context) error {
 		if _, ok := old[p.Name]; ok {
 			r.log.Info("provider changed; its connections use the new settings from their next refresh",
 				"provider", p.Name, "version", p.Version)
+			changed = append(changed, p.Name)
 		}
 	}
 	for name := range old {
@@ -119,8 +122,18 @@ func (r *Registry) Load(ctx context.Context) error {
 		}
 	}
 	r.state.Store(&registryState{byName: next})
+	if fn := r.onChange.Load(); fn != nil {
+		for _, name := range changed {
+			(*fn)(name)
+		}
+	}
 	return nil
 }
+
+// OnChange calls fn with the name of every provider whose settings a Load
+// found changed, right after they took effect (the use case reopens the
+// provider's client gate: new settings deserve a try at once).
+func (r *Registry) OnChange(fn func(name string)) { r.onChange.Store(&fn) }
 
 // Changed says a provider was added, changed or removed (name "" when
 // unknown, after a gap in the change feed). It reads the providers again
@@ -160,7 +173,15 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 		}
 	}
 	g, err := reg.refresher.Refresh(ctx, refreshToken)
-	if errors.Is(err, domain.ErrClientRejected) {
+	var pe *domain.ProviderError
+	if errors.As(err, &pe) && clientAuthFailed(pe) {
+		if cur, ok := r.state.Load().byName[provider]; ok && cur.p.Version != reg.p.Version {
+			// The settings changed while the request was out (a rotated
+			// client secret): the provider refused the client without
+			// looking at the refresh token, so it may go once more, with
+			// the new settings.
+			return cur.refresher.Refresh(ctx, refreshToken)
+		}
 		// A rotated secret whose announcement this process missed is
 		// picked up by the next read.
 		r.Changed(provider)
