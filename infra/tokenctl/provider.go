@@ -161,7 +161,8 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		return exitUsage
 	}
 	if fs.NArg() > 0 {
-		return fail(exitUsage, "%s: unexpected argument %q (the client secret is read from stdin, never from the command line)", cmd, fs.Arg(0))
+		// Not echoed: it may well be a client secret pasted by mistake.
+		return fail(exitUsage, "%s: unexpected argument (not shown; the client secret is read from stdin, never from the command line)", cmd)
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
