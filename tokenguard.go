@@ -28,6 +28,7 @@
 package tokenguard
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -87,6 +88,9 @@ type Tokens struct {
 	db      *gorm.DB         // tokenguard's statements; Run's heartbeat
 	clock   *repository.DatabaseClock
 	skew    time.Duration
+	// providers refreshes each connection at its provider, and follows
+	// the stored providers' changes while Run runs.
+	providers *provider.Registry
 
 	running atomic.Bool // Run is running
 	warned  atomic.Bool // a Token call was told the cache is bypassed
@@ -212,12 +216,28 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if hc == nil {
 		hc = provider.NewHTTPClient(o.refreshTimeout)
 	}
-	refresher := provider.NewRetrying(provider.NewRefresher(cfg, hc,
-		provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)),
-		provider.WithDefaultLifetime(o.defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), provider.Policy{Log: o.log})
-	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, refresher, uopts); err != nil {
+	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration) provider.GrantRefresher {
+		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
+			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)),
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), provider.Policy{Log: o.log})
+	}
+	// cfg serves the connections that name no provider; the stored
+	// providers (tokenctl provider add) those that name one.
+	t.providers = provider.NewRegistry(refresherOf(cfg, o.defaultLifetime), repository.NewProviderRepository(rdb, sealer),
+		func(p domain.Provider) provider.GrantRefresher {
+			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime))
+		}, o.log)
+	if err := t.providers.Load(ctx); err != nil {
+		if errors.Is(err, domain.ErrUndecryptable) {
+			return nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt a stored provider's client secret: %w", err)
+		}
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
+	uopts.ProviderSkew = t.providers.Skew
+	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, t.providers, uopts); err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	t.providers.OnChange(t.uc.ProviderChanged)
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	path := "pipelined on pgx"
 	if !pipelined {
@@ -278,7 +298,7 @@ func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, e
 	}
 	out := &oauth2.Token{AccessToken: tok.AccessToken.Reveal(), TokenType: tok.TokenType}
 	if !tok.Expiry.IsZero() {
-		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(t.skew))
+		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(cmp.Or(t.providers.Skew(tok.Provider), t.skew)))
 	}
 	return out, nil
 }
@@ -374,7 +394,8 @@ func (t *Tokens) Run(ctx context.Context) error {
 		target = listenerGauge{ChangeTarget: t.uc, m: t.metrics}
 	}
 	go t.clock.Run(ctx, clockInterval)
-	return repository.NewChangeListener(t.dsn, target, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).Run(ctx)
+	return repository.NewChangeListener(t.dsn, target, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
+		OnProviderChange(t.providers.Changed).Run(ctx)
 }
 
 // clockInterval is how often the host clock's offset from the database
@@ -408,4 +429,5 @@ func (t *Tokens) Close(ctx context.Context) error {
 
 func init() {
 	usecaseof.Tokens = func(t any) *usecase.RefreshTokenUseCase { return t.(*Tokens).uc }
+	usecaseof.Providers = func(t any) *provider.Registry { return t.(*Tokens).providers }
 }

@@ -62,6 +62,14 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 	}
 	defer func() { _ = postgres.Close(db) }()
 	res, err := repository.NewTokenRepository(db, k).Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
+	if err == nil {
+		// The stored providers' client secrets are sealed with the same keys.
+		var resealed, current int
+		resealed, current, err = repository.NewProviderRepository(db, k).Reseal(ctx)
+		if log != nil {
+			log.Info("rotate-key: provider client secrets", slog.Int("resealed", resealed), slog.Int("already_current", current))
+		}
+	}
 	if log != nil {
 		log.Info("rotate-key", slog.String("current_key", k.Current()),
 			slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil))

@@ -161,10 +161,10 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	}, cleanup, nil
 }
 
-// NewRefreshTokenUseCase builds the use case on a pool and a refresher,
-// storing tokens as they are.
-func NewRefreshTokenUseCase(db *gorm.DB, r usecase.Refresher, opts usecase.Options) (*usecase.RefreshTokenUseCase, error) {
-	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), r, opts)
+// NewRefreshTokenUseCase builds the use case on a pool and the refresher
+// of the connections that name no provider, storing tokens as they are.
+func NewRefreshTokenUseCase(db *gorm.DB, r provider.GrantRefresher, opts usecase.Options) (*usecase.RefreshTokenUseCase, error) {
+	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), provider.Only(r), opts)
 	if err != nil {
 		return nil, fmt.Errorf("configure refresh: %w", err)
 	}

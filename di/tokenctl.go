@@ -9,6 +9,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
 	"github.com/tokenguard/tokenguard/repository"
 )
@@ -125,3 +126,33 @@ func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
 }
 
 func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }
+
+func (s ctlStore) ConnectWith(ctx context.Context, id, provider string, g domain.Grant) (domain.Token, error) {
+	return s.Store.Connect.ConnectWith(ctx, id, provider, g)
+}
+
+// OpenProviders implements tokenctl.ProviderBackend: the providers table,
+// client secrets sealed with TOKEN_ENCRYPTION_KEYS like the tokens.
+func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderStore, func(), error) {
+	cfg, err := b.config()
+	if err != nil {
+		return nil, nil, err
+	}
+	sealer, err := cfg.sealer()
+	if err != nil {
+		return nil, nil, &tokenctl.ConfigError{Err: err}
+	}
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+	if err != nil {
+		return nil, nil, err
+	}
+	_, plaintext := sealer.(tokencrypt.Plaintext)
+	return ctlProviders{repository.NewProviderRepository(db, sealer), !plaintext}, func() { _ = postgres.Close(db) }, nil
+}
+
+type ctlProviders struct {
+	*repository.ProviderRepository
+	encrypted bool
+}
+
+func (p ctlProviders) Encrypted() bool { return p.encrypted }

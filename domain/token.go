@@ -32,6 +32,10 @@ type Token struct {
 	StatusReason  string // why the connection needs re-authorisation, if it does
 	UpdatedAt     time.Time
 	Binding       Binding // who granted it; zero for grants imported without an account
+	// Provider names the stored provider that issued the grant; "" is the
+	// provider of the process's configuration (OAUTH_*). Only a new grant
+	// sets it; a refresh never changes it.
+	Provider string
 }
 
 // Binding is who granted a connection and what. Account is the provider's

@@ -66,6 +66,10 @@ type ChangeListener struct {
 	beatSeq      atomic.Int64
 	lastBeat     atomic.Int64 // Unix nanoseconds of the last beat heard
 	trusted      atomic.Bool  // what the target was last told
+
+	// Provider changes (OnProviderChange); nil: not followed.
+	onProvider      func(name string)
+	providerChannel string
 }
 
 // NewChangeListener listens on the database at url for target. log may be nil.
@@ -101,6 +105,15 @@ func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *Cha
 	return l
 }
 
+// OnProviderChange follows ProviderChannel on the same connection: fn is
+// called with a provider's name when one was added, changed or removed, and
+// with "" right after each (re)connection, when changes may have been
+// missed. fn must not block for long: notifications wait for it.
+func (l *ChangeListener) OnProviderChange(fn func(name string)) *ChangeListener {
+	l.onProvider = fn
+	return l
+}
+
 func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
 	cfg, err := pgx.ParseConfig(l.url)
 	if err != nil {
@@ -122,6 +135,7 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 		return nil // ctx ended before the database answered
 	}
 	l.channel = channel
+	l.providerChannel = ProviderChannel + strings.TrimPrefix(channel, ChangeChannel) // the same schema suffix
 	for {
 		err := l.session(ctx)
 		switch {
@@ -192,6 +206,9 @@ func (l *ChangeListener) session(ctx context.Context) error {
 		ReconnectDelay: l.reconnectDelay,
 	}
 	pl.Handle(l.channel, changeHandler{l})
+	if l.onProvider != nil {
+		pl.Handle(l.providerChannel, providerHandler{l})
+	}
 	if l.beatDB != nil {
 		pl.Handle(l.beatChannel, beatHandler{l})
 		var beating sync.WaitGroup
@@ -277,5 +294,19 @@ func (h changeHandler) HandleNotification(_ context.Context, n *pgconn.Notificat
 		return nil
 	}
 	h.l.target.Invalidate(id, version)
+	return nil
+}
+
+type providerHandler struct{ l *ChangeListener }
+
+// HandleBacklog runs after each LISTEN: changes committed while the
+// listener was away are not replayed, so everything is read again.
+func (h providerHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+	h.l.onProvider("")
+	return nil
+}
+
+func (h providerHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.l.onProvider(n.Payload)
 	return nil
 }

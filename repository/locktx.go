@@ -273,7 +273,8 @@ func scanTokenRow(rows pgx.Rows) (*tokenRow, error) {
 		var t tokenRow
 		if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
 			&t.Expiry, &t.RefreshExpiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt,
-			&t.GrantedAccount, &t.GrantedScopes, &t.MissingScopes); err != nil {
+			&t.GrantedAccount, &t.GrantedScopes, &t.MissingScopes,
+			&t.Provider); err != nil {
 			return nil, err
 		}
 		row = &t

@@ -27,6 +27,7 @@ type tokenRow struct {
 	GrantedAccount string
 	GrantedScopes  string
 	MissingScopes  string
+	Provider       string // '' for the environment's provider
 }
 
 // domain opens the row's credentials with s: a value that fails to open is
@@ -53,6 +54,7 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 			Scopes:        r.GrantedScopes,
 			MissingScopes: r.MissingScopes,
 		},
+		Provider: r.Provider,
 	}, nil
 }
 

@@ -34,13 +34,15 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 var selectToken = `
 SELECT c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
-       ` + bindingColumns("t") + `
+       ` + bindingColumns("t") + `,
+       ` + providerColumn("t") + `
 FROM tokens t JOIN connections c ON c.id = t.connection_id`
 
 // tokenColumns are the same columns, of a write's result u.
 var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
        u.expiry, u.refresh_expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at,
-       ` + bindingColumns("u")
+       ` + bindingColumns("u") + `,
+       ` + providerColumn("u")
 
 // bindingColumns reads who granted the connection as plain text (scopes
 // space-separated); NULL (granted before these columns, or imported) reads
@@ -49,6 +51,12 @@ func bindingColumns(t string) string {
 	return "coalesce(" + t + ".granted_account, '') AS granted_account, " +
 		"coalesce(array_to_string(" + t + ".granted_scopes, ' '), '') AS granted_scopes, " +
 		"coalesce(array_to_string(" + t + ".missing_scopes, ' '), '') AS missing_scopes"
+}
+
+// providerColumn reads the connection's provider; NULL (the environment's
+// provider, and every row written before the column) reads as "".
+func providerColumn(t string) string {
+	return "coalesce(" + t + ".provider, '') AS provider"
 }
 
 // Get reads a connection's token without locking: readers never wait on a
@@ -313,9 +321,12 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 WITH c AS (SELECT id, name FROM connections WHERE name = $1),
 t AS (
     INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
-                             granted_account, granted_scopes, missing_scopes, granted_at)
-    SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '', NULLIF($9, ''), $10::text[], $11::text[], now() FROM c
+                             granted_account, granted_scopes, missing_scopes, granted_at,
+                             provider)
+    SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '', NULLIF($9, ''), $10::text[], $11::text[], now(),
+           NULLIF($12, '') FROM c
     ON CONFLICT (connection_id) DO UPDATE SET
+        provider        = EXCLUDED.provider,
         granted_account = EXCLUDED.granted_account,
         granted_scopes  = EXCLUDED.granted_scopes,
         missing_scopes  = EXCLUDED.missing_scopes,
@@ -335,8 +346,12 @@ t AS (
 u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id)
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
 		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
-		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes))
+		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes),
+		t.Provider)
 	if err != nil {
+		if unknownProvider(err) {
+			return domain.Token{}, fmt.Errorf("put token of %s: provider %q: %w", t.Connection, t.Provider, domain.ErrUnknownProvider)
+		}
 		return domain.Token{}, storeError(ctx, "put token", err)
 	}
 	if row == nil {

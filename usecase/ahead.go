@@ -155,12 +155,12 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 		if err != nil {
 			return err
 		}
-		ev.OldVersion = t.Version
+		ev.OldVersion, ev.Provider = t.Version, t.Provider
 		if t.Status != domain.StatusActive || !due(t) {
 			return nil // someone refreshed it since we listed it
 		}
 		called = true
-		if err := u.gate.check(u.opts.Clock.Now()); err != nil {
+		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
 		r, err = u.redeem(txCtx, s, t)

@@ -177,7 +177,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		}
 		b.Cleanup(func() { _ = postgres.Close(db) })
 		store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak}
-		uc, err := usecase.NewRefreshTokenUseCase(store, provider.NewRefresher(w.oauth, nil), usecase.Options{Observer: obs, Clock: clock, Skew: time.Millisecond})
+		uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{Observer: obs, Clock: clock, Skew: time.Millisecond})
 		if err != nil {
 			b.Fatal(err)
 		}

@@ -39,7 +39,7 @@ func (c *clientWindow) fault() sandbox.Fault {
 }
 
 // stackWith is world.stack with a refresher of the test's choosing.
-func (w *world) stackWith(t testing.TB, r usecase.Refresher, opts usecase.Options) *stack {
+func (w *world) stackWith(t testing.TB, r provider.GrantRefresher, opts usecase.Options) *stack {
 	t.Helper()
 	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
 	if err != nil {
@@ -251,10 +251,10 @@ func TestInvalidClientWindowLeavesConnectionsActive(t *testing.T) {
 
 // grantDeadOnClientRejection is the broken strategy: it takes the
 // provider's rejection of the client for a dead grant.
-type grantDeadOnClientRejection struct{ usecase.Refresher }
+type grantDeadOnClientRejection struct{ provider.GrantRefresher }
 
 func (r grantDeadOnClientRejection) Refresh(ctx context.Context, rt domain.Secret) (domain.Grant, error) {
-	g, err := r.Refresher.Refresh(ctx, rt)
+	g, err := r.GrantRefresher.Refresh(ctx, rt)
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) && pe.Class == domain.ClientRejected {
 		return g, &domain.ProviderError{Code: pe.Code, HTTPStatus: pe.HTTPStatus, Class: domain.GrantDead}

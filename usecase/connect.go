@@ -43,11 +43,23 @@ func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domai
 // check and the write happen under the connection's lock, so two consents
 // cannot both pass it.
 func (u *ConnectUseCase) ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
+	return u.connect(ctx, connection, "", g, b, allowChange)
+}
+
+// ConnectWith is Connect for a grant issued by the stored provider called
+// provider ("" is the provider of the process's configuration): the
+// connection's refreshes go there from now on. An unregistered provider
+// is refused with domain.ErrUnknownProvider and no token is stored.
+func (u *ConnectUseCase) ConnectWith(ctx context.Context, connection, provider string, g domain.Grant) (domain.Token, error) {
+	return u.connect(ctx, connection, provider, g, domain.Binding{}, true)
+}
+
+func (u *ConnectUseCase) connect(ctx context.Context, connection, provider string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
 	tok, err := domain.NewToken(connection, g, u.clock.Now())
 	if err != nil {
 		return domain.Token{}, err
 	}
-	tok.Binding = b
+	tok.Binding, tok.Provider = b, provider
 	if err := u.store.Register(ctx, connection); err != nil {
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}

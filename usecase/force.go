@@ -40,7 +40,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
 			}
 		}
-		u.cache.put(t, epoch, u.opts.Skew)
+		u.cache.put(t, epoch, u.skewOf(t))
 		return t, nil
 	})
 	if err == nil {

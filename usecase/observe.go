@@ -62,6 +62,7 @@ func outcome(err error) RefreshOutcome {
 // no secret.
 type RefreshEvent struct {
 	Connection      string
+	Provider        string // the connection's provider as read under the lock; "" the environment's (or not read)
 	Outcome         RefreshOutcome
 	Forced          bool  // after a 401
 	OldVersion      int64 // version found inside the lock (0 if not read)

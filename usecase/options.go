@@ -44,6 +44,10 @@ type Options struct {
 	// (default DefaultCacheSize); negative means no bound. The least
 	// recently hit are dropped first and read again when asked for.
 	CacheSize int
+	// ProviderSkew is the skew of a stored provider's connections, 0 for
+	// Skew; nil: Skew for every connection. It is asked when a token is
+	// read or cached, never on a cache hit.
+	ProviderSkew func(provider string) time.Duration
 }
 
 // Defaults.

@@ -65,12 +65,15 @@ type ConnectionStore interface {
 		fn func(ctx context.Context, s LockedStore) error) error
 }
 
-// Refresher redeems a refresh token at the provider.
+// Refresher redeems a refresh token at a connection's provider.
 type Refresher interface {
-	// Refresh returns the new grant, or an error that wraps
-	// domain.ErrGrantRevoked when retrying cannot help and
-	// domain.ErrProviderUnavailable when it may.
-	Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error)
+	// Refresh redeems refreshToken at provider (a stored provider's name;
+	// "" is the provider of the process's configuration). It returns the
+	// new grant, or an error that wraps domain.ErrGrantRevoked when
+	// retrying cannot help, domain.ErrProviderUnavailable when it may, and
+	// domain.ErrUnknownProvider (with domain.ErrEndpointMisconfigured)
+	// when provider is not registered.
+	Refresh(ctx context.Context, provider string, refreshToken domain.Secret) (domain.Grant, error)
 }
 
 // Clock tells the time; tests move it.

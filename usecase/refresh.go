@@ -23,9 +23,9 @@ type RefreshTokenUseCase struct {
 	cache     tokenCache
 	flights   flights
 
-	gate       clientGate // pauses provider calls after the client was rejected
-	forced     throttle   // connection -> last forced refresh
-	errorLines throttle   // connection -> last ERROR line about the client
+	gate       clientGates // per provider: pauses its calls after it rejected the client
+	forced     throttle    // connection -> last forced refresh
+	errorLines throttle    // connection -> last ERROR line about the client
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -118,8 +118,8 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, known
 		if t.Status == domain.StatusNeedsReauth {
 			return domain.Token{}, needsReauth(t)
 		}
-		if t.FreshAt(u.opts.Clock.Now(), u.opts.Skew) {
-			u.cache.put(t, epoch, u.opts.Skew)
+		if t.FreshAt(u.opts.Clock.Now(), u.skewOf(t)) {
+			u.cache.put(t, epoch, u.skewOf(t))
 			return t, nil
 		}
 	}
@@ -127,7 +127,7 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, known
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
-	u.cache.put(t, epoch, u.opts.Skew)
+	u.cache.put(t, epoch, u.skewOf(t))
 	return t, nil
 }
 
@@ -170,7 +170,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 			return settle(t)
 		}
 		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
-		if err := u.gate.check(u.opts.Clock.Now()); err != nil {
+		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
 		if forced && !u.forced.allow(connection, u.opts.Clock.Now(), u.forceGap(t)) {
@@ -228,6 +228,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		ev.Outcome = outcome(cmp.Or(err, stillValid))
 	}
 	ev.NewVersion, ev.Err = out.Version, cmp.Or(err, stillValid)
+	ev.Provider = current.Provider
 	u.observe(ev)
 	if err != nil {
 		return domain.Token{}, err
@@ -330,7 +331,7 @@ func (u *RefreshTokenUseCase) hold() time.Duration {
 
 // stale is the due rule of Token: the skew rule says refresh.
 func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
-	return !t.FreshAt(u.opts.Clock.Now(), u.opts.Skew)
+	return !t.FreshAt(u.opts.Clock.Now(), u.skewOf(t))
 }
 
 // redeemed is what spending a refresh token led to.
@@ -366,18 +367,18 @@ func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t dom
 	}()
 	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
 	called := time.Now()
-	g, err := u.refresher.Refresh(callCtx, t.RefreshToken)
+	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
 	r.latency = time.Since(called)
 	cancel()
 	switch {
 	case err == nil:
-		u.gate.accept()
+		u.gate.of(t.Provider).accept()
 		next := t.Rotated(g, u.opts.Clock.Now())
 		r.rotated = &next
 		r.tok, err = s.Save(txCtx, next)
 		return r, err
 	case clientSide(err):
-		u.clientFailed(t.Connection, err)
+		u.clientFailed(t, err)
 		return r, err
 	case !errors.Is(err, domain.ErrGrantRevoked):
 		return r, err
@@ -413,19 +414,22 @@ func untouched(err error) bool {
 	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) || clientSide(err)
 }
 
-// clientFailed closes the client gate and tells operators, at most once a
-// minute per connection, which setting to check.
-func (u *RefreshTokenUseCase) clientFailed(connection string, err error) {
+// clientFailed closes the client gate of t's provider and tells
+// operators, at most once a minute per connection, which setting to check.
+func (u *RefreshTokenUseCase) clientFailed(t domain.Token, err error) {
 	now := u.opts.Clock.Now()
-	u.gate.reject(now, err)
-	if !u.errorLines.allow(connection, now, errorLineEvery) {
+	u.gate.of(t.Provider).reject(now, err)
+	if !u.errorLines.allow(t.Connection, now, errorLineEvery) {
 		return
 	}
 	check, msg := "OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE", "the token endpoint rejected the client; connection kept active, its token untouched"
 	if errors.Is(err, domain.ErrEndpointMisconfigured) {
 		check, msg = "OAUTH_TOKEN_URL", "the token URL does not answer as a token endpoint; connection kept active, its token untouched"
 	}
-	u.opts.Logger.Error(msg, "connection", connection, "check", check, "err", err)
+	if t.Provider != "" {
+		check = "tokenctl provider update " + t.Provider
+	}
+	u.opts.Logger.Error(msg, "connection", t.Connection, "provider", t.Provider, "check", check, "err", err)
 }
 
 // errorLineEvery spaces the ERROR lines about a rejected client per

@@ -123,7 +123,7 @@ type fakeRefresher struct {
 	err   error
 }
 
-func (r *fakeRefresher) Refresh(_ context.Context, rt domain.Secret) (domain.Grant, error) {
+func (r *fakeRefresher) Refresh(_ context.Context, _ string, rt domain.Secret) (domain.Grant, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.calls++

@@ -24,7 +24,7 @@ import (
 // connection's lock: the crash window between the provider's rotation and
 // our commit.
 type killAfterAnswer struct {
-	next  usecase.Refresher
+	next  provider.GrantRefresher
 	admin *gorm.DB
 	t     *testing.T
 	mu    sync.Mutex

@@ -26,7 +26,7 @@ import (
 
 // countingRefresher counts the calls that reach the real refresher.
 type countingRefresher struct {
-	next  usecase.Refresher
+	next  provider.GrantRefresher
 	calls atomic.Int64
 }
 
@@ -70,7 +70,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	useCase := func(opt repository.Sealer) (*usecase.RefreshTokenUseCase, *countingRefresher) {
 		t.Helper()
 		cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-		uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, opt), cr, usecase.Options{Clock: later{}})
+		uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, opt), provider.Only(cr), usecase.Options{Clock: later{}})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -119,7 +119,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 				}
 				uc, cr := func() (*usecase.RefreshTokenUseCase, *countingRefresher) {
 					cr := &countingRefresher{next: provider.NewRefresher(oc, provider.NewHTTPClient(5*time.Second))}
-					uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(tx, c.opt), cr, usecase.Options{Clock: later{}})
+					uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(tx, c.opt), provider.Only(cr), usecase.Options{Clock: later{}})
 					if err != nil {
 						t.Fatal(err)
 					}

@@ -31,7 +31,7 @@ func (s *connectionSource) Token() (*oauth2.Token, error) {
 	}
 	out := &oauth2.Token{AccessToken: t.AccessToken.Reveal(), TokenType: t.TokenType}
 	if !t.Expiry.IsZero() {
-		out.Expiry = t.Expiry.Add(-t.EffectiveSkew(s.uc.opts.Skew))
+		out.Expiry = t.Expiry.Add(-t.EffectiveSkew(s.uc.skewOf(t)))
 	}
 	return out, nil
 }

@@ -3,14 +3,17 @@
 // default one) and serves it with promhttp.
 //
 // Labels never carry a secret and stay low-cardinality: outcome, trigger,
-// result and status take a handful of fixed values. The connection name is
-// a label only when Options.ConnectionLabel asks for it (small fleets).
+// result and status take a handful of fixed values; provider is the name of
+// a stored provider or "default" (the OAUTH_* one), at most
+// MaxProviderLabels of them. The connection name is a label only when
+// Options.ConnectionLabel asks for it (small fleets).
 package metrics
 
 import (
 	"context"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 	"unsafe"
@@ -58,7 +61,8 @@ type Metrics struct {
 	refreshes       *prometheus.CounterVec
 	forced          *prometheus.CounterVec
 	lockWait        prometheus.Histogram
-	providerLatency prometheus.Histogram
+	providerLatency *prometheus.HistogramVec
+	providers       providerLabels
 	invalidations   prometheus.Counter
 	listener        prometheus.Gauge
 
@@ -96,13 +100,13 @@ func New(o Options) *Metrics {
 		m.registerer = m.reg
 		m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
-	refreshLabels, forcedLabels := []string{"outcome", "trigger"}, []string(nil)
+	refreshLabels, forcedLabels := []string{"outcome", "trigger", "provider"}, []string(nil)
 	if o.ConnectionLabel {
 		refreshLabels, forcedLabels = append(refreshLabels, "connection"), []string{"connection"}
 	}
 	m.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_token_refreshes_total",
-		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), error (lock wait, store, context); and by trigger (expiry or unauthorized: forced after a 401).",
+		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
 	}, refreshLabels)
 	m.forced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_token_forced_refresh_requests_total",
@@ -113,11 +117,11 @@ func New(o Options) *Metrics {
 		Help:    "Time from asking for a connection's refresh lock to holding it (or giving up).",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30},
 	})
-	m.providerLatency = prometheus.NewHistogram(prometheus.HistogramOpts{
+	m.providerLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tokenguard_provider_refresh_duration_seconds",
-		Help:    "Duration of the refresh_token grant at the provider, retries included, for every pass that called it.",
+		Help:    "Duration of the refresh_token grant at the provider, retries included, for every pass that called it, by provider.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-	})
+	}, []string{"provider"})
 	m.invalidations = prometheus.NewCounter(prometheus.CounterOpts{
 		Name: "tokenguard_token_invalidations_total",
 		Help: "Token change notifications (LISTEN/NOTIFY) received from the database, this process's own writes included.",
@@ -129,7 +133,7 @@ func New(o Options) *Metrics {
 	if !o.ConnectionLabel {
 		for _, oc := range outcomes {
 			for _, tr := range []string{TriggerExpiry, TriggerUnauthorized} {
-				m.refreshes.WithLabelValues(string(oc), tr)
+				m.refreshes.WithLabelValues(string(oc), tr, DefaultProvider)
 			}
 		}
 		m.forced.WithLabelValues()
@@ -188,14 +192,15 @@ func (m *Metrics) Refreshed(e usecase.RefreshEvent) {
 	if e.Forced {
 		trigger = TriggerUnauthorized
 	}
+	provider := m.providers.label(e.Provider)
 	if m.connectionLabel {
-		m.refreshes.WithLabelValues(string(e.Outcome), trigger, e.Connection).Inc()
+		m.refreshes.WithLabelValues(string(e.Outcome), trigger, provider, e.Connection).Inc()
 	} else {
-		m.refreshes.WithLabelValues(string(e.Outcome), trigger).Inc()
+		m.refreshes.WithLabelValues(string(e.Outcome), trigger, provider).Inc()
 	}
 	m.lockWait.Observe(e.LockWait.Seconds())
 	if e.ProviderLatency > 0 {
-		m.providerLatency.Observe(e.ProviderLatency.Seconds())
+		m.providerLatency.WithLabelValues(provider).Observe(e.ProviderLatency.Seconds())
 	}
 }
 
@@ -309,4 +314,43 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 			ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, float64(n), string(s))
 		}
 	}
+}
+
+// DefaultProvider is the provider label of the connections that name no
+// stored provider (they use the OAUTH_* settings).
+const DefaultProvider = domain.ReservedProviderName
+
+// OtherProviders is the provider label of every provider past the first
+// MaxProviderLabels a process has seen.
+const OtherProviders = "other"
+
+// MaxProviderLabels bounds the provider label's values per process. The
+// names come from the providers table (a connection can only name a
+// registered provider), so a fleet reaches it only with that many
+// providers registered.
+const MaxProviderLabels = 100
+
+// providerLabels maps a connection's provider to its label value.
+type providerLabels struct {
+	mu   sync.Mutex
+	seen map[string]bool
+}
+
+func (p *providerLabels) label(provider string) string {
+	if provider == "" {
+		return DefaultProvider
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.seen[provider] {
+		return provider
+	}
+	if len(p.seen) >= MaxProviderLabels {
+		return OtherProviders
+	}
+	if p.seen == nil {
+		p.seen = map[string]bool{}
+	}
+	p.seen[provider] = true
+	return provider
 }

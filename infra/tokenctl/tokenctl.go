@@ -24,13 +24,16 @@ import (
 
 const usage = `usage:
   tokenctl migrate                          apply the database migrations
-  tokenctl import --connection NAME < TOKEN store a token (x/oauth2 JSON on stdin) as an active connection
+  tokenctl import --connection NAME [--provider P] < TOKEN
+                                            store a token (x/oauth2 JSON on stdin) as an active connection,
+                                            refreshed at stored provider P (default: the OAUTH_* settings)
   tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry
   tokenctl rotate-key                       re-encrypt every stored token with the current TOKEN_ENCRYPTION_KEYS key
   tokenctl apikey create|list|revoke         manage the server's API keys (tokenctl apikey for details)
   tokenctl reactivate --connection NAME     set a needs_reauth connection active again, tokens untouched (the next refresh decides)
   tokenctl reactivate --all-with-reason R   the same for every connection marked needs_reauth for reason R (e.g. invalid_client)
   tokenctl check                            ask the token endpoint whether it accepts the client, spending no refresh token
+  tokenctl provider add|update|list|remove  manage the stored providers (tokenctl provider for details)
 Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
 OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (required by check).`
 
@@ -105,13 +108,17 @@ func Main(args []string, backend Backend, stdio IO) int {
 	if cmd == "apikey" {
 		return apikey(ctx, rest, backend, stdio)
 	}
+	if cmd == "provider" {
+		return providerCmd(ctx, rest, backend, stdio)
+	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stdio.Stderr)
-	var connection, reason string
+	var connection, reason, providerName string
 	switch cmd {
 	case "migrate", "rotate-key", "check":
 	case "import":
 		fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
+		fs.StringVar(&providerName, "provider", "", "the stored provider `P` that issued the token (default: the OAUTH_* settings)")
 	case "status":
 		fs.StringVar(&connection, "connection", "", "show only connection `NAME`")
 	case "reactivate":
@@ -135,6 +142,11 @@ func Main(args []string, backend Backend, stdio IO) int {
 	if connection != "" {
 		if err := domain.ValidateName(connection); err != nil {
 			return fail(exitUsage, "%v", err)
+		}
+	}
+	if providerName != "" {
+		if err := domain.ValidateName(providerName); err != nil {
+			return fail(exitUsage, "import: invalid provider name %q", providerName)
 		}
 	}
 
@@ -189,15 +201,22 @@ func Main(args []string, backend Backend, stdio IO) int {
 
 	switch cmd {
 	case "import":
-		t, err := store.Connect(ctx, connection, grant)
+		var t domain.Token
+		if providerName == "" {
+			t, err = store.Connect(ctx, connection, grant)
+		} else if pc, ok := store.(ProviderConnector); ok {
+			t, err = pc.ConnectWith(ctx, connection, providerName, grant)
+		} else {
+			return fail(exitUsage, "import: --provider is not supported by this store")
+		}
 		switch {
-		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection):
+		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection), errors.Is(err, domain.ErrUnknownProvider):
 			return fail(exitUsage, "import: %v", err)
 		case err != nil:
 			return fail(exitFailure, "import: %v", err)
 		}
-		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d\n",
-			t.Connection, t.Status, formatTime(t.Expiry), t.Version)
+		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d%s\n",
+			t.Connection, t.Status, formatTime(t.Expiry), t.Version, providerNote(t.Provider))
 	case "status":
 		now := time.Now()
 		if connection != "" {
@@ -336,4 +355,12 @@ func formatTime(t time.Time) string {
 		return "none"
 	}
 	return t.UTC().Format(time.RFC3339)
+}
+
+// providerNote names a connection's stored provider, if it has one.
+func providerNote(provider string) string {
+	if provider == "" {
+		return ""
+	}
+	return ", provider " + provider
 }

@@ -154,7 +154,8 @@ type Provider struct {
 	atLifespan time.Duration
 	rtLifespan time.Duration // <= 0: refresh tokens never expire
 	clientID   string
-	secret     string
+	secret     string     // as registered; ClientSecret tells the current one
+	secretMu   sync.Mutex // orders RotateClientSecret and DropOldClientSecrets
 	clientAuth string
 	redirect   string // default redirect URI for OAuth2Config
 	scopes     []string
@@ -322,7 +323,7 @@ func (p *Provider) RevokeAll() {
 func (p *Provider) OAuth2Config(baseURL string) *oauth2.Config {
 	return &oauth2.Config{
 		ClientID:     p.clientID,
-		ClientSecret: p.secret,
+		ClientSecret: p.ClientSecret(),
 		Endpoint:     endpointFor(baseURL, p.clientAuth),
 		RedirectURL:  p.redirect,
 		Scopes:       slices.Clone(p.scopes),

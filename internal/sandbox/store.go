@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/ory/fosite"
 	"github.com/ory/fosite/storage"
@@ -25,6 +26,7 @@ import (
 type store struct {
 	*storage.MemoryStore
 	anyRedirect bool
+	secrets     atomic.Pointer[clientSecrets] // nil: the secret the client was registered with
 
 	mu      sync.RWMutex
 	rotated map[string]struct{} // refresh-token signatures rotated away
@@ -50,6 +52,9 @@ type redirectKey struct{}
 // redirect URI matching accepts it.
 func (s *store) GetClient(ctx context.Context, id string) (fosite.Client, error) {
 	c, err := s.MemoryStore.GetClient(ctx, id)
+	if err == nil {
+		c = s.withSecrets(c)
+	}
 	if err != nil || !s.anyRedirect {
 		return c, err
 	}

@@ -1,0 +1,304 @@
+package repository
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ProviderChannel is the Postgres NOTIFY channel on which every committed
+// change of the providers table is announced with the provider's name (a
+// trigger, migration 8). It carries no secret: listeners re-read.
+const ProviderChannel = "tokenguard_provider_changed"
+
+// ProviderRepository stores the OAuth2 client registrations connections
+// may name. The client secret is sealed as the tokens are (the same
+// Sealer), bound to the provider's name, and never leaves this package in
+// an error.
+type ProviderRepository struct {
+	db     *gorm.DB
+	sealer Sealer
+}
+
+// NewProviderRepository binds the repository to a pool; s seals the
+// client secrets (tokencrypt.Plaintext: as they are).
+func NewProviderRepository(db *gorm.DB, s Sealer) *ProviderRepository {
+	if s == nil {
+		panic("repository: nil Sealer (tokencrypt.Plaintext stores secrets as they are)")
+	}
+	return &ProviderRepository{db: db, sealer: s}
+}
+
+// colClientSecret is the column a sealed client secret is bound to.
+const colClientSecret = "client_secret"
+
+// providerAAD binds a sealed client secret to its provider. ':' cannot be
+// in a name, so it never equals a token's additional data.
+func providerAAD(name string) string { return "provider:" + name + "/" + colClientSecret }
+
+// providerRow is the providers table as read.
+type providerRow struct {
+	Name              string
+	TokenURL          string
+	AuthURL           string
+	RevocationURL     string
+	APIBaseURL        string
+	ClientID          string
+	ClientSecret      string
+	AuthStyle         string
+	Scopes            string // space-separated
+	SkewMs            sql.NullInt64
+	DefaultLifetimeMs sql.NullInt64
+	KeepAliveMs       sql.NullInt64
+	Version           int64
+	CreatedAt         time.Time
+	UpdatedAt         time.Time
+}
+
+const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
+       auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
+       skew_ms, default_lifetime_ms, keep_alive_ms, version, created_at, updated_at
+FROM providers`
+
+func (r providerRow) domain(s Sealer) (domain.Provider, error) {
+	secret, err := s.Open(r.ClientSecret, providerAAD(r.Name))
+	if err != nil {
+		return domain.Provider{}, fmt.Errorf("client secret of provider %s: %w", r.Name, err)
+	}
+	return domain.Provider{
+		Name:            r.Name,
+		TokenURL:        r.TokenURL,
+		AuthURL:         r.AuthURL,
+		RevocationURL:   r.RevocationURL,
+		APIBaseURL:      r.APIBaseURL,
+		ClientID:        r.ClientID,
+		ClientSecret:    domain.NewSecret(secret),
+		AuthStyle:       domain.AuthStyle(r.AuthStyle),
+		Scopes:          strings.Fields(r.Scopes),
+		Skew:            millis(r.SkewMs),
+		DefaultLifetime: millis(r.DefaultLifetimeMs),
+		KeepAlive:       millis(r.KeepAliveMs),
+		Version:         r.Version,
+		CreatedAt:       r.CreatedAt,
+		UpdatedAt:       r.UpdatedAt,
+	}, nil
+}
+
+func millis(v sql.NullInt64) time.Duration {
+	if !v.Valid {
+		return 0
+	}
+	return time.Duration(v.Int64) * time.Millisecond
+}
+
+// nullMillis stores a duration; 0 is NULL (the global setting).
+func nullMillis(d time.Duration) sql.NullInt64 {
+	return sql.NullInt64{Int64: d.Milliseconds(), Valid: d > 0}
+}
+
+// Add registers p. Errors wrap domain.ErrInvalidProvider or
+// domain.ErrProviderExists.
+func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain.Provider, error) {
+	if p.AuthStyle == "" {
+		p.AuthStyle = domain.AuthStyleAuto
+	}
+	if err := p.Validate(); err != nil {
+		return domain.Provider{}, err
+	}
+	secret, err := r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name))
+	if err != nil {
+		return domain.Provider{}, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
+	}
+	var rows []providerRow
+	err = r.db.WithContext(ctx).Raw(`WITH p AS (
+    INSERT INTO providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
+                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING *
+)
+SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
+       auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
+       skew_ms, default_lifetime_ms, keep_alive_ms, version, created_at, updated_at FROM p`,
+		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
+		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
+		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive)).Find(&rows).Error
+	if err != nil {
+		return domain.Provider{}, storeError(ctx, "add provider", err)
+	}
+	if len(rows) == 0 {
+		return domain.Provider{}, fmt.Errorf("provider %q: %w", p.Name, domain.ErrProviderExists)
+	}
+	return rows[0].domain(r.sealer)
+}
+
+// Update changes the provider called name: fn gets the stored provider
+// (its secret opened) and changes it; the result is validated and
+// written, with the version bumped, in one transaction that holds the
+// row's lock, so two updates never lose each other's changes. The name
+// cannot change. Errors wrap domain.ErrUnknownProvider,
+// domain.ErrInvalidProvider or fn's error.
+func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*domain.Provider) error) (domain.Provider, error) {
+	var out domain.Provider
+	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		cur, err := getProvider(ctx, tx, r.sealer, name, " FOR UPDATE")
+		if err != nil {
+			return err
+		}
+		next := cur
+		if err := fn(&next); err != nil {
+			return err
+		}
+		next.Name = cur.Name
+		if err := next.Validate(); err != nil {
+			return err
+		}
+		secret, err := r.sealer.Seal(next.ClientSecret.Reveal(), providerAAD(next.Name))
+		if err != nil {
+			return fmt.Errorf("seal client secret of provider %s: %w", next.Name, err)
+		}
+		res := tx.Exec(`UPDATE providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
+    client_id = ?, client_secret = ?, auth_style = ?, scopes = ?::text[],
+    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, version = version + 1, updated_at = now()
+WHERE name = ?`,
+			next.TokenURL, next.AuthURL, next.RevocationURL, next.APIBaseURL, next.ClientID, secret,
+			string(next.AuthStyle), textArray(strings.Join(next.Scopes, " ")),
+			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), name)
+		if res.Error != nil {
+			return storeError(ctx, "update provider", res.Error)
+		}
+		out, err = getProvider(ctx, tx, r.sealer, name, "")
+		return err
+	})
+	if err != nil {
+		return domain.Provider{}, err
+	}
+	return out, nil
+}
+
+// Get reads one provider; domain.ErrUnknownProvider if there is none.
+func (r *ProviderRepository) Get(ctx context.Context, name string) (domain.Provider, error) {
+	return getProvider(ctx, r.db.WithContext(ctx), r.sealer, name, "")
+}
+
+func getProvider(ctx context.Context, db *gorm.DB, s Sealer, name, lock string) (domain.Provider, error) {
+	var rows []providerRow
+	if err := db.Raw(selectProvider+" WHERE name = ?"+lock, name).Find(&rows).Error; err != nil {
+		return domain.Provider{}, storeError(ctx, "get provider", err)
+	}
+	if len(rows) == 0 {
+		return domain.Provider{}, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
+	}
+	return rows[0].domain(s)
+}
+
+// List reads every provider, by name, secrets opened.
+func (r *ProviderRepository) List(ctx context.Context) ([]domain.Provider, error) {
+	var rows []providerRow
+	if err := r.db.WithContext(ctx).Raw(selectProvider + " ORDER BY name").Find(&rows).Error; err != nil {
+		return nil, storeError(ctx, "list providers", err)
+	}
+	out := make([]domain.Provider, len(rows))
+	for i, row := range rows {
+		var err error
+		if out[i], err = row.domain(r.sealer); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// Connections counts the connections that name each provider.
+func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, error) {
+	var rows []struct {
+		Provider string
+		N        int
+	}
+	err := r.db.WithContext(ctx).Raw("SELECT provider, count(*) AS n FROM tokens WHERE provider IS NOT NULL GROUP BY provider").Find(&rows).Error
+	if err != nil {
+		return nil, storeError(ctx, "count connections by provider", err)
+	}
+	out := make(map[string]int, len(rows))
+	for _, row := range rows {
+		out[row.Provider] = row.N
+	}
+	return out, nil
+}
+
+// Remove deletes the provider called name. It is refused with
+// domain.ErrProviderInUse while a connection names it (the foreign key
+// decides, so no connection can start naming it meanwhile), and
+// domain.ErrUnknownProvider if there is none.
+func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
+	res := r.db.WithContext(ctx).Exec("DELETE FROM providers WHERE name = ?", name)
+	switch {
+	case isSQLState(res.Error, "23503"):
+		n, err := r.Connections(ctx)
+		if err != nil {
+			return fmt.Errorf("provider %q: %w", name, domain.ErrProviderInUse)
+		}
+		return fmt.Errorf("provider %q: %w: %d connection(s)", name, domain.ErrProviderInUse, n[name])
+	case res.Error != nil:
+		return storeError(ctx, "remove provider", res.Error)
+	case res.RowsAffected == 0:
+		return fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
+	}
+	return nil
+}
+
+// Reseal re-encrypts every provider's client secret with the sealer's
+// current key (tokenctl rotate-key), each in a statement that writes only
+// if the stored value is still the one read. It returns how many it
+// rewrote and how many were current already.
+func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int, err error) {
+	var rows []providerRow
+	if err := r.db.WithContext(ctx).Raw(selectProvider + " ORDER BY name").Find(&rows).Error; err != nil {
+		return 0, 0, storeError(ctx, "list providers", err)
+	}
+	for _, row := range rows {
+		if r.sealer.IsCurrent(row.ClientSecret) {
+			current++
+			continue
+		}
+		plain, err := r.sealer.Open(row.ClientSecret, providerAAD(row.Name))
+		if err != nil {
+			return resealed, current, fmt.Errorf("client secret of provider %s: %w", row.Name, err)
+		}
+		sealed, err := r.sealer.Seal(plain, providerAAD(row.Name))
+		if err != nil {
+			return resealed, current, fmt.Errorf("seal client secret of provider %s: %w", row.Name, err)
+		}
+		// The version stays: the secret itself did not change, and
+		// processes need not reload for a new envelope.
+		res := r.db.WithContext(ctx).Exec("UPDATE providers SET client_secret = ? WHERE name = ? AND client_secret = ?",
+			sealed, row.Name, row.ClientSecret)
+		if res.Error != nil {
+			return resealed, current, storeError(ctx, "reseal provider", res.Error)
+		}
+		resealed += int(res.RowsAffected)
+	}
+	return resealed, current, nil
+}
+
+// unknownProvider reports whether err is the tokens.provider foreign key
+// refusing a provider name that is not registered.
+func unknownProvider(err error) bool {
+	if !isSQLState(err, "23503") {
+		return false
+	}
+	var pgErr *pgconn.PgError // lib/pq's errors name no constraint here
+	return !errors.As(err, &pgErr) || strings.Contains(pgErr.ConstraintName, "provider")
+}
+
+func isSQLState(err error, code string) bool {
+	var coded interface{ SQLState() string }
+	return err != nil && errors.As(err, &coded) && coded.SQLState() == code
+}
