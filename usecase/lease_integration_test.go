@@ -17,7 +17,7 @@ import (
 // announcing is the real refresher, except that it says when a call has
 // gone out to the provider.
 type announcing struct {
-	next   usecase.Refresher
+	next   provider.GrantRefresher
 	called chan struct{}
 }
 
@@ -111,7 +111,7 @@ func TestLostLockWhileAtTheProvider(t *testing.T) {
 			if tc.control {
 				store = withoutLeases{store}
 			}
-			b, err := usecase.NewRefreshTokenUseCase(store, provider.NewRefresher(w.oauth, nil), opts)
+			b, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
