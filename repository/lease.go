@@ -3,25 +3,40 @@ package repository
 import (
 	"context"
 	"fmt"
+	"sync"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
 
+// Lease timing. A live holder renews its lease every leaseRenewEvery, each
+// renewal good for leaseTerm, so a lease outlives a dead holder by at most
+// leaseTerm. A lease is also held for leaseTerm after the database server
+// (re)started: a holder that lost its session to the restart needs that
+// long to reconnect and renew, and must not be overtaken meanwhile.
+const (
+	leaseTerm       = 3 * time.Second
+	leaseRenewEvery = time.Second
+)
+
 // Lease records in refresh_leases (migration 7) that t's refresh token is
-// about to be presented at the provider, for at most d, and commits it at
-// once on a pool connection: not in the lock's transaction, whose session
-// may end while the provider call is in flight (a terminated backend, a
-// Postgres restart) and take the lock with it. The next holder of the lock
-// then finds the lease and gets domain.ErrRefreshInProgress instead of
-// presenting the same refresh token, which a strict provider would take
-// for a reuse and answer by revoking the grant.
+// about to be presented at the provider, and commits it at once on a pool
+// connection: not in the lock's transaction, whose session may end while
+// the provider call is in flight (a terminated backend, a Postgres restart)
+// and take the lock with it. The next holder of the lock then finds the
+// lease and gets domain.ErrRefreshInProgress instead of presenting the same
+// refresh token, which a strict provider would take for a reuse and answer
+// by revoking the grant.
 //
-// A lease names the version it was taken for, so storing a newer version
-// ends it without a write; release ends it early, for a refresh whose
-// token was not spent. The lease is durable (a synchronous commit) before
-// Lease returns: a Postgres restart must not forget it.
-func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, d time.Duration) (release func(), err error) {
+// The lease is renewed in the background until end is called, so it lasts
+// as long as its holder lives and no longer: a process killed mid-refresh
+// holds up the others for leaseTerm at most. A lease names the version it
+// was taken for, so storing a newer version ends it for everyone else; end
+// with release true also deletes it, for a refresh whose token was not
+// spent. Commits are synchronous: a restart does not forget a lease.
+func (l *LockedTokens) Lease(ctx context.Context, t domain.Token) (end func(release bool), err error) {
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
@@ -31,21 +46,64 @@ INSERT INTO refresh_leases AS l (connection_id, version, holder, until)
 SELECT c.id, ?, gen_random_uuid(), now() + ? * interval '1 millisecond' FROM connections c WHERE c.name = ?
 ON CONFLICT (connection_id) DO UPDATE
     SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-    WHERE l.version <> EXCLUDED.version OR l.until <= now()
-RETURNING l.holder::text`, t.Version, d.Milliseconds(), t.Connection).Scan(&holder).Error
+    WHERE l.version <> EXCLUDED.version
+       OR now() > greatest(l.until, pg_postmaster_start_time() + ? * interval '1 millisecond')
+RETURNING l.holder::text`, t.Version, leaseTerm.Milliseconds(), t.Connection, leaseTerm.Milliseconds()).Scan(&holder).Error
 	if err != nil {
 		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
 	}
 	if len(holder) == 0 {
 		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
 	}
-	pool := l.pool
-	return func() {
-		// Bounded on its own: the caller may have given up, and a lease
-		// left behind only delays the next refresh until it runs out.
-		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+	lease := &refreshLease{pool: l.pool, connection: t.Connection, holder: holder[0], stop: make(chan struct{})}
+	lease.renewing.Add(1)
+	go lease.renew()
+	return lease.end, nil
+}
+
+// refreshLease is a lease its holder still renews.
+type refreshLease struct {
+	pool       *gorm.DB
+	connection string
+	holder     string
+	stop       chan struct{}
+	once       sync.Once
+	renewing   sync.WaitGroup
+}
+
+// renew extends the lease every leaseRenewEvery until end. A failed
+// renewal (the database is away) is retried at the next tick: the lease
+// still runs for what is left of its term, and for leaseTerm after the
+// server is back if it restarted.
+func (l *refreshLease) renew() {
+	defer l.renewing.Done()
+	tick := time.NewTicker(leaseRenewEvery)
+	defer tick.Stop()
+	for {
+		select {
+		case <-l.stop:
+			return
+		case <-tick.C:
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), leaseRenewEvery)
+		_ = l.pool.WithContext(ctx).Exec(`UPDATE refresh_leases SET until = now() + ? * interval '1 millisecond'
+WHERE connection_id = (SELECT id FROM connections WHERE name = ?) AND holder = ?::uuid`,
+			leaseTerm.Milliseconds(), l.connection, l.holder).Error
+		cancel()
+	}
+}
+
+// end stops the renewals and, with release, deletes the lease.
+func (l *refreshLease) end(release bool) {
+	l.once.Do(func() {
+		close(l.stop)
+		l.renewing.Wait()
+		if !release {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 		defer cancel()
-		_ = pool.WithContext(ctx).Exec(`DELETE FROM refresh_leases
-WHERE connection_id = (SELECT id FROM connections WHERE name = ?) AND holder = ?::uuid`, t.Connection, holder[0]).Error
-	}, nil
+		_ = l.pool.WithContext(ctx).Exec(`DELETE FROM refresh_leases
+WHERE connection_id = (SELECT id FROM connections WHERE name = ?) AND holder = ?::uuid`, l.connection, l.holder).Error
+	})
 }

@@ -35,8 +35,8 @@ type withoutLeases struct{ usecase.TokenStore }
 
 type ignoredLease struct{ usecase.LockedStore }
 
-func (ignoredLease) Lease(context.Context, domain.Token, time.Duration) (func(), error) {
-	return func() {}, nil
+func (ignoredLease) Lease(context.Context, domain.Token) (func(bool), error) {
+	return func(bool) {}, nil
 }
 
 func (s withoutLeases) InLock(ctx context.Context, connection string, wait, hold time.Duration,

@@ -47,13 +47,15 @@ type LockedStore interface {
 	// and commits.
 	Put(ctx context.Context, t domain.Token) (domain.Token, error)
 	// Lease records durably, outside the locked transaction, that t's
-	// refresh token is about to be presented at the provider, for at most
-	// d. If the transaction's session ends while the provider call is in
-	// flight, the lock goes with it, but the lease stays: the next holder's
-	// Lease fails with domain.ErrRefreshInProgress until a newer version is
-	// stored, the lease is released, or d has passed. release ends it early
-	// and is for a refresh whose token was not spent.
-	Lease(ctx context.Context, t domain.Token, d time.Duration) (release func(), err error)
+	// refresh token is about to be presented at the provider, and keeps
+	// the record alive until end is called. If the transaction's session
+	// ends while the provider call is in flight, the lock goes with it but
+	// the lease stays: the next holder's Lease fails with
+	// domain.ErrRefreshInProgress until a newer version is stored, the
+	// lease ends, or its holder has stopped renewing it for a few seconds
+	// (the holder died). end(true) also deletes it, for a refresh whose
+	// token was not spent.
+	Lease(ctx context.Context, t domain.Token) (end func(release bool), err error)
 }
 
 // ConnectionStore is what connecting a new grant needs on top of locking.

@@ -249,6 +249,9 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 // only live token of the grant (unless the provider revoked the whole
 // grant for that reuse, which the next refresh will tell): it is stored.
 func (u *RefreshTokenUseCase) rescue(connection string, r redeemed, cause error) (domain.Token, error) {
+	if r.endLease != nil {
+		defer r.endLease(false)
+	}
 	rotated := *r.rotated
 	log := u.opts.Logger.With("connection", connection, "from_version", rotated.Version)
 	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
@@ -317,13 +320,6 @@ func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, l
 	}
 }
 
-// leaseTerm is how long a refresh keeps other processes from presenting
-// the refresh token it presents: the provider call, the write, and the
-// rescue of a rotated token whose write failed.
-func (u *RefreshTokenUseCase) leaseTerm() time.Duration {
-	return u.opts.RefreshTimeout + u.opts.WriteTimeout + u.opts.RescueWindow
-}
-
 // hold bounds the locked part of a refresh: the provider call and the write.
 func (u *RefreshTokenUseCase) hold() time.Duration {
 	return u.opts.RefreshTimeout + u.opts.WriteTimeout
@@ -341,6 +337,9 @@ type redeemed struct {
 	rotated *domain.Token // the provider's answer, as soon as there is one, written or not
 	revoked error         // the grant is dead: stored as needs_reauth, to be committed
 	latency time.Duration // of the provider call
+	// endLease ends the refresh's lease when the rotated token is not
+	// stored yet; the rescue calls it when it is over.
+	endLease func(release bool)
 }
 
 // redeem spends t's refresh token at the provider and stores the outcome
@@ -353,16 +352,18 @@ func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t dom
 	r := redeemed{from: t.RefreshToken}
 	// The lease outlives this transaction's session: if the session ends
 	// during the call, the next lock holder waits for this refresh instead
-	// of presenting the same refresh token. It stays while a rotated token
-	// is not stored yet (the rescue's time), and goes as soon as the token
-	// is known not to be spent.
-	release, err := s.Lease(txCtx, t, u.leaseTerm())
+	// of presenting the same refresh token. It lasts while a rotated token
+	// is not stored yet (the rescue ends it), and is released as soon as
+	// the token is known not to be spent.
+	end, err := s.Lease(txCtx, t)
 	if err != nil {
 		return r, err
 	}
+	r.endLease = end
 	defer func() {
-		if r.rotated == nil {
-			release()
+		// A rotated token not stored yet keeps its lease for the rescue.
+		if r.rotated == nil || r.tok.Version != 0 {
+			end(r.rotated == nil)
 		}
 	}()
 	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)

@@ -101,7 +101,7 @@ func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
 }
 
 // Lease fails while leasedElsewhere says another process's lease runs.
-func (s *fakeStore) Lease(context.Context, domain.Token, time.Duration) (func(), error) {
+func (s *fakeStore) Lease(context.Context, domain.Token) (func(bool), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.leasedElsewhere > 0 {
@@ -109,10 +109,15 @@ func (s *fakeStore) Lease(context.Context, domain.Token, time.Duration) (func(),
 		return nil, domain.ErrRefreshInProgress
 	}
 	s.leases++
-	return func() {
-		s.mu.Lock()
-		s.releases++
-		s.mu.Unlock()
+	var once sync.Once
+	return func(release bool) {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if release {
+				s.releases++
+			}
+		})
 	}, nil
 }
 

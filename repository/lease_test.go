@@ -1,0 +1,95 @@
+package repository_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// lease takes the lease on tok's version under the lock, as a refresh
+// does, and returns its end.
+func lease(t *testing.T, r *repository.TokenRepository, tok domain.Token) (func(bool), error) {
+	t.Helper()
+	var end func(bool)
+	err := r.InLock(context.Background(), tok.Connection, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
+		var err error
+		end, err = l.Lease(ctx, tok)
+		return err
+	})
+	return end, err
+}
+
+func TestLeaseKeepsOthersOutUntilItEnds(t *testing.T) {
+	r, _, _ := newRepo(t)
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+
+	end, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The holder is alive and renews: the lease outlasts its first term.
+	time.Sleep(4 * time.Second)
+	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
+		t.Fatalf("second lease on a renewed one: err = %v, want ErrRefreshInProgress", err)
+	}
+	end(true) // the token was not spent
+	endB, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatalf("lease after release: %v", err)
+	}
+	endB(true)
+}
+
+func TestLeaseOfADeadHolderRunsOut(t *testing.T) {
+	r, _, _ := newRepo(t)
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	end, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end(false) // renewals stop, the record stays: the holder died
+	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
+		t.Fatalf("err = %v, want ErrRefreshInProgress while the term runs", err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		endB, err := lease(t, r, tok)
+		if err == nil {
+			endB(true)
+			return
+		}
+		if !errors.Is(err, domain.ErrRefreshInProgress) || time.Now().After(deadline) {
+			t.Fatalf("the lease of a holder that stopped renewing never ran out: %v", err)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
+	r, _, _ := newRepo(t)
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	end, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer end(false)
+	next := tok
+	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.NewSecret("rt-2")
+	var saved domain.Token
+	if err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
+		saved, err = l.Save(ctx, next)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	endB, err := lease(t, r, saved)
+	if err != nil {
+		t.Fatalf("lease on the newer version: %v", err)
+	}
+	endB(true)
+}
