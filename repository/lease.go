@@ -13,12 +13,14 @@ import (
 
 // Lease timing. A live holder renews its lease every leaseRenewEvery, each
 // renewal good for leaseTerm, so a lease outlives a dead holder by at most
-// leaseTerm. A lease is also held for leaseTerm after the database server
-// (re)started: a holder that lost its session to the restart needs that
-// long to reconnect and renew, and must not be overtaken meanwhile.
+// leaseTerm. After the database server (re)started, every lease holds for
+// restartGrace at least: its holder lost its sessions to the restart and
+// needs that long to reconnect and renew (or store its rotated token), and
+// must not be overtaken meanwhile.
 const (
-	leaseTerm       = 3 * time.Second
-	leaseRenewEvery = time.Second
+	leaseTerm       = time.Second
+	leaseRenewEvery = 300 * time.Millisecond
+	restartGrace    = 5 * time.Second
 )
 
 // Lease records in refresh_leases (migration 7) that t's refresh token is
@@ -32,10 +34,11 @@ const (
 //
 // The lease is renewed in the background until end is called, so it lasts
 // as long as its holder lives and no longer: a process killed mid-refresh
-// holds up the others for leaseTerm at most. A lease names the version it
-// was taken for, so storing a newer version ends it for everyone else; end
-// with release true also deletes it, for a refresh whose token was not
-// spent. Commits are synchronous: a restart does not forget a lease.
+// holds up the others for leaseTerm (a second) at most. A lease names the
+// version it was taken for, so storing a newer version ends it for
+// everyone else; end with release true also deletes it, for a refresh
+// whose token was not spent. Commits are synchronous: a restart does not
+// forget a lease.
 func (l *LockedTokens) Lease(ctx context.Context, t domain.Token) (end func(release bool), err error) {
 	if l.tx.ended {
 		return nil, errTxEnded
@@ -48,7 +51,7 @@ ON CONFLICT (connection_id) DO UPDATE
     SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
     WHERE l.version <> EXCLUDED.version
        OR now() > greatest(l.until, pg_postmaster_start_time() + ? * interval '1 millisecond')
-RETURNING l.holder::text`, t.Version, leaseTerm.Milliseconds(), t.Connection, leaseTerm.Milliseconds()).Scan(&holder).Error
+RETURNING l.holder::text`, t.Version, leaseTerm.Milliseconds(), t.Connection, restartGrace.Milliseconds()).Scan(&holder).Error
 	if err != nil {
 		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
 	}
@@ -73,7 +76,7 @@ type refreshLease struct {
 
 // renew extends the lease every leaseRenewEvery until end. A failed
 // renewal (the database is away) is retried at the next tick: the lease
-// still runs for what is left of its term, and for leaseTerm after the
+// still runs for what is left of its term, and for restartGrace after the
 // server is back if it restarted.
 func (l *refreshLease) renew() {
 	defer l.renewing.Done()

@@ -33,7 +33,7 @@ func TestLeaseKeepsOthersOutUntilItEnds(t *testing.T) {
 		t.Fatal(err)
 	}
 	// The holder is alive and renews: the lease outlasts its first term.
-	time.Sleep(4 * time.Second)
+	time.Sleep(3 * leaseTermForTest)
 	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
 		t.Fatalf("second lease on a renewed one: err = %v, want ErrRefreshInProgress", err)
 	}
@@ -93,3 +93,6 @@ func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
 	}
 	endB(true)
 }
+
+// leaseTermForTest is longer than a lease's term (repository.leaseTerm).
+const leaseTermForTest = time.Second
