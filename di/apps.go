@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -176,6 +177,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	api, err := apiclient.New(cfg.APIBaseURL, tokens.Guard, apiclient.Options{
 		UserAgent: UserAgent(name),
 		Timeout:   cfg.APITimeout,
+		Bases:     providerBases{tokens: tokens.RefreshToken, providers: usecaseof.Providers(tokens.Guard)},
 	})
 	if err != nil {
 		closeTokens()
@@ -198,4 +200,24 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		}
 	}
 	return a, cleanup, nil
+}
+
+// providerBases sends a connection's API calls to its provider's API base
+// URL (tokenctl provider add --api-base-url), else to API_BASE_URL. The
+// connection's provider comes with its token, from the cache.
+type providerBases struct {
+	tokens    *usecase.RefreshTokenUseCase
+	providers *provider.Registry
+}
+
+func (b providerBases) BaseURL(ctx context.Context, connection string) (string, error) {
+	t, err := b.tokens.Token(ctx, connection)
+	if err != nil || t.Provider == "" {
+		return "", err
+	}
+	p, ok := b.providers.Provider(t.Provider)
+	if !ok {
+		return "", nil // the refresh says what is wrong with it
+	}
+	return p.APIBaseURL, nil
 }

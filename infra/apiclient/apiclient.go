@@ -73,6 +73,15 @@ type Options struct {
 	Timeout time.Duration
 	// MaxBody caps the response body kept (default 1 MiB).
 	MaxBody int64
+	// Bases, when set, sends a connection's calls to the API base URL its
+	// provider names instead of the Client's.
+	Bases Bases
+}
+
+// Bases says where a connection's API calls go: the API base URL of the
+// connection's provider, or "" for the Client's own.
+type Bases interface {
+	BaseURL(ctx context.Context, connection string) (string, error)
 }
 
 // Client calls the API at a base URL. It is safe for concurrent use.
@@ -143,7 +152,11 @@ func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client
 // Tokens.Token, or ErrUnavailable when the API could not be reached. A 401
 // caused by a refresh elsewhere is retried once by the Transport.
 func (c *Client) Get(ctx context.Context, connection, path string) (*Response, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, c.base.JoinPath(path).String(), nil)
+	base, err := c.baseOf(ctx, connection)
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base.JoinPath(path).String(), nil)
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
@@ -162,6 +175,22 @@ func (c *Client) Get(ctx context.Context, connection, path string) (*Response, e
 		return nil, fmt.Errorf("GET %s: read body: %w: %w", path, ErrUnavailable, scrub(err))
 	}
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil
+}
+
+// baseOf is the base URL of connection's calls.
+func (c *Client) baseOf(ctx context.Context, connection string) (*url.URL, error) {
+	if c.opts.Bases == nil {
+		return c.base, nil
+	}
+	s, err := c.opts.Bases.BaseURL(ctx, connection)
+	if err != nil || s == "" {
+		return c.base, err
+	}
+	u, err := url.Parse(s)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("apiclient: the API base URL of %s's provider is not an http(s) URL", connection)
+	}
+	return u, nil
 }
 
 // Call is Get for callers that only need to know it worked: a non-2xx

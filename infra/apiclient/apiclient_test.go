@@ -174,3 +174,31 @@ func TestTokenErrorsAndUnreachableAPI(t *testing.T) {
 		t.Error("accepted a base URL without scheme")
 	}
 }
+
+// bases sends "globex" to its own API.
+type bases map[string]string
+
+func (b bases) BaseURL(_ context.Context, connection string) (string, error) { return b[connection], nil }
+
+func TestCallsGoToTheConnectionsProviderAPI(t *testing.T) {
+	main, mainSeen := api(t, "")
+	other, otherSeen := api(t, "")
+	tk := newTokens()
+	tk.cur.AccessToken = domain.NewSecret("new")
+	c, err := New(main.URL+"/v1", TokenClients(tk), Options{Bases: bases{"globex": other.URL + "/v1"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, connection := range []string{"acme", "globex"} {
+		if resp, err := c.Get(context.Background(), connection, "/resource"); err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("%s: %v %v", connection, resp, err)
+		}
+	}
+	if len(*mainSeen) != 1 || len(*otherSeen) != 1 {
+		t.Errorf("calls: %d to API_BASE_URL, %d to the provider's API; want 1 and 1", len(*mainSeen), len(*otherSeen))
+	}
+	bad, _ := New(main.URL, TokenClients(tk), Options{Bases: bases{"globex": "ftp://x"}})
+	if _, err := bad.Get(context.Background(), "globex", "/resource"); err == nil {
+		t.Error("called a provider API base URL that is not http(s)")
+	}
+}
