@@ -233,7 +233,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		}
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
-	uopts.ProviderSkew = t.providers.Skew
+	uopts.ProviderSkew, uopts.ProviderKeepAlives = t.providers.Skew, t.providers.KeepAlives
 	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, t.providers, uopts); err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}

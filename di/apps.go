@@ -123,12 +123,13 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window
 	}
-	if ahead.KeepAlive > 0 {
-		r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
-			return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
-		}
-		r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
+	// Always: providers with a keep-alive of their own (tokenctl provider
+	// add --keep-alive) have their connections kept alive even without
+	// --keep-alive, which sets it for the others.
+	r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
+		return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
 	}
+	r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
 	return r, cleanup, nil
 }
 

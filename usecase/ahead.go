@@ -71,10 +71,29 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 // KeepAlive refreshes every connection whose token was not refreshed for
 // idle, like RefreshAhead: some providers let a refresh token die when it
 // is not used for a while (30, 90, 100 days), even though its grant stands.
+// A stored provider's own keep-alive (Options.ProviderKeepAlives) replaces
+// idle for its connections; idle 0 keeps alive only those.
 func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, idle time.Duration, concurrency int) (AheadReport, error) {
-	cutoff := u.opts.Clock.Now().Add(-idle)
-	rep, err := u.sweep(ctx, store, store.ObtainedBefore, cutoff, concurrency, func(t domain.Token) bool {
-		return t.ObtainedAt.Before(cutoff)
+	var own map[string]time.Duration
+	if u.opts.ProviderKeepAlives != nil {
+		own = u.opts.ProviderKeepAlives()
+	}
+	shortest := idle
+	for _, d := range own {
+		if shortest <= 0 || d < shortest {
+			shortest = d
+		}
+	}
+	if shortest <= 0 {
+		return AheadReport{}, nil
+	}
+	now := u.opts.Clock.Now()
+	rep, err := u.sweep(ctx, store, store.ObtainedBefore, now.Add(-shortest), concurrency, func(t domain.Token) bool {
+		d := idle
+		if o, ok := own[t.Provider]; ok {
+			d = o
+		}
+		return d > 0 && t.ObtainedAt.Before(now.Add(-d))
 	})
 	if err != nil {
 		err = fmt.Errorf("keep alive: %w", err)

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // pagedAhead serves n due connections a page at a time and counts what the
@@ -96,4 +99,105 @@ func TestRefreshAheadReturnsAFewErrorsAndCountsTheRest(t *testing.T) {
 	if !strings.Contains(err.Error(), fmt.Sprintf("and %d more", n-sweepErrors)) {
 		t.Errorf("error does not count the rest: %.200s", err)
 	}
+}
+
+// idleTokens is an AheadStore over a few stored tokens, whose TryInLock
+// runs fn and records what was saved.
+type idleTokens struct {
+	mu    sync.Mutex
+	toks  map[string]domain.Token
+	saved []string
+}
+
+func (s *idleTokens) ExpiringBefore(context.Context, time.Time, string, int) ([]string, string, error) {
+	return nil, "", nil
+}
+
+func (s *idleTokens) ObtainedBefore(_ context.Context, before time.Time, _ string, _ int) ([]string, string, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var names []string
+	for n, t := range s.toks {
+		if t.ObtainedAt.Before(before) {
+			names = append(names, n)
+		}
+	}
+	return names, "", nil
+}
+
+func (s *idleTokens) TryInLock(ctx context.Context, id string, _ time.Duration, fn func(context.Context, LockedStore) error) (bool, error) {
+	return true, fn(ctx, lockedIdle{s})
+}
+
+type lockedIdle struct{ s *idleTokens }
+
+func (l lockedIdle) Get(_ context.Context, id string) (domain.Token, error) {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	return l.s.toks[id], nil
+}
+
+func (l lockedIdle) Save(_ context.Context, t domain.Token) (domain.Token, error) {
+	l.s.mu.Lock()
+	defer l.s.mu.Unlock()
+	t.Version++
+	l.s.toks[t.Connection] = t
+	l.s.saved = append(l.s.saved, t.Connection)
+	return t, nil
+}
+
+func (l lockedIdle) Put(context.Context, domain.Token) (domain.Token, error) { panic("not a grant") }
+
+func (l lockedIdle) Lease(context.Context, domain.Token) (func(bool), error) {
+	return func(bool) {}, nil
+}
+
+type grantAll struct{}
+
+func (grantAll) Refresh(context.Context, string, domain.Secret) (domain.Grant, error) {
+	return domain.Grant{AccessToken: domain.NewSecret("at"), RefreshToken: domain.NewSecret("rt"), Expiry: time.Now().Add(time.Hour)}, nil
+}
+
+func TestKeepAliveFollowsEachProvidersOwnInterval(t *testing.T) {
+	now := time.Now()
+	tok := func(name, provider string, idle time.Duration) domain.Token {
+		return domain.Token{Connection: name, Provider: provider, AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r"),
+			Status: domain.StatusActive, Version: 1, ObtainedAt: now.Add(-idle), Expiry: now.Add(time.Hour)}
+	}
+	store := &idleTokens{toks: map[string]domain.Token{
+		"env-10d":  tok("env-10d", "", 10*24*time.Hour),    // the global 30 days: not yet
+		"env-40d":  tok("env-40d", "", 40*24*time.Hour),    // due
+		"crm-10d":  tok("crm-10d", "crm", 10*24*time.Hour), // crm keeps alive after 7 days: due
+		"crm-2d":   tok("crm-2d", "crm", 2*24*time.Hour),   // not yet
+		"mail-40d": tok("mail-40d", "mail", 40*24*time.Hour),
+	}}
+	u, err := NewRefreshTokenUseCase(nil, grantAll{}, Options{ProviderKeepAlives: func() map[string]time.Duration {
+		return map[string]time.Duration{"crm": 7 * 24 * time.Hour, "mail": 60 * 24 * time.Hour}
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := u.KeepAlive(context.Background(), store, 30*24*time.Hour, 2); err != nil {
+		t.Fatal(err)
+	}
+	got := strings.Join(sorted(store.saved), " ")
+	if got != "crm-10d env-40d" {
+		t.Errorf("refreshed %q, want crm-10d env-40d", got)
+	}
+	// Without a global keep-alive, only crm's run.
+	store.saved = nil
+	store.toks["env-40d"] = tok("env-40d", "", 40*24*time.Hour)
+	store.toks["crm-10d"] = tok("crm-10d", "crm", 10*24*time.Hour)
+	if _, err := u.KeepAlive(context.Background(), store, 0, 2); err != nil {
+		t.Fatal(err)
+	}
+	if got := strings.Join(sorted(store.saved), " "); got != "crm-10d" {
+		t.Errorf("without a global keep-alive refreshed %q, want crm-10d", got)
+	}
+}
+
+func sorted(s []string) []string {
+	out := append([]string(nil), s...)
+	slices.Sort(out)
+	return out
 }

@@ -48,6 +48,10 @@ type Options struct {
 	// Skew; nil: Skew for every connection. It is asked when a token is
 	// read or cached, never on a cache hit.
 	ProviderSkew func(provider string) time.Duration
+	// ProviderKeepAlives are the stored providers' own keep-alive
+	// intervals, by name; they override KeepAlive's idle for their
+	// connections. nil: none has one.
+	ProviderKeepAlives func() map[string]time.Duration
 }
 
 // Defaults.

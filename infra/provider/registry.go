@@ -230,6 +230,18 @@ func (r *Registry) Skew(provider string) time.Duration {
 	return r.state.Load().byName[provider].p.Skew
 }
 
+// KeepAlives are the keep-alive intervals of the stored providers that
+// have one of their own (tokenctl provider add --keep-alive), by name.
+func (r *Registry) KeepAlives() map[string]time.Duration {
+	out := map[string]time.Duration{}
+	for name, reg := range r.state.Load().byName {
+		if reg.p.KeepAlive > 0 {
+			out[name] = reg.p.KeepAlive
+		}
+	}
+	return out
+}
+
 // Loads counts the completed reads of the providers (for tests and
 // diagnostics).
 func (r *Registry) Loads() int64 { return r.loads.Load() }
