@@ -177,6 +177,26 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
+// NewRevoker revokes refresh tokens at OAUTH_REVOCATION_URL, the
+// revocation endpoint of the environment's provider (the only provider it
+// knows), authenticating the client as at the token endpoint: the style
+// OAUTH_AUTH_STYLE names, or in auto the one learned there (kept in db).
+func NewRevoker(cfg Config, db *gorm.DB) *provider.Revocations {
+	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
+	return provider.NewRevocations(provider.OneRevocationEndpoint{
+		URL: cfg.OAuth.RevocationURL, ClientID: cfg.OAuth.ClientID, ClientSecret: domain.NewSecret(cfg.OAuth.ClientSecret),
+		AuthStyle: style, TokenURL: cfg.OAuth.TokenURL,
+	}, provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout)), repository.NewAuthStyles(db))
+}
+
+// EnvProviders knows the provider of the environment ("") only.
+type EnvProviders struct{}
+
+// KnownProvider implements httpapi.Providers.
+func (EnvProviders) KnownProvider(_ context.Context, provider string) (bool, error) {
+	return provider == "", nil
+}
+
 // OAuth2Config is the x/oauth2 view of the client registration.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	style, _ := c.authStyle() // checked with the rest of the configuration
