@@ -12,8 +12,8 @@ type ConnectSession struct {
 	Provider           string // the connection's provider; "" for the environment's
 	// Metadata, when not nil, replaces the connection's metadata and tags
 	// when the consent completes.
-	Metadata *Metadata
-	ExpiresAt          time.Time
+	Metadata  *Metadata
+	ExpiresAt time.Time
 	// The browser flow's OAuth2 state and PKCE verifier, kept server-side.
 	State, Verifier string
 }

@@ -1,6 +1,7 @@
 package repository
 
 import (
+	"bytes"
 	"context"
 	"database/sql"
 	"encoding/json"
@@ -42,7 +43,7 @@ type connectionRow struct {
 }
 
 func (r connectionRow) domain() domain.Connection {
-	m := domain.Metadata{Object: json.RawMessage(r.Metadata)}
+	m := domain.Metadata{Object: compactJSON(r.Metadata)}
 	_ = json.Unmarshal([]byte(r.Tags), &m.Tags) // array_to_json of text[]: always an array
 	return domain.Connection{
 		Name:          r.Name,
@@ -128,6 +129,16 @@ func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m dom
 		return fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound)
 	}
 	return nil
+}
+
+// compactJSON is a stored jsonb as compact JSON: Postgres writes it with
+// spaces after ':' and ','.
+func compactJSON(stored string) json.RawMessage {
+	var buf bytes.Buffer
+	if json.Compact(&buf, []byte(stored)) != nil {
+		return json.RawMessage(stored)
+	}
+	return buf.Bytes()
 }
 
 // tagArray is tags as a text[] literal.

@@ -113,7 +113,7 @@ func (r sessionRow) session() domain.ConnectSession {
 	s := domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
 		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier, Provider: r.Provider}
 	if r.Metadata.Valid {
-		m := domain.Metadata{Object: json.RawMessage(r.Metadata.String)}
+		m := domain.Metadata{Object: compactJSON(r.Metadata.String)}
 		_ = json.Unmarshal([]byte(r.Tags.String), &m.Tags) // array_to_json of text[], or NULL
 		s.Metadata = &m
 	}
