@@ -45,6 +45,9 @@ type connectionRow struct {
 func (r connectionRow) domain() domain.Connection {
 	m := domain.Metadata{Object: compactJSON(r.Metadata)}
 	_ = json.Unmarshal([]byte(r.Tags), &m.Tags) // array_to_json of text[]: always an array
+	if len(m.Tags) == 0 {
+		m.Tags = nil
+	}
 	return domain.Connection{
 		Name:          r.Name,
 		Provider:      r.Provider,
