@@ -30,7 +30,10 @@ ALTER TABLE connect_sessions
 
 CREATE OR REPLACE FUNCTION tokenguard_continue_version() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    SELECT greatest(NEW.version, c.retired_version + 1) INTO NEW.version
+    -- Only for a name that was disconnected: otherwise the version is
+    -- left to the CHECK (version >= 1).
+    SELECT CASE WHEN c.retired_version > 0 AND c.retired_version >= NEW.version
+                THEN c.retired_version + 1 ELSE NEW.version END INTO NEW.version
     FROM connections c WHERE c.id = NEW.connection_id;
     RETURN NEW;
 END $$;
