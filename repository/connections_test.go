@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -154,6 +155,13 @@ func TestDisconnect(t *testing.T) {
 	g := domain.Grant{AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1")}
 	if _, err := connect.ConnectWith(ctx, "acme", g, usecase.ConnectRequest{Metadata: metadata(t, `{"tenant":"t1"}`, "crm")}); err != nil {
 		t.Fatal(err)
+	}
+	var connected string
+	if err := db.Raw(`SELECT data::text FROM webhook_outbox WHERE type = 'connection.connected' ORDER BY id LIMIT 1`).Scan(&connected).Error; err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(connected, `"metadata": {"tenant": "t1"}`) || !strings.Contains(connected, `"tags": ["crm"]`) {
+		t.Errorf("connection.connected event data %s: want the metadata and tags stored with the grant", connected)
 	}
 	put(t, r, grantToken("acme", "at-2", "rt-2")) // version 2
 
