@@ -105,13 +105,26 @@ func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
 	}
 }
 
-// newDisconnect builds Disconnect's use case: the revocation endpoint is
-// url ("" for none), the client cfg's, authenticated as at its token
-// endpoint.
-func newDisconnect(store usecase.DisconnectStore, cfg *oauth2.Config, url string, o options, styles provider.AuthStyleStore) *usecase.DisconnectUseCase {
-	revoker := provider.NewRevocations(provider.OneRevocationEndpoint{
-		URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
-		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL,
+// WithProvider names the stored provider that issued the grant (tokenctl
+// provider add): the connection is refreshed, and revoked, there. Without
+// it the grant is New's oauth2.Config's. A provider that is not stored is
+// ErrUnknownProvider, and nothing is stored.
+func WithProvider(name string) ImportOption {
+	return func(r *usecase.ConnectRequest) error {
+		r.Provider = name
+		return nil
+	}
+}
+
+// newDisconnect builds Disconnect's use case: the revocation endpoint of
+// New's oauth2.Config's provider is url ("" for none), the client cfg's,
+// authenticated as at its token endpoint; a stored provider's is its own.
+func newDisconnect(store usecase.DisconnectStore, cfg *oauth2.Config, url string, o options,
+	styles provider.AuthStyleStore, providers provider.ProviderLookup) *usecase.DisconnectUseCase {
+	revoker := provider.NewRevocations(provider.StoredRevocationEndpoints{
+		Env: provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
+			AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL},
+		Providers: providers,
 	}, provider.NewHTTPClient(o.refreshTimeout), styles)
 	return usecase.NewDisconnectUseCase(store, revoker, o.lockWait, o.refreshTimeout)
 }

@@ -48,6 +48,9 @@ var (
 	// JSON object of at most 16 KiB, or more than 32 tags, or a malformed
 	// tag. Nothing was stored.
 	ErrInvalidMetadata = domain.ErrInvalidMetadata
+	// ErrUnknownProvider: WithProvider names a provider that is not stored
+	// (tokenctl provider add). Nothing was stored.
+	ErrUnknownProvider = domain.ErrUnknownProvider
 	// ErrNoRevocationEndpoint: Disconnect was asked to revoke, and no
 	// revocation endpoint is configured (WithRevocationURL). Nothing was
 	// changed.

@@ -243,7 +243,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	t.repo = repo
-	t.disconnect = newDisconnect(repo, cfg, o.revocationURL, o, repository.NewAuthStyles(rdb))
+	t.disconnect = newDisconnect(repo, cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
 	path := "pipelined on pgx"
 	if !pipelined {
 		path = "GORM transactions (the driver is not pgx)"

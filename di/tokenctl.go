@@ -65,7 +65,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
-	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB), cfg.LockWait, cfg.RefreshTimeout)
+	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB, s.Providers), cfg.LockWait, cfg.RefreshTimeout)
 	return ctlStore{s, cfg.LockWait, disconnect}, cleanup, nil
 }
 

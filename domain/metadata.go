@@ -86,4 +86,3 @@ type Connection struct {
 // ErrNoRevocationEndpoint: a revocation was asked for and the connection's
 // provider has no revocation endpoint configured. Nothing was changed.
 var ErrNoRevocationEndpoint = errors.New("the provider has no revocation endpoint configured")
-

@@ -44,8 +44,7 @@ CREATE TRIGGER tokens_continue_version
     FOR EACH ROW EXECUTE FUNCTION tokenguard_continue_version();
 
 -- Webhook events carry the connection's metadata and tags, and its
--- provider once tokens has that column (read through to_jsonb, so the
--- function works with and without it).
+-- provider when it names one.
 CREATE OR REPLACE FUNCTION tokenguard_webhook_outbox() RETURNS trigger LANGUAGE plpgsql AS $$
 DECLARE
     kind text;
@@ -69,7 +68,7 @@ BEGIN
                'account', NEW.granted_account,
                'scopes', to_jsonb(NEW.granted_scopes),
                'missing_scopes', to_jsonb(NEW.missing_scopes),
-               'provider', NULLIF(to_jsonb(NEW) ->> 'provider', ''),
+               'provider', NEW.provider,
                'metadata', c.metadata,
                'tags', to_jsonb(c.tags)))
     FROM connections c WHERE c.id = NEW.connection_id;

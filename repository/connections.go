@@ -14,10 +14,9 @@ import (
 
 // selectConnection reads connectionRows: what a listing shows, and no
 // credential (the token columns are never read, so a listing neither
-// decrypts nor can leak one). The provider is read through to_jsonb so
-// that the query works whether or not tokens has a provider column.
+// decrypts nor can leak one).
 const selectConnection = `
-SELECT c.name, coalesce(to_jsonb(t) ->> 'provider', '') AS provider,
+SELECT c.name, coalesce(t.provider, '') AS provider,
        t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
        coalesce(t.granted_account, '') AS granted_account,
        coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
@@ -196,7 +195,7 @@ w AS (
     INSERT INTO webhook_outbox (type, connection, data)
     SELECT 'connection.disconnected', u.name, jsonb_strip_nulls(jsonb_build_object(
         'version', u.version + 1, 'revoked', $4::boolean,
-        'provider', NULLIF(to_jsonb(u) ->> 'provider', ''),
+        'provider', u.provider,
         'metadata', c.metadata, 'tags', to_jsonb(c.tags)))
     FROM u JOIN connections c ON c.id = u.lock_key
 )

@@ -54,7 +54,7 @@ func TestMetadataSurvivesTokenWrites(t *testing.T) {
 	connect := usecase.NewConnectUseCase(r, nil, time.Second)
 	g := domain.Grant{AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"), Expiry: time.Now().Add(time.Hour)}
 
-	if _, err := connect.ConnectWith(ctx, "acme", g, usecase.ConnectRequest{Binding: domain.Binding{Account: "u1"},
+	if _, err := connect.ConnectGrant(ctx, "acme", g, usecase.ConnectRequest{Binding: domain.Binding{Account: "u1"},
 		Metadata: metadata(t, `{"tenant": "t1", "user": 7}`, "crm", "eu")}); err != nil {
 		t.Fatal(err)
 	}
@@ -75,7 +75,7 @@ func TestMetadataSurvivesTokenWrites(t *testing.T) {
 	wantMetadata(t, r, "acme", `{"user":7,"tenant":"t1"}`, "crm", "eu")
 
 	// A grant from another account, not allowed: nothing changes.
-	_, err = connect.ConnectWith(ctx, "acme", g, usecase.ConnectRequest{Binding: domain.Binding{Account: "u2"},
+	_, err = connect.ConnectGrant(ctx, "acme", g, usecase.ConnectRequest{Binding: domain.Binding{Account: "u2"},
 		Metadata: metadata(t, `{"tenant":"t2"}`)})
 	if !errors.Is(err, domain.ErrAccountMismatch) {
 		t.Fatalf("grant of another account: %v", err)
@@ -87,7 +87,7 @@ func TestMetadataSurvivesTokenWrites(t *testing.T) {
 	wantMetadata(t, r, "acme", `{"user":7,"tenant":"t1"}`, "crm", "eu")
 
 	// New metadata with a new grant replaces it.
-	if _, err := connect.ConnectWith(ctx, "acme", g, usecase.ConnectRequest{AllowAccountChange: true, Metadata: metadata(t, `{"tenant":"t3"}`)}); err != nil {
+	if _, err := connect.ConnectGrant(ctx, "acme", g, usecase.ConnectRequest{AllowAccountChange: true, Metadata: metadata(t, `{"tenant":"t3"}`)}); err != nil {
 		t.Fatal(err)
 	}
 	wantMetadata(t, r, "acme", `{"tenant":"t3"}`)
@@ -153,7 +153,7 @@ func TestDisconnect(t *testing.T) {
 	ctx := context.Background()
 	connect := usecase.NewConnectUseCase(r, nil, time.Second)
 	g := domain.Grant{AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1")}
-	if _, err := connect.ConnectWith(ctx, "acme", g, usecase.ConnectRequest{Metadata: metadata(t, `{"tenant":"t1"}`, "crm")}); err != nil {
+	if _, err := connect.ConnectGrant(ctx, "acme", g, usecase.ConnectRequest{Metadata: metadata(t, `{"tenant":"t1"}`, "crm")}); err != nil {
 		t.Fatal(err)
 	}
 	var connected string

@@ -82,7 +82,7 @@ func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, r
 		}
 		rctx, cancel := context.WithTimeout(ctx, u.timeout)
 		defer cancel()
-		if err := u.revoker.Revoke(rctx, providerOf(t), t.RefreshToken); err != nil {
+		if err := u.revoker.Revoke(rctx, t.Provider, t.RefreshToken); err != nil {
 			return false, fmt.Errorf("revoke: %w", err)
 		}
 		return true, nil
@@ -95,7 +95,3 @@ func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, r
 	}
 	return t, nil
 }
-
-// providerOf names the token's provider: "" (the environment's) until
-// tokens carry one.
-func providerOf(domain.Token) string { return "" }

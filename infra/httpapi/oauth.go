@@ -101,7 +101,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 		if !known {
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "no provider of that name is configured", Code: "unknown_provider", Connection: req.Connection})
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "no provider of that name can be connected through this server", Code: "unknown_provider", Connection: req.Connection})
 			return
 		}
 	}

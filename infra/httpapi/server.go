@@ -48,7 +48,7 @@ type Connections interface {
 }
 
 // Providers says whether a provider name can be connected through this
-// server; "" (the environment's) always can.
+// server's browser flow; "" (the OAUTH_* settings') always can.
 type Providers interface {
 	KnownProvider(ctx context.Context, provider string) (bool, error)
 }

@@ -37,7 +37,8 @@ type RevocationEndpoints interface {
 }
 
 // OneRevocationEndpoint is the revocation endpoint of the provider of the
-// environment, the only provider it knows.
+// environment, the only provider it knows (StoredRevocationEndpoints knows
+// the stored providers too).
 type OneRevocationEndpoint RevocationEndpoint
 
 // RevocationEndpointFor implements RevocationEndpoints.
@@ -46,6 +47,37 @@ func (e OneRevocationEndpoint) RevocationEndpointFor(_ context.Context, provider
 		return RevocationEndpoint{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 	}
 	return RevocationEndpoint(e), nil
+}
+
+// ProviderLookup reads a stored provider, its client secret opened;
+// an error wrapping domain.ErrUnknownProvider when there is none
+// (repository.ProviderRepository is one).
+type ProviderLookup interface {
+	Get(ctx context.Context, name string) (domain.Provider, error)
+}
+
+// StoredRevocationEndpoints serves "" with Env, the provider of the
+// process's configuration, and any other name with the revocation URL of
+// that stored provider (tokenctl provider add --revocation-url), read when
+// asked: a revocation is rare, and it then uses the provider's current
+// client secret.
+type StoredRevocationEndpoints struct {
+	Env       RevocationEndpoint
+	Providers ProviderLookup
+}
+
+// RevocationEndpointFor implements RevocationEndpoints.
+func (e StoredRevocationEndpoints) RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error) {
+	if provider == "" {
+		return e.Env, nil
+	}
+	p, err := e.Providers.Get(ctx, provider)
+	if err != nil {
+		return RevocationEndpoint{}, err
+	}
+	cfg := OAuth2Config(p)
+	return RevocationEndpoint{URL: p.RevocationURL, ClientID: p.ClientID, ClientSecret: p.ClientSecret,
+		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: p.TokenURL}, nil
 }
 
 // Revocations revokes refresh tokens at their provider's revocation
@@ -81,9 +113,9 @@ func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken 
 		return err
 	}
 	if e.URL == "" {
-		name := "the environment's provider (OAUTH_REVOCATION_URL is not set)"
+		name := "the provider of the OAUTH_* settings (OAUTH_REVOCATION_URL is not set)"
 		if provider != "" {
-			name = "provider " + provider
+			name = "provider " + provider + " (its revocation URL is not set: tokenctl provider update --revocation-url)"
 		}
 		return fmt.Errorf("%s: %w", name, domain.ErrNoRevocationEndpoint)
 	}

@@ -16,7 +16,7 @@ func disconnect(ctx context.Context, store Store, name string, revoke bool, stdi
 	case errors.Is(err, domain.ErrNotFound):
 		return fail(exitUsage, "disconnect: connection %q not found", name)
 	case errors.Is(err, domain.ErrNoRevocationEndpoint), errors.Is(err, domain.ErrUnknownProvider):
-		return fail(exitUsage, "disconnect: %v; set OAUTH_REVOCATION_URL, or disconnect without --revoke "+
+		return fail(exitUsage, "disconnect: %v; configure the revocation endpoint, or disconnect without --revoke "+
 			"(the grant then stays valid at the provider until it expires or is revoked there)", err)
 	case err != nil && revoke:
 		return fail(exitFailure, "disconnect: %v; the connection is kept so that its grant can still be revoked: "+

@@ -2,6 +2,7 @@ package tokenctl_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
@@ -252,4 +253,60 @@ func listening(t *testing.T, reg *prometheus.Registry) float64 {
 		}
 	}
 	return 0
+}
+
+// A connection of a stored provider is revoked at that provider's
+// revocation endpoint, with its client; one whose provider has no
+// revocation URL is kept, and the message says where to set it.
+func TestDisconnectRevokesAtTheConnectionsProvider(t *testing.T) {
+	c := newCLI(t, time.Hour)
+	other, err := sandbox.New(sandbox.Options{ClientID: "other-client", ClientSecret: "other-secret"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(other.Handler())
+	defer srv.Close()
+	oc := other.OAuth2Config(srv.URL)
+	for _, p := range []struct{ name, revocation string }{{"with-revocation", sandbox.RevocationURL(srv.URL)}, {"without", ""}} {
+		args := []string{"provider", "add", "--name", p.name, "--token-url", oc.Endpoint.TokenURL, "--client-id", oc.ClientID}
+		if p.revocation != "" {
+			args = append(args, "--revocation-url", p.revocation)
+		}
+		if r := c.runIn(oc.ClientSecret+"\n", args...); r.code != 0 {
+			t.Fatalf("provider add: %+v", r)
+		}
+	}
+	grants := map[string]string{}
+	for _, conn := range []struct{ name, provider string }{{"b1", "with-revocation"}, {"b2", "without"}} {
+		tok, err := sandbox.Grant(context.Background(), oc)
+		if err != nil {
+			t.Fatal(err)
+		}
+		grants[conn.name] = tok.RefreshToken
+		body, _ := json.Marshal(tok)
+		if r := c.runIn(string(body), "import", "--connection", conn.name, "--provider", conn.provider); r.code != 0 {
+			t.Fatalf("import: %+v", r)
+		}
+	}
+
+	r := c.run(c.withRevocation(), "disconnect", "--connection", "b2", "--revoke")
+	if r.code != 2 || !strings.Contains(r.stderr, "provider without") || !strings.Contains(r.stderr, "tokenctl provider update --revocation-url") {
+		t.Errorf("provider without a revocation URL: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if c.gone("b2") {
+		t.Error("b2 deleted although its revocation was impossible")
+	}
+	// OAUTH_REVOCATION_URL (the first sandbox) is not b1's provider's.
+	if r := c.run(c.withRevocation(), "disconnect", "--connection", "b1", "--revoke"); r.code != 0 {
+		t.Fatalf("disconnect --revoke: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if got, env := other.Stats().Revocations, c.p.Stats().Revocations; got != 1 || env != 0 {
+		t.Errorf("revocations: %d at b1's provider, %d at the OAUTH_* one; want 1 and 0", got, env)
+	}
+	if err := func() error {
+		_, err := oc.TokenSource(context.Background(), &oauth2.Token{RefreshToken: grants["b1"]}).Token()
+		return err
+	}(); !isInvalidGrant(err) {
+		t.Errorf("b1's grant after the revocation: %v", err)
+	}
 }
