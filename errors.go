@@ -44,6 +44,17 @@ var (
 	// ErrInvalidConnection: the connection name is not 1-128 characters
 	// of [A-Za-z0-9._-] starting with a letter or digit.
 	ErrInvalidConnection = domain.ErrInvalidConnection
+	// ErrInvalidMetadata: WithMetadata was given something other than a
+	// JSON object of at most 16 KiB, or more than 32 tags, or a malformed
+	// tag. Nothing was stored.
+	ErrInvalidMetadata = domain.ErrInvalidMetadata
+	// ErrUnknownProvider: WithProvider names a provider that is not stored
+	// (tokenctl provider add). Nothing was stored.
+	ErrUnknownProvider = domain.ErrUnknownProvider
+	// ErrNoRevocationEndpoint: Disconnect was asked to revoke, and no
+	// revocation endpoint is configured (WithRevocationURL). Nothing was
+	// changed.
+	ErrNoRevocationEndpoint = domain.ErrNoRevocationEndpoint
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
 )

@@ -12,6 +12,7 @@ import (
 type Option func(*options)
 
 type options struct {
+	revocationURL                  string
 	skew, lockWait, refreshTimeout time.Duration
 	log                            *slog.Logger
 	keys                           string
@@ -96,3 +97,9 @@ func WithCacheSize(n int) Option { return func(o *options) { o.cacheSize = n } }
 // endpoint answer has no usable expires_in (default none: such a token is
 // used until the API answers 401, then refreshed).
 func WithDefaultLifetime(d time.Duration) Option { return func(o *options) { o.defaultLifetime = d } }
+
+// WithRevocationURL is the provider's token revocation endpoint (RFC
+// 7009), where Disconnect with revoke revokes a connection's refresh token,
+// authenticating the client as at the token endpoint. Without it,
+// Disconnect with revoke fails with ErrNoRevocationEndpoint.
+func WithRevocationURL(url string) Option { return func(o *options) { o.revocationURL = url } }

@@ -82,12 +82,15 @@ func Migrate(ctx context.Context, db *gorm.DB) error {
 type Tokens struct {
 	uc      *usecase.RefreshTokenUseCase
 	connect *usecase.ConnectUseCase
-	log     *slog.Logger
-	metrics *metrics.Metrics // nil without WithMetrics
-	dsn     string           // where Run listens
-	db      *gorm.DB         // tokenguard's statements; Run's heartbeat
-	clock   *repository.DatabaseClock
-	skew    time.Duration
+	// repo lists connections; disconnect deletes them.
+	repo       *repository.TokenRepository
+	disconnect *usecase.DisconnectUseCase
+	log        *slog.Logger
+	metrics    *metrics.Metrics // nil without WithMetrics
+	dsn        string           // where Run listens
+	db         *gorm.DB         // tokenguard's statements; Run's heartbeat
+	clock      *repository.DatabaseClock
+	skew       time.Duration
 	// providers refreshes each connection at its provider, and follows
 	// the stored providers' changes while Run runs.
 	providers *provider.Registry
@@ -239,6 +242,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
+	t.repo = repo
+	t.disconnect = newDisconnect(repo, cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
 	path := "pipelined on pgx"
 	if !pipelined {
 		path = "GORM transactions (the driver is not pgx)"
@@ -362,15 +367,22 @@ func (a apiTokens) ForceRefresh(ctx context.Context, connection string, failed i
 // exported from another system), as connection's token, creating the
 // connection if need be and making it active again if it needed
 // re-authorisation. It waits for a refresh of the connection in progress.
-// tok must have an access and a refresh token.
-func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Token) error {
+// tok must have an access and a refresh token. The connection keeps its
+// metadata unless WithMetadata gives new metadata.
+func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Token, opts ...ImportOption) error {
 	if t.closed.Load() {
 		return ErrClosed
 	}
 	if tok == nil {
 		return fmt.Errorf("import %s: %w: nil token", connection, ErrInvalidToken)
 	}
-	_, err := t.connect.Connect(ctx, connection, provider.GrantFrom(tok))
+	r := usecase.ConnectRequest{AllowAccountChange: true}
+	for _, opt := range opts {
+		if err := opt(&r); err != nil {
+			return fmt.Errorf("import %s: %w", connection, err)
+		}
+	}
+	_, err := t.connect.ConnectGrant(ctx, connection, provider.GrantFrom(tok), r)
 	return err
 }
 

@@ -59,19 +59,21 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	}
 	oauthHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
 	srv := httpapi.New(httpapi.Deps{
-		API:       a.api,
-		Events:    usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
-		Connector: a.tokens.Connect,
-		Keys:      repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
-		Sessions:  repository.NewConnectSessions(a.tokens.DB),
-		DB:        sqlDB,
-		OAuth:     a.tokens.OAuth,
-		OAuthHTTP: oauthHTTP,
-		Account:   httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
-		Metrics:   a.metrics,
-		Observer:  a.connects,
-		Log:       log,
-		Edges:     cfg.edges(),
+		API:         a.api,
+		Events:      usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
+		Connector:   a.tokens.Connect,
+		Connections: a.tokens.Repository,
+		Providers:   ConnectableProviders{},
+		Keys:        repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
+		Sessions:    repository.NewConnectSessions(a.tokens.DB),
+		DB:          sqlDB,
+		OAuth:       a.tokens.OAuth,
+		OAuthHTTP:   oauthHTTP,
+		Account:     httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
+		Metrics:     a.metrics,
+		Observer:    a.connects,
+		Log:         log,
+		Edges:       cfg.edges(),
 	})
 	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
 }

@@ -61,12 +61,15 @@ type Config struct {
 
 // OAuthConfig is the client registration at the provider.
 type OAuthConfig struct {
-	ClientID     string   `env:"CLIENT_ID"`
-	ClientSecret string   `env:"CLIENT_SECRET"`
-	TokenURL     string   `env:"TOKEN_URL"`
-	AuthURL      string   `env:"AUTH_URL"`
-	RedirectURL  string   `env:"REDIRECT_URL"`
-	Scopes       []string `env:"SCOPES" envSeparator:","`
+	ClientID     string `env:"CLIENT_ID"`
+	ClientSecret string `env:"CLIENT_SECRET"`
+	TokenURL     string `env:"TOKEN_URL"`
+	// RevocationURL is the provider's token revocation endpoint (RFC
+	// 7009), used by tokenctl disconnect --revoke; unset: none.
+	RevocationURL string   `env:"REVOCATION_URL"`
+	AuthURL       string   `env:"AUTH_URL"`
+	RedirectURL   string   `env:"REDIRECT_URL"`
+	Scopes        []string `env:"SCOPES" envSeparator:","`
 	// AuthStyle is how the client authenticates at the token endpoint:
 	// "auto" (HTTP Basic first; the form body only after invalid_client or
 	// a 401, which leave the refresh token unspent; the winner is
@@ -186,6 +189,7 @@ func (c Config) validate() error {
 	for name, v := range map[string]string{
 		"OAUTH_TOKEN_URL": c.OAuth.TokenURL, "OAUTH_AUTH_URL": c.OAuth.AuthURL,
 		"OAUTH_REDIRECT_URL": c.OAuth.RedirectURL, "API_BASE_URL": c.APIBaseURL, "OAUTH_USERINFO_URL": c.OAuth.UserInfoURL,
+		"OAUTH_REVOCATION_URL": c.OAuth.RevocationURL,
 	} {
 		if v == "" {
 			continue
@@ -194,8 +198,8 @@ func (c Config) validate() error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
 			return fmt.Errorf("%s must be an http(s) URL, got %q", name, v)
 		}
-		// Tokens and the client secret travel to these two.
-		if (name == "OAUTH_TOKEN_URL" || name == "API_BASE_URL") && u.Scheme == "http" && !loopback(u.Hostname()) && !c.AllowInsecureURLs {
+		// Tokens and the client secret travel to these three.
+		if (name == "OAUTH_TOKEN_URL" || name == "API_BASE_URL" || name == "OAUTH_REVOCATION_URL") && u.Scheme == "http" && !loopback(u.Hostname()) && !c.AllowInsecureURLs {
 			return fmt.Errorf("%s must be https (http only on loopback, or with ALLOW_INSECURE_URLS=true), got %q", name, v)
 		}
 	}

@@ -115,6 +115,8 @@ func TestTokenAndAPIURLsMustBeHTTPSOffLoopback(t *testing.T) {
 		{[]string{"OAUTH_TOKEN_URL=http://[::1]:9090/token"}, true},
 		{[]string{"OAUTH_TOKEN_URL=http://idp.example/token"}, false},
 		{[]string{"API_BASE_URL=http://api.example"}, false},
+		{[]string{"OAUTH_REVOCATION_URL=http://idp.example/revoke"}, false},
+		{[]string{"OAUTH_REVOCATION_URL=http://127.0.0.1:9090/revoke"}, true},
 		{[]string{"OAUTH_TOKEN_URL=http://idp.test/token", "ALLOW_INSECURE_URLS=true"}, true},
 	} {
 		_, err := ConfigFromEnv(append(base, tc.env...))

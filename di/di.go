@@ -177,6 +177,33 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
+// NewRevoker revokes refresh tokens at the revocation endpoint of each
+// connection's provider: OAUTH_REVOCATION_URL for the provider of the
+// OAUTH_* settings, a stored provider's revocation URL for the others
+// (read from providers, client secrets opened). The client authenticates
+// as at the token endpoint: the style configured, or in auto the one
+// learned there (kept in db).
+func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) *provider.Revocations {
+	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
+	return provider.NewRevocations(provider.StoredRevocationEndpoints{
+		Env: provider.RevocationEndpoint{URL: cfg.OAuth.RevocationURL, ClientID: cfg.OAuth.ClientID,
+			ClientSecret: domain.NewSecret(cfg.OAuth.ClientSecret), AuthStyle: style, TokenURL: cfg.OAuth.TokenURL},
+		Providers: providers,
+	}, provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout)), repository.NewAuthStyles(db))
+}
+
+// ConnectableProviders says which providers a connect session may name:
+// the browser flow (its authorization URL, code exchange and client) is
+// the OAUTH_* settings', so only "" for now. A stored provider's name is
+// refused (400 unknown_provider) rather than run at the OAUTH_* provider
+// and stored as the other's.
+type ConnectableProviders struct{}
+
+// KnownProvider implements httpapi.Providers.
+func (ConnectableProviders) KnownProvider(_ context.Context, name string) (bool, error) {
+	return name == "", nil
+}
+
 // OAuth2Config is the x/oauth2 view of the client registration.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	style, _ := c.authStyle() // checked with the rest of the configuration

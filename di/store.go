@@ -21,6 +21,7 @@ type Store struct {
 	DB         *gorm.DB
 	Repository *repository.TokenRepository
 	Connect    *usecase.ConnectUseCase
+	Providers  *repository.ProviderRepository
 }
 
 // NewStore opens the database. It neither migrates nor needs the OAuth2
@@ -39,6 +40,7 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		DB:         db,
 		Repository: repo,
 		Connect:    usecase.NewConnectUseCase(repo, nil, cfg.LockWait),
+		Providers:  repository.NewProviderRepository(db, sealer),
 	}, func() { _ = postgres.Close(db) }, nil
 }
 

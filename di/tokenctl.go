@@ -12,6 +12,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // Tokenctl is the operator CLI's backend, configured from environ
@@ -64,20 +65,26 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
-	return ctlStore{s, cfg.LockWait}, cleanup, nil
+	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB, s.Providers), cfg.LockWait, cfg.RefreshTimeout)
+	return ctlStore{s, cfg.LockWait, disconnect}, cleanup, nil
 }
 
 type ctlStore struct {
 	*Store
-	lockWait time.Duration
+	lockWait   time.Duration
+	disconnect *usecase.DisconnectUseCase
 }
 
-func (s ctlStore) Get(ctx context.Context, id string) (domain.Token, error) {
-	return s.Repository.Get(ctx, id)
+func (s ctlStore) Connection(ctx context.Context, id string) (domain.Connection, error) {
+	return s.Repository.Connection(ctx, id)
 }
 
-func (s ctlStore) Each(ctx context.Context, fn func(domain.Token) error) error {
-	return s.Repository.Each(ctx, fn)
+func (s ctlStore) EachConnection(ctx context.Context, fn func(domain.Connection) error) error {
+	return s.Repository.EachConnection(ctx, fn)
+}
+
+func (s ctlStore) Disconnect(ctx context.Context, id string, revoke bool) (domain.Token, error) {
+	return s.disconnect.Disconnect(ctx, id, revoke)
 }
 
 func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Token, int64, error) {
@@ -88,8 +95,8 @@ func (s ctlStore) NeedingReauth(ctx context.Context, reason, after string, limit
 	return s.Repository.NeedingReauth(ctx, reason, after, limit)
 }
 
-func (s ctlStore) Connect(ctx context.Context, id string, g domain.Grant) (domain.Token, error) {
-	return s.Store.Connect.Connect(ctx, id, g)
+func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error) {
+	return s.Store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata})
 }
 
 // OpenKeys implements tokenctl.KeyBackend.
@@ -126,10 +133,6 @@ func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
 }
 
 func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }
-
-func (s ctlStore) ConnectWith(ctx context.Context, id, provider string, g domain.Grant) (domain.Token, error) {
-	return s.Store.Connect.ConnectWith(ctx, id, provider, g)
-}
 
 // OpenProviders implements tokenctl.ProviderBackend: the providers table,
 // client secrets sealed with TOKEN_ENCRYPTION_KEYS like the tokens.

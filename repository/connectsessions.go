@@ -2,6 +2,8 @@ package repository
 
 import (
 	"context"
+	"database/sql"
+	"encoding/json"
 	"fmt"
 	"time"
 
@@ -32,9 +34,14 @@ func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (
 	token := NewCredential(SessionPrefix)
 	var expires time.Time
 	db := c.db.WithContext(ctx)
-	err := db.Raw(`INSERT INTO connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at)
-VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
-		hashParam(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds())).
+	var metadata, tags any // NULL: the session says nothing about metadata
+	if s.Metadata != nil {
+		metadata, tags = string(s.Metadata.Object), tagArray(s.Metadata.Tags)
+	}
+	err := db.Raw(`INSERT INTO connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at, provider, metadata, tags)
+VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jsonb, ?::text[]) RETURNING expires_at`,
+		hashParam(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()),
+		s.Provider, metadata, tags).
 		Scan(&expires).Error
 	if err != nil {
 		return domain.Secret{}, time.Time{}, storeError(ctx, "create connect session", err)
@@ -52,7 +59,8 @@ func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, s
 	err := c.db.WithContext(ctx).Raw(`UPDATE connect_sessions
 SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = decode(?, 'hex'), oauth_state = ?, pkce_verifier = ?
 WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()
-RETURNING connection, return_to, allow_account_change, created_by, expires_at, oauth_state, pkce_verifier`,
+RETURNING connection, return_to, allow_account_change, created_by, expires_at, oauth_state, pkce_verifier,
+    coalesce(provider, '') AS provider, metadata::text AS metadata, array_to_json(tags)::text AS tags`,
 		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token)).
 		Scan(&rows).Error
 	if err != nil {
@@ -76,7 +84,8 @@ func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret) (domai
 )
 UPDATE connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
 FROM s WHERE c.id = s.id
-RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier`,
+RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier,
+    coalesce(c.provider, '') AS provider, c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags`,
 		hashParam(flow)).Scan(&rows).Error
 	if err != nil {
 		return domain.ConnectSession{}, storeError(ctx, "finish connect flow", err)
@@ -95,9 +104,18 @@ type sessionRow struct {
 	ExpiresAt          time.Time
 	OauthState         string
 	PkceVerifier       string
+	Provider           string
+	Metadata           sql.NullString // NULL: the session says nothing about metadata
+	Tags               sql.NullString // a JSON array
 }
 
 func (r sessionRow) session() domain.ConnectSession {
-	return domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
-		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier}
+	s := domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
+		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier, Provider: r.Provider}
+	if r.Metadata.Valid {
+		m := domain.Metadata{Object: compactJSON(r.Metadata.String)}
+		_ = json.Unmarshal([]byte(r.Tags.String), &m.Tags) // array_to_json of text[], or NULL
+		s.Metadata = &m
+	}
+	return s
 }

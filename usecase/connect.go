@@ -43,7 +43,7 @@ func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domai
 // check and the write happen under the connection's lock, so two consents
 // cannot both pass it.
 func (u *ConnectUseCase) ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
-	return u.connect(ctx, connection, "", g, b, allowChange)
+	return u.ConnectGrant(ctx, connection, g, ConnectRequest{Binding: b, AllowAccountChange: allowChange})
 }
 
 // ConnectWith is Connect for a grant issued by the stored provider called
@@ -51,10 +51,33 @@ func (u *ConnectUseCase) ConnectAs(ctx context.Context, connection string, g dom
 // connection's refreshes go there from now on. An unregistered provider
 // is refused with domain.ErrUnknownProvider and no token is stored.
 func (u *ConnectUseCase) ConnectWith(ctx context.Context, connection, provider string, g domain.Grant) (domain.Token, error) {
-	return u.connect(ctx, connection, provider, g, domain.Binding{}, true)
+	return u.ConnectGrant(ctx, connection, g, ConnectRequest{Provider: provider, AllowAccountChange: true})
 }
 
-func (u *ConnectUseCase) connect(ctx context.Context, connection, provider string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
+// ConnectRequest is what comes with a new grant besides its tokens.
+type ConnectRequest struct {
+	Binding            domain.Binding // who granted it; zero when unknown
+	AllowAccountChange bool           // a grant from another account may replace the connection's
+	// Metadata replaces the connection's metadata and tags, in the grant's
+	// transaction; nil keeps what the connection has (a reconnection
+	// through a session that says nothing about it loses nothing).
+	Metadata *domain.Metadata
+	// Provider names the stored provider that issued the grant; "" is the
+	// provider of the process's configuration.
+	Provider string
+}
+
+// MetadataStore is the locked store's way to set a connection's metadata in
+// the transaction that stores its grant.
+type MetadataStore interface {
+	SetMetadata(ctx context.Context, connection string, m domain.Metadata) error
+}
+
+// ConnectGrant stores g with what r carries. The account check, the
+// metadata and the grant are one transaction under the connection's lock:
+// a refused grant (another account, an unknown provider) changes nothing.
+func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g domain.Grant, r ConnectRequest) (domain.Token, error) {
+	b, allowChange, provider := r.Binding, r.AllowAccountChange, r.Provider
 	tok, err := domain.NewToken(connection, g, u.clock.Now())
 	if err != nil {
 		return domain.Token{}, err
@@ -73,6 +96,15 @@ func (u *ConnectUseCase) connect(ctx context.Context, connection, provider strin
 				return err
 			case cur.Binding.Account != "" && cur.Binding.Account != b.Account:
 				return domain.ErrAccountMismatch
+			}
+		}
+		if r.Metadata != nil {
+			ms, ok := s.(MetadataStore)
+			if !ok {
+				return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
+			}
+			if err := ms.SetMetadata(txCtx, connection, *r.Metadata); err != nil {
+				return err
 			}
 		}
 		out, err = s.Put(txCtx, tok)

@@ -78,7 +78,7 @@ func testErrors(t *testing.T, bin string) {
 	}
 	// On a database without the schema, tokenctl fails (1) and says so.
 	if r := run(t, bin, "tokenctl", s.env, "", "status"); r.code != 1 ||
-		r.stderr != "tokenctl: status: list tokens: token store unavailable: relation \"tokens\" does not exist (SQLSTATE 42P01)\n" {
+		r.stderr != "tokenctl: status: list connections: token store unavailable: relation \"tokens\" does not exist (SQLSTATE 42P01)\n" {
 		t.Errorf("status before migrate: exit %d, stderr %q", r.code, r.stderr)
 	}
 	s.migrate()

@@ -35,6 +35,10 @@ func classify(err error) problem {
 	switch {
 	case errors.Is(err, domain.ErrInvalidConnection):
 		return problem{http.StatusBadRequest, "invalid_connection", err.Error(), 0}
+	case errors.Is(err, domain.ErrInvalidMetadata):
+		return problem{http.StatusBadRequest, "invalid_metadata", err.Error(), 0}
+	case errors.Is(err, domain.ErrUnknownProvider):
+		return problem{http.StatusBadRequest, "unknown_provider", err.Error(), 0}
 	case errors.Is(err, domain.ErrNotFound):
 		return problem{http.StatusNotFound, "not_found", "connection not found", 0}
 	case errors.Is(err, domain.ErrNeedsReauth):

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // The flow cookie only points at the flow kept in the database. Over https
@@ -52,6 +53,12 @@ type sessionRequest struct {
 	Connection         string `json:"connection"`
 	ReturnTo           string `json:"return_to,omitempty"`
 	AllowAccountChange bool   `json:"allow_account_change,omitempty"`
+	// Provider names the connection's provider; "" the environment's.
+	Provider string `json:"provider,omitempty"`
+	// Metadata (a JSON object) and Tags replace the connection's when the
+	// consent completes; with neither, the connection keeps its own.
+	Metadata json.RawMessage `json:"metadata,omitempty"`
+	Tags     []string        `json:"tags,omitempty"`
 }
 
 // createSession answers a connect URL for one connection, valid once for
@@ -66,12 +73,37 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME"} (optional: "return_to", "allow_account_change")`, Code: "bad_request"})
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME"} (optional: "return_to", "allow_account_change", "provider", "metadata", "tags")`, Code: "bad_request"})
 		return
 	}
 	if err := domain.ValidateName(req.Connection); err != nil {
 		writeError(w, "", err)
 		return
+	}
+	var metadata *domain.Metadata
+	if req.Metadata != nil || req.Tags != nil {
+		m, err := domain.NewMetadata(req.Metadata, req.Tags)
+		if err != nil {
+			writeError(w, req.Connection, err)
+			return
+		}
+		metadata = &m
+	}
+	if req.Provider != "" {
+		known := false
+		var err error
+		if s.deps.Providers != nil {
+			known, err = s.deps.Providers.KnownProvider(r.Context(), req.Provider)
+		}
+		if err != nil {
+			s.logFailure(r, req.Connection, err)
+			writeError(w, req.Connection, err)
+			return
+		}
+		if !known {
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "no provider of that name can be connected through this server", Code: "unknown_provider", Connection: req.Connection})
+			return
+		}
 	}
 	if req.ReturnTo != "" && !returnAllowed(req.ReturnTo, s.deps.Edges.ReturnURLs) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
@@ -80,6 +112,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	keyName := keyName(r.Context())
 	token, expires, err := s.deps.Sessions.Create(r.Context(), domain.ConnectSession{
 		Connection: req.Connection, ReturnTo: req.ReturnTo, AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName,
+		Provider: req.Provider, Metadata: metadata,
 	})
 	if err != nil {
 		s.logFailure(r, req.Connection, err)
@@ -253,7 +286,8 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		}
 	}
 	b := domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")}
-	t, err := s.deps.Connector.ConnectAs(ctx, name, provider.GrantFrom(tok), b, sess.AllowAccountChange)
+	t, err := s.deps.Connector.ConnectGrant(ctx, name, provider.GrantFrom(tok), usecase.ConnectRequest{
+		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider})
 	switch {
 	case errors.Is(err, domain.ErrAccountMismatch):
 		s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored",

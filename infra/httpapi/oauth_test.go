@@ -12,6 +12,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // flowSessions hands out one finished flow.
@@ -32,11 +33,11 @@ type slowConnector struct {
 	binding  chan domain.Binding
 }
 
-func (c slowConnector) ConnectAs(ctx context.Context, id string, _ domain.Grant, b domain.Binding, _ bool) (domain.Token, error) {
+func (c slowConnector) ConnectGrant(ctx context.Context, id string, _ domain.Grant, r usecase.ConnectRequest) (domain.Token, error) {
 	c.closeTab()
 	time.Sleep(20 * time.Millisecond)
 	c.ctxErr <- ctx.Err()
-	c.binding <- b
+	c.binding <- r.Binding
 	return domain.Token{Connection: id, Status: domain.StatusActive, Version: 1}, ctx.Err()
 }
 

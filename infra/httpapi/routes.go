@@ -54,7 +54,8 @@ func (s *Server) routes() []route {
 		{"GET", "/healthz", open, 0, s.healthz},
 		{"GET", "/connections/{name}/resource", apiKey, 0, s.resource},
 		{"POST", "/connections/{name}/events", apiKey, 64 << 10, s.event},
-		{"POST", "/connect-sessions", apiKey, defaultMaxBody, s.createSession},
+		{"POST", "/connect-sessions", apiKey, 2 * defaultMaxBody, s.createSession},
+		{"GET", "/connections", apiKey, 0, s.listConnections},
 		{"GET", "/oauth/connect", browser, 0, s.connect},
 		{"GET", "/oauth/callback", browser, 0, s.callback},
 	}

@@ -21,6 +21,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // API is the external API as the server uses it.
@@ -34,9 +35,22 @@ type Events interface {
 }
 
 // Connector stores a newly granted token, bound to the account that
-// granted it (see usecase.ConnectUseCase.ConnectAs).
+// granted it, with the metadata and provider its session names (see
+// usecase.ConnectUseCase.ConnectGrant).
 type Connector interface {
-	ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowAccountChange bool) (domain.Token, error)
+	ConnectGrant(ctx context.Context, connection string, g domain.Grant, r usecase.ConnectRequest) (domain.Token, error)
+}
+
+// Connections lists connections without their credentials, in name order
+// after the name after.
+type Connections interface {
+	ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error)
+}
+
+// Providers says whether a provider name can be connected through this
+// server's browser flow; "" (the OAUTH_* settings') always can.
+type Providers interface {
+	KnownProvider(ctx context.Context, provider string) (bool, error)
 }
 
 // KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
@@ -66,6 +80,11 @@ type Deps struct {
 	API       API
 	Events    Events
 	Connector Connector
+	// Connections serves GET /connections; nil answers it 503.
+	Connections Connections
+	// Providers checks the "provider" of POST /connect-sessions; nil
+	// knows only "".
+	Providers Providers
 	Keys      KeyVerifier
 	Sessions  Sessions
 	DB        Pinger

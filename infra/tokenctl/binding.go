@@ -3,26 +3,42 @@ package tokenctl
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// printBindings says who granted each connection whose account is known,
-// and which requested scopes the grant lacks.
-func printBindings(w io.Writer, toks []domain.Token) {
-	for _, t := range toks {
-		b := t.Binding
-		if b.Account == "" && b.MissingScopes == "" {
-			continue
+// printDetails says who granted each connection whose account is known,
+// which requested scopes the grant lacks, and the connection's metadata
+// and tags, if it has any.
+func printDetails(w io.Writer, conns []domain.Connection) {
+	for _, c := range conns {
+		if b := c.Binding; b.Account != "" || b.MissingScopes != "" {
+			account := b.Account
+			if account == "" {
+				account = "an unknown account"
+			}
+			line := c.Name + ": granted by " + account
+			if b.MissingScopes != "" {
+				line += "; missing scopes: " + b.MissingScopes
+			}
+			fmt.Fprintln(w, line)
 		}
-		account := b.Account
-		if account == "" {
-			account = "an unknown account"
+		if hasMetadata(c.Metadata) {
+			object := string(c.Metadata.Object)
+			if object == "" {
+				object = "{}"
+			}
+			line := c.Name + ": metadata " + object
+			if len(c.Metadata.Tags) > 0 {
+				line += "; tags " + strings.Join(c.Metadata.Tags, ",")
+			}
+			fmt.Fprintln(w, line)
 		}
-		line := t.Connection + ": granted by " + account
-		if b.MissingScopes != "" {
-			line += "; missing scopes: " + b.MissingScopes
-		}
-		fmt.Fprintln(w, line)
 	}
+}
+
+// hasMetadata: anything beyond {} and no tags.
+func hasMetadata(m domain.Metadata) bool {
+	return len(m.Tags) > 0 || (len(m.Object) > 0 && string(m.Object) != "{}")
 }

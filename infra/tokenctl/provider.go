@@ -49,12 +49,6 @@ type ProviderStore interface {
 	Encrypted() bool
 }
 
-// ProviderConnector stores a grant of a stored provider (import
-// --provider); the real Store is one.
-type ProviderConnector interface {
-	ConnectWith(ctx context.Context, connection, provider string, g domain.Grant) (domain.Token, error)
-}
-
 // providerFlags are the settings add and update take.
 type providerFlags struct {
 	name, tokenURL, clientID, apiBaseURL, authURL, revocationURL, authStyle, scopes string

@@ -1,6 +1,6 @@
 // Package tokenctl is the operator CLI: apply migrations, import a token,
-// show connection status, re-encrypt, reactivate connections wrongly marked
-// needs_reauth, check the token endpoint. It needs DATABASE_URL (check the
+// show connection status, disconnect, re-encrypt, reactivate connections
+// wrongly marked needs_reauth, check the token endpoint. It needs DATABASE_URL (check the
 // OAUTH_ settings too) and never prints a secret.
 package tokenctl
 
@@ -12,6 +12,7 @@ import (
 	"fmt"
 	"io"
 	"os/signal"
+	"strings"
 	"syscall"
 	"text/tabwriter"
 	"time"
@@ -24,10 +25,14 @@ import (
 
 const usage = `usage:
   tokenctl migrate                          apply the database migrations
-  tokenctl import --connection NAME [--provider P] < TOKEN
+  tokenctl import --connection NAME [--provider P] [--metadata JSON] [--tags a,b] < TOKEN
                                             store a token (x/oauth2 JSON on stdin) as an active connection,
-                                            refreshed at stored provider P (default: the OAUTH_* settings)
-  tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry
+                                            refreshed at stored provider P (default: the OAUTH_* settings);
+                                            --metadata (a JSON object) and --tags replace the connection's
+  tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry, metadata
+  tokenctl disconnect --connection NAME [--revoke]
+                                            delete the connection under its lock; --revoke first revokes its refresh
+                                            token at its provider's revocation endpoint and keeps it if that fails
   tokenctl rotate-key                       re-encrypt every stored token with the current TOKEN_ENCRYPTION_KEYS key
   tokenctl apikey create|list|revoke         manage the server's API keys (tokenctl apikey for details)
   tokenctl reactivate --connection NAME     set a needs_reauth connection active again, tokens untouched (the next refresh decides)
@@ -35,7 +40,8 @@ const usage = `usage:
   tokenctl check                            ask the token endpoint whether it accepts the client, spending no refresh token
   tokenctl provider add|update|list|remove  manage the stored providers (tokenctl provider for details)
 Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
-OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (required by check).`
+OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (required by check),
+OAUTH_REVOCATION_URL (required by disconnect --revoke).`
 
 // Exit statuses.
 const (
@@ -60,11 +66,19 @@ type Backend interface {
 
 // Store is the token store as the operator sees it.
 type Store interface {
-	Get(ctx context.Context, connection string) (domain.Token, error)
-	// Each calls fn with every stored token in name order, a page at a
-	// time: status streams, whatever the table's size.
-	Each(ctx context.Context, fn func(domain.Token) error) error
-	Connect(ctx context.Context, connection string, g domain.Grant) (domain.Token, error)
+	// Connection reads one connection, without its credentials.
+	Connection(ctx context.Context, connection string) (domain.Connection, error)
+	// EachConnection calls fn with every connection in name order, a page
+	// at a time: status streams, whatever the table's size.
+	EachConnection(ctx context.Context, fn func(domain.Connection) error) error
+	// Connect stores a new grant of provider ("" for the OAUTH_* one);
+	// metadata, when not nil, replaces the connection's in the same
+	// transaction.
+	Connect(ctx context.Context, connection, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error)
+	// Disconnect deletes the connection's token under its lock, after
+	// revoking its refresh token at the provider when revoke is true (a
+	// failed revocation changes nothing). It returns the deleted token.
+	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
 	// Reactivate sets a needs_reauth connection (for reason, if not
 	// empty) active again under its lock, tokens untouched. It returns the
 	// token as found under the lock and the version written, 0 if it left
@@ -113,12 +127,18 @@ func Main(args []string, backend Backend, stdio IO) int {
 	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
 	fs.SetOutput(stdio.Stderr)
-	var connection, reason, providerName string
+	var connection, reason, providerName, metadataJSON, tags string
+	var revoke bool
 	switch cmd {
 	case "migrate", "rotate-key", "check":
 	case "import":
 		fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
 		fs.StringVar(&providerName, "provider", "", "the stored provider `P` that issued the token (default: the OAUTH_* settings)")
+		fs.StringVar(&metadataJSON, "metadata", "", "the connection's metadata, a `JSON` object (replaces what it had)")
+		fs.StringVar(&tags, "tags", "", "the connection's tags, comma-separated (`a,b`; replace what it had)")
+	case "disconnect":
+		fs.StringVar(&connection, "connection", "", "disconnect connection `NAME`")
+		fs.BoolVar(&revoke, "revoke", false, "revoke the refresh token at the provider first; keep the connection if that fails")
 	case "status":
 		fs.StringVar(&connection, "connection", "", "show only connection `NAME`")
 	case "reactivate":
@@ -133,8 +153,20 @@ func Main(args []string, backend Backend, stdio IO) int {
 	if fs.NArg() > 0 {
 		return fail(exitUsage, "%s: unexpected argument %q (secrets are read from stdin, never from the command line)", cmd, fs.Arg(0))
 	}
-	if cmd == "import" && connection == "" {
-		return fail(exitUsage, "import: --connection NAME is required")
+	if (cmd == "import" || cmd == "disconnect") && connection == "" {
+		return fail(exitUsage, "%s: --connection NAME is required", cmd)
+	}
+	var metadata *domain.Metadata
+	if cmd == "import" && (flagSet(fs, "metadata") || flagSet(fs, "tags")) {
+		var tagList []string
+		if tags != "" {
+			tagList = strings.Split(tags, ",")
+		}
+		m, err := domain.NewMetadata([]byte(metadataJSON), tagList)
+		if err != nil {
+			return fail(exitUsage, "import: %v; nothing stored", err)
+		}
+		metadata = &m
 	}
 	if cmd == "reactivate" && (connection == "") == (reason == "") {
 		return fail(exitUsage, "reactivate: give either --connection NAME or --all-with-reason REASON")
@@ -201,16 +233,10 @@ func Main(args []string, backend Backend, stdio IO) int {
 
 	switch cmd {
 	case "import":
-		var t domain.Token
-		if providerName == "" {
-			t, err = store.Connect(ctx, connection, grant)
-		} else if pc, ok := store.(ProviderConnector); ok {
-			t, err = pc.ConnectWith(ctx, connection, providerName, grant)
-		} else {
-			return fail(exitUsage, "import: --provider is not supported by this store")
-		}
+		t, err := store.Connect(ctx, connection, providerName, grant, metadata)
 		switch {
-		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection), errors.Is(err, domain.ErrUnknownProvider):
+		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection), errors.Is(err, domain.ErrUnknownProvider),
+			errors.Is(err, domain.ErrInvalidMetadata):
 			return fail(exitUsage, "import: %v", err)
 		case err != nil:
 			return fail(exitFailure, "import: %v", err)
@@ -220,7 +246,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 	case "status":
 		now := time.Now()
 		if connection != "" {
-			t, err := store.Get(ctx, connection)
+			t, err := store.Connection(ctx, connection)
 			switch {
 			case errors.Is(err, domain.ErrNotFound):
 				return fail(exitUsage, "status: connection %q not found", connection)
@@ -233,11 +259,13 @@ func Main(args []string, backend Backend, stdio IO) int {
 			break
 		}
 		p := newStatusPrinter(stdio.Stdout)
-		err := store.Each(ctx, func(t domain.Token) error { p.print(t, now); return nil })
+		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
 		p.flush()
 		if err != nil {
 			return fail(exitFailure, "status: %v", err)
 		}
+	case "disconnect":
+		return disconnect(ctx, store, connection, revoke, stdio, fail)
 	case "reactivate":
 		if connection != "" {
 			return reactivateOne(ctx, store, connection, stdio, fail)
@@ -298,14 +326,14 @@ type statusPrinter struct {
 	w     io.Writer
 	tw    *tabwriter.Writer
 	lines int
-	bound []domain.Token // of the current block, with a binding to show
+	bound []domain.Connection // of the current block, with a binding or metadata to show
 }
 
 const statusBlock = 500
 
 func newStatusPrinter(w io.Writer) *statusPrinter { return &statusPrinter{w: w} }
 
-func (p *statusPrinter) print(t domain.Token, now time.Time) {
+func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	if p.tw == nil {
 		p.tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
 		if p.lines == 0 {
@@ -324,8 +352,8 @@ func (p *statusPrinter) print(t domain.Token, now time.Time) {
 	if !t.RefreshExpiry.IsZero() {
 		refreshExp = formatTime(t.RefreshExpiry)
 	}
-	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Connection, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
-	if t.Binding.Account != "" || t.Binding.MissingScopes != "" {
+	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
+	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) {
 		p.bound = append(p.bound, t)
 	}
 	if p.lines++; p.lines%statusBlock == 0 {
@@ -336,7 +364,7 @@ func (p *statusPrinter) print(t domain.Token, now time.Time) {
 func (p *statusPrinter) endBlock() {
 	_ = p.tw.Flush()
 	p.tw = nil
-	printBindings(p.w, p.bound)
+	printDetails(p.w, p.bound)
 	p.bound = p.bound[:0]
 }
 

@@ -15,6 +15,7 @@ import (
 // Handler serves the provider:
 //
 //	POST /oauth2/token  authorization_code and refresh_token grants
+//	POST /oauth2/revoke token revocation (RFC 7009)
 //	GET  /oauth2/auth   authorization endpoint (auto-approves)
 //	GET  /resource      protected API, requires a Bearer access token
 //	GET  /userinfo      {"sub": …} of a Bearer access token's subject
@@ -22,6 +23,7 @@ import (
 func (p *Provider) Handler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("POST /oauth2/token", p.handleToken)
+	mux.HandleFunc("POST /oauth2/revoke", p.handleRevoke)
 	mux.HandleFunc("GET /oauth2/auth", p.handleAuthorize)
 	mux.HandleFunc("GET /resource", p.handleResource)
 	mux.HandleFunc("GET /userinfo", p.handleUserInfo)
@@ -141,6 +143,26 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 	p.stats.refreshes.Add(1)
 	p.timeline.refreshed(time.Now(), r.UserAgent(), ar.GetID())
 	p.oauth.WriteAccessResponse(ctx, w, ar, resp)
+}
+
+// handleRevoke revokes the grant of the token presented (RFC 7009). It
+// holds the grant's rotation lock, so a refresh in flight cannot re-issue
+// tokens for a grant right after it was revoked, nor a revocation hit a
+// refresh token in the middle of its rotation.
+func (p *Provider) handleRevoke(w http.ResponseWriter, r *http.Request) {
+	ctx := r.Context()
+	if err := r.ParseForm(); err != nil {
+		p.oauth.WriteRevocationResponse(ctx, w, fosite.ErrInvalidRequest.WithWrap(err))
+		return
+	}
+	lock := p.refreshLock(ctx, p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("token")))
+	lock.Lock()
+	defer lock.Unlock()
+	err := p.oauth.NewRevocationRequest(ctx, r)
+	if err == nil {
+		p.stats.revocations.Add(1)
+	}
+	p.oauth.WriteRevocationResponse(ctx, w, err)
 }
 
 // validate is the first half of a token request: fosite authenticates the

@@ -17,6 +17,11 @@
 //   - Access tokens expire exactly after Options.AccessTokenLifespan (fosite
 //     itself would round expiry to whole seconds; the sandbox does not).
 //
+// The revocation endpoint (RFC 7009, POST /oauth2/revoke) authenticates
+// the client as the token endpoint does and revokes the whole grant of the
+// token it is given: a revoked refresh token is then answered
+// invalid_grant (not counted as reuse) and the grant's access token 401.
+//
 // The authorization endpoint auto-approves: it grants every requested (and
 // allowed) scope to the subject "sandbox-user" and redirects with a code.
 // A test plays another person with login_hint=SUBJECT and a narrower
@@ -258,6 +263,7 @@ func New(opts Options) (*Provider, error) {
 			compose.OAuth2AuthorizeExplicitFactory,
 			compose.OAuth2RefreshTokenGrantFactory,
 			compose.OAuth2TokenIntrospectionFactory,
+			compose.OAuth2TokenRevocationFactory,
 		),
 		store:      st,
 		strategy:   strategy,
@@ -339,6 +345,10 @@ func Endpoint(baseURL string) oauth2.Endpoint {
 		AuthStyle: oauth2.AuthStyleInHeader,
 	}
 }
+
+// RevocationURL is the sandbox's revocation endpoint under baseURL
+// (RFC 7009).
+func RevocationURL(baseURL string) string { return baseURL + "/oauth2/revoke" }
 
 // endpointFor is Endpoint with the auth style the client is restricted to.
 func endpointFor(baseURL, clientAuth string) oauth2.Endpoint {

@@ -22,6 +22,9 @@ type Stats struct {
 	RefreshRejected int64 `json:"refresh_rejected"`
 	// RefreshFaults counts requests answered with an injected Fault.
 	RefreshFaults int64 `json:"refresh_faults"`
+	// Revocations counts revocation requests answered 200 (RFC 7009: an
+	// unknown or already invalid token is answered 200 too).
+	Revocations int64 `json:"revocations"`
 	// ResourceOK and Resource401 count /resource calls accepted / rejected.
 	ResourceOK  int64 `json:"resource_ok"`
 	Resource401 int64 `json:"resource_401"`
@@ -36,6 +39,7 @@ type counters struct {
 	refreshReuse    atomic.Int64
 	refreshRejected atomic.Int64
 	refreshFaults   atomic.Int64
+	revocations     atomic.Int64
 	resourceOK      atomic.Int64
 	resource401     atomic.Int64
 
@@ -46,7 +50,7 @@ type counters struct {
 func (c *counters) reset() {
 	for _, n := range []*atomic.Int64{
 		&c.codeExchanges, &c.refreshes, &c.refreshReuse, &c.refreshRejected,
-		&c.refreshFaults, &c.resourceOK, &c.resource401,
+		&c.refreshFaults, &c.revocations, &c.resourceOK, &c.resource401,
 	} {
 		n.Store(0)
 	}
@@ -83,6 +87,7 @@ func (p *Provider) Stats() Stats {
 		RefreshReuse:    c.refreshReuse.Load(),
 		RefreshRejected: c.refreshRejected.Load(),
 		RefreshFaults:   c.refreshFaults.Load(),
+		Revocations:     c.revocations.Load(),
 		ResourceOK:      c.resourceOK.Load(),
 		Resource401:     c.resource401.Load(),
 	}

@@ -1,0 +1,130 @@
+package tokenguard
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Connection is a connection as Connections lists it: its state and the
+// application's metadata, never a token.
+type Connection struct {
+	Name string
+	// Provider is the connection's provider; "" for the one of New's
+	// oauth2.Config.
+	Provider string
+	// Status is "active" or "needs_reauth" (Reason says why).
+	Status, Reason string
+	Expiry         time.Time // of the access token; zero: the provider gave none
+	RefreshExpiry  time.Time // of the refresh token; zero: unknown
+	LastRefresh    time.Time // the last refresh or grant
+	Version        int64     // bumped by every write
+	Account        string    // the provider account that granted it, if known
+	// Metadata (a JSON object, {} when none) and Tags are the
+	// application's own, as Import's WithMetadata stored them.
+	Metadata json.RawMessage
+	Tags     []string
+}
+
+// Connections pages through the connections in name order: up to limit
+// (1 to 1000; 0 means 100) whose names sort after after ("" for the first
+// page), and next, the after of the following page ("" after the last
+// page). Each page is one indexed query however many connections there
+// are. No token is read.
+func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conns []Connection, next string, err error) {
+	if t.closed.Load() {
+		return nil, "", ErrClosed
+	}
+	if limit == 0 {
+		limit = 100
+	}
+	if limit < 1 || limit > 1000 {
+		return nil, "", fmt.Errorf("tokenguard: Connections: limit %d, want 1 to 1000", limit)
+	}
+	page, err := t.repo.ConnectionsPage(ctx, after, limit+1) // one more says whether a next page exists
+	if err != nil {
+		return nil, "", err
+	}
+	if len(page) > limit {
+		page = page[:limit]
+		next = page[limit-1].Name
+	}
+	conns = make([]Connection, len(page))
+	for i, c := range page {
+		conns[i] = Connection{Name: c.Name, Provider: c.Provider, Status: string(c.Status), Reason: c.StatusReason,
+			Expiry: c.Expiry, RefreshExpiry: c.RefreshExpiry, LastRefresh: c.ObtainedAt, Version: c.Version,
+			Account: c.Binding.Account, Metadata: c.Metadata.Object, Tags: c.Metadata.Tags}
+	}
+	return conns, next, nil
+}
+
+// Disconnect deletes connection: its token is gone from the database, and
+// every process running Run drops its cached copy when the deletion
+// commits, so no process serves or refreshes it again (Token answers
+// ErrNotFound). It waits for a refresh of the connection in progress.
+//
+// With revoke, it first revokes the refresh token at the provider's
+// revocation endpoint (WithRevocationURL), holding the connection's lock
+// so that the token revoked is the current one. If the revocation fails
+// nothing is deleted and the error says why (ErrNoRevocationEndpoint,
+// ErrProviderUnavailable, ErrClientRejected...): deleting the only handle
+// on a grant that is still live would leave it live for good. Call it
+// again, or without revoke to delete it anyway.
+func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool) error {
+	if t.closed.Load() {
+		return ErrClosed
+	}
+	_, err := t.disconnect.Disconnect(ctx, connection, revoke)
+	return err
+}
+
+// ImportOption configures Import.
+type ImportOption func(*usecase.ConnectRequest) error
+
+// WithMetadata gives the connection the application's own bookkeeping (a
+// tenant id, an end user id): object, a JSON object of at most 16 KiB
+// (nil means {}), and up to 32 tags. They replace what the connection had,
+// in the transaction that stores the grant; Import without WithMetadata
+// keeps them. Connections returns them. Bad metadata is ErrInvalidMetadata
+// and nothing is stored.
+func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
+	return func(r *usecase.ConnectRequest) error {
+		m, err := domain.NewMetadata(object, tags)
+		if err != nil {
+			return err
+		}
+		r.Metadata = &m
+		return nil
+	}
+}
+
+// WithProvider names the stored provider that issued the grant (tokenctl
+// provider add): the connection is refreshed, and revoked, there. Without
+// it the grant is New's oauth2.Config's. A provider that is not stored is
+// ErrUnknownProvider, and nothing is stored.
+func WithProvider(name string) ImportOption {
+	return func(r *usecase.ConnectRequest) error {
+		r.Provider = name
+		return nil
+	}
+}
+
+// newDisconnect builds Disconnect's use case: the revocation endpoint of
+// New's oauth2.Config's provider is url ("" for none), the client cfg's,
+// authenticated as at its token endpoint; a stored provider's is its own.
+func newDisconnect(store usecase.DisconnectStore, cfg *oauth2.Config, url string, o options,
+	styles provider.AuthStyleStore, providers provider.ProviderLookup) *usecase.DisconnectUseCase {
+	revoker := provider.NewRevocations(provider.StoredRevocationEndpoints{
+		Env: provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
+			AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL},
+		Providers: providers,
+	}, provider.NewHTTPClient(o.refreshTimeout), styles)
+	return usecase.NewDisconnectUseCase(store, revoker, o.lockWait, o.refreshTimeout)
+}

@@ -1,0 +1,88 @@
+package domain
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"slices"
+	"time"
+)
+
+// Metadata is the application's own bookkeeping about a connection (a
+// tenant id, an end user id): a JSON object and tags. tokenguard stores it
+// and hands it back; it never acts on it. It is kept apart from Token:
+// the hot path never needs it, and Token stays small and comparable.
+type Metadata struct {
+	Object json.RawMessage // a JSON object, compact; empty reads as {}
+	Tags   []string
+}
+
+// Bounds of Metadata: a JSON object of at most MaxMetadataBytes (compact),
+// at most MaxTags tags of 1 to MaxTagLength characters each.
+const (
+	MaxMetadataBytes = 16 << 10
+	MaxTags          = 32
+	MaxTagLength     = 64
+)
+
+// ErrInvalidMetadata: metadata that is not a JSON object, is too large, or
+// has too many or malformed tags. Nothing was stored.
+var ErrInvalidMetadata = errors.New("invalid connection metadata")
+
+var tagPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/=@+-]*$`)
+
+// NewMetadata checks object (a JSON object; empty means {}) and tags, and
+// returns them in stored form: the object compacted, the tags in their
+// order without repeats. A violation is an error wrapping
+// ErrInvalidMetadata that quotes no input beyond a tag's position.
+func NewMetadata(object []byte, tags []string) (Metadata, error) {
+	m := Metadata{Object: json.RawMessage("{}")}
+	if len(bytes.TrimSpace(object)) > 0 {
+		var buf bytes.Buffer
+		if err := json.Compact(&buf, object); err != nil {
+			return Metadata{}, fmt.Errorf("%w: not valid JSON", ErrInvalidMetadata)
+		}
+		if buf.Len() == 0 || buf.Bytes()[0] != '{' {
+			return Metadata{}, fmt.Errorf("%w: want a JSON object ({...})", ErrInvalidMetadata)
+		}
+		if buf.Len() > MaxMetadataBytes {
+			return Metadata{}, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidMetadata, buf.Len(), MaxMetadataBytes)
+		}
+		m.Object = buf.Bytes()
+	}
+	for i, t := range tags {
+		if len(t) > MaxTagLength || !tagPattern.MatchString(t) {
+			return Metadata{}, fmt.Errorf("%w: tag %d: want 1-%d of A-Z a-z 0-9 . _ : / = @ + -, starting with a letter or digit",
+				ErrInvalidMetadata, i+1, MaxTagLength)
+		}
+		if !slices.Contains(m.Tags, t) {
+			m.Tags = append(m.Tags, t)
+		}
+	}
+	if len(m.Tags) > MaxTags {
+		return Metadata{}, fmt.Errorf("%w: %d tags, at most %d", ErrInvalidMetadata, len(m.Tags), MaxTags)
+	}
+	return m, nil
+}
+
+// Connection is what is known about a connection without its credentials:
+// what listings show. It never holds a token.
+type Connection struct {
+	Name          string
+	Provider      string // "" for the provider of the environment (OAUTH_*)
+	Status        Status
+	StatusReason  string
+	Expiry        time.Time // of the access token; zero: none given
+	RefreshExpiry time.Time // zero: unknown
+	ObtainedAt    time.Time // the last refresh or grant
+	Version       int64
+	UpdatedAt     time.Time
+	Binding       Binding
+	Metadata      Metadata
+}
+
+// ErrNoRevocationEndpoint: a revocation was asked for and the connection's
+// provider has no revocation endpoint configured. Nothing was changed.
+var ErrNoRevocationEndpoint = errors.New("the provider has no revocation endpoint configured")

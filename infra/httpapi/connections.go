@@ -1,0 +1,112 @@
+package httpapi
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// Page sizes of GET /connections.
+const (
+	defaultConnectionsLimit = 100
+	maxConnectionsLimit     = 1000
+)
+
+// connectionView is one connection in GET /connections: no token, ever.
+type connectionView struct {
+	Connection    string        `json:"connection"`
+	Provider      string        `json:"provider"` // "" for the environment's
+	Status        domain.Status `json:"status"`
+	Reason        string        `json:"reason,omitempty"`
+	Expiry        *time.Time    `json:"expiry"` // null: the provider gave none
+	RefreshExpiry *time.Time    `json:"refresh_expiry,omitempty"`
+	LastRefresh   time.Time     `json:"last_refresh"`
+	Version       int64         `json:"version"`
+	Account       string        `json:"account,omitempty"`
+	Scopes        string        `json:"scopes,omitempty"`
+	MissingScopes string        `json:"missing_scopes,omitempty"`
+	Metadata      jsonObject    `json:"metadata"`
+	Tags          []string      `json:"tags"`
+}
+
+// jsonObject is a stored JSON object, written as it is ({} when empty).
+type jsonObject []byte
+
+func (o jsonObject) MarshalJSON() ([]byte, error) {
+	if len(o) == 0 {
+		return []byte("{}"), nil
+	}
+	return o, nil
+}
+
+func viewOf(c domain.Connection) connectionView {
+	v := connectionView{
+		Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
+		LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
+		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
+		Metadata: jsonObject(c.Metadata.Object), Tags: c.Metadata.Tags,
+	}
+	if v.Tags == nil {
+		v.Tags = []string{}
+	}
+	if !c.Expiry.IsZero() {
+		e := c.Expiry.UTC()
+		v.Expiry = &e
+	}
+	if !c.RefreshExpiry.IsZero() {
+		e := c.RefreshExpiry.UTC()
+		v.RefreshExpiry = &e
+	}
+	return v
+}
+
+// listConnections answers GET /connections?after=NAME&limit=N: up to limit
+// connections (default 100, at most 1000) whose names sort after after, in
+// name order, and next, the after of the following page, while there is
+// one. A keyset page costs the same however large the table.
+func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
+	if s.deps.Connections == nil {
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "this server does not list connections", Code: "not_configured"})
+		return
+	}
+	q := r.URL.Query()
+	limit := defaultConnectionsLimit
+	if v := q.Get("limit"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 1 || n > maxConnectionsLimit {
+			writeJSON(w, http.StatusBadRequest, errorBody{Error: "limit must be 1 to " + strconv.Itoa(maxConnectionsLimit), Code: "bad_request"})
+			return
+		}
+		limit = n
+	}
+	after := q.Get("after")
+	if after != "" {
+		if err := domain.ValidateName(after); err != nil {
+			writeError(w, "", err)
+			return
+		}
+	}
+	// One more row than asked says whether a next page exists, so the
+	// last page never comes back empty.
+	page, err := s.deps.Connections.ConnectionsPage(r.Context(), after, limit+1)
+	if err != nil {
+		s.logFailure(r, "", err)
+		writeError(w, "", err)
+		return
+	}
+	body := struct {
+		Connections []connectionView `json:"connections"`
+		Next        *string          `json:"next"` // null on the last page
+	}{Connections: make([]connectionView, 0, min(len(page), limit))}
+	if len(page) > limit {
+		page = page[:limit]
+		next := page[limit-1].Name
+		body.Next = &next
+	}
+	for _, c := range page {
+		body.Connections = append(body.Connections, viewOf(c))
+	}
+	writeJSON(w, http.StatusOK, body)
+}

@@ -1,0 +1,198 @@
+package provider
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// RevocationEndpoint is where and how a provider revokes tokens (RFC 7009).
+type RevocationEndpoint struct {
+	URL          string // "": the provider has no revocation endpoint
+	ClientID     string
+	ClientSecret domain.Secret
+	// AuthStyle authenticates the client as at the token endpoint:
+	// AuthStyleInHeader (HTTP Basic) and AuthStyleInParams (form body) as
+	// they are; AuthStyleAutoDetect the style remembered for TokenURL and
+	// ClientID, else HTTP Basic, and the form body once after
+	// invalid_client or a 401 (a revocation is idempotent: sending it
+	// twice spends nothing).
+	AuthStyle oauth2.AuthStyle
+	TokenURL  string // where the remembered style was learned
+}
+
+// RevocationEndpoints finds the revocation endpoint of a provider by name
+// ("" is the provider of the environment). A name it does not know is an
+// error wrapping domain.ErrUnknownProvider.
+type RevocationEndpoints interface {
+	RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error)
+}
+
+// OneRevocationEndpoint is the revocation endpoint of the provider of the
+// environment, the only provider it knows (StoredRevocationEndpoints knows
+// the stored providers too).
+type OneRevocationEndpoint RevocationEndpoint
+
+// RevocationEndpointFor implements RevocationEndpoints.
+func (e OneRevocationEndpoint) RevocationEndpointFor(_ context.Context, provider string) (RevocationEndpoint, error) {
+	if provider != "" {
+		return RevocationEndpoint{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+	}
+	return RevocationEndpoint(e), nil
+}
+
+// ProviderLookup reads a stored provider, its client secret opened;
+// an error wrapping domain.ErrUnknownProvider when there is none
+// (repository.ProviderRepository is one).
+type ProviderLookup interface {
+	Get(ctx context.Context, name string) (domain.Provider, error)
+}
+
+// StoredRevocationEndpoints serves "" with Env, the provider of the
+// process's configuration, and any other name with the revocation URL of
+// that stored provider (tokenctl provider add --revocation-url), read when
+// asked: a revocation is rare, and it then uses the provider's current
+// client secret.
+type StoredRevocationEndpoints struct {
+	Env       RevocationEndpoint
+	Providers ProviderLookup
+}
+
+// RevocationEndpointFor implements RevocationEndpoints.
+func (e StoredRevocationEndpoints) RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error) {
+	if provider == "" {
+		return e.Env, nil
+	}
+	p, err := e.Providers.Get(ctx, provider)
+	if err != nil {
+		return RevocationEndpoint{}, err
+	}
+	cfg := OAuth2Config(p)
+	return RevocationEndpoint{URL: p.RevocationURL, ClientID: p.ClientID, ClientSecret: p.ClientSecret,
+		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: p.TokenURL}, nil
+}
+
+// Revocations revokes refresh tokens at their provider's revocation
+// endpoint: POST token=…&token_type_hint=refresh_token with the client's
+// authentication (RFC 7009 §2.1). It is usecase.Revoker.
+type Revocations struct {
+	endpoints RevocationEndpoints
+	client    *http.Client
+	styles    AuthStyleStore // may be nil
+}
+
+// NewRevocations builds the revoker; client should be bounded
+// (NewHTTPClient); styles (may be nil) holds the auth styles learned at the
+// token endpoints.
+func NewRevocations(endpoints RevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
+	return &Revocations{endpoints: endpoints, client: client, styles: styles}
+}
+
+// errRevocationRefused: an answer that is no success and says nothing
+// more precise (unsupported_token_type, another 4xx).
+var errRevocationRefused = errors.New("the revocation endpoint refused the request")
+
+// Revoke revokes refreshToken at provider's revocation endpoint. A
+// success, and an answer that the token is invalid already (nothing left
+// to revoke), return nil. Errors wrap domain.ErrNoRevocationEndpoint,
+// domain.ErrUnknownProvider, domain.ErrProviderUnavailable (a 5xx, 429,
+// timeout or network failure: try again), domain.ErrClientRejected,
+// domain.ErrEndpointMisconfigured (404, 405, a redirect) or, for anything
+// else, name the status and the code; never the token or the body.
+func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error {
+	e, err := r.endpoints.RevocationEndpointFor(ctx, provider)
+	if err != nil {
+		return err
+	}
+	if e.URL == "" {
+		name := "the provider of the OAUTH_* settings (OAUTH_REVOCATION_URL is not set)"
+		if provider != "" {
+			name = "provider " + provider + " (its revocation URL is not set: tokenctl provider update --revocation-url)"
+		}
+		return fmt.Errorf("%s: %w", name, domain.ErrNoRevocationEndpoint)
+	}
+	style := e.AuthStyle
+	auto := style == oauth2.AuthStyleAutoDetect
+	if auto {
+		style = oauth2.AuthStyleInHeader
+		if r.styles != nil && e.TokenURL != "" {
+			if name, err := r.styles.Load(ctx, e.TokenURL, e.ClientID); err == nil && styleFromName(name) != oauth2.AuthStyleAutoDetect {
+				style = styleFromName(name)
+			}
+		}
+	}
+	status, code, err := r.send(ctx, e, style, refreshToken)
+	if auto && err == nil && (status == http.StatusUnauthorized || code == "invalid_client") {
+		status, code, err = r.send(ctx, e, other(style), refreshToken)
+	}
+	if err != nil {
+		return fmt.Errorf("revocation endpoint unreachable: %w: %w", domain.ErrProviderUnavailable, err)
+	}
+	return revocationAnswer(status, code)
+}
+
+// revocationAnswer says what a revocation endpoint's answer means.
+func revocationAnswer(status int, code string) error {
+	what := fmt.Sprintf("revocation endpoint answered HTTP %d", status)
+	if code != "" {
+		what += " " + code
+	}
+	switch {
+	case status >= 200 && status < 300:
+		return nil
+	case code == "invalid_grant" || code == "invalid_token":
+		// RFC 7009 §2.2 answers 200 for an invalid token; some providers
+		// say it with an error. Either way no grant is left behind it.
+		return nil
+	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
+		return fmt.Errorf("%s: %w (check the revocation URL)", what, domain.ErrEndpointMisconfigured)
+	case status >= 500, status == http.StatusTooManyRequests, code == "temporarily_unavailable", code == "server_error":
+		return fmt.Errorf("%s: %w", what, domain.ErrProviderUnavailable)
+	case status == http.StatusUnauthorized, code == "invalid_client", code == "unauthorized_client":
+		return fmt.Errorf("%s: %w", what, domain.ErrClientRejected)
+	}
+	return fmt.Errorf("%s: %w", what, errRevocationRefused)
+}
+
+// send posts one revocation request and returns the status and the error
+// code of the answer, if it has one (reported as the token endpoint's
+// codes are: unknown ones are not echoed).
+func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
+	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
+	if style == oauth2.AuthStyleInParams {
+		form.Set("client_id", e.ClientID)
+		if !e.ClientSecret.IsZero() {
+			form.Set("client_secret", e.ClientSecret.Reveal())
+		}
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL, strings.NewReader(form.Encode()))
+	if err != nil {
+		return 0, "", fmt.Errorf("revocation URL: %w", errRevocationRefused)
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	if style == oauth2.AuthStyleInHeader {
+		req.SetBasicAuth(url.QueryEscape(e.ClientID), url.QueryEscape(e.ClientSecret.Reveal()))
+	}
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return 0, "", err // *url.Error: the method and URL, never the form
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	code := ""
+	if f, ok := parseAnswer(resp.Header.Get("Content-Type"), body); ok {
+		if code = f.str("error"); code != "unsupported_token_type" { // RFC 7009 §2.2.1
+			code = reportedCode(code)
+		}
+	}
+	return resp.StatusCode, code, nil
+}

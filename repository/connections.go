@@ -1,0 +1,217 @@
+package repository
+
+import (
+	"bytes"
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// selectConnection reads connectionRows: what a listing shows, and no
+// credential (the token columns are never read, so a listing neither
+// decrypts nor can leak one).
+const selectConnection = `
+SELECT c.name, coalesce(t.provider, '') AS provider,
+       t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
+       coalesce(t.granted_account, '') AS granted_account,
+       coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
+       coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
+       c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags
+FROM tokens t JOIN connections c ON c.id = t.connection_id`
+
+type connectionRow struct {
+	Name           string
+	Provider       string
+	Status         string
+	StatusReason   string
+	Expiry         sql.NullTime
+	RefreshExpiry  sql.NullTime
+	ObtainedAt     time.Time
+	Version        int64
+	UpdatedAt      time.Time
+	GrantedAccount string
+	GrantedScopes  string
+	MissingScopes  string
+	Metadata       string
+	Tags           string // a JSON array
+}
+
+func (r connectionRow) domain() domain.Connection {
+	m := domain.Metadata{Object: compactJSON(r.Metadata)}
+	_ = json.Unmarshal([]byte(r.Tags), &m.Tags) // array_to_json of text[]: always an array
+	if len(m.Tags) == 0 {
+		m.Tags = nil
+	}
+	return domain.Connection{
+		Name:          r.Name,
+		Provider:      r.Provider,
+		Status:        domain.Status(r.Status),
+		StatusReason:  r.StatusReason,
+		Expiry:        r.Expiry.Time,
+		RefreshExpiry: r.RefreshExpiry.Time,
+		ObtainedAt:    r.ObtainedAt,
+		Version:       r.Version,
+		UpdatedAt:     r.UpdatedAt,
+		Binding:       domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes},
+		Metadata:      m,
+	}
+}
+
+// ConnectionsPage lists up to limit connections that have a token, whose
+// names sort after after ("" for the first page), in name order: keyset
+// pagination on the unique name index, as ListPage. No credential is read.
+func (r *TokenRepository) ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error) {
+	var rows []connectionRow
+	if err := r.db.WithContext(ctx).Raw(selectConnection+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, limit).Find(&rows).Error; err != nil {
+		return nil, storeError(ctx, "list connections", err)
+	}
+	out := make([]domain.Connection, len(rows))
+	for i, row := range rows {
+		out[i] = row.domain()
+	}
+	return out, nil
+}
+
+// EachConnection calls fn with every connection that has a token, in name
+// order, reading DefaultPage rows at a time. fn's error stops it.
+func (r *TokenRepository) EachConnection(ctx context.Context, fn func(domain.Connection) error) error {
+	for after := ""; ; {
+		page, err := r.ConnectionsPage(ctx, after, DefaultPage)
+		if err != nil {
+			return err
+		}
+		for _, c := range page {
+			if err := fn(c); err != nil {
+				return err
+			}
+		}
+		if len(page) < DefaultPage {
+			return nil
+		}
+		after = page[len(page)-1].Name
+	}
+}
+
+// Connection reads one connection as listings show it; domain.ErrNotFound
+// when it has no token.
+func (r *TokenRepository) Connection(ctx context.Context, connection string) (domain.Connection, error) {
+	var rows []connectionRow
+	if err := r.db.WithContext(ctx).Raw(selectConnection+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
+		return domain.Connection{}, storeError(ctx, "read connection", err)
+	}
+	if len(rows) == 0 {
+		return domain.Connection{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
+	}
+	return rows[0].domain(), nil
+}
+
+// SetMetadata replaces the connection's metadata inside the locked
+// transaction, before the Put of a new grant commits both: a grant that
+// is refused (or fails) leaves the metadata as it was. No token column is
+// touched and nothing is announced: no process caches metadata.
+func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m domain.Metadata) error {
+	if l.tx.ended {
+		return errTxEnded
+	}
+	object := string(m.Object)
+	if object == "" {
+		object = "{}"
+	}
+	res := l.db.WithContext(ctx).Exec("UPDATE connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?",
+		object, tagArray(m.Tags), connection)
+	if res.Error != nil {
+		return storeError(ctx, "set metadata", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound)
+	}
+	return nil
+}
+
+// compactJSON is a stored jsonb as compact JSON: Postgres writes it with
+// spaces after ':' and ','.
+func compactJSON(stored string) json.RawMessage {
+	var buf bytes.Buffer
+	if json.Compact(&buf, []byte(stored)) != nil {
+		return json.RawMessage(stored)
+	}
+	return buf.Bytes()
+}
+
+// tagArray is tags as a text[] literal.
+func tagArray(tags []string) string {
+	return "{" + strings.Join(quoteAll(tags), ",") + "}"
+}
+
+// disconnectHold bounds a disconnection once it holds the lock: the
+// revocation at the provider (its own timeout is shorter), then one write
+// and its commit.
+const disconnectHold = 30 * time.Second
+
+// Disconnect deletes connection's token under its advisory lock, the one
+// refreshes take (wait bounds the wait, reported as domain.ErrLockTimeout):
+// a refresh in progress finishes first, and one that waits for the lock
+// finds no token after it. Before deleting, it calls before with the token
+// read under the lock (its refresh token is the current one; nothing can
+// rotate it meanwhile), for the revocation at the provider; before's
+// error keeps everything as it was and is returned.
+//
+// The delete announces "<version+1> <connection>" on ChangeChannel in the
+// writing statement, so every process drops its cached token at commit,
+// resets the connection's metadata and tags, records that version so that a
+// later grant of the same name continues above it, and queues a
+// connection.disconnected webhook event. The connection's name and lock
+// key stay registered. It returns the token as it was deleted.
+func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wait time.Duration,
+	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error) {
+	var found domain.Token
+	err := r.inLock(ctx, connection, wait, disconnectHold, func(ctx context.Context, l *LockedTokens) error {
+		var err error
+		if found, err = l.Get(ctx, connection); err != nil {
+			return err
+		}
+		revoked := false
+		if before != nil {
+			if revoked, err = before(ctx, found); err != nil {
+				return err
+			}
+		}
+		row, err := l.tx.writeAndCommit(ctx, `
+WITH u AS (
+    DELETE FROM tokens AS t USING connections c
+    WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2
+    RETURNING c.id AS lock_key, c.name, t.*
+),
+m AS (
+    UPDATE connections c SET metadata = '{}', tags = '{}', retired_version = greatest(c.retired_version, u.version + 1)
+    FROM u WHERE c.id = u.lock_key
+),
+w AS (
+    INSERT INTO webhook_outbox (type, connection, data)
+    SELECT 'connection.disconnected', u.name, jsonb_strip_nulls(jsonb_build_object(
+        'version', u.version + 1, 'revoked', $4::boolean,
+        'provider', u.provider,
+        'metadata', c.metadata, 'tags', to_jsonb(c.tags)))
+    FROM u JOIN connections c ON c.id = u.lock_key
+)
+SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, (u.version + 1) || ' ' || u.name)`,
+			connection, found.Version, ChangeChannel, revoked)
+		if err != nil {
+			return storeError(ctx, "disconnect", err)
+		}
+		if row == nil {
+			// Cannot happen while the lock is held: every writer takes it.
+			return fmt.Errorf("disconnect %s at version %d: %w", connection, found.Version, domain.ErrConflict)
+		}
+		return nil
+	})
+	if err != nil {
+		return domain.Token{}, err
+	}
+	return found, nil
+}
