@@ -26,7 +26,7 @@ func main() {
 		os.Exit(2)
 	}
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "storm\tp50\tp99\tspan\tlock sent\tto provider\tprovider\tto commit\twake all\tpings\tprepares\tGC assists\t")
+	fmt.Fprintln(tw, "storm\tp50\tp99\tspan\tarrived\tlock sent\tto provider\tprovider\tto commit\twake all\trelease\twoken p50\twoken p99\tpings\tprepares\tGC assists\t")
 	var order []string
 	byDesign := map[string][]benchreport.Storm{}
 	for _, path := range os.Args[1:] {
@@ -42,8 +42,9 @@ func main() {
 			os.Exit(1)
 		}
 		name := filepath.Base(path)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t\n", name, ms(s.P50), ms(s.P99), ms(s.Span),
-			ms(s.LockSent), ms(s.ToProvider), ms(s.Provider), ms(s.ToCommit), ms(s.WakeAll), s.Pings, s.Prepares, s.GCAssists)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%d\t\n", name, ms(s.P50), ms(s.P99), ms(s.Span),
+			ms(s.Arrived), ms(s.LockSent), ms(s.ToProvider), ms(s.Provider), ms(s.ToCommit), ms(s.WakeAll), ms(s.Release), ms(s.WokenP50), ms(s.WokenP99),
+			s.Pings, s.Prepares, s.GCAssists)
 		d := name
 		if m := design.FindStringSubmatch(name); m != nil {
 			d = m[1]
@@ -53,7 +54,7 @@ func main() {
 		}
 		byDesign[d] = append(byDesign[d], s)
 	}
-	fmt.Fprintln(tw, "\t\t\t\t\t\t\t\t\t\t\t\t")
+	fmt.Fprintln(tw, "\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t\t")
 	for _, d := range order {
 		storms := byDesign[d]
 		med := func(got func(benchreport.Storm) time.Duration) string {
@@ -63,15 +64,19 @@ func main() {
 			}
 			return ms(v)
 		}
-		fmt.Fprintf(tw, "%s: median of %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\t\t\t\n", d, len(storms),
+		fmt.Fprintf(tw, "%s: median of %d\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t\t\t\t\n", d, len(storms),
 			med(func(s benchreport.Storm) time.Duration { return s.P50 }),
 			med(func(s benchreport.Storm) time.Duration { return s.P99 }),
 			med(func(s benchreport.Storm) time.Duration { return s.Span }),
+			med(func(s benchreport.Storm) time.Duration { return s.Arrived }),
 			med(func(s benchreport.Storm) time.Duration { return s.LockSent }),
 			med(func(s benchreport.Storm) time.Duration { return s.ToProvider }),
 			med(func(s benchreport.Storm) time.Duration { return s.Provider }),
 			med(func(s benchreport.Storm) time.Duration { return s.ToCommit }),
-			med(func(s benchreport.Storm) time.Duration { return s.WakeAll }))
+			med(func(s benchreport.Storm) time.Duration { return s.WakeAll }),
+			med(func(s benchreport.Storm) time.Duration { return s.Release }),
+			med(func(s benchreport.Storm) time.Duration { return s.WokenP50 }),
+			med(func(s benchreport.Storm) time.Duration { return s.WokenP99 }))
 	}
 	_ = tw.Flush()
 }

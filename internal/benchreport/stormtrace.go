@@ -32,6 +32,17 @@ type Storm struct {
 	// WakeAll: that answer to the last caller's return: every process
 	// learns the new token and its waiters run.
 	WakeAll time.Duration
+	// Arrived: storm start to the moment all callers but one per process
+	// are waiting: the flood of arriving goroutines has run.
+	Arrived time.Duration
+	// Release: from a process's last answer from the database to the
+	// moment it releases its waiters (tokenguard: the flight's goroutine
+	// ends; the floor: the call that did the work returns), median over
+	// the processes.
+	Release time.Duration
+	// Woken: how long a caller woken by another goroutine waited for a
+	// CPU, p50 and p99 over the storm's callers.
+	WokenP50, WokenP99 time.Duration
 	// Pings: liveness checks a connection pool ran before handing out a
 	// connection (database/sql's ResetSession); Prepares: statements
 	// prepared before they ran (pgx's statement cache missed). Each costs
@@ -39,6 +50,10 @@ type Storm struct {
 	Pings, Prepares int
 	GCAssists       int // GC mark assists during the storm
 }
+
+// arrivals is how many callers of a storm wait for another one (3 processes
+// x 200 callers, less the one per process that may do the work itself).
+const arrivals = 3*200 - 3
 
 // stack markers of the work a storm's critical path consists of.
 const (
@@ -48,6 +63,7 @@ const (
 	markWrite   = "writeAndCommit"      // tokenguard's write and COMMIT
 	markLock    = "pipelineLock"        // tokenguard's lock transaction
 	markFloor   = "floorStack).refresh" // the protocol floor's transaction
+	markFlight  = "flights).join.func1" // tokenguard's flight goroutine
 )
 
 // ReadStorm reads the execution trace of one storm.
@@ -57,13 +73,20 @@ func ReadStorm(r io.Reader) (Storm, error) {
 		return Storm{}, err
 	}
 	var (
-		s                                    = Storm{LockSent: -1, ToProvider: -1, Provider: -1, ToCommit: -1, WakeAll: -1}
-		t0, lastEnd                          trace.Time
-		lockSent, sleepStart, sleepEnd       trace.Time
-		commitSent, commitAnswered, firstEnd trace.Time
-		began                                = map[trace.GoID]trace.Time{}
-		blockedIn                            = map[trace.GoID]string{} // the stack a goroutine parked in
-		waits                                []time.Duration
+		s = Storm{LockSent: -1, ToProvider: -1, Provider: -1, ToCommit: -1, WakeAll: -1, Arrived: -1, WokenP50: -1, WokenP99: -1, Release: -1}
+
+		t0, lastEnd, firstEnd          trace.Time
+		lockSent, sleepStart, sleepEnd trace.Time
+		commitSent, commitAnswered     trace.Time
+		arrived                        trace.Time
+		parked                         int
+		waits, woken, releases         []time.Duration
+
+		began     = map[trace.GoID]trace.Time{} // callers in their call
+		blockedIn = map[trace.GoID]string{}     // the reason and stack a goroutine parked with
+		wokenAt   = map[trace.GoID]trace.Time{} // callers woken, not yet running
+		answered  = map[trace.GoID]trace.Time{} // the last answer from the database a goroutine woke to
+		flights   = map[trace.GoID]bool{}       // tokenguard's flight goroutines
 	)
 	for {
 		ev, err := tr.ReadEvent()
@@ -84,6 +107,9 @@ func ReadStorm(r io.Reader) (Storm, error) {
 			}
 		case trace.EventRegionEnd:
 			if b, ok := began[ev.Goroutine()]; ok && ev.Region().Type == "call" {
+				if a, ok := answered[ev.Goroutine()]; ok && strings.Contains(blockedIn[ev.Goroutine()], markFloor) {
+					releases = append(releases, time.Duration(t-a))
+				}
 				delete(began, ev.Goroutine())
 				waits = append(waits, time.Duration(t-b))
 				lastEnd = t
@@ -103,6 +129,14 @@ func ReadStorm(r io.Reader) (Storm, error) {
 			id := st.Resource.Goroutine()
 			from, to := st.Goroutine()
 			stack := funcs(st.Stack)
+			if from == trace.GoNotExist && strings.Contains(stack, markFlight) {
+				flights[id] = true
+			}
+			if to == trace.GoNotExist && flights[id] {
+				if a, ok := answered[id]; ok {
+					releases = append(releases, time.Duration(t-a))
+				}
+			}
 			switch {
 			case to == trace.GoSyscall && strings.HasPrefix(stack, "syscall.write"):
 				switch {
@@ -113,8 +147,19 @@ func ReadStorm(r io.Reader) (Storm, error) {
 				case lockSent == 0 && (strings.Contains(stack, markLock) || strings.Contains(stack, markFloor)):
 					lockSent = t
 				}
+			case to == trace.GoRunning:
+				if w, ok := wokenAt[id]; ok {
+					woken = append(woken, time.Duration(t-w))
+					delete(wokenAt, id)
+				}
 			case to == trace.GoWaiting:
 				blockedIn[id] = st.Reason + " " + stack
+				if _, calling := began[id]; calling && st.Reason != "network" {
+					parked++
+					if parked == arrivals && arrived == 0 {
+						arrived = t
+					}
+				}
 				if st.Reason == "sleep" && strings.Contains(stack, markSleep) && sleepStart == 0 {
 					sleepStart = t
 				}
@@ -124,6 +169,12 @@ func ReadStorm(r io.Reader) (Storm, error) {
 				}
 			case from == trace.GoWaiting:
 				in := blockedIn[id]
+				if strings.HasPrefix(in, "network") && (strings.Contains(in, markLock) || strings.Contains(in, markWrite) || strings.Contains(in, markFloor)) {
+					answered[id] = t
+				}
+				if _, calling := began[id]; calling && ev.Goroutine() != trace.NoGoroutine && ev.Goroutine() != id {
+					wokenAt[id] = t
+				}
 				if strings.HasPrefix(in, "sleep") && strings.Contains(in, markSleep) && sleepEnd == 0 {
 					sleepEnd = t
 				}
@@ -150,6 +201,15 @@ func ReadStorm(r io.Reader) (Storm, error) {
 	s.Provider = between(sleepStart, sleepEnd)
 	s.ToCommit = between(sleepEnd, commitAnswered)
 	s.WakeAll = between(commitAnswered, lastEnd)
+	s.Arrived = between(t0, arrived)
+	if len(releases) > 0 {
+		slices.Sort(releases)
+		s.Release = releases[len(releases)/2]
+	}
+	if len(woken) > 0 {
+		slices.Sort(woken)
+		s.WokenP50, s.WokenP99 = woken[len(woken)/2], woken[len(woken)*99/100]
+	}
 	return s, nil
 }
 

@@ -44,7 +44,10 @@ func TestReadStorm(t *testing.T) {
 	if s.P50 > s.P99 || s.P99 > s.Span || s.Span < delay/2 {
 		t.Errorf("p50 %v, p99 %v, span %v: want p50 <= p99 <= span, span about %v", s.P50, s.P99, s.Span, delay)
 	}
-	if s.ToProvider != -1 || s.Provider != -1 || s.ToCommit != -1 || s.WakeAll != -1 || s.LockSent != -1 {
+	if s.WokenP50 < 0 || s.WokenP99 < s.WokenP50 {
+		t.Errorf("woken callers waited p50 %v, p99 %v for a CPU: want 0 <= p50 <= p99", s.WokenP50, s.WokenP99)
+	}
+	if s.ToProvider != -1 || s.Provider != -1 || s.ToCommit != -1 || s.WakeAll != -1 || s.LockSent != -1 || s.Arrived != -1 || s.Release != -1 {
 		t.Errorf("phases found in a trace without them: %+v", s)
 	}
 	if m, ok := Median([]Storm{s, {P50: -1}}, func(s Storm) time.Duration { return s.P50 }); !ok || m != s.P50 {
