@@ -2,8 +2,12 @@ package usecase_test
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"os"
+	"path/filepath"
 	"runtime"
+	"runtime/trace"
 	"slices"
 	"strings"
 	"sync"
@@ -221,6 +225,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		peers[k] = &peerStorm{name: name, p: newPeer(b, w, name, stacks)}
 	}
 
+	tracing := newStormTracing(os.Getenv("STORM_TRACE"))
 	var waits, bareWaits, floorWaits []time.Duration
 	var peaks []int64
 	var refreshes, reuse int64
@@ -237,9 +242,11 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		peak.Store(0)
 		before := w.provider.Stats()
 		b.StartTimer()
-		waits = storm(b, stacks, goroutines, waits, func(i int) error {
-			_, err := ucs[i].Token(context.Background(), conn)
-			return err
+		tracing.around(b, "tokenguard", i, func() {
+			waits = storm(b, stacks, goroutines, waits, func(i int) error {
+				_, err := ucs[i].Token(context.Background(), conn)
+				return err
+			})
 		})
 		b.StopTimer()
 		after := w.provider.Stats()
@@ -251,12 +258,16 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		for _, s := range bare {
 			s.next = sync.OnceValue(s.redeem)
 		}
-		bareWaits = storm(b, stacks, goroutines, bareWaits, func(i int) error { return bare[i].next() })
+		tracing.around(b, "provider-only", i, func() {
+			bareWaits = storm(b, stacks, goroutines, bareWaits, func(i int) error { return bare[i].next() })
+		})
 
 		time.Sleep(100 * time.Millisecond)
 		floor.arm()
 		before = w.provider.Stats()
-		floorWaits = storm(b, stacks, goroutines, floorWaits, func(i int) error { return floor.stacks[i].next() })
+		tracing.around(b, "floor", i, func() {
+			floorWaits = storm(b, stacks, goroutines, floorWaits, func(i int) error { return floor.stacks[i].next() })
+		})
 		if after := w.provider.Stats(); after.Refreshes-before.Refreshes != 1 || after.RefreshReuse != before.RefreshReuse {
 			b.Fatalf("protocol floor: %d refreshes, %d reuse in one storm", after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse)
 		}
@@ -299,9 +310,11 @@ func storm(b *testing.B, stacks, goroutines int, waits []time.Duration, call fun
 			wg.Go(func() {
 				<-start
 				t0 := time.Now()
+				region := trace.StartRegion(context.Background(), "call") // a no-op unless traced
 				if err := call(i); err != nil {
 					b.Error(err)
 				}
+				region.End()
 				lat <- time.Since(t0)
 			})
 		}
@@ -313,6 +326,39 @@ func storm(b *testing.B, stacks, goroutines int, waits []time.Duration, call fun
 		waits = append(waits, d)
 	}
 	return waits
+}
+
+// stormTracing writes an execution trace of each counted storm of
+// tokenguard, the provider-only storm and the floor into dir, as
+// name-R-N.trace (R counts the benchmark's runs, N the storms of a run),
+// when dir is set (STORM_TRACE; docs/benchmarks.md, "Where a storm's time
+// goes"). Each caller's call is a region "call".
+type stormTracing struct {
+	dir string
+	run int64
+}
+
+var stormRuns atomic.Int64
+
+func newStormTracing(dir string) stormTracing { return stormTracing{dir: dir, run: stormRuns.Add(1)} }
+
+// around runs storm under an execution trace if tracing is on and op is a
+// counted storm.
+func (t stormTracing) around(b *testing.B, name string, op int, storm func()) {
+	if t.dir == "" || op < 0 {
+		storm()
+		return
+	}
+	f, err := os.Create(filepath.Join(t.dir, fmt.Sprintf("%s-%d-%02d.trace", name, t.run, op)))
+	if err != nil {
+		b.Fatal(err)
+	}
+	defer f.Close()
+	if err := trace.Start(f); err != nil {
+		b.Fatal(err)
+	}
+	storm()
+	trace.Stop()
 }
 
 // bareStack is one process of the baseline: a refresh token in memory and
