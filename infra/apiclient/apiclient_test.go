@@ -178,7 +178,9 @@ func TestTokenErrorsAndUnreachableAPI(t *testing.T) {
 // bases sends "globex" to its own API.
 type bases map[string]string
 
-func (b bases) BaseURL(_ context.Context, connection string) (string, error) { return b[connection], nil }
+func (b bases) BaseURL(_ context.Context, connection string) (string, error) {
+	return b[connection], nil
+}
 
 func TestCallsGoToTheConnectionsProviderAPI(t *testing.T) {
 	main, mainSeen := api(t, "")
