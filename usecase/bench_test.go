@@ -104,7 +104,8 @@ func BenchmarkTokenHot(b *testing.B) {
 }
 
 // countingStore measures how many database connections the use case holds
-// at once: each Get and each InLock uses exactly one.
+// at once: each Get and each InLock uses exactly one, and a refresh's lease
+// write one more while it runs.
 type countingStore struct {
 	*repository.TokenRepository
 	cur, peak *atomic.Int64
@@ -129,14 +130,30 @@ func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error)
 func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
 	c.enter()
 	defer c.cur.Add(-1)
-	return c.TokenRepository.InLock(ctx, id, wait, hold, fn)
+	return c.TokenRepository.InLock(ctx, id, wait, hold, c.leases(fn))
+}
+
+// leases counts the connection of each lease write fn makes.
+func (c countingStore) leases(fn func(context.Context, usecase.LockedStore) error) func(context.Context, usecase.LockedStore) error {
+	return func(ctx context.Context, l usecase.LockedStore) error { return fn(ctx, countedLease{l, c}) }
+}
+
+type countedLease struct {
+	usecase.LockedStore
+	c countingStore
+}
+
+func (l countedLease) Lease(ctx context.Context, t domain.Token) (func(bool), error) {
+	l.c.enter()
+	defer l.c.cur.Add(-1)
+	return l.LockedStore.Lease(ctx, t)
 }
 
 func (c countingStore) InLockUnless(ctx context.Context, id string, wait, hold time.Duration, settled func(domain.Token) bool,
 	fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
 	c.enter()
 	defer c.cur.Add(-1)
-	return c.TokenRepository.InLockUnless(ctx, id, wait, hold, settled, fn)
+	return c.TokenRepository.InLockUnless(ctx, id, wait, hold, settled, c.leases(fn))
 }
 
 // stormClock is the clock the stacks share. expire moves it to just past the

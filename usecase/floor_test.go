@@ -17,10 +17,11 @@ import (
 // protocolFloor is the refresh protocol of the design with nothing else:
 // per process one pgx connection and, behind a sync.OnceValue, the lock and
 // the re-read in one round trip (exclusive if the lock is free, otherwise
-// waiting for its holder in shared mode), the provider call, then the write
-// with its NOTIFY and a durable COMMIT in one more; a listener connection
-// per process that takes the notifications. No pool, cache, flights,
-// encryption, logging or metrics.
+// waiting for its holder in shared mode), the refresh lease committed on a
+// second connection, the provider call, then the write with its NOTIFY and
+// a durable COMMIT in one more; a listener connection per process that
+// takes the notifications. No pool, cache, flights, encryption, logging,
+// lease renewal or metrics.
 //
 // BenchmarkRefreshStorm runs it with the same fan-out after each storm:
 // the storm's waits above the floor's are what tokenguard's code costs, and
@@ -35,6 +36,7 @@ type protocolFloor struct {
 type floorStack struct {
 	floor *protocolFloor
 	conn  *pgx.Conn
+	lease *pgx.Conn // the refresh lease's own connection
 	ref   *provider.Refresher
 	bg    sync.WaitGroup // the ROLLBACK of a transaction that only read
 	next  func() error
@@ -67,6 +69,9 @@ func newProtocolFloor(tb testing.TB, w *world, stacks int) *protocolFloor {
 	if _, err := setup.Exec(ctx, `INSERT INTO floor_tokens VALUES (1, $1, 1)`, tok.RefreshToken); err != nil {
 		tb.Fatal(err)
 	}
+	if _, err := setup.Exec(ctx, `CREATE TABLE floor_leases (id int PRIMARY KEY, version bigint NOT NULL, until timestamptz NOT NULL)`); err != nil {
+		tb.Fatal(err)
+	}
 	f := &protocolFloor{}
 	f.version.Store(1)
 	for range stacks {
@@ -85,7 +90,7 @@ func newProtocolFloor(tb testing.TB, w *world, stacks int) *protocolFloor {
 			}
 		}()
 		tb.Cleanup(func() { cancel(); <-done })
-		f.stacks = append(f.stacks, &floorStack{floor: f, conn: connect(), ref: provider.NewRefresher(w.oauth, nil)})
+		f.stacks = append(f.stacks, &floorStack{floor: f, conn: connect(), lease: connect(), ref: provider.NewRefresher(w.oauth, nil)})
 	}
 	return f
 }
@@ -121,6 +126,13 @@ func (s *floorStack) refresh(due int64) error {
 		// Another process has refreshed: what it stored is in hand.
 		s.bg.Go(func() { _, _ = s.conn.Exec(ctx, "ROLLBACK") })
 		return nil
+	}
+	var leased int64
+	if err := s.lease.QueryRow(ctx, `INSERT INTO floor_leases AS l VALUES (1, $1, now() + interval '1 second')
+		ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, until = EXCLUDED.until
+		WHERE l.version <> EXCLUDED.version OR now() > l.until RETURNING version`, due).Scan(&leased); err != nil {
+		_, _ = s.conn.Exec(ctx, "ROLLBACK")
+		return err
 	}
 	g, err := s.ref.Refresh(ctx, domain.NewSecret(rt))
 	if err != nil {
