@@ -63,7 +63,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Events:      usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
 		Connector:   a.tokens.Connect,
 		Connections: a.tokens.Repository,
-		Providers:   ConnectableProviders{},
+		Providers:   usecaseof.Providers(a.tokens.Guard),
 		Keys:        repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
 		Sessions:    repository.NewConnectSessions(a.tokens.DB),
 		DB:          sqlDB,

@@ -192,18 +192,6 @@ func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) *pro
 	}, provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout)), repository.NewAuthStyles(db))
 }
 
-// ConnectableProviders says which providers a connect session may name:
-// the browser flow (its authorization URL, code exchange and client) is
-// the OAUTH_* settings', so only "" for now. A stored provider's name is
-// refused (400 unknown_provider) rather than run at the OAUTH_* provider
-// and stored as the other's.
-type ConnectableProviders struct{}
-
-// KnownProvider implements httpapi.Providers.
-func (ConnectableProviders) KnownProvider(_ context.Context, name string) (bool, error) {
-	return name == "", nil
-}
-
 // OAuth2Config is the x/oauth2 view of the client registration.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	style, _ := c.authStyle() // checked with the rest of the configuration

@@ -6,6 +6,7 @@ import (
 	"crypto/subtle"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"net/url"
 	"slices"
@@ -89,21 +90,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		metadata = &m
 	}
-	if req.Provider != "" {
-		known := false
-		var err error
-		if s.deps.Providers != nil {
-			known, err = s.deps.Providers.KnownProvider(r.Context(), req.Provider)
-		}
-		if err != nil {
+	if _, err := s.clientOf(r.Context(), req.Provider); err != nil {
+		if !errors.Is(err, domain.ErrUnknownProvider) {
 			s.logFailure(r, req.Connection, err)
-			writeError(w, req.Connection, err)
-			return
 		}
-		if !known {
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "no provider of that name can be connected through this server", Code: "unknown_provider", Connection: req.Connection})
-			return
-		}
+		writeError(w, req.Connection, err)
+		return
 	}
 	if req.ReturnTo != "" && !returnAllowed(req.ReturnTo, s.deps.Edges.ReturnURLs) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
@@ -192,9 +184,36 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		Secure:   s.secureCookies(),
 		SameSite: http.SameSiteLaxMode, // sent on the provider's top-level redirect back
 	})
-	s.deps.Log.Info("connect flow started", "connection", sess.Connection)
+	client, err := s.clientOf(r.Context(), sess.Provider)
+	if err != nil {
+		s.logFailure(r, sess.Connection, err)
+		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The connection's provider is not known to this server."})
+		return
+	}
+	s.deps.Log.Info("connect flow started", "connection", sess.Connection, "provider", sess.Provider)
 	w.Header().Set("Cache-Control", "no-store")
-	http.Redirect(w, r, s.deps.OAuth.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), http.StatusFound)
+	http.Redirect(w, r, client.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), http.StatusFound)
+}
+
+// clientOf is the client registration the browser flow of a connection of
+// provider runs with: the OAUTH_* settings' for "", a stored provider's
+// otherwise, always with this server's redirect URL.
+func (s *Server) clientOf(ctx context.Context, provider string) (*oauth2.Config, error) {
+	if provider == "" {
+		return s.deps.OAuth, nil
+	}
+	if s.deps.Providers == nil {
+		return nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+	}
+	c, err := s.deps.Providers.ClientConfig(ctx, provider)
+	if err != nil {
+		return nil, err
+	}
+	if c.Endpoint.AuthURL == "" {
+		return nil, fmt.Errorf("provider %q has no authorization URL (tokenctl provider update --auth-url): %w", provider, domain.ErrUnknownProvider)
+	}
+	c.RedirectURL = s.deps.OAuth.RedirectURL
+	return c, nil
 }
 
 // sessionLifetime is the flow's lifetime (repository.SessionLifetime).
@@ -261,8 +280,13 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 	if code == "" {
 		return outcome{httpStatus: http.StatusBadRequest, Code: "bad_request", Message: "The provider sent no authorization code."}
 	}
+	client, err := s.clientOf(ctx, sess.Provider)
+	if err != nil {
+		s.deps.Log.Error("the connection's provider is not known to this server; nothing stored", "connection", name, "err", err)
+		return outcome{httpStatus: http.StatusBadRequest, Code: "unknown_provider", Message: "The connection's provider is not known to this server; nothing was stored."}
+	}
 	exCtx := context.WithValue(ctx, oauth2.HTTPClient, s.deps.OAuthHTTP)
-	tok, err := s.deps.OAuth.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
+	tok, err := client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
 	if err != nil {
 		// Never log err itself: a RetrieveError prints the response body.
 		var re *oauth2.RetrieveError
@@ -273,14 +297,20 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		s.deps.Log.Warn("code exchange failed", "connection", name, "reason", reason)
 		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
 	}
-	account, err := s.deps.Account.Account(exCtx, tok)
+	accounts := s.deps.Account
+	if sess.Provider != "" {
+		// The user-info URL is the OAUTH_* provider's: another provider's
+		// token never goes there. Its ID token, if any, names the account.
+		accounts = AccountSource{HTTP: accounts.HTTP}
+	}
+	account, err := accounts.Account(exCtx, tok)
 	if err != nil {
 		s.deps.Log.Warn("the account that granted the connection is unknown; nothing stored", "connection", name, "err", err)
 		return outcome{httpStatus: http.StatusBadGateway, Code: "account_unknown", Message: "The provider did not say which account granted access; nothing was stored."}
 	}
-	granted := grantedScopes(tok, s.deps.OAuth.Scopes)
+	granted := grantedScopes(tok, client.Scopes)
 	var missing []string
-	for _, want := range s.deps.OAuth.Scopes {
+	for _, want := range client.Scopes {
 		if !slices.Contains(granted, want) {
 			missing = append(missing, want)
 		}

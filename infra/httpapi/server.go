@@ -47,10 +47,11 @@ type Connections interface {
 	ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error)
 }
 
-// Providers says whether a provider name can be connected through this
-// server's browser flow; "" (the OAUTH_* settings') always can.
+// Providers gives the client registration the browser flow of a stored
+// provider's connection runs with (its authorization URL, code exchange
+// and scopes); domain.ErrUnknownProvider for a name it does not know.
 type Providers interface {
-	KnownProvider(ctx context.Context, provider string) (bool, error)
+	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
 
 // KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
@@ -82,8 +83,8 @@ type Deps struct {
 	Connector Connector
 	// Connections serves GET /connections; nil answers it 503.
 	Connections Connections
-	// Providers checks the "provider" of POST /connect-sessions; nil
-	// knows only "".
+	// Providers serves the connect flow of connections that name a
+	// stored provider; nil knows only "" (OAuth).
 	Providers Providers
 	Keys      KeyVerifier
 	Sessions  Sessions

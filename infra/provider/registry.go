@@ -63,7 +63,8 @@ type registryState struct {
 }
 
 type registered struct {
-	p         domain.Provider // ClientSecret cleared: the refresher holds it
+	p         domain.Provider // ClientSecret cleared: kept apart in secret
+	secret    domain.Secret   // for the connect flow's code exchange
 	refresher GrantRefresher
 }
 
@@ -108,8 +109,9 @@ func (r *Registry) Load(ctx context.Context) error {
 			continue
 		}
 		ref := r.build(p)
+		secret := p.ClientSecret
 		p.ClientSecret = domain.Secret{}
-		next[p.Name] = registered{p: p, refresher: ref}
+		next[p.Name] = registered{p: p, secret: secret, refresher: ref}
 		if _, ok := old[p.Name]; ok {
 			r.log.Info("provider changed; its connections use the new settings from their next refresh",
 				"provider", p.Name, "version", p.Version)
@@ -211,6 +213,22 @@ func (r *Registry) readAgain(ctx context.Context, provider string) (registered, 
 func (r *Registry) Provider(name string) (domain.Provider, bool) {
 	reg, ok := r.state.Load().byName[name]
 	return reg.p, ok
+}
+
+// ClientConfig is the client registration of the stored provider called
+// name, secret included, for the connect flow (authorization URL, code
+// exchange); its RedirectURL is left to the caller. An unknown name is
+// read again once, as a refresh does, then domain.ErrUnknownProvider.
+func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
+	reg, ok := r.state.Load().byName[name]
+	if !ok {
+		if reg, ok = r.readAgain(ctx, name); !ok {
+			return nil, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
+		}
+	}
+	p := reg.p
+	p.ClientSecret = reg.secret
+	return OAuth2Config(p), nil
 }
 
 // Names lists the stored providers as last read, sorted.
