@@ -110,3 +110,18 @@ func (l *refreshLease) end(release bool) {
 WHERE connection_id = (SELECT id FROM connections WHERE name = ?) AND holder = ?::uuid`, l.connection, l.holder).Error
 	})
 }
+
+// Leased reports whether a refresh lease on t's version is still running:
+// another process may be presenting its refresh token at the provider.
+func (r *TokenRepository) Leased(ctx context.Context, t domain.Token) (bool, error) {
+	var live []bool
+	err := r.db.WithContext(ctx).Raw(`
+SELECT true FROM refresh_leases l JOIN connections c ON c.id = l.connection_id
+WHERE c.name = ? AND l.version = ?
+  AND now() <= greatest(l.until, pg_postmaster_start_time() + ? * interval '1 millisecond')`,
+		t.Connection, t.Version, restartGrace.Milliseconds()).Scan(&live).Error
+	if err != nil {
+		return false, storeError(ctx, "read refresh lease of "+t.Connection, err)
+	}
+	return len(live) > 0, nil
+}

@@ -37,7 +37,13 @@ func TestLeaseKeepsOthersOutUntilItEnds(t *testing.T) {
 	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
 		t.Fatalf("second lease on a renewed one: err = %v, want ErrRefreshInProgress", err)
 	}
+	if leased, err := r.Leased(context.Background(), tok); err != nil || !leased {
+		t.Fatalf("Leased = %t, %v while the lease runs", leased, err)
+	}
 	end(true) // the token was not spent
+	if leased, err := r.Leased(context.Background(), tok); err != nil || leased {
+		t.Fatalf("Leased = %t, %v after the release", leased, err)
+	}
 	endB, err := lease(t, r, tok)
 	if err != nil {
 		t.Fatalf("lease after release: %v", err)

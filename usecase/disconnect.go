@@ -17,6 +17,9 @@ type DisconnectStore interface {
 	// returns the deleted token.
 	Disconnect(ctx context.Context, connection string, wait time.Duration,
 		before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error)
+	// Leased reports whether another process's refresh of t's version may
+	// still be at the provider (a live refresh lease; LockedStore.Lease).
+	Leased(ctx context.Context, t domain.Token) (bool, error)
 }
 
 // Revoker revokes a refresh token at the revocation endpoint of the
@@ -79,6 +82,15 @@ func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, r
 		}
 		if u.revoker == nil {
 			return false, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
+		}
+		// A refresh that lost the lock may be rotating this very refresh
+		// token: revoking it now could leave the rotated one alive at the
+		// provider once the connection is gone.
+		if leased, err := u.store.Leased(ctx, t); err != nil || leased {
+			if err == nil {
+				err = domain.ErrRefreshInProgress
+			}
+			return false, fmt.Errorf("revoke: %w", err)
 		}
 		rctx, cancel := context.WithTimeout(ctx, u.timeout)
 		defer cancel()

@@ -82,6 +82,19 @@ func TestDisconnect(t *testing.T) {
 	if r.code != 1 || !strings.Contains(r.stderr, domain.ErrProviderUnavailable.Error()) {
 		t.Errorf("provider down: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
+	// Another process's refresh lost the lock mid-call (its lease runs):
+	// the refresh token may be being rotated; revoking it is refused.
+	if err := c.db.Exec(`INSERT INTO refresh_leases SELECT c.id, t.version, gen_random_uuid(), now() + interval '1 minute'
+		FROM connections c JOIN tokens t ON t.connection_id = c.id WHERE c.name = 'kept'`).Error; err != nil {
+		t.Fatal(err)
+	}
+	r = c.run(c.withRevocation(), "disconnect", "--connection", "kept", "--revoke")
+	if r.code != 1 || !strings.Contains(r.stderr, domain.ErrRefreshInProgress.Error()) {
+		t.Errorf("revocation under another process's lease: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if err := c.db.Exec(`DELETE FROM refresh_leases`).Error; err != nil {
+		t.Fatal(err)
+	}
 	if c.gone("kept") || c.row("kept").RefreshToken != kept.RefreshToken.Reveal() || c.p.Stats().Revocations != 0 {
 		t.Errorf("a failed revocation changed something: gone %t, revocations %d", c.gone("kept"), c.p.Stats().Revocations)
 	}
