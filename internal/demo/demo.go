@@ -98,6 +98,9 @@ type demoProvider struct {
 	lifetime time.Duration // of its access tokens, said or not
 	quirks   string
 	conns    []string
+	// refused says why it refuses refresh requests in a run that goes
+	// well (none of them spends a refresh token).
+	refused string
 	// noExpiry: its answers carry no expires_in, so the imported first
 	// token has no expiry and is used until the provider refuses it (401).
 	noExpiry bool
@@ -123,9 +126,8 @@ func (p *demoProvider) report(granted map[string]time.Time, skew time.Duration, 
 		byApp[strings.TrimPrefix(rec.Agent, "tokenguard-")]++
 	}
 	var notes []string
-	if refused := st.RefreshRejected - st.RefreshReuse; refused > 0 && p.name != "" {
-		notes = append(notes, fmt.Sprintf("%d refresh request(s) refused as invalid_client, the grant untouched: "+
-			"auth style auto tries HTTP Basic first, then the form body, and remembers it", refused))
+	if refused := st.RefreshRejected - st.RefreshReuse; refused > 0 && p.refused != "" {
+		notes = append(notes, fmt.Sprintf("%d refresh request(s) refused, no grant touched: %s", refused, p.refused))
 	}
 	if p.noExpiry && st.Resource401 > 0 {
 		notes = append(notes, fmt.Sprintf("%d × 401: the imported first token said no expiry, so the apps used it until the provider refused it, "+
@@ -222,9 +224,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	defer r.stored.Close()
 	r.provs = []*demoProvider{
 		{sb: r.sb, lifetime: o.TokenLifetime, conns: connections[:2],
-			quirks: fmt.Sprintf("HTTP Basic only, %s tokens, expires_in %.0f", o.TokenLifetime, o.TokenLifetime.Seconds())},
+			refused: "each app checks the token endpoint at start with a made-up refresh token (invalid_grant)",
+			quirks:  fmt.Sprintf("HTTP Basic only, %s tokens, expires_in %.0f", o.TokenLifetime, o.TokenLifetime.Seconds())},
 		{name: storedProvider, sb: r.stored, lifetime: o.StoredTokenLifetime, conns: connections[2:], noExpiry: true,
-			quirks: fmt.Sprintf("form body only, %s tokens, no expires_in", o.StoredTokenLifetime)},
+			refused: "auth style auto tries HTTP Basic first (invalid_client), then the form body, and remembers it",
+			quirks:  fmt.Sprintf("form body only, %s tokens, no expires_in", o.StoredTokenLifetime)},
 	}
 	r.say("  providers: OAUTH_* sandbox at %s (%s)", r.sb.URL, r.provs[0].quirks)
 	r.say("             %s sandbox at %s (%s)", storedProvider, r.stored.URL, r.provs[1].quirks)

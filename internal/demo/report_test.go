@@ -106,7 +106,8 @@ func TestProviderReportsArePerProvider(t *testing.T) {
 	granted := map[string]time.Time{"acme": t0, "initech": t0}
 	a := (&demoProvider{sb: basic, lifetime: 3 * time.Second, conns: []string{"acme"}, quirks: "HTTP Basic only"}).
 		report(granted, time.Second, t0, t0.Add(10*time.Second))
-	b := (&demoProvider{name: "sandbox-form", sb: form, lifetime: 4 * time.Second, conns: []string{"initech"}, noExpiry: true, quirks: "form body only"}).
+	b := (&demoProvider{name: "sandbox-form", sb: form, lifetime: 4 * time.Second, conns: []string{"initech"}, noExpiry: true, quirks: "form body only",
+		refused: "auth style auto's HTTP Basic probe"}).
 		report(granted, time.Second, t0, t0.Add(10*time.Second))
 
 	// 3s tokens refreshed 1s early: at 2, 4, 6, 8, 10 s. A first token
@@ -120,7 +121,7 @@ func TestProviderReportsArePerProvider(t *testing.T) {
 	if p := b.problems(); len(p) != 1 || p[0] != "provider sandbox-form saw 1 refresh-token reuse" {
 		t.Errorf("form-only provider's problems: %q", p)
 	}
-	if len(b.Notes) != 1 || !strings.Contains(b.Notes[0], "1 refresh request(s) refused as invalid_client") {
+	if len(b.Notes) != 1 || b.Notes[0] != "1 refresh request(s) refused, no grant touched: auth style auto's HTTP Basic probe" {
 		t.Errorf("form-only provider's notes: %q", b.Notes)
 	}
 
@@ -132,7 +133,7 @@ func TestProviderReportsArePerProvider(t *testing.T) {
 		"2 connections at 2 providers",
 		"  OAUTH_*       HTTP Basic only  acme                 1         5      0      0\n",
 		"  sandbox-form  form body only   initech              1         3      1      0\n",
-		"sandbox-form: 1 refresh request(s) refused",
+		"sandbox-form: 1 refresh request(s) refused, no grant touched: auth style auto's HTTP Basic probe\n",
 		"FAIL:\n  - provider sandbox-form saw 1 refresh-token reuse\n",
 	} {
 		if !strings.Contains(out.String(), want) {
