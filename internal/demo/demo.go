@@ -673,12 +673,17 @@ func (r *run) drain(ctx context.Context) {
 // stopAll sends SIGTERM to every app still running, at once, and records
 // how each exited. Safe to call twice.
 func (r *run) stopAll(rep *Report) {
+	// Which apps to stop is decided before any stop is recorded: the
+	// goroutines write rep.Shutdown.
+	running := map[string]*Proc{}
+	for name, p := range r.procs {
+		if _, done := rep.Shutdown[name]; !done {
+			running[name] = p
+		}
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for name, p := range r.procs {
-		if _, done := rep.Shutdown[name]; done {
-			continue
-		}
+	for name, p := range running {
 		wg.Go(func() {
 			s := p.Stop(10 * time.Second)
 			mu.Lock()
