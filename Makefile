@@ -96,10 +96,11 @@ bench-scale:
 	$(GO) build -o bin/benchscale ./cmd/benchscale
 	./bin/benchscale $(SCALE_FLAGS) -rss-bound-mb $(SCALE_RSS_BOUND_MB) -bounded-max 1000 | tee bench-scale.out
 
-# One command, a fresh machine: the sandbox provider, a fresh database (on
-# DATABASE_URL, else found as for the tests), and server, worker and batch
-# as separate processes under load (README.md).
-# DEMO_FLAGS: --duration 30s --token-lifetime 3s --skew 1s
+# One command, a fresh machine: two sandbox providers (one of them stored
+# with tokenctl provider add), a fresh database (on DATABASE_URL, else
+# found as for the tests), and server, worker and batch as separate
+# processes under load (README.md).
+# DEMO_FLAGS: --duration 30s --token-lifetime 3s --stored-token-lifetime 6s --skew 1s
 .PHONY: demo
 demo: build
 	./bin/demo $(DEMO_FLAGS)

@@ -1,9 +1,11 @@
-// Command demo (make demo) shows tokenguard working for real: the sandbox
-// provider, a fresh database, and the server, worker and batch apps as
-// separate processes under load. It prints a table, writes
-// demo-out/report.json and demo-out/report.html (a timeline of the run,
-// self-contained) and exits non-zero if any call failed or any refresh
-// token was reused.
+// Command demo (make demo) shows tokenguard working for real: two sandbox
+// providers with different quirks (the OAUTH_* one takes the client only
+// by HTTP Basic; the other, stored with tokenctl provider add, only in the
+// form body, and answers without expires_in), a fresh database, and the
+// server, worker and batch apps as separate processes under load. It
+// prints a table, writes demo-out/report.json and demo-out/report.html (a
+// timeline of the run, self-contained) and exits non-zero if any call
+// failed or any refresh token was reused at either provider.
 package main
 
 import (
@@ -20,7 +22,9 @@ import (
 func main() {
 	var o demo.Options
 	flag.DurationVar(&o.Duration, "duration", 0, "load phase (default 30s)")
-	flag.DurationVar(&o.TokenLifetime, "token-lifetime", 0, "access-token lifetime at the sandbox provider (default 3s)")
+	flag.DurationVar(&o.TokenLifetime, "token-lifetime", 0, "access-token lifetime at the OAUTH_* sandbox provider (default 3s)")
+	flag.DurationVar(&o.StoredTokenLifetime, "stored-token-lifetime", 0,
+		"access-token lifetime at the stored provider's sandbox, which answers without expires_in (default twice --token-lifetime)")
 	flag.DurationVar(&o.Skew, "skew", 0, "TOKEN_REFRESH_SKEW for the apps (default 1s)")
 	flag.StringVar(&o.BinDir, "bin", "bin", "directory of the built apps")
 	flag.StringVar(&o.OutDir, "out", "demo-out", "directory for logs and report.json")

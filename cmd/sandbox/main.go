@@ -2,10 +2,14 @@
 // internal/sandbox): refresh tokens rotate on every refresh, the previous
 // access token is revoked, /resource is the protected API and /stats counts
 // what happened. It prints every setting the apps need and the command that
-// gets a first token.
+// gets a first token. Quirks of real providers are flags: a token endpoint
+// that takes the client's credentials only one way (--auth-style), answers
+// without expires_in (--omit-expires-in). The client secret is
+// SANDBOX_CLIENT_SECRET (default tokenguard-secret).
 //
-//	sandbox [--addr 127.0.0.1:9090] [--access-token-lifetime 1h]
-//	sandbox grant [--url http://127.0.0.1:9090]   # a first token, as tokenctl import reads it
+//	sandbox [--addr 127.0.0.1:9090] [--access-token-lifetime 1h] [--client-id ID]
+//	        [--auth-style header|params|both] [--omit-expires-in]
+//	sandbox grant [--url http://127.0.0.1:9090] [--client-id ID]   # a first token, as tokenctl import reads it
 package main
 
 import (
@@ -13,9 +17,11 @@ import (
 	"encoding/json"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/signal"
 	"syscall"
+	"time"
 
 	"golang.org/x/oauth2"
 
@@ -33,56 +39,114 @@ const (
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "grant" {
-		os.Exit(grant(os.Args[2:]))
+		os.Exit(grant(os.Args[2:], os.Stdout, os.Stderr))
 	}
-	addr := flag.String("addr", "127.0.0.1:9090", "listen `ADDR` (port 0 picks a free one)")
-	lifetime := flag.Duration("access-token-lifetime", 0, "access-token lifetime (default 1h)")
-	clientID := flag.String("client-id", defaultClientID, "the registered client's id")
-	flag.Parse()
-	secret := os.Getenv("SANDBOX_CLIENT_SECRET")
-	if secret == "" {
-		secret = defaultSecret
+	sb, code := start(os.Args[1:], os.Stdout, os.Stderr)
+	if sb == nil {
+		os.Exit(code)
 	}
-	sb, err := demo.StartSandbox(*addr, sandbox.Options{AccessTokenLifespan: *lifetime, ClientID: *clientID, ClientSecret: secret})
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "sandbox:", err)
-		os.Exit(1)
-	}
-	fmt.Println(sb.URL)
-	fmt.Fprintf(os.Stderr, `sandbox: serving at %[1]s. Settings for the apps:
-  export OAUTH_TOKEN_URL=%[1]s/oauth2/token OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
-  export OAUTH_CLIENT_ID=%[2]s OAUTH_CLIENT_SECRET=%[3]s OAUTH_REDIRECT_URL=%[4]s OAUTH_SCOPES=api
-A first token for connection "acme":
-  bin/sandbox grant --url %[1]s | bin/tokenctl import --connection acme
-`, sb.URL, *clientID, secret, redirectURL)
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	<-ctx.Done()
 	sb.Close()
 }
 
+// start serves a sandbox as args say, prints its URL on stdout and the
+// settings for the apps on stderr. A nil sandbox comes with the exit
+// code.
+func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
+	fs := flag.NewFlagSet("sandbox", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	addr := fs.String("addr", "127.0.0.1:9090", "listen `ADDR` (port 0 picks a free one)")
+	lifetime := fs.Duration("access-token-lifetime", 0, "access-token lifetime (default 1h)")
+	clientID := fs.String("client-id", defaultClientID, "the registered client's id (its secret: SANDBOX_CLIENT_SECRET, default "+defaultSecret+")")
+	authStyle := fs.String("auth-style", "both", "how the token endpoint takes the client's credentials: `header` (HTTP Basic only; "+
+		"the form body is answered 401 invalid_client), params (the form body only) or both")
+	omitExpiresIn := fs.Bool("omit-expires-in", false, "answer without expires_in, as providers that never say how long a token lives "+
+		"(clients learn it from a 401)")
+	if err := fs.Parse(args); err != nil {
+		return nil, 2
+	}
+	clientAuth, ok := map[string]string{"header": sandbox.ClientAuthBasic, "params": sandbox.ClientAuthPost, "both": ""}[*authStyle]
+	if !ok {
+		fmt.Fprintf(stderr, "sandbox: --auth-style %q: want header, params or both\n", *authStyle)
+		return nil, 2
+	}
+	secret := clientSecret()
+	sb, err := demo.StartSandbox(*addr, sandbox.Options{AccessTokenLifespan: *lifetime, ClientID: *clientID, ClientSecret: secret,
+		ClientAuth: clientAuth, OmitExpiresIn: *omitExpiresIn})
+	if err != nil {
+		fmt.Fprintln(stderr, "sandbox:", err)
+		return nil, 1
+	}
+	// The settings the quirks call for, on the OAUTH_* line and on the
+	// tokenctl provider add line.
+	var quirkEnv, quirkFlags string
+	if clientAuth != "" {
+		quirkEnv += " OAUTH_AUTH_STYLE=" + *authStyle
+		quirkFlags += " --auth-style " + *authStyle
+	}
+	if *omitExpiresIn {
+		life := *lifetime
+		if life <= 0 {
+			life = time.Hour // the sandbox's default
+		}
+		quirkEnv += " TOKEN_DEFAULT_LIFETIME=" + life.String()
+		quirkFlags += " --default-lifetime " + life.String()
+	}
+	fmt.Fprintln(stdout, sb.URL)
+	fmt.Fprintf(stderr, `sandbox: serving at %[1]s. Settings for the apps:
+  export OAUTH_TOKEN_URL=%[1]s/oauth2/token OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
+  export OAUTH_CLIENT_ID=%[2]s OAUTH_CLIENT_SECRET=%[3]s OAUTH_REDIRECT_URL=%[4]s OAUTH_SCOPES=api%[5]s
+A first token for connection "acme":
+  bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection acme
+Or, beside the OAUTH_* provider, as a stored provider (its connections name it):
+  printf '%%s\n' '%[3]s' | bin/tokenctl provider add --name sandbox --token-url %[1]s/oauth2/token --auth-url %[1]s/oauth2/auth --client-id %[2]s --api-base-url %[1]s%[6]s
+  bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection globex --provider sandbox
+`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID))
+	return sb, 0
+}
+
+// clientSecret is SANDBOX_CLIENT_SECRET, else the default.
+func clientSecret() string {
+	if s := os.Getenv("SANDBOX_CLIENT_SECRET"); s != "" {
+		return s
+	}
+	return defaultSecret
+}
+
+// grantFlags are the flags sandbox grant needs for a client other than
+// the default one.
+func grantFlags(clientID string) string {
+	if clientID == defaultClientID {
+		return ""
+	}
+	return " --client-id " + clientID
+}
+
 // grant runs the authorization-code flow at a running sandbox and prints
 // the token as x/oauth2 JSON (what tokenctl import reads).
-func grant(args []string) int {
+func grant(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("sandbox grant", flag.ContinueOnError)
+	fs.SetOutput(stderr)
 	base := fs.String("url", "http://127.0.0.1:9090", "the sandbox's `URL`")
 	clientID := fs.String("client-id", defaultClientID, "the registered client's id")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
-	secret := os.Getenv("SANDBOX_CLIENT_SECRET")
-	if secret == "" {
-		secret = defaultSecret
-	}
-	cfg := &oauth2.Config{ClientID: *clientID, ClientSecret: secret, Endpoint: sandbox.Endpoint(*base),
+	endpoint := sandbox.Endpoint(*base)
+	// Whichever way the sandbox takes the client's credentials: x/oauth2
+	// tries HTTP Basic, then the form body.
+	endpoint.AuthStyle = oauth2.AuthStyleAutoDetect
+	cfg := &oauth2.Config{ClientID: *clientID, ClientSecret: clientSecret(), Endpoint: endpoint,
 		RedirectURL: redirectURL, Scopes: []string{"api"}}
 	tok, err := sandbox.Grant(context.Background(), cfg)
 	if err != nil {
-		fmt.Fprintln(os.Stderr, "sandbox grant:", err)
+		fmt.Fprintln(stderr, "sandbox grant:", err)
 		return 1
 	}
-	if err := json.NewEncoder(os.Stdout).Encode(tok); err != nil {
-		fmt.Fprintln(os.Stderr, "sandbox grant:", err)
+	if err := json.NewEncoder(stdout).Encode(tok); err != nil {
+		fmt.Fprintln(stderr, "sandbox grant:", err)
 		return 1
 	}
 	return 0

@@ -36,6 +36,7 @@ const (
 	scClientAuto    = "invalid_client window, defaults"
 	scUnavailable   = "transient 503 window"
 	scAutoStyle     = "auth style auto-detected (defaults)"
+	scTwoProviders  = "two providers, one use case (stored provider + OAUTH_*)"
 	scControl       = "control: stale refresh token presented again"
 )
 
@@ -54,6 +55,7 @@ var scenarios = []scenario{
 	// The same window with OAUTH_AUTH_STYLE at its default: the rejected
 	// probe must not teach the stacks a wrong style.
 	{scClientAuto, func(r *run) conformance.Cell { return invalidClientWindow(r, "") }},
+	{scTwoProviders, twoProviders},
 	{scControl, staleCopyControl},
 }
 

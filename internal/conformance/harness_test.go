@@ -46,7 +46,14 @@ type env struct {
 // newStacks starts n stacks configured from the environment variables an
 // operator would set. authStyle "" leaves OAUTH_AUTH_STYLE at its default.
 func newStacks(r *run, n int, authStyle string) *env {
-	t, s, db := r.t, r.s, r.db
+	r.t.Helper()
+	return newStacksFor(r, r.s, n, authStyle)
+}
+
+// newStacksFor is newStacks with s as the provider of the OAUTH_*
+// settings (the connections that name no stored provider).
+func newStacksFor(r *run, s *server, n int, authStyle string) *env {
+	t, db := r.t, r.db
 	t.Helper()
 	e := &env{t: t, r: r, s: s, db: db}
 	environ := []string{

@@ -72,7 +72,13 @@ func (s *server) withProxy(t *testing.T) *server {
 // fositeServer is the sandbox (ory/fosite) restricted to one client
 // authentication method.
 func fositeServer(t *testing.T, method string) *server {
-	p, err := sandbox.New(sandbox.Options{ClientSecret: clientSecret, AccessTokenLifespan: lifetime, ClientAuth: method})
+	return fositeClient(t, method, "", clientSecret)
+}
+
+// fositeClient is fositeServer with the given client id ("" is the
+// sandbox's default) and secret.
+func fositeClient(t *testing.T, method, clientID, secret string) *server {
+	p, err := sandbox.New(sandbox.Options{ClientID: clientID, ClientSecret: secret, AccessTokenLifespan: lifetime, ClientAuth: method})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -31,6 +31,7 @@ const (
 type Answer struct {
 	GrantType string // grant_type of the request
 	Auth      string // "basic", "post" or "none": where the client put its credentials
+	ClientID  string // the client id the request presented (Basic user or client_id)
 	Status    int
 	Error     string // OAuth2 error code of a non-200 JSON answer
 	Injected  bool   // answered by the proxy (Unavailable), not the server
@@ -118,9 +119,14 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	form, _ := url.ParseQuery(string(body))
 	a := Answer{GrantType: form.Get("grant_type"), Auth: "none"}
 	id, secret, basic := r.BasicAuth()
+	a.ClientID = form.Get("client_id")
 	switch {
 	case basic:
 		a.Auth = "basic"
+		// Basic credentials are form-encoded (RFC 6749 §2.3.1).
+		if uid, err := url.QueryUnescape(id); err == nil {
+			a.ClientID = uid
+		}
 	case form.Get("client_secret") != "":
 		a.Auth = "post"
 	}

@@ -37,17 +37,20 @@ func upstream(t *testing.T, reached *atomic.Int64) *httptest.Server {
 	return srv
 }
 
+// clientID needs form-encoding in a Basic header (RFC 6749 §2.3.1).
+const clientID = "client 1"
+
 func post(t *testing.T, u string, basic bool, rt string) int {
 	t.Helper()
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {rt}}
 	if !basic {
-		form.Set("client_id", "c")
+		form.Set("client_id", clientID)
 		form.Set("client_secret", "s3cret")
 	}
 	req, _ := http.NewRequest(http.MethodPost, u, strings.NewReader(form.Encode()))
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	if basic {
-		req.SetBasicAuth("c", "s3cret")
+		req.SetBasicAuth(url.QueryEscape(clientID), "s3cret")
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -99,6 +102,9 @@ func TestProxyModesAndCounts(t *testing.T) {
 	auth := map[string]int{}
 	for _, a := range p.Answers(0) {
 		auth[a.Auth]++
+		if a.ClientID != clientID {
+			t.Errorf("%s request: client id %q, want %q", a.Auth, a.ClientID, clientID)
+		}
 	}
 	if auth["basic"] != 4 || auth["post"] != 2 {
 		t.Errorf("auth methods seen: %v", auth)

@@ -1,14 +1,16 @@
 // Package demo runs tokenguard end to end on one machine: a fresh
-// database, the sandbox provider, and the server, worker and batch apps as
-// separate OS processes under load, then reports what every app and the
-// provider saw. cmd/demo (make demo) drives it; cmd/sandbox reuses its
-// sandbox server.
+// database, two sandbox providers with different quirks (one the OAUTH_*
+// settings name, one stored with tokenctl provider add), and the server,
+// worker and batch apps as separate OS processes under load, then reports
+// what every app and each provider saw. cmd/demo (make demo) drives it;
+// cmd/sandbox reuses its sandbox server.
 package demo
 
 import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -32,15 +34,20 @@ import (
 
 // Options configure a run. Zero values take the defaults.
 type Options struct {
-	BinDir          string        // the built apps (default "bin")
-	OutDir          string        // logs and report.json (default "demo-out")
-	Duration        time.Duration // load phase (default 30s)
-	TokenLifetime   time.Duration // sandbox access-token lifetime (default 3s)
-	Skew            time.Duration // TOKEN_REFRESH_SKEW (default 1s)
-	Concurrency     int           // concurrent HTTP clients of the server (default 4)
-	EventsPerSecond int           // events posted to the server (default 20)
-	BatchEvery      time.Duration // batch --every (default 1s)
-	Live            bool          // redraw one progress line (a terminal) instead of printing lines
+	BinDir        string        // the built apps (default "bin")
+	OutDir        string        // logs and report.json (default "demo-out")
+	Duration      time.Duration // load phase (default 30s)
+	TokenLifetime time.Duration // access-token lifetime at the OAUTH_* sandbox (default 3s)
+	// StoredTokenLifetime is the access-token lifetime at the stored
+	// provider's sandbox, which does not say it (no expires_in): tokenctl
+	// provider add --default-lifetime tells the apps (default twice
+	// TokenLifetime).
+	StoredTokenLifetime time.Duration
+	Skew                time.Duration // TOKEN_REFRESH_SKEW (default 1s)
+	Concurrency         int           // concurrent HTTP clients of the server (default 4)
+	EventsPerSecond     int           // events posted to the server (default 20)
+	BatchEvery          time.Duration // batch --every (default 1s)
+	Live                bool          // redraw one progress line (a terminal) instead of printing lines
 }
 
 func (o Options) withDefaults() Options {
@@ -55,6 +62,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.TokenLifetime <= 0 {
 		o.TokenLifetime = 3 * time.Second
+	}
+	if o.StoredTokenLifetime <= 0 {
+		o.StoredTokenLifetime = 2 * o.TokenLifetime
 	}
 	if o.Skew <= 0 {
 		o.Skew = time.Second
@@ -71,9 +81,65 @@ func (o Options) withDefaults() Options {
 	return o
 }
 
+// storedProvider is the name the demo's second provider is stored under
+// (tokenctl provider add).
+const storedProvider = "sandbox-form"
+
 // Connections the demo creates: the first through the browser flow of the
-// server, the second with tokenctl import.
-var connections = []string{"acme", "globex"}
+// server, the second with tokenctl import, both at the OAUTH_* provider;
+// the third with tokenctl import --provider, at the stored one.
+var connections = []string{"acme", "globex", "initech"}
+
+// demoProvider is one of the demo's sandboxes and what the report says of
+// it.
+type demoProvider struct {
+	name     string // the stored provider's name; "" is the OAUTH_* one
+	sb       *Sandbox
+	lifetime time.Duration // of its access tokens, said or not
+	quirks   string
+	conns    []string
+	// refused says why it refuses refresh requests in a run that goes
+	// well (none of them spends a refresh token).
+	refused string
+	// noExpiry: its answers carry no expires_in, so the imported first
+	// token has no expiry and is used until the provider refuses it (401).
+	noExpiry bool
+}
+
+// report is what the provider saw while its connections, granted at
+// granted, were in use from loadStart to loadEnd.
+func (p *demoProvider) report(granted map[string]time.Time, skew time.Duration, loadStart, loadEnd time.Time) ProviderReport {
+	st := p.sb.Stats()
+	expected := 0
+	for _, name := range p.conns {
+		at := granted[name]
+		if p.noExpiry {
+			// The first token has no expiry: it is refreshed when the
+			// provider refuses it, at its real lifetime, not a skew
+			// before.
+			at = at.Add(skew)
+		}
+		expected += ExpectedRefreshes(at, loadStart, loadEnd, p.lifetime-skew)
+	}
+	byApp := map[string]int{}
+	for _, rec := range p.sb.Timeline().Refreshes {
+		byApp[strings.TrimPrefix(rec.Agent, "tokenguard-")]++
+	}
+	var notes []string
+	if refused := st.RefreshRejected - st.RefreshReuse; refused > 0 && p.refused != "" {
+		notes = append(notes, fmt.Sprintf("%d refresh request(s) refused, no grant touched: %s", refused, p.refused))
+	}
+	if p.noExpiry && st.Resource401 > 0 {
+		notes = append(notes, fmt.Sprintf("%d × 401: the imported first token said no expiry, so the apps used it until the provider refused it, "+
+			"then refreshed and retried; later tokens live --default-lifetime %s", st.Resource401, p.lifetime))
+	}
+	return ProviderReport{
+		Name: p.name, URL: p.sb.URL, Quirks: p.quirks, AccessTokenLifetime: p.lifetime.Seconds(), Connections: p.conns,
+		Refreshes: st.Refreshes, ExpectedRefreshes: expected, RefreshReuse: st.RefreshReuse, RefreshRejected: st.RefreshRejected,
+		Resource401: st.Resource401, ResourceOK: st.ResourceOK, ByAgent: st.ResourceByAgent, RefreshesByApp: byApp,
+		CodeExchanges: st.CodeExchanges, Notes: notes,
+	}
+}
 
 // run is one demo run's state.
 type run struct {
@@ -83,7 +149,9 @@ type run struct {
 	server string // base URL of the server app
 	key    string // the API key tokenctl apikey create made
 	hooks  *hookReceiver
-	sb     *Sandbox
+	sb     *Sandbox // the OAUTH_* provider
+	stored *Sandbox // the provider stored with tokenctl provider add
+	provs  []*demoProvider
 	db     *pgx.Conn
 	procs  map[string]*Proc
 	logs   []*os.File
@@ -107,7 +175,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	o = o.withDefaults()
 	r := &run{o: o, out: out, procs: map[string]*Proc{}, granted: map[string]time.Time{}, batchDone: make(chan struct{})}
 	rep := &Report{
-		StartedAt: time.Now().UTC(), AccessTokenLifetime: o.TokenLifetime.Seconds(), RefreshSkew: o.Skew.Seconds(),
+		StartedAt: time.Now().UTC(), RefreshSkew: o.Skew.Seconds(),
 		Connections: connections, Apps: map[string]AppReport{}, Shutdown: map[string]Stopped{},
 	}
 	for _, name := range []string{"tokenctl", "server", "worker", "batch"} {
@@ -119,7 +187,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	defer r.closeLogs()
-	r.say("tokenguard demo: %s of load, access tokens live %s, refreshed %s before expiry", o.Duration, o.TokenLifetime, o.Skew)
+	r.say("tokenguard demo: %s of load, 2 providers, access tokens refreshed %s before expiry", o.Duration, o.Skew)
 
 	srv, err := pgserver.Find(ctx, pgserver.Options{URLVar: "DATABASE_URL", Note: func(s string) { r.say("  %s", s) }})
 	if err != nil {
@@ -140,12 +208,31 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	rep.Database = srv.Source
 	r.say("  database:  fresh database on %s (%s), dropped at the end", redact(dbURL), srv.Source)
 
-	r.sb, err = StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.TokenLifetime})
+	// Two independent providers, each with its own client and quirks;
+	// both rotate refresh tokens and revoke the old access token on
+	// refresh.
+	r.sb, err = StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.TokenLifetime, ClientAuth: sandbox.ClientAuthBasic})
 	if err != nil {
 		return nil, err
 	}
 	defer r.sb.Close()
-	r.say("  provider:  sandbox at %s (refresh tokens rotate, the old access token is revoked on refresh)", r.sb.URL)
+	r.stored, err = StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.StoredTokenLifetime, ClientAuth: sandbox.ClientAuthPost,
+		OmitExpiresIn: true, ClientID: "tokenguard-form", ClientSecret: "sandbox-form-" + rand.Text()})
+	if err != nil {
+		return nil, err
+	}
+	defer r.stored.Close()
+	r.provs = []*demoProvider{
+		{sb: r.sb, lifetime: o.TokenLifetime, conns: connections[:2],
+			refused: "each app checks the token endpoint at start with a made-up refresh token (invalid_grant)",
+			quirks:  fmt.Sprintf("HTTP Basic only, %s tokens, expires_in %.0f", o.TokenLifetime, o.TokenLifetime.Seconds())},
+		{name: storedProvider, sb: r.stored, lifetime: o.StoredTokenLifetime, conns: connections[2:], noExpiry: true,
+			refused: "auth style auto tries HTTP Basic first (invalid_client), then the form body, and remembers it",
+			quirks:  fmt.Sprintf("form body only, %s tokens, no expires_in", o.StoredTokenLifetime)},
+	}
+	r.say("  providers: OAUTH_* sandbox at %s (%s)", r.sb.URL, r.provs[0].quirks)
+	r.say("             %s sandbox at %s (%s)", storedProvider, r.stored.URL, r.provs[1].quirks)
+	r.say("             both rotate refresh tokens and revoke the old access token on refresh")
 
 	addr, err := freeAddr()
 	if err != nil {
@@ -183,7 +270,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	)
 	defer r.stopAll(rep) // on every path, including errors and Ctrl-C
 
-	if err := r.tool(ctx, nil, "migrate"); err != nil {
+	if err := r.tool(ctx, "migrate", nil, "migrate"); err != nil {
 		return nil, err
 	}
 	r.say("  migrated:  bin/tokenctl migrate")
@@ -191,6 +278,11 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	r.say("  API key:   bin/tokenctl apikey create --name demo (every request below carries it)")
+	if err := r.addProvider(ctx); err != nil {
+		return nil, err
+	}
+	r.say("  provider:  %s stored with bin/tokenctl provider add (client secret on stdin, auth style auto, --default-lifetime %s)",
+		storedProvider, o.StoredTokenLifetime)
 	if err := r.startServer(ctx); err != nil {
 		return nil, err
 	}
@@ -198,10 +290,14 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		return nil, err
 	}
 	r.say("  connected: %q through a connect session (POST /connect-sessions, then the browser flow: state and PKCE checked)", connections[0])
-	if err := r.importToken(ctx, connections[1], cfg); err != nil {
+	if err := r.importToken(ctx, connections[1], "", cfg); err != nil {
 		return nil, err
 	}
 	r.say("  imported:  %q with bin/tokenctl import (token JSON on stdin)", connections[1])
+	if err := r.importToken(ctx, connections[2], storedProvider, r.stored.OAuth2Config(r.stored.URL)); err != nil {
+		return nil, err
+	}
+	r.say("  imported:  %q with bin/tokenctl import --provider %s", connections[2], storedProvider)
 	loadStart := time.Now()
 	if err := r.startWorkerAndBatch(); err != nil {
 		return nil, err
@@ -211,7 +307,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 			return nil, err
 		}
 	}
-	r.say("  webhooks:  connection.connected for %s, signatures verified (the worker delivers them)", strings.Join(connections, " and "))
+	r.say("  webhooks:  connection.connected for %s, signatures verified (the worker delivers them)", strings.Join(connections, ", "))
 	r.say("  apps:      server pid %d, worker pid %d, batch --every %s pid %d; logs in %s/",
 		r.procs["server"].Pid(), r.procs["worker"].Pid(), o.BatchEvery, r.procs["batch"].Pid(), o.OutDir)
 	if r.db, err = pgx.Connect(ctx, dbURL); err != nil {
@@ -255,9 +351,10 @@ func (r *run) closeLogs() {
 	}
 }
 
-// tool runs bin/tokenctl and fails unless it exits 0.
-func (r *run) tool(ctx context.Context, stdin io.Reader, args ...string) error {
-	log, err := r.logFile("tokenctl-" + args[0])
+// tool runs bin/tokenctl and fails unless it exits 0; its output goes to
+// tokenctl-<logName>.log.
+func (r *run) tool(ctx context.Context, logName string, stdin io.Reader, args ...string) error {
+	log, err := r.logFile("tokenctl-" + logName)
 	if err != nil {
 		return err
 	}
@@ -383,9 +480,20 @@ func (r *run) connectViaBrowserFlow(ctx context.Context, name string) error {
 	return nil
 }
 
+// addProvider registers the second sandbox as an operator registers a
+// provider: tokenctl provider add, the client secret on stdin (never on
+// the command line), the lifetime its answers do not say given as
+// --default-lifetime.
+func (r *run) addProvider(ctx context.Context) error {
+	cfg := r.stored.OAuth2Config(r.stored.URL)
+	return r.tool(ctx, "provider-add", strings.NewReader(cfg.ClientSecret+"\n"), "provider", "add", "--name", storedProvider,
+		"--token-url", cfg.Endpoint.TokenURL, "--auth-url", cfg.Endpoint.AuthURL, "--client-id", cfg.ClientID,
+		"--api-base-url", r.stored.URL, "--default-lifetime", r.o.StoredTokenLifetime.String())
+}
+
 // importToken gets a grant from the provider as another tool would and
-// pipes it into tokenctl import.
-func (r *run) importToken(ctx context.Context, name string, cfg *oauth2.Config) error {
+// pipes it into tokenctl import (--provider when provider is not "").
+func (r *run) importToken(ctx context.Context, name, provider string, cfg *oauth2.Config) error {
 	tok, err := sandbox.Grant(ctx, cfg)
 	if err != nil {
 		return err
@@ -395,7 +503,11 @@ func (r *run) importToken(ctx context.Context, name string, cfg *oauth2.Config) 
 		return err
 	}
 	r.granted[name] = time.Now()
-	return r.tool(ctx, bytes.NewReader(js), "import", "--connection", name)
+	args := []string{"import", "--connection", name}
+	if provider != "" {
+		args = append(args, "--provider", provider)
+	}
+	return r.tool(ctx, "import-"+name, bytes.NewReader(js), args...)
 }
 
 func (r *run) startWorkerAndBatch() error {
@@ -537,14 +649,14 @@ FROM river_job WHERE id = ANY($1)`, ids).Scan(&processed, &retried, &pending)
 }
 
 func (r *run) progress(ctx context.Context, elapsed time.Duration) string {
-	st := r.sb.Stats()
+	a, b := r.sb.Stats(), r.stored.Stats()
 	processed, retried, _, _ := r.queueState(ctx)
 	r.eventsMu.Lock()
 	enq := len(r.eventIDs)
 	r.eventsMu.Unlock()
-	return fmt.Sprintf("%3.0fs  server %d ok/%d failed · worker %d/%d events, %d retried · batch %d ok/%d failed · refreshes %d · reuse %d · 401s %d",
+	return fmt.Sprintf("%3.0fs  server %d ok/%d failed · worker %d/%d events, %d retried · batch %d ok/%d failed · refreshes %d+%d · reuse %d+%d · 401s %d+%d",
 		elapsed.Seconds(), r.serverOK.Load(), r.serverBad.Load()+r.enqBad.Load(), processed, enq, retried,
-		r.batchOK.Load(), r.batchBad.Load(), st.Refreshes, st.RefreshReuse, st.Resource401)
+		r.batchOK.Load(), r.batchBad.Load(), a.Refreshes, b.Refreshes, a.RefreshReuse, b.RefreshReuse, a.Resource401, b.Resource401)
 }
 
 // drain waits (up to 20s) for the worker to finish the events enqueued.
@@ -561,12 +673,17 @@ func (r *run) drain(ctx context.Context) {
 // stopAll sends SIGTERM to every app still running, at once, and records
 // how each exited. Safe to call twice.
 func (r *run) stopAll(rep *Report) {
+	// Which apps to stop is decided before any stop is recorded: the
+	// goroutines write rep.Shutdown.
+	running := map[string]*Proc{}
+	for name, p := range r.procs {
+		if _, done := rep.Shutdown[name]; !done {
+			running[name] = p
+		}
+	}
 	var mu sync.Mutex
 	var wg sync.WaitGroup
-	for name, p := range r.procs {
-		if _, done := rep.Shutdown[name]; done {
-			continue
-		}
+	for name, p := range running {
 		wg.Go(func() {
 			s := p.Stop(10 * time.Second)
 			mu.Lock()
@@ -582,7 +699,6 @@ func (r *run) finish(rep *Report, loadStart, loadEnd time.Time) {
 		<-p.Done()
 		<-r.batchDone
 	}
-	st := r.sb.Stats()
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	processed, retried, lost, err := r.queueState(ctx)
@@ -595,24 +711,25 @@ func (r *run) finish(rep *Report, loadStart, loadEnd time.Time) {
 	if rep.Interrupted {
 		rep.Events.Unfinished, rep.Events.Lost, lost = lost, 0, 0
 	}
-	expected := 0
-	for _, name := range connections {
-		expected += ExpectedRefreshes(r.granted[name], loadStart, loadEnd, r.o.TokenLifetime-r.o.Skew)
-	}
-	rep.Provider = ProviderReport{
-		Refreshes: st.Refreshes, ExpectedRefreshes: expected, RefreshReuse: st.RefreshReuse,
-		Resource401: st.Resource401, ResourceOK: st.ResourceOK, ByAgent: st.ResourceByAgent, CodeExchanges: st.CodeExchanges,
+	calls := map[string]int64{}
+	rep.Providers = nil
+	for _, p := range r.provs {
+		pr := p.report(r.granted, r.o.Skew, loadStart, loadEnd)
+		rep.Providers = append(rep.Providers, pr)
+		for agent, n := range pr.ByAgent {
+			calls[agent] += n
+		}
 	}
 	rep.Apps["server"] = AppReport{
-		Calls: st.ResourceByAgent["tokenguard-server"], Failures: r.serverBad.Load() + r.enqBad.Load(),
+		Calls: calls["tokenguard-server"], Failures: r.serverBad.Load() + r.enqBad.Load(),
 		Detail: fmt.Sprintf("%d requests answered 200, %d events accepted", r.serverOK.Load(), rep.Events.Enqueued),
 	}
 	rep.Apps["worker"] = AppReport{
-		Calls: st.ResourceByAgent["tokenguard-worker"], Failures: retried + lost,
+		Calls: calls["tokenguard-worker"], Failures: retried + lost,
 		Detail: fmt.Sprintf("%d/%d events processed", processed, rep.Events.Enqueued),
 	}
 	rep.Apps["batch"] = AppReport{
-		Calls: st.ResourceByAgent["tokenguard-batch"], Failures: r.batchBad.Load(),
+		Calls: calls["tokenguard-batch"], Failures: r.batchBad.Load(),
 		Detail: fmt.Sprintf("%d rounds", r.rounds.Load()),
 	}
 	for _, name := range []string{"server", "worker", "batch"} {
@@ -623,8 +740,8 @@ func (r *run) finish(rep *Report, loadStart, loadEnd time.Time) {
 			rep.Problems = append(rep.Problems, fmt.Sprintf("%s: exit status %d after SIGTERM (killed: %t)", name, s.ExitCode, s.Killed))
 		}
 	}
-	if st.RefreshReuse > 0 {
-		rep.Problems = append(rep.Problems, fmt.Sprintf("the provider saw %d refresh-token reuse", st.RefreshReuse))
+	for _, p := range rep.Providers {
+		rep.Problems = append(rep.Problems, p.problems()...)
 	}
 	if rep.Interrupted {
 		rep.Problems = append(rep.Problems, "interrupted")
@@ -686,7 +803,7 @@ func (rep *Report) WriteJSON(path string) error {
 // app, the failures seen, and the refreshes each app logged.
 func (r *run) timeline(end time.Time) (*Timeline, error) {
 	apps := []string{"server", "worker", "batch"}
-	t := &Timeline{End: end.UTC(), ProviderRefreshes: map[string]int{}}
+	t := &Timeline{End: end.UTC()}
 	for _, at := range r.granted {
 		if t.Start.IsZero() || at.Before(t.Start) {
 			t.Start = at.UTC()
@@ -731,11 +848,15 @@ func (r *run) timeline(end time.Time) (*Timeline, error) {
 		t.Refreshes = append(t.Refreshes, marks...)
 	}
 	sortMarks(t.Refreshes)
-	tl := r.sb.Timeline()
-	for _, rec := range tl.Refreshes {
-		t.ProviderRefreshes[strings.TrimPrefix(rec.Agent, "tokenguard-")]++
+	var resource []sandbox.ResourceSecond
+	lifetimes := map[string]time.Duration{}
+	for _, p := range r.provs {
+		resource = append(resource, p.sb.Timeline().Resource...)
+		for _, name := range p.conns {
+			lifetimes[name] = p.lifetime
+		}
 	}
-	t.Lanes = r.fails.lanes(apps, pids, tl.Resource)
-	t.Tokens = TokenBands(r.granted, t.Refreshes, r.o.TokenLifetime)
+	t.Lanes = r.fails.lanes(apps, pids, resource)
+	t.Tokens = TokenBands(r.granted, t.Refreshes, lifetimes)
 	return t, nil
 }

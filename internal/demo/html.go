@@ -65,11 +65,20 @@ type page struct {
 	FailColor  string
 	OKColor    string
 	Marks      int
-	Provider   string
+	Providers  []providerRow
 	PlotLeft   float64
 	PlotW      float64
 	PlotEnd    float64
 	TickEnd    float64
+}
+
+type providerRow struct {
+	Title, Quirks, Connections, Lifetime string
+	Refreshes                            int64
+	Expected                             int
+	Reuse, Rejected, Unauthorized        int64
+	ByApp                                string
+	Notes                                []string
 }
 
 type appRow struct {
@@ -129,6 +138,19 @@ func newPage(r *Report) page {
 		a := r.Apps[name]
 		p.Apps = append(p.Apps, appRow{Name: name, Calls: a.Calls, Failures: a.Failures, Detail: a.Detail})
 	}
+	providerOf := map[string]string{}
+	for _, pr := range r.Providers {
+		var byApp []string
+		for _, app := range slices.Sorted(maps.Keys(pr.RefreshesByApp)) {
+			byApp = append(byApp, fmt.Sprintf("%s %d", app, pr.RefreshesByApp[app]))
+		}
+		p.Providers = append(p.Providers, providerRow{Title: pr.Title(), Quirks: pr.Quirks, Connections: strings.Join(pr.Connections, ", "),
+			Lifetime: secs(pr.AccessTokenLifetime), Refreshes: pr.Refreshes, Expected: pr.ExpectedRefreshes, Reuse: pr.RefreshReuse,
+			Rejected: pr.RefreshRejected, Unauthorized: pr.Resource401, ByApp: strings.Join(byApp, ", "), Notes: pr.Notes})
+		for _, c := range pr.Connections {
+			providerOf[c] = pr.Title()
+		}
+	}
 	t := r.Timeline
 	if t == nil || !t.End.After(t.Start) {
 		return p
@@ -148,7 +170,7 @@ func newPage(r *Report) page {
 	y := 10.0
 	// One band lane per connection: each token's life.
 	for _, name := range r.Connections {
-		l := laneView{Kind: "token", Name: name, Label: name + " token", Y: y, H: tokenLaneH}
+		l := laneView{Kind: "token", Name: name, Label: name + " token", Sub: providerOf[name], Y: y, H: tokenLaneH}
 		for i, b := range t.Tokens {
 			if b.Connection != name {
 				continue
@@ -227,11 +249,6 @@ func newPage(r *Report) page {
 		p.Ticks = append(p.Ticks, tick{X: plotLeft + s/span*plotW, Label: fmt.Sprintf("%gs", s)})
 	}
 	p.Height = y + axisH
-	var parts []string
-	for _, app := range slices.Sorted(maps.Keys(t.ProviderRefreshes)) {
-		parts = append(parts, fmt.Sprintf("%s %d", app, t.ProviderRefreshes[app]))
-	}
-	p.Provider = strings.Join(parts, ", ")
 	return p
 }
 
@@ -257,12 +274,15 @@ table{border-collapse:collapse;margin:8px 0} td,th{padding:2px 10px;text-align:r
 .note{color:#555;font-size:12px} svg text{font:11px sans-serif} .lane-label{font-weight:600;font-size:12px}
 .swatch{display:inline-block;width:12px;height:12px;margin:0 4px -2px 12px}
 </style></head><body>
-<h1>tokenguard demo: {{printf "%.0f" .R.DurationSeconds}}s, {{len .R.Connections}} connections, access tokens live {{.R.AccessTokenLifetime}}s, refreshed {{.R.RefreshSkew}}s early</h1>
-<p class="verdict {{if .R.OK}}pass{{else}}failtxt{{end}}">{{if .R.OK}}PASS: no failed call, no refresh-token reuse{{else}}FAIL{{range .R.Problems}}<br>– {{.}}{{end}}{{end}}</p>
+<h1>tokenguard demo: {{printf "%.0f" .R.DurationSeconds}}s, {{len .R.Connections}} connections at {{len .R.Providers}} providers, access tokens refreshed {{.R.RefreshSkew}}s early</h1>
+<p class="verdict {{if .R.OK}}pass{{else}}failtxt{{end}}">{{if .R.OK}}PASS: no failed call, no refresh-token reuse at any provider{{else}}FAIL{{range .R.Problems}}<br>– {{.}}{{end}}{{end}}</p>
 <table><tr><th>app</th><th>API calls</th><th>failures</th><th></th></tr>
 {{range .Apps}}<tr><td>{{.Name}}</td><td>{{.Calls}}</td><td>{{.Failures}}</td><td style="text-align:left">{{.Detail}}</td></tr>{{end}}
 </table>
-<p>provider: {{.R.Provider.Refreshes}} refreshes (expected {{.R.Provider.ExpectedRefreshes}}), {{.R.Provider.RefreshReuse}} refresh-token reuse, {{.R.Provider.Resource401}} × 401{{if .Provider}}; refreshes by app as the provider saw them (User-Agent): {{.Provider}}{{end}}</p>
+<table class="providers"><tr><th>provider</th><th style="text-align:left">quirks</th><th style="text-align:left">connections</th><th>tokens live</th><th>refreshes</th><th>expected</th><th>reuse</th><th>refused</th><th>401</th><th style="text-align:left">refreshes by app (User-Agent)</th></tr>
+{{range .Providers}}<tr class="provider" data-provider="{{.Title}}"><td>{{.Title}}</td><td style="text-align:left">{{.Quirks}}</td><td style="text-align:left">{{.Connections}}</td><td>{{.Lifetime}}</td><td>{{.Refreshes}}</td><td>{{.Expected}}</td><td>{{.Reuse}}</td><td>{{.Rejected}}</td><td>{{.Unauthorized}}</td><td style="text-align:left">{{.ByApp}}</td></tr>{{end}}
+</table>
+{{range .Providers}}{{$t := .Title}}{{range .Notes}}<p class="note">{{$t}}: {{.}}</p>{{end}}{{end}}
 {{if .HasPicture}}
 <p class="note">One lane per app process: green bars are its calls to the API per second, red is calls answered 401 or failed; a vertical line marks a refresh that process did (connection and stored version). Above, one band per access token of each connection, from when it was obtained to its replacement. Hover for details.
 {{range .Legend}}<span class="swatch" style="background:{{.Color}}"></span>{{.Label}}{{end}}<span class="swatch" style="background:{{.OKColor}}"></span>calls ok<span class="swatch" style="background:{{.FailColor}}"></span>401 / failed</p>

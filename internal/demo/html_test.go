@@ -16,22 +16,28 @@ func syntheticReport() *Report {
 		{At: at(2100), App: "worker", PID: 102, Connection: "globex", Version: 2},
 		{At: at(4000), App: "batch", PID: 103, Connection: "acme", Version: 3, Forced: true},
 		{At: at(4150), App: "server", PID: 101, Connection: "globex", Version: 3},
+		{At: at(4500), App: "worker", PID: 102, Connection: "initech", Version: 2, Forced: true},
 	}
-	granted := map[string]time.Time{"acme": t0, "globex": at(100)}
+	granted := map[string]time.Time{"acme": t0, "globex": at(100), "initech": at(200)}
 	lanes := []Lane{
 		{App: "server", PID: 101, Seconds: []Second{{At: at(0), OK: 300}, {At: at(1000), OK: 320}, {At: at(2000), OK: 290, Unauthorized: 2}}},
 		{App: "worker", PID: 102, Seconds: []Second{{At: at(0), OK: 20}, {At: at(3000), OK: 19, Failed: 1}}},
 		{App: "batch", PID: 103, Seconds: []Second{{At: at(1000), OK: 2}}},
 	}
 	return &Report{
-		DurationSeconds: 5, AccessTokenLifetime: 3, RefreshSkew: 1, Connections: []string{"acme", "globex"},
-		Apps:     map[string]AppReport{"server": {Calls: 910, Detail: "910 requests answered 200"}, "worker": {Calls: 39, Failures: 1}, "batch": {Calls: 2}},
-		Provider: ProviderReport{Refreshes: 4, ExpectedRefreshes: 4},
+		DurationSeconds: 5, RefreshSkew: 1, Connections: []string{"acme", "globex", "initech"},
+		Apps: map[string]AppReport{"server": {Calls: 910, Detail: "910 requests answered 200"}, "worker": {Calls: 39, Failures: 1}, "batch": {Calls: 2}},
+		Providers: []ProviderReport{
+			{Quirks: "HTTP Basic only, expires_in 3", AccessTokenLifetime: 3, Connections: []string{"acme", "globex"},
+				Refreshes: 4, ExpectedRefreshes: 4, RefreshesByApp: map[string]int{"server": 2, "worker": 1, "batch": 1}},
+			{Name: "sandbox-form", Quirks: "form body only, no expires_in (tokens live 4s)", AccessTokenLifetime: 4, Connections: []string{"initech"},
+				Refreshes: 1, ExpectedRefreshes: 1, RefreshRejected: 1, Resource401: 2, RefreshesByApp: map[string]int{"worker": 1},
+				Notes: []string{"2 × 401: the imported first token said no expiry"}},
+		},
 		Problems: []string{"worker: 1 failed calls (see demo-out/worker.log)"},
 		Timeline: &Timeline{
 			Start: t0, End: at(5000), Lanes: lanes, Refreshes: marks,
-			Tokens:            TokenBands(granted, marks, 3*time.Second),
-			ProviderRefreshes: map[string]int{"server": 2, "worker": 1, "batch": 1},
+			Tokens: TokenBands(granted, marks, map[string]time.Duration{"acme": 3 * time.Second, "globex": 3 * time.Second, "initech": 4 * time.Second}),
 		},
 	}
 }
@@ -59,13 +65,13 @@ func TestHTMLReportIsSelfContained(t *testing.T) {
 			t.Errorf("%d lanes for %s, want 1", n, app)
 		}
 	}
-	for _, c := range []string{"acme", "globex"} {
+	for _, c := range []string{"acme", "globex", "initech"} {
 		if n := strings.Count(page, `class="lane lane-token" data-lane="`+c+`"`); n != 1 {
 			t.Errorf("%d token lanes for %s, want 1", n, c)
 		}
 	}
-	if n := strings.Count(page, `<g class="refresh">`); n != 4 {
-		t.Errorf("%d refresh marks, want 4", n)
+	if n := strings.Count(page, `<g class="refresh">`); n != 5 {
+		t.Errorf("%d refresh marks, want 5", n)
 	}
 	// Each refresh is marked in the lane of the app that did it.
 	lane := func(app string) string {
@@ -76,16 +82,46 @@ func TestHTMLReportIsSelfContained(t *testing.T) {
 		}
 		return page[i : i+j]
 	}
-	for app, want := range map[string][]string{"server": {"acme v2", "globex v3"}, "worker": {"globex v2"}, "batch": {"acme v3"}} {
+	for app, want := range map[string][]string{"server": {"acme v2", "globex v3"}, "worker": {"globex v2", "initech v2"}, "batch": {"acme v3"}} {
 		for _, w := range want {
 			if !strings.Contains(lane(app), ">"+w+"<") {
 				t.Errorf("%s lane lacks the mark %q", app, w)
 			}
 		}
 	}
-	// 3 bands for acme (v1..v3), 3 for globex.
-	if n := strings.Count(page, `<rect class="token"`); n != 6 {
-		t.Errorf("%d token bands, want 6", n)
+	// 3 bands for acme (v1..v3), 3 for globex, 2 for initech.
+	if n := strings.Count(page, `<rect class="token"`); n != 8 {
+		t.Errorf("%d token bands, want 8", n)
+	}
+	// initech's tokens live as long as its provider's: 4s.
+	if !strings.Contains(page, "initech v2: obtained 12:00:04.500, expires 12:00:08.500") {
+		t.Error("initech's second token does not live its provider's 4s")
+	}
+	// One row per provider, and each token lane names its provider.
+	for title, want := range map[string][]string{
+		"OAUTH_*":      {"HTTP Basic only", "acme, globex", "batch 1, server 2, worker 1"},
+		"sandbox-form": {"no expires_in", ">initech</td>", "worker 1"},
+	} {
+		i := strings.Index(page, `<tr class="provider" data-provider="`+title+`">`)
+		if i < 0 {
+			t.Errorf("no row for provider %s", title)
+			continue
+		}
+		row := page[i : i+strings.Index(page[i:], "</tr>")]
+		for _, w := range want {
+			if !strings.Contains(row, w) {
+				t.Errorf("provider %s's row lacks %q: %s", title, w, row)
+			}
+		}
+	}
+	if !strings.Contains(page, "sandbox-form: 2 × 401: the imported first token said no expiry") {
+		t.Error("the provider's note is missing")
+	}
+	for c, provider := range map[string]string{"acme": "OAUTH_*", "initech": "sandbox-form"} {
+		i := strings.Index(page, `data-lane="`+c+`"`)
+		if !strings.Contains(page[i:i+strings.Index(page[i:], "</g>")], `fill="#666">`+provider+`<`) {
+			t.Errorf("the %s token lane does not name provider %s", c, provider)
+		}
 	}
 	// Failures (401s and failed calls) are red, one bar per bad second.
 	if n := strings.Count(page, `class="fail"`); n != 2 || !strings.Contains(page, `fill="#d62728"`) {
@@ -94,7 +130,7 @@ func TestHTMLReportIsSelfContained(t *testing.T) {
 	if !strings.Contains(page, "FAIL") || !strings.Contains(page, "worker: 1 failed calls") {
 		t.Error("the problems are not shown")
 	}
-	if !strings.Contains(page, "forced after a 401") || !strings.Contains(page, "batch 1, server 2, worker 1") {
+	if !strings.Contains(page, "forced after a 401") {
 		t.Error("details missing")
 	}
 }
@@ -126,7 +162,7 @@ not json
 		t.Fatalf("marks = %+v", marks)
 	}
 	t0 := time.Date(2026, 1, 1, 12, 0, 0, 0, time.UTC)
-	bands := TokenBands(map[string]time.Time{"acme": t0}, marks, 3*time.Second)
+	bands := TokenBands(map[string]time.Time{"acme": t0}, marks, map[string]time.Duration{"acme": 3 * time.Second})
 	if len(bands) != 3 || bands[0].Version != 1 || !bands[0].Replaced.Equal(marks[0].At) || bands[2].Version != 3 || !bands[2].Replaced.IsZero() || !bands[2].Expiry.Equal(marks[1].At.Add(3*time.Second)) {
 		t.Errorf("bands = %+v", bands)
 	}

@@ -37,19 +37,19 @@ type AppReport struct {
 
 // Report is the demo's result, also written as JSON.
 type Report struct {
-	StartedAt           time.Time            `json:"started_at"`
-	DurationSeconds     float64              `json:"duration_seconds"`
-	AccessTokenLifetime float64              `json:"access_token_lifetime_seconds"`
-	RefreshSkew         float64              `json:"refresh_skew_seconds"`
-	Database            string               `json:"database"`
-	Connections         []string             `json:"connections"`
-	Apps                map[string]AppReport `json:"apps"`
-	Events              EventReport          `json:"events"`
-	Provider            ProviderReport       `json:"provider"`
-	Shutdown            map[string]Stopped   `json:"shutdown"`
-	Interrupted         bool                 `json:"interrupted"`
-	Problems            []string             `json:"problems"`
-	OK                  bool                 `json:"ok"`
+	StartedAt       time.Time            `json:"started_at"`
+	DurationSeconds float64              `json:"duration_seconds"`
+	RefreshSkew     float64              `json:"refresh_skew_seconds"`
+	Database        string               `json:"database"`
+	Connections     []string             `json:"connections"`
+	Apps            map[string]AppReport `json:"apps"`
+	Events          EventReport          `json:"events"`
+	// Providers: the OAUTH_* one first, then the stored one.
+	Providers   []ProviderReport   `json:"providers"`
+	Shutdown    map[string]Stopped `json:"shutdown"`
+	Interrupted bool               `json:"interrupted"`
+	Problems    []string           `json:"problems"`
+	OK          bool               `json:"ok"`
 	// Timeline is the run second by second (the HTML report's picture).
 	Timeline *Timeline `json:"timeline,omitempty"`
 }
@@ -65,29 +65,78 @@ type EventReport struct {
 	Unfinished int64 `json:"unfinished"`
 }
 
-// ProviderReport is what the sandbox provider saw.
+// ProviderReport is what one sandbox provider saw.
 type ProviderReport struct {
-	Refreshes         int64            `json:"refreshes"`
-	ExpectedRefreshes int              `json:"expected_refreshes"`
-	RefreshReuse      int64            `json:"refresh_token_reuse"`
-	Resource401       int64            `json:"resource_401"`
-	ResourceOK        int64            `json:"resource_ok"`
-	ByAgent           map[string]int64 `json:"resource_ok_by_user_agent"`
-	CodeExchanges     int64            `json:"code_exchanges"`
+	// Name is the stored provider's name (tokenctl provider add); "" is
+	// the provider of the OAUTH_* settings.
+	Name                string   `json:"name"`
+	URL                 string   `json:"url"`
+	Quirks              string   `json:"quirks"`
+	AccessTokenLifetime float64  `json:"access_token_lifetime_seconds"`
+	Connections         []string `json:"connections"`
+	Refreshes           int64    `json:"refreshes"`
+	ExpectedRefreshes   int      `json:"expected_refreshes"`
+	RefreshReuse        int64    `json:"refresh_token_reuse"`
+	// RefreshRejected counts refresh requests answered with an error,
+	// reuse included (auth style auto's HTTP Basic probe at a provider
+	// that takes only the form body is one).
+	RefreshRejected int64            `json:"refresh_rejected"`
+	Resource401     int64            `json:"resource_401"`
+	ResourceOK      int64            `json:"resource_ok"`
+	ByAgent         map[string]int64 `json:"resource_ok_by_user_agent"`
+	// RefreshesByApp counts the refreshes it granted, by the app's
+	// User-Agent.
+	RefreshesByApp map[string]int `json:"refreshes_by_app"`
+	CodeExchanges  int64          `json:"code_exchanges"`
+	// Notes explain what the figures alone do not.
+	Notes []string `json:"notes,omitempty"`
+}
+
+// problems are what makes the run fail at this provider: any
+// refresh-token reuse, or no refresh where the run needed some.
+func (p ProviderReport) problems() []string {
+	var out []string
+	if p.RefreshReuse > 0 {
+		out = append(out, fmt.Sprintf("provider %s saw %d refresh-token reuse", p.Title(), p.RefreshReuse))
+	}
+	if p.Refreshes == 0 && p.ExpectedRefreshes > 0 {
+		out = append(out, fmt.Sprintf("provider %s saw no refresh (expected %d)", p.Title(), p.ExpectedRefreshes))
+	}
+	return out
+}
+
+// Title is how the report names the provider.
+func (p ProviderReport) Title() string {
+	if p.Name == "" {
+		return "OAUTH_*"
+	}
+	return p.Name
 }
 
 // PrintTable writes the final table.
 func (r *Report) PrintTable(w io.Writer) {
-	fmt.Fprintf(w, "\ntokenguard demo: %.0fs, %d connections, access tokens live %s, refreshed %s early\n\n",
-		r.DurationSeconds, len(r.Connections), secs(r.AccessTokenLifetime), secs(r.RefreshSkew))
+	fmt.Fprintf(w, "\ntokenguard demo: %.0fs, %d connections at %d providers, access tokens refreshed %s early\n\n",
+		r.DurationSeconds, len(r.Connections), len(r.Providers), secs(r.RefreshSkew))
 	fmt.Fprintf(w, "  %-7s %9s %9s\n", "app", "API calls", "failures")
 	for _, name := range []string{"server", "worker", "batch"} {
 		a := r.Apps[name]
 		fmt.Fprintf(w, "  %-7s %9d %9d   %s\n", name, a.Calls, a.Failures, a.Detail)
 	}
-	p := r.Provider
-	fmt.Fprintf(w, "\nprovider: %d refreshes (expected %d for this run), %d refresh-token reuse, %d × 401\n",
-		p.Refreshes, p.ExpectedRefreshes, p.RefreshReuse, p.Resource401)
+	nameW, quirkW, connW := len("provider"), 0, len("connections")
+	for _, p := range r.Providers {
+		nameW, quirkW, connW = max(nameW, len(p.Title())), max(quirkW, len(p.Quirks)), max(connW, len(strings.Join(p.Connections, ", ")))
+	}
+	fmt.Fprintf(w, "\n  %-*s  %-*s  %-*s  %9s  %8s  %5s  %5s\n", nameW, "provider", quirkW, "", connW, "connections", "refreshes", "expected", "reuse", "401")
+	for _, p := range r.Providers {
+		fmt.Fprintf(w, "  %-*s  %-*s  %-*s  %9d  %8d  %5d  %5d\n", nameW, p.Title(), quirkW, p.Quirks, connW, strings.Join(p.Connections, ", "),
+			p.Refreshes, p.ExpectedRefreshes, p.RefreshReuse, p.Resource401)
+	}
+	for _, p := range r.Providers {
+		for _, n := range p.Notes {
+			fmt.Fprintf(w, "  %s: %s\n", p.Title(), n)
+		}
+	}
+	fmt.Fprintln(w)
 	fmt.Fprintf(w, "events:   %d enqueued, %d processed, %d retried, %d lost",
 		r.Events.Enqueued, r.Events.Processed, r.Events.Retried, r.Events.Lost)
 	if r.Events.Unfinished > 0 {
@@ -102,7 +151,7 @@ func (r *Report) PrintTable(w io.Writer) {
 	}
 	fmt.Fprintf(w, "SIGTERM:  %s\n", strings.Join(stops, ", "))
 	if r.OK {
-		fmt.Fprintln(w, "\nPASS: no failed call, no refresh-token reuse")
+		fmt.Fprintln(w, "\nPASS: no failed call, no refresh-token reuse at any provider")
 		return
 	}
 	fmt.Fprintln(w, "\nFAIL:")

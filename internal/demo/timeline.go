@@ -25,8 +25,6 @@ type Timeline struct {
 	Refreshes []RefreshMark `json:"refreshes"`
 	// Tokens are the lifetimes of every access token, per connection.
 	Tokens []TokenBand `json:"tokens"`
-	// ProviderRefreshes counts the refreshes the provider saw, by app.
-	ProviderRefreshes map[string]int `json:"provider_refreshes"`
 }
 
 // Lane is one app process and what it did each second.
@@ -96,10 +94,12 @@ func ParseRefreshLog(r io.Reader) ([]RefreshMark, error) {
 }
 
 // TokenBands derives each connection's token lifetimes from when it was
-// first granted (version 1) and the refreshes after.
-func TokenBands(granted map[string]time.Time, marks []RefreshMark, lifetime time.Duration) []TokenBand {
+// first granted (version 1) and the refreshes after; lifetime is how long
+// its provider's access tokens live, per connection.
+func TokenBands(granted map[string]time.Time, marks []RefreshMark, lifetimes map[string]time.Duration) []TokenBand {
 	var out []TokenBand
 	for _, name := range slices.Sorted(maps.Keys(granted)) {
+		lifetime := lifetimes[name]
 		cur := TokenBand{Connection: name, Version: 1, From: granted[name], Expiry: granted[name].Add(lifetime)}
 		for _, m := range marks {
 			if m.Connection != name {
