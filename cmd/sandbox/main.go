@@ -20,6 +20,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -64,6 +65,8 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		"the form body is answered 401 invalid_client), params (the form body only) or both")
 	omitExpiresIn := fs.Bool("omit-expires-in", false, "answer without expires_in, as providers that never say how long a token lives "+
 		"(clients learn it from a 401)")
+	secretFile := fs.String("client-secret-file", "", "read the client's secret from the first line of `PATH` instead of "+
+		"SANDBOX_CLIENT_SECRET; on SIGHUP read it again and rotate to it, refusing the old secret from then on")
 	if err := fs.Parse(args); err != nil {
 		return nil, 2
 	}
@@ -73,6 +76,13 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		return nil, 2
 	}
 	secret := clientSecret()
+	if *secretFile != "" {
+		var err error
+		if secret, err = readSecret(*secretFile); err != nil {
+			fmt.Fprintln(stderr, "sandbox:", err)
+			return nil, 2
+		}
+	}
 	sb, err := demo.StartSandbox(*addr, sandbox.Options{AccessTokenLifespan: *lifetime, ClientID: *clientID, ClientSecret: secret,
 		ClientAuth: clientAuth, OmitExpiresIn: *omitExpiresIn})
 	if err != nil {
@@ -94,6 +104,9 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		quirkEnv += " TOKEN_DEFAULT_LIFETIME=" + life.String()
 		quirkFlags += " --default-lifetime " + life.String()
 	}
+	if *secretFile != "" {
+		rotateOnHangup(sb, *secretFile, stderr)
+	}
 	fmt.Fprintln(stdout, sb.URL)
 	fmt.Fprintf(stderr, `sandbox: serving at %[1]s. Settings for the apps:
   export OAUTH_TOKEN_URL=%[1]s/oauth2/token OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
@@ -113,6 +126,38 @@ func clientSecret() string {
 		return s
 	}
 	return defaultSecret
+}
+
+// readSecret is the first line of path.
+func readSecret(path string) (string, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return "", fmt.Errorf("--client-secret-file: %w", err)
+	}
+	secret, _, _ := strings.Cut(string(b), "\n")
+	if secret = strings.TrimSpace(secret); secret == "" {
+		return "", fmt.Errorf("--client-secret-file %s: empty", path)
+	}
+	return secret, nil
+}
+
+// rotateOnHangup rotates the client's secret to the one in path on every
+// SIGHUP, as an operator does at a real provider: the old one is refused
+// at once.
+func rotateOnHangup(sb *demo.Sandbox, path string, stderr io.Writer) {
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	go func() {
+		for range hup {
+			secret, err := readSecret(path)
+			if err != nil {
+				fmt.Fprintln(stderr, "sandbox: secret not rotated:", err)
+				continue
+			}
+			sb.RotateClientSecret(secret, false)
+			fmt.Fprintln(stderr, "sandbox: client secret rotated; the old one is refused")
+		}
+	}()
 }
 
 // grantFlags are the flags sandbox grant needs for a client other than
