@@ -26,7 +26,7 @@ func TestStatusShowsRefreshTokenExpiry(t *testing.T) {
 	}
 	p.flush()
 	lines := strings.Split(out.String(), "\n")
-	if !strings.Contains(lines[0], "REFRESH TOKEN EXPIRY") ||
+	if !strings.Contains(lines[0], "REFRESH TOKEN EXPIRY  PROVIDER") || !strings.Contains(lines[1], " default ") ||
 		!strings.Contains(lines[1], "2026-04-01T00:00:00Z") || !strings.Contains(lines[2], "unknown") {
 		t.Errorf("status:\n%s", out.String())
 	}

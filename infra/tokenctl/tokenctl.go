@@ -337,7 +337,7 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	if p.tw == nil {
 		p.tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
 		if p.lines == 0 {
-			fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tREASON")
+			fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tPROVIDER\tREASON")
 		}
 	}
 	exp := formatTime(t.Expiry)
@@ -352,7 +352,13 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	if !t.RefreshExpiry.IsZero() {
 		refreshExp = formatTime(t.RefreshExpiry)
 	}
-	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, t.StatusReason)
+	provider := t.Provider
+	if provider == "" {
+		provider = "default" // the OAUTH_* settings'
+	}
+	// New columns go before REASON (free text, last): scripts read the
+	// others by position.
+	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider, t.StatusReason)
 	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) {
 		p.bound = append(p.bound, t)
 	}
