@@ -164,13 +164,22 @@ func twoProviders(r *run) conformance.Cell {
 	}
 	ch, ct := conformance.Count(here), conformance.Count(there)
 	ownDeltaHere, ownDeltaThere := r.s.ownReuse()-ownHere, other.ownReuse()-ownThere
-	probes := 0
+	// Auth style auto at a form-only provider: an HTTP Basic probe, then
+	// the form body, remembered. Refreshes of different connections run
+	// side by side, so until the first one has remembered the answer each
+	// may probe: at least one probe, at most one per connection here.
+	minProbes, maxProbes := 0, 0
 	if !r.s.basicOK {
-		probes = 1 // auth style auto: one HTTP Basic probe, then the form body, remembered
+		minProbes = 1
+		for _, c := range conns {
+			if c.here {
+				maxProbes++
+			}
+		}
 	}
-	if ch.Refreshed != bumpedHere || ch.InvalidGrant != 0 || ch.Other != 0 || ch.InvalidClient != probes || ownDeltaHere != 0 {
-		r.failf("stored provider: %+v, server counted %d reuse; want %d refreshes (its connections' new versions), no error but %d invalid_client",
-			ch, ownDeltaHere, bumpedHere, probes)
+	if ch.Refreshed != bumpedHere || ch.InvalidGrant != 0 || ch.Other != 0 || ch.InvalidClient < minProbes || ch.InvalidClient > maxProbes || ownDeltaHere != 0 {
+		r.failf("stored provider: %+v, server counted %d reuse; want %d refreshes (its connections' new versions), no error but %d to %d invalid_client",
+			ch, ownDeltaHere, bumpedHere, minProbes, maxProbes)
 	}
 	if ct.Refreshed != bumpedThere || ct.InvalidGrant != 0 || ct.Other != 0 || ct.InvalidClient != 0 || ownDeltaThere != 0 {
 		r.failf("OAUTH_* provider: %+v, server counted %d reuse; want %d refreshes (its connections' new versions), no error",
