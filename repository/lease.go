@@ -2,10 +2,13 @@ package repository
 
 import (
 	"context"
+	"database/sql"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -43,25 +46,66 @@ func (l *LockedTokens) Lease(ctx context.Context, t domain.Token) (end func(rele
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
-	var holder []string
-	err = l.pool.WithContext(ctx).Raw(`
-INSERT INTO refresh_leases AS l (connection_id, version, holder, until)
-SELECT c.id, ?, gen_random_uuid(), now() + ? * interval '1 millisecond' FROM connections c WHERE c.name = ?
-ON CONFLICT (connection_id) DO UPDATE
-    SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-    WHERE l.version <> EXCLUDED.version
-       OR now() > greatest(l.until, pg_postmaster_start_time() + ? * interval '1 millisecond')
-RETURNING l.holder::text`, t.Version, leaseTerm.Milliseconds(), t.Connection, restartGrace.Milliseconds()).Scan(&holder).Error
+	holder, err := l.takeLease(ctx, t)
 	if err != nil {
 		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
 	}
-	if len(holder) == 0 {
+	if holder == "" {
 		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
 	}
-	lease := &refreshLease{pool: l.pool, connection: t.Connection, holder: holder[0], stop: make(chan struct{})}
+	lease := &refreshLease{pool: l.pool, connection: t.Connection, holder: holder, stop: make(chan struct{})}
 	lease.renewing.Add(1)
 	go lease.renew()
 	return lease.end, nil
+}
+
+// takeLeaseSQL takes the lease on $2 of connection $1 unless another
+// holder's lease on that version runs; it returns the new holder's id, or
+// no row.
+const takeLeaseSQL = `
+INSERT INTO refresh_leases AS l (connection_id, version, holder, until)
+SELECT c.id, $2, gen_random_uuid(), now() + $3 * interval '1 millisecond' FROM connections c WHERE c.name = $1
+ON CONFLICT (connection_id) DO UPDATE
+    SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
+    WHERE l.version <> EXCLUDED.version
+       OR now() > greatest(l.until, pg_postmaster_start_time() + $4 * interval '1 millisecond')
+RETURNING l.holder::text`
+
+// takeLease runs takeLeaseSQL on a pool connection: on pgx in exec mode,
+// one round trip on any connection (the statement is not worth a prepare
+// round trip on each pool connection it meets), else through GORM. It
+// returns "" when another holder's lease runs.
+func (l *LockedTokens) takeLease(ctx context.Context, t domain.Token) (string, error) {
+	args := []any{t.Connection, t.Version, leaseTerm.Milliseconds(), restartGrace.Milliseconds()}
+	if l.tx.plain == nil {
+		if pool, ok := l.pool.Statement.ConnPool.(interface {
+			Conn(context.Context) (*sql.Conn, error)
+		}); ok {
+			conn, err := pool.Conn(ctx)
+			if err != nil {
+				return "", err
+			}
+			defer conn.Close()
+			var holder string
+			err = conn.Raw(func(dc any) error {
+				pc, err := pgxConn(dc)
+				if err != nil {
+					return err
+				}
+				err = pc.QueryRow(ctx, takeLeaseSQL, append([]any{pgx.QueryExecModeExec}, args...)...).Scan(&holder)
+				if errors.Is(err, pgx.ErrNoRows) {
+					return nil
+				}
+				return err
+			})
+			return holder, err
+		}
+	}
+	var holder []string
+	if err := l.pool.WithContext(ctx).Raw(takeLeaseSQL, args...).Scan(&holder).Error; err != nil || len(holder) == 0 {
+		return "", err
+	}
+	return holder[0], nil
 }
 
 // refreshLease is a lease its holder still renews.
