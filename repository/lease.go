@@ -59,16 +59,20 @@ func (l *LockedTokens) Lease(ctx context.Context, t domain.Token) (end func(rele
 	return lease.end, nil
 }
 
+// leaseRunsUntil is when a lease l runs out: its until, but never sooner
+// than restartGrace after the server started.
+var leaseRunsUntil = fmt.Sprintf("greatest(l.until, pg_postmaster_start_time() + interval '%d milliseconds')",
+	restartGrace.Milliseconds())
+
 // takeLeaseSQL takes the lease on $2 of connection $1 unless another
 // holder's lease on that version runs; it returns the new holder's id, or
 // no row.
-const takeLeaseSQL = `
+var takeLeaseSQL = `
 INSERT INTO refresh_leases AS l (connection_id, version, holder, until)
 SELECT c.id, $2, gen_random_uuid(), now() + $3 * interval '1 millisecond' FROM connections c WHERE c.name = $1
 ON CONFLICT (connection_id) DO UPDATE
     SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-    WHERE l.version <> EXCLUDED.version
-       OR now() > greatest(l.until, pg_postmaster_start_time() + $4 * interval '1 millisecond')
+    WHERE l.version <> EXCLUDED.version OR now() > ` + leaseRunsUntil + `
 RETURNING l.holder::text`
 
 // takeLease runs takeLeaseSQL on a pool connection: on pgx in exec mode,
@@ -76,7 +80,7 @@ RETURNING l.holder::text`
 // round trip on each pool connection it meets), else through GORM. It
 // returns "" when another holder's lease runs.
 func (l *LockedTokens) takeLease(ctx context.Context, t domain.Token) (string, error) {
-	args := []any{t.Connection, t.Version, leaseTerm.Milliseconds(), restartGrace.Milliseconds()}
+	args := []any{t.Connection, t.Version, leaseTerm.Milliseconds()}
 	if l.tx.plain == nil {
 		if pool, ok := l.pool.Statement.ConnPool.(interface {
 			Conn(context.Context) (*sql.Conn, error)
@@ -161,9 +165,8 @@ func (r *TokenRepository) Leased(ctx context.Context, t domain.Token) (bool, err
 	var live []bool
 	err := r.db.WithContext(ctx).Raw(`
 SELECT true FROM refresh_leases l JOIN connections c ON c.id = l.connection_id
-WHERE c.name = ? AND l.version = ?
-  AND now() <= greatest(l.until, pg_postmaster_start_time() + ? * interval '1 millisecond')`,
-		t.Connection, t.Version, restartGrace.Milliseconds()).Scan(&live).Error
+WHERE c.name = ? AND l.version = ? AND now() <= `+leaseRunsUntil,
+		t.Connection, t.Version).Scan(&live).Error
 	if err != nil {
 		return false, storeError(ctx, "read refresh lease of "+t.Connection, err)
 	}

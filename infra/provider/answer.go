@@ -37,27 +37,38 @@ var (
 	errReadAnswer = errors.New("reading the answer failed")
 )
 
-// exchange sends one refresh_token grant request with the client
-// credentials in style (oauth2.AuthStyleInHeader or InParams) and reads
-// the answer. Errors are *domain.ProviderError and free of secrets.
-func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
-	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
+// clientRequest is a form POST to an endpoint of the provider (token,
+// revocation) with the client's credentials in style: HTTP Basic
+// (oauth2.AuthStyleInHeader) or the form body (AuthStyleInParams).
+func clientRequest(ctx context.Context, endpoint string, form url.Values, clientID, secret string, style oauth2.AuthStyle) (*http.Request, error) {
 	if style == oauth2.AuthStyleInParams {
-		form.Set("client_id", r.cfg.ClientID)
-		if r.cfg.ClientSecret != "" {
-			form.Set("client_secret", r.cfg.ClientSecret)
+		form.Set("client_id", clientID)
+		if secret != "" {
+			form.Set("client_secret", secret)
 		}
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, r.cfg.Endpoint.TokenURL, strings.NewReader(form.Encode()))
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
 	if err != nil {
-		// The URL was checked at configuration; the error names only it.
-		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
 	if style == oauth2.AuthStyleInHeader {
 		// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
-		req.SetBasicAuth(url.QueryEscape(r.cfg.ClientID), url.QueryEscape(r.cfg.ClientSecret))
+		req.SetBasicAuth(url.QueryEscape(clientID), url.QueryEscape(secret))
+	}
+	return req, nil
+}
+
+// exchange sends one refresh_token grant request with the client
+// credentials in style (oauth2.AuthStyleInHeader or InParams) and reads
+// the answer. Errors are *domain.ProviderError and free of secrets.
+func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
+	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
+	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, form, r.cfg.ClientID, r.cfg.ClientSecret, style)
+	if err != nil {
+		// The URL was checked at configuration; the error names only it.
+		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	sent := r.now()
 	resp, err := r.client.Do(req)

@@ -266,17 +266,10 @@ func (r *Registry) Loads() int64 { return r.loads.Load() }
 
 // OAuth2Config is the x/oauth2 view of a stored provider.
 func OAuth2Config(p domain.Provider) *oauth2.Config {
-	style := oauth2.AuthStyleAutoDetect
-	switch p.AuthStyle {
-	case domain.AuthStyleHeader:
-		style = oauth2.AuthStyleInHeader
-	case domain.AuthStyleParams:
-		style = oauth2.AuthStyleInParams
-	}
 	return &oauth2.Config{
 		ClientID:     p.ClientID,
 		ClientSecret: p.ClientSecret.Reveal(),
-		Endpoint:     oauth2.Endpoint{AuthURL: p.AuthURL, TokenURL: p.TokenURL, AuthStyle: style},
+		Endpoint:     oauth2.Endpoint{AuthURL: p.AuthURL, TokenURL: p.TokenURL, AuthStyle: styleFromName(string(p.AuthStyle))},
 		Scopes:       slices.Clone(p.Scopes),
 	}
 }

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net/http"
 	"net/url"
-	"strings"
 
 	"golang.org/x/oauth2"
 
@@ -167,20 +166,9 @@ func revocationAnswer(status int, code string) error {
 // codes are: unknown ones are not echoed).
 func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
 	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
-	if style == oauth2.AuthStyleInParams {
-		form.Set("client_id", e.ClientID)
-		if !e.ClientSecret.IsZero() {
-			form.Set("client_secret", e.ClientSecret.Reveal())
-		}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL, strings.NewReader(form.Encode()))
+	req, err := clientRequest(ctx, e.URL, form, e.ClientID, e.ClientSecret.Reveal(), style)
 	if err != nil {
 		return 0, "", fmt.Errorf("revocation URL: %w", errRevocationRefused)
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "application/json")
-	if style == oauth2.AuthStyleInHeader {
-		req.SetBasicAuth(url.QueryEscape(e.ClientID), url.QueryEscape(e.ClientSecret.Reveal()))
 	}
 	resp, err := r.client.Do(req)
 	if err != nil {

@@ -9,6 +9,7 @@ import (
 	"regexp"
 	"slices"
 	"text/tabwriter"
+	"time"
 
 	"golang.org/x/perf/benchfmt"
 )
@@ -46,7 +47,11 @@ func Read(r io.Reader) (Results, error) {
 // get is the median over the runs: a batch disturbed by the machine moves
 // it less than it moves a mean.
 func (r Results) get(name, unit string) (float64, bool) {
-	vs := slices.Clone(r[name][unit])
+	return median(slices.Clone(r[name][unit]))
+}
+
+// median sorts vs and returns its median; false when it is empty.
+func median[T float64 | time.Duration](vs []T) (T, bool) {
 	if len(vs) == 0 {
 		return 0, false
 	}

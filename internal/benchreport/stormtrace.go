@@ -234,12 +234,5 @@ func Median(storms []Storm, got func(Storm) time.Duration) (time.Duration, bool)
 			vs = append(vs, v)
 		}
 	}
-	if len(vs) == 0 {
-		return 0, false
-	}
-	slices.Sort(vs)
-	if n := len(vs); n%2 == 0 {
-		return (vs[n/2-1] + vs[n/2]) / 2, true
-	}
-	return vs[len(vs)/2], true
+	return median(vs)
 }
