@@ -23,6 +23,7 @@ type options struct {
 	httpClient                     *http.Client
 	listenDSN                      string
 	cacheSize                      int
+	maxRefreshesInFlight           int
 	defaultLifetime                time.Duration
 }
 
@@ -77,9 +78,10 @@ func WithMetrics(r prometheus.Registerer) Option { return func(o *options) { o.r
 func WithMetricsPerConnection() Option { return func(o *options) { o.connectionLabel = true } }
 
 // WithHTTPClient is the client for the provider's token endpoint (to set
-// a User-Agent, a proxy, TLS settings). Bound its timeout: the connection's
-// lock is held meanwhile. It never follows a redirect, whatever its
-// CheckRedirect. Default: every phase bounded by the refresh timeout.
+// a User-Agent, a proxy, TLS settings). Bound its timeout: the
+// connection's refresh lease is held meanwhile (no lock, no database
+// connection). It never follows a redirect, whatever its CheckRedirect.
+// Default: every phase bounded by the refresh timeout.
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
 
 // WithListenDSN is the database Run listens on for other processes'
@@ -92,6 +94,14 @@ func WithListenDSN(dsn string) Option { return func(o *options) { o.listenDSN = 
 // (default 10,000, about 0.5 KB each); the least recently used are read
 // again when asked for. Negative: no bound.
 func WithCacheSize(n int) Option { return func(o *options) { o.cacheSize = n } }
+
+// WithMaxRefreshesInFlight bounds how many refreshes this process runs at
+// once (default 64), whatever the pool size: a refresh holds no database
+// connection while the provider answers, so the bound is for the provider
+// and for the database's short transactions around each call. Callers
+// beyond it queue in order of arrival and are served as the queue moves;
+// the queue does not count against the lock wait.
+func WithMaxRefreshesInFlight(n int) Option { return func(o *options) { o.maxRefreshesInFlight = n } }
 
 // WithDefaultLifetime is the lifetime of an access token whose token
 // endpoint answer has no usable expires_in (default none: such a token is

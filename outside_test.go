@@ -99,39 +99,7 @@ func main() {
 // sandbox provider: Migrate, New, Import, Token, Client, Run, Close.
 func TestProgramOutsideTheModule(t *testing.T) {
 	w := newWorld(t, sandbox.Options{AccessTokenLifespan: 2 * time.Second})
-	root, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	gomod := `module example.com/app
-
-go 1.26
-
-require (
-	github.com/tokenguard/tokenguard v0.0.0
-	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
-	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
-	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `
-)
-
-replace github.com/tokenguard/tokenguard => ` + root + "\n"
-	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(outsideProgram)} {
-		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
-	bin := filepath.Join(dir, "app")
-	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Dir = dir
-	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
-	if out, err := build.CombinedOutput(); err != nil {
-		t.Fatalf("go build outside the module: %v\n%s", err, out)
-	}
+	dir, bin := buildOutside(t, outsideProgram)
 	if imports := goList(t, dir); len(imports) != 0 {
 		t.Fatalf("the program imports more of ours than the root package: %v", imports)
 	}
@@ -155,6 +123,48 @@ replace github.com/tokenguard/tokenguard => ` + root + "\n"
 	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
 		t.Fatalf("provider: %d refreshes, %d reuses; want 1 and 0", st.Refreshes, st.RefreshReuse)
 	}
+}
+
+// buildOutside builds program as the main package of a module of its
+// own, whose go.mod reaches this module through a replace directive and
+// whose go.sum is this module's (so nothing new is downloaded). It
+// returns the module's directory and the binary.
+func buildOutside(t *testing.T, program string) (dir, bin string) {
+	t.Helper()
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir = t.TempDir()
+	gomod := `module example.com/app
+
+go 1.26
+
+require (
+	github.com/tokenguard/tokenguard v0.0.0
+	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
+	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
+	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `
+)
+
+replace github.com/tokenguard/tokenguard => ` + root + "\n"
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(program)} {
+		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	bin = filepath.Join(dir, "app")
+	build := exec.Command("go", "build", "-o", bin, ".")
+	build.Dir = dir
+	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	if out, err := build.CombinedOutput(); err != nil {
+		t.Fatalf("go build outside the module: %v\n%s", err, out)
+	}
+	return dir, bin
 }
 
 // moduleVersion is the version of a requirement of this module.

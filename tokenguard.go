@@ -202,13 +202,14 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	t.clock = clock
 	uopts := usecase.Options{
-		Clock:          clock,
-		Skew:           o.skew,
-		LockWait:       o.lockWait,
-		RefreshTimeout: o.refreshTimeout,
-		CacheSize:      o.cacheSize,
-		Logger:         o.log,
-		OnNeedsReauth:  o.onNeedsReauth,
+		Clock:                clock,
+		Skew:                 o.skew,
+		LockWait:             o.lockWait,
+		RefreshTimeout:       o.refreshTimeout,
+		CacheSize:            o.cacheSize,
+		MaxRefreshesInFlight: o.maxRefreshesInFlight,
+		Logger:               o.log,
+		OnNeedsReauth:        o.onNeedsReauth,
 	}
 	if o.registerer != nil {
 		t.metrics = metrics.New(metrics.Options{Registerer: o.registerer, ConnectionLabel: o.connectionLabel, Log: o.log})

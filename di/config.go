@@ -31,6 +31,8 @@ type Config struct {
 	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
 	// CacheSize bounds the connections each process caches a token of.
 	CacheSize int `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
+	// MaxRefreshesInFlight bounds the refreshes each process runs at once.
+	MaxRefreshesInFlight int `env:"TOKEN_MAX_REFRESHES_IN_FLIGHT" envDefault:"64"`
 	// MigrateOnStart applies pending migrations when an app starts.
 	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
 	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt). Unset
@@ -173,6 +175,9 @@ func (c Config) validate() error {
 	}
 	if c.DBMaxConns < 1 {
 		return errors.New("DB_MAX_CONNS must be at least 1")
+	}
+	if c.MaxRefreshesInFlight < 1 {
+		return errors.New("TOKEN_MAX_REFRESHES_IN_FLIGHT must be at least 1")
 	}
 	if c.CacheSize < 1 {
 		return errors.New("TOKEN_CACHE_SIZE must be at least 1")

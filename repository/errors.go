@@ -28,8 +28,14 @@ func storeError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	}
 	// A cancelled or expired context surfaces as whatever the driver saw
-	// (a cancel request, a closed socket); report the caller's reason.
-	if ctxErr := ctx.Err(); ctxErr != nil {
+	// (a cancel request, a closed socket); report the reason. A deadline
+	// is also the store's failure to answer in time (the deadline may be
+	// an internal bound, a pool connection or a lock waited for): callers
+	// can tell it from their own cancellation.
+	switch ctxErr := ctx.Err(); {
+	case errors.Is(ctxErr, context.DeadlineExceeded):
+		return fmt.Errorf("%s: %w (%w)", op, domain.ErrStoreUnavailable, ctxErr)
+	case ctxErr != nil:
 		return fmt.Errorf("%s: %w", op, ctxErr)
 	}
 	if isPg {

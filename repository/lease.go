@@ -2,161 +2,210 @@ package repository
 
 import (
 	"context"
-	"database/sql"
-	"errors"
+	"crypto/rand"
+	"encoding/hex"
 	"fmt"
+	"maps"
+	"slices"
+	"strings"
 	"sync"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Lease timing. A live holder renews its lease every leaseRenewEvery, each
-// renewal good for leaseTerm, so a lease outlives a dead holder by at most
-// leaseTerm. After the database server (re)started, every lease holds for
-// restartGrace at least: its holder lost its sessions to the restart and
-// needs that long to reconnect and renew (or store its rotated token), and
-// must not be overtaken meanwhile.
+// Lease timing. A live holder's process renews its leases every
+// leaseRenewEvery, each renewal good for leaseTerm, so a lease outlives a
+// dead holder by at most leaseTerm. A lease that a server restart or a
+// failover interrupted (taken on a server that started at another time) is
+// held for restartGrace from the moment a process first finds it on the new
+// server: its holder lost its sessions and needs that long to reconnect and
+// renew it, or to store its rotated token, and must not be overtaken
+// meanwhile.
 const (
 	leaseTerm       = time.Second
 	leaseRenewEvery = 300 * time.Millisecond
 	restartGrace    = 5 * time.Second
 )
 
-// Lease records in refresh_leases (migration 7) that t's refresh token is
-// about to be presented at the provider, and commits it at once on a pool
-// connection: not in the lock's transaction, whose session may end while
-// the provider call is in flight (a terminated backend, a Postgres restart)
-// and take the lock with it. The next holder of the lock then finds the
-// lease and gets domain.ErrRefreshInProgress instead of presenting the same
-// refresh token, which a strict provider would take for a reuse and answer
-// by revoking the grant.
+// Lease records in the locked transaction, in refresh_leases, that t's
+// refresh token is about to be presented at the provider, and commits:
+// the lock and its pool connection are let go, and the provider call runs
+// with no database connection held. While the lease runs, no other holder
+// of the lock presents the same refresh token (it gets
+// domain.ErrRefreshInProgress, and waits for the announcement of the
+// rotated token or for the lease to end); a strict provider would take a
+// second presentation for a reuse and revoke the grant.
 //
-// The lease is renewed in the background until end is called, so it lasts
-// as long as its holder lives and no longer: a process killed mid-refresh
-// holds up the others for leaseTerm (a second) at most. A lease names the
-// version it was taken for, so storing a newer version ends it for
-// everyone else; end with release true also deletes it, for a refresh
-// whose token was not spent. Commits are synchronous: a restart does not
-// forget a lease.
+// The holder's process renews the lease in the background until end is
+// called, so it lasts as long as its holder lives and no longer: a process
+// killed mid-refresh holds up the others for leaseTerm (a second) at most.
+// Storing a newer version ends the lease for everyone (Save deletes it in
+// the writing statement); end(true) deletes it and announces the release,
+// for a refresh whose token was not spent.
 func (l *LockedTokens) Lease(ctx context.Context, t domain.Token) (end func(release bool), err error) {
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
-	holder, err := l.takeLease(ctx, t)
-	if err != nil {
+	holder := newHolder()
+	var got []string
+	if err := l.tx.execAndCommit(ctx, scanStrings(&got), takeLeaseSQL, t.Connection, t.Version, holder, leaseTerm.Milliseconds(), restartGrace.Milliseconds()); err != nil {
 		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
 	}
-	if holder == "" {
+	if len(got) == 0 || got[0] != holder {
 		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
 	}
-	lease := &refreshLease{pool: l.pool, connection: t.Connection, holder: holder, stop: make(chan struct{})}
-	lease.renewing.Add(1)
-	go lease.renew()
+	lease := &heldLease{renewer: l.leases, connection: t.Connection, version: t.Version, holder: holder}
+	l.leases.add(holder)
 	return lease.end, nil
 }
 
-// leaseRunsUntil is when a lease l runs out: its until, but never sooner
-// than restartGrace after the server started.
-var leaseRunsUntil = fmt.Sprintf("greatest(l.until, pg_postmaster_start_time() + interval '%d milliseconds')",
-	restartGrace.Milliseconds())
+// newHolder names a lease's holder: a random UUID, made here so that the
+// statement taking the lease can tell whose lease it returns.
+func newHolder() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40 // version 4
+	b[8] = b[8]&0x3f | 0x80 // variant
+	h := hex.EncodeToString(b[:])
+	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
+}
 
-// takeLeaseSQL takes the lease on $2 of connection $1 unless another
-// holder's lease on that version runs; it returns the new holder's id, or
-// no row.
+// leaseFree is the condition under which an existing lease l may be taken
+// over by EXCLUDED: it is on another version (stored since), or it was
+// taken or renewed on this server and has run out. A lease from another
+// server (a restart, a failover, or a release without server_started) is
+// never free at first sight: takeLeaseSQL holds it for the grace instead.
+const leaseFree = `(l.version <> EXCLUDED.version OR (l.server_started = EXCLUDED.server_started AND now() > l.until))`
+
+// takeLeaseSQL takes the lease on version $2 of connection $1 for holder
+// $3 unless another holder's lease on that version runs, and returns the
+// lease's holder afterwards: $3 if it was taken. A lease found from
+// another server is kept for its holder, its term set to the grace $5 ms
+// from now.
 var takeLeaseSQL = `
-INSERT INTO refresh_leases AS l (connection_id, version, holder, until)
-SELECT c.id, $2, gen_random_uuid(), now() + $3 * interval '1 millisecond' FROM connections c WHERE c.name = $1
-ON CONFLICT (connection_id) DO UPDATE
-    SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-    WHERE l.version <> EXCLUDED.version OR now() > ` + leaseRunsUntil + `
+INSERT INTO refresh_leases AS l (connection_id, version, holder, until, server_started)
+SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM connections c WHERE c.name = $1
+ON CONFLICT (connection_id) DO UPDATE SET
+    holder  = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.holder ELSE l.holder END,
+    until   = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.until ELSE now() + $5 * interval '1 millisecond' END,
+    version = EXCLUDED.version,
+    server_started = EXCLUDED.server_started
+    WHERE ` + leaseFree + ` OR l.server_started IS DISTINCT FROM EXCLUDED.server_started
 RETURNING l.holder::text`
 
-// takeLease runs takeLeaseSQL on a pool connection: on pgx in exec mode,
-// one round trip on any connection (the statement is not worth a prepare
-// round trip on each pool connection it meets), else through GORM. It
-// returns "" when another holder's lease runs.
-func (l *LockedTokens) takeLease(ctx context.Context, t domain.Token) (string, error) {
-	args := []any{t.Connection, t.Version, leaseTerm.Milliseconds()}
-	if l.tx.plain == nil {
-		if pool, ok := l.pool.Statement.ConnPool.(interface {
-			Conn(context.Context) (*sql.Conn, error)
-		}); ok {
-			conn, err := pool.Conn(ctx)
-			if err != nil {
-				return "", err
-			}
-			defer conn.Close()
-			var holder string
-			err = conn.Raw(func(dc any) error {
-				pc, err := pgxConn(dc)
-				if err != nil {
-					return err
-				}
-				err = pc.QueryRow(ctx, takeLeaseSQL, append([]any{pgx.QueryExecModeExec}, args...)...).Scan(&holder)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return nil
-				}
-				return err
-			})
-			return holder, err
-		}
-	}
-	var holder []string
-	if err := l.pool.WithContext(ctx).Raw(takeLeaseSQL, args...).Scan(&holder).Error; err != nil || len(holder) == 0 {
-		return "", err
-	}
-	return holder[0], nil
-}
+// leaseRuns is the condition under which lease l stops others: taken or
+// renewed on this server and not run out, or from another server (held for
+// the grace once a process takes notice, see takeLeaseSQL).
+const leaseRuns = `(l.server_started IS DISTINCT FROM pg_postmaster_start_time() OR now() <= l.until)`
 
-// refreshLease is a lease its holder still renews.
-type refreshLease struct {
-	pool       *gorm.DB
+// heldLease is a lease its process still renews.
+type heldLease struct {
+	renewer    *leaseRenewer
 	connection string
+	version    int64
 	holder     string
-	stop       chan struct{}
 	once       sync.Once
-	renewing   sync.WaitGroup
 }
 
-// renew extends the lease every leaseRenewEvery until end. A failed
-// renewal (the database is away) is retried at the next tick: the lease
-// still runs for what is left of its term, and for restartGrace after the
-// server is back if it restarted.
-func (l *refreshLease) renew() {
-	defer l.renewing.Done()
-	tick := time.NewTicker(leaseRenewEvery)
-	defer tick.Stop()
-	for {
-		select {
-		case <-l.stop:
-			return
-		case <-tick.C:
-		}
-		ctx, cancel := context.WithTimeout(context.Background(), leaseRenewEvery)
-		_ = l.pool.WithContext(ctx).Exec(`UPDATE refresh_leases SET until = now() + ? * interval '1 millisecond'
-WHERE connection_id = (SELECT id FROM connections WHERE name = ?) AND holder = ?::uuid`,
-			leaseTerm.Milliseconds(), l.connection, l.holder).Error
-		cancel()
-	}
-}
-
-// end stops the renewals and, with release, deletes the lease.
-func (l *refreshLease) end(release bool) {
+// end stops renewing the lease and, with release, deletes it and announces
+// the release on the change channel (as the unchanged version), so that
+// processes waiting for the refresh look again at once.
+func (l *heldLease) end(release bool) {
 	l.once.Do(func() {
-		close(l.stop)
-		l.renewing.Wait()
+		l.renewer.remove(l.holder)
 		if !release {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 		defer cancel()
-		_ = l.pool.WithContext(ctx).Exec(`DELETE FROM refresh_leases
-WHERE connection_id = (SELECT id FROM connections WHERE name = ?) AND holder = ?::uuid`, l.connection, l.holder).Error
+		_ = l.renewer.db.WithContext(ctx).Exec(`
+WITH d AS (DELETE FROM refresh_leases WHERE holder = ?::uuid RETURNING connection_id, version)
+SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JOIN connections c ON c.id = d.connection_id`,
+			l.holder, ChangeChannel, ChangeChannel).Error // channelInSchema names it twice
 	})
+}
+
+// leaseRenewer renews every lease its process holds, all in one statement
+// every leaseRenewEvery, on a pool connection it takes for that statement
+// alone: a thousand refreshes in flight cost one renewal a tick, not a
+// thousand. It runs while there are leases to renew.
+type leaseRenewer struct {
+	db      *gorm.DB
+	mu      sync.Mutex
+	holders map[string]struct{}
+	running bool
+}
+
+func (r *leaseRenewer) add(holder string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.holders == nil {
+		r.holders = map[string]struct{}{}
+	}
+	r.holders[holder] = struct{}{}
+	if !r.running {
+		r.running = true
+		go r.run()
+	}
+}
+
+func (r *leaseRenewer) remove(holder string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	delete(r.holders, holder)
+}
+
+// held lists the holders to renew, or reports false (and stops the
+// renewer) when there are none.
+func (r *leaseRenewer) held() ([]string, bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if len(r.holders) == 0 {
+		r.running = false
+		return nil, false
+	}
+	return slices.Collect(maps.Keys(r.holders)), true
+}
+
+// run renews until no lease is held. A failed renewal (the database is
+// away) is retried at the next tick: the lease still runs for what is left
+// of its term, and after a restart or failover for the grace.
+func (r *leaseRenewer) run() {
+	tick := time.NewTicker(leaseRenewEvery)
+	defer tick.Stop()
+	for range tick.C {
+		holders, ok := r.held()
+		if !ok {
+			return
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), leaseRenewEvery)
+		_ = r.db.WithContext(ctx).Exec(`UPDATE refresh_leases SET until = now() + ? * interval '1 millisecond', server_started = pg_postmaster_start_time()
+WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), pgTextArray(holders)).Error
+		cancel()
+	}
+}
+
+// pgTextArray is a text[] parameter in Postgres' array syntax, which
+// every driver passes as text (the values here are UUIDs: no quoting).
+func pgTextArray(v []string) string {
+	return "{" + strings.Join(v, ",") + "}"
+}
+
+// scanStrings collects a one-column text result.
+func scanStrings(out *[]string) func(rowScanner) error {
+	return func(rows rowScanner) error {
+		for rows.Next() {
+			var s string
+			if err := rows.Scan(&s); err != nil {
+				return err
+			}
+			*out = append(*out, s)
+		}
+		return rows.Err()
+	}
 }
 
 // Leased reports whether a refresh lease on t's version is still running:
@@ -165,7 +214,7 @@ func (r *TokenRepository) Leased(ctx context.Context, t domain.Token) (bool, err
 	var live []bool
 	err := r.db.WithContext(ctx).Raw(`
 SELECT true FROM refresh_leases l JOIN connections c ON c.id = l.connection_id
-WHERE c.name = ? AND l.version = ? AND now() <= `+leaseRunsUntil,
+WHERE c.name = ? AND l.version = ? AND `+leaseRuns,
 		t.Connection, t.Version).Scan(&live).Error
 	if err != nil {
 		return false, storeError(ctx, "read refresh lease of "+t.Connection, err)

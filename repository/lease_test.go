@@ -102,3 +102,52 @@ func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
 
 // leaseTermForTest is longer than a lease's term (repository.leaseTerm).
 const leaseTermForTest = time.Second
+
+// A lease taken on another server (a restart, or a standby promoted after
+// a failover: a server started at another time), or by a release that did
+// not record the server, is not judged by its until, which its holder
+// could not extend while the server was away: the first look on this
+// server holds it for the grace, for the holder to reconnect and renew it
+// or store what it rotated. Only then does it run out as usual.
+func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
+	for _, tc := range []struct{ name, server string }{
+		{"failover", "pg_postmaster_start_time() - interval '3 days'"},
+		{"earlier release", "NULL"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r, db, _ := newRepo(t)
+			tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+			end, err := lease(t, r, tok)
+			if err != nil {
+				t.Fatal(err)
+			}
+			end(false) // its holder cannot renew it: the server went away
+			// Long run out, by the clock of the server it was taken on.
+			if err := db.Exec("UPDATE refresh_leases SET until = now() - interval '1 hour', server_started = " + tc.server).Error; err != nil {
+				t.Fatal(err)
+			}
+			if leased, err := r.Leased(context.Background(), tok); err != nil || !leased {
+				t.Fatalf("Leased = %t, %v; a lease from another server runs until held for the grace", leased, err)
+			}
+			if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
+				t.Fatalf("first look on the new server: err = %v, want ErrRefreshInProgress (held for the grace)", err)
+			}
+			var left float64
+			if err := db.Raw("SELECT extract(epoch FROM until - now()) FROM refresh_leases").Scan(&left).Error; err != nil {
+				t.Fatal(err)
+			}
+			if left < 4 || left > 5.5 {
+				t.Fatalf("held for %.1f s, want the grace (5 s)", left)
+			}
+			// Once the grace is over it runs out like any other.
+			if err := db.Exec("UPDATE refresh_leases SET until = now() - interval '1 millisecond'").Error; err != nil {
+				t.Fatal(err)
+			}
+			endB, err := lease(t, r, tok)
+			if err != nil {
+				t.Fatalf("after the grace: %v", err)
+			}
+			endB(true)
+		})
+	}
+}

@@ -73,27 +73,14 @@ func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
 }
 
 // The single-connection lock statements that open the pipelined
-// transactions of InLock, InLockUnless and TryInLock (locktx.go), in pgx's
-// placeholder style. Each resolves the key in the statement (an
-// unregistered name gives no row) and answers how the lock is held.
+// transactions of InLock and TryInLock (locktx.go), in pgx's placeholder
+// style. Each resolves the key in the statement (an unregistered name
+// gives no row) and answers whether the lock is held.
 var (
 	// Wait for the lock.
-	lockByNameSQL = `SELECT CASE WHEN pg_advisory_xact_lock(` + nsInSchema("$1") + `, id) IS NOT NULL THEN 1 END
+	lockByNameSQL = `SELECT pg_advisory_xact_lock(` + nsInSchema("$1") + `, id) IS NOT NULL
 		FROM connections WHERE name = $2`
 	// Take the lock if it is free.
-	tryLockByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id) THEN 1 ELSE 0 END
+	tryLockByNameSQL = `SELECT pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id)
 		FROM connections WHERE name = $2`
-	// Take the lock if it is free; else wait for its holder in shared mode,
-	// beside (not behind) every other transaction waiting the same way.
-	// CASE evaluates its branches in order, and only as far as needed.
-	lockOrAwaitByNameSQL = `SELECT CASE WHEN pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id) THEN 1
-		WHEN pg_advisory_xact_lock_shared(` + nsInSchema("$1") + `, id) IS NOT NULL THEN 2 END
-		FROM connections WHERE name = $2`
-)
-
-// How a pipelined transaction holds its connection's lock.
-const (
-	heldNone      = 0 // the lock was taken (TryInLock)
-	heldExclusive = 1
-	heldShared    = 2 // its holder has ended: nobody can change the token now
 )

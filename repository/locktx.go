@@ -37,16 +37,15 @@ import (
 type lockTx struct {
 	conn  *sql.Conn // pgx
 	plain *plainTx  // any other driver
-	held  int       // heldExclusive or heldShared
+	held  bool      // the lock was taken (TryInLock may find it taken)
 	first *tokenRow // the re-read, if the connection has a token
 	ended bool
 }
 
 // lockMode says how beginLocked takes the lock.
 type lockMode struct {
-	try   bool          // take it only if nobody holds it
-	share bool          // take it if free, else wait for its holder (shared)
-	wait  time.Duration // the bound of a wait (lock_timeout); 0: none
+	try  bool          // take it only if nobody holds it
+	wait time.Duration // the bound of a wait (lock_timeout); 0: none
 }
 
 // errNotPgx: the pool's driver is not pgx; the GORM path is taken.
@@ -84,7 +83,7 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mo
 		r.notPgx.Store(true)
 		return r.beginPlain(ctx, connection, mode)
 	}
-	if err != nil || !found || tx.held == heldNone {
+	if err != nil || !found || !tx.held {
 		tx.rollback(ctx)
 	}
 	switch {
@@ -92,7 +91,7 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mo
 		return nil, storeError(ctx, "lock connection "+connection, err)
 	case !found:
 		return nil, fmt.Errorf("lock connection %s: %w", connection, domain.ErrNotFound)
-	case tx.held == heldNone:
+	case !tx.held:
 		return nil, nil
 	}
 	return tx, nil
@@ -124,18 +123,15 @@ func (r *TokenRepository) Pipelined(ctx context.Context) (bool, error) {
 
 // pipelineLock sends the opening statements of a lockTx in one batch and
 // reads their answers.
-func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) (found bool, held int, first *tokenRow, err error) {
+func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) (found, held bool, first *tokenRow, err error) {
 	var b pgx.Batch
 	b.Queue("BEGIN")
 	if !mode.try && mode.wait > 0 {
 		b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(mode.wait.Milliseconds(), 1)))
 	}
 	lockSQL := lockByNameSQL
-	switch {
-	case mode.try:
+	if mode.try {
 		lockSQL = tryLockByNameSQL
-	case mode.share:
-		lockSQL = lockOrAwaitByNameSQL
 	}
 	b.Queue(lockSQL, lockNamespace, name).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
@@ -152,9 +148,9 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) 
 		return err
 	})
 	if err := c.SendBatch(ctx, &b).Close(); err != nil {
-		return false, heldNone, nil, err
+		return false, false, nil, err
 	}
-	if held == heldNone {
+	if !held {
 		first = nil // read without the lock: worth nothing
 	}
 	return found, held, first, nil
@@ -221,11 +217,29 @@ func (tx *lockTx) rollback(ctx context.Context) {
 // commits, in one round trip. It returns a nil row if nothing was written.
 // If the write fails, the transaction is left to be rolled back.
 func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (row *tokenRow, err error) {
+	if tx.plain != nil {
+		if tx.ended {
+			return nil, errTxEnded
+		}
+		return tx.plain.writeAndCommit(ctx, &tx.ended, sql, args...)
+	}
+	err = tx.execAndCommit(ctx, func(rows rowScanner) error {
+		var err error
+		row, err = scanTokenRow(rows)
+		return err
+	}, sql, args...)
+	return row, err
+}
+
+// execAndCommit runs a statement, hands its rows to scan, and commits, in
+// one round trip. If the statement fails, the transaction is left to be
+// rolled back.
+func (tx *lockTx) execAndCommit(ctx context.Context, scan func(rowScanner) error, sql string, args ...any) (err error) {
 	if tx.ended {
-		return nil, errTxEnded
+		return errTxEnded
 	}
 	if tx.plain != nil {
-		return tx.plain.writeAndCommit(ctx, &tx.ended, sql, args...)
+		return tx.plain.execAndCommit(ctx, &tx.ended, scan, sql, args...)
 	}
 	_ = tx.conn.Raw(func(dc any) error {
 		var pc *pgx.Conn
@@ -233,11 +247,7 @@ func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (
 			return nil
 		}
 		var b pgx.Batch
-		b.Queue(sql, args...).Query(func(rows pgx.Rows) error {
-			var err error
-			row, err = scanTokenRow(rows)
-			return err
-		})
+		b.Queue(sql, args...).Query(func(rows pgx.Rows) error { return scan(rows) })
 		var tag pgconn.CommandTag
 		b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
 		err = pc.SendBatch(ctx, &b).Close()
@@ -248,11 +258,11 @@ func (tx *lockTx) writeAndCommit(ctx context.Context, sql string, args ...any) (
 		return nil
 	})
 	if err != nil {
-		return nil, err // end rolls back, or closes a broken connection
+		return err // end rolls back, or closes a broken connection
 	}
 	tx.ended = true
 	_ = tx.conn.Close()
-	return row, nil
+	return nil
 }
 
 // pgxConn is the pgx connection under a database/sql driver connection
@@ -265,9 +275,16 @@ func pgxConn(dc any) (*pgx.Conn, error) {
 	return pc.Conn(), nil
 }
 
+// rowScanner is what pgx.Rows and *sql.Rows have in common.
+type rowScanner interface {
+	Next() bool
+	Scan(dest ...any) error
+	Err() error
+}
+
 // scanTokenRow reads the one row of a selectToken or tokenColumns query,
 // if there is one.
-func scanTokenRow(rows pgx.Rows) (*tokenRow, error) {
+func scanTokenRow(rows rowScanner) (*tokenRow, error) {
 	var row *tokenRow
 	for rows.Next() {
 		var t tokenRow
@@ -306,3 +323,88 @@ var (
 	errCommitRolledBack = errors.New("commit rolled back: the transaction had failed")
 	errTxEnded          = errors.New("the locked transaction has ended: its write committed it")
 )
+
+// SaveLocked is InLock with nothing in it but a Save of t: on pgx, BEGIN,
+// the lock (waiting at most wait), the version-fenced write with its
+// announcement, and COMMIT go to the server together, in one round trip.
+// It fails with domain.ErrConflict, having written nothing, when the
+// stored version is not t.Version.
+func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
+	pool, ok := r.db.Statement.ConnPool.(interface {
+		Conn(context.Context) (*sql.Conn, error)
+	})
+	if !ok || r.notPgx.Load() {
+		return r.saveInLock(ctx, wait, t)
+	}
+	sealedTok, err := sealed(r.sealer, t)
+	if err != nil {
+		return domain.Token{}, err
+	}
+	conn, err := pool.Conn(ctx)
+	if err != nil {
+		return domain.Token{}, storeError(ctx, "save token of "+t.Connection, err)
+	}
+	defer conn.Close()
+	var (
+		found bool
+		row   *tokenRow
+		tag   pgconn.CommandTag
+	)
+	err = conn.Raw(func(dc any) error {
+		pc, err := pgxConn(dc)
+		if err != nil {
+			return errNotPgx
+		}
+		var b pgx.Batch
+		b.Queue("BEGIN")
+		if wait > 0 {
+			b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)))
+		}
+		b.Queue(lockByNameSQL, lockNamespace, t.Connection).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				found = true
+			}
+			return rows.Err()
+		})
+		b.Queue(saveSQL, saveArgs(sealedTok)...).Query(func(rows pgx.Rows) error {
+			var err error
+			row, err = scanTokenRow(rows)
+			return err
+		})
+		b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
+		err = pc.SendBatch(ctx, &b).Close()
+		if err != nil && pc.PgConn().TxStatus() != 'I' {
+			return fmt.Errorf("%w: %w", driver.ErrBadConn, err) // closes it
+		}
+		return err
+	})
+	switch {
+	case errors.Is(err, errNotPgx):
+		r.notPgx.Store(true)
+		return r.saveInLock(ctx, wait, t)
+	case err != nil:
+		return domain.Token{}, storeError(ctx, "save token of "+t.Connection, err)
+	case tag.String() != "COMMIT":
+		return domain.Token{}, storeError(ctx, "save token of "+t.Connection, errCommitRolledBack)
+	case !found:
+		return domain.Token{}, fmt.Errorf("save token of %s: %w", t.Connection, domain.ErrNotFound)
+	case row == nil:
+		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
+	}
+	return row.domain(r.sealer)
+}
+
+// saveInLock is SaveLocked on the GORM path.
+func (r *TokenRepository) saveInLock(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
+	var out domain.Token
+	hold := rollbackTimeout
+	if d, ok := ctx.Deadline(); ok {
+		hold = time.Until(d)
+	}
+	err := r.inLock(ctx, t.Connection, wait, hold, func(ctx context.Context, l *LockedTokens) error {
+		var err error
+		out, err = l.Save(ctx, t)
+		return err
+	})
+	return out, err
+}

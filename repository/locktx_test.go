@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -100,114 +99,6 @@ func TestInLockReadsWhatTheHolderCommitted(t *testing.T) {
 	}
 	if tok := <-got; tok.Version != v1.Version+1 || tok.AccessToken.Reveal() != "at2" {
 		t.Fatalf("read under the lock: version %d, want %d (the holder's write)", tok.Version, v1.Version+1)
-	}
-}
-
-func TestInLockUnlessWaitersWakeTogetherAndSkipSettledWork(t *testing.T) {
-	r1, db, url := newRepo(t)
-	v1 := put(t, r1, grantToken("acme", "at", "rt"))
-	release := holdLock(t, r1, "acme", rotate("acme"))
-
-	const waiters = 3
-	var wg sync.WaitGroup
-	var mu sync.Mutex
-	var ran int
-	got := make([]domain.Token, waiters)
-	done := make([]bool, waiters)
-	errs := make([]error, waiters)
-	pools := []*gorm.DB{db}
-	for i := range waiters {
-		pool := open(t, url) // a process each
-		pools = append(pools, pool)
-		r := repository.NewTokenRepository(pool, tokencrypt.Plaintext{})
-		wg.Go(func() {
-			got[i], done[i], errs[i] = r.InLockUnless(context.Background(), "acme", 5*time.Second, time.Second,
-				func(t domain.Token) bool { return t.Version > v1.Version },
-				func(context.Context, usecase.LockedStore) error { mu.Lock(); ran++; mu.Unlock(); return nil })
-		})
-	}
-	// All of them wait at once, in shared mode: none queues behind another.
-	waitForLockWaiters(t, db, waiters)
-	var modes []string
-	if err := db.Raw("SELECT mode" + advisoryLocksFrom + " AND NOT granted").Scan(&modes).Error; err != nil {
-		t.Fatal(err)
-	}
-	for _, m := range modes {
-		if m != "ShareLock" {
-			t.Errorf("waiter in %s, want ShareLock", m)
-		}
-	}
-	if err := release(); err != nil {
-		t.Fatal(err)
-	}
-	wg.Wait()
-	for i := range waiters {
-		if errs[i] != nil || !done[i] || got[i].Version != v1.Version+1 || got[i].AccessToken.Reveal() != "at2" {
-			t.Errorf("waiter %d: done=%v version=%d err=%v, want the holder's token", i, done[i], got[i].Version, errs[i])
-		}
-	}
-	if ran != 0 {
-		t.Errorf("fn ran %d times although the holder did the work", ran)
-	}
-	assertNoLocksLeft(t, pools...)
-}
-
-// A holder that leaves the work undone (it failed, or its process died)
-// does not strand the waiters: one of them takes the lock and does it.
-func TestInLockUnlessDoesTheWorkWhenTheHolderDidNot(t *testing.T) {
-	r1, db, url := newRepo(t)
-	v1 := put(t, r1, grantToken("acme", "at", "rt"))
-	release := holdLock(t, r1, "acme", func(context.Context, usecase.LockedStore) error { return errors.New("provider down") })
-
-	const waiters = 3
-	var wg sync.WaitGroup
-	errs := make([]error, waiters)
-	for i := range waiters {
-		r := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
-		wg.Go(func() {
-			_, _, errs[i] = r.InLockUnless(context.Background(), "acme", 5*time.Second, time.Second,
-				func(t domain.Token) bool { return t.Version > v1.Version },
-				func(ctx context.Context, l usecase.LockedStore) error {
-					cur, err := l.Get(ctx, "acme")
-					if err != nil || cur.Version > v1.Version {
-						return err // a previous waiter did it
-					}
-					return rotate("acme")(ctx, l)
-				})
-		})
-	}
-	waitForLockWaiters(t, db, waiters)
-	if err := release(); err == nil || !strings.Contains(err.Error(), "provider down") {
-		t.Fatalf("holder: %v", err)
-	}
-	wg.Wait()
-	for i, err := range errs {
-		if err != nil {
-			t.Errorf("waiter %d: %v", i, err)
-		}
-	}
-	if tok, err := r1.Get(context.Background(), "acme"); err != nil || tok.Version != v1.Version+1 {
-		t.Fatalf("after the waiters: version %d (%v), want exactly one rotation", tok.Version, err)
-	}
-	assertNoLocksLeft(t, db)
-}
-
-func TestInLockUnlessBoundsTheWait(t *testing.T) {
-	r1, _, url := newRepo(t)
-	put(t, r1, grantToken("acme", "at", "rt"))
-	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
-	release := holdLock(t, r1, "acme", func(context.Context, usecase.LockedStore) error { return nil })
-	defer func() { _ = release() }()
-	_, _, err := r2.InLockUnless(context.Background(), "acme", 200*time.Millisecond, time.Second,
-		func(domain.Token) bool { return true },
-		func(context.Context, usecase.LockedStore) error { t.Error("fn ran"); return nil })
-	if !errors.Is(err, domain.ErrLockTimeout) {
-		t.Fatalf("err = %v, want ErrLockTimeout", err)
-	}
-	if _, _, err := r2.InLockUnless(context.Background(), "nobody", time.Second, time.Second,
-		func(domain.Token) bool { return true },
-		func(context.Context, usecase.LockedStore) error { return nil }); !errors.Is(err, domain.ErrNotFound) {
-		t.Fatalf("unregistered connection: %v, want ErrNotFound", err)
 	}
 }
 
@@ -307,7 +198,7 @@ func assertNoLocksLeft(t *testing.T, dbs ...*gorm.DB) {
 
 // docs/operations.md tells PgBouncer users without prepared-statement
 // support to switch pgx to the exec or simple protocol: the pipelined lock
-// transaction must work in every mode, the re-read included.
+// transaction must work in every mode, the re-read and the lease included.
 func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 	_, _, url := newRepo(t)
 	sep := "?"
@@ -324,12 +215,18 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 			got := make(chan domain.Token, 1)
 			errc := make(chan error, 1)
 			go func() {
-				tok, done, err := r.InLockUnless(context.Background(), name, 5*time.Second, time.Second,
-					func(t domain.Token) bool { return t.Version > v1.Version },
-					func(context.Context, usecase.LockedStore) error { return errors.New("ran although settled") })
-				if err == nil && !done {
-					err = errors.New("not settled by the holder")
-				}
+				var tok domain.Token
+				err := r.InLock(context.Background(), name, 5*time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
+					var err error
+					if tok, err = l.Get(ctx, name); err != nil {
+						return err
+					}
+					end, err := l.Lease(ctx, tok)
+					if err == nil {
+						end(true)
+					}
+					return err
+				})
 				got <- tok
 				errc <- err
 			}()

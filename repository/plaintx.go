@@ -33,7 +33,7 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mod
 	}
 	tx := &lockTx{plain: &plainTx{tx: g, cancel: cancel}}
 	held, found, err := tx.plain.lock(ctx, r, connection, mode)
-	if err == nil && found && held != heldNone {
+	if err == nil && found && held {
 		tx.held = held
 		var rows []tokenRow
 		err = g.WithContext(ctx).Raw(selectToken+" WHERE c.name = ?", connection).Find(&rows).Error
@@ -41,7 +41,7 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mod
 			tx.first = &rows[0]
 		}
 	}
-	if err != nil || !found || held == heldNone {
+	if err != nil || !found || !held {
 		tx.rollback(ctx)
 	}
 	switch {
@@ -49,39 +49,54 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mod
 		return nil, storeError(ctx, op, err)
 	case !found:
 		return nil, fmt.Errorf("%s: %w", op, domain.ErrNotFound)
-	case held == heldNone:
+	case !held:
 		return nil, nil
 	}
 	return tx, nil
 }
 
 // lock sets the lock timeout and takes the lock as mode says.
-func (p *plainTx) lock(ctx context.Context, r *TokenRepository, name string, mode lockMode) (held int, found bool, err error) {
+func (p *plainTx) lock(ctx context.Context, r *TokenRepository, name string, mode lockMode) (held, found bool, err error) {
 	q := p.tx.WithContext(ctx)
 	if !mode.try && mode.wait > 0 {
 		if err := q.Exec("SELECT set_config('lock_timeout', ?, true)", fmt.Sprintf("%dms", max(mode.wait.Milliseconds(), 1))).Error; err != nil {
-			return heldNone, false, err
+			return false, false, err
 		}
 	}
-	if !mode.try && !mode.share {
+	if !mode.try {
 		err := r.WithAdvisoryLock(q, name)
 		if errors.Is(err, domain.ErrNotFound) {
-			return heldNone, false, nil
+			return false, false, nil
 		}
-		return heldExclusive, err == nil, err
+		return err == nil, err == nil, err
 	}
-	stmt := lockOrAwaitByNameSQL
-	if mode.try {
-		stmt = tryLockByNameSQL
-	}
-	var rows []int
-	if err := q.Raw(stmt, lockNamespace, name).Find(&rows).Error; err != nil {
-		return heldNone, false, err
+	var rows []bool
+	if err := q.Raw(tryLockByNameSQL, lockNamespace, name).Find(&rows).Error; err != nil {
+		return false, false, err
 	}
 	if len(rows) == 0 {
-		return heldNone, false, nil
+		return false, false, nil
 	}
 	return rows[0], true, nil
+}
+
+// execAndCommit is lockTx.execAndCommit in two round trips.
+func (p *plainTx) execAndCommit(ctx context.Context, ended *bool, scan func(rowScanner) error, sql string, args ...any) error {
+	rows, err := p.tx.WithContext(ctx).Raw(sql, args...).Rows()
+	if err != nil {
+		p.aborted = true
+		return err // end rolls back
+	}
+	err = scan(rows)
+	if cerr := rows.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		p.aborted = true
+		return err
+	}
+	*ended = true
+	return p.end(true)
 }
 
 // writeAndCommit is lockTx.writeAndCommit in two round trips.

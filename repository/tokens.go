@@ -18,7 +18,8 @@ import (
 type TokenRepository struct {
 	db     *gorm.DB
 	sealer Sealer
-	notPgx atomic.Bool // the pool's driver is not pgx: lock through GORM
+	notPgx atomic.Bool   // the pool's driver is not pgx: lock through GORM
+	leases *leaseRenewer // renews the refresh leases this process holds
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
@@ -27,7 +28,7 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return &TokenRepository{db: db, sealer: s}
+	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}}
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.
@@ -173,51 +174,13 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	return r.runLocked(ctx, tx, hold, fn)
 }
 
-// InLockUnless is InLock for work that the lock's holder may be doing
-// already, such as refreshing the token. If the lock is free, it is InLock.
-// If another transaction holds it, InLockUnless waits for that transaction
-// to end in shared mode, so that every transaction waiting this way wakes
-// at the same moment instead of one after the other, and re-reads the
-// token: if settled says the work is done, it returns that token with done
-// true, and fn does not run. Otherwise (the holder failed, or died) it
-// waits for the lock as InLock does, for what is left of wait, and runs fn.
-func (r *TokenRepository) InLockUnless(ctx context.Context, connection string, wait, hold time.Duration,
-	settled func(domain.Token) bool, fn func(context.Context, usecase.LockedStore) error) (t domain.Token, done bool, err error) {
-	asked := time.Now()
-	tx, err := r.beginLocked(ctx, connection, lockMode{share: true, wait: wait})
-	if err != nil {
-		return domain.Token{}, false, err
-	}
-	if tx.held == heldShared {
-		if tx.first != nil {
-			t, err = tx.first.domain(r.sealer)
-			done = err == nil && settled(t)
-		}
-		if err != nil || done {
-			// The transaction only read, and what it read is in hand: the
-			// caller need not wait for the answer to its ROLLBACK.
-			go tx.rollback(ctx)
-			return t, done, err
-		}
-		tx.rollback(ctx) // before asking for the lock on another connection
-		rest := wait - time.Since(asked)
-		if wait > 0 && rest <= 0 {
-			return domain.Token{}, false, fmt.Errorf("lock connection %s: %w", connection, domain.ErrLockTimeout)
-		}
-		if tx, err = r.beginLocked(ctx, connection, lockMode{wait: rest}); err != nil {
-			return domain.Token{}, false, err
-		}
-	}
-	return domain.Token{}, false, r.runLocked(ctx, tx, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
-}
-
 // runLocked runs fn in tx and ends tx: fn's error rolls back, nil commits.
 func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
 	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold)
 	defer cancel()
 	defer tx.discard() // fn panicked: the connection may be mid-statement
-	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first}
+	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first, leases: r.leases}
 	if err := fn(txCtx, l); err != nil {
 		_ = tx.end(txCtx, false) // a write that committed stays
 		return err
@@ -242,6 +205,7 @@ type LockedTokens struct {
 	pool   *gorm.DB
 	sealer Sealer
 	first  *tokenRow // read right after the lock was granted, not yet returned
+	leases *leaseRenewer
 }
 
 // Get re-reads a token inside the lock: another process may have refreshed
@@ -259,18 +223,13 @@ func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token
 	return getToken(ctx, l.db.WithContext(ctx), l.sealer, connection)
 }
 
-// Save writes t over the stored token if the stored version is still
-// t.Version, bumps the version, announces the change, commits, and returns
-// what was stored. An empty refresh token never replaces a stored one.
-func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
-	if l.tx.ended {
-		return domain.Token{}, errTxEnded
-	}
-	t, err := sealed(l.sealer, t)
-	if err != nil {
-		return domain.Token{}, err
-	}
-	row, err := l.tx.writeAndCommit(ctx, `
+// endLeases, a CTE of a statement that stores version u.version of a
+// connection's token, ends the refresh leases on every older version: the
+// refresh they were taken for is over (Lease).
+const endLeases = `ended AS (DELETE FROM refresh_leases l USING u WHERE l.connection_id = u.lock_key AND l.version < u.version)`
+
+// saveSQL is Save's statement; saveArgs its arguments.
+var saveSQL = `
 WITH u AS (
     UPDATE tokens AS t SET
         access_token  = $1,
@@ -286,10 +245,27 @@ WITH u AS (
     FROM connections c
     WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10
     RETURNING c.id AS lock_key, c.name, t.*
-)
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$11")+`, u.version || ' ' || u.name)`,
-		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel)
+),
+` + endLeases + `
+SELECT ` + tokenColumns + ` FROM u, LATERAL pg_notify(` + channelInSchema("$11") + `, u.version || ' ' || u.name)`
+
+func saveArgs(t domain.Token) []any {
+	return []any{t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
+		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel}
+}
+
+// Save writes t over the stored token if the stored version is still
+// t.Version, bumps the version, announces the change, commits, and returns
+// what was stored. An empty refresh token never replaces a stored one.
+func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
+	if l.tx.ended {
+		return domain.Token{}, errTxEnded
+	}
+	t, err := sealed(l.sealer, t)
+	if err != nil {
+		return domain.Token{}, err
+	}
+	row, err := l.tx.writeAndCommit(ctx, saveSQL, saveArgs(t)...)
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "save token", err)
 	}
@@ -343,7 +319,8 @@ t AS (
         updated_at    = now()
     RETURNING t.*
 ),
-u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id)
+u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id),
+`+endLeases+`
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
 		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes),

@@ -27,6 +27,11 @@ type AheadStore interface {
 	// free right now, and reports false without waiting if it is not.
 	TryInLock(ctx context.Context, connection string, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) (bool, error)
+	// InLock is TokenStore.InLock: it stores what a refresh of the sweep
+	// brought.
+	InLock(ctx context.Context, connection string, wait, hold time.Duration,
+		fn func(ctx context.Context, s LockedStore) error) error
+	SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error)
 }
 
 // AheadReport counts what one sweep (RefreshAhead or KeepAlive) did.
@@ -164,17 +169,23 @@ const (
 )
 
 // sweepOne refreshes one connection if its lock is free and its token,
-// read under the lock, is active and due.
+// read under the lock, is active and due, holding one of the process's
+// in-flight slots while it does.
 func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id string, due func(domain.Token) bool) (sweepOutcome, error) {
-	var r redeemed
-	called := false
-	ev := RefreshEvent{Connection: id}
-	locked, err := store.TryInLock(ctx, id, u.hold(), func(txCtx context.Context, s LockedStore) error {
+	if err := u.slots.Acquire(ctx, 1); err != nil {
+		return sweepFailed, err
+	}
+	var (
+		c      claimed
+		r      redeemed
+		called bool
+	)
+	locked, err := store.TryInLock(ctx, id, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
 		t, err := s.Get(txCtx, id)
 		if err != nil {
 			return err
 		}
-		ev.OldVersion, ev.Provider = t.Version, t.Provider
+		c.current = t
 		if t.Status != domain.StatusActive || !due(t) {
 			return nil // someone refreshed it since we listed it
 		}
@@ -182,18 +193,21 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
-		r, err = u.redeem(txCtx, s, t)
+		c.end, err = s.Lease(txCtx, t)
 		return err
 	})
-	if err != nil && r.rotated != nil {
-		r.tok, err = u.rescue(id, r, err)
+	if c.end == nil {
+		u.slots.Release(1)
+	} else {
+		c.release = sync.OnceFunc(func() { u.slots.Release(1) })
+		r, err = u.redeem(ctx, store, c)
 	}
 	if errors.Is(err, domain.ErrRefreshInProgress) {
 		return sweepSkipped, nil // another process's refresh of it is not over
 	}
 	if locked && (called || err != nil) {
-		ev.NewVersion, ev.ProviderLatency, ev.Err = r.tok.Version, r.latency, errors.Join(err, r.revoked)
-		ev.Outcome = outcome(err)
+		ev := RefreshEvent{Connection: id, OldVersion: c.current.Version, Provider: c.current.Provider,
+			NewVersion: r.tok.Version, ProviderLatency: r.latency, Err: errors.Join(err, r.revoked), Outcome: outcome(err)}
 		if r.revoked != nil {
 			ev.Outcome = OutcomeInvalidGrant
 			u.opts.OnNeedsReauth(id, reason(r.revoked))

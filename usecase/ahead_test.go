@@ -50,6 +50,10 @@ func (p *pagedAhead) ObtainedBefore(ctx context.Context, t time.Time, after stri
 	return p.ExpiringBefore(ctx, t, after, limit)
 }
 
+func (p *pagedAhead) InLock(context.Context, string, time.Duration, time.Duration, func(context.Context, LockedStore) error) error {
+	return errors.New("not used: nothing is refreshed")
+}
+
 func (p *pagedAhead) TryInLock(_ context.Context, id string, _ time.Duration, _ func(context.Context, LockedStore) error) (bool, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -129,6 +133,10 @@ func (s *idleTokens) TryInLock(ctx context.Context, id string, _ time.Duration, 
 	return true, fn(ctx, lockedIdle{s})
 }
 
+func (s *idleTokens) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, LockedStore) error) error {
+	return fn(ctx, lockedIdle{s})
+}
+
 type lockedIdle struct{ s *idleTokens }
 
 func (l lockedIdle) Get(_ context.Context, id string) (domain.Token, error) {
@@ -200,4 +208,24 @@ func sorted(s []string) []string {
 	out := append([]string(nil), s...)
 	slices.Sort(out)
 	return out
+}
+
+func (s *pagedAhead) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
+	var out domain.Token
+	err := s.InLock(ctx, t.Connection, wait, wait, func(ctx context.Context, l LockedStore) error {
+		var err error
+		out, err = l.Save(ctx, t)
+		return err
+	})
+	return out, err
+}
+
+func (s *idleTokens) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
+	var out domain.Token
+	err := s.InLock(ctx, t.Connection, wait, wait, func(ctx context.Context, l LockedStore) error {
+		var err error
+		out, err = l.Save(ctx, t)
+		return err
+	})
+	return out, err
 }

@@ -103,57 +103,68 @@ func BenchmarkTokenHot(b *testing.B) {
 	})
 }
 
-// countingStore measures how many database connections the use case holds
-// at once: each Get and each InLock uses exactly one, and a refresh's lease
-// write one more while it runs.
+// countingStore measures the database connections the use case holds:
+// how many at once (each Get and each InLock uses exactly one, for as long
+// as the call lasts; a lease's release one more) and for how long in all.
+// The renewals of leases (one statement a process per 300 ms, however
+// many leases) are not counted.
 type countingStore struct {
 	*repository.TokenRepository
 	cur, peak *atomic.Int64
+	held      *atomic.Int64 // nanoseconds, summed over the connections
 }
 
-func (c countingStore) enter() {
+func (c countingStore) enter() func() {
 	n := c.cur.Add(1)
 	for {
 		p := c.peak.Load()
 		if n <= p || c.peak.CompareAndSwap(p, n) {
-			return
+			break
 		}
+	}
+	t0 := time.Now()
+	return func() {
+		if c.held != nil {
+			c.held.Add(int64(time.Since(t0)))
+		}
+		c.cur.Add(-1)
 	}
 }
 
 func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error) {
-	c.enter()
-	defer c.cur.Add(-1)
+	defer c.enter()()
 	return c.TokenRepository.Get(ctx, id)
 }
 
 func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
-	c.enter()
-	defer c.cur.Add(-1)
-	return c.TokenRepository.InLock(ctx, id, wait, hold, c.leases(fn))
+	defer c.enter()()
+	return c.TokenRepository.InLock(ctx, id, wait, hold, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, countedLease{l, c})
+	})
 }
 
-// leases counts the connection of each lease write fn makes.
-func (c countingStore) leases(fn func(context.Context, usecase.LockedStore) error) func(context.Context, usecase.LockedStore) error {
-	return func(ctx context.Context, l usecase.LockedStore) error { return fn(ctx, countedLease{l, c}) }
+func (c countingStore) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
+	defer c.enter()()
+	return c.TokenRepository.SaveLocked(ctx, wait, t)
 }
 
+// countedLease counts the connection of a lease's release.
 type countedLease struct {
 	usecase.LockedStore
 	c countingStore
 }
 
 func (l countedLease) Lease(ctx context.Context, t domain.Token) (func(bool), error) {
-	l.c.enter()
-	defer l.c.cur.Add(-1)
-	return l.LockedStore.Lease(ctx, t)
-}
-
-func (c countingStore) InLockUnless(ctx context.Context, id string, wait, hold time.Duration, settled func(domain.Token) bool,
-	fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
-	c.enter()
-	defer c.cur.Add(-1)
-	return c.TokenRepository.InLockUnless(ctx, id, wait, hold, settled, c.leases(fn))
+	end, err := l.LockedStore.Lease(ctx, t)
+	if err != nil {
+		return nil, err
+	}
+	return func(release bool) {
+		if release {
+			defer l.c.enter()()
+		}
+		end(release)
+	}, nil
 }
 
 // stormClock is the clock the stacks share. expire moves it to just past the

@@ -8,7 +8,6 @@ import (
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -55,19 +54,20 @@ func (fl *flight) addWaiter() bool {
 
 // do runs fn once for key at a time and returns the finished flight, whose
 // tok and err are fn's answer, or ctx's error if the caller gave up first.
-// fn's context keeps ctx's values, is bounded by limit, and is cancelled
-// when all callers have left.
+// fn's context keeps ctx's values and is cancelled when all callers have
+// left; fn bounds each of its steps itself (a refresh may first queue for
+// a slot, and must not time out while the queue moves).
 //
 // It hands back a pointer, not a copy of the token: every frame on a
 // waiter's path counts, since a goroutine whose stack outgrows its first
 // 2 KiB has it copied, and at an expiry hundreds of fresh goroutines arrive
 // at once (BenchmarkTokenWaiters).
-func (f *flights) do(ctx context.Context, key string, limit time.Duration,
+func (f *flights) do(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) (*flight, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	fl := f.join(ctx, key, limit, fn)
+	fl := f.join(ctx, key, fn)
 	cancelled := ctx.Done()
 	if cancelled == nil { // a context that is never cancelled: no select
 		<-fl.done
@@ -89,7 +89,7 @@ func (f *flights) do(ctx context.Context, key string, limit time.Duration,
 
 // join returns key's flight with the caller counted as a waiter, starting
 // one if there is none.
-func (f *flights) join(ctx context.Context, key string, limit time.Duration,
+func (f *flights) join(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) *flight {
 	for {
 		if v, ok := f.m.Load(key); ok {
@@ -100,7 +100,7 @@ func (f *flights) join(ctx context.Context, key string, limit time.Duration,
 			f.m.CompareAndDelete(key, fl) // abandoned: start another
 			continue
 		}
-		fctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), limit)
+		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 		fl := &flight{done: make(chan struct{}), cancel: cancel}
 		fl.waiters.Store(1)
 		if _, taken := f.m.LoadOrStore(key, fl); taken {
@@ -141,4 +141,52 @@ func (f *flights) run(ctx context.Context, key string, fn func(context.Context) 
 		t, err = domain.Token{}, fmt.Errorf("token refresh panicked (%s)", what)
 	}()
 	return fn(ctx)
+}
+
+// announcements wakes the callers waiting for another process's refresh
+// of a connection when the change listener hears of it (a rotated token
+// stored, a lease released).
+type announcements struct {
+	mu sync.Mutex
+	m  map[string]*announcement
+}
+
+type announcement struct {
+	ch       chan struct{}
+	watchers int
+}
+
+// watch returns a channel closed at connection's next announcement, and a
+// func to call when the caller no longer waits for it. Watch before
+// looking: an announcement between the look and the wait is not missed.
+func (a *announcements) watch(connection string) (<-chan struct{}, func()) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.m == nil {
+		a.m = map[string]*announcement{}
+	}
+	w := a.m[connection]
+	if w == nil {
+		w = &announcement{ch: make(chan struct{})}
+		a.m[connection] = w
+	}
+	w.watchers++
+	return w.ch, func() {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		if w.watchers--; w.watchers == 0 && a.m[connection] == w {
+			delete(a.m, connection)
+		}
+	}
+}
+
+// announce wakes connection's watchers.
+func (a *announcements) announce(connection string) {
+	a.mu.Lock()
+	w := a.m[connection]
+	delete(a.m, connection)
+	a.mu.Unlock()
+	if w != nil {
+		close(w.ch)
+	}
 }

@@ -26,7 +26,7 @@ func TestFlightRunsOnceForAllWaiters(t *testing.T) {
 	var wg sync.WaitGroup
 	for range 100 {
 		wg.Go(func() {
-			fl, err := f.do(context.Background(), "acme", time.Minute, fn)
+			fl, err := f.do(context.Background(), "acme", fn)
 			if err != nil || fl.err != nil || fl.tok.Version != 7 {
 				t.Errorf("do = %+v, %v", fl, err)
 			}
@@ -39,7 +39,7 @@ func TestFlightRunsOnceForAllWaiters(t *testing.T) {
 		t.Fatalf("fn ran %d times for one flight", n)
 	}
 	// The flight is over: the next call runs fn again.
-	if _, err := f.do(context.Background(), "acme", time.Minute, fn); err != nil || runs.Load() != 2 {
+	if _, err := f.do(context.Background(), "acme", fn); err != nil || runs.Load() != 2 {
 		t.Fatalf("after the flight: %v, %d runs", err, runs.Load())
 	}
 }
@@ -55,10 +55,10 @@ func TestFlightOutlivesAWaiterWhoLeaves(t *testing.T) {
 	}
 	ctx, leave := context.WithCancel(context.Background())
 	left := make(chan error, 1)
-	go func() { _, err := f.do(ctx, "acme", time.Minute, fn); left <- err }()
+	go func() { _, err := f.do(ctx, "acme", fn); left <- err }()
 	wctx := <-workCtx
 	stay := make(chan *flight, 1)
-	go func() { fl, _ := f.do(context.Background(), "acme", time.Minute, fn); stay <- fl }()
+	go func() { fl, _ := f.do(context.Background(), "acme", fn); stay <- fl }()
 	waitFor(t, func() bool { return waiters(&f, "acme") == 2 })
 
 	leave()
@@ -80,7 +80,7 @@ func TestFlightNobodyWantsIsCancelledAndReplaced(t *testing.T) {
 	ctx, leave := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() {
-		_, err := f.do(ctx, "acme", time.Minute, func(ctx context.Context) (domain.Token, error) {
+		_, err := f.do(ctx, "acme", func(ctx context.Context) (domain.Token, error) {
 			workCtx <- ctx
 			<-ctx.Done() // a lock wait
 			return domain.Token{}, ctx.Err()
@@ -98,7 +98,7 @@ func TestFlightNobodyWantsIsCancelledAndReplaced(t *testing.T) {
 		t.Fatal("the work nobody waits for was not cancelled")
 	}
 	// A new caller does not join the abandoned flight.
-	fl, err := f.do(context.Background(), "acme", time.Minute, func(context.Context) (domain.Token, error) {
+	fl, err := f.do(context.Background(), "acme", func(context.Context) (domain.Token, error) {
 		return domain.Token{Version: 9}, nil
 	})
 	if err != nil || fl.tok.Version != 9 {
@@ -187,7 +187,7 @@ func BenchmarkTokenWaiters(b *testing.B) {
 }
 
 // heldStore answers the lock's re-read with tok once all is closed, as
-// a store whose lock holder has just refreshed.
+// a store whose lock holder has just refreshed. It is its own LockedStore.
 type heldStore struct {
 	all <-chan struct{}
 	tok domain.Token
@@ -195,14 +195,21 @@ type heldStore struct {
 
 func (s heldStore) Get(context.Context, string) (domain.Token, error) { return s.tok, nil }
 
-func (s heldStore) InLock(context.Context, string, time.Duration, time.Duration, func(context.Context, LockedStore) error) error {
-	return errors.New("not used")
+func (s heldStore) InLock(ctx context.Context, _ string, _, _ time.Duration, fn func(context.Context, LockedStore) error) error {
+	<-s.all
+	return fn(ctx, s)
 }
 
-func (s heldStore) InLockUnless(_ context.Context, _ string, _, _ time.Duration, settled func(domain.Token) bool,
-	_ func(context.Context, LockedStore) error) (domain.Token, bool, error) {
-	<-s.all
-	return s.tok, settled(s.tok), nil
+func (s heldStore) Save(context.Context, domain.Token) (domain.Token, error) {
+	return domain.Token{}, errors.New("not used")
+}
+
+func (s heldStore) Put(context.Context, domain.Token) (domain.Token, error) {
+	return domain.Token{}, errors.New("not used")
+}
+
+func (s heldStore) Lease(context.Context, domain.Token) (func(bool), error) {
+	return nil, errors.New("not used")
 }
 
 // A panic inside the work reaches every waiter as an error, is logged with
@@ -215,7 +222,7 @@ func TestFlightRecoversAPanic(t *testing.T) {
 		func() { var s []int; i := 1; _ = s[i] },
 		func() { var p *domain.Token; _ = p.Version },
 	} {
-		fl, err := f.do(context.Background(), "acme", time.Minute, func(context.Context) (domain.Token, error) {
+		fl, err := f.do(context.Background(), "acme", func(context.Context) (domain.Token, error) {
 			boom()
 			return domain.Token{}, nil
 		})
@@ -247,4 +254,8 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+func (s heldStore) SaveLocked(context.Context, time.Duration, domain.Token) (domain.Token, error) {
+	return domain.Token{}, errors.New("not used")
 }

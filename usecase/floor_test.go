@@ -3,6 +3,7 @@ package usecase_test
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -14,19 +15,22 @@ import (
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
-// protocolFloor is the refresh protocol of the design with nothing else:
-// per process one pgx connection and, behind a sync.OnceValue, the lock and
-// the re-read in one round trip (exclusive if the lock is free, otherwise
-// waiting for its holder in shared mode), the refresh lease committed on a
-// second connection, the provider call, then the write with its NOTIFY and
-// a durable COMMIT in one more; a listener connection per process that
-// takes the notifications. No pool, cache, flights, encryption, logging,
-// lease renewal or metrics.
+// protocolFloor is the refresh protocol of the design with nothing else,
+// written out by hand: per process one pgx connection and, behind a
+// sync.OnceValue, three steps. (1) The lease: BEGIN, the lock and the
+// re-read in one round trip; if the token is still due, the lease upsert
+// and a durable COMMIT in a second (the lock and the connection are let
+// go). (2) The provider call, holding nothing. (3) The write: BEGIN, the
+// lock, the version-fenced UPDATE with its NOTIFY, the end of the lease
+// and a durable COMMIT, in one round trip. A process that finds another's
+// lease waits for the notification on its listener connection, then reads
+// the stored version. No pool, cache, flights, encryption, logging, lease
+// renewal, in-flight slots or metrics.
 //
 // BenchmarkRefreshStorm runs it with the same fan-out after each storm:
 // the storm's waits above the floor's are what tokenguard's code costs, and
 // the floor's above the provider-only storm's are what the design itself
-// costs on this machine (round trips, a WAL flush, waking the processes).
+// costs on this machine (round trips, WAL flushes, waking the processes).
 type protocolFloor struct {
 	stacks  []*floorStack
 	version atomic.Int64 // the stored version, as the last write returned it
@@ -36,10 +40,13 @@ type protocolFloor struct {
 type floorStack struct {
 	floor *protocolFloor
 	conn  *pgx.Conn
-	lease *pgx.Conn // the refresh lease's own connection
 	ref   *provider.Refresher
 	bg    sync.WaitGroup // the ROLLBACK of a transaction that only read
 	next  func() error
+
+	mu      sync.Mutex
+	seen    int64         // the newest version the listener heard of
+	changed chan struct{} // closed when seen moves
 }
 
 const (
@@ -63,18 +70,21 @@ func newProtocolFloor(tb testing.TB, w *world, stacks int) *protocolFloor {
 		tb.Fatal(err)
 	}
 	setup := connect()
-	if _, err := setup.Exec(ctx, `CREATE TABLE floor_tokens (id int PRIMARY KEY, refresh_token text NOT NULL, version bigint NOT NULL)`); err != nil {
-		tb.Fatal(err)
+	for _, stmt := range []string{
+		`CREATE TABLE floor_tokens (id int PRIMARY KEY, refresh_token text NOT NULL, version bigint NOT NULL)`,
+		`CREATE TABLE floor_leases (id int PRIMARY KEY, version bigint NOT NULL, holder int NOT NULL, until timestamptz NOT NULL)`,
+	} {
+		if _, err := setup.Exec(ctx, stmt); err != nil {
+			tb.Fatal(err)
+		}
 	}
 	if _, err := setup.Exec(ctx, `INSERT INTO floor_tokens VALUES (1, $1, 1)`, tok.RefreshToken); err != nil {
-		tb.Fatal(err)
-	}
-	if _, err := setup.Exec(ctx, `CREATE TABLE floor_leases (id int PRIMARY KEY, version bigint NOT NULL, until timestamptz NOT NULL)`); err != nil {
 		tb.Fatal(err)
 	}
 	f := &protocolFloor{}
 	f.version.Store(1)
 	for range stacks {
+		s := &floorStack{floor: f, conn: connect(), ref: provider.NewRefresher(w.oauth, nil), changed: make(chan struct{})}
 		l := connect()
 		if _, err := l.Exec(ctx, "LISTEN "+floorChannel); err != nil {
 			tb.Fatal(err)
@@ -84,64 +94,106 @@ func newProtocolFloor(tb testing.TB, w *world, stacks int) *protocolFloor {
 		go func() {
 			defer close(done)
 			for {
-				if _, err := l.WaitForNotification(lctx); err != nil {
+				n, err := l.WaitForNotification(lctx)
+				if err != nil {
 					return
 				}
+				v, _ := strconv.ParseInt(n.Payload, 10, 64)
+				s.heard(v)
 			}
 		}()
 		tb.Cleanup(func() { cancel(); <-done })
-		f.stacks = append(f.stacks, &floorStack{floor: f, conn: connect(), lease: connect(), ref: provider.NewRefresher(w.oauth, nil)})
+		f.stacks = append(f.stacks, s)
 	}
 	return f
+}
+
+// heard records a version the listener announced and wakes the waiters.
+func (s *floorStack) heard(v int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if v > s.seen {
+		s.seen = v
+		close(s.changed)
+		s.changed = make(chan struct{})
+	}
+}
+
+// awaitVersion waits until the listener heard of version v.
+func (s *floorStack) awaitVersion(v int64) {
+	for {
+		s.mu.Lock()
+		seen, changed := s.seen, s.changed
+		s.mu.Unlock()
+		if seen >= v {
+			return
+		}
+		<-changed
+	}
 }
 
 // arm prepares the next storm: every process has ended its last
 // transaction and will refresh the version stored now, once.
 func (f *protocolFloor) arm() {
 	due := f.version.Load()
-	for _, s := range f.stacks {
+	for i, s := range f.stacks {
 		s.bg.Wait()
-		s.next = sync.OnceValue(func() error { return s.refresh(due) })
+		s.next = sync.OnceValue(func() error { return s.refresh(due, i+1) })
 	}
 }
 
 // refresh redeems the stored refresh token if its version is still due,
-// under the lock, or waits for the process that does.
-func (s *floorStack) refresh(due int64) error {
+// under a lease taken with the lock, or waits for the process that does.
+func (s *floorStack) refresh(due int64, holder int) error {
 	ctx := context.Background()
 	var (
-		held    int
 		rt      string
 		version int64
 		b       pgx.Batch
 	)
 	b.Queue("BEGIN")
-	b.Queue(`SELECT CASE WHEN pg_try_advisory_xact_lock($1, 1) THEN 1
-		WHEN pg_advisory_xact_lock_shared($1, 1) IS NOT NULL THEN 2 END`, floorLockSpace).QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
+	b.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
 	b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
 	if err := s.conn.SendBatch(ctx, &b).Close(); err != nil {
 		return err
 	}
-	if held != 1 || version != due {
+	if version != due {
 		// Another process has refreshed: what it stored is in hand.
 		s.bg.Go(func() { _, _ = s.conn.Exec(ctx, "ROLLBACK") })
 		return nil
 	}
-	var leased int64
-	if err := s.lease.QueryRow(ctx, `INSERT INTO floor_leases AS l VALUES (1, $1, now() + interval '1 second')
-		ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, until = EXCLUDED.until
-		WHERE l.version <> EXCLUDED.version OR now() > l.until RETURNING version`, due).Scan(&leased); err != nil {
-		_, _ = s.conn.Exec(ctx, "ROLLBACK")
+	var leased int
+	var l pgx.Batch
+	l.Queue(`INSERT INTO floor_leases AS l VALUES (1, $1, $2, now() + interval '1 second')
+		ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
+		WHERE l.version <> EXCLUDED.version OR now() > l.until RETURNING holder`, due, holder).Query(func(rows pgx.Rows) error {
+		for rows.Next() {
+			if err := rows.Scan(&leased); err != nil {
+				return err
+			}
+		}
+		return rows.Err()
+	})
+	l.Queue("COMMIT")
+	if err := s.conn.SendBatch(ctx, &l).Close(); err != nil {
 		return err
+	}
+	if leased != holder {
+		// Another process is at the provider: wait for its write's
+		// announcement, then read what it stored.
+		s.awaitVersion(due + 1)
+		return s.conn.QueryRow(ctx, `SELECT version FROM floor_tokens WHERE id = 1`).Scan(&version)
 	}
 	g, err := s.ref.Refresh(ctx, domain.NewSecret(rt))
 	if err != nil {
-		_, _ = s.conn.Exec(ctx, "ROLLBACK")
 		return err
 	}
 	var stored int64
 	var w pgx.Batch
-	w.Queue(`WITH u AS (UPDATE floor_tokens SET refresh_token = $1, version = version + 1 WHERE id = 1 AND version = $2 RETURNING version)
+	w.Queue("BEGIN")
+	w.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
+	w.Queue(`WITH u AS (UPDATE floor_tokens SET refresh_token = $1, version = version + 1 WHERE id = 1 AND version = $2 RETURNING version),
+		e AS (DELETE FROM floor_leases WHERE id = 1 AND version < (SELECT version FROM u))
 		SELECT u.version FROM u, LATERAL pg_notify($3, u.version::text)`, g.RefreshToken.Reveal(), due, floorChannel).
 		QueryRow(func(r pgx.Row) error { return r.Scan(&stored) })
 	w.Queue("COMMIT")

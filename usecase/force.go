@@ -26,9 +26,11 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 	u.opts.Observer.ForcedRefresh(connection)
 	u.cache.invalidate(connection, failed+1) // never hand out the failed token again
 	key := connection + "\x00" + strconv.FormatInt(failed, 10)
-	fl, err := u.flights.do(ctx, key, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+	fl, err := u.flights.do(ctx, key, func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
-		t, err := u.store.Get(ctx, connection)
+		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
+		t, err := u.store.Get(readCtx, connection)
+		cancel()
 		if err != nil {
 			return domain.Token{}, err
 		}

@@ -48,6 +48,11 @@ type Options struct {
 	// Skew; nil: Skew for every connection. It is asked when a token is
 	// read or cached, never on a cache hit.
 	ProviderSkew func(provider string) time.Duration
+	// MaxRefreshesInFlight bounds how many refreshes this process runs at
+	// once (default DefaultMaxRefreshesInFlight): a mass expiry neither
+	// floods the provider nor the database. Callers beyond it queue in
+	// order of arrival; the queue does not count against LockWait.
+	MaxRefreshesInFlight int
 	// ProviderKeepAlives are the stored providers' own keep-alive
 	// intervals, by name; they override KeepAlive's idle for their
 	// connections. nil: none has one.
@@ -66,6 +71,11 @@ const (
 	// more connections than most deployments have; a larger fleet's
 	// processes keep their working sets and read the rest through.
 	DefaultCacheSize = 10_000
+	// DefaultMaxRefreshesInFlight: a second's worth of refreshes of a
+	// large fleet at a provider answering in a second, far more than any
+	// pool has connections (a refresh holds none while the provider
+	// answers).
+	DefaultMaxRefreshesInFlight = 64
 )
 
 func (o Options) withDefaults() (Options, error) {
@@ -102,11 +112,16 @@ func (o Options) withDefaults() (Options, error) {
 	if o.CacheSize == 0 {
 		o.CacheSize = DefaultCacheSize
 	}
+	if o.MaxRefreshesInFlight == 0 {
+		o.MaxRefreshesInFlight = DefaultMaxRefreshesInFlight
+	}
 	switch {
 	case o.Skew < 0:
 		return o, fmt.Errorf("usecase: skew %v is negative", o.Skew)
 	case o.LockWait < 0 || o.RefreshTimeout < 0 || o.WriteTimeout < 0:
 		return o, errors.New("usecase: timeouts must be positive")
+	case o.MaxRefreshesInFlight < 0:
+		return o, fmt.Errorf("usecase: max refreshes in flight %d is negative", o.MaxRefreshesInFlight)
 	case o.RefreshTimeout >= o.LockWait:
 		return o, fmt.Errorf("usecase: refresh timeout %v must be shorter than lock wait %v", o.RefreshTimeout, o.LockWait)
 	}

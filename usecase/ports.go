@@ -24,19 +24,17 @@ type TokenStore interface {
 	// fn's error rolls back and nil commits.
 	InLock(ctx context.Context, connection string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
-	// InLockUnless is InLock for work the lock's holder may be doing
-	// already: when another transaction holds the lock, it waits for that
-	// one to end (beside, not behind, the other waiters) and, if settled
-	// says the token it then reads needs nothing more, returns it with done
-	// true instead of running fn.
-	InLockUnless(ctx context.Context, connection string, wait, hold time.Duration,
-		settled func(domain.Token) bool, fn func(ctx context.Context, s LockedStore) error) (t domain.Token, done bool, err error)
+	// SaveLocked is InLock with nothing in it but a LockedStore.Save of t
+	// (one round trip where the store can): it fails with
+	// domain.ErrConflict, having written nothing, when the stored version
+	// is not t.Version.
+	SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error)
 }
 
-// LockedStore is the store bound to the locked transaction. Save and Put
-// commit it: a token the provider rotated is durable as soon as it is
-// written, whatever happens next, and the write is the transaction's last
-// statement.
+// LockedStore is the store bound to the locked transaction. Save, Put and
+// Lease commit it: a token the provider rotated is durable as soon as it
+// is written, whatever happens next, and the write is the transaction's
+// last statement.
 type LockedStore interface {
 	// Get re-reads the token inside the lock.
 	Get(ctx context.Context, connection string) (domain.Token, error)
@@ -46,15 +44,15 @@ type LockedStore interface {
 	// Put stores a newly granted token, replacing the connection's grant,
 	// and commits.
 	Put(ctx context.Context, t domain.Token) (domain.Token, error)
-	// Lease records durably, outside the locked transaction, that t's
-	// refresh token is about to be presented at the provider, and keeps
-	// the record alive until end is called. If the transaction's session
-	// ends while the provider call is in flight, the lock goes with it but
-	// the lease stays: the next holder's Lease fails with
-	// domain.ErrRefreshInProgress until a newer version is stored, the
-	// lease ends, or its holder has stopped renewing it for a few seconds
-	// (the holder died). end(true) also deletes it, for a refresh whose
-	// token was not spent.
+	// Lease records durably that t's refresh token is about to be
+	// presented at the provider, and commits: the lock and its database
+	// connection are let go, so that the provider call holds neither. The
+	// record lives on until end is called: until then, the next holder's
+	// Lease fails with domain.ErrRefreshInProgress, unless a newer version
+	// was stored or the holder stopped renewing it for a second (it died).
+	// Save ends it for everyone when it stores the rotated token; end(true)
+	// deletes it and announces that, for a refresh whose token was not
+	// spent.
 	Lease(ctx context.Context, t domain.Token) (end func(release bool), err error)
 }
 

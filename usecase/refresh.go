@@ -5,9 +5,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -22,6 +24,8 @@ type RefreshTokenUseCase struct {
 	opts      Options
 	cache     tokenCache
 	flights   flights
+	slots     *semaphore.Weighted // refreshes in flight in this process, queued in order
+	announced announcements       // wakes the callers waiting for another process's refresh
 
 	gate       clientGates // per provider: pauses its calls after it rejected the client
 	forced     throttle    // connection -> last forced refresh
@@ -35,6 +39,7 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 		return nil, err
 	}
 	u := &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger},
+		slots:  semaphore.NewWeighted(int64(opts.MaxRefreshesInFlight)),
 		forced: throttle{keep: opts.ForceInterval}, errorLines: throttle{keep: errorLineEvery}}
 	u.cache.capacity, u.cache.clock = int64(max(opts.CacheSize, 0)), opts.Clock
 	return u, nil
@@ -73,7 +78,7 @@ func withoutRefreshToken(t domain.Token) domain.Token {
 // await is Token's slow path: it joins (or starts) the connection's flight
 // and waits for it.
 func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, knownStale bool) (*flight, error) {
-	fl, err := u.flights.do(ctx, connection, u.flightLimit(), func(ctx context.Context) (domain.Token, error) {
+	fl, err := u.flights.do(ctx, connection, func(ctx context.Context) (domain.Token, error) {
 		return u.load(ctx, connection, knownStale)
 	})
 	if err == nil {
@@ -90,6 +95,7 @@ func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, know
 func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.opts.Observer.Invalidated()
 	u.cache.invalidate(connection, version)
+	u.announced.announce(connection)
 }
 
 // TrustCache turns the in-process cache on while the caller guarantees
@@ -100,18 +106,15 @@ func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 	u.cache.setTrusted(trusted)
 }
 
-// flightLimit bounds one slow path: a lock wait, a provider call, a write.
-func (u *RefreshTokenUseCase) flightLimit() time.Duration {
-	return u.opts.LockWait + u.opts.RefreshTimeout + 2*u.opts.WriteTimeout
-}
-
 // load reads the stored token and refreshes it if it is stale. When the
 // cache already knows the current token is stale, the read outside the lock
 // is skipped: the refresh re-reads inside it anyway.
 func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, knownStale bool) (domain.Token, error) {
 	epoch := u.cache.begin()
 	if !knownStale {
-		t, err := u.store.Get(ctx, connection)
+		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
+		t, err := u.store.Get(readCtx, connection)
+		cancel()
 		if err != nil {
 			return domain.Token{}, err
 		}
@@ -131,82 +134,50 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, known
 	return t, nil
 }
 
-// refresh takes the lock, re-reads, and redeems the refresh token only if
-// the stored token is still due (nobody refreshed it meanwhile).
+// refresh redeems connection's refresh token if the stored token is still
+// due (nobody refreshed it meanwhile), without holding a database
+// connection while the provider answers:
+//
+//  1. claim: under the connection's lock, re-read; if still due, take the
+//     refresh lease and commit (the lock and the connection are let go);
+//  2. the provider call, with nothing held but the lease and a slot of
+//     this process's in-flight refreshes;
+//  3. keep: under the lock again, store the rotated token if the stored
+//     version is still the one leased, ending the lease, and commit.
+//
+// A caller that finds another process's lease waits for that refresh's
+// announcement (the change listener), or looks again within the lock wait.
 //
 // The rotation window: between the provider's answer and the commit, the
 // new refresh token exists only here, and the old one is already dead. If
-// that write or commit fails (the database connection dropped, the commit
-// failed), refresh keeps the rotated token and retries writing it in fresh
-// transactions for RescueWindow, logging loudly, instead of dropping it.
+// the write fails (the database connection dropped, the commit failed),
+// keep retries it in fresh transactions for RescueWindow, logging loudly,
+// instead of dropping it; the lease runs meanwhile.
 func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool) (domain.Token, error) {
 	var (
-		out     domain.Token
-		r       redeemed
-		current domain.Token // the stored token, as read under the lock
+		out domain.Token
+		r   redeemed
 	)
 	ev := RefreshEvent{Connection: connection, Forced: forced}
 	asked := time.Now()
-	// settled says the stored token, as read under the lock, needs nothing
-	// more: another process refreshed it while we waited, or it cannot be
-	// refreshed (needs_reauth). settle makes it the outcome.
-	settled := func(t domain.Token) bool { return t.Status == domain.StatusNeedsReauth || !due(t) }
-	settle := func(t domain.Token) error {
-		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
-		if t.Status == domain.StatusNeedsReauth {
-			return needsReauth(t)
-		}
-		out, ev.Outcome = t, OutcomeSkippedFresh
-		return nil
-	}
-	locked := func(txCtx context.Context, s LockedStore) error {
-		// The re-read is also the liveness check of the transaction: it
-		// runs right before the refresh token is spent.
-		t, err := s.Get(txCtx, connection)
-		if err != nil {
-			return err
-		}
-		if settled(t) {
-			return settle(t)
-		}
-		ev.LockWait, current, ev.OldVersion = time.Since(asked), t, t.Version
-		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
-			return err
-		}
-		if forced && !u.forced.allow(connection, u.opts.Clock.Now(), u.forceGap(t)) {
-			return domain.ErrRefreshRateLimited
-		}
-		// Last chance to give up: past this point the refresh token is
-		// spent, and the new one must reach the database whatever the
-		// caller does, so the rest runs under txCtx.
-		if err := ctx.Err(); err != nil {
-			return err
-		}
-		r, err = u.redeem(txCtx, s, t)
+	c, err := u.claim(ctx, connection, forced, due)
+	current := c.current // the stored token, as read under the lock
+	ev.LockWait, ev.OldVersion, ev.Provider = c.waited, current.Version, current.Provider
+	switch {
+	case err != nil:
+	case c.end == nil && current.Status == domain.StatusNeedsReauth:
+		err = needsReauth(current)
+	case c.end == nil:
+		out, ev.Outcome = current, OutcomeSkippedFresh
+	default:
+		r, err = u.redeem(ctx, u.store, c)
 		out = r.tok
-		return err
-	}
-	held, done, err := u.store.InLockUnless(ctx, connection, u.opts.LockWait, u.hold(), settled, locked)
-	for err != nil && errors.Is(err, domain.ErrRefreshInProgress) {
-		// A holder that lost the lock may still be at the provider with
-		// this refresh token, or storing what it answered: wait for it
-		// rather than present the token a second time.
-		if err = u.awaitLease(ctx, asked, err); err != nil {
-			break
-		}
-		held, done, err = u.store.InLockUnless(ctx, connection, u.opts.LockWait, u.hold(), settled, locked)
-	}
-	if done {
-		err = settle(held)
 	}
 	if ev.LockWait == 0 {
 		ev.LockWait = time.Since(asked) // never got the lock
 	}
 	ev.ProviderLatency = r.latency
-	switch {
-	case err != nil && r.rotated != nil:
-		out, err = u.rescue(connection, r, err)
-	case err == nil && r.revoked != nil:
+	if err == nil && r.revoked != nil {
 		ev.Outcome, err = OutcomeInvalidGrant, r.revoked
 		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
 			"connection", connection, "reason", reason(r.revoked))
@@ -228,7 +199,6 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		ev.Outcome = outcome(cmp.Or(err, stillValid))
 	}
 	ev.NewVersion, ev.Err = out.Version, cmp.Or(err, stillValid)
-	ev.Provider = current.Provider
 	u.observe(ev)
 	if err != nil {
 		return domain.Token{}, err
@@ -236,39 +206,232 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	return out, nil
 }
 
-// rescue writes a rotated token whose first write failed: each attempt is a
-// fresh transaction under the connection's lock, and stores it only if the
-// stored token is still the one it was rotated from. It gives up after
-// RescueWindow, or when another token was stored meanwhile (then the
-// rotated one is obsolete, and that is said loudly too).
-//
-// One exception: when the lock was lost with the failed write, another
-// process may have redeemed the refresh token this one had just spent,
-// been told invalid_grant, and marked the connection needs_reauth. If the
-// stored refresh token is still the spent one, the rotated token is the
-// only live token of the grant (unless the provider revoked the whole
-// grant for that reuse, which the next refresh will tell): it is stored.
-func (u *RefreshTokenUseCase) rescue(connection string, r redeemed, cause error) (domain.Token, error) {
-	if r.endLease != nil {
-		defer r.endLease(false)
+// claimed is what the first transaction of a refresh found.
+type claimed struct {
+	current domain.Token  // the stored token, read under the lock
+	waited  time.Duration // for the lock, from the first try
+	// end ends the lease this caller took to refresh current; nil when
+	// current needs no refresh (or cannot have one).
+	end func(release bool)
+	// release frees this process's in-flight slot, held with the lease.
+	release func()
+}
+
+// claim takes a slot of this process's in-flight refreshes, then the
+// connection's lock, re-reads the token and, if due still says so, leases
+// its refresh and commits. While another process's lease on the token
+// runs, it lets the slot go and waits for that refresh's announcement or
+// the next look, within the lock wait.
+func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool) (claimed, error) {
+	var (
+		asked  time.Time
+		c      claimed
+		leased error // the last look found another process's lease
+	)
+	for {
+		woken, unwatch := u.announced.watch(connection)
+		if err := u.slots.Acquire(ctx, 1); err != nil {
+			unwatch()
+			return c, err
+		}
+		if asked.IsZero() {
+			asked = time.Now() // the lock wait counts from here, not the queue for a slot
+		}
+		wait := u.opts.LockWait - time.Since(asked)
+		if leased != nil && wait <= 0 {
+			u.slots.Release(1)
+			unwatch()
+			return c, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+		}
+		next, err := u.tryClaim(ctx, connection, forced, due, wait)
+		next.waited = time.Since(asked)
+		if next.end != nil {
+			next.release = sync.OnceFunc(func() { u.slots.Release(1) })
+		} else {
+			u.slots.Release(1)
+		}
+		if !errors.Is(err, domain.ErrRefreshInProgress) {
+			unwatch()
+			return next, err
+		}
+		c, leased = next, err
+		woke, err := u.awaitLease(ctx, asked, woken, err)
+		unwatch()
+		if err != nil {
+			return c, err
+		}
+		if woke {
+			// Most likely the holder stored the rotated token: a plain read
+			// says so, without the lock.
+			readCtx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)
+			t, err := u.store.Get(readCtx, connection)
+			cancel()
+			if err == nil && (t.Status == domain.StatusNeedsReauth || !due(t)) {
+				return claimed{current: t, waited: time.Since(asked)}, nil
+			}
+		}
 	}
+}
+
+// tryClaim is claim's transaction, waiting at most wait for the lock.
+func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, wait time.Duration) (claimed, error) {
+	var c claimed
+	err := u.store.InLock(ctx, connection, wait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+		// The re-read is also the liveness check of the transaction: it
+		// runs right before the lease is taken.
+		t, err := s.Get(txCtx, connection)
+		if err != nil {
+			return err
+		}
+		c.current = t
+		if t.Status == domain.StatusNeedsReauth || !due(t) {
+			return nil // refreshed by another process meanwhile, or dead
+		}
+		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
+			return err
+		}
+		if forced && !u.forced.allow(connection, u.opts.Clock.Now(), u.forceGap(t)) {
+			return domain.ErrRefreshRateLimited
+		}
+		// Last chance to give up: past this point the refresh token is
+		// about to be spent, and the new one must reach the database
+		// whatever the caller does.
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		c.end, err = s.Lease(txCtx, t)
+		return err
+	})
+	return c, err
+}
+
+// Waits for a lease another process holds: the next look comes at its
+// announcement (the change listener), or after leasePoll, or after
+// leasePollListening while the listener is connected (announcements then
+// come; the look is for a holder that died, whose lease runs out a second
+// after its last renewal).
+const (
+	leasePoll          = 100 * time.Millisecond
+	leasePollListening = time.Second
+)
+
+// awaitLease waits before the next look at a connection whose refresh is
+// leased by another process (leased wraps domain.ErrRefreshInProgress),
+// and reports whether an announcement woke it. It gives up, with an error
+// that is also a lock timeout, when the lock wait that began at asked is
+// over.
+func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, woken <-chan struct{}, leased error) (bool, error) {
+	left := u.opts.LockWait - time.Since(asked)
+	if left <= 0 {
+		return false, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+	}
+	poll := leasePoll
+	if u.cache.trusted.Load() {
+		poll = leasePollListening
+	}
+	t := time.NewTimer(min(poll, left))
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, fmt.Errorf("%w (%w)", ctx.Err(), leased)
+	case <-woken:
+		return true, nil
+	case <-t.C:
+		return false, nil
+	}
+}
+
+// redeem spends the refresh token of the token c leased at the provider,
+// with no database connection held, and keeps the outcome: the rotated
+// token, or needs_reauth for a dead grant. A failure that leaves the grant
+// alive (provider unavailable, client rejected, endpoint wrong) ends the
+// lease and is returned; the stored token is untouched. A dead grant is
+// stored as needs_reauth and returned as revoked, with a nil error.
+//
+// The call and the write run to the end whatever the caller does: the
+// refresh token is spent once it is sent.
+func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claimed) (redeemed, error) {
+	defer c.release()
+	ctx = context.WithoutCancel(ctx)
+	t := c.current
+	r := redeemed{from: t.RefreshToken}
+	callCtx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
+	called := time.Now()
+	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
+	r.latency = time.Since(called)
+	cancel()
+	switch {
+	case err == nil:
+		u.gate.of(t.Provider).accept()
+		next := t.Rotated(g, u.opts.Clock.Now())
+		r.rotated = &next
+		r.tok, err = u.keep(ctx, store, r, c.end)
+		return r, err
+	case clientSide(err):
+		c.end(true)
+		u.clientFailed(t, err)
+		return r, err
+	case !errors.Is(err, domain.ErrGrantRevoked):
+		c.end(true)
+		return r, err
+	}
+	defer c.end(false)
+	// Before declaring the grant dead, look again under the lock: a token
+	// stored since we read (a rotated token written late by its redeemer, a
+	// new grant) means this rejection is stale news.
+	rejected := err
+	err = store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+		now, err := s.Get(txCtx, t.Connection)
+		if err != nil {
+			return err
+		}
+		if now.Version != t.Version && now.Status == domain.StatusActive {
+			r.tok = now
+			return nil
+		}
+		// Permanent: record it (keeping the refresh token for forensics)
+		// so that no process redeems it again.
+		dead := t
+		dead.Status, dead.StatusReason = domain.StatusNeedsReauth, reason(rejected)
+		_, err = s.Save(txCtx, dead)
+		return err
+	})
+	if err != nil {
+		return r, errors.Join(rejected, err)
+	}
+	if r.tok.Version == 0 {
+		r.revoked = fmt.Errorf("%w: %w", domain.ErrNeedsReauth, rejected)
+	}
+	return r, nil
+}
+
+// keep writes a rotated token under the connection's lock, if the stored
+// token is still the one it was rotated from, and ends its lease. A failed
+// write is retried in fresh transactions for RescueWindow; keep gives up
+// early only when another token was stored meanwhile (then the rotated one
+// is obsolete, and that is said loudly too).
+//
+// One exception: when this process's lease ran out while it was at the
+// provider (it could not renew it), another process may have redeemed the
+// same refresh token, been told invalid_grant, and marked the connection
+// needs_reauth. If the stored refresh token is still the spent one, the
+// rotated token is the only live token of the grant (unless the provider
+// revoked the whole grant for that reuse, which the next refresh will
+// tell): it is stored.
+func (u *RefreshTokenUseCase) keep(ctx context.Context, store locker, r redeemed, end func(release bool)) (domain.Token, error) {
+	defer end(false)
 	rotated := *r.rotated
-	log := u.opts.Logger.With("connection", connection, "from_version", rotated.Version)
-	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
-	ctx, cancel := context.WithTimeout(context.Background(), u.opts.RescueWindow)
-	defer cancel()
-	policy := backoff.NewExponentialBackOff()
-	policy.InitialInterval, policy.MaxInterval = 50*time.Millisecond, time.Second
+	log := u.opts.Logger.With("connection", rotated.Connection, "from_version", rotated.Version)
 	attempt := func() (domain.Token, error) {
 		var out domain.Token
-		err := u.store.InLock(ctx, connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-			now, err := s.Get(txCtx, connection)
+		err := store.InLock(ctx, rotated.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+			now, err := s.Get(txCtx, rotated.Connection)
 			if err != nil {
 				return err
 			}
 			if now.Version > rotated.Version && now.RefreshToken.Equal(rotated.RefreshToken) {
-				// The failed commit had in fact gone through (its answer was
-				// lost): the rotated token is stored.
+				// An earlier write had in fact gone through (its answer
+				// was lost): the rotated token is stored.
 				out = now
 				return nil
 			}
@@ -285,44 +448,39 @@ func (u *RefreshTokenUseCase) rescue(connection string, r redeemed, cause error)
 			out, err = s.Save(txCtx, next)
 			return err
 		})
-		if err != nil {
-			log.Error("rotated refresh token still not persisted", "err", err)
-		}
 		return out, err
 	}
-	out, err := backoff.Retry(ctx, attempt, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(u.opts.RescueWindow))
-	if err != nil {
-		log.Error("rotated refresh token dropped", "err", err)
-		return domain.Token{}, fmt.Errorf("persist rotated token: %w (first failure: %w)", err, cause)
+	// The common case in one round trip: nothing was stored meanwhile.
+	writeCtx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)
+	out, cause := store.SaveLocked(writeCtx, u.opts.LockWait, rotated)
+	cancel()
+	if errors.Is(cause, domain.ErrConflict) {
+		out, cause = attempt() // why not: look under the lock
 	}
-	log.Warn("rotated refresh token persisted on retry", "version", out.Version)
-	return out, nil
-}
-
-// leasePoll spaces the looks at a lease another process holds.
-const leasePoll = 100 * time.Millisecond
-
-// awaitLease waits before the next look at a connection whose refresh is
-// leased by another process (leased wraps domain.ErrRefreshInProgress). It
-// gives up, with an error that is also a lock timeout, when the next look
-// would come after the lock wait that began at asked.
-func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, leased error) error {
-	if time.Since(asked)+leasePoll > u.opts.LockWait {
-		return fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+	if cause == nil {
+		return out, nil
 	}
-	t := time.NewTimer(leasePoll)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return fmt.Errorf("%w (%w)", ctx.Err(), leased)
-	case <-t.C:
-		return nil
+	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
+	ctx, cancel = context.WithTimeout(ctx, u.opts.RescueWindow)
+	defer cancel()
+	policy := backoff.NewExponentialBackOff()
+	policy.InitialInterval, policy.MaxInterval = 50*time.Millisecond, time.Second
+	var permanent *backoff.PermanentError
+	if !errors.As(cause, &permanent) {
+		out, cause = backoff.Retry(ctx, func() (domain.Token, error) {
+			out, err := attempt()
+			if err != nil {
+				log.Error("rotated refresh token still not persisted", "err", err)
+			}
+			return out, err
+		}, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(u.opts.RescueWindow))
+		if cause == nil {
+			log.Warn("rotated refresh token persisted on retry", "version", out.Version)
+			return out, nil
+		}
 	}
-}
-
-// hold bounds the locked part of a refresh: the provider call and the write.
-func (u *RefreshTokenUseCase) hold() time.Duration {
-	return u.opts.RefreshTimeout + u.opts.WriteTimeout
+	log.Error("rotated refresh token dropped", "err", cause)
+	return domain.Token{}, fmt.Errorf("persist rotated token: %w", cause)
 }
 
 // stale is the due rule of Token: the skew rule says refresh.
@@ -330,76 +488,20 @@ func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
 	return !t.FreshAt(u.opts.Clock.Now(), u.skewOf(t))
 }
 
+// locker takes a connection's lock: the TokenStore, or a sweep's store.
+type locker interface {
+	InLock(ctx context.Context, connection string, wait, hold time.Duration,
+		fn func(ctx context.Context, s LockedStore) error) error
+	SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error)
+}
+
 // redeemed is what spending a refresh token led to.
 type redeemed struct {
 	tok     domain.Token  // the stored token afterwards
 	from    domain.Secret // the refresh token spent
 	rotated *domain.Token // the provider's answer, as soon as there is one, written or not
-	revoked error         // the grant is dead: stored as needs_reauth, to be committed
+	revoked error         // the grant is dead: stored as needs_reauth
 	latency time.Duration // of the provider call
-	// endLease ends the refresh's lease when the rotated token is not
-	// stored yet; the rescue calls it when it is over.
-	endLease func(release bool)
-}
-
-// redeem spends t's refresh token at the provider and stores the outcome
-// through s, which holds the connection's lock. A failure that leaves the
-// grant alive (provider unavailable, client rejected, endpoint wrong)
-// returns err: roll back, the stored token is untouched. Only a dead grant
-// is stored as needs_reauth and returned as revoked with a nil err, so that
-// the transaction commits it.
-func (u *RefreshTokenUseCase) redeem(txCtx context.Context, s LockedStore, t domain.Token) (redeemed, error) {
-	r := redeemed{from: t.RefreshToken}
-	// The lease outlives this transaction's session: if the session ends
-	// during the call, the next lock holder waits for this refresh instead
-	// of presenting the same refresh token. It lasts while a rotated token
-	// is not stored yet (the rescue ends it), and is released as soon as
-	// the token is known not to be spent.
-	end, err := s.Lease(txCtx, t)
-	if err != nil {
-		return r, err
-	}
-	r.endLease = end
-	defer func() {
-		// A rotated token not stored yet keeps its lease for the rescue.
-		if r.rotated == nil || r.tok.Version != 0 {
-			end(r.rotated == nil)
-		}
-	}()
-	callCtx, cancel := context.WithTimeout(txCtx, u.opts.RefreshTimeout)
-	called := time.Now()
-	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
-	r.latency = time.Since(called)
-	cancel()
-	switch {
-	case err == nil:
-		u.gate.of(t.Provider).accept()
-		next := t.Rotated(g, u.opts.Clock.Now())
-		r.rotated = &next
-		r.tok, err = s.Save(txCtx, next)
-		return r, err
-	case clientSide(err):
-		u.clientFailed(t, err)
-		return r, err
-	case !errors.Is(err, domain.ErrGrantRevoked):
-		return r, err
-	}
-	// Before declaring the grant dead, look again: a token stored since
-	// we read (a rotated token written late by its redeemer, a new grant)
-	// means this rejection is stale news.
-	if now, getErr := s.Get(txCtx, t.Connection); getErr == nil && now.Version != t.Version && now.Status == domain.StatusActive {
-		r.tok = now
-		return r, nil
-	}
-	// Permanent: record it (keeping the refresh token for forensics) so
-	// that no process redeems it again.
-	t.Status = domain.StatusNeedsReauth
-	t.StatusReason = reason(err)
-	if _, saveErr := s.Save(txCtx, t); saveErr != nil {
-		return r, errors.Join(err, saveErr)
-	}
-	r.revoked = fmt.Errorf("%w: %w", domain.ErrNeedsReauth, err)
-	return r, nil
 }
 
 // clientSide reports whether err says the client or its configuration is

@@ -39,6 +39,7 @@ type fakeStore struct {
 	// leasedElsewhere makes that many Lease calls find another process's
 	// lease; leases and releases count the others.
 	leasedElsewhere, leases, releases int
+	wrote                             bool // the transaction saved a token
 }
 
 func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
@@ -60,10 +61,14 @@ func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, f
 		s.beforeRelock(&s.tok)
 	}
 	before := s.tok
+	s.wrote = false
 	s.mu.Unlock()
 	err := fn(context.WithoutCancel(ctx), s)
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if !s.wrote {
+		return err // the failures below are those of a token's write
+	}
 	if err == nil && s.lostCommits > 0 {
 		s.lostCommits--
 		return errors.New("commit: connection reset (outcome unknown)")
@@ -78,10 +83,14 @@ func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, f
 	return err
 }
 
-// InLockUnless: nobody else holds the fake's lock, so it is InLock.
-func (s *fakeStore) InLockUnless(ctx context.Context, id string, wait, hold time.Duration, _ func(domain.Token) bool,
-	fn func(context.Context, usecase.LockedStore) error) (domain.Token, bool, error) {
-	return domain.Token{}, false, s.InLock(ctx, id, wait, hold, fn)
+func (s *fakeStore) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
+	var out domain.Token
+	err := s.InLock(ctx, t.Connection, wait, wait, func(ctx context.Context, l usecase.LockedStore) error {
+		var err error
+		out, err = l.Save(ctx, t)
+		return err
+	})
+	return out, err
 }
 
 func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error) {
@@ -93,6 +102,7 @@ func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error
 	t.Version++
 	s.tok = t
 	s.saves = append(s.saves, t)
+	s.wrote = true
 	return t, nil
 }
 
@@ -171,8 +181,9 @@ func TestStaleTokenIsRefreshedAndRotatedTokenPersisted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if ref.calls != 1 || store.locks != 1 || len(store.saves) != 1 {
-		t.Fatalf("refreshes=%d locks=%d saves=%d, want 1 1 1", ref.calls, store.locks, len(store.saves))
+	// Two short transactions: the lease, then the write.
+	if ref.calls != 1 || store.locks != 2 || len(store.saves) != 1 {
+		t.Fatalf("refreshes=%d locks=%d saves=%d, want 1 2 1", ref.calls, store.locks, len(store.saves))
 	}
 	if tok.AccessToken.Reveal() != "at-2" || !tok.RefreshToken.IsZero() || tok.Version != 2 || !tok.ObtainedAt.Equal(t0) {
 		t.Errorf("got %+v", tok)
@@ -379,7 +390,7 @@ func TestRescueGivesWayToANewerToken(t *testing.T) {
 	store.failCommits = 1
 	store.beforeRelock = func(tk *domain.Token) {
 		// From the rescue attempt on, another grant is stored.
-		if tk.Version == 1 && store.locks > 1 {
+		if tk.Version == 1 && store.locks > 2 {
 			tk.Version, tk.RefreshToken = 7, domain.NewSecret("rt-other")
 		}
 	}
@@ -411,7 +422,7 @@ func TestRescueStoresTheRotatedTokenOverAWaitersNeedsReauth(t *testing.T) {
 			store.failCommits = 1
 			locks := 0
 			store.beforeRelock = func(tk *domain.Token) {
-				if locks++; locks == 2 { // the rescue's first attempt
+				if locks++; locks == 3 { // the rescue's first attempt (after the lease and the write)
 					tk.Status, tk.StatusReason, tk.Version = domain.StatusNeedsReauth, "invalid_grant", tk.Version+1
 					tk.RefreshToken = domain.NewSecret(tc.storedRT)
 				}
@@ -451,8 +462,8 @@ func TestLeaseHeldElsewhereIsWaitedFor(t *testing.T) {
 	if _, err := uc.Token(context.Background(), "acme"); err != nil {
 		t.Fatal(err)
 	}
-	if store.locks != 3 || ref.calls != 1 || store.leases != 1 || store.releases != 0 {
-		t.Errorf("locks=%d refreshes=%d leases=%d releases=%d, want 3 1 1 0", store.locks, ref.calls, store.leases, store.releases)
+	if store.locks != 4 || ref.calls != 1 || store.leases != 1 || store.releases != 0 {
+		t.Errorf("locks=%d refreshes=%d leases=%d releases=%d, want 4 (three looks, one write) 1 1 0", store.locks, ref.calls, store.leases, store.releases)
 	}
 }
 

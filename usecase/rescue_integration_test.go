@@ -20,9 +20,9 @@ import (
 )
 
 // killAfterAnswer is the real refresher, except that right after the
-// provider answered it terminates the database backend holding the
-// connection's lock: the crash window between the provider's rotation and
-// our commit.
+// provider answered it terminates every other backend of the database,
+// among them the pool connection the write is about to use: the crash
+// window between the provider's rotation and our commit.
 type killAfterAnswer struct {
 	next  provider.GrantRefresher
 	admin *gorm.DB
@@ -38,8 +38,8 @@ func (k *killAfterAnswer) Refresh(ctx context.Context, rt domain.Secret) (domain
 		return g, err
 	}
 	var n int64
-	if err := k.admin.Raw(`SELECT count(pg_terminate_backend(pid)) FROM pg_locks WHERE locktype = 'advisory' AND granted
-		AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`).Scan(&n).Error; err != nil {
+	if err := k.admin.Raw(`SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity
+		WHERE datname = current_database() AND pid <> pg_backend_pid()`).Scan(&n).Error; err != nil {
 		k.t.Error(err)
 	}
 	k.mu.Lock()
@@ -72,8 +72,8 @@ func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T
 	if err != nil {
 		t.Fatalf("Token: %v\nlogs:\n%s", err, logs.String())
 	}
-	if killer.kills != 1 {
-		t.Fatalf("terminated %d backends, want the lock holder", killer.kills)
+	if killer.kills < 1 {
+		t.Fatalf("terminated %d backends, want the writer's", killer.kills)
 	}
 	stored := mustGet(t, admin)
 	t.Logf("backend killed after the provider answered; logs:\n%s", logs.String())
