@@ -74,7 +74,7 @@ migrate: build
 # runs in STORM_BATCHES batches of STORMS storms; its figures are the
 # medians over the batches. The Nango-style peer needs Redis at
 # TEST_REDIS_ADDR (default 127.0.0.1:6379).
-BENCH ?= TokenHot|ProactiveRefresh|CacheMemory|Invalidate
+BENCH ?= TokenHot|ProactiveRefresh|CacheMemory|Invalidate|ConnectionTime|MassExpiry
 STORMS ?= 10
 STORM_BATCHES ?= 5
 bench:

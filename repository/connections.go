@@ -148,18 +148,18 @@ func tagArray(tags []string) string {
 	return "{" + strings.Join(quoteAll(tags), ",") + "}"
 }
 
-// disconnectHold bounds a disconnection once it holds the lock: the
-// revocation at the provider (its own timeout is shorter), then one write
-// and its commit.
-const disconnectHold = 30 * time.Second
+// disconnectHold bounds a disconnection once it holds the lock: one write
+// and its commit (the revocation at the provider comes before, under a
+// refresh lease, with no lock held).
+const disconnectHold = 10 * time.Second
 
 // Disconnect deletes connection's token under its advisory lock, the one
 // refreshes take (wait bounds the wait, reported as domain.ErrLockTimeout):
 // a refresh in progress finishes first, and one that waits for the lock
 // finds no token after it. Before deleting, it calls before with the token
-// read under the lock (its refresh token is the current one; nothing can
-// rotate it meanwhile), for the revocation at the provider; before's
-// error keeps everything as it was and is returned.
+// read under the lock, which says whether it was revoked at the provider
+// (before must not wait on anything: the lock and a pool connection are
+// held); before's error keeps everything as it was and is returned.
 //
 // The delete announces "<version+1> <connection>" on ChangeChannel in the
 // writing statement, so every process drops its cached token at commit,

@@ -39,19 +39,23 @@ const (
 // rotated token or for the lease to end); a strict provider would take a
 // second presentation for a reuse and revoke the grant.
 //
-// The holder's process renews the lease in the background until end is
-// called, so it lasts as long as its holder lives and no longer: a process
-// killed mid-refresh holds up the others for leaseTerm (a second) at most.
+// The lease covers the provider call (call, its bound) and leaseTerm more
+// from the start; the holder's process renews it in the background until
+// end is called, so it lasts as long as its holder lives and no longer: a
+// process killed mid-refresh holds up the others until call and a second
+// have passed since it took the lease, at most. (Covering the call up
+// front keeps the lease safe when the renewals wait for a pool connection
+// behind a burst of refreshes.)
 // Storing a newer version ends the lease for everyone (Save deletes it in
 // the writing statement); end(true) deletes it and announces the release,
 // for a refresh whose token was not spent.
-func (l *LockedTokens) Lease(ctx context.Context, t domain.Token) (end func(release bool), err error) {
+func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Duration) (end func(release bool), err error) {
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
 	holder := newHolder()
 	var got []string
-	if err := l.tx.execAndCommit(ctx, scanStrings(&got), takeLeaseSQL, t.Connection, t.Version, holder, leaseTerm.Milliseconds(), restartGrace.Milliseconds()); err != nil {
+	if err := l.tx.execAndCommit(ctx, scanStrings(&got), takeLeaseSQL, t.Connection, t.Version, holder, (max(call, 0) + leaseTerm).Milliseconds(), restartGrace.Milliseconds()); err != nil {
 		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
 	}
 	if len(got) == 0 || got[0] != holder {
@@ -95,11 +99,6 @@ ON CONFLICT (connection_id) DO UPDATE SET
     server_started = EXCLUDED.server_started
     WHERE ` + leaseFree + ` OR l.server_started IS DISTINCT FROM EXCLUDED.server_started
 RETURNING l.holder::text`
-
-// leaseRuns is the condition under which lease l stops others: taken or
-// renewed on this server and not run out, or from another server (held for
-// the grace once a process takes notice, see takeLeaseSQL).
-const leaseRuns = `(l.server_started IS DISTINCT FROM pg_postmaster_start_time() OR now() <= l.until)`
 
 // heldLease is a lease its process still renews.
 type heldLease struct {
@@ -181,8 +180,9 @@ func (r *leaseRenewer) run() {
 		if !ok {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), leaseRenewEvery)
-		_ = r.db.WithContext(ctx).Exec(`UPDATE refresh_leases SET until = now() + ? * interval '1 millisecond', server_started = pg_postmaster_start_time()
+		ctx, cancel := context.WithTimeout(context.Background(), leaseTerm)
+		_ = r.db.WithContext(ctx).Exec(`UPDATE refresh_leases
+SET until = greatest(until, now() + ? * interval '1 millisecond'), server_started = pg_postmaster_start_time()
 WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), pgTextArray(holders)).Error
 		cancel()
 	}
@@ -206,18 +206,4 @@ func scanStrings(out *[]string) func(rowScanner) error {
 		}
 		return rows.Err()
 	}
-}
-
-// Leased reports whether a refresh lease on t's version is still running:
-// another process may be presenting its refresh token at the provider.
-func (r *TokenRepository) Leased(ctx context.Context, t domain.Token) (bool, error) {
-	var live []bool
-	err := r.db.WithContext(ctx).Raw(`
-SELECT true FROM refresh_leases l JOIN connections c ON c.id = l.connection_id
-WHERE c.name = ? AND l.version = ? AND `+leaseRuns,
-		t.Connection, t.Version).Scan(&live).Error
-	if err != nil {
-		return false, storeError(ctx, "read refresh lease of "+t.Connection, err)
-	}
-	return len(live) > 0, nil
 }

@@ -221,7 +221,7 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 					if tok, err = l.Get(ctx, name); err != nil {
 						return err
 					}
-					end, err := l.Lease(ctx, tok)
+					end, err := l.Lease(ctx, tok, time.Second)
 					if err == nil {
 						end(true)
 					}

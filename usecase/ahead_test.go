@@ -156,7 +156,7 @@ func (l lockedIdle) Save(_ context.Context, t domain.Token) (domain.Token, error
 
 func (l lockedIdle) Put(context.Context, domain.Token) (domain.Token, error) { panic("not a grant") }
 
-func (l lockedIdle) Lease(context.Context, domain.Token) (func(bool), error) {
+func (l lockedIdle) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
 	return func(bool) {}, nil
 }
 

@@ -154,8 +154,8 @@ type countedLease struct {
 	c countingStore
 }
 
-func (l countedLease) Lease(ctx context.Context, t domain.Token) (func(bool), error) {
-	end, err := l.LockedStore.Lease(ctx, t)
+func (l countedLease) Lease(ctx context.Context, t domain.Token, call time.Duration) (func(bool), error) {
+	end, err := l.LockedStore.Lease(ctx, t, call)
 	if err != nil {
 		return nil, err
 	}

@@ -17,9 +17,10 @@ type DisconnectStore interface {
 	// returns the deleted token.
 	Disconnect(ctx context.Context, connection string, wait time.Duration,
 		before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error)
-	// Leased reports whether another process's refresh of t's version may
-	// still be at the provider (a live refresh lease; LockedStore.Lease).
-	Leased(ctx context.Context, t domain.Token) (bool, error)
+	// InLock is TokenStore.InLock: a revocation leases the refresh token
+	// it revokes, so that no refresh presents it meanwhile.
+	InLock(ctx context.Context, connection string, wait, hold time.Duration,
+		fn func(ctx context.Context, s LockedStore) error) error
 }
 
 // Revoker revokes a refresh token at the revocation endpoint of the
@@ -30,7 +31,7 @@ type Revoker interface {
 }
 
 // DefaultRevokeTimeout bounds a revocation request, which runs while the
-// connection's lock is held.
+// refresh token's lease is held (no lock, no database connection).
 const DefaultRevokeTimeout = 10 * time.Second
 
 // DisconnectUseCase removes connections.
@@ -58,17 +59,20 @@ func NewDisconnectUseCase(store DisconnectStore, revoker Revoker, lockWait, revo
 // refreshes it again, after revoking its refresh token at the provider when
 // revoke is true.
 //
-// Order: the lock, the re-read, the revocation, then the delete, all in
-// one transaction holding the lock. Under the lock the refresh token read
-// is the current one and no refresh can rotate it before it is revoked.
-// The revocation comes first because a failed one keeps the connection:
-// the refresh token is the only way to revoke the grant, and deleting it
-// after a failed revocation would leave a live grant at the provider that
-// nobody can revoke any more. So a revocation that fails (the provider
-// unavailable, the client rejected, no revocation endpoint configured)
-// changes nothing and is returned; the caller tries again, or disconnects
-// without revoking. A provider that answers that the token is already
-// invalid has nothing left to revoke: that is a success.
+// Order: the lease, the revocation, then the delete. The lease is taken
+// under the lock, with the re-read, as a refresh takes it: the refresh
+// token read is the current one, and no refresh can present it before it
+// is revoked (a refresh already at the provider holds a lease, and the
+// revocation waits for nothing: it is refused). The revocation runs with
+// no lock and no database connection held. It comes first because a
+// failed one keeps the connection: the refresh token is the only way to
+// revoke the grant, and deleting it after a failed revocation would leave
+// a live grant at the provider that nobody can revoke any more. So a
+// revocation that fails (the provider unavailable, the client rejected, no
+// revocation endpoint configured) changes nothing and is returned; the
+// caller tries again, or disconnects without revoking. A provider that
+// answers that the token is already invalid has nothing left to revoke:
+// that is a success.
 //
 // It returns the deleted token (its refresh token is spent or abandoned:
 // never use it).
@@ -76,34 +80,68 @@ func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, r
 	if err := domain.ValidateName(connection); err != nil {
 		return domain.Token{}, err
 	}
-	t, err := u.store.Disconnect(ctx, connection, u.lockWait, func(ctx context.Context, t domain.Token) (bool, error) {
-		if !revoke {
-			return false, nil
+	var before func(ctx context.Context, t domain.Token) (bool, error)
+	if revoke {
+		leased, end, err := u.revoke(ctx, connection)
+		if err != nil {
+			return domain.Token{}, u.failed(connection, err)
 		}
-		if u.revoker == nil {
-			return false, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
-		}
-		// A refresh that lost the lock may be rotating this very refresh
-		// token: revoking it now could leave the rotated one alive at the
-		// provider once the connection is gone.
-		if leased, err := u.store.Leased(ctx, t); err != nil || leased {
-			if err == nil {
-				err = domain.ErrRefreshInProgress
+		defer end(true)
+		before = func(_ context.Context, t domain.Token) (bool, error) {
+			if t.Version != leased.Version { // the lease keeps refreshes out: not expected
+				return false, fmt.Errorf("%w: version %d was revoked, %d is stored", domain.ErrConflict, leased.Version, t.Version)
 			}
-			return false, fmt.Errorf("revoke: %w", err)
+			return true, nil
 		}
-		rctx, cancel := context.WithTimeout(ctx, u.timeout)
-		defer cancel()
-		if err := u.revoker.Revoke(rctx, t.Provider, t.RefreshToken); err != nil {
-			return false, fmt.Errorf("revoke: %w", err)
-		}
-		return true, nil
-	})
-	if err != nil {
-		if errors.Is(err, domain.ErrNotFound) {
-			return domain.Token{}, fmt.Errorf("disconnect %s: %w", connection, domain.ErrNotFound)
-		}
-		return domain.Token{}, fmt.Errorf("disconnect %s: %w (nothing changed)", connection, err)
+	}
+	t, err := u.store.Disconnect(ctx, connection, u.lockWait, before)
+	switch {
+	case err != nil && revoke:
+		return domain.Token{}, fmt.Errorf("disconnect %s: its refresh token was revoked at the provider, but deleting the connection failed: %w", connection, err)
+	case err != nil:
+		return domain.Token{}, u.failed(connection, err)
 	}
 	return t, nil
+}
+
+// revoke leases connection's refresh token, then revokes it at the
+// provider. It returns the token revoked and the lease's end; on an error
+// the lease has ended and nothing changed.
+func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (domain.Token, func(bool), error) {
+	if u.revoker == nil {
+		return domain.Token{}, nil, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
+	}
+	var (
+		t   domain.Token
+		end func(bool)
+	)
+	err := u.store.InLock(ctx, connection, u.lockWait, DefaultWriteTimeout, func(ctx context.Context, s LockedStore) error {
+		var err error
+		if t, err = s.Get(ctx, connection); err != nil {
+			return err
+		}
+		// A refresh of this very refresh token may be at the provider:
+		// revoking it now could leave the rotated one alive once the
+		// connection is gone.
+		end, err = s.Lease(ctx, t, u.timeout)
+		return err
+	})
+	if err != nil {
+		return domain.Token{}, nil, fmt.Errorf("revoke: %w", err)
+	}
+	rctx, cancel := context.WithTimeout(ctx, u.timeout)
+	defer cancel()
+	if err := u.revoker.Revoke(rctx, t.Provider, t.RefreshToken); err != nil {
+		end(true)
+		return domain.Token{}, nil, fmt.Errorf("revoke: %w", err)
+	}
+	return t, end, nil
+}
+
+// failed says that disconnecting connection changed nothing.
+func (u *DisconnectUseCase) failed(connection string, err error) error {
+	if errors.Is(err, domain.ErrNotFound) {
+		return fmt.Errorf("disconnect %s: %w", connection, domain.ErrNotFound)
+	}
+	return fmt.Errorf("disconnect %s: %w (nothing changed)", connection, err)
 }

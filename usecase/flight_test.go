@@ -208,7 +208,7 @@ func (s heldStore) Put(context.Context, domain.Token) (domain.Token, error) {
 	return domain.Token{}, errors.New("not used")
 }
 
-func (s heldStore) Lease(context.Context, domain.Token) (func(bool), error) {
+func (s heldStore) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
 	return nil, errors.New("not used")
 }
 

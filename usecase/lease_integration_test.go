@@ -35,7 +35,7 @@ type withoutLeases struct{ usecase.TokenStore }
 
 type ignoredLease struct{ usecase.LockedStore }
 
-func (ignoredLease) Lease(context.Context, domain.Token) (func(bool), error) {
+func (ignoredLease) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
 	return func(bool) {}, nil
 }
 

@@ -32,11 +32,11 @@ type nestedLocked struct {
 	pool *gorm.DB
 }
 
-func (l nestedLocked) Lease(ctx context.Context, t domain.Token) (func(bool), error) {
+func (l nestedLocked) Lease(ctx context.Context, t domain.Token, call time.Duration) (func(bool), error) {
 	if err := l.pool.WithContext(ctx).Exec("SELECT 1").Error; err != nil {
 		return nil, err
 	}
-	return l.LockedStore.Lease(ctx, t)
+	return l.LockedStore.Lease(ctx, t, call)
 }
 
 func (s nestedLease) InLock(ctx context.Context, connection string, wait, hold time.Duration,

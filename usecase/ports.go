@@ -49,11 +49,12 @@ type LockedStore interface {
 	// connection are let go, so that the provider call holds neither. The
 	// record lives on until end is called: until then, the next holder's
 	// Lease fails with domain.ErrRefreshInProgress, unless a newer version
-	// was stored or the holder stopped renewing it for a second (it died).
-	// Save ends it for everyone when it stores the rotated token; end(true)
-	// deletes it and announces that, for a refresh whose token was not
-	// spent.
-	Lease(ctx context.Context, t domain.Token) (end func(release bool), err error)
+	// was stored, or call (the bound of the provider call) and a second
+	// have passed since it was taken and its holder stopped renewing it (it
+	// died). Save ends it for everyone when it stores the rotated token;
+	// end(true) deletes it and announces that, for a refresh whose token
+	// was not spent.
+	Lease(ctx context.Context, t domain.Token, call time.Duration) (end func(release bool), err error)
 }
 
 // ConnectionStore is what connecting a new grant needs on top of locking.

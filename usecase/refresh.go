@@ -299,7 +299,7 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		c.end, err = s.Lease(txCtx, t)
+		c.end, err = s.Lease(txCtx, t, u.opts.RefreshTimeout)
 		return err
 	})
 	return c, err

@@ -111,7 +111,7 @@ func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
 }
 
 // Lease fails while leasedElsewhere says another process's lease runs.
-func (s *fakeStore) Lease(context.Context, domain.Token) (func(bool), error) {
+func (s *fakeStore) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.leasedElsewhere > 0 {

@@ -1,0 +1,197 @@
+package usecase_test
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// BenchmarkConnectionTime: the sum of the time database connections are
+// held per refresh (every Get, lock transaction and lease release, from
+// taking the pool connection to giving it back), at a provider answering
+// in 20 ms and in 1 s. A refresh holds none while the provider answers, so
+// the figure does not follow the provider's latency.
+func BenchmarkConnectionTime(b *testing.B) {
+	for _, latency := range []time.Duration{20 * time.Millisecond, time.Second} {
+		b.Run(fmt.Sprintf("provider=%v", latency), func(b *testing.B) {
+			quiet(b)
+			w := newWorld(b, time.Hour)
+			seed := w.stack(b, usecase.Options{})
+			w.connect(b, seed)
+			db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 4}, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			b.Cleanup(func() { _ = postgres.Close(db) })
+			var cur, peak, held atomic.Int64
+			store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak, held: &held}
+			clock := &stormClock{}
+			uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{Clock: clock, Skew: time.Millisecond})
+			if err != nil {
+				b.Fatal(err)
+			}
+			w.provider.SetRefreshLatency(latency)
+			// At least three refreshes, however few ops the benchmark asks
+			// for (a 1 s provider makes them few).
+			n := max(b.N, 3)
+			before := w.provider.Stats()
+			b.ResetTimer()
+			for range n {
+				b.StopTimer()
+				clock.expire(b, seed)
+				b.StartTimer()
+				if _, err := uc.Token(context.Background(), conn); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			refreshes := w.provider.Stats().Refreshes - before.Refreshes
+			if refreshes != int64(n) {
+				b.Fatalf("%d refreshes for %d expiries", refreshes, n)
+			}
+			b.ReportMetric(float64(held.Load())/1e6/float64(refreshes), "db-conn-ms/refresh")
+			b.ReportMetric(float64(latency.Milliseconds()), "provider-latency-ms")
+		})
+	}
+}
+
+// BenchmarkMassExpiry: 1,000 distinct connections expire at once, and 3
+// processes, each with a pool of 4 connections and the default bound on
+// refreshes in flight, ask for all of them, at a provider answering in
+// 1 s. Each connection must be refreshed once, without reuse or failure,
+// in about ceil(1000 / (3 x 64)) provider latencies, with at most 3 x 4
+// pool connections (and the 3 listeners) open at the database.
+func BenchmarkMassExpiry(b *testing.B) {
+	quiet(b)
+	const (
+		conns   = 1000
+		stacks  = 3
+		pool    = 4
+		latency = time.Second
+	)
+	w := newWorld(b, time.Hour)
+	loader := w.stack(b, usecase.Options{})
+	names := connectMany(b, w, loader, conns)
+	ucs := make([]*usecase.RefreshTokenUseCase, stacks)
+	for i := range ucs {
+		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: pool}, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = postgres.Close(db) })
+		uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}),
+			provider.Only(provider.NewRefresher(w.oauth, provider.NewHTTPClient(10*time.Second))), usecase.Options{Skew: time.Millisecond})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = repository.NewChangeListener(w.url, uc, nil).Run(ctx) }()
+		b.Cleanup(func() { cancel(); <-done })
+		ucs[i] = uc
+	}
+	admin, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 1}, nil) // the sampler's
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = postgres.Close(admin) })
+	_ = postgres.Close(loader.db) // only the three processes' connections from here on
+	w.provider.SetRefreshLatency(latency)
+	time.Sleep(300 * time.Millisecond) // listeners up
+
+	var seconds []float64
+	var failed, peakBackends int64
+	var refreshes, reuse int64
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		// Every stored token expires now, as announced to the processes
+		// (they drop what they cached); the ones the refreshes store live
+		// an hour.
+		if err := admin.Exec(`WITH u AS (UPDATE tokens SET expiry = now() - interval '1 second', version = version + 1 RETURNING connection_id, version)
+			SELECT count(pg_notify(?, u.version || ' ' || c.name)) FROM u JOIN connections c ON c.id = u.connection_id`, repository.ChangeChannel).Error; err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(300 * time.Millisecond)
+		before := w.provider.Stats()
+		stop := sampleBackends(b, admin, &peakBackends)
+		b.StartTimer()
+		start := time.Now()
+		var wg sync.WaitGroup
+		for _, uc := range ucs {
+			for _, name := range names {
+				wg.Go(func() {
+					ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+					defer cancel()
+					if _, err := uc.Token(ctx, name); err != nil {
+						if atomic.AddInt64(&failed, 1) == 1 {
+							b.Logf("first failure: %v", err)
+						}
+					}
+				})
+			}
+		}
+		wg.Wait()
+		seconds = append(seconds, time.Since(start).Seconds())
+		b.StopTimer()
+		stop()
+		after := w.provider.Stats()
+		refreshes += after.Refreshes - before.Refreshes
+		reuse += after.RefreshReuse - before.RefreshReuse
+	}
+	target := math.Ceil(float64(conns)/float64(stacks*usecase.DefaultMaxRefreshesInFlight)) * latency.Seconds()
+	b.ReportMetric(medianOf(seconds), "seconds/expiry")
+	b.ReportMetric(target, "target-seconds")
+	b.ReportMetric(float64(failed)/float64(b.N), "failed/op")
+	b.ReportMetric(float64(refreshes)/float64(b.N*conns), "refreshes/conn")
+	b.ReportMetric(float64(reuse), "reuse")
+	b.ReportMetric(float64(peakBackends), "backends-peak")
+	b.ReportMetric(float64(stacks*pool+stacks), "backends-bound")
+}
+
+// sampleBackends records in peak the most client backends (but the
+// sampler's own) open at the database until stop is called.
+func sampleBackends(b *testing.B, admin *gorm.DB, peak *int64) (stop func()) {
+	done, over := make(chan struct{}), make(chan struct{})
+	go func() {
+		defer close(over)
+		tick := time.NewTicker(20 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			var n int64
+			if err := admin.Raw(`SELECT count(*) - 1 FROM pg_stat_activity WHERE datname = current_database() AND backend_type = 'client backend'`).Scan(&n).Error; err == nil && n > *peak {
+				*peak = n
+			}
+			select {
+			case <-done:
+				return
+			case <-tick.C:
+			}
+		}
+	}()
+	return func() { close(done); <-over }
+}
+
+func medianOf(v []float64) float64 {
+	s := append([]float64(nil), v...)
+	for i := range s {
+		for j := i + 1; j < len(s); j++ {
+			if s[j] < s[i] {
+				s[i], s[j] = s[j], s[i]
+			}
+		}
+	}
+	return s[len(s)/2]
+}
