@@ -208,12 +208,18 @@ func testKillWorker(t *testing.T, bin string) {
 }
 
 // advisoryLocks counts granted connection locks (tokenguard's namespace).
-func advisoryLocks(t *testing.T, dbURL string) int { return connectionLocks(t, dbURL, true) }
+func advisoryLocks(t *testing.T, dbURL string) int {
+	return count(t, dbURL, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted
+		AND classid = $1 AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`, 0x746b6764)
+}
 
-// lockWaiters counts connection-lock requests still waiting.
-func lockWaiters(t *testing.T, dbURL string) int { return connectionLocks(t, dbURL, false) }
+// leaseRows counts the refresh leases stored.
+func leaseRows(t *testing.T, dbURL string) int {
+	return count(t, dbURL, `SELECT count(*) FROM refresh_leases`)
+}
 
-func connectionLocks(t *testing.T, dbURL string, granted bool) int {
+// count runs a count(*) query on a connection of its own.
+func count(t *testing.T, dbURL, query string, args ...any) int {
 	t.Helper()
 	ctx := context.Background()
 	c, err := pgx.Connect(ctx, dbURL)
@@ -222,10 +228,7 @@ func connectionLocks(t *testing.T, dbURL string, granted bool) int {
 	}
 	defer c.Close(ctx)
 	var n int
-	err = c.QueryRow(ctx, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted = $2
-		AND classid = $1 AND objsubid = 2 AND database = (SELECT oid FROM pg_database WHERE datname = current_database())`,
-		0x746b6764, granted).Scan(&n)
-	if err != nil {
+	if err := c.QueryRow(ctx, query, args...).Scan(&n); err != nil {
 		t.Fatal(err)
 	}
 	return n

@@ -100,7 +100,7 @@ func (s *soak) inject(ctx context.Context) {
 				continue
 			}
 			d := time.Duration(2+s.rng.IntN(9)) * time.Second
-			latency := maxLatency / 2 * time.Duration(1+s.rng.IntN(3)) / 2 // 375ms..1.1s
+			latency := maxLatency * time.Duration(1+s.rng.IntN(4)) / 4 // 650ms..2.6s
 			if s.o.Control {
 				latency = refreshTimeout + time.Second // answers after the client gave up
 			}
