@@ -99,32 +99,7 @@ func main() {
 // sandbox provider: Migrate, New, Import, Token, Client, Run, Close.
 func TestProgramOutsideTheModule(t *testing.T) {
 	w := newWorld(t, sandbox.Options{AccessTokenLifespan: 2 * time.Second})
-	root, err := filepath.Abs(".")
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
-	gomod := `module example.com/app
-
-go 1.26
-
-require (
-	github.com/tokenguard/tokenguard v0.0.0
-	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
-	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
-	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `
-)
-
-replace github.com/tokenguard/tokenguard => ` + root + "\n"
-	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	for name, content := range map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(outsideProgram)} {
-		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
-			t.Fatal(err)
-		}
-	}
+	dir := outsideModule(t, outsideProgram)
 	bin := filepath.Join(dir, "app")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Dir = dir
@@ -155,6 +130,41 @@ replace github.com/tokenguard/tokenguard => ` + root + "\n"
 	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
 		t.Fatalf("provider: %d refreshes, %d reuses; want 1 and 0", st.Refreshes, st.RefreshReuse)
 	}
+}
+
+// outsideModule writes program as the main package of a module of its own
+// that reaches this module through a replace directive and this module's
+// go.sum (so nothing new is downloaded), and returns its directory.
+func outsideModule(t *testing.T, program string) string {
+	t.Helper()
+	root, err := filepath.Abs(".")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := t.TempDir()
+	gomod := `module example.com/app
+
+go 1.26
+
+require (
+	github.com/tokenguard/tokenguard v0.0.0
+	github.com/prometheus/client_golang ` + moduleVersion(t, "github.com/prometheus/client_golang") + `
+	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
+	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
+	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `
+)
+
+replace github.com/tokenguard/tokenguard => ` + root + "\n"
+	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, content := range map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(program)} {
+		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
 
 // moduleVersion is the version of a requirement of this module.
