@@ -5,7 +5,7 @@ import (
 	"net/http"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
+	"github.com/tokenguard/tokenguard/internal/metricsof"
 )
 
 // Option configures New.
@@ -18,7 +18,7 @@ type options struct {
 	keys                           string
 	encryptionRequired             bool
 	onNeedsReauth                  func(connection, reason string)
-	registerer                     prometheus.Registerer
+	metrics                        metricsof.Build
 	connectionLabel                bool
 	httpClient                     *http.Client
 	listenDSN                      string
@@ -67,14 +67,16 @@ func WithNeedsReauth(fn func(connection, reason string)) Option {
 	return func(o *options) { o.onNeedsReauth = fn }
 }
 
-// WithMetrics registers tokenguard's Prometheus metrics on r: refreshes by
-// outcome, lock waits, provider latency, cache hits and misses, whether
-// the change listener (Run) is connected, connections by status. Without
-// it there are none.
-func WithMetrics(r prometheus.Registerer) Option { return func(o *options) { o.registerer = r } }
+// Prometheus metrics come with prom.WithMetrics (package
+// github.com/tokenguard/tokenguard/prom), so that an application without
+// them links no Prometheus client.
+func init() {
+	metricsof.Option = func(b metricsof.Build) any { return Option(func(o *options) { o.metrics = b }) }
+}
 
 // WithMetricsPerConnection adds a "connection" label to the refresh
-// counters. Only for a small fleet: it makes a series per connection.
+// counters of prom.WithMetrics. Only for a small fleet: it makes a series
+// per connection.
 func WithMetricsPerConnection() Option { return func(o *options) { o.connectionLabel = true } }
 
 // WithHTTPClient is the client for the provider's token endpoint (to set

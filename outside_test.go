@@ -125,23 +125,23 @@ func TestProgramOutsideTheModule(t *testing.T) {
 	}
 }
 
-// buildOutside builds program as the main package of a module of its
-// own, whose go.mod reaches this module through a replace directive and
-// whose go.sum is this module's (so nothing new is downloaded). It
-// returns the module's directory and the binary.
-func buildOutside(t *testing.T, program string) (dir, bin string) {
+// outsideModule writes program as the main package of a module of its own
+// that reaches this module through a replace directive and this module's
+// go.sum (so nothing new is downloaded), and returns its directory.
+func outsideModule(t *testing.T, program string) string {
 	t.Helper()
 	root, err := filepath.Abs(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	dir = t.TempDir()
+	dir := t.TempDir()
 	gomod := `module example.com/app
 
 go 1.26
 
 require (
 	github.com/tokenguard/tokenguard v0.0.0
+	github.com/prometheus/client_golang ` + moduleVersion(t, "github.com/prometheus/client_golang") + `
 	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
 	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
 	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `
@@ -157,6 +157,14 @@ replace github.com/tokenguard/tokenguard => ` + root + "\n"
 			t.Fatal(err)
 		}
 	}
+	return dir
+}
+
+// buildOutside builds program as the main package of a module of its
+// own (outsideModule) and returns the module's directory and the binary.
+func buildOutside(t *testing.T, program string) (dir, bin string) {
+	t.Helper()
+	dir = outsideModule(t, program)
 	bin = filepath.Join(dir, "app")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Dir = dir

@@ -17,8 +17,10 @@
 //
 // Each process keeps the last token of each connection in memory while Run
 // listens for the changes other processes commit (Postgres LISTEN/NOTIFY).
-// Until Run is running every call reads the database: a log line says so,
-// and with WithMetrics the gauge tokenguard_token_listener_connected is 0.
+// Until Run is running every call reads the database (New's one INFO line
+// says so; with prom.WithMetrics the gauge
+// tokenguard_token_listener_connected is 0). Ready and WaitReady tell when
+// the cache is live.
 //
 // tokenguard's tables (connections, tokens, tokenguard_schema_migrations)
 // live in the current schema of the *gorm.DB it is given. To keep them apart
@@ -35,6 +37,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -44,9 +47,9 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
-	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/metricsof"
 	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
@@ -86,9 +89,9 @@ type Tokens struct {
 	repo       *repository.TokenRepository
 	disconnect *usecase.DisconnectUseCase
 	log        *slog.Logger
-	metrics    *metrics.Metrics // nil without WithMetrics
-	dsn        string           // where Run listens
-	db         *gorm.DB         // tokenguard's statements; Run's heartbeat
+	metrics    metricsof.Metrics // nil without prom.WithMetrics
+	dsn        string            // where Run listens
+	db         *gorm.DB          // tokenguard's statements; Run's heartbeat
 	clock      *repository.DatabaseClock
 	skew       time.Duration
 	// providers refreshes each connection at its provider, and follows
@@ -96,8 +99,13 @@ type Tokens struct {
 	providers *provider.Registry
 
 	running atomic.Bool // Run is running
-	warned  atomic.Bool // a Token call was told the cache is bypassed
 	closed  atomic.Bool
+
+	ready     chan struct{} // closed once Run has made the cache live
+	readyOnce sync.Once
+	runMu     sync.Mutex
+	runErr    error         // why Run returned early, for WaitReady
+	runDone   chan struct{} // closed when a Run that never made the cache live returned
 }
 
 // New builds the token layer on the application's pool. db must be a
@@ -184,7 +192,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			slog.Int("rows", kc.Stale))
 	}
 
-	t := &Tokens{log: o.log, skew: o.skew, dsn: o.listenDSN, db: rdb}
+	t := &Tokens{log: o.log, skew: o.skew, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{})}
 	if t.dsn == "" {
 		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
 			t.dsn = d.Config.DSN
@@ -211,9 +219,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		Logger:               o.log,
 		OnNeedsReauth:        o.onNeedsReauth,
 	}
-	if o.registerer != nil {
-		t.metrics = metrics.New(metrics.Options{Registerer: o.registerer, ConnectionLabel: o.connectionLabel, Log: o.log})
-		t.metrics.CountConnections(repo)
+	if o.metrics != nil {
+		t.metrics = o.metrics(repo, o.connectionLabel, o.log)
 		uopts.Observer = t.metrics
 	}
 	hc := o.httpClient
@@ -313,9 +320,6 @@ func (t *Tokens) token(ctx context.Context, connection string) (domain.Token, er
 	if t.closed.Load() {
 		return domain.Token{}, ErrClosed
 	}
-	if !t.running.Load() && t.warned.CompareAndSwap(false, true) {
-		t.log.Warn("tokenguard: Token called while Run is not running: the cache is bypassed and every call reads the database")
-	}
 	return t.uc.Token(ctx, connection)
 }
 
@@ -396,35 +400,83 @@ func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Toke
 // returns nil when ctx ends.
 func (t *Tokens) Run(ctx context.Context) error {
 	if t.dsn == "" {
-		return errors.New("tokenguard: Run needs the database's DSN: open the *gorm.DB with postgres.Open(dsn), or pass WithListenDSN")
+		return t.ran(errors.New("tokenguard: Run needs the database's DSN: open the *gorm.DB with postgres.Open(dsn), or pass WithListenDSN"))
 	}
 	if !t.running.CompareAndSwap(false, true) {
 		return errors.New("tokenguard: Run is running already")
 	}
 	defer t.running.Store(false)
-	var target repository.ChangeTarget = t.uc
-	if t.metrics != nil {
-		target = listenerGauge{ChangeTarget: t.uc, m: t.metrics}
-	}
 	go t.clock.Run(ctx, clockInterval)
-	return repository.NewChangeListener(t.dsn, target, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
+	err := repository.NewChangeListener(t.dsn, cacheState{ChangeTarget: t.uc, t: t}, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
 		OnProviderChange(t.providers.Changed).Run(ctx)
+	return t.ran(err)
+}
+
+// ran records that Run returned with err, for WaitReady.
+func (t *Tokens) ran(err error) error {
+	t.runMu.Lock()
+	defer t.runMu.Unlock()
+	select {
+	case <-t.runDone:
+	default:
+		t.runErr = err
+		if t.runErr == nil {
+			t.runErr = errors.New("tokenguard: Run returned (its context ended) before the cache was live")
+		}
+		close(t.runDone)
+	}
+	return err
+}
+
+// Ready is closed once Run has made the cache live: it listens for other
+// processes' changes and its heartbeat came back. From then on a cached
+// token is served without a query (while the listener later reconnects,
+// calls read the database meanwhile, as before Ready).
+func (t *Tokens) Ready() <-chan struct{} { return t.ready }
+
+// WaitReady waits until Run has made the cache live (Ready), and returns
+// nil; or ctx's error; or, when Run returned before the cache was live,
+// why. Calls made before need not wait: they read the database.
+//
+//	go tokens.Run(ctx)
+//	if err := tokens.WaitReady(ctx); err != nil { ... }
+func (t *Tokens) WaitReady(ctx context.Context) error {
+	select {
+	case <-t.ready:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.runDone:
+		select {
+		case <-t.ready:
+			return nil
+		default:
+		}
+		t.runMu.Lock()
+		defer t.runMu.Unlock()
+		return t.runErr
+	}
 }
 
 // clockInterval is how often the host clock's offset from the database
 // server's is measured again while Run runs.
 const clockInterval = 5 * time.Minute
 
-// listenerGauge passes the listener's calls on to the use case and records
-// whether the listener is connected.
-type listenerGauge struct {
+// cacheState passes the listener's calls on to the use case, and records
+// whether the cache is trusted: Ready, and the metrics' gauge.
+type cacheState struct {
 	repository.ChangeTarget
-	m *metrics.Metrics
+	t *Tokens
 }
 
-func (l listenerGauge) TrustCache(trusted bool) {
-	l.ChangeTarget.TrustCache(trusted)
-	l.m.ListenerConnected(trusted)
+func (c cacheState) TrustCache(trusted bool) {
+	c.ChangeTarget.TrustCache(trusted)
+	if trusted {
+		c.t.readyOnce.Do(func() { close(c.t.ready) })
+	}
+	if c.t.metrics != nil {
+		c.t.metrics.ListenerConnected(trusted)
+	}
 }
 
 // Close refuses new calls (ErrClosed) and waits, bounded by ctx, for the

@@ -25,6 +25,7 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/prom"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -172,7 +173,7 @@ func TestTokensEndToEnd(t *testing.T) {
 			reg := prometheus.NewRegistry()
 			tg := newTokens(t, w, db,
 				tokenguard.WithSkew(time.Second), tokenguard.WithLockWait(3*time.Second),
-				tokenguard.WithMetrics(reg), tokenguard.WithListenDSN(w.url),
+				prom.WithMetrics(reg), tokenguard.WithListenDSN(w.url),
 				tokenguard.WithLogger(slog.New(slog.NewTextHandler(lockedWriter{&mu, &logs}, nil))))
 			ctx := context.Background()
 			if err := tg.Import(ctx, "acme", w.grant(t)); err != nil {
@@ -190,7 +191,7 @@ func TestTokensEndToEnd(t *testing.T) {
 			}
 			// Until Run listens, every call reads the database, and says so.
 			mu.Lock()
-			said := strings.Contains(logs.String(), "Run is not running")
+			said := strings.Contains(logs.String(), "bypassed until Run is running")
 			mu.Unlock()
 			if !said {
 				t.Errorf("no log line about the bypassed cache:\n%s", logs.String())
@@ -361,7 +362,7 @@ func TestTablesInASchemaOfTheirOwn(t *testing.T) {
 		}
 	})
 	reg := prometheus.NewRegistry()
-	tg := newTokens(t, w, db, tokenguard.WithMetrics(reg))
+	tg := newTokens(t, w, db, prom.WithMetrics(reg))
 	if err := tg.Import(ctx, "acme", w.grant(t)); err != nil {
 		t.Fatal(err)
 	}

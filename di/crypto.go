@@ -61,6 +61,9 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 		return repository.ResealResult{}, err
 	}
 	defer func() { _ = postgres.Close(db) }()
+	if err := migrated(ctx, db); err != nil {
+		return repository.ResealResult{}, err
+	}
 	res, err := repository.NewTokenRepository(db, k).Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
 	if err == nil {
 		// The stored providers' client secrets are sealed with the same keys.

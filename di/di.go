@@ -20,6 +20,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/usecaseof"
+	"github.com/tokenguard/tokenguard/prom"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -115,7 +116,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 	}
 	if o.Registry != nil {
-		opts = append(opts, tokenguard.WithMetrics(o.Registry))
+		opts = append(opts, prom.WithMetrics(o.Registry))
 		if o.ConnectionLabel {
 			opts = append(opts, tokenguard.WithMetricsPerConnection())
 		}

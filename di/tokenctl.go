@@ -3,14 +3,18 @@ package di
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
+	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -65,8 +69,38 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
+	if err := migrated(ctx, s.DB); err != nil {
+		cleanup()
+		return nil, nil, err
+	}
 	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB, s.Providers), cfg.LockWait, cfg.RefreshTimeout)
 	return ctlStore{s, cfg.LockWait, disconnect}, cleanup, nil
+}
+
+// migrated refuses a database Migrate never ran on with the command that
+// fixes it, instead of each command's own "relation does not exist".
+func migrated(ctx context.Context, db *gorm.DB) error {
+	var ok bool
+	if err := db.WithContext(ctx).Raw("SELECT to_regclass(?) IS NOT NULL", migrations.Table).Scan(&ok).Error; err != nil {
+		return fmt.Errorf("read the schema: %w", err)
+	}
+	if !ok {
+		return &tokenctl.ConfigError{Err: errors.New("the database has no tokenguard tables yet: run `tokenctl migrate` first")}
+	}
+	return nil
+}
+
+// openMigrated opens a small pool on a migrated database.
+func openMigrated(ctx context.Context, cfg Config) (*gorm.DB, error) {
+	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+	if err != nil {
+		return nil, err
+	}
+	if err := migrated(ctx, db); err != nil {
+		_ = postgres.Close(db)
+		return nil, err
+	}
+	return db, nil
 }
 
 type ctlStore struct {
@@ -105,7 +139,7 @@ func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+	db, err := openMigrated(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -145,7 +179,7 @@ func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderSt
 	if err != nil {
 		return nil, nil, &tokenctl.ConfigError{Err: err}
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+	db, err := openMigrated(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
 	}

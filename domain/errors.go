@@ -24,10 +24,12 @@ var (
 	// (invalid_client, unauthorized_client, unsupported_grant_type, a 401
 	// from the token endpoint). The refresh token was not spent; the
 	// connection stays active and recovers once the client is accepted.
-	ErrClientRejected = errors.New("token endpoint rejected the client (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE)")
+	// Messages name the oauth2.Config fields; the bundled apps name their
+	// settings in their own messages.
+	ErrClientRejected = errors.New("token endpoint rejected the client (check the oauth2.Config's ClientID, ClientSecret, Endpoint.AuthStyle)")
 	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404,
 	// 405, a redirect). No grant was touched.
-	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check OAUTH_TOKEN_URL)")
+	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check the oauth2.Config's Endpoint.TokenURL)")
 	// ErrStoreUnavailable: the database could not be reached or failed.
 	ErrStoreUnavailable = errors.New("token store unavailable")
 	// ErrReadOnlyStore: the database is a replica (in recovery), where
@@ -123,6 +125,9 @@ func (e *ProviderError) Error() string {
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()
+	}
+	if e.Class == ClientRejected || e.Class == EndpointMisconfigured {
+		msg += ": " + e.Class.Sentinel().Error() // what to check
 	}
 	return msg
 }

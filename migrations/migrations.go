@@ -16,7 +16,7 @@ import (
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database"
-	"github.com/golang-migrate/migrate/v4/database/postgres"
+	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
@@ -120,16 +120,18 @@ func withMigrate(ctx context.Context, db *sql.DB, fn func(*migrate.Migrate) erro
 	if err := adopt(ctx, conn, src); err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
-	// The driver neither closes db nor, since it was handed a connection,
-	// anything but that connection, which the deferred Close gives back.
-	drv, err := postgres.WithConnection(ctx, conn, &postgres.Config{MigrationsTable: Table})
+	// The driver runs on conn alone and closes only heldDB's wrapper of it;
+	// the deferred Close gives conn back.
+	drv, err := pgxmigrate.WithInstance(heldDB(conn), &pgxmigrate.Config{MigrationsTable: Table})
 	if err != nil {
 		return fmt.Errorf("migrations: connect: %w", err)
 	}
-	m, err := migrate.NewWithInstance("iofs", src, "postgres", drv)
+	m, err := migrate.NewWithInstance("iofs", src, "pgx5", drv)
 	if err != nil {
+		_ = drv.Close()
 		return fmt.Errorf("migrations: %w", err)
 	}
+	defer m.Close()
 	if err := fn(m); err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}

@@ -21,6 +21,7 @@ var quoted = regexp.MustCompile(`'(?:[^']|'')*'`)
 // included. Masking literals here closes every such path.
 type redactingLogger struct {
 	logger.Interface
+	log *slog.Logger
 }
 
 // NewLogger is the GORM logger for a pool the repository runs on: it logs
@@ -33,18 +34,56 @@ func NewLogger(log *slog.Logger) logger.Interface {
 		LogLevel:                  logger.Warn,
 		ParameterizedQueries:      true,
 		IgnoreRecordNotFoundError: true,
-	})}
+	}), log}
 }
 
 func (l redactingLogger) LogMode(level logger.LogLevel) logger.Interface {
-	return redactingLogger{l.Interface.LogMode(level)}
+	return redactingLogger{l.Interface.LogMode(level), l.log}
 }
 
 func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	if expected(ctx, err) {
+		// The caller returns it as a typed error (ErrLockTimeout, the
+		// caller's context, a conflict) and decides what it is worth: no
+		// ERROR line with the statement.
+		if l.log.Enabled(ctx, slog.LevelDebug) {
+			sql, _ := fc()
+			l.log.LogAttrs(ctx, slog.LevelDebug, "tokenguard: statement ended as expected",
+				slog.String("sql", quoted.ReplaceAllString(sql, "'?'")), slog.String("err", safeError(err).Error()))
+		}
+		return
+	}
 	l.Interface.Trace(ctx, begin, func() (string, int64) {
 		sql, rows := fc()
 		return quoted.ReplaceAllString(sql, "'?'"), rows
 	}, safeError(err))
+}
+
+// expected reports whether a statement's err is one tokenguard expects
+// and handles: the caller's context ended (a call given up, a shutdown), a
+// lock or statement timeout, a lost race (a unique violation, a
+// serialization failure, a deadlock, each retried or reported as a
+// conflict).
+func expected(ctx context.Context, err error) bool {
+	if err == nil {
+		return false
+	}
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	var coded interface{ SQLState() string }
+	if !errors.As(err, &coded) {
+		return false
+	}
+	switch coded.SQLState() {
+	case "55P03", // lock_not_available: lock_timeout
+		"57014", // query_canceled: statement_timeout, a cancel request
+		"23505", // unique_violation
+		"40001", // serialization_failure
+		"40P01": // deadlock_detected
+		return true
+	}
+	return false
 }
 
 // ParamsFilter keeps GORM from handing bound values to the logger at all.

@@ -107,3 +107,59 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 		}
 	}
 }
+
+// Failures tokenguard expects and returns as typed errors (a lost race, a
+// lock timeout, a cancelled context) are no ERROR line; an unexpected one
+// (the control: a statement Postgres cannot run) is.
+func TestSQLLogsNoErrorForExpectedFailures(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	var buf syncBuffer
+	log := slog.New(slog.NewJSONHandler(&buf, nil))
+	db, err := postgres.Open(context.Background(), testdb.New(t), postgres.Pool{}, repository.NewLogger(log))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = postgres.Close(db) })
+	ctx := context.Background()
+	if err := db.Exec("CREATE TABLE race (id int PRIMARY KEY)").Error; err != nil {
+		t.Fatal(err)
+	}
+	if err := db.Exec("INSERT INTO race VALUES (1)").Error; err != nil {
+		t.Fatal(err)
+	}
+	// A lost race: the row exists.
+	if err := db.Exec("INSERT INTO race VALUES (1)").Error; err == nil {
+		t.Fatal("duplicate insert succeeded")
+	}
+	// A lock timeout: another transaction holds the row.
+	holder := db.Begin()
+	defer holder.Rollback()
+	if err := holder.Exec("SELECT id FROM race WHERE id = 1 FOR UPDATE").Error; err != nil {
+		t.Fatal(err)
+	}
+	err = db.Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SET LOCAL lock_timeout = '50ms'").Error; err != nil {
+			return err
+		}
+		return tx.Exec("SELECT id FROM race WHERE id = 1 FOR UPDATE").Error
+	})
+	if err == nil {
+		t.Fatal("no lock timeout")
+	}
+	// A context cancelled mid-statement (a shutdown).
+	cctx, cancel := context.WithTimeout(ctx, 50*time.Millisecond)
+	defer cancel()
+	if err := db.WithContext(cctx).Exec("SELECT pg_sleep(2)").Error; err == nil {
+		t.Fatal("the statement outlived its context")
+	}
+	if n := strings.Count(buf.String(), `"level":"ERROR"`); n != 0 {
+		t.Fatalf("%d ERROR lines for expected failures:\n%s", n, buf.String())
+	}
+	// Control: an unexpected failure is logged at ERROR.
+	_ = db.Exec("SELECT no_such_column FROM race").Error
+	if n := strings.Count(buf.String(), `"level":"ERROR"`); n != 1 {
+		t.Fatalf("%d ERROR lines after an unexpected failure, want 1:\n%s", n, buf.String())
+	}
+}

@@ -30,7 +30,10 @@ import (
 // sandbox provider (fosite: rotation on every refresh, the previous access
 // token revoked by a refresh, reuse answered with invalid_grant).
 
-func TestMain(m *testing.M) { testdb.Main(m) }
+func TestMain(m *testing.M) {
+	benchPrecheck()
+	testdb.Main(m)
+}
 
 const conn = "acme"
 

@@ -39,6 +39,7 @@ func TestApps(t *testing.T) {
 	t.Run("ReactivateAndCheck", func(t *testing.T) { t.Parallel(); testReactivateAndCheck(t, bin) })
 	t.Run("SIGTERMDuringARefreshKeepsTheRotatedToken", func(t *testing.T) { t.Parallel(); testSIGTERMDuringRefresh(t, bin) })
 	t.Run("SandboxFirstToken", func(t *testing.T) { t.Parallel(); testSandboxFirstToken(t, bin) })
+	t.Run("ReadmeConnectSession", func(t *testing.T) { t.Parallel(); testReadmeConnectSession(t, bin) })
 	t.Run("TwoProvidersSecretRotation", func(t *testing.T) { t.Parallel(); testTwoProviders(t, bin) })
 	t.Run("ConnectionsListedAndDisconnected", func(t *testing.T) { t.Parallel(); testConnections(t, bin) })
 }

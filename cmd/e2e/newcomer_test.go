@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -34,8 +36,11 @@ func testSandboxFirstToken(t *testing.T, bin string) {
 	url = strings.TrimSpace(url)
 	var banner strings.Builder
 	lines := bufio.NewScanner(stderr)
-	for i := 0; i < 5 && lines.Scan(); i++ { // the banner's five lines
+	for lines.Scan() { // the banner ends with the second provider's import
 		banner.WriteString(lines.Text() + "\n")
+		if strings.Contains(lines.Text(), "--provider sandbox") {
+			break
+		}
 	}
 
 	env := append(os.Environ(), "DATABASE_URL="+testdb.New(t))
@@ -56,9 +61,75 @@ func testSandboxFirstToken(t *testing.T, bin string) {
 	if err := imp.Wait(); err != nil || !strings.Contains(out.String(), "imported connection acme: status active") {
 		t.Fatalf("tokenctl import: %v\n%s", err, out.String())
 	}
-	for _, want := range []string{"OAUTH_CLIENT_SECRET=", "OAUTH_REDIRECT_URL=", "OAUTH_TOKEN_URL=" + url, "sandbox grant --url " + url} {
+	for _, want := range []string{"OAUTH_CLIENT_SECRET=", "OAUTH_REDIRECT_URL=", "OAUTH_TOKEN_URL=" + url, "sandbox grant --url " + url,
+		"PUBLIC_URL=", "CONNECT_RETURN_URLS=", "OAUTH_USERINFO_URL=" + url + "/userinfo", url + "/resource", url + "/stats"} {
 		if !strings.Contains(banner.String(), want) {
 			t.Errorf("the sandbox's banner lacks %q:\n%s", want, banner.String())
 		}
 	}
+}
+
+// testReadmeConnectSession runs the README's connect-session example as
+// written, with the settings it names (PUBLIC_URL, CONNECT_RETURN_URLS,
+// OAUTH_USERINFO_URL) as the sandbox prints them, on an unmigrated
+// database first (tokenctl says to migrate), then follows its connect_url
+// like a browser back to the return_to.
+func testReadmeConnectSession(t *testing.T, bin string) {
+	readme, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, section, ok := strings.Cut(string(readme), "**Connecting an account.**")
+	_, block, ok2 := strings.Cut(section, "```sh\n")
+	block, _, ok3 := strings.Cut(block, "```")
+	if !ok || !ok2 || !ok3 || !strings.Contains(block, "connect-sessions") {
+		t.Fatalf("no connect-session example in the README")
+	}
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
+	s.env = append(s.env, "PUBLIC_URL=http://"+s.addr, "CONNECT_RETURN_URLS=https://app.example.com/",
+		"OAUTH_USERINFO_URL="+s.sb.URL+"/userinfo")
+	dir := t.TempDir()
+	if err := os.Symlink(bin, filepath.Join(dir, "bin")); err != nil {
+		t.Fatal(err)
+	}
+	example := func() (string, string, error) {
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", block)
+		cmd.Dir, cmd.Env = dir, s.env
+		var stdout, stderr strings.Builder
+		cmd.Stdout, cmd.Stderr = &stdout, &stderr
+		err := cmd.Run()
+		return stdout.String(), stderr.String(), err
+	}
+
+	// Before tokenctl migrate, the example's first command says what to do.
+	if _, stderr, err := example(); err == nil || !strings.Contains(stderr, "run `tokenctl migrate` first") {
+		t.Fatalf("the example on an unmigrated database: %v\n%s", err, stderr)
+	}
+	s.migrate()
+	server := s.start("server")
+	s.waitHealthy(server)
+	stdout, stderr, err := example()
+	if err != nil {
+		t.Fatalf("the README's example: %v\n%s%s", err, stdout, stderr)
+	}
+	var created struct {
+		ConnectURL string `json:"connect_url"`
+	}
+	if err := json.Unmarshal([]byte(stdout), &created); err != nil || !strings.HasPrefix(created.ConnectURL, "http://"+s.addr+"/oauth/connect?session=tgs_") {
+		t.Fatalf("the README's example printed %q (%v)", stdout, err)
+	}
+	resp, body := browser(t, s, created.ConnectURL, "", "")
+	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther ||
+		loc != "https://app.example.com/integrations?connection=acme&reason=connected&status=connected" {
+		t.Fatalf("after consent: %s Location %q %s", resp.Status, loc, body)
+	}
+	if r := run(t, bin, "tokenctl", s.env, "", "status", "--connection", "acme"); r.code != 0 || !strings.Contains(r.stdout, "active") {
+		t.Errorf("tokenctl status after the connect flow: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	// The same link again: an HTML page for the browser, not JSON.
+	resp, body = browser(t, s, created.ConnectURL, "", "")
+	if resp.StatusCode != http.StatusUnauthorized || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || strings.HasPrefix(body, "{") {
+		t.Errorf("a used connect link: %s %s %.200s", resp.Status, resp.Header.Get("Content-Type"), body)
+	}
+	s.stop(server)
 }

@@ -305,7 +305,7 @@ func testSecurity(t *testing.T, bin string) {
 	}
 	resp, _ = browser(t, s, s.connectSession("acme", `,"return_to":"http://app.example/settings/done?x=1"`), "attacker", "")
 	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther ||
-		loc != "http://app.example/settings/done?x=1&code=account_mismatch&connection=acme&status=error" {
+		loc != "http://app.example/settings/done?x=1&connection=acme&reason=account_mismatch&status=error" {
 		t.Errorf("attacker's consent with return_to: %s Location %q", resp.Status, loc)
 	}
 	if after := storedRow(t, s.dbURL, "acme"); after != before {
@@ -315,7 +315,7 @@ func testSecurity(t *testing.T, bin string) {
 	// 5. A session that allows the change moves the connection; a narrower
 	// consent is stored and reported.
 	resp, _ = browser(t, s, s.connectSession("acme", `,"allow_account_change":true,"return_to":"http://app.example/settings/"`), "new-owner", "api")
-	if loc := resp.Header.Get("Location"); loc != "http://app.example/settings/?code=scopes_narrowed&connection=acme&status=connected" {
+	if loc := resp.Header.Get("Location"); loc != "http://app.example/settings/?connection=acme&reason=scopes_narrowed&status=connected" {
 		t.Errorf("allowed account change: %s Location %q", resp.Status, loc)
 	}
 	if row := storedRow(t, s.dbURL, "acme"); !strings.Contains(row, `"granted_account":"new-owner"`) || !strings.Contains(row, `"missing_scopes":["write"]`) {

@@ -18,6 +18,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/url"
 	"os"
 	"os/signal"
 	"strings"
@@ -111,13 +112,26 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 	fmt.Fprintf(stderr, `sandbox: serving at %[1]s. Settings for the apps:
   export OAUTH_TOKEN_URL=%[1]s/oauth2/token OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
   export OAUTH_CLIENT_ID=%[2]s OAUTH_CLIENT_SECRET=%[3]s OAUTH_REDIRECT_URL=%[4]s OAUTH_SCOPES=api%[5]s
+For connect sessions at bin/server (the account that consents is read at /userinfo):
+  export PUBLIC_URL=%[8]s CONNECT_RETURN_URLS=https://app.example.com/ OAUTH_USERINFO_URL=%[1]s/userinfo
+Its API: GET %[1]s/resource with "Authorization: Bearer <access token>"; GET %[1]s/stats counts refreshes and refresh-token reuse.
 A first token for connection "acme":
   bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection acme
 Or, beside the OAUTH_* provider, as a stored provider (its connections name it):
   printf '%%s\n' '%[3]s' | bin/tokenctl provider add --name sandbox --token-url %[1]s/oauth2/token --auth-url %[1]s/oauth2/auth --client-id %[2]s --api-base-url %[1]s%[6]s
   bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection globex --provider sandbox
-`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID))
+`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID), origin(redirectURL))
 	return sb, 0
+}
+
+// origin is u's scheme and host: where the server a redirect URL points
+// at is reached.
+func origin(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return u
+	}
+	return p.Scheme + "://" + p.Host
 }
 
 // clientSecret is SANDBOX_CLIENT_SECRET, else the default.

@@ -49,6 +49,11 @@ func classify(err error) problem {
 		return problem{http.StatusUnauthorized, "unauthorized", "unauthorized", 0}
 	case errors.Is(err, domain.ErrLockTimeout):
 		return problem{http.StatusServiceUnavailable, "busy", "another process is refreshing the token; try again", time.Second}
+	// Before the provider's errors: a store failure beside a provider
+	// answer (a refresh whose outcome could not be stored) is the store's,
+	// and never an upstream's 502.
+	case errors.Is(err, domain.ErrStoreUnavailable):
+		return problem{http.StatusServiceUnavailable, "store_unavailable", "the token store is unavailable; try again", time.Second}
 	case errors.Is(err, domain.ErrClientRejected):
 		return problem{http.StatusServiceUnavailable, "client_rejected",
 			"the token provider rejects this client; check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET and OAUTH_AUTH_STYLE", time.Second}
@@ -60,8 +65,6 @@ func classify(err error) problem {
 			max(pe.RetryAfter, time.Second)}
 	case errors.Is(err, domain.ErrProviderUnavailable):
 		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again", time.Second}
-	case errors.Is(err, domain.ErrStoreUnavailable):
-		return problem{http.StatusServiceUnavailable, "store_unavailable", "the token store is unavailable; try again", time.Second}
 	case errors.Is(err, apiclient.ErrUnavailable):
 		return problem{http.StatusBadGateway, "upstream_unavailable", "the external API could not be reached", 0}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -32,6 +32,9 @@ func TestClassifyMapsDomainErrorsOnce(t *testing.T) {
 		{wrap(fmt.Errorf("%w (provider not called for 1s)", &domain.ProviderError{HTTPStatus: 404, Class: domain.EndpointMisconfigured})),
 			http.StatusServiceUnavailable, "provider_misconfigured", "1"},
 		{wrap(domain.ErrStoreUnavailable), http.StatusServiceUnavailable, "store_unavailable", "1"},
+		{wrap(errors.Join(&domain.ProviderError{Err: errors.New("connection refused")}, fmt.Errorf("save: %w: conn closed", domain.ErrStoreUnavailable))),
+			http.StatusServiceUnavailable, "store_unavailable", "1"},
+		{fmt.Errorf("GET /resource: %w: %w", apiclient.ErrUnavailable, domain.ErrStoreUnavailable), http.StatusServiceUnavailable, "store_unavailable", "1"},
 		{fmt.Errorf("GET /resource: %w: timeout", apiclient.ErrUnavailable), http.StatusBadGateway, "upstream_unavailable", ""},
 		{errors.New("something else"), http.StatusInternalServerError, "internal", ""},
 	} {

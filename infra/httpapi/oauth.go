@@ -251,7 +251,9 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		s.deps.Observer.ConnectOutcome(o.Code)
 	}
 	if sess.ReturnTo != "" {
-		q := url.Values{"connection": {sess.Connection}, "status": {o.status()}, "code": {o.Code}}
+		// "reason", not "code": an application's OAuth callback may take
+		// a "code" for an authorization code.
+		q := url.Values{"connection": {sess.Connection}, "status": {o.status()}, "reason": {o.Code}}
 		sep := "?"
 		if strings.Contains(sess.ReturnTo, "?") {
 			sep = "&"

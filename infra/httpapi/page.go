@@ -7,7 +7,7 @@ import (
 )
 
 // outcome is how a browser flow ended: shown as a small page, or sent to
-// the session's return_to as ?connection=…&status=…&code=….
+// the session's return_to as ?connection=…&status=…&reason=….
 type outcome struct {
 	httpStatus int
 	connected  bool

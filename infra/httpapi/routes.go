@@ -144,7 +144,12 @@ func (s *Server) edges(next http.Handler) http.Handler {
 		// Health checks come from orchestrators, which address the pod, not
 		// the public name; the answer says nothing.
 		if r.URL.Path != "/healthz" && !s.hosts[strings.ToLower(r.Host)] {
-			writeJSON(w, http.StatusMisdirectedRequest, errorBody{Error: "unknown Host; set PUBLIC_URL to the address clients use", Code: "bad_host"})
+			const msg = "unknown Host; set PUBLIC_URL to the address clients use"
+			if strings.HasPrefix(r.URL.Path, "/oauth/") {
+				s.page(w, r, http.StatusMisdirectedRequest, outcome{Code: "bad_host", Message: "This server is not reached by this address (" + msg + ")."})
+				return
+			}
+			writeJSON(w, http.StatusMisdirectedRequest, errorBody{Error: msg, Code: "bad_host"})
 			return
 		}
 		next.ServeHTTP(w, r)

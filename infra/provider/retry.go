@@ -39,6 +39,11 @@ type Policy struct {
 	// left). A try cut short by it counts as a timeout and is retried; see
 	// Retrying about the risk of cutting off a slow but successful answer.
 	AttemptTimeout time.Duration
+	// PauseAfter is how many tries in a row may find the token endpoint
+	// unreachable (connection refused, DNS, TLS) before every call fails
+	// at once for a pause of 250ms, doubling to 4s while it stays so
+	// (default DefaultPauseAfter; negative: never pause).
+	PauseAfter int
 	// Log receives one line per retry; nil logs nothing. Lines carry the
 	// attempt number, the wait and the error (never a token).
 	Log *slog.Logger
@@ -75,6 +80,9 @@ func (p Policy) withDefaults() Policy {
 	if p.MaxElapsed <= 0 {
 		p.MaxElapsed = DefaultMaxElapsed
 	}
+	if p.PauseAfter == 0 {
+		p.PauseAfter = DefaultPauseAfter
+	}
 	return p
 }
 
@@ -85,6 +93,12 @@ func (p Policy) withDefaults() Policy {
 // rejected client, a misconfigured endpoint) and anything else is returned
 // after the first try: asking again cannot change the answer, and the use
 // case decides what to do about it. It is safe for concurrent use.
+//
+// A token endpoint found unreachable Policy.PauseAfter times in a row is
+// paused: until the pause ends, Refresh fails at once with
+// ErrProviderUnavailable, whichever connection it is for, so that callers
+// whose token is still valid get it and the others learn it at once
+// instead of each retrying until its deadline.
 //
 // Every wait ends before ctx's deadline: a Retry-After the provider sent is
 // the minimum wait before the next try, and when it (or the backoff) would
@@ -113,11 +127,13 @@ func (p Policy) withDefaults() Policy {
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
+	pause  *pause
 }
 
 // NewRetrying decorates next with policy (zero fields take the defaults).
 func NewRetrying(next GrantRefresher, policy Policy) *Retrying {
-	return &Retrying{next: next, policy: policy.withDefaults()}
+	policy = policy.withDefaults()
+	return &Retrying{next: next, policy: policy, pause: &pause{after: policy.PauseAfter}}
 }
 
 // Refresh calls the decorated refresher until it succeeds, fails
@@ -147,12 +163,24 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			timer.Stop()
 		}
 	}()
+	var last error
 	for attempt := 1; ; attempt++ {
+		if err := r.pause.check(time.Now()); err != nil {
+			if last != nil {
+				return domain.Grant{}, attempts(attempt-1, last)
+			}
+			return domain.Grant{}, err
+		}
 		g, err := r.try(ctx, refreshToken)
+		if r.pause.record(time.Now(), err) && p.Log != nil {
+			p.Log.LogAttrs(ctx, slog.LevelWarn, "token endpoint unreachable: calls to it fail at once for a while",
+				slog.String("error", err.Error()))
+		}
 		if err == nil {
 			return g, nil
 		}
-		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) {
+		last = err
+		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) || r.pause.check(time.Now()) != nil {
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {

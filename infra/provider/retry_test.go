@@ -309,7 +309,7 @@ func TestRetryingMaxAttemptsAndRefusedConnections(t *testing.T) {
 	log, logged := logTo()
 	cfg := &oauth2.Config{ClientID: "c", ClientSecret: "s", Endpoint: sandbox.Endpoint("http://" + addr)}
 	ret := provider.NewRetrying(provider.NewRefresher(cfg, provider.NewHTTPClient(hangTimeout)),
-		provider.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 4, Log: log})
+		provider.Policy{InitialInterval: 5 * time.Millisecond, MaxAttempts: 4, PauseAfter: -1, Log: log})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	const secret = "rt-must-not-be-logged"

@@ -16,6 +16,7 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/prom"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -206,7 +207,7 @@ func TestDisconnectReachesEveryProcessCache(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	reg := prometheus.NewRegistry()
-	tokens, err := tokenguard.New(c.db, c.p.OAuth2Config(c.srv.URL), tokenguard.WithMetrics(reg),
+	tokens, err := tokenguard.New(c.db, c.p.OAuth2Config(c.srv.URL), prom.WithMetrics(reg),
 		tokenguard.WithListenDSN(strings.TrimPrefix(c.environ[0], "DATABASE_URL=")))
 	if err != nil {
 		t.Fatal(err)

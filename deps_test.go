@@ -1,0 +1,90 @@
+package tokenguard_test
+
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+)
+
+// embeddingProgram uses what an embedding application uses: Migrate, New,
+// Token, Client, Run, Close.
+const embeddingProgram = `package main
+
+import (
+	"context"
+	"os"
+
+	"golang.org/x/oauth2"
+	"gorm.io/driver/postgres"
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard"
+	/*IMPORT*/
+)
+
+func main() {
+	ctx := context.Background()
+	db, _ := gorm.Open(postgres.Open(os.Getenv("DATABASE_URL")), &gorm.Config{})
+	_ = tokenguard.Migrate(ctx, db)
+	tokens, _ := tokenguard.New(db, &oauth2.Config{} /*OPTION*/)
+	go tokens.Run(ctx)
+	_, _ = tokens.Token(ctx, "acme")
+	_ = tokens.Client(ctx, "acme")
+	_ = tokens.Close(ctx)
+}
+`
+
+// unwanted reports the packages an application that does not ask for
+// metrics should not link: a Prometheus client, lib/pq (tokenguard runs
+// on the application's driver), a golang-migrate database driver other
+// than the pgx one Migrate uses.
+func unwanted(deps []string) []string {
+	var bad []string
+	for _, p := range deps {
+		migrateDriver := strings.HasPrefix(p, "github.com/golang-migrate/migrate/v4/database/") &&
+			p != "github.com/golang-migrate/migrate/v4/database/pgx/v5" && p != "github.com/golang-migrate/migrate/v4/database/multistmt"
+		if strings.HasPrefix(p, "github.com/prometheus/") || strings.HasPrefix(p, "github.com/lib/pq") || migrateDriver {
+			bad = append(bad, p)
+		}
+	}
+	return bad
+}
+
+// An application that embeds tokenguard without metrics links no
+// Prometheus client, no lib/pq and no unused golang-migrate driver
+// (go list -deps of a module outside this one). The control asks for
+// metrics (prom.WithMetrics) and does link Prometheus.
+func TestEmbeddingLinksNoPrometheusNorLibPQ(t *testing.T) {
+	plain := strings.NewReplacer("/*IMPORT*/", "", "/*OPTION*/", "").Replace(embeddingProgram)
+	deps := goListDeps(t, outsideModule(t, plain))
+	if bad := unwanted(deps); len(bad) != 0 {
+		t.Fatalf("an application without metrics links %v", bad)
+	}
+	t.Logf("%d packages outside the standard library", len(deps))
+
+	withMetrics := strings.NewReplacer(
+		"/*IMPORT*/", "\"github.com/prometheus/client_golang/prometheus\"\n\t\"github.com/tokenguard/tokenguard/prom\"",
+		"/*OPTION*/", ", prom.WithMetrics(prometheus.NewRegistry())").Replace(embeddingProgram)
+	if bad := unwanted(goListDeps(t, outsideModule(t, withMetrics))); len(bad) == 0 {
+		t.Fatal("control: an application with prom.WithMetrics links no Prometheus client: the check sees nothing")
+	}
+}
+
+// goListDeps lists the packages outside the standard library the main
+// package in dir links.
+func goListDeps(t *testing.T, dir string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-deps", "-f", "{{if not .Standard}}{{.ImportPath}}{{end}}", ".")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -deps: %v\n%s", err, stderr)
+	}
+	return strings.Fields(string(out))
+}
