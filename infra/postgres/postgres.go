@@ -11,9 +11,10 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// Pool sizes the connection pool. Each refresh in flight holds one
-// connection for the length of the provider call, so MaxOpenConns bounds
-// how many connections one process can refresh at once.
+// Pool sizes the connection pool. A refresh holds a connection only for
+// its short transactions, never while the provider answers, so a small
+// pool serves many refreshes at once (TOKEN_MAX_REFRESHES_IN_FLIGHT bounds
+// those).
 type Pool struct {
 	MaxOpenConns    int           // default 10
 	MaxIdleConns    int           // default 5
