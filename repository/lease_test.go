@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -140,5 +141,31 @@ func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
 			}
 			endB(true)
 		})
+	}
+}
+
+// WithSyncCommit sets synchronous_commit in the transactions that commit a
+// lease or a token: a level the server does not know fails them (so the
+// setting does reach them), a known one commits as usual.
+func TestSyncCommitReachesTheLockTransactions(t *testing.T) {
+	r, db, _ := newRepo(t)
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	bad := repository.NewTokenRepository(db, tokencrypt.Plaintext{}).WithSyncCommit("everywhere")
+	if _, err := lease(t, bad, tok); !errors.Is(err, domain.ErrStoreUnavailable) {
+		t.Fatalf("lease with an unknown level: %v, want the server's refusal", err)
+	}
+	if _, err := bad.SaveLocked(context.Background(), time.Second, tok); !errors.Is(err, domain.ErrStoreUnavailable) {
+		t.Fatalf("save with an unknown level: %v, want the server's refusal", err)
+	}
+	good := repository.NewTokenRepository(db, tokencrypt.Plaintext{}).WithSyncCommit("remote_apply")
+	end, err := lease(t, good, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	end(false)
+	next := tok
+	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.NewSecret("rt-2")
+	if saved, err := good.SaveLocked(context.Background(), time.Second, next); err != nil || saved.Version != tok.Version+1 {
+		t.Fatalf("SaveLocked = v%d, %v", saved.Version, err)
 	}
 }

@@ -75,7 +75,7 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mo
 		if err != nil {
 			return errNotPgx
 		}
-		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connection, mode)
+		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit)
 		return err
 	})
 	if errors.Is(err, errNotPgx) {
@@ -123,9 +123,12 @@ func (r *TokenRepository) Pipelined(ctx context.Context) (bool, error) {
 
 // pipelineLock sends the opening statements of a lockTx in one batch and
 // reads their answers.
-func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode) (found, held bool, first *tokenRow, err error) {
+func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, syncCommit string) (found, held bool, first *tokenRow, err error) {
 	var b pgx.Batch
 	b.Queue("BEGIN")
+	if syncCommit != "" {
+		b.Queue(setSyncCommitSQL, syncCommit)
+	}
 	if !mode.try && mode.wait > 0 {
 		b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(mode.wait.Milliseconds(), 1)))
 	}
@@ -315,6 +318,9 @@ func (tx *lockTx) discard() {
 	_ = tx.conn.Close()
 }
 
+// setSyncCommitSQL sets synchronous_commit for the transaction.
+const setSyncCommitSQL = "SELECT set_config('synchronous_commit', $1, true)"
+
 // rollbackTimeout bounds the ROLLBACK of a transaction whose caller has
 // gone; past it the connection is closed instead.
 const rollbackTimeout = 2 * time.Second
@@ -357,6 +363,9 @@ func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t 
 		}
 		var b pgx.Batch
 		b.Queue("BEGIN")
+		if r.syncCommit != "" {
+			b.Queue(setSyncCommitSQL, r.syncCommit)
+		}
 		if wait > 0 {
 			b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)))
 		}

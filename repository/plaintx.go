@@ -32,7 +32,14 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mod
 		return nil, storeError(ctx, op, g.Error)
 	}
 	tx := &lockTx{plain: &plainTx{tx: g, cancel: cancel}}
-	held, found, err := tx.plain.lock(ctx, r, connection, mode)
+	var err error
+	if r.syncCommit != "" {
+		err = g.WithContext(ctx).Exec("SELECT set_config('synchronous_commit', ?, true)", r.syncCommit).Error
+	}
+	held, found := false, false
+	if err == nil {
+		held, found, err = tx.plain.lock(ctx, r, connection, mode)
+	}
 	if err == nil && found && held {
 		tx.held = held
 		var rows []tokenRow
