@@ -16,7 +16,7 @@ import (
 // benchConnections is how many connections the benchmarks may hold on the
 // server at once: three stacks of 20 pooled connections for a design
 // under test, their listeners, the seeding and the test databases' admin.
-const benchConnections = 100
+const benchConnections = 90
 
 // benchPrecheck, when benchmarks are asked for (make bench), checks that
 // the Postgres found (internal/testdb) can hold them, and otherwise says

@@ -203,7 +203,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	clock := &stormClock{}
 	ucs := make([]*usecase.RefreshTokenUseCase, stacks)
 	for i := range ucs {
-		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 20}, nil)
+		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil) // DB_MAX_CONNS's default
 		if err != nil {
 			b.Fatal(err)
 		}

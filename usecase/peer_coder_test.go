@@ -185,3 +185,9 @@ func (s *coderProc) refreshUnderLease(ctx context.Context, seen, l coderLink, le
 	}
 	return err
 }
+
+func (p *coderPeer) rest() {
+	for _, proc := range p.procs {
+		resetPools(proc.db)
+	}
+}

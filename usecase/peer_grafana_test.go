@@ -208,3 +208,9 @@ func (s *grafanaProc) acquireForRelease(ctx context.Context, action string) erro
 		}
 	})
 }
+
+func (p *grafanaPeer) rest() {
+	for _, proc := range p.procs {
+		resetPools(proc.db)
+	}
+}

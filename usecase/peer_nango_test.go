@@ -353,3 +353,9 @@ func (s *nangoProc) cron(ctx context.Context, page int) (int, error) {
 		}
 	}
 }
+
+func (p *nangoPeer) rest() {
+	for _, proc := range p.procs {
+		resetPools(proc.db)
+	}
+}

@@ -172,3 +172,10 @@ RETURNING t.version`,
 	_, err := locked.Get(ctx, t.Connection)
 	return err
 }
+
+func (p *seedPeer) rest() {
+	for _, proc := range p.procs {
+		proc.sqlDB.SetMaxIdleConns(0) // closes the idle ones
+		proc.sqlDB.SetMaxIdleConns(5)
+	}
+}

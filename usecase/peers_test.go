@@ -36,6 +36,10 @@ type peer interface {
 	// watch starts counting the database connections its processes hold;
 	// peak stops and returns the most held at once.
 	watch() (peak func() int64)
+	// rest closes the connections its pools keep idle, so that the
+	// benchmark fits a stock Postgres (max_connections 100): each design
+	// holds up to 60 at a storm. Its next storm opens them anew.
+	rest()
 }
 
 // peerNames are the designs, in the order the benchmarks run them.
@@ -96,6 +100,13 @@ func countedPool(tb testing.TB, url string, conns int32, g *gauge) *pgxpool.Pool
 	}
 	tb.Cleanup(pool.Close)
 	return pool
+}
+
+// resetPools closes the idle connections of pgx pools.
+func resetPools(pools ...*pgxpool.Pool) {
+	for _, p := range pools {
+		p.Reset()
+	}
 }
 
 // peerGrant runs the authorization-code flow for a peer's own grant.
@@ -177,6 +188,7 @@ func (s *peerStorm) run(b *testing.B, w *world, stacks, goroutines int) {
 	s.reuse += after.RefreshReuse - before.RefreshReuse
 	s.errors += errs.Load()
 	s.peaks = append(s.peaks, peak())
+	s.p.rest()
 }
 
 func (s *peerStorm) report(b *testing.B) {
