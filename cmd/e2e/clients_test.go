@@ -2,9 +2,15 @@ package e2e
 
 import (
 	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -27,14 +33,10 @@ func interpreter(t *testing.T, name string) string {
 	return ""
 }
 
-// TestClients runs the Python and TypeScript clients' own tests (unittest,
+// testClients runs the Python and TypeScript clients' own tests (unittest,
 // node --test) with the real interpreters against the bundled server and
 // the strict sandbox: 3 s tokens handed out until 1 s before expiry.
-func TestClients(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end: builds the apps and needs Postgres")
-	}
-	bin := buildApps(t)
+func testClients(t *testing.T, bin string) {
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
 	s.migrate()
 	s.importGrant("acme")
@@ -68,4 +70,73 @@ func runClientTests(t *testing.T, env []string, dir, interp string, args ...stri
 		t.Fatalf("%s %v: %v\n%s", filepath.Base(interp), args, err, out)
 	}
 	t.Logf("%s %v:\n%s", filepath.Base(interp), args, tail(string(out), 3000))
+}
+
+// testTokenAPI: the server binary hands out the token (never the refresh
+// token, never cached by HTTP caches, never logged), refreshes after a 401
+// once per stale version however many callers report it, proxies calls,
+// and serves its OpenAPI document.
+func testTokenAPI(t *testing.T, bin string) {
+	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: skew})
+	s.migrate()
+	s.importGrant("acme")
+	server := s.start("server")
+	s.waitHealthy(server)
+
+	tokenOf := func(method, path, body string) (tok struct {
+		AccessToken string `json:"access_token"`
+		Version     int64  `json:"version"`
+	}) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+s.addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Cache-Control") != "no-store" ||
+			json.Unmarshal(b, &tok) != nil || tok.AccessToken == "" || strings.Contains(string(b), "refresh_token") {
+			t.Fatalf("%s %s: %d %v %s", method, path, resp.StatusCode, resp.Header, b)
+		}
+		return tok
+	}
+	atAPI := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, s.sb.URL+"/resource", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	old := tokenOf("GET", "/connections/acme/token", "")
+	if atAPI(old.AccessToken) != http.StatusOK {
+		t.Fatal("the handed-out token is refused by the API")
+	}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if got := tokenOf("POST", "/connections/acme/token/refresh", fmt.Sprintf(`{"stale_version":%d}`, old.Version)); got.Version != old.Version+1 {
+				t.Errorf("after a 401 on version %d: version %d", old.Version, got.Version)
+			}
+		})
+	}
+	wg.Wait()
+	fresh := tokenOf("GET", "/connections/acme/token", "")
+	if st := s.sb.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 || atAPI(old.AccessToken) != http.StatusUnauthorized || atAPI(fresh.AccessToken) != http.StatusOK {
+		t.Errorf("10 reports of one stale version: %d refreshes, %d reuse; want one refresh, the old token revoked", st.Refreshes, st.RefreshReuse)
+	}
+	if code, body := s.do("GET", "/connections/acme/proxy/resource", ""); code != http.StatusOK || !strings.Contains(body, `"ok":true`) {
+		t.Errorf("proxy: %d %s", code, body)
+	}
+	if code, body := s.doWith("", "GET", "/openapi.json", ""); code != http.StatusOK || !strings.Contains(body, `"/connections/{name}/token"`) {
+		t.Errorf("openapi.json: %d %.200s", code, body)
+	}
+	s.stop(server)
+	if logs := server.Stderr(); strings.Contains(logs, old.AccessToken) || strings.Contains(logs, fresh.AccessToken) {
+		t.Error("the server logged an access token")
+	}
 }
