@@ -6,11 +6,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"strings"
 	"time"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -38,19 +41,16 @@ var forwardedHeaders = []string{
 	"If-Unmodified-Since", "Prefer", "Range", "Traceparent", "Tracestate", "X-Request-Id",
 }
 
-// droppedHeaders are the upstream answer's headers the caller does not
-// get: hop-by-hop (RFC 9110 §7.6.1) and cookies meant for tokenguard's
-// own client, not the caller.
-var droppedHeaders = []string{
-	"Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization", "Proxy-Connection",
-	"Te", "Trailer", "Transfer-Encoding", "Upgrade", "Set-Cookie", "Set-Cookie2",
+// call is one proxied request, from its handler to the proxy's Rewrite
+// and transport.
+type call struct {
+	connection string
+	target     *url.URL
+	header     http.Header // forwarded
+	cred       tokenguard.Credential
 }
 
-// outbound is a request to a connection's API.
-type outbound struct {
-	method, path, query string
-	header              http.Header
-}
+type callKey struct{}
 
 // proxy answers ANY /connections/{name}/proxy/{path...}: the request,
 // with the headers of forwardedHeaders and the connection's access token,
@@ -75,7 +75,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			h[k] = v
 		}
 	}
-	s.forward(w, r, name, outbound{method: r.Method, path: "/" + path, query: r.URL.RawQuery, header: h})
+	s.forward(w, r, name, "/"+path, r.URL.RawQuery, h)
 }
 
 // resource answers GET /connections/{name}/resource: the proxy to the
@@ -86,174 +86,155 @@ func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
 		writeError(w, "", err)
 		return
 	}
-	r.Body = http.NoBody
-	s.forward(w, r, name, outbound{method: http.MethodGet, path: ResourcePath, header: http.Header{"Accept": {"application/json"}}})
+	r.Method, r.Body, r.ContentLength = http.MethodGet, http.NoBody, 0
+	s.forward(w, r, name, ResourcePath, "", http.Header{"Accept": {"application/json"}})
 }
 
-// forward calls the connection's API and streams the answer back. A 401
-// that says the token is no good is retried once with a token newer than
-// the one refused (a refresh only if nobody refreshed it yet); a 429 or
-// 503 with Retry-After is retried, within retryWithin, for a request that
-// may be repeated. Both only when the body can be sent again.
-func (s *Server) forward(w http.ResponseWriter, r *http.Request, name string, o outbound) {
-	ctx := r.Context()
-	body, replayable, err := bufferBody(r.Body)
-	if err != nil {
-		s.writeBodyError(w, name, err)
-		return
+// forward proxies r to path?query at the connection's API with the
+// connection's token (httputil.ReverseProxy: streamed both ways,
+// hop-by-hop headers dropped).
+func (s *Server) forward(w http.ResponseWriter, r *http.Request, name, path, query string, h http.Header) {
+	c := &call{connection: name, header: h}
+	var err error
+	if c.cred, err = s.deps.Tokens.Credential(r.Context(), name); err == nil {
+		c.target, err = s.target(c.cred.Provider, path, query)
 	}
-	cred, err := s.deps.Tokens.Credential(ctx, name)
 	if err != nil {
 		s.logFailure(r, name, err)
 		writeError(w, name, err)
 		return
 	}
-	target, err := s.target(cred.Provider, o)
-	if err != nil {
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
-		return
+	s.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+}
+
+// newReverseProxy is the proxy under forward: the call's URL and
+// headers, the token and the retries (tokenTransport), the answer without
+// cookies, tokenguard's own errors as JSON.
+func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReverseProxy {
+	return &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			c := pr.In.Context().Value(callKey{}).(*call)
+			pr.Out.URL = c.target
+			pr.Out.Host = ""
+			pr.Out.Header = c.header.Clone()
+			pr.Out.Header.Set("User-Agent", s.deps.UserAgent) // "" sends none
+		},
+		Transport: &tokenTransport{tokens: s.deps.Tokens, next: upstream, log: s.deps.Log},
+		ModifyResponse: func(resp *http.Response) error {
+			// Cookies are the API's for its client, which is tokenguard,
+			// not the caller.
+			resp.Header.Del("Set-Cookie")
+			resp.Header.Del("Set-Cookie2")
+			return nil
+		},
+		ErrorHandler: func(w http.ResponseWriter, r *http.Request, err error) {
+			name := r.Context().Value(callKey{}).(*call).connection
+			var tooLarge *http.MaxBytesError
+			switch {
+			case errors.As(err, &tooLarge):
+				writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{
+					Error: fmt.Sprintf("request body over %d bytes (PROXY_MAX_BODY)", tooLarge.Limit), Code: "too_large", Connection: name})
+			case r.Context().Err() != nil:
+				writeError(w, name, r.Context().Err())
+			case errors.Is(err, errTokens):
+				s.logFailure(r, name, err)
+				writeError(w, name, err)
+			default:
+				s.deps.Log.Warn("proxy: upstream unreachable", "connection", name, "err", scrubURL(err))
+				writeError(w, name, fmt.Errorf("%w: %w", apiclient.ErrUnavailable, scrubURL(err)))
+			}
+		},
+		ErrorLog: slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelWarn),
 	}
-	refreshed, retries := false, 0
+}
+
+// errTokens marks the token layer's errors on their way through the
+// reverse proxy.
+var errTokens = errors.New("token")
+
+// tokenTransport sends a proxied call with the connection's token. A 401
+// that says the token is no good is sent again once with a token newer
+// than the one refused (a refresh only if nobody refreshed yet); a 429 or
+// 503 with Retry-After is sent again, within retryWithin, for a request
+// that may be repeated. Both only when the body can be sent again.
+type tokenTransport struct {
+	tokens Tokens
+	next   http.RoundTripper
+	log    *slog.Logger
+}
+
+func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
+	ctx := out.Context()
+	c := ctx.Value(callKey{}).(*call)
+	body, replayable, err := bufferBody(out.Body)
+	if err != nil {
+		return nil, err
+	}
+	cred, refreshed, retries := c.cred, false, 0
 	until := time.Now().Add(retryWithin)
 	for {
-		req, err := http.NewRequestWithContext(ctx, o.method, target, body.reader())
-		if err != nil {
-			writeError(w, name, err)
-			return
-		}
-		req.ContentLength = body.length(r.ContentLength)
-		req.Header = o.header.Clone()
+		req := out.Clone(ctx)
+		req.Body, req.ContentLength = body.reader(), body.length(out.ContentLength)
 		req.Header.Set("Authorization", "Bearer "+cred.Token.AccessToken)
-		if s.deps.UserAgent != "" {
-			req.Header.Set("User-Agent", s.deps.UserAgent)
-		}
-		resp, err := s.upstream.RoundTrip(req)
-		if err != nil {
-			s.writeUpstreamError(w, r, name, err)
-			return
-		}
-		if !replayable {
-			s.stream(w, resp)
-			return
+		resp, err := t.next.RoundTrip(req)
+		if err != nil || !replayable {
+			return resp, err
 		}
 		switch {
 		case resp.StatusCode == http.StatusUnauthorized && !refreshed && apiclient.Revoked(resp.Header):
-			next, ferr := s.deps.Tokens.ForceRefresh(ctx, name, cred.Version)
+			next, ferr := t.tokens.ForceRefresh(ctx, c.connection, cred.Version)
 			if ferr != nil && !errors.Is(ferr, domain.ErrNeedsReauth) {
 				// No newer token (rate limited, provider down): the
 				// caller gets the API's own 401.
-				s.deps.Log.Warn("proxy: no newer token after a 401", "connection", name, "err", ferr)
-				s.stream(w, resp)
-				return
+				t.log.Warn("proxy: no newer token after a 401", "connection", c.connection, "err", ferr)
+				return resp, nil
 			}
 			discard(resp)
 			if ferr != nil {
-				s.logFailure(r, name, ferr)
-				writeError(w, name, ferr)
-				return
+				return nil, fmt.Errorf("%w: %w", errTokens, ferr)
 			}
 			cred, refreshed = next, true
 			continue
 		case (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) &&
-			retries < maxRetries && repeatable(o):
+			retries < maxRetries && repeatable(out):
 			wait, ok := retryWait(ctx, resp.Header, until)
 			if !ok {
-				break
+				return resp, nil
 			}
 			discard(resp)
 			select {
 			case <-time.After(wait):
 			case <-ctx.Done():
-				writeError(w, name, ctx.Err())
-				return
+				return nil, ctx.Err()
 			}
 			retries++
 			continue
 		}
-		s.stream(w, resp)
-		return
+		return resp, nil
 	}
 }
 
-// target is the URL of o at the API of the provider's connections.
-func (s *Server) target(provider string, o outbound) (string, error) {
+// target is the URL of path?query at the API of the provider's
+// connections.
+func (s *Server) target(provider, path, query string) (*url.URL, error) {
 	base := s.apiBase
 	if provider != "" && s.deps.APIBases != nil {
 		if b := s.deps.APIBases.APIBaseURL(provider); b != "" {
 			u, err := url.Parse(b)
 			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return "", fmt.Errorf("the API base URL of provider %s is not an http(s) URL", provider)
+				return nil, fmt.Errorf("the API base URL of provider %s is not an http(s) URL", provider)
 			}
 			base = u
 		}
 	}
 	if base == nil {
-		return "", errors.New("no API base URL (API_BASE_URL)")
+		return nil, errors.New("no API base URL (API_BASE_URL)")
 	}
 	u := *base
-	u.Path = strings.TrimSuffix(u.Path, "/") + o.path
+	u.Path = strings.TrimSuffix(u.Path, "/") + path
 	u.RawPath = ""
-	u.RawQuery = o.query
-	return u.String(), nil
-}
-
-// stream passes the upstream answer on: its status, its headers but the
-// dropped ones, and its body as it comes.
-func (s *Server) stream(w http.ResponseWriter, resp *http.Response) {
-	defer resp.Body.Close()
-	dst := w.Header()
-	for _, k := range resp.Header.Values("Connection") {
-		for _, name := range strings.Split(k, ",") {
-			resp.Header.Del(strings.TrimSpace(name))
-		}
-	}
-	for _, k := range droppedHeaders {
-		resp.Header.Del(k)
-	}
-	for k, v := range resp.Header {
-		dst[k] = v
-	}
-	w.WriteHeader(resp.StatusCode)
-	rc := http.NewResponseController(w)
-	buf := make([]byte, 32<<10)
-	for {
-		n, err := resp.Body.Read(buf)
-		if n > 0 {
-			if _, werr := w.Write(buf[:n]); werr != nil {
-				return // the caller went away
-			}
-			// Streamed answers (server-sent events, long downloads) reach
-			// the caller as they come.
-			_ = rc.Flush()
-		}
-		if err != nil {
-			return
-		}
-	}
-}
-
-func (s *Server) writeUpstreamError(w http.ResponseWriter, r *http.Request, name string, err error) {
-	var tooLarge *http.MaxBytesError
-	switch {
-	case errors.As(err, &tooLarge):
-		s.writeBodyError(w, name, err)
-	case r.Context().Err() != nil:
-		writeError(w, name, r.Context().Err())
-	default:
-		s.deps.Log.Warn("proxy: upstream unreachable", "connection", name, "err", scrubURL(err))
-		writeError(w, name, fmt.Errorf("%w: %w", apiclient.ErrUnavailable, scrubURL(err)))
-	}
-}
-
-func (s *Server) writeBodyError(w http.ResponseWriter, name string, err error) {
-	var tooLarge *http.MaxBytesError
-	if errors.As(err, &tooLarge) {
-		writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{
-			Error: fmt.Sprintf("request body over %d bytes (PROXY_MAX_BODY)", tooLarge.Limit), Code: "too_large", Connection: name})
-		return
-	}
-	writeJSON(w, http.StatusBadRequest, errorBody{Error: "the request body could not be read", Code: "bad_request", Connection: name})
+	u.RawQuery = query
+	return &u, nil
 }
 
 // scrubURL drops the URL (it can carry a query string) from a *url.Error.
@@ -288,14 +269,14 @@ func bufferBody(body io.ReadCloser) (requestBody, bool, error) {
 	return requestBody{stream: io.MultiReader(bytes.NewReader(held), body)}, false, nil
 }
 
-func (b requestBody) reader() io.Reader {
+func (b requestBody) reader() io.ReadCloser {
 	if b.stream != nil {
-		return b.stream
+		return io.NopCloser(b.stream)
 	}
 	if len(b.held) == 0 {
 		return nil
 	}
-	return bytes.NewReader(b.held)
+	return io.NopCloser(bytes.NewReader(b.held))
 }
 
 // length is the outbound Content-Length: the held body's, or the caller's
@@ -309,12 +290,12 @@ func (b requestBody) length(caller int64) int64 {
 
 // repeatable: a request the API may receive twice with the effect of one.
 // POST and PATCH only with an Idempotency-Key.
-func repeatable(o outbound) bool {
-	switch o.method {
+func repeatable(r *http.Request) bool {
+	switch r.Method {
 	case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodPut, http.MethodDelete, http.MethodTrace:
 		return true
 	}
-	return o.header.Get("Idempotency-Key") != ""
+	return r.Header.Get("Idempotency-Key") != ""
 }
 
 // retryWait is how long to wait before retrying an answer with

@@ -13,6 +13,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"time"
 
@@ -152,11 +153,11 @@ const ResourcePath = "/resource"
 
 // Server is the HTTP app.
 type Server struct {
-	deps     Deps
-	hosts    map[string]bool
-	limits   *keyLimits
-	apiBase  *url.URL
-	upstream http.RoundTripper
+	deps    Deps
+	hosts   map[string]bool
+	limits  *keyLimits
+	apiBase *url.URL
+	rp      *httputil.ReverseProxy // under the proxy routes
 }
 
 // New builds the server.
@@ -187,7 +188,7 @@ func New(d Deps) *Server {
 	if d.UpstreamTimeout <= 0 {
 		d.UpstreamTimeout = 10 * time.Second
 	}
-	s.upstream = &http.Transport{
+	s.rp = s.newReverseProxy(&http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: min(5*time.Second, d.UpstreamTimeout), KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout:   min(5*time.Second, d.UpstreamTimeout),
@@ -195,7 +196,7 @@ func New(d Deps) *Server {
 		IdleConnTimeout:       90 * time.Second,
 		MaxIdleConnsPerHost:   64,
 		ForceAttemptHTTP2:     true,
-	}
+	})
 	return s
 }
 

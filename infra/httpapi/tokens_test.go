@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -45,7 +46,8 @@ func (oneKey) Verify(_ context.Context, s domain.Secret) (int32, string, error) 
 // behind upstream: /resource is the sandbox's (it checks the token),
 // the rest are test endpoints.
 type rig struct {
-	t        *testing.T
+	t        testing.TB
+	dbURL    string
 	sb       *sandbox.Provider
 	server   *httptest.Server // tokenguard
 	upstream *httptest.Server
@@ -56,7 +58,7 @@ type rig struct {
 	release  chan struct{} // lets /stream finish
 }
 
-func newRig(t *testing.T, lifetime time.Duration) *rig {
+func newRig(t testing.TB, lifetime time.Duration) *rig {
 	t.Helper()
 	if testing.Short() {
 		t.Skip("needs Postgres")
@@ -78,6 +80,9 @@ func newRig(t *testing.T, lifetime time.Duration) *rig {
 				return
 			}
 			sb.ServeHTTP(w, req)
+		case req.URL.Path == "/fast": // the benchmarks' upstream
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write([]byte(`{"ok":true}`))
 		case req.URL.Path == "/flaky" && r.flaky.Add(-1) >= 0:
 			w.Header().Set("Retry-After", "0")
 			w.WriteHeader(http.StatusTooManyRequests)
@@ -106,7 +111,8 @@ func newRig(t *testing.T, lifetime time.Duration) *rig {
 	t.Cleanup(r.upstream.Close)
 	cfg := r.sb.OAuth2Config(r.upstream.URL)
 	cfg.Endpoint.AuthStyle = oauth2.AuthStyleInHeader
-	db, err := gorm.Open(postgres.Open(testdb.NewEmpty(t)), &gorm.Config{Logger: logger.Discard})
+	r.dbURL = testdb.NewEmpty(t)
+	db, err := gorm.Open(postgres.Open(r.dbURL), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -114,7 +120,9 @@ func newRig(t *testing.T, lifetime time.Duration) *rig {
 	if err := tokenguard.Migrate(ctx, db); err != nil {
 		t.Fatal(err)
 	}
-	tokens, err := tokenguard.New(db, cfg, tokenguard.WithSkew(100*time.Millisecond))
+	// Quiet: a log line would cut a benchmark's result line in two.
+	quiet := slog.New(slog.DiscardHandler)
+	tokens, err := tokenguard.New(db, cfg, tokenguard.WithSkew(100*time.Millisecond), tokenguard.WithLogger(quiet))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -130,8 +138,8 @@ func newRig(t *testing.T, lifetime time.Duration) *rig {
 	}
 	base, _ := url.Parse(r.upstream.URL)
 	r.server = httptest.NewUnstartedServer(nil)
-	s := httpapi.New(httpapi.Deps{Tokens: tokens, Keys: oneKey{}, APIBaseURL: base, UserAgent: "tokenguard-server/test",
-		Edges: httpapi.Edges{Hosts: []string{r.server.Listener.Addr().String()}, ProxyMaxBody: 4 << 20}})
+	s := httpapi.New(httpapi.Deps{Tokens: tokens, Keys: oneKey{}, APIBaseURL: base, UserAgent: "tokenguard-server/test", Log: quiet,
+		Edges: httpapi.Edges{Hosts: []string{r.server.Listener.Addr().String()}, ProxyMaxBody: 4 << 20, Rate: 1e6, Burst: 1e6}})
 	r.server.Config.Handler = s.Handler()
 	r.server.Start()
 	t.Cleanup(r.server.Close)
