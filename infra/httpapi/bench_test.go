@@ -75,8 +75,12 @@ func BenchmarkProxyAtRate(b *testing.B) {
 		req.Header.Set("Authorization", "Bearer "+tok.AccessToken)
 		return req
 	}
+	conns := r.upstreamConns.Load()
 	measured, baseline := compareAtRate(b, proxied, direct)
 	report(b, measured, baseline, "direct")
+	// Both the proxy and the direct client keep their connections: a
+	// proxy that dropped them would dial one per call.
+	b.ReportMetric(float64(r.upstreamConns.Load()-conns), "upstream-conns")
 }
 
 // compareAtRate runs benchSegments segments of each request kind in turn

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -56,6 +57,8 @@ type rig struct {
 	seen     chan *http.Request
 	bodies   chan []byte
 	release  chan struct{} // lets /stream finish
+
+	upstreamConns atomic.Int64 // connections the upstream accepted
 }
 
 func newRig(t testing.TB, lifetime time.Duration) *rig {
@@ -70,7 +73,7 @@ func newRig(t testing.TB, lifetime time.Duration) *rig {
 		t.Fatal(err)
 	}
 	sb := r.sb.Handler()
-	r.upstream = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+	r.upstream = httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
 		switch {
 		case strings.HasPrefix(req.URL.Path, "/oauth2/"):
 			sb.ServeHTTP(w, req)
@@ -108,6 +111,12 @@ func newRig(t testing.TB, lifetime time.Duration) *rig {
 			_, _ = w.Write([]byte("echo"))
 		}
 	}))
+	r.upstream.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+		if st == http.StateNew {
+			r.upstreamConns.Add(1)
+		}
+	}
+	r.upstream.Start()
 	t.Cleanup(r.upstream.Close)
 	cfg := r.sb.OAuth2Config(r.upstream.URL)
 	cfg.Endpoint.AuthStyle = oauth2.AuthStyleInHeader
