@@ -3,6 +3,7 @@ package httpapi
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"time"
@@ -78,6 +79,22 @@ func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 	if err != nil || body.StaleVersion == nil || *body.StaleVersion < 1 {
 		writeJSON(w, http.StatusBadRequest, errorBody{
 			Error: `the body must be {"stale_version": N}, N the version of the token the API refused`, Code: "bad_request", Connection: name})
+		return
+	}
+	// A version newer than any this process knows was never handed out
+	// here; taken as stale it would keep the connection out of the cache
+	// until the version catches up. A caller whose token came from another
+	// server instance gets the token again and reports that one's version.
+	cur, err := s.deps.Tokens.Credential(r.Context(), name)
+	if err == nil && *body.StaleVersion > cur.Version {
+		writeJSON(w, http.StatusConflict, errorBody{
+			Error: fmt.Sprintf("stale_version %d is newer than the connection's version %d; GET the token again", *body.StaleVersion, cur.Version),
+			Code:  "unknown_version", Connection: name})
+		return
+	}
+	if err != nil {
+		s.logFailure(r, name, err)
+		writeError(w, name, err)
 		return
 	}
 	c, err := s.deps.Tokens.ForceRefresh(r.Context(), name, *body.StaleVersion)

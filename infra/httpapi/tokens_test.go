@@ -279,6 +279,7 @@ func TestTokenAPIErrors(t *testing.T) {
 		{"POST", "/connections/acme/token/refresh", `{"stale_version":0}`, "", http.StatusBadRequest, "bad_request"},
 		{"POST", "/connections/acme/token/refresh", `{"stale_version":1,"x":1}`, "", http.StatusBadRequest, "bad_request"},
 		{"POST", "/connections/nobody/token/refresh", `{"stale_version":1}`, "", http.StatusNotFound, "not_found"},
+		{"POST", "/connections/acme/token/refresh", `{"stale_version":1000}`, "", http.StatusConflict, "unknown_version"},
 		{"GET", "/connections/acme/proxy/a/%2e%2e/x", "", "", http.StatusBadRequest, "bad_path"},
 		{"GET", "/connections/nobody/proxy/resource", "", "", http.StatusNotFound, "not_found"},
 	} {
