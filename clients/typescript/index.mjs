@@ -60,7 +60,14 @@ export class Tokenguard {
     return this.#flight(connection, async () => {
       const now = this.#cache.get(connection);
       if (now && now.version > version) return now;
-      return this.#store(await this.#callToken("POST", connection, "/token/refresh", JSON.stringify({ stale_version: version })));
+      try {
+        return this.#store(await this.#callToken("POST", connection, "/token/refresh", JSON.stringify({ stale_version: version })));
+      } catch (e) {
+        if (!(e instanceof TokenguardError) || e.code !== "unknown_version") throw e;
+        // This server instance has not seen that version yet: take its token.
+        this.#cache.delete(connection);
+        return this.#store(await this.#callToken("GET", connection, "/token"));
+      }
     });
   }
 

@@ -87,6 +87,9 @@ class ClientTest(unittest.TestCase):
         # Another process's late report is answered by the server without a refresh.
         other = Tokenguard(URL, KEY).refresh_after_401("acme", tok.version)
         self.assertGreaterEqual(other.version, new.version)
+        # A version this server never handed out (another instance's): its current token.
+        ahead = Tokenguard(URL, KEY).refresh_after_401("acme", new.version + 100)
+        self.assertGreaterEqual(ahead.version, new.version)
 
     def test_request_through_the_proxy(self):
         r = self.tg.request("acme", "GET", "/resource")

@@ -109,8 +109,15 @@ class Tokenguard:
             cur = self._cache.get(connection)
             if cur is not None and cur.version > version:
                 return cur
-            return self._store(self._call_token(
-                "POST", connection, "/token/refresh", json.dumps({"stale_version": version}).encode()))
+            try:
+                return self._store(self._call_token(
+                    "POST", connection, "/token/refresh", json.dumps({"stale_version": version}).encode()))
+            except TokenguardError as e:
+                if e.code != "unknown_version":
+                    raise
+                # This server instance has not seen that version yet: take its token.
+                self._cache.pop(connection, None)
+                return self._store(self._call_token("GET", connection, "/token"))
 
     def request(self, connection: str, method: str, path: str, *, body: Union[bytes, str, None] = None,
                 headers: Optional[Mapping[str, str]] = None, query: Optional[Mapping[str, str]] = None,
