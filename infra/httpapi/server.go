@@ -1,7 +1,8 @@
 // Package httpapi is the HTTP server app: it hands out connections' access
-// tokens, proxies calls to their API with the token injected, accepts events for the worker, runs the
-// OAuth2 authorization-code flow that connects an account, and reports
-// health. Errors are mapped to HTTP statuses here and nowhere else.
+// tokens, proxies calls to their API with the token injected, accepts
+// events for the worker, runs the OAuth2 authorization-code flow that
+// connects an account, and reports health. Errors are mapped to HTTP
+// statuses here and nowhere else.
 package httpapi
 
 import (
