@@ -80,6 +80,7 @@ STORM_BATCHES ?= 5
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./usecase/ | tee bench.out
 	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./usecase/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench 'AtRate$$' -count 3 -timeout 10m ./infra/httpapi/ | tee -a bench.out
 	$(GO) run ./cmd/benchreport < bench.out
 
 # The fleet benchmark (internal/scalebench, docs/scaling.md): 1,000,000

@@ -309,11 +309,7 @@ func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, e
 	if err != nil {
 		return nil, err
 	}
-	out := &oauth2.Token{AccessToken: tok.AccessToken.Reveal(), TokenType: tok.TokenType}
-	if !tok.Expiry.IsZero() {
-		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(cmp.Or(t.providers.Skew(tok.Provider), t.skew)))
-	}
-	return out, nil
+	return t.credentialOf(tok).Token, nil
 }
 
 func (t *Tokens) token(ctx context.Context, connection string) (domain.Token, error) {

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/url"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -58,22 +59,31 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		return nil, nil, err
 	}
 	oauthHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
+	apiBase, err := url.Parse(cfg.APIBaseURL)
+	if err != nil {
+		cleanup()
+		return nil, nil, configErr("API_BASE_URL is not a URL")
+	}
 	srv := httpapi.New(httpapi.Deps{
-		API:         a.api,
-		Events:      usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
-		Connector:   a.tokens.Connect,
-		Connections: a.tokens.Repository,
-		Providers:   usecaseof.Providers(a.tokens.Guard),
-		Keys:        repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
-		Sessions:    repository.NewConnectSessions(a.tokens.DB),
-		DB:          sqlDB,
-		OAuth:       a.tokens.OAuth,
-		OAuthHTTP:   oauthHTTP,
-		Account:     httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
-		Metrics:     a.metrics,
-		Observer:    a.connects,
-		Log:         log,
-		Edges:       cfg.edges(),
+		Tokens:          a.tokens.Guard,
+		APIBaseURL:      apiBase,
+		APIBases:        providerAPIBases{usecaseof.Providers(a.tokens.Guard)},
+		UpstreamTimeout: cfg.APITimeout,
+		UserAgent:       UserAgent("server"),
+		Events:          usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
+		Connector:       a.tokens.Connect,
+		Connections:     a.tokens.Repository,
+		Providers:       usecaseof.Providers(a.tokens.Guard),
+		Keys:            repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
+		Sessions:        repository.NewConnectSessions(a.tokens.DB),
+		DB:              sqlDB,
+		OAuth:           a.tokens.OAuth,
+		OAuthHTTP:       oauthHTTP,
+		Account:         httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
+		Metrics:         a.metrics,
+		Observer:        a.connects,
+		Log:             log,
+		Edges:           cfg.edges(),
 	})
 	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
 }
@@ -203,6 +213,15 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		}
 	}
 	return a, cleanup, nil
+}
+
+// providerAPIBases are the stored providers' API base URLs
+// (tokenctl provider add --api-base-url).
+type providerAPIBases struct{ providers *provider.Registry }
+
+func (b providerAPIBases) APIBaseURL(name string) string {
+	p, _ := b.providers.Provider(name)
+	return p.APIBaseURL
 }
 
 // providerBases sends a connection's API calls to its provider's API base

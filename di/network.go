@@ -30,6 +30,9 @@ type Network struct {
 	APIKeyBurst int     `env:"API_KEY_BURST" envDefault:"200"`
 	// RequestTimeout is every request's deadline.
 	RequestTimeout time.Duration `env:"HTTP_REQUEST_TIMEOUT" envDefault:"30s"`
+	// ProxyMaxBody bounds the body of a request through the proxy, in
+	// bytes.
+	ProxyMaxBody int64 `env:"PROXY_MAX_BODY" envDefault:"10485760"`
 	// WebhookURL and WebhookSecret: the worker POSTs signed events there.
 	WebhookURL    string       `env:"WEBHOOK_URL"`
 	WebhookSecret SecretString `env:"WEBHOOK_SECRET"`
@@ -71,6 +74,8 @@ func (n Network) validate() error {
 		return configErr("API_KEY_BURST must be at least 1")
 	case n.RequestTimeout <= 0:
 		return configErr("HTTP_REQUEST_TIMEOUT must be positive")
+	case n.ProxyMaxBody < 1:
+		return configErr("PROXY_MAX_BODY must be at least 1 (bytes)")
 	case (n.WebhookURL == "") != (n.WebhookSecret == ""):
 		return configErr("WEBHOOK_URL and WEBHOOK_SECRET are set together")
 	case n.WebhookSecret != "" && len(n.WebhookSecret) < 16:
@@ -91,6 +96,7 @@ func (c AppConfig) edges() httpapi.Edges {
 		Rate:           rate.Limit(c.APIKeyRate),
 		Burst:          c.APIKeyBurst,
 		RequestTimeout: c.RequestTimeout,
+		ProxyMaxBody:   c.ProxyMaxBody,
 		Hosts:          []string{c.HTTPAddr},
 	}
 	if c.PublicURL != "" {

@@ -42,6 +42,10 @@ func TestApps(t *testing.T) {
 	t.Run("ReadmeConnectSession", func(t *testing.T) { t.Parallel(); testReadmeConnectSession(t, bin) })
 	t.Run("TwoProvidersSecretRotation", func(t *testing.T) { t.Parallel(); testTwoProviders(t, bin) })
 	t.Run("ConnectionsListedAndDisconnected", func(t *testing.T) { t.Parallel(); testConnections(t, bin) })
+	t.Run("TokenAPI", func(t *testing.T) { t.Parallel(); testTokenAPI(t, bin) })
+	t.Run("ClientsOwnTests", func(t *testing.T) { t.Parallel(); testClients(t, bin) })
+	t.Run("PolyglotOneConnection", func(t *testing.T) { t.Parallel(); testPolyglot(t, bin) })
+	t.Run("PolyglotControlSelfRefresh", func(t *testing.T) { t.Parallel(); testPolyglotControl(t, bin) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through

@@ -37,7 +37,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	retry, replayable := replay(req)
 	resp, err := t.base().RoundTrip(authorised(req, tok))
-	if err != nil || resp.StatusCode != http.StatusUnauthorized || !revoked(resp.Header) || !replayable {
+	if err != nil || resp.StatusCode != http.StatusUnauthorized || !Revoked(resp.Header) || !replayable {
 		return resp, err
 	}
 	next, ferr := t.Tokens.ForceRefresh(req.Context(), t.Connection, tok.Version)
@@ -91,10 +91,10 @@ func replay(req *http.Request) (*http.Request, bool) {
 	return r, true
 }
 
-// revoked reports whether a 401 says the token itself is no good (RFC 6750
+// Revoked reports whether a 401 says the token itself is no good (RFC 6750
 // §3.1 invalid_token, or no error code at all) rather than, say, missing a
 // scope.
-func revoked(h http.Header) bool {
+func Revoked(h http.Header) bool {
 	challenge := h.Get("WWW-Authenticate")
 	if challenge == "" {
 		return true

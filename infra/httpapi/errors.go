@@ -47,6 +47,9 @@ func classify(err error) problem {
 		return problem{http.StatusConflict, "account_mismatch", err.Error(), 0}
 	case errors.Is(err, domain.ErrUnauthorized):
 		return problem{http.StatusUnauthorized, "unauthorized", "unauthorized", 0}
+	case errors.Is(err, domain.ErrRefreshRateLimited):
+		return problem{http.StatusTooManyRequests, "refresh_rate_limited",
+			"the connection was refreshed after a 401 moments ago; the API refuses the new token too", time.Second}
 	case errors.Is(err, domain.ErrLockTimeout):
 		return problem{http.StatusServiceUnavailable, "busy", "another process is refreshing the token; try again", time.Second}
 	// Before the provider's errors: a store failure beside a provider
@@ -83,6 +86,11 @@ func writeError(w http.ResponseWriter, connection string, err error) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
+	if e, ok := v.(errorBody); ok {
+		// Tells tokenguard's own errors from the API's answers the proxy
+		// passes on (a 401 there is the API's, here the key's).
+		w.Header().Set("Tokenguard-Error", e.Code)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")
 	w.WriteHeader(status)

@@ -33,15 +33,19 @@ const (
 // route is one endpoint. The table is data so that a test can walk it:
 // a route added without an API key fails it unless it is in publicRoutes.
 type route struct {
-	method, path string
+	method, path string // method "": any
 	access       access
 	maxBody      int64 // request body limit in bytes
 	handle       http.HandlerFunc
 }
 
+// pattern is the route's ServeMux pattern, and its name.
+func (rt route) pattern() string { return strings.TrimSpace(rt.method + " " + rt.path) }
+
 // publicRoutes are the only routes reachable without an API key.
 var publicRoutes = map[string]access{
 	"GET /healthz":        open,
+	"GET /openapi.json":   open,
 	"GET /oauth/connect":  browser,
 	"GET /oauth/callback": browser,
 }
@@ -52,7 +56,11 @@ const defaultMaxBody = 16 << 10
 func (s *Server) routes() []route {
 	rs := []route{
 		{"GET", "/healthz", open, 0, s.healthz},
+		{"GET", "/connections/{name}/token", apiKey, 0, s.token},
+		{"POST", "/connections/{name}/token/refresh", apiKey, 0, s.refreshToken},
+		{"", "/connections/{name}/proxy/{path...}", apiKey, s.deps.Edges.ProxyMaxBody, s.proxy},
 		{"GET", "/connections/{name}/resource", apiKey, 0, s.resource},
+		{"GET", "/openapi.json", open, 0, s.openapi},
 		{"POST", "/connections/{name}/events", apiKey, 64 << 10, s.event},
 		{"POST", "/connect-sessions", apiKey, 2 * defaultMaxBody, s.createSession},
 		{"GET", "/connections", apiKey, 0, s.listConnections},
@@ -73,7 +81,7 @@ func (s *Server) guard(rt route) http.Handler {
 		limit = defaultMaxBody
 	}
 	h := http.Handler(rt.handle)
-	if want, ok := publicRoutes[rt.method+" "+rt.path]; !ok || want != rt.access {
+	if want, ok := publicRoutes[rt.pattern()]; !ok || want != rt.access {
 		// A route in the table that claims less than its listed access
 		// still gets an API key check.
 		rt.access = apiKey

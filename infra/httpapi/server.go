@@ -1,7 +1,8 @@
-// Package httpapi is the HTTP server app: it proxies calls to the external
-// API with a connection's token, accepts events for the worker, runs the
-// OAuth2 authorization-code flow that connects an account, and reports
-// health. Errors are mapped to HTTP statuses here and nowhere else.
+// Package httpapi is the HTTP server app: it hands out connections' access
+// tokens, proxies calls to their API with the token injected, accepts
+// events for the worker, runs the OAuth2 authorization-code flow that
+// connects an account, and reports health. Errors are mapped to HTTP
+// statuses here and nowhere else.
 package httpapi
 
 import (
@@ -13,20 +14,31 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"net/http/httputil"
 	"net/url"
 	"time"
 
 	"golang.org/x/oauth2"
 	"golang.org/x/time/rate"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// API is the external API as the server uses it.
-type API interface {
-	Get(ctx context.Context, connection, path string) (*apiclient.Response, error)
+// Tokens hands out connections' access tokens for the token API and the
+// proxy; *tokenguard.Tokens is one.
+type Tokens interface {
+	Credential(ctx context.Context, connection string) (tokenguard.Credential, error)
+	// ForceRefresh returns a token newer than version stale, refreshing
+	// only if the stored version is still stale.
+	ForceRefresh(ctx context.Context, connection string, stale int64) (tokenguard.Credential, error)
+}
+
+// APIBases gives the API base URL of a stored provider's connections; ""
+// for Deps.APIBaseURL.
+type APIBases interface {
+	APIBaseURL(provider string) string
 }
 
 // Events accepts events for the worker.
@@ -78,7 +90,18 @@ type Pinger interface {
 
 // Deps are what the server is built from.
 type Deps struct {
-	API       API
+	Tokens Tokens
+	// APIBaseURL is where the proxy sends the calls of connections of the
+	// environment's provider, and of stored providers APIBases knows no
+	// URL for.
+	APIBaseURL *url.URL
+	APIBases   APIBases
+	// UpstreamTimeout bounds the wait for a proxied call's answer headers
+	// (0: 10s); its body streams on within the request's deadline.
+	UpstreamTimeout time.Duration
+	// UserAgent is sent with every proxied call, e.g.
+	// "tokenguard-server/1.2.0".
+	UserAgent string
 	Events    Events
 	Connector Connector
 	// Connections serves GET /connections; nil answers it 503.
@@ -122,6 +145,8 @@ type Edges struct {
 	Burst int
 	// RequestTimeout is every request's deadline (0: 30s).
 	RequestTimeout time.Duration
+	// ProxyMaxBody bounds a proxied request's body in bytes (0: 10 MiB).
+	ProxyMaxBody int64
 }
 
 // ResourcePath is the external API path the apps call.
@@ -129,9 +154,11 @@ const ResourcePath = "/resource"
 
 // Server is the HTTP app.
 type Server struct {
-	deps   Deps
-	hosts  map[string]bool
-	limits *keyLimits
+	deps    Deps
+	hosts   map[string]bool
+	limits  *keyLimits
+	apiBase *url.URL
+	rp      *httputil.ReverseProxy // under the proxy routes
 }
 
 // New builds the server.
@@ -154,7 +181,23 @@ func New(d Deps) *Server {
 	if d.Edges.Burst <= 0 {
 		d.Edges.Burst = int(2 * d.Edges.Rate)
 	}
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(d.Edges.Rate, d.Edges.Burst)}
+	if d.Edges.ProxyMaxBody <= 0 {
+		d.Edges.ProxyMaxBody = defaultProxyMaxBody
+	}
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(d.Edges.Rate, d.Edges.Burst),
+		apiBase: d.APIBaseURL}
+	if d.UpstreamTimeout <= 0 {
+		d.UpstreamTimeout = 10 * time.Second
+	}
+	s.rp = s.newReverseProxy(&http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: min(5*time.Second, d.UpstreamTimeout), KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   min(5*time.Second, d.UpstreamTimeout),
+		ResponseHeaderTimeout: d.UpstreamTimeout,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   64,
+		ForceAttemptHTTP2:     true,
+	})
 	return s
 }
 
@@ -163,7 +206,7 @@ func New(d Deps) *Server {
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range s.routes() {
-		mux.Handle(rt.method+" "+rt.path, s.guard(rt))
+		mux.Handle(rt.pattern(), s.guard(rt))
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such route", Code: "not_found"})
@@ -212,30 +255,6 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
-}
-
-// resource calls the external API with the connection's token and answers
-// with the upstream status and body.
-func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := domain.ValidateName(name); err != nil {
-		writeError(w, "", err)
-		return
-	}
-	resp, err := s.deps.API.Get(r.Context(), name, ResourcePath)
-	if err != nil {
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
-		return
-	}
-	if ct := resp.Header.Get("Content-Type"); ct != "" {
-		w.Header().Set("Content-Type", ct)
-	}
-	if resp.StatusCode >= 400 {
-		s.deps.Log.Warn("upstream error", "connection", name, "status", resp.StatusCode)
-	}
-	w.WriteHeader(resp.StatusCode)
-	_, _ = w.Write(resp.Body)
 }
 
 // event queues one event for the worker. The body, if any, must be JSON;

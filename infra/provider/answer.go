@@ -114,7 +114,7 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 	pe := &domain.ProviderError{
 		Code:       reportedCode(code),
 		HTTPStatus: status,
-		RetryAfter: retryAfter(h.Get("Retry-After"), time.Now()),
+		RetryAfter: RetryAfter(h.Get("Retry-After"), time.Now()),
 		Class:      classify(status, code),
 	}
 	switch {

@@ -266,8 +266,8 @@ func GrantFrom(tok *oauth2.Token) domain.Grant {
 	return g
 }
 
-// retryAfter reads a Retry-After header in either of its forms.
-func retryAfter(v string, now time.Time) time.Duration {
+// RetryAfter reads a Retry-After header in either of its forms.
+func RetryAfter(v string, now time.Time) time.Duration {
 	if v == "" {
 		return 0
 	}

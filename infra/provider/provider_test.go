@@ -220,10 +220,10 @@ func TestRetryAfter(t *testing.T) {
 		t.Errorf("err = %v, want Retry-After 7s", err)
 	}
 	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	if got := retryAfter(now.Add(90*time.Second).Format(http.TimeFormat), now); got != 90*time.Second {
+	if got := RetryAfter(now.Add(90*time.Second).Format(http.TimeFormat), now); got != 90*time.Second {
 		t.Errorf("date form = %v", got)
 	}
-	if got := retryAfter("soon", now); got != 0 {
+	if got := RetryAfter("soon", now); got != 0 {
 		t.Errorf("garbage = %v", got)
 	}
 }

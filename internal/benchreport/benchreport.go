@@ -228,8 +228,27 @@ func (r Results) Checks() []Check {
 	add("memory per cached connection", "<= 1024 B", ok, bconn, "%.0f B", bconn <= 1024)
 	inv, ok := r.get("Invalidate", "invalidate-ms")
 	add("commit -> other process switched", "<= 50 ms", ok, inv, "%.1f ms", inv <= 50)
+
+	// The server's token API and proxy at a fixed rate (infra/httpapi).
+	emptyP99, ok1 := r.get(tokenAPI, "empty-p99-ms")
+	tokP99, ok2 := r.get(tokenAPI, "p99-ms")
+	c = add(fmt.Sprintf("GET /token (cached), 1,000/s: p99 over an empty handler's (%.2f ms)", emptyP99), "<= +1.0 ms", ok1 && ok2,
+		tokP99-emptyP99, "%+.2f ms", tokP99-emptyP99 <= 1)
+	missBy(c, "%.2f ms", tokP99-emptyP99-1)
+	xacts, ok := r.get(tokenAPI, "db-xacts/req")
+	add("GET /token (cached): database transactions per request (idle rate subtracted)", "~0 (< 0.1)", ok, xacts, "%.3f", xacts < 0.1)
+	directP99, ok1 := r.get(proxyAPI, "direct-p99-ms")
+	proxyP99, ok2 := r.get(proxyAPI, "p99-ms")
+	c = add(fmt.Sprintf("proxy, 1,000/s: p99 over calling the upstream directly (%.2f ms)", directP99), "<= +2.0 ms", ok1 && ok2,
+		proxyP99-directP99, "%+.2f ms", proxyP99-directP99 <= 2)
+	missBy(c, "%.2f ms", proxyP99-directP99-2)
 	return out
 }
+
+const (
+	tokenAPI = "TokenAPIAtRate"
+	proxyAPI = "ProxyAtRate"
+)
 
 // PeerRow is one design in the peer table: its figures and each one's
 // ratio to tokenguard's in the same run.

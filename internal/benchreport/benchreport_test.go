@@ -23,6 +23,8 @@ BenchmarkRefreshStorm-2                	      10	  32543632 ns/op	        21.50 
 BenchmarkProactiveRefresh-2            	       1	25000000000 ns/op	       400.0 conns/s	       468.0 target-conns/s	        21.40 provider-ms	         0 reuse
 BenchmarkProactiveRefreshNangoCron-2   	       1	25000000000 ns/op	        40.0 conns/s	         0 reuse
 BenchmarkCacheMemory-2                 	       1	1834410295 ns/op	       459.1 B/conn
+BenchmarkTokenAPIAtRate-2   	       1	         0.01924 db-xacts/req	         0.09982 empty-p50-ms	         0.9628 empty-p99-ms	         0.1056 p50-ms	         0.7200 p99-ms
+BenchmarkProxyAtRate-2      	       1	         0.1071 direct-p50-ms	         0.3690 direct-p99-ms	         0.2308 p50-ms	         3.437 p99-ms
 PASS
 `
 
@@ -72,6 +74,15 @@ func TestChecks(t *testing.T) {
 	}
 	if c := got["storm: grafana's failed calls per storm (of 600)"]; !c.Info || c.Value != "231" {
 		t.Errorf("grafana errors row %+v", c)
+	}
+	if c := got["GET /token (cached), 1,000/s: p99 over an empty handler's (0.96 ms)"]; !c.Met || c.Value != "-0.24 ms" {
+		t.Errorf("token API row %+v", c)
+	}
+	if c := got["proxy, 1,000/s: p99 over calling the upstream directly (0.37 ms)"]; c.Met || c.Value != "+3.07 ms" || c.By != "1.07 ms" {
+		t.Errorf("proxy row %+v", c)
+	}
+	if c := got["GET /token (cached): database transactions per request (idle rate subtracted)"]; !c.Met || c.Value != "0.019" {
+		t.Errorf("token API queries row %+v", c)
 	}
 	if c := got["proactive sweep / Nango's cron (pages of 100, one process: 40/s)"]; !c.Info || c.Value != "10.0x" {
 		t.Errorf("cron row %+v", c)

@@ -1,0 +1,210 @@
+"""A client of the tokenguard server's token API and proxy (standard library only).
+
+    from tokenguard import Tokenguard
+    tg = Tokenguard("https://tokenguard.example.com", api_key)
+    tok = tg.token("acme")                    # cached until expiry - skew
+    # ... the API answered 401 to tok.access_token:
+    tok = tg.refresh_after_401("acme", tok.version)
+    resp = tg.request("acme", "GET", "/v1/me")  # through the proxy
+
+The process never sees a refresh token: the server refreshes each
+connection once per expiry for every process that shares it.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Dict, Mapping, Optional, Union
+
+__all__ = ["Tokenguard", "Token", "Response", "TokenguardError"]
+__version__ = "1.0.0"
+
+
+@dataclass(frozen=True)
+class Token:
+    """A connection's access token, as GET /connections/{name}/token gives it."""
+
+    access_token: str = field(repr=False)
+    token_type: str
+    expiry: Optional[float]  # Unix time tokenguard stops handing it out; None: no expiry
+    connection: str
+    provider: str
+    version: int
+
+    def authorization(self) -> str:
+        """The Authorization header value for the API."""
+        return "Bearer " + self.access_token
+
+
+@dataclass(frozen=True)
+class Response:
+    """An answer of the connection's API through the proxy."""
+
+    status: int
+    headers: Mapping[str, str]
+    body: bytes
+
+    def json(self):
+        return json.loads(self.body)
+
+
+class TokenguardError(Exception):
+    """An error of tokenguard itself (not of the API behind the proxy)."""
+
+    def __init__(self, status: int, code: str, message: str, connection: str = "",
+                 retry_after: Optional[int] = None):
+        super().__init__(f"tokenguard: {status} {code}: {message}")
+        self.status = status
+        self.code = code
+        self.message = message
+        self.connection = connection
+        self.retry_after = retry_after
+
+
+class Tokenguard:
+    """Thread-safe; make one per process and share it.
+
+    skew: seconds before a token's expiry at which it is fetched again
+    (the server's expiry already leaves its own skew before the provider's).
+    """
+
+    def __init__(self, base_url: str, api_key: str, *, skew: float = 0.5, timeout: float = 30.0):
+        if not base_url.startswith(("http://", "https://")):
+            raise ValueError("base_url must be an http(s) URL")
+        self._base = base_url.rstrip("/")
+        self._key = api_key
+        self._skew = skew
+        self._timeout = timeout
+        self._cache: Dict[str, Token] = {}
+        self._locks: Dict[str, threading.Lock] = {}
+        self._mu = threading.Lock()
+
+    def __repr__(self) -> str:  # never the key
+        return f"Tokenguard({self._base!r})"
+
+    def token(self, connection: str) -> Token:
+        """The connection's access token: cached until expiry - skew, one fetch per
+        connection at a time however many threads ask."""
+        tok = self._fresh(connection)
+        if tok is not None:
+            return tok
+        with self._lock(connection):
+            tok = self._fresh(connection)  # another thread may have fetched it
+            if tok is None:
+                tok = self._store(self._call_token("GET", connection, "/token"))
+            return tok
+
+    def refresh_after_401(self, connection: str, version: int) -> Token:
+        """A token newer than version, which the API refused: the server refreshes
+        only if nobody did yet, so a burst of 401s costs one refresh."""
+        with self._lock(connection):
+            cur = self._cache.get(connection)
+            if cur is not None and cur.version > version:
+                return cur
+            try:
+                return self._store(self._call_token(
+                    "POST", connection, "/token/refresh", json.dumps({"stale_version": version}).encode()))
+            except TokenguardError as e:
+                if e.code != "unknown_version":
+                    raise
+                # This server instance has not seen that version yet: take its token.
+                self._cache.pop(connection, None)
+                return self._store(self._call_token("GET", connection, "/token"))
+
+    def request(self, connection: str, method: str, path: str, *, body: Union[bytes, str, None] = None,
+                headers: Optional[Mapping[str, str]] = None, query: Optional[Mapping[str, str]] = None,
+                timeout: Optional[float] = None) -> Response:
+        """Calls the connection's API through the server's proxy, which injects the
+        token and recovers a 401 by itself. Returns the API's answer whatever its
+        status; raises TokenguardError for tokenguard's own errors."""
+        url = self._conn_url(connection, "/proxy/" + path.lstrip("/"))
+        if query:
+            url += "?" + urllib.parse.urlencode(query)
+        if isinstance(body, str):
+            body = body.encode()
+        status, hdrs, data = self._do(method, url, body, dict(headers or {}), timeout)
+        if "Tokenguard-Error" in hdrs:
+            raise _error(status, hdrs, data)
+        return Response(status, hdrs, data)
+
+    # internals
+
+    def _fresh(self, connection: str) -> Optional[Token]:
+        tok = self._cache.get(connection)
+        if tok is not None and (tok.expiry is None or time.time() < tok.expiry - self._skew):
+            return tok
+        return None
+
+    def _store(self, tok: Token) -> Token:
+        cur = self._cache.get(tok.connection)
+        if cur is None or tok.version >= cur.version:
+            self._cache[tok.connection] = tok
+        return tok
+
+    def _lock(self, connection: str) -> threading.Lock:
+        with self._mu:
+            return self._locks.setdefault(connection, threading.Lock())
+
+    def _conn_url(self, connection: str, rest: str) -> str:
+        return f"{self._base}/connections/{urllib.parse.quote(connection, safe='')}{rest}"
+
+    def _call_token(self, method: str, connection: str, rest: str, body: Optional[bytes] = None) -> Token:
+        headers = {"Accept": "application/json"}
+        if body is not None:
+            headers["Content-Type"] = "application/json"
+        status, hdrs, data = self._do(method, self._conn_url(connection, rest), body, headers, None)
+        if status != 200:
+            raise _error(status, hdrs, data)
+        d = json.loads(data)
+        expiry = _unix(d["expiry"]) if d.get("expiry") else None
+        return Token(d["access_token"], d["token_type"], expiry, d["connection"], d["provider"], int(d["version"]))
+
+    def _do(self, method, url, body, headers, timeout):
+        req = urllib.request.Request(url, data=body, method=method.upper(), headers=headers)
+        req.add_header("Authorization", "Bearer " + self._key)
+        req.add_header("User-Agent", "tokenguard-python/" + __version__)
+        try:
+            with _opener.open(req, timeout=timeout or self._timeout) as resp:
+                return resp.status, dict(resp.headers.items()), resp.read()
+        except urllib.error.HTTPError as e:
+            with e:
+                return e.code, dict(e.headers.items()), e.read()
+
+
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """The API's redirects reach the caller as they are."""
+
+    def redirect_request(self, *args, **kwargs):
+        return None
+
+
+_opener = urllib.request.build_opener(_NoRedirect)
+
+
+def _unix(rfc3339: str) -> float:
+    # Python < 3.11 reads at most 6 fractional digits and no "Z"; Go writes up to 9.
+    m = re.fullmatch(r"(.*T\d\d:\d\d:\d\d)(?:\.(\d+))?(Z|[+-]\d\d:\d\d)", rfc3339)
+    if not m:
+        raise ValueError("expiry is not an RFC 3339 time: %r" % rfc3339)
+    frac = (m.group(2) or "")[:6].ljust(6, "0")
+    tz = "+00:00" if m.group(3) == "Z" else m.group(3)
+    return datetime.fromisoformat(f"{m.group(1)}.{frac}{tz}").timestamp()
+
+
+def _error(status: int, headers: Mapping[str, str], data: bytes) -> TokenguardError:
+    try:
+        d = json.loads(data)
+    except ValueError:
+        d = {}
+    retry = headers.get("Retry-After")
+    return TokenguardError(status, d.get("code") or headers.get("Tokenguard-Error") or "http_%d" % status,
+                           d.get("error") or "", d.get("connection") or "",
+                           int(retry) if retry and retry.isdigit() else None)

@@ -1,0 +1,48 @@
+/** A connection's access token, as GET /connections/{name}/token gives it. */
+export interface Token {
+  readonly accessToken: string;
+  readonly tokenType: string;
+  /** When tokenguard stops handing it out (the provider's expiry minus the skew); null: no expiry. */
+  readonly expiry: Date | null;
+  readonly connection: string;
+  /** "" for the server's OAUTH_* provider. */
+  readonly provider: string;
+  /** Pass it to refreshAfter401 when the API answers 401 to this token. */
+  readonly version: number;
+}
+
+export interface TokenguardOptions {
+  /** Milliseconds before expiry at which a token is fetched again (default 500). */
+  skewMs?: number;
+  /** Deadline of each call to the server (default 30000). */
+  timeoutMs?: number;
+}
+
+export interface RequestOptions {
+  body?: BodyInit;
+  headers?: Record<string, string>;
+  query?: Record<string, string>;
+  timeoutMs?: number;
+}
+
+/** An error of tokenguard itself (not of the API behind the proxy). */
+export class TokenguardError extends Error {
+  readonly status: number;
+  /** Stable: unauthorized, not_found, needs_reauth, refresh_rate_limited, provider_unavailable, ... */
+  readonly code: string;
+  readonly connection: string;
+  /** Seconds, when the server said. */
+  readonly retryAfter: number | undefined;
+}
+
+export const VERSION: string;
+
+export class Tokenguard {
+  constructor(baseURL: string, apiKey: string, options?: TokenguardOptions);
+  /** The connection's access token: cached until expiry - skew, one fetch per connection at a time. */
+  token(connection: string): Promise<Token>;
+  /** A token newer than version, which the API refused: the server refreshes only if nobody did yet. */
+  refreshAfter401(connection: string, version: number): Promise<Token>;
+  /** The connection's API through the server's proxy: the API's answer whatever its status. */
+  request(connection: string, method: string, path: string, options?: RequestOptions): Promise<Response>;
+}

@@ -1,0 +1,165 @@
+// A client of the tokenguard server's token API and proxy. No runtime
+// dependencies: Node >= 18's fetch. Types: index.d.ts.
+//
+//   import { Tokenguard } from "@tokenguard/client";
+//   const tg = new Tokenguard("https://tokenguard.example.com", apiKey);
+//   const tok = await tg.token("acme");               // cached until expiry - skew
+//   // ... the API answered 401 to tok.accessToken:
+//   const next = await tg.refreshAfter401("acme", tok.version);
+//   const res = await tg.request("acme", "GET", "/v1/me"); // through the proxy
+//
+// The process never sees a refresh token: the server refreshes each
+// connection once per expiry for every process that shares it.
+
+export const VERSION = "1.0.0";
+
+/** An error of tokenguard itself (not of the API behind the proxy). */
+export class TokenguardError extends Error {
+  constructor(status, code, message, connection = "", retryAfter = undefined) {
+    super(`tokenguard: ${status} ${code}: ${message}`);
+    this.name = "TokenguardError";
+    this.status = status;
+    this.code = code;
+    this.connection = connection;
+    this.retryAfter = retryAfter;
+  }
+}
+
+export class Tokenguard {
+  #base;
+  #key;
+  #skewMs;
+  #timeoutMs;
+  #cache = new Map(); // connection -> Token
+  #flights = new Map(); // connection -> Promise<Token>: one fetch at a time
+
+  /**
+   * @param {string} baseURL the server, e.g. https://tokenguard.example.com
+   * @param {string} apiKey an API key of tokenctl apikey create
+   * @param {{skewMs?: number, timeoutMs?: number}} [options]
+   */
+  constructor(baseURL, apiKey, { skewMs = 500, timeoutMs = 30000 } = {}) {
+    if (!/^https?:\/\//.test(baseURL)) throw new TypeError("baseURL must be an http(s) URL");
+    this.#base = baseURL.replace(/\/+$/, "");
+    this.#key = apiKey;
+    this.#skewMs = skewMs;
+    this.#timeoutMs = timeoutMs;
+  }
+
+  /** The connection's access token: cached until expiry - skew, one fetch per connection at a time. */
+  async token(connection) {
+    const fresh = this.#fresh(connection);
+    if (fresh) return fresh;
+    return this.#flight(connection, async () => this.#fresh(connection) ?? this.#store(await this.#callToken("GET", connection, "/token")));
+  }
+
+  /** A token newer than version, which the API refused: the server refreshes only if nobody did yet. */
+  async refreshAfter401(connection, version) {
+    const cur = this.#cache.get(connection);
+    if (cur && cur.version > version) return cur;
+    return this.#flight(connection, async () => {
+      const now = this.#cache.get(connection);
+      if (now && now.version > version) return now;
+      try {
+        return this.#store(await this.#callToken("POST", connection, "/token/refresh", JSON.stringify({ stale_version: version })));
+      } catch (e) {
+        if (!(e instanceof TokenguardError) || e.code !== "unknown_version") throw e;
+        // This server instance has not seen that version yet: take its token.
+        this.#cache.delete(connection);
+        return this.#store(await this.#callToken("GET", connection, "/token"));
+      }
+    });
+  }
+
+  /**
+   * Calls the connection's API through the server's proxy, which injects the
+   * token and recovers a 401 itself. Resolves to the API's answer whatever
+   * its status; rejects with TokenguardError for tokenguard's own errors.
+   */
+  async request(connection, method, path, { body, headers, query, timeoutMs } = {}) {
+    let url = this.#connURL(connection, "/proxy/" + path.replace(/^\/+/, ""));
+    if (query) url += "?" + new URLSearchParams(query).toString();
+    const res = await this.#fetch(method, url, body, headers, timeoutMs);
+    if (res.headers.has("tokenguard-error")) throw await errorOf(res);
+    return res;
+  }
+
+  #fresh(connection) {
+    const t = this.#cache.get(connection);
+    if (t && (t.expiry === null || Date.now() < t.expiry.getTime() - this.#skewMs)) return t;
+    return undefined;
+  }
+
+  #store(t) {
+    const cur = this.#cache.get(t.connection);
+    if (!cur || t.version >= cur.version) this.#cache.set(t.connection, t);
+    return t;
+  }
+
+  // #flight runs fn unless a call for connection is running, whose result
+  // it then shares; the next call waits for it to end first.
+  async #flight(connection, fn) {
+    for (;;) {
+      const running = this.#flights.get(connection);
+      if (!running) break;
+      try {
+        await running;
+      } catch {
+        // the caller of that flight has its error
+      }
+    }
+    const p = fn();
+    this.#flights.set(connection, p);
+    try {
+      return await p;
+    } finally {
+      if (this.#flights.get(connection) === p) this.#flights.delete(connection);
+    }
+  }
+
+  #connURL(connection, rest) {
+    return `${this.#base}/connections/${encodeURIComponent(connection)}${rest}`;
+  }
+
+  async #callToken(method, connection, rest, body) {
+    const headers = { Accept: "application/json" };
+    if (body !== undefined) headers["Content-Type"] = "application/json";
+    const res = await this.#fetch(method, this.#connURL(connection, rest), body, headers);
+    if (res.status !== 200) throw await errorOf(res);
+    const d = await res.json();
+    return Object.freeze({
+      accessToken: d.access_token,
+      tokenType: d.token_type,
+      expiry: d.expiry ? new Date(d.expiry) : null,
+      connection: d.connection,
+      provider: d.provider,
+      version: d.version,
+    });
+  }
+
+  #fetch(method, url, body, headers = {}, timeoutMs = this.#timeoutMs) {
+    return fetch(url, {
+      method: method.toUpperCase(),
+      body,
+      headers: { ...headers, Authorization: `Bearer ${this.#key}`, "User-Agent": `tokenguard-node/${VERSION}` },
+      redirect: "manual",
+      signal: AbortSignal.timeout(timeoutMs),
+    });
+  }
+
+  toString() {
+    return `Tokenguard(${this.#base})`; // never the key
+  }
+}
+
+async function errorOf(res) {
+  let d = {};
+  try {
+    d = await res.json();
+  } catch {
+    // not JSON
+  }
+  const ra = res.headers.get("retry-after");
+  return new TokenguardError(res.status, d.code || res.headers.get("tokenguard-error") || `http_${res.status}`,
+    d.error || "", d.connection || "", ra && /^\d+$/.test(ra) ? Number(ra) : undefined);
+}

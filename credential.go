@@ -1,0 +1,57 @@
+package tokenguard
+
+import (
+	"cmp"
+	"context"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// Credential is a connection's access token with what a caller outside
+// the process (the bundled server's token API) needs besides: the
+// provider it is for and the version a 401 is reported against
+// (ForceRefresh).
+type Credential struct {
+	// Token is as Token returns it: no refresh token, and an Expiry that
+	// is the moment tokenguard stops handing it out (the provider's
+	// expiry minus the skew); zero when the provider gave none.
+	Token      *oauth2.Token
+	Connection string
+	Provider   string // "" for the one of New's oauth2.Config
+	Version    int64  // bumped by every refresh
+}
+
+// Credential returns connection's access token as Token does, with its
+// provider and version. A cached token costs no query.
+func (t *Tokens) Credential(ctx context.Context, connection string) (Credential, error) {
+	tok, err := t.token(ctx, connection)
+	if err != nil {
+		return Credential{}, err
+	}
+	return t.credentialOf(tok), nil
+}
+
+// ForceRefresh returns connection's token after version stale was refused
+// by the API (a 401): the stored token if some process already replaced
+// it, else one refreshed now, but only if the stored version is still
+// stale, so a burst of 401s for one version causes one refresh fleet-wide.
+// This is the rule Client follows; it is limited in the same way (one
+// forced refresh per 5 s or half the token's lifetime, beyond that
+// ErrRefreshRateLimited).
+func (t *Tokens) ForceRefresh(ctx context.Context, connection string, stale int64) (Credential, error) {
+	tok, err := apiTokens{t}.ForceRefresh(ctx, connection, stale)
+	if err != nil {
+		return Credential{}, err
+	}
+	return t.credentialOf(tok), nil
+}
+
+func (t *Tokens) credentialOf(tok domain.Token) Credential {
+	out := &oauth2.Token{AccessToken: tok.AccessToken.Reveal(), TokenType: tok.TokenType}
+	if !tok.Expiry.IsZero() {
+		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(cmp.Or(t.providers.Skew(tok.Provider), t.skew)))
+	}
+	return Credential{Token: out, Connection: tok.Connection, Provider: tok.Provider, Version: tok.Version}
+}
