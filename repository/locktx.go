@@ -15,21 +15,20 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// lockTx is the transaction of InLock, InLockUnless and TryInLock. It
-// commits on its own (a rotated token must not depend on a caller's
-// commit), so it cannot nest in another transaction.
+// lockTx is the transaction of InLock and TryInLock. It commits on its
+// own (a rotated token must not depend on a caller's commit), so it cannot
+// nest in another transaction.
 //
 // On pgx (the driver of gorm.io/driver/postgres) it is one pool connection
 // of its own, on which the transaction is driven explicitly with pgx (GORM
 // cannot pipeline). It opens with one round trip: BEGIN, the lock timeout,
 // the lock and the re-read of the token go to the server together as a
-// pipeline. Before a refresh can start that saves three round trips, and a
-// process woken by the release of the lock gets the token its holder
-// stored in the same answer as the lock. Statements of a pipeline run one
+// pipeline. Before a refresh can start that saves three round trips.
+// Statements of a pipeline run one
 // after the other and each takes its own snapshot (READ COMMITTED), so the
-// read sees everything committed before the lock was granted. A write ends
-// it the same way: the statement and COMMIT in one round trip
-// (writeAndCommit).
+// read sees everything committed before the lock was granted. A write (a
+// lease, a token) ends it the same way: the statement and COMMIT in one
+// round trip (execAndCommit).
 //
 // On any other database/sql driver it is a GORM transaction running the
 // same statements one at a time (plaintx.go): same contract, more round

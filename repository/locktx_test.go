@@ -167,8 +167,7 @@ func TestInLockRefusesARepositoryBoundToATransaction(t *testing.T) {
 }
 
 // assertNoLocksLeft waits a little for the locks and the connections
-// to be given back: a transaction that only read ends after its caller
-// has its answer (InLockUnless), within rollbackTimeout.
+// to be given back, within rollbackTimeout.
 func assertNoLocksLeft(t *testing.T, dbs ...*gorm.DB) {
 	t.Helper()
 	var locks, inUse int
