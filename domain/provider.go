@@ -73,6 +73,8 @@ var (
 	ErrProviderInUse = errors.New("provider still used by connections")
 	// ErrInvalidProvider: a provider's settings are malformed.
 	ErrInvalidProvider = errors.New("invalid provider")
+	// ErrUnknownProfile: no provider profile has that name.
+	ErrUnknownProfile = errors.New("unknown provider profile")
 )
 
 // Validate checks what can be checked without asking the provider. Errors
