@@ -24,6 +24,8 @@ type options struct {
 	listenDSN                      string
 	cacheSize                      int
 	defaultLifetime                time.Duration
+	profile                        string
+	profileParams                  map[string]string
 }
 
 // WithSkew refreshes a token once it is within d of its expiry (default

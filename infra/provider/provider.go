@@ -16,6 +16,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // NewHTTPClient returns a client for the token endpoint whose every phase
@@ -70,6 +71,8 @@ type Refresher struct {
 	client          *http.Client
 	styles          AuthStyleStore
 	defaultLifetime time.Duration
+	deadGrants      []profiles.DeadGrant // the profile's own words for a dead grant
+	extraFields     []string             // answer fields kept as connection metadata
 	log             *slog.Logger
 	now             func() time.Time
 
@@ -107,6 +110,17 @@ func WithAuthStyleStore(s AuthStyleStore) Option { return func(r *Refresher) { r
 // until the API answers 401).
 func WithDefaultLifetime(d time.Duration) Option {
 	return func(r *Refresher) { r.defaultLifetime = max(d, 0) }
+}
+
+// WithProfile applies what a provider profile says about the token
+// endpoint's answers: its own codes for a dead grant (GitHub's
+// bad_refresh_token in a 200 body), and the fields to keep (Salesforce
+// instance_url), which the grant carries as Extra.
+func WithProfile(p profiles.Profile) Option {
+	return func(r *Refresher) {
+		r.deadGrants = p.DeadGrants
+		r.extraFields = p.ExtraFields
+	}
 }
 
 // WithLogger receives a line when a style is learned or cannot be stored.

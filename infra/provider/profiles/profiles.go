@@ -275,9 +275,11 @@ func clone(p Profile) Profile {
 }
 
 // Resolve fills the URLs' placeholders with params, or with the profile's
-// defaults. A parameter the profile does not take, one it requires but
-// was not given, or a value that is not a plain host label or path
-// segment is an error wrapping domain.ErrInvalidProvider.
+// defaults. A URL that needs a parameter without a default nor a value is
+// left empty, and the parameter is named by Missing: a caller that gives
+// that URL itself does not need it. A parameter the profile does not take,
+// or a value that is not a plain host label or path segment, is an error
+// wrapping domain.ErrInvalidProvider.
 func (p Profile) Resolve(params map[string]string) (Profile, error) {
 	vals := maps.Clone(p.Params)
 	if vals == nil {
@@ -292,20 +294,34 @@ func (p Profile) Resolve(params map[string]string) (Profile, error) {
 		}
 		vals[k] = v
 	}
-	for _, k := range slices.Sorted(maps.Keys(vals)) {
-		if vals[k] == "" {
-			return Profile{}, fmt.Errorf("%w: profile %s needs --param %s=…", domain.ErrInvalidProvider, p.Name, k)
+	out := clone(p)
+	out.Params = vals
+	fill := func(u string) string {
+		missing := false
+		filled := placeholder.ReplaceAllStringFunc(u, func(m string) string {
+			v := vals[m[1:len(m)-1]]
+			missing = missing || v == ""
+			return url.PathEscape(v)
+		})
+		if missing {
+			return ""
+		}
+		return filled
+	}
+	out.AuthURL, out.TokenURL, out.RevocationURL = fill(p.AuthURL), fill(p.TokenURL), fill(p.RevocationURL)
+	return out, nil
+}
+
+// Missing names the parameters without a value or a default that URL u
+// of the profile needs, as "--param k=…" hints.
+func (p Profile) Missing(u string, params map[string]string) []string {
+	var out []string
+	for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
+		if params[m[1]] == "" && p.Params[m[1]] == "" && !slices.Contains(out, m[1]) {
+			out = append(out, m[1])
 		}
 	}
-	fill := func(u string) string {
-		return placeholder.ReplaceAllStringFunc(u, func(m string) string {
-			return url.PathEscape(vals[m[1:len(m)-1]])
-		})
-	}
-	out := clone(p)
-	out.AuthURL, out.TokenURL, out.RevocationURL = fill(p.AuthURL), fill(p.TokenURL), fill(p.RevocationURL)
-	out.Params = vals
-	return out, nil
+	return out
 }
 
 func (p Profile) paramNames() string {

@@ -2,6 +2,7 @@ package profiles
 
 import (
 	"errors"
+	"slices"
 	"testing"
 	"time"
 
@@ -54,8 +55,8 @@ func TestClaimNeedsSource(t *testing.T) {
 
 func TestResolve(t *testing.T) {
 	ok, _ := Get("okta")
-	if _, err := ok.Resolve(nil); !errors.Is(err, domain.ErrInvalidProvider) {
-		t.Fatalf("okta without domain: %v, want ErrInvalidProvider", err)
+	if r, err := ok.Resolve(nil); err != nil || r.TokenURL != "" || !slices.Equal(ok.Missing(ok.TokenURL, nil), []string{"domain"}) {
+		t.Fatalf("okta without domain: %q, %v: want no token URL and domain missing", r.TokenURL, err)
 	}
 	r, err := ok.Resolve(map[string]string{"domain": "acme.okta.com"})
 	if err != nil || r.TokenURL != "https://acme.okta.com/oauth2/default/v1/token" {
@@ -66,7 +67,7 @@ func TestResolve(t *testing.T) {
 	if err != nil || r.TokenURL != "https://id.smaregi.dev/app/sb_abc12/token" {
 		t.Fatalf("smaregi resolved to %q, %v", r.TokenURL, err)
 	}
-	for _, bad := range []map[string]string{{"contract_id": "a/../b"}, {"contract_id": "x", "nope": "y"}, {"contract_id": ""}} {
+	for _, bad := range []map[string]string{{"contract_id": "a/../b"}, {"contract_id": "x", "nope": "y"}, {"contract_id": ""}, {"contract_id": "a?b"}} {
 		if _, err := sm.Resolve(bad); !errors.Is(err, domain.ErrInvalidProvider) {
 			t.Errorf("Resolve(%v) = %v, want ErrInvalidProvider", bad, err)
 		}

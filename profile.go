@@ -1,0 +1,81 @@
+package tokenguard
+
+import (
+	"fmt"
+	"strings"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
+)
+
+// WithProfile applies the provider profile called name (tokenctl provider
+// profiles lists them) to the provider of New's oauth2.Config: the
+// provider's own codes for a dead grant (GitHub's bad_refresh_token in a
+// 200 body) and the answer fields it keeps; and, for what the
+// oauth2.Config and the other options leave unset, its token URL, client
+// authentication style, revocation URL and access token lifetime. What
+// they set wins (GitHub Enterprise, a sandbox, tests). An unknown name
+// makes New fail with ErrUnknownProfile.
+func WithProfile(name string) Option { return func(o *options) { o.profile = name } }
+
+// WithProfileParam fills the {key} placeholder of the profile's URLs
+// (Okta's domain, Smaregi's contract_id); a parameter the profile does not
+// take makes New fail.
+func WithProfileParam(key, value string) Option {
+	return func(o *options) {
+		if o.profileParams == nil {
+			o.profileParams = map[string]string{}
+		}
+		o.profileParams[key] = value
+	}
+}
+
+// applyProfile returns cfg completed by the profile of o, and the profile
+// (generic without WithProfile). cfg itself is not changed.
+func applyProfile(cfg *oauth2.Config, o *options) (*oauth2.Config, profiles.Profile, error) {
+	p, err := profiles.Get(o.profile)
+	if err != nil {
+		return nil, profiles.Profile{}, fmt.Errorf("tokenguard: WithProfile: %w", err)
+	}
+	r, err := p.Resolve(o.profileParams)
+	if err != nil {
+		return nil, p, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
+	}
+	if cfg == nil {
+		return nil, p, nil
+	}
+	out := *cfg
+	if out.Endpoint.TokenURL == "" {
+		if miss := p.Missing(p.TokenURL, o.profileParams); len(miss) > 0 {
+			return nil, p, fmt.Errorf("tokenguard: WithProfile(%q) needs WithProfileParam for %s: %w",
+				p.Name, strings.Join(miss, ", "), domain.ErrInvalidProvider)
+		}
+		out.Endpoint.TokenURL = r.TokenURL
+	}
+	if out.Endpoint.AuthURL == "" {
+		out.Endpoint.AuthURL = r.AuthURL
+	}
+	if out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
+		out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
+	}
+	if o.revocationURL == "" {
+		o.revocationURL = r.RevocationURL
+	}
+	if o.defaultLifetime == 0 && p.AccessLifetime.Known {
+		o.defaultLifetime = p.AccessLifetime.D
+	}
+	return &out, p, nil
+}
+
+// authStyleOf is the x/oauth2 form of a client authentication style.
+func authStyleOf(s domain.AuthStyle) oauth2.AuthStyle {
+	switch s {
+	case domain.AuthStyleHeader:
+		return oauth2.AuthStyleInHeader
+	case domain.AuthStyleParams:
+		return oauth2.AuthStyleInParams
+	}
+	return oauth2.AuthStyleAutoDetect
+}
