@@ -3,6 +3,7 @@ package tokenguard
 import (
 	"fmt"
 	"strings"
+	"time"
 
 	"golang.org/x/oauth2"
 
@@ -32,24 +33,25 @@ func WithProfileParam(key, value string) Option {
 	}
 }
 
-// applyProfile returns cfg completed by the profile of o, and the profile
-// (generic without WithProfile). cfg itself is not changed.
-func applyProfile(cfg *oauth2.Config, o *options) (*oauth2.Config, profiles.Profile, error) {
+// applyProfile returns cfg completed by the profile of o, the profile
+// (generic without WithProfile), and the default lifetime of cfg's access
+// tokens (the stored providers keep o's). cfg itself is not changed.
+func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.Profile, lifetime time.Duration, _ error) {
 	p, err := profiles.Get(o.profile)
 	if err != nil {
-		return nil, profiles.Profile{}, fmt.Errorf("tokenguard: WithProfile: %w", err)
+		return nil, profiles.Profile{}, 0, fmt.Errorf("tokenguard: WithProfile: %w", err)
 	}
 	r, err := p.Resolve(o.profileParams)
 	if err != nil {
-		return nil, p, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
+		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
 	}
 	if cfg == nil {
-		return nil, p, nil
+		return nil, p, 0, nil
 	}
 	out := *cfg
 	if out.Endpoint.TokenURL == "" {
 		if miss := p.Missing(p.TokenURL, o.profileParams); len(miss) > 0 {
-			return nil, p, fmt.Errorf("tokenguard: WithProfile(%q) needs WithProfileParam for %s: %w",
+			return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q) needs WithProfileParam for %s: %w",
 				p.Name, strings.Join(miss, ", "), domain.ErrInvalidProvider)
 		}
 		out.Endpoint.TokenURL = r.TokenURL
@@ -63,10 +65,11 @@ func applyProfile(cfg *oauth2.Config, o *options) (*oauth2.Config, profiles.Prof
 	if o.revocationURL == "" {
 		o.revocationURL = r.RevocationURL
 	}
-	if o.defaultLifetime == 0 && p.AccessLifetime.Known {
-		o.defaultLifetime = p.AccessLifetime.D
+	lifetime = o.defaultLifetime
+	if lifetime == 0 && p.AccessLifetime.Known {
+		lifetime = p.AccessLifetime.D
 	}
-	return &out, p, nil
+	return &out, p, lifetime, nil
 }
 
 // authStyleOf is the x/oauth2 form of a client authentication style.

@@ -126,7 +126,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
-	cfg, prof, err := applyProfile(cfg, &o)
+	cfg, prof, envLifetime, err := applyProfile(cfg, &o)
 	if err != nil {
 		return nil, err
 	}
@@ -231,7 +231,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
-	t.providers = provider.NewRegistry(refresherOf(cfg, o.defaultLifetime, prof), repository.NewProviderRepository(rdb, sealer),
+	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof), repository.NewProviderRepository(rdb, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {

@@ -155,3 +155,28 @@ func TestPoolerURLs(t *testing.T) {
 		t.Errorf("malformed listen URL: %v", err)
 	}
 }
+
+// OAUTH_PROFILE gives the URLs and auth style the environment leaves
+// unset, its placeholders filled by OAUTH_PROFILE_PARAMS; what is set wins.
+func TestConfigProfile(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://x/y", "OAUTH_CLIENT_ID=c"}
+	c, err := ConfigFromEnv(append(base, "OAUTH_PROFILE=okta", "OAUTH_PROFILE_PARAMS=domain=acme.okta.com,server=aus1"))
+	if err != nil || c.OAuth.TokenURL != "https://acme.okta.com/oauth2/aus1/v1/token" || c.OAuth.RevocationURL != "https://acme.okta.com/oauth2/aus1/v1/revoke" || c.OAuth.AuthStyle != "auto" {
+		t.Fatalf("okta: %+v, %v", c.OAuth, err)
+	}
+	c, err = ConfigFromEnv(append(base, "OAUTH_PROFILE=xero", "OAUTH_TOKEN_URL=http://127.0.0.1:9/token"))
+	if err != nil || c.OAuth.TokenURL != "http://127.0.0.1:9/token" || c.OAuth.AuthURL != "https://login.xero.com/identity/connect/authorize" || c.OAuth.AuthStyle != "header" {
+		t.Fatalf("xero with the token URL overridden: %+v, %v", c.OAuth, err)
+	}
+	for env, want := range map[string]string{
+		"OAUTH_PROFILE=okta":                          "OAUTH_PROFILE_PARAMS=domain=",
+		"OAUTH_PROFILE=nope":                          "unknown provider profile",
+		"OAUTH_PROFILE_PARAMS=a=b":                    "needs OAUTH_PROFILE",
+		"OAUTH_PROFILE=xero\x00OAUTH_AUTH_STYLE=open": "OAUTH_AUTH_STYLE",
+	} {
+		_, err := ConfigFromEnv(append(append([]string{}, base...), strings.Split(env, "\x00")...))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error naming %s", env, err, want)
+		}
+	}
+}
