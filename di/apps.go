@@ -165,7 +165,12 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	if err != nil {
 		return nil, nil, err
 	}
-	stopCheck := checkAtStart(ctx, cfg.Config, name, log)
+	stopCheck := func() {}
+	if cfg.EndpointCheck {
+		stopCheck = checkAtStart(ctx, cfg.Config, name, log)
+	} else {
+		log.Info("token endpoint check: off (TOKEN_ENDPOINT_CHECK=false); a misconfigured client shows at the first refresh")
+	}
 	closeChecked := closeTokens
 	closeTokens = func() { stopCheck(); closeChecked() }
 	if cfg.MetricsAddr != "" {

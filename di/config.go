@@ -45,6 +45,11 @@ type Config struct {
 	// answer has no usable expires_in. Unset: no expiry (the token is used
 	// until the API answers 401, then refreshed).
 	DefaultLifetime time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
+	// EndpointCheck sends the token endpoint a made-up refresh token when
+	// an app starts (tokenctl check's probe): a wrong secret, URL or auth
+	// style is logged at once, not at the first refresh. See
+	// docs/configuration.md for when to turn it off.
+	EndpointCheck bool `env:"TOKEN_ENDPOINT_CHECK" envDefault:"true"`
 	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
 	// than loopback (a test network); tokens then cross it in the clear.
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`

@@ -19,7 +19,7 @@ func TestConfigFromEnvDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTPAddr != "127.0.0.1:8080" || c.RefreshSkew != 30*time.Second || !c.MigrateOnStart ||
-		c.OAuth.AuthStyle != "auto" || c.DefaultLifetime != 0 ||
+		c.OAuth.AuthStyle != "auto" || c.DefaultLifetime != 0 || !c.EndpointCheck ||
 		len(c.OAuth.Scopes) != 2 || c.OAuth.Scopes[1] != "write" {
 		t.Errorf("config = %+v", c)
 	}
@@ -178,5 +178,16 @@ func TestConfigProfile(t *testing.T) {
 		if err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("%q: %v, want an error naming %s", env, err, want)
 		}
+	}
+}
+
+func TestEndpointCheckSetting(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://x/y"}
+	c, err := ConfigFromEnv(append(base, "TOKEN_ENDPOINT_CHECK=false"))
+	if err != nil || c.EndpointCheck {
+		t.Fatalf("TOKEN_ENDPOINT_CHECK=false: %v, %v", c.EndpointCheck, err)
+	}
+	if _, err := ConfigFromEnv(append(base, "TOKEN_ENDPOINT_CHECK=sometimes")); err == nil || !strings.Contains(err.Error(), "TOKEN_ENDPOINT_CHECK") {
+		t.Fatalf("a malformed value: %v", err)
 	}
 }
