@@ -241,6 +241,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			}
 			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp)
 		}, o.log)
+	t.providers.SetProfile(prof)
 	if err := t.providers.Load(ctx); err != nil {
 		if errors.Is(err, domain.ErrUndecryptable) {
 			return nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt a stored provider's client secret: %w", err)

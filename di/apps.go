@@ -64,6 +64,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Connector:   a.tokens.Connect,
 		Connections: a.tokens.Repository,
 		Providers:   usecaseof.Providers(a.tokens.Guard),
+		Exchanger:   usecaseof.Providers(a.tokens.Guard),
 		Keys:        repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
 		Sessions:    repository.NewConnectSessions(a.tokens.DB),
 		DB:          sqlDB,

@@ -41,6 +41,7 @@ func TestApps(t *testing.T) {
 	t.Run("SandboxFirstToken", func(t *testing.T) { t.Parallel(); testSandboxFirstToken(t, bin) })
 	t.Run("TwoProvidersSecretRotation", func(t *testing.T) { t.Parallel(); testTwoProviders(t, bin) })
 	t.Run("ConnectionsListedAndDisconnected", func(t *testing.T) { t.Parallel(); testConnections(t, bin) })
+	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through

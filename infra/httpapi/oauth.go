@@ -192,7 +192,11 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	}
 	s.deps.Log.Info("connect flow started", "connection", sess.Connection, "provider", sess.Provider)
 	w.Header().Set("Cache-Control", "no-store")
-	http.Redirect(w, r, client.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), http.StatusFound)
+	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier)}
+	if s.deps.Exchanger != nil {
+		opts = append(opts, s.deps.Exchanger.AuthCodeOptions(sess.Provider, client.Scopes)...)
+	}
+	http.Redirect(w, r, client.AuthCodeURL(state, opts...), http.StatusFound)
 }
 
 // clientOf is the client registration the browser flow of a connection of
@@ -286,13 +290,22 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		return outcome{httpStatus: http.StatusBadRequest, Code: "unknown_provider", Message: "The connection's provider is not known to this server; nothing was stored."}
 	}
 	exCtx := context.WithValue(ctx, oauth2.HTTPClient, s.deps.OAuthHTTP)
-	tok, err := client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
+	var tok *oauth2.Token
+	if s.deps.Exchanger != nil {
+		tok, err = s.deps.Exchanger.Exchange(exCtx, sess.Provider, code, client.RedirectURL, sess.Verifier)
+	} else {
+		tok, err = client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
+	}
 	if err != nil {
 		// Never log err itself: a RetrieveError prints the response body.
 		var re *oauth2.RetrieveError
+		var pe *domain.ProviderError
 		reason := "no answer"
-		if errors.As(err, &re) {
+		switch {
+		case errors.As(err, &re):
 			reason = oauthCode(re.ErrorCode)
+		case errors.As(err, &pe) && pe.Code != "":
+			reason = oauthCode(pe.Code)
 		}
 		s.deps.Log.Warn("code exchange failed", "connection", name, "reason", reason)
 		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
