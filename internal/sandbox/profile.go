@@ -20,8 +20,7 @@ var pathParam = regexp.MustCompile(`https://[^/]+/.*\{`)
 func Like(p profiles.Profile, opts Options) Options {
 	if len(p.DeadGrants) > 0 {
 		d := p.DeadGrants[0]
-		opts.DeadGrant = &DeadGrantAnswer{Status: d.Status, Field: d.Field, Code: d.Code,
-			OKFalse: d.Status == 200 && p.Name == "slack"}
+		opts.DeadGrant = &DeadGrantAnswer{Status: d.Status, Field: d.Field, Code: d.Code, OKFalse: d.OKFalse}
 	}
 	if p.Grace.Known {
 		opts.ReuseGrace = p.Grace.D

@@ -107,6 +107,9 @@ type DeadGrant struct {
 	Code   string `yaml:"code"`
 	Field  string `yaml:"field"`
 	Status int    `yaml:"status"`
+	// OKFalse: the answer also says "ok": false (Slack's envelope). The
+	// code alone decides; the sandbox sends it to look like the provider.
+	OKFalse bool `yaml:"ok_false"`
 }
 
 // Profile is one provider's behaviour. URLs may hold {param} placeholders

@@ -2,6 +2,9 @@ package profiles
 
 import (
 	"errors"
+	"fmt"
+	"os"
+	"strings"
 	"slices"
 	"testing"
 	"time"
@@ -83,5 +86,37 @@ func TestDurationText(t *testing.T) {
 	}
 	if _, err := parseDuration("-1d"); err == nil {
 		t.Error("-1d accepted")
+	}
+}
+
+// docRow is a profile's row in docs/providers.md.
+func docRow(p Profile) string {
+	dead := "RFC 6749"
+	if len(p.DeadGrants) > 0 {
+		d := p.DeadGrants[0]
+		dead = fmt.Sprintf("`%s` in `%s`, HTTP %d", d.Code, d.Field, d.Status)
+	}
+	src := "—"
+	if u := p.Sources["urls"]; u != "" {
+		src = "[docs](" + u + ")"
+	}
+	return fmt.Sprintf("| `%s` | %s | %s | %s | %s / %s | %s | %s | %s |", p.Name, p.Rotation, p.Grace, p.AccessLifetime,
+		p.RefreshIdle, p.RefreshAbsolute, dead, p.Quirks, src)
+}
+
+// docs/providers.md shows every profile as the catalog has it.
+func TestDocsTable(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/providers.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var missing []string
+	for _, p := range All() {
+		if row := docRow(p); !strings.Contains(string(doc), row+"\n") {
+			missing = append(missing, row)
+		}
+	}
+	if len(missing) > 0 {
+		t.Errorf("docs/providers.md lacks these rows (or has them out of date):\n%s", strings.Join(missing, "\n"))
 	}
 }
