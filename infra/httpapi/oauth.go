@@ -291,10 +291,11 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 	}
 	exCtx := context.WithValue(ctx, oauth2.HTTPClient, s.deps.OAuthHTTP)
 	var tok *oauth2.Token
+	var grant domain.Grant
 	if s.deps.Exchanger != nil {
-		tok, err = s.deps.Exchanger.Exchange(exCtx, sess.Provider, code, client.RedirectURL, sess.Verifier)
-	} else {
-		tok, err = client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
+		grant, tok, err = s.deps.Exchanger.Exchange(exCtx, sess.Provider, code, client.RedirectURL, sess.Verifier)
+	} else if tok, err = client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier)); err == nil {
+		grant = provider.GrantFrom(tok)
 	}
 	if err != nil {
 		// Never log err itself: a RetrieveError prints the response body.
@@ -329,7 +330,7 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		}
 	}
 	b := domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")}
-	t, err := s.deps.Connector.ConnectGrant(ctx, name, provider.GrantFrom(tok), usecase.ConnectRequest{
+	t, err := s.deps.Connector.ConnectGrant(ctx, name, grant, usecase.ConnectRequest{
 		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider})
 	switch {
 	case errors.Is(err, domain.ErrAccountMismatch):

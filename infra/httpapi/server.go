@@ -59,7 +59,7 @@ type Providers interface {
 // reading of the answer and default lifetime), and gives the profile's
 // extra authorization parameters. provider "" is the OAuth one.
 type Exchanger interface {
-	Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (*oauth2.Token, error)
+	Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
 	AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption
 }
 

@@ -174,6 +174,12 @@ func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
 			break
 		}
 	}
+	if g.RefreshExpiry.IsZero() && r.refreshIdle > 0 && r.refreshAbsolute == 0 {
+		// A refresh token that dies unused lives that long from now. Where
+		// the grant also dies on a calendar the idle date could lie past
+		// it, so it is left unknown (the code exchange knows both).
+		g.RefreshExpiry = sent.Add(r.refreshIdle)
+	}
 	g.Extra = f.extra(r.extraFields)
 	return g, nil
 }

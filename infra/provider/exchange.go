@@ -10,6 +10,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"golang.org/x/oauth2"
 
@@ -22,10 +23,11 @@ import (
 // (in auto the remembered one, the other only after the provider refused
 // the client, which leaves the code unspent, and the winner remembered),
 // the same reading of the answer (the profile's extra fields, a missing
-// expires_in given the default lifetime, refresh_token_expires_in). The
-// token's Extra holds every field of the answer (the ID token, the
-// scope). Errors are *domain.ProviderError, free of secrets.
-func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier string) (*oauth2.Token, error) {
+// expires_in given the default lifetime, refresh_token_expires_in, the
+// profile's refresh calendar). The token is the same answer as x/oauth2
+// shows it, every field in its Extra (the ID token, the scope). Errors
+// are *domain.ProviderError, free of secrets.
+func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}}
 	if redirectURL != "" {
 		form.Set("redirect_uri", redirectURL)
@@ -37,39 +39,47 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 	if auto {
 		style = r.startStyle(ctx)
 	}
-	tok, pe := r.redeem(ctx, form, style)
+	g, tok, pe := r.redeem(ctx, form, style)
 	if pe != nil && auto && clientAuthFailed(pe) {
 		style = other(style)
-		tok, pe = r.redeem(ctx, form, style)
+		g, tok, pe = r.redeem(ctx, form, style)
 	}
 	if pe != nil {
-		return nil, pe
+		return domain.Grant{}, nil, pe
 	}
 	if auto {
 		r.remember(style)
 	}
-	return tok, nil
+	return g, tok, nil
 }
 
 // redeem sends one code grant request in style and reads the answer.
-func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.AuthStyle) (*oauth2.Token, *domain.ProviderError) {
+func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.AuthStyle) (domain.Grant, *oauth2.Token, *domain.ProviderError) {
 	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, cloneValues(form), r.cfg.ClientID, r.cfg.ClientSecret, style)
 	if err != nil {
-		return nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
+		return domain.Grant{}, nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	sent := r.now()
 	resp, err := r.client.Do(req)
 	if err != nil {
-		return nil, &domain.ProviderError{Err: err}
+		return domain.Grant{}, nil, &domain.ProviderError{Err: err}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		return nil, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err)}
+		return domain.Grant{}, nil, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err)}
 	}
 	g, pe := r.judge(resp.StatusCode, resp.Header, body, sent)
 	if pe != nil {
-		return nil, pe
+		return domain.Grant{}, nil, pe
+	}
+	if g.RefreshExpiry.IsZero() {
+		// At the consent both calendars start: the first to end wins.
+		for _, d := range []time.Duration{r.refreshIdle, r.refreshAbsolute} {
+			if at := sent.Add(d); d > 0 && (g.RefreshExpiry.IsZero() || at.Before(g.RefreshExpiry)) {
+				g.RefreshExpiry = at
+			}
+		}
 	}
 	f, _ := parseAnswer(resp.Header.Get("Content-Type"), body)
 	raw := make(map[string]any, len(f))
@@ -81,7 +91,7 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 	}
 	tok := &oauth2.Token{AccessToken: g.AccessToken.Reveal(), TokenType: g.TokenType,
 		RefreshToken: g.RefreshToken.Reveal(), Expiry: g.Expiry}
-	return tok.WithExtra(raw), nil
+	return g, tok.WithExtra(raw), nil
 }
 
 func cloneValues(v url.Values) url.Values {
@@ -95,15 +105,15 @@ func cloneValues(v url.Values) url.Values {
 // codeExchanger is a refresher that also redeems authorization codes
 // (Refresher, and Retrying around one).
 type codeExchanger interface {
-	Exchange(ctx context.Context, code, redirectURL, verifier string) (*oauth2.Token, error)
+	Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
 }
 
 // Exchange redeems a code without retrying: a code is single-use, and a
 // lost answer cannot be asked for again.
-func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier string) (*oauth2.Token, error) {
+func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	ex, ok := r.next.(codeExchanger)
 	if !ok {
-		return nil, fmt.Errorf("%T cannot redeem authorization codes", r.next)
+		return domain.Grant{}, nil, fmt.Errorf("%T cannot redeem authorization codes", r.next)
 	}
 	return ex.Exchange(ctx, code, redirectURL, verifier)
 }
@@ -111,20 +121,20 @@ func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier str
 // Exchange redeems an authorization code at provider ("" is the
 // configuration's) through that provider's refresher (see
 // Refresher.Exchange).
-func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (*oauth2.Token, error) {
+func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	ref := r.env
 	if provider != "" {
 		reg, ok := r.state.Load().byName[provider]
 		if !ok {
 			if reg, ok = r.readAgain(ctx, provider); !ok {
-				return nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+				return domain.Grant{}, nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 			}
 		}
 		ref = reg.refresher
 	}
 	ex, ok := ref.(codeExchanger)
 	if !ok {
-		return nil, fmt.Errorf("the refresher of provider %q cannot redeem authorization codes", provider)
+		return domain.Grant{}, nil, fmt.Errorf("the refresher of provider %q cannot redeem authorization codes", provider)
 	}
 	return ex.Exchange(ctx, code, redirectURL, verifier)
 }

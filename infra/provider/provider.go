@@ -73,6 +73,8 @@ type Refresher struct {
 	defaultLifetime time.Duration
 	deadGrants      []profiles.DeadGrant // the profile's own words for a dead grant
 	extraFields     []string             // answer fields kept as connection metadata
+	refreshIdle     time.Duration        // the profile's idle expiry of refresh tokens; 0 unknown
+	refreshAbsolute time.Duration        // the profile's absolute expiry of a grant; 0 unknown
 	log             *slog.Logger
 	now             func() time.Time
 
@@ -114,12 +116,19 @@ func WithDefaultLifetime(d time.Duration) Option {
 
 // WithProfile applies what a provider profile says about the token
 // endpoint's answers: its own codes for a dead grant (GitHub's
-// bad_refresh_token in a 200 body), and the fields to keep (Salesforce
-// instance_url), which the grant carries as Extra.
+// bad_refresh_token in a 200 body), the fields to keep (Salesforce
+// instance_url), which the grant carries as Extra, and the refresh
+// token's expiry when the answer does not say it (see grant).
 func WithProfile(p profiles.Profile) Option {
 	return func(r *Refresher) {
 		r.deadGrants = p.DeadGrants
 		r.extraFields = p.ExtraFields
+		if p.RefreshIdle.Known {
+			r.refreshIdle = p.RefreshIdle.D
+		}
+		if p.RefreshAbsolute.Known {
+			r.refreshAbsolute = p.RefreshAbsolute.D
+		}
 	}
 }
 
