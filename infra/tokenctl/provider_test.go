@@ -174,4 +174,22 @@ func TestProviderAddProfile(t *testing.T) {
 	if r := c.runIn("", "provider", "list"); r.code != 0 || !strings.Contains(r.stdout, "okta ") {
 		t.Fatalf("list: %+v", r)
 	}
+
+	// A token without an expiry gets its provider's default lifetime; one
+	// for the OAUTH_* provider without a setting or a profile stays
+	// without one.
+	noExpiry := `{"access_token":"at-x","token_type":"Bearer","refresh_token":"rt-x"}`
+	if r := c.runIn(noExpiry, "import", "--connection", "viaxero", "--provider", "xero"); r.code != 0 {
+		t.Fatalf("import --provider xero: %+v", r)
+	}
+	if r := c.runIn(noExpiry, "import", "--connection", "plain"); r.code != 0 {
+		t.Fatalf("import: %+v", r)
+	}
+	got, err := c.repo.Get(ctx, "viaxero")
+	if err != nil || got.Expiry.Sub(time.Now().Add(5*time.Minute)).Abs() > time.Minute {
+		t.Fatalf("imported under xero: expiry %v, %v; want its --default-lifetime 5m", got.Expiry, err)
+	}
+	if got, err := c.repo.Get(ctx, "plain"); err != nil || !got.Expiry.IsZero() {
+		t.Fatalf("imported without a provider: expiry %v, %v; want none", got.Expiry, err)
+	}
 }
