@@ -15,10 +15,10 @@ import (
 // profiles lists them) to the provider of New's oauth2.Config: the
 // provider's own codes for a dead grant (GitHub's bad_refresh_token in a
 // 200 body) and the answer fields it keeps; and, for what the
-// oauth2.Config and the other options leave unset, its token URL, client
-// authentication style, revocation URL and access token lifetime. What
-// they set wins (GitHub Enterprise, a sandbox, tests). An unknown name
-// makes New fail with ErrUnknownProfile.
+// oauth2.Config and the other options leave unset, its token URL (with
+// its client authentication style), authorization and revocation URLs and
+// access token lifetime. What they set wins (GitHub Enterprise, a
+// sandbox, tests). An unknown name makes New fail with ErrUnknownProfile.
 func WithProfile(name string) Option { return func(o *options) { o.profile = name } }
 
 // WithProfileParam fills the {key} placeholder of the profile's URLs
@@ -55,12 +55,14 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 				p.Name, strings.Join(miss, ", "), domain.ErrInvalidProvider)
 		}
 		out.Endpoint.TokenURL = r.TokenURL
+		// The auth style comes with the endpoint: a token URL given by the
+		// caller keeps the caller's style (auto cannot be told from unset).
+		if out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
+			out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
+		}
 	}
 	if out.Endpoint.AuthURL == "" {
 		out.Endpoint.AuthURL = r.AuthURL
-	}
-	if out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
-		out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
 	}
 	if o.revocationURL == "" {
 		o.revocationURL = r.RevocationURL

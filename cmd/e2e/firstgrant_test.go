@@ -21,13 +21,18 @@ import (
 // with OAUTH_AUTH_STYLE at its default (auto) and no start-up check
 // (TOKEN_ENDPOINT_CHECK=false), the exchange learns "params" after one
 // invalid_client and remembers it, so the first refresh sends no probe.
-// The profile's authorization parameters (google: access_type=offline,
-// prompt=consent) are on the authorization request, and the answer's
+// The profile's authorization parameters (zoho: access_type=offline,
+// prompt=consent) are on the authorization request, its answer field
+// (api_domain) is kept in the connection's metadata, and the answer's
 // missing expires_in gets TOKEN_DEFAULT_LIFETIME at the first grant.
 func testFirstGrant(t *testing.T, bin string) {
 	const lifetime = 3 * time.Second
+	const apiDomain = "https://www.zohoapis.eu"
 	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: 500 * time.Millisecond, clientAuth: sandbox.ClientAuthPost, omitExpiresIn: true,
-		extraEnv: []string{"OAUTH_PROFILE=google", "TOKEN_ENDPOINT_CHECK=false", "TOKEN_DEFAULT_LIFETIME=" + lifetime.String()}})
+		extraFields: map[string]string{"api_domain": apiDomain},
+		// OAUTH_AUTH_STYLE=auto overrides the profile's params: the
+		// exchange has to learn it.
+		extraEnv: []string{"OAUTH_PROFILE=zoho", "OAUTH_AUTH_STYLE=auto", "TOKEN_ENDPOINT_CHECK=false", "TOKEN_DEFAULT_LIFETIME=" + lifetime.String()}})
 	s.migrate()
 	server := s.start("server")
 	defer s.stop(server)
@@ -46,7 +51,7 @@ func testFirstGrant(t *testing.T, bin string) {
 	resp.Body.Close()
 	auth, err := url.Parse(resp.Header.Get("Location"))
 	if err != nil || resp.StatusCode != http.StatusFound || auth.Query().Get("access_type") != "offline" || auth.Query().Get("prompt") != "consent" {
-		t.Fatalf("authorization request %d %q: want the google profile's access_type=offline&prompt=consent", resp.StatusCode, resp.Header.Get("Location"))
+		t.Fatalf("authorization request %d %q: want the zoho profile's access_type=offline&prompt=consent", resp.StatusCode, resp.Header.Get("Location"))
 	}
 	browser.CheckRedirect = nil
 	granted := time.Now()
@@ -65,12 +70,18 @@ func testFirstGrant(t *testing.T, bin string) {
 	code, body := s.do(http.MethodGet, "/connections", "")
 	var page struct {
 		Connections []struct {
-			Expiry *time.Time `json:"expiry"`
+			Expiry   *time.Time `json:"expiry"`
+			Metadata struct {
+				ProviderFields map[string]string `json:"provider_fields"`
+			} `json:"metadata"`
 		} `json:"connections"`
 	}
 	if code != http.StatusOK || json.Unmarshal([]byte(body), &page) != nil || len(page.Connections) != 1 || page.Connections[0].Expiry == nil ||
 		page.Connections[0].Expiry.Sub(granted) < lifetime-time.Second || page.Connections[0].Expiry.Sub(granted) > lifetime+2*time.Second {
 		t.Fatalf("GET /connections: %d %s; want an expiry TOKEN_DEFAULT_LIFETIME after the grant", code, body)
+	}
+	if got := page.Connections[0].Metadata.ProviderFields; len(got) != 1 || got["api_domain"] != apiDomain {
+		t.Errorf("metadata provider_fields = %v, want the answer's api_domain", got)
 	}
 	// The first refresh uses the remembered style: no refused request.
 	time.Sleep(time.Until(page.Connections[0].Expiry.Add(100 * time.Millisecond)))

@@ -124,13 +124,14 @@ type stackOpts struct {
 	// expires_in out of its answers.
 	clientAuth    string
 	omitExpiresIn bool
+	extraFields   map[string]string // added to every token answer
 }
 
 func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	t.Helper()
 	dbURL := testdb.NewEmpty(t) // tokenctl migrate applies the migrations
 	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes,
-		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn})
+		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn, ExtraTokenFields: o.extraFields})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -330,8 +330,13 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		}
 	}
 	b := domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")}
+	var fields map[string]string
+	if s.deps.Exchanger != nil {
+		fields = s.deps.Exchanger.ProviderFields(sess.Provider, q, grant)
+	}
 	t, err := s.deps.Connector.ConnectGrant(ctx, name, grant, usecase.ConnectRequest{
-		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider})
+		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider,
+		ProviderFields: fields})
 	switch {
 	case errors.Is(err, domain.ErrAccountMismatch):
 		s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored",

@@ -61,6 +61,9 @@ type Providers interface {
 type Exchanger interface {
 	Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
 	AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption
+	// ProviderFields is what the profile keeps from the grant and the
+	// callback's query as connection metadata (nil: nothing).
+	ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string
 }
 
 // KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.

@@ -161,3 +161,24 @@ func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.Au
 	}
 	return out
 }
+
+// ProviderFields is what the profile of provider keeps from a first grant
+// as connection metadata: the answer's extra fields (already in g.Extra)
+// and its callback fields from the authorization callback's query
+// (QuickBooks realmId); nil when there are none.
+func (r *Registry) ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string {
+	p := r.envProfile
+	if provider != "" {
+		p, _ = profiles.Get(r.state.Load().byName[provider].p.Profile)
+	}
+	out := maps.Clone(g.Extra)
+	for _, k := range p.CallbackFields {
+		if v := callback.Get(k); v != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}
