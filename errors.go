@@ -51,6 +51,9 @@ var (
 	// ErrUnknownProvider: WithProvider names a provider that is not stored
 	// (tokenctl provider add). Nothing was stored.
 	ErrUnknownProvider = domain.ErrUnknownProvider
+	// ErrUnknownProfile: WithProfile names no provider profile (tokenctl
+	// provider profiles lists them).
+	ErrUnknownProfile = domain.ErrUnknownProfile
 	// ErrNoRevocationEndpoint: Disconnect was asked to revoke, and no
 	// revocation endpoint is configured (WithRevocationURL). Nothing was
 	// changed.

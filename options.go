@@ -25,6 +25,8 @@ type options struct {
 	cacheSize                      int
 	maxRefreshesInFlight           int
 	defaultLifetime                time.Duration
+	profile                        string
+	profileParams                  map[string]string
 }
 
 // WithSkew refreshes a token once it is within d of its expiry (default

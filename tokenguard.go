@@ -48,6 +48,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/metricsof"
 	"github.com/tokenguard/tokenguard/internal/usecaseof"
@@ -129,16 +130,20 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
 		return nil, err
 	}
+	o := options{skew: usecase.DefaultSkew, lockWait: usecase.DefaultLockWait}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cfg, prof, envLifetime, err := applyProfile(cfg, &o)
+	if err != nil {
+		return nil, err
+	}
 	if cfg == nil || cfg.Endpoint.TokenURL == "" {
 		return nil, errors.New("tokenguard: the oauth2.Config has no Endpoint.TokenURL")
 	}
 	pool, err := poolOf(db)
 	if err != nil {
 		return nil, err
-	}
-	o := options{skew: usecase.DefaultSkew, lockWait: usecase.DefaultLockWait}
-	for _, opt := range opts {
-		opt(&o)
 	}
 	if o.log == nil {
 		o.log = slog.Default()
@@ -227,17 +232,24 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if hc == nil {
 		hc = provider.NewHTTPClient(o.refreshTimeout)
 	}
-	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration) provider.GrantRefresher {
+	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile) provider.GrantRefresher {
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
-			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)),
+			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
 			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), provider.Policy{Log: o.log})
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
-	t.providers = provider.NewRegistry(refresherOf(cfg, o.defaultLifetime), repository.NewProviderRepository(rdb, sealer),
+	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof), repository.NewProviderRepository(rdb, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
-			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime))
+			pp, err := profiles.Get(p.Profile)
+			if err != nil {
+				// Added by a newer release whose catalog this one lacks.
+				o.log.Warn("tokenguard: a stored provider names a profile this release does not know; the generic behaviour applies",
+					slog.String("provider", p.Name), slog.String("profile", p.Profile))
+			}
+			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp)
 		}, o.log)
+	t.providers.SetProfile(prof)
 	if err := t.providers.Load(ctx); err != nil {
 		if errors.Is(err, domain.ErrUndecryptable) {
 			return nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt a stored provider's client secret: %w", err)

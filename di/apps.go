@@ -74,6 +74,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Connector:       a.tokens.Connect,
 		Connections:     a.tokens.Repository,
 		Providers:       usecaseof.Providers(a.tokens.Guard),
+		Exchanger:       usecaseof.Providers(a.tokens.Guard),
 		Keys:            repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
 		Sessions:        repository.NewConnectSessions(a.tokens.DB),
 		DB:              sqlDB,
@@ -175,7 +176,12 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	if err != nil {
 		return nil, nil, err
 	}
-	stopCheck := checkAtStart(ctx, cfg.Config, name, log)
+	stopCheck := func() {}
+	if cfg.EndpointCheck {
+		stopCheck = checkAtStart(ctx, cfg.Config, name, log)
+	} else {
+		log.Info("token endpoint check: off (TOKEN_ENDPOINT_CHECK=false); a misconfigured client shows at the first refresh")
+	}
 	closeChecked := closeTokens
 	closeTokens = func() { stopCheck(); closeChecked() }
 	if cfg.MetricsAddr != "" {

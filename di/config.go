@@ -15,6 +15,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"golang.org/x/oauth2"
 
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 )
 
@@ -46,6 +47,11 @@ type Config struct {
 	// answer has no usable expires_in. Unset: no expiry (the token is used
 	// until the API answers 401, then refreshed).
 	DefaultLifetime time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
+	// EndpointCheck sends the token endpoint a made-up refresh token when
+	// an app starts (tokenctl check's probe): a wrong secret, URL or auth
+	// style is logged at once, not at the first refresh. See
+	// docs/configuration.md for when to turn it off.
+	EndpointCheck bool `env:"TOKEN_ENDPOINT_CHECK" envDefault:"true"`
 	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
 	// than loopback (a test network); tokens then cross it in the clear.
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
@@ -78,11 +84,20 @@ type OAuthConfig struct {
 	// remembered, see provider.Refresher), "header" (HTTP Basic,
 	// client_secret_basic) or "params" (client_secret_post). The last two
 	// never probe.
-	AuthStyle string `env:"AUTH_STYLE" envDefault:"auto"`
+	// Unset: the profile's, else auto.
+	AuthStyle string `env:"AUTH_STYLE"`
+	// Profile names the provider profile (tokenctl provider profiles): it
+	// gives TOKEN_URL, AUTH_URL, REVOCATION_URL and AUTH_STYLE when they
+	// are unset, with ProfileParams filling their placeholders, and its
+	// dead-grant codes and extra answer fields apply.
+	Profile       string   `env:"PROFILE"`
+	ProfileParams []string `env:"PROFILE_PARAMS" envSeparator:","`
 	// UserInfoURL and UserInfoIDField find the account that granted a
 	// connection when the token response has no ID token.
 	UserInfoURL     string `env:"USERINFO_URL"`
 	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
+
+	params map[string]string // ProfileParams, parsed
 }
 
 // ListenURL is where the change listener holds its session.
@@ -157,7 +172,45 @@ func ConfigFromEnv(environ []string) (Config, error) {
 	if err := env.ParseWithOptions(&c, env.Options{Environment: vars}); err != nil {
 		return Config{}, friendly(err)
 	}
+	if err := c.OAuth.applyProfile(); err != nil {
+		return Config{}, err
+	}
 	return c, c.validate()
+}
+
+// applyProfile fills the settings OAUTH_PROFILE gives and the environment
+// leaves unset.
+func (o *OAuthConfig) applyProfile() error {
+	if o.Profile == "" {
+		o.AuthStyle = cmp.Or(o.AuthStyle, "auto")
+		if len(o.ProfileParams) > 0 {
+			return errors.New("OAUTH_PROFILE_PARAMS needs OAUTH_PROFILE")
+		}
+		return nil
+	}
+	p, err := profiles.Get(o.Profile)
+	if err != nil {
+		return fmt.Errorf("OAUTH_PROFILE: %w", err)
+	}
+	params, err := profiles.ParseParams(o.ProfileParams)
+	if err != nil {
+		return fmt.Errorf("OAUTH_PROFILE_PARAMS: %w", err)
+	}
+	r, err := p.Resolve(params)
+	if err != nil {
+		return fmt.Errorf("OAUTH_PROFILE_PARAMS: %w", err)
+	}
+	if o.TokenURL == "" {
+		if miss := p.Missing(p.TokenURL, params); len(miss) > 0 {
+			return fmt.Errorf("OAUTH_PROFILE=%s needs OAUTH_PROFILE_PARAMS=%s=… (or OAUTH_TOKEN_URL)", p.Name, miss[0])
+		}
+		o.TokenURL = r.TokenURL
+	}
+	o.AuthURL = cmp.Or(o.AuthURL, r.AuthURL)
+	o.RevocationURL = cmp.Or(o.RevocationURL, r.RevocationURL)
+	o.AuthStyle = cmp.Or(o.AuthStyle, string(p.AuthStyle))
+	o.params = params
+	return nil
 }
 
 func (c Config) validate() error {

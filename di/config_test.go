@@ -19,7 +19,7 @@ func TestConfigFromEnvDefaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	if c.HTTPAddr != "127.0.0.1:8080" || c.RefreshSkew != 30*time.Second || !c.MigrateOnStart ||
-		c.OAuth.AuthStyle != "auto" || c.DefaultLifetime != 0 ||
+		c.OAuth.AuthStyle != "auto" || c.DefaultLifetime != 0 || !c.EndpointCheck ||
 		len(c.OAuth.Scopes) != 2 || c.OAuth.Scopes[1] != "write" {
 		t.Errorf("config = %+v", c)
 	}
@@ -153,5 +153,41 @@ func TestPoolerURLs(t *testing.T) {
 	if _, err := ConfigFromEnvChecked(append(base, "DATABASE_LISTEN_URL=postgres://x:y@host:notaport/db")); err == nil ||
 		!strings.HasPrefix(err.Error(), "DATABASE_LISTEN_URL is malformed") {
 		t.Errorf("malformed listen URL: %v", err)
+	}
+}
+
+// OAUTH_PROFILE gives the URLs and auth style the environment leaves
+// unset, its placeholders filled by OAUTH_PROFILE_PARAMS; what is set wins.
+func TestConfigProfile(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://x/y", "OAUTH_CLIENT_ID=c"}
+	c, err := ConfigFromEnv(append(base, "OAUTH_PROFILE=okta", "OAUTH_PROFILE_PARAMS=domain=acme.okta.com,server=aus1"))
+	if err != nil || c.OAuth.TokenURL != "https://acme.okta.com/oauth2/aus1/v1/token" || c.OAuth.RevocationURL != "https://acme.okta.com/oauth2/aus1/v1/revoke" || c.OAuth.AuthStyle != "auto" {
+		t.Fatalf("okta: %+v, %v", c.OAuth, err)
+	}
+	c, err = ConfigFromEnv(append(base, "OAUTH_PROFILE=xero", "OAUTH_TOKEN_URL=http://127.0.0.1:9/token"))
+	if err != nil || c.OAuth.TokenURL != "http://127.0.0.1:9/token" || c.OAuth.AuthURL != "https://login.xero.com/identity/connect/authorize" || c.OAuth.AuthStyle != "header" {
+		t.Fatalf("xero with the token URL overridden: %+v, %v", c.OAuth, err)
+	}
+	for env, want := range map[string]string{
+		"OAUTH_PROFILE=okta":                          "OAUTH_PROFILE_PARAMS=domain=",
+		"OAUTH_PROFILE=nope":                          "unknown provider profile",
+		"OAUTH_PROFILE_PARAMS=a=b":                    "needs OAUTH_PROFILE",
+		"OAUTH_PROFILE=xero\x00OAUTH_AUTH_STYLE=open": "OAUTH_AUTH_STYLE",
+	} {
+		_, err := ConfigFromEnv(append(append([]string{}, base...), strings.Split(env, "\x00")...))
+		if err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("%q: %v, want an error naming %s", env, err, want)
+		}
+	}
+}
+
+func TestEndpointCheckSetting(t *testing.T) {
+	base := []string{"DATABASE_URL=postgres://x/y"}
+	c, err := ConfigFromEnv(append(base, "TOKEN_ENDPOINT_CHECK=false"))
+	if err != nil || c.EndpointCheck {
+		t.Fatalf("TOKEN_ENDPOINT_CHECK=false: %v, %v", c.EndpointCheck, err)
+	}
+	if _, err := ConfigFromEnv(append(base, "TOKEN_ENDPOINT_CHECK=sometimes")); err == nil || !strings.Contains(err.Error(), "TOKEN_ENDPOINT_CHECK") {
+		t.Fatalf("a malformed value: %v", err)
 	}
 }

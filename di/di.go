@@ -109,6 +109,12 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 				"connection", connection, "reason", reason)
 		}),
 	}
+	if cfg.OAuth.Profile != "" {
+		opts = append(opts, tokenguard.WithProfile(cfg.OAuth.Profile))
+		for k, v := range cfg.OAuth.params {
+			opts = append(opts, tokenguard.WithProfileParam(k, v))
+		}
+	}
 	if cfg.EncryptionKeys != "" {
 		opts = append(opts, tokenguard.WithEncryptionKeys(string(cfg.EncryptionKeys)))
 		if cfg.EncryptionRequired {

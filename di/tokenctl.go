@@ -1,6 +1,7 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
 	"github.com/tokenguard/tokenguard/migrations"
@@ -74,7 +76,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 		return nil, nil, err
 	}
 	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB, s.Providers), cfg.LockWait, cfg.RefreshTimeout)
-	return ctlStore{s, cfg.LockWait, disconnect}, cleanup, nil
+	return ctlStore{s, cfg.LockWait, disconnect, cfg}, cleanup, nil
 }
 
 // migrated refuses a database Migrate never ran on with the command that
@@ -107,6 +109,7 @@ type ctlStore struct {
 	*Store
 	lockWait   time.Duration
 	disconnect *usecase.DisconnectUseCase
+	cfg        Config
 }
 
 func (s ctlStore) Connection(ctx context.Context, id string) (domain.Connection, error) {
@@ -129,7 +132,24 @@ func (s ctlStore) NeedingReauth(ctx context.Context, reason, after string, limit
 	return s.Repository.NeedingReauth(ctx, reason, after, limit)
 }
 
+// Connect stores an imported grant. One that names no expiry gets its
+// provider's default lifetime, as a refresh answer without expires_in
+// does: the stored provider's --default-lifetime, else
+// TOKEN_DEFAULT_LIFETIME, else (for the OAUTH_* provider) its profile's.
 func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error) {
+	if g.Expiry.IsZero() {
+		lifetime := s.cfg.DefaultLifetime
+		if provider != "" {
+			if p, err := s.Providers.Get(ctx, provider); err == nil {
+				lifetime = cmp.Or(p.DefaultLifetime, lifetime)
+			}
+		} else if prof, err := profiles.Get(s.cfg.OAuth.Profile); err == nil && lifetime == 0 && prof.AccessLifetime.Known {
+			lifetime = prof.AccessLifetime.D
+		}
+		if lifetime > 0 {
+			g.Expiry = time.Now().Add(lifetime)
+		}
+	}
 	return s.Store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata})
 }
 

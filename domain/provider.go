@@ -28,9 +28,12 @@ type Provider struct {
 	Skew            time.Duration
 	DefaultLifetime time.Duration
 	KeepAlive       time.Duration
-	Version         int64 // bumped by every update
-	CreatedAt       time.Time
-	UpdatedAt       time.Time
+	// Profile names the provider profile it was added with ("" is the
+	// generic one): its dead-grant codes and extra answer fields apply.
+	Profile   string
+	Version   int64 // bumped by every update
+	CreatedAt time.Time
+	UpdatedAt time.Time
 }
 
 // AuthStyle is how the client authenticates at the token endpoint.
@@ -73,6 +76,8 @@ var (
 	ErrProviderInUse = errors.New("provider still used by connections")
 	// ErrInvalidProvider: a provider's settings are malformed.
 	ErrInvalidProvider = errors.New("invalid provider")
+	// ErrUnknownProfile: no provider profile has that name.
+	ErrUnknownProfile = errors.New("unknown provider profile")
 )
 
 // Validate checks what can be checked without asking the provider. Errors

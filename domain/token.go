@@ -58,6 +58,10 @@ type Grant struct {
 	// RefreshExpiry: when the refresh token expires, if the provider said
 	// (refresh_token_expires_in, x_refresh_token_expires_in); zero otherwise.
 	RefreshExpiry time.Time
+	// Extra holds the fields of the answer the provider's profile keeps as
+	// connection metadata (Salesforce instance_url, Zoho api_domain); nil
+	// when there are none. Never a credential.
+	Extra map[string]string
 }
 
 // EffectiveSkew caps skew at half the lifetime the provider granted, so a

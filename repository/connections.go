@@ -110,6 +110,37 @@ func (r *TokenRepository) Connection(ctx context.Context, connection string) (do
 	return rows[0].domain(), nil
 }
 
+// maxProviderField bounds a value kept from a provider's answer.
+const maxProviderField = 2048
+
+// SetProviderFields replaces the "provider_fields" object of the
+// connection's metadata with fields (the rest of the metadata is left as
+// it is), inside the locked transaction like SetMetadata. A value longer
+// than 2 KiB is refused with domain.ErrInvalidMetadata.
+func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string, fields map[string]string) error {
+	if l.tx.ended {
+		return errTxEnded
+	}
+	for k, v := range fields {
+		if len(k) > 64 || len(v) > maxProviderField {
+			return fmt.Errorf("%w: a provider field is longer than its bound", domain.ErrInvalidMetadata)
+		}
+	}
+	obj, err := json.Marshal(fields)
+	if err != nil {
+		return fmt.Errorf("%w: %w", domain.ErrInvalidMetadata, err)
+	}
+	res := l.db.WithContext(ctx).Exec(`UPDATE connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
+		string(obj), connection)
+	if res.Error != nil {
+		return storeError(ctx, "set provider fields", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound)
+	}
+	return nil
+}
+
 // SetMetadata replaces the connection's metadata inside the locked
 // transaction, before the Put of a new grant commits both: a grant that
 // is refused (or fails) leaves the metadata as it was. No token column is

@@ -58,6 +58,7 @@ type providerRow struct {
 	SkewMs            sql.NullInt64
 	DefaultLifetimeMs sql.NullInt64
 	KeepAliveMs       sql.NullInt64
+	Profile           string
 	Version           int64
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
@@ -65,7 +66,7 @@ type providerRow struct {
 
 const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
-       skew_ms, default_lifetime_ms, keep_alive_ms, version, created_at, updated_at
+       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at
 FROM providers`
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
@@ -86,6 +87,7 @@ func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 		Skew:            millis(r.SkewMs),
 		DefaultLifetime: millis(r.DefaultLifetimeMs),
 		KeepAlive:       millis(r.KeepAliveMs),
+		Profile:         r.Profile,
 		Version:         r.Version,
 		CreatedAt:       r.CreatedAt,
 		UpdatedAt:       r.UpdatedAt,
@@ -120,17 +122,17 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	var rows []providerRow
 	err = r.db.WithContext(ctx).Raw(`WITH p AS (
     INSERT INTO providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
-                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?)
+                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?)
     ON CONFLICT (name) DO NOTHING
     RETURNING *
 )
 SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
-       skew_ms, default_lifetime_ms, keep_alive_ms, version, created_at, updated_at FROM p`,
+       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at FROM p`,
 		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
 		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
-		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive)).Find(&rows).Error
+		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile).Find(&rows).Error
 	if err != nil {
 		return domain.Provider{}, storeError(ctx, "add provider", err)
 	}
@@ -167,11 +169,11 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 		}
 		res := tx.Exec(`UPDATE providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
     client_id = ?, client_secret = ?, auth_style = ?, scopes = ?::text[],
-    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, version = version + 1, updated_at = now()
+    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, version = version + 1, updated_at = now()
 WHERE name = ?`,
 			next.TokenURL, next.AuthURL, next.RevocationURL, next.APIBaseURL, next.ClientID, secret,
 			string(next.AuthStyle), textArray(strings.Join(next.Scopes, " ")),
-			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), name)
+			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, name)
 		if res.Error != nil {
 			return storeError(ctx, "update provider", res.Error)
 		}

@@ -65,12 +65,19 @@ type ConnectRequest struct {
 	// Provider names the stored provider that issued the grant; "" is the
 	// provider of the process's configuration.
 	Provider string
+	// ProviderFields are what the provider's profile keeps from the grant
+	// (Salesforce instance_url, QuickBooks realmId): merged into the
+	// connection's metadata under "provider_fields", after Metadata.
+	ProviderFields map[string]string
 }
 
 // MetadataStore is the locked store's way to set a connection's metadata in
 // the transaction that stores its grant.
 type MetadataStore interface {
 	SetMetadata(ctx context.Context, connection string, m domain.Metadata) error
+	// SetProviderFields replaces the "provider_fields" object of the
+	// connection's metadata, leaving the rest as it is.
+	SetProviderFields(ctx context.Context, connection string, fields map[string]string) error
 }
 
 // ConnectGrant stores g with what r carries. The account check, the
@@ -104,6 +111,15 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 				return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
 			}
 			if err := ms.SetMetadata(txCtx, connection, *r.Metadata); err != nil {
+				return err
+			}
+		}
+		if len(r.ProviderFields) > 0 {
+			ms, ok := s.(MetadataStore)
+			if !ok {
+				return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
+			}
+			if err := ms.SetProviderFields(txCtx, connection, r.ProviderFields); err != nil {
 				return err
 			}
 		}

@@ -46,6 +46,7 @@ func TestApps(t *testing.T) {
 	t.Run("ClientsOwnTests", func(t *testing.T) { t.Parallel(); testClients(t, bin) })
 	t.Run("PolyglotOneConnection", func(t *testing.T) { t.Parallel(); testPolyglot(t, bin) })
 	t.Run("PolyglotControlSelfRefresh", func(t *testing.T) { t.Parallel(); testPolyglotControl(t, bin) })
+	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through

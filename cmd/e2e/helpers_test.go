@@ -119,12 +119,19 @@ type stackOpts struct {
 	fault    func() sandbox.Fault
 	scopes   []string // the sandbox's allowed scopes (default: api)
 	extraEnv []string
+	// clientAuth restricts the sandbox's client authentication
+	// (sandbox.ClientAuthPost: form body only); omitExpiresIn leaves
+	// expires_in out of its answers.
+	clientAuth    string
+	omitExpiresIn bool
+	extraFields   map[string]string // added to every token answer
 }
 
 func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	t.Helper()
 	dbURL := testdb.NewEmpty(t) // tokenctl migrate applies the migrations
-	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes})
+	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes,
+		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn, ExtraTokenFields: o.extraFields})
 	if err != nil {
 		t.Fatal(err)
 	}

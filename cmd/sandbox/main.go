@@ -15,18 +15,22 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"net/url"
 	"os"
 	"os/signal"
+	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
 	"golang.org/x/oauth2"
 
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/internal/demo"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
@@ -68,7 +72,22 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		"(clients learn it from a 401)")
 	secretFile := fs.String("client-secret-file", "", "read the client's secret from the first line of `PATH` instead of "+
 		"SANDBOX_CLIENT_SECRET; on SIGHUP read it again and rotate to it, refusing the old secret from then on")
+	like := fs.String("like", "", "behave as the provider profile `PROFILE` declares (tokenctl provider profiles): its dead-grant answer, "+
+		"grace window, refresh expiry, per-tenant token URL and extra token fields; the flags below override it")
+	var sw sandbox.Options
+	fs.DurationVar(&sw.ReuseGrace, "reuse-grace", 0, "accept a rotated refresh token again within `D`, answering as the first time (0: never)")
+	fs.DurationVar(&sw.RefreshTokenLifespan, "refresh-idle", 0, "a refresh token dies unused after `D` (default 30 days)")
+	fs.DurationVar(&sw.RefreshAbsolute, "refresh-absolute", 0, "every refresh of a grant is refused `D` after its consent (0: never)")
+	fs.StringVar(&sw.Tenant, "tenant", "", "serve the token endpoint only at /t/`ID`/oauth2/token")
+	deadGrant := fs.String("dead-grant", "", "answer a dead grant as `STATUS:FIELD:CODE` (e.g. 200:error:bad_refresh_token) instead of 400 invalid_grant")
+	extra := fs.String("extra-fields", "", "add `k=v,k=v` to every token answer (e.g. instance_url=https://x)")
+	loseEvery := fs.Int("lose-answer-every", 0, "process every `N`th refresh but never answer it (0: never)")
 	if err := fs.Parse(args); err != nil {
+		return nil, 2
+	}
+	opts, err := switches(*like, sw, *deadGrant, *extra, *loseEvery, fs)
+	if err != nil {
+		fmt.Fprintln(stderr, "sandbox:", err)
 		return nil, 2
 	}
 	clientAuth, ok := map[string]string{"header": sandbox.ClientAuthBasic, "params": sandbox.ClientAuthPost, "both": ""}[*authStyle]
@@ -84,8 +103,9 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 			return nil, 2
 		}
 	}
-	sb, err := demo.StartSandbox(*addr, sandbox.Options{AccessTokenLifespan: *lifetime, ClientID: *clientID, ClientSecret: secret,
-		ClientAuth: clientAuth, OmitExpiresIn: *omitExpiresIn})
+	opts.AccessTokenLifespan, opts.ClientID, opts.ClientSecret = *lifetime, *clientID, secret
+	opts.ClientAuth, opts.OmitExpiresIn = clientAuth, *omitExpiresIn
+	sb, err := demo.StartSandbox(*addr, opts)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandbox:", err)
 		return nil, 1
@@ -110,7 +130,7 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 	}
 	fmt.Fprintln(stdout, sb.URL)
 	fmt.Fprintf(stderr, `sandbox: serving at %[1]s. Settings for the apps:
-  export OAUTH_TOKEN_URL=%[1]s/oauth2/token OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
+  export OAUTH_TOKEN_URL=%[9]s OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
   export OAUTH_CLIENT_ID=%[2]s OAUTH_CLIENT_SECRET=%[3]s OAUTH_REDIRECT_URL=%[4]s OAUTH_SCOPES=api%[5]s
 For connect sessions at bin/server (the account that consents is read at /userinfo):
   export PUBLIC_URL=%[8]s CONNECT_RETURN_URLS=https://app.example.com/ OAUTH_USERINFO_URL=%[1]s/userinfo
@@ -118,9 +138,9 @@ Its API: GET %[1]s/resource with "Authorization: Bearer <access token>"; GET %[1
 A first token for connection "acme":
   bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection acme
 Or, beside the OAUTH_* provider, as a stored provider (its connections name it):
-  printf '%%s\n' '%[3]s' | bin/tokenctl provider add --name sandbox --token-url %[1]s/oauth2/token --auth-url %[1]s/oauth2/auth --client-id %[2]s --api-base-url %[1]s%[6]s
+  printf '%%s\n' '%[3]s' | bin/tokenctl provider add --name sandbox --token-url %[9]s --auth-url %[1]s/oauth2/auth --client-id %[2]s --api-base-url %[1]s%[6]s
   bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection globex --provider sandbox
-`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID), origin(redirectURL))
+`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID, opts.Tenant), origin(redirectURL), sb.TokenURL(sb.URL))
 	return sb, 0
 }
 
@@ -132,6 +152,64 @@ func origin(u string) string {
 		return u
 	}
 	return p.Scheme + "://" + p.Host
+}
+
+// switches are the behaviour flags: the profile's (--like), then those
+// given on the command line.
+func switches(like string, sw sandbox.Options, deadGrant, extra string, loseEvery int, fs *flag.FlagSet) (sandbox.Options, error) {
+	var opts sandbox.Options
+	if like != "" {
+		p, err := profiles.Get(like)
+		if err != nil {
+			return opts, fmt.Errorf("--like: %w", err)
+		}
+		opts = sandbox.Like(p, opts)
+	}
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	if set["reuse-grace"] {
+		opts.ReuseGrace = sw.ReuseGrace
+	}
+	if set["refresh-idle"] {
+		opts.RefreshTokenLifespan = sw.RefreshTokenLifespan
+	}
+	if set["refresh-absolute"] {
+		opts.RefreshAbsolute = sw.RefreshAbsolute
+	}
+	if set["tenant"] {
+		opts.Tenant = sw.Tenant
+	}
+	if deadGrant != "" {
+		parts := strings.SplitN(deadGrant, ":", 3)
+		status, err := strconv.Atoi(parts[0])
+		if len(parts) != 3 || err != nil || parts[2] == "" {
+			return opts, fmt.Errorf("--dead-grant %q: want STATUS:FIELD:CODE", deadGrant)
+		}
+		opts.DeadGrant = &sandbox.DeadGrantAnswer{Status: status, Field: parts[1], Code: parts[2]}
+	}
+	if extra != "" {
+		opts.ExtraTokenFields = map[string]string{}
+		for kv := range strings.SplitSeq(extra, ",") {
+			k, v, ok := strings.Cut(kv, "=")
+			if !ok || k == "" {
+				return opts, fmt.Errorf("--extra-fields %q: want k=v,k=v", extra)
+			}
+			opts.ExtraTokenFields[k] = v
+		}
+	}
+	if loseEvery < 0 {
+		return opts, errors.New("--lose-answer-every must not be negative")
+	}
+	if loseEvery > 0 {
+		var n atomic.Int64
+		opts.RefreshFault = func() sandbox.Fault {
+			if n.Add(1)%int64(loseEvery) == 0 {
+				return sandbox.FaultLostAnswer
+			}
+			return sandbox.FaultNone
+		}
+	}
+	return opts, nil
 }
 
 // clientSecret is SANDBOX_CLIENT_SECRET, else the default.
@@ -176,11 +254,15 @@ func rotateOnHangup(sb *demo.Sandbox, path string, stderr io.Writer) {
 
 // grantFlags are the flags sandbox grant needs for a client other than
 // the default one.
-func grantFlags(clientID string) string {
-	if clientID == defaultClientID {
-		return ""
+func grantFlags(clientID, tenant string) string {
+	var out string
+	if clientID != defaultClientID {
+		out += " --client-id " + clientID
 	}
-	return " --client-id " + clientID
+	if tenant != "" {
+		out += " --tenant " + tenant
+	}
+	return out
 }
 
 // grant runs the authorization-code flow at a running sandbox and prints
@@ -190,10 +272,14 @@ func grant(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	base := fs.String("url", "http://127.0.0.1:9090", "the sandbox's `URL`")
 	clientID := fs.String("client-id", defaultClientID, "the registered client's id")
+	tenant := fs.String("tenant", "", "the sandbox's --tenant `ID`")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	endpoint := sandbox.Endpoint(*base)
+	if *tenant != "" {
+		endpoint.TokenURL = *base + "/t/" + *tenant + "/oauth2/token"
+	}
 	// Whichever way the sandbox takes the client's credentials: x/oauth2
 	// tries HTTP Basic, then the form body.
 	endpoint.AuthStyle = oauth2.AuthStyleAutoDetect

@@ -151,3 +151,32 @@ func TestDefaultsAndBadFlags(t *testing.T) {
 		t.Errorf("--auth-style basic: exit %d: %s", code, stderr.String())
 	}
 }
+
+// --like smaregi serves the token endpoint at the tenant's URL, which the
+// banner and grant use; --dead-grant words a dead grant as GitHub does;
+// --lose-answer-every processes a refresh and never answers it.
+func TestBehaviourFlags(t *testing.T) {
+	var stdout, stderr strings.Builder
+	sb, code := start([]string{"--addr", "127.0.0.1:0", "--like", "smaregi", "--dead-grant", "200:error:bad_refresh_token", "--lose-answer-every", "2"}, &stdout, &stderr)
+	if sb == nil {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	defer sb.Close()
+	tokenURL := sb.URL + "/t/tenant-1/oauth2/token"
+	if !strings.Contains(stderr.String(), "OAUTH_TOKEN_URL="+tokenURL) || !strings.Contains(stderr.String(), "--tenant tenant-1") {
+		t.Fatalf("banner without the tenant's token URL:\n%s", stderr.String())
+	}
+	var tok strings.Builder
+	if code := grant([]string{"--url", sb.URL, "--tenant", "tenant-1"}, &tok, &stderr); code != 0 {
+		t.Fatal(stderr.String())
+	}
+	if s := sb.Stats(); s.CodeExchanges != 1 {
+		t.Fatalf("stats %+v", s)
+	}
+	for _, bad := range [][]string{{"--like", "nope"}, {"--dead-grant", "200:error"}, {"--extra-fields", "x"}, {"--lose-answer-every", "-1"}} {
+		stderr.Reset()
+		if sb, code := start(append([]string{"--addr", "127.0.0.1:0"}, bad...), &stdout, &stderr); sb != nil || code != 2 {
+			t.Errorf("%v: exit %d: %s", bad, code, stderr.String())
+		}
+	}
+}

@@ -192,7 +192,11 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 	}
 	s.deps.Log.Info("connect flow started", "connection", sess.Connection, "provider", sess.Provider)
 	w.Header().Set("Cache-Control", "no-store")
-	http.Redirect(w, r, client.AuthCodeURL(state, oauth2.S256ChallengeOption(verifier)), http.StatusFound)
+	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier)}
+	if s.deps.Exchanger != nil {
+		opts = append(opts, s.deps.Exchanger.AuthCodeOptions(sess.Provider, client.Scopes)...)
+	}
+	http.Redirect(w, r, client.AuthCodeURL(state, opts...), http.StatusFound)
 }
 
 // clientOf is the client registration the browser flow of a connection of
@@ -288,13 +292,23 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		return outcome{httpStatus: http.StatusBadRequest, Code: "unknown_provider", Message: "The connection's provider is not known to this server; nothing was stored."}
 	}
 	exCtx := context.WithValue(ctx, oauth2.HTTPClient, s.deps.OAuthHTTP)
-	tok, err := client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier))
+	var tok *oauth2.Token
+	var grant domain.Grant
+	if s.deps.Exchanger != nil {
+		grant, tok, err = s.deps.Exchanger.Exchange(exCtx, sess.Provider, code, client.RedirectURL, sess.Verifier)
+	} else if tok, err = client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier)); err == nil {
+		grant = provider.GrantFrom(tok)
+	}
 	if err != nil {
 		// Never log err itself: a RetrieveError prints the response body.
 		var re *oauth2.RetrieveError
+		var pe *domain.ProviderError
 		reason := "no answer"
-		if errors.As(err, &re) {
+		switch {
+		case errors.As(err, &re):
 			reason = oauthCode(re.ErrorCode)
+		case errors.As(err, &pe) && pe.Code != "":
+			reason = oauthCode(pe.Code)
 		}
 		s.deps.Log.Warn("code exchange failed", "connection", name, "reason", reason)
 		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
@@ -318,8 +332,13 @@ func (s *Server) complete(ctx context.Context, q url.Values, sess domain.Connect
 		}
 	}
 	b := domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")}
-	t, err := s.deps.Connector.ConnectGrant(ctx, name, provider.GrantFrom(tok), usecase.ConnectRequest{
-		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider})
+	var fields map[string]string
+	if s.deps.Exchanger != nil {
+		fields = s.deps.Exchanger.ProviderFields(sess.Provider, q, grant)
+	}
+	t, err := s.deps.Connector.ConnectGrant(ctx, name, grant, usecase.ConnectRequest{
+		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider,
+		ProviderFields: fields})
 	switch {
 	case errors.Is(err, domain.ErrAccountMismatch):
 		s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored",

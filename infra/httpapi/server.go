@@ -66,6 +66,18 @@ type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
 
+// Exchanger redeems authorization codes through the client the refreshes
+// use (its client authentication, auto style remembered; the profile's
+// reading of the answer and default lifetime), and gives the profile's
+// extra authorization parameters. provider "" is the OAuth one.
+type Exchanger interface {
+	Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
+	AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption
+	// ProviderFields is what the profile keeps from the grant and the
+	// callback's query as connection metadata (nil: nothing).
+	ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string
+}
+
 // KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
 type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error)
@@ -109,6 +121,9 @@ type Deps struct {
 	// Providers serves the connect flow of connections that name a
 	// stored provider; nil knows only "" (OAuth).
 	Providers Providers
+	// Exchanger redeems the connect flow's codes; nil: x/oauth2's
+	// Exchange, with its own auth-style detection.
+	Exchanger Exchanger
 	Keys      KeyVerifier
 	Sessions  Sessions
 	DB        Pinger

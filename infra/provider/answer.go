@@ -103,12 +103,17 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 			}
 		}
 	}
+	dead := r.profileDead(status, f)
+	if dead != "" {
+		code = dead
+	}
 	success := status >= 200 && status < 300 && code == "" && !f.okFalse()
 	if success {
 		g, err := r.grant(f, sent)
 		if err == nil {
 			return g, nil
 		}
+		// A 200 without an access token is never a success.
 		return domain.Grant{}, &domain.ProviderError{HTTPStatus: status, Err: err}
 	}
 	pe := &domain.ProviderError{
@@ -116,6 +121,9 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 		HTTPStatus: status,
 		RetryAfter: RetryAfter(h.Get("Retry-After"), time.Now()),
 		Class:      classify(status, code),
+	}
+	if dead != "" {
+		pe.Code, pe.Class = dead, domain.GrantDead
 	}
 	switch {
 	case status >= 300 && status < 400:
@@ -129,6 +137,19 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 		pe.Err = errNoCode
 	}
 	return domain.Grant{}, pe
+}
+
+// profileDead is the profile's dead-grant code the answer carries, in the
+// field and with the status the profile says; "" when none. Only the
+// profile's exact words count: a code in another field, or with another
+// status (a GitHub rate-limit 403), stays what the generic table says.
+func (r *Refresher) profileDead(status int, f fields) string {
+	for _, d := range r.deadGrants {
+		if (d.Status == 0 || d.Status == status) && f.str(d.Field) == d.Code {
+			return d.Code
+		}
+	}
+	return ""
 }
 
 // grant reads a successful answer.
@@ -153,6 +174,13 @@ func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
 			break
 		}
 	}
+	if g.RefreshExpiry.IsZero() && r.refreshIdle > 0 && r.refreshAbsolute == 0 {
+		// A refresh token that dies unused lives that long from now. Where
+		// the grant also dies on a calendar the idle date could lie past
+		// it, so it is left unknown (the code exchange knows both).
+		g.RefreshExpiry = sent.Add(r.refreshIdle)
+	}
+	g.Extra = f.extra(r.extraFields)
 	return g, nil
 }
 
@@ -203,6 +231,20 @@ func (f fields) str(k string) string {
 		return ""
 	}
 	return s
+}
+
+// extra is the string values of keys, nil when none is there.
+func (f fields) extra(keys []string) map[string]string {
+	var out map[string]string
+	for _, k := range keys {
+		if v := f.str(k); v != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
 }
 
 // okFalse reports Slack's {"ok": false}.

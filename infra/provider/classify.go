@@ -17,6 +17,9 @@ import (
 // Slack sends its errors), except for the statuses classify checks first.
 // Only the GrantDead rows can ever mark a connection needs_reauth, so the
 // list is short and every entry says the refresh token itself is dead.
+// A provider profile adds its own words (GitHub's bad_refresh_token in a
+// 200 body), which count only with that profile, in its field and with its
+// status (Refresher.profileDead); without it they stay unknown codes.
 //
 // invalid_request and invalid_scope are ClientRejected, not GrantDead:
 // neither says the grant is dead, and both are about our request and the

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strconv"
 	"strings"
 	"sync"
@@ -113,7 +114,7 @@ func FuzzRefreshResponse(f *testing.F) {
 			}
 			return
 		}
-		if g != (domain.Grant{}) {
+		if !reflect.DeepEqual(g, domain.Grant{}) {
 			t.Fatalf("error %v came with a grant", err)
 		}
 		var pe *domain.ProviderError

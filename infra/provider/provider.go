@@ -16,6 +16,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // NewHTTPClient returns a client for the token endpoint whose every phase
@@ -70,6 +71,10 @@ type Refresher struct {
 	client          *http.Client
 	styles          AuthStyleStore
 	defaultLifetime time.Duration
+	deadGrants      []profiles.DeadGrant // the profile's own words for a dead grant
+	extraFields     []string             // answer fields kept as connection metadata
+	refreshIdle     time.Duration        // the profile's idle expiry of refresh tokens; 0 unknown
+	refreshAbsolute time.Duration        // the profile's absolute expiry of a grant; 0 unknown
 	log             *slog.Logger
 	now             func() time.Time
 
@@ -107,6 +112,24 @@ func WithAuthStyleStore(s AuthStyleStore) Option { return func(r *Refresher) { r
 // until the API answers 401).
 func WithDefaultLifetime(d time.Duration) Option {
 	return func(r *Refresher) { r.defaultLifetime = max(d, 0) }
+}
+
+// WithProfile applies what a provider profile says about the token
+// endpoint's answers: its own codes for a dead grant (GitHub's
+// bad_refresh_token in a 200 body), the fields to keep (Salesforce
+// instance_url), which the grant carries as Extra, and the refresh
+// token's expiry when the answer does not say it (see grant).
+func WithProfile(p profiles.Profile) Option {
+	return func(r *Refresher) {
+		r.deadGrants = p.DeadGrants
+		r.extraFields = p.ExtraFields
+		if p.RefreshIdle.Known {
+			r.refreshIdle = p.RefreshIdle.D
+		}
+		if p.RefreshAbsolute.Known {
+			r.refreshAbsolute = p.RefreshAbsolute.D
+		}
+	}
 }
 
 // WithLogger receives a line when a style is learned or cannot be stored.

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -192,7 +193,7 @@ func TestClassification(t *testing.T) {
 				if !errors.As(err, &pe) {
 					t.Fatalf("err = %T %v, want *domain.ProviderError", err, err)
 				}
-				if g != (domain.Grant{}) {
+				if !reflect.DeepEqual(g, domain.Grant{}) {
 					t.Errorf("an error came with a grant")
 				}
 				if pe.Class != c.class || pe.Code != c.code || pe.HTTPStatus != c.reply.status {

@@ -13,6 +13,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // ProviderSource lists the stored providers, client secrets opened;
@@ -47,6 +48,8 @@ type Registry struct {
 	source ProviderSource
 	build  Build
 	log    *slog.Logger
+	// envProfile is the profile of the configuration's provider.
+	envProfile profiles.Profile
 
 	state    atomic.Pointer[registryState]
 	onChange atomic.Pointer[func(name string)]

@@ -2,21 +2,30 @@ package tokenctl
 
 import (
 	"bufio"
+	"cmp"
 	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"maps"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 const providerUsage = `usage:
   tokenctl provider add --name NAME --token-url URL --client-id ID [settings] < SECRET
-      register a provider; the client secret is read from stdin (one line), never from the command line
+  tokenctl provider add --profile PROFILE --name NAME --client-id ID [--param k=v]... [settings] < SECRET
+      register a provider; the client secret is read from stdin (one line), never from the command line.
+      A profile gives the URLs (its {placeholders} filled by --param), the auth style, the default
+      lifetime, a keep-alive of half the refresh token's idle expiry, and its dead-grant codes; any
+      setting given on the command line wins
+  tokenctl provider profiles [--name PROFILE]   the provider profiles, with the source of every claim
   tokenctl provider update --name NAME [settings] [--client-secret-stdin < SECRET]
       change the given settings only; the client secret only with --client-secret-stdin.
       Running apps use the change from their next refresh, without a restart
@@ -54,7 +63,15 @@ type providerFlags struct {
 	name, tokenURL, clientID, apiBaseURL, authURL, revocationURL, authStyle, scopes string
 	skew, defaultLifetime, keepAlive                                                time.Duration
 	secretStdin                                                                     bool
+	profile                                                                         string
+	params                                                                          paramFlags
 }
+
+// paramFlags are repeated --param k=v.
+type paramFlags []string
+
+func (p *paramFlags) String() string     { return strings.Join(*p, ",") }
+func (p *paramFlags) Set(v string) error { *p = append(*p, v); return nil }
 
 func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.StringVar(&f.name, "name", "", "the provider's `NAME` (1-128 of A-Z a-z 0-9 . _ -)")
@@ -68,6 +85,10 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.DurationVar(&f.skew, "skew", 0, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
 	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
 	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
+	if !update {
+		fs.StringVar(&f.profile, "profile", "", "start from the provider profile `PROFILE` (tokenctl provider profiles)")
+		fs.Var(&f.params, "param", "fill the profile's URL placeholder: `k=v` (repeatable)")
+	}
 	if update {
 		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
 	}
@@ -114,6 +135,43 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 	return nil
 }
 
+// fromProfile starts p from the profile f names, its URLs filled with the
+// --param values; the flags set on the command line are applied after it,
+// and win. Errors wrap domain.ErrUnknownProfile or domain.ErrInvalidProvider.
+func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) error {
+	prof, err := profiles.Get(f.profile)
+	if err != nil {
+		return err
+	}
+	params, err := profiles.ParseParams(f.params)
+	if err != nil {
+		return err
+	}
+	r, err := prof.Resolve(params)
+	if err != nil {
+		return err
+	}
+	if !set["token-url"] && r.TokenURL == "" {
+		if miss := prof.Missing(prof.TokenURL, params); len(miss) > 0 {
+			return fmt.Errorf("%w: profile %s needs --param %s=… (or --token-url)", domain.ErrInvalidProvider, prof.Name, miss[0])
+		}
+		return fmt.Errorf("%w: profile %s has no token URL: give --token-url", domain.ErrInvalidProvider, prof.Name)
+	}
+	if prof.Name != profiles.Generic {
+		p.Profile = prof.Name
+	}
+	p.TokenURL, p.AuthURL, p.RevocationURL, p.AuthStyle = r.TokenURL, r.AuthURL, r.RevocationURL, prof.AuthStyle
+	if prof.AccessLifetime.Known {
+		p.DefaultLifetime = prof.AccessLifetime.D
+	}
+	if prof.RefreshIdle.Known && prof.RefreshIdle.D > 0 {
+		// Refreshed at half its idle expiry, a refresh token never dies
+		// unused while the batch runs.
+		p.KeepAlive = prof.RefreshIdle.D / 2
+	}
+	return nil
+}
+
 // readSecret reads a client secret: the first line of r, without its line
 // end. It is never echoed, not even in an error.
 func readSecret(r io.Reader) (domain.Secret, error) {
@@ -148,6 +206,8 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	case "remove":
 		fs.StringVar(&f.name, "name", "", "the provider's `NAME`")
 	case "list":
+	case "profiles":
+		fs.StringVar(&f.name, "name", "", "show every claim of the profile `PROFILE` with its source")
 	default:
 		return fail(exitUsage, "unknown command %q\n%s", cmd, providerUsage)
 	}
@@ -160,6 +220,9 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	if cmd == "profiles" {
+		return listProfiles(f.name, stdio, fail)
+	}
 	if cmd != "list" {
 		if f.name == "" {
 			return fail(exitUsage, "%s: --name NAME is required", cmd)
@@ -168,8 +231,11 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 			return fail(exitUsage, "%s: invalid provider name %q (want 1-128 of A-Z a-z 0-9 . _ -)", cmd, f.name)
 		}
 	}
-	if cmd == "add" && (f.tokenURL == "" || f.clientID == "") {
-		return fail(exitUsage, "add: --token-url URL and --client-id ID are required")
+	if cmd == "add" && ((f.tokenURL == "" && f.profile == "") || f.clientID == "") {
+		return fail(exitUsage, "add: --token-url URL (or --profile PROFILE) and --client-id ID are required")
+	}
+	if len(f.params) > 0 && f.profile == "" {
+		return fail(exitUsage, "add: --param needs --profile")
 	}
 	// Read stdin before opening the database: bad input fails fast.
 	var secret *domain.Secret
@@ -180,7 +246,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		}
 		secret = &s
 	}
-	if cmd == "add" {
+	if cmd == "add" && f.profile == "" {
 		set["auth-style"] = true // its default, auto
 	}
 	store, cleanup, err := pb.OpenProviders(ctx)
@@ -193,7 +259,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	}
 	defer cleanup()
 	usage := func(err error) bool {
-		return errors.Is(err, domain.ErrInvalidProvider) || errors.Is(err, domain.ErrProviderExists) ||
+		return errors.Is(err, domain.ErrInvalidProvider) || errors.Is(err, domain.ErrProviderExists) || errors.Is(err, domain.ErrUnknownProfile) ||
 			errors.Is(err, domain.ErrUnknownProvider) || errors.Is(err, domain.ErrProviderInUse)
 	}
 	failed := func(err error) int {
@@ -205,6 +271,11 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	switch cmd {
 	case "add":
 		p := domain.Provider{Name: f.name}
+		if f.profile != "" {
+			if err := f.fromProfile(&p, set); err != nil {
+				return failed(err)
+			}
+		}
 		if err := f.apply(&p, set, secret); err != nil {
 			return failed(err)
 		}
@@ -272,16 +343,77 @@ func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail func
 		return s
 	}
 	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTOKEN URL\tCLIENT ID\tSECRET\tAUTH STYLE\tSCOPES\tSKEW\tDEFAULT LIFETIME\tKEEP-ALIVE\tAPI BASE URL\tREVOCATION URL\tCONNECTIONS\tVERSION\tUPDATED")
+	fmt.Fprintln(tw, "NAME\tTOKEN URL\tCLIENT ID\tSECRET\tAUTH STYLE\tSCOPES\tSKEW\tDEFAULT LIFETIME\tKEEP-ALIVE\tAPI BASE URL\tREVOCATION URL\tCONNECTIONS\tVERSION\tUPDATED\tPROFILE")
 	for _, p := range list {
 		secret := "none"
 		if !p.ClientSecret.IsZero() {
 			secret = "set" // never the value
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\n", p.Name, p.TokenURL, p.ClientID, secret, p.AuthStyle,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", p.Name, p.TokenURL, p.ClientID, secret, p.AuthStyle,
 			orNone(strings.Join(p.Scopes, ",")), orGlobal(p.Skew), orGlobal(p.DefaultLifetime), orGlobal(p.KeepAlive),
-			orNone(p.APIBaseURL), orNone(p.RevocationURL), used[p.Name], p.Version, formatTime(p.UpdatedAt))
+			orNone(p.APIBaseURL), orNone(p.RevocationURL), used[p.Name], p.Version, formatTime(p.UpdatedAt), cmp.Or(p.Profile, profiles.Generic))
 	}
 	_ = tw.Flush()
 	return exitOK
+}
+
+// listProfiles prints the catalog, or every claim of one profile with its
+// source.
+func listProfiles(name string, stdio IO, fail func(int, string, ...any) int) int {
+	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
+	if name != "" {
+		p, err := profiles.Get(name)
+		if err != nil {
+			return fail(exitUsage, "profiles: %v", err)
+		}
+		src := func(claim string) string { return cmp.Or(p.Sources[claim], "-") }
+		deads := make([]string, 0, len(p.DeadGrants))
+		for _, d := range p.DeadGrants {
+			deads = append(deads, fmt.Sprintf("%s in %q (HTTP %d)", d.Code, d.Field, d.Status))
+		}
+		params := make([]string, 0, len(p.Params))
+		for _, k := range p.ParamNames() {
+			params = append(params, k+"="+cmp.Or(p.Params[k], "(required)"))
+		}
+		fmt.Fprintf(tw, "%s\t%s\n", p.Name, p.Title)
+		for _, row := range [][3]string{
+			{"token URL", cmp.Or(p.TokenURL, "-"), src("urls")},
+			{"auth URL", cmp.Or(p.AuthURL, "-"), src("urls")},
+			{"revocation URL", cmp.Or(p.RevocationURL, "-"), src("urls")},
+			{"params", cmp.Or(strings.Join(params, " "), "-"), ""},
+			{"auth style", string(p.AuthStyle), src("auth_style")},
+			{"authorization params", cmp.Or(formatParams(p.AuthParams), "-"), src("auth_params")},
+			{"rotation", string(p.Rotation), src("rotation")},
+			{"grace", p.Grace.String(), src("grace")},
+			{"access lifetime", p.AccessLifetime.String(), src("access_lifetime")},
+			{"refresh idle expiry", p.RefreshIdle.String(), src("refresh_idle")},
+			{"refresh absolute expiry", p.RefreshAbsolute.String(), src("refresh_absolute")},
+			{"dead grant", cmp.Or(strings.Join(deads, "; "), "RFC 6749 codes"), src("dead_grants")},
+			{"extra fields", cmp.Or(strings.Join(append(p.ExtraFields, p.CallbackFields...), ","), "-"), cmp.Or(p.Sources["extra_fields"], p.Sources["callback_fields"])},
+		} {
+			fmt.Fprintf(tw, "  %s\t%s\t%s\n", row[0], row[1], row[2])
+		}
+		_ = tw.Flush()
+		fmt.Fprintf(stdio.Stdout, "  quirks: %s\n", cmp.Or(p.Quirks, "-"))
+		return exitOK
+	}
+	fmt.Fprintln(tw, "PROFILE\tROTATION\tGRACE\tACCESS\tREFRESH IDLE\tREFRESH ABSOLUTE\tDEAD GRANT\tPARAMS\tSOURCE")
+	for _, p := range profiles.All() {
+		dead := "-"
+		if len(p.DeadGrants) > 0 {
+			dead = p.DeadGrants[0].Code
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.Name, p.Rotation, p.Grace, p.AccessLifetime, p.RefreshIdle,
+			p.RefreshAbsolute, dead, cmp.Or(strings.Join(p.ParamNames(), ","), "-"), cmp.Or(p.Sources["urls"], "-"))
+	}
+	_ = tw.Flush()
+	return exitOK
+}
+
+func formatParams(m map[string]string) string {
+	out := make([]string, 0, len(m))
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		out = append(out, k+"="+m[k])
+	}
+	return strings.Join(out, "&")
 }

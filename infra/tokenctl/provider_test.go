@@ -8,6 +8,7 @@ import (
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
@@ -126,5 +127,69 @@ func TestProviderCommands(t *testing.T) {
 		if strings.Contains(out, first) || strings.Contains(out, second) {
 			t.Errorf("a client secret was printed:\n%s", out)
 		}
+	}
+}
+
+// provider add --profile: the profile's URLs with their placeholders
+// filled, its auth style, lifetime and keep-alive, and its name stored; a
+// flag given on the command line wins; a missing required parameter and an
+// unknown profile are exit 2, nothing stored.
+func TestProviderAddProfile(t *testing.T) {
+	c := newCLI(t, 0)
+	ctx := context.Background()
+	providers := repository.NewProviderRepository(c.db, tokencrypt.Plaintext{})
+	if r := c.runIn("s\n", "provider", "add", "--profile", "okta", "--name", "okta", "--client-id", "cid"); r.code != 2 || !strings.Contains(r.stderr, "--param domain=") {
+		t.Fatalf("okta without its domain: %+v", r)
+	}
+	if r := c.runIn("s\n", "provider", "add", "--profile", "nope", "--name", "x", "--client-id", "cid"); r.code != 2 || !strings.Contains(r.stderr, "unknown provider profile") {
+		t.Fatalf("unknown profile: %+v", r)
+	}
+	if r := c.runIn("s\n", "provider", "add", "--profile", "okta", "--name", "okta", "--client-id", "cid", "--param", "domain=acme.okta.com", "--param", "tenant=x"); r.code != 2 || !strings.Contains(r.stderr, `no parameter "tenant"`) {
+		t.Fatalf("a parameter okta does not take: %+v", r)
+	}
+	if list, _ := providers.List(ctx); len(list) != 0 {
+		t.Fatalf("refused adds stored %d providers", len(list))
+	}
+	if r := c.runIn("s\n", "provider", "add", "--profile", "okta", "--name", "okta", "--client-id", "cid", "--param", "domain=acme.okta.com"); r.code != 0 {
+		t.Fatalf("add okta: %+v", r)
+	}
+	ghe := "http://127.0.0.1:1/login/oauth/access_token"
+	if r := c.runIn("s\n", "provider", "add", "--profile", "xero", "--name", "xero", "--client-id", "cid", "--token-url", ghe, "--default-lifetime", "5m"); r.code != 0 {
+		t.Fatalf("add xero with overrides: %+v", r)
+	}
+	okta, err := providers.Get(ctx, "okta")
+	if err != nil || okta.Profile != "okta" || okta.TokenURL != "https://acme.okta.com/oauth2/default/v1/token" ||
+		okta.RevocationURL != "https://acme.okta.com/oauth2/default/v1/revoke" || okta.DefaultLifetime != time.Hour {
+		t.Fatalf("okta stored as %+v, %v", okta, err)
+	}
+	xero, err := providers.Get(ctx, "xero")
+	if err != nil || xero.Profile != "xero" || xero.TokenURL != ghe || xero.AuthURL != "https://login.xero.com/identity/connect/authorize" ||
+		xero.AuthStyle != domain.AuthStyleHeader || xero.DefaultLifetime != 5*time.Minute || xero.KeepAlive != 30*24*time.Hour {
+		t.Fatalf("xero stored as %+v, %v", xero, err)
+	}
+	r := c.runIn("", "provider", "profiles")
+	if r.code != 0 || strings.Count(r.stdout, "https://") < 17 || !strings.Contains(r.stdout, "bad_refresh_token") {
+		t.Fatalf("profiles: %+v", r)
+	}
+	if r := c.runIn("", "provider", "list"); r.code != 0 || !strings.Contains(r.stdout, "okta ") {
+		t.Fatalf("list: %+v", r)
+	}
+
+	// A token without an expiry gets its provider's default lifetime; one
+	// for the OAUTH_* provider without a setting or a profile stays
+	// without one.
+	noExpiry := `{"access_token":"at-x","token_type":"Bearer","refresh_token":"rt-x"}`
+	if r := c.runIn(noExpiry, "import", "--connection", "viaxero", "--provider", "xero"); r.code != 0 {
+		t.Fatalf("import --provider xero: %+v", r)
+	}
+	if r := c.runIn(noExpiry, "import", "--connection", "plain"); r.code != 0 {
+		t.Fatalf("import: %+v", r)
+	}
+	got, err := c.repo.Get(ctx, "viaxero")
+	if err != nil || got.Expiry.Sub(time.Now().Add(5*time.Minute)).Abs() > time.Minute {
+		t.Fatalf("imported under xero: expiry %v, %v; want its --default-lifetime 5m", got.Expiry, err)
+	}
+	if got, err := c.repo.Get(ctx, "plain"); err != nil || !got.Expiry.IsZero() {
+		t.Fatalf("imported without a provider: expiry %v, %v; want none", got.Expiry, err)
 	}
 }

@@ -38,7 +38,7 @@ const usage = `usage:
   tokenctl reactivate --connection NAME     set a needs_reauth connection active again, tokens untouched (the next refresh decides)
   tokenctl reactivate --all-with-reason R   the same for every connection marked needs_reauth for reason R (e.g. invalid_client)
   tokenctl check                            ask the token endpoint whether it accepts the client, spending no refresh token
-  tokenctl provider add|update|list|remove  manage the stored providers (tokenctl provider for details)
+  tokenctl provider add|update|list|remove|profiles  manage the stored providers; the provider profiles (tokenctl provider for details)
 Configuration: DATABASE_URL (required), TOKEN_ENCRYPTION_KEYS (required by rotate-key),
 OAUTH_TOKEN_URL, OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE (required by check),
 OAUTH_REVOCATION_URL (required by disconnect --revoke).`

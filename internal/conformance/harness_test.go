@@ -51,16 +51,22 @@ func newStacks(r *run, n int, authStyle string) *env {
 }
 
 // newStacksFor is newStacks with s as the provider of the OAUTH_*
-// settings (the connections that name no stored provider).
-func newStacksFor(r *run, s *server, n int, authStyle string) *env {
+// settings (the connections that name no stored provider), and more
+// settings in extra (OAUTH_PROFILE=…). Without a proxy the stacks call
+// s's token endpoint itself.
+func newStacksFor(r *run, s *server, n int, authStyle string, extra ...string) *env {
 	t, db := r.t, r.db
 	t.Helper()
 	e := &env{t: t, r: r, s: s, db: db}
+	tokenURL := s.proxyURL
+	if tokenURL == "" {
+		tokenURL = s.oauth.Endpoint.TokenURL
+	}
 	environ := []string{
 		"DATABASE_URL=" + db,
 		"OAUTH_CLIENT_ID=" + s.oauth.ClientID,
 		"OAUTH_CLIENT_SECRET=" + s.oauth.ClientSecret,
-		"OAUTH_TOKEN_URL=" + s.proxyURL,
+		"OAUTH_TOKEN_URL=" + tokenURL,
 		"TOKEN_REFRESH_SKEW=" + skew.String(),
 		"TOKEN_LOCK_WAIT=4s",
 		"TOKEN_REFRESH_TIMEOUT=2s",
@@ -70,6 +76,7 @@ func newStacksFor(r *run, s *server, n int, authStyle string) *env {
 	if authStyle != "" {
 		environ = append(environ, "OAUTH_AUTH_STYLE="+authStyle)
 	}
+	environ = append(environ, extra...)
 	cfg, err := di.ConfigFromEnv(environ)
 	if err != nil {
 		r.fatalf("configuration: %v", err)

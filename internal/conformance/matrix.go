@@ -13,6 +13,8 @@ type Cell struct {
 	Refreshes int    // refresh_token grants the server answered 200 during the scenario
 	Reuse     int    // refresh-token reuse seen by the proxy or reported by the server
 	Note      string // what else the reader should know, or why it failed
+	// NA: the scenario does not apply to the row (rendered "n/a").
+	NA bool
 }
 
 // Matrix collects cells and renders them. It is safe for concurrent use.
@@ -110,6 +112,9 @@ func (m *Matrix) Markdown() string {
 func cellText(c Cell, ok bool) string {
 	if !ok {
 		return "not run"
+	}
+	if c.NA {
+		return "n/a"
 	}
 	verdict := "pass"
 	if !c.Pass {

@@ -1,10 +1,13 @@
 package sandbox
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
+	"maps"
 	"math"
 	"net/http"
+	"net/http/httptest"
 	"slices"
 	"strings"
 	"time"
@@ -15,6 +18,7 @@ import (
 // Handler serves the provider:
 //
 //	POST /oauth2/token  authorization_code and refresh_token grants
+//	                    (at /t/{tenant}/oauth2/token with Options.Tenant)
 //	POST /oauth2/revoke token revocation (RFC 7009)
 //	GET  /oauth2/auth   authorization endpoint (auto-approves)
 //	GET  /resource      protected API, requires a Bearer access token
@@ -22,7 +26,20 @@ import (
 //	GET  /stats         Stats as JSON
 func (p *Provider) Handler() http.Handler {
 	mux := http.NewServeMux()
-	mux.HandleFunc("POST /oauth2/token", p.handleToken)
+	mux.HandleFunc("POST /oauth2/token", func(w http.ResponseWriter, r *http.Request) {
+		if p.tenant != "" {
+			http.NotFound(w, r) // only the tenant's URL is a token endpoint
+			return
+		}
+		p.handleToken(w, r)
+	})
+	mux.HandleFunc("POST /t/{tenant}/oauth2/token", func(w http.ResponseWriter, r *http.Request) {
+		if p.tenant == "" || r.PathValue("tenant") != p.tenant {
+			http.NotFound(w, r)
+			return
+		}
+		p.handleToken(w, r)
+	})
 	mux.HandleFunc("POST /oauth2/revoke", p.handleRevoke)
 	mux.HandleFunc("GET /oauth2/auth", p.handleAuthorize)
 	mux.HandleFunc("GET /resource", p.handleResource)
@@ -88,13 +105,23 @@ func (p *Provider) handleToken(w http.ResponseWriter, r *http.Request) {
 	}
 	if ar.GetGrantTypes().ExactOne("authorization_code") {
 		p.stats.codeExchanges.Add(1)
+		if p.absolute > 0 {
+			p.graceMu.Lock()
+			p.consented[ar.GetID()] = time.Now()
+			p.graceMu.Unlock()
+		}
 	}
 	p.oauth.WriteAccessResponse(ctx, w, ar, resp)
 }
 
 func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
+	lost := false
 	if fp := p.refreshFault.Load(); fp != nil {
-		if f := (*fp)(); f != FaultNone {
+		switch f := (*fp)(); f {
+		case FaultNone:
+		case FaultLostAnswer:
+			lost = true
+		default:
 			p.writeFault(w, r, f)
 			return
 		}
@@ -114,12 +141,18 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 	// token's session, so afterwards it could no longer tell reuse from a
 	// token it never issued.
 	reused := sig != "" && p.store.wasRotated(sig)
+	if reused && p.replay(w, sig) {
+		return
+	}
 
 	ar, err := p.validate(ctx, r)
 	if err == nil && reused {
 		// Safety net that must never fire: fosite itself rejects rotated
 		// refresh tokens. Nothing has been stored at this point.
 		err = fosite.ErrInvalidGrant.WithHint("The refresh token was already used.")
+	}
+	if err == nil && p.pastAbsolute(ar.GetID()) {
+		err = fosite.ErrInvalidGrant.WithHint("The grant has reached its absolute lifetime.")
 	}
 	if d := time.Duration(p.refreshLatency.Load()); d > 0 {
 		// Between validation (token read as active) and rotation: the
@@ -137,12 +170,96 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		if reused {
 			p.stats.refreshReuse.Add(1)
 		}
+		if p.deadGrant != nil && fosite.ErrorToRFC6749Error(err).ErrorField == fosite.ErrInvalidGrant.ErrorField {
+			p.writeDeadGrant(w)
+			return
+		}
 		p.oauth.WriteAccessError(ctx, w, ar, err)
 		return
 	}
 	p.stats.refreshes.Add(1)
 	p.timeline.refreshed(time.Now(), r.UserAgent(), ar.GetID())
-	p.oauth.WriteAccessResponse(ctx, w, ar, resp)
+	if p.grace <= 0 && !lost {
+		p.oauth.WriteAccessResponse(ctx, w, ar, resp)
+		return
+	}
+	rec := httptest.NewRecorder()
+	p.oauth.WriteAccessResponse(ctx, rec, ar, resp)
+	if p.grace > 0 {
+		p.remember(sig, rec.Body.Bytes())
+	}
+	if lost {
+		// Processed, never answered: the connection closes without a
+		// response.
+		p.stats.refreshFaults.Add(1)
+		p.stats.lostAnswers.Add(1)
+		panic(http.ErrAbortHandler)
+	}
+	maps.Copy(w.Header(), rec.Header())
+	w.WriteHeader(rec.Code)
+	_, _ = w.Write(rec.Body.Bytes())
+}
+
+// graceAnswer is the answer a refresh token got, kept for ReuseGrace.
+type graceAnswer struct {
+	at   time.Time
+	body []byte
+}
+
+// remember keeps the answer the refresh token sig got, and forgets those
+// older than the grace window.
+func (p *Provider) remember(sig string, body []byte) {
+	now := time.Now()
+	p.graceMu.Lock()
+	defer p.graceMu.Unlock()
+	for k, a := range p.answered {
+		if now.Sub(a.at) > p.grace {
+			delete(p.answered, k)
+		}
+	}
+	p.answered[sig] = graceAnswer{at: now, body: body}
+}
+
+// replay answers a rotated refresh token presented again within the grace
+// window with the answer it got the first time; false when there is no
+// window or it is over.
+func (p *Provider) replay(w http.ResponseWriter, sig string) bool {
+	if p.grace <= 0 {
+		return false
+	}
+	p.graceMu.Lock()
+	a, ok := p.answered[sig]
+	p.graceMu.Unlock()
+	if !ok || time.Since(a.at) > p.grace {
+		return false
+	}
+	p.stats.graceReplays.Add(1)
+	w.Header().Set("Content-Type", "application/json;charset=UTF-8")
+	w.Header().Set("Cache-Control", "no-store")
+	_, _ = w.Write(a.body)
+	return true
+}
+
+// pastAbsolute reports whether the grant id was consented longer than
+// RefreshAbsolute ago.
+func (p *Provider) pastAbsolute(id string) bool {
+	if p.absolute <= 0 {
+		return false
+	}
+	p.graceMu.Lock()
+	at, ok := p.consented[id]
+	p.graceMu.Unlock()
+	return ok && time.Since(at) > p.absolute
+}
+
+// writeDeadGrant answers a dead grant in Options.DeadGrant's words.
+func (p *Provider) writeDeadGrant(w http.ResponseWriter) {
+	d := p.deadGrant
+	body := map[string]any{cmp.Or(d.Field, "error"): d.Code}
+	if d.OKFalse {
+		body["ok"] = false
+	}
+	writeJSON(w, cmp.Or(d.Status, http.StatusBadRequest), body)
 }
 
 // handleRevoke revokes the grant of the token presented (RFC 7009). It
@@ -191,6 +308,9 @@ func (p *Provider) commit(ctx context.Context, ar fosite.AccessRequester) (fosit
 	if err != nil {
 		return nil, err
 	}
+	for k, v := range p.extra {
+		resp.SetExtra(k, v)
+	}
 	if p.omitExpiry {
 		delete(resp.ToMap(), "expires_in") // ToMap is the answer's own map
 	} else {
@@ -227,6 +347,10 @@ func (p *Provider) writeFault(w http.ResponseWriter, r *http.Request, f Fault) {
 			writeJSON(w, http.StatusServiceUnavailable, tempUnavailable)
 		}
 	case FaultInvalidGrant:
+		if p.deadGrant != nil {
+			p.writeDeadGrant(w)
+			return
+		}
 		writeJSON(w, http.StatusBadRequest, oauthError{Error: "invalid_grant"})
 	case FaultInvalidClient:
 		// RFC 6749 §5.2: 401 and a challenge for the scheme the client used.

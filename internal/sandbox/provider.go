@@ -42,6 +42,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -79,6 +80,11 @@ const (
 	// provider says while a rotated client secret has not reached the apps
 	// yet. The refresh token is not looked at and stays valid.
 	FaultInvalidClient
+	// FaultLostAnswer processes the refresh in full (the presented refresh
+	// token is rotated away, the old access token revoked), then closes
+	// the connection without answering: the client never learns the new
+	// tokens. Unlike the other faults, the request reaches the store.
+	FaultLostAnswer
 )
 
 func (f Fault) String() string {
@@ -95,6 +101,8 @@ func (f Fault) String() string {
 		return "invalid-grant"
 	case FaultInvalidClient:
 		return "invalid-client"
+	case FaultLostAnswer:
+		return "lost-answer"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }
@@ -138,6 +146,45 @@ type Options struct {
 	// OmitExpiresIn leaves expires_in out of token answers, as providers
 	// that never say how long a token lives do: clients learn it from a 401.
 	OmitExpiresIn bool
+
+	// The switches below emulate what real providers do differently (the
+	// provider profiles declare it). Zero values: the strict RFC server.
+
+	// DeadGrant, when set, is how a dead refresh token (rotated away,
+	// revoked, expired: whatever fosite answers invalid_grant, and
+	// FaultInvalidGrant) is answered instead of 400 {"error":"invalid_grant"}:
+	// GitHub's 200 {"error":"bad_refresh_token"}, freee's 401, Slack's
+	// 200 {"ok":false,...}, HubSpot's {"status":"BAD_REFRESH_TOKEN"}.
+	DeadGrant *DeadGrantAnswer
+	// ReuseGrace is the window in which a rotated refresh token presented
+	// again gets the answer its first presentation got (the same new
+	// tokens), as Xero (30 min), Atlassian (10 min) and Auth0's overlap
+	// period allow; it is counted in Stats.GraceReplays, not as reuse.
+	// After it, reuse is what it always is. 0: no grace (strict).
+	ReuseGrace time.Duration
+	// RefreshAbsolute refuses (as a dead grant) every refresh of a grant
+	// this long after its consent (the code exchange), however often it
+	// was refreshed. 0: no absolute expiry. RefreshTokenLifespan is the
+	// idle expiry: each rotated refresh token lives that long.
+	RefreshAbsolute time.Duration
+	// Tenant, when set, serves the token endpoint only at
+	// /t/{Tenant}/oauth2/token (per-tenant token URLs, as Smaregi's
+	// contract id or Okta's domain); /oauth2/token and any other tenant
+	// answer 404.
+	Tenant string
+	// ExtraTokenFields are added to every token answer (Salesforce's
+	// instance_url, Zoho's api_domain).
+	ExtraTokenFields map[string]string
+}
+
+// DeadGrantAnswer is how a provider words a dead grant: HTTP Status with
+// Code in the body's Field ("error" when empty); OKFalse adds Slack's
+// "ok": false.
+type DeadGrantAnswer struct {
+	Status  int
+	Field   string
+	Code    string
+	OKFalse bool
 }
 
 // Client authentication methods for Options.ClientAuth (RFC 7591 names).
@@ -165,6 +212,18 @@ type Provider struct {
 	redirect   string // default redirect URI for OAuth2Config
 	scopes     []string
 	omitExpiry bool
+	deadGrant  *DeadGrantAnswer
+	grace      time.Duration
+	absolute   time.Duration
+	tenant     string
+	extra      map[string]string
+
+	// answered keeps, per rotated refresh token (by signature), the
+	// answer it got and when, for ReuseGrace; consented, per grant, when
+	// its code was exchanged, for RefreshAbsolute.
+	graceMu   sync.Mutex
+	answered  map[string]graceAnswer
+	consented map[string]time.Time
 
 	// refreshLocks serialise refresh_token grants of one grant family from
 	// fosite's request parsing to the response write. fosite's MemoryStore
@@ -275,6 +334,13 @@ func New(opts Options) (*Provider, error) {
 		redirect:   defaultRedirect(opts.RedirectURIs),
 		scopes:     slices.Clone(opts.Scopes),
 		omitExpiry: opts.OmitExpiresIn,
+		deadGrant:  opts.DeadGrant,
+		grace:      opts.ReuseGrace,
+		absolute:   opts.RefreshAbsolute,
+		tenant:     opts.Tenant,
+		extra:      maps.Clone(opts.ExtraTokenFields),
+		answered:   map[string]graceAnswer{},
+		consented:  map[string]time.Time{},
 	}
 	p.SetRefreshLatency(opts.RefreshLatency)
 	p.SetRefreshFault(opts.RefreshFault)
@@ -330,10 +396,19 @@ func (p *Provider) OAuth2Config(baseURL string) *oauth2.Config {
 	return &oauth2.Config{
 		ClientID:     p.clientID,
 		ClientSecret: p.ClientSecret(),
-		Endpoint:     endpointFor(baseURL, p.clientAuth),
+		Endpoint:     p.endpointFor(baseURL),
 		RedirectURL:  p.redirect,
 		Scopes:       slices.Clone(p.scopes),
 	}
+}
+
+// TokenURL is the provider's token endpoint under baseURL: per tenant
+// when Options.Tenant is set.
+func (p *Provider) TokenURL(baseURL string) string {
+	if p.tenant != "" {
+		return baseURL + "/t/" + p.tenant + "/oauth2/token"
+	}
+	return baseURL + "/oauth2/token"
 }
 
 // Endpoint returns the sandbox endpoints under baseURL, using
@@ -350,10 +425,12 @@ func Endpoint(baseURL string) oauth2.Endpoint {
 // (RFC 7009).
 func RevocationURL(baseURL string) string { return baseURL + "/oauth2/revoke" }
 
-// endpointFor is Endpoint with the auth style the client is restricted to.
-func endpointFor(baseURL, clientAuth string) oauth2.Endpoint {
+// endpointFor is Endpoint with the tenant's token URL and the auth style
+// the client is restricted to.
+func (p *Provider) endpointFor(baseURL string) oauth2.Endpoint {
 	e := Endpoint(baseURL)
-	if clientAuth == ClientAuthPost {
+	e.TokenURL = p.TokenURL(baseURL)
+	if p.clientAuth == ClientAuthPost {
 		e.AuthStyle = oauth2.AuthStyleInParams
 	}
 	return e

@@ -20,8 +20,15 @@ type Stats struct {
 	// RefreshRejected counts refresh_token grant requests rejected for any
 	// reason, including reuse, injected faults and revoked grants.
 	RefreshRejected int64 `json:"refresh_rejected"`
-	// RefreshFaults counts requests answered with an injected Fault.
+	// RefreshFaults counts requests answered with an injected Fault
+	// (FaultLostAnswer included: processed, not answered).
 	RefreshFaults int64 `json:"refresh_faults"`
+	// LostAnswers counts refreshes processed whose answer was never sent
+	// (FaultLostAnswer); each is also in Refreshes.
+	LostAnswers int64 `json:"lost_answers"`
+	// GraceReplays counts rotated refresh tokens presented again within
+	// Options.ReuseGrace, answered as the first time (not reuse).
+	GraceReplays int64 `json:"grace_replays"`
 	// Revocations counts revocation requests answered 200 (RFC 7009: an
 	// unknown or already invalid token is answered 200 too).
 	Revocations int64 `json:"revocations"`
@@ -39,6 +46,8 @@ type counters struct {
 	refreshReuse    atomic.Int64
 	refreshRejected atomic.Int64
 	refreshFaults   atomic.Int64
+	lostAnswers     atomic.Int64
+	graceReplays    atomic.Int64
 	revocations     atomic.Int64
 	resourceOK      atomic.Int64
 	resource401     atomic.Int64
@@ -50,7 +59,7 @@ type counters struct {
 func (c *counters) reset() {
 	for _, n := range []*atomic.Int64{
 		&c.codeExchanges, &c.refreshes, &c.refreshReuse, &c.refreshRejected,
-		&c.refreshFaults, &c.revocations, &c.resourceOK, &c.resource401,
+		&c.refreshFaults, &c.lostAnswers, &c.graceReplays, &c.revocations, &c.resourceOK, &c.resource401,
 	} {
 		n.Store(0)
 	}
@@ -87,6 +96,8 @@ func (p *Provider) Stats() Stats {
 		RefreshReuse:    c.refreshReuse.Load(),
 		RefreshRejected: c.refreshRejected.Load(),
 		RefreshFaults:   c.refreshFaults.Load(),
+		LostAnswers:     c.lostAnswers.Load(),
+		GraceReplays:    c.graceReplays.Load(),
 		Revocations:     c.revocations.Load(),
 		ResourceOK:      c.resourceOK.Load(),
 		Resource401:     c.resource401.Load(),

@@ -1,0 +1,184 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"maps"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
+)
+
+// Exchange redeems an authorization code (RFC 6749 §4.1.3, with the PKCE
+// verifier) through the same client as the refreshes: the same auth style
+// (in auto the remembered one, the other only after the provider refused
+// the client, which leaves the code unspent, and the winner remembered),
+// the same reading of the answer (the profile's extra fields, a missing
+// expires_in given the default lifetime, refresh_token_expires_in, the
+// profile's refresh calendar). The token is the same answer as x/oauth2
+// shows it, every field in its Extra (the ID token, the scope). Errors
+// are *domain.ProviderError, free of secrets.
+func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
+	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}}
+	if redirectURL != "" {
+		form.Set("redirect_uri", redirectURL)
+	}
+	if verifier != "" {
+		form.Set("code_verifier", verifier)
+	}
+	style, auto := r.cfg.Endpoint.AuthStyle, r.cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect
+	if auto {
+		style = r.startStyle(ctx)
+	}
+	g, tok, pe := r.redeem(ctx, form, style)
+	if pe != nil && auto && clientAuthFailed(pe) {
+		style = other(style)
+		g, tok, pe = r.redeem(ctx, form, style)
+	}
+	if pe != nil {
+		return domain.Grant{}, nil, pe
+	}
+	if auto {
+		r.remember(style)
+	}
+	return g, tok, nil
+}
+
+// redeem sends one code grant request in style and reads the answer.
+func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.AuthStyle) (domain.Grant, *oauth2.Token, *domain.ProviderError) {
+	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, cloneValues(form), r.cfg.ClientID, r.cfg.ClientSecret, style)
+	if err != nil {
+		return domain.Grant{}, nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
+	}
+	sent := r.now()
+	resp, err := r.client.Do(req)
+	if err != nil {
+		return domain.Grant{}, nil, &domain.ProviderError{Err: err}
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	if err != nil {
+		return domain.Grant{}, nil, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err)}
+	}
+	g, pe := r.judge(resp.StatusCode, resp.Header, body, sent)
+	if pe != nil {
+		return domain.Grant{}, nil, pe
+	}
+	if g.RefreshExpiry.IsZero() {
+		// At the consent both calendars start: the first to end wins.
+		for _, d := range []time.Duration{r.refreshIdle, r.refreshAbsolute} {
+			if at := sent.Add(d); d > 0 && (g.RefreshExpiry.IsZero() || at.Before(g.RefreshExpiry)) {
+				g.RefreshExpiry = at
+			}
+		}
+	}
+	f, _ := parseAnswer(resp.Header.Get("Content-Type"), body)
+	raw := make(map[string]any, len(f))
+	for k, v := range f {
+		var x any
+		if json.Unmarshal(v, &x) == nil {
+			raw[k] = x
+		}
+	}
+	tok := &oauth2.Token{AccessToken: g.AccessToken.Reveal(), TokenType: g.TokenType,
+		RefreshToken: g.RefreshToken.Reveal(), Expiry: g.Expiry}
+	return g, tok.WithExtra(raw), nil
+}
+
+func cloneValues(v url.Values) url.Values {
+	out := make(url.Values, len(v))
+	for k, vs := range v {
+		out[k] = append([]string(nil), vs...)
+	}
+	return out
+}
+
+// codeExchanger is a refresher that also redeems authorization codes
+// (Refresher, and Retrying around one).
+type codeExchanger interface {
+	Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
+}
+
+// Exchange redeems a code without retrying: a code is single-use, and a
+// lost answer cannot be asked for again.
+func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
+	ex, ok := r.next.(codeExchanger)
+	if !ok {
+		return domain.Grant{}, nil, fmt.Errorf("%T cannot redeem authorization codes", r.next)
+	}
+	return ex.Exchange(ctx, code, redirectURL, verifier)
+}
+
+// Exchange redeems an authorization code at provider ("" is the
+// configuration's) through that provider's refresher (see
+// Refresher.Exchange).
+func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
+	ref := r.env
+	if provider != "" {
+		reg, ok := r.state.Load().byName[provider]
+		if !ok {
+			if reg, ok = r.readAgain(ctx, provider); !ok {
+				return domain.Grant{}, nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+			}
+		}
+		ref = reg.refresher
+	}
+	ex, ok := ref.(codeExchanger)
+	if !ok {
+		return domain.Grant{}, nil, fmt.Errorf("the refresher of provider %q cannot redeem authorization codes", provider)
+	}
+	return ex.Exchange(ctx, code, redirectURL, verifier)
+}
+
+// SetProfile is the profile of the configuration's provider (""), for
+// AuthCodeOptions. Call it before the registry is used.
+func (r *Registry) SetProfile(p profiles.Profile) { r.envProfile = p }
+
+// AuthCodeOptions are the authorization request parameters the profile of
+// provider ("" is the configuration's) adds (Google's access_type=offline
+// and prompt=consent, Dropbox's token_access_type=offline), and scopes
+// joined with its separator where it is not a space (Slack, Zoho).
+func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption {
+	p := r.envProfile
+	if provider != "" {
+		p, _ = profiles.Get(r.state.Load().byName[provider].p.Profile)
+	}
+	var out []oauth2.AuthCodeOption
+	for _, k := range slices.Sorted(maps.Keys(p.AuthParams)) {
+		out = append(out, oauth2.SetAuthURLParam(k, p.AuthParams[k]))
+	}
+	if p.ScopeSeparator != "" && p.ScopeSeparator != " " && len(scopes) > 0 {
+		out = append(out, oauth2.SetAuthURLParam("scope", strings.Join(scopes, p.ScopeSeparator)))
+	}
+	return out
+}
+
+// ProviderFields is what the profile of provider keeps from a first grant
+// as connection metadata: the answer's extra fields (already in g.Extra)
+// and its callback fields from the authorization callback's query
+// (QuickBooks realmId); nil when there are none.
+func (r *Registry) ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string {
+	p := r.envProfile
+	if provider != "" {
+		p, _ = profiles.Get(r.state.Load().byName[provider].p.Profile)
+	}
+	out := maps.Clone(g.Extra)
+	for _, k := range p.CallbackFields {
+		if v := callback.Get(k); v != "" {
+			if out == nil {
+				out = map[string]string{}
+			}
+			out[k] = v
+		}
+	}
+	return out
+}

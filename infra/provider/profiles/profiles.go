@@ -1,0 +1,356 @@
+// Package profiles is the catalog of provider profiles: what a real
+// provider's token endpoint does (its URLs, client authentication,
+// rotation, grace window, lifetimes, the words it uses for a dead grant,
+// the extra fields of its answer), as data, one embedded YAML file per
+// provider under data/. Every claim names its source; a fact the
+// provider's documentation does not give is "unknown", and the generic
+// behaviour applies to it.
+package profiles
+
+import (
+	"embed"
+	"fmt"
+	"io/fs"
+	"maps"
+	"net/url"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+//go:embed data/*.yaml
+var data embed.FS
+
+// Generic is the profile of a spec-compliant provider: tokenguard's
+// behaviour without a profile.
+const Generic = "generic"
+
+// Rotation says whether a provider rotates refresh tokens.
+type Rotation string
+
+const (
+	RotationYes      Rotation = "yes"      // every refresh returns a new refresh token
+	RotationNo       Rotation = "no"       // the refresh token stays the same
+	RotationOptional Rotation = "optional" // the provider's or the client's setting decides
+	RotationUnknown  Rotation = "unknown"
+)
+
+// Duration is a lifetime or window a profile knows, or not. In the YAML
+// files: "unknown", "none" (known to be zero: no grace window, no expiry),
+// or a Go duration with "d" for days allowed ("90d", "30m").
+type Duration struct {
+	D     time.Duration
+	Known bool
+}
+
+// String is the duration as the files write it.
+func (d Duration) String() string {
+	switch {
+	case !d.Known:
+		return "unknown"
+	case d.D == 0:
+		return "none"
+	case d.D%(24*time.Hour) == 0:
+		return strconv.FormatInt(int64(d.D/(24*time.Hour)), 10) + "d"
+	}
+	s := d.D.String() // "30m0s", "8h0m0s"
+	if d.D%time.Minute == 0 {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if d.D%time.Hour == 0 {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// UnmarshalYAML reads "unknown", "none", "90d" or a Go duration.
+func (d *Duration) UnmarshalYAML(n *yaml.Node) error {
+	v, err := parseDuration(n.Value)
+	if err != nil {
+		return fmt.Errorf("line %d: %w", n.Line, err)
+	}
+	*d = v
+	return nil
+}
+
+func parseDuration(s string) (Duration, error) {
+	switch s {
+	case "", "unknown":
+		return Duration{}, nil
+	case "none":
+		return Duration{Known: true}, nil
+	}
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		n, err := strconv.Atoi(days)
+		if err != nil || n <= 0 {
+			return Duration{}, fmt.Errorf("duration %q: want unknown, none, Nd or a Go duration", s)
+		}
+		return Duration{D: time.Duration(n) * 24 * time.Hour, Known: true}, nil
+	}
+	v, err := time.ParseDuration(s)
+	if err != nil || v <= 0 {
+		return Duration{}, fmt.Errorf("duration %q: want unknown, none, Nd or a Go duration", s)
+	}
+	return Duration{D: v, Known: true}, nil
+}
+
+// DeadGrant is one way a provider says a refresh token is dead: Code in
+// the answer's Field ("error" unless said), with HTTP Status (0: any).
+// The status matters: GitHub sends bad_refresh_token with a 200.
+type DeadGrant struct {
+	Code   string `yaml:"code"`
+	Field  string `yaml:"field"`
+	Status int    `yaml:"status"`
+	// OKFalse: the answer also says "ok": false (Slack's envelope). The
+	// code alone decides; the sandbox sends it to look like the provider.
+	OKFalse bool `yaml:"ok_false"`
+}
+
+// Profile is one provider's behaviour. URLs may hold {param} placeholders
+// (a tenant's subdomain, a contract id, a region), filled by Resolve.
+type Profile struct {
+	Name          string            `yaml:"name"`
+	Title         string            `yaml:"title"`
+	AuthURL       string            `yaml:"auth_url"`
+	TokenURL      string            `yaml:"token_url"`
+	RevocationURL string            `yaml:"revocation_url"` // RFC 7009; "" when none
+	Params        map[string]string `yaml:"params"`         // placeholder defaults; "" = required
+	// AuthStyle is the client authentication the provider documents
+	// ("auto" when it documents both, or nothing).
+	AuthStyle      domain.AuthStyle  `yaml:"auth_style"`
+	ScopeSeparator string            `yaml:"scope_separator"` // " " unless said
+	AuthParams     map[string]string `yaml:"auth_params"`     // extra authorization request parameters
+	Rotation       Rotation          `yaml:"rotation"`
+	// Grace is how long a rotated refresh token is still accepted.
+	Grace          Duration `yaml:"grace"`
+	AccessLifetime Duration `yaml:"access_lifetime"`
+	// RefreshIdle: the refresh token dies when unused this long.
+	RefreshIdle Duration `yaml:"refresh_idle"`
+	// RefreshAbsolute: the refresh token (the grant) dies this long after
+	// the consent, however often it is used.
+	RefreshAbsolute Duration    `yaml:"refresh_absolute"`
+	DeadGrants      []DeadGrant `yaml:"dead_grants"`
+	// ExtraFields are fields of the token answer kept as connection
+	// metadata (Salesforce instance_url).
+	ExtraFields []string `yaml:"extra_fields"`
+	// CallbackFields are query parameters of the authorization callback
+	// kept as connection metadata (QuickBooks realmId).
+	CallbackFields []string `yaml:"callback_fields"`
+	Quirks         string   `yaml:"quirks"`
+	// Sources name, per claim (urls, auth_style, rotation, grace,
+	// access_lifetime, refresh_idle, refresh_absolute, dead_grants,
+	// extra_fields, callback_fields, auth_params), the page that says it.
+	Sources map[string]string `yaml:"sources"`
+}
+
+// claims lists the claims a profile may make and whether p makes each:
+// every claim made needs a source.
+func (p Profile) claims() map[string]bool {
+	return map[string]bool{
+		"urls":             p.TokenURL != "",
+		"auth_style":       p.AuthStyle != "" && p.AuthStyle != domain.AuthStyleAuto,
+		"auth_params":      len(p.AuthParams) > 0,
+		"rotation":         p.Rotation != RotationUnknown,
+		"grace":            p.Grace.Known,
+		"access_lifetime":  p.AccessLifetime.Known,
+		"refresh_idle":     p.RefreshIdle.Known,
+		"refresh_absolute": p.RefreshAbsolute.Known,
+		"dead_grants":      len(p.DeadGrants) > 0,
+		"extra_fields":     len(p.ExtraFields) > 0,
+		"callback_fields":  len(p.CallbackFields) > 0,
+	}
+}
+
+var (
+	namePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+	placeholder  = regexp.MustCompile(`\{([a-z_]+)\}`)
+	paramPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+)
+
+func (p *Profile) check() error {
+	if !namePattern.MatchString(p.Name) {
+		return fmt.Errorf("name %q", p.Name)
+	}
+	if p.AuthStyle == "" {
+		p.AuthStyle = domain.AuthStyleAuto
+	}
+	if _, err := domain.ParseAuthStyle(string(p.AuthStyle)); err != nil {
+		return err
+	}
+	if p.ScopeSeparator == "" {
+		p.ScopeSeparator = " "
+	}
+	switch p.Rotation {
+	case "":
+		p.Rotation = RotationUnknown
+	case RotationYes, RotationNo, RotationOptional, RotationUnknown:
+	default:
+		return fmt.Errorf("rotation %q: want yes, no, optional or unknown", p.Rotation)
+	}
+	for i := range p.DeadGrants {
+		if p.DeadGrants[i].Field == "" {
+			p.DeadGrants[i].Field = "error"
+		}
+		if p.DeadGrants[i].Code == "" {
+			return fmt.Errorf("dead grant %d has no code", i)
+		}
+	}
+	for _, u := range []string{p.AuthURL, p.TokenURL, p.RevocationURL} {
+		for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
+			if _, ok := p.Params[m[1]]; !ok {
+				return fmt.Errorf("placeholder {%s} has no entry under params", m[1])
+			}
+		}
+	}
+	for claim, made := range p.claims() {
+		if src := p.Sources[claim]; made && !strings.HasPrefix(src, "https://") {
+			return fmt.Errorf("claim %s has no https source", claim)
+		}
+	}
+	return nil
+}
+
+// catalog is every profile, read once from the embedded files.
+var catalog = func() map[string]Profile {
+	out := map[string]Profile{}
+	files, err := fs.Glob(data, "data/*.yaml")
+	if err != nil {
+		panic(err)
+	}
+	for _, f := range files {
+		raw, err := data.ReadFile(f)
+		if err != nil {
+			panic(err)
+		}
+		var p Profile
+		dec := yaml.NewDecoder(strings.NewReader(string(raw)))
+		dec.KnownFields(true)
+		if err := dec.Decode(&p); err != nil {
+			panic(fmt.Sprintf("profiles: %s: %v", f, err))
+		}
+		if err := p.check(); err != nil {
+			panic(fmt.Sprintf("profiles: %s: %v", f, err))
+		}
+		if f != "data/"+p.Name+".yaml" {
+			panic(fmt.Sprintf("profiles: %s holds profile %q", f, p.Name))
+		}
+		out[p.Name] = p
+	}
+	return out
+}()
+
+// Get returns the profile called name ("" is Generic). An unknown name is
+// an error wrapping domain.ErrUnknownProfile.
+func Get(name string) (Profile, error) {
+	if name == "" {
+		name = Generic
+	}
+	p, ok := catalog[name]
+	if !ok {
+		return Profile{}, fmt.Errorf("%w: %q (see tokenctl provider profiles)", domain.ErrUnknownProfile, name)
+	}
+	return clone(p), nil
+}
+
+// All lists the profiles by name.
+func All() []Profile {
+	out := make([]Profile, 0, len(catalog))
+	for _, name := range slices.Sorted(maps.Keys(catalog)) {
+		out = append(out, clone(catalog[name]))
+	}
+	return out
+}
+
+func clone(p Profile) Profile {
+	p.Params = maps.Clone(p.Params)
+	p.AuthParams = maps.Clone(p.AuthParams)
+	p.Sources = maps.Clone(p.Sources)
+	p.DeadGrants = slices.Clone(p.DeadGrants)
+	p.ExtraFields = slices.Clone(p.ExtraFields)
+	p.CallbackFields = slices.Clone(p.CallbackFields)
+	return p
+}
+
+// Resolve fills the URLs' placeholders with params, or with the profile's
+// defaults. A URL that needs a parameter without a default nor a value is
+// left empty, and the parameter is named by Missing: a caller that gives
+// that URL itself does not need it. A parameter the profile does not take,
+// or a value that is not a plain host label or path segment, is an error
+// wrapping domain.ErrInvalidProvider.
+func (p Profile) Resolve(params map[string]string) (Profile, error) {
+	vals := maps.Clone(p.Params)
+	if vals == nil {
+		vals = map[string]string{}
+	}
+	for k, v := range params {
+		if _, ok := p.Params[k]; !ok {
+			return Profile{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, p.paramNames())
+		}
+		if !paramPattern.MatchString(v) {
+			return Profile{}, fmt.Errorf("%w: parameter %s must be 1-128 of A-Z a-z 0-9 . _ -", domain.ErrInvalidProvider, k)
+		}
+		vals[k] = v
+	}
+	out := clone(p)
+	out.Params = vals
+	fill := func(u string) string {
+		missing := false
+		filled := placeholder.ReplaceAllStringFunc(u, func(m string) string {
+			v := vals[m[1:len(m)-1]]
+			missing = missing || v == ""
+			return url.PathEscape(v)
+		})
+		if missing {
+			return ""
+		}
+		return filled
+	}
+	out.AuthURL, out.TokenURL, out.RevocationURL = fill(p.AuthURL), fill(p.TokenURL), fill(p.RevocationURL)
+	return out, nil
+}
+
+// Missing names the parameters without a value or a default that URL u
+// of the profile needs, as "--param k=…" hints.
+func (p Profile) Missing(u string, params map[string]string) []string {
+	var out []string
+	for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
+		if params[m[1]] == "" && p.Params[m[1]] == "" && !slices.Contains(out, m[1]) {
+			out = append(out, m[1])
+		}
+	}
+	return out
+}
+
+func (p Profile) paramNames() string {
+	if len(p.Params) == 0 {
+		return "none"
+	}
+	return strings.Join(slices.Sorted(maps.Keys(p.Params)), ", ")
+}
+
+// ParamNames lists the parameters the profile's URLs take.
+func (p Profile) ParamNames() []string { return slices.Sorted(maps.Keys(p.Params)) }
+
+// ParseParams reads "k=v" pairs (repeated --param flags, or the
+// comma-separated OAUTH_PROFILE_PARAMS).
+func ParseParams(pairs []string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, kv := range pairs {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("%w: parameter %q: want KEY=VALUE", domain.ErrInvalidProvider, kv)
+		}
+		out[k] = v
+	}
+	return out, nil
+}

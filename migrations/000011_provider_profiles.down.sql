@@ -1,0 +1,1 @@
+ALTER TABLE providers DROP COLUMN IF EXISTS profile;
