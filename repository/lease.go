@@ -53,6 +53,9 @@ func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Dura
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
+	if l.tx.leased && l.tx.first != nil && l.tx.first.Version == t.Version { // the lock's read saw it
+		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
+	}
 	holder := newHolder()
 	var got []string
 	if err := l.tx.execAndCommit(ctx, scanStrings(&got), takeLeaseSQL, t.Connection, t.Version, holder, (max(call, 0) + leaseTerm).Milliseconds(), restartGrace.Milliseconds()); err != nil {
@@ -76,6 +79,14 @@ func newHolder() string {
 	h := hex.EncodeToString(b[:])
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
+
+// leasedSQL, read with the lock (locktx.go), says whether another holder's
+// lease on the stored version runs on this server: then a refresh can be
+// refused without a write. A lease from another server is left to
+// takeLeaseSQL, which holds it for the grace or takes it over.
+const leasedSQL = `SELECT EXISTS (SELECT FROM refresh_leases l JOIN connections c ON c.id = l.connection_id
+    JOIN tokens t ON t.connection_id = c.id
+    WHERE c.name = $1 AND l.version = t.version AND l.server_started = pg_postmaster_start_time() AND now() <= l.until)`
 
 // leaseFree is the condition under which an existing lease l may be taken
 // over by EXCLUDED: it is on another version (stored since), or it was

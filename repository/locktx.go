@@ -38,7 +38,10 @@ type lockTx struct {
 	plain *plainTx  // any other driver
 	held  bool      // the lock was taken (TryInLock may find it taken)
 	first *tokenRow // the re-read, if the connection has a token
-	ended bool
+	// leased: another holder's lease on the version read runs on this
+	// server; Lease of that version then refuses without a write.
+	leased bool
+	ended  bool
 }
 
 // lockMode says how beginLocked takes the lock.
@@ -74,7 +77,7 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mo
 		if err != nil {
 			return errNotPgx
 		}
-		found, tx.held, tx.first, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit)
+		found, tx.held, tx.first, tx.leased, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit)
 		return err
 	})
 	if errors.Is(err, errNotPgx) {
@@ -122,7 +125,7 @@ func (r *TokenRepository) Pipelined(ctx context.Context) (bool, error) {
 
 // pipelineLock sends the opening statements of a lockTx in one batch and
 // reads their answers.
-func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, syncCommit string) (found, held bool, first *tokenRow, err error) {
+func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, syncCommit string) (found, held bool, first *tokenRow, leased bool, err error) {
 	var b pgx.Batch
 	b.Queue("BEGIN")
 	if syncCommit != "" {
@@ -149,13 +152,14 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, 
 		first, err = scanTokenRow(rows)
 		return err
 	})
+	b.Queue(leasedSQL, name).QueryRow(func(row pgx.Row) error { return row.Scan(&leased) })
 	if err := c.SendBatch(ctx, &b).Close(); err != nil {
-		return false, false, nil, err
+		return false, false, nil, false, err
 	}
 	if !held {
-		first = nil // read without the lock: worth nothing
+		first, leased = nil, false // read without the lock: worth nothing
 	}
-	return found, held, first, nil
+	return found, held, first, leased, nil
 }
 
 // gorm binds a GORM session to the transaction's connection.

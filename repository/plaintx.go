@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 
 	"gorm.io/gorm"
 
@@ -46,6 +47,9 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mod
 		err = g.WithContext(ctx).Raw(selectToken+" WHERE c.name = ?", connection).Find(&rows).Error
 		if len(rows) > 0 {
 			tx.first = &rows[0]
+		}
+		if err == nil {
+			err = g.WithContext(ctx).Raw(strings.ReplaceAll(leasedSQL, "$1", "?"), connection).Scan(&tx.leased).Error
 		}
 	}
 	if err != nil || !found || !held {

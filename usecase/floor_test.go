@@ -17,10 +17,10 @@ import (
 
 // protocolFloor is the refresh protocol of the design with nothing else,
 // written out by hand: per process one pgx connection and, behind a
-// sync.OnceValue, three steps. (1) The lease: BEGIN, the lock and the
-// re-read in one round trip; if the token is still due, the lease upsert
-// and a durable COMMIT in a second (the lock and the connection are let
-// go). (2) The provider call, holding nothing. (3) The write: BEGIN, the
+// sync.OnceValue, three steps. (1) The lease: BEGIN, the lock, the
+// re-read and whether another process's lease runs, in one round trip; if
+// the token is still due and not leased, the lease upsert and a durable
+// COMMIT in a second (the lock and the connection are let go). (2) The provider call, holding nothing. (3) The write: BEGIN, the
 // lock, the version-fenced UPDATE with its NOTIFY, the end of the lease
 // and a durable COMMIT, in one round trip. A process that finds another's
 // lease waits for the notification on its listener connection, then reads
@@ -149,11 +149,13 @@ func (s *floorStack) refresh(due int64, holder int) error {
 	var (
 		rt      string
 		version int64
+		taken   bool
 		b       pgx.Batch
 	)
 	b.Queue("BEGIN")
 	b.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
 	b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
+	b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
 	if err := s.conn.SendBatch(ctx, &b).Close(); err != nil {
 		return err
 	}
@@ -161,6 +163,15 @@ func (s *floorStack) refresh(due int64, holder int) error {
 		// Another process has refreshed: what it stored is in hand.
 		s.bg.Go(func() { _, _ = s.conn.Exec(ctx, "ROLLBACK") })
 		return nil
+	}
+	if taken {
+		// Another process is at the provider: wait for its write's
+		// announcement, then read what it stored.
+		if _, err := s.conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return err
+		}
+		s.awaitVersion(due + 1)
+		return s.conn.QueryRow(ctx, `SELECT version FROM floor_tokens WHERE id = 1`).Scan(&version)
 	}
 	var leased int
 	var l pgx.Batch
