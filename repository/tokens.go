@@ -19,6 +19,9 @@ type TokenRepository struct {
 	db     *gorm.DB
 	sealer Sealer
 	notPgx atomic.Bool // the pool's driver is not pgx: lock through GORM
+	// durability is the synchronous_commit level of the token writes
+	// (SetDurability; nil: the server's setting).
+	durability *Durability
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
