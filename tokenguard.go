@@ -161,6 +161,11 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	repo := repository.NewTokenRepository(rdb, sealer)
+	durability, err := repository.NewDurability(o.syncCommit)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
+	}
+	repo.SetDurability(durability)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -241,8 +246,10 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	t.providers.OnChange(t.uc.ProviderChanged)
+	t.uc.OnRolledBack(t.rolledBack)
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	t.repo = repo
+	t.observeReplication(ctx)
 	t.disconnect = newDisconnect(repo, cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
 	path := "pipelined on pgx"
 	if !pipelined {
@@ -407,7 +414,7 @@ func (t *Tokens) Run(ctx context.Context) error {
 	}
 	go t.clock.Run(ctx, clockInterval)
 	return repository.NewChangeListener(t.dsn, target, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
-		OnProviderChange(t.providers.Changed).Run(ctx)
+		OnProviderChange(t.providers.Changed).OnConnect(t.observeReplication).Run(ctx)
 }
 
 // clockInterval is how often the host clock's offset from the database

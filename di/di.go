@@ -96,6 +96,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		tokenguard.WithLockWait(cfg.LockWait),
 		tokenguard.WithRefreshTimeout(cfg.RefreshTimeout),
 		tokenguard.WithCacheSize(cfg.CacheSize),
+		tokenguard.WithSyncCommit(cfg.SyncCommit),
 		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
 		tokenguard.WithLogger(log),
 		tokenguard.WithHTTPClient(tokenHTTP),

@@ -105,4 +105,14 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	}
 	u.opts.Logger.LogAttrs(context.Background(), level, "token refresh", attrs...)
 	u.opts.Observer.Refreshed(e)
+	// A grant rejected at a version behind one known committed: the
+	// database went back in time (regress.go). Only this outcome is
+	// checked here, after the lock: another, later commit may have been
+	// announced meanwhile, which a rejected grant leaves no room for.
+	if e.Outcome == OutcomeInvalidGrant && e.OldVersion > 0 {
+		u.cache.read(e.Connection, e.OldVersion, everything)
+	}
+	if e.NewVersion > 0 {
+		u.cache.knew(e.Connection, e.NewVersion, false)
+	}
 }

@@ -1,0 +1,53 @@
+package tokenguard
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// observeReplication reads whether the primary has a synchronous standby
+// (at start, and at each reconnection of Run's listener: a failover shows
+// there), records it for the token writes' synchronous_commit and the
+// tokenguard_replication_sync metric, and says in one line what a failover
+// can lose, the first time and whenever that changes.
+func (t *Tokens) observeReplication(ctx context.Context) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r, err := t.repo.ReadReplication(ctx)
+	if err != nil {
+		t.log.Warn("tokenguard: cannot read the replication state; the token writes keep their synchronous_commit level", "err", err)
+		return
+	}
+	d := t.repo.Durability()
+	before, known := d.Replication()
+	d.Observe(r)
+	if t.metrics != nil {
+		t.metrics.ReplicationSync(r.Synchronous())
+	}
+	if known && before.Synchronous() == r.Synchronous() && before.SyncStandbyNames == r.SyncStandbyNames {
+		return
+	}
+	level := slog.LevelWarn
+	if r.Synchronous() {
+		level = slog.LevelInfo
+	}
+	t.log.Log(ctx, level, "tokenguard: "+r.Loss(),
+		slog.Int("standbys", r.Standbys), slog.Int("synchronous_standbys", r.SyncStandbys),
+		slog.String("synchronous_standby_names", r.SyncStandbyNames),
+		slog.String("token_synchronous_commit", d.SyncCommit()))
+}
+
+// rolledBack is told by the use case that connection is stored behind a
+// version known committed: counted, and announced by the
+// connection.rolled_back webhook event.
+func (t *Tokens) rolledBack(connection string, known, stored int64) {
+	if t.metrics != nil {
+		t.metrics.VersionRegressed()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := t.repo.RecordRollback(ctx, connection, known, stored); err != nil {
+		t.log.Warn("tokenguard: connection.rolled_back event not queued", "connection", connection, "err", err)
+	}
+}

@@ -1,0 +1,120 @@
+package usecase
+
+import (
+	"errors"
+	"math"
+	"sync"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ReasonRolledBack is the needs_reauth reason of a connection whose
+// stored token went back to an older version (a failover to a standby
+// that had not received the newest one, a restore from backup) and whose
+// grant the provider then rejected: the refresh token the database kept
+// had already been rotated, and the rotated one is lost.
+const ReasonRolledBack = "rolled_back"
+
+// versionHistory is what a process knows of a connection's committed
+// versions, across cache epochs: a version stored once cannot be stored
+// again unless the database went back in time.
+type versionHistory struct {
+	mu    sync.Mutex
+	known int64  // newest version known committed
+	at    uint64 // tokenCache.seq when known became known
+	lost  int64  // the stored version found behind known, until a newer one is known
+}
+
+// everything is the mark of a read made under the connection's lock:
+// no version can be committed meanwhile, so every version known counts.
+var everything = cacheMark{seq: math.MaxUint64}
+
+// knew records that version of id was committed (written by this process
+// or announced). Announced versions are recorded only for connections
+// with a slot, so that an announcement still allocates nothing.
+func (c *tokenCache) knew(id string, version int64, announced bool) {
+	var slot *cacheSlot
+	if announced {
+		v, ok := c.slots.Load(id)
+		if !ok {
+			return
+		}
+		slot = v.(*cacheSlot)
+	} else {
+		slot = c.slot(id)
+	}
+	h := &slot.hist
+	h.mu.Lock()
+	if version > h.known {
+		h.known, h.at = version, c.seq.Add(1)
+		if version > h.lost {
+			h.lost = 0
+		}
+	}
+	h.mu.Unlock()
+}
+
+// read records that a read of the store begun at m found version of id.
+// A version below one known committed before the read began means the
+// database lost commits: the first read that shows it reports it (once per
+// lost history), and the stored version becomes what is known.
+func (c *tokenCache) read(id string, version int64, m cacheMark) {
+	if version < 1 {
+		return
+	}
+	h := &c.slot(id).hist
+	h.mu.Lock()
+	known := h.known
+	regressed := version < known && h.at <= m.seq
+	if regressed {
+		h.known, h.at, h.lost = version, c.seq.Add(1), version
+	} else if version > h.known {
+		h.known, h.at = version, c.seq.Add(1)
+		if version > h.lost {
+			h.lost = 0
+		}
+	}
+	h.mu.Unlock()
+	if regressed && c.onRegress != nil {
+		c.onRegress(id, known, version)
+	}
+}
+
+// rolledBack reports whether version of id, read under the connection's
+// lock, is behind a version known committed, or was found so already.
+func (c *tokenCache) rolledBack(id string, version int64) bool {
+	c.read(id, version, everything)
+	v, ok := c.slots.Load(id)
+	if !ok {
+		return false
+	}
+	h := &v.(*cacheSlot).hist
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.lost != 0 && h.lost == version
+}
+
+// OnRolledBack is called, with an ERROR logged, when this process finds a
+// connection stored at an older version than one it knew committed
+// (known): the database went back in time, and the stored refresh token
+// (at stored) has probably been spent already. Each process that knew
+// says so once per loss. Set it before the use case is used.
+func (u *RefreshTokenUseCase) OnRolledBack(fn func(connection string, known, stored int64)) {
+	u.cache.onRegress = func(id string, known, stored int64) {
+		u.opts.Logger.Error("connection's stored token went back to an older version: the database lost committed writes (failover to an asynchronous standby, restore); its refresh token is probably spent, and the grant needs a new consent if the provider rejects it",
+			"connection", id, "known_version", known, "stored_version", stored)
+		if fn != nil {
+			fn(id, known, stored)
+		}
+	}
+}
+
+// reasonFor is the needs_reauth reason of t's grant rejected with err,
+// read under the connection's lock: ReasonRolledBack when t is behind a
+// version this process knew committed.
+func (u *RefreshTokenUseCase) reasonFor(t domain.Token, err error) string {
+	if errors.Is(err, domain.ErrGrantRevoked) && u.cache.rolledBack(t.Connection, t.Version) {
+		return ReasonRolledBack
+	}
+	return reason(err)
+}
