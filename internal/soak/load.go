@@ -162,7 +162,8 @@ type checks struct {
 	mu          sync.Mutex
 	reuse       int64
 	reuseAt     string
-	needsReauth map[string]string // connection -> first seen (offset) and reason
+	needsReauth map[string]string   // connection -> first seen (offset) and reason
+	regranted   map[string][]string // failover soak: connection -> reasons of the needs_reauth it was granted again after
 }
 
 // watch checks the invariants that can break at any moment, every second.
