@@ -87,7 +87,7 @@ func StartPair(ctx context.Context, sync bool) (*Pair, error) {
 	// (synchronous_commit on); only fsync is off, as nothing here
 	// outlives the run and an immediate stop keeps the OS page cache.
 	conf := "wal_level = replica\nmax_wal_senders = 10\nhot_standby = on\nfsync = off\nmax_connections = 200\n" +
-		"wal_keep_size = '256MB'\nwal_sender_timeout = '5s'\nwal_receiver_status_interval = '1s'\n"
+		"wal_keep_size = '256MB'\nwal_sender_timeout = '5s'\nwal_receiver_status_interval = '1s'\nwal_retrieve_retry_interval = '100ms'\n"
 	if err := appendFile(filepath.Join(prim.data(), "postgresql.conf"), conf); err != nil {
 		p.Close()
 		return nil, err
