@@ -11,9 +11,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/tokenguard/tokenguard"
+	"github.com/tokenguard/tokenguard/internal/pgserver"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
@@ -130,4 +132,70 @@ func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	t.Fatalf("no metric %s", name)
 	return 0
+}
+
+// At each reconnection of Run's listener (where a failover shows) the
+// replication state is read again: a standby made synchronous meanwhile
+// turns tokenguard_replication_sync to 1 and is said in one line.
+func TestReplicationIsReadAgainWhenTheListenerReconnects(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts postgres")
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	pair, err := pgserver.StartPair(ctx, false)
+	if err != nil {
+		t.Skipf("no throw-away primary and standby: %v", err)
+	}
+	t.Cleanup(pair.Close)
+	u, _, err := pgserver.CreateDatabase(ctx, pair.PrimaryURL(), "tokenguard")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := sandbox.New(sandbox.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := &world{url: u, provider: p, oauth: p.OAuth2Config("http://127.0.0.1:1")}
+	db := w.open(t, nil)
+	var logs bytes.Buffer
+	var mu sync.Mutex
+	reg := prometheus.NewRegistry()
+	tg := newTokens(t, w, db, tokenguard.WithMetrics(reg), tokenguard.WithListenDSN(u),
+		tokenguard.WithLogger(slog.New(slog.NewJSONHandler(lockedWriter{&mu, &logs}, nil))))
+	logged := func(s string) bool { mu.Lock(); defer mu.Unlock(); return strings.Contains(logs.String(), s) }
+	if !logged("standbys are asynchronous") || gauge(t, reg, "tokenguard_replication_sync") != 0 {
+		t.Fatalf("at start with an asynchronous standby: gauge %v, logs:\n%s", gauge(t, reg, "tokenguard_replication_sync"), logs.String())
+	}
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); _ = tg.Run(runCtx) }()
+	t.Cleanup(func() { stop(); <-done })
+	waitFor(t, func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 }, "Run never connected")
+
+	admin, err := pgx.Connect(ctx, pair.PrimaryURL())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close(ctx)
+	for _, q := range []string{"ALTER SYSTEM SET synchronous_standby_names = '*'", "SELECT pg_reload_conf()"} {
+		if _, err := admin.Exec(ctx, q); err != nil {
+			t.Fatal(err)
+		}
+	}
+	waitFor(t, func() bool {
+		var state string
+		_ = admin.QueryRow(ctx, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication").Scan(&state)
+		return state == "sync"
+	}, "the standby never became synchronous")
+	if gauge(t, reg, "tokenguard_replication_sync") != 0 {
+		t.Fatal("read again before the listener reconnected")
+	}
+	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tokenguard-listener'"); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, func() bool { return gauge(t, reg, "tokenguard_replication_sync") == 1 }, "not read again at the reconnection")
+	if !logged("a failover to a synchronous standby loses no committed token write") {
+		t.Errorf("no line on the change:\n%s", logs.String())
+	}
 }
