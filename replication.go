@@ -28,9 +28,12 @@ func (t *Tokens) observeReplication(ctx context.Context) {
 	if known && before.Synchronous() == r.Synchronous() && before.SyncStandbyNames == r.SyncStandbyNames {
 		return
 	}
-	level := slog.LevelWarn
-	if r.Synchronous() {
-		level = slog.LevelInfo
+	// A lone server is also every development setup: said, not warned
+	// about. Standbys that a failover can promote without the last
+	// commits are.
+	level := slog.LevelInfo
+	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "") {
+		level = slog.LevelWarn
 	}
 	t.log.Log(ctx, level, "tokenguard: "+r.Loss(),
 		slog.Int("standbys", r.Standbys), slog.Int("synchronous_standbys", r.SyncStandbys),
