@@ -32,11 +32,11 @@ func (t *Tokens) observeReplication(ctx context.Context) {
 	// about. Standbys that a failover can promote without the last
 	// commits are.
 	level := slog.LevelInfo
-	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "") {
+	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "" || r.Hidden > 0) {
 		level = slog.LevelWarn
 	}
 	t.log.Log(ctx, level, "tokenguard: "+r.Loss(),
-		slog.Int("standbys", r.Standbys), slog.Int("synchronous_standbys", r.SyncStandbys),
+		slog.Int("standbys", r.Standbys), slog.Int("synchronous_standbys", r.SyncStandbys), slog.Int("hidden_standbys", r.Hidden),
 		slog.String("synchronous_standby_names", r.SyncStandbyNames),
 		slog.String("token_synchronous_commit", d.SyncCommit()))
 }

@@ -19,6 +19,9 @@ type Replication struct {
 	// SyncStandbys how many of them commits wait for (sync_state sync or
 	// quorum).
 	Standbys, SyncStandbys int
+	// Hidden: standbys whose state this role may not see (it needs
+	// pg_read_all_stats, which pg_monitor has).
+	Hidden int
 }
 
 // Synchronous reports whether a commit waits for a standby: then the
@@ -30,6 +33,8 @@ func (r Replication) Loss() string {
 	switch {
 	case r.Synchronous():
 		return "a failover to a synchronous standby loses no committed token write"
+	case r.Hidden > 0:
+		return "the database role may not see whether its standbys are synchronous (grant it pg_monitor): a failover may lose token writes"
 	case r.SyncStandbyNames != "":
 		return "synchronous_standby_names is set but no synchronous standby is connected: commits wait for one to come back; a failover now can lose token writes"
 	case r.Standbys > 0:
@@ -74,15 +79,18 @@ func (r *TokenRepository) ReadReplication(ctx context.Context) (Replication, err
 		Names        string
 		Standbys     int
 		SyncStandbys int
+		Hidden       int
 	}
+	// Without pg_read_all_stats a role sees only the pid of each standby.
 	err := r.db.WithContext(ctx).Raw(`SELECT current_setting('synchronous_standby_names') AS names,
-       count(s.*)::int AS standbys,
-       count(s.*) FILTER (WHERE s.sync_state IN ('sync', 'quorum'))::int AS sync_standbys
+       count(s.pid)::int AS standbys,
+       count(s.pid) FILTER (WHERE s.sync_state IN ('sync', 'quorum'))::int AS sync_standbys,
+       count(s.pid) FILTER (WHERE s.sync_state IS NULL)::int AS hidden
 FROM (SELECT 1) one LEFT JOIN pg_stat_replication s ON true`).Scan(&row).Error
 	if err != nil {
 		return Replication{}, storeError(ctx, "read replication state", err)
 	}
-	return Replication{SyncStandbyNames: row.Names, Standbys: row.Standbys, SyncStandbys: row.SyncStandbys}, nil
+	return Replication{SyncStandbyNames: row.Names, Standbys: row.Standbys, SyncStandbys: row.SyncStandbys, Hidden: row.Hidden}, nil
 }
 
 // Durability holds the synchronous_commit level of the token write and
@@ -136,7 +144,7 @@ func (d *Durability) Configured() string { return d.configured }
 
 // String is for logs.
 func (r Replication) String() string {
-	return "standbys=" + strconv.Itoa(r.Standbys) + " synchronous=" + strconv.Itoa(r.SyncStandbys) +
+	return "standbys=" + strconv.Itoa(r.Standbys) + " synchronous=" + strconv.Itoa(r.SyncStandbys) + " hidden=" + strconv.Itoa(r.Hidden) +
 		" synchronous_standby_names=" + strconv.Quote(r.SyncStandbyNames)
 }
 

@@ -3,6 +3,7 @@ package repository_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -72,5 +73,20 @@ func TestReadReplication(t *testing.T) {
 			t.Errorf("pair (sync %v): %v, synchronous %v, default %s", sync, got, got.Synchronous(), got.DefaultSyncCommit())
 		}
 		t.Log(got.Loss())
+		if !sync {
+			continue
+		}
+		// A role without pg_read_all_stats sees the standby's pid only:
+		// tokenguard says it cannot tell, and keeps the default on.
+		if err := open(t, pair.PrimaryURL()).Exec("CREATE ROLE app LOGIN").Error; err != nil {
+			t.Fatal(err)
+		}
+		got, err = repository.NewTokenRepository(open(t, strings.Replace(pair.PrimaryURL(), "postgres@", "app@", 1)), tokencrypt.Plaintext{}).ReadReplication(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Hidden != 1 || got.Synchronous() || got.DefaultSyncCommit() != "on" || !strings.Contains(got.Loss(), "pg_monitor") {
+			t.Errorf("unprivileged role: %v, %s", got, got.Loss())
+		}
 	}
 }
