@@ -22,7 +22,12 @@ type versionHistory struct {
 	mu    sync.Mutex
 	known int64  // newest version known committed
 	at    uint64 // tokenCache.seq when known became known
-	lost  int64  // the stored version found behind known, until a newer one is known
+	// own is the newest version this process wrote or read itself (not
+	// one only announced): what a check after the lock is released
+	// compares with, as the pass's own last write (a needs_reauth, which
+	// the pass does not report) may have been announced meanwhile.
+	own  int64
+	lost int64 // the stored version found behind known, until a newer one is known
 }
 
 // everything is the mark of a read made under the connection's lock:
@@ -45,34 +50,48 @@ func (c *tokenCache) knew(id string, version int64, announced bool) {
 	}
 	h := &slot.hist
 	h.mu.Lock()
+	h.learn(version, c)
+	if !announced {
+		h.own = max(h.own, version)
+	}
+	h.mu.Unlock()
+}
+
+func (h *versionHistory) learn(version int64, c *tokenCache) {
 	if version > h.known {
 		h.known, h.at = version, c.seq.Add(1)
 		if version > h.lost {
 			h.lost = 0
 		}
 	}
-	h.mu.Unlock()
 }
 
 // read records that a read of the store begun at m found version of id.
 // A version below one known committed before the read began means the
 // database lost commits: the first read that shows it reports it (once per
 // lost history), and the stored version becomes what is known.
-func (c *tokenCache) read(id string, version int64, m cacheMark) {
+func (c *tokenCache) read(id string, version int64, m cacheMark) { c.check(id, version, m, false) }
+
+// readAfterLock is read for a version read under the connection's lock
+// that has been released since: only what this process wrote or read
+// itself counts (see versionHistory.own).
+func (c *tokenCache) readAfterLock(id string, version int64) { c.check(id, version, everything, true) }
+
+func (c *tokenCache) check(id string, version int64, m cacheMark, ownOnly bool) {
 	if version < 1 {
 		return
 	}
 	h := &c.slot(id).hist
 	h.mu.Lock()
-	known := h.known
-	regressed := version < known && h.at <= m.seq
+	known, regressed := h.known, version < h.known && h.at <= m.seq
+	if ownOnly {
+		known, regressed = h.own, version < h.own
+	}
 	if regressed {
-		h.known, h.at, h.lost = version, c.seq.Add(1), version
-	} else if version > h.known {
-		h.known, h.at = version, c.seq.Add(1)
-		if version > h.lost {
-			h.lost = 0
-		}
+		h.known, h.at, h.own, h.lost = version, c.seq.Add(1), version, version
+	} else {
+		h.learn(version, c)
+		h.own = max(h.own, version)
 	}
 	h.mu.Unlock()
 	if regressed && c.onRegress != nil {

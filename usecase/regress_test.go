@@ -83,3 +83,23 @@ func TestReasonForOtherErrors(t *testing.T) {
 		t.Errorf("reason = %q", r)
 	}
 }
+
+// After the lock, only what the process wrote or read itself counts: the
+// needs_reauth a pass stores for a rejected grant is announced (at the
+// next version) before the pass is observed, and is no regression.
+func TestRejectedGrantChecksOnlyOwnVersions(t *testing.T) {
+	var c tokenCache
+	got := watched(&c)
+	c.setTrusted(true)
+	c.put(cached(2), c.begin(), 0)
+	c.invalidate("acme", 3) // the pass's own needs_reauth, announced
+	c.readAfterLock("acme", 2)
+	if len(*got) != 0 {
+		t.Fatalf("the pass's own needs_reauth taken for a regression: %v", *got)
+	}
+	c.knew("acme", 4, false) // stored by this process
+	c.readAfterLock("acme", 3)
+	if len(*got) != 1 || (*got)[0] != (regression{"acme", 4, 3}) {
+		t.Fatalf("regressions = %v, want acme 4 -> 3", *got)
+	}
+}
