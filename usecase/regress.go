@@ -22,10 +22,13 @@ type versionHistory struct {
 	mu    sync.Mutex
 	known int64  // newest version known committed
 	at    uint64 // tokenCache.seq when known became known
+	epoch uint64 // cache epoch then
 	// own is the newest version this process wrote or read itself (not
-	// one only announced): what a check after the lock is released
-	// compares with, as the pass's own last write (a needs_reauth, which
-	// the pass does not report) may have been announced meanwhile.
+	// one only announced). A check after the lock is released compares
+	// with it, and with a known version from an older cache epoch (heard
+	// before the change listener last reconnected, as before a failover):
+	// the pass's own last write (a needs_reauth, which the pass does not
+	// report) may have been announced in the current one meanwhile.
 	own  int64
 	lost int64 // the stored version found behind known, until a newer one is known
 }
@@ -59,7 +62,7 @@ func (c *tokenCache) knew(id string, version int64, announced bool) {
 
 func (h *versionHistory) learn(version int64, c *tokenCache) {
 	if version > h.known {
-		h.known, h.at = version, c.seq.Add(1)
+		h.known, h.at, h.epoch = version, c.seq.Add(1), c.epoch.Load()
 		if version > h.lost {
 			h.lost = 0
 		}
@@ -74,7 +77,8 @@ func (c *tokenCache) read(id string, version int64, m cacheMark) { c.check(id, v
 
 // readAfterLock is read for a version read under the connection's lock
 // that has been released since: only what this process wrote or read
-// itself counts (see versionHistory.own).
+// itself, or heard of before the listener last reconnected, counts (see
+// versionHistory.own).
 func (c *tokenCache) readAfterLock(id string, version int64) { c.check(id, version, everything, true) }
 
 func (c *tokenCache) check(id string, version int64, m cacheMark, ownOnly bool) {
@@ -85,10 +89,13 @@ func (c *tokenCache) check(id string, version int64, m cacheMark, ownOnly bool) 
 	h.mu.Lock()
 	known, regressed := h.known, version < h.known && h.at <= m.seq
 	if ownOnly {
-		known, regressed = h.own, version < h.own
+		regressed = version < h.own || version < h.known && h.epoch < c.epoch.Load()
+		if version >= h.known || h.epoch >= c.epoch.Load() {
+			known = h.own
+		}
 	}
 	if regressed {
-		h.known, h.at, h.own, h.lost = version, c.seq.Add(1), version, version
+		h.known, h.at, h.epoch, h.own, h.lost = version, c.seq.Add(1), c.epoch.Load(), version, version
 	} else {
 		h.learn(version, c)
 		h.own = max(h.own, version)

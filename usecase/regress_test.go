@@ -102,4 +102,13 @@ func TestRejectedGrantChecksOnlyOwnVersions(t *testing.T) {
 	if len(*got) != 1 || (*got)[0] != (regression{"acme", 4, 3}) {
 		t.Fatalf("regressions = %v, want acme 4 -> 3", *got)
 	}
+	// Announced by another process, then the listener reconnected (a
+	// failover): no longer the pass's own write.
+	c.invalidate("acme", 5)
+	c.setTrusted(false)
+	c.setTrusted(true)
+	c.readAfterLock("acme", 4)
+	if len(*got) != 2 || (*got)[1] != (regression{"acme", 5, 4}) {
+		t.Fatalf("regressions = %v, want acme 5 -> 4 second", *got)
+	}
 }
