@@ -128,7 +128,29 @@ demo-screenshot:
 # restarts, a stalled LISTEN session. Prints the invariant table
 # (docs/operations.md, "Soak"), writes soak-out/report.json, and fails
 # when an invariant does. SOAK_FLAGS: --seed N --fault-gap 8s
+# SOAK_FAILOVER=1 runs the failover soak instead (soak-failover).
 SOAK_DURATION ?= 10m
+SOAK_FAILOVER ?=
 .PHONY: soak
 soak: build
+ifneq ($(SOAK_FAILOVER),)
+	@$(MAKE) --no-print-directory soak-failover
+else
 	./bin/soak --duration $(SOAK_DURATION) $(SOAK_FLAGS)
+endif
+
+# The failover soak (docs/operations.md, "High availability"): server,
+# worker and batch under load with 4 s tokens, on a throw-away primary and
+# streaming standby (initdb, pg_basebackup -R) behind a DSN naming both
+# with target_session_attrs=read-write; SOAK_FAILOVERS times, at random
+# moments (half of them right as a refresh answered), the replication link
+# is cut, the primary stopped with -m immediate, the standby promoted and
+# the old primary rebuilt as the new standby. Two runs: a synchronous
+# standby (no rotation lost, no reuse, no needs_reauth) and an
+# asynchronous one (every lost rotation detected and reported, as many as
+# the provider's reuses). Reports in soak-out/failover-{sync,async}/.
+SOAK_FAILOVERS ?= 10
+.PHONY: soak-failover
+soak-failover: build
+	./bin/soak --failover sync --failovers $(SOAK_FAILOVERS) --out soak-out/failover-sync $(SOAK_FLAGS)
+	./bin/soak --failover async --failovers $(SOAK_FAILOVERS) --out soak-out/failover-async $(SOAK_FLAGS)

@@ -58,6 +58,9 @@ var (
 	// revocation endpoint is configured (WithRevocationURL). Nothing was
 	// changed.
 	ErrNoRevocationEndpoint = domain.ErrNoRevocationEndpoint
+	// ErrInvalidSyncCommit: WithSyncCommit was given a level other than
+	// off, local, remote_write, on or remote_apply.
+	ErrInvalidSyncCommit = domain.ErrInvalidSyncCommit
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
 )

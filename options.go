@@ -27,6 +27,7 @@ type options struct {
 	defaultLifetime                time.Duration
 	profile                        string
 	profileParams                  map[string]string
+	syncCommit                     string
 }
 
 // WithSkew refreshes a token once it is within d of its expiry (default
@@ -117,3 +118,11 @@ func WithDefaultLifetime(d time.Duration) Option { return func(o *options) { o.d
 // authenticating the client as at the token endpoint. Without it,
 // Disconnect with revoke fails with ErrNoRevocationEndpoint.
 func WithRevocationURL(url string) Option { return func(o *options) { o.revocationURL = url } }
+
+// WithSyncCommit is the synchronous_commit level of the transactions that
+// store a rotated refresh token or claim a refresh: off, local,
+// remote_write, on or remote_apply (New fails with ErrInvalidSyncCommit on
+// anything else). Default: remote_apply while the primary has a
+// synchronous standby (a success means the standby has the token), else
+// on.
+func WithSyncCommit(level string) Option { return func(o *options) { o.syncCommit = level } }

@@ -174,6 +174,11 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	repo := repository.NewTokenRepository(rdb, sealer)
+	durability, err := repository.NewDurability(o.syncCommit)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
+	}
+	repo.SetDurability(durability)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -261,15 +266,20 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	t.providers.OnChange(t.uc.ProviderChanged)
+	t.uc.OnRolledBack(t.rolledBack)
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	t.repo = repo
+	lone := t.readReplication(ctx, false)
 	t.disconnect = newDisconnect(repo, cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
 	path := "pipelined on pgx"
 	if !pipelined {
 		path = "GORM transactions (the driver is not pgx)"
 	}
-	o.log.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)",
-		slog.String("lock_transactions", path))
+	attrs := []any{slog.String("lock_transactions", path)}
+	if lone != "" {
+		attrs = append(attrs, slog.String("replication", lone))
+	}
+	o.log.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)", attrs...)
 	return t, nil
 }
 
@@ -416,7 +426,7 @@ func (t *Tokens) Run(ctx context.Context) error {
 	defer t.running.Store(false)
 	go t.clock.Run(ctx, clockInterval)
 	err := repository.NewChangeListener(t.dsn, cacheState{ChangeTarget: t.uc, t: t}, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
-		OnProviderChange(t.providers.Changed).Run(ctx)
+		OnProviderChange(t.providers.Changed).OnConnect(t.observeReplication).Run(ctx)
 	return t.ran(err)
 }
 

@@ -17,6 +17,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/repository"
 )
 
 // Config is everything the apps read from the environment. See the
@@ -34,6 +35,10 @@ type Config struct {
 	CacheSize int `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
 	// MaxRefreshesInFlight bounds the refreshes each process runs at once.
 	MaxRefreshesInFlight int `env:"TOKEN_MAX_REFRESHES_IN_FLIGHT" envDefault:"64"`
+	// SyncCommit is the synchronous_commit level of the token writes and
+	// refresh claims (off, local, remote_write, on, remote_apply). Unset:
+	// remote_apply while the primary has a synchronous standby, else on.
+	SyncCommit string `env:"TOKEN_SYNC_COMMIT"`
 	// MigrateOnStart applies pending migrations when an app starts.
 	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
 	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt). Unset
@@ -234,6 +239,9 @@ func (c Config) validate() error {
 	}
 	if c.CacheSize < 1 {
 		return errors.New("TOKEN_CACHE_SIZE must be at least 1")
+	}
+	if _, err := repository.ParseSyncCommit(c.SyncCommit); err != nil {
+		return fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
 	}
 	if _, err := c.OAuth.authStyle(); err != nil {
 		return err

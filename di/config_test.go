@@ -57,6 +57,8 @@ func TestConfigErrorsNameTheVariable(t *testing.T) {
 		"default lifetime":  {append(base, "TOKEN_DEFAULT_LIFETIME=1h"), ""},
 		"bad lifetime":      {append(base, "TOKEN_DEFAULT_LIFETIME=long"), "TOKEN_DEFAULT_LIFETIME is malformed"},
 		"negative lifetime": {append(base, "TOKEN_DEFAULT_LIFETIME=-1s"), "TOKEN_DEFAULT_LIFETIME must not be negative"},
+		"sync commit":       {append(base, "TOKEN_SYNC_COMMIT=remote_apply"), ""},
+		"bad sync commit":   {append(base, "TOKEN_SYNC_COMMIT=always"), "TOKEN_SYNC_COMMIT: invalid synchronous_commit level"},
 	}
 	for name, c := range cases {
 		t.Run(name, func(t *testing.T) {

@@ -98,6 +98,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		tokenguard.WithRefreshTimeout(cfg.RefreshTimeout),
 		tokenguard.WithCacheSize(cfg.CacheSize),
 		tokenguard.WithMaxRefreshesInFlight(cfg.MaxRefreshesInFlight),
+		tokenguard.WithSyncCommit(cfg.SyncCommit),
 		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
 		tokenguard.WithLogger(log),
 		tokenguard.WithHTTPClient(tokenHTTP),

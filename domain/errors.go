@@ -54,6 +54,9 @@ var (
 	// provider account than the stored one, and the connect session did
 	// not allow the change. Nothing was stored.
 	ErrAccountMismatch = errors.New("the grant is from a different provider account than the connection's")
+	// ErrInvalidSyncCommit: a synchronous_commit level for the token
+	// writes other than off, local, remote_write, on or remote_apply.
+	ErrInvalidSyncCommit = errors.New("invalid synchronous_commit level")
 	// ErrUnauthorized: a missing, unknown or revoked API key or connect
 	// session.
 	ErrUnauthorized = errors.New("unauthorized")

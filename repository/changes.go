@@ -70,6 +70,8 @@ type ChangeListener struct {
 	// Provider changes (OnProviderChange); nil: not followed.
 	onProvider      func(name string)
 	providerChannel string
+
+	onConnect func(ctx context.Context) // OnConnect; nil: none
 }
 
 // NewChangeListener listens on the database at url for target. log may be nil.
@@ -111,6 +113,14 @@ func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *Cha
 // missed. fn must not block for long: notifications wait for it.
 func (l *ChangeListener) OnProviderChange(fn func(name string)) *ChangeListener {
 	l.onProvider = fn
+	return l
+}
+
+// OnConnect calls fn right after each (re)connection of the listener, the
+// moment a failover shows (a new primary answers): fn must be quick, as
+// notifications wait for it.
+func (l *ChangeListener) OnConnect(fn func(ctx context.Context)) *ChangeListener {
+	l.onConnect = fn
 	return l
 }
 
@@ -264,7 +274,10 @@ type changeHandler struct{ l *ChangeListener }
 // HandleBacklog runs right after LISTEN succeeded: from now on nothing is
 // missed, so the cache may be trusted again (in a new epoch). With a
 // heartbeat, the first beat heard does that instead.
-func (h changeHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
+func (h changeHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
+	if h.l.onConnect != nil {
+		h.l.onConnect(ctx)
+	}
 	if h.l.beatDB == nil {
 		h.l.trust(true)
 	}

@@ -144,20 +144,26 @@ func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
 	}
 }
 
-// WithSyncCommit sets synchronous_commit in the transactions that commit a
-// lease or a token: a level the server does not know fails them (so the
-// setting does reach them), a known one commits as usual.
+// The Durability's level is set (synchronous_commit) in the transactions
+// that commit a lease or a token: a level the server does not know fails
+// them (so the setting does reach them), a known one commits as usual.
 func TestSyncCommitReachesTheLockTransactions(t *testing.T) {
 	r, db, _ := newRepo(t)
 	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
-	bad := repository.NewTokenRepository(db, tokencrypt.Plaintext{}).WithSyncCommit("everywhere")
+	bad := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+	bad.SetDurability(repository.NewDurabilityUnchecked("everywhere"))
 	if _, err := lease(t, bad, tok); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Fatalf("lease with an unknown level: %v, want the server's refusal", err)
 	}
 	if _, err := bad.SaveLocked(context.Background(), time.Second, tok); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Fatalf("save with an unknown level: %v, want the server's refusal", err)
 	}
-	good := repository.NewTokenRepository(db, tokencrypt.Plaintext{}).WithSyncCommit("remote_apply")
+	good := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+	level, err := repository.NewDurability("remote_apply")
+	if err != nil {
+		t.Fatal(err)
+	}
+	good.SetDurability(level)
 	end, err := lease(t, good, tok)
 	if err != nil {
 		t.Fatal(err)

@@ -77,7 +77,7 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mo
 		if err != nil {
 			return errNotPgx
 		}
-		found, tx.held, tx.first, tx.leased, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit)
+		found, tx.held, tx.first, tx.leased, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit())
 		return err
 	})
 	if errors.Is(err, errNotPgx) {
@@ -366,8 +366,8 @@ func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t 
 		}
 		var b pgx.Batch
 		b.Queue("BEGIN")
-		if r.syncCommit != "" {
-			b.Queue(setSyncCommitSQL, r.syncCommit)
+		if r.syncCommit() != "" {
+			b.Queue(setSyncCommitSQL, r.syncCommit())
 		}
 		if wait > 0 {
 			b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)))

@@ -34,8 +34,8 @@ func (r *TokenRepository) beginPlain(ctx context.Context, connection string, mod
 	}
 	tx := &lockTx{plain: &plainTx{tx: g, cancel: cancel}}
 	var err error
-	if r.syncCommit != "" {
-		err = g.WithContext(ctx).Exec("SELECT set_config('synchronous_commit', ?, true)", r.syncCommit).Error
+	if r.syncCommit() != "" {
+		err = g.WithContext(ctx).Exec("SELECT set_config('synchronous_commit', ?, true)", r.syncCommit()).Error
 	}
 	held, found := false, false
 	if err == nil {

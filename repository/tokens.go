@@ -20,10 +20,9 @@ type TokenRepository struct {
 	sealer Sealer
 	notPgx atomic.Bool   // the pool's driver is not pgx: lock through GORM
 	leases *leaseRenewer // renews the refresh leases this process holds
-	// syncCommit is the synchronous_commit level of the lock's
-	// transactions, which commit leases and rotated tokens; "" leaves the
-	// server's setting.
-	syncCommit string
+	// durability is the synchronous_commit level of the transactions that
+	// commit a lease or a token (SetDurability; nil: the server's setting).
+	durability *Durability
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
@@ -35,15 +34,13 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}}
 }
 
-// WithSyncCommit sets synchronous_commit (off, local, remote_write, on,
-// remote_apply) for the transactions that commit a refresh lease or a
-// token, so that a commit returned to the caller has reached as far as
-// level says: with remote_apply and a synchronous standby, a rotated
-// refresh token committed survives a failover. "" leaves the server's
-// setting. It returns r.
-func (r *TokenRepository) WithSyncCommit(level string) *TokenRepository {
-	r.syncCommit = level
-	return r
+// syncCommit is the synchronous_commit level of the transactions that
+// commit a lease or a token (Durability); "" leaves the server's setting.
+func (r *TokenRepository) syncCommit() string {
+	if r.durability == nil {
+		return ""
+	}
+	return r.durability.SyncCommit()
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.

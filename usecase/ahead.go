@@ -210,7 +210,7 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 			NewVersion: r.tok.Version, ProviderLatency: r.latency, Err: errors.Join(err, r.revoked), Outcome: outcome(err)}
 		if r.revoked != nil {
 			ev.Outcome = OutcomeInvalidGrant
-			u.opts.OnNeedsReauth(id, reason(r.revoked))
+			u.opts.OnNeedsReauth(id, r.reason)
 		}
 		u.observe(ev)
 	}

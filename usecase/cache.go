@@ -38,6 +38,10 @@ type tokenCache struct {
 
 	seq    atomic.Uint64
 	shards [cacheShards]atomic.Uint64 // seq of the last slot-less change or eviction per shard
+
+	// onRegress is told when a read finds a connection behind a version
+	// known committed (regress.go); nil: nobody.
+	onRegress func(id string, known, stored int64)
 }
 
 const cacheShards = 256
@@ -51,8 +55,9 @@ var shardSeed = maphash.MakeSeed()
 func shardOf(id string) int { return int(maphash.String(shardSeed, id) % cacheShards) }
 
 type cacheSlot struct {
-	cur atomic.Pointer[snapshot]
-	ref atomic.Bool // hit since the last sweep
+	cur  atomic.Pointer[snapshot]
+	ref  atomic.Bool // hit since the last sweep
+	hist versionHistory
 }
 
 type snapshot struct {
@@ -112,6 +117,7 @@ func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(),
 // put remembers tok, fresh until its expiry minus skew, if nothing newer is
 // known. The refresh token stays out: the hot path never needs it.
 func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
+	c.read(tok.Connection, tok.Version, m)
 	if !c.trusted.Load() || tok.Status != domain.StatusActive || c.shards[shardOf(tok.Connection)].Load() > m.seq {
 		return
 	}
@@ -144,6 +150,7 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 // invalidate records that the stored token of id is now at version: any
 // older cached token is dropped.
 func (c *tokenCache) invalidate(id string, version int64) {
+	c.knew(id, version, true)
 	v, ok := c.slots.Load(id)
 	if !ok {
 		c.shards[shardOf(id)].Store(c.seq.Add(1))

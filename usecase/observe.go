@@ -105,4 +105,14 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	}
 	u.opts.Logger.LogAttrs(context.Background(), level, "token refresh", attrs...)
 	u.opts.Observer.Refreshed(e)
+	// A grant rejected at a version behind one this process wrote or read
+	// itself: the database went back in time (regress.go). Only this
+	// outcome is checked here, after the lock: a version another process
+	// committed since has no room before a rejected grant.
+	if e.Outcome == OutcomeInvalidGrant && e.OldVersion > 0 {
+		u.cache.readAfterLock(e.Connection, e.OldVersion)
+	}
+	if e.NewVersion > 0 {
+		u.cache.knew(e.Connection, e.NewVersion, false)
+	}
 }

@@ -180,8 +180,8 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	if err == nil && r.revoked != nil {
 		ev.Outcome, err = OutcomeInvalidGrant, r.revoked
 		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
-			"connection", connection, "reason", reason(r.revoked))
-		u.opts.OnNeedsReauth(connection, reason(r.revoked))
+			"connection", connection, "reason", r.reason)
+		u.opts.OnNeedsReauth(connection, r.reason)
 	}
 	var stillValid error // the failure a still-valid token is served through
 	if err != nil && !forced && untouched(err) && usable(current, u.opts.Clock.Now()) {
@@ -392,7 +392,10 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 		// Permanent: record it (keeping the refresh token for forensics)
 		// so that no process redeems it again.
 		dead := t
-		dead.Status, dead.StatusReason = domain.StatusNeedsReauth, reason(rejected)
+		// rolled_back when the store went back behind a version this
+		// process knew (a failover lost the rotated token).
+		dead.Status, dead.StatusReason = domain.StatusNeedsReauth, u.reasonFor(dead, rejected)
+		r.reason = dead.StatusReason
 		_, err = s.Save(txCtx, dead)
 		return err
 	})
@@ -501,6 +504,7 @@ type redeemed struct {
 	from    domain.Secret // the refresh token spent
 	rotated *domain.Token // the provider's answer, as soon as there is one, written or not
 	revoked error         // the grant is dead: stored as needs_reauth
+	reason  string        // why, as stored
 	latency time.Duration // of the provider call
 }
 

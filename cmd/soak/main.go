@@ -23,6 +23,8 @@ func main() {
 	flag.DurationVar(&o.FaultGap, "fault-gap", 0, "mean time between faults (default 8s)")
 	flag.Uint64Var(&o.Seed, "seed", 0, "seed of the fault schedule (default: from the clock)")
 	flag.BoolVar(&o.Control, "control", false, "also kill inside the rotation window and answer refreshes after the client gave up: the invariants must then fail")
+	flag.StringVar(&o.Failover, "failover", "", "sync or async: the failover soak, on a primary and a synchronous or asynchronous standby")
+	flag.IntVar(&o.Failovers, "failovers", 0, "failover soak: how many failovers (default 10)")
 	flag.StringVar(&o.BinDir, "bin", "bin", "directory of the built apps")
 	flag.StringVar(&o.OutDir, "out", "soak-out", "directory for logs and report.json")
 	flag.Parse()

@@ -65,6 +65,8 @@ type Metrics struct {
 	providers       providerLabels
 	invalidations   prometheus.Counter
 	listener        prometheus.Gauge
+	replicationSync prometheus.Gauge
+	regressions     prometheus.Counter
 
 	// The cache lookup is counted on every Token call, the hot path: see
 	// stripedCounter. misses is the slow path and may share a line.
@@ -130,6 +132,14 @@ func New(o Options) *Metrics {
 		Name: "tokenguard_token_listener_connected",
 		Help: "1 while the change listener is connected and the in-process cache is trusted; 0 while every call reads the database.",
 	})
+	m.replicationSync = prometheus.NewGauge(prometheus.GaugeOpts{
+		Name: "tokenguard_replication_sync",
+		Help: "1 while the database is a primary whose commits wait for a synchronous standby (a failover loses no committed token write); 0 otherwise. Read at start and at each reconnection of the change listener.",
+	})
+	m.regressions = prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "tokenguard_token_version_regressions_total",
+		Help: "Connections this process found stored at an older version than one it knew committed: the database went back in time (a failover to an asynchronous standby, a restore). The stored refresh token is probably spent at the provider.",
+	})
 	if !o.ConnectionLabel {
 		for _, oc := range outcomes {
 			for _, tr := range []string{TriggerExpiry, TriggerUnauthorized} {
@@ -138,7 +148,7 @@ func New(o Options) *Metrics {
 		}
 		m.forced.WithLabelValues()
 	}
-	m.registerer.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener, cacheCollector{m})
+	m.registerer.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener, m.replicationSync, m.regressions, cacheCollector{m})
 	return m
 }
 
@@ -225,6 +235,20 @@ func (m *Metrics) ListenerConnected(ok bool) {
 		m.listener.Set(0)
 	}
 }
+
+// ReplicationSync records whether the database's commits wait for a
+// synchronous standby.
+func (m *Metrics) ReplicationSync(ok bool) {
+	if ok {
+		m.replicationSync.Set(1)
+	} else {
+		m.replicationSync.Set(0)
+	}
+}
+
+// VersionRegressed counts a connection found stored at an older version
+// than one this process knew committed.
+func (m *Metrics) VersionRegressed() { m.regressions.Inc() }
 
 var _ usecase.Observer = (*Metrics)(nil)
 

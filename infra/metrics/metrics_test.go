@@ -101,6 +101,9 @@ func TestObserverEventsBecomeMetrics(t *testing.T) {
 	m.Invalidated()
 	m.Invalidated()
 	m.ListenerConnected(true)
+	m.ReplicationSync(true)
+	m.VersionRegressed()
+	m.VersionRegressed()
 
 	fams, body := scrape(t, route(m))
 	for _, c := range []struct {
@@ -121,6 +124,8 @@ func TestObserverEventsBecomeMetrics(t *testing.T) {
 		{"tokenguard_provider_refresh_duration_seconds", nil, 3}, // the skipped pass called nobody
 		{"tokenguard_token_invalidations_total", nil, 2},
 		{"tokenguard_token_listener_connected", nil, 1},
+		{"tokenguard_replication_sync", nil, 1},
+		{"tokenguard_token_version_regressions_total", nil, 2},
 	} {
 		if got := value(fams, c.name, c.labels...); got != c.want {
 			t.Errorf("%s%v = %v, want %v", c.name, c.labels, got, c.want)

@@ -28,7 +28,7 @@ import (
 // receivers deduplicate on it.
 type WebhookEvent struct {
 	ID         string          `json:"id"`
-	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered
+	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered, connection.rolled_back
 	Connection string          `json:"connection"`
 	OccurredAt time.Time       `json:"occurred_at"`
 	Data       json.RawMessage `json:"data"`

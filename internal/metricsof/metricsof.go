@@ -15,6 +15,11 @@ import (
 type Metrics interface {
 	usecase.Observer
 	ListenerConnected(connected bool)
+	// ReplicationSync: whether the primary has a synchronous standby.
+	ReplicationSync(ok bool)
+	// VersionRegressed counts a connection read at an older version than
+	// this process knew (a failover or restore lost a write).
+	VersionRegressed()
 }
 
 // Build makes the metrics of one *tokenguard.Tokens: repo counts its

@@ -117,6 +117,7 @@ const (
 // logLine keeps an app's line and follows its rotated tokens in hand.
 func (s *soak) logLine(a *app, line string) {
 	_, _ = a.log.WriteString(line + "\n")
+	s.versions.line(line)
 	if !strings.Contains(line, "rotated refresh token") {
 		return
 	}

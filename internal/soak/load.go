@@ -59,18 +59,54 @@ func (c *calls) firstOKAfter(kind string, t time.Time) (time.Time, bool) {
 type events struct {
 	mu  sync.Mutex
 	all []int64
+	at  []time.Time
+	// exempt: accepted around a failover to an asynchronous standby,
+	// which may have lost them with the rest of the last commits.
+	exempt map[int64]bool
 }
 
 func (e *events) add(id int64) {
 	e.mu.Lock()
 	e.all = append(e.all, id)
+	e.at = append(e.at, time.Now())
 	e.mu.Unlock()
 }
 
+// ids are the events accepted, but the exempt ones.
 func (e *events) ids() []int64 {
 	e.mu.Lock()
 	defer e.mu.Unlock()
-	return append([]int64(nil), e.all...)
+	out := make([]int64, 0, len(e.all))
+	for _, id := range e.all {
+		if !e.exempt[id] {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// exemptBetween exempts the events accepted between from and to, and
+// returns how many.
+func (e *events) exemptBetween(from, to time.Time) int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	if e.exempt == nil {
+		e.exempt = map[int64]bool{}
+	}
+	n := 0
+	for i, at := range e.at {
+		if !at.Before(from) && !at.After(to) && !e.exempt[e.all[i]] {
+			e.exempt[e.all[i]] = true
+			n++
+		}
+	}
+	return n
+}
+
+func (e *events) exempted() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return len(e.exempt)
 }
 
 // load calls the server's resource route from Concurrency clients and
@@ -162,7 +198,8 @@ type checks struct {
 	mu          sync.Mutex
 	reuse       int64
 	reuseAt     string
-	needsReauth map[string]string // connection -> first seen (offset) and reason
+	needsReauth map[string]string   // connection -> first seen (offset) and reason
+	regranted   map[string][]string // failover soak: connection -> reasons of the needs_reauth it was granted again after
 }
 
 // watch checks the invariants that can break at any moment, every second.

@@ -40,8 +40,13 @@ type Report struct {
 	Dropped       []LogEntry       `json:"rotated_dropped"`
 	KillsDeferred int              `json:"kills_deferred"`
 	Faults        []*Fault         `json:"faults"`
-	Problems      []string         `json:"problems"`
-	OK            bool             `json:"ok"`
+	// The failover soak (Options.Failover): its mode, each failover, and
+	// the connection.rolled_back events the webhook receiver got.
+	FailoverMode       string      `json:"failover_mode,omitempty"`
+	Failovers          []*Failover `json:"failovers,omitempty"`
+	RolledBackWebhooks int         `json:"rolled_back_webhooks,omitempty"`
+	Problems           []string    `json:"problems"`
+	OK                 bool        `json:"ok"`
 }
 
 // Invariant is one row of the table.
@@ -181,25 +186,53 @@ func (s *soak) finish(ctx context.Context, rep *Report, faultEnd time.Time) {
 	}
 	s.checks.mu.Unlock()
 	sort.Strings(reauth)
+	// A new grant given after a needs_reauth (failover soak) replaces the
+	// refresh token too, without a rotation.
+	regrants := int64(0)
+	s.checks.mu.Lock()
+	for _, rs := range s.checks.regranted {
+		regrants += int64(len(rs))
+	}
+	s.checks.mu.Unlock()
+	stored -= regrants
 	unaccounted := rep.Provider.Refreshes - stored - int64(len(rep.Dropped))
 
 	inv := func(name string, ok bool, format string, a ...any) {
 		rep.Invariants = append(rep.Invariants, Invariant{Name: name, Value: fmt.Sprintf(format, a...), OK: ok})
 	}
-	inv("refresh-token reuse (provider)", rep.Provider.RefreshReuse == 0, "%d", rep.Provider.RefreshReuse)
-	inv("connections wrongly marked needs_reauth", len(reauth) == 0, "%d%s", len(reauth), list(reauth))
+	async := s.o.Failover == FailoverAsync
+	if !async { // there, each lost rotation is a reuse: the failover rows count them
+		inv("refresh-token reuse (provider)", rep.Provider.RefreshReuse == 0, "%d", rep.Provider.RefreshReuse)
+		inv("connections wrongly marked needs_reauth", len(reauth) == 0, "%d%s", len(reauth), list(reauth))
+	}
+	exempt := ""
+	if n := s.events.exempted(); n > 0 {
+		exempt = fmt.Sprintf("; %d accepted around a failover to the asynchronous standby left out", n)
+	}
 	inv("accepted events processed (by id, River job completed)", rep.Events.Processed == rep.Events.Accepted && rep.Events.Accepted > 0,
-		"%d/%d (%d attempts)", rep.Events.Processed, rep.Events.Accepted, rep.Events.Attempts)
-	inv("rotated tokens stored or logged lost", unaccounted == 0,
-		"%d rotations = %d stored + %d dropped (logged); %d unaccounted; %d persisted on retry",
-		rep.Provider.Refreshes, stored, len(rep.Dropped), unaccounted, len(rep.Retried))
+		"%d/%d (%d attempts)%s", rep.Events.Processed, rep.Events.Accepted, rep.Events.Attempts, exempt)
+	lostInFailovers := int64(0)
+	s.fo.mu.Lock()
+	for _, f := range s.fo.all {
+		for _, n := range f.Lost {
+			lostInFailovers += n
+		}
+	}
+	s.fo.mu.Unlock()
+	inv("rotated tokens stored or logged lost", unaccounted == lostInFailovers,
+		"%d rotations = %d stored + %d dropped (logged) + %d lost in failovers (detected); %d unaccounted; %d persisted on retry",
+		rep.Provider.Refreshes, stored, len(rep.Dropped), lostInFailovers, unaccounted-lostInFailovers, len(rep.Retried))
 	rep.WindowShare = coverage(windows, s.start, faultEnd)
 	inv("failed calls outside fault windows", len(rep.Unexplained) == 0, "%d of %d failed calls (windows cover %.0f%% of the run)",
 		len(rep.Unexplained), len(bad), rep.WindowShare*100)
-	// The first fault drawn is a restart (inject).
-	inv("Postgres restarts: down / recovery p50, p99", recovered && (len(restarts) > 0 || s.o.Duration < 30*time.Second),
-		"%d restarts; down %s, %s; recovery %s, %s", len(restarts),
-		round(percentile(downs, 0.5)), round(percentile(downs, 0.99)), round(percentile(recoveries, 0.5)), round(percentile(recoveries, 0.99)))
+	if s.o.Failover != "" {
+		s.failoverInvariants(rep, inv)
+	} else {
+		// The first fault drawn is a restart (inject).
+		inv("Postgres restarts: down / recovery p50, p99", recovered && (len(restarts) > 0 || s.o.Duration < 30*time.Second),
+			"%d restarts; down %s, %s; recovery %s, %s", len(restarts),
+			round(percentile(downs, 0.5)), round(percentile(downs, 0.99)), round(percentile(recoveries, 0.5)), round(percentile(recoveries, 0.99)))
+	}
 	rep.OK = true
 	for _, i := range rep.Invariants {
 		rep.OK = rep.OK && i.OK
@@ -324,9 +357,12 @@ func (rep *Report) Print(w io.Writer) {
 		}
 		fmt.Fprintf(w, "| %-55s | %-4s | %s\n", i.Name, ok, i.Value)
 	}
-	fmt.Fprintf(w, "\nPostgres restarts\n| at | down | recovery | failed calls |\n")
-	for _, r := range rep.Restarts {
-		fmt.Fprintf(w, "| %s | %s | %s | %d |\n", r.At, r.Down, r.Recovery, r.Failed)
+	rep.printFailovers(w)
+	if rep.FailoverMode == "" {
+		fmt.Fprintf(w, "\nPostgres restarts\n| at | down | recovery | failed calls |\n")
+		for _, r := range rep.Restarts {
+			fmt.Fprintf(w, "| %s | %s | %s | %d |\n", r.At, r.Down, r.Recovery, r.Failed)
+		}
 	}
 	kinds := make([]string, 0, len(rep.FailedByFault))
 	for k := range rep.FailedByFault {

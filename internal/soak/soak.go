@@ -46,6 +46,12 @@ type Options struct {
 	// rotation window, and a provider that answers only after the client
 	// gave up (TOKEN_REFRESH_TIMEOUT). A control run is expected to fail.
 	Control bool
+	// Failover, when FailoverSync or FailoverAsync, runs the failover
+	// soak instead: the apps on a primary and a streaming standby
+	// (synchronous or not) behind one DSN, and Failovers failovers
+	// FaultGap apart on average, no other fault. Duration is then unused.
+	Failover  string
+	Failovers int // default 10
 }
 
 func (o Options) withDefaults() Options {
@@ -72,6 +78,9 @@ func (o Options) withDefaults() Options {
 	}
 	if o.EventsPerSecond <= 0 {
 		o.EventsPerSecond = 10
+	}
+	if o.Failovers <= 0 {
+		o.Failovers = 10
 	}
 	if o.Seed == 0 {
 		o.Seed = uint64(time.Now().UnixNano())
@@ -101,7 +110,9 @@ type soak struct {
 	rng    *rand.Rand
 	start  time.Time
 	pg     *pgserver.Server
+	pair   *pgserver.Pair // the failover soak's cluster
 	dbURL  string
+	dbName string
 	sb     *sandbox.Provider
 	sbURL  string
 	server string // base URL of the server app
@@ -114,6 +125,10 @@ type soak struct {
 	faults *faultLog
 	checks *checks
 	logs   *logCounts
+
+	versions *versionLog
+	hooks    *hooks
+	fo       *failoverLog
 }
 
 // Run runs the soak and returns its report; the error is for runs that
@@ -122,7 +137,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	o = o.withDefaults()
 	s := &soak{o: o, out: out, rng: rand.New(rand.NewPCG(o.Seed, o.Seed^0x9e3779b97f4a7c15)),
 		gate: &gate{inFlight: map[string]int{}, lastDone: map[string]time.Time{}, rescues: map[string]int{}, open: o.Control}, apps: map[string]*app{}, calls: &calls{}, events: &events{},
-		faults: &faultLog{}, checks: &checks{}, logs: &logCounts{}}
+		faults: &faultLog{}, checks: &checks{}, logs: &logCounts{}, versions: &versionLog{}, hooks: &hooks{}, fo: &failoverLog{}}
 	for _, name := range []string{"tokenctl", "server", "worker", "batch"} {
 		if _, err := os.Stat(filepath.Join(o.BinDir, name)); err != nil {
 			return nil, fmt.Errorf("%s/%s is missing: run make build first", o.BinDir, name)
@@ -131,20 +146,35 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	if err := os.MkdirAll(o.OutDir, 0o755); err != nil {
 		return nil, err
 	}
-	s.say("tokenguard soak: %s of faults, access tokens live %s, seed %d", o.Duration, o.TokenLifetime, o.Seed)
+	switch o.Failover {
+	case "":
+		s.say("tokenguard soak: %s of faults, access tokens live %s, seed %d", o.Duration, o.TokenLifetime, o.Seed)
+	case FailoverSync, FailoverAsync:
+		s.say("tokenguard failover soak: %d failovers to a %s standby, %s apart on average, access tokens live %s, seed %d",
+			o.Failovers, map[string]string{FailoverSync: "synchronous", FailoverAsync: "asynchronous"}[o.Failover], o.FaultGap, o.TokenLifetime, o.Seed)
+	default:
+		return nil, fmt.Errorf("failover mode %q: want %s or %s", o.Failover, FailoverSync, FailoverAsync)
+	}
 	if o.Control {
 		s.say("  CONTROL run: kills inside the rotation window, provider answers after %s; invariants are expected to fail", refreshTimeout)
 	}
 
 	var err error
-	if s.pg, err = pgserver.StartCluster(ctx, ""); err != nil {
-		return nil, fmt.Errorf("throw-away Postgres cluster: %w", err)
+	if o.Failover != "" {
+		if err := s.startPair(ctx); err != nil {
+			return nil, err
+		}
+		defer s.pair.Close()
+	} else {
+		if s.pg, err = pgserver.StartCluster(ctx, ""); err != nil {
+			return nil, fmt.Errorf("throw-away Postgres cluster: %w", err)
+		}
+		defer s.pg.Close()
+		if s.dbURL, _, err = pgserver.CreateDatabase(ctx, s.pg.URL, "tokenguard_soak"); err != nil {
+			return nil, err
+		}
+		s.say("  postgres:  throw-away cluster (local initdb) at %s, removed at the end", s.pg.URL)
 	}
-	defer s.pg.Close()
-	if s.dbURL, _, err = pgserver.CreateDatabase(ctx, s.pg.URL, "tokenguard_soak"); err != nil {
-		return nil, err
-	}
-	s.say("  postgres:  throw-away cluster (local initdb) at %s, removed at the end", s.pg.URL)
 
 	stopSandbox, err := s.startSandbox()
 	if err != nil {
@@ -180,6 +210,14 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		"API_KEY_RATE=100000",
 		"API_KEY_BURST=100000",
 	)
+	if o.Failover != "" {
+		hookURL, stopHooks, err := s.hooks.serve()
+		if err != nil {
+			return nil, err
+		}
+		defer stopHooks()
+		s.env = append(s.env, "WEBHOOK_URL="+hookURL, "WEBHOOK_SECRET=soak-webhook-secret-0123456789")
+	}
 
 	if _, err := s.tokenctl(ctx, nil, "migrate"); err != nil {
 		return nil, err
@@ -217,12 +255,20 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	s.say("")
 
 	s.start = time.Now()
-	rep := &Report{StartedAt: s.start.UTC(), Seed: o.Seed, Control: o.Control, Duration: o.Duration.String(), TokenLifetime: o.TokenLifetime.String()}
+	rep := &Report{StartedAt: s.start.UTC(), Seed: o.Seed, Control: o.Control, Duration: o.Duration.String(), TokenLifetime: o.TokenLifetime.String(), FailoverMode: o.Failover}
 	faultCtx, stopFaults := context.WithTimeout(ctx, o.Duration)
+	if o.Failover != "" {
+		faultCtx, stopFaults = context.WithCancel(ctx)
+	}
 	defer stopFaults()
 	var wg sync.WaitGroup
 	wg.Go(func() { s.load(faultCtx) })
-	wg.Go(func() { s.inject(faultCtx) })
+	if o.Failover != "" {
+		rep.Duration = fmt.Sprintf("%d failovers", o.Failovers)
+		wg.Go(func() { s.failovers(faultCtx); stopFaults() })
+	} else {
+		wg.Go(func() { s.inject(faultCtx) })
+	}
 	wg.Go(func() { s.watch(faultCtx) })
 	wg.Go(func() { s.progress(faultCtx) })
 	wg.Wait()
@@ -272,6 +318,27 @@ func (s *soak) startSandbox() (func(), error) {
 	go func() { _ = srv.Serve(ln) }()
 	s.sb, s.sbURL = p, "http://"+ln.Addr().String()
 	return func() { _ = srv.Close() }, nil
+}
+
+// startPair starts the failover soak's primary and standby and creates
+// the soak database, which the apps reach through a DSN naming both.
+func (s *soak) startPair(ctx context.Context) error {
+	var err error
+	if s.pair, err = pgserver.StartPair(ctx, s.o.Failover == FailoverSync); err != nil {
+		return fmt.Errorf("throw-away primary and standby: %w", err)
+	}
+	u, _, err := pgserver.CreateDatabase(ctx, s.pair.PrimaryURL(), "tokenguard_soak")
+	if err != nil {
+		return err
+	}
+	s.dbName = u[strings.LastIndex(u, "/")+1:]
+	if i := strings.IndexByte(s.dbName, '?'); i >= 0 {
+		s.dbName = s.dbName[:i]
+	}
+	s.dbURL = s.pair.URL(s.dbName)
+	s.say("  postgres:  throw-away primary and %s standby (initdb, pg_basebackup -R), removed at the end", s.o.Failover)
+	s.say("             apps connect to %s", s.dbURL)
+	return nil
 }
 
 // tokenctl runs bin/tokenctl to completion and returns its output.

@@ -74,3 +74,41 @@ func TestPercentileNearestRank(t *testing.T) {
 		t.Fatalf("p50 of nothing = %v", p)
 	}
 }
+
+func TestVersionLogFollowsStoredVersionsAndRegressions(t *testing.T) {
+	var v versionLog
+	for _, l := range []string{
+		`{"level":"INFO","msg":"token refresh","connection":"acme","outcome":"ok","old_version":3,"new_version":4}`,
+		`{"level":"INFO","msg":"token refresh","connection":"acme","outcome":"ok","old_version":2,"new_version":3}`,
+		`{"level":"WARN","msg":"token refresh","connection":"globex","outcome":"invalid_grant","old_version":5,"new_version":0}`,
+		`{"level":"ERROR","msg":"connection's stored token went back to an older version: the database lost committed writes","connection":"acme","known_version":4,"stored_version":3}`,
+		`{"level":"ERROR","msg":"connection's stored token went back to an older version: the database lost committed writes","connection":"acme","known_version":4,"stored_version":3}`,
+		`not json`,
+	} {
+		v.line(l)
+	}
+	stored, rotations, regressions := v.snapshot()
+	if stored["acme"] != 4 || stored["globex"] != 0 || rotations != 2 || regressions != 1 {
+		t.Fatalf("stored %v, rotations %d, regressions %d; want acme 4, 2, 1 (the same loss from two processes is one)", stored, rotations, regressions)
+	}
+	if r := v.regressionsFrom(0); len(r) != 1 || r[0] != "acme 4 3" {
+		t.Fatalf("regressions = %q", r)
+	}
+}
+
+func TestEventsAroundAnAsynchronousFailoverAreExempt(t *testing.T) {
+	var e events
+	e.add(1)
+	from := time.Now()
+	e.add(2)
+	e.add(3)
+	to := time.Now()
+	time.Sleep(time.Millisecond)
+	e.add(4)
+	if n := e.exemptBetween(from, to); n != 2 {
+		t.Fatalf("exempted %d, want 2", n)
+	}
+	if ids := e.ids(); len(ids) != 2 || ids[0] != 1 || ids[1] != 4 {
+		t.Fatalf("ids = %v, want [1 4]", ids)
+	}
+}

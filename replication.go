@@ -1,0 +1,64 @@
+package tokenguard
+
+import (
+	"context"
+	"log/slog"
+	"time"
+)
+
+// observeReplication reads whether the primary has a synchronous standby
+// (at start, and at each reconnection of Run's listener: a failover shows
+// there), records it for the token writes' synchronous_commit and the
+// tokenguard_replication_sync metric, and says in one line what a failover
+// can lose, the first time and whenever that changes.
+func (t *Tokens) observeReplication(ctx context.Context) { t.readReplication(ctx, true) }
+
+// readReplication is observeReplication; with say false a lone server's
+// sentence is not logged but returned, for New's one INFO line.
+func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	r, err := t.repo.ReadReplication(ctx)
+	if err != nil {
+		t.log.Warn("tokenguard: cannot read the replication state; the token writes keep their synchronous_commit level", "err", err)
+		return ""
+	}
+	d := t.repo.Durability()
+	before, known := d.Replication()
+	d.Observe(r)
+	if t.metrics != nil {
+		t.metrics.ReplicationSync(r.Synchronous())
+	}
+	if known && before.Synchronous() == r.Synchronous() && before.SyncStandbyNames == r.SyncStandbyNames {
+		return ""
+	}
+	// A lone server is also every development setup: said, not warned
+	// about. Standbys that a failover can promote without the last
+	// commits are.
+	level := slog.LevelInfo
+	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "" || r.Hidden > 0) {
+		level = slog.LevelWarn
+	}
+	if !say && level == slog.LevelInfo && !r.Synchronous() {
+		return r.Loss()
+	}
+	t.log.Log(ctx, level, "tokenguard: "+r.Loss(),
+		slog.Int("standbys", r.Standbys), slog.Int("synchronous_standbys", r.SyncStandbys), slog.Int("hidden_standbys", r.Hidden),
+		slog.String("synchronous_standby_names", r.SyncStandbyNames),
+		slog.String("token_synchronous_commit", d.SyncCommit()))
+	return ""
+}
+
+// rolledBack is told by the use case that connection is stored behind a
+// version known committed: counted, and announced by the
+// connection.rolled_back webhook event.
+func (t *Tokens) rolledBack(connection string, known, stored int64) {
+	if t.metrics != nil {
+		t.metrics.VersionRegressed()
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := t.repo.RecordRollback(ctx, connection, known, stored); err != nil {
+		t.log.Warn("tokenguard: connection.rolled_back event not queued", "connection", connection, "err", err)
+	}
+}

@@ -1,0 +1,156 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync/atomic"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// Replication is what the primary says about its standbys: whether a
+// failover can lose a committed transaction.
+type Replication struct {
+	// SyncStandbyNames is the primary's synchronous_standby_names ("" :
+	// none configured).
+	SyncStandbyNames string
+	// Standbys is how many standbys stream from it (pg_stat_replication),
+	// SyncStandbys how many of them commits wait for (sync_state sync or
+	// quorum).
+	Standbys, SyncStandbys int
+	// Hidden: standbys whose state this role may not see (it needs
+	// pg_read_all_stats, which pg_monitor has).
+	Hidden int
+}
+
+// Synchronous reports whether a commit waits for a standby: then the
+// standby a failover promotes has every commit the primary acknowledged.
+func (r Replication) Synchronous() bool { return r.SyncStandbyNames != "" && r.SyncStandbys > 0 }
+
+// Loss says, in one sentence for operators, what a failover can lose.
+func (r Replication) Loss() string {
+	switch {
+	case r.Synchronous():
+		return "a failover to a synchronous standby loses no committed token write"
+	case r.Hidden > 0:
+		return "the database role may not see whether its standbys are synchronous (grant it pg_monitor): a failover may lose token writes"
+	case r.SyncStandbyNames != "":
+		return "synchronous_standby_names is set but no synchronous standby is connected: commits wait for one to come back; a failover now can lose token writes"
+	case r.Standbys > 0:
+		return "standbys are asynchronous: a failover can lose the last token writes, and a rotated refresh token lost is a grant the provider revokes at the next refresh"
+	}
+	return "no standby: a failover or a restore from backup can lose token writes"
+}
+
+// DefaultSyncCommit is the synchronous_commit level of the token writes
+// when none is configured: remote_apply with a synchronous standby (a
+// success returned means the standby has applied the token), else on.
+func (r Replication) DefaultSyncCommit() string {
+	if r.Synchronous() {
+		return "remote_apply"
+	}
+	return "on"
+}
+
+// SyncCommitLevels are the values synchronous_commit accepts.
+var SyncCommitLevels = []string{"off", "local", "remote_write", "on", "remote_apply"}
+
+// ParseSyncCommit checks a synchronous_commit level ("" stands for the
+// default, chosen from the cluster); anything else wraps
+// domain.ErrInvalidSyncCommit.
+func ParseSyncCommit(level string) (string, error) {
+	if level == "" {
+		return "", nil
+	}
+	for _, l := range SyncCommitLevels {
+		if level == l {
+			return level, nil
+		}
+	}
+	return "", fmt.Errorf("%w: %q (want off, local, remote_write, on or remote_apply)", domain.ErrInvalidSyncCommit, level)
+}
+
+// ReadReplication asks the database what its standbys are. On a server
+// that is not a primary pg_stat_replication is empty: every answer then
+// says a failover can lose writes, which CheckPrimary refuses anyway.
+func (r *TokenRepository) ReadReplication(ctx context.Context) (Replication, error) {
+	var row struct {
+		Names        string
+		Standbys     int
+		SyncStandbys int
+		Hidden       int
+	}
+	// Without pg_read_all_stats a role sees only the pid of each standby.
+	err := r.db.WithContext(ctx).Raw(`SELECT current_setting('synchronous_standby_names') AS names,
+       count(s.pid)::int AS standbys,
+       count(s.pid) FILTER (WHERE s.sync_state IN ('sync', 'quorum'))::int AS sync_standbys,
+       count(s.pid) FILTER (WHERE s.sync_state IS NULL)::int AS hidden
+FROM (SELECT 1) one LEFT JOIN pg_stat_replication s ON true`).Scan(&row).Error
+	if err != nil {
+		return Replication{}, storeError(ctx, "read replication state", err)
+	}
+	return Replication{SyncStandbyNames: row.Names, Standbys: row.Standbys, SyncStandbys: row.SyncStandbys, Hidden: row.Hidden}, nil
+}
+
+// Durability holds the synchronous_commit level of the token write and
+// refresh claim transactions: the configured one, else the default for
+// the cluster as last read. It is safe for concurrent use.
+type Durability struct {
+	configured string
+	last       atomic.Pointer[Replication]
+}
+
+// NewDurability holds level ("": the default for the cluster), which
+// ParseSyncCommit checks.
+func NewDurability(level string) (*Durability, error) {
+	level, err := ParseSyncCommit(level)
+	if err != nil {
+		return nil, err
+	}
+	return &Durability{configured: level}, nil
+}
+
+// Observe records the cluster as just read.
+func (d *Durability) Observe(r Replication) { d.last.Store(&r) }
+
+// Replication is the cluster as last read, and whether it was read.
+func (d *Durability) Replication() (Replication, bool) {
+	r := d.last.Load()
+	if r == nil {
+		return Replication{}, false
+	}
+	return *r, true
+}
+
+// SyncCommit is the level the token writes set for themselves (SET LOCAL
+// synchronous_commit): the configured one, else remote_apply while the
+// cluster has a synchronous standby, else on.
+func (d *Durability) SyncCommit() string {
+	if d == nil {
+		return "on"
+	}
+	if d.configured != "" {
+		return d.configured
+	}
+	if r := d.last.Load(); r != nil {
+		return r.DefaultSyncCommit()
+	}
+	return "on"
+}
+
+// Configured is the level set by the operator, "" for the default.
+func (d *Durability) Configured() string { return d.configured }
+
+// String is for logs.
+func (r Replication) String() string {
+	return "standbys=" + strconv.Itoa(r.Standbys) + " synchronous=" + strconv.Itoa(r.SyncStandbys) + " hidden=" + strconv.Itoa(r.Hidden) +
+		" synchronous_standby_names=" + strconv.Quote(r.SyncStandbyNames)
+}
+
+// SetDurability makes the token writes and refresh claims commit at d's
+// level. Call it before the repository is used.
+func (r *TokenRepository) SetDurability(d *Durability) { r.durability = d }
+
+// Durability is what SetDurability set (nil: none).
+func (r *TokenRepository) Durability() *Durability { return r.durability }
