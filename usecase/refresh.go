@@ -213,7 +213,8 @@ type claimed struct {
 	// end ends the lease this caller took to refresh current; nil when
 	// current needs no refresh (or cannot have one).
 	end func(release bool)
-	// release frees this process's in-flight slot, held with the lease.
+	// release frees this process's in-flight slot, held with the lease
+	// until the provider answered.
 	release func()
 }
 
@@ -351,7 +352,6 @@ func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, w
 // The call and the write run to the end whatever the caller does: the
 // refresh token is spent once it is sent.
 func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claimed) (redeemed, error) {
-	defer c.release()
 	ctx = context.WithoutCancel(ctx)
 	t := c.current
 	r := redeemed{from: t.RefreshToken}
@@ -360,6 +360,9 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
 	r.latency = time.Since(called)
 	cancel()
+	// The slot bounds the calls at the provider: the next one may start
+	// while this answer is written.
+	c.release()
 	switch {
 	case err == nil:
 		u.gate.of(t.Provider).accept()
