@@ -147,10 +147,11 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 	}
 }
 
-// invalidate records that the stored token of id is now at version: any
-// older cached token is dropped.
+// invalidate drops any cached token of id older than version. It records
+// nothing of what is committed (a forced refresh invalidates the version
+// after the one that failed, which may not exist); Invalidate does, for
+// versions the listener announced.
 func (c *tokenCache) invalidate(id string, version int64) {
-	c.knew(id, version, true)
 	v, ok := c.slots.Load(id)
 	if !ok {
 		c.shards[shardOf(id)].Store(c.seq.Add(1))

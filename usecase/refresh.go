@@ -94,6 +94,7 @@ func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, know
 // connection's token; any older cached copy is dropped.
 func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.opts.Observer.Invalidated()
+	u.cache.knew(connection, version, true)
 	u.cache.invalidate(connection, version)
 	u.announced.announce(connection)
 }

@@ -55,7 +55,7 @@ func TestReadBegunBeforeTheAnnouncementIsNoRegression(t *testing.T) {
 	c.setTrusted(true)
 	c.put(cached(4), c.begin(), 0)
 	m := c.begin()          // a read starts, finds 4...
-	c.invalidate("acme", 5) // ...while another process commits 5
+	c.announced("acme", 5) // ...while another process commits 5
 	c.put(cached(4), m, 0)
 	if len(*got) != 0 {
 		t.Fatalf("a late read reported as a regression: %v", *got)
@@ -68,7 +68,7 @@ func TestReadBegunBeforeTheAnnouncementIsNoRegression(t *testing.T) {
 
 func TestAnnouncementsAllocateNoHistory(t *testing.T) {
 	var c tokenCache
-	c.invalidate("globex", 9)
+	c.announced("globex", 9)
 	if c.len() != 0 {
 		t.Fatalf("an announcement made %d slots", c.len())
 	}
@@ -92,7 +92,7 @@ func TestRejectedGrantChecksOnlyOwnVersions(t *testing.T) {
 	got := watched(&c)
 	c.setTrusted(true)
 	c.put(cached(2), c.begin(), 0)
-	c.invalidate("acme", 3) // the pass's own needs_reauth, announced
+	c.announced("acme", 3) // the pass's own needs_reauth, announced
 	c.readAfterLock("acme", 2)
 	if len(*got) != 0 {
 		t.Fatalf("the pass's own needs_reauth taken for a regression: %v", *got)
@@ -104,11 +104,19 @@ func TestRejectedGrantChecksOnlyOwnVersions(t *testing.T) {
 	}
 	// Announced by another process, then the listener reconnected (a
 	// failover): no longer the pass's own write.
-	c.invalidate("acme", 5)
+	c.announced("acme", 5)
 	c.setTrusted(false)
 	c.setTrusted(true)
 	c.readAfterLock("acme", 4)
 	if len(*got) != 2 || (*got)[1] != (regression{"acme", 5, 4}) {
 		t.Fatalf("regressions = %v, want acme 5 -> 4 second", *got)
 	}
+}
+
+// announced is what the change listener does with an announcement
+// (RefreshTokenUseCase.Invalidate): the version is known committed, older
+// cached tokens go.
+func (c *tokenCache) announced(id string, version int64) {
+	c.knew(id, version, true)
+	c.invalidate(id, version)
 }
