@@ -120,21 +120,6 @@ obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.co
 	}
 }
 
-func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetCounter().GetValue()
-		}
-	}
-	t.Fatalf("no metric %s", name)
-	return 0
-}
-
 // At each reconnection of Run's listener (where a failover shows) the
 // replication state is read again: a standby made synchronous meanwhile
 // turns tokenguard_replication_sync to 1 and is said in one line.

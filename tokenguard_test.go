@@ -17,6 +17,7 @@ import (
 
 	_ "github.com/lib/pq" // the "postgres" driver: not pgx
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/oauth2"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -303,7 +304,18 @@ func TestCloseWaitsForTheRefreshInFlight(t *testing.T) {
 	}
 }
 
+// gauge and counter read the first series of a metric in reg.
 func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	return metric(t, reg, name).GetGauge().GetValue()
+}
+
+func counter(t *testing.T, reg *prometheus.Registry, name string) float64 {
+	t.Helper()
+	return metric(t, reg, name).GetCounter().GetValue()
+}
+
+func metric(t *testing.T, reg *prometheus.Registry, name string) *dto.Metric {
 	t.Helper()
 	mfs, err := reg.Gather()
 	if err != nil {
@@ -311,11 +323,11 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	}
 	for _, mf := range mfs {
 		if mf.GetName() == name {
-			return mf.GetMetric()[0].GetGauge().GetValue()
+			return mf.GetMetric()[0]
 		}
 	}
 	t.Fatalf("no metric %s", name)
-	return 0
+	return nil
 }
 
 func waitFor(t *testing.T, ok func() bool, msg string) {

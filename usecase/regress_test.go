@@ -54,7 +54,7 @@ func TestReadBegunBeforeTheAnnouncementIsNoRegression(t *testing.T) {
 	got := watched(&c)
 	c.setTrusted(true)
 	c.put(cached(4), c.begin(), 0)
-	m := c.begin()          // a read starts, finds 4...
+	m := c.begin()         // a read starts, finds 4...
 	c.announced("acme", 5) // ...while another process commits 5
 	c.put(cached(4), m, 0)
 	if len(*got) != 0 {
