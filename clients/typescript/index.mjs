@@ -50,7 +50,10 @@ export class Tokenguard {
   async token(connection) {
     const fresh = this.#fresh(connection);
     if (fresh) return fresh;
-    return this.#flight(connection, async () => this.#fresh(connection) ?? this.#store(await this.#callToken("GET", connection, "/token")));
+    // A fetch already running answers this call too, fresh by the skew or
+    // not: the server handed it out as valid, and asking again would only
+    // bring the same token.
+    return this.#flights.get(connection) ?? this.#flight(connection, async () => this.#store(await this.#callToken("GET", connection, "/token")));
   }
 
   /** A token newer than version, which the API refused: the server refreshes only if nobody did yet. */
@@ -96,25 +99,17 @@ export class Tokenguard {
     return t;
   }
 
-  // #flight runs fn unless a call for connection is running, whose result
-  // it then shares; the next call waits for it to end first.
+  // #flight runs fn as connection's one call to the server, after the one
+  // running (if any) has ended.
   async #flight(connection, fn) {
-    for (;;) {
-      const running = this.#flights.get(connection);
-      if (!running) break;
-      try {
-        await running;
-      } catch {
-        // the caller of that flight has its error
-      }
+    for (let running; (running = this.#flights.get(connection)); ) {
+      await running.catch(() => {}); // the caller of that flight has its error
     }
-    const p = fn();
-    this.#flights.set(connection, p);
-    try {
-      return await p;
-    } finally {
+    const p = fn().finally(() => {
       if (this.#flights.get(connection) === p) this.#flights.delete(connection);
-    }
+    });
+    this.#flights.set(connection, p);
+    return p;
   }
 
   #connURL(connection, rest) {

@@ -30,6 +30,16 @@ def at_api(token):
         return e.code
 
 
+def with_time_left(seconds):
+    """The server hands a token out until its expiry, so the one it has may be in
+    its last moments; a test that counts cached calls first waits that token out,
+    so that the next one has its whole lifetime ahead."""
+    tok = Tokenguard(URL, KEY).token("acme")
+    left = tok.expiry - time.time()
+    if left < seconds:
+        time.sleep(left + 0.1)
+
+
 @unittest.skipUnless(URL and KEY and SANDBOX, "needs a tokenguard server: go test ./cmd/e2e -run TestApps/ClientsOwnTests")
 class ClientTest(unittest.TestCase):
     def setUp(self):
@@ -47,6 +57,7 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(at_api(tok), 200)
 
     def test_cached_and_one_fetch_at_a_time(self):
+        with_time_left(1.5)
         fetches = []
         real = self.tg._call_token
 
@@ -67,6 +78,28 @@ class ClientTest(unittest.TestCase):
         self.assertEqual(len(fetches), 1, "20 threads on an empty cache")
         self.tg.token("acme")
         self.assertEqual(len(fetches), 1, "a fresh cached token costs no call")
+
+    def test_threads_that_arrive_during_a_fetch_share_it(self):
+        # With an hour of skew no token is fresh to this client: only the
+        # sharing of the running fetch keeps 20 threads at one call.
+        tg = Tokenguard(URL, KEY, skew=3600)
+        fetches = []
+        real = tg._call_token
+
+        def counting(*a):
+            fetches.append(a)
+            time.sleep(0.05)
+            return real(*a)
+
+        tg._call_token = counting
+        got = []
+        threads = [threading.Thread(target=lambda: got.append(tg.token("acme"))) for _ in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        self.assertEqual(len({t.access_token for t in got}), 1)
+        self.assertEqual(len(fetches), 1, "20 threads during one fetch")
 
     def test_expiry_minus_skew_is_honoured(self):
         first = self.tg.token("acme")

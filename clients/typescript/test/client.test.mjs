@@ -20,6 +20,15 @@ async function atAPI(tok) {
 
 const sleep = (ms) => new Promise((r) => setTimeout(r, ms));
 
+// The server hands a token out until its expiry, so the one it has may be
+// in its last moments; a test that counts cached calls first waits that
+// token out, so that the next one has its whole lifetime ahead.
+async function withTimeLeft(ms) {
+  const t = await new Tokenguard(URL, KEY).token("acme");
+  const left = t.expiry.getTime() - Date.now();
+  if (left < ms) await sleep(left + 100);
+}
+
 test("a token valid at the API, without a refresh token", { skip }, async () => {
   const tg = new Tokenguard(URL, KEY);
   const tok = await tg.token("acme");
@@ -33,6 +42,7 @@ test("a token valid at the API, without a refresh token", { skip }, async () => 
 });
 
 test("cached, and one fetch at a time", { skip }, async () => {
+  await withTimeLeft(1500);
   const tg = new Tokenguard(URL, KEY);
   const real = globalThis.fetch;
   let fetches = 0;
@@ -46,6 +56,25 @@ test("cached, and one fetch at a time", { skip }, async () => {
     assert.equal(fetches, 1, "20 calls on an empty cache");
     await tg.token("acme");
     assert.equal(fetches, 1, "a fresh cached token costs no call");
+  } finally {
+    globalThis.fetch = real;
+  }
+});
+
+test("callers that arrive during a fetch share it, even for a token in its last moments", { skip }, async () => {
+  // With an hour of skew no token is fresh to this client: only the sharing
+  // of the running fetch keeps 20 calls at one.
+  const tg = new Tokenguard(URL, KEY, { skewMs: 3600_000 });
+  const real = globalThis.fetch;
+  let fetches = 0;
+  globalThis.fetch = (...a) => {
+    fetches++;
+    return real(...a);
+  };
+  try {
+    const got = await Promise.all(Array.from({ length: 20 }, () => tg.token("acme")));
+    assert.equal(new Set(got.map((t) => t.accessToken)).size, 1);
+    assert.equal(fetches, 1, "20 calls during one fetch");
   } finally {
     globalThis.fetch = real;
   }
