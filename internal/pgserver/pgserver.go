@@ -45,6 +45,9 @@ type Options struct {
 	URLVar string       // variable of the env step, e.g. "TEST_DATABASE_URL"
 	Skip   []string     // steps not to try (see ParseSkip)
 	Note   func(string) // told one line per step that did not work; may be nil
+	// MinConnections: the local server is taken only if it allows this
+	// many client connections (a stock Postgres allows 97); 0 takes any.
+	MinConnections int
 }
 
 // Server is a Postgres server on which databases may be created.
@@ -144,10 +147,12 @@ func Find(ctx context.Context, o Options) (*Server, error) {
 
 	if skipped[StepLocal] {
 		reasons = append(reasons, StepLocal+": skipped")
-	} else if err := Ping(ctx, LocalURL, 3*time.Second); err == nil {
-		return &Server{URL: LocalURL, Source: "local"}, nil
-	} else {
+	} else if err := Ping(ctx, LocalURL, 3*time.Second); err != nil {
 		fail(StepLocal+" (127.0.0.1:5432)", err)
+	} else if err := allows(ctx, LocalURL, o.MinConnections); err != nil {
+		fail(StepLocal+" (127.0.0.1:5432)", err)
+	} else {
+		return &Server{URL: LocalURL, Source: "local"}, nil
 	}
 
 	if skipped[StepInitdb] {
@@ -205,6 +210,29 @@ func adminExec(ctx context.Context, adminURL, sql string) error {
 	defer conn.Close(context.WithoutCancel(ctx))
 	_, err = conn.Exec(ctx, sql)
 	return err
+}
+
+// allows checks that the server at u lets at least n clients connect at
+// once; the error says how to let it.
+func allows(ctx context.Context, u string, n int) error {
+	if n <= 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+	defer cancel()
+	conn, err := pgx.Connect(ctx, u)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(context.WithoutCancel(ctx))
+	var clients int
+	if err := conn.QueryRow(ctx, `SELECT current_setting('max_connections')::int - current_setting('superuser_reserved_connections')::int`).Scan(&clients); err != nil {
+		return err
+	}
+	if clients < n {
+		return fmt.Errorf("it allows %d client connections, and up to %d are needed at once (to use it: ALTER SYSTEM SET max_connections = %d, and restart it)", clients, n, n+3)
+	}
+	return nil
 }
 
 // Ping connects to u and pings it within timeout.

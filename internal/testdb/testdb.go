@@ -93,8 +93,16 @@ func find() (*pgserver.Server, error) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	return pgserver.Find(ctx, pgserver.Options{URLVar: EnvURL, Skip: skip})
+	return pgserver.Find(ctx, pgserver.Options{URLVar: EnvURL, Skip: skip, MinConnections: suiteConnections,
+		Note: func(s string) { fmt.Fprintln(os.Stderr, "testdb: "+s) }})
 }
+
+// suiteConnections is what the test packages, run side by side by go
+// test, may hold at once on one server (the end-to-end tests' processes,
+// the peer designs' storms). A local server that allows fewer, as a stock
+// Postgres does, is passed over for a throw-away cluster of each package's
+// own.
+const suiteConnections = 197
 
 // New creates an empty database, applies the migrations and returns its URL.
 // The database is dropped when tb ends.
