@@ -84,9 +84,14 @@ func newHolder() string {
 // lease on the stored version runs on this server: then a refresh can be
 // refused without a write. A lease from another server is left to
 // takeLeaseSQL, which holds it for the grace or takes it over.
-const leasedSQL = `SELECT EXISTS (SELECT FROM refresh_leases l JOIN connections c ON c.id = l.connection_id
-    JOIN tokens t ON t.connection_id = c.id
-    WHERE c.name = $1 AND l.version = t.version AND l.server_started = pg_postmaster_start_time() AND now() <= l.until)`
+const leasedSQL = `SELECT EXISTS (SELECT FROM tokens t JOIN connections c ON c.id = t.connection_id
+    JOIN refresh_leases l ON ` + leaseRuns + `
+    WHERE c.name = $1)`
+
+// leaseRuns is the condition under which lease l on token t's version runs
+// on this server (leasedSQL, GetWithLease).
+const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
+    AND l.server_started = pg_postmaster_start_time() AND now() <= l.until`
 
 // leaseFree is the condition under which an existing lease l may be taken
 // over by EXCLUDED: it is on another version (stored since), or it was

@@ -95,6 +95,60 @@ func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
 	endB(true)
 }
 
+// GetWithLease reads the token as Get does, and says whether another
+// holder's lease on the version read runs: while it runs, and no longer
+// once the token was released or a newer version stored.
+func TestGetWithLeaseSaysWhileALeaseRuns(t *testing.T) {
+	r, _, _ := newRepo(t)
+	ctx := context.Background()
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	leased := func() bool {
+		t.Helper()
+		got, leased, err := r.GetWithLease(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, err := r.Get(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got.Version != want.Version || !got.AccessToken.Equal(want.AccessToken) || !got.RefreshToken.Equal(want.RefreshToken) || !got.Expiry.Equal(want.Expiry) {
+			t.Fatalf("GetWithLease read version %d, Get version %d: not the same token", got.Version, want.Version)
+		}
+		return leased
+	}
+	if leased() {
+		t.Fatal("a lease is said to run before any was taken")
+	}
+	end, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !leased() {
+		t.Fatal("the lease taken is not seen")
+	}
+	end(true)
+	if leased() {
+		t.Fatal("a released lease is still seen")
+	}
+	end, err = lease(t, r, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer end(false)
+	next := tok
+	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.NewSecret("rt-2")
+	if _, err := r.SaveLocked(ctx, time.Second, next); err != nil {
+		t.Fatal(err)
+	}
+	if leased() {
+		t.Fatal("a lease on a version no longer stored is seen")
+	}
+	if _, _, err := r.GetWithLease(ctx, "nobody"); !errors.Is(err, domain.ErrNotFound) {
+		t.Fatalf("unknown connection: err = %v, want ErrNotFound", err)
+	}
+}
+
 // leaseTermForTest is longer than a lease's term (repository.leaseTerm).
 const leaseTermForTest = time.Second
 

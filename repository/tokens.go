@@ -44,12 +44,18 @@ func (r *TokenRepository) syncCommit() string {
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.
-var selectToken = `
-SELECT c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
+var selectToken = "SELECT " + selectTokenColumns + " FROM tokens t JOIN connections c ON c.id = t.connection_id"
+
+var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
        ` + bindingColumns("t") + `,
-       ` + providerColumn("t") + `
-FROM tokens t JOIN connections c ON c.id = t.connection_id`
+       ` + providerColumn("t")
+
+// selectTokenLeased is selectToken with, as leased, whether another
+// holder's lease on the version read runs.
+var selectTokenLeased = "SELECT " + selectTokenColumns +
+	", EXISTS (SELECT FROM refresh_leases l WHERE " + leaseRuns + ") AS leased" +
+	" FROM tokens t JOIN connections c ON c.id = t.connection_id"
 
 // tokenColumns are the same columns, of a write's result u.
 var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
@@ -76,6 +82,27 @@ func providerColumn(t string) string {
 // refresh in progress.
 func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.Token, error) {
 	return getToken(ctx, r.db.WithContext(ctx), r.sealer, connection)
+}
+
+// GetWithLease is Get, and reports whether another holder is refreshing
+// the version read (its lease runs): a caller about to refresh can wait
+// for that refresh instead of taking the lock only to be told so.
+func (r *TokenRepository) GetWithLease(ctx context.Context, connection string) (domain.Token, bool, error) {
+	var rows []leasedTokenRow
+	if err := r.db.WithContext(ctx).Raw(selectTokenLeased+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
+		return domain.Token{}, false, storeError(ctx, "get token", err)
+	}
+	if len(rows) == 0 {
+		return domain.Token{}, false, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
+	}
+	t, err := rows[0].Token.domain(r.sealer)
+	return t, rows[0].Leased, err
+}
+
+// leasedTokenRow is a row of selectTokenLeased.
+type leasedTokenRow struct {
+	Token  tokenRow `gorm:"embedded"`
+	Leased bool
 }
 
 // DefaultPage is how many rows Each reads per query.

@@ -112,9 +112,13 @@ type countingStore struct {
 	*repository.TokenRepository
 	cur, peak *atomic.Int64
 	held      *atomic.Int64 // nanoseconds, summed over the connections
+	calls     *atomic.Int64 // store calls made, if set
 }
 
 func (c countingStore) enter() func() {
+	if c.calls != nil {
+		c.calls.Add(1)
+	}
 	n := c.cur.Add(1)
 	for {
 		p := c.peak.Load()
@@ -134,6 +138,18 @@ func (c countingStore) enter() func() {
 func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error) {
 	defer c.enter()()
 	return c.TokenRepository.Get(ctx, id)
+}
+
+func (c countingStore) GetWithLease(ctx context.Context, id string) (domain.Token, bool, error) {
+	defer c.enter()()
+	return c.TokenRepository.GetWithLease(ctx, id)
+}
+
+func (c countingStore) TryInLock(ctx context.Context, id string, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	defer c.enter()()
+	return c.TokenRepository.TryInLock(ctx, id, hold, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, countedLease{l, c})
+	})
 }
 
 func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {

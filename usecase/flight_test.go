@@ -195,9 +195,17 @@ type heldStore struct {
 
 func (s heldStore) Get(context.Context, string) (domain.Token, error) { return s.tok, nil }
 
+func (s heldStore) GetWithLease(context.Context, string) (domain.Token, bool, error) {
+	return s.tok, false, nil
+}
+
 func (s heldStore) InLock(ctx context.Context, _ string, _, _ time.Duration, fn func(context.Context, LockedStore) error) error {
 	<-s.all
 	return fn(ctx, s)
+}
+
+func (s heldStore) TryInLock(ctx context.Context, id string, hold time.Duration, fn func(context.Context, LockedStore) error) (bool, error) {
+	return true, s.InLock(ctx, id, 0, hold, fn)
 }
 
 func (s heldStore) Save(context.Context, domain.Token) (domain.Token, error) {

@@ -7,6 +7,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 
@@ -17,8 +18,10 @@ import (
 
 // protocolFloor is the refresh protocol of the design with nothing else,
 // written out by hand: per process one pgx connection and, behind a
-// sync.OnceValue, three steps. (1) The lease: BEGIN, the lock, the
-// re-read and whether another process's lease runs, in one round trip; if
+// sync.OnceValue, three steps. (1) The lease: BEGIN, a try of the lock,
+// the re-read and whether another process's lease runs, in one round trip
+// (a lock held by another: ROLLBACK, 5 ms or an announcement, a read of
+// the token and its lease, and the lock waited for only if no lease runs); if
 // the token is still due and not leased, the lease upsert and a durable
 // COMMIT in a second (the lock and the connection are let go). (2) The provider call, holding nothing. (3) The write: BEGIN, the
 // lock, the version-fenced UPDATE with its NOTIFY, the end of the lease
@@ -132,6 +135,25 @@ func (s *floorStack) awaitVersion(v int64) {
 	}
 }
 
+// awaitVersionFor is awaitVersion for at most d.
+func (s *floorStack) awaitVersionFor(v int64, d time.Duration) {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	for {
+		s.mu.Lock()
+		seen, changed := s.seen, s.changed
+		s.mu.Unlock()
+		if seen >= v {
+			return
+		}
+		select {
+		case <-changed:
+		case <-t.C:
+			return
+		}
+	}
+}
+
 // arm prepares the next storm: every process has ended its last
 // transaction and will refresh the version stored now, once.
 func (f *protocolFloor) arm() {
@@ -150,14 +172,46 @@ func (s *floorStack) refresh(due int64, holder int) error {
 		rt      string
 		version int64
 		taken   bool
+		held    = true
 		b       pgx.Batch
 	)
 	b.Queue("BEGIN")
-	b.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
+	// The first look only tries the lock, as tokenguard's does.
+	b.Queue(`SELECT pg_try_advisory_xact_lock($1, 1)`, floorLockSpace).QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
 	b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
 	b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
 	if err := s.conn.SendBatch(ctx, &b).Close(); err != nil {
 		return err
+	}
+	if !held {
+		// Another transaction has the lock, most likely a process taking
+		// the lease: let the connection go, wait 5 ms or for an
+		// announcement, read the token and whether a lease runs (no lock);
+		// while it runs, wait for the write's announcement.
+		if _, err := s.conn.Exec(ctx, "ROLLBACK"); err != nil {
+			return err
+		}
+		s.awaitVersionFor(due+1, 5*time.Millisecond)
+		if err := s.conn.QueryRow(ctx, `SELECT t.version, EXISTS (SELECT FROM floor_leases l WHERE l.id = 1 AND l.version = t.version AND now() <= l.until)
+			FROM floor_tokens t WHERE t.id = 1`).Scan(&version, &taken); err != nil {
+			return err
+		}
+		if version == due && taken {
+			s.awaitVersion(due + 1)
+			return s.conn.QueryRow(ctx, `SELECT version FROM floor_tokens WHERE id = 1`).Scan(&version)
+		}
+		if version != due {
+			return nil
+		}
+		// Neither: the next look waits for the lock.
+		b = pgx.Batch{}
+		b.Queue("BEGIN")
+		b.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
+		b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
+		b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
+		if err := s.conn.SendBatch(ctx, &b).Close(); err != nil {
+			return err
+		}
 	}
 	if version != due {
 		// Another process has refreshed: what it stored is in hand.

@@ -2,6 +2,7 @@ package usecase_test
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -44,6 +45,37 @@ func (s withoutLeases) InLock(ctx context.Context, connection string, wait, hold
 	return s.TokenStore.InLock(ctx, connection, wait, hold, func(ctx context.Context, l usecase.LockedStore) error {
 		return fn(ctx, ignoredLease{l})
 	})
+}
+
+func (s withoutLeases) TryInLock(ctx context.Context, connection string, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	return s.TokenStore.TryInLock(ctx, connection, hold, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, ignoredLease{l})
+	})
+}
+
+// GetWithLease never reports a lease: the strategy before them.
+func (s withoutLeases) GetWithLease(ctx context.Context, connection string) (domain.Token, bool, error) {
+	t, err := s.TokenStore.Get(ctx, connection)
+	return t, false, err
+}
+
+// lockCounting counts the lock transactions run through it.
+type lockCounting struct {
+	usecase.TokenStore
+	n atomic.Int64
+}
+
+func (s *lockCounting) InLock(ctx context.Context, connection string, wait, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) error {
+	s.n.Add(1)
+	return s.TokenStore.InLock(ctx, connection, wait, hold, fn)
+}
+
+func (s *lockCounting) TryInLock(ctx context.Context, connection string, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	s.n.Add(1)
+	return s.TokenStore.TryInLock(ctx, connection, hold, fn)
 }
 
 // TestLeaseWhileAtTheProvider: a process's refresh is at a slow provider,
@@ -101,7 +133,8 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 				t.Fatal(err)
 			}
 			t.Cleanup(func() { _ = postgres.Close(db) })
-			var store usecase.TokenStore = repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+			locks := &lockCounting{TokenStore: repository.NewTokenRepository(db, tokencrypt.Plaintext{})}
+			var store usecase.TokenStore = locks
 			if tc.control {
 				store = withoutLeases{store}
 			}
@@ -132,6 +165,11 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 			if now.Status != domain.StatusActive || now.Version != stored.Version+1 ||
 				!bTok.AccessToken.Equal(now.AccessToken) || !ra.tok.AccessToken.Equal(now.AccessToken) {
 				t.Fatalf("stored version %d (%s), want %d active and served by both", now.Version, now.Status, stored.Version+1)
+			}
+			// Its read saw the lease: it waited for the refresh without
+			// taking the lock (or a pool connection) to be told so.
+			if n := locks.n.Load(); n != 0 {
+				t.Errorf("the second process ran %d lock transactions while the first one's lease ran, want 0", n)
 			}
 			if code := w.callResource(t, bTok.AccessToken.Reveal()); code != 200 {
 				t.Errorf("the token both processes hold answered %d", code)

@@ -46,6 +46,13 @@ func (s nestedLease) InLock(ctx context.Context, connection string, wait, hold t
 	})
 }
 
+func (s nestedLease) TryInLock(ctx context.Context, connection string, hold time.Duration,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	return s.TokenStore.TryInLock(ctx, connection, hold, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, nestedLocked{l, s.pool})
+	})
+}
+
 // TestPoolOfOneRefreshesManyAtOnce is the rule of docs/design.md ("No
 // connection held across the provider call, no nested acquire") put to
 // the test: a process whose pool has a single connection refreshes eight

@@ -17,6 +17,9 @@ import (
 type TokenStore interface {
 	// Get reads a token without locking.
 	Get(ctx context.Context, connection string) (domain.Token, error)
+	// GetWithLease is Get, and reports whether another holder's refresh
+	// of the version read is under way (its lease runs).
+	GetWithLease(ctx context.Context, connection string) (domain.Token, bool, error)
 	// InLock runs fn in a transaction holding the connection's exclusive
 	// refresh lock. ctx and wait bound the wait for the lock; after that fn
 	// runs under the context it is given, bounded by hold and no longer
@@ -24,6 +27,10 @@ type TokenStore interface {
 	// fn's error rolls back and nil commits.
 	InLock(ctx context.Context, connection string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
+	// TryInLock is InLock if the connection's lock is free right now; it
+	// reports false, fn not run, if another transaction holds it.
+	TryInLock(ctx context.Context, connection string, hold time.Duration,
+		fn func(ctx context.Context, s LockedStore) error) (bool, error)
 	// SaveLocked is InLock with nothing in it but a LockedStore.Save of t
 	// (one round trip where the store can): it fails with
 	// domain.ErrConflict, having written nothing, when the stored version

@@ -113,16 +113,11 @@ func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, knownStale bool) (domain.Token, error) {
 	epoch := u.cache.begin()
 	if !knownStale {
-		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
-		t, err := u.store.Get(readCtx, connection)
-		cancel()
+		t, done, err := u.read(ctx, connection)
 		if err != nil {
 			return domain.Token{}, err
 		}
-		if t.Status == domain.StatusNeedsReauth {
-			return domain.Token{}, needsReauth(t)
-		}
-		if t.FreshAt(u.opts.Clock.Now(), u.skewOf(t)) {
+		if done {
 			u.cache.put(t, epoch, u.skewOf(t))
 			return t, nil
 		}
@@ -133,6 +128,45 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, known
 	}
 	u.cache.put(t, epoch, u.skewOf(t))
 	return t, nil
+}
+
+// read is load's read outside the lock. It is done when the stored token
+// is fresh, or was stale but another process's refresh of it, under way
+// as read, stored a fresh one meanwhile: a process that finds a lease
+// waits for its announcement rather than take a slot, a pool connection
+// and the lock only to be told so (at a mass expiry, most do).
+func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (domain.Token, bool, error) {
+	// Watch before the read: an announcement between the read and the wait
+	// is not missed.
+	woken, unwatch := u.announced.watch(connection)
+	defer unwatch()
+	readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
+	t, leased, err := u.store.GetWithLease(readCtx, connection)
+	cancel()
+	switch {
+	case err != nil:
+		return t, false, err
+	case t.Status == domain.StatusNeedsReauth:
+		return t, false, needsReauth(t)
+	case !u.stale(t):
+		return t, true, nil
+	case !leased:
+		return t, false, nil
+	}
+	asked := time.Now()
+	if _, err := u.awaitLease(ctx, asked, woken, u.leasePoll(), domain.ErrRefreshInProgress); err != nil {
+		return t, false, err
+	}
+	t, done, err := u.lookAgain(ctx, connection, asked, u.stale)
+	switch {
+	case ctx.Err() != nil:
+		return t, false, err
+	case done && t.Status == domain.StatusNeedsReauth:
+		return t, false, needsReauth(t)
+	}
+	// Still leased after the lock wait, or free: the refresh path decides
+	// (it serves a still-valid token through a lease that will not end).
+	return t, done, nil
 }
 
 // refresh redeems connection's refresh token if the stored token is still
@@ -224,16 +258,33 @@ type claimed struct {
 // its refresh and commits. While another process's lease on the token
 // runs, it lets the slot go and waits for that refresh's announcement or
 // the next look, within the lock wait.
+//
+// The first look only tries the lock: a lock held by another transaction
+// is most often another process claiming the same refresh, and waiting
+// for it on a pool connection is how processes that meet many stale
+// connections at once would walk through them in step, each waiting for
+// the others' locks. The caller waits for the holder with no connection
+// held, then looks again, waiting for the lock this time (in the order
+// Postgres queues its waiters).
 func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool) (claimed, error) {
 	var (
 		asked  time.Time
 		c      claimed
 		leased error // the last look found another process's lease
 	)
-	for {
+	for look := 0; ; look++ {
 		woken, unwatch := u.announced.watch(connection)
-		if err := u.slots.Acquire(ctx, 1); err != nil {
+		ts := time.Now()
+		if err := u.acquireSlot(ctx, woken); err != nil {
 			unwatch()
+			if errors.Is(err, errAnnounced) {
+				// Another process stored the token while this one queued.
+				t, done, err := u.lookAgain(ctx, connection, ts, due)
+				if err != nil || done {
+					return claimed{current: t, waited: time.Since(ts)}, err
+				}
+				continue
+			}
 			return c, err
 		}
 		if asked.IsZero() {
@@ -245,7 +296,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			unwatch()
 			return c, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
 		}
-		next, err := u.tryClaim(ctx, connection, forced, due, wait)
+		next, err := u.tryClaim(ctx, connection, forced, due, wait, look == 0)
 		next.waited = time.Since(asked)
 		if next.end != nil {
 			next.release = sync.OnceFunc(func() { u.slots.Release(1) })
@@ -257,28 +308,95 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			return next, err
 		}
 		c, leased = next, err
-		woke, err := u.awaitLease(ctx, asked, woken, err)
+		poll := u.leasePoll()
+		if errors.Is(err, errLockHeld) {
+			poll = lockHeldPoll
+		}
+		_, err = u.awaitLease(ctx, asked, woken, poll, err)
 		unwatch()
 		if err != nil {
 			return c, err
 		}
-		if woke {
-			// Most likely the holder stored the rotated token: a plain read
-			// says so, without the lock.
-			readCtx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)
-			t, err := u.store.Get(readCtx, connection)
-			cancel()
-			if err == nil && (t.Status == domain.StatusNeedsReauth || !due(t)) {
-				return claimed{current: t, waited: time.Since(asked)}, nil
-			}
+		// Most likely the holder stored the rotated token, or is refreshing
+		// it: plain reads say which, without the lock.
+		t, done, err := u.lookAgain(ctx, connection, asked, due)
+		switch {
+		case done:
+			return claimed{current: t, waited: time.Since(asked)}, nil
+		case err != nil:
+			return c, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
 		}
 	}
 }
 
-// tryClaim is claim's transaction, waiting at most wait for the lock.
-func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, wait time.Duration) (claimed, error) {
+// acquireSlot takes one of this process's in-flight slots, unless the
+// connection is announced first (errAnnounced): the refresh the caller
+// queued for may have been done by another process meanwhile, and at a
+// mass expiry most queued refreshes are.
+func (u *RefreshTokenUseCase) acquireSlot(ctx context.Context, woken <-chan struct{}) error {
+	if u.slots.TryAcquire(1) {
+		return nil
+	}
+	qctx, cancel := context.WithCancelCause(ctx)
+	defer cancel(nil)
+	go func() {
+		select {
+		case <-woken:
+			cancel(errAnnounced)
+		case <-qctx.Done():
+		}
+	}()
+	if err := u.slots.Acquire(qctx, 1); err != nil {
+		if cause := context.Cause(qctx); errors.Is(cause, errAnnounced) && ctx.Err() == nil {
+			return errAnnounced
+		}
+		return err
+	}
+	return nil
+}
+
+var errAnnounced = errors.New("announced while queued for a slot")
+
+// lookAgain reads connection's token without the lock after a wait for
+// another holder. It is done when the token needs no refresh any more
+// (or cannot have one). While another process's lease on it runs, it
+// waits for that refresh's announcement, reading again (no lock, no slot)
+// at each poll, until the lock wait that began at asked is over (an error
+// that is also a lock timeout).
+func (u *RefreshTokenUseCase) lookAgain(ctx context.Context, connection string, asked time.Time, due func(domain.Token) bool) (domain.Token, bool, error) {
+	for {
+		woken, unwatch := u.announced.watch(connection)
+		readCtx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)
+		t, leased, err := u.store.GetWithLease(readCtx, connection)
+		cancel()
+		switch {
+		case err != nil:
+			unwatch()
+			return t, false, nil // the lock's look says more
+		case t.Status == domain.StatusNeedsReauth || !due(t):
+			unwatch()
+			return t, true, nil
+		case !leased:
+			unwatch()
+			return t, false, nil
+		}
+		_, err = u.awaitLease(ctx, asked, woken, u.leasePoll(), domain.ErrRefreshInProgress)
+		unwatch()
+		if err != nil {
+			return t, false, err
+		}
+	}
+}
+
+// errLockHeld: the lock was taken by another transaction when claim only
+// tried it.
+var errLockHeld = fmt.Errorf("lock held by another transaction: %w", domain.ErrRefreshInProgress)
+
+// tryClaim is claim's transaction, waiting at most wait for the lock, or
+// not at all with now (errLockHeld when another transaction holds it).
+func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, wait time.Duration, now bool) (claimed, error) {
 	var c claimed
-	err := u.store.InLock(ctx, connection, wait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+	fn := func(txCtx context.Context, s LockedStore) error {
 		// The re-read is also the liveness check of the transaction: it
 		// runs right before the lease is taken.
 		t, err := s.Get(txCtx, connection)
@@ -303,33 +421,47 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		}
 		c.end, err = s.Lease(txCtx, t, u.opts.RefreshTimeout)
 		return err
-	})
+	}
+	if !now {
+		err := u.store.InLock(ctx, connection, wait, u.opts.WriteTimeout, fn)
+		return c, err
+	}
+	locked, err := u.store.TryInLock(ctx, connection, u.opts.WriteTimeout, fn)
+	if err == nil && !locked {
+		err = errLockHeld
+	}
 	return c, err
 }
 
-// Waits for a lease another process holds: the next look comes at its
-// announcement (the change listener), or after leasePoll, or after
-// leasePollListening while the listener is connected (announcements then
-// come; the look is for a holder that died, whose lease runs out a second
-// after its last renewal).
+// Waits for another holder: the next look comes at its announcement (the
+// change listener), or after leasePoll, or after leasePollListening while
+// the listener is connected (announcements then come; the look is for a
+// holder that died, whose lease runs out a second after its last
+// renewal), or after lockHeldPoll when the lock was taken (its holder's
+// transaction is short, and may end without an announcement).
 const (
 	leasePoll          = 100 * time.Millisecond
 	leasePollListening = time.Second
+	lockHeldPoll       = 5 * time.Millisecond
 )
 
-// awaitLease waits before the next look at a connection whose refresh is
-// leased by another process (leased wraps domain.ErrRefreshInProgress),
-// and reports whether an announcement woke it. It gives up, with an error
-// that is also a lock timeout, when the lock wait that began at asked is
-// over.
-func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, woken <-chan struct{}, leased error) (bool, error) {
+// leasePoll is the wait between two looks at a leased connection.
+func (u *RefreshTokenUseCase) leasePoll() time.Duration {
+	if u.cache.trusted.Load() {
+		return leasePollListening
+	}
+	return leasePoll
+}
+
+// awaitLease waits, at most poll, before the next look at a connection
+// whose refresh another holder has (leased wraps
+// domain.ErrRefreshInProgress), and reports whether an announcement woke
+// it. It gives up, with an error that is also a lock timeout, when the
+// lock wait that began at asked is over.
+func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, woken <-chan struct{}, poll time.Duration, leased error) (bool, error) {
 	left := u.opts.LockWait - time.Since(asked)
 	if left <= 0 {
 		return false, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
-	}
-	poll := leasePoll
-	if u.cache.trusted.Load() {
-		poll = leasePollListening
 	}
 	t := time.NewTimer(min(poll, left))
 	defer t.Stop()

@@ -51,6 +51,17 @@ func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
 	return s.tok, nil
 }
 
+// GetWithLease: the fake takes no leases that another process could hold.
+func (s *fakeStore) GetWithLease(ctx context.Context, id string) (domain.Token, bool, error) {
+	t, err := s.Get(ctx, id)
+	return t, false, err
+}
+
+// TryInLock: the fake's lock is never held by another transaction.
+func (s *fakeStore) TryInLock(ctx context.Context, id string, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	return true, s.InLock(ctx, id, 0, hold, fn)
+}
+
 func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
 	if s.lockErr != nil {
 		return s.lockErr
