@@ -193,6 +193,10 @@ func (r Results) Checks() []Check {
 		ru, ok := r.get(standby, side.prefix+"-reuse/op")
 		add(fmt.Sprintf("standby's cost, %s: refresh-token reuse", side.prefix), "0", ok, ru, "%.0f", ru == 0)
 	}
+	lc, ok1 := r.get(standby, "lone-commit-ms")
+	sc, ok2 := r.get(standby, "standby-commit-ms")
+	text("standby's cost: one commit's wait (median), lone (on) / with the synchronous standby (remote_apply)", ok1 && ok2,
+		fmt.Sprintf("%.2f ms / %.2f ms", lc, sc))
 	for _, q := range []string{"p50", "p99"} {
 		added, ok1 := r.get(standby, "added-"+q+"-ms")
 		ratio, ok2 := r.get(standby, q+"-ratio")
