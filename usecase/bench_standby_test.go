@@ -116,7 +116,7 @@ func BenchmarkRefreshStormStandby(b *testing.B) {
 			after := p.Stats()
 			s.refreshes += after.Refreshes - before.Refreshes
 			s.reuse += after.RefreshReuse - before.RefreshReuse
-			s.commits = timeCommits(b, s.f.seed.db, s.want, 20, s.commits)
+			s.commits = timeCommits(b, s.f.seed.db, s.f.syncCommit, 20, s.commits)
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
