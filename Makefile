@@ -74,12 +74,19 @@ migrate: build
 # runs in STORM_BATCHES batches of STORMS storms; its figures are the
 # medians over the batches. The Nango-style peer needs Redis at
 # TEST_REDIS_ADDR (default 127.0.0.1:6379).
+# The standby's cost runs the storm on two throw-away clusters of its own
+# (initdb, pg_basebackup: a lone server and a primary with a synchronous
+# standby), STANDBY_STORMS storms on each per batch, alternating, in
+# STANDBY_BATCHES batches; without initdb it is skipped, saying so.
 BENCH ?= TokenHot|ProactiveRefresh|CacheMemory|Invalidate|ConnectionTime|MassExpiry
 STORMS ?= 10
 STORM_BATCHES ?= 5
+STANDBY_STORMS ?= 15
+STANDBY_BATCHES ?= 3
 bench:
 	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./usecase/ | tee bench.out
 	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./usecase/ | tee -a bench.out
+	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStormStandby$$' -benchtime $(STANDBY_STORMS)x -count $(STANDBY_BATCHES) -timeout 10m ./usecase/ | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'AtRate$$' -count 3 -timeout 10m ./infra/httpapi/ | tee -a bench.out
 	$(GO) run ./cmd/benchreport < bench.out
 

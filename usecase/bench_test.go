@@ -200,6 +200,81 @@ func (c *stormClock) expire(tb testing.TB, s *stack) {
 	c.offset.Store(int64(time.Until(mustGet(tb, s).Expiry) + time.Millisecond))
 }
 
+// stormFleet is the processes of a refresh storm: independent stacks (own
+// pools, caches, listeners) on one database, sharing one clock, their
+// caches filled with the connection the seed stack stored.
+type stormFleet struct {
+	ucs       []*usecase.RefreshTokenUseCase
+	seed      *stack
+	clock     *stormClock
+	obs       *latencyObserver
+	cur, peak atomic.Int64
+	// syncCommit is the synchronous_commit level of the token writes
+	// ("": the server's own setting).
+	syncCommit string
+}
+
+// newStormFleet starts stacks stacks on w's database. With durable, each
+// store commits its token writes at the level tokenguard picks for the
+// cluster, as the root package does (repository.Durability observing the
+// replication state read at start); without, at the server's setting.
+func newStormFleet(b *testing.B, w *world, stacks int, durable bool) *stormFleet {
+	f := &stormFleet{obs: &latencyObserver{}, clock: &stormClock{}, ucs: make([]*usecase.RefreshTokenUseCase, stacks)}
+	for i := range f.ucs {
+		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil) // DB_MAX_CONNS's default
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(func() { _ = postgres.Close(db) })
+		repo := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+		if durable {
+			d, err := repository.NewDurability("")
+			if err != nil {
+				b.Fatal(err)
+			}
+			r, err := repo.ReadReplication(context.Background())
+			if err != nil {
+				b.Fatal(err)
+			}
+			d.Observe(r)
+			repo.SetDurability(d)
+			f.syncCommit = d.SyncCommit()
+		}
+		store := countingStore{TokenRepository: repo, cur: &f.cur, peak: &f.peak}
+		uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{Observer: f.obs, Clock: f.clock, Skew: time.Millisecond})
+		if err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); _ = repository.NewChangeListener(w.url, uc, nil).Run(ctx) }()
+		b.Cleanup(func() { cancel(); <-done })
+		f.ucs[i] = uc
+	}
+	f.seed = w.stack(b, usecase.Options{})
+	w.connect(b, f.seed)
+	time.Sleep(300 * time.Millisecond) // listeners up, so the warm-up storm fills the caches
+	for _, uc := range f.ucs {
+		if _, err := uc.Token(context.Background(), conn); err != nil {
+			b.Fatal(err)
+		}
+	}
+	return f
+}
+
+// arm moves the clock past the stored token's expiry and clears the peak
+// of connections: the next calls meet an expired token.
+func (f *stormFleet) arm(b *testing.B) {
+	f.clock.expire(b, f.seed)
+	f.peak.Store(0)
+}
+
+// call is one caller in stack i.
+func (f *stormFleet) call(i int) error {
+	_, err := f.ucs[i].Token(context.Background(), conn)
+	return err
+}
+
 // BenchmarkRefreshStorm: 3 independent stacks (own pools, caches,
 // listeners) x 200 goroutines ask for an expired token at once, against the
 // strict provider with a fixed latency. One op is one storm; after it, the
@@ -214,35 +289,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	)
 	w := newWorld(b, time.Hour)
 	w.provider.SetRefreshLatency(latency)
-	var cur, peak atomic.Int64
-	obs := &latencyObserver{}
-	clock := &stormClock{}
-	ucs := make([]*usecase.RefreshTokenUseCase, stacks)
-	for i := range ucs {
-		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil) // DB_MAX_CONNS's default
-		if err != nil {
-			b.Fatal(err)
-		}
-		b.Cleanup(func() { _ = postgres.Close(db) })
-		store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak}
-		uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{Observer: obs, Clock: clock, Skew: time.Millisecond})
-		if err != nil {
-			b.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = repository.NewChangeListener(w.url, uc, nil).Run(ctx) }()
-		b.Cleanup(func() { cancel(); <-done })
-		ucs[i] = uc
-	}
-	seed := w.stack(b, usecase.Options{})
-	w.connect(b, seed)
-	time.Sleep(300 * time.Millisecond) // listeners up, so the warm-up storm fills the caches
-	for _, uc := range ucs {
-		if _, err := uc.Token(context.Background(), conn); err != nil {
-			b.Fatal(err)
-		}
-	}
+	fleet := newStormFleet(b, w, stacks, false)
 
 	// The baseline: the same fan-out and the same provider with nothing in
 	// between, each stack redeeming a grant of its own once per storm
@@ -282,21 +329,17 @@ func BenchmarkRefreshStorm(b *testing.B) {
 			}
 		}
 		b.StopTimer()
-		clock.expire(b, seed)
-		peak.Store(0)
+		fleet.arm(b)
 		before := w.provider.Stats()
 		b.StartTimer()
 		tracing.around(b, "tokenguard", i, func() {
-			waits = storm(b, stacks, goroutines, waits, func(i int) error {
-				_, err := ucs[i].Token(context.Background(), conn)
-				return err
-			})
+			waits = storm(b, stacks, goroutines, waits, fleet.call)
 		})
 		b.StopTimer()
 		after := w.provider.Stats()
 		refreshes += after.Refreshes - before.Refreshes
 		reuse += after.RefreshReuse - before.RefreshReuse
-		peaks = append(peaks, peak.Load())
+		peaks = append(peaks, fleet.peak.Load())
 
 		time.Sleep(100 * time.Millisecond) // as before a storm
 		for _, s := range bare {
@@ -337,7 +380,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	b.ReportMetric(float64(latency.Milliseconds()), "provider-latency-ms")
 	// What the refreshing process waited for the provider: the configured
 	// delay plus the provider's own work and the HTTP exchange.
-	b.ReportMetric(ms(obs.mean()), "provider-ms")
+	b.ReportMetric(ms(fleet.obs.mean()), "provider-ms")
 	for _, p := range peers {
 		p.report(b)
 	}

@@ -70,9 +70,15 @@ func newWorldWith(t testing.TB, p *sandbox.Provider) *world {
 	if testing.Short() {
 		t.Skip("needs Postgres")
 	}
+	return newWorldOn(t, p, testdb.New(t))
+}
+
+// newWorldOn serves p, with the database at url.
+func newWorldOn(t testing.TB, p *sandbox.Provider, url string) *world {
+	t.Helper()
 	srv := httptest.NewServer(p.Handler())
 	t.Cleanup(srv.Close)
-	return &world{url: testdb.New(t), provider: p, srv: srv, oauth: p.OAuth2Config(srv.URL)}
+	return &world{url: url, provider: p, srv: srv, oauth: p.OAuth2Config(srv.URL)}
 }
 
 func (w *world) stack(t testing.TB, opts usecase.Options) *stack {

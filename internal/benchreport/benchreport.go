@@ -83,6 +83,7 @@ var Peers = []string{"nango", "grafana", "coder", "seed"}
 
 const (
 	storm      = "RefreshStorm"
+	standby    = "RefreshStormStandby"
 	massExpiry = "MassExpiry"
 	// connTimeBound is the most database connection time a refresh may
 	// cost, whatever the provider's latency.
@@ -118,6 +119,13 @@ func (r Results) Checks() []Check {
 	}
 	info := func(what string, found bool, value float64, format string) {
 		add(what, "-", found, value, format, true).Info = true
+	}
+	text := func(what string, found bool, value string) {
+		c := add(what, "-", found, 0, "", true)
+		c.Info = true
+		if found {
+			c.Value = value
+		}
 	}
 	missBy := func(c *Check, format string, by float64) {
 		if c.Found && !c.Met {
@@ -167,6 +175,34 @@ func (r Results) Checks() []Check {
 	info(fmt.Sprintf("storm: p50 wait over the provider-only storm's p50 (%.1f ms)", base50), p50ok && ok, p50-base50, "%+.1f ms")
 	base99, ok := r.get(storm, "baseline-p99-ms")
 	info(fmt.Sprintf("storm: p99 wait over the provider-only storm's p99 (%.1f ms)", base99), p99ok && ok, p99-base99, "%+.1f ms")
+
+	// What a synchronous standby costs the same storm: no target for the
+	// cost, which is the replication round trip of this machine; the
+	// once-per-expiry rule holds on both clusters.
+	sbatches := r.runs(standby, "added-p99-ms")
+	for _, side := range []struct{ prefix, what string }{
+		{"lone", "a lone server (token writes at synchronous_commit on)"},
+		{"standby", "a primary with a synchronous standby (remote_apply)"},
+	} {
+		p50, ok1 := r.get(standby, side.prefix+"-p50-ms")
+		p99, ok2 := r.get(standby, side.prefix+"-p99-ms")
+		text(fmt.Sprintf("standby's cost: storm p50, p99 on %s, median of %d batches", side.what, sbatches), ok1 && ok2,
+			fmt.Sprintf("%.1f ms, %.1f ms", p50, p99))
+		n, ok := r.get(standby, side.prefix+"-refreshes/op")
+		add(fmt.Sprintf("standby's cost, %s: refreshes per expiry", side.prefix), "exactly 1", ok, n, "%.2f", n == 1)
+		ru, ok := r.get(standby, side.prefix+"-reuse/op")
+		add(fmt.Sprintf("standby's cost, %s: refresh-token reuse", side.prefix), "0", ok, ru, "%.0f", ru == 0)
+	}
+	lc, ok1 := r.get(standby, "lone-commit-ms")
+	sc, ok2 := r.get(standby, "standby-commit-ms")
+	text("standby's cost: one commit's wait (median), lone (on) / with the synchronous standby (remote_apply)", ok1 && ok2,
+		fmt.Sprintf("%.2f ms / %.2f ms", lc, sc))
+	for _, q := range []string{"p50", "p99"} {
+		added, ok1 := r.get(standby, "added-"+q+"-ms")
+		ratio, ok2 := r.get(standby, q+"-ratio")
+		text(fmt.Sprintf("standby's cost: storm %s added by the synchronous standby (same batch), and the ratio", q), ok1 && ok2,
+			fmt.Sprintf("%+.1f ms, %.2fx", added, ratio))
+	}
 
 	var c *Check
 	for _, p := range Peers {

@@ -156,3 +156,68 @@ func TestSweepMissSaysWhichSide(t *testing.T) {
 		}
 	}
 }
+
+// Three batches of the standby's cost (go test -count 3): each figure is
+// the median over the batches; in one batch the standby side refreshed
+// twice, and in the median still once.
+const standbySample = `goos: linux
+BenchmarkRefreshStormStandby-2   	      15	 149072813 ns/op	         1.300 added-p50-ms	        44.00 added-p99-ms	        33.90 lone-p50-ms	        92.30 lone-p99-ms	         1.000 lone-refreshes/op	         0 lone-reuse/op	0.10 lone-commit-ms	1.20 standby-commit-ms	         1.038 p50-ratio	         1.476 p99-ratio	        20.00 provider-latency-ms	        35.20 standby-p50-ms	       136.3 standby-p99-ms	         1.000 standby-refreshes/op	         0 standby-reuse/op
+BenchmarkRefreshStormStandby-2   	      15	 149072813 ns/op	         2.500 added-p50-ms	        10.00 added-p99-ms	        30.00 lone-p50-ms	        80.00 lone-p99-ms	         1.000 lone-refreshes/op	         0 lone-reuse/op	         1.083 p50-ratio	         1.125 p99-ratio	        20.00 provider-latency-ms	        32.50 standby-p50-ms	        90.00 standby-p99-ms	         2.000 standby-refreshes/op	         0 standby-reuse/op
+BenchmarkRefreshStormStandby-2   	      15	 149072813 ns/op	         2.000 added-p50-ms	        20.00 added-p99-ms	        31.00 lone-p50-ms	        85.00 lone-p99-ms	         1.000 lone-refreshes/op	         0 lone-reuse/op	         1.070 p50-ratio	         1.235 p99-ratio	        20.00 provider-latency-ms	        33.00 standby-p50-ms	       105.0 standby-p99-ms	         1.000 standby-refreshes/op	         0 standby-reuse/op
+PASS
+`
+
+func TestStandbyRows(t *testing.T) {
+	r, err := Read(strings.NewReader(standbySample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := map[string]Check{}
+	for _, c := range r.Checks() {
+		got[c.What] = c
+	}
+	for what, want := range map[string]string{
+		"standby's cost: storm p50, p99 on a lone server (token writes at synchronous_commit on), median of 3 batches": "31.0 ms, 85.0 ms",
+		"standby's cost: storm p50, p99 on a primary with a synchronous standby (remote_apply), median of 3 batches":   "33.0 ms, 105.0 ms",
+		"standby's cost: one commit's wait (median), lone (on) / with the synchronous standby (remote_apply)":          "0.10 ms / 1.20 ms",
+		"standby's cost: storm p50 added by the synchronous standby (same batch), and the ratio":                       "+2.0 ms, 1.07x",
+		"standby's cost: storm p99 added by the synchronous standby (same batch), and the ratio":                       "+20.0 ms, 1.24x",
+	} {
+		if c := got[what]; !c.Found || !c.Info || c.Value != want {
+			t.Errorf("%s: %+v, want info %q", what, c, want)
+		}
+	}
+	for what, want := range map[string]string{
+		"standby's cost, lone: refreshes per expiry":    "1.00",
+		"standby's cost, lone: refresh-token reuse":     "0",
+		"standby's cost, standby: refreshes per expiry": "1.00",
+		"standby's cost, standby: refresh-token reuse":  "0",
+	} {
+		if c := got[what]; !c.Met || c.Info || c.Value != want {
+			t.Errorf("%s: %+v, want a target met with %q", what, c, want)
+		}
+	}
+
+	// Reuse on the standby side in two batches: the target is missed.
+	reused := strings.Replace(standbySample, "0 standby-reuse/op", "1 standby-reuse/op", 2)
+	r, err = Read(strings.NewReader(reused))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range r.Checks() {
+		if c.What == "standby's cost, standby: refresh-token reuse" && (c.Met || c.Value != "1") {
+			t.Errorf("reuse in 2 of 3 batches: %+v", c)
+		}
+	}
+
+	// Not run (no initdb: skipped): every row says so, none is met.
+	r, err = Read(strings.NewReader(sample))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range r.Checks() {
+		if strings.HasPrefix(c.What, "standby's cost") && (c.Found || c.Met) {
+			t.Errorf("absent benchmark reported: %+v", c)
+		}
+	}
+}

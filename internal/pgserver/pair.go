@@ -56,7 +56,59 @@ func (n *pairNode) url(db string) string {
 // pg_basebackup -R, starts both and waits until the standby streams (and,
 // with sync, until commits wait for it).
 func StartPair(ctx context.Context, sync bool) (*Pair, error) {
+	p, err := startPrimary(ctx, sync)
+	if err != nil {
+		return nil, err
+	}
+	if p.link, err = newLink(); err != nil {
+		p.Close()
+		return nil, err
+	}
+	if p.nodes[1], err = p.newNode(os.TempDir()); err != nil {
+		p.Close()
+		return nil, err
+	}
+	if err := p.rebuild(ctx, 1); err != nil {
+		p.Close()
+		return nil, err
+	}
+	return p, nil
+}
+
+// StartLone makes a server as StartPair makes its primary, with the same
+// settings, and no standby: what a pair is compared with. Close stops it
+// and removes its directory.
+func StartLone(ctx context.Context) (*Server, error) {
+	p, err := startPrimary(ctx, false)
+	if err != nil {
+		return nil, err
+	}
+	return &Server{URL: p.nodes[0].url("postgres"), Source: "initdb", close: p.Close}, nil
+}
+
+// PairBinaries says whether StartPair and StartLone can run here: initdb,
+// postgres, pg_ctl and pg_basebackup in one directory.
+func PairBinaries() error {
+	_, err := pairBinaries()
+	return err
+}
+
+func pairBinaries() (string, error) {
 	bin, err := findBinaries()
+	if err != nil {
+		return "", err
+	}
+	for _, tool := range []string{"pg_ctl", "pg_basebackup"} {
+		if !isExecutable(filepath.Join(bin, tool)) {
+			return "", fmt.Errorf("no %s beside initdb in %s", tool, bin)
+		}
+	}
+	return bin, nil
+}
+
+// startPrimary makes nodes[0] with initdb and starts it.
+func startPrimary(ctx context.Context, sync bool) (*Pair, error) {
+	bin, err := pairBinaries()
 	if err != nil {
 		return nil, err
 	}
@@ -67,18 +119,11 @@ func StartPair(ctx context.Context, sync bool) (*Pair, error) {
 	base := os.TempDir()
 	sweep(base)
 	p := &Pair{Sync: sync, bin: bin, cred: cred}
-	if p.link, err = newLink(); err != nil {
+	prim, err := p.newNode(base)
+	if err != nil {
 		return nil, err
 	}
-	for i := range p.nodes {
-		n, err := p.newNode(base)
-		if err != nil {
-			p.Close()
-			return nil, err
-		}
-		p.nodes[i] = n
-	}
-	prim := p.nodes[0]
+	p.nodes[0] = prim
 	if err := p.run(ctx, "initdb", "-D", prim.data(), "-U", "postgres", "--auth=trust", "--no-locale", "-E", "UTF8", "--no-sync"); err != nil {
 		p.Close()
 		return nil, err
@@ -93,10 +138,6 @@ func StartPair(ctx context.Context, sync bool) (*Pair, error) {
 		return nil, err
 	}
 	if err := p.start(ctx, prim); err != nil {
-		p.Close()
-		return nil, err
-	}
-	if err := p.rebuild(ctx, 1); err != nil {
 		p.Close()
 		return nil, err
 	}

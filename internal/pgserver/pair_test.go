@@ -72,3 +72,33 @@ func TestPairFailoverLosesOnlyWhatTheStandbyMayLose(t *testing.T) {
 		})
 	}
 }
+
+// A lone server is the pair's primary without the standby: the same
+// settings, nothing streaming from it, writes acknowledged alone.
+func TestStartLoneIsThePairsPrimaryAlone(t *testing.T) {
+	needBinaries(t)
+	ctx := context.Background()
+	s, err := StartLone(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var fsync, walLevel, names string
+	var standbys int
+	err = query(ctx, s.URL, func(c *pgx.Conn) error {
+		return c.QueryRow(ctx, `SELECT current_setting('fsync'), current_setting('wal_level'), current_setting('synchronous_standby_names'),
+			(SELECT count(*) FROM pg_stat_replication)`).Scan(&fsync, &walLevel, &names, &standbys)
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if fsync != "off" || walLevel != "replica" || names != "" || standbys != 0 {
+		t.Errorf("fsync %s, wal_level %s, synchronous_standby_names %q, %d standbys; want the pair's primary's settings and no standby", fsync, walLevel, names, standbys)
+	}
+	if err := execSQL(ctx, s.URL, "CREATE TABLE t (n int)", "INSERT INTO t VALUES (1)"); err != nil {
+		t.Fatal(err)
+	}
+	s.Close()
+	if err := Ping(ctx, s.URL, time.Second); err == nil {
+		t.Error("the server still answers after Close")
+	}
+}

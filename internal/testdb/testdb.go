@@ -108,17 +108,28 @@ const suiteConnections = 197
 // The database is dropped when tb ends.
 func New(tb testing.TB) string {
 	tb.Helper()
-	u := NewEmpty(tb)
+	return NewOn(tb, URL(tb))
+}
+
+// NewEmpty creates a database without applying the migrations.
+func NewEmpty(tb testing.TB) string {
+	tb.Helper()
+	return newEmptyOn(tb, URL(tb))
+}
+
+// NewOn is New on the server at admin (an admin URL, such as a throw-away
+// cluster's) rather than the test server.
+func NewOn(tb testing.TB, admin string) string {
+	tb.Helper()
+	u := newEmptyOn(tb, admin)
 	if err := migrations.Up(u); err != nil {
 		tb.Fatalf("migrate test database: %v", err)
 	}
 	return u
 }
 
-// NewEmpty creates a database without applying the migrations.
-func NewEmpty(tb testing.TB) string {
+func newEmptyOn(tb testing.TB, admin string) string {
 	tb.Helper()
-	admin := URL(tb)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	u, drop, err := pgserver.CreateDatabase(ctx, admin, "tg_test")
