@@ -61,8 +61,16 @@ func Up(url string) error {
 // recorded in schema_migrations, it adopts that version (see adopt). A
 // search_path naming a schema that does not exist is
 // domain.ErrSchemaNotFound (CheckSearchPath).
+//
+// A database a later release migrated (a version this one does not have,
+// above its last) is left as it is: migrations are additive, so this
+// release works on it, and one of its processes restarting during the
+// later release's rolling deploy still starts.
 func UpDB(ctx context.Context, db *sql.DB) error {
 	return withMigrate(ctx, db, func(m *migrate.Migrate) error {
+		if v, dirty, err := m.Version(); err == nil && !dirty && v > last() {
+			return nil
+		}
 		if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 			return err
 		}
@@ -300,6 +308,18 @@ func CheckSearchPath(ctx context.Context, q interface {
 		return fmt.Errorf("%w: search_path %q names no schema that exists", domain.ErrSchemaNotFound, path)
 	}
 	return nil
+}
+
+// last is the version of the last embedded migration.
+func last() uint {
+	entries, _ := files.ReadDir(".")
+	var v uint
+	for _, e := range entries {
+		if m, err := source.DefaultParse(e.Name()); err == nil {
+			v = max(v, m.Version)
+		}
+	}
+	return v
 }
 
 // known reports whether v is the version of one of the embedded migrations.

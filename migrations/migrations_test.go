@@ -267,3 +267,34 @@ func TestUpLeavesTheApplicationsSchemaMigrationsAlone(t *testing.T) {
 		t.Fatalf("err = %v, want a refusal naming the version and the fix", err)
 	}
 }
+
+// A database a later release migrated is left at its version: a process of
+// this release restarting during that release's rolling deploy starts.
+func TestUpLeavesALaterVersionAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	url := testdb.New(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec("UPDATE " + migrations.Table + " SET version = 999"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(url); err != nil {
+		t.Fatalf("up on a later version: %v", err)
+	}
+	if v, dirty, err := migrations.Version(url); err != nil || v != 999 || dirty {
+		t.Fatalf("version %d dirty %t, %v; want 999 untouched", v, dirty, err)
+	}
+	// The control: a version below the last that is not one of ours is
+	// still refused.
+	if _, err := db.Exec("UPDATE " + migrations.Table + " SET version = 3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(url); err == nil {
+		t.Fatal("up on the unknown version 3: no error")
+	}
+}
