@@ -517,3 +517,37 @@ func withSearchPath(t *testing.T, dbURL, path string) string {
 	u.RawQuery = strings.ReplaceAll(q.Encode(), "+", "%20") // pgx reads + as itself
 	return u.String()
 }
+
+// A role the application's processes connect as, granted the previous
+// release's tables, may use the views as it used the tables.
+func TestTheViewsTakeTheTablesGrants(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	dbURL := testdb.NewEmpty(t)
+	migratePrevious(t, dbURL, 11, migrations.Table)
+	db := open(t, dbURL)
+	role := fmt.Sprintf("tg_app_%d", time.Now().UnixNano())
+	exec(t, db, "CREATE ROLE "+role+" NOLOGIN")
+	t.Cleanup(func() {
+		_, _ = db.Exec("DROP OWNED BY " + role)
+		_, _ = db.Exec("DROP ROLE " + role)
+	})
+	exec(t, db, "GRANT SELECT, INSERT, UPDATE, DELETE ON connections, tokens TO "+role)
+	if err := migrations.Up(dbURL); err != nil {
+		t.Fatal(err)
+	}
+	var ok bool
+	if err := db.QueryRow(`SELECT has_table_privilege($1, 'tokens', 'INSERT') AND has_table_privilege($1, 'connections', 'DELETE')
+		AND NOT has_table_privilege($1, 'providers', 'SELECT')`, role).Scan(&ok); err != nil || !ok {
+		t.Fatalf("the view's privileges for %s: %t, %v", role, ok, err)
+	}
+	conn, err := db.Conn(context.Background())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	if _, err := conn.ExecContext(context.Background(), "SET ROLE "+role+"; INSERT INTO connections (name) VALUES ('acme'); RESET ROLE"); err != nil {
+		t.Fatalf("insert through the view as %s: %v", role, err)
+	}
+}
