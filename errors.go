@@ -61,6 +61,11 @@ var (
 	// ErrInvalidSyncCommit: WithSyncCommit was given a level other than
 	// off, local, remote_write, on or remote_apply.
 	ErrInvalidSyncCommit = domain.ErrInvalidSyncCommit
+	// ErrSchemaNotFound: Migrate or New was given a pool whose search_path
+	// names a schema that does not exist (the message names it): create
+	// it, or fix the search_path. tokenguard's tables never fall through
+	// to another schema of the path.
+	ErrSchemaNotFound = domain.ErrSchemaNotFound
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
 )

@@ -130,11 +130,29 @@ func TestProgramOutsideTheModule(t *testing.T) {
 // go.sum (so nothing new is downloaded), and returns its directory.
 func outsideModule(t *testing.T, program string) string {
 	t.Helper()
-	root, err := filepath.Abs(".")
+	return outsideModuleWith(t, program, nil)
+}
+
+// outsideModuleWith is outsideModule with more files (path: content) and
+// more of this module's requirements, by module path.
+func outsideModuleWith(t *testing.T, program string, files map[string]string, requires ...string) string {
+	t.Helper()
+	return outsideModuleAt(t, ".", program, files, requires...)
+}
+
+// outsideModuleAt is outsideModuleWith on the checkout of this module in
+// root (an earlier release, say).
+func outsideModuleAt(t *testing.T, root, program string, files map[string]string, requires ...string) string {
+	t.Helper()
+	root, err := filepath.Abs(root)
 	if err != nil {
 		t.Fatal(err)
 	}
 	dir := t.TempDir()
+	var more strings.Builder
+	for _, r := range requires {
+		more.WriteString("\t" + r + " " + moduleVersion(t, r) + "\n")
+	}
 	gomod := `module example.com/app
 
 go 1.26
@@ -145,15 +163,23 @@ require (
 	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
 	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
 	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `
-)
+` + more.String() + `)
 
 replace github.com/tokenguard/tokenguard => ` + root + "\n"
 	sum, err := os.ReadFile(filepath.Join(root, "go.sum"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	for name, content := range map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(program)} {
-		if err := os.WriteFile(filepath.Join(dir, name), content, 0o644); err != nil {
+	all := map[string][]byte{"go.mod": []byte(gomod), "go.sum": sum, "main.go": []byte(program)}
+	for name, content := range files {
+		all[name] = []byte(content)
+	}
+	for name, content := range all {
+		path := filepath.Join(dir, filepath.FromSlash(name))
+		if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, content, 0o644); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -164,8 +190,13 @@ replace github.com/tokenguard/tokenguard => ` + root + "\n"
 // own (outsideModule) and returns the module's directory and the binary.
 func buildOutside(t *testing.T, program string) (dir, bin string) {
 	t.Helper()
-	dir = outsideModule(t, program)
-	bin = filepath.Join(dir, "app")
+	return buildOutsideWith(t, outsideModule(t, program))
+}
+
+// buildOutsideWith builds the module in dir and returns dir and the binary.
+func buildOutsideWith(t *testing.T, dir string) (string, string) {
+	t.Helper()
+	bin := filepath.Join(dir, "app")
 	build := exec.Command("go", "build", "-o", bin, ".")
 	build.Dir = dir
 	build.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")

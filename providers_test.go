@@ -315,7 +315,7 @@ func (s staticProviders) List(context.Context) ([]domain.Provider, error) { retu
 func assertAllActive(t *testing.T, db *gorm.DB) {
 	t.Helper()
 	var n int64
-	if err := db.Raw("SELECT count(*) FROM tokens WHERE status <> 'active'").Scan(&n).Error; err != nil {
+	if err := db.Raw("SELECT count(*) FROM tokenguard_tokens WHERE status <> 'active'").Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
 	if n != 0 {

@@ -62,7 +62,7 @@ func TestRolledBackTokenIsDetectedAndReported(t *testing.T) {
 	if err := tg.Import(ctx, "acme", w.grant(t)); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec("CREATE TABLE tokens_backup AS SELECT * FROM tokens").Error; err != nil {
+	if err := db.Exec("CREATE TABLE tokens_backup AS SELECT * FROM tokenguard_tokens").Error; err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond) // due: within the skew of its expiry
@@ -70,7 +70,7 @@ func TestRolledBackTokenIsDetectedAndReported(t *testing.T) {
 		t.Fatal(err)
 	}
 	var version int64
-	if err := db.Raw("SELECT version FROM tokens").Scan(&version).Error; err != nil || version != 2 {
+	if err := db.Raw("SELECT version FROM tokenguard_tokens").Scan(&version).Error; err != nil || version != 2 {
 		t.Fatalf("version after the refresh = %d (%v), want 2", version, err)
 	}
 	// The control: nothing went back, nothing is reported.
@@ -78,7 +78,7 @@ func TestRolledBackTokenIsDetectedAndReported(t *testing.T) {
 		t.Fatal("a regression reported while the database kept every write")
 	}
 
-	if err := db.Exec(`UPDATE tokens t SET access_token = b.access_token, refresh_token = b.refresh_token, expiry = b.expiry,
+	if err := db.Exec(`UPDATE tokenguard_tokens t SET access_token = b.access_token, refresh_token = b.refresh_token, expiry = b.expiry,
 obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.connection_id = t.connection_id`).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -112,7 +112,7 @@ obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.co
 		Type string
 		Data string
 	}
-	if err := db.Raw("SELECT type, data::text AS data FROM webhook_outbox WHERE type = 'connection.rolled_back'").Scan(&events).Error; err != nil {
+	if err := db.Raw("SELECT type, data::text AS data FROM tokenguard_webhook_outbox WHERE type = 'connection.rolled_back'").Scan(&events).Error; err != nil {
 		t.Fatal(err)
 	}
 	if len(events) != 1 || !strings.Contains(events[0].Data, `"known_version": 2`) || !strings.Contains(events[0].Data, `"stored_version": 1`) {

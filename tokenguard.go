@@ -22,11 +22,14 @@
 // tokenguard_token_listener_connected is 0). Ready and WaitReady tell when
 // the cache is live.
 //
-// tokenguard's tables (connections, tokens, tokenguard_schema_migrations)
-// live in the current schema of the *gorm.DB it is given. To keep them apart
-// from the application's, give Migrate and New a pool whose search_path
-// names a schema of their own, e.g. gorm.Open(postgres.Open(dsn +
-// "&search_path=tokenguard")) after CREATE SCHEMA tokenguard.
+// tokenguard's tables (tokenguard_connections, tokenguard_tokens, ...,
+// tokenguard_schema_migrations) live in the current schema of the *gorm.DB
+// it is given, beside the application's: every object tokenguard creates
+// is named tokenguard_*. To put them in a schema of their own, give Migrate
+// and New a pool whose search_path names it, e.g.
+// gorm.Open(postgres.Open(dsn + "&search_path=tokenguard")) after CREATE
+// SCHEMA tokenguard; a search_path naming a schema that does not exist is
+// ErrSchemaNotFound.
 package tokenguard
 
 import (
@@ -57,10 +60,17 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Migrate creates or updates tokenguard's tables (connections, tokens) in
-// db's current schema. It records their version in its own table,
-// tokenguard_schema_migrations, never in the application's
-// schema_migrations. Processes that migrate at once wait for each other.
+// Migrate creates or updates tokenguard's tables (tokenguard_connections,
+// tokenguard_tokens, ...) in db's current schema. It records their version
+// in its own table, tokenguard_schema_migrations, never in the
+// application's schema_migrations, and touches no object not named
+// tokenguard_*. Processes that migrate at once wait for each other. A
+// search_path naming a schema that does not exist is ErrSchemaNotFound.
+//
+// On a database of the previous release (tables named connections,
+// tokens, ...) it renames the tables and leaves views under the old names,
+// so that the processes of that release keep working during a rolling
+// deploy; a later release drops the views.
 //
 // A database migrated by an earlier tokenguard has its version in
 // golang-migrate's default schema_migrations: the first Migrate copies it
@@ -120,7 +130,8 @@ type Tokens struct {
 // never presented twice, and remembers in the database the style that
 // worked.
 //
-// New checks that the database answers, that it is the primary, not a
+// New checks that the database answers, that its search_path names only
+// schemas that exist (ErrSchemaNotFound), that it is the primary, not a
 // replica (ErrReadOnlyStore), and that every stored token can be
 // decrypted (WithEncryptionKeys). On pgx (gorm.io/driver/postgres) a
 // refresh opens its transaction and takes the lock in one round trip; on
@@ -182,6 +193,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	if err := migrations.CheckSearchPath(ctx, pool); err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
 	pipelined, err := repo.Pipelined(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)

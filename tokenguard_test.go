@@ -290,7 +290,7 @@ func TestCloseWaitsForTheRefreshInFlight(t *testing.T) {
 		t.Fatal(err)
 	}
 	var version int64
-	if err := db.Raw("SELECT version FROM tokens").Scan(&version).Error; err != nil || version != 2 {
+	if err := db.Raw("SELECT version FROM tokenguard_tokens").Scan(&version).Error; err != nil || version != 2 {
 		t.Fatalf("stored version %d (%v): the rotated token was not stored", version, err)
 	}
 	// The stored refresh token is the rotated one: it refreshes, no reuse.
@@ -391,13 +391,59 @@ func TestTablesInASchemaOfTheirOwn(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := " " + strings.Join(tables, " ") + " "
-	for _, want := range []string{"tokenguard.connections", "tokenguard.tokens", "tokenguard.tokenguard_schema_migrations"} {
+	for _, want := range []string{"tokenguard.tokenguard_connections", "tokenguard.tokenguard_tokens", "tokenguard.tokenguard_schema_migrations"} {
 		if !strings.Contains(got, " "+want+" ") {
 			t.Errorf("no %s among %s", want, got)
 		}
 	}
 	if strings.Contains(got, " public.") {
 		t.Errorf("tables in public: %s", got)
+	}
+}
+
+// A search_path naming a schema that does not exist is ErrSchemaNotFound
+// naming it, from Migrate and from New: tokenguard's tables never fall
+// through to the next schema of the path (public here), and New never
+// reads the tables of another schema.
+func TestSearchPathNamingAMissingSchema(t *testing.T) {
+	w := newWorld(t, sandbox.Options{})
+	app := w.open(t, nil)
+	ctx := context.Background()
+	if err := tokenguard.Migrate(ctx, app); err != nil { // tokenguard's tables in public
+		t.Fatal(err)
+	}
+	sep := "?"
+	if strings.Contains(w.url, "?") {
+		sep = "&"
+	}
+	db, err := gorm.Open(postgres.Open(w.url+sep+"search_path=tenant_7,public"), &gorm.Config{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		if sqlDB, err := db.DB(); err == nil {
+			_ = sqlDB.Close()
+		}
+	})
+	err = tokenguard.Migrate(ctx, db)
+	if !errors.Is(err, tokenguard.ErrSchemaNotFound) || !strings.Contains(err.Error(), `"tenant_7"`) {
+		t.Errorf("Migrate: %v, want ErrSchemaNotFound naming tenant_7", err)
+	}
+	tg, err := tokenguard.New(db, w.oauth)
+	if !errors.Is(err, tokenguard.ErrSchemaNotFound) || !strings.Contains(err.Error(), `"tenant_7"`) || tg != nil {
+		t.Errorf("New: %v, want ErrSchemaNotFound naming tenant_7", err)
+	}
+	// The control: with the schema created the same pool works.
+	if err := app.Exec("CREATE SCHEMA tenant_7").Error; err != nil {
+		t.Fatal(err)
+	}
+	tg = newTokens(t, w, db)
+	if err := tg.Import(ctx, "acme", w.grant(t)); err != nil {
+		t.Fatal(err)
+	}
+	var n int64
+	if err := app.Raw("SELECT count(*) FROM tenant_7.tokenguard_tokens").Scan(&n).Error; err != nil || n != 1 {
+		t.Fatalf("tokens in tenant_7: %d, %v", n, err)
 	}
 }
 

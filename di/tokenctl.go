@@ -188,7 +188,7 @@ func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
 
 func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }
 
-// OpenProviders implements tokenctl.ProviderBackend: the providers table,
+// OpenProviders implements tokenctl.ProviderBackend: the tokenguard_providers table,
 // client secrets sealed with TOKEN_ENCRYPTION_KEYS like the tokens.
 func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderStore, func(), error) {
 	cfg, err := b.config()

@@ -60,6 +60,10 @@ var (
 	// ErrUnauthorized: a missing, unknown or revoked API key or connect
 	// session.
 	ErrUnauthorized = errors.New("unauthorized")
+	// ErrSchemaNotFound: the database connection's search_path names a
+	// schema that does not exist (or that the role may not use), or no
+	// schema at all, so there is no schema for tokenguard's tables.
+	ErrSchemaNotFound = errors.New("the search_path names a schema that does not exist")
 )
 
 // ProviderError describes a failed token request. It carries the OAuth2

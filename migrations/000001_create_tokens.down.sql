@@ -1,2 +1,2 @@
-DROP TABLE IF EXISTS tokens;
-DROP TABLE IF EXISTS connections;
+DROP TABLE IF EXISTS tokenguard_tokens;
+DROP TABLE IF EXISTS tokenguard_connections;

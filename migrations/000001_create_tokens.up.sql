@@ -1,16 +1,16 @@
--- connections is the registry of connection names. Its integer id is the
+-- tokenguard_connections is the registry of connection names. Its integer id is the
 -- advisory-lock key of the connection (see repository/lockkey.go), so a lock
 -- can be taken before the connection has a token and two names never share one.
-CREATE TABLE connections (
+CREATE TABLE tokenguard_connections (
     id         integer GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name       text        NOT NULL UNIQUE
                CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
     created_at timestamptz NOT NULL DEFAULT now()
 );
 
--- tokens holds the one current token of a connection.
-CREATE TABLE tokens (
-    connection_id integer     PRIMARY KEY REFERENCES connections (id) ON DELETE CASCADE,
+-- tokenguard_tokens holds the one current token of a connection.
+CREATE TABLE tokenguard_tokens (
+    connection_id integer     PRIMARY KEY REFERENCES tokenguard_connections (id) ON DELETE CASCADE,
     access_token  text        NOT NULL CHECK (access_token <> ''),
     token_type    text        NOT NULL DEFAULT 'Bearer',
     -- A refresh token can only be replaced by a newer one, never emptied.

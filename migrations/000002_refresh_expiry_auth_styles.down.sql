@@ -1,2 +1,2 @@
-DROP TABLE IF EXISTS client_auth_styles;
-ALTER TABLE tokens DROP COLUMN IF EXISTS refresh_expiry;
+DROP TABLE IF EXISTS tokenguard_client_auth_styles;
+ALTER TABLE tokenguard_tokens DROP COLUMN IF EXISTS refresh_expiry;

@@ -1,7 +1,7 @@
--- api_keys are the server's API credentials. Only the SHA-256 of a key is
+-- tokenguard_api_keys are the server's API credentials. Only the SHA-256 of a key is
 -- stored: a key is 256 random bits, so its hash cannot be brute-forced and
 -- needs no salt or slow hash.
-CREATE TABLE api_keys (
+CREATE TABLE tokenguard_api_keys (
     id           integer     GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name         text        NOT NULL UNIQUE
                  CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
@@ -10,11 +10,11 @@ CREATE TABLE api_keys (
     last_used_at timestamptz
 );
 
--- connect_sessions let one browser connect one connection once. The
+-- tokenguard_connect_sessions let one browser connect one connection once. The
 -- session token and the flow cookie are stored as SHA-256 hashes; the OAuth2
 -- state and PKCE verifier live here, not in the browser, and are cleared
 -- when the callback consumes the flow.
-CREATE TABLE connect_sessions (
+CREATE TABLE tokenguard_connect_sessions (
     id                   bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     token_hash           bytea       NOT NULL UNIQUE CHECK (length(token_hash) = 32),
     connection           text        NOT NULL
@@ -30,21 +30,21 @@ CREATE TABLE connect_sessions (
     pkce_verifier        text        NOT NULL DEFAULT '',
     finished_at          timestamptz                       -- /oauth/callback used it
 );
-CREATE INDEX connect_sessions_expires_at ON connect_sessions (expires_at);
+CREATE INDEX tokenguard_connect_sessions_expires_at ON tokenguard_connect_sessions (expires_at);
 
 -- Who granted the connection, and what. NULL: granted by a process that
 -- predates these columns, or by tokenctl import (account unknown).
-ALTER TABLE tokens
+ALTER TABLE tokenguard_tokens
     ADD COLUMN granted_account text,
     ADD COLUMN granted_scopes  text[],
     ADD COLUMN missing_scopes  text[],
     ADD COLUMN granted_at      timestamptz;
 
--- webhook_outbox receives, in the transaction of the token write that
+-- tokenguard_webhook_outbox receives, in the transaction of the token write that
 -- caused it, every event a webhook announces. The worker moves the rows to
 -- River (in one transaction, so each event becomes exactly one job), which
 -- delivers them with retries. A crash anywhere loses none.
-CREATE TABLE webhook_outbox (
+CREATE TABLE tokenguard_webhook_outbox (
     id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     event_id    text        NOT NULL UNIQUE DEFAULT 'evt_' || replace(gen_random_uuid()::text, '-', ''),
     type        text        NOT NULL,
@@ -68,7 +68,7 @@ BEGIN
     ELSE
         RETURN NULL;
     END IF;
-    INSERT INTO webhook_outbox (type, connection, data)
+    INSERT INTO tokenguard_webhook_outbox (type, connection, data)
     SELECT kind, c.name, jsonb_strip_nulls(jsonb_build_object(
                'status', NEW.status,
                'reason', NULLIF(NEW.status_reason, ''),
@@ -76,10 +76,10 @@ BEGIN
                'account', NEW.granted_account,
                'scopes', to_jsonb(NEW.granted_scopes),
                'missing_scopes', to_jsonb(NEW.missing_scopes)))
-    FROM connections c WHERE c.id = NEW.connection_id;
+    FROM tokenguard_connections c WHERE c.id = NEW.connection_id;
     RETURN NULL;
 END $$;
 
-CREATE TRIGGER tokens_webhook_outbox
-    AFTER INSERT OR UPDATE OF status, granted_at ON tokens
+CREATE TRIGGER tokenguard_tokens_webhook_outbox
+    AFTER INSERT OR UPDATE OF status, granted_at ON tokenguard_tokens
     FOR EACH ROW EXECUTE FUNCTION tokenguard_webhook_outbox();

@@ -1,1 +1,1 @@
-DROP INDEX IF EXISTS tokens_key_id;
+DROP INDEX IF EXISTS tokenguard_tokens_key_id;

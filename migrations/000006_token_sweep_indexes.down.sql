@@ -1,2 +1,2 @@
-DROP INDEX IF EXISTS tokens_active_expiry;
-DROP INDEX IF EXISTS tokens_active_obtained;
+DROP INDEX IF EXISTS tokenguard_tokens_active_expiry;
+DROP INDEX IF EXISTS tokenguard_tokens_active_obtained;

@@ -1,1 +1,1 @@
-DROP TABLE IF EXISTS refresh_leases;
+DROP TABLE IF EXISTS tokenguard_refresh_leases;

@@ -10,8 +10,8 @@
 --
 -- A lease is over when a newer version is stored (it names the version it
 -- was taken for), when its holder releases it, or at `until`.
-CREATE TABLE IF NOT EXISTS refresh_leases (
-    connection_id integer     PRIMARY KEY REFERENCES connections (id) ON DELETE CASCADE,
+CREATE TABLE IF NOT EXISTS tokenguard_refresh_leases (
+    connection_id integer     PRIMARY KEY REFERENCES tokenguard_connections (id) ON DELETE CASCADE,
     version       bigint      NOT NULL,
     holder        uuid        NOT NULL,
     until         timestamptz NOT NULL

@@ -1,8 +1,8 @@
--- providers are the OAuth2 client registrations connections may name
--- (tokenctl provider add). A connection without one (tokens.provider NULL:
+-- tokenguard_providers are the OAuth2 client registrations connections may name
+-- (tokenctl provider add). A connection without one (tokenguard_tokens.provider NULL:
 -- every row written before this table, and by processes that do not know
 -- it) uses the provider of the OAUTH_* environment.
-CREATE TABLE IF NOT EXISTS providers (
+CREATE TABLE IF NOT EXISTS tokenguard_providers (
     id               integer     GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     name             text        NOT NULL UNIQUE
                      CHECK (name ~ '^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$'),
@@ -29,9 +29,9 @@ CREATE TABLE IF NOT EXISTS providers (
 
 -- The provider a connection's grant was issued by. NULL: the environment's.
 -- A provider cannot be removed while a connection names it.
-ALTER TABLE tokens ADD COLUMN IF NOT EXISTS provider text
-    REFERENCES providers (name) ON UPDATE CASCADE ON DELETE RESTRICT;
-CREATE INDEX IF NOT EXISTS tokens_provider ON tokens (provider) WHERE provider IS NOT NULL;
+ALTER TABLE tokenguard_tokens ADD COLUMN IF NOT EXISTS provider text
+    REFERENCES tokenguard_providers (name) ON UPDATE CASCADE ON DELETE RESTRICT;
+CREATE INDEX IF NOT EXISTS tokenguard_tokens_provider ON tokenguard_tokens (provider) WHERE provider IS NOT NULL;
 
 -- Every change of a provider is announced (at commit) on
 -- tokenguard_provider_changed, suffixed per schema as the token channel is
@@ -51,7 +51,7 @@ BEGIN
     RETURN NULL;
 END $$;
 
-DROP TRIGGER IF EXISTS providers_changed ON providers;
-CREATE TRIGGER providers_changed
-    AFTER INSERT OR UPDATE OR DELETE ON providers
+DROP TRIGGER IF EXISTS tokenguard_providers_changed ON tokenguard_providers;
+CREATE TRIGGER tokenguard_providers_changed
+    AFTER INSERT OR UPDATE OR DELETE ON tokenguard_providers
     FOR EACH ROW EXECUTE FUNCTION tokenguard_provider_changed();

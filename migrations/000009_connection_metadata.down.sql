@@ -13,7 +13,7 @@ BEGIN
     ELSE
         RETURN NULL;
     END IF;
-    INSERT INTO webhook_outbox (type, connection, data)
+    INSERT INTO tokenguard_webhook_outbox (type, connection, data)
     SELECT kind, c.name, jsonb_strip_nulls(jsonb_build_object(
                'status', NEW.status,
                'reason', NULLIF(NEW.status_reason, ''),
@@ -21,17 +21,17 @@ BEGIN
                'account', NEW.granted_account,
                'scopes', to_jsonb(NEW.granted_scopes),
                'missing_scopes', to_jsonb(NEW.missing_scopes)))
-    FROM connections c WHERE c.id = NEW.connection_id;
+    FROM tokenguard_connections c WHERE c.id = NEW.connection_id;
     RETURN NULL;
 END $$;
-DROP TRIGGER IF EXISTS tokens_continue_version ON tokens;
+DROP TRIGGER IF EXISTS tokenguard_tokens_continue_version ON tokenguard_tokens;
 DROP FUNCTION IF EXISTS tokenguard_continue_version();
-ALTER TABLE connect_sessions
+ALTER TABLE tokenguard_connect_sessions
     DROP COLUMN IF EXISTS provider,
     DROP COLUMN IF EXISTS metadata,
     DROP COLUMN IF EXISTS tags;
-ALTER TABLE connections DROP CONSTRAINT IF EXISTS connections_metadata_bounds;
-ALTER TABLE connections
+ALTER TABLE tokenguard_connections DROP CONSTRAINT IF EXISTS tokenguard_connections_metadata_bounds;
+ALTER TABLE tokenguard_connections
     DROP COLUMN IF EXISTS metadata,
     DROP COLUMN IF EXISTS tags,
     DROP COLUMN IF EXISTS retired_version;

@@ -1,1 +1,1 @@
-ALTER TABLE refresh_leases DROP COLUMN IF EXISTS server_started;
+ALTER TABLE tokenguard_refresh_leases DROP COLUMN IF EXISTS server_started;

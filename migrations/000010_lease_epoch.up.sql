@@ -7,4 +7,4 @@
 -- not extend while the server was away, but held for a grace period from
 -- the moment a process first finds it on the new server. NULL (leases of
 -- earlier releases) counts as another server's.
-ALTER TABLE refresh_leases ADD COLUMN IF NOT EXISTS server_started timestamptz;
+ALTER TABLE tokenguard_refresh_leases ADD COLUMN IF NOT EXISTS server_started timestamptz;

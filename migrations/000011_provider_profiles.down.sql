@@ -1,1 +1,1 @@
-ALTER TABLE providers DROP COLUMN IF EXISTS profile;
+ALTER TABLE tokenguard_providers DROP COLUMN IF EXISTS profile;

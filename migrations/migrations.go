@@ -1,9 +1,10 @@
 // Package migrations holds the database schema as versioned SQL files,
 // embedded in the binary, and applies them with golang-migrate.
 //
-// tokenguard records its schema version in a table of its own, Table, so
-// that it never touches the version of an application that shares the
-// database and uses golang-migrate's default schema_migrations itself.
+// Every object tokenguard creates is named tokenguard_* (tables,
+// sequences, indexes, triggers, functions, NOTIFY channels), its schema
+// version included (Table), so that it never meets the tables or the
+// golang-migrate schema_migrations of an application sharing the schema.
 package migrations
 
 import (
@@ -13,13 +14,17 @@ import (
 	"embed"
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/golang-migrate/migrate/v4"
 	"github.com/golang-migrate/migrate/v4/database"
 	pgxmigrate "github.com/golang-migrate/migrate/v4/database/pgx/v5"
 	"github.com/golang-migrate/migrate/v4/source"
 	"github.com/golang-migrate/migrate/v4/source/iofs"
+	"github.com/jackc/pgx/v5"
 	_ "github.com/jackc/pgx/v5/stdlib" // registers the "pgx" database/sql driver
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 //go:embed *.sql
@@ -31,6 +36,11 @@ const Table = "tokenguard_schema_migrations"
 // legacyTable is where deployments recorded it before Table existed:
 // golang-migrate's default, which applications use too.
 const legacyTable = "schema_migrations"
+
+// prefixVersion is the migration that gives an earlier release's tables
+// their tokenguard_ names (and views under the old ones); the migrations
+// before it, as this release has them, name the new names.
+const prefixVersion = 12
 
 // Up applies every pending migration to the database at url.
 func Up(url string) error {
@@ -48,9 +58,19 @@ func Up(url string) error {
 // waits for an older process migrating with that table (a rolling deploy).
 //
 // The first time, on a database whose tables an older version created and
-// recorded in schema_migrations, it adopts that version (see adopt).
+// recorded in schema_migrations, it adopts that version (see adopt). A
+// search_path naming a schema that does not exist is
+// domain.ErrSchemaNotFound (CheckSearchPath).
+//
+// A database a later release migrated (a version this one does not have,
+// above its last) is left as it is: migrations are additive, so this
+// release works on it, and one of its processes restarting during the
+// later release's rolling deploy still starts.
 func UpDB(ctx context.Context, db *sql.DB) error {
 	return withMigrate(ctx, db, func(m *migrate.Migrate) error {
+		if v, dirty, err := m.Version(); err == nil && !dirty && v > last() {
+			return nil
+		}
 		if err := m.Up(); err != nil && !errors.Is(err, migrate.ErrNoChange) {
 			return err
 		}
@@ -104,6 +124,10 @@ func withMigrate(ctx context.Context, db *sql.DB, fn func(*migrate.Migrate) erro
 	if err != nil {
 		return fmt.Errorf("migrations: connect: %w", err)
 	}
+	if err := CheckSearchPath(ctx, conn); err != nil {
+		_ = conn.Close()
+		return fmt.Errorf("migrations: %w", err)
+	}
 	unlock, err := lockLegacy(ctx, conn)
 	if err != nil {
 		_ = conn.Close()
@@ -118,6 +142,9 @@ func withMigrate(ctx context.Context, db *sql.DB, fn func(*migrate.Migrate) erro
 		_ = conn.Close()
 	}()
 	if err := adopt(ctx, conn, src); err != nil {
+		return fmt.Errorf("migrations: %w", err)
+	}
+	if err := prefixEarly(ctx, conn, src); err != nil {
 		return fmt.Errorf("migrations: %w", err)
 	}
 	// The driver runs on conn alone and closes only heldDB's wrapper of it;
@@ -166,10 +193,15 @@ func lockLegacy(ctx context.Context, conn *sql.Conn) (unlock func() error, err e
 // (the application's own, say) is refused with what to do instead.
 func adopt(ctx context.Context, conn *sql.Conn, src source.Driver) error {
 	var ours, ourTables, legacy bool
+	// Those releases named their tables connections and tokens; an
+	// application's tables of those names lack tokens' own columns.
 	err := conn.QueryRowContext(ctx, `SELECT
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL,
-		to_regclass(quote_ident(current_schema()) || '.connections') IS NOT NULL
-			AND to_regclass(quote_ident(current_schema()) || '.tokens') IS NOT NULL,
+		to_regclass(quote_ident(current_schema()) || '.tokenguard_tokens') IS NOT NULL
+			OR to_regclass(quote_ident(current_schema()) || '.connections') IS NOT NULL
+			AND (SELECT count(*) = 3 FROM pg_attribute
+			     WHERE attrelid = to_regclass(quote_ident(current_schema()) || '.tokens')
+			       AND attname IN ('connection_id', 'refresh_token', 'obtained_at') AND NOT attisdropped),
 		to_regclass(quote_ident(current_schema()) || '.' || quote_ident($2)) IS NOT NULL`,
 		Table, legacyTable).Scan(&ours, &ourTables, &legacy)
 	if err != nil {
@@ -209,6 +241,85 @@ func adopt(ctx context.Context, conn *sql.Conn, src source.Driver) error {
 		return fmt.Errorf("record version %d in %s: %w", version, Table, err)
 	}
 	return tx.Commit()
+}
+
+// prefixEarly renames an earlier release's tables (migration
+// prefixVersion) before the migrations below it run, on a database that
+// release left below prefixVersion-1: as this release has them, those
+// migrations name the tokenguard_ tables. The migration is a no-op once
+// the tables have their names, when golang-migrate reaches it.
+func prefixEarly(ctx context.Context, conn *sql.Conn, src source.Driver) error {
+	var recorded bool
+	err := conn.QueryRowContext(ctx, "SELECT to_regclass(quote_ident(current_schema()) || '.' || quote_ident($1)) IS NOT NULL", Table).Scan(&recorded)
+	if err != nil || !recorded {
+		return err // a new database, created with the new names
+	}
+	var version sql.NullInt64
+	var dirty bool
+	err = conn.QueryRowContext(ctx, "SELECT version, dirty FROM "+Table+" LIMIT 1").Scan(&version, &dirty)
+	if errors.Is(err, sql.ErrNoRows) {
+		return nil // at no version yet
+	}
+	if err != nil {
+		return fmt.Errorf("read %s: %w", Table, err)
+	}
+	if dirty || version.Int64 < 1 || version.Int64 >= prefixVersion-1 {
+		return nil // golang-migrate refuses a dirty version; at 11 or above the migration itself runs
+	}
+	r, _, err := src.ReadUp(prefixVersion)
+	if err != nil {
+		return fmt.Errorf("read migration %d: %w", prefixVersion, err)
+	}
+	defer r.Close()
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return fmt.Errorf("read migration %d: %w", prefixVersion, err)
+	}
+	if _, err := conn.ExecContext(ctx, string(body)); err != nil {
+		return fmt.Errorf("rename the tables of version %d (migration %d): %w", version.Int64, prefixVersion, err)
+	}
+	return nil
+}
+
+// CheckSearchPath fails with domain.ErrSchemaNotFound, naming the schema,
+// when q's search_path names a schema that does not exist or that the
+// role may not use ("$user" and pg_temp aside, which Postgres skips by
+// design), or none at all: Postgres would put the tables in the next
+// schema of the path, or nowhere.
+func CheckSearchPath(ctx context.Context, q interface {
+	QueryRowContext(ctx context.Context, query string, args ...any) *sql.Row
+}) error {
+	var path string
+	var current, missing sql.NullString
+	err := q.QueryRowContext(ctx, `SELECT current_setting('search_path'), current_schema(),
+		(SELECT n FROM unnest(string_to_array(current_setting('search_path'), ',')) WITH ORDINALITY AS p(e, i),
+		     LATERAL (SELECT (parse_ident(btrim(e), false))[1] AS n) id
+		 WHERE btrim(e) NOT IN ('', '"$user"', '$user', 'pg_temp', '"pg_temp"')
+		   AND NOT EXISTS (SELECT FROM pg_namespace WHERE nspname = n AND has_schema_privilege(oid, 'USAGE'))
+		 ORDER BY i LIMIT 1)`).Scan(&path, &current, &missing)
+	if err != nil {
+		return fmt.Errorf("%w: read the search_path: %w", domain.ErrStoreUnavailable, err)
+	}
+	switch {
+	case missing.Valid:
+		return fmt.Errorf("%w: schema %q (search_path %s) does not exist or this role may not use it: create it (CREATE SCHEMA %s) or name another",
+			domain.ErrSchemaNotFound, missing.String, path, pgx.Identifier{missing.String}.Sanitize())
+	case !current.Valid:
+		return fmt.Errorf("%w: search_path %q names no schema that exists", domain.ErrSchemaNotFound, path)
+	}
+	return nil
+}
+
+// last is the version of the last embedded migration.
+func last() uint {
+	entries, _ := files.ReadDir(".")
+	var v uint
+	for _, e := range entries {
+		if m, err := source.DefaultParse(e.Name()); err == nil {
+			v = max(v, m.Version)
+		}
+	}
+	return v
 }
 
 // known reports whether v is the version of one of the embedded migrations.

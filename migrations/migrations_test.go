@@ -57,7 +57,7 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("round %d second up: %v", round, err)
 		}
 		got := tables(t, url)
-		if !got["tokens"] || !got["connections"] || !got["client_auth_styles"] || !hasColumn(t, url, "tokens", "refresh_expiry") {
+		if !got["tokenguard_tokens"] || !got["tokenguard_connections"] || !got["tokenguard_client_auth_styles"] || !hasColumn(t, url, "tokenguard_tokens", "refresh_expiry") {
 			t.Fatalf("round %d: after up, tables = %v", round, got)
 		}
 		if v, dirty, err := migrations.Version(url); err != nil || v == 0 || dirty {
@@ -67,7 +67,7 @@ func TestUpDownUp(t *testing.T) {
 			t.Fatalf("round %d down: %v", round, err)
 		}
 		got = tables(t, url)
-		if got["tokens"] || got["connections"] || got["client_auth_styles"] {
+		if got["tokenguard_tokens"] || got["tokenguard_connections"] || got["tokenguard_client_auth_styles"] || len(got) != 1 {
 			t.Fatalf("round %d: after down, tables = %v", round, got)
 		}
 	}
@@ -115,8 +115,8 @@ func TestMigration2IsAdditive(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	_, err = db.ExecContext(ctx, `INSERT INTO connections (name) VALUES ('acme');
-INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 7 FROM connections`)
+	_, err = db.ExecContext(ctx, `INSERT INTO tokenguard_connections (name) VALUES ('acme');
+INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 7 FROM tokenguard_connections`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -125,19 +125,19 @@ INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, ver
 	}
 	var version int
 	var null bool
-	if err := db.QueryRowContext(ctx, "SELECT version, refresh_expiry IS NULL FROM tokens").Scan(&version, &null); err != nil || version != 7 || !null {
+	if err := db.QueryRowContext(ctx, "SELECT version, refresh_expiry IS NULL FROM tokenguard_tokens").Scan(&version, &null); err != nil || version != 7 || !null {
 		t.Fatalf("after up: version %d, refresh_expiry NULL %v, err %v", version, null, err)
 	}
-	if _, err := db.ExecContext(ctx, "UPDATE tokens SET refresh_expiry = now()"); err != nil {
+	if _, err := db.ExecContext(ctx, "UPDATE tokenguard_tokens SET refresh_expiry = now()"); err != nil {
 		t.Fatal(err)
 	}
 	if err := m.Migrate(1); err != nil {
 		t.Fatal(err)
 	}
-	if hasColumn(t, url, "tokens", "refresh_expiry") || tables(t, url)["client_auth_styles"] {
+	if hasColumn(t, url, "tokenguard_tokens", "refresh_expiry") || tables(t, url)["tokenguard_client_auth_styles"] {
 		t.Error("down to 1 left what 000002 added")
 	}
-	if err := db.QueryRowContext(ctx, "SELECT version FROM tokens").Scan(&version); err != nil || version != 7 {
+	if err := db.QueryRowContext(ctx, "SELECT version FROM tokenguard_tokens").Scan(&version); err != nil || version != 7 {
 		t.Errorf("after down: version %d, err %v", version, err)
 	}
 }
@@ -168,53 +168,50 @@ func TestSchemaConstraints(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "INSERT INTO connections (name) VALUES ('acme')"); err != nil {
+	if _, err := db.ExecContext(ctx, "INSERT INTO tokenguard_connections (name) VALUES ('acme')"); err != nil {
 		t.Fatal(err)
 	}
 	bad := map[string]string{
-		"bad name":             "INSERT INTO connections (name) VALUES ('has space')",
-		"empty refresh token":  "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', '', now(), 1 FROM connections",
-		"empty access token":   "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, '', 'r', now(), 1 FROM connections",
-		"version 0":            "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 0 FROM connections",
-		"unknown status":       "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version, status) SELECT id, 'a', 'r', now(), 1, 'zombie' FROM connections",
-		"null refresh token":   "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', NULL, now(), 1 FROM connections",
-		"unregistered conn id": "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) VALUES (424242, 'a', 'r', now(), 1)",
+		"bad name":             "INSERT INTO tokenguard_connections (name) VALUES ('has space')",
+		"empty refresh token":  "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', '', now(), 1 FROM tokenguard_connections",
+		"empty access token":   "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, '', 'r', now(), 1 FROM tokenguard_connections",
+		"version 0":            "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 0 FROM tokenguard_connections",
+		"unknown status":       "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version, status) SELECT id, 'a', 'r', now(), 1, 'zombie' FROM tokenguard_connections",
+		"null refresh token":   "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', NULL, now(), 1 FROM tokenguard_connections",
+		"unregistered conn id": "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) VALUES (424242, 'a', 'r', now(), 1)",
 	}
 	for name, stmt := range bad {
 		if _, err := db.ExecContext(ctx, stmt); err == nil {
 			t.Errorf("%s: accepted", name)
 		}
 	}
-	if _, err := db.ExecContext(ctx, "INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 1 FROM connections"); err != nil {
+	if _, err := db.ExecContext(ctx, "INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version) SELECT id, 'a', 'r', now(), 1 FROM tokenguard_connections"); err != nil {
 		t.Errorf("valid row refused: %v", err)
 	}
 }
 
 // A database migrated by an older version records tokenguard's version in
-// schema_migrations. The first Up adopts it into tokenguard's own table,
-// even with several processes starting at once, and leaves
-// schema_migrations as the older processes still running expect it.
+// schema_migrations (with the tables of the generic names). The first Up
+// adopts it into tokenguard's own table, even with several processes
+// starting at once, renames the tables and migrates to the last version,
+// and leaves schema_migrations as the older processes still running expect
+// it.
 func TestUpAdoptsTheVersionOfSchemaMigrations(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Postgres")
 	}
-	url := testdb.NewEmpty(t)
-	if err := migrations.Up(url); err != nil {
-		t.Fatal(err)
-	}
-	want, _, err := migrations.Version(url)
+	want, _, err := migrations.Version(testdb.New(t))
 	if err != nil {
 		t.Fatal(err)
 	}
+	url := testdb.NewEmpty(t)
+	migratePrevious(t, url, 8, "schema_migrations")
 	db, err := sql.Open("pgx", url)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer db.Close()
 	ctx := context.Background()
-	if _, err := db.ExecContext(ctx, "ALTER TABLE "+migrations.Table+" RENAME TO schema_migrations"); err != nil {
-		t.Fatal(err)
-	}
 	errs := make(chan error, 3)
 	for range 3 {
 		go func() { errs <- migrations.Up(url) }()
@@ -225,11 +222,14 @@ func TestUpAdoptsTheVersionOfSchemaMigrations(t *testing.T) {
 		}
 	}
 	if v, dirty, err := migrations.Version(url); err != nil || v != want || dirty {
-		t.Fatalf("adopted version %d dirty %t err %v, want %d", v, dirty, err, want)
+		t.Fatalf("version %d dirty %t err %v, want %d", v, dirty, err, want)
+	}
+	if got := tables(t, url); !got["tokenguard_providers"] || !got["tokenguard_tokens"] {
+		t.Fatalf("tables after the upgrade: %v", got)
 	}
 	var legacy int64
-	if err := db.QueryRowContext(ctx, "SELECT version FROM schema_migrations").Scan(&legacy); err != nil || uint(legacy) != want {
-		t.Fatalf("schema_migrations = %d, %v: want it untouched at %d", legacy, err, want)
+	if err := db.QueryRowContext(ctx, "SELECT version FROM schema_migrations").Scan(&legacy); err != nil || legacy != 8 {
+		t.Fatalf("schema_migrations = %d, %v: want it untouched at 8", legacy, err)
 	}
 }
 
@@ -265,5 +265,36 @@ func TestUpLeavesTheApplicationsSchemaMigrationsAlone(t *testing.T) {
 	err = migrations.Up(url)
 	if err == nil || !strings.Contains(err.Error(), "20240101120000") || !strings.Contains(err.Error(), "INSERT INTO "+migrations.Table) {
 		t.Fatalf("err = %v, want a refusal naming the version and the fix", err)
+	}
+}
+
+// A database a later release migrated is left at its version: a process of
+// this release restarting during that release's rolling deploy starts.
+func TestUpLeavesALaterVersionAlone(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	url := testdb.New(t)
+	db, err := sql.Open("pgx", url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	if _, err := db.Exec("UPDATE " + migrations.Table + " SET version = 999"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(url); err != nil {
+		t.Fatalf("up on a later version: %v", err)
+	}
+	if v, dirty, err := migrations.Version(url); err != nil || v != 999 || dirty {
+		t.Fatalf("version %d dirty %t, %v; want 999 untouched", v, dirty, err)
+	}
+	// The control: a version below the last that is not one of ours is
+	// still refused.
+	if _, err := db.Exec("UPDATE " + migrations.Table + " SET version = 3"); err != nil {
+		t.Fatal(err)
+	}
+	if err := migrations.Up(url); err == nil {
+		t.Fatal("up on the unknown version 3: no error")
 	}
 }

@@ -50,7 +50,7 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 		Began time.Time
 	}
 	err := r.db.WithContext(ctx).Raw(`SELECT c.name, t.`+column+` AS at, t.connection_id AS id, b.began
-		FROM tokens t JOIN connections c ON c.id = t.connection_id, (SELECT coalesce(?::timestamptz, now()) AS began) b
+		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id, (SELECT coalesce(?::timestamptz, now()) AS began) b
 		WHERE t.status = 'active' AND t.obtained_at < b.began AND `+q+`
 		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(append([]any{began}, args...), limit)...).Find(&rows).Error
 	if err != nil {

@@ -53,7 +53,7 @@ func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) er
 	if err := domain.ValidateName(name); err != nil {
 		return fmt.Errorf("API key name: %w", err)
 	}
-	res := k.db.WithContext(ctx).Exec("INSERT INTO api_keys (name, key_hash) VALUES (?, decode(?, 'hex')) ON CONFLICT (name) DO NOTHING", name, hashParam(key))
+	res := k.db.WithContext(ctx).Exec("INSERT INTO tokenguard_api_keys (name, key_hash) VALUES (?, decode(?, 'hex')) ON CONFLICT (name) DO NOTHING", name, hashParam(key))
 	if res.Error == nil && res.RowsAffected == 0 {
 		return fmt.Errorf("API key %q: %w", name, ErrKeyExists)
 	}
@@ -63,13 +63,13 @@ func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) er
 // List returns every key, by name.
 func (k *APIKeys) List(ctx context.Context) ([]APIKey, error) {
 	var out []APIKey
-	err := k.db.WithContext(ctx).Raw("SELECT id, name, created_at, last_used_at FROM api_keys ORDER BY name").Scan(&out).Error
+	err := k.db.WithContext(ctx).Raw("SELECT id, name, created_at, last_used_at FROM tokenguard_api_keys ORDER BY name").Scan(&out).Error
 	return out, storeError(ctx, "list API keys", err)
 }
 
 // Revoke deletes the key called name; domain.ErrNotFound if there is none.
 func (k *APIKeys) Revoke(ctx context.Context, name string) error {
-	res := k.db.WithContext(ctx).Exec("DELETE FROM api_keys WHERE name = ?", name)
+	res := k.db.WithContext(ctx).Exec("DELETE FROM tokenguard_api_keys WHERE name = ?", name)
 	if res.Error != nil {
 		return storeError(ctx, "revoke API key", res.Error)
 	}
@@ -176,14 +176,14 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 	db := c.keys.db.WithContext(ctx)
 	if len(used) > 0 {
 		// Best effort: "last used" is for operators, to a minute or so.
-		_ = db.Exec("UPDATE api_keys SET last_used_at = now() WHERE id IN ?", used).Error
+		_ = db.Exec("UPDATE tokenguard_api_keys SET last_used_at = now() WHERE id IN ?", used).Error
 	}
 	var rows []struct {
 		ID      int32
 		Name    string
 		KeyHash string
 	}
-	if err := db.Raw("SELECT id, name, encode(key_hash, 'hex') AS key_hash FROM api_keys").Scan(&rows).Error; err != nil {
+	if err := db.Raw("SELECT id, name, encode(key_hash, 'hex') AS key_hash FROM tokenguard_api_keys").Scan(&rows).Error; err != nil {
 		return nil, storeError(ctx, "read API keys", err)
 	}
 	entries := make([]keyEntry, len(rows))

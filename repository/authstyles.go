@@ -21,7 +21,7 @@ func NewAuthStyles(db *gorm.DB) *AuthStyles { return &AuthStyles{db: db} }
 func (s *AuthStyles) Load(ctx context.Context, tokenURL, clientID string) (string, error) {
 	var styles []string
 	err := s.db.WithContext(ctx).
-		Raw("SELECT style FROM client_auth_styles WHERE token_url = ? AND client_id = ?", tokenURL, clientID).
+		Raw("SELECT style FROM tokenguard_client_auth_styles WHERE token_url = ? AND client_id = ?", tokenURL, clientID).
 		Find(&styles).Error
 	if err != nil || len(styles) == 0 {
 		return "", storeError(ctx, "load client auth style", err)
@@ -32,7 +32,7 @@ func (s *AuthStyles) Load(ctx context.Context, tokenURL, clientID string) (strin
 // Save remembers style, replacing what was remembered.
 func (s *AuthStyles) Save(ctx context.Context, tokenURL, clientID, style string) error {
 	err := s.db.WithContext(ctx).Exec(`
-INSERT INTO client_auth_styles (token_url, client_id, style) VALUES (?, ?, ?)
+INSERT INTO tokenguard_client_auth_styles (token_url, client_id, style) VALUES (?, ?, ?)
 ON CONFLICT (token_url, client_id) DO UPDATE SET style = EXCLUDED.style, updated_at = now()`,
 		tokenURL, clientID, style).Error
 	return storeError(ctx, "save client auth style", err)

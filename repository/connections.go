@@ -22,7 +22,7 @@ SELECT c.name, coalesce(t.provider, '') AS provider,
        coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
        c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags
-FROM tokens t JOIN connections c ON c.id = t.connection_id`
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id`
 
 type connectionRow struct {
 	Name           string
@@ -130,7 +130,7 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 	if err != nil {
 		return fmt.Errorf("%w: %w", domain.ErrInvalidMetadata, err)
 	}
-	res := l.db.WithContext(ctx).Exec(`UPDATE connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
+	res := l.db.WithContext(ctx).Exec(`UPDATE tokenguard_connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
 		string(obj), connection)
 	if res.Error != nil {
 		return storeError(ctx, "set provider fields", res.Error)
@@ -153,7 +153,7 @@ func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m dom
 	if object == "" {
 		object = "{}"
 	}
-	res := l.db.WithContext(ctx).Exec("UPDATE connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?",
+	res := l.db.WithContext(ctx).Exec("UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?",
 		object, tagArray(m.Tags), connection)
 	if res.Error != nil {
 		return storeError(ctx, "set metadata", res.Error)
@@ -214,21 +214,21 @@ func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wai
 		}
 		row, err := l.tx.writeAndCommit(ctx, `
 WITH u AS (
-    DELETE FROM tokens AS t USING connections c
+    DELETE FROM tokenguard_tokens AS t USING tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2
     RETURNING c.id AS lock_key, c.name, t.*
 ),
 m AS (
-    UPDATE connections c SET metadata = '{}', tags = '{}', retired_version = greatest(c.retired_version, u.version + 1)
+    UPDATE tokenguard_connections c SET metadata = '{}', tags = '{}', retired_version = greatest(c.retired_version, u.version + 1)
     FROM u WHERE c.id = u.lock_key
 ),
 w AS (
-    INSERT INTO webhook_outbox (type, connection, data)
+    INSERT INTO tokenguard_webhook_outbox (type, connection, data)
     SELECT 'connection.disconnected', u.name, jsonb_strip_nulls(jsonb_build_object(
         'version', u.version + 1, 'revoked', $4::boolean,
         'provider', u.provider,
         'metadata', c.metadata, 'tags', to_jsonb(c.tags)))
-    FROM u JOIN connections c ON c.id = u.lock_key
+    FROM u JOIN tokenguard_connections c ON c.id = u.lock_key
 )
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, (u.version + 1) || ' ' || u.name)`,
 			connection, found.Version, ChangeChannel, revoked)

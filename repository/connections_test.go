@@ -98,8 +98,8 @@ func TestDatabaseRefusesMalformedMetadata(t *testing.T) {
 	r, db, _ := newRepo(t)
 	put(t, r, grantToken("acme", "at", "rt"))
 	for _, stmt := range []string{
-		`UPDATE connections SET metadata = '[1]' WHERE name = 'acme'`,
-		`UPDATE connections SET tags = (SELECT array_agg(i::text) FROM generate_series(1, 33) i) WHERE name = 'acme'`,
+		`UPDATE tokenguard_connections SET metadata = '[1]' WHERE name = 'acme'`,
+		`UPDATE tokenguard_connections SET tags = (SELECT array_agg(i::text) FROM generate_series(1, 33) i) WHERE name = 'acme'`,
 	} {
 		if err := db.Exec(stmt).Error; err == nil {
 			t.Errorf("%s: accepted", stmt)
@@ -157,7 +157,7 @@ func TestDisconnect(t *testing.T) {
 		t.Fatal(err)
 	}
 	var connected string
-	if err := db.Raw(`SELECT data::text FROM webhook_outbox WHERE type = 'connection.connected' ORDER BY id LIMIT 1`).Scan(&connected).Error; err != nil {
+	if err := db.Raw(`SELECT data::text FROM tokenguard_webhook_outbox WHERE type = 'connection.connected' ORDER BY id LIMIT 1`).Scan(&connected).Error; err != nil {
 		t.Fatal(err)
 	}
 	if !strings.Contains(connected, `"metadata": {"tenant": "t1"}`) || !strings.Contains(connected, `"tags": ["crm"]`) {
@@ -204,7 +204,7 @@ func TestDisconnect(t *testing.T) {
 		Type string
 		Data string
 	}
-	if err := db.Raw(`SELECT type, data::text AS data FROM webhook_outbox ORDER BY id DESC LIMIT 1`).Scan(&event).Error; err != nil {
+	if err := db.Raw(`SELECT type, data::text AS data FROM tokenguard_webhook_outbox ORDER BY id DESC LIMIT 1`).Scan(&event).Error; err != nil {
 		t.Fatal(err)
 	}
 	var data map[string]any

@@ -38,7 +38,7 @@ func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (
 	if s.Metadata != nil {
 		metadata, tags = string(s.Metadata.Object), tagArray(s.Metadata.Tags)
 	}
-	err := db.Raw(`INSERT INTO connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at, provider, metadata, tags)
+	err := db.Raw(`INSERT INTO tokenguard_connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at, provider, metadata, tags)
 VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jsonb, ?::text[]) RETURNING expires_at`,
 		hashParam(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()),
 		s.Provider, metadata, tags).
@@ -46,7 +46,7 @@ VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jso
 	if err != nil {
 		return domain.Secret{}, time.Time{}, storeError(ctx, "create connect session", err)
 	}
-	_ = db.Exec("DELETE FROM connect_sessions WHERE expires_at < now() - interval '1 day'").Error
+	_ = db.Exec("DELETE FROM tokenguard_connect_sessions WHERE expires_at < now() - interval '1 day'").Error
 	return token, expires, nil
 }
 
@@ -56,7 +56,7 @@ VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jso
 // SessionLifetime after opening.
 func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error) {
 	var rows []sessionRow
-	err := c.db.WithContext(ctx).Raw(`UPDATE connect_sessions
+	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_sessions
 SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = decode(?, 'hex'), oauth_state = ?, pkce_verifier = ?
 WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()
 RETURNING connection, return_to, allow_account_change, created_by, expires_at, oauth_state, pkce_verifier,
@@ -78,11 +78,11 @@ RETURNING connection, return_to, allow_account_change, created_by, expires_at, o
 func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret) (domain.ConnectSession, error) {
 	var rows []sessionRow
 	err := c.db.WithContext(ctx).Raw(`WITH s AS (
-    SELECT id, oauth_state, pkce_verifier FROM connect_sessions
+    SELECT id, oauth_state, pkce_verifier FROM tokenguard_connect_sessions
     WHERE flow_hash = decode(?, 'hex') AND finished_at IS NULL AND opened_at IS NOT NULL AND expires_at > now()
     FOR UPDATE
 )
-UPDATE connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
+UPDATE tokenguard_connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
 FROM s WHERE c.id = s.id
 RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier,
     coalesce(c.provider, '') AS provider, c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags`,

@@ -84,8 +84,8 @@ func newHolder() string {
 // lease on the stored version runs on this server: then a refresh can be
 // refused without a write. A lease from another server is left to
 // takeLeaseSQL, which holds it for the grace or takes it over.
-const leasedSQL = `SELECT EXISTS (SELECT FROM tokens t JOIN connections c ON c.id = t.connection_id
-    JOIN refresh_leases l ON ` + leaseRuns + `
+const leasedSQL = `SELECT EXISTS (SELECT FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+    JOIN tokenguard_refresh_leases l ON ` + leaseRuns + `
     WHERE c.name = $1)`
 
 // leaseRuns is the condition under which lease l on token t's version runs
@@ -106,8 +106,8 @@ const leaseFree = `(l.version <> EXCLUDED.version OR (l.server_started = EXCLUDE
 // another server is kept for its holder, its term set to the grace $5 ms
 // from now.
 var takeLeaseSQL = `
-INSERT INTO refresh_leases AS l (connection_id, version, holder, until, server_started)
-SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM connections c WHERE c.name = $1
+INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
+SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM tokenguard_connections c WHERE c.name = $1
 ON CONFLICT (connection_id) DO UPDATE SET
     holder  = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.holder ELSE l.holder END,
     until   = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.until ELSE now() + $5 * interval '1 millisecond' END,
@@ -137,8 +137,8 @@ func (l *heldLease) end(release bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
 		defer cancel()
 		_ = l.renewer.db.WithContext(ctx).Exec(`
-WITH d AS (DELETE FROM refresh_leases WHERE holder = ?::uuid RETURNING connection_id, version)
-SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JOIN connections c ON c.id = d.connection_id`,
+WITH d AS (DELETE FROM tokenguard_refresh_leases WHERE holder = ?::uuid RETURNING connection_id, version)
+SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JOIN tokenguard_connections c ON c.id = d.connection_id`,
 			l.holder, ChangeChannel, ChangeChannel).Error // channelInSchema names it twice
 	})
 }
@@ -197,7 +197,7 @@ func (r *leaseRenewer) run() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), leaseTerm)
-		_ = r.db.WithContext(ctx).Exec(`UPDATE refresh_leases
+		_ = r.db.WithContext(ctx).Exec(`UPDATE tokenguard_refresh_leases
 SET until = greatest(until, now() + ? * interval '1 millisecond'), server_started = pg_postmaster_start_time()
 WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), pgTextArray(holders)).Error
 		cancel()

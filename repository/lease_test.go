@@ -172,21 +172,21 @@ func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
 			}
 			end(false) // its holder cannot renew it: the server went away
 			// Long run out, by the clock of the server it was taken on.
-			if err := db.Exec("UPDATE refresh_leases SET until = now() - interval '1 hour', server_started = " + tc.server).Error; err != nil {
+			if err := db.Exec("UPDATE tokenguard_refresh_leases SET until = now() - interval '1 hour', server_started = " + tc.server).Error; err != nil {
 				t.Fatal(err)
 			}
 			if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
 				t.Fatalf("first look on the new server: err = %v, want ErrRefreshInProgress (held for the grace)", err)
 			}
 			var left float64
-			if err := db.Raw("SELECT extract(epoch FROM until - now()) FROM refresh_leases").Scan(&left).Error; err != nil {
+			if err := db.Raw("SELECT extract(epoch FROM until - now()) FROM tokenguard_refresh_leases").Scan(&left).Error; err != nil {
 				t.Fatal(err)
 			}
 			if left < 4 || left > 5.5 {
 				t.Fatalf("held for %.1f s, want the grace (5 s)", left)
 			}
 			// Once the grace is over it runs out like any other.
-			if err := db.Exec("UPDATE refresh_leases SET until = now() - interval '1 millisecond'").Error; err != nil {
+			if err := db.Exec("UPDATE tokenguard_refresh_leases SET until = now() - interval '1 millisecond'").Error; err != nil {
 				t.Fatal(err)
 			}
 			endB, err := lease(t, r, tok)

@@ -39,7 +39,7 @@ func ChannelFor(schema string) string {
 // cannot collide with us. ('t','k','g','d' as bytes.)
 const lockNamespace int32 = 0x746b6764
 
-// The second half is connections.id, an identity column. It is unique per
+// The second half is tokenguard_connections.id, an identity column. It is unique per
 // connection name by construction, so unlike hashtext(name) (which collides
 // within ~100k keys) two connections never share a lock. A name gets its id
 // when it is registered, before it has any token, so a lock can be taken
@@ -68,7 +68,7 @@ func lockConnections(tx *gorm.DB, keys []int32) error {
 // for an unregistered name.
 func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
 	var rows []struct{ Locked string }
-	err = tx.Raw("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", id)::text AS locked FROM connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
+	err = tx.Raw("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", id)::text AS locked FROM tokenguard_connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
 	return len(rows) == 1, err
 }
 
@@ -79,8 +79,8 @@ func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
 var (
 	// Wait for the lock.
 	lockByNameSQL = `SELECT pg_advisory_xact_lock(` + nsInSchema("$1") + `, id) IS NOT NULL
-		FROM connections WHERE name = $2`
+		FROM tokenguard_connections WHERE name = $2`
 	// Take the lock if it is free.
 	tryLockByNameSQL = `SELECT pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id)
-		FROM connections WHERE name = $2`
+		FROM tokenguard_connections WHERE name = $2`
 )

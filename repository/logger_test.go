@@ -95,10 +95,10 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	// which inlines bound values into what it logs.
 	var n int
 	verbose.Raw("SELECT ?::int", rt).Scan(&n)
-	verbose.Exec("UPDATE tokens SET refresh_token = ? WHERE version = 'x'", rt2)
+	verbose.Exec("UPDATE tokenguard_tokens SET refresh_token = ? WHERE version = 'x'", rt2)
 
 	out := buf.String()
-	if !strings.Contains(out, "UPDATE tokens") || !strings.Contains(out, "SELECT") {
+	if !strings.Contains(out, "UPDATE tokenguard_tokens") || !strings.Contains(out, "SELECT") {
 		t.Fatalf("expected the statements in the log, got:\n%s", out)
 	}
 	for _, secret := range []string{at, rt, rt2, "SECRET"} {

@@ -21,10 +21,10 @@ func seedRows(t *testing.T, db *gorm.DB, n int, base time.Time) {
 	t.Helper()
 	err := db.Exec(`
 WITH c AS (
-    INSERT INTO connections (name) SELECT format('c-%s', lpad(i::text, 5, '0')) FROM generate_series(0, ? - 1) i
+    INSERT INTO tokenguard_connections (name) SELECT format('c-%s', lpad(i::text, 5, '0')) FROM generate_series(0, ? - 1) i
     RETURNING id, name
 )
-INSERT INTO tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version, status)
+INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version, status)
 SELECT c.id, 'at-' || c.name, 'rt-' || c.name,
        CASE WHEN i % 7 = 3 THEN NULL ELSE ?::timestamptz + ((i * 37) % 300) * interval '1 second' END,
        now(), 1, CASE WHEN i % 10 = 4 THEN 'needs_reauth' ELSE 'active' END
@@ -69,7 +69,7 @@ func TestExpiringBeforePagesByExpiryWithTies(t *testing.T) {
 	ctx := context.Background()
 
 	var want []string
-	err := db.Raw(`SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
+	err := db.Raw(`SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 		WHERE t.status = 'active' AND t.expiry < ? ORDER BY t.expiry, t.connection_id`, deadline).Find(&want).Error
 	if err != nil || len(want) < 300 {
 		t.Fatalf("control query: %d rows, %v", len(want), err)
@@ -93,7 +93,7 @@ func TestExpiringBeforePagesByExpiryWithTies(t *testing.T) {
 	// The keep-alive sweep's listing: every active row has the same
 	// obtained_at, so the order is the connection id's alone.
 	var wantIdle []string
-	if err := db.Raw(`SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
+	if err := db.Raw(`SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 		WHERE t.status = 'active' ORDER BY t.connection_id`).Find(&wantIdle).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -128,7 +128,7 @@ func TestExpiringBeforeUsesTheExpiryIndex(t *testing.T) {
 		if err := tx.Exec("SET LOCAL enable_seqscan = off").Error; err != nil {
 			return err
 		}
-		return tx.Raw(`EXPLAIN SELECT c.name, t.expiry, t.connection_id FROM tokens t JOIN connections c ON c.id = t.connection_id
+		return tx.Raw(`EXPLAIN SELECT c.name, t.expiry, t.connection_id FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 			WHERE t.status = 'active' AND t.expiry < now() + interval '1 minute' AND (t.expiry, t.connection_id) > (now(), 5)
 			ORDER BY t.expiry, t.connection_id LIMIT 500`).Find(&plan).Error
 	})
@@ -142,7 +142,7 @@ func TestExpiringBeforeUsesTheExpiryIndex(t *testing.T) {
 		if err := tx.Exec("SET LOCAL enable_seqscan = off").Error; err != nil {
 			return err
 		}
-		return tx.Raw(`EXPLAIN SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
+		return tx.Raw(`EXPLAIN SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 			WHERE t.status = 'active' AND t.obtained_at < now() - interval '1 day' AND (t.obtained_at, t.connection_id) > (now() - interval '2 days', 5)
 			ORDER BY t.obtained_at, t.connection_id LIMIT 500`).Find(&plan).Error
 	})
@@ -177,8 +177,8 @@ func TestExpiringBeforeNeverRevisitsATokenRefreshedDuringTheWalk(t *testing.T) {
 		for _, name := range names {
 			seen[name]++
 			// Refreshed now: a new hour of life, still inside the window.
-			if err := db.Exec(`UPDATE tokens SET expiry = now() + interval '1 hour', obtained_at = clock_timestamp()
-				WHERE connection_id = (SELECT id FROM connections WHERE name = ?)`, name).Error; err != nil {
+			if err := db.Exec(`UPDATE tokenguard_tokens SET expiry = now() + interval '1 hour', obtained_at = clock_timestamp()
+				WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = ?)`, name).Error; err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -15,7 +15,7 @@ import (
 )
 
 // ProviderChannel is the Postgres NOTIFY channel on which every committed
-// change of the providers table is announced with the provider's name (a
+// change of the tokenguard_providers table is announced with the provider's name (a
 // trigger, migration 8). It carries no secret: listeners re-read.
 const ProviderChannel = "tokenguard_provider_changed"
 
@@ -44,7 +44,7 @@ const colClientSecret = "client_secret"
 // in a name, so it never equals a token's additional data.
 func providerAAD(name string) string { return "provider:" + name + "/" + colClientSecret }
 
-// providerRow is the providers table as read.
+// providerRow is the tokenguard_providers table as read.
 type providerRow struct {
 	Name              string
 	TokenURL          string
@@ -67,7 +67,7 @@ type providerRow struct {
 const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at
-FROM providers`
+FROM tokenguard_providers`
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 	secret, err := s.Open(r.ClientSecret, providerAAD(r.Name))
@@ -121,7 +121,7 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	}
 	var rows []providerRow
 	err = r.db.WithContext(ctx).Raw(`WITH p AS (
-    INSERT INTO providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
+    INSERT INTO tokenguard_providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
                            auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile)
     VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?)
     ON CONFLICT (name) DO NOTHING
@@ -167,7 +167,7 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 		if err != nil {
 			return fmt.Errorf("seal client secret of provider %s: %w", next.Name, err)
 		}
-		res := tx.Exec(`UPDATE providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
+		res := tx.Exec(`UPDATE tokenguard_providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
     client_id = ?, client_secret = ?, auth_style = ?, scopes = ?::text[],
     skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, version = version + 1, updated_at = now()
 WHERE name = ?`,
@@ -224,7 +224,7 @@ func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, e
 		Provider string
 		N        int
 	}
-	err := r.db.WithContext(ctx).Raw("SELECT provider, count(*) AS n FROM tokens WHERE provider IS NOT NULL GROUP BY provider").Find(&rows).Error
+	err := r.db.WithContext(ctx).Raw("SELECT provider, count(*) AS n FROM tokenguard_tokens WHERE provider IS NOT NULL GROUP BY provider").Find(&rows).Error
 	if err != nil {
 		return nil, storeError(ctx, "count connections by provider", err)
 	}
@@ -240,7 +240,7 @@ func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, e
 // decides, so no connection can start naming it meanwhile), and
 // domain.ErrUnknownProvider if there is none.
 func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
-	res := r.db.WithContext(ctx).Exec("DELETE FROM providers WHERE name = ?", name)
+	res := r.db.WithContext(ctx).Exec("DELETE FROM tokenguard_providers WHERE name = ?", name)
 	switch {
 	case isSQLState(res.Error, "23503"):
 		n, err := r.Connections(ctx)
@@ -280,7 +280,7 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 		}
 		// The version stays: the secret itself did not change, and
 		// processes need not reload for a new envelope.
-		res := r.db.WithContext(ctx).Exec("UPDATE providers SET client_secret = ? WHERE name = ? AND client_secret = ?",
+		res := r.db.WithContext(ctx).Exec("UPDATE tokenguard_providers SET client_secret = ? WHERE name = ? AND client_secret = ?",
 			sealed, row.Name, row.ClientSecret)
 		if res.Error != nil {
 			return resealed, current, storeError(ctx, "reseal provider", res.Error)
@@ -290,7 +290,7 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 	return resealed, current, nil
 }
 
-// unknownProvider reports whether err is the tokens.provider foreign key
+// unknownProvider reports whether err is the tokenguard_tokens.provider foreign key
 // refusing a provider name that is not registered.
 func unknownProvider(err error) bool {
 	if !isSQLState(err, "23503") {

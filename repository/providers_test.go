@@ -41,7 +41,7 @@ func TestProviderCRUDSealsTheSecret(t *testing.T) {
 		t.Fatalf("added %+v", added)
 	}
 	var raw string
-	if err := db.Raw("SELECT client_secret FROM providers WHERE name = 'acme-idp'").Scan(&raw).Error; err != nil {
+	if err := db.Raw("SELECT client_secret FROM tokenguard_providers WHERE name = 'acme-idp'").Scan(&raw).Error; err != nil {
 		t.Fatal(err)
 	}
 	if raw == "" || strings.Contains(raw, providerSecret) || !k.IsCurrent(raw) {
@@ -51,7 +51,7 @@ func TestProviderCRUDSealsTheSecret(t *testing.T) {
 	if _, err := repo.Add(ctx, domain.Provider{Name: "other", TokenURL: "https://o.example/token", ClientID: "c", ClientSecret: domain.NewSecret("x")}); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec("UPDATE providers SET client_secret = ? WHERE name = 'other'", raw).Error; err != nil {
+	if err := db.Exec("UPDATE tokenguard_providers SET client_secret = ? WHERE name = 'other'", raw).Error; err != nil {
 		t.Fatal(err)
 	}
 	if _, err := repo.Get(ctx, "other"); !errors.Is(err, domain.ErrUndecryptable) {
@@ -60,7 +60,7 @@ func TestProviderCRUDSealsTheSecret(t *testing.T) {
 	if _, err := repository.NewProviderRepository(db, tokencrypt.Plaintext{}).Get(ctx, "acme-idp"); !errors.Is(err, domain.ErrUndecryptable) {
 		t.Errorf("read without keys: %v, want ErrUndecryptable", err)
 	}
-	if err := db.Exec("DELETE FROM providers WHERE name = 'other'").Error; err != nil {
+	if err := db.Exec("DELETE FROM tokenguard_providers WHERE name = 'other'").Error; err != nil {
 		t.Fatal(err)
 	}
 

@@ -35,12 +35,12 @@ func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason str
 		}
 		row, err := l.tx.writeAndCommit(ctx, `
 WITH u AS (
-    UPDATE tokens AS t SET
+    UPDATE tokenguard_tokens AS t SET
         status        = 'active',
         status_reason = '',
         version       = t.version + 1,
         updated_at    = now()
-    FROM connections c
+    FROM tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2 AND t.status = 'needs_reauth'
     RETURNING c.id AS lock_key, c.name, t.*
 )
@@ -68,7 +68,7 @@ SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, u.v
 // Reactivate decides again under the lock.
 func (r *TokenRepository) NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error) {
 	var names []string
-	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokens t JOIN connections c ON c.id = t.connection_id
+	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 		WHERE t.status = 'needs_reauth' AND t.status_reason = ? AND c.name > ? ORDER BY c.name LIMIT ?`,
 		reason, after, limit).Find(&names).Error
 	if err != nil {

@@ -48,7 +48,7 @@ func stored(t *testing.T, db *gorm.DB, name string) storedRow {
 	t.Helper()
 	var row storedRow
 	err := db.Raw(`SELECT t.access_token, t.token_type, t.refresh_token, t.expiry, t.obtained_at, t.version, t.status, t.status_reason
-		FROM tokens t JOIN connections c ON c.id = t.connection_id WHERE c.name = ?`, name).Scan(&row).Error
+		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = ?`, name).Scan(&row).Error
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -71,7 +71,7 @@ func TestRefreshExpiryRoundTrip(t *testing.T) {
 	check("Save, rotated", saved, time.Time{})
 	reads(time.Time{})
 	var null bool
-	if err := db.Raw("SELECT refresh_expiry IS NULL FROM tokens").Scan(&null).Error; err != nil || !null {
+	if err := db.Raw("SELECT refresh_expiry IS NULL FROM tokenguard_tokens").Scan(&null).Error; err != nil || !null {
 		t.Errorf("unknown refresh expiry stored as %v (err %v), want NULL", !null, err)
 	}
 
@@ -91,8 +91,8 @@ func TestRefreshExpiryOfRowsWrittenWithoutIt(t *testing.T) {
 	if err := r.Register(ctx, "old"); err != nil {
 		t.Fatal(err)
 	}
-	err := db.Exec(`INSERT INTO tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version)
-SELECT id, 'at', 'rt', now() + interval '1 hour', now(), 1 FROM connections WHERE name = 'old'`).Error
+	err := db.Exec(`INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version)
+SELECT id, 'at', 'rt', now() + interval '1 hour', now(), 1 FROM tokenguard_connections WHERE name = 'old'`).Error
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -36,7 +36,7 @@ func scanStored(ctx context.Context, r *TokenRepository, after int32, batch int)
 	var rows []storedRow
 	err := r.db.WithContext(ctx).Raw(`
 SELECT c.id, c.name, t.access_token, t.refresh_token
-FROM tokens t JOIN connections c ON c.id = t.connection_id
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE c.id > ? ORDER BY c.id LIMIT ?`, after, batch).Find(&rows).Error
 	if err != nil {
 		return nil, storeError(ctx, "read stored tokens", err)
@@ -92,7 +92,7 @@ func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait
 		var rows []storedRow
 		err := l.db.WithContext(ctx).Raw(`
 SELECT c.id, c.name, t.access_token, t.refresh_token
-FROM tokens t JOIN connections c ON c.id = t.connection_id
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
 			return storeError(ctx, "read token", err)
@@ -108,7 +108,7 @@ WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
 			return err
 		}
-		err = l.db.WithContext(ctx).Exec(`UPDATE tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
+		err = l.db.WithContext(ctx).Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
 			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), rows[0].ID).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)
@@ -125,7 +125,7 @@ type KeyCheck struct {
 }
 
 // keyIDOf is a stored refresh token's key id, "" for legacy plaintext; the
-// index tokens_key_id (migration 5) is on it.
+// index tokenguard_tokens_key_id (migration 5) is on it.
 const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_token, ':', 2) ELSE '' END)`
 
 // CheckKeys opens one stored token per key id in use with the repository's
@@ -139,9 +139,9 @@ func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
 	var ids []string
 	err := r.db.WithContext(ctx).Raw(`
 WITH RECURSIVE k(id) AS (
-    (SELECT ` + keyIDOf + ` FROM tokens ORDER BY 1 LIMIT 1)
+    (SELECT ` + keyIDOf + ` FROM tokenguard_tokens ORDER BY 1 LIMIT 1)
     UNION ALL
-    SELECT (SELECT ` + keyIDOf + ` FROM tokens WHERE ` + keyIDOf + ` > k.id ORDER BY 1 LIMIT 1)
+    SELECT (SELECT ` + keyIDOf + ` FROM tokenguard_tokens WHERE ` + keyIDOf + ` > k.id ORDER BY 1 LIMIT 1)
     FROM k WHERE k.id IS NOT NULL
 )
 SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
@@ -153,7 +153,7 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 		var rows []storedRow
 		err := r.db.WithContext(ctx).Raw(`
 SELECT c.id, c.name, t.access_token, t.refresh_token
-FROM tokens t JOIN connections c ON c.id = t.connection_id
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 		if err != nil {
 			return kc, storeError(ctx, "read a stored token", err)
@@ -169,7 +169,7 @@ WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 			continue
 		}
 		var n int64
-		if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokens WHERE `+keyIDOf+` = ?`, id).Scan(&n).Error; err != nil {
+		if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_tokens WHERE `+keyIDOf+` = ?`, id).Scan(&n).Error; err != nil {
 			return kc, storeError(ctx, "count tokens waiting for a new key", err)
 		}
 		kc.Stale += int(n)

@@ -8,7 +8,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// tokenRow is the tokens table joined with the connection's name. It stays
+// tokenRow is the tokenguard_tokens table joined with the connection's name. It stays
 // inside this package: the rest of the code only sees domain.Token.
 type tokenRow struct {
 	LockKey       int32

@@ -6,7 +6,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Sealer encrypts token values on their way into the tokens table and
+// Sealer encrypts token values on their way into the tokenguard_tokens table and
 // decrypts them on the way out. *tokencrypt.Keyring is one, and
 // tokencrypt.Plaintext the one of a store without keys.
 type Sealer interface {

@@ -52,7 +52,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 	assertSealed := func(keyID string) {
 		t.Helper()
 		var rows []rawRow
-		if err := db.Raw(`SELECT c.name, t.access_token, t.refresh_token, t.version FROM tokens t JOIN connections c ON c.id = t.connection_id`).Scan(&rows).Error; err != nil {
+		if err := db.Raw(`SELECT c.name, t.access_token, t.refresh_token, t.version FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id`).Scan(&rows).Error; err != nil {
 			t.Fatal(err)
 		}
 		for _, row := range rows {
@@ -63,7 +63,7 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 			}
 		}
 		var n int64
-		db.Raw(`SELECT count(*) FROM tokens WHERE access_token LIKE '%secret%' OR refresh_token LIKE '%secret%'`).Scan(&n)
+		db.Raw(`SELECT count(*) FROM tokenguard_tokens WHERE access_token LIKE '%secret%' OR refresh_token LIKE '%secret%'`).Scan(&n)
 		if n != 0 || len(rows) != 2 {
 			t.Fatalf("%d of %d rows hold a token in the clear", n, len(rows))
 		}
@@ -109,10 +109,10 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 
 	// Ciphertexts moved between columns or rows do not open.
 	for name, sql := range map[string]string{
-		"columns swapped": `UPDATE tokens SET access_token = refresh_token, refresh_token = access_token
-			WHERE connection_id = (SELECT id FROM connections WHERE name = 'acme')`,
-		"rows swapped": `UPDATE tokens SET refresh_token = (SELECT t2.refresh_token FROM tokens t2 JOIN connections c2 ON c2.id = t2.connection_id WHERE c2.name = 'other')
-			WHERE connection_id = (SELECT id FROM connections WHERE name = 'acme')`,
+		"columns swapped": `UPDATE tokenguard_tokens SET access_token = refresh_token, refresh_token = access_token
+			WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = 'acme')`,
+		"rows swapped": `UPDATE tokenguard_tokens SET refresh_token = (SELECT t2.refresh_token FROM tokenguard_tokens t2 JOIN tokenguard_connections c2 ON c2.id = t2.connection_id WHERE c2.name = 'other')
+			WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = 'acme')`,
 	} {
 		tx := db.Begin()
 		if err := tx.Exec(sql).Error; err != nil {
@@ -141,7 +141,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 		put(t, r, grantToken(names[i], "at-"+names[i], "rt-"+names[i]))
 	}
 	var plainBefore int64
-	db.Raw(`SELECT count(*) FROM tokens WHERE refresh_token NOT LIKE 'tg1:%'`).Scan(&plainBefore)
+	db.Raw(`SELECT count(*) FROM tokenguard_tokens WHERE refresh_token NOT LIKE 'tg1:%'`).Scan(&plainBefore)
 	if plainBefore != n/5 {
 		t.Fatalf("%d plaintext rows, want %d", plainBefore, n/5)
 	}
@@ -230,7 +230,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	}
 
 	var rows []rawRow
-	db.Raw(`SELECT c.name, t.access_token, t.refresh_token, t.version FROM tokens t JOIN connections c ON c.id = t.connection_id ORDER BY c.name`).Scan(&rows)
+	db.Raw(`SELECT c.name, t.access_token, t.refresh_token, t.version FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id ORDER BY c.name`).Scan(&rows)
 	for _, row := range rows {
 		if !strings.HasPrefix(row.AccessToken, "tg1:k2:") || !strings.HasPrefix(row.RefreshToken, "tg1:k2:") {
 			t.Errorf("%s not resealed with k2: %.10s… %.10s…", row.Name, row.AccessToken, row.RefreshToken)
@@ -362,23 +362,23 @@ func TestCheckKeysFailsOnAMissingKey(t *testing.T) {
 // cost follows the number of key ids, not of rows.
 func TestCheckKeysReadsKeyIDsThroughTheIndex(t *testing.T) {
 	_, db, _ := newRepo(t)
-	if err := db.Exec(`INSERT INTO connections (name) SELECT 'c-' || g FROM generate_series(1, 20000) g`).Error; err != nil {
+	if err := db.Exec(`INSERT INTO tokenguard_connections (name) SELECT 'c-' || g FROM generate_series(1, 20000) g`).Error; err != nil {
 		t.Fatal(err)
 	}
 	// 20,000 rows with the shape of k1 envelopes.
-	if err := db.Exec(`INSERT INTO tokens (connection_id, access_token, refresh_token, obtained_at, version)
-		SELECT id, 'tg1:k1:x', 'tg1:k1:x', now(), 1 FROM connections`).Error; err != nil {
+	if err := db.Exec(`INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, obtained_at, version)
+		SELECT id, 'tg1:k1:x', 'tg1:k1:x', now(), 1 FROM tokenguard_connections`).Error; err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec("ANALYZE tokens").Error; err != nil {
+	if err := db.Exec("ANALYZE tokenguard_tokens").Error; err != nil {
 		t.Fatal(err)
 	}
 	var plan []string
 	if err := db.Raw(`EXPLAIN SELECT ` + "(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_token, ':', 2) ELSE '' END)" +
-		` FROM tokens ORDER BY 1 LIMIT 1`).Scan(&plan).Error; err != nil {
+		` FROM tokenguard_tokens ORDER BY 1 LIMIT 1`).Scan(&plan).Error; err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(strings.Join(plan, "\n"), "tokens_key_id") {
+	if !strings.Contains(strings.Join(plan, "\n"), "tokenguard_tokens_key_id") {
 		t.Errorf("key ids not read through the index:\n%s", strings.Join(plan, "\n"))
 	}
 }

@@ -29,7 +29,7 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 	}
 	// Only the hash is stored.
 	var stored string
-	db.Raw("SELECT encode(key_hash, 'hex') FROM api_keys WHERE name = 'ci'").Scan(&stored)
+	db.Raw("SELECT encode(key_hash, 'hex') FROM tokenguard_api_keys WHERE name = 'ci'").Scan(&stored)
 	if stored != hex.EncodeToString(repository.HashKey(key)) {
 		t.Errorf("stored %s", stored)
 	}
@@ -89,7 +89,7 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 		t.Errorf("replayed callback: %v", err)
 	}
 	var verifiers int
-	db.Raw("SELECT count(*) FROM connect_sessions WHERE pkce_verifier <> '' OR oauth_state <> ''").Scan(&verifiers)
+	db.Raw("SELECT count(*) FROM tokenguard_connect_sessions WHERE pkce_verifier <> '' OR oauth_state <> ''").Scan(&verifiers)
 	if verifiers != 0 {
 		t.Errorf("%d finished flows keep their state or verifier", verifiers)
 	}
@@ -98,13 +98,13 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	db.Exec("UPDATE connect_sessions SET expires_at = now() - interval '1 second' WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(old)))
+	db.Exec("UPDATE tokenguard_connect_sessions SET expires_at = now() - interval '1 second' WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(old)))
 	if _, err := s.Open(ctx, old, repository.NewCredential(repository.FlowPrefix), "s", "v"); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("expired session: %v", err)
 	}
 	// Only hashes are stored.
 	var n int
-	db.Raw("SELECT count(*) FROM connect_sessions WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(tok))).Scan(&n)
+	db.Raw("SELECT count(*) FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(tok))).Scan(&n)
 	if n != 1 {
 		t.Errorf("%d sessions stored under the token's hash", n)
 	}
@@ -129,7 +129,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	}
 	read := func() row {
 		var r row
-		db.Raw("SELECT access_token, refresh_token, version, updated_at, granted_account FROM tokens").Scan(&r)
+		db.Raw("SELECT access_token, refresh_token, version, updated_at, granted_account FROM tokenguard_tokens").Scan(&r)
 		return r
 	}
 	before := read()
@@ -152,11 +152,11 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 
 	// Every grant and status change left one outbox event, in order.
 	var types []string
-	db.Raw("SELECT type FROM webhook_outbox ORDER BY id").Scan(&types)
+	db.Raw("SELECT type FROM tokenguard_webhook_outbox ORDER BY id").Scan(&types)
 	if strings.Join(types, ",") != "connection.connected,connection.connected,connection.connected" {
 		t.Errorf("outbox after three grants: %v", types)
 	}
-	db.Exec("DELETE FROM webhook_outbox")
+	db.Exec("DELETE FROM tokenguard_webhook_outbox")
 	cur, _ := repo.Get(ctx, "acme")
 	dead := cur
 	dead.Status, dead.StatusReason = domain.StatusNeedsReauth, "invalid_grant"
@@ -181,7 +181,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 		Type, Connection string
 		Data             string
 	}
-	db.Raw("SELECT type, connection, data::text AS data FROM webhook_outbox ORDER BY id").Scan(&events)
+	db.Raw("SELECT type, connection, data::text AS data FROM tokenguard_webhook_outbox ORDER BY id").Scan(&events)
 	if len(events) != 2 || events[0].Type != "connection.needs_reauth" || !strings.Contains(events[0].Data, `"reason": "invalid_grant"`) ||
 		events[1].Type != "connection.recovered" || events[1].Connection != "acme" || !strings.Contains(events[1].Data, `"account": "new-owner"`) {
 		t.Errorf("outbox: %+v", events)

@@ -44,7 +44,7 @@ func (r *TokenRepository) syncCommit() string {
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.
-var selectToken = "SELECT " + selectTokenColumns + " FROM tokens t JOIN connections c ON c.id = t.connection_id"
+var selectToken = "SELECT " + selectTokenColumns + " FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id"
 
 var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
@@ -54,8 +54,8 @@ var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type
 // selectTokenLeased is selectToken with, as leased, whether another
 // holder's lease on the version read runs.
 var selectTokenLeased = "SELECT " + selectTokenColumns +
-	", EXISTS (SELECT FROM refresh_leases l WHERE " + leaseRuns + ") AS leased" +
-	" FROM tokens t JOIN connections c ON c.id = t.connection_id"
+	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" +
+	" FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id"
 
 // tokenColumns are the same columns, of a write's result u.
 var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
@@ -163,7 +163,7 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 		return err
 	}
 	err := r.db.WithContext(ctx).
-		Exec("INSERT INTO connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connection).Error
+		Exec("INSERT INTO tokenguard_connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connection).Error
 	return storeError(ctx, "register connection", err)
 }
 
@@ -181,7 +181,7 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 		return err
 	}
 	var keys []int32
-	if err := tx.Raw("SELECT id FROM connections WHERE name IN ?", ids).Find(&keys).Error; err != nil {
+	if err := tx.Raw("SELECT id FROM tokenguard_connections WHERE name IN ?", ids).Find(&keys).Error; err != nil {
 		return err
 	}
 	if len(keys) != len(ids) {
@@ -265,12 +265,12 @@ func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token
 // endLeases, a CTE of a statement that stores version u.version of a
 // connection's token, ends the refresh leases on every older version: the
 // refresh they were taken for is over (Lease).
-const endLeases = `ended AS (DELETE FROM refresh_leases l USING u WHERE l.connection_id = u.lock_key AND l.version < u.version)`
+const endLeases = `ended AS (DELETE FROM tokenguard_refresh_leases l USING u WHERE l.connection_id = u.lock_key AND l.version < u.version)`
 
 // saveSQL is Save's statement; saveArgs its arguments.
 var saveSQL = `
 WITH u AS (
-    UPDATE tokens AS t SET
+    UPDATE tokenguard_tokens AS t SET
         access_token  = $1,
         token_type    = $2,
         refresh_token = COALESCE(NULLIF($3, ''), t.refresh_token),
@@ -281,7 +281,7 @@ WITH u AS (
         status_reason = $8,
         version       = t.version + 1,
         updated_at    = now()
-    FROM connections c
+    FROM tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10
     RETURNING c.id AS lock_key, c.name, t.*
 ),
@@ -333,9 +333,9 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 		return domain.Token{}, err
 	}
 	row, err := l.tx.writeAndCommit(ctx, `
-WITH c AS (SELECT id, name FROM connections WHERE name = $1),
+WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1),
 t AS (
-    INSERT INTO tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
+    INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
                              granted_account, granted_scopes, missing_scopes, granted_at,
                              provider)
     SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '', NULLIF($9, ''), $10::text[], $11::text[], now(),

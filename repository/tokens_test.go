@@ -204,7 +204,7 @@ func TestSaveCommitsAtOnce(t *testing.T) {
 func TestDatabaseRefusesEmptyRefreshToken(t *testing.T) {
 	r, db, _ := newRepo(t)
 	put(t, r, grantToken("acme", "at-1", "rt-1"))
-	err := db.Exec("UPDATE tokens SET refresh_token = ''").Error
+	err := db.Exec("UPDATE tokenguard_tokens SET refresh_token = ''").Error
 	if err == nil || !strings.Contains(err.Error(), "refresh_token") {
 		t.Errorf("empty refresh token accepted by the schema: %v", err)
 	}

@@ -148,8 +148,8 @@ func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
 	for _, n := range names {
 		if idle[n] {
 			// As if granted 40 days ago and never used since.
-			if err := s.db.Exec(`UPDATE tokens SET obtained_at = now() - interval '40 days'
-				WHERE connection_id = (SELECT id FROM connections WHERE name = ?)`, n).Error; err != nil {
+			if err := s.db.Exec(`UPDATE tokenguard_tokens SET obtained_at = now() - interval '40 days'
+				WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = ?)`, n).Error; err != nil {
 				t.Fatal(err)
 			}
 		}

@@ -84,7 +84,7 @@ func BenchmarkTokenHot(b *testing.B) {
 	}
 	b.Run("db-read", func(b *testing.B) {
 		var key int32
-		if err := s.db.Raw("SELECT id FROM connections WHERE name = ?", conn).Scan(&key).Error; err != nil {
+		if err := s.db.Raw("SELECT id FROM tokenguard_connections WHERE name = ?", conn).Scan(&key).Error; err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
@@ -94,7 +94,7 @@ func BenchmarkTokenHot(b *testing.B) {
 				Expiry      time.Time
 			}
 			for pb.Next() {
-				if err := s.db.Raw("SELECT access_token, expiry FROM tokens WHERE connection_id = ?", key).Scan(&row).Error; err != nil {
+				if err := s.db.Raw("SELECT access_token, expiry FROM tokenguard_tokens WHERE connection_id = ?", key).Scan(&row).Error; err != nil {
 					b.Error(err)
 					return
 				}

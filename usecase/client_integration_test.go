@@ -53,12 +53,12 @@ func (w *world) stackWith(t testing.TB, r provider.GrantRefresher, opts usecase.
 	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
 }
 
-// rows is the tokens table as stored, byte for byte (as text).
+// rows is the tokenguard_tokens table as stored, byte for byte (as text).
 func rows(t *testing.T, s *stack) []string {
 	t.Helper()
 	var out []string
 	if err := s.db.Raw(`SELECT concat_ws('|', connection_id, access_token, token_type, refresh_token, expiry, obtained_at,
-		version, status, status_reason, updated_at) FROM tokens ORDER BY connection_id`).Scan(&out).Error; err != nil {
+		version, status, status_reason, updated_at) FROM tokenguard_tokens ORDER BY connection_id`).Scan(&out).Error; err != nil {
 		t.Fatal(err)
 	}
 	return out

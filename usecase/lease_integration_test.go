@@ -207,7 +207,7 @@ func TestLeaseEndsWhenTheTokenWasNotSpent(t *testing.T) {
 		t.Fatal("the provider was not asked")
 	}
 	var leases int64
-	if err := admin.db.Raw(`SELECT count(*) FROM refresh_leases`).Scan(&leases).Error; err != nil {
+	if err := admin.db.Raw(`SELECT count(*) FROM tokenguard_refresh_leases`).Scan(&leases).Error; err != nil {
 		t.Fatal(err)
 	}
 	if leases != 0 {

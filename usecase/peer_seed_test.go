@@ -148,7 +148,7 @@ func (p *seedPeer) call(ctx context.Context, i int) error {
 func seedSave(ctx context.Context, tx *gorm.DB, locked *repository.TokenRepository, t domain.Token) error {
 	var out struct{ Version int64 }
 	res := tx.WithContext(ctx).Raw(`
-UPDATE tokens AS t SET
+UPDATE tokenguard_tokens AS t SET
     access_token  = ?,
     token_type    = ?,
     refresh_token = COALESCE(NULLIF(?, ''), t.refresh_token),
@@ -158,7 +158,7 @@ UPDATE tokens AS t SET
     status_reason = ?,
     version       = t.version + 1,
     updated_at    = now()
-FROM connections c
+FROM tokenguard_connections c
 WHERE c.id = t.connection_id AND c.name = ? AND t.version = ?
 RETURNING t.version`,
 		t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), t.Expiry, t.ObtainedAt,

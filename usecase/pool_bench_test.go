@@ -131,8 +131,8 @@ func BenchmarkMassExpiry(b *testing.B) {
 		// Every stored token expires now, as announced to the processes
 		// (they drop what they cached); the ones the refreshes store live
 		// an hour.
-		if err := admin.Exec(`WITH u AS (UPDATE tokens SET expiry = now() - interval '1 second', version = version + 1 RETURNING connection_id, version)
-			SELECT count(pg_notify(?, u.version || ' ' || c.name)) FROM u JOIN connections c ON c.id = u.connection_id`, repository.ChangeChannel).Error; err != nil {
+		if err := admin.Exec(`WITH u AS (UPDATE tokenguard_tokens SET expiry = now() - interval '1 second', version = version + 1 RETURNING connection_id, version)
+			SELECT count(pg_notify(?, u.version || ' ' || c.name)) FROM u JOIN tokenguard_connections c ON c.id = u.connection_id`, repository.ChangeChannel).Error; err != nil {
 			b.Fatal(err)
 		}
 		time.Sleep(300 * time.Millisecond)

@@ -94,7 +94,7 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 		t.Fatalf("refresh with the right key: %v (calls %d, provider refreshes %d)", err, cr.calls.Load(), p.Stats().Refreshes)
 	}
 	var stored string
-	db.Raw("SELECT refresh_token FROM tokens").Scan(&stored)
+	db.Raw("SELECT refresh_token FROM tokenguard_tokens").Scan(&stored)
 	if !strings.HasPrefix(stored, "tg1:k1:") || !got.RefreshToken.IsZero() {
 		t.Fatalf("rotated refresh token stored as %.12s…", stored)
 	}
@@ -106,8 +106,8 @@ func TestUndecryptableRefreshTokenNeverReachesTheProvider(t *testing.T) {
 	}{
 		"key not configured": {ring(k2), ""},
 		"no keys at all":     {tokencrypt.Plaintext{}, ""},
-		"columns swapped":    {ring(k1), "UPDATE tokens SET refresh_token = access_token, access_token = refresh_token"},
-		"tag altered": {ring(k1), `UPDATE tokens SET refresh_token =
+		"columns swapped":    {ring(k1), "UPDATE tokenguard_tokens SET refresh_token = access_token, access_token = refresh_token"},
+		"tag altered": {ring(k1), `UPDATE tokenguard_tokens SET refresh_token =
 			left(refresh_token, -1) || CASE WHEN right(refresh_token, 1) = 'A' THEN 'B' ELSE 'A' END`},
 	} {
 		t.Run(name, func(t *testing.T) {

@@ -220,7 +220,7 @@ func advisoryLocks(t *testing.T, dbURL string) int {
 
 // leaseRows counts the refresh leases stored.
 func leaseRows(t *testing.T, dbURL string) int {
-	return count(t, dbURL, `SELECT count(*) FROM refresh_leases`)
+	return count(t, dbURL, `SELECT count(*) FROM tokenguard_refresh_leases`)
 }
 
 // count runs a count(*) query on a connection of its own.

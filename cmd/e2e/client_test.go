@@ -245,7 +245,7 @@ func tokenExpiry(t *testing.T, dbURL string) map[string]time.Time {
 		t.Fatal(err)
 	}
 	defer conn.Close(ctx)
-	rows, err := conn.Query(ctx, `SELECT c.name, t.expiry FROM tokens t JOIN connections c ON c.id = t.connection_id`)
+	rows, err := conn.Query(ctx, `SELECT c.name, t.expiry FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id`)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -258,7 +258,7 @@ func tokenExpiry(t *testing.T, dbURL string) map[string]time.Time {
 	return out
 }
 
-// tokenRows is the tokens table as stored, one text line per row.
+// tokenRows is the tokenguard_tokens table as stored, one text line per row.
 func tokenRows(t *testing.T, dbURL string) []string {
 	t.Helper()
 	ctx := context.Background()
@@ -268,7 +268,7 @@ func tokenRows(t *testing.T, dbURL string) []string {
 	}
 	defer conn.Close(ctx)
 	rows, err := conn.Query(ctx, `SELECT concat_ws('|', c.name, t.access_token, t.refresh_token, t.expiry, t.obtained_at,
-		t.version, t.status, t.status_reason, t.updated_at) FROM tokens t JOIN connections c ON c.id = t.connection_id ORDER BY c.name`)
+		t.version, t.status, t.status_reason, t.updated_at) FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id ORDER BY c.name`)
 	if err != nil {
 		t.Fatal(err)
 	}

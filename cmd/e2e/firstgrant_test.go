@@ -105,7 +105,7 @@ func storedStyle(t *testing.T, dbURL string) string {
 	}
 	defer c.Close(ctx)
 	var style string
-	if err := c.QueryRow(ctx, `SELECT coalesce(max(style), '') FROM client_auth_styles`).Scan(&style); err != nil {
+	if err := c.QueryRow(ctx, `SELECT coalesce(max(style), '') FROM tokenguard_client_auth_styles`).Scan(&style); err != nil {
 		t.Fatal(err)
 	}
 	return style

@@ -53,8 +53,8 @@ func testOperations(t *testing.T, bin string) {
 		t.Fatal(err)
 	}
 	defer db.Close(context.Background())
-	if _, err := db.Exec(context.Background(), `UPDATE tokens SET obtained_at = now() - interval '40 days'
-		WHERE connection_id = (SELECT id FROM connections WHERE name = 'b')`); err != nil {
+	if _, err := db.Exec(context.Background(), `UPDATE tokenguard_tokens SET obtained_at = now() - interval '40 days'
+		WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = 'b')`); err != nil {
 		t.Fatal(err)
 	}
 	r = run(t, bin, "batch", s.env, "", "--keep-alive", "720h")
@@ -88,7 +88,7 @@ func testOperations(t *testing.T, bin string) {
 	defer conn.Close(context.Background())
 	var plain int
 	if err := conn.QueryRow(context.Background(),
-		"SELECT count(*) FROM tokens WHERE access_token NOT LIKE 'tg1:k1:%' OR refresh_token NOT LIKE 'tg1:k1:%'").Scan(&plain); err != nil || plain != 0 {
+		"SELECT count(*) FROM tokenguard_tokens WHERE access_token NOT LIKE 'tg1:k1:%' OR refresh_token NOT LIKE 'tg1:k1:%'").Scan(&plain); err != nil || plain != 0 {
 		t.Errorf("%d rows not sealed with k1 (%v)", plain, err)
 	}
 	if r := run(t, bin, "batch", keyed, ""); r.code != 0 {

@@ -148,7 +148,7 @@ func storedRefreshToken(t *testing.T, dbURL, conn string) string {
 	}
 	defer c.Close(ctx)
 	var rt string
-	if err := c.QueryRow(ctx, `SELECT t.refresh_token FROM tokens t JOIN connections c ON c.id = t.connection_id WHERE c.name = $1`, conn).Scan(&rt); err != nil {
+	if err := c.QueryRow(ctx, `SELECT t.refresh_token FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = $1`, conn).Scan(&rt); err != nil {
 		t.Fatal(err)
 	}
 	if strings.HasPrefix(rt, "tg1:") {

@@ -202,7 +202,7 @@ func storedRow(t *testing.T, dbURL, name string) string {
 	}
 	defer conn.Close(ctx)
 	var row string
-	if err := conn.QueryRow(ctx, `SELECT row_to_json(t)::text FROM tokens t JOIN connections c ON c.id = t.connection_id WHERE c.name = $1`, name).Scan(&row); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT row_to_json(t)::text FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = $1`, name).Scan(&row); err != nil {
 		t.Fatal(err)
 	}
 	return row
@@ -290,7 +290,7 @@ func testSecurity(t *testing.T, bin string) {
 		t.Errorf("replayed session: %s, want 401", resp.Status)
 	}
 	expired := s.connectSession("acme", "")
-	sql(t, s.dbURL, "UPDATE connect_sessions SET expires_at = now() - interval '1 second' WHERE id = (SELECT max(id) FROM connect_sessions)")
+	sql(t, s.dbURL, "UPDATE tokenguard_connect_sessions SET expires_at = now() - interval '1 second' WHERE id = (SELECT max(id) FROM tokenguard_connect_sessions)")
 	if resp, body := browser(t, s, expired, "", ""); resp.StatusCode != http.StatusUnauthorized || strings.HasPrefix(body, "{") {
 		t.Errorf("expired session: %s %q, want 401 with a page", resp.Status, body)
 	}

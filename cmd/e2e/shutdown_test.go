@@ -122,7 +122,7 @@ func storedVersionStatus(t *testing.T, dbURL, conn string) (version int64, statu
 		t.Fatal(err)
 	}
 	defer c.Close(ctx)
-	err = c.QueryRow(ctx, `SELECT t.version, t.status FROM tokens t JOIN connections c ON c.id = t.connection_id WHERE c.name = $1`, conn).Scan(&version, &status)
+	err = c.QueryRow(ctx, `SELECT t.version, t.status FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = $1`, conn).Scan(&version, &status)
 	if err != nil {
 		t.Fatal(err)
 	}

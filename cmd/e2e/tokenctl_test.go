@@ -30,16 +30,16 @@ func testReactivateAndCheck(t *testing.T, bin string) {
 		t.Fatal(err)
 	}
 	defer conn.Close(context.Background())
-	if _, err := conn.Exec(context.Background(), `UPDATE tokens t SET status = 'needs_reauth', version = version + 1,
+	if _, err := conn.Exec(context.Background(), `UPDATE tokenguard_tokens t SET status = 'needs_reauth', version = version + 1,
 		status_reason = CASE c.name WHEN 'gamma' THEN 'invalid_grant' ELSE 'invalid_client' END
-		FROM connections c WHERE c.id = t.connection_id`); err != nil {
+		FROM tokenguard_connections c WHERE c.id = t.connection_id`); err != nil {
 		t.Fatal(err)
 	}
 	type stored struct{ access, refresh, status string }
 	read := func(name string) (st stored) {
 		t.Helper()
-		if err := conn.QueryRow(context.Background(), `SELECT t.access_token, t.refresh_token, t.status FROM tokens t
-			JOIN connections c ON c.id = t.connection_id WHERE c.name = $1`, name).Scan(&st.access, &st.refresh, &st.status); err != nil {
+		if err := conn.QueryRow(context.Background(), `SELECT t.access_token, t.refresh_token, t.status FROM tokenguard_tokens t
+			JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = $1`, name).Scan(&st.access, &st.refresh, &st.status); err != nil {
 			t.Fatal(err)
 		}
 		return st

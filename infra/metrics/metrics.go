@@ -349,7 +349,7 @@ const DefaultProvider = domain.ReservedProviderName
 const OtherProviders = "other"
 
 // MaxProviderLabels bounds the provider label's values per process. The
-// names come from the providers table (a connection can only name a
+// names come from the tokenguard_providers table (a connection can only name a
 // registered provider), so a fleet reaches it only with that many
 // providers registered.
 const MaxProviderLabels = 100

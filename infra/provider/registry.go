@@ -34,7 +34,7 @@ type Build func(p domain.Provider) GrantRefresher
 // for concurrent use.
 //
 // The stored providers are read by Load and read again after Changed (the
-// change listener calls it for every NOTIFY on the providers table, and
+// change listener calls it for every NOTIFY on the tokenguard_providers table, and
 // after each reconnection): a rotated client secret is used from the next
 // refresh on, without a restart. A provider whose version did not change
 // keeps its refresher. A name the registry does not know makes it read the

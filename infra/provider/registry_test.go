@@ -10,7 +10,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
-// fakeSource is the providers table as the registry reads it.
+// fakeSource is the tokenguard_providers table as the registry reads it.
 type fakeSource struct {
 	mu    sync.Mutex
 	list  []domain.Provider

@@ -160,7 +160,7 @@ func relayOutbox(ctx context.Context, pool *pgxpool.Pool, client *river.Client[p
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `SELECT id, event_id, type, connection, data, occurred_at FROM webhook_outbox
+	rows, err := tx.Query(ctx, `SELECT id, event_id, type, connection, data, occurred_at FROM tokenguard_webhook_outbox
 ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 	if err != nil {
 		return 0, err
@@ -189,7 +189,7 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 			return 0, err
 		}
 	}
-	if _, err := tx.Exec(ctx, "DELETE FROM webhook_outbox WHERE id = ANY($1)", ids); err != nil {
+	if _, err := tx.Exec(ctx, "DELETE FROM tokenguard_webhook_outbox WHERE id = ANY($1)", ids); err != nil {
 		return 0, err
 	}
 	return len(ids), tx.Commit(ctx)

@@ -115,7 +115,7 @@ func (c *cli) row(name string) row {
 	c.t.Helper()
 	var r row
 	if err := c.db.Raw(`SELECT t.access_token, t.refresh_token, t.status, t.status_reason, t.version
-		FROM tokens t JOIN connections c ON c.id = t.connection_id WHERE c.name = ?`, name).Scan(&r).Error; err != nil {
+		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = ?`, name).Scan(&r).Error; err != nil {
 		c.t.Fatal(err)
 	}
 	return r

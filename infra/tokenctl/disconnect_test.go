@@ -29,7 +29,7 @@ func (c *cli) withRevocation() []string {
 func (c *cli) gone(name string) bool {
 	c.t.Helper()
 	var n int
-	if err := c.db.Raw(`SELECT count(*) FROM tokens t JOIN connections c ON c.id = t.connection_id WHERE c.name = ?`, name).Scan(&n).Error; err != nil {
+	if err := c.db.Raw(`SELECT count(*) FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = ?`, name).Scan(&n).Error; err != nil {
 		c.t.Fatal(err)
 	}
 	return n == 0
@@ -85,15 +85,15 @@ func TestDisconnect(t *testing.T) {
 	}
 	// Another process's refresh lost the lock mid-call (its lease runs):
 	// the refresh token may be being rotated; revoking it is refused.
-	if err := c.db.Exec(`INSERT INTO refresh_leases SELECT c.id, t.version, gen_random_uuid(), now() + interval '1 minute'
-		FROM connections c JOIN tokens t ON t.connection_id = c.id WHERE c.name = 'kept'`).Error; err != nil {
+	if err := c.db.Exec(`INSERT INTO tokenguard_refresh_leases SELECT c.id, t.version, gen_random_uuid(), now() + interval '1 minute'
+		FROM tokenguard_connections c JOIN tokenguard_tokens t ON t.connection_id = c.id WHERE c.name = 'kept'`).Error; err != nil {
 		t.Fatal(err)
 	}
 	r = c.run(c.withRevocation(), "disconnect", "--connection", "kept", "--revoke")
 	if r.code != 1 || !strings.Contains(r.stderr, domain.ErrRefreshInProgress.Error()) {
 		t.Errorf("revocation under another process's lease: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if err := c.db.Exec(`DELETE FROM refresh_leases`).Error; err != nil {
+	if err := c.db.Exec(`DELETE FROM tokenguard_refresh_leases`).Error; err != nil {
 		t.Fatal(err)
 	}
 	if c.gone("kept") || c.row("kept").RefreshToken != kept.RefreshToken.Reveal() || c.p.Stats().Revocations != 0 {
@@ -227,7 +227,7 @@ func TestDisconnectReachesEveryProcessCache(t *testing.T) {
 		}
 	}
 
-	if err := c.db.Exec(`DELETE FROM tokens WHERE connection_id = (SELECT id FROM connections WHERE name = 'control')`).Error; err != nil {
+	if err := c.db.Exec(`DELETE FROM tokenguard_tokens WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = 'control')`).Error; err != nil {
 		t.Fatal(err)
 	}
 	if _, err := tokens.Token(ctx, "control"); err != nil {

@@ -61,7 +61,7 @@ func TestProviderCommands(t *testing.T) {
 		t.Fatalf("second add: %+v", r)
 	}
 	var raw string
-	if err := c.db.Raw("SELECT client_secret FROM providers WHERE name = 'idp-x'").Scan(&raw).Error; err != nil {
+	if err := c.db.Raw("SELECT client_secret FROM tokenguard_providers WHERE name = 'idp-x'").Scan(&raw).Error; err != nil {
 		t.Fatal(err)
 	}
 	if strings.Contains(raw, first) || !keys.IsCurrent(raw) {

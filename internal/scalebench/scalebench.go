@@ -264,7 +264,7 @@ func seed(ctx context.Context, dbURL string, rows int) error {
 	}
 	defer c.Close(context.WithoutCancel(ctx))
 	i := 0
-	if _, err := c.CopyFrom(ctx, pgx.Identifier{"connections"}, []string{"name"}, pgx.CopyFromFunc(func() ([]any, error) {
+	if _, err := c.CopyFrom(ctx, pgx.Identifier{"tokenguard_connections"}, []string{"name"}, pgx.CopyFromFunc(func() ([]any, error) {
 		if i == rows {
 			return nil, nil
 		}
@@ -273,13 +273,13 @@ func seed(ctx context.Context, dbURL string, rows int) error {
 	})); err != nil {
 		return err
 	}
-	_, err = c.Exec(ctx, `INSERT INTO tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version, status)
+	_, err = c.Exec(ctx, `INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version, status)
 		SELECT id, 'seeded-at-' || id, 'seeded-rt-' || id, now() + interval '1 day' + (id % 3600) * interval '1 second', now(), 1, 'active'
-		FROM connections`)
+		FROM tokenguard_connections`)
 	if err != nil {
 		return err
 	}
-	_, err = c.Exec(ctx, "ANALYZE connections; ANALYZE tokens")
+	_, err = c.Exec(ctx, "ANALYZE tokenguard_connections; ANALYZE tokenguard_tokens")
 	return err
 }
 

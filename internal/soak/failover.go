@@ -322,7 +322,7 @@ func (s *soak) standbyVersions(ctx context.Context, adminURL string) map[string]
 		}
 		time.Sleep(20 * time.Millisecond)
 	}
-	rows, err := c.Query(ctx, `SELECT c.name, t.version FROM tokens t JOIN connections c ON c.id = t.connection_id`)
+	rows, err := c.Query(ctx, `SELECT c.name, t.version FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id`)
 	if err != nil {
 		return out
 	}
@@ -343,7 +343,7 @@ func (s *soak) standbyVersions(ctx context.Context, adminURL string) map[string]
 func (s *soak) regrant(ctx context.Context) []string {
 	var dead []string
 	_ = s.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT c.name, t.status_reason FROM connections c JOIN tokens t ON t.connection_id = c.id WHERE t.status = 'needs_reauth' ORDER BY 1`)
+		rows, err := c.Query(ctx, `SELECT c.name, t.status_reason FROM tokenguard_connections c JOIN tokenguard_tokens t ON t.connection_id = c.id WHERE t.status = 'needs_reauth' ORDER BY 1`)
 		if err != nil {
 			return err
 		}

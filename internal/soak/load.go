@@ -231,7 +231,7 @@ func (s *soak) check(ctx context.Context) {
 	// The sandbox revokes nothing by itself: every needs_reauth is wrong
 	// unless a reuse killed the grant (counted above).
 	_ = s.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
-		rows, err := c.Query(ctx, `SELECT c.name, t.status_reason FROM connections c JOIN tokens t ON t.connection_id = c.id WHERE t.status = 'needs_reauth'`)
+		rows, err := c.Query(ctx, `SELECT c.name, t.status_reason FROM tokenguard_connections c JOIN tokenguard_tokens t ON t.connection_id = c.id WHERE t.status = 'needs_reauth'`)
 		if err != nil {
 			return err
 		}

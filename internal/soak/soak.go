@@ -396,7 +396,7 @@ BEGIN
     END IF;
     RETURN NEW;
 END $$;
-CREATE TRIGGER soak_rotation AFTER UPDATE ON tokens FOR EACH ROW EXECUTE FUNCTION soak_rotation();
+CREATE TRIGGER soak_rotation AFTER UPDATE ON tokenguard_tokens FOR EACH ROW EXECUTE FUNCTION soak_rotation();
 `
 
 // drain waits for every accepted event to complete. Events waiting for a

@@ -31,7 +31,7 @@ func TestNewGivesMigratedDatabaseDroppedAtEnd(t *testing.T) {
 		}
 		defer db.Close()
 		var n int
-		if err := db.QueryRow("SELECT count(*) FROM information_schema.tables WHERE table_name = 'connections'").Scan(&n); err != nil || n != 1 {
+		if err := db.QueryRow("SELECT count(*) FROM information_schema.tables WHERE table_name = 'tokenguard_connections'").Scan(&n); err != nil || n != 1 {
 			t.Fatalf("migrated table connections: count %d, %v", n, err)
 		}
 		if err := db.QueryRow("SELECT current_database()").Scan(&name); err != nil {
