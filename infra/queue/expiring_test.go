@@ -118,11 +118,11 @@ func TestExpiringAnnouncedOncePerGrant(t *testing.T) {
 			time.Sleep(20 * time.Millisecond)
 		}
 	}
-	got := settled(1)
+	settled(1)
 	if n, err := announceExpiring(ctx, pool, notice); err != nil || n != 0 {
 		t.Errorf("a later look announced %d (%v), want none", n, err)
 	}
-	got = settled(1)
+	got := settled(1)
 	if len(got) != 1 || got[0].Connection != "soon" {
 		t.Fatalf("connection.expiring events %+v, want one, for soon", got)
 	}
