@@ -55,7 +55,7 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 			}
 			return sandbox.FaultNone
 		},
-		extraEnv: []string{"WEBHOOK_URL=" + hook.URL, "WEBHOOK_SECRET=whsec_e2e"}})
+		extraEnv: []string{"WEBHOOK_URL=" + hook.URL, "WEBHOOK_SECRET=whsec_e2e_0123456789abcdef"}})
 	s.migrate()
 	const conn = "acme"
 	s.importGrant(conn)
