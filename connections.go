@@ -20,7 +20,9 @@ type Connection struct {
 	// Provider is the connection's provider; "" for the one of New's
 	// oauth2.Config.
 	Provider string
-	// Status is "active" or "needs_reauth" (Reason says why).
+	// Status is "active", "failing" (active, but its refreshes keep
+	// getting answers tokenguard cannot classify: Reason gives the last
+	// one's HTTP status and code) or "needs_reauth" (Reason says why).
 	Status, Reason string
 	Expiry         time.Time // of the access token; zero: the provider gave none
 	RefreshExpiry  time.Time // of the refresh token; zero: unknown

@@ -38,6 +38,11 @@ var (
 	// ErrRefreshRateLimited: the API answered 401 again right after a
 	// forced refresh of the connection; Client gives the 401 back.
 	ErrRefreshRateLimited = domain.ErrRefreshRateLimited
+	// ErrRefreshFailing: the connection's refreshes keep failing with
+	// answers tokenguard cannot classify, and the provider is asked again
+	// only later (at most once a minute); it comes with
+	// ErrProviderUnavailable. The grant is untouched.
+	ErrRefreshFailing = domain.ErrRefreshFailing
 	// ErrInvalidToken: Import was given a token without an access or a
 	// refresh token.
 	ErrInvalidToken = domain.ErrInvalidToken

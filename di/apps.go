@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/queue"
 	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/repository"
@@ -106,6 +107,8 @@ func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Wor
 		RescueAfter: cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
 		StopTimeout: shutdownGrace,
 		Webhook:     cfg.webhook("worker"),
+		// Announced only where a webhook delivers it.
+		ExpiringNotice: cfg.ExpiringNotice,
 		// Behind a transaction pooler River's LISTEN would hear nothing:
 		// it polls instead.
 		PollOnly: cfg.Pooled(),
@@ -138,7 +141,14 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 	}
 	// Always: providers with a keep-alive of their own (tokenctl provider
 	// add --keep-alive) have their connections kept alive even without
-	// --keep-alive, which sets it for the others.
+	// --keep-alive, which sets it for the others; without it, half the
+	// OAUTH_PROFILE's idle expiry does (as provider add --profile sets).
+	if p, err := profiles.Get(cfg.OAuth.Profile); ahead.KeepAlive == 0 && cfg.OAuth.Profile != "" && err == nil &&
+		p.RefreshIdle.Known && p.RefreshIdle.D > 0 {
+		ahead.KeepAlive = p.RefreshIdle.D / 2
+		log.Info("keep-alive from the provider profile: connections not refreshed for half its refresh token idle expiry are refreshed",
+			"profile", p.Name, "keep_alive", ahead.KeepAlive)
+	}
 	r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
 		return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
 	}

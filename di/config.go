@@ -57,6 +57,11 @@ type Config struct {
 	// style is logged at once, not at the first refresh. See
 	// docs/configuration.md for when to turn it off.
 	EndpointCheck bool `env:"TOKEN_ENDPOINT_CHECK" envDefault:"true"`
+	// ExpiringNotice is how long before its refresh token's expiry
+	// (tokens.refresh_expiry) a connection is announced by a
+	// connection.expiring webhook (the worker sends it, once per grant)
+	// and marked in tokenctl status; 0 announces none.
+	ExpiringNotice time.Duration `env:"TOKEN_EXPIRING_NOTICE" envDefault:"336h"`
 	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
 	// than loopback (a test network); tokens then cross it in the clear.
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
@@ -230,6 +235,9 @@ func (c Config) validate() error {
 	}
 	if c.DefaultLifetime < 0 {
 		return errors.New("TOKEN_DEFAULT_LIFETIME must not be negative")
+	}
+	if c.ExpiringNotice < 0 {
+		return errors.New("TOKEN_EXPIRING_NOTICE must not be negative (0 announces no expiry)")
 	}
 	if c.DBMaxConns < 1 {
 		return errors.New("DB_MAX_CONNS must be at least 1")

@@ -213,3 +213,7 @@ type ctlProviders struct {
 }
 
 func (p ctlProviders) Encrypted() bool { return p.encrypted }
+
+// ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status's EXPIRING
+// column.
+func (s ctlStore) ExpiringNotice() time.Duration { return s.cfg.ExpiringNotice }

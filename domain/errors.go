@@ -64,6 +64,12 @@ var (
 	// schema that does not exist (or that the role may not use), or no
 	// schema at all, so there is no schema for tokenguard's tables.
 	ErrSchemaNotFound = errors.New("the search_path names a schema that does not exist")
+	// ErrRefreshFailing: the connection's last refreshes failed with
+	// answers tokenguard cannot classify (or an answer was lost where the
+	// refresh token may not be presented again), and the next attempt is
+	// not due yet. It comes wrapped with ErrProviderUnavailable: the grant
+	// is untouched and a still-valid access token is served meanwhile.
+	ErrRefreshFailing = errors.New("the connection's refreshes are failing; the provider is not asked again yet")
 )
 
 // ProviderError describes a failed token request. It carries the OAuth2
@@ -75,6 +81,18 @@ type ProviderError struct {
 	RetryAfter time.Duration // from a Retry-After header, when the provider sent one
 	Class      ErrorClass    // what the answer means for the grant
 	Err        error         // transport cause (already free of secrets), or nil
+	// Lost: the request reached the provider and its answer was lost (a
+	// timeout or a reset after it was sent): the refresh token may have
+	// been spent.
+	Lost bool
+	// ReplayUntil, for a Lost answer, is until when the provider accepts the
+	// same refresh token again (its reuse grace window, from the first
+	// presentation); zero: it does not (the refresh token must not be
+	// presented again). Set only where the provider's profile declares it.
+	ReplayUntil time.Time
+	// NoReplay: the provider's profile declares no reuse grace window, so a
+	// Lost answer's refresh token is never presented again.
+	NoReplay bool
 }
 
 // ErrorClass is what a token endpoint's answer means for the grant. The
@@ -94,6 +112,12 @@ const (
 	// EndpointMisconfigured: the token URL does not lead to a token
 	// endpoint. No grant is touched.
 	EndpointMisconfigured
+	// Unclassified: an answer that says nothing tokenguard can act on (an
+	// unknown code, a body that is neither JSON nor a form, a 4xx without
+	// a code, a 200 without an access token). Not retried within the call:
+	// the use case backs off per connection, fleet-wide, and marks the
+	// connection failing; the grant is untouched.
+	Unclassified
 )
 
 // String names the class as metrics and logs show it.
@@ -105,6 +129,8 @@ func (c ErrorClass) String() string {
 		return "client_rejected"
 	case EndpointMisconfigured:
 		return "endpoint_misconfigured"
+	case Unclassified:
+		return "unclassified"
 	}
 	return "transient"
 }
@@ -129,6 +155,9 @@ func (e *ProviderError) Error() string {
 	}
 	if e.HTTPStatus != 0 {
 		msg += fmt.Sprintf(" (HTTP %d)", e.HTTPStatus)
+	}
+	if e.Lost {
+		msg += ": the request was sent and its answer lost"
 	}
 	if e.Err != nil {
 		msg += ": " + e.Err.Error()

@@ -81,6 +81,10 @@ type Connection struct {
 	UpdatedAt     time.Time
 	Binding       Binding
 	Metadata      Metadata
+	// Failure is the refresh failure episode of the current version, if
+	// any; Status is StatusFailing (and StatusReason describes it) once it
+	// is shown as failing.
+	Failure RefreshFailure
 }
 
 // ErrNoRevocationEndpoint: a revocation was asked for and the connection's

@@ -1,6 +1,7 @@
 package domain
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -13,7 +14,51 @@ type Status string
 const (
 	StatusActive      Status = "active"
 	StatusNeedsReauth Status = "needs_reauth"
+	// StatusFailing is how listings show an active connection whose
+	// refreshes keep failing (RefreshFailure.Failing); it is never stored
+	// as a token's status: the grant is untouched.
+	StatusFailing Status = "failing"
 )
+
+// RefreshFailure is the failure episode of a connection's refreshes: the
+// answers tokenguard could not classify in a row (or a lost answer), and
+// when the provider may be asked again. Shared by every process through
+// the store; the zero value is no failure.
+type RefreshFailure struct {
+	Failures int       // in a row; 0: no failure
+	Since    time.Time // the first of them
+	LastAt   time.Time // the last of them
+	// RetryAt: no refresh before it. Zero with Failures > 0: none at all
+	// until a new grant (a lost answer whose refresh token may not be
+	// presented again).
+	RetryAt time.Time
+	// ReplayUntil: the refresh token may be presented only before it (the
+	// provider's reuse grace window after a lost answer); zero: no bound.
+	ReplayUntil time.Time
+	HTTPStatus  int    // of the last answer; 0: none came
+	Code        string // of the last answer, as errors report it
+	Failing     bool   // shown as failing (connection.refresh_failing sent)
+}
+
+// Blocked reports whether no refresh may be attempted at all: the refresh
+// token may have been spent and may not be presented again.
+func (f RefreshFailure) Blocked(now time.Time) bool {
+	return f.Failures > 0 && (f.RetryAt.IsZero() || (!f.ReplayUntil.IsZero() && !now.Before(f.ReplayUntil)))
+}
+
+// Describe is the failure as listings show it (no secret: the code is
+// the reported one).
+func (f RefreshFailure) Describe() string {
+	if f.Failures == 0 {
+		return ""
+	}
+	s := ""
+	if f.HTTPStatus != 0 {
+		s = fmt.Sprintf("HTTP %d ", f.HTTPStatus)
+	}
+	s += cmp.Or(f.Code, "no code")
+	return fmt.Sprintf("%s, %d in a row since %s", s, f.Failures, f.Since.UTC().Format(time.RFC3339))
+}
 
 // Token is the OAuth2 token of one connection as tokenguard stores it.
 // The credentials are Secrets, so printing a Token never shows them.
@@ -36,6 +81,9 @@ type Token struct {
 	// provider of the process's configuration (OAUTH_*). Only a new grant
 	// sets it; a refresh never changes it.
 	Provider string
+	// Failure is the failure episode of this version's refreshes, if any
+	// (read with the token, never written with it).
+	Failure RefreshFailure
 }
 
 // Binding is who granted a connection and what. Account is the provider's
@@ -58,6 +106,11 @@ type Grant struct {
 	// RefreshExpiry: when the refresh token expires, if the provider said
 	// (refresh_token_expires_in, x_refresh_token_expires_in); zero otherwise.
 	RefreshExpiry time.Time
+	// KeepRefreshExpiry: the answer names no refresh expiry and the
+	// refresh token dies on the grant's calendar (the profile's absolute
+	// expiry, counted from consent): the stored expiry still holds for a
+	// rotated refresh token.
+	KeepRefreshExpiry bool
 	// Extra holds the fields of the answer the provider's profile keeps as
 	// connection metadata (Salesforce instance_url, Zoho api_domain); nil
 	// when there are none. Never a credential.
@@ -97,6 +150,7 @@ func (t Token) Rotated(g Grant, now time.Time) Token {
 	switch {
 	case !g.RefreshExpiry.IsZero():
 		t.RefreshExpiry = g.RefreshExpiry
+	case g.KeepRefreshExpiry:
 	case !g.RefreshToken.IsZero() && !g.RefreshToken.Equal(t.RefreshToken):
 		t.RefreshExpiry = time.Time{}
 	}
@@ -109,6 +163,7 @@ func (t Token) Rotated(g Grant, now time.Time) Token {
 	t.ObtainedAt = now
 	t.Status = StatusActive
 	t.StatusReason = ""
+	t.Failure = RefreshFailure{}
 	return t
 }
 

@@ -199,3 +199,21 @@ func TestSecretInUnexportedFieldNeverPrints(t *testing.T) {
 		t.Errorf("empty secret not zero")
 	}
 }
+
+// A refresh token that dies on the grant's calendar keeps its stored
+// expiry across a rotation whose answer names none; a failure episode
+// ends with the rotation.
+func TestRotatedKeepsTheGrantsCalendar(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	cal := now.Add(365 * 24 * time.Hour)
+	old := domain.Token{RefreshToken: domain.NewSecret("rt-1"), RefreshExpiry: cal, Status: domain.StatusActive,
+		Failure: domain.RefreshFailure{Failures: 2, Failing: true}}
+	got := old.Rotated(domain.Grant{AccessToken: domain.NewSecret("at"), RefreshToken: domain.NewSecret("rt-2"), KeepRefreshExpiry: true}, now)
+	if !got.RefreshExpiry.Equal(cal) || got.Failure != (domain.RefreshFailure{}) {
+		t.Errorf("rotated: refresh expiry %v, failure %+v", got.RefreshExpiry, got.Failure)
+	}
+	// The control: without it a new refresh token's expiry is unknown.
+	if got := old.Rotated(domain.Grant{AccessToken: domain.NewSecret("at"), RefreshToken: domain.NewSecret("rt-2")}, now); !got.RefreshExpiry.IsZero() {
+		t.Errorf("rotated without the calendar: refresh expiry %v, want unknown", got.RefreshExpiry)
+	}
+}

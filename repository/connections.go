@@ -15,14 +15,16 @@ import (
 // selectConnection reads connectionRows: what a listing shows, and no
 // credential (the token columns are never read, so a listing neither
 // decrypts nor can leak one).
-const selectConnection = `
+var selectConnection = `
 SELECT c.name, coalesce(t.provider, '') AS provider,
        t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
        coalesce(t.granted_account, '') AS granted_account,
        coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
-       c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags
-FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id`
+       c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags,
+       ` + failureColumns + `
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
 type connectionRow struct {
 	Name           string
@@ -39,6 +41,15 @@ type connectionRow struct {
 	MissingScopes  string
 	Metadata       string
 	Tags           string // a JSON array
+	// The refresh failure episode of this version (failureColumns).
+	Failures      int
+	FailureSince  sql.NullTime
+	FailureLast   sql.NullTime
+	RetryAt       sql.NullTime
+	ReplayUntil   sql.NullTime
+	FailureStatus int
+	FailureCode   string
+	Failing       bool
 }
 
 func (r connectionRow) domain() domain.Connection {
@@ -47,11 +58,17 @@ func (r connectionRow) domain() domain.Connection {
 	if len(m.Tags) == 0 {
 		m.Tags = nil
 	}
+	status, reason := domain.Status(r.Status), r.StatusReason
+	f := failureOf(r.Failures, r.FailureSince, r.FailureLast, r.RetryAt, r.ReplayUntil, r.FailureStatus, r.FailureCode, r.Failing)
+	if f.Failing && status == domain.StatusActive {
+		status, reason = domain.StatusFailing, f.Describe()
+	}
 	return domain.Connection{
 		Name:          r.Name,
 		Provider:      r.Provider,
-		Status:        domain.Status(r.Status),
-		StatusReason:  r.StatusReason,
+		Status:        status,
+		StatusReason:  reason,
+		Failure:       f,
 		Expiry:        r.Expiry.Time,
 		RefreshExpiry: r.RefreshExpiry.Time,
 		ObtainedAt:    r.ObtainedAt,

@@ -297,7 +297,8 @@ func scanTokenRow(rows rowScanner) (*tokenRow, error) {
 		if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
 			&t.Expiry, &t.RefreshExpiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt,
 			&t.GrantedAccount, &t.GrantedScopes, &t.MissingScopes,
-			&t.Provider); err != nil {
+			&t.Provider,
+			&t.Failures, &t.FailureSince, &t.FailureLast, &t.RetryAt, &t.ReplayUntil, &t.FailureStatus, &t.FailureCode, &t.Failing); err != nil {
 			return nil, err
 		}
 		row = &t

@@ -28,6 +28,27 @@ type tokenRow struct {
 	GrantedScopes  string
 	MissingScopes  string
 	Provider       string // '' for the environment's provider
+	// The refresh failure episode of this version (failureColumns).
+	Failures      int
+	FailureSince  sql.NullTime
+	FailureLast   sql.NullTime
+	RetryAt       sql.NullTime
+	ReplayUntil   sql.NullTime
+	FailureStatus int
+	FailureCode   string
+	Failing       bool
+}
+
+func (r tokenRow) failure() domain.RefreshFailure {
+	return failureOf(r.Failures, r.FailureSince, r.FailureLast, r.RetryAt, r.ReplayUntil, r.FailureStatus, r.FailureCode, r.Failing)
+}
+
+func failureOf(n int, since, last, retry, replay sql.NullTime, status int, code string, failing bool) domain.RefreshFailure {
+	if n == 0 {
+		return domain.RefreshFailure{}
+	}
+	return domain.RefreshFailure{Failures: n, Since: since.Time, LastAt: last.Time, RetryAt: retry.Time,
+		ReplayUntil: replay.Time, HTTPStatus: status, Code: code, Failing: failing}
 }
 
 // domain opens the row's credentials with s: a value that fails to open is
@@ -55,6 +76,7 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 			MissingScopes: r.MissingScopes,
 		},
 		Provider: r.Provider,
+		Failure:  r.failure(),
 	}, nil
 }
 

@@ -7,15 +7,18 @@ import (
 )
 
 // CountByStatus counts the connections that have a stored token, by
-// status. It is one aggregate over the tokenguard_tokens table (its primary key is
-// the connection), for the metrics collected at scrape time; connections
-// registered without a token yet are not counted.
+// status, an active connection shown failing (domain.StatusFailing)
+// counted as failing only. It is one aggregate over the tokenguard_tokens table (its
+// primary key is the connection), for the metrics collected at scrape
+// time; connections registered without a token yet are not counted.
 func (r *TokenRepository) CountByStatus(ctx context.Context) (map[domain.Status]int, error) {
 	var rows []struct {
 		Status string
 		N      int
 	}
-	err := r.db.WithContext(ctx).Raw("SELECT status, count(*) AS n FROM tokenguard_tokens GROUP BY status").Scan(&rows).Error
+	err := r.db.WithContext(ctx).Raw(`SELECT CASE WHEN t.status = 'active' AND f.failing THEN 'failing' ELSE t.status END AS status, count(*) AS n
+FROM tokenguard_tokens t LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version
+GROUP BY 1`).Scan(&rows).Error
 	if err != nil {
 		return nil, storeError(ctx, "count connections by status", err)
 	}

@@ -44,24 +44,30 @@ func (r *TokenRepository) syncCommit() string {
 }
 
 // selectToken reads tokenRows, its columns in scanTokenRow's order.
-var selectToken = "SELECT " + selectTokenColumns + " FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id"
+var selectToken = "SELECT " + selectTokenColumns + tokenFrom
 
 var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
        ` + bindingColumns("t") + `,
-       ` + providerColumn("t")
+       ` + providerColumn("t") + `,
+       ` + failureColumns
+
+// tokenFrom is where selectToken reads: the token, its connection and
+// the record of its failing refreshes, if any.
+const tokenFrom = ` FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
 // selectTokenLeased is selectToken with, as leased, whether another
 // holder's lease on the version read runs.
 var selectTokenLeased = "SELECT " + selectTokenColumns +
-	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" +
-	" FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id"
+	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" + tokenFrom
 
 // tokenColumns are the same columns, of a write's result u.
 var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
        u.expiry, u.refresh_expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at,
        ` + bindingColumns("u") + `,
-       ` + providerColumn("u")
+       ` + providerColumn("u") + `,
+       ` + noFailureColumns
 
 // bindingColumns reads who granted the connection as plain text (scopes
 // space-separated); NULL (granted before these columns, or imported) reads
@@ -77,6 +83,18 @@ func bindingColumns(t string) string {
 func providerColumn(t string) string {
 	return "coalesce(" + t + ".provider, '') AS provider"
 }
+
+// failureColumns read the refresh failure episode f of the token's
+// version (migration 13); none reads as zeros.
+const failureColumns = `coalesce(f.failures, 0) AS failures, f.since AS failure_since, f.last_at AS failure_last,
+       f.retry_at, f.replay_until, coalesce(f.http_status, 0) AS failure_status, coalesce(f.code, '') AS failure_code,
+       coalesce(f.failing, false) AS failing`
+
+// noFailureColumns are failureColumns of a token just written: a new
+// version has no failure (the tokens_written trigger ends the episode).
+const noFailureColumns = `0 AS failures, NULL::timestamptz AS failure_since, NULL::timestamptz AS failure_last,
+       NULL::timestamptz AS retry_at, NULL::timestamptz AS replay_until, 0 AS failure_status, '' AS failure_code,
+       false AS failing`
 
 // Get reads a connection's token without locking: readers never wait on a
 // refresh in progress.

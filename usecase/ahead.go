@@ -193,6 +193,9 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
+		if err := checkFailure(t, u.opts.Clock.Now()); err != nil {
+			return err
+		}
 		c.end, err = s.Lease(txCtx, t, u.opts.RefreshTimeout)
 		return err
 	})

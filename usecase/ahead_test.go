@@ -155,6 +155,9 @@ func (l lockedIdle) Save(_ context.Context, t domain.Token) (domain.Token, error
 }
 
 func (l lockedIdle) Put(context.Context, domain.Token) (domain.Token, error) { panic("not a grant") }
+func (l lockedIdle) Fail(context.Context, domain.Token, domain.RefreshFailure) error {
+	panic("no failure")
+}
 
 func (l lockedIdle) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
 	return func(bool) {}, nil

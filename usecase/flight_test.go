@@ -212,6 +212,10 @@ func (s heldStore) Save(context.Context, domain.Token) (domain.Token, error) {
 	return domain.Token{}, errors.New("not used")
 }
 
+func (s heldStore) Fail(context.Context, domain.Token, domain.RefreshFailure) error {
+	panic("heldStore records no failure")
+}
+
 func (s heldStore) Put(context.Context, domain.Token) (domain.Token, error) {
 	return domain.Token{}, errors.New("not used")
 }

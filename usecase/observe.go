@@ -38,6 +38,13 @@ const (
 	// The token URL is not a token endpoint; connection and token untouched.
 	OutcomeEndpointMisconfigured RefreshOutcome = "endpoint_misconfigured"
 	OutcomeError                 RefreshOutcome = "error" // lock wait, store or context
+	// The provider's answer could not be classified (or was lost where
+	// the refresh token may not be presented again): the connection backs
+	// off, its grant untouched.
+	OutcomeUnclassified RefreshOutcome = "unclassified_answer"
+	// The provider was not called: the connection's failing refreshes are
+	// backing off (or may not be attempted again).
+	OutcomeBackoff RefreshOutcome = "backoff"
 )
 
 func (o RefreshOutcome) String() string { return string(o) }
@@ -45,9 +52,14 @@ func (o RefreshOutcome) String() string { return string(o) }
 // outcome names how a pass that found the token due and did not store a
 // dead grant ended.
 func outcome(err error) RefreshOutcome {
+	if _, ok := paced(err); ok {
+		return OutcomeUnclassified
+	}
 	switch {
 	case err == nil:
 		return OutcomeOK
+	case errors.Is(err, domain.ErrRefreshFailing):
+		return OutcomeBackoff
 	case errors.Is(err, domain.ErrClientRejected):
 		return OutcomeClientRejected
 	case errors.Is(err, domain.ErrEndpointMisconfigured):
@@ -88,6 +100,8 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 		level = slog.LevelDebug
 	case e.ProviderLatency == 0 && (e.Outcome == OutcomeClientRejected || e.Outcome == OutcomeEndpointMisconfigured):
 		level = slog.LevelDebug // paused by the client gate: no provider call to follow
+	case e.Outcome == OutcomeBackoff:
+		level = slog.LevelDebug // no provider call: the episode was logged when recorded
 	case e.Err != nil:
 		level = slog.LevelWarn
 	}

@@ -62,6 +62,11 @@ type LockedStore interface {
 	// end(true) deletes it and announces that, for a refresh whose token
 	// was not spent.
 	Lease(ctx context.Context, t domain.Token, call time.Duration) (end func(release bool), err error)
+	// Fail records f as the refresh failure episode of t's version (every
+	// process reads it with the token, domain.Token.Failure), ends t's
+	// lease, announcing its release, and commits. It fails with
+	// domain.ErrConflict when the stored version is not t.Version.
+	Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error
 }
 
 // ConnectionStore is what connecting a new grant needs on top of locking.

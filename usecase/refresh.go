@@ -223,7 +223,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		// The provider is down or rejects the client, but the stored token
 		// has not expired yet: the skew is there for exactly this. Serve
 		// it; it is not cached as fresh, so the next caller tries again.
-		if errors.Is(err, domain.ErrProviderUnavailable) {
+		if errors.Is(err, domain.ErrProviderUnavailable) && !errors.Is(err, domain.ErrRefreshFailing) {
 			u.opts.Logger.Warn("token refresh failed; serving the current token until it expires",
 				"connection", connection, "version", current.Version,
 				"expires_in", current.Expiry.Sub(u.opts.Clock.Now()).Round(time.Millisecond), "err", err)
@@ -410,6 +410,9 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
+		if err := checkFailure(t, u.opts.Clock.Now()); err != nil {
+			return err
+		}
 		if forced && !u.forced.allow(connection, u.opts.Clock.Now(), u.forceGap(t)) {
 			return domain.ErrRefreshRateLimited
 		}
@@ -507,6 +510,12 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 		c.end(true)
 		u.clientFailed(t, err)
 		return r, err
+	}
+	if pe, ok := paced(err); ok {
+		u.recordFailure(ctx, store, c, pe)
+		return r, err
+	}
+	switch {
 	case !errors.Is(err, domain.ErrGrantRevoked):
 		c.end(true)
 		return r, err

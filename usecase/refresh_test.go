@@ -117,6 +117,19 @@ func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error
 	return t, nil
 }
 
+// Fail keeps the failure episode on the token, as the repository keeps it
+// with its version.
+func (s *fakeStore) Fail(_ context.Context, t domain.Token, f domain.RefreshFailure) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if t.Version != s.tok.Version {
+		return domain.ErrConflict
+	}
+	s.tok.Failure = f
+	s.releases++
+	return nil
+}
+
 func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
 	panic("refresh never puts")
 }

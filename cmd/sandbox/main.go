@@ -82,6 +82,7 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 	deadGrant := fs.String("dead-grant", "", "answer a dead grant as `STATUS:FIELD:CODE` (e.g. 200:error:bad_refresh_token) instead of 400 invalid_grant")
 	extra := fs.String("extra-fields", "", "add `k=v,k=v` to every token answer (e.g. instance_url=https://x)")
 	loseEvery := fs.Int("lose-answer-every", 0, "process every `N`th refresh but never answer it (0: never)")
+	unknownCode := fs.Bool("unknown-code", false, "answer every refresh 400 {\"error\":\""+sandbox.UnknownCode+"\"}, a code no table knows (the refresh token stays valid)")
 	if err := fs.Parse(args); err != nil {
 		return nil, 2
 	}
@@ -89,6 +90,9 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 	if err != nil {
 		fmt.Fprintln(stderr, "sandbox:", err)
 		return nil, 2
+	}
+	if *unknownCode {
+		opts.RefreshFault = func() sandbox.Fault { return sandbox.FaultUnknownCode }
 	}
 	clientAuth, ok := map[string]string{"header": sandbox.ClientAuthBasic, "params": sandbox.ClientAuthPost, "both": ""}[*authStyle]
 	if !ok {

@@ -29,6 +29,22 @@ type connectionView struct {
 	MissingScopes string        `json:"missing_scopes,omitempty"`
 	Metadata      jsonObject    `json:"metadata"`
 	Tags          []string      `json:"tags"`
+	// Failure is the failure episode of the connection's refreshes, while
+	// there is one (status failing once it is shown).
+	Failure *failureView `json:"failure,omitempty"`
+}
+
+// failureView is a connection's refresh failure episode: the last
+// answer's HTTP status and code (as errors report it: an unknown code is
+// unrecognized_error), how many in a row since when, and when the provider
+// is asked again (null: never, until a new grant).
+type failureView struct {
+	Failing     bool       `json:"failing"`
+	HTTPStatus  int        `json:"http_status,omitempty"`
+	Code        string     `json:"code,omitempty"`
+	Failures    int        `json:"failures"`
+	Since       time.Time  `json:"since"`
+	NextAttempt *time.Time `json:"next_attempt"`
 }
 
 // jsonObject is a stored JSON object, written as it is ({} when empty).
@@ -58,6 +74,13 @@ func viewOf(c domain.Connection) connectionView {
 	if !c.RefreshExpiry.IsZero() {
 		e := c.RefreshExpiry.UTC()
 		v.RefreshExpiry = &e
+	}
+	if f := c.Failure; f.Failures > 0 {
+		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
+		if !f.Blocked(f.LastAt) {
+			n := f.RetryAt.UTC()
+			v.Failure.NextAttempt = &n
+		}
 	}
 	return v
 }

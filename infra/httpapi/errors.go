@@ -63,6 +63,9 @@ func classify(err error) problem {
 	case errors.Is(err, domain.ErrEndpointMisconfigured):
 		return problem{http.StatusServiceUnavailable, "provider_misconfigured",
 			"the token URL does not answer as a token endpoint; check OAUTH_TOKEN_URL", time.Second}
+	case errors.Is(err, domain.ErrRefreshFailing):
+		return problem{http.StatusServiceUnavailable, "refresh_failing",
+			"the connection's refreshes are failing; the provider is asked again later (GET /connections shows why)", 5 * time.Second}
 	case errors.As(err, &pe) && pe.Class != domain.GrantDead:
 		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again",
 			max(pe.RetryAfter, time.Second)}

@@ -13,6 +13,7 @@ import (
 	"context"
 	"log/slog"
 	"net/http"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -79,6 +80,7 @@ type Metrics struct {
 var outcomes = []usecase.RefreshOutcome{
 	usecase.OutcomeOK, usecase.OutcomeSkippedFresh, usecase.OutcomeTransientError,
 	usecase.OutcomeInvalidGrant, usecase.OutcomeClientRejected, usecase.OutcomeEndpointMisconfigured, usecase.OutcomeError,
+	usecase.OutcomeUnclassified, usecase.OutcomeBackoff,
 }
 
 // Refresh triggers (the "trigger" label).
@@ -108,7 +110,7 @@ func New(o Options) *Metrics {
 	}
 	m.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_token_refreshes_total",
-		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
+		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), unclassified_answer (an answer tokenguard cannot classify, or a lost one whose refresh token may not be presented again: the connection backs off, see tokenguard_connections{status=\"failing\"}), backoff (not asked: the connection's failing refreshes are backing off), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
 	}, refreshLabels)
 	m.forced = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_token_forced_refresh_requests_total",
@@ -312,7 +314,7 @@ func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 var statusDesc = prometheus.NewDesc("tokenguard_connections",
-	"Connections with a stored token, by status (active, needs_reauth), read from the database at scrape time. Fleet-wide: every process reports the same figure.",
+	"Connections with a stored token, by status (active, failing: active but its refreshes keep failing, needs_reauth), read from the database at scrape time. Fleet-wide: every process reports the same figure.",
 	[]string{"status"}, nil)
 
 type statusCollector struct {
@@ -330,11 +332,12 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(statusDesc, err)
 		return
 	}
-	for _, s := range []domain.Status{domain.StatusActive, domain.StatusNeedsReauth} {
+	known := []domain.Status{domain.StatusActive, domain.StatusFailing, domain.StatusNeedsReauth}
+	for _, s := range known {
 		ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, float64(counts[s]), string(s))
 	}
 	for s, n := range counts {
-		if s != domain.StatusActive && s != domain.StatusNeedsReauth {
+		if !slices.Contains(known, s) {
 			ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, float64(n), string(s))
 		}
 	}

@@ -9,9 +9,11 @@ import (
 	"math"
 	"mime"
 	"net/http"
+	"net/http/httptrace"
 	"net/url"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/oauth2"
@@ -71,6 +73,10 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	sent := r.now()
+	var written atomic.Bool // the whole request left: the provider may have processed it
+	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
+	}))
 	resp, err := r.client.Do(req)
 	if err != nil {
 		// *url.Error names the method and the URL (net/http strips a
@@ -78,14 +84,15 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 			err = errors.Join(ctxErr, err)
 		}
-		return domain.Grant{}, &domain.ProviderError{Err: err}
+		return domain.Grant{}, &domain.ProviderError{Err: err, Lost: written.Load()}
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
 		// A timeout or reset mid-body: keep the cause's kind, not its text
-		// beyond what the transport wrote.
-		return domain.Grant{}, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err)}
+		// beyond what the transport wrote. The provider answered: whatever
+		// it did is done.
+		return domain.Grant{}, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err), Lost: true}
 	}
 	return r.judge(resp.StatusCode, resp.Header, body, sent)
 }
@@ -114,7 +121,7 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 			return g, nil
 		}
 		// A 200 without an access token is never a success.
-		return domain.Grant{}, &domain.ProviderError{HTTPStatus: status, Err: err}
+		return domain.Grant{}, &domain.ProviderError{HTTPStatus: status, Class: domain.Unclassified, Err: err}
 	}
 	pe := &domain.ProviderError{
 		Code:       reportedCode(code),
@@ -174,10 +181,14 @@ func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
 			break
 		}
 	}
-	if g.RefreshExpiry.IsZero() && r.refreshIdle > 0 && r.refreshAbsolute == 0 {
-		// A refresh token that dies unused lives that long from now. Where
-		// the grant also dies on a calendar the idle date could lie past
-		// it, so it is left unknown (the code exchange knows both).
+	switch {
+	case !g.RefreshExpiry.IsZero():
+	case r.refreshAbsolute > 0:
+		// The grant dies on a calendar counted from consent: the expiry
+		// stored at the code exchange still holds for a rotated token.
+		g.KeepRefreshExpiry = true
+	case r.refreshIdle > 0:
+		// A refresh token that dies unused lives that long from now.
 		g.RefreshExpiry = sent.Add(r.refreshIdle)
 	}
 	g.Extra = f.extra(r.extraFields)

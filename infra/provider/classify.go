@@ -55,10 +55,11 @@ var codes = map[string]domain.ErrorClass{
 //	5xx, 429                        Transient (whatever the body)
 //	a code in the table             its row
 //	401 without one                 ClientRejected
-//	anything else                   Transient (other 4xx, HTML, non-JSON, unknown codes)
+//	anything else                   Unclassified (other 4xx, HTML, non-JSON, unknown codes)
 //
 // Transport failures (no answer, timeouts) never get here: they are
-// Transient.
+// Transient. Unclassified answers are not retried within a call; the use
+// case paces them per connection (see domain.Unclassified).
 func classify(status int, code string) domain.ErrorClass {
 	switch {
 	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
@@ -72,7 +73,7 @@ func classify(status int, code string) domain.ErrorClass {
 	if status == http.StatusUnauthorized {
 		return domain.ClientRejected
 	}
-	return domain.Transient
+	return domain.Unclassified
 }
 
 // reportedCode is code as errors may show it.

@@ -10,7 +10,6 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"time"
 
 	"golang.org/x/oauth2"
 
@@ -74,11 +73,15 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 		return domain.Grant{}, nil, pe
 	}
 	if g.RefreshExpiry.IsZero() {
-		// At the consent both calendars start: the first to end wins.
-		for _, d := range []time.Duration{r.refreshIdle, r.refreshAbsolute} {
-			if at := sent.Add(d); d > 0 && (g.RefreshExpiry.IsZero() || at.Before(g.RefreshExpiry)) {
-				g.RefreshExpiry = at
-			}
+		// At the consent the grant's calendar starts: its absolute end is
+		// what is stored and announced ahead (connection.expiring); the idle
+		// one is the keep-alive's to push back, and stands in only where
+		// the profile knows no absolute one.
+		switch {
+		case r.refreshAbsolute > 0:
+			g.RefreshExpiry = sent.Add(r.refreshAbsolute)
+		case r.refreshIdle > 0:
+			g.RefreshExpiry = sent.Add(r.refreshIdle)
 		}
 	}
 	f, _ := parseAnswer(resp.Header.Get("Content-Type"), body)

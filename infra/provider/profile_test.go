@@ -23,12 +23,12 @@ func TestProfileAnswers(t *testing.T) {
 		code          string
 	}{
 		{"github dead grant in a 200", "github", reply{200, "application/json", nil, `{"error":"bad_refresh_token","error_description":"The refresh token passed is incorrect or expired."}`}, domain.GrantDead, "bad_refresh_token"},
-		{"control: the same answer without the profile", "generic", reply{200, "application/json", nil, `{"error":"bad_refresh_token"}`}, domain.Transient, "unrecognized_error"},
-		{"github: the code with another status is not the profile's", "github", reply{403, "application/json", nil, `{"error":"bad_refresh_token"}`}, domain.Transient, "unrecognized_error"},
+		{"control: the same answer without the profile", "generic", reply{200, "application/json", nil, `{"error":"bad_refresh_token"}`}, domain.Unclassified, "unrecognized_error"},
+		{"github: the code with another status is not the profile's", "github", reply{403, "application/json", nil, `{"error":"bad_refresh_token"}`}, domain.Unclassified, "unrecognized_error"},
 		{"github dead grant as a form (legacy answer)", "github", reply{200, "application/x-www-form-urlencoded", nil, `error=bad_refresh_token&error_description=x`}, domain.GrantDead, "bad_refresh_token"},
 		{"slack", "slack", reply{200, "application/json", nil, `{"ok":false,"error":"invalid_refresh_token"}`}, domain.GrantDead, "invalid_refresh_token"},
 		{"hubspot", "hubspot", reply{400, "application/json", nil, `{"status":"BAD_REFRESH_TOKEN","message":"missing or invalid refresh token"}`}, domain.GrantDead, "BAD_REFRESH_TOKEN"},
-		{"a 200 without an access token", "github", reply{200, "application/json", nil, `{"token_type":"bearer"}`}, domain.Transient, ""},
+		{"a 200 without an access token", "github", reply{200, "application/json", nil, `{"token_type":"bearer"}`}, domain.Unclassified, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -107,7 +107,9 @@ func TestExchangeAuthStyle(t *testing.T) {
 
 // A profile's refresh calendar fills an answer that names no refresh
 // expiry: the idle expiry from each refresh where that is all there is;
-// at the consent, the earlier of idle and absolute.
+// at the consent, the absolute expiry where the profile knows one (the
+// date announced ahead; the keep-alive handles the idle one), kept by
+// every refresh after (KeepRefreshExpiry).
 func TestProfileRefreshCalendar(t *testing.T) {
 	e := newEndpoint(t, func(seen) reply {
 		return reply{200, "application/json", nil, `{"access_token":"at","refresh_token":"rt2","expires_in":60}`}
@@ -119,8 +121,8 @@ func TestProfileRefreshCalendar(t *testing.T) {
 		refresh, exchanged time.Duration // 0: unknown
 	}{
 		{"xero", 60 * day, 60 * day},
-		{"atlassian", 0, 90 * day},
-		{"quickbooks", 0, 100 * day},
+		{"atlassian", 0, 365 * day},
+		{"quickbooks", 0, 1825 * day},
 		{"generic", 0, 0},
 	} {
 		p, _ := profiles.Get(c.profile)
@@ -128,6 +130,9 @@ func TestProfileRefreshCalendar(t *testing.T) {
 		g, err := r.Refresh(context.Background(), domain.NewSecret("rt"))
 		if err != nil || (c.refresh == 0) != g.RefreshExpiry.IsZero() || (c.refresh > 0 && !near(g.RefreshExpiry, c.refresh)) {
 			t.Errorf("%s refresh: refresh expiry %v, %v; want in %v", c.profile, g.RefreshExpiry, err, c.refresh)
+		}
+		if keep := p.RefreshAbsolute.Known && p.RefreshAbsolute.D > 0; g.KeepRefreshExpiry != keep {
+			t.Errorf("%s refresh: KeepRefreshExpiry %v, want %v", c.profile, g.KeepRefreshExpiry, keep)
 		}
 		g, _, err = r.Exchange(context.Background(), "code", "", "")
 		if err != nil || (c.exchanged == 0) != g.RefreshExpiry.IsZero() || (c.exchanged > 0 && !near(g.RefreshExpiry, c.exchanged)) {

@@ -169,19 +169,21 @@ func TestClassification(t *testing.T) {
 		{"503 temporarily_unavailable", reply{503, "", nil, `{"error":"temporarily_unavailable"}`}, domain.Transient, "temporarily_unavailable"},
 		{"503 with invalid_grant", reply{503, "", nil, `{"error":"invalid_grant"}`}, domain.Transient, "invalid_grant"},
 		{"429", reply{429, "", nil, `{"error":"slow_down"}`}, domain.Transient, "slow_down"},
-		{"400 HTML", reply{400, html, nil, `<html>bad request</html>`}, domain.Transient, ""},
-		{"400 without a code", reply{400, "", nil, `{}`}, domain.Transient, ""},
-		{"400 with an unknown code", reply{400, "", nil, `{"error":"invalid_refresh"}`}, domain.Transient, "unrecognized_error"},
-		{"400 with a code echoing the request", reply{400, "", nil, `{"error":"` + leaked + `"}`}, domain.Transient, "unrecognized_error"},
+		{"400 HTML", reply{400, html, nil, `<html>bad request</html>`}, domain.Unclassified, ""},
+		{"400 without a code", reply{400, "", nil, `{}`}, domain.Unclassified, ""},
+		{"400 with an unknown code", reply{400, "", nil, `{"error":"invalid_refresh"}`}, domain.Unclassified, "unrecognized_error"},
+		{"400 with a code echoing the request", reply{400, "", nil, `{"error":"` + leaked + `"}`}, domain.Unclassified, "unrecognized_error"},
 		{"400 temporarily_unavailable", reply{400, "", nil, `{"error":"temporarily_unavailable"}`}, domain.Transient, "temporarily_unavailable"},
-		{"HubSpot: 400 with another status", reply{400, "", nil, `{"status":"BAD_CLIENT_ID","message":"x"}`}, domain.Transient, ""},
-		{"403 without a code", reply{403, html, nil, `<html>forbidden</html>`}, domain.Transient, ""},
-		{"Slack: 200 with another error", reply{200, "", nil, `{"ok":false,"error":"invalid_client_id"}`}, domain.Transient, "unrecognized_error"},
-		{"200 with ok false alone", reply{200, "", nil, `{"ok":false}`}, domain.Transient, ""},
-		{"200 HTML", reply{200, html, nil, `<html>welcome ` + leaked + `</html>`}, domain.Transient, ""},
-		{"200 without an access token", reply{200, "", nil, `{"token_type":"bearer","refresh_token":"` + leaked + `"}`}, domain.Transient, ""},
-		{"200 truncated JSON", reply{200, "", nil, `{"access_token":"at","expi`}, domain.Transient, ""},
-		{"200 empty", reply{200, "", nil, ``}, domain.Transient, ""},
+
+		// Unclassified: an answer that says nothing to act on.
+		{"HubSpot: 400 with another status", reply{400, "", nil, `{"status":"BAD_CLIENT_ID","message":"x"}`}, domain.Unclassified, ""},
+		{"403 without a code", reply{403, html, nil, `<html>forbidden</html>`}, domain.Unclassified, ""},
+		{"Slack: 200 with another error", reply{200, "", nil, `{"ok":false,"error":"invalid_client_id"}`}, domain.Unclassified, "unrecognized_error"},
+		{"200 with ok false alone", reply{200, "", nil, `{"ok":false}`}, domain.Unclassified, ""},
+		{"200 HTML", reply{200, html, nil, `<html>welcome ` + leaked + `</html>`}, domain.Unclassified, ""},
+		{"200 without an access token", reply{200, "", nil, `{"token_type":"bearer","refresh_token":"` + leaked + `"}`}, domain.Unclassified, ""},
+		{"200 truncated JSON", reply{200, "", nil, `{"access_token":"at","expi`}, domain.Unclassified, ""},
+		{"200 empty", reply{200, "", nil, ``}, domain.Unclassified, ""},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"github.com/cenkalti/backoff/v5"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // GrantRefresher is what Retrying decorates: Refresher, or anything else
@@ -47,6 +48,26 @@ type Policy struct {
 	// Log receives one line per retry; nil logs nothing. Lines carry the
 	// attempt number, the wait and the error (never a token).
 	Log *slog.Logger
+	// ReuseGrace is the provider's reuse grace window as its profile
+	// declares it, which decides whether a request whose answer was lost
+	// (sent, then a timeout or a reset: the refresh token may be spent) is
+	// sent again with the same refresh token. Unknown (the zero value):
+	// like any transient failure, as for a provider nothing is known of.
+	// None: never; the error says so (domain.ProviderError.NoReplay). A
+	// window: only within it from the first presentation (ReplayUntil).
+	// PolicyFor sets it from a profile.
+	ReuseGrace profiles.Duration
+}
+
+// PolicyFor is the retry policy of a provider with profile p: its reuse
+// grace window, unless its refresh tokens do not rotate (then presenting
+// one again is harmless, whatever the window).
+func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
+	pol := Policy{Log: log}
+	if p.Rotation != profiles.RotationNo {
+		pol.ReuseGrace = p.Grace
+	}
+	return pol
 }
 
 // Retry policy defaults.
@@ -112,13 +133,17 @@ func (p Policy) withDefaults() Policy {
 // same token again, and the caller persists a token only after a success.
 //
 // Retrying after an ambiguous failure (a timeout, a connection reset after
-// the request was sent) may present a refresh token the provider already
-// rotated. A strict provider then answers invalid_grant. That is no worse
-// than not retrying: the stored token is still the one we presented, so the
-// next caller would present it anyway and get the same answer. Only a
-// provider-side grace period for the previous refresh token closes this
-// window. For the same reason AttemptTimeout should not be set below the
-// provider's worst normal latency.
+// the request was sent: domain.ProviderError.Lost) may present a refresh
+// token the provider already rotated. Policy.ReuseGrace decides: within
+// the provider's declared grace window the provider answers as the first
+// time; where it declares none the request is not sent again (the use
+// case then keeps every process from presenting the token); where nothing
+// is known it is retried like any other transient failure: a strict
+// provider then answers invalid_grant, which the next caller would have
+// got anyway with the same stored token. For the same reason
+// AttemptTimeout should not be set below the provider's worst normal
+// latency. An answer that cannot be classified (domain.Unclassified) is
+// returned after the first try: the use case paces those per connection.
 //
 // backoff.Retry itself is not used: it treats Retry-After as an exact wait
 // (not a minimum), sleeps up to the deadline even when the next try could
@@ -164,6 +189,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 		}
 	}()
 	var last error
+	first := time.Now() // the refresh token's first presentation, for ReuseGrace
 	for attempt := 1; ; attempt++ {
 		if err := r.pause.check(time.Now()); err != nil {
 			if last != nil {
@@ -183,6 +209,13 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) || r.pause.check(time.Now()) != nil {
 			return domain.Grant{}, attempts(attempt, err)
 		}
+		var pe *domain.ProviderError
+		if errors.As(err, &pe) && (pe.Class == domain.Unclassified || !r.mayReplay(pe, first)) {
+			// Asking again at once would not change an answer nobody
+			// understands (the use case paces those per connection), and
+			// a lost answer's refresh token may not be presented again.
+			return domain.Grant{}, attempts(attempt, err)
+		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return domain.Grant{}, attempts(attempt, joinCtx(err, ctxErr))
 		}
@@ -190,8 +223,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		wait := min(b.NextBackOff(), p.MaxInterval)
-		var pe *domain.ProviderError
-		if errors.As(err, &pe) && pe.RetryAfter > wait {
+		if pe != nil && pe.RetryAfter > wait {
 			wait = pe.RetryAfter
 		}
 		if time.Until(deadline) <= wait {
@@ -213,6 +245,22 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			return domain.Grant{}, attempts(attempt, joinCtx(err, ctx.Err()))
 		}
 	}
+}
+
+// mayReplay reports whether the request that got pe may be sent again as
+// far as ReuseGrace goes, and for a lost answer notes on pe what the
+// provider allows.
+func (r *Retrying) mayReplay(pe *domain.ProviderError, first time.Time) bool {
+	g := r.policy.ReuseGrace
+	if !pe.Lost || !g.Known {
+		return true
+	}
+	if g.D <= 0 {
+		pe.NoReplay = true
+		return false
+	}
+	pe.ReplayUntil = first.Add(g.D)
+	return time.Now().Before(pe.ReplayUntil)
 }
 
 func (r *Retrying) try(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {

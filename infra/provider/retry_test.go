@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"net/http"
@@ -19,6 +20,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
@@ -182,7 +184,10 @@ func TestRetryingRetriesOnlyTransientFailures(t *testing.T) {
 		{400, `{"error":"invalid_grant"}`, domain.ErrGrantRevoked, 1},
 		{200, `{"ok":false,"error":"invalid_refresh_token"}`, domain.ErrGrantRevoked, 1},
 		{503, `{"error":"temporarily_unavailable"}`, domain.ErrProviderUnavailable, 3},
-		{400, `<html>oops</html>`, domain.ErrProviderUnavailable, 3},
+		// Unclassified: not retried within the call (the use case paces
+		// them per connection), and still not a dead grant.
+		{400, `<html>oops</html>`, domain.ErrProviderUnavailable, 1},
+		{400, `{"error":"account_under_review"}`, domain.ErrProviderUnavailable, 1},
 	}
 	for _, c := range cases {
 		t.Run(fmt.Sprintf("%d %s", c.status, c.body), func(t *testing.T) {
@@ -336,4 +341,76 @@ func resource(t *testing.T, base, accessToken string) int {
 	}
 	_ = resp.Body.Close()
 	return resp.StatusCode
+}
+
+// A request whose answer is lost (read, then the connection closed) may be
+// sent again only as the profile's reuse grace window allows: unknown,
+// like any transient failure; none, never (the error says so); a window,
+// within it from the first presentation. A request that never left (the
+// endpoint refused the connection) proves nothing was processed and is
+// retried whatever the window.
+func TestRetryingReplaysALostAnswerOnlyAsTheGraceWindowAllows(t *testing.T) {
+	cases := []struct {
+		name     string
+		grace    profiles.Duration
+		tries    int64
+		noReplay bool
+		until    bool
+	}{
+		{"unknown window", profiles.Duration{}, 3, false, false},
+		{"no window", profiles.Duration{Known: true}, 1, true, false},
+		{"within a window", profiles.Duration{D: time.Hour, Known: true}, 3, false, true},
+		{"past a window", profiles.Duration{D: time.Nanosecond, Known: true}, 1, false, true},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			var n atomic.Int64
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				n.Add(1)
+				_, _ = io.ReadAll(r.Body)
+				panic(http.ErrAbortHandler) // processed, never answered
+			}))
+			defer srv.Close()
+			cfg := &oauth2.Config{ClientID: "c", ClientSecret: "s", Endpoint: oauth2.Endpoint{TokenURL: srv.URL, AuthStyle: oauth2.AuthStyleInHeader}}
+			r := provider.NewRetrying(provider.NewRefresher(cfg, nil),
+				provider.Policy{InitialInterval: time.Millisecond, MaxAttempts: 3, PauseAfter: -1, ReuseGrace: c.grace})
+			_, err := r.Refresh(context.Background(), domain.NewSecret("rt"))
+			var pe *domain.ProviderError
+			if !errors.As(err, &pe) || !pe.Lost || !errors.Is(err, domain.ErrProviderUnavailable) {
+				t.Fatalf("err = %v, want a lost answer", err)
+			}
+			if got := n.Load(); got != c.tries {
+				t.Errorf("%d requests, want %d", got, c.tries)
+			}
+			if pe.NoReplay != c.noReplay || pe.ReplayUntil.IsZero() == c.until {
+				t.Errorf("NoReplay %v, ReplayUntil %v", pe.NoReplay, pe.ReplayUntil)
+			}
+		})
+	}
+	t.Run("never sent", func(t *testing.T) {
+		srv := httptest.NewServer(http.NotFoundHandler())
+		srv.Close() // refused: nothing reached the provider
+		cfg := &oauth2.Config{ClientID: "c", ClientSecret: "s", Endpoint: oauth2.Endpoint{TokenURL: srv.URL, AuthStyle: oauth2.AuthStyleInHeader}}
+		var tries atomic.Int64
+		r := provider.NewRetrying(countingRefresher{provider.NewRefresher(cfg, nil), &tries},
+			provider.Policy{InitialInterval: time.Millisecond, MaxAttempts: 3, PauseAfter: -1, ReuseGrace: profiles.Duration{Known: true}})
+		_, err := r.Refresh(context.Background(), domain.NewSecret("rt"))
+		var pe *domain.ProviderError
+		if !errors.As(err, &pe) || pe.Lost || pe.NoReplay {
+			t.Fatalf("err = %v (%+v), want a failure that never left", err, pe)
+		}
+		if tries.Load() != 3 {
+			t.Errorf("%d tries, want 3", tries.Load())
+		}
+	})
+}
+
+type countingRefresher struct {
+	next  provider.GrantRefresher
+	tries *atomic.Int64
+}
+
+func (c countingRefresher) Refresh(ctx context.Context, rt domain.Secret) (domain.Grant, error) {
+	c.tries.Add(1)
+	return c.next.Refresh(ctx, rt)
 }

@@ -138,6 +138,10 @@ type WorkerOptions struct {
 	// 1s) instead of LISTEN, which needs a session of its own: for a pool
 	// behind a transaction pooler.
 	PollOnly bool
+	// ExpiringNotice, with a Webhook, announces each connection whose
+	// refresh token expires within it by a connection.expiring event, once
+	// per grant (announceExpiring, every expiringEvery); 0: never.
+	ExpiringNotice time.Duration
 }
 
 // Worker consumes events (the worker's side).
@@ -223,7 +227,16 @@ func (w *Worker) relay(ctx context.Context) {
 	t := time.NewTicker(every)
 	defer t.Stop()
 	failing := false
+	var announced time.Time
 	for {
+		if w.opts.Webhook != nil && w.opts.ExpiringNotice > 0 && time.Since(announced) >= expiringEvery {
+			announced = time.Now()
+			if n, err := announceExpiring(ctx, w.pool, w.opts.ExpiringNotice); err != nil && ctx.Err() == nil {
+				w.log.Warn("expiring connections not announced; will retry", "err", err)
+			} else if n > 0 {
+				w.log.Info("connections announced as expiring", "connections", n, "notice", w.opts.ExpiringNotice)
+			}
+		}
 		n, err := relayOutbox(ctx, w.pool, w.client, w.opts.Webhook != nil)
 		switch {
 		case err != nil && ctx.Err() == nil && !failing:

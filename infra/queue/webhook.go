@@ -28,7 +28,7 @@ import (
 // receivers deduplicate on it.
 type WebhookEvent struct {
 	ID         string          `json:"id"`
-	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered, connection.rolled_back
+	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered, connection.rolled_back, connection.refresh_failing, connection.expiring, connection.disconnected
 	Connection string          `json:"connection"`
 	OccurredAt time.Time       `json:"occurred_at"`
 	Data       json.RawMessage `json:"data"`
@@ -193,4 +193,49 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 		return 0, err
 	}
 	return len(ids), tx.Commit(ctx)
+}
+
+// expiringEvery is how often the worker looks for connections to announce
+// as expiring: the notice is days ahead, a minute late is nothing.
+const expiringEvery = time.Minute
+
+// expiringSQL writes a connection.expiring event into the outbox for each
+// active connection whose refresh token expires within $1 seconds and that
+// was not announced for its grant yet (tokenguard_expiry_notices; a new
+// grant deletes its row). The notice row and the event are written by the
+// same statement, and the notice's primary key makes it once per grant
+// however many workers run it at once. At most 500 a pass.
+const expiringSQL = `
+WITH due AS (
+    SELECT t.connection_id, t.refresh_expiry FROM tokenguard_tokens t
+    WHERE t.status = 'active' AND t.refresh_expiry IS NOT NULL
+      AND t.refresh_expiry < now() + $1 * interval '1 second'
+      AND NOT EXISTS (SELECT FROM tokenguard_expiry_notices n WHERE n.connection_id = t.connection_id)
+    ORDER BY t.refresh_expiry LIMIT 500
+),
+noticed AS (
+    INSERT INTO tokenguard_expiry_notices (connection_id, refresh_expiry)
+    SELECT connection_id, refresh_expiry FROM due
+    ON CONFLICT (connection_id) DO NOTHING
+    RETURNING connection_id, refresh_expiry
+)
+INSERT INTO tokenguard_webhook_outbox (type, connection, data)
+SELECT 'connection.expiring', c.name, jsonb_strip_nulls(jsonb_build_object(
+           'status', t.status,
+           'refresh_expiry', n.refresh_expiry,
+           'version', t.version,
+           'account', t.granted_account,
+           'provider', t.provider,
+           'metadata', c.metadata,
+           'tags', to_jsonb(c.tags)))
+FROM noticed n JOIN tokenguard_tokens t ON t.connection_id = n.connection_id JOIN tokenguard_connections c ON c.id = n.connection_id`
+
+// announceExpiring queues the connection.expiring events that are due
+// and reports how many.
+func announceExpiring(ctx context.Context, pool *pgxpool.Pool, notice time.Duration) (int, error) {
+	tag, err := pool.Exec(ctx, expiringSQL, int64(notice/time.Second))
+	if err != nil {
+		return 0, err
+	}
+	return int(tag.RowsAffected()), nil
 }

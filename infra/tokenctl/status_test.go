@@ -91,3 +91,29 @@ func TestStatusWithoutConnections(t *testing.T) {
 		t.Errorf("exit %d, output %q", code, out.String())
 	}
 }
+
+// A failing connection shows as failing with the last answer's status and
+// code; a refresh token dying within the notice shows in EXPIRING.
+func TestStatusShowsFailingAndExpiring(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	f := domain.RefreshFailure{Failures: 3, Since: now.Add(-time.Minute), HTTPStatus: 400, Code: "unrecognized_error", Failing: true}
+	toks := []domain.Connection{
+		{Name: "failing", Status: domain.StatusFailing, StatusReason: f.Describe(), Failure: f, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 3},
+		{Name: "soon", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 4,
+			RefreshExpiry: now.Add(13 * 24 * time.Hour)},
+		{Name: "later", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 5,
+			RefreshExpiry: now.Add(15 * 24 * time.Hour)},
+	}
+	var out strings.Builder
+	p := newStatusPrinter(&out)
+	for _, tok := range toks {
+		p.print(tok, now)
+	}
+	p.flush()
+	lines := strings.Split(out.String(), "\n")
+	if !regexp.MustCompile(`PROVIDER +EXPIRING +REASON`).MatchString(lines[0]) ||
+		!strings.Contains(lines[1], " failing ") || !strings.Contains(lines[1], "HTTP 400 unrecognized_error, 3 in a row") ||
+		!strings.Contains(lines[2], " in 312h0m0s ") || strings.Contains(lines[3], "in 360h") {
+		t.Errorf("status:\n%s", out.String())
+	}
+}

@@ -29,7 +29,8 @@ const usage = `usage:
                                             store a token (x/oauth2 JSON on stdin) as an active connection,
                                             refreshed at stored provider P (default: the OAUTH_* settings);
                                             --metadata (a JSON object) and --tags replace the connection's
-  tokenctl status [--connection NAME]       show connections: status, expiry, version, last refresh, refresh token expiry, metadata
+  tokenctl status [--connection NAME]       show connections: status (active, failing, needs_reauth), expiry, version, last refresh,
+                                            refresh token expiry, expiring (within TOKEN_EXPIRING_NOTICE), metadata
   tokenctl disconnect --connection NAME [--revoke]
                                             delete the connection under its lock; --revoke first revokes its refresh
                                             token at its provider's revocation endpoint and keeps it if that fails
@@ -254,11 +255,13 @@ func Main(args []string, backend Backend, stdio IO) int {
 				return fail(exitFailure, "status: %v", err)
 			}
 			p := newStatusPrinter(stdio.Stdout)
+			p.notice = expiringNotice(store)
 			p.print(t, now)
 			p.flush()
 			break
 		}
 		p := newStatusPrinter(stdio.Stdout)
+		p.notice = expiringNotice(store)
 		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
 		p.flush()
 		if err != nil {
@@ -323,21 +326,48 @@ func jsonCause(err error) error {
 // statusBlock lines, each followed by its connections' bindings: the
 // listing streams, whatever the table's size.
 type statusPrinter struct {
-	w     io.Writer
-	tw    *tabwriter.Writer
-	lines int
-	bound []domain.Connection // of the current block, with a binding or metadata to show
+	w      io.Writer
+	notice time.Duration // the EXPIRING column's: TOKEN_EXPIRING_NOTICE
+	tw     *tabwriter.Writer
+	lines  int
+	bound  []domain.Connection // of the current block, with a binding or metadata to show
 }
 
 const statusBlock = 500
 
-func newStatusPrinter(w io.Writer) *statusPrinter { return &statusPrinter{w: w} }
+func newStatusPrinter(w io.Writer) *statusPrinter {
+	return &statusPrinter{w: w, notice: DefaultExpiringNotice}
+}
+
+// DefaultExpiringNotice is TOKEN_EXPIRING_NOTICE's default: 14 days.
+const DefaultExpiringNotice = 14 * 24 * time.Hour
+
+// expiringNotice is the notice of a Store that knows its setting (the
+// real one: TOKEN_EXPIRING_NOTICE), else the default.
+func expiringNotice(s Store) time.Duration {
+	if n, ok := s.(interface{ ExpiringNotice() time.Duration }); ok {
+		return n.ExpiringNotice()
+	}
+	return DefaultExpiringNotice
+}
+
+// expiring is the EXPIRING column: how soon the refresh token dies, once
+// that is within the notice; "-" before (or when unknown).
+func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
+	if t.RefreshExpiry.IsZero() || notice <= 0 || t.RefreshExpiry.Sub(now) > notice {
+		return "-"
+	}
+	if d := t.RefreshExpiry.Sub(now); d > 0 {
+		return "in " + (d.Round(time.Hour)).String()
+	}
+	return "expired"
+}
 
 func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	if p.tw == nil {
 		p.tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
 		if p.lines == 0 {
-			fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tPROVIDER\tREASON")
+			fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tPROVIDER\tEXPIRING\tREASON")
 		}
 	}
 	exp := formatTime(t.Expiry)
@@ -358,7 +388,8 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	}
 	// New columns go before REASON (free text, last): scripts read the
 	// others by position.
-	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider, t.StatusReason)
+	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider,
+		expiring(t, now, p.notice), t.StatusReason)
 	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) {
 		p.bound = append(p.bound, t)
 	}

@@ -356,6 +356,12 @@ func (p *Provider) writeFault(w http.ResponseWriter, r *http.Request, f Fault) {
 		// RFC 6749 §5.2: 401 and a challenge for the scheme the client used.
 		w.Header().Set("WWW-Authenticate", `Basic realm="sandbox"`)
 		writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_client"})
+	case FaultUnknownCode:
+		writeJSON(w, http.StatusBadRequest, oauthError{Error: UnknownCode})
+	case FaultNotJSON:
+		w.Header().Set("Content-Type", "text/html; charset=utf-8")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte("<html><body>Bad Request</body></html>"))
 	default:
 		writeJSON(w, http.StatusInternalServerError, oauthError{Error: "server_error"})
 	}

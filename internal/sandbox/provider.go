@@ -85,7 +85,17 @@ const (
 	// the connection without answering: the client never learns the new
 	// tokens. Unlike the other faults, the request reaches the store.
 	FaultLostAnswer
+	// FaultUnknownCode answers 400 {"error":"account_under_review"}, a
+	// code in no RFC and no profile: an answer a client cannot classify.
+	// The refresh token is not looked at and stays valid.
+	FaultUnknownCode
+	// FaultNotJSON answers 400 with an HTML page, as a proxy or a broken
+	// provider may. The refresh token stays valid.
+	FaultNotJSON
 )
+
+// UnknownCode is the code FaultUnknownCode answers with.
+const UnknownCode = "account_under_review"
 
 func (f Fault) String() string {
 	switch f {
@@ -103,6 +113,10 @@ func (f Fault) String() string {
 		return "invalid-client"
 	case FaultLostAnswer:
 		return "lost-answer"
+	case FaultUnknownCode:
+		return "unknown-code"
+	case FaultNotJSON:
+		return "not-json"
 	}
 	return fmt.Sprintf("Fault(%d)", int(f))
 }

@@ -1,0 +1,135 @@
+package e2e
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/internal/sandbox"
+)
+
+// testUnknownRefusalFailing: the provider answers every refresh with a
+// code no table knows while the server (under load), the worker and the
+// batch all use the connection. The three processes share the backoff
+// through the database: at most 6 refresh requests reach the provider
+// before the connection is shown failing (after 3 answers, at about 15 s),
+// tokenctl status and GET /connections show the last HTTP status and
+// code, the server answers 503 refresh_failing (never 409 needs_reauth)
+// once the token expired, one connection.refresh_failing webhook is
+// delivered; when the provider answers again the next attempt succeeds
+// and connection.recovered is delivered.
+func testUnknownRefusalFailing(t *testing.T, bin string) {
+	var (
+		armed atomic.Bool
+		asked atomic.Int64
+		mu    sync.Mutex
+		kinds = map[string]int{}
+	)
+	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var e struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(body, &e)
+		mu.Lock()
+		kinds[e.Type]++
+		mu.Unlock()
+	}))
+	t.Cleanup(hook.Close)
+	delivered := func(kind string) int {
+		mu.Lock()
+		defer mu.Unlock()
+		return kinds[kind]
+	}
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew,
+		fault: func() sandbox.Fault {
+			if armed.Load() {
+				asked.Add(1)
+				return sandbox.FaultUnknownCode
+			}
+			return sandbox.FaultNone
+		},
+		extraEnv: []string{"WEBHOOK_URL=" + hook.URL, "WEBHOOK_SECRET=whsec_e2e_0123456789abcdef"}})
+	s.migrate()
+	const conn = "acme"
+	s.importGrant(conn)
+	server := s.start("server")
+	s.waitHealthy(server)
+	worker := s.start("worker")
+	batchApp := s.start("batch", "--every", "300ms")
+	load := startStatusLoad(s, conn, 4)
+	time.Sleep(lifetime)
+
+	armed.Store(true)
+	armedAt := time.Now()
+	view := func() (status string, failure map[string]any) {
+		code, body := s.do(http.MethodGet, "/connections", "")
+		var page struct {
+			Connections []struct {
+				Status  string         `json:"status"`
+				Failure map[string]any `json:"failure"`
+			} `json:"connections"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &page) != nil || len(page.Connections) != 1 {
+			t.Fatalf("GET /connections: %d %s", code, body)
+		}
+		return page.Connections[0].Status, page.Connections[0].Failure
+	}
+	waitStatus := func(want string, within time.Duration) map[string]any {
+		deadline := time.Now().Add(within)
+		for {
+			st, f := view()
+			if st == want {
+				return f
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("connection %s after %v, want %s", st, within, want)
+			}
+			time.Sleep(200 * time.Millisecond)
+		}
+	}
+	failure := waitStatus("failing", 40*time.Second)
+	took, n := time.Since(armedAt), asked.Load()
+	t.Logf("failing after %v and %d refresh requests at the provider from three processes: %v", took.Round(time.Millisecond), n, failure)
+	if n > 6 {
+		t.Errorf("%d refresh requests before the connection was failing, want at most 6", n)
+	}
+	if failure["http_status"] != float64(400) || failure["code"] != "unrecognized_error" || failure["next_attempt"] == nil {
+		t.Errorf("failure %v: want HTTP 400 unrecognized_error and a next attempt", failure)
+	}
+	if r := run(t, bin, "tokenctl", s.env, "", "status"); r.code != 0 || !strings.Contains(r.stdout, " failing ") ||
+		!strings.Contains(r.stdout, "HTTP 400 unrecognized_error") {
+		t.Errorf("tokenctl status: exit %d\n%s", r.code, r.stdout)
+	}
+	time.Sleep(lifetime) // the last token has expired by now
+	during := load.reset()
+	if during["503 refresh_failing"] == 0 || during["409 needs_reauth"] > 0 {
+		t.Errorf("server answers while failing: %v; want 503 refresh_failing, never 409", during)
+	}
+
+	armed.Store(false)
+	waitStatus("active", 70*time.Second)
+	if n := asked.Load(); n > 6 {
+		t.Errorf("%d refresh requests refused in all, want at most 6", n)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for delivered("connection.recovered") == 0 && time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond)
+	}
+	if f, r := delivered("connection.refresh_failing"), delivered("connection.recovered"); f != 1 || r != 1 {
+		t.Errorf("webhooks delivered: %d connection.refresh_failing, %d connection.recovered; want 1 and 1", f, r)
+	}
+	after := load.finish()
+	if after["200"] == 0 {
+		t.Errorf("no call succeeded after the recovery: %v", after)
+	}
+	for _, a := range []*app{batchApp, worker, server} {
+		s.stop(a)
+	}
+}

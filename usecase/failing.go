@@ -1,0 +1,125 @@
+package usecase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// A connection whose refreshes get answers tokenguard cannot classify
+// (domain.Unclassified) is asked again only after a pause that doubles from
+// failingFirstPause to failingMaxPause: attempts at 0, 5, 15, 35 and 75 s,
+// then one a minute, fleet-wide (the episode is stored with the token and
+// read under the connection's lock before every refresh). That is at most
+// 4 requests in the first minute per connection, whatever the call rate.
+// After failingAfter of them in a row the connection is shown failing
+// (connection.refresh_failing); the next success ends the episode
+// (connection.recovered). The grant is never touched.
+const (
+	failingFirstPause = 5 * time.Second
+	failingMaxPause   = time.Minute
+	failingAfter      = 3
+)
+
+// failingPause is the wait after the n-th failure in a row.
+func failingPause(n int) time.Duration {
+	b := &backoff.ExponentialBackOff{InitialInterval: failingFirstPause, Multiplier: 2, MaxInterval: failingMaxPause}
+	b.Reset()
+	d := failingFirstPause
+	for range max(n, 1) {
+		d = b.NextBackOff()
+	}
+	return d
+}
+
+// paced reports whether err is a provider answer the use case paces per
+// connection instead of retrying it: an unclassified answer, or a lost
+// answer at a provider whose profile says how often its refresh token may
+// be presented (no grace window, or one that runs out).
+func paced(err error) (*domain.ProviderError, bool) {
+	var pe *domain.ProviderError
+	if !errors.As(err, &pe) {
+		return nil, false
+	}
+	return pe, pe.Class == domain.Unclassified || (pe.Lost && (pe.NoReplay || !pe.ReplayUntil.IsZero()))
+}
+
+// checkFailure refuses a refresh of t that its failure episode does not
+// allow at now: the next attempt is not due, or the refresh token may not
+// be presented again. The error wraps domain.ErrProviderUnavailable and
+// domain.ErrRefreshFailing: a still-valid access token is served through
+// it.
+func checkFailure(t domain.Token, now time.Time) error {
+	f := t.Failure
+	switch {
+	case f.Failures == 0:
+		return nil
+	case f.Blocked(now):
+		return fmt.Errorf("%w: %w (%s): the refresh token may have been spent and the provider accepts none twice; connect again",
+			domain.ErrProviderUnavailable, domain.ErrRefreshFailing, f.Describe())
+	case now.Before(f.RetryAt):
+		return fmt.Errorf("%w: %w (%s): next attempt in %v", domain.ErrProviderUnavailable, domain.ErrRefreshFailing,
+			f.Describe(), f.RetryAt.Sub(now).Round(time.Millisecond))
+	}
+	return nil
+}
+
+// nextFailure is the episode prev becomes with the answer pe at now.
+func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.Time) domain.RefreshFailure {
+	f := domain.RefreshFailure{Failures: prev.Failures + 1, Since: prev.Since, LastAt: now,
+		HTTPStatus: pe.HTTPStatus, Code: pe.Code, Failing: prev.Failing, ReplayUntil: prev.ReplayUntil}
+	if f.Since.IsZero() {
+		f.Since = now
+	}
+	f.RetryAt = now.Add(failingPause(f.Failures))
+	f.Failing = f.Failing || f.Failures >= failingAfter
+	if pe.Lost {
+		if f.Code == "" {
+			f.Code = "answer_lost"
+		}
+		if f.ReplayUntil.IsZero() || (!pe.ReplayUntil.IsZero() && pe.ReplayUntil.Before(f.ReplayUntil)) {
+			f.ReplayUntil = pe.ReplayUntil // the first presentation's window
+		}
+		if pe.NoReplay || !f.RetryAt.Before(f.ReplayUntil) {
+			// Never again: shown failing at once, for the app to ask its
+			// user to connect again.
+			f.RetryAt, f.Failing = time.Time{}, true
+		}
+	}
+	return f
+}
+
+// recordFailure stores the failure episode the answer cause (paced) opens
+// or extends for the token c leased, and ends the lease: every process
+// then waits for the next attempt. A failed write releases the lease
+// anyway; the next caller then asks the provider again.
+func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store locker, c claimed, pe *domain.ProviderError) {
+	t := c.current
+	now := u.opts.Clock.Now()
+	var f domain.RefreshFailure
+	err := store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+		cur, err := s.Get(txCtx, t.Connection)
+		if err != nil || cur.Version != t.Version {
+			return err // stored since: that version has no failure
+		}
+		f = nextFailure(cur.Failure, pe, now)
+		return s.Fail(txCtx, cur, f)
+	})
+	c.end(err != nil)
+	switch {
+	case err != nil:
+		u.opts.Logger.Error("refresh failure not recorded; the next caller asks the provider again",
+			"connection", t.Connection, "err", err)
+	case f.Failing && f.RetryAt.IsZero():
+		u.opts.Logger.Error("connection failing: its refresh answer was lost and the provider accepts no refresh token twice; connect it again",
+			"connection", t.Connection, "provider", t.Provider, "failure", f.Describe())
+	case f.Failing:
+		u.opts.Logger.Error("connection failing: the token endpoint's answers cannot be classified; asking it again later, the grant is untouched",
+			"connection", t.Connection, "provider", t.Provider, "failure", f.Describe(), "next_attempt", f.RetryAt)
+	}
+}
