@@ -61,6 +61,13 @@ var (
 	// ErrInvalidSyncCommit: WithSyncCommit was given a level other than
 	// off, local, remote_write, on or remote_apply.
 	ErrInvalidSyncCommit = domain.ErrInvalidSyncCommit
+	// ErrResultInvalid: Redeem was given a connect result code that is
+	// unknown, expired or already redeemed. Nothing was stored.
+	ErrResultInvalid = domain.ErrResultInvalid
+	// ErrAccountMismatch: Redeem's grant is from another provider account
+	// than the connection's, and its flow did not allow the change.
+	// Nothing was stored.
+	ErrAccountMismatch = domain.ErrAccountMismatch
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
 )
