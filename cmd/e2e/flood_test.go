@@ -56,7 +56,7 @@ type floodResult struct {
 const (
 	floodConnections = 8
 	floodClients     = 8
-	floodRounds      = 3 // pairs: storm alone, storm under the flood
+	floodRounds      = 5 // of each: the storm alone, the storm under the flood
 	floodRound       = 3 * time.Second
 	floodRate        = 500 // garbage requests a second
 	floodPause       = 20 * time.Millisecond
@@ -84,8 +84,12 @@ func floodRun(t *testing.T, bin string, control bool) floodResult {
 		} else {
 			base = append(base, r)
 		}
-		t.Logf("round %d flood=%t: %d reads, %d failed, p50 %v, p99 %v; flood answers %v",
-			i, withFlood, r.reads, r.failures, r.p50, r.p99, r.flood)
+		sent := int64(0)
+		for _, n := range r.flood {
+			sent += n
+		}
+		t.Logf("round %d flood=%t: %d reads, %d failed, p50 %v, p99 %v; flood %.0f req/s, answers %v",
+			i, withFlood, r.reads, r.failures, r.p50, r.p99, float64(sent)/floodRound.Seconds(), r.flood)
 	}
 	res := floodResult{
 		p99Ratio:      float64(median(flooded, func(r stormRound) int64 { return int64(r.p99) })) / float64(median(base, func(r stormRound) int64 { return int64(r.p99) })),
