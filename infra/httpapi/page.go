@@ -18,13 +18,6 @@ type outcome struct {
 	result     string // the pending result's code (a secret): only ever in return_to
 }
 
-func (o outcome) status() string {
-	if o.connected {
-		return "connected"
-	}
-	return "error"
-}
-
 var pageTmpl = template.Must(template.New("page").Parse(`<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
 <title>{{if .Connected}}Connected{{else}}Not connected{{end}}</title>
