@@ -118,15 +118,14 @@ func WithProvider(name string) ImportOption {
 	}
 }
 
-// newDisconnect builds Disconnect's use case: the revocation endpoint of
-// New's oauth2.Config's provider is url ("" for none), the client cfg's,
+// newRevoker revokes refresh tokens for Disconnect and for the connect
+// results never redeemed: the revocation endpoint of New's
+// oauth2.Config's provider is url ("" for none), the client cfg's,
 // authenticated as at its token endpoint; a stored provider's is its own.
-func newDisconnect(store usecase.DisconnectStore, cfg *oauth2.Config, url string, o options,
-	styles provider.AuthStyleStore, providers provider.ProviderLookup) *usecase.DisconnectUseCase {
-	revoker := provider.NewRevocations(provider.StoredRevocationEndpoints{
+func newRevoker(cfg *oauth2.Config, url string, o options, styles provider.AuthStyleStore, providers provider.ProviderLookup) *provider.Revocations {
+	return provider.NewRevocations(provider.StoredRevocationEndpoints{
 		Env: provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
 			AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL},
 		Providers: providers,
 	}, provider.NewHTTPClient(o.refreshTimeout), styles)
-	return usecase.NewDisconnectUseCase(store, revoker, o.lockWait, o.refreshTimeout)
 }

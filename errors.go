@@ -71,6 +71,13 @@ var (
 	// it, or fix the search_path. tokenguard's tables never fall through
 	// to another schema of the path.
 	ErrSchemaNotFound = domain.ErrSchemaNotFound
+	// ErrResultInvalid: Redeem was given a connect result code that is
+	// unknown, expired or already redeemed. Nothing was stored.
+	ErrResultInvalid = domain.ErrResultInvalid
+	// ErrAccountMismatch: Redeem's grant is from another provider account
+	// than the connection's, and its flow did not allow the change.
+	// Nothing was stored.
+	ErrAccountMismatch = domain.ErrAccountMismatch
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
 )

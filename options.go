@@ -28,7 +28,11 @@ type options struct {
 	profile                        string
 	profileParams                  map[string]string
 	syncCommit                     string
+	userInfo                       userInfo
 }
+
+// userInfo is where Complete asks which account consented.
+type userInfo struct{ url, field string }
 
 // WithSkew refreshes a token once it is within d of its expiry (default
 // 30s), capped at half the lifetime the provider granted.
@@ -118,6 +122,13 @@ func WithDefaultLifetime(d time.Duration) Option { return func(o *options) { o.d
 // authenticating the client as at the token endpoint. Without it,
 // Disconnect with revoke fails with ErrNoRevocationEndpoint.
 func WithRevocationURL(url string) Option { return func(o *options) { o.revocationURL = url } }
+
+// WithUserInfo is the user-info endpoint of New's oauth2.Config's provider,
+// where Complete asks which account consented when the token answer has no
+// ID token: idField of its JSON answer ("" is "sub") names the account.
+func WithUserInfo(url, idField string) Option {
+	return func(o *options) { o.userInfo = userInfo{url: url, field: idField} }
+}
 
 // WithSyncCommit is the synchronous_commit level of the transactions that
 // store a rotated refresh token or claim a refresh: off, local,

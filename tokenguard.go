@@ -108,6 +108,12 @@ type Tokens struct {
 	// providers refreshes each connection at its provider, and follows
 	// the stored providers' changes while Run runs.
 	providers *provider.Registry
+	// The connect flow: New's client registration, the pending results,
+	// the client for the user-info request and its endpoint.
+	cfg        *oauth2.Config
+	flow       *usecase.ConnectFlowUseCase
+	httpClient *http.Client
+	userInfo   userInfo
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
@@ -284,7 +290,10 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	t.repo = repo
 	lone := t.readReplication(ctx, false)
-	t.disconnect = newDisconnect(repo, cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
+	revoker := newRevoker(cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
+	t.disconnect = usecase.NewDisconnectUseCase(repo, revoker, o.lockWait, o.refreshTimeout)
+	t.cfg, t.httpClient, t.userInfo = cfg, hc, o.userInfo
+	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(rdb, sealer), t.connect, revoker, o.refreshTimeout, o.log)
 	path := "pipelined on pgx"
 	if !pipelined {
 		path = "GORM transactions (the driver is not pgx)"

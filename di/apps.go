@@ -16,6 +16,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/metrics"
+	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/queue"
@@ -30,17 +31,39 @@ const shutdownGrace = 8 * time.Second
 
 // Server is the HTTP app, ready to run.
 type Server struct {
-	srv  *httpapi.Server
-	addr string
+	srv   *httpapi.Server
+	addr  string
+	sweep func(context.Context) (int, error)
+	log   *slog.Logger
 }
 
-// Run listens on HTTP_ADDR and serves until ctx is done.
+// Run listens on HTTP_ADDR and serves until ctx is done; meanwhile it
+// sweeps the connect results nobody redeemed.
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.addr)
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
 	}
+	sweepCtx, stop := context.WithCancel(ctx)
+	swept := make(chan struct{})
+	go func() { defer close(swept); s.sweepLoop(sweepCtx) }()
+	defer func() { stop(); <-swept }()
 	return s.srv.Serve(ctx, ln, shutdownGrace)
+}
+
+func (s *Server) sweepLoop(ctx context.Context) {
+	t := time.NewTicker(sweepEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		if _, err := s.sweep(ctx); err != nil && ctx.Err() == nil {
+			s.log.Warn("sweeping the expired connect results failed; trying again", "err", err)
+		}
+	}
 }
 
 // NewServer wires the HTTP app. Call the returned cleanup when done.
@@ -54,12 +77,25 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		cleanup()
 		return nil, nil, err
 	}
-	sqlDB, err := a.tokens.DB.DB()
+	// The public routes (the browser flow, /healthz) run on a small pool
+	// of their own: however many of them arrive, the token reads and
+	// refreshes keep every connection of theirs.
+	browserDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: browserConns}, repository.NewLogger(log))
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	oauthHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
+	closeTokens := cleanup
+	cleanup = func() { closeTokens(); _ = postgres.Close(browserDB) }
+	publicDB := browserDB
+	if httpapi.ControlBuild {
+		publicDB = a.tokens.DB // the e2e tests' control: one pool, as before
+	}
+	sqlDB, err := publicDB.DB()
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
 	apiBase, err := url.Parse(cfg.APIBaseURL)
 	if err != nil {
 		cleanup()
@@ -72,23 +108,29 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		UpstreamTimeout: cfg.APITimeout,
 		UserAgent:       UserAgent("server"),
 		Events:          usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
-		Connector:       a.tokens.Connect,
+		Flows:           a.tokens.Guard,
 		Connections:     a.tokens.Repository,
 		Providers:       usecaseof.Providers(a.tokens.Guard),
-		Exchanger:       usecaseof.Providers(a.tokens.Guard),
 		Keys:            repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
-		Sessions:        repository.NewConnectSessions(a.tokens.DB),
+		Sessions:        repository.NewConnectSessions(publicDB),
 		DB:              sqlDB,
 		OAuth:           a.tokens.OAuth,
-		OAuthHTTP:       oauthHTTP,
-		Account:         httpapi.AccountSource{UserInfoURL: cfg.OAuth.UserInfoURL, IDField: cfg.OAuth.UserInfoIDField, HTTP: oauthHTTP},
 		Metrics:         a.metrics,
 		Observer:        a.connects,
 		Log:             log,
 		Edges:           cfg.edges(),
 	})
-	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
+	return &Server{srv: srv, addr: cfg.HTTPAddr, sweep: a.tokens.Guard.SweepConnectResults, log: log}, cleanup, nil
 }
+
+// browserConns is the size of the public routes' pool: a consent takes a
+// few short statements; more browsers at once wait for each other, never
+// for the token layer.
+const browserConns = 3
+
+// sweepEvery is how often the server revokes and deletes the connect
+// results nobody redeemed in time.
+const sweepEvery = 5 * time.Second
 
 // NewWorker wires the event consumer. Call the returned cleanup when done.
 func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Worker, func(), error) {

@@ -110,6 +110,12 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 				"connection", connection, "reason", reason)
 		}),
 	}
+	if cfg.OAuth.RevocationURL != "" {
+		opts = append(opts, tokenguard.WithRevocationURL(cfg.OAuth.RevocationURL))
+	}
+	if cfg.OAuth.UserInfoURL != "" {
+		opts = append(opts, tokenguard.WithUserInfo(cfg.OAuth.UserInfoURL, cfg.OAuth.UserInfoIDField))
+	}
 	if cfg.OAuth.Profile != "" {
 		opts = append(opts, tokenguard.WithProfile(cfg.OAuth.Profile))
 		for k, v := range cfg.OAuth.params {

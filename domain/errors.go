@@ -70,7 +70,25 @@ var (
 	// not due yet. It comes wrapped with ErrProviderUnavailable: the grant
 	// is untouched and a still-valid access token is served meanwhile.
 	ErrRefreshFailing = errors.New("the connection's refreshes are failing; the provider is not asked again yet")
+	// ErrResultInvalid: a connect result code that is unknown, expired or
+	// already redeemed. Nothing was stored.
+	ErrResultInvalid = errors.New("connect result unknown, expired or already redeemed")
 )
+
+// ConnectError says why the connect flow's callback stored nothing: Code
+// is the reason reported to the browser's return_to (bad_state,
+// bad_request, exchange_failed, account_unknown, unknown_provider, or the
+// provider's own OAuth2 error code such as access_denied), Message is for
+// people. Neither carries a secret.
+type ConnectError struct {
+	Code    string
+	Message string
+	Err     error // the cause, free of secrets; may be nil
+}
+
+func (e *ConnectError) Error() string { return "connect flow: " + e.Code + ": " + e.Message }
+
+func (e *ConnectError) Unwrap() error { return e.Err }
 
 // ProviderError describes a failed token request. It carries the OAuth2
 // error code and HTTP status but never the response body, which a provider

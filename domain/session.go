@@ -17,3 +17,28 @@ type ConnectSession struct {
 	// The browser flow's OAuth2 state and PKCE verifier, kept server-side.
 	State, Verifier string
 }
+
+// PendingGrant is a grant the connect flow obtained and keeps unstored
+// until the application's backend redeems its result code: the tokens,
+// who granted them, and what the session asked for.
+type PendingGrant struct {
+	Connection         string
+	Provider           string // "" for the environment's
+	CreatedBy          string // the API key that asked for the session
+	AllowAccountChange bool
+	Metadata           *Metadata // nil: the connection keeps its own
+	ProviderFields     map[string]string
+	Binding            Binding
+	Grant              Grant
+	ExpiresAt          time.Time
+}
+
+// ExpiredGrant is a pending grant nobody redeemed in time: its refresh
+// token is revoked at Provider, then the row ID is deleted.
+type ExpiredGrant struct {
+	ID           int64
+	Connection   string
+	Provider     string
+	RefreshToken Secret
+	CreatedAt    time.Time
+}

@@ -72,21 +72,41 @@ RETURNING connection, return_to, allow_account_change, created_by, expires_at, o
 	return rows[0].session(), nil
 }
 
-// Finish spends the browser flow (single use: domain.ErrUnauthorized if it
-// is unknown, expired or finished) and returns it with its state and
-// verifier, which it erases from the table.
-func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret) (domain.ConnectSession, error) {
+// Peek reads an unopened, unexpired session without spending it (the
+// consent page shows it); domain.ErrUnauthorized otherwise.
+func (c *ConnectSessions) Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error) {
+	var rows []sessionRow
+	err := c.db.WithContext(ctx).Raw(`SELECT connection, return_to, allow_account_change, created_by, expires_at,
+    coalesce(provider, '') AS provider, metadata::text AS metadata, array_to_json(tags)::text AS tags
+FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()`, hashParam(token)).
+		Scan(&rows).Error
+	if err != nil {
+		return domain.ConnectSession{}, storeError(ctx, "read connect session", err)
+	}
+	if len(rows) == 0 {
+		return domain.ConnectSession{}, fmt.Errorf("connect session: %w", domain.ErrUnauthorized)
+	}
+	return rows[0].session(), nil
+}
+
+// Finish spends the browser flow whose cookie is flow and whose OAuth2
+// state is state (single use: domain.ErrUnauthorized if it is unknown,
+// expired or finished, or the state is another's, which leaves the flow
+// as it was) and returns it with its verifier, which it erases from the
+// table.
+func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error) {
 	var rows []sessionRow
 	err := c.db.WithContext(ctx).Raw(`WITH s AS (
     SELECT id, oauth_state, pkce_verifier FROM tokenguard_connect_sessions
     WHERE flow_hash = decode(?, 'hex') AND finished_at IS NULL AND opened_at IS NOT NULL AND expires_at > now()
+      AND oauth_state <> '' AND oauth_state = ?
     FOR UPDATE
 )
 UPDATE tokenguard_connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
 FROM s WHERE c.id = s.id
 RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier,
     coalesce(c.provider, '') AS provider, c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags`,
-		hashParam(flow)).Scan(&rows).Error
+		hashParam(flow), state).Scan(&rows).Error
 	if err != nil {
 		return domain.ConnectSession{}, storeError(ctx, "finish connect flow", err)
 	}

@@ -74,6 +74,9 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 		t.Fatalf("Create: %v, expires in %v", err, time.Until(exp))
 	}
 	flow := repository.NewCredential(repository.FlowPrefix)
+	if peeked, err := s.Peek(ctx, tok); err != nil || peeked.Connection != "acme" || peeked.CreatedBy != "ci" {
+		t.Fatalf("Peek = %+v, %v", peeked, err)
+	}
 	got, err := s.Open(ctx, tok, flow, "st", "ver")
 	if err != nil || got.Connection != "acme" || got.ReturnTo != "https://app/x" {
 		t.Fatalf("Open = %+v, %v", got, err)
@@ -81,11 +84,20 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 	if _, err := s.Open(ctx, tok, repository.NewCredential(repository.FlowPrefix), "st2", "ver2"); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("replayed session: %v", err)
 	}
-	done, err := s.Finish(ctx, flow)
+	if _, err := s.Peek(ctx, tok); !errors.Is(err, domain.ErrUnauthorized) {
+		t.Errorf("Peek of an opened session: %v", err)
+	}
+	// Another state spends nothing: the flow's own answer still finishes it.
+	for _, state := range []string{"", "forged"} {
+		if _, err := s.Finish(ctx, flow, state); !errors.Is(err, domain.ErrUnauthorized) {
+			t.Errorf("Finish with state %q: %v", state, err)
+		}
+	}
+	done, err := s.Finish(ctx, flow, "st")
 	if err != nil || done.State != "st" || done.Verifier != "ver" || done.Connection != "acme" {
 		t.Fatalf("Finish = %+v, %v", done, err)
 	}
-	if _, err := s.Finish(ctx, flow); !errors.Is(err, domain.ErrUnauthorized) {
+	if _, err := s.Finish(ctx, flow, "st"); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("replayed callback: %v", err)
 	}
 	var verifiers int

@@ -69,6 +69,17 @@ type ConnectRequest struct {
 	// (Salesforce instance_url, QuickBooks realmId): merged into the
 	// connection's metadata under "provider_fields", after Metadata.
 	ProviderFields map[string]string
+	// Result, when not 0, is the pending connect result the grant comes
+	// from: spent in the grant's transaction (ResultSpender), so that the
+	// grant is stored once, and never after the result expired.
+	Result int64
+}
+
+// ResultSpender is the locked store's way to spend a pending connect
+// result in the transaction that stores its grant; domain.ErrResultInvalid
+// when it expired or was spent already.
+type ResultSpender interface {
+	SpendResult(ctx context.Context, id int64) error
 }
 
 // MetadataStore is the locked store's way to set a connection's metadata in
@@ -95,6 +106,15 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 	}
 	var out domain.Token
 	err = u.store.InLock(ctx, connection, u.lockWait, DefaultWriteTimeout, func(txCtx context.Context, s LockedStore) error {
+		if r.Result != 0 {
+			rs, ok := s.(ResultSpender)
+			if !ok {
+				return fmt.Errorf("%w: this store keeps no connect results", domain.ErrResultInvalid)
+			}
+			if err := rs.SpendResult(txCtx, r.Result); err != nil {
+				return err
+			}
+		}
 		if !allowChange {
 			cur, err := s.Get(txCtx, connection)
 			switch {

@@ -4,9 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"slices"
 	"strings"
 	"testing"
@@ -36,17 +34,7 @@ func testConnections(t *testing.T, bin string) {
 		`{"connection":"acme","tags":["a","has space"]}`)
 
 	// The consent gives acme the session's metadata and tags.
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, Timeout: 10 * time.Second}
-	resp, err := browser.Get(s.connectSession("acme", `,"metadata":{"tenant":"t1","end_user":42},"tags":["crm","eu"]`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"connected"`) {
-		t.Fatalf("connect flow: %s %s", resp.Status, b)
-	}
+	s.connectVia("acme", `,"metadata":{"tenant":"t1","end_user":42},"tags":["crm","eu"]`, "", "")
 	var imported []string // refresh tokens that must never show
 	for i := range 5 {
 		tok, err := sandbox.Grant(context.Background(), s.sb.OAuth2Config(s.sb.URL))

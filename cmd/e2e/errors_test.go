@@ -2,9 +2,7 @@ package e2e
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"strings"
 	"testing"
 	"time"
@@ -137,40 +135,27 @@ func expectJSONError(t *testing.T, s *stack, method, path string, status int, co
 	}
 }
 
-// connectViaBrowser gets a connect session and follows its URL through
-// the provider and back to /oauth/callback with a cookie jar, as a
-// browser would.
+// connectViaBrowser gets a connect session, follows its URL through the
+// consent page, the provider and back to /oauth/callback as a browser
+// would, and has the backend redeem the result.
 func connectViaBrowser(t *testing.T, s *stack, name string) {
 	t.Helper()
-	jar, _ := cookiejar.New(nil)
-	c := &http.Client{Jar: jar, Timeout: 10 * time.Second}
+	c := personAt(s, "", "")
 	connectURL := s.connectSession(name, "")
-	resp, err := c.Get(connectURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"connected"`) {
-		t.Fatalf("connect flow: %s %s", resp.Status, b)
+	resp, body := press(t, c, connectURL)
+	back := returned(resp)
+	if back == nil || back.Query().Get("status") != "pending" {
+		t.Fatalf("connect flow: %s Location %q %s", resp.Status, resp.Header.Get("Location"), body)
 	}
 	// The callback is single-use: replaying it fails on the flow check.
-	last := resp.Request.URL.String()
-	resp2, err := c.Get(last)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp2.Body.Close()
-	if resp2.StatusCode != http.StatusBadRequest {
+	if resp2, _ := get(t, c, resp.Request.URL.String()); resp2.StatusCode != http.StatusBadRequest {
 		t.Errorf("replayed callback answered %s", resp2.Status)
 	}
 	// So is the session.
-	resp3, err := c.Get(connectURL)
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp3.Body.Close()
-	if resp3.StatusCode != http.StatusUnauthorized {
+	if resp3, _ := get(t, c, connectURL); resp3.StatusCode != http.StatusUnauthorized {
 		t.Errorf("replayed connect session answered %s", resp3.Status)
+	}
+	if code, _, raw := s.redeem(s.key, back.Query().Get("result")); code != http.StatusOK {
+		t.Fatalf("redeem: %d %s", code, raw)
 	}
 }

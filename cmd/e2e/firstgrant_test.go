@@ -3,9 +3,7 @@ package e2e
 import (
 	"context"
 	"encoding/json"
-	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"net/url"
 	"strings"
 	"testing"
@@ -41,28 +39,23 @@ func testFirstGrant(t *testing.T, bin string) {
 		t.Errorf("TOKEN_ENDPOINT_CHECK=false: no line saying the check is off:\n%s", tail(server.Stderr(), 20))
 	}
 
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, Timeout: 10 * time.Second,
-		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	resp, err := browser.Get(s.connectSession("acme", ""))
-	if err != nil {
-		t.Fatal(err)
-	}
-	resp.Body.Close()
+	browser := personAt(s, "", "")
+	follow := browser.CheckRedirect
+	browser.CheckRedirect = func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
+	resp, _ := press(t, browser, s.connectSession("acme", ""))
 	auth, err := url.Parse(resp.Header.Get("Location"))
-	if err != nil || resp.StatusCode != http.StatusFound || auth.Query().Get("access_type") != "offline" || auth.Query().Get("prompt") != "consent" {
+	if err != nil || resp.StatusCode != http.StatusSeeOther || auth.Query().Get("access_type") != "offline" || auth.Query().Get("prompt") != "consent" {
 		t.Fatalf("authorization request %d %q: want the zoho profile's access_type=offline&prompt=consent", resp.StatusCode, resp.Header.Get("Location"))
 	}
-	browser.CheckRedirect = nil
+	browser.CheckRedirect = follow
 	granted := time.Now()
-	resp, err = browser.Get(auth.String())
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"connected"`) {
+	resp, b := get(t, browser, auth.String())
+	back := returned(resp)
+	if back == nil || back.Query().Get("status") != "pending" {
 		t.Fatalf("connect flow: %s %s", resp.Status, b)
+	}
+	if code, _, raw := s.redeem(s.key, back.Query().Get("result")); code != http.StatusOK {
+		t.Fatalf("redeem: %d %s", code, raw)
 	}
 	if style := storedStyle(t, s.dbURL); style != "params" {
 		t.Errorf("auth style remembered after the code exchange: %q, want params", style)

@@ -7,6 +7,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -101,6 +102,41 @@ func buildApps(t *testing.T) string {
 	return dir
 }
 
+// controlServer builds, once per test run, the server as it was before
+// the redeem step and the public routes' limits (the build tag
+// tokenguard_e2e_callbackstores): the controls run the attacks on it.
+func controlServer(t *testing.T) string {
+	t.Helper()
+	controlOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "tokenguard-control-")
+		if err != nil {
+			controlErr = err
+			return
+		}
+		testdb.AtExit(func() { _ = os.RemoveAll(dir) })
+		args := []string{"build", "-tags", "tokenguard_e2e_callbackstores", "-o", filepath.Join(dir, "server")}
+		if raceEnabled {
+			args = append(args, "-race")
+		}
+		out, err := exec.Command("go", append(args, "github.com/tokenguard/tokenguard/cmd/server")...).CombinedOutput()
+		if err != nil {
+			controlErr = fmt.Errorf("go build the control server: %v\n%s", err, out)
+			return
+		}
+		controlBin = filepath.Join(dir, "server")
+	})
+	if controlErr != nil {
+		t.Fatal(controlErr)
+	}
+	return controlBin
+}
+
+var (
+	controlOnce sync.Once
+	controlBin  string
+	controlErr  error
+)
+
 // stack is one database, one sandbox provider and the apps' environment.
 type stack struct {
 	t      *testing.T
@@ -111,6 +147,9 @@ type stack struct {
 	env    []string
 	client *http.Client
 	key    string // the API key tokenctl apikey create made, once migrated
+	// serverBin, when set, is the server binary start runs instead of
+	// bin's (the control build).
+	serverBin string
 }
 
 type stackOpts struct {
@@ -157,6 +196,7 @@ func newStack(t *testing.T, bin string, o stackOpts) *stack {
 		"OAUTH_REDIRECT_URL=http://"+addr+"/oauth/callback",
 		"OAUTH_SCOPES=api",
 		"API_BASE_URL="+sb.URL,
+		"CONNECT_RETURN_URLS=http://app.example/",
 		"HTTP_ADDR="+addr,
 		"TOKEN_REFRESH_SKEW="+o.skew.String(),
 		"TOKEN_LOCK_WAIT=4s",
@@ -300,7 +340,11 @@ func (s *stack) start(name string, args ...string) *app {
 			a.mu.Unlock()
 		}
 	}()
-	p, err := demo.Start(demo.ProcSpec{Name: name, Path: filepath.Join(s.bin, name), Args: args, Env: s.env, Stdout: pw, Stderr: a})
+	path := filepath.Join(s.bin, name)
+	if name == "server" && s.serverBin != "" {
+		path = s.serverBin
+	}
+	p, err := demo.Start(demo.ProcSpec{Name: name, Path: path, Args: args, Env: s.env, Stdout: pw, Stderr: a})
 	if err != nil {
 		s.t.Fatal(err)
 	}
@@ -370,8 +414,12 @@ func (s *stack) doWith(key, method, path, body string) (int, string) {
 
 // connectSession asks the server for a connect URL (POST /connect-sessions)
 // with the request body extra fields merged in.
+// A session names defaultReturnTo unless extra names a return_to.
 func (s *stack) connectSession(name string, extra string) string {
 	s.t.Helper()
+	if !strings.Contains(extra, `"return_to"`) {
+		extra += `,"return_to":"` + defaultReturnTo + `"`
+	}
 	body := `{"connection":"` + name + `"` + extra + `}`
 	code, resp := s.do(http.MethodPost, "/connect-sessions", body)
 	var out struct {

@@ -7,6 +7,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 
@@ -81,9 +82,11 @@ func testReadmeConnectSession(t *testing.T, bin string) {
 	}
 	_, section, ok := strings.Cut(string(readme), "**Connecting an account.**")
 	_, block, ok2 := strings.Cut(section, "```sh\n")
-	block, _, ok3 := strings.Cut(block, "```")
-	if !ok || !ok2 || !ok3 || !strings.Contains(block, "connect-sessions") {
-		t.Fatalf("no connect-session example in the README")
+	block, rest, ok3 := strings.Cut(block, "```")
+	_, redeemBlock, ok4 := strings.Cut(rest, "```sh\n")
+	redeemBlock, _, ok5 := strings.Cut(redeemBlock, "```")
+	if !ok || !ok2 || !ok3 || !ok4 || !ok5 || !strings.Contains(block, "connect-sessions") || !strings.Contains(redeemBlock, "connect-results") {
+		t.Fatalf("no connect-session and redeem examples in the README")
 	}
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
 	s.env = append(s.env, "PUBLIC_URL=http://"+s.addr, "CONNECT_RETURN_URLS=https://app.example.com/",
@@ -92,8 +95,10 @@ func testReadmeConnectSession(t *testing.T, bin string) {
 	if err := os.Symlink(bin, filepath.Join(dir, "bin")); err != nil {
 		t.Fatal(err)
 	}
+	keyFile := filepath.Join(dir, "key")
 	example := func() (string, string, error) {
-		cmd := exec.Command("bash", "-euo", "pipefail", "-c", block)
+		// As written, then the key it made kept for the redeem example.
+		cmd := exec.Command("bash", "-euo", "pipefail", "-c", block+`printf %s "$KEY" >`+keyFile+"\n")
 		cmd.Dir, cmd.Env = dir, s.env
 		var stdout, stderr strings.Builder
 		cmd.Stdout, cmd.Stderr = &stdout, &stderr
@@ -119,9 +124,24 @@ func testReadmeConnectSession(t *testing.T, bin string) {
 		t.Fatalf("the README's example printed %q (%v)", stdout, err)
 	}
 	resp, body := browser(t, s, created.ConnectURL, "", "")
-	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther ||
-		loc != "https://app.example.com/integrations?connection=acme&reason=connected&status=connected" {
-		t.Fatalf("after consent: %s Location %q %s", resp.Status, loc, body)
+	back := returned(resp)
+	if back == nil || back.Scheme+"://"+back.Host+back.Path != "https://app.example.com/integrations" ||
+		back.Query().Get("connection") != "acme" || back.Query().Get("status") != "pending" || !strings.HasPrefix(back.Query().Get("result"), "tgr_") {
+		t.Fatalf("after consent: %s Location %q %s", resp.Status, resp.Header.Get("Location"), body)
+	}
+	if r := run(t, bin, "tokenctl", s.env, "", "status", "--connection", "acme"); r.code == 0 && strings.Contains(r.stdout, "active") {
+		t.Errorf("tokenctl status before the redemption: the grant is stored already\n%s", r.stdout)
+	}
+	key, err := os.ReadFile(keyFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("bash", "-euo", "pipefail", "-c", redeemBlock)
+	cmd.Dir, cmd.Env = dir, append(slices.Clone(s.env), "KEY="+string(key), "RESULT="+back.Query().Get("result"))
+	out, err := cmd.Output()
+	var r redeemed
+	if err != nil || json.Unmarshal(out, &r) != nil || r.Connection != "acme" || r.Account != "sandbox-user" {
+		t.Fatalf("the README's redeem example: %v %s", err, out)
 	}
 	if r := run(t, bin, "tokenctl", s.env, "", "status", "--connection", "acme"); r.code != 0 || !strings.Contains(r.stdout, "active") {
 		t.Errorf("tokenctl status after the connect flow: exit %d\n%s%s", r.code, r.stdout, r.stderr)

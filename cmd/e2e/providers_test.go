@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -111,17 +110,7 @@ func testTwoProviders(t *testing.T, bin string) {
 	server := s.start("server")
 	s.waitHealthy(server)
 	// globex is connected at mail through the server's connect flow.
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, Timeout: 10 * time.Second}
-	resp, err := browser.Get(s.connectSession("globex", `,"provider":"mail"`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	b, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || !strings.Contains(string(b), `"status":"connected"`) {
-		t.Fatalf("connect flow at mail: %s %s", resp.Status, b)
-	}
+	s.connectVia("globex", `,"provider":"mail"`, "", "")
 	if code, body := s.do(http.MethodGet, "/connections", ""); code != http.StatusOK ||
 		!strings.Contains(body, `"connection":"globex","provider":"mail"`) {
 		t.Fatalf("GET /connections: %d %s", code, body)

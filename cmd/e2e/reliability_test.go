@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/cookiejar"
 	"net/http/httptest"
 	"net/url"
 	"os"
@@ -585,8 +584,8 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	batchApp := s.start("batch", "--every", "400ms", "--refresh-ahead", "2s")
 	// A second connection through the browser flow, with the test's
 	// recording client.
-	jar, _ := cookiejar.New(nil)
-	browser := &http.Client{Jar: jar, Timeout: 10 * time.Second, Transport: bodies}
+	browser := personAt(s, "", "")
+	browser.Transport = bodies
 	// Credentials of tokenguard's own: the API key, the webhook secret and
 	// every connect session token handed out (used, replayed, or never used).
 	credentials := []string{s.key, strings.TrimPrefix(s.key, "tgk_"), webhookSecret}
@@ -598,13 +597,17 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		credentials = append(credentials, sess, strings.TrimPrefix(sess, "tgs_"))
 	}
 	for range 2 { // the second use is a replay: 401
-		resp, err := browser.Get(connectURL)
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK && resp.StatusCode != http.StatusUnauthorized {
-			t.Fatalf("connect flow: %s", resp.Status)
+		resp, body := press(t, browser, connectURL)
+		back := returned(resp)
+		switch {
+		case back != nil && back.Query().Get("status") == "pending":
+			result := back.Query().Get("result")
+			credentials = append(credentials, result, strings.TrimPrefix(result, "tgr_"))
+			if code, _, raw := s.redeem(s.key, result); code != http.StatusOK {
+				t.Fatalf("redeem: %d %s", code, raw)
+			}
+		case resp.StatusCode != http.StatusUnauthorized:
+			t.Fatalf("connect flow: %s %s", resp.Status, body)
 		}
 	}
 	for _, u := range browser.Jar.Cookies(&url.URL{Scheme: "http", Host: s.addr, Path: "/"}) {
@@ -668,6 +671,9 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		for l := range strings.SplitSeq(text, "\n") {
 			if strings.Contains(l, `"connect_url"`) {
 				continue // the answer to POST /connect-sessions hands a session out
+			}
+			if name == "HTTP answers to the test" && (strings.Contains(l, `name="session"`) || strings.Contains(l, "status=pending")) {
+				continue // the consent page's form carries its link's session; the callback sends the result to return_to
 			}
 			for _, c := range credentials {
 				if c != "" && strings.Contains(l, c) {

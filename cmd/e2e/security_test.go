@@ -10,8 +10,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/cookiejar"
-	"net/url"
 	"slices"
 	"strconv"
 	"strings"
@@ -156,40 +154,12 @@ func (r *receiver) snapshot() (events []webhookEvent, acked map[string]int, bad 
 	return slices.Clone(r.events), acked, slices.Clone(r.bad)
 }
 
-// browser follows a connect URL like a person at the sandbox would:
-// subject is who logs in at the provider (login_hint), scopes what they
-// tick ("" all). It stops at any host but the server and the sandbox (a
-// return_to) and returns the last answer.
+// browser follows a connect URL like a person at the sandbox would, in a
+// browser of their own (personAt), pressing the consent page's button;
+// it returns the last answer.
 func browser(t *testing.T, s *stack, connectURL, subject, scopes string) (*http.Response, string) {
 	t.Helper()
-	jar, _ := cookiejar.New(nil)
-	sb, _ := url.Parse(s.sb.URL)
-	c := &http.Client{Jar: jar, Timeout: 15 * time.Second, CheckRedirect: func(req *http.Request, _ []*http.Request) error {
-		switch req.URL.Host {
-		case s.addr:
-			return nil
-		case sb.Host:
-			q := req.URL.Query()
-			if subject != "" {
-				q.Set("login_hint", subject)
-			}
-			if scopes != "" {
-				q.Set("consent_scope", scopes)
-			}
-			req.URL.RawQuery = q.Encode()
-			return nil
-		}
-		return http.ErrUseLastResponse
-	}}
-	req, _ := http.NewRequest(http.MethodGet, connectURL, nil)
-	req.Header.Set("Accept", "text/html")
-	resp, err := c.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return resp, string(b)
+	return press(t, personAt(s, subject, scopes), connectURL)
 }
 
 // storedRow is the whole tokens row of a connection, as text.
@@ -276,11 +246,16 @@ func testSecurity(t *testing.T, bin string) {
 		t.Errorf("return_to outside CONNECT_RETURN_URLS: %d, want 400", code)
 	}
 
-	// 2. The owner connects.
+	// 2. The owner connects: the consent comes back pending, the backend
+	// redeems it.
 	ownerURL := s.connectSession("acme", "")
 	resp, body := browser(t, s, ownerURL, "", "")
-	if resp.StatusCode != http.StatusOK || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") || !strings.Contains(body, "acme is connected") {
-		t.Fatalf("owner's consent: %s %s %s", resp.Status, resp.Header.Get("Content-Type"), body)
+	back := returned(resp)
+	if back == nil || back.Query().Get("status") != "pending" || strings.Contains(body, "ory_") {
+		t.Fatalf("owner's consent: %s Location %q %s", resp.Status, resp.Header.Get("Location"), body)
+	}
+	if code, r, raw := s.redeem(s.key, back.Query().Get("result")); code != http.StatusOK || r.Account != "sandbox-user" || strings.Join(r.Scopes, " ") != "api write" {
+		t.Fatalf("redeem the owner's result: %d %s", code, raw)
 	}
 	if code, body := s.do(http.MethodGet, "/connections/acme/resource", ""); code != http.StatusOK || !strings.Contains(body, `"subject":"sandbox-user"`) {
 		t.Fatalf("resource after connecting: %d %s", code, body)
@@ -295,18 +270,21 @@ func testSecurity(t *testing.T, bin string) {
 		t.Errorf("expired session: %s %q, want 401 with a page", resp.Status, body)
 	}
 
-	// 4. The attacker's consent is refused; the stored grant is unchanged
-	// byte for byte (version included).
+	// 4. The attacker's consent is refused at the redemption; the stored
+	// grant is unchanged byte for byte (version included).
 	before := storedRow(t, s.dbURL, "acme")
-	resp, body = browser(t, s, s.connectSession("acme", ""), "attacker", "")
-	if resp.StatusCode != http.StatusConflict || !strings.HasPrefix(resp.Header.Get("Content-Type"), "text/html") ||
-		!strings.Contains(body, "account_mismatch") || strings.Contains(body, "ory_") {
-		t.Errorf("attacker's consent: %s %s %s", resp.Status, resp.Header.Get("Content-Type"), body)
+	resp, _ = browser(t, s, s.connectSession("acme", ""), "attacker", "")
+	if back := returned(resp); back == nil || back.Query().Get("status") != "pending" {
+		t.Fatalf("attacker's consent: %s Location %q", resp.Status, resp.Header.Get("Location"))
+	} else if code, r, raw := s.redeem(s.key, back.Query().Get("result")); code != http.StatusConflict || r.Code != "account_mismatch" {
+		t.Errorf("redeem the attacker's result: %d %s, want 409 account_mismatch", code, raw)
 	}
 	resp, _ = browser(t, s, s.connectSession("acme", `,"return_to":"http://app.example/settings/done?x=1"`), "attacker", "")
-	if loc := resp.Header.Get("Location"); resp.StatusCode != http.StatusSeeOther ||
-		loc != "http://app.example/settings/done?x=1&connection=acme&reason=account_mismatch&status=error" {
-		t.Errorf("attacker's consent with return_to: %s Location %q", resp.Status, loc)
+	if back := returned(resp); back == nil || back.Path != "/settings/done" || back.Query().Get("x") != "1" ||
+		back.Query().Get("connection") != "acme" || back.Query().Get("status") != "pending" {
+		t.Errorf("attacker's consent with return_to: %s Location %q", resp.Status, resp.Header.Get("Location"))
+	} else if code, _, raw := s.redeem(s.key, back.Query().Get("result")); code != http.StatusConflict {
+		t.Errorf("redeem the attacker's second result: %d %s, want 409", code, raw)
 	}
 	if after := storedRow(t, s.dbURL, "acme"); after != before {
 		t.Errorf("the attacker's consent changed the stored grant:\nbefore %s\nafter  %s", before, after)
@@ -314,9 +292,8 @@ func testSecurity(t *testing.T, bin string) {
 
 	// 5. A session that allows the change moves the connection; a narrower
 	// consent is stored and reported.
-	resp, _ = browser(t, s, s.connectSession("acme", `,"allow_account_change":true,"return_to":"http://app.example/settings/"`), "new-owner", "api")
-	if loc := resp.Header.Get("Location"); loc != "http://app.example/settings/?connection=acme&reason=scopes_narrowed&status=connected" {
-		t.Errorf("allowed account change: %s Location %q", resp.Status, loc)
+	if r := s.connectVia("acme", `,"allow_account_change":true`, "new-owner", "api"); r.Account != "new-owner" || strings.Join(r.MissingScopes, " ") != "write" {
+		t.Errorf("allowed account change: %+v", r)
 	}
 	if row := storedRow(t, s.dbURL, "acme"); !strings.Contains(row, `"granted_account":"new-owner"`) || !strings.Contains(row, `"missing_scopes":["write"]`) {
 		t.Errorf("after the allowed change: %s", row)
@@ -326,7 +303,8 @@ func testSecurity(t *testing.T, bin string) {
 	}
 	if code, body := s.do(http.MethodGet, "/metrics", ""); code != http.StatusOK ||
 		!strings.Contains(body, `tokenguard_connect_grants_total{outcome="scopes_narrowed"} 1`) ||
-		!strings.Contains(body, `tokenguard_connect_grants_total{outcome="account_mismatch"} 2`) {
+		!strings.Contains(body, `tokenguard_connect_grants_total{outcome="account_mismatch"} 2`) ||
+		!strings.Contains(body, `tokenguard_connect_grants_total{outcome="pending"} 4`) {
 		t.Errorf("metrics: %d\n%s", code, grep(body, "tokenguard_connect_grants_total"))
 	}
 	waitFor(t, 30*time.Second, "the two connected events", func() bool {
@@ -343,10 +321,7 @@ func testSecurity(t *testing.T, bin string) {
 	time.Sleep(1500 * time.Millisecond) // the worker queues the event and fails to deliver it
 	worker.Kill()
 	<-worker.Done()
-	resp, body = browser(t, s, s.connectSession("acme", ""), "new-owner", "")
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("reconnect: %s %s", resp.Status, body)
-	}
+	s.connectVia("acme", "", "new-owner", "")
 	worker = s.start("worker")
 	time.Sleep(3 * time.Second) // the new worker fails too
 	rcv.up()

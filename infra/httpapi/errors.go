@@ -45,6 +45,8 @@ func classify(err error) problem {
 		return problem{http.StatusConflict, "needs_reauth", err.Error() + "; connect it again (POST /connect-sessions)", 0}
 	case errors.Is(err, domain.ErrAccountMismatch):
 		return problem{http.StatusConflict, "account_mismatch", err.Error(), 0}
+	case errors.Is(err, domain.ErrResultInvalid):
+		return problem{http.StatusGone, "result_invalid", "this connect result is unknown, expired or already redeemed; nothing was stored", 0}
 	case errors.Is(err, domain.ErrUnauthorized):
 		return problem{http.StatusUnauthorized, "unauthorized", "unauthorized", 0}
 	case errors.Is(err, domain.ErrRefreshRateLimited):

@@ -3,21 +3,21 @@ package httpapi
 import (
 	"context"
 	"crypto/rand"
+	"crypto/sha256"
 	"crypto/subtle"
+	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
 	"net/url"
-	"slices"
 	"strings"
 	"time"
 
 	"golang.org/x/oauth2"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // The flow cookie only points at the flow kept in the database. Over https
@@ -35,7 +35,7 @@ const callbackTimeout = 30 * time.Second
 
 func (s *Server) oauthConfigured() bool {
 	c := s.deps.OAuth
-	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil
+	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil && s.deps.Flows != nil
 }
 
 func (s *Server) secureCookies() bool {
@@ -57,7 +57,7 @@ type sessionRequest struct {
 	// Provider names the connection's provider; "" the environment's.
 	Provider string `json:"provider,omitempty"`
 	// Metadata (a JSON object) and Tags replace the connection's when the
-	// consent completes; with neither, the connection keeps its own.
+	// result is redeemed; with neither, the connection keeps its own.
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 	Tags     []string        `json:"tags,omitempty"`
 }
@@ -74,7 +74,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME"} (optional: "return_to", "allow_account_change", "provider", "metadata", "tags")`, Code: "bad_request"})
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME","return_to":"URL"} (optional: "allow_account_change", "provider", "metadata", "tags")`, Code: "bad_request"})
 		return
 	}
 	if err := domain.ValidateName(req.Connection); err != nil {
@@ -97,7 +97,13 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, req.Connection, err)
 		return
 	}
-	if req.ReturnTo != "" && !returnAllowed(req.ReturnTo, s.deps.Edges.ReturnURLs) {
+	if req.ReturnTo == "" {
+		// The result of the consent comes back there, for the backend to
+		// redeem: without it nobody could, and nothing would be stored.
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is required: the browser brings the consent's result there, and your backend redeems it (POST /connect-results)", Code: "return_to_required", Connection: req.Connection})
+		return
+	}
+	if !returnAllowed(req.ReturnTo, s.deps.Edges.ReturnURLs) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
 		return
 	}
@@ -152,29 +158,87 @@ func returnAllowed(target string, allowed []string) bool {
 	return false
 }
 
-// connect spends a connect session and sends the browser to the provider.
-func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
+// connectPage answers a connect link with a page that names the
+// application (the API key that asked for the session) and the connection,
+// and a button: nothing starts until a person presses it. The session is
+// only read; the button's POST spends it. The page sets the flow cookie,
+// to which the button's CSRF token is bound.
+func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
 		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
 		return
 	}
 	token := r.URL.Query().Get("session")
-	if !strings.HasPrefix(token, "tgs_") || len(token) > 128 {
+	if !sessionToken(token) {
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This link is not a valid connect link. Ask for a new one."})
 		return
 	}
-	state, verifier, flow := rand.Text(), oauth2.GenerateVerifier(), newFlowID()
-	sess, err := s.deps.Sessions.Open(r.Context(), domain.NewSecret(token), flow, state, verifier)
+	sess, ok := s.peekSession(w, r, token)
+	if !ok {
+		return
+	}
+	flow := newFlowID()
+	s.setFlowCookie(w, flow)
+	s.consentPage(w, consent{App: sess.CreatedBy, Connection: sess.Connection, Provider: sess.Provider,
+		Session: token, CSRF: csrfToken(flow.Reveal(), token), ReturnHost: hostOf(sess.ReturnTo)})
+}
+
+// connectStart is the consent page's button: with the CSRF token bound to
+// this browser's flow cookie, it spends the session, binds the flow (the
+// cookie's hash, the state and the PKCE verifier) to it and sends the
+// browser to the provider.
+func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
+	if !s.oauthConfigured() {
+		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+		return
+	}
+	token, csrf := r.PostFormValue("session"), r.PostFormValue("csrf")
+	c, err := r.Cookie(s.cookieName())
+	if err != nil || !flowToken(c.Value) || !sessionToken(token) ||
+		subtle.ConstantTimeCompare([]byte(csrf), []byte(csrfToken(c.Value, token))) != 1 {
+		s.page(w, r, http.StatusForbidden, outcome{Code: "bad_csrf", Message: "This request did not come from the connect page in this browser. Open the connect link again."})
+		return
+	}
+	sess, ok := s.peekSession(w, r, token)
+	if !ok {
+		return
+	}
+	authURL, f, err := s.deps.Flows.AuthCodeURL(r.Context(), tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL})
+	if err != nil {
+		s.logFailure(r, sess.Connection, err)
+		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not start the connection; try again."})
+		return
+	}
+	if _, err := s.deps.Sessions.Open(r.Context(), domain.NewSecret(token), domain.NewSecret(c.Value), f.State, f.Verifier); err != nil {
+		s.sessionRefused(w, r, err)
+		return
+	}
+	s.deps.Log.Info("connect flow started", "connection", sess.Connection, "provider", sess.Provider, "api_key", sess.CreatedBy)
+	w.Header().Set("Cache-Control", "no-store")
+	http.Redirect(w, r, authURL, http.StatusSeeOther)
+}
+
+// peekSession reads the session of token, or answers why not.
+func (s *Server) peekSession(w http.ResponseWriter, r *http.Request, token string) (domain.ConnectSession, bool) {
+	sess, err := s.deps.Sessions.Peek(r.Context(), domain.NewSecret(token))
+	if err != nil {
+		s.sessionRefused(w, r, err)
+		return domain.ConnectSession{}, false
+	}
+	return sess, true
+}
+
+func (s *Server) sessionRefused(w http.ResponseWriter, r *http.Request, err error) {
 	if errors.Is(err, domain.ErrUnauthorized) {
 		s.deps.Log.Info("connect link refused: unknown, used or expired session")
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This connect link was already used or has expired. Ask for a new one."})
 		return
 	}
-	if err != nil {
-		s.logFailure(r, "", err)
-		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not start the connection; try again."})
-		return
-	}
+	s.logFailure(r, "", err)
+	s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not start the connection; try again."})
+}
+
+func (s *Server) setFlowCookie(w http.ResponseWriter, flow domain.Secret) {
 	http.SetCookie(w, &http.Cookie{
 		Name:     s.cookieName(),
 		Value:    flow.Reveal(),
@@ -184,24 +248,32 @@ func (s *Server) connect(w http.ResponseWriter, r *http.Request) {
 		Secure:   s.secureCookies(),
 		SameSite: http.SameSiteLaxMode, // sent on the provider's top-level redirect back
 	})
-	client, err := s.clientOf(r.Context(), sess.Provider)
+}
+
+// csrfToken binds the consent page's form to the browser's flow cookie
+// and the session: a page on another site cannot read the cookie (it is
+// HttpOnly and never leaves this origin), so it cannot forge the token.
+func csrfToken(flow, session string) string {
+	h := sha256.Sum256([]byte("tokenguard-csrf\x00" + flow + "\x00" + session))
+	return base64.RawURLEncoding.EncodeToString(h[:])
+}
+
+func sessionToken(s string) bool { return strings.HasPrefix(s, "tgs_") && len(s) <= 128 }
+
+func flowToken(s string) bool { return strings.HasPrefix(s, "tgf_") && len(s) <= 128 }
+
+// hostOf is a return_to's host, shown on the consent page.
+func hostOf(target string) string {
+	u, err := url.Parse(target)
 	if err != nil {
-		s.logFailure(r, sess.Connection, err)
-		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The connection's provider is not known to this server."})
-		return
+		return ""
 	}
-	s.deps.Log.Info("connect flow started", "connection", sess.Connection, "provider", sess.Provider)
-	w.Header().Set("Cache-Control", "no-store")
-	opts := []oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier)}
-	if s.deps.Exchanger != nil {
-		opts = append(opts, s.deps.Exchanger.AuthCodeOptions(sess.Provider, client.Scopes)...)
-	}
-	http.Redirect(w, r, client.AuthCodeURL(state, opts...), http.StatusFound)
+	return u.Host
 }
 
 // clientOf is the client registration the browser flow of a connection of
 // provider runs with: the OAUTH_* settings' for "", a stored provider's
-// otherwise, always with this server's redirect URL.
+// otherwise.
 func (s *Server) clientOf(ctx context.Context, provider string) (*oauth2.Config, error) {
 	if provider == "" {
 		return s.deps.OAuth, nil
@@ -216,32 +288,40 @@ func (s *Server) clientOf(ctx context.Context, provider string) (*oauth2.Config,
 	if c.Endpoint.AuthURL == "" {
 		return nil, fmt.Errorf("provider %q has no authorization URL (tokenctl provider update --auth-url): %w", provider, domain.ErrUnknownProvider)
 	}
-	c.RedirectURL = s.deps.OAuth.RedirectURL
 	return c, nil
 }
 
 // sessionLifetime is the flow's lifetime (repository.SessionLifetime).
 const sessionLifetime = 10 * time.Minute
 
-// callback checks the flow, redeems the code and stores the grant.
+// callback checks the flow and its state, then has the provider's answer
+// redeemed and the grant kept pending: nothing is stored for the
+// connection until the application's backend redeems the result that the
+// browser carries to return_to (POST /connect-results).
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
 		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
 		return
 	}
-	// Whatever happens, the flow is single-use.
-	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Path: "/", MaxAge: -1, HttpOnly: true, Secure: s.secureCookies(), SameSite: http.SameSiteLaxMode})
+	q := r.URL.Query()
 	c, err := r.Cookie(s.cookieName())
-	if err != nil || !strings.HasPrefix(c.Value, "tgf_") || len(c.Value) > 128 {
+	state := q.Get("state")
+	if err != nil || !flowToken(c.Value) || state == "" || len(state) > 256 {
 		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "No connection is in progress in this browser (the link expired, or cookies are blocked). Start again from a new connect link."})
 		return
 	}
 	// From here on the work does not follow the browser.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), callbackTimeout)
 	defer cancel()
-	sess, err := s.deps.Sessions.Finish(ctx, domain.NewSecret(c.Value))
+	// The state is checked before the flow is spent: an answer that does
+	// not belong to the flow leaves it for the one that does.
+	sess, err := s.deps.Sessions.Finish(ctx, domain.NewSecret(c.Value), state)
 	if errors.Is(err, domain.ErrUnauthorized) {
-		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "This connection attempt was already completed or has expired. Start again from a new connect link."})
+		s.deps.Log.Warn("oauth callback refused: no flow with this cookie and state (completed, expired, or a forged answer)")
+		if s.deps.Observer != nil {
+			s.deps.Observer.ConnectOutcome("bad_state")
+		}
+		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "This connection attempt was already completed or has expired, or the answer does not belong to it. Start again from a new connect link."})
 		return
 	}
 	if err != nil {
@@ -249,148 +329,133 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not complete the connection; try again."})
 		return
 	}
-	o := s.complete(ctx, r.URL.Query(), sess)
+	// Whatever happens now, the flow is spent.
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Path: "/", MaxAge: -1, HttpOnly: true, Secure: s.secureCookies(), SameSite: http.SameSiteLaxMode})
+	f := tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL,
+		AllowAccountChange: sess.AllowAccountChange, CreatedBy: sess.CreatedBy, State: sess.State, Verifier: sess.Verifier}
+	if m := sess.Metadata; m != nil {
+		f.Metadata, f.Tags = m.Object, m.Tags
+		if f.Tags == nil {
+			f.Tags = []string{}
+		}
+	}
+	o := s.complete(ctx, f, q)
 	o.Connection = sess.Connection
 	if s.deps.Observer != nil {
 		s.deps.Observer.ConnectOutcome(o.Code)
 	}
-	if sess.ReturnTo != "" {
-		// "reason", not "code": an application's OAuth callback may take
-		// a "code" for an authorization code.
-		q := url.Values{"connection": {sess.Connection}, "status": {o.status()}, "reason": {o.Code}}
-		sep := "?"
-		if strings.Contains(sess.ReturnTo, "?") {
-			sep = "&"
-		}
-		w.Header().Set("Cache-Control", "no-store")
-		http.Redirect(w, r, sess.ReturnTo+sep+q.Encode(), http.StatusSeeOther)
+	if storeAtCallback && o.result != "" {
+		o = s.redeemAtCallback(ctx, o)
+	}
+	if sess.ReturnTo == "" {
+		// A session from before return_to was required: nobody can redeem.
+		s.page(w, r, http.StatusConflict, outcome{Connection: sess.Connection, Code: "no_return_to",
+			Message: "This connect link has no return address, so the application cannot complete the connection; nothing was stored. Ask the application for a new link."})
 		return
 	}
-	s.page(w, r, o.httpStatus, o)
+	// "reason", not "code": an application's OAuth callback may take
+	// a "code" for an authorization code.
+	v := url.Values{"connection": {sess.Connection}, "status": {"error"}, "reason": {o.Code}}
+	switch {
+	case o.result != "":
+		v = url.Values{"connection": {sess.Connection}, "status": {"pending"}, "result": {o.result}}
+	case o.connected: // only the tests' control build stores at the callback
+		v = url.Values{"connection": {sess.Connection}, "status": {"connected"}, "reason": {o.Code}}
+	}
+	sep := "?"
+	if strings.Contains(sess.ReturnTo, "?") {
+		sep = "&"
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	http.Redirect(w, r, sess.ReturnTo+sep+v.Encode(), http.StatusSeeOther)
 }
 
-// complete turns the provider's redirect into a stored grant, or says why
+// complete turns the provider's answer into a pending result, or says why
 // not.
-func (s *Server) complete(ctx context.Context, q url.Values, sess domain.ConnectSession) outcome {
-	name := sess.Connection
-	if subtle.ConstantTimeCompare([]byte(q.Get("state")), []byte(sess.State)) != 1 {
-		s.deps.Log.Warn("oauth callback with a wrong state", "connection", name)
-		return outcome{httpStatus: http.StatusBadRequest, Code: "bad_state", Message: "The answer from the provider does not belong to this connection attempt. Start again from a new connect link."}
-	}
-	if e := q.Get("error"); e != "" {
-		code := oauthCode(e)
-		s.deps.Log.Info("the provider refused the authorization", "connection", name, "reason", code)
-		return outcome{httpStatus: http.StatusBadRequest, Code: code, Message: "The provider did not grant access (" + code + ")."}
-	}
-	code := q.Get("code")
-	if code == "" {
-		return outcome{httpStatus: http.StatusBadRequest, Code: "bad_request", Message: "The provider sent no authorization code."}
-	}
-	client, err := s.clientOf(ctx, sess.Provider)
-	if err != nil {
-		s.deps.Log.Error("the connection's provider is not known to this server; nothing stored", "connection", name, "err", err)
-		return outcome{httpStatus: http.StatusBadRequest, Code: "unknown_provider", Message: "The connection's provider is not known to this server; nothing was stored."}
-	}
-	exCtx := context.WithValue(ctx, oauth2.HTTPClient, s.deps.OAuthHTTP)
-	var tok *oauth2.Token
-	var grant domain.Grant
-	if s.deps.Exchanger != nil {
-		grant, tok, err = s.deps.Exchanger.Exchange(exCtx, sess.Provider, code, client.RedirectURL, sess.Verifier)
-	} else if tok, err = client.Exchange(exCtx, code, oauth2.VerifierOption(sess.Verifier)); err == nil {
-		grant = provider.GrantFrom(tok)
-	}
-	if err != nil {
-		// Never log err itself: a RetrieveError prints the response body.
-		var re *oauth2.RetrieveError
-		var pe *domain.ProviderError
-		reason := "no answer"
-		switch {
-		case errors.As(err, &re):
-			reason = oauthCode(re.ErrorCode)
-		case errors.As(err, &pe) && pe.Code != "":
-			reason = oauthCode(pe.Code)
-		}
-		s.deps.Log.Warn("code exchange failed", "connection", name, "reason", reason)
-		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
-	}
-	accounts := s.deps.Account
-	if sess.Provider != "" {
-		// The user-info URL is the OAUTH_* provider's: another provider's
-		// token never goes there. Its ID token, if any, names the account.
-		accounts = AccountSource{HTTP: accounts.HTTP}
-	}
-	account, err := accounts.Account(exCtx, tok)
-	if err != nil {
-		s.deps.Log.Warn("the account that granted the connection is unknown; nothing stored", "connection", name, "err", err)
-		return outcome{httpStatus: http.StatusBadGateway, Code: "account_unknown", Message: "The provider did not say which account granted access; nothing was stored."}
-	}
-	granted := grantedScopes(tok, client.Scopes)
-	var missing []string
-	for _, want := range client.Scopes {
-		if !slices.Contains(granted, want) {
-			missing = append(missing, want)
-		}
-	}
-	b := domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")}
-	var fields map[string]string
-	if s.deps.Exchanger != nil {
-		fields = s.deps.Exchanger.ProviderFields(sess.Provider, q, grant)
-	}
-	t, err := s.deps.Connector.ConnectGrant(ctx, name, grant, usecase.ConnectRequest{
-		Binding: b, AllowAccountChange: sess.AllowAccountChange, Metadata: sess.Metadata, Provider: sess.Provider,
-		ProviderFields: fields})
+func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.Values) outcome {
+	res, err := s.deps.Flows.Complete(ctx, f, q)
+	var ce *tokenguard.ConnectError
 	switch {
-	case errors.Is(err, domain.ErrAccountMismatch):
-		s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored",
-			"connection", name, "account", account, "session_by", sess.CreatedBy)
-		return outcome{httpStatus: http.StatusConflict, Code: "account_mismatch",
-			Message: "This connection belongs to another account at the provider. Nothing was changed. To move it to this account, ask for a connect link that allows an account change."}
-	case errors.Is(err, domain.ErrInvalidToken):
-		s.deps.Log.Warn("the provider granted no usable token", "connection", name, "err", err)
-		return outcome{httpStatus: http.StatusBadGateway, Code: "exchange_failed", Message: "The provider granted no usable token (no refresh token?)."}
+	case errors.As(err, &ce):
+		s.deps.Log.Warn("connect flow ended without a grant; nothing stored", "connection", f.Connection, "reason", ce.Code)
+		status := http.StatusBadRequest
+		if ce.Code == "exchange_failed" || ce.Code == "account_unknown" {
+			status = http.StatusBadGateway
+		}
+		return outcome{httpStatus: status, Code: ce.Code, Message: ce.Message + " Nothing was stored."}
 	case err != nil:
 		p := classify(err)
-		s.deps.Log.Error("storing the grant failed", "connection", name, "err", err)
-		return outcome{httpStatus: p.status, Code: p.code, Message: "The grant could not be stored; try again."}
+		s.deps.Log.Error("keeping the grant failed", "connection", f.Connection, "err", err)
+		return outcome{httpStatus: p.status, Code: p.code, Message: "The grant could not be kept; try again."}
 	}
-	if len(missing) > 0 {
-		s.deps.Log.Warn("connection connected with fewer scopes than requested", "token", t,
-			"granted", granted, "missing", missing)
-		return outcome{httpStatus: http.StatusOK, Code: "scopes_narrowed", connected: true,
-			Message: "Connected, but without: " + strings.Join(missing, ", ") + ". Some features may not work."}
-	}
-	s.deps.Log.Info("connection connected", "token", t, "account", account, "scopes", granted)
-	return outcome{httpStatus: http.StatusOK, Code: "connected", connected: true, Message: "Connected. You can close this window."}
+	s.deps.Log.Info("consent received; the grant waits for the application's redemption", "connection", f.Connection,
+		"account", res.Account, "scopes", res.Scopes, "expires_at", res.ExpiresAt)
+	return outcome{httpStatus: http.StatusOK, Code: "pending", result: res.Code}
 }
 
-// grantedScopes is the token response's scope, or what was requested when
-// the provider sent none (RFC 6749 §5.1: then it granted what was asked).
-func grantedScopes(tok *oauth2.Token, requested []string) []string {
-	if s, ok := tok.Extra("scope").(string); ok {
-		return strings.Fields(strings.ReplaceAll(s, ",", " "))
+// redeemRequest is the body of POST /connect-results.
+type redeemRequest struct {
+	Result string `json:"result"`
+}
+
+// redeem stores the grant of a pending result: the application's backend
+// calls it after checking that the browser which brought the result is the
+// user who asked for the session.
+func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
+	if s.deps.Flows == nil {
+		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the connect flow is not configured", Code: "not_configured"})
+		return
 	}
-	return slices.Clone(requested)
+	var req redeemRequest
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&req); err != nil || req.Result == "" {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"result":"tgr_…"}`, Code: "bad_request"})
+		return
+	}
+	c, err := s.deps.Flows.Redeem(r.Context(), req.Result)
+	if err != nil {
+		s.redeemFailed(r, c.Connection, err)
+		writeError(w, c.Connection, err)
+		return
+	}
+	s.redeemed(r.Context(), c)
+	scopes, missing := c.Scopes, c.MissingScopes
+	if scopes == nil {
+		scopes = []string{}
+	}
+	if missing == nil {
+		missing = []string{}
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"connection": c.Connection, "account": c.Account, "scopes": scopes, "missing_scopes": missing})
+}
+
+func (s *Server) redeemFailed(r *http.Request, connection string, err error) {
+	if !errors.Is(err, domain.ErrAccountMismatch) {
+		s.logFailure(r, connection, err)
+		return
+	}
+	if s.deps.Observer != nil {
+		s.deps.Observer.ConnectOutcome("account_mismatch")
+	}
+	s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored, the grant is revoked",
+		"connection", connection, "api_key", keyName(r.Context()))
+}
+
+func (s *Server) redeemed(ctx context.Context, c tokenguard.Connected) {
+	outcome := "connected"
+	if len(c.MissingScopes) > 0 {
+		outcome = "scopes_narrowed"
+	}
+	if s.deps.Observer != nil {
+		s.deps.Observer.ConnectOutcome(outcome)
+	}
+	s.deps.Log.Info("connection connected", "connection", c.Connection, "provider", c.Provider, "account", c.Account,
+		"scopes", c.Scopes, "missing_scopes", c.MissingScopes, "api_key", keyName(ctx))
 }
 
 // newFlowID is the flow cookie's value.
 func newFlowID() domain.Secret {
 	return domain.NewSecret("tgf_" + rand.Text() + rand.Text())
-}
-
-// oauthCode keeps an OAuth2 error code printable and short: it comes from
-// outside.
-func oauthCode(s string) string {
-	if len(s) > 64 {
-		s = s[:64]
-	}
-	out := []byte(s)
-	for i, b := range out {
-		if (b < 'a' || b > 'z') && (b < 'A' || b > 'Z') && (b < '0' || b > '9') && b != '_' && b != '-' && b != '.' {
-			out[i] = '?'
-		}
-	}
-	if len(out) == 0 {
-		return "unknown"
-	}
-	return string(out)
 }

@@ -47,6 +47,7 @@ var publicRoutes = map[string]access{
 	"GET /healthz":        open,
 	"GET /openapi.json":   open,
 	"GET /oauth/connect":  browser,
+	"POST /oauth/connect": browser,
 	"GET /oauth/callback": browser,
 }
 
@@ -63,8 +64,10 @@ func (s *Server) routes() []route {
 		{"GET", "/openapi.json", open, 0, s.openapi},
 		{"POST", "/connections/{name}/events", apiKey, 64 << 10, s.event},
 		{"POST", "/connect-sessions", apiKey, 2 * defaultMaxBody, s.createSession},
+		{"POST", "/connect-results", apiKey, 0, s.redeem},
 		{"GET", "/connections", apiKey, 0, s.listConnections},
-		{"GET", "/oauth/connect", browser, 0, s.connect},
+		{"GET", "/oauth/connect", browser, 0, s.connectPage},
+		{"POST", "/oauth/connect", browser, 0, s.connectStart},
 		{"GET", "/oauth/callback", browser, 0, s.callback},
 	}
 	if s.deps.Metrics != nil {
@@ -88,6 +91,10 @@ func (s *Server) guard(rt route) http.Handler {
 	}
 	if rt.access == apiKey {
 		h = s.requireKey(h)
+	} else {
+		// Anyone can reach these: bounded per client address, so that a
+		// flood of them cannot take the server's time from the key holders.
+		h = s.public.limit(h)
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.deps.Edges.RequestTimeout)

@@ -23,7 +23,6 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // Tokens hands out connections' access tokens for the token API and the
@@ -46,11 +45,12 @@ type Events interface {
 	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
 }
 
-// Connector stores a newly granted token, bound to the account that
-// granted it, with the metadata and provider its session names (see
-// usecase.ConnectUseCase.ConnectGrant).
-type Connector interface {
-	ConnectGrant(ctx context.Context, connection string, g domain.Grant, r usecase.ConnectRequest) (domain.Token, error)
+// ConnectFlows run the connect flow: the authorization URL, the callback's
+// pending result, its redemption (*tokenguard.Tokens is one).
+type ConnectFlows interface {
+	AuthCodeURL(ctx context.Context, f tokenguard.ConnectFlow) (string, tokenguard.ConnectFlow, error)
+	Complete(ctx context.Context, f tokenguard.ConnectFlow, callback url.Values) (tokenguard.ConnectResult, error)
+	Redeem(ctx context.Context, code string) (tokenguard.Connected, error)
 }
 
 // Connections lists connections without their credentials, in name order
@@ -66,18 +66,6 @@ type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
 
-// Exchanger redeems authorization codes through the client the refreshes
-// use (its client authentication, auto style remembered; the profile's
-// reading of the answer and default lifetime), and gives the profile's
-// extra authorization parameters. provider "" is the OAuth one.
-type Exchanger interface {
-	Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
-	AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption
-	// ProviderFields is what the profile keeps from the grant and the
-	// callback's query as connection metadata (nil: nothing).
-	ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string
-}
-
 // KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
 type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error)
@@ -86,8 +74,13 @@ type KeyVerifier interface {
 // Sessions stores connect sessions and the browser flows they start.
 type Sessions interface {
 	Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error)
+	// Peek reads an unopened, unexpired session; domain.ErrUnauthorized
+	// otherwise.
+	Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error)
 	Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error)
-	Finish(ctx context.Context, flow domain.Secret) (domain.ConnectSession, error)
+	// Finish spends the flow of the cookie flow whose state is state;
+	// domain.ErrUnauthorized (and nothing spent) otherwise.
+	Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error)
 }
 
 // ConnectObserver counts the outcomes of the connect flow.
@@ -115,26 +108,22 @@ type Deps struct {
 	// "tokenguard-server/1.2.0".
 	UserAgent string
 	Events    Events
-	Connector Connector
+	// Flows runs the connect flow; nil disables it.
+	Flows ConnectFlows
 	// Connections serves GET /connections; nil answers it 503.
 	Connections Connections
-	// Providers serves the connect flow of connections that name a
-	// stored provider; nil knows only "" (OAuth).
+	// Providers says whether a connect session's stored provider exists
+	// and can run the browser flow; nil knows only "" (OAuth).
 	Providers Providers
-	// Exchanger redeems the connect flow's codes; nil: x/oauth2's
-	// Exchange, with its own auth-style detection.
-	Exchanger Exchanger
 	Keys      KeyVerifier
-	Sessions  Sessions
-	DB        Pinger
+	// Sessions keeps connect sessions and flows, and DB answers /healthz:
+	// both on the browser routes' own small pool, so that no flood of
+	// them takes a connection from the token reads and refreshes.
+	Sessions Sessions
+	DB       Pinger
 	// OAuth is the client registration for the connect flow; nil or without
 	// AuthURL/RedirectURL disables /oauth/connect.
 	OAuth *oauth2.Config
-	// OAuthHTTP is the client for the code exchange and the user-info
-	// request (nil: a 10s-timeout client).
-	OAuthHTTP *http.Client
-	// Account says how the account that granted a connection is found.
-	Account AccountSource
 	// Metrics serves GET /metrics behind an API key; nil leaves the route
 	// out.
 	Metrics  http.Handler
@@ -158,6 +147,14 @@ type Edges struct {
 	// twice Rate).
 	Rate  rate.Limit
 	Burst int
+	// PublicRate, PublicBurst and PublicInFlight limit the public routes
+	// (/oauth/*, /healthz, /openapi.json) per client address: requests per
+	// second (0: 20), burst (0: twice the rate) and requests at once (0:
+	// 4). PublicTotal caps them at once across every address (0: 64).
+	PublicRate     rate.Limit
+	PublicBurst    int
+	PublicInFlight int
+	PublicTotal    int
 	// RequestTimeout is every request's deadline (0: 30s).
 	RequestTimeout time.Duration
 	// ProxyMaxBody bounds a proxied request's body in bytes (0: 10 MiB).
@@ -172,6 +169,8 @@ type Server struct {
 	deps    Deps
 	hosts   map[string]bool
 	limits  *keyLimits
+	public  *addrLimits // the public routes' limits per client address
+	health  health
 	apiBase *url.URL
 	rp      *httputil.ReverseProxy // under the proxy routes
 }
@@ -180,12 +179,6 @@ type Server struct {
 func New(d Deps) *Server {
 	if d.Log == nil {
 		d.Log = slog.Default()
-	}
-	if d.OAuthHTTP == nil {
-		d.OAuthHTTP = &http.Client{
-			Timeout:       10 * time.Second,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
 	}
 	if d.Edges.RequestTimeout <= 0 {
 		d.Edges.RequestTimeout = 30 * time.Second
@@ -200,7 +193,7 @@ func New(d Deps) *Server {
 		d.Edges.ProxyMaxBody = defaultProxyMaxBody
 	}
 	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(d.Edges.Rate, d.Edges.Burst),
-		apiBase: d.APIBaseURL}
+		public: newAddrLimits(d.Edges), apiBase: d.APIBaseURL}
 	if d.UpstreamTimeout <= 0 {
 		d.UpstreamTimeout = 10 * time.Second
 	}
@@ -262,10 +255,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	return nil
 }
 
+// healthz answers from the last database ping, at most a second old: one
+// ping a second, whatever the traffic.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-	defer cancel()
-	if err := s.deps.DB.PingContext(ctx); err != nil {
+	if err := s.health.check(r.Context(), s.deps.DB); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "database unreachable"})
 		return
 	}

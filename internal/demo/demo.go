@@ -17,8 +17,10 @@ import (
 	"net"
 	"net/http"
 	"net/http/cookiejar"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -264,6 +266,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 		"LOG_FORMAT=json", // the timeline reads the "token refresh" lines
 		"WEBHOOK_URL="+r.hooks.URL,
 		"WEBHOOK_SECRET="+r.hooks.Secret,
+		"CONNECT_RETURN_URLS="+demoApp,
 		// One key drives all of the demo's load.
 		"API_KEY_RATE=100000",
 		"API_KEY_BURST=100000",
@@ -289,7 +292,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	if err := r.connectViaBrowserFlow(ctx, connections[0]); err != nil {
 		return nil, err
 	}
-	r.say("  connected: %q through a connect session (POST /connect-sessions, then the browser flow: state and PKCE checked)", connections[0])
+	r.say("  connected: %q through a connect session (POST /connect-sessions, the consent page's button, the provider, back to return_to with a pending result, POST /connect-results)", connections[0])
 	if err := r.importToken(ctx, connections[1], "", cfg); err != nil {
 		return nil, err
 	}
@@ -446,12 +449,21 @@ func (r *run) authorized(req *http.Request) *http.Request {
 	return req
 }
 
+// demoApp is the application the demo plays: where the browser comes
+// back to with the consent's result (never reached: the demo's browser
+// stops there and hands the result to the "backend").
+const demoApp = "https://app.demo.example/"
+
+var formField = regexp.MustCompile(`name="(session|csrf)" value="([^"]+)"`)
+
 // connectViaBrowserFlow asks for a connect session, then does what a
-// browser does with its URL: follow /oauth/connect to the provider (which
-// approves at once) and back to /oauth/callback, carrying the server's
-// cookie.
+// browser does with its URL: the consent page, its button (POST with the
+// page's CSRF token), the provider (which approves at once), back to
+// /oauth/callback carrying the server's cookie, and on to return_to with
+// a pending result; the demo's backend then redeems the result.
 func (r *run) connectViaBrowserFlow(ctx context.Context, name string) error {
-	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.server+"/connect-sessions", strings.NewReader(`{"connection":"`+name+`"}`))
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, r.server+"/connect-sessions",
+		strings.NewReader(`{"connection":"`+name+`","return_to":"`+demoApp+`integrations"}`))
 	resp, err := http.DefaultClient.Do(r.authorized(req))
 	if err != nil {
 		return fmt.Errorf("connect session for %s: %w", name, err)
@@ -465,19 +477,70 @@ func (r *run) connectViaBrowserFlow(ctx context.Context, name string) error {
 		return fmt.Errorf("connect session for %s: %s", name, resp.Status)
 	}
 	jar, _ := cookiejar.New(nil)
-	c := &http.Client{Jar: jar, Timeout: 15 * time.Second}
-	req, _ = http.NewRequestWithContext(ctx, http.MethodGet, session.ConnectURL, nil)
-	resp, err = c.Do(req)
+	app, _ := url.Parse(demoApp)
+	c := &http.Client{Jar: jar, Timeout: 15 * time.Second, CheckRedirect: func(req *http.Request, _ []*http.Request) error {
+		if req.URL.Host == app.Host {
+			return http.ErrUseLastResponse
+		}
+		return nil
+	}}
+	page, err := fetch(ctx, c, http.MethodGet, session.ConnectURL, nil)
+	if err != nil {
+		return fmt.Errorf("connect %s: the consent page: %w", name, err)
+	}
+	form := url.Values{}
+	for _, m := range formField.FindAllStringSubmatch(page.body, -1) {
+		form.Set(m[1], m[2])
+	}
+	back, err := fetch(ctx, c, http.MethodPost, r.server+"/oauth/connect", form)
 	if err != nil {
 		return fmt.Errorf("connect %s: %w", name, err)
 	}
-	defer resp.Body.Close()
+	loc, err := url.Parse(back.location)
+	if back.status != http.StatusSeeOther || err != nil || loc.Host != app.Host || loc.Query().Get("status") != "pending" {
+		return fmt.Errorf("connect %s: the browser did not come back with a pending result: %d %.200s", name, back.status, back.body)
+	}
+	req, _ = http.NewRequestWithContext(ctx, http.MethodPost, r.server+"/connect-results",
+		strings.NewReader(`{"result":"`+loc.Query().Get("result")+`"}`))
+	resp, err = http.DefaultClient.Do(r.authorized(req))
+	if err != nil {
+		return fmt.Errorf("redeem the result of %s: %w", name, err)
+	}
 	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		return fmt.Errorf("connect %s: %s: %s", name, resp.Status, body)
+		return fmt.Errorf("redeem the result of %s: %s: %s", name, resp.Status, body)
 	}
 	r.granted[name] = time.Now()
 	return nil
+}
+
+// answer is the end of a browser request.
+type answer struct {
+	status         int
+	location, body string
+}
+
+func fetch(ctx context.Context, c *http.Client, method, target string, form url.Values) (answer, error) {
+	var body io.Reader
+	if form != nil {
+		body = strings.NewReader(form.Encode())
+	}
+	req, err := http.NewRequestWithContext(ctx, method, target, body)
+	if err != nil {
+		return answer{}, err
+	}
+	if form != nil {
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	}
+	req.Header.Set("Accept", "text/html")
+	resp, err := c.Do(req)
+	if err != nil {
+		return answer{}, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	return answer{status: resp.StatusCode, location: resp.Header.Get("Location"), body: string(b)}, nil
 }
 
 // addProvider registers the second sandbox as an operator registers a

@@ -58,6 +58,9 @@ func (p *Provider) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 		p.oauth.WriteAuthorizeError(ctx, w, ar, err)
 		return
 	}
+	if r.URL.Query().Get("prompt") == "consent" {
+		p.stats.consentPrompts.Add(1)
+	}
 	// Auto-approve. fosite has already checked the requested scopes and
 	// audience against what the client is allowed. The person consenting
 	// is login_hint (default Subject), and consent_scope, when present,

@@ -32,6 +32,10 @@ type Stats struct {
 	// Revocations counts revocation requests answered 200 (RFC 7009: an
 	// unknown or already invalid token is answered 200 too).
 	Revocations int64 `json:"revocations"`
+	// ConsentPrompts counts authorization requests with prompt=consent:
+	// those a real provider answers with its consent screen even for a
+	// client the person approved before.
+	ConsentPrompts int64 `json:"consent_prompts"`
 	// ResourceOK and Resource401 count /resource calls accepted / rejected.
 	ResourceOK  int64 `json:"resource_ok"`
 	Resource401 int64 `json:"resource_401"`
@@ -49,6 +53,7 @@ type counters struct {
 	lostAnswers     atomic.Int64
 	graceReplays    atomic.Int64
 	revocations     atomic.Int64
+	consentPrompts  atomic.Int64
 	resourceOK      atomic.Int64
 	resource401     atomic.Int64
 
@@ -59,7 +64,7 @@ type counters struct {
 func (c *counters) reset() {
 	for _, n := range []*atomic.Int64{
 		&c.codeExchanges, &c.refreshes, &c.refreshReuse, &c.refreshRejected,
-		&c.refreshFaults, &c.lostAnswers, &c.graceReplays, &c.revocations, &c.resourceOK, &c.resource401,
+		&c.refreshFaults, &c.lostAnswers, &c.graceReplays, &c.revocations, &c.consentPrompts, &c.resourceOK, &c.resource401,
 	} {
 		n.Store(0)
 	}
@@ -99,6 +104,7 @@ func (p *Provider) Stats() Stats {
 		LostAnswers:     c.lostAnswers.Load(),
 		GraceReplays:    c.graceReplays.Load(),
 		Revocations:     c.revocations.Load(),
+		ConsentPrompts:  c.consentPrompts.Load(),
 		ResourceOK:      c.resourceOK.Load(),
 		Resource401:     c.resource401.Load(),
 	}

@@ -1,0 +1,278 @@
+package tokenguard
+
+import (
+	"context"
+	"crypto/rand"
+	"crypto/subtle"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/url"
+	"slices"
+	"strings"
+	"time"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
+)
+
+// ConnectFlow is one browser's authorization-code flow for a connection,
+// from AuthCodeURL to Complete. The caller fills what the flow is for;
+// AuthCodeURL fills State and Verifier. Keep the flow server-side, bound
+// to the browser that started it (the application's own session), never
+// in a URL: Verifier is the PKCE secret.
+type ConnectFlow struct {
+	Connection string
+	// Provider is a stored provider (tokenctl provider add); "" is New's
+	// oauth2.Config's.
+	Provider string
+	// RedirectURL is where the provider sends the browser back; "" is
+	// New's oauth2.Config's RedirectURL.
+	RedirectURL string
+	// AllowAccountChange lets a grant from another provider account than
+	// the connection's replace it.
+	AllowAccountChange bool
+	// Metadata (a JSON object) and Tags replace the connection's when the
+	// result is redeemed; both nil keep the connection's own.
+	Metadata json.RawMessage
+	Tags     []string
+	// CreatedBy names who asked for the flow (the bundled server: the API
+	// key); it is kept with the pending result.
+	CreatedBy string
+	State     string
+	Verifier  string
+}
+
+// ConnectResult is a consent's grant, kept pending: nothing is stored for
+// the connection until Redeem is called with Code.
+type ConnectResult struct {
+	// Code is the one-time result code (tgr_…), valid until ExpiresAt.
+	// Hand it to the part of the application that knows which of its
+	// users started the flow; only that part should Redeem it.
+	Code          string
+	Connection    string
+	Account       string // the provider account that consented; "" when unknown
+	Scopes        []string
+	MissingScopes []string // requested but not granted
+	ExpiresAt     time.Time
+}
+
+// Connected is a redeemed result: the grant is stored.
+type Connected struct {
+	Connection    string
+	Provider      string
+	Account       string
+	Scopes        []string
+	MissingScopes []string
+}
+
+// ConnectError says why Complete stored nothing, with the reason code a
+// browser can be shown (bad_state, bad_request, exchange_failed,
+// account_unknown, unknown_provider, or the provider's own OAuth2 error
+// code such as access_denied). Match it with errors.As.
+type ConnectError = domain.ConnectError
+
+// ResultLifetime is how long a result waits for Redeem; after that its
+// grant is revoked at the provider and deleted (SweepConnectResults).
+const ResultLifetime = 10 * time.Minute
+
+// AuthCodeURL starts the authorization-code flow of f.Connection: it
+// returns the provider's authorization URL to send the browser to, and f
+// with a fresh State and PKCE Verifier, to keep until the callback. The
+// request carries the profile's authorization parameters (prompt=consent
+// where the provider supports it, so an earlier approval does not let a
+// consent pass unseen). The URL comes from New's oauth2.Config
+// (Endpoint.AuthURL, Scopes, RedirectURL) or the stored provider's.
+func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, ConnectFlow, error) {
+	if t.closed.Load() {
+		return "", f, ErrClosed
+	}
+	if err := domain.ValidateName(f.Connection); err != nil {
+		return "", f, err
+	}
+	if _, err := metadataOf(f); err != nil {
+		return "", f, err
+	}
+	client, err := t.clientOf(ctx, f)
+	if err != nil {
+		return "", f, err
+	}
+	if client.Endpoint.AuthURL == "" {
+		if f.Provider != "" {
+			return "", f, fmt.Errorf("tokenguard: provider %q has no authorization URL (tokenctl provider update --auth-url): %w", f.Provider, ErrUnknownProvider)
+		}
+		return "", f, errors.New("tokenguard: AuthCodeURL: the oauth2.Config has no Endpoint.AuthURL")
+	}
+	if client.RedirectURL == "" {
+		return "", f, errors.New("tokenguard: AuthCodeURL: no RedirectURL (the ConnectFlow's or the oauth2.Config's)")
+	}
+	f.RedirectURL = client.RedirectURL
+	f.State, f.Verifier = rand.Text(), oauth2.GenerateVerifier()
+	opts := append([]oauth2.AuthCodeOption{oauth2.S256ChallengeOption(f.Verifier)}, t.providers.AuthCodeOptions(f.Provider, client.Scopes)...)
+	return client.AuthCodeURL(f.State, opts...), f, nil
+}
+
+// Complete handles the provider's redirect back (callback: its query) for
+// the flow f that AuthCodeURL started: it checks the state, redeems the
+// code with the PKCE verifier, finds the account that consented (the ID
+// token's sub, else WithUserInfo's endpoint) and keeps the grant pending,
+// sealed like tokens, for ResultLifetime. Nothing is stored for the
+// connection: a link that reached another person's browser must not give
+// their grant to the connection. Redeem stores it, once the application
+// knows the browser belonged to the user who asked.
+//
+// A flow the provider did not complete is a *ConnectError.
+func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Values) (ConnectResult, error) {
+	if t.closed.Load() {
+		return ConnectResult{}, ErrClosed
+	}
+	if f.State == "" || subtle.ConstantTimeCompare([]byte(callback.Get("state")), []byte(f.State)) != 1 {
+		return ConnectResult{}, &ConnectError{Code: "bad_state", Message: "The answer from the provider does not belong to this connection attempt."}
+	}
+	if e := callback.Get("error"); e != "" {
+		code := oauthCode(e)
+		return ConnectResult{}, &ConnectError{Code: code, Message: "The provider did not grant access (" + code + ")."}
+	}
+	code := callback.Get("code")
+	if code == "" {
+		return ConnectResult{}, &ConnectError{Code: "bad_request", Message: "The provider sent no authorization code."}
+	}
+	metadata, err := metadataOf(f)
+	if err != nil {
+		return ConnectResult{}, err
+	}
+	client, err := t.clientOf(ctx, f)
+	if err != nil {
+		return ConnectResult{}, &ConnectError{Code: "unknown_provider", Message: "The connection's provider is not known.", Err: err}
+	}
+	grant, tok, err := t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, f.Verifier)
+	if err != nil {
+		// Never the error's text: an answer's body is not ours to repeat.
+		var pe *domain.ProviderError
+		reason := "no answer"
+		if errors.As(err, &pe) && pe.Code != "" {
+			reason = oauthCode(pe.Code)
+		}
+		return ConnectResult{}, &ConnectError{Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
+	}
+	accounts := provider.AccountSource{HTTP: t.httpClient}
+	if f.Provider == "" {
+		// The user-info URL is the oauth2.Config provider's: another
+		// provider's token never goes there.
+		accounts.UserInfoURL, accounts.IDField = t.userInfo.url, t.userInfo.field
+	}
+	account, err := accounts.Account(ctx, tok)
+	if err != nil {
+		return ConnectResult{}, &ConnectError{Code: "account_unknown", Message: "The provider did not say which account granted access.", Err: err}
+	}
+	granted := grantedScopes(tok, client.Scopes)
+	var missing []string
+	for _, want := range client.Scopes {
+		if !slices.Contains(granted, want) {
+			missing = append(missing, want)
+		}
+	}
+	p := domain.PendingGrant{Connection: f.Connection, Provider: f.Provider, CreatedBy: f.CreatedBy, AllowAccountChange: f.AllowAccountChange,
+		Metadata: metadata, ProviderFields: t.providers.ProviderFields(f.Provider, callback, grant),
+		Binding: domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")},
+		Grant:   grant}
+	secret, expires, err := t.flow.Keep(ctx, p)
+	if err != nil {
+		return ConnectResult{}, err
+	}
+	return ConnectResult{Code: secret.Reveal(), Connection: f.Connection, Account: account, Scopes: granted, MissingScopes: missing, ExpiresAt: expires}, nil
+}
+
+// Redeem stores the grant of the pending result code: as Import does, and
+// bound to the account that consented (a grant from another account than
+// the connection's is ErrAccountMismatch unless the flow allowed the
+// change), with the flow's metadata, in one transaction with the result's
+// deletion. A code that is unknown, expired or already redeemed is
+// ErrResultInvalid, and nothing is stored. A refused grant is revoked at
+// the provider by the next SweepConnectResults.
+func (t *Tokens) Redeem(ctx context.Context, code string) (Connected, error) {
+	if t.closed.Load() {
+		return Connected{}, ErrClosed
+	}
+	tok, p, err := t.flow.Redeem(ctx, domain.NewSecret(code))
+	if err != nil {
+		return Connected{Connection: p.Connection}, err
+	}
+	return Connected{Connection: tok.Connection, Provider: tok.Provider, Account: tok.Binding.Account,
+		Scopes: strings.Fields(tok.Binding.Scopes), MissingScopes: strings.Fields(tok.Binding.MissingScopes)}, nil
+}
+
+// SweepConnectResults revokes at their provider (RFC 7009, where a
+// revocation endpoint is known: WithRevocationURL, a stored provider's)
+// the grants of results never redeemed within ResultLifetime, and deletes
+// them; a revocation that fails is tried again by the next sweep. No
+// database connection is held while the provider answers, and processes
+// sweeping at once share the work. Call it periodically in at least one
+// process (the bundled server does, every few seconds). It returns how
+// many results it deleted.
+func (t *Tokens) SweepConnectResults(ctx context.Context) (int, error) {
+	if t.closed.Load() {
+		return 0, ErrClosed
+	}
+	return t.flow.Sweep(ctx)
+}
+
+// clientOf is the client registration of f's provider, with f's redirect
+// URL, else New's oauth2.Config's.
+func (t *Tokens) clientOf(ctx context.Context, f ConnectFlow) (*oauth2.Config, error) {
+	var c *oauth2.Config
+	if f.Provider == "" {
+		cp := *t.cfg
+		c = &cp
+	} else {
+		var err error
+		if c, err = t.providers.ClientConfig(ctx, f.Provider); err != nil {
+			return nil, err
+		}
+		c.RedirectURL = t.cfg.RedirectURL
+	}
+	if f.RedirectURL != "" {
+		c.RedirectURL = f.RedirectURL
+	}
+	return c, nil
+}
+
+func metadataOf(f ConnectFlow) (*domain.Metadata, error) {
+	if f.Metadata == nil && f.Tags == nil {
+		return nil, nil
+	}
+	m, err := domain.NewMetadata(f.Metadata, f.Tags)
+	if err != nil {
+		return nil, err
+	}
+	return &m, nil
+}
+
+// grantedScopes is the token response's scope, or what was requested when
+// the provider sent none (RFC 6749 §5.1: then it granted what was asked).
+func grantedScopes(tok *oauth2.Token, requested []string) []string {
+	if s, ok := tok.Extra("scope").(string); ok {
+		return strings.Fields(strings.ReplaceAll(s, ",", " "))
+	}
+	return slices.Clone(requested)
+}
+
+// oauthCode keeps an OAuth2 error code printable and short: it comes from
+// outside.
+func oauthCode(s string) string {
+	if len(s) > 64 {
+		s = s[:64]
+	}
+	out := []byte(s)
+	for i, b := range out {
+		if (b < 'a' || b > 'z') && (b < 'A' || b > 'Z') && (b < '0' || b > '9') && b != '_' && b != '-' && b != '.' {
+			out[i] = '?'
+		}
+	}
+	if len(out) == 0 {
+		return "unknown"
+	}
+	return string(out)
+}

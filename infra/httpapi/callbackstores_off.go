@@ -1,0 +1,15 @@
+//go:build !tokenguard_e2e_callbackstores
+
+package httpapi
+
+import "context"
+
+// storeAtCallback is false in every real build: the callback keeps the
+// grant pending. The e2e tests' control build sets it to show what their
+// attacks do to a server that stores at the callback.
+const storeAtCallback = false
+
+// ControlBuild is false in every real build (see storeAtCallback).
+const ControlBuild = false
+
+func (s *Server) redeemAtCallback(_ context.Context, o outcome) outcome { return o }

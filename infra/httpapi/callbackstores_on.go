@@ -1,0 +1,28 @@
+//go:build tokenguard_e2e_callbackstores
+
+package httpapi
+
+import "context"
+
+// storeAtCallback: this build is the e2e tests' control, the server as it
+// was before the redeem step and the public routes' limits: the callback
+// stores the grant itself, so whoever's browser consents gives the
+// connection their grant, and the public routes run unlimited on the
+// token layer's pool. Never built for use (the build tag is the tests'
+// own).
+const storeAtCallback = true
+
+// ControlBuild tells di to wire the public routes as before (see
+// storeAtCallback).
+const ControlBuild = true
+
+// redeemAtCallback redeems the pending result at once, with no backend.
+func (s *Server) redeemAtCallback(ctx context.Context, o outcome) outcome {
+	c, err := s.deps.Flows.Redeem(ctx, o.result)
+	if err != nil {
+		p := classify(err)
+		return outcome{httpStatus: p.status, Connection: o.Connection, Code: p.code, Message: "The grant could not be stored."}
+	}
+	s.redeemed(ctx, c)
+	return outcome{httpStatus: 200, Connection: o.Connection, Code: "connected", connected: true}
+}

@@ -1,0 +1,156 @@
+package httpapi
+
+import (
+	"context"
+	"math"
+	"net"
+	"net/http"
+	"strconv"
+	"sync"
+	"time"
+
+	"golang.org/x/time/rate"
+)
+
+// addrLimits bound the public routes per client address (the connection's
+// peer: a proxy in front makes every client one address, which it then
+// limits as a whole): a token bucket and a cap on requests at once, plus a
+// cap across every address. Refused requests cost no database work.
+type addrLimits struct {
+	rate     rate.Limit
+	burst    int
+	inFlight int
+	total    chan struct{}
+
+	mu    sync.Mutex
+	addrs map[string]*addrState
+}
+
+type addrState struct {
+	lim      *rate.Limiter
+	inFlight int
+	seen     time.Time
+}
+
+// maxAddrs bounds the addresses remembered; idle ones are forgotten first.
+const maxAddrs = 4096
+
+func newAddrLimits(e Edges) *addrLimits {
+	a := &addrLimits{rate: e.PublicRate, burst: e.PublicBurst, inFlight: e.PublicInFlight, addrs: map[string]*addrState{}}
+	if a.rate <= 0 {
+		a.rate = 20
+	}
+	if a.burst <= 0 {
+		a.burst = int(2 * a.rate)
+	}
+	if a.inFlight <= 0 {
+		a.inFlight = 4
+	}
+	total := e.PublicTotal
+	if total <= 0 {
+		total = 64
+	}
+	a.total = make(chan struct{}, total)
+	return a
+}
+
+// acquire admits one request from addr, or says how long to wait.
+func (a *addrLimits) acquire(addr string) (release func(), wait time.Duration, ok bool) {
+	now := time.Now()
+	a.mu.Lock()
+	st, found := a.addrs[addr]
+	if !found {
+		if len(a.addrs) >= maxAddrs {
+			a.forget(now)
+		}
+		st = &addrState{lim: rate.NewLimiter(a.rate, a.burst)}
+		a.addrs[addr] = st
+	}
+	st.seen = now
+	if st.inFlight >= a.inFlight {
+		a.mu.Unlock()
+		return nil, time.Second, false
+	}
+	res := st.lim.ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		a.mu.Unlock()
+		return nil, d, false
+	}
+	st.inFlight++
+	a.mu.Unlock()
+	select {
+	case a.total <- struct{}{}:
+	default:
+		a.done(st)
+		return nil, time.Second, false
+	}
+	return func() { <-a.total; a.done(st) }, 0, true
+}
+
+func (a *addrLimits) done(st *addrState) {
+	a.mu.Lock()
+	st.inFlight--
+	a.mu.Unlock()
+}
+
+// forget drops idle addresses, those unseen for a minute first; the caller
+// holds mu.
+func (a *addrLimits) forget(now time.Time) {
+	for k, st := range a.addrs {
+		if st.inFlight == 0 && now.Sub(st.seen) > time.Minute {
+			delete(a.addrs, k)
+		}
+	}
+	if len(a.addrs) < maxAddrs {
+		return
+	}
+	for k, st := range a.addrs {
+		if st.inFlight == 0 {
+			delete(a.addrs, k)
+		}
+	}
+}
+
+// limit answers 429 to an address over its rate or its requests at once.
+func (a *addrLimits) limit(next http.Handler) http.Handler {
+	if ControlBuild {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			addr = r.RemoteAddr
+		}
+		release, wait, ok := a.acquire(addr)
+		if !ok {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this address; try again later", Code: "rate_limited"})
+			return
+		}
+		defer release()
+		next.ServeHTTP(w, r)
+	})
+}
+
+// health is the last database ping, reused for a second.
+type health struct {
+	mu  sync.Mutex
+	at  time.Time
+	err error
+}
+
+// check pings db unless the last ping is under a second old. Callers wait
+// for a ping in progress rather than start one of their own.
+func (h *health) check(ctx context.Context, db Pinger) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !ControlBuild && !h.at.IsZero() && time.Since(h.at) < time.Second {
+		return h.err
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	h.err = db.PingContext(pctx)
+	h.at = time.Now()
+	return h.err
+}

@@ -1,0 +1,215 @@
+package repository
+
+import (
+	"context"
+	"database/sql"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ResultPrefix starts a connect result code.
+const ResultPrefix = "tgr_"
+
+// ResultLifetime bounds how long a pending grant waits for its redemption.
+const ResultLifetime = 10 * time.Minute
+
+// ConnectResults keeps the grants of connect flows until the application's
+// backend redeems them, by the hash of their result code, their tokens
+// sealed as the tokens table's are.
+type ConnectResults struct {
+	db     *gorm.DB
+	sealer Sealer
+}
+
+// NewConnectResults binds the store to a pool and the tokens' sealer.
+func NewConnectResults(db *gorm.DB, sealer Sealer) *ConnectResults {
+	return &ConnectResults{db: db, sealer: sealer}
+}
+
+// resultAAD binds a sealed value to its row (the result's hash) and column.
+func resultAAD(hashHex, column string) string { return "connect_result/" + hashHex + "/" + column }
+
+// Keep stores p and returns its one-time result code and its expiry.
+func (c *ConnectResults) Keep(ctx context.Context, p domain.PendingGrant) (domain.Secret, time.Time, error) {
+	if err := domain.ValidateName(p.Connection); err != nil {
+		return domain.Secret{}, time.Time{}, err
+	}
+	if p.Grant.AccessToken.IsZero() || p.Grant.RefreshToken.IsZero() {
+		return domain.Secret{}, time.Time{}, fmt.Errorf("keep the grant of %s: %w: no access or refresh token", p.Connection, domain.ErrInvalidToken)
+	}
+	code := NewCredential(ResultPrefix)
+	h := hashParam(code)
+	at, err := c.sealer.Seal(p.Grant.AccessToken.Reveal(), resultAAD(h, colAccess))
+	if err != nil {
+		return domain.Secret{}, time.Time{}, fmt.Errorf("seal the pending access token of %s: %w", p.Connection, err)
+	}
+	rt, err := c.sealer.Seal(p.Grant.RefreshToken.Reveal(), resultAAD(h, colRefresh))
+	if err != nil {
+		return domain.Secret{}, time.Time{}, fmt.Errorf("seal the pending refresh token of %s: %w", p.Connection, err)
+	}
+	var metadata, tags any // NULL: keep the connection's
+	if p.Metadata != nil {
+		metadata, tags = string(p.Metadata.Object), tagArray(p.Metadata.Tags)
+	}
+	var fields any
+	if len(p.ProviderFields) > 0 {
+		b, err := json.Marshal(p.ProviderFields)
+		if err != nil {
+			return domain.Secret{}, time.Time{}, fmt.Errorf("%w: %w", domain.ErrInvalidMetadata, err)
+		}
+		fields = string(b)
+	}
+	var expires time.Time
+	err = c.db.WithContext(ctx).Raw(`INSERT INTO tokenguard_connect_results (result_hash, connection, provider, created_by, allow_account_change,
+    metadata, tags, provider_fields, granted_account, granted_scopes, missing_scopes,
+    access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at)
+VALUES (decode(?, 'hex'), ?, NULLIF(?, ''), ?, ?, ?::jsonb, ?::text[], ?::jsonb, ?, coalesce(?::text[], '{}'), coalesce(?::text[], '{}'),
+    ?, ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
+		h, p.Connection, p.Provider, p.CreatedBy, p.AllowAccountChange, metadata, tags, fields,
+		p.Binding.Account, textArray(p.Binding.Scopes), textArray(p.Binding.MissingScopes),
+		at, p.Grant.TokenType, rt, nullTime(p.Grant.Expiry), nullTime(p.Grant.RefreshExpiry),
+		fmt.Sprintf("%d milliseconds", ResultLifetime.Milliseconds())).Scan(&expires).Error
+	if err != nil {
+		return domain.Secret{}, time.Time{}, storeError(ctx, "keep connect result", err)
+	}
+	return code, expires, nil
+}
+
+type resultRow struct {
+	ID                 int64
+	HashHex            string
+	Connection         string
+	Provider           string
+	CreatedBy          string
+	AllowAccountChange bool
+	Metadata           sql.NullString
+	Tags               sql.NullString // a JSON array
+	ProviderFields     sql.NullString
+	GrantedAccount     string
+	GrantedScopes      string // space-separated
+	MissingScopes      string
+	AccessToken        string
+	TokenType          string
+	RefreshToken       string
+	Expiry             sql.NullTime
+	RefreshExpiry      sql.NullTime
+	ExpiresAt          time.Time
+	CreatedAt          time.Time
+}
+
+const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, coalesce(provider, '') AS provider, created_by, allow_account_change,
+    metadata::text AS metadata, array_to_json(tags)::text AS tags, provider_fields::text AS provider_fields,
+    granted_account, array_to_string(granted_scopes, ' ') AS granted_scopes, array_to_string(missing_scopes, ' ') AS missing_scopes,
+    access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, created_at`
+
+// Pending reads the unexpired result of code: its row id (for the
+// redemption's SpendResult) and its grant, opened. An unknown, expired or
+// redeemed code is domain.ErrResultInvalid.
+func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error) {
+	if !strings.HasPrefix(code.Reveal(), ResultPrefix) || len(code.Reveal()) > 128 {
+		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
+	}
+	var rows []resultRow
+	err := c.db.WithContext(ctx).Raw(`SELECT `+resultColumns+` FROM tokenguard_connect_results
+WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code)).Scan(&rows).Error
+	if err != nil {
+		return 0, domain.PendingGrant{}, storeError(ctx, "read connect result", err)
+	}
+	if len(rows) == 0 {
+		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
+	}
+	r := rows[0]
+	at, err := c.sealer.Open(r.AccessToken, resultAAD(r.HashHex, colAccess))
+	if err != nil {
+		return 0, domain.PendingGrant{}, fmt.Errorf("pending access token of %s: %w", r.Connection, err)
+	}
+	rt, err := c.sealer.Open(r.RefreshToken, resultAAD(r.HashHex, colRefresh))
+	if err != nil {
+		return 0, domain.PendingGrant{}, fmt.Errorf("pending refresh token of %s: %w", r.Connection, err)
+	}
+	p := domain.PendingGrant{Connection: r.Connection, Provider: r.Provider, CreatedBy: r.CreatedBy, AllowAccountChange: r.AllowAccountChange,
+		Binding:   domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes},
+		Grant:     domain.Grant{AccessToken: domain.NewSecret(at), TokenType: r.TokenType, RefreshToken: domain.NewSecret(rt), Expiry: r.Expiry.Time, RefreshExpiry: r.RefreshExpiry.Time},
+		ExpiresAt: r.ExpiresAt}
+	if r.Metadata.Valid {
+		m := domain.Metadata{Object: compactJSON(r.Metadata.String)}
+		_ = json.Unmarshal([]byte(r.Tags.String), &m.Tags) // array_to_json of text[], or NULL
+		p.Metadata = &m
+	}
+	if r.ProviderFields.Valid {
+		_ = json.Unmarshal([]byte(r.ProviderFields.String), &p.ProviderFields) // written by Keep
+	}
+	return r.ID, p, nil
+}
+
+// Refuse expires the result id at once: a grant that cannot be stored
+// (another account's) is never redeemable again, and the sweep revokes it.
+func (c *ConnectResults) Refuse(ctx context.Context, id int64) error {
+	if err := c.db.WithContext(ctx).Exec("UPDATE tokenguard_connect_results SET expires_at = least(expires_at, now()) WHERE id = ?", id).Error; err != nil {
+		return storeError(ctx, "refuse connect result", err)
+	}
+	return nil
+}
+
+// Expired leases up to limit expired results for lease, so that no other
+// sweep takes them meanwhile, and returns them with their refresh tokens
+// opened. The statement commits on its own: the revocations that follow
+// hold no connection.
+func (c *ConnectResults) Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error) {
+	var rows []resultRow
+	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_results r SET sweep_after = now() + ?::interval
+FROM (SELECT id FROM tokenguard_connect_results
+      WHERE expires_at <= now() AND (sweep_after IS NULL OR sweep_after <= now())
+      ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED) s
+WHERE r.id = s.id
+RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce(r.provider, '') AS provider, r.refresh_token, r.created_at`,
+		fmt.Sprintf("%d milliseconds", lease.Milliseconds()), limit).Scan(&rows).Error
+	if err != nil {
+		return nil, storeError(ctx, "lease expired connect results", err)
+	}
+	out := make([]domain.ExpiredGrant, 0, len(rows))
+	for _, r := range rows {
+		e := domain.ExpiredGrant{ID: r.ID, Connection: r.Connection, Provider: r.Provider, CreatedAt: r.CreatedAt}
+		rt, err := c.sealer.Open(r.RefreshToken, resultAAD(r.HashHex, colRefresh))
+		if err != nil {
+			// Not revocable with these keys; kept for keys that can.
+			continue
+		}
+		e.RefreshToken = domain.NewSecret(rt)
+		out = append(out, e)
+	}
+	return out, nil
+}
+
+// Delete removes the result id (its grant revoked, or beyond revoking).
+func (c *ConnectResults) Delete(ctx context.Context, id int64) error {
+	if err := c.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ?", id).Error; err != nil {
+		return storeError(ctx, "delete connect result", err)
+	}
+	return nil
+}
+
+// SpendResult deletes the unexpired result id inside the locked
+// transaction that stores its grant: the grant and the redemption commit
+// together, and of two redemptions of one code only one finds the row. A
+// result expired or redeemed meanwhile is domain.ErrResultInvalid, and
+// the transaction stores nothing.
+func (l *LockedTokens) SpendResult(ctx context.Context, id int64) error {
+	if l.tx.ended {
+		return errTxEnded
+	}
+	res := l.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ? AND expires_at > now()", id)
+	if res.Error != nil {
+		return storeError(ctx, "spend connect result", res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return fmt.Errorf("connect result: %w", domain.ErrResultInvalid)
+	}
+	return nil
+}

@@ -1,0 +1,132 @@
+package usecase
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// PendingStore keeps the grants of connect flows until they are redeemed
+// (repository.ConnectResults is one).
+type PendingStore interface {
+	Keep(ctx context.Context, p domain.PendingGrant) (domain.Secret, time.Time, error)
+	// Pending reads an unexpired result and its row id;
+	// domain.ErrResultInvalid otherwise.
+	Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error)
+	// Refuse makes the result id expired at once.
+	Refuse(ctx context.Context, id int64) error
+	// Expired leases up to limit expired results for lease and returns
+	// them, committed: nothing stays held.
+	Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error)
+	Delete(ctx context.Context, id int64) error
+}
+
+// ConnectFlowUseCase holds a consent's grant pending until the backend of
+// the application redeems it, and revokes those never redeemed: a connect
+// link opened by someone else than the user who asked for it stores
+// nothing.
+type ConnectFlowUseCase struct {
+	results PendingStore
+	connect *ConnectUseCase
+	revoker Revoker // nil: no revocation endpoint anywhere
+	timeout time.Duration
+	log     *slog.Logger
+}
+
+// NewConnectFlowUseCase builds the use case; revoker may be nil,
+// revokeTimeout <= 0 is DefaultRevokeTimeout.
+func NewConnectFlowUseCase(results PendingStore, connect *ConnectUseCase, revoker Revoker, revokeTimeout time.Duration, log *slog.Logger) *ConnectFlowUseCase {
+	if revokeTimeout <= 0 {
+		revokeTimeout = DefaultRevokeTimeout
+	}
+	if log == nil {
+		log = slog.Default()
+	}
+	return &ConnectFlowUseCase{results: results, connect: connect, revoker: revoker, timeout: revokeTimeout, log: log}
+}
+
+// Keep stores p pending and returns its one-time result code.
+func (u *ConnectFlowUseCase) Keep(ctx context.Context, p domain.PendingGrant) (domain.Secret, time.Time, error) {
+	return u.results.Keep(ctx, p)
+}
+
+// Redeem stores the grant of the result code: bound to the account that
+// granted it (refused with domain.ErrAccountMismatch unless the session
+// allowed the change), with the session's metadata, in one transaction
+// with the result's deletion. An unknown, expired or redeemed code is
+// domain.ErrResultInvalid and stores nothing. A grant refused for good
+// (another account, no usable token) is expired at once, so the sweep
+// revokes it.
+func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret) (domain.Token, domain.PendingGrant, error) {
+	id, p, err := u.results.Pending(ctx, code)
+	if err != nil {
+		return domain.Token{}, domain.PendingGrant{}, err
+	}
+	t, err := u.connect.ConnectGrant(ctx, p.Connection, p.Grant, ConnectRequest{
+		Binding: p.Binding, AllowAccountChange: p.AllowAccountChange, Metadata: p.Metadata, Provider: p.Provider,
+		ProviderFields: p.ProviderFields, Result: id})
+	if errors.Is(err, domain.ErrAccountMismatch) || errors.Is(err, domain.ErrInvalidToken) || errors.Is(err, domain.ErrUnknownProvider) ||
+		errors.Is(err, domain.ErrInvalidMetadata) {
+		if rerr := u.results.Refuse(context.WithoutCancel(ctx), id); rerr != nil {
+			u.log.Error("a refused connect result could not be expired; it expires by itself", "connection", p.Connection, "err", rerr)
+		}
+	}
+	if err != nil {
+		return domain.Token{}, p, err
+	}
+	return t, p, nil
+}
+
+// sweepBatch bounds the results one sweep revokes.
+const sweepBatch = 20
+
+// Sweep revokes at their provider the grants of expired results and
+// deletes them. Each result is leased by a committed statement first, so
+// no connection is held while the provider answers and two processes
+// sweeping at once revoke each result once. A revocation that fails
+// (provider unavailable) keeps the result for the next sweep; a provider
+// without a revocation endpoint leaves nothing to do but delete it. It
+// returns how many were deleted.
+func (u *ConnectFlowUseCase) Sweep(ctx context.Context) (int, error) {
+	lease := u.timeout + 5*time.Second
+	expired, err := u.results.Expired(ctx, sweepBatch, lease)
+	if err != nil {
+		return 0, fmt.Errorf("sweep connect results: %w", err)
+	}
+	deleted := 0
+	for _, e := range expired {
+		if err := u.revoke(ctx, e); err != nil {
+			u.log.Warn("the grant of an expired connect result could not be revoked; trying again later",
+				"connection", e.Connection, "provider", e.Provider, "err", err)
+			continue
+		}
+		if err := u.results.Delete(ctx, e.ID); err != nil {
+			return deleted, fmt.Errorf("sweep connect results: %w", err)
+		}
+		deleted++
+	}
+	return deleted, nil
+}
+
+func (u *ConnectFlowUseCase) revoke(ctx context.Context, e domain.ExpiredGrant) error {
+	if u.revoker == nil {
+		u.log.Warn("an expired connect result was deleted without revoking its grant (no revocation endpoint)", "connection", e.Connection)
+		return nil
+	}
+	rctx, cancel := context.WithTimeout(ctx, u.timeout)
+	defer cancel()
+	err := u.revoker.Revoke(rctx, e.Provider, e.RefreshToken)
+	switch {
+	case err == nil:
+		u.log.Info("the grant of an expired connect result was revoked at the provider", "connection", e.Connection, "provider", e.Provider)
+		return nil
+	case errors.Is(err, domain.ErrNoRevocationEndpoint), errors.Is(err, domain.ErrUnknownProvider):
+		u.log.Warn("an expired connect result was deleted without revoking its grant", "connection", e.Connection, "provider", e.Provider, "err", err)
+		return nil
+	}
+	return err
+}
