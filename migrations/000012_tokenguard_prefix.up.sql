@@ -15,11 +15,14 @@
 -- prefixed tables; once the tables are renamed this is a no-op.
 DO $$
 DECLARE
-    s   text := current_schema();
-    at  bigint;
-    tbl text;
-    rel regclass;
-    r   record;
+    s       text := current_schema();
+    at      bigint;
+    tbl     text;
+    rel     regclass;
+    r       record;
+    ours    text[];
+    tries   int := 0;
+    timeout text := current_setting('lock_timeout');
 BEGIN
     IF to_regclass(format('%I.tokenguard_tokens', s)) IS NOT NULL THEN
         RETURN; -- created with the prefixed names, or renamed already
@@ -29,14 +32,38 @@ BEGIN
     -- then are its own; a table of the same name created later (an
     -- application's providers at version 7) is not.
     EXECUTE format('SELECT max(version) FROM %I.tokenguard_schema_migrations', s) INTO at;
-    FOR tbl IN SELECT t.name FROM (VALUES ('connections', 1), ('tokens', 1), ('client_auth_styles', 2),
-                   ('api_keys', 4), ('connect_sessions', 4), ('webhook_outbox', 4), ('refresh_leases', 7),
-                   ('providers', 8)) AS t(name, since)
-               WHERE t.since <= coalesce(at, 12) LOOP
-        rel := NULL;
-        SELECT c.oid INTO rel FROM pg_class c
-        WHERE c.relname = tbl AND c.relnamespace = quote_ident(s)::regnamespace AND c.relkind = 'r';
-        CONTINUE WHEN rel IS NULL; -- not created yet at this version
+    SELECT array_agg(t.name ORDER BY t.ord) INTO ours
+    FROM (VALUES ('connections', 1, 1), ('tokens', 1, 2), ('client_auth_styles', 2, 3), ('api_keys', 4, 4),
+                 ('connect_sessions', 4, 5), ('webhook_outbox', 4, 6), ('refresh_leases', 7, 7),
+                 ('providers', 8, 8)) AS t(name, since, ord)
+    JOIN pg_class c ON c.relname = t.name AND c.relnamespace = quote_ident(s)::regnamespace AND c.relkind = 'r'
+    WHERE t.since <= coalesce(at, 12); -- the others are not created yet at this version
+    IF ours IS NULL THEN
+        RETURN;
+    END IF;
+    -- Every table at once, before any rename: the processes still running
+    -- lock them one statement at a time, so holding one of them while
+    -- waiting for another could deadlock with one of those transactions
+    -- and fail the migration half-way. A short lock_timeout lets go of
+    -- them all and tries again instead; the processes wait at most that
+    -- long behind each try.
+    PERFORM set_config('lock_timeout', '200ms', true);
+    LOOP
+        BEGIN
+            EXECUTE 'LOCK TABLE ' || (SELECT string_agg(format('%I.%I', s, n), ', ') FROM unnest(ours) n)
+                || ' IN ACCESS EXCLUSIVE MODE';
+            EXIT;
+        EXCEPTION WHEN lock_not_available THEN
+            tries := tries + 1;
+            IF tries >= 300 THEN
+                RAISE;
+            END IF;
+            PERFORM pg_sleep(0.05 + random() * 0.1);
+        END;
+    END LOOP;
+    PERFORM set_config('lock_timeout', timeout, true);
+    FOREACH tbl IN ARRAY ours LOOP
+        rel := format('%I.%I', s, tbl)::regclass;
         -- Indexes, with the primary key and unique constraints they back.
         FOR r IN SELECT i.relname FROM pg_index x JOIN pg_class i ON i.oid = x.indexrelid
                  WHERE x.indrelid = rel AND i.relname LIKE tbl || '\_%' LOOP

@@ -551,3 +551,55 @@ func TestTheViewsTakeTheTablesGrants(t *testing.T) {
 		t.Fatalf("insert through the view as %s: %v", role, err)
 	}
 }
+
+// The renaming waits for the transactions of the processes still running
+// without deadlocking with them: a transaction holding a later table
+// (refresh_leases) that then reads an earlier one (connections) while the
+// migration waits goes through, and the migration completes after it.
+// Holding connections while waiting for refresh_leases would deadlock
+// here, and one of the two would fail.
+func TestRenamingWaitsForRunningTransactionsWithoutDeadlock(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres")
+	}
+	dbURL := testdb.NewEmpty(t)
+	migratePrevious(t, dbURL, 11, migrations.Table)
+	db := open(t, dbURL)
+	tx, err := db.Begin()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer func() { _ = tx.Rollback() }()
+	if _, err := tx.Exec("DELETE FROM refresh_leases WHERE version < 0"); err != nil {
+		t.Fatal(err)
+	}
+	up := make(chan error, 1)
+	go func() { up <- migrations.Up(dbURL) }()
+	// Until the migration waits for refresh_leases (it then queues for
+	// ACCESS EXCLUSIVE on it).
+	for waiting := false; !waiting; {
+		if err := db.QueryRow(`SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(10 * time.Millisecond)
+		select {
+		case err := <-up:
+			t.Fatalf("the migration did not wait for the transaction: %v", err)
+		default:
+		}
+	}
+	var n int
+	if err := tx.QueryRow("SELECT count(*) FROM connections").Scan(&n); err != nil {
+		t.Fatalf("the running transaction, reading connections while the migration waits: %v", err)
+	}
+	if err := tx.Commit(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-up; err != nil {
+		t.Fatalf("the migration: %v", err)
+	}
+	if v, dirty, err := migrations.Version(dbURL); err != nil || v != 12 || dirty {
+		t.Fatalf("version %d dirty %t, %v", v, dirty, err)
+	}
+}
