@@ -47,6 +47,7 @@ func TestApps(t *testing.T) {
 	t.Run("PolyglotOneConnection", func(t *testing.T) { t.Parallel(); testPolyglot(t, bin) })
 	t.Run("PolyglotControlSelfRefresh", func(t *testing.T) { t.Parallel(); testPolyglotControl(t, bin) })
 	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
+	t.Run("TracesThroughServerAndWorker", func(t *testing.T) { t.Parallel(); testTraces(t, bin) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through
