@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -220,8 +221,8 @@ func testTraces(t *testing.T, bin string) {
 			}
 		}
 	}
-	t.Logf("server: %d spans (%d in the call's trace), worker: %d spans; scanned for %d tokens, %d codes, %d credentials",
-		len(serverSpans), len(call), len(workerSpans), len(tokens), len(codes), len(credentials))
+	t.Logf("server: %d spans, the call's trace %v; worker: %d spans, the event's trace %v; scanned for %d tokens, %d codes, %d credentials",
+		len(serverSpans), names(call), len(workerSpans), names(inTrace(workerSpans, eventTrace)), len(tokens), len(codes), len(credentials))
 }
 
 func names(trace map[string][]exportedSpan) []string {
@@ -229,5 +230,6 @@ func names(trace map[string][]exportedSpan) []string {
 	for n, s := range trace {
 		out = append(out, fmt.Sprintf("%s×%d", n, len(s)))
 	}
+	slices.Sort(out)
 	return out
 }
