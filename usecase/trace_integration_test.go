@@ -127,7 +127,7 @@ func TestTracedRefresh(t *testing.T) {
 	if http == nil || spanAttr(http, "url.full") != w.oauth.Endpoint.TokenURL {
 		t.Fatalf("no HTTP request to the token endpoint under the provider call")
 	}
-	want := map[string]any{"tokenguard.connection": conn, "tokenguard.outcome": "ok",
+	want := map[string]any{"tokenguard.connection": conn, "tokenguard.provider": "default", "tokenguard.outcome": "ok",
 		"tokenguard.version.before": granted.Version, "tokenguard.version.after": tok.Version,
 		"tokenguard.waited_for_other_process": false}
 	for k, v := range want {
@@ -216,5 +216,52 @@ func checkNoSecret(t *testing.T, spans []sdktrace.ReadOnlySpan, secrets ...strin
 				}
 			}
 		}
+	}
+}
+
+// A sweep round is one span with its counts, over a refresh span for each
+// connection it looked at: the refreshed ones with their outcome and
+// versions, the one another process holds marked as waited for.
+func TestTracedSweep(t *testing.T) {
+	w := newWorld(t, time.Hour)
+	sr := tracetest.NewSpanRecorder()
+	s := w.stack(t, usecase.Options{Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)))})
+	other := w.stack(t, usecase.Options{})
+	names := connectMany(t, w, s, 5)
+	release := holdLockOn(t, &stack{db: other.db, repo: other.repo}, names[2])
+	rep, err := s.uc.RefreshAhead(context.Background(), s.repo, 2*time.Hour, 2)
+	release()
+	if err != nil || rep.Due != 5 || rep.Refreshed != 4 || rep.Skipped != 1 {
+		t.Fatalf("sweep: %+v, %v", rep, err)
+	}
+	spans := sr.Ended()
+	sweep := oneSpan(t, spans, string(usecase.StepSweep))
+	for k, v := range map[string]any{"tokenguard.sweep.kind": "refresh_ahead", "tokenguard.sweep.due": int64(5),
+		"tokenguard.sweep.refreshed": int64(4), "tokenguard.sweep.skipped": int64(1), "tokenguard.sweep.failed": int64(0)} {
+		if got := spanAttr(sweep, k); got != v {
+			t.Errorf("sweep %s = %v, want %v", k, got, v)
+		}
+	}
+	refreshes := spanNamed(spans, string(usecase.StepRefresh))
+	if len(refreshes) != 5 {
+		t.Fatalf("%d refresh spans, want one per connection", len(refreshes))
+	}
+	ok, busy := 0, 0
+	for _, r := range refreshes {
+		if r.Parent().SpanID() != sweep.SpanContext().SpanID() {
+			t.Error("a refresh is not under the sweep")
+		}
+		switch {
+		case spanAttr(r, "tokenguard.outcome") == "ok" && spanAttr(r, "tokenguard.version.after") == int64(2):
+			ok++
+		case spanAttr(r, "tokenguard.connection") == names[2] && spanAttr(r, "tokenguard.waited_for_other_process") == true:
+			busy++
+		}
+	}
+	if ok != 4 || busy != 1 {
+		t.Errorf("%d refreshed and %d busy refresh spans, want 4 and 1", ok, busy)
+	}
+	if n := len(spanNamed(spans, string(usecase.StepProvider))); n != 4 {
+		t.Errorf("%d provider calls traced, want 4", n)
 	}
 }

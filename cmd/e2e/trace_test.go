@@ -157,7 +157,7 @@ func testTraces(t *testing.T, bin string) {
 		t.Errorf("the request's span is under %s, want the caller's %s", request.Parent.SpanID, callParent)
 	}
 	refresh := one("tokenguard.refresh")
-	for k, v := range map[string]any{"tokenguard.connection": conn, "tokenguard.outcome": "ok",
+	for k, v := range map[string]any{"tokenguard.connection": conn, "tokenguard.provider": "default", "tokenguard.outcome": "ok",
 		"tokenguard.version.before": 1.0, "tokenguard.version.after": 2.0, "tokenguard.waited_for_other_process": false} {
 		if got := refresh.attr(k); got != v {
 			t.Errorf("refresh %s = %v (%T), want %v", k, got, got, v)

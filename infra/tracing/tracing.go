@@ -42,6 +42,10 @@ const (
 	ErrorType = attribute.Key("error.type")
 )
 
+// DefaultProvider is the provider of the connections that name no stored
+// provider (the process's own), as the metrics' provider label names it.
+const DefaultProvider = "default"
+
 // Tracer records spans on a TracerProvider. It is safe for concurrent
 // use.
 type Tracer struct {
@@ -96,8 +100,11 @@ type span struct {
 
 func (s span) End(f usecase.Facts, err error) {
 	attrs := make([]attribute.KeyValue, 0, 8)
-	if f.Provider != "" {
+	switch {
+	case f.Provider != "":
 		attrs = append(attrs, Provider.String(f.Provider))
+	case f.OldVersion > 0 || f.NewVersion > 0: // read: the connection names no stored provider
+		attrs = append(attrs, Provider.String(DefaultProvider))
 	}
 	if f.Outcome != "" {
 		attrs = append(attrs, Outcome.String(string(f.Outcome)))

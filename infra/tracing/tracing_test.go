@@ -173,6 +173,12 @@ func TestSpanFactsAndErrors(t *testing.T) {
 	if got := attrs(provider)[tracing.ErrorType].AsString(); got != "provider_unavailable" {
 		t.Errorf("error.type = %q", got)
 	}
+	// The process's own provider is named as the metrics name it.
+	_, own := tr.Start(context.Background(), usecase.StepRefresh, "acme")
+	own.End(usecase.Facts{OldVersion: 1, NewVersion: 2, Outcome: usecase.OutcomeOK}, nil)
+	if got := attrs(sr.Ended()[2])[tracing.Provider].AsString(); got != "default" {
+		t.Errorf("provider of a connection that names none = %q, want default", got)
+	}
 	for _, s := range spans {
 		for _, kv := range s.Attributes() {
 			if strings.Contains(kv.Value.String(), "secret") {
