@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -82,7 +83,19 @@ func testTraces(t *testing.T, bin string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(issued.tee(p.Handler()))
+	// The trace context the API receives with each call.
+	var (
+		mu      sync.Mutex
+		apiSeen []string
+	)
+	srv := httptest.NewServer(issued.tee(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/resource" {
+			mu.Lock()
+			apiSeen = append(apiSeen, r.Header.Get("Traceparent"))
+			mu.Unlock()
+		}
+		p.Handler().ServeHTTP(w, r)
+	})))
 	t.Cleanup(srv.Close)
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, extraEnv: []string{"OTEL_TRACES_EXPORTER=console", "OTEL_SERVICE_NAME=e2e-apps"}})
 	// The apps talk to the tee'd sandbox; the token URL has a query, which
@@ -200,6 +213,17 @@ func testTraces(t *testing.T, bin string) {
 	}
 	if n := len(inTrace(workerSpans, eventTrace)["tokenguard.api_call"]); n != 1 {
 		t.Errorf("%d API calls in the job's trace, want 1", n)
+	}
+
+	// The API received both traces' context, each from the span of its
+	// HTTP request.
+	mu.Lock()
+	seen := slices.Clone(apiSeen)
+	mu.Unlock()
+	for _, trace := range []string{callTrace, eventTrace} {
+		if !slices.ContainsFunc(seen, func(tp string) bool { return strings.HasPrefix(tp, "00-"+trace+"-") }) {
+			t.Errorf("no API call carried trace %s: traceparents %q", trace, seen)
+		}
 	}
 
 	// Nothing secret in any span.
