@@ -68,8 +68,8 @@ func envWarnings(environ []string, secretNeeded bool) []envWarning {
 			secret = value
 		}
 		upper := strings.ToUpper(name)
-		if _, known := slices.BinarySearch(knownVars, name); known || foreignVars[upper] || strings.HasPrefix(upper, "OTEL_") {
-			continue // OTEL_*: OpenTelemetry's, read by its SDK
+		if _, known := slices.BinarySearch(knownVars, name); known || foreignVars[upper] {
+			continue
 		}
 		near := closest(upper)
 		if near == "" && !slices.ContainsFunc(ourPrefixes, func(p string) bool { return strings.HasPrefix(upper, p) }) {
