@@ -3,6 +3,7 @@ package tokenguard_test
 import (
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -51,6 +52,24 @@ func unwanted(deps []string) []string {
 	return bad
 }
 
+// otelSDK reports the OpenTelemetry packages beyond the API (and its HTTP
+// instrumentation) an application links: the SDK, exporters, their gRPC
+// and protobuf. Which of them record and send spans is the application's
+// choice; tokenguard uses only the API.
+func otelSDK(deps []string) []string {
+	var bad []string
+	for _, p := range deps {
+		for _, prefix := range []string{"go.opentelemetry.io/otel/sdk", "go.opentelemetry.io/otel/exporters/",
+			"go.opentelemetry.io/contrib/exporters/", "go.opentelemetry.io/proto/", "google.golang.org/grpc"} {
+			if strings.HasPrefix(p, prefix) {
+				bad = append(bad, p)
+				break
+			}
+		}
+	}
+	return bad
+}
+
 // An application that embeds tokenguard without metrics links no
 // Prometheus client, no lib/pq and no unused golang-migrate driver
 // (go list -deps of a module outside this one). The control asks for
@@ -66,8 +85,31 @@ func TestEmbeddingLinksNoPrometheusNorLibPQ(t *testing.T) {
 	withMetrics := strings.NewReplacer(
 		"/*IMPORT*/", "\"github.com/prometheus/client_golang/prometheus\"\n\t\"github.com/tokenguard/tokenguard/prom\"",
 		"/*OPTION*/", ", prom.WithMetrics(prometheus.NewRegistry())").Replace(embeddingProgram)
-	if bad := unwanted(goListDeps(t, outsideModule(t, withMetrics))); len(bad) == 0 {
+	metricsDeps := goListDeps(t, outsideModule(t, withMetrics))
+	if bad := unwanted(metricsDeps); len(bad) == 0 {
 		t.Fatal("control: an application with prom.WithMetrics links no Prometheus client: the check sees nothing")
+	}
+	t.Logf("%d with prom.WithMetrics", len(metricsDeps))
+}
+
+// An application that embeds tokenguard links OpenTelemetry's API (its
+// spans go to the global provider, or to WithTracerProvider's) but not
+// its SDK nor an exporter. The control passes an SDK provider and does
+// link the SDK.
+func TestEmbeddingLinksNoOpenTelemetrySDK(t *testing.T) {
+	plain := strings.NewReplacer("/*IMPORT*/", "", "/*OPTION*/", "").Replace(embeddingProgram)
+	deps := goListDeps(t, outsideModule(t, plain))
+	if bad := otelSDK(deps); len(bad) != 0 {
+		t.Fatalf("an application links %v", bad)
+	}
+	if !slices.Contains(deps, "go.opentelemetry.io/otel/trace") {
+		t.Fatal("an application does not link the OpenTelemetry API: no span is recorded")
+	}
+	withSDK := strings.NewReplacer(
+		"/*IMPORT*/", "sdktrace \"go.opentelemetry.io/otel/sdk/trace\"",
+		"/*OPTION*/", ", tokenguard.WithTracerProvider(sdktrace.NewTracerProvider())").Replace(embeddingProgram)
+	if bad := otelSDK(goListDeps(t, outsideModule(t, withSDK))); len(bad) == 0 {
+		t.Fatal("control: an application with an SDK provider links no SDK: the check sees nothing")
 	}
 }
 

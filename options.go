@@ -5,6 +5,8 @@ import (
 	"net/http"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tokenguard/tokenguard/internal/metricsof"
 )
 
@@ -29,6 +31,7 @@ type options struct {
 	profileParams                  map[string]string
 	syncCommit                     string
 	userInfo                       userInfo
+	tracerProvider                 trace.TracerProvider
 }
 
 // userInfo is where Complete asks which account consented.
@@ -89,7 +92,8 @@ func WithMetricsPerConnection() Option { return func(o *options) { o.connectionL
 // WithHTTPClient is the client for the provider's token endpoint (to set
 // a User-Agent, a proxy, TLS settings). Bound its timeout: the
 // connection's refresh lease is held meanwhile (no lock, no database
-// connection). It never follows a redirect, whatever its CheckRedirect.
+// connection). It never follows a redirect, whatever its CheckRedirect,
+// and its transport is wrapped in otelhttp's (WithTracerProvider).
 // Default: every phase bounded by the refresh timeout.
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
 
@@ -137,3 +141,16 @@ func WithUserInfo(url, idField string) Option {
 // synchronous standby (a success means the standby has the token), else
 // on.
 func WithSyncCommit(level string) Option { return func(o *options) { o.syncCommit = level } }
+
+// WithTracerProvider records tokenguard's spans on tp: a Token call the
+// cache did not answer, the lock wait, the re-read, the provider call
+// (with the token endpoint's HTTP request, its URL without the query),
+// the write and commit, a rescued write, a sweep round. A cache hit
+// records nothing. Attributes: the connection's and provider's names, the
+// outcome, the versions before and after, whether the call waited for
+// another process; never a token, secret, code or account id. Default:
+// the global provider (otel.GetTracerProvider), which records nothing
+// unless the application sets one.
+func WithTracerProvider(tp trace.TracerProvider) Option {
+	return func(o *options) { o.tracerProvider = tp }
+}

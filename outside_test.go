@@ -160,6 +160,7 @@ go 1.26
 require (
 	github.com/tokenguard/tokenguard v0.0.0
 	github.com/prometheus/client_golang ` + moduleVersion(t, "github.com/prometheus/client_golang") + `
+	go.opentelemetry.io/otel/sdk ` + moduleVersion(t, "go.opentelemetry.io/otel/sdk") + `
 	golang.org/x/oauth2 ` + moduleVersion(t, "golang.org/x/oauth2") + `
 	gorm.io/driver/postgres ` + moduleVersion(t, "gorm.io/driver/postgres") + `
 	gorm.io/gorm ` + moduleVersion(t, "gorm.io/gorm") + `

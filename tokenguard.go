@@ -53,6 +53,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/infra/tracing"
 	"github.com/tokenguard/tokenguard/internal/metricsof"
 	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/migrations"
@@ -248,6 +249,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		MaxRefreshesInFlight: o.maxRefreshesInFlight,
 		Logger:               o.log,
 		OnNeedsReauth:        o.onNeedsReauth,
+		Tracer:               tracing.New(o.tracerProvider),
 	}
 	if o.metrics != nil {
 		t.metrics = o.metrics(repo, o.connectionLabel, o.log)
@@ -257,6 +259,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if hc == nil {
 		hc = provider.NewHTTPClient(o.refreshTimeout)
 	}
+	// The token endpoint's requests show in the refresh's trace.
+	hc = tracing.Client(hc, o.tracerProvider)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile) provider.GrantRefresher {
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),

@@ -32,6 +32,8 @@ func TestEnvWarnings(t *testing.T) {
 		"OAUTH_CLIENT_ID=id", "OAUTH_CLIENT_SECRET=", "DATABASE_URL=postgres://db/x", "TOKEN_REFRESH_SKEW=1s",
 		"API_KEY=value-secret-2", // ours by its prefix, near nothing
 		"HTTP_PROXY=http://proxy:3128", "http_proxy=http://proxy:3128", "PATH=/bin", "TEST_DATABASE_URL=postgres://db/test", "HOME=/root",
+		// OpenTelemetry's, read by its SDK.
+		"OTEL_TRACES_EXPORTER=console", "OTEL_SERVICE_NAME=svc", "OTEL_EXPORTER_OTLP_ENDPOINT=http://collector:4318", "OTEL_TRACES_SAMPLER=always_on",
 	}
 	want := map[string]string{
 		"OAUTH_CLIENT_SECERT": "OAUTH_CLIENT_SECERT is not a tokenguard setting and is ignored; did you mean OAUTH_CLIENT_SECRET?",

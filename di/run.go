@@ -19,9 +19,10 @@ type ExitCode int
 func (c ExitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
 
 // Run is the body of an app's main: it reads the configuration from
-// environ, builds a logger on stderr, runs fn until SIGTERM or SIGINT and
-// returns the exit status: 0, 1 for a failure, 2 for a missing or malformed
-// setting (printed as one line naming the variable).
+// environ, builds a logger on stderr, sets up tracing (startTracing), runs
+// fn until SIGTERM or SIGINT and returns the exit status: 0, 1 for a
+// failure, 2 for a missing or malformed setting (printed as one line
+// naming the variable).
 func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Context, cfg AppConfig, log *slog.Logger) error) int {
 	warnings := envWarnings(environ, true)
 	cfg, err := AppConfigFromEnv(environ)
@@ -41,6 +42,11 @@ func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Con
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
+	stopTracing, err := startTracing(ctx, app, environ, log)
+	if err != nil {
+		return ExitStatus(app, stderr, log, err)
+	}
+	defer stopTracing() // after fn's cleanup: its last spans are exported
 	return ExitStatus(app, stderr, log, fn(ctx, cfg, log))
 }
 

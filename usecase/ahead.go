@@ -64,7 +64,7 @@ type lister func(ctx context.Context, t time.Time, after string, limit int) ([]s
 // on expiry), so its memory does not grow with the table.
 func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore, window time.Duration, concurrency int) (AheadReport, error) {
 	deadline := u.opts.Clock.Now().Add(window)
-	rep, err := u.sweep(ctx, store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
+	rep, err := u.sweep(ctx, "refresh_ahead", store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
 		return !t.Expiry.IsZero() && t.Expiry.Before(deadline)
 	})
 	if err != nil {
@@ -93,7 +93,7 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 		return AheadReport{}, nil
 	}
 	now := u.opts.Clock.Now()
-	rep, err := u.sweep(ctx, store, store.ObtainedBefore, now.Add(-shortest), concurrency, func(t domain.Token) bool {
+	rep, err := u.sweep(ctx, "keep_alive", store, store.ObtainedBefore, now.Add(-shortest), concurrency, func(t domain.Token) bool {
 		d := idle
 		if o, ok := own[t.Provider]; ok {
 			d = o
@@ -108,8 +108,11 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 
 // sweep refreshes the connections list names, page by page, whose token,
 // read under the lock, is active and due, at most concurrency at a time,
-// skipping those whose lock is taken.
-func (u *RefreshTokenUseCase) sweep(ctx context.Context, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
+// skipping those whose lock is taken. kind names the sweep in its span.
+func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
+	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
+	var rep AheadReport
+	defer func() { span.End(Facts{Sweep: rep, SweepKind: kind}, err) }()
 	var (
 		refreshed, skipped, fresh, failed atomic.Int64
 		mu                                sync.Mutex
@@ -152,7 +155,7 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, store AheadStore, list 
 		after = next
 	}
 	_ = g.Wait()
-	rep := AheadReport{Due: listed, Refreshed: int(refreshed.Load()), Skipped: int(skipped.Load()), Fresh: int(fresh.Load()), Failed: int(failed.Load())}
+	rep = AheadReport{Due: listed, Refreshed: int(refreshed.Load()), Skipped: int(skipped.Load()), Fresh: int(fresh.Load()), Failed: int(failed.Load())}
 	if n := rep.Failed - len(errs); n > 0 {
 		errs = append(errs, fmt.Errorf("and %d more connection(s) failed", n))
 	}
@@ -179,9 +182,13 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 		c      claimed
 		r      redeemed
 		called bool
+		ev     RefreshEvent
+		busy   bool // another process holds its lock or lease
 	)
+	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, id)
+	defer func() { span.End(ev.facts(busy), ev.Err) }()
 	locked, err := store.TryInLock(ctx, id, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-		t, err := s.Get(txCtx, id)
+		t, err := u.reread(txCtx, s, id)
 		if err != nil {
 			return err
 		}
@@ -196,7 +203,7 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 		if err := checkFailure(t, u.opts.Clock.Now()); err != nil {
 			return err
 		}
-		c.end, err = s.Lease(txCtx, t, u.opts.RefreshTimeout)
+		c.end, err = u.lease(txCtx, s, t)
 		return err
 	})
 	if c.end == nil {
@@ -205,11 +212,17 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id
 		c.release = sync.OnceFunc(func() { u.slots.Release(1) })
 		r, err = u.redeem(ctx, store, c)
 	}
+	// The span's facts when nothing is observed: fresh, or skipped.
+	ev = RefreshEvent{Connection: id, OldVersion: c.current.Version, Provider: c.current.Provider, Outcome: OutcomeSkippedFresh}
 	if errors.Is(err, domain.ErrRefreshInProgress) {
+		ev.Outcome, busy = "", true
 		return sweepSkipped, nil // another process's refresh of it is not over
 	}
+	if !locked && err == nil {
+		ev.Outcome, busy = "", true
+	}
 	if locked && (called || err != nil) {
-		ev := RefreshEvent{Connection: id, OldVersion: c.current.Version, Provider: c.current.Provider,
+		ev = RefreshEvent{Connection: id, OldVersion: c.current.Version, Provider: c.current.Provider,
 			NewVersion: r.tok.Version, ProviderLatency: r.latency, Err: errors.Join(err, r.revoked), Outcome: outcome(err)}
 		if r.revoked != nil {
 			ev.Outcome = OutcomeInvalidGrant

@@ -15,6 +15,8 @@ import (
 	"testing"
 	"time"
 
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/di"
@@ -22,6 +24,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/infra/tracing"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -53,6 +56,24 @@ func BenchmarkTokenHot(b *testing.B) {
 			}
 		})
 		b.ReportMetric(float64(queries.Load()-before)/float64(b.N), "queries/op")
+	})
+	// The same with a tracer that records every span: a hit records none,
+	// so it costs what it costs without (within 10%, cmd/benchreport).
+	traced, tracedQueries := w.listeningStack(b, usecase.Options{
+		Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder())))})
+	waitCached(b, traced, tracedQueries)
+	b.Run("tokenguard-traced", func(b *testing.B) {
+		before := tracedQueries.Load()
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				if _, err := traced.uc.Token(ctx, conn); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
+		b.ReportMetric(float64(tracedQueries.Load()-before)/float64(b.N), "queries/op")
 	})
 	b.Run("oauth2-reuse", func(b *testing.B) {
 		src := oauth2.ReuseTokenSource(nil, oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "x", Expiry: time.Now().Add(time.Hour)}))

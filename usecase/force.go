@@ -26,6 +26,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 	u.opts.Observer.ForcedRefresh(connection)
 	u.cache.invalidate(connection, failed+1) // never hand out the failed token again
 	key := connection + "\x00" + strconv.FormatInt(failed, 10)
+	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
 	fl, err := u.flights.do(ctx, key, func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
 		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
@@ -49,7 +50,9 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 		err = fl.err
 	}
 	if err != nil {
+		span.End(Facts{Forced: true, OldVersion: failed}, err)
 		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connection, failed, err)
 	}
+	span.End(Facts{Forced: true, Provider: fl.tok.Provider, OldVersion: failed, NewVersion: fl.tok.Version}, nil)
 	return withoutRefreshToken(fl.tok), nil
 }

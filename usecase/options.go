@@ -40,6 +40,9 @@ type Options struct {
 	RescueWindow time.Duration
 	// Observer receives events for metrics; default none.
 	Observer Observer
+	// Tracer records the slow path as spans (a cache hit records none);
+	// default none.
+	Tracer Tracer
 	// CacheSize bounds how many connections this process keeps a token of
 	// (default DefaultCacheSize); negative means no bound. The least
 	// recently hit are dropped first and read again when asked for.
@@ -105,6 +108,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.Observer == nil {
 		o.Observer = noObserver{}
+	}
+	if o.Tracer == nil {
+		o.Tracer = noTracer{}
 	}
 	if o.RescueWindow == 0 {
 		o.RescueWindow = DefaultRescueWindow

@@ -78,6 +78,7 @@ func withoutRefreshToken(t domain.Token) domain.Token {
 // await is Token's slow path: it joins (or starts) the connection's flight
 // and waits for it.
 func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, knownStale bool) (*flight, error) {
+	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
 	fl, err := u.flights.do(ctx, connection, func(ctx context.Context) (domain.Token, error) {
 		return u.load(ctx, connection, knownStale)
 	})
@@ -85,8 +86,10 @@ func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, know
 		err = fl.err
 	}
 	if err != nil {
+		span.End(Facts{}, err)
 		return nil, fmt.Errorf("token for %s: %w", connection, err)
 	}
+	span.End(Facts{Provider: fl.tok.Provider, NewVersion: fl.tok.Version}, nil)
 	return fl, nil
 }
 
@@ -193,6 +196,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		out domain.Token
 		r   redeemed
 	)
+	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, connection)
 	ev := RefreshEvent{Connection: connection, Forced: forced}
 	asked := time.Now()
 	c, err := u.claim(ctx, connection, forced, due)
@@ -235,6 +239,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	}
 	ev.NewVersion, ev.Err = out.Version, cmp.Or(err, stillValid)
 	u.observe(ev)
+	span.End(ev.facts(c.other), ev.Err)
 	if err != nil {
 		return domain.Token{}, err
 	}
@@ -245,6 +250,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 type claimed struct {
 	current domain.Token  // the stored token, read under the lock
 	waited  time.Duration // for the lock, from the first try
+	other   bool          // waited for another process's lease
 	// end ends the lease this caller took to refresh current; nil when
 	// current needs no refresh (or cannot have one).
 	end func(release bool)
@@ -271,7 +277,16 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		asked  time.Time
 		c      claimed
 		leased error // the last look found another process's lease
+		// waiting is the lock wait's span, from the first try (or the
+		// lease that sent the last one away) until the lock is held.
+		waiting Span
 	)
+	held := func(err error) {
+		if waiting != nil {
+			waiting.End(Facts{Waited: leased != nil}, err)
+			waiting = nil
+		}
+	}
 	for look := 0; ; look++ {
 		woken, unwatch := u.announced.watch(connection)
 		ts := time.Now()
@@ -281,10 +296,12 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 				// Another process stored the token while this one queued.
 				t, done, err := u.lookAgain(ctx, connection, ts, due)
 				if err != nil || done {
-					return claimed{current: t, waited: time.Since(ts)}, err
+					held(err)
+					return claimed{current: t, waited: time.Since(ts), other: true}, err
 				}
 				continue
 			}
+			held(err)
 			return c, err
 		}
 		if asked.IsZero() {
@@ -294,10 +311,15 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		if leased != nil && wait <= 0 {
 			u.slots.Release(1)
 			unwatch()
-			return c, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+			err := fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+			held(err)
+			return c, err
 		}
-		next, err := u.tryClaim(ctx, connection, forced, due, wait, look == 0)
-		next.waited = time.Since(asked)
+		next, err := u.tryClaim(ctx, connection, forced, due, wait, look == 0, held)
+		if !errors.Is(err, errLockHeld) {
+			held(err) // the lock was never held
+		}
+		next.waited, next.other = time.Since(asked), leased != nil
 		if next.end != nil {
 			next.release = sync.OnceFunc(func() { u.slots.Release(1) })
 		} else {
@@ -308,6 +330,10 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			return next, err
 		}
 		c, leased = next, err
+		c.other = true
+		if waiting == nil {
+			_, waiting = u.opts.Tracer.Start(ctx, StepLockWait, connection)
+		}
 		poll := u.leasePoll()
 		if errors.Is(err, errLockHeld) {
 			poll = lockHeldPoll
@@ -315,6 +341,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		_, err = u.awaitLease(ctx, asked, woken, poll, err)
 		unwatch()
 		if err != nil {
+			held(err)
 			return c, err
 		}
 		// Most likely the holder stored the rotated token, or is refreshing
@@ -322,9 +349,12 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		t, done, err := u.lookAgain(ctx, connection, asked, due)
 		switch {
 		case done:
-			return claimed{current: t, waited: time.Since(asked)}, nil
+			held(nil)
+			return claimed{current: t, waited: time.Since(asked), other: true}, nil
 		case err != nil:
-			return c, fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+			err = fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
+			held(err)
+			return c, err
 		}
 	}
 }
@@ -393,13 +423,16 @@ func (u *RefreshTokenUseCase) lookAgain(ctx context.Context, connection string, 
 var errLockHeld = fmt.Errorf("lock held by another transaction: %w", domain.ErrRefreshInProgress)
 
 // tryClaim is claim's transaction, waiting at most wait for the lock, or
-// not at all with now (errLockHeld when another transaction holds it).
-func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, wait time.Duration, now bool) (claimed, error) {
+// not at all with now (errLockHeld when another transaction holds it);
+// held is called once the lock is.
+func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool,
+	wait time.Duration, now bool, held func(error)) (claimed, error) {
 	var c claimed
 	fn := func(txCtx context.Context, s LockedStore) error {
+		held(nil)
 		// The re-read is also the liveness check of the transaction: it
 		// runs right before the lease is taken.
-		t, err := s.Get(txCtx, connection)
+		t, err := u.reread(txCtx, s, connection)
 		if err != nil {
 			return err
 		}
@@ -422,7 +455,7 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		c.end, err = s.Lease(txCtx, t, u.opts.RefreshTimeout)
+		c.end, err = u.lease(txCtx, s, t)
 		return err
 	}
 	if !now {
@@ -434,6 +467,28 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		err = errLockHeld
 	}
 	return c, err
+}
+
+// reread is the read under the lock, traced.
+func (u *RefreshTokenUseCase) reread(ctx context.Context, s LockedStore, connection string) (domain.Token, error) {
+	_, span := u.opts.Tracer.Start(ctx, StepReread, connection)
+	t, err := s.Get(ctx, connection)
+	span.End(Facts{Provider: t.Provider, OldVersion: t.Version}, err)
+	return t, err
+}
+
+// lease takes t's refresh lease and commits, traced. Another process's
+// lease is no failure of the step: the caller waits for it.
+func (u *RefreshTokenUseCase) lease(ctx context.Context, s LockedStore, t domain.Token) (func(bool), error) {
+	_, span := u.opts.Tracer.Start(ctx, StepLease, t.Connection)
+	end, err := s.Lease(ctx, t, u.opts.RefreshTimeout)
+	other := errors.Is(err, domain.ErrRefreshInProgress)
+	spanErr := err
+	if other {
+		spanErr = nil
+	}
+	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Waited: other}, spanErr)
+	return end, err
 }
 
 // Waits for another holder: the next look comes at its announcement (the
@@ -492,9 +547,11 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 	t := c.current
 	r := redeemed{from: t.RefreshToken}
 	callCtx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
+	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
 	called := time.Now()
 	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
 	r.latency = time.Since(called)
+	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Outcome: providerOutcome(err)}, err)
 	cancel()
 	// The slot bounds the calls at the provider: the next one may start
 	// while this answer is written.
@@ -525,7 +582,9 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 	// stored since we read (a rotated token written late by its redeemer, a
 	// new grant) means this rejection is stale news.
 	rejected := err
-	err = store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+	var marked domain.Token
+	commitCtx, span := u.opts.Tracer.Start(ctx, StepCommit, t.Connection)
+	err = store.InLock(commitCtx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
 		now, err := s.Get(txCtx, t.Connection)
 		if err != nil {
 			return err
@@ -541,9 +600,14 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 		// process knew (a failover lost the rotated token).
 		dead.Status, dead.StatusReason = domain.StatusNeedsReauth, u.reasonFor(dead, rejected)
 		r.reason = dead.StatusReason
-		_, err = s.Save(txCtx, dead)
+		marked, err = s.Save(txCtx, dead)
 		return err
 	})
+	facts := Facts{Provider: t.Provider, OldVersion: t.Version, NewVersion: marked.Version, Outcome: OutcomeInvalidGrant}
+	if r.tok.Version != 0 {
+		facts.NewVersion, facts.Outcome = r.tok.Version, OutcomeSkippedFresh // stale news: a newer token was stored
+	}
+	span.End(facts, err)
 	if err != nil {
 		return r, errors.Join(rejected, err)
 	}
@@ -598,17 +662,28 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store locker, r redeemed
 		})
 		return out, err
 	}
+	facts := Facts{Provider: rotated.Provider, OldVersion: rotated.Version}
+	done := func(span Span, out domain.Token, err error) {
+		f := facts
+		if err == nil {
+			f.NewVersion, f.Outcome = out.Version, OutcomeOK
+		}
+		span.End(f, err)
+	}
 	// The common case in one round trip: nothing was stored meanwhile.
-	writeCtx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)
+	commitCtx, span := u.opts.Tracer.Start(ctx, StepCommit, rotated.Connection)
+	writeCtx, cancel := context.WithTimeout(commitCtx, u.opts.WriteTimeout)
 	out, cause := store.SaveLocked(writeCtx, u.opts.LockWait, rotated)
 	cancel()
 	if errors.Is(cause, domain.ErrConflict) {
 		out, cause = attempt() // why not: look under the lock
 	}
+	done(span, out, cause)
 	if cause == nil {
 		return out, nil
 	}
 	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
+	ctx, rescue := u.opts.Tracer.Start(ctx, StepRescue, rotated.Connection)
 	ctx, cancel = context.WithTimeout(ctx, u.opts.RescueWindow)
 	defer cancel()
 	policy := backoff.NewExponentialBackOff()
@@ -624,9 +699,11 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store locker, r redeemed
 		}, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(u.opts.RescueWindow))
 		if cause == nil {
 			log.Warn("rotated refresh token persisted on retry", "version", out.Version)
+			done(rescue, out, nil)
 			return out, nil
 		}
 	}
+	done(rescue, out, cause)
 	log.Error("rotated refresh token dropped", "err", cause)
 	return domain.Token{}, fmt.Errorf("persist rotated token: %w", cause)
 }
@@ -651,6 +728,14 @@ type redeemed struct {
 	revoked error         // the grant is dead: stored as needs_reauth
 	reason  string        // why, as stored
 	latency time.Duration // of the provider call
+}
+
+// providerOutcome names how a provider call ended, for its span.
+func providerOutcome(err error) RefreshOutcome {
+	if errors.Is(err, domain.ErrGrantRevoked) {
+		return OutcomeInvalidGrant
+	}
+	return outcome(err)
 }
 
 // clientSide reports whether err says the client or its configuration is

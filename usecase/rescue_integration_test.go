@@ -10,12 +10,16 @@ import (
 	"testing"
 	"time"
 
+	"go.opentelemetry.io/otel/codes"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tracing"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -60,8 +64,10 @@ func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	var logs syncBuffer
 	killer := &killAfterAnswer{next: provider.NewRefresher(w.oauth, nil), admin: admin.db, t: t}
+	spans := tracetest.NewSpanRecorder()
 	uc, err := di.NewRefreshTokenUseCase(db, killer, usecase.Options{
 		Skew: 500 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
+		Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))),
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -84,6 +90,18 @@ func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T
 		!strings.Contains(logs.String(), "rotated refresh token persisted on retry") {
 		t.Error("the failed first write and the rescue were not logged")
 	}
+	// The trace shows the failed commit and the rescue that stored it.
+	ended := spans.Ended()
+	commit, rescue := oneSpan(t, ended, string(usecase.StepCommit)), oneSpan(t, ended, string(usecase.StepRescue))
+	if commit.Status().Code != codes.Error || rescue.Status().Code == codes.Error ||
+		spanAttr(rescue, "tokenguard.version.after") != stored.Version || spanAttr(rescue, "tokenguard.outcome") != "ok" {
+		t.Errorf("commit %v, rescue %v %v: want the commit failed, the rescue storing version %d",
+			commit.Status(), rescue.Status(), rescue.Attributes(), stored.Version)
+	}
+	if refresh := oneSpan(t, ended, string(usecase.StepRefresh)); rescue.Parent().SpanID() != refresh.SpanContext().SpanID() {
+		t.Error("the rescue is not under the refresh")
+	}
+	checkNoSecret(t, ended, killer.grant.AccessToken.Reveal(), killer.grant.RefreshToken.Reveal(), w.oauth.ClientSecret)
 	if code := w.callResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
 		t.Errorf("rescued token answered %d", code)
 	}

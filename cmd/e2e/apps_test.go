@@ -51,6 +51,7 @@ func TestApps(t *testing.T) {
 	t.Run("PolyglotControlSelfRefresh", func(t *testing.T) { t.Parallel(); testPolyglotControl(t, bin) })
 	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
 	t.Run("UnknownRefusalFailingAcrossProcesses", func(t *testing.T) { t.Parallel(); testUnknownRefusalFailing(t, bin) })
+	t.Run("TracesThroughServerAndWorker", func(t *testing.T) { t.Parallel(); testTraces(t, bin) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through

@@ -17,9 +17,11 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
 // Tokens hands out a connection's valid access token and, after a 401, a
@@ -76,6 +78,9 @@ type Options struct {
 	// Bases, when set, sends a connection's calls to the API base URL its
 	// provider names instead of the Client's.
 	Bases Bases
+	// TracerProvider records each call's span (tokenguard.api_call, with
+	// its HTTP requests); nil: the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Bases says where a connection's API calls go: the API base URL of the
@@ -90,6 +95,7 @@ type Client struct {
 	clients Clients
 	http    *http.Client // carries the shared transport to clients
 	opts    Options
+	tracer  *tracing.Tracer
 }
 
 // Response is an API answer, body included (capped at Options.MaxBody).
@@ -133,7 +139,8 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 		MaxIdleConnsPerHost:   32,
 		ForceAttemptHTTP2:     true,
 	}
-	return &Client{base: u, clients: clients, http: &http.Client{Transport: userAgent{ua: opts.UserAgent, next: transport}}, opts: opts}, nil
+	return &Client{base: u, clients: clients, opts: opts, tracer: tracing.New(opts.TracerProvider),
+		http: &http.Client{Transport: tracing.Transport(userAgent{ua: opts.UserAgent, next: transport}, opts.TracerProvider)}}, nil
 }
 
 // HTTPClient returns an *http.Client whose requests carry connection's
@@ -151,7 +158,9 @@ func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client
 // the answer whatever its status. Errors wrap the domain errors of
 // Tokens.Token, or ErrUnavailable when the API could not be reached. A 401
 // caused by a refresh elsewhere is retried once by the Transport.
-func (c *Client) Get(ctx context.Context, connection, path string) (*Response, error) {
+func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response, err error) {
+	ctx, end := c.tracer.Call(ctx, "tokenguard.api_call", connection, trace.SpanKindInternal)
+	defer func() { end(err) }()
 	base, err := c.baseOf(ctx, connection)
 	if err != nil {
 		return nil, err

@@ -13,6 +13,8 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
@@ -94,17 +96,21 @@ func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
 // connection's token (httputil.ReverseProxy: streamed both ways,
 // hop-by-hop headers dropped).
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, name, path, query string, h http.Header) {
+	ctx, end := s.tracer.Call(r.Context(), "tokenguard.proxy", name, trace.SpanKindInternal)
+	r = r.WithContext(ctx)
 	c := &call{connection: name, header: h}
 	var err error
-	if c.cred, err = s.deps.Tokens.Credential(r.Context(), name); err == nil {
+	if c.cred, err = s.deps.Tokens.Credential(ctx, name); err == nil {
 		c.target, err = s.target(c.cred.Provider, path, query)
 	}
 	if err != nil {
+		end(err)
 		s.logFailure(r, name, err)
 		writeError(w, name, err)
 		return
 	}
-	s.rp.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), callKey{}, c)))
+	defer end(nil)
+	s.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
 }
 
 // newReverseProxy is the proxy under forward: the call's URL and

@@ -18,11 +18,13 @@ import (
 	"net/url"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/oauth2"
 	"golang.org/x/time/rate"
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
 // Tokens hands out connections' access tokens for the token API and the
@@ -130,6 +132,10 @@ type Deps struct {
 	Observer ConnectObserver
 	Log      *slog.Logger
 	Edges    Edges
+	// TracerProvider records the requests' spans (the caller's W3C trace
+	// context continued) and the proxied calls' (the context sent on);
+	// nil: the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Edges are the limits of the public listener.
@@ -173,6 +179,7 @@ type Server struct {
 	health  health
 	apiBase *url.URL
 	rp      *httputil.ReverseProxy // under the proxy routes
+	tracer  *tracing.Tracer
 }
 
 // New builds the server.
@@ -193,11 +200,11 @@ func New(d Deps) *Server {
 		d.Edges.ProxyMaxBody = defaultProxyMaxBody
 	}
 	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(d.Edges.Rate, d.Edges.Burst),
-		public: newAddrLimits(d.Edges), apiBase: d.APIBaseURL}
+		public: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
 	if d.UpstreamTimeout <= 0 {
 		d.UpstreamTimeout = 10 * time.Second
 	}
-	s.rp = s.newReverseProxy(&http.Transport{
+	s.rp = s.newReverseProxy(tracing.Transport(&http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
 		DialContext:           (&net.Dialer{Timeout: min(5*time.Second, d.UpstreamTimeout), KeepAlive: 30 * time.Second}).DialContext,
 		TLSHandshakeTimeout:   min(5*time.Second, d.UpstreamTimeout),
@@ -205,7 +212,7 @@ func New(d Deps) *Server {
 		IdleConnTimeout:       90 * time.Second,
 		MaxIdleConnsPerHost:   64,
 		ForceAttemptHTTP2:     true,
-	})
+	}, d.TracerProvider))
 	return s
 }
 
@@ -219,7 +226,8 @@ func (s *Server) Handler() http.Handler {
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such route", Code: "not_found"})
 	})
-	return s.edges(mux)
+	// Health checks come every few seconds and say nothing worth a trace.
+	return tracing.Handler(s.edges(mux), s.deps.TracerProvider, "/healthz")
 }
 
 // Serve answers on ln until ctx is done, then stops accepting connections,

@@ -17,8 +17,12 @@ import (
 	"github.com/riverqueue/river"
 	"github.com/riverqueue/river/riverdriver/riverpgxv5"
 	"github.com/riverqueue/river/rivermigrate"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
 // EventArgs is one event for a connection: the worker calls the external
@@ -98,9 +102,11 @@ func NewProducer(pool *pgxpool.Pool, log *slog.Logger) (*Producer, error) {
 	return &Producer{client: c}, nil
 }
 
-// Enqueue stores one event and returns its id (River's job id).
+// Enqueue stores one event and returns its id (River's job id). The
+// event carries the trace context of ctx (W3C traceparent in the job's
+// metadata): its job's span belongs to the same trace.
 func (p *Producer) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
-	res, err := p.client.Insert(ctx, EventArgs{Connection: connection, Payload: payload}, nil)
+	res, err := p.client.Insert(ctx, EventArgs{Connection: connection, Payload: payload}, &river.InsertOpts{Metadata: traceMetadata(ctx)})
 	if err != nil {
 		return 0, fmt.Errorf("queue: insert event: %w: %w", domain.ErrStoreUnavailable, err)
 	}
@@ -142,6 +148,9 @@ type WorkerOptions struct {
 	// refresh token expires within it by a connection.expiring event, once
 	// per grant (announceExpiring, every expiringEvery); 0: never.
 	ExpiringNotice time.Duration
+	// TracerProvider records each event's span (tokenguard.job), in the
+	// trace of the request that queued it; nil: the global provider.
+	TracerProvider trace.TracerProvider
 }
 
 // Worker consumes events (the worker's side).
@@ -167,7 +176,7 @@ func NewWorker(pool *pgxpool.Pool, h Handler, opts WorkerOptions, log *slog.Logg
 		opts.StopTimeout = 8 * time.Second
 	}
 	workers := river.NewWorkers()
-	if err := river.AddWorkerSafely(workers, &eventWorker{h: h, log: log}); err != nil {
+	if err := river.AddWorkerSafely(workers, &eventWorker{h: h, log: log, tracer: tracing.New(opts.TracerProvider)}); err != nil {
 		return nil, fmt.Errorf("queue: %w", err)
 	}
 	queues := map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: opts.Concurrency}}
@@ -263,12 +272,16 @@ func (w *Worker) relay(ctx context.Context) {
 
 type eventWorker struct {
 	river.WorkerDefaults[EventArgs]
-	h   Handler
-	log *slog.Logger
+	h      Handler
+	log    *slog.Logger
+	tracer *tracing.Tracer
 }
 
-func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) error {
-	err := w.h.HandleEvent(ctx, job.Args)
+func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) (err error) {
+	ctx, end := w.tracer.Call(withTrace(ctx, job.Metadata), "tokenguard.job", job.Args.Connection, trace.SpanKindConsumer,
+		attribute.Int64("tokenguard.job.id", job.ID), attribute.Int("tokenguard.job.attempt", job.Attempt))
+	defer func() { end(err) }()
+	err = w.h.HandleEvent(ctx, job.Args)
 	switch {
 	case err == nil:
 		w.log.Debug("event handled", "event_id", job.ID, "connection", job.Args.Connection)
@@ -311,4 +324,35 @@ func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler {
 
 func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
+}
+
+// traceMetadata is a job's metadata carrying ctx's trace context (W3C
+// traceparent and tracestate), nil when ctx has none.
+func traceMetadata(ctx context.Context) []byte {
+	carrier := propagation.MapCarrier{}
+	propagation.TraceContext{}.Inject(ctx, carrier)
+	if len(carrier) == 0 {
+		return nil
+	}
+	b, err := json.Marshal(carrier)
+	if err != nil {
+		return nil
+	}
+	return b
+}
+
+// withTrace is ctx continuing the trace a job's metadata carries, if any:
+// the job's span is a child of the span that queued it.
+func withTrace(ctx context.Context, metadata []byte) context.Context {
+	var fields map[string]any
+	if len(metadata) == 0 || json.Unmarshal(metadata, &fields) != nil {
+		return ctx
+	}
+	carrier := propagation.MapCarrier{}
+	for _, k := range (propagation.TraceContext{}).Fields() {
+		if v, ok := fields[k].(string); ok {
+			carrier[k] = v
+		}
+	}
+	return propagation.TraceContext{}.Extract(ctx, carrier)
 }

@@ -96,6 +96,8 @@ const (
 	// hotPathFactor is how much cheaper tokenguard's hot path must be than
 	// a design that reads the database on every call.
 	hotPathFactor = 100.0
+	// tracedFactor bounds the hot path with a tracer set over without.
+	tracedFactor = 1.10
 )
 
 // peerValid says whether a peer's storm figures count: exactly one
@@ -143,6 +145,10 @@ func (r Results) Checks() []Check {
 		missBy(add(fmt.Sprintf("hot path: %s (reads per call) / tokenguard", p), fmt.Sprintf(">= %.0fx", hotPathFactor), ok1 && ok, ps/tg, "%.0fx", ps/tg >= hotPathFactor),
 			"%.0fx", hotPathFactor-ps/tg)
 	}
+	// A cache hit records no span: a tracer set costs nothing measurable.
+	traced, ok := r.get("TokenHot/tokenguard-traced", "sec/op")
+	missBy(add("hot path: with a tracer / without", fmt.Sprintf("<= %.2fx", tracedFactor), ok1 && ok, traced/tg, "%.2fx", traced/tg <= tracedFactor),
+		"%.2fx", traced/tg-tracedFactor)
 	allocs, ok := r.get("TokenHot/tokenguard", "allocs/op")
 	add("hot path: allocations per call", "0", ok, allocs, "%.0f", allocs == 0)
 	q, ok := r.get("TokenHot/tokenguard", "queries/op")

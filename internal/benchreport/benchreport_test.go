@@ -13,6 +13,7 @@ import (
 const sample = `goos: linux
 BenchmarkTokenHot/tokenguard-2         	26213610	        68.88 ns/op	         0 queries/op	       0 B/op	       0 allocs/op
 BenchmarkTokenHot/tokenguard-2         	26213610	        71.12 ns/op	         0 queries/op	       0 B/op	       0 allocs/op
+BenchmarkTokenHot/tokenguard-traced-2  	26213610	        75.00 ns/op	         0 queries/op	       0 B/op	       0 allocs/op
 BenchmarkTokenHot/nango-2              	    5000	    210000 ns/op	    3354 B/op	      57 allocs/op
 BenchmarkTokenHot/seed-2               	   20000	      5600 ns/op	    3354 B/op	      57 allocs/op
 BenchmarkTokenHot/oauth2-reuse-2       	12298356	       127.8 ns/op	       0 B/op	       0 allocs/op
@@ -39,6 +40,9 @@ func TestChecks(t *testing.T) {
 	}
 	if c := got["hot path: tokenguard / oauth2-reuse"]; !c.Met || c.Value != "0.55x" {
 		t.Errorf("ratio row %+v (median of two runs over 127.8)", c)
+	}
+	if c := got["hot path: with a tracer / without"]; !c.Met || c.Value != "1.07x" || c.Target != "<= 1.10x" {
+		t.Errorf("traced hot path %+v (75.0 over the median 70.0)", c)
 	}
 	if c := got["hot path: nango (reads per call) / tokenguard"]; !c.Met || c.Value != "3000x" {
 		t.Errorf("nango hot path %+v", c)

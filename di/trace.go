@@ -1,0 +1,79 @@
+package di
+
+import (
+	"context"
+	"log/slog"
+	"strings"
+	"time"
+
+	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/contrib/propagators/autoprop"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+)
+
+// startTracing sets up OpenTelemetry for app from the standard variables
+// and installs it globally, where tokenguard, the HTTP server and clients
+// and the worker's jobs record their spans. autoexport and the SDK read
+// the variables: OTEL_TRACES_EXPORTER (otlp, console, none),
+// OTEL_EXPORTER_OTLP_ENDPOINT and the other OTLP settings,
+// OTEL_SERVICE_NAME (default tokenguard-<app>), OTEL_RESOURCE_ATTRIBUTES,
+// OTEL_TRACES_SAMPLER and its argument, OTEL_BSP_*, and OTEL_PROPAGATORS
+// (default tracecontext,baggage).
+//
+// Traces are exported only when asked for: OTEL_TRACES_EXPORTER or an
+// OTLP endpoint is set (a process without a collector must not log export
+// failures), and OTEL_SDK_DISABLED is not true. The propagator is
+// installed in any case, so that the trace context of a request still
+// reaches the upstream API and the worker's job. stop flushes the spans
+// in flight.
+func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
+	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
+	env := map[string]string{}
+	for _, kv := range environ {
+		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
+			env[k] = v
+		}
+	}
+	asked := env["OTEL_TRACES_EXPORTER"] != "" || env["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != ""
+	if !asked || strings.EqualFold(strings.TrimSpace(env["OTEL_SDK_DISABLED"]), "true") {
+		return func() {}, nil
+	}
+	exp, err := autoexport.NewSpanExporter(ctx)
+	if err != nil {
+		return nil, configErr("OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_*: %v", err)
+	}
+	if autoexport.IsNoneSpanExporter(exp) {
+		return func() {}, nil
+	}
+	res, err := resource.New(ctx,
+		// The defaults; OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES,
+		// detected after them, win.
+		resource.WithAttributes(attribute.String("service.name", "tokenguard-"+app), attribute.String("service.version", AppVersion())),
+		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithProcessPID())
+	if err != nil {
+		_ = exp.Shutdown(ctx)
+		return nil, configErr("OTEL_RESOURCE_ATTRIBUTES: %v", err)
+	}
+	// The sampler comes from OTEL_TRACES_SAMPLER (default
+	// parentbased_always_on), the batching from OTEL_BSP_*.
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("OpenTelemetry: spans not exported", "err", err)
+	}))
+	name := env["OTEL_TRACES_EXPORTER"]
+	if name == "" {
+		name = "otlp"
+	}
+	log.Info("traces exported", "exporter", name)
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			log.Warn("OpenTelemetry: spans in flight not exported at shutdown", "err", err)
+		}
+	}, nil
+}

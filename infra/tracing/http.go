@@ -1,0 +1,85 @@
+package tracing
+
+import (
+	"context"
+	"net/http"
+	"slices"
+
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
+	"go.opentelemetry.io/otel/trace"
+)
+
+// Transport is base (http.DefaultTransport when nil) with otelhttp's
+// client spans, recorded on tp (nil: the provider of the caller's span,
+// else the global one), and the trace context sent along by the global
+// propagator. The spans show the request's URL without its query, which
+// can carry anything.
+func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTripper {
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	var opts []otelhttp.Option
+	if tp != nil {
+		opts = append(opts, otelhttp.WithTracerProvider(tp))
+	}
+	return hideQuery{next: otelhttp.NewTransport(restoreQuery{next: base}, opts...)}
+}
+
+// Client is a copy of c (a zero client when nil) whose transport is
+// Transport's.
+func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
+	var out http.Client
+	if c != nil {
+		out = *c
+	}
+	out.Transport = Transport(out.Transport, tp)
+	return &out
+}
+
+// Handler is h with otelhttp's server spans, recorded on tp (nil: the
+// global provider): the caller's trace context (the global propagator)
+// is continued, and a span is named by the route's pattern once h has
+// routed the request (http.ServeMux). otelhttp records the path, never the
+// query. Requests for the untraced paths record nothing.
+func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.Handler {
+	opts := []otelhttp.Option{otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
+		if r.Pattern != "" {
+			return r.Pattern
+		}
+		return r.Method
+	})}
+	if len(untraced) > 0 {
+		opts = append(opts, otelhttp.WithFilter(func(r *http.Request) bool { return !slices.Contains(untraced, r.URL.Path) }))
+	}
+	if tp != nil {
+		opts = append(opts, otelhttp.WithTracerProvider(tp))
+	}
+	return otelhttp.NewHandler(h, "http.server", opts...)
+}
+
+// queryKey carries a request's query past otelhttp's transport.
+type queryKey struct{}
+
+// hideQuery hands the request on without its query, kept in the context
+// for restoreQuery.
+type hideQuery struct{ next http.RoundTripper }
+
+func (h hideQuery) RoundTrip(r *http.Request) (*http.Response, error) {
+	if r.URL == nil || r.URL.RawQuery == "" {
+		return h.next.RoundTrip(r)
+	}
+	shown := r.Clone(context.WithValue(r.Context(), queryKey{}, r.URL.RawQuery))
+	shown.URL.RawQuery = ""
+	return h.next.RoundTrip(shown)
+}
+
+// restoreQuery puts back the query hideQuery took off.
+type restoreQuery struct{ next http.RoundTripper }
+
+func (t restoreQuery) RoundTrip(r *http.Request) (*http.Response, error) {
+	if q, ok := r.Context().Value(queryKey{}).(string); ok && r.URL.RawQuery == "" {
+		r = r.Clone(r.Context())
+		r.URL.RawQuery = q
+	}
+	return t.next.RoundTrip(r)
+}

@@ -1,0 +1,182 @@
+// Package tracing records tokenguard's work as OpenTelemetry spans on the
+// OpenTelemetry API alone: which SDK and exporter receive them is the
+// application's choice (the bundled apps': di). It implements
+// usecase.Tracer, and instruments HTTP clients and servers with otelhttp,
+// showing URLs without their query.
+//
+// A span never carries a token, a secret, an authorization code or an
+// account id: its attributes are the connection's name, its provider's
+// name, outcomes and versions, and an error is recorded as its class
+// (Class), never as its message.
+package tracing
+
+import (
+	"context"
+	"errors"
+
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Scope is the instrumentation scope of tokenguard's spans.
+const Scope = "github.com/tokenguard/tokenguard"
+
+// The attributes of tokenguard's spans.
+const (
+	Connection    = attribute.Key("tokenguard.connection")
+	Provider      = attribute.Key("tokenguard.provider")
+	Outcome       = attribute.Key("tokenguard.outcome")
+	VersionBefore = attribute.Key("tokenguard.version.before")
+	VersionAfter  = attribute.Key("tokenguard.version.after")
+	// Waited: the step waited for another process's refresh of the
+	// connection.
+	Waited    = attribute.Key("tokenguard.waited_for_other_process")
+	Forced    = attribute.Key("tokenguard.forced")
+	SweepKind = attribute.Key("tokenguard.sweep.kind")
+	// ErrorType is the class of a failed step's error (Class).
+	ErrorType = attribute.Key("error.type")
+)
+
+// DefaultProvider is the provider of the connections that name no stored
+// provider (the process's own), as the metrics' provider label names it.
+const DefaultProvider = "default"
+
+// Tracer records spans on a TracerProvider. It is safe for concurrent
+// use.
+type Tracer struct {
+	tracer trace.Tracer
+}
+
+// New records on tp; nil is the global provider (otel.GetTracerProvider):
+// nothing until the application sets one.
+func New(tp trace.TracerProvider) *Tracer {
+	if tp == nil {
+		tp = otel.GetTracerProvider()
+	}
+	return &Tracer{tracer: tp.Tracer(Scope)}
+}
+
+// Start implements usecase.Tracer.
+func (t *Tracer) Start(ctx context.Context, step usecase.Step, connection string) (context.Context, usecase.Span) {
+	ctx, s := t.tracer.Start(ctx, string(step))
+	if !s.IsRecording() {
+		return ctx, quiet{s}
+	}
+	if connection != "" {
+		s.SetAttributes(Connection.String(connection))
+	}
+	return ctx, span{s: s, step: step}
+}
+
+// Call opens the span of a call made for connection (the API call, the
+// proxied request, the worker's job); end closes it, failed if err is not
+// nil.
+func (t *Tracer) Call(ctx context.Context, name, connection string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, func(err error)) {
+	ctx, s := t.tracer.Start(ctx, name, trace.WithSpanKind(kind))
+	if s.IsRecording() {
+		s.SetAttributes(Connection.String(connection))
+		s.SetAttributes(attrs...)
+	}
+	return ctx, func(err error) {
+		fail(s, err)
+		s.End()
+	}
+}
+
+// quiet is a span nobody records.
+type quiet struct{ s trace.Span }
+
+func (q quiet) End(usecase.Facts, error) { q.s.End() }
+
+type span struct {
+	s    trace.Span
+	step usecase.Step
+}
+
+func (s span) End(f usecase.Facts, err error) {
+	attrs := make([]attribute.KeyValue, 0, 8)
+	switch {
+	case f.Provider != "":
+		attrs = append(attrs, Provider.String(f.Provider))
+	case f.OldVersion > 0 || f.NewVersion > 0: // read: the connection names no stored provider
+		attrs = append(attrs, Provider.String(DefaultProvider))
+	}
+	if f.Outcome != "" {
+		attrs = append(attrs, Outcome.String(string(f.Outcome)))
+	}
+	if f.OldVersion > 0 {
+		attrs = append(attrs, VersionBefore.Int64(f.OldVersion))
+	}
+	if f.NewVersion > 0 {
+		attrs = append(attrs, VersionAfter.Int64(f.NewVersion))
+	}
+	switch s.step {
+	case usecase.StepRefresh, usecase.StepLockWait, usecase.StepLease:
+		attrs = append(attrs, Waited.Bool(f.Waited))
+	}
+	if f.Forced {
+		attrs = append(attrs, Forced.Bool(true))
+	}
+	if s.step == usecase.StepSweep {
+		attrs = append(attrs, SweepKind.String(f.SweepKind),
+			attribute.Int("tokenguard.sweep.due", f.Sweep.Due),
+			attribute.Int("tokenguard.sweep.refreshed", f.Sweep.Refreshed),
+			attribute.Int("tokenguard.sweep.skipped", f.Sweep.Skipped),
+			attribute.Int("tokenguard.sweep.fresh", f.Sweep.Fresh),
+			attribute.Int("tokenguard.sweep.failed", f.Sweep.Failed))
+	}
+	s.s.SetAttributes(attrs...)
+	fail(s.s, err)
+	s.s.End()
+}
+
+// fail marks s failed with err's class, never its message.
+func fail(s trace.Span, err error) {
+	if err == nil || !s.IsRecording() {
+		return
+	}
+	c := Class(err)
+	s.SetAttributes(ErrorType.String(c))
+	s.SetStatus(codes.Error, c)
+}
+
+// classes name the errors a span may end with, most specific first.
+var classes = []struct {
+	err  error
+	name string
+}{
+	{domain.ErrLockTimeout, "lock_timeout"},
+	{domain.ErrNeedsReauth, "needs_reauth"},
+	{domain.ErrNotFound, "not_found"},
+	{domain.ErrInvalidConnection, "invalid_connection"},
+	{domain.ErrGrantRevoked, "grant_revoked"},
+	{domain.ErrClientRejected, "client_rejected"},
+	{domain.ErrEndpointMisconfigured, "endpoint_misconfigured"},
+	{domain.ErrUnknownProvider, "unknown_provider"},
+	{domain.ErrProviderUnavailable, "provider_unavailable"},
+	{domain.ErrRefreshRateLimited, "refresh_rate_limited"},
+	{domain.ErrRefreshInProgress, "refresh_in_progress"},
+	{domain.ErrConflict, "conflict"},
+	{domain.ErrUndecryptable, "undecryptable"},
+	{domain.ErrReadOnlyStore, "read_only_store"},
+	{domain.ErrStoreUnavailable, "store_unavailable"},
+	{domain.ErrUnauthorized, "unauthorized"},
+	{context.DeadlineExceeded, "deadline_exceeded"},
+	{context.Canceled, "canceled"},
+}
+
+// Class names err by the domain error it wraps: a fixed word, free of
+// whatever the caller or the provider put in the message.
+func Class(err error) string {
+	for _, c := range classes {
+		if errors.Is(err, c.err) {
+			return c.name
+		}
+	}
+	return "error"
+}
