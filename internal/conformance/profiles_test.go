@@ -198,7 +198,8 @@ func profileDeadGrant(r *run, sb *sandbox.Provider, p profiles.Profile) conforma
 }
 
 // profileControl: the same dead-grant answer to stacks without the
-// profile is not recognised: the connection stays active (transient).
+// profile is not recognised: an unclassified answer, the connection stays
+// active (the still-valid token served) and backs off.
 func profileControl(r *run, sb *sandbox.Provider, p profiles.Profile) conformance.Cell {
 	const name = "control"
 	e := profileStacks(r, 1, "")
@@ -208,13 +209,13 @@ func profileControl(r *run, sb *sandbox.Provider, p profiles.Profile) conformanc
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := e.stacks[0].tokens.RefreshToken.Token(ctx, name)
-	if errors.Is(err, domain.ErrNeedsReauth) || !errors.Is(err, domain.ErrProviderUnavailable) {
-		r.failf("without the profile: Token = %v, want provider unavailable", err)
+	if errors.Is(err, domain.ErrNeedsReauth) || (err != nil && !errors.Is(err, domain.ErrProviderUnavailable)) {
+		r.failf("without the profile: Token = %v, want the still-valid token or provider unavailable", err)
 	}
-	if st := e.stored(name); st.Status != domain.StatusActive {
-		r.failf("without the profile: stored status %q, want active", st.Status)
+	if st := e.stored(name); st.Status != domain.StatusActive || st.Failure.Failures != 1 {
+		r.failf("without the profile: stored status %q, failure %+v; want active, one unclassified answer", st.Status, st.Failure)
 	}
-	return conformance.Cell{Note: fmt.Sprintf("without the profile %s is an unknown code: the grant stays active (caught)", ownDeadCode(p))}
+	return conformance.Cell{Note: fmt.Sprintf("without the profile %s is an unknown code: the grant stays active, the connection backs off (caught)", ownDeadCode(p))}
 }
 
 // profileLostAnswer: the provider processes a refresh and its answer is
