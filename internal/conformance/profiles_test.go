@@ -8,6 +8,7 @@ import (
 	"net/http/httptest"
 	"os"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -26,6 +27,7 @@ const (
 	pcDeadGrant = "dead grant, in the provider's words"
 	pcControl   = "control: the same answer without the profile"
 	pcLost      = "lost answer within the grace window"
+	pcNoGrace   = "lost answer without a grace window"
 )
 
 // TestProfiles runs, for every provider profile, what the profile declares
@@ -38,7 +40,7 @@ func TestProfiles(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Postgres")
 	}
-	matrix := conformance.NewMatrix(pcRefresh, pcDeadGrant, pcControl, pcLost)
+	matrix := conformance.NewMatrix(pcRefresh, pcDeadGrant, pcControl, pcLost, pcNoGrace)
 	t.Cleanup(func() {
 		md := matrix.Markdown()
 		t.Logf("profile matrix:\n%s", md)
@@ -65,7 +67,10 @@ func TestProfiles(t *testing.T) {
 			if p.Grace.Known && p.Grace.D > 0 {
 				cells[pcLost] = profileLostAnswer
 			}
-			for _, col := range []string{pcRefresh, pcDeadGrant, pcControl, pcLost} {
+			if p.Grace.Known && p.Grace.D == 0 && p.Rotation != profiles.RotationNo {
+				cells[pcNoGrace] = profileLostNoGrace
+			}
+			for _, col := range []string{pcRefresh, pcDeadGrant, pcControl, pcLost, pcNoGrace} {
 				sc, ok := cells[col]
 				if !ok {
 					matrix.Set(p.Name, col, conformance.Cell{Pass: true, NA: true})
@@ -198,7 +203,8 @@ func profileDeadGrant(r *run, sb *sandbox.Provider, p profiles.Profile) conforma
 }
 
 // profileControl: the same dead-grant answer to stacks without the
-// profile is not recognised: the connection stays active (transient).
+// profile is not recognised: an unclassified answer, the connection stays
+// active (the still-valid token served) and backs off.
 func profileControl(r *run, sb *sandbox.Provider, p profiles.Profile) conformance.Cell {
 	const name = "control"
 	e := profileStacks(r, 1, "")
@@ -208,13 +214,13 @@ func profileControl(r *run, sb *sandbox.Provider, p profiles.Profile) conformanc
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_, err := e.stacks[0].tokens.RefreshToken.Token(ctx, name)
-	if errors.Is(err, domain.ErrNeedsReauth) || !errors.Is(err, domain.ErrProviderUnavailable) {
-		r.failf("without the profile: Token = %v, want provider unavailable", err)
+	if errors.Is(err, domain.ErrNeedsReauth) || (err != nil && !errors.Is(err, domain.ErrProviderUnavailable)) {
+		r.failf("without the profile: Token = %v, want the still-valid token or provider unavailable", err)
 	}
-	if st := e.stored(name); st.Status != domain.StatusActive {
-		r.failf("without the profile: stored status %q, want active", st.Status)
+	if st := e.stored(name); st.Status != domain.StatusActive || st.Failure.Failures != 1 {
+		r.failf("without the profile: stored status %q, failure %+v; want active, one unclassified answer", st.Status, st.Failure)
 	}
-	return conformance.Cell{Note: fmt.Sprintf("without the profile %s is an unknown code: the grant stays active (caught)", ownDeadCode(p))}
+	return conformance.Cell{Note: fmt.Sprintf("without the profile %s is an unknown code: the grant stays active, the connection backs off (caught)", ownDeadCode(p))}
 }
 
 // profileLostAnswer: the provider processes a refresh and its answer is
@@ -246,4 +252,38 @@ func profileLostAnswer(r *run, sb *sandbox.Provider, p profiles.Profile) conform
 		r.failf("stored status %q, want active", st.Status)
 	}
 	return conformance.Cell{Refreshes: int(after.Refreshes - before.Refreshes), Note: fmt.Sprintf("grace %s: answered again, still active", p.Grace)}
+}
+
+// profileLostNoGrace: where the profile declares no grace window, a
+// refresh whose answer was lost is never presented again, by this process
+// or another: one request, no reuse at the provider, the connection
+// failing (answer_lost) and never needs_reauth.
+func profileLostNoGrace(r *run, sb *sandbox.Provider, p profiles.Profile) conformance.Cell {
+	const name = "lostnograce"
+	e := profileStacks(r, 2, p.Name)
+	e.connect(name)
+	var asked atomic.Int64
+	sb.SetRefreshFault(func() sandbox.Fault {
+		if asked.Add(1) == 1 {
+			return sandbox.FaultLostAnswer
+		}
+		return sandbox.FaultNone
+	})
+	before := sb.Stats()
+	e.waitDue(name)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for _, s := range e.stacks {
+		if _, err := s.tokens.RefreshToken.Token(ctx, name); errors.Is(err, domain.ErrNeedsReauth) {
+			r.failf("after a lost answer: %v", err)
+		}
+	}
+	after := sb.Stats()
+	if asked.Load() != 1 || after.LostAnswers-before.LostAnswers != 1 || after.RefreshReuse != before.RefreshReuse {
+		r.failf("sandbox: %d requests, %+v -> %+v; want 1 request, 1 lost answer, no reuse", asked.Load(), before, after)
+	}
+	if st := e.stored(name); st.Status != domain.StatusActive || !st.Failure.Failing || st.Failure.Code != "answer_lost" {
+		r.failf("stored status %q, failure %+v; want active and failing with answer_lost", st.Status, st.Failure)
+	}
+	return conformance.Cell{Refreshes: int(after.Refreshes - before.Refreshes), Note: "grace none: presented once, then failing (answer_lost), no reuse"}
 }
