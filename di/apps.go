@@ -29,8 +29,10 @@ const shutdownGrace = 8 * time.Second
 
 // Server is the HTTP app, ready to run.
 type Server struct {
-	srv  *httpapi.Server
-	addr string
+	srv    *httpapi.Server
+	addr   string
+	pruner *repository.EventPruner // keeps the console's history bounded
+	log    *slog.Logger
 }
 
 // Run listens on HTTP_ADDR and serves until ctx is done.
@@ -39,6 +41,9 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
 	}
+	pruneCtx, stopPruning := context.WithCancel(ctx)
+	defer stopPruning()
+	go s.pruner.Run(pruneCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
 	return s.srv.Serve(ctx, ln, shutdownGrace)
 }
 
@@ -64,6 +69,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		cleanup()
 		return nil, nil, configErr("API_BASE_URL is not a URL")
 	}
+	keys := repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0)
 	srv := httpapi.New(httpapi.Deps{
 		Tokens:          a.tokens.Guard,
 		APIBaseURL:      apiBase,
@@ -75,7 +81,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Connections:     a.tokens.Repository,
 		Providers:       usecaseof.Providers(a.tokens.Guard),
 		Exchanger:       usecaseof.Providers(a.tokens.Guard),
-		Keys:            repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
+		Keys:            keys,
 		Sessions:        repository.NewConnectSessions(a.tokens.DB),
 		DB:              sqlDB,
 		OAuth:           a.tokens.OAuth,
@@ -86,7 +92,8 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Log:             log,
 		Edges:           cfg.edges(),
 	})
-	return &Server{srv: srv, addr: cfg.HTTPAddr}, cleanup, nil
+	srv.MountConsole(newConsole(cfg, a, srv, keys, log))
+	return &Server{srv: srv, addr: cfg.HTTPAddr, pruner: repository.NewEventPruner(a.tokens.DB), log: log}, cleanup, nil
 }
 
 // NewWorker wires the event consumer. Call the returned cleanup when done.

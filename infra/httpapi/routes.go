@@ -89,6 +89,11 @@ func (s *Server) guard(rt route) http.Handler {
 	if rt.access == apiKey {
 		h = s.requireKey(h)
 	}
+	return s.bounded(h, limit)
+}
+
+// bounded gives h's requests the request deadline and a body limit.
+func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.deps.Edges.RequestTimeout)
 		defer cancel()
