@@ -64,7 +64,9 @@ func TestConsoleInBrowser(t *testing.T) {
 
 	// A second provider, stored, that takes the client only in the form
 	// body: auto learns it at the first refresh.
-	crm, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: time.Hour, ClientAuth: sandbox.ClientAuthPost})
+	// Its refresh tokens live 5 days: "expiring soon".
+	crm, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: time.Hour, ClientAuth: sandbox.ClientAuthPost,
+		ExtraTokenFields: map[string]string{"refresh_token_expires_in": "432000"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,6 +181,10 @@ func TestConsoleInBrowser(t *testing.T) {
 	if rows := text(`table.grid tbody`); !strings.Contains(rows, "initech") || strings.Contains(rows, "globex") || strings.Contains(rows, "acme") {
 		t.Errorf("provider=crm&tag=eu rows:\n%s", rows)
 	}
+	browse("filter to expiring soon", chromedp.Navigate(base+"/console/connections?status=expiring_soon"), chromedp.WaitVisible(css(`table.grid`)))
+	if rows := text(`table.grid tbody`); !strings.Contains(rows, "initech") || !strings.Contains(rows, "in 5d") || strings.Contains(rows, "acme") {
+		t.Errorf("expiring_soon rows:\n%s", rows)
+	}
 	browse("filter by prefix", chromedp.Navigate(base+"/console/connections?prefix=umb"), chromedp.WaitVisible(css(`table.grid`)))
 	if rows := text(`table.grid tbody`); strings.Count(rows, "umbrella-") != 4 || strings.Contains(rows, "acme") {
 		t.Errorf("prefix=umb rows:\n%s", rows)
@@ -286,6 +292,9 @@ func TestConsoleInBrowser(t *testing.T) {
 		t.Errorf("the logged-out cookie on a form post with its CSRF token: %d, want 401", code)
 	}
 	browse("the console after logout", chromedp.Navigate(base+"/console/connections"), chromedp.WaitVisible(css(`#key`)))
+	// The browser goes first: a connection it opened ahead of a request
+	// would hold the server's shutdown for 5 s.
+	cancelBrowser()
 	s.stop(server)
 	if st := s.sb.Stats(); st.RefreshReuse != 0 {
 		t.Errorf("refresh-token reuse at the sandbox: %d", st.RefreshReuse)

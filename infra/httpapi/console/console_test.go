@@ -257,3 +257,19 @@ func checkPage(t *testing.T, what string, w *httptest.ResponseRecorder) {
 		}
 	}
 }
+
+func TestShort(t *testing.T) {
+	for d, want := range map[time.Duration]string{
+		300 * time.Millisecond:          "now",
+		1500 * time.Millisecond:         "2s",
+		59*time.Minute + 40*time.Second: "1h",
+		59*time.Minute + 20*time.Second: "59m",
+		5*24*time.Hour - 10*time.Second: "5d",
+		47*time.Hour + 10*time.Minute:   "47h",
+		47*time.Hour + 40*time.Minute:   "2d",
+	} {
+		if got := short(d); got != want {
+			t.Errorf("short(%v) = %q, want %q", d, got, want)
+		}
+	}
+}

@@ -280,6 +280,7 @@ func parsePages() map[string]*template.Template {
 		"join":     strings.Join,
 		"status":   statusClass,
 		"outcome":  outcomeClass,
+		"soon":     func(t time.Time) bool { return !t.IsZero() && time.Until(t) < domain.ExpiringSoonWithin },
 	}
 	pages := map[string]*template.Template{}
 	for _, p := range []string{"login", "connections", "connection", "reconnect", "disconnect", "disconnected", "providers", "error"} {
@@ -308,18 +309,20 @@ func absolute(t time.Time) string {
 	return t.UTC().Format("2006-01-02 15:04:05 UTC")
 }
 
+// short is d in its largest unit, rounded: 59m40s is "1h", 4d23h "5d".
 func short(d time.Duration) string {
-	switch {
-	case d < time.Second:
+	if s := d.Round(time.Second); s < time.Second {
 		return "now"
-	case d < time.Minute:
-		return fmt.Sprintf("%ds", int(d.Seconds()))
-	case d < time.Hour:
-		return fmt.Sprintf("%dm", int(d.Minutes()))
-	case d < 48*time.Hour:
-		return fmt.Sprintf("%dh", int(d.Hours()))
+	} else if s < time.Minute {
+		return fmt.Sprintf("%ds", int(s.Seconds()))
 	}
-	return fmt.Sprintf("%dd", int(d.Hours()/24))
+	if m := d.Round(time.Minute); m < time.Hour {
+		return fmt.Sprintf("%dm", int(m.Minutes()))
+	}
+	if h := d.Round(time.Hour); h < 48*time.Hour {
+		return fmt.Sprintf("%dh", int(h.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Round(24*time.Hour).Hours()/24))
 }
 
 func durationText(d time.Duration) string {
