@@ -128,6 +128,16 @@ demo-screenshot:
 		--screenshot="$(CURDIR)/demo-out/report.png" "file://$(CURDIR)/demo-out/report.html"
 	@test -s demo-out/report.png && echo "wrote demo-out/report.png"
 
+# Renders the operator console (GET /console) to docs/console-*.png: the
+# console's browser test (cmd/e2e TestConsoleInBrowser) runs the server
+# against the sandbox, drives headless Chromium through the pages and saves
+# each one. Offline: the console loads nothing but its own stylesheet.
+.PHONY: console-screenshot
+console-screenshot:
+	@command -v $(CHROMIUM) >/dev/null || { echo "$(CHROMIUM) not found: apt-get install chromium"; exit 1; }
+	CHROMIUM=$(CHROMIUM) CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleInBrowser$$' -v ./cmd/e2e/
+	@ls docs/console-*.png
+
 # Server, worker and batch as processes under load, against the sandbox
 # provider with 4 s tokens, on a throw-away Postgres cluster (local
 # initdb), while faults are injected at random: a slow, failing or hanging

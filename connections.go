@@ -87,6 +87,28 @@ func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool)
 	return err
 }
 
+// Reactivate sets connection active again if it is marked needs_reauth,
+// without touching its tokens: the next refresh tells whether the grant
+// is alive. It is the way back for a grant marked dead for something that
+// was not the grant's fault (a client secret rotated too early, say). It
+// takes the connection's lock, as a refresh does, and every process drops
+// its cached copy when it commits. It returns the version written, or 0
+// when it left the connection alone (it was not needs_reauth); ErrNotFound
+// for a connection that has no token.
+func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int64, err error) {
+	if t.closed.Load() {
+		return 0, ErrClosed
+	}
+	if err := domain.ValidateName(connection); err != nil {
+		return 0, err
+	}
+	_, version, err = t.repo.Reactivate(ctx, connection, "", t.lockWait)
+	if err != nil {
+		return 0, fmt.Errorf("reactivate %s: %w", connection, err)
+	}
+	return version, nil
+}
+
 // ImportOption configures Import.
 type ImportOption func(*usecase.ConnectRequest) error
 

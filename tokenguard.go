@@ -106,6 +106,7 @@ type Tokens struct {
 	db         *gorm.DB          // tokenguard's statements; Run's heartbeat
 	clock      *repository.DatabaseClock
 	skew       time.Duration
+	lockWait   time.Duration // Reactivate's bound on the wait for the lock
 	// providers refreshes each connection at its provider, and follows
 	// the stored providers' changes while Run runs.
 	providers *provider.Registry
@@ -223,7 +224,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			slog.Int("rows", kc.Stale))
 	}
 
-	t := &Tokens{log: o.log, skew: o.skew, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{})}
+	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{})}
 	if t.dsn == "" {
 		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
 			t.dsn = d.Config.DSN

@@ -31,10 +31,11 @@ const shutdownGrace = 8 * time.Second
 
 // Server is the HTTP app, ready to run.
 type Server struct {
-	srv   *httpapi.Server
-	addr  string
-	sweep func(context.Context) (int, error)
-	log   *slog.Logger
+	srv    *httpapi.Server
+	addr   string
+	sweep  func(context.Context) (int, error)
+	pruner *repository.EventPruner // keeps the console's history bounded
+	log    *slog.Logger
 }
 
 // Run listens on HTTP_ADDR and serves until ctx is done; meanwhile it
@@ -48,6 +49,9 @@ func (s *Server) Run(ctx context.Context) error {
 	swept := make(chan struct{})
 	go func() { defer close(swept); s.sweepLoop(sweepCtx) }()
 	defer func() { stop(); <-swept }()
+	pruneCtx, stopPruning := context.WithCancel(ctx)
+	defer stopPruning()
+	go s.pruner.Run(pruneCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
 	return s.srv.Serve(ctx, ln, shutdownGrace)
 }
 
@@ -101,6 +105,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		cleanup()
 		return nil, nil, configErr("API_BASE_URL is not a URL")
 	}
+	keys := repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0)
 	srv := httpapi.New(httpapi.Deps{
 		Tokens:          a.tokens.Guard,
 		APIBaseURL:      apiBase,
@@ -111,7 +116,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Flows:           a.tokens.Guard,
 		Connections:     a.tokens.Repository,
 		Providers:       usecaseof.Providers(a.tokens.Guard),
-		Keys:            repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
+		Keys:            keys,
 		Sessions:        repository.NewConnectSessions(publicDB),
 		DB:              sqlDB,
 		OAuth:           a.tokens.OAuth,
@@ -120,7 +125,9 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Log:             log,
 		Edges:           cfg.edges(),
 	})
-	return &Server{srv: srv, addr: cfg.HTTPAddr, sweep: a.tokens.Guard.SweepConnectResults, log: log}, cleanup, nil
+	srv.MountConsole(newConsole(cfg, a, srv, keys, log))
+	return &Server{srv: srv, addr: cfg.HTTPAddr, sweep: a.tokens.Guard.SweepConnectResults,
+		pruner: repository.NewEventPruner(a.tokens.DB), log: log}, cleanup, nil
 }
 
 // browserConns is the size of the public routes' pool: a consent takes a

@@ -203,6 +203,8 @@ const (
 	APIKeyPrefix  = "tgk_"
 	SessionPrefix = "tgs_"
 	FlowPrefix    = "tgf_"
+	// ConsolePrefix marks the console's session cookies.
+	ConsolePrefix = "tgc_"
 )
 
 // NewCredential returns prefix followed by 256 random bits in base64url.

@@ -83,8 +83,42 @@ func (r connectionRow) domain() domain.Connection {
 // names sort after after ("" for the first page), in name order: keyset
 // pagination on the unique name index, as ListPage. No credential is read.
 func (r *TokenRepository) ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error) {
+	return r.FilteredConnectionsPage(ctx, domain.ConnectionFilter{}, after, limit)
+}
+
+// FilteredConnectionsPage is ConnectionsPage with only the connections f
+// matches: the same keyset page on the name index, with a name prefix
+// starting the range scan at the prefix.
+func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
+	where, args := []string{"c.name > ?"}, []any{after}
+	switch f.Status {
+	case "":
+	case domain.StatusExpiringSoon:
+		where = append(where, "t.status = 'active' AND t.refresh_expiry < now() + ? * interval '1 second'")
+		args = append(args, int64(domain.ExpiringSoonWithin/time.Second))
+	default:
+		where = append(where, "t.status = ?")
+		args = append(args, string(f.Status))
+	}
+	switch f.Provider {
+	case "":
+	case domain.EnvProvider:
+		where = append(where, "t.provider IS NULL")
+	default:
+		where = append(where, "t.provider = ?")
+		args = append(args, f.Provider)
+	}
+	if f.Tag != "" {
+		where = append(where, "c.tags @> ARRAY[?]::text[]")
+		args = append(args, f.Tag)
+	}
+	if f.NamePrefix != "" {
+		where = append(where, "c.name >= ? AND starts_with(c.name, ?)")
+		args = append(args, f.NamePrefix, f.NamePrefix)
+	}
 	var rows []connectionRow
-	if err := r.db.WithContext(ctx).Raw(selectConnection+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, limit).Find(&rows).Error; err != nil {
+	q := selectConnection + " WHERE " + strings.Join(where, " AND ") + " ORDER BY c.name LIMIT ?"
+	if err := r.db.WithContext(ctx).Raw(q, append(args, limit)...).Find(&rows).Error; err != nil {
 		return nil, storeError(ctx, "list connections", err)
 	}
 	out := make([]domain.Connection, len(rows))

@@ -111,6 +111,7 @@ SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_
 ON CONFLICT (connection_id) DO UPDATE SET
     holder  = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.holder ELSE l.holder END,
     until   = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.until ELSE now() + $5 * interval '1 millisecond' END,
+    taken_at = CASE WHEN ` + leaseFree + ` THEN now() ELSE l.taken_at END,
     version = EXCLUDED.version,
     server_started = EXCLUDED.server_started
     WHERE ` + leaseFree + ` OR l.server_started IS DISTINCT FROM EXCLUDED.server_started

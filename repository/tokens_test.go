@@ -81,7 +81,7 @@ func grantToken(id, at, rt string) domain.Token {
 	return tok
 }
 
-func put(t *testing.T, r *repository.TokenRepository, tok domain.Token) domain.Token {
+func put(t testing.TB, r *repository.TokenRepository, tok domain.Token) domain.Token {
 	t.Helper()
 	ctx := context.Background()
 	if err := r.Register(ctx, tok.Connection); err != nil {

@@ -108,7 +108,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	keyName := keyName(r.Context())
-	token, expires, err := s.deps.Sessions.Create(r.Context(), domain.ConnectSession{
+	link, expires, err := s.newConnectLink(r.Context(), domain.ConnectSession{
 		Connection: req.Connection, ReturnTo: req.ReturnTo, AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName,
 		Provider: req.Provider, Metadata: metadata,
 	})
@@ -117,13 +117,44 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, req.Connection, err)
 		return
 	}
-	s.deps.Log.Info("connect session created", "connection", req.Connection, "api_key", keyName,
-		"allow_account_change", req.AllowAccountChange, "expires_at", expires)
 	writeJSON(w, http.StatusCreated, map[string]any{
-		"connect_url": s.publicBase() + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()),
+		"connect_url": link,
 		"expires_at":  expires.UTC(),
 		"connection":  req.Connection,
 	})
+}
+
+// newConnectLink stores a connect session and returns its URL.
+func (s *Server) newConnectLink(ctx context.Context, cs domain.ConnectSession) (string, time.Time, error) {
+	token, expires, err := s.deps.Sessions.Create(ctx, cs)
+	if err != nil {
+		return "", time.Time{}, err
+	}
+	s.deps.Log.Info("connect session created", "connection", cs.Connection, "api_key", cs.CreatedBy,
+		"allow_account_change", cs.AllowAccountChange, "expires_at", expires)
+	return s.publicBase() + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()), expires, nil
+}
+
+// ConnectLink is POST /connect-sessions for the operator console: a
+// connect session that reconnects connection at provider ("" the
+// environment's), keeping its metadata, created by the API key called
+// createdBy, whose consent comes back to returnTo (the application's page,
+// whose backend redeems the result). It returns the connect URL and when
+// it expires.
+func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (string, time.Time, error) {
+	if !s.oauthConfigured() {
+		return "", time.Time{}, domain.ErrConnectNotConfigured
+	}
+	if returnTo == "" || !returnAllowed(returnTo, s.deps.Edges.ReturnURLs) {
+		return "", time.Time{}, domain.ErrReturnToNotAllowed
+	}
+	if err := domain.ValidateName(connection); err != nil {
+		return "", time.Time{}, err
+	}
+	if _, err := s.clientOf(ctx, provider); err != nil {
+		return "", time.Time{}, err
+	}
+	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
 }
 
 // publicBase is PUBLIC_URL without a trailing slash, else the redirect

@@ -96,6 +96,11 @@ func (s *Server) guard(rt route) http.Handler {
 		// flood of them cannot take the server's time from the key holders.
 		h = s.public.limit(h)
 	}
+	return s.bounded(h, limit)
+}
+
+// bounded gives h's requests the request deadline and a body limit.
+func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.deps.Edges.RequestTimeout)
 		defer cancel()

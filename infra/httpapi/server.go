@@ -180,7 +180,13 @@ type Server struct {
 	apiBase *url.URL
 	rp      *httputil.ReverseProxy // under the proxy routes
 	tracer  *tracing.Tracer
+	console http.Handler // /console, when mounted
 }
+
+// MountConsole serves h (the operator console, which checks its own
+// session) at /console and under it, with every route's deadline and body
+// limit. Call it before Handler.
+func (s *Server) MountConsole(h http.Handler) { s.console = h }
 
 // New builds the server.
 func New(d Deps) *Server {
@@ -222,6 +228,13 @@ func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range s.routes() {
 		mux.Handle(rt.pattern(), s.guard(rt))
+	}
+	if s.console != nil {
+		// Outside the route table: the console is pages for a browser,
+		// not API, and is behind its own session check (package console).
+		h := s.bounded(s.console, defaultMaxBody)
+		mux.Handle("/console", h)
+		mux.Handle("/console/", h)
 	}
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such route", Code: "not_found"})

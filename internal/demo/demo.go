@@ -313,6 +313,9 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	r.say("  webhooks:  connection.connected for %s, signatures verified (the worker delivers them)", strings.Join(connections, ", "))
 	r.say("  apps:      server pid %d, worker pid %d, batch --every %s pid %d; logs in %s/",
 		r.procs["server"].Pid(), r.procs["worker"].Pid(), o.BatchEvery, r.procs["batch"].Pid(), o.OutDir)
+	// The demo's own throw-away key, made for this run's database: shown
+	// so that the console can be opened while the load runs.
+	r.say("  console:   %s/console while the load runs; log in with the demo's API key %s", r.server, r.key)
 	if r.db, err = pgx.Connect(ctx, dbURL); err != nil {
 		return nil, err
 	}

@@ -1,0 +1,354 @@
+// Package console is the operator console, GET /console on the server:
+// server-rendered pages (html/template, one stylesheet, no script) that
+// list connections and their trouble, show one connection's history, and
+// run the operator's actions on it through the same calls tokenctl and
+// POST /connect-sessions use.
+//
+// An API key entered once on the login form opens a session: a random
+// token in an HttpOnly, SameSite=Strict cookie (Secure and __Host- over
+// https) whose SHA-256 is stored server-side with an expiry, so that
+// logging out, the expiry and revoking the key each end it at once. A
+// signed cookie could not be revoked without a server-side list anyway.
+// Every form that changes something carries a CSRF token derived from the
+// session token (HMAC), checked on the POST; the login form has its own,
+// bound to a pre-login cookie.
+package console
+
+import (
+	"context"
+	"crypto/hmac"
+	"crypto/rand"
+	"crypto/sha256"
+	"embed"
+	"encoding/base64"
+	"errors"
+	"html/template"
+	"io/fs"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
+type KeyVerifier interface {
+	Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error)
+}
+
+// Session is a live console session: the API key it was opened with.
+type Session struct {
+	KeyID     int32
+	KeyName   string
+	ExpiresAt time.Time
+}
+
+// Sessions stores console sessions by a hash of their token.
+type Sessions interface {
+	Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
+	// Lookup returns domain.ErrUnauthorized for a token that is unknown,
+	// logged out, expired, or whose key was revoked.
+	Lookup(ctx context.Context, token domain.Secret) (Session, error)
+	Delete(ctx context.Context, token domain.Secret) error
+}
+
+// Connections reads connections as listings show them (no token).
+type Connections interface {
+	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
+	Connection(ctx context.Context, name string) (domain.Connection, error)
+}
+
+// History reads the connections' recent history.
+type History interface {
+	Recent(ctx context.Context, connection string, limit int) ([]domain.ConnectionEvent, error)
+	LastRefreshes(ctx context.Context, connections []string) (map[string]domain.ConnectionEvent, error)
+	RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
+}
+
+// Actions are the operator's changes, as the library's public API runs
+// them (*tokenguard.Tokens).
+type Actions interface {
+	Reactivate(ctx context.Context, connection string) (version int64, err error)
+	Disconnect(ctx context.Context, connection string, revoke bool) error
+}
+
+// ConnectLinks creates a connect session for connection, as POST
+// /connect-sessions does, and returns its URL.
+type ConnectLinks interface {
+	ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (link string, expires time.Time, err error)
+}
+
+// Provider is a provider's settings as the console shows them: never its
+// client secret.
+type Provider struct {
+	Name        string // "" for the OAUTH_* one
+	Profile     string
+	TokenURL    string
+	AuthURL     string
+	RevokeURL   string
+	APIBaseURL  string
+	ClientID    string
+	AuthStyle   string // configured: auto, header, params
+	LearnedAuth string // what auto learned at the token endpoint; "" none yet
+	Scopes      []string
+	Skew        time.Duration // 0: the process's setting
+	Lifetime    time.Duration // default access token lifetime; 0: none
+	KeepAlive   time.Duration
+}
+
+// Providers lists the providers connections may name.
+type Providers interface {
+	Providers(ctx context.Context) ([]Provider, error)
+}
+
+// Deps are what the console is built from.
+type Deps struct {
+	Keys        KeyVerifier
+	Sessions    Sessions
+	Connections Connections
+	History     History
+	Actions     Actions
+	Links       ConnectLinks
+	Providers   Providers
+	// Secure: the server is reached over https (PUBLIC_URL): cookies are
+	// Secure and __Host-.
+	Secure bool
+	// SessionLifetime bounds a session (0: 8h).
+	SessionLifetime time.Duration
+	Log             *slog.Logger
+	Now             func() time.Time
+}
+
+// Console is the console's handler, mounted at /console.
+type Console struct {
+	d     Deps
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+}
+
+//go:embed assets
+var assets embed.FS
+
+// DefaultSessionLifetime is how long a login lasts.
+const DefaultSessionLifetime = 8 * time.Hour
+
+// pageSize is how many connections a page lists.
+const pageSize = 50
+
+// New builds the console.
+func New(d Deps) *Console {
+	if d.Log == nil {
+		d.Log = slog.Default()
+	}
+	if d.Now == nil {
+		d.Now = time.Now
+	}
+	if d.SessionLifetime <= 0 {
+		d.SessionLifetime = DefaultSessionLifetime
+	}
+	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages()}
+	static, _ := fs.Sub(assets, "assets")
+	files := http.StripPrefix("/console/static/", http.FileServerFS(static))
+	c.mux.Handle("GET /console/static/", files)
+	c.mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/connections", http.StatusSeeOther)
+	})
+	c.mux.HandleFunc("GET /console/{$}", func(w http.ResponseWriter, r *http.Request) {
+		http.Redirect(w, r, "/console/connections", http.StatusSeeOther)
+	})
+	c.mux.HandleFunc("GET /console/login", c.loginForm)
+	c.mux.HandleFunc("POST /console/login", c.login)
+	c.mux.Handle("POST /console/logout", c.session(c.logout))
+	c.mux.Handle("GET /console/connections", c.session(c.connections))
+	c.mux.Handle("GET /console/connections/{name}", c.session(c.connection))
+	c.mux.Handle("POST /console/connections/{name}/reconnect", c.session(c.reconnect))
+	c.mux.Handle("POST /console/connections/{name}/reactivate", c.session(c.reactivate))
+	c.mux.Handle("GET /console/connections/{name}/disconnect", c.session(c.confirmDisconnect))
+	c.mux.Handle("POST /console/connections/{name}/disconnect", c.session(c.disconnect))
+	c.mux.Handle("GET /console/providers", c.session(c.providers))
+	return c
+}
+
+// csp allows the console's own stylesheet and nothing else: no script at
+// all, no inline style, no frame, forms only to itself.
+const csp = "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
+
+func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	h := w.Header()
+	h.Set("Content-Security-Policy", csp)
+	h.Set("X-Frame-Options", "DENY")
+	h.Set("Referrer-Policy", "no-referrer")
+	if !strings.HasPrefix(r.URL.Path, "/console/static/") {
+		h.Set("Cache-Control", "no-store")
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// MayOperate decides whether a verified API key may use the console. Until
+// API keys carry scopes, every valid key may; with scopes, this is where
+// the admin scope is required.
+func MayOperate(ctx context.Context, keyID int32, keyName string) bool {
+	return true
+}
+
+// Cookie names: over https the __Host- prefix pins them to this origin
+// (Secure, Path=/, no Domain).
+func (c *Console) cookieName(base string) string {
+	if c.d.Secure {
+		return "__Host-" + base
+	}
+	return base
+}
+
+const (
+	sessionCookie = "tokenguard_console"
+	loginCookie   = "tokenguard_console_login"
+)
+
+func (c *Console) setCookie(w http.ResponseWriter, base, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{Name: c.cookieName(base), Value: value, Path: "/", MaxAge: maxAge,
+		HttpOnly: true, Secure: c.d.Secure, SameSite: http.SameSiteStrictMode})
+}
+
+// csrfOf is the CSRF token of the forms of the session (or pre-login
+// cookie) secret: an HMAC of it, which a page of another origin can
+// neither read nor compute.
+func csrfOf(secret string) string {
+	m := hmac.New(sha256.New, []byte(secret))
+	m.Write([]byte("tokenguard console csrf"))
+	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
+}
+
+// csrfOK checks a posted form's token in constant time.
+func csrfOK(r *http.Request, secret string) bool {
+	got := r.PostFormValue("csrf")
+	return got != "" && hmac.Equal([]byte(got), []byte(csrfOf(secret)))
+}
+
+// sessionKey carries the request's session to the handler.
+type sessionKey struct{}
+
+type current struct {
+	Session
+	token domain.Secret
+	CSRF  string
+}
+
+func sessionOf(r *http.Request) current {
+	s, _ := r.Context().Value(sessionKey{}).(current)
+	return s
+}
+
+// session answers pages only for a live session (else: to the login
+// form, or 401 for a form post) and POSTs only with the session's CSRF
+// token (else 403).
+func (c *Console) session(next http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ck, err := r.Cookie(c.cookieName(sessionCookie))
+		var s Session
+		if err == nil && strings.HasPrefix(ck.Value, "tgc_") && len(ck.Value) <= 128 {
+			s, err = c.d.Sessions.Lookup(r.Context(), domain.NewSecret(ck.Value))
+		} else {
+			err = domain.ErrUnauthorized
+		}
+		if err == nil && !MayOperate(r.Context(), s.KeyID, s.KeyName) {
+			err = domain.ErrUnauthorized
+		}
+		switch {
+		case errors.Is(err, domain.ErrUnauthorized):
+			if r.Method == http.MethodGet {
+				http.Redirect(w, r, "/console/login?next="+url.QueryEscape(r.URL.RequestURI()), http.StatusSeeOther)
+				return
+			}
+			c.fail(w, r, http.StatusUnauthorized, "Your session has ended. Log in again.")
+			return
+		case err != nil:
+			c.d.Log.Error("console session check failed", "err", err)
+			c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+			return
+		}
+		cur := current{Session: s, token: domain.NewSecret(ck.Value), CSRF: csrfOf(ck.Value)}
+		if r.Method == http.MethodPost && !csrfOK(r, ck.Value) {
+			c.fail(w, r, http.StatusForbidden, "This form is stale or did not come from the console (CSRF token missing or wrong). Reload the page and try again.")
+			return
+		}
+		next(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, cur)))
+	})
+}
+
+// loginForm shows the login form, with a fresh pre-login cookie whose
+// CSRF token the form carries.
+func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
+	c.showLogin(w, r, http.StatusOK, "")
+}
+
+func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, problem string) {
+	pre := newSecret()
+	c.setCookie(w, loginCookie, pre, 600)
+	c.render(w, r, status, "login", map[string]any{"CSRF": csrfOf(pre), "Next": safeNext(r.FormValue("next")), "Problem": problem})
+}
+
+func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	pre, err := r.Cookie(c.cookieName(loginCookie))
+	if err != nil || !csrfOK(r, pre.Value) {
+		c.fail(w, r, http.StatusForbidden, "The login form is stale or did not come from the console (CSRF token missing or wrong). Open the login page again.")
+		return
+	}
+	key := strings.TrimSpace(r.PostFormValue("key"))
+	if key == "" || len(key) > 512 {
+		c.showLogin(w, r, http.StatusUnauthorized, "Enter an API key.")
+		return
+	}
+	id, name, err := c.d.Keys.Verify(r.Context(), domain.NewSecret(key))
+	switch {
+	case errors.Is(err, domain.ErrUnauthorized):
+		c.showLogin(w, r, http.StatusUnauthorized, "That API key is not valid.")
+		return
+	case err != nil:
+		c.d.Log.Error("console login: key check failed", "err", err)
+		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+		return
+	}
+	if !MayOperate(r.Context(), id, name) {
+		c.showLogin(w, r, http.StatusForbidden, "That API key may not use the console.")
+		return
+	}
+	token, expires, err := c.d.Sessions.Create(r.Context(), id, c.d.SessionLifetime)
+	if err != nil {
+		c.d.Log.Error("console login: session not stored", "err", err)
+		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+		return
+	}
+	c.setCookie(w, loginCookie, "", -1)
+	c.setCookie(w, sessionCookie, token.Reveal(), int(time.Until(expires).Seconds()))
+	c.d.Log.Info("console login", "api_key", name, "expires_at", expires)
+	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
+}
+
+func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
+	s := sessionOf(r)
+	if err := c.d.Sessions.Delete(r.Context(), s.token); err != nil {
+		c.d.Log.Error("console logout: session not deleted", "err", err)
+		c.fail(w, r, http.StatusServiceUnavailable, "The session could not be ended; try again.")
+		return
+	}
+	c.setCookie(w, sessionCookie, "", -1)
+	c.d.Log.Info("console logout", "api_key", s.KeyName)
+	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
+}
+
+// safeNext keeps a post-login redirect inside the console.
+func safeNext(next string) string {
+	if strings.HasPrefix(next, "/console/") && !strings.HasPrefix(next, "/console//") && !strings.ContainsAny(next, "\\\r\n") {
+		return next
+	}
+	return "/console/connections"
+}
+
+func newSecret() string {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b)
+	return base64.RawURLEncoding.EncodeToString(b)
+}

@@ -1,0 +1,369 @@
+package console
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"html/template"
+	"math"
+	"net/http"
+	"net/url"
+	"regexp"
+	"strings"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// connectionRow is one line of the connections table.
+type connectionRow struct {
+	domain.Connection
+	Last *domain.ConnectionEvent // its last refresh, if any is recorded
+}
+
+// statusPattern bounds a status filter: a stored status or expiring_soon.
+var statusPattern = regexp.MustCompile(`^[a-z_]{1,32}$`)
+
+func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
+	q := r.URL.Query()
+	f := domain.ConnectionFilter{Status: domain.Status(q.Get("status")), Provider: q.Get("provider"),
+		Tag: strings.TrimSpace(q.Get("tag")), NamePrefix: strings.TrimSpace(q.Get("prefix"))}
+	after := q.Get("after")
+	switch {
+	case f.Status != "" && !statusPattern.MatchString(string(f.Status)),
+		f.Provider != "" && f.Provider != domain.EnvProvider && domain.ValidateName(f.Provider) != nil,
+		len(f.Tag) > 128, len(f.NamePrefix) > 128,
+		after != "" && domain.ValidateName(after) != nil:
+		c.fail(w, r, http.StatusBadRequest, "That filter is not valid.")
+		return
+	}
+	page, err := c.d.Connections.FilteredConnectionsPage(r.Context(), f, after, pageSize+1)
+	if err != nil {
+		c.failed(w, r, "", err)
+		return
+	}
+	next := ""
+	if len(page) > pageSize {
+		page = page[:pageSize]
+		next = page[pageSize-1].Name
+	}
+	names := make([]string, len(page))
+	for i, p := range page {
+		names[i] = p.Name
+	}
+	last, err := c.d.History.LastRefreshes(r.Context(), names)
+	if err != nil {
+		c.failed(w, r, "", err)
+		return
+	}
+	rows := make([]connectionRow, len(page))
+	for i, p := range page {
+		rows[i] = connectionRow{Connection: p}
+		if e, ok := last[p.Name]; ok {
+			rows[i].Last = &e
+		}
+	}
+	provs, err := c.d.Providers.Providers(r.Context())
+	if err != nil {
+		c.failed(w, r, "", err)
+		return
+	}
+	keep := url.Values{}
+	for k, v := range map[string]string{"status": string(f.Status), "provider": f.Provider, "tag": f.Tag, "prefix": f.NamePrefix} {
+		if v != "" {
+			keep.Set(k, v)
+		}
+	}
+	nextURL := ""
+	if next != "" {
+		nq := url.Values{}
+		for k, v := range keep {
+			nq[k] = v
+		}
+		nq.Set("after", next)
+		nextURL = "/console/connections?" + nq.Encode()
+	}
+	firstURL := ""
+	if after != "" {
+		firstURL = "/console/connections"
+		if len(keep) > 0 {
+			firstURL += "?" + keep.Encode()
+		}
+	}
+	c.render(w, r, http.StatusOK, "connections", map[string]any{
+		"Nav": "connections", "Filter": f, "Rows": rows, "Next": nextURL, "First": firstURL, "Providers": provs,
+		"Filtered": len(keep) > 0, "Statuses": []string{"active", "failing", "needs_reauth", string(domain.StatusExpiringSoon)},
+	})
+}
+
+func (c *Console) connection(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	conn, err := c.d.Connections.Connection(r.Context(), name)
+	if err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	events, err := c.d.History.Recent(r.Context(), name, 100)
+	if err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "connection", map[string]any{
+		"Nav": "connections", "C": conn, "Events": events, "Metadata": indentJSON(conn.Metadata.Object),
+		"Done": doneMessage(r.URL.Query().Get("done")),
+	})
+}
+
+// doneMessage is the notice shown after an action: a fixed text per
+// action, so nothing the URL says is echoed.
+func doneMessage(done string) string {
+	switch done {
+	case "reactivated":
+		return "Reactivated: the connection is active again; its next refresh tells whether the grant is alive."
+	case "already_active":
+		return "The connection was not marked needs_reauth: nothing changed."
+	}
+	return ""
+}
+
+func (c *Console) reconnect(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	conn, err := c.d.Connections.Connection(r.Context(), name)
+	if err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	returnTo := r.PostFormValue("return_to")
+	link, expires, err := c.d.Links.ConnectLink(r.Context(), name, conn.Provider, sessionOf(r).KeyName, returnTo)
+	if err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	c.d.Log.Info("console: reconnect link created", "connection", name, "api_key", sessionOf(r).KeyName, "expires_at", expires)
+	c.render(w, r, http.StatusOK, "reconnect", map[string]any{"Nav": "connections", "C": conn, "Link": link, "Expires": expires, "ReturnTo": returnTo})
+}
+
+func (c *Console) reactivate(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	version, err := c.d.Actions.Reactivate(r.Context(), name)
+	if err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	done := "reactivated"
+	if version == 0 {
+		done = "already_active"
+	}
+	c.d.Log.Info("console: reactivate", "connection", name, "api_key", sessionOf(r).KeyName, "version", version)
+	http.Redirect(w, r, "/console/connections/"+url.PathEscape(name)+"?done="+done, http.StatusSeeOther)
+}
+
+func (c *Console) confirmDisconnect(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	conn, err := c.d.Connections.Connection(r.Context(), name)
+	if err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	c.render(w, r, http.StatusOK, "disconnect", map[string]any{"Nav": "connections", "C": conn})
+}
+
+func (c *Console) disconnect(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	if r.PostFormValue("confirm") != name {
+		// Not from the confirmation page: ask there.
+		http.Redirect(w, r, "/console/connections/"+url.PathEscape(name)+"/disconnect", http.StatusSeeOther)
+		return
+	}
+	revoke := r.PostFormValue("revoke") == "on"
+	if err := c.d.Actions.Disconnect(r.Context(), name, revoke); err != nil {
+		c.failed(w, r, name, err)
+		return
+	}
+	c.d.Log.Info("console: disconnect", "connection", name, "api_key", sessionOf(r).KeyName, "revoke", revoke)
+	c.render(w, r, http.StatusOK, "disconnected", map[string]any{"Nav": "connections", "Name": name, "Revoked": revoke})
+}
+
+// providerRow is a provider with its last hour of refreshes.
+type providerRow struct {
+	Provider
+	Rate domain.RefreshRate
+}
+
+func (c *Console) providers(w http.ResponseWriter, r *http.Request) {
+	provs, err := c.d.Providers.Providers(r.Context())
+	if err != nil {
+		c.failed(w, r, "", err)
+		return
+	}
+	rates, err := c.d.History.RefreshRates(r.Context(), c.d.Now().Add(-time.Hour))
+	if err != nil {
+		c.failed(w, r, "", err)
+		return
+	}
+	rows := make([]providerRow, len(provs))
+	for i, p := range provs {
+		rows[i] = providerRow{Provider: p, Rate: rates[p.Name]}
+	}
+	c.render(w, r, http.StatusOK, "providers", map[string]any{"Nav": "providers", "Rows": rows})
+}
+
+// failed maps an error of a read or an action to a page, once.
+func (c *Console) failed(w http.ResponseWriter, r *http.Request, name string, err error) {
+	status, msg := http.StatusInternalServerError, "Something went wrong; the server's log says what."
+	switch {
+	case errors.Is(err, domain.ErrNotFound):
+		status, msg = http.StatusNotFound, "No connection called "+name+" has a token (never connected, or disconnected)."
+	case errors.Is(err, domain.ErrInvalidConnection):
+		status, msg = http.StatusBadRequest, "That is not a connection name."
+	case errors.Is(err, domain.ErrLockTimeout):
+		status, msg = http.StatusServiceUnavailable, "The connection is busy (a refresh holds its lock); try again in a moment."
+	case errors.Is(err, domain.ErrNoRevocationEndpoint):
+		status, msg = http.StatusConflict, "Its provider has no revocation endpoint configured: disconnect without revoking, or configure one."
+	case errors.Is(err, domain.ErrUnknownProvider):
+		status, msg = http.StatusConflict, "The connection's provider is not stored any more."
+	case errors.Is(err, domain.ErrProviderUnavailable), errors.Is(err, domain.ErrClientRejected):
+		status, msg = http.StatusBadGateway, "The provider did not accept the revocation; nothing was changed. Try again, or disconnect without revoking."
+	case errors.Is(err, domain.ErrStoreUnavailable):
+		status, msg = http.StatusServiceUnavailable, "The database did not answer; try again."
+	case errors.Is(err, domain.ErrReturnToNotAllowed):
+		status, msg = http.StatusBadRequest, "The return address must be a page of your application under one of CONNECT_RETURN_URLS: the person's browser brings the consent's result there, and your backend redeems it (POST /connect-results)."
+	case errors.Is(err, domain.ErrConnectNotConfigured):
+		status, msg = http.StatusServiceUnavailable, "This server cannot create connect links: it needs OAUTH_AUTH_URL and OAUTH_REDIRECT_URL (or the provider's authorization URL)."
+	}
+	if status >= 500 {
+		c.d.Log.Error("console request failed", "path", r.URL.Path, "connection", name, "err", err)
+	}
+	c.fail(w, r, status, msg)
+}
+
+func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
+	data := map[string]any{"Status": status, "StatusText": http.StatusText(status), "Message": msg}
+	c.render(w, r, status, "error", data)
+}
+
+// render writes page with data, adding what the layout needs.
+func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
+	if _, ok := data["Nav"]; !ok {
+		data["Nav"] = ""
+	}
+	s := sessionOf(r)
+	if s.token.IsZero() {
+		data["Session"] = nil
+	} else {
+		data["Session"] = s
+		data["CSRF"] = s.CSRF
+	}
+	var buf bytes.Buffer
+	if err := c.pages[page].ExecuteTemplate(&buf, "layout", data); err != nil {
+		c.d.Log.Error("console template failed", "page", page, "err", err)
+		http.Error(w, "console page failed", http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(buf.Bytes())
+}
+
+func indentJSON(raw json.RawMessage) string {
+	var buf bytes.Buffer
+	if len(raw) == 0 || json.Indent(&buf, raw, "", "  ") != nil {
+		return "{}"
+	}
+	return buf.String()
+}
+
+func parsePages() map[string]*template.Template {
+	funcs := template.FuncMap{
+		"when":     when,
+		"absolute": absolute,
+		"duration": durationText,
+		"percent":  percent,
+		"join":     strings.Join,
+		"status":   statusClass,
+		"outcome":  outcomeClass,
+		"soon":     func(t time.Time) bool { return !t.IsZero() && time.Until(t) < domain.ExpiringSoonWithin },
+	}
+	pages := map[string]*template.Template{}
+	for _, p := range []string{"login", "connections", "connection", "reconnect", "disconnect", "disconnected", "providers", "error"} {
+		pages[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "assets/layout.html", "assets/"+p+".html"))
+	}
+	return pages
+}
+
+// when says how far t is from now, in the operator's words ("in 3m",
+// "5s ago"); "—" for a zero time.
+func when(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	d := time.Until(t)
+	if d >= 0 {
+		return "in " + short(d)
+	}
+	return short(-d) + " ago"
+}
+
+func absolute(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format("2006-01-02 15:04:05 UTC")
+}
+
+// short is d in its largest unit, rounded: 59m40s is "1h", 4d23h "5d".
+func short(d time.Duration) string {
+	if s := d.Round(time.Second); s < time.Second {
+		return "now"
+	} else if s < time.Minute {
+		return fmt.Sprintf("%ds", int(s.Seconds()))
+	}
+	if m := d.Round(time.Minute); m < time.Hour {
+		return fmt.Sprintf("%dm", int(m.Minutes()))
+	}
+	if h := d.Round(time.Hour); h < 48*time.Hour {
+		return fmt.Sprintf("%dh", int(h.Hours()))
+	}
+	return fmt.Sprintf("%dd", int(d.Round(24*time.Hour).Hours()/24))
+}
+
+func durationText(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "—"
+	case d < time.Second:
+		return fmt.Sprintf("%d ms", d.Milliseconds())
+	}
+	return fmt.Sprintf("%.1f s", d.Seconds())
+}
+
+func percent(r domain.RefreshRate) string {
+	if r.Total == 0 {
+		return "no refreshes"
+	}
+	return fmt.Sprintf("%.0f%%", math.Floor(100*float64(r.OK)/float64(r.Total)))
+}
+
+// statusClass is the badge style of a status.
+func statusClass(s domain.Status) string {
+	switch s {
+	case domain.StatusActive:
+		return "ok"
+	case domain.StatusNeedsReauth:
+		return "bad"
+	}
+	return "warn"
+}
+
+func outcomeClass(o string) string {
+	switch o {
+	case "ok", "connected", "recovered":
+		return "ok"
+	case "needs_reauth", "disconnected", "rolled_back":
+		return "bad"
+	case "":
+		return "muted"
+	}
+	return "warn"
+}

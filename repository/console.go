@@ -1,0 +1,224 @@
+package repository
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// ConsoleSessions stores the operator console's sessions by the SHA-256
+// of their token, each bound to the API key that logged in: revoking the
+// key deletes its sessions (ON DELETE CASCADE).
+type ConsoleSessions struct {
+	db *gorm.DB
+}
+
+// NewConsoleSessions binds the store to a pool.
+func NewConsoleSessions(db *gorm.DB) *ConsoleSessions { return &ConsoleSessions{db: db} }
+
+// ConsoleSession is a live session: the key it was opened with.
+type ConsoleSession struct {
+	KeyID     int32
+	KeyName   string
+	ExpiresAt time.Time
+}
+
+// Create opens a session for the API key keyID, good for lifetime, and
+// returns its token (shown once, to the browser's cookie). Expired
+// sessions are deleted on the way.
+func (c *ConsoleSessions) Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error) {
+	token := NewCredential(ConsolePrefix)
+	var expires time.Time
+	db := c.db.WithContext(ctx)
+	err := db.Raw(`INSERT INTO tokenguard_console_sessions (token_hash, api_key_id, expires_at)
+VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING expires_at`,
+		hashParam(token), keyID, lifetime.Milliseconds()).Scan(&expires).Error
+	if err != nil {
+		return domain.Secret{}, time.Time{}, storeError(ctx, "create console session", err)
+	}
+	_ = db.Exec("DELETE FROM tokenguard_console_sessions WHERE expires_at < now()").Error
+	return token, expires, nil
+}
+
+// Lookup returns the session of token; domain.ErrUnauthorized when there
+// is none: never created, logged out, expired, or its key revoked.
+func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (ConsoleSession, error) {
+	var rows []struct {
+		KeyID     int32
+		KeyName   string
+		ExpiresAt time.Time
+	}
+	err := c.db.WithContext(ctx).Raw(`SELECT k.id AS key_id, k.name AS key_name, s.expires_at
+FROM tokenguard_console_sessions s JOIN tokenguard_api_keys k ON k.id = s.api_key_id
+WHERE s.token_hash = decode(?, 'hex') AND s.expires_at > now()`, hashParam(token)).Scan(&rows).Error
+	if err != nil {
+		return ConsoleSession{}, storeError(ctx, "read console session", err)
+	}
+	if len(rows) == 0 {
+		return ConsoleSession{}, domain.ErrUnauthorized
+	}
+	return ConsoleSession{KeyID: rows[0].KeyID, KeyName: rows[0].KeyName, ExpiresAt: rows[0].ExpiresAt}, nil
+}
+
+// Delete ends the session of token (logout); an unknown one is no error.
+func (c *ConsoleSessions) Delete(ctx context.Context, token domain.Secret) error {
+	err := c.db.WithContext(ctx).Exec("DELETE FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex')", hashParam(token)).Error
+	return storeError(ctx, "delete console session", err)
+}
+
+// ConnectionEvents reads the history the triggers of migration 16 write
+// (tokenguard_connection_events), and keeps it bounded.
+type ConnectionEvents struct {
+	db *gorm.DB
+}
+
+// NewConnectionEvents binds the store to a pool.
+func NewConnectionEvents(db *gorm.DB) *ConnectionEvents { return &ConnectionEvents{db: db} }
+
+// History bounds: what the console shows and what PruneEvents keeps.
+const (
+	EventsPerConnection = 100
+	EventsMaxAge        = 30 * 24 * time.Hour
+)
+
+type eventRow struct {
+	ID         int64
+	Connection string
+	Kind       string
+	Outcome    string
+	Reason     string
+	Provider   string
+	Version    *int64
+	DurationMs *int64
+	OccurredAt time.Time
+}
+
+func (r eventRow) domain() domain.ConnectionEvent {
+	e := domain.ConnectionEvent{ID: r.ID, Connection: r.Connection, Kind: r.Kind, Outcome: r.Outcome, Reason: r.Reason,
+		Provider: r.Provider, At: r.OccurredAt}
+	if r.Version != nil {
+		e.Version = *r.Version
+	}
+	if r.DurationMs != nil {
+		e.Duration = time.Duration(*r.DurationMs) * time.Millisecond
+	}
+	return e
+}
+
+const eventColumns = "id, connection, kind, outcome, reason, provider, version, duration_ms, occurred_at"
+
+// Recent returns connection's last limit events (at most
+// EventsPerConnection), newest first.
+func (e *ConnectionEvents) Recent(ctx context.Context, connection string, limit int) ([]domain.ConnectionEvent, error) {
+	var rows []eventRow
+	err := e.db.WithContext(ctx).Raw(`SELECT `+eventColumns+` FROM tokenguard_connection_events
+WHERE connection = ? AND occurred_at > now() - ? * interval '1 second' ORDER BY id DESC LIMIT ?`,
+		connection, int64(EventsMaxAge/time.Second), min(limit, EventsPerConnection)).Scan(&rows).Error
+	if err != nil {
+		return nil, storeError(ctx, "read connection events", err)
+	}
+	out := make([]domain.ConnectionEvent, len(rows))
+	for i, r := range rows {
+		out[i] = r.domain()
+	}
+	return out, nil
+}
+
+// LastRefreshes returns the last refresh of each of connections that has
+// one, by name: one index probe per name.
+func (e *ConnectionEvents) LastRefreshes(ctx context.Context, connections []string) (map[string]domain.ConnectionEvent, error) {
+	out := map[string]domain.ConnectionEvent{}
+	if len(connections) == 0 {
+		return out, nil
+	}
+	var rows []eventRow
+	err := e.db.WithContext(ctx).Raw(`SELECT l.* FROM unnest(?::text[]) AS n(name), LATERAL (
+    SELECT `+eventColumns+` FROM tokenguard_connection_events
+    WHERE connection = n.name AND kind = 'refresh' ORDER BY id DESC LIMIT 1) l`, tagArray(connections)).Scan(&rows).Error
+	if err != nil {
+		return nil, storeError(ctx, "read last refreshes", err)
+	}
+	for _, r := range rows {
+		out[r.Connection] = r.domain()
+	}
+	return out, nil
+}
+
+// RefreshRates counts each provider's refreshes since since, and those
+// that stored a rotated token; "" is the OAUTH_* provider.
+func (e *ConnectionEvents) RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error) {
+	var rows []struct {
+		Provider string
+		OK       int
+		Total    int
+	}
+	err := e.db.WithContext(ctx).Raw(`SELECT provider, count(*) FILTER (WHERE outcome = 'ok') AS ok, count(*) AS total
+FROM tokenguard_connection_events WHERE occurred_at >= ? AND kind = 'refresh' GROUP BY provider`, since).Scan(&rows).Error
+	if err != nil {
+		return nil, storeError(ctx, "read refresh rates", err)
+	}
+	out := map[string]domain.RefreshRate{}
+	for _, r := range rows {
+		out[r.Provider] = domain.RefreshRate{Provider: r.Provider, OK: r.OK, Total: r.Total}
+	}
+	return out, nil
+}
+
+// EventPruner keeps tokenguard_connection_events bounded: rows older than
+// EventsMaxAge go, and of each connection written to since its last round
+// only the last EventsPerConnection stay. It runs off every request path.
+type EventPruner struct {
+	db   *gorm.DB
+	seen int64 // the highest id the last round looked at
+}
+
+// NewEventPruner binds the pruner to a pool.
+func NewEventPruner(db *gorm.DB) *EventPruner { return &EventPruner{db: db} }
+
+// Prune runs one round and returns how many rows it deleted.
+func (p *EventPruner) Prune(ctx context.Context) (int64, error) {
+	db := p.db.WithContext(ctx)
+	old := db.Exec(`DELETE FROM tokenguard_connection_events WHERE id IN (
+    SELECT id FROM tokenguard_connection_events WHERE occurred_at < now() - ? * interval '1 second' LIMIT 10000)`,
+		int64(EventsMaxAge/time.Second))
+	if old.Error != nil {
+		return 0, storeError(ctx, "prune old connection events", old.Error)
+	}
+	var top int64
+	if err := db.Raw("SELECT coalesce(max(id), 0) FROM tokenguard_connection_events").Scan(&top).Error; err != nil {
+		return old.RowsAffected, storeError(ctx, "prune connection events", err)
+	}
+	over := db.Exec(`DELETE FROM tokenguard_connection_events e USING (
+    SELECT DISTINCT connection FROM tokenguard_connection_events WHERE id > ? AND id <= ?) w
+WHERE e.connection = w.connection AND e.id < (
+    SELECT x.id FROM tokenguard_connection_events x WHERE x.connection = w.connection
+    ORDER BY x.id DESC OFFSET ? LIMIT 1)`, p.seen, top, EventsPerConnection-1)
+	if over.Error != nil {
+		return old.RowsAffected, storeError(ctx, "prune connection events", over.Error)
+	}
+	p.seen = top
+	return old.RowsAffected + over.RowsAffected, nil
+}
+
+// Run prunes every interval until ctx ends; failures wait for the next
+// round (the table only grows meanwhile).
+func (p *EventPruner) Run(ctx context.Context, interval time.Duration, onErr func(error)) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		roundCtx, cancel := context.WithTimeout(ctx, interval)
+		if _, err := p.Prune(roundCtx); err != nil && ctx.Err() == nil && onErr != nil {
+			onErr(fmt.Errorf("connection history: %w", err))
+		}
+		cancel()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
