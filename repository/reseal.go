@@ -18,24 +18,31 @@ const resealHold = 10 * time.Second
 
 // ResealResult counts what Reseal did.
 type ResealResult struct {
-	Resealed int // rows rewritten with the current key, legacy plaintext included
+	Resealed int // rows rewritten with the current key and form, legacy plaintext included
 	Current  int // rows that already were
 }
 
 // storedRow is a token row's raw credential columns.
 type storedRow struct {
-	ID           int32
-	Name         string
-	AccessToken  string
-	RefreshToken string
+	ID            int32
+	Name          string
+	AccessToken   string
+	RefreshToken  string
+	Version       int64
+	SealedVersion int64
 }
+
+// storedColumns read storedRow.
+const storedColumns = `c.id, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version`
+
+func (r storedRow) seal() seal { return seal{id: r.ID, version: r.SealedVersion} }
 
 // scanStored reads up to batch raw rows with connection ids above after,
 // in id order.
 func scanStored(ctx context.Context, r *TokenRepository, after int32, batch int) ([]storedRow, error) {
 	var rows []storedRow
 	err := r.db.WithContext(ctx).Raw(`
-SELECT c.id, c.name, t.access_token, t.refresh_token
+SELECT `+storedColumns+`
 FROM tokens t JOIN connections c ON c.id = t.connection_id
 WHERE c.id > ? ORDER BY c.id LIMIT ?`, after, batch).Find(&rows).Error
 	if err != nil {
@@ -91,7 +98,7 @@ func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait
 	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
 		var rows []storedRow
 		err := l.db.WithContext(ctx).Raw(`
-SELECT c.id, c.name, t.access_token, t.refresh_token
+SELECT `+storedColumns+`
 FROM tokens t JOIN connections c ON c.id = t.connection_id
 WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
@@ -100,16 +107,20 @@ WHERE c.name = ?`, connection).Find(&rows).Error
 		if len(rows) == 0 || (r.sealer.IsCurrent(rows[0].AccessToken) && r.sealer.IsCurrent(rows[0].RefreshToken)) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
 		}
-		at, rt, err := opened(r.sealer, connection, rows[0].AccessToken, rows[0].RefreshToken)
+		row := rows[0]
+		at, rt, err := opened(r.sealer, connection, row.seal(), row.AccessToken, row.RefreshToken)
 		if err != nil {
 			return err
 		}
-		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)})
+		// Bound to the row's id and its version now; the version is not
+		// bumped (the token did not change).
+		to := seal{id: row.ID, version: row.Version}
+		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)}, to)
 		if err != nil {
 			return err
 		}
-		err = l.db.WithContext(ctx).Exec(`UPDATE tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
-			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), rows[0].ID).Error
+		err = l.db.WithContext(ctx).Exec(`UPDATE tokens SET access_token = ?, refresh_token = ?, sealed_version = ? WHERE connection_id = ?`,
+			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), to.version, row.ID).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)
 		}
@@ -152,7 +163,7 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 	for _, id := range ids {
 		var rows []storedRow
 		err := r.db.WithContext(ctx).Raw(`
-SELECT c.id, c.name, t.access_token, t.refresh_token
+SELECT `+storedColumns+`
 FROM tokens t JOIN connections c ON c.id = t.connection_id
 WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 		if err != nil {
@@ -162,7 +173,7 @@ WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 			continue // rewritten meanwhile
 		}
 		row := rows[0]
-		if _, _, err := opened(r.sealer, row.Name, row.AccessToken, row.RefreshToken); err != nil {
+		if _, _, err := opened(r.sealer, row.Name, row.seal(), row.AccessToken, row.RefreshToken); err != nil {
 			return kc, err
 		}
 		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {

@@ -36,6 +36,7 @@ func TestApps(t *testing.T) {
 	t.Run("KillLockHolderOthersProceed", func(t *testing.T) { t.Parallel(); testKillHolderOthersProceed(t, bin) })
 	t.Run("InvalidClientWindowThreeApps", func(t *testing.T) { t.Parallel(); testInvalidClientWindow(t, bin) })
 	t.Run("FacingANetwork", func(t *testing.T) { t.Parallel(); testSecurity(t, bin) })
+	t.Run("ScopedKeysURLsAndSealedRows", func(t *testing.T) { t.Parallel(); testKeysAndEdges(t, bin) })
 	t.Run("ReactivateAndCheck", func(t *testing.T) { t.Parallel(); testReactivateAndCheck(t, bin) })
 	t.Run("SIGTERMDuringARefreshKeepsTheRotatedToken", func(t *testing.T) { t.Parallel(); testSIGTERMDuringRefresh(t, bin) })
 	t.Run("SandboxFirstToken", func(t *testing.T) { t.Parallel(); testSandboxFirstToken(t, bin) })

@@ -51,7 +51,7 @@ func TestCallbackStoresTheGrantAfterTheBrowserLeft(t *testing.T) {
 	reqCtx, closeTab := context.WithCancel(context.Background())
 	conn := slowConnector{closeTab: closeTab, ctxErr: make(chan error, 1), binding: make(chan domain.Binding, 1)}
 	s := New(Deps{
-		Keys:      oneKey{"tgk_good"},
+		Keys:      oneKey{key: "tgk_good"},
 		Sessions:  flowSessions{sess: domain.ConnectSession{Connection: "acme", State: "st", Verifier: "ver"}},
 		Connector: conn,
 		DB:        okPinger{},

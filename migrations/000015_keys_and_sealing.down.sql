@@ -1,0 +1,4 @@
+ALTER TABLE api_keys
+    DROP COLUMN IF EXISTS scopes,
+    DROP COLUMN IF EXISTS connection_patterns;
+ALTER TABLE tokens DROP COLUMN IF EXISTS sealed_version;
