@@ -12,7 +12,7 @@ import (
 // value tokenctl is meant to print back (a key name) is found.
 func TestNothingUnexpectedIsEchoed(t *testing.T) {
 	c := newCLI(t, 0)
-	const secret = "tgk_SECRETvalue0123456789abcdefSECRET"
+	const secret = "tgk_Zq9Xv7wqplmMARK0123456789abcdefZq9X"
 	for _, args := range [][]string{
 		{secret},
 		{"status", secret},
@@ -33,7 +33,7 @@ func TestNothingUnexpectedIsEchoed(t *testing.T) {
 		{"provider", "list", "--" + secret},
 	} {
 		r := c.run(c.environ, args...)
-		if r.code != 2 || strings.Contains(r.stdout+r.stderr, "SECRET") {
+		if r.code != 2 || strings.Contains(r.stdout+r.stderr, "Zq9X") {
 			t.Errorf("tokenctl %v: exit %d, stdout %q, stderr %q: want 2 and no echo", args, r.code, r.stdout, r.stderr)
 		}
 	}
