@@ -70,6 +70,10 @@ func testKeysAndEdges(t *testing.T, bin string) {
 
 	// 1. Scopes and connection patterns.
 	full := s.key // no --scopes, no --connections: every right, as a key made before scopes
+	var legacyShape bool
+	if err := pgxQueryRow(t, s.dbURL, `SELECT scopes IS NULL AND connection_patterns IS NULL FROM api_keys WHERE name = 'e2e'`, &legacyShape); err != nil || !legacyShape {
+		t.Fatalf("the key of every right is not stored as a key made before scopes: %v", err)
+	}
 	mk := func(name string, args ...string) string {
 		t.Helper()
 		r := run(t, bin, "tokenctl", s.env, "", append([]string{"apikey", "create", "--name", name}, args...)...)
@@ -156,6 +160,18 @@ func testKeysAndEdges(t *testing.T, bin string) {
 		}
 	}
 	expectStatus(t, s, full, "POST", "/connect-sessions", `{"connection":"acme","return_to":"`+allowed+`done?next=x"}`, http.StatusCreated)
+
+	// Metadata with a NUL: 400 invalid_metadata, not a store error, from
+	// the API and from tokenctl; the same without the NUL is stored.
+	expectJSONError(t, s, "POST", "/connect-sessions", http.StatusBadRequest, "invalid_metadata", `{"connection":"acme","metadata":{"tenant":"t\u0000x"}}`)
+	expectStatus(t, s, full, "POST", "/connect-sessions", `{"connection":"acme","metadata":{"tenant":"t-x"}}`, http.StatusCreated)
+	g, err := sandboxGrant(s)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r := run(t, bin, "tokenctl", s.env, g, "import", "--connection", "acme", "--metadata", `{"a\u0000":1}`); r.code != 2 || !strings.Contains(r.stderr, "NUL") {
+		t.Errorf("tokenctl import with a NUL in the metadata: %d %s", r.code, r.stderr)
+	}
 
 	// 3. A stored provider without an API base URL: its token never goes
 	// to API_BASE_URL (another provider's API).
@@ -252,6 +268,17 @@ func testKeysAndEdges(t *testing.T, bin string) {
 		now.access, now.refresh, victim)
 	expectStatus(t, s, full, "GET", "/connections/"+victim+"/token", "", http.StatusOK)
 	s.stop(server)
+}
+
+func pgxQueryRow(t *testing.T, dbURL, q string, dst ...any) error {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.Connect(ctx, dbURL)
+	if err != nil {
+		return err
+	}
+	defer conn.Close(ctx)
+	return conn.QueryRow(ctx, q).Scan(dst...)
 }
 
 type stored struct{ access, refresh, version string }
