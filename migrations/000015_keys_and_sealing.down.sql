@@ -1,3 +1,4 @@
+DROP TABLE IF EXISTS tokenguard_seal_state;
 ALTER TABLE api_keys
     DROP COLUMN IF EXISTS scopes,
     DROP COLUMN IF EXISTS connection_patterns;

@@ -12,3 +12,12 @@ ALTER TABLE api_keys
 -- longer opens. NULL: sealed by a release that bound them to the
 -- connection's name and the column only, or stored as plaintext.
 ALTER TABLE tokens ADD COLUMN IF NOT EXISTS sealed_version bigint;
+
+-- One row once tokenctl rotate-key has resealed every stored token in the
+-- bound form: from then on processes refuse a value in any other form at
+-- start-up and at run time (it was written around tokenguard, or copied
+-- back from before the upgrade).
+CREATE TABLE IF NOT EXISTS tokenguard_seal_state (
+    only_bound       boolean     PRIMARY KEY DEFAULT true CHECK (only_bound),
+    since            timestamptz NOT NULL DEFAULT now()
+);

@@ -43,7 +43,8 @@ type cipherRow struct {
 // (typed error); the current one copied back does (control). Rows sealed by
 // the previous release open, and rotate-key reseals them in the bound
 // form; that form, the control for the old behaviour, would have opened a
-// rolled-back value. A version bump without a reseal (reactivate) and a
+// rolled-back value, and once rotate-key has resealed every row a process
+// that starts refuses it. A version bump without a reseal (reactivate) and a
 // Save that keeps the refresh token still open.
 func TestSealedRowsBoundToIDAndVersion(t *testing.T) {
 	_, db, _ := newRepo(t)
@@ -120,7 +121,7 @@ func TestSealedRowsBoundToIDAndVersion(t *testing.T) {
 	}
 	write("acme", legacyNew[0], legacyNew[1])
 	// rotate-key reseals it in the bound form.
-	if res, err := r.Reseal(ctx, 0, time.Second); err != nil || res.Resealed != 1 {
+	if res, err := r.Reseal(ctx, 0, time.Second); err != nil || res.Resealed != 1 || !res.OnlyBound {
 		t.Fatalf("Reseal = %+v, %v", res, err)
 	}
 	resealed := read("acme")
@@ -129,6 +130,20 @@ func TestSealedRowsBoundToIDAndVersion(t *testing.T) {
 	}
 	if got, err := r.Get(ctx, "acme"); err != nil || got.RefreshToken.Reveal() != "rt-3" {
 		t.Fatalf("after rotate-key: %v", err)
+	}
+	// From then on a process that starts refuses the previous form: the
+	// rollback the control above let through.
+	started := repository.NewTokenRepository(db, k1)
+	if _, err := started.CheckKeys(ctx); err != nil {
+		t.Fatal(err)
+	}
+	write("acme", legacyOld[0], legacyOld[1])
+	if _, err := started.Get(ctx, "acme"); !errors.Is(err, domain.ErrUndecryptable) {
+		t.Errorf("the previous form after rotate-key: %v, want ErrUndecryptable", err)
+	}
+	write("acme", resealed.AccessToken, resealed.RefreshToken)
+	if got, err := started.Get(ctx, "acme"); err != nil || got.RefreshToken.Reveal() != "rt-3" {
+		t.Fatalf("the bound form after rotate-key: %v", err)
 	}
 	// A version bump without a reseal, and a Save that keeps the refresh
 	// token: still open.

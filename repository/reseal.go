@@ -20,6 +20,33 @@ const resealHold = 10 * time.Second
 type ResealResult struct {
 	Resealed int // rows rewritten with the current key and form, legacy plaintext included
 	Current  int // rows that already were
+	// OnlyBound: every stored token is now in the bound form, and values
+	// in any other form are refused from now on (by processes that start
+	// after it).
+	OnlyBound bool
+}
+
+// boundForm matches a stored value in the bound form.
+const boundForm = `'tg1:%:b:%'`
+
+// markOnlyBound records, when no stored token is in another form, that
+// none may be from now on (tokenguard_seal_state).
+func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
+	if !sealsBound(r.sealer) {
+		return false, nil
+	}
+	var other int64
+	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokens WHERE access_token NOT LIKE ` + boundForm +
+		` OR (refresh_token <> '' AND refresh_token NOT LIKE ` + boundForm + `)`).Scan(&other).Error; err != nil {
+		return false, storeError(ctx, "count tokens in another form", err)
+	}
+	if other > 0 {
+		return false, nil // written meanwhile by a process of the previous release: run it again
+	}
+	if err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_seal_state DEFAULT VALUES ON CONFLICT DO NOTHING`).Error; err != nil {
+		return false, storeError(ctx, "record the bound form", err)
+	}
+	return true, nil
 }
 
 // storedRow is a token row's raw credential columns.
@@ -71,7 +98,11 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 	var res ResealResult
 	for after := int32(0); ; {
 		rows, err := scanStored(ctx, r, after, batch)
-		if err != nil || len(rows) == 0 {
+		if err != nil {
+			return res, err
+		}
+		if len(rows) == 0 {
+			res.OnlyBound, err = r.markOnlyBound(ctx)
 			return res, err
 		}
 		for _, row := range rows {
@@ -145,8 +176,19 @@ const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_t
 // table: the key ids come from a skip scan of the index on them, and only
 // rows waiting for a new key are counted. A value that cannot be opened is
 // returned as an error wrapping domain.ErrUndecryptable that names the
-// connection and the envelope's key id. It reads without locking.
+// connection and the envelope's key id. It reads without locking. Once
+// Reseal has recorded that every value is in the bound form, the
+// repository refuses values in any other form from then on; CheckKeys
+// must run before the repository is shared.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
+	var marked int64
+	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_seal_state`).Scan(&marked).Error; err != nil {
+		return KeyCheck{}, storeError(ctx, "read the seal state", err)
+	}
+	if _, already := r.sealer.(onlyBound); marked > 0 && !already && sealsBound(r.sealer) {
+		// Before any other goroutine uses the repository (start-up).
+		r.sealer = onlyBound{r.sealer}
+	}
 	var ids []string
 	err := r.db.WithContext(ctx).Raw(`
 WITH RECURSIVE k(id) AS (

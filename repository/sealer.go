@@ -87,3 +87,24 @@ func opened(s Sealer, connection string, at seal, access, refresh string) (a, rt
 	}
 	return a, rt, nil
 }
+
+// onlyBound is the Sealer of a store where every value is in the bound
+// form (tokenguard_seal_state, set by Reseal): a value in any other form
+// is refused, since it was written around tokenguard or copied back from
+// before the upgrade.
+type onlyBound struct{ Sealer }
+
+func (o onlyBound) Open(stored, aad string) (string, error) {
+	if stored != "" && !o.Sealer.Bound(stored) {
+		return "", fmt.Errorf("%w: not in the bound form, and tokenctl rotate-key has resealed every row in it (rolled back to a value from before, or written around tokenguard)",
+			domain.ErrUndecryptable)
+	}
+	return o.Sealer.Open(stored, aad)
+}
+
+// sealsBound reports whether s seals in the bound form (a keyring, not a
+// store without keys).
+func sealsBound(s Sealer) bool {
+	v, err := s.Seal("probe", "probe")
+	return err == nil && s.Bound(v)
+}
