@@ -115,7 +115,7 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 			return AppConfig{}, configErr("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
 		}
 	}
-	if err := s.Network.validate(); err != nil {
+	if err := s.Network.validate(c.AllowInsecureURLs); err != nil {
 		return AppConfig{}, err
 	}
 	return AppConfig{Config: c, AppSettings: s}, nil

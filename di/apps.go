@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
@@ -290,8 +291,10 @@ func (b providerAPIBases) APIBaseURL(name string) string {
 }
 
 // providerBases sends a connection's API calls to its provider's API base
-// URL (tokenctl provider add --api-base-url), else to API_BASE_URL. The
-// connection's provider comes with its token, from the cache.
+// URL (tokenctl provider add --api-base-url); the OAUTH_* provider's go to
+// API_BASE_URL, and a stored provider's without one are refused
+// (domain.ErrNoAPIBaseURL): its token never goes to another provider's
+// API. The connection's provider comes with its token, from the cache.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase
 	providers *provider.Registry
@@ -304,7 +307,10 @@ func (b providerBases) BaseURL(ctx context.Context, connection string) (string, 
 	}
 	p, ok := b.providers.Provider(t.Provider)
 	if !ok {
-		return "", nil // the refresh says what is wrong with it
+		return "", fmt.Errorf("provider %q: %w", t.Provider, domain.ErrUnknownProvider)
+	}
+	if p.APIBaseURL == "" {
+		return "", fmt.Errorf("provider %s: %w", t.Provider, domain.ErrNoAPIBaseURL)
 	}
 	return p.APIBaseURL, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/url"
 	"reflect"
 	"regexp"
@@ -15,6 +14,7 @@ import (
 	"github.com/caarlos0/env/v11"
 	"golang.org/x/oauth2"
 
+	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
@@ -45,9 +45,10 @@ type Config struct {
 	// stores them as plaintext, with a warning at start-up. It prints as
 	// [REDACTED] under every verb.
 	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
-	// EncryptionRequired refuses plaintext rows (set it once rotate-key has
-	// sealed them all).
-	EncryptionRequired bool `env:"TOKEN_ENCRYPTION_REQUIRED" envDefault:"false"`
+	// RequireEncryption refuses plaintext rows. Unset: refused whenever
+	// TOKEN_ENCRYPTION_KEYS is set (false only while a deployment turns
+	// encryption on, until rotate-key has sealed the old rows).
+	RequireEncryption *bool `env:"TOKEN_ENCRYPTION_REQUIRED"`
 	// DefaultLifetime is the access token lifetime assumed when a refresh
 	// answer has no usable expires_in. Unset: no expiry (the token is used
 	// until the API answers 401, then refreshed).
@@ -108,6 +109,16 @@ type OAuthConfig struct {
 	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
 
 	params map[string]string // ProfileParams, parsed
+}
+
+// EncryptionRequired reports whether plaintext rows are refused:
+// TOKEN_ENCRYPTION_REQUIRED, which defaults to true once
+// TOKEN_ENCRYPTION_KEYS is set.
+func (c Config) EncryptionRequired() bool {
+	if c.RequireEncryption != nil {
+		return *c.RequireEncryption
+	}
+	return strings.TrimSpace(string(c.EncryptionKeys)) != ""
 }
 
 // ListenURL is where the change listener holds its session.
@@ -257,35 +268,31 @@ func (c Config) validate() error {
 	if _, err := c.keyring(); err != nil {
 		return err
 	}
-	if c.EncryptionRequired && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
+	if c.RequireEncryption != nil && *c.RequireEncryption && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
 		return errors.New("TOKEN_ENCRYPTION_REQUIRED needs TOKEN_ENCRYPTION_KEYS")
 	}
-	for name, v := range map[string]string{
-		"OAUTH_TOKEN_URL": c.OAuth.TokenURL, "OAUTH_AUTH_URL": c.OAuth.AuthURL,
-		"OAUTH_REDIRECT_URL": c.OAuth.RedirectURL, "API_BASE_URL": c.APIBaseURL, "OAUTH_USERINFO_URL": c.OAuth.UserInfoURL,
-		"OAUTH_REVOCATION_URL": c.OAuth.RevocationURL,
-	} {
-		if v == "" {
-			continue
-		}
-		u, err := url.Parse(v)
-		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return fmt.Errorf("%s must be an http(s) URL, got %q", name, v)
-		}
-		// Tokens and the client secret travel to these three.
-		if (name == "OAUTH_TOKEN_URL" || name == "API_BASE_URL" || name == "OAUTH_REVOCATION_URL") && u.Scheme == "http" && !loopback(u.Hostname()) && !c.AllowInsecureURLs {
-			return fmt.Errorf("%s must be https (http only on loopback, or with ALLOW_INSECURE_URLS=true), got %q", name, v)
+	if u, err := url.Parse(c.OAuth.RedirectURL); c.OAuth.RedirectURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+		return fmt.Errorf("OAUTH_REDIRECT_URL must be an http(s) URL, got %q", c.OAuth.RedirectURL)
+	}
+	// Tokens, codes and the client secret travel to these.
+	for _, s := range [][2]string{{"OAUTH_TOKEN_URL", c.OAuth.TokenURL}, {"OAUTH_AUTH_URL", c.OAuth.AuthURL},
+		{"API_BASE_URL", c.APIBaseURL}, {"OAUTH_USERINFO_URL", c.OAuth.UserInfoURL}, {"OAUTH_REVOCATION_URL", c.OAuth.RevocationURL}} {
+		if err := checkURL(s[0], s[1], c.AllowInsecureURLs); err != nil {
+			return err
 		}
 	}
 	return nil
 }
 
-func loopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
+// checkURL is domain.CheckURL for the setting name: an error that names it.
+func checkURL(name, v string, allowInsecure bool) error {
+	if v == "" {
+		return nil
 	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	if err := domain.CheckURL(v, allowInsecure); err != nil {
+		return fmt.Errorf("%s %v, got %q", name, err, redactURL(v))
+	}
+	return nil
 }
 
 // RequireOAuth reports the first setting a refreshing app is missing.

@@ -120,8 +120,15 @@ func TestTokenAndAPIURLsMustBeHTTPSOffLoopback(t *testing.T) {
 		{[]string{"OAUTH_REVOCATION_URL=http://idp.example/revoke"}, false},
 		{[]string{"OAUTH_REVOCATION_URL=http://127.0.0.1:9090/revoke"}, true},
 		{[]string{"OAUTH_TOKEN_URL=http://idp.test/token", "ALLOW_INSECURE_URLS=true"}, true},
+		{[]string{"OAUTH_USERINFO_URL=http://idp.example/userinfo"}, false},
+		{[]string{"OAUTH_AUTH_URL=http://idp.example/auth"}, false},
+		{[]string{"PUBLIC_URL=http://tokenguard.example"}, false},
+		{[]string{"PUBLIC_URL=http://127.0.0.1:8080"}, true},
+		{[]string{"PUBLIC_URL=http://tokenguard.example", "ALLOW_INSECURE_URLS=true"}, true},
+		{[]string{"WEBHOOK_URL=http://hooks.example/tg", "WEBHOOK_SECRET=0123456789abcdef"}, false},
+		{[]string{"WEBHOOK_URL=http://localhost:9000/tg", "WEBHOOK_SECRET=0123456789abcdef"}, true},
 	} {
-		_, err := ConfigFromEnv(append(base, tc.env...))
+		_, err := AppConfigFromEnv(append(base, tc.env...))
 		if (err == nil) != tc.ok {
 			t.Errorf("%v: err = %v, want ok=%v", tc.env, err, tc.ok)
 		}
@@ -191,5 +198,29 @@ func TestEndpointCheckSetting(t *testing.T) {
 	}
 	if _, err := ConfigFromEnv(append(base, "TOKEN_ENDPOINT_CHECK=sometimes")); err == nil || !strings.Contains(err.Error(), "TOKEN_ENDPOINT_CHECK") {
 		t.Fatalf("a malformed value: %v", err)
+	}
+}
+
+// TestEncryptionRequiredDefault: with keys, plaintext rows are refused
+// unless TOKEN_ENCRYPTION_REQUIRED=false says otherwise; without keys,
+// nothing is required (and requiring is an error).
+func TestEncryptionRequiredDefault(t *testing.T) {
+	key := "TOKEN_ENCRYPTION_KEYS=k1=" + base64.StdEncoding.EncodeToString(bytes.Repeat([]byte{1}, 32))
+	for _, tc := range []struct {
+		env  []string
+		want bool
+		ok   bool
+	}{
+		{nil, false, true},
+		{[]string{key}, true, true},
+		{[]string{key, "TOKEN_ENCRYPTION_REQUIRED=false"}, false, true},
+		{[]string{key, "TOKEN_ENCRYPTION_REQUIRED=true"}, true, true},
+		{[]string{"TOKEN_ENCRYPTION_REQUIRED=true"}, false, false},
+		{[]string{"TOKEN_ENCRYPTION_REQUIRED=false"}, false, true},
+	} {
+		c, err := ConfigFromEnv(append([]string{"DATABASE_URL=postgres://x@db/x"}, tc.env...))
+		if (err == nil) != tc.ok || (err == nil && c.EncryptionRequired() != tc.want) {
+			t.Errorf("%v: required %t, err %v; want %t, ok %t", tc.env, err == nil && c.EncryptionRequired(), err, tc.want, tc.ok)
+		}
 	}
 }

@@ -75,7 +75,8 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 	}
 	if log != nil {
 		log.Info("rotate-key", slog.String("current_key", k.Current()),
-			slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil))
+			slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil),
+			slog.Bool("only_bound_form_from_now_on", res.OnlyBound))
 	}
 	if err != nil {
 		return res, fmt.Errorf("rotate-key: %w", err)

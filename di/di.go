@@ -124,7 +124,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	}
 	if cfg.EncryptionKeys != "" {
 		opts = append(opts, tokenguard.WithEncryptionKeys(string(cfg.EncryptionKeys)))
-		if cfg.EncryptionRequired {
+		if cfg.EncryptionRequired() {
 			opts = append(opts, tokenguard.WithEncryptionRequired())
 		}
 	}

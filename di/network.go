@@ -55,11 +55,15 @@ func (s SecretString) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.ma
 func (s SecretString) LogValue() slog.Value         { return slog.StringValue(s.mask()) }
 func (s SecretString) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
 
-func (n Network) validate() error {
+func (n Network) validate(allowInsecure bool) error {
 	if n.PublicURL != "" {
 		u, err := url.Parse(n.PublicURL)
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			return configErr("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", n.PublicURL)
+		}
+		// Connect links, session cookies and API keys travel there.
+		if err := checkURL("PUBLIC_URL", n.PublicURL, allowInsecure); err != nil {
+			return &ConfigError{Msg: err.Error()}
 		}
 	}
 	for _, r := range n.ConnectReturnURLs {
@@ -82,8 +86,9 @@ func (n Network) validate() error {
 		return configErr("WEBHOOK_SECRET must be at least 16 characters (e.g. openssl rand -hex 32)")
 	}
 	if n.WebhookURL != "" {
-		if u, err := url.Parse(n.WebhookURL); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-			return configErr("WEBHOOK_URL must be an http(s) URL")
+		// Signed events about connections travel there.
+		if err := domain.CheckURL(n.WebhookURL, allowInsecure); err != nil {
+			return configErr("WEBHOOK_URL %v", err) // not the URL: it may carry a token
 		}
 	}
 	return nil

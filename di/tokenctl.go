@@ -168,9 +168,9 @@ func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(
 
 type ctlKeys struct{ keys *repository.APIKeys }
 
-func (k ctlKeys) Create(ctx context.Context, name string) (domain.Secret, error) {
+func (k ctlKeys) Create(ctx context.Context, name string, access domain.KeyAccess) (domain.Secret, error) {
 	key := repository.NewCredential(repository.APIKeyPrefix)
-	err := k.keys.Create(ctx, name, key)
+	err := k.keys.Create(ctx, name, key, access)
 	if errors.Is(err, repository.ErrKeyExists) {
 		return domain.Secret{}, tokenctl.ErrKeyExists
 	}
@@ -181,7 +181,7 @@ func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
 	keys, err := k.keys.List(ctx)
 	out := make([]tokenctl.APIKey, len(keys))
 	for i, key := range keys {
-		out[i] = tokenctl.APIKey{Name: key.Name, CreatedAt: key.CreatedAt, LastUsedAt: key.LastUsedAt}
+		out[i] = tokenctl.APIKey{Name: key.Name, CreatedAt: key.CreatedAt, LastUsedAt: key.LastUsedAt, Access: key.Access}
 	}
 	return out, err
 }
@@ -204,15 +204,17 @@ func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderSt
 		return nil, nil, err
 	}
 	_, plaintext := sealer.(tokencrypt.Plaintext)
-	return ctlProviders{repository.NewProviderRepository(db, sealer), !plaintext}, func() { _ = postgres.Close(db) }, nil
+	return ctlProviders{repository.NewProviderRepository(db, sealer), !plaintext, cfg.AllowInsecureURLs}, func() { _ = postgres.Close(db) }, nil
 }
 
 type ctlProviders struct {
 	*repository.ProviderRepository
-	encrypted bool
+	encrypted     bool
+	allowInsecure bool
 }
 
-func (p ctlProviders) Encrypted() bool { return p.encrypted }
+func (p ctlProviders) Encrypted() bool         { return p.encrypted }
+func (p ctlProviders) AllowInsecureURLs() bool { return p.allowInsecure }
 
 // ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status's EXPIRING
 // column.

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
+	"strings"
 	"time"
 )
 
@@ -50,6 +51,10 @@ func NewMetadata(object []byte, tags []string) (Metadata, error) {
 		if buf.Len() > MaxMetadataBytes {
 			return Metadata{}, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidMetadata, buf.Len(), MaxMetadataBytes)
 		}
+		if hasNUL(buf.Bytes()) {
+			// Postgres's jsonb has no NUL: refused here, not as a store error.
+			return Metadata{}, fmt.Errorf("%w: a key or string holds a NUL character (\\u0000)", ErrInvalidMetadata)
+		}
 		m.Object = buf.Bytes()
 	}
 	for i, t := range tags {
@@ -65,6 +70,24 @@ func NewMetadata(object []byte, tags []string) (Metadata, error) {
 		return Metadata{}, fmt.Errorf("%w: %d tags, at most %d", ErrInvalidMetadata, len(m.Tags), MaxTags)
 	}
 	return m, nil
+}
+
+// hasNUL reports whether a key or string of the JSON document js holds
+// U+0000.
+func hasNUL(js []byte) bool {
+	if !bytes.Contains(js, []byte(`\u0000`)) {
+		return false // the only way JSON spells it
+	}
+	dec := json.NewDecoder(bytes.NewReader(js))
+	for {
+		tok, err := dec.Token()
+		if err != nil {
+			return false
+		}
+		if s, ok := tok.(string); ok && strings.ContainsRune(s, 0) {
+			return true
+		}
+	}
 }
 
 // Connection is what is known about a connection without its credentials:

@@ -26,13 +26,17 @@ func TestNewMetadata(t *testing.T) {
 	}{
 		{`{"a":`, nil}, {`[1]`, nil}, {`"s"`, nil}, {`null`, nil}, {big, nil},
 		{``, []string{""}}, {``, []string{"-a"}}, {``, []string{"a b"}}, {``, []string{strings.Repeat("a", MaxTagLength+1)}},
-		{``, many},
+		{``, many}, {`{"a":"x\u0000y"}`, nil}, {`{"a\u0000":1}`, nil}, {`{"a":[{"b":"\u0000"}]}`, nil},
 	} {
 		if _, err := NewMetadata([]byte(bad.object), bad.tags); !errors.Is(err, ErrInvalidMetadata) {
 			t.Errorf("%.30s %.3q: %v, want ErrInvalidMetadata", bad.object, bad.tags, err)
 		} else if strings.Contains(err.Error(), "aaaa") {
 			t.Errorf("the error quotes the input: %v", err)
 		}
+	}
+	// A backslash before u0000 is text, not a NUL.
+	if _, err := NewMetadata([]byte(`{"a":"\\u0000"}`), nil); err != nil {
+		t.Errorf("an escaped backslash before u0000: %v", err)
 	}
 	if _, err := NewMetadata([]byte(fits), many[:MaxTags]); err != nil {
 		t.Errorf("at the bounds: %v", err)

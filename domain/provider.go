@@ -78,6 +78,9 @@ var (
 	ErrInvalidProvider = errors.New("invalid provider")
 	// ErrUnknownProfile: no provider profile has that name.
 	ErrUnknownProfile = errors.New("unknown provider profile")
+	// ErrNoAPIBaseURL: a connection's stored provider has no API base URL.
+	// Its token is never sent to another provider's API (API_BASE_URL).
+	ErrNoAPIBaseURL = errors.New("the connection's provider has no API base URL (tokenctl provider update --api-base-url)")
 )
 
 // Validate checks what can be checked without asking the provider. Errors

@@ -2,10 +2,13 @@ package domain
 
 import (
 	"cmp"
+	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
 	"time"
+	"unicode"
+	"unicode/utf8"
 )
 
 // Status says whether a connection's grant can still be refreshed.
@@ -203,6 +206,32 @@ var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 func ValidateName(id string) error {
 	if !namePattern.MatchString(id) {
 		return fmt.Errorf("%w: %q (want 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", ErrInvalidConnection, id)
+	}
+	return nil
+}
+
+// MaxAccountLength bounds a provider account id (Binding.Account).
+const MaxAccountLength = 255
+
+// ErrInvalidAccount: a provider named the granting account with an id
+// that is too long or not printable. Nothing was stored.
+var ErrInvalidAccount = errors.New("invalid provider account id")
+
+// ValidateAccount checks a provider account id before it is stored or
+// printed: at most MaxAccountLength bytes of printable UTF-8 (no control
+// characters, no line breaks). "" (unknown) is valid. The error does not
+// repeat the id.
+func ValidateAccount(id string) error {
+	if len(id) > MaxAccountLength {
+		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidAccount, len(id), MaxAccountLength)
+	}
+	if !utf8.ValidString(id) {
+		return fmt.Errorf("%w: not UTF-8", ErrInvalidAccount)
+	}
+	for _, r := range id {
+		if !unicode.IsPrint(r) {
+			return fmt.Errorf("%w: it has a control or non-printable character", ErrInvalidAccount)
+		}
 	}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"time"
 
@@ -26,6 +27,56 @@ type APIKey struct {
 	Name       string
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
+	// Access is what it may do (Scopes and Connections nil: everything).
+	Access domain.KeyAccess
+}
+
+// keyRow is api_keys as read: the arrays comma-joined, NULL told apart.
+type keyRow struct {
+	ID          int32
+	Name        string
+	KeyHash     string
+	CreatedAt   time.Time
+	LastUsedAt  *time.Time
+	AllScopes   bool
+	Scopes      string
+	AllConns    bool
+	Connections string
+}
+
+// keyColumns read keyRow.
+const keyColumns = `id, name, encode(key_hash, 'hex') AS key_hash, created_at, last_used_at,
+	scopes IS NULL AS all_scopes, coalesce(array_to_string(scopes, ','), '') AS scopes,
+	connection_patterns IS NULL AS all_conns, coalesce(array_to_string(connection_patterns, ','), '') AS connections`
+
+func (r keyRow) access() domain.KeyAccess {
+	a := domain.KeyAccess{ID: r.ID, Name: r.Name}
+	if !r.AllScopes {
+		a.Scopes = []domain.Scope{}
+		for s := range strings.SplitSeq(r.Scopes, ",") {
+			if s != "" {
+				a.Scopes = append(a.Scopes, domain.Scope(s))
+			}
+		}
+	}
+	if !r.AllConns {
+		// Patterns hold no comma (domain.ValidateConnectionPattern).
+		a.Connections = []string{}
+		for p := range strings.SplitSeq(r.Connections, ",") {
+			if p != "" {
+				a.Connections = append(a.Connections, p)
+			}
+		}
+	}
+	return a
+}
+
+// stringArray is a text[] parameter; nil is NULL.
+func stringArray(v []string) any {
+	if v == nil {
+		return nil
+	}
+	return "{" + strings.Join(quoteAll(v), ",") + "}"
 }
 
 // APIKeys stores the server's API keys as SHA-256 hashes.
@@ -48,12 +99,35 @@ func HashKey(s domain.Secret) []byte {
 // would expand a []byte into a list.
 func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
 
-// Create stores a new key under name.
-func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) error {
+// Create stores a new key under name with what it may do (a.Scopes and
+// a.Connections nil: everything; a.ID and a.Name are ignored).
+func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret, a domain.KeyAccess) error {
 	if err := domain.ValidateName(name); err != nil {
 		return fmt.Errorf("API key name: %w", err)
 	}
-	res := k.db.WithContext(ctx).Exec("INSERT INTO tokenguard_api_keys (name, key_hash) VALUES (?, decode(?, 'hex')) ON CONFLICT (name) DO NOTHING", name, hashParam(key))
+	var scopes []string
+	if a.Scopes != nil {
+		if len(a.Scopes) == 0 {
+			return fmt.Errorf("%w: an empty scope list", domain.ErrInvalidKeyAccess)
+		}
+		for _, s := range a.Scopes {
+			if _, err := domain.ParseScopes([]string{string(s)}); err != nil {
+				return err
+			}
+			scopes = append(scopes, string(s))
+		}
+	}
+	if a.Connections != nil && len(a.Connections) == 0 {
+		return fmt.Errorf("%w: an empty connection pattern list", domain.ErrInvalidKeyAccess)
+	}
+	for _, p := range a.Connections {
+		if err := domain.ValidateConnectionPattern(p); err != nil {
+			return err
+		}
+	}
+	res := k.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
+VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
+		name, hashParam(key), stringArray(scopes), stringArray(a.Connections))
 	if res.Error == nil && res.RowsAffected == 0 {
 		return fmt.Errorf("API key %q: %w", name, ErrKeyExists)
 	}
@@ -62,9 +136,15 @@ func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret) er
 
 // List returns every key, by name.
 func (k *APIKeys) List(ctx context.Context) ([]APIKey, error) {
-	var out []APIKey
-	err := k.db.WithContext(ctx).Raw("SELECT id, name, created_at, last_used_at FROM tokenguard_api_keys ORDER BY name").Scan(&out).Error
-	return out, storeError(ctx, "list API keys", err)
+	var rows []keyRow
+	if err := k.db.WithContext(ctx).Raw("SELECT " + keyColumns + " FROM tokenguard_api_keys ORDER BY name").Scan(&rows).Error; err != nil {
+		return nil, storeError(ctx, "list API keys", err)
+	}
+	out := make([]APIKey, len(rows))
+	for i, r := range rows {
+		out[i] = APIKey{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt, Access: r.access()}
+	}
+	return out, nil
 }
 
 // Revoke deletes the key called name; domain.ErrNotFound if there is none.
@@ -97,9 +177,8 @@ type KeyCache struct {
 }
 
 type keyEntry struct {
-	id   int32
-	name string
-	hash []byte
+	access domain.KeyAccess
+	hash   []byte
 }
 
 // NewKeyCache builds a cache over keys; ttl <= 0 means 2s.
@@ -110,8 +189,8 @@ func NewKeyCache(keys *APIKeys, ttl time.Duration) *KeyCache {
 	return &KeyCache{keys: keys, ttl: ttl, minReload: 200 * time.Millisecond, used: map[int32]struct{}{}}
 }
 
-// Verify returns the name and id of the key, or domain.ErrUnauthorized.
-func (c *KeyCache) Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error) {
+// Verify returns the key and what it may do, or domain.ErrUnauthorized.
+func (c *KeyCache) Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error) {
 	h := HashKey(key)
 	c.mu.Lock()
 	fresh := time.Since(c.loaded) < c.ttl
@@ -120,21 +199,22 @@ func (c *KeyCache) Verify(ctx context.Context, key domain.Secret) (id int32, nam
 	c.mu.Unlock()
 	if fresh {
 		if e, ok := match(entries, h); ok {
-			c.markUsed(e.id)
-			return e.id, e.name, nil
+			c.markUsed(e.access.ID)
+			return e.access, nil
 		}
 		if recent {
-			return 0, "", domain.ErrUnauthorized
+			return domain.KeyAccess{}, domain.ErrUnauthorized
 		}
 	}
-	if entries, err = c.reload(ctx); err != nil {
-		return 0, "", err
+	entries, err := c.reload(ctx)
+	if err != nil {
+		return domain.KeyAccess{}, err
 	}
 	if e, ok := match(entries, h); ok {
-		c.markUsed(e.id)
-		return e.id, e.name, nil
+		c.markUsed(e.access.ID)
+		return e.access, nil
 	}
-	return 0, "", domain.ErrUnauthorized
+	return domain.KeyAccess{}, domain.ErrUnauthorized
 }
 
 // match compares h with every stored hash, all of them, in constant time.
@@ -178,18 +258,14 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 		// Best effort: "last used" is for operators, to a minute or so.
 		_ = db.Exec("UPDATE tokenguard_api_keys SET last_used_at = now() WHERE id IN ?", used).Error
 	}
-	var rows []struct {
-		ID      int32
-		Name    string
-		KeyHash string
-	}
-	if err := db.Raw("SELECT id, name, encode(key_hash, 'hex') AS key_hash FROM tokenguard_api_keys").Scan(&rows).Error; err != nil {
+	var rows []keyRow
+	if err := db.Raw("SELECT " + keyColumns + " FROM tokenguard_api_keys").Scan(&rows).Error; err != nil {
 		return nil, storeError(ctx, "read API keys", err)
 	}
 	entries := make([]keyEntry, len(rows))
 	for i, r := range rows {
 		h, _ := hex.DecodeString(r.KeyHash)
-		entries[i] = keyEntry{id: r.ID, name: r.Name, hash: h}
+		entries[i] = keyEntry{access: r.access(), hash: h}
 	}
 	c.mu.Lock()
 	c.entries, c.loaded = entries, time.Now()

@@ -164,7 +164,7 @@ func TestConsoleSessions(t *testing.T) {
 	ctx := context.Background()
 	keys := repository.NewAPIKeys(db)
 	for _, name := range []string{"ops", "other"} {
-		if err := keys.Create(ctx, name, repository.NewCredential(repository.APIKeyPrefix)); err != nil {
+		if err := keys.Create(ctx, name, repository.NewCredential(repository.APIKeyPrefix), domain.KeyAccess{}); err != nil {
 			t.Fatal(err)
 		}
 	}

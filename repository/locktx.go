@@ -297,7 +297,7 @@ func scanTokenRow(rows rowScanner) (*tokenRow, error) {
 		if err := rows.Scan(&t.LockKey, &t.Name, &t.AccessToken, &t.TokenType, &t.RefreshToken,
 			&t.Expiry, &t.RefreshExpiry, &t.ObtainedAt, &t.Version, &t.Status, &t.StatusReason, &t.UpdatedAt,
 			&t.GrantedAccount, &t.GrantedScopes, &t.MissingScopes,
-			&t.Provider,
+			&t.Provider, &t.SealedVersion,
 			&t.Failures, &t.FailureSince, &t.FailureLast, &t.RetryAt, &t.ReplayUntil, &t.FailureStatus, &t.FailureCode, &t.Failing); err != nil {
 			return nil, err
 		}
@@ -346,7 +346,14 @@ func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t 
 	if !ok || r.notPgx.Load() {
 		return r.saveInLock(ctx, wait, t)
 	}
-	sealedTok, err := sealed(r.sealer, t)
+	id, cached := r.ids.m.Load(t.Connection)
+	if !cached || t.RefreshToken.IsZero() {
+		// Rare: the id not read yet, or a refresh token to keep (Save
+		// reseals it): the GORM path reads them under the lock.
+		return r.saveInLock(ctx, wait, t)
+	}
+	at := saveSeal(id.(int32), t)
+	sealedTok, err := sealed(r.sealer, t, at)
 	if err != nil {
 		return domain.Token{}, err
 	}
@@ -379,7 +386,7 @@ func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t 
 			}
 			return rows.Err()
 		})
-		b.Queue(saveSQL, saveArgs(sealedTok)...).Query(func(rows pgx.Rows) error {
+		b.Queue(saveSQL, saveArgs(sealedTok, at)...).Query(func(rows pgx.Rows) error {
 			var err error
 			row, err = scanTokenRow(rows)
 			return err
@@ -402,6 +409,7 @@ func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t 
 	case !found:
 		return domain.Token{}, fmt.Errorf("save token of %s: %w", t.Connection, domain.ErrNotFound)
 	case row == nil:
+		r.ids.forget(t.Connection) // or the id changed: read again by the caller's retry
 		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
 	}
 	return row.domain(r.sealer)

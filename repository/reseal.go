@@ -18,24 +18,58 @@ const resealHold = 10 * time.Second
 
 // ResealResult counts what Reseal did.
 type ResealResult struct {
-	Resealed int // rows rewritten with the current key, legacy plaintext included
+	Resealed int // rows rewritten with the current key and form, legacy plaintext included
 	Current  int // rows that already were
+	// OnlyBound: every stored token is now in the bound form, and values
+	// in any other form are refused from now on (by processes that start
+	// after it).
+	OnlyBound bool
+}
+
+// boundForm matches a stored value in the bound form.
+const boundForm = `'tg1:%:b:%'`
+
+// markOnlyBound records, when no stored token is in another form, that
+// none may be from now on (tokenguard_seal_state).
+func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
+	if !sealsBound(r.sealer) {
+		return false, nil
+	}
+	var other int64
+	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_tokens WHERE access_token NOT LIKE ` + boundForm +
+		` OR (refresh_token <> '' AND refresh_token NOT LIKE ` + boundForm + `)`).Scan(&other).Error; err != nil {
+		return false, storeError(ctx, "count tokens in another form", err)
+	}
+	if other > 0 {
+		return false, nil // written meanwhile by a process of the previous release: run it again
+	}
+	if err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_seal_state DEFAULT VALUES ON CONFLICT DO NOTHING`).Error; err != nil {
+		return false, storeError(ctx, "record the bound form", err)
+	}
+	return true, nil
 }
 
 // storedRow is a token row's raw credential columns.
 type storedRow struct {
-	ID           int32
-	Name         string
-	AccessToken  string
-	RefreshToken string
+	ID            int32
+	Name          string
+	AccessToken   string
+	RefreshToken  string
+	Version       int64
+	SealedVersion int64
 }
+
+// storedColumns read storedRow.
+const storedColumns = `c.id, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version`
+
+func (r storedRow) seal() seal { return seal{id: r.ID, version: r.SealedVersion} }
 
 // scanStored reads up to batch raw rows with connection ids above after,
 // in id order.
 func scanStored(ctx context.Context, r *TokenRepository, after int32, batch int) ([]storedRow, error) {
 	var rows []storedRow
 	err := r.db.WithContext(ctx).Raw(`
-SELECT c.id, c.name, t.access_token, t.refresh_token
+SELECT `+storedColumns+`
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE c.id > ? ORDER BY c.id LIMIT ?`, after, batch).Find(&rows).Error
 	if err != nil {
@@ -64,7 +98,11 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 	var res ResealResult
 	for after := int32(0); ; {
 		rows, err := scanStored(ctx, r, after, batch)
-		if err != nil || len(rows) == 0 {
+		if err != nil {
+			return res, err
+		}
+		if len(rows) == 0 {
+			res.OnlyBound, err = r.markOnlyBound(ctx)
 			return res, err
 		}
 		for _, row := range rows {
@@ -91,7 +129,7 @@ func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait
 	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
 		var rows []storedRow
 		err := l.db.WithContext(ctx).Raw(`
-SELECT c.id, c.name, t.access_token, t.refresh_token
+SELECT `+storedColumns+`
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
@@ -100,16 +138,20 @@ WHERE c.name = ?`, connection).Find(&rows).Error
 		if len(rows) == 0 || (r.sealer.IsCurrent(rows[0].AccessToken) && r.sealer.IsCurrent(rows[0].RefreshToken)) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
 		}
-		at, rt, err := opened(r.sealer, connection, rows[0].AccessToken, rows[0].RefreshToken)
+		row := rows[0]
+		at, rt, err := opened(r.sealer, connection, row.seal(), row.AccessToken, row.RefreshToken)
 		if err != nil {
 			return err
 		}
-		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)})
+		// Bound to the row's id and its version now; the version is not
+		// bumped (the token did not change).
+		to := seal{id: row.ID, version: row.Version}
+		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)}, to)
 		if err != nil {
 			return err
 		}
-		err = l.db.WithContext(ctx).Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ? WHERE connection_id = ?`,
-			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), rows[0].ID).Error
+		err = l.db.WithContext(ctx).Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = ? WHERE connection_id = ?`,
+			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), to.version, row.ID).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)
 		}
@@ -134,8 +176,19 @@ const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_t
 // table: the key ids come from a skip scan of the index on them, and only
 // rows waiting for a new key are counted. A value that cannot be opened is
 // returned as an error wrapping domain.ErrUndecryptable that names the
-// connection and the envelope's key id. It reads without locking.
+// connection and the envelope's key id. It reads without locking. Once
+// Reseal has recorded that every value is in the bound form, the
+// repository refuses values in any other form from then on; CheckKeys
+// must run before the repository is shared.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
+	var marked int64
+	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_seal_state`).Scan(&marked).Error; err != nil {
+		return KeyCheck{}, storeError(ctx, "read the seal state", err)
+	}
+	if _, already := r.sealer.(onlyBound); marked > 0 && !already && sealsBound(r.sealer) {
+		// Before any other goroutine uses the repository (start-up).
+		r.sealer = onlyBound{r.sealer}
+	}
 	var ids []string
 	err := r.db.WithContext(ctx).Raw(`
 WITH RECURSIVE k(id) AS (
@@ -152,7 +205,7 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 	for _, id := range ids {
 		var rows []storedRow
 		err := r.db.WithContext(ctx).Raw(`
-SELECT c.id, c.name, t.access_token, t.refresh_token
+SELECT `+storedColumns+`
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 		if err != nil {
@@ -162,7 +215,7 @@ WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 			continue // rewritten meanwhile
 		}
 		row := rows[0]
-		if _, _, err := opened(r.sealer, row.Name, row.AccessToken, row.RefreshToken); err != nil {
+		if _, _, err := opened(r.sealer, row.Name, row.seal(), row.AccessToken, row.RefreshToken); err != nil {
 			return kc, err
 		}
 		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {

@@ -1,9 +1,14 @@
 package repository
 
 import (
+	"context"
 	"database/sql"
+	"fmt"
 	"strings"
+	"sync"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -28,6 +33,9 @@ type tokenRow struct {
 	GrantedScopes  string
 	MissingScopes  string
 	Provider       string // '' for the environment's provider
+	// SealedVersion is what the credentials are sealed at (0: in the
+	// previous release's form, or plaintext).
+	SealedVersion int64
 	// The refresh failure episode of this version (failureColumns).
 	Failures      int
 	FailureSince  sql.NullTime
@@ -54,7 +62,7 @@ func failureOf(n int, since, last, retry, replay sql.NullTime, status int, code 
 // domain opens the row's credentials with s: a value that fails to open is
 // an error wrapping domain.ErrUndecryptable, never a token.
 func (r tokenRow) domain(s Sealer) (domain.Token, error) {
-	at, rt, err := opened(s, r.Name, r.AccessToken, r.RefreshToken)
+	at, rt, err := opened(s, r.Name, seal{r.LockKey, r.SealedVersion}, r.AccessToken, r.RefreshToken)
 	if err != nil {
 		return domain.Token{}, err
 	}
@@ -99,3 +107,34 @@ func quoteAll(v []string) []string {
 }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: t, Valid: !t.IsZero()} }
+
+// connIDs caches connections' ids by name, for sealing before a write:
+// tokenguard never deletes a connections row, and every write checks the
+// id it sealed with (c.id = ...), so an entry gone stale (a row deleted
+// and re-created by hand) writes nothing and is read again.
+type connIDs struct{ m sync.Map }
+
+func (c *connIDs) put(row *tokenRow) {
+	if c != nil && row != nil {
+		c.m.Store(row.Name, row.LockKey)
+	}
+}
+
+// lookup is name's id: the cached one, else read on db (the caller's own
+// connection or transaction).
+func (c *connIDs) lookup(ctx context.Context, db *gorm.DB, name string) (int32, error) {
+	if v, ok := c.m.Load(name); ok {
+		return v.(int32), nil
+	}
+	var ids []int32
+	if err := db.WithContext(ctx).Raw("SELECT id FROM tokenguard_connections WHERE name = ?", name).Find(&ids).Error; err != nil {
+		return 0, storeError(ctx, "read connection id", err)
+	}
+	if len(ids) == 0 {
+		return 0, fmt.Errorf("connection %q: %w", name, domain.ErrNotFound)
+	}
+	c.m.Store(name, ids[0])
+	return ids[0], nil
+}
+
+func (c *connIDs) forget(name string) { c.m.Delete(name) }

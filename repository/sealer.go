@@ -2,6 +2,7 @@ package repository
 
 import (
 	"fmt"
+	"strconv"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -10,8 +11,8 @@ import (
 // decrypts them on the way out. *tokencrypt.Keyring is one, and
 // tokencrypt.Plaintext the one of a store without keys.
 type Sealer interface {
-	// Seal returns what to store for plaintext, bound to aad (the row and
-	// column). The empty string must stay empty.
+	// Seal returns what to store for plaintext, bound to aad. The empty
+	// string must stay empty.
 	Seal(plaintext, aad string) (string, error)
 	// Open returns the plaintext of a stored value sealed with the same
 	// aad, or an error wrapping domain.ErrUndecryptable.
@@ -19,42 +20,91 @@ type Sealer interface {
 	// IsCurrent reports whether a stored value is already in the form Seal
 	// produces now, so that Reseal can leave it alone.
 	IsCurrent(stored string) bool
+	// Bound reports whether a stored value is in the form Seal produces
+	// now, whose aad names the row by its id and sealed version; the
+	// previous release's named it by the connection's name only.
+	Bound(stored string) bool
 }
 
-// Column names double as the second half of the additional data that binds
-// a sealed value to its row and column.
+// Column names are the last part of the additional data that binds a
+// sealed value to its row and column.
 const (
 	colAccess  = "access_token"
 	colRefresh = "refresh_token"
 )
 
-func aadFor(connection, column string) string { return connection + "/" + column }
+// seal is what a row's credentials are bound to: the connection's id
+// (never reused: a re-created connection has another) and the version
+// they were sealed at (the row's sealed_version, written with them), so
+// that a ciphertext moved to another connection, or copied back into its
+// row after a later write, does not open.
+type seal struct {
+	id      int32
+	version int64
+}
+
+func (s seal) aad(column string) string {
+	return "c" + strconv.FormatInt(int64(s.id), 10) + "/v" + strconv.FormatInt(s.version, 10) + "/" + column
+}
+
+// legacyAAD is the additional data of values sealed by the previous
+// release: the connection's name and the column.
+func legacyAAD(connection, column string) string { return connection + "/" + column }
 
 // sealed returns t with its two credentials replaced by what is stored for
-// them. The envelopes stay inside Secrets, so they never print either.
-// An empty refresh token stays empty ("keep the stored one" to Save).
-func sealed(s Sealer, t domain.Token) (domain.Token, error) {
-	at, err := s.Seal(t.AccessToken.Reveal(), aadFor(t.Connection, colAccess))
+// them, bound to at. The envelopes stay inside Secrets, so they never
+// print either. An empty refresh token stays empty ("keep the stored one"
+// to Save, which reseals the kept one with at).
+func sealed(s Sealer, t domain.Token, at seal) (domain.Token, error) {
+	a, err := s.Seal(t.AccessToken.Reveal(), at.aad(colAccess))
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("seal access token of %s: %w", t.Connection, err)
 	}
 	rt := ""
 	if !t.RefreshToken.IsZero() {
-		if rt, err = s.Seal(t.RefreshToken.Reveal(), aadFor(t.Connection, colRefresh)); err != nil {
+		if rt, err = s.Seal(t.RefreshToken.Reveal(), at.aad(colRefresh)); err != nil {
 			return domain.Token{}, fmt.Errorf("seal refresh token of %s: %w", t.Connection, err)
 		}
 	}
-	t.AccessToken, t.RefreshToken = domain.NewSecret(at), domain.NewSecret(rt)
+	t.AccessToken, t.RefreshToken = domain.NewSecret(a), domain.NewSecret(rt)
 	return t, nil
 }
 
-// opened decrypts the two credential columns of a row of connection.
-func opened(s Sealer, connection, access, refresh string) (at, rt string, err error) {
-	if at, err = s.Open(access, aadFor(connection, colAccess)); err != nil {
+// opened decrypts the two credential columns of a row of connection, whose
+// current seal is at.
+func opened(s Sealer, connection string, at seal, access, refresh string) (a, rt string, err error) {
+	open := func(stored, column string) (string, error) {
+		if s.Bound(stored) {
+			return s.Open(stored, at.aad(column))
+		}
+		return s.Open(stored, legacyAAD(connection, column))
+	}
+	if a, err = open(access, colAccess); err != nil {
 		return "", "", fmt.Errorf("access token of %s: %w", connection, err)
 	}
-	if rt, err = s.Open(refresh, aadFor(connection, colRefresh)); err != nil {
+	if rt, err = open(refresh, colRefresh); err != nil {
 		return "", "", fmt.Errorf("refresh token of %s: %w", connection, err)
 	}
-	return at, rt, nil
+	return a, rt, nil
+}
+
+// onlyBound is the Sealer of a store where every value is in the bound
+// form (tokenguard_seal_state, set by Reseal): a value in any other form
+// is refused, since it was written around tokenguard or copied back from
+// before the upgrade.
+type onlyBound struct{ Sealer }
+
+func (o onlyBound) Open(stored, aad string) (string, error) {
+	if stored != "" && !o.Sealer.Bound(stored) {
+		return "", fmt.Errorf("%w: not in the bound form, and tokenctl rotate-key has resealed every row in it (rolled back to a value from before, or written around tokenguard)",
+			domain.ErrUndecryptable)
+	}
+	return o.Sealer.Open(stored, aad)
+}
+
+// sealsBound reports whether s seals in the bound form (a keyring, not a
+// store without keys).
+func sealsBound(s Sealer) bool {
+	v, err := s.Seal("probe", "probe")
+	return err == nil && s.Bound(v)
 }

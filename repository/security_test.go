@@ -4,11 +4,13 @@ import (
 	"context"
 	"encoding/hex"
 	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -21,10 +23,10 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 	if !strings.HasPrefix(key.Reveal(), "tgk_") || len(key.Reveal()) != 4+43 {
 		t.Fatalf("key shape: %d chars", len(key.Reveal()))
 	}
-	if err := keys.Create(ctx, "ci", key); err != nil {
+	if err := keys.Create(ctx, "ci", key, domain.KeyAccess{}); err != nil {
 		t.Fatal(err)
 	}
-	if err := keys.Create(ctx, "ci", repository.NewCredential(repository.APIKeyPrefix)); !errors.Is(err, repository.ErrKeyExists) {
+	if err := keys.Create(ctx, "ci", repository.NewCredential(repository.APIKeyPrefix), domain.KeyAccess{}); !errors.Is(err, repository.ErrKeyExists) {
 		t.Errorf("second key named ci: %v", err)
 	}
 	// Only the hash is stored.
@@ -34,20 +36,26 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 		t.Errorf("stored %s", stored)
 	}
 	cache := repository.NewKeyCache(keys, 300*time.Millisecond)
-	if _, name, err := cache.Verify(ctx, key); err != nil || name != "ci" {
-		t.Fatalf("Verify = %q, %v", name, err)
+	if a, err := cache.Verify(ctx, key); err != nil || a.Name != "ci" || a.Scopes != nil || a.Connections != nil {
+		t.Fatalf("Verify = %+v, %v (want ci with every right)", a, err)
 	}
-	if _, _, err := cache.Verify(ctx, domain.NewSecret(key.Reveal()+"x")); !errors.Is(err, domain.ErrUnauthorized) {
+	if _, err := cache.Verify(ctx, domain.NewSecret(key.Reveal()+"x")); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("a wrong key: %v", err)
 	}
 	// A key created after the cache loaded works at once.
 	late := repository.NewCredential(repository.APIKeyPrefix)
-	if err := keys.Create(ctx, "late", late); err != nil {
+	scoped := domain.KeyAccess{Scopes: []domain.Scope{domain.ScopeTokenRead, domain.ScopeConnect}, Connections: []string{"tenant-a-*", "solo"}}
+	if err := keys.Create(ctx, "late", late, scoped); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(250 * time.Millisecond) // past the reload floor
-	if _, name, err := cache.Verify(ctx, late); err != nil || name != "late" {
-		t.Errorf("new key: %q, %v", name, err)
+	if a, err := cache.Verify(ctx, late); err != nil || a.Name != "late" || !slices.Equal(a.Scopes, scoped.Scopes) || !slices.Equal(a.Connections, scoped.Connections) {
+		t.Errorf("new scoped key: %+v, %v", a, err)
+	}
+	for _, bad := range []domain.KeyAccess{{Scopes: []domain.Scope{"root"}}, {Scopes: []domain.Scope{}}, {Connections: []string{"a,b"}}, {Connections: []string{"[x"}}} {
+		if err := keys.Create(ctx, "bad", repository.NewCredential(repository.APIKeyPrefix), bad); !errors.Is(err, domain.ErrInvalidKeyAccess) {
+			t.Errorf("Create with %+v: %v, want ErrInvalidKeyAccess", bad, err)
+		}
 	}
 	if err := keys.Revoke(ctx, "ci"); err != nil {
 		t.Fatal(err)
@@ -56,11 +64,11 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 		t.Errorf("revoke twice: %v", err)
 	}
 	time.Sleep(350 * time.Millisecond) // the cache's TTL
-	if _, _, err := cache.Verify(ctx, key); !errors.Is(err, domain.ErrUnauthorized) {
+	if _, err := cache.Verify(ctx, key); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("revoked key: %v", err)
 	}
 	list, err := keys.List(ctx)
-	if err != nil || len(list) != 1 || list[0].Name != "late" || list[0].LastUsedAt == nil {
+	if err != nil || len(list) != 1 || list[0].Name != "late" || list[0].LastUsedAt == nil || !slices.Equal(list[0].Access.Connections, scoped.Connections) {
 		t.Errorf("List = %+v, %v (want late, last used set)", list, err)
 	}
 }
@@ -202,5 +210,35 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 		if strings.Contains(e.Data, "at-") || strings.Contains(e.Data, "rt-") {
 			t.Errorf("an event carries a token: %s", e.Data)
 		}
+	}
+}
+
+// TestAccountBindingIncludesProvider: the same account id at another
+// provider is another account: a grant of it is refused unless the session
+// allows the change. Control: the same id at the same provider is the
+// owner connecting again.
+func TestAccountBindingIncludesProvider(t *testing.T) {
+	repo, db, _ := newRepo(t)
+	ctx := context.Background()
+	if _, err := repository.NewProviderRepository(db, tokencrypt.Plaintext{}).Add(ctx,
+		domain.Provider{Name: "other", TokenURL: "https://other.example/token", ClientID: "c", AuthStyle: domain.AuthStyleAuto}); err != nil {
+		t.Fatal(err)
+	}
+	uc := usecase.NewConnectUseCase(repo, nil, time.Second)
+	grant := func(at string) domain.Grant {
+		return domain.Grant{AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret("rt-" + at), Expiry: time.Now().Add(time.Hour)}
+	}
+	if _, err := uc.ConnectGrant(ctx, "acme", grant("a1"), usecase.ConnectRequest{Binding: domain.Binding{Account: "1234"}}); err != nil {
+		t.Fatal(err)
+	}
+	_, err := uc.ConnectGrant(ctx, "acme", grant("a2"), usecase.ConnectRequest{Binding: domain.Binding{Account: "1234"}, Provider: "other"})
+	if !errors.Is(err, domain.ErrAccountMismatch) {
+		t.Errorf("account 1234 at another provider: %v, want ErrAccountMismatch", err)
+	}
+	if _, err := uc.ConnectGrant(ctx, "acme", grant("a3"), usecase.ConnectRequest{Binding: domain.Binding{Account: "1234"}}); err != nil {
+		t.Errorf("control: account 1234 at the same provider again: %v", err)
+	}
+	if _, err := uc.ConnectGrant(ctx, "acme", grant("a4"), usecase.ConnectRequest{Binding: domain.Binding{Account: "x\nforged"}, AllowAccountChange: true}); !errors.Is(err, domain.ErrInvalidAccount) {
+		t.Errorf("an unprintable account id: %v, want ErrInvalidAccount", err)
 	}
 }

@@ -23,6 +23,7 @@ type TokenRepository struct {
 	// durability is the synchronous_commit level of the transactions that
 	// commit a lease or a token (SetDurability; nil: the server's setting).
 	durability *Durability
+	ids        *connIDs // connection ids by name, for sealing
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
@@ -31,7 +32,7 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}}
+	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}}
 }
 
 // syncCommit is the synchronous_commit level of the transactions that
@@ -50,6 +51,7 @@ var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
        ` + bindingColumns("t") + `,
        ` + providerColumn("t") + `,
+       coalesce(t.sealed_version, 0) AS sealed_version,
        ` + failureColumns
 
 // tokenFrom is where selectToken reads: the token, its connection and
@@ -67,6 +69,7 @@ var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_
        u.expiry, u.refresh_expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at,
        ` + bindingColumns("u") + `,
        ` + providerColumn("u") + `,
+       coalesce(u.sealed_version, 0) AS sealed_version,
        ` + noFailureColumns
 
 // bindingColumns reads who granted the connection as plain text (scopes
@@ -99,7 +102,7 @@ const noFailureColumns = `0 AS failures, NULL::timestamptz AS failure_since, NUL
 // Get reads a connection's token without locking: readers never wait on a
 // refresh in progress.
 func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.Token, error) {
-	return getToken(ctx, r.db.WithContext(ctx), r.sealer, connection)
+	return getToken(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
 }
 
 // GetWithLease is Get, and reports whether another holder is refreshing
@@ -138,6 +141,7 @@ func (r *TokenRepository) ListPage(ctx context.Context, after string, limit int)
 	out := make([]domain.Token, len(rows))
 	for i, row := range rows {
 		var err error
+		r.ids.put(&row)
 		if out[i], err = row.domain(r.sealer); err != nil {
 			return nil, err
 		}
@@ -237,7 +241,7 @@ func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.D
 	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold)
 	defer cancel()
 	defer tx.discard() // fn panicked: the connection may be mid-statement
-	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first, leases: r.leases}
+	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first, leases: r.leases, ids: r.ids}
 	if err := fn(txCtx, l); err != nil {
 		_ = tx.end(txCtx, false) // a write that committed stays
 		return err
@@ -263,6 +267,7 @@ type LockedTokens struct {
 	sealer Sealer
 	first  *tokenRow // read right after the lock was granted, not yet returned
 	leases *leaseRenewer
+	ids    *connIDs
 }
 
 // Get re-reads a token inside the lock: another process may have refreshed
@@ -275,9 +280,10 @@ func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token
 	first := l.first
 	l.first = nil
 	if first != nil && first.Name == connection {
+		l.ids.put(first)
 		return first.domain(l.sealer)
 	}
-	return getToken(ctx, l.db.WithContext(ctx), l.sealer, connection)
+	return getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, connection)
 }
 
 // endLeases, a CTE of a statement that stores version u.version of a
@@ -298,18 +304,23 @@ WITH u AS (
         status        = $7,
         status_reason = $8,
         version       = t.version + 1,
+        sealed_version = $12,
         updated_at    = now()
     FROM tokenguard_connections c
-    WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10
+    WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10 AND c.id = $13
     RETURNING c.id AS lock_key, c.name, t.*
 ),
 ` + endLeases + `
 SELECT ` + tokenColumns + ` FROM u, LATERAL pg_notify(` + channelInSchema("$11") + `, u.version || ' ' || u.name)`
 
-func saveArgs(t domain.Token) []any {
+func saveArgs(t domain.Token, at seal) []any {
 	return []any{t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel}
+		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.version, at.id}
 }
+
+// saveSeal is what Save binds t's credentials to: the connection's id and
+// the version the write gives the row (it is fenced on t.Version).
+func saveSeal(id int32, t domain.Token) seal { return seal{id: id, version: t.Version + 1} }
 
 // Save writes t over the stored token if the stored version is still
 // t.Version, bumps the version, announces the change, commits, and returns
@@ -318,17 +329,31 @@ func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, 
 	if l.tx.ended {
 		return domain.Token{}, errTxEnded
 	}
-	t, err := sealed(l.sealer, t)
+	if t.RefreshToken.IsZero() {
+		// The kept refresh token is sealed again with the new version.
+		cur, err := getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, t.Connection)
+		if err != nil {
+			return domain.Token{}, err
+		}
+		t.RefreshToken = cur.RefreshToken
+	}
+	id, err := l.ids.lookup(ctx, l.db, t.Connection)
 	if err != nil {
 		return domain.Token{}, err
 	}
-	row, err := l.tx.writeAndCommit(ctx, saveSQL, saveArgs(t)...)
+	at := saveSeal(id, t)
+	t, err = sealed(l.sealer, t, at)
+	if err != nil {
+		return domain.Token{}, err
+	}
+	row, err := l.tx.writeAndCommit(ctx, saveSQL, saveArgs(t, at)...)
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "save token", err)
 	}
 	if row == nil {
 		// Nothing was written (an empty transaction committed): say why.
-		if _, err := getToken(ctx, l.pool.WithContext(ctx), l.sealer, t.Connection); err != nil {
+		l.ids.forget(t.Connection)
+		if _, err := getToken(ctx, l.pool.WithContext(ctx), l.sealer, l.ids, t.Connection); err != nil {
 			return domain.Token{}, err
 		}
 		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
@@ -346,19 +371,36 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.Connection, domain.ErrInvalidToken)
 	}
-	t, err := sealed(l.sealer, t)
+	// The version the write gives the row: the next one, or the first of
+	// the name (above a disconnected grant's, tokens_continue_version).
+	var next []struct {
+		ID      int32
+		Version int64
+	}
+	err := l.db.WithContext(ctx).Raw(`SELECT c.id, coalesce((SELECT t.version + 1 FROM tokenguard_tokens t WHERE t.connection_id = c.id),
+       greatest(c.retired_version + 1, 1)) AS version
+FROM tokenguard_connections c WHERE c.name = ?`, t.Connection).Find(&next).Error
+	if err != nil {
+		return domain.Token{}, storeError(ctx, "put token", err)
+	}
+	if len(next) == 0 {
+		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
+	}
+	at := seal{id: next[0].ID, version: next[0].Version}
+	t, err = sealed(l.sealer, t, at)
 	if err != nil {
 		return domain.Token{}, err
 	}
 	row, err := l.tx.writeAndCommit(ctx, `
-WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1),
+WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $14),
 t AS (
     INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
                              granted_account, granted_scopes, missing_scopes, granted_at,
-                             provider)
+                             provider, sealed_version)
     SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '', NULLIF($9, ''), $10::text[], $11::text[], now(),
-           NULLIF($12, '') FROM c
+           NULLIF($12, ''), $13 FROM c
     ON CONFLICT (connection_id) DO UPDATE SET
+        sealed_version  = EXCLUDED.sealed_version,
         provider        = EXCLUDED.provider,
         granted_account = EXCLUDED.granted_account,
         granted_scopes  = EXCLUDED.granted_scopes,
@@ -381,7 +423,7 @@ u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
 		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes),
-		t.Provider)
+		t.Provider, at.version, at.id)
 	if err != nil {
 		if unknownProvider(err) {
 			return domain.Token{}, fmt.Errorf("put token of %s: provider %q: %w", t.Connection, t.Provider, domain.ErrUnknownProvider)
@@ -394,7 +436,7 @@ SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.v
 	return row.domain(l.sealer)
 }
 
-func getToken(ctx context.Context, db *gorm.DB, s Sealer, connection string) (domain.Token, error) {
+func getToken(ctx context.Context, db *gorm.DB, s Sealer, ids *connIDs, connection string) (domain.Token, error) {
 	var rows []tokenRow
 	if err := db.Raw(selectToken+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
 		return domain.Token{}, storeError(ctx, "get token", err)
@@ -402,6 +444,7 @@ func getToken(ctx context.Context, db *gorm.DB, s Sealer, connection string) (do
 	if len(rows) == 0 {
 		return domain.Token{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
+	ids.put(&rows[0])
 	return rows[0].domain(s)
 }
 

@@ -100,6 +100,9 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 	if err != nil {
 		return domain.Token{}, err
 	}
+	if err := domain.ValidateAccount(b.Account); err != nil {
+		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
+	}
 	tok.Binding, tok.Provider = b, provider
 	if err := u.store.Register(ctx, connection); err != nil {
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
@@ -121,7 +124,9 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 			case errors.Is(err, domain.ErrNotFound):
 			case err != nil:
 				return err
-			case cur.Binding.Account != "" && cur.Binding.Account != b.Account:
+			// An account is an id at one provider: the same id at
+			// another provider is another account.
+			case cur.Binding.Account != "" && (cur.Binding.Account != b.Account || cur.Provider != provider):
 				return domain.ErrAccountMismatch
 			}
 		}

@@ -73,7 +73,8 @@ type Options struct {
 	UserAgent string
 	// Timeout bounds one HTTP exchange with the API (default 10s).
 	Timeout time.Duration
-	// MaxBody caps the response body kept (default 1 MiB).
+	// MaxBody caps the response body (default 1 MiB): a longer one is
+	// ErrTooLarge, never cut short.
 	MaxBody int64
 	// Bases, when set, sends a connection's calls to the API base URL its
 	// provider names instead of the Client's.
@@ -98,7 +99,7 @@ type Client struct {
 	tracer  *tracing.Tracer
 }
 
-// Response is an API answer, body included (capped at Options.MaxBody).
+// Response is an API answer, body included (at most Options.MaxBody).
 type Response struct {
 	StatusCode int
 	Header     http.Header
@@ -116,6 +117,10 @@ func (e *StatusError) Error() string {
 
 // ErrUnavailable wraps failures to reach the API (network, timeout).
 var ErrUnavailable = errors.New("external API unavailable")
+
+// ErrTooLarge: the API's answer is longer than Options.MaxBody. Nothing
+// of it is returned.
+var ErrTooLarge = errors.New("external API answer over the size limit")
 
 // New returns a Client for the API at baseURL, authorising with clients.
 func New(baseURL string, clients Clients, opts Options) (*Client, error) {
@@ -179,9 +184,13 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 		return nil, fmt.Errorf("GET %s: %w: %w", path, ErrUnavailable, scrub(err))
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxBody))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: read body: %w: %w", path, ErrUnavailable, scrub(err))
+	}
+	if int64(len(body)) > c.opts.MaxBody {
+		// Never a truncated body taken for the whole answer.
+		return nil, fmt.Errorf("GET %s: %w (%d bytes)", path, ErrTooLarge, c.opts.MaxBody)
 	}
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }

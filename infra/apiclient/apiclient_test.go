@@ -204,3 +204,23 @@ func TestCallsGoToTheConnectionsProviderAPI(t *testing.T) {
 		t.Error("called a provider API base URL that is not http(s)")
 	}
 }
+
+// TestAnswerOverTheLimitIsAnError: a body longer than MaxBody is
+// ErrTooLarge, never a truncated body; one of exactly MaxBody (the
+// control) is returned whole.
+func TestAnswerOverTheLimitIsAnError(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = w.Write(bytes.Repeat([]byte("x"), len(strings.TrimPrefix(r.URL.Path, "/"))))
+	}))
+	defer srv.Close()
+	c, err := New(srv.URL, TokenClients(newTokens()), Options{MaxBody: 10})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if resp, err := c.Get(context.Background(), "acme", "/"+strings.Repeat("a", 10)); err != nil || len(resp.Body) != 10 {
+		t.Fatalf("control, exactly the limit: %v", err)
+	}
+	if resp, err := c.Get(context.Background(), "acme", "/"+strings.Repeat("a", 11)); !errors.Is(err, ErrTooLarge) || resp != nil {
+		t.Errorf("one byte over the limit: %v, %v", resp, err)
+	}
+}

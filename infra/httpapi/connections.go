@@ -113,7 +113,7 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 	}
 	// One more row than asked says whether a next page exists, so the
 	// last page never comes back empty.
-	page, err := s.deps.Connections.ConnectionsPage(r.Context(), after, limit+1)
+	page, err := s.visibleConnections(r, after, limit+1)
 	if err != nil {
 		s.logFailure(r, "", err)
 		writeError(w, "", err)
@@ -132,4 +132,30 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		body.Connections = append(body.Connections, viewOf(c))
 	}
 	writeJSON(w, http.StatusOK, body)
+}
+
+// visibleConnections is up to limit connections after after that the
+// request's key may see (its connection patterns): pages of the store
+// until limit match or the store has no more.
+func (s *Server) visibleConnections(r *http.Request, after string, limit int) ([]domain.Connection, error) {
+	acc := keyAccess(r.Context())
+	if acc.Connections == nil {
+		return s.deps.Connections.ConnectionsPage(r.Context(), after, limit)
+	}
+	var out []domain.Connection
+	for {
+		page, err := s.deps.Connections.ConnectionsPage(r.Context(), after, limit)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range page {
+			if acc.AllowsConnection(c.Name) {
+				out = append(out, c)
+			}
+		}
+		if len(out) >= limit || len(page) < limit {
+			return out[:min(len(out), limit)], nil
+		}
+		after = page[len(page)-1].Name
+	}
 }

@@ -37,6 +37,14 @@ func classify(err error) problem {
 		return problem{http.StatusBadRequest, "invalid_connection", err.Error(), 0}
 	case errors.Is(err, domain.ErrInvalidMetadata):
 		return problem{http.StatusBadRequest, "invalid_metadata", err.Error(), 0}
+	case errors.Is(err, domain.ErrUndecryptable):
+		// Not the store's 503: trying again gives the same answer.
+		return problem{http.StatusInternalServerError, "undecryptable",
+			"the connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served", 0}
+	case errors.Is(err, domain.ErrInvalidAccount):
+		return problem{http.StatusBadGateway, "account_invalid", "the provider named the account with an id that is too long or not printable; nothing was stored", 0}
+	case errors.Is(err, domain.ErrNoAPIBaseURL):
+		return problem{http.StatusConflict, "no_api_base_url", err.Error(), 0}
 	case errors.Is(err, domain.ErrUnknownProvider):
 		return problem{http.StatusBadRequest, "unknown_provider", err.Error(), 0}
 	case errors.Is(err, domain.ErrNotFound):
@@ -73,6 +81,8 @@ func classify(err error) problem {
 			max(pe.RetryAfter, time.Second)}
 	case errors.Is(err, domain.ErrProviderUnavailable):
 		return problem{http.StatusServiceUnavailable, "provider_unavailable", "the token provider is unavailable; try again", time.Second}
+	case errors.Is(err, apiclient.ErrTooLarge):
+		return problem{http.StatusBadGateway, "upstream_too_large", "the external API's answer is over the size limit; nothing of it was passed on", 0}
 	case errors.Is(err, apiclient.ErrUnavailable):
 		return problem{http.StatusBadGateway, "upstream_unavailable", "the external API could not be reached", 0}
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):

@@ -13,6 +13,7 @@ import (
 	"net/url"
 	"strings"
 	"time"
+	"unicode"
 
 	"golang.org/x/oauth2"
 
@@ -38,8 +39,19 @@ func (s *Server) oauthConfigured() bool {
 	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil && s.deps.Flows != nil
 }
 
+// secureCookies: the flow cookie is Secure (and __Host-) whenever the
+// browser reaches this server over https, at PUBLIC_URL or at the
+// redirect URL the provider sends it back to.
 func (s *Server) secureCookies() bool {
-	return s.deps.Edges.PublicURL != nil && s.deps.Edges.PublicURL.Scheme == "https"
+	if u := s.deps.Edges.PublicURL; u != nil && u.Scheme == "https" {
+		return true
+	}
+	if c := s.deps.OAuth; c != nil {
+		if u, err := url.Parse(c.RedirectURL); err == nil && strings.EqualFold(u.Scheme, "https") {
+			return true
+		}
+	}
+	return false
 }
 
 func (s *Server) cookieName() string {
@@ -79,6 +91,12 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	if err := domain.ValidateName(req.Connection); err != nil {
 		writeError(w, "", err)
+		return
+	}
+	// Which keys may ask for a link, and for which account change.
+	acc := keyAccess(r.Context())
+	if !allowConnection(w, acc, req.Connection) ||
+		(req.AllowAccountChange && !allowScope(w, acc, domain.ScopeAdmin, "allow_account_change")) {
 		return
 	}
 	var metadata *domain.Metadata
@@ -170,8 +188,14 @@ func (s *Server) publicBase() string {
 }
 
 // returnAllowed reports whether target starts with one of the allowed
-// URLs: same scheme and host, and a path at or under the allowed one.
+// URLs: same scheme and host, and a path at or under the allowed one. A
+// target a browser could read as another path is refused before the
+// comparison: dot segments (plain or percent-encoded, however often),
+// encoded slashes, backslashes and control characters.
 func returnAllowed(target string, allowed []string) bool {
+	if !plainURL(target) {
+		return false
+	}
 	t, err := url.Parse(target)
 	if err != nil || (t.Scheme != "https" && t.Scheme != "http") || t.Host == "" || t.User != nil || t.Fragment != "" {
 		return false
@@ -187,6 +211,37 @@ func returnAllowed(target string, allowed []string) bool {
 		}
 	}
 	return false
+}
+
+// plainURL: no backslash, no control or non-ASCII byte, no encoded
+// slash or backslash, and no path segment that decodes (repeatedly) to
+// "." or "..".
+func plainURL(target string) bool {
+	for i := 0; i < len(target); i++ {
+		if c := target[i]; c < 0x21 || c > 0x7e || c == '\\' {
+			return false
+		}
+	}
+	path, _, _ := strings.Cut(target, "?")
+	for seg := range strings.SplitSeq(path, "/") {
+		for range 4 { // %252e%252e and deeper
+			dec, err := url.PathUnescape(seg)
+			if err != nil {
+				return false
+			}
+			if dec == seg {
+				break
+			}
+			if strings.ContainsAny(dec, "/\\") || strings.ContainsFunc(dec, unicode.IsControl) {
+				return false
+			}
+			seg = dec
+		}
+		if seg == "." || seg == ".." || strings.Contains(seg, "%") {
+			return false
+		}
+	}
+	return true
 }
 
 // connectPage answers a connect link with a page that names the

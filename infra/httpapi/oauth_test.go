@@ -80,7 +80,7 @@ func (f slowFlows) Complete(ctx context.Context, fl tokenguard.ConnectFlow, q ur
 
 func flowServer(sess oneSession, flows ConnectFlows) *Server {
 	return New(Deps{
-		Keys: oneKey{"tgk_good"}, Sessions: sess, Flows: flows, DB: okPinger{},
+		Keys: oneKey{key: "tgk_good"}, Sessions: sess, Flows: flows, DB: okPinger{},
 		OAuth: &oauth2.Config{ClientID: "c", RedirectURL: "http://127.0.0.1:8080/oauth/callback",
 			Endpoint: oauth2.Endpoint{AuthURL: "http://p/auth", TokenURL: "http://p/token"}},
 		Edges: local,
@@ -189,7 +189,7 @@ func (p *countingPinger) PingContext(context.Context) error { p.n.Add(1); return
 // second whatever the traffic.
 func TestPublicRoutesLimitedPerAddress(t *testing.T) {
 	db := &countingPinger{}
-	s := New(Deps{Keys: oneKey{"tgk_good"}, DB: db, Edges: Edges{Hosts: local.Hosts, PublicRate: 5, PublicBurst: 10}})
+	s := New(Deps{Keys: oneKey{key: "tgk_good"}, DB: db, Edges: Edges{Hosts: local.Hosts, PublicRate: 5, PublicBurst: 10}})
 	h := s.Handler()
 	get := func(addr string) int {
 		req := httptest.NewRequest("GET", "http://127.0.0.1:8080/healthz", nil)

@@ -224,14 +224,21 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 // connections.
 func (s *Server) target(provider, path, query string) (*url.URL, error) {
 	base := s.apiBase
-	if provider != "" && s.deps.APIBases != nil {
-		if b := s.deps.APIBases.APIBaseURL(provider); b != "" {
-			u, err := url.Parse(b)
-			if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
-				return nil, fmt.Errorf("the API base URL of provider %s is not an http(s) URL", provider)
-			}
-			base = u
+	if provider != "" {
+		// API_BASE_URL is the OAUTH_* provider's API: a stored provider's
+		// token never goes there.
+		b := ""
+		if s.deps.APIBases != nil {
+			b = s.deps.APIBases.APIBaseURL(provider)
 		}
+		if b == "" {
+			return nil, fmt.Errorf("provider %s: %w", provider, domain.ErrNoAPIBaseURL)
+		}
+		u, err := url.Parse(b)
+		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+			return nil, fmt.Errorf("the API base URL of provider %s is not an http(s) URL", provider)
+		}
+		base = u
 	}
 	if base == nil {
 		return nil, errors.New("no API base URL (API_BASE_URL)")

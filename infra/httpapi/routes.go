@@ -31,11 +31,14 @@ const (
 )
 
 // route is one endpoint. The table is data so that a test can walk it:
-// a route added without an API key fails it unless it is in publicRoutes.
+// a route added without an API key fails it unless it is in publicRoutes,
+// and one that takes a key must name the scope it needs (fail-closed: a
+// route without one answers 403 to every key).
 type route struct {
 	method, path string // method "": any
 	access       access
-	maxBody      int64 // request body limit in bytes
+	scope        domain.Scope // the key's scope the route needs; "" for public routes
+	maxBody      int64        // request body limit in bytes
 	handle       http.HandlerFunc
 }
 
@@ -56,22 +59,25 @@ const defaultMaxBody = 16 << 10
 
 func (s *Server) routes() []route {
 	rs := []route{
-		{"GET", "/healthz", open, 0, s.healthz},
-		{"GET", "/connections/{name}/token", apiKey, 0, s.token},
-		{"POST", "/connections/{name}/token/refresh", apiKey, 0, s.refreshToken},
-		{"", "/connections/{name}/proxy/{path...}", apiKey, s.deps.Edges.ProxyMaxBody, s.proxy},
-		{"GET", "/connections/{name}/resource", apiKey, 0, s.resource},
-		{"GET", "/openapi.json", open, 0, s.openapi},
-		{"POST", "/connections/{name}/events", apiKey, 64 << 10, s.event},
-		{"POST", "/connect-sessions", apiKey, 2 * defaultMaxBody, s.createSession},
-		{"POST", "/connect-results", apiKey, 0, s.redeem},
-		{"GET", "/connections", apiKey, 0, s.listConnections},
-		{"GET", "/oauth/connect", browser, 0, s.connectPage},
-		{"POST", "/oauth/connect", browser, 0, s.connectStart},
-		{"GET", "/oauth/callback", browser, 0, s.callback},
+		{"GET", "/healthz", open, "", 0, s.healthz},
+		{"GET", "/connections/{name}/token", apiKey, domain.ScopeTokenRead, 0, s.token},
+		{"POST", "/connections/{name}/token/refresh", apiKey, domain.ScopeTokenRead, 0, s.refreshToken},
+		{"", "/connections/{name}/proxy/{path...}", apiKey, domain.ScopeAPICall, s.deps.Edges.ProxyMaxBody, s.proxy},
+		{"GET", "/connections/{name}/resource", apiKey, domain.ScopeAPICall, 0, s.resource},
+		{"GET", "/openapi.json", open, "", 0, s.openapi},
+		{"POST", "/connections/{name}/events", apiKey, domain.ScopeAPICall, 64 << 10, s.event},
+		// The connection is in the body: createSession checks the pattern
+		// (and admin for allow_account_change), redeem the result's.
+		{"POST", "/connect-sessions", apiKey, domain.ScopeConnect, 2 * defaultMaxBody, s.createSession},
+		{"POST", "/connect-results", apiKey, domain.ScopeConnect, 0, s.redeem},
+		// Lists only the connections the key's patterns match.
+		{"GET", "/connections", apiKey, domain.ScopeConnectionsRead, 0, s.listConnections},
+		{"GET", "/oauth/connect", browser, "", 0, s.connectPage},
+		{"POST", "/oauth/connect", browser, "", 0, s.connectStart},
+		{"GET", "/oauth/callback", browser, "", 0, s.callback},
 	}
 	if s.deps.Metrics != nil {
-		rs = append(rs, route{"GET", "/metrics", apiKey, 0, s.deps.Metrics.ServeHTTP})
+		rs = append(rs, route{"GET", "/metrics", apiKey, domain.ScopeAdmin, 0, s.deps.Metrics.ServeHTTP})
 	}
 	return rs
 }
@@ -90,7 +96,7 @@ func (s *Server) guard(rt route) http.Handler {
 		rt.access = apiKey
 	}
 	if rt.access == apiKey {
-		h = s.requireKey(h)
+		h = s.requireKey(requireScope(rt, h))
 	} else {
 		// Anyone can reach these: bounded per client address, so that a
 		// flood of them cannot take the server's time from the key holders.
@@ -119,7 +125,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "an API key is required (Authorization: Bearer <key>)", Code: "unauthorized"})
 			return
 		}
-		id, name, err := s.deps.Keys.Verify(r.Context(), key)
+		acc, err := s.deps.Keys.Verify(r.Context(), key)
 		if errors.Is(err, domain.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tokenguard", error="invalid_token"`)
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "the API key is not valid", Code: "unauthorized"})
@@ -130,22 +136,29 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			writeError(w, "", err)
 			return
 		}
-		if wait, ok := s.limits.allow(id); !ok {
+		if wait, ok := s.limits.allow(acc.ID); !ok {
 			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "rate limit of this API key exceeded; try again later", Code: "rate_limited"})
 			return
 		}
-		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyNameKey{}, name)))
+		next.ServeHTTP(w, r.WithContext(context.WithValue(r.Context(), keyAccessKey{}, acc)))
 	})
 }
 
-// keyNameKey carries the verified API key's name to the handler.
-type keyNameKey struct{}
+// keyAccessKey carries the verified API key to the handler.
+type keyAccessKey struct{}
 
-func keyName(ctx context.Context) string {
-	n, _ := ctx.Value(keyNameKey{}).(string)
-	return n
+// keyAccess is the verified key of the request; the zero KeyAccess (no
+// scope, no connection) outside requireKey.
+func keyAccess(ctx context.Context) domain.KeyAccess {
+	a, ok := ctx.Value(keyAccessKey{}).(domain.KeyAccess)
+	if !ok {
+		return domain.KeyAccess{Scopes: []domain.Scope{}, Connections: []string{}}
+	}
+	return a
 }
+
+func keyName(ctx context.Context) string { return keyAccess(ctx).Name }
 
 func bearer(r *http.Request) (domain.Secret, bool) {
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")

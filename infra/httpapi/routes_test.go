@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,14 +16,21 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// oneKey accepts exactly one API key.
-type oneKey struct{ key string }
+// oneKey accepts exactly one API key with every right, and the keys of
+// scoped with theirs.
+type oneKey struct {
+	key    string
+	scoped map[string]domain.KeyAccess
+}
 
-func (k oneKey) Verify(_ context.Context, s domain.Secret) (int32, string, error) {
+func (k oneKey) Verify(_ context.Context, s domain.Secret) (domain.KeyAccess, error) {
 	if s.Reveal() == k.key {
-		return 1, "test", nil
+		return domain.KeyAccess{ID: 1, Name: "test"}, nil
 	}
-	return 0, "", domain.ErrUnauthorized
+	if a, ok := k.scoped[s.Reveal()]; ok {
+		return a, nil
+	}
+	return domain.KeyAccess{}, domain.ErrUnauthorized
 }
 
 // noSessions knows no connect session.
@@ -47,7 +55,11 @@ func (okPinger) PingContext(context.Context) error { return nil }
 
 func testServer(e Edges) *Server {
 	return New(Deps{
-		Keys:     oneKey{"tgk_good"},
+		Keys: oneKey{"tgk_good", map[string]domain.KeyAccess{
+			"tgk_reader": {ID: 2, Name: "reader", Scopes: []domain.Scope{domain.ScopeConnectionsRead}},
+			"tgk_tenant": {ID: 3, Name: "tenant", Scopes: domain.AllScopes[:4], Connections: []string{"tenant-a-*"}}, // all but admin
+			"tgk_none":   {ID: 4, Name: "none", Scopes: []domain.Scope{}},
+		}},
 		Sessions: noSessions{},
 		Flows:    noFlows{},
 		DB:       okPinger{},
@@ -58,7 +70,7 @@ func testServer(e Edges) *Server {
 	})
 }
 
-var local = Edges{Hosts: []string{"127.0.0.1:8080"}}
+var local = Edges{Hosts: []string{"127.0.0.1:8080"}, ReturnURLs: []string{"http://app.example/"}}
 
 // sample fills a route pattern's wildcards.
 func sample(path string) string {
@@ -82,6 +94,9 @@ func TestEveryRouteNeedsAnAPIKey(t *testing.T) {
 		if rt.access != apiKey {
 			t.Errorf("%s: access %d, but only the routes of publicRoutes may go without an API key", id, rt.access)
 		}
+		if !slices.Contains(domain.AllScopes, rt.scope) {
+			t.Errorf("%s: scope %q, want one of %v: every route that takes a key names its scope", id, rt.scope, domain.AllScopes)
+		}
 		for _, auth := range []string{"", "Bearer tgk_wrong", "Basic dGVzdDp0ZXN0", "Bearer "} {
 			req := httptest.NewRequest(rt.method, "http://127.0.0.1:8080"+sample(rt.path), strings.NewReader("{}"))
 			if auth != "" {
@@ -93,6 +108,11 @@ func TestEveryRouteNeedsAnAPIKey(t *testing.T) {
 			if w.Code != http.StatusUnauthorized || json.Unmarshal(w.Body.Bytes(), &e) != nil || e.Code != "unauthorized" || e.Error == "" {
 				t.Errorf("%s with %q: %d %s, want 401 with the JSON error shape", id, auth, w.Code, w.Body)
 			}
+		}
+	}
+	for _, rt := range s.routes() {
+		if _, public := publicRoutes[rt.pattern()]; public && rt.scope != "" {
+			t.Errorf("public route %s names scope %q", rt.pattern(), rt.scope)
 		}
 	}
 	if len(publicRoutes) != 5 {
@@ -112,7 +132,7 @@ func TestEveryRouteNeedsAnAPIKey(t *testing.T) {
 // publicRoutes gets the key check anyway.
 func TestUnlistedPublicRouteStillNeedsAKey(t *testing.T) {
 	s := testServer(local)
-	h := s.guard(route{"GET", "/new", open, 0, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(200) }})
+	h := s.guard(route{"GET", "/new", open, "", 0, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(200) }})
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest("GET", "http://127.0.0.1:8080/new", nil))
 	if w.Code != http.StatusUnauthorized {
@@ -213,7 +233,7 @@ func TestRateLimitPerKey(t *testing.T) {
 func TestBodyLimit(t *testing.T) {
 	var got error
 	s := testServer(local)
-	h := s.guard(route{"POST", "/connect-sessions", apiKey, 10, func(w http.ResponseWriter, r *http.Request) {
+	h := s.guard(route{"POST", "/connect-sessions", apiKey, domain.ScopeConnect, 10, func(w http.ResponseWriter, r *http.Request) {
 		_, got = json.NewDecoder(r.Body).Token()
 		buf := make([]byte, 100)
 		_, got = r.Body.Read(buf)
@@ -241,9 +261,138 @@ func TestReturnAllowed(t *testing.T) {
 		"http://localhost:3001/":                        false,
 		"javascript:alert(1)":                           false,
 		"//app.example.com/settings/":                   false,
+		// Read as another path by a browser or a proxy: refused before
+		// the prefix comparison, which each of these would pass.
+		"https://app.example.com/settings/../admin":          false,
+		"https://app.example.com/settings/./x":               false,
+		"https://app.example.com/settings/%2e%2e/admin":      false,
+		"https://app.example.com/settings/%2E./admin":        false,
+		"https://app.example.com/settings/.%2e/admin":        false,
+		"https://app.example.com/settings/%252e%252e/admin":  false,
+		"https://app.example.com/settings/..%2fadmin":        false,
+		"https://app.example.com/settings/%2f%2fevil.com":    false,
+		"https://app.example.com/settings/\\evil.com":        false,
+		"https://app.example.com/settings/..\\admin":         false,
+		"https://app.example.com/settings/%5c%5cevil.com":    false,
+		"https://app.example.com/settings/x\ty":              false,
+		"https://app.example.com/settings/x\r\nSet-Cookie:a": false,
+		"https://app.example.com/settings/x%00":              false,
+		"https://app.example.com/settings/caf%C3%A9":         true,
+		"https://app.example.com/settings/a%20b?next=..":     true,
 	} {
 		if got := returnAllowed(target, allowed); got != want {
 			t.Errorf("returnAllowed(%q) = %t, want %t", target, got, want)
+		}
+	}
+}
+
+// TestScopesAndPatterns: a key without a route's scope gets 403 naming
+// the scope; a key whose patterns miss the connection gets 403 naming the
+// connection and its patterns; a key with both passes the check (and
+// reaches the handler, here a 503 or 404 of the absent dependencies). A
+// route that names no scope refuses even a key with every right.
+func TestScopesAndPatterns(t *testing.T) {
+	s := testServer(local)
+	// Every route of the table behind its real guard, with a handler that
+	// answers 200: what is checked is the guard.
+	stub := http.NewServeMux()
+	for _, rt := range s.routes() {
+		rt.handle = func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }
+		stub.Handle(rt.pattern(), s.guard(rt))
+	}
+	do := func(h http.Handler, key, method, path, body string) (int, forbiddenBody) {
+		req := httptest.NewRequest(method, "http://127.0.0.1:8080"+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+key)
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		var f forbiddenBody
+		if w.Code == http.StatusForbidden {
+			if err := json.Unmarshal(w.Body.Bytes(), &f); err != nil || w.Header().Get("Tokenguard-Error") != f.Code || f.Error == "" {
+				t.Errorf("%s %s: 403 %s, header %q", method, path, w.Body, w.Header().Get("Tokenguard-Error"))
+			}
+		}
+		return w.Code, f
+	}
+	for _, rt := range s.routes() {
+		if rt.access != apiKey {
+			continue
+		}
+		method := rt.method
+		if method == "" {
+			method = "GET"
+		}
+		code, f := do(stub, "tgk_none", method, sample(rt.path), "{}")
+		if code != http.StatusForbidden || f.Code != "missing_scope" || f.MissingScope != rt.scope {
+			t.Errorf("%s with a key of no scope: %d %+v, want 403 missing_scope %s", rt.pattern(), code, f, rt.scope)
+		}
+		if code, _ := do(stub, "tgk_good", method, sample(rt.path), "{}"); code != http.StatusOK {
+			t.Errorf("%s with a key of every right: %d, want 200", rt.pattern(), code)
+		}
+		// The scope alone is not enough on a route of one connection.
+		if strings.Contains(rt.path, "{name}") {
+			code, f = do(stub, "tgk_tenant", method, sample(rt.path), "{}")
+			if code != http.StatusForbidden || f.Code != "connection_not_allowed" || f.Connection != "acme" ||
+				!slices.Equal(f.Allowed, []string{"tenant-a-*"}) {
+				t.Errorf("%s for acme with a tenant-a-* key: %d %+v", rt.pattern(), code, f)
+			}
+			if code, _ = do(stub, "tgk_tenant", method, strings.Replace(sample(rt.path), "acme", "tenant-a-crm", 1), "{}"); code != http.StatusOK {
+				t.Errorf("%s for tenant-a-crm with a tenant-a-* key: %d, want 200", rt.pattern(), code)
+			}
+		}
+	}
+	// The reader lists, and may do nothing else.
+	if code, _ := do(stub, "tgk_reader", "GET", "/connections", ""); code != http.StatusOK {
+		t.Errorf("GET /connections with connections:read: %d", code)
+	}
+	if code, f := do(stub, "tgk_reader", "GET", "/metrics", ""); code != http.StatusForbidden || f.MissingScope != domain.ScopeAdmin {
+		t.Errorf("GET /metrics with connections:read: %d %+v", code, f)
+	}
+	// Connect sessions, real handler: the pattern applies to the body's
+	// connection, and allow_account_change needs admin.
+	h := s.Handler()
+	if code, f := do(h, "tgk_tenant", "POST", "/connect-sessions", `{"connection":"acme","return_to":"http://app.example/done"}`); code != http.StatusForbidden || f.Code != "connection_not_allowed" {
+		t.Errorf("a session for acme with a tenant-a-* key: %d %+v", code, f)
+	}
+	if code, f := do(h, "tgk_tenant", "POST", "/connect-sessions", `{"connection":"tenant-a-crm","allow_account_change":true,"return_to":"http://app.example/done"}`); code != http.StatusForbidden || f.MissingScope != domain.ScopeAdmin {
+		t.Errorf("allow_account_change without admin: %d %+v", code, f)
+	}
+	if code, _ := do(h, "tgk_tenant", "POST", "/connect-sessions", `{"connection":"tenant-a-crm","return_to":"http://app.example/done"}`); code != http.StatusCreated {
+		t.Errorf("a session for tenant-a-crm with a tenant-a-* key: %d, want 201", code)
+	}
+	if code, _ := do(h, "tgk_good", "POST", "/connect-sessions", `{"connection":"acme","allow_account_change":true,"return_to":"http://app.example/done"}`); code != http.StatusCreated {
+		t.Errorf("allow_account_change with a key of every right: %d, want 201", code)
+	}
+	// Fail-closed: a route that names no scope refuses every key.
+	if code, _ := do(s.guard(route{"GET", "/unscoped", apiKey, "", 0, func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(200) }}),
+		"tgk_good", "GET", "/unscoped", ""); code != http.StatusForbidden {
+		t.Errorf("a route without a scope, key with every right: %d, want 403", code)
+	}
+}
+
+// TestFlowCookieSecure: the flow cookie is Secure and __Host- whenever the
+// browser comes over https, at PUBLIC_URL or at the redirect URL; over
+// plain http on both (the control) it is neither.
+func TestFlowCookieSecure(t *testing.T) {
+	pub, _ := url.Parse("https://tg.example.com")
+	for _, c := range []struct {
+		redirect string
+		public   *url.URL
+		secure   bool
+	}{
+		{"http://127.0.0.1:8080/oauth/callback", nil, false},
+		{"https://tg.example.com/oauth/callback", nil, true},
+		{"http://127.0.0.1:8080/oauth/callback", pub, true},
+	} {
+		// The consent page sets the flow cookie its button's token is bound to.
+		s := flowServer(oneSession{sess: domain.ConnectSession{Connection: "acme", ReturnTo: "http://app.example/done"}}, noFlows{})
+		s.deps.Edges.PublicURL = c.public
+		s.deps.OAuth.RedirectURL = c.redirect
+		w := httptest.NewRecorder()
+		s.Handler().ServeHTTP(w, httptest.NewRequest("GET", "http://127.0.0.1:8080/oauth/connect?session=tgs_good", nil))
+		set := w.Header().Get("Set-Cookie")
+		if got := strings.HasPrefix(set, "__Host-tokenguard_flow=") && strings.Contains(set, "; Secure"); got != c.secure ||
+			(!c.secure && strings.Contains(set, "Secure")) {
+			t.Errorf("redirect %s, PUBLIC_URL %v: Set-Cookie %q, want secure %t", c.redirect, c.public, set, c.secure)
 		}
 	}
 }

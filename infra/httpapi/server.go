@@ -37,7 +37,8 @@ type Tokens interface {
 }
 
 // APIBases gives the API base URL of a stored provider's connections; ""
-// for Deps.APIBaseURL.
+// when it has none (its connections' calls are then refused: their token
+// never goes to Deps.APIBaseURL, another provider's API).
 type APIBases interface {
 	APIBaseURL(provider string) string
 }
@@ -68,9 +69,10 @@ type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
 
-// KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
+// KeyVerifier checks an API key and says what it may do;
+// domain.ErrUnauthorized when it is not one.
 type KeyVerifier interface {
-	Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error)
+	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
 
 // Sessions stores connect sessions and the browser flows they start.
@@ -99,8 +101,7 @@ type Pinger interface {
 type Deps struct {
 	Tokens Tokens
 	// APIBaseURL is where the proxy sends the calls of connections of the
-	// environment's provider, and of stored providers APIBases knows no
-	// URL for.
+	// environment's provider.
 	APIBaseURL *url.URL
 	APIBases   APIBases
 	// UpstreamTimeout bounds the wait for a proxied call's answer headers

@@ -35,11 +35,11 @@ const apiKey = "tgk_test"
 
 type oneKey struct{}
 
-func (oneKey) Verify(_ context.Context, s domain.Secret) (int32, string, error) {
+func (oneKey) Verify(_ context.Context, s domain.Secret) (domain.KeyAccess, error) {
 	if s.Reveal() == apiKey {
-		return 1, "test", nil
+		return domain.KeyAccess{ID: 1, Name: "test"}, nil
 	}
-	return 0, "", domain.ErrUnauthorized
+	return domain.KeyAccess{}, domain.ErrUnauthorized
 }
 
 // rig is the server on a real *tokenguard.Tokens (Postgres, Run running)

@@ -11,6 +11,8 @@ import (
 	"strings"
 
 	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // AccountSource finds the provider account that granted a token: the sub
@@ -29,6 +31,18 @@ type AccountSource struct {
 // Account returns the account id, "" when the provider offers no way to
 // know it.
 func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (string, error) {
+	id, err := a.account(ctx, tok)
+	if err != nil {
+		return "", err
+	}
+	// It came from outside and is stored, logged and shown: bounded.
+	if err := domain.ValidateAccount(id); err != nil {
+		return "", err
+	}
+	return id, nil
+}
+
+func (a AccountSource) account(ctx context.Context, tok *oauth2.Token) (string, error) {
 	if raw, ok := tok.Extra("id_token").(string); ok && raw != "" {
 		sub, err := idTokenSubject(raw)
 		if err != nil {

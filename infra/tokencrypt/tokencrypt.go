@@ -18,12 +18,21 @@
 //
 // A sealed value is text that fits the existing columns:
 //
-//	tg1:<key id>:<base64url, unpadded, of nonce (12 bytes) | ciphertext | tag (16 bytes)>
+//	tg1:<key id>:b:<base64url, unpadded, of nonce (12 bytes) | ciphertext | tag (16 bytes)>
 //
 // Every value gets its own random nonce. The GCM additional data is
-// "tg1:<key id>:" followed by the caller's aad, which names the row and
-// column (for example "acme/refresh_token"), so a ciphertext copied to
-// another row or column, or relabelled with another key id, fails to open.
+// "tg1:<key id>:b:" followed by the caller's aad, which names the row (by
+// its id and the version it was sealed at) and the column, so a
+// ciphertext copied to another row or column, back into its row after the
+// row was rewritten, or relabelled with another key id, fails to open.
+//
+// The previous release sealed "tg1:<key id>:<body>" (no "b:"), with the
+// additional data "tg1:<key id>:" and an aad that named the row by its
+// name only. Open still opens those (Bound tells the caller which aad to
+// give); Seal never writes them, and IsCurrent is false for them, so that
+// tokenctl rotate-key reseals them. A process of that release refuses the
+// new form (its key id field does not parse): it never takes an envelope
+// for plaintext.
 //
 // # Legacy plaintext
 //
@@ -167,8 +176,25 @@ func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 	buf := make([]byte, nonceSize, nonceSize+len(plaintext)+tagSize)
 	// crypto/rand.Read never fails (it crashes the program instead).
 	_, _ = rand.Read(buf)
-	buf = aead.Seal(buf, buf[:nonceSize], []byte(plaintext), additionalData(k.current, aad))
-	return prefix + k.current + ":" + bodyEncoding.EncodeToString(buf), nil
+	buf = aead.Seal(buf, buf[:nonceSize], []byte(plaintext), additionalData(k.current, true, aad))
+	return prefix + k.current + ":" + boundMark + ":" + bodyEncoding.EncodeToString(buf), nil
+}
+
+// boundMark after the key id marks the current form of envelope.
+const boundMark = "b"
+
+// Bound reports whether stored is an envelope of the current form, whose
+// aad names what Seal's caller gave now; false for plaintext and for the
+// previous release's envelopes.
+func (k *Keyring) Bound(stored string) bool { return IsBound(stored) }
+
+// IsBound is Keyring.Bound for any stored value.
+func IsBound(stored string) bool {
+	if !IsSealed(stored) {
+		return false
+	}
+	_, rest, _ := strings.Cut(stored[len(prefix):], ":")
+	return strings.HasPrefix(rest, boundMark+":")
 }
 
 // Open decrypts a value Seal produced with the same aad under any key in
@@ -182,7 +208,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 		}
 		return stored, nil
 	}
-	id, raw, err := parseEnvelope(stored)
+	id, bound, raw, err := parseEnvelope(stored)
 	if err != nil {
 		return "", err
 	}
@@ -190,9 +216,9 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 	if !ok {
 		return "", &OpenError{KeyID: id, Reason: "its key id is not in " + EnvKeys}
 	}
-	pt, err := aead.Open(nil, raw[:nonceSize], raw[nonceSize:], additionalData(id, aad))
+	pt, err := aead.Open(nil, raw[:nonceSize], raw[nonceSize:], additionalData(id, bound, aad))
 	if err != nil {
-		return "", &OpenError{KeyID: id, Reason: "authentication failed (altered, or moved from another row or column)"}
+		return "", &OpenError{KeyID: id, Reason: "authentication failed (altered, rolled back to an older value, or moved from another row or column)"}
 	}
 	return string(pt), nil
 }
@@ -201,7 +227,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 // sealed with the current key. Legacy plaintext and values sealed with an
 // older key are not current.
 func (k *Keyring) IsCurrent(stored string) bool {
-	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":")
+	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":"+boundMark+":")
 }
 
 // IsSealed reports whether stored is an envelope rather than legacy
@@ -218,19 +244,27 @@ func KeyID(stored string) (string, bool) {
 	return id, ok && keyIDPattern.MatchString(id)
 }
 
-func parseEnvelope(stored string) (id string, raw []byte, err error) {
+func parseEnvelope(stored string) (id string, bound bool, raw []byte, err error) {
 	id, body, ok := strings.Cut(stored[len(prefix):], ":")
 	if !ok || !keyIDPattern.MatchString(id) {
-		return "", nil, &OpenError{Reason: "malformed envelope"}
+		return "", false, nil, &OpenError{Reason: "malformed envelope"}
+	}
+	if rest, ok := strings.CutPrefix(body, boundMark+":"); ok {
+		body, bound = rest, true
 	}
 	raw, err = bodyEncoding.DecodeString(body)
 	if err != nil || len(raw) < nonceSize+tagSize {
-		return "", nil, &OpenError{KeyID: id, Reason: "malformed envelope"}
+		return "", false, nil, &OpenError{KeyID: id, Reason: "malformed envelope"}
 	}
-	return id, raw, nil
+	return id, bound, raw, nil
 }
 
-func additionalData(id, aad string) []byte { return []byte(prefix + id + ":" + aad) }
+func additionalData(id string, bound bool, aad string) []byte {
+	if bound {
+		return []byte(prefix + id + ":" + boundMark + ":" + aad)
+	}
+	return []byte(prefix + id + ":" + aad)
+}
 
 // String shows the key ids and which one is current, never key bytes.
 func (k *Keyring) String() string {
@@ -310,3 +344,6 @@ func (Plaintext) Open(stored, _ string) (string, error) {
 
 // IsCurrent reports whether stored is plaintext.
 func (Plaintext) IsCurrent(stored string) bool { return !IsSealed(stored) }
+
+// Bound is false: a store without keys seals nothing.
+func (Plaintext) Bound(string) bool { return false }

@@ -2,6 +2,8 @@ package tokencrypt_test
 
 import (
 	"bytes"
+	"crypto/aes"
+	"crypto/cipher"
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/json"
@@ -43,7 +45,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if !strings.HasPrefix(s, "tg1:k2:") || strings.Contains(s, secretValue) || !tokencrypt.IsSealed(s) || !k.IsCurrent(s) {
+		if !strings.HasPrefix(s, "tg1:k2:b:") || strings.Contains(s, secretValue) || !tokencrypt.IsSealed(s) || !k.IsCurrent(s) || !k.Bound(s) {
 			t.Fatalf("envelope %q", s)
 		}
 		if seen[s] {
@@ -51,7 +53,7 @@ func TestSealOpenRoundTrip(t *testing.T) {
 		}
 		seen[s] = true
 		// The nonces themselves differ, not just the ciphertexts.
-		raw, _ := base64.RawURLEncoding.DecodeString(s[len("tg1:k2:"):])
+		raw, _ := base64.RawURLEncoding.DecodeString(s[len("tg1:k2:b:"):])
 		if seen["nonce:"+string(raw[:12])] {
 			t.Fatalf("nonce reused")
 		}
@@ -255,5 +257,31 @@ func assertClean(t *testing.T, msg, envelope string) {
 	body := envelope[len("tg1:k2:"):]
 	if strings.Contains(msg, body[:16]) || strings.Contains(msg, secretValue) {
 		t.Fatalf("error shows stored data: %s", msg)
+	}
+}
+
+// TestPreviousFormOpens: an envelope of the previous release (no form
+// mark, additional data "tg1:<id>:" + aad) opens with its aad, is not
+// Bound and not current (rotate-key reseals it); the current form does
+// not open as the previous one, nor the previous as the current.
+func TestPreviousFormOpens(t *testing.T) {
+	k := mustRing(t, "k1="+key1)
+	raw, _ := base64.StdEncoding.DecodeString(key1)
+	block, _ := aes.NewCipher(raw)
+	gcm, _ := cipher.NewGCM(block)
+	nonce := make([]byte, 12)
+	legacy := "tg1:k1:" + base64.RawURLEncoding.EncodeToString(gcm.Seal(nonce, nonce, []byte(secretValue), []byte("tg1:k1:acme/refresh_token")))
+	if got, err := k.Open(legacy, "acme/refresh_token"); err != nil || got != secretValue {
+		t.Fatalf("previous form: %q, %v", got, err)
+	}
+	if k.Bound(legacy) || k.IsCurrent(legacy) {
+		t.Error("the previous form is neither bound nor current")
+	}
+	if _, err := k.Open("tg1:k1:b:"+legacy[len("tg1:k1:"):], "acme/refresh_token"); !errors.Is(err, domain.ErrUndecryptable) {
+		t.Errorf("the previous form relabelled as bound: %v", err)
+	}
+	cur, _ := k.Seal(secretValue, "acme/refresh_token")
+	if _, err := k.Open("tg1:k1:"+cur[len("tg1:k1:b:"):], "acme/refresh_token"); !errors.Is(err, domain.ErrUndecryptable) {
+		t.Errorf("the bound form relabelled as the previous: %v", err)
 	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -12,8 +13,12 @@ import (
 )
 
 const apikeyUsage = `usage:
-  tokenctl apikey create --name NAME   create a key; prints it alone on one line (shown once, stored only as a hash)
-  tokenctl apikey list                 show keys: name, created, last used (never the key)
+  tokenctl apikey create --name NAME [--connections PATTERNS] [--scopes SCOPES]
+                                       create a key; prints it alone on one line (shown once, stored only as a hash).
+                                       --connections: comma-separated globs over connection names (tenant-a-*),
+                                       default every connection; --scopes: comma-separated, default every scope:
+                                       connections:read, token:read, api:call, connect, admin
+  tokenctl apikey list                 show keys: name, created, last used, scopes, connection patterns (never the key)
   tokenctl apikey revoke --name NAME   delete the key; the server refuses it within 2 s`
 
 // KeyBackend is the Backend of a tokenctl that manages API keys.
@@ -23,9 +28,10 @@ type KeyBackend interface {
 
 // KeyStore is the server's API keys as the operator sees them.
 type KeyStore interface {
-	// Create makes a new key called name and returns it; ErrKeyExists if
-	// the name is taken.
-	Create(ctx context.Context, name string) (domain.Secret, error)
+	// Create makes a new key called name with what it may do (nil scopes
+	// or connections: every) and returns it; ErrKeyExists if the name is
+	// taken.
+	Create(ctx context.Context, name string, access domain.KeyAccess) (domain.Secret, error)
 	List(ctx context.Context) ([]APIKey, error)
 	// Revoke deletes the key; domain.ErrNotFound if there is none.
 	Revoke(ctx context.Context, name string) error
@@ -36,6 +42,7 @@ type APIKey struct {
 	Name       string
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
+	Access     domain.KeyAccess
 }
 
 // ErrKeyExists: an API key by that name exists already.
@@ -53,20 +60,46 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	}
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl apikey "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stdio.Stderr)
-	var name string
+	var name, connections, scopes string
 	switch cmd {
 	case "create", "revoke":
 		fs.StringVar(&name, "name", "", "the key's `NAME` (1-128 of A-Z a-z 0-9 . _ -)")
 	case "list":
 	default:
-		return fail(exitUsage, "unknown command %q\n%s", cmd, apikeyUsage)
+		return fail(exitUsage, "unknown command (not shown)\n%s", apikeyUsage)
 	}
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
+	if cmd == "create" {
+		fs.StringVar(&connections, "connections", "", "comma-separated `PATTERNS` of the connections the key may use (default: every)")
+		fs.StringVar(&scopes, "scopes", "", "comma-separated `SCOPES` (default: every): connections:read, token:read, api:call, connect, admin")
 	}
-	if fs.NArg() > 0 {
-		return fail(exitUsage, "%s: unexpected argument %q", cmd, fs.Arg(0))
+	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
+		return code
+	}
+	var access domain.KeyAccess
+	if flagSet(fs, "scopes") {
+		s, err := domain.ParseScopes(strings.Split(scopes, ","))
+		if err != nil {
+			return fail(exitUsage, "create: --scopes: %v", err)
+		}
+		access.Scopes = s
+	}
+	if flagSet(fs, "connections") {
+		access.Connections = []string{}
+		for p := range strings.SplitSeq(connections, ",") {
+			if p = strings.TrimSpace(p); p == "" {
+				continue
+			}
+			if err := domain.ValidateConnectionPattern(p); err != nil {
+				return fail(exitUsage, "create: --connections: %v", err)
+			}
+			if domain.MatchesNoName(p) {
+				fmt.Fprintf(stdio.Stderr, "tokenctl: apikey create: warning: the pattern %s matches no connection (names are 1-128 of A-Z a-z 0-9 . _ -)\n", p)
+			}
+			access.Connections = append(access.Connections, p)
+		}
+		if len(access.Connections) == 0 {
+			return fail(exitUsage, "create: --connections: no pattern given")
+		}
 	}
 	if cmd != "list" {
 		if name == "" {
@@ -87,17 +120,20 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	defer cleanup()
 	switch cmd {
 	case "create":
-		key, err := store.Create(ctx, name)
+		key, err := store.Create(ctx, name, access)
 		switch {
 		case errors.Is(err, ErrKeyExists):
 			return fail(exitUsage, "create: a key named %q exists; revoke it first or pick another name", name)
+		case errors.Is(err, domain.ErrInvalidKeyAccess):
+			return fail(exitUsage, "create: %v", err)
 		case err != nil:
 			return fail(exitFailure, "create: %v", err)
 		}
 		// The only place a key is ever shown: alone on stdout, for a
 		// pipe or a secret store.
 		fmt.Fprintln(stdio.Stdout, key.Reveal())
-		fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q; it is shown only this once\n", name)
+		fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
+			name, scopeList(access), patternList(access))
 	case "list":
 		keys, err := store.List(ctx)
 		if err != nil {
@@ -108,13 +144,13 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 			return exitOK
 		}
 		tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tCREATED\tLAST USED")
+		fmt.Fprintln(tw, "NAME\tCREATED\tLAST USED\tSCOPES\tCONNECTIONS")
 		for _, k := range keys {
 			used := "never"
 			if k.LastUsedAt != nil {
 				used = formatTime(*k.LastUsedAt)
 			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used)
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, scopeList(k.Access), patternList(k.Access))
 		}
 		_ = tw.Flush()
 	case "revoke":
@@ -128,4 +164,25 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 		fmt.Fprintf(stdio.Stdout, "revoked API key %s\n", name)
 	}
 	return exitOK
+}
+
+// scopeList is a key's scopes as list shows them: "all" for every scope
+// (keys created before scopes, or without --scopes).
+func scopeList(a domain.KeyAccess) string {
+	if a.Scopes == nil {
+		return "all"
+	}
+	out := make([]string, len(a.Scopes))
+	for i, s := range a.Scopes {
+		out[i] = string(s)
+	}
+	return strings.Join(out, ",")
+}
+
+// patternList is a key's connection patterns: "all" for every connection.
+func patternList(a domain.KeyAccess) string {
+	if a.Connections == nil {
+		return "all"
+	}
+	return strings.Join(a.Connections, ",")
 }

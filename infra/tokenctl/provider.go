@@ -56,6 +56,37 @@ type ProviderStore interface {
 	// Encrypted reports whether client secrets are sealed at rest
 	// (TOKEN_ENCRYPTION_KEYS is set).
 	Encrypted() bool
+	// AllowInsecureURLs reports ALLOW_INSECURE_URLS: http:// provider
+	// URLs off loopback are accepted.
+	AllowInsecureURLs() bool
+}
+
+// urlFlags are the flags of the provider's URLs, by domain.Provider.CheckURLs' field.
+var urlFlags = map[string]string{"token URL": "--token-url", "auth URL": "--auth-url",
+	"revocation URL": "--revocation-url", "API base URL": "--api-base-url"}
+
+// errInsecure is a provider URL that CheckURLs refused, said by its flag.
+type errInsecure struct {
+	flag string
+	err  error
+}
+
+func (e *errInsecure) Error() string {
+	if errors.Is(e.err, domain.ErrInsecureURL) {
+		return e.flag + " " + domain.ErrInsecureURL.Error()
+	}
+	return e.flag + " " + domain.ErrNotHTTPURL.Error()
+}
+
+func (e *errInsecure) Unwrap() error { return e.err }
+
+// checkURLs refuses a provider whose URLs tokens and the client secret
+// would travel to in the clear.
+func checkURLs(p domain.Provider, allowInsecure bool) error {
+	if field, err := p.CheckURLs(allowInsecure); err != nil {
+		return &errInsecure{flag: urlFlags[field], err: err}
+	}
+	return nil
 }
 
 // providerFlags are the settings add and update take.
@@ -198,7 +229,6 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	}
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl provider "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stdio.Stderr)
 	var f providerFlags
 	switch cmd {
 	case "add", "update":
@@ -209,14 +239,12 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	case "profiles":
 		fs.StringVar(&f.name, "name", "", "show every claim of the profile `PROFILE` with its source")
 	default:
-		return fail(exitUsage, "unknown command %q\n%s", cmd, providerUsage)
+		return fail(exitUsage, "unknown command (not shown)\n%s", providerUsage)
 	}
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		// Not echoed: it may well be a client secret pasted by mistake.
-		return fail(exitUsage, "%s: unexpected argument (not shown; the client secret is read from stdin, never from the command line)", cmd)
+	// Nothing unexpected is echoed: it may well be a client secret pasted
+	// by mistake.
+	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
+		return code
 	}
 	set := map[string]bool{}
 	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
@@ -279,13 +307,21 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		if err := f.apply(&p, set, secret); err != nil {
 			return failed(err)
 		}
+		if err := checkURLs(p, store.AllowInsecureURLs()); err != nil {
+			return failed(err)
+		}
 		if p, err = store.Add(ctx, p); err != nil {
 			return failed(err)
 		}
 		fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
 		warnPlaintext(store, stdio)
 	case "update":
-		p, err := store.Update(ctx, f.name, func(p *domain.Provider) error { return f.apply(p, set, secret) })
+		p, err := store.Update(ctx, f.name, func(p *domain.Provider) error {
+			if err := f.apply(p, set, secret); err != nil {
+				return err
+			}
+			return checkURLs(*p, store.AllowInsecureURLs())
+		})
 		if err != nil {
 			return failed(err)
 		}

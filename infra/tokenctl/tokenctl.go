@@ -127,7 +127,6 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return providerCmd(ctx, rest, backend, stdio)
 	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stdio.Stderr)
 	var connection, reason, providerName, metadataJSON, tags string
 	var revoke bool
 	switch cmd {
@@ -146,13 +145,11 @@ func Main(args []string, backend Backend, stdio IO) int {
 		fs.StringVar(&connection, "connection", "", "reactivate connection `NAME`")
 		fs.StringVar(&reason, "all-with-reason", "", "reactivate every connection marked needs_reauth for `REASON` (e.g. invalid_client)")
 	default:
-		return fail(exitUsage, "unknown command %q\n%s", cmd, usage)
+		// Not echoed: it may be a token pasted in the wrong place.
+		return fail(exitUsage, "unknown command (not shown)\n%s", usage)
 	}
-	if err := fs.Parse(rest); err != nil {
-		return exitUsage
-	}
-	if fs.NArg() > 0 {
-		return fail(exitUsage, "%s: unexpected argument %q (secrets are read from stdin, never from the command line)", cmd, fs.Arg(0))
+	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
+		return code
 	}
 	if (cmd == "import" || cmd == "disconnect") && connection == "" {
 		return fail(exitUsage, "%s: --connection NAME is required", cmd)

@@ -280,7 +280,8 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	if r.key, err = r.createKey(ctx); err != nil {
 		return nil, err
 	}
-	r.say("  API key:   bin/tokenctl apikey create --name demo (every request below carries it)")
+	r.say("  API key:   bin/tokenctl apikey create --name demo --scopes connect,api:call --connections %s (every request below carries it)",
+		strings.Join(connections, ","))
 	if err := r.addProvider(ctx); err != nil {
 		return nil, err
 	}
@@ -428,7 +429,10 @@ func (r *run) startServer(ctx context.Context) error {
 // memory only, never in the logs.
 func (r *run) createKey(ctx context.Context) (string, error) {
 	var stdout, stderr bytes.Buffer
-	p, err := Start(ProcSpec{Name: "tokenctl", Path: filepath.Join(r.o.BinDir, "tokenctl"), Args: []string{"apikey", "create", "--name", "demo"},
+	p, err := Start(ProcSpec{Name: "tokenctl", Path: filepath.Join(r.o.BinDir, "tokenctl"), Args: []string{"apikey", "create", "--name", "demo",
+		// What the demo does and no more: connect sessions, the resource
+		// and events, for its own connections.
+		"--scopes", "connect,api:call", "--connections", strings.Join(connections, ",")},
 		Env: r.env, Stdout: &stdout, Stderr: &stderr})
 	if err != nil {
 		return "", err

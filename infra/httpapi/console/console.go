@@ -33,9 +33,10 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// KeyVerifier checks an API key; domain.ErrUnauthorized when it is not one.
+// KeyVerifier checks an API key and says what it may do;
+// domain.ErrUnauthorized when it is not one.
 type KeyVerifier interface {
-	Verify(ctx context.Context, key domain.Secret) (id int32, name string, err error)
+	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
 
 // Session is a live console session: the API key it was opened with.
@@ -186,11 +187,12 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.mux.ServeHTTP(w, r)
 }
 
-// MayOperate decides whether a verified API key may use the console. Until
-// API keys carry scopes, every valid key may; with scopes, this is where
-// the admin scope is required.
-func MayOperate(ctx context.Context, keyID int32, keyName string) bool {
-	return true
+// MayOperate decides whether a verified API key may use the console: one
+// with the admin scope (keys made before scopes have every right). It is
+// checked at login; a key's scopes do not change afterwards, and revoking
+// it ends its sessions.
+func MayOperate(access domain.KeyAccess) bool {
+	return access.Has(domain.ScopeAdmin)
 }
 
 // Cookie names: over https the __Host- prefix pins them to this origin
@@ -253,9 +255,6 @@ func (c *Console) session(next http.HandlerFunc) http.Handler {
 		} else {
 			err = domain.ErrUnauthorized
 		}
-		if err == nil && !MayOperate(r.Context(), s.KeyID, s.KeyName) {
-			err = domain.ErrUnauthorized
-		}
 		switch {
 		case errors.Is(err, domain.ErrUnauthorized):
 			if r.Method == http.MethodGet {
@@ -301,7 +300,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusUnauthorized, "Enter an API key.")
 		return
 	}
-	id, name, err := c.d.Keys.Verify(r.Context(), domain.NewSecret(key))
+	access, err := c.d.Keys.Verify(r.Context(), domain.NewSecret(key))
 	switch {
 	case errors.Is(err, domain.ErrUnauthorized):
 		c.showLogin(w, r, http.StatusUnauthorized, "That API key is not valid.")
@@ -311,11 +310,11 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
 		return
 	}
-	if !MayOperate(r.Context(), id, name) {
-		c.showLogin(w, r, http.StatusForbidden, "That API key may not use the console.")
+	if !MayOperate(access) {
+		c.showLogin(w, r, http.StatusForbidden, "That API key may not use the console: it needs the admin scope.")
 		return
 	}
-	token, expires, err := c.d.Sessions.Create(r.Context(), id, c.d.SessionLifetime)
+	token, expires, err := c.d.Sessions.Create(r.Context(), access.ID, c.d.SessionLifetime)
 	if err != nil {
 		c.d.Log.Error("console login: session not stored", "err", err)
 		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
@@ -323,7 +322,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	c.setCookie(w, loginCookie, "", -1)
 	c.setCookie(w, sessionCookie, token.Reveal(), int(time.Until(expires).Seconds()))
-	c.d.Log.Info("console login", "api_key", name, "expires_at", expires)
+	c.d.Log.Info("console login", "api_key", access.Name, "expires_at", expires)
 	http.Redirect(w, r, safeNext(r.PostFormValue("next")), http.StatusSeeOther)
 }
 

@@ -19,11 +19,14 @@ import (
 
 type fakeKeys struct{}
 
-func (fakeKeys) Verify(_ context.Context, k domain.Secret) (int32, string, error) {
-	if k.Reveal() == "tgk_ops" {
-		return 7, "ops", nil
+func (fakeKeys) Verify(_ context.Context, k domain.Secret) (domain.KeyAccess, error) {
+	switch k.Reveal() {
+	case "tgk_ops":
+		return domain.KeyAccess{ID: 7, Name: "ops"}, nil
+	case "tgk_reader":
+		return domain.KeyAccess{ID: 8, Name: "reader", Scopes: []domain.Scope{domain.ScopeConnectionsRead}}, nil
 	}
-	return 0, "", domain.ErrUnauthorized
+	return domain.KeyAccess{}, domain.ErrUnauthorized
 }
 
 type fakeSessions map[string]Session
@@ -190,6 +193,9 @@ func TestLogin(t *testing.T) {
 	}
 	if w := post(url.Values{"csrf": {csrfOf(pre.Value)}, "key": {"tgk_wrong"}}, true); w.Code != http.StatusUnauthorized || len(sessions) != 0 {
 		t.Errorf("login with a wrong key: %d, %d sessions", w.Code, len(sessions))
+	}
+	if w := post(url.Values{"csrf": {csrfOf(pre.Value)}, "key": {"tgk_reader"}}, true); w.Code != http.StatusForbidden || len(sessions) != 0 {
+		t.Errorf("login with a key without the admin scope: %d, %d sessions", w.Code, len(sessions))
 	}
 	w = post(good, true)
 	if w.Code != http.StatusSeeOther || w.Header().Get("Location") != "/console/providers" || len(sessions) != 1 {

@@ -1,0 +1,124 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"path"
+	"slices"
+	"strings"
+)
+
+// Scope is one thing an API key may do on the server. Every route that
+// takes a key names the one scope it needs.
+type Scope string
+
+// The scopes of API keys.
+const (
+	// ScopeConnectionsRead: list connections and read their status.
+	ScopeConnectionsRead Scope = "connections:read"
+	// ScopeTokenRead: read a connection's access token (and force a newer one).
+	ScopeTokenRead Scope = "token:read"
+	// ScopeAPICall: call a connection's API through the proxy and queue its events.
+	ScopeAPICall Scope = "api:call"
+	// ScopeConnect: create connect sessions and redeem their results.
+	ScopeConnect Scope = "connect"
+	// ScopeAdmin: metrics, sessions that allow an account change, disconnecting.
+	ScopeAdmin Scope = "admin"
+)
+
+// AllScopes are the scopes there are, in the order they are documented.
+var AllScopes = []Scope{ScopeConnectionsRead, ScopeTokenRead, ScopeAPICall, ScopeConnect, ScopeAdmin}
+
+// ErrInvalidKeyAccess: an API key's scopes or connection patterns are
+// malformed. Nothing was stored.
+var ErrInvalidKeyAccess = errors.New("invalid API key scopes or connection patterns")
+
+// MaxPatternLength bounds one connection pattern of an API key.
+const MaxPatternLength = 128
+
+// KeyAccess is an API key and what it may do. Scopes nil means every scope
+// and Connections nil every connection: the rights of a key created before
+// keys had scopes, or created without --scopes and --connections.
+type KeyAccess struct {
+	ID          int32
+	Name        string
+	Scopes      []Scope  // nil: every scope
+	Connections []string // glob patterns (path.Match); nil: every connection
+}
+
+// Has reports whether the key holds scope s.
+func (a KeyAccess) Has(s Scope) bool {
+	return a.Scopes == nil || slices.Contains(a.Scopes, s)
+}
+
+// AllowsConnection reports whether one of the key's patterns matches the
+// connection name.
+func (a KeyAccess) AllowsConnection(name string) bool {
+	if a.Connections == nil {
+		return true
+	}
+	for _, p := range a.Connections {
+		if ok, err := path.Match(p, name); err == nil && ok {
+			return true
+		}
+	}
+	return false
+}
+
+// ParseScopes reads scope names (each one of AllScopes), without repeats.
+// Errors wrap ErrInvalidKeyAccess and name the unknown scope's position,
+// not its text: it came from a command line.
+func ParseScopes(names []string) ([]Scope, error) {
+	out := make([]Scope, 0, len(names))
+	for i, n := range names {
+		s := Scope(strings.TrimSpace(n))
+		if !slices.Contains(AllScopes, s) {
+			return nil, fmt.Errorf("%w: scope %d is not one of %s", ErrInvalidKeyAccess, i+1, joinScopes(AllScopes))
+		}
+		if !slices.Contains(out, s) {
+			out = append(out, s)
+		}
+	}
+	if len(out) == 0 {
+		return nil, fmt.Errorf("%w: no scope given (want some of %s)", ErrInvalidKeyAccess, joinScopes(AllScopes))
+	}
+	return out, nil
+}
+
+// ValidateConnectionPattern checks one connection pattern: 1 to
+// MaxPatternLength printable ASCII characters, no comma, a well-formed
+// path.Match glob (* any run of characters, ? one, [a-z] a class).
+func ValidateConnectionPattern(p string) error {
+	if p == "" || len(p) > MaxPatternLength {
+		return fmt.Errorf("%w: a connection pattern is 1-%d characters", ErrInvalidKeyAccess, MaxPatternLength)
+	}
+	for _, r := range p {
+		if r <= ' ' || r > '~' || r == ',' {
+			return fmt.Errorf("%w: a connection pattern is printable ASCII without spaces or commas", ErrInvalidKeyAccess)
+		}
+	}
+	if _, err := path.Match(p, ""); err != nil {
+		return fmt.Errorf("%w: a connection pattern is a glob (* ? [a-z]); this one is malformed", ErrInvalidKeyAccess)
+	}
+	return nil
+}
+
+// MatchesNoName reports whether pattern p can match no connection name at
+// all (it needs a character names never have, such as '/').
+func MatchesNoName(p string) bool {
+	lit := strings.NewReplacer("*", "", "?", "", "[", "", "]", "", "^", "", "!", "").Replace(p)
+	for _, r := range lit {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
+			return true
+		}
+	}
+	return false
+}
+
+func joinScopes(s []Scope) string {
+	out := make([]string, len(s))
+	for i, v := range s {
+		out[i] = string(v)
+	}
+	return strings.Join(out, ", ")
+}

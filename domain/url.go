@@ -1,0 +1,58 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"strings"
+)
+
+// ErrInsecureURL: a URL that tokens, secrets or a session cookie travel
+// to is http:// on a host other than loopback, and insecure URLs are not
+// allowed (ALLOW_INSECURE_URLS).
+var ErrInsecureURL = errors.New("must be https (http only on loopback, or with ALLOW_INSECURE_URLS=true)")
+
+// ErrNotHTTPURL: a setting that must be an absolute http(s) URL is not one.
+var ErrNotHTTPURL = errors.New("must be an http(s) URL")
+
+// CheckURL is the one check of every URL tokens or secrets travel to: an
+// absolute http(s) URL with a host, https unless the host is loopback or
+// allowInsecure. The error wraps ErrNotHTTPURL or ErrInsecureURL and does
+// not repeat the URL (it may carry credentials).
+func CheckURL(raw string, allowInsecure bool) error {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return ErrNotHTTPURL
+	}
+	if u.Scheme == "http" && !allowInsecure && !IsLoopback(u.Hostname()) {
+		return ErrInsecureURL
+	}
+	return nil
+}
+
+// IsLoopback reports whether host (without a port) is localhost or a
+// loopback address.
+func IsLoopback(host string) bool {
+	if strings.EqualFold(host, "localhost") {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
+// CheckURLs applies CheckURL to the provider's URLs that are set. field
+// names the first that fails ("token URL", "auth URL", "revocation URL",
+// "API base URL"); the error wraps ErrInvalidProvider and CheckURL's.
+func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
+	for _, f := range []struct{ name, v string }{{"token URL", p.TokenURL}, {"auth URL", p.AuthURL},
+		{"revocation URL", p.RevocationURL}, {"API base URL", p.APIBaseURL}} {
+		if f.v == "" {
+			continue
+		}
+		if err := CheckURL(f.v, allowInsecure); err != nil {
+			return f.name, fmt.Errorf("%w: %s %w", ErrInvalidProvider, f.name, err)
+		}
+	}
+	return "", nil
+}

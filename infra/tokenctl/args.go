@@ -1,0 +1,57 @@
+package tokenctl
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+)
+
+// parseFlags parses args into fs and says whether the command goes on
+// (else with which exit status). Nothing the operator typed that fs does
+// not expect is ever printed, an unknown flag or a stray argument may be a
+// pasted token or secret; nor is a value a flag refused. A problem names
+// the flag only when it is one of fs's own.
+func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(args)
+	cmd := "tokenctl: " + strings.TrimPrefix(fs.Name(), "tokenctl ")
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.SetOutput(stderr)
+		fmt.Fprintf(stderr, "usage of %s:\n", fs.Name())
+		fs.PrintDefaults()
+		return exitUsage, false
+	case err != nil:
+		fmt.Fprintf(stderr, "%s: %s\n", cmd, flagProblem(fs, err))
+		return exitUsage, false
+	case fs.NArg() > 0:
+		fmt.Fprintf(stderr, "%s: unexpected argument (not shown; secrets are read from stdin, never from the command line)\n", cmd)
+		return exitUsage, false
+	}
+	return exitOK, true
+}
+
+// flagProblem describes a flag.Parse error without its input.
+func flagProblem(fs *flag.FlagSet, err error) string {
+	msg := err.Error()
+	var known string
+	fs.VisitAll(func(f *flag.Flag) {
+		for _, form := range []string{"for flag -" + f.Name + ":", "for -" + f.Name + ":", "boolean flag " + f.Name + ":"} {
+			if strings.Contains(msg, form) {
+				known = f.Name
+			}
+		}
+		if strings.HasPrefix(msg, "flag needs an argument: ") && strings.HasSuffix(msg, " -"+f.Name) {
+			known = f.Name
+		}
+	})
+	switch {
+	case known != "" && strings.HasPrefix(msg, "flag needs an argument"):
+		return "-" + known + " needs a value"
+	case known != "":
+		return "invalid value for -" + known + " (not shown); see -h"
+	}
+	return "unknown flag or bad flag syntax (not shown); see -h"
+}
