@@ -11,6 +11,7 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -150,9 +151,20 @@ func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReversePr
 				writeError(w, name, fmt.Errorf("%w: %w", apiclient.ErrUnavailable, scrubURL(err)))
 			}
 		},
-		ErrorLog: slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelWarn),
+		ErrorLog:   slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelWarn),
+		BufferPool: copyBuffers{},
 	}
 }
+
+// copyBuffers keeps the proxy's 32 KiB copy buffers between calls:
+// ReverseProxy allocates one per call otherwise, which at a thousand
+// calls a second is garbage the collector's pauses then show in the tail.
+type copyBuffers struct{}
+
+var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
+
+func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
+func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
 // errTokens marks the token layer's errors on their way through the
 // reverse proxy.
