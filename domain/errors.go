@@ -62,7 +62,7 @@ var (
 	// OAUTH_REDIRECT_URL).
 	// ErrReturnToNotAllowed: a connect session's return_to is missing or
 	// not under one of the allowed return URLs (CONNECT_RETURN_URLS).
-	ErrReturnToNotAllowed = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
+	ErrReturnToNotAllowed   = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
 	ErrConnectNotConfigured = errors.New("the connect flow is not configured (OAUTH_AUTH_URL, OAUTH_TOKEN_URL, OAUTH_REDIRECT_URL)")
 	// ErrUnauthorized: a missing, unknown or revoked API key or connect
 	// session.
