@@ -94,13 +94,13 @@ func testKeysAndEdges(t *testing.T, bin string) {
 		{"GET", "/connections", 200}, {"GET", "/metrics", 200}, {"POST", "/connections/acme/events", 202}} {
 		expectStatus(t, s, full, p.method, p.path, "", p.want)
 	}
-	expectStatus(t, s, full, "POST", "/connect-sessions", `{"connection":"acme","allow_account_change":true}`, http.StatusCreated)
+	expectStatus(t, s, full, "POST", "/connect-sessions", `{"connection":"acme","allow_account_change":true,"return_to":"`+defaultReturnTo+`"}`, http.StatusCreated)
 	// The tenant's key: its connections, its scopes, nothing else.
 	expectStatus(t, s, tenant, "GET", "/connections/tenant-a-crm/token", "", http.StatusOK)
 	expectStatus(t, s, tenant, "GET", "/connections/tenant-a-crm/resource", "", http.StatusOK)
 	expectStatus(t, s, tenant, "GET", "/connections/tenant-a-crm/proxy/resource", "", http.StatusOK)
 	expectStatus(t, s, tenant, "POST", "/connections/tenant-a-crm/events", "", http.StatusAccepted)
-	expectStatus(t, s, tenant, "POST", "/connect-sessions", `{"connection":"tenant-a-crm"}`, http.StatusCreated)
+	expectStatus(t, s, tenant, "POST", "/connect-sessions", `{"connection":"tenant-a-crm","return_to":"`+defaultReturnTo+`"}`, http.StatusCreated)
 	for _, p := range [][2]string{{"GET", "/connections/acme/token"}, {"POST", "/connections/acme/token/refresh"},
 		{"GET", "/connections/acme/resource"}, {"GET", "/connections/acme/proxy/resource"}, {"POST", "/connections/acme/events"}} {
 		expectForbidden(t, s, tenant, p[0], p[1], `{"stale_version":1}`, "connection_not_allowed", "")
@@ -164,7 +164,7 @@ func testKeysAndEdges(t *testing.T, bin string) {
 	// Metadata with a NUL: 400 invalid_metadata, not a store error, from
 	// the API and from tokenctl; the same without the NUL is stored.
 	expectJSONError(t, s, "POST", "/connect-sessions", http.StatusBadRequest, "invalid_metadata", `{"connection":"acme","metadata":{"tenant":"t\u0000x"}}`)
-	expectStatus(t, s, full, "POST", "/connect-sessions", `{"connection":"acme","metadata":{"tenant":"t-x"}}`, http.StatusCreated)
+	expectStatus(t, s, full, "POST", "/connect-sessions", `{"connection":"acme","metadata":{"tenant":"t-x"},"return_to":"`+defaultReturnTo+`"}`, http.StatusCreated)
 	g, err := sandboxGrant(s)
 	if err != nil {
 		t.Fatal(err)
