@@ -47,5 +47,5 @@ func (g *clientGates) of(provider string) *clientGate {
 // secret, say): its client gate opens, so that the next refresh tries the
 // new settings at once instead of waiting out a pause the old ones caused.
 func (u *RefreshTokenUseCase) ProviderChanged(provider string) {
-	u.gate.of(provider).accept()
+	u.gate.of(provider).reopen()
 }

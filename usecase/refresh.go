@@ -554,6 +554,7 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 	r := redeemed{from: t.RefreshToken}
 	callCtx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
 	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
+	settings := u.gate.of(t.Provider).settings() // the provider's settings the call goes out with
 	called := time.Now()
 	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
 	r.latency = time.Since(called)
@@ -571,7 +572,7 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 		return r, err
 	case clientSide(err):
 		c.end(true)
-		u.clientFailed(t, err)
+		u.clientFailed(t, settings, err)
 		return r, err
 	}
 	if pe, ok := paced(err); ok {
@@ -759,9 +760,9 @@ func untouched(err error) bool {
 
 // clientFailed closes the client gate of t's provider and tells
 // operators, at most once a minute per connection, which setting to check.
-func (u *RefreshTokenUseCase) clientFailed(t domain.Token, err error) {
+func (u *RefreshTokenUseCase) clientFailed(t domain.Token, settings uint64, err error) {
 	now := u.opts.Clock.Now()
-	u.gate.of(t.Provider).reject(now, err)
+	u.gate.of(t.Provider).reject(now, settings, err)
 	if !u.errorLines.allow(t.Connection, now, errorLineEvery) {
 		return
 	}

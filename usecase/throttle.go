@@ -80,6 +80,8 @@ type clientGate struct {
 	until  time.Time
 	cause  error
 	pauses *backoff.ExponentialBackOff
+	// generation counts the provider's settings seen (reopen).
+	generation uint64
 }
 
 // check returns the rejection that closes the gate at now, or nil.
@@ -92,12 +94,15 @@ func (g *clientGate) check(now time.Time) error {
 	return fmt.Errorf("%w (provider not called for %v after it rejected the client)", g.cause, g.until.Sub(now).Round(time.Millisecond))
 }
 
-// reject closes the gate after the provider answered err at now. Answers
-// to calls made before the current pause began do not lengthen it.
-func (g *clientGate) reject(now time.Time, err error) {
+// reject closes the gate after the provider answered err at now to a call
+// made with the provider's settings of generation settings (settings()).
+// Answers to calls made before the current pause began do not lengthen
+// it, and answers to calls made with settings replaced since (a client
+// secret rotated) do not close it: the new settings deserve their try.
+func (g *clientGate) reject(now time.Time, settings uint64, err error) {
 	g.mu.Lock()
 	defer g.mu.Unlock()
-	if now.Before(g.until) {
+	if now.Before(g.until) || settings != g.generation {
 		return
 	}
 	if g.pauses == nil {
@@ -110,6 +115,22 @@ func (g *clientGate) reject(now time.Time, err error) {
 		g.pauses.Reset()
 	}
 	g.until, g.cause = now.Add(min(g.pauses.NextBackOff(), clientPauseMax)), err
+}
+
+// settings is the generation of the provider's settings: reopen counts
+// them.
+func (g *clientGate) settings() uint64 {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.generation
+}
+
+// reopen opens the gate because the provider's settings changed.
+func (g *clientGate) reopen() {
+	g.accept()
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.generation++
 }
 
 // accept opens the gate after a success.
