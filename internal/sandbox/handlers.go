@@ -136,9 +136,7 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	sig := p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("refresh_token"))
-	lock := p.refreshLock(ctx, sig)
-	lock.Lock()
-	defer lock.Unlock()
+	defer p.lockGrant(ctx, sig)()
 
 	// Decide reuse before fosite runs: on reuse fosite deletes the presented
 	// token's session, so afterwards it could no longer tell reuse from a
@@ -275,9 +273,7 @@ func (p *Provider) handleRevoke(w http.ResponseWriter, r *http.Request) {
 		p.oauth.WriteRevocationResponse(ctx, w, fosite.ErrInvalidRequest.WithWrap(err))
 		return
 	}
-	lock := p.refreshLock(ctx, p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("token")))
-	lock.Lock()
-	defer lock.Unlock()
+	defer p.lockGrant(ctx, p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("token")))()
 	err := p.oauth.NewRevocationRequest(ctx, r)
 	if err == nil {
 		p.stats.revocations.Add(1)

@@ -41,7 +41,6 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"maps"
 	"slices"
 	"sync"
@@ -239,14 +238,17 @@ type Provider struct {
 	answered  map[string]graceAnswer
 	consented map[string]time.Time
 
-	// refreshLocks serialise refresh_token grants of one grant family from
+	// grantLocks serialise refresh_token grants of one grant family from
 	// fosite's request parsing to the response write. fosite's MemoryStore
 	// is not transactional: without this two requests presenting the same
 	// refresh token could both load it as active before either rotates it,
 	// and both would succeed. Refreshes of different grants run in
-	// parallel (one stripe per grant, by hash), like at a real provider;
-	// code exchanges and /resource never take these locks.
-	refreshLocks [1024]sync.Mutex
+	// parallel, like at a real provider: a lock per grant, not stripes
+	// shared by hash, which would make a refresh wait out another grant's
+	// latency. Code exchanges and /resource never take these locks;
+	// RevokeAll excludes them all (revoking).
+	revoking   sync.RWMutex
+	grantLocks keyedLocks
 
 	refreshLatency atomic.Int64 // time.Duration
 	refreshFault   atomic.Pointer[func() Fault]
@@ -395,10 +397,8 @@ func (p *Provider) SetRefreshLatency(d time.Duration) {
 func (p *Provider) RevokeAll() {
 	// Taking the rotation lock keeps a refresh in flight from re-issuing
 	// tokens for a grant right after we revoked it.
-	for i := range p.refreshLocks {
-		p.refreshLocks[i].Lock()
-		defer p.refreshLocks[i].Unlock()
-	}
+	p.revoking.Lock()
+	defer p.revoking.Unlock()
 	p.store.revokeAll()
 }
 
@@ -450,14 +450,50 @@ func (p *Provider) endpointFor(baseURL string) oauth2.Endpoint {
 	return e
 }
 
-// refreshLock is the lock of the grant family the refresh token (by
-// signature) belongs to; unknown tokens hash by their signature.
-func (p *Provider) refreshLock(ctx context.Context, signature string) *sync.Mutex {
+// lockGrant takes the lock of the grant family the refresh token (by
+// signature) belongs to (unknown tokens lock their signature) and returns
+// its unlock.
+func (p *Provider) lockGrant(ctx context.Context, signature string) (unlock func()) {
 	key := signature
 	if req, err := p.store.GetRefreshTokenSession(ctx, signature, nil); req != nil && (err == nil || errors.Is(err, fosite.ErrInactiveToken)) {
 		key = req.GetID()
 	}
-	h := fnv.New32a()
-	_, _ = h.Write([]byte(key))
-	return &p.refreshLocks[h.Sum32()%uint32(len(p.refreshLocks))]
+	p.revoking.RLock()
+	unlockKey := p.grantLocks.lock(key)
+	return func() { unlockKey(); p.revoking.RUnlock() }
+}
+
+// keyedLocks is a mutex per key, kept while some caller holds or waits
+// for it.
+type keyedLocks struct {
+	mu    sync.Mutex
+	locks map[string]*keyedLock
+}
+
+type keyedLock struct {
+	sync.Mutex
+	users int // holding or waiting; guarded by keyedLocks.mu
+}
+
+func (k *keyedLocks) lock(key string) (unlock func()) {
+	k.mu.Lock()
+	if k.locks == nil {
+		k.locks = make(map[string]*keyedLock)
+	}
+	l := k.locks[key]
+	if l == nil {
+		l = &keyedLock{}
+		k.locks[key] = l
+	}
+	l.users++
+	k.mu.Unlock()
+	l.Lock()
+	return func() {
+		l.Unlock()
+		k.mu.Lock()
+		if l.users--; l.users == 0 {
+			delete(k.locks, key)
+		}
+		k.mu.Unlock()
+	}
 }
