@@ -17,7 +17,7 @@ import (
 // those).
 type Pool struct {
 	MaxOpenConns    int           // default 10
-	MaxIdleConns    int           // default 5
+	MaxIdleConns    int           // default MaxOpenConns
 	ConnMaxLifetime time.Duration // default 30m
 	ConnMaxIdleTime time.Duration // default 5m
 }
@@ -27,7 +27,10 @@ func (p Pool) withDefaults() Pool {
 		p.MaxOpenConns = 10
 	}
 	if p.MaxIdleConns <= 0 {
-		p.MaxIdleConns = min(5, p.MaxOpenConns)
+		// Every open connection may stay idle (ConnMaxIdleTime closes the
+		// unused ones): fewer would close and reopen a connection, a new
+		// Postgres backend, for each use above that many at once.
+		p.MaxIdleConns = p.MaxOpenConns
 	}
 	if p.ConnMaxLifetime <= 0 {
 		p.ConnMaxLifetime = 30 * time.Minute
