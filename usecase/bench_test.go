@@ -1,7 +1,6 @@
 package usecase_test
 
 import (
-
 	"context"
 	"fmt"
 	"log/slog"
