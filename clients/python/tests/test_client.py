@@ -85,12 +85,22 @@ class ClientTest(unittest.TestCase):
         tg = Tokenguard(URL, KEY, skew=3600)
         fetches = []
         real = tg._call_token
+        real_lock = tg._lock
+        asked = threading.Semaphore(0)  # a release per thread past its look at the cache
+
+        def lock(connection):
+            asked.release()  # token() takes the lock right after it noted the fetches so far
+            return real_lock(connection)
 
         def counting(*a):
             fetches.append(a)
-            time.sleep(0.05)
+            # The fetch lasts until every thread has arrived, however slowly
+            # the machine starts them: the test is about the sharing.
+            for _ in range(20):
+                self.assertTrue(asked.acquire(timeout=30), "a thread never arrived")
             return real(*a)
 
+        tg._lock = lock
         tg._call_token = counting
         got = []
         threads = [threading.Thread(target=lambda: got.append(tg.token("acme"))) for _ in range(20)]
