@@ -76,6 +76,11 @@ func (l *faultLog) list() []*Fault {
 // inject draws faults until ctx ends: a Postgres restart, each other
 // kind once in random order, then by weight, FaultGap apart on average. Provider faults last a
 // while and run alongside the others; the rest are done one at a time.
+// faultRoom is the time left before the load stops in which no fault
+// starts: enough for Postgres to come back and every kind of call to
+// succeed again, so that each fault's recovery is measured.
+const faultRoom = 10 * time.Second
+
 func (s *soak) inject(ctx context.Context) {
 	var deck []string
 	for _, w := range weights {
@@ -92,6 +97,9 @@ func (s *soak) inject(ctx context.Context) {
 		sleep(ctx, gap)
 		if ctx.Err() != nil {
 			return
+		}
+		if end, ok := ctx.Deadline(); ok && time.Until(end) < faultRoom {
+			return // a fault now would end with the load, its recovery unmeasured
 		}
 		kind := s.draw(&deck)
 		if strings.HasPrefix(kind, providerPrefix) {
