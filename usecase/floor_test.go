@@ -50,6 +50,17 @@ type floorStack struct {
 	mu      sync.Mutex
 	seen    int64         // the newest version the listener heard of
 	changed chan struct{} // closed when seen moves
+
+	// dbTime, if set, sums the time the process's transactions last
+	// (BenchmarkConnectionTime), in nanoseconds.
+	dbTime *atomic.Int64
+}
+
+// timed adds the time since t0 to dbTime, if set.
+func (s *floorStack) timed(t0 time.Time) {
+	if s.dbTime != nil {
+		s.dbTime.Add(int64(time.Since(t0)))
+	}
 }
 
 const (
@@ -175,6 +186,7 @@ func (s *floorStack) refresh(due int64, holder int) error {
 		held    = true
 		b       pgx.Batch
 	)
+	t0 := time.Now()
 	b.Queue("BEGIN")
 	// The first look only tries the lock, as tokenguard's does.
 	b.Queue(`SELECT pg_try_advisory_xact_lock($1, 1)`, floorLockSpace).QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
@@ -243,6 +255,7 @@ func (s *floorStack) refresh(due int64, holder int) error {
 	if err := s.conn.SendBatch(ctx, &l).Close(); err != nil {
 		return err
 	}
+	s.timed(t0)
 	if leased != holder {
 		// Another process is at the provider: wait for its write's
 		// announcement, then read what it stored.
@@ -255,6 +268,7 @@ func (s *floorStack) refresh(due int64, holder int) error {
 	}
 	var stored int64
 	var w pgx.Batch
+	t0 = time.Now()
 	w.Queue("BEGIN")
 	w.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
 	w.Queue(`WITH u AS (UPDATE floor_tokens SET refresh_token = $1, version = version + 1 WHERE id = 1 AND version = $2 RETURNING version),
@@ -265,6 +279,7 @@ func (s *floorStack) refresh(due int64, holder int) error {
 	if err := s.conn.SendBatch(ctx, &w).Close(); err != nil {
 		return err
 	}
+	s.timed(t0)
 	if stored != due+1 {
 		return errors.New("floor: the write found another version")
 	}

@@ -235,6 +235,8 @@ func (r Results) Checks() []Check {
 		held, ok := r.get("ConnectionTime/provider="+latency, "db-conn-ms/refresh")
 		missBy(add(fmt.Sprintf("database connection time per refresh, provider %s", latency), fmt.Sprintf("<= %.0f ms", connTimeBound), ok, held, "%.2f ms", held <= connTimeBound),
 			"%.2f ms", held-connTimeBound)
+		floor, ok := r.get("ConnectionTime/provider="+latency, "floor-db-conn-ms/refresh")
+		info(fmt.Sprintf("the protocol floor's transaction time per refresh (its SQL by hand, one pgx connection), provider %s", latency), ok, floor, "%.2f ms")
 		first, ok := r.get("ConnectionTime/provider="+latency, "first-refresh-db-conn-ms")
 		info(fmt.Sprintf("database connection time of a process's first refresh (opens and prepares), provider %s", latency), ok, first, "%.2f ms")
 	}
