@@ -73,14 +73,15 @@ func (l *faultLog) list() []*Fault {
 	return append([]*Fault(nil), l.all...)
 }
 
-// inject draws faults until ctx ends: a Postgres restart, each other
-// kind once in random order, then by weight, FaultGap apart on average. Provider faults last a
-// while and run alongside the others; the rest are done one at a time.
 // faultRoom is the time left before the load stops in which no fault
 // starts: enough for Postgres to come back and every kind of call to
 // succeed again, so that each fault's recovery is measured.
 const faultRoom = 10 * time.Second
 
+// inject draws faults until ctx ends (none in its last faultRoom): a
+// Postgres restart, each other kind once in random order, then by weight,
+// FaultGap apart on average. Provider faults last a while and run
+// alongside the others; the rest are done one at a time.
 func (s *soak) inject(ctx context.Context) {
 	var deck []string
 	for _, w := range weights {
