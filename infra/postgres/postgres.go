@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/jackc/pgx/v5/stdlib"
 	"gorm.io/driver/postgres"
 	"gorm.io/gorm"
 	"gorm.io/gorm/logger"
@@ -47,7 +48,10 @@ func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*go
 	if log == nil {
 		log = logger.Discard
 	}
-	db, err := gorm.Open(postgres.Open(url), &gorm.Config{
+	db, err := gorm.Open(postgres.New(postgres.Config{
+		DSN:          url,
+		OptionOpenDB: []stdlib.OptionOpenDB{stdlib.OptionShouldPing(shouldPing)},
+	}), &gorm.Config{
 		Logger: log,
 		// Each write is already in an explicit transaction.
 		SkipDefaultTransaction: true,
