@@ -60,10 +60,12 @@ const (
 	markSleep   = "handleRefresh" // the sandbox provider's latency
 	markPing    = "ResetSession"  // database/sql's liveness ping
 	markPrepare = "sendBatchExtendedWithDescription.func2"
-	markWrite   = "writeAndCommit"      // tokenguard's write and COMMIT
-	markLock    = "pipelineLock"        // tokenguard's lock transaction
-	markFloor   = "floorStack).refresh" // the protocol floor's transaction
-	markFlight  = "flights).join.func1" // tokenguard's flight goroutine
+	markWrite   = "writeAndCommit"         // tokenguard's write and COMMIT in a lock transaction
+	markSave    = "SaveLocked"             // tokenguard's token write: lock, write and COMMIT in one batch
+	markStore   = "tokenguard/repository." // any of tokenguard's database calls
+	markLock    = "pipelineLock"           // tokenguard's lock transaction
+	markFloor   = "floorStack).refresh"    // the protocol floor's transaction
+	markFlight  = "flights).join.func1"    // tokenguard's flight goroutine
 )
 
 // ReadStorm reads the execution trace of one storm.
@@ -164,12 +166,12 @@ func ReadStorm(r io.Reader) (Storm, error) {
 					sleepStart = t
 				}
 				if st.Reason == "network" && sleepEnd != 0 && commitSent == 0 && !strings.Contains(stack, markPrepare) &&
-					(strings.Contains(stack, markWrite) || strings.Contains(stack, markFloor)) {
+					(writes(stack) || strings.Contains(stack, markFloor)) {
 					commitSent = t
 				}
 			case from == trace.GoWaiting:
 				in := blockedIn[id]
-				if strings.HasPrefix(in, "network") && (strings.Contains(in, markLock) || strings.Contains(in, markWrite) || strings.Contains(in, markFloor)) {
+				if strings.HasPrefix(in, "network") && (strings.Contains(in, markStore) || strings.Contains(in, markFloor)) {
 					answered[id] = t
 				}
 				if _, calling := began[id]; calling && ev.Goroutine() != trace.NoGoroutine && ev.Goroutine() != id {
@@ -179,7 +181,7 @@ func ReadStorm(r io.Reader) (Storm, error) {
 					sleepEnd = t
 				}
 				if commitSent != 0 && commitAnswered == 0 && t > commitSent && strings.HasPrefix(in, "network") &&
-					(strings.Contains(in, markWrite) || strings.Contains(in, markLock) || strings.Contains(in, markFloor)) {
+					(writes(in) || strings.Contains(in, markLock) || strings.Contains(in, markFloor)) {
 					commitAnswered = t
 				}
 			}
@@ -214,6 +216,11 @@ func ReadStorm(r io.Reader) (Storm, error) {
 }
 
 // funcs is a stack's function names, innermost first, separated by "<".
+// writes reports whether stack is tokenguard's, writing to the database.
+func writes(stack string) bool {
+	return strings.Contains(stack, markWrite) || strings.Contains(stack, markSave)
+}
+
 func funcs(s trace.Stack) string {
 	var b strings.Builder
 	for f := range s.Frames() {
