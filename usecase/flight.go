@@ -59,24 +59,50 @@ func (fl *flight) addWaiter() bool {
 // a slot, and must not time out while the queue moves).
 //
 // It hands back a pointer, not a copy of the token: every frame on a
-// waiter's path counts, since a goroutine whose stack outgrows its first
-// 2 KiB has it copied, and at an expiry hundreds of fresh goroutines arrive
-// at once (BenchmarkTokenWaiters).
+// waiter's path counts (RefreshTokenUseCase.Token, which does join and
+// wait itself, one frame less).
 func (f *flights) do(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) (*flight, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
-	fl := f.join(ctx, key, fn)
-	cancelled := ctx.Done()
-	if cancelled == nil { // a context that is never cancelled: no select
+	return f.wait(ctx, key, f.join(ctx, key, fn))
+}
+
+// join returns key's flight with the caller counted as a waiter, starting
+// one if there is none.
+func (f *flights) join(ctx context.Context, key string,
+	fn func(context.Context) (domain.Token, error)) *flight {
+	for {
+		v, ok := f.m.Load(key)
+		if !ok {
+			if fl := f.start(ctx, key, fn); fl != nil {
+				return fl
+			}
+			continue // another caller started it first
+		}
+		fl := v.(*flight)
+		if fl.addWaiter() {
+			return fl
+		}
+		f.m.CompareAndDelete(key, fl) // abandoned: start another
+	}
+}
+
+// wait waits for fl, the flight of key the caller joined, and returns it
+// finished, or ctx's error if the caller gave up first: the last caller to
+// give up cancels its work.
+//
+//go:noinline
+func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, error) {
+	if ctx.Done() == nil { // a context that is never cancelled: no select
 		<-fl.done
 		return fl, nil
 	}
 	select {
 	case <-fl.done:
 		return fl, nil
-	case <-cancelled:
+	case <-ctx.Done():
 		if fl.waiters.Add(-1) == 0 {
 			// Nobody wants the answer: stop waiting for the lock. A refresh
 			// already sent to the provider still completes (see refresh).
@@ -87,36 +113,30 @@ func (f *flights) do(ctx context.Context, key string,
 	}
 }
 
-// join returns key's flight with the caller counted as a waiter, starting
-// one if there is none.
-func (f *flights) join(ctx context.Context, key string,
+// start starts key's flight with the caller as its waiter, or returns nil
+// if another caller started one first. It is a frame of its own, on the
+// stack of the one caller that starts the flight, not of those that join it
+// (see RefreshTokenUseCase.Token).
+//
+//go:noinline
+func (f *flights) start(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) *flight {
-	for {
-		if v, ok := f.m.Load(key); ok {
-			fl := v.(*flight)
-			if fl.addWaiter() {
-				return fl
-			}
-			f.m.CompareAndDelete(key, fl) // abandoned: start another
-			continue
-		}
-		fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-		fl := &flight{done: make(chan struct{}), cancel: cancel}
-		fl.waiters.Store(1)
-		if _, taken := f.m.LoadOrStore(key, fl); taken {
-			cancel()
-			continue
-		}
-		f.running.add()
-		go func() {
-			defer f.running.done()
-			defer cancel()
-			fl.tok, fl.err = f.run(fctx, key, fn)
-			f.m.CompareAndDelete(key, fl)
-			close(fl.done)
-		}()
-		return fl
+	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	fl := &flight{done: make(chan struct{}), cancel: cancel}
+	fl.waiters.Store(1)
+	if _, taken := f.m.LoadOrStore(key, fl); taken {
+		cancel()
+		return nil
 	}
+	f.running.add()
+	go func() {
+		defer f.running.done()
+		defer cancel()
+		fl.tok, fl.err = f.run(fctx, key, fn)
+		f.m.CompareAndDelete(key, fl)
+		close(fl.done)
+	}()
+	return fl
 }
 
 // run calls fn, turning a panic into an error: the flight runs on a

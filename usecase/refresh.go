@@ -54,17 +54,40 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 // A cached fresh token costs no query and no lock. Otherwise one goroutine
 // per connection and process reads the store (and refreshes if needed)
 // while the others wait for it.
-func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (domain.Token, error) {
+//
+// Its path is kept short, in few and small frames (the token written
+// straight into the result, the span's end and the errors in frames of
+// their own): at an expiry hundreds of goroutines arrive at once, many of
+// them new, and a path that outgrows a new goroutine's first stack has
+// every one of them copy its stack (TestWaitersFitTheirFirstStack).
+func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t domain.Token, err error) {
 	s, state := u.cache.get(connection, u.opts.Clock.Now())
 	u.opts.Observer.CacheLookup(state == hit)
 	if state == hit {
 		return s.tok, nil
 	}
-	fl, err := u.await(ctx, connection, state == stale)
-	if err != nil {
-		return domain.Token{}, err
+	// The slow path: join (or start) the connection's flight and wait
+	// for it.
+	knownStale := state == stale
+	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
+	if err = ctx.Err(); err != nil {
+		_, err = endToken(span, connection, nil, err)
+		return t, err
 	}
-	return withoutRefreshToken(fl.tok), nil
+	fl := u.flights.join(ctx, connection, func(ctx context.Context) (domain.Token, error) {
+		return u.load(ctx, connection, knownStale)
+	})
+	if ctx.Done() == nil { // flights.wait, with no select: one frame less on the way
+		<-fl.done
+	} else {
+		fl, err = u.flights.wait(ctx, connection, fl)
+	}
+	if fl, err = endToken(span, connection, fl, err); err != nil {
+		return t, err
+	}
+	t = fl.tok
+	t.RefreshToken = domain.Secret{} // see withoutRefreshToken
+	return t, nil
 }
 
 // withoutRefreshToken is what callers get: the refresh token is spent only
@@ -75,13 +98,10 @@ func withoutRefreshToken(t domain.Token) domain.Token {
 	return t
 }
 
-// await is Token's slow path: it joins (or starts) the connection's flight
-// and waits for it.
-func (u *RefreshTokenUseCase) await(ctx context.Context, connection string, knownStale bool) (*flight, error) {
-	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
-	fl, err := u.flights.do(ctx, connection, func(ctx context.Context) (domain.Token, error) {
-		return u.load(ctx, connection, knownStale)
-	})
+// endToken ends Token's span with the flight's outcome.
+//
+//go:noinline
+func endToken(span Span, connection string, fl *flight, err error) (*flight, error) {
 	if err == nil {
 		err = fl.err
 	}
