@@ -127,13 +127,11 @@ func (r *TokenRepository) Pipelined(ctx context.Context) (bool, error) {
 // reads their answers.
 func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, syncCommit string) (found, held bool, first *tokenRow, leased bool, err error) {
 	var b pgx.Batch
-	b.Queue("BEGIN")
-	if syncCommit != "" {
-		b.Queue(setSyncCommitSQL, syncCommit)
+	var wait time.Duration
+	if !mode.try {
+		wait = mode.wait
 	}
-	if !mode.try && mode.wait > 0 {
-		b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(mode.wait.Milliseconds(), 1)))
-	}
+	beginLockTx(&b, syncCommit, wait)
 	lockSQL := lockByNameSQL
 	if mode.try {
 		lockSQL = tryLockByNameSQL
@@ -322,8 +320,30 @@ func (tx *lockTx) discard() {
 	_ = tx.conn.Close()
 }
 
-// setSyncCommitSQL sets synchronous_commit for the transaction.
-const setSyncCommitSQL = "SELECT set_config('synchronous_commit', $1, true)"
+// beginLockTx queues the opening of a lock transaction: BEGIN and its
+// settings, in one statement whatever they are. synchronous_commit is set
+// if syncCommit is not empty, lock_timeout if wait is not 0.
+//
+// Its statements are planned generically from their first run on a
+// connection: a custom plan would be made at each of a connection's first
+// five runs of each (0.2-0.5 ms for the token write, more on a busy
+// server), and a pool's connections are new after every restart, failover
+// or lifetime's end. They read and write single rows by key, so a
+// generic plan is the one a custom plan would be.
+func beginLockTx(b *pgx.Batch, syncCommit string, wait time.Duration) {
+	timeout := ""
+	if wait > 0 {
+		timeout = fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
+	}
+	b.Queue("BEGIN")
+	b.Queue(lockTxSettingsSQL, syncCommit, timeout)
+}
+
+// lockTxSettingsSQL sets a lock transaction's settings (beginLockTx); an
+// empty argument leaves its setting as it is.
+const lockTxSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       CASE WHEN $1::text <> '' THEN set_config('synchronous_commit', $1, true) END,
+       CASE WHEN $2::text <> '' THEN set_config('lock_timeout', $2, true) END`
 
 // rollbackTimeout bounds the ROLLBACK of a transaction whose caller has
 // gone; past it the connection is closed instead.
@@ -373,13 +393,7 @@ func (r *TokenRepository) SaveLocked(ctx context.Context, wait time.Duration, t 
 			return errNotPgx
 		}
 		var b pgx.Batch
-		b.Queue("BEGIN")
-		if r.syncCommit() != "" {
-			b.Queue(setSyncCommitSQL, r.syncCommit())
-		}
-		if wait > 0 {
-			b.Queue("SELECT set_config('lock_timeout', $1, true)", fmt.Sprintf("%dms", max(wait.Milliseconds(), 1)))
-		}
+		beginLockTx(&b, r.syncCommit(), wait)
 		b.Queue(lockByNameSQL, lockNamespace, t.Connection).Query(func(rows pgx.Rows) error {
 			for rows.Next() {
 				found = true

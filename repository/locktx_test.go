@@ -3,6 +3,7 @@ package repository_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -241,5 +242,50 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 			}
 			assertNoLocksLeft(t, db)
 		})
+	}
+}
+
+// A lock transaction's statements are planned generically from their first
+// run on a connection (beginLockTx): pg_prepared_statements, on the pool's
+// one connection, counts the custom plans of the token write and of the
+// lock's read after a few refreshes' worth of them. Without the setting,
+// Postgres makes a custom plan at each of the first five runs.
+func TestLockTransactionsPlanGenerically(t *testing.T) {
+	r, db, _ := newRepo(t)
+	sqlDB, err := db.DB()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sqlDB.SetMaxOpenConns(1) // one backend: its prepared statements are the ones counted
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	for i := range 3 {
+		end, err := lease(t, r, tok)
+		if err != nil {
+			t.Fatal(err)
+		}
+		end(false)
+		next := tok
+		next.AccessToken, next.RefreshToken = domain.NewSecret(fmt.Sprintf("at-%d", i+2)), domain.NewSecret(fmt.Sprintf("rt-%d", i+2))
+		if tok, err = r.SaveLocked(context.Background(), time.Second, next); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var plans []struct {
+		SQL                       string
+		GenericPlans, CustomPlans int64
+	}
+	err = db.Raw(`SELECT statement AS sql, generic_plans, custom_plans FROM pg_prepared_statements
+		WHERE (strpos(statement, 'UPDATE tokenguard_tokens AS t SET') > 0 OR strpos(statement, 'SELECT pg_advisory_xact_lock') > 0)
+		AND strpos(statement, 'pg_prepared_statements') = 0`).Scan(&plans).Error
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(plans) < 2 {
+		t.Fatalf("%d of the write and the lock among the connection's prepared statements, want both", len(plans))
+	}
+	for _, p := range plans {
+		if p.CustomPlans != 0 || p.GenericPlans < 3 {
+			t.Errorf("%d custom and %d generic plans, want 0 and at least 3, of\n%s", p.CustomPlans, p.GenericPlans, p.SQL)
+		}
 	}
 }
