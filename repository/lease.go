@@ -14,6 +14,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // Lease timing. A live holder's process renews its leases every
@@ -50,6 +51,9 @@ const (
 // the writing statement); end(true) deletes it and announces the release,
 // for a refresh whose token was not spent.
 func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Duration) (end func(release bool), err error) {
+	if bid := l.tx.bid; bid != nil {
+		return l.bidLease(t)
+	}
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
@@ -67,6 +71,27 @@ func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Dura
 	lease := &heldLease{renewer: l.leases, connection: t.Connection, version: t.Version, holder: holder}
 	l.leases.add(holder)
 	return lease.end, nil
+}
+
+// bidLease is Lease in a transaction opened with a bid: it hands out the
+// lease the bid took, if it took one for t's version.
+func (l *LockedTokens) bidLease(t domain.Token) (func(bool), error) {
+	bid := l.tx.bid
+	switch {
+	case bid.won && bid.version == t.Version && !bid.handed:
+		bid.handed = true
+		lease := l.tx.bidLease(l.leases, t.Connection)
+		l.leases.add(bid.holder)
+		return lease.end, nil
+	case bid.other || (l.tx.leased && l.tx.first != nil && l.tx.first.Version == t.Version):
+		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
+	}
+	return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, usecase.ErrBidMissed)
+}
+
+// bidLease is the lease tx's bid took.
+func (tx *lockTx) bidLease(renewer *leaseRenewer, connection string) *heldLease {
+	return &heldLease{renewer: renewer, connection: connection, version: tx.bid.version, holder: tx.bid.holder}
 }
 
 // newHolder names a lease's holder: a random UUID, made here so that the
@@ -108,7 +133,25 @@ const leaseFree = `(l.version <> EXCLUDED.version OR (l.server_started = EXCLUDE
 var takeLeaseSQL = `
 INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
 SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM tokenguard_connections c WHERE c.name = $1
-ON CONFLICT (connection_id) DO UPDATE SET
+` + leaseUpsert
+
+// bidLeaseSQL is takeLeaseSQL for a bid, sent with the lock before the
+// re-read is seen (pipelineLock): it takes the lease only if the stored
+// token is still at version $2, not $6 (needs_reauth), with no failure on
+// record for that version, and only under the lock: $7 (the lock was
+// waited for: it is held, or the transaction has failed), or the try
+// statement recorded that it was granted.
+var bidLeaseSQL = `
+INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
+SELECT c.id, t.version, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time()
+FROM tokenguard_connections c JOIN tokenguard_tokens t ON t.connection_id = c.id
+WHERE c.name = $1 AND t.version = $2 AND t.status <> $6
+    AND ($7::bool OR current_setting('tokenguard.locked', true) = 'true')
+    AND NOT EXISTS (SELECT FROM tokenguard_refresh_failures f WHERE f.connection_id = c.id AND f.version = t.version)
+` + leaseUpsert
+
+// leaseUpsert ends the statements that take a lease.
+const leaseUpsert = `ON CONFLICT (connection_id) DO UPDATE SET
     holder  = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.holder ELSE l.holder END,
     until   = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.until ELSE now() + $5 * interval '1 millisecond' END,
     taken_at = CASE WHEN ` + leaseFree + ` THEN now() ELSE l.taken_at END,

@@ -83,4 +83,8 @@ var (
 	// Take the lock if it is free.
 	tryLockByNameSQL = `SELECT pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id)
 		FROM tokenguard_connections WHERE name = $2`
+	// tryLockByNameSQL that also records, for the lease bid later in the
+	// transaction (bidLeaseSQL), whether the lock was granted.
+	tryLockForBidSQL = `SELECT set_config('tokenguard.locked', pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id)::text, true)::bool
+		FROM tokenguard_connections WHERE name = $2`
 )

@@ -42,12 +42,26 @@ type lockTx struct {
 	// server; Lease of that version then refuses without a write.
 	leased bool
 	ended  bool
+	// bid, if the transaction was opened with one, is its lease bid: it
+	// took the lease or not, and committed, in the lock's round trip.
+	bid *leaseBid
+}
+
+// leaseBid is a lease asked for with the lock (ClaimInLock).
+type leaseBid struct {
+	version int64
+	call    time.Duration
+	holder  string
+	won     bool // the lease on version is holder's
+	other   bool // another holder's lease on version runs
+	handed  bool // Lease handed it out
 }
 
 // lockMode says how beginLocked takes the lock.
 type lockMode struct {
 	try  bool          // take it only if nobody holds it
 	wait time.Duration // the bound of a wait (lock_timeout); 0: none
+	bid  *leaseBid     // take this lease too, and commit (pgx only)
 }
 
 // errNotPgx: the pool's driver is not pgx; the GORM path is taken.
@@ -70,20 +84,26 @@ func (r *TokenRepository) beginLocked(ctx context.Context, connection string, mo
 	if err != nil {
 		return nil, storeError(ctx, "lock connection "+connection, err)
 	}
-	tx := &lockTx{conn: conn}
+	tx := &lockTx{conn: conn, bid: mode.bid}
 	var found bool
 	err = conn.Raw(func(dc any) error {
 		pc, err := pgxConn(dc)
 		if err != nil {
 			return errNotPgx
 		}
-		found, tx.held, tx.first, tx.leased, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit())
+		found, err = pipelineLock(ctx, pc, connection, mode, r.syncCommit(), tx)
 		return err
 	})
 	if errors.Is(err, errNotPgx) {
 		_ = conn.Close() // unused: back to the pool
 		r.notPgx.Store(true)
 		return r.beginPlain(ctx, connection, mode)
+	}
+	if err == nil && tx.bid != nil {
+		// The bid's pipeline committed: the lock and the connection are
+		// let go; fn reads what it found.
+		tx.ended = true
+		_ = conn.Close()
 	}
 	if err != nil || !found || !tx.held {
 		tx.rollback(ctx)
@@ -123,9 +143,12 @@ func (r *TokenRepository) Pipelined(ctx context.Context) (bool, error) {
 	return pgx, err
 }
 
-// pipelineLock sends the opening statements of a lockTx in one batch and
-// reads their answers.
-func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, syncCommit string) (found, held bool, first *tokenRow, leased bool, err error) {
+// pipelineLock sends the opening statements of tx in one batch and reads
+// their answers into it. With a bid, the lease statement and COMMIT follow
+// in the same batch: the lease is taken only under the lock (the lock
+// statement records in the transaction whether it was granted), so the
+// whole claim of a refresh is one round trip.
+func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, syncCommit string, tx *lockTx) (found bool, err error) {
 	var b pgx.Batch
 	var wait time.Duration
 	if !mode.try {
@@ -133,13 +156,16 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, 
 	}
 	beginLockTx(&b, syncCommit, wait)
 	lockSQL := lockByNameSQL
-	if mode.try {
+	switch {
+	case mode.try && mode.bid != nil:
+		lockSQL = tryLockForBidSQL
+	case mode.try:
 		lockSQL = tryLockByNameSQL
 	}
 	b.Queue(lockSQL, lockNamespace, name).Query(func(rows pgx.Rows) error {
 		for rows.Next() {
 			found = true
-			if err := rows.Scan(&held); err != nil {
+			if err := rows.Scan(&tx.held); err != nil {
 				return err
 			}
 		}
@@ -147,17 +173,33 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, 
 	})
 	b.Queue(selectToken+" WHERE c.name = $1", name).Query(func(rows pgx.Rows) error {
 		var err error
-		first, err = scanTokenRow(rows)
+		tx.first, err = scanTokenRow(rows)
 		return err
 	})
-	b.Queue(leasedSQL, name).QueryRow(func(row pgx.Row) error { return row.Scan(&leased) })
+	b.Queue(leasedSQL, name).QueryRow(func(row pgx.Row) error { return row.Scan(&tx.leased) })
+	var tag pgconn.CommandTag
+	if bid := mode.bid; bid != nil {
+		var got []string
+		b.Queue(bidLeaseSQL, name, bid.version, bid.holder, (max(bid.call, 0) + leaseTerm).Milliseconds(), restartGrace.Milliseconds(),
+			string(domain.StatusNeedsReauth), !mode.try).Query(func(rows pgx.Rows) error { return scanStrings(&got)(rows) })
+		b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
+		defer func() {
+			if err == nil {
+				bid.won = len(got) == 1 && got[0] == bid.holder
+				bid.other = len(got) == 1 && !bid.won
+			}
+		}()
+	}
 	if err := c.SendBatch(ctx, &b).Close(); err != nil {
-		return false, false, nil, false, err
+		return false, err
 	}
-	if !held {
-		first, leased = nil, false // read without the lock: worth nothing
+	if mode.bid != nil && tag.String() != "COMMIT" {
+		return false, errCommitRolledBack
 	}
-	return found, held, first, leased, nil
+	if !tx.held {
+		tx.first, tx.leased = nil, false // read without the lock: worth nothing
+	}
+	return found, nil
 }
 
 // gorm binds a GORM session to the transaction's connection.

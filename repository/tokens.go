@@ -226,6 +226,20 @@ func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, h
 	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
 }
 
+// ClaimInLock is TryInLock (InLock bounded by wait unless try) with a
+// lease bid (usecase.TokenStore). On pgx the bid's lease is taken, or
+// not, and the transaction committed, in the lock's round trip; on other
+// drivers the bid is ignored.
+func (r *TokenRepository) ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, bid usecase.LeaseBid,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	mode := lockMode{try: try, wait: wait, bid: &leaseBid{version: bid.Version, call: bid.Call, holder: newHolder()}}
+	tx, err := r.beginLocked(ctx, connection, mode)
+	if err != nil || tx == nil {
+		return err != nil, err
+	}
+	return true, r.runLocked(ctx, tx, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
+}
+
 func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, *LockedTokens) error) error {
 	tx, err := r.beginLocked(ctx, connection, lockMode{wait: wait})
@@ -242,6 +256,13 @@ func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.D
 	defer cancel()
 	defer tx.discard() // fn panicked: the connection may be mid-statement
 	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first, leases: r.leases, ids: r.ids}
+	if bid := tx.bid; bid != nil && bid.won {
+		defer func() {
+			if !bid.handed { // the caller did not want it after all
+				tx.bidLease(r.leases, tx.first.Name).end(true)
+			}
+		}()
+	}
 	if err := fn(txCtx, l); err != nil {
 		_ = tx.end(txCtx, false) // a write that committed stays
 		return err
@@ -274,14 +295,17 @@ type LockedTokens struct {
 // it while we waited. The first Get returns the read that came back with
 // the lock, which is just as recent.
 func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token, error) {
-	if l.tx.ended {
-		return domain.Token{}, errTxEnded
-	}
 	first := l.first
 	l.first = nil
+	if l.tx.ended && (l.tx.bid == nil || first == nil) { // a bid's transaction ends with its round trip
+		return domain.Token{}, errTxEnded
+	}
 	if first != nil && first.Name == connection {
 		l.ids.put(first)
 		return first.domain(l.sealer)
+	}
+	if l.tx.ended {
+		return domain.Token{}, errTxEnded
 	}
 	return getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, connection)
 }

@@ -181,6 +181,14 @@ func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Du
 	})
 }
 
+func (c countingStore) ClaimInLock(ctx context.Context, id string, try bool, wait, hold time.Duration, bid usecase.LeaseBid,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	defer c.enter()()
+	return c.TokenRepository.ClaimInLock(ctx, id, try, wait, hold, bid, func(ctx context.Context, l usecase.LockedStore) error {
+		return fn(ctx, countedLease{l, c})
+	})
+}
+
 func (c countingStore) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
 	defer c.enter()()
 	return c.TokenRepository.SaveLocked(ctx, wait, t)

@@ -101,7 +101,7 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 		if s.untimed {
 			return nil, miss
 		}
-		return nil, stale
+		return s, stale // what was cached: the version the refresh is for
 	}
 	if !v.(*cacheSlot).ref.Load() {
 		v.(*cacheSlot).ref.Store(true)

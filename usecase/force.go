@@ -39,7 +39,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 			return domain.Token{}, needsReauth(t)
 		}
 		if t.Version == failed {
-			if t, err = u.refresh(ctx, connection, true, func(t domain.Token) bool { return t.Version == failed }); err != nil {
+			if t, err = u.refresh(ctx, connection, true, func(t domain.Token) bool { return t.Version == failed }, t); err != nil {
 				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
 			}
 		}

@@ -53,6 +53,16 @@ func (s nestedLease) TryInLock(ctx context.Context, connection string, hold time
 	})
 }
 
+// ClaimInLock ignores the bid: the lease is taken in the locked
+// transaction, after the nested query.
+func (s nestedLease) ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, _ usecase.LeaseBid,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	if try {
+		return s.TryInLock(ctx, connection, hold, fn)
+	}
+	return true, s.InLock(ctx, connection, wait, hold, fn)
+}
+
 // TestPoolOfOneRefreshesManyAtOnce is the rule of docs/design.md ("No
 // connection held across the provider call, no nested acquire") put to
 // the test: a process whose pool has a single connection refreshes eight

@@ -8,6 +8,7 @@ package usecase
 
 import (
 	"context"
+	"errors"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -31,12 +32,38 @@ type TokenStore interface {
 	// reports false, fn not run, if another transaction holds it.
 	TryInLock(ctx context.Context, connection string, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) (bool, error)
+	// ClaimInLock is TryInLock (InLock bounded by wait unless try) with a
+	// bid for the refresh lease of bid.Version: where it can, the store
+	// takes the lease in the lock's own round trip, with the re-read and
+	// the commit, if the stored token is still at that version, not dead,
+	// has no failure on record and is not leased by another holder. fn
+	// runs as in TryInLock, on a transaction that has ended: Get returns
+	// the re-read, and Lease of bid.Version hands out the lease taken, or
+	// fails with domain.ErrRefreshInProgress (another holder's lease) or
+	// ErrBidMissed (the caller looks again without a bid). A lease taken
+	// for a caller whose fn does not ask for it is released. A store may
+	// ignore the bid: Lease then takes the lease as in InLock.
+	ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, bid LeaseBid,
+		fn func(ctx context.Context, s LockedStore) error) (bool, error)
 	// SaveLocked is InLock with nothing in it but a LockedStore.Save of t
 	// (one round trip where the store can): it fails with
 	// domain.ErrConflict, having written nothing, when the stored version
 	// is not t.Version.
 	SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error)
 }
+
+// LeaseBid is the refresh lease a caller asks for with the lock
+// (TokenStore.ClaimInLock).
+type LeaseBid struct {
+	Version int64         // the stored version the caller found due
+	Call    time.Duration // the bound of the provider call, as for LockedStore.Lease
+}
+
+// ErrBidMissed is LockedStore.Lease's answer, in a transaction opened with
+// a bid that was not won at the version asked, when no other holder's
+// lease runs (the stored version moved, or a failure was on record): the
+// transaction has ended, and the caller looks again without the bid.
+var ErrBidMissed = errors.New("lease bid missed: the stored token was not the one bid for")
 
 // LockedStore is the store bound to the locked transaction. Save, Put and
 // Lease commit it: a token the provider rotated is durable as soon as it

@@ -68,14 +68,17 @@ func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t d
 	}
 	// The slow path: join (or start) the connection's flight and wait
 	// for it.
-	knownStale := state == stale
+	var cached *snapshot // the cached token, known to be stale
+	if state == stale {
+		cached = s
+	}
 	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
 	if err = ctx.Err(); err != nil {
 		_, err = endToken(span, connection, nil, err)
 		return t, err
 	}
 	fl := u.flights.join(ctx, connection, func(ctx context.Context) (domain.Token, error) {
-		return u.load(ctx, connection, knownStale)
+		return u.load(ctx, connection, cached)
 	})
 	if ctx.Done() == nil { // flights.wait, with no select: one frame less on the way
 		<-fl.done
@@ -131,11 +134,14 @@ func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 }
 
 // load reads the stored token and refreshes it if it is stale. When the
-// cache already knows the current token is stale, the read outside the lock
-// is skipped: the refresh re-reads inside it anyway.
-func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, knownStale bool) (domain.Token, error) {
+// cache already knows the current token is stale (cached), the read outside
+// the lock is skipped: the refresh re-reads inside it anyway.
+func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cached *snapshot) (domain.Token, error) {
 	epoch := u.cache.begin()
-	if !knownStale {
+	var seen domain.Token
+	if cached != nil {
+		seen = cached.tok
+	} else {
 		t, done, err := u.read(ctx, connection)
 		if err != nil {
 			return domain.Token{}, err
@@ -144,8 +150,9 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, known
 			u.cache.put(t, epoch, u.skewOf(t))
 			return t, nil
 		}
+		seen = t
 	}
-	t, err := u.refresh(ctx, connection, false, u.stale)
+	t, err := u.refresh(ctx, connection, false, u.stale, seen)
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
@@ -200,7 +207,9 @@ func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (doma
 // connection while the provider answers:
 //
 //  1. claim: under the connection's lock, re-read; if still due, take the
-//     refresh lease and commit (the lock and the connection are let go);
+//     refresh lease and commit (the lock and the connection are let go).
+//     With a token seen due, the lease is bid for with the lock: lock,
+//     re-read, lease and commit are one round trip;
 //  2. the provider call, with nothing held but the lease and a slot of
 //     this process's in-flight refreshes;
 //  3. keep: under the lock again, store the rotated token if the stored
@@ -214,7 +223,7 @@ func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (doma
 // the write fails (the database connection dropped, the commit failed),
 // keep retries it in fresh transactions for RescueWindow, logging loudly,
 // instead of dropping it; the lease runs meanwhile.
-func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool) (domain.Token, error) {
+func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (domain.Token, error) {
 	var (
 		out domain.Token
 		r   redeemed
@@ -222,7 +231,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, connection)
 	ev := RefreshEvent{Connection: connection, Forced: forced}
 	asked := time.Now()
-	c, err := u.claim(ctx, connection, forced, due)
+	c, err := u.claim(ctx, connection, forced, due, seen)
 	current := c.current // the stored token, as read under the lock
 	ev.LockWait, ev.OldVersion, ev.Provider = c.waited, current.Version, current.Provider
 	switch {
@@ -295,10 +304,11 @@ type claimed struct {
 // the others' locks. The caller waits for the holder with no connection
 // held, then looks again, waiting for the lock this time (in the order
 // Postgres queues its waiters).
-func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool) (claimed, error) {
+func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (claimed, error) {
 	var (
 		asked  time.Time
 		c      claimed
+		bid    = u.bidFor(seen, forced, due)
 		leased error // the last look found another process's lease
 		// waiting is the lock wait's span, from the first try (or the
 		// lease that sent the last one away) until the lock is held.
@@ -322,6 +332,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 					held(err)
 					return claimed{current: t, waited: time.Since(ts), other: true}, err
 				}
+				bid = u.bidFor(t, forced, due)
 				continue
 			}
 			held(err)
@@ -341,7 +352,15 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		if waiting == nil {
 			_, waiting = u.opts.Tracer.Start(ctx, StepLockWait, connection)
 		}
-		next, err := u.tryClaim(ctx, connection, forced, due, wait, look == 0, held)
+		next, err := u.tryClaim(ctx, connection, forced, due, wait, look == 0, held, bid)
+		if errors.Is(err, ErrBidMissed) {
+			// The token stored was not the one bid for: look again at
+			// once, without a bid.
+			u.slots.Release(1)
+			unwatch()
+			bid = nil
+			continue
+		}
 		if errors.Is(err, errLockHeld) {
 			held(nil) // taken by another: no failure of the step
 		} else {
@@ -373,6 +392,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		// Most likely the holder stored the rotated token, or is refreshing
 		// it: plain reads say which, without the lock.
 		t, done, err := u.lookAgain(ctx, connection, asked, due)
+		bid = u.bidFor(t, forced, due)
 		switch {
 		case done:
 			held(nil)
@@ -448,11 +468,24 @@ func (u *RefreshTokenUseCase) lookAgain(ctx context.Context, connection string, 
 // tried it.
 var errLockHeld = fmt.Errorf("lock held by another transaction: %w", domain.ErrRefreshInProgress)
 
+// bidFor is the lease bid for a refresh of seen, the token last seen due,
+// or nil where the lease is taken after the re-read: a forced refresh, a
+// token with a failure on record or at a paused provider (the re-read
+// decides), or none seen.
+func (u *RefreshTokenUseCase) bidFor(seen domain.Token, forced bool, due func(domain.Token) bool) *LeaseBid {
+	if forced || seen.Version == 0 || seen.Status == domain.StatusNeedsReauth || seen.Failure.Failures > 0 || !due(seen) ||
+		u.gate.of(seen.Provider).check(u.opts.Clock.Now()) != nil {
+		return nil
+	}
+	return &LeaseBid{Version: seen.Version, Call: u.opts.RefreshTimeout}
+}
+
 // tryClaim is claim's transaction, waiting at most wait for the lock, or
 // not at all with now (errLockHeld when another transaction holds it);
-// held is called once the lock is.
+// held is called once the lock is. With bid, the lease is asked for with
+// the lock (TokenStore.ClaimInLock).
 func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool,
-	wait time.Duration, now bool, held func(error)) (claimed, error) {
+	wait time.Duration, now bool, held func(error), bid *LeaseBid) (claimed, error) {
 	var c claimed
 	fn := func(txCtx context.Context, s LockedStore) error {
 		held(nil)
@@ -484,11 +517,18 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		c.end, err = u.lease(txCtx, s, t)
 		return err
 	}
-	if !now {
-		err := u.store.InLock(ctx, connection, wait, u.opts.WriteTimeout, fn)
-		return c, err
+	var (
+		locked bool
+		err    error
+	)
+	switch {
+	case bid != nil:
+		locked, err = u.store.ClaimInLock(ctx, connection, now, wait, u.opts.WriteTimeout, *bid, fn)
+	case !now:
+		return c, u.store.InLock(ctx, connection, wait, u.opts.WriteTimeout, fn)
+	default:
+		locked, err = u.store.TryInLock(ctx, connection, u.opts.WriteTimeout, fn)
 	}
-	locked, err := u.store.TryInLock(ctx, connection, u.opts.WriteTimeout, fn)
 	if err == nil && !locked {
 		err = errLockHeld
 	}
@@ -508,7 +548,7 @@ func (u *RefreshTokenUseCase) reread(ctx context.Context, s LockedStore, connect
 func (u *RefreshTokenUseCase) lease(ctx context.Context, s LockedStore, t domain.Token) (func(bool), error) {
 	_, span := u.opts.Tracer.Start(ctx, StepLease, t.Connection)
 	end, err := s.Lease(ctx, t, u.opts.RefreshTimeout)
-	other := errors.Is(err, domain.ErrRefreshInProgress)
+	other := errors.Is(err, domain.ErrRefreshInProgress) || errors.Is(err, ErrBidMissed)
 	spanErr := err
 	if other {
 		spanErr = nil

@@ -62,6 +62,12 @@ func (s *fakeStore) TryInLock(ctx context.Context, id string, hold time.Duration
 	return true, s.InLock(ctx, id, 0, hold, fn)
 }
 
+// ClaimInLock: the fake ignores the bid; Lease takes the lease.
+func (s *fakeStore) ClaimInLock(ctx context.Context, id string, _ bool, wait, hold time.Duration, _ usecase.LeaseBid,
+	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+	return true, s.InLock(ctx, id, wait, hold, fn)
+}
+
 func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
 	if s.lockErr != nil {
 		return s.lockErr

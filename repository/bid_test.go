@@ -1,0 +1,102 @@
+package repository_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// claimBid opens tok's lock with a bid for tok's version (try or wait) and
+// asks for the lease, as a refresh does; lease false: the caller's fn
+// does not ask for it.
+func claimBid(t *testing.T, r *repository.TokenRepository, tok domain.Token, try, lease bool) (bool, func(bool), error) {
+	t.Helper()
+	var end func(bool)
+	locked, err := r.ClaimInLock(context.Background(), tok.Connection, try, time.Second, time.Second, usecase.LeaseBid{Version: tok.Version},
+		func(ctx context.Context, l usecase.LockedStore) error {
+			got, err := l.Get(ctx, tok.Connection)
+			if err != nil {
+				return err
+			}
+			if got.Version != tok.Version || !lease {
+				return nil
+			}
+			end, err = l.Lease(ctx, got, 0)
+			return err
+		})
+	return locked, end, err
+}
+
+// A bid takes the lease in the lock's round trip, only for the version
+// bid, only under the lock, and never over another holder's lease; a
+// lease its caller did not ask for is released.
+func TestLeaseBid(t *testing.T) {
+	r, _, _ := newRepo(t)
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	ok := func(try bool) {
+		t.Helper()
+		locked, end, err := claimBid(t, r, tok, try, true)
+		if err != nil || !locked || end == nil {
+			t.Fatalf("bid (try %v): locked %v, lease %v, err %v; want the lease", try, locked, end != nil, err)
+		}
+		end(true)
+	}
+	ok(true)
+	ok(false)
+
+	// Another holder's lease runs: the bid is refused as such.
+	end, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := claimBid(t, r, tok, true, true); !errors.Is(err, domain.ErrRefreshInProgress) {
+		t.Fatalf("bid over a running lease: err = %v, want ErrRefreshInProgress", err)
+	}
+	end(true)
+
+	// The lock is held by another transaction: the try fails and takes
+	// nothing, even though the lease is free.
+	release := make(chan struct{})
+	holding := make(chan struct{})
+	go func() {
+		_ = r.InLock(context.Background(), tok.Connection, time.Second, 5*time.Second, func(context.Context, usecase.LockedStore) error {
+			close(holding)
+			<-release
+			return nil
+		})
+	}()
+	<-holding
+	locked, end, err := claimBid(t, r, tok, true, true)
+	close(release)
+	if locked || end != nil || err != nil {
+		t.Fatalf("bid while the lock is held: locked %v, lease %v, err %v; want neither", locked, end != nil, err)
+	}
+
+	// A bid whose caller does not ask for the lease leaves it free.
+	if _, _, err := claimBid(t, r, tok, false, false); err != nil {
+		t.Fatal(err)
+	}
+	ok(true)
+
+	// The stored version moved: the bid is missed, nothing is taken.
+	stale := tok
+	stored := put(t, r, grantToken("acme", "at-2", "rt-2"))
+	if stored.Version == stale.Version {
+		t.Fatalf("put kept version %d", stored.Version)
+	}
+	_, err = r.ClaimInLock(context.Background(), "acme", true, 0, time.Second, usecase.LeaseBid{Version: stale.Version},
+		func(ctx context.Context, l usecase.LockedStore) error {
+			_, err := l.Lease(ctx, stale, 0)
+			return err
+		})
+	if !errors.Is(err, usecase.ErrBidMissed) {
+		t.Fatalf("bid for an old version: err = %v, want ErrBidMissed", err)
+	}
+	tok = stored
+	ok(true)
+}
