@@ -18,14 +18,15 @@ import (
 
 // protocolFloor is the refresh protocol of the design with nothing else,
 // written out by hand: per process one pgx connection and, behind a
-// sync.OnceValue, three steps. (1) The lease: BEGIN, a try of the lock,
-// the re-read and whether another process's lease runs, in one round trip
-// (a lock held by another: ROLLBACK, 5 ms or an announcement, a read of
-// the token and its lease, and the lock waited for only if no lease runs); if
-// the token is still due and not leased, the lease upsert and a durable
-// COMMIT in a second (the lock and the connection are let go). (2) The provider call, holding nothing. (3) The write: BEGIN, the
-// lock, the version-fenced UPDATE with its NOTIFY, the end of the lease
-// and a durable COMMIT, in one round trip. A process that finds another's
+// sync.OnceValue, three steps. (1) The claim, in one round trip: BEGIN, a
+// try of the lock, the re-read, whether another process's lease runs, the
+// lease of the due version if the lock was granted, and a durable COMMIT
+// (the lock and the connection are let go). A lock held by another: 5 ms
+// or an announcement, a read of the token and its lease, and the claim
+// again, waiting for the lock, only if no lease runs. (2) The provider
+// call, holding nothing. (3) The write: BEGIN, the lock, the
+// version-fenced UPDATE with its NOTIFY, the end of the lease and a
+// durable COMMIT, in one round trip. A process that finds another's
 // lease waits for the notification on its listener connection, then reads
 // the stored version. No pool, cache, flights, encryption, logging, lease
 // renewal, in-flight slots or metrics.
@@ -44,7 +45,6 @@ type floorStack struct {
 	floor *protocolFloor
 	conn  *pgx.Conn
 	ref   *provider.Refresher
-	bg    sync.WaitGroup // the ROLLBACK of a transaction that only read
 	next  func() error
 
 	mu      sync.Mutex
@@ -170,13 +170,12 @@ func (s *floorStack) awaitVersionFor(v int64, d time.Duration) {
 func (f *protocolFloor) arm() {
 	due := f.version.Load()
 	for i, s := range f.stacks {
-		s.bg.Wait()
 		s.next = sync.OnceValue(func() error { return s.refresh(due, i+1) })
 	}
 }
 
 // refresh redeems the stored refresh token if its version is still due,
-// under a lease taken with the lock, or waits for the process that does.
+// under a lease bid for with the lock, or waits for the process that does.
 func (s *floorStack) refresh(due int64, holder int) error {
 	ctx := context.Background()
 	var (
@@ -184,25 +183,49 @@ func (s *floorStack) refresh(due int64, holder int) error {
 		version int64
 		taken   bool
 		held    = true
-		b       pgx.Batch
+		leased  int
 	)
+	// claim is the lock's round trip: BEGIN, the lock (only tried, as
+	// tokenguard's first look does, unless wait), the re-read, whether
+	// another process's lease runs, the lease of version due if the lock
+	// was granted, and a durable COMMIT.
+	claim := func(wait bool) error {
+		var b pgx.Batch
+		b.Queue("BEGIN")
+		if wait {
+			b.Queue(`SELECT set_config('floor.locked', (pg_advisory_xact_lock($1, 1) IS NOT NULL)::text, true)::bool`, floorLockSpace).
+				QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
+		} else {
+			b.Queue(`SELECT set_config('floor.locked', pg_try_advisory_xact_lock($1, 1)::text, true)::bool`, floorLockSpace).
+				QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
+		}
+		b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
+		b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
+		leased = 0
+		b.Queue(`INSERT INTO floor_leases AS l SELECT 1, $1, $2, now() + interval '1 second' FROM floor_tokens t
+			WHERE t.id = 1 AND t.version = $1 AND current_setting('floor.locked', true) = 'true'
+			ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
+			WHERE l.version <> EXCLUDED.version OR now() > l.until RETURNING holder`, due, holder).Query(func(rows pgx.Rows) error {
+			for rows.Next() {
+				if err := rows.Scan(&leased); err != nil {
+					return err
+				}
+			}
+			return rows.Err()
+		})
+		b.Queue("COMMIT")
+		return s.conn.SendBatch(ctx, &b).Close()
+	}
 	t0 := time.Now()
-	b.Queue("BEGIN")
-	// The first look only tries the lock, as tokenguard's does.
-	b.Queue(`SELECT pg_try_advisory_xact_lock($1, 1)`, floorLockSpace).QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
-	b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
-	b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
-	if err := s.conn.SendBatch(ctx, &b).Close(); err != nil {
+	if err := claim(false); err != nil {
 		return err
 	}
+	s.timed(t0)
 	if !held {
-		// Another transaction has the lock, most likely a process taking
-		// the lease: let the connection go, wait 5 ms or for an
-		// announcement, read the token and whether a lease runs (no lock);
-		// while it runs, wait for the write's announcement.
-		if _, err := s.conn.Exec(ctx, "ROLLBACK"); err != nil {
-			return err
-		}
+		// Another transaction had the lock, most likely a process taking
+		// the lease: wait 5 ms or for an announcement, read the token and
+		// whether a lease runs (no lock); while it runs, wait for the
+		// write's announcement.
 		s.awaitVersionFor(due+1, 5*time.Millisecond)
 		if err := s.conn.QueryRow(ctx, `SELECT t.version, EXISTS (SELECT FROM floor_leases l WHERE l.id = 1 AND l.version = t.version AND now() <= l.until)
 			FROM floor_tokens t WHERE t.id = 1`).Scan(&version, &taken); err != nil {
@@ -216,46 +239,15 @@ func (s *floorStack) refresh(due int64, holder int) error {
 			return nil
 		}
 		// Neither: the next look waits for the lock.
-		b = pgx.Batch{}
-		b.Queue("BEGIN")
-		b.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
-		b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
-		b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
-		if err := s.conn.SendBatch(ctx, &b).Close(); err != nil {
+		t0 = time.Now()
+		if err := claim(true); err != nil {
 			return err
 		}
+		s.timed(t0)
 	}
 	if version != due {
-		// Another process has refreshed: what it stored is in hand.
-		s.bg.Go(func() { _, _ = s.conn.Exec(ctx, "ROLLBACK") })
-		return nil
+		return nil // another process has refreshed: what it stored is in hand
 	}
-	if taken {
-		// Another process is at the provider: wait for its write's
-		// announcement, then read what it stored.
-		if _, err := s.conn.Exec(ctx, "ROLLBACK"); err != nil {
-			return err
-		}
-		s.awaitVersion(due + 1)
-		return s.conn.QueryRow(ctx, `SELECT version FROM floor_tokens WHERE id = 1`).Scan(&version)
-	}
-	var leased int
-	var l pgx.Batch
-	l.Queue(`INSERT INTO floor_leases AS l VALUES (1, $1, $2, now() + interval '1 second')
-		ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-		WHERE l.version <> EXCLUDED.version OR now() > l.until RETURNING holder`, due, holder).Query(func(rows pgx.Rows) error {
-		for rows.Next() {
-			if err := rows.Scan(&leased); err != nil {
-				return err
-			}
-		}
-		return rows.Err()
-	})
-	l.Queue("COMMIT")
-	if err := s.conn.SendBatch(ctx, &l).Close(); err != nil {
-		return err
-	}
-	s.timed(t0)
 	if leased != holder {
 		// Another process is at the provider: wait for its write's
 		// announcement, then read what it stored.
