@@ -11,13 +11,13 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// claimBid opens tok's lock with a bid for tok's version (try or wait) and
-// asks for the lease, as a refresh does; lease false: the caller's fn
-// does not ask for it.
-func claimBid(t *testing.T, r *repository.TokenRepository, tok domain.Token, try, lease bool) (bool, func(bool), error) {
+// claimBid tries tok's lock with a bid for tok's version and asks for the
+// lease, as a refresh does; lease false: the caller's fn does not ask for
+// it.
+func claimBid(t *testing.T, r *repository.TokenRepository, tok domain.Token, lease bool) (bool, func(bool), error) {
 	t.Helper()
 	var end func(bool)
-	locked, err := r.ClaimInLock(context.Background(), tok.Connection, try, time.Second, time.Second, usecase.LeaseBid{Version: tok.Version},
+	locked, err := r.ClaimInLock(context.Background(), tok.Connection, time.Second, usecase.LeaseBid{Version: tok.Version},
 		func(ctx context.Context, l usecase.LockedStore) error {
 			got, err := l.Get(ctx, tok.Connection)
 			if err != nil {
@@ -38,23 +38,22 @@ func claimBid(t *testing.T, r *repository.TokenRepository, tok domain.Token, try
 func TestLeaseBid(t *testing.T) {
 	r, _, _ := newRepo(t)
 	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
-	ok := func(try bool) {
+	ok := func() {
 		t.Helper()
-		locked, end, err := claimBid(t, r, tok, try, true)
+		locked, end, err := claimBid(t, r, tok, true)
 		if err != nil || !locked || end == nil {
-			t.Fatalf("bid (try %v): locked %v, lease %v, err %v; want the lease", try, locked, end != nil, err)
+			t.Fatalf("bid: locked %v, lease %v, err %v; want the lease", locked, end != nil, err)
 		}
 		end(true)
 	}
-	ok(true)
-	ok(false)
+	ok()
 
 	// Another holder's lease runs: the bid is refused as such.
 	end, err := lease(t, r, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := claimBid(t, r, tok, true, true); !errors.Is(err, domain.ErrRefreshInProgress) {
+	if _, _, err := claimBid(t, r, tok, true); !errors.Is(err, domain.ErrRefreshInProgress) {
 		t.Fatalf("bid over a running lease: err = %v, want ErrRefreshInProgress", err)
 	}
 	end(true)
@@ -71,17 +70,17 @@ func TestLeaseBid(t *testing.T) {
 		})
 	}()
 	<-holding
-	locked, end, err := claimBid(t, r, tok, true, true)
+	locked, end, err := claimBid(t, r, tok, true)
 	close(release)
 	if locked || end != nil || err != nil {
 		t.Fatalf("bid while the lock is held: locked %v, lease %v, err %v; want neither", locked, end != nil, err)
 	}
 
 	// A bid whose caller does not ask for the lease leaves it free.
-	if _, _, err := claimBid(t, r, tok, false, false); err != nil {
+	if _, _, err := claimBid(t, r, tok, false); err != nil {
 		t.Fatal(err)
 	}
-	ok(true)
+	ok()
 
 	// The stored version moved: the bid is missed, nothing is taken.
 	stale := tok
@@ -90,7 +89,7 @@ func TestLeaseBid(t *testing.T) {
 		t.Fatalf("put kept version %d", stored.Version)
 	}
 	var endStale func(bool)
-	_, err = r.ClaimInLock(context.Background(), "acme", true, 0, time.Second, usecase.LeaseBid{Version: stale.Version},
+	_, err = r.ClaimInLock(context.Background(), "acme", time.Second, usecase.LeaseBid{Version: stale.Version},
 		func(ctx context.Context, l usecase.LockedStore) error {
 			var err error
 			endStale, err = l.Lease(ctx, stale, 0)
@@ -109,5 +108,5 @@ func TestLeaseBid(t *testing.T) {
 		t.Fatalf("bid for an old version: err = %v, want ErrBidMissed", err)
 	}
 	tok = stored
-	ok(true)
+	ok()
 }

@@ -138,15 +138,14 @@ SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_
 // bidLeaseSQL is takeLeaseSQL for a bid, sent with the lock before the
 // re-read is seen (pipelineLock): it takes the lease only if the stored
 // token is still at version $2, not $6 (needs_reauth), with no failure on
-// record for that version, and only under the lock: $7 (the lock was
-// waited for: it is held, or the transaction has failed), or the try
-// statement recorded that it was granted.
+// record for that version, and only if the try statement recorded that
+// the lock was granted.
 var bidLeaseSQL = `
 INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
 SELECT c.id, t.version, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time()
 FROM tokenguard_connections c JOIN tokenguard_tokens t ON t.connection_id = c.id
 WHERE c.name = $1 AND t.version = $2 AND t.status <> $6
-    AND ($7::bool OR current_setting('tokenguard.locked', true) = 'true')
+    AND current_setting('tokenguard.locked', true) = 'true'
     AND NOT EXISTS (SELECT FROM tokenguard_refresh_failures f WHERE f.connection_id = c.id AND f.version = t.version)
 ` + leaseUpsert
 

@@ -61,7 +61,7 @@ type leaseBid struct {
 type lockMode struct {
 	try  bool          // take it only if nobody holds it
 	wait time.Duration // the bound of a wait (lock_timeout); 0: none
-	bid  *leaseBid     // take this lease too, and commit (pgx only)
+	bid  *leaseBid     // with try: take this lease too, and commit (pgx only)
 }
 
 // errNotPgx: the pool's driver is not pgx; the GORM path is taken.
@@ -157,7 +157,7 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, 
 	beginLockTx(&b, syncCommit, wait)
 	lockSQL := lockByNameSQL
 	switch {
-	case mode.try && mode.bid != nil:
+	case mode.bid != nil:
 		lockSQL = tryLockForBidSQL
 	case mode.try:
 		lockSQL = tryLockByNameSQL
@@ -181,7 +181,7 @@ func pipelineLock(ctx context.Context, c *pgx.Conn, name string, mode lockMode, 
 	if bid := mode.bid; bid != nil {
 		var got []string
 		b.Queue(bidLeaseSQL, name, bid.version, bid.holder, (max(bid.call, 0) + leaseTerm).Milliseconds(), restartGrace.Milliseconds(),
-			string(domain.StatusNeedsReauth), !mode.try).Query(func(rows pgx.Rows) error { return scanStrings(&got)(rows) })
+			string(domain.StatusNeedsReauth)).Query(func(rows pgx.Rows) error { return scanStrings(&got)(rows) })
 		b.Queue("COMMIT").Exec(func(ct pgconn.CommandTag) error { tag = ct; return nil })
 		defer func() {
 			if err == nil {

@@ -226,13 +226,12 @@ func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, h
 	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
 }
 
-// ClaimInLock is TryInLock (InLock bounded by wait unless try) with a
-// lease bid (usecase.TokenStore). On pgx the bid's lease is taken, or
-// not, and the transaction committed, in the lock's round trip; on other
-// drivers the bid is ignored.
-func (r *TokenRepository) ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, bid usecase.LeaseBid,
+// ClaimInLock is TryInLock with a lease bid (usecase.TokenStore). On pgx
+// the bid's lease is taken, or not, and the transaction committed, in the
+// lock's round trip; on other drivers the bid is ignored.
+func (r *TokenRepository) ClaimInLock(ctx context.Context, connection string, hold time.Duration, bid usecase.LeaseBid,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	mode := lockMode{try: try, wait: wait, bid: &leaseBid{version: bid.Version, call: bid.Call, holder: newHolder()}}
+	mode := lockMode{try: true, bid: &leaseBid{version: bid.Version, call: bid.Call, holder: newHolder()}}
 	tx, err := r.beginLocked(ctx, connection, mode)
 	if err != nil || tx == nil {
 		return err != nil, err

@@ -181,10 +181,10 @@ func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Du
 	})
 }
 
-func (c countingStore) ClaimInLock(ctx context.Context, id string, try bool, wait, hold time.Duration, bid usecase.LeaseBid,
+func (c countingStore) ClaimInLock(ctx context.Context, id string, hold time.Duration, bid usecase.LeaseBid,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
 	defer c.enter()()
-	return c.TokenRepository.ClaimInLock(ctx, id, try, wait, hold, bid, func(ctx context.Context, l usecase.LockedStore) error {
+	return c.TokenRepository.ClaimInLock(ctx, id, hold, bid, func(ctx context.Context, l usecase.LockedStore) error {
 		return fn(ctx, countedLease{l, c})
 	})
 }

@@ -209,8 +209,8 @@ func (s heldStore) TryInLock(ctx context.Context, id string, hold time.Duration,
 }
 
 // ClaimInLock ignores the bid: Lease takes the lease.
-func (s heldStore) ClaimInLock(ctx context.Context, id string, _ bool, wait, hold time.Duration, _ LeaseBid, fn func(context.Context, LockedStore) error) (bool, error) {
-	return true, s.InLock(ctx, id, wait, hold, fn)
+func (s heldStore) ClaimInLock(ctx context.Context, id string, hold time.Duration, _ LeaseBid, fn func(context.Context, LockedStore) error) (bool, error) {
+	return s.TryInLock(ctx, id, hold, fn)
 }
 
 func (s heldStore) Save(context.Context, domain.Token) (domain.Token, error) {

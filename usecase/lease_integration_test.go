@@ -55,12 +55,9 @@ func (s withoutLeases) TryInLock(ctx context.Context, connection string, hold ti
 }
 
 // ClaimInLock ignores the bid (a bid takes a lease).
-func (s withoutLeases) ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, _ usecase.LeaseBid,
+func (s withoutLeases) ClaimInLock(ctx context.Context, connection string, hold time.Duration, _ usecase.LeaseBid,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	if try {
-		return s.TryInLock(ctx, connection, hold, fn)
-	}
-	return true, s.InLock(ctx, connection, wait, hold, fn)
+	return s.TryInLock(ctx, connection, hold, fn)
 }
 
 // GetWithLease never reports a lease: the strategy before them.
@@ -87,10 +84,10 @@ func (s *lockCounting) TryInLock(ctx context.Context, connection string, hold ti
 	return s.TokenStore.TryInLock(ctx, connection, hold, fn)
 }
 
-func (s *lockCounting) ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, bid usecase.LeaseBid,
+func (s *lockCounting) ClaimInLock(ctx context.Context, connection string, hold time.Duration, bid usecase.LeaseBid,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
 	s.n.Add(1)
-	return s.TokenStore.ClaimInLock(ctx, connection, try, wait, hold, bid, fn)
+	return s.TokenStore.ClaimInLock(ctx, connection, hold, bid, fn)
 }
 
 // TestLeaseWhileAtTheProvider: a process's refresh is at a slow provider,

@@ -55,12 +55,9 @@ func (s nestedLease) TryInLock(ctx context.Context, connection string, hold time
 
 // ClaimInLock ignores the bid: the lease is taken in the locked
 // transaction, after the nested query.
-func (s nestedLease) ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, _ usecase.LeaseBid,
+func (s nestedLease) ClaimInLock(ctx context.Context, connection string, hold time.Duration, _ usecase.LeaseBid,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	if try {
-		return s.TryInLock(ctx, connection, hold, fn)
-	}
-	return true, s.InLock(ctx, connection, wait, hold, fn)
+	return s.TryInLock(ctx, connection, hold, fn)
 }
 
 // TestPoolOfOneRefreshesManyAtOnce is the rule of docs/design.md ("No

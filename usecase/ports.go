@@ -32,18 +32,23 @@ type TokenStore interface {
 	// reports false, fn not run, if another transaction holds it.
 	TryInLock(ctx context.Context, connection string, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) (bool, error)
-	// ClaimInLock is TryInLock (InLock bounded by wait unless try) with a
-	// bid for the refresh lease of bid.Version: where it can, the store
-	// takes the lease in the lock's own round trip, with the re-read and
-	// the commit, if the stored token is still at that version, not dead,
-	// has no failure on record and is not leased by another holder. fn
+	// ClaimInLock is TryInLock with a bid for the refresh lease of
+	// bid.Version: where it can, the store takes the lease in the lock's
+	// own round trip, with the re-read and the commit, if the stored token
+	// is still at that version, not dead, has no failure on record and is
+	// not leased by another holder. fn
 	// runs as in TryInLock, on a transaction that has ended: Get returns
 	// the re-read, and Lease of bid.Version hands out the lease taken, or
 	// fails with domain.ErrRefreshInProgress (another holder's lease) or
 	// ErrBidMissed (the caller looks again without a bid). A lease taken
 	// for a caller whose fn does not ask for it is released. A store may
 	// ignore the bid: Lease then takes the lease as in InLock.
-	ClaimInLock(ctx context.Context, connection string, try bool, wait, hold time.Duration, bid LeaseBid,
+	//
+	// There is no bid with a wait for the lock: a lease queued behind a
+	// lock wait would be taken when the lock comes, also for a caller
+	// that gave up meanwhile (the server does not see a client go), and
+	// it would hold the other callers off until it ran out.
+	ClaimInLock(ctx context.Context, connection string, hold time.Duration, bid LeaseBid,
 		fn func(ctx context.Context, s LockedStore) error) (bool, error)
 	// SaveLocked is InLock with nothing in it but a LockedStore.Save of t
 	// (one round trip where the store can): it fails with

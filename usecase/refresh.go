@@ -482,8 +482,8 @@ func (u *RefreshTokenUseCase) bidFor(seen domain.Token, forced bool, due func(do
 
 // tryClaim is claim's transaction, waiting at most wait for the lock, or
 // not at all with now (errLockHeld when another transaction holds it);
-// held is called once the lock is. With bid, the lease is asked for with
-// the lock (TokenStore.ClaimInLock).
+// held is called once the lock is. With now and bid, the lease is asked
+// for with the lock (TokenStore.ClaimInLock).
 func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool,
 	wait time.Duration, now bool, held func(error), bid *LeaseBid) (claimed, error) {
 	var c claimed
@@ -522,10 +522,10 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 		err    error
 	)
 	switch {
-	case bid != nil:
-		locked, err = u.store.ClaimInLock(ctx, connection, now, wait, u.opts.WriteTimeout, *bid, fn)
 	case !now:
 		return c, u.store.InLock(ctx, connection, wait, u.opts.WriteTimeout, fn)
+	case bid != nil:
+		locked, err = u.store.ClaimInLock(ctx, connection, u.opts.WriteTimeout, *bid, fn)
 	default:
 		locked, err = u.store.TryInLock(ctx, connection, u.opts.WriteTimeout, fn)
 	}

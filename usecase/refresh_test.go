@@ -63,9 +63,9 @@ func (s *fakeStore) TryInLock(ctx context.Context, id string, hold time.Duration
 }
 
 // ClaimInLock: the fake ignores the bid; Lease takes the lease.
-func (s *fakeStore) ClaimInLock(ctx context.Context, id string, _ bool, wait, hold time.Duration, _ usecase.LeaseBid,
+func (s *fakeStore) ClaimInLock(ctx context.Context, id string, hold time.Duration, _ usecase.LeaseBid,
 	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return true, s.InLock(ctx, id, wait, hold, fn)
+	return s.TryInLock(ctx, id, hold, fn)
 }
 
 func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
