@@ -57,8 +57,8 @@ func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Dura
 	if l.tx.ended {
 		return nil, errTxEnded
 	}
-	if l.tx.leased && l.tx.first != nil && l.tx.first.Version == t.Version { // the lock's read saw it
-		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
+	if l.tx.leaseSeen(t.Version) {
+		return nil, leaseRefused(t, domain.ErrRefreshInProgress)
 	}
 	holder := newHolder()
 	var got []string
@@ -66,7 +66,7 @@ func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Dura
 		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
 	}
 	if len(got) == 0 || got[0] != holder {
-		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
+		return nil, leaseRefused(t, domain.ErrRefreshInProgress)
 	}
 	lease := &heldLease{renewer: l.leases, connection: t.Connection, version: t.Version, holder: holder}
 	l.leases.add(holder)
@@ -83,10 +83,19 @@ func (l *LockedTokens) bidLease(t domain.Token) (func(bool), error) {
 		lease := l.tx.bidLease(l.leases, t.Connection)
 		l.leases.add(bid.holder)
 		return lease.end, nil
-	case bid.other || (l.tx.leased && l.tx.first != nil && l.tx.first.Version == t.Version):
-		return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, domain.ErrRefreshInProgress)
+	case bid.other || l.tx.leaseSeen(t.Version):
+		return nil, leaseRefused(t, domain.ErrRefreshInProgress)
 	}
-	return nil, fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, usecase.ErrBidMissed)
+	return nil, leaseRefused(t, usecase.ErrBidMissed)
+}
+
+// leaseSeen: the lock's read saw another holder's lease on version.
+func (tx *lockTx) leaseSeen(version int64) bool {
+	return tx.leased && tx.first != nil && tx.first.Version == version
+}
+
+func leaseRefused(t domain.Token, err error) error {
+	return fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, err)
 }
 
 // bidLease is the lease tx's bid took.
