@@ -16,6 +16,7 @@ type Option func(*options)
 type options struct {
 	revocationURL                  string
 	skew, lockWait, refreshTimeout time.Duration
+	answerDeadline                 time.Duration
 	log                            *slog.Logger
 	keys                           string
 	encryptionRequired             bool
@@ -51,6 +52,20 @@ func WithLockWait(d time.Duration) Option { return func(o *options) { o.lockWait
 // outlasts it and then finds the new token.
 func WithRefreshTimeout(d time.Duration) Option {
 	return func(o *options) { o.refreshTimeout = d }
+}
+
+// WithAnswerDeadline bounds how long the answer to a request that
+// presented a refresh token is awaited (default 2m, and at least the
+// refresh timeout). Callers stop waiting after the refresh timeout and are
+// served the current token while it is valid, or fail with
+// ErrProviderUnavailable; the answer is awaited on, holding no database
+// connection, and until it is in or the deadline passes no process
+// presents that refresh token again: a provider that hangs answers its
+// queue when it resumes, and a strict one revokes a grant whose refresh
+// token it sees twice. Set it above the longest hang you expect of the
+// provider.
+func WithAnswerDeadline(d time.Duration) Option {
+	return func(o *options) { o.answerDeadline = d }
 }
 
 // WithLogger receives what operators must know: refreshes, the cache

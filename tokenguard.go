@@ -170,6 +170,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if o.refreshTimeout == 0 {
 		o.refreshTimeout = min(usecase.DefaultRefreshTimeout, o.lockWait*2/3)
 	}
+	if o.answerDeadline == 0 {
+		o.answerDeadline = max(usecase.DefaultAnswerDeadline, o.refreshTimeout)
+	}
 	var sealer repository.Sealer = tokencrypt.Plaintext{}
 	if o.keys != "" {
 		k, err := tokencrypt.ParseKeyring(o.keys)
@@ -246,6 +249,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		Skew:                 o.skew,
 		LockWait:             o.lockWait,
 		RefreshTimeout:       o.refreshTimeout,
+		AnswerDeadline:       o.answerDeadline,
 		CacheSize:            o.cacheSize,
 		MaxRefreshesInFlight: o.maxRefreshesInFlight,
 		Logger:               o.log,
@@ -258,7 +262,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	hc := o.httpClient
 	if hc == nil {
-		hc = provider.NewHTTPClient(o.refreshTimeout)
+		hc = provider.NewHTTPClient(o.answerDeadline)
 	}
 	// The token endpoint's requests show in the refresh's trace.
 	hc = tracing.Client(hc, o.tracerProvider)

@@ -30,6 +30,9 @@ type Config struct {
 	RefreshSkew    time.Duration `env:"TOKEN_REFRESH_SKEW" envDefault:"30s"`
 	LockWait       time.Duration `env:"TOKEN_LOCK_WAIT" envDefault:"15s"`
 	RefreshTimeout time.Duration `env:"TOKEN_REFRESH_TIMEOUT" envDefault:"10s"`
+	// AnswerDeadline bounds the wait for the answer to a request that
+	// presented a refresh token (WithAnswerDeadline).
+	AnswerDeadline time.Duration `env:"TOKEN_ANSWER_DEADLINE" envDefault:"2m"`
 	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
 	// CacheSize bounds the connections each process caches a token of.
 	CacheSize int `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
@@ -153,6 +156,7 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("skew", c.RefreshSkew),
 		slog.Duration("lock_wait", c.LockWait),
 		slog.Duration("refresh_timeout", c.RefreshTimeout),
+		slog.Duration("answer_deadline", c.AnswerDeadline),
 		slog.String("encryption", encryptionSummary(c.EncryptionKeys)),
 	)
 }
@@ -243,6 +247,9 @@ func (c Config) validate() error {
 	}
 	if c.RefreshTimeout <= 0 || c.RefreshTimeout >= c.LockWait {
 		return fmt.Errorf("TOKEN_REFRESH_TIMEOUT must be positive and shorter than TOKEN_LOCK_WAIT (%v)", c.LockWait)
+	}
+	if c.AnswerDeadline < c.RefreshTimeout {
+		return fmt.Errorf("TOKEN_ANSWER_DEADLINE must not be shorter than TOKEN_REFRESH_TIMEOUT (%v)", c.RefreshTimeout)
 	}
 	if c.DefaultLifetime < 0 {
 		return errors.New("TOKEN_DEFAULT_LIFETIME must not be negative")

@@ -88,7 +88,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 	}
 	oc := OAuth2Config(cfg.OAuth)
-	tokenHTTP := provider.NewHTTPClient(cfg.RefreshTimeout)
+	tokenHTTP := provider.NewHTTPClient(cfg.AnswerDeadline)
 	if o.App != "" {
 		tokenHTTP.Transport = userAgent{base: tokenHTTP.Transport, value: UserAgent(o.App)}
 	}
@@ -96,6 +96,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		tokenguard.WithSkew(cfg.RefreshSkew),
 		tokenguard.WithLockWait(cfg.LockWait),
 		tokenguard.WithRefreshTimeout(cfg.RefreshTimeout),
+		tokenguard.WithAnswerDeadline(cfg.AnswerDeadline),
 		tokenguard.WithCacheSize(cfg.CacheSize),
 		tokenguard.WithMaxRefreshesInFlight(cfg.MaxRefreshesInFlight),
 		tokenguard.WithSyncCommit(cfg.SyncCommit),

@@ -49,6 +49,19 @@ func (f RefreshFailure) Blocked(now time.Time) bool {
 	return f.Failures > 0 && (f.RetryAt.IsZero() || (!f.ReplayUntil.IsZero() && !now.Before(f.ReplayUntil)))
 }
 
+// CodeAnswerLost is the code of a failure episode opened by a lost answer:
+// a request that presented the refresh token got no answer within the
+// answer deadline, or its holder vanished before the answer came.
+const CodeAnswerLost = "answer_lost"
+
+// ProbeFirst reports whether the refresh token may be presented again only
+// once the provider answers again: the last presentation's answer was lost
+// at a provider whose reuse grace nothing is known of (no window bounds
+// the replay), so a request of ours may still be queued there.
+func (f RefreshFailure) ProbeFirst() bool {
+	return f.Failures > 0 && f.Code == CodeAnswerLost && f.ReplayUntil.IsZero() && !f.RetryAt.IsZero()
+}
+
 // Describe is the failure as listings show it (no secret: the code is
 // the reported one).
 func (f RefreshFailure) Describe() string {

@@ -40,13 +40,14 @@ const (
 // rotated token or for the lease to end); a strict provider would take a
 // second presentation for a reuse and revoke the grant.
 //
-// The lease covers the provider call (call, its bound) and leaseTerm more
-// from the start; the holder's process renews it in the background until
-// end is called, so it lasts as long as its holder lives and no longer: a
-// process killed mid-refresh holds up the others until call and a second
-// have passed since it took the lease, at most. (Covering the call up
-// front keeps the lease safe when the renewals wait for a pool connection
-// behind a burst of refreshes.)
+// The lease covers the wait for the provider's answer (call, the answer
+// deadline) and leaseTerm more from the start; the holder's process renews
+// it in the background until end is called. Covering the wait up front
+// keeps the lease safe when the renewals wait for a pool connection behind
+// a burst of refreshes, or the database is away. A lease that runs out on
+// the same version is abandoned, not free (leaseFree): its holder's
+// request is unresolved, and the use case records its answer as lost
+// before anyone presents the refresh token again.
 // Storing a newer version ends the lease for everyone (Save deletes it in
 // the writing statement); end(true) deletes it and announces the release,
 // for a refresh whose token was not spent.
@@ -128,11 +129,15 @@ const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
     AND l.server_started = pg_postmaster_start_time() AND now() <= l.until`
 
 // leaseFree is the condition under which an existing lease l may be taken
-// over by EXCLUDED: it is on another version (stored since), or it was
-// taken or renewed on this server and has run out. A lease from another
-// server (a restart, a failover, or a release without server_started) is
-// never free at first sight: takeLeaseSQL holds it for the grace instead.
-const leaseFree = `(l.version <> EXCLUDED.version OR (l.server_started = EXCLUDED.server_started AND now() > l.until))`
+// over by EXCLUDED: it is on another version (stored since). A lease on
+// the same version is never free by time: a holder that ran out of it
+// (died, or lost the database past the answer deadline) left a request
+// whose answer may still be on its way or queued at the provider, and the
+// version's refresh token is presented again only after the use case has
+// recorded the lost answer (Fail deletes the lease). A lease from another
+// server (a restart, a failover) is moved to this one and held at least
+// for the grace, for its holder to renew it.
+const leaseFree = `(l.version <> EXCLUDED.version)`
 
 // takeLeaseSQL takes the lease on version $2 of connection $1 for holder
 // $3 unless another holder's lease on that version runs, and returns the
@@ -161,7 +166,7 @@ WHERE c.name = $1 AND t.version = $2 AND t.status <> $6
 // leaseUpsert ends the statements that take a lease.
 const leaseUpsert = `ON CONFLICT (connection_id) DO UPDATE SET
     holder  = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.holder ELSE l.holder END,
-    until   = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.until ELSE now() + $5 * interval '1 millisecond' END,
+    until   = CASE WHEN ` + leaseFree + ` THEN EXCLUDED.until ELSE greatest(l.until, now() + $5 * interval '1 millisecond') END,
     taken_at = CASE WHEN ` + leaseFree + ` THEN now() ELSE l.taken_at END,
     version = EXCLUDED.version,
     server_started = EXCLUDED.server_started

@@ -115,7 +115,7 @@ func TestGetWithLeaseSaysWhileALeaseRuns(t *testing.T) {
 		if got.Version != want.Version || !got.AccessToken.Equal(want.AccessToken) || !got.RefreshToken.Equal(want.RefreshToken) || !got.Expiry.Equal(want.Expiry) {
 			t.Fatalf("GetWithLease read version %d, Get version %d: not the same token", got.Version, want.Version)
 		}
-		return leased
+		return leased.Running
 	}
 	if leased() {
 		t.Fatal("a lease is said to run before any was taken")

@@ -59,10 +59,16 @@ var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type
 const tokenFrom = ` FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
-// selectTokenLeased is selectToken with, as leased, whether another
-// holder's lease on the version read runs.
+// selectTokenLeased is selectToken with what there is of a lease on the
+// version read: whether it runs (leased), its age and whether it ran out
+// unresolved (abandoned: refused anyway, see leaseFree).
 var selectTokenLeased = "SELECT " + selectTokenColumns +
-	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" + tokenFrom
+	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" +
+	", (SELECT greatest(0, (extract(epoch FROM now() - l.taken_at) * 1000)::bigint) FROM tokenguard_refresh_leases l " + leaseOfVersion + ") AS lease_age_ms" +
+	", EXISTS (SELECT FROM tokenguard_refresh_leases l " + leaseOfVersion + " AND now() > l.until) AS abandoned" + tokenFrom
+
+// leaseOfVersion picks the lease l on token t's version, running or not.
+const leaseOfVersion = `WHERE l.connection_id = t.connection_id AND l.version = t.version`
 
 // tokenColumns are the same columns, of a write's result u.
 var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
@@ -105,25 +111,33 @@ func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.To
 	return getToken(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
 }
 
-// GetWithLease is Get, and reports whether another holder is refreshing
-// the version read (its lease runs): a caller about to refresh can wait
-// for that refresh instead of taking the lock only to be told so.
-func (r *TokenRepository) GetWithLease(ctx context.Context, connection string) (domain.Token, bool, error) {
+// GetWithLease is Get, and reports what it saw of another holder's
+// refresh of the version read (its lease): a caller about to refresh can
+// wait for that refresh instead of taking the lock only to be told so, or
+// stop waiting for an answer that is overdue.
+func (r *TokenRepository) GetWithLease(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
 	var rows []leasedTokenRow
 	if err := r.db.WithContext(ctx).Raw(selectTokenLeased+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
-		return domain.Token{}, false, storeError(ctx, "get token", err)
+		return domain.Token{}, usecase.Lease{}, storeError(ctx, "get token", err)
 	}
 	if len(rows) == 0 {
-		return domain.Token{}, false, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
+		return domain.Token{}, usecase.Lease{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
-	t, err := rows[0].Token.domain(r.sealer)
-	return t, rows[0].Leased, err
+	row := rows[0]
+	t, err := row.Token.domain(r.sealer)
+	l := usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
+	if row.LeaseAgeMs != nil {
+		l.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond
+	}
+	return t, l, err
 }
 
 // leasedTokenRow is a row of selectTokenLeased.
 type leasedTokenRow struct {
-	Token  tokenRow `gorm:"embedded"`
-	Leased bool
+	Token      tokenRow `gorm:"embedded"`
+	Leased     bool
+	LeaseAgeMs *int64
+	Abandoned  bool
 }
 
 // DefaultPage is how many rows Each reads per query.

@@ -162,7 +162,7 @@ func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error)
 	return c.TokenRepository.Get(ctx, id)
 }
 
-func (c countingStore) GetWithLease(ctx context.Context, id string) (domain.Token, bool, error) {
+func (c countingStore) GetWithLease(ctx context.Context, id string) (domain.Token, usecase.Lease, error) {
 	defer c.enter()()
 	return c.TokenRepository.GetWithLease(ctx, id)
 }

@@ -39,14 +39,14 @@ func failingPause(n int) time.Duration {
 
 // paced reports whether err is a provider answer the use case paces per
 // connection instead of retrying it: an unclassified answer, or a lost
-// answer at a provider whose profile says how often its refresh token may
-// be presented (no grace window, or one that runs out).
+// answer (the refresh token is presented again only as the provider's
+// grace window allows, or after a probe where nothing is known of it).
 func paced(err error) (*domain.ProviderError, bool) {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) {
 		return nil, false
 	}
-	return pe, pe.Class == domain.Unclassified || (pe.Lost && (pe.NoReplay || !pe.ReplayUntil.IsZero()))
+	return pe, pe.Class == domain.Unclassified || pe.Lost
 }
 
 // checkFailure refuses a refresh of t that its failure episode does not
@@ -80,14 +80,17 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 	f.Failing = f.Failing || f.Failures >= failingAfter
 	if pe.Lost {
 		if f.Code == "" {
-			f.Code = "answer_lost"
+			f.Code = domain.CodeAnswerLost
 		}
+		f.Failing = true // shown at once: the refresh token waits for evidence
 		if f.ReplayUntil.IsZero() || (!pe.ReplayUntil.IsZero() && pe.ReplayUntil.Before(f.ReplayUntil)) {
 			f.ReplayUntil = pe.ReplayUntil // the first presentation's window
 		}
-		if pe.NoReplay || !f.RetryAt.Before(f.ReplayUntil) {
+		if pe.NoReplay || (!f.ReplayUntil.IsZero() && !f.RetryAt.Before(f.ReplayUntil)) {
 			// Never again: shown failing at once, for the app to ask its
-			// user to connect again.
+			// user to connect again. Without a window (nothing is known of
+			// the provider), again after the pause and a probe
+			// (domain.RefreshFailure.ProbeFirst).
 			f.RetryAt, f.Failing = time.Time{}, true
 		}
 	}

@@ -195,8 +195,8 @@ type heldStore struct {
 
 func (s heldStore) Get(context.Context, string) (domain.Token, error) { return s.tok, nil }
 
-func (s heldStore) GetWithLease(context.Context, string) (domain.Token, bool, error) {
-	return s.tok, false, nil
+func (s heldStore) GetWithLease(context.Context, string) (domain.Token, Lease, error) {
+	return s.tok, Lease{}, nil
 }
 
 func (s heldStore) InLock(ctx context.Context, _ string, _, _ time.Duration, fn func(context.Context, LockedStore) error) error {

@@ -61,9 +61,9 @@ func (s withoutLeases) ClaimInLock(ctx context.Context, connection string, hold 
 }
 
 // GetWithLease never reports a lease: the strategy before them.
-func (s withoutLeases) GetWithLease(ctx context.Context, connection string) (domain.Token, bool, error) {
+func (s withoutLeases) GetWithLease(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
 	t, err := s.TokenStore.Get(ctx, connection)
-	return t, false, err
+	return t, usecase.Lease{}, err
 }
 
 // lockCounting counts the lock transactions run through it.

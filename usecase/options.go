@@ -18,6 +18,14 @@ type Options struct {
 	// shorter than LockWait, so that a process waiting behind a refresh
 	// outlasts it and then finds the new token instead of timing out.
 	RefreshTimeout time.Duration
+	// AnswerDeadline bounds how long the answer to a request that
+	// presented a refresh token is awaited (default 2m), independent of
+	// callers, who stop waiting after RefreshTimeout. Until the answer is
+	// in, or the deadline passes, no process presents that refresh token
+	// again: a hung provider answers its queue when it resumes, and a
+	// strict one takes a second presentation for a reuse. At least
+	// RefreshTimeout.
+	AnswerDeadline time.Duration
 	// WriteTimeout bounds persisting the rotated token after the provider
 	// answered (default 5s).
 	WriteTimeout time.Duration
@@ -67,6 +75,7 @@ const (
 	DefaultSkew           = 30 * time.Second
 	DefaultLockWait       = 15 * time.Second
 	DefaultRefreshTimeout = 10 * time.Second
+	DefaultAnswerDeadline = 2 * time.Minute
 	DefaultWriteTimeout   = 5 * time.Second
 	DefaultForceInterval  = 5 * time.Second
 	DefaultRescueWindow   = 30 * time.Second
@@ -90,6 +99,9 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	if o.RefreshTimeout == 0 {
 		o.RefreshTimeout = min(DefaultRefreshTimeout, o.LockWait*2/3)
+	}
+	if o.AnswerDeadline == 0 {
+		o.AnswerDeadline = max(DefaultAnswerDeadline, o.RefreshTimeout)
 	}
 	if o.WriteTimeout == 0 {
 		o.WriteTimeout = DefaultWriteTimeout
@@ -128,6 +140,8 @@ func (o Options) withDefaults() (Options, error) {
 		return o, errors.New("usecase: timeouts must be positive")
 	case o.MaxRefreshesInFlight < 0:
 		return o, fmt.Errorf("usecase: max refreshes in flight %d is negative", o.MaxRefreshesInFlight)
+	case o.AnswerDeadline < o.RefreshTimeout:
+		return o, fmt.Errorf("usecase: answer deadline %v must not be shorter than refresh timeout %v", o.AnswerDeadline, o.RefreshTimeout)
 	case o.RefreshTimeout >= o.LockWait:
 		return o, fmt.Errorf("usecase: refresh timeout %v must be shorter than lock wait %v", o.RefreshTimeout, o.LockWait)
 	}

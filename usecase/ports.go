@@ -18,9 +18,9 @@ import (
 type TokenStore interface {
 	// Get reads a token without locking.
 	Get(ctx context.Context, connection string) (domain.Token, error)
-	// GetWithLease is Get, and reports whether another holder's refresh
-	// of the version read is under way (its lease runs).
-	GetWithLease(ctx context.Context, connection string) (domain.Token, bool, error)
+	// GetWithLease is Get, and reports what it knows of another holder's
+	// refresh of the version read (its lease).
+	GetWithLease(ctx context.Context, connection string) (domain.Token, Lease, error)
 	// InLock runs fn in a transaction holding the connection's exclusive
 	// refresh lock. ctx and wait bound the wait for the lock; after that fn
 	// runs under the context it is given, bounded by hold and no longer
@@ -57,6 +57,19 @@ type TokenStore interface {
 	SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error)
 }
 
+// Lease is what a read saw of the refresh lease on the version it read.
+type Lease struct {
+	// Running: another holder presented (or is about to present) the
+	// version's refresh token and its answer is not in.
+	Running bool
+	// Age is how long ago the lease was taken, when there is one.
+	Age time.Duration
+	// Abandoned: the lease ran out with no answer stored or recorded (its
+	// holder died or lost the database past the answer deadline). The
+	// request it covered is unresolved for good: its answer is lost.
+	Abandoned bool
+}
+
 // LeaseBid is the refresh lease a caller asks for with the lock
 // (TokenStore.ClaimInLock).
 type LeaseBid struct {
@@ -88,9 +101,11 @@ type LockedStore interface {
 	// connection are let go, so that the provider call holds neither. The
 	// record lives on until end is called: until then, the next holder's
 	// Lease fails with domain.ErrRefreshInProgress, unless a newer version
-	// was stored, or call (the bound of the provider call) and a second
-	// have passed since it was taken and its holder stopped renewing it (it
-	// died). Save ends it for everyone when it stores the rotated token;
+	// was stored. A lease on the same version is never free by time: once
+	// call (the answer deadline) and a second have passed since it was
+	// taken and its holder stopped renewing it, it is abandoned
+	// (Lease.Abandoned) and still refused until Fail records the lost
+	// answer. Save ends it for everyone when it stores the rotated token;
 	// end(true) deletes it and announces that, for a refresh whose token
 	// was not spent.
 	Lease(ctx context.Context, t domain.Token, call time.Duration) (end func(release bool), err error)

@@ -25,6 +25,7 @@ func (u *RefreshTokenUseCase) skewOf(t domain.Token) time.Duration {
 // provider only, never another provider's refreshes. The set is bounded
 // by the providers a process's connections name.
 type clientGates struct {
+	why   string // what a closed gate says (after the provider did what)
 	mu    sync.Mutex
 	gates map[string]*clientGate
 }
@@ -37,7 +38,7 @@ func (g *clientGates) of(provider string) *clientGate {
 		if g.gates == nil {
 			g.gates = map[string]*clientGate{}
 		}
-		c = &clientGate{}
+		c = &clientGate{why: g.why}
 		g.gates[provider] = c
 	}
 	return c

@@ -3,6 +3,7 @@ package usecase
 import (
 	"cmp"
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
@@ -28,6 +29,7 @@ type RefreshTokenUseCase struct {
 	announced announcements       // wakes the callers waiting for another process's refresh
 
 	gate       clientGates // per provider: pauses its calls after it rejected the client
+	hung       clientGates // per provider: pauses its calls after one went unanswered past RefreshTimeout
 	forced     throttle    // connection -> last forced refresh
 	errorLines throttle    // connection -> last ERROR line about the client
 }
@@ -40,7 +42,8 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	}
 	u := &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger},
 		slots:  semaphore.NewWeighted(int64(opts.MaxRefreshesInFlight)),
-		forced: throttle{keep: opts.ForceInterval}, errorLines: throttle{keep: errorLineEvery}}
+		forced: throttle{keep: opts.ForceInterval}, errorLines: throttle{keep: errorLineEvery},
+		gate: clientGates{why: "after it rejected the client"}, hung: clientGates{why: "while a refresh it was sent goes unanswered"}}
 	u.cache.capacity, u.cache.clock = int64(max(opts.CacheSize, 0)), opts.Clock
 	return u, nil
 }
@@ -143,6 +146,9 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 		seen = cached.tok
 	} else {
 		t, done, err := u.read(ctx, connection)
+		if errors.Is(err, errAnswerPending) && usable(t, u.opts.Clock.Now()) {
+			return t, nil // served, not cached: the next caller looks again
+		}
 		if err != nil {
 			return domain.Token{}, err
 		}
@@ -171,7 +177,7 @@ func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (doma
 	woken, unwatch := u.announced.watch(connection)
 	defer unwatch()
 	readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
-	t, leased, err := u.store.GetWithLease(readCtx, connection)
+	t, lease, err := u.store.GetWithLease(readCtx, connection)
 	cancel()
 	switch {
 	case err != nil:
@@ -180,8 +186,13 @@ func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (doma
 		return t, false, needsReauth(t)
 	case !u.stale(t):
 		return t, true, nil
-	case !leased:
+	case lease.Abandoned:
+		t, err = u.abandoned(ctx, t)
+		return t, false, err
+	case !lease.Running:
 		return t, false, nil
+	case u.overdue(lease):
+		return t, false, u.answerPending(lease)
 	}
 	asked := time.Now()
 	_, span := u.opts.Tracer.Start(ctx, StepLockWait, connection)
@@ -397,6 +408,9 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		case done:
 			held(nil)
 			return claimed{current: t, waited: time.Since(asked), other: true}, nil
+		case errors.Is(err, errAnswerPending):
+			held(nil)
+			return claimed{current: t, waited: time.Since(asked), other: true}, err
 		case err != nil:
 			err = fmt.Errorf("%w: %w", domain.ErrLockTimeout, leased)
 			held(err)
@@ -443,7 +457,7 @@ func (u *RefreshTokenUseCase) lookAgain(ctx context.Context, connection string, 
 	for {
 		woken, unwatch := u.announced.watch(connection)
 		readCtx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)
-		t, leased, err := u.store.GetWithLease(readCtx, connection)
+		t, lease, err := u.store.GetWithLease(readCtx, connection)
 		cancel()
 		switch {
 		case err != nil:
@@ -452,9 +466,16 @@ func (u *RefreshTokenUseCase) lookAgain(ctx context.Context, connection string, 
 		case t.Status == domain.StatusNeedsReauth || !due(t):
 			unwatch()
 			return t, true, nil
-		case !leased:
+		case lease.Abandoned:
+			unwatch()
+			t, err = u.abandoned(ctx, t)
+			return t, false, err
+		case !lease.Running:
 			unwatch()
 			return t, false, nil
+		case u.overdue(lease):
+			unwatch()
+			return t, false, u.answerPending(lease)
 		}
 		_, err = u.awaitLease(ctx, asked, woken, u.leasePoll(), domain.ErrRefreshInProgress)
 		unwatch()
@@ -474,10 +495,10 @@ var errLockHeld = fmt.Errorf("lock held by another transaction: %w", domain.ErrR
 // decides), or none seen.
 func (u *RefreshTokenUseCase) bidFor(seen domain.Token, forced bool, due func(domain.Token) bool) *LeaseBid {
 	if forced || seen.Version == 0 || seen.Status == domain.StatusNeedsReauth || seen.Failure.Failures > 0 || !due(seen) ||
-		u.gate.of(seen.Provider).check(u.opts.Clock.Now()) != nil {
+		u.gate.of(seen.Provider).check(u.opts.Clock.Now()) != nil || u.hung.of(seen.Provider).check(u.opts.Clock.Now()) != nil {
 		return nil
 	}
-	return &LeaseBid{Version: seen.Version, Call: u.opts.RefreshTimeout}
+	return &LeaseBid{Version: seen.Version, Call: u.opts.AnswerDeadline}
 }
 
 // tryClaim is claim's transaction, waiting at most wait for the lock, or
@@ -500,6 +521,9 @@ func (u *RefreshTokenUseCase) tryClaim(ctx context.Context, connection string, f
 			return nil // refreshed by another process meanwhile, or dead
 		}
 		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
+			return err
+		}
+		if err := u.hung.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
 			return err
 		}
 		if err := checkFailure(t, u.opts.Clock.Now()); err != nil {
@@ -547,7 +571,7 @@ func (u *RefreshTokenUseCase) reread(ctx context.Context, s LockedStore, connect
 // lease is no failure of the step: the caller waits for it.
 func (u *RefreshTokenUseCase) lease(ctx context.Context, s LockedStore, t domain.Token) (func(bool), error) {
 	_, span := u.opts.Tracer.Start(ctx, StepLease, t.Connection)
-	end, err := s.Lease(ctx, t, u.opts.RefreshTimeout)
+	end, err := s.Lease(ctx, t, u.opts.AnswerDeadline)
 	other := errors.Is(err, domain.ErrRefreshInProgress) || errors.Is(err, ErrBidMissed)
 	spanErr := err
 	if other {
@@ -599,20 +623,134 @@ func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, w
 	}
 }
 
-// redeem spends the refresh token of the token c leased at the provider,
+// redeem spends the refresh token of the token c leased at the provider
+// (resolve) and waits for the outcome at most RefreshTimeout. A provider
+// that has not answered by then keeps its request: the answer is awaited
+// in the background until the answer deadline, under the lease, so that no
+// process presents the refresh token again meanwhile, while the caller is
+// told errAnswerPending (a still-valid token is served through it) and the
+// provider's calls pause (the hung gate): callers do not each wait out a
+// hung provider.
+func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claimed) (redeemed, error) {
+	ctx = context.WithoutCancel(ctx)
+	type outcome struct {
+		r   redeemed
+		err error
+	}
+	done := make(chan outcome, 1)
+	u.flights.running.add() // a drain waits for the answer too
+	go func() {
+		defer u.flights.running.done()
+		r, err := u.resolve(ctx, store, c)
+		done <- outcome{r, err}
+	}()
+	timer := time.NewTimer(u.opts.RefreshTimeout)
+	defer timer.Stop()
+	select {
+	case o := <-done:
+		return o.r, o.err
+	case <-timer.C:
+	}
+	t := c.current
+	c.release() // the slot bounds calls that callers wait for, not a hung provider's queue
+	err := fmt.Errorf("%w: %w: the token endpoint has not answered a refresh in %v; its answer is awaited for up to %v",
+		domain.ErrProviderUnavailable, errAnswerPending, u.opts.RefreshTimeout, u.opts.AnswerDeadline)
+	hung := u.hung.of(t.Provider)
+	hung.reject(u.opts.Clock.Now(), hung.settings(), err)
+	u.opts.Logger.Warn("token endpoint has not answered a refresh; awaiting its answer, callers get the current token while it is valid",
+		"connection", t.Connection, "provider", t.Provider, "version", t.Version, "answer_deadline", u.opts.AnswerDeadline)
+	go func() {
+		o := <-done
+		u.late(t, o.r, o.err)
+	}()
+	return redeemed{from: t.RefreshToken}, err
+}
+
+// errAnswerPending: a request that presented the stored refresh token is
+// unresolved (its answer is awaited), so the token cannot be refreshed
+// now. It comes wrapped with domain.ErrProviderUnavailable and
+// domain.ErrRefreshInProgress.
+var errAnswerPending = errors.New("the answer to the refresh under way is not in yet")
+
+// answerPending is the error of a caller that found another holder's
+// lease running past RefreshTimeout: it does not wait for the answer.
+func (u *RefreshTokenUseCase) answerPending(l Lease) error {
+	return fmt.Errorf("%w: %w: %w (presented %v ago)", domain.ErrProviderUnavailable, domain.ErrRefreshInProgress,
+		errAnswerPending, l.Age.Round(time.Millisecond))
+}
+
+// overdue reports whether another holder's running lease has waited for
+// its answer longer than a caller waits.
+func (u *RefreshTokenUseCase) overdue(l Lease) bool {
+	return l.Running && l.Age > u.opts.RefreshTimeout
+}
+
+// late tells operators how a refresh that outlived its callers ended.
+func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
+	log := u.opts.Logger.With("connection", t.Connection, "provider", t.Provider, "from_version", t.Version)
+	switch {
+	case err == nil && r.revoked != nil:
+		log.Error("connection needs re-authorisation: the provider rejected its grant", "reason", r.reason)
+		u.opts.OnNeedsReauth(t.Connection, r.reason)
+	case err == nil:
+		log.Info("late answer to a refresh stored", "version", r.tok.Version)
+	default:
+		log.Warn("refresh that outlived its callers failed", "err", err)
+	}
+}
+
+// abandoned records, for t's version, the lost answer of a lease that ran
+// out unresolved (its holder vanished with its request unanswered), so
+// that the refresh token is presented again only after a probe of the
+// provider (domain.RefreshFailure.ProbeFirst). It returns the token as
+// stored afterwards.
+func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (domain.Token, error) {
+	now := u.opts.Clock.Now()
+	out := t
+	err := u.store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
+		cur, err := s.Get(txCtx, t.Connection)
+		if err != nil || cur.Version != t.Version {
+			out = cur
+			return err // stored since: nothing was lost
+		}
+		f := nextFailure(cur.Failure, &domain.ProviderError{Lost: true}, now)
+		if err := s.Fail(txCtx, cur, f); err != nil {
+			return err
+		}
+		cur.Failure, out = f, cur
+		return nil
+	})
+	if err != nil {
+		return t, fmt.Errorf("record the lost answer of an abandoned refresh: %w", err)
+	}
+	u.opts.Logger.Error("a refresh's holder vanished before its answer came; the refresh token is presented again once the provider answers a probe",
+		"connection", t.Connection, "provider", t.Provider, "version", t.Version)
+	return out, nil
+}
+
+// resolve spends the refresh token of the token c leased at the provider,
 // with no database connection held, and keeps the outcome: the rotated
 // token, or needs_reauth for a dead grant. A failure that leaves the grant
 // alive (provider unavailable, client rejected, endpoint wrong) ends the
 // lease and is returned; the stored token is untouched. A dead grant is
-// stored as needs_reauth and returned as revoked, with a nil error.
+// stored as needs_reauth and returned as revoked, with a nil error. A
+// version whose last answer was lost is presented again only once the
+// provider answers a probe.
 //
 // The call and the write run to the end whatever the caller does: the
-// refresh token is spent once it is sent.
-func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claimed) (redeemed, error) {
-	ctx = context.WithoutCancel(ctx)
+// refresh token is spent once it is sent, and its answer is awaited until
+// the answer deadline.
+func (u *RefreshTokenUseCase) resolve(ctx context.Context, store locker, c claimed) (redeemed, error) {
 	t := c.current
 	r := redeemed{from: t.RefreshToken}
-	callCtx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
+	if t.Failure.ProbeFirst() {
+		if err := u.probe(ctx, t.Provider); err != nil {
+			c.release()
+			u.recordFailure(ctx, store, c, &domain.ProviderError{Lost: true, Err: err})
+			return r, err
+		}
+	}
+	callCtx, cancel := context.WithTimeout(ctx, u.opts.AnswerDeadline)
 	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
 	settings := u.gate.of(t.Provider).settings() // the provider's settings the call goes out with
 	called := time.Now()
@@ -623,6 +761,9 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claime
 	// The slot bounds the calls at the provider: the next one may start
 	// while this answer is written.
 	c.release()
+	if answered(err) {
+		u.hung.of(t.Provider).accept()
+	}
 	switch {
 	case err == nil:
 		u.gate.of(t.Provider).accept()
@@ -795,6 +936,30 @@ type redeemed struct {
 	revoked error         // the grant is dead: stored as needs_reauth
 	reason  string        // why, as stored
 	latency time.Duration // of the provider call
+}
+
+// answered reports whether the provider answered a call that ended with
+// err: it is not hanging.
+func answered(err error) bool {
+	var pe *domain.ProviderError
+	return err == nil || (errors.As(err, &pe) && pe.HTTPStatus != 0)
+}
+
+// probe asks provider's token endpoint to redeem a refresh token that
+// cannot exist, before a refresh token whose last answer was lost is
+// presented again: an answer (any 2xx, 3xx or 4xx but 429) says the
+// provider processes requests again, so a request of ours queued there
+// has been answered or dropped.
+func (u *RefreshTokenUseCase) probe(ctx context.Context, provider string) error {
+	ctx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
+	defer cancel()
+	_, err := u.refresher.Refresh(ctx, provider, domain.NewSecret("tokenguard-probe-"+rand.Text()))
+	var pe *domain.ProviderError
+	if err == nil || (errors.As(err, &pe) && pe.HTTPStatus != 0 && pe.HTTPStatus < 500 && pe.HTTPStatus != 429) {
+		return nil
+	}
+	return fmt.Errorf("%w: the token endpoint does not answer a probe, and the last answer to this refresh token was lost: %w",
+		domain.ErrProviderUnavailable, err)
 }
 
 // providerOutcome names how a provider call ended, for its span.

@@ -52,9 +52,9 @@ func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
 }
 
 // GetWithLease: the fake takes no leases that another process could hold.
-func (s *fakeStore) GetWithLease(ctx context.Context, id string) (domain.Token, bool, error) {
+func (s *fakeStore) GetWithLease(ctx context.Context, id string) (domain.Token, usecase.Lease, error) {
 	t, err := s.Get(ctx, id)
-	return t, false, err
+	return t, usecase.Lease{}, err
 }
 
 // TryInLock: the fake's lock is never held by another transaction.

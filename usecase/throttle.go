@@ -76,6 +76,7 @@ const (
 // a fleet does not hammer a provider that will answer the same. The pause
 // grows with repeated rejections up to clientPauseMax; a success ends it.
 type clientGate struct {
+	why    string // what a closed gate says, after its pause
 	mu     sync.Mutex
 	until  time.Time
 	cause  error
@@ -91,7 +92,7 @@ func (g *clientGate) check(now time.Time) error {
 	if !now.Before(g.until) {
 		return nil
 	}
-	return fmt.Errorf("%w (provider not called for %v after it rejected the client)", g.cause, g.until.Sub(now).Round(time.Millisecond))
+	return fmt.Errorf("%w (provider not called for %v %s)", g.cause, g.until.Sub(now).Round(time.Millisecond), g.why)
 }
 
 // reject closes the gate after the provider answered err at now to a call

@@ -55,16 +55,21 @@ type Policy struct {
 	// like any transient failure, as for a provider nothing is known of.
 	// None: never; the error says so (domain.ProviderError.NoReplay). A
 	// window: only within it from the first presentation (ReplayUntil).
-	// PolicyFor sets it from a profile.
+	// Unknown (the zero value): not within the call; the use case presents
+	// it again only once the provider answers again. PolicyFor sets it from
+	// a profile.
 	ReuseGrace profiles.Duration
+	// ReplayHarmless: the provider does not rotate refresh tokens, so a
+	// lost answer's token may be presented again at once.
+	ReplayHarmless bool
 }
 
 // PolicyFor is the retry policy of a provider with profile p: its reuse
 // grace window, unless its refresh tokens do not rotate (then presenting
 // one again is harmless, whatever the window).
 func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
-	pol := Policy{Log: log}
-	if p.Rotation != profiles.RotationNo {
+	pol := Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo}
+	if !pol.ReplayHarmless {
 		pol.ReuseGrace = p.Grace
 	}
 	return pol
@@ -134,15 +139,15 @@ func (p Policy) withDefaults() Policy {
 //
 // Retrying after an ambiguous failure (a timeout, a connection reset after
 // the request was sent: domain.ProviderError.Lost) may present a refresh
-// token the provider already rotated. Policy.ReuseGrace decides: within
-// the provider's declared grace window the provider answers as the first
-// time; where it declares none the request is not sent again (the use
-// case then keeps every process from presenting the token); where nothing
-// is known it is retried like any other transient failure: a strict
-// provider then answers invalid_grant, which the next caller would have
-// got anyway with the same stored token. For the same reason
-// AttemptTimeout should not be set below the provider's worst normal
-// latency. An answer that cannot be classified (domain.Unclassified) is
+// token the provider already rotated, or one still queued there (a hung
+// provider answers its queue when it resumes, and a strict one takes the
+// second presentation for a reuse and revokes the grant). Policy.ReuseGrace
+// decides: within the provider's declared grace window the provider
+// answers as the first time; elsewhere the request is not sent again, and
+// the use case keeps every process from presenting the token until the
+// provider answers again (or for good, where the profile declares no
+// window). For the same reason AttemptTimeout should not be set below the
+// provider's worst normal latency. An answer that cannot be classified (domain.Unclassified) is
 // returned after the first try: the use case paces those per connection.
 //
 // backoff.Retry itself is not used: it treats Retry-After as an exact wait
@@ -252,8 +257,11 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 // provider allows.
 func (r *Retrying) mayReplay(pe *domain.ProviderError, first time.Time) bool {
 	g := r.policy.ReuseGrace
-	if !pe.Lost || !g.Known {
+	switch {
+	case !pe.Lost || r.policy.ReplayHarmless:
 		return true
+	case !g.Known:
+		return false // the use case probes the endpoint first
 	}
 	if g.D <= 0 {
 		pe.NoReplay = true

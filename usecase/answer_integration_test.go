@@ -1,0 +1,204 @@
+package usecase_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/postgres"
+	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// answerStack is a process as the apps build it for the generic profile (a
+// provider nothing is known of), its token endpoint's HTTP client bounded
+// by the answer deadline.
+func (w *world) answerStack(t testing.TB, opts usecase.Options) *stack {
+	t.Helper()
+	prof, err := profiles.Get(profiles.Generic)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 4}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = postgres.Close(db) })
+	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(opts.AnswerDeadline),
+		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), provider.PolicyFor(prof, nil))
+	uc, err := di.NewRefreshTokenUseCase(db, ref, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
+}
+
+// A strict provider (rotation, reuse revokes the grant) that takes longer
+// than the refresh timeout to answer keeps the one request it was sent:
+// three processes calling at once each get their answer within about the
+// refresh timeout (the token is expired: ErrProviderUnavailable), none
+// presents the refresh token again while the answer is awaited, the late
+// answer is stored, and the grant lives on. The control gives up on the
+// answer at the refresh timeout (an answer deadline no longer than it, as
+// before the deadline existed): the provider's answer is lost, the next
+// presentation is a reuse, and the grant dies.
+func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
+	const (
+		refreshTimeout = time.Second
+		hang           = 3 * time.Second
+	)
+	for _, tc := range []struct {
+		name     string
+		deadline time.Duration
+		reuse    bool
+	}{
+		{"awaited until the answer deadline", 20 * time.Second, false},
+		{"control: given up at the refresh timeout", refreshTimeout, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w := newWorldWith(t, p)
+			clock := &movingClock{now: time.Now()}
+			opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: refreshTimeout,
+				AnswerDeadline: tc.deadline, Logger: quietLogger()}
+			stacks := []*stack{w.answerStack(t, opts), w.answerStack(t, opts), w.answerStack(t, opts)}
+			first := w.connect(t, stacks[0])
+			p.SetRefreshLatency(hang)
+			clock.set(first.Expiry.Add(time.Second)) // expired: nothing valid to serve
+
+			var wg sync.WaitGroup
+			var mu sync.Mutex
+			var slowest time.Duration
+			for _, s := range stacks {
+				for range 4 {
+					wg.Go(func() {
+						start := time.Now()
+						_, err := s.uc.Token(context.Background(), conn)
+						took := time.Since(start)
+						mu.Lock()
+						defer mu.Unlock()
+						slowest = max(slowest, took)
+						if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrNeedsReauth) {
+							t.Errorf("Token during the hang: %v, want ErrProviderUnavailable", err)
+						}
+					})
+				}
+			}
+			wg.Wait()
+			if slowest > refreshTimeout+time.Second {
+				t.Errorf("a caller waited %v during the hang, past the refresh timeout %v", slowest, refreshTimeout)
+			}
+			// The provider answers (or, in the control, answers a client that
+			// has gone); then it is healthy again.
+			eventually(t, func() bool { return p.Stats().Refreshes == 1 }, "the hung refresh was never processed")
+			p.SetRefreshLatency(0)
+			if !tc.reuse {
+				eventually(t, func() bool {
+					got, err := stacks[1].repo.Get(context.Background(), conn)
+					return err == nil && got.Version == first.Version+1
+				}, "the late answer was not stored")
+			}
+			// Later, past any pause, another process asks again.
+			clock.set(first.Expiry.Add(10 * time.Minute))
+			_, errLater := stacks[2].uc.Token(context.Background(), conn)
+			st := p.Stats()
+			c, err := stacks[0].repo.Connection(context.Background(), conn)
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Logf("slowest caller %v; provider: %d refreshes, %d rejected, %d reuse; later call: %v; status %s %s",
+				slowest.Round(time.Millisecond), st.Refreshes, st.RefreshRejected, st.RefreshReuse, errLater, c.Status, c.StatusReason)
+			if tc.reuse {
+				if st.RefreshReuse == 0 || c.Status != domain.StatusNeedsReauth {
+					t.Errorf("control: reuse %d, status %s: want the grant killed by a second presentation", st.RefreshReuse, c.Status)
+				}
+				return
+			}
+			if st.RefreshReuse != 0 || c.Status != domain.StatusActive || errLater != nil {
+				t.Errorf("reuse %d, status %s, later call %v: want 0, active, a token", st.RefreshReuse, c.Status, errLater)
+			}
+		})
+	}
+}
+
+// A lease whose holder vanished with its request unanswered is abandoned,
+// never free: the next process records the lost answer (the connection
+// shows failing, answer_lost) without presenting the refresh token, and
+// presents it again only after the pause and a probe the provider answers.
+func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
+	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := newWorldWith(t, p)
+	clock := &movingClock{now: time.Now()}
+	opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 3 * time.Second, RefreshTimeout: time.Second,
+		AnswerDeadline: 2 * time.Second, Logger: quietLogger()}
+	a := w.answerStack(t, opts)
+	first := w.connect(t, a)
+	ctx := context.Background()
+
+	// A holder takes the lease and dies: it stops renewing it, and nothing
+	// ends it.
+	err = a.repo.InLock(ctx, conn, time.Second, time.Second, func(ctx context.Context, s usecase.LockedStore) error {
+		end, err := s.Lease(ctx, first, 0)
+		if err == nil {
+			end(false)
+		}
+		return err
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock.set(first.Expiry.Add(time.Second))
+	_, l, err := a.repo.GetWithLease(ctx, conn)
+	if err != nil || !l.Running || l.Abandoned {
+		t.Fatalf("fresh lease: %+v, %v", l, err)
+	}
+	eventually(t, func() bool {
+		_, l, err := a.repo.GetWithLease(ctx, conn)
+		return err == nil && l.Abandoned
+	}, "the dead holder's lease never ran out")
+
+	b := w.answerStack(t, opts)
+	_, err = b.uc.Token(ctx, conn)
+	if !errors.Is(err, domain.ErrProviderUnavailable) {
+		t.Fatalf("Token after the holder vanished: %v, want ErrProviderUnavailable", err)
+	}
+	c, err := b.repo.Connection(ctx, conn)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.Status != domain.StatusFailing || c.Failure.Code != domain.CodeAnswerLost || !c.Failure.ProbeFirst() {
+		t.Fatalf("after the abandoned lease: status %s, failure %+v; want failing, answer_lost, probe first", c.Status, c.Failure)
+	}
+	if st := p.Stats(); st.Refreshes+st.RefreshRejected != 0 {
+		t.Fatalf("the provider was asked %d times while the lost answer was not recorded", st.Refreshes+st.RefreshRejected)
+	}
+	// Past the pause: a probe (a made-up refresh token, rejected), then the
+	// one presentation.
+	clock.set(first.Expiry.Add(10 * time.Minute))
+	tok, err := b.uc.Token(ctx, conn)
+	if err != nil {
+		t.Fatalf("Token after the pause: %v", err)
+	}
+	st := p.Stats()
+	if st.Refreshes != 1 || st.RefreshRejected != 1 || st.RefreshReuse != 0 || tok.Version != first.Version+1 {
+		t.Errorf("provider: %d refreshes, %d rejected (the probe), %d reuse; version %d: want 1, 1, 0, %d",
+			st.Refreshes, st.RefreshRejected, st.RefreshReuse, tok.Version, first.Version+1)
+	}
+	if c, err := b.repo.Connection(ctx, conn); err != nil || c.Status != domain.StatusActive {
+		t.Errorf("status after the refresh: %+v, %v", c, err)
+	}
+}
