@@ -46,29 +46,55 @@ func TestLeaseKeepsOthersOutUntilItEnds(t *testing.T) {
 	endB(true)
 }
 
-func TestLeaseOfADeadHolderRunsOut(t *testing.T) {
+// A dead holder's lease runs out into abandoned, never free: its request
+// is unresolved, so the version's refresh token is refused to everyone
+// until the lost answer is recorded (Fail), which ends the lease.
+func TestLeaseOfADeadHolderIsAbandonedNotFree(t *testing.T) {
 	r, _, _ := newRepo(t)
+	ctx := context.Background()
 	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
 	end, err := lease(t, r, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
 	end(false) // renewals stop, the record stays: the holder died
-	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
-		t.Fatalf("err = %v, want ErrRefreshInProgress while the term runs", err)
+	if _, l, err := r.GetWithLease(ctx, "acme"); err != nil || !l.Running || l.Abandoned {
+		t.Fatalf("while the term runs: %+v, %v; want running", l, err)
 	}
 	deadline := time.Now().Add(10 * time.Second)
 	for {
-		endB, err := lease(t, r, tok)
-		if err == nil {
-			endB(true)
-			return
+		_, l, err := r.GetWithLease(ctx, "acme")
+		if err != nil {
+			t.Fatal(err)
 		}
-		if !errors.Is(err, domain.ErrRefreshInProgress) || time.Now().After(deadline) {
-			t.Fatalf("the lease of a holder that stopped renewing never ran out: %v", err)
+		if l.Abandoned {
+			if l.Running || l.Age < leaseTermForTest {
+				t.Fatalf("abandoned lease: %+v", l)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the lease of a holder that stopped renewing never ran out")
 		}
 		time.Sleep(100 * time.Millisecond)
 	}
+	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
+		t.Fatalf("lease on an abandoned one: err = %v, want ErrRefreshInProgress", err)
+	}
+	f := domain.RefreshFailure{Failures: 1, Since: time.Now(), LastAt: time.Now(), RetryAt: time.Now().Add(time.Second), Code: domain.CodeAnswerLost}
+	if err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
+		return l.Fail(ctx, tok, f)
+	}); err != nil {
+		t.Fatal(err)
+	}
+	if _, l, err := r.GetWithLease(ctx, "acme"); err != nil || l != (usecase.Lease{}) {
+		t.Fatalf("after the lost answer was recorded: %+v, %v; want no lease", l, err)
+	}
+	endB, err := lease(t, r, tok)
+	if err != nil {
+		t.Fatalf("lease after the lost answer was recorded: %v", err)
+	}
+	endB(true)
 }
 
 func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
@@ -157,7 +183,8 @@ const leaseTermForTest = time.Second
 // not record the server, is not judged by its until, which its holder
 // could not extend while the server was away: the first look on this
 // server holds it for the grace, for the holder to reconnect and renew it
-// or store what it rotated. Only then does it run out as usual.
+// or store what it rotated. Then it runs out as any other: abandoned,
+// never free.
 func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
 	for _, tc := range []struct{ name, server string }{
 		{"failover", "pg_postmaster_start_time() - interval '3 days'"},
@@ -189,11 +216,12 @@ func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
 			if err := db.Exec("UPDATE tokenguard_refresh_leases SET until = now() - interval '1 millisecond'").Error; err != nil {
 				t.Fatal(err)
 			}
-			endB, err := lease(t, r, tok)
-			if err != nil {
-				t.Fatalf("after the grace: %v", err)
+			if _, l, err := r.GetWithLease(context.Background(), "acme"); err != nil || !l.Abandoned {
+				t.Fatalf("after the grace: %+v, %v; want abandoned", l, err)
 			}
-			endB(true)
+			if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
+				t.Fatalf("after the grace: err = %v, want ErrRefreshInProgress (abandoned, not free)", err)
+			}
 		})
 	}
 }

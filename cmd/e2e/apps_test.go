@@ -53,6 +53,8 @@ func TestApps(t *testing.T) {
 	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
 	t.Run("UnknownRefusalFailingAcrossProcesses", func(t *testing.T) { t.Parallel(); testUnknownRefusalFailing(t, bin) })
 	t.Run("TracesThroughServerAndWorker", func(t *testing.T) { t.Parallel(); testTraces(t, bin) })
+	t.Run("FrozenProviderAnswersItsQueue", func(t *testing.T) { t.Parallel(); testFrozenProvider(t, bin, false) })
+	t.Run("FrozenProviderControlGivesUpOnTheAnswer", func(t *testing.T) { t.Parallel(); testFrozenProvider(t, bin, true) })
 }
 
 // testThreeApps runs server, worker and batch --every as processes through
