@@ -6,8 +6,6 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
-
-	"github.com/tokenguard/tokenguard/internal/metricsof"
 )
 
 // Option configures New.
@@ -21,7 +19,7 @@ type options struct {
 	keys                           string
 	encryptionRequired             bool
 	onNeedsReauth                  func(connection, reason string)
-	metrics                        metricsof.Build
+	metrics                        func(ConnectionCounter, bool, *slog.Logger) Metrics
 	connectionLabel                bool
 	httpClient                     *http.Client
 	listenDSN                      string
@@ -90,13 +88,6 @@ func WithEncryptionRequired() Option { return func(o *options) { o.encryptionReq
 // (Import a new grant). reason is the provider's OAuth2 error code.
 func WithNeedsReauth(fn func(connection, reason string)) Option {
 	return func(o *options) { o.onNeedsReauth = fn }
-}
-
-// Prometheus metrics come with prom.WithMetrics (package
-// github.com/tokenguard/tokenguard/prom), so that an application without
-// them links no Prometheus client.
-func init() {
-	metricsof.Option = func(b metricsof.Build) any { return Option(func(o *options) { o.metrics = b }) }
 }
 
 // WithMetricsPerConnection adds a "connection" label to the refresh

@@ -19,7 +19,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
-	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -67,7 +66,7 @@ func (i *idp) connect(t *testing.T, db *gorm.DB, connection string) {
 // refreshAll refreshes every connection of tg once (refresh ahead with a
 // window past every expiry).
 func refreshAll(ctx context.Context, tg *tokenguard.Tokens, db *gorm.DB) (usecase.AheadReport, error) {
-	return usecaseof.Tokens(tg).RefreshAhead(ctx, repository.NewTokenRepository(db, tokencrypt.Plaintext{}), 24*time.Hour, 4)
+	return tg.UseCase().RefreshAhead(ctx, repository.NewTokenRepository(db, tokencrypt.Plaintext{}), 24*time.Hour, 4)
 }
 
 // Connections of three providers (the environment's, one that takes the
@@ -265,7 +264,7 @@ func TestRotatedClientSecretWithoutRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, p := range procs {
-		reg := usecaseof.Providers(p.tg)
+		reg := p.tg.ProviderRegistry()
 		waitUntil(t, func() bool { v, _ := reg.Provider("idp-b"); return v.Version == 2 }, "a process did not reload the provider")
 	}
 	switched.Store(true)

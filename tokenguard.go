@@ -54,8 +54,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tracing"
-	"github.com/tokenguard/tokenguard/internal/metricsof"
-	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -101,9 +99,9 @@ type Tokens struct {
 	repo       *repository.TokenRepository
 	disconnect *usecase.DisconnectUseCase
 	log        *slog.Logger
-	metrics    metricsof.Metrics // nil without prom.WithMetrics
-	dsn        string            // where Run listens
-	db         *gorm.DB          // tokenguard's statements; Run's heartbeat
+	metrics    Metrics  // nil without prom.WithMetrics
+	dsn        string   // where Run listens
+	db         *gorm.DB // tokenguard's statements; Run's heartbeat
 	clock      *repository.DatabaseClock
 	skew       time.Duration
 	lockWait   time.Duration // Reactivate's bound on the wait for the lock
@@ -542,7 +540,19 @@ func (t *Tokens) Close(ctx context.Context) error {
 	return nil
 }
 
-func init() {
-	usecaseof.Tokens = func(t any) *usecase.RefreshTokenUseCase { return t.(*Tokens).uc }
-	usecaseof.Providers = func(t any) *provider.Registry { return t.(*Tokens).providers }
-}
+// UseCase is the refresh use case under t. It is the seam of the bundled
+// apps (package di), as River's client is its CLI's: the batch refreshes
+// ahead of expiry through it. Applications need none of it.
+func (t *Tokens) UseCase() *usecase.RefreshTokenUseCase { return t.uc }
+
+// ProviderRegistry is the stored providers t refreshes at, for the bundled
+// apps' API bases and console (see UseCase).
+func (t *Tokens) ProviderRegistry() *provider.Registry { return t.providers }
+
+// Repository is the store t reads and writes, for the bundled apps'
+// listings, events and status (see UseCase).
+func (t *Tokens) Repository() *repository.TokenRepository { return t.repo }
+
+// ConnectUseCase stores new grants under t's locks, for the bundled
+// server's callback (see UseCase).
+func (t *Tokens) ConnectUseCase() *usecase.ConnectUseCase { return t.connect }

@@ -21,7 +21,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/queue"
-	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -110,13 +109,13 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	srv := httpapi.New(httpapi.Deps{
 		Tokens:          a.tokens.Guard,
 		APIBaseURL:      apiBase,
-		APIBases:        providerAPIBases{usecaseof.Providers(a.tokens.Guard)},
+		APIBases:        providerAPIBases{a.tokens.Guard.ProviderRegistry()},
 		UpstreamTimeout: cfg.APITimeout,
 		UserAgent:       UserAgent("server"),
 		Events:          usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
 		Flows:           a.tokens.Guard,
 		Connections:     a.tokens.Repository,
-		Providers:       usecaseof.Providers(a.tokens.Guard),
+		Providers:       a.tokens.Guard.ProviderRegistry(),
 		Keys:            keys,
 		Sessions:        repository.NewConnectSessions(publicDB),
 		DB:              sqlDB,
@@ -256,7 +255,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	api, err := apiclient.New(cfg.APIBaseURL, tokens.Guard, apiclient.Options{
 		UserAgent: UserAgent(name),
 		Timeout:   cfg.APITimeout,
-		Bases:     providerBases{tokens: tokens.RefreshToken, providers: usecaseof.Providers(tokens.Guard)},
+		Bases:     providerBases{tokens: tokens.RefreshToken, providers: tokens.Guard.ProviderRegistry()},
 	})
 	if err != nil {
 		closeTokens()

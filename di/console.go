@@ -10,7 +10,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/repository"
 )
 
@@ -31,7 +30,7 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, keys console.KeyVeri
 		History:     repository.NewConnectionEvents(db),
 		Actions:     a.tokens.Guard,
 		Links:       srv,
-		Providers: consoleProviders{cfg: cfg, a: a, registry: usecaseof.Providers(a.tokens.Guard),
+		Providers: consoleProviders{cfg: cfg, a: a, registry: a.tokens.Guard.ProviderRegistry(),
 			styles: repository.NewAuthStyles(db)},
 		Secure: e.PublicURL != nil && e.PublicURL.Scheme == "https",
 		Log:    log,

@@ -19,7 +19,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
-	"github.com/tokenguard/tokenguard/internal/usecaseof"
 	"github.com/tokenguard/tokenguard/prom"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -72,8 +71,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if err := cfg.RequireOAuth(); err != nil {
 		return nil, nil, err
 	}
-	sealer, err := cfg.sealer()
-	if err != nil {
+	if _, err := cfg.sealer(); err != nil { // the keys are checked before anything is opened
 		return nil, nil, err
 	}
 	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: cfg.DBMaxConns}, repository.NewLogger(log))
@@ -166,13 +164,12 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		<-listening
 		closeDB()
 	}
-	repo := repository.NewTokenRepository(db, sealer)
 	return &Tokens{
 		DB:           db,
 		Guard:        guard,
-		RefreshToken: usecaseof.Tokens(guard),
-		Connect:      usecase.NewConnectUseCase(repo, nil, cfg.LockWait),
-		Repository:   repo,
+		RefreshToken: guard.UseCase(),
+		Connect:      guard.ConnectUseCase(),
+		Repository:   guard.Repository(),
 		OAuth:        oc,
 	}, cleanup, nil
 }

@@ -12,8 +12,6 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/infra/metrics"
-	"github.com/tokenguard/tokenguard/internal/metricsof"
-	"github.com/tokenguard/tokenguard/repository"
 )
 
 // WithMetrics registers tokenguard's Prometheus metrics on r: refreshes by
@@ -22,13 +20,12 @@ import (
 // tokenguard.WithMetricsPerConnection adds a connection label. A nil r
 // registers nothing.
 func WithMetrics(r prometheus.Registerer) tokenguard.Option {
-	var build metricsof.Build
-	if r != nil {
-		build = func(repo *repository.TokenRepository, perConnection bool, log *slog.Logger) metricsof.Metrics {
-			m := metrics.New(metrics.Options{Registerer: r, ConnectionLabel: perConnection, Log: log})
-			m.CountConnections(repo)
-			return m
-		}
+	if r == nil {
+		return tokenguard.WithMetricsOf(nil)
 	}
-	return metricsof.Option(build).(tokenguard.Option)
+	return tokenguard.WithMetricsOf(func(c tokenguard.ConnectionCounter, perConnection bool, log *slog.Logger) tokenguard.Metrics {
+		m := metrics.New(metrics.Options{Registerer: r, ConnectionLabel: perConnection, Log: log})
+		m.CountConnections(c)
+		return m
+	})
 }

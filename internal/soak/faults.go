@@ -21,6 +21,7 @@ const (
 	fProvider5xx    = "provider-5xx"
 	fProvider429    = "provider-429"
 	fProviderHang   = "provider-hang"
+	fProviderFreeze = "provider-freeze"
 	fTerminate      = "pg-terminate-backend"
 	fKill           = "kill-9"
 	fPGRestart      = "pg-restart"
@@ -34,7 +35,7 @@ var weights = []struct {
 	name string
 	n    int
 }{
-	{fProviderSlow, 2}, {fProvider5xx, 2}, {fProvider429, 1}, {fProviderHang, 1},
+	{fProviderSlow, 2}, {fProvider5xx, 2}, {fProvider429, 1}, {fProviderHang, 1}, {fProviderFreeze, 1},
 	{fTerminate, 2}, {fKill, 2}, {fPGRestart, 2}, {fListenerPause, 1},
 }
 
@@ -78,6 +79,11 @@ func (l *faultLog) list() []*Fault {
 // succeed again, so that each fault's recovery is measured.
 const faultRoom = 10 * time.Second
 
+// lostAnswerRecovery is how long a refresh hung at the provider keeps its
+// connection from refreshing after the hang ended: the answer deadline,
+// then the first pause of a lost answer (5 s) and the probe.
+const lostAnswerRecovery = answerDeadline + 6*time.Second
+
 // inject draws faults until ctx ends (none in its last faultRoom): a
 // Postgres restart, each other kind once in random order, then by weight,
 // FaultGap apart on average. Provider faults last a while and run
@@ -110,8 +116,12 @@ func (s *soak) inject(ctx context.Context) {
 			}
 			d := time.Duration(2+s.rng.IntN(9)) * time.Second
 			latency := maxLatency * time.Duration(1+s.rng.IntN(4)) / 4 // 650ms..2.6s
+			if kind == fProviderFreeze {
+				// Past the refresh timeout, within the answer deadline.
+				d = refreshTimeout + time.Duration(1+s.rng.IntN(int((answerDeadline-refreshTimeout)/time.Second)-1))*time.Second
+			}
 			if s.o.Control {
-				latency = refreshTimeout + time.Second // answers after the client gave up
+				latency = answerDeadline + time.Second // answers after the client gave up
 			}
 			rate := 0.3 + 0.7*s.rng.Float64()
 			rng := rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())) // its own: drawn from on the provider's goroutines
@@ -161,7 +171,14 @@ func (s *soak) providerFault(ctx context.Context, kind string, d, latency time.D
 		f.Detail = fmt.Sprintf("%.0f%% of refreshes answered 429 (Retry-After: 1)", rate*100)
 	case fProviderHang:
 		fault = sandbox.FaultHang
-		f.Detail = fmt.Sprintf("%.0f%% of refreshes hang until the client gives up", rate*100)
+		f.Detail = fmt.Sprintf("%.0f%% of refreshes hang until the client gives up (the answer deadline) and are dropped", rate*100)
+	case fProviderFreeze:
+		// As a stopped process: requests queue, nothing is answered; on thaw
+		// every queued request is processed and answered.
+		thaw := make(chan struct{})
+		defer close(thaw)
+		f.Detail = "the token endpoint answers nothing, then its whole queue"
+		s.sb.SetRefreshFault(func() sandbox.Fault { <-thaw; return sandbox.FaultNone })
 	}
 	if fault != sandbox.FaultNone {
 		var mu sync.Mutex
@@ -178,6 +195,12 @@ func (s *soak) providerFault(ctx context.Context, kind string, d, latency time.D
 	s.say("%7s  %-21s %s for %s", f.At, kind, f.Detail, d)
 	sleep(ctx, d)
 	s.clearProviderFaults()
+	if kind == fProviderHang {
+		// A request hung in the window is the fault's doing until it is
+		// dropped (the answer deadline) and its lost answer's pause is
+		// over: the refresh token is presented again after a probe.
+		sleep(ctx, lostAnswerRecovery)
+	}
 	f.end = time.Now()
 	f.For = f.end.Sub(f.start).Round(100 * time.Millisecond).String()
 }

@@ -1,0 +1,35 @@
+package tokenguard
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// Metrics is what a Tokens reports as it works: the refresh path's events,
+// whether the change listener (Run) is connected, whether the primary has
+// a synchronous standby, and stored versions found older than this process
+// knew (a failover or restore lost a write). prom.WithMetrics makes
+// Prometheus metrics of it; WithMetricsOf takes any other.
+type Metrics interface {
+	usecase.Observer
+	ListenerConnected(connected bool)
+	ReplicationSync(ok bool)
+	VersionRegressed()
+}
+
+// ConnectionCounter counts a deployment's connections by status, for a
+// metrics scrape.
+type ConnectionCounter interface {
+	CountByStatus(ctx context.Context) (map[domain.Status]int, error)
+}
+
+// WithMetricsOf reports to the Metrics that build makes for the Tokens New
+// returns: counter counts its connections by status, perConnection says
+// whether WithMetricsPerConnection was given. Package prom is built on it,
+// so that an application without metrics links no Prometheus client.
+func WithMetricsOf(build func(counter ConnectionCounter, perConnection bool, log *slog.Logger) Metrics) Option {
+	return func(o *options) { o.metrics = build }
+}
