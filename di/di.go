@@ -155,7 +155,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 	}()
 	cleanup := func() {
-		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.RefreshTimeout+usecase.DefaultWriteTimeout)
+		// An answer still awaited is awaited up to its deadline: a process
+		// that left before it came would leave its request unresolved.
+		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.AnswerDeadline+usecase.DefaultWriteTimeout)
 		if err := guard.Close(closeCtx); err != nil {
 			log.Error("stopping with a refresh still in flight", "err", err)
 		}

@@ -82,16 +82,21 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 		if f.Code == "" {
 			f.Code = domain.CodeAnswerLost
 		}
-		f.Failing = true // shown at once: the refresh token waits for evidence
 		if f.ReplayUntil.IsZero() || (!pe.ReplayUntil.IsZero() && pe.ReplayUntil.Before(f.ReplayUntil)) {
 			f.ReplayUntil = pe.ReplayUntil // the first presentation's window
 		}
-		if pe.NoReplay || (!f.ReplayUntil.IsZero() && !f.RetryAt.Before(f.ReplayUntil)) {
+		switch {
+		case pe.NoReplay || (!f.ReplayUntil.IsZero() && !f.RetryAt.Before(f.ReplayUntil)):
 			// Never again: shown failing at once, for the app to ask its
-			// user to connect again. Without a window (nothing is known of
-			// the provider), again after the pause and a probe
-			// (domain.RefreshFailure.ProbeFirst).
+			// user to connect again.
 			f.RetryAt, f.Failing = time.Time{}, true
+		case f.ReplayUntil.IsZero() && prev.Failures == 0:
+			// Nothing is known of the provider: again once it answers a
+			// probe (domain.RefreshFailure.ProbeFirst), which may be asked
+			// at once; a probe that fails opens the pause.
+			f.RetryAt = now
+		case f.ReplayUntil.IsZero():
+			f.Failing = true // the provider does not answer the probe
 		}
 	}
 	return f

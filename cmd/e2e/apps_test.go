@@ -145,7 +145,10 @@ func testKillWorker(t *testing.T, bin string) {
 	held := newHeldRefresh()
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: held.fault,
 		// Events of a dead worker are retried 3+2+2 = 7s after they started.
-		extraEnv: []string{"WORKER_JOB_TIMEOUT=3s"}})
+		// The dead worker's request is unresolved until the answer deadline:
+		// its lease is abandoned a second after it, and the next process
+		// probes the provider and presents the token once.
+		extraEnv: []string{"WORKER_JOB_TIMEOUT=3s", "TOKEN_ANSWER_DEADLINE=2s"}})
 	s.migrate()
 	const conn = "acme"
 	s.importGrant(conn)
@@ -173,6 +176,14 @@ func testKillWorker(t *testing.T, bin string) {
 	}
 	worker.Wait()
 	held.let()
+	// The dead worker's request is unresolved until its lease runs out (the
+	// answer deadline and a second): a caller without a still-valid token
+	// meanwhile gets 503, as testKillHolderOthersProceed measures. The load
+	// resumes once it has run out; the first caller then records the lost
+	// answer, probes the provider and presents the token once.
+	waitFor(t, 5*time.Second, "the dead worker's lease never ran out", func() bool {
+		return count(t, s.dbURL, `SELECT count(*) FROM tokenguard_refresh_leases WHERE until > now()`) == 0
+	})
 	d.pause.Unlock()
 	worker2 := s.start("worker")
 	time.Sleep(3 * time.Second)

@@ -48,7 +48,11 @@ func testSIGTERMDuringRefresh(t *testing.T, bin string) {
 func refreshHeldAtSignal(t *testing.T, bin string, sig syscall.Signal) (reuse int64, version int64, status string) {
 	held := newHeldRefresh()
 	held.then = sandbox.FaultNone // once released, the provider rotates
-	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: held.fault})
+	// A server that leaves with its request unresolved (SIGKILL) leaves its
+	// lease to be abandoned a second after the answer deadline.
+	const answerDeadline = 2 * time.Second
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, fault: held.fault,
+		extraEnv: []string{"TOKEN_ANSWER_DEADLINE=" + answerDeadline.String()}})
 	t.Cleanup(held.let)
 	s.migrate()
 	const conn = "acme"
@@ -106,8 +110,9 @@ func refreshHeldAtSignal(t *testing.T, bin string, sig syscall.Signal) (reuse in
 		t.Logf("server exited 0 %v after SIGTERM", time.Since(signalled).Round(time.Millisecond))
 	}
 
-	// The next expiry: another process refreshes with the stored token.
-	time.Sleep(lifetime)
+	// The next expiry, past the dead server's lease: another process
+	// refreshes with the stored token.
+	time.Sleep(lifetime + answerDeadline)
 	r := run(t, bin, "batch", s.env, "")
 	t.Logf("batch after the signal: exit %d", r.code)
 	version, status = storedVersionStatus(t, s.dbURL, conn)
