@@ -70,13 +70,13 @@ func testSandboxFirstToken(t *testing.T, bin string) {
 	}
 }
 
-// testReadmeConnectSession runs the README's connect-session example as
-// written, with the settings it names (PUBLIC_URL, CONNECT_RETURN_URLS,
+// testReadmeConnectSession runs the documented connect-session example
+// (docs/http-api.md) as written, with the settings it names (PUBLIC_URL, CONNECT_RETURN_URLS,
 // OAUTH_USERINFO_URL) as the sandbox prints them, on an unmigrated
 // database first (tokenctl says to migrate), then follows its connect_url
 // like a browser back to the return_to.
 func testReadmeConnectSession(t *testing.T, bin string) {
-	readme, err := os.ReadFile("../../README.md")
+	readme, err := os.ReadFile("../../docs/http-api.md")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,7 +86,7 @@ func testReadmeConnectSession(t *testing.T, bin string) {
 	_, redeemBlock, ok4 := strings.Cut(rest, "```sh\n")
 	redeemBlock, _, ok5 := strings.Cut(redeemBlock, "```")
 	if !ok || !ok2 || !ok3 || !ok4 || !ok5 || !strings.Contains(block, "connect-sessions") || !strings.Contains(redeemBlock, "connect-results") {
-		t.Fatalf("no connect-session and redeem examples in the README")
+		t.Fatalf("no connect-session and redeem examples in docs/http-api.md")
 	}
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
 	s.env = append(s.env, "PUBLIC_URL=http://"+s.addr, "CONNECT_RETURN_URLS=https://app.example.com/",

@@ -182,7 +182,7 @@ func (l *logCounts) add(to *[]LogEntry, app, conn, err string, at time.Duration)
 // its rotated tokens not yet stored (from its log), so that a kill -9
 // lands only outside the rotation window: killed there, a process takes
 // the only live refresh token with it, and a strict provider revokes the
-// grant at the next refresh. README ("The rotation window") states that
+// grant at the next refresh. docs/design.md ("The rotation window") states that
 // limit; the soak measures everything else.
 type gate struct {
 	mu       sync.Mutex

@@ -91,7 +91,7 @@ func (o Options) withDefaults() Options {
 // The apps' refresh bound. The slow-provider fault stays below it: a
 // provider that answers after the client gave up has rotated a token
 // nobody receives, which is the lost-response case of the rotation window
-// (README), not something a client can survive against a strict provider.
+// (docs/design.md), not something a client can survive against a strict provider.
 // It reaches 2.6 s, well past a refresh lease's renewal term (1 s): the
 // lease of a call that slow holds only by its bound and its renewals.
 //
