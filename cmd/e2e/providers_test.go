@@ -173,11 +173,16 @@ func testTwoProviders(t *testing.T, bin string) {
 	if err := os.WriteFile(secretFile, []byte(mailSecret2+"\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	rejectedBefore := mail.stats().RefreshRejected // the apps' start-up checks
 	rotated := time.Now()
 	if err := mail.cmd.Process.Signal(syscall.SIGHUP); err != nil {
 		t.Fatal(err)
 	}
-	time.Sleep(lifetime / 2)
+	// Until a refresh with the old secret has been refused: the window
+	// this test is about.
+	waitFor(t, 4*lifetime, "mail never refused the old secret: the rotation was not exercised", func() bool {
+		return mail.stats().RefreshRejected > rejectedBefore
+	})
 	// ... and the processes are given the new one.
 	if r := run(t, bin, "tokenctl", s.env, mailSecret2+"\n", "provider", "update", "--name", "mail", "--client-secret-stdin"); r.code != 0 {
 		t.Fatalf("tokenctl provider update: exit %d\n%s%s", r.code, r.stdout, r.stderr)
@@ -251,7 +256,7 @@ func testTwoProviders(t *testing.T, bin string) {
 			}
 		}
 	}
-	if mailSt.RefreshRejected == 0 {
+	if mailSt.RefreshRejected <= rejectedBefore {
 		t.Error("mail never refused the old secret: the rotation was not exercised")
 	}
 }
