@@ -267,7 +267,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile) provider.GrantRefresher {
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
-			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), provider.PolicyFor(prof, o.log))
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), retryPolicy(prof, o))
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
@@ -556,3 +556,12 @@ func (t *Tokens) Repository() *repository.TokenRepository { return t.repo }
 // ConnectUseCase stores new grants under t's locks, for the bundled
 // server's callback (see UseCase).
 func (t *Tokens) ConnectUseCase() *usecase.ConnectUseCase { return t.connect }
+
+// retryPolicy is the provider's retry policy in New's processes: answered
+// failures are retried within the refresh timeout, while an answer is
+// awaited until the answer deadline.
+func retryPolicy(prof profiles.Profile, o options) provider.Policy {
+	pol := provider.PolicyFor(prof, o.log)
+	pol.RetryWithin = o.refreshTimeout
+	return pol
+}

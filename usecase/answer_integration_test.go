@@ -33,7 +33,7 @@ func (w *world) answerStack(t testing.TB, opts usecase.Options) *stack {
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(opts.AnswerDeadline),
-		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), provider.PolicyFor(prof, nil))
+		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), retryPolicyFor(prof, opts))
 	uc, err := di.NewRefreshTokenUseCase(db, ref, opts)
 	if err != nil {
 		t.Fatal(err)
@@ -210,4 +210,12 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	if c, err := b.repo.Connection(ctx, conn); err != nil || c.Status != domain.StatusActive {
 		t.Errorf("status after the refresh: %+v, %v", c, err)
 	}
+}
+
+// retryPolicyFor is the retry policy the apps build for prof: answered
+// failures retried within the refresh timeout.
+func retryPolicyFor(prof profiles.Profile, opts usecase.Options) provider.Policy {
+	pol := provider.PolicyFor(prof, nil)
+	pol.RetryWithin = opts.RefreshTimeout
+	return pol
 }

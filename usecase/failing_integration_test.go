@@ -54,7 +54,7 @@ func (w *world) profiledStack(t testing.TB, opts usecase.Options, profile string
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(3*time.Second),
-		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), provider.PolicyFor(prof, nil))
+		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), retryPolicyFor(prof, opts))
 	uc, err := di.NewRefreshTokenUseCase(db, ref, opts)
 	if err != nil {
 		t.Fatal(err)

@@ -36,6 +36,12 @@ type Policy struct {
 	// MaxElapsed bounds the whole call when ctx has no deadline
 	// (default 30s). With a deadline, the deadline alone bounds it.
 	MaxElapsed time.Duration
+	// RetryWithin bounds when a new attempt may start, from the first
+	// (0: until the deadline). An attempt under way may still run to ctx's
+	// deadline: the caller waits for a request's answer longer than it
+	// retries answered failures (the refresh timeout, against the answer
+	// deadline).
+	RetryWithin time.Duration
 	// AttemptTimeout bounds one try (0: a try may use all the time that is
 	// left). A try cut short by it counts as a timeout and is retried; see
 	// Retrying about the risk of cutting off a slow but successful answer.
@@ -231,8 +237,8 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 		if pe != nil && pe.RetryAfter > wait {
 			wait = pe.RetryAfter
 		}
-		if time.Until(deadline) <= wait {
-			// The next try could not start before the deadline.
+		if time.Until(deadline) <= wait || (p.RetryWithin > 0 && time.Since(first)+wait >= p.RetryWithin) {
+			// The next try could not start in time.
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		if p.Log != nil {

@@ -216,6 +216,24 @@ func TestRetryingRetriesOnlyTransientFailures(t *testing.T) {
 	}
 }
 
+// New attempts start only within RetryWithin, however far the deadline:
+// the caller awaits an answer longer than it retries answered failures.
+func TestRetryingStartsAttemptsOnlyWithinRetryWithin(t *testing.T) {
+	r := newRig(t)
+	r.p.SetRefreshFault(always(sandbox.FaultUnavailable))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	start := time.Now()
+	_, err := r.retrying(provider.Policy{RetryWithin: 400 * time.Millisecond, Jitter: -1}).Refresh(ctx, domain.NewSecret(r.first.RefreshToken))
+	took := time.Since(start)
+	if !errors.Is(err, domain.ErrProviderUnavailable) {
+		t.Fatalf("err = %v, want ErrProviderUnavailable", err)
+	}
+	if n := r.p.Stats().RefreshFaults; took > 2*time.Second || n < 2 {
+		t.Errorf("returned after %v with %d attempts; want retries within 400ms, then the last answer", took, n)
+	}
+}
+
 func TestRetryingStopsAtTheDeadline(t *testing.T) {
 	for _, f := range []sandbox.Fault{sandbox.FaultUnavailable, sandbox.FaultHang} {
 		t.Run(f.String(), func(t *testing.T) {
