@@ -62,7 +62,9 @@ func TestLeaseBid(t *testing.T) {
 	// nothing, even though the lease is free.
 	release := make(chan struct{})
 	holding := make(chan struct{})
+	let := make(chan struct{})
 	go func() {
+		defer close(let)
 		_ = r.InLock(context.Background(), tok.Connection, time.Second, 5*time.Second, func(context.Context, usecase.LockedStore) error {
 			close(holding)
 			<-release
@@ -72,6 +74,7 @@ func TestLeaseBid(t *testing.T) {
 	<-holding
 	locked, end, err := claimBid(t, r, tok, true)
 	close(release)
+	<-let // the other transaction has ended
 	if locked || end != nil || err != nil {
 		t.Fatalf("bid while the lock is held: locked %v, lease %v, err %v; want neither", locked, end != nil, err)
 	}
