@@ -103,6 +103,11 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 			// has gone); then it is healthy again.
 			eventually(t, func() bool { return p.Stats().Refreshes == 1 }, "the hung refresh was never processed")
 			p.SetRefreshLatency(0)
+			if tc.reuse {
+				// The probe sent after the lost answer is answered too (the
+				// sandbox holds the next probe behind it).
+				eventually(t, func() bool { return p.Stats().RefreshRejected >= 1 }, "the probe during the hang was never answered")
+			}
 			if !tc.reuse {
 				eventually(t, func() bool {
 					got, err := stacks[1].repo.Get(context.Background(), conn)
