@@ -19,6 +19,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -251,11 +252,11 @@ func TestRotatedClientSecretWithoutRestart(t *testing.T) {
 			}
 		})
 	}
-	waitUntil(t, func() bool { return b.p.Stats().Refreshes >= 3*conns }, "refreshes before the rotation")
+	waitfor.Until(t, 30*time.Second, "refreshes before the rotation", func() bool { return b.p.Stats().Refreshes >= 3*conns })
 
 	b.p.RotateClientSecret("secret-b2", false)
 	rejected := b.p.Stats().RefreshRejected
-	waitUntil(t, func() bool { return b.p.Stats().RefreshRejected >= rejected+3 }, "refreshes refused in the window")
+	waitfor.Until(t, 30*time.Second, "refreshes refused in the window", func() bool { return b.p.Stats().RefreshRejected >= rejected+3 })
 	assertAllActive(t, admin)
 	if _, err := providers.Update(ctx, "idp-b", func(p *domain.Provider) error {
 		p.ClientSecret = domain.NewSecret("secret-b2")
@@ -265,11 +266,11 @@ func TestRotatedClientSecretWithoutRestart(t *testing.T) {
 	}
 	for _, p := range procs {
 		reg := p.tg.ProviderRegistry()
-		waitUntil(t, func() bool { v, _ := reg.Provider("idp-b"); return v.Version == 2 }, "a process did not reload the provider")
+		waitfor.Until(t, 30*time.Second, "a process did not reload the provider", func() bool { v, _ := reg.Provider("idp-b"); return v.Version == 2 })
 	}
 	switched.Store(true)
 	base := b.p.Stats().Refreshes
-	waitUntil(t, func() bool { return b.p.Stats().Refreshes >= base+6*conns }, "refreshes after the switch")
+	waitfor.Until(t, 30*time.Second, "refreshes after the switch", func() bool { return b.p.Stats().Refreshes >= base+6*conns })
 	close(stop)
 	wg.Wait()
 
@@ -319,16 +320,5 @@ func assertAllActive(t *testing.T, db *gorm.DB) {
 	}
 	if n != 0 {
 		t.Errorf("%d connection(s) not active", n)
-	}
-}
-
-// waitUntil polls ok (no timing is asserted: the bound only keeps a broken
-// run from hanging).
-func waitUntil(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); !ok(); time.Sleep(10 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
 	}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/internal/pgserver"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/prom"
 )
 
@@ -157,7 +158,7 @@ func TestReplicationIsReadAgainWhenTheListenerReconnects(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = tg.Run(runCtx) }()
 	t.Cleanup(func() { stop(); <-done })
-	waitFor(t, func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 }, "Run never connected")
+	waitfor.Until(t, 10*time.Second, "Run never connected", func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 })
 
 	admin, err := pgx.Connect(ctx, pair.PrimaryURL())
 	if err != nil {
@@ -169,18 +170,21 @@ func TestReplicationIsReadAgainWhenTheListenerReconnects(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	waitFor(t, func() bool {
-		var state string
-		_ = admin.QueryRow(ctx, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication").Scan(&state)
-		return state == "sync"
-	}, "the standby never became synchronous")
+	waitfor.Until(t, 10*time.Second,
+
+		"the standby never became synchronous", func() bool {
+			var state string
+			_ = admin.QueryRow(ctx, "SELECT coalesce(max(sync_state), '') FROM pg_stat_replication").Scan(&state)
+			return state == "sync"
+		})
+
 	if gauge(t, reg, "tokenguard_replication_sync") != 0 {
 		t.Fatal("read again before the listener reconnected")
 	}
 	if _, err := admin.Exec(ctx, "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = 'tokenguard-listener'"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return gauge(t, reg, "tokenguard_replication_sync") == 1 }, "not read again at the reconnection")
+	waitfor.Until(t, 10*time.Second, "not read again at the reconnection", func() bool { return gauge(t, reg, "tokenguard_replication_sync") == 1 })
 	if !logged("a failover to a synchronous standby loses no committed token write") {
 		t.Errorf("no line on the change:\n%s", logs.String())
 	}

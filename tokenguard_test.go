@@ -26,6 +26,7 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/prom"
 )
 
@@ -203,7 +204,7 @@ func TestTokensEndToEnd(t *testing.T) {
 			runCtx, stop := context.WithCancel(ctx)
 			ran := make(chan error, 1)
 			go func() { ran <- tg.Run(runCtx) }()
-			waitFor(t, func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 }, "Run never connected")
+			waitfor.Until(t, 10*time.Second, "Run never connected", func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 })
 
 			// Past the skew the token is refreshed once, and the old access
 			// token is revoked by the provider.
@@ -330,15 +331,6 @@ func metric(t *testing.T, reg *prometheus.Registry, name string) *dto.Metric {
 	return nil
 }
 
-func waitFor(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	for deadline := time.Now().Add(10 * time.Second); !ok(); time.Sleep(20 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-	}
-}
-
 type lockedWriter struct {
 	mu *sync.Mutex
 	w  io.Writer
@@ -381,7 +373,7 @@ func TestTablesInASchemaOfTheirOwn(t *testing.T) {
 	runCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	go func() { _ = tg.Run(runCtx) }()
-	waitFor(t, func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 }, "Run never connected")
+	waitfor.Until(t, 10*time.Second, "Run never connected", func() bool { return gauge(t, reg, "tokenguard_token_listener_connected") == 1 })
 	if code := get(t, tg.Client(ctx, "acme"), w.srv.URL); code != http.StatusOK {
 		t.Fatalf("resource answered %d", code)
 	}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -61,22 +62,13 @@ func TestLeaseOfADeadHolderIsAbandonedNotFree(t *testing.T) {
 	if _, l, err := r.GetWithLease(ctx, "acme"); err != nil || !l.Running || l.Abandoned {
 		t.Fatalf("while the term runs: %+v, %v; want running", l, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		_, l, err := r.GetWithLease(ctx, "acme")
-		if err != nil {
-			t.Fatal(err)
-		}
-		if l.Abandoned {
-			if l.Running || l.Age < leaseTermForTest {
-				t.Fatalf("abandoned lease: %+v", l)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the lease of a holder that stopped renewing never ran out")
-		}
-		time.Sleep(100 * time.Millisecond)
+	var l usecase.Lease
+	waitfor.Until(t, 10*time.Second, "the lease of a holder that stopped renewing never ran out", func() bool {
+		_, l, err = r.GetWithLease(ctx, "acme")
+		return err == nil && l.Abandoned
+	})
+	if l.Running || l.Age < leaseTermForTest {
+		t.Fatalf("abandoned lease: %+v", l)
 	}
 	if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
 		t.Fatalf("lease on an abandoned one: err = %v, want ErrRefreshInProgress", err)

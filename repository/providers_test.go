@@ -11,6 +11,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -212,7 +213,7 @@ func TestProviderChangesAreAnnounced(t *testing.T) {
 	done := make(chan struct{})
 	go func() { defer close(done); _ = l.Run(ctx) }()
 	got := func() []string { mu.Lock(); defer mu.Unlock(); return append([]string(nil), heard...) }
-	waitFor(t, func() bool { return len(got()) > 0 }, "no backlog call after LISTEN")
+	waitfor.Until(t, 5*time.Second, "no backlog call after LISTEN", func() bool { return len(got()) > 0 })
 	if g := got(); g[0] != "" {
 		t.Fatalf("first call %q, want \"\"", g[0])
 	}
@@ -226,7 +227,7 @@ func TestProviderChangesAreAnnounced(t *testing.T) {
 	if err := repo.Remove(ctx, "acme-idp"); err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, func() bool { return len(got()) >= 4 }, fmt.Sprintf("heard %q, want 3 changes", got()))
+	waitfor.Until(t, 5*time.Second, fmt.Sprintf("heard %q, want 3 changes", got()), func() bool { return len(got()) >= 4 })
 	if g := got(); strings.Join(g[1:], ",") != "acme-idp,acme-idp,acme-idp" {
 		t.Errorf("heard %q", g)
 	}

@@ -14,6 +14,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -203,7 +204,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, refreshedAgain(3), "refreshers did not start")
+	waitfor.Until(t, 5*time.Second, "refreshers did not start", refreshedAgain(3))
 	versions := map[string]int64{}
 	for _, name := range names {
 		tok, err := r.Get(ctx, name)
@@ -214,7 +215,7 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	}
 	res, err := r.Reseal(ctx, 7, 5*time.Second) // several batches
 	after := saves[0].Load()
-	waitFor(t, refreshedAgain(after+3), "refreshers stalled")
+	waitfor.Until(t, 5*time.Second, "refreshers stalled", refreshedAgain(after+3))
 	close(stop)
 	wg.Wait()
 	if err != nil {

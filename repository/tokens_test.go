@@ -20,6 +20,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -296,12 +297,15 @@ func TestCancelWhileWaitingReturnsPromptlyAndLeaksNothing(t *testing.T) {
 	// No connection of the cancelled pool is left checked out, and no
 	// advisory lock survives on the server.
 	sqlDB, _ := db2.DB()
-	waitFor(t, func() bool { return sqlDB.Stats().InUse == 0 }, "pool connections still in use")
-	waitFor(t, func() bool {
-		var n int64
-		db1.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&n)
-		return n == 0
-	}, "advisory locks left on the server")
+	waitfor.Until(t, 5*time.Second, "pool connections still in use", func() bool { return sqlDB.Stats().InUse == 0 })
+	waitfor.Until(t, 5*time.Second,
+
+		"advisory locks left on the server", func() bool {
+			var n int64
+			db1.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&n)
+			return n == 0
+		})
+
 }
 
 func TestMultiLockTakesSortedOrderWithoutDeadlock(t *testing.T) {
@@ -373,17 +377,6 @@ func TestDatabaseGoneIsTyped(t *testing.T) {
 	bad := repository.NewTokenRepository(open(t, testdb.URL(t)), tokencrypt.Plaintext{})
 	if _, err := bad.Get(context.Background(), "acme"); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("missing schema: err = %v, want ErrStoreUnavailable", err)
-	}
-}
-
-func waitFor(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
 

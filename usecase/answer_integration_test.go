@@ -14,6 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -101,18 +102,21 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 			}
 			// The provider answers (or, in the control, answers a client that
 			// has gone); then it is healthy again.
-			eventually(t, func() bool { return p.Stats().Refreshes == 1 }, "the hung refresh was never processed")
+			waitfor.Until(t, 5*time.Second, "the hung refresh was never processed", func() bool { return p.Stats().Refreshes == 1 })
 			p.SetRefreshLatency(0)
 			if tc.reuse {
 				// The probe sent after the lost answer is answered too (the
 				// sandbox holds the next probe behind it).
-				eventually(t, func() bool { return p.Stats().RefreshRejected >= 1 }, "the probe during the hang was never answered")
+				waitfor.Until(t, 5*time.Second, "the probe during the hang was never answered", func() bool { return p.Stats().RefreshRejected >= 1 })
 			}
 			if !tc.reuse {
-				eventually(t, func() bool {
-					got, err := stacks[1].repo.Get(context.Background(), conn)
-					return err == nil && got.Version == first.Version+1
-				}, "the late answer was not stored")
+				waitfor.Until(t, 5*time.Second,
+
+					"the late answer was not stored", func() bool {
+						got, err := stacks[1].repo.Get(context.Background(), conn)
+						return err == nil && got.Version == first.Version+1
+					})
+
 			}
 			// Later, past any pause, another process asks again.
 			clock.set(first.Expiry.Add(10 * time.Minute))
@@ -173,10 +177,13 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	if _, err := b.uc.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
 		t.Fatalf("Token while the dead holder's lease runs: %v, want ErrProviderUnavailable", err)
 	}
-	eventually(t, func() bool {
-		_, l, err := a.repo.GetWithLease(ctx, conn)
-		return err == nil && l.Abandoned
-	}, "the dead holder's lease never ran out")
+	waitfor.Until(t, 5*time.Second,
+
+		"the dead holder's lease never ran out", func() bool {
+			_, l, err := a.repo.GetWithLease(ctx, conn)
+			return err == nil && l.Abandoned
+		})
+
 	if st := p.Stats(); st.Refreshes+st.RefreshRejected != 0 {
 		t.Fatalf("the provider was asked %d times while the dead holder's lease ran", st.Refreshes+st.RefreshRejected)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -155,11 +156,14 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 	}
 	// While it is gone, a change by another process must be seen at once:
 	// the cache reads through. Store a new grant from b right away.
-	eventually(t, func() bool {
-		before := aq.Load()
-		_, _ = a.uc.Token(context.Background(), conn)
-		return aq.Load() > before
-	}, "the cache kept serving without a listener")
+	waitfor.Until(t, 5*time.Second,
+
+		"the cache kept serving without a listener", func() bool {
+			before := aq.Load()
+			_, _ = a.uc.Token(context.Background(), conn)
+			return aq.Load() > before
+		})
+
 	w.connect(t, b)
 	tok, err := a.uc.Token(context.Background(), conn)
 	if err != nil {
@@ -169,11 +173,14 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 		t.Errorf("served version %d after version %d was stored", tok.Version, v1.Version+1)
 	}
 	// The listener comes back and the cache serves again.
-	eventually(t, func() bool {
-		var n int64
-		b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
-		return n == 1
-	}, "listener did not reconnect")
+	waitfor.Until(t, 5*time.Second,
+
+		"listener did not reconnect", func() bool {
+			var n int64
+			b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
+			return n == 1
+		})
+
 	waitCached(t, a, aq)
 }
 
@@ -224,14 +231,17 @@ func TestDIWiresTheListener(t *testing.T) {
 	if hits() != 0 {
 		t.Fatal("cache hits before any Token call")
 	}
-	eventually(t, func() bool {
-		for range 2 {
-			if _, err := tokens.Guard.Token(context.Background(), conn); err != nil {
-				t.Fatal(err)
+	waitfor.Until(t, 5*time.Second,
+
+		"the cache never served a token (listener not up?)", func() bool {
+			for range 2 {
+				if _, err := tokens.Guard.Token(context.Background(), conn); err != nil {
+					t.Fatal(err)
+				}
 			}
-		}
-		return hits() > 0
-	}, "the cache never served a token (listener not up?)")
+			return hits() > 0
+		})
+
 }
 
 func connName(i int) string { return "conn-" + strconv.Itoa(i) }

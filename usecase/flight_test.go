@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 func TestFlightRunsOnceForAllWaiters(t *testing.T) {
@@ -32,7 +33,7 @@ func TestFlightRunsOnceForAllWaiters(t *testing.T) {
 			}
 		})
 	}
-	waitFor(t, func() bool { return waiters(&f, "acme") == 100 })
+	waitfor.Until(t, 5*time.Second, "condition not reached", func() bool { return waiters(&f, "acme") == 100 })
 	close(release)
 	wg.Wait()
 	if n := runs.Load(); n != 1 {
@@ -59,7 +60,7 @@ func TestFlightOutlivesAWaiterWhoLeaves(t *testing.T) {
 	wctx := <-workCtx
 	stay := make(chan *flight, 1)
 	go func() { fl, _ := f.do(context.Background(), "acme", fn); stay <- fl }()
-	waitFor(t, func() bool { return waiters(&f, "acme") == 2 })
+	waitfor.Until(t, 5*time.Second, "condition not reached", func() bool { return waiters(&f, "acme") == 2 })
 
 	leave()
 	if err := <-left; !errors.Is(err, context.Canceled) {
@@ -112,17 +113,6 @@ func waiters(f *flights, key string) int64 {
 		return 0
 	}
 	return v.(*flight).waiters.Load()
-}
-
-func waitFor(t *testing.T, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal("condition not reached")
-		}
-		time.Sleep(time.Millisecond)
-	}
 }
 
 // BenchmarkTokenWaiters: as at an expiry, fresh goroutines find the cached

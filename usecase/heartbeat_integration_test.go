@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -148,7 +149,7 @@ func TestListenerHeartbeatWithdrawsTrustWhenTrafficIsBlackholed(t *testing.T) {
 				}
 				return
 			}
-			eventually(t, func() bool { return served() == v2.Version }, "superseded token still served with the feed blackholed")
+			waitfor.Until(t, 5*time.Second, "superseded token still served with the feed blackholed", func() bool { return served() == v2.Version })
 
 			proxy.on.Store(false)
 			waitCached(t, a, queries)

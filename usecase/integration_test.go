@@ -22,6 +22,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -467,8 +468,8 @@ func TestLockWaitBoundAndCancellation(t *testing.T) {
 	release()
 
 	sqlDB, _ := patient.db.DB()
-	eventually(t, func() bool { return sqlDB.Stats().InUse == 0 }, "connections of the cancelled caller still checked out")
-	eventually(t, func() bool { return advisoryLocks(t, holder.db) == 0 }, "advisory locks left behind")
+	waitfor.Until(t, 5*time.Second, "connections of the cancelled caller still checked out", func() bool { return sqlDB.Stats().InUse == 0 })
+	waitfor.Until(t, 5*time.Second, "advisory locks left behind", func() bool { return advisoryLocks(t, holder.db) == 0 })
 	if st := w.provider.Stats(); st.Refreshes != 0 {
 		t.Errorf("provider refreshed %d times although nobody got the lock", st.Refreshes)
 	}
@@ -532,15 +533,4 @@ func advisoryLocks(t *testing.T, db *gorm.DB) int64 {
 		t.Fatal(err)
 	}
 	return n
-}
-
-func eventually(t *testing.T, ok func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
 }

@@ -12,6 +12,7 @@ import (
 	"github.com/jackc/pgx/v5"
 
 	"github.com/tokenguard/tokenguard/internal/demo"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 const (
@@ -181,9 +182,10 @@ func testKillWorker(t *testing.T, bin string) {
 	// meanwhile gets 503, as testKillHolderOthersProceed measures. The load
 	// resumes once it has run out; the first caller then records the lost
 	// answer, probes the provider and presents the token once.
-	waitFor(t, 5*time.Second, "the dead worker's lease never ran out", func() bool {
+	waitfor.Until(t, 5*time.Second, "the dead worker's lease never ran out", func() bool {
 		return count(t, s.dbURL, `SELECT count(*) FROM tokenguard_refresh_leases WHERE until > now()`) == 0
 	})
+
 	d.pause.Unlock()
 	worker2 := s.start("worker")
 	time.Sleep(3 * time.Second)
@@ -270,15 +272,4 @@ func storedVersion(t *testing.T, s *stack, conn string) int64 {
 	}
 	v, _ := strconv.ParseInt(m[1], 10, 64)
 	return v
-}
-
-func waitFor(t *testing.T, within time.Duration, msg string, ok func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !ok() {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
 }

@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"net/http"
 	"sync"
 	"syscall"
@@ -52,7 +53,7 @@ func testFrozenProvider(t *testing.T, bin string, control bool) {
 	batchApp := s.start("batch", "--every", "500ms")
 	d := startDriver(s, conn, 2, 100*time.Millisecond) // server, worker (events) and batch all ask for tokens
 	tokens := startTokenLoad(s, conn, 3)
-	waitFor(t, 20*time.Second, "no refresh before the freeze", func() bool { return p.stats().Refreshes >= 2 })
+	waitfor.Until(t, 20*time.Second, "no refresh before the freeze", func() bool { return p.stats().Refreshes >= 2 })
 
 	before := p.stats()
 	if err := p.cmd.Process.Signal(syscall.SIGSTOP); err != nil {
@@ -67,14 +68,16 @@ func testFrozenProvider(t *testing.T, bin string, control bool) {
 	resumed := time.Now()
 
 	if control {
-		waitFor(t, 90*time.Second, "control: the grant outlived a second presentation", func() bool {
+		waitfor.Until(t, 90*time.Second, "control: the grant outlived a second presentation", func() bool {
 			_, status := storedVersionStatus(t, s.dbURL, conn)
 			return status == "needs_reauth"
 		})
+
 	} else {
-		waitFor(t, 20*time.Second, "no refresh after the provider resumed", func() bool {
+		waitfor.Until(t, 20*time.Second, "no refresh after the provider resumed", func() bool {
 			return p.stats().Refreshes >= before.Refreshes+2
 		})
+
 	}
 	after := tokens.finish()
 	d.finish()

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 // providerProc is a sandbox provider run as a process of its own
@@ -180,9 +181,10 @@ func testTwoProviders(t *testing.T, bin string) {
 	}
 	// Until a refresh with the old secret has been refused: the window
 	// this test is about.
-	waitFor(t, 4*lifetime, "mail never refused the old secret: the rotation was not exercised", func() bool {
+	waitfor.Until(t, 4*lifetime, "mail never refused the old secret: the rotation was not exercised", func() bool {
 		return mail.stats().RefreshRejected > rejectedBefore
 	})
+
 	// ... and the processes are given the new one.
 	if r := run(t, bin, "tokenctl", s.env, mailSecret2+"\n", "provider", "update", "--name", "mail", "--client-secret-stdin"); r.code != 0 {
 		t.Fatalf("tokenctl provider update: exit %d\n%s%s", r.code, r.stdout, r.stderr)

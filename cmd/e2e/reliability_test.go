@@ -23,6 +23,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/internal/demo"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 // Messages of log lines the use case and the retry decorator write; the
@@ -360,10 +361,11 @@ func testRevokedGrantOnce(t *testing.T, bin string) {
 	s.sb.ResetStats()
 	reimported := time.Now()
 	s.importGrant(conn)
-	waitFor(t, 5*time.Second, "the server did not use the re-imported grant", func() bool {
+	waitfor.Until(t, 5*time.Second, "the server did not use the re-imported grant", func() bool {
 		code, _ := s.do(http.MethodGet, "/connections/"+conn+"/resource", "")
 		return code == http.StatusOK
 	})
+
 	time.Sleep(200 * time.Millisecond) // requests that read the old status are answered
 	load.reset()
 	after, _ := events(20)
@@ -640,10 +642,11 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	runAndKeep("tokenctl", "", "status")
 	runAndKeep("tokenctl", "", "apikey", "list")
 	runAndKeep("batch", "")
-	waitFor(t, 30*time.Second, "webhooks for the grants and the revocation", func() bool {
+	waitfor.Until(t, 30*time.Second, "webhooks for the grants and the revocation", func() bool {
 		ev, _, _ := rcv.snapshot()
-		return len(ev) >= 4 // acme and beta connected, then both need re-authorisation
+		return len(ev) >= 4
 	})
+
 	// Bad input that carries a live token must not echo it either.
 	runAndKeep("tokenctl", `{"access_token":"`+tokens[0]+`","token_type":"Bearer","refresh_token":`, "import", "--connection", "acme")
 	s.stop(batchApp)
@@ -790,11 +793,12 @@ func testKillHolderOthersProceed(t *testing.T, bin string) {
 	case <-time.After(2 * lockWait):
 		t.Fatal("the batch run did not finish")
 	}
-	waitFor(t, answerDeadline+leaseTerm+lockWait, "no successful server call after the kill", func() bool {
+	waitfor.Until(t, answerDeadline+leaseTerm+lockWait, "no successful server call after the kill", func() bool {
 		server2.mu.Lock()
 		defer server2.mu.Unlock()
 		return !server2.firstOK.IsZero()
 	})
+
 	time.Sleep(lifetime - skew) // the next refresh, without the worker
 	server2.mu.Lock()
 	firstOK := server2.firstOK

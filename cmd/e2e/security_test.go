@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 // receiver is a webhook endpoint that can go down and come back on the
@@ -307,7 +308,7 @@ func testSecurity(t *testing.T, bin string) {
 		!strings.Contains(body, `tokenguard_connect_grants_total{outcome="pending"} 4`) {
 		t.Errorf("metrics: %d\n%s", code, grep(body, "tokenguard_connect_grants_total"))
 	}
-	waitFor(t, 30*time.Second, "the two connected events", func() bool {
+	waitfor.Until(t, 30*time.Second, "the two connected events", func() bool {
 		ev, _, _ := rcv.snapshot()
 		return len(ev) == 2
 	})
@@ -325,10 +326,11 @@ func testSecurity(t *testing.T, bin string) {
 	worker = s.start("worker")
 	time.Sleep(3 * time.Second) // the new worker fails too
 	rcv.up()
-	waitFor(t, 60*time.Second, "every event delivered", func() bool {
+	waitfor.Until(t, 60*time.Second, "every event delivered", func() bool {
 		ev, _, _ := rcv.snapshot()
 		return len(ev) >= 4
 	})
+
 	time.Sleep(2 * time.Second) // room for a duplicate, if there were one
 	s.stop(worker)
 	s.stop(server)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 // testReactivateAndCheck is the way back for grants marked dead for a
@@ -130,8 +131,9 @@ func testReactivateAndCheck(t *testing.T, bin string) {
 func waitChecked(t *testing.T, apps ...*app) {
 	t.Helper()
 	for _, a := range apps {
-		waitFor(t, 10*time.Second, a.Name+" logged no token endpoint check", func() bool {
+		waitfor.Until(t, 10*time.Second, a.Name+" logged no token endpoint check", func() bool {
 			return strings.Contains(a.Stderr(), `"msg":"token endpoint check: `)
 		})
+
 	}
 }

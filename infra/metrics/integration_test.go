@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 func TestMain(m *testing.M) { testdb.Main(m) }
@@ -79,10 +80,13 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 		}
 	}
 	for _, pr := range procs { // both listeners up: caches trusted
-		eventually(t, func() bool {
-			fams, _ := scrape(t, pr.scrape)
-			return value(fams, "tokenguard_token_listener_connected") == 1
-		}, pr.name+": listener never connected")
+		waitfor.Until(t, 5*time.Second,
+
+			pr.name+": listener never connected", func() bool {
+				fams, _ := scrape(t, pr.scrape)
+				return value(fams, "tokenguard_token_listener_connected") == 1
+			})
+
 	}
 
 	// Load: each process calls the protected API with its token; a call
@@ -127,10 +131,13 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 
 	// Every notification reaches both processes (each hears its own too).
 	for _, pr := range procs {
-		eventually(t, func() bool {
-			fams, _ := scrape(t, pr.scrape)
-			return value(fams, "tokenguard_token_invalidations_total") >= float64(st.Refreshes)
-		}, pr.name+": invalidations fewer than refreshes")
+		waitfor.Until(t, 5*time.Second,
+
+			pr.name+": invalidations fewer than refreshes", func() bool {
+				fams, _ := scrape(t, pr.scrape)
+				return value(fams, "tokenguard_token_invalidations_total") >= float64(st.Refreshes)
+			})
+
 	}
 
 	var okSum, forcedSum float64
@@ -227,16 +234,5 @@ func assertNoSecret(t *testing.T, body string, tokens *di.Tokens, conns []string
 				t.Fatalf("a token of %s is in /metrics (or too short to check)", name)
 			}
 		}
-	}
-}
-
-func eventually(t *testing.T, cond func() bool, msg string) {
-	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatal(msg)
-		}
-		time.Sleep(20 * time.Millisecond)
 	}
 }
