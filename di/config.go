@@ -21,7 +21,7 @@ import (
 )
 
 // Config is everything the apps read from the environment. See the
-// configuration table in README.md.
+// configuration table in docs/configuration.md.
 type Config struct {
 	DatabaseURL    string        `env:"DATABASE_URL,required,notEmpty"`
 	OAuth          OAuthConfig   `envPrefix:"OAUTH_"`

@@ -46,7 +46,7 @@ func (c Config) sealer() (repository.Sealer, error) {
 // the current key of TOKEN_ENCRYPTION_KEYS, sealing legacy plaintext rows
 // too. Each connection is rewritten in its own short transaction under the
 // connection's refresh lock, so running apps keep refreshing meanwhile.
-// Every running app must already know the current key (see README,
+// Every running app must already know the current key (see docs/design.md,
 // "Encryption at rest"). It is safe to run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
 	k, err := cfg.keyring()

@@ -117,7 +117,7 @@ func (s *stack) redeem(key, result string) (int, redeemed, string) {
 	return code, r, body
 }
 
-// connectVia connects name as the README says: a session (extra: more
+// connectVia connects name as docs/http-api.md says: a session (extra: more
 // fields of its body), the person's consent in a browser of their own,
 // the browser back at return_to with a pending result, the backend's
 // redemption. It fails the test unless every step does what it should.

@@ -115,13 +115,13 @@ func testReadmeConnectSession(t *testing.T, bin string) {
 	s.waitHealthy(server)
 	stdout, stderr, err := example()
 	if err != nil {
-		t.Fatalf("the README's example: %v\n%s%s", err, stdout, stderr)
+		t.Fatalf("the documented example: %v\n%s%s", err, stdout, stderr)
 	}
 	var created struct {
 		ConnectURL string `json:"connect_url"`
 	}
 	if err := json.Unmarshal([]byte(stdout), &created); err != nil || !strings.HasPrefix(created.ConnectURL, "http://"+s.addr+"/oauth/connect?session=tgs_") {
-		t.Fatalf("the README's example printed %q (%v)", stdout, err)
+		t.Fatalf("the documented example printed %q (%v)", stdout, err)
 	}
 	resp, body := browser(t, s, created.ConnectURL, "", "")
 	back := returned(resp)
@@ -141,7 +141,7 @@ func testReadmeConnectSession(t *testing.T, bin string) {
 	out, err := cmd.Output()
 	var r redeemed
 	if err != nil || json.Unmarshal(out, &r) != nil || r.Connection != "acme" || r.Account != "sandbox-user" {
-		t.Fatalf("the README's redeem example: %v %s", err, out)
+		t.Fatalf("the documented redeem example: %v %s", err, out)
 	}
 	if r := run(t, bin, "tokenctl", s.env, "", "status", "--connection", "acme"); r.code != 0 || !strings.Contains(r.stdout, "active") {
 		t.Errorf("tokenctl status after the connect flow: exit %d\n%s%s", r.code, r.stdout, r.stderr)

@@ -22,7 +22,7 @@ import (
 )
 
 // receiver is a webhook endpoint that can go down and come back on the
-// same address. It checks every signature the way the README tells
+// same address. It checks every signature the way docs/operations.md tells
 // receivers to, and counts the deliveries it acknowledged per event id.
 type receiver struct {
 	t      *testing.T
@@ -114,7 +114,7 @@ func (r *receiver) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	w.WriteHeader(http.StatusNoContent)
 }
 
-// verifySignature is the README's receiver snippet: Tokenguard-Signature
+// verifySignature is docs/operations.md's receiver snippet: Tokenguard-Signature
 // is "t=<unix seconds>,v1=<hex HMAC-SHA256 of "<t>.<body>">"; reject
 // signatures older than five minutes.
 func verifySignature(secret, header string, body []byte, now time.Time) error {

@@ -1,5 +1,5 @@
 // Command server is the HTTP app: see infra/httpapi for its endpoints and
-// README.md for its configuration.
+// docs/configuration.md for its configuration.
 package main
 
 import (

@@ -17,7 +17,7 @@ import (
 )
 
 // hookReceiver is the demo's webhook endpoint: it checks each signature as
-// the README shows and keeps the events it accepted.
+// docs/operations.md shows and keeps the events it accepted.
 type hookReceiver struct {
 	URL    string
 	Secret string
