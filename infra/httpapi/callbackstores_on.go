@@ -2,7 +2,11 @@
 
 package httpapi
 
-import "context"
+import (
+	"context"
+
+	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
+)
 
 // storeAtCallback: this build is the e2e tests' control, the server as it
 // was before the redeem step and the public routes' limits: the callback
@@ -20,8 +24,8 @@ const ControlBuild = true
 func (s *Server) redeemAtCallback(ctx context.Context, o outcome) outcome {
 	c, err := s.deps.Flows.Redeem(ctx, o.result)
 	if err != nil {
-		p := classify(err)
-		return outcome{httpStatus: p.status, Connection: o.Connection, Code: p.code, Message: "The grant could not be stored."}
+		p := problem.Of(err)
+		return outcome{httpStatus: p.Status, Connection: o.Connection, Code: p.Code, Message: "The grant could not be stored."}
 	}
 	s.redeemed(ctx, c)
 	return outcome{httpStatus: 200, Connection: o.Connection, Code: "connected", connected: true}

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
 func TestClassifyMapsDomainErrorsOnce(t *testing.T) {
@@ -43,7 +44,7 @@ func TestClassifyMapsDomainErrorsOnce(t *testing.T) {
 		if w.Code != c.status || w.Header().Get("Retry-After") != c.retryAfter || w.Header().Get("Content-Type") != "application/json" {
 			t.Errorf("%v: %d Retry-After %q, want %d %q", c.err, w.Code, w.Header().Get("Retry-After"), c.status, c.retryAfter)
 		}
-		if got := classify(c.err).code; got != c.code {
+		if got := problem.Of(c.err).Code; got != c.code {
 			t.Errorf("%v: code %q, want %q", c.err, got, c.code)
 		}
 	}

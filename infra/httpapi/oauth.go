@@ -19,6 +19,7 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
 // The flow cookie only points at the flow kept in the database. Over https
@@ -292,7 +293,7 @@ func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	authURL, f, err := s.deps.Flows.AuthCodeURL(r.Context(), tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL})
 	if err != nil {
 		s.logFailure(r, sess.Connection, err)
-		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not start the connection; try again."})
+		s.page(w, r, problem.Of(err).Status, outcome{Code: problem.Of(err).Code, Message: "The server could not start the connection; try again."})
 		return
 	}
 	if _, err := s.deps.Sessions.Open(r.Context(), domain.NewSecret(token), domain.NewSecret(c.Value), f.State, f.Verifier); err != nil {
@@ -321,7 +322,7 @@ func (s *Server) sessionRefused(w http.ResponseWriter, r *http.Request, err erro
 		return
 	}
 	s.logFailure(r, "", err)
-	s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not start the connection; try again."})
+	s.page(w, r, problem.Of(err).Status, outcome{Code: problem.Of(err).Code, Message: "The server could not start the connection; try again."})
 }
 
 func (s *Server) setFlowCookie(w http.ResponseWriter, flow domain.Secret) {
@@ -412,7 +413,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	if err != nil {
 		s.logFailure(r, "", err)
-		s.page(w, r, classify(err).status, outcome{Code: classify(err).code, Message: "The server could not complete the connection; try again."})
+		s.page(w, r, problem.Of(err).Status, outcome{Code: problem.Of(err).Code, Message: "The server could not complete the connection; try again."})
 		return
 	}
 	// Whatever happens now, the flow is spent.
@@ -471,9 +472,9 @@ func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.V
 		}
 		return outcome{httpStatus: status, Code: ce.Code, Message: ce.Message + " Nothing was stored."}
 	case err != nil:
-		p := classify(err)
+		p := problem.Of(err)
 		s.deps.Log.Error("keeping the grant failed", "connection", f.Connection, "err", err)
-		return outcome{httpStatus: p.status, Code: p.code, Message: "The grant could not be kept; try again."}
+		return outcome{httpStatus: p.Status, Code: p.Code, Message: "The grant could not be kept; try again."}
 	}
 	s.deps.Log.Info("consent received; the grant waits for the application's redemption", "connection", f.Connection,
 		"account", res.Account, "scopes", res.Scopes, "expires_at", res.ExpiresAt)

@@ -24,6 +24,7 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
@@ -322,14 +323,14 @@ func (s *Server) logFailure(r *http.Request, name string, err error) {
 		s.deps.Log.Debug("client went away", "method", r.Method, "path", r.URL.Path, "connection", name)
 		return
 	}
-	p := classify(err)
+	p := problem.Of(err)
 	level := slog.LevelInfo // the caller's mistake
 	switch {
-	case p.status >= 500:
+	case p.Status >= 500:
 		level = slog.LevelError
-	case p.status == http.StatusConflict:
+	case p.Status == http.StatusConflict:
 		level = slog.LevelWarn // an operator must reconnect it
 	}
 	s.deps.Log.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path,
-		"connection", name, "status", p.status, "err", err)
+		"connection", name, "status", p.Status, "err", err)
 }

@@ -3,7 +3,6 @@ package console
 import (
 	"bytes"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"html/template"
 	"math"
@@ -14,6 +13,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
 // connectionRow is one line of the connections table.
@@ -209,33 +209,14 @@ func (c *Console) providers(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "providers", map[string]any{"Nav": "providers", "Rows": rows})
 }
 
-// failed maps an error of a read or an action to a page, once.
+// failed answers an error of a read or an action with its page
+// (problem.Of, the table the API answers from too).
 func (c *Console) failed(w http.ResponseWriter, r *http.Request, name string, err error) {
-	status, msg := http.StatusInternalServerError, "Something went wrong; the server's log says what."
-	switch {
-	case errors.Is(err, domain.ErrNotFound):
-		status, msg = http.StatusNotFound, "No connection called "+name+" has a token (never connected, or disconnected)."
-	case errors.Is(err, domain.ErrInvalidConnection):
-		status, msg = http.StatusBadRequest, "That is not a connection name."
-	case errors.Is(err, domain.ErrLockTimeout):
-		status, msg = http.StatusServiceUnavailable, "The connection is busy (a refresh holds its lock); try again in a moment."
-	case errors.Is(err, domain.ErrNoRevocationEndpoint):
-		status, msg = http.StatusConflict, "Its provider has no revocation endpoint configured: disconnect without revoking, or configure one."
-	case errors.Is(err, domain.ErrUnknownProvider):
-		status, msg = http.StatusConflict, "The connection's provider is not stored any more."
-	case errors.Is(err, domain.ErrProviderUnavailable), errors.Is(err, domain.ErrClientRejected):
-		status, msg = http.StatusBadGateway, "The provider did not accept the revocation; nothing was changed. Try again, or disconnect without revoking."
-	case errors.Is(err, domain.ErrStoreUnavailable):
-		status, msg = http.StatusServiceUnavailable, "The database did not answer; try again."
-	case errors.Is(err, domain.ErrReturnToNotAllowed):
-		status, msg = http.StatusBadRequest, "The return address must be a page of your application under one of CONNECT_RETURN_URLS: the person's browser brings the consent's result there, and your backend redeems it (POST /connect-results)."
-	case errors.Is(err, domain.ErrConnectNotConfigured):
-		status, msg = http.StatusServiceUnavailable, "This server cannot create connect links: it needs OAUTH_AUTH_URL and OAUTH_REDIRECT_URL (or the provider's authorization URL)."
-	}
-	if status >= 500 {
+	p := problem.Of(err)
+	if p.Status >= 500 {
 		c.d.Log.Error("console request failed", "path", r.URL.Path, "connection", name, "err", err)
 	}
-	c.fail(w, r, status, msg)
+	c.fail(w, r, p.Status, p.Page)
 }
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {

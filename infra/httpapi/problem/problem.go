@@ -1,0 +1,154 @@
+// Package problem maps an error from the layers below to what the HTTP
+// edges answer: the server's JSON errors and the operator console's pages.
+// It is the only place that does.
+package problem
+
+import (
+	"context"
+	"errors"
+	"net/http"
+	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/apiclient"
+)
+
+// Problem is how an error is answered. None of its texts ever carries a
+// token: where Message is the error's own text, the layers below keep
+// secrets out of it.
+type Problem struct {
+	Status     int
+	Code       string // stable, for programs (Tokenguard-Error)
+	Message    string // for the API's callers
+	Page       string // for a person, in the console
+	RetryAfter time.Duration
+}
+
+// row is one line of the table: the first whose match holds decides.
+type row struct {
+	match  func(error) bool
+	p      Problem
+	detail bool // Message is the error's own text
+}
+
+func is(target error) func(error) bool {
+	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// providerAnswer matches a provider's answer that leaves the grant alive.
+func providerAnswer(err error) bool {
+	var pe *domain.ProviderError
+	return errors.As(err, &pe) && pe.Class != domain.GrantDead
+}
+
+func timedOut(err error) bool {
+	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
+}
+
+// table is read in order: a store failure beside a provider answer (a
+// refresh whose outcome could not be stored) is the store's, and never an
+// upstream's 502.
+var table = []row{
+	{match: is(domain.ErrInvalidConnection), detail: true,
+		p: Problem{Status: http.StatusBadRequest, Code: "invalid_connection", Page: "That is not a connection name."}},
+	{match: is(domain.ErrInvalidMetadata), detail: true,
+		p: Problem{Status: http.StatusBadRequest, Code: "invalid_metadata", Page: "The metadata is not valid JSON of the kind a connection keeps."}},
+	{match: is(domain.ErrUndecryptable), // not the store's 503: trying again gives the same answer
+		p: Problem{Status: http.StatusInternalServerError, Code: "undecryptable",
+			Message: "the connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served",
+			Page:    "The connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served."}},
+	{match: is(domain.ErrInvalidAccount),
+		p: Problem{Status: http.StatusBadGateway, Code: "account_invalid",
+			Message: "the provider named the account with an id that is too long or not printable; nothing was stored",
+			Page:    "The provider named the account with an id that is too long or not printable; nothing was stored."}},
+	{match: is(domain.ErrNoAPIBaseURL), detail: true,
+		p: Problem{Status: http.StatusConflict, Code: "no_api_base_url", Page: "Its provider has no API base URL: tokenctl provider update --api-base-url."}},
+	{match: is(domain.ErrUnknownProvider), detail: true,
+		p: Problem{Status: http.StatusBadRequest, Code: "unknown_provider", Page: "The connection's provider is not stored any more."}},
+	{match: is(domain.ErrNoRevocationEndpoint), detail: true,
+		p: Problem{Status: http.StatusConflict, Code: "no_revocation_endpoint",
+			Page: "Its provider has no revocation endpoint configured: disconnect without revoking, or configure one."}},
+	{match: is(domain.ErrReturnToNotAllowed), detail: true,
+		p: Problem{Status: http.StatusBadRequest, Code: "return_to_not_allowed",
+			Page: "The return address must be a page of your application under one of CONNECT_RETURN_URLS: the person's browser brings the consent's result there, and your backend redeems it (POST /connect-results)."}},
+	{match: is(domain.ErrConnectNotConfigured), detail: true,
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "connect_not_configured",
+			Page: "This server cannot create connect links: it needs OAUTH_AUTH_URL and OAUTH_REDIRECT_URL (or the provider's authorization URL)."}},
+	{match: is(domain.ErrNotFound),
+		p: Problem{Status: http.StatusNotFound, Code: "not_found", Message: "connection not found",
+			Page: "No such connection has a token (never connected, or disconnected)."}},
+	{match: is(domain.ErrNeedsReauth), detail: true,
+		p: Problem{Status: http.StatusConflict, Code: "needs_reauth", Page: "The connection's grant is dead: connect it again."}},
+	{match: is(domain.ErrAccountMismatch), detail: true,
+		p: Problem{Status: http.StatusConflict, Code: "account_mismatch", Page: "The consent came from another provider account than the connection's; nothing was stored."}},
+	{match: is(domain.ErrResultInvalid),
+		p: Problem{Status: http.StatusGone, Code: "result_invalid",
+			Message: "this connect result is unknown, expired or already redeemed; nothing was stored",
+			Page:    "This connect result is unknown, expired or already redeemed; nothing was stored."}},
+	{match: is(domain.ErrUnauthorized),
+		p: Problem{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "unauthorized", Page: "Log in with an API key."}},
+	{match: is(domain.ErrRefreshRateLimited),
+		p: Problem{Status: http.StatusTooManyRequests, Code: "refresh_rate_limited", RetryAfter: time.Second,
+			Message: "the connection was refreshed after a 401 moments ago; the API refuses the new token too",
+			Page:    "The connection was refreshed moments ago; try again shortly."}},
+	{match: is(domain.ErrLockTimeout),
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "busy", RetryAfter: time.Second,
+			Message: "another process is refreshing the token; try again",
+			Page:    "The connection is busy (a refresh holds its lock); try again in a moment."}},
+	{match: is(domain.ErrStoreUnavailable),
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "store_unavailable", RetryAfter: time.Second,
+			Message: "the token store is unavailable; try again", Page: "The database did not answer; try again."}},
+	{match: is(domain.ErrClientRejected),
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "client_rejected", RetryAfter: time.Second,
+			Message: "the token provider rejects this client; check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET and OAUTH_AUTH_STYLE",
+			Page:    "The provider rejects this client: check its client id, secret and auth style; nothing was changed."}},
+	{match: is(domain.ErrEndpointMisconfigured),
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "provider_misconfigured", RetryAfter: time.Second,
+			Message: "the token URL does not answer as a token endpoint; check OAUTH_TOKEN_URL",
+			Page:    "The token URL does not answer as a token endpoint: check it; nothing was changed."}},
+	{match: is(domain.ErrRefreshFailing),
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "refresh_failing", RetryAfter: 5 * time.Second,
+			Message: "the connection's refreshes are failing; the provider is asked again later (GET /connections shows why)",
+			Page:    "The connection's refreshes are failing; the provider is asked again later."}},
+	{match: providerAnswer, p: providerUnavailable},
+	{match: is(domain.ErrProviderUnavailable), p: providerUnavailable},
+	{match: is(apiclient.ErrTooLarge),
+		p: Problem{Status: http.StatusBadGateway, Code: "upstream_too_large",
+			Message: "the external API's answer is over the size limit; nothing of it was passed on",
+			Page:    "The external API's answer is over the size limit."}},
+	{match: is(apiclient.ErrUnavailable),
+		p: Problem{Status: http.StatusBadGateway, Code: "upstream_unavailable", Message: "the external API could not be reached",
+			Page: "The external API could not be reached."}},
+	{match: timedOut,
+		p: Problem{Status: http.StatusServiceUnavailable, Code: "timeout", RetryAfter: time.Second,
+			Message: "the request timed out", Page: "The request timed out; try again."}},
+}
+
+var providerUnavailable = Problem{Status: http.StatusServiceUnavailable, Code: "provider_unavailable", RetryAfter: time.Second,
+	Message: "the token provider is unavailable; try again",
+	Page:    "The provider did not answer, or refused the request; nothing was changed. Try again."}
+
+var internal = Problem{Status: http.StatusInternalServerError, Code: "internal", Message: "internal error",
+	Page: "Something went wrong; the server's log says what."}
+
+// Of is how err is answered.
+func Of(err error) Problem {
+	for _, r := range table {
+		if !r.match(err) {
+			continue
+		}
+		p := r.p
+		if r.detail {
+			p.Message = err.Error()
+			if p.Code == "needs_reauth" {
+				p.Message += "; connect it again (POST /connect-sessions)"
+			}
+		}
+		var pe *domain.ProviderError
+		if p.Code == "provider_unavailable" && errors.As(err, &pe) {
+			p.RetryAfter = max(pe.RetryAfter, time.Second)
+		}
+		return p
+	}
+	return internal
+}
