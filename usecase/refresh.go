@@ -3,7 +3,6 @@ package usecase
 import (
 	"cmp"
 	"context"
-	"crypto/rand"
 	"errors"
 	"fmt"
 	"sync"
@@ -623,111 +622,6 @@ func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, w
 	}
 }
 
-// redeem spends the refresh token of the token c leased at the provider
-// (resolve) and waits for the outcome at most RefreshTimeout. A provider
-// that has not answered by then keeps its request: the answer is awaited
-// in the background until the answer deadline, under the lease, so that no
-// process presents the refresh token again meanwhile, while the caller is
-// told errAnswerPending (a still-valid token is served through it) and the
-// provider's calls pause (the hung gate): callers do not each wait out a
-// hung provider.
-func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claimed) (redeemed, error) {
-	ctx = context.WithoutCancel(ctx)
-	type outcome struct {
-		r   redeemed
-		err error
-	}
-	done := make(chan outcome, 1)
-	u.flights.running.add() // a drain waits for the answer too
-	go func() {
-		defer u.flights.running.done()
-		r, err := u.resolve(ctx, store, c)
-		done <- outcome{r, err}
-	}()
-	timer := time.NewTimer(u.opts.RefreshTimeout)
-	defer timer.Stop()
-	select {
-	case o := <-done:
-		return o.r, o.err
-	case <-timer.C:
-	}
-	t := c.current
-	c.release() // the slot bounds calls that callers wait for, not a hung provider's queue
-	err := fmt.Errorf("%w: %w: the token endpoint has not answered a refresh in %v; its answer is awaited for up to %v",
-		domain.ErrProviderUnavailable, errAnswerPending, u.opts.RefreshTimeout, u.opts.AnswerDeadline)
-	hung := u.hung.of(t.Provider)
-	hung.reject(u.opts.Clock.Now(), hung.settings(), err)
-	u.opts.Logger.Warn("token endpoint has not answered a refresh; awaiting its answer, callers get the current token while it is valid",
-		"connection", t.Connection, "provider", t.Provider, "version", t.Version, "answer_deadline", u.opts.AnswerDeadline)
-	go func() {
-		o := <-done
-		u.late(t, o.r, o.err)
-	}()
-	return redeemed{from: t.RefreshToken}, err
-}
-
-// errAnswerPending: a request that presented the stored refresh token is
-// unresolved (its answer is awaited), so the token cannot be refreshed
-// now. It comes wrapped with domain.ErrProviderUnavailable and
-// domain.ErrRefreshInProgress.
-var errAnswerPending = errors.New("the answer to the refresh under way is not in yet")
-
-// answerPending is the error of a caller that found another holder's
-// lease running past RefreshTimeout: it does not wait for the answer.
-func (u *RefreshTokenUseCase) answerPending(l Lease) error {
-	return fmt.Errorf("%w: %w: %w (presented %v ago)", domain.ErrProviderUnavailable, domain.ErrRefreshInProgress,
-		errAnswerPending, l.Age.Round(time.Millisecond))
-}
-
-// overdue reports whether another holder's running lease has waited for
-// its answer longer than a caller waits.
-func (u *RefreshTokenUseCase) overdue(l Lease) bool {
-	return l.Running && l.Age > u.opts.RefreshTimeout
-}
-
-// late tells operators how a refresh that outlived its callers ended.
-func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
-	log := u.opts.Logger.With("connection", t.Connection, "provider", t.Provider, "from_version", t.Version)
-	switch {
-	case err == nil && r.revoked != nil:
-		log.Error("connection needs re-authorisation: the provider rejected its grant", "reason", r.reason)
-		u.opts.OnNeedsReauth(t.Connection, r.reason)
-	case err == nil:
-		log.Info("late answer to a refresh stored", "version", r.tok.Version)
-	default:
-		log.Warn("refresh that outlived its callers failed", "err", err)
-	}
-}
-
-// abandoned records, for t's version, the lost answer of a lease that ran
-// out unresolved (its holder vanished with its request unanswered), so
-// that the refresh token is presented again only after a probe of the
-// provider (domain.RefreshFailure.ProbeFirst). It returns the token as
-// stored afterwards.
-func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (domain.Token, error) {
-	now := u.opts.Clock.Now()
-	out := t
-	err := u.store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-		cur, err := s.Get(txCtx, t.Connection)
-		if err != nil || cur.Version != t.Version {
-			out = cur
-			return err // stored since: nothing was lost
-		}
-		f := nextFailure(cur.Failure, &domain.ProviderError{Lost: true}, now)
-		if err := s.Fail(txCtx, cur, f); err != nil {
-			return err
-		}
-		cur.Failure, out = f, cur
-		return nil
-	})
-	if err != nil {
-		return t, fmt.Errorf("record the lost answer of an abandoned refresh: %w", err)
-	}
-	u.opts.Logger.Error("a refresh's holder vanished before its answer came; the refresh token is presented again once the provider answers a probe",
-		"connection", t.Connection, "provider", t.Provider, "version", t.Version)
-	return out, nil
-}
-
 // resolve spends the refresh token of the token c leased at the provider,
 // with no database connection held, and keeps the outcome: the rotated
 // token, or needs_reauth for a dead grant. A failure that leaves the grant
@@ -936,30 +830,6 @@ type redeemed struct {
 	revoked error         // the grant is dead: stored as needs_reauth
 	reason  string        // why, as stored
 	latency time.Duration // of the provider call
-}
-
-// answered reports whether the provider answered a call that ended with
-// err: it is not hanging.
-func answered(err error) bool {
-	var pe *domain.ProviderError
-	return err == nil || (errors.As(err, &pe) && pe.HTTPStatus != 0)
-}
-
-// probe asks provider's token endpoint to redeem a refresh token that
-// cannot exist, before a refresh token whose last answer was lost is
-// presented again: an answer (any 2xx, 3xx or 4xx but 429) says the
-// provider processes requests again, so a request of ours queued there
-// has been answered or dropped.
-func (u *RefreshTokenUseCase) probe(ctx context.Context, provider string) error {
-	ctx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
-	defer cancel()
-	_, err := u.refresher.Refresh(ctx, provider, domain.NewSecret("tokenguard-probe-"+rand.Text()))
-	var pe *domain.ProviderError
-	if err == nil || (errors.As(err, &pe) && pe.HTTPStatus != 0 && pe.HTTPStatus < 500 && pe.HTTPStatus != 429) {
-		return nil
-	}
-	return fmt.Errorf("%w: the token endpoint does not answer a probe, and the last answer to this refresh token was lost: %w",
-		domain.ErrProviderUnavailable, err)
 }
 
 // providerOutcome names how a provider call ended, for its span.
