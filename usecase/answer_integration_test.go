@@ -7,40 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
-	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/waitfor"
-	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
-
-// answerStack is a process as the apps build it for the generic profile (a
-// provider nothing is known of), its token endpoint's HTTP client bounded
-// by the answer deadline.
-func (w *world) answerStack(t testing.TB, opts usecase.Options) *stack {
-	t.Helper()
-	prof, err := profiles.Get(profiles.Generic)
-	if err != nil {
-		t.Fatal(err)
-	}
-	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 4}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = postgres.Close(db) })
-	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(opts.AnswerDeadline),
-		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), retryPolicyFor(prof, opts))
-	uc, err := di.NewRefreshTokenUseCase(db, ref, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
-}
 
 // A strict provider (rotation, reuse revokes the grant) that takes longer
 // than the refresh timeout to answer keeps the one request it was sent:
@@ -73,7 +46,7 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 			clock := &movingClock{now: time.Now()}
 			opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: refreshTimeout,
 				AnswerDeadline: tc.deadline, Logger: quietLogger()}
-			stacks := []*stack{w.answerStack(t, opts), w.answerStack(t, opts), w.answerStack(t, opts)}
+			stacks := []*stack{w.profiledStack(t, opts, profiles.Generic), w.profiledStack(t, opts, profiles.Generic), w.profiledStack(t, opts, profiles.Generic)}
 			first := w.connect(t, stacks[0])
 			p.SetRefreshLatency(hang)
 			clock.set(first.Expiry.Add(time.Second)) // expired: nothing valid to serve
@@ -156,7 +129,7 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	clock := &movingClock{now: time.Now()}
 	opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 3 * time.Second, RefreshTimeout: time.Second,
 		AnswerDeadline: 2 * time.Second, Logger: quietLogger()}
-	a := w.answerStack(t, opts)
+	a := w.profiledStack(t, opts, profiles.Generic)
 	first := w.connect(t, a)
 	ctx := context.Background()
 
@@ -173,7 +146,7 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	clock.set(first.Expiry.Add(time.Second))
-	b := w.answerStack(t, opts)
+	b := w.profiledStack(t, opts, profiles.Generic)
 	if _, err := b.uc.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
 		t.Fatalf("Token while the dead holder's lease runs: %v, want ErrProviderUnavailable", err)
 	}

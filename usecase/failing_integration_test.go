@@ -1,6 +1,7 @@
 package usecase_test
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"log/slog"
@@ -41,7 +42,8 @@ func (c *movingClock) set(t time.Time) {
 
 // profiledStack is a stack whose refresher is built as the apps build it
 // for profile: the Refresher with the profile, inside Retrying with the
-// profile's policy.
+// profile's policy, its HTTP client bounded by the answer deadline (3 s
+// when opts leave it to the default).
 func (w *world) profiledStack(t testing.TB, opts usecase.Options, profile string) *stack {
 	t.Helper()
 	prof, err := profiles.Get(profile)
@@ -53,7 +55,7 @@ func (w *world) profiledStack(t testing.TB, opts usecase.Options, profile string
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
-	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(3*time.Second),
+	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(cmp.Or(opts.AnswerDeadline, 3*time.Second)),
 		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), retryPolicyFor(prof, opts))
 	uc, err := di.NewRefreshTokenUseCase(db, ref, opts)
 	if err != nil {

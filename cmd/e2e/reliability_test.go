@@ -213,8 +213,9 @@ func testProviderFaults(t *testing.T, bin string) {
 	}
 }
 
-// statusLoad calls GET resource from several clients and tallies the
-// answers by status and, for errors, by JSON code.
+// statusLoad calls GET resource (or another route) from several clients
+// and tallies the answers by status (0: no answer) and, for errors, by JSON
+// code, and the slowest.
 type statusLoad struct {
 	s    *stack
 	conn string
@@ -225,9 +226,14 @@ type statusLoad struct {
 	counts  map[string]int
 	firstOK time.Time // first 200 after since
 	since   time.Time
+	slowest time.Duration
 }
 
 func startStatusLoad(s *stack, conn string, clients int) *statusLoad {
+	return startLoad(s, conn, "/connections/"+conn+"/resource", clients)
+}
+
+func startLoad(s *stack, conn, path string, clients int) *statusLoad {
 	l := &statusLoad{s: s, conn: conn, stop: make(chan struct{}), counts: map[string]int{}}
 	for range clients {
 		l.wg.Go(func() {
@@ -237,7 +243,8 @@ func startStatusLoad(s *stack, conn string, clients int) *statusLoad {
 					return
 				default:
 				}
-				code, body := s.do(http.MethodGet, "/connections/"+conn+"/resource", "")
+				start := time.Now()
+				code, body := s.do(http.MethodGet, path, "")
 				at := time.Now()
 				key := fmt.Sprint(code)
 				if code != http.StatusOK {
@@ -249,6 +256,7 @@ func startStatusLoad(s *stack, conn string, clients int) *statusLoad {
 				}
 				l.mu.Lock()
 				l.counts[key]++
+				l.slowest = max(l.slowest, at.Sub(start))
 				if code == http.StatusOK && !l.since.IsZero() && l.firstOK.IsZero() {
 					l.firstOK = at
 				}
@@ -262,11 +270,17 @@ func startStatusLoad(s *stack, conn string, clients int) *statusLoad {
 
 // reset starts a new tally; firstOK is then the first 200 answered after now.
 func (l *statusLoad) reset() map[string]int {
+	counts, _ := l.window()
+	return counts
+}
+
+// window is reset, with the slowest answer of the tally ended.
+func (l *statusLoad) window() (map[string]int, time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	old := l.counts
-	l.counts, l.since, l.firstOK = map[string]int{}, time.Now(), time.Time{}
-	return old
+	old, slowest := l.counts, l.slowest
+	l.counts, l.since, l.firstOK, l.slowest = map[string]int{}, time.Now(), time.Time{}, 0
+	return old, slowest
 }
 
 func (l *statusLoad) finish() map[string]int {

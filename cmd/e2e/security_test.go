@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+
 	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
