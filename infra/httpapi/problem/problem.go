@@ -28,7 +28,10 @@ type Problem struct {
 type row struct {
 	match  func(error) bool
 	p      Problem
-	detail bool // Message is the error's own text
+	detail bool   // Message is the error's own text
+	hint   string // added to the error's own text
+	// answerRetry: RetryAfter is the provider's Retry-After, at least p's.
+	answerRetry bool
 }
 
 func is(target error) func(error) bool {
@@ -77,7 +80,7 @@ var table = []row{
 	{match: is(domain.ErrNotFound),
 		p: Problem{Status: http.StatusNotFound, Code: "not_found", Message: "connection not found",
 			Page: "No such connection has a token (never connected, or disconnected)."}},
-	{match: is(domain.ErrNeedsReauth), detail: true,
+	{match: is(domain.ErrNeedsReauth), detail: true, hint: "; connect it again (POST /connect-sessions)",
 		p: Problem{Status: http.StatusConflict, Code: "needs_reauth", Page: "The connection's grant is dead: connect it again."}},
 	{match: is(domain.ErrAccountMismatch), detail: true,
 		p: Problem{Status: http.StatusConflict, Code: "account_mismatch", Page: "The consent came from another provider account than the connection's; nothing was stored."}},
@@ -110,7 +113,7 @@ var table = []row{
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "refresh_failing", RetryAfter: 5 * time.Second,
 			Message: "the connection's refreshes are failing; the provider is asked again later (GET /connections shows why)",
 			Page:    "The connection's refreshes are failing; the provider is asked again later."}},
-	{match: providerAnswer, p: providerUnavailable},
+	{match: providerAnswer, p: providerUnavailable, answerRetry: true},
 	{match: is(domain.ErrProviderUnavailable), p: providerUnavailable},
 	{match: is(apiclient.ErrTooLarge),
 		p: Problem{Status: http.StatusBadGateway, Code: "upstream_too_large",
@@ -139,14 +142,11 @@ func Of(err error) Problem {
 		}
 		p := r.p
 		if r.detail {
-			p.Message = err.Error()
-			if p.Code == "needs_reauth" {
-				p.Message += "; connect it again (POST /connect-sessions)"
-			}
+			p.Message = err.Error() + r.hint
 		}
 		var pe *domain.ProviderError
-		if p.Code == "provider_unavailable" && errors.As(err, &pe) {
-			p.RetryAfter = max(pe.RetryAfter, time.Second)
+		if r.answerRetry && errors.As(err, &pe) {
+			p.RetryAfter = max(pe.RetryAfter, p.RetryAfter)
 		}
 		return p
 	}
