@@ -139,10 +139,8 @@ type Tokens struct {
 // New checks that the database answers, that its search_path names only
 // schemas that exist (ErrSchemaNotFound), that it is the primary, not a
 // replica (ErrReadOnlyStore), and that every stored token can be
-// decrypted (WithEncryptionKeys). On pgx (gorm.io/driver/postgres) a
-// refresh opens its transaction and takes the lock in one round trip; on
-// any other database/sql driver it runs the same statements in a GORM
-// transaction.
+// decrypted (WithEncryptionKeys). Any driver of gorm.io/driver/postgres
+// will do: pgx, its default, or lib/pq.
 func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
 		return nil, err
@@ -203,10 +201,6 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if err := migrations.CheckSearchPath(ctx, pool); err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
-	}
-	pipelined, err := repo.Pipelined(ctx)
-	if err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	if err := repo.CheckPrimary(ctx); err != nil {
@@ -301,11 +295,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	t.disconnect = usecase.NewDisconnectUseCase(repo, revoker, o.lockWait, o.refreshTimeout)
 	t.cfg, t.httpClient, t.userInfo = cfg, hc, o.userInfo
 	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(rdb, sealer), t.connect, revoker, o.refreshTimeout, o.log)
-	path := "pipelined on pgx"
-	if !pipelined {
-		path = "GORM transactions (the driver is not pgx)"
-	}
-	attrs := []any{slog.String("lock_transactions", path)}
+	var attrs []any
 	if lone != "" {
 		attrs = append(attrs, slog.String("replication", lone))
 	}

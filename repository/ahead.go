@@ -6,8 +6,6 @@ import (
 	"strconv"
 	"strings"
 	"time"
-
-	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // ExpiringBefore lists up to limit active connections whose token expires
@@ -83,15 +81,4 @@ func parseTimeCursor(s string) (began, at time.Time, id int32, err error) {
 		return time.Time{}, time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
 	}
 	return time.UnixMicro(b), time.UnixMicro(u), int32(i), nil
-}
-
-// TryInLock is InLock without the wait: if another transaction holds the
-// connection's lock it returns false at once and fn does not run.
-func (r *TokenRepository) TryInLock(ctx context.Context, connection string, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	tx, err := r.beginLocked(ctx, connection, lockMode{try: true})
-	if err != nil || tx == nil {
-		return err != nil, err
-	}
-	return true, r.runLocked(ctx, tx, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
 }

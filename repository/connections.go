@@ -1,6 +1,8 @@
 package repository
 
 import (
+	"gorm.io/gorm"
+
 	"bytes"
 	"context"
 	"database/sql"
@@ -169,9 +171,6 @@ const maxProviderField = 2048
 // it is), inside the locked transaction like SetMetadata. A value longer
 // than 2 KiB is refused with domain.ErrInvalidMetadata.
 func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string, fields map[string]string) error {
-	if l.tx.ended {
-		return errTxEnded
-	}
 	for k, v := range fields {
 		if len(k) > 64 || len(v) > maxProviderField {
 			return fmt.Errorf("%w: a provider field is longer than its bound", domain.ErrInvalidMetadata)
@@ -197,9 +196,6 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 // is refused (or fails) leaves the metadata as it was. No token column is
 // touched and nothing is announced: no process caches metadata.
 func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m domain.Metadata) error {
-	if l.tx.ended {
-		return errTxEnded
-	}
 	object := string(m.Object)
 	if object == "" {
 		object = "{}"
@@ -252,9 +248,9 @@ const disconnectHold = 10 * time.Second
 func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wait time.Duration,
 	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error) {
 	var found domain.Token
-	err := r.inLock(ctx, connection, wait, disconnectHold, func(ctx context.Context, l *LockedTokens) error {
+	err := r.inLock(ctx, connection, wait, disconnectHold, func(ctx context.Context, tx *gorm.DB) error {
 		var err error
-		if found, err = l.Get(ctx, connection); err != nil {
+		if found, err = getToken(ctx, tx, r.sealer, r.ids, connection); err != nil {
 			return err
 		}
 		revoked := false
@@ -263,7 +259,7 @@ func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wai
 				return err
 			}
 		}
-		row, err := l.tx.writeAndCommit(ctx, `
+		row, err := oneRow(tx, `
 WITH u AS (
     DELETE FROM tokenguard_tokens AS t USING tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2

@@ -60,16 +60,12 @@ func TestMetadataSurvivesTokenWrites(t *testing.T) {
 	}
 	wantMetadata(t, r, "acme", `{"user":7,"tenant":"t1"}`, "crm", "eu")
 
-	// A refresh (LockedTokens.Save, unchanged: what every process runs).
-	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		tok, err := l.Get(ctx, "acme")
-		if err != nil {
-			return err
-		}
-		_, err = l.Save(ctx, tok.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2")}, time.Now()))
-		return err
-	})
+	// A refresh (Store, unchanged: what every process runs).
+	tok, err := r.Get(ctx, "acme")
 	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := r.Store(ctx, tok.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2")}, time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	wantMetadata(t, r, "acme", `{"user":7,"tenant":"t1"}`, "crm", "eu")

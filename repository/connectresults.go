@@ -201,9 +201,6 @@ func (c *ConnectResults) Delete(ctx context.Context, id int64) error {
 // result expired or redeemed meanwhile is domain.ErrResultInvalid, and
 // the transaction stores nothing.
 func (l *LockedTokens) SpendResult(ctx context.Context, id int64) error {
-	if l.tx.ended {
-		return errTxEnded
-	}
 	res := l.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ? AND expires_at > now()", id)
 	if res.Error != nil {
 		return storeError(ctx, "spend connect result", res.Error)

@@ -15,7 +15,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/repository"
-	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // kinds is a history as "kind/outcome" lines, newest first.
@@ -46,7 +45,7 @@ func TestHistoryRecordsRefreshesAndChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	rotated := tok.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2"), Expiry: time.Now().Add(time.Hour)}, time.Now())
-	saved, err := r.SaveLocked(ctx, time.Second, rotated)
+	saved, err := r.Store(ctx, rotated)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -297,9 +296,9 @@ func BenchmarkRefreshWrites(b *testing.B) {
 	g := domain.Grant{AccessToken: domain.NewSecret("at2"), RefreshToken: domain.NewSecret("rt2"), Expiry: time.Now().Add(time.Hour)}
 	sides := make([]*side, 2) // 0: with the history, 1: without
 	for i := range sides {
-		db := openDriver(b, testdb.New(b), "pgx")
+		db := open(b, testdb.New(b))
 		if i == 1 {
-			if err := db.Exec("DROP TRIGGER refresh_leases_event ON tokenguard_refresh_leases; DROP TRIGGER webhook_outbox_event ON tokenguard_webhook_outbox").Error; err != nil {
+			if err := db.Exec("DROP TRIGGER tokenguard_refresh_leases_event ON tokenguard_refresh_leases; DROP TRIGGER tokenguard_webhook_outbox_event ON tokenguard_webhook_outbox").Error; err != nil {
 				b.Fatal(err)
 			}
 		}
@@ -308,23 +307,14 @@ func BenchmarkRefreshWrites(b *testing.B) {
 	}
 	refresh := func(s *side) {
 		start := time.Now()
-		var end func(bool)
-		err := s.r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-			t, err := l.Get(ctx, "acme")
-			if err != nil {
-				return err
-			}
-			s.cur = t
-			end, err = l.Lease(ctx, t, time.Second)
-			return err
-		})
-		if err != nil {
+		c, err := s.r.Claim(ctx, s.cur, time.Second)
+		if err != nil || c.End == nil {
+			b.Fatalf("claim: lease %t, %v", c.End != nil, err)
+		}
+		if s.cur, err = s.r.Store(ctx, c.Token.Rotated(g, time.Now())); err != nil {
 			b.Fatal(err)
 		}
-		if s.cur, err = s.r.SaveLocked(ctx, time.Second, s.cur.Rotated(g, time.Now())); err != nil {
-			b.Fatal(err)
-		}
-		end(false)
+		c.End(false)
 		s.times = append(s.times, time.Since(start))
 	}
 	for b.Loop() {

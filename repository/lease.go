@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -12,9 +11,6 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-
-	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // Lease timing. A live holder's process renews its leases every
@@ -31,79 +27,6 @@ const (
 	restartGrace    = 5 * time.Second
 )
 
-// Lease records in the locked transaction, in refresh_leases, that t's
-// refresh token is about to be presented at the provider, and commits:
-// the lock and its pool connection are let go, and the provider call runs
-// with no database connection held. While the lease runs, no other holder
-// of the lock presents the same refresh token (it gets
-// domain.ErrRefreshInProgress, and waits for the announcement of the
-// rotated token or for the lease to end); a strict provider would take a
-// second presentation for a reuse and revoke the grant.
-//
-// The lease covers the wait for the provider's answer (call, the answer
-// deadline) and leaseTerm more from the start; the holder's process renews
-// it in the background until end is called. Covering the wait up front
-// keeps the lease safe when the renewals wait for a pool connection behind
-// a burst of refreshes, or the database is away. A lease that runs out on
-// the same version is abandoned, not free (leaseFree): its holder's
-// request is unresolved, and the use case records its answer as lost
-// before anyone presents the refresh token again.
-// Storing a newer version ends the lease for everyone (Save deletes it in
-// the writing statement); end(true) deletes it and announces the release,
-// for a refresh whose token was not spent.
-func (l *LockedTokens) Lease(ctx context.Context, t domain.Token, call time.Duration) (end func(release bool), err error) {
-	if bid := l.tx.bid; bid != nil {
-		return l.bidLease(t)
-	}
-	if l.tx.ended {
-		return nil, errTxEnded
-	}
-	if l.tx.leaseSeen(t.Version) {
-		return nil, leaseRefused(t, domain.ErrRefreshInProgress)
-	}
-	holder := newHolder()
-	var got []string
-	if err := l.tx.execAndCommit(ctx, scanStrings(&got), takeLeaseSQL, t.Connection, t.Version, holder, (max(call, 0) + leaseTerm).Milliseconds(), restartGrace.Milliseconds()); err != nil {
-		return nil, storeError(ctx, "lease refresh of "+t.Connection, err)
-	}
-	if len(got) == 0 || got[0] != holder {
-		return nil, leaseRefused(t, domain.ErrRefreshInProgress)
-	}
-	lease := &heldLease{renewer: l.leases, connection: t.Connection, version: t.Version, holder: holder}
-	l.leases.add(holder)
-	return lease.end, nil
-}
-
-// bidLease is Lease in a transaction opened with a bid: it hands out the
-// lease the bid took, if it took one for t's version.
-func (l *LockedTokens) bidLease(t domain.Token) (func(bool), error) {
-	bid := l.tx.bid
-	switch {
-	case bid.won && bid.version == t.Version && !bid.handed:
-		bid.handed = true
-		lease := l.tx.bidLease(l.leases, t.Connection)
-		l.leases.add(bid.holder)
-		return lease.end, nil
-	case bid.other || l.tx.leaseSeen(t.Version):
-		return nil, leaseRefused(t, domain.ErrRefreshInProgress)
-	}
-	return nil, leaseRefused(t, usecase.ErrBidMissed)
-}
-
-// leaseSeen: the lock's read saw another holder's lease on version.
-func (tx *lockTx) leaseSeen(version int64) bool {
-	return tx.leased && tx.first != nil && tx.first.Version == version
-}
-
-func leaseRefused(t domain.Token, err error) error {
-	return fmt.Errorf("lease refresh of %s at version %d: %w", t.Connection, t.Version, err)
-}
-
-// bidLease is the lease tx's bid took.
-func (tx *lockTx) bidLease(renewer *leaseRenewer, connection string) *heldLease {
-	return &heldLease{renewer: renewer, connection: connection, version: tx.bid.version, holder: tx.bid.holder}
-}
-
 // newHolder names a lease's holder: a random UUID, made here so that the
 // statement taking the lease can tell whose lease it returns.
 func newHolder() string {
@@ -115,16 +38,8 @@ func newHolder() string {
 	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
 }
 
-// leasedSQL, read with the lock (locktx.go), says whether another holder's
-// lease on the stored version runs on this server: then a refresh can be
-// refused without a write. A lease from another server is left to
-// takeLeaseSQL, which holds it for the grace or takes it over.
-const leasedSQL = `SELECT EXISTS (SELECT FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
-    JOIN tokenguard_refresh_leases l ON ` + leaseRuns + `
-    WHERE c.name = $1)`
-
 // leaseRuns is the condition under which lease l on token t's version runs
-// on this server (leasedSQL, GetWithLease).
+// on this server (Read).
 const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
     AND l.server_started = pg_postmaster_start_time() AND now() <= l.until`
 
@@ -147,20 +62,6 @@ const leaseFree = `(l.version <> EXCLUDED.version)`
 var takeLeaseSQL = `
 INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
 SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM tokenguard_connections c WHERE c.name = $1
-` + leaseUpsert
-
-// bidLeaseSQL is takeLeaseSQL for a bid, sent with the lock before the
-// re-read is seen (pipelineLock): it takes the lease only if the stored
-// token is still at version $2, not $6 (needs_reauth), with no failure on
-// record for that version, and only if the try statement recorded that
-// the lock was granted.
-var bidLeaseSQL = `
-INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
-SELECT c.id, t.version, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time()
-FROM tokenguard_connections c JOIN tokenguard_tokens t ON t.connection_id = c.id
-WHERE c.name = $1 AND t.version = $2 AND t.status <> $6
-    AND current_setting('tokenguard.locked', true) = 'true'
-    AND NOT EXISTS (SELECT FROM tokenguard_refresh_failures f WHERE f.connection_id = c.id AND f.version = t.version)
 ` + leaseUpsert
 
 // leaseUpsert ends the statements that take a lease.
@@ -191,7 +92,7 @@ func (l *heldLease) end(release bool) {
 		if !release {
 			return
 		}
-		ctx, cancel := context.WithTimeout(context.Background(), rollbackTimeout)
+		ctx, cancel := context.WithTimeout(context.Background(), lockedHold)
 		defer cancel()
 		_ = l.renewer.db.WithContext(ctx).Exec(`
 WITH d AS (DELETE FROM tokenguard_refresh_leases WHERE holder = ?::uuid RETURNING connection_id, version)
@@ -265,18 +166,4 @@ WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), pgTextArray(holders)).
 // every driver passes as text (the values here are UUIDs: no quoting).
 func pgTextArray(v []string) string {
 	return "{" + strings.Join(v, ",") + "}"
-}
-
-// scanStrings collects a one-column text result.
-func scanStrings(out *[]string) func(rowScanner) error {
-	return func(rows rowScanner) error {
-		for rows.Next() {
-			var s string
-			if err := rows.Scan(&s); err != nil {
-				return err
-			}
-			*out = append(*out, s)
-		}
-		return rows.Err()
-	}
 }

@@ -3,6 +3,7 @@ package repository_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -13,17 +14,25 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// lease takes the lease on tok's version under the lock, as a refresh
-// does, and returns its end.
+// lease claims the refresh of tok's version, as a refresh does, and
+// returns the lease's end. A claim refused for another holder's lease
+// (running or abandoned) is ErrRefreshInProgress; one refused because the
+// stored token is not tok any more, ErrConflict.
 func lease(t *testing.T, r *repository.TokenRepository, tok domain.Token) (func(bool), error) {
 	t.Helper()
-	var end func(bool)
-	err := r.InLock(context.Background(), tok.Connection, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		var err error
-		end, err = l.Lease(ctx, tok, 0)
-		return err
-	})
-	return end, err
+	c, err := r.Claim(context.Background(), tok, 0)
+	switch {
+	case err != nil:
+		return nil, err
+	case c.End != nil:
+		if c.Lease.Running || c.Lease.Abandoned {
+			t.Errorf("lease taken over another holder's: %+v", c.Lease)
+		}
+		return c.End, nil
+	case c.Lease.Running || c.Lease.Abandoned:
+		return nil, fmt.Errorf("claim of %s at version %d (lease %+v): %w", tok.Connection, tok.Version, c.Lease, domain.ErrRefreshInProgress)
+	}
+	return nil, fmt.Errorf("claim of %s at version %d found version %d: %w", tok.Connection, tok.Version, c.Token.Version, domain.ErrConflict)
 }
 
 func TestLeaseKeepsOthersOutUntilItEnds(t *testing.T) {
@@ -59,12 +68,12 @@ func TestLeaseOfADeadHolderIsAbandonedNotFree(t *testing.T) {
 		t.Fatal(err)
 	}
 	end(false) // renewals stop, the record stays: the holder died
-	if _, l, err := r.GetWithLease(ctx, "acme"); err != nil || !l.Running || l.Abandoned {
+	if _, l, err := r.Read(ctx, "acme"); err != nil || !l.Running || l.Abandoned {
 		t.Fatalf("while the term runs: %+v, %v; want running", l, err)
 	}
 	var l usecase.Lease
 	waitfor.Until(t, 10*time.Second, "the lease of a holder that stopped renewing never ran out", func() bool {
-		_, l, err = r.GetWithLease(ctx, "acme")
+		_, l, err = r.Read(ctx, "acme")
 		return err == nil && l.Abandoned
 	})
 	if l.Running || l.Age < leaseTermForTest {
@@ -74,15 +83,19 @@ func TestLeaseOfADeadHolderIsAbandonedNotFree(t *testing.T) {
 		t.Fatalf("lease on an abandoned one: err = %v, want ErrRefreshInProgress", err)
 	}
 	f := domain.RefreshFailure{Failures: 1, Since: time.Now(), LastAt: time.Now(), RetryAt: time.Now().Add(time.Second), Code: domain.CodeAnswerLost}
-	if err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		return l.Fail(ctx, tok, f)
-	}); err != nil {
+	if err := r.Fail(ctx, tok, f); err != nil {
 		t.Fatal(err)
 	}
-	if _, l, err := r.GetWithLease(ctx, "acme"); err != nil || l != (usecase.Lease{}) {
+	if _, l, err := r.Read(ctx, "acme"); err != nil || l != (usecase.Lease{}) {
 		t.Fatalf("after the lost answer was recorded: %+v, %v; want no lease", l, err)
 	}
-	endB, err := lease(t, r, tok)
+	// Claimed as seen with the failure recorded (its backoff is the use
+	// case's to honour).
+	failed, err := r.Get(ctx, "acme")
+	if err != nil || failed.Failure.Failures != 1 {
+		t.Fatalf("after the lost answer was recorded: %+v, %v", failed.Failure, err)
+	}
+	endB, err := lease(t, r, failed)
 	if err != nil {
 		t.Fatalf("lease after the lost answer was recorded: %v", err)
 	}
@@ -99,11 +112,8 @@ func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
 	defer end(false)
 	next := tok
 	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.NewSecret("rt-2")
-	var saved domain.Token
-	if err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		saved, err = l.Save(ctx, next)
-		return err
-	}); err != nil {
+	saved, err := r.Store(context.Background(), next)
+	if err != nil {
 		t.Fatal(err)
 	}
 	endB, err := lease(t, r, saved)
@@ -113,16 +123,17 @@ func TestLeaseOfAnOlderVersionIsNoObstacle(t *testing.T) {
 	endB(true)
 }
 
-// GetWithLease reads the token as Get does, and says whether another
+// Read reads the token as Get does, and says whether another
 // holder's lease on the version read runs: while it runs, and no longer
-// once the token was released or a newer version stored.
-func TestGetWithLeaseSaysWhileALeaseRuns(t *testing.T) {
-	r, _, _ := newRepo(t)
+// once the token was released or a newer version stored (Store ends the
+// leases of older versions).
+func TestReadSaysWhileALeaseRuns(t *testing.T) {
+	r, db, _ := newRepo(t)
 	ctx := context.Background()
 	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
 	leased := func() bool {
 		t.Helper()
-		got, leased, err := r.GetWithLease(ctx, "acme")
+		got, leased, err := r.Read(ctx, "acme")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -131,7 +142,7 @@ func TestGetWithLeaseSaysWhileALeaseRuns(t *testing.T) {
 			t.Fatal(err)
 		}
 		if got.Version != want.Version || !got.AccessToken.Equal(want.AccessToken) || !got.RefreshToken.Equal(want.RefreshToken) || !got.Expiry.Equal(want.Expiry) {
-			t.Fatalf("GetWithLease read version %d, Get version %d: not the same token", got.Version, want.Version)
+			t.Fatalf("Read read version %d, Get version %d: not the same token", got.Version, want.Version)
 		}
 		return leased.Running
 	}
@@ -156,13 +167,17 @@ func TestGetWithLeaseSaysWhileALeaseRuns(t *testing.T) {
 	defer end(false)
 	next := tok
 	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.NewSecret("rt-2")
-	if _, err := r.SaveLocked(ctx, time.Second, next); err != nil {
+	if _, err := r.Store(ctx, next); err != nil {
 		t.Fatal(err)
 	}
 	if leased() {
 		t.Fatal("a lease on a version no longer stored is seen")
 	}
-	if _, _, err := r.GetWithLease(ctx, "nobody"); !errors.Is(err, domain.ErrNotFound) {
+	var leases int
+	if err := db.Raw("SELECT count(*) FROM tokenguard_refresh_leases").Scan(&leases).Error; err != nil || leases != 0 {
+		t.Fatalf("%d leases left after Store of a newer version (%v), want none", leases, err)
+	}
+	if _, _, err := r.Read(ctx, "nobody"); !errors.Is(err, domain.ErrNotFound) {
 		t.Fatalf("unknown connection: err = %v, want ErrNotFound", err)
 	}
 }
@@ -208,7 +223,7 @@ func TestLeaseFromAnotherServerIsHeldForTheGrace(t *testing.T) {
 			if err := db.Exec("UPDATE tokenguard_refresh_leases SET until = now() - interval '1 millisecond'").Error; err != nil {
 				t.Fatal(err)
 			}
-			if _, l, err := r.GetWithLease(context.Background(), "acme"); err != nil || !l.Abandoned {
+			if _, l, err := r.Read(context.Background(), "acme"); err != nil || !l.Abandoned {
 				t.Fatalf("after the grace: %+v, %v; want abandoned", l, err)
 			}
 			if _, err := lease(t, r, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
@@ -229,8 +244,12 @@ func TestSyncCommitReachesTheLockTransactions(t *testing.T) {
 	if _, err := lease(t, bad, tok); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Fatalf("lease with an unknown level: %v, want the server's refusal", err)
 	}
-	if _, err := bad.SaveLocked(context.Background(), time.Second, tok); !errors.Is(err, domain.ErrStoreUnavailable) {
-		t.Fatalf("save with an unknown level: %v, want the server's refusal", err)
+	if _, err := bad.Store(context.Background(), tok); !errors.Is(err, domain.ErrStoreUnavailable) {
+		t.Fatalf("store with an unknown level: %v, want the server's refusal", err)
+	}
+	f := domain.RefreshFailure{Failures: 1, Since: time.Now(), LastAt: time.Now(), Code: domain.CodeAnswerLost}
+	if err := bad.Fail(context.Background(), tok, f); !errors.Is(err, domain.ErrStoreUnavailable) {
+		t.Fatalf("fail with an unknown level: %v, want the server's refusal", err)
 	}
 	good := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
 	level, err := repository.NewDurability("remote_apply")
@@ -245,7 +264,7 @@ func TestSyncCommitReachesTheLockTransactions(t *testing.T) {
 	end(false)
 	next := tok
 	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.NewSecret("rt-2")
-	if saved, err := good.SaveLocked(context.Background(), time.Second, next); err != nil || saved.Version != tok.Version+1 {
-		t.Fatalf("SaveLocked = v%d, %v", saved.Version, err)
+	if saved, err := good.Store(context.Background(), next); err != nil || saved.Version != tok.Version+1 {
+		t.Fatalf("Store = v%d, %v", saved.Version, err)
 	}
 }

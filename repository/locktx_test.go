@@ -3,7 +3,6 @@ package repository_test
 import (
 	"context"
 	"errors"
-	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -60,28 +59,23 @@ func waitForLockWaiters(t *testing.T, db *gorm.DB, n int) {
 	t.Fatalf("never saw %d lock waiters", n)
 }
 
-// rotate stores a rotated token for name, as a refresh does.
-func rotate(name string) func(context.Context, usecase.LockedStore) error {
+// regrant stores a new grant for name under the held lock (Put: the one
+// write of a LockedStore), committed with the transaction.
+func regrant(name string) func(context.Context, usecase.LockedStore) error {
 	return func(ctx context.Context, l usecase.LockedStore) error {
-		cur, err := l.Get(ctx, name)
-		if err != nil {
-			return err
-		}
-		next := cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at2"), RefreshToken: domain.NewSecret("rt2"),
-			Expiry: time.Now().Add(time.Hour)}, time.Now())
-		_, err = l.Save(ctx, next)
+		_, err := l.Put(ctx, grantToken(name, "at2", "rt2"))
 		return err
 	}
 }
 
-// The read that comes back with the lock (in the same round trip) must be
-// taken after the lock was granted: it sees what the holder committed.
+// The read under the lock is taken after the lock was granted: it sees
+// what the holder committed.
 func TestInLockReadsWhatTheHolderCommitted(t *testing.T) {
 	r1, db, url := newRepo(t)
 	r2 := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 	v1 := put(t, r1, grantToken("acme", "at", "rt"))
 
-	release := holdLock(t, r1, "acme", rotate("acme"))
+	release := holdLock(t, r1, "acme", regrant("acme"))
 	got := make(chan domain.Token, 1)
 	errc := make(chan error, 1)
 	go func() {
@@ -110,17 +104,14 @@ func TestInLockReportsACommitThatRolledBack(t *testing.T) {
 	r, db, _ := newRepo(t)
 	put(t, r, grantToken("acme", "at", "rt"))
 	err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		cur, err := l.Get(ctx, "acme")
-		if err != nil {
-			return err
-		}
-		cur.Status = "no such status" // violates a CHECK constraint
-		if _, err := l.Save(ctx, cur); err == nil {
-			t.Error("the schema took an unknown status")
+		cur := grantToken("acme", "at-2", "rt-2")
+		cur.Provider = "nobody" // violates a foreign key
+		if _, err := l.Put(ctx, cur); err == nil {
+			t.Error("the schema took an unknown provider")
 		}
 		return nil
 	})
-	if !errors.Is(err, domain.ErrStoreUnavailable) || !strings.Contains(err.Error(), "rolled back") {
+	if !errors.Is(err, domain.ErrStoreUnavailable) || !strings.Contains(err.Error(), "rollback") {
 		t.Fatalf("err = %v, want a commit that rolled back", err)
 	}
 	assertNoLocksLeft(t, db)
@@ -156,14 +147,21 @@ func TestInLockPanicClosesTheConnection(t *testing.T) {
 	}
 }
 
+// A repository bound to a transaction, not to a pool, is refused: its
+// locked transactions would run inside the caller's, holding the lock and
+// keeping their writes (a lease, a token) uncommitted until the caller's
+// transaction ends.
 func TestInLockRefusesARepositoryBoundToATransaction(t *testing.T) {
-	_, db, _ := newRepo(t)
+	r, db, _ := newRepo(t)
+	put(t, r, grantToken("acme", "at", "rt"))
 	tx := db.Begin()
 	defer tx.Rollback()
 	err := repository.NewTokenRepository(tx, tokencrypt.Plaintext{}).InLock(context.Background(), "acme", time.Second, time.Second,
 		func(context.Context, usecase.LockedStore) error { return nil })
-	if err == nil || !strings.Contains(err.Error(), "not to a connection pool") {
-		t.Fatalf("err = %v, want a refusal", err)
+	if err == nil {
+		var held int
+		tx.Raw(advisoryLocks + " AND granted").Scan(&held)
+		t.Fatalf("InLock ran in the caller's transaction (%d advisory locks still held after it returned), want a refusal", held)
 	}
 }
 
@@ -197,8 +195,9 @@ func assertNoLocksLeft(t *testing.T, dbs ...*gorm.DB) {
 }
 
 // docs/operations.md tells PgBouncer users without prepared-statement
-// support to switch pgx to the exec or simple protocol: the pipelined lock
-// transaction must work in every mode, the re-read and the lease included.
+// support to switch pgx to the exec or simple protocol: the lock
+// transactions must work in every mode, the re-read under the lock, the
+// lease, the write and the failure record included.
 func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 	_, _, url := newRepo(t)
 	sep := "?"
@@ -209,86 +208,51 @@ func TestLockTransactionInEveryQueryExecMode(t *testing.T) {
 		t.Run(mode, func(t *testing.T) {
 			db := open(t, url+sep+"default_query_exec_mode="+mode)
 			r := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+			ctx := context.Background()
 			name := "acme-" + strings.ReplaceAll(mode, "_", "-")
 			v1 := put(t, r, grantToken(name, "at", "rt"))
-			release := holdLock(t, r, name, rotate(name))
-			got := make(chan domain.Token, 1)
-			errc := make(chan error, 1)
+			release := holdLock(t, r, name, regrant(name))
+			type claimed struct {
+				c   usecase.Claim
+				err error
+			}
+			got := make(chan claimed, 1)
 			go func() {
-				var tok domain.Token
-				err := r.InLock(context.Background(), name, 5*time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-					var err error
-					if tok, err = l.Get(ctx, name); err != nil {
-						return err
-					}
-					end, err := l.Lease(ctx, tok, time.Second)
-					if err == nil {
-						end(true)
-					}
-					return err
-				})
-				got <- tok
-				errc <- err
+				c, err := r.Claim(ctx, v1, time.Second)
+				got <- claimed{c, err}
 			}()
 			waitForLockWaiters(t, db, 1)
 			if err := release(); err != nil {
 				t.Fatal(err)
 			}
-			if err := <-errc; err != nil {
+			c := <-got
+			if c.err != nil {
+				t.Fatal(c.err)
+			}
+			if c.c.Token.Version != v1.Version+1 || c.c.End != nil {
+				t.Fatalf("waiter's claim read version %d (lease %t), want the holder's %d and no lease", c.c.Token.Version, c.c.End != nil, v1.Version+1)
+			}
+			v2 := c.c.Token
+			cl, err := r.Claim(ctx, v2, time.Second)
+			if err != nil || cl.End == nil {
+				t.Fatalf("claim of the stored version: lease %t, %v", cl.End != nil, err)
+			}
+			if _, l, err := r.Read(ctx, name); err != nil || !l.Running {
+				t.Fatalf("Read after the claim: %+v, %v; want the lease running", l, err)
+			}
+			f := domain.RefreshFailure{Failures: 1, Since: time.Now(), LastAt: time.Now(), RetryAt: time.Now().Add(time.Minute), Code: "temporarily_unavailable"}
+			if err := r.Fail(ctx, v2, f); err != nil {
 				t.Fatal(err)
 			}
-			if tok := <-got; tok.Version != v1.Version+1 {
-				t.Fatalf("waiter read version %d, want the holder's %d", tok.Version, v1.Version+1)
+			cl.End(false)
+			if cur, err := r.Get(ctx, name); err != nil || cur.Failure.Failures != 1 {
+				t.Fatalf("after Fail: %+v, %v", cur.Failure, err)
+			}
+			next := v2.Rotated(domain.Grant{AccessToken: domain.NewSecret("at3"), RefreshToken: domain.NewSecret("rt3"), Expiry: time.Now().Add(time.Hour)}, time.Now())
+			if stored, err := r.Store(ctx, next); err != nil || stored.Version != v2.Version+1 || stored.RefreshToken.Reveal() != "rt3" {
+				t.Fatalf("Store = v%d %q, %v", stored.Version, stored.RefreshToken.Reveal(), err)
 			}
 			assertNoLocksLeft(t, db)
 		})
-	}
-}
-
-// A lock transaction's statements are planned generically from their first
-// run on a connection (beginLockTx): pg_prepared_statements, on the pool's
-// one connection, counts the custom plans of the token write and of the
-// lock's read after a few refreshes' worth of them. Without the setting,
-// Postgres makes a custom plan at each of the first five runs.
-func TestLockTransactionsPlanGenerically(t *testing.T) {
-	r, db, _ := newRepo(t)
-	if pipelined, err := r.Pipelined(context.Background()); err != nil || !pipelined {
-		t.Skipf("the lock transactions are GORM's on this driver, which prepares nothing (pipelined %t, %v)", pipelined, err)
-	}
-	sqlDB, err := db.DB()
-	if err != nil {
-		t.Fatal(err)
-	}
-	sqlDB.SetMaxOpenConns(1) // one backend: its prepared statements are the ones counted
-	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
-	for i := range 3 {
-		end, err := lease(t, r, tok)
-		if err != nil {
-			t.Fatal(err)
-		}
-		end(false)
-		next := tok
-		next.AccessToken, next.RefreshToken = domain.NewSecret(fmt.Sprintf("at-%d", i+2)), domain.NewSecret(fmt.Sprintf("rt-%d", i+2))
-		if tok, err = r.SaveLocked(context.Background(), time.Second, next); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var plans []struct {
-		SQL                       string
-		GenericPlans, CustomPlans int64
-	}
-	err = db.Raw(`SELECT statement AS sql, generic_plans, custom_plans FROM pg_prepared_statements
-		WHERE (strpos(statement, 'UPDATE tokenguard_tokens AS t SET') > 0 OR strpos(statement, 'SELECT pg_advisory_xact_lock') > 0)
-		AND strpos(statement, 'pg_prepared_statements') = 0`).Scan(&plans).Error
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(plans) < 2 {
-		t.Fatalf("%d of the write and the lock among the connection's prepared statements, want both", len(plans))
-	}
-	for _, p := range plans {
-		if p.CustomPlans != 0 || p.GenericPlans < 3 {
-			t.Errorf("%d custom and %d generic plans, want 0 and at least 3, of\n%s", p.CustomPlans, p.GenericPlans, p.SQL)
-		}
 	}
 }

@@ -75,17 +75,11 @@ func TestSQLLogsNeverContainTokens(t *testing.T) {
 	}
 	next := stored
 	next.RefreshToken = domain.NewSecret(rt2)
-	if err := inLock(func(ctx context.Context, l usecase.LockedStore) error {
-		_, err := l.Save(ctx, next)
-		return err
-	}); err != nil {
+	if _, err := repo.Store(ctx, next); err != nil {
 		t.Fatal(err)
 	}
 	// A version conflict: a failing path.
-	if err := inLock(func(ctx context.Context, l usecase.LockedStore) error {
-		_, err := l.Save(ctx, next)
-		return err
-	}); !errors.Is(err, domain.ErrConflict) {
+	if _, err := repo.Store(ctx, next); !errors.Is(err, domain.ErrConflict) {
 		t.Fatalf("stale save: %v", err)
 	}
 	if _, err := repo.Get(ctx, "acme"); err != nil {

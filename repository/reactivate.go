@@ -1,6 +1,8 @@
 package repository
 
 import (
+	"gorm.io/gorm"
+
 	"context"
 	"fmt"
 	"time"
@@ -26,14 +28,14 @@ const reactivateHold = 10 * time.Second
 // lock and the version written, or 0 when it left the connection alone
 // (already active, or needs_reauth for another reason).
 func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
-	err = r.inLock(ctx, connection, wait, reactivateHold, func(ctx context.Context, l *LockedTokens) error {
-		if found, err = l.Get(ctx, connection); err != nil {
+	err = r.inLock(ctx, connection, wait, reactivateHold, func(ctx context.Context, tx *gorm.DB) error {
+		if found, err = getToken(ctx, tx, r.sealer, r.ids, connection); err != nil {
 			return err
 		}
 		if found.Status != domain.StatusNeedsReauth || (reason != "" && found.StatusReason != reason) {
 			return nil
 		}
-		row, err := l.tx.writeAndCommit(ctx, `
+		row, err := oneRow(tx, `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET
         status        = 'active',

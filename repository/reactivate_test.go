@@ -20,16 +20,13 @@ import (
 // that answer did, and returns the stored token.
 func markDead(t *testing.T, r *repository.TokenRepository, name, reason string) domain.Token {
 	t.Helper()
-	var out domain.Token
-	err := r.InLock(context.Background(), name, time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		tok, err := l.Get(ctx, name)
-		if err != nil {
-			return err
-		}
-		tok.Status, tok.StatusReason = domain.StatusNeedsReauth, reason
-		out, err = l.Save(ctx, tok)
-		return err
-	})
+	ctx := context.Background()
+	tok, err := r.Get(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok.Status, tok.StatusReason = domain.StatusNeedsReauth, reason
+	out, err := r.Store(ctx, tok)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,17 +167,21 @@ func TestReactivateWaitsForTheLockAndDecidesOnWhatItFinds(t *testing.T) {
 	put(t, r, grantToken("acme", "at-1", "rt-1"))
 	markDead(t, r, "acme", "invalid_client")
 
-	// A refresh holds the lock and, meanwhile, finds the grant really
-	// dead: the reactivation waits for it and then leaves the row alone.
-	release := holdLock(t, r, "acme", func(ctx context.Context, l usecase.LockedStore) error {
-		tok, err := l.Get(ctx, "acme")
-		if err != nil {
-			return err
-		}
-		tok.StatusReason = "invalid_grant"
-		_, err = l.Save(ctx, tok)
-		return err
-	})
+	// A refresh that finds the grant really dead waits for the lock to
+	// store that, ahead of the reactivation (the lock's queue is served in
+	// order): the reactivation waits for it and then leaves the row alone.
+	release := holdLock(t, r, "acme", func(context.Context, usecase.LockedStore) error { return nil })
+	tok, err := r.Get(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok.StatusReason = "invalid_grant"
+	storeDone := make(chan error, 1)
+	go func() {
+		_, err := r.Store(ctx, tok)
+		storeDone <- err
+	}()
+	waitForLockWaiters(t, db, 1)
 	type result struct {
 		found   domain.Token
 		version int64
@@ -191,13 +192,16 @@ func TestReactivateWaitsForTheLockAndDecidesOnWhatItFinds(t *testing.T) {
 		found, version, err := r.Reactivate(ctx, "acme", "invalid_client", 5*time.Second)
 		done <- result{found, version, err}
 	}()
-	waitForLockWaiters(t, db, 1)
+	waitForLockWaiters(t, db, 2)
 	select {
 	case res := <-done:
 		t.Fatalf("reactivated while the lock was held: %+v", res)
 	default:
 	}
 	if err := release(); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-storeDone; err != nil {
 		t.Fatal(err)
 	}
 	res := <-done
@@ -212,7 +216,7 @@ func TestReactivateWaitsForTheLockAndDecidesOnWhatItFinds(t *testing.T) {
 	// A lock held for longer than the wait is a typed error; nothing changes.
 	markDead(t, r, "acme", "invalid_client")
 	release = holdLock(t, r, "acme", func(context.Context, usecase.LockedStore) error { return nil })
-	_, _, err := r.Reactivate(ctx, "acme", "", 200*time.Millisecond)
+	_, _, err = r.Reactivate(ctx, "acme", "", 200*time.Millisecond)
 	if rerr := release(); rerr != nil {
 		t.Fatal(rerr)
 	}

@@ -1,6 +1,8 @@
 package repository
 
 import (
+	"gorm.io/gorm"
+
 	"context"
 	"fmt"
 	"time"
@@ -126,9 +128,9 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 
 func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
 	resealed := false
-	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, l *LockedTokens) error {
+	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
 		var rows []storedRow
-		err := l.db.WithContext(ctx).Raw(`
+		err := tx.Raw(`
 SELECT `+storedColumns+`
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 WHERE c.name = ?`, connection).Find(&rows).Error
@@ -150,7 +152,7 @@ WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
 			return err
 		}
-		err = l.db.WithContext(ctx).Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = ? WHERE connection_id = ?`,
+		err = tx.Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = ? WHERE connection_id = ?`,
 			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), to.version, row.ID).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)

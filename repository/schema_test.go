@@ -2,11 +2,13 @@ package repository_test
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"sync"
 	"testing"
 	"time"
 
+	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
@@ -85,28 +87,24 @@ func TestDeploymentsInTwoSchemasNeverMeet(t *testing.T) {
 	}
 
 	release := holdLock(t, a, "acme", func(ctx context.Context, l usecase.LockedStore) error {
-		tok, err := l.Get(ctx, "acme")
-		if err != nil {
-			return err
-		}
-		_, err = l.Save(ctx, tok)
+		_, err := l.Put(ctx, grantToken("acme", "at-2", "rt-2"))
 		return err
 	})
-	locked, err := b.TryInLock(ctx, "acme", time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		tok, err := l.Get(ctx, "acme")
-		if err != nil {
-			return err
-		}
-		_, err = l.Save(ctx, tok)
-		return err
-	})
-	if err != nil || !locked {
-		t.Fatalf("tenant_b's lock of acme: locked %v, %v; tenant_a's holder blocked it", locked, err)
+	tok, err := b.Get(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
 	}
-	control, err := repository.NewTokenRepository(open(t, urls["tenant_a"]), tokencrypt.Plaintext{}).TryInLock(ctx, "acme", time.Second,
-		func(context.Context, usecase.LockedStore) error { return nil })
-	if err != nil || control {
-		t.Fatalf("control: a second tenant_a repository took the held lock (%v, %v)", control, err)
+	bctx, cancel := context.WithTimeout(ctx, time.Second)
+	_, err = b.Store(bctx, tok)
+	cancel()
+	if err != nil {
+		t.Fatalf("tenant_b's write of acme: %v; tenant_a's holder blocked it", err)
+	}
+	actx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	_, err = repository.NewTokenRepository(open(t, urls["tenant_a"]), tokencrypt.Plaintext{}).Claim(actx, tok, time.Second)
+	cancel()
+	if !errors.Is(err, domain.ErrLockTimeout) {
+		t.Fatalf("control: a second tenant_a repository's claim under the held lock: %v, want ErrLockTimeout", err)
 	}
 	if err := release(); err != nil {
 		t.Fatal(err)

@@ -75,18 +75,15 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 	if err != nil || got.AccessToken.Reveal() != "at-secret-acme" || got.RefreshToken.Reveal() != "rt-secret-acme" {
 		t.Fatalf("Get = %+v, %v", got, err)
 	}
-	// Save seals too, and keeps the stored refresh token when given none.
-	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		next := got
-		next.AccessToken, next.RefreshToken = domain.NewSecret("at-secret-2"), domain.Secret{}
-		saved, err := l.Save(ctx, next)
-		if err == nil && (saved.AccessToken.Reveal() != "at-secret-2" || saved.RefreshToken.Reveal() != "rt-secret-acme") {
-			t.Errorf("saved %q / %q", saved.AccessToken.Reveal(), saved.RefreshToken.Reveal())
-		}
-		return err
-	})
+	// Store seals too, and keeps the stored refresh token when given none.
+	next := got
+	next.AccessToken, next.RefreshToken = domain.NewSecret("at-secret-2"), domain.Secret{}
+	saved, err := r.Store(ctx, next)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if saved.AccessToken.Reveal() != "at-secret-2" || saved.RefreshToken.Reveal() != "rt-secret-acme" {
+		t.Errorf("saved %q / %q", saved.AccessToken.Reveal(), saved.RefreshToken.Reveal())
 	}
 	assertSealed("k1")
 	if all, err := r.List(ctx); err != nil || len(all) != 2 || all[0].RefreshToken.Reveal() != "rt-secret-acme" {
@@ -182,8 +179,8 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 				if j > 0 {
 					prev = fmt.Sprintf("rt-%s-%d", name, j-1)
 				}
-				err := refresher.InLock(ctx, name, 5*time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-					cur, err := l.Get(ctx, name)
+				err := func() error {
+					cur, err := refresher.Get(ctx, name)
 					if err != nil {
 						return err
 					}
@@ -192,9 +189,10 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 					if got := cur.RefreshToken.Reveal(); got != prev {
 						return fmt.Errorf("lost update: found %q, want %q", got, prev)
 					}
-					_, err = l.Save(ctx, cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-" + rt), RefreshToken: domain.NewSecret(rt)}, time.Now()))
+					// Version-fenced: a reseal keeps the version.
+					_, err = refresher.Store(ctx, cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-" + rt), RefreshToken: domain.NewSecret(rt)}, time.Now()))
 					return err
-				})
+				}()
 				if err != nil {
 					t.Errorf("refresh %s: %v", name, err)
 					return
@@ -290,33 +288,34 @@ func TestResealWaitsForARefreshInProgress(t *testing.T) {
 	r := repository.NewTokenRepository(db, ring)
 	other := repository.NewTokenRepository(open(t, url), ring)
 
-	held := make(chan struct{})
-	release := make(chan struct{})
+	// A refresh's Store waits for the lock (held by another
+	// transaction), and the reseal waits behind it: the lock's queue is
+	// served in order.
+	release := holdLock(t, other, "acme", func(context.Context, usecase.LockedStore) error { return nil })
+	cur, err := other.Get(ctx, "acme")
+	if err != nil {
+		t.Fatal(err)
+	}
 	done := make(chan error, 1)
 	go func() {
-		done <- other.InLock(ctx, "acme", time.Second, 5*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-			cur, err := l.Get(ctx, "acme")
-			if err != nil {
-				return err
-			}
-			close(held)
-			<-release
-			_, err = l.Save(ctx, cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2")}, time.Now()))
-			return err
-		})
+		_, err := other.Store(ctx, cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-2"), RefreshToken: domain.NewSecret("rt-2")}, time.Now()))
+		done <- err
 	}()
-	<-held
+	waitForLockWaiters(t, db, 1)
 	resealed := make(chan error, 1)
 	go func() {
 		_, err := r.Reseal(ctx, 0, 5*time.Second)
 		resealed <- err
 	}()
+	waitForLockWaiters(t, db, 2)
 	select {
 	case err := <-resealed:
-		t.Fatalf("reseal finished while a refresh held the lock: %v", err)
+		t.Fatalf("reseal finished while a refresh waited for the lock: %v", err)
 	case <-time.After(200 * time.Millisecond):
 	}
-	close(release)
+	if err := release(); err != nil {
+		t.Fatal(err)
+	}
 	if err := <-done; err != nil {
 		t.Fatal(err)
 	}

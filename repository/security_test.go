@@ -180,21 +180,15 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	cur, _ := repo.Get(ctx, "acme")
 	dead := cur
 	dead.Status, dead.StatusReason = domain.StatusNeedsReauth, "invalid_grant"
-	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		_, err := l.Save(ctx, dead)
-		return err
-	}); err != nil {
+	if _, err := repo.Store(ctx, dead); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := uc.ConnectAs(ctx, "acme", grant("at-4", "rt-4"), domain.Binding{Account: "new-owner"}, false); err != nil {
 		t.Fatal(err)
 	}
-	// A refresh (Save on an active token) is no event.
+	// A refresh (Store on an active token) is no event.
 	cur, _ = repo.Get(ctx, "acme")
-	if err := repo.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		_, err := l.Save(ctx, cur.Rotated(grant("at-5", "rt-5"), time.Now()))
-		return err
-	}); err != nil {
+	if _, err := repo.Store(ctx, cur.Rotated(grant("at-5", "rt-5"), time.Now())); err != nil {
 		t.Fatal(err)
 	}
 	var events []struct {

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"sync/atomic"
 	"time"
 
 	"gorm.io/gorm"
@@ -18,7 +17,6 @@ import (
 type TokenRepository struct {
 	db     *gorm.DB
 	sealer Sealer
-	notPgx atomic.Bool   // the pool's driver is not pgx: lock through GORM
 	leases *leaseRenewer // renews the refresh leases this process holds
 	// durability is the synchronous_commit level of the transactions that
 	// commit a lease or a token (SetDurability; nil: the server's setting).
@@ -61,11 +59,12 @@ LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND
 
 // selectTokenLeased is selectToken with what there is of a lease on the
 // version read: whether it runs (leased), its age and whether it ran out
-// unresolved (abandoned: refused anyway, see leaseFree).
+// unresolved on this server (abandoned: refused anyway, see leaseFree; a
+// lease from another server is held for the grace by the next claim).
 var selectTokenLeased = "SELECT " + selectTokenColumns +
 	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" +
 	", (SELECT greatest(0, (extract(epoch FROM now() - l.taken_at) * 1000)::bigint) FROM tokenguard_refresh_leases l " + leaseOfVersion + ") AS lease_age_ms" +
-	", EXISTS (SELECT FROM tokenguard_refresh_leases l " + leaseOfVersion + " AND now() > l.until) AS abandoned" + tokenFrom
+	", EXISTS (SELECT FROM tokenguard_refresh_leases l " + leaseOfVersion + " AND l.server_started = pg_postmaster_start_time() AND now() > l.until) AS abandoned" + tokenFrom
 
 // leaseOfVersion picks the lease l on token t's version, running or not.
 const leaseOfVersion = `WHERE l.connection_id = t.connection_id AND l.version = t.version`
@@ -111,20 +110,26 @@ func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.To
 	return getToken(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
 }
 
-// GetWithLease is Get, and reports what it saw of another holder's
-// refresh of the version read (its lease): a caller about to refresh can
-// wait for that refresh instead of taking the lock only to be told so, or
-// stop waiting for an answer that is overdue.
-func (r *TokenRepository) GetWithLease(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
+// Read is Get, with what is known of a refresh of the version read under
+// way (its lease): a caller about to refresh waits for that refresh
+// instead of claiming it only to be told so, or stops waiting for an
+// answer that is overdue (usecase.TokenStore).
+func (r *TokenRepository) Read(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
+	return readLeased(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
+}
+
+// readLeased is Read on db (the pool, or a locked transaction).
+func readLeased(ctx context.Context, db *gorm.DB, s Sealer, ids *connIDs, connection string) (domain.Token, usecase.Lease, error) {
 	var rows []leasedTokenRow
-	if err := r.db.WithContext(ctx).Raw(selectTokenLeased+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
+	if err := db.Raw(selectTokenLeased+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
 		return domain.Token{}, usecase.Lease{}, storeError(ctx, "get token", err)
 	}
 	if len(rows) == 0 {
 		return domain.Token{}, usecase.Lease{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
 	row := rows[0]
-	t, err := row.Token.domain(r.sealer)
+	ids.put(&row.Token)
+	t, err := row.Token.domain(s)
 	l := usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
 	if row.LeaseAgeMs != nil {
 		l.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond
@@ -226,109 +231,41 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 	return lockConnections(tx, keys)
 }
 
-// InLock runs fn in a transaction that holds connection's advisory lock.
+// InLock runs fn in a transaction that holds connection's advisory lock,
+// and commits it when fn returns nil (usecase.ConnectionStore).
 //
 // ctx bounds only the wait for the lock, together with wait (lock_timeout,
-// reported as domain.ErrLockTimeout). Once the lock is held the transaction
-// no longer follows ctx: fn gets a context bounded by hold instead, so a
-// caller that gives up cannot roll back a token fn already obtained from the
-// provider. fn's error rolls back what fn did before a write (LockedTokens'
-// Save and Put commit at once) and is returned as is; otherwise the
-// transaction commits and a commit failure is returned.
+// reported as domain.ErrLockTimeout). Once the lock is held the
+// transaction no longer follows ctx: fn gets a context bounded by hold
+// instead. fn's error rolls back and is returned as it is; otherwise a
+// commit failure is returned.
 func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) error {
-	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
-}
-
-// ClaimInLock is TryInLock with a lease bid (usecase.TokenStore). On pgx
-// the bid's lease is taken, or not, and the transaction committed, in the
-// lock's round trip; on other drivers the bid is ignored.
-func (r *TokenRepository) ClaimInLock(ctx context.Context, connection string, hold time.Duration, bid usecase.LeaseBid,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	mode := lockMode{try: true, bid: &leaseBid{version: bid.Version, call: bid.Call, holder: newHolder()}}
-	tx, err := r.beginLocked(ctx, connection, mode)
-	if err != nil || tx == nil {
-		return err != nil, err
-	}
-	return true, r.runLocked(ctx, tx, hold, func(ctx context.Context, l *LockedTokens) error { return fn(ctx, l) })
-}
-
-func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, hold time.Duration,
-	fn func(context.Context, *LockedTokens) error) error {
-	tx, err := r.beginLocked(ctx, connection, lockMode{wait: wait})
-	if err != nil {
-		return err
-	}
-	return r.runLocked(ctx, tx, hold, fn)
-}
-
-// runLocked runs fn in tx and ends tx: fn's error rolls back, nil commits.
-func (r *TokenRepository) runLocked(ctx context.Context, tx *lockTx, hold time.Duration,
-	fn func(context.Context, *LockedTokens) error) error {
-	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), hold)
-	defer cancel()
-	defer tx.discard() // fn panicked: the connection may be mid-statement
-	l := &LockedTokens{tx: tx, db: tx.gorm(r.db, txCtx), pool: r.db, sealer: r.sealer, first: tx.first, leases: r.leases, ids: r.ids}
-	if bid := tx.bid; bid != nil && bid.won {
-		defer func() {
-			if !bid.handed { // the caller did not want it after all
-				tx.bidLease(r.leases, tx.first.Name).end(true)
-			}
-		}()
-	}
-	if err := fn(txCtx, l); err != nil {
-		_ = tx.end(txCtx, false) // a write that committed stays
-		return err
-	}
-	if err := tx.end(txCtx, true); err != nil {
-		return storeError(txCtx, "commit", err)
-	}
-	return nil
+	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, tx *gorm.DB) error {
+		return fn(ctx, &LockedTokens{db: tx, sealer: r.sealer, ids: r.ids})
+	})
 }
 
 // LockedTokens is the token store bound to a transaction that holds a
 // connection's advisory lock (usecase.LockedStore). It is valid only inside
 // InLock's callback.
-//
-// Save and Put commit: the write and the COMMIT go to the server together,
-// in one round trip, and nothing that happens after them in the callback
-// can roll back a token the provider has rotated. They are the
-// transaction's last statement; any call after them fails.
 type LockedTokens struct {
-	tx     *lockTx
-	db     *gorm.DB // bound to tx's connection
-	pool   *gorm.DB
+	db     *gorm.DB // the transaction
 	sealer Sealer
-	first  *tokenRow // read right after the lock was granted, not yet returned
-	leases *leaseRenewer
 	ids    *connIDs
 }
 
-// Get re-reads a token inside the lock: another process may have refreshed
-// it while we waited. The first Get returns the read that came back with
-// the lock, which is just as recent.
+// Get re-reads a token inside the lock.
 func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token, error) {
-	first := l.first
-	l.first = nil
-	if l.tx.ended && (l.tx.bid == nil || first == nil) { // a bid's transaction ends with its round trip
-		return domain.Token{}, errTxEnded
-	}
-	if first != nil && first.Name == connection {
-		l.ids.put(first)
-		return first.domain(l.sealer)
-	}
-	if l.tx.ended {
-		return domain.Token{}, errTxEnded
-	}
 	return getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, connection)
 }
 
 // endLeases, a CTE of a statement that stores version u.version of a
 // connection's token, ends the refresh leases on every older version: the
-// refresh they were taken for is over (Lease).
+// refresh they were taken for is over.
 const endLeases = `ended AS (DELETE FROM tokenguard_refresh_leases l USING u WHERE l.connection_id = u.lock_key AND l.version < u.version)`
 
-// saveSQL is Save's statement; saveArgs its arguments.
+// saveSQL is Store's statement; saveArgs its arguments.
 var saveSQL = `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET
@@ -355,56 +292,11 @@ func saveArgs(t domain.Token, at seal) []any {
 		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.version, at.id}
 }
 
-// saveSeal is what Save binds t's credentials to: the connection's id and
-// the version the write gives the row (it is fenced on t.Version).
-func saveSeal(id int32, t domain.Token) seal { return seal{id: id, version: t.Version + 1} }
-
-// Save writes t over the stored token if the stored version is still
-// t.Version, bumps the version, announces the change, commits, and returns
-// what was stored. An empty refresh token never replaces a stored one.
-func (l *LockedTokens) Save(ctx context.Context, t domain.Token) (domain.Token, error) {
-	if l.tx.ended {
-		return domain.Token{}, errTxEnded
-	}
-	if t.RefreshToken.IsZero() {
-		// The kept refresh token is sealed again with the new version.
-		cur, err := getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, t.Connection)
-		if err != nil {
-			return domain.Token{}, err
-		}
-		t.RefreshToken = cur.RefreshToken
-	}
-	id, err := l.ids.lookup(ctx, l.db, t.Connection)
-	if err != nil {
-		return domain.Token{}, err
-	}
-	at := saveSeal(id, t)
-	t, err = sealed(l.sealer, t, at)
-	if err != nil {
-		return domain.Token{}, err
-	}
-	row, err := l.tx.writeAndCommit(ctx, saveSQL, saveArgs(t, at)...)
-	if err != nil {
-		return domain.Token{}, storeError(ctx, "save token", err)
-	}
-	if row == nil {
-		// Nothing was written (an empty transaction committed): say why.
-		l.ids.forget(t.Connection)
-		if _, err := getToken(ctx, l.pool.WithContext(ctx), l.sealer, l.ids, t.Connection); err != nil {
-			return domain.Token{}, err
-		}
-		return domain.Token{}, fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
-	}
-	return row.domain(l.sealer)
-}
-
 // Put stores a newly granted token for a registered connection, replacing
-// whatever grant it had (a person connected it again), announces the
-// change and commits. The version keeps increasing across grants.
+// whatever grant it had (a person connected it again), and announces the
+// change when the transaction commits. The version keeps increasing across
+// grants.
 func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, error) {
-	if l.tx.ended {
-		return domain.Token{}, errTxEnded
-	}
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.Connection, domain.ErrInvalidToken)
 	}
@@ -428,7 +320,7 @@ FROM tokenguard_connections c WHERE c.name = ?`, t.Connection).Find(&next).Error
 	if err != nil {
 		return domain.Token{}, err
 	}
-	row, err := l.tx.writeAndCommit(ctx, `
+	row, err := oneRow(l.db.WithContext(ctx), `
 WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $14),
 t AS (
     INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
@@ -490,5 +382,6 @@ var (
 	_ usecase.TokenStore      = (*TokenRepository)(nil)
 	_ usecase.ConnectionStore = (*TokenRepository)(nil)
 	_ usecase.AheadStore      = (*TokenRepository)(nil)
+	_ usecase.DisconnectStore = (*TokenRepository)(nil)
 	_ usecase.LockedStore     = (*LockedTokens)(nil)
 )

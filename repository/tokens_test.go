@@ -2,19 +2,13 @@ package repository_test
 
 import (
 	"context"
-	"database/sql"
 	"errors"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"testing"
 	"time"
 
-	_ "github.com/lib/pq" // the "postgres" driver: not pgx
-	gormpg "gorm.io/driver/postgres"
 	"gorm.io/gorm"
-	"gorm.io/gorm/logger"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
@@ -27,32 +21,9 @@ import (
 
 func TestMain(m *testing.M) { testdb.Main(m) }
 
-// driverEnv names the database/sql driver the tests open their pools with:
-// pgx (the pipelined lock transactions) unless TestLockSuiteOnAnotherDriver
-// runs them again with lib/pq (the GORM transactions).
-const driverEnv = "TOKENGUARD_TEST_SQL_DRIVER"
-
-func open(t *testing.T, url string) *gorm.DB {
-	t.Helper()
-	return openDriver(t, url, os.Getenv(driverEnv))
-}
-
-// openDriver opens a pool on lib/pq for driver "pq", else on pgx.
-func openDriver(tb testing.TB, url, driver string) *gorm.DB {
+// open opens a pool on url as the library does (pgx).
+func open(tb testing.TB, url string) *gorm.DB {
 	tb.Helper()
-	if driver == "pq" {
-		sqlDB, err := sql.Open("postgres", url)
-		if err != nil {
-			tb.Fatal(err)
-		}
-		sqlDB.SetMaxOpenConns(8)
-		db, err := gorm.Open(gormpg.New(gormpg.Config{Conn: sqlDB}), &gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
-		if err != nil {
-			tb.Fatal(err)
-		}
-		tb.Cleanup(func() { _ = sqlDB.Close() })
-		return db
-	}
 	db, err := postgres.Open(context.Background(), url, postgres.Pool{MaxOpenConns: 8}, nil)
 	if err != nil {
 		tb.Fatal(err)
@@ -100,7 +71,7 @@ func put(t testing.TB, r *repository.TokenRepository, tok domain.Token) domain.T
 	return out
 }
 
-func TestPutGetSaveRoundTrip(t *testing.T) {
+func TestPutGetStoreRoundTrip(t *testing.T) {
 	r, _, _ := newRepo(t)
 	ctx := context.Background()
 	if _, err := r.Get(ctx, "acme"); !errors.Is(err, domain.ErrNotFound) {
@@ -113,29 +84,19 @@ func TestPutGetSaveRoundTrip(t *testing.T) {
 		t.Fatalf("stored %+v", got)
 	}
 
-	// Save bumps the version and keeps the refresh token when given none.
+	// Store bumps the version and keeps the refresh token when given none.
 	next := got
 	next.AccessToken, next.RefreshToken = domain.NewSecret("at-2"), domain.Secret{}
-	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		saved, err := l.Save(ctx, next)
-		if err != nil {
-			return err
-		}
-		if saved.Version != 2 || saved.AccessToken.Reveal() != "at-2" || saved.RefreshToken.Reveal() != "rt-1" {
-			t.Errorf("saved %+v, rt %q", saved, saved.RefreshToken.Reveal())
-		}
-		return nil
-	})
+	saved, err := r.Store(ctx, next)
 	if err != nil {
 		t.Fatal(err)
 	}
+	if saved.Version != 2 || saved.AccessToken.Reveal() != "at-2" || saved.RefreshToken.Reveal() != "rt-1" {
+		t.Errorf("saved %+v, rt %q", saved, saved.RefreshToken.Reveal())
+	}
 	// A write based on an old version is refused.
-	err = r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		_, err := l.Save(ctx, next)
-		return err
-	})
-	if !errors.Is(err, domain.ErrConflict) {
-		t.Errorf("stale save: err = %v, want ErrConflict", err)
+	if _, err := r.Store(ctx, next); !errors.Is(err, domain.ErrConflict) {
+		t.Errorf("stale store: err = %v, want ErrConflict", err)
 	}
 
 	// A new grant replaces the old one and the version keeps growing.
@@ -170,34 +131,45 @@ func TestRollbackLeavesTokenUntouched(t *testing.T) {
 	assertNoLocksLeft(t, db)
 }
 
-// Save commits with the write: a rotated token, once written, survives
-// whatever the callback does next, and nothing more runs in the
-// transaction.
-func TestSaveCommitsAtOnce(t *testing.T) {
-	r, db, _ := newRepo(t)
+// InLock commits only when fn returns nil: a grant Put in it is rolled
+// back with fn's error, and visible to everyone once fn returned nil.
+// Store commits before it returns.
+func TestInLockCommitsWhenFnReturnsNil(t *testing.T) {
+	r, db, url := newRepo(t)
+	other := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{}) // another process
 	ctx := context.Background()
 	orig := put(t, r, grantToken("acme", "at-1", "rt-1"))
 	boom := errors.New("something after the write failed")
 	err := r.InLock(ctx, "acme", time.Second, time.Second, func(ctx context.Context, l usecase.LockedStore) error {
-		next := orig
-		next.RefreshToken = domain.NewSecret("rt-2")
-		if _, err := l.Save(ctx, next); err != nil {
+		if _, err := l.Put(ctx, grantToken("acme", "at-2", "rt-2")); err != nil {
 			return err
 		}
-		if _, err := l.Get(ctx, "acme"); err == nil {
-			t.Error("read in a transaction that has ended")
+		if got, err := l.Get(ctx, "acme"); err != nil || got.RefreshToken.Reveal() != "rt-2" {
+			t.Errorf("re-read after Put in the transaction: %q, %v", got.RefreshToken.Reveal(), err)
 		}
-		if _, err := l.Save(ctx, next); err == nil || errors.Is(err, domain.ErrConflict) {
-			t.Errorf("second write: %v, want a refusal", err)
+		if got, err := other.Get(ctx, "acme"); err != nil || got.Version != orig.Version {
+			t.Errorf("another process read version %d before the commit (%v), want %d", got.Version, err, orig.Version)
 		}
 		return boom
 	})
 	if !errors.Is(err, boom) {
 		t.Fatalf("err = %v, want the callback's error", err)
 	}
-	got, _ := r.Get(ctx, "acme")
+	if got, _ := other.Get(ctx, "acme"); got.Version != orig.Version || got.RefreshToken.Reveal() != "rt-1" {
+		t.Errorf("the grant of a failed callback was kept: %+v", got)
+	}
+	put(t, r, grantToken("acme", "at-2", "rt-2"))
+	got, _ := other.Get(ctx, "acme")
 	if got.Version != orig.Version+1 || got.RefreshToken.Reveal() != "rt-2" {
-		t.Errorf("the rotated token was rolled back: %+v", got)
+		t.Errorf("the committed grant: %+v", got)
+	}
+	next := got
+	next.RefreshToken = domain.NewSecret("rt-3")
+	if _, err := r.Store(ctx, next); err != nil {
+		t.Fatal(err)
+	}
+	if got, _ := other.Get(ctx, "acme"); got.Version != orig.Version+2 || got.RefreshToken.Reveal() != "rt-3" {
+		t.Errorf("after Store returned: %+v", got)
 	}
 	assertNoLocksLeft(t, db)
 }
@@ -377,38 +349,5 @@ func TestDatabaseGoneIsTyped(t *testing.T) {
 	bad := repository.NewTokenRepository(open(t, testdb.URL(t)), tokencrypt.Plaintext{})
 	if _, err := bad.Get(context.Background(), "acme"); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("missing schema: err = %v, want ErrStoreUnavailable", err)
-	}
-}
-
-// Every test of this package runs again on lib/pq, where the lock
-// transactions are GORM transactions (WithAdvisoryLock) instead of pgx
-// pipelines: both paths keep the same contract.
-func TestLockSuiteOnAnotherDriver(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Postgres")
-	}
-	if os.Getenv(driverEnv) != "" {
-		t.Skip("already the run on another driver")
-	}
-	cmd := exec.Command(os.Args[0], "-test.count=1",
-		"-test.skip", "^(TestLockSuiteOnAnotherDriver|TestLockTransactionInEveryQueryExecMode)$")
-	cmd.Env = append(os.Environ(), driverEnv+"=pq")
-	out, err := cmd.CombinedOutput()
-	if err != nil {
-		t.Fatalf("the suite on lib/pq: %v\n%s", err, out)
-	}
-	if !strings.Contains(string(out), "PASS") {
-		t.Fatalf("the suite on lib/pq did not pass:\n%s", out)
-	}
-}
-
-func TestLockPathFollowsTheDriver(t *testing.T) {
-	r, _, _ := newRepo(t)
-	pipelined, err := r.Pipelined(context.Background())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if want := os.Getenv(driverEnv) != "pq"; pipelined != want {
-		t.Fatalf("pipelined = %t on driver %q", pipelined, os.Getenv(driverEnv))
 	}
 }

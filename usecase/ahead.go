@@ -23,15 +23,8 @@ type AheadStore interface {
 	// ObtainedBefore is ExpiringBefore for the connections whose token
 	// was obtained before t, oldest first.
 	ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error)
-	// TryInLock runs fn like TokenStore.InLock if the connection's lock is
-	// free right now, and reports false without waiting if it is not.
-	TryInLock(ctx context.Context, connection string, hold time.Duration,
-		fn func(ctx context.Context, s LockedStore) error) (bool, error)
-	// InLock is TokenStore.InLock: it stores what a refresh of the sweep
-	// brought.
-	InLock(ctx context.Context, connection string, wait, hold time.Duration,
-		fn func(ctx context.Context, s LockedStore) error) error
-	SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error)
+	// TokenStore claims and stores the sweep's refreshes.
+	TokenStore
 }
 
 // AheadReport counts what one sweep (RefreshAhead or KeepAlive) did.
@@ -171,72 +164,60 @@ const (
 	sweepFailed
 )
 
-// sweepOne refreshes one connection if its lock is free and its token,
-// read under the lock, is active and due, holding one of the process's
-// in-flight slots while it does.
+// sweepOne refreshes one connection if its token is active and due and
+// no other holder's refresh of it is under way, holding one of the
+// process's in-flight slots while it does.
 func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id string, due func(domain.Token) bool) (sweepOutcome, error) {
-	if err := u.slots.Acquire(ctx, 1); err != nil {
-		return sweepFailed, err
-	}
 	var (
-		c      claimed
-		r      redeemed
-		called bool
-		ev     RefreshEvent
-		busy   bool // another process holds its lock or lease
+		c  claimed
+		r  redeemed
+		ev RefreshEvent
 	)
 	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, id)
+	busy := true // another holder has its refresh
 	defer func() { span.End(ev.facts(busy), ev.Err) }()
-	locked, err := store.TryInLock(ctx, id, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-		t, err := u.reread(txCtx, s, id)
-		if err != nil {
-			return err
-		}
-		c.current = t
-		if t.Status != domain.StatusActive || !due(t) {
-			return nil // someone refreshed it since we listed it
-		}
-		called = true
-		if err := u.gate.of(t.Provider).check(u.opts.Clock.Now()); err != nil {
-			return err
-		}
-		if err := checkFailure(t, u.opts.Clock.Now()); err != nil {
-			return err
-		}
-		c.end, err = u.lease(txCtx, s, t)
-		return err
-	})
-	if c.end == nil {
-		u.slots.Release(1)
-	} else {
-		c.release = sync.OnceFunc(func() { u.slots.Release(1) })
-		r, err = u.redeem(ctx, store, c)
+	t, lease, err := store.Read(ctx, id)
+	switch {
+	case err != nil:
+		return sweepFailed, err
+	case t.Status != domain.StatusActive || !due(t):
+		ev, busy = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider, Outcome: OutcomeSkippedFresh}, false
+		return sweepFresh, nil // someone refreshed it since we listed it
+	case lease.Running || lease.Abandoned:
+		return sweepSkipped, nil
 	}
-	// The span's facts when nothing is observed: fresh, or skipped.
-	ev = RefreshEvent{Connection: id, OldVersion: c.current.Version, Provider: c.current.Provider, Outcome: OutcomeSkippedFresh}
-	if errors.Is(err, domain.ErrRefreshInProgress) {
-		ev.Outcome, busy = "", true
-		return sweepSkipped, nil // another process's refresh of it is not over
+	if err = u.mayPresent(ctx, t, false); err == nil {
+		err = u.slots.Acquire(ctx, 1)
 	}
-	if !locked && err == nil {
-		ev.Outcome, busy = "", true
-	}
-	if locked && (called || err != nil) {
-		ev = RefreshEvent{Connection: id, OldVersion: c.current.Version, Provider: c.current.Provider,
-			NewVersion: r.tok.Version, ProviderLatency: r.latency, Err: errors.Join(err, r.revoked), Outcome: outcome(err)}
-		if r.revoked != nil {
-			ev.Outcome = OutcomeInvalidGrant
-			u.opts.OnNeedsReauth(id, r.reason)
+	var cl Claim
+	if err == nil {
+		lockCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
+		cl, err = store.Claim(lockCtx, t, u.opts.AnswerDeadline)
+		cancel()
+		if cl.End == nil {
+			u.slots.Release(1)
 		}
-		u.observe(ev)
 	}
 	switch {
-	case err != nil || r.revoked != nil:
-		return sweepFailed, errors.Join(err, r.revoked)
-	case !locked:
+	case err == nil && cl.End == nil && (cl.Lease.Running || cl.Lease.Abandoned):
 		return sweepSkipped, nil
-	case called:
-		return sweepRefreshed, nil
+	case err == nil && cl.End == nil:
+		ev, busy = RefreshEvent{Connection: id, OldVersion: cl.Token.Version, Provider: cl.Token.Provider, Outcome: OutcomeSkippedFresh}, false
+		return sweepFresh, nil
+	case err == nil:
+		c = claimed{current: cl.Token, end: cl.End, release: sync.OnceFunc(func() { u.slots.Release(1) })}
+		r, err = u.redeem(ctx, store, c)
 	}
-	return sweepFresh, nil
+	busy = false
+	ev = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider,
+		NewVersion: r.tok.Version, ProviderLatency: r.latency, Err: errors.Join(err, r.revoked), Outcome: outcome(err)}
+	if r.revoked != nil {
+		ev.Outcome = OutcomeInvalidGrant
+		u.opts.OnNeedsReauth(id, r.reason)
+	}
+	u.observe(ev)
+	if err != nil || r.revoked != nil {
+		return sweepFailed, errors.Join(err, r.revoked)
+	}
+	return sweepRefreshed, nil
 }

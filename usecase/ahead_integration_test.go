@@ -58,7 +58,7 @@ func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 
 	// Another process is busy with one of them: it is skipped, not waited for.
 	busy := &stack{db: other.db, repo: other.repo}
-	release := holdLockOn(t, busy, names[3])
+	release := holdLeaseOn(t, busy, names[3])
 	rep, err = s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db, tokencrypt.Plaintext{}), 2*time.Hour, 4)
 	release()
 	if err != nil {
@@ -113,6 +113,22 @@ func TestRefreshAheadRacesCallersWithoutReuse(t *testing.T) {
 	}
 }
 
+// holdLeaseOn claims one connection's refresh from another pool, as a
+// process whose refresh of it is under way, until release.
+func holdLeaseOn(t *testing.T, s *stack, name string) (release func()) {
+	t.Helper()
+	ctx := context.Background()
+	tok, err := s.repo.Get(ctx, name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := s.repo.Claim(ctx, tok, time.Minute)
+	if err != nil || c.End == nil {
+		t.Fatalf("claim %s: %v (taken: %t)", name, err, c.End != nil)
+	}
+	return func() { c.End(true) }
+}
+
 // holdLockOn keeps one connection's lock from another pool until release.
 func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
 	t.Helper()
@@ -156,7 +172,7 @@ func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
 		before[n] = mustGetName(t, s, n).Version
 	}
 
-	release := holdLockOn(t, &stack{db: other.db, repo: other.repo}, names[4])
+	release := holdLeaseOn(t, &stack{db: other.db, repo: other.repo}, names[4])
 	rep, err := s.uc.KeepAlive(ctx, store, 30*24*time.Hour, 4)
 	release()
 	if err != nil {

@@ -18,7 +18,7 @@ import (
 // sweep asked for.
 type pagedAhead struct {
 	n       int
-	lockErr error // TryInLock's answer; nil: the lock is taken (skipped)
+	lockErr error // Read's answer; nil: another holder refreshes it (skipped)
 
 	mu       sync.Mutex
 	pages    int
@@ -50,18 +50,29 @@ func (p *pagedAhead) ObtainedBefore(ctx context.Context, t time.Time, after stri
 	return p.ExpiringBefore(ctx, t, after, limit)
 }
 
-func (p *pagedAhead) InLock(context.Context, string, time.Duration, time.Duration, func(context.Context, LockedStore) error) error {
-	return errors.New("not used: nothing is refreshed")
-}
-
-func (p *pagedAhead) TryInLock(_ context.Context, id string, _ time.Duration, _ func(context.Context, LockedStore) error) (bool, error) {
+// Read finds every connection due and another holder refreshing it (the
+// sweep skips it), or fails with lockErr.
+func (p *pagedAhead) Read(_ context.Context, id string) (domain.Token, Lease, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.tried[id] {
-		return false, fmt.Errorf("%s tried twice", id)
+		return domain.Token{}, Lease{}, fmt.Errorf("%s tried twice", id)
 	}
 	p.tried[id] = true
-	return p.lockErr != nil, p.lockErr
+	due := domain.Token{Connection: id, Status: domain.StatusActive, Version: 1, Expiry: time.Now()}
+	return due, Lease{Running: true}, p.lockErr
+}
+
+func (p *pagedAhead) Claim(context.Context, domain.Token, time.Duration) (Claim, error) {
+	return Claim{}, errors.New("not used: nothing is refreshed")
+}
+
+func (p *pagedAhead) Store(context.Context, domain.Token) (domain.Token, error) {
+	return domain.Token{}, errors.New("not used: nothing is refreshed")
+}
+
+func (p *pagedAhead) Fail(context.Context, domain.Token, domain.RefreshFailure) error {
+	return errors.New("not used: nothing is refreshed")
 }
 
 func TestRefreshAheadPagesThroughEveryDueConnection(t *testing.T) {
@@ -105,8 +116,8 @@ func TestRefreshAheadReturnsAFewErrorsAndCountsTheRest(t *testing.T) {
 	}
 }
 
-// idleTokens is an AheadStore over a few stored tokens, whose TryInLock
-// runs fn and records what was saved.
+// idleTokens is an AheadStore over a few stored tokens that records what
+// was stored.
 type idleTokens struct {
 	mu    sync.Mutex
 	toks  map[string]domain.Token
@@ -129,38 +140,29 @@ func (s *idleTokens) ObtainedBefore(_ context.Context, before time.Time, _ strin
 	return names, "", nil
 }
 
-func (s *idleTokens) TryInLock(ctx context.Context, id string, _ time.Duration, fn func(context.Context, LockedStore) error) (bool, error) {
-	return true, fn(ctx, lockedIdle{s})
+func (s *idleTokens) Read(_ context.Context, id string) (domain.Token, Lease, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.toks[id], Lease{}, nil
 }
 
-func (s *idleTokens) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, LockedStore) error) error {
-	return fn(ctx, lockedIdle{s})
+func (s *idleTokens) Claim(_ context.Context, seen domain.Token, _ time.Duration) (Claim, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return Claim{Token: s.toks[seen.Connection], End: func(bool) {}}, nil
 }
 
-type lockedIdle struct{ s *idleTokens }
-
-func (l lockedIdle) Get(_ context.Context, id string) (domain.Token, error) {
-	l.s.mu.Lock()
-	defer l.s.mu.Unlock()
-	return l.s.toks[id], nil
-}
-
-func (l lockedIdle) Save(_ context.Context, t domain.Token) (domain.Token, error) {
-	l.s.mu.Lock()
-	defer l.s.mu.Unlock()
+func (s *idleTokens) Store(_ context.Context, t domain.Token) (domain.Token, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
 	t.Version++
-	l.s.toks[t.Connection] = t
-	l.s.saved = append(l.s.saved, t.Connection)
+	s.toks[t.Connection] = t
+	s.saved = append(s.saved, t.Connection)
 	return t, nil
 }
 
-func (l lockedIdle) Put(context.Context, domain.Token) (domain.Token, error) { panic("not a grant") }
-func (l lockedIdle) Fail(context.Context, domain.Token, domain.RefreshFailure) error {
+func (s *idleTokens) Fail(context.Context, domain.Token, domain.RefreshFailure) error {
 	panic("no failure")
-}
-
-func (l lockedIdle) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
-	return func(bool) {}, nil
 }
 
 type grantAll struct{}
@@ -211,24 +213,4 @@ func sorted(s []string) []string {
 	out := append([]string(nil), s...)
 	slices.Sort(out)
 	return out
-}
-
-func (s *pagedAhead) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
-	var out domain.Token
-	err := s.InLock(ctx, t.Connection, wait, wait, func(ctx context.Context, l LockedStore) error {
-		var err error
-		out, err = l.Save(ctx, t)
-		return err
-	})
-	return out, err
-}
-
-func (s *idleTokens) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
-	var out domain.Token
-	err := s.InLock(ctx, t.Connection, wait, wait, func(ctx context.Context, l LockedStore) error {
-		var err error
-		out, err = l.Save(ctx, t)
-		return err
-	})
-	return out, err
 }

@@ -26,7 +26,7 @@ import (
 // told errAnswerPending (a still-valid token is served through it) and the
 // provider's calls pause (the hung gate): callers do not each wait out a
 // hung provider.
-func (u *RefreshTokenUseCase) redeem(ctx context.Context, store locker, c claimed) (redeemed, error) {
+func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
 	ctx = context.WithoutCancel(ctx)
 	type outcome struct {
 		r   redeemed
@@ -100,24 +100,19 @@ func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
 // provider (domain.RefreshFailure.ProbeFirst). It returns the token as
 // stored afterwards.
 func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (domain.Token, error) {
-	now := u.opts.Clock.Now()
-	out := t
-	err := u.store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-		cur, err := s.Get(txCtx, t.Connection)
-		if err != nil || cur.Version != t.Version {
-			out = cur
-			return err // stored since: nothing was lost
-		}
-		f := nextFailure(cur.Failure, &domain.ProviderError{Lost: true}, now)
-		if err := s.Fail(txCtx, cur, f); err != nil {
-			return err
-		}
-		cur.Failure, out = f, cur
-		return nil
-	})
+	ctx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
+	defer cancel()
+	f := nextFailure(t.Failure, &domain.ProviderError{Lost: true}, u.opts.Clock.Now())
+	err := u.store.Fail(ctx, t, f)
+	if errors.Is(err, domain.ErrConflict) {
+		cur, _, err := u.store.Read(ctx, t.Connection) // stored since: nothing was lost
+		return cur, err
+	}
 	if err != nil {
 		return t, fmt.Errorf("record the lost answer of an abandoned refresh: %w", err)
 	}
+	out := t
+	out.Failure = f
 	u.opts.Logger.Error("a refresh's holder vanished before its answer came; the refresh token is presented again once the provider answers a probe",
 		"connection", t.Connection, "provider", t.Provider, "version", t.Version)
 	return out, nil

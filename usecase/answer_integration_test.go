@@ -135,16 +135,11 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 
 	// A holder takes the lease, for an answer deadline of 2 s, and dies: it
 	// stops renewing it, and nothing ends it.
-	err = a.repo.InLock(ctx, conn, time.Second, time.Second, func(ctx context.Context, s usecase.LockedStore) error {
-		end, err := s.Lease(ctx, first, opts.AnswerDeadline)
-		if err == nil {
-			end(false)
-		}
-		return err
-	})
-	if err != nil {
-		t.Fatal(err)
+	held, err := a.repo.Claim(ctx, first, opts.AnswerDeadline)
+	if err != nil || held.End == nil {
+		t.Fatalf("claim: %v (taken: %t)", err, held.End != nil)
 	}
+	held.End(false)
 	clock.set(first.Expiry.Add(time.Second))
 	b := w.profiledStack(t, opts, profiles.Generic)
 	if _, err := b.uc.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
@@ -153,7 +148,7 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	waitfor.Until(t, 5*time.Second,
 
 		"the dead holder's lease never ran out", func() bool {
-			_, l, err := a.repo.GetWithLease(ctx, conn)
+			_, l, err := a.repo.Read(ctx, conn)
 			return err == nil && l.Abandoned
 		})
 

@@ -126,8 +126,8 @@ func BenchmarkTokenHot(b *testing.B) {
 }
 
 // countingStore measures the database connections the use case holds:
-// how many at once (each Get and each InLock uses exactly one, for as long
-// as the call lasts; a lease's release one more) and for how long in all.
+// how many at once (each Read, Claim, Store and Fail uses exactly one, for
+// as long as the call lasts; a lease's release one more) and for how long in all.
 // The renewals of leases (one statement a process per 300 ms, however
 // many leases) are not counted.
 type countingStore struct {
@@ -157,60 +157,33 @@ func (c countingStore) enter() func() {
 	}
 }
 
-func (c countingStore) Get(ctx context.Context, id string) (domain.Token, error) {
+func (c countingStore) Read(ctx context.Context, id string) (domain.Token, usecase.Lease, error) {
 	defer c.enter()()
-	return c.TokenRepository.Get(ctx, id)
+	return c.TokenRepository.Read(ctx, id)
 }
 
-func (c countingStore) GetWithLease(ctx context.Context, id string) (domain.Token, usecase.Lease, error) {
+func (c countingStore) Claim(ctx context.Context, seen domain.Token, within time.Duration) (usecase.Claim, error) {
 	defer c.enter()()
-	return c.TokenRepository.GetWithLease(ctx, id)
-}
-
-func (c countingStore) TryInLock(ctx context.Context, id string, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	defer c.enter()()
-	return c.TokenRepository.TryInLock(ctx, id, hold, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, countedLease{l, c})
-	})
-}
-
-func (c countingStore) InLock(ctx context.Context, id string, wait, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
-	defer c.enter()()
-	return c.TokenRepository.InLock(ctx, id, wait, hold, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, countedLease{l, c})
-	})
-}
-
-func (c countingStore) ClaimInLock(ctx context.Context, id string, hold time.Duration, bid usecase.LeaseBid,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	defer c.enter()()
-	return c.TokenRepository.ClaimInLock(ctx, id, hold, bid, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, countedLease{l, c})
-	})
-}
-
-func (c countingStore) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
-	defer c.enter()()
-	return c.TokenRepository.SaveLocked(ctx, wait, t)
-}
-
-// countedLease counts the connection of a lease's release.
-type countedLease struct {
-	usecase.LockedStore
-	c countingStore
-}
-
-func (l countedLease) Lease(ctx context.Context, t domain.Token, call time.Duration) (func(bool), error) {
-	end, err := l.LockedStore.Lease(ctx, t, call)
-	if err != nil {
-		return nil, err
-	}
-	return func(release bool) {
-		if release {
-			defer l.c.enter()()
+	cl, err := c.TokenRepository.Claim(ctx, seen, within)
+	if end := cl.End; end != nil {
+		cl.End = func(release bool) {
+			if release {
+				defer c.enter()()
+			}
+			end(release)
 		}
-		end(release)
-	}, nil
+	}
+	return cl, err
+}
+
+func (c countingStore) Store(ctx context.Context, t domain.Token) (domain.Token, error) {
+	defer c.enter()()
+	return c.TokenRepository.Store(ctx, t)
+}
+
+func (c countingStore) Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error {
+	defer c.enter()()
+	return c.TokenRepository.Fail(ctx, t, f)
 }
 
 // stormClock is the clock the stacks share. expire moves it to just past the

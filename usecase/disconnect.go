@@ -17,10 +17,10 @@ type DisconnectStore interface {
 	// returns the deleted token.
 	Disconnect(ctx context.Context, connection string, wait time.Duration,
 		before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error)
-	// InLock is TokenStore.InLock: a revocation leases the refresh token
-	// it revokes, so that no refresh presents it meanwhile.
-	InLock(ctx context.Context, connection string, wait, hold time.Duration,
-		fn func(ctx context.Context, s LockedStore) error) error
+	// Read and Claim are TokenStore's: a revocation leases the refresh
+	// token it revokes, so that no refresh presents it meanwhile.
+	Read(ctx context.Context, connection string) (domain.Token, Lease, error)
+	Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (Claim, error)
 }
 
 // Revoker revokes a refresh token at the revocation endpoint of the
@@ -111,23 +111,29 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	if u.revoker == nil {
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
 	}
-	var (
-		t   domain.Token
-		end func(bool)
-	)
-	err := u.store.InLock(ctx, connection, u.lockWait, DefaultWriteTimeout, func(ctx context.Context, s LockedStore) error {
-		var err error
-		if t, err = s.Get(ctx, connection); err != nil {
-			return err
+	// A refresh of this very refresh token may be at the provider:
+	// revoking it now could leave the rotated one alive once the
+	// connection is gone.
+	lockCtx, cancel := context.WithTimeout(ctx, u.lockWait)
+	c := Claim{}
+	t, _, err := u.store.Read(lockCtx, connection)
+	// A refresh may store a newer token between the read and the claim:
+	// claim that one.
+	for try := 0; err == nil && try < 3; try++ {
+		if c, err = u.store.Claim(lockCtx, t, u.timeout); err != nil || c.End != nil || c.Lease.Running || c.Token.Version == t.Version {
+			break
 		}
-		// A refresh of this very refresh token may be at the provider:
-		// revoking it now could leave the rotated one alive once the
-		// connection is gone.
-		end, err = s.Lease(ctx, t, u.timeout)
-		return err
-	})
-	if err != nil {
+		t = c.Token
+	}
+	cancel()
+	t, end := c.Token, c.End
+	switch {
+	case err != nil:
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", err)
+	case end == nil && t.Status == domain.StatusNeedsReauth:
+		end = func(bool) {} // never presented again: nothing to hold off
+	case end == nil:
+		return domain.Token{}, nil, fmt.Errorf("revoke: %w", domain.ErrRefreshInProgress)
 	}
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()

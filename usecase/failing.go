@@ -6,36 +6,18 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
-
 	"github.com/tokenguard/tokenguard/domain"
 )
 
 // A connection whose refreshes get answers tokenguard cannot classify
-// (domain.Unclassified) is asked again only after a pause that doubles from
-// failingFirstPause to failingMaxPause: attempts at 0, 5, 15, 35 and 75 s,
-// then one a minute, fleet-wide (the episode is stored with the token and
-// read under the connection's lock before every refresh). That is at most
-// 4 requests in the first minute per connection, whatever the call rate.
-// After failingAfter of them in a row the connection is shown failing
-// (connection.refresh_failing); the next success ends the episode
-// (connection.recovered). The grant is never touched.
-const (
-	failingFirstPause = 5 * time.Second
-	failingMaxPause   = time.Minute
-	failingAfter      = 3
-)
-
-// failingPause is the wait after the n-th failure in a row.
-func failingPause(n int) time.Duration {
-	b := &backoff.ExponentialBackOff{InitialInterval: failingFirstPause, Multiplier: 2, MaxInterval: failingMaxPause}
-	b.Reset()
-	d := failingFirstPause
-	for range max(n, 1) {
-		d = b.NextBackOff()
-	}
-	return d
-}
+// (domain.Unclassified) is asked again only after domain.FailingPause,
+// fleet-wide (the episode is stored with the token and read with it before
+// every refresh): at most 4 requests in the first minute per connection,
+// whatever the call rate. After failingAfter of them in a row the
+// connection is shown failing (connection.refresh_failing); the next
+// success ends the episode (connection.recovered). The grant is never
+// touched.
+const failingAfter = 3
 
 // paced reports whether err is a provider answer the use case paces per
 // connection instead of retrying it: an unclassified answer, or a lost
@@ -76,7 +58,7 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 	if f.Since.IsZero() {
 		f.Since = now
 	}
-	f.RetryAt = now.Add(failingPause(f.Failures))
+	f.RetryAt = now.Add(domain.FailingPause.Wait(f.Failures))
 	f.Failing = f.Failing || f.Failures >= failingAfter
 	if pe.Lost {
 		if f.Code == "" {
@@ -106,18 +88,15 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 // or extends for the token c leased, and ends the lease: every process
 // then waits for the next attempt. A failed write releases the lease
 // anyway; the next caller then asks the provider again.
-func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store locker, c claimed, pe *domain.ProviderError) {
+func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store TokenStore, c claimed, pe *domain.ProviderError) {
 	t := c.current
-	now := u.opts.Clock.Now()
-	var f domain.RefreshFailure
-	err := store.InLock(ctx, t.Connection, u.opts.LockWait, u.opts.WriteTimeout, func(txCtx context.Context, s LockedStore) error {
-		cur, err := s.Get(txCtx, t.Connection)
-		if err != nil || cur.Version != t.Version {
-			return err // stored since: that version has no failure
-		}
-		f = nextFailure(cur.Failure, pe, now)
-		return s.Fail(txCtx, cur, f)
-	})
+	f := nextFailure(t.Failure, pe, u.opts.Clock.Now())
+	writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
+	err := store.Fail(writeCtx, t, f)
+	cancel()
+	if errors.Is(err, domain.ErrConflict) {
+		f, err = domain.RefreshFailure{}, nil // stored since: that version has no failure
+	}
 	c.end(err != nil)
 	switch {
 	case err != nil:

@@ -176,47 +176,28 @@ func BenchmarkTokenWaiters(b *testing.B) {
 	})
 }
 
-// heldStore answers the lock's re-read with tok once all is closed, as
-// a store whose lock holder has just refreshed. It is its own LockedStore.
+// heldStore answers the claim's re-read with tok once all is closed, as a
+// store whose lock holder has just refreshed.
 type heldStore struct {
 	all <-chan struct{}
 	tok domain.Token
 }
 
-func (s heldStore) Get(context.Context, string) (domain.Token, error) { return s.tok, nil }
-
-func (s heldStore) GetWithLease(context.Context, string) (domain.Token, Lease, error) {
+func (s heldStore) Read(context.Context, string) (domain.Token, Lease, error) {
 	return s.tok, Lease{}, nil
 }
 
-func (s heldStore) InLock(ctx context.Context, _ string, _, _ time.Duration, fn func(context.Context, LockedStore) error) error {
+func (s heldStore) Claim(context.Context, domain.Token, time.Duration) (Claim, error) {
 	<-s.all
-	return fn(ctx, s)
+	return Claim{Token: s.tok}, nil
 }
 
-func (s heldStore) TryInLock(ctx context.Context, id string, hold time.Duration, fn func(context.Context, LockedStore) error) (bool, error) {
-	return true, s.InLock(ctx, id, 0, hold, fn)
-}
-
-// ClaimInLock ignores the bid: Lease takes the lease.
-func (s heldStore) ClaimInLock(ctx context.Context, id string, hold time.Duration, _ LeaseBid, fn func(context.Context, LockedStore) error) (bool, error) {
-	return s.TryInLock(ctx, id, hold, fn)
-}
-
-func (s heldStore) Save(context.Context, domain.Token) (domain.Token, error) {
+func (s heldStore) Store(context.Context, domain.Token) (domain.Token, error) {
 	return domain.Token{}, errors.New("not used")
 }
 
 func (s heldStore) Fail(context.Context, domain.Token, domain.RefreshFailure) error {
 	panic("heldStore records no failure")
-}
-
-func (s heldStore) Put(context.Context, domain.Token) (domain.Token, error) {
-	return domain.Token{}, errors.New("not used")
-}
-
-func (s heldStore) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
-	return nil, errors.New("not used")
 }
 
 // A panic inside the work reaches every waiter as an error, is logged with
@@ -261,8 +242,4 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
-}
-
-func (s heldStore) SaveLocked(context.Context, time.Duration, domain.Token) (domain.Token, error) {
-	return domain.Token{}, errors.New("not used")
 }

@@ -30,7 +30,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 	fl, err := u.flights.do(ctx, key, func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
 		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
-		t, err := u.store.Get(readCtx, connection)
+		t, _, err := u.store.Read(readCtx, connection)
 		cancel()
 		if err != nil {
 			return domain.Token{}, err

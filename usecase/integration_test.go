@@ -319,7 +319,7 @@ func TestControlRefreshOnEveryCallBreaksInFlightCalls(t *testing.T) {
 						if err != nil {
 							return err
 						}
-						saved, err := l.Save(ctx, tok.Rotated(g, time.Now()))
+						saved, err := l.Put(ctx, tok.Rotated(g, time.Now()))
 						at = saved.AccessToken.Reveal()
 						return err
 					})

@@ -30,40 +30,23 @@ func (a *announcing) Refresh(ctx context.Context, rt domain.Secret) (domain.Gran
 	return a.next.Refresh(ctx, rt)
 }
 
-// withoutLeases is a token store whose lock holders ignore refresh
-// leases: the strategy before them, for the controls.
+// withoutLeases is a token store whose claims ignore other holders'
+// refresh leases: the strategy before them, for the controls.
 type withoutLeases struct{ usecase.TokenStore }
 
-type ignoredLease struct{ usecase.LockedStore }
-
-func (ignoredLease) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
-	return func(bool) {}, nil
-}
-
-func (s withoutLeases) InLock(ctx context.Context, connection string, wait, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) error {
-	return s.TokenStore.InLock(ctx, connection, wait, hold, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, ignoredLease{l})
-	})
-}
-
-func (s withoutLeases) TryInLock(ctx context.Context, connection string, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TokenStore.TryInLock(ctx, connection, hold, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, ignoredLease{l})
-	})
-}
-
-// ClaimInLock ignores the bid (a bid takes a lease).
-func (s withoutLeases) ClaimInLock(ctx context.Context, connection string, hold time.Duration, _ usecase.LeaseBid,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TryInLock(ctx, connection, hold, fn)
-}
-
-// GetWithLease never reports a lease: the strategy before them.
-func (s withoutLeases) GetWithLease(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
-	t, err := s.TokenStore.Get(ctx, connection)
+// Read never reports a lease.
+func (s withoutLeases) Read(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
+	t, _, err := s.TokenStore.Read(ctx, connection)
 	return t, usecase.Lease{}, err
+}
+
+// Claim takes what another holder's lease refused.
+func (s withoutLeases) Claim(ctx context.Context, seen domain.Token, within time.Duration) (usecase.Claim, error) {
+	c, err := s.TokenStore.Claim(ctx, seen, within)
+	if err == nil && c.End == nil && (c.Lease.Running || c.Lease.Abandoned) {
+		c.Lease, c.End = usecase.Lease{}, func(bool) {}
+	}
+	return c, err
 }
 
 // lockCounting counts the lock transactions run through it.
@@ -72,22 +55,19 @@ type lockCounting struct {
 	n atomic.Int64
 }
 
-func (s *lockCounting) InLock(ctx context.Context, connection string, wait, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) error {
+func (s *lockCounting) Claim(ctx context.Context, seen domain.Token, within time.Duration) (usecase.Claim, error) {
 	s.n.Add(1)
-	return s.TokenStore.InLock(ctx, connection, wait, hold, fn)
+	return s.TokenStore.Claim(ctx, seen, within)
 }
 
-func (s *lockCounting) TryInLock(ctx context.Context, connection string, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+func (s *lockCounting) Store(ctx context.Context, t domain.Token) (domain.Token, error) {
 	s.n.Add(1)
-	return s.TokenStore.TryInLock(ctx, connection, hold, fn)
+	return s.TokenStore.Store(ctx, t)
 }
 
-func (s *lockCounting) ClaimInLock(ctx context.Context, connection string, hold time.Duration, bid usecase.LeaseBid,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
+func (s *lockCounting) Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error {
 	s.n.Add(1)
-	return s.TokenStore.ClaimInLock(ctx, connection, hold, bid, fn)
+	return s.TokenStore.Fail(ctx, t, f)
 }
 
 // TestLeaseWhileAtTheProvider: a process's refresh is at a slow provider,

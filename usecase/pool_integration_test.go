@@ -19,45 +19,25 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// nestedLease is the rule's breach, for the control: its Lease first runs
-// a query on the pool while the lock's transaction holds a connection of
-// the same pool (as the lease written on a connection of its own did).
+// nestedLease is the rule's breach, for the control: its Claim runs while
+// a transaction of its own holds a connection of the same pool (as a lease
+// written on a connection of its own, inside the lock's transaction, did).
 type nestedLease struct {
 	usecase.TokenStore
 	pool *gorm.DB
 }
 
-type nestedLocked struct {
-	usecase.LockedStore
-	pool *gorm.DB
-}
-
-func (l nestedLocked) Lease(ctx context.Context, t domain.Token, call time.Duration) (func(bool), error) {
-	if err := l.pool.WithContext(ctx).Exec("SELECT 1").Error; err != nil {
-		return nil, err
-	}
-	return l.LockedStore.Lease(ctx, t, call)
-}
-
-func (s nestedLease) InLock(ctx context.Context, connection string, wait, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) error {
-	return s.TokenStore.InLock(ctx, connection, wait, hold, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, nestedLocked{l, s.pool})
+func (s nestedLease) Claim(ctx context.Context, seen domain.Token, within time.Duration) (usecase.Claim, error) {
+	var c usecase.Claim
+	err := s.pool.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
+		if err := tx.Exec("SELECT 1").Error; err != nil {
+			return err
+		}
+		var err error
+		c, err = s.TokenStore.Claim(ctx, seen, within)
+		return err
 	})
-}
-
-func (s nestedLease) TryInLock(ctx context.Context, connection string, hold time.Duration,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TokenStore.TryInLock(ctx, connection, hold, func(ctx context.Context, l usecase.LockedStore) error {
-		return fn(ctx, nestedLocked{l, s.pool})
-	})
-}
-
-// ClaimInLock ignores the bid: the lease is taken in the locked
-// transaction, after the nested query.
-func (s nestedLease) ClaimInLock(ctx context.Context, connection string, hold time.Duration, _ usecase.LeaseBid,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TryInLock(ctx, connection, hold, fn)
+	return c, err
 }
 
 // TestPoolOfOneRefreshesManyAtOnce is the rule of docs/design.md ("No

@@ -25,9 +25,10 @@ func (u *RefreshTokenUseCase) skewOf(t domain.Token) time.Duration {
 // provider only, never another provider's refreshes. The set is bounded
 // by the providers a process's connections name.
 type clientGates struct {
-	why   string // what a closed gate says (after the provider did what)
-	mu    sync.Mutex
-	gates map[string]*clientGate
+	why    string             // what a closed gate says (after the provider did what)
+	policy domain.PausePolicy // how it pauses
+	mu     sync.Mutex
+	gates  map[string]*clientGate
 }
 
 func (g *clientGates) of(provider string) *clientGate {
@@ -38,7 +39,7 @@ func (g *clientGates) of(provider string) *clientGate {
 		if g.gates == nil {
 			g.gates = map[string]*clientGate{}
 		}
-		c = &clientGate{why: g.why}
+		c = &clientGate{why: g.why, pause: domain.Pause{Policy: g.policy}}
 		g.gates[provider] = c
 	}
 	return c

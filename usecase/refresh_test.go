@@ -33,13 +33,12 @@ type fakeStore struct {
 	// lostCommits makes that many transactions commit but report failure,
 	// as when the answer to COMMIT is lost with the connection.
 	lostCommits int
-	// beforeRelock runs after the lock is taken and before the re-read,
+	// beforeRelock runs in each locked transaction before anything else,
 	// to simulate another process finishing a refresh while we waited.
 	beforeRelock func(*domain.Token)
-	// leasedElsewhere makes that many Lease calls find another process's
+	// leasedElsewhere makes that many claims find another process's
 	// lease; leases and releases count the others.
 	leasedElsewhere, leases, releases int
-	wrote                             bool // the transaction saved a token
 }
 
 func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
@@ -51,75 +50,82 @@ func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
 	return s.tok, nil
 }
 
-// GetWithLease: the fake takes no leases that another process could hold.
-func (s *fakeStore) GetWithLease(ctx context.Context, id string) (domain.Token, usecase.Lease, error) {
+// Read: the fake keeps no leases that another process could hold.
+func (s *fakeStore) Read(ctx context.Context, id string) (domain.Token, usecase.Lease, error) {
 	t, err := s.Get(ctx, id)
 	return t, usecase.Lease{}, err
 }
 
-// TryInLock: the fake's lock is never held by another transaction.
-func (s *fakeStore) TryInLock(ctx context.Context, id string, hold time.Duration, fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return true, s.InLock(ctx, id, 0, hold, fn)
-}
-
-// ClaimInLock: the fake ignores the bid; Lease takes the lease.
-func (s *fakeStore) ClaimInLock(ctx context.Context, id string, hold time.Duration, _ usecase.LeaseBid,
-	fn func(context.Context, usecase.LockedStore) error) (bool, error) {
-	return s.TryInLock(ctx, id, hold, fn)
-}
-
-func (s *fakeStore) InLock(ctx context.Context, id string, _, _ time.Duration, fn func(context.Context, usecase.LockedStore) error) error {
+// locked counts a locked transaction and runs beforeRelock in it.
+func (s *fakeStore) locked() error {
 	if s.lockErr != nil {
 		return s.lockErr
 	}
-	s.mu.Lock()
 	s.locks++
 	if s.beforeRelock != nil {
 		s.beforeRelock(&s.tok)
 	}
-	before := s.tok
-	s.wrote = false
-	s.mu.Unlock()
-	err := fn(context.WithoutCancel(ctx), s)
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !s.wrote {
-		return err // the failures below are those of a token's write
-	}
-	if err == nil && s.lostCommits > 0 {
-		s.lostCommits--
-		return errors.New("commit: connection reset (outcome unknown)")
-	}
-	if err == nil && s.failCommits > 0 {
-		s.failCommits--
-		err = errors.New("commit failed: connection reset")
-	}
-	if err != nil {
-		s.tok = before // roll back
-	}
-	return err
+	return nil
 }
 
-func (s *fakeStore) SaveLocked(ctx context.Context, wait time.Duration, t domain.Token) (domain.Token, error) {
-	var out domain.Token
-	err := s.InLock(ctx, t.Connection, wait, wait, func(ctx context.Context, l usecase.LockedStore) error {
-		var err error
-		out, err = l.Save(ctx, t)
-		return err
-	})
-	return out, err
-}
-
-func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error) {
+// Claim leases seen's version unless leasedElsewhere says another
+// process's lease runs.
+func (s *fakeStore) Claim(_ context.Context, seen domain.Token, _ time.Duration) (usecase.Claim, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.locked(); err != nil {
+		return usecase.Claim{}, err
+	}
+	c := usecase.Claim{Token: s.tok}
+	switch {
+	case s.tok.Version != seen.Version || s.tok.Failure.Failures != seen.Failure.Failures || s.tok.Status != domain.StatusActive:
+		return c, nil
+	case s.leasedElsewhere > 0:
+		s.leasedElsewhere--
+		c.Lease.Running = true
+		return c, nil
+	}
+	s.leases++
+	var once sync.Once
+	c.End = func(release bool) {
+		once.Do(func() {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			if release {
+				s.releases++
+			}
+		})
+	}
+	return c, nil
+}
+
+// Store writes t if the version is still t.Version; failCommits and
+// lostCommits make writes fail at commit (rolled back) or commit with
+// their answer lost.
+func (s *fakeStore) Store(_ context.Context, t domain.Token) (domain.Token, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if err := s.locked(); err != nil {
+		return domain.Token{}, err
+	}
 	if t.Version != s.tok.Version {
 		return domain.Token{}, domain.ErrConflict
 	}
+	if s.failCommits > 0 {
+		s.failCommits--
+		return domain.Token{}, errors.New("commit failed: connection reset")
+	}
+	if t.RefreshToken.IsZero() {
+		t.RefreshToken = s.tok.RefreshToken
+	}
 	t.Version++
+	t.Failure = domain.RefreshFailure{}
 	s.tok = t
 	s.saves = append(s.saves, t)
-	s.wrote = true
+	if s.lostCommits > 0 {
+		s.lostCommits--
+		return domain.Token{}, errors.New("commit: connection reset (outcome unknown)")
+	}
 	return t, nil
 }
 
@@ -128,37 +134,15 @@ func (s *fakeStore) Save(_ context.Context, t domain.Token) (domain.Token, error
 func (s *fakeStore) Fail(_ context.Context, t domain.Token, f domain.RefreshFailure) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if err := s.locked(); err != nil {
+		return err
+	}
 	if t.Version != s.tok.Version {
 		return domain.ErrConflict
 	}
 	s.tok.Failure = f
 	s.releases++
 	return nil
-}
-
-func (s *fakeStore) Put(context.Context, domain.Token) (domain.Token, error) {
-	panic("refresh never puts")
-}
-
-// Lease fails while leasedElsewhere says another process's lease runs.
-func (s *fakeStore) Lease(context.Context, domain.Token, time.Duration) (func(bool), error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.leasedElsewhere > 0 {
-		s.leasedElsewhere--
-		return nil, domain.ErrRefreshInProgress
-	}
-	s.leases++
-	var once sync.Once
-	return func(release bool) {
-		once.Do(func() {
-			s.mu.Lock()
-			defer s.mu.Unlock()
-			if release {
-				s.releases++
-			}
-		})
-	}, nil
 }
 
 type fakeRefresher struct {

@@ -5,7 +5,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/cenkalti/backoff/v5"
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // throttle lets an event for a key happen only when the key's last one is
@@ -63,36 +63,27 @@ func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
 	return true
 }
 
-// Pauses of clientGate: short enough that the apps find out within a few
-// seconds that the provider accepts the client again.
-const (
-	clientPauseFirst = 250 * time.Millisecond
-	clientPauseMax   = 2 * time.Second
-)
-
-// clientGate holds back this process's provider calls for a while after
-// the provider rejected the client or the token URL proved wrong. Every
-// connection shares the client, so one such answer stands for all of them:
-// a fleet does not hammer a provider that will answer the same. The pause
-// grows with repeated rejections up to clientPauseMax; a success ends it.
+// clientGate holds back this process's calls to a provider for a while
+// after the provider rejected the client or the token URL proved wrong
+// (domain.ClientRejectedPause), or left a refresh unanswered past the
+// refresh timeout (domain.UnansweredPause). Every connection shares the
+// client, so one such answer stands for all of them: a fleet does not
+// hammer a provider that will answer the same. A success ends it.
 type clientGate struct {
-	why    string // what a closed gate says, after its pause
-	mu     sync.Mutex
-	until  time.Time
-	cause  error
-	pauses *backoff.ExponentialBackOff
+	why   string // what a closed gate says, after its pause
+	pause domain.Pause
+	mu    sync.Mutex
 	// generation counts the provider's settings seen (reopen).
 	generation uint64
 }
 
 // check returns the rejection that closes the gate at now, or nil.
 func (g *clientGate) check(now time.Time) error {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if !now.Before(g.until) {
+	left, cause := g.pause.Check(now)
+	if cause == nil {
 		return nil
 	}
-	return fmt.Errorf("%w (provider not called for %v %s)", g.cause, g.until.Sub(now).Round(time.Millisecond), g.why)
+	return fmt.Errorf("%w (provider not called for %v %s)", cause, left.Round(time.Millisecond), g.why)
 }
 
 // reject closes the gate after the provider answered err at now to a call
@@ -101,21 +92,10 @@ func (g *clientGate) check(now time.Time) error {
 // it, and answers to calls made with settings replaced since (a client
 // secret rotated) do not close it: the new settings deserve their try.
 func (g *clientGate) reject(now time.Time, settings uint64, err error) {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if now.Before(g.until) || settings != g.generation {
+	if settings != g.settings() {
 		return
 	}
-	if g.pauses == nil {
-		g.pauses = &backoff.ExponentialBackOff{
-			InitialInterval:     clientPauseFirst,
-			RandomizationFactor: 0.2, // processes that start pausing together do not call together
-			Multiplier:          2,
-			MaxInterval:         clientPauseMax,
-		}
-		g.pauses.Reset()
-	}
-	g.until, g.cause = now.Add(min(g.pauses.NextBackOff(), clientPauseMax)), err
+	g.pause.Fail(now, err)
 }
 
 // settings is the generation of the provider's settings: reopen counts
@@ -135,11 +115,4 @@ func (g *clientGate) reopen() {
 }
 
 // accept opens the gate after a success.
-func (g *clientGate) accept() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	if g.pauses != nil {
-		g.pauses.Reset()
-	}
-	g.until, g.cause = time.Time{}, nil
-}
+func (g *clientGate) accept() { g.pause.Succeed() }

@@ -225,7 +225,7 @@ func TestTracedSweep(t *testing.T) {
 	s := w.stack(t, usecase.Options{Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)))})
 	other := w.stack(t, usecase.Options{})
 	names := connectMany(t, w, s, 5)
-	release := holdLockOn(t, &stack{db: other.db, repo: other.repo}, names[2])
+	release := holdLeaseOn(t, &stack{db: other.db, repo: other.repo}, names[2])
 	rep, err := s.uc.RefreshAhead(context.Background(), s.repo, 2*time.Hour, 2)
 	release()
 	if err != nil || rep.Due != 5 || rep.Refreshed != 4 || rep.Skipped != 1 {

@@ -7,83 +7,55 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"sync"
 	"syscall"
 	"time"
-
-	"github.com/cenkalti/backoff/v5"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Pauses of an unreachable token endpoint: as short as a rejected client's
-// at first (the provider may be restarting), growing while it stays away.
-const (
-	DefaultPauseAfter = 3 // unreachable tries in a row before the first pause
-	pauseFirst        = 250 * time.Millisecond
-	pauseMax          = 4 * time.Second
-)
+// DefaultPauseAfter is how many tries in a row may find the token endpoint
+// unreachable before its calls pause (domain.UnreachablePause).
+const DefaultPauseAfter = 3
 
 // pause holds back the calls to a token endpoint that could not be reached
-// (connection refused, no route, DNS, TLS) several times in a row: no
-// answer will come from it soon, so every caller, whichever connection it
-// refreshes, fails at once with the last failure instead of retrying until
-// its refresh timeout while holding its connection's lock. An answer of
-// any kind from the endpoint ends the pause.
+// (connection refused, no route, DNS, TLS) several times in a row
+// (domain.UnreachablePause): no answer will come from it soon, so every
+// caller, whichever connection it refreshes, fails at once with the last
+// failure instead of retrying until its refresh timeout. An answer of any
+// kind from the endpoint ends the pause.
 type pause struct {
-	after int // failures in a row that start a pause; <= 0: never
+	off bool // never pause
+	p   domain.Pause
+}
 
-	mu       sync.Mutex
-	failures int
-	until    time.Time
-	cause    error
-	pauses   *backoff.ExponentialBackOff
+// newPause pauses after after unreachable tries in a row; <= 0: never.
+func newPause(after int) *pause {
+	policy := domain.UnreachablePause
+	policy.After = after
+	return &pause{off: after <= 0, p: domain.Pause{Policy: policy}}
 }
 
 // check returns the failure that pauses the calls at now, or nil.
 func (p *pause) check(now time.Time) error {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !now.Before(p.until) {
+	left, cause := p.p.Check(now)
+	if cause == nil {
 		return nil
 	}
 	return &domain.ProviderError{Err: fmt.Errorf("token endpoint not called for %v after it was unreachable: %w",
-		p.until.Sub(now).Round(time.Millisecond), p.cause)}
+		left.Round(time.Millisecond), cause)}
 }
 
 // record takes the outcome of a try made at now, and reports whether it
 // started a pause.
 func (p *pause) record(now time.Time, err error) (paused bool) {
-	if p.after <= 0 {
+	switch {
+	case p.off || errors.Is(err, context.Canceled): // the caller gave up: says nothing about the endpoint
+		return false
+	case !unreachable(err):
+		p.p.Succeed()
 		return false
 	}
-	if errors.Is(err, context.Canceled) {
-		return false // the caller gave up: says nothing about the endpoint
-	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if !unreachable(err) {
-		p.failures, p.until, p.cause = 0, time.Time{}, nil
-		if p.pauses != nil {
-			p.pauses.Reset()
-		}
-		return false
-	}
-	p.failures++
-	if p.failures < p.after || now.Before(p.until) {
-		return false
-	}
-	if p.pauses == nil {
-		p.pauses = &backoff.ExponentialBackOff{
-			InitialInterval:     pauseFirst,
-			RandomizationFactor: 0.2, // processes that start pausing together do not call together
-			Multiplier:          2,
-			MaxInterval:         pauseMax,
-		}
-		p.pauses.Reset()
-	}
-	p.until, p.cause = now.Add(min(p.pauses.NextBackOff(), pauseMax)), err
-	return true
+	return p.p.Fail(now, err)
 }
 
 // unreachable reports whether err says no request reached the token

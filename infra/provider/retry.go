@@ -169,7 +169,7 @@ type Retrying struct {
 // NewRetrying decorates next with policy (zero fields take the defaults).
 func NewRetrying(next GrantRefresher, policy Policy) *Retrying {
 	policy = policy.withDefaults()
-	return &Retrying{next: next, policy: policy, pause: &pause{after: policy.PauseAfter}}
+	return &Retrying{next: next, policy: policy, pause: newPause(policy.PauseAfter)}
 }
 
 // Refresh calls the decorated refresher until it succeeds, fails

@@ -125,35 +125,63 @@ func TestDisconnect(t *testing.T) {
 	}
 }
 
-// A disconnection waits for a refresh that holds the connection's lock,
-// then revokes the refresh token that refresh stored: the current one.
-// Revoking the one read before the lock would revoke a token the provider
-// has rotated away, and leave the grant alive (the sandbox's
+// A disconnection never revokes a refresh token that a refresh is
+// presenting: while the refresh's lease runs it is refused and changes
+// nothing; once the refresh stored its rotated token, it revokes that one,
+// the current one. Revoking the one the refresh spent would revoke a token
+// the provider has rotated away, and leave the grant alive (the sandbox's
 // TestRevokingARotatedTokenLeavesTheGrant).
-func TestDisconnectWaitsForTheRefreshLock(t *testing.T) {
+func TestDisconnectRevokesWhatTheRefreshStored(t *testing.T) {
 	c := newCLI(t, time.Hour)
-	c.grant("acme")
+	ctx := context.Background()
+	tok := c.grant("acme")
+
+	// The refresh: its lease, then the provider.
+	cl, err := c.repo.Claim(ctx, tok, time.Minute)
+	if err != nil || cl.End == nil {
+		t.Fatalf("claim: lease %t, %v", cl.End != nil, err)
+	}
+	next, err := c.p.OAuth2Config(c.srv.URL).TokenSource(ctx, &oauth2.Token{RefreshToken: cl.Token.RefreshToken.Reveal()}).Token()
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := c.run(c.withRevocation(), "disconnect", "--connection", "acme", "--revoke")
+	if r.code != 1 || !strings.Contains(r.stderr, domain.ErrRefreshInProgress.Error()) || !strings.Contains(r.stderr, "the connection is kept") {
+		t.Fatalf("disconnect --revoke while the refresh's lease runs: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if c.gone("acme") || c.p.Stats().Revocations != 0 {
+		t.Fatal("changed while the refresh's lease ran")
+	}
+	if _, err := c.repo.Store(ctx, cl.Token.Rotated(domain.Grant{AccessToken: domain.NewSecret(next.AccessToken), RefreshToken: domain.NewSecret(next.RefreshToken), Expiry: next.Expiry}, time.Now())); err != nil {
+		t.Fatal(err)
+	}
+	cl.End(false)
+
+	if r := c.run(c.withRevocation(), "disconnect", "--connection", "acme", "--revoke"); r.code != 0 || !strings.Contains(r.stdout, "(was active at version 2)") {
+		t.Fatalf("after the refresh: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	if err := c.refreshAtProvider(next.RefreshToken); !isInvalidGrant(err) {
+		t.Errorf("the refresh token the refresh stored survived: %v", err)
+	}
+	if st := c.p.Stats(); st.Revocations != 1 || st.RefreshReuse != 0 {
+		t.Errorf("provider: %+v", st)
+	}
+}
+
+// A disconnection waits for the connection's lock held by another
+// transaction, and revokes and deletes what it reads once it has it.
+func TestDisconnectWaitsForTheLock(t *testing.T) {
+	c := newCLI(t, time.Hour)
+	tok := c.grant("acme")
 
 	held := make(chan struct{})
 	release := make(chan struct{})
-	rotated := make(chan string, 1)
 	holder := make(chan error, 1)
 	go func() {
-		holder <- c.repo.InLock(context.Background(), "acme", time.Second, 30*time.Second, func(ctx context.Context, l usecase.LockedStore) error {
+		holder <- c.repo.InLock(context.Background(), "acme", time.Second, 30*time.Second, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-release
-			// The refresh the lock was taken for.
-			tok, err := l.Get(ctx, "acme")
-			if err != nil {
-				return err
-			}
-			next, err := c.p.OAuth2Config(c.srv.URL).TokenSource(ctx, &oauth2.Token{RefreshToken: tok.RefreshToken.Reveal()}).Token()
-			if err != nil {
-				return err
-			}
-			rotated <- next.RefreshToken
-			_, err = l.Save(ctx, tok.Rotated(domain.Grant{AccessToken: domain.NewSecret(next.AccessToken), RefreshToken: domain.NewSecret(next.RefreshToken), Expiry: next.Expiry}, time.Now()))
-			return err
+			return nil
 		})
 	}()
 	<-held
@@ -184,11 +212,14 @@ func TestDisconnectWaitsForTheRefreshLock(t *testing.T) {
 	if err := <-holder; err != nil {
 		t.Fatal(err)
 	}
-	if r := <-done; r.code != 0 || !strings.Contains(r.stdout, "(was active at version 2)") {
+	if r := <-done; r.code != 0 || !strings.Contains(r.stdout, "(was active at version 1)") {
 		t.Fatalf("after the holder: exit %d\n%s%s", r.code, r.stdout, r.stderr)
 	}
-	if err := c.refreshAtProvider(<-rotated); !isInvalidGrant(err) {
-		t.Errorf("the refresh token the holder stored survived: %v", err)
+	if !c.gone("acme") {
+		t.Error("not deleted")
+	}
+	if err := c.refreshAtProvider(tok.RefreshToken.Reveal()); !isInvalidGrant(err) {
+		t.Errorf("the refresh token read under the lock survived: %v", err)
 	}
 	if st := c.p.Stats(); st.Revocations != 1 || st.RefreshReuse != 0 {
 		t.Errorf("provider: %+v", st)

@@ -1,0 +1,102 @@
+package domain
+
+import (
+	"math/rand/v2"
+	"sync"
+	"time"
+)
+
+// A PausePolicy is one backoff as data: after After failures in a row (1
+// when 0) calls pause for First, twice as long at each pause after that up
+// to Max, each pause spread by ±Jitter (a fraction) so that processes that
+// start pausing together do not call together again.
+type PausePolicy struct {
+	After  int
+	First  time.Duration
+	Max    time.Duration
+	Jitter float64
+}
+
+// The pauses tokenguard keeps, one row each (docs/providers.md).
+var (
+	// ClientRejectedPause: the provider rejected the client, or the token
+	// URL does not answer as a token endpoint. Short: the apps find out
+	// within seconds that the client is accepted again. Per process and
+	// provider.
+	ClientRejectedPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
+	// UnansweredPause: a refresh sent to the provider went unanswered past
+	// the refresh timeout (a hung provider). Per process and provider.
+	UnansweredPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
+	// UnreachablePause: the token endpoint could not be reached (refused,
+	// no route, DNS, TLS) three times in a row. Per process and endpoint.
+	UnreachablePause = PausePolicy{After: 3, First: 250 * time.Millisecond, Max: 4 * time.Second, Jitter: 0.2}
+	// FailingPause: a connection's refreshes get answers that cannot be
+	// classified, or a refresh's answer was lost: attempts at 0, 5, 15, 35
+	// and 75 s, then one a minute. Stored with the token's version, so it
+	// holds fleet-wide.
+	FailingPause = PausePolicy{First: 5 * time.Second, Max: time.Minute}
+)
+
+// Wait is the pause after the n-th failure in a row, without jitter: 0
+// before After, then First doubling up to Max.
+func (p PausePolicy) Wait(n int) time.Duration {
+	n -= max(p.After, 1)
+	if n < 0 {
+		return 0
+	}
+	d := p.First
+	for ; n > 0 && d < p.Max; n-- {
+		d *= 2
+	}
+	return min(d, p.Max)
+}
+
+// Pause holds calls back after failures, as its Policy says; a success
+// ends it. Failures during a pause neither lengthen it nor count towards
+// the next one: they are answers to calls made before it began. It is
+// safe for concurrent use.
+type Pause struct {
+	Policy PausePolicy
+
+	mu       sync.Mutex
+	failures int // in a row, outside pauses
+	until    time.Time
+	cause    error
+}
+
+// Check reports how long calls still pause at now, and the failure that
+// paused them; 0 and nil when they may go.
+func (p *Pause) Check(now time.Time) (time.Duration, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if !now.Before(p.until) {
+		return 0, nil
+	}
+	return p.until.Sub(now), p.cause
+}
+
+// Fail records a failure at now, and reports whether it started a pause.
+func (p *Pause) Fail(now time.Time, err error) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if now.Before(p.until) {
+		return false
+	}
+	p.failures++
+	d := p.Policy.Wait(p.failures)
+	if d <= 0 {
+		return false
+	}
+	if j := p.Policy.Jitter; j > 0 {
+		d = min(time.Duration(float64(d)*(1-j+2*j*rand.Float64())), p.Policy.Max)
+	}
+	p.until, p.cause = now.Add(d), err
+	return true
+}
+
+// Succeed ends the pause and the failures in a row.
+func (p *Pause) Succeed() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.failures, p.until, p.cause = 0, time.Time{}, nil
+}

@@ -1,0 +1,187 @@
+package usecase
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/cenkalti/backoff/v5"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
+// resolve spends the refresh token of the token c leased at the provider,
+// with no database connection held, and keeps the outcome: the rotated
+// token, or needs_reauth for a dead grant. A failure that leaves the grant
+// alive (provider unavailable, client rejected, endpoint wrong) ends the
+// lease and is returned; the stored token is untouched. A dead grant is
+// stored as needs_reauth and returned as revoked, with a nil error. A
+// version whose last answer was lost is presented again only once the
+// provider answers a probe.
+//
+// The call and the write run to the end whatever the caller does: the
+// refresh token is spent once it is sent, and its answer is awaited until
+// the answer deadline.
+func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
+	t := c.current
+	r := redeemed{from: t.RefreshToken}
+	if t.Failure.ProbeFirst() {
+		if err := u.probe(ctx, t.Provider); err != nil {
+			c.release()
+			u.recordFailure(ctx, store, c, &domain.ProviderError{Lost: true, Err: err})
+			return r, err
+		}
+	}
+	callCtx, cancel := context.WithTimeout(ctx, u.opts.AnswerDeadline)
+	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
+	settings := u.gate.of(t.Provider).settings() // the provider's settings the call goes out with
+	called := time.Now()
+	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
+	r.latency = time.Since(called)
+	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Outcome: providerOutcome(err)}, err)
+	cancel()
+	// The slot bounds the calls at the provider: the next one may start
+	// while this answer is written.
+	c.release()
+	if answered(err) {
+		u.hung.of(t.Provider).accept()
+	}
+	switch pe, isPaced := paced(err); {
+	case err == nil:
+		u.gate.of(t.Provider).accept()
+		next := t.Rotated(g, u.opts.Clock.Now())
+		r.rotated = &next
+		r.tok, err = u.keep(ctx, store, r, c.end)
+		return r, err
+	case clientSide(err):
+		c.end(true)
+		u.clientFailed(t, settings, err)
+		return r, err
+	case isPaced:
+		u.recordFailure(ctx, store, c, pe)
+		return r, err
+	case !errors.Is(err, domain.ErrGrantRevoked):
+		c.end(true)
+		return r, err
+	}
+	defer c.end(false)
+	return u.dead(ctx, store, t, r, err)
+}
+
+// dead stores t's connection as needs_reauth after the provider rejected
+// its grant (rejected), unless a newer token was stored meanwhile (a
+// rotated token written late by its redeemer, a new grant): then the
+// rejection is stale news, and r.tok is that token. The refresh token is
+// kept, for forensics; the version-fenced write is the re-read.
+func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t domain.Token, r redeemed, rejected error) (redeemed, error) {
+	ctx, span := u.opts.Tracer.Start(ctx, StepCommit, t.Connection)
+	marked := t
+	// rolled_back when the store went back behind a version this process
+	// knew (a failover lost the rotated token).
+	marked.Status, marked.StatusReason = domain.StatusNeedsReauth, u.reasonFor(t, rejected)
+	writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
+	stored, err := store.Store(writeCtx, marked)
+	if errors.Is(err, domain.ErrConflict) {
+		var now domain.Token
+		if now, _, err = store.Read(writeCtx, t.Connection); err == nil {
+			stored = now
+			if now.Status == domain.StatusActive {
+				r.tok = now // stale news
+			}
+		}
+	}
+	cancel()
+	facts := Facts{Provider: t.Provider, OldVersion: t.Version, NewVersion: stored.Version, Outcome: OutcomeInvalidGrant}
+	if r.tok.Version != 0 {
+		facts.Outcome = OutcomeSkippedFresh
+	}
+	span.End(facts, err)
+	switch {
+	case err != nil:
+		return r, errors.Join(rejected, err)
+	case r.tok.Version == 0:
+		r.reason = cmp.Or(stored.StatusReason, marked.StatusReason)
+		r.revoked = fmt.Errorf("%w: %w", domain.ErrNeedsReauth, rejected)
+	}
+	return r, nil
+}
+
+// keep stores a rotated token if the stored token is still the one it was
+// rotated from, ending its lease. A failed write is retried for
+// RescueWindow (the rescue); keep gives up early only when another token
+// was stored meanwhile (then the rotated one is obsolete, and that is
+// said loudly too).
+//
+// One exception: when this process's lease ran out while it was at the
+// provider (it could not renew it), another process may have redeemed the
+// same refresh token, been told invalid_grant, and marked the connection
+// needs_reauth. If the stored refresh token is still the spent one, the
+// rotated token is the only live token of the grant (unless the provider
+// revoked the whole grant for that reuse, which the next refresh will
+// tell): it is stored.
+func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r redeemed, end func(release bool)) (domain.Token, error) {
+	defer end(false)
+	rotated := *r.rotated
+	log := u.opts.Logger.With("connection", rotated.Connection, "from_version", rotated.Version)
+	attempt := func() (domain.Token, error) {
+		writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
+		defer cancel()
+		out, err := store.Store(writeCtx, rotated)
+		if !errors.Is(err, domain.ErrConflict) {
+			return out, err
+		}
+		now, _, err := store.Read(writeCtx, rotated.Connection)
+		switch {
+		case err != nil:
+			return domain.Token{}, err
+		case now.Version > rotated.Version && now.RefreshToken.Equal(rotated.RefreshToken):
+			return now, nil // an earlier write had in fact gone through (its answer was lost)
+		case now.Status == domain.StatusNeedsReauth && now.RefreshToken.Equal(r.from):
+			log.Error("connection was marked needs_reauth by a process that presented the refresh token this one had already rotated; storing the rotated token instead",
+				"stored_version", now.Version, "reason", now.StatusReason)
+			next := rotated
+			next.Version = now.Version
+			return store.Store(writeCtx, next)
+		}
+		return domain.Token{}, backoff.Permanent(fmt.Errorf("%w: stored version is %d", domain.ErrConflict, now.Version))
+	}
+	facts := Facts{Provider: rotated.Provider, OldVersion: rotated.Version}
+	done := func(span Span, out domain.Token, err error) {
+		f := facts
+		if err == nil {
+			f.NewVersion, f.Outcome = out.Version, OutcomeOK
+		}
+		span.End(f, err)
+	}
+	_, span := u.opts.Tracer.Start(ctx, StepCommit, rotated.Connection)
+	out, cause := attempt()
+	done(span, out, cause)
+	if cause == nil {
+		return out, nil
+	}
+	log.Error("rotated refresh token not persisted; retrying the write", "err", cause)
+	var permanent *backoff.PermanentError
+	if !errors.As(cause, &permanent) {
+		ctx, rescue := u.opts.Tracer.Start(ctx, StepRescue, rotated.Connection)
+		ctx, cancel := context.WithTimeout(ctx, u.opts.RescueWindow)
+		defer cancel()
+		policy := backoff.NewExponentialBackOff()
+		policy.InitialInterval, policy.MaxInterval = 50*time.Millisecond, time.Second
+		out, cause = backoff.Retry(ctx, func() (domain.Token, error) {
+			out, err := attempt()
+			if err != nil {
+				log.Error("rotated refresh token still not persisted", "err", err)
+			}
+			return out, err
+		}, backoff.WithBackOff(policy), backoff.WithMaxElapsedTime(u.opts.RescueWindow))
+		done(rescue, out, cause)
+		if cause == nil {
+			log.Warn("rotated refresh token persisted on retry", "version", out.Version)
+			return out, nil
+		}
+	}
+	log.Error("rotated refresh token dropped", "err", cause)
+	return domain.Token{}, fmt.Errorf("persist rotated token: %w", cause)
+}
