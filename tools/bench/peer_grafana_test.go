@@ -1,4 +1,4 @@
-package usecase_test
+package bench_test
 
 import (
 	"context"

@@ -1,6 +1,6 @@
 //go:build unix
 
-package usecase_test
+package bench_test
 
 import (
 	"context"
