@@ -1,6 +1,12 @@
 # tokenguard — see README.md.
+# Two modules: the library (this directory) and its tools (tools/: the
+# demo, the sandbox command, the soak, the benchmarks and their report,
+# the scale bench, the conformance servers and the end-to-end suite), a
+# module of their own so that their dependencies stay out of the
+# library's. The targets below run on both.
 GO        ?= go
 PKGS      := ./...
+TOOLS     := tools
 STATICCHECK := $(GO) run honnef.co/go/tools/cmd/staticcheck@v0.8.2
 GOVULNCHECK := $(GO) run golang.org/x/vuln/cmd/govulncheck@v1.9.0
 # Vulnerability database (a URL, or file:///dir for an offline mirror).
@@ -17,23 +23,30 @@ VULNCHECK_REQUIRED ?=
 build:
 	@mkdir -p bin
 	$(GO) build -o bin/ ./cmd/...
+	cd $(TOOLS) && $(GO) build -o ../bin/ ./cmd/...
 
 # All tests, with the race detector, against a real Postgres found as
-# above; each test creates and drops a database of its own.
+# above; each test creates and drops a database of its own. The library's,
+# then the tools'; both always run, and either failing fails the target.
 test: conformance-deps
-	$(GO) test -race -count=1 -timeout 8m $(PKGS)
+	@status=0; \
+	echo "$(GO) test -race -count=1 -timeout 8m $(PKGS)"; \
+	$(GO) test -race -count=1 -timeout 8m $(PKGS) || status=1; \
+	echo "cd $(TOOLS) && $(GO) test -race -count=1 -timeout 8m $(PKGS)"; \
+	(cd $(TOOLS) && $(GO) test -race -count=1 -timeout 8m $(PKGS)) || status=1; \
+	exit $$status
 
 # The conformance matrix against independent OAuth2 servers
-# (internal/conformance), alone; CONFORMANCE_MATRIX_OUT=file also writes
-# the table to file.
+# (tools/internal/conformance), alone; CONFORMANCE_MATRIX_OUT=file also
+# writes the table to file.
 .PHONY: conformance
 conformance: conformance-deps
-	$(GO) test -race -count=1 -run '^TestConformance$$' -v ./internal/conformance/
+	cd $(TOOLS) && $(GO) test -race -count=1 -run '^TestConformance$$' -v ./internal/conformance/
 
 # The oidc-provider server the conformance suite runs as a separate
 # process: its npm dependencies, pinned by package-lock.json, installed
 # once (tests never download anything).
-OIDC_PROVIDER_DIR := internal/conformance/oidcprovider
+OIDC_PROVIDER_DIR := $(TOOLS)/internal/conformance/oidcprovider
 .PHONY: conformance-deps
 conformance-deps: $(OIDC_PROVIDER_DIR)/node_modules
 $(OIDC_PROVIDER_DIR)/node_modules:
@@ -42,19 +55,24 @@ $(OIDC_PROVIDER_DIR)/node_modules:
 # Unit tests only (no database).
 test-short:
 	$(GO) test -short -count=1 $(PKGS)
+	cd $(TOOLS) && $(GO) test -short -count=1 $(PKGS)
 
 lint:
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd $(TOOLS) && $(GO) vet $(PKGS)
 	$(STATICCHECK) $(PKGS)
+	cd $(TOOLS) && $(STATICCHECK) $(PKGS)
 	@$(MAKE) --no-print-directory vulncheck
 
-# govulncheck against GOVULNDB. Known vulnerabilities in code we call fail
-# it. Only when the database cannot be fetched (no network) is it skipped,
-# loudly, unless VULNCHECK_REQUIRED is set.
+# govulncheck against GOVULNDB, on the library's module and on the tools'.
+# Known vulnerabilities in code we call fail it. Only when the database
+# cannot be fetched (no network) is it skipped, loudly, unless
+# VULNCHECK_REQUIRED is set.
 vulncheck:
-	@echo "$(GOVULNCHECK) -db $(GOVULNDB) $(PKGS)"; \
-	out=$$($(GOVULNCHECK) -db $(GOVULNDB) $(PKGS) 2>&1); rc=$$?; \
+	@for m in . $(TOOLS); do \
+	echo "cd $$m && $(GOVULNCHECK) -db $(GOVULNDB) $(PKGS)"; \
+	out=$$(cd $$m && $(GOVULNCHECK) -db $(GOVULNDB) $(PKGS) 2>&1); rc=$$?; \
 	if [ $$rc -ne 0 ] && printf '%s\n' "$$out" | grep -q '^govulncheck: fetching vulnerabilities'; then \
 		printf '%s\n' "$$out" | grep '^govulncheck: fetching vulnerabilities' >&2; \
 		if [ -n "$(VULNCHECK_REQUIRED)" ]; then \
@@ -62,16 +80,17 @@ vulncheck:
 		fi; \
 		echo "govulncheck: vulnerability database $(GOVULNDB) unreachable, SKIPPED (not checked)" >&2; exit 0; \
 	fi; \
-	printf '%s\n' "$$out"; exit $$rc
+	printf '%s\n' "$$out"; [ $$rc -eq 0 ] || exit $$rc; \
+	done
 
 # Applies the migrations to DATABASE_URL.
 migrate: build
 	./bin/tokenctl migrate
 
 # The performance figures, measured side by side in one run, then the table
-# of ratios against the targets and the peer designs' table
-# (cmd/benchreport, docs/benchmarks.md). Run on a quiet machine. The storm
-# runs in STORM_BATCHES batches of STORMS storms; its figures are the
+# of ratios against the targets and the peer designs' table (tools/bench,
+# tools/cmd/benchreport, docs/benchmarks.md). Run on a quiet machine. The
+# storm runs in STORM_BATCHES batches of STORMS storms; its figures are the
 # medians over the batches. The Nango-style peer needs Redis at
 # TEST_REDIS_ADDR (default 127.0.0.1:6379).
 # The standby's cost runs the storm on two throw-away clusters of its own
@@ -86,14 +105,14 @@ STORM_BATCHES ?= 5
 STANDBY_STORMS ?= 15
 STANDBY_BATCHES ?= 3
 bench:
-	$(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./usecase/ | tee bench.out
-	$(GO) test -run '^$$' -bench '^BenchmarkMassExpiry$$' -benchtime $(MASS_EXPIRIES)x -timeout 10m ./usecase/ | tee -a bench.out
-	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./usecase/ | tee -a bench.out
-	$(GO) test -run '^$$' -bench '^BenchmarkRefreshStormStandby$$' -benchtime $(STANDBY_STORMS)x -count $(STANDBY_BATCHES) -timeout 10m ./usecase/ | tee -a bench.out
+	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '$(BENCH)' -benchmem -timeout 30m ./bench/) | tee bench.out
+	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkMassExpiry$$' -benchtime $(MASS_EXPIRIES)x -timeout 10m ./bench/) | tee -a bench.out
+	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./bench/) | tee -a bench.out
+	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkRefreshStormStandby$$' -benchtime $(STANDBY_STORMS)x -count $(STANDBY_BATCHES) -timeout 10m ./bench/) | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'AtRate$$' -count 3 -timeout 10m ./infra/httpapi/ | tee -a bench.out
-	$(GO) run ./cmd/benchreport < bench.out
+	cd $(TOOLS) && $(GO) run ./cmd/benchreport < ../bench.out
 
-# The fleet benchmark (internal/scalebench, docs/scaling.md): 1,000,000
+# The fleet benchmark (tools/internal/scalebench, docs/scaling.md): 1,000,000
 # connections seeded by COPY, 8 app processes with a bounded and an
 # unbounded token cache side by side. Postgres: DATABASE_URL (a server on
 # which databases may be created), else found as for the tests. Fails when
@@ -104,7 +123,8 @@ SCALE_FLAGS ?= -sizes 1000,1000000 -caches 1000,10000000 -procs 8 -working-set 5
 SCALE_RSS_BOUND_MB ?= 64
 .PHONY: bench-scale
 bench-scale:
-	$(GO) build -o bin/benchscale ./cmd/benchscale
+	@mkdir -p bin
+	cd $(TOOLS) && $(GO) build -o ../bin/benchscale ./cmd/benchscale
 	./bin/benchscale $(SCALE_FLAGS) -rss-bound-mb $(SCALE_RSS_BOUND_MB) -bounded-max 1000 | tee bench-scale.out
 
 # One command, a fresh machine: two sandbox providers (one of them stored
@@ -132,13 +152,13 @@ demo-screenshot:
 	@test -s demo-out/report.png && echo "wrote demo-out/report.png"
 
 # Renders the operator console (GET /console) to docs/console-*.png: the
-# console's browser test (cmd/e2e TestConsoleInBrowser) runs the server
+# console's browser test (tools/cmd/e2e TestConsoleInBrowser) runs the server
 # against the sandbox, drives headless Chromium through the pages and saves
 # each one. Offline: the console loads nothing but its own stylesheet.
 .PHONY: console-screenshot
 console-screenshot:
 	@command -v $(CHROMIUM) >/dev/null || { echo "$(CHROMIUM) not found: apt-get install chromium"; exit 1; }
-	CHROMIUM=$(CHROMIUM) CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleInBrowser$$' -v ./cmd/e2e/
+	cd $(TOOLS) && CHROMIUM=$(CHROMIUM) CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleInBrowser$$' -v ./cmd/e2e/
 	@ls docs/console-*.png
 
 # Server, worker and batch as processes under load, against the sandbox

@@ -3,6 +3,7 @@ package tokenguard_test
 import (
 	"os"
 	"os/exec"
+	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
@@ -127,6 +128,88 @@ func goListDeps(t *testing.T, dir string) []string {
 			stderr = ee.Stderr
 		}
 		t.Fatalf("go list -deps: %v\n%s", err, stderr)
+	}
+	return strings.Fields(string(out))
+}
+
+// toolModules reports the modules of tokenguard's tools in a module
+// graph: the console's browser test's Chromium driver, the conformance
+// suite's OpenID provider, the Nango-style peer's Redis client, the bench
+// report's benchfmt. The tools are a module of their own (tools/), and
+// only it requires them.
+func toolModules(mods []string) []string {
+	var bad []string
+	for _, m := range mods {
+		for _, prefix := range []string{"github.com/chromedp/", "github.com/zitadel/", "github.com/redis/go-redis/", "golang.org/x/perf"} {
+			if strings.HasPrefix(m, prefix) {
+				bad = append(bad, m)
+				break
+			}
+		}
+	}
+	return bad
+}
+
+// An application that requires tokenguard has none of the tools'
+// modules in its module graph (go list -m all of a module outside this
+// one). The control points the application's replace at a copy of this
+// go.mod that requires chromedp, as this go.mod did when the tools were
+// part of this module, and the check finds it.
+func TestOutsideModuleGraphHasNoToolModules(t *testing.T) {
+	plain := strings.NewReplacer("/*IMPORT*/", "", "/*OPTION*/", "").Replace(embeddingProgram)
+	mods := goListModules(t, outsideModule(t, plain))
+	if bad := toolModules(mods); len(bad) != 0 {
+		t.Fatalf("an application requiring tokenguard has %v in its module graph", bad)
+	}
+	t.Logf("%d modules in the graph", len(mods))
+
+	// The control's tokenguard: this go.mod with chromedp required, and
+	// the sums of both modules (go list -m reads no package of it).
+	gomod, err := os.ReadFile("go.mod")
+	if err != nil {
+		t.Fatal(err)
+	}
+	version := exec.Command("go", "list", "-m", "-f", "{{.Version}}", "github.com/chromedp/chromedp")
+	version.Dir = "tools"
+	version.Env = append(os.Environ(), "GOWORK=off")
+	v, err := version.Output()
+	if err != nil {
+		t.Fatalf("go list -m github.com/chromedp/chromedp in tools: %v", err)
+	}
+	var sum []byte
+	for _, f := range []string{"go.sum", filepath.Join("tools", "go.sum")} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		sum = append(sum, b...)
+	}
+	lib := t.TempDir()
+	gomod = append(gomod, "\nrequire github.com/chromedp/chromedp "+strings.TrimSpace(string(v))+"\n"...)
+	if err := os.WriteFile(filepath.Join(lib, "go.mod"), gomod, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(lib, "go.sum"), sum, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if bad := toolModules(goListModules(t, outsideModuleAt(t, lib, plain, nil))); !slices.Contains(bad, "github.com/chromedp/chromedp") {
+		t.Fatalf("control: with chromedp required by tokenguard's go.mod, the check finds %v", bad)
+	}
+}
+
+// goListModules lists the module paths of the module graph in dir.
+func goListModules(t *testing.T, dir string) []string {
+	t.Helper()
+	cmd := exec.Command("go", "list", "-m", "-f", "{{.Path}}", "all")
+	cmd.Dir = dir
+	cmd.Env = append(os.Environ(), "GOFLAGS=-mod=mod", "GOWORK=off")
+	out, err := cmd.Output()
+	if err != nil {
+		var stderr []byte
+		if ee, ok := err.(*exec.ExitError); ok {
+			stderr = ee.Stderr
+		}
+		t.Fatalf("go list -m all: %v\n%s", err, stderr)
 	}
 	return strings.Fields(string(out))
 }

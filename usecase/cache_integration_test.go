@@ -2,7 +2,6 @@ package usecase_test
 
 import (
 	"context"
-	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -242,21 +241,4 @@ func TestDIWiresTheListener(t *testing.T) {
 			return hits() > 0
 		})
 
-}
-
-func connName(i int) string { return "conn-" + strconv.Itoa(i) }
-
-// seedConnections stores n connections with distinct long-lived tokens in
-// one statement per table (the provider is not involved).
-func seedConnections(tb testing.TB, s *stack, n int) {
-	tb.Helper()
-	err := s.db.Exec(`INSERT INTO tokenguard_connections (name) SELECT 'conn-' || g FROM generate_series(0, ?) g`, n-1).Error
-	if err == nil {
-		err = s.db.Exec(`INSERT INTO tokenguard_tokens (connection_id, access_token, refresh_token, expiry, obtained_at, version)
-			SELECT id, md5(random()::text) || md5(random()::text), md5(random()::text), now() + interval '1 hour', now(), 1
-			FROM tokenguard_connections WHERE name LIKE 'conn-%'`).Error
-	}
-	if err != nil {
-		tb.Fatal(err)
-	}
 }

@@ -32,7 +32,6 @@ import (
 // token revoked by a refresh, reuse answered with invalid_grant).
 
 func TestMain(m *testing.M) {
-	benchPrecheck()
 	testdb.Main(m)
 }
 

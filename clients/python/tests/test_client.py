@@ -1,6 +1,6 @@
 """Tests of the Python client against a real tokenguard server and sandbox provider.
 
-cmd/e2e's TestApps/ClientsOwnTests starts them and runs:
+tools/cmd/e2e's TestApps/ClientsOwnTests starts them and runs:
     TOKENGUARD_URL=... TOKENGUARD_API_KEY=... SANDBOX_URL=... python3 -m unittest discover -s tests
 with a connection "acme" whose tokens live 3 s and are handed out until 1 s before expiry.
 """
@@ -40,7 +40,7 @@ def with_time_left(seconds):
         time.sleep(left + 0.1)
 
 
-@unittest.skipUnless(URL and KEY and SANDBOX, "needs a tokenguard server: go test ./cmd/e2e -run TestApps/ClientsOwnTests")
+@unittest.skipUnless(URL and KEY and SANDBOX, "needs a tokenguard server: cd tools && go test ./cmd/e2e -run TestApps/ClientsOwnTests")
 class ClientTest(unittest.TestCase):
     def setUp(self):
         self.tg = Tokenguard(URL, KEY)

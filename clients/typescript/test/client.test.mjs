@@ -1,5 +1,6 @@
 // Tests of the TypeScript client against a real tokenguard server and
-// sandbox provider. cmd/e2e's TestApps/ClientsOwnTests starts them and runs
+// sandbox provider. tools/cmd/e2e's TestApps/ClientsOwnTests starts them and
+// runs
 //   TOKENGUARD_URL=... TOKENGUARD_API_KEY=... SANDBOX_URL=... node --test test/
 // with a connection "acme" whose tokens live 3 s and are handed out until
 // 1 s before expiry.
@@ -10,7 +11,7 @@ import { Tokenguard, TokenguardError } from "../index.mjs";
 const URL = process.env.TOKENGUARD_URL;
 const KEY = process.env.TOKENGUARD_API_KEY;
 const SANDBOX = process.env.SANDBOX_URL;
-const skip = !(URL && KEY && SANDBOX) && "needs a tokenguard server: go test ./cmd/e2e -run TestApps/ClientsOwnTests";
+const skip = !(URL && KEY && SANDBOX) && "needs a tokenguard server: cd tools && go test ./cmd/e2e -run TestApps/ClientsOwnTests";
 
 async function atAPI(tok) {
   const res = await fetch(`${SANDBOX}/resource`, { headers: { Authorization: `Bearer ${tok.accessToken}` } });

@@ -15,7 +15,7 @@ import (
 
 // The fakes stand for the stores, to check the handler's own rules: which
 // page needs what, and that no page carries inline script or style.
-// cmd/e2e TestConsoleInBrowser runs the console on the real ones.
+// tools/cmd/e2e TestConsoleInBrowser runs the console on the real ones.
 
 type fakeKeys struct{}
 

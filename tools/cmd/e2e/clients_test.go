@@ -1,0 +1,142 @@
+package e2e
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+)
+
+// clientsDir is where the Python and TypeScript clients live.
+var clientsDir = filepath.Join("..", "..", "..", "clients")
+
+// interpreter finds python3 or node. Outside CI a missing one skips the
+// test with one line; under CI (CI=true) it fails it.
+func interpreter(t *testing.T, name string) string {
+	t.Helper()
+	path, err := exec.LookPath(name)
+	if err == nil {
+		return path
+	}
+	if os.Getenv("CI") == "true" {
+		t.Fatalf("%s not found: the client tests need it in CI", name)
+	}
+	t.Skipf("%s not found: its client's tests are skipped (CI=true makes this a failure)", name)
+	return ""
+}
+
+// testClients runs the Python and TypeScript clients' own tests (unittest,
+// node --test) with the real interpreters against the bundled server and
+// the strict sandbox: 3 s tokens handed out until 1 s before expiry.
+func testClients(t *testing.T, bin string) {
+	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
+	s.migrate()
+	s.importGrant("acme")
+	server := s.start("server")
+	s.waitHealthy(server)
+	env := append(os.Environ(), "TOKENGUARD_URL=http://"+s.addr, "TOKENGUARD_API_KEY="+s.key, "SANDBOX_URL="+s.sb.URL)
+	// One after the other: each runs a forced refresh, and the server
+	// allows one per half the token's lifetime.
+	t.Run("Python", func(t *testing.T) {
+		runClientTests(t, env, filepath.Join(clientsDir, "python"), interpreter(t, "python3"), "-m", "unittest", "discover", "-v", "-s", "tests")
+	})
+	t.Run("TypeScript", func(t *testing.T) {
+		runClientTests(t, env, filepath.Join(clientsDir, "typescript"), interpreter(t, "node"), "--test", "test/")
+	})
+	st := s.sb.Stats()
+	if st.RefreshReuse != 0 {
+		t.Errorf("refresh-token reuse at the provider: %d", st.RefreshReuse)
+	}
+	s.stop(server)
+}
+
+func runClientTests(t *testing.T, env []string, dir, interp string, args ...string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, interp, args...)
+	cmd.Dir = dir
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("%s %v: %v\n%s", filepath.Base(interp), args, err, out)
+	}
+	t.Logf("%s %v:\n%s", filepath.Base(interp), args, tail(string(out), 3000))
+}
+
+// testTokenAPI: the server binary hands out the token (never the refresh
+// token, never cached by HTTP caches, never logged), refreshes after a 401
+// once per stale version however many callers report it, proxies calls,
+// and serves its OpenAPI document.
+func testTokenAPI(t *testing.T, bin string) {
+	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: skew})
+	s.migrate()
+	s.importGrant("acme")
+	server := s.start("server")
+	s.waitHealthy(server)
+
+	tokenOf := func(method, path, body string) (tok struct {
+		AccessToken string `json:"access_token"`
+		Version     int64  `json:"version"`
+	}) {
+		t.Helper()
+		req, _ := http.NewRequest(method, "http://"+s.addr+path, strings.NewReader(body))
+		req.Header.Set("Authorization", "Bearer "+s.key)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		if resp.StatusCode != http.StatusOK || resp.Header.Get("Cache-Control") != "no-store" ||
+			json.Unmarshal(b, &tok) != nil || tok.AccessToken == "" || strings.Contains(string(b), "refresh_token") {
+			t.Fatalf("%s %s: %d %v %s", method, path, resp.StatusCode, resp.Header, b)
+		}
+		return tok
+	}
+	atAPI := func(token string) int {
+		req, _ := http.NewRequest(http.MethodGet, s.sb.URL+"/resource", nil)
+		req.Header.Set("Authorization", "Bearer "+token)
+		resp, err := s.client.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	old := tokenOf("GET", "/connections/acme/token", "")
+	if atAPI(old.AccessToken) != http.StatusOK {
+		t.Fatal("the handed-out token is refused by the API")
+	}
+	var wg sync.WaitGroup
+	for range 10 {
+		wg.Go(func() {
+			if got := tokenOf("POST", "/connections/acme/token/refresh", fmt.Sprintf(`{"stale_version":%d}`, old.Version)); got.Version != old.Version+1 {
+				t.Errorf("after a 401 on version %d: version %d", old.Version, got.Version)
+			}
+		})
+	}
+	wg.Wait()
+	fresh := tokenOf("GET", "/connections/acme/token", "")
+	if st := s.sb.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 || atAPI(old.AccessToken) != http.StatusUnauthorized || atAPI(fresh.AccessToken) != http.StatusOK {
+		t.Errorf("10 reports of one stale version: %d refreshes, %d reuse; want one refresh, the old token revoked", st.Refreshes, st.RefreshReuse)
+	}
+	if code, body := s.do("GET", "/connections/acme/proxy/resource", ""); code != http.StatusOK || !strings.Contains(body, `"ok":true`) {
+		t.Errorf("proxy: %d %s", code, body)
+	}
+	if code, body := s.doWith("", "GET", "/openapi.json", ""); code != http.StatusOK || !strings.Contains(body, `"/connections/{name}/token"`) {
+		t.Errorf("openapi.json: %d %.200s", code, body)
+	}
+	s.stop(server)
+	if logs := server.Stderr(); strings.Contains(logs, old.AccessToken) || strings.Contains(logs, fresh.AccessToken) {
+		t.Error("the server logged an access token")
+	}
+}
