@@ -63,28 +63,14 @@ func lockConnections(tx *gorm.DB, keys []int32) error {
 	return nil
 }
 
-// lockConnectionByName takes one connection's lock, resolving its key in
-// the same statement (one round trip on the refresh path). found is false
-// for an unregistered name.
-func lockConnectionByName(tx *gorm.DB, name string) (found bool, err error) {
+// lockConnectionByName takes one connection's lock, resolving its key and
+// setting the wait's bound (lock_timeout, "" leaves it) in the same
+// statement: the setting's CTE is scanned before any row reaches the lock.
+// found is false for an unregistered name.
+func lockConnectionByName(tx *gorm.DB, name, timeout string) (found bool, err error) {
 	var rows []struct{ Locked string }
-	err = tx.Raw("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", id)::text AS locked FROM tokenguard_connections WHERE name = ?", lockNamespace, name).Find(&rows).Error
+	err = tx.Raw(`WITH s AS MATERIALIZED (SELECT CASE WHEN ?::text <> '' THEN set_config('lock_timeout', ?::text, true) END AS set)
+SELECT pg_advisory_xact_lock(`+nsInSchema("?")+`, c.id)::text AS locked FROM s, tokenguard_connections c WHERE c.name = ?`,
+		timeout, timeout, lockNamespace, name).Find(&rows).Error
 	return len(rows) == 1, err
 }
-
-// The single-connection lock statements that open the pipelined
-// transactions of InLock and TryInLock (locktx.go), in pgx's placeholder
-// style. Each resolves the key in the statement (an unregistered name
-// gives no row) and answers whether the lock is held.
-var (
-	// Wait for the lock.
-	lockByNameSQL = `SELECT pg_advisory_xact_lock(` + nsInSchema("$1") + `, id) IS NOT NULL
-		FROM tokenguard_connections WHERE name = $2`
-	// Take the lock if it is free.
-	tryLockByNameSQL = `SELECT pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id)
-		FROM tokenguard_connections WHERE name = $2`
-	// tryLockByNameSQL that also records, for the lease bid later in the
-	// transaction (bidLeaseSQL), whether the lock was granted.
-	tryLockForBidSQL = `SELECT set_config('tokenguard.locked', pg_try_advisory_xact_lock(` + nsInSchema("$1") + `, id)::text, true)::bool
-		FROM tokenguard_connections WHERE name = $2`
-)

@@ -32,10 +32,14 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 		// token written, until the caller's transaction ends.
 		return fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connection, r.db.Statement.ConnPool)
 	}
-	if d, ok := ctx.Deadline(); ok && (wait == 0 || time.Until(d) < wait) {
-		// The server's timeout first, so that a lock waited out is told
-		// from a store that does not answer.
-		wait = max(time.Until(d)-lockTimeoutMargin, time.Millisecond)
+	// The lock wait ends a margin before ctx's deadline (WithAdvisoryLock),
+	// or after wait.
+	lockBy, bounded := ctx.Deadline()
+	if wait > 0 && (!bounded || time.Until(lockBy) > wait+lockTimeoutMargin) {
+		lockBy, bounded = time.Now().Add(wait+lockTimeoutMargin), true
+	}
+	if bounded {
+		wait = time.Until(lockBy)
 	}
 	txCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), wait+hold)
 	defer cancel()
@@ -44,10 +48,18 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	op := "lock connection " + connection
 	var fnErr error
 	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Exec(lockTxSettingsSQL, r.syncCommit(), r.syncCommit(), lockTimeout(wait), lockTimeout(wait)).Error; err != nil {
-			return err
+		if sc := r.syncCommit(); sc != "" {
+			if err := tx.Exec("SELECT set_config('synchronous_commit', ?, true)", sc).Error; err != nil {
+				return err
+			}
 		}
-		if err := r.WithAdvisoryLock(tx, connection); err != nil {
+		locking := tx // its context's deadline bounds the lock wait
+		if bounded {
+			lockCtx, stopWait := context.WithDeadline(txCtx, lockBy)
+			defer stopWait()
+			locking = tx.WithContext(lockCtx)
+		}
+		if err := r.WithAdvisoryLock(locking, connection); err != nil {
 			return err
 		}
 		if !leave() && ctx.Err() != nil {
@@ -70,12 +82,6 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 // lockTimeoutMargin is how much earlier than its caller's deadline a lock
 // wait gives up.
 const lockTimeoutMargin = 20 * time.Millisecond
-
-// lockTxSettingsSQL sets a locked transaction's settings; an empty
-// argument leaves its setting as it is: synchronous_commit (Durability),
-// then lock_timeout.
-const lockTxSettingsSQL = `SELECT CASE WHEN ?::text <> '' THEN set_config('synchronous_commit', ?::text, true) END,
-       CASE WHEN ?::text <> '' THEN set_config('lock_timeout', ?::text, true) END`
 
 // lockTimeout is wait as a lock_timeout setting, "" for none.
 func lockTimeout(wait time.Duration) string {

@@ -210,12 +210,18 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 
 // WithAdvisoryLock takes, on tx's own connection, the transaction-scoped
 // advisory locks of the named connections, always in the same order. They
-// are released when tx commits or rolls back, never earlier. Connections
-// must be registered.
+// are released when tx commits or rolls back, never earlier. The wait for
+// them ends a little before the deadline of tx's context, if it has one
+// (lock_timeout: domain.ErrLockTimeout), so that a lock waited out is told
+// from a store that does not answer. Connections must be registered.
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connections)))
+	timeout := ""
+	if d, ok := tx.Statement.Context.Deadline(); ok {
+		timeout = lockTimeout(max(time.Until(d)-lockTimeoutMargin, time.Millisecond))
+	}
 	if len(ids) == 1 {
-		found, err := lockConnectionByName(tx, ids[0])
+		found, err := lockConnectionByName(tx, ids[0], timeout)
 		if err == nil && !found {
 			err = fmt.Errorf("lock %s: %w", ids[0], domain.ErrNotFound)
 		}
@@ -227,6 +233,11 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 	}
 	if len(keys) != len(ids) {
 		return fmt.Errorf("lock %d connection(s), %d registered: %w", len(ids), len(keys), domain.ErrNotFound)
+	}
+	if timeout != "" {
+		if err := tx.Exec("SELECT set_config('lock_timeout', ?, true)", timeout).Error; err != nil {
+			return err
+		}
 	}
 	return lockConnections(tx, keys)
 }

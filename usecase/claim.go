@@ -49,43 +49,56 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		if err := u.mayPresent(ctx, t, forced); err != nil {
 			return done(err)
 		}
+		// Watched from before the claim: the announcement of the holder
+		// it may find is not missed.
 		woken, unwatch := u.announced.watch(connection)
-		err := u.acquireSlot(ctx, woken)
-		unwatch()
-		if errors.Is(err, errAnnounced) {
-			// Another process stored the token while this one queued.
-			c.other = true
-			if c.current, _, err = u.look(ctx, connection, asked, due, nil); err != nil {
-				return done(err)
-			}
-			continue
-		}
-		if err != nil {
-			return done(err)
-		}
-		cl, err := u.claimOnce(ctx, t, asked)
+		cl, err := u.claimWithSlot(ctx, t, asked, woken)
 		if cl.End != nil {
+			unwatch()
 			c.current, c.end = cl.Token, cl.End
 			c.release = sync.OnceFunc(func() { u.slots.Release(1) })
 			return done(nil)
 		}
-		u.slots.Release(1)
 		switch {
+		case errors.Is(err, errAnnounced):
+			err = nil // another process stored the token while this one queued
 		case err != nil:
-			return done(err)
+		case cl.Lease.Running && !u.overdue(cl.Lease):
+			err = u.awaitLease(ctx, asked, woken)
 		case cl.Lease.Running || cl.Lease.Abandoned:
-			c.other = true
-			if c.current, _, err = u.look(ctx, connection, asked, due, nil); err != nil {
-				return done(err)
-			}
+			// Read again: look says what an overdue or abandoned lease means.
 		case cl.Token.Version == t.Version && cl.Token.Failure.Failures == t.Failure.Failures && cl.Token.Status == t.Status:
 			// Nothing moved, and yet no lease: a stored status this
 			// release does not refresh.
-			return done(fmt.Errorf("claim the refresh of %s at version %d: %w", connection, t.Version, domain.ErrConflict))
+			err = fmt.Errorf("claim the refresh of %s at version %d: %w", connection, t.Version, domain.ErrConflict)
 		default:
+			unwatch()
 			c.current = cl.Token // the stored token moved: look at it
+			continue
+		}
+		unwatch()
+		if err != nil {
+			return done(err)
+		}
+		c.other = true
+		if c.current, _, err = u.look(ctx, connection, asked, due, nil); err != nil {
+			return done(err)
 		}
 	}
+}
+
+// claimWithSlot takes one of this process's in-flight slots (errAnnounced
+// if woken first) and claims t with it; the slot is kept only with the
+// lease.
+func (u *RefreshTokenUseCase) claimWithSlot(ctx context.Context, t domain.Token, asked time.Time, woken <-chan struct{}) (Claim, error) {
+	if err := u.acquireSlot(ctx, woken); err != nil {
+		return Claim{}, err
+	}
+	cl, err := u.claimOnce(ctx, t, asked)
+	if cl.End == nil {
+		u.slots.Release(1)
+	}
+	return cl, err
 }
 
 // claimOnce is one TokenStore.Claim of t within the lock wait that began

@@ -18,17 +18,16 @@ import (
 
 // protocolFloor is the refresh protocol of the design with nothing else,
 // written out by hand: per process one pgx connection and, behind a
-// sync.OnceValue, three steps. (1) The claim, in one round trip: BEGIN, a
-// try of the lock, the re-read, whether another process's lease runs, the
-// lease of the due version if the lock was granted, and a durable COMMIT
-// (the lock and the connection are let go). A lock held by another: 5 ms
-// or an announcement, a read of the token and its lease, and the claim
-// again, waiting for the lock, only if no lease runs. (2) The provider
-// call, holding nothing. (3) The write: BEGIN, the lock, the
-// version-fenced UPDATE with its NOTIFY, the end of the lease and a
-// durable COMMIT, in one round trip. A process that finds another's
-// lease waits for the notification on its listener connection, then reads
-// the stored version. No pool, cache, flights, encryption, logging, lease
+// sync.OnceValue, three steps, each statement sent in its turn as
+// tokenguard sends them. (1) The claim: BEGIN, the lock with its timeout
+// (waited for), the re-read with whether another process's lease runs,
+// the lease of the due version if it is still stored and free, and a
+// durable COMMIT (the lock and the connection are let go). (2) The
+// provider call, holding nothing. (3) The write: BEGIN, the lock with its
+// timeout, the version-fenced UPDATE with its NOTIFY and the end of the
+// lease, and a durable COMMIT. A process that finds another's lease waits
+// for the notification on its listener connection, then reads the stored
+// version. No pool, cache, flights, encryption, logging, lease
 // renewal, in-flight slots or metrics.
 //
 // BenchmarkRefreshStorm runs it with the same fan-out after each storm:
@@ -174,77 +173,46 @@ func (f *protocolFloor) arm() {
 	}
 }
 
+// floorLockSQL takes the lock, its wait bounded (lock_timeout) in the same
+// statement, as tokenguard's WithAdvisoryLock does.
+const floorLockSQL = `WITH s AS MATERIALIZED (SELECT set_config('lock_timeout', '3000ms', true))
+	SELECT pg_advisory_xact_lock($1, 1) FROM s`
+
 // refresh redeems the stored refresh token if its version is still due,
-// under a lease bid for with the lock, or waits for the process that does.
+// under a lease claimed with the lock, or waits for the process that does.
 func (s *floorStack) refresh(due int64, holder int) error {
 	ctx := context.Background()
 	var (
 		rt      string
 		version int64
 		taken   bool
-		held    = true
 		leased  int
 	)
-	// claim is the lock's round trip: BEGIN, the lock (only tried, as
-	// tokenguard's first look does, unless wait), the re-read, whether
-	// another process's lease runs, the lease of version due if the lock
-	// was granted, and a durable COMMIT.
-	claim := func(wait bool) error {
-		var b pgx.Batch
-		b.Queue("BEGIN")
-		if wait {
-			b.Queue(`SELECT set_config('floor.locked', (pg_advisory_xact_lock($1, 1) IS NOT NULL)::text, true)::bool`, floorLockSpace).
-				QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
-		} else {
-			b.Queue(`SELECT set_config('floor.locked', pg_try_advisory_xact_lock($1, 1)::text, true)::bool`, floorLockSpace).
-				QueryRow(func(r pgx.Row) error { return r.Scan(&held) })
-		}
-		b.Queue(`SELECT refresh_token, version FROM floor_tokens WHERE id = 1`).QueryRow(func(r pgx.Row) error { return r.Scan(&rt, &version) })
-		b.Queue(`SELECT EXISTS (SELECT FROM floor_leases WHERE id = 1 AND version = $1 AND now() <= until)`, due).QueryRow(func(r pgx.Row) error { return r.Scan(&taken) })
-		leased = 0
-		b.Queue(`INSERT INTO floor_leases AS l SELECT 1, $1, $2, now() + interval '1 second' FROM floor_tokens t
-			WHERE t.id = 1 AND t.version = $1 AND current_setting('floor.locked', true) = 'true'
-			ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-			WHERE l.version <> EXCLUDED.version OR now() > l.until RETURNING holder`, due, holder).Query(func(rows pgx.Rows) error {
-			for rows.Next() {
-				if err := rows.Scan(&leased); err != nil {
-					return err
-				}
-			}
-			return rows.Err()
-		})
-		b.Queue("COMMIT")
-		return s.conn.SendBatch(ctx, &b).Close()
-	}
+	// The claim: BEGIN, the lock with its timeout, the re-read with
+	// whether another process's lease runs, the lease of version due if it
+	// is still stored and free, and a durable COMMIT, each statement in
+	// its turn (the lock and the connection are let go at the end).
 	t0 := time.Now()
-	if err := claim(false); err != nil {
+	err := pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, floorLockSQL, floorLockSpace); err != nil {
+			return err
+		}
+		if err := tx.QueryRow(ctx, `SELECT t.refresh_token, t.version,
+			EXISTS (SELECT FROM floor_leases l WHERE l.id = 1 AND l.version = t.version AND now() <= l.until)
+			FROM floor_tokens t WHERE t.id = 1`).Scan(&rt, &version, &taken); err != nil {
+			return err
+		}
+		if version != due || taken {
+			return nil
+		}
+		return tx.QueryRow(ctx, `INSERT INTO floor_leases AS l VALUES (1, $1, $2, now() + interval '1 second')
+			ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
+			WHERE l.version <> EXCLUDED.version RETURNING holder`, due, holder).Scan(&leased)
+	})
+	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
 	}
 	s.timed(t0)
-	if !held {
-		// Another transaction had the lock, most likely a process taking
-		// the lease: wait 5 ms or for an announcement, read the token and
-		// whether a lease runs (no lock); while it runs, wait for the
-		// write's announcement.
-		s.awaitVersionFor(due+1, 5*time.Millisecond)
-		if err := s.conn.QueryRow(ctx, `SELECT t.version, EXISTS (SELECT FROM floor_leases l WHERE l.id = 1 AND l.version = t.version AND now() <= l.until)
-			FROM floor_tokens t WHERE t.id = 1`).Scan(&version, &taken); err != nil {
-			return err
-		}
-		if version == due && taken {
-			s.awaitVersion(due + 1)
-			return s.conn.QueryRow(ctx, `SELECT version FROM floor_tokens WHERE id = 1`).Scan(&version)
-		}
-		if version != due {
-			return nil
-		}
-		// Neither: the next look waits for the lock.
-		t0 = time.Now()
-		if err := claim(true); err != nil {
-			return err
-		}
-		s.timed(t0)
-	}
 	if version != due {
 		return nil // another process has refreshed: what it stored is in hand
 	}
@@ -258,17 +226,19 @@ func (s *floorStack) refresh(due int64, holder int) error {
 	if err != nil {
 		return err
 	}
+	// The write: BEGIN, the lock with its timeout, the version-fenced
+	// UPDATE with its NOTIFY and the end of the lease, a durable COMMIT.
 	var stored int64
-	var w pgx.Batch
 	t0 = time.Now()
-	w.Queue("BEGIN")
-	w.Queue(`SELECT pg_advisory_xact_lock($1, 1)`, floorLockSpace)
-	w.Queue(`WITH u AS (UPDATE floor_tokens SET refresh_token = $1, version = version + 1 WHERE id = 1 AND version = $2 RETURNING version),
-		e AS (DELETE FROM floor_leases WHERE id = 1 AND version < (SELECT version FROM u))
-		SELECT u.version FROM u, LATERAL pg_notify($3, u.version::text)`, g.RefreshToken.Reveal(), due, floorChannel).
-		QueryRow(func(r pgx.Row) error { return r.Scan(&stored) })
-	w.Queue("COMMIT")
-	if err := s.conn.SendBatch(ctx, &w).Close(); err != nil {
+	err = pgx.BeginFunc(ctx, s.conn, func(tx pgx.Tx) error {
+		if _, err := tx.Exec(ctx, floorLockSQL, floorLockSpace); err != nil {
+			return err
+		}
+		return tx.QueryRow(ctx, `WITH u AS (UPDATE floor_tokens SET refresh_token = $1, version = version + 1 WHERE id = 1 AND version = $2 RETURNING version),
+			e AS (DELETE FROM floor_leases WHERE id = 1 AND version < (SELECT version FROM u))
+			SELECT u.version FROM u, LATERAL pg_notify($3, u.version::text)`, g.RefreshToken.Reveal(), due, floorChannel).Scan(&stored)
+	})
+	if err != nil {
 		return err
 	}
 	s.timed(t0)

@@ -60,10 +60,10 @@ const (
 	markSleep   = "handleRefresh" // the sandbox provider's latency
 	markPing    = "ResetSession"  // database/sql's liveness ping
 	markPrepare = "sendBatchExtendedWithDescription.func2"
-	markWrite   = "writeAndCommit"         // tokenguard's write and COMMIT in a lock transaction
-	markSave    = "SaveLocked"             // tokenguard's token write: lock, write and COMMIT in one batch
+	markWrite   = "TokenRepository).Fail"  // tokenguard's record of a failure, in a lock transaction
+	markSave    = "TokenRepository).Store" // tokenguard's token write: lock, write and COMMIT
 	markStore   = "tokenguard/repository." // any of tokenguard's database calls
-	markLock    = "pipelineLock"           // tokenguard's lock transaction
+	markLock    = "TokenRepository).Claim" // tokenguard's claim: lock, re-read, lease and COMMIT
 	markFloor   = "floorStack).refresh"    // the protocol floor's transaction
 	markFlight  = "flights).join.func1"    // tokenguard's flight goroutine
 )
