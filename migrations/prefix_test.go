@@ -20,6 +20,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/internal/release"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/migrations"
 )
 
@@ -287,8 +288,24 @@ func TestPreviousStatementsThroughTheViews(t *testing.T) {
 		t.Fatal(err)
 	}
 
-	// Registration and grant (repository/tokens.go of that release): the
-	// upsert's version continues above a retired one (BEFORE trigger).
+	registerAndGrantThroughTheViews(t, db)
+	// UPDATE ... FROM ... RETURNING t.* (the dead-grant write).
+	var lockKey int64
+	var status string
+	if err := db.QueryRow(`UPDATE tokens AS t SET status = 'needs_reauth', status_reason = 'invalid_grant' FROM connections c
+		WHERE c.id = t.connection_id AND c.name = 'acme' RETURNING c.id, t.status`).Scan(&lockKey, &status); err != nil || status != "needs_reauth" {
+		t.Fatalf("update through the view: %q, %v", status, err)
+	}
+	claimEventsThroughTheView(t, db)
+	editProviderThroughTheView(t, db, listener)
+	disconnectAndTheRestThroughTheViews(t, db)
+}
+
+// registerAndGrantThroughTheViews: registration and grant
+// (repository/tokens.go of that release); the upsert's version continues
+// above a retired one (BEFORE trigger).
+func registerAndGrantThroughTheViews(t *testing.T, db *sql.DB) {
+	t.Helper()
 	exec(t, db, "INSERT INTO connections (name) VALUES ('acme') ON CONFLICT (name) DO NOTHING")
 	exec(t, db, "INSERT INTO connections (name) VALUES ('acme') ON CONFLICT (name) DO NOTHING")
 	exec(t, db, "UPDATE tokenguard_connections SET retired_version = 4 WHERE name = 'acme'")
@@ -313,23 +330,19 @@ RETURNING t.version`
 	if err := db.QueryRow("SELECT refresh_token FROM tokenguard_tokens").Scan(&rt); err != nil || rt != "rt2" {
 		t.Fatalf("the table holds %q, %v", rt, err)
 	}
+}
 
-	// UPDATE ... FROM ... RETURNING t.* (the dead-grant write).
-	var lockKey int64
-	var status string
-	if err := db.QueryRow(`UPDATE tokens AS t SET status = 'needs_reauth', status_reason = 'invalid_grant' FROM connections c
-		WHERE c.id = t.connection_id AND c.name = 'acme' RETURNING c.id, t.status`).Scan(&lockKey, &status); err != nil || status != "needs_reauth" {
-		t.Fatalf("update through the view: %q, %v", status, err)
-	}
-
-	// The AFTER trigger wrote the events, the default event_id included;
-	// the worker's claim (FOR UPDATE SKIP LOCKED) and delete through the
-	// view, and an insert that names no event_id.
+// claimEventsThroughTheView: the AFTER trigger wrote the events, the
+// default event_id included; the worker's claim (FOR UPDATE SKIP LOCKED)
+// and delete through the view, and an insert that names no event_id.
+func claimEventsThroughTheView(t *testing.T, db *sql.DB) {
+	t.Helper()
 	exec(t, db, `INSERT INTO webhook_outbox (type, connection, data) VALUES ('connection.test', 'acme', '{}')`)
 	tx, err := db.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
+	defer func() { _ = tx.Rollback() }()
 	var types []string
 	var ids []int64
 	rows, err := tx.Query(`SELECT id, type, event_id FROM webhook_outbox ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
@@ -364,18 +377,22 @@ RETURNING t.version`
 	if err := tx.Commit(); err != nil {
 		t.Fatal(err)
 	}
+}
 
-	// A provider added through the view (identity, defaults) is announced
-	// by the table's trigger on the channel every release listens on; the
-	// edit's SELECT ... FOR UPDATE through the view locks the table's row.
+// editProviderThroughTheView: a provider added through the view
+// (identity, defaults) is announced by the table's trigger on the channel
+// every release listens on; the edit's SELECT ... FOR UPDATE through the
+// view locks the table's row.
+func editProviderThroughTheView(t *testing.T, db *sql.DB, listener *pgx.Conn) {
+	t.Helper()
 	exec(t, db, "INSERT INTO providers (name, token_url, client_id) VALUES ('crm', 'https://crm.example/token', 'cid') ON CONFLICT (name) DO NOTHING")
-	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	wctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	n, err := listener.WaitForNotification(wctx)
 	if err != nil || n.Channel != "tokenguard_provider_changed" || n.Payload != "crm" {
 		t.Fatalf("notification %+v, %v", n, err)
 	}
-	tx, err = db.Begin()
+	tx, err := db.Begin()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -388,10 +405,13 @@ RETURNING t.version`
 	if err == nil || !strings.Contains(err.Error(), "55P03") {
 		t.Fatalf("the table's row not locked by FOR UPDATE through the view: %v", err)
 	}
-	_ = tx.Rollback()
+}
 
-	// DELETE ... USING ... RETURNING (tokenctl disconnect), then the lease
-	// insert and the connect session's identity through their views.
+// disconnectAndTheRestThroughTheViews: DELETE ... USING ... RETURNING
+// (tokenctl disconnect), then the lease insert and the connect session's
+// identity through their views, an API key and a learned auth style.
+func disconnectAndTheRestThroughTheViews(t *testing.T, db *sql.DB) {
+	t.Helper()
 	var deleted int64
 	if err := db.QueryRow(`DELETE FROM tokens AS t USING connections c WHERE c.id = t.connection_id AND c.name = 'acme'
 		RETURNING t.version`).Scan(&deleted); err != nil || deleted != 6 {
@@ -577,18 +597,19 @@ func TestRenamingWaitsForRunningTransactionsWithoutDeadlock(t *testing.T) {
 	go func() { up <- migrations.Up(dbURL) }()
 	// Until the migration waits for refresh_leases (it then queues for
 	// ACCESS EXCLUSIVE on it).
-	for waiting := false; !waiting; {
-		if err := db.QueryRow(`SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'
-			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting); err != nil {
-			t.Fatal(err)
-		}
-		time.Sleep(10 * time.Millisecond)
+	waitfor.Until(t, 30*time.Second, "the migration never queued for ACCESS EXCLUSIVE", func() bool {
 		select {
 		case err := <-up:
 			t.Fatalf("the migration did not wait for the transaction: %v", err)
 		default:
 		}
-	}
+		var waiting bool
+		if err := db.QueryRow(`SELECT EXISTS (SELECT FROM pg_locks WHERE NOT granted AND mode = 'AccessExclusiveLock'
+			AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))`).Scan(&waiting); err != nil {
+			t.Fatal(err)
+		}
+		return waiting
+	})
 	var n int
 	if err := tx.QueryRow("SELECT count(*) FROM connections").Scan(&n); err != nil {
 		t.Fatalf("the running transaction, reading connections while the migration waits: %v", err)

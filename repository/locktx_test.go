@@ -3,6 +3,7 @@ package repository_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -47,16 +49,13 @@ const (
 // waitForLockWaiters waits until n transactions wait for an advisory lock.
 func waitForLockWaiters(t *testing.T, db *gorm.DB, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	waitfor.Until(t, 5*time.Second, fmt.Sprintf("never saw %d lock waiters", n), func() bool {
 		var waiting int
 		if err := db.Raw(advisoryLocks + " AND NOT granted").Scan(&waiting).Error; err != nil {
 			t.Fatal(err)
 		}
-		if waiting == n {
-			return
-		}
-	}
-	t.Fatalf("never saw %d lock waiters", n)
+		return waiting == n
+	})
 }
 
 // regrant stores a new grant for name under the held lock (Put: the one
@@ -130,18 +129,13 @@ func TestInLockPanicClosesTheConnection(t *testing.T) {
 		})
 	}()
 	// The server rolled the transaction back when its connection closed.
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	waitfor.Until(t, 5*time.Second, "the panicking transaction still holds the lock", func() bool {
 		var n int
 		if err := db.Raw(advisoryLocks).Scan(&n).Error; err != nil {
 			t.Fatal(err)
 		}
-		if n == 0 {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatal("the panicking transaction still holds the lock")
-		}
-	}
+		return n == 0
+	})
 	if err := r.InLock(context.Background(), "acme", time.Second, time.Second, func(context.Context, usecase.LockedStore) error { return nil }); err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +164,16 @@ func TestInLockRefusesARepositoryBoundToATransaction(t *testing.T) {
 func assertNoLocksLeft(t *testing.T, dbs ...*gorm.DB) {
 	t.Helper()
 	var locks, inUse int
-	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+	// What was left at the last look, when the wait fails.
+	defer func() {
+		if locks != 0 {
+			t.Errorf("%d advisory locks left", locks)
+		}
+		if inUse != 0 {
+			t.Errorf("%d pool connections still checked out", inUse)
+		}
+	}()
+	waitfor.Until(t, 5*time.Second, "advisory locks or pool connections not given back", func() bool {
 		if err := dbs[0].Raw(advisoryLocks).Scan(&locks).Error; err != nil {
 			t.Fatal(err)
 		}
@@ -182,16 +185,8 @@ func assertNoLocksLeft(t *testing.T, dbs ...*gorm.DB) {
 			}
 			inUse += sqlDB.Stats().InUse
 		}
-		if locks == 0 && inUse == 0 || time.Now().After(deadline) {
-			break
-		}
-	}
-	if locks != 0 {
-		t.Errorf("%d advisory locks left", locks)
-	}
-	if inUse != 0 {
-		t.Errorf("%d pool connections still checked out", inUse)
-	}
+		return locks == 0 && inUse == 0
+	})
 }
 
 // docs/operations.md tells PgBouncer users without prepared-statement

@@ -12,6 +12,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -90,15 +91,11 @@ func listen(t *testing.T, url string) *changes {
 // waitHeard waits until the listener heard name at version.
 func (c *changes) waitHeard(t *testing.T, name string, version int64) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+	waitfor.Until(t, 5*time.Second, fmt.Sprintf("the other process never heard %s at version %d", name, version), func() bool {
 		c.mu.Lock()
-		v := c.heard[name]
-		c.mu.Unlock()
-		if v >= version {
-			return
-		}
-	}
-	t.Errorf("the other process never heard %s at version %d", name, version)
+		defer c.mu.Unlock()
+		return c.heard[name] >= version
+	})
 }
 
 func TestReactivate(t *testing.T) {

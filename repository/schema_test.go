@@ -10,6 +10,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -109,10 +110,7 @@ func TestDeploymentsInTwoSchemasNeverMeet(t *testing.T) {
 	if err := release(); err != nil {
 		t.Fatal(err)
 	}
-	deadline := time.Now().Add(5 * time.Second)
-	for h.count() < 1 && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitfor.Until(t, 5*time.Second, "tenant_b's listener heard no change", func() bool { return h.count() >= 1 })
 	time.Sleep(300 * time.Millisecond) // room for a stray announcement from tenant_a
 	if n := h.count(); n != 1 {
 		t.Errorf("tenant_b's listener heard %d changes, want 1 (its own)", n)

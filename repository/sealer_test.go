@@ -12,6 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/waitfor"
@@ -127,22 +129,8 @@ func TestSealedColumnsHoldEnvelopes(t *testing.T) {
 func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	plainRepo, db, url := newRepo(t)
 	ctx := context.Background()
-	k1 := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1))
 	const n = 30
-	names := make([]string, n)
-	for i := range n {
-		names[i] = fmt.Sprintf("c%02d", i)
-		r := k1
-		if i%5 == 0 {
-			r = plainRepo // written before encryption was turned on
-		}
-		put(t, r, grantToken(names[i], "at-"+names[i], "rt-"+names[i]))
-	}
-	var plainBefore int64
-	db.Raw(`SELECT count(*) FROM tokenguard_tokens WHERE refresh_token NOT LIKE 'tg1:%'`).Scan(&plainBefore)
-	if plainBefore != n/5 {
-		t.Fatalf("%d plaintext rows, want %d", plainBefore, n/5)
-	}
+	names := putMixedSealing(t, db, plainRepo, n)
 
 	// The reseal runs with k2 current and k1 still known. Another process,
 	// still configured with k1 current, refreshes a few connections over
@@ -152,57 +140,8 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	r := repository.NewTokenRepository(db, ring)
 	refresher := repository.NewTokenRepository(open(t, url), keyring(t, "k1="+testKey1+"*,k2="+testKey2))
 	hot := []string{"c00", "c01", "c07", "c12", "c13", "c20", "c26", "c29"}
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	last := make([]string, len(hot))
-	saves := make([]atomic.Int64, len(hot))
-	refreshedAgain := func(min int64) func() bool {
-		return func() bool {
-			for i := range saves {
-				if saves[i].Load() < min {
-					return false
-				}
-			}
-			return true
-		}
-	}
-	for i, name := range hot {
-		wg.Go(func() {
-			for j := 0; ; j++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				rt := fmt.Sprintf("rt-%s-%d", name, j)
-				prev := "rt-" + name
-				if j > 0 {
-					prev = fmt.Sprintf("rt-%s-%d", name, j-1)
-				}
-				err := func() error {
-					cur, err := refresher.Get(ctx, name)
-					if err != nil {
-						return err
-					}
-					// Each refresh must find what the previous one stored:
-					// a reseal that wrote back an older read would show here.
-					if got := cur.RefreshToken.Reveal(); got != prev {
-						return fmt.Errorf("lost update: found %q, want %q", got, prev)
-					}
-					// Version-fenced: a reseal keeps the version.
-					_, err = refresher.Store(ctx, cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-" + rt), RefreshToken: domain.NewSecret(rt)}, time.Now()))
-					return err
-				}()
-				if err != nil {
-					t.Errorf("refresh %s: %v", name, err)
-					return
-				}
-				last[i] = rt
-				saves[i].Add(1)
-			}
-		})
-	}
-	waitfor.Until(t, 5*time.Second, "refreshers did not start", refreshedAgain(3))
+	h := startHotRefreshers(t, refresher, hot)
+	waitfor.Until(t, 5*time.Second, "refreshers did not start", h.savedAtLeast(3))
 	versions := map[string]int64{}
 	for _, name := range names {
 		tok, err := r.Get(ctx, name)
@@ -212,10 +151,9 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 		versions[name] = tok.Version
 	}
 	res, err := r.Reseal(ctx, 7, 5*time.Second) // several batches
-	after := saves[0].Load()
-	waitfor.Until(t, 5*time.Second, "refreshers stalled", refreshedAgain(after+3))
-	close(stop)
-	wg.Wait()
+	after := h.saves[0].Load()
+	waitfor.Until(t, 5*time.Second, "refreshers stalled", h.savedAtLeast(after+3))
+	h.halt()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -228,37 +166,9 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 		t.Errorf("second Reseal = %+v, %v", res, err)
 	}
 
-	var rows []rawRow
-	db.Raw(`SELECT c.name, t.access_token, t.refresh_token, t.version FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id ORDER BY c.name`).Scan(&rows)
-	for _, row := range rows {
-		if !strings.HasPrefix(row.AccessToken, "tg1:k2:") || !strings.HasPrefix(row.RefreshToken, "tg1:k2:") {
-			t.Errorf("%s not resealed with k2: %.10s… %.10s…", row.Name, row.AccessToken, row.RefreshToken)
-		}
-	}
-	// No lost update: every hot connection holds the last token its
-	// refresher saved, at one version per save.
-	for i, name := range hot {
-		tok, err := r.Get(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if n := saves[i].Load(); tok.RefreshToken.Reveal() != last[i] || tok.Version != 1+n {
-			t.Errorf("%s: rt %q version %d, want %q version %d", name, tok.RefreshToken.Reveal(), tok.Version, last[i], 1+n)
-		}
-	}
-	// The reseal itself changed no token and bumped no version.
-	for _, name := range names {
-		if isHot(name, hot) {
-			continue
-		}
-		tok, err := r.Get(ctx, name)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if tok.Version != versions[name] || tok.RefreshToken.Reveal() != "rt-"+name || tok.AccessToken.Reveal() != "at-"+name {
-			t.Errorf("%s changed by reseal: version %d (was %d)", name, tok.Version, versions[name])
-		}
-	}
+	checkAllSealedWithK2(t, db)
+	h.checkNoLostUpdate(t, r)
+	checkResealChangedNoToken(t, r, names, hot, versions)
 	// k1 can go now.
 	onlyK2 := repository.NewTokenRepository(db, keyring(t, "k2="+testKey2))
 	if kc, err := onlyK2.CheckKeys(ctx); err != nil || kc.Stale != 0 {
@@ -267,6 +177,144 @@ func TestResealRotatesKeysWhileRefreshing(t *testing.T) {
 	// A third run finds nothing to do.
 	if res, err := r.Reseal(ctx, 0, time.Second); err != nil || res.Resealed != 0 || res.Current != n {
 		t.Errorf("second Reseal = %+v, %v", res, err)
+	}
+}
+
+// putMixedSealing stores n connections c00, c01, ..., sealed with k1 but
+// for every fifth, written before encryption was turned on, and returns
+// their names.
+func putMixedSealing(t *testing.T, db *gorm.DB, plainRepo *repository.TokenRepository, n int) []string {
+	t.Helper()
+	k1 := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1))
+	names := make([]string, n)
+	for i := range n {
+		names[i] = fmt.Sprintf("c%02d", i)
+		r := k1
+		if i%5 == 0 {
+			r = plainRepo // written before encryption was turned on
+		}
+		put(t, r, grantToken(names[i], "at-"+names[i], "rt-"+names[i]))
+	}
+	var plainBefore int64
+	db.Raw(`SELECT count(*) FROM tokenguard_tokens WHERE refresh_token NOT LIKE 'tg1:%'`).Scan(&plainBefore)
+	if plainBefore != int64(n/5) {
+		t.Fatalf("%d plaintext rows, want %d", plainBefore, n/5)
+	}
+	return names
+}
+
+// hotRefreshers refresh each of names over and over through one
+// repository until halted, each refresh checking that it found what the
+// previous one stored.
+type hotRefreshers struct {
+	names []string
+	stop  chan struct{}
+	wg    sync.WaitGroup
+	last  []string       // the refresh token each one saved last
+	saves []atomic.Int64 // the refreshes each one saved
+}
+
+func startHotRefreshers(t *testing.T, refresher *repository.TokenRepository, names []string) *hotRefreshers {
+	h := &hotRefreshers{names: names, stop: make(chan struct{}), last: make([]string, len(names)), saves: make([]atomic.Int64, len(names))}
+	for i, name := range names {
+		h.wg.Go(func() {
+			for j := 0; ; j++ {
+				select {
+				case <-h.stop:
+					return
+				default:
+				}
+				rt := fmt.Sprintf("rt-%s-%d", name, j)
+				if err := refreshOnce(refresher, name, j, rt); err != nil {
+					t.Errorf("refresh %s: %v", name, err)
+					return
+				}
+				h.last[i] = rt
+				h.saves[i].Add(1)
+			}
+		})
+	}
+	return h
+}
+
+// refreshOnce is the j-th refresh of name: it must find the refresh
+// token of the (j-1)-th, and stores rt.
+func refreshOnce(refresher *repository.TokenRepository, name string, j int, rt string) error {
+	ctx := context.Background()
+	prev := "rt-" + name
+	if j > 0 {
+		prev = fmt.Sprintf("rt-%s-%d", name, j-1)
+	}
+	cur, err := refresher.Get(ctx, name)
+	if err != nil {
+		return err
+	}
+	// Each refresh must find what the previous one stored:
+	// a reseal that wrote back an older read would show here.
+	if got := cur.RefreshToken.Reveal(); got != prev {
+		return fmt.Errorf("lost update: found %q, want %q", got, prev)
+	}
+	// Version-fenced: a reseal keeps the version.
+	_, err = refresher.Store(ctx, cur.Rotated(domain.Grant{AccessToken: domain.NewSecret("at-" + rt), RefreshToken: domain.NewSecret(rt)}, time.Now()))
+	return err
+}
+
+// savedAtLeast holds once every refresher saved min refreshes.
+func (h *hotRefreshers) savedAtLeast(min int64) func() bool {
+	return func() bool {
+		for i := range h.saves {
+			if h.saves[i].Load() < min {
+				return false
+			}
+		}
+		return true
+	}
+}
+
+func (h *hotRefreshers) halt() { close(h.stop); h.wg.Wait() }
+
+// checkNoLostUpdate: every hot connection holds the last token its
+// refresher saved, at one version per save.
+func (h *hotRefreshers) checkNoLostUpdate(t *testing.T, r *repository.TokenRepository) {
+	t.Helper()
+	for i, name := range h.names {
+		tok, err := r.Get(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if n := h.saves[i].Load(); tok.RefreshToken.Reveal() != h.last[i] || tok.Version != 1+n {
+			t.Errorf("%s: rt %q version %d, want %q version %d", name, tok.RefreshToken.Reveal(), tok.Version, h.last[i], 1+n)
+		}
+	}
+}
+
+// checkAllSealedWithK2: every stored token is sealed with k2.
+func checkAllSealedWithK2(t *testing.T, db *gorm.DB) {
+	t.Helper()
+	var rows []rawRow
+	db.Raw(`SELECT c.name, t.access_token, t.refresh_token, t.version FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id ORDER BY c.name`).Scan(&rows)
+	for _, row := range rows {
+		if !strings.HasPrefix(row.AccessToken, "tg1:k2:") || !strings.HasPrefix(row.RefreshToken, "tg1:k2:") {
+			t.Errorf("%s not resealed with k2: %.10s… %.10s…", row.Name, row.AccessToken, row.RefreshToken)
+		}
+	}
+}
+
+// checkResealChangedNoToken: the reseal itself changed no token and
+// bumped no version of the connections nobody refreshed.
+func checkResealChangedNoToken(t *testing.T, r *repository.TokenRepository, names, hot []string, versions map[string]int64) {
+	t.Helper()
+	for _, name := range names {
+		if isHot(name, hot) {
+			continue
+		}
+		tok, err := r.Get(context.Background(), name)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if tok.Version != versions[name] || tok.RefreshToken.Reveal() != "rt-"+name || tok.AccessToken.Reveal() != "at-"+name {
+			t.Errorf("%s changed by reseal: version %d (was %d)", name, tok.Version, versions[name])
+		}
 	}
 }
 

@@ -270,14 +270,11 @@ func TestCancelWhileWaitingReturnsPromptlyAndLeaksNothing(t *testing.T) {
 	// advisory lock survives on the server.
 	sqlDB, _ := db2.DB()
 	waitfor.Until(t, 5*time.Second, "pool connections still in use", func() bool { return sqlDB.Stats().InUse == 0 })
-	waitfor.Until(t, 5*time.Second,
-
-		"advisory locks left on the server", func() bool {
-			var n int64
-			db1.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&n)
-			return n == 0
-		})
-
+	waitfor.Until(t, 5*time.Second, "advisory locks left on the server", func() bool {
+		var n int64
+		db1.Raw("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = (SELECT oid FROM pg_database WHERE datname = current_database())").Scan(&n)
+		return n == 0
+	})
 }
 
 func TestMultiLockTakesSortedOrderWithoutDeadlock(t *testing.T) {

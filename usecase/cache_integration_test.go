@@ -54,8 +54,7 @@ func (w *world) listeningStack(t testing.TB, opts usecase.Options) (*stack, *ato
 // waitCached polls until Token is served without a query.
 func waitCached(t testing.TB, s *stack, queries *atomic.Int64) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for time.Now().Before(deadline) {
+	waitfor.Until(t, 5*time.Second, "the cache never served a token (listener not up?)", func() bool {
 		if _, err := s.uc.Token(context.Background(), conn); err != nil {
 			t.Fatal(err)
 		}
@@ -63,12 +62,8 @@ func waitCached(t testing.TB, s *stack, queries *atomic.Int64) {
 		if _, err := s.uc.Token(context.Background(), conn); err != nil {
 			t.Fatal(err)
 		}
-		if queries.Load() == before {
-			return
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal("the cache never served a token (listener not up?)")
+		return queries.Load() == before
+	})
 }
 
 func TestHotPathMakesNoQuery(t *testing.T) {
@@ -110,20 +105,14 @@ func TestOtherProcessRefreshInvalidatesCache(t *testing.T) {
 	// The old access token is revoked now; a must switch promptly and
 	// never present it again.
 	var switched time.Duration
-	for {
+	waitfor.Until(t, 2*time.Second-time.Since(committed), "a kept serving the superseded token", func() bool {
 		tok, err := a.uc.Token(context.Background(), conn)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if tok.Version >= fresh.Version {
-			switched = time.Since(committed)
-			break
-		}
-		if time.Since(committed) > 2*time.Second {
-			t.Fatal("a kept serving the superseded token")
-		}
-		time.Sleep(time.Millisecond)
-	}
+		switched = time.Since(committed)
+		return tok.Version >= fresh.Version
+	})
 	t.Logf("a switched to version %d %v after b committed", fresh.Version, switched)
 	for range 200 {
 		tok, _ := a.uc.Token(context.Background(), conn)
@@ -155,13 +144,11 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 	}
 	// While it is gone, a change by another process must be seen at once:
 	// the cache reads through. Store a new grant from b right away.
-	waitfor.Until(t, 5*time.Second,
-
-		"the cache kept serving without a listener", func() bool {
-			before := aq.Load()
-			_, _ = a.uc.Token(context.Background(), conn)
-			return aq.Load() > before
-		})
+	waitfor.Until(t, 5*time.Second, "the cache kept serving without a listener", func() bool {
+		before := aq.Load()
+		_, _ = a.uc.Token(context.Background(), conn)
+		return aq.Load() > before
+	})
 
 	w.connect(t, b)
 	tok, err := a.uc.Token(context.Background(), conn)
@@ -172,13 +159,11 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 		t.Errorf("served version %d after version %d was stored", tok.Version, v1.Version+1)
 	}
 	// The listener comes back and the cache serves again.
-	waitfor.Until(t, 5*time.Second,
-
-		"listener did not reconnect", func() bool {
-			var n int64
-			b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
-			return n == 1
-		})
+	waitfor.Until(t, 5*time.Second, "listener did not reconnect", func() bool {
+		var n int64
+		b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
+		return n == 1
+	})
 
 	waitCached(t, a, aq)
 }
@@ -230,15 +215,12 @@ func TestDIWiresTheListener(t *testing.T) {
 	if hits() != 0 {
 		t.Fatal("cache hits before any Token call")
 	}
-	waitfor.Until(t, 5*time.Second,
-
-		"the cache never served a token (listener not up?)", func() bool {
-			for range 2 {
-				if _, err := tokens.Guard.Token(context.Background(), conn); err != nil {
-					t.Fatal(err)
-				}
+	waitfor.Until(t, 5*time.Second, "the cache never served a token (listener not up?)", func() bool {
+		for range 2 {
+			if _, err := tokens.Guard.Token(context.Background(), conn); err != nil {
+				t.Fatal(err)
 			}
-			return hits() > 0
-		})
-
+		}
+		return hits() > 0
+	})
 }

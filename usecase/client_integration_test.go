@@ -144,94 +144,33 @@ func TestInvalidClientWindowLeavesConnectionsActive(t *testing.T) {
 	c := startCallers(t, w, stacks, names)
 	time.Sleep(lifespan) // a refresh cycle before the window
 
-	win.open.Store(true)
-	opened := time.Now()
-	time.Sleep(100 * time.Millisecond) // refreshes already past the check finish
-	before := rows(t, stacks[0])
-	expiry := map[string]time.Time{}
-	for _, n := range names {
-		tok, err := stacks[0].repo.Get(context.Background(), n)
-		if err != nil {
-			t.Fatal(err)
-		}
-		expiry[n] = tok.Expiry
-	}
-	time.Sleep(window - 100*time.Millisecond)
-	after := rows(t, stacks[0])
-	win.open.Store(false)
-	closed := time.Now()
-	inWindow := win.rejected.Load()
-
-	// Recovery: every caller's first successful call after the window.
-	recovered := map[string]time.Duration{}
-	deadline := closed.Add(20 * time.Second)
-	for len(recovered) < len(stacks)*conns && time.Now().Before(deadline) {
-		time.Sleep(20 * time.Millisecond)
-		c.mu.Lock()
-		for _, r := range c.got {
-			key := fmt.Sprint(r.stack, r.name)
-			if _, ok := recovered[key]; !ok && r.at.After(closed) && r.err == nil && r.status == http.StatusOK {
-				recovered[key] = r.at.Sub(closed)
-			}
-		}
-		c.mu.Unlock()
-	}
-	results := c.finish()
-	var took []time.Duration
-	for _, d := range recovered {
-		took = append(took, d)
-	}
-	slices.Sort(took)
-
-	// During the window.
-	var served, failed, early, lastMoment int
-	var wrong []string
-	for _, r := range results {
-		if r.at.Before(opened.Add(100*time.Millisecond)) || r.at.After(closed) {
-			continue
-		}
-		switch {
-		case r.err == nil && r.status == http.StatusOK:
-			served++
-		case r.err == nil && r.status == http.StatusUnauthorized && r.at.After(r.expiry.Add(-250*time.Millisecond)):
-			// Served in its last moment: the provider's clock had
-			// expired it (expires_in is rounded to seconds).
-			lastMoment++
-		case r.err == nil:
-			wrong = append(wrong, fmt.Sprintf("%s: API answered %d", r.name, r.status))
-		case !errors.Is(r.err, domain.ErrClientRejected) || errors.Is(r.err, domain.ErrNeedsReauth):
-			wrong = append(wrong, r.err.Error())
-		default:
-			failed++
-			if r.at.Before(expiry[r.name].Add(-50 * time.Millisecond)) {
-				early++ // failed although the stored token was still valid
-			}
-		}
-	}
+	o := openClientWindow(t, &win, stacks[0], names, window)
+	took := awaitRecovery(c, o.closed, len(stacks)*conns)
+	in := tallyWindow(c.finish(), o)
 	errorLines := 0
 	for _, l := range logs {
 		errorLines += strings.Count(l.String(), "level=ERROR")
 	}
 	st := w.provider.Stats()
 	t.Logf("window %v: %d calls served (%d more answered 401 in the token's last 250 ms), %d failed with ErrClientRejected (%d while the token was valid); provider answered invalid_client %d times; %d ERROR lines",
-		window, served, lastMoment, failed, early, inWindow, errorLines)
+		window, in.served, in.lastMoment, in.failed, in.early, o.rejected, errorLines)
 	t.Logf("recovery after the window, per process and connection: min %v, median %v, max %v (%d of %d)",
 		took[0].Round(time.Millisecond), took[len(took)/2].Round(time.Millisecond), took[len(took)-1].Round(time.Millisecond), len(took), len(stacks)*conns)
 
-	if !slices.Equal(before, after) {
-		t.Errorf("stored tokens changed during the window:\nbefore %q\nafter  %q", before, after)
+	if !slices.Equal(o.before, o.after) {
+		t.Errorf("stored tokens changed during the window:\nbefore %q\nafter  %q", o.before, o.after)
 	}
-	if len(wrong) > 0 {
-		t.Errorf("%d unexpected results, e.g. %q", len(wrong), wrong[0])
+	if len(in.wrong) > 0 {
+		t.Errorf("%d unexpected results, e.g. %q", len(in.wrong), in.wrong[0])
 	}
-	if served == 0 || failed == 0 || early > 0 {
-		t.Errorf("served %d, failed %d (%d early): want valid tokens served and expired ones refused", served, failed, early)
+	if in.served == 0 || in.failed == 0 || in.early > 0 {
+		t.Errorf("served %d, failed %d (%d early): want valid tokens served and expired ones refused", in.served, in.failed, in.early)
 	}
 	// Without the pause every caller would reach the provider every 20 ms
 	// (about 2500 calls in the window); with it each process calls a few
 	// times, once per connection at most each time the pause ends.
-	if limit := int64(len(stacks) * conns * 8); inWindow > limit || inWindow == 0 {
-		t.Errorf("provider answered invalid_client %d times in the window, want 1..%d", inWindow, limit)
+	if limit := int64(len(stacks) * conns * 8); o.rejected > limit || o.rejected == 0 {
+		t.Errorf("provider answered invalid_client %d times in the window, want 1..%d", o.rejected, limit)
 	}
 	if errorLines == 0 || errorLines > len(stacks)*conns {
 		t.Errorf("%d ERROR lines, want at most one per connection and process", errorLines)
@@ -247,6 +186,100 @@ func TestInvalidClientWindowLeavesConnectionsActive(t *testing.T) {
 	if st.RefreshReuse != 0 {
 		t.Errorf("refresh-token reuse = %d", st.RefreshReuse)
 	}
+}
+
+// openedWindow is what the invalid_client window left: when it was open,
+// the stored rows at its start and end, each connection's stored expiry
+// as it began, and the provider's invalid_client answers meanwhile.
+type openedWindow struct {
+	opened, closed time.Time
+	before, after  []string
+	expiry         map[string]time.Time
+	rejected       int64
+}
+
+// openClientWindow opens win for window, reading s's stored tokens just
+// after it opened and just before it closes.
+func openClientWindow(t *testing.T, win *clientWindow, s *stack, names []string, window time.Duration) openedWindow {
+	t.Helper()
+	win.open.Store(true)
+	o := openedWindow{opened: time.Now(), expiry: map[string]time.Time{}}
+	time.Sleep(100 * time.Millisecond) // refreshes already past the check finish
+	o.before = rows(t, s)
+	for _, n := range names {
+		tok, err := s.repo.Get(context.Background(), n)
+		if err != nil {
+			t.Fatal(err)
+		}
+		o.expiry[n] = tok.Expiry
+	}
+	time.Sleep(window - 100*time.Millisecond)
+	o.after = rows(t, s)
+	win.open.Store(false)
+	o.closed = time.Now()
+	o.rejected = win.rejected.Load()
+	return o
+}
+
+// awaitRecovery waits, up to 20 s after closed, for every one of the
+// callers (per process and connection) to make a successful call after
+// closed, and returns how long after closed each one first did, sorted.
+func awaitRecovery(c *caller, closed time.Time, callers int) []time.Duration {
+	recovered := map[string]time.Duration{}
+	deadline := closed.Add(20 * time.Second)
+	for len(recovered) < callers && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond)
+		c.mu.Lock()
+		for _, r := range c.got {
+			key := fmt.Sprint(r.stack, r.name)
+			if _, ok := recovered[key]; !ok && r.at.After(closed) && r.err == nil && r.status == http.StatusOK {
+				recovered[key] = r.at.Sub(closed)
+			}
+		}
+		c.mu.Unlock()
+	}
+	var took []time.Duration
+	for _, d := range recovered {
+		took = append(took, d)
+	}
+	slices.Sort(took)
+	return took
+}
+
+// windowTally sorts the calls made during the window.
+type windowTally struct {
+	served     int      // answered 200
+	lastMoment int      // served, then answered 401 in the token's last moment
+	failed     int      // ErrClientRejected
+	early      int      // of those, while the stored token was still valid
+	wrong      []string // anything else
+}
+
+func tallyWindow(results []callResult, o openedWindow) windowTally {
+	var in windowTally
+	for _, r := range results {
+		if r.at.Before(o.opened.Add(100*time.Millisecond)) || r.at.After(o.closed) {
+			continue
+		}
+		switch {
+		case r.err == nil && r.status == http.StatusOK:
+			in.served++
+		case r.err == nil && r.status == http.StatusUnauthorized && r.at.After(r.expiry.Add(-250*time.Millisecond)):
+			// Served in its last moment: the provider's clock had
+			// expired it (expires_in is rounded to seconds).
+			in.lastMoment++
+		case r.err == nil:
+			in.wrong = append(in.wrong, fmt.Sprintf("%s: API answered %d", r.name, r.status))
+		case !errors.Is(r.err, domain.ErrClientRejected) || errors.Is(r.err, domain.ErrNeedsReauth):
+			in.wrong = append(in.wrong, r.err.Error())
+		default:
+			in.failed++
+			if r.at.Before(o.expiry[r.name].Add(-50 * time.Millisecond)) {
+				in.early++ // failed although the stored token was still valid
+			}
+		}
+	}
+	return in
 }
 
 // grantDeadOnClientRejection is the broken strategy: it takes the

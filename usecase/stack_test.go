@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 // At an expiry, hundreds of goroutines arrive at once, many of them new
@@ -78,9 +79,7 @@ func TestWaitersFitTheirFirstStack(t *testing.T) {
 			}
 		})
 	}
-	for waiting() < n {
-		time.Sleep(time.Millisecond)
-	}
+	waitfor.Until(t, 10*time.Second, "the callers never all waited in Token", func() bool { return waiting() >= n })
 	after := inUse()
 	close(block)
 	close(all)

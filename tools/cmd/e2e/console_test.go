@@ -61,7 +61,31 @@ func TestConsoleInBrowser(t *testing.T) {
 	bin := buildApps(t)
 	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: 30 * time.Second})
 	s.migrate()
+	crmSecret, server := seedConsoleConnections(t, bin, s)
 
+	c := openConsole(t, chrome, s)
+	c.login()
+	c.filters()
+	c.globexPage()
+	c.reconnect()
+	c.disconnect()
+	c.providers(crmSecret)
+	c.sessionRules()
+	// The browser goes first: a connection it opened ahead of a request
+	// would hold the server's shutdown for 5 s.
+	c.cancelBrowser()
+	s.stop(server)
+	if st := s.sb.Stats(); st.RefreshReuse != 0 {
+		t.Errorf("refresh-token reuse at the sandbox: %d", st.RefreshReuse)
+	}
+}
+
+// seedConsoleConnections adds the crm provider, starts the server, and
+// stores the connections the console test looks at: globex (needs_reauth),
+// acme and initech (healthy, each refreshed once), umbrella-01..04. It
+// returns crm's client secret, which no page may show, and the server.
+func seedConsoleConnections(t *testing.T, bin string, s *stack) (string, *app) {
+	t.Helper()
 	// A second provider, stored, that takes the client only in the form
 	// body: auto learns it at the first refresh.
 	// Its refresh tokens live 5 days: "expiring soon".
@@ -102,114 +126,150 @@ func TestConsoleInBrowser(t *testing.T) {
 	for i := 1; i <= 4; i++ {
 		s.importGrant(fmt.Sprintf("umbrella-%02d", i))
 	}
+	return crmCfg.ClientSecret, server
+}
 
-	shots := os.Getenv("CONSOLE_SCREENSHOTS")
-	base := "http://" + s.addr
+// console is the headless browser of TestConsoleInBrowser, on the
+// stack's console; each step fails the test saying what it was doing.
+type console struct {
+	t             *testing.T
+	s             *stack
+	base          string
+	bctx          context.Context
+	cancelBrowser context.CancelFunc
+	shots         string // CONSOLE_SCREENSHOTS
+}
+
+func openConsole(t *testing.T, chrome string, s *stack) *console {
+	t.Helper()
 	alloc, cancelAlloc := chromedp.NewExecAllocator(context.Background(), append(chromedp.DefaultExecAllocatorOptions[:],
 		chromedp.ExecPath(chrome), chromedp.NoSandbox, chromedp.DisableGPU, chromedp.WindowSize(1360, 900),
 		chromedp.Flag("disable-background-networking", true), chromedp.Flag("disable-component-update", true),
 		chromedp.Flag("disable-sync", true), chromedp.Flag("disable-quic", true), chromedp.Flag("hide-scrollbars", true))...)
-	defer cancelAlloc()
+	t.Cleanup(cancelAlloc)
 	bctx, cancelBrowser := chromedp.NewContext(alloc)
-	defer cancelBrowser()
+	t.Cleanup(cancelBrowser)
 	bctx, cancelTimeout := context.WithTimeout(bctx, 2*time.Minute)
-	defer cancelTimeout()
-	browse := func(what string, steps ...chromedp.Action[chromedp.Void]) {
-		t.Helper()
-		if err := chromedp.Do(bctx, steps...); err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-	}
-	read := func(what string, a chromedp.Action[string]) string {
-		t.Helper()
-		out, err := chromedp.Run(bctx, a)
-		if err != nil {
-			t.Fatalf("%s: %v", what, err)
-		}
-		return out
-	}
-	shot := func(name string) {
-		t.Helper()
-		if shots == "" {
-			return
-		}
-		png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-		if err != nil {
-			t.Fatalf("screenshot %s: %v", name, err)
-		}
-		if err := os.WriteFile(filepath.Join(shots, name), png, 0o644); err != nil {
-			t.Fatal(err)
-		}
-		t.Logf("wrote %s", filepath.Join(shots, name))
-	}
-	text := func(sel string) string { t.Helper(); return read("read "+sel, chromedp.Text(chromedp.CSS(sel))) }
-	location := func() string { t.Helper(); return read("location", chromedp.Location()) }
-	css := func(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+	t.Cleanup(cancelTimeout)
+	return &console{t: t, s: s, base: "http://" + s.addr, bctx: bctx, cancelBrowser: cancelBrowser, shots: os.Getenv("CONSOLE_SCREENSHOTS")}
+}
 
-	// 1. Login: the console sends a browser without a session to the form.
-	browse("open the console", chromedp.Navigate(base+"/console"), chromedp.WaitVisible(css(`#key`)))
-	if loc := location(); !strings.HasPrefix(loc, base+"/console/login") {
+func (c *console) browse(what string, steps ...chromedp.Action[chromedp.Void]) {
+	c.t.Helper()
+	if err := chromedp.Do(c.bctx, steps...); err != nil {
+		c.t.Fatalf("%s: %v", what, err)
+	}
+}
+
+func (c *console) read(what string, a chromedp.Action[string]) string {
+	c.t.Helper()
+	out, err := chromedp.Run(c.bctx, a)
+	if err != nil {
+		c.t.Fatalf("%s: %v", what, err)
+	}
+	return out
+}
+
+func (c *console) shot(name string) {
+	c.t.Helper()
+	if c.shots == "" {
+		return
+	}
+	png, err := chromedp.Run(c.bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		c.t.Fatalf("screenshot %s: %v", name, err)
+	}
+	if err := os.WriteFile(filepath.Join(c.shots, name), png, 0o644); err != nil {
+		c.t.Fatal(err)
+	}
+	c.t.Logf("wrote %s", filepath.Join(c.shots, name))
+}
+
+func (c *console) text(sel string) string {
+	c.t.Helper()
+	return c.read("read "+sel, chromedp.Text(chromedp.CSS(sel)))
+}
+
+func (c *console) location() string { c.t.Helper(); return c.read("location", chromedp.Location()) }
+
+func css(sel string) chromedp.CSS { return chromedp.CSS(sel) }
+
+// 1. Login: the console sends a browser without a session to the form.
+func (c *console) login() {
+	t, base := c.t, c.base
+	c.browse("open the console", chromedp.Navigate(base+"/console"), chromedp.WaitVisible(css(`#key`)))
+	if loc := c.location(); !strings.HasPrefix(loc, base+"/console/login") {
 		t.Fatalf("without a session /console went to %s, want the login form", loc)
 	}
-	browse("a wrong key", chromedp.SendKeys(css(`#key`), "tgk_wrong"), chromedp.Submit(css(`#key`)),
+	c.browse("a wrong key", chromedp.SendKeys(css(`#key`), "tgk_wrong"), chromedp.Submit(css(`#key`)),
 		chromedp.WaitVisible(css(`.notice.bad`)))
-	if got := text(`.notice.bad`); !strings.Contains(got, "not valid") {
+	if got := c.text(`.notice.bad`); !strings.Contains(got, "not valid") {
 		t.Errorf("login with a wrong key says %q", got)
 	}
-	browse("log in", chromedp.SendKeys(css(`#key`), s.key), chromedp.Submit(css(`#key`)),
+	c.browse("log in", chromedp.SendKeys(css(`#key`), c.s.key), chromedp.Submit(css(`#key`)),
 		chromedp.WaitVisible(css(`table.grid`)))
-	all := text(`table.grid tbody`)
+	all := c.text(`table.grid tbody`)
 	for _, name := range []string{"acme", "globex", "initech", "umbrella-04"} {
 		if !strings.Contains(all, name) {
 			t.Errorf("the connections page lists no %s:\n%s", name, all)
 		}
 	}
-	shot("console-connections.png")
+	c.shot("console-connections.png")
+}
 
-	// 2. Filtered to needs_reauth: globex alone, with its reason.
-	browse("filter to needs_reauth", chromedp.SetValue(css(`select[name=status]`), "needs_reauth"),
+// 2. Filtered to needs_reauth: globex alone, with its reason; then the
+// provider, tag, expiring-soon and prefix filters, by URL.
+func (c *console) filters() {
+	t, base := c.t, c.base
+	c.browse("filter to needs_reauth", chromedp.SetValue(css(`select[name=status]`), "needs_reauth"),
 		chromedp.Click(css(`.filters button[type=submit]`)), chromedp.WaitVisible(css(`a.button[href="/console/connections"]`)))
-	if loc := location(); !strings.Contains(loc, "status=needs_reauth") {
+	if loc := c.location(); !strings.Contains(loc, "status=needs_reauth") {
 		t.Errorf("filtered page at %s", loc)
 	}
-	rows := text(`table.grid tbody`)
+	rows := c.text(`table.grid tbody`)
 	if !strings.Contains(rows, "globex") || !strings.Contains(rows, "invalid_grant") || strings.Contains(rows, "acme") || strings.Contains(rows, "initech") {
 		t.Errorf("needs_reauth rows:\n%s", rows)
 	}
 	// Provider and tag filters, by URL.
-	browse("filter by provider and tag", chromedp.Navigate(base+"/console/connections?provider=crm&tag=eu"), chromedp.WaitVisible(css(`table.grid`)))
-	if rows := text(`table.grid tbody`); !strings.Contains(rows, "initech") || strings.Contains(rows, "globex") || strings.Contains(rows, "acme") {
+	c.browse("filter by provider and tag", chromedp.Navigate(base+"/console/connections?provider=crm&tag=eu"), chromedp.WaitVisible(css(`table.grid`)))
+	if rows := c.text(`table.grid tbody`); !strings.Contains(rows, "initech") || strings.Contains(rows, "globex") || strings.Contains(rows, "acme") {
 		t.Errorf("provider=crm&tag=eu rows:\n%s", rows)
 	}
-	browse("filter to expiring soon", chromedp.Navigate(base+"/console/connections?status=expiring_soon"), chromedp.WaitVisible(css(`table.grid`)))
-	if rows := text(`table.grid tbody`); !strings.Contains(rows, "initech") || !strings.Contains(rows, "in 5d") || strings.Contains(rows, "acme") {
+	c.browse("filter to expiring soon", chromedp.Navigate(base+"/console/connections?status=expiring_soon"), chromedp.WaitVisible(css(`table.grid`)))
+	if rows := c.text(`table.grid tbody`); !strings.Contains(rows, "initech") || !strings.Contains(rows, "in 5d") || strings.Contains(rows, "acme") {
 		t.Errorf("expiring_soon rows:\n%s", rows)
 	}
-	browse("filter by prefix", chromedp.Navigate(base+"/console/connections?prefix=umb"), chromedp.WaitVisible(css(`table.grid`)))
-	if rows := text(`table.grid tbody`); strings.Count(rows, "umbrella-") != 4 || strings.Contains(rows, "acme") {
+	c.browse("filter by prefix", chromedp.Navigate(base+"/console/connections?prefix=umb"), chromedp.WaitVisible(css(`table.grid`)))
+	if rows := c.text(`table.grid tbody`); strings.Count(rows, "umbrella-") != 4 || strings.Contains(rows, "acme") {
 		t.Errorf("prefix=umb rows:\n%s", rows)
 	}
+}
 
-	// 3. globex's page: its history has the refresh that found the grant
-	// dead, and the needs_reauth event.
-	browse("back to needs_reauth", chromedp.Navigate(base+"/console/connections?status=needs_reauth"), chromedp.WaitVisible(css(`a.name`)))
-	browse("open globex", chromedp.Click(css(`a.name`)), chromedp.WaitVisible(css(`.facts`)))
-	if h1 := text(`h1`); !strings.Contains(h1, "globex") || !strings.Contains(h1, "needs_reauth") {
+// 3. globex's page: its history has the refresh that found the grant
+// dead, and the needs_reauth event.
+func (c *console) globexPage() {
+	t := c.t
+	c.browse("back to needs_reauth", chromedp.Navigate(c.base+"/console/connections?status=needs_reauth"), chromedp.WaitVisible(css(`a.name`)))
+	c.browse("open globex", chromedp.Click(css(`a.name`)), chromedp.WaitVisible(css(`.facts`)))
+	if h1 := c.text(`h1`); !strings.Contains(h1, "globex") || !strings.Contains(h1, "needs_reauth") {
 		t.Errorf("globex's page heading: %q", h1)
 	}
-	history := text(`section.card.flush table tbody`)
+	history := c.text(`section.card.flush table tbody`)
 	if !strings.Contains(history, "refresh") || !strings.Contains(history, "needs_reauth") || !strings.Contains(history, "connected") {
 		t.Errorf("globex's history:\n%s", history)
 	}
-	shot("console-connection.png")
+	c.shot("console-connection.png")
+}
 
-	// 4. A reconnect link: a real connect session; the person's consent
-	// brings a result back to the application's page, whose backend
-	// redeems it.
-	browse("create a reconnect link",
+// 4. A reconnect link: a real connect session; the person's consent
+// brings a result back to the application's page, whose backend
+// redeems it.
+func (c *console) reconnect() {
+	t, s, base := c.t, c.s, c.base
+	c.browse("create a reconnect link",
 		chromedp.SetValue(css(`form[action$="/reconnect"] input[name=return_to]`), defaultReturnTo),
 		chromedp.Click(css(`form[action$="/reconnect"] button`)), chromedp.WaitVisible(css(`#link`)))
-	link := read("read the link", chromedp.Value(css(`#link`)))
+	link := c.read("read the link", chromedp.Value(css(`#link`)))
 	if !strings.HasPrefix(link, base+"/oauth/connect?session=tgs_") {
 		t.Fatalf("reconnect link %q", link)
 	}
@@ -221,60 +281,78 @@ func TestConsoleInBrowser(t *testing.T) {
 	if code, _, body := s.redeem(s.key, back.Query().Get("result")); code != http.StatusOK {
 		t.Fatalf("redeeming the reconnect's result: %d %s", code, body)
 	}
-	browse("globex again", chromedp.Navigate(base+"/console/connections/globex"), chromedp.WaitVisible(css(`.facts`)))
-	if h1 := text(`h1`); !strings.Contains(h1, "active") {
+	c.browse("globex again", chromedp.Navigate(base+"/console/connections/globex"), chromedp.WaitVisible(css(`.facts`)))
+	if h1 := c.text(`h1`); !strings.Contains(h1, "active") {
 		t.Errorf("globex after the consent: %q", h1)
 	}
-	if history := text(`section.card.flush table tbody`); !strings.Contains(history, "recovered") {
+	if history := c.text(`section.card.flush table tbody`); !strings.Contains(history, "recovered") {
 		t.Errorf("globex's history after the consent:\n%s", history)
 	}
+}
 
-	// 5. Disconnect, through the confirmation page.
-	browse("disconnect…", chromedp.Click(css(`a.button.danger`)), chromedp.WaitVisible(css(`button.danger`)))
-	if h1 := text(`h1`); !strings.Contains(h1, "Disconnect globex?") {
+// 5. Disconnect, through the confirmation page.
+func (c *console) disconnect() {
+	t, s := c.t, c.s
+	c.browse("disconnect…", chromedp.Click(css(`a.button.danger`)), chromedp.WaitVisible(css(`button.danger`)))
+	if h1 := c.text(`h1`); !strings.Contains(h1, "Disconnect globex?") {
 		t.Errorf("confirmation page: %q", h1)
 	}
 	if code, _ := s.do(http.MethodGet, "/connections/globex/token", ""); code != http.StatusOK {
 		t.Fatalf("globex before the confirmation: %d", code)
 	}
-	browse("confirm", chromedp.Click(css(`button.danger`)), chromedp.WaitVisible(css(`.notice.ok`)))
-	if h1 := text(`h1`); !strings.Contains(h1, "globex is disconnected") {
+	c.browse("confirm", chromedp.Click(css(`button.danger`)), chromedp.WaitVisible(css(`.notice.ok`)))
+	if h1 := c.text(`h1`); !strings.Contains(h1, "globex is disconnected") {
 		t.Errorf("after the confirmation: %q", h1)
 	}
 	expectJSONError(t, s, http.MethodGet, "/connections/globex/token", http.StatusNotFound, "not_found")
 	if kinds := eventKinds(t, s.dbURL, "globex"); !strings.HasPrefix(kinds, "disconnected,recovered,") {
 		t.Errorf("globex's recorded history, newest first: %s", kinds)
 	}
+}
 
-	// 6. Providers: settings without secrets, the learned auth style, the
-	// last hour's refresh success.
-	browse("providers", chromedp.Navigate(base+"/console/providers"), chromedp.WaitVisible(css(`table.grid`)))
-	provs := text(`table.grid tbody`)
+// 6. Providers: settings without secrets, the learned auth style, the
+// last hour's refresh success.
+func (c *console) providers(crmSecret string) {
+	t, s := c.t, c.s
+	c.browse("providers", chromedp.Navigate(c.base+"/console/providers"), chromedp.WaitVisible(css(`table.grid`)))
+	provs := c.text(`table.grid tbody`)
 	if !strings.Contains(provs, "OAUTH_*") || !strings.Contains(provs, "crm") || !strings.Contains(provs, "params") ||
 		!strings.Contains(provs, "100%") || !strings.Contains(provs, "1 of 1") || !strings.Contains(provs, "2 of 3") {
 		t.Errorf("providers page:\n%s", provs)
 	}
-	html := read("providers HTML", chromedp.OuterHTML(css(`html`)))
-	if strings.Contains(html, crmCfg.ClientSecret) || strings.Contains(html, s.sb.OAuth2Config(s.sb.URL).ClientSecret) {
+	html := c.read("providers HTML", chromedp.OuterHTML(css(`html`)))
+	if strings.Contains(html, crmSecret) || strings.Contains(html, s.sb.OAuth2Config(s.sb.URL).ClientSecret) {
 		t.Error("the providers page shows a client secret")
 	}
-	shot("console-providers.png")
+	c.shot("console-providers.png")
+}
 
-	// 7. Session and CSRF rules, by plain HTTP with the browser's cookie.
-	got, err := chromedp.Call(bctx, network.GetCookies, network.GetCookiesParams{URLs: []string{base + "/console/"}})
+// sessionCookie is the browser's console session cookie, checked:
+// HttpOnly, SameSite=Strict, a tgc_ value, lasting more than 7 hours.
+func (c *console) sessionCookie() *network.Cookie {
+	t := c.t
+	t.Helper()
+	got, err := chromedp.Call(c.bctx, network.GetCookies, network.GetCookiesParams{URLs: []string{c.base + "/console/"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	var session *network.Cookie
-	for _, c := range got.Cookies {
-		if c.Name == "tokenguard_console" {
-			session = c
+	for _, ck := range got.Cookies {
+		if ck.Name == "tokenguard_console" {
+			session = ck
 		}
 	}
 	if session == nil || !session.HTTPOnly || session.SameSite != network.CookieSameSiteStrict || !strings.HasPrefix(session.Value, "tgc_") ||
 		session.Expires <= float64(time.Now().Add(7*time.Hour).Unix()) {
 		t.Fatalf("session cookie: %+v", session)
 	}
+	return session
+}
+
+// 7. Session and CSRF rules, by plain HTTP with the browser's cookie.
+func (c *console) sessionRules() {
+	t, s := c.t, c.s
+	session := c.sessionCookie()
 	csrf := formCSRF(t, s, session.Value, "/console/connections/acme")
 	reactivate := "/console/connections/acme/reactivate"
 	if code := consolePost(t, s, session.Value, reactivate, nil); code != http.StatusForbidden {
@@ -292,21 +370,14 @@ func TestConsoleInBrowser(t *testing.T) {
 	if code := consoleGet(t, s, session.Value, "/console/connections"); code != http.StatusOK {
 		t.Errorf("control: the cookie before logout: %d, want 200", code)
 	}
-	browse("log out", chromedp.Click(css(`form.logout button`)), chromedp.WaitVisible(css(`#key`)))
+	c.browse("log out", chromedp.Click(css(`form.logout button`)), chromedp.WaitVisible(css(`#key`)))
 	if code := consoleGet(t, s, session.Value, "/console/connections"); code != http.StatusSeeOther {
 		t.Errorf("the logged-out cookie on a page: %d, want 303 to the login form", code)
 	}
 	if code := consolePost(t, s, session.Value, reactivate, url.Values{"csrf": {csrf}}); code != http.StatusUnauthorized {
 		t.Errorf("the logged-out cookie on a form post with its CSRF token: %d, want 401", code)
 	}
-	browse("the console after logout", chromedp.Navigate(base+"/console/connections"), chromedp.WaitVisible(css(`#key`)))
-	// The browser goes first: a connection it opened ahead of a request
-	// would hold the server's shutdown for 5 s.
-	cancelBrowser()
-	s.stop(server)
-	if st := s.sb.Stats(); st.RefreshReuse != 0 {
-		t.Errorf("refresh-token reuse at the sandbox: %d", st.RefreshReuse)
-	}
+	c.browse("the console after logout", chromedp.Navigate(c.base+"/console/connections"), chromedp.WaitVisible(css(`#key`)))
 }
 
 // forceRefresh asks the server to refresh name's current token, as a
