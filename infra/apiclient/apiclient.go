@@ -1,9 +1,7 @@
 // Package apiclient calls the external protected API with a connection's
-// access token, as the three apps do. Every request carries the app's
-// User-Agent. Transport, an http.RoundTripper over the refresh use case,
-// recovers a 401 caused by another process's refresh (the provider revokes
-// the previous access token on refresh) instead of letting it reach the
-// caller.
+// access token, as the three apps do. Its Transport recovers a 401 caused
+// by another process's refresh (the provider revokes the previous access
+// token on refresh) instead of letting it reach the caller.
 package apiclient
 
 import (
@@ -33,16 +31,13 @@ type Tokens interface {
 	ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error)
 }
 
-// Clients hands out, per connection, an *http.Client that authorises every
-// request with the connection's token and recovers a 401 caused by another
-// process's refresh (see Transport). As with oauth2.NewClient, its base
-// transport is the one of the *http.Client in ctx under oauth2.HTTPClient.
-// *tokenguard.Tokens is one; TokenClients makes one of Tokens.
+// Clients hands out a connection's *http.Client (see NewHTTPClient);
+// *tokenguard.Tokens is one, TokenClients makes one of Tokens.
 type Clients interface {
 	Client(ctx context.Context, connection string) *http.Client
 }
 
-// TokenClients is Clients on Tokens, with NewHTTPClient.
+// TokenClients is Clients on Tokens.
 func TokenClients(t Tokens) Clients { return tokenClients{t} }
 
 type tokenClients struct{ t Tokens }
@@ -52,10 +47,9 @@ func (c tokenClients) Client(ctx context.Context, connection string) *http.Clien
 }
 
 // NewHTTPClient returns an *http.Client whose requests carry connection's
-// token from t and recover from 401s (Transport). Its base transport is
-// the one of the *http.Client in ctx under oauth2.HTTPClient, else
-// http.DefaultTransport. It never follows a redirect: that would send the
-// bearer token wherever the redirect points.
+// token from t and recover from 401s (Transport), over the transport of
+// the *http.Client in ctx under oauth2.HTTPClient (as oauth2.NewClient).
+// It never follows a redirect: that would send the bearer token along.
 func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Client {
 	var base http.RoundTripper
 	if hc, ok := ctx.Value(oauth2.HTTPClient).(*http.Client); ok && hc != nil {
@@ -69,23 +63,20 @@ func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Clien
 
 // Options tune a Client. Zero values take the defaults.
 type Options struct {
-	// UserAgent is sent with every request, e.g. "tokenguard-worker/1.2.0".
-	UserAgent string
-	// Timeout bounds one HTTP exchange with the API (default 10s).
-	Timeout time.Duration
+	UserAgent string        // sent with every request
+	Timeout   time.Duration // bounds one HTTP exchange with the API (default 10s)
 	// MaxBody caps the response body (default 1 MiB): a longer one is
 	// ErrTooLarge, never cut short.
 	MaxBody int64
-	// Bases, when set, sends a connection's calls to the API base URL its
-	// provider names instead of the Client's.
+	// Bases, when set, sends a connection's calls to its provider's API.
 	Bases Bases
 	// TracerProvider records each call's span (tokenguard.api_call, with
 	// its HTTP requests); nil: the global provider.
 	TracerProvider trace.TracerProvider
 }
 
-// Bases says where a connection's API calls go: the API base URL of the
-// connection's provider, or "" for the Client's own.
+// Bases gives the API base URL of a connection's provider; "" for the
+// Client's own.
 type Bases interface {
 	BaseURL(ctx context.Context, connection string) (string, error)
 }
@@ -134,22 +125,27 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = 1 << 20
 	}
-	dialer := &net.Dialer{Timeout: min(5*time.Second, opts.Timeout), KeepAlive: 30 * time.Second}
-	transport := &http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           dialer.DialContext,
-		TLSHandshakeTimeout:   min(5*time.Second, opts.Timeout),
-		ResponseHeaderTimeout: opts.Timeout,
-		IdleConnTimeout:       90 * time.Second,
-		MaxIdleConnsPerHost:   32,
-		ForceAttemptHTTP2:     true,
-	}
+	transport := NewTransport(opts.Timeout, 32)
 	return &Client{base: u, clients: clients, opts: opts, tracer: tracing.New(opts.TracerProvider),
 		http: &http.Client{Transport: tracing.Transport(userAgent{ua: opts.UserAgent, next: transport}, opts.TracerProvider)}}, nil
 }
 
-// HTTPClient returns an *http.Client whose requests carry connection's
-// token and recover from 401s (see Transport), for code that builds its
+// NewTransport is the transport of calls to an API: answer headers within
+// timeout, connecting within the smaller of it and 5s, idlePerHost idle
+// connections kept per host.
+func NewTransport(timeout time.Duration, idlePerHost int) *http.Transport {
+	return &http.Transport{
+		Proxy:                 http.ProxyFromEnvironment,
+		DialContext:           (&net.Dialer{Timeout: min(5*time.Second, timeout), KeepAlive: 30 * time.Second}).DialContext,
+		TLSHandshakeTimeout:   min(5*time.Second, timeout),
+		ResponseHeaderTimeout: timeout,
+		IdleConnTimeout:       90 * time.Second,
+		MaxIdleConnsPerHost:   idlePerHost,
+		ForceAttemptHTTP2:     true,
+	}
+}
+
+// HTTPClient returns connection's *http.Client, for code that builds its
 // own requests.
 func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client {
 	hc := c.clients.Client(context.WithValue(ctx, oauth2.HTTPClient, c.http), connection)
@@ -161,8 +157,7 @@ func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client
 
 // Get calls GET {base}{path} with connection's access token and returns
 // the answer whatever its status. Errors wrap the domain errors of
-// Tokens.Token, or ErrUnavailable when the API could not be reached. A 401
-// caused by a refresh elsewhere is retried once by the Transport.
+// Tokens.Token, or ErrUnavailable when the API could not be reached.
 func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response, err error) {
 	ctx, end := c.tracer.Call(ctx, "tokenguard.api_call", connection, trace.SpanKindInternal)
 	defer func() { end(err) }()

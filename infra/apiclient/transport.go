@@ -32,7 +32,9 @@ func (e *tokenError) Unwrap() error { return e.err }
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tok, err := t.Tokens.Token(req.Context(), t.Connection)
 	if err != nil {
-		closeBody(req)
+		if req.Body != nil {
+			req.Body.Close()
+		}
 		return nil, &tokenError{err}
 	}
 	retry, replayable := replay(req)
@@ -41,20 +43,18 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return resp, err
 	}
 	next, ferr := t.Tokens.ForceRefresh(req.Context(), t.Connection, tok.Version)
-	if errors.Is(ferr, domain.ErrNeedsReauth) {
-		// The refresh found the grant revoked: that, not the API's 401,
-		// is what the caller must hear.
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-		resp.Body.Close()
-		return nil, &tokenError{ferr}
-	}
-	if ferr != nil {
+	if ferr != nil && !errors.Is(ferr, domain.ErrNeedsReauth) {
 		// No newer token (rate limited, provider down...): the caller
 		// gets the API's own 401.
 		return resp, nil
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
+	if ferr != nil {
+		// The refresh found the grant revoked: that, not the API's 401,
+		// is what the caller must hear.
+		return nil, &tokenError{ferr}
+	}
 	return t.base().RoundTrip(authorised(retry, next))
 }
 
@@ -95,19 +95,6 @@ func replay(req *http.Request) (*http.Request, bool) {
 // §3.1 invalid_token, or no error code at all) rather than, say, missing a
 // scope.
 func Revoked(h http.Header) bool {
-	challenge := h.Get("WWW-Authenticate")
-	if challenge == "" {
-		return true
-	}
-	lower := strings.ToLower(challenge)
-	if !strings.Contains(lower, "error=") {
-		return true
-	}
-	return strings.Contains(lower, `error="invalid_token"`) || strings.Contains(lower, "error=invalid_token")
-}
-
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		req.Body.Close()
-	}
+	c := strings.ToLower(h.Get("WWW-Authenticate"))
+	return !strings.Contains(c, "error=") || strings.Contains(c, `error="invalid_token"`) || strings.Contains(c, "error=invalid_token")
 }

@@ -17,8 +17,7 @@ import (
 // connections).
 var ErrFailed = errors.New("batch: some calls failed")
 
-// Round is one round's summary, printed as a JSON line on the runner's
-// output.
+// Round is one round's summary, a JSON line on the runner's output.
 type Round struct {
 	Round      int      `json:"round"`
 	Calls      int      `json:"calls"`
@@ -47,19 +46,16 @@ type Runner struct {
 	// RoundTimeout bounds one round, which is not cut short by shutdown.
 	RoundTimeout time.Duration
 	// Ahead, when set, runs at the start of each round: it refreshes the
-	// connections about to expire, skipping those another process is
-	// refreshing right now.
+	// connections about to expire that no other process is refreshing.
 	Ahead func(ctx context.Context) (usecase.AheadReport, error)
-	// KeepAlive, when set, runs after Ahead: it refreshes the connections
-	// not refreshed for a long time, whose refresh tokens some providers
-	// let die unused.
+	// KeepAlive, when set, runs after Ahead: it refreshes connections long
+	// unrefreshed, whose refresh tokens some providers let die unused.
 	KeepAlive func(ctx context.Context) (usecase.AheadReport, error)
 }
 
-// Run makes one round, or with every > 0 a round every interval until ctx
-// is done. A round in flight when ctx is done is finished. Run returns
-// ErrFailed when a single round failed; with every > 0 it returns nil once
-// stopped (failures are in the output and the log).
+// Run makes one round (ErrFailed when it failed), or with every > 0 a
+// round every interval until ctx is done, finishing the one in flight, and
+// returns nil (failures are in the output and the log).
 func (r *Runner) Run(ctx context.Context, every time.Duration) error {
 	if every <= 0 {
 		if !r.round(ctx, 1) {

@@ -29,8 +29,9 @@ func writeForbidden(w http.ResponseWriter, b forbiddenBody) {
 }
 
 // requireScope answers 403 unless the request's key holds the route's
-// scope and, on a route of one connection, a pattern matching its name. A
-// route that names no scope refuses every key.
+// scope and, on a route of one connection, a pattern matching its name
+// (then 400 unless that is a valid name). A route that names no scope
+// refuses every key.
 func requireScope(rt route, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		acc := keyAccess(r.Context())
@@ -43,8 +44,14 @@ func requireScope(rt route, next http.Handler) http.Handler {
 				Code: "missing_scope", MissingScope: rt.scope})
 			return
 		}
-		if name := r.PathValue("name"); name != "" && !allowConnection(w, acc, name) {
-			return
+		if name := r.PathValue("name"); name != "" {
+			if !allowConnection(w, acc, name) {
+				return
+			}
+			if err := domain.ValidateName(name); err != nil {
+				writeError(w, "", err)
+				return
+			}
 		}
 		next.ServeHTTP(w, r)
 	})

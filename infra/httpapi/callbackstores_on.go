@@ -9,11 +9,8 @@ import (
 )
 
 // storeAtCallback: this build is the e2e tests' control, the server as it
-// was before the redeem step and the public routes' limits: the callback
-// stores the grant itself, so whoever's browser consents gives the
-// connection their grant, and the public routes run unlimited on the
-// token layer's pool. Never built for use (the build tag is the tests'
-// own).
+// was before the redeem step and the public routes' limits: whoever's
+// browser consents gives the connection their grant. Never built for use.
 const storeAtCallback = true
 
 // ControlBuild tells di to wire the public routes as before (see
@@ -28,5 +25,5 @@ func (s *Server) redeemAtCallback(ctx context.Context, o outcome) outcome {
 		return outcome{httpStatus: p.Status, Connection: o.Connection, Code: p.Code, Message: "The grant could not be stored."}
 	}
 	s.redeemed(ctx, c)
-	return outcome{httpStatus: 200, Connection: o.Connection, Code: "connected", connected: true}
+	return outcome{httpStatus: 200, Connection: o.Connection, Code: "connected", Connected: true}
 }

@@ -29,15 +29,13 @@ type connectionView struct {
 	MissingScopes string        `json:"missing_scopes,omitempty"`
 	Metadata      jsonObject    `json:"metadata"`
 	Tags          []string      `json:"tags"`
-	// Failure is the failure episode of the connection's refreshes, while
-	// there is one (status failing once it is shown).
-	Failure *failureView `json:"failure,omitempty"`
+	Failure       *failureView  `json:"failure,omitempty"` // while the refreshes fail
 }
 
 // failureView is a connection's refresh failure episode: the last
-// answer's HTTP status and code (as errors report it: an unknown code is
-// unrecognized_error), how many in a row since when, and when the provider
-// is asked again (null: never, until a new grant).
+// answer's status and code (an unknown code is unrecognized_error), how
+// many in a row since when, and the next attempt (null: none until a new
+// grant).
 type failureView struct {
 	Failing     bool       `json:"failing"`
 	HTTPStatus  int        `json:"http_status,omitempty"`
@@ -57,38 +55,34 @@ func (o jsonObject) MarshalJSON() ([]byte, error) {
 	return o, nil
 }
 
+// nonNil is ss, or [] (not JSON null) for nil.
+func nonNil(ss []string) []string {
+	if ss == nil {
+		return []string{}
+	}
+	return ss
+}
+
 func viewOf(c domain.Connection) connectionView {
 	v := connectionView{
 		Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
 		LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
 		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
-		Metadata: jsonObject(c.Metadata.Object), Tags: c.Metadata.Tags,
-	}
-	if v.Tags == nil {
-		v.Tags = []string{}
-	}
-	if !c.Expiry.IsZero() {
-		e := c.Expiry.UTC()
-		v.Expiry = &e
-	}
-	if !c.RefreshExpiry.IsZero() {
-		e := c.RefreshExpiry.UTC()
-		v.RefreshExpiry = &e
+		Metadata: jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
+		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
 	}
 	if f := c.Failure; f.Failures > 0 {
 		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
 		if !f.Blocked(f.LastAt) {
-			n := f.RetryAt.UTC()
-			v.Failure.NextAttempt = &n
+			v.Failure.NextAttempt = utcOrNil(f.RetryAt)
 		}
 	}
 	return v
 }
 
-// listConnections answers GET /connections?after=NAME&limit=N: up to limit
-// connections (default 100, at most 1000) whose names sort after after, in
-// name order, and next, the after of the following page, while there is
-// one. A keyset page costs the same however large the table.
+// listConnections answers GET /connections?after=NAME&limit=N: a keyset
+// page in name order (the same cost however large the table), and next,
+// the after of the following page.
 func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Connections == nil {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "this server does not list connections", Code: "not_configured"})
@@ -115,8 +109,7 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 	// last page never comes back empty.
 	page, err := s.visibleConnections(r, after, limit+1)
 	if err != nil {
-		s.logFailure(r, "", err)
-		writeError(w, "", err)
+		s.failed(w, r, "", err)
 		return
 	}
 	body := struct {
@@ -135,13 +128,10 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 }
 
 // visibleConnections is up to limit connections after after that the
-// request's key may see (its connection patterns): pages of the store
-// until limit match or the store has no more.
+// request's key's patterns match: pages of the store until limit match or
+// the store has no more.
 func (s *Server) visibleConnections(r *http.Request, after string, limit int) ([]domain.Connection, error) {
 	acc := keyAccess(r.Context())
-	if acc.Connections == nil {
-		return s.deps.Connections.ConnectionsPage(r.Context(), after, limit)
-	}
 	var out []domain.Connection
 	for {
 		page, err := s.deps.Connections.ConnectionsPage(r.Context(), after, limit)

@@ -19,11 +19,15 @@ type errorBody struct {
 
 func writeError(w http.ResponseWriter, connection string, err error) {
 	p := problem.Of(err)
-	body := errorBody{Error: p.Message, Code: p.Code, Connection: connection}
 	if p.RetryAfter > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int((p.RetryAfter+time.Second-1)/time.Second)))
+		setRetryAfter(w, p.RetryAfter)
 	}
-	writeJSON(w, p.Status, body)
+	writeJSON(w, p.Status, errorBody{Error: p.Message, Code: p.Code, Connection: connection})
+}
+
+// setRetryAfter sets Retry-After to d in whole seconds, rounded up.
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

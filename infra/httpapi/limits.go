@@ -2,20 +2,18 @@ package httpapi
 
 import (
 	"context"
-	"math"
 	"net"
 	"net/http"
-	"strconv"
 	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 )
 
-// addrLimits bound the public routes per client address (the connection's
-// peer: a proxy in front makes every client one address, which it then
-// limits as a whole): a token bucket and a cap on requests at once, plus a
-// cap across every address. Refused requests cost no database work.
+// addrLimits bound the public routes per client address (the peer: behind
+// a proxy, every client is one address): a token bucket and a cap on
+// requests at once, plus a cap across every address. Refused requests cost
+// no database work.
 type addrLimits struct {
 	rate     rate.Limit
 	burst    int
@@ -36,22 +34,17 @@ type addrState struct {
 const maxAddrs = 4096
 
 func newAddrLimits(e Edges) *addrLimits {
-	a := &addrLimits{rate: e.PublicRate, burst: e.PublicBurst, inFlight: e.PublicInFlight, addrs: map[string]*addrState{}}
-	if a.rate <= 0 {
-		a.rate = 20
+	r := positive(e.PublicRate, 20)
+	return &addrLimits{rate: r, burst: positive(e.PublicBurst, int(2*r)), inFlight: positive(e.PublicInFlight, 4),
+		total: make(chan struct{}, positive(e.PublicTotal, 64)), addrs: map[string]*addrState{}}
+}
+
+// positive is v, or def when v is not positive (a setting left 0).
+func positive[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
 	}
-	if a.burst <= 0 {
-		a.burst = int(2 * a.rate)
-	}
-	if a.inFlight <= 0 {
-		a.inFlight = 4
-	}
-	total := e.PublicTotal
-	if total <= 0 {
-		total = 64
-	}
-	a.total = make(chan struct{}, total)
-	return a
+	return v
 }
 
 // acquire admits one request from addr, or says how long to wait.
@@ -71,9 +64,7 @@ func (a *addrLimits) acquire(addr string) (release func(), wait time.Duration, o
 		a.mu.Unlock()
 		return nil, time.Second, false
 	}
-	res := st.lim.ReserveN(now, 1)
-	if d := res.DelayFrom(now); d > 0 {
-		res.CancelAt(now)
+	if d := take(st.lim, now); d > 0 {
 		a.mu.Unlock()
 		return nil, d, false
 	}
@@ -94,8 +85,7 @@ func (a *addrLimits) done(st *addrState) {
 	a.mu.Unlock()
 }
 
-// forget drops idle addresses, those unseen for a minute first; the caller
-// holds mu.
+// forget drops idle addresses, those unseen for a minute first; mu held.
 func (a *addrLimits) forget(now time.Time) {
 	for k, st := range a.addrs {
 		if st.inFlight == 0 && now.Sub(st.seen) > time.Minute {
@@ -124,7 +114,7 @@ func (a *addrLimits) limit(next http.Handler) http.Handler {
 		}
 		release, wait, ok := a.acquire(addr)
 		if !ok {
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			setRetryAfter(w, wait)
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this address; try again later", Code: "rate_limited"})
 			return
 		}

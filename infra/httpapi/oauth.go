@@ -15,8 +15,6 @@ import (
 	"time"
 	"unicode"
 
-	"golang.org/x/oauth2"
-
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
@@ -38,6 +36,23 @@ const callbackTimeout = 30 * time.Second
 func (s *Server) oauthConfigured() bool {
 	c := s.deps.OAuth
 	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil && s.deps.Flows != nil
+}
+
+// flowConfigured answers the browser routes' 503 page when the connect
+// flow is not configured.
+func (s *Server) flowConfigured(w http.ResponseWriter, r *http.Request) bool {
+	ok := s.oauthConfigured()
+	if !ok {
+		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+	}
+	return ok
+}
+
+// failPage logs err and answers it with a page saying msg.
+func (s *Server) failPage(w http.ResponseWriter, r *http.Request, name string, err error, msg string) {
+	s.logFailure(r, name, err)
+	p := problem.Of(err)
+	s.page(w, r, p.Status, outcome{Code: p.Code, Message: msg})
 }
 
 // secureCookies: the flow cookie is Secure (and __Host-) whenever the
@@ -76,7 +91,7 @@ type sessionRequest struct {
 }
 
 // createSession answers a connect URL for one connection, valid once for
-// ten minutes.
+// sessionLifetime.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{
@@ -109,7 +124,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		metadata = &m
 	}
-	if _, err := s.clientOf(r.Context(), req.Provider); err != nil {
+	if err := s.checkProvider(r.Context(), req.Provider); err != nil {
 		if !errors.Is(err, domain.ErrUnknownProvider) {
 			s.logFailure(r, req.Connection, err)
 		}
@@ -126,21 +141,13 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
 		return
 	}
-	keyName := keyName(r.Context())
-	link, expires, err := s.newConnectLink(r.Context(), domain.ConnectSession{
-		Connection: req.Connection, ReturnTo: req.ReturnTo, AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName,
-		Provider: req.Provider, Metadata: metadata,
-	})
+	link, expires, err := s.newConnectLink(r.Context(), domain.ConnectSession{Connection: req.Connection, ReturnTo: req.ReturnTo,
+		AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName(r.Context()), Provider: req.Provider, Metadata: metadata})
 	if err != nil {
-		s.logFailure(r, req.Connection, err)
-		writeError(w, req.Connection, err)
+		s.failed(w, r, req.Connection, err)
 		return
 	}
-	writeJSON(w, http.StatusCreated, map[string]any{
-		"connect_url": link,
-		"expires_at":  expires.UTC(),
-		"connection":  req.Connection,
-	})
+	writeJSON(w, http.StatusCreated, map[string]any{"connect_url": link, "expires_at": expires.UTC(), "connection": req.Connection})
 }
 
 // newConnectLink stores a connect session and returns its URL.
@@ -154,12 +161,9 @@ func (s *Server) newConnectLink(ctx context.Context, cs domain.ConnectSession) (
 	return s.publicBase() + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()), expires, nil
 }
 
-// ConnectLink is POST /connect-sessions for the operator console: a
-// connect session that reconnects connection at provider ("" the
-// environment's), keeping its metadata, created by the API key called
-// createdBy, whose consent comes back to returnTo (the application's page,
-// whose backend redeems the result). It returns the connect URL and when
-// it expires.
+// ConnectLink is POST /connect-sessions for the operator console: the URL
+// (and its expiry) of a session that reconnects connection at provider,
+// keeping its metadata, whose consent comes back to returnTo.
 func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (string, time.Time, error) {
 	if !s.oauthConfigured() {
 		return "", time.Time{}, domain.ErrConnectNotConfigured
@@ -170,7 +174,7 @@ func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdB
 	if err := domain.ValidateName(connection); err != nil {
 		return "", time.Time{}, err
 	}
-	if _, err := s.clientOf(ctx, provider); err != nil {
+	if err := s.checkProvider(ctx, provider); err != nil {
 		return "", time.Time{}, err
 	}
 	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
@@ -245,14 +249,12 @@ func plainURL(target string) bool {
 	return true
 }
 
-// connectPage answers a connect link with a page that names the
-// application (the API key that asked for the session) and the connection,
-// and a button: nothing starts until a person presses it. The session is
-// only read; the button's POST spends it. The page sets the flow cookie,
-// to which the button's CSRF token is bound.
+// connectPage answers a connect link with a page naming the application
+// and the connection, and a button: nothing starts (the session is only
+// read) until a person presses it. The button's CSRF token is bound to the
+// flow cookie the page sets.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
-	if !s.oauthConfigured() {
-		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+	if !s.flowConfigured(w, r) {
 		return
 	}
 	token := r.URL.Query().Get("session")
@@ -265,7 +267,7 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	flow := newFlowID()
-	s.setFlowCookie(w, flow)
+	s.setFlowCookie(w, flow.Reveal(), int(sessionLifetime.Seconds()))
 	s.consentPage(w, consent{App: sess.CreatedBy, Connection: sess.Connection, Provider: sess.Provider,
 		Session: token, CSRF: csrfToken(flow.Reveal(), token), ReturnHost: hostOf(sess.ReturnTo)})
 }
@@ -275,8 +277,7 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 // cookie's hash, the state and the PKCE verifier) to it and sends the
 // browser to the provider.
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
-	if !s.oauthConfigured() {
-		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+	if !s.flowConfigured(w, r) {
 		return
 	}
 	token, csrf := r.PostFormValue("session"), r.PostFormValue("csrf")
@@ -292,8 +293,7 @@ func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	}
 	authURL, f, err := s.deps.Flows.AuthCodeURL(r.Context(), tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL})
 	if err != nil {
-		s.logFailure(r, sess.Connection, err)
-		s.page(w, r, problem.Of(err).Status, outcome{Code: problem.Of(err).Code, Message: "The server could not start the connection; try again."})
+		s.failPage(w, r, sess.Connection, err, "The server could not start the connection; try again.")
 		return
 	}
 	if _, err := s.deps.Sessions.Open(r.Context(), domain.NewSecret(token), domain.NewSecret(c.Value), f.State, f.Verifier); err != nil {
@@ -321,20 +321,13 @@ func (s *Server) sessionRefused(w http.ResponseWriter, r *http.Request, err erro
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This connect link was already used or has expired. Ask for a new one."})
 		return
 	}
-	s.logFailure(r, "", err)
-	s.page(w, r, problem.Of(err).Status, outcome{Code: problem.Of(err).Code, Message: "The server could not start the connection; try again."})
+	s.failPage(w, r, "", err, "The server could not start the connection; try again.")
 }
 
-func (s *Server) setFlowCookie(w http.ResponseWriter, flow domain.Secret) {
-	http.SetCookie(w, &http.Cookie{
-		Name:     s.cookieName(),
-		Value:    flow.Reveal(),
-		Path:     "/",
-		MaxAge:   int(sessionLifetime.Seconds()),
-		HttpOnly: true,
-		Secure:   s.secureCookies(),
-		SameSite: http.SameSiteLaxMode, // sent on the provider's top-level redirect back
-	})
+// setFlowCookie sets the flow cookie to value ("" with maxAge -1 deletes it).
+func (s *Server) setFlowCookie(w http.ResponseWriter, value string, maxAge int) {
+	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Value: value, Path: "/", MaxAge: maxAge, HttpOnly: true, Secure: s.secureCookies(),
+		SameSite: http.SameSiteLaxMode}) // Lax: sent on the provider's top-level redirect back
 }
 
 // csrfToken binds the consent page's form to the browser's flow cookie
@@ -351,43 +344,37 @@ func flowToken(s string) bool { return strings.HasPrefix(s, "tgf_") && len(s) <=
 
 // hostOf is a return_to's host, shown on the consent page.
 func hostOf(target string) string {
-	u, err := url.Parse(target)
-	if err != nil {
-		return ""
+	if u, err := url.Parse(target); err == nil {
+		return u.Host
 	}
-	return u.Host
+	return ""
 }
 
-// clientOf is the client registration the browser flow of a connection of
-// provider runs with: the OAUTH_* settings' for "", a stored provider's
-// otherwise.
-func (s *Server) clientOf(ctx context.Context, provider string) (*oauth2.Config, error) {
+// checkProvider says whether the browser flow can run for a connection of
+// provider: always for "" (the OAUTH_* settings), for a stored provider
+// when it has an authorization URL.
+func (s *Server) checkProvider(ctx context.Context, provider string) error {
 	if provider == "" {
-		return s.deps.OAuth, nil
+		return nil
 	}
 	if s.deps.Providers == nil {
-		return nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+		return fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 	}
 	c, err := s.deps.Providers.ClientConfig(ctx, provider)
-	if err != nil {
-		return nil, err
+	if err == nil && c.Endpoint.AuthURL == "" {
+		err = fmt.Errorf("provider %q has no authorization URL (tokenctl provider update --auth-url): %w", provider, domain.ErrUnknownProvider)
 	}
-	if c.Endpoint.AuthURL == "" {
-		return nil, fmt.Errorf("provider %q has no authorization URL (tokenctl provider update --auth-url): %w", provider, domain.ErrUnknownProvider)
-	}
-	return c, nil
+	return err
 }
 
 // sessionLifetime is the flow's lifetime (repository.SessionLifetime).
 const sessionLifetime = 10 * time.Minute
 
-// callback checks the flow and its state, then has the provider's answer
-// redeemed and the grant kept pending: nothing is stored for the
-// connection until the application's backend redeems the result that the
-// browser carries to return_to (POST /connect-results).
+// callback checks the flow and its state, then keeps the provider's grant
+// pending: nothing is stored until the application's backend redeems the
+// result the browser carries to return_to (POST /connect-results).
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
-	if !s.oauthConfigured() {
-		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+	if !s.flowConfigured(w, r) {
 		return
 	}
 	q := r.URL.Query()
@@ -397,7 +384,6 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "No connection is in progress in this browser (the link expired, or cookies are blocked). Start again from a new connect link."})
 		return
 	}
-	// From here on the work does not follow the browser.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), callbackTimeout)
 	defer cancel()
 	// The state is checked before the flow is spent: an answer that does
@@ -405,32 +391,24 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	sess, err := s.deps.Sessions.Finish(ctx, domain.NewSecret(c.Value), state)
 	if errors.Is(err, domain.ErrUnauthorized) {
 		s.deps.Log.Warn("oauth callback refused: no flow with this cookie and state (completed, expired, or a forged answer)")
-		if s.deps.Observer != nil {
-			s.deps.Observer.ConnectOutcome("bad_state")
-		}
+		s.observe("bad_state")
 		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "This connection attempt was already completed or has expired, or the answer does not belong to it. Start again from a new connect link."})
 		return
 	}
 	if err != nil {
-		s.logFailure(r, "", err)
-		s.page(w, r, problem.Of(err).Status, outcome{Code: problem.Of(err).Code, Message: "The server could not complete the connection; try again."})
+		s.failPage(w, r, "", err, "The server could not complete the connection; try again.")
 		return
 	}
 	// Whatever happens now, the flow is spent.
-	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Path: "/", MaxAge: -1, HttpOnly: true, Secure: s.secureCookies(), SameSite: http.SameSiteLaxMode})
+	s.setFlowCookie(w, "", -1)
 	f := tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL,
 		AllowAccountChange: sess.AllowAccountChange, CreatedBy: sess.CreatedBy, State: sess.State, Verifier: sess.Verifier}
 	if m := sess.Metadata; m != nil {
-		f.Metadata, f.Tags = m.Object, m.Tags
-		if f.Tags == nil {
-			f.Tags = []string{}
-		}
+		f.Metadata, f.Tags = m.Object, nonNil(m.Tags)
 	}
 	o := s.complete(ctx, f, q)
 	o.Connection = sess.Connection
-	if s.deps.Observer != nil {
-		s.deps.Observer.ConnectOutcome(o.Code)
-	}
+	s.observe(o.Code)
 	if storeAtCallback && o.result != "" {
 		o = s.redeemAtCallback(ctx, o)
 	}
@@ -446,7 +424,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case o.result != "":
 		v = url.Values{"connection": {sess.Connection}, "status": {"pending"}, "result": {o.result}}
-	case o.connected: // only the tests' control build stores at the callback
+	case o.Connected: // only the tests' control build stores at the callback
 		v = url.Values{"connection": {sess.Connection}, "status": {"connected"}, "reason": {o.Code}}
 	}
 	sep := "?"
@@ -458,8 +436,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, sess.ReturnTo+sep+v.Encode(), http.StatusSeeOther)
 }
 
-// complete turns the provider's answer into a pending result, or says why
-// not.
+// complete turns the provider's answer into a pending result, or says why not.
 func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.Values) outcome {
 	res, err := s.deps.Flows.Complete(ctx, f, q)
 	var ce *tokenguard.ConnectError
@@ -481,11 +458,6 @@ func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.V
 	return outcome{httpStatus: http.StatusOK, Code: "pending", result: res.Code}
 }
 
-// redeemRequest is the body of POST /connect-results.
-type redeemRequest struct {
-	Result string `json:"result"`
-}
-
 // redeem stores the grant of a pending result: the application's backend
 // calls it after checking that the browser which brought the result is the
 // user who asked for the session.
@@ -494,7 +466,9 @@ func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the connect flow is not configured", Code: "not_configured"})
 		return
 	}
-	var req redeemRequest
+	var req struct {
+		Result string `json:"result"`
+	}
 	dec := json.NewDecoder(r.Body)
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&req); err != nil || req.Result == "" {
@@ -508,14 +482,8 @@ func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.redeemed(r.Context(), c)
-	scopes, missing := c.Scopes, c.MissingScopes
-	if scopes == nil {
-		scopes = []string{}
-	}
-	if missing == nil {
-		missing = []string{}
-	}
-	writeJSON(w, http.StatusOK, map[string]any{"connection": c.Connection, "account": c.Account, "scopes": scopes, "missing_scopes": missing})
+	writeJSON(w, http.StatusOK, map[string]any{"connection": c.Connection, "account": c.Account,
+		"scopes": nonNil(c.Scopes), "missing_scopes": nonNil(c.MissingScopes)})
 }
 
 func (s *Server) redeemFailed(r *http.Request, connection string, err error) {
@@ -523,23 +491,25 @@ func (s *Server) redeemFailed(r *http.Request, connection string, err error) {
 		s.logFailure(r, connection, err)
 		return
 	}
-	if s.deps.Observer != nil {
-		s.deps.Observer.ConnectOutcome("account_mismatch")
-	}
+	s.observe("account_mismatch")
 	s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored, the grant is revoked",
 		"connection", connection, "api_key", keyName(r.Context()))
 }
 
 func (s *Server) redeemed(ctx context.Context, c tokenguard.Connected) {
-	outcome := "connected"
 	if len(c.MissingScopes) > 0 {
-		outcome = "scopes_narrowed"
-	}
-	if s.deps.Observer != nil {
-		s.deps.Observer.ConnectOutcome(outcome)
+		s.observe("scopes_narrowed")
+	} else {
+		s.observe("connected")
 	}
 	s.deps.Log.Info("connection connected", "connection", c.Connection, "provider", c.Provider, "account", c.Account,
 		"scopes", c.Scopes, "missing_scopes", c.MissingScopes, "api_key", keyName(ctx))
+}
+
+func (s *Server) observe(outcome string) {
+	if s.deps.Observer != nil {
+		s.deps.Observer.ConnectOutcome(outcome)
+	}
 }
 
 // newFlowID is the flow cookie's value.

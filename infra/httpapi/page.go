@@ -11,7 +11,7 @@ import (
 // ?connection=…&status=error&reason=….
 type outcome struct {
 	httpStatus int
-	connected  bool
+	Connected  bool // only in the tests' control build (storeAtCallback)
 	Connection string
 	Code       string // pending, or what went wrong
 	Message    string // for people; never a token
@@ -31,7 +31,7 @@ h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}</style></head>
 // (Accept without text/html) with the JSON error shape.
 func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outcome) {
 	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
-		if o.connected {
+		if o.Connected {
 			writeJSON(w, status, map[string]string{"connection": o.Connection, "status": "connected", "code": o.Code})
 			return
 		}
@@ -42,11 +42,7 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outc
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
 	w.WriteHeader(status)
-	_ = pageTmpl.Execute(w, struct {
-		Connected        bool
-		Connection, Code string
-		Message          string
-	}{o.connected, o.Connection, o.Code, o.Message})
+	_ = pageTmpl.Execute(w, o)
 }
 
 // consent is what the consent page names.

@@ -44,8 +44,7 @@ var forwardedHeaders = []string{
 	"If-Unmodified-Since", "Prefer", "Range", "Traceparent", "Tracestate", "X-Request-Id",
 }
 
-// call is one proxied request, from its handler to the proxy's Rewrite
-// and transport.
+// call is one proxied request, for the proxy's Rewrite and transport.
 type call struct {
 	connection string
 	target     *url.URL
@@ -59,11 +58,7 @@ type callKey struct{}
 // with the headers of forwardedHeaders and the connection's access token,
 // to the API base URL of the connection's provider.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := domain.ValidateName(name); err != nil {
-		writeError(w, "", err)
-		return
-	}
+	name := r.PathValue("name") // validated by requireScope
 	path := r.PathValue("path")
 	for _, seg := range strings.Split(path, "/") {
 		if seg == "." || seg == ".." {
@@ -81,21 +76,14 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	s.forward(w, r, name, "/"+path, r.URL.RawQuery, h)
 }
 
-// resource answers GET /connections/{name}/resource: the proxy to the
-// fixed path ResourcePath.
+// resource answers GET /connections/{name}/resource: a GET of ResourcePath.
 func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := domain.ValidateName(name); err != nil {
-		writeError(w, "", err)
-		return
-	}
+	name := r.PathValue("name") // validated by requireScope
 	r.Method, r.Body, r.ContentLength = http.MethodGet, http.NoBody, 0
 	s.forward(w, r, name, ResourcePath, "", http.Header{"Accept": {"application/json"}})
 }
 
-// forward proxies r to path?query at the connection's API with the
-// connection's token (httputil.ReverseProxy: streamed both ways,
-// hop-by-hop headers dropped).
+// forward proxies r to path?query at the connection's API with its token.
 func (s *Server) forward(w http.ResponseWriter, r *http.Request, name, path, query string, h http.Header) {
 	ctx, end := s.tracer.Call(r.Context(), "tokenguard.proxy", name, trace.SpanKindInternal)
 	r = r.WithContext(ctx)
@@ -106,17 +94,15 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, name, path, que
 	}
 	if err != nil {
 		end(err)
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
+		s.failed(w, r, name, err)
 		return
 	}
 	defer end(nil)
 	s.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
 }
 
-// newReverseProxy is the proxy under forward: the call's URL and
-// headers, the token and the retries (tokenTransport), the answer without
-// cookies, tokenguard's own errors as JSON.
+// newReverseProxy is the proxy under forward: streamed both ways, the
+// answer without cookies, tokenguard's own errors as JSON.
 func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -144,8 +130,7 @@ func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReversePr
 			case r.Context().Err() != nil:
 				writeError(w, name, r.Context().Err())
 			case errors.Is(err, errTokens):
-				s.logFailure(r, name, err)
-				writeError(w, name, err)
+				s.failed(w, r, name, err)
 			default:
 				s.deps.Log.Warn("proxy: upstream unreachable", "connection", name, "err", scrubURL(err))
 				writeError(w, name, fmt.Errorf("%w: %w", apiclient.ErrUnavailable, scrubURL(err)))
@@ -166,8 +151,7 @@ var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); retu
 func (copyBuffers) Get() []byte  { return *copyBufferPool.Get().(*[]byte) }
 func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 
-// errTokens marks the token layer's errors on their way through the
-// reverse proxy.
+// errTokens marks the token layer's errors through the reverse proxy.
 var errTokens = errors.New("token")
 
 // tokenTransport sends a proxied call with the connection's token. A 401
@@ -184,10 +168,11 @@ type tokenTransport struct {
 func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	ctx := out.Context()
 	c := ctx.Value(callKey{}).(*call)
-	body, replayable, err := bufferBody(out.Body)
+	body, err := bufferBody(out.Body)
 	if err != nil {
 		return nil, err
 	}
+	replayable := body.stream == nil
 	cred, refreshed, retries := c.cred, false, 0
 	until := time.Now().Add(retryWithin)
 	for {
@@ -232,8 +217,7 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	}
 }
 
-// target is the URL of path?query at the API of the provider's
-// connections.
+// target is the URL of path?query at the provider's API.
 func (s *Server) target(provider, path, query string) (*url.URL, error) {
 	base := s.apiBase
 	if provider != "" {
@@ -278,20 +262,16 @@ type requestBody struct {
 	stream io.Reader // nil when held
 }
 
-// bufferBody reads up to replayLimit bytes of body; replayable says all of
-// it fit.
-func bufferBody(body io.ReadCloser) (requestBody, bool, error) {
+// bufferBody reads up to replayLimit bytes of body.
+func bufferBody(body io.ReadCloser) (requestBody, error) {
 	if body == nil || body == http.NoBody {
-		return requestBody{}, true, nil
+		return requestBody{}, nil
 	}
 	held, err := io.ReadAll(io.LimitReader(body, replayLimit+1))
-	if err != nil {
-		return requestBody{}, false, err
+	if err != nil || len(held) <= replayLimit {
+		return requestBody{held: held}, err
 	}
-	if len(held) <= replayLimit {
-		return requestBody{held: held}, true, nil
-	}
-	return requestBody{stream: io.MultiReader(bytes.NewReader(held), body)}, false, nil
+	return requestBody{stream: io.MultiReader(bytes.NewReader(held), body)}, nil
 }
 
 func (b requestBody) reader() io.ReadCloser {
@@ -342,8 +322,8 @@ func retryWait(ctx context.Context, h http.Header, until time.Time) (time.Durati
 	return wait, !end.After(until)
 }
 
-// discard reads a little of an answer not passed on, so its connection can
-// be reused, and closes it.
+// discard reads a little of an unused answer, so its connection can be
+// reused, and closes it.
 func discard(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()

@@ -3,10 +3,8 @@ package httpapi
 import (
 	"context"
 	"errors"
-	"math"
 	"net"
 	"net/http"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -20,14 +18,9 @@ import (
 type access int
 
 const (
-	// apiKey: Authorization: Bearer <API key>. Every route is this unless
-	// it is listed in publicRoutes.
-	apiKey access = iota
-	// browser: the route checks its own credential (a connect session, a
-	// flow cookie), which a browser carries.
-	browser
-	// open: no credential (health checks).
-	open
+	apiKey  access = iota // Bearer <API key>: every route not in publicRoutes
+	browser               // the route checks its own credential (a connect session, a flow cookie)
+	open                  // no credential (health checks)
 )
 
 // route is one endpoint. The table is data so that a test can walk it:
@@ -105,7 +98,7 @@ func (s *Server) guard(rt route) http.Handler {
 	return s.bounded(h, limit)
 }
 
-// bounded gives h's requests the request deadline and a body limit.
+// bounded gives h's requests the request deadline and body limit.
 func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.deps.Edges.RequestTimeout)
@@ -137,7 +130,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			return
 		}
 		if wait, ok := s.limits.allow(acc.ID); !ok {
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+			setRetryAfter(w, wait)
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "rate limit of this API key exceeded; try again later", Code: "rate_limited"})
 			return
 		}
@@ -145,7 +138,6 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 	})
 }
 
-// keyAccessKey carries the verified API key to the handler.
 type keyAccessKey struct{}
 
 // keyAccess is the verified key of the request; the zero KeyAccess (no
@@ -257,11 +249,17 @@ func (k *keyLimits) allow(id int32) (time.Duration, bool) {
 		k.keys[id] = l
 	}
 	k.mu.Unlock()
-	now := time.Now()
+	d := take(l, time.Now())
+	return d, d == 0
+}
+
+// take takes a token from l at now, or (taking none) says how long until
+// there is one.
+func take(l *rate.Limiter, now time.Time) time.Duration {
 	res := l.ReserveN(now, 1)
-	if d := res.DelayFrom(now); d > 0 {
+	d := res.DelayFrom(now)
+	if d > 0 {
 		res.CancelAt(now)
-		return d, false
 	}
-	return 0, true
+	return d
 }

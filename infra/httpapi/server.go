@@ -24,6 +24,7 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 )
@@ -49,8 +50,7 @@ type Events interface {
 	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
 }
 
-// ConnectFlows run the connect flow: the authorization URL, the callback's
-// pending result, its redemption (*tokenguard.Tokens is one).
+// ConnectFlows run the connect flow (*tokenguard.Tokens is one).
 type ConnectFlows interface {
 	AuthCodeURL(ctx context.Context, f tokenguard.ConnectFlow) (string, tokenguard.ConnectFlow, error)
 	Complete(ctx context.Context, f tokenguard.ConnectFlow, callback url.Values) (tokenguard.ConnectResult, error)
@@ -63,9 +63,8 @@ type Connections interface {
 	ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error)
 }
 
-// Providers gives the client registration the browser flow of a stored
-// provider's connection runs with (its authorization URL, code exchange
-// and scopes); domain.ErrUnknownProvider for a name it does not know.
+// Providers gives a stored provider's client registration;
+// domain.ErrUnknownProvider for a name it does not know.
 type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
@@ -108,16 +107,13 @@ type Deps struct {
 	// UpstreamTimeout bounds the wait for a proxied call's answer headers
 	// (0: 10s); its body streams on within the request's deadline.
 	UpstreamTimeout time.Duration
-	// UserAgent is sent with every proxied call, e.g.
-	// "tokenguard-server/1.2.0".
-	UserAgent string
-	Events    Events
+	UserAgent       string // sent with every proxied call
+	Events          Events
 	// Flows runs the connect flow; nil disables it.
 	Flows ConnectFlows
 	// Connections serves GET /connections; nil answers it 503.
 	Connections Connections
-	// Providers says whether a connect session's stored provider exists
-	// and can run the browser flow; nil knows only "" (OAuth).
+	// Providers knows the stored providers; nil knows only "" (OAuth).
 	Providers Providers
 	Keys      KeyVerifier
 	// Sessions keeps connect sessions and flows, and DB answers /healthz:
@@ -127,28 +123,23 @@ type Deps struct {
 	DB       Pinger
 	// OAuth is the client registration for the connect flow; nil or without
 	// AuthURL/RedirectURL disables /oauth/connect.
-	OAuth *oauth2.Config
-	// Metrics serves GET /metrics behind an API key; nil leaves the route
-	// out.
-	Metrics  http.Handler
+	OAuth    *oauth2.Config
+	Metrics  http.Handler // GET /metrics, behind an admin key; nil: no route
 	Observer ConnectObserver
 	Log      *slog.Logger
 	Edges    Edges
-	// TracerProvider records the requests' spans (the caller's W3C trace
-	// context continued) and the proxied calls' (the context sent on);
+	// TracerProvider records the requests' and the proxied calls' spans;
 	// nil: the global provider.
 	TracerProvider trace.TracerProvider
 }
 
 // Edges are the limits of the public listener.
 type Edges struct {
-	// PublicURL is where browsers and clients reach the server (connect
-	// URLs are built on it; its host is accepted in Host headers; https
-	// makes the flow cookie Secure and __Host-).
+	// PublicURL is where browsers and clients reach the server: connect
+	// URLs are built on it, its host is accepted, https makes the flow
+	// cookie Secure and __Host-.
 	PublicURL *url.URL
-	// Hosts are further accepted Host header values (HTTP_ADDR's, the
-	// redirect URL's).
-	Hosts []string
+	Hosts     []string // further accepted Host header values
 	// ReturnURLs are the allowed prefixes of a connect session's return_to.
 	ReturnURLs []string
 	// Rate and Burst limit requests per API key (Rate 0: 100/s, Burst 0:
@@ -163,10 +154,8 @@ type Edges struct {
 	PublicBurst    int
 	PublicInFlight int
 	PublicTotal    int
-	// RequestTimeout is every request's deadline (0: 30s).
-	RequestTimeout time.Duration
-	// ProxyMaxBody bounds a proxied request's body in bytes (0: 10 MiB).
-	ProxyMaxBody int64
+	RequestTimeout time.Duration // every request's deadline (0: 30s)
+	ProxyMaxBody   int64         // a proxied request's body limit (0: 10 MiB)
 }
 
 // ResourcePath is the external API path the apps call.
@@ -195,32 +184,15 @@ func New(d Deps) *Server {
 	if d.Log == nil {
 		d.Log = slog.Default()
 	}
-	if d.Edges.RequestTimeout <= 0 {
-		d.Edges.RequestTimeout = 30 * time.Second
-	}
-	if d.Edges.Rate <= 0 {
-		d.Edges.Rate = 100
-	}
-	if d.Edges.Burst <= 0 {
-		d.Edges.Burst = int(2 * d.Edges.Rate)
-	}
-	if d.Edges.ProxyMaxBody <= 0 {
-		d.Edges.ProxyMaxBody = defaultProxyMaxBody
-	}
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(d.Edges.Rate, d.Edges.Burst),
+	e := &d.Edges
+	e.RequestTimeout = positive(e.RequestTimeout, 30*time.Second)
+	e.Rate = positive(e.Rate, 100)
+	e.Burst = positive(e.Burst, int(2*e.Rate))
+	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(e.Rate, e.Burst),
 		public: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
-	if d.UpstreamTimeout <= 0 {
-		d.UpstreamTimeout = 10 * time.Second
-	}
-	s.rp = s.newReverseProxy(tracing.Transport(&http.Transport{
-		Proxy:                 http.ProxyFromEnvironment,
-		DialContext:           (&net.Dialer{Timeout: min(5*time.Second, d.UpstreamTimeout), KeepAlive: 30 * time.Second}).DialContext,
-		TLSHandshakeTimeout:   min(5*time.Second, d.UpstreamTimeout),
-		ResponseHeaderTimeout: d.UpstreamTimeout,
-		IdleConnTimeout:       90 * time.Second,
-		MaxIdleConnsPerHost:   64,
-		ForceAttemptHTTP2:     true,
-	}, d.TracerProvider))
+	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
+	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
 	return s
 }
 
@@ -232,8 +204,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(rt.pattern(), s.guard(rt))
 	}
 	if s.console != nil {
-		// Outside the route table: the console is pages for a browser,
-		// not API, and is behind its own session check (package console).
+		// Outside the route table: pages behind their own session check.
 		h := s.bounded(s.console, defaultMaxBody)
 		mux.Handle("/console", h)
 		mux.Handle("/console/", h)
@@ -288,14 +259,9 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// event queues one event for the worker. The body, if any, must be JSON;
-// it travels with the event.
+// event queues one event for the worker, with its JSON body if any.
 func (s *Server) event(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := domain.ValidateName(name); err != nil {
-		writeError(w, "", err)
-		return
-	}
+	name := r.PathValue("name")     // validated by requireScope
 	body, err := io.ReadAll(r.Body) // bounded by the route's body limit
 	if err != nil {
 		writeJSON(w, http.StatusRequestEntityTooLarge, errorBody{Error: "event body over 64 KiB", Code: "too_large"})
@@ -311,11 +277,16 @@ func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 	}
 	id, err := s.deps.Events.Enqueue(r.Context(), name, payload)
 	if err != nil {
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
+		s.failed(w, r, name, err)
 		return
 	}
 	writeJSON(w, http.StatusAccepted, map[string]any{"event_id": id, "connection": name})
+}
+
+// failed logs err and answers it.
+func (s *Server) failed(w http.ResponseWriter, r *http.Request, name string, err error) {
+	s.logFailure(r, name, err)
+	writeError(w, name, err)
 }
 
 func (s *Server) logFailure(r *http.Request, name string, err error) {

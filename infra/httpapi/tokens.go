@@ -9,7 +9,6 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard"
-	"github.com/tokenguard/tokenguard/domain"
 )
 
 // tokenView is the token API's answer: never the refresh token.
@@ -22,36 +21,31 @@ type tokenView struct {
 	Version     int64      `json:"version"`
 }
 
-func tokenViewOf(c tokenguard.Credential) tokenView {
-	v := tokenView{AccessToken: c.Token.AccessToken, TokenType: c.Token.Type(), Connection: c.Connection,
-		Provider: c.Provider, Version: c.Version}
-	if !c.Token.Expiry.IsZero() {
-		e := c.Token.Expiry.UTC()
-		v.Expiry = &e
-	}
-	return v
-}
-
 // writeToken answers a token. writeJSON's no-store keeps it out of every
 // cache; Pragma covers HTTP/1.0 ones.
 func writeToken(w http.ResponseWriter, c tokenguard.Credential) {
 	w.Header().Set("Pragma", "no-cache")
-	writeJSON(w, http.StatusOK, tokenViewOf(c))
+	writeJSON(w, http.StatusOK, tokenView{AccessToken: c.Token.AccessToken, TokenType: c.Token.Type(),
+		Expiry: utcOrNil(c.Token.Expiry), Connection: c.Connection, Provider: c.Provider, Version: c.Version})
+}
+
+// utcOrNil is t in UTC, nil (JSON null) for the zero time.
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
 }
 
 // token answers GET /connections/{name}/token: the connection's access
 // token, valid until expiry (the provider's expiry minus the skew), from
 // the cache when it is fresh.
 func (s *Server) token(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := domain.ValidateName(name); err != nil {
-		writeError(w, "", err)
-		return
-	}
+	name := r.PathValue("name") // validated by requireScope
 	c, err := s.deps.Tokens.Credential(r.Context(), name)
 	if err != nil {
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
+		s.failed(w, r, name, err)
 		return
 	}
 	writeToken(w, c)
@@ -62,11 +56,7 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 // connection is refreshed only if its stored version is still N (one
 // refresh per stale version fleet-wide); the answer is the current token.
 func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	if err := domain.ValidateName(name); err != nil {
-		writeError(w, "", err)
-		return
-	}
+	name := r.PathValue("name") // validated by requireScope
 	var body struct {
 		StaleVersion *int64 `json:"stale_version"`
 	}
@@ -93,14 +83,12 @@ func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if err != nil {
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
+		s.failed(w, r, name, err)
 		return
 	}
 	c, err := s.deps.Tokens.ForceRefresh(r.Context(), name, *body.StaleVersion)
 	if err != nil {
-		s.logFailure(r, name, err)
-		writeError(w, name, err)
+		s.failed(w, r, name, err)
 		return
 	}
 	writeToken(w, c)

@@ -132,11 +132,11 @@ type Console struct {
 //go:embed assets
 var assets embed.FS
 
-// DefaultSessionLifetime is how long a login lasts.
-const DefaultSessionLifetime = 8 * time.Hour
-
-// pageSize is how many connections a page lists.
-const pageSize = 50
+const (
+	// DefaultSessionLifetime is how long a login lasts.
+	DefaultSessionLifetime = 8 * time.Hour
+	pageSize               = 50 // connections a page lists
+)
 
 // New builds the console.
 func New(d Deps) *Console {
@@ -151,14 +151,10 @@ func New(d Deps) *Console {
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages()}
 	static, _ := fs.Sub(assets, "assets")
-	files := http.StripPrefix("/console/static/", http.FileServerFS(static))
-	c.mux.Handle("GET /console/static/", files)
-	c.mux.HandleFunc("GET /console", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, "/console/connections", http.StatusSeeOther)
-	})
-	c.mux.HandleFunc("GET /console/{$}", func(w http.ResponseWriter, r *http.Request) {
-		http.Redirect(w, r, "/console/connections", http.StatusSeeOther)
-	})
+	c.mux.Handle("GET /console/static/", http.StripPrefix("/console/static/", http.FileServerFS(static)))
+	home := http.RedirectHandler("/console/connections", http.StatusSeeOther)
+	c.mux.Handle("GET /console", home)
+	c.mux.Handle("GET /console/{$}", home)
 	c.mux.HandleFunc("GET /console/login", c.loginForm)
 	c.mux.HandleFunc("POST /console/login", c.login)
 	c.mux.Handle("POST /console/logout", c.session(c.logout))
@@ -229,7 +225,6 @@ func csrfOK(r *http.Request, secret string) bool {
 	return got != "" && hmac.Equal([]byte(got), []byte(csrfOf(secret)))
 }
 
-// sessionKey carries the request's session to the handler.
 type sessionKey struct{}
 
 type current struct {
@@ -277,12 +272,12 @@ func (c *Console) session(next http.HandlerFunc) http.Handler {
 	})
 }
 
-// loginForm shows the login form, with a fresh pre-login cookie whose
-// CSRF token the form carries.
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 	c.showLogin(w, r, http.StatusOK, "")
 }
 
+// showLogin shows the login form, with a fresh pre-login cookie whose
+// CSRF token the form carries.
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, problem string) {
 	pre := newSecret()
 	c.setCookie(w, loginCookie, pre, 600)

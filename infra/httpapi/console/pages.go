@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -75,21 +76,14 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 			keep.Set(k, v)
 		}
 	}
-	nextURL := ""
+	nextURL, firstURL := "", ""
 	if next != "" {
-		nq := url.Values{}
-		for k, v := range keep {
-			nq[k] = v
-		}
+		nq := maps.Clone(keep)
 		nq.Set("after", next)
 		nextURL = "/console/connections?" + nq.Encode()
 	}
-	firstURL := ""
 	if after != "" {
-		firstURL = "/console/connections"
-		if len(keep) > 0 {
-			firstURL += "?" + keep.Encode()
-		}
+		firstURL = strings.TrimSuffix("/console/connections?"+keep.Encode(), "?")
 	}
 	c.render(w, r, http.StatusOK, "connections", map[string]any{
 		"Nav": "connections", "Filter": f, "Rows": rows, "Next": nextURL, "First": firstURL, "Providers": provs,
@@ -220,8 +214,7 @@ func (c *Console) failed(w http.ResponseWriter, r *http.Request, name string, er
 }
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	data := map[string]any{"Status": status, "StatusText": http.StatusText(status), "Message": msg}
-	c.render(w, r, status, "error", data)
+	c.render(w, r, status, "error", map[string]any{"Status": status, "StatusText": http.StatusText(status), "Message": msg})
 }
 
 // render writes page with data, adding what the layout needs.
@@ -229,12 +222,9 @@ func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, pag
 	if _, ok := data["Nav"]; !ok {
 		data["Nav"] = ""
 	}
-	s := sessionOf(r)
-	if s.token.IsZero() {
-		data["Session"] = nil
-	} else {
-		data["Session"] = s
-		data["CSRF"] = s.CSRF
+	data["Session"] = nil
+	if s := sessionOf(r); !s.token.IsZero() {
+		data["Session"], data["CSRF"] = s, s.CSRF
 	}
 	var buf bytes.Buffer
 	if err := c.pages[page].ExecuteTemplate(&buf, "layout", data); err != nil {
@@ -286,6 +276,7 @@ func when(t time.Time) string {
 	return short(-d) + " ago"
 }
 
+// absolute is t in UTC; "" for a zero time.
 func absolute(t time.Time) string {
 	if t.IsZero() {
 		return ""
