@@ -30,8 +30,12 @@ type AccountSource struct {
 
 // Account returns the account id, "" when the provider offers no way to
 // know it.
-func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (string, error) {
-	id, err := a.account(ctx, tok)
+func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (id string, err error) {
+	if raw, ok := tok.Extra("id_token").(string); ok && raw != "" {
+		id, err = idTokenSubject(raw)
+	} else if a.UserInfoURL != "" {
+		id, err = a.userInfo(ctx, tok)
+	}
 	if err != nil {
 		return "", err
 	}
@@ -40,20 +44,6 @@ func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (string, 
 		return "", err
 	}
 	return id, nil
-}
-
-func (a AccountSource) account(ctx context.Context, tok *oauth2.Token) (string, error) {
-	if raw, ok := tok.Extra("id_token").(string); ok && raw != "" {
-		sub, err := idTokenSubject(raw)
-		if err != nil {
-			return "", err
-		}
-		return sub, nil
-	}
-	if a.UserInfoURL == "" {
-		return "", nil
-	}
-	return a.userInfo(ctx, tok)
 }
 
 func idTokenSubject(raw string) (string, error) {

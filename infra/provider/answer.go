@@ -24,12 +24,11 @@ import (
 // maxAnswer bounds how much of an answer is read (x/oauth2 reads as much).
 const maxAnswer = 1 << 20
 
-// maxLifetime bounds an expires_in we believe; beyond it (or at or below
-// zero) the value is treated as absent.
+// maxLifetime bounds a lifetime we believe; beyond it it counts as absent.
 const maxLifetime = 100 * 365 * 24 * time.Hour
 
-// Reasons for answers that carry no usable code. They name no part of the
-// answer: the body is the provider's, and may hold anything.
+// Reasons for answers without a usable code. They name no part of the
+// answer, which may hold anything.
 var (
 	errRedirect   = errors.New("the token URL answers with a redirect")
 	errNotFound   = errors.New("the token URL is not a token endpoint")
@@ -40,8 +39,7 @@ var (
 )
 
 // clientRequest is a form POST to an endpoint of the provider (token,
-// revocation) with the client's credentials in style: HTTP Basic
-// (oauth2.AuthStyleInHeader) or the form body (AuthStyleInParams).
+// revocation) with the client's credentials in style.
 func clientRequest(ctx context.Context, endpoint string, form url.Values, clientID, secret string, style oauth2.AuthStyle) (*http.Request, error) {
 	if style == oauth2.AuthStyleInParams {
 		form.Set("client_id", clientID)
@@ -62,9 +60,8 @@ func clientRequest(ctx context.Context, endpoint string, form url.Values, client
 	return req, nil
 }
 
-// exchange sends one refresh_token grant request with the client
-// credentials in style (oauth2.AuthStyleInHeader or InParams) and reads
-// the answer. Errors are *domain.ProviderError and free of secrets.
+// exchange sends one refresh_token grant request in style and reads the
+// answer. Errors are free of secrets.
 func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
 	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, form, r.cfg.ClientID, r.cfg.ClientSecret, style)
@@ -79,8 +76,7 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 	}))
 	resp, err := r.client.Do(req)
 	if err != nil {
-		// *url.Error names the method and the URL (net/http strips a
-		// password from it), never the form.
+		// *url.Error names the method and the URL, never the form.
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 			err = errors.Join(ctxErr, err)
 		}
@@ -89,33 +85,25 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
 	if err != nil {
-		// A timeout or reset mid-body: keep the cause's kind, not its text
-		// beyond what the transport wrote. The provider answered: whatever
-		// it did is done.
+		// A timeout or reset mid-body: whatever the provider did is done.
 		return domain.Grant{}, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err), Lost: true}
 	}
 	return r.judge(resp.StatusCode, resp.Header, body, sent)
 }
 
-// judge turns an answer into a grant or a classified error. sent is when
-// the request left: lifetimes count from it, so a slow answer errs on the
-// early side.
+// judge turns an answer into a grant or a classified error. Lifetimes
+// count from sent, so a slow answer errs on the early side.
 func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time) (domain.Grant, *domain.ProviderError) {
 	f, parsed := parseAnswer(h.Get("Content-Type"), body)
 	code := f.str("error")
-	if code == "" {
-		if s := f.str("status"); s != "" {
-			if _, known := codes[s]; known {
-				code = s // HubSpot puts its code in "status"
-			}
-		}
+	if _, known := codes[f.str("status")]; code == "" && known {
+		code = f.str("status") // HubSpot puts its code in "status"
 	}
 	dead := r.profileDead(status, f)
 	if dead != "" {
 		code = dead
 	}
-	success := status >= 200 && status < 300 && code == "" && !f.okFalse()
-	if success {
+	if status >= 200 && status < 300 && code == "" && !f.okFalse() {
 		g, err := r.grant(f, sent)
 		if err == nil {
 			return g, nil
@@ -147,9 +135,8 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 }
 
 // profileDead is the profile's dead-grant code the answer carries, in the
-// field and with the status the profile says; "" when none. Only the
-// profile's exact words count: a code in another field, or with another
-// status (a GitHub rate-limit 403), stays what the generic table says.
+// profile's field and status; "" when none. Elsewhere (a GitHub rate-limit
+// 403) the code stays what the generic table says.
 func (r *Refresher) profileDead(status int, f fields) string {
 	for _, d := range r.deadGrants {
 		if (d.Status == 0 || d.Status == status) && f.str(d.Field) == d.Code {
@@ -175,11 +162,8 @@ func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
 	} else if r.defaultLifetime > 0 {
 		g.Expiry = sent.Add(r.defaultLifetime)
 	}
-	for _, k := range []string{"refresh_token_expires_in", "x_refresh_token_expires_in"} {
-		if d, ok := f.lifetime(k); ok {
-			g.RefreshExpiry = sent.Add(d)
-			break
-		}
+	if d, ok := f.refreshLifetime(); ok {
+		g.RefreshExpiry = sent.Add(d)
 	}
 	switch {
 	case !g.RefreshExpiry.IsZero():
@@ -212,8 +196,7 @@ func tokenType(t string) string {
 type fields map[string]json.RawMessage
 
 // parseAnswer reads a JSON object, or a form when the provider says it
-// sends one (GitHub's legacy answers, x/oauth2's rule). ok is false when
-// it is neither (an HTML error page, a truncated body).
+// sends one (GitHub's legacy answers, x/oauth2's rule).
 func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
 	if json.Unmarshal(body, &f) == nil && f != nil {
 		return f, true
@@ -262,6 +245,19 @@ func (f fields) extra(keys []string) map[string]string {
 func (f fields) okFalse() bool {
 	var ok bool
 	return json.Unmarshal(f["ok"], &ok) == nil && !ok
+}
+
+// refreshLifetimeKeys name the refresh token's lifetime, in order.
+var refreshLifetimeKeys = []string{"refresh_token_expires_in", "x_refresh_token_expires_in"}
+
+// refreshLifetime is the first usable refresh token lifetime of the answer.
+func (f fields) refreshLifetime() (time.Duration, bool) {
+	for _, k := range refreshLifetimeKeys {
+		if d, ok := f.lifetime(k); ok {
+			return d, true
+		}
+	}
+	return 0, false
 }
 
 // lifetime reads a number of seconds sent as a JSON number (3600, 3599.5)

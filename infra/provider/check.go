@@ -22,22 +22,14 @@ import (
 // CheckVerdict is what Check could tell about the client's registration.
 type CheckVerdict int
 
+// The verdicts.
 const (
-	// CheckOK: the endpoint authenticated the client and rejected only the
-	// made-up refresh token (invalid_grant).
-	CheckOK CheckVerdict = iota
-	// CheckUnreachable: no answer (DNS, refused connection, TLS, timeout).
-	CheckUnreachable
-	// CheckNotJSON: an answer that is not JSON, typically an HTML page:
-	// the URL is not the token endpoint.
-	CheckNotJSON
-	// CheckNotTokenEndpoint: 404, 405 or a redirect.
-	CheckNotTokenEndpoint
-	// CheckClientRejected: invalid_client, unauthorized_client or a 401:
-	// wrong client id, secret or authentication style.
-	CheckClientRejected
-	// CheckInconclusive: anything else (5xx, 429, an unexpected code).
-	CheckInconclusive
+	CheckOK               CheckVerdict = iota // the client was authenticated; only the made-up refresh token was rejected
+	CheckUnreachable                          // no answer (DNS, refused connection, TLS, timeout)
+	CheckNotJSON                              // an answer that is not JSON (an HTML page): not the token endpoint
+	CheckNotTokenEndpoint                     // 404, 405 or a redirect
+	CheckClientRejected                       // invalid_client, unauthorized_client or a 401
+	CheckInconclusive                         // anything else (5xx, 429, an unexpected code)
 )
 
 // String names the verdict in logs.
@@ -101,17 +93,12 @@ func (r CheckResult) String() string {
 	return fmt.Sprintf("inconclusive: %s answered %s; the client could not be judged (try again later)", r.URL, answer)
 }
 
-// Check asks cfg's token endpoint whether it accepts the client, without
-// spending a refresh token: it sends a refresh_token grant, through the
-// Refresher's own request code, with a refresh token made up for the
-// purpose. A provider authenticates the client before it looks at the
-// grant (RFC 6749 §5.2), so invalid_grant means the client is fine, and
-// invalid_client or a 401 means it is not. No stored token is ever sent.
-//
-// With cfg.Endpoint.AuthStyle oauth2.AuthStyleAutoDetect it tries HTTP
-// Basic and, if the client is rejected, the form body, and reports the
-// style the endpoint accepted. client may be nil; redirects are never
-// followed (a token endpoint does not redirect).
+// Check asks cfg's token endpoint whether it accepts the client, spending
+// no refresh token: it sends a refresh_token grant with a made-up token. A
+// provider authenticates the client before it looks at the grant (RFC 6749
+// §5.2), so invalid_grant means the client is fine, and invalid_client or a
+// 401 that it is not. In auto it tries HTTP Basic, then the form body, and
+// reports the style accepted. client may be nil.
 func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client) CheckResult {
 	styles := []oauth2.AuthStyle{cfg.Endpoint.AuthStyle}
 	if cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
@@ -181,8 +168,7 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 const defaultCheckTimeout = 10 * time.Second
 
 // observed is the probe's transport: it notes the status, the media type
-// and the first bytes of the answer, which the refresher reads but does not
-// report (it keeps no body).
+// and the first bytes of the answer, which the refresher does not report.
 type observed struct {
 	base http.RoundTripper
 
@@ -206,18 +192,16 @@ func (o *observed) RoundTrip(r *http.Request) (*http.Response, error) {
 	resp.Body = struct {
 		io.Reader
 		io.Closer
-	}{io.TeeReader(resp.Body, headWriter{o}), resp.Body}
+	}{io.TeeReader(resp.Body, o), resp.Body}
 	return resp, nil
 }
 
-// headWriter keeps the first 64 bytes of an answer.
-type headWriter struct{ o *observed }
-
-func (w headWriter) Write(p []byte) (int, error) {
-	w.o.mu.Lock()
-	defer w.o.mu.Unlock()
-	if n := 64 - w.o.head.Len(); n > 0 {
-		w.o.head.Write(p[:min(n, len(p))])
+// Write keeps the first 64 bytes of an answer.
+func (o *observed) Write(p []byte) (int, error) {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if n := 64 - o.head.Len(); n > 0 {
+		o.head.Write(p[:min(n, len(p))])
 	}
 	return len(p), nil
 }

@@ -6,30 +6,22 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// codes is the one table of token endpoint error codes: what each means
-// for the grant (RFC 6749 §5.2, plus what real providers send). A code in
-// it is reported as is; any other code becomes "unrecognized_error",
-// because the code ends up in errors, logs and the stored status reason,
-// and a broken or hostile provider could put anything there, the
-// credentials it was sent included.
+// codes is the one table of token endpoint error codes and what each means
+// for the grant (RFC 6749 §5.2, plus what real providers send). Any other
+// code is reported as "unrecognized_error": codes end up in errors, logs
+// and the stored status reason, and a hostile provider could put anything
+// there, the credentials it was sent included.
 //
-// The code decides, whatever the status it came with (200 included, as
-// Slack sends its errors), except for the statuses classify checks first.
-// Only the GrantDead rows can ever mark a connection needs_reauth, so the
-// list is short and every entry says the refresh token itself is dead.
-// A provider profile adds its own words (GitHub's bad_refresh_token in a
-// 200 body), which count only with that profile, in its field and with its
-// status (Refresher.profileDead); without it they stay unknown codes.
+// The code decides whatever the status (Slack sends errors with a 200),
+// except for the statuses classify checks first. Only GrantDead rows can
+// mark a connection needs_reauth, so each says the refresh token itself is
+// dead; a profile's own words count only with that profile
+// (Refresher.profileDead).
 //
-// invalid_request and invalid_scope are ClientRejected, not GrantDead:
-// neither says the grant is dead, and both are about our request and the
-// client's registration. tokenguard never sends a scope on refresh, so
-// invalid_scope can only come from a change of the client's allowed
-// scopes at the provider; invalid_request is a parameter the provider
-// refuses (a client authentication method it does not take, a missing
-// client_id). In both cases the refresh token was not redeemed, and
-// guessing GrantDead would force every user of the connection to consent
-// again for what an operator fixes in the configuration.
+// invalid_request and invalid_scope are ClientRejected: both are about our
+// request and the client's registration (tokenguard sends no scope on
+// refresh), the refresh token was not redeemed, and GrantDead would force
+// every user to consent again for what an operator fixes in configuration.
 var codes = map[string]domain.ErrorClass{
 	// RFC 6749 §5.2.
 	"invalid_grant":          domain.GrantDead,
@@ -84,10 +76,9 @@ func reportedCode(code string) string {
 	return "unrecognized_error"
 }
 
-// clientAuthFailed reports whether the provider refused the client's
-// authentication before it looked at the grant (invalid_client, or a 401
-// that names no other cause): only then was the refresh token not spent,
-// and only then may the request be sent again in the other style.
+// clientAuthFailed: the provider refused the client's authentication
+// before it looked at the grant (invalid_client, or a 401), so the refresh
+// token was not spent and the request may go again in the other style.
 func clientAuthFailed(pe *domain.ProviderError) bool {
 	return pe.Class == domain.ClientRejected && (pe.Code == "invalid_client" || pe.HTTPStatus == http.StatusUnauthorized)
 }

@@ -18,14 +18,10 @@ import (
 )
 
 // Exchange redeems an authorization code (RFC 6749 §4.1.3, with the PKCE
-// verifier) through the same client as the refreshes: the same auth style
-// (in auto the remembered one, the other only after the provider refused
-// the client, which leaves the code unspent, and the winner remembered),
-// the same reading of the answer (the profile's extra fields, a missing
-// expires_in given the default lifetime, refresh_token_expires_in, the
-// profile's refresh calendar). The token is the same answer as x/oauth2
-// shows it, every field in its Extra (the ID token, the scope). Errors
-// are *domain.ProviderError, free of secrets.
+// verifier) with the same auth style and reading of the answer as the
+// refreshes (a refused client leaves the code unspent). The token is the
+// answer as x/oauth2 shows it, every field in its Extra (the ID token, the
+// scope). Errors are *domain.ProviderError, free of secrets.
 func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}}
 	if redirectURL != "" {
@@ -34,27 +30,21 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 	if verifier != "" {
 		form.Set("code_verifier", verifier)
 	}
-	style, auto := r.cfg.Endpoint.AuthStyle, r.cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect
-	if auto {
-		style = r.startStyle(ctx)
-	}
-	g, tok, pe := r.redeem(ctx, form, style)
-	if pe != nil && auto && clientAuthFailed(pe) {
-		style = other(style)
+	var g domain.Grant
+	var tok *oauth2.Token
+	pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
 		g, tok, pe = r.redeem(ctx, form, style)
-	}
+		return pe
+	})
 	if pe != nil {
 		return domain.Grant{}, nil, pe
-	}
-	if auto {
-		r.remember(style)
 	}
 	return g, tok, nil
 }
 
 // redeem sends one code grant request in style and reads the answer.
 func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.AuthStyle) (domain.Grant, *oauth2.Token, *domain.ProviderError) {
-	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, cloneValues(form), r.cfg.ClientID, r.cfg.ClientSecret, style)
+	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, maps.Clone(form), r.cfg.ClientID, r.cfg.ClientSecret, style)
 	if err != nil {
 		return domain.Grant{}, nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
@@ -73,10 +63,9 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 		return domain.Grant{}, nil, pe
 	}
 	if g.RefreshExpiry.IsZero() {
-		// At the consent the grant's calendar starts: its absolute end is
-		// what is stored and announced ahead (connection.expiring); the idle
-		// one is the keep-alive's to push back, and stands in only where
-		// the profile knows no absolute one.
+		// The grant's calendar starts at the consent: its absolute end is
+		// stored and announced (connection.expiring); the idle one, which
+		// the keep-alive pushes back, stands in only without it.
 		switch {
 		case r.refreshAbsolute > 0:
 			g.RefreshExpiry = sent.Add(r.refreshAbsolute)
@@ -97,16 +86,7 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 	return g, tok.WithExtra(raw), nil
 }
 
-func cloneValues(v url.Values) url.Values {
-	out := make(url.Values, len(v))
-	for k, vs := range v {
-		out[k] = append([]string(nil), vs...)
-	}
-	return out
-}
-
-// codeExchanger is a refresher that also redeems authorization codes
-// (Refresher, and Retrying around one).
+// codeExchanger also redeems authorization codes (Refresher, Retrying).
 type codeExchanger interface {
 	Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
 }
@@ -122,16 +102,13 @@ func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier str
 }
 
 // Exchange redeems an authorization code at provider ("" is the
-// configuration's) through that provider's refresher (see
-// Refresher.Exchange).
+// configuration's) through its refresher (see Refresher.Exchange).
 func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	ref := r.env
 	if provider != "" {
-		reg, ok := r.state.Load().byName[provider]
+		reg, ok := r.lookup(ctx, provider)
 		if !ok {
-			if reg, ok = r.readAgain(ctx, provider); !ok {
-				return domain.Grant{}, nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
-			}
+			return domain.Grant{}, nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 		}
 		ref = reg.refresher
 	}
@@ -146,15 +123,20 @@ func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, ve
 // AuthCodeOptions. Call it before the registry is used.
 func (r *Registry) SetProfile(p profiles.Profile) { r.envProfile = p }
 
-// AuthCodeOptions are the authorization request parameters the profile of
-// provider ("" is the configuration's) adds (Google's access_type=offline
-// and prompt=consent, Dropbox's token_access_type=offline), and scopes
-// joined with its separator where it is not a space (Slack, Zoho).
-func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption {
-	p := r.envProfile
-	if provider != "" {
-		p, _ = profiles.Get(r.state.Load().byName[provider].p.Profile)
+// profile is the profile of provider ("" is the configuration's).
+func (r *Registry) profile(provider string) profiles.Profile {
+	if provider == "" {
+		return r.envProfile
 	}
+	p, _ := profiles.Get(r.state.Load().byName[provider].p.Profile)
+	return p
+}
+
+// AuthCodeOptions are the authorization request parameters the profile of
+// provider adds (Google's access_type=offline and prompt=consent), and
+// scopes joined with its separator where it is not a space (Slack, Zoho).
+func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption {
+	p := r.profile(provider)
 	var out []oauth2.AuthCodeOption
 	for _, k := range slices.Sorted(maps.Keys(p.AuthParams)) {
 		out = append(out, oauth2.SetAuthURLParam(k, p.AuthParams[k]))
@@ -166,16 +148,11 @@ func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.Au
 }
 
 // ProviderFields is what the profile of provider keeps from a first grant
-// as connection metadata: the answer's extra fields (already in g.Extra)
-// and its callback fields from the authorization callback's query
-// (QuickBooks realmId); nil when there are none.
+// as connection metadata: g.Extra and its fields of the authorization
+// callback's query (QuickBooks realmId); nil when there are none.
 func (r *Registry) ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string {
-	p := r.envProfile
-	if provider != "" {
-		p, _ = profiles.Get(r.state.Load().byName[provider].p.Profile)
-	}
 	out := maps.Clone(g.Extra)
-	for _, k := range p.CallbackFields {
+	for _, k := range r.profile(provider).CallbackFields {
 		if v := callback.Get(k); v != "" {
 			if out == nil {
 				out = map[string]string{}

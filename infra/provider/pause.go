@@ -18,11 +18,9 @@ import (
 const DefaultPauseAfter = 3
 
 // pause holds back the calls to a token endpoint that could not be reached
-// (connection refused, no route, DNS, TLS) several times in a row
-// (domain.UnreachablePause): no answer will come from it soon, so every
-// caller, whichever connection it refreshes, fails at once with the last
-// failure instead of retrying until its refresh timeout. An answer of any
-// kind from the endpoint ends the pause.
+// several times in a row (domain.UnreachablePause): no answer will come
+// soon, so every caller fails at once with the last failure instead of
+// retrying until its refresh timeout. Any answer ends the pause.
 type pause struct {
 	off bool // never pause
 	p   domain.Pause
@@ -59,10 +57,8 @@ func (p *pause) record(now time.Time, err error) (paused bool) {
 }
 
 // unreachable reports whether err says no request reached the token
-// endpoint's HTTP server: nothing listens there, there is no route to it,
-// its name does not resolve, or its TLS certificate or handshake fails.
-// None of these gets better within a refresh's retries, and none spent the
-// refresh token.
+// endpoint's HTTP server (refused, no route, DNS, TLS): none gets better
+// within a refresh's retries, and none spent the refresh token.
 func unreachable(err error) bool {
 	var pe *domain.ProviderError
 	if err == nil || !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {

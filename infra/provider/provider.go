@@ -43,29 +43,22 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 // oauth2.Config (ClientID, ClientSecret, Endpoint.TokenURL and
 // Endpoint.AuthStyle). It is safe for concurrent use.
 //
-// It sends the token request itself instead of calling x/oauth2's
-// TokenSource, because x/oauth2 cannot do what a shared, rotating refresh
-// token needs: its auth-style auto-detection sends the request again in
-// the other style after any failure, a timeout or invalid_grant included,
-// which presents a refresh token the provider may already have spent; a
-// fractional expires_in (3599.5) fails the whole answer; it reads neither
-// refresh_token_expires_in nor a code outside "error" (HubSpot); and its
-// errors print the response body. x/oauth2 stays the configuration type
-// and does the authorization-code exchange.
+// It sends the token request itself instead of using x/oauth2's
+// TokenSource, whose auth-style auto-detection resends the request in the
+// other style after any failure (a timeout or invalid_grant included),
+// presenting a refresh token the provider may already have spent; it also
+// rejects a fractional expires_in, ignores refresh_token_expires_in and
+// HubSpot's code outside "error", and prints the body in its errors.
 //
-// Client authentication follows cfg.Endpoint.AuthStyle:
-// oauth2.AuthStyleInHeader (HTTP Basic, client_secret_basic) and
-// AuthStyleInParams (client_secret_post) are used as they are, never
-// probed. AuthStyleAutoDetect is "auto": the style remembered for this
-// token URL and client (in memory, and in the AuthStyleStore when there is
-// one), else HTTP Basic, which RFC 6749 §2.3.1 makes mandatory for servers
-// to support. Only when the answer says the client's authentication failed
-// (invalid_client, or a 401) is the same request sent once more in the
-// other style: the provider then never looked at the refresh token. On any
-// other failure (a timeout, a 5xx, invalid_grant, a lost connection) the
-// first request may have been processed, and presenting its refresh token
-// again is the reuse strict providers punish by revoking the grant. The
-// style that succeeds is remembered.
+// Client authentication follows cfg.Endpoint.AuthStyle: InHeader (HTTP
+// Basic) and InParams are used as they are. AutoDetect starts with the
+// style remembered for this token URL and client (in memory and in the
+// AuthStyleStore), else HTTP Basic, which RFC 6749 §2.3.1 makes mandatory.
+// Only when the client's authentication failed (invalid_client, or a 401)
+// is the request sent once more in the other style: the provider then never
+// looked at the refresh token. After any other failure the first request may
+// have been processed, and presenting its token again is the reuse strict
+// providers punish by revoking the grant.
 type Refresher struct {
 	cfg             *oauth2.Config
 	client          *http.Client
@@ -85,9 +78,8 @@ type Refresher struct {
 	saving  atomic.Bool  // a write to the store is under way
 }
 
-// AuthStyleStore keeps, per token URL and client id, the client
-// authentication style the provider accepted ("header" or "params"), so
-// that other processes and restarts start with it instead of probing.
+// AuthStyleStore keeps, per token URL and client id, the auth style the
+// provider accepted, so other processes and restarts need not probe.
 // Load returns "" when nothing is stored.
 type AuthStyleStore interface {
 	Load(ctx context.Context, tokenURL, clientID string) (string, error)
@@ -103,8 +95,7 @@ const (
 // Option configures a Refresher.
 type Option func(*Refresher)
 
-// WithAuthStyleStore remembers the learned auth style in s as well as in
-// memory.
+// WithAuthStyleStore remembers the learned auth style in s too.
 func WithAuthStyleStore(s AuthStyleStore) Option { return func(r *Refresher) { r.styles = s } }
 
 // WithDefaultLifetime gives access tokens whose answer has no usable
@@ -114,11 +105,10 @@ func WithDefaultLifetime(d time.Duration) Option {
 	return func(r *Refresher) { r.defaultLifetime = max(d, 0) }
 }
 
-// WithProfile applies what a provider profile says about the token
-// endpoint's answers: its own codes for a dead grant (GitHub's
-// bad_refresh_token in a 200 body), the fields to keep (Salesforce
-// instance_url), which the grant carries as Extra, and the refresh
-// token's expiry when the answer does not say it (see grant).
+// WithProfile applies what a provider profile says about the answers: its
+// codes for a dead grant (GitHub's bad_refresh_token in a 200 body), the
+// fields kept as Extra (Salesforce instance_url), and the refresh token's
+// expiry when the answer does not say it (see grant).
 func WithProfile(p profiles.Profile) Option {
 	return func(r *Refresher) {
 		r.deadGrants = p.DeadGrants
@@ -139,15 +129,14 @@ func WithLogger(l *slog.Logger) Option { return func(r *Refresher) { r.log = l }
 // the one every process decides staleness with.
 func WithClock(now func() time.Time) Option { return func(r *Refresher) { r.now = now } }
 
-// storeTimeout bounds a read or write of the AuthStyleStore. A read
-// happens before the request and may not delay it long; a failed read
-// costs at most one rejected request (a probe), never a refresh token.
+// storeTimeout bounds a read or write of the AuthStyleStore: a failed read
+// costs at most one rejected probe, never a refresh token.
 const storeTimeout = 2 * time.Second
 
-// NewRefresher uses cfg's client credentials, token URL and auth style,
-// and client for the HTTP calls (NewHTTPClient when nil). The client never
-// follows redirects, whatever its CheckRedirect: a token endpoint has no
-// business redirecting a POST with credentials.
+// NewRefresher uses cfg's client and endpoint, and client for the HTTP
+// calls (NewHTTPClient when nil). Redirects are never followed, whatever
+// its CheckRedirect: a token endpoint has no business redirecting a POST
+// with credentials.
 func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refresher {
 	if client == nil {
 		client = NewHTTPClient(10 * time.Second)
@@ -166,28 +155,40 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 // Refresh redeems refreshToken. Errors are *domain.ProviderError; their
 // Class says what the answer means for the grant (see classify).
 func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
-	style, auto := r.cfg.Endpoint.AuthStyle, r.cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect
-	if auto {
-		style = r.startStyle(ctx)
-	}
-	g, pe := r.exchange(ctx, refreshToken, style)
-	if pe != nil && auto && clientAuthFailed(pe) {
-		// Client authentication failed: the provider did not look at the
-		// refresh token, so the same request may go once in the other style.
-		style = other(style)
+	var g domain.Grant
+	pe := r.authenticated(ctx, true, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
 		g, pe = r.exchange(ctx, refreshToken, style)
-		if pe == nil && r.log != nil {
+		return pe
+	})
+	if pe != nil {
+		return domain.Grant{}, pe
+	}
+	return g, nil
+}
+
+// authenticated calls send in the configured style. In auto it starts with
+// startStyle and, only when the client's authentication failed (the
+// provider did not look at the refresh token or the code), calls it once
+// more in the other style; the style that succeeds is remembered.
+func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func(oauth2.AuthStyle) *domain.ProviderError) *domain.ProviderError {
+	style := r.cfg.Endpoint.AuthStyle
+	if style != oauth2.AuthStyleAutoDetect {
+		return send(style)
+	}
+	style = r.startStyle(ctx)
+	pe := send(style)
+	if pe != nil && clientAuthFailed(pe) {
+		style = other(style)
+		pe = send(style)
+		if pe == nil && logSwitch && r.log != nil {
 			r.log.Info("token endpoint accepted the client only with this auth style; remembered",
 				"token_url", r.cfg.Endpoint.TokenURL, "auth_style", styleName(style))
 		}
 	}
-	if pe != nil {
-		return domain.Grant{}, pe
-	}
-	if auto {
+	if pe == nil {
 		r.remember(style)
 	}
-	return g, nil
+	return pe
 }
 
 // startStyle is the style auto begins with: the learned one, else the
@@ -220,10 +221,9 @@ func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
 	return oauth2.AuthStyleInHeader
 }
 
-// remember keeps style, which just succeeded, in memory and, when the
-// store does not hold it yet, in the store. The write runs on its own:
-// the caller is about to persist a rotated refresh token, and nothing may
-// delay that.
+// remember keeps style, which just succeeded, in memory and, when new, in
+// the store, in the background: the caller is about to persist a rotated
+// refresh token, and nothing may delay that.
 func (r *Refresher) remember(style oauth2.AuthStyle) {
 	r.learned.Store(int32(style))
 	if r.styles == nil || r.stored.Load() == int32(style) || !r.saving.CompareAndSwap(false, true) {
@@ -276,15 +276,12 @@ func GrantFrom(tok *oauth2.Token) domain.Grant {
 		RefreshToken: domain.NewSecret(tok.RefreshToken),
 		Expiry:       tok.Expiry,
 	}
-	for _, k := range []string{"refresh_token_expires_in", "x_refresh_token_expires_in"} {
-		raw, err := json.Marshal(tok.Extra(k))
-		if err != nil {
-			continue
-		}
-		if d, ok := (fields{k: raw}).lifetime(k); ok {
-			g.RefreshExpiry = time.Now().Add(d)
-			break
-		}
+	f := fields{}
+	for _, k := range refreshLifetimeKeys {
+		f[k], _ = json.Marshal(tok.Extra(k))
+	}
+	if d, ok := f.refreshLifetime(); ok {
+		g.RefreshExpiry = time.Now().Add(d)
 	}
 	return g
 }

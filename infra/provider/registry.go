@@ -22,34 +22,25 @@ type ProviderSource interface {
 	List(ctx context.Context) ([]domain.Provider, error)
 }
 
-// Build makes the refresher of a stored provider: what the process makes
-// of its configuration (OAuth2Config), with its HTTP client, auth-style
-// store and retry policy.
-type Build func(p domain.Provider) GrantRefresher
-
 // Registry redeems refresh tokens at the provider a connection names
 // (usecase.Refresher): "" at the provider of the process's configuration,
 // any other name at that stored provider, each through a refresher of its
-// own (its client, its auth style learned apart, its retries). It is safe
-// for concurrent use.
+// own. It is safe for concurrent use.
 //
-// The stored providers are read by Load and read again after Changed (the
-// change listener calls it for every NOTIFY on the tokenguard_providers table, and
-// after each reconnection): a rotated client secret is used from the next
-// refresh on, without a restart. A provider whose version did not change
-// keeps its refresher. A name the registry does not know makes it read the
-// table again at once (the provider may have been added a moment ago),
-// at most once per missReadEvery; a name still unknown then is
-// domain.ErrUnknownProvider, classed EndpointMisconfigured: no grant is
-// touched. A stored provider that rejects the client makes it read the
-// table again in the background too, in case a change was missed.
+// The stored providers are read by Load and again after Changed (on every
+// NOTIFY on tokenguard_providers, and after each reconnection), so a
+// rotated client secret is used without a restart; a provider whose
+// version did not change keeps its refresher. An unknown name makes it read
+// again at once (at most once per missReadEvery; the provider may have been
+// added a moment ago), then is domain.ErrUnknownProvider: no grant is
+// touched. A provider that rejects the client makes it read again in the
+// background, in case a change was missed.
 type Registry struct {
-	env    GrantRefresher
-	source ProviderSource
-	build  Build
-	log    *slog.Logger
-	// envProfile is the profile of the configuration's provider.
-	envProfile profiles.Profile
+	env        GrantRefresher
+	source     ProviderSource
+	build      func(domain.Provider) GrantRefresher
+	log        *slog.Logger
+	envProfile profiles.Profile // of the configuration's provider
 
 	state    atomic.Pointer[registryState]
 	onChange atomic.Pointer[func(name string)]
@@ -58,7 +49,6 @@ type Registry struct {
 	pending  atomic.Bool // a change arrived: read again
 	running  atomic.Bool // a background read is under way
 	lastMiss atomic.Int64
-	loads    atomic.Int64
 }
 
 type registryState struct {
@@ -78,9 +68,10 @@ const missReadEvery = time.Second
 const loadTimeout = 10 * time.Second
 
 // NewRegistry serves "" with env and the providers of source, each with
-// the refresher build makes of it. log may be nil. Call Load before use:
-// until then only "" is known.
-func NewRegistry(env GrantRefresher, source ProviderSource, build Build, log *slog.Logger) *Registry {
+// the refresher build makes of it (its HTTP client, auth-style store and
+// retry policy). log may be nil. Call Load before use: until then only ""
+// is known.
+func NewRegistry(env GrantRefresher, source ProviderSource, build func(domain.Provider) GrantRefresher, log *slog.Logger) *Registry {
 	if log == nil {
 		log = slog.Default()
 	}
@@ -102,7 +93,6 @@ func (r *Registry) Load(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load providers: %w", err)
 	}
-	r.loads.Add(1)
 	old := r.state.Load().byName
 	next := make(map[string]registered, len(list))
 	var changed []string
@@ -170,21 +160,18 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 	if provider == "" {
 		return r.env.Refresh(ctx, refreshToken)
 	}
-	reg, ok := r.state.Load().byName[provider]
+	reg, ok := r.lookup(ctx, provider)
 	if !ok {
-		if reg, ok = r.readAgain(ctx, provider); !ok {
-			return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured,
-				Err: fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)}
-		}
+		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured,
+			Err: fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)}
 	}
 	g, err := reg.refresher.Refresh(ctx, refreshToken)
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) && clientAuthFailed(pe) {
 		if cur, ok := r.state.Load().byName[provider]; ok && cur.p.Version != reg.p.Version {
 			// The settings changed while the request was out (a rotated
-			// client secret): the provider refused the client without
-			// looking at the refresh token, so it may go once more, with
-			// the new settings.
+			// client secret), and the refresh token was not looked at: it
+			// may go once more, with the new settings.
 			return cur.refresher.Refresh(ctx, refreshToken)
 		}
 		// A rotated secret whose announcement this process missed is
@@ -194,9 +181,12 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 	return g, err
 }
 
-// readAgain reads the providers once more for a name the registry does
-// not know, unless it did so less than missReadEvery ago.
-func (r *Registry) readAgain(ctx context.Context, provider string) (registered, bool) {
+// lookup finds provider, reading the providers once more for a name the
+// registry does not know, unless it did so less than missReadEvery ago.
+func (r *Registry) lookup(ctx context.Context, provider string) (registered, bool) {
+	if reg, ok := r.state.Load().byName[provider]; ok {
+		return reg, true
+	}
 	now := time.Now().UnixNano()
 	last := r.lastMiss.Load()
 	if now-last >= int64(missReadEvery) && r.lastMiss.CompareAndSwap(last, now) {
@@ -223,11 +213,9 @@ func (r *Registry) Provider(name string) (domain.Provider, bool) {
 // exchange); its RedirectURL is left to the caller. An unknown name is
 // read again once, as a refresh does, then domain.ErrUnknownProvider.
 func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
-	reg, ok := r.state.Load().byName[name]
+	reg, ok := r.lookup(ctx, name)
 	if !ok {
-		if reg, ok = r.readAgain(ctx, name); !ok {
-			return nil, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
-		}
+		return nil, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
 	}
 	p := reg.p
 	p.ClientSecret = reg.secret
@@ -262,10 +250,6 @@ func (r *Registry) KeepAlives() map[string]time.Duration {
 	}
 	return out
 }
-
-// Loads counts the completed reads of the providers (for tests and
-// diagnostics).
-func (r *Registry) Loads() int64 { return r.loads.Load() }
 
 // OAuth2Config is the x/oauth2 view of a stored provider.
 func OAuth2Config(p domain.Provider) *oauth2.Config {

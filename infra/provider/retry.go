@@ -13,8 +13,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// GrantRefresher is what Retrying decorates: Refresher, or anything else
-// that redeems a refresh token and reports failures as the domain does.
+// GrantRefresher redeems a refresh token and reports failures as the
+// domain does (Refresher, Retrying).
 type GrantRefresher interface {
 	Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error)
 }
@@ -37,33 +37,24 @@ type Policy struct {
 	// (default 30s). With a deadline, the deadline alone bounds it.
 	MaxElapsed time.Duration
 	// RetryWithin bounds when a new attempt may start, from the first
-	// (0: until the deadline). An attempt under way may still run to ctx's
-	// deadline: the caller waits for a request's answer longer than it
-	// retries answered failures (the refresh timeout, against the answer
-	// deadline).
+	// (0: until the deadline); an attempt under way may still run to ctx's
+	// deadline (the refresh timeout, against the answer deadline).
 	RetryWithin time.Duration
-	// AttemptTimeout bounds one try (0: a try may use all the time that is
-	// left). A try cut short by it counts as a timeout and is retried; see
-	// Retrying about the risk of cutting off a slow but successful answer.
+	// AttemptTimeout bounds one try (0: all the time left). A try cut short
+	// counts as a timeout; see Retrying about cutting off a slow success.
 	AttemptTimeout time.Duration
 	// PauseAfter is how many tries in a row may find the token endpoint
-	// unreachable (connection refused, DNS, TLS) before every call fails
-	// at once for a pause of 250ms, doubling to 4s while it stays so
-	// (default DefaultPauseAfter; negative: never pause).
+	// unreachable (refused, DNS, TLS) before every call fails at once for a
+	// pause (default DefaultPauseAfter; negative: never pause).
 	PauseAfter int
-	// Log receives one line per retry; nil logs nothing. Lines carry the
-	// attempt number, the wait and the error (never a token).
+	// Log receives one line per retry (never a token); nil logs nothing.
 	Log *slog.Logger
-	// ReuseGrace is the provider's reuse grace window as its profile
-	// declares it, which decides whether a request whose answer was lost
-	// (sent, then a timeout or a reset: the refresh token may be spent) is
-	// sent again with the same refresh token. Unknown (the zero value):
-	// like any transient failure, as for a provider nothing is known of.
-	// None: never; the error says so (domain.ProviderError.NoReplay). A
-	// window: only within it from the first presentation (ReplayUntil).
-	// Unknown (the zero value): not within the call; the use case presents
-	// it again only once the provider answers again. PolicyFor sets it from
-	// a profile.
+	// ReuseGrace is the provider's declared reuse grace window: whether a
+	// request whose answer was lost (the refresh token may be spent) is sent
+	// again. Unknown (the zero value): not within the call; the use case
+	// presents it again once the provider answers again. None: never
+	// (domain.ProviderError.NoReplay). A window: only within it from the
+	// first presentation (ReplayUntil). PolicyFor sets it from a profile.
 	ReuseGrace profiles.Duration
 	// ReplayHarmless: the provider does not rotate refresh tokens, so a
 	// lost answer's token may be presented again at once.
@@ -71,8 +62,7 @@ type Policy struct {
 }
 
 // PolicyFor is the retry policy of a provider with profile p: its reuse
-// grace window, unless its refresh tokens do not rotate (then presenting
-// one again is harmless, whatever the window).
+// grace window, unless its refresh tokens do not rotate.
 func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
 	pol := Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo}
 	if !pol.ReplayHarmless {
@@ -81,36 +71,27 @@ func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
 	return pol
 }
 
-// Retry policy defaults.
-const (
-	DefaultInitialInterval = 100 * time.Millisecond
-	DefaultMaxInterval     = 2 * time.Second
-	DefaultMultiplier      = 2.0
-	DefaultJitter          = 0.5
-	DefaultMaxElapsed      = 30 * time.Second
-)
-
 func (p Policy) withDefaults() Policy {
 	if p.InitialInterval <= 0 {
-		p.InitialInterval = DefaultInitialInterval
+		p.InitialInterval = 100 * time.Millisecond
 	}
 	if p.MaxInterval <= 0 {
-		p.MaxInterval = DefaultMaxInterval
+		p.MaxInterval = 2 * time.Second
 	}
 	p.MaxInterval = max(p.MaxInterval, p.InitialInterval)
 	if p.Multiplier < 1 {
-		p.Multiplier = DefaultMultiplier
+		p.Multiplier = 2
 	}
 	switch {
 	case p.Jitter == 0:
-		p.Jitter = DefaultJitter
+		p.Jitter = 0.5
 	case p.Jitter < 0:
 		p.Jitter = 0
 	case p.Jitter > 1:
 		p.Jitter = 1
 	}
 	if p.MaxElapsed <= 0 {
-		p.MaxElapsed = DefaultMaxElapsed
+		p.MaxElapsed = 30 * time.Second
 	}
 	if p.PauseAfter == 0 {
 		p.PauseAfter = DefaultPauseAfter
@@ -119,47 +100,31 @@ func (p Policy) withDefaults() Policy {
 }
 
 // Retrying retries a GrantRefresher's transient failures (errors wrapping
-// domain.ErrProviderUnavailable: 5xx, 429, timeouts, refused connections,
-// unparsable answers) with capped exponential backoff and jitter, computed
-// by github.com/cenkalti/backoff/v5. Every other class (a dead grant, a
-// rejected client, a misconfigured endpoint) and anything else is returned
-// after the first try: asking again cannot change the answer, and the use
-// case decides what to do about it. It is safe for concurrent use.
+// domain.ErrProviderUnavailable) with capped exponential backoff and jitter
+// (github.com/cenkalti/backoff/v5). Any other failure is returned after the
+// first try: asking again cannot change the answer, and the use case
+// decides. It is safe for concurrent use.
 //
 // A token endpoint found unreachable Policy.PauseAfter times in a row is
-// paused: until the pause ends, Refresh fails at once with
-// ErrProviderUnavailable, whichever connection it is for, so that callers
-// whose token is still valid get it and the others learn it at once
-// instead of each retrying until its deadline.
+// paused: until the pause ends, every call fails at once, so callers whose
+// token is still valid get it and the others learn it at once.
 //
-// Every wait ends before ctx's deadline: a Retry-After the provider sent is
-// the minimum wait before the next try, and when it (or the backoff) would
-// reach past the deadline, Retrying gives up at once with the last error
-// instead of sleeping into a try it could not make. The use case calls it
-// inside the connection's lock with a context bounded by the refresh
-// timeout, which is shorter than the lock wait, so retries never outlast
-// the lock bound.
+// Every wait ends before ctx's deadline: a Retry-After is the minimum wait,
+// and when a wait would reach past the deadline it gives up at once with
+// the last error. The use case calls it inside the connection's lock with
+// the refresh timeout, shorter than the lock wait, so retries never outlast
+// the lock bound. Retrying only presents the same token again; the caller
+// persists a token only after a success.
 //
-// The stored refresh token is not touched here: Retrying only presents the
-// same token again, and the caller persists a token only after a success.
+// A retry after a lost answer (domain.ProviderError.Lost) may present a
+// token the provider already rotated, or one still queued there, which a
+// strict provider takes for a reuse and revokes the grant: Policy.ReuseGrace
+// decides. For the same reason AttemptTimeout should not be set below the
+// provider's worst normal latency.
 //
-// Retrying after an ambiguous failure (a timeout, a connection reset after
-// the request was sent: domain.ProviderError.Lost) may present a refresh
-// token the provider already rotated, or one still queued there (a hung
-// provider answers its queue when it resumes, and a strict one takes the
-// second presentation for a reuse and revokes the grant). Policy.ReuseGrace
-// decides: within the provider's declared grace window the provider
-// answers as the first time; elsewhere the request is not sent again, and
-// the use case keeps every process from presenting the token until the
-// provider answers again (or for good, where the profile declares no
-// window). For the same reason AttemptTimeout should not be set below the
-// provider's worst normal latency. An answer that cannot be classified (domain.Unclassified) is
-// returned after the first try: the use case paces those per connection.
-//
-// backoff.Retry itself is not used: it treats Retry-After as an exact wait
-// (not a minimum), sleeps up to the deadline even when the next try could
-// not fit, and on cancellation returns the context's error instead of the
-// provider's, which callers need to classify the failure.
+// backoff.Retry is not used: it treats Retry-After as an exact wait, sleeps
+// up to the deadline even when the next try could not fit, and on
+// cancellation returns the context's error instead of the provider's.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
@@ -222,9 +187,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 		}
 		var pe *domain.ProviderError
 		if errors.As(err, &pe) && (pe.Class == domain.Unclassified || !r.mayReplay(pe, first)) {
-			// Asking again at once would not change an answer nobody
-			// understands (the use case paces those per connection), and
-			// a lost answer's refresh token may not be presented again.
+			// The use case paces unclassified answers per connection.
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -278,11 +241,11 @@ func (r *Retrying) mayReplay(pe *domain.ProviderError, first time.Time) bool {
 }
 
 func (r *Retrying) try(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
-	if r.policy.AttemptTimeout <= 0 {
-		return r.next.Refresh(ctx, refreshToken)
+	if r.policy.AttemptTimeout > 0 {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, r.policy.AttemptTimeout)
+		defer cancel()
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.policy.AttemptTimeout)
-	defer cancel()
 	return r.next.Refresh(ctx, refreshToken)
 }
 

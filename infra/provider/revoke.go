@@ -18,12 +18,9 @@ type RevocationEndpoint struct {
 	URL          string // "": the provider has no revocation endpoint
 	ClientID     string
 	ClientSecret domain.Secret
-	// AuthStyle authenticates the client as at the token endpoint:
-	// AuthStyleInHeader (HTTP Basic) and AuthStyleInParams (form body) as
-	// they are; AuthStyleAutoDetect the style remembered for TokenURL and
-	// ClientID, else HTTP Basic, and the form body once after
-	// invalid_client or a 401 (a revocation is idempotent: sending it
-	// twice spends nothing).
+	// AuthStyle authenticates the client as at the token endpoint; in auto
+	// the style remembered for TokenURL, else HTTP Basic, and the other
+	// once after invalid_client or a 401 (a revocation is idempotent).
 	AuthStyle oauth2.AuthStyle
 	TokenURL  string // where the remembered style was learned
 }
@@ -36,8 +33,7 @@ type RevocationEndpoints interface {
 }
 
 // OneRevocationEndpoint is the revocation endpoint of the provider of the
-// environment, the only provider it knows (StoredRevocationEndpoints knows
-// the stored providers too).
+// environment, the only provider it knows.
 type OneRevocationEndpoint RevocationEndpoint
 
 // RevocationEndpointFor implements RevocationEndpoints.
@@ -48,18 +44,15 @@ func (e OneRevocationEndpoint) RevocationEndpointFor(_ context.Context, provider
 	return RevocationEndpoint(e), nil
 }
 
-// ProviderLookup reads a stored provider, its client secret opened;
-// an error wrapping domain.ErrUnknownProvider when there is none
-// (repository.ProviderRepository is one).
+// ProviderLookup reads a stored provider, its client secret opened; an
+// error wraps domain.ErrUnknownProvider when there is none.
 type ProviderLookup interface {
 	Get(ctx context.Context, name string) (domain.Provider, error)
 }
 
-// StoredRevocationEndpoints serves "" with Env, the provider of the
-// process's configuration, and any other name with the revocation URL of
-// that stored provider (tokenctl provider add --revocation-url), read when
-// asked: a revocation is rare, and it then uses the provider's current
-// client secret.
+// StoredRevocationEndpoints serves "" with Env and any other name with
+// that stored provider's revocation URL, read when asked: a revocation is
+// rare, and it then uses the current client secret.
 type StoredRevocationEndpoints struct {
 	Env       RevocationEndpoint
 	Providers ProviderLookup
@@ -89,23 +82,19 @@ type Revocations struct {
 }
 
 // NewRevocations builds the revoker; client should be bounded
-// (NewHTTPClient); styles (may be nil) holds the auth styles learned at the
-// token endpoints.
+// (NewHTTPClient); styles (may be nil) are those learned at token endpoints.
 func NewRevocations(endpoints RevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
 	return &Revocations{endpoints: endpoints, client: client, styles: styles}
 }
 
-// errRevocationRefused: an answer that is no success and says nothing
-// more precise (unsupported_token_type, another 4xx).
+// errRevocationRefused: a failure without a more precise meaning.
 var errRevocationRefused = errors.New("the revocation endpoint refused the request")
 
-// Revoke revokes refreshToken at provider's revocation endpoint. A
-// success, and an answer that the token is invalid already (nothing left
-// to revoke), return nil. Errors wrap domain.ErrNoRevocationEndpoint,
-// domain.ErrUnknownProvider, domain.ErrProviderUnavailable (a 5xx, 429,
-// timeout or network failure: try again), domain.ErrClientRejected,
-// domain.ErrEndpointMisconfigured (404, 405, a redirect) or, for anything
-// else, name the status and the code; never the token or the body.
+// Revoke revokes refreshToken at provider's revocation endpoint; an answer
+// that the token is invalid already is a success too. Errors wrap
+// domain.ErrNoRevocationEndpoint, ErrUnknownProvider, ErrProviderUnavailable
+// (try again), ErrClientRejected or ErrEndpointMisconfigured, or name the
+// status and the code; never the token or the body.
 func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error {
 	e, err := r.endpoints.RevocationEndpointFor(ctx, provider)
 	if err != nil {
@@ -118,8 +107,7 @@ func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken 
 		}
 		return fmt.Errorf("%s: %w", name, domain.ErrNoRevocationEndpoint)
 	}
-	style := e.AuthStyle
-	auto := style == oauth2.AuthStyleAutoDetect
+	style, auto := e.AuthStyle, e.AuthStyle == oauth2.AuthStyleAutoDetect
 	if auto {
 		style = oauth2.AuthStyleInHeader
 		if r.styles != nil && e.TokenURL != "" {
@@ -162,8 +150,7 @@ func revocationAnswer(status int, code string) error {
 }
 
 // send posts one revocation request and returns the status and the error
-// code of the answer, if it has one (reported as the token endpoint's
-// codes are: unknown ones are not echoed).
+// code of the answer, unknown codes not echoed.
 func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
 	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
 	req, err := clientRequest(ctx, e.URL, form, e.ClientID, e.ClientSecret.Reveal(), style)

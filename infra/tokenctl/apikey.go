@@ -49,10 +49,7 @@ type APIKey struct {
 var ErrKeyExists = errors.New("an API key with that name exists")
 
 func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
-	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintf(stdio.Stderr, "tokenctl: apikey "+format+"\n", a...)
-		return code
-	}
+	fail := failer(stdio.Stderr, "apikey ")
 	kb, ok := backend.(KeyBackend)
 	if len(args) == 0 || !ok {
 		fmt.Fprintln(stdio.Stderr, apikeyUsage)
@@ -101,21 +98,12 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 			return fail(exitUsage, "create: --connections: no pattern given")
 		}
 	}
-	if cmd != "list" {
-		if name == "" {
-			return fail(exitUsage, "%s: --name NAME is required", cmd)
-		}
-		if err := domain.ValidateName(name); err != nil {
-			return fail(exitUsage, "%s: invalid key name %q (want 1-128 of A-Z a-z 0-9 . _ -)", cmd, name)
-		}
+	if code, ok := checkName(cmd, "key", name, fail); !ok {
+		return code
 	}
 	store, cleanup, err := kb.OpenKeys(ctx)
 	if err != nil {
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			return fail(exitUsage, "%v", ce)
-		}
-		return fail(exitFailure, "%v", err)
+		return failed(fail, "", err)
 	}
 	defer cleanup()
 	switch cmd {

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"strings"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // parseFlags parses args into fs and says whether the command goes on
@@ -54,4 +56,16 @@ func flagProblem(fs *flag.FlagSet, err error) string {
 		return "invalid value for -" + known + " (not shown); see -h"
 	}
 	return "unknown flag or bad flag syntax (not shown); see -h"
+}
+
+// checkName checks the --name of every subcommand but list.
+func checkName(cmd, what, name string, fail func(int, string, ...any) int) (int, bool) {
+	switch {
+	case cmd == "list":
+	case name == "":
+		return fail(exitUsage, "%s: --name NAME is required", cmd), false
+	case domain.ValidateName(name) != nil:
+		return fail(exitUsage, "%s: invalid %s name %q (want 1-128 of A-Z a-z 0-9 . _ -)", cmd, what, name), false
+	}
+	return exitOK, true
 }

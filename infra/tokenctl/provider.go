@@ -61,7 +61,7 @@ type ProviderStore interface {
 	AllowInsecureURLs() bool
 }
 
-// urlFlags are the flags of the provider's URLs, by domain.Provider.CheckURLs' field.
+// urlFlags are the flags of the provider's URLs, by CheckURLs' field.
 var urlFlags = map[string]string{"token URL": "--token-url", "auth URL": "--auth-url",
 	"revocation URL": "--revocation-url", "API base URL": "--api-base-url"}
 
@@ -80,8 +80,8 @@ func (e *errInsecure) Error() string {
 
 func (e *errInsecure) Unwrap() error { return e.err }
 
-// checkURLs refuses a provider whose URLs tokens and the client secret
-// would travel to in the clear.
+// checkURLs refuses a provider whose URLs secrets would travel to in the
+// clear.
 func checkURLs(p domain.Provider, allowInsecure bool) error {
 	if field, err := p.CheckURLs(allowInsecure); err != nil {
 		return &errInsecure{flag: urlFlags[field], err: err}
@@ -116,17 +116,16 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.DurationVar(&f.skew, "skew", 0, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
 	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
 	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
-	if !update {
+	if update {
+		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
+	} else {
 		fs.StringVar(&f.profile, "profile", "", "start from the provider profile `PROFILE` (tokenctl provider profiles)")
 		fs.Var(&f.params, "param", "fill the profile's URL placeholder: `k=v` (repeatable)")
 	}
-	if update {
-		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
-	}
 }
 
-// apply sets on p the settings given on the command line (set names the
-// flags given), and the secret when there is one.
+// apply sets on p the settings whose flags are in set, and the secret when
+// there is one.
 func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *domain.Secret) error {
 	str := map[string]*string{"token-url": &p.TokenURL, "client-id": &p.ClientID, "api-base-url": &p.APIBaseURL,
 		"auth-url": &p.AuthURL, "revocation-url": &p.RevocationURL}
@@ -167,8 +166,7 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 }
 
 // fromProfile starts p from the profile f names, its URLs filled with the
-// --param values; the flags set on the command line are applied after it,
-// and win. Errors wrap domain.ErrUnknownProfile or domain.ErrInvalidProvider.
+// --param values; the flags given are applied after it, and win.
 func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) error {
 	prof, err := profiles.Get(f.profile)
 	if err != nil {
@@ -218,10 +216,7 @@ func readSecret(r io.Reader) (domain.Secret, error) {
 }
 
 func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) int {
-	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintf(stdio.Stderr, "tokenctl: provider "+format+"\n", a...)
-		return code
-	}
+	fail := failer(stdio.Stderr, "provider ")
 	pb, ok := backend.(ProviderBackend)
 	if len(args) == 0 || !ok {
 		fmt.Fprintln(stdio.Stderr, providerUsage)
@@ -241,8 +236,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	default:
 		return fail(exitUsage, "unknown command (not shown)\n%s", providerUsage)
 	}
-	// Nothing unexpected is echoed: it may well be a client secret pasted
-	// by mistake.
+	// Nothing unexpected is echoed: it may be a client secret.
 	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
 		return code
 	}
@@ -251,13 +245,8 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if cmd == "profiles" {
 		return listProfiles(f.name, stdio, fail)
 	}
-	if cmd != "list" {
-		if f.name == "" {
-			return fail(exitUsage, "%s: --name NAME is required", cmd)
-		}
-		if err := domain.ValidateName(f.name); err != nil {
-			return fail(exitUsage, "%s: invalid provider name %q (want 1-128 of A-Z a-z 0-9 . _ -)", cmd, f.name)
-		}
+	if code, ok := checkName(cmd, "provider", f.name, fail); !ok {
+		return code
 	}
 	if cmd == "add" && ((f.tokenURL == "" && f.profile == "") || f.clientID == "") {
 		return fail(exitUsage, "add: --token-url URL (or --profile PROFILE) and --client-id ID are required")
@@ -279,22 +268,16 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	}
 	store, cleanup, err := pb.OpenProviders(ctx)
 	if err != nil {
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			return fail(exitUsage, "%v", ce)
-		}
-		return fail(exitFailure, "%v", err)
+		return failed(fail, "", err)
 	}
 	defer cleanup()
-	usage := func(err error) bool {
-		return errors.Is(err, domain.ErrInvalidProvider) || errors.Is(err, domain.ErrProviderExists) || errors.Is(err, domain.ErrUnknownProfile) ||
-			errors.Is(err, domain.ErrUnknownProvider) || errors.Is(err, domain.ErrProviderInUse)
-	}
 	failed := func(err error) int {
-		if usage(err) {
-			return fail(exitUsage, "%s: %v", cmd, err)
+		code := exitFailure
+		if errors.Is(err, domain.ErrInvalidProvider) || errors.Is(err, domain.ErrProviderExists) || errors.Is(err, domain.ErrUnknownProfile) ||
+			errors.Is(err, domain.ErrUnknownProvider) || errors.Is(err, domain.ErrProviderInUse) {
+			code = exitUsage
 		}
-		return fail(exitFailure, "%s: %v", cmd, err)
+		return fail(code, "%s: %v", cmd, err)
 	}
 	switch cmd {
 	case "add":

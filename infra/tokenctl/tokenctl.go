@@ -1,7 +1,5 @@
-// Package tokenctl is the operator CLI: apply migrations, import a token,
-// show connection status, disconnect, re-encrypt, reactivate connections
-// wrongly marked needs_reauth, check the token endpoint. It needs DATABASE_URL (check the
-// OAUTH_ settings too) and never prints a secret.
+// Package tokenctl is the operator CLI (see usage). It needs DATABASE_URL
+// (check the OAUTH_ settings too) and never prints a secret.
 package tokenctl
 
 import (
@@ -60,8 +58,7 @@ type Backend interface {
 	RotateKey(ctx context.Context) (resealed, current int, err error)
 	// Open connects to the token store.
 	Open(ctx context.Context) (Store, func(), error)
-	// Check asks the token endpoint about the client, with a made-up
-	// refresh token.
+	// Check asks the token endpoint about the client (provider.Check).
 	Check(ctx context.Context) (provider.CheckResult, error)
 }
 
@@ -70,28 +67,26 @@ type Store interface {
 	// Connection reads one connection, without its credentials.
 	Connection(ctx context.Context, connection string) (domain.Connection, error)
 	// EachConnection calls fn with every connection in name order, a page
-	// at a time: status streams, whatever the table's size.
+	// at a time, so status streams.
 	EachConnection(ctx context.Context, fn func(domain.Connection) error) error
 	// Connect stores a new grant of provider ("" for the OAUTH_* one);
-	// metadata, when not nil, replaces the connection's in the same
-	// transaction.
+	// metadata, when not nil, replaces the connection's.
 	Connect(ctx context.Context, connection, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error)
 	// Disconnect deletes the connection's token under its lock, after
-	// revoking its refresh token at the provider when revoke is true (a
-	// failed revocation changes nothing). It returns the deleted token.
+	// revoking it at the provider when revoke is true (a failed revocation
+	// changes nothing), and returns it.
 	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
-	// Reactivate sets a needs_reauth connection (for reason, if not
-	// empty) active again under its lock, tokens untouched. It returns the
-	// token as found under the lock and the version written, 0 if it left
-	// the connection alone.
+	// Reactivate sets a needs_reauth connection (for reason, if not empty)
+	// active again under its lock, tokens untouched. It returns the token as
+	// found and the version written, 0 if it left the connection alone.
 	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
 	// NeedingReauth lists up to limit connections marked needs_reauth for
 	// reason, in name order, after the name after.
 	NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error)
 }
 
-// ConfigError is a missing or malformed setting, reported by a Backend. It
-// is printed as one line and exits with status 2.
+// ConfigError is a missing or malformed setting, reported by a Backend:
+// one line, exit status 2.
 type ConfigError struct{ Err error }
 
 func (e *ConfigError) Error() string { return e.Err.Error() }
@@ -108,10 +103,7 @@ type IO struct {
 func Main(args []string, backend Backend, stdio IO) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
-	fail := func(code int, format string, a ...any) int {
-		fmt.Fprintf(stdio.Stderr, "tokenctl: "+format+"\n", a...)
-		return code
-	}
+	fail := failer(stdio.Stderr, "")
 	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
 		fmt.Fprintln(stdio.Stderr, usage)
 		if len(args) == 0 {
@@ -120,10 +112,10 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return exitOK
 	}
 	cmd, rest := args[0], args[1:]
-	if cmd == "apikey" {
+	switch cmd {
+	case "apikey":
 		return apikey(ctx, rest, backend, stdio)
-	}
-	if cmd == "provider" {
+	case "provider":
 		return providerCmd(ctx, rest, backend, stdio)
 	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
@@ -169,47 +161,34 @@ func Main(args []string, backend Backend, stdio IO) int {
 	if cmd == "reactivate" && (connection == "") == (reason == "") {
 		return fail(exitUsage, "reactivate: give either --connection NAME or --all-with-reason REASON")
 	}
-	if connection != "" {
-		if err := domain.ValidateName(connection); err != nil {
-			return fail(exitUsage, "%v", err)
-		}
+	if err := domain.ValidateName(connection); connection != "" && err != nil {
+		return fail(exitUsage, "%v", err)
 	}
-	if providerName != "" {
-		if err := domain.ValidateName(providerName); err != nil {
-			return fail(exitUsage, "import: invalid provider name %q", providerName)
-		}
+	if err := domain.ValidateName(providerName); providerName != "" && err != nil {
+		return fail(exitUsage, "import: invalid provider name %q", providerName)
 	}
 
-	// failed reports a backend error; configuration errors are usage errors.
-	failed := func(prefix string, err error) int {
-		var ce *ConfigError
-		if errors.As(err, &ce) {
-			return fail(exitUsage, "%v", ce)
-		}
-		return fail(exitFailure, "%s%v", prefix, err)
-	}
-	if cmd == "migrate" {
+	switch cmd {
+	case "migrate":
 		if err := backend.Migrate(ctx); err != nil {
-			return failed("migrate: ", err)
+			return failed(fail, "migrate: ", err)
 		}
 		fmt.Fprintln(stdio.Stdout, "migrations applied")
 		return exitOK
-	}
-	if cmd == "check" {
+	case "check":
 		res, err := backend.Check(ctx)
 		if err != nil {
-			return failed("check: ", err)
+			return failed(fail, "check: ", err)
 		}
 		fmt.Fprintln(stdio.Stdout, res)
 		if !res.OK() {
 			return exitFailure
 		}
 		return exitOK
-	}
-	if cmd == "rotate-key" {
+	case "rotate-key":
 		resealed, current, err := backend.RotateKey(ctx)
 		if err != nil {
-			return failed("rotate-key: ", err)
+			return failed(fail, "rotate-key: ", err)
 		}
 		fmt.Fprintf(stdio.Stdout, "re-encrypted %d connection(s); %d already used the current key\n", resealed, current)
 		return exitOK
@@ -225,7 +204,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 	}
 	store, cleanup, err := backend.Open(ctx)
 	if err != nil {
-		return failed("", err)
+		return failed(fail, "", err)
 	}
 	defer cleanup()
 
@@ -243,27 +222,25 @@ func Main(args []string, backend Backend, stdio IO) int {
 			t.Connection, t.Status, formatTime(t.Expiry), t.Version, providerNote(t.Provider))
 	case "status":
 		now := time.Now()
-		if connection != "" {
-			t, err := store.Connection(ctx, connection)
-			switch {
-			case errors.Is(err, domain.ErrNotFound):
-				return fail(exitUsage, "status: connection %q not found", connection)
-			case err != nil:
-				return fail(exitFailure, "status: %v", err)
-			}
-			p := newStatusPrinter(stdio.Stdout)
-			p.notice = expiringNotice(store)
-			p.print(t, now)
-			p.flush()
-			break
-		}
 		p := newStatusPrinter(stdio.Stdout)
 		p.notice = expiringNotice(store)
-		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
-		p.flush()
-		if err != nil {
+		if connection == "" {
+			err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
+			p.flush()
+			if err != nil {
+				return fail(exitFailure, "status: %v", err)
+			}
+			break
+		}
+		t, err := store.Connection(ctx, connection)
+		switch {
+		case errors.Is(err, domain.ErrNotFound):
+			return fail(exitUsage, "status: connection %q not found", connection)
+		case err != nil:
 			return fail(exitFailure, "status: %v", err)
 		}
+		p.print(t, now)
+		p.flush()
 	case "disconnect":
 		return disconnect(ctx, store, connection, revoke, stdio, fail)
 	case "reactivate":
@@ -273,6 +250,24 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return reactivateAll(ctx, store, reason, stdio, fail)
 	}
 	return exitOK
+}
+
+// failer prints "tokenctl: " prefix and the message on stderr and returns
+// the exit status.
+func failer(stderr io.Writer, prefix string) func(code int, format string, a ...any) int {
+	return func(code int, format string, a ...any) int {
+		fmt.Fprintf(stderr, "tokenctl: "+prefix+format+"\n", a...)
+		return code
+	}
+}
+
+// failed reports a backend error; configuration errors are usage errors.
+func failed(fail func(int, string, ...any) int, prefix string, err error) int {
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return fail(exitUsage, "%v", ce)
+	}
+	return fail(exitFailure, "%s%v", prefix, err)
 }
 
 // readGrant reads one token in golang.org/x/oauth2's JSON shape.
@@ -300,10 +295,9 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	return provider.GrantFrom(&tok), nil
 }
 
-// jsonCause keeps a decoding error free of input: syntax and type errors
-// carry only an offset or a field name; anything else (a time's error
-// quotes the value, which may well be a pasted token) is described without
-// it.
+// jsonCause keeps a decoding error free of input: anything but syntax and
+// type errors (a time's error quotes the value, maybe a pasted token) is
+// described without it.
 func jsonCause(err error) error {
 	var syn *json.SyntaxError
 	if errors.As(err, &syn) {
@@ -319,9 +313,8 @@ func jsonCause(err error) error {
 	return errors.New("a value does not fit its field (expiry must be RFC 3339)")
 }
 
-// statusPrinter writes status lines as they come, aligned in blocks of
-// statusBlock lines, each followed by its connections' bindings: the
-// listing streams, whatever the table's size.
+// statusPrinter streams status lines, aligned in blocks of statusBlock
+// lines, each followed by its connections' details.
 type statusPrinter struct {
 	w      io.Writer
 	notice time.Duration // the EXPIRING column's: TOKEN_EXPIRING_NOTICE
@@ -339,8 +332,7 @@ func newStatusPrinter(w io.Writer) *statusPrinter {
 // DefaultExpiringNotice is TOKEN_EXPIRING_NOTICE's default: 14 days.
 const DefaultExpiringNotice = 14 * 24 * time.Hour
 
-// expiringNotice is the notice of a Store that knows its setting (the
-// real one: TOKEN_EXPIRING_NOTICE), else the default.
+// expiringNotice is the Store's TOKEN_EXPIRING_NOTICE, else the default.
 func expiringNotice(s Store) time.Duration {
 	if n, ok := s.(interface{ ExpiringNotice() time.Duration }); ok {
 		return n.ExpiringNotice()
@@ -349,7 +341,7 @@ func expiringNotice(s Store) time.Duration {
 }
 
 // expiring is the EXPIRING column: how soon the refresh token dies, once
-// that is within the notice; "-" before (or when unknown).
+// within the notice; "-" before or when unknown.
 func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
 	if t.RefreshExpiry.IsZero() || notice <= 0 || t.RefreshExpiry.Sub(now) > notice {
 		return "-"

@@ -8,6 +8,7 @@
 package profiles
 
 import (
+	"cmp"
 	"embed"
 	"fmt"
 	"io/fs"
@@ -86,14 +87,12 @@ func parseDuration(s string) (Duration, error) {
 	case "none":
 		return Duration{Known: true}, nil
 	}
-	if days, ok := strings.CutSuffix(s, "d"); ok {
-		n, err := strconv.Atoi(days)
-		if err != nil || n <= 0 {
-			return Duration{}, fmt.Errorf("duration %q: want unknown, none, Nd or a Go duration", s)
-		}
-		return Duration{D: time.Duration(n) * 24 * time.Hour, Known: true}, nil
-	}
 	v, err := time.ParseDuration(s)
+	if days, ok := strings.CutSuffix(s, "d"); ok {
+		var n int
+		n, err = strconv.Atoi(days)
+		v = time.Duration(n) * 24 * time.Hour
+	}
 	if err != nil || v <= 0 {
 		return Duration{}, fmt.Errorf("duration %q: want unknown, none, Nd or a Go duration", s)
 	}
@@ -149,8 +148,7 @@ type Profile struct {
 	Sources map[string]string `yaml:"sources"`
 }
 
-// claims lists the claims a profile may make and whether p makes each:
-// every claim made needs a source.
+// claims says which claims p makes: each needs a source.
 func (p Profile) claims() map[string]bool {
 	return map[string]bool{
 		"urls":             p.TokenURL != "",
@@ -290,7 +288,7 @@ func (p Profile) Resolve(params map[string]string) (Profile, error) {
 	}
 	for k, v := range params {
 		if _, ok := p.Params[k]; !ok {
-			return Profile{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, p.paramNames())
+			return Profile{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, cmp.Or(strings.Join(p.ParamNames(), ", "), "none"))
 		}
 		if !paramPattern.MatchString(v) {
 			return Profile{}, fmt.Errorf("%w: parameter %s must be 1-128 of A-Z a-z 0-9 . _ -", domain.ErrInvalidProvider, k)
@@ -325,13 +323,6 @@ func (p Profile) Missing(u string, params map[string]string) []string {
 		}
 	}
 	return out
-}
-
-func (p Profile) paramNames() string {
-	if len(p.Params) == 0 {
-		return "none"
-	}
-	return strings.Join(slices.Sorted(maps.Keys(p.Params)), ", ")
 }
 
 // ParamNames lists the parameters the profile's URLs take.
