@@ -21,26 +21,20 @@ import (
 // ConnectFlow is one browser's authorization-code flow for a connection,
 // from AuthCodeURL to Complete. The caller fills what the flow is for;
 // AuthCodeURL fills State and Verifier. Keep the flow server-side, bound
-// to the browser that started it (the application's own session), never
-// in a URL: Verifier is the PKCE secret.
+// to the browser that started it, never in a URL: Verifier is the PKCE
+// secret.
 type ConnectFlow struct {
-	Connection string
-	// Provider is a stored provider (tokenctl provider add); "" is New's
-	// oauth2.Config's.
-	Provider string
-	// RedirectURL is where the provider sends the browser back; "" is
-	// New's oauth2.Config's RedirectURL.
-	RedirectURL string
+	Connection  string
+	Provider    string // a stored provider; "" is New's oauth2.Config's
+	RedirectURL string // "" is New's oauth2.Config's
 	// AllowAccountChange lets a grant from another provider account than
 	// the connection's replace it.
 	AllowAccountChange bool
 	// Metadata (a JSON object) and Tags replace the connection's when the
 	// result is redeemed; both nil keep the connection's own.
-	Metadata json.RawMessage
-	Tags     []string
-	// CreatedBy names who asked for the flow (the bundled server: the API
-	// key); it is kept with the pending result.
-	CreatedBy string
+	Metadata  json.RawMessage
+	Tags      []string
+	CreatedBy string // who asked for the flow, kept with the pending result
 	State     string
 	Verifier  string
 }
@@ -49,8 +43,8 @@ type ConnectFlow struct {
 // the connection until Redeem is called with Code.
 type ConnectResult struct {
 	// Code is the one-time result code (tgr_…), valid until ExpiresAt.
-	// Hand it to the part of the application that knows which of its
-	// users started the flow; only that part should Redeem it.
+	// Only the part of the application that knows which user started the
+	// flow should Redeem it.
 	Code          string
 	Connection    string
 	Account       string // the provider account that consented; "" when unknown
@@ -79,12 +73,10 @@ type ConnectError = domain.ConnectError
 const ResultLifetime = 10 * time.Minute
 
 // AuthCodeURL starts the authorization-code flow of f.Connection: it
-// returns the provider's authorization URL to send the browser to, and f
-// with a fresh State and PKCE Verifier, to keep until the callback. The
-// request carries the profile's authorization parameters (prompt=consent
-// where the provider supports it, so an earlier approval does not let a
-// consent pass unseen). The URL comes from New's oauth2.Config
-// (Endpoint.AuthURL, Scopes, RedirectURL) or the stored provider's.
+// returns the provider's authorization URL, and f with a fresh State and
+// PKCE Verifier to keep until the callback. The request carries the
+// profile's authorization parameters (prompt=consent where supported, so
+// an earlier approval does not let a consent pass unseen).
 func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, ConnectFlow, error) {
 	if t.closed.Load() {
 		return "", f, ErrClosed
@@ -115,13 +107,12 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 }
 
 // Complete handles the provider's redirect back (callback: its query) for
-// the flow f that AuthCodeURL started: it checks the state, redeems the
-// code with the PKCE verifier, finds the account that consented (the ID
-// token's sub, else WithUserInfo's endpoint) and keeps the grant pending,
-// sealed like tokens, for ResultLifetime. Nothing is stored for the
-// connection: a link that reached another person's browser must not give
-// their grant to the connection. Redeem stores it, once the application
-// knows the browser belonged to the user who asked.
+// f: it checks the state, redeems the code with the PKCE verifier, finds
+// the account that consented (the ID token's sub, else WithUserInfo) and
+// keeps the grant pending, sealed, for ResultLifetime. Nothing is stored
+// for the connection: a link that reached another person's browser must
+// not give their grant to it. Redeem stores it, once the application knows
+// the browser belonged to the user who asked.
 //
 // A flow the provider did not complete is a *ConnectError.
 func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Values) (ConnectResult, error) {
@@ -185,13 +176,12 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	return ConnectResult{Code: secret.Reveal(), Connection: f.Connection, Account: account, Scopes: granted, MissingScopes: missing, ExpiresAt: expires}, nil
 }
 
-// Redeem stores the grant of the pending result code: as Import does, and
-// bound to the account that consented (a grant from another account than
-// the connection's is ErrAccountMismatch unless the flow allowed the
-// change), with the flow's metadata, in one transaction with the result's
-// deletion. A code that is unknown, expired or already redeemed is
-// ErrResultInvalid, and nothing is stored. A refused grant is revoked at
-// the provider by the next SweepConnectResults.
+// Redeem stores the grant of the pending result code as Import does, bound
+// to the account that consented (another account than the connection's is
+// ErrAccountMismatch unless the flow allowed it), in one transaction with
+// the result's deletion. An unknown, expired or used code is
+// ErrResultInvalid. A refused grant is revoked by the next
+// SweepConnectResults.
 func (t *Tokens) Redeem(ctx context.Context, code string) (Connected, error) {
 	if t.closed.Load() {
 		return Connected{}, ErrClosed
@@ -204,14 +194,12 @@ func (t *Tokens) Redeem(ctx context.Context, code string) (Connected, error) {
 		Scopes: strings.Fields(tok.Binding.Scopes), MissingScopes: strings.Fields(tok.Binding.MissingScopes)}, nil
 }
 
-// SweepConnectResults revokes at their provider (RFC 7009, where a
-// revocation endpoint is known: WithRevocationURL, a stored provider's)
-// the grants of results never redeemed within ResultLifetime, and deletes
-// them; a revocation that fails is tried again by the next sweep. No
-// database connection is held while the provider answers, and processes
-// sweeping at once share the work. Call it periodically in at least one
-// process (the bundled server does, every few seconds). It returns how
-// many results it deleted.
+// SweepConnectResults revokes at their provider (RFC 7009, where an
+// endpoint is known) the grants of results not redeemed within
+// ResultLifetime, and deletes them; a failed revocation is tried again by
+// the next sweep. No database connection is held while the provider
+// answers, and concurrent sweeps share the work. Call it periodically in
+// at least one process. It returns how many results it deleted.
 func (t *Tokens) SweepConnectResults(ctx context.Context) (int, error) {
 	if t.closed.Load() {
 		return 0, ErrClosed
@@ -219,8 +207,7 @@ func (t *Tokens) SweepConnectResults(ctx context.Context) (int, error) {
 	return t.flow.Sweep(ctx)
 }
 
-// clientOf is the client registration of f's provider, with f's redirect
-// URL, else New's oauth2.Config's.
+// clientOf is f's provider's client registration, with f's redirect URL.
 func (t *Tokens) clientOf(ctx context.Context, f ConnectFlow) (*oauth2.Config, error) {
 	var c *oauth2.Config
 	if f.Provider == "" {
@@ -259,8 +246,7 @@ func grantedScopes(tok *oauth2.Token, requested []string) []string {
 	return slices.Clone(requested)
 }
 
-// oauthCode keeps an OAuth2 error code printable and short: it comes from
-// outside.
+// oauthCode keeps an OAuth2 error code from outside printable and short.
 func oauthCode(s string) string {
 	if len(s) > 64 {
 		s = s[:64]

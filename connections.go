@@ -16,30 +16,25 @@ import (
 // Connection is a connection as Connections lists it: its state and the
 // application's metadata, never a token.
 type Connection struct {
-	Name string
-	// Provider is the connection's provider; "" for the one of New's
-	// oauth2.Config.
-	Provider string
+	Name     string
+	Provider string // "" for the one of New's oauth2.Config
 	// Status is "active", "failing" (active, but its refreshes keep
 	// getting answers tokenguard cannot classify: Reason gives the last
 	// one's HTTP status and code) or "needs_reauth" (Reason says why).
 	Status, Reason string
-	Expiry         time.Time // of the access token; zero: the provider gave none
-	RefreshExpiry  time.Time // of the refresh token; zero: unknown
-	LastRefresh    time.Time // the last refresh or grant
-	Version        int64     // bumped by every write
-	Account        string    // the provider account that granted it, if known
-	// Metadata (a JSON object, {} when none) and Tags are the
-	// application's own, as Import's WithMetadata stored them.
-	Metadata json.RawMessage
-	Tags     []string
+	Expiry         time.Time       // of the access token; zero: the provider gave none
+	RefreshExpiry  time.Time       // of the refresh token; zero: unknown
+	LastRefresh    time.Time       // the last refresh or grant
+	Version        int64           // bumped by every write
+	Account        string          // the provider account that granted it, if known
+	Metadata       json.RawMessage // a JSON object, {} when none: see WithMetadata
+	Tags           []string
 }
 
 // Connections pages through the connections in name order: up to limit
 // (1 to 1000; 0 means 100) whose names sort after after ("" for the first
-// page), and next, the after of the following page ("" after the last
-// page). Each page is one indexed query however many connections there
-// are. No token is read.
+// page), and next, the after of the following page ("" after the last).
+// Each page is one indexed query; no token is read.
 func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conns []Connection, next string, err error) {
 	if t.closed.Load() {
 		return nil, "", ErrClosed
@@ -67,18 +62,15 @@ func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conn
 	return conns, next, nil
 }
 
-// Disconnect deletes connection: its token is gone from the database, and
-// every process running Run drops its cached copy when the deletion
-// commits, so no process serves or refreshes it again (Token answers
-// ErrNotFound). It waits for a refresh of the connection in progress.
+// Disconnect deletes connection: every process running Run drops its
+// cached copy when the deletion commits (Token answers ErrNotFound). It
+// waits for a refresh of the connection in progress.
 //
-// With revoke, it first revokes the refresh token at the provider's
-// revocation endpoint (WithRevocationURL), holding the connection's lock
-// so that the token revoked is the current one. If the revocation fails
-// nothing is deleted and the error says why (ErrNoRevocationEndpoint,
-// ErrProviderUnavailable, ErrClientRejected...): deleting the only handle
-// on a grant that is still live would leave it live for good. Call it
-// again, or without revoke to delete it anyway.
+// With revoke, it first revokes the refresh token at the provider, holding
+// the connection's lock so that the token revoked is the current one. If
+// the revocation fails nothing is deleted and the error says why: deleting
+// the only handle on a grant still live would leave it live for good;
+// call it again, or without revoke to delete it anyway.
 func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -87,14 +79,12 @@ func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool)
 	return err
 }
 
-// Reactivate sets connection active again if it is marked needs_reauth,
-// without touching its tokens: the next refresh tells whether the grant
-// is alive. It is the way back for a grant marked dead for something that
-// was not the grant's fault (a client secret rotated too early, say). It
-// takes the connection's lock, as a refresh does, and every process drops
-// its cached copy when it commits. It returns the version written, or 0
-// when it left the connection alone (it was not needs_reauth); ErrNotFound
-// for a connection that has no token.
+// Reactivate sets a needs_reauth connection active again, tokens
+// untouched: the next refresh tells whether the grant is alive. It is the
+// way back for a grant marked dead through no fault of its own (a client
+// secret rotated too early, say). It takes the connection's lock, and
+// returns the version written, or 0 when it left the connection alone;
+// ErrNotFound for a connection that has no token.
 func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int64, err error) {
 	if t.closed.Load() {
 		return 0, ErrClosed
@@ -113,11 +103,9 @@ func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int
 type ImportOption func(*usecase.ConnectRequest) error
 
 // WithMetadata gives the connection the application's own bookkeeping (a
-// tenant id, an end user id): object, a JSON object of at most 16 KiB
-// (nil means {}), and up to 32 tags. They replace what the connection had,
-// in the transaction that stores the grant; Import without WithMetadata
-// keeps them. Connections returns them. Bad metadata is ErrInvalidMetadata
-// and nothing is stored.
+// tenant id, say): object, a JSON object of at most 16 KiB (nil means {}),
+// and up to 32 tags, replacing the connection's in the transaction that
+// stores the grant. Bad metadata is ErrInvalidMetadata.
 func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
 	return func(r *usecase.ConnectRequest) error {
 		m, err := domain.NewMetadata(object, tags)
@@ -129,10 +117,9 @@ func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
 	}
 }
 
-// WithProvider names the stored provider that issued the grant (tokenctl
-// provider add): the connection is refreshed, and revoked, there. Without
-// it the grant is New's oauth2.Config's. A provider that is not stored is
-// ErrUnknownProvider, and nothing is stored.
+// WithProvider names the stored provider that issued the grant; without
+// it the grant is New's oauth2.Config's. A provider not stored is
+// ErrUnknownProvider.
 func WithProvider(name string) ImportOption {
 	return func(r *usecase.ConnectRequest) error {
 		r.Provider = name
@@ -140,10 +127,8 @@ func WithProvider(name string) ImportOption {
 	}
 }
 
-// newRevoker revokes refresh tokens for Disconnect and for the connect
-// results never redeemed: the revocation endpoint of New's
-// oauth2.Config's provider is url ("" for none), the client cfg's,
-// authenticated as at its token endpoint; a stored provider's is its own.
+// newRevoker revokes refresh tokens at url ("" for none) for cfg's
+// provider, at a stored provider's own endpoint for the others.
 func newRevoker(cfg *oauth2.Config, url string, o options, styles provider.AuthStyleStore, providers provider.ProviderLookup) *provider.Revocations {
 	return provider.NewRevocations(provider.StoredRevocationEndpoints{
 		Env: provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),

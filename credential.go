@@ -9,15 +9,11 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Credential is a connection's access token with what a caller outside
-// the process (the bundled server's token API) needs besides: the
-// provider it is for and the version a 401 is reported against
-// (ForceRefresh).
+// Credential is a connection's access token with the provider it is for
+// and the version a 401 is reported against (ForceRefresh), for a caller
+// outside the process.
 type Credential struct {
-	// Token is as Token returns it: no refresh token, and an Expiry that
-	// is the moment tokenguard stops handing it out (the provider's
-	// expiry minus the skew); zero when the provider gave none.
-	Token      *oauth2.Token
+	Token      *oauth2.Token // as Token returns it
 	Connection string
 	Provider   string // "" for the one of New's oauth2.Config
 	Version    int64  // bumped by every refresh
@@ -35,11 +31,9 @@ func (t *Tokens) Credential(ctx context.Context, connection string) (Credential,
 
 // ForceRefresh returns connection's token after version stale was refused
 // by the API (a 401): the stored token if some process already replaced
-// it, else one refreshed now, but only if the stored version is still
-// stale, so a burst of 401s for one version causes one refresh fleet-wide.
-// This is the rule Client follows; it is limited in the same way (one
-// forced refresh per 5 s or half the token's lifetime, beyond that
-// ErrRefreshRateLimited).
+// it, else one refreshed now, so a burst of 401s for one version causes
+// one refresh fleet-wide. As in Client, one forced refresh per 5 s or half
+// the token's lifetime; beyond that ErrRefreshRateLimited.
 func (t *Tokens) ForceRefresh(ctx context.Context, connection string, stale int64) (Credential, error) {
 	tok, err := apiTokens{t}.ForceRefresh(ctx, connection, stale)
 	if err != nil {

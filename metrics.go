@@ -8,11 +8,9 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Metrics is what a Tokens reports as it works: the refresh path's events,
-// whether the change listener (Run) is connected, whether the primary has
-// a synchronous standby, and stored versions found older than this process
-// knew (a failover or restore lost a write). prom.WithMetrics makes
-// Prometheus metrics of it; WithMetricsOf takes any other.
+// Metrics is what a Tokens reports as it works, including stored versions
+// found older than this process knew (a failover or restore lost a
+// write). prom.WithMetrics makes Prometheus metrics of it.
 type Metrics interface {
 	usecase.Observer
 	ListenerConnected(connected bool)
@@ -20,16 +18,15 @@ type Metrics interface {
 	VersionRegressed()
 }
 
-// ConnectionCounter counts a deployment's connections by status, for a
-// metrics scrape.
+// ConnectionCounter counts connections by status, for a metrics scrape.
 type ConnectionCounter interface {
 	CountByStatus(ctx context.Context) (map[domain.Status]int, error)
 }
 
-// WithMetricsOf reports to the Metrics that build makes for the Tokens New
-// returns: counter counts its connections by status, perConnection says
-// whether WithMetricsPerConnection was given. Package prom is built on it,
-// so that an application without metrics links no Prometheus client.
+// WithMetricsOf reports to the Metrics that build makes; perConnection
+// says whether WithMetricsPerConnection was given. Package prom is built
+// on it, so that an application without metrics links no Prometheus
+// client.
 func WithMetricsOf(build func(counter ConnectionCounter, perConnection bool, log *slog.Logger) Metrics) Option {
 	return func(o *options) { o.metrics = build }
 }

@@ -53,15 +53,12 @@ func WithRefreshTimeout(d time.Duration) Option {
 }
 
 // WithAnswerDeadline bounds how long the answer to a request that
-// presented a refresh token is awaited (default 2m, and at least the
-// refresh timeout). Callers stop waiting after the refresh timeout and are
-// served the current token while it is valid, or fail with
-// ErrProviderUnavailable; the answer is awaited on, holding no database
-// connection, and until it is in or the deadline passes no process
-// presents that refresh token again: a provider that hangs answers its
-// queue when it resumes, and a strict one revokes a grant whose refresh
-// token it sees twice. Set it above the longest hang you expect of the
-// provider.
+// presented a refresh token is awaited (default 2m, at least the refresh
+// timeout). Callers stop waiting after the refresh timeout; until the
+// answer is in or the deadline passes no process presents that refresh
+// token again: a provider that hangs answers its queue when it resumes,
+// and a strict one revokes a grant whose refresh token it sees twice. Set
+// it above the longest hang you expect of the provider.
 func WithAnswerDeadline(d time.Duration) Option {
 	return func(o *options) { o.answerDeadline = d }
 }
@@ -70,17 +67,15 @@ func WithAnswerDeadline(d time.Duration) Option {
 // state, a grant found dead. Never a token. Default slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
 
-// WithEncryptionKeys stores access and refresh tokens encrypted with
-// AES-256-GCM. spec is "id=base64key*,id=base64key": key ids of 1-32
-// characters [a-z0-9_-], 32-byte keys in base64, the current key marked
-// with '*'. New fails if a stored token cannot be decrypted with them.
-// Without it, tokens are stored as they are (and New logs a warning).
+// WithEncryptionKeys stores tokens encrypted with AES-256-GCM. spec is
+// "id=base64key*,id=base64key" (ids of 1-32 [a-z0-9_-], 32-byte keys, the
+// current one marked '*'). New fails if a stored token cannot be
+// decrypted. Without it, tokens are stored as they are.
 func WithEncryptionKeys(spec string) Option { return func(o *options) { o.keys = spec } }
 
-// WithEncryptionRequired refuses stored tokens that are not encrypted: New
-// fails while any row is plaintext, and such a value is never used. Turn
-// it on once tokenctl rotate-key has sealed every row. It needs
-// WithEncryptionKeys.
+// WithEncryptionRequired refuses plaintext stored tokens: New fails while
+// any row is plaintext. Turn it on once tokenctl rotate-key has sealed
+// every row. It needs WithEncryptionKeys.
 func WithEncryptionRequired() Option { return func(o *options) { o.encryptionRequired = true } }
 
 // WithNeedsReauth is called once, by the process that found out, when a
@@ -95,18 +90,16 @@ func WithNeedsReauth(fn func(connection, reason string)) Option {
 // per connection.
 func WithMetricsPerConnection() Option { return func(o *options) { o.connectionLabel = true } }
 
-// WithHTTPClient is the client for the provider's token endpoint (to set
-// a User-Agent, a proxy, TLS settings). Bound its timeout: the
-// connection's refresh lease is held meanwhile (no lock, no database
-// connection). It never follows a redirect, whatever its CheckRedirect,
-// and its transport is wrapped in otelhttp's (WithTracerProvider).
-// Default: every phase bounded by the refresh timeout.
+// WithHTTPClient is the client for the provider's token endpoint. Bound
+// its timeout: the connection's refresh lease is held meanwhile. It never
+// follows a redirect, whatever its CheckRedirect, and its transport is
+// wrapped in otelhttp's. Default: every phase bounded by the refresh
+// timeout.
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
 
-// WithListenDSN is the database Run listens on for other processes'
-// token changes, for a *gorm.DB opened from an existing *sql.DB (whose
-// DSN New cannot see). By default it is the DSN the *gorm.DB was opened
-// with. The listener holds one connection of its own, outside the pool.
+// WithListenDSN is the database Run listens on (one connection outside
+// the pool), for a *gorm.DB opened from an *sql.DB whose DSN New cannot
+// see. Default: the DSN the *gorm.DB was opened with.
 func WithListenDSN(dsn string) Option { return func(o *options) { o.listenDSN = dsn } }
 
 // WithCacheSize bounds how many connections this process keeps a token of
@@ -115,11 +108,9 @@ func WithListenDSN(dsn string) Option { return func(o *options) { o.listenDSN = 
 func WithCacheSize(n int) Option { return func(o *options) { o.cacheSize = n } }
 
 // WithMaxRefreshesInFlight bounds how many refreshes this process runs at
-// once (default 64), whatever the pool size: a refresh holds no database
-// connection while the provider answers, so the bound is for the provider
-// and for the database's short transactions around each call. Callers
-// beyond it queue in order of arrival and are served as the queue moves;
-// the queue does not count against the lock wait.
+// once (default 64); a refresh holds no database connection while the
+// provider answers. Callers beyond it queue in order of arrival, and the
+// queue does not count against the lock wait.
 func WithMaxRefreshesInFlight(n int) Option { return func(o *options) { o.maxRefreshesInFlight = n } }
 
 // WithDefaultLifetime is the lifetime of an access token whose token
@@ -127,36 +118,27 @@ func WithMaxRefreshesInFlight(n int) Option { return func(o *options) { o.maxRef
 // used until the API answers 401, then refreshed).
 func WithDefaultLifetime(d time.Duration) Option { return func(o *options) { o.defaultLifetime = d } }
 
-// WithRevocationURL is the provider's token revocation endpoint (RFC
-// 7009), where Disconnect with revoke revokes a connection's refresh token,
-// authenticating the client as at the token endpoint. Without it,
-// Disconnect with revoke fails with ErrNoRevocationEndpoint.
+// WithRevocationURL is the provider's revocation endpoint (RFC 7009) for
+// Disconnect with revoke, which without it fails with
+// ErrNoRevocationEndpoint.
 func WithRevocationURL(url string) Option { return func(o *options) { o.revocationURL = url } }
 
-// WithUserInfo is the user-info endpoint of New's oauth2.Config's provider,
-// where Complete asks which account consented when the token answer has no
-// ID token: idField of its JSON answer ("" is "sub") names the account.
+// WithUserInfo is where Complete asks which account consented when the
+// token answer has no ID token: idField ("" is "sub") names it.
 func WithUserInfo(url, idField string) Option {
 	return func(o *options) { o.userInfo = userInfo{url: url, field: idField} }
 }
 
 // WithSyncCommit is the synchronous_commit level of the transactions that
-// store a rotated refresh token or claim a refresh: off, local,
-// remote_write, on or remote_apply (New fails with ErrInvalidSyncCommit on
-// anything else). Default: remote_apply while the primary has a
-// synchronous standby (a success means the standby has the token), else
-// on.
+// store a rotated refresh token or claim a refresh (else
+// ErrInvalidSyncCommit). Default: remote_apply while the primary has a
+// synchronous standby (a success means the standby has the token), else on.
 func WithSyncCommit(level string) Option { return func(o *options) { o.syncCommit = level } }
 
-// WithTracerProvider records tokenguard's spans on tp: a Token call the
-// cache did not answer, the lock wait, the re-read, the provider call
-// (with the token endpoint's HTTP request, its URL without the query),
-// the write and commit, a rescued write, a sweep round. A cache hit
-// records nothing. Attributes: the connection's and provider's names, the
-// outcome, the versions before and after, whether the call waited for
-// another process; never a token, secret, code or account id. Default:
-// the global provider (otel.GetTracerProvider), which records nothing
-// unless the application sets one.
+// WithTracerProvider records tokenguard's spans on tp: every step of a
+// Token call the cache did not answer (a cache hit records nothing), and
+// sweeps. Spans never carry a token, secret, code or account id. Default:
+// the global provider.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
 }

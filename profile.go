@@ -11,14 +11,12 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// WithProfile applies the provider profile called name (tokenctl provider
-// profiles lists them) to the provider of New's oauth2.Config: the
-// provider's own codes for a dead grant (GitHub's bad_refresh_token in a
-// 200 body) and the answer fields it keeps; and, for what the
-// oauth2.Config and the other options leave unset, its token URL (with
-// its client authentication style), authorization and revocation URLs and
-// access token lifetime. What they set wins (GitHub Enterprise, a
-// sandbox, tests). An unknown name makes New fail with ErrUnknownProfile.
+// WithProfile applies the provider profile called name to the provider of
+// New's oauth2.Config: its codes for a dead grant (GitHub's
+// bad_refresh_token in a 200 body) and the answer fields it keeps; and,
+// where the oauth2.Config and options leave them unset, its URLs, client
+// authentication style and access token lifetime. An unknown name is
+// ErrUnknownProfile.
 func WithProfile(name string) Option { return func(o *options) { o.profile = name } }
 
 // WithProfileParam fills the {key} placeholder of the profile's URLs
@@ -33,9 +31,9 @@ func WithProfileParam(key, value string) Option {
 	}
 }
 
-// applyProfile returns cfg completed by the profile of o, the profile
-// (generic without WithProfile), and the default lifetime of cfg's access
-// tokens (the stored providers keep o's). cfg itself is not changed.
+// applyProfile returns a copy of cfg completed by o's profile, the profile,
+// and the default lifetime of cfg's access tokens (the stored providers
+// keep o's).
 func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.Profile, lifetime time.Duration, _ error) {
 	p, err := profiles.Get(o.profile)
 	if err != nil {

@@ -7,14 +7,13 @@ import (
 )
 
 // observeReplication reads whether the primary has a synchronous standby
-// (at start, and at each reconnection of Run's listener: a failover shows
-// there), records it for the token writes' synchronous_commit and the
-// tokenguard_replication_sync metric, and says in one line what a failover
-// can lose, the first time and whenever that changes.
+// (at each reconnection of Run's listener: a failover shows there),
+// records it for the token writes' synchronous_commit and the metric, and
+// says what a failover can lose, the first time and whenever that changes.
 func (t *Tokens) observeReplication(ctx context.Context) { t.readReplication(ctx, true) }
 
 // readReplication is observeReplication; with say false a lone server's
-// sentence is not logged but returned, for New's one INFO line.
+// sentence is returned, for New's one INFO line.
 func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -32,9 +31,8 @@ func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
 	if known && before.Synchronous() == r.Synchronous() && before.SyncStandbyNames == r.SyncStandbyNames {
 		return ""
 	}
-	// A lone server is also every development setup: said, not warned
-	// about. Standbys that a failover can promote without the last
-	// commits are.
+	// A lone server (every development setup) is said, not warned about;
+	// standbys a failover can promote without the last commits are.
 	level := slog.LevelInfo
 	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "" || r.Hidden > 0) {
 		level = slog.LevelWarn
@@ -49,9 +47,7 @@ func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
 	return ""
 }
 
-// rolledBack is told by the use case that connection is stored behind a
-// version known committed: counted, and announced by the
-// connection.rolled_back webhook event.
+// rolledBack: connection is stored behind a version known committed.
 func (t *Tokens) rolledBack(connection string, known, stored int64) {
 	if t.metrics != nil {
 		t.metrics.VersionRegressed()

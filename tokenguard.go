@@ -17,19 +17,14 @@
 //
 // Each process keeps the last token of each connection in memory while Run
 // listens for the changes other processes commit (Postgres LISTEN/NOTIFY).
-// Until Run is running every call reads the database (New's one INFO line
-// says so; with prom.WithMetrics the gauge
-// tokenguard_token_listener_connected is 0). Ready and WaitReady tell when
-// the cache is live.
+// Until Run is running every call reads the database; Ready and WaitReady
+// tell when the cache is live.
 //
-// tokenguard's tables (tokenguard_connections, tokenguard_tokens, ...,
-// tokenguard_schema_migrations) live in the current schema of the *gorm.DB
-// it is given, beside the application's: every object tokenguard creates
-// is named tokenguard_*. To put them in a schema of their own, give Migrate
-// and New a pool whose search_path names it, e.g.
-// gorm.Open(postgres.Open(dsn + "&search_path=tokenguard")) after CREATE
-// SCHEMA tokenguard; a search_path naming a schema that does not exist is
-// ErrSchemaNotFound.
+// tokenguard's tables live in the current schema of the *gorm.DB it is
+// given, beside the application's; every object it creates is named
+// tokenguard_*. To put them in a schema of their own, give Migrate and New
+// a pool whose search_path names it (dsn + "&search_path=tokenguard",
+// after CREATE SCHEMA tokenguard).
 package tokenguard
 
 import (
@@ -59,23 +54,16 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Migrate creates or updates tokenguard's tables (tokenguard_connections,
-// tokenguard_tokens, ...) in db's current schema. It records their version
-// in its own table, tokenguard_schema_migrations, never in the
-// application's schema_migrations, and touches no object not named
+// Migrate creates or updates tokenguard's tables in db's current schema,
+// recording their version in tokenguard_schema_migrations (never the
+// application's schema_migrations) and touching no object not named
 // tokenguard_*. Processes that migrate at once wait for each other. A
 // search_path naming a schema that does not exist is ErrSchemaNotFound.
 //
-// On a database of the previous release (tables named connections,
-// tokens, ...) it renames the tables and leaves views under the old names,
-// so that the processes of that release keep working during a rolling
-// deploy; a later release drops the views.
-//
-// A database migrated by an earlier tokenguard has its version in
-// golang-migrate's default schema_migrations: the first Migrate copies it
-// into tokenguard_schema_migrations (while holding golang-migrate's lock
-// for schema_migrations, so an older process migrating meanwhile is waited
-// for) and leaves schema_migrations as the older processes expect it.
+// For a rolling deploy from older releases, it renames their tables
+// leaving views under the old names, and copies a version recorded in
+// golang-migrate's schema_migrations (under that table's lock), leaving
+// it as the older processes expect it.
 func Migrate(ctx context.Context, db *gorm.DB) error {
 	if err := checkDB(db); err != nil {
 		return err
@@ -93,9 +81,8 @@ func Migrate(ctx context.Context, db *gorm.DB) error {
 // Tokens hands out the connections' access tokens. It is safe for
 // concurrent use; make one per process and share it.
 type Tokens struct {
-	uc      *usecase.RefreshTokenUseCase
-	connect *usecase.ConnectUseCase
-	// repo lists connections; disconnect deletes them.
+	uc         *usecase.RefreshTokenUseCase
+	connect    *usecase.ConnectUseCase
 	repo       *repository.TokenRepository
 	disconnect *usecase.DisconnectUseCase
 	log        *slog.Logger
@@ -104,12 +91,9 @@ type Tokens struct {
 	db         *gorm.DB // tokenguard's statements; Run's heartbeat
 	clock      *repository.DatabaseClock
 	skew       time.Duration
-	lockWait   time.Duration // Reactivate's bound on the wait for the lock
-	// providers refreshes each connection at its provider, and follows
-	// the stored providers' changes while Run runs.
-	providers *provider.Registry
-	// The connect flow: New's client registration, the pending results,
-	// the client for the user-info request and its endpoint.
+	lockWait   time.Duration
+	providers  *provider.Registry // follows the stored providers while Run runs
+	// The connect flow.
 	cfg        *oauth2.Config
 	flow       *usecase.ConnectFlowUseCase
 	httpClient *http.Client
@@ -125,22 +109,17 @@ type Tokens struct {
 	runDone   chan struct{} // closed when a Run that never made the cache live returned
 }
 
-// New builds the token layer on the application's pool. db must be a
-// Postgres *gorm.DB as gorm.Open returns it (not a transaction), on the
-// migrated database (Migrate); PrepareStmt is fine (tokenguard's own
-// statements bypass the prepared-statement cache). cfg is the client
-// registration; only its Endpoint.TokenURL, ClientID, ClientSecret and
-// Endpoint.AuthStyle are used. With AuthStyleAutoDetect, tokenguard (not
-// x/oauth2) tries the other client authentication style only when the
-// provider says the client's authentication failed, so a refresh token is
-// never presented twice, and remembers in the database the style that
-// worked.
+// New builds the token layer on the application's pool: a Postgres
+// *gorm.DB as gorm.Open returns it (not a transaction; PrepareStmt is
+// fine), migrated, with any driver of gorm.io/driver/postgres. cfg is the
+// client registration. With AuthStyleAutoDetect, tokenguard (not x/oauth2)
+// tries the other client authentication style only when the provider says
+// the client's authentication failed, so a refresh token is never
+// presented twice, and remembers the style that worked.
 //
 // New checks that the database answers, that its search_path names only
-// schemas that exist (ErrSchemaNotFound), that it is the primary, not a
-// replica (ErrReadOnlyStore), and that every stored token can be
-// decrypted (WithEncryptionKeys). Any driver of gorm.io/driver/postgres
-// will do: pgx, its default, or lib/pq.
+// schemas that exist (ErrSchemaNotFound), that it is the primary
+// (ErrReadOnlyStore), and that every stored token can be decrypted.
 func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
 		return nil, err
@@ -259,9 +238,11 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	// The token endpoint's requests show in the refresh's trace.
 	hc = tracing.Client(hc, o.tracerProvider)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile) provider.GrantRefresher {
+		pol := provider.PolicyFor(prof, o.log)
+		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
-			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), retryPolicy(prof, o))
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), pol)
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
@@ -303,8 +284,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	return t, nil
 }
 
-// checkDB rejects, before anything runs, a *gorm.DB tokenguard cannot work
-// with.
+// checkDB rejects a *gorm.DB tokenguard cannot work with.
 func checkDB(db *gorm.DB) error {
 	if db == nil {
 		return errors.New("tokenguard: nil *gorm.DB")
@@ -361,10 +341,9 @@ func (t *Tokens) token(ctx context.Context, connection string) (domain.Token, er
 	return t.uc.Token(ctx, connection)
 }
 
-// TokenSource is connection's oauth2.TokenSource, for code that takes one.
-// Every Token call goes through Tokens.Token with ctx. Prefer Client for
-// HTTP: oauth2.NewClient cannot recover a 401 caused by another process's
-// refresh, Client can.
+// TokenSource is connection's oauth2.TokenSource (Tokens.Token with ctx).
+// Prefer Client for HTTP: oauth2.NewClient cannot recover a 401 caused by
+// another process's refresh, Client can.
 func (t *Tokens) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
 	return tokenSource{t: t, ctx: ctx, connection: connection}
 }
@@ -384,10 +363,9 @@ func (s tokenSource) Token() (*oauth2.Token, error) { return s.t.Token(s.ctx, s.
 // more if its body can be replayed (GetBody). Token errors come back from
 // Do wrapped in a *url.Error: errors.Is sees them.
 //
-// As with oauth2.NewClient, the base transport is the one of the
-// *http.Client in ctx under oauth2.HTTPClient, else
-// http.DefaultTransport. It never follows redirects: that would send the
-// token wherever the redirect points.
+// The base transport is the one of the *http.Client in ctx under
+// oauth2.HTTPClient, else http.DefaultTransport. It never follows
+// redirects: that would send the token wherever the redirect points.
 func (t *Tokens) Client(ctx context.Context, connection string) *http.Client {
 	return apiclient.NewHTTPClient(ctx, apiTokens{t}, connection)
 }
@@ -406,12 +384,10 @@ func (a apiTokens) ForceRefresh(ctx context.Context, connection string, failed i
 	return a.t.uc.ForceRefresh(ctx, connection, failed)
 }
 
-// Import stores tok, a new grant (from the authorization-code flow, or
-// exported from another system), as connection's token, creating the
-// connection if need be and making it active again if it needed
-// re-authorisation. It waits for a refresh of the connection in progress.
-// tok must have an access and a refresh token. The connection keeps its
-// metadata unless WithMetadata gives new metadata.
+// Import stores tok, a new grant with an access and a refresh token, as
+// connection's token, creating the connection if need be and making it
+// active again. It waits for a refresh of the connection in progress. The
+// connection keeps its metadata unless WithMetadata gives new metadata.
 func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Token, opts ...ImportOption) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -429,13 +405,12 @@ func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Toke
 	return err
 }
 
-// Run keeps the in-process cache correct across processes, and so turns
-// it on: it listens (on a connection of its own, outside the pool) for the
-// token changes every process commits, and drops superseded cached
-// tokens. Every second it commits a notification of its own through the
-// pool and trusts the cache only while those come back. While it is not
-// connected, every call reads the database. It reconnects by itself and
-// returns nil when ctx ends.
+// Run turns the in-process cache on and keeps it correct across
+// processes: it listens (on a connection of its own, outside the pool) for
+// the token changes every process commits and drops superseded tokens.
+// Every second it commits a notification through the pool and trusts the
+// cache only while those come back; meanwhile every call reads the
+// database. It reconnects by itself and returns nil when ctx ends.
 func (t *Tokens) Run(ctx context.Context) error {
 	if t.dsn == "" {
 		return t.ran(errors.New("tokenguard: Run needs the database's DSN: open the *gorm.DB with postgres.Open(dsn), or pass WithListenDSN"))
@@ -457,24 +432,20 @@ func (t *Tokens) ran(err error) error {
 	select {
 	case <-t.runDone:
 	default:
-		t.runErr = err
-		if t.runErr == nil {
-			t.runErr = errors.New("tokenguard: Run returned (its context ended) before the cache was live")
-		}
+		t.runErr = cmp.Or(err, errors.New("tokenguard: Run returned (its context ended) before the cache was live"))
 		close(t.runDone)
 	}
 	return err
 }
 
-// Ready is closed once Run has made the cache live: it listens for other
-// processes' changes and its heartbeat came back. From then on a cached
-// token is served without a query (while the listener later reconnects,
-// calls read the database meanwhile, as before Ready).
+// Ready is closed once Run has made the cache live: from then on a cached
+// token is served without a query (while the listener reconnects, calls
+// read the database).
 func (t *Tokens) Ready() <-chan struct{} { return t.ready }
 
-// WaitReady waits until Run has made the cache live (Ready), and returns
-// nil; or ctx's error; or, when Run returned before the cache was live,
-// why. Calls made before need not wait: they read the database.
+// WaitReady waits until Ready and returns nil, or ctx's error, or why Run
+// returned before the cache was live. Calls need not wait: they read the
+// database.
 //
 //	go tokens.Run(ctx)
 //	if err := tokens.WaitReady(ctx); err != nil { ... }
@@ -496,12 +467,11 @@ func (t *Tokens) WaitReady(ctx context.Context) error {
 	}
 }
 
-// clockInterval is how often the host clock's offset from the database
-// server's is measured again while Run runs.
+// clockInterval is how often Run measures the host clock's offset again.
 const clockInterval = 5 * time.Minute
 
 // cacheState passes the listener's calls on to the use case, and records
-// whether the cache is trusted: Ready, and the metrics' gauge.
+// whether the cache is trusted.
 type cacheState struct {
 	repository.ChangeTarget
 	t *Tokens
@@ -530,28 +500,15 @@ func (t *Tokens) Close(ctx context.Context) error {
 	return nil
 }
 
-// UseCase is the refresh use case under t. It is the seam of the bundled
-// apps (package di), as River's client is its CLI's: the batch refreshes
-// ahead of expiry through it. Applications need none of it.
+// UseCase is the refresh use case under t, for the bundled apps (package
+// di). Applications need none of it.
 func (t *Tokens) UseCase() *usecase.RefreshTokenUseCase { return t.uc }
 
-// ProviderRegistry is the stored providers t refreshes at, for the bundled
-// apps' API bases and console (see UseCase).
+// ProviderRegistry is the stored providers, for the bundled apps.
 func (t *Tokens) ProviderRegistry() *provider.Registry { return t.providers }
 
-// Repository is the store t reads and writes, for the bundled apps'
-// listings, events and status (see UseCase).
+// Repository is the store t reads and writes, for the bundled apps.
 func (t *Tokens) Repository() *repository.TokenRepository { return t.repo }
 
-// ConnectUseCase stores new grants under t's locks, for the bundled
-// server's callback (see UseCase).
+// ConnectUseCase stores new grants under t's locks, for the bundled apps.
 func (t *Tokens) ConnectUseCase() *usecase.ConnectUseCase { return t.connect }
-
-// retryPolicy is the provider's retry policy in New's processes: answered
-// failures are retried within the refresh timeout, while an answer is
-// awaited until the answer deadline.
-func retryPolicy(prof profiles.Profile, o options) provider.Policy {
-	pol := provider.PolicyFor(prof, o.log)
-	pol.RetryWithin = o.refreshTimeout
-	return pol
-}

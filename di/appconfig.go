@@ -19,33 +19,25 @@ type AppConfig struct {
 	AppSettings
 }
 
-// AppSettings tune the apps' calls to the external API and the worker. All
-// are optional.
+// AppSettings tune the apps' calls to the external API and the worker.
 type AppSettings struct {
-	// APITimeout bounds one call to the external API.
-	APITimeout time.Duration `env:"API_TIMEOUT" envDefault:"10s"`
-	// WorkerConcurrency is how many events one worker handles at once.
-	WorkerConcurrency int `env:"WORKER_CONCURRENCY" envDefault:"10"`
-	// WorkerJobTimeout bounds one event. An event still marked running
-	// this long plus TOKEN_REFRESH_TIMEOUT plus 2s after it started is taken
-	// for lost (its worker died) and retried.
+	APITimeout        time.Duration `env:"API_TIMEOUT" envDefault:"10s"`
+	WorkerConcurrency int           `env:"WORKER_CONCURRENCY" envDefault:"10"`
+	// WorkerJobTimeout bounds one event; one still running this long plus
+	// TOKEN_REFRESH_TIMEOUT plus 2s is taken for lost and retried.
 	WorkerJobTimeout time.Duration `env:"WORKER_JOB_TIMEOUT" envDefault:"1m"`
-	// LogLevel is debug, info, warn or error.
-	LogLevel string `env:"LOG_LEVEL" envDefault:"info"`
-	// LogFormat is json (one object per line, for log pipelines) or text
-	// (logfmt-like key=value lines, for a terminal).
-	LogFormat string `env:"LOG_FORMAT" envDefault:"json"`
-	// MetricsAddr, when set, serves GET /metrics on its own listener (the
-	// server also serves it on HTTP_ADDR).
+	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info"`  // debug, info, warn or error
+	LogFormat        string        `env:"LOG_FORMAT" envDefault:"json"` // json or text (key=value lines)
+	// MetricsAddr serves GET /metrics on its own listener (the server also
+	// serves it on HTTP_ADDR).
 	MetricsAddr string `env:"METRICS_ADDR"`
-	// MetricsConnectionLabel adds the connection name as a label of the
-	// refresh counters: one series per connection, for small fleets only.
+	// MetricsConnectionLabel: see tokenguard.WithMetricsPerConnection.
 	MetricsConnectionLabel bool `env:"METRICS_CONNECTION_LABEL" envDefault:"false"`
 	Network
 }
 
-// ConfigError is a missing or malformed setting. Its message names the
-// variable; the apps print it as one line and exit with status 2.
+// ConfigError is a missing or malformed setting; its message names the
+// variable. The apps print it as one line and exit with status 2.
 type ConfigError struct{ Msg string }
 
 func (e *ConfigError) Error() string { return e.Msg }
@@ -62,15 +54,12 @@ func ConfigFromEnvChecked(environ []string) (Config, error) {
 		return Config{}, &ConfigError{Msg: err.Error()}
 	}
 	for _, v := range [][2]string{{"DATABASE_URL", c.DatabaseURL}, {"DATABASE_LISTEN_URL", c.DatabaseListenURL}, {"MIGRATE_DATABASE_URL", c.MigrateDatabaseURL}} {
-		name, u := v[0], v[1]
-		if u == "" {
+		if v[1] == "" {
 			continue
 		}
-		if _, err := pgx.ParseConfig(u); err != nil {
-			// pgx quotes the URL (password masked) before the cause; keep
-			// only the cause.
-			msg := parseCause.ReplaceAllString(err.Error(), "")
-			return Config{}, configErr("%s is malformed: %s", name, msg)
+		if _, err := pgx.ParseConfig(v[1]); err != nil {
+			// pgx quotes the URL (password masked) before the cause.
+			return Config{}, configErr("%s is malformed: %s", v[0], parseCause.ReplaceAllString(err.Error(), ""))
 		}
 	}
 	return c, nil

@@ -34,7 +34,7 @@ type Server struct {
 	srv    *httpapi.Server
 	addr   string
 	sweep  func(context.Context) (int, error)
-	pruner *repository.EventPruner // keeps the console's history bounded
+	pruner *repository.EventPruner
 	log    *slog.Logger
 }
 
@@ -82,8 +82,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		return nil, nil, err
 	}
 	// The public routes (the browser flow, /healthz) run on a small pool
-	// of their own: however many of them arrive, the token reads and
-	// refreshes keep every connection of theirs.
+	// of their own, so the token reads and refreshes keep all of theirs.
 	browserDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: browserConns}, repository.NewLogger(log))
 	if err != nil {
 		cleanup()
@@ -130,14 +129,13 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		pruner: repository.NewEventPruner(a.tokens.DB), log: log}, cleanup, nil
 }
 
-// browserConns is the size of the public routes' pool: a consent takes a
-// few short statements; more browsers at once wait for each other, never
-// for the token layer.
-const browserConns = 3
-
-// sweepEvery is how often the server revokes and deletes the connect
-// results nobody redeemed in time.
-const sweepEvery = 5 * time.Second
+const (
+	// browserConns is the size of the public routes' pool: more browsers at
+	// once wait for each other, never for the token layer.
+	browserConns = 3
+	// sweepEvery is how often the unredeemed connect results are swept.
+	sweepEvery = 5 * time.Second
+)
 
 // NewWorker wires the event consumer. Call the returned cleanup when done.
 func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Worker, func(), error) {
@@ -153,13 +151,11 @@ func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Wor
 		JobTimeout:  cfg.WorkerJobTimeout,
 		// A refresh holds on past a cancelled job for up to the refresh
 		// timeout; only after that can a running event be taken for lost.
-		RescueAfter: cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
-		StopTimeout: shutdownGrace,
-		Webhook:     cfg.webhook("worker"),
-		// Announced only where a webhook delivers it.
+		RescueAfter:    cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
+		StopTimeout:    shutdownGrace,
+		Webhook:        cfg.webhook("worker"),
 		ExpiringNotice: cfg.ExpiringNotice,
-		// Behind a transaction pooler River's LISTEN would hear nothing:
-		// it polls instead.
+		// Behind a transaction pooler River's LISTEN would hear nothing.
 		PollOnly: cfg.Pooled(),
 	}, log)
 	if err != nil {
@@ -188,8 +184,7 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window
 	}
-	// Always: providers with a keep-alive of their own (tokenctl provider
-	// add --keep-alive) have their connections kept alive even without
+	// Always: stored providers' own keep-alive applies without
 	// --keep-alive, which sets it for the others; without it, half the
 	// OAUTH_PROFILE's idle expiry does (as provider add --profile sets).
 	if p, err := profiles.Get(cfg.OAuth.Profile); ahead.KeepAlive == 0 && cfg.OAuth.Profile != "" && err == nil &&
@@ -205,21 +200,22 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 	return r, cleanup, nil
 }
 
-// RefreshAhead configures the batch's proactive refreshes (--refresh-ahead,
-// --keep-alive).
+// ErrBatchFailed: a batch round had a failed call.
+var ErrBatchFailed = batch.ErrFailed
+
+// RefreshAhead configures the batch's --refresh-ahead and --keep-alive.
 type RefreshAhead struct {
 	Window      time.Duration // refresh connections expiring within this; 0 disables
 	KeepAlive   time.Duration // refresh connections not refreshed for this long; 0 disables
 	Concurrency int           // refreshes at once, for both
 }
 
-// app is what the three apps share: the token layer, the API client and,
-// for those that use the queue, a pgx pool.
+// app is what the three apps share.
 type app struct {
 	tokens   *Tokens
 	api      *apiclient.Client
-	pool     *pgxpool.Pool
-	metrics  http.Handler // GET /metrics
+	pool     *pgxpool.Pool // only for the apps that use the queue
+	metrics  http.Handler  // GET /metrics
 	connects *metrics.ConnectCounter
 }
 
@@ -280,8 +276,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	return a, cleanup, nil
 }
 
-// providerAPIBases are the stored providers' API base URLs
-// (tokenctl provider add --api-base-url).
+// providerAPIBases are the stored providers' API base URLs.
 type providerAPIBases struct{ providers *provider.Registry }
 
 func (b providerAPIBases) APIBaseURL(name string) string {
@@ -290,10 +285,9 @@ func (b providerAPIBases) APIBaseURL(name string) string {
 }
 
 // providerBases sends a connection's API calls to its provider's API base
-// URL (tokenctl provider add --api-base-url); the OAUTH_* provider's go to
-// API_BASE_URL, and a stored provider's without one are refused
-// (domain.ErrNoAPIBaseURL): its token never goes to another provider's
-// API. The connection's provider comes with its token, from the cache.
+// URL, the OAUTH_* provider's to API_BASE_URL. A stored provider without
+// one is refused (domain.ErrNoAPIBaseURL): its token never goes to
+// another provider's API.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase
 	providers *provider.Registry

@@ -26,9 +26,8 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client), nil
 }
 
-// checkAtStart runs the token endpoint check in the background, so that
-// start-up does not wait on the provider, and logs its verdict in one
-// line. stop cancels it and waits for it.
+// checkAtStart runs the token endpoint check in the background (start-up
+// does not wait on the provider) and logs its verdict in one line.
 func checkAtStart(ctx context.Context, cfg Config, app string, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

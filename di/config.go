@@ -30,54 +30,43 @@ type Config struct {
 	RefreshSkew    time.Duration `env:"TOKEN_REFRESH_SKEW" envDefault:"30s"`
 	LockWait       time.Duration `env:"TOKEN_LOCK_WAIT" envDefault:"15s"`
 	RefreshTimeout time.Duration `env:"TOKEN_REFRESH_TIMEOUT" envDefault:"10s"`
-	// AnswerDeadline bounds the wait for the answer to a request that
-	// presented a refresh token (WithAnswerDeadline).
+	// AnswerDeadline: see tokenguard.WithAnswerDeadline.
 	AnswerDeadline time.Duration `env:"TOKEN_ANSWER_DEADLINE" envDefault:"2m"`
 	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
 	// CacheSize bounds the connections each process caches a token of.
 	CacheSize int `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
 	// MaxRefreshesInFlight bounds the refreshes each process runs at once.
 	MaxRefreshesInFlight int `env:"TOKEN_MAX_REFRESHES_IN_FLIGHT" envDefault:"64"`
-	// SyncCommit is the synchronous_commit level of the token writes and
-	// refresh claims (off, local, remote_write, on, remote_apply). Unset:
-	// remote_apply while the primary has a synchronous standby, else on.
-	SyncCommit string `env:"TOKEN_SYNC_COMMIT"`
-	// MigrateOnStart applies pending migrations when an app starts.
-	MigrateOnStart bool `env:"MIGRATE_ON_START" envDefault:"true"`
-	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt). Unset
-	// stores them as plaintext, with a warning at start-up. It prints as
-	// [REDACTED] under every verb.
+	// SyncCommit: see tokenguard.WithSyncCommit.
+	SyncCommit     string `env:"TOKEN_SYNC_COMMIT"`
+	MigrateOnStart bool   `env:"MIGRATE_ON_START" envDefault:"true"`
+	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt); unset
+	// stores plaintext. It prints as [REDACTED] under every verb.
 	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
 	// RequireEncryption refuses plaintext rows. Unset: refused whenever
 	// TOKEN_ENCRYPTION_KEYS is set (false only while a deployment turns
 	// encryption on, until rotate-key has sealed the old rows).
 	RequireEncryption *bool `env:"TOKEN_ENCRYPTION_REQUIRED"`
-	// DefaultLifetime is the access token lifetime assumed when a refresh
-	// answer has no usable expires_in. Unset: no expiry (the token is used
-	// until the API answers 401, then refreshed).
+	// DefaultLifetime: see tokenguard.WithDefaultLifetime.
 	DefaultLifetime time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
-	// EndpointCheck sends the token endpoint a made-up refresh token when
-	// an app starts (tokenctl check's probe): a wrong secret, URL or auth
-	// style is logged at once, not at the first refresh. See
-	// docs/configuration.md for when to turn it off.
+	// EndpointCheck runs tokenctl check's probe at start: a wrong secret,
+	// URL or auth style is logged at once, not at the first refresh.
 	EndpointCheck bool `env:"TOKEN_ENDPOINT_CHECK" envDefault:"true"`
-	// ExpiringNotice is how long before its refresh token's expiry
-	// (tokens.refresh_expiry) a connection is announced by a
-	// connection.expiring webhook (the worker sends it, once per grant)
-	// and marked in tokenctl status; 0 announces none.
+	// ExpiringNotice is how long before its refresh token's expiry a
+	// connection is announced (connection.expiring webhook, tokenctl
+	// status); 0 announces none.
 	ExpiringNotice time.Duration `env:"TOKEN_EXPIRING_NOTICE" envDefault:"336h"`
 	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
 	// than loopback (a test network); tokens then cross it in the clear.
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
 
-	// DatabaseListenURL is a direct connection to the same database for
-	// what needs a session of its own: LISTEN for other processes' token
-	// changes. Set it when DATABASE_URL goes through a transaction pooler
-	// (PgBouncer pool_mode=transaction); default DATABASE_URL.
+	// DatabaseListenURL is a direct connection for LISTEN, which needs a
+	// session of its own: set it when DATABASE_URL goes through a
+	// transaction pooler. Default DATABASE_URL.
 	DatabaseListenURL string `env:"DATABASE_LISTEN_URL"`
-	// MigrateDatabaseURL is where migrations run: they hold a session
-	// advisory lock, which a transaction pooler would leave behind on a
-	// server connection. Default DATABASE_LISTEN_URL, then DATABASE_URL.
+	// MigrateDatabaseURL is where migrations run: their session advisory
+	// lock would be left behind by a transaction pooler. Default
+	// DATABASE_LISTEN_URL, then DATABASE_URL.
 	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 }
 
@@ -86,37 +75,27 @@ type OAuthConfig struct {
 	ClientID     string `env:"CLIENT_ID"`
 	ClientSecret string `env:"CLIENT_SECRET"`
 	TokenURL     string `env:"TOKEN_URL"`
-	// RevocationURL is the provider's token revocation endpoint (RFC
-	// 7009), used by tokenctl disconnect --revoke; unset: none.
+	// RevocationURL is the provider's revocation endpoint (RFC 7009).
 	RevocationURL string   `env:"REVOCATION_URL"`
 	AuthURL       string   `env:"AUTH_URL"`
 	RedirectURL   string   `env:"REDIRECT_URL"`
 	Scopes        []string `env:"SCOPES" envSeparator:","`
-	// AuthStyle is how the client authenticates at the token endpoint:
-	// "auto" (HTTP Basic first; the form body only after invalid_client or
-	// a 401, which leave the refresh token unspent; the winner is
-	// remembered, see provider.Refresher), "header" (HTTP Basic,
-	// client_secret_basic) or "params" (client_secret_post). The last two
-	// never probe.
+	// AuthStyle is "auto" (HTTP Basic first; the form body only after
+	// invalid_client or a 401, which leave the refresh token unspent),
+	// "header" (client_secret_basic) or "params" (client_secret_post).
 	// Unset: the profile's, else auto.
 	AuthStyle string `env:"AUTH_STYLE"`
-	// Profile names the provider profile (tokenctl provider profiles): it
-	// gives TOKEN_URL, AUTH_URL, REVOCATION_URL and AUTH_STYLE when they
-	// are unset, with ProfileParams filling their placeholders, and its
-	// dead-grant codes and extra answer fields apply.
+	// Profile names the provider profile: see tokenguard.WithProfile.
 	Profile       string   `env:"PROFILE"`
 	ProfileParams []string `env:"PROFILE_PARAMS" envSeparator:","`
-	// UserInfoURL and UserInfoIDField find the account that granted a
-	// connection when the token response has no ID token.
+	// UserInfoURL and UserInfoIDField: see tokenguard.WithUserInfo.
 	UserInfoURL     string `env:"USERINFO_URL"`
 	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
 
 	params map[string]string // ProfileParams, parsed
 }
 
-// EncryptionRequired reports whether plaintext rows are refused:
-// TOKEN_ENCRYPTION_REQUIRED, which defaults to true once
-// TOKEN_ENCRYPTION_KEYS is set.
+// EncryptionRequired reports whether plaintext rows are refused.
 func (c Config) EncryptionRequired() bool {
 	if c.RequireEncryption != nil {
 		return *c.RequireEncryption
@@ -133,8 +112,7 @@ func (c Config) MigrateURL() string {
 }
 
 // Pooled says DATABASE_URL goes through a transaction pooler (a direct
-// DATABASE_LISTEN_URL is set beside it): nothing may rely on a session
-// there, such as the event queue's LISTEN.
+// DATABASE_LISTEN_URL is set beside it): nothing may rely on a session.
 func (c Config) Pooled() bool { return c.ListenURL() != c.DatabaseURL }
 
 // String never shows the client secret or the database password.
@@ -146,8 +124,7 @@ func (c Config) String() string {
 // GoString keeps %#v as quiet as %v.
 func (c Config) GoString() string { return "di.Config" + c.String() }
 
-// LogValue keeps slog as quiet as %v: no client secret, no database
-// password, no key.
+// LogValue keeps slog as quiet as %v.
 func (c Config) LogValue() slog.Value {
 	return slog.GroupValue(
 		slog.String("database", redactURL(c.DatabaseURL)),
@@ -203,8 +180,8 @@ func ConfigFromEnv(environ []string) (Config, error) {
 	return c, c.validate()
 }
 
-// applyProfile fills the settings OAUTH_PROFILE gives and the environment
-// leaves unset.
+// applyProfile fills what OAUTH_PROFILE gives and the environment leaves
+// unset.
 func (o *OAuthConfig) applyProfile() error {
 	if o.Profile == "" {
 		o.AuthStyle = cmp.Or(o.AuthStyle, "auto")
@@ -239,31 +216,24 @@ func (o *OAuthConfig) applyProfile() error {
 }
 
 func (c Config) validate() error {
-	if c.RefreshSkew < 0 {
+	switch {
+	case c.RefreshSkew < 0:
 		return errors.New("TOKEN_REFRESH_SKEW must not be negative")
-	}
-	if c.LockWait <= 0 {
+	case c.LockWait <= 0:
 		return errors.New("TOKEN_LOCK_WAIT must be positive")
-	}
-	if c.RefreshTimeout <= 0 || c.RefreshTimeout >= c.LockWait {
+	case c.RefreshTimeout <= 0 || c.RefreshTimeout >= c.LockWait:
 		return fmt.Errorf("TOKEN_REFRESH_TIMEOUT must be positive and shorter than TOKEN_LOCK_WAIT (%v)", c.LockWait)
-	}
-	if c.AnswerDeadline < c.RefreshTimeout {
+	case c.AnswerDeadline < c.RefreshTimeout:
 		return fmt.Errorf("TOKEN_ANSWER_DEADLINE must not be shorter than TOKEN_REFRESH_TIMEOUT (%v)", c.RefreshTimeout)
-	}
-	if c.DefaultLifetime < 0 {
+	case c.DefaultLifetime < 0:
 		return errors.New("TOKEN_DEFAULT_LIFETIME must not be negative")
-	}
-	if c.ExpiringNotice < 0 {
+	case c.ExpiringNotice < 0:
 		return errors.New("TOKEN_EXPIRING_NOTICE must not be negative (0 announces no expiry)")
-	}
-	if c.DBMaxConns < 1 {
+	case c.DBMaxConns < 1:
 		return errors.New("DB_MAX_CONNS must be at least 1")
-	}
-	if c.MaxRefreshesInFlight < 1 {
+	case c.MaxRefreshesInFlight < 1:
 		return errors.New("TOKEN_MAX_REFRESHES_IN_FLIGHT must be at least 1")
-	}
-	if c.CacheSize < 1 {
+	case c.CacheSize < 1:
 		return errors.New("TOKEN_CACHE_SIZE must be at least 1")
 	}
 	if _, err := repository.ParseSyncCommit(c.SyncCommit); err != nil {
@@ -291,7 +261,7 @@ func (c Config) validate() error {
 	return nil
 }
 
-// checkURL is domain.CheckURL for the setting name: an error that names it.
+// checkURL is domain.CheckURL with an error that names the setting.
 func checkURL(name, v string, allowInsecure bool) error {
 	if v == "" {
 		return nil
@@ -355,12 +325,12 @@ func envKey(t reflect.Type, prefix, field string) string {
 	return field
 }
 
-// dsnPassword finds the password of a key=value connection string
-// ("host=db password='p w' user=x").
-var dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-
-// urlCredentials is the userinfo of a URL url.Parse refused.
-var urlCredentials = regexp.MustCompile(`://[^/]*@`)
+var (
+	// dsnPassword: "host=db password='p w' user=x".
+	dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
+	// urlCredentials is the userinfo of a URL url.Parse refused.
+	urlCredentials = regexp.MustCompile(`://[^/]*@`)
+)
 
 // redactURL masks the password of a database URL or key=value string.
 func redactURL(s string) string {

@@ -13,13 +13,11 @@ import (
 	"github.com/tokenguard/tokenguard/repository"
 )
 
-// eventsPruneEvery is how often the server trims the connections' history
-// (repository.EventPruner).
+// eventsPruneEvery is how often the server trims the connections' history.
 const eventsPruneEvery = time.Minute
 
-// newConsole builds the operator console of srv (GET /console) on the
-// token layer's pool: reads through the repository as GET /connections
-// does, actions through the library's public API as tokenctl runs them.
+// newConsole builds srv's operator console: reads through the repository
+// as GET /connections does, actions through the library's public API.
 func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, keys console.KeyVerifier, log *slog.Logger) *console.Console {
 	db := a.tokens.DB
 	e := cfg.edges()
@@ -37,8 +35,7 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, keys console.KeyVeri
 	})
 }
 
-// consoleSessions is the repository's session store as the console names
-// it.
+// consoleSessions is the repository's session store as the console wants it.
 type consoleSessions struct{ *repository.ConsoleSessions }
 
 func (s consoleSessions) Lookup(ctx context.Context, token domain.Secret) (console.Session, error) {
@@ -46,8 +43,8 @@ func (s consoleSessions) Lookup(ctx context.Context, token domain.Secret) (conso
 	return console.Session{KeyID: cs.KeyID, KeyName: cs.KeyName, ExpiresAt: cs.ExpiresAt}, err
 }
 
-// consoleProviders lists the OAUTH_* provider and the stored ones, as last
-// read by the token layer, with the auth style auto learned for each.
+// consoleProviders lists the OAUTH_* provider and the stored ones, with
+// the auth style learned for each.
 type consoleProviders struct {
 	cfg      AppConfig
 	a        *app

@@ -12,7 +12,6 @@ import (
 )
 
 // keyring parses TOKEN_ENCRYPTION_KEYS; nil when it is unset or blank.
-// Errors name the variable and never show a key.
 func (c Config) keyring() (*tokencrypt.Keyring, error) {
 	if strings.TrimSpace(string(c.EncryptionKeys)) == "" {
 		return nil, nil
@@ -32,8 +31,7 @@ func encryptionSummary(s tokencrypt.KeySpec) string {
 	return "current=" + k.Current()
 }
 
-// sealer is how every token repository of an app built from cfg stores
-// token values: sealed with the keyring, when one is configured.
+// sealer seals token values with the keyring, when one is configured.
 func (c Config) sealer() (repository.Sealer, error) {
 	k, err := c.keyring()
 	if err != nil || k == nil {
@@ -42,11 +40,10 @@ func (c Config) sealer() (repository.Sealer, error) {
 	return k, nil
 }
 
-// Reseal is "tokenctl rotate-key": it re-encrypts every stored token with
-// the current key of TOKEN_ENCRYPTION_KEYS, sealing legacy plaintext rows
-// too. Each connection is rewritten in its own short transaction under the
-// connection's refresh lock, so running apps keep refreshing meanwhile.
-// Every running app must already know the current key (see docs/design.md,
+// Reseal is "tokenctl rotate-key": it re-encrypts every stored token (and
+// legacy plaintext) with the current key, each connection in its own short
+// transaction under its refresh lock, so running apps keep refreshing.
+// Every running app must already know the current key (docs/design.md,
 // "Encryption at rest"). It is safe to run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
 	k, err := cfg.keyring()

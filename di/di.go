@@ -24,20 +24,15 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Tokens is the token layer an app shares with the others: a
-// *tokenguard.Tokens, as any application embeds it, and the reads the
-// bundled apps need beside it.
+// Tokens is the token layer of an app: a *tokenguard.Tokens and the parts
+// under it the bundled apps also use.
 type Tokens struct {
-	DB    *gorm.DB
-	Guard *tokenguard.Tokens
-	// RefreshToken is the use case under Guard (the batch refreshes ahead
-	// of expiry with it).
-	RefreshToken *usecase.RefreshTokenUseCase
-	// Connect stores new grants (the server's callback binds them to the
-	// account that consented).
-	Connect    *usecase.ConnectUseCase
-	Repository *repository.TokenRepository // reads: listing, events, status
-	OAuth      *oauth2.Config
+	DB           *gorm.DB
+	Guard        *tokenguard.Tokens
+	RefreshToken *usecase.RefreshTokenUseCase // the batch refreshes ahead with it
+	Connect      *usecase.ConnectUseCase
+	Repository   *repository.TokenRepository // reads: listing, events, status
+	OAuth        *oauth2.Config
 }
 
 // NewTokens opens the database (migrating it if cfg says so) and builds the
@@ -49,21 +44,17 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 // TokenOptions say which app the token layer serves and where its metrics
 // go. The zero value is an anonymous process without metrics.
 type TokenOptions struct {
-	// App ("server", "worker", "batch") is announced to the provider's
-	// token endpoint as the User-Agent tokenguard-<app>/<version>.
-	App string
-	// Registry, when set, receives tokenguard's metrics.
-	Registry prometheus.Registerer
-	// ConnectionLabel labels the refresh metrics by connection.
-	ConnectionLabel bool
+	// App ("server", "worker", "batch") is announced to the token endpoint
+	// as the User-Agent tokenguard-<app>/<version>.
+	App             string
+	Registry        prometheus.Registerer // nil: no metrics
+	ConnectionLabel bool                  // labels the refresh metrics by connection
 }
 
-// NewTokensWith is NewTokens for an app: log (which should carry the
-// process identity) receives the one line per refresh, o.Registry counts.
-//
-// The cleanup first closes the token layer, waiting for refreshes in
-// flight (a rotated token must reach the database before the pool
-// closes), then stops listening and closes the pool.
+// NewTokensWith is NewTokens for an app. The cleanup first closes the
+// token layer, waiting for refreshes in flight (a rotated token must reach
+// the database before the pool closes), then stops listening and closes
+// the pool.
 func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
 	if log == nil {
 		log = slog.Default()
@@ -144,8 +135,6 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		closeDB()
 		return nil, nil, err
 	}
-	// The cache is trusted only while Run hears every change other
-	// processes commit.
 	listenCtx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
 	listening := make(chan struct{})
 	go func() {
@@ -192,12 +181,9 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
-// NewRevoker revokes refresh tokens at the revocation endpoint of each
-// connection's provider: OAUTH_REVOCATION_URL for the provider of the
-// OAUTH_* settings, a stored provider's revocation URL for the others
-// (read from providers, client secrets opened). The client authenticates
-// as at the token endpoint: the style configured, or in auto the one
-// learned there (kept in db).
+// NewRevoker revokes refresh tokens at each connection's provider:
+// OAUTH_REVOCATION_URL for the OAUTH_* one, a stored provider's own URL for
+// the others, the client authenticated as at the token endpoint.
 func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) *provider.Revocations {
 	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
 	return provider.NewRevocations(provider.StoredRevocationEndpoints{
@@ -219,9 +205,9 @@ func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	}
 }
 
-// migrate applies tokenguard's migrations on db, or, when they run
-// elsewhere than DATABASE_URL (a transaction pooler in front of it), on a
-// pool of MigrateURL: they hold a session lock.
+// migrate applies tokenguard's migrations on db, or on a pool of
+// MigrateURL when that differs (they hold a session lock a pooler would
+// break).
 func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) error {
 	if cfg.MigrateURL() == cfg.DatabaseURL {
 		return tokenguard.Migrate(ctx, db)

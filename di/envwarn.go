@@ -9,9 +9,8 @@ import (
 	"github.com/agnivade/levenshtein"
 )
 
-// knownVars are the names of every setting, read from the env tags of the
-// configuration structs, so that a new setting is known as soon as it
-// exists.
+// knownVars are the names of every setting, read from the configuration
+// structs' env tags.
 var knownVars = func() []string {
 	var names []string
 	var walk func(t reflect.Type, prefix string)
@@ -31,8 +30,8 @@ var knownVars = func() []string {
 	return slices.Compact(names)
 }()
 
-// ourPrefixes are the first words of the known names (OAUTH_, TOKEN_,
-// DB_, ...): a variable that starts with one looks like a setting.
+// ourPrefixes are the known names' first words (OAUTH_, TOKEN_, ...): a
+// variable that starts with one looks like a setting.
 var ourPrefixes = func() []string {
 	var ps []string
 	for _, n := range knownVars {
@@ -54,11 +53,9 @@ type envWarning struct {
 	Message  string
 }
 
-// envWarnings looks at environ (os.Environ() form) for variables that look
-// like settings but are none (a typo leaves the setting at its default,
-// silently): those with one of our prefixes, and those a typo away from a
-// setting; and, when the client secret is needed, for an empty
-// OAUTH_CLIENT_SECRET.
+// envWarnings finds in environ the variables that look like settings but
+// are none (a typo silently leaves the setting at its default) and, when
+// the client secret is needed, an empty OAUTH_CLIENT_SECRET.
 func envWarnings(environ []string, secretNeeded bool) []envWarning {
 	var out []envWarning
 	secret := ""
@@ -88,8 +85,8 @@ func envWarnings(environ []string, secretNeeded bool) []envWarning {
 	return out
 }
 
-// closest is the known name nearest to name, if it is near enough to be
-// a typo of it: at most 2 edits, or a fifth of the name for long ones.
+// closest is the known name within a typo of name (2 edits, or a fifth of
+// a long name), if any.
 func closest(name string) string {
 	best, bestDist := "", 0
 	for _, k := range knownVars {

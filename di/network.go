@@ -17,29 +17,26 @@ import (
 // Network is what the server needs to face a network, and where the worker
 // sends webhooks.
 type Network struct {
-	// PublicURL is the server's address as browsers and clients use it:
-	// connect URLs are built on it, its host is the accepted Host header,
-	// and https makes the flow cookie Secure and __Host-.
+	// PublicURL is the server's address as browsers use it: connect URLs
+	// are built on it, its host is the accepted Host header, and https
+	// makes the flow cookie Secure and __Host-.
 	PublicURL string `env:"PUBLIC_URL"`
-	// ConnectReturnURLs are the URL prefixes a connect session's return_to
-	// may start with.
+	// ConnectReturnURLs are the prefixes a connect session's return_to may
+	// start with.
 	ConnectReturnURLs []string `env:"CONNECT_RETURN_URLS" envSeparator:","`
 	// APIKeyRate and APIKeyBurst limit each API key's requests (per second,
 	// and how many at once).
-	APIKeyRate  float64 `env:"API_KEY_RATE" envDefault:"100"`
-	APIKeyBurst int     `env:"API_KEY_BURST" envDefault:"200"`
-	// RequestTimeout is every request's deadline.
+	APIKeyRate     float64       `env:"API_KEY_RATE" envDefault:"100"`
+	APIKeyBurst    int           `env:"API_KEY_BURST" envDefault:"200"`
 	RequestTimeout time.Duration `env:"HTTP_REQUEST_TIMEOUT" envDefault:"30s"`
-	// ProxyMaxBody bounds the body of a request through the proxy, in
-	// bytes.
-	ProxyMaxBody int64 `env:"PROXY_MAX_BODY" envDefault:"10485760"`
+	ProxyMaxBody   int64         `env:"PROXY_MAX_BODY" envDefault:"10485760"` // bytes
 	// WebhookURL and WebhookSecret: the worker POSTs signed events there.
 	WebhookURL    string       `env:"WEBHOOK_URL"`
 	WebhookSecret SecretString `env:"WEBHOOK_SECRET"`
 }
 
-// SecretString is a secret setting: it prints as a redaction marker under
-// every verb and encoder.
+// SecretString is a secret setting: it prints as [REDACTED] under every
+// verb and encoder.
 type SecretString string
 
 func (s SecretString) mask() string {

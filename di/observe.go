@@ -10,9 +10,8 @@ import (
 	"time"
 )
 
-// userAgent names the app in the requests it sends to the token endpoint,
-// as the API client does for the API: the provider (and the demo's
-// timeline) can tell which process refreshed.
+// userAgent names the app in its token endpoint requests: the provider
+// can tell which process refreshed.
 type userAgent struct {
 	base  http.RoundTripper
 	value string
@@ -24,8 +23,8 @@ func (u userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
 	return u.base.RoundTrip(r)
 }
 
-// serveMetrics serves m at GET /metrics on addr until the returned stop is
-// called. Listening happens now, so a taken address fails the start-up.
+// serveMetrics serves m at GET /metrics on addr until stop. It listens
+// now, so a taken address fails the start-up.
 func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -8,21 +8,20 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/debug"
 	"strings"
 	"syscall"
 )
 
-// ExitCode is returned by the apps' run functions to choose an exit status
-// without an error message of their own (the batch's "some calls failed").
+// ExitCode, returned by an app's run function, is its exit status, with no
+// message of its own.
 type ExitCode int
 
 func (c ExitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
 
-// Run is the body of an app's main: it reads the configuration from
-// environ, builds a logger on stderr, sets up tracing (startTracing), runs
-// fn until SIGTERM or SIGINT and returns the exit status: 0, 1 for a
-// failure, 2 for a missing or malformed setting (printed as one line
-// naming the variable).
+// Run is the body of an app's main: it reads the configuration, builds a
+// logger on stderr, sets up tracing, runs fn until SIGTERM or SIGINT and
+// returns the exit status: 0, 1 for a failure, 2 for a bad setting.
 func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Context, cfg AppConfig, log *slog.Logger) error) int {
 	warnings := envWarnings(environ, true)
 	cfg, err := AppConfigFromEnv(environ)
@@ -67,8 +66,8 @@ func ExitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
 	return 1
 }
 
-// NewLogger is the apps' logger on w at level (debug, info, warn, error),
-// as JSON lines or, with format "text", key=value lines.
+// NewLogger is the apps' logger on w: JSON lines, or key=value lines with
+// format "text".
 func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(strings.ToUpper(level)))
@@ -78,3 +77,23 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	}
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
+
+// Version is the release, set with -ldflags
+// "-X github.com/tokenguard/tokenguard/di.Version=v1.2.3"; else the module
+// version from the build info, else "dev".
+var Version string
+
+// AppVersion reports the version the apps announce.
+func AppVersion() string {
+	if Version != "" {
+		return Version
+	}
+	if bi, ok := debug.ReadBuildInfo(); ok && bi.Main.Version != "" && bi.Main.Version != "(devel)" {
+		return bi.Main.Version
+	}
+	return "dev"
+}
+
+// UserAgent is what app ("server", "worker", "batch") sends to the
+// external API: tokenguard-<app>/<version>.
+func UserAgent(app string) string { return "tokenguard-" + app + "/" + AppVersion() }

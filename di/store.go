@@ -15,8 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Store is the token store without the provider: what the operator tools
-// need, built from DATABASE_URL alone.
+// Store is the token store without the provider, for the operator tools.
 type Store struct {
 	DB         *gorm.DB
 	Repository *repository.TokenRepository
@@ -24,7 +23,7 @@ type Store struct {
 	Providers  *repository.ProviderRepository
 }
 
-// NewStore opens the database. It neither migrates nor needs the OAuth2
+// NewStore opens the database without migrating; it needs no OAuth2
 // settings. Call the returned cleanup when done.
 func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func(), error) {
 	sealer, err := cfg.sealer()
@@ -44,9 +43,8 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 	}, func() { _ = postgres.Close(db) }, nil
 }
 
-// Migrate applies tokenguard's migrations (tokenguard.Migrate) and then
-// River's (the event queue's). Processes that migrate at the same time
-// wait for each other.
+// Migrate applies tokenguard's migrations and then River's. Processes that
+// migrate at once wait for each other.
 func Migrate(ctx context.Context, databaseURL string) error {
 	db, err := postgres.Open(ctx, databaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
 	if err != nil {
@@ -65,9 +63,7 @@ func Migrate(ctx context.Context, databaseURL string) error {
 	return queue.Migrate(ctx, pool)
 }
 
-// migrateQueue applies River's migrations on pool, or, when migrations
-// run elsewhere than DATABASE_URL (a pooler in front of it), on a pool of
-// the migration URL: they hold a session lock.
+// migrateQueue is migrate for River's migrations.
 func migrateQueue(ctx context.Context, cfg Config, pool *pgxpool.Pool) error {
 	if cfg.MigrateURL() == cfg.DatabaseURL {
 		return queue.Migrate(ctx, pool)

@@ -21,6 +21,15 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
+// RunTokenctl runs the operator CLI and returns its exit status.
+func RunTokenctl(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	// Only check sends the client secret; the other commands do without.
+	for _, w := range envWarnings(environ, len(args) > 0 && args[0] == "check") {
+		fmt.Fprintf(stderr, "tokenctl: warning: %s\n", w.Message)
+	}
+	return tokenctl.Main(args, Tokenctl(environ, stderr), tokenctl.IO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+}
+
 // Tokenctl is the operator CLI's backend, configured from environ
 // (DATABASE_URL only) when a command first needs the database.
 func Tokenctl(environ []string, logTo io.Writer) tokenctl.Backend {
@@ -65,8 +74,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
-	// Database errors reach the operator as tokenctl's one-line message;
-	// GORM's own log of them would only repeat it.
+	// Database errors reach the operator as tokenctl's one-line message.
 	s, cleanup, err := NewStore(ctx, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, nil, err
@@ -76,7 +84,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 		return nil, nil, err
 	}
 	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB, s.Providers), cfg.LockWait, cfg.RefreshTimeout)
-	return ctlStore{s, cfg.LockWait, disconnect, cfg}, cleanup, nil
+	return ctlStore{s, s.Repository, cfg.LockWait, disconnect, cfg}, cleanup, nil
 }
 
 // migrated refuses a database Migrate never ran on with the command that
@@ -107,17 +115,10 @@ func openMigrated(ctx context.Context, cfg Config) (*gorm.DB, error) {
 
 type ctlStore struct {
 	*Store
-	lockWait   time.Duration
-	disconnect *usecase.DisconnectUseCase
-	cfg        Config
-}
-
-func (s ctlStore) Connection(ctx context.Context, id string) (domain.Connection, error) {
-	return s.Repository.Connection(ctx, id)
-}
-
-func (s ctlStore) EachConnection(ctx context.Context, fn func(domain.Connection) error) error {
-	return s.Repository.EachConnection(ctx, fn)
+	*repository.TokenRepository // Connection, EachConnection, NeedingReauth
+	lockWait                    time.Duration
+	disconnect                  *usecase.DisconnectUseCase
+	cfg                         Config
 }
 
 func (s ctlStore) Disconnect(ctx context.Context, id string, revoke bool) (domain.Token, error) {
@@ -128,14 +129,9 @@ func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Tok
 	return s.Repository.Reactivate(ctx, id, reason, s.lockWait)
 }
 
-func (s ctlStore) NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error) {
-	return s.Repository.NeedingReauth(ctx, reason, after, limit)
-}
-
-// Connect stores an imported grant. One that names no expiry gets its
+// Connect stores an imported grant. One without an expiry gets its
 // provider's default lifetime, as a refresh answer without expires_in
-// does: the stored provider's --default-lifetime, else
-// TOKEN_DEFAULT_LIFETIME, else (for the OAUTH_* provider) its profile's.
+// does.
 func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime
@@ -188,8 +184,8 @@ func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
 
 func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }
 
-// OpenProviders implements tokenctl.ProviderBackend: the tokenguard_providers table,
-// client secrets sealed with TOKEN_ENCRYPTION_KEYS like the tokens.
+// OpenProviders implements tokenctl.ProviderBackend: client secrets are
+// sealed with TOKEN_ENCRYPTION_KEYS like the tokens.
 func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderStore, func(), error) {
 	cfg, err := b.config()
 	if err != nil {
@@ -216,6 +212,5 @@ type ctlProviders struct {
 func (p ctlProviders) Encrypted() bool         { return p.encrypted }
 func (p ctlProviders) AllowInsecureURLs() bool { return p.allowInsecure }
 
-// ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status's EXPIRING
-// column.
+// ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status.
 func (s ctlStore) ExpiringNotice() time.Duration { return s.cfg.ExpiringNotice }

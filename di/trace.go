@@ -1,6 +1,7 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"strings"
@@ -14,21 +15,13 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// startTracing sets up OpenTelemetry for app from the standard variables
-// and installs it globally, where tokenguard, the HTTP server and clients
-// and the worker's jobs record their spans. autoexport and the SDK read
-// the variables: OTEL_TRACES_EXPORTER (otlp, console, none),
-// OTEL_EXPORTER_OTLP_ENDPOINT and the other OTLP settings,
-// OTEL_SERVICE_NAME (default tokenguard-<app>), OTEL_RESOURCE_ATTRIBUTES,
-// OTEL_TRACES_SAMPLER and its argument, OTEL_BSP_*, and OTEL_PROPAGATORS
-// (default tracecontext,baggage).
-//
-// Traces are exported only when asked for: OTEL_TRACES_EXPORTER or an
-// OTLP endpoint is set (a process without a collector must not log export
-// failures), and OTEL_SDK_DISABLED is not true. The propagator is
-// installed in any case, so that the trace context of a request still
-// reaches the upstream API and the worker's job. stop flushes the spans
-// in flight.
+// startTracing installs OpenTelemetry globally for app from the standard
+// OTEL_* variables (read by autoexport and the SDK; OTEL_SERVICE_NAME
+// defaults to tokenguard-<app>). Traces are exported only when asked for
+// (OTEL_TRACES_EXPORTER or an OTLP endpoint set, OTEL_SDK_DISABLED not
+// true): a process without a collector must not log export failures. The
+// propagator is installed in any case, so a request's trace context still
+// reaches the upstream API and the worker's job. stop flushes the spans.
 func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
 	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
 	env := map[string]string{}
@@ -57,18 +50,13 @@ func startTracing(ctx context.Context, app string, environ []string, log *slog.L
 		_ = exp.Shutdown(ctx)
 		return nil, configErr("OTEL_RESOURCE_ATTRIBUTES: %v", err)
 	}
-	// The sampler comes from OTEL_TRACES_SAMPLER (default
-	// parentbased_always_on), the batching from OTEL_BSP_*.
+	// The sampler comes from OTEL_TRACES_SAMPLER, the batching from OTEL_BSP_*.
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		log.Warn("OpenTelemetry: spans not exported", "err", err)
 	}))
-	name := env["OTEL_TRACES_EXPORTER"]
-	if name == "" {
-		name = "otlp"
-	}
-	log.Info("traces exported", "exporter", name)
+	log.Info("traces exported", "exporter", cmp.Or(env["OTEL_TRACES_EXPORTER"], "otlp"))
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()

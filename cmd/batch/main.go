@@ -33,11 +33,10 @@ func main() {
 			return err
 		}
 		defer cleanup()
-		if err := runner.Run(ctx, *every); errors.Is(err, di.ErrBatchFailed) {
+		err = runner.Run(ctx, *every)
+		if errors.Is(err, di.ErrBatchFailed) {
 			return di.ExitCode(1)
-		} else if err != nil {
-			return err
 		}
-		return nil
+		return err
 	}))
 }

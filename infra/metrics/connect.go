@@ -1,6 +1,10 @@
 package metrics
 
-import "github.com/prometheus/client_golang/prometheus"
+import (
+	"slices"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
 
 // connectOutcomes are the values of tokenguard_connect_grants_total's
 // outcome label; every other code of the connect flow counts as "failed".
@@ -22,14 +26,10 @@ func NewConnectCounter(reg prometheus.Registerer) *ConnectCounter {
 	return &ConnectCounter{c}
 }
 
-// ConnectOutcome counts one end of the connect flow (httpapi's outcome
-// code).
+// ConnectOutcome counts one end of the connect flow.
 func (m *ConnectCounter) ConnectOutcome(code string) {
-	for _, o := range connectOutcomes {
-		if o == code {
-			m.c.WithLabelValues(o).Inc()
-			return
-		}
+	if !slices.Contains(connectOutcomes, code) {
+		code = "failed"
 	}
-	m.c.WithLabelValues("failed").Inc()
+	m.c.WithLabelValues(code).Inc()
 }

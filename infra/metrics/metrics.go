@@ -1,12 +1,10 @@
-// Package metrics exposes what the token layer does as Prometheus metrics:
-// it implements usecase.Observer on its own registry (never the global
-// default one) and serves it with promhttp.
+// Package metrics exposes what the token layer does as Prometheus metrics,
+// implementing usecase.Observer (never on the global default registry).
 //
 // Labels never carry a secret and stay low-cardinality: outcome, trigger,
-// result and status take a handful of fixed values; provider is the name of
-// a stored provider or "default" (the OAUTH_* one), at most
-// MaxProviderLabels of them. The connection name is a label only when
-// Options.ConnectionLabel asks for it (small fleets).
+// result and status take a handful of fixed values; provider is a stored
+// provider's name or "default", at most MaxProviderLabels of them. The
+// connection name is a label only with Options.ConnectionLabel.
 package metrics
 
 import (
@@ -34,19 +32,14 @@ type StatusCounter interface {
 
 // Options configure Metrics. The zero value is usable.
 type Options struct {
-	// ConnectionLabel adds a "connection" label (the connection name) to
-	// the refresh counters. Off by default: with many connections it makes
-	// one series per connection and outcome.
+	// ConnectionLabel adds a "connection" label to the refresh counters:
+	// one series per connection and outcome, for small fleets.
 	ConnectionLabel bool
-	// StatusTimeout bounds the query of CountConnections at a scrape
-	// (default 2s).
-	StatusTimeout time.Duration
-	// Log receives scrape errors (default slog.Default()).
-	Log *slog.Logger
-	// Registerer, when set, receives tokenguard's collectors, and only
-	// those (an application's registry has its own runtime collectors).
-	// Otherwise they go to a fresh registry, with the Go runtime and
-	// process collectors, served by Handler.
+	StatusTimeout   time.Duration // bounds CountConnections' query (default 2s)
+	Log             *slog.Logger  // scrape errors (default slog.Default())
+	// Registerer, when set, receives tokenguard's collectors only (an
+	// application's registry has its own runtime collectors). Otherwise
+	// they go to a NewRegistry, served by Handler.
 	Registerer prometheus.Registerer
 }
 
@@ -70,7 +63,7 @@ type Metrics struct {
 	regressions     prometheus.Counter
 
 	// The cache lookup is counted on every Token call, the hot path: see
-	// stripedCounter. misses is the slow path and may share a line.
+	// stripedCounter. misses is the slow path.
 	lookups stripedCounter
 	misses  atomic.Uint64
 }
@@ -100,9 +93,8 @@ func New(o Options) *Metrics {
 	}
 	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: o.Log, statusTimeout: o.StatusTimeout}
 	if m.registerer == nil {
-		m.reg = prometheus.NewRegistry()
+		m.reg = NewRegistry()
 		m.registerer = m.reg
-		m.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	}
 	refreshLabels, forcedLabels := []string{"outcome", "trigger", "provider"}, []string(nil)
 	if o.ConnectionLabel {
@@ -154,22 +146,18 @@ func New(o Options) *Metrics {
 	return m
 }
 
-// CountConnections reports tokenguard_connections{status} from c, asked at
-// every scrape. The figure is fleet-wide: every process reports the same
-// number (aggregate with max, not sum). Call it once.
+// CountConnections reports tokenguard_connections{status} from c at every
+// scrape. The figure is fleet-wide (aggregate with max, not sum). Call it
+// once.
 func (m *Metrics) CountConnections(c StatusCounter) {
 	m.registerer.MustRegister(statusCollector{counter: c, timeout: m.statusTimeout})
 }
 
-// Registry is the fresh registry of New, nil with Options.Registerer.
-func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
-
 // Handler serves the fresh registry of New (see HandlerFor).
 func (m *Metrics) Handler() http.Handler { return HandlerFor(m.reg, m.log) }
 
-// HandlerFor serves reg in the Prometheus exposition format. A collector
-// that fails (the database is down) is left out of that scrape and logged
-// to log; the rest is still served.
+// HandlerFor serves reg. A collector that fails (the database is down) is
+// left out of that scrape and logged; the rest is still served.
 func HandlerFor(reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	if log == nil {
 		log = slog.Default()
@@ -230,21 +218,17 @@ func (m *Metrics) Invalidated() { m.invalidations.Inc() }
 
 // ListenerConnected records whether the change listener is connected (the
 // cache is trusted).
-func (m *Metrics) ListenerConnected(ok bool) {
-	if ok {
-		m.listener.Set(1)
-	} else {
-		m.listener.Set(0)
-	}
-}
+func (m *Metrics) ListenerConnected(ok bool) { setBool(m.listener, ok) }
 
 // ReplicationSync records whether the database's commits wait for a
 // synchronous standby.
-func (m *Metrics) ReplicationSync(ok bool) {
+func (m *Metrics) ReplicationSync(ok bool) { setBool(m.replicationSync, ok) }
+
+func setBool(g prometheus.Gauge, ok bool) {
 	if ok {
-		m.replicationSync.Set(1)
+		g.Set(1)
 	} else {
-		m.replicationSync.Set(0)
+		g.Set(0)
 	}
 }
 
@@ -255,22 +239,19 @@ func (m *Metrics) VersionRegressed() { m.regressions.Inc() }
 var _ usecase.Observer = (*Metrics)(nil)
 
 // stripedCounter is a counter for the hot path. A single atomic counter
-// (a prometheus.Counter is one) is a cache line that every core writes on
-// every call; under parallel load that line bounces between cores and
-// slows the lock-free cache reads around it. Here each add goes to one of
-// several stripes, chosen by the address of the calling goroutine's stack,
-// so a goroutine keeps to its stripe and concurrent goroutines rarely
-// share one; a scrape sums the stripes. (A stack that grows moves, and
-// its goroutine then just counts on another stripe.)
+// (a prometheus.Counter is one) is a cache line every core writes on every
+// call; under parallel load it bounces between cores and slows the
+// lock-free cache reads around it. Here each add goes to a stripe chosen
+// by the address of the calling goroutine's stack, so concurrent
+// goroutines rarely share one; a scrape sums the stripes.
 type stripedCounter struct {
 	stripes [stripes]paddedCounter
 }
 
 const stripes = 32
 
-// paddedCounter keeps every counter 128 bytes from the next whatever the
-// struct's alignment, so no two share a cache line (or an adjacent-line
-// prefetch pair).
+// paddedCounter keeps counters 128 bytes apart, so no two share a cache
+// line (or an adjacent-line prefetch pair).
 type paddedCounter struct {
 	_ [64]byte
 	n atomic.Uint64
@@ -279,8 +260,8 @@ type paddedCounter struct {
 
 func (c *stripedCounter) inc() {
 	var anchor byte
-	// Goroutine stacks are at least 8 KiB apart; the bits above that
-	// pick the stripe. The pointer is only read as a number.
+	// Goroutine stacks are at least 8 KiB apart; the bits above pick the
+	// stripe.
 	c.stripes[(uintptr(unsafe.Pointer(&anchor))>>13)%stripes].n.Add(1)
 }
 
@@ -343,19 +324,18 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
-// DefaultProvider is the provider label of the connections that name no
-// stored provider (they use the OAUTH_* settings).
-const DefaultProvider = domain.ReservedProviderName
-
-// OtherProviders is the provider label of every provider past the first
-// MaxProviderLabels a process has seen.
-const OtherProviders = "other"
-
-// MaxProviderLabels bounds the provider label's values per process. The
-// names come from the tokenguard_providers table (a connection can only name a
-// registered provider), so a fleet reaches it only with that many
-// providers registered.
-const MaxProviderLabels = 100
+const (
+	// DefaultProvider is the provider label of the connections that name
+	// no stored provider.
+	DefaultProvider = domain.ReservedProviderName
+	// OtherProviders labels every provider past the first
+	// MaxProviderLabels a process has seen.
+	OtherProviders = "other"
+	// MaxProviderLabels bounds the provider label's values per process:
+	// the names are of registered providers, so a fleet reaches it only
+	// with that many.
+	MaxProviderLabels = 100
+)
 
 // providerLabels maps a connection's provider to its label value.
 type providerLabels struct {

@@ -9,18 +9,13 @@ import (
 )
 
 // shouldPing decides whether the pool pings a connection before reusing
-// it. pgx pings one idle for over a second, a round trip before the
-// caller's first statement, so that a connection the server has dropped
-// (a restart, a failover, pg_terminate_backend, idle_session_timeout) is
-// discarded rather than used. A server that drops a connection says so:
-// its last error and the end of the stream wait unread in the socket. So
+// it. pgx pings one idle for over a second, a round trip, to discard a
+// connection the server dropped. But a server that drops a connection
+// says so: its last error and the end of the stream wait in the socket. So
 // an idle connection is pinged only if its socket holds something, has
-// ended, or cannot be looked at; a quiet one is reused as it is. The
-// first statement of a refresh's lock transaction, which comes after an
-// idle second whenever tokens are not refreshed back to back, then costs
-// one round trip instead of two. What neither check can see (a peer gone
-// without a word) fails the ping and the statement alike, by the
-// caller's deadline.
+// ended, or cannot be looked at, and a refresh's first statement costs one
+// round trip instead of two. A peer gone without a word fails the ping and
+// the statement alike, by the caller's deadline.
 func shouldPing(_ context.Context, p stdlib.ShouldPingParams) bool {
 	if p.IdleDuration <= time.Second {
 		return false // pgx's own rule: recently used, taken as alive

@@ -28,9 +28,8 @@ func (p Pool) withDefaults() Pool {
 		p.MaxOpenConns = 10
 	}
 	if p.MaxIdleConns <= 0 {
-		// Every open connection may stay idle (ConnMaxIdleTime closes the
-		// unused ones): fewer would close and reopen a connection, a new
-		// Postgres backend, for each use above that many at once.
+		// Fewer would close and reopen a connection, a new Postgres backend,
+		// for each use above that many at once.
 		p.MaxIdleConns = p.MaxOpenConns
 	}
 	if p.ConnMaxLifetime <= 0 {
@@ -51,11 +50,7 @@ func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*go
 	db, err := gorm.Open(postgres.New(postgres.Config{
 		DSN:          url,
 		OptionOpenDB: []stdlib.OptionOpenDB{stdlib.OptionShouldPing(shouldPing)},
-	}), &gorm.Config{
-		Logger: log,
-		// Each write is already in an explicit transaction.
-		SkipDefaultTransaction: true,
-	})
+	}), &gorm.Config{Logger: log, SkipDefaultTransaction: true}) // each write is in a transaction already
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}

@@ -10,11 +10,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// quiet reports whether c is open with nothing to read, without reading:
-// a non-blocking peek at its socket. It does not take the connection's
-// read lock (RawConn.Control, not Read): pgx may have left a background
-// reader blocked on an idle connection, holding that lock until the
-// server sends something.
+// quiet reports whether c is open with nothing to read: a non-blocking
+// peek at its socket. It uses RawConn.Control, not Read: pgx may have left
+// a background reader blocked on an idle connection, holding the read lock.
 func quiet(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {

@@ -35,8 +35,8 @@ type EventArgs struct {
 // Kind names the job kind in River's tables.
 func (EventArgs) Kind() string { return "tokenguard_event" }
 
-// OpenPool opens the pgx pool River runs on (River needs pgx, the token
-// store runs on GORM; they share the database, not the pool).
+// OpenPool opens the pgx pool River runs on (the token store's GORM pool
+// is another).
 func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -56,13 +56,13 @@ func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 	return pool, nil
 }
 
-// migrateLockKey serialises River migrations across processes that start at
-// the same time (rivermigrate takes no lock of its own). It lives in the
-// single-int8 advisory key space, apart from the connection locks.
+// migrateLockKey serialises River migrations across processes
+// (rivermigrate takes no lock of its own), in the single-int8 advisory key
+// space, apart from the connection locks.
 const migrateLockKey int64 = 0x746b675f72697672 // "tkg_rivr"
 
-// Migrate applies River's pending migrations. Concurrent callers in other
-// processes wait for each other.
+// Migrate applies River's pending migrations; concurrent callers wait for
+// each other.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -102,9 +102,8 @@ func NewProducer(pool *pgxpool.Pool, log *slog.Logger) (*Producer, error) {
 	return &Producer{client: c}, nil
 }
 
-// Enqueue stores one event and returns its id (River's job id). The
-// event carries the trace context of ctx (W3C traceparent in the job's
-// metadata): its job's span belongs to the same trace.
+// Enqueue stores one event and returns its job id. The event carries ctx's
+// trace context: its job's span belongs to the same trace.
 func (p *Producer) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
 	res, err := p.client.Insert(ctx, EventArgs{Connection: connection, Payload: payload}, &river.InsertOpts{Metadata: traceMetadata(ctx)})
 	if err != nil {
@@ -126,31 +125,23 @@ func (f HandlerFunc) HandleEvent(ctx context.Context, e EventArgs) error { retur
 
 // WorkerOptions tune a Worker. Zero values take the defaults.
 type WorkerOptions struct {
-	// Concurrency is how many events are handled at once (default 10).
-	Concurrency int
-	// JobTimeout bounds one event (default 1m).
-	JobTimeout time.Duration
+	Concurrency int           // events handled at once (default 10)
+	JobTimeout  time.Duration // bounds one event (default 1m)
 	// RescueAfter is how long an event may stay "running" before it is
-	// taken for lost (its worker died) and retried (default JobTimeout+15s).
-	// It must exceed the longest an event can really run.
+	// taken for lost and retried (default JobTimeout+15s). It must exceed
+	// the longest an event can really run.
 	RescueAfter time.Duration
 	// StopTimeout bounds the wait for events in flight at shutdown
 	// (default 8s); past it they are cancelled and retried later.
 	StopTimeout time.Duration
-	// Webhook, when set, delivers the webhook events of the outbox; nil
-	// drops them.
-	Webhook *Webhook
-	// PollOnly fetches new events by polling (River's FetchPollInterval,
-	// 1s) instead of LISTEN, which needs a session of its own: for a pool
-	// behind a transaction pooler.
+	Webhook     *Webhook // delivers the outbox's events; nil drops them
+	// PollOnly polls for new events instead of LISTEN, which needs a
+	// session of its own: for a pool behind a transaction pooler.
 	PollOnly bool
-	// ExpiringNotice, with a Webhook, announces each connection whose
-	// refresh token expires within it by a connection.expiring event, once
-	// per grant (announceExpiring, every expiringEvery); 0: never.
+	// ExpiringNotice, with a Webhook, announces once per grant each
+	// connection whose refresh token expires within it; 0: never.
 	ExpiringNotice time.Duration
-	// TracerProvider records each event's span (tokenguard.job), in the
-	// trace of the request that queued it; nil: the global provider.
-	TracerProvider trace.TracerProvider
+	TracerProvider trace.TracerProvider // nil: the global provider
 }
 
 // Worker consumes events (the worker's side).
@@ -305,9 +296,7 @@ func riverLogger(log *slog.Logger) *slog.Logger {
 	return slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn})
 }
 
-func quiet() *slog.Logger {
-	return slog.New(slog.DiscardHandler)
-}
+func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
 type minLevel struct {
 	slog.Handler
@@ -326,23 +315,19 @@ func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
 }
 
-// traceMetadata is a job's metadata carrying ctx's trace context (W3C
-// traceparent and tracestate), nil when ctx has none.
+// traceMetadata is a job's metadata carrying ctx's W3C trace context, nil
+// when ctx has none.
 func traceMetadata(ctx context.Context) []byte {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)
 	if len(carrier) == 0 {
 		return nil
 	}
-	b, err := json.Marshal(carrier)
-	if err != nil {
-		return nil
-	}
+	b, _ := json.Marshal(carrier) // a map of strings always marshals
 	return b
 }
 
-// withTrace is ctx continuing the trace a job's metadata carries, if any:
-// the job's span is a child of the span that queued it.
+// withTrace is ctx continuing the trace a job's metadata carries, if any.
 func withTrace(ctx context.Context, metadata []byte) context.Context {
 	var fields map[string]any
 	if len(metadata) == 0 || json.Unmarshal(metadata, &fields) != nil {

@@ -23,9 +23,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// WebhookEvent is one event as the receiver gets it (the JSON body) and as
-// River stores it until it is delivered. ID is the same on every attempt:
-// receivers deduplicate on it.
+// WebhookEvent is one event as the receiver gets it (the JSON body). ID is
+// the same on every attempt: receivers deduplicate on it.
 type WebhookEvent struct {
 	ID         string          `json:"id"`
 	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered, connection.rolled_back, connection.refresh_failing, connection.expiring, connection.disconnected
@@ -37,12 +36,13 @@ type WebhookEvent struct {
 // Kind names the job kind in River's tables.
 func (WebhookEvent) Kind() string { return "tokenguard_webhook" }
 
-// webhookQueue keeps deliveries to a slow receiver from holding up events.
-const webhookQueue = "webhook"
-
-// webhookAttempts × backoff (1s doubling, capped at 1h) is about 13 hours
-// of retries before an event is given up (River then keeps it "discarded").
-const webhookAttempts = 25
+const (
+	// webhookQueue keeps deliveries to a slow receiver from holding up events.
+	webhookQueue = "webhook"
+	// webhookAttempts × backoff (1s doubling, capped at 1h) is about 13
+	// hours of retries before an event is discarded.
+	webhookAttempts = 25
+)
 
 // InsertOpts puts events on their own queue with their own retry budget.
 func (WebhookEvent) InsertOpts() river.InsertOpts {
@@ -51,15 +51,13 @@ func (WebhookEvent) InsertOpts() river.InsertOpts {
 
 // Webhook is where events go and how they are signed.
 type Webhook struct {
-	URL    string
-	Secret domain.Secret
-	// UserAgent of the requests (default tokenguard).
-	UserAgent string
+	URL       string
+	Secret    domain.Secret
+	UserAgent string // default tokenguard
 	// HTTP defaults to a client with a 10s timeout that does not follow
 	// redirects (a redirect is a failed delivery).
-	HTTP *http.Client
-	// Every is how often the outbox is moved to River (default 1s).
-	Every time.Duration
+	HTTP  *http.Client
+	Every time.Duration // how often the outbox is moved to River (default 1s)
 }
 
 // Signature header: t is the Unix time of the attempt, v1 the hex
@@ -104,8 +102,7 @@ func newWebhookWorker(h Webhook, log *slog.Logger) *webhookWorker {
 	return &webhookWorker{hook: h, log: log, host: host}
 }
 
-// Work delivers one event: a 2xx answer is delivered, anything else is
-// retried with backoff.
+// Work delivers one event: anything but a 2xx answer is retried.
 func (w *webhookWorker) Work(ctx context.Context, job *river.Job[WebhookEvent]) error {
 	body, err := json.Marshal(job.Args)
 	if err != nil {
@@ -150,10 +147,9 @@ func (w *webhookWorker) NextRetry(job *river.Job[WebhookEvent]) time.Time {
 // Timeout bounds one delivery.
 func (w *webhookWorker) Timeout(*river.Job[WebhookEvent]) time.Duration { return 15 * time.Second }
 
-// relayOutbox moves up to 100 rows of webhook_outbox (written by the token
-// writes' trigger, in their transactions) into River jobs, in one
-// transaction: each event becomes exactly one job. Without a webhook the
-// rows are dropped.
+// relayOutbox moves up to 100 rows of the outbox (written by the token
+// writes' trigger) into River jobs in one transaction: each event becomes
+// exactly one job. Without a webhook the rows are dropped.
 func relayOutbox(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], deliver bool) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -196,15 +192,14 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 }
 
 // expiringEvery is how often the worker looks for connections to announce
-// as expiring: the notice is days ahead, a minute late is nothing.
+// as expiring: the notice is days ahead.
 const expiringEvery = time.Minute
 
 // expiringSQL writes a connection.expiring event into the outbox for each
-// active connection whose refresh token expires within $1 seconds and that
-// was not announced for its grant yet (tokenguard_expiry_notices; a new
-// grant deletes its row). The notice row and the event are written by the
-// same statement, and the notice's primary key makes it once per grant
-// however many workers run it at once. At most 500 a pass.
+// active connection whose refresh token expires within $1 seconds and not
+// yet announced for its grant (a new grant deletes its notice). The
+// notice's primary key makes it once per grant however many workers run
+// it at once. At most 500 a pass.
 const expiringSQL = `
 WITH due AS (
     SELECT t.connection_id, t.refresh_expiry FROM tokenguard_tokens t
@@ -230,8 +225,7 @@ SELECT 'connection.expiring', c.name, jsonb_strip_nulls(jsonb_build_object(
            'tags', to_jsonb(c.tags)))
 FROM noticed n JOIN tokenguard_tokens t ON t.connection_id = n.connection_id JOIN tokenguard_connections c ON c.id = n.connection_id`
 
-// announceExpiring queues the connection.expiring events that are due
-// and reports how many.
+// announceExpiring queues the due connection.expiring events.
 func announceExpiring(ctx context.Context, pool *pgxpool.Pool, notice time.Duration) (int, error) {
 	tag, err := pool.Exec(ctx, expiringSQL, int64(notice/time.Second))
 	if err != nil {

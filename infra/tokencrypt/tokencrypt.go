@@ -8,11 +8,10 @@
 //
 //	TOKEN_ENCRYPTION_KEYS="k2=<base64 of 32 random bytes>*,k1=<base64 of 32 random bytes>"
 //
-// A key id is 1 to 32 of a-z 0-9 _ -. A key is 32 random bytes in standard
-// base64 with padding (openssl rand -base64 32). The entry whose key ends
-// with '*' is the current key: Seal uses it, and every listed key can Open.
-// A list of one entry may leave out the '*'. Spaces around entries are
-// ignored. Exactly one entry is current, ids are unique.
+// A key id is 1 to 32 of a-z 0-9 _ -, unique. A key is 32 random bytes in
+// standard base64 (openssl rand -base64 32). The one key marked '*' (a
+// list of one may leave it out) is current: Seal uses it, every key can
+// Open.
 //
 // # Envelope
 //
@@ -21,25 +20,23 @@
 //	tg1:<key id>:b:<base64url, unpadded, of nonce (12 bytes) | ciphertext | tag (16 bytes)>
 //
 // Every value gets its own random nonce. The GCM additional data is
-// "tg1:<key id>:b:" followed by the caller's aad, which names the row (by
-// its id and the version it was sealed at) and the column, so a
-// ciphertext copied to another row or column, back into its row after the
-// row was rewritten, or relabelled with another key id, fails to open.
+// "tg1:<key id>:b:" followed by the caller's aad, which names the row (its
+// id and the version it was sealed at) and the column, so a ciphertext
+// copied to another row or column, back into its row after a rewrite, or
+// relabelled with another key id, fails to open.
 //
 // The previous release sealed "tg1:<key id>:<body>" (no "b:"), with the
-// additional data "tg1:<key id>:" and an aad that named the row by its
-// name only. Open still opens those (Bound tells the caller which aad to
-// give); Seal never writes them, and IsCurrent is false for them, so that
-// tokenctl rotate-key reseals them. A process of that release refuses the
-// new form (its key id field does not parse): it never takes an envelope
-// for plaintext.
+// additional data "tg1:<key id>:" and an aad naming the row by name only.
+// Open still opens those (Bound tells the caller which aad to give); Seal
+// never writes them and IsCurrent is false for them, so tokenctl
+// rotate-key reseals them. That release refuses the new form (its key id
+// does not parse): it never takes an envelope for plaintext.
 //
 // # Legacy plaintext
 //
-// A stored value that does not start with "tg1:" is plaintext written
-// before encryption was turned on. Open returns it unchanged, so such rows
-// keep working until "tokenctl rotate-key" seals them. The empty string is
-// never sealed (it means "no value" to the repository) and opens as itself.
+// A stored value without the "tg1:" prefix is plaintext written before
+// encryption was turned on: Open returns it unchanged until tokenctl
+// rotate-key seals it. The empty string ("no value") is never sealed.
 //
 // Errors never contain a plaintext, a ciphertext or a key.
 package tokencrypt
@@ -59,13 +56,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// EnvKeys is the variable the key list is read from; errors name it.
-const EnvKeys = "TOKEN_ENCRYPTION_KEYS"
-
-// EnvRequired names the setting that refuses plaintext rows.
-const EnvRequired = "TOKEN_ENCRYPTION_REQUIRED"
-
 const (
+	// EnvKeys is the variable the key list is read from; errors name it.
+	EnvKeys = "TOKEN_ENCRYPTION_KEYS"
+	// EnvRequired names the setting that refuses plaintext rows.
+	EnvRequired = "TOKEN_ENCRYPTION_REQUIRED"
+
 	prefix    = "tg1:"
 	keySize   = 32 // AES-256
 	nonceSize = 12 // GCM standard nonce
@@ -88,9 +84,9 @@ type Keyring struct {
 	required bool // legacy plaintext is refused (RequireSealed)
 }
 
-// RequireSealed makes Open refuse legacy plaintext values, once every row
-// has been sealed (tokenctl rotate-key): a plaintext value in the table is
-// then something written around tokenguard.
+// RequireSealed makes Open refuse legacy plaintext, once every row has
+// been sealed: a plaintext value is then something written around
+// tokenguard.
 func (k *Keyring) RequireSealed() *Keyring {
 	k.required = true
 	return k
@@ -174,8 +170,7 @@ func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 	}
 	aead := k.aeads[k.current]
 	buf := make([]byte, nonceSize, nonceSize+len(plaintext)+tagSize)
-	// crypto/rand.Read never fails (it crashes the program instead).
-	_, _ = rand.Read(buf)
+	_, _ = rand.Read(buf) // never fails (it crashes the program instead)
 	buf = aead.Seal(buf, buf[:nonceSize], []byte(plaintext), additionalData(k.current, true, aad))
 	return prefix + k.current + ":" + boundMark + ":" + bodyEncoding.EncodeToString(buf), nil
 }
@@ -186,10 +181,7 @@ const boundMark = "b"
 // Bound reports whether stored is an envelope of the current form, whose
 // aad names what Seal's caller gave now; false for plaintext and for the
 // previous release's envelopes.
-func (k *Keyring) Bound(stored string) bool { return IsBound(stored) }
-
-// IsBound is Keyring.Bound for any stored value.
-func IsBound(stored string) bool {
+func (k *Keyring) Bound(stored string) bool {
 	if !IsSealed(stored) {
 		return false
 	}
@@ -198,9 +190,8 @@ func IsBound(stored string) bool {
 }
 
 // Open decrypts a value Seal produced with the same aad under any key in
-// the ring. Values without the "tg1:" prefix are legacy plaintext and are
-// returned as they are, unless RequireSealed. Failures are *OpenError, which wraps
-// domain.ErrUndecryptable.
+// the ring; legacy plaintext is returned as it is, unless RequireSealed.
+// Failures are *OpenError.
 func (k *Keyring) Open(stored, aad string) (string, error) {
 	if !IsSealed(stored) {
 		if k.required && stored != "" {
@@ -224,8 +215,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 }
 
 // IsCurrent reports whether stored needs no resealing: it is empty or
-// sealed with the current key. Legacy plaintext and values sealed with an
-// older key are not current.
+// sealed with the current key in the current form.
 func (k *Keyring) IsCurrent(stored string) bool {
 	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":"+boundMark+":")
 }
@@ -283,8 +273,8 @@ func (k *Keyring) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(k.String()
 // LogValue keeps slog to the key ids.
 func (k *Keyring) LogValue() slog.Value { return slog.StringValue(k.String()) }
 
-// OpenError says why a stored value could not be decrypted. It never
-// carries the value. errors.Is(err, domain.ErrUndecryptable) holds.
+// OpenError says why a stored value could not be decrypted, never
+// carrying the value. It wraps domain.ErrUndecryptable.
 type OpenError struct {
 	KeyID  string // the envelope's key id; empty when it names none
 	Reason string
@@ -297,15 +287,12 @@ func (e *OpenError) Error() string {
 	return fmt.Sprintf("%v: sealed with key id %q: %s", domain.ErrUndecryptable, e.KeyID, e.Reason)
 }
 
-// Unwrap makes the error match domain.ErrUndecryptable.
 func (e *OpenError) Unwrap() error { return domain.ErrUndecryptable }
 
 // KeySpec is a TOKEN_ENCRYPTION_KEYS value as configuration holds it. It
-// prints as a redaction marker under every verb and encoder, so logging a
+// prints as [REDACTED] under every verb and encoder, so logging a
 // configuration struct cannot leak the keys.
 type KeySpec string
-
-const redacted = "[REDACTED]"
 
 // Keyring parses the spec; see ParseKeyring.
 func (s KeySpec) Keyring() (*Keyring, error) { return ParseKeyring(string(s)) }
@@ -314,7 +301,7 @@ func (s KeySpec) mask() string {
 	if s == "" {
 		return ""
 	}
-	return redacted
+	return "[REDACTED]"
 }
 
 func (s KeySpec) String() string               { return s.mask() }
@@ -323,11 +310,9 @@ func (s KeySpec) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.mask())
 func (s KeySpec) LogValue() slog.Value         { return slog.StringValue(s.mask()) }
 func (s KeySpec) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
 
-// Plaintext is the Sealer of a store without keys: values are stored as
-// they are. It still recognises envelopes and refuses them instead of
-// handing one to the provider as if it were a token: that happens when
-// TOKEN_ENCRYPTION_KEYS is missing from a process whose database holds
-// encrypted tokens.
+// Plaintext is the Sealer of a store without keys. It still refuses
+// envelopes rather than hand one to the provider as a token, which a
+// process missing TOKEN_ENCRYPTION_KEYS would otherwise do.
 type Plaintext struct{}
 
 // Seal returns p unchanged.

@@ -10,10 +10,9 @@ import (
 )
 
 // Transport is base (http.DefaultTransport when nil) with otelhttp's
-// client spans, recorded on tp (nil: the provider of the caller's span,
-// else the global one), and the trace context sent along by the global
-// propagator. The spans show the request's URL without its query, which
-// can carry anything.
+// client spans on tp (nil: the caller's span's provider, else the global
+// one) and the global propagator. The spans show the request's URL without
+// its query, which can carry anything.
 func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTripper {
 	if base == nil {
 		base = http.DefaultTransport
@@ -25,8 +24,7 @@ func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTrippe
 	return hideQuery{next: otelhttp.NewTransport(restoreQuery{next: base}, opts...)}
 }
 
-// Client is a copy of c (a zero client when nil) whose transport is
-// Transport's.
+// Client is a copy of c (a zero client when nil) on Transport.
 func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
 	var out http.Client
 	if c != nil {
@@ -36,11 +34,10 @@ func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
 	return &out
 }
 
-// Handler is h with otelhttp's server spans, recorded on tp (nil: the
-// global provider): the caller's trace context (the global propagator)
-// is continued, and a span is named by the route's pattern once h has
-// routed the request (http.ServeMux). otelhttp records the path, never the
-// query. Requests for the untraced paths record nothing.
+// Handler is h with otelhttp's server spans on tp (nil: the global
+// provider), continuing the caller's trace and named by the route's
+// pattern. otelhttp records the path, never the query. The untraced paths
+// record nothing.
 func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.Handler {
 	opts := []otelhttp.Option{otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
 		if r.Pattern != "" {
@@ -60,8 +57,7 @@ func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.H
 // queryKey carries a request's query past otelhttp's transport.
 type queryKey struct{}
 
-// hideQuery hands the request on without its query, kept in the context
-// for restoreQuery.
+// hideQuery hands the request on without its query, for restoreQuery.
 type hideQuery struct{ next http.RoundTripper }
 
 func (h hideQuery) RoundTrip(r *http.Request) (*http.Response, error) {

@@ -1,13 +1,11 @@
 // Package tracing records tokenguard's work as OpenTelemetry spans on the
-// OpenTelemetry API alone: which SDK and exporter receive them is the
-// application's choice (the bundled apps': di). It implements
-// usecase.Tracer, and instruments HTTP clients and servers with otelhttp,
-// showing URLs without their query.
+// OpenTelemetry API alone (the SDK and exporter are the application's
+// choice), and instruments HTTP clients and servers with otelhttp, showing
+// URLs without their query.
 //
 // A span never carries a token, a secret, an authorization code or an
-// account id: its attributes are the connection's name, its provider's
-// name, outcomes and versions, and an error is recorded as its class
-// (Class), never as its message.
+// account id: an error is recorded as its class (Class), never as its
+// message.
 package tracing
 
 import (
@@ -33,27 +31,22 @@ const (
 	Outcome       = attribute.Key("tokenguard.outcome")
 	VersionBefore = attribute.Key("tokenguard.version.before")
 	VersionAfter  = attribute.Key("tokenguard.version.after")
-	// Waited: the step waited for another process's refresh of the
-	// connection.
-	Waited    = attribute.Key("tokenguard.waited_for_other_process")
-	Forced    = attribute.Key("tokenguard.forced")
-	SweepKind = attribute.Key("tokenguard.sweep.kind")
-	// ErrorType is the class of a failed step's error (Class).
-	ErrorType = attribute.Key("error.type")
+	Waited        = attribute.Key("tokenguard.waited_for_other_process")
+	Forced        = attribute.Key("tokenguard.forced")
+	SweepKind     = attribute.Key("tokenguard.sweep.kind")
+	ErrorType     = attribute.Key("error.type") // Class of a failed step's error
 )
 
 // DefaultProvider is the provider of the connections that name no stored
-// provider (the process's own), as the metrics' provider label names it.
+// provider, as the metrics' label names it.
 const DefaultProvider = "default"
 
-// Tracer records spans on a TracerProvider. It is safe for concurrent
-// use.
+// Tracer records spans on a TracerProvider. It is safe for concurrent use.
 type Tracer struct {
 	tracer trace.Tracer
 }
 
-// New records on tp; nil is the global provider (otel.GetTracerProvider):
-// nothing until the application sets one.
+// New records on tp; nil is the global provider.
 func New(tp trace.TracerProvider) *Tracer {
 	if tp == nil {
 		tp = otel.GetTracerProvider()
@@ -74,8 +67,7 @@ func (t *Tracer) Start(ctx context.Context, step usecase.Step, connection string
 }
 
 // Call opens the span of a call made for connection (the API call, the
-// proxied request, the worker's job); end closes it, failed if err is not
-// nil.
+// proxied request, the worker's job); end closes it, failed if err != nil.
 func (t *Tracer) Call(ctx context.Context, name, connection string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, func(err error)) {
 	ctx, s := t.tracer.Start(ctx, name, trace.WithSpanKind(kind))
 	if s.IsRecording() {
@@ -171,7 +163,7 @@ var classes = []struct {
 }
 
 // Class names err by the domain error it wraps: a fixed word, free of
-// whatever the caller or the provider put in the message.
+// whatever the provider put in the message.
 func Class(err error) string {
 	for _, c := range classes {
 		if errors.Is(err, c.err) {

@@ -55,10 +55,10 @@ func TestChecks(t *testing.T) {
 	}
 	// Medians of three batches: p50 26.0 over a floor of 25.0, p99 34.0
 	// over a floor of 28.0.
-	if c := got["storm: p50 wait over the floor's (26.0 ms), median of 3 batches"]; !c.Met || c.Value != "+1.0 ms" || c.Target != "<= +2.0 ms" {
+	if c := got["storm: p50 wait over the floor's (26.0 ms against 25.0), median of 3 batches"]; !c.Met || c.Value != "1.040x" || c.Target != "<= 1.10x" {
 		t.Errorf("p50 floor row %+v", c)
 	}
-	if c := got["storm: p99 wait over the floor's (34.0 ms), median of 3 batches"]; c.Met || c.Value != "+6.0 ms" || c.By != "4.0 ms" {
+	if c := got["storm: p99 wait over the floor's (34.0 ms against 28.0), median of 3 batches"]; c.Met || c.Value != "1.214x" || c.By != "3.2 ms" {
 		t.Errorf("p99 floor row %+v", c)
 	}
 	if c := got["storm: p99 wait over the provider-only storm's p99 (24.0 ms)"]; !c.Info || c.Value != "+10.0 ms" {
@@ -104,7 +104,7 @@ func TestChecks(t *testing.T) {
 	if Write(&buf, r.Checks()) {
 		t.Error("all met although the p99 target was missed and a benchmark is absent")
 	}
-	for _, want := range []string{"not run", "NO, by 4.0 ms", "info"} {
+	for _, want := range []string{"not run", "NO, by 3.2 ms", "info"} {
 		if !strings.Contains(buf.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, buf.String())
 		}
