@@ -63,14 +63,29 @@ func lockConnections(tx *gorm.DB, keys []int32) error {
 	return nil
 }
 
+// lockSettings are a locked transaction's settings: the lock wait's bound
+// (lock_timeout), synchronous_commit (Durability), and generic plans. Its
+// statements read and write single rows by key, so the generic plan is
+// the custom one, made once per pool connection instead of at each of its
+// first five runs of a statement (docs/benchmarks.md: the storm's p50 and
+// p99 1.07-1.18x the protocol floor's without it, 1.02-1.07x with it).
+type lockSettings struct{ timeout, syncCommit string }
+
+// settingsSQL sets them; an empty value leaves its setting as it is.
+const settingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
+       CASE WHEN ?::text <> '' THEN set_config('lock_timeout', ?::text, true) END,
+       CASE WHEN ?::text <> '' THEN set_config('synchronous_commit', ?::text, true) END`
+
+func (s lockSettings) args() []any { return []any{s.timeout, s.timeout, s.syncCommit, s.syncCommit} }
+
 // lockConnectionByName takes one connection's lock, resolving its key and
-// setting the wait's bound (lock_timeout, "" leaves it) in the same
-// statement: the setting's CTE is scanned before any row reaches the lock.
-// found is false for an unregistered name.
-func lockConnectionByName(tx *gorm.DB, name, timeout string) (found bool, err error) {
+// giving the transaction its settings in the same statement: the
+// settings' CTE is scanned before any row reaches the lock. found is false
+// for an unregistered name.
+func lockConnectionByName(tx *gorm.DB, name string, set lockSettings) (found bool, err error) {
 	var rows []struct{ Locked string }
-	err = tx.Raw(`WITH s AS MATERIALIZED (SELECT CASE WHEN ?::text <> '' THEN set_config('lock_timeout', ?::text, true) END AS set)
+	err = tx.Raw(`WITH s AS MATERIALIZED (`+settingsSQL+`)
 SELECT pg_advisory_xact_lock(`+nsInSchema("?")+`, c.id)::text AS locked FROM s, tokenguard_connections c WHERE c.name = ?`,
-		timeout, timeout, lockNamespace, name).Find(&rows).Error
+		append(set.args(), lockNamespace, name)...).Find(&rows).Error
 	return len(rows) == 1, err
 }

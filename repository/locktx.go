@@ -48,9 +48,6 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	op := "lock connection " + connection
 	var fnErr error
 	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
-		if err := tx.Exec(lockTxSettingsSQL, r.syncCommit(), r.syncCommit()).Error; err != nil {
-			return err
-		}
 		locking := tx // its context's deadline bounds the lock wait
 		if bounded {
 			lockCtx, stopWait := context.WithDeadline(txCtx, lockBy)
@@ -76,15 +73,6 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	}
 	return storeError(txCtx, op, err)
 }
-
-// lockTxSettingsSQL sets a locked transaction's settings: generic plans
-// (its statements read and write single rows by key, so the generic plan
-// is the custom one, made once per pool connection instead of at each of
-// its first five runs of a statement: 0.5-1 ms off a refresh storm's
-// waits, docs/benchmarks.md), and synchronous_commit if one is set
-// (Durability).
-const lockTxSettingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', true),
-       CASE WHEN ?::text <> '' THEN set_config('synchronous_commit', ?::text, true) END`
 
 // lockTimeoutMargin is how much earlier than its caller's deadline a lock
 // wait gives up.

@@ -23,36 +23,65 @@ import (
 // tells every process that seen's refresh token is about to be presented;
 // this process renews it until Claim.End is called.
 func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (usecase.Claim, error) {
-	var c usecase.Claim
-	holder, taken := newHolder(), false
+	var (
+		c    usecase.Claim
+		rows []claimRow
+	)
+	holder := newHolder()
 	err := r.inLock(ctx, seen.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
-		t, lease, err := readLeased(ctx, tx, r.sealer, r.ids, seen.Connection)
-		c.Token, c.Lease = t, lease
-		if err != nil || t.Version != seen.Version || t.Failure.Failures != seen.Failure.Failures ||
-			t.Status != domain.StatusActive || lease.Running || lease.Abandoned {
-			return err
-		}
-		var got []string
-		err = tx.Raw(takeLeaseSQL, t.Connection, t.Version, holder, (max(answerWithin, 0) + leaseTerm).Milliseconds(),
-			restartGrace.Milliseconds()).Find(&got).Error
+		err := tx.Raw(claimSQL, seen.Connection, seen.Version, holder, (max(answerWithin, 0) + leaseTerm).Milliseconds(),
+			restartGrace.Milliseconds(), seen.Failure.Failures, string(domain.StatusActive)).Find(&rows).Error
 		if err != nil {
-			return storeError(ctx, "lease refresh of "+t.Connection, err)
+			return storeError(ctx, "claim refresh of "+seen.Connection, err)
 		}
-		// Not this holder's: a lease taken on another server (a restart, a
-		// failover), held for its holder for the grace.
-		taken = len(got) == 1 && got[0] == holder
-		c.Lease.Running = !taken
+		if len(rows) == 0 {
+			return fmt.Errorf("connection %q: %w", seen.Connection, domain.ErrNotFound)
+		}
 		return nil
 	})
 	if err != nil {
 		return usecase.Claim{}, err
 	}
-	if taken {
+	row := rows[0].Read
+	r.ids.put(&row.Token)
+	if c.Token, err = row.Token.domain(r.sealer); err != nil {
+		return usecase.Claim{}, err
+	}
+	c.Lease = usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
+	if row.LeaseAgeMs != nil {
+		c.Lease.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond
+	}
+	switch took := rows[0].Took; {
+	case took != nil && *took == holder:
 		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version, holder: holder}
 		r.leases.add(holder)
 		c.End = lease.end
+	case took != nil:
+		// A lease taken on another server (a restart, a failover), held
+		// for its holder for the grace.
+		c.Lease.Running = true
 	}
 	return c, nil
+}
+
+// claimSQL is Claim's statement: the re-read of connection $1's token with
+// its lease ($1 to $5 as in takeLeaseSQL), and the lease of version $2 if
+// the token is still at it with $6 failures on record, $7 (active), and no
+// other holder's request for it unresolved; took is the lease's holder
+// afterwards, NULL when none was asked for.
+var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
+took AS (
+    INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
+    SELECT cur.lock_key, cur.version, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM cur
+    WHERE cur.version = $2 AND cur.failures = $6 AND cur.status = $7 AND NOT cur.leased AND NOT cur.abandoned
+    ` + leaseUpsert + `
+)
+SELECT cur.*, (SELECT holder FROM took) AS took FROM cur`
+
+// claimRow is a row of claimSQL.
+type claimRow struct {
+	Read leasedTokenRow `gorm:"embedded"`
+	Took *string
 }
 
 // Store writes t over the stored token if the stored version is still

@@ -213,15 +213,17 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 // are released when tx commits or rolls back, never earlier. The wait for
 // them ends a little before the deadline of tx's context, if it has one
 // (lock_timeout: domain.ErrLockTimeout), so that a lock waited out is told
-// from a store that does not answer. Connections must be registered.
+// from a store that does not answer. In the same statement it gives tx the
+// repository's settings of a locked transaction (lockSettings).
+// Connections must be registered.
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connections)))
-	timeout := ""
+	set := lockSettings{syncCommit: r.syncCommit()}
 	if d, ok := tx.Statement.Context.Deadline(); ok {
-		timeout = lockTimeout(max(time.Until(d)-lockTimeoutMargin, time.Millisecond))
+		set.timeout = lockTimeout(max(time.Until(d)-lockTimeoutMargin, time.Millisecond))
 	}
 	if len(ids) == 1 {
-		found, err := lockConnectionByName(tx, ids[0], timeout)
+		found, err := lockConnectionByName(tx, ids[0], set)
 		if err == nil && !found {
 			err = fmt.Errorf("lock %s: %w", ids[0], domain.ErrNotFound)
 		}
@@ -234,10 +236,8 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 	if len(keys) != len(ids) {
 		return fmt.Errorf("lock %d connection(s), %d registered: %w", len(ids), len(keys), domain.ErrNotFound)
 	}
-	if timeout != "" {
-		if err := tx.Exec("SELECT set_config('lock_timeout', ?, true)", timeout).Error; err != nil {
-			return err
-		}
+	if err := tx.Exec("SELECT true FROM ("+settingsSQL+") s", set.args()...).Error; err != nil {
+		return err
 	}
 	return lockConnections(tx, keys)
 }

@@ -197,17 +197,20 @@ func (s *floorStack) refresh(due int64, holder int) error {
 		if _, err := tx.Exec(ctx, floorLockSQL, floorLockSpace); err != nil {
 			return err
 		}
-		if err := tx.QueryRow(ctx, `SELECT t.refresh_token, t.version,
-			EXISTS (SELECT FROM floor_leases l WHERE l.id = 1 AND l.version = t.version AND now() <= l.until)
-			FROM floor_tokens t WHERE t.id = 1`).Scan(&rt, &version, &taken); err != nil {
-			return err
+		// The re-read and the lease in one statement, as tokenguard's claim.
+		var took *int
+		err := tx.QueryRow(ctx, `WITH cur AS (SELECT t.refresh_token, t.version,
+			EXISTS (SELECT FROM floor_leases l WHERE l.id = 1 AND l.version = t.version AND now() <= l.until) AS taken
+			FROM floor_tokens t WHERE t.id = 1),
+			took AS (INSERT INTO floor_leases AS l SELECT 1, $1, $2, now() + interval '1 second' FROM cur
+				WHERE cur.version = $1 AND NOT cur.taken
+				ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
+				WHERE l.version <> EXCLUDED.version RETURNING holder)
+			SELECT cur.refresh_token, cur.version, cur.taken, (SELECT holder FROM took) FROM cur`, due, holder).Scan(&rt, &version, &taken, &took)
+		if took != nil {
+			leased = *took
 		}
-		if version != due || taken {
-			return nil
-		}
-		return tx.QueryRow(ctx, `INSERT INTO floor_leases AS l VALUES (1, $1, $2, now() + interval '1 second')
-			ON CONFLICT (id) DO UPDATE SET version = EXCLUDED.version, holder = EXCLUDED.holder, until = EXCLUDED.until
-			WHERE l.version <> EXCLUDED.version RETURNING holder`, due, holder).Scan(&leased)
+		return err
 	})
 	if err != nil && !errors.Is(err, pgx.ErrNoRows) {
 		return err
