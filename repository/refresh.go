@@ -37,16 +37,16 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 		if len(rows) == 0 {
 			return fmt.Errorf("connection %q: %w", seen.Connection, domain.ErrNotFound)
 		}
-		return nil
+		// Opened before the commit: a token that cannot be (a key
+		// missing, a ciphertext altered) rolls the lease back with it.
+		c.Token, err = rows[0].Read.Token.domain(r.sealer)
+		return err
 	})
 	if err != nil {
 		return usecase.Claim{}, err
 	}
 	row := rows[0].Read
 	r.ids.put(&row.Token)
-	if c.Token, err = row.Token.domain(r.sealer); err != nil {
-		return usecase.Claim{}, err
-	}
 	c.Lease = usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
 	if row.LeaseAgeMs != nil {
 		c.Lease.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond

@@ -192,3 +192,23 @@ func TestClaimGivenUpWhileWaitingLeavesNothing(t *testing.T) {
 	}
 	c.End(true)
 }
+
+// A claim of a token that cannot be opened (its ciphertext altered, its
+// key gone) fails with domain.ErrUndecryptable and takes no lease: the
+// lease and the read commit together, or not at all.
+func TestClaimOfAnUndecryptableTokenTakesNoLease(t *testing.T) {
+	_, db, _ := newRepo(t)
+	ctx := context.Background()
+	k1 := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1))
+	tok := put(t, k1, grantToken("acme", "at", "rt"))
+	if err := db.Exec(`UPDATE tokenguard_tokens SET access_token = refresh_token`).Error; err != nil {
+		t.Fatal(err)
+	}
+	c, err := k1.Claim(ctx, tok, time.Second)
+	if !errors.Is(err, domain.ErrUndecryptable) || c.End != nil {
+		t.Fatalf("claim of an altered row: %v (taken: %t), want ErrUndecryptable", err, c.End != nil)
+	}
+	if n := leaseRows(t, db); n != 0 {
+		t.Errorf("%d leases left by a claim that failed", n)
+	}
+}
