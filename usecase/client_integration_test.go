@@ -285,13 +285,14 @@ func TestControlInvalidClientAsGrantDeadKillsTheConnection(t *testing.T) {
 	w := testworld.New(t, time.Second)
 	var win clientWindow
 	w.Provider.SetRefreshFault(win.fault)
+	clock := &testworld.Clock{}
 	s := w.StackWith(t, grantDeadOnClientRejection{provider.NewRefresher(w.OAuth, provider.NewHTTPClient(5*time.Second))},
-		usecase.Options{Skew: 500 * time.Millisecond})
-	w.Connect(t, s)
-	waitUntilStale(t, s, 500*time.Millisecond)
+		usecase.Options{Skew: 500 * time.Millisecond, Clock: clock})
+	tok := w.Connect(t, s)
+	clock.MoveTo(tok.Expiry.Add(-tok.EffectiveSkew(500*time.Millisecond) + 5*time.Millisecond)) // due
 	win.open.Store(true)
 	_, err := s.UC.Token(context.Background(), conn)
-	time.Sleep(2 * time.Second)
+	clock.Advance(2 * time.Second) // the window lasts
 	win.open.Store(false)
 	_, after := s.UC.Token(context.Background(), conn)
 	stored := s.MustGet(t)

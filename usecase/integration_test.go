@@ -298,10 +298,11 @@ func TestRevokedGrantMarksNeedsReauthAndStopsCallingProvider(t *testing.T) {
 
 func TestProviderFailuresLeaveTokenUntouched(t *testing.T) {
 	w := testworld.New(t, 2*time.Second)
-	s := w.Stack(t, usecase.Options{Skew: time.Second, LockWait: 2 * time.Second, RefreshTimeout: 300 * time.Millisecond})
+	clock := &testworld.Clock{}
+	s := w.Stack(t, usecase.Options{Skew: time.Second, LockWait: 2 * time.Second, RefreshTimeout: 300 * time.Millisecond, Clock: clock})
 	w.Connect(t, s)
-	waitUntilStale(t, s, time.Second)
 	before := s.MustGet(t)
+	clock.MoveTo(before.Expiry.Add(-before.EffectiveSkew(time.Second) + 5*time.Millisecond)) // due
 
 	// Inside the skew the refresh fails, but the stored token has not
 	// expired: it is served.
@@ -309,7 +310,7 @@ func TestProviderFailuresLeaveTokenUntouched(t *testing.T) {
 	if tok, err := s.UC.Token(context.Background(), conn); err != nil || tok.Version != before.Version {
 		t.Fatalf("provider down inside the skew: %v (version %d), want the still-valid token", err, tok.Version)
 	}
-	time.Sleep(time.Until(before.Expiry) + 10*time.Millisecond)
+	clock.MoveTo(before.Expiry.Add(10 * time.Millisecond))
 
 	// Expired: the failures reach the caller, typed. (A hang is a lost
 	// answer, awaited past the caller: TestHungProviderAnswerIsAwaitedNotPresentedTwice.)

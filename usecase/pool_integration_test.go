@@ -81,8 +81,8 @@ func TestPoolOfOneRefreshesManyAtOnce(t *testing.T) {
 			if tc.control {
 				store = nestedLease{store, db}
 			}
-			clock := &stormClock{}
-			clock.offset.Store(int64(2 * time.Hour)) // every token expired
+			clock := &testworld.Clock{}
+			clock.Advance(2 * time.Hour) // every token expired
 			uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.OAuth, nil)),
 				usecase.Options{Clock: clock, LockWait: 3 * time.Second, RefreshTimeout: 2 * time.Second, WriteTimeout: time.Second})
 			if err != nil {

@@ -121,7 +121,7 @@ func TestTracedRefresh(t *testing.T) {
 	if http == nil || spanAttr(http, "url.full") != w.OAuth.Endpoint.TokenURL {
 		t.Fatalf("no HTTP request to the token endpoint under the provider call")
 	}
-	want := map[string]any{"tokenguard.connection": conn, "tokenguard.Provider": "default", "tokenguard.outcome": "ok",
+	want := map[string]any{"tokenguard.connection": conn, "tokenguard.provider": "default", "tokenguard.outcome": "ok",
 		"tokenguard.version.before": granted.Version, "tokenguard.version.after": tok.Version,
 		"tokenguard.waited_for_other_process": false}
 	for k, v := range want {

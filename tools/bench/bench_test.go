@@ -191,9 +191,7 @@ func (c countingStore) Fail(ctx context.Context, t domain.Token, f domain.Refres
 // stored token's expiry: every process's cache still holds the token and
 // now finds it expired, as at a real expiry, while a token issued during
 // the storm (one hour) is fresh.
-type stormClock struct{ offset atomic.Int64 }
-
-func (c *stormClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
+type stormClock struct{ testworld.Clock }
 
 func (c *stormClock) expire(tb testing.TB, s *testworld.Stack) {
 	tb.Helper()
@@ -201,7 +199,7 @@ func (c *stormClock) expire(tb testing.TB, s *testworld.Stack) {
 	// younger than the next one, so that moving the clock past one leaves
 	// the other fresh (the skew is 1 ms).
 	time.Sleep(100 * time.Millisecond)
-	c.offset.Store(int64(time.Until(s.MustGet(tb).Expiry) + time.Millisecond))
+	c.MoveTo(s.MustGet(tb).Expiry.Add(time.Millisecond))
 }
 
 // stormFleet is the processes of a refresh storm: independent stacks (own
