@@ -146,25 +146,6 @@ func (s *floorStack) awaitVersion(v int64) {
 	}
 }
 
-// awaitVersionFor is awaitVersion for at most d.
-func (s *floorStack) awaitVersionFor(v int64, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for {
-		s.mu.Lock()
-		seen, changed := s.seen, s.changed
-		s.mu.Unlock()
-		if seen >= v {
-			return
-		}
-		select {
-		case <-changed:
-		case <-t.C:
-			return
-		}
-	}
-}
-
 // arm prepares the next storm: every process has ended its last
 // transaction and will refresh the version stored now, once.
 func (f *protocolFloor) arm() {
