@@ -1,6 +1,7 @@
 package tokenguard
 
 import (
+	"cmp"
 	"fmt"
 	"strings"
 	"time"
@@ -59,12 +60,8 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 			out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
 		}
 	}
-	if out.Endpoint.AuthURL == "" {
-		out.Endpoint.AuthURL = r.AuthURL
-	}
-	if o.revocationURL == "" {
-		o.revocationURL = r.RevocationURL
-	}
+	out.Endpoint.AuthURL = cmp.Or(out.Endpoint.AuthURL, r.AuthURL)
+	o.revocationURL = cmp.Or(o.revocationURL, r.RevocationURL)
 	lifetime = o.defaultLifetime
 	if lifetime == 0 && p.AccessLifetime.Known {
 		lifetime = p.AccessLifetime.D

@@ -184,73 +184,26 @@ func TestRotatedClientSecretWithoutRestart(t *testing.T) {
 	for i := range conns {
 		b.connect(t, admin, fmt.Sprintf("conn-b%d", i))
 	}
-
-	type process struct {
-		tg *tokenguard.Tokens
-		db *gorm.DB
-	}
-	var procs []process
+	var procs []*rotationProcess
 	for range 2 {
 		db := w.open(t, nil)
 		tg := newTokens(t, w, db, tokenguard.WithListenDSN(w.url), tokenguard.WithLogger(slog.New(slog.DiscardHandler)))
 		go func() { _ = tg.Run(ctx) }()
-		procs = append(procs, process{tg, db})
+		procs = append(procs, &rotationProcess{tg: tg, db: db})
 	}
 	tg0 := procs[0].tg
 	if err := tg0.Import(ctx, "legacy", w.grant(t)); err != nil {
 		t.Fatal(err)
 	}
-	// The control: a process whose registry keeps the providers as they
-	// were when it started.
-	snapshot, err := providers.List(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	stale := provider.NewRegistry(provider.NewRefresher(w.oauth, nil), staticProviders(snapshot),
-		func(p domain.Provider) provider.GrantRefresher {
-			return provider.NewRefresher(provider.OAuth2Config(p), nil)
-		}, nil)
-	if err := stale.Load(ctx); err != nil {
-		t.Fatal(err)
-	}
-	staleUC, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(admin, tokencrypt.Plaintext{}), stale, usecase.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
+	staleUC := staleSecretProcess(t, w, providers, admin)
 
 	var (
-		switched       atomic.Bool // both processes use the new secret
-		failedBefore   atomic.Int64
-		failedAfter    atomic.Int64
-		refreshedAfter atomic.Int64
-		mu             sync.Mutex
-		afterErrs      []error
-		wg             sync.WaitGroup
+		tally rotationTally
+		wg    sync.WaitGroup
 	)
 	stop := make(chan struct{})
 	for _, p := range procs {
-		wg.Go(func() {
-			for {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				after := switched.Load()
-				rep, err := refreshAll(ctx, p.tg, p.db)
-				if !after {
-					failedBefore.Add(int64(rep.Failed))
-					continue
-				}
-				refreshedAfter.Add(int64(rep.Refreshed))
-				if rep.Failed > 0 {
-					failedAfter.Add(int64(rep.Failed))
-					mu.Lock()
-					afterErrs = append(afterErrs, err)
-					mu.Unlock()
-				}
-			}
-		})
+		wg.Go(func() { p.refreshUntil(ctx, stop, &tally) })
 	}
 	waitfor.Until(t, 30*time.Second, "refreshes before the rotation", func() bool { return b.p.Stats().Refreshes >= 3*conns })
 
@@ -268,21 +221,13 @@ func TestRotatedClientSecretWithoutRestart(t *testing.T) {
 		reg := p.tg.ProviderRegistry()
 		waitfor.Until(t, 30*time.Second, "a process did not reload the provider", func() bool { v, _ := reg.Provider("idp-b"); return v.Version == 2 })
 	}
-	switched.Store(true)
+	tally.switched.Store(true)
 	base := b.p.Stats().Refreshes
 	waitfor.Until(t, 30*time.Second, "refreshes after the switch", func() bool { return b.p.Stats().Refreshes >= base+6*conns })
 	close(stop)
 	wg.Wait()
 
-	if failedBefore.Load() == 0 {
-		t.Error("no refresh failed in the window: the rotation was not exercised")
-	}
-	if n := failedAfter.Load(); n != 0 {
-		t.Errorf("%d refreshes failed after both processes reloaded the provider: %v", n, errors.Join(afterErrs...))
-	}
-	if refreshedAfter.Load() == 0 {
-		t.Error("nothing refreshed after the switch")
-	}
+	tally.check(t)
 	if s := b.p.Stats(); s.RefreshReuse != 0 {
 		t.Errorf("provider saw %d refresh-token reuse, want 0", s.RefreshReuse)
 	}
@@ -293,19 +238,104 @@ func TestRotatedClientSecretWithoutRestart(t *testing.T) {
 			t.Errorf("%s at its API after the switch: %d", conn, code)
 		}
 	}
+	checkStaleSecretRefused(t, staleUC, admin)
+	t.Logf("provider: %d refreshes, %d rejected, %d reuse; %d refreshes failed in the window, %d after, %d refreshed after",
+		b.p.Stats().Refreshes, b.p.Stats().RefreshRejected, b.p.Stats().RefreshReuse, tally.failedBefore.Load(), tally.failedAfter.Load(), tally.refreshedAfter.Load())
+}
 
-	// The control: the old secret, kept, is refused for good; the rows
-	// stay as they are (client rejected never marks a grant dead).
-	before := mustGet(t, admin, "conn-b0")
-	rep, err := staleUC.RefreshAhead(ctx, repository.NewTokenRepository(admin, tokencrypt.Plaintext{}), 24*time.Hour, 1)
+// rotationProcess is one process of TestRotatedClientSecretWithoutRestart.
+type rotationProcess struct {
+	tg *tokenguard.Tokens
+	db *gorm.DB
+}
+
+// rotationTally counts the refreshes of the processes before and after
+// both switched to the new secret.
+type rotationTally struct {
+	switched       atomic.Bool // both processes use the new secret
+	failedBefore   atomic.Int64
+	failedAfter    atomic.Int64
+	refreshedAfter atomic.Int64
+	mu             sync.Mutex
+	afterErrs      []error
+}
+
+// refreshUntil refreshes every connection over and over until stop is
+// closed, counting in tally.
+func (p *rotationProcess) refreshUntil(ctx context.Context, stop <-chan struct{}, tally *rotationTally) {
+	for {
+		select {
+		case <-stop:
+			return
+		default:
+		}
+		after := tally.switched.Load()
+		rep, err := refreshAll(ctx, p.tg, p.db)
+		if !after {
+			tally.failedBefore.Add(int64(rep.Failed))
+			continue
+		}
+		tally.refreshedAfter.Add(int64(rep.Refreshed))
+		if rep.Failed > 0 {
+			tally.failedAfter.Add(int64(rep.Failed))
+			tally.mu.Lock()
+			tally.afterErrs = append(tally.afterErrs, err)
+			tally.mu.Unlock()
+		}
+	}
+}
+
+// check: refreshes failed in the window, none after the switch, and some
+// were refreshed after it.
+func (tally *rotationTally) check(t *testing.T) {
+	t.Helper()
+	if tally.failedBefore.Load() == 0 {
+		t.Error("no refresh failed in the window: the rotation was not exercised")
+	}
+	if n := tally.failedAfter.Load(); n != 0 {
+		t.Errorf("%d refreshes failed after both processes reloaded the provider: %v", n, errors.Join(tally.afterErrs...))
+	}
+	if tally.refreshedAfter.Load() == 0 {
+		t.Error("nothing refreshed after the switch")
+	}
+}
+
+// staleSecretProcess is the control's process: its registry keeps the
+// stored providers as they are now, whatever is updated later.
+func staleSecretProcess(t *testing.T, w *world, providers *repository.ProviderRepository, db *gorm.DB) *usecase.RefreshTokenUseCase {
+	t.Helper()
+	ctx := context.Background()
+	snapshot, err := providers.List(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stale := provider.NewRegistry(provider.NewRefresher(w.oauth, nil), staticProviders(snapshot),
+		func(p domain.Provider) provider.GrantRefresher {
+			return provider.NewRefresher(provider.OAuth2Config(p), nil)
+		}, nil)
+	if err := stale.Load(ctx); err != nil {
+		t.Fatal(err)
+	}
+	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), stale, usecase.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return uc
+}
+
+// checkStaleSecretRefused is the control: the old secret, kept, is refused
+// for good; the rows stay as they are (client rejected never marks a grant
+// dead).
+func checkStaleSecretRefused(t *testing.T, staleUC *usecase.RefreshTokenUseCase, db *gorm.DB) {
+	t.Helper()
+	before := mustGet(t, db, "conn-b0")
+	rep, err := staleUC.RefreshAhead(context.Background(), repository.NewTokenRepository(db, tokencrypt.Plaintext{}), 24*time.Hour, 1)
 	if !errors.Is(err, domain.ErrClientRejected) || rep.Failed == 0 {
 		t.Errorf("a process keeping the old secret: %+v, %v; want client rejected", rep, err)
 	}
-	if after := mustGet(t, admin, "conn-b0"); after.Version != before.Version || after.Status != domain.StatusActive {
+	if after := mustGet(t, db, "conn-b0"); after.Version != before.Version || after.Status != domain.StatusActive {
 		t.Errorf("the control touched the row: version %d -> %d, %s", before.Version, after.Version, after.Status)
 	}
-	t.Logf("provider: %d refreshes, %d rejected, %d reuse; %d refreshes failed in the window, %d after, %d refreshed after",
-		b.p.Stats().Refreshes, b.p.Stats().RefreshRejected, b.p.Stats().RefreshReuse, failedBefore.Load(), failedAfter.Load(), refreshedAfter.Load())
 }
 
 type staticProviders []domain.Provider

@@ -139,15 +139,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err != nil {
 		return nil, err
 	}
-	if o.log == nil {
-		o.log = slog.Default()
-	}
-	if o.refreshTimeout == 0 {
-		o.refreshTimeout = min(usecase.DefaultRefreshTimeout, o.lockWait*2/3)
-	}
-	if o.answerDeadline == 0 {
-		o.answerDeadline = max(usecase.DefaultAnswerDeadline, o.refreshTimeout)
-	}
+	o.log = cmp.Or(o.log, slog.Default())
+	o.refreshTimeout = cmp.Or(o.refreshTimeout, min(usecase.DefaultRefreshTimeout, o.lockWait*2/3))
+	o.answerDeadline = cmp.Or(o.answerDeadline, max(usecase.DefaultAnswerDeadline, o.refreshTimeout))
 	var sealer repository.Sealer = tokencrypt.Plaintext{}
 	if o.keys != "" {
 		k, err := tokencrypt.ParseKeyring(o.keys)

@@ -4,6 +4,7 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -56,9 +57,7 @@ type TokenOptions struct {
 // the database before the pool closes), then stops listening and closes
 // the pool.
 func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	if err := cfg.RequireOAuth(); err != nil {
 		return nil, nil, err
 	}

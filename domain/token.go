@@ -196,9 +196,7 @@ func NewToken(connection string, g Grant, now time.Time) (Token, error) {
 		// connection would silently die at its first expiry.
 		return Token{}, fmt.Errorf("%w: refresh token is empty", ErrInvalidToken)
 	}
-	if g.TokenType == "" {
-		g.TokenType = "Bearer"
-	}
+	g.TokenType = cmp.Or(g.TokenType, "Bearer")
 	return Token{Connection: connection}.Rotated(g, now), nil
 }
 

@@ -6,22 +6,26 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // ExpiringBefore lists up to limit active connections whose token expires
 // before t, soonest first, starting after the cursor after ("" for the
-// first page). next is the cursor of the following page, "" after the
-// last. Each page is a range scan of the index tokens_active_expiry
-// (migration 6), so paging through the table never holds it in memory and
-// a page costs the same however large the table. A token refreshed
-// meanwhile moves past t and is not listed again.
-func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error) {
+// first page): each token as it was read, without its credentials (its
+// version and failure record are what a claim of its refresh compares).
+// next is the cursor of the following page, "" after the last. Each page
+// is a range scan of the index tokens_active_expiry (migration 6), so
+// paging through the table never holds it in memory and a page costs the
+// same however large the table. A token refreshed meanwhile moves past t
+// and is not listed again.
+func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error) {
 	return r.activeBefore(ctx, "expiry", t, after, limit)
 }
 
 // ObtainedBefore is ExpiringBefore for the active connections whose token
 // was obtained before t, oldest first (index tokens_active_obtained).
-func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error) {
+func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error) {
 	return r.activeBefore(ctx, "obtained_at", t, after, limit)
 }
 
@@ -30,7 +34,7 @@ func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after
 // carries when the walk began: a token obtained after that (refreshed by
 // this very sweep, or by anyone) is left out, or a window longer than the
 // tokens' lifetime would meet every refreshed token again further on.
-func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]string, string, error) {
+func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]domain.Token, string, error) {
 	q, args := `t.`+column+` < ?`, []any{t}
 	var began *time.Time // NULL on the first page: the statement's now()
 	if after != "" {
@@ -42,28 +46,31 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 		q, args = q+` AND (t.`+column+`, t.connection_id) > (?, ?)`, append(args, from, id)
 	}
 	var rows []struct {
-		Name  string
+		Token tokenRow `gorm:"embedded"`
 		At    time.Time
-		ID    int32
 		Began time.Time
 	}
-	err := r.db.WithContext(ctx).Raw(`SELECT c.name, t.`+column+` AS at, t.connection_id AS id, b.began
-		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id, (SELECT coalesce(?::timestamptz, now()) AS began) b
+	err := r.db.WithContext(ctx).Raw(`SELECT c.id AS lock_key, c.name, t.token_type, t.expiry, t.refresh_expiry, t.obtained_at,
+		t.version, t.status, t.status_reason, t.updated_at, `+providerColumn("t")+`, `+failureColumns+`, t.`+column+` AS at, b.began
+		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+		LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version,
+		(SELECT coalesce(?::timestamptz, now()) AS began) b
 		WHERE t.status = 'active' AND t.obtained_at < b.began AND `+q+`
 		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(append([]any{began}, args...), limit)...).Find(&rows).Error
 	if err != nil {
 		return nil, "", storeError(ctx, "list tokens by "+column, err)
 	}
-	names := make([]string, len(rows))
+	due := make([]domain.Token, len(rows))
 	for i, row := range rows {
-		names[i] = row.Name
+		r.ids.put(&row.Token)
+		due[i] = row.Token.record()
 	}
 	next := ""
 	if len(rows) == limit && limit > 0 {
 		last := rows[len(rows)-1]
-		next = strconv.FormatInt(last.Began.UnixMicro(), 10) + ":" + strconv.FormatInt(last.At.UnixMicro(), 10) + ":" + strconv.FormatInt(int64(last.ID), 10)
+		next = strconv.FormatInt(last.Began.UnixMicro(), 10) + ":" + strconv.FormatInt(last.At.UnixMicro(), 10) + ":" + strconv.FormatInt(int64(last.Token.LockKey), 10)
 	}
-	return names, next, nil
+	return due, next, nil
 }
 
 // parseTimeCursor reads activeBefore's cursor: when the walk began, the

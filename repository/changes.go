@@ -1,6 +1,7 @@
 package repository
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"encoding/hex"
@@ -76,9 +77,7 @@ type ChangeListener struct {
 
 // NewChangeListener listens on the database at url for target. log may be nil.
 func NewChangeListener(url string, target ChangeTarget, log *slog.Logger) *ChangeListener {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	return &ChangeListener{url: url, target: target, log: log, reconnectDelay: 500 * time.Millisecond}
 }
 

@@ -2,14 +2,13 @@ package repository
 
 import (
 	"context"
-	"crypto/rand"
-	"encoding/hex"
 	"maps"
 	"slices"
 	"strings"
 	"sync"
 	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
@@ -29,14 +28,7 @@ const (
 
 // newHolder names a lease's holder: a random UUID, made here so that the
 // statement taking the lease can tell whose lease it returns.
-func newHolder() string {
-	var b [16]byte
-	_, _ = rand.Read(b[:])
-	b[6] = b[6]&0x0f | 0x40 // version 4
-	b[8] = b[8]&0x3f | 0x80 // variant
-	h := hex.EncodeToString(b[:])
-	return h[:8] + "-" + h[8:12] + "-" + h[12:16] + "-" + h[16:20] + "-" + h[20:]
-}
+func newHolder() string { return uuid.NewString() }
 
 // leaseRuns is the condition under which lease l on token t's version runs
 // on this server (Read).
@@ -53,16 +45,6 @@ const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
 // server (a restart, a failover) is moved to this one and held at least
 // for the grace, for its holder to renew it.
 const leaseFree = `(l.version <> EXCLUDED.version)`
-
-// takeLeaseSQL takes the lease on version $2 of connection $1 for holder
-// $3 unless another holder's lease on that version runs, and returns the
-// lease's holder afterwards: $3 if it was taken. A lease found from
-// another server is kept for its holder, its term set to the grace $5 ms
-// from now.
-var takeLeaseSQL = `
-INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
-SELECT c.id, $2, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM tokenguard_connections c WHERE c.name = $1
-` + leaseUpsert
 
 // leaseUpsert ends the statements that take a lease.
 const leaseUpsert = `ON CONFLICT (connection_id) DO UPDATE SET

@@ -77,11 +77,11 @@ func TestExpiringBeforePagesByExpiryWithTies(t *testing.T) {
 	var got []string
 	pages := 0
 	for after := ""; ; pages++ {
-		names, next, err := r.ExpiringBefore(ctx, deadline, after, 64)
+		due, next, err := r.ExpiringBefore(ctx, deadline, after, 64)
 		if err != nil {
 			t.Fatal(err)
 		}
-		got = append(got, names...)
+		got = append(got, connections(due)...)
 		if next == "" {
 			break
 		}
@@ -99,11 +99,11 @@ func TestExpiringBeforePagesByExpiryWithTies(t *testing.T) {
 	}
 	var idle []string
 	for after := ""; ; {
-		names, next, err := r.ObtainedBefore(ctx, time.Now().Add(time.Minute), after, 100)
+		due, next, err := r.ObtainedBefore(ctx, time.Now().Add(time.Minute), after, 100)
 		if err != nil {
 			t.Fatal(err)
 		}
-		idle = append(idle, names...)
+		idle = append(idle, connections(due)...)
 		if next == "" {
 			break
 		}
@@ -114,6 +114,49 @@ func TestExpiringBeforePagesByExpiryWithTies(t *testing.T) {
 	}
 	if _, _, err := r.ExpiringBefore(ctx, deadline, "garbage", 10); err == nil {
 		t.Error("a malformed cursor was accepted")
+	}
+}
+
+func connections(toks []domain.Token) []string {
+	names := make([]string, len(toks))
+	for i, tok := range toks {
+		names[i] = tok.Connection
+	}
+	return names
+}
+
+// The sweep claims a token as listed: the listing carries what Claim
+// compares (the version and the failure record) and what the sweep checks
+// before it (status, expiry), and no credentials.
+func TestExpiringBeforeListsWhatAClaimCompares(t *testing.T) {
+	r, db, _ := newRepo(t)
+	base := time.Now().Add(time.Hour).UTC().Truncate(time.Microsecond)
+	seedRows(t, db, 3, base)
+	err := db.Exec(`UPDATE tokenguard_tokens SET version = 7 WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = 'c-00001')`).Error
+	if err == nil {
+		err = db.Exec(`INSERT INTO tokenguard_refresh_failures (connection_id, version, failures, since, last_at, retry_at, http_status, code)
+			SELECT id, 7, 2, now(), now(), now() + interval '1 minute', 503, 'unavailable' FROM tokenguard_connections WHERE name = 'c-00001'`).Error
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	due, _, err := r.ExpiringBefore(context.Background(), base.Add(time.Hour), "", 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	i := slices.IndexFunc(due, func(tok domain.Token) bool { return tok.Connection == "c-00001" })
+	if i < 0 {
+		t.Fatalf("c-00001 not listed: %v", connections(due))
+	}
+	got, want := due[i], domain.RefreshFailure{Failures: 2, HTTPStatus: 503, Code: "unavailable"}
+	if got.Version != 7 || got.Status != domain.StatusActive || got.Expiry.IsZero() ||
+		got.Failure.Failures != want.Failures || got.Failure.HTTPStatus != want.HTTPStatus || got.Failure.Code != want.Code || got.Failure.RetryAt.IsZero() {
+		t.Errorf("listed %+v, want version 7 with its failure record %+v", got, want)
+	}
+	for _, tok := range due {
+		if !tok.AccessToken.IsZero() || !tok.RefreshToken.IsZero() {
+			t.Errorf("%s listed with its credentials", tok.Connection)
+		}
 	}
 }
 
@@ -170,11 +213,11 @@ func TestExpiringBeforeNeverRevisitsATokenRefreshedDuringTheWalk(t *testing.T) {
 		if pages > n {
 			t.Fatal("the walk does not end")
 		}
-		names, next, err := r.ExpiringBefore(ctx, deadline, after, 16)
+		due, next, err := r.ExpiringBefore(ctx, deadline, after, 16)
 		if err != nil {
 			t.Fatal(err)
 		}
-		for _, name := range names {
+		for _, name := range connections(due) {
 			seen[name]++
 			// Refreshed now: a new hour of life, still inside the window.
 			if err := db.Exec(`UPDATE tokenguard_tokens SET expiry = now() + interval '1 hour', obtained_at = clock_timestamp()

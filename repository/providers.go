@@ -1,6 +1,7 @@
 package repository
 
 import (
+	"cmp"
 	"context"
 	"database/sql"
 	"errors"
@@ -109,9 +110,7 @@ func nullMillis(d time.Duration) sql.NullInt64 {
 // Add registers p. Errors wrap domain.ErrInvalidProvider or
 // domain.ErrProviderExists.
 func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain.Provider, error) {
-	if p.AuthStyle == "" {
-		p.AuthStyle = domain.AuthStyleAuto
-	}
+	p.AuthStyle = cmp.Or(p.AuthStyle, domain.AuthStyleAuto)
 	if err := p.Validate(); err != nil {
 		return domain.Provider{}, err
 	}

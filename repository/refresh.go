@@ -65,10 +65,11 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 }
 
 // claimSQL is Claim's statement: the re-read of connection $1's token with
-// its lease ($1 to $5 as in takeLeaseSQL), and the lease of version $2 if
-// the token is still at it with $6 failures on record, $7 (active), and no
-// other holder's request for it unresolved; took is the lease's holder
-// afterwards, NULL when none was asked for.
+// its lease, and the lease of version $2 for holder $3, its term $4 ms (a
+// lease found from another server kept for its holder for the grace $5
+// ms), if the token is still at it with $6 failures on record, $7
+// (active), and no other holder's request for it unresolved; took is the
+// lease's holder afterwards, NULL when none was asked for.
 var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
 took AS (
     INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)

@@ -66,11 +66,16 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 	if err != nil {
 		return domain.Token{}, err
 	}
+	t := r.record()
+	t.AccessToken, t.RefreshToken = domain.NewSecret(at), domain.NewSecret(rt)
+	return t, nil
+}
+
+// record is the row's token without its credentials.
+func (r tokenRow) record() domain.Token {
 	return domain.Token{
 		Connection:    r.Name,
-		AccessToken:   domain.NewSecret(at),
 		TokenType:     r.TokenType,
-		RefreshToken:  domain.NewSecret(rt),
 		Expiry:        r.Expiry.Time,
 		RefreshExpiry: r.RefreshExpiry.Time,
 		ObtainedAt:    r.ObtainedAt,
@@ -85,7 +90,7 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 		},
 		Provider: r.Provider,
 		Failure:  r.failure(),
-	}, nil
+	}
 }
 
 // textArray is space-separated scopes as a text[] parameter; "" is NULL

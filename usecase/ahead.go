@@ -16,13 +16,15 @@ import (
 // AheadStore is what refreshing ahead of expiry and keeping idle grants
 // alive need from the store.
 type AheadStore interface {
-	// ExpiringBefore lists up to limit active connections whose token
-	// expires before t, soonest first, from the cursor after ("" first);
-	// next is the following page's cursor, "" after the last page.
-	ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error)
-	// ObtainedBefore is ExpiringBefore for the connections whose token
-	// was obtained before t, oldest first.
-	ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (names []string, next string, err error)
+	// ExpiringBefore lists up to limit active connections' tokens
+	// (without their credentials) that expire before t, soonest first,
+	// from the cursor after ("" first); next is the following page's
+	// cursor, "" after the last page. The sweep claims each as listed:
+	// Claim re-reads it under the lock.
+	ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error)
+	// ObtainedBefore is ExpiringBefore for the tokens obtained before t,
+	// oldest first.
+	ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error)
 	// TokenStore claims and stores the sweep's refreshes.
 	TokenStore
 }
@@ -46,7 +48,7 @@ const sweepPage = 500
 const sweepErrors = 20
 
 // lister lists one page of a sweep's connections (AheadStore's methods).
-type lister func(ctx context.Context, t time.Time, after string, limit int) ([]string, string, error)
+type lister func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error)
 
 // RefreshAhead refreshes every connection whose token expires within
 // window, at most concurrency at a time, so that callers rarely meet a
@@ -99,9 +101,10 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 	return rep, err
 }
 
-// sweep refreshes the connections list names, page by page, whose token,
-// read under the lock, is active and due, at most concurrency at a time,
-// skipping those whose lock is taken. kind names the sweep in its span.
+// sweep refreshes the tokens list hands out, page by page, that are due
+// and still as listed under the lock, at most concurrency at a time,
+// skipping those another holder is refreshing. kind names the sweep in
+// its span.
 func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
 	var rep AheadReport
@@ -116,20 +119,20 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(max(concurrency, 1))
 	for after := ""; ; {
-		ids, next, err := list(ctx, t, after, sweepPage)
+		toks, next, err := list(ctx, t, after, sweepPage)
 		if err != nil {
 			listErr = err
 			break
 		}
-		listed += len(ids)
-		for _, id := range ids {
+		listed += len(toks)
+		for _, tok := range toks {
 			g.Go(func() error {
-				switch outcome, err := u.sweepOne(gctx, store, id, due); outcome {
+				switch outcome, err := u.sweepOne(gctx, store, tok, due); outcome {
 				case sweepFailed:
 					failed.Add(1)
 					mu.Lock()
 					if len(errs) < sweepErrors {
-						errs = append(errs, fmt.Errorf("%s: %w", id, err))
+						errs = append(errs, fmt.Errorf("%s: %w", tok.Connection, err))
 					}
 					mu.Unlock()
 				case sweepSkipped:
@@ -164,29 +167,26 @@ const (
 	sweepFailed
 )
 
-// sweepOne refreshes one connection if its token is active and due and
-// no other holder's refresh of it is under way, holding one of the
-// process's in-flight slots while it does.
-func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, id string, due func(domain.Token) bool) (sweepOutcome, error) {
+// sweepOne refreshes t's connection if t is due, and still the stored
+// token with no other holder's refresh of it under way when Claim re-reads
+// it under the lock, holding one of the process's in-flight slots while it
+// does. t is as listed, without its credentials.
+func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, t domain.Token, due func(domain.Token) bool) (sweepOutcome, error) {
 	var (
 		c  claimed
 		r  redeemed
 		ev RefreshEvent
 	)
+	id := t.Connection
 	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, id)
 	busy := true // another holder has its refresh
 	defer func() { span.End(ev.facts(busy), ev.Err) }()
-	t, lease, err := store.Read(ctx, id)
-	switch {
-	case err != nil:
-		return sweepFailed, err
-	case t.Status != domain.StatusActive || !due(t):
+	if t.Status != domain.StatusActive || !due(t) {
 		ev, busy = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider, Outcome: OutcomeSkippedFresh}, false
-		return sweepFresh, nil // someone refreshed it since we listed it
-	case lease.Running || lease.Abandoned:
-		return sweepSkipped, nil
+		return sweepFresh, nil
 	}
-	if err = u.mayPresent(ctx, t, false); err == nil {
+	err := u.mayPresent(ctx, t, false)
+	if err == nil {
 		err = u.slots.Acquire(ctx, 1)
 	}
 	var cl Claim

@@ -2,64 +2,34 @@ package usecase_test
 
 import (
 	"context"
-	"fmt"
 	"net/http"
 	"sync"
 	"testing"
 	"time"
 
-	"golang.org/x/sync/errgroup"
-
-	"github.com/tokenguard/tokenguard/di"
-	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
-	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// connectMany grants n connections named ahead-0..n-1 through the real
-// authorization-code flow and stores them.
-func connectMany(tb testing.TB, w *world, s *stack, n int) []string {
-	tb.Helper()
-	names := make([]string, n)
-	connect := di.NewConnectUseCase(s.db, 10*time.Second)
-	var g errgroup.Group
-	g.SetLimit(32)
-	for i := range names {
-		names[i] = fmt.Sprintf("ahead-%d", i)
-		g.Go(func() error {
-			tok, err := sandbox.Grant(context.Background(), w.oauth)
-			if err != nil {
-				return err
-			}
-			_, err = connect.Connect(context.Background(), names[i], provider.GrantFrom(tok))
-			return err
-		})
-	}
-	if err := g.Wait(); err != nil {
-		tb.Fatal(err)
-	}
-	return names
-}
-
 func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
-	w := newWorld(t, time.Hour)
-	s := w.stack(t, usecase.Options{})
-	other := w.stack(t, usecase.Options{})
-	names := connectMany(t, w, s, 20)
+	w := testworld.New(t, time.Hour)
+	s := w.Stack(t, usecase.Options{})
+	other := w.Stack(t, usecase.Options{})
+	names := w.ConnectMany(t, s, 20)
 	ctx := context.Background()
 
 	// Nothing expires within a minute.
-	rep, err := s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db, tokencrypt.Plaintext{}), time.Minute, 4)
+	rep, err := s.UC.RefreshAhead(ctx, repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{}), time.Minute, 4)
 	if err != nil || rep.Due != 0 {
 		t.Fatalf("window 1m: %+v, %v", rep, err)
 	}
 
 	// Another process is busy with one of them: it is skipped, not waited for.
-	busy := &stack{db: other.db, repo: other.repo}
+	busy := &testworld.Stack{DB: other.DB, Repo: other.Repo}
 	release := holdLeaseOn(t, busy, names[3])
-	rep, err = s.uc.RefreshAhead(ctx, repository.NewTokenRepository(s.db, tokencrypt.Plaintext{}), 2*time.Hour, 4)
+	rep, err = s.UC.RefreshAhead(ctx, repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{}), 2*time.Hour, 4)
 	release()
 	if err != nil {
 		t.Fatal(err)
@@ -68,45 +38,45 @@ func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 	if rep.Due != 20 || rep.Refreshed != 19 || rep.Skipped != 1 || rep.Failed != 0 {
 		t.Errorf("report %+v, want 20 due, 19 refreshed, 1 skipped", rep)
 	}
-	st := w.provider.Stats()
+	st := w.Provider.Stats()
 	if st.Refreshes != 19 || st.RefreshReuse != 0 {
 		t.Errorf("provider saw %d refreshes and %d reuses", st.Refreshes, st.RefreshReuse)
 	}
 	// Every refreshed token works.
 	for _, n := range names {
-		tok, err := s.uc.Token(ctx, n)
+		tok, err := s.UC.Token(ctx, n)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if code := w.callResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
+		if code := w.CallResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
 			t.Errorf("%s: resource answered %d", n, code)
 		}
 	}
 }
 
 func TestRefreshAheadRacesCallersWithoutReuse(t *testing.T) {
-	w := newWorld(t, 2*time.Second)
+	w := testworld.New(t, 2*time.Second)
 	opts := usecase.Options{Skew: 500 * time.Millisecond}
-	stacks := []*stack{w.stack(t, opts), w.stack(t, opts), w.stack(t, opts)}
-	names := connectMany(t, w, stacks[0], 10)
+	stacks := []*testworld.Stack{w.Stack(t, opts), w.Stack(t, opts), w.Stack(t, opts)}
+	names := w.ConnectMany(t, stacks[0], 10)
 	time.Sleep(1600 * time.Millisecond) // all are now stale by the skew rule
 	ctx := context.Background()
 	var wg sync.WaitGroup
 	for _, s := range stacks {
 		for _, n := range names {
 			wg.Go(func() {
-				if _, err := s.uc.Token(ctx, n); err != nil {
+				if _, err := s.UC.Token(ctx, n); err != nil {
 					t.Error(err)
 				}
 			})
 		}
 	}
-	rep, err := stacks[1].uc.RefreshAhead(ctx, repository.NewTokenRepository(stacks[1].db, tokencrypt.Plaintext{}), time.Second, 8)
+	rep, err := stacks[1].UC.RefreshAhead(ctx, repository.NewTokenRepository(stacks[1].DB, tokencrypt.Plaintext{}), time.Second, 8)
 	wg.Wait()
 	if err != nil {
 		t.Fatal(err)
 	}
-	st := w.provider.Stats()
+	st := w.Provider.Stats()
 	t.Logf("sweep %+v; provider: %d refreshes, %d reuse", rep, st.Refreshes, st.RefreshReuse)
 	if st.RefreshReuse != 0 || st.Refreshes != int64(len(names)) {
 		t.Errorf("provider saw %d refreshes (want %d) and %d reuses", st.Refreshes, len(names), st.RefreshReuse)
@@ -115,14 +85,14 @@ func TestRefreshAheadRacesCallersWithoutReuse(t *testing.T) {
 
 // holdLeaseOn claims one connection's refresh from another pool, as a
 // process whose refresh of it is under way, until release.
-func holdLeaseOn(t *testing.T, s *stack, name string) (release func()) {
+func holdLeaseOn(t *testing.T, s *testworld.Stack, name string) (release func()) {
 	t.Helper()
 	ctx := context.Background()
-	tok, err := s.repo.Get(ctx, name)
+	tok, err := s.Repo.Get(ctx, name)
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := s.repo.Claim(ctx, tok, time.Minute)
+	c, err := s.Repo.Claim(ctx, tok, time.Minute)
 	if err != nil || c.End == nil {
 		t.Fatalf("claim %s: %v (taken: %t)", name, err, c.End != nil)
 	}
@@ -130,11 +100,11 @@ func holdLeaseOn(t *testing.T, s *stack, name string) (release func()) {
 }
 
 // holdLockOn keeps one connection's lock from another pool until release.
-func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
+func holdLockOn(t *testing.T, s *testworld.Stack, name string) (release func()) {
 	t.Helper()
 	held, rel, done := make(chan struct{}), make(chan struct{}), make(chan error, 1)
 	go func() {
-		done <- s.repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, usecase.LockedStore) error {
+		done <- s.Repo.InLock(context.Background(), name, time.Second, time.Minute, func(context.Context, usecase.LockedStore) error {
 			close(held)
 			<-rel
 			return nil
@@ -153,18 +123,18 @@ func holdLockOn(t *testing.T, s *stack, name string) (release func()) {
 // refreshed for the idle duration, skips one whose lock another process
 // holds, and leaves the others alone.
 func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
-	w := newWorld(t, time.Hour)
-	s := w.stack(t, usecase.Options{})
-	other := w.stack(t, usecase.Options{})
-	names := connectMany(t, w, s, 8)
+	w := testworld.New(t, time.Hour)
+	s := w.Stack(t, usecase.Options{})
+	other := w.Stack(t, usecase.Options{})
+	names := w.ConnectMany(t, s, 8)
 	ctx := context.Background()
-	store := repository.NewTokenRepository(s.db, tokencrypt.Plaintext{})
+	store := repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{})
 	idle := map[string]bool{names[1]: true, names[4]: true, names[6]: true}
 	before := map[string]int64{}
 	for _, n := range names {
 		if idle[n] {
 			// As if granted 40 days ago and never used since.
-			if err := s.db.Exec(`UPDATE tokenguard_tokens SET obtained_at = now() - interval '40 days'
+			if err := s.DB.Exec(`UPDATE tokenguard_tokens SET obtained_at = now() - interval '40 days'
 				WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = ?)`, n).Error; err != nil {
 				t.Fatal(err)
 			}
@@ -172,8 +142,8 @@ func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
 		before[n] = mustGetName(t, s, n).Version
 	}
 
-	release := holdLeaseOn(t, &stack{db: other.db, repo: other.repo}, names[4])
-	rep, err := s.uc.KeepAlive(ctx, store, 30*24*time.Hour, 4)
+	release := holdLeaseOn(t, &testworld.Stack{DB: other.DB, Repo: other.Repo}, names[4])
+	rep, err := s.UC.KeepAlive(ctx, store, 30*24*time.Hour, 4)
 	release()
 	if err != nil {
 		t.Fatal(err)
@@ -192,16 +162,16 @@ func TestKeepAliveRefreshesIdleConnectionsOnly(t *testing.T) {
 			t.Errorf("%s: refreshed but obtained_at %v", n, tok.ObtainedAt)
 		}
 	}
-	if st := w.provider.Stats(); st.Refreshes != 2 || st.RefreshReuse != 0 {
+	if st := w.Provider.Stats(); st.Refreshes != 2 || st.RefreshReuse != 0 {
 		t.Errorf("provider saw %d refreshes and %d reuses", st.Refreshes, st.RefreshReuse)
 	}
 	// The next pass takes the one that was busy, and nothing else.
-	rep, err = s.uc.KeepAlive(ctx, store, 30*24*time.Hour, 4)
+	rep, err = s.UC.KeepAlive(ctx, store, 30*24*time.Hour, 4)
 	if err != nil || rep.Due != 1 || rep.Refreshed != 1 {
 		t.Errorf("second pass: %+v, %v; want the skipped one refreshed", rep, err)
 	}
 	tok := mustGetName(t, s, names[4])
-	if tok.Version != before[names[4]]+1 || w.callResource(t, tok.AccessToken.Reveal()) != http.StatusOK {
+	if tok.Version != before[names[4]]+1 || w.CallResource(t, tok.AccessToken.Reveal()) != http.StatusOK {
 		t.Errorf("%s after the second pass: v%d (was v%d)", names[4], tok.Version, before[names[4]])
 	}
 }

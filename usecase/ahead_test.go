@@ -17,8 +17,8 @@ import (
 // pagedAhead serves n due connections a page at a time and counts what the
 // sweep asked for.
 type pagedAhead struct {
-	n       int
-	lockErr error // Read's answer; nil: another holder refreshes it (skipped)
+	n        int
+	claimErr error // Claim's answer; nil: another holder refreshes it (skipped)
 
 	mu       sync.Mutex
 	pages    int
@@ -26,7 +26,7 @@ type pagedAhead struct {
 	tried    map[string]bool
 }
 
-func (p *pagedAhead) ExpiringBefore(_ context.Context, _ time.Time, after string, limit int) ([]string, string, error) {
+func (p *pagedAhead) ExpiringBefore(_ context.Context, _ time.Time, after string, limit int) ([]domain.Token, string, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	p.pages++
@@ -35,36 +35,35 @@ func (p *pagedAhead) ExpiringBefore(_ context.Context, _ time.Time, after string
 	if after != "" {
 		from, _ = strconv.Atoi(after)
 	}
-	var names []string
-	for i := from; i < p.n && len(names) < limit; i++ {
-		names = append(names, fmt.Sprintf("c-%d", i))
+	var due []domain.Token
+	for i := from; i < p.n && len(due) < limit; i++ {
+		due = append(due, domain.Token{Connection: fmt.Sprintf("c-%d", i), Status: domain.StatusActive, Version: 1, Expiry: time.Now()})
 	}
 	next := ""
-	if len(names) == limit {
+	if len(due) == limit {
 		next = strconv.Itoa(from + limit)
 	}
-	return names, next, nil
+	return due, next, nil
 }
 
-func (p *pagedAhead) ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) ([]string, string, error) {
+func (p *pagedAhead) ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error) {
 	return p.ExpiringBefore(ctx, t, after, limit)
 }
 
-// Read finds every connection due and another holder refreshing it (the
-// sweep skips it), or fails with lockErr.
-func (p *pagedAhead) Read(_ context.Context, id string) (domain.Token, Lease, error) {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.tried[id] {
-		return domain.Token{}, Lease{}, fmt.Errorf("%s tried twice", id)
-	}
-	p.tried[id] = true
-	due := domain.Token{Connection: id, Status: domain.StatusActive, Version: 1, Expiry: time.Now()}
-	return due, Lease{Running: true}, p.lockErr
+func (p *pagedAhead) Read(context.Context, string) (domain.Token, Lease, error) {
+	return domain.Token{}, Lease{}, errors.New("not used: the sweep claims tokens as listed")
 }
 
-func (p *pagedAhead) Claim(context.Context, domain.Token, time.Duration) (Claim, error) {
-	return Claim{}, errors.New("not used: nothing is refreshed")
+// Claim finds another holder refreshing every connection (the sweep skips
+// it), or fails with claimErr.
+func (p *pagedAhead) Claim(_ context.Context, seen domain.Token, _ time.Duration) (Claim, error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.tried[seen.Connection] {
+		return Claim{}, fmt.Errorf("%s tried twice", seen.Connection)
+	}
+	p.tried[seen.Connection] = true
+	return Claim{Token: seen, Lease: Lease{Running: true}}, p.claimErr
 }
 
 func (p *pagedAhead) Store(context.Context, domain.Token) (domain.Token, error) {
@@ -103,7 +102,7 @@ func TestRefreshAheadReturnsAFewErrorsAndCountsTheRest(t *testing.T) {
 	}
 	const n = sweepPage + 1
 	boom := errors.New("database went away")
-	p := &pagedAhead{n: n, tried: map[string]bool{}, lockErr: boom}
+	p := &pagedAhead{n: n, tried: map[string]bool{}, claimErr: boom}
 	rep, err := u.RefreshAhead(context.Background(), p, time.Minute, 4)
 	if rep.Failed != n || !errors.Is(err, boom) {
 		t.Fatalf("report %+v, err %v", rep, err)
@@ -124,20 +123,23 @@ type idleTokens struct {
 	saved []string
 }
 
-func (s *idleTokens) ExpiringBefore(context.Context, time.Time, string, int) ([]string, string, error) {
+func (s *idleTokens) ExpiringBefore(context.Context, time.Time, string, int) ([]domain.Token, string, error) {
 	return nil, "", nil
 }
 
-func (s *idleTokens) ObtainedBefore(_ context.Context, before time.Time, _ string, _ int) ([]string, string, error) {
+// ObtainedBefore lists the tokens as the repository does: without their
+// credentials.
+func (s *idleTokens) ObtainedBefore(_ context.Context, before time.Time, _ string, _ int) ([]domain.Token, string, error) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var names []string
-	for n, t := range s.toks {
+	var due []domain.Token
+	for _, t := range s.toks {
 		if t.ObtainedAt.Before(before) {
-			names = append(names, n)
+			t.AccessToken, t.RefreshToken = domain.Secret{}, domain.Secret{}
+			due = append(due, t)
 		}
 	}
-	return names, "", nil
+	return due, "", nil
 }
 
 func (s *idleTokens) Read(_ context.Context, id string) (domain.Token, Lease, error) {

@@ -11,6 +11,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -42,12 +43,12 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w := newWorldWith(t, p)
+			w := testworld.With(t, p)
 			clock := &movingClock{now: time.Now()}
 			opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: refreshTimeout,
 				AnswerDeadline: tc.deadline, Logger: quietLogger()}
-			stacks := []*stack{w.profiledStack(t, opts, profiles.Generic), w.profiledStack(t, opts, profiles.Generic), w.profiledStack(t, opts, profiles.Generic)}
-			first := w.connect(t, stacks[0])
+			stacks := []*testworld.Stack{profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic)}
+			first := w.Connect(t, stacks[0])
 			p.SetRefreshLatency(hang)
 			clock.set(first.Expiry.Add(time.Second)) // expired: nothing valid to serve
 
@@ -58,7 +59,7 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 				for range 4 {
 					wg.Go(func() {
 						start := time.Now()
-						_, err := s.uc.Token(context.Background(), conn)
+						_, err := s.UC.Token(context.Background(), conn)
 						took := time.Since(start)
 						mu.Lock()
 						defer mu.Unlock()
@@ -86,16 +87,16 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 				waitfor.Until(t, 5*time.Second,
 
 					"the late answer was not stored", func() bool {
-						got, err := stacks[1].repo.Get(context.Background(), conn)
+						got, err := stacks[1].Repo.Get(context.Background(), conn)
 						return err == nil && got.Version == first.Version+1
 					})
 
 			}
 			// Later, past any pause, another process asks again.
 			clock.set(first.Expiry.Add(10 * time.Minute))
-			_, errLater := stacks[2].uc.Token(context.Background(), conn)
+			_, errLater := stacks[2].UC.Token(context.Background(), conn)
 			st := p.Stats()
-			c, err := stacks[0].repo.Connection(context.Background(), conn)
+			c, err := stacks[0].Repo.Connection(context.Background(), conn)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -125,30 +126,30 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWorldWith(t, p)
+	w := testworld.With(t, p)
 	clock := &movingClock{now: time.Now()}
 	opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 3 * time.Second, RefreshTimeout: time.Second,
 		AnswerDeadline: 2 * time.Second, Logger: quietLogger()}
-	a := w.profiledStack(t, opts, profiles.Generic)
-	first := w.connect(t, a)
+	a := profiledStack(t, w, opts, profiles.Generic)
+	first := w.Connect(t, a)
 	ctx := context.Background()
 
 	// A holder takes the lease, for an answer deadline of 2 s, and dies: it
 	// stops renewing it, and nothing ends it.
-	held, err := a.repo.Claim(ctx, first, opts.AnswerDeadline)
+	held, err := a.Repo.Claim(ctx, first, opts.AnswerDeadline)
 	if err != nil || held.End == nil {
 		t.Fatalf("claim: %v (taken: %t)", err, held.End != nil)
 	}
 	held.End(false)
 	clock.set(first.Expiry.Add(time.Second))
-	b := w.profiledStack(t, opts, profiles.Generic)
-	if _, err := b.uc.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
+	b := profiledStack(t, w, opts, profiles.Generic)
+	if _, err := b.UC.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
 		t.Fatalf("Token while the dead holder's lease runs: %v, want ErrProviderUnavailable", err)
 	}
 	waitfor.Until(t, 5*time.Second,
 
 		"the dead holder's lease never ran out", func() bool {
-			_, l, err := a.repo.Read(ctx, conn)
+			_, l, err := a.Repo.Read(ctx, conn)
 			return err == nil && l.Abandoned
 		})
 
@@ -159,10 +160,10 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	// The provider does not answer the probe: the token is not presented,
 	// the connection is failing with answer_lost, and the probe is paced.
 	p.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnavailable })
-	if _, err := b.uc.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
+	if _, err := b.UC.Token(ctx, conn); !errors.Is(err, domain.ErrProviderUnavailable) {
 		t.Fatalf("Token with the probe unanswered: %v, want ErrProviderUnavailable", err)
 	}
-	c, err := b.repo.Connection(ctx, conn)
+	c, err := b.Repo.Connection(ctx, conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -178,7 +179,7 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	p.SetRefreshFault(nil)
 	rejected := p.Stats().RefreshRejected
 	clock.set(first.Expiry.Add(10 * time.Minute))
-	tok, err := b.uc.Token(ctx, conn)
+	tok, err := b.UC.Token(ctx, conn)
 	if err != nil {
 		t.Fatalf("Token after the pause: %v", err)
 	}
@@ -187,7 +188,7 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 		t.Errorf("provider: %d refreshes, %d more rejected (the probe), %d reuse; version %d: want 1, 1, 0, %d",
 			st.Refreshes, st.RefreshRejected-rejected, st.RefreshReuse, tok.Version, first.Version+1)
 	}
-	if c, err := b.repo.Connection(ctx, conn); err != nil || c.Status != domain.StatusActive {
+	if c, err := b.Repo.Connection(ctx, conn); err != nil || c.Status != domain.StatusActive {
 		t.Errorf("status after the refresh: %+v, %v", c, err)
 	}
 }

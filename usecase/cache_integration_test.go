@@ -2,78 +2,28 @@ package usecase_test
 
 import (
 	"context"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// countQueries counts every statement db runs.
-func countQueries(t testing.TB, db *gorm.DB) *atomic.Int64 {
-	t.Helper()
-	var n atomic.Int64
-	inc := func(*gorm.DB) { n.Add(1) }
-	cb := db.Callback()
-	for name, err := range map[string]error{
-		"query": cb.Query().Before("gorm:query").Register("test:count", inc),
-		"raw":   cb.Raw().Before("gorm:raw").Register("test:count", inc),
-		"row":   cb.Row().Before("gorm:row").Register("test:count", inc),
-	} {
-		if err != nil {
-			t.Fatalf("register %s callback: %v", name, err)
-		}
-	}
-	return &n
-}
-
-// listeningStack is a stack wired like di.NewTokens: its cache is fed by a
-// change listener on its own connection.
-func (w *world) listeningStack(t testing.TB, opts usecase.Options) (*stack, *atomic.Int64) {
-	t.Helper()
-	s := w.stack(t, opts)
-	queries := countQueries(t, s.db)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = repository.NewChangeListener(w.url, s.uc, nil).Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); <-done })
-	return s, queries
-}
-
-// waitCached polls until Token is served without a query.
-func waitCached(t testing.TB, s *stack, queries *atomic.Int64) {
-	t.Helper()
-	waitfor.Until(t, 5*time.Second, "the cache never served a token (listener not up?)", func() bool {
-		if _, err := s.uc.Token(context.Background(), conn); err != nil {
-			t.Fatal(err)
-		}
-		before := queries.Load()
-		if _, err := s.uc.Token(context.Background(), conn); err != nil {
-			t.Fatal(err)
-		}
-		return queries.Load() == before
-	})
-}
-
 func TestHotPathMakesNoQuery(t *testing.T) {
-	w := newWorld(t, time.Hour)
-	s, queries := w.listeningStack(t, usecase.Options{})
-	w.connect(t, s)
-	waitCached(t, s, queries)
+	w := testworld.New(t, time.Hour)
+	s, queries := w.ListeningStack(t, usecase.Options{})
+	w.Connect(t, s)
+	s.WaitCached(t, queries)
 	before := queries.Load()
 	for range 1000 {
-		if _, err := s.uc.Token(context.Background(), conn); err != nil {
+		if _, err := s.UC.Token(context.Background(), conn); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -84,17 +34,17 @@ func TestHotPathMakesNoQuery(t *testing.T) {
 
 func TestOtherProcessRefreshInvalidatesCache(t *testing.T) {
 	const lifespan = 4 * time.Second
-	w := newWorld(t, lifespan)
+	w := testworld.New(t, lifespan)
 	// a reuses its token until 100ms before expiry; b refreshes at half
 	// the lifetime (its skew is capped there), long before a would.
-	a, aq := w.listeningStack(t, usecase.Options{Skew: 100 * time.Millisecond})
-	b, _ := w.listeningStack(t, usecase.Options{Skew: time.Hour})
-	w.connect(t, a)
-	waitCached(t, a, aq)
-	old, _ := a.uc.Token(context.Background(), conn)
+	a, aq := w.ListeningStack(t, usecase.Options{Skew: 100 * time.Millisecond})
+	b, _ := w.ListeningStack(t, usecase.Options{Skew: time.Hour})
+	w.Connect(t, a)
+	a.WaitCached(t, aq)
+	old, _ := a.UC.Token(context.Background(), conn)
 
 	waitUntilStale(t, b, time.Hour)
-	fresh, err := b.uc.Token(context.Background(), conn)
+	fresh, err := b.UC.Token(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -106,7 +56,7 @@ func TestOtherProcessRefreshInvalidatesCache(t *testing.T) {
 	// never present it again.
 	var switched time.Duration
 	waitfor.Until(t, 2*time.Second-time.Since(committed), "a kept serving the superseded token", func() bool {
-		tok, err := a.uc.Token(context.Background(), conn)
+		tok, err := a.UC.Token(context.Background(), conn)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -115,30 +65,30 @@ func TestOtherProcessRefreshInvalidatesCache(t *testing.T) {
 	})
 	t.Logf("a switched to version %d %v after b committed", fresh.Version, switched)
 	for range 200 {
-		tok, _ := a.uc.Token(context.Background(), conn)
+		tok, _ := a.UC.Token(context.Background(), conn)
 		if tok.Version < fresh.Version {
 			t.Fatalf("went back to version %d after seeing %d", tok.Version, fresh.Version)
 		}
 	}
-	if code := w.callResource(t, old.AccessToken.Reveal()); code != 401 {
+	if code := w.CallResource(t, old.AccessToken.Reveal()); code != 401 {
 		t.Errorf("the old token still works (%d): the provider would not have caught a stale cache", code)
 	}
-	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
+	if st := w.Provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
 		t.Errorf("refreshes=%d reuse=%d", st.Refreshes, st.RefreshReuse)
 	}
 }
 
 func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
-	w := newWorld(t, time.Hour)
-	a, aq := w.listeningStack(t, usecase.Options{})
-	b := w.stack(t, usecase.Options{})
-	w.connect(t, a)
-	waitCached(t, a, aq)
-	v1, _ := a.uc.Token(context.Background(), conn)
+	w := testworld.New(t, time.Hour)
+	a, aq := w.ListeningStack(t, usecase.Options{})
+	b := w.Stack(t, usecase.Options{})
+	w.Connect(t, a)
+	a.WaitCached(t, aq)
+	v1, _ := a.UC.Token(context.Background(), conn)
 
 	// Kill the listener's backend.
 	var killed int64
-	if err := b.db.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()",
+	if err := b.DB.Raw("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()",
 		repository.ListenerApplicationName).Scan(&killed).Error; err != nil || killed != 1 {
 		t.Fatalf("terminated %d listener backends: %v", killed, err)
 	}
@@ -146,12 +96,12 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 	// the cache reads through. Store a new grant from b right away.
 	waitfor.Until(t, 5*time.Second, "the cache kept serving without a listener", func() bool {
 		before := aq.Load()
-		_, _ = a.uc.Token(context.Background(), conn)
+		_, _ = a.UC.Token(context.Background(), conn)
 		return aq.Load() > before
 	})
 
-	w.connect(t, b)
-	tok, err := a.uc.Token(context.Background(), conn)
+	w.Connect(t, b)
+	tok, err := a.UC.Token(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -161,20 +111,20 @@ func TestListenerLossFallsBackToReadThroughAndRecovers(t *testing.T) {
 	// The listener comes back and the cache serves again.
 	waitfor.Until(t, 5*time.Second, "listener did not reconnect", func() bool {
 		var n int64
-		b.db.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
+		b.DB.Raw("SELECT count(*) FROM pg_stat_activity WHERE application_name = ? AND datname = current_database()", repository.ListenerApplicationName).Scan(&n)
 		return n == 1
 	})
 
-	waitCached(t, a, aq)
+	a.WaitCached(t, aq)
 }
 
 // The apps' wiring starts the listener: once it is up, a second Token call
 // is a cache hit (the cache counts its lookups in the metrics).
 func TestDIWiresTheListener(t *testing.T) {
-	w := newWorld(t, time.Hour)
+	w := testworld.New(t, time.Hour)
 	cfg, err := di.ConfigFromEnv([]string{
-		"DATABASE_URL=" + w.url, "OAUTH_TOKEN_URL=" + w.oauth.Endpoint.TokenURL,
-		"OAUTH_CLIENT_ID=" + w.oauth.ClientID, "OAUTH_CLIENT_SECRET=" + w.oauth.ClientSecret,
+		"DATABASE_URL=" + w.URL, "OAUTH_TOKEN_URL=" + w.OAuth.Endpoint.TokenURL,
+		"OAUTH_CLIENT_ID=" + w.OAuth.ClientID, "OAUTH_CLIENT_SECRET=" + w.OAuth.ClientSecret,
 	})
 	if err != nil {
 		t.Fatal(err)
@@ -185,7 +135,7 @@ func TestDIWiresTheListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer cleanup()
-	tok, err := sandbox.Grant(context.Background(), w.oauth)
+	tok, err := sandbox.Grant(context.Background(), w.OAuth)
 	if err != nil {
 		t.Fatal(err)
 	}

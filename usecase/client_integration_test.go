@@ -13,13 +13,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
-	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -38,26 +35,11 @@ func (c *clientWindow) fault() sandbox.Fault {
 	return sandbox.FaultInvalidClient
 }
 
-// stackWith is world.stack with a refresher of the test's choosing.
-func (w *world) stackWith(t testing.TB, r provider.GrantRefresher, opts usecase.Options) *stack {
-	t.Helper()
-	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = postgres.Close(db) })
-	uc, err := di.NewRefreshTokenUseCase(db, r, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
-}
-
 // rows is the tokenguard_tokens table as stored, byte for byte (as text).
-func rows(t *testing.T, s *stack) []string {
+func rows(t *testing.T, s *testworld.Stack) []string {
 	t.Helper()
 	var out []string
-	if err := s.db.Raw(`SELECT concat_ws('|', connection_id, access_token, token_type, refresh_token, expiry, obtained_at,
+	if err := s.DB.Raw(`SELECT concat_ws('|', connection_id, access_token, token_type, refresh_token, expiry, obtained_at,
 		version, status, status_reason, updated_at) FROM tokenguard_tokens ORDER BY connection_id`).Scan(&out).Error; err != nil {
 		t.Fatal(err)
 	}
@@ -84,7 +66,7 @@ type caller struct {
 	wg   sync.WaitGroup
 }
 
-func startCallers(t *testing.T, w *world, stacks []*stack, names []string) *caller {
+func startCallers(t *testing.T, w *testworld.World, stacks []*testworld.Stack, names []string) *caller {
 	c := &caller{stop: make(chan struct{})}
 	for i, s := range stacks {
 		for _, n := range names {
@@ -96,10 +78,10 @@ func startCallers(t *testing.T, w *world, stacks []*stack, names []string) *call
 					case <-time.After(20 * time.Millisecond):
 					}
 					r := callResult{stack: i, name: n}
-					tok, err := s.uc.Token(context.Background(), n)
+					tok, err := s.UC.Token(context.Background(), n)
 					r.err, r.expiry = err, tok.Expiry
 					if err == nil {
-						r.status = w.callResource(t, tok.AccessToken.Reveal())
+						r.status = w.CallResource(t, tok.AccessToken.Reveal())
 					}
 					r.at = time.Now()
 					c.mu.Lock()
@@ -132,15 +114,15 @@ func TestInvalidClientWindowLeavesConnectionsActive(t *testing.T) {
 		window   = 5 * time.Second
 		conns    = 5
 	)
-	w := newWorld(t, lifespan)
+	w := testworld.New(t, lifespan)
 	var win clientWindow
-	w.provider.SetRefreshFault(win.fault)
+	w.Provider.SetRefreshFault(win.fault)
 	logs := []*syncBuffer{{}, {}}
-	stacks := make([]*stack, len(logs))
+	stacks := make([]*testworld.Stack, len(logs))
 	for i, l := range logs {
-		stacks[i] = w.stack(t, usecase.Options{Skew: skew, Logger: slog.New(slog.NewTextHandler(l, nil))})
+		stacks[i] = w.Stack(t, usecase.Options{Skew: skew, Logger: slog.New(slog.NewTextHandler(l, nil))})
 	}
-	names := connectMany(t, w, stacks[0], conns)
+	names := w.ConnectMany(t, stacks[0], conns)
 	c := startCallers(t, w, stacks, names)
 	time.Sleep(lifespan) // a refresh cycle before the window
 
@@ -151,7 +133,7 @@ func TestInvalidClientWindowLeavesConnectionsActive(t *testing.T) {
 	for _, l := range logs {
 		errorLines += strings.Count(l.String(), "level=ERROR")
 	}
-	st := w.provider.Stats()
+	st := w.Provider.Stats()
 	t.Logf("window %v: %d calls served (%d more answered 401 in the token's last 250 ms), %d failed with ErrClientRejected (%d while the token was valid); provider answered invalid_client %d times; %d ERROR lines",
 		window, in.served, in.lastMoment, in.failed, in.early, o.rejected, errorLines)
 	t.Logf("recovery after the window, per process and connection: min %v, median %v, max %v (%d of %d)",
@@ -200,14 +182,14 @@ type openedWindow struct {
 
 // openClientWindow opens win for window, reading s's stored tokens just
 // after it opened and just before it closes.
-func openClientWindow(t *testing.T, win *clientWindow, s *stack, names []string, window time.Duration) openedWindow {
+func openClientWindow(t *testing.T, win *clientWindow, s *testworld.Stack, names []string, window time.Duration) openedWindow {
 	t.Helper()
 	win.open.Store(true)
 	o := openedWindow{opened: time.Now(), expiry: map[string]time.Time{}}
 	time.Sleep(100 * time.Millisecond) // refreshes already past the check finish
 	o.before = rows(t, s)
 	for _, n := range names {
-		tok, err := s.repo.Get(context.Background(), n)
+		tok, err := s.Repo.Get(context.Background(), n)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -300,28 +282,29 @@ func (r grantDeadOnClientRejection) Refresh(ctx context.Context, rt domain.Secre
 // needs_reauth and stays dead after the window, until a person connects it
 // again.
 func TestControlInvalidClientAsGrantDeadKillsTheConnection(t *testing.T) {
-	w := newWorld(t, time.Second)
+	w := testworld.New(t, time.Second)
 	var win clientWindow
-	w.provider.SetRefreshFault(win.fault)
-	s := w.stackWith(t, grantDeadOnClientRejection{provider.NewRefresher(w.oauth, provider.NewHTTPClient(5*time.Second))},
-		usecase.Options{Skew: 500 * time.Millisecond})
-	w.connect(t, s)
-	waitUntilStale(t, s, 500*time.Millisecond)
+	w.Provider.SetRefreshFault(win.fault)
+	clock := &testworld.Clock{}
+	s := w.StackWith(t, grantDeadOnClientRejection{provider.NewRefresher(w.OAuth, provider.NewHTTPClient(5*time.Second))},
+		usecase.Options{Skew: 500 * time.Millisecond, Clock: clock})
+	tok := w.Connect(t, s)
+	clock.MoveTo(tok.Expiry.Add(-tok.EffectiveSkew(500*time.Millisecond) + 5*time.Millisecond)) // due
 	win.open.Store(true)
-	_, err := s.uc.Token(context.Background(), conn)
-	time.Sleep(2 * time.Second)
+	_, err := s.UC.Token(context.Background(), conn)
+	clock.Advance(2 * time.Second) // the window lasts
 	win.open.Store(false)
-	_, after := s.uc.Token(context.Background(), conn)
-	stored := mustGet(t, s)
+	_, after := s.UC.Token(context.Background(), conn)
+	stored := s.MustGet(t)
 	t.Logf("in the window: %v; after it: %v; stored %s (%s)", err, after, stored.Status, stored.StatusReason)
 	if stored.Status != domain.StatusNeedsReauth || !errors.Is(after, domain.ErrNeedsReauth) {
 		t.Errorf("broken strategy left the connection %s after the window (%v): the control shows nothing", stored.Status, after)
 	}
 }
 
-func mustGetName(t *testing.T, s *stack, name string) domain.Token {
+func mustGetName(t *testing.T, s *testworld.Stack, name string) domain.Token {
 	t.Helper()
-	tok, err := s.repo.Get(context.Background(), name)
+	tok, err := s.Repo.Get(context.Background(), name)
 	if err != nil {
 		t.Fatal(err)
 	}

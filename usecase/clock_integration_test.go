@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -22,11 +23,11 @@ func TestHostClockBehindByMoreThanTheSkew(t *testing.T) {
 	behind := clockFunc(func() time.Time { return time.Now().Add(-time.Minute) })
 	for _, tc := range []struct {
 		name   string
-		clock  func(t *testing.T, s *stack) usecase.Clock
+		clock  func(t *testing.T, s *testworld.Stack) usecase.Clock
 		status int
 	}{
-		{"database clock", func(t *testing.T, s *stack) usecase.Clock {
-			c, err := repository.NewDatabaseClock(context.Background(), s.db, behind)
+		{"database clock", func(t *testing.T, s *testworld.Stack) usecase.Clock {
+			c, err := repository.NewDatabaseClock(context.Background(), s.DB, behind)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -35,20 +36,20 @@ func TestHostClockBehindByMoreThanTheSkew(t *testing.T) {
 			}
 			return c
 		}, http.StatusOK},
-		{"host clock (control)", func(*testing.T, *stack) usecase.Clock { return behind }, http.StatusUnauthorized},
+		{"host clock (control)", func(*testing.T, *testworld.Stack) usecase.Clock { return behind }, http.StatusUnauthorized},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, 2*time.Second)
-			a := w.stack(t, usecase.Options{Skew: 500 * time.Millisecond})
-			w.connect(t, a)
-			probe := w.stack(t, usecase.Options{})
-			b := w.stack(t, usecase.Options{Skew: 500 * time.Millisecond, Clock: tc.clock(t, probe)})
+			w := testworld.New(t, 2*time.Second)
+			a := w.Stack(t, usecase.Options{Skew: 500 * time.Millisecond})
+			w.Connect(t, a)
+			probe := w.Stack(t, usecase.Options{})
+			b := w.Stack(t, usecase.Options{Skew: 500 * time.Millisecond, Clock: tc.clock(t, probe)})
 			time.Sleep(2500 * time.Millisecond) // the token has expired for real
-			tok, err := b.uc.Token(context.Background(), conn)
+			tok, err := b.UC.Token(context.Background(), conn)
 			if err != nil {
 				t.Fatal(err)
 			}
-			if got := w.callResource(t, tok.AccessToken.Reveal()); got != tc.status {
+			if got := w.CallResource(t, tok.AccessToken.Reveal()); got != tc.status {
 				t.Errorf("API answered %d with the token served (version %d), want %d", got, tok.Version, tc.status)
 			}
 		})

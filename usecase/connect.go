@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -20,9 +21,7 @@ type ConnectUseCase struct {
 // NewConnectUseCase builds the use case; a nil clock is the system clock and
 // lockWait <= 0 means DefaultLockWait.
 func NewConnectUseCase(store ConnectionStore, clock Clock, lockWait time.Duration) *ConnectUseCase {
-	if clock == nil {
-		clock = systemClock{}
-	}
+	clock = cmp.Or[Clock](clock, systemClock{})
 	if lockWait <= 0 {
 		lockWait = DefaultLockWait
 	}

@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -43,9 +44,7 @@ func NewConnectFlowUseCase(results PendingStore, connect *ConnectUseCase, revoke
 	if revokeTimeout <= 0 {
 		revokeTimeout = DefaultRevokeTimeout
 	}
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	return &ConnectFlowUseCase{results: results, connect: connect, revoker: revoker, timeout: revokeTimeout, log: log}
 }
 

@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -61,9 +62,7 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 	f.RetryAt = now.Add(domain.FailingPause.Wait(f.Failures))
 	f.Failing = f.Failing || f.Failures >= failingAfter
 	if pe.Lost {
-		if f.Code == "" {
-			f.Code = domain.CodeAnswerLost
-		}
+		f.Code = cmp.Or(f.Code, domain.CodeAnswerLost)
 		if f.ReplayUntil.IsZero() || (!pe.ReplayUntil.IsZero() && pe.ReplayUntil.Before(f.ReplayUntil)) {
 			f.ReplayUntil = pe.ReplayUntil // the first presentation's window
 		}

@@ -10,14 +10,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
-	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
-	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -44,30 +41,21 @@ func (c *movingClock) set(t time.Time) {
 // for profile: the Refresher with the profile, inside Retrying with the
 // profile's policy, its HTTP client bounded by the answer deadline (3 s
 // when opts leave it to the default).
-func (w *world) profiledStack(t testing.TB, opts usecase.Options, profile string) *stack {
+func profiledStack(t testing.TB, w *testworld.World, opts usecase.Options, profile string) *testworld.Stack {
 	t.Helper()
 	prof, err := profiles.Get(profile)
 	if err != nil {
 		t.Fatal(err)
 	}
-	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { _ = postgres.Close(db) })
-	ref := provider.NewRetrying(provider.NewRefresher(w.oauth, provider.NewHTTPClient(cmp.Or(opts.AnswerDeadline, 3*time.Second)),
+	ref := provider.NewRetrying(provider.NewRefresher(w.OAuth, provider.NewHTTPClient(cmp.Or(opts.AnswerDeadline, 3*time.Second)),
 		provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), retryPolicyFor(prof, opts))
-	uc, err := di.NewRefreshTokenUseCase(db, ref, opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return &stack{db: db, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), uc: uc}
+	return w.StackWith(t, ref, opts)
 }
 
-func outboxCount(t testing.TB, s *stack, kind string) int {
+func outboxCount(t testing.TB, s *testworld.Stack, kind string) int {
 	t.Helper()
 	var n int
-	if err := s.db.Raw(`SELECT count(*) FROM tokenguard_webhook_outbox WHERE type = ? AND connection = ?`, kind, conn).Scan(&n).Error; err != nil {
+	if err := s.DB.Raw(`SELECT count(*) FROM tokenguard_webhook_outbox WHERE type = ? AND connection = ?`, kind, conn).Scan(&n).Error; err != nil {
 		t.Fatal(err)
 	}
 	return n
@@ -77,7 +65,7 @@ func outboxCount(t testing.TB, s *stack, kind string) int {
 // step, calls Token from callers goroutines of every stack: a call rate
 // far above anything a provider should see. Every error must leave the
 // grant alone (never needs_reauth). after runs after each step.
-func drive(t *testing.T, stacks []*stack, clock *movingClock, from, to time.Time, step time.Duration, callers int, after func()) (served, failed int) {
+func drive(t *testing.T, stacks []*testworld.Stack, clock *movingClock, from, to time.Time, step time.Duration, callers int, after func()) (served, failed int) {
 	t.Helper()
 	var mu sync.Mutex
 	for at := from; at.Before(to); at = at.Add(step) {
@@ -86,7 +74,7 @@ func drive(t *testing.T, stacks []*stack, clock *movingClock, from, to time.Time
 		for _, s := range stacks {
 			for range callers {
 				wg.Go(func() {
-					_, err := s.uc.Token(context.Background(), conn)
+					_, err := s.UC.Token(context.Background(), conn)
 					mu.Lock()
 					defer mu.Unlock()
 					switch {
@@ -130,7 +118,7 @@ func TestUnknownRefusalIsFailingWithinTheBound(t *testing.T) {
 		t.Errorf("served %d, failed %d: want the valid token served, then errors once expired", served, failed)
 	}
 
-	c, err := stacks[1].repo.Connection(context.Background(), conn)
+	c, err := stacks[1].Repo.Connection(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -140,7 +128,7 @@ func TestUnknownRefusalIsFailingWithinTheBound(t *testing.T) {
 	if tok := stored(t, stacks[2]); tok.Status != domain.StatusActive {
 		t.Errorf("stored status %s: the grant must stay untouched", tok.Status)
 	}
-	_, err = stacks[0].uc.Token(context.Background(), conn)
+	_, err = stacks[0].UC.Token(context.Background(), conn)
 	if !errors.Is(err, domain.ErrRefreshFailing) {
 		t.Errorf("Token while backing off: %v, want ErrRefreshFailing", err)
 	}
@@ -155,16 +143,16 @@ func TestUnknownRefusalIsFailingWithinTheBound(t *testing.T) {
 	}
 
 	// The provider answers again: the next attempt succeeds.
-	w.provider.SetRefreshFault(nil)
+	w.Provider.SetRefreshFault(nil)
 	clock.set(start.Add(6 * time.Minute))
-	tok, err := stacks[2].uc.Token(context.Background(), conn)
+	tok, err := stacks[2].UC.Token(context.Background(), conn)
 	if err != nil {
 		t.Fatalf("after the provider recovered: %v", err)
 	}
-	if w.callResource(t, tok.AccessToken.Reveal()) != 200 {
+	if w.CallResource(t, tok.AccessToken.Reveal()) != 200 {
 		t.Error("the refreshed token is not accepted")
 	}
-	if c, _ := stacks[0].repo.Connection(context.Background(), conn); c.Status != domain.StatusActive || c.Failure.Failures != 0 {
+	if c, _ := stacks[0].Repo.Connection(context.Background(), conn); c.Status != domain.StatusActive || c.Failure.Failures != 0 {
 		t.Errorf("after a success: %+v, want active without a failure", c)
 	}
 	if n := outboxCount(t, stacks[0], "connection.recovered"); n != 1 {
@@ -179,7 +167,7 @@ func TestUnknownRefusalControlWithoutStoredBackoff(t *testing.T) {
 	_, stacks, clock, asked := unknownCodeWorld(t)
 	start := stored(t, stacks[0]).Expiry.Add(-30 * time.Second)
 	drive(t, stacks, clock, start, start.Add(time.Minute), 250*time.Millisecond, 4, func() {
-		if err := stacks[0].db.Exec(`DELETE FROM tokenguard_refresh_failures`).Error; err != nil {
+		if err := stacks[0].DB.Exec(`DELETE FROM tokenguard_refresh_failures`).Error; err != nil {
 			t.Fatal(err)
 		}
 	})
@@ -190,26 +178,26 @@ func TestUnknownRefusalControlWithoutStoredBackoff(t *testing.T) {
 	}
 }
 
-func unknownCodeWorld(t *testing.T) (*world, []*stack, *movingClock, *atomic.Int64) {
+func unknownCodeWorld(t *testing.T) (*testworld.World, []*testworld.Stack, *movingClock, *atomic.Int64) {
 	t.Helper()
 	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWorldWith(t, p)
+	w := testworld.With(t, p)
 	clock := &movingClock{now: time.Now()}
 	opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: 3 * time.Second,
 		Logger: quietLogger()}
-	stacks := []*stack{w.profiledStack(t, opts, profiles.Generic), w.profiledStack(t, opts, profiles.Generic), w.profiledStack(t, opts, profiles.Generic)}
-	w.connect(t, stacks[0])
+	stacks := []*testworld.Stack{profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic)}
+	w.Connect(t, stacks[0])
 	var asked atomic.Int64
 	p.SetRefreshFault(func() sandbox.Fault { asked.Add(1); return sandbox.FaultUnknownCode })
 	return w, stacks, clock, &asked
 }
 
-func stored(t testing.TB, s *stack) domain.Token {
+func stored(t testing.TB, s *testworld.Stack) domain.Token {
 	t.Helper()
-	tok, err := s.repo.Get(context.Background(), conn)
+	tok, err := s.Repo.Get(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -249,12 +237,12 @@ func TestLostAnswerPresentedAgainOnlyWithinTheGraceWindow(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w := newWorldWith(t, p)
+			w := testworld.With(t, p)
 			clock := &movingClock{now: time.Now()}
 			opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: 3 * time.Second,
 				Logger: quietLogger()}
-			a, b := w.profiledStack(t, opts, tc.profile), w.profiledStack(t, opts, tc.profile)
-			first := w.connect(t, a)
+			a, b := profiledStack(t, w, opts, tc.profile), profiledStack(t, w, opts, tc.profile)
+			first := w.Connect(t, a)
 			var asked atomic.Int64
 			p.SetRefreshFault(func() sandbox.Fault {
 				if asked.Add(1) == 1 {
@@ -263,13 +251,13 @@ func TestLostAnswerPresentedAgainOnlyWithinTheGraceWindow(t *testing.T) {
 				return sandbox.FaultNone
 			})
 			clock.set(first.Expiry.Add(time.Second))
-			_, err = a.uc.Token(context.Background(), conn)
+			_, err = a.UC.Token(context.Background(), conn)
 			if (err == nil) != tc.ok {
 				t.Fatalf("Token after a lost answer: %v", err)
 			}
 			// Another process, ten minutes on, within any window.
 			clock.set(first.Expiry.Add(10 * time.Minute))
-			_, errB := b.uc.Token(context.Background(), conn)
+			_, errB := b.UC.Token(context.Background(), conn)
 			st := p.Stats()
 			t.Logf("%s: requests %d, lost %d, replays %d, reuse %d; first call: %v; another process later: %v",
 				tc.profile, asked.Load(), st.LostAnswers, st.GraceReplays, st.RefreshReuse, err, errB)
@@ -277,7 +265,7 @@ func TestLostAnswerPresentedAgainOnlyWithinTheGraceWindow(t *testing.T) {
 				t.Errorf("requests %d (want %d), grace replays %d (want %d), reuse %d (want %d)",
 					asked.Load(), tc.requests, st.GraceReplays, tc.replays, st.RefreshReuse, tc.reuse)
 			}
-			c, err := a.repo.Connection(context.Background(), conn)
+			c, err := a.Repo.Connection(context.Background(), conn)
 			if err != nil {
 				t.Fatal(err)
 			}

@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -154,9 +155,7 @@ func (f *flights) run(ctx context.Context, key string, fn func(context.Context) 
 			what = re.Error()
 		}
 		log := f.log
-		if log == nil {
-			log = slog.Default()
-		}
+		log = cmp.Or(log, slog.Default())
 		log.Error("panic in a token refresh, recovered", "flight", key, "panic", what, "stack", string(debug.Stack()))
 		t, err = domain.Token{}, fmt.Errorf("token refresh panicked (%s)", what)
 	}()

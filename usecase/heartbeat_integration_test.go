@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -112,31 +113,31 @@ func TestListenerHeartbeatWithdrawsTrustWhenTrafficIsBlackholed(t *testing.T) {
 		heartbeat bool
 	}{{"heartbeat", true}, {"no heartbeat (control)", false}} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, time.Hour)
-			target, err := url.Parse(w.url)
+			w := testworld.New(t, time.Hour)
+			target, err := url.Parse(w.URL)
 			if err != nil {
 				t.Fatal(err)
 			}
 			proxy := newBlackhole(t, target.Host)
-			a := w.stack(t, usecase.Options{})
-			queries := countQueries(t, a.db)
-			l := repository.NewChangeListener(proxy.via(t, w.url), a.uc, nil)
+			a := w.Stack(t, usecase.Options{})
+			queries := testworld.CountQueries(t, a.DB)
+			l := repository.NewChangeListener(proxy.via(t, w.URL), a.UC, nil)
 			if tc.heartbeat {
-				l = l.WithHeartbeat(a.db, 100*time.Millisecond)
+				l = l.WithHeartbeat(a.DB, 100*time.Millisecond)
 			}
 			ctx, cancel := context.WithCancel(context.Background())
 			done := make(chan struct{})
 			go func() { defer close(done); _ = l.Run(ctx) }()
 			t.Cleanup(func() { cancel(); <-done })
 
-			b := w.stack(t, usecase.Options{})
-			v1 := w.connect(t, a)
-			waitCached(t, a, queries)
+			b := w.Stack(t, usecase.Options{})
+			v1 := w.Connect(t, a)
+			a.WaitCached(t, queries)
 
 			proxy.on.Store(true)
-			v2 := w.connect(t, b) // its NOTIFY never reaches a's listener
+			v2 := w.Connect(t, b) // its NOTIFY never reaches a's listener
 			served := func() int64 {
-				tok, err := a.uc.Token(context.Background(), conn)
+				tok, err := a.UC.Token(context.Background(), conn)
 				if err != nil {
 					t.Fatal(err)
 				}
@@ -152,7 +153,7 @@ func TestListenerHeartbeatWithdrawsTrustWhenTrafficIsBlackholed(t *testing.T) {
 			waitfor.Until(t, 5*time.Second, "superseded token still served with the feed blackholed", func() bool { return served() == v2.Version })
 
 			proxy.on.Store(false)
-			waitCached(t, a, queries)
+			a.WaitCached(t, queries)
 			if got := served(); got != v2.Version {
 				t.Errorf("after the feed came back served version %d, want %d", got, v2.Version)
 			}

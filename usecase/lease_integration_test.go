@@ -11,6 +11,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -84,17 +85,17 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 		control bool
 	}{{"lease", false}, {"control without leases", true}} {
 		t.Run(tc.name, func(t *testing.T) {
-			w := newWorld(t, 4*time.Second)
-			admin := w.stack(t, usecase.Options{})
-			w.connect(t, admin)
-			stored := mustGet(t, admin)
+			w := testworld.New(t, 4*time.Second)
+			admin := w.Stack(t, usecase.Options{})
+			w.Connect(t, admin)
+			stored := admin.MustGet(t)
 			opts := usecase.Options{Skew: time.Second, LockWait: 5 * time.Second, RefreshTimeout: 3 * time.Second,
 				RescueWindow: 5 * time.Second}
 			waitUntilStale(t, admin, opts.Skew)
 
-			first := &announcing{next: provider.NewRefresher(w.oauth, nil), called: make(chan struct{}, 1)}
-			a := w.stackWith(t, first, opts)
-			w.provider.SetRefreshLatency(time.Second)
+			first := &announcing{next: provider.NewRefresher(w.OAuth, nil), called: make(chan struct{}, 1)}
+			a := w.StackWith(t, first, opts)
+			w.Provider.SetRefreshLatency(time.Second)
 
 			type result struct {
 				tok domain.Token
@@ -102,14 +103,14 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 			}
 			aDone := make(chan result, 1)
 			go func() {
-				tok, err := a.uc.Token(context.Background(), conn)
+				tok, err := a.UC.Token(context.Background(), conn)
 				aDone <- result{tok, err}
 			}()
 			<-first.called
 			// While the provider answers, the first process holds no lock
 			// and no transaction.
 			var held int64
-			if err := admin.db.Raw(`SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
+			if err := admin.DB.Raw(`SELECT (SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'
 				AND database = (SELECT oid FROM pg_database WHERE datname = current_database()))
 				+ (SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND state LIKE 'idle in transaction%')`).Scan(&held).Error; err != nil {
 				t.Fatal(err)
@@ -120,7 +121,7 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 
 			// The second process: the lock is free, the stored token is
 			// still the one being spent.
-			db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil)
+			db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: 10}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -130,15 +131,15 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 			if tc.control {
 				store = withoutLeases{store}
 			}
-			b, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), opts)
+			b, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.OAuth, nil)), opts)
 			if err != nil {
 				t.Fatal(err)
 			}
 			bTok, bErr := b.Token(context.Background(), conn)
 			ra := <-aDone
-			w.provider.SetRefreshLatency(0)
-			st := w.provider.Stats()
-			now := mustGet(t, admin)
+			w.Provider.SetRefreshLatency(0)
+			st := w.Provider.Stats()
+			now := admin.MustGet(t)
 			t.Logf("first: err=%v; second: err=%v; provider: %d refreshes, %d reuse; stored: version %d, %s",
 				ra.err, bErr, st.Refreshes, st.RefreshReuse, now.Version, now.Status)
 
@@ -163,7 +164,7 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 			if n := locks.n.Load(); n != 0 {
 				t.Errorf("the second process ran %d lock transactions while the first one's lease ran, want 0", n)
 			}
-			if code := w.callResource(t, bTok.AccessToken.Reveal()); code != 200 {
+			if code := w.CallResource(t, bTok.AccessToken.Reveal()); code != 200 {
 				t.Errorf("the token both processes hold answered %d", code)
 			}
 			// The connection lives on: the next refresh redeems the rescued
@@ -171,7 +172,7 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 			if _, err := b.Token(context.Background(), conn); err != nil {
 				t.Errorf("next refresh: %v", err)
 			}
-			if st := w.provider.Stats(); st.RefreshReuse != 0 {
+			if st := w.Provider.Stats(); st.RefreshReuse != 0 {
 				t.Errorf("reuse after the rescue: %d", st.RefreshReuse)
 			}
 		})
@@ -183,33 +184,33 @@ func TestLeaseWhileAtTheProvider(t *testing.T) {
 // lease, so the next process refreshes at once instead of waiting the
 // lease out.
 func TestLeaseEndsWhenTheTokenWasNotSpent(t *testing.T) {
-	w := newWorld(t, 2*time.Second)
-	admin := w.stack(t, usecase.Options{})
-	w.connect(t, admin)
+	w := testworld.New(t, 2*time.Second)
+	admin := w.Stack(t, usecase.Options{})
+	w.Connect(t, admin)
 	opts := usecase.Options{Skew: 500 * time.Millisecond, LockWait: 2 * time.Second, RefreshTimeout: time.Second}
 	waitUntilStale(t, admin, opts.Skew)
-	a := w.stack(t, opts)
-	w.provider.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnavailable })
+	a := w.Stack(t, opts)
+	w.Provider.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnavailable })
 	// The token is due but not expired: it is served through the failure.
-	if _, err := a.uc.Token(context.Background(), conn); err != nil {
+	if _, err := a.UC.Token(context.Background(), conn); err != nil {
 		t.Fatalf("Token during the outage: %v", err)
 	}
-	w.provider.SetRefreshFault(nil)
-	if st := w.provider.Stats(); st.RefreshFaults == 0 {
+	w.Provider.SetRefreshFault(nil)
+	if st := w.Provider.Stats(); st.RefreshFaults == 0 {
 		t.Fatal("the provider was not asked")
 	}
 	var leases int64
-	if err := admin.db.Raw(`SELECT count(*) FROM tokenguard_refresh_leases`).Scan(&leases).Error; err != nil {
+	if err := admin.DB.Raw(`SELECT count(*) FROM tokenguard_refresh_leases`).Scan(&leases).Error; err != nil {
 		t.Fatal(err)
 	}
 	if leases != 0 {
 		t.Fatalf("%d leases left by a refresh that spent nothing", leases)
 	}
-	b := w.stack(t, opts)
-	if _, err := b.uc.Token(context.Background(), conn); err != nil {
+	b := w.Stack(t, opts)
+	if _, err := b.UC.Token(context.Background(), conn); err != nil {
 		t.Fatalf("next process: %v", err)
 	}
-	if st := w.provider.Stats(); st.Refreshes != 1 {
+	if st := w.Provider.Stats(); st.Refreshes != 1 {
 		t.Fatalf("the next process made %d refreshes, want 1 at once", st.Refreshes)
 	}
 }

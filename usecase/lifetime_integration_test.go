@@ -12,6 +12,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -25,11 +26,11 @@ type callLoop struct {
 	stop       chan struct{}
 }
 
-func startCalls(t *testing.T, w *world, stacks []*stack, perStack int, pause time.Duration) *callLoop {
+func startCalls(t *testing.T, w *testworld.World, stacks []*testworld.Stack, perStack int, pause time.Duration) *callLoop {
 	t.Helper()
 	l := &callLoop{errs: map[string]int{}, stop: make(chan struct{})}
 	for i, s := range stacks {
-		c, err := apiclient.New(w.srv.URL, apiclient.TokenClients(s.uc), apiclient.Options{UserAgent: fmt.Sprintf("tokenguard-test-%d/1", i)})
+		c, err := apiclient.New(w.Server.URL, apiclient.TokenClients(s.UC), apiclient.Options{UserAgent: fmt.Sprintf("tokenguard-test-%d/1", i)})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -78,14 +79,14 @@ func (l *callLoop) finish() {
 // processes call the API for several lifetimes; no call fails.
 func TestShortLivedTokensWithDefaultForceInterval(t *testing.T) {
 	const lifespan, duration = 2600 * time.Millisecond, 12 * time.Second
-	w := newWorld(t, lifespan)
+	w := testworld.New(t, lifespan)
 	opts := usecase.Options{Skew: 100 * time.Millisecond}
-	stacks := []*stack{w.stack(t, opts), w.stack(t, opts), w.stack(t, opts)}
-	w.connect(t, stacks[0])
+	stacks := []*testworld.Stack{w.Stack(t, opts), w.Stack(t, opts), w.Stack(t, opts)}
+	w.Connect(t, stacks[0])
 	l := startCalls(t, w, stacks, 3, 5*time.Millisecond)
 	time.Sleep(duration)
 	l.finish()
-	st := w.provider.Stats()
+	st := w.Provider.Stats()
 	t.Logf("%d calls ok, %d failed %v; provider: %d refreshes, %d reuse, %d×401",
 		l.ok.Load(), l.failed.Load(), l.errs, st.Refreshes, st.RefreshReuse, st.Resource401)
 	if l.failed.Load() != 0 {
@@ -111,19 +112,19 @@ func TestTokenWithoutExpiryRecoversFrom401ByOneForcedRefresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := newWorldWith(t, p)
-	stacks := []*stack{w.stack(t, usecase.Options{}), w.stack(t, usecase.Options{})}
-	first := w.connect(t, stacks[0])
+	w := testworld.With(t, p)
+	stacks := []*testworld.Stack{w.Stack(t, usecase.Options{}), w.Stack(t, usecase.Options{})}
+	first := w.Connect(t, stacks[0])
 	if !first.Expiry.IsZero() {
 		t.Fatalf("stored expiry %v, want none", first.Expiry)
 	}
 	ctx := context.Background()
 	for _, s := range stacks {
-		if tok, err := s.uc.Token(ctx, conn); err != nil || tok.Version != first.Version {
+		if tok, err := s.UC.Token(ctx, conn); err != nil || tok.Version != first.Version {
 			t.Fatalf("token before the 401: v%d, %v", tok.Version, err)
 		}
 	}
-	if st := w.provider.Stats(); st.Refreshes != 0 {
+	if st := w.Provider.Stats(); st.Refreshes != 0 {
 		t.Fatalf("%d refreshes of a token without expiry before any 401", st.Refreshes)
 	}
 	time.Sleep(lifespan + 200*time.Millisecond) // expired at the provider; we cannot know
@@ -134,8 +135,8 @@ func TestTokenWithoutExpiryRecoversFrom401ByOneForcedRefresh(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	l.finish()
-	st := w.provider.Stats()
-	stored := mustGet(t, stacks[0])
+	st := w.Provider.Stats()
+	stored := stacks[0].MustGet(t)
 	t.Logf("%d calls ok, %d failed %v; provider: %d refreshes, %d×401; stored v%d", l.ok.Load(), l.failed.Load(), l.errs,
 		st.Refreshes, st.Resource401, stored.Version)
 	if l.failed.Load() != 0 || l.ok.Load() < 50 {

@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -91,48 +92,22 @@ const (
 )
 
 func (o Options) withDefaults() (Options, error) {
-	if o.Skew == 0 {
-		o.Skew = DefaultSkew
-	}
-	if o.LockWait == 0 {
-		o.LockWait = DefaultLockWait
-	}
-	if o.RefreshTimeout == 0 {
-		o.RefreshTimeout = min(DefaultRefreshTimeout, o.LockWait*2/3)
-	}
-	if o.AnswerDeadline == 0 {
-		o.AnswerDeadline = max(DefaultAnswerDeadline, o.RefreshTimeout)
-	}
-	if o.WriteTimeout == 0 {
-		o.WriteTimeout = DefaultWriteTimeout
-	}
-	if o.Clock == nil {
-		o.Clock = systemClock{}
-	}
-	if o.Logger == nil {
-		o.Logger = slog.Default()
-	}
+	o.Skew = cmp.Or(o.Skew, DefaultSkew)
+	o.LockWait = cmp.Or(o.LockWait, DefaultLockWait)
+	o.RefreshTimeout = cmp.Or(o.RefreshTimeout, min(DefaultRefreshTimeout, o.LockWait*2/3))
+	o.AnswerDeadline = cmp.Or(o.AnswerDeadline, max(DefaultAnswerDeadline, o.RefreshTimeout))
+	o.WriteTimeout = cmp.Or(o.WriteTimeout, DefaultWriteTimeout)
+	o.Clock = cmp.Or[Clock](o.Clock, systemClock{})
+	o.Logger = cmp.Or(o.Logger, slog.Default())
 	if o.OnNeedsReauth == nil {
 		o.OnNeedsReauth = func(string, string) {}
 	}
-	if o.ForceInterval == 0 {
-		o.ForceInterval = DefaultForceInterval
-	}
-	if o.Observer == nil {
-		o.Observer = noObserver{}
-	}
-	if o.Tracer == nil {
-		o.Tracer = noTracer{}
-	}
-	if o.RescueWindow == 0 {
-		o.RescueWindow = DefaultRescueWindow
-	}
-	if o.CacheSize == 0 {
-		o.CacheSize = DefaultCacheSize
-	}
-	if o.MaxRefreshesInFlight == 0 {
-		o.MaxRefreshesInFlight = DefaultMaxRefreshesInFlight
-	}
+	o.ForceInterval = cmp.Or(o.ForceInterval, DefaultForceInterval)
+	o.Observer = cmp.Or[Observer](o.Observer, noObserver{})
+	o.Tracer = cmp.Or[Tracer](o.Tracer, noTracer{})
+	o.RescueWindow = cmp.Or(o.RescueWindow, DefaultRescueWindow)
+	o.CacheSize = cmp.Or(o.CacheSize, DefaultCacheSize)
+	o.MaxRefreshesInFlight = cmp.Or(o.MaxRefreshesInFlight, DefaultMaxRefreshesInFlight)
 	switch {
 	case o.Skew < 0:
 		return o, fmt.Errorf("usecase: skew %v is negative", o.Skew)

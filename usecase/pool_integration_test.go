@@ -15,6 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -58,20 +59,20 @@ func TestPoolOfOneRefreshesManyAtOnce(t *testing.T) {
 			if err != nil {
 				t.Fatal(err)
 			}
-			w := newWorldWith(t, p)
-			admin := w.stack(t, usecase.Options{})
+			w := testworld.With(t, p)
+			admin := w.Stack(t, usecase.Options{})
 			names := make([]string, n)
 			for i := range names {
 				names[i] = fmt.Sprintf("c%d", i)
-				tok, err := sandbox.Grant(context.Background(), w.oauth)
+				tok, err := sandbox.Grant(context.Background(), w.OAuth)
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := di.NewConnectUseCase(admin.db, time.Second).Connect(context.Background(), names[i], provider.GrantFrom(tok)); err != nil {
+				if _, err := di.NewConnectUseCase(admin.DB, time.Second).Connect(context.Background(), names[i], provider.GrantFrom(tok)); err != nil {
 					t.Fatal(err)
 				}
 			}
-			db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 1}, nil)
+			db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: 1}, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -80,14 +81,14 @@ func TestPoolOfOneRefreshesManyAtOnce(t *testing.T) {
 			if tc.control {
 				store = nestedLease{store, db}
 			}
-			clock := &stormClock{}
-			clock.offset.Store(int64(2 * time.Hour)) // every token expired
-			uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)),
+			clock := &testworld.Clock{}
+			clock.Advance(2 * time.Hour) // every token expired
+			uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.OAuth, nil)),
 				usecase.Options{Clock: clock, LockWait: 3 * time.Second, RefreshTimeout: 2 * time.Second, WriteTimeout: time.Second})
 			if err != nil {
 				t.Fatal(err)
 			}
-			w.provider.SetRefreshLatency(500 * time.Millisecond)
+			w.Provider.SetRefreshLatency(500 * time.Millisecond)
 			errs := make([]error, n)
 			var wg sync.WaitGroup
 			for i, name := range names {
@@ -105,7 +106,7 @@ func TestPoolOfOneRefreshesManyAtOnce(t *testing.T) {
 					t.Logf("call failed: %v", err)
 				}
 			}
-			st := w.provider.Stats()
+			st := w.Provider.Stats()
 			t.Logf("%d of %d failed; provider: %d refreshes, %d reuse", failed, n, st.Refreshes, st.RefreshReuse)
 			if tc.control {
 				if failed == 0 {

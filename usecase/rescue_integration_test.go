@@ -20,6 +20,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tracing"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -53,17 +54,17 @@ func (k *killAfterAnswer) Refresh(ctx context.Context, rt domain.Secret) (domain
 }
 
 func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T) {
-	w := newWorld(t, time.Second)
-	admin := w.stack(t, usecase.Options{})
-	w.connect(t, admin)
+	w := testworld.New(t, time.Second)
+	admin := w.Stack(t, usecase.Options{})
+	w.Connect(t, admin)
 
-	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{}, nil)
+	db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
 	var logs syncBuffer
-	killer := &killAfterAnswer{next: provider.NewRefresher(w.oauth, nil), admin: admin.db, t: t}
+	killer := &killAfterAnswer{next: provider.NewRefresher(w.OAuth, nil), admin: admin.DB, t: t}
 	spans := tracetest.NewSpanRecorder()
 	uc, err := di.NewRefreshTokenUseCase(db, killer, usecase.Options{
 		Skew: 500 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
@@ -81,7 +82,7 @@ func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T
 	if killer.kills < 1 {
 		t.Fatalf("terminated %d backends, want the writer's", killer.kills)
 	}
-	stored := mustGet(t, admin)
+	stored := admin.MustGet(t)
 	t.Logf("backend killed after the provider answered; logs:\n%s", logs.String())
 	if !stored.RefreshToken.Equal(killer.grant.RefreshToken) || !tok.AccessToken.Equal(killer.grant.AccessToken) {
 		t.Fatal("the rotated token was not persisted")
@@ -101,17 +102,17 @@ func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T
 	if refresh := oneSpan(t, ended, string(usecase.StepRefresh)); rescue.Parent().SpanID() != refresh.SpanContext().SpanID() {
 		t.Error("the rescue is not under the refresh")
 	}
-	checkNoSecret(t, ended, killer.grant.AccessToken.Reveal(), killer.grant.RefreshToken.Reveal(), w.oauth.ClientSecret)
-	if code := w.callResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
+	checkNoSecret(t, ended, killer.grant.AccessToken.Reveal(), killer.grant.RefreshToken.Reveal(), w.OAuth.ClientSecret)
+	if code := w.CallResource(t, tok.AccessToken.Reveal()); code != http.StatusOK {
 		t.Errorf("rescued token answered %d", code)
 	}
-	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
+	if st := w.Provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
 		t.Errorf("provider: %d refreshes, %d reuse", st.Refreshes, st.RefreshReuse)
 	}
 	// And the connection keeps working: the next refresh redeems the
 	// rescued refresh token.
 	waitUntilStale(t, admin, 500*time.Millisecond)
-	if _, err := admin.uc.Token(context.Background(), conn); err != nil {
+	if _, err := admin.UC.Token(context.Background(), conn); err != nil {
 		t.Errorf("refresh after the rescue: %v", err)
 	}
 	for _, secret := range []string{killer.grant.AccessToken.Reveal(), killer.grant.RefreshToken.Reveal()} {

@@ -11,7 +11,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tracing"
-	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -50,13 +50,13 @@ func spanAttr(s sdktrace.ReadOnlySpan, key string) any {
 
 // tracedStack is a process whose use case and token endpoint client
 // record spans into sr.
-func tracedStack(t *testing.T, w *world, opts usecase.Options) (*stack, *tracetest.SpanRecorder) {
+func tracedStack(t *testing.T, w *testworld.World, opts usecase.Options) (*testworld.Stack, *tracetest.SpanRecorder) {
 	t.Helper()
 	sr := tracetest.NewSpanRecorder()
 	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr))
 	opts.Tracer = tracing.New(tp)
 	hc := tracing.Client(provider.NewHTTPClient(5*time.Second), tp)
-	return w.stackWith(t, provider.NewRefresher(w.oauth, hc), opts), sr
+	return w.StackWith(t, provider.NewRefresher(w.OAuth, hc), opts), sr
 }
 
 // A refresh is one trace: the Token call, the pass through the lock with
@@ -65,20 +65,14 @@ func tracedStack(t *testing.T, w *world, opts usecase.Options) (*stack, *tracete
 // records no span; the miss before it (the control) does. No span carries
 // a token or the client secret.
 func TestTracedRefresh(t *testing.T) {
-	w := newWorld(t, 3*time.Second)
-	admin := w.stack(t, usecase.Options{})
-	granted := w.connect(t, admin)
+	w := testworld.New(t, 3*time.Second)
+	admin := w.Stack(t, usecase.Options{})
+	granted := w.Connect(t, admin)
 	opts := usecase.Options{Skew: time.Second, LockWait: 5 * time.Second, RefreshTimeout: 3 * time.Second}
 	s, sr := tracedStack(t, w, opts)
-	queries := countQueries(t, s.db)
-	ctx, cancel := context.WithCancel(context.Background())
-	listening := make(chan struct{})
-	go func() {
-		defer close(listening)
-		_ = repository.NewChangeListener(w.url, s.uc, nil).Run(ctx)
-	}()
-	t.Cleanup(func() { cancel(); <-listening })
-	waitCached(t, s, queries)
+	queries := testworld.CountQueries(t, s.DB)
+	w.Listen(t, s)
+	s.WaitCached(t, queries)
 
 	// The misses until the cache was live (the control) recorded a token
 	// lookup each, of a fresh token: no refresh.
@@ -88,7 +82,7 @@ func TestTracedRefresh(t *testing.T) {
 	}
 	// Hits: nothing more.
 	for range 100 {
-		if _, err := s.uc.Token(context.Background(), conn); err != nil {
+		if _, err := s.UC.Token(context.Background(), conn); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -97,7 +91,7 @@ func TestTracedRefresh(t *testing.T) {
 	}
 
 	waitUntilStale(t, admin, opts.Skew)
-	tok, err := s.uc.Token(context.Background(), conn)
+	tok, err := s.UC.Token(context.Background(), conn)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -124,7 +118,7 @@ func TestTracedRefresh(t *testing.T) {
 			http = sp
 		}
 	}
-	if http == nil || spanAttr(http, "url.full") != w.oauth.Endpoint.TokenURL {
+	if http == nil || spanAttr(http, "url.full") != w.OAuth.Endpoint.TokenURL {
 		t.Fatalf("no HTTP request to the token endpoint under the provider call")
 	}
 	want := map[string]any{"tokenguard.connection": conn, "tokenguard.provider": "default", "tokenguard.outcome": "ok",
@@ -138,37 +132,37 @@ func TestTracedRefresh(t *testing.T) {
 	if tok.Version != granted.Version+1 {
 		t.Errorf("version %d after the refresh, want %d", tok.Version, granted.Version+1)
 	}
-	stored := mustGet(t, admin)
+	stored := admin.MustGet(t)
 	checkNoSecret(t, sr.Ended(), granted.AccessToken.Reveal(), granted.RefreshToken.Reveal(),
-		stored.AccessToken.Reveal(), stored.RefreshToken.Reveal(), w.oauth.ClientSecret)
+		stored.AccessToken.Reveal(), stored.RefreshToken.Reveal(), w.OAuth.ClientSecret)
 }
 
 // A process that meets another's refresh at the provider waits for it:
 // its read sees the lease, and its wait (no lock, no pass of its own)
 // says it waited for another process; it stores nothing.
 func TestTracedWaitForAnotherProcess(t *testing.T) {
-	w := newWorld(t, 3*time.Second)
-	admin := w.stack(t, usecase.Options{})
-	w.connect(t, admin)
+	w := testworld.New(t, 3*time.Second)
+	admin := w.Stack(t, usecase.Options{})
+	w.Connect(t, admin)
 	opts := usecase.Options{Skew: time.Second, LockWait: 5 * time.Second, RefreshTimeout: 3 * time.Second}
 	waitUntilStale(t, admin, opts.Skew)
-	first := &announcing{next: provider.NewRefresher(w.oauth, nil), called: make(chan struct{}, 1)}
-	a := w.stackWith(t, first, opts)
-	w.provider.SetRefreshLatency(500 * time.Millisecond)
+	first := &announcing{next: provider.NewRefresher(w.OAuth, nil), called: make(chan struct{}, 1)}
+	a := w.StackWith(t, first, opts)
+	w.Provider.SetRefreshLatency(500 * time.Millisecond)
 	aDone := make(chan error, 1)
 	go func() {
-		_, err := a.uc.Token(context.Background(), conn)
+		_, err := a.UC.Token(context.Background(), conn)
 		aDone <- err
 	}()
 	<-first.called
 	b, sr := tracedStack(t, w, opts)
-	if _, err := b.uc.Token(context.Background(), conn); err != nil {
+	if _, err := b.UC.Token(context.Background(), conn); err != nil {
 		t.Fatal(err)
 	}
 	if err := <-aDone; err != nil {
 		t.Fatal(err)
 	}
-	w.provider.SetRefreshLatency(0)
+	w.Provider.SetRefreshLatency(0)
 	spans := sr.Ended()
 	if n := len(spanNamed(spans, string(usecase.StepRefresh))); n != 0 {
 		t.Errorf("the waiting process ran %d passes through the lock, want none", n)
@@ -180,7 +174,7 @@ func TestTracedWaitForAnotherProcess(t *testing.T) {
 	if n := len(spanNamed(spans, string(usecase.StepProvider))); n != 0 {
 		t.Errorf("the waiting process called the provider %d times", n)
 	}
-	if st := w.provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
+	if st := w.Provider.Stats(); st.Refreshes != 1 || st.RefreshReuse != 0 {
 		t.Errorf("provider: %d refreshes, %d reuse", st.Refreshes, st.RefreshReuse)
 	}
 }
@@ -220,13 +214,13 @@ func checkNoSecret(t *testing.T, spans []sdktrace.ReadOnlySpan, secrets ...strin
 // connection it looked at: the refreshed ones with their outcome and
 // versions, the one another process holds marked as waited for.
 func TestTracedSweep(t *testing.T) {
-	w := newWorld(t, time.Hour)
+	w := testworld.New(t, time.Hour)
 	sr := tracetest.NewSpanRecorder()
-	s := w.stack(t, usecase.Options{Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)))})
-	other := w.stack(t, usecase.Options{})
-	names := connectMany(t, w, s, 5)
-	release := holdLeaseOn(t, &stack{db: other.db, repo: other.repo}, names[2])
-	rep, err := s.uc.RefreshAhead(context.Background(), s.repo, 2*time.Hour, 2)
+	s := w.Stack(t, usecase.Options{Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(sr)))})
+	other := w.Stack(t, usecase.Options{})
+	names := w.ConnectMany(t, s, 5)
+	release := holdLeaseOn(t, &testworld.Stack{DB: other.DB, Repo: other.Repo}, names[2])
+	rep, err := s.UC.RefreshAhead(context.Background(), s.Repo, 2*time.Hour, 2)
 	release()
 	if err != nil || rep.Due != 5 || rep.Refreshed != 4 || rep.Skipped != 1 {
 		t.Fatalf("sweep: %+v, %v", rep, err)

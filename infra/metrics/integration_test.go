@@ -42,12 +42,41 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 		skew     = 500 * time.Millisecond // a refresh every second per connection
 		load     = 3200 * time.Millisecond
 	)
+	f := newFleet(t, lifetime, skew)
+	forced := f.callUnderLoad(t, load)
+	st := f.provider.Stats()
+	if st.Refreshes < 4 || st.RefreshReuse != 0 {
+		t.Fatalf("the run itself went wrong: %+v", st)
+	}
+	// Every notification reaches both processes (each hears its own too).
+	for _, pr := range f.procs {
+		waitfor.Until(t, 5*time.Second, pr.name+": invalidations fewer than refreshes", func() bool {
+			fams, _ := scrape(t, pr.scrape)
+			return value(fams, "tokenguard_token_invalidations_total") >= float64(st.Refreshes)
+		})
+	}
+	f.checkCounters(t, st, forced)
+	f.checkRevokedGrantCounted(t, skew)
+}
+
+// fleet is two processes (server and worker) sharing the connections acme
+// and globex at the strict sandbox provider.
+type fleet struct {
+	provider *sandbox.Provider
+	base     string // the provider's URL
+	procs    []*process
+	conns    []string
+}
+
+// newFleet wires both processes from the environment, as the apps do,
+// connects the connections and waits until both caches are trusted.
+func newFleet(t *testing.T, lifetime, skew time.Duration) *fleet {
 	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: lifetime})
 	if err != nil {
 		t.Fatal(err)
 	}
 	psrv := httptest.NewServer(p.Handler())
-	defer psrv.Close()
+	t.Cleanup(psrv.Close)
 	oc := p.OAuth2Config(psrv.URL)
 	cfg, err := di.ConfigFromEnv([]string{
 		"DATABASE_URL=" + testdb.New(t), "OAUTH_TOKEN_URL=" + oc.Endpoint.TokenURL,
@@ -58,94 +87,90 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 		t.Fatal(err)
 	}
 	ctx := context.Background()
-	var procs []*process
+	f := &fleet{provider: p, base: psrv.URL, conns: []string{"acme", "globex"}}
 	for _, name := range []string{"server", "worker"} {
 		reg := metrics.NewRegistry()
 		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Registry: reg})
 		if err != nil {
 			t.Fatal(err)
 		}
-		defer cleanup()
-		procs = append(procs, &process{name: name, tokens: tokens,
+		t.Cleanup(cleanup)
+		f.procs = append(f.procs, &process{name: name, tokens: tokens,
 			scrape: metrics.HandlerFor(reg, nil)}) // the server serves this behind an API key (httpapi tests)
 	}
-	conns := []string{"acme", "globex"}
-	for _, name := range conns {
+	for _, name := range f.conns {
 		tok, err := sandbox.Grant(ctx, oc)
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := procs[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok)); err != nil {
+		if _, err := f.procs[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok)); err != nil {
 			t.Fatal(err)
 		}
 	}
-	for _, pr := range procs { // both listeners up: caches trusted
-		waitfor.Until(t, 5*time.Second,
-
-			pr.name+": listener never connected", func() bool {
-				fams, _ := scrape(t, pr.scrape)
-				return value(fams, "tokenguard_token_listener_connected") == 1
-			})
-
+	for _, pr := range f.procs { // both listeners up: caches trusted
+		waitfor.Until(t, 5*time.Second, pr.name+": listener never connected", func() bool {
+			fams, _ := scrape(t, pr.scrape)
+			return value(fams, "tokenguard_token_listener_connected") == 1
+		})
 	}
+	return f
+}
 
-	// Load: each process calls the protected API with its token; a call
-	// answered 401 (its token was revoked by the other process's refresh
-	// while in flight) asks for a newer one, as the API client does.
-	var forced, calls, failed atomic.Int64
+// callUnderLoad has each process call the protected API with its token
+// for load; a call answered 401 (its token was revoked by the other
+// process's refresh while in flight) asks for a newer one, as the API
+// client does. It fails t if any call failed, and returns how many forced
+// refreshes the callers asked for.
+func (f *fleet) callUnderLoad(t *testing.T, load time.Duration) (forced int64) {
+	ctx := context.Background()
+	var forcedN, calls, failed atomic.Int64
 	loadCtx, stop := context.WithTimeout(ctx, load)
 	defer stop()
 	var wg sync.WaitGroup
-	for _, pr := range procs {
+	for _, pr := range f.procs {
 		for g := range 4 {
 			wg.Go(func() {
 				for n := g; loadCtx.Err() == nil; n++ {
-					name := conns[n%len(conns)]
+					name := f.conns[n%len(f.conns)]
 					tok, err := pr.tokens.RefreshToken.Token(ctx, name)
 					if err != nil {
 						t.Errorf("%s: %v", pr.name, err)
 						return
 					}
-					status := callResource(t, psrv.URL, tok.AccessToken.Reveal())
+					status := callResource(t, f.base, tok.AccessToken.Reveal())
 					if status == http.StatusUnauthorized {
-						forced.Add(1)
+						forcedN.Add(1)
 						if tok, err = pr.tokens.RefreshToken.ForceRefresh(ctx, name, tok.Version); err == nil {
-							status = callResource(t, psrv.URL, tok.AccessToken.Reveal())
+							status = callResource(t, f.base, tok.AccessToken.Reveal())
 						}
 					}
 					calls.Add(1)
 					if status != http.StatusOK {
 						failed.Add(1)
 					}
-					time.Sleep(5 * time.Millisecond)
+					time.Sleep(5 * time.Millisecond) // a caller's pace, not a wait
 				}
 			})
 		}
 	}
 	wg.Wait()
-	st := p.Stats()
-	t.Logf("%d calls, %d failed, %d forced; provider: %d refreshes, %d reuse, %d × 401", calls.Load(), failed.Load(), forced.Load(), st.Refreshes, st.RefreshReuse, st.Resource401)
-	if st.Refreshes < 4 || st.RefreshReuse != 0 || failed.Load() != 0 {
-		t.Fatalf("the run itself went wrong: %+v, %d failed calls", st, failed.Load())
+	st := f.provider.Stats()
+	t.Logf("%d calls, %d failed, %d forced; provider: %d refreshes, %d reuse, %d × 401", calls.Load(), failed.Load(), forcedN.Load(), st.Refreshes, st.RefreshReuse, st.Resource401)
+	if failed.Load() != 0 {
+		t.Fatalf("the run itself went wrong: %d failed calls", failed.Load())
 	}
+	return forcedN.Load()
+}
 
-	// Every notification reaches both processes (each hears its own too).
-	for _, pr := range procs {
-		waitfor.Until(t, 5*time.Second,
-
-			pr.name+": invalidations fewer than refreshes", func() bool {
-				fams, _ := scrape(t, pr.scrape)
-				return value(fams, "tokenguard_token_invalidations_total") >= float64(st.Refreshes)
-			})
-
-	}
-
+// checkCounters checks each process's /metrics against what the provider
+// counted (st) and the forced refreshes the callers asked for.
+func (f *fleet) checkCounters(t *testing.T, st sandbox.Stats, forced int64) {
 	var okSum, forcedSum float64
 	byAgent := map[string]int{}
-	for _, r := range p.Timeline().Refreshes {
+	for _, r := range f.provider.Timeline().Refreshes {
 		byAgent[r.Agent]++
 	}
-	for _, pr := range procs {
+	for _, pr := range f.procs {
 		fams, body := scrape(t, pr.scrape)
 		ok := value(fams, "tokenguard_token_refreshes_total", "outcome", "ok")
 		all := value(fams, "tokenguard_token_refreshes_total")
@@ -169,32 +194,37 @@ func TestMetricsAgreeWithTheProvider(t *testing.T) {
 		if a, n := value(fams, "tokenguard_connections", "status", "active"), value(fams, "tokenguard_connections", "status", "needs_reauth"); a != 2 || n != 0 {
 			t.Errorf("%s: connections active=%v needs_reauth=%v, want 2 and 0", pr.name, a, n)
 		}
-		for _, name := range conns {
+		for _, name := range f.conns {
 			if strings.Contains(body, name) {
 				t.Errorf("%s: connection %q is a label by default", pr.name, name)
 			}
 		}
-		assertNoSecret(t, body, procs[0].tokens, conns)
+		assertNoSecret(t, body, f.procs[0].tokens, f.conns)
 	}
 	if okSum != float64(st.Refreshes) {
 		t.Errorf("refreshes{outcome=ok} over both processes = %v, provider counted %d", okSum, st.Refreshes)
 	}
-	if forcedSum != float64(forced.Load()) {
-		t.Errorf("forced refresh requests = %v, callers asked %d times", forcedSum, forced.Load())
+	if forcedSum != float64(forced) {
+		t.Errorf("forced refresh requests = %v, callers asked %d times", forcedSum, forced)
 	}
+}
 
-	// The provider revokes the grants; at its next refresh acme is found
-	// dead and moves to needs_reauth, in the gauge of both processes.
-	p.RevokeAll()
-	tok, err := procs[0].tokens.Repository.Get(ctx, "acme")
+// checkRevokedGrantCounted has the provider revoke the grants: at its
+// next refresh acme is found dead and moves to needs_reauth, in the gauge
+// of both processes, and the refresh that found it counts in the first.
+func (f *fleet) checkRevokedGrantCounted(t *testing.T, skew time.Duration) {
+	ctx := context.Background()
+	f.provider.RevokeAll()
+	tok, err := f.procs[0].tokens.Repository.Get(ctx, "acme")
 	if err != nil {
 		t.Fatal(err)
 	}
+	// The sandbox's token expires by the real clock.
 	time.Sleep(time.Until(tok.Expiry.Add(-tok.EffectiveSkew(skew))) + 10*time.Millisecond)
-	if _, err := procs[0].tokens.RefreshToken.Token(ctx, "acme"); !errors.Is(err, domain.ErrNeedsReauth) {
+	if _, err := f.procs[0].tokens.RefreshToken.Token(ctx, "acme"); !errors.Is(err, domain.ErrNeedsReauth) {
 		t.Fatalf("after RevokeAll: %v, want needs reauth", err)
 	}
-	for i, pr := range procs {
+	for i, pr := range f.procs {
 		fams, _ := scrape(t, pr.scrape)
 		if a, n := value(fams, "tokenguard_connections", "status", "active"), value(fams, "tokenguard_connections", "status", "needs_reauth"); a != 1 || n != 1 {
 			t.Errorf("%s: connections active=%v needs_reauth=%v, want 1 and 1", pr.name, a, n)

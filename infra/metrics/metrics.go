@@ -8,6 +8,7 @@
 package metrics
 
 import (
+	"cmp"
 	"context"
 	"log/slog"
 	"net/http"
@@ -85,9 +86,7 @@ const (
 // New builds the metrics and registers them (see Options.Registerer). It
 // panics if they are registered there already.
 func New(o Options) *Metrics {
-	if o.Log == nil {
-		o.Log = slog.Default()
-	}
+	o.Log = cmp.Or(o.Log, slog.Default())
 	if o.StatusTimeout <= 0 {
 		o.StatusTimeout = 2 * time.Second
 	}
@@ -159,9 +158,7 @@ func (m *Metrics) Handler() http.Handler { return HandlerFor(m.reg, m.log) }
 // HandlerFor serves reg. A collector that fails (the database is down) is
 // left out of that scrape and logged; the rest is still served.
 func HandlerFor(reg *prometheus.Registry, log *slog.Logger) http.Handler {
-	if log == nil {
-		log = slog.Default()
-	}
+	log = cmp.Or(log, slog.Default())
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
 		ErrorLog:      slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 		ErrorHandling: promhttp.ContinueOnError,

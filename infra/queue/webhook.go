@@ -2,6 +2,7 @@ package queue
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/sha256"
@@ -92,9 +93,7 @@ func newWebhookWorker(h Webhook, log *slog.Logger) *webhookWorker {
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		}
 	}
-	if h.UserAgent == "" {
-		h.UserAgent = "tokenguard"
-	}
+	h.UserAgent = cmp.Or(h.UserAgent, "tokenguard")
 	host := ""
 	if u, err := url.Parse(h.URL); err == nil {
 		host = u.Host

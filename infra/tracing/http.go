@@ -1,6 +1,7 @@
 package tracing
 
 import (
+	"cmp"
 	"context"
 	"net/http"
 	"slices"
@@ -14,9 +15,7 @@ import (
 // one) and the global propagator. The spans show the request's URL without
 // its query, which can carry anything.
 func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTripper {
-	if base == nil {
-		base = http.DefaultTransport
-	}
+	base = cmp.Or(base, http.DefaultTransport)
 	var opts []otelhttp.Option
 	if tp != nil {
 		opts = append(opts, otelhttp.WithTracerProvider(tp))

@@ -9,6 +9,7 @@
 package tracing
 
 import (
+	"cmp"
 	"context"
 	"errors"
 
@@ -48,9 +49,7 @@ type Tracer struct {
 
 // New records on tp; nil is the global provider.
 func New(tp trace.TracerProvider) *Tracer {
-	if tp == nil {
-		tp = otel.GetTracerProvider()
-	}
+	tp = cmp.Or(tp, otel.GetTracerProvider())
 	return &Tracer{tracer: tp.Tracer(Scope)}
 }
 

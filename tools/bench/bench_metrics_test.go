@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/infra/metrics"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -15,18 +16,18 @@ import (
 // together with BenchmarkTokenHot (-bench TokenHot) to compare.
 func BenchmarkTokenHotMetrics(b *testing.B) {
 	quiet(b)
-	w := newWorld(b, time.Hour)
-	plain, pq := w.listeningStack(b, usecase.Options{})
-	observed, oq := w.listeningStack(b, usecase.Options{Observer: metrics.New(metrics.Options{})})
-	w.connect(b, plain)
-	waitCached(b, plain, pq)
-	waitCached(b, observed, oq)
+	w := testworld.New(b, time.Hour)
+	plain, pq := w.ListeningStack(b, usecase.Options{})
+	observed, oq := w.ListeningStack(b, usecase.Options{Observer: metrics.New(metrics.Options{})})
+	w.Connect(b, plain)
+	plain.WaitCached(b, pq)
+	observed.WaitCached(b, oq)
 	ctx := context.Background()
 
 	// Side by side, so that a noisy machine slows both alike.
 	for _, c := range []struct {
 		name    string
-		s       *stack
+		s       *testworld.Stack
 		queries *atomic.Int64
 	}{{"tokenguard-plain", plain, pq}, {"tokenguard-metrics", observed, oq}} {
 		b.Run(c.name, func(b *testing.B) {
@@ -34,7 +35,7 @@ func BenchmarkTokenHotMetrics(b *testing.B) {
 			b.ReportAllocs()
 			b.RunParallel(func(pb *testing.PB) {
 				for pb.Next() {
-					if _, err := c.s.uc.Token(ctx, conn); err != nil {
+					if _, err := c.s.UC.Token(ctx, conn); err != nil {
 						b.Error(err)
 						return
 					}

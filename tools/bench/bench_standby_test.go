@@ -16,6 +16,7 @@ import (
 	"github.com/tokenguard/tokenguard/internal/pgserver"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 )
 
 // standbyServers are the admin URLs of BenchmarkRefreshStormStandby's
@@ -85,9 +86,9 @@ func BenchmarkRefreshStormStandby(b *testing.B) {
 		b.Fatal(err)
 	}
 	p.SetRefreshLatency(latency)
-	lone := newWorldOn(b, p, testdb.NewOn(b, servers.lone))
+	lone := testworld.On(b, p, testdb.NewOn(b, servers.lone))
 	standby := *lone // the same provider: the storms take turns
-	standby.url = testdb.NewOn(b, servers.primary)
+	standby.URL = testdb.NewOn(b, servers.primary)
 	sides := []*standbySide{
 		{name: "lone", want: "on", f: newStormFleet(b, lone, stacks, true)},
 		{name: "standby", want: "remote_apply", f: newStormFleet(b, &standby, stacks, true)},
@@ -116,7 +117,7 @@ func BenchmarkRefreshStormStandby(b *testing.B) {
 			after := p.Stats()
 			s.refreshes += after.Refreshes - before.Refreshes
 			s.reuse += after.RefreshReuse - before.RefreshReuse
-			s.commits = timeCommits(b, s.f.seed.db, s.f.syncCommit, 20, s.commits)
+			s.commits = timeCommits(b, s.f.seed.DB, s.f.syncCommit, 20, s.commits)
 		}
 	}
 	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }

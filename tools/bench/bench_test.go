@@ -27,6 +27,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -39,10 +40,10 @@ import (
 // the hot path of each peer design.
 func BenchmarkTokenHot(b *testing.B) {
 	quiet(b)
-	w := newWorld(b, time.Hour)
-	s, queries := w.listeningStack(b, usecase.Options{})
-	w.connect(b, s)
-	waitCached(b, s, queries)
+	w := testworld.New(b, time.Hour)
+	s, queries := w.ListeningStack(b, usecase.Options{})
+	w.Connect(b, s)
+	s.WaitCached(b, queries)
 	ctx := context.Background()
 
 	b.Run("tokenguard", func(b *testing.B) {
@@ -50,7 +51,7 @@ func BenchmarkTokenHot(b *testing.B) {
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := s.uc.Token(ctx, conn); err != nil {
+				if _, err := s.UC.Token(ctx, conn); err != nil {
 					b.Error(err)
 					return
 				}
@@ -60,15 +61,15 @@ func BenchmarkTokenHot(b *testing.B) {
 	})
 	// The same with a tracer that records every span: a hit records none,
 	// so it costs what it costs without (within 10%, cmd/benchreport).
-	traced, tracedQueries := w.listeningStack(b, usecase.Options{
+	traced, tracedQueries := w.ListeningStack(b, usecase.Options{
 		Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(tracetest.NewSpanRecorder())))})
-	waitCached(b, traced, tracedQueries)
+	traced.WaitCached(b, tracedQueries)
 	b.Run("tokenguard-traced", func(b *testing.B) {
 		before := tracedQueries.Load()
 		b.ReportAllocs()
 		b.RunParallel(func(pb *testing.PB) {
 			for pb.Next() {
-				if _, err := traced.uc.Token(ctx, conn); err != nil {
+				if _, err := traced.UC.Token(ctx, conn); err != nil {
 					b.Error(err)
 					return
 				}
@@ -106,7 +107,7 @@ func BenchmarkTokenHot(b *testing.B) {
 	}
 	b.Run("db-read", func(b *testing.B) {
 		var key int32
-		if err := s.db.Raw("SELECT id FROM tokenguard_connections WHERE name = ?", conn).Scan(&key).Error; err != nil {
+		if err := s.DB.Raw("SELECT id FROM tokenguard_connections WHERE name = ?", conn).Scan(&key).Error; err != nil {
 			b.Fatal(err)
 		}
 		b.ReportAllocs()
@@ -116,7 +117,7 @@ func BenchmarkTokenHot(b *testing.B) {
 				Expiry      time.Time
 			}
 			for pb.Next() {
-				if err := s.db.Raw("SELECT access_token, expiry FROM tokenguard_tokens WHERE connection_id = ?", key).Scan(&row).Error; err != nil {
+				if err := s.DB.Raw("SELECT access_token, expiry FROM tokenguard_tokens WHERE connection_id = ?", key).Scan(&row).Error; err != nil {
 					b.Error(err)
 					return
 				}
@@ -190,17 +191,15 @@ func (c countingStore) Fail(ctx context.Context, t domain.Token, f domain.Refres
 // stored token's expiry: every process's cache still holds the token and
 // now finds it expired, as at a real expiry, while a token issued during
 // the storm (one hour) is fresh.
-type stormClock struct{ offset atomic.Int64 }
+type stormClock struct{ testworld.Clock }
 
-func (c *stormClock) Now() time.Time { return time.Now().Add(time.Duration(c.offset.Load())) }
-
-func (c *stormClock) expire(tb testing.TB, s *stack) {
+func (c *stormClock) expire(tb testing.TB, s *testworld.Stack) {
 	tb.Helper()
 	// The token stored by the previous storm must be at least this much
 	// younger than the next one, so that moving the clock past one leaves
 	// the other fresh (the skew is 1 ms).
 	time.Sleep(100 * time.Millisecond)
-	c.offset.Store(int64(time.Until(mustGet(tb, s).Expiry) + time.Millisecond))
+	c.MoveTo(s.MustGet(tb).Expiry.Add(time.Millisecond))
 }
 
 // stormFleet is the processes of a refresh storm: independent stacks (own
@@ -208,7 +207,7 @@ func (c *stormClock) expire(tb testing.TB, s *stack) {
 // caches filled with the connection the seed stack stored.
 type stormFleet struct {
 	ucs       []*usecase.RefreshTokenUseCase
-	seed      *stack
+	seed      *testworld.Stack
 	clock     *stormClock
 	obs       *latencyObserver
 	cur, peak atomic.Int64
@@ -221,10 +220,10 @@ type stormFleet struct {
 // store commits its token writes at the level tokenguard picks for the
 // cluster, as the root package does (repository.Durability observing the
 // replication state read at start); without, at the server's setting.
-func newStormFleet(b *testing.B, w *world, stacks int, durable bool) *stormFleet {
+func newStormFleet(b *testing.B, w *testworld.World, stacks int, durable bool) *stormFleet {
 	f := &stormFleet{obs: &latencyObserver{}, clock: &stormClock{}, ucs: make([]*usecase.RefreshTokenUseCase, stacks)}
 	for i := range f.ucs {
-		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 10}, nil) // DB_MAX_CONNS's default
+		db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: 10}, nil) // DB_MAX_CONNS's default
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -244,18 +243,18 @@ func newStormFleet(b *testing.B, w *world, stacks int, durable bool) *stormFleet
 			f.syncCommit = d.SyncCommit()
 		}
 		store := countingStore{TokenRepository: repo, cur: &f.cur, peak: &f.peak}
-		uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{Observer: f.obs, Clock: f.clock, Skew: time.Millisecond})
+		uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.OAuth, nil)), usecase.Options{Observer: f.obs, Clock: f.clock, Skew: time.Millisecond})
 		if err != nil {
 			b.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { defer close(done); _ = repository.NewChangeListener(w.url, uc, nil).Run(ctx) }()
+		go func() { defer close(done); _ = repository.NewChangeListener(w.URL, uc, nil).Run(ctx) }()
 		b.Cleanup(func() { cancel(); <-done })
 		f.ucs[i] = uc
 	}
-	f.seed = w.stack(b, usecase.Options{})
-	w.connect(b, f.seed)
+	f.seed = w.Stack(b, usecase.Options{})
+	w.Connect(b, f.seed)
 	time.Sleep(300 * time.Millisecond) // listeners up, so the warm-up storm fills the caches
 	for _, uc := range f.ucs {
 		if _, err := uc.Token(context.Background(), conn); err != nil {
@@ -290,8 +289,8 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		goroutines = 200
 		latency    = 20 * time.Millisecond
 	)
-	w := newWorld(b, time.Hour)
-	w.provider.SetRefreshLatency(latency)
+	w := testworld.New(b, time.Hour)
+	w.Provider.SetRefreshLatency(latency)
 	fleet := newStormFleet(b, w, stacks, false)
 
 	// The baseline: the same fan-out and the same provider with nothing in
@@ -301,11 +300,11 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	// waiting for the provider costs at p99 here, noise included.
 	bare := make([]*bareStack, stacks)
 	for i := range bare {
-		tok, err := sandbox.Grant(context.Background(), w.oauth)
+		tok, err := sandbox.Grant(context.Background(), w.OAuth)
 		if err != nil {
 			b.Fatal(err)
 		}
-		bare[i] = &bareStack{ref: provider.NewRefresher(w.oauth, nil), rt: domain.NewSecret(tok.RefreshToken)}
+		bare[i] = &bareStack{ref: provider.NewRefresher(w.OAuth, nil), rt: domain.NewSecret(tok.RefreshToken)}
 	}
 
 	// The floor: the design's database work written out by hand, with the
@@ -337,7 +336,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		}
 	}
 
-	settle(b, w.url)
+	settle(b, w.URL)
 	tracing := newStormTracing(os.Getenv("STORM_TRACE"))
 	var waits, bareWaits, floorWaits []time.Duration
 	var peaks []int64
@@ -362,13 +361,13 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		tokenguardStorm := func() {
 			b.StopTimer()
 			fleet.arm(b)
-			before := w.provider.Stats()
+			before := w.Provider.Stats()
 			b.StartTimer()
 			tracing.around(b, "tokenguard", i, func() {
 				waits = storm(b, stacks, goroutines, waits, fleet.call)
 			})
 			b.StopTimer()
-			after := w.provider.Stats()
+			after := w.Provider.Stats()
 			refreshes += after.Refreshes - before.Refreshes
 			reuse += after.RefreshReuse - before.RefreshReuse
 			peaks = append(peaks, fleet.peak.Load())
@@ -376,11 +375,11 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		floorStorm := func() {
 			time.Sleep(100 * time.Millisecond) // as before tokenguard's (arm)
 			floor.arm()
-			before := w.provider.Stats()
+			before := w.Provider.Stats()
 			tracing.around(b, "floor", i, func() {
 				floorWaits = storm(b, stacks, goroutines, floorWaits, func(i int) error { return floor.stacks[i].next() })
 			})
-			if after := w.provider.Stats(); after.Refreshes-before.Refreshes != 1 || after.RefreshReuse != before.RefreshReuse {
+			if after := w.Provider.Stats(); after.Refreshes-before.Refreshes != 1 || after.RefreshReuse != before.RefreshReuse {
 				b.Fatalf("protocol floor: %d refreshes, %d reuse in one storm", after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse)
 			}
 		}
@@ -520,15 +519,15 @@ func (s *bareStack) redeem() error {
 func BenchmarkCacheMemory(b *testing.B) {
 	quiet(b)
 	const conns = 5000
-	w := newWorld(b, time.Hour)
-	s, queries := w.listeningStack(b, usecase.Options{})
+	w := testworld.New(b, time.Hour)
+	s, queries := w.ListeningStack(b, usecase.Options{})
 	seedConnections(b, s, conns)
-	w.connect(b, s)
-	waitCached(b, s, queries) // the listener is up
+	w.Connect(b, s)
+	s.WaitCached(b, queries) // the listener is up
 	ctx := context.Background()
 	for range b.N {
 		b.StopTimer()
-		uc, err := di.NewRefreshTokenUseCase(s.db, provider.NewRefresher(w.oauth, nil), usecase.Options{})
+		uc, err := di.NewRefreshTokenUseCase(s.DB, provider.NewRefresher(w.OAuth, nil), usecase.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -562,19 +561,19 @@ func BenchmarkCacheMemory(b *testing.B) {
 // process's cache has switched to the new version.
 func BenchmarkInvalidate(b *testing.B) {
 	quiet(b)
-	w := newWorld(b, time.Hour)
-	a, aq := w.listeningStack(b, usecase.Options{})
-	other := w.stack(b, usecase.Options{})
-	w.connect(b, a)
-	waitCached(b, a, aq)
+	w := testworld.New(b, time.Hour)
+	a, aq := w.ListeningStack(b, usecase.Options{})
+	other := w.Stack(b, usecase.Options{})
+	w.Connect(b, a)
+	a.WaitCached(b, aq)
 	ctx := context.Background()
 	var total time.Duration
 	b.ResetTimer()
 	for range b.N {
-		stored := w.connect(b, other) // a new grant committed by another process
+		stored := w.Connect(b, other) // a new grant committed by another process
 		committed := time.Now()
 		for {
-			tok, err := a.uc.Token(ctx, conn)
+			tok, err := a.UC.Token(ctx, conn)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -601,36 +600,36 @@ func BenchmarkProactiveRefresh(b *testing.B) {
 		concurrency = 10
 		latency     = 20 * time.Millisecond
 	)
-	w := newWorld(b, time.Hour)
-	db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: concurrency + 4}, nil)
+	w := testworld.New(b, time.Hour)
+	db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: concurrency + 4}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = postgres.Close(db) })
 	obs := &latencyObserver{}
-	uc, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(w.oauth, provider.NewHTTPClient(5*time.Second)), usecase.Options{Observer: obs})
+	uc, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(w.OAuth, provider.NewHTTPClient(5*time.Second)), usecase.Options{Observer: obs})
 	if err != nil {
 		b.Fatal(err)
 	}
 	// Loading the connections is not what is measured: let the setup pool
 	// skip waiting for WAL flushes (the sweep below runs with the default).
 	sep := "?"
-	if strings.Contains(w.url, "?") {
+	if strings.Contains(w.URL, "?") {
 		sep = "&"
 	}
-	loader, err := postgres.Open(context.Background(), w.url+sep+"synchronous_commit=off", postgres.Pool{MaxOpenConns: 32}, nil)
+	loader, err := postgres.Open(context.Background(), w.URL+sep+"synchronous_commit=off", postgres.Pool{MaxOpenConns: 32}, nil)
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = postgres.Close(loader) })
 	setup := time.Now()
-	connectMany(b, w, &stack{db: loader}, conns)
+	w.ConnectMany(b, &testworld.Stack{DB: loader}, conns)
 	b.Logf("granted and stored %d connections in %v", conns, time.Since(setup))
-	w.provider.SetRefreshLatency(latency)
+	w.Provider.SetRefreshLatency(latency)
 	store := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
-	settle(b, w.url) // the import's analyze and dirty buffers are not the sweep's
+	settle(b, w.URL) // the import's analyze and dirty buffers are not the sweep's
 
-	before := w.provider.Stats()
+	before := w.Provider.Stats()
 	var swept int
 	b.ResetTimer()
 	start := time.Now()
@@ -646,7 +645,7 @@ func BenchmarkProactiveRefresh(b *testing.B) {
 	}
 	elapsed := time.Since(start)
 	b.StopTimer()
-	after := w.provider.Stats()
+	after := w.Provider.Stats()
 	rate := float64(swept) / elapsed.Seconds()
 	// The provider's latency as the client sees it: the configured delay
 	// plus the provider's own work and the HTTP exchange.

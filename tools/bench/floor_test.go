@@ -14,6 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 )
 
 // protocolFloor is the refresh protocol of the design with nothing else,
@@ -67,18 +68,18 @@ const (
 	floorChannel   = "floor_token_changed"
 )
 
-func newProtocolFloor(tb testing.TB, w *world, stacks int) *protocolFloor {
+func newProtocolFloor(tb testing.TB, w *testworld.World, stacks int) *protocolFloor {
 	tb.Helper()
 	ctx := context.Background()
 	connect := func() *pgx.Conn {
-		c, err := pgx.Connect(ctx, w.url)
+		c, err := pgx.Connect(ctx, w.URL)
 		if err != nil {
 			tb.Fatal(err)
 		}
 		tb.Cleanup(func() { _ = c.Close(context.Background()) })
 		return c
 	}
-	tok, err := sandbox.Grant(ctx, w.oauth)
+	tok, err := sandbox.Grant(ctx, w.OAuth)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -97,7 +98,7 @@ func newProtocolFloor(tb testing.TB, w *world, stacks int) *protocolFloor {
 	f := &protocolFloor{}
 	f.version.Store(1)
 	for range stacks {
-		s := &floorStack{floor: f, conn: connect(), ref: provider.NewRefresher(w.oauth, nil), changed: make(chan struct{})}
+		s := &floorStack{floor: f, conn: connect(), ref: provider.NewRefresher(w.OAuth, nil), changed: make(chan struct{})}
 		l := connect()
 		if _, err := l.Exec(ctx, "LISTEN "+floorChannel); err != nil {
 			tb.Fatal(err)
@@ -142,25 +143,6 @@ func (s *floorStack) awaitVersion(v int64) {
 			return
 		}
 		<-changed
-	}
-}
-
-// awaitVersionFor is awaitVersion for at most d.
-func (s *floorStack) awaitVersionFor(v int64, d time.Duration) {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	for {
-		s.mu.Lock()
-		seen, changed := s.seen, s.changed
-		s.mu.Unlock()
-		if seen >= v {
-			return
-		}
-		select {
-		case <-changed:
-		case <-t.C:
-			return
-		}
 	}
 }
 

@@ -11,6 +11,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 )
 
 // coderPeer is Coder's design for external auth links (coder/coder, as
@@ -60,7 +61,7 @@ type coderLink struct {
 	expiry          time.Time
 }
 
-func newCoderPeer(tb testing.TB, w *world, stacks int) *coderPeer {
+func newCoderPeer(tb testing.TB, w *testworld.World, stacks int) *coderPeer {
 	tb.Helper()
 	p := &coderPeer{}
 	dbURL := testdb.NewEmpty(tb)
@@ -85,7 +86,7 @@ func newCoderPeer(tb testing.TB, w *world, stacks int) *coderPeer {
 	}
 	p.clock.issued()
 	for range stacks {
-		p.procs = append(p.procs, &coderProc{peer: p, db: countedPool(tb, dbURL, 20, &p.g), cfg: w.oauth})
+		p.procs = append(p.procs, &coderProc{peer: p, db: countedPool(tb, dbURL, 20, &p.g), cfg: w.OAuth})
 	}
 	return p
 }

@@ -12,6 +12,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 )
 
 // grafanaPeer is Grafana's design (grafana/grafana, pkg/services/oauthtoken
@@ -64,7 +65,7 @@ var (
 	errGrafanaRetriesExhausted = errors.New("grafana: retries exhausted")
 )
 
-func newGrafanaPeer(tb testing.TB, w *world, stacks int) *grafanaPeer {
+func newGrafanaPeer(tb testing.TB, w *testworld.World, stacks int) *grafanaPeer {
 	tb.Helper()
 	p := &grafanaPeer{}
 	dbURL := testdb.NewEmpty(tb)
@@ -96,7 +97,7 @@ func newGrafanaPeer(tb testing.TB, w *world, stacks int) *grafanaPeer {
 	}
 	p.clock.issued()
 	for range stacks {
-		p.procs = append(p.procs, &grafanaProc{peer: p, db: countedPool(tb, dbURL, 20, &p.g), cfg: w.oauth})
+		p.procs = append(p.procs, &grafanaProc{peer: p, db: countedPool(tb, dbURL, 20, &p.g), cfg: w.OAuth})
 	}
 	return p
 }

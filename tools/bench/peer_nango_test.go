@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 )
 
 // nangoPeer is Nango's design (NangoHQ/nango, read at 2f4c0af, Aug 2026):
@@ -72,7 +73,7 @@ type nangoConnection struct {
 	expiresAt    time.Time
 }
 
-func newNangoPeer(tb testing.TB, w *world, stacks int) *nangoPeer {
+func newNangoPeer(tb testing.TB, w *testworld.World, stacks int) *nangoPeer {
 	tb.Helper()
 	p := &nangoPeer{}
 	dbURL := testdb.NewEmpty(tb)
@@ -93,7 +94,7 @@ func newNangoPeer(tb testing.TB, w *world, stacks int) *nangoPeer {
 			tb.Fatalf("the Nango-style peer needs Redis at %s (TEST_REDIS_ADDR): %v", redisAddr(), err)
 		}
 		tb.Cleanup(func() { _ = rc.Close() })
-		p.procs = append(p.procs, &nangoProc{peer: p, db: countedPool(tb, dbURL, 20, &p.g), redis: rc, cfg: w.oauth, inFlight: map[string]*nangoFlight{}})
+		p.procs = append(p.procs, &nangoProc{peer: p, db: countedPool(tb, dbURL, 20, &p.g), redis: rc, cfg: w.OAuth, inFlight: map[string]*nangoFlight{}})
 	}
 	tb.Cleanup(func() { _ = p.procs[0].redis.Del(context.Background(), p.lockPrefix+"acme").Err() })
 	return p
@@ -242,13 +243,13 @@ func BenchmarkProactiveRefreshNangoCron(b *testing.B) {
 		page    = 100
 		latency = 20 * time.Millisecond
 	)
-	w := newWorld(b, time.Hour)
+	w := testworld.New(b, time.Hour)
 	p := newNangoPeer(b, w, 1)
 	s := p.procs[0]
 	ctx := context.Background()
 	loadNangoConnections(b, w, p.read, conns-1) // and the peer's own, acme
-	w.provider.SetRefreshLatency(latency)
-	before := w.provider.Stats()
+	w.Provider.SetRefreshLatency(latency)
+	before := w.Provider.Stats()
 	var (
 		swept   int
 		elapsed time.Duration
@@ -265,7 +266,7 @@ func BenchmarkProactiveRefreshNangoCron(b *testing.B) {
 			b.Fatal(err)
 		}
 		p.clock.pass(latest.Add(-nangoMargin))
-		refreshed := w.provider.Stats().Refreshes
+		refreshed := w.Provider.Stats().Refreshes
 		b.StartTimer()
 		start := time.Now()
 		n, err := s.cron(ctx, page)
@@ -274,26 +275,26 @@ func BenchmarkProactiveRefreshNangoCron(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StopTimer()
-		if got := w.provider.Stats().Refreshes - refreshed; n != conns || got != conns {
+		if got := w.Provider.Stats().Refreshes - refreshed; n != conns || got != conns {
 			b.Fatalf("cron passed %d connections and refreshed %d of %d", n, got, conns)
 		}
 		swept += n
 		b.StartTimer()
 	}
 	b.StopTimer()
-	after := w.provider.Stats()
+	after := w.Provider.Stats()
 	b.ReportMetric(float64(swept)/elapsed.Seconds(), "conns/s")
 	b.ReportMetric(float64(after.RefreshReuse-before.RefreshReuse), "reuse")
 }
 
 // loadNangoConnections grants and stores n connections.
-func loadNangoConnections(tb testing.TB, w *world, db *pgxpool.Pool, n int) {
+func loadNangoConnections(tb testing.TB, w *testworld.World, db *pgxpool.Pool, n int) {
 	tb.Helper()
 	var g errgroup.Group
 	g.SetLimit(16)
 	for i := range n {
 		g.Go(func() error {
-			tok, err := sandbox.Grant(context.Background(), w.oauth)
+			tok, err := sandbox.Grant(context.Background(), w.OAuth)
 			if err != nil {
 				return err
 			}

@@ -16,6 +16,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 )
 
@@ -48,7 +49,7 @@ const (
 	seedLockWait = 15 * time.Second
 )
 
-func newSeedPeer(tb testing.TB, w *world, stacks int) *seedPeer {
+func newSeedPeer(tb testing.TB, w *testworld.World, stacks int) *seedPeer {
 	tb.Helper()
 	p := &seedPeer{}
 	dbURL := testdb.New(tb)
@@ -72,7 +73,7 @@ func newSeedPeer(tb testing.TB, w *world, stacks int) *seedPeer {
 		if err != nil {
 			tb.Fatal(err)
 		}
-		p.procs = append(p.procs, &seedProc{peer: p, db: db, sqlDB: sqlDB, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), ref: provider.NewRefresher(w.oauth, nil)})
+		p.procs = append(p.procs, &seedProc{peer: p, db: db, sqlDB: sqlDB, repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), ref: provider.NewRefresher(w.OAuth, nil)})
 	}
 	return p
 }

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 )
 
 // The designs other systems ship for the refresh storm, written out in
@@ -46,7 +47,7 @@ type peer interface {
 var peerNames = []string{"nango", "grafana", "coder", "seed"}
 
 // newPeer builds the named design for the world's provider.
-func newPeer(tb testing.TB, w *world, name string, stacks int) peer {
+func newPeer(tb testing.TB, w *testworld.World, name string, stacks int) peer {
 	tb.Helper()
 	switch name {
 	case "nango":
@@ -110,9 +111,9 @@ func resetPools(pools ...*pgxpool.Pool) {
 }
 
 // peerGrant runs the authorization-code flow for a peer's own grant.
-func peerGrant(tb testing.TB, w *world) *oauth2.Token {
+func peerGrant(tb testing.TB, w *testworld.World) *oauth2.Token {
 	tb.Helper()
-	tok, err := sandbox.Grant(context.Background(), w.oauth)
+	tok, err := sandbox.Grant(context.Background(), w.OAuth)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -172,10 +173,10 @@ func (s *peerStorm) clear() {
 
 // run is one storm of the design: the same fan-out as tokenguard's, a
 // caller's error counted, not fatal (some designs give up under load).
-func (s *peerStorm) run(b *testing.B, w *world, stacks, goroutines int) {
+func (s *peerStorm) run(b *testing.B, w *testworld.World, stacks, goroutines int) {
 	s.p.expire(b)
 	peak := s.p.watch()
-	before := w.provider.Stats()
+	before := w.Provider.Stats()
 	var errs atomic.Int64
 	s.waits = storm(b, stacks, goroutines, s.waits, func(i int) error {
 		if err := s.p.call(context.Background(), i); err != nil {
@@ -183,7 +184,7 @@ func (s *peerStorm) run(b *testing.B, w *world, stacks, goroutines int) {
 		}
 		return nil
 	})
-	after := w.provider.Stats()
+	after := w.Provider.Stats()
 	s.refreshes += after.Refreshes - before.Refreshes
 	s.reuse += after.RefreshReuse - before.RefreshReuse
 	s.errors += errs.Load()
@@ -208,13 +209,13 @@ func (s *peerStorm) report(b *testing.B) {
 // design and which the benchmark counts), in storms of the benchmark's
 // shape (3 processes, fewer callers).
 func TestPeersRefreshOncePerExpiry(t *testing.T) {
-	w := newWorld(t, time.Hour)
+	w := testworld.New(t, time.Hour)
 	for _, name := range peerNames {
 		t.Run(name, func(t *testing.T) {
 			p := newPeer(t, w, name, 3)
 			for k := range 2 {
 				p.expire(t)
-				before := w.provider.Stats()
+				before := w.Provider.Stats()
 				var wg sync.WaitGroup
 				var failed atomic.Int64
 				start := make(chan struct{})
@@ -235,19 +236,19 @@ func TestPeersRefreshOncePerExpiry(t *testing.T) {
 				}
 				close(start)
 				wg.Wait()
-				after := w.provider.Stats()
+				after := w.Provider.Stats()
 				if n, r := after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse; n != 1 || r != 0 || failed.Load() != 0 {
 					t.Fatalf("storm %d: %d refreshes, %d reuse, %d failed calls", k, n, r, failed.Load())
 				}
 			}
 			// Fresh: no refresh at all.
-			before := w.provider.Stats()
+			before := w.Provider.Stats()
 			for i := range 3 {
 				if err := p.call(context.Background(), i); err != nil {
 					t.Fatal(err)
 				}
 			}
-			if n := w.provider.Stats().Refreshes - before.Refreshes; n != 0 {
+			if n := w.Provider.Stats().Refreshes - before.Refreshes; n != 0 {
 				t.Fatalf("fresh token: %d refreshes", n)
 			}
 		})

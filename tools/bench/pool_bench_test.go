@@ -15,6 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -28,10 +29,10 @@ func BenchmarkConnectionTime(b *testing.B) {
 	for _, latency := range []time.Duration{20 * time.Millisecond, time.Second} {
 		b.Run(fmt.Sprintf("provider=%v", latency), func(b *testing.B) {
 			quiet(b)
-			w := newWorld(b, time.Hour)
-			seed := w.stack(b, usecase.Options{})
-			w.connect(b, seed)
-			db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 4}, nil)
+			w := testworld.New(b, time.Hour)
+			seed := w.Stack(b, usecase.Options{})
+			w.Connect(b, seed)
+			db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: 4}, nil)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -39,7 +40,7 @@ func BenchmarkConnectionTime(b *testing.B) {
 			var cur, peak, held, calls atomic.Int64
 			store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak, held: &held, calls: &calls}
 			clock := &stormClock{}
-			uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{Clock: clock, Skew: time.Millisecond})
+			uc, err := usecase.NewRefreshTokenUseCase(store, provider.Only(provider.NewRefresher(w.OAuth, nil)), usecase.Options{Clock: clock, Skew: time.Millisecond})
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -87,12 +88,12 @@ func BenchmarkConnectionTime(b *testing.B) {
 			held.Store(0)
 			calls.Store(0)
 			floorHeld.Store(0)
-			w.provider.SetRefreshLatency(latency)
-			settle(b, w.url)
+			w.Provider.SetRefreshLatency(latency)
+			settle(b, w.URL)
 			// At least ten refreshes, however few ops the benchmark asks
 			// for (a 1 s provider makes them few).
 			n := max(b.N, 10)
-			before := w.provider.Stats()
+			before := w.Provider.Stats()
 			b.ResetTimer()
 			for range n {
 				b.StopTimer()
@@ -110,7 +111,7 @@ func BenchmarkConnectionTime(b *testing.B) {
 				time.Sleep(100 * time.Millisecond) // as in expire
 				floorRefresh()
 			}
-			refreshes := (w.provider.Stats().Refreshes - before.Refreshes) / 2
+			refreshes := (w.Provider.Stats().Refreshes - before.Refreshes) / 2
 			if refreshes != int64(n) {
 				b.Fatalf("%d refreshes for %d expiries", refreshes, n)
 			}
@@ -137,38 +138,38 @@ func BenchmarkMassExpiry(b *testing.B) {
 		pool    = 4
 		latency = time.Second
 	)
-	w := newWorld(b, time.Hour)
-	loader := w.stack(b, usecase.Options{})
-	names := connectMany(b, w, loader, conns)
+	w := testworld.New(b, time.Hour)
+	loader := w.Stack(b, usecase.Options{})
+	names := w.ConnectMany(b, loader, conns)
 	ucs := make([]*usecase.RefreshTokenUseCase, stacks)
 	var cur, peak, calls atomic.Int64
 	calling := make([]*callTimer, stacks)
 	for i := range ucs {
-		db, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: pool}, nil)
+		db, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: pool}, nil)
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(func() { _ = postgres.Close(db) })
 		store := countingStore{TokenRepository: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), cur: &cur, peak: &peak, calls: &calls}
-		calling[i] = &callTimer{Refresher: provider.Only(provider.NewRefresher(w.oauth, provider.NewHTTPClient(10*time.Second)))}
+		calling[i] = &callTimer{Refresher: provider.Only(provider.NewRefresher(w.OAuth, provider.NewHTTPClient(10*time.Second)))}
 		uc, err := usecase.NewRefreshTokenUseCase(store, calling[i], usecase.Options{Skew: time.Millisecond})
 		if err != nil {
 			b.Fatal(err)
 		}
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
-		go func() { defer close(done); _ = repository.NewChangeListener(w.url, uc, nil).Run(ctx) }()
+		go func() { defer close(done); _ = repository.NewChangeListener(w.URL, uc, nil).Run(ctx) }()
 		b.Cleanup(func() { cancel(); <-done })
 		ucs[i] = uc
 	}
-	admin, err := postgres.Open(context.Background(), w.url, postgres.Pool{MaxOpenConns: 1}, nil) // the sampler's
+	admin, err := postgres.Open(context.Background(), w.URL, postgres.Pool{MaxOpenConns: 1}, nil) // the sampler's
 	if err != nil {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = postgres.Close(admin) })
-	_ = postgres.Close(loader.db) // only the three processes' connections from here on
-	w.provider.SetRefreshLatency(latency)
-	settle(b, w.url)                   // the 1,000 connections' import, for one
+	_ = postgres.Close(loader.DB) // only the three processes' connections from here on
+	w.Provider.SetRefreshLatency(latency)
+	settle(b, w.URL)                   // the 1,000 connections' import, for one
 	time.Sleep(300 * time.Millisecond) // listeners up
 
 	var seconds, inFlight, busiest []float64
@@ -185,7 +186,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 			b.Fatal(err)
 		}
 		time.Sleep(300 * time.Millisecond)
-		before := w.provider.Stats()
+		before := w.Provider.Stats()
 		callsBefore := calls.Load()
 		for _, c := range calling {
 			c.reset()
@@ -220,7 +221,7 @@ func BenchmarkMassExpiry(b *testing.B) {
 		busiest = append(busiest, float64(most))
 		b.StopTimer()
 		stop()
-		after := w.provider.Stats()
+		after := w.Provider.Stats()
 		refreshes += after.Refreshes - before.Refreshes
 		storeCalls += calls.Load() - callsBefore
 		reuse += after.RefreshReuse - before.RefreshReuse
