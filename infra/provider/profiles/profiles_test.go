@@ -13,7 +13,7 @@ import (
 )
 
 func TestCatalog(t *testing.T) {
-	want := []string{"atlassian", "auth0", "dropbox", "freee", "generic", "github", "google", "hubspot",
+	want := []string{"atlassian", "auth0", "dex", "dropbox", "freee", "generic", "github", "google", "hubspot",
 		"microsoft", "okta", "quickbooks", "salesforce", "slack", "smaregi", "spotify", "xero", "zoho", "zoom"}
 	all := All()
 	if len(all) != len(want) {
