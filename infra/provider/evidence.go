@@ -2,6 +2,7 @@ package provider
 
 import (
 	"context"
+	"crypto/rand"
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
@@ -53,9 +54,12 @@ type Fingerprint struct {
 	At                  time.Time
 }
 
-// matches reports whether pe is the same answer.
+// matches reports whether pe is the same answer. Only a named code
+// counts: "unrecognized_error" stands for any code no table knows, and a
+// provider answering everything in one way would match.
 func (f Fingerprint) matches(pe *domain.ProviderError) bool {
-	return f.ClientAuthenticated && f.HTTPStatus == pe.HTTPStatus && f.Code == pe.Code
+	named := f.Code != "" && f.Code != "unrecognized_error"
+	return named && f.ClientAuthenticated && f.HTTPStatus == pe.HTTPStatus && f.Code == pe.Code
 }
 
 // Evidence is what is known of a token endpoint and client credentials.
@@ -129,12 +133,35 @@ func (r *Refresher) weigh(ctx context.Context, pe *domain.ProviderError, style o
 		}
 		return
 	}
+	if r.rules.Fingerprint && ev.Fingerprint == nil && !ev.WorkedAt.IsZero() {
+		ev.Fingerprint = r.learn(ctx, style)
+	}
 	switch {
 	case r.rules.Fingerprint && ev.Fingerprint != nil && ev.Fingerprint.matches(pe) && !ev.WorkedAt.IsZero():
 		pe.Class, pe.Evidence = domain.GrantDead, domain.EvidenceFingerprint
 	case r.rules.ClientWorks && ev.WorkedStyle == styleName(style) && r.now().Sub(ev.WorkedAt) < clientWorksWithin:
 		pe.Class, pe.Evidence = domain.Unclassified, domain.EvidenceClientWorks
 	}
+}
+
+// learn asks the endpoint, in style, what it answers a refresh token that
+// cannot exist, and keeps the answer: the fingerprint of a provider no
+// start-up check asked (a stored provider, TOKEN_ENDPOINT_CHECK=false).
+// Asked once per credentials fleet-wide, when its answer is first needed;
+// nil when no answer came or the made-up token was accepted.
+func (r *Refresher) learn(ctx context.Context, style oauth2.AuthStyle) *Fingerprint {
+	_, pe := r.exchange(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()), style)
+	if pe == nil || pe.HTTPStatus == 0 || pe.Class == domain.Transient || pe.Class == domain.EndpointMisconfigured {
+		return nil
+	}
+	f := Fingerprint{HTTPStatus: pe.HTTPStatus, Code: pe.Code, At: r.now(),
+		ClientAuthenticated: !clientAuthFailed(pe) && pe.Code != "unauthorized_client"}
+	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	if err := r.evidence.SaveFingerprint(sctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, f); err != nil && r.log != nil {
+		r.log.Warn("could not keep the token endpoint's answer to a made-up refresh token", "err", err)
+	}
+	return &f
 }
 
 // worked records a success with style, at most once per workedEvery per

@@ -165,21 +165,49 @@ func TestFingerprintNeedsCredentialsThatWorked(t *testing.T) {
 	}
 }
 
-// Rule 2: the client just worked for another grant: the refusal is the
-// grant's, shown failing at once (usecase), never a refused client.
+// Rule 2: the client just worked for another grant, and the refusal is
+// not the provider's answer to an unknown refresh token: it is the
+// grant's, shown failing at once (usecase), never a refused client. A
+// fingerprint of a code no table knows never counts.
 func TestClientWorksSaysRefusalIsTheGrants(t *testing.T) {
+	for _, c := range []struct {
+		rules    provider.EvidenceRules
+		evidence string
+	}{
+		{provider.AllEvidence, domain.EvidenceClientWorks},
+		{provider.EvidenceRules{Fingerprint: true, Unclassified: true}, ""}, // control: the rule removed
+	} {
+		f := newDex(t)
+		r := f.refresher(c.rules)
+		rt := f.grant(t, r, true)
+		f.p.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnknownCode })
+		_, err := r.Refresh(context.Background(), rt)
+		var pe *domain.ProviderError
+		if !errors.As(err, &pe) || pe.Class != domain.Unclassified || pe.Evidence != c.evidence || errors.Is(err, domain.ErrClientRejected) {
+			t.Fatalf("rules %+v: %v (evidence %q); want unclassified by %q", c.rules, err, pe.Evidence, c.evidence)
+		}
+	}
+}
+
+// A provider no start-up check asked (a stored provider) is asked once,
+// when its answer is first needed, and the answer kept for every process.
+func TestFingerprintLearnedWhenNoCheckRan(t *testing.T) {
 	f := newDex(t)
 	r := f.refresher(provider.AllEvidence)
-	rt := f.grant(t, r, true) // no check: no fingerprint
-	if pe := refused(t, f, r, rt); pe.Class != domain.Unclassified || pe.Evidence != domain.EvidenceClientWorks {
-		t.Fatalf("class %v evidence %q; want unclassified by client_works", pe.Class, pe.Evidence)
+	first, second := f.grant(t, r, true), f.grant(t, r, true)
+	f.p.ResetStats()
+	if pe := refused(t, f, r, first); pe.Class != domain.GrantDead || pe.Evidence != domain.EvidenceFingerprint {
+		t.Fatalf("class %v evidence %q; want grant_dead by a learned fingerprint", pe.Class, pe.Evidence)
 	}
-	// Control: without the rule, rule 3 alone: unclassified, no evidence.
-	g := newDex(t)
-	r = g.refresher(provider.EvidenceRules{Fingerprint: true, Unclassified: true})
-	rt = g.grant(t, r, false)
-	if pe := refused(t, g, r, rt); pe.Class != domain.Unclassified || pe.Evidence != "" {
-		t.Fatalf("without the client-works rule: class %v evidence %q; want unclassified", pe.Class, pe.Evidence)
+	if n := f.p.Stats().RefreshRejected; n != 2 {
+		t.Errorf("%d requests refused, want 2 (the grant's and one made-up)", n)
+	}
+	other := f.refresher(provider.AllEvidence) // another process
+	if pe := refused(t, f, other, second); pe.Class != domain.GrantDead {
+		t.Fatalf("another process: class %v; want grant_dead", pe.Class)
+	}
+	if n := f.p.Stats().RefreshRejected; n != 3 {
+		t.Errorf("%d requests refused in all, want 3: the fingerprint is asked once", n)
 	}
 }
 
