@@ -181,13 +181,10 @@ func (r *Refresher) worked(style oauth2.AuthStyle) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		if err := r.evidence.SaveWorked(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, styleName(style)); err != nil {
-			r.workedMu.Lock()
-			r.workedAt = time.Time{} // the next success tries again
-			r.workedMu.Unlock()
-			if r.log != nil {
-				r.log.Warn("could not record that the client works", "err", err)
-			}
+		// A failed write is tried again at the next success after
+		// workedEvery (a database not migrated yet says so once a minute).
+		if err := r.evidence.SaveWorked(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, styleName(style)); err != nil && r.log != nil {
+			r.log.Warn("could not record that the client works", "err", err)
 		}
 	}()
 }
