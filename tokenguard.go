@@ -236,6 +236,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
+			provider.WithEvidence(repository.NewRefusalEvidence(rdb), provider.AllEvidence),
 			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), pol)
 	}
 	// cfg serves the connections that name no provider; the stored

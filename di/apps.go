@@ -233,7 +233,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	}
 	stopCheck := func() {}
 	if cfg.EndpointCheck {
-		stopCheck = checkAtStart(ctx, cfg.Config, name, log)
+		stopCheck = checkAtStart(ctx, cfg.Config, name, repository.NewRefusalEvidence(tokens.DB), log)
 	} else {
 		log.Info("token endpoint check: off (TOKEN_ENDPOINT_CHECK=false); a misconfigured client shows at the first refresh")
 	}

@@ -28,7 +28,9 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 
 // checkAtStart runs the token endpoint check in the background (start-up
 // does not wait on the provider) and logs its verdict in one line.
-func checkAtStart(ctx context.Context, cfg Config, app string, log *slog.Logger) (stop func()) {
+// The answer is kept in evidence (provider.RecordCheck): it decides what
+// the same answer to a real grant means.
+func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider.EvidenceStore, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
@@ -38,6 +40,9 @@ func checkAtStart(ctx context.Context, cfg Config, app string, log *slog.Logger)
 		res := provider.Check(ctx, OAuth2Config(cfg.OAuth), client)
 		if ctx.Err() != nil {
 			return // stopped before the endpoint answered: nothing to tell
+		}
+		if err := provider.RecordCheck(ctx, evidence, OAuth2Config(cfg.OAuth), res); err != nil {
+			log.Warn("token endpoint check: its answer could not be kept; ambiguous refusals stay unclassified", "err", err)
 		}
 		level := slog.LevelError
 		switch res.Verdict {

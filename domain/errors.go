@@ -118,7 +118,25 @@ type ProviderError struct {
 	// NoReplay: the provider's profile declares no reuse grace window, so a
 	// Lost answer's refresh token is never presented again.
 	NoReplay bool
+	// Ambiguous: a refusal that could be about the client or the grant
+	// (invalid_request, a 400 with an unknown code or none); its Class
+	// was decided by evidence, which Evidence names.
+	Ambiguous bool
+	// Evidence that decided an ambiguous refusal: EvidenceFingerprint
+	// (grant dead), EvidenceClientWorks (the grant is refused; failing at
+	// once), or "" (unclassified).
+	Evidence string
 }
+
+// The evidence that decides an ambiguous refusal (ProviderError.Evidence).
+const (
+	// EvidenceFingerprint: the provider gave this answer to a refresh
+	// token that cannot exist, with a client it did not refuse.
+	EvidenceFingerprint = "fingerprint"
+	// EvidenceClientWorks: the same client credentials in the same auth
+	// style refreshed another grant recently.
+	EvidenceClientWorks = "client_works"
+)
 
 // ErrorClass is what a token endpoint's answer means for the grant. The
 // provider adapter decides it, in one table; the use case acts on it.

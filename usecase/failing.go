@@ -46,8 +46,11 @@ func checkFailure(t domain.Token, now time.Time) error {
 		return fmt.Errorf("%w: %w (%s): the refresh token may have been spent and the provider accepts none twice; connect again",
 			domain.ErrProviderUnavailable, domain.ErrRefreshFailing, f.Describe())
 	case now.Before(f.RetryAt):
-		return fmt.Errorf("%w: %w (%s): next attempt in %v", domain.ErrProviderUnavailable, domain.ErrRefreshFailing,
-			f.Describe(), f.RetryAt.Sub(now).Round(time.Millisecond))
+		// The last answer rides along, for callers told its status and
+		// code; not a new answer to pace (Transient, not Unclassified).
+		last := &domain.ProviderError{Code: f.Code, HTTPStatus: f.HTTPStatus, Class: domain.Transient}
+		return fmt.Errorf("%w: %w (%s): next attempt in %v%w", domain.ErrProviderUnavailable, domain.ErrRefreshFailing,
+			f.Describe(), f.RetryAt.Sub(now).Round(time.Millisecond), quiet{last})
 	}
 	return nil
 }
@@ -60,7 +63,9 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 		f.Since = now
 	}
 	f.RetryAt = now.Add(domain.FailingPause.Wait(f.Failures))
-	f.Failing = f.Failing || f.Failures >= failingAfter
+	// Evidence that the client works says the refusal is the grant's:
+	// shown failing at once.
+	f.Failing = f.Failing || f.Failures >= failingAfter || pe.Evidence == domain.EvidenceClientWorks
 	if pe.Lost {
 		f.Code = cmp.Or(f.Code, domain.CodeAnswerLost)
 		if f.ReplayUntil.IsZero() || (!pe.ReplayUntil.IsZero() && pe.ReplayUntil.Before(f.ReplayUntil)) {
@@ -109,3 +114,9 @@ func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store TokenStor
 			"connection", t.Connection, "provider", t.Provider, "failure", f.Describe(), "next_attempt", f.RetryAt)
 	}
 }
+
+// quiet wraps an error for errors.As without adding to the message.
+type quiet struct{ err error }
+
+func (quiet) Error() string   { return "" }
+func (q quiet) Unwrap() error { return q.err }

@@ -68,3 +68,24 @@ func TestLostAnswerWithoutReplayIsNeverRetried(t *testing.T) {
 		t.Errorf("failure %+v", f)
 	}
 }
+
+// An ambiguous refusal that evidence says is the grant's (the client
+// works) shows the connection failing at its first refusal, and callers
+// are told refresh_failing; the control, the same answer without that
+// evidence, is failing only from the third.
+func TestRefusalOfTheGrantIsFailingAtOnce(t *testing.T) {
+	for _, c := range []struct {
+		evidence    string
+		failingNext bool
+	}{{domain.EvidenceClientWorks, true}, {"", false}} {
+		uc, store, ref, _ := setup(t, -time.Second)
+		ref.err = &domain.ProviderError{HTTPStatus: 400, Code: "invalid_request", Class: domain.Unclassified, Ambiguous: true, Evidence: c.evidence}
+		_, err := uc.Token(context.Background(), "acme")
+		if !errors.Is(err, domain.ErrRefreshFailing) || errors.Is(err, domain.ErrClientRejected) {
+			t.Fatalf("evidence %q: %v, want refresh failing", c.evidence, err)
+		}
+		if f := store.tok.Failure; f.Failing != c.failingNext || f.Failures != 1 || f.Code != "invalid_request" || store.tok.Status != domain.StatusActive {
+			t.Errorf("evidence %q: stored %+v (status %s), want failing %v", c.evidence, f, store.tok.Status, c.failingNext)
+		}
+	}
+}

@@ -61,6 +61,10 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 		return r, err
 	case isPaced:
 		u.recordFailure(ctx, store, c, pe)
+		if pe.Class == domain.Unclassified && !pe.Lost {
+			// Callers are told the refresh is failing, with the answer.
+			err = fmt.Errorf("%w: %w", domain.ErrRefreshFailing, err)
+		}
 		return r, err
 	case !errors.Is(err, domain.ErrGrantRevoked):
 		c.end(true)

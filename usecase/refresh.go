@@ -335,6 +335,9 @@ func needsReauth(t domain.Token) error {
 func reason(err error) string {
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) && pe.Code != "" {
+		if pe.Evidence == domain.EvidenceFingerprint {
+			return fmt.Sprintf("%s (HTTP %d, the provider's answer to a refresh token that cannot exist)", pe.Code, pe.HTTPStatus)
+		}
 		return pe.Code
 	}
 	return "grant rejected"

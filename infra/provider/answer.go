@@ -120,6 +120,9 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 	if dead != "" {
 		pe.Code, pe.Class = dead, domain.GrantDead
 	}
+	// Decided by evidence (Refresher.weigh), not by the code.
+	pe.Ambiguous = dead == "" && ambiguous(status, code) &&
+		(pe.Class == domain.ClientRejected || pe.Class == domain.Unclassified)
 	switch {
 	case status >= 300 && status < 400:
 		pe.Err = errRedirect

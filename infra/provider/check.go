@@ -46,6 +46,11 @@ type CheckResult struct {
 	Code       string   // OAuth2 error code of the last answer, as the refresher reports it
 	Media      string   // media type of the last answer
 	Err        error    // why no answer came (CheckUnreachable)
+	// Learned: the endpoint answered the made-up refresh token with an
+	// ambiguous refusal (Dex's 400 invalid_request) without refusing the
+	// client: that answer to a real grant, after a re-read, means the
+	// grant is dead (RecordCheck keeps it).
+	Learned bool
 }
 
 // OK reports whether the endpoint accepted the client.
@@ -68,6 +73,11 @@ func (r CheckResult) String() string {
 	}
 	switch r.Verdict {
 	case CheckOK:
+		if r.Learned {
+			return fmt.Sprintf("ok: %s answered a made-up refresh token %s with OAUTH_AUTH_STYLE=%s, not refusing the client; "+
+				"learned as its answer to a dead grant (the same answer to a real grant, after a re-read, marks it needs_reauth); no refresh token was spent",
+				r.URL, answer, r.Style())
+		}
 		return fmt.Sprintf("ok: %s accepted the client with OAUTH_AUTH_STYLE=%s and rejected only the made-up refresh token: %s; no refresh token was spent",
 			r.URL, r.Style(), answer)
 	case CheckUnreachable:
@@ -131,7 +141,7 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 	res.Styles = append(res.Styles, styleName(style))
 	_, err := NewRefresher(&c, hc).Refresh(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()))
 	status, media, head, answered := seen.get()
-	res.HTTPStatus, res.Media, res.Code, res.Err = status, media, "", nil
+	res.HTTPStatus, res.Media, res.Code, res.Err, res.Learned = status, media, "", nil, false
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) {
 		res.Code = pe.Code
@@ -150,6 +160,10 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 		res.Verdict = CheckNotTokenEndpoint
 	case pe != nil && (pe.Class == domain.GrantDead || pe.Code == "invalid_grant"):
 		res.Verdict = CheckOK
+	case pe != nil && pe.Ambiguous && pe.Code == "invalid_request" && status != http.StatusUnauthorized:
+		// The provider's own words for an unknown refresh token: not the
+		// client refused, and no reason to try the other style.
+		res.Verdict, res.Learned = CheckOK, true
 	case pe != nil && pe.Class == domain.ClientRejected, status == http.StatusUnauthorized:
 		res.Verdict = CheckClientRejected
 	case status/100 == 5, status == http.StatusTooManyRequests:
@@ -229,4 +243,23 @@ func displayURL(s string) string {
 	}
 	u.User, u.RawQuery, u.Fragment = nil, "", ""
 	return u.String()
+}
+
+// RecordCheck keeps res, the check of cfg's client, in s as the
+// endpoint's answer to a refresh token that cannot exist (see weigh):
+// the client not refused (CheckOK) or refused (CheckClientRejected).
+// Other verdicts teach nothing and are not kept.
+func RecordCheck(ctx context.Context, s EvidenceStore, cfg *oauth2.Config, res CheckResult) error {
+	var f Fingerprint
+	switch res.Verdict {
+	case CheckOK:
+		f = Fingerprint{HTTPStatus: res.HTTPStatus, Code: res.Code, ClientAuthenticated: true}
+	case CheckClientRejected:
+		f = Fingerprint{HTTPStatus: res.HTTPStatus, Code: res.Code}
+	default:
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
+	defer cancel()
+	return s.SaveFingerprint(ctx, cfg.Endpoint.TokenURL, cfg.ClientID, Credentials(cfg), f)
 }

@@ -70,6 +70,7 @@ type Refresher struct {
 	refreshAbsolute time.Duration        // the profile's absolute expiry of a grant; 0 unknown
 	log             *slog.Logger
 	now             func() time.Time
+	evidenceState   // weighs ambiguous refusals (evidence.go)
 
 	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 while unknown
 	stored  atomic.Int32 // the style the store is known to hold; 0 while unknown
@@ -144,6 +145,7 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	c := *client
 	c.CheckRedirect = noRedirect
 	r := &Refresher{cfg: cfg, client: &c, now: time.Now}
+	r.rules, r.credentials = AllEvidence, Credentials(cfg)
 	for _, o := range opts {
 		o(r)
 	}
@@ -156,11 +158,14 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 // Class says what the answer means for the grant (see classify).
 func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
 	var g domain.Grant
+	var last oauth2.AuthStyle
 	pe := r.authenticated(ctx, true, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
+		last = style
 		g, pe = r.exchange(ctx, refreshToken, style)
 		return pe
 	})
 	if pe != nil {
+		r.weigh(ctx, pe, last)
 		return domain.Grant{}, pe
 	}
 	return g, nil
@@ -173,7 +178,11 @@ func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (do
 func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func(oauth2.AuthStyle) *domain.ProviderError) *domain.ProviderError {
 	style := r.cfg.Endpoint.AuthStyle
 	if style != oauth2.AuthStyleAutoDetect {
-		return send(style)
+		pe := send(style)
+		if pe == nil {
+			r.worked(style)
+		}
+		return pe
 	}
 	style = r.startStyle(ctx)
 	pe := send(style)
@@ -187,6 +196,7 @@ func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func
 	}
 	if pe == nil {
 		r.remember(style)
+		r.worked(style)
 	}
 	return pe
 }

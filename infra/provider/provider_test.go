@@ -148,7 +148,8 @@ func TestClassification(t *testing.T) {
 		{"unauthorized_client", reply{400, "", nil, `{"error":"unauthorized_client"}`}, domain.ClientRejected, "unauthorized_client"},
 		{"unsupported_grant_type", reply{400, "", nil, `{"error":"unsupported_grant_type"}`}, domain.ClientRejected, "unsupported_grant_type"},
 		{"invalid_scope", reply{400, "", nil, `{"error":"invalid_scope"}`}, domain.ClientRejected, "invalid_scope"},
-		{"invalid_request", reply{400, "", nil, `{"error":"invalid_request"}`}, domain.ClientRejected, "invalid_request"},
+		// Ambiguous (client or grant): unclassified without evidence (evidence_test.go).
+		{"invalid_request", reply{400, "", nil, `{"error":"invalid_request"}`}, domain.Unclassified, "invalid_request"},
 		{"401 without a code", reply{401, "", nil, ``}, domain.ClientRejected, ""},
 		{"401 with an HTML page", reply{401, html, nil, `<html>login ` + leaked + `</html>`}, domain.ClientRejected, ""},
 		{"401 with an unknown code", reply{401, "", nil, `{"error":"` + leaked + `"}`}, domain.ClientRejected, "unrecognized_error"},

@@ -146,7 +146,7 @@ func TestAutoNeverFallsBackAfterOtherFailures(t *testing.T) {
 		{"429", fixed(reply{429, "", nil, ``}), domain.ErrProviderUnavailable},
 		{"timeout", slow, domain.ErrProviderUnavailable},
 		{"unauthorized_client 400", fixed(reply{400, "", nil, `{"error":"unauthorized_client"}`}), domain.ErrClientRejected},
-		{"invalid_request", fixed(reply{400, "", nil, `{"error":"invalid_request"}`}), domain.ErrClientRejected},
+		{"invalid_request", fixed(reply{400, "", nil, `{"error":"invalid_request"}`}), domain.ErrProviderUnavailable},
 		{"404", fixed(reply{404, "", nil, ``}), domain.ErrEndpointMisconfigured},
 		{"200 without an access token", fixed(reply{200, "", nil, `{}`}), domain.ErrProviderUnavailable},
 	}

@@ -90,6 +90,9 @@ func (p *Provider) handleAuthorize(w http.ResponseWriter, r *http.Request) {
 }
 
 func (p *Provider) handleToken(w http.ResponseWriter, r *http.Request) {
+	if p.limited(w) {
+		return
+	}
 	// Parsing the form here is harmless: fosite's ParseMultipartForm reuses
 	// r.PostForm once it is set.
 	if r.PostFormValue("grant_type") == "refresh_token" {
@@ -259,6 +262,9 @@ func (p *Provider) writeDeadGrant(w http.ResponseWriter) {
 	body := map[string]any{cmp.Or(d.Field, "error"): d.Code}
 	if d.OKFalse {
 		body["ok"] = false
+	}
+	if d.Description != "" {
+		body["error_description"] = d.Description
 	}
 	writeJSON(w, cmp.Or(d.Status, http.StatusBadRequest), body)
 }

@@ -29,6 +29,9 @@ type Stats struct {
 	// GraceReplays counts rotated refresh tokens presented again within
 	// Options.ReuseGrace, answered as the first time (not reuse).
 	GraceReplays int64 `json:"grace_replays"`
+	// RateLimited counts token requests answered 429 beyond
+	// Options.TokenRate.
+	RateLimited int64 `json:"rate_limited"`
 	// Revocations counts revocation requests answered 200 (RFC 7009: an
 	// unknown or already invalid token is answered 200 too).
 	Revocations int64 `json:"revocations"`
@@ -52,6 +55,7 @@ type counters struct {
 	refreshFaults   atomic.Int64
 	lostAnswers     atomic.Int64
 	graceReplays    atomic.Int64
+	rateLimited     atomic.Int64
 	revocations     atomic.Int64
 	consentPrompts  atomic.Int64
 	resourceOK      atomic.Int64
@@ -64,7 +68,7 @@ type counters struct {
 func (c *counters) reset() {
 	for _, n := range []*atomic.Int64{
 		&c.codeExchanges, &c.refreshes, &c.refreshReuse, &c.refreshRejected,
-		&c.refreshFaults, &c.lostAnswers, &c.graceReplays, &c.revocations, &c.consentPrompts, &c.resourceOK, &c.resource401,
+		&c.refreshFaults, &c.lostAnswers, &c.graceReplays, &c.rateLimited, &c.revocations, &c.consentPrompts, &c.resourceOK, &c.resource401,
 	} {
 		n.Store(0)
 	}
@@ -103,6 +107,7 @@ func (p *Provider) Stats() Stats {
 		RefreshFaults:   c.refreshFaults.Load(),
 		LostAnswers:     c.lostAnswers.Load(),
 		GraceReplays:    c.graceReplays.Load(),
+		RateLimited:     c.rateLimited.Load(),
 		Revocations:     c.revocations.Load(),
 		ConsentPrompts:  c.consentPrompts.Load(),
 		ResourceOK:      c.resourceOK.Load(),

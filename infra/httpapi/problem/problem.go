@@ -6,6 +6,7 @@ package problem
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net/http"
 	"time"
 
@@ -32,6 +33,9 @@ type row struct {
 	hint   string // added to the error's own text
 	// answerRetry: RetryAfter is the provider's Retry-After, at least p's.
 	answerRetry bool
+	// lastAnswer: the provider's status and code, when err carries them,
+	// are added to Message and Page.
+	lastAnswer bool
 }
 
 func is(target error) func(error) bool {
@@ -109,7 +113,7 @@ var table = []row{
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "provider_misconfigured", RetryAfter: time.Second,
 			Message: "the token URL does not answer as a token endpoint; check OAUTH_TOKEN_URL",
 			Page:    "The token URL does not answer as a token endpoint: check it; nothing was changed."}},
-	{match: is(domain.ErrRefreshFailing),
+	{match: is(domain.ErrRefreshFailing), lastAnswer: true,
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "refresh_failing", RetryAfter: 5 * time.Second,
 			Message: "the connection's refreshes are failing; the provider is asked again later (GET /connections shows why)",
 			Page:    "The connection's refreshes are failing; the provider is asked again later."}},
@@ -147,6 +151,14 @@ func Of(err error) Problem {
 		var pe *domain.ProviderError
 		if r.answerRetry && errors.As(err, &pe) {
 			p.RetryAfter = max(pe.RetryAfter, p.RetryAfter)
+		}
+		if r.lastAnswer && errors.As(err, &pe) && pe.HTTPStatus != 0 {
+			answer := fmt.Sprintf(" (the provider's last answer: HTTP %d", pe.HTTPStatus)
+			if pe.Code != "" {
+				answer += " " + pe.Code
+			}
+			p.Message += answer + ")"
+			p.Page += answer + ")"
 		}
 		return p
 	}

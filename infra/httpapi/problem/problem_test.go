@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -34,5 +35,18 @@ func TestConsoleAndAPIAgree(t *testing.T) {
 		if p := Of(c.err); p.Status != c.status || p.Code != c.code || p.Page == "" {
 			t.Errorf("%v: %+v, want %d %s", c.err, p, c.status, c.code)
 		}
+	}
+}
+
+// Callers of a failing connection are told the provider's last answer;
+// a refused client is not what they are told.
+func TestRefreshFailingNamesTheAnswer(t *testing.T) {
+	pe := &domain.ProviderError{HTTPStatus: 400, Code: "invalid_request", Class: domain.Unclassified, Ambiguous: true}
+	p := Of(fmt.Errorf("%w: %w", domain.ErrRefreshFailing, pe))
+	if p.Code != "refresh_failing" || !strings.Contains(p.Message, "HTTP 400 invalid_request") || !strings.Contains(p.Page, "HTTP 400 invalid_request") {
+		t.Errorf("got %+v, want refresh_failing naming HTTP 400 invalid_request", p)
+	}
+	if p := Of(fmt.Errorf("%w", domain.ErrRefreshFailing)); strings.Contains(p.Message, "last answer") {
+		t.Errorf("without an answer: %q", p.Message)
 	}
 }

@@ -13,8 +13,8 @@ import (
 )
 
 func TestCatalog(t *testing.T) {
-	want := []string{"atlassian", "auth0", "dropbox", "freee", "generic", "github", "google", "hubspot",
-		"microsoft", "okta", "quickbooks", "salesforce", "slack", "smaregi", "spotify", "xero", "zoho", "zoom"}
+	want := []string{"atlassian", "auth0", "authentik", "dex", "dropbox", "freee", "generic", "github", "google", "hubspot", "hydra", "keycloak",
+		"microsoft", "okta", "quickbooks", "salesforce", "slack", "smaregi", "spotify", "xero", "zitadel", "zoho", "zoom"}
 	all := All()
 	if len(all) != len(want) {
 		t.Fatalf("%d profiles, want %d", len(all), len(want))

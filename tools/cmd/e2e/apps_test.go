@@ -52,6 +52,8 @@ func TestApps(t *testing.T) {
 	t.Run("PolyglotOneConnection", func(t *testing.T) { t.Parallel(); testPolyglot(t, bin) })
 	t.Run("PolyglotControlSelfRefresh", func(t *testing.T) { t.Parallel(); testPolyglotControl(t, bin) })
 	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
+	t.Run("DexRevokedGrantNeedsReauth", func(t *testing.T) { t.Parallel(); testDexRevokedGrant(t, bin) })
+	t.Run("DexWrongSecretControl", func(t *testing.T) { t.Parallel(); testDexWrongSecret(t, bin) })
 	t.Run("UnknownRefusalFailingAcrossProcesses", func(t *testing.T) { t.Parallel(); testUnknownRefusalFailing(t, bin) })
 	t.Run("TracesThroughServerAndWorker", func(t *testing.T) { t.Parallel(); testTraces(t, bin) })
 	t.Run("FrozenProviderAnswersItsQueue", func(t *testing.T) { t.Parallel(); testFrozenProvider(t, bin, false) })

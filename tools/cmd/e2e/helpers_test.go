@@ -5,6 +5,7 @@ package e2e
 import (
 	"bufio"
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -164,13 +165,21 @@ type stackOpts struct {
 	clientAuth    string
 	omitExpiresIn bool
 	extraFields   map[string]string // added to every token answer
+	// dex answers as Dex does (sandbox.Dex); secret, when set, is the
+	// apps' OAUTH_CLIENT_SECRET instead of the sandbox's.
+	dex    bool
+	secret string
 }
 
 func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	t.Helper()
 	dbURL := testdb.NewEmpty(t) // tokenctl migrate applies the migrations
-	sb, err := demo.StartSandbox("127.0.0.1:0", sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes,
-		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn, ExtraTokenFields: o.extraFields})
+	sopts := sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes,
+		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn, ExtraTokenFields: o.extraFields}
+	if o.dex {
+		sopts = sandbox.Dex(sopts)
+	}
+	sb, err := demo.StartSandbox("127.0.0.1:0", sopts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +199,7 @@ func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	env := append(baseEnv(),
 		"DATABASE_URL="+appURL,
 		"OAUTH_CLIENT_ID="+cfg.ClientID,
-		"OAUTH_CLIENT_SECRET="+cfg.ClientSecret,
+		"OAUTH_CLIENT_SECRET="+cmp.Or(o.secret, cfg.ClientSecret),
 		"OAUTH_TOKEN_URL="+cfg.Endpoint.TokenURL,
 		"OAUTH_AUTH_URL="+cfg.Endpoint.AuthURL,
 		"OAUTH_REDIRECT_URL=http://"+addr+"/oauth/callback",

@@ -82,6 +82,9 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 	deadGrant := fs.String("dead-grant", "", "answer a dead grant as `STATUS:FIELD:CODE` (e.g. 200:error:bad_refresh_token) instead of 400 invalid_grant")
 	extra := fs.String("extra-fields", "", "add `k=v,k=v` to every token answer (e.g. instance_url=https://x)")
 	loseEvery := fs.Int("lose-answer-every", 0, "process every `N`th refresh but never answer it (0: never)")
+	dex := fs.Bool("dex", false, "answer as Dex does: a dead, revoked or already-claimed refresh token 400 invalid_request "+
+		"(not invalid_grant), and a rotated one presented again within 3 s answered again without rotating (--reuse-grace overrides)")
+	tokenRate := fs.Int("token-rate", 0, "answer 429 with Retry-After: 1 to token requests beyond `N` a second (0: no limit)")
 	unknownCode := fs.Bool("unknown-code", false, "answer every refresh 400 {\"error\":\""+sandbox.UnknownCode+"\"}, a code no table knows (the refresh token stays valid)")
 	if err := fs.Parse(args); err != nil {
 		return nil, 2
@@ -91,6 +94,10 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		fmt.Fprintln(stderr, "sandbox:", err)
 		return nil, 2
 	}
+	if *dex {
+		opts = sandbox.Dex(opts)
+	}
+	opts.TokenRate = *tokenRate
 	if *unknownCode {
 		opts.RefreshFault = func() sandbox.Fault { return sandbox.FaultUnknownCode }
 	}

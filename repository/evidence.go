@@ -1,0 +1,72 @@
+package repository
+
+import (
+	"context"
+	"database/sql"
+
+	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/infra/provider"
+)
+
+// RefusalEvidence keeps what every process learned of a token endpoint's
+// refusals, per token URL, client id and credentials digest
+// (provider.EvidenceStore).
+type RefusalEvidence struct {
+	db *gorm.DB
+}
+
+// NewRefusalEvidence binds the store to a pool.
+func NewRefusalEvidence(db *gorm.DB) *RefusalEvidence { return &RefusalEvidence{db: db} }
+
+type evidenceRow struct {
+	CheckStatus              sql.NullInt64
+	CheckCode                sql.NullString
+	CheckClientAuthenticated sql.NullBool
+	CheckedAt                sql.NullTime
+	WorkedStyle              sql.NullString
+	WorkedAt                 sql.NullTime
+}
+
+// LoadEvidence reads the evidence; none is the zero Evidence.
+func (s *RefusalEvidence) LoadEvidence(ctx context.Context, tokenURL, clientID, credentials string) (provider.Evidence, error) {
+	var rows []evidenceRow
+	err := s.db.WithContext(ctx).Raw(`
+SELECT check_status, check_code, check_client_authenticated, checked_at, worked_style, worked_at
+FROM tokenguard_refusal_evidence WHERE token_url = ? AND client_id = ? AND credentials = ?`,
+		tokenURL, clientID, credentials).Scan(&rows).Error
+	if err != nil || len(rows) == 0 {
+		return provider.Evidence{}, storeError(ctx, "load refusal evidence", err)
+	}
+	r := rows[0]
+	var ev provider.Evidence
+	if r.CheckStatus.Valid && r.CheckedAt.Valid {
+		ev.Fingerprint = &provider.Fingerprint{HTTPStatus: int(r.CheckStatus.Int64), Code: r.CheckCode.String,
+			ClientAuthenticated: r.CheckClientAuthenticated.Bool, At: r.CheckedAt.Time}
+	}
+	if r.WorkedAt.Valid {
+		ev.WorkedAt, ev.WorkedStyle = r.WorkedAt.Time, r.WorkedStyle.String
+	}
+	return ev, nil
+}
+
+// SaveFingerprint records the check's answer, replacing the last one.
+func (s *RefusalEvidence) SaveFingerprint(ctx context.Context, tokenURL, clientID, credentials string, f provider.Fingerprint) error {
+	err := s.db.WithContext(ctx).Exec(`
+INSERT INTO tokenguard_refusal_evidence (token_url, client_id, credentials, check_status, check_code, check_client_authenticated, checked_at)
+VALUES (?, ?, ?, ?, ?, ?, now())
+ON CONFLICT (token_url, client_id, credentials) DO UPDATE SET check_status = EXCLUDED.check_status,
+    check_code = EXCLUDED.check_code, check_client_authenticated = EXCLUDED.check_client_authenticated, checked_at = now()`,
+		tokenURL, clientID, credentials, f.HTTPStatus, f.Code, f.ClientAuthenticated).Error
+	return storeError(ctx, "save the token endpoint check's answer", err)
+}
+
+// SaveWorked records a success in style now (the database's clock).
+func (s *RefusalEvidence) SaveWorked(ctx context.Context, tokenURL, clientID, credentials, style string) error {
+	err := s.db.WithContext(ctx).Exec(`
+INSERT INTO tokenguard_refusal_evidence (token_url, client_id, credentials, worked_style, worked_at)
+VALUES (?, ?, ?, ?, now())
+ON CONFLICT (token_url, client_id, credentials) DO UPDATE SET worked_style = EXCLUDED.worked_style, worked_at = now()`,
+		tokenURL, clientID, credentials, style).Error
+	return storeError(ctx, "record that the client works", err)
+}
