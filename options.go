@@ -31,6 +31,7 @@ type options struct {
 	syncCommit                     string
 	userInfo                       userInfo
 	tracerProvider                 trace.TracerProvider
+	dpop                           bool // the configuration's provider requires DPoP
 }
 
 // userInfo is where Complete asks which account consented.

@@ -45,6 +45,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
@@ -98,6 +99,10 @@ type Tokens struct {
 	flow       *usecase.ConnectFlowUseCase
 	httpClient *http.Client
 	userInfo   userInfo
+	// DPoP: the nonces servers gave this process, and opened keys.
+	nonces   *dpop.Nonces
+	dpopKeys sync.Map
+	dpop     bool // the configuration's provider requires DPoP
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
@@ -198,7 +203,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			slog.Int("rows", kc.Stale))
 	}
 
-	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{})}
+	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
+		nonces: &dpop.Nonces{}, dpop: o.dpop}
 	if t.dsn == "" {
 		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
 			t.dsn = d.Config.DSN
@@ -242,7 +248,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
-			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), pol)
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now),
+			provider.WithNonces(t.nonces)), pol)
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
@@ -330,6 +337,9 @@ func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, e
 	tok, err := t.token(ctx, connection)
 	if err != nil {
 		return nil, err
+	}
+	if tok.SenderConstrained() {
+		return nil, fmt.Errorf("token of %s: %w", connection, ErrSenderConstrained)
 	}
 	return t.credentialOf(tok).Token, nil
 }

@@ -45,6 +45,7 @@ type tokenRow struct {
 	FailureStatus int
 	FailureCode   string
 	Failing       bool
+	DPoPJKT       string `gorm:"column:dpop_jkt"` // '' for a bearer grant
 }
 
 func (r tokenRow) failure() domain.RefreshFailure {
@@ -85,6 +86,7 @@ func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 		},
 		Provider: r.Provider,
 		Failure:  r.failure(),
+		DPoPJKT:  r.DPoPJKT,
 	}, nil
 }
 

@@ -16,6 +16,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
@@ -76,6 +77,7 @@ type Refresher struct {
 	loaded  atomic.Bool  // the store was read
 	loading sync.Mutex   // one read of the store at a time; others do not wait for it
 	saving  atomic.Bool  // a write to the store is under way
+	nonces  *dpop.Nonces // the DPoP nonces token endpoints handed out
 }
 
 // AuthStyleStore keeps, per token URL and client id, the auth style the
@@ -147,6 +149,11 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	for _, o := range opts {
 		o(r)
 	}
+	if r.nonces == nil {
+		r.nonces = &dpop.Nonces{}
+	}
+	// Requests of a DPoP-bound grant carry a proof; others pass untouched.
+	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: r.nonces, Now: r.now}
 	return r
 }
 

@@ -336,9 +336,12 @@ type nodeServer struct {
 	stderr strings.Builder
 }
 
-func startOIDCProvider(t *testing.T) *nodeServer {
+func startOIDCProvider(t *testing.T) *nodeServer { return startNodeServer(t, "oidcprovider") }
+
+// startNodeServer runs sub/server.mjs (oidcprovider, oidcdpop).
+func startNodeServer(t *testing.T, sub string) *nodeServer {
 	t.Helper()
-	dir, err := filepath.Abs("oidcprovider")
+	dir, err := filepath.Abs(sub)
 	if err != nil {
 		t.Fatal(err)
 	}

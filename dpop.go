@@ -1,0 +1,64 @@
+package tokenguard
+
+import (
+	"context"
+	"crypto"
+	"fmt"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
+	"github.com/tokenguard/tokenguard/usecase"
+)
+
+// ErrSenderConstrained: the connection's grant is bound to a DPoP key
+// (RFC 9449); Token and TokenSource refuse it, since a bare access token is
+// useless to the caller. Call through Client, which signs a proof for
+// every request.
+var ErrSenderConstrained = domain.ErrSenderConstrained
+
+// WithDPoP says the provider of New's oauth2.Config requires DPoP (RFC
+// 9449): every grant the connect flow obtains is bound to a key of its
+// own, made at connect time and stored sealed with the grant.
+func WithDPoP() Option { return func(o *options) { o.dpop = true } }
+
+// WithDPoPKey imports a grant bound to key (an EC P-256 private key) by
+// the provider, obtained elsewhere: the key is sealed and stored with the
+// grant, and every request for the connection (refreshes, Client's calls)
+// carries a proof signed with it.
+func WithDPoPKey(key crypto.Signer) ImportOption {
+	return func(r *usecase.ConnectRequest) error {
+		k, err := dpop.FromSigner(key)
+		if err != nil {
+			return err
+		}
+		r.DPoPKey, r.DPoPJKT = domain.NewSecret(string(k.MarshalPEM())), k.Thumbprint()
+		return nil
+	}
+}
+
+// DPoPKey is the key connection's grant is bound to, as Client signs its
+// proofs with it, and the nonces servers gave this process
+// (apiclient.Provers). Keys are opened once per process.
+func (a apiTokens) DPoPKey(ctx context.Context, connection, jkt string) (*dpop.Key, *dpop.Nonces, error) {
+	return a.t.dpopKey(ctx, connection, jkt)
+}
+
+func (t *Tokens) dpopKey(ctx context.Context, connection, jkt string) (*dpop.Key, *dpop.Nonces, error) {
+	cacheKey := connection + "\x00" + jkt
+	if k, ok := t.dpopKeys.Load(cacheKey); ok {
+		return k.(*dpop.Key), t.nonces, nil
+	}
+	pem, err := t.repo.DPoPKey(ctx, connection, jkt)
+	if err != nil {
+		return nil, nil, err
+	}
+	k, err := dpop.ParsePEM([]byte(pem.Reveal()))
+	if err != nil {
+		return nil, nil, fmt.Errorf("dpop key of %s: %w: %w", connection, domain.ErrUndecryptable, err)
+	}
+	if k.Thumbprint() != jkt {
+		return nil, nil, fmt.Errorf("dpop key of %s: %w: its thumbprint is not the grant's", connection, domain.ErrUndecryptable)
+	}
+	t.dpopKeys.Store(cacheKey, k)
+	return k, t.nonces, nil
+}
