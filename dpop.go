@@ -4,6 +4,8 @@ import (
 	"context"
 	"crypto"
 	"fmt"
+	"net/http"
+	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/dpop"
@@ -61,4 +63,29 @@ func (t *Tokens) dpopKey(ctx context.Context, connection, jkt string) (*dpop.Key
 	}
 	t.dpopKeys.Store(cacheKey, k)
 	return k, t.nonces, nil
+}
+
+// DPoPProof signs a proof of cred's connection's DPoP key for one request
+// (method, target) that carries cred's access token (ath), with the nonce
+// last learned from target's server, or nonce when not "". A bearer
+// connection has no key: ErrNotFound.
+func (t *Tokens) DPoPProof(ctx context.Context, cred Credential, method, target, nonce string) (string, error) {
+	if cred.DPoPJKT == "" {
+		return "", fmt.Errorf("dpop key of %s: %w: a bearer grant", cred.Connection, ErrNotFound)
+	}
+	k, nonces, err := t.dpopKey(ctx, cred.Connection, cred.DPoPJKT)
+	if err != nil {
+		return "", err
+	}
+	if nonce == "" {
+		nonce = nonces.For(target)
+	}
+	return k.Proof(method, target, cred.Token.AccessToken, nonce, time.Now())
+}
+
+// LearnDPoPNonce keeps the DPoP-Nonce of an answer from target's server
+// for the next proofs to it, and reports whether the answer refused a
+// proof for want of it (RFC 9449 §9): such a request may go once more.
+func (t *Tokens) LearnDPoPNonce(target string, status int, h http.Header) (retry bool) {
+	return t.nonces.Learn(target, h) && dpop.NonceRefused(status, h, nil)
 }

@@ -57,6 +57,7 @@ func (s *Server) routes() []route {
 		{"POST", "/connections/{name}/token/refresh", apiKey, domain.ScopeTokenRead, 0, s.refreshToken},
 		{"", "/connections/{name}/proxy/{path...}", apiKey, domain.ScopeAPICall, s.deps.Edges.ProxyMaxBody, s.proxy},
 		{"GET", "/connections/{name}/resource", apiKey, domain.ScopeAPICall, 0, s.resource},
+		{"POST", "/connections/{name}/dpop-proof", apiKey, domain.ScopeAPICall, 0, s.dpopProof},
 		{"GET", "/openapi.json", open, "", 0, s.openapi},
 		{"POST", "/connections/{name}/events", apiKey, domain.ScopeAPICall, 64 << 10, s.event},
 		// The connection is in the body: createSession checks the pattern

@@ -180,6 +180,7 @@ func TestDPoPBoundGrantSharedByThreeStacks(t *testing.T) {
 		t.Errorf("resource nonces did not rotate under load (refusals %d, nonces %d)", rs.NonceRefused, rs.Nonces)
 	}
 	w.controls(t, last)
+	w.httpSurfaces(t)
 }
 
 // load calls the API through every stack's Client for d.
