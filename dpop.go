@@ -89,3 +89,25 @@ func (t *Tokens) DPoPProof(ctx context.Context, cred Credential, method, target,
 func (t *Tokens) LearnDPoPNonce(target string, status int, h http.Header) (retry bool) {
 	return t.nonces.Learn(target, h) && dpop.NonceRefused(status, h, nil)
 }
+
+// boundKey is a new grant's DPoP key on its way to the store; zero for a
+// bearer grant.
+type boundKey struct {
+	pem domain.Secret
+	jkt string
+}
+
+func (k boundKey) IsZero() bool { return k.pem.IsZero() }
+
+// newDPoPKey makes the key a new grant of provider ("" the configuration's)
+// is bound to at the code exchange, when the provider requires DPoP.
+func (t *Tokens) newDPoPKey(provider string) (boundKey, error) {
+	if !t.providers.DPoP(provider, t.dpop) {
+		return boundKey{}, nil
+	}
+	k, err := dpop.Generate()
+	if err != nil {
+		return boundKey{}, err
+	}
+	return boundKey{pem: domain.NewSecret(string(k.MarshalPEM())), jkt: k.Thumbprint()}, nil
+}

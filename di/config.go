@@ -91,6 +91,8 @@ type OAuthConfig struct {
 	// UserInfoURL and UserInfoIDField: see tokenguard.WithUserInfo.
 	UserInfoURL     string `env:"USERINFO_URL"`
 	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
+	// DPoP: the provider requires DPoP-bound grants (see tokenguard.WithDPoP).
+	DPoP bool `env:"DPOP"`
 
 	params map[string]string // ProfileParams, parsed
 }

@@ -100,6 +100,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 				"connection", connection, "reason", reason)
 		}),
 	}
+	if cfg.OAuth.DPoP {
+		opts = append(opts, tokenguard.WithDPoP())
+	}
 	if cfg.OAuth.RevocationURL != "" {
 		opts = append(opts, tokenguard.WithRevocationURL(cfg.OAuth.RevocationURL))
 	}

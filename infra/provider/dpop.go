@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 
+	"golang.org/x/oauth2"
+
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/dpop"
 )
@@ -36,11 +38,19 @@ func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshTok
 
 // ExchangeBound redeems an authorization code with a proof of key, which
 // the grant is then bound to.
-func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectURL, verifier string, key domain.Secret) (domain.Grant, error) {
+func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectURL, verifier string, key domain.Secret) (domain.Grant, *oauth2.Token, error) {
 	ctx, err := proofKey(ctx, key)
 	if err != nil {
-		return domain.Grant{}, err
+		return domain.Grant{}, nil, err
 	}
-	g, _, err := r.Exchange(ctx, provider, code, redirectURL, verifier)
-	return g, err
+	return r.Exchange(ctx, provider, code, redirectURL, verifier)
+}
+
+// DPoP reports whether provider ("" is the configuration's, which
+// requires it when dflt) requires DPoP-bound grants.
+func (r *Registry) DPoP(provider string, dflt bool) bool {
+	if provider == "" {
+		return dflt
+	}
+	return r.state.Load().byName[provider].p.DPoP
 }
