@@ -304,3 +304,57 @@ func answerStatus(t *testing.T, c *http.Client, req *http.Request) int {
 	resp.Body.Close()
 	return resp.StatusCode
 }
+
+// TestDPoPConnectFlowMakesTheKey: the connect flow of a provider that
+// requires DPoP makes a key at the code exchange, keeps it sealed with
+// the pending result, and stores it with the grant; the grant refreshes
+// and calls with it.
+func TestDPoPConnectFlowMakesTheKey(t *testing.T) {
+	w := newDPoPWorld(t, 1)
+	tg := w.stacks[0]
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	authURL, f, err := tg.AuthCodeURL(ctx, tokenguard.ConnectFlow{Connection: "flow-conn"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q, err := browserCallback(ctx, authURL, redirectURI, func(page string, form url.Values) bool {
+		switch form.Get("prompt") {
+		case "login":
+			form.Set("login", "conformance-user")
+			form.Set("password", "any")
+			return true
+		case "consent":
+			return true
+		}
+		return false
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := tg.Complete(ctx, f, q)
+	if err != nil {
+		t.Fatalf("complete: %v", err)
+	}
+	if _, err := tg.Redeem(ctx, res.Code); err != nil {
+		t.Fatalf("redeem: %v", err)
+	}
+	stored, err := tg.Repository().Get(ctx, "flow-conn")
+	if err != nil || stored.DPoPJKT == "" {
+		t.Fatalf("stored grant: %v, binding %q", err, stored.DPoPJKT)
+	}
+	if _, err := tg.ForceRefresh(ctx, "flow-conn", stored.Version); err != nil {
+		t.Fatalf("refresh of the connected grant: %v", err)
+	}
+	resp, err := tg.Client(ctx, "flow-conn").Get(w.api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call with the connected grant: %d", resp.StatusCode)
+	}
+	if reuse := w.events(func(ev map[string]any) bool { return ev["reuse"] == true }); reuse != 0 {
+		t.Fatalf("%d refresh tokens presented again", reuse)
+	}
+}
