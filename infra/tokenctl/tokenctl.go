@@ -379,7 +379,7 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	// others by position.
 	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider,
 		expiring(t, now, p.notice), t.StatusReason)
-	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) {
+	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) || t.DPoPJKT != "" {
 		p.bound = append(p.bound, t)
 	}
 	if p.lines++; p.lines%statusBlock == 0 {
