@@ -1,6 +1,7 @@
 package tokenguard
 
 import (
+	"crypto"
 	"log/slog"
 	"net/http"
 	"time"
@@ -32,6 +33,7 @@ type options struct {
 	userInfo                       userInfo
 	tracerProvider                 trace.TracerProvider
 	dpop                           bool // the configuration's provider requires DPoP
+	clientKey                      crypto.Signer
 }
 
 // userInfo is where Complete asks which account consented.

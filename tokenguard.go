@@ -45,6 +45,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
@@ -103,6 +104,8 @@ type Tokens struct {
 	nonces   *dpop.Nonces
 	dpopKeys sync.Map
 	dpop     bool // the configuration's provider requires DPoP
+	// private_key_jwt: the configuration's client key, if any.
+	clientKey *clientkey.Key
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
@@ -243,17 +246,24 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	// The token endpoint's requests show in the refresh's trace.
 	hc = tracing.Client(hc, o.tracerProvider)
-	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile) provider.GrantRefresher {
+	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.log)
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
-		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
+		return provider.NewRetrying(provider.NewRefresher(cfg, hc, append([]provider.Option{
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
 			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now),
-			provider.WithNonces(t.nonces)), pol)
+			provider.WithNonces(t.nonces)}, extra...)...), pol)
+	}
+	var envAuth []provider.Option
+	if o.clientKey != nil {
+		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
+			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
+		}
+		envAuth = append(envAuth, provider.WithClientKey(t.clientKey, ""))
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
-	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof), repository.NewProviderRepository(rdb, sealer),
+	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof, envAuth...), repository.NewProviderRepository(rdb, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {

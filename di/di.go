@@ -103,6 +103,11 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if cfg.OAuth.DPoP {
 		opts = append(opts, tokenguard.WithDPoP())
 	}
+	if key, err := cfg.OAuth.clientKey(); err != nil {
+		return nil, nil, err
+	} else if key != nil {
+		opts = append(opts, tokenguard.WithClientKey(key))
+	}
 	if cfg.OAuth.RevocationURL != "" {
 		opts = append(opts, tokenguard.WithRevocationURL(cfg.OAuth.RevocationURL))
 	}

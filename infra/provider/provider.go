@@ -16,6 +16,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
@@ -78,6 +79,9 @@ type Refresher struct {
 	loading sync.Mutex   // one read of the store at a time; others do not wait for it
 	saving  atomic.Bool  // a write to the store is under way
 	nonces  *dpop.Nonces // the DPoP nonces token endpoints handed out
+	// private_key_jwt: the client's key and the assertions' audience.
+	clientKey    *clientkey.Key
+	assertionAud string
 }
 
 // AuthStyleStore keeps, per token URL and client id, the auth style the

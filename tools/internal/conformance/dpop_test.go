@@ -45,11 +45,17 @@ type dpopWorld struct {
 
 const dpopConn = "dpop-conn"
 
-func newDPoPWorld(t *testing.T, stacks int) *dpopWorld {
-	w := &dpopWorld{n: startNodeServer(t, "oidcdpop")}
+func newDPoPWorld(t *testing.T, stacks int, opts ...tokenguard.Option) *dpopWorld {
+	return newSenderWorld(t, stacks, "dpop-public", nil, opts...)
+}
+
+// newSenderWorld is the DPoP server with clientID as the stacks' client,
+// serverEnv given to it, and opts to every stack.
+func newSenderWorld(t *testing.T, stacks int, clientID string, serverEnv []string, opts ...tokenguard.Option) *dpopWorld {
+	w := &dpopWorld{n: startNodeServer(t, "oidcdpop", serverEnv...)}
 	w.d = discover(t, w.n.issuer)
 	w.cfg = &oauth2.Config{
-		ClientID: "dpop-public", RedirectURL: redirectURI, Scopes: []string{"openid", "offline_access"},
+		ClientID: clientID, RedirectURL: redirectURI, Scopes: []string{"openid", "offline_access"},
 		Endpoint: oauth2.Endpoint{AuthURL: w.d.Authorization, TokenURL: w.d.Token, AuthStyle: oauth2.AuthStyleInParams},
 	}
 	w.rs = &conformance.DPoPResource{IntrospectionURL: w.d.Introspection, ClientID: "resource-server", Secret: clientSecret, NonceTTL: 400 * time.Millisecond}
@@ -58,15 +64,9 @@ func newDPoPWorld(t *testing.T, stacks int) *dpopWorld {
 	w.api = api.URL + conformance.Path
 	w.dsn = testdb.New(t)
 	for i := range stacks {
-		db, err := gorm.Open(postgres.Open(w.dsn), &gorm.Config{Logger: logger.Discard})
-		if err != nil {
-			t.Fatal(err)
-		}
-		sqlDB, _ := db.DB()
-		sqlDB.SetMaxOpenConns(4)
-		t.Cleanup(func() { _ = sqlDB.Close() })
-		tg, err := tokenguard.New(db, w.cfg, tokenguard.WithSkew(skew), tokenguard.WithDPoP(),
-			tokenguard.WithLogger(slog.New(slog.DiscardHandler).With("stack", i)))
+		db := w.openDB(t)
+		tg, err := tokenguard.New(db, w.cfg, append([]tokenguard.Option{tokenguard.WithSkew(skew),
+			tokenguard.WithLogger(slog.New(slog.DiscardHandler).With("stack", i))}, opts...)...)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -129,7 +129,7 @@ func refreshEvent(event, errCode string) func(map[string]any) bool {
 // verifies every proof: no refresh token presented twice, one refresh per
 // expiry, every call's proof accepted, nonces learned at both servers.
 func TestDPoPBoundGrantSharedByThreeStacks(t *testing.T) {
-	w := newDPoPWorld(t, 3)
+	w := newDPoPWorld(t, 3, tokenguard.WithDPoP())
 	key, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	tok := w.grant(t, key)
 	ctx := context.Background()
@@ -310,11 +310,38 @@ func answerStatus(t *testing.T, c *http.Client, req *http.Request) int {
 // the pending result, and stores it with the grant; the grant refreshes
 // and calls with it.
 func TestDPoPConnectFlowMakesTheKey(t *testing.T) {
-	w := newDPoPWorld(t, 1)
+	w := newDPoPWorld(t, 1, tokenguard.WithDPoP())
 	tg := w.stacks[0]
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	authURL, f, err := tg.AuthCodeURL(ctx, tokenguard.ConnectFlow{Connection: "flow-conn"})
+	w.connect(t, tg, "flow-conn")
+	stored, err := tg.Repository().Get(ctx, "flow-conn")
+	if err != nil || stored.DPoPJKT == "" {
+		t.Fatalf("stored grant: %v, binding %q", err, stored.DPoPJKT)
+	}
+	if _, err := tg.ForceRefresh(ctx, "flow-conn", stored.Version); err != nil {
+		t.Fatalf("refresh of the connected grant: %v", err)
+	}
+	resp, err := tg.Client(ctx, "flow-conn").Get(w.api)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("call with the connected grant: %d", resp.StatusCode)
+	}
+	if reuse := w.events(func(ev map[string]any) bool { return ev["reuse"] == true }); reuse != 0 {
+		t.Fatalf("%d refresh tokens presented again", reuse)
+	}
+}
+
+// connect runs tokenguard's connect flow for name through the server's
+// login and consent pages, and redeems the result.
+func (w *dpopWorld) connect(t *testing.T, tg *tokenguard.Tokens, name string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	authURL, f, err := tg.AuthCodeURL(ctx, tokenguard.ConnectFlow{Connection: name})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -339,22 +366,16 @@ func TestDPoPConnectFlowMakesTheKey(t *testing.T) {
 	if _, err := tg.Redeem(ctx, res.Code); err != nil {
 		t.Fatalf("redeem: %v", err)
 	}
-	stored, err := tg.Repository().Get(ctx, "flow-conn")
-	if err != nil || stored.DPoPJKT == "" {
-		t.Fatalf("stored grant: %v, binding %q", err, stored.DPoPJKT)
-	}
-	if _, err := tg.ForceRefresh(ctx, "flow-conn", stored.Version); err != nil {
-		t.Fatalf("refresh of the connected grant: %v", err)
-	}
-	resp, err := tg.Client(ctx, "flow-conn").Get(w.api)
+}
+
+// openDB is a pool of its own on the world's database.
+func (w *dpopWorld) openDB(t *testing.T) *gorm.DB {
+	db, err := gorm.Open(postgres.Open(w.dsn), &gorm.Config{Logger: logger.Discard})
 	if err != nil {
 		t.Fatal(err)
 	}
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		t.Fatalf("call with the connected grant: %d", resp.StatusCode)
-	}
-	if reuse := w.events(func(ev map[string]any) bool { return ev["reuse"] == true }); reuse != 0 {
-		t.Fatalf("%d refresh tokens presented again", reuse)
-	}
+	sqlDB, _ := db.DB()
+	sqlDB.SetMaxOpenConns(4)
+	t.Cleanup(func() { _ = sqlDB.Close() })
+	return db
 }

@@ -348,8 +348,9 @@ type nodeServer struct {
 
 func startOIDCProvider(t *testing.T) *nodeServer { return startNodeServer(t, "oidcprovider") }
 
-// startNodeServer runs sub/server.mjs (oidcprovider, oidcdpop).
-func startNodeServer(t *testing.T, sub string) *nodeServer {
+// startNodeServer runs sub/server.mjs (oidcprovider, oidcdpop) with the
+// extra environment variables extra.
+func startNodeServer(t *testing.T, sub string, extra ...string) *nodeServer {
 	t.Helper()
 	dir, err := filepath.Abs(sub)
 	if err != nil {
@@ -372,6 +373,7 @@ func startNodeServer(t *testing.T, sub string) *nodeServer {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CLIENT_SECRET="+clientSecret, "REDIRECT_URI="+redirectURI,
 		fmt.Sprintf("ACCESS_TOKEN_TTL=%d", int(lifetime/time.Second)), "NODE_ENV=test")
+	cmd.Env = append(cmd.Env, extra...)
 	n := &nodeServer{}
 	cmd.Stderr = &lockedWriter{mu: &n.mu, w: &n.stderr}
 	out, err := cmd.StdoutPipe()

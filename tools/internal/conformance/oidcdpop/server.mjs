@@ -9,6 +9,8 @@
 //                    with dpop_bound_access_tokens: its access AND refresh
 //                    tokens are bound to the DPoP key (RFC 9449 §5: only
 //                    a public client's refresh tokens are bound)
+//   pkjwt            a confidential client authenticating with
+//                    private_key_jwt; its public keys come from CLIENT_JWKS
 //   resource-server  introspection only (the test's protected API)
 //
 // DPoP is required with server nonces (use_dpop_nonce), refresh tokens
@@ -41,6 +43,15 @@ server.listen(0, '127.0.0.1', () => {
         token_endpoint_auth_method: 'none',
         dpop_bound_access_tokens: true,
       },
+      ...(env.CLIENT_JWKS ? [{
+        // private_key_jwt (RFC 7523 §2.2): the test's key, public half in CLIENT_JWKS
+        client_id: 'pkjwt',
+        redirect_uris: [redirect],
+        grant_types: ['authorization_code', 'refresh_token'],
+        response_types: ['code'],
+        token_endpoint_auth_method: 'private_key_jwt',
+        jwks: JSON.parse(env.CLIENT_JWKS),
+      }] : []),
       {
         client_id: 'resource-server',
         client_secret: secret,
