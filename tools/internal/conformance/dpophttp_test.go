@@ -9,6 +9,8 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
@@ -64,6 +66,7 @@ func (w *dpopWorld) httpSurfaces(t *testing.T) {
 	if code, _ := call("POST", "/connections/"+dpopConn+"/dpop-proof", `{"method":"GET","url":"http://elsewhere.example/resource"}`); code != http.StatusBadRequest {
 		t.Errorf("a proof for a URL outside the API base: %d, want 400", code)
 	}
+	w.clientsUseProofs(t, srv.URL)
 	nonce := ""
 	for attempt := range 2 {
 		code, body := call("POST", "/connections/"+dpopConn+"/dpop-proof", `{"method":"GET","url":"`+w.api+`?x=1","nonce":"`+nonce+`"}`)
@@ -92,5 +95,48 @@ func (w *dpopWorld) httpSurfaces(t *testing.T) {
 			t.Errorf("the caller's own call with the handed-out proof: %d %s", resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
 		}
 		break
+	}
+}
+
+// clientsUseProofs runs the Python and TypeScript clients against the
+// server: for the bound connection they get a proof per request
+// (authorization_headers / authorizationHeaders) and their own call to the
+// API, which verifies it, is accepted (after one nonce round trip at most).
+func (w *dpopWorld) clientsUseProofs(t *testing.T, server string) {
+	root, _ := filepath.Abs("../../../clients")
+	py := `import sys, urllib.request, urllib.error
+sys.path.insert(0, sys.argv[1] + "/python")
+from tokenguard import Tokenguard
+tg = Tokenguard(sys.argv[2], sys.argv[3])
+nonce = None
+for _ in range(2):
+    req = urllib.request.Request(sys.argv[4], headers=tg.authorization_headers("dpop-conn", "GET", sys.argv[4], nonce))
+    try:
+        with urllib.request.urlopen(req) as r:
+            print(r.status); break
+    except urllib.error.HTTPError as e:
+        nonce = e.headers.get("DPoP-Nonce")
+        if not nonce: print(e.code); break
+`
+	js := `const { Tokenguard } = await import("file://" + process.argv[1] + "/typescript/index.mjs");
+const tg = new Tokenguard(process.argv[2], process.argv[3]);
+let nonce;
+for (let i = 0; i < 2; i++) {
+  const res = await fetch(process.argv[4], { headers: await tg.authorizationHeaders("dpop-conn", "GET", process.argv[4], nonce) });
+  nonce = res.headers.get("dpop-nonce");
+  if (res.status !== 401 || !nonce || i === 1) { console.log(res.status); break; }
+}
+`
+	for _, c := range []struct {
+		name string
+		cmd  *exec.Cmd
+	}{
+		{"python", exec.Command("python3", "-c", py, root, server, dpopAPIKey, w.api)},
+		{"typescript", exec.Command("node", "--input-type=module", "-e", js, root, server, dpopAPIKey, w.api)},
+	} {
+		out, err := c.cmd.CombinedOutput()
+		if err != nil || strings.TrimSpace(string(out)) != "200" {
+			t.Errorf("%s client's own call with a proof from tokenguard: %v\n%s", c.name, err, out)
+		}
 	}
 }
