@@ -32,7 +32,7 @@ func TestAssertionClaimsAndKeys(t *testing.T) {
 		now := time.Unix(1_800_000_000, 0)
 		a, _ := k.Assertion("client-1", "https://as.example/token", now)
 		b, _ := k.Assertion("client-1", "https://as.example/token", now)
-		jws, err := jose.ParseSigned(a, []jose.SignatureAlgorithm{tc.alg})
+		jws, err := jose.ParseSignedCompact(a, []jose.SignatureAlgorithm{tc.alg})
 		if err != nil || jws.Signatures[0].Protected.KeyID != k.KID() {
 			t.Fatalf("%s: %v", tc.alg, err)
 		}

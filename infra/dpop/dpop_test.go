@@ -25,7 +25,7 @@ func TestProofVerifiesWithItsEmbeddedKey(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	jws, err := jose.ParseSigned(proof, []jose.SignatureAlgorithm{jose.ES256})
+	jws, err := jose.ParseSignedCompact(proof, []jose.SignatureAlgorithm{jose.ES256})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -51,7 +51,7 @@ func TestProofVerifiesWithItsEmbeddedKey(t *testing.T) {
 	}
 	again, _ := k.Proof("GET", "https://api.example.com/v1/items", "", "", now)
 	var c2 claims
-	p2, _ := jose.ParseSigned(again, []jose.SignatureAlgorithm{jose.ES256})
+	p2, _ := jose.ParseSignedCompact(again, []jose.SignatureAlgorithm{jose.ES256})
 	_ = json.Unmarshal(p2.UnsafePayloadWithoutVerification(), &c2)
 	if c2.JTI == c.JTI || c2.ATH != "" || c2.Nonce != "" {
 		t.Fatalf("second proof: %+v (jti reused, or ath/nonce without a token/nonce)", c2)

@@ -147,7 +147,7 @@ func (d *DPoPResource) verify(req *http.Request, token string) (dpopClaims, stri
 	if len(proofs) != 1 {
 		return c, "", "no_proof"
 	}
-	jws, err := jose.ParseSigned(proofs[0], []jose.SignatureAlgorithm{jose.ES256})
+	jws, err := jose.ParseSignedCompact(proofs[0], []jose.SignatureAlgorithm{jose.ES256})
 	if err != nil || len(jws.Signatures) != 1 {
 		return c, "", "malformed_proof"
 	}
