@@ -27,3 +27,9 @@ func (t *Tokens) ClientJWKS() []byte {
 	b, _ := json.Marshal(set)
 	return b
 }
+
+// WithResource names the resource server the access tokens of New's
+// oauth2.Config's provider are for (RFC 8707): sent on the authorization
+// request of the connect flow and on every token request (code exchange,
+// refresh).
+func WithResource(url string) Option { return func(o *options) { o.resource = url } }

@@ -103,6 +103,9 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	f.RedirectURL = client.RedirectURL
 	f.State, f.Verifier = rand.Text(), oauth2.GenerateVerifier()
 	opts := append([]oauth2.AuthCodeOption{oauth2.S256ChallengeOption(f.Verifier)}, t.providers.AuthCodeOptions(f.Provider, client.Scopes)...)
+	if f.Provider == "" && t.resource != "" {
+		opts = append(opts, oauth2.SetAuthURLParam("resource", t.resource))
+	}
 	return client.AuthCodeURL(f.State, opts...), f, nil
 }
 

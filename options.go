@@ -34,6 +34,7 @@ type options struct {
 	tracerProvider                 trace.TracerProvider
 	dpop                           bool // the configuration's provider requires DPoP
 	clientKey                      crypto.Signer
+	resource                       string
 }
 
 // userInfo is where Complete asks which account consented.

@@ -106,6 +106,7 @@ type Tokens struct {
 	dpop     bool // the configuration's provider requires DPoP
 	// private_key_jwt: the configuration's client key, if any.
 	clientKey *clientkey.Key
+	resource  string // RFC 8707: the configuration's resource indicator
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
@@ -207,7 +208,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 
 	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
-		nonces: &dpop.Nonces{}, dpop: o.dpop}
+		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource}
 	if t.dsn == "" {
 		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
 			t.dsn = d.Config.DSN
@@ -255,6 +256,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			provider.WithNonces(t.nonces)}, extra...)...), pol)
 	}
 	var envAuth []provider.Option
+	if o.resource != "" {
+		envAuth = append(envAuth, provider.WithResource(o.resource))
+	}
 	if o.clientKey != nil {
 		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
 			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)

@@ -99,6 +99,8 @@ type OAuthConfig struct {
 	// ClientKeyFile is the PEM private key (EC P-256 or RSA) of
 	// OAUTH_AUTH_STYLE=private_key_jwt (see tokenguard.WithClientKey).
 	ClientKeyFile string `env:"CLIENT_KEY_FILE"`
+	// Resource is the RFC 8707 resource indicator (see tokenguard.WithResource).
+	Resource string `env:"RESOURCE"`
 
 	params map[string]string // ProfileParams, parsed
 }

@@ -103,6 +103,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if cfg.OAuth.DPoP {
 		opts = append(opts, tokenguard.WithDPoP())
 	}
+	if cfg.OAuth.Resource != "" {
+		opts = append(opts, tokenguard.WithResource(cfg.OAuth.Resource))
+	}
 	if key, err := cfg.OAuth.clientKey(); err != nil {
 		return nil, nil, err
 	} else if key != nil {

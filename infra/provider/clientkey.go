@@ -18,9 +18,17 @@ func WithClientKey(k *clientkey.Key, audience string) Option {
 	return func(r *Refresher) { r.clientKey, r.assertionAud = k, audience }
 }
 
+// WithResource names the resource server (RFC 8707) on every token
+// request: the access tokens are for it.
+func WithResource(resource string) Option { return func(r *Refresher) { r.resource = resource } }
+
 // request is a token request with form: with a client assertion when the
-// client authenticates with a key, else with the secret in style.
+// client authenticates with a key, else with the secret in style; with
+// the resource indicator when there is one.
 func (r *Refresher) request(ctx context.Context, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
+	if r.resource != "" {
+		form.Set("resource", r.resource)
+	}
 	if r.clientKey == nil {
 		return clientRequest(ctx, r.cfg.Endpoint.TokenURL, form, r.cfg.ClientID, r.cfg.ClientSecret, style)
 	}

@@ -15,10 +15,11 @@
 //
 // DPoP is required with server nonces (use_dpop_nonce), refresh tokens
 // rotate on every refresh, and a rotated refresh token presented again
-// revokes the grant. ACCESS_TOKEN_TTL (seconds, default 2).
+// revokes the grant. ACCESS_TOKEN_TTL (seconds, default 2). RESOURCE: the
+// resource indicator (RFC 8707) access tokens may be issued for.
 import crypto from 'node:crypto';
 import http from 'node:http';
-import Provider from 'oidc-provider';
+import Provider, { errors } from 'oidc-provider';
 
 const env = process.env;
 const redirect = env.REDIRECT_URI || 'http://127.0.0.1/callback';
@@ -67,8 +68,20 @@ server.listen(0, '127.0.0.1', () => {
       introspection: { enabled: true, allowedPolicy: async () => true },
       revocation: { enabled: true },
       dPoP: { enabled: true, nonceSecret: crypto.randomBytes(32), requireNonce: () => true },
+      // RFC 8707: RESOURCE is the one resource server access tokens may be for.
+      resourceIndicators: {
+        enabled: true,
+        defaultResource: () => undefined,
+        useGrantedResource: () => true,
+        getResourceServerInfo: (ctx, resource) => {
+          if (env.RESOURCE && resource === env.RESOURCE) {
+            return { scope: 'api:read', audience: resource, accessTokenFormat: 'opaque' };
+          }
+          throw new errors.InvalidTarget();
+        },
+      },
     },
-    scopes: ['openid', 'offline_access'],
+    scopes: ['openid', 'offline_access', 'api:read'],
     ttl: { AccessToken: ttl, RefreshToken: 3600, Grant: 3600, Session: 3600, Interaction: 600 },
     rotateRefreshToken: true,
     issueRefreshToken: async () => true,
