@@ -48,9 +48,13 @@ conformance: conformance-deps
 # once (tests never download anything).
 OIDC_PROVIDER_DIR := $(TOOLS)/internal/conformance/oidcprovider
 .PHONY: conformance-deps
-conformance-deps: $(OIDC_PROVIDER_DIR)/node_modules
+conformance-deps: $(OIDC_PROVIDER_DIR)/node_modules $(OIDC_DPOP_DIR)/node_modules
 $(OIDC_PROVIDER_DIR)/node_modules:
 	cd $(OIDC_PROVIDER_DIR) && npm ci --no-audit --no-fund
+# oidc-provider's current major, requiring DPoP (sender-constrained grants).
+OIDC_DPOP_DIR := $(TOOLS)/internal/conformance/oidcdpop
+$(OIDC_DPOP_DIR)/node_modules:
+	cd $(OIDC_DPOP_DIR) && npm ci --no-audit --no-fund
 
 # Unit tests only (no database).
 test-short:

@@ -103,6 +103,9 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	f.RedirectURL = client.RedirectURL
 	f.State, f.Verifier = rand.Text(), oauth2.GenerateVerifier()
 	opts := append([]oauth2.AuthCodeOption{oauth2.S256ChallengeOption(f.Verifier)}, t.providers.AuthCodeOptions(f.Provider, client.Scopes)...)
+	if f.Provider == "" && t.resource != "" {
+		opts = append(opts, oauth2.SetAuthURLParam("resource", t.resource))
+	}
 	return client.AuthCodeURL(f.State, opts...), f, nil
 }
 
@@ -138,7 +141,17 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	if err != nil {
 		return ConnectResult{}, &ConnectError{Code: "unknown_provider", Message: "The connection's provider is not known.", Err: err}
 	}
-	grant, tok, err := t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, f.Verifier)
+	key, err := t.newDPoPKey(f.Provider)
+	if err != nil {
+		return ConnectResult{}, err
+	}
+	var grant domain.Grant
+	var tok *oauth2.Token
+	if key.IsZero() {
+		grant, tok, err = t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, f.Verifier)
+	} else {
+		grant, tok, err = t.providers.ExchangeBound(ctx, f.Provider, code, client.RedirectURL, f.Verifier, key.pem)
+	}
 	if err != nil {
 		// Never the error's text: an answer's body is not ours to repeat.
 		var pe *domain.ProviderError
@@ -168,7 +181,7 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	p := domain.PendingGrant{Connection: f.Connection, Provider: f.Provider, CreatedBy: f.CreatedBy, AllowAccountChange: f.AllowAccountChange,
 		Metadata: metadata, ProviderFields: t.providers.ProviderFields(f.Provider, callback, grant),
 		Binding: domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")},
-		Grant:   grant}
+		Grant:   grant, DPoPKey: key.pem, DPoPJKT: key.jkt}
 	secret, expires, err := t.flow.Keep(ctx, p)
 	if err != nil {
 		return ConnectResult{}, err

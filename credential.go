@@ -17,6 +17,9 @@ type Credential struct {
 	Connection string
 	Provider   string // "" for the one of New's oauth2.Config
 	Version    int64  // bumped by every refresh
+	// DPoPJKT is the thumbprint of the DPoP key the grant is bound to; ""
+	// for a bearer grant. A bound token goes only with a proof (DPoPProof).
+	DPoPJKT string
 }
 
 // Credential returns connection's access token as Token does, with its
@@ -47,5 +50,5 @@ func (t *Tokens) credentialOf(tok domain.Token) Credential {
 	if !tok.Expiry.IsZero() {
 		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(cmp.Or(t.providers.Skew(tok.Provider), t.skew)))
 	}
-	return Credential{Token: out, Connection: tok.Connection, Provider: tok.Provider, Version: tok.Version}
+	return Credential{Token: out, Connection: tok.Connection, Provider: tok.Provider, Version: tok.Version, DPoPJKT: tok.DPoPJKT}
 }

@@ -1,6 +1,7 @@
 package tokenguard
 
 import (
+	"crypto"
 	"log/slog"
 	"net/http"
 	"time"
@@ -31,6 +32,9 @@ type options struct {
 	syncCommit                     string
 	userInfo                       userInfo
 	tracerProvider                 trace.TracerProvider
+	dpop                           bool // the configuration's provider requires DPoP
+	clientKey                      crypto.Signer
+	resource                       string
 }
 
 // userInfo is where Complete asks which account consented.

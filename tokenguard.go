@@ -45,6 +45,8 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
@@ -98,6 +100,13 @@ type Tokens struct {
 	flow       *usecase.ConnectFlowUseCase
 	httpClient *http.Client
 	userInfo   userInfo
+	// DPoP: the nonces servers gave this process, and opened keys.
+	nonces   *dpop.Nonces
+	dpopKeys sync.Map
+	dpop     bool // the configuration's provider requires DPoP
+	// private_key_jwt: the configuration's client key, if any.
+	clientKey *clientkey.Key
+	resource  string // RFC 8707: the configuration's resource indicator
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
@@ -192,7 +201,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			slog.Int("rows", kc.Stale))
 	}
 
-	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{})}
+	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
+		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource}
 	if t.dsn == "" {
 		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
 			t.dsn = d.Config.DSN
@@ -231,17 +241,28 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	// The token endpoint's requests show in the refresh's trace.
 	hc = tracing.Client(hc, o.tracerProvider)
-	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile) provider.GrantRefresher {
+	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.log)
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
-		return provider.NewRetrying(provider.NewRefresher(cfg, hc,
+		return provider.NewRetrying(provider.NewRefresher(cfg, hc, append([]provider.Option{
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
 			provider.WithEvidence(repository.NewRefusalEvidence(rdb), provider.AllEvidence),
-			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now)), pol)
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now),
+			provider.WithNonces(t.nonces)}, extra...)...), pol)
+	}
+	var envAuth []provider.Option
+	if o.resource != "" {
+		envAuth = append(envAuth, provider.WithResource(o.resource))
+	}
+	if o.clientKey != nil {
+		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
+			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
+		}
+		envAuth = append(envAuth, provider.WithClientKey(t.clientKey, ""))
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
-	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof), repository.NewProviderRepository(rdb, sealer),
+	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof, envAuth...), repository.NewProviderRepository(rdb, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {
@@ -325,6 +346,9 @@ func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, e
 	tok, err := t.token(ctx, connection)
 	if err != nil {
 		return nil, err
+	}
+	if tok.SenderConstrained() {
+		return nil, fmt.Errorf("token of %s: %w", connection, ErrSenderConstrained)
 	}
 	return t.credentialOf(tok).Token, nil
 }

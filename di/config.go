@@ -2,10 +2,12 @@ package di
 
 import (
 	"cmp"
+	"crypto"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net/url"
+	"os"
 	"reflect"
 	"regexp"
 	"strings"
@@ -15,6 +17,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
@@ -91,6 +94,13 @@ type OAuthConfig struct {
 	// UserInfoURL and UserInfoIDField: see tokenguard.WithUserInfo.
 	UserInfoURL     string `env:"USERINFO_URL"`
 	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
+	// DPoP: the provider requires DPoP-bound grants (see tokenguard.WithDPoP).
+	DPoP bool `env:"DPOP"`
+	// ClientKeyFile is the PEM private key (EC P-256 or RSA) of
+	// OAUTH_AUTH_STYLE=private_key_jwt (see tokenguard.WithClientKey).
+	ClientKeyFile string `env:"CLIENT_KEY_FILE"`
+	// Resource is the RFC 8707 resource indicator (see tokenguard.WithResource).
+	Resource string `env:"RESOURCE"`
 
 	params map[string]string // ProfileParams, parsed
 }
@@ -162,8 +172,32 @@ func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
 		return oauth2.AuthStyleInHeader, nil
 	case "params":
 		return oauth2.AuthStyleInParams, nil
+	case "private_key_jwt":
+		// The assertion replaces the secret; the client id goes in the
+		// form, as RFC 7523 §2.2 has it.
+		if o.ClientKeyFile == "" {
+			return 0, errors.New("OAUTH_AUTH_STYLE=private_key_jwt needs OAUTH_CLIENT_KEY_FILE")
+		}
+		return oauth2.AuthStyleInParams, nil
 	}
-	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header or params, got %q", o.AuthStyle)
+	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got %q", o.AuthStyle)
+}
+
+// clientKey reads OAUTH_CLIENT_KEY_FILE for private_key_jwt; nil for the
+// other styles. Errors never quote the file.
+func (o OAuthConfig) clientKey() (crypto.Signer, error) {
+	if o.AuthStyle != "private_key_jwt" {
+		return nil, nil
+	}
+	data, err := os.ReadFile(o.ClientKeyFile)
+	if err != nil {
+		return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", errors.Unwrap(err))
+	}
+	k, err := clientkey.ParsePEM(data)
+	if err != nil {
+		return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
+	}
+	return k.Signer(), nil
 }
 
 // ConfigFromEnv reads the configuration from environ (os.Environ() form)
@@ -240,6 +274,9 @@ func (c Config) validate() error {
 		return fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
 	}
 	if _, err := c.OAuth.authStyle(); err != nil {
+		return err
+	}
+	if _, err := c.OAuth.clientKey(); err != nil {
 		return err
 	}
 	if _, err := c.keyring(); err != nil {

@@ -99,6 +99,17 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 				"connection", connection, "reason", reason)
 		}),
 	}
+	if cfg.OAuth.DPoP {
+		opts = append(opts, tokenguard.WithDPoP())
+	}
+	if cfg.OAuth.Resource != "" {
+		opts = append(opts, tokenguard.WithResource(cfg.OAuth.Resource))
+	}
+	if key, err := cfg.OAuth.clientKey(); err != nil {
+		return nil, nil, err
+	} else if key != nil {
+		opts = append(opts, tokenguard.WithClientKey(key))
+	}
 	if cfg.OAuth.RevocationURL != "" {
 		opts = append(opts, tokenguard.WithRevocationURL(cfg.OAuth.RevocationURL))
 	}

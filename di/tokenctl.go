@@ -133,6 +133,12 @@ func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Tok
 // provider's default lifetime, as a refresh answer without expires_in
 // does.
 func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error) {
+	return s.ConnectBound(ctx, id, provider, g, metadata, domain.Secret{}, "")
+}
+
+// ConnectBound is Connect for a grant bound to the DPoP key key (PEM,
+// thumbprint jkt), stored sealed with it (tokenctl.BoundConnector).
+func (s ctlStore) ConnectBound(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime
 		if provider != "" {
@@ -146,7 +152,8 @@ func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Gra
 			g.Expiry = time.Now().Add(lifetime)
 		}
 	}
-	return s.Store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata})
+	return s.Store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata,
+		DPoPKey: key, DPoPJKT: jkt})
 }
 
 // OpenKeys implements tokenctl.KeyBackend.

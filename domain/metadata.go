@@ -108,6 +108,9 @@ type Connection struct {
 	// any; Status is StatusFailing (and StatusReason describes it) once it
 	// is shown as failing.
 	Failure RefreshFailure
+	// DPoPJKT is the thumbprint of the DPoP key the grant is bound to (never
+	// the key); "" for a bearer grant.
+	DPoPJKT string
 }
 
 // ErrNoRevocationEndpoint: a revocation was asked for and the connection's

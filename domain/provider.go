@@ -34,6 +34,9 @@ type Provider struct {
 	Version   int64 // bumped by every update
 	CreatedAt time.Time
 	UpdatedAt time.Time
+	// DPoP: the provider requires DPoP-bound grants (RFC 9449); each
+	// connection gets a key of its own at connect time.
+	DPoP bool
 }
 
 // AuthStyle is how the client authenticates at the token endpoint.

@@ -31,6 +31,10 @@ type PendingGrant struct {
 	Binding            Binding
 	Grant              Grant
 	ExpiresAt          time.Time
+	// DPoPKey (PEM) and DPoPJKT: the DPoP key the grant is bound to; zero
+	// for a bearer grant.
+	DPoPKey Secret
+	DPoPJKT string
 }
 
 // ExpiredGrant is a pending grant nobody redeemed in time: its refresh

@@ -100,7 +100,19 @@ type Token struct {
 	// Failure is the failure episode of this version's refreshes, if any
 	// (read with the token, never written with it).
 	Failure RefreshFailure
+	// DPoPJKT is the RFC 7638 thumbprint of the DPoP key the grant is
+	// bound to (RFC 9449); "" for a bearer grant. The key is part of the
+	// grant: without it the refresh token is worthless.
+	DPoPJKT string
+	// DPoPKey is that key's private half (PEM), set only on a new grant on
+	// its way to the store (which seals it with the grant); reads leave it
+	// empty and fetch the key apart, when it is needed.
+	DPoPKey Secret
 }
+
+// SenderConstrained reports whether the grant is bound to a DPoP key: its
+// access token is useless without a proof signed with that key.
+func (t Token) SenderConstrained() bool { return t.DPoPJKT != "" }
 
 // Binding is who granted a connection and what. Account is the provider's
 // id of the account that consented (the ID token's sub, or a user-info

@@ -24,7 +24,8 @@ SELECT c.name, coalesce(t.provider, '') AS provider,
        coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
        c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags,
-       ` + failureColumns + `
+       ` + failureColumns + `,
+       coalesce(t.dpop_jkt, '') AS dpop_jkt
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
@@ -52,6 +53,7 @@ type connectionRow struct {
 	FailureStatus int
 	FailureCode   string
 	Failing       bool
+	DPoPJKT       string `gorm:"column:dpop_jkt"`
 }
 
 func (r connectionRow) domain() domain.Connection {
@@ -78,6 +80,7 @@ func (r connectionRow) domain() domain.Connection {
 		UpdatedAt:     r.UpdatedAt,
 		Binding:       domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes},
 		Metadata:      m,
+		DPoPJKT:       r.DPoPJKT,
 	}
 }
 

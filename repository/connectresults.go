@@ -53,6 +53,12 @@ func (c *ConnectResults) Keep(ctx context.Context, p domain.PendingGrant) (domai
 	if err != nil {
 		return domain.Secret{}, time.Time{}, fmt.Errorf("seal the pending refresh token of %s: %w", p.Connection, err)
 	}
+	var dpopKey any // NULL: a bearer grant
+	if !p.DPoPKey.IsZero() {
+		if dpopKey, err = c.sealer.Seal(p.DPoPKey.Reveal(), resultAAD(h, "dpop_key/"+p.DPoPJKT)); err != nil {
+			return domain.Secret{}, time.Time{}, fmt.Errorf("seal the pending dpop key of %s: %w", p.Connection, err)
+		}
+	}
 	var metadata, tags any // NULL: keep the connection's
 	if p.Metadata != nil {
 		metadata, tags = string(p.Metadata.Object), tagArray(p.Metadata.Tags)
@@ -68,13 +74,13 @@ func (c *ConnectResults) Keep(ctx context.Context, p domain.PendingGrant) (domai
 	var expires time.Time
 	err = c.db.WithContext(ctx).Raw(`INSERT INTO tokenguard_connect_results (result_hash, connection, provider, created_by, allow_account_change,
     metadata, tags, provider_fields, granted_account, granted_scopes, missing_scopes,
-    access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at)
+    access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, dpop_key, dpop_jkt)
 VALUES (decode(?, 'hex'), ?, NULLIF(?, ''), ?, ?, ?::jsonb, ?::text[], ?::jsonb, ?, coalesce(?::text[], '{}'), coalesce(?::text[], '{}'),
-    ?, ?, ?, ?, ?, now() + ?::interval) RETURNING expires_at`,
+    ?, ?, ?, ?, ?, now() + ?::interval, ?, NULLIF(?, '')) RETURNING expires_at`,
 		h, p.Connection, p.Provider, p.CreatedBy, p.AllowAccountChange, metadata, tags, fields,
 		p.Binding.Account, textArray(p.Binding.Scopes), textArray(p.Binding.MissingScopes),
 		at, p.Grant.TokenType, rt, nullTime(p.Grant.Expiry), nullTime(p.Grant.RefreshExpiry),
-		fmt.Sprintf("%d milliseconds", ResultLifetime.Milliseconds())).Scan(&expires).Error
+		fmt.Sprintf("%d milliseconds", ResultLifetime.Milliseconds()), dpopKey, p.DPoPJKT).Scan(&expires).Error
 	if err != nil {
 		return domain.Secret{}, time.Time{}, storeError(ctx, "keep connect result", err)
 	}
@@ -101,12 +107,15 @@ type resultRow struct {
 	RefreshExpiry      sql.NullTime
 	ExpiresAt          time.Time
 	CreatedAt          time.Time
+	DPoPKey            string `gorm:"column:dpop_key"`
+	DPoPJKT            string `gorm:"column:dpop_jkt"`
 }
 
 const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, coalesce(provider, '') AS provider, created_by, allow_account_change,
     metadata::text AS metadata, array_to_json(tags)::text AS tags, provider_fields::text AS provider_fields,
     granted_account, array_to_string(granted_scopes, ' ') AS granted_scopes, array_to_string(missing_scopes, ' ') AS missing_scopes,
-    access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, created_at`
+    access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, created_at,
+    coalesce(dpop_key, '') AS dpop_key, coalesce(dpop_jkt, '') AS dpop_jkt`
 
 // Pending reads the unexpired result of code: its row id (for the
 // redemption's SpendResult) and its grant, opened. An unknown, expired or
@@ -144,6 +153,13 @@ WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code)).S
 	}
 	if r.ProviderFields.Valid {
 		_ = json.Unmarshal([]byte(r.ProviderFields.String), &p.ProviderFields) // written by Keep
+	}
+	if r.DPoPKey != "" {
+		key, err := c.sealer.Open(r.DPoPKey, resultAAD(r.HashHex, "dpop_key/"+r.DPoPJKT))
+		if err != nil {
+			return 0, domain.PendingGrant{}, fmt.Errorf("pending dpop key of %s: %w", r.Connection, err)
+		}
+		p.DPoPKey, p.DPoPJKT = domain.NewSecret(key), r.DPoPJKT
 	}
 	return r.ID, p, nil
 }

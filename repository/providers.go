@@ -63,11 +63,13 @@ type providerRow struct {
 	Version           int64
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
+	DPoP              bool `gorm:"column:dpop"`
 }
 
 const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
-       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at
+       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at,
+       coalesce(dpop, false) AS dpop
 FROM tokenguard_providers`
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
@@ -92,6 +94,7 @@ func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 		Version:         r.Version,
 		CreatedAt:       r.CreatedAt,
 		UpdatedAt:       r.UpdatedAt,
+		DPoP:            r.DPoP,
 	}, nil
 }
 
@@ -121,17 +124,17 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	var rows []providerRow
 	err = r.db.WithContext(ctx).Raw(`WITH p AS (
     INSERT INTO tokenguard_providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
-                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?)
+                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false))
     ON CONFLICT (name) DO NOTHING
     RETURNING *
 )
 SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
-       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at FROM p`,
+       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at, coalesce(dpop, false) AS dpop FROM p`,
 		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
 		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
-		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile).Find(&rows).Error
+		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile, p.DPoP).Find(&rows).Error
 	if err != nil {
 		return domain.Provider{}, storeError(ctx, "add provider", err)
 	}
@@ -168,11 +171,11 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 		}
 		res := tx.Exec(`UPDATE tokenguard_providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
     client_id = ?, client_secret = ?, auth_style = ?, scopes = ?::text[],
-    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, version = version + 1, updated_at = now()
+    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, dpop = NULLIF(?, false), version = version + 1, updated_at = now()
 WHERE name = ?`,
 			next.TokenURL, next.AuthURL, next.RevocationURL, next.APIBaseURL, next.ClientID, secret,
 			string(next.AuthStyle), textArray(strings.Join(next.Scopes, " ")),
-			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, name)
+			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, next.DPoP, name)
 		if res.Error != nil {
 			return storeError(ctx, "update provider", res.Error)
 		}

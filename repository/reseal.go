@@ -104,6 +104,11 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 			return res, err
 		}
 		if len(rows) == 0 {
+			keys, err := r.resealDPoPKeys(ctx, wait)
+			res.Resealed += keys
+			if err != nil {
+				return res, err
+			}
 			res.OnlyBound, err = r.markOnlyBound(ctx)
 			return res, err
 		}

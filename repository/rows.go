@@ -45,6 +45,7 @@ type tokenRow struct {
 	FailureStatus int
 	FailureCode   string
 	Failing       bool
+	DPoPJKT       string `gorm:"column:dpop_jkt"` // '' for a bearer grant
 }
 
 func (r tokenRow) failure() domain.RefreshFailure {
@@ -90,6 +91,7 @@ func (r tokenRow) record() domain.Token {
 		},
 		Provider: r.Provider,
 		Failure:  r.failure(),
+		DPoPJKT:  r.DPoPJKT,
 	}
 }
 

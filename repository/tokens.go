@@ -21,7 +21,8 @@ type TokenRepository struct {
 	// durability is the synchronous_commit level of the transactions that
 	// commit a lease or a token (SetDurability; nil: the server's setting).
 	durability *Durability
-	ids        *connIDs // connection ids by name, for sealing
+	ids        *connIDs  // connection ids by name, for sealing
+	keys       *dpopKeys // opened DPoP keys
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are
@@ -30,7 +31,7 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}}
+	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}, keys: &dpopKeys{}}
 }
 
 // syncCommit is the synchronous_commit level of the transactions that
@@ -50,6 +51,7 @@ var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type
        ` + bindingColumns("t") + `,
        ` + providerColumn("t") + `,
        coalesce(t.sealed_version, 0) AS sealed_version,
+       coalesce(t.dpop_jkt, '') AS dpop_jkt,
        ` + failureColumns
 
 // tokenFrom is where selectToken reads: the token, its connection and
@@ -75,6 +77,7 @@ var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_
        ` + bindingColumns("u") + `,
        ` + providerColumn("u") + `,
        coalesce(u.sealed_version, 0) AS sealed_version,
+       coalesce(u.dpop_jkt, '') AS dpop_jkt,
        ` + noFailureColumns
 
 // bindingColumns reads who granted the connection as plain text (scopes
@@ -373,6 +376,10 @@ SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.v
 	if row == nil {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
 	}
+	if err := putDPoPKey(ctx, l.db, l.sealer, at.id, t.DPoPKey, t.DPoPJKT); err != nil {
+		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, err)
+	}
+	row.DPoPJKT = t.DPoPJKT
 	return row.domain(l.sealer)
 }
 

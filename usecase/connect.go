@@ -72,6 +72,11 @@ type ConnectRequest struct {
 	// from: spent in the grant's transaction (ResultSpender), so that the
 	// grant is stored once, and never after the result expired.
 	Result int64
+	// DPoPKey (PEM) and DPoPJKT (its RFC 7638 thumbprint): the DPoP key
+	// the grant is bound to, stored sealed with it; zero for a bearer
+	// grant.
+	DPoPKey domain.Secret
+	DPoPJKT string
 }
 
 // ResultSpender is the locked store's way to spend a pending connect
@@ -103,6 +108,7 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}
 	tok.Binding, tok.Provider = b, provider
+	tok.DPoPKey, tok.DPoPJKT = r.DPoPKey, r.DPoPJKT
 	if err := u.store.Register(ctx, connection); err != nil {
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}

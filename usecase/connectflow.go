@@ -67,7 +67,7 @@ func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret) (do
 	}
 	t, err := u.connect.ConnectGrant(ctx, p.Connection, p.Grant, ConnectRequest{
 		Binding: p.Binding, AllowAccountChange: p.AllowAccountChange, Metadata: p.Metadata, Provider: p.Provider,
-		ProviderFields: p.ProviderFields, Result: id})
+		ProviderFields: p.ProviderFields, Result: id, DPoPKey: p.DPoPKey, DPoPJKT: p.DPoPJKT})
 	if errors.Is(err, domain.ErrAccountMismatch) || errors.Is(err, domain.ErrInvalidToken) || errors.Is(err, domain.ErrUnknownProvider) ||
 		errors.Is(err, domain.ErrInvalidMetadata) {
 		if rerr := u.results.Refuse(context.WithoutCancel(ctx), id); rerr != nil {

@@ -38,7 +38,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
 	settings := u.gate.of(t.Provider).settings() // the provider's settings the call goes out with
 	called := time.Now()
-	g, err := u.refresher.Refresh(callCtx, t.Provider, t.RefreshToken)
+	g, err := u.present(callCtx, t)
 	r.latency = time.Since(called)
 	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Outcome: providerOutcome(err)}, err)
 	cancel()

@@ -45,4 +45,16 @@ export class Tokenguard {
   refreshAfter401(connection: string, version: number): Promise<Token>;
   /** The connection's API through the server's proxy: the API's answer whatever its status. */
   request(connection: string, method: string, path: string, options?: RequestOptions): Promise<Response>;
+  /** A proof of a sender-constrained connection's DPoP key for one request. */
+  dpopProof(connection: string, method: string, url: string, nonce?: string): Promise<Proof>;
+  /** Bearer token, or for a DPoP-bound connection its token with a fresh proof. */
+  authorizationHeaders(connection: string, method: string, url: string, nonce?: string): Promise<Record<string, string>>;
+}
+
+export interface Proof {
+  readonly accessToken: string;
+  readonly tokenType: "DPoP";
+  readonly dpop: string;
+  readonly expiresAt: Date | null;
+  headers(): { Authorization: string; DPoP: string };
 }

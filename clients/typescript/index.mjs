@@ -32,6 +32,7 @@ export class Tokenguard {
   #timeoutMs;
   #cache = new Map(); // connection -> Token
   #flights = new Map(); // connection -> Promise<Token>: one fetch at a time
+  #bound = new Set(); // connections found sender-constrained (DPoP)
 
   /**
    * @param {string} baseURL the server, e.g. https://tokenguard.example.com
@@ -85,6 +86,51 @@ export class Tokenguard {
     const res = await this.#fetch(method, url, body, headers, timeoutMs);
     if (res.headers.has("tokenguard-error")) throw await errorOf(res);
     return res;
+  }
+
+  /**
+   * A proof of the connection's DPoP key for one request (method, absolute
+   * url under the provider's API base) with its access token; nonce: the
+   * API's DPoP-Nonce after it answered 401 use_dpop_nonce. The key never
+   * leaves the server.
+   */
+  async dpopProof(connection, method, url, nonce = undefined) {
+    const body = { method: method.toUpperCase(), url };
+    if (nonce) body.nonce = nonce;
+    const res = await this.#fetch("POST", this.#connURL(connection, "/dpop-proof"), JSON.stringify(body),
+      { Accept: "application/json", "Content-Type": "application/json" });
+    if (res.status !== 200) throw await errorOf(res);
+    const d = await res.json();
+    return Object.freeze({
+      accessToken: d.access_token,
+      tokenType: d.token_type,
+      dpop: d.dpop,
+      expiresAt: d.expires_at ? new Date(d.expires_at) : null,
+      headers() {
+        return { Authorization: `DPoP ${d.access_token}`, DPoP: d.dpop };
+      },
+      toString() {
+        return "Proof(DPoP)"; // never the token or the proof
+      },
+    });
+  }
+
+  /**
+   * The headers of one call to the connection's API: its bearer token, or
+   * for a sender-constrained (DPoP-bound) connection its token with a
+   * fresh proof for this request.
+   */
+  async authorizationHeaders(connection, method, url, nonce = undefined) {
+    if (!this.#bound.has(connection)) {
+      try {
+        const t = await this.token(connection);
+        return { Authorization: `Bearer ${t.accessToken}` };
+      } catch (e) {
+        if (!(e instanceof TokenguardError) || e.code !== "sender_constrained") throw e;
+        this.#bound.add(connection);
+      }
+    }
+    return (await this.dpopProof(connection, method, url, nonce)).headers();
   }
 
   #fresh(connection) {

@@ -38,7 +38,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		return nil, &tokenError{err}
 	}
 	retry, replayable := replay(req)
-	resp, err := t.base().RoundTrip(authorised(req, tok))
+	resp, err := t.send(req, tok)
 	if err != nil || resp.StatusCode != http.StatusUnauthorized || !Revoked(resp.Header) || !replayable {
 		return resp, err
 	}
@@ -55,7 +55,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		// is what the caller must hear.
 		return nil, &tokenError{ferr}
 	}
-	return t.base().RoundTrip(authorised(retry, next))
+	return t.send(retry, next)
 }
 
 func (t *Transport) base() http.RoundTripper {

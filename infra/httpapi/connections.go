@@ -30,6 +30,10 @@ type connectionView struct {
 	Metadata      jsonObject    `json:"metadata"`
 	Tags          []string      `json:"tags"`
 	Failure       *failureView  `json:"failure,omitempty"` // while the refreshes fail
+	// Binding is "dpop" for a grant bound to a DPoP key (DPoPJKT its
+	// thumbprint, never the key), else "bearer".
+	Binding string `json:"binding"`
+	DPoPJKT string `json:"dpop_jkt,omitempty"`
 }
 
 // failureView is a connection's refresh failure episode: the last
@@ -70,6 +74,10 @@ func viewOf(c domain.Connection) connectionView {
 		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
 		Metadata: jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
 		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
+		Binding: "bearer", DPoPJKT: c.DPoPJKT,
+	}
+	if c.DPoPJKT != "" {
+		v.Binding = "dpop"
 	}
 	if f := c.Failure; f.Failures > 0 {
 		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}

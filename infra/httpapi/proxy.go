@@ -173,17 +173,24 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		return nil, err
 	}
 	replayable := body.stream == nil
-	cred, refreshed, retries := c.cred, false, 0
+	cred, refreshed, retries, nonced := c.cred, false, 0, false
 	until := time.Now().Add(retryWithin)
 	for {
 		req := out.Clone(ctx)
 		req.Body, req.ContentLength = body.reader(), body.length(out.ContentLength)
-		req.Header.Set("Authorization", "Bearer "+cred.Token.AccessToken)
+		if err := t.authorize(req, cred); err != nil {
+			return nil, fmt.Errorf("%w: %w", errTokens, err)
+		}
 		resp, err := t.next.RoundTrip(req)
+		retryNonce := err == nil && t.nonceRefused(req, resp, cred)
 		if err != nil || !replayable {
 			return resp, err
 		}
 		switch {
+		case retryNonce && !nonced:
+			discard(resp)
+			nonced = true
+			continue
 		case resp.StatusCode == http.StatusUnauthorized && !refreshed && apiclient.Revoked(resp.Header):
 			next, ferr := t.tokens.ForceRefresh(ctx, c.connection, cred.Version)
 			if ferr != nil && !errors.Is(ferr, domain.ErrNeedsReauth) {

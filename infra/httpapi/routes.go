@@ -40,11 +40,12 @@ func (rt route) pattern() string { return strings.TrimSpace(rt.method + " " + rt
 
 // publicRoutes are the only routes reachable without an API key.
 var publicRoutes = map[string]access{
-	"GET /healthz":        open,
-	"GET /openapi.json":   open,
-	"GET /oauth/connect":  browser,
-	"POST /oauth/connect": browser,
-	"GET /oauth/callback": browser,
+	"GET /healthz":               open,
+	"GET /openapi.json":          open,
+	"GET /.well-known/jwks.json": open,
+	"GET /oauth/connect":         browser,
+	"POST /oauth/connect":        browser,
+	"GET /oauth/callback":        browser,
 }
 
 // defaultMaxBody bounds the body of routes that expect none or a small one.
@@ -57,7 +58,9 @@ func (s *Server) routes() []route {
 		{"POST", "/connections/{name}/token/refresh", apiKey, domain.ScopeTokenRead, 0, s.refreshToken},
 		{"", "/connections/{name}/proxy/{path...}", apiKey, domain.ScopeAPICall, s.deps.Edges.ProxyMaxBody, s.proxy},
 		{"GET", "/connections/{name}/resource", apiKey, domain.ScopeAPICall, 0, s.resource},
+		{"POST", "/connections/{name}/dpop-proof", apiKey, domain.ScopeAPICall, 0, s.dpopProof},
 		{"GET", "/openapi.json", open, "", 0, s.openapi},
+		{"GET", "/.well-known/jwks.json", open, "", 0, s.jwks},
 		{"POST", "/connections/{name}/events", apiKey, domain.ScopeAPICall, 64 << 10, s.event},
 		// The connection is in the body: createSession checks the pattern
 		// (and admin for allow_account_change), redeem the result's.

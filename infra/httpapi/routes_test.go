@@ -115,8 +115,8 @@ func TestEveryRouteNeedsAnAPIKey(t *testing.T) {
 			t.Errorf("public route %s names scope %q", rt.pattern(), rt.scope)
 		}
 	}
-	if len(publicRoutes) != 5 {
-		t.Errorf("public routes: %v, want /healthz, /openapi.json, GET and POST /oauth/connect, /oauth/callback only", publicRoutes)
+	if len(publicRoutes) != 6 {
+		t.Errorf("public routes: %v, want /healthz, /openapi.json, /.well-known/jwks.json, GET and POST /oauth/connect, /oauth/callback only", publicRoutes)
 	}
 	for id := range publicRoutes {
 		if !seen[id] {

@@ -44,6 +44,9 @@ func utcOrNil(t time.Time) *time.Time {
 func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name") // validated by requireScope
 	c, err := s.deps.Tokens.Credential(r.Context(), name)
+	if err == nil {
+		err = senderConstrained(c)
+	}
 	if err != nil {
 		s.failed(w, r, name, err)
 		return
@@ -87,6 +90,9 @@ func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, err := s.deps.Tokens.ForceRefresh(r.Context(), name, *body.StaleVersion)
+	if err == nil {
+		err = senderConstrained(c)
+	}
 	if err != nil {
 		s.failed(w, r, name, err)
 		return

@@ -64,7 +64,7 @@ func clientRequest(ctx context.Context, endpoint string, form url.Values, client
 // answer. Errors are free of secrets.
 func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
-	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, form, r.cfg.ClientID, r.cfg.ClientSecret, style)
+	req, err := r.request(ctx, form, style)
 	if err != nil {
 		// The URL was checked at configuration; the error names only it.
 		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}

@@ -36,6 +36,9 @@ var codes = map[string]domain.ErrorClass{
 	"slow_down":               domain.Transient,
 	"access_denied":           domain.Transient, // not a token endpoint code; too vague to kill a grant on
 	"invalid_token":           domain.Transient, // a resource server's code; says nothing about the refresh token
+	// RFC 9449 §5, §8: the proof is checked before the grant is looked at.
+	"invalid_dpop_proof": domain.ClientRejected,
+	"use_dpop_nonce":     domain.Transient, // answered once with the nonce by dpop.TokenTransport
 	// Non-standard codes that say the refresh token is dead.
 	"invalid_refresh_token": domain.GrantDead, // Slack (token rotation), in an HTTP 200 body {"ok":false,...}
 	"BAD_REFRESH_TOKEN":     domain.GrantDead, // HubSpot, in a 400 body's "status" field

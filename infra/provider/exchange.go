@@ -44,7 +44,7 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 
 // redeem sends one code grant request in style and reads the answer.
 func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.AuthStyle) (domain.Grant, *oauth2.Token, *domain.ProviderError) {
-	req, err := clientRequest(ctx, r.cfg.Endpoint.TokenURL, maps.Clone(form), r.cfg.ClientID, r.cfg.ClientSecret, style)
+	req, err := r.request(ctx, maps.Clone(form), style)
 	if err != nil {
 		return domain.Grant{}, nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}

@@ -16,6 +16,8 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
@@ -77,6 +79,11 @@ type Refresher struct {
 	loaded  atomic.Bool  // the store was read
 	loading sync.Mutex   // one read of the store at a time; others do not wait for it
 	saving  atomic.Bool  // a write to the store is under way
+	nonces  *dpop.Nonces // the DPoP nonces token endpoints handed out
+	// private_key_jwt: the client's key and the assertions' audience.
+	clientKey    *clientkey.Key
+	assertionAud string
+	resource     string // RFC 8707 resource indicator; "" none
 }
 
 // AuthStyleStore keeps, per token URL and client id, the auth style the
@@ -149,6 +156,11 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	for _, o := range opts {
 		o(r)
 	}
+	if r.nonces == nil {
+		r.nonces = &dpop.Nonces{}
+	}
+	// Requests of a DPoP-bound grant carry a proof; others pass untouched.
+	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: r.nonces, Now: r.now}
 	return r
 }
 

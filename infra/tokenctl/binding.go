@@ -24,6 +24,9 @@ func printDetails(w io.Writer, conns []domain.Connection) {
 			}
 			fmt.Fprintln(w, line)
 		}
+		if c.DPoPJKT != "" {
+			fmt.Fprintln(w, c.Name+": bound to dpop key "+c.DPoPJKT+" (RFC 7638 thumbprint; the key is sealed with the grant)")
+		}
 		if hasMetadata(c.Metadata) {
 			object := string(c.Metadata.Object)
 			if object == "" {

@@ -343,7 +343,7 @@ func TestCheck(t *testing.T) {
 	}{
 		{set("OAUTH_TOKEN_URL="), "tokenctl: OAUTH_TOKEN_URL is required\n"},
 		{set("OAUTH_TOKEN_URL=/token"), "tokenctl: OAUTH_TOKEN_URL must be an http(s) URL, got \"/token\"\n"},
-		{set("OAUTH_AUTH_STYLE=basic"), "tokenctl: OAUTH_AUTH_STYLE must be auto, header or params, got \"basic\"\n"},
+		{set("OAUTH_AUTH_STYLE=basic"), "tokenctl: OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got \"basic\"\n"},
 	} {
 		environ := append(bad.environ, "OAUTH_CLIENT_SECRET=s")
 		if r := c.run(environ, "check"); r.code != 2 || r.stderr != bad.stderr {

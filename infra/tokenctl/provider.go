@@ -33,7 +33,8 @@ const providerUsage = `usage:
   tokenctl provider remove --name NAME    delete a provider no connection uses
 settings:
   --api-base-url URL --auth-url URL --revocation-url URL --auth-style auto|header|params --scopes a,b
-  --skew D --default-lifetime D --keep-alive D   (0: the global setting)`
+  --skew D --default-lifetime D --keep-alive D   (0: the global setting)
+  --dpop   the provider requires DPoP: each connection's grant is bound to a key made at connect time`
 
 // ProviderBackend is the Backend of a tokenctl that manages providers.
 type ProviderBackend interface {
@@ -96,6 +97,7 @@ type providerFlags struct {
 	secretStdin                                                                     bool
 	profile                                                                         string
 	params                                                                          paramFlags
+	dpop                                                                            bool
 }
 
 // paramFlags are repeated --param k=v.
@@ -116,6 +118,7 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.DurationVar(&f.skew, "skew", 0, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
 	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
 	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
+	fs.BoolVar(&f.dpop, "dpop", false, "the provider requires DPoP (RFC 9449): each connection's grant is bound to a key of its own, made at connect time")
 	if update {
 		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
 	} else {
@@ -158,6 +161,9 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 		if set[k] {
 			*d.dst = d.v
 		}
+	}
+	if set["dpop"] {
+		p.DPoP = f.dpop
 	}
 	if secret != nil {
 		p.ClientSecret = *secret

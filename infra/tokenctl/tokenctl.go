@@ -23,7 +23,7 @@ import (
 
 const usage = `usage:
   tokenctl migrate                          apply the database migrations
-  tokenctl import --connection NAME [--provider P] [--metadata JSON] [--tags a,b] < TOKEN
+  tokenctl import --connection NAME [--provider P] [--metadata JSON] [--tags a,b] [--dpop-key-file PATH] < TOKEN
                                             store a token (x/oauth2 JSON on stdin) as an active connection,
                                             refreshed at stored provider P (default: the OAUTH_* settings);
                                             --metadata (a JSON object) and --tags replace the connection's
@@ -119,7 +119,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return providerCmd(ctx, rest, backend, stdio)
 	}
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
-	var connection, reason, providerName, metadataJSON, tags string
+	var connection, reason, providerName, metadataJSON, tags, dpopKeyFile string
 	var revoke bool
 	switch cmd {
 	case "migrate", "rotate-key", "check":
@@ -128,6 +128,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 		fs.StringVar(&providerName, "provider", "", "the stored provider `P` that issued the token (default: the OAUTH_* settings)")
 		fs.StringVar(&metadataJSON, "metadata", "", "the connection's metadata, a `JSON` object (replaces what it had)")
 		fs.StringVar(&tags, "tags", "", "the connection's tags, comma-separated (`a,b`; replace what it had)")
+		fs.StringVar(&dpopKeyFile, "dpop-key-file", "", "the grant is bound to this DPoP key: a PEM EC P-256 private key at `PATH`, sealed and stored with it")
 	case "disconnect":
 		fs.StringVar(&connection, "connection", "", "disconnect connection `NAME`")
 		fs.BoolVar(&revoke, "revoke", false, "revoke the refresh token at the provider first; keep the connection if that fails")
@@ -196,10 +197,14 @@ func Main(args []string, backend Backend, stdio IO) int {
 
 	// Read stdin before opening the database: bad input fails fast.
 	var grant domain.Grant
+	var key boundKey
 	if cmd == "import" {
 		var err error
 		if grant, err = readGrant(stdio.Stdin, time.Now()); err != nil {
 			return fail(exitUsage, "import: %v", err)
+		}
+		if key, err = readDPoPKey(dpopKeyFile); err != nil {
+			return fail(exitUsage, "import: %v; nothing stored", err)
 		}
 	}
 	store, cleanup, err := backend.Open(ctx)
@@ -210,7 +215,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 
 	switch cmd {
 	case "import":
-		t, err := store.Connect(ctx, connection, providerName, grant, metadata)
+		t, err := key.connect(ctx, store, connection, providerName, grant, metadata)
 		switch {
 		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection), errors.Is(err, domain.ErrUnknownProvider),
 			errors.Is(err, domain.ErrInvalidMetadata):
@@ -379,7 +384,7 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	// others by position.
 	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider,
 		expiring(t, now, p.notice), t.StatusReason)
-	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) {
+	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) || t.DPoPJKT != "" {
 		p.bound = append(p.bound, t)
 	}
 	if p.lines++; p.lines%statusBlock == 0 {

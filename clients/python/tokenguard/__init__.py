@@ -6,6 +6,8 @@
     # ... the API answered 401 to tok.access_token:
     tok = tg.refresh_after_401("acme", tok.version)
     resp = tg.request("acme", "GET", "/v1/me")  # through the proxy
+    # a DPoP-bound (sender-constrained) connection: a proof per request
+    hdrs = tg.authorization_headers("acme", "GET", "https://api.example.com/v1/me")
 
 The process never sees a refresh token: the server refreshes each
 connection once per expiry for every process that shares it.
@@ -24,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Dict, Mapping, Optional, Union
 
-__all__ = ["Tokenguard", "Token", "Response", "TokenguardError"]
+__all__ = ["Tokenguard", "Token", "Proof", "Response", "TokenguardError"]
 __version__ = "1.0.0"
 
 
@@ -42,6 +44,21 @@ class Token:
     def authorization(self) -> str:
         """The Authorization header value for the API."""
         return "Bearer " + self.access_token
+
+
+@dataclass(frozen=True)
+class Proof:
+    """A DPoP proof for one request of a sender-constrained connection, as
+    POST /connections/{name}/dpop-proof gives it: the key never leaves the server."""
+
+    access_token: str = field(repr=False)
+    token_type: str
+    dpop: str = field(repr=False)
+    expires_at: Optional[float]
+
+    def headers(self) -> Dict[str, str]:
+        """The request's Authorization and DPoP headers."""
+        return {"Authorization": "DPoP " + self.access_token, "DPoP": self.dpop}
 
 
 @dataclass(frozen=True)
@@ -87,6 +104,7 @@ class Tokenguard:
         self._locks: Dict[str, threading.Lock] = {}
         self._fetched: Dict[str, int] = {}  # connection -> answers stored so far
         self._mu = threading.Lock()
+        self._bound: Dict[str, bool] = {}  # connections found sender-constrained
 
     def __repr__(self) -> str:  # never the key
         return f"Tokenguard({self._base!r})"
@@ -140,6 +158,33 @@ class Tokenguard:
         if "Tokenguard-Error" in hdrs:
             raise _error(status, hdrs, data)
         return Response(status, hdrs, data)
+
+    def dpop_proof(self, connection: str, method: str, url: str, nonce: Optional[str] = None) -> Proof:
+        """A proof of the connection's DPoP key for one request (method, absolute url
+        under the provider's API base), with its access token; nonce: the API's
+        DPoP-Nonce after it answered 401 use_dpop_nonce."""
+        body = {"method": method.upper(), "url": url}
+        if nonce:
+            body["nonce"] = nonce
+        status, hdrs, data = self._do("POST", self._conn_url(connection, "/dpop-proof"), json.dumps(body).encode(),
+                                      {"Accept": "application/json", "Content-Type": "application/json"}, None)
+        if status != 200:
+            raise _error(status, hdrs, data)
+        d = json.loads(data)
+        return Proof(d["access_token"], d["token_type"], d["dpop"], _unix(d["expires_at"]) if d.get("expires_at") else None)
+
+    def authorization_headers(self, connection: str, method: str, url: str,
+                              nonce: Optional[str] = None) -> Dict[str, str]:
+        """The headers of one call to the connection's API: its bearer token, or for
+        a sender-constrained (DPoP-bound) connection its token with a fresh proof."""
+        if not self._bound.get(connection):
+            try:
+                return {"Authorization": self.token(connection).authorization()}
+            except TokenguardError as e:
+                if e.code != "sender_constrained":
+                    raise
+                self._bound[connection] = True
+        return self.dpop_proof(connection, method, url, nonce).headers()
 
     # internals
 

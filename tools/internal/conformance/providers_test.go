@@ -272,12 +272,25 @@ var hiddenInput = regexp.MustCompile(`(?is)<input[^>]*type="hidden"[^>]*name="([
 // the server redirects to the client's redirect URI with a code, which it
 // exchanges (with PKCE, which oidc-provider requires).
 func browserGrant(ctx context.Context, cfg *oauth2.Config, fill func(page string, form url.Values) bool) (*oauth2.Token, error) {
+	state, verifier := "conformance-state", oauth2.GenerateVerifier()
+	q, err := browserCallback(ctx, cfg.AuthCodeURL(state, oauth2.SetAuthURLParam("prompt", "consent"), oauth2.S256ChallengeOption(verifier)),
+		cfg.RedirectURL, fill)
+	if err != nil {
+		return nil, err
+	}
+	if q.Get("state") != state || q.Get("code") == "" {
+		return nil, errors.New("authorization redirect without code or with a wrong state")
+	}
+	return cfg.Exchange(ctx, q.Get("code"), oauth2.VerifierOption(verifier))
+}
+
+// browserCallback drives the authorization pages from authURL as
+// browserGrant does and returns the query of the redirect to redirectURL.
+func browserCallback(ctx context.Context, authURL, redirectURL string, fill func(page string, form url.Values) bool) (url.Values, error) {
 	jar, _ := cookiejar.New(nil)
 	client := &http.Client{Jar: jar, Timeout: 10 * time.Second,
 		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	state, verifier := "conformance-state", oauth2.GenerateVerifier()
-	next, _ := http.NewRequestWithContext(ctx, http.MethodGet,
-		cfg.AuthCodeURL(state, oauth2.SetAuthURLParam("prompt", "consent"), oauth2.S256ChallengeOption(verifier)), nil)
+	next, _ := http.NewRequestWithContext(ctx, http.MethodGet, authURL, nil)
 	for step := 0; step < 12; step++ {
 		resp, err := client.Do(next)
 		if err != nil {
@@ -291,15 +304,12 @@ func browserGrant(ctx context.Context, cfg *oauth2.Config, fill func(page string
 			if err != nil {
 				return nil, fmt.Errorf("authorization step %d: bad redirect", step)
 			}
-			if strings.HasPrefix(loc.String(), cfg.RedirectURL) {
+			if strings.HasPrefix(loc.String(), redirectURL) {
 				q := loc.Query()
 				if e := q.Get("error"); e != "" {
 					return nil, fmt.Errorf("authorization failed: %s: %s", e, q.Get("error_description"))
 				}
-				if q.Get("state") != state || q.Get("code") == "" {
-					return nil, errors.New("authorization redirect without code or with a wrong state")
-				}
-				return cfg.Exchange(ctx, q.Get("code"), oauth2.VerifierOption(verifier))
+				return q, nil
 			}
 			next, _ = http.NewRequestWithContext(ctx, http.MethodGet, loc.String(), nil)
 		case resp.StatusCode == http.StatusOK:
@@ -336,9 +346,13 @@ type nodeServer struct {
 	stderr strings.Builder
 }
 
-func startOIDCProvider(t *testing.T) *nodeServer {
+func startOIDCProvider(t *testing.T) *nodeServer { return startNodeServer(t, "oidcprovider") }
+
+// startNodeServer runs sub/server.mjs (oidcprovider, oidcdpop) with the
+// extra environment variables extra.
+func startNodeServer(t *testing.T, sub string, extra ...string) *nodeServer {
 	t.Helper()
-	dir, err := filepath.Abs("oidcprovider")
+	dir, err := filepath.Abs(sub)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -359,6 +373,7 @@ func startOIDCProvider(t *testing.T) *nodeServer {
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CLIENT_SECRET="+clientSecret, "REDIRECT_URI="+redirectURI,
 		fmt.Sprintf("ACCESS_TOKEN_TTL=%d", int(lifetime/time.Second)), "NODE_ENV=test")
+	cmd.Env = append(cmd.Env, extra...)
 	n := &nodeServer{}
 	cmd.Stderr = &lockedWriter{mu: &n.mu, w: &n.stderr}
 	out, err := cmd.StdoutPipe()

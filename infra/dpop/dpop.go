@@ -1,0 +1,173 @@
+// Package dpop holds a connection's DPoP key (RFC 9449) and signs its
+// proofs. With DPoP a refresh token is worthless without the private key
+// it is bound to, so the key is part of the grant: stored sealed with it,
+// shared by every process, lost with it.
+package dpop
+
+import (
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/sha256"
+	"crypto/x509"
+	"encoding/base64"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"strings"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+)
+
+// ErrBadKey: a DPoP key that is not a PEM EC P-256 private key.
+var ErrBadKey = errors.New("dpop: not a PEM EC P-256 private key")
+
+// Key is a connection's DPoP key pair (ES256). Printing it in any form
+// shows only its thumbprint; MarshalPEM is the one way out for the
+// private half (to be sealed). Safe for concurrent use.
+type Key struct {
+	priv   *ecdsa.PrivateKey
+	jkt    string
+	signer jose.Signer
+}
+
+// Generate makes a new ES256 key.
+func Generate() (*Key, error) {
+	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("dpop: generate key: %w", err)
+	}
+	return FromSigner(priv)
+}
+
+// FromSigner wraps an EC P-256 private key.
+func FromSigner(s crypto.Signer) (*Key, error) {
+	priv, ok := s.(*ecdsa.PrivateKey)
+	if !ok || priv.Curve != elliptic.P256() {
+		return nil, ErrBadKey
+	}
+	pub := jose.JSONWebKey{Key: priv.Public(), Algorithm: string(jose.ES256), Use: "sig"}
+	tp, err := pub.Thumbprint(crypto.SHA256)
+	if err != nil {
+		return nil, fmt.Errorf("dpop: thumbprint: %w", err)
+	}
+	signer, err := jose.NewSigner(jose.SigningKey{Algorithm: jose.ES256, Key: priv},
+		(&jose.SignerOptions{EmbedJWK: true}).WithType("dpop+jwt"))
+	if err != nil {
+		return nil, fmt.Errorf("dpop: signer: %w", err)
+	}
+	return &Key{priv: priv, jkt: base64.RawURLEncoding.EncodeToString(tp), signer: signer}, nil
+}
+
+// ParsePEM reads a PEM private key (PKCS #8 or SEC 1) on P-256. Errors
+// never quote the input.
+func ParsePEM(data []byte) (*Key, error) {
+	block, _ := pem.Decode(data)
+	if block == nil {
+		return nil, ErrBadKey
+	}
+	var s any
+	var err error
+	switch block.Type {
+	case "PRIVATE KEY":
+		s, err = x509.ParsePKCS8PrivateKey(block.Bytes)
+	case "EC PRIVATE KEY":
+		s, err = x509.ParseECPrivateKey(block.Bytes)
+	default:
+		return nil, ErrBadKey
+	}
+	if err != nil {
+		return nil, ErrBadKey
+	}
+	signer, ok := s.(crypto.Signer)
+	if !ok {
+		return nil, ErrBadKey
+	}
+	return FromSigner(signer)
+}
+
+// MarshalPEM is the private key in PKCS #8 PEM: for sealing, never for
+// printing.
+func (k *Key) MarshalPEM() []byte {
+	der, err := x509.MarshalPKCS8PrivateKey(k.priv)
+	if err != nil {
+		panic("dpop: marshal a P-256 key: " + err.Error()) // cannot happen for a P-256 key
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
+}
+
+// Thumbprint is the public key's JWK SHA-256 thumbprint (RFC 7638),
+// base64url: the jkt a server binds tokens to.
+func (k *Key) Thumbprint() string { return k.jkt }
+
+// Public is the public half.
+func (k *Key) Public() crypto.PublicKey { return k.priv.Public() }
+
+func (k *Key) String() string               { return "dpop-key(" + k.jkt + ")" }
+func (k *Key) GoString() string             { return k.String() }
+func (k *Key) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(k.String())) }
+func (k *Key) LogValue() slog.Value         { return slog.StringValue(k.String()) }
+func (k *Key) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
+func (k *Key) MarshalJSON() ([]byte, error) { return json.Marshal(k.String()) }
+
+// claims are a proof's claims (RFC 9449 §4.2).
+type claims struct {
+	JTI   string `json:"jti"`
+	HTM   string `json:"htm"`
+	HTU   string `json:"htu"`
+	IAT   int64  `json:"iat"`
+	ATH   string `json:"ath,omitempty"`
+	Nonce string `json:"nonce,omitempty"`
+}
+
+// Proof signs a proof for one request: method and target (its query and
+// fragment dropped, as htu wants), the access token's hash when the
+// request carries one (resource calls), the server's nonce when it gave
+// one.
+func (k *Key) Proof(method, target, accessToken, nonce string, now time.Time) (string, error) {
+	htu, err := HTU(target)
+	if err != nil {
+		return "", err
+	}
+	c := claims{JTI: rand.Text(), HTM: strings.ToUpper(method), HTU: htu, IAT: now.Unix(), Nonce: nonce}
+	if accessToken != "" {
+		c.ATH = ATH(accessToken)
+	}
+	payload, err := json.Marshal(c)
+	if err != nil {
+		return "", err
+	}
+	jws, err := k.signer.Sign(payload)
+	if err != nil {
+		return "", fmt.Errorf("dpop: sign proof: %w", err)
+	}
+	return jws.CompactSerialize()
+}
+
+// HTU is target as a proof's htu: without query and fragment.
+func HTU(target string) (string, error) {
+	u, err := url.Parse(target)
+	if err != nil || u.Scheme == "" || u.Host == "" {
+		return "", fmt.Errorf("dpop: %q is not an absolute URL", redactQuery(target))
+	}
+	u.RawQuery, u.Fragment, u.RawFragment, u.User = "", "", "", nil
+	return u.String(), nil
+}
+
+// ATH is an access token's hash as a proof's ath.
+func ATH(accessToken string) string {
+	h := sha256.Sum256([]byte(accessToken))
+	return base64.RawURLEncoding.EncodeToString(h[:])
+}
+
+func redactQuery(s string) string {
+	if i := strings.IndexAny(s, "?#"); i >= 0 {
+		return s[:i]
+	}
+	return s
+}

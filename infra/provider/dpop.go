@@ -1,0 +1,56 @@
+package provider
+
+import (
+	"context"
+	"fmt"
+
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
+)
+
+// WithNonces shares the DPoP nonces the token endpoints hand out with the
+// rest of the process (default: the refresher's own).
+func WithNonces(n *dpop.Nonces) Option { return func(r *Refresher) { r.nonces = n } }
+
+// proofKey opens a grant's DPoP key for the requests of one call. Errors
+// never show the key.
+func proofKey(ctx context.Context, key domain.Secret) (context.Context, error) {
+	k, err := dpop.ParsePEM([]byte(key.Reveal()))
+	if err != nil {
+		return nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: fmt.Errorf("the grant's DPoP key: %w", err)}
+	}
+	return dpop.WithKey(ctx, k), nil
+}
+
+// RefreshBound redeems a refresh token bound to key (PEM) at provider: the
+// request carries a DPoP proof signed with it (RFC 9449 §5), and a
+// refusal for want of the server's nonce is answered once with it before
+// the server looks at the refresh token.
+func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error) {
+	ctx, err := proofKey(ctx, key)
+	if err != nil {
+		return domain.Grant{}, err
+	}
+	return r.Refresh(ctx, provider, refreshToken)
+}
+
+// ExchangeBound redeems an authorization code with a proof of key, which
+// the grant is then bound to.
+func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectURL, verifier string, key domain.Secret) (domain.Grant, *oauth2.Token, error) {
+	ctx, err := proofKey(ctx, key)
+	if err != nil {
+		return domain.Grant{}, nil, err
+	}
+	return r.Exchange(ctx, provider, code, redirectURL, verifier)
+}
+
+// DPoP reports whether provider ("" is the configuration's, which
+// requires it when dflt) requires DPoP-bound grants.
+func (r *Registry) DPoP(provider string, dflt bool) bool {
+	if provider == "" {
+		return dflt
+	}
+	return r.state.Load().byName[provider].p.DPoP
+}
