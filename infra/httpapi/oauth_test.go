@@ -27,7 +27,7 @@ func (noFlows) AuthCodeURL(_ context.Context, f tokenguard.ConnectFlow) (string,
 func (noFlows) Complete(context.Context, tokenguard.ConnectFlow, url.Values) (tokenguard.ConnectResult, error) {
 	return tokenguard.ConnectResult{}, errors.New("no flows")
 }
-func (noFlows) Redeem(context.Context, string) (tokenguard.Connected, error) {
+func (noFlows) RedeemFor(context.Context, string, func(string) error) (tokenguard.Connected, error) {
 	return tokenguard.Connected{}, domain.ErrResultInvalid
 }
 

@@ -54,7 +54,8 @@ type Events interface {
 type ConnectFlows interface {
 	AuthCodeURL(ctx context.Context, f tokenguard.ConnectFlow) (string, tokenguard.ConnectFlow, error)
 	Complete(ctx context.Context, f tokenguard.ConnectFlow, callback url.Values) (tokenguard.ConnectResult, error)
-	Redeem(ctx context.Context, code string) (tokenguard.Connected, error)
+	// RedeemFor redeems the result only if allow accepts its connection.
+	RedeemFor(ctx context.Context, code string, allow func(connection string) error) (tokenguard.Connected, error)
 }
 
 // Connections lists connections without their credentials, in name order
