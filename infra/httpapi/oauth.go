@@ -228,6 +228,9 @@ func plainURL(target string) bool {
 		}
 	}
 	path, _, _ := strings.Cut(target, "?")
+	if domain.CheckPath(path) != nil {
+		return false
+	}
 	for seg := range strings.SplitSeq(path, "/") {
 		for range 4 { // %252e%252e and deeper
 			dec, err := url.PathUnescape(seg)
