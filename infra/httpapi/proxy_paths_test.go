@@ -5,8 +5,8 @@ import (
 	"io"
 	"net/http"
 	"os"
-	"time"
 	"testing"
+	"time"
 )
 
 // TestProxyHostilePaths sends every path of testdata/hostile_paths.json
