@@ -46,3 +46,11 @@ export class Tokenguard {
   /** The connection's API through the server's proxy: the API's answer whatever its status. */
   request(connection: string, method: string, path: string, options?: RequestOptions): Promise<Response>;
 }
+
+/**
+ * Why path could be read as another path (a dot segment however often
+ * percent-encoded, also before a ";" parameter, a backslash, a control
+ * byte, invalid or overlong UTF-8), or "" when it cannot. request()
+ * refuses such a path with TokenguardError code "bad_path", as the server does.
+ */
+export function unsafePath(path: string): string;
