@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -129,6 +130,48 @@ type Console struct {
 	d     Deps
 	mux   *http.ServeMux
 	pages map[string]*template.Template
+	tries loginTries
+}
+
+// loginTries counts the login attempts of each pre-login cookie, so that
+// one login form cannot be replayed to try keys (the server limits each
+// address too).
+type loginTries struct {
+	mu sync.Mutex
+	n  map[string]loginTry
+}
+
+type loginTry struct {
+	count int
+	until time.Time
+}
+
+// maxLoginTries per pre-login cookie; the form is then fetched again.
+const maxLoginTries = 5
+
+// take counts an attempt of cookie pre and reports whether it is allowed.
+func (l *loginTries) take(pre string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == nil || len(l.n) >= 10000 {
+		for k, v := range l.n {
+			if now.After(v.until) {
+				delete(l.n, k)
+			}
+		}
+		if l.n == nil || len(l.n) >= 10000 {
+			l.n = map[string]loginTry{}
+		}
+	}
+	h := sha256.Sum256([]byte(pre))
+	k := string(h[:])
+	t := l.n[k]
+	if now.After(t.until) {
+		t = loginTry{until: now.Add(10 * time.Minute)}
+	}
+	t.count++
+	l.n[k] = t
+	return t.count <= maxLoginTries
 }
 
 //go:embed assets
@@ -315,6 +358,10 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	pre, err := r.Cookie(c.cookieName(loginCookie))
 	if err != nil || !csrfOK(r, pre.Value) {
 		c.fail(w, r, http.StatusForbidden, "The login form is stale or did not come from the console (CSRF token missing or wrong). Open the login page again.")
+		return
+	}
+	if !c.tries.take(pre.Value, c.d.Now()) {
+		c.showLogin(w, r, http.StatusTooManyRequests, "Too many attempts with this form; wait and try again.")
 		return
 	}
 	key := strings.TrimSpace(r.PostFormValue("key"))

@@ -340,3 +340,28 @@ func TestConsoleAuthorizationTable(t *testing.T) {
 		}
 	}
 }
+
+// TestLoginTriesPerForm: one login form (its pre-login cookie and CSRF
+// token) replayed with wrong keys is refused after a few attempts, before
+// any key is checked; a fresh form gets its own (the control).
+func TestLoginTriesPerForm(t *testing.T) {
+	c, _, _ := newTestConsole()
+	post := func(pre string) int {
+		req := httptest.NewRequest("POST", "/console/login", strings.NewReader(url.Values{"csrf": {csrfOf(pre)}, "key": {"tgk_wrong"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(&http.Cookie{Name: loginCookie, Value: pre})
+		w := httptest.NewRecorder()
+		c.ServeHTTP(w, req)
+		return w.Code
+	}
+	codes := map[int]int{}
+	for range 50 {
+		codes[post("form-1")]++
+	}
+	if codes[http.StatusUnauthorized] != maxLoginTries || codes[http.StatusTooManyRequests] != 50-maxLoginTries {
+		t.Errorf("50 wrong keys with one form: %v", codes)
+	}
+	if code := post("form-2"); code != http.StatusUnauthorized {
+		t.Errorf("control: a fresh form: %d, want 401", code)
+	}
+}
