@@ -196,10 +196,19 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 // ErrResultInvalid. A refused grant is revoked by the next
 // SweepConnectResults.
 func (t *Tokens) Redeem(ctx context.Context, code string) (Connected, error) {
+	return t.RedeemFor(ctx, code, nil)
+}
+
+// RedeemFor is Redeem for a caller limited to some connections: allow
+// (nil: every connection) is asked about the result's connection before
+// anything is stored; its error is returned, with the connection, and the
+// result stays unspent. Servers pass their API key's rule
+// (domain.KeyAccess.Permit).
+func (t *Tokens) RedeemFor(ctx context.Context, code string, allow func(connection string) error) (Connected, error) {
 	if t.closed.Load() {
 		return Connected{}, ErrClosed
 	}
-	tok, p, err := t.flow.Redeem(ctx, domain.NewSecret(code))
+	tok, p, err := t.flow.Redeem(ctx, domain.NewSecret(code), allow)
 	if err != nil {
 		return Connected{Connection: p.Connection}, err
 	}

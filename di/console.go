@@ -40,7 +40,7 @@ type consoleSessions struct{ *repository.ConsoleSessions }
 
 func (s consoleSessions) Lookup(ctx context.Context, token domain.Secret) (console.Session, error) {
 	cs, err := s.ConsoleSessions.Lookup(ctx, token)
-	return console.Session{KeyID: cs.KeyID, KeyName: cs.KeyName, ExpiresAt: cs.ExpiresAt}, err
+	return console.Session{KeyID: cs.KeyID, KeyName: cs.KeyName, ExpiresAt: cs.ExpiresAt, Access: cs.Access}, err
 }
 
 // consoleProviders lists the OAUTH_* provider and the stored ones, with

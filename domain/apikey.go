@@ -65,6 +65,29 @@ func (a KeyAccess) AllowsConnection(name string) bool {
 	return false
 }
 
+// ErrMissingScope: the API key lacks the scope an action needs.
+var ErrMissingScope = errors.New("the API key lacks the scope")
+
+// ErrConnectionNotAllowed: none of the API key's connection patterns
+// matches the connection an action names. Nothing was done.
+var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
+
+// Permit is the one authorization rule of every surface that acts for a
+// key (the HTTP API, the console, the redeem step): the key must hold
+// scope s and, when the action names a connection, a pattern matching it.
+// connection "" names none (a listing, which shows only what
+// AllowsConnection matches). The error wraps ErrMissingScope or
+// ErrConnectionNotAllowed.
+func (a KeyAccess) Permit(s Scope, connection string) error {
+	if s == "" || !slices.Contains(AllScopes, s) || !a.Has(s) {
+		return fmt.Errorf("%w %s", ErrMissingScope, s)
+	}
+	if connection != "" && !a.AllowsConnection(connection) {
+		return fmt.Errorf("%w %s", ErrConnectionNotAllowed, connection)
+	}
+	return nil
+}
+
 // ParseScopes reads scope names (each one of AllScopes), without repeats.
 // Errors wrap ErrInvalidKeyAccess and name the unknown scope's position,
 // not its text: it came from a command line.

@@ -20,11 +20,13 @@ type ConsoleSessions struct {
 // NewConsoleSessions binds the store to a pool.
 func NewConsoleSessions(db *gorm.DB) *ConsoleSessions { return &ConsoleSessions{db: db} }
 
-// ConsoleSession is a live session: the key it was opened with.
+// ConsoleSession is a live session: the key it was opened with, and that
+// key's scopes and connection patterns as they are now.
 type ConsoleSession struct {
 	KeyID     int32
 	KeyName   string
 	ExpiresAt time.Time
+	Access    domain.KeyAccess
 }
 
 // Create opens a session for the API key keyID, good for lifetime, and
@@ -48,11 +50,15 @@ VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING exp
 // is none: never created, logged out, expired, or its key revoked.
 func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (ConsoleSession, error) {
 	var rows []struct {
-		KeyID     int32
-		KeyName   string
-		ExpiresAt time.Time
+		ID                  int32
+		Name                string
+		ExpiresAt           time.Time
+		AllScopes, AllConns bool
+		Scopes, Connections string
 	}
-	err := c.db.WithContext(ctx).Raw(`SELECT k.id AS key_id, k.name AS key_name, s.expires_at
+	err := c.db.WithContext(ctx).Raw(`SELECT k.id, k.name, s.expires_at,
+	k.scopes IS NULL AS all_scopes, coalesce(array_to_string(k.scopes, ','), '') AS scopes,
+	k.connection_patterns IS NULL AS all_conns, coalesce(array_to_string(k.connection_patterns, ','), '') AS connections
 FROM tokenguard_console_sessions s JOIN tokenguard_api_keys k ON k.id = s.api_key_id
 WHERE s.token_hash = decode(?, 'hex') AND s.expires_at > now()`, hashParam(token)).Scan(&rows).Error
 	if err != nil {
@@ -61,7 +67,9 @@ WHERE s.token_hash = decode(?, 'hex') AND s.expires_at > now()`, hashParam(token
 	if len(rows) == 0 {
 		return ConsoleSession{}, domain.ErrUnauthorized
 	}
-	return ConsoleSession{KeyID: rows[0].KeyID, KeyName: rows[0].KeyName, ExpiresAt: rows[0].ExpiresAt}, nil
+	r := rows[0]
+	k := keyRow{ID: r.ID, Name: r.Name, AllScopes: r.AllScopes, Scopes: r.Scopes, AllConns: r.AllConns, Connections: r.Connections}
+	return ConsoleSession{KeyID: r.ID, KeyName: r.Name, ExpiresAt: r.ExpiresAt, Access: k.access()}, nil
 }
 
 // Delete ends the session of token (logout); an unknown one is no error.

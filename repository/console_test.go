@@ -181,6 +181,21 @@ func TestConsoleSessions(t *testing.T) {
 	if err != nil || s.KeyID != ops.ID || s.KeyName != "ops" || !s.ExpiresAt.Equal(expires) {
 		t.Errorf("lookup: %+v, %v", s, err)
 	}
+	// The session carries its key's rights as they are now: every right
+	// here (NULL scopes and patterns), a tenant's patterns below.
+	if s.Access.Scopes != nil || s.Access.Connections != nil || s.Access.ID != ops.ID {
+		t.Errorf("lookup of a key of every right: access %+v", s.Access)
+	}
+	tenant := domain.KeyAccess{Scopes: []domain.Scope{domain.ScopeAdmin}, Connections: []string{"tenant-a-*"}}
+	if err := keys.Create(ctx, "tenant", repository.NewCredential(repository.APIKeyPrefix), tenant); err != nil {
+		t.Fatal(err)
+	}
+	all, _ := keys.List(ctx)
+	tk, _, _ := sessions.Create(ctx, all[len(all)-1].ID, time.Hour)
+	if ts, err := sessions.Lookup(ctx, tk); err != nil || ts.KeyName != "tenant" || !ts.Access.Has(domain.ScopeAdmin) ||
+		ts.Access.Has(domain.ScopeTokenRead) || !ts.Access.AllowsConnection("tenant-a-1") || ts.Access.AllowsConnection("tenant-b-2") {
+		t.Errorf("lookup of a tenant's session: %+v, %v", ts, err)
+	}
 	// Only the hash is stored.
 	var stored int
 	if err := db.Raw("SELECT count(*) FROM tokenguard_console_sessions WHERE position(convert_to(?, 'UTF8') IN token_hash) > 0", token.Reveal()).Scan(&stored).Error; err != nil || stored != 0 {

@@ -57,13 +57,21 @@ func (u *ConnectFlowUseCase) Keep(ctx context.Context, p domain.PendingGrant) (d
 // granted it (refused with domain.ErrAccountMismatch unless the session
 // allowed the change), with the session's metadata, in one transaction
 // with the result's deletion. An unknown, expired or redeemed code is
-// domain.ErrResultInvalid and stores nothing. A grant refused for good
+// domain.ErrResultInvalid and stores nothing, as does allow's refusal of
+// the result's connection (nil allow: any connection). A grant refused for good
 // (another account, no usable token) is expired at once, so the sweep
 // revokes it.
-func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret) (domain.Token, domain.PendingGrant, error) {
+func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret, allow func(connection string) error) (domain.Token, domain.PendingGrant, error) {
 	id, p, err := u.results.Pending(ctx, code)
 	if err != nil {
 		return domain.Token{}, domain.PendingGrant{}, err
+	}
+	if allow != nil {
+		// Before anything is stored or spent: a caller that may not
+		// connect p.Connection leaves the result to one that may.
+		if err := allow(p.Connection); err != nil {
+			return domain.Token{}, domain.PendingGrant{Connection: p.Connection}, err
+		}
 	}
 	t, err := u.connect.ConnectGrant(ctx, p.Connection, p.Grant, ConnectRequest{
 		Binding: p.Binding, AllowAccountChange: p.AllowAccountChange, Metadata: p.Metadata, Provider: p.Provider,

@@ -58,3 +58,11 @@ export interface Proof {
   readonly expiresAt: Date | null;
   headers(): { Authorization: string; DPoP: string };
 }
+
+/**
+ * Why path could be read as another path (a dot segment however often
+ * percent-encoded, also before a ";" parameter, a backslash, a control
+ * byte, invalid or overlong UTF-8), or "" when it cannot. request()
+ * refuses such a path with TokenguardError code "bad_path", as the server does.
+ */
+export function unsafePath(path: string): string;

@@ -25,6 +25,51 @@ export class TokenguardError extends Error {
   }
 }
 
+const utf8 = new TextDecoder("utf-8", { fatal: true });
+
+/**
+ * Why path could be read as another path by some parser on the way, or ""
+ * when it cannot: after any number of percent-decodings, a "." or ".."
+ * segment (also before a ";" parameter), a backslash, a control byte, or
+ * bytes that are not valid UTF-8 (overlong forms included). The server's
+ * check (domain.CheckPath) is the same.
+ */
+export function unsafePath(path) {
+  let bytes = new TextEncoder().encode(String(path));
+  for (let round = 0; round < 8; round++) {
+    let text;
+    try {
+      text = utf8.decode(bytes);
+    } catch {
+      return "not valid UTF-8";
+    }
+    for (const b of bytes) {
+      if (b < 0x20 || b === 0x7f) return "a control byte";
+      if (b === 0x5c) return "a backslash";
+    }
+    for (const seg of text.split("/")) {
+      const name = seg.split(";")[0];
+      if (name === "." || name === "..") return "a dot segment";
+    }
+    const out = [];
+    let changed = false;
+    for (let i = 0; i < bytes.length; i++) {
+      if (bytes[i] !== 0x25) {
+        out.push(bytes[i]);
+        continue;
+      }
+      const hex = String.fromCharCode(bytes[i + 1] ?? 0, bytes[i + 2] ?? 0);
+      if (!/^[0-9A-Fa-f]{2}$/.test(hex)) return "a malformed percent-escape";
+      out.push(parseInt(hex, 16));
+      i += 2;
+      changed = true;
+    }
+    if (!changed) return "";
+    bytes = Uint8Array.from(out);
+  }
+  return "percent-encoded more than 8 times";
+}
+
 export class Tokenguard {
   #base;
   #key;
@@ -81,6 +126,10 @@ export class Tokenguard {
    * its status; rejects with TokenguardError for tokenguard's own errors.
    */
   async request(connection, method, path, { body, headers, query, timeoutMs } = {}) {
+    // fetch resolves dot segments before sending: "../token" would leave
+    // the proxy for the token route. Refused here, as the server refuses.
+    const why = unsafePath(path);
+    if (why) throw new TokenguardError(400, "bad_path", `the path could be read as another path: ${why}`, connection);
     let url = this.#connURL(connection, "/proxy/" + path.replace(/^\/+/, ""));
     if (query) url += "?" + new URLSearchParams(query).toString();
     const res = await this.#fetch(method, url, body, headers, timeoutMs);

@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"encoding/json"
+	"errors"
 	"net/http"
 	"slices"
 
@@ -31,23 +32,14 @@ func writeForbidden(w http.ResponseWriter, b forbiddenBody) {
 // requireScope answers 403 unless the request's key holds the route's
 // scope and, on a route of one connection, a pattern matching its name
 // (then 400 unless that is a valid name). A route that names no scope
-// refuses every key.
+// refuses every key. domain.KeyAccess.Permit decides.
 func requireScope(rt route, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		acc := keyAccess(r.Context())
-		if rt.scope == "" || !slices.Contains(domain.AllScopes, rt.scope) {
-			writeForbidden(w, forbiddenBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"})
+		name := r.PathValue("name")
+		if !permit(w, keyAccess(r.Context()), rt.scope, name, "") {
 			return
 		}
-		if !acc.Has(rt.scope) {
-			writeForbidden(w, forbiddenBody{Error: "the API key lacks the scope " + string(rt.scope) + " (tokenctl apikey create --scopes)",
-				Code: "missing_scope", MissingScope: rt.scope})
-			return
-		}
-		if name := r.PathValue("name"); name != "" {
-			if !allowConnection(w, acc, name) {
-				return
-			}
+		if name != "" {
 			if err := domain.ValidateName(name); err != nil {
 				writeError(w, "", err)
 				return
@@ -57,24 +49,24 @@ func requireScope(rt route, next http.Handler) http.Handler {
 	})
 }
 
-// allowConnection answers 403 and false unless one of the key's patterns
-// matches the connection name.
-func allowConnection(w http.ResponseWriter, acc domain.KeyAccess, name string) bool {
-	if acc.AllowsConnection(name) {
+// permit answers 403 and false unless acc may use scope s on connection
+// name ("": none named); what says what needed s, when it was not the route.
+func permit(w http.ResponseWriter, acc domain.KeyAccess, s domain.Scope, name, what string) bool {
+	err := acc.Permit(s, name)
+	switch {
+	case err == nil:
 		return true
+	case s == "" || !slices.Contains(domain.AllScopes, s):
+		writeForbidden(w, forbiddenBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"})
+	case errors.Is(err, domain.ErrMissingScope) && what != "":
+		writeForbidden(w, forbiddenBody{Error: what + " needs the scope " + string(s) + " (tokenctl apikey create --scopes)",
+			Code: "missing_scope", MissingScope: s})
+	case errors.Is(err, domain.ErrMissingScope):
+		writeForbidden(w, forbiddenBody{Error: "the API key lacks the scope " + string(s) + " (tokenctl apikey create --scopes)",
+			Code: "missing_scope", MissingScope: s})
+	default:
+		writeForbidden(w, forbiddenBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
+			Code: "connection_not_allowed", Connection: name, Allowed: acc.Connections})
 	}
-	writeForbidden(w, forbiddenBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
-		Code: "connection_not_allowed", Connection: name, Allowed: acc.Connections})
-	return false
-}
-
-// allowScope answers 403 and false unless the key holds scope s: for a
-// right a request asks for in its body.
-func allowScope(w http.ResponseWriter, acc domain.KeyAccess, s domain.Scope, what string) bool {
-	if acc.Has(s) {
-		return true
-	}
-	writeForbidden(w, forbiddenBody{Error: what + " needs the scope " + string(s) + " (tokenctl apikey create --scopes)",
-		Code: "missing_scope", MissingScope: s})
 	return false
 }

@@ -19,7 +19,7 @@ const ControlBuild = true
 
 // redeemAtCallback redeems the pending result at once, with no backend.
 func (s *Server) redeemAtCallback(ctx context.Context, o outcome) outcome {
-	c, err := s.deps.Flows.Redeem(ctx, o.result)
+	c, err := s.deps.Flows.RedeemFor(ctx, o.result, nil)
 	if err != nil {
 		p := problem.Of(err)
 		return outcome{httpStatus: p.Status, Connection: o.Connection, Code: p.Code, Message: "The grant could not be stored."}

@@ -111,8 +111,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	}
 	// Which keys may ask for a link, and for which account change.
 	acc := keyAccess(r.Context())
-	if !allowConnection(w, acc, req.Connection) ||
-		(req.AllowAccountChange && !allowScope(w, acc, domain.ScopeAdmin, "allow_account_change")) {
+	if !permit(w, acc, domain.ScopeConnect, req.Connection, "") ||
+		(req.AllowAccountChange && !permit(w, acc, domain.ScopeAdmin, "", "allow_account_change")) {
 		return
 	}
 	var metadata *domain.Metadata
@@ -228,6 +228,9 @@ func plainURL(target string) bool {
 		}
 	}
 	path, _, _ := strings.Cut(target, "?")
+	if domain.CheckPath(path) != nil {
+		return false
+	}
 	for seg := range strings.SplitSeq(path, "/") {
 		for range 4 { // %252e%252e and deeper
 			dec, err := url.PathUnescape(seg)
@@ -475,7 +478,19 @@ func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"result":"tgr_…"}`, Code: "bad_request"})
 		return
 	}
-	c, err := s.deps.Flows.Redeem(r.Context(), req.Result)
+	// The result's connection must be one the key may connect: checked
+	// before anything is stored, and a refused result stays redeemable by
+	// a key that may.
+	acc := keyAccess(r.Context())
+	c, err := s.deps.Flows.RedeemFor(r.Context(), req.Result, func(connection string) error {
+		return acc.Permit(domain.ScopeConnect, connection)
+	})
+	if errors.Is(err, domain.ErrConnectionNotAllowed) {
+		s.deps.Log.Warn("connect result refused: the API key may not connect its connection; nothing stored",
+			"connection", c.Connection, "api_key", acc.Name)
+		permit(w, acc, domain.ScopeConnect, c.Connection, "")
+		return
+	}
 	if err != nil {
 		s.redeemFailed(r, c.Connection, err)
 		writeError(w, c.Connection, err)

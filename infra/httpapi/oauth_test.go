@@ -2,10 +2,12 @@ package httpapi
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"regexp"
 	"strings"
 	"sync/atomic"
@@ -27,7 +29,7 @@ func (noFlows) AuthCodeURL(_ context.Context, f tokenguard.ConnectFlow) (string,
 func (noFlows) Complete(context.Context, tokenguard.ConnectFlow, url.Values) (tokenguard.ConnectResult, error) {
 	return tokenguard.ConnectResult{}, errors.New("no flows")
 }
-func (noFlows) Redeem(context.Context, string) (tokenguard.Connected, error) {
+func (noFlows) RedeemFor(context.Context, string, func(string) error) (tokenguard.Connected, error) {
 	return tokenguard.Connected{}, domain.ErrResultInvalid
 }
 
@@ -222,5 +224,30 @@ func TestPublicRoutesLimitedPerAddress(t *testing.T) {
 	}
 	if n := db.n.Load(); n != 1 {
 		t.Errorf("%d database pings for a burst within a second, want 1", n)
+	}
+}
+
+// TestReturnToHostileTable: return_to under an allowed URL followed by
+// any path of testdata/hostile_paths.json is refused (finding 6: "..;"
+// and overlong UTF-8 dots were accepted); the accepted ones pass.
+func TestReturnToHostileTable(t *testing.T) {
+	raw, err := os.ReadFile("../../testdata/hostile_paths.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var tab struct{ Refused, Accepted []string }
+	if err := json.Unmarshal(raw, &tab); err != nil {
+		t.Fatal(err)
+	}
+	allowed := []string{"http://app.example/return/"}
+	for _, p := range tab.Refused {
+		if returnAllowed(allowed[0]+p, allowed) {
+			t.Errorf("return_to %q accepted", allowed[0]+p)
+		}
+	}
+	for _, p := range tab.Accepted {
+		if !returnAllowed(allowed[0]+p, allowed) {
+			t.Errorf("control: return_to %q refused", allowed[0]+p)
+		}
 	}
 }

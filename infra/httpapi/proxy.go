@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -57,15 +58,25 @@ type callKey struct{}
 // proxy answers ANY /connections/{name}/proxy/{path...}: the request,
 // with the headers of forwardedHeaders and the connection's access token,
 // to the API base URL of the connection's provider.
+// proxyMethods are the methods an API call uses; the proxy forwards
+// nothing else.
+var proxyMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
+
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name") // validated by requireScope
+	if !slices.Contains(proxyMethods, r.Method) {
+		// TRACE would echo the injected token; CONNECT is no API call.
+		// Refused before the token is looked up.
+		w.Header().Set("Allow", strings.Join(proxyMethods, ", "))
+		writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "the proxy forwards " + strings.Join(proxyMethods, ", ") + " only", Code: "method_not_allowed", Connection: name})
+		return
+	}
 	path := r.PathValue("path")
-	for _, seg := range strings.Split(path, "/") {
-		if seg == "." || seg == ".." {
-			// The call must stay under the provider's API base URL.
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "the path must not contain . or .. segments", Code: "bad_path", Connection: name})
-			return
-		}
+	// The call must stay under the provider's API base URL, whatever the
+	// upstream's parser makes of the path: checked raw, as sent.
+	if err := domain.CheckPath(r.URL.EscapedPath()); err != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "bad_path", Connection: name})
+		return
 	}
 	h := http.Header{}
 	for _, k := range forwardedHeaders {

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -394,5 +395,41 @@ func TestFlowCookieSecure(t *testing.T) {
 			(!c.secure && strings.Contains(set, "Secure")) {
 			t.Errorf("redirect %s, PUBLIC_URL %v: Set-Cookie %q, want secure %t", c.redirect, c.public, set, c.secure)
 		}
+	}
+}
+
+// TestConsoleLimitedPerAddress is finding 3's flood, one address: the
+// console's requests beyond the address's rate are 429 before the console
+// (and its database work) runs; another address still gets in, and the
+// API's public routes keep their own budget.
+func TestConsoleLimitedPerAddress(t *testing.T) {
+	e := local
+	e.PublicRate, e.PublicBurst = 1, 5
+	s := testServer(e)
+	var served atomic.Int32
+	s.MountConsole(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { served.Add(1); w.WriteHeader(http.StatusOK) }))
+	h := s.Handler()
+	get := func(addr, path string) int {
+		req := httptest.NewRequest("GET", "http://127.0.0.1:8080"+path, nil)
+		req.RemoteAddr = addr + ":40000"
+		req.AddCookie(&http.Cookie{Name: "tokenguard_console", Value: "tgc_bogus"})
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w.Code
+	}
+	refused := 0
+	for range 200 {
+		if get("203.0.113.7", "/console/connections") == http.StatusTooManyRequests {
+			refused++
+		}
+	}
+	if n := served.Load(); n > 10 || refused < 190 {
+		t.Errorf("200 console requests from one address: %d reached the console, %d refused", n, refused)
+	}
+	if code := get("203.0.113.8", "/console/connections"); code != http.StatusOK {
+		t.Errorf("control: another address: %d", code)
+	}
+	if code := get("203.0.113.7", "/healthz"); code != http.StatusOK {
+		t.Errorf("the flooding address's /healthz (the public routes' own budget): %d", code)
 	}
 }

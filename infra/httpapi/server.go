@@ -54,7 +54,8 @@ type Events interface {
 type ConnectFlows interface {
 	AuthCodeURL(ctx context.Context, f tokenguard.ConnectFlow) (string, tokenguard.ConnectFlow, error)
 	Complete(ctx context.Context, f tokenguard.ConnectFlow, callback url.Values) (tokenguard.ConnectResult, error)
-	Redeem(ctx context.Context, code string) (tokenguard.Connected, error)
+	// RedeemFor redeems the result only if allow accepts its connection.
+	RedeemFor(ctx context.Context, code string, allow func(connection string) error) (tokenguard.Connected, error)
 }
 
 // Connections lists connections without their credentials, in name order
@@ -172,6 +173,10 @@ type Server struct {
 	rp      *httputil.ReverseProxy // under the proxy routes
 	tracer  *tracing.Tracer
 	console http.Handler // /console, when mounted
+	// consoleLimits bound the console per client address, as public the
+	// public routes, and apart from them: its pages are reachable without
+	// a key, and its session check and login read the database.
+	consoleLimits *addrLimits
 }
 
 // MountConsole serves h (the operator console, which checks its own
@@ -190,7 +195,7 @@ func New(d Deps) *Server {
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
 	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(e.Rate, e.Burst),
-		public: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
+		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
 	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
 	return s
@@ -205,7 +210,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.console != nil {
 		// Outside the route table: pages behind their own session check.
-		h := s.bounded(s.console, defaultMaxBody)
+		h := s.bounded(s.consoleLimits.limit(s.console), defaultMaxBody)
 		mux.Handle("/console", h)
 		mux.Handle("/console/", h)
 	}

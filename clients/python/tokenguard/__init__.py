@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Dict, Mapping, Optional, Union
 
-__all__ = ["Tokenguard", "Token", "Proof", "Response", "TokenguardError"]
+__all__ = ["Tokenguard", "Token", "Proof", "Response", "TokenguardError", "unsafe_path"]
 __version__ = "1.0.0"
 
 
@@ -71,6 +71,35 @@ class Response:
 
     def json(self):
         return json.loads(self.body)
+
+
+_HEX = re.compile(rb"%([0-9A-Fa-f]{2})")
+
+
+def unsafe_path(path: str) -> str:
+    """Why path could be read as another path by some parser on the way, or ""
+    when it cannot: after any number of percent-decodings, a "." or ".." segment
+    (also before a ";" parameter), a backslash, a control byte, or bytes that are
+    not valid UTF-8 (overlong forms included). The server's check is the same."""
+    raw = path.encode("utf-8", "surrogatepass")
+    for _ in range(8):
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            return "not valid UTF-8"
+        if any(b < 0x20 or b == 0x7F for b in raw):
+            return "a control byte"
+        if b"\\" in raw:
+            return "a backslash"
+        if any(seg.split(";")[0] in (".", "..") for seg in text.split("/")):
+            return "a dot segment"
+        if raw.count(b"%") != len(_HEX.findall(raw)):
+            return "a malformed percent-escape"
+        dec = _HEX.sub(lambda m: bytes([int(m.group(1), 16)]), raw)
+        if dec == raw:
+            return ""
+        raw = dec
+    return "percent-encoded more than 8 times"
 
 
 class TokenguardError(Exception):
@@ -149,6 +178,9 @@ class Tokenguard:
         """Calls the connection's API through the server's proxy, which injects the
         token and recovers a 401 by itself. Returns the API's answer whatever its
         status; raises TokenguardError for tokenguard's own errors."""
+        why = unsafe_path(path)
+        if why:
+            raise TokenguardError(400, "bad_path", "the path could be read as another path: " + why, connection)
         url = self._conn_url(connection, "/proxy/" + path.lstrip("/"))
         if query:
             url += "?" + urllib.parse.urlencode(query)

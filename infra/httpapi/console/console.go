@@ -28,6 +28,7 @@ import (
 	"net/http"
 	"net/url"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -39,11 +40,13 @@ type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
 
-// Session is a live console session: the API key it was opened with.
+// Session is a live console session: the API key it was opened with,
+// and what that key may do now.
 type Session struct {
 	KeyID     int32
 	KeyName   string
 	ExpiresAt time.Time
+	Access    domain.KeyAccess
 }
 
 // Sessions stores console sessions by a hash of their token.
@@ -127,6 +130,48 @@ type Console struct {
 	d     Deps
 	mux   *http.ServeMux
 	pages map[string]*template.Template
+	tries loginTries
+}
+
+// loginTries counts the login attempts of each pre-login cookie, so that
+// one login form cannot be replayed to try keys (the server limits each
+// address too).
+type loginTries struct {
+	mu sync.Mutex
+	n  map[string]loginTry
+}
+
+type loginTry struct {
+	count int
+	until time.Time
+}
+
+// maxLoginTries per pre-login cookie; the form is then fetched again.
+const maxLoginTries = 5
+
+// take counts an attempt of cookie pre and reports whether it is allowed.
+func (l *loginTries) take(pre string, now time.Time) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.n == nil || len(l.n) >= 10000 {
+		for k, v := range l.n {
+			if now.After(v.until) {
+				delete(l.n, k)
+			}
+		}
+		if l.n == nil || len(l.n) >= 10000 {
+			l.n = map[string]loginTry{}
+		}
+	}
+	h := sha256.Sum256([]byte(pre))
+	k := string(h[:])
+	t := l.n[k]
+	if now.After(t.until) {
+		t = loginTry{until: now.Add(10 * time.Minute)}
+	}
+	t.count++
+	l.n[k] = t
+	return t.count <= maxLoginTries
 }
 
 //go:embed assets
@@ -157,15 +202,34 @@ func New(d Deps) *Console {
 	c.mux.Handle("GET /console/{$}", home)
 	c.mux.HandleFunc("GET /console/login", c.loginForm)
 	c.mux.HandleFunc("POST /console/login", c.login)
-	c.mux.Handle("POST /console/logout", c.session(c.logout))
-	c.mux.Handle("GET /console/connections", c.session(c.connections))
-	c.mux.Handle("GET /console/connections/{name}", c.session(c.connection))
-	c.mux.Handle("POST /console/connections/{name}/reconnect", c.session(c.reconnect))
-	c.mux.Handle("POST /console/connections/{name}/reactivate", c.session(c.reactivate))
-	c.mux.Handle("GET /console/connections/{name}/disconnect", c.session(c.confirmDisconnect))
-	c.mux.Handle("POST /console/connections/{name}/disconnect", c.session(c.disconnect))
-	c.mux.Handle("GET /console/providers", c.session(c.providers))
+	for _, a := range c.actions() {
+		c.mux.Handle(a.pattern, c.session(a.scope, a.handle))
+	}
 	return c
+}
+
+// action is one page or form of a session: the scope its key needs, as
+// the API's routes name theirs (domain.KeyAccess.Permit decides both,
+// with the connection the path names).
+type action struct {
+	pattern string
+	scope   domain.Scope
+	handle  http.HandlerFunc
+}
+
+// actions are the console's pages and forms behind a session: a table, so
+// that a test can walk every one with keys of each shape.
+func (c *Console) actions() []action {
+	return []action{
+		{"POST /console/logout", domain.ScopeAdmin, c.logout},
+		{"GET /console/connections", domain.ScopeAdmin, c.connections},
+		{"GET /console/connections/{name}", domain.ScopeAdmin, c.connection},
+		{"POST /console/connections/{name}/reconnect", domain.ScopeAdmin, c.reconnect},
+		{"POST /console/connections/{name}/reactivate", domain.ScopeAdmin, c.reactivate},
+		{"GET /console/connections/{name}/disconnect", domain.ScopeAdmin, c.confirmDisconnect},
+		{"POST /console/connections/{name}/disconnect", domain.ScopeAdmin, c.disconnect},
+		{"GET /console/providers", domain.ScopeAdmin, c.providers},
+	}
 }
 
 // csp allows the console's own stylesheet and nothing else: no script at
@@ -183,12 +247,12 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.mux.ServeHTTP(w, r)
 }
 
-// MayOperate decides whether a verified API key may use the console: one
-// with the admin scope (keys made before scopes have every right). It is
-// checked at login; a key's scopes do not change afterwards, and revoking
-// it ends its sessions.
+// MayOperate decides whether a verified API key may log in to the
+// console: one with the admin scope (keys made before scopes have every
+// right). Each page and form checks the session's key again, with the
+// connection it names (Permit); revoking the key ends its sessions.
 func MayOperate(access domain.KeyAccess) bool {
-	return access.Has(domain.ScopeAdmin)
+	return access.Permit(domain.ScopeAdmin, "") == nil
 }
 
 // Cookie names: over https the __Host- prefix pins them to this origin
@@ -239,9 +303,10 @@ func sessionOf(r *http.Request) current {
 }
 
 // session answers pages only for a live session (else: to the login
-// form, or 401 for a form post) and POSTs only with the session's CSRF
-// token (else 403).
-func (c *Console) session(next http.HandlerFunc) http.Handler {
+// form, or 401 for a form post) whose key may use scope on the connection
+// the path names (else 403), and POSTs only with the session's CSRF token
+// (else 403).
+func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ck, err := r.Cookie(c.cookieName(sessionCookie))
 		var s Session
@@ -264,11 +329,16 @@ func (c *Console) session(next http.HandlerFunc) http.Handler {
 			return
 		}
 		cur := current{Session: s, token: domain.NewSecret(ck.Value), CSRF: csrfOf(ck.Value)}
+		r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, cur))
 		if r.Method == http.MethodPost && !csrfOK(r, ck.Value) {
 			c.fail(w, r, http.StatusForbidden, "This form is stale or did not come from the console (CSRF token missing or wrong). Reload the page and try again.")
 			return
 		}
-		next(w, r.WithContext(context.WithValue(r.Context(), sessionKey{}, cur)))
+		if err := s.Access.Permit(scope, r.PathValue("name")); err != nil {
+			c.failed(w, r, r.PathValue("name"), err)
+			return
+		}
+		next(w, r)
 	})
 }
 
@@ -288,6 +358,10 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	pre, err := r.Cookie(c.cookieName(loginCookie))
 	if err != nil || !csrfOK(r, pre.Value) {
 		c.fail(w, r, http.StatusForbidden, "The login form is stale or did not come from the console (CSRF token missing or wrong). Open the login page again.")
+		return
+	}
+	if !c.tries.take(pre.Value, c.d.Now()) {
+		c.showLogin(w, r, http.StatusTooManyRequests, "Too many attempts with this form; wait and try again.")
 		return
 	}
 	key := strings.TrimSpace(r.PostFormValue("key"))

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -277,5 +278,90 @@ func TestShort(t *testing.T) {
 		if got := short(d); got != want {
 			t.Errorf("short(%v) = %q, want %q", d, got, want)
 		}
+	}
+}
+
+// consoleRows says which console actions name a connection (acme, in the
+// path) and which list connections. An action added without a row fails
+// TestConsoleAuthorizationTable.
+var consoleRows = map[string]struct{ names, listing bool }{
+	"POST /console/logout":                        {},
+	"GET /console/connections":                    {listing: true},
+	"GET /console/connections/{name}":             {names: true},
+	"POST /console/connections/{name}/reconnect":  {names: true},
+	"POST /console/connections/{name}/reactivate": {names: true},
+	"GET /console/connections/{name}/disconnect":  {names: true},
+	"POST /console/connections/{name}/disconnect": {names: true},
+	"GET /console/providers":                      {},
+}
+
+// TestConsoleAuthorizationTable walks every console action with a
+// session of each key shape: without the admin scope (403), admin limited
+// to tenant-b-* (403 on acme's pages and forms, nothing done; the listing
+// without acme), admin allowed acme (the action runs). Finding 2 of the
+// review: an admin key limited by patterns acted on every connection.
+func TestConsoleAuthorizationTable(t *testing.T) {
+	shapes := []struct {
+		name   string
+		access domain.KeyAccess
+	}{
+		{"no admin", domain.KeyAccess{Scopes: []domain.Scope{domain.ScopeConnectionsRead}}},
+		{"tenant-b-*", domain.KeyAccess{Scopes: []domain.Scope{domain.ScopeAdmin}, Connections: []string{"tenant-b-*"}}},
+		{"ac*", domain.KeyAccess{Scopes: []domain.Scope{domain.ScopeAdmin}, Connections: []string{"ac*"}}},
+	}
+	c, _, _ := newTestConsole()
+	for _, a := range c.actions() {
+		row, ok := consoleRows[a.pattern]
+		if !ok {
+			t.Errorf("console action %s has no row in consoleRows", a.pattern)
+			continue
+		}
+		method, path, _ := strings.Cut(a.pattern, " ")
+		path = strings.ReplaceAll(path, "{name}", "acme")
+		for _, sh := range shapes {
+			c, store, sessions := newTestConsole()
+			tok := "tgc_" + sh.name
+			sessions[tok] = Session{KeyID: 9, KeyName: sh.name, ExpiresAt: time.Now().Add(time.Hour), Access: sh.access}
+			w := do(c, method, path, tok, url.Values{"csrf": {csrfOf(tok)}})
+			refused := w.Code == http.StatusForbidden
+			switch want := sh.name == "no admin" || (sh.name == "tenant-b-*" && row.names); {
+			case want != refused:
+				t.Errorf("%s, key %s: %d, want refused %t", a.pattern, sh.name, w.Code, want)
+			case refused && len(store.actions) > 0:
+				t.Errorf("%s, key %s: refused but did %v", a.pattern, sh.name, store.actions)
+			case row.listing && !refused && strings.Contains(w.Body.String(), "/console/connections/acme") != (sh.name == "ac*"):
+				t.Errorf("%s, key %s: acme listed %t", a.pattern, sh.name, !(sh.name == "ac*"))
+			}
+		}
+	}
+	for p := range consoleRows {
+		if !slices.ContainsFunc(c.actions(), func(a action) bool { return a.pattern == p }) {
+			t.Errorf("consoleRows names %s, which is not a console action", p)
+		}
+	}
+}
+
+// TestLoginTriesPerForm: one login form (its pre-login cookie and CSRF
+// token) replayed with wrong keys is refused after a few attempts, before
+// any key is checked; a fresh form gets its own (the control).
+func TestLoginTriesPerForm(t *testing.T) {
+	c, _, _ := newTestConsole()
+	post := func(pre string) int {
+		req := httptest.NewRequest("POST", "/console/login", strings.NewReader(url.Values{"csrf": {csrfOf(pre)}, "key": {"tgk_wrong"}}.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.AddCookie(&http.Cookie{Name: loginCookie, Value: pre})
+		w := httptest.NewRecorder()
+		c.ServeHTTP(w, req)
+		return w.Code
+	}
+	codes := map[int]int{}
+	for range 50 {
+		codes[post("form-1")]++
+	}
+	if codes[http.StatusUnauthorized] != maxLoginTries || codes[http.StatusTooManyRequests] != 50-maxLoginTries {
+		t.Errorf("50 wrong keys with one form: %v", codes)
+	}
+	if code := post("form-2"); code != http.StatusUnauthorized {
+		t.Errorf("control: a fresh form: %d, want 401", code)
 	}
 }

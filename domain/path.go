@@ -1,0 +1,62 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"strings"
+	"unicode/utf8"
+)
+
+// ErrUnsafePath: a path that some parser along the way could read as
+// another path (a dot segment, however encoded; a backslash; a control
+// byte; invalid or overlong UTF-8). Nothing was sent.
+var ErrUnsafePath = errors.New("the path could be read as another path")
+
+// maxDecodes bounds the percent-decoding of CheckPath: a path still
+// changing after that many rounds is refused.
+const maxDecodes = 8
+
+// CheckPath is the one path check of the proxy, the clients and
+// return_to: p is refused when, after any number of percent-decodings, a
+// segment is "." or ".." (also before a ";" path parameter), or p holds a
+// backslash, a control byte, or bytes that are not valid UTF-8 (overlong
+// forms included). The error wraps ErrUnsafePath and says why, not what p
+// was.
+func CheckPath(p string) error {
+	for range maxDecodes {
+		if err := checkLayer(p); err != nil {
+			return err
+		}
+		dec, err := url.PathUnescape(p)
+		if err != nil {
+			return fmt.Errorf("%w: a malformed percent-escape", ErrUnsafePath)
+		}
+		if dec == p {
+			return nil
+		}
+		p = dec
+	}
+	return fmt.Errorf("%w: percent-encoded more than %d times", ErrUnsafePath, maxDecodes)
+}
+
+func checkLayer(p string) error {
+	if !utf8.ValidString(p) {
+		return fmt.Errorf("%w: not valid UTF-8", ErrUnsafePath)
+	}
+	for i := 0; i < len(p); i++ {
+		switch c := p[i]; {
+		case c < 0x20 || c == 0x7f:
+			return fmt.Errorf("%w: a control byte", ErrUnsafePath)
+		case c == '\\':
+			return fmt.Errorf("%w: a backslash", ErrUnsafePath)
+		}
+	}
+	for seg := range strings.SplitSeq(p, "/") {
+		seg, _, _ = strings.Cut(seg, ";")
+		if seg == "." || seg == ".." {
+			return fmt.Errorf("%w: a dot segment", ErrUnsafePath)
+		}
+	}
+	return nil
+}
