@@ -212,6 +212,9 @@ func switches(like string, sw sandbox.Options, deadGrant, extra string, loseEver
 	if set["refresh-absolute"] {
 		opts.RefreshAbsolute = sw.RefreshAbsolute
 	}
+	if set["token-latency"] {
+		opts.RefreshLatency = sw.RefreshLatency
+	}
 	if set["tenant"] {
 		opts.Tenant = sw.Tenant
 	}
