@@ -67,4 +67,8 @@ var (
 	ErrAccountMismatch = domain.ErrAccountMismatch
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
+	// ErrCannotListen: New was given a *gorm.DB over a *sql.DB, whose
+	// database Run cannot see to listen on. Open it with OpenPool (a pgx
+	// pool) or postgres.Open(dsn), or pass WithListenDSN.
+	ErrCannotListen = errors.New("tokenguard: Run could not listen on this *gorm.DB's database: open it with tokenguard.OpenPool(pool) or postgres.Open(dsn), or pass WithListenDSN")
 )

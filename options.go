@@ -103,7 +103,8 @@ func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpCli
 
 // WithListenDSN is the database Run listens on (one connection outside
 // the pool), for a *gorm.DB opened from an *sql.DB whose DSN New cannot
-// see. Default: the DSN the *gorm.DB was opened with.
+// see (without it New returns ErrCannotListen). Default: the DSN the
+// *gorm.DB was opened with, or OpenPool's pool's configuration.
 func WithListenDSN(dsn string) Option { return func(o *options) { o.listenDSN = dsn } }
 
 // WithCacheSize bounds how many connections this process keeps a token of

@@ -5,6 +5,7 @@ import (
 	"context"
 	"database/sql"
 	"encoding/base64"
+	"errors"
 	"log/slog"
 	"net/http"
 	"strings"
@@ -147,8 +148,11 @@ func TestRunReadyAndQuietClose(t *testing.T) {
 	}
 }
 
-// WaitReady does not wait for a Run that cannot start: it returns why.
-func TestWaitReadyReturnsWhyRunStopped(t *testing.T) {
+// New refuses a *gorm.DB over a *sql.DB, whose database Run could never
+// listen on, with ErrCannotListen (rather than a Run failing later, its
+// error discarded by "go tokens.Run(ctx)"); the same handle with
+// WithListenDSN is accepted and its Run makes the cache live.
+func TestNewRefusesAHandleItCannotListenOn(t *testing.T) {
 	w := newWorld(t, sandbox.Options{})
 	sqlDB, err := sql.Open("pgx", w.url)
 	if err != nil {
@@ -159,16 +163,25 @@ func TestWaitReadyReturnsWhyRunStopped(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tg := newTokens(t, w, db) // opened from a *sql.DB: no DSN to listen on
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	runErr := make(chan error, 1)
-	go func() { runErr <- tg.Run(ctx) }()
-	err = tg.WaitReady(ctx)
-	if err == nil || !strings.Contains(err.Error(), "WithListenDSN") {
-		t.Fatalf("WaitReady = %v, want Run's error about the DSN", err)
+	if err := tokenguard.Migrate(context.Background(), db); err != nil {
+		t.Fatal(err)
 	}
-	if got := <-runErr; got == nil || got.Error() != err.Error() {
-		t.Fatalf("Run = %v, WaitReady = %v", got, err)
+	if tg, err := tokenguard.New(db, w.oauth); !errors.Is(err, tokenguard.ErrCannotListen) {
+		if tg != nil {
+			_ = tg.Close(context.Background())
+		}
+		t.Fatalf("New over a *sql.DB = %v, want ErrCannotListen", err)
+	}
+	if _, err := tokenguard.New(db, w.oauth, tokenguard.WithListenDSN("postgres://user:s3cret@[::1")); !errors.Is(err, tokenguard.ErrCannotListen) ||
+		strings.Contains(err.Error(), "s3cret") {
+		t.Fatalf("New with a DSN that does not parse = %v, want ErrCannotListen without the password", err)
+	}
+
+	tg := newTokens(t, w, db, tokenguard.WithListenDSN(w.url)) // the control
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	go func() { _ = tg.Run(ctx) }()
+	if err := tg.WaitReady(ctx); err != nil {
+		t.Fatalf("WaitReady with WithListenDSN: %v", err)
 	}
 }

@@ -39,6 +39,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/oauth2"
 	gormpostgres "gorm.io/driver/postgres"
 	"gorm.io/gorm"
@@ -88,9 +89,9 @@ type Tokens struct {
 	repo       *repository.TokenRepository
 	disconnect *usecase.DisconnectUseCase
 	log        *slog.Logger
-	metrics    Metrics  // nil without prom.WithMetrics
-	dsn        string   // where Run listens
-	db         *gorm.DB // tokenguard's statements; Run's heartbeat
+	metrics    Metrics         // nil without prom.WithMetrics
+	listen     *pgx.ConnConfig // where Run listens
+	db         *gorm.DB        // tokenguard's statements; Run's heartbeat
 	clock      *repository.DatabaseClock
 	skew       time.Duration
 	lockWait   time.Duration
@@ -148,6 +149,10 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err != nil {
 		return nil, err
 	}
+	listen, err := listenConfig(db, o.listenDSN)
+	if err != nil {
+		return nil, err
+	}
 	o.log = cmp.Or(o.log, slog.Default())
 	o.refreshTimeout = cmp.Or(o.refreshTimeout, min(usecase.DefaultRefreshTimeout, o.lockWait*2/3))
 	o.answerDeadline = cmp.Or(o.answerDeadline, max(usecase.DefaultAnswerDeadline, o.refreshTimeout))
@@ -201,13 +206,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			slog.Int("rows", kc.Stale))
 	}
 
-	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, dsn: o.listenDSN, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
+	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, listen: listen, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
 		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource}
-	if t.dsn == "" {
-		if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && d.Config != nil {
-			t.dsn = d.Config.DSN
-		}
-	}
 	// Staleness is decided on the database server's clock, by every
 	// process alike, however far the hosts' clocks drift apart.
 	clock, err := repository.NewDatabaseClock(ctx, rdb, nil)
@@ -431,15 +431,12 @@ func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Toke
 // cache only while those come back; meanwhile every call reads the
 // database. It reconnects by itself and returns nil when ctx ends.
 func (t *Tokens) Run(ctx context.Context) error {
-	if t.dsn == "" {
-		return t.ran(errors.New("tokenguard: Run needs the database's DSN: open the *gorm.DB with postgres.Open(dsn), or pass WithListenDSN"))
-	}
 	if !t.running.CompareAndSwap(false, true) {
 		return errors.New("tokenguard: Run is running already")
 	}
 	defer t.running.Store(false)
 	go t.clock.Run(ctx, clockInterval)
-	err := repository.NewChangeListener(t.dsn, cacheState{ChangeTarget: t.uc, t: t}, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
+	err := repository.NewConfigChangeListener(t.listen, cacheState{ChangeTarget: t.uc, t: t}, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
 		OnProviderChange(t.providers.Changed).OnConnect(t.observeReplication).Run(ctx)
 	return t.ran(err)
 }

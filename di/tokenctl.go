@@ -27,7 +27,11 @@ func RunTokenctl(args, environ []string, stdin io.Reader, stdout, stderr io.Writ
 	for _, w := range envWarnings(environ, len(args) > 0 && args[0] == "check") {
 		fmt.Fprintf(stderr, "tokenctl: warning: %s\n", w.Message)
 	}
-	return tokenctl.Main(args, Tokenctl(environ, stderr), tokenctl.IO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	code := tokenctl.Main(args, Tokenctl(environ, stderr), tokenctl.IO{Stdin: stdin, Stdout: stdout, Stderr: stderr})
+	if code == 0 && (HelpAsked(args) || args[0] == "help") {
+		PrintEnv(stderr, Config{}, false)
+	}
+	return code
 }
 
 // Tokenctl is the operator CLI's backend, configured from environ

@@ -55,6 +55,7 @@ type ChangeTarget interface {
 // a ChangeTarget informed, reconnecting when the connection is lost.
 type ChangeListener struct {
 	url            string
+	config         *pgx.ConnConfig // NewConfigChangeListener's; nil: url
 	target         ChangeTarget
 	log            *slog.Logger
 	reconnectDelay time.Duration
@@ -123,10 +124,23 @@ func (l *ChangeListener) OnConnect(fn func(ctx context.Context)) *ChangeListener
 	return l
 }
 
+// NewConfigChangeListener listens on the database cfg connects to (a
+// pool's, say) for target. log may be nil.
+func NewConfigChangeListener(cfg *pgx.ConnConfig, target ChangeTarget, log *slog.Logger) *ChangeListener {
+	l := NewChangeListener("", target, log)
+	l.config = cfg
+	return l
+}
+
 func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
-	cfg, err := pgx.ParseConfig(l.url)
-	if err != nil {
-		return nil, err
+	var cfg *pgx.ConnConfig
+	if l.config != nil {
+		cfg = l.config.Copy()
+	} else {
+		var err error
+		if cfg, err = pgx.ParseConfig(l.url); err != nil {
+			return nil, err
+		}
 	}
 	cfg.RuntimeParams["application_name"] = ListenerApplicationName
 	return pgx.ConnectConfig(ctx, cfg)

@@ -9,13 +9,22 @@ export interface Token {
   readonly provider: string;
   /** Pass it to refreshAfter401 when the API answers 401 to this token. */
   readonly version: number;
+  /** The Authorization header value for the API: "Bearer <access token>". */
+  authorization(): string;
 }
+
+/** The Authorization header value for token: "Bearer <access token>". */
+export function authorization(token: Token): string;
 
 export interface TokenguardOptions {
   /** Milliseconds before expiry at which a token is fetched again (default 500). */
   skewMs?: number;
   /** Deadline of each call to the server (default 30000). */
   timeoutMs?: number;
+  /** How many times tokenguard's own 429 or 503 (never the API's, through the proxy) is tried again, after its Retry-After (default 0). */
+  retries?: number;
+  /** The longest wait before a retry (default 30000). */
+  maxRetryWaitMs?: number;
 }
 
 export interface RequestOptions {

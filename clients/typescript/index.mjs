@@ -11,7 +11,7 @@
 // The process never sees a refresh token: the server refreshes each
 // connection once per expiry for every process that shares it.
 
-export const VERSION = "1.0.0";
+export const VERSION = "1.1.0";
 
 /** An error of tokenguard itself (not of the API behind the proxy). */
 export class TokenguardError extends Error {
@@ -75,6 +75,8 @@ export class Tokenguard {
   #key;
   #skewMs;
   #timeoutMs;
+  #retries;
+  #maxRetryWaitMs;
   #cache = new Map(); // connection -> Token
   #flights = new Map(); // connection -> Promise<Token>: one fetch at a time
   #bound = new Set(); // connections found sender-constrained (DPoP)
@@ -82,10 +84,15 @@ export class Tokenguard {
   /**
    * @param {string} baseURL the server, e.g. https://tokenguard.example.com
    * @param {string} apiKey an API key of tokenctl apikey create
-   * @param {{skewMs?: number, timeoutMs?: number}} [options]
+   * @param {{skewMs?: number, timeoutMs?: number, retries?: number, maxRetryWaitMs?: number}} [options]
+   *   retries: how many times tokenguard's own 429 or 503 (never the API's, through the proxy) is tried
+   *   again, after its Retry-After (at most maxRetryWaitMs; 1 s without one). Default 0.
    */
-  constructor(baseURL, apiKey, { skewMs = 500, timeoutMs = 30000 } = {}) {
+  constructor(baseURL, apiKey, { skewMs = 500, timeoutMs = 30000, retries = 0, maxRetryWaitMs = 30000 } = {}) {
     if (!/^https?:\/\//.test(baseURL)) throw new TypeError("baseURL must be an http(s) URL");
+    if (!Number.isInteger(retries) || retries < 0) throw new TypeError("retries must be a non-negative integer");
+    this.#retries = retries;
+    this.#maxRetryWaitMs = maxRetryWaitMs;
     this.#base = baseURL.replace(/\/+$/, "");
     this.#key = apiKey;
     this.#skewMs = skewMs;
@@ -224,10 +231,23 @@ export class Tokenguard {
       connection: d.connection,
       provider: d.provider,
       version: d.version,
+      authorization() {
+        return `Bearer ${this.accessToken}`;
+      },
     });
   }
 
-  #fetch(method, url, body, headers = {}, timeoutMs = this.#timeoutMs) {
+  async #fetch(method, url, body, headers = {}, timeoutMs = this.#timeoutMs) {
+    for (let attempt = 0; ; attempt++) {
+      const res = await this.#fetchOnce(method, url, body, headers, timeoutMs);
+      const own = !url.includes("/proxy/") || res.headers.has("tokenguard-error"); // the API's own 429 is the caller's
+      if ((res.status !== 429 && res.status !== 503) || !own || attempt >= this.#retries) return res;
+      await res.body?.cancel();
+      await new Promise((r) => setTimeout(r, Math.min(retryAfterMs(res.headers.get("retry-after")), this.#maxRetryWaitMs)));
+    }
+  }
+
+  #fetchOnce(method, url, body, headers, timeoutMs) {
     return fetch(url, {
       method: method.toUpperCase(),
       body,
@@ -240,6 +260,19 @@ export class Tokenguard {
   toString() {
     return `Tokenguard(${this.#base})`; // never the key
   }
+}
+
+// retryAfterMs reads a Retry-After header: delay-seconds or an HTTP date.
+function retryAfterMs(v) {
+  if (!v) return 1000;
+  if (/^\s*\d+\s*$/.test(v)) return Number(v) * 1000;
+  const at = Date.parse(v);
+  return Number.isNaN(at) ? 1000 : Math.max(0, at - Date.now());
+}
+
+/** The Authorization header value for a token: "Bearer <access token>". */
+export function authorization(token) {
+  return `Bearer ${token.accessToken}`;
 }
 
 async function errorOf(res) {

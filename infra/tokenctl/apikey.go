@@ -55,6 +55,10 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 		fmt.Fprintln(stdio.Stderr, apikeyUsage)
 		return exitUsage
 	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintln(stdio.Stderr, apikeyUsage)
+		return exitOK
+	}
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl apikey "+cmd, flag.ContinueOnError)
 	var name, connections, scopes string

@@ -24,7 +24,7 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 		fs.SetOutput(stderr)
 		fmt.Fprintf(stderr, "usage of %s:\n", fs.Name())
 		fs.PrintDefaults()
-		return exitUsage, false
+		return exitOK, false // asked for
 	case err != nil:
 		fmt.Fprintf(stderr, "%s: %s\n", cmd, flagProblem(fs, err))
 		return exitUsage, false

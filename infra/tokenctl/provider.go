@@ -228,6 +228,10 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		fmt.Fprintln(stdio.Stderr, providerUsage)
 		return exitUsage
 	}
+	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
+		fmt.Fprintln(stdio.Stderr, providerUsage)
+		return exitOK
+	}
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl provider "+cmd, flag.ContinueOnError)
 	var f providerFlags

@@ -5,6 +5,7 @@ import (
 	"context"
 	"net/http"
 	"slices"
+	"strings"
 
 	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel/trace"
@@ -38,12 +39,7 @@ func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
 // pattern. otelhttp records the path, never the query. The untraced paths
 // record nothing.
 func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.Handler {
-	opts := []otelhttp.Option{otelhttp.WithSpanNameFormatter(func(_ string, r *http.Request) string {
-		if r.Pattern != "" {
-			return r.Pattern
-		}
-		return r.Method
-	})}
+	opts := []otelhttp.Option{otelhttp.WithSpanNameFormatter(spanName)}
 	if len(untraced) > 0 {
 		opts = append(opts, otelhttp.WithFilter(func(r *http.Request) bool { return !slices.Contains(untraced, r.URL.Path) }))
 	}
@@ -51,6 +47,20 @@ func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.H
 		opts = append(opts, otelhttp.WithTracerProvider(tp))
 	}
 	return otelhttp.NewHandler(h, "http.server", opts...)
+}
+
+// spanName is "{method} {route}" as OpenTelemetry's HTTP semantic
+// conventions name a server span: the route's pattern with the request's
+// method when the pattern names none (a route for every method), the
+// method alone before routing or without a route.
+func spanName(_ string, r *http.Request) string {
+	switch {
+	case r.Pattern == "":
+		return r.Method
+	case strings.Contains(r.Pattern, " "): // "GET /path": the pattern has its method
+		return r.Pattern
+	}
+	return r.Method + " " + r.Pattern
 }
 
 // queryKey carries a request's query past otelhttp's transport.

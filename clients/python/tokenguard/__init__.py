@@ -8,6 +8,7 @@
     resp = tg.request("acme", "GET", "/v1/me")  # through the proxy
     # a DPoP-bound (sender-constrained) connection: a proof per request
     hdrs = tg.authorization_headers("acme", "GET", "https://api.example.com/v1/me")
+    tg = Tokenguard(url, api_key, retries=3)  # 429/503 tried again after Retry-After
 
 The process never sees a refresh token: the server refreshes each
 connection once per expiry for every process that shares it.
@@ -15,6 +16,7 @@ connection once per expiry for every process that shares it.
 
 from __future__ import annotations
 
+import email.utils
 import json
 import re
 import threading
@@ -120,15 +122,23 @@ class Tokenguard:
 
     skew: seconds before a token's expiry at which it is fetched again
     (the server's expiry already leaves its own skew before the provider's).
+    retries: how many times a 429 or 503 of tokenguard's own (not one the
+    API answered through the proxy) is tried again, after its Retry-After
+    (at most max_retry_wait seconds; 1 s without one). Default 0: raised at once.
     """
 
-    def __init__(self, base_url: str, api_key: str, *, skew: float = 0.5, timeout: float = 30.0):
+    def __init__(self, base_url: str, api_key: str, *, skew: float = 0.5, timeout: float = 30.0,
+                 retries: int = 0, max_retry_wait: float = 30.0):
         if not base_url.startswith(("http://", "https://")):
             raise ValueError("base_url must be an http(s) URL")
         self._base = base_url.rstrip("/")
         self._key = api_key
         self._skew = skew
         self._timeout = timeout
+        if retries < 0:
+            raise ValueError("retries must not be negative")
+        self._retries = retries
+        self._max_retry_wait = max_retry_wait
         self._cache: Dict[str, Token] = {}
         self._locks: Dict[str, threading.Lock] = {}
         self._fetched: Dict[str, int] = {}  # connection -> answers stored so far
@@ -252,6 +262,15 @@ class Tokenguard:
         return Token(d["access_token"], d["token_type"], expiry, d["connection"], d["provider"], int(d["version"]))
 
     def _do(self, method, url, body, headers, timeout):
+        for attempt in range(self._retries + 1):
+            status, hdrs, data = self._once(method, url, body, headers, timeout)
+            own = "/proxy/" not in url or "Tokenguard-Error" in hdrs  # the API's own 429 is the caller's
+            if status not in (429, 503) or not own or attempt == self._retries:
+                return status, hdrs, data
+            time.sleep(min(_retry_after(hdrs.get("Retry-After")), self._max_retry_wait))
+        raise AssertionError("unreachable")
+
+    def _once(self, method, url, body, headers, timeout):
         req = urllib.request.Request(url, data=body, method=method.upper(), headers=headers)
         req.add_header("Authorization", "Bearer " + self._key)
         req.add_header("User-Agent", "tokenguard-python/" + __version__)
@@ -281,6 +300,18 @@ def _unix(rfc3339: str) -> float:
     frac = (m.group(2) or "")[:6].ljust(6, "0")
     tz = "+00:00" if m.group(3) == "Z" else m.group(3)
     return datetime.fromisoformat(f"{m.group(1)}.{frac}{tz}").timestamp()
+
+
+def _retry_after(value: Optional[str]) -> float:
+    """Seconds to wait by a Retry-After header: delay-seconds or an HTTP date."""
+    if not value:
+        return 1.0
+    if value.strip().isdigit():
+        return float(value.strip())
+    try:
+        return max(0.0, email.utils.parsedate_to_datetime(value).timestamp() - time.time())
+    except (TypeError, ValueError):
+        return 1.0
 
 
 def _error(status: int, headers: Mapping[str, str], data: bytes) -> TokenguardError:

@@ -48,7 +48,11 @@ func (f fakeSessions) Delete(_ context.Context, t domain.Secret) error {
 	return nil
 }
 
-type fakeStore struct{ actions []string }
+type fakeStore struct {
+	actions []string
+	conn    *domain.Connection       // nil: sample
+	events  []domain.ConnectionEvent // nil: one needs_reauth refresh
+}
 
 var sample = domain.Connection{Name: "acme", Provider: "crm", Status: domain.StatusNeedsReauth, StatusReason: "invalid_grant",
 	Expiry: time.Now().Add(time.Minute), ObtainedAt: time.Now().Add(-time.Hour), Version: 3,
@@ -62,9 +66,15 @@ func (f *fakeStore) Connection(_ context.Context, name string) (domain.Connectio
 	if name != "acme" {
 		return domain.Connection{}, domain.ErrNotFound
 	}
+	if f.conn != nil {
+		return *f.conn, nil
+	}
 	return sample, nil
 }
 func (f *fakeStore) Recent(context.Context, string, int) ([]domain.ConnectionEvent, error) {
+	if f.events != nil {
+		return f.events, nil
+	}
 	return []domain.ConnectionEvent{{Kind: "refresh", Outcome: "needs_reauth", Reason: "invalid_grant", Duration: 80 * time.Millisecond, At: time.Now()}}, nil
 }
 func (f *fakeStore) LastRefreshes(context.Context, []string) (map[string]domain.ConnectionEvent, error) {
@@ -363,5 +373,39 @@ func TestLoginTriesPerForm(t *testing.T) {
 	}
 	if code := post("form-2"); code != http.StatusUnauthorized {
 		t.Errorf("control: a fresh form: %d, want 401", code)
+	}
+}
+
+// A connection still active whose last refresh was not stored says that
+// its refreshes are failing, and why; Reactivate is offered only to a
+// needs_reauth connection (the control: sample).
+func TestConnectionPageSaysWhatFailsAndOffersWhatApplies(t *testing.T) {
+	c, store, sessions := newTestConsole()
+	tok, _, _ := sessions.Create(context.Background(), 7, time.Hour)
+	page := func() string {
+		w := do(c, "GET", "/console/connections/acme", tok.Reveal(), nil)
+		checkPage(t, "connection", w)
+		return w.Body.String()
+	}
+	if body := page(); !strings.Contains(body, "/reactivate") || strings.Contains(body, "Refreshes are failing") {
+		t.Errorf("needs_reauth: want Reactivate and no failing notice:\n%s", body)
+	}
+	active := sample
+	active.Status, active.StatusReason = domain.StatusActive, ""
+	store.conn = &active
+	store.events = []domain.ConnectionEvent{
+		{Kind: "refresh", Outcome: "not_stored", Reason: "timeout", Duration: 10 * time.Second, At: time.Now()},
+		{Kind: "refresh", Outcome: "ok", Version: 3, At: time.Now().Add(-time.Hour)},
+	}
+	body := page()
+	if strings.Contains(body, "/reactivate") {
+		t.Error("Reactivate offered to an active connection")
+	}
+	if !strings.Contains(body, "Refreshes are failing") || !strings.Contains(body, "<strong>timeout</strong>") {
+		t.Errorf("no failing notice with its reason:\n%s", body)
+	}
+	store.events = store.events[1:] // the last refresh worked
+	if strings.Contains(page(), "Refreshes are failing") {
+		t.Error("failing notice after a successful refresh")
 	}
 }

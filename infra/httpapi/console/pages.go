@@ -105,8 +105,25 @@ func (c *Console) connection(w http.ResponseWriter, r *http.Request) {
 	}
 	c.render(w, r, http.StatusOK, "connection", map[string]any{
 		"Nav": "connections", "C": conn, "Events": events, "Metadata": indentJSON(conn.Metadata.Object),
-		"Done": doneMessage(r.URL.Query().Get("done")),
+		"Done": doneMessage(r.URL.Query().Get("done")), "FailingNow": failingNow(events),
 	})
+}
+
+// failingNow is the connection's last refresh when it failed without
+// marking the grant dead (a timeout, a lost answer, an answer not
+// understood): the status still says active then, and this says why not
+// all is well. Events are newest first.
+func failingNow(events []domain.ConnectionEvent) *domain.ConnectionEvent {
+	for _, e := range events {
+		if e.Kind != "refresh" {
+			continue
+		}
+		if e.Outcome == "ok" || e.Outcome == "needs_reauth" {
+			return nil
+		}
+		return &e
+	}
+	return nil
 }
 
 // doneMessage is the notice shown after an action: a fixed text per

@@ -28,7 +28,23 @@ func main() {
 	flag.DurationVar(&o.Skew, "skew", 0, "TOKEN_REFRESH_SKEW for the apps (default 1s)")
 	flag.StringVar(&o.BinDir, "bin", "bin", "directory of the built apps")
 	flag.StringVar(&o.OutDir, "out", "demo-out", "directory for logs and report.json")
-	flag.Parse()
+	flag.Usage = func() {
+		fmt.Fprint(flag.CommandLine.Output(), `usage: demo [flags]
+
+Runs two sandbox providers, a fresh database (Postgres found or started as the tests find it), and the
+built server, worker and batch as processes under load; prints what happened and writes report.json.
+
+Flags:
+`)
+		flag.PrintDefaults()
+		fmt.Fprint(flag.CommandLine.Output(), `
+Environment:
+  DATABASE_URL  a Postgres server to create the demo's database on (default: one found or started
+                as the tests find it: 127.0.0.1:5432, Docker, initdb)
+The apps are given their settings by the demo; the rest of the environment is passed to them.
+`)
+	}
+	flag.Parse() // -h, --help: the usage above, exit 0
 	if fi, err := os.Stdout.Stat(); err == nil && fi.Mode()&os.ModeCharDevice != 0 {
 		o.Live = true
 	}

@@ -46,16 +46,55 @@ func testClients(t *testing.T, bin string) {
 	// One after the other: each runs a forced refresh, and the server
 	// allows one per half the token's lifetime.
 	t.Run("Python", func(t *testing.T) {
-		runClientTests(t, env, filepath.Join(clientsDir, "python"), interpreter(t, "python3"), "-m", "unittest", "discover", "-v", "-s", "tests")
+		// Installed into a fresh virtualenv from its folder, offline, and
+		// tested from elsewhere: the tests import the installed package.
+		venv := filepath.Join(t.TempDir(), "venv")
+		runClientTests(t, env, t.TempDir(), interpreter(t, "python3"), "-m", "venv", venv)
+		src, _ := filepath.Abs(filepath.Join(clientsDir, "python"))
+		runClientTests(t, env, t.TempDir(), filepath.Join(venv, "bin", "pip"), "install", "--no-index", "--no-build-isolation", src)
+		tests := filepath.Join(src, "tests")
+		runClientTests(t, env, t.TempDir(), filepath.Join(venv, "bin", "python"), "-m", "unittest", "discover", "-v", "-s", tests, "-t", tests)
 	})
 	t.Run("TypeScript", func(t *testing.T) {
 		runClientTests(t, env, filepath.Join(clientsDir, "typescript"), interpreter(t, "node"), "--test", "test/")
+		testInstalledTypeScript(t, env)
 	})
 	st := s.sb.Stats()
 	if st.RefreshReuse != 0 {
 		t.Errorf("refresh-token reuse at the provider: %d", st.RefreshReuse)
 	}
 	s.stop(server)
+}
+
+// testInstalledTypeScript installs the TypeScript client from its folder
+// into a fresh npm project, offline, and runs its tests there against the
+// installed package.
+func testInstalledTypeScript(t *testing.T, env []string) {
+	t.Helper()
+	npm := interpreter(t, "npm")
+	src, _ := filepath.Abs(filepath.Join(clientsDir, "typescript"))
+	project := t.TempDir()
+	if err := os.WriteFile(filepath.Join(project, "package.json"), []byte(`{"name": "app", "version": "1.0.0", "type": "module", "private": true}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	env = append(env, "npm_config_cache="+filepath.Join(project, ".npm"))
+	runClientTests(t, env, project, npm, "pack", "--pack-destination", project, src)
+	runClientTests(t, env, project, npm, "install", "--offline", "--no-audit", "--no-fund", "./tokenguard-client-1.1.0.tgz")
+	if err := os.MkdirAll(filepath.Join(project, "test"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	files, _ := filepath.Glob(filepath.Join(src, "test", "*.test.mjs"))
+	for _, f := range files {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		installed := strings.ReplaceAll(string(b), `from "../index.mjs"`, `from "@tokenguard/client"`)
+		if err := os.WriteFile(filepath.Join(project, "test", filepath.Base(f)), []byte(installed), 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	runClientTests(t, env, project, interpreter(t, "node"), "--test", "test/")
 }
 
 func runClientTests(t *testing.T, env []string, dir, interp string, args ...string) {

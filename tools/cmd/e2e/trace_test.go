@@ -144,6 +144,12 @@ func testTraces(t *testing.T, bin string) {
 	if n := p.Stats().Refreshes - before; n != 1 {
 		t.Fatalf("the call made %d refreshes, want 1", n)
 	}
+	// A route for every method (the proxy) is named with the request's
+	// method, as OpenTelemetry's HTTP conventions name a server span.
+	const proxyTrace = "5cf92f3577b34da6a3ce929d0e0e4737"
+	if code, _ := send(http.MethodGet, "/connections/"+conn+"/proxy/resource", proxyTrace, callParent); code != http.StatusOK {
+		t.Fatalf("GET through the proxy: %d", code)
+	}
 	code, eventID := send(http.MethodPost, "/connections/"+conn+"/events", eventTrace, eventParent)
 	if code != http.StatusAccepted || eventID == 0 {
 		t.Fatalf("POST events: %d, event %d", code, eventID)
@@ -166,6 +172,9 @@ func testTraces(t *testing.T, bin string) {
 		return call[name][0]
 	}
 	request := one("GET /connections/{name}/resource")
+	if proxied := inTrace(serverSpans, proxyTrace); len(proxied["GET /connections/{name}/proxy/{path...}"]) != 1 {
+		t.Errorf("the proxied call's spans: %v; want one named GET /connections/{name}/proxy/{path...}", names(proxied))
+	}
 	if request.Parent.SpanID != callParent {
 		t.Errorf("the request's span is under %s, want the caller's %s", request.Parent.SpanID, callParent)
 	}

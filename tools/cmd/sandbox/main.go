@@ -86,7 +86,27 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		"(not invalid_grant), and a rotated one presented again within 3 s answered again without rotating (--reuse-grace overrides)")
 	tokenRate := fs.Int("token-rate", 0, "answer 429 with Retry-After: 1 to token requests beyond `N` a second (0: no limit)")
 	unknownCode := fs.Bool("unknown-code", false, "answer every refresh 400 {\"error\":\""+sandbox.UnknownCode+"\"}, a code no table knows (the refresh token stays valid)")
+	fs.DurationVar(&sw.RefreshLatency, "token-latency", 0, "answer every refresh `D` late, as a slow provider (the refresh is done meanwhile, "+
+		"and stands even if the client gives up first)")
+	hangFor := fs.Duration("hang-for", 0, "for `D` from start, accept every refresh and never answer it, as a hung provider (held until the "+
+		"client gives up, at most a minute; the refresh token is not spent); then answer as usual")
+	fs.Usage = func() {
+		fmt.Fprint(fs.Output(), `usage: sandbox [flags]        serve a strict OAuth2 provider (rotating refresh tokens, reuse revokes the grant)
+       sandbox grant [flags]  print a first token from a running sandbox (sandbox grant -h)
+
+Flags:
+`)
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nEnvironment:\n  SANDBOX_CLIENT_SECRET  the registered client's secret (default %s)\n", defaultSecret)
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return nil, 0
+		}
+		return nil, 2
+	}
+	if *hangFor < 0 || sw.RefreshLatency < 0 {
+		fmt.Fprintln(stderr, "sandbox: --hang-for and --token-latency must not be negative")
 		return nil, 2
 	}
 	opts, err := switches(*like, sw, *deadGrant, *extra, *loseEvery, fs)
@@ -100,6 +120,18 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 	opts.TokenRate = *tokenRate
 	if *unknownCode {
 		opts.RefreshFault = func() sandbox.Fault { return sandbox.FaultUnknownCode }
+	}
+	if *hangFor > 0 {
+		until, then := time.Now().Add(*hangFor), opts.RefreshFault
+		opts.RefreshFault = func() sandbox.Fault {
+			switch {
+			case time.Now().Before(until):
+				return sandbox.FaultHang
+			case then != nil:
+				return then()
+			}
+			return sandbox.FaultNone
+		}
 	}
 	clientAuth, ok := map[string]string{"header": sandbox.ClientAuthBasic, "params": sandbox.ClientAuthPost, "both": ""}[*authStyle]
 	if !ok {
@@ -186,6 +218,9 @@ func switches(like string, sw sandbox.Options, deadGrant, extra string, loseEver
 	}
 	if set["refresh-absolute"] {
 		opts.RefreshAbsolute = sw.RefreshAbsolute
+	}
+	if set["token-latency"] {
+		opts.RefreshLatency = sw.RefreshLatency
 	}
 	if set["tenant"] {
 		opts.Tenant = sw.Tenant
@@ -284,7 +319,15 @@ func grant(args []string, stdout, stderr io.Writer) int {
 	base := fs.String("url", "http://127.0.0.1:9090", "the sandbox's `URL`")
 	clientID := fs.String("client-id", defaultClientID, "the registered client's id")
 	tenant := fs.String("tenant", "", "the sandbox's --tenant `ID`")
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "usage: sandbox grant [flags]: a first token, as x/oauth2 JSON, for tokenctl import\n\nFlags:\n")
+		fs.PrintDefaults()
+		fmt.Fprintf(fs.Output(), "\nEnvironment:\n  SANDBOX_CLIENT_SECRET  the registered client's secret (default %s)\n", defaultSecret)
+	}
 	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
 		return 2
 	}
 	endpoint := sandbox.Endpoint(*base)

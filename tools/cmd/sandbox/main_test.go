@@ -3,10 +3,12 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"net/http"
 	"net/url"
 	"strings"
 	"testing"
+	"time"
 
 	"golang.org/x/oauth2"
 
@@ -14,6 +16,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 	"github.com/tokenguard/tokenguard/repository"
 )
 
@@ -177,6 +180,61 @@ func TestBehaviourFlags(t *testing.T) {
 		stderr.Reset()
 		if sb, code := start(append([]string{"--addr", "127.0.0.1:0"}, bad...), &stdout, &stderr); sb != nil || code != 2 {
 			t.Errorf("%v: exit %d: %s", bad, code, stderr.String())
+		}
+	}
+}
+
+// --hang-for holds every refresh unanswered for a while from start (the
+// client times out, the refresh token is not spent: the same one works
+// afterwards); --token-latency answers every refresh that late.
+func TestLatencyAndHangFlags(t *testing.T) {
+	var stdout, stderr strings.Builder
+	sb, code := start([]string{"--addr", "127.0.0.1:0", "--hang-for", "2s", "--token-latency", "300ms"}, &stdout, &stderr)
+	if sb == nil {
+		t.Fatalf("exit %d: %s", code, stderr.String())
+	}
+	defer sb.Close()
+	var out strings.Builder
+	if code := grant([]string{"--url", sb.URL}, &out, &stderr); code != 0 {
+		t.Fatal(stderr.String())
+	}
+	var tok oauth2.Token
+	if err := json.Unmarshal([]byte(out.String()), &tok); err != nil {
+		t.Fatal(err)
+	}
+	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {tok.RefreshToken}}
+	try := func() (int, time.Duration, error) {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, sb.URL+"/oauth2/token", strings.NewReader(form.Encode()))
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.SetBasicAuth(defaultClientID, defaultSecret)
+		began := time.Now()
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			return 0, 0, err
+		}
+		defer resp.Body.Close()
+		return resp.StatusCode, time.Since(began), nil
+	}
+	if status, _, err := try(); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("a refresh while hanging: status %d, %v; want no answer (the client's deadline)", status, err)
+	}
+	var took time.Duration
+	waitfor.Until(t, 30*time.Second, "the same refresh token answered once the hang is over", func() bool {
+		status, d, err := try()
+		took = d
+		return err == nil && status == http.StatusOK
+	})
+	if took < 300*time.Millisecond {
+		t.Errorf("the refresh was answered in %v, before --token-latency (300ms)", took)
+	}
+	if s := sb.Stats(); s.RefreshReuse != 0 || s.Refreshes != 1 {
+		t.Errorf("stats %+v: want one refresh, no reuse", s)
+	}
+	for _, bad := range [][]string{{"--hang-for", "-1s"}, {"--token-latency", "-1s"}} {
+		if sb, code := start(append([]string{"--addr", "127.0.0.1:0"}, bad...), &stdout, &stderr); sb != nil || code != 2 {
+			t.Errorf("%v: exit %d", bad, code)
 		}
 	}
 }

@@ -1,0 +1,74 @@
+package tokenguard
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	gormpostgres "gorm.io/driver/postgres"
+	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
+)
+
+// OpenPool returns a *gorm.DB over pool, the application's own pgx pool,
+// for Migrate and New: tokenguard's statements take their connections from
+// pool (no second pool) and Run listens on a connection of its own made
+// from pool's configuration (no DSN to repeat). An application without
+// GORM needs nothing else of it.
+//
+//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+//	db, err := tokenguard.OpenPool(pool)
+//	err = tokenguard.Migrate(ctx, db)
+//	tokens, err := tokenguard.New(db, oauthConfig)
+//
+// Closing pool (after Tokens.Close) closes everything.
+func OpenPool(pool *pgxpool.Pool) (*gorm.DB, error) {
+	if pool == nil {
+		return nil, errors.New("tokenguard: OpenPool: nil *pgxpool.Pool")
+	}
+	d, ok := gormpostgres.New(gormpostgres.Config{Conn: stdlib.OpenDBFromPool(pool)}).(*gormpostgres.Dialector)
+	if !ok {
+		return nil, errors.New("tokenguard: OpenPool: unexpected GORM Postgres dialector")
+	}
+	db, err := gorm.Open(poolDialector{Dialector: d, listen: pool.Config().ConnConfig},
+		&gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: OpenPool: %w", err)
+	}
+	return db, nil
+}
+
+// poolDialector is GORM's Postgres dialector over a pgx pool, carrying
+// the pool's configuration for Run's listening connection.
+type poolDialector struct {
+	*gormpostgres.Dialector
+	listen *pgx.ConnConfig
+}
+
+// listenConfig is where Run will listen: WithListenDSN's database, else
+// the pool's of OpenPool, else the DSN db was opened with. A *gorm.DB
+// over a *sql.DB has none: ErrCannotListen, now rather than from a Run
+// whose error an application may discard.
+func listenConfig(db *gorm.DB, dsn string) (*pgx.ConnConfig, error) {
+	if dsn == "" {
+		switch d := db.Dialector.(type) {
+		case poolDialector:
+			return d.listen, nil
+		case *gormpostgres.Dialector:
+			if d.Config != nil {
+				dsn = d.Config.DSN
+			}
+		}
+	}
+	if dsn == "" {
+		return nil, ErrCannotListen
+	}
+	cfg, err := pgx.ParseConfig(dsn)
+	if err != nil {
+		// pgx's message may quote the DSN, password included.
+		return nil, fmt.Errorf("%w: the DSN does not parse", ErrCannotListen)
+	}
+	return cfg, nil
+}
