@@ -62,6 +62,7 @@ var authzRows = map[string]struct {
 	"/connections/{name}/proxy/{path...}":    {names: true},
 	"GET /connections/{name}/resource":       {names: true},
 	"POST /connections/{name}/events":        {body: `{}`, names: true},
+	"POST /connections/{name}/dpop-proof":    {body: `{"method":"GET","url":"https://api.example/v1"}`, names: true},
 	"POST /connect-sessions":                 {body: `{"connection":"acme","return_to":"http://app.example/done"}`, names: true},
 	"POST /connect-results":                  {body: `{"result":"tgr_acme"}`, names: true},
 	"GET /connections":                       {listing: true},
