@@ -47,12 +47,12 @@ conformance: conformance-deps
 # process: its npm dependencies, pinned by package-lock.json, installed
 # once (tests never download anything).
 OIDC_PROVIDER_DIR := $(TOOLS)/internal/conformance/oidcprovider
+OIDC_DPOP_DIR := $(TOOLS)/internal/conformance/oidcdpop
 .PHONY: conformance-deps
 conformance-deps: $(OIDC_PROVIDER_DIR)/node_modules $(OIDC_DPOP_DIR)/node_modules
 $(OIDC_PROVIDER_DIR)/node_modules:
 	cd $(OIDC_PROVIDER_DIR) && npm ci --no-audit --no-fund
 # oidc-provider's current major, requiring DPoP (sender-constrained grants).
-OIDC_DPOP_DIR := $(TOOLS)/internal/conformance/oidcdpop
 $(OIDC_DPOP_DIR)/node_modules:
 	cd $(OIDC_DPOP_DIR) && npm ci --no-audit --no-fund
 
