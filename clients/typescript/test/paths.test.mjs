@@ -8,7 +8,10 @@ import assert from "node:assert/strict";
 import { readFileSync } from "node:fs";
 import { Tokenguard, TokenguardError, unsafePath } from "../index.mjs";
 
-const table = JSON.parse(readFileSync(new URL("../../../testdata/hostile_paths.json", import.meta.url), "utf8"));
+// TOKENGUARD_HOSTILE_PATHS names the table when the tests run from an
+// installed copy, away from the repository.
+const table = JSON.parse(readFileSync(
+  process.env.TOKENGUARD_HOSTILE_PATHS ?? new URL("../../../testdata/hostile_paths.json", import.meta.url), "utf8"));
 const URL_ = process.env.TOKENGUARD_URL;
 const KEY = process.env.TOKENGUARD_API_KEY;
 const skip = !(URL_ && KEY) && "needs a tokenguard server: cd tools && go test ./cmd/e2e -run TestApps/ClientsOwnTests";

@@ -42,7 +42,9 @@ func testClients(t *testing.T, bin string) {
 	s.importGrant("acme")
 	server := s.start("server")
 	s.waitHealthy(server)
-	env := append(os.Environ(), "TOKENGUARD_URL=http://"+s.addr, "TOKENGUARD_API_KEY="+s.key, "SANDBOX_URL="+s.sb.URL)
+	table, _ := filepath.Abs(filepath.Join(clientsDir, "..", "testdata", "hostile_paths.json"))
+	env := append(os.Environ(), "TOKENGUARD_URL=http://"+s.addr, "TOKENGUARD_API_KEY="+s.key, "SANDBOX_URL="+s.sb.URL,
+		"TOKENGUARD_HOSTILE_PATHS="+table)
 	// One after the other: each runs a forced refresh, and the server
 	// allows one per half the token's lifetime.
 	t.Run("Python", func(t *testing.T) {
