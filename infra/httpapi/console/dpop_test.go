@@ -7,6 +7,7 @@ import (
 	"crypto/rand"
 	"encoding/base64"
 	"encoding/hex"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -65,10 +66,13 @@ func TestPagesShowTheDPoPBindingNeverTheKey(t *testing.T) {
 		t.Error("the bearer connection's page does not say bearer")
 	}
 
-	d := priv.D.FillBytes(make([]byte, 32))
+	d, err := priv.Bytes()
+	if err != nil {
+		t.Fatal(err)
+	}
 	pemBody := strings.Split(string(key.MarshalPEM()), "\n")[1]
 	secrets := map[string]string{"PEM": pemBody[:24], "d (base64url)": base64.RawURLEncoding.EncodeToString(d),
-		"d (base64)": base64.StdEncoding.EncodeToString(d), "d (hex)": hex.EncodeToString(d), "d (decimal)": priv.D.String()}
+		"d (base64)": base64.StdEncoding.EncodeToString(d), "d (hex)": hex.EncodeToString(d), "d (decimal)": new(big.Int).SetBytes(d).String()}
 	for _, target := range []string{"/console/connections/acme", "/console/connections"} {
 		body := get(target)
 		for what, s := range secrets {
