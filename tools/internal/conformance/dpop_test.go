@@ -161,7 +161,7 @@ func TestDPoPBoundGrantSharedByThreeProcesses(t *testing.T) {
 		tg, _ := w.startStack(t, i, tokenguard.WithDPoP())
 		w.stacks = append(w.stacks, tg)
 	}
-	sharers, elapsed := w.loadFromProcesses(t, 3, 4*lifetime)
+	sharers, elapsed, asNonces := w.loadFromProcesses(t, 3, 4*lifetime)
 	calls, failures := 0, 0
 	for _, s := range sharers {
 		calls, failures = calls+s.Calls, failures+s.Failures
@@ -176,8 +176,8 @@ func TestDPoPBoundGrantSharedByThreeProcesses(t *testing.T) {
 	nonceRefusals := w.events(refreshEvent("grant.error", "use_dpop_nonce"))
 	otherErrors := w.events(refreshEvent("grant.error", "")) - nonceRefusals
 	rs := w.rs.Snapshot()
-	t.Logf("processes %v: calls %d (failed %d) in %v; refreshes stored %d, at the server %d; token endpoint nonce refusals %d; resource: accepted %d, nonce refusals %d, nonces %d, refused %v",
-		sharers, calls, failures, elapsed.Round(time.Millisecond), refreshes, succeeded, nonceRefusals, rs.Accepted, rs.NonceRefused, rs.Nonces, rs.Refused)
+	t.Logf("processes %v: calls %d (failed %d) in %v; refreshes stored %d, at the server %d; token endpoint nonce refusals %d, nonces %d; resource: accepted %d, nonce refusals %d, nonces %d, refused %v",
+		sharers, calls, failures, elapsed.Round(time.Millisecond), refreshes, succeeded, nonceRefusals, len(asNonces), rs.Accepted, rs.NonceRefused, rs.Nonces, rs.Refused)
 	switch {
 	case failures != 0:
 		t.Errorf("%d of %d calls failed", failures, calls)
@@ -191,6 +191,8 @@ func TestDPoPBoundGrantSharedByThreeProcesses(t *testing.T) {
 		t.Errorf("%d refreshes in %v with a token due every %v: not one per expiry", refreshes, elapsed, lifetime-skew)
 	case nonceRefusals == 0:
 		t.Errorf("the token endpoint never asked for a nonce: the retry with the nonce was not exercised")
+	case len(asNonces) < 2:
+		t.Errorf("the token endpoint's nonce did not change under load (%d handed out)", len(asNonces))
 	case len(rs.Refused) != 0 || rs.Accepted != calls:
 		t.Errorf("the resource server refused proofs: %v (accepted %d of %d calls)", rs.Refused, rs.Accepted, calls)
 	case rs.NonceRefused < len(sharers) || rs.Nonces < 3:

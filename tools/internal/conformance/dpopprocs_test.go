@@ -9,8 +9,12 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -47,14 +51,29 @@ type sharerCounts struct {
 
 func (c sharerCounts) String() string { return fmt.Sprintf("%d/%d failed", c.Failures, c.Calls) }
 
+// nonceStep is how often oidc-provider makes a new DPoP nonce (its
+// ServerChallenge: a step of 60 s of the clock).
+const nonceStep = time.Minute
+
 // loadFromProcesses runs n sharer processes (this test binary, re-run as
 // TestDPoPSharerProcess), each a stack of its own with its own pool,
 // cache, nonces and the key opened from the store, calling the resource
-// server through Client for d from the same start.
-func (w *dpopWorld) loadFromProcesses(t *testing.T, n int, d time.Duration) ([]sharerCounts, time.Duration) {
+// server through Client for d from the same start. The window holds one
+// of the authorization server's nonce steps, so that its nonce changes
+// under load; the processes reach its token endpoint through a proxy
+// that returns the nonces it handed out.
+func (w *dpopWorld) loadFromProcesses(t *testing.T, n int, d time.Duration) ([]sharerCounts, time.Duration, []string) {
 	t.Helper()
 	start := time.Now().Add(5 * time.Second) // time for every process to start and be ready
-	spec := sharerSpec{DSN: w.dsn, AuthURL: w.cfg.Endpoint.AuthURL, TokenURL: w.cfg.Endpoint.TokenURL, ClientID: w.cfg.ClientID,
+	step := start.Truncate(nonceStep).Add(nonceStep)
+	if step.Sub(start) < d/4 { // too early for a refresh to have learned the nonce before
+		step = step.Add(nonceStep)
+	}
+	if step.Sub(start) > d-d/4 {
+		start = step.Add(-d / 2)
+	}
+	tokenURL, nonces := w.nonceRecorder(t)
+	spec := sharerSpec{DSN: w.dsn, AuthURL: w.cfg.Endpoint.AuthURL, TokenURL: tokenURL, ClientID: w.cfg.ClientID,
 		API: w.api, Start: start, End: start.Add(d)}
 	counts := make([]sharerCounts, n)
 	errs := make([]error, n)
@@ -98,7 +117,43 @@ func (w *dpopWorld) loadFromProcesses(t *testing.T, n int, d time.Duration) ([]s
 			t.Logf("process %d: first failed call: %s", i, c.FirstFailure)
 		}
 	}
-	return counts, d
+	return counts, d, nonces()
+}
+
+// nonceRecorder is a reverse proxy to the authorization server's token
+// endpoint (the Host header kept, so proofs name the proxy's URL, as the
+// server checks htu against its own view of the request) and the distinct
+// DPoP nonces the server handed out through it.
+func (w *dpopWorld) nonceRecorder(t *testing.T) (tokenURL string, nonces func() []string) {
+	target, err := url.Parse(w.d.Token)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var seen []string
+	rp := &httputil.ReverseProxy{
+		Rewrite: func(r *httputil.ProxyRequest) {
+			r.SetURL(&url.URL{Scheme: target.Scheme, Host: target.Host})
+			r.Out.Host = r.In.Host
+		},
+		ModifyResponse: func(resp *http.Response) error {
+			if n := resp.Header.Get("DPoP-Nonce"); n != "" {
+				mu.Lock()
+				if !slices.Contains(seen, n) {
+					seen = append(seen, n)
+				}
+				mu.Unlock()
+			}
+			return nil
+		},
+	}
+	srv := httptest.NewServer(rp)
+	t.Cleanup(srv.Close)
+	return srv.URL + target.Path, func() []string {
+		mu.Lock()
+		defer mu.Unlock()
+		return slices.Clone(seen)
+	}
 }
 
 // TestDPoPSharerProcess is one of the processes of
