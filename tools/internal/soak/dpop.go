@@ -58,7 +58,7 @@ func (s *soak) importGrant(ctx context.Context, name string) error {
 // tokens never presented twice, every rotation the provider made stored
 // or logged lost, no proof of the apps refused, and refreshes made at
 // all (a bound grant nobody refreshed proves nothing).
-func (s *soak) dpopInvariant(ctx context.Context, rep *Report, inv func(name string, ok bool, format string, a ...any)) {
+func (s *soak) dpopInvariant(ctx context.Context, rep *Report) {
 	var stored int64
 	if err := s.query(ctx, func(ctx context.Context, c *pgx.Conn) error {
 		return c.QueryRow(ctx, `SELECT count(*) FROM soak_rotations r JOIN tokenguard_connections c ON c.id = r.connection_id WHERE c.name = $1`,
@@ -72,8 +72,14 @@ func (s *soak) dpopInvariant(ctx context.Context, rep *Report, inv func(name str
 			dropped++
 		}
 	}
-	p := rep.Provider
+	rep.Invariants = append(rep.Invariants, dpopRow(rep.Provider, stored, dropped))
+}
+
+// dpopRow judges the bound connection's counts.
+func dpopRow(p sandbox.Stats, stored int64, dropped int) Invariant {
 	lost := p.DPoPRefreshes - stored - int64(dropped)
-	inv("DPoP-bound "+dpopConnection+": reuse, lost, refused proofs", p.DPoPReuse == 0 && lost == 0 && p.DPoPRefused == 0 && p.DPoPRefreshes > 0,
-		"%d reuse; %d rotations = %d stored + %d dropped (logged), %d unaccounted; %d proofs refused", p.DPoPReuse, p.DPoPRefreshes, stored, dropped, lost, p.DPoPRefused)
+	return Invariant{Name: "DPoP-bound " + dpopConnection + ": reuse, lost, refused proofs",
+		OK: p.DPoPReuse == 0 && lost == 0 && p.DPoPRefused == 0 && p.DPoPRefreshes > 0,
+		Value: fmt.Sprintf("%d reuse; %d rotations = %d stored + %d dropped (logged), %d unaccounted; %d proofs refused",
+			p.DPoPReuse, p.DPoPRefreshes, stored, dropped, lost, p.DPoPRefused)}
 }
