@@ -21,7 +21,8 @@ import (
 //	                    (at /t/{tenant}/oauth2/token with Options.Tenant)
 //	POST /oauth2/revoke token revocation (RFC 7009)
 //	GET  /oauth2/auth   authorization endpoint (auto-approves)
-//	GET  /resource      protected API, requires a Bearer access token
+//	GET  /resource      protected API, requires a Bearer access token, or
+//	                    a DPoP-bound one with a proof of its key (dpop.go)
 //	GET  /userinfo      {"sub": …} of a Bearer access token's subject
 //	GET  /stats         Stats as JSON
 func (p *Provider) Handler() http.Handler {
@@ -101,6 +102,13 @@ func (p *Provider) handleToken(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx := r.Context()
 	ar, err := p.validate(ctx, r)
+	jkt := ""
+	if err == nil && r.Header.Get("DPoP") != "" && ar.GetGrantTypes().ExactOne("authorization_code") {
+		if jkt = p.dpop.verify(r, ""); jkt == "" {
+			p.stats.dpopRefused.Add(1)
+			err = errDPoPProof // before the code is spent
+		}
+	}
 	var resp fosite.AccessResponder
 	if err == nil {
 		resp, err = p.commit(ctx, ar)
@@ -108,6 +116,11 @@ func (p *Provider) handleToken(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		p.oauth.WriteAccessError(ctx, w, ar, err)
 		return
+	}
+	if jkt != "" {
+		p.dpop.bindTo(ar.GetID(), jkt)
+		p.stats.dpopBound.Add(1)
+		resp.SetTokenType("DPoP")
 	}
 	if ar.GetGrantTypes().ExactOne("authorization_code") {
 		p.stats.codeExchanges.Add(1)
@@ -141,6 +154,17 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 	sig := p.strategy.RefreshTokenSignature(ctx, r.PostForm.Get("refresh_token"))
 	defer p.lockGrant(ctx, sig)()
 
+	// A bound grant's refresh without a proof of its key is refused
+	// before fosite looks at the refresh token: nothing is spent or
+	// revoked, whoever holds the token.
+	bound := p.dpop.boundTo(p.grantOf(ctx, sig))
+	if bound != "" && p.dpop.verify(r, "") != bound {
+		p.stats.refreshRejected.Add(1)
+		p.stats.dpopRefused.Add(1)
+		p.oauth.WriteAccessError(ctx, w, nil, errDPoPProof)
+		return
+	}
+
 	// Decide reuse before fosite runs: on reuse fosite deletes the presented
 	// token's session, so afterwards it could no longer tell reuse from a
 	// token it never issued.
@@ -173,6 +197,9 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		p.stats.refreshRejected.Add(1)
 		if reused {
 			p.stats.refreshReuse.Add(1)
+			if bound != "" {
+				p.stats.dpopReuse.Add(1)
+			}
 		}
 		if p.deadGrant != nil && fosite.ErrorToRFC6749Error(err).ErrorField == fosite.ErrInvalidGrant.ErrorField {
 			p.writeDeadGrant(w)
@@ -182,6 +209,10 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	p.stats.refreshes.Add(1)
+	if bound != "" {
+		p.stats.dpopRefreshes.Add(1)
+		resp.SetTokenType("DPoP")
+	}
 	p.timeline.refreshed(time.Now(), r.UserAgent(), ar.GetID())
 	if p.grace <= 0 && !lost {
 		p.oauth.WriteAccessResponse(ctx, w, ar, resp)
@@ -373,9 +404,20 @@ func (p *Provider) writeFault(w http.ResponseWriter, r *http.Request, f Fault) {
 }
 
 func (p *Provider) handleResource(w http.ResponseWriter, r *http.Request) {
-	if token, ok := bearerToken(r); ok {
+	token, inDPoP, ok := accessToken(r)
+	if ok {
 		use, ar, err := p.oauth.IntrospectToken(r.Context(), token, fosite.AccessToken, new(fosite.DefaultSession))
-		if err == nil && use == fosite.AccessToken {
+		bound := ""
+		if err == nil {
+			bound = p.dpop.boundTo(ar.GetID())
+		}
+		// A bound token only in the DPoP scheme with a proof of its key;
+		// a bearer token only as one.
+		if err == nil && bound != "" && (!inDPoP || p.dpop.verify(r, token) != bound) {
+			p.stats.dpopRefused.Add(1)
+			err = errDPoPProof
+		}
+		if err == nil && use == fosite.AccessToken && inDPoP == (bound != "") {
 			p.stats.resourceAccepted(r.UserAgent())
 			p.timeline.resource(time.Now(), r.UserAgent(), true)
 			writeJSON(w, http.StatusOK, resourceBody{
@@ -388,6 +430,11 @@ func (p *Provider) handleResource(w http.ResponseWriter, r *http.Request) {
 	}
 	p.stats.resource401.Add(1)
 	p.timeline.resource(time.Now(), r.UserAgent(), false)
+	if inDPoP {
+		w.Header().Set("WWW-Authenticate", `DPoP error="invalid_token"`)
+		writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_token"})
+		return
+	}
 	w.Header().Set("WWW-Authenticate", `Bearer error="invalid_token"`)
 	writeJSON(w, http.StatusUnauthorized, oauthError{Error: "invalid_token"})
 }

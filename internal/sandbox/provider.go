@@ -258,6 +258,8 @@ type Provider struct {
 
 	limiter *rate.Limiter // Options.TokenRate; nil: none
 
+	dpop dpopState // the grants bound to a DPoP key (dpop.go)
+
 	refreshLatency atomic.Int64 // time.Duration
 	refreshFault   atomic.Pointer[func() Fault]
 
@@ -465,13 +467,19 @@ func (p *Provider) endpointFor(baseURL string) oauth2.Endpoint {
 // signature) belongs to (unknown tokens lock their signature) and returns
 // its unlock.
 func (p *Provider) lockGrant(ctx context.Context, signature string) (unlock func()) {
-	key := signature
-	if req, err := p.store.GetRefreshTokenSession(ctx, signature, nil); req != nil && (err == nil || errors.Is(err, fosite.ErrInactiveToken)) {
-		key = req.GetID()
-	}
 	p.revoking.RLock()
-	unlockKey := p.grantLocks.lock(key)
+	unlockKey := p.grantLocks.lock(p.grantOf(ctx, signature))
 	return func() { unlockKey(); p.revoking.RUnlock() }
+}
+
+// grantOf is the grant family (fosite request id) the refresh token (by
+// signature) belongs to, rotated away or not; an unknown token's is its
+// signature.
+func (p *Provider) grantOf(ctx context.Context, signature string) string {
+	if req, err := p.store.GetRefreshTokenSession(ctx, signature, nil); req != nil && (err == nil || errors.Is(err, fosite.ErrInactiveToken)) {
+		return req.GetID()
+	}
+	return signature
 }
 
 // keyedLocks is a mutex per key, kept while some caller holds or waits

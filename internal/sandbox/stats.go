@@ -42,6 +42,16 @@ type Stats struct {
 	// ResourceOK and Resource401 count /resource calls accepted / rejected.
 	ResourceOK  int64 `json:"resource_ok"`
 	Resource401 int64 `json:"resource_401"`
+	// DPoPBound counts grants bound to a DPoP key at their code exchange;
+	// DPoPRefreshes the refreshes of bound grants (each also in
+	// Refreshes); DPoPReuse the reuse of their rotated refresh tokens
+	// (each also in RefreshReuse); DPoPRefused the requests for a bound
+	// grant refused for their proof (missing, invalid, another key's), at
+	// the token endpoint and at /resource.
+	DPoPBound     int64 `json:"dpop_bound"`
+	DPoPRefreshes int64 `json:"dpop_refreshes"`
+	DPoPReuse     int64 `json:"dpop_reuse"`
+	DPoPRefused   int64 `json:"dpop_refused"`
 	// ResourceByAgent counts accepted /resource calls by User-Agent product
 	// (the text before the first '/'; "unknown" when empty). It is a copy.
 	ResourceByAgent map[string]int64 `json:"resource_by_agent"`
@@ -60,6 +70,10 @@ type counters struct {
 	consentPrompts  atomic.Int64
 	resourceOK      atomic.Int64
 	resource401     atomic.Int64
+	dpopBound       atomic.Int64
+	dpopRefreshes   atomic.Int64
+	dpopReuse       atomic.Int64
+	dpopRefused     atomic.Int64
 
 	agentsMu sync.Mutex
 	agents   map[string]int64
@@ -69,6 +83,7 @@ func (c *counters) reset() {
 	for _, n := range []*atomic.Int64{
 		&c.codeExchanges, &c.refreshes, &c.refreshReuse, &c.refreshRejected,
 		&c.refreshFaults, &c.lostAnswers, &c.graceReplays, &c.rateLimited, &c.revocations, &c.consentPrompts, &c.resourceOK, &c.resource401,
+		&c.dpopBound, &c.dpopRefreshes, &c.dpopReuse, &c.dpopRefused,
 	} {
 		n.Store(0)
 	}
@@ -112,6 +127,10 @@ func (p *Provider) Stats() Stats {
 		ConsentPrompts:  c.consentPrompts.Load(),
 		ResourceOK:      c.resourceOK.Load(),
 		Resource401:     c.resource401.Load(),
+		DPoPBound:       c.dpopBound.Load(),
+		DPoPRefreshes:   c.dpopRefreshes.Load(),
+		DPoPReuse:       c.dpopReuse.Load(),
+		DPoPRefused:     c.dpopRefused.Load(),
 	}
 	c.agentsMu.Lock()
 	s.ResourceByAgent = maps.Clone(c.agents)

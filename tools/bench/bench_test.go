@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
@@ -76,6 +78,29 @@ func BenchmarkTokenHot(b *testing.B) {
 			}
 		})
 		b.ReportMetric(float64(tracedQueries.Load()-before)/float64(b.N), "queries/op")
+	})
+	// A DPoP-bound call's work on top of the cached token: a proof signed
+	// (ES256) with the grant's key for that one request. A bearer
+	// connection never pays it; the rows above are a bearer connection's.
+	key, err := dpop.Generate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.Run("tokenguard-dpop-proof", func(b *testing.B) {
+		b.ReportAllocs()
+		b.RunParallel(func(pb *testing.PB) {
+			for pb.Next() {
+				t, err := s.UC.Token(ctx, conn)
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				if _, err := key.Proof(http.MethodGet, "https://api.example.com/v1/me", t.AccessToken.Reveal(), "", time.Now()); err != nil {
+					b.Error(err)
+					return
+				}
+			}
+		})
 	})
 	b.Run("oauth2-reuse", func(b *testing.B) {
 		src := oauth2.ReuseTokenSource(nil, oauth2.StaticTokenSource(&oauth2.Token{AccessToken: "x", Expiry: time.Now().Add(time.Hour)}))

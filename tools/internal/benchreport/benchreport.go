@@ -149,6 +149,9 @@ func (r Results) Checks() []Check {
 	traced, ok := r.get("TokenHot/tokenguard-traced", "sec/op")
 	missBy(add("hot path: with a tracer / without", fmt.Sprintf("<= %.2fx", tracedFactor), ok1 && ok, traced/tg, "%.2fx", traced/tg <= tracedFactor),
 		"%.2fx", traced/tg-tracedFactor)
+	// What a DPoP-bound call costs on top: a proof signed per request.
+	dpopCall, ok := r.get("TokenHot/tokenguard-dpop-proof", "sec/op")
+	info("hot path of a DPoP-bound call (token + ES256 proof) / oauth2-reuse", ok2 && ok, dpopCall/re, "%.0fx")
 	allocs, ok := r.get("TokenHot/tokenguard", "allocs/op")
 	add("hot path: allocations per call", "0", ok, allocs, "%.0f", allocs == 0)
 	q, ok := r.get("TokenHot/tokenguard", "queries/op")

@@ -1,7 +1,6 @@
 package soak
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -15,8 +14,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-
-	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 // Failover modes (Options.Failover).
@@ -358,12 +355,7 @@ func (s *soak) regrant(ctx context.Context) []string {
 	})
 	for _, d := range dead {
 		name, _, _ := strings.Cut(d, ":")
-		tok, err := sandbox.Grant(ctx, s.sb.OAuth2Config(s.sbURL))
-		if err != nil {
-			continue
-		}
-		js, _ := json.Marshal(tok)
-		if _, err := s.tokenctl(ctx, bytes.NewReader(js), "import", "--connection", name); err != nil {
+		if err := s.importGrant(ctx, name); err != nil {
 			s.say("  re-grant %s: %v", name, err)
 		}
 	}

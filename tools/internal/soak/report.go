@@ -228,6 +228,7 @@ func (s *soak) finish(ctx context.Context, rep *Report, faultEnd time.Time) {
 	if s.o.Failover != "" {
 		s.failoverInvariants(rep, inv)
 	} else {
+		s.dpopInvariant(ctx, rep)
 		// The first fault drawn is a restart (inject).
 		inv("Postgres restarts: down / recovery p50, p99", recovered && (len(restarts) > 0 || s.o.Duration < 30*time.Second),
 			"%d restarts; down %s, %s; recovery %s, %s", len(restarts),

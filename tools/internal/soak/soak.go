@@ -11,7 +11,6 @@ package soak
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -104,7 +103,7 @@ const (
 	maxLatency     = 2600 * time.Millisecond
 )
 
-var connections = []string{"acme", "globex", "initech"}
+var connections = []string{"acme", "globex", "initech", dpopConnection}
 
 var appNames = []string{"server", "worker", "batch"}
 
@@ -234,12 +233,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	}
 	s.key = strings.TrimSpace(key)
 	for _, name := range connections {
-		tok, err := sandbox.Grant(ctx, cfg)
-		if err != nil {
-			return nil, err
-		}
-		js, _ := json.Marshal(tok)
-		if _, err := s.tokenctl(ctx, bytes.NewReader(js), "import", "--connection", name); err != nil {
+		if err := s.importGrant(ctx, name); err != nil {
 			return nil, err
 		}
 	}
@@ -249,7 +243,7 @@ func Run(ctx context.Context, o Options, out io.Writer) (*Report, error) {
 	}); err != nil {
 		return nil, fmt.Errorf("audit trigger: %w", err)
 	}
-	s.say("  imported:  %s (tokenctl import)", strings.Join(connections, ", "))
+	s.say("  imported:  %s (tokenctl import; %s bound to a DPoP key)", strings.Join(connections, ", "), dpopConnection)
 
 	defer s.stopApps()
 	for _, name := range appNames {

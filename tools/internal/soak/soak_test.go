@@ -6,6 +6,8 @@ import (
 	"net/http/httptest"
 	"testing"
 	"time"
+
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
 func TestGateKillsOnlyOutsideTheRotationWindow(t *testing.T) {
@@ -110,5 +112,29 @@ func TestEventsAroundAnAsynchronousFailoverAreExempt(t *testing.T) {
 	}
 	if ids := e.ids(); len(ids) != 2 || ids[0] != 1 || ids[1] != 4 {
 		t.Fatalf("ids = %v, want [1 4]", ids)
+	}
+}
+
+// The DPoP-bound connection's row holds only when its refreshes all
+// count (stored or logged dropped), none was a reuse, no proof was
+// refused, and there were refreshes at all; the controls break each.
+func TestDPoPRowCatchesEachBreach(t *testing.T) {
+	ok := sandbox.Stats{DPoPRefreshes: 10}
+	if r := dpopRow(ok, 9, 1); !r.OK {
+		t.Fatalf("a clean run fails: %s", r.Value)
+	}
+	for what, c := range map[string]struct {
+		p       sandbox.Stats
+		stored  int64
+		dropped int
+	}{
+		"a reuse":           {sandbox.Stats{DPoPRefreshes: 10, DPoPReuse: 1}, 10, 0},
+		"a rotation lost":   {ok, 9, 0},
+		"a proof refused":   {sandbox.Stats{DPoPRefreshes: 10, DPoPRefused: 1}, 10, 0},
+		"no refresh at all": {sandbox.Stats{}, 0, 0},
+	} {
+		if r := dpopRow(c.p, c.stored, c.dropped); r.OK {
+			t.Errorf("%s passes: %s", what, r.Value)
+		}
 	}
 }
