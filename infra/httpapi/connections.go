@@ -27,9 +27,12 @@ type connectionView struct {
 	Account       string        `json:"account,omitempty"`
 	Scopes        string        `json:"scopes,omitempty"`
 	MissingScopes string        `json:"missing_scopes,omitempty"`
-	Metadata      jsonObject    `json:"metadata"`
-	Tags          []string      `json:"tags"`
-	Failure       *failureView  `json:"failure,omitempty"` // while the refreshes fail
+	// ScopesReduced: granted scopes a refresh no longer granted (the
+	// connection stays usable).
+	ScopesReduced string       `json:"scopes_reduced,omitempty"`
+	Metadata      jsonObject   `json:"metadata"`
+	Tags          []string     `json:"tags"`
+	Failure       *failureView `json:"failure,omitempty"` // while the refreshes fail
 	// Binding is "dpop" for a grant bound to a DPoP key (DPoPJKT its
 	// thumbprint, never the key), else "bearer".
 	Binding string `json:"binding"`
@@ -72,7 +75,8 @@ func viewOf(c domain.Connection) connectionView {
 		Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
 		LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
 		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
-		Metadata: jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
+		ScopesReduced: c.Binding.ScopesReduced,
+		Metadata:      jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
 		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
 		Binding: "bearer", DPoPJKT: c.DPoPJKT,
 	}
