@@ -43,6 +43,25 @@ func connectionStatus(t *testing.T, s *stack) string {
 	return page.Connections[0].Status
 }
 
+// outboxTypes are the types of the webhook events written, in order.
+func outboxTypes(t *testing.T, dbURL string) []string {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), "SELECT type FROM tokenguard_webhook_outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	types, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return types
+}
+
 // evidenceKept reports whether the apps kept both the check's answer and
 // a success of the client.
 func evidenceKept(t *testing.T, dbURL string) bool {
@@ -166,6 +185,11 @@ func testDexWrongSecret(t *testing.T, bin string) {
 	}
 	if st := s.sb.Stats(); st.Refreshes != 0 || st.RefreshReuse != 0 {
 		t.Errorf("provider stats %+v: want no refresh and no reuse", st)
+	}
+	// No event says the grant is dead or failing: the webhooks written
+	// (the worker would deliver them) are the import's alone.
+	if types := outboxTypes(t, s.dbURL); strings.Join(types, ",") != "connection.connected" {
+		t.Errorf("webhook events %v, want connection.connected alone", types)
 	}
 	s.stop(server)
 
