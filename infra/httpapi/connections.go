@@ -27,16 +27,17 @@ type connectionView struct {
 	Account       string        `json:"account,omitempty"`
 	Scopes        string        `json:"scopes,omitempty"`
 	MissingScopes string        `json:"missing_scopes,omitempty"`
-	// ScopesReduced: granted scopes a refresh no longer granted (the
-	// connection stays usable).
-	ScopesReduced string       `json:"scopes_reduced,omitempty"`
-	Metadata      jsonObject   `json:"metadata"`
-	Tags          []string     `json:"tags"`
-	Failure       *failureView `json:"failure,omitempty"` // while the refreshes fail
+	Metadata      jsonObject    `json:"metadata"`
+	Tags          []string      `json:"tags"`
+	Failure       *failureView  `json:"failure,omitempty"` // while the refreshes fail
 	// Binding is "dpop" for a grant bound to a DPoP key (DPoPJKT its
 	// thumbprint, never the key), else "bearer".
 	Binding string `json:"binding"`
 	DPoPJKT string `json:"dpop_jkt,omitempty"`
+
+	// ScopesReduced: granted scopes a refresh no longer granted (the
+	// connection stays usable).
+	ScopesReduced string `json:"scopes_reduced,omitempty"`
 }
 
 // failureView is a connection's refresh failure episode: the last
@@ -75,14 +76,14 @@ func viewOf(c domain.Connection) connectionView {
 		Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
 		LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
 		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
-		ScopesReduced: c.Binding.ScopesReduced,
-		Metadata:      jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
+		Metadata: jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
 		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
 		Binding: "bearer", DPoPJKT: c.DPoPJKT,
 	}
 	if c.DPoPJKT != "" {
 		v.Binding = "dpop"
 	}
+	v.ScopesReduced = c.Binding.ScopesReduced
 	if f := c.Failure; f.Failures > 0 {
 		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
 		if !f.Blocked(f.LastAt) {

@@ -239,15 +239,16 @@ type Provider struct {
 	redirect   string // default redirect URI for OAuth2Config
 	scopes     []string
 	omitExpiry bool
+	deadGrant  *DeadGrantAnswer
+	grace      time.Duration
+	absolute   time.Duration
+	tenant     string
+	extra      map[string]string
+
 	// refreshScopes, omitRefreshScope: Options.RefreshScopes and
 	// OmitRefreshScope.
 	refreshScopes    []string
 	omitRefreshScope bool
-	deadGrant        *DeadGrantAnswer
-	grace            time.Duration
-	absolute         time.Duration
-	tenant           string
-	extra            map[string]string
 
 	// answered keeps, per rotated refresh token (by signature), the
 	// answer it got and when, for ReuseGrace; consented, per grant, when
@@ -360,25 +361,25 @@ func New(opts Options) (*Provider, error) {
 			compose.OAuth2TokenIntrospectionFactory,
 			compose.OAuth2TokenRevocationFactory,
 		),
-		store:            st,
-		strategy:         strategy,
-		atLifespan:       opts.AccessTokenLifespan,
-		rtLifespan:       rtLifespan,
-		clientID:         opts.ClientID,
-		secret:           opts.ClientSecret,
-		clientAuth:       opts.ClientAuth,
-		redirect:         defaultRedirect(opts.RedirectURIs),
-		scopes:           slices.Clone(opts.Scopes),
-		omitExpiry:       opts.OmitExpiresIn,
-		omitRefreshScope: opts.OmitRefreshScope,
-		deadGrant:        opts.DeadGrant,
-		grace:            opts.ReuseGrace,
-		absolute:         opts.RefreshAbsolute,
-		tenant:           opts.Tenant,
-		extra:            maps.Clone(opts.ExtraTokenFields),
-		answered:         map[string]graceAnswer{},
-		consented:        map[string]time.Time{},
+		store:      st,
+		strategy:   strategy,
+		atLifespan: opts.AccessTokenLifespan,
+		rtLifespan: rtLifespan,
+		clientID:   opts.ClientID,
+		secret:     opts.ClientSecret,
+		clientAuth: opts.ClientAuth,
+		redirect:   defaultRedirect(opts.RedirectURIs),
+		scopes:     slices.Clone(opts.Scopes),
+		omitExpiry: opts.OmitExpiresIn,
+		deadGrant:  opts.DeadGrant,
+		grace:      opts.ReuseGrace,
+		absolute:   opts.RefreshAbsolute,
+		tenant:     opts.Tenant,
+		extra:      maps.Clone(opts.ExtraTokenFields),
+		answered:   map[string]graceAnswer{},
+		consented:  map[string]time.Time{},
 	}
+	p.omitRefreshScope = opts.OmitRefreshScope
 	if opts.RefreshScopes != nil {
 		p.refreshScopes = append([]string{}, opts.RefreshScopes...)
 	}
