@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"regexp"
+	"slices"
+	"strings"
 	"time"
 	"unicode"
 	"unicode/utf8"
@@ -122,6 +124,31 @@ type Binding struct {
 	Account       string
 	Scopes        string // granted; "" when unknown
 	MissingScopes string // requested (OAUTH_SCOPES) but not granted
+	// Answered is the scope the latest refresh answer named; "" when none
+	// did since the grant (RFC 6749 §5.1: then the scope is unchanged).
+	Answered string
+	// ScopesReduced are the granted Scopes that Answered lacks: a refresh
+	// granted fewer than the connection was granted. "" when none, or
+	// when the granted scopes are unknown. The grant stays usable.
+	ScopesReduced string
+}
+
+// ScopeFields splits a token answer's scope: space-separated (RFC 6749
+// §3.3), or comma-separated as GitHub writes it.
+func ScopeFields(scope string) []string {
+	return strings.Fields(strings.ReplaceAll(scope, ",", " "))
+}
+
+// reduced is the scopes of granted that answered lacks, space-separated.
+func reduced(granted, answered string) string {
+	have := ScopeFields(answered)
+	var lack []string
+	for _, s := range ScopeFields(granted) {
+		if !slices.Contains(have, s) && !slices.Contains(lack, s) {
+			lack = append(lack, s)
+		}
+	}
+	return strings.Join(lack, " ")
 }
 
 // Grant is what a provider hands out: a fresh access token and possibly a
@@ -139,6 +166,11 @@ type Grant struct {
 	// expiry, counted from consent): the stored expiry still holds for a
 	// rotated refresh token.
 	KeepRefreshExpiry bool
+	// Scope is the scope the answer named, ScopeNamed whether it named
+	// one: an answer without scope grants what was asked (RFC 6749 §5.1),
+	// which at a refresh is the grant's scope, unchanged.
+	Scope      string
+	ScopeNamed bool
 	// Extra holds the fields of the answer the provider's profile keeps as
 	// connection metadata (Salesforce instance_url, Zoho api_domain); nil
 	// when there are none. Never a credential.
@@ -173,7 +205,8 @@ func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 // Rotated returns t carrying g, issued at now. The refresh token is kept
 // when the provider did not send a new one (RFC 6749 §6 makes rotation
 // optional). So is its known expiry, unless the refresh token changed: a
-// new refresh token whose answer names no expiry has an unknown one.
+// new refresh token whose answer names no expiry has an unknown one. A
+// scope the answer names is recorded, with the granted scopes it lacks.
 func (t Token) Rotated(g Grant, now time.Time) Token {
 	switch {
 	case !g.RefreshExpiry.IsZero():
@@ -188,6 +221,10 @@ func (t Token) Rotated(g Grant, now time.Time) Token {
 		t.RefreshToken = g.RefreshToken
 	}
 	t.Expiry = g.Expiry
+	if g.ScopeNamed {
+		t.Binding.Answered = strings.Join(ScopeFields(g.Scope), " ")
+		t.Binding.ScopesReduced = reduced(t.Binding.Scopes, g.Scope)
+	}
 	t.ObtainedAt = now
 	t.Status = StatusActive
 	t.StatusReason = ""

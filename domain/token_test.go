@@ -217,3 +217,40 @@ func TestRotatedKeepsTheGrantsCalendar(t *testing.T) {
 		t.Errorf("rotated without the calendar: refresh expiry %v, want unknown", got.RefreshExpiry)
 	}
 }
+
+func TestRotatedRecordsScopesReduced(t *testing.T) {
+	now := t0.Add(time.Hour)
+	at := domain.NewSecret("at-new")
+	cases := []struct {
+		name             string
+		granted, before  string // the connect time's scopes, the reduction stored
+		grant            domain.Grant
+		answered, lacked string
+	}{
+		{"fewer scopes", "api read write", "", domain.Grant{AccessToken: at, Scope: "api", ScopeNamed: true}, "api", "read write"},
+		{"comma-separated (GitHub)", "repo,user", "", domain.Grant{AccessToken: at, Scope: "repo", ScopeNamed: true}, "repo", "user"},
+		{"the same scopes in another order", "api read", "", domain.Grant{AccessToken: at, Scope: "read api", ScopeNamed: true}, "read api", ""},
+		{"more scopes", "api", "", domain.Grant{AccessToken: at, Scope: "api read", ScopeNamed: true}, "api read", ""},
+		{"named empty: every scope lacked", "api read", "", domain.Grant{AccessToken: at, Scope: "", ScopeNamed: true}, "", "api read"},
+		// RFC 6749 §5.1: an answer without scope granted what was asked.
+		{"not named: unchanged", "api read", "", domain.Grant{AccessToken: at}, "", ""},
+		{"not named after a reduction: still reduced", "api read", "read", domain.Grant{AccessToken: at}, "", "read"},
+		{"restored", "api read", "read", domain.Grant{AccessToken: at, Scope: "api read", ScopeNamed: true}, "api read", ""},
+		// Granted scopes unknown (an import without scope, a row from an
+		// earlier release): never reduced.
+		{"granted unknown", "", "", domain.Grant{AccessToken: at, Scope: "api", ScopeNamed: true}, "api", ""},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			tok := token(time.Hour)
+			tok.Binding = domain.Binding{Account: "u1", Scopes: c.granted, ScopesReduced: c.before}
+			got := tok.Rotated(c.grant, now).Binding
+			if got.ScopesReduced != c.lacked || (c.grant.ScopeNamed && got.Answered != c.answered) {
+				t.Errorf("binding %+v, want answered %q, scopes reduced %q", got, c.answered, c.lacked)
+			}
+			if got.Account != "u1" || got.Scopes != c.granted {
+				t.Errorf("binding %+v: the grant's account and scopes changed", got)
+			}
+		})
+	}
+}

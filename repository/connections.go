@@ -23,6 +23,7 @@ SELECT c.name, coalesce(t.provider, '') AS provider,
        coalesce(t.granted_account, '') AS granted_account,
        coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
+       coalesce(array_to_string(t.scopes_reduced, ' '), '') AS scopes_reduced,
        c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags,
        ` + failureColumns + `,
        coalesce(t.dpop_jkt, '') AS dpop_jkt
@@ -42,6 +43,7 @@ type connectionRow struct {
 	GrantedAccount string
 	GrantedScopes  string
 	MissingScopes  string
+	ScopesReduced  string
 	Metadata       string
 	Tags           string // a JSON array
 	// The refresh failure episode of this version (failureColumns).
@@ -78,7 +80,7 @@ func (r connectionRow) domain() domain.Connection {
 		ObtainedAt:    r.ObtainedAt,
 		Version:       r.Version,
 		UpdatedAt:     r.UpdatedAt,
-		Binding:       domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes},
+		Binding:       domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes, ScopesReduced: r.ScopesReduced},
 		Metadata:      m,
 		DPoPJKT:       r.DPoPJKT,
 	}

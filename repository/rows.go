@@ -32,6 +32,8 @@ type tokenRow struct {
 	GrantedAccount string
 	GrantedScopes  string
 	MissingScopes  string
+	AnsweredScopes string // the latest refresh answer's scope (migration 29)
+	ScopesReduced  string
 	Provider       string // '' for the environment's provider
 	// SealedVersion is what the credentials are sealed at (0: in the
 	// previous release's form, or plaintext).
@@ -88,6 +90,8 @@ func (r tokenRow) record() domain.Token {
 			Account:       r.GrantedAccount,
 			Scopes:        r.GrantedScopes,
 			MissingScopes: r.MissingScopes,
+			Answered:      r.AnsweredScopes,
+			ScopesReduced: r.ScopesReduced,
 		},
 		Provider: r.Provider,
 		Failure:  r.failure(),

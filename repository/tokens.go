@@ -86,7 +86,15 @@ var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_
 func bindingColumns(t string) string {
 	return "coalesce(" + t + ".granted_account, '') AS granted_account, " +
 		"coalesce(array_to_string(" + t + ".granted_scopes, ' '), '') AS granted_scopes, " +
-		"coalesce(array_to_string(" + t + ".missing_scopes, ' '), '') AS missing_scopes"
+		"coalesce(array_to_string(" + t + ".missing_scopes, ' '), '') AS missing_scopes, " +
+		scopesColumns(t)
+}
+
+// scopesColumns read what the refreshes answered of the scope
+// (migration 29); NULL reads as the empty string.
+func scopesColumns(t string) string {
+	return "coalesce(array_to_string(" + t + ".answered_scopes, ' '), '') AS answered_scopes, " +
+		"coalesce(array_to_string(" + t + ".scopes_reduced, ' '), '') AS scopes_reduced"
 }
 
 // providerColumn reads the connection's provider; NULL (the environment's
@@ -293,6 +301,8 @@ WITH u AS (
         status_reason = $8,
         version       = t.version + 1,
         sealed_version = $12,
+        answered_scopes = $14::text[],
+        scopes_reduced  = $15::text[],
         updated_at    = now()
     FROM tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10 AND c.id = $13
@@ -303,7 +313,8 @@ SELECT ` + tokenColumns + ` FROM u, LATERAL pg_notify(` + channelInSchema("$11")
 
 func saveArgs(t domain.Token, at seal) []any {
 	return []any{t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.version, at.id}
+		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.version, at.id,
+		textArray(t.Binding.Answered), textArray(t.Binding.ScopesReduced)}
 }
 
 // Put stores a newly granted token for a registered connection, replacing
@@ -348,6 +359,8 @@ t AS (
         granted_account = EXCLUDED.granted_account,
         granted_scopes  = EXCLUDED.granted_scopes,
         missing_scopes  = EXCLUDED.missing_scopes,
+        answered_scopes = NULL,
+        scopes_reduced  = NULL,
         granted_at      = EXCLUDED.granted_at,
         access_token  = EXCLUDED.access_token,
         token_type    = EXCLUDED.token_type,

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -107,6 +108,11 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 	if err := domain.ValidateAccount(b.Account); err != nil {
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}
+	if b.Scopes == "" && g.ScopeNamed {
+		// An import knows the scopes only from the token answer.
+		b.Scopes = strings.Join(domain.ScopeFields(g.Scope), " ")
+	}
+	b.Answered, b.ScopesReduced = "", "" // a new grant: nothing reduced
 	tok.Binding, tok.Provider = b, provider
 	tok.DPoPKey, tok.DPoPJKT = r.DPoPKey, r.DPoPJKT
 	if err := u.store.Register(ctx, connection); err != nil {

@@ -34,6 +34,10 @@ type connectionView struct {
 	// thumbprint, never the key), else "bearer".
 	Binding string `json:"binding"`
 	DPoPJKT string `json:"dpop_jkt,omitempty"`
+
+	// ScopesReduced: granted scopes a refresh no longer granted (the
+	// connection stays usable).
+	ScopesReduced string `json:"scopes_reduced,omitempty"`
 }
 
 // failureView is a connection's refresh failure episode: the last
@@ -79,6 +83,7 @@ func viewOf(c domain.Connection) connectionView {
 	if c.DPoPJKT != "" {
 		v.Binding = "dpop"
 	}
+	v.ScopesReduced = c.Binding.ScopesReduced
 	if f := c.Failure; f.Failures > 0 {
 		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
 		if !f.Blocked(f.LastAt) {

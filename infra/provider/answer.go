@@ -179,6 +179,7 @@ func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
 		g.RefreshExpiry = sent.Add(r.refreshIdle)
 	}
 	g.Extra = f.extra(r.extraFields)
+	g.Scope, g.ScopeNamed = f.scope()
 	return g, nil
 }
 
@@ -228,6 +229,16 @@ func (f fields) str(k string) string {
 		return ""
 	}
 	return s
+}
+
+// scope is the answer's scope, and whether it names one (a JSON null or
+// a non-string does not).
+func (f fields) scope() (string, bool) {
+	var s *string
+	if json.Unmarshal(f["scope"], &s) != nil || s == nil {
+		return "", false
+	}
+	return *s, true
 }
 
 // extra is the string values of keys, nil when none is there.

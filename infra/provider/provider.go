@@ -290,7 +290,8 @@ func styleFromName(name string) oauth2.AuthStyle {
 }
 
 // GrantFrom converts an x/oauth2 token (from the authorization-code
-// exchange), with the refresh token's lifetime when the answer named it.
+// exchange), with the refresh token's lifetime and the scope when the
+// answer named them.
 func GrantFrom(tok *oauth2.Token) domain.Grant {
 	g := domain.Grant{
 		AccessToken:  domain.NewSecret(tok.AccessToken),
@@ -305,6 +306,7 @@ func GrantFrom(tok *oauth2.Token) domain.Grant {
 	if d, ok := f.refreshLifetime(); ok {
 		g.RefreshExpiry = time.Now().Add(d)
 	}
+	g.Scope, g.ScopeNamed = tok.Extra("scope").(string)
 	return g
 }
 

@@ -291,6 +291,30 @@ func TestRefreshAnswers(t *testing.T) {
 	}
 }
 
+// A refresh answer's scope is read as it is named; an answer without one
+// (or a null) names none: RFC 6749 §5.1, the scope is unchanged.
+func TestRefreshAnswerScope(t *testing.T) {
+	for _, c := range []struct {
+		name, ctype, body string
+		scope             string
+		named             bool
+	}{
+		{"named", "", `{"access_token":"at","scope":"api read"}`, "api read", true},
+		{"named empty", "", `{"access_token":"at","scope":""}`, "", true},
+		{"none", "", `{"access_token":"at"}`, "", false},
+		{"null", "", `{"access_token":"at","scope":null}`, "", false},
+		{"form (GitHub legacy)", "application/x-www-form-urlencoded", `access_token=at&scope=repo%2Cuser`, "repo,user", true},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			e := newEndpoint(t, fixed(reply{200, c.ctype, nil, c.body}))
+			g, err := NewRefresher(e.config(oauth2.AuthStyleInHeader), nil).Refresh(context.Background(), domain.NewSecret(testRefreshToken))
+			if err != nil || g.Scope != c.scope || g.ScopeNamed != c.named {
+				t.Errorf("scope %q named %t, %v; want %q %t", g.Scope, g.ScopeNamed, err, c.scope, c.named)
+			}
+		})
+	}
+}
+
 // A refresh answer without refresh_token keeps the stored one, with its
 // known expiry; a rotated one without a named expiry has an unknown one.
 func TestRefreshAnswerWithoutRefreshTokenKeepsTheStoredOne(t *testing.T) {

@@ -28,7 +28,7 @@ import (
 // the same on every attempt: receivers deduplicate on it.
 type WebhookEvent struct {
 	ID         string          `json:"id"`
-	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered, connection.rolled_back, connection.refresh_failing, connection.expiring, connection.disconnected
+	Type       string          `json:"type"` // connection.connected, connection.needs_reauth, connection.recovered, connection.rolled_back, connection.refresh_failing, connection.expiring, connection.disconnected, connection.scopes_reduced
 	Connection string          `json:"connection"`
 	OccurredAt time.Time       `json:"occurred_at"`
 	Data       json.RawMessage `json:"data"`

@@ -9,11 +9,12 @@ import (
 )
 
 // printDetails says who granted each connection whose account is known,
-// which requested scopes the grant lacks, and the connection's metadata
+// which requested scopes the grant lacks, which granted scopes a refresh
+// no longer granted (scopes_reduced), and the connection's metadata
 // and tags, if it has any.
 func printDetails(w io.Writer, conns []domain.Connection) {
 	for _, c := range conns {
-		if b := c.Binding; b.Account != "" || b.MissingScopes != "" {
+		if b := c.Binding; b.Account != "" || b.MissingScopes != "" || b.ScopesReduced != "" {
 			account := b.Account
 			if account == "" {
 				account = "an unknown account"
@@ -21,6 +22,9 @@ func printDetails(w io.Writer, conns []domain.Connection) {
 			line := c.Name + ": granted by " + account
 			if b.MissingScopes != "" {
 				line += "; missing scopes: " + b.MissingScopes
+			}
+			if b.ScopesReduced != "" {
+				line += "; scopes_reduced: " + b.ScopesReduced
 			}
 			fmt.Fprintln(w, line)
 		}

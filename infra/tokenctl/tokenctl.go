@@ -275,11 +275,23 @@ func failed(fail func(int, string, ...any) int, prefix string, err error) int {
 	return fail(exitFailure, "%s%v", prefix, err)
 }
 
-// readGrant reads one token in golang.org/x/oauth2's JSON shape.
+// readGrant reads one token in golang.org/x/oauth2's JSON shape, with the
+// token answer's scope when it is there (the scopes granted).
 func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	dec := json.NewDecoder(io.LimitReader(r, 1<<20))
+	var raw json.RawMessage
 	var tok oauth2.Token
-	if err := dec.Decode(&tok); err != nil {
+	var scope struct {
+		Scope *string `json:"scope"` // the answer's, when it named one: the scopes granted
+	}
+	err := dec.Decode(&raw)
+	if err == nil {
+		err = json.Unmarshal(raw, &tok)
+	}
+	if err == nil {
+		err = json.Unmarshal(raw, &scope)
+	}
+	if err != nil {
 		if errors.Is(err, io.EOF) {
 			return domain.Grant{}, errors.New("no token on stdin (want JSON with access_token, token_type, refresh_token, expiry)")
 		}
@@ -297,7 +309,11 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	if tok.AccessToken == "" {
 		return domain.Grant{}, fmt.Errorf("%w: access_token is empty", domain.ErrInvalidToken)
 	}
-	return provider.GrantFrom(&tok), nil
+	g := provider.GrantFrom(&tok)
+	if scope.Scope != nil {
+		g.Scope, g.ScopeNamed = *scope.Scope, true
+	}
+	return g, nil
 }
 
 // jsonCause keeps a decoding error free of input: anything but syntax and
@@ -384,7 +400,7 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	// others by position.
 	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider,
 		expiring(t, now, p.notice), t.StatusReason)
-	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || hasMetadata(t.Metadata) || t.DPoPJKT != "" {
+	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || t.Binding.ScopesReduced != "" || hasMetadata(t.Metadata) || t.DPoPJKT != "" {
 		p.bound = append(p.bound, t)
 	}
 	if p.lines++; p.lines%statusBlock == 0 {

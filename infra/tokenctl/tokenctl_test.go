@@ -20,6 +20,14 @@ func TestReadGrant(t *testing.T) {
 	if err != nil || !g.Expiry.Equal(now.Add(time.Minute)) {
 		t.Fatalf("expires_in: %+v, %v", g, err)
 	}
+	// The answer's scope is the scopes granted; without one, none is named.
+	g, err = readGrant(strings.NewReader(`{"access_token":"at-1","refresh_token":"rt-1","scope":"api read"}`), now)
+	if err != nil || !g.ScopeNamed || g.Scope != "api read" {
+		t.Fatalf("scope: %+v, %v", g, err)
+	}
+	if g, _ = readGrant(strings.NewReader(`{"access_token":"at-1","refresh_token":"rt-1"}`), now); g.ScopeNamed {
+		t.Errorf("no scope read as %q", g.Scope)
+	}
 	for in, want := range map[string]string{
 		``:                               "no token on stdin",
 		`{"access_token":"at-secret",`:   "truncated JSON",

@@ -189,9 +189,15 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 		// request context, see Options.RefreshLatency.
 		time.Sleep(d)
 	}
+	if err == nil {
+		p.narrowScopes(ar)
+	}
 	var resp fosite.AccessResponder
 	if err == nil {
 		resp, err = p.commit(ctx, ar)
+	}
+	if err == nil && p.omitRefreshScope {
+		delete(resp.ToMap(), "scope") // ToMap is the answer's own map
 	}
 	if err != nil {
 		p.stats.refreshRejected.Add(1)
@@ -233,6 +239,23 @@ func (p *Provider) handleRefresh(w http.ResponseWriter, r *http.Request) {
 	maps.Copy(w.Header(), rec.Header())
 	w.WriteHeader(rec.Code)
 	_, _ = w.Write(rec.Body.Bytes())
+}
+
+// narrowScopes keeps, of the scopes a refresh grants, those of
+// Options.RefreshScopes (when set): the rotated tokens and the answer
+// carry only those.
+func (p *Provider) narrowScopes(ar fosite.AccessRequester) {
+	req, ok := ar.(*fosite.AccessRequest)
+	if p.refreshScopes == nil || !ok {
+		return
+	}
+	kept := fosite.Arguments{}
+	for _, s := range req.GrantedScope {
+		if slices.Contains(p.refreshScopes, s) {
+			kept = append(kept, s)
+		}
+	}
+	req.GrantedScope = kept
 }
 
 // graceAnswer is the answer a refresh token got, kept for ReuseGrace.

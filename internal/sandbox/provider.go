@@ -160,6 +160,14 @@ type Options struct {
 	// OmitExpiresIn leaves expires_in out of token answers, as providers
 	// that never say how long a token lives do: clients learn it from a 401.
 	OmitExpiresIn bool
+	// RefreshScopes, when not nil, narrows what a refresh grants to those
+	// of the grant's scopes it lists (the refresh answer's scope says so,
+	// and the rotated tokens carry only those): a provider that grants
+	// fewer scopes than at consent. Empty and not nil: none.
+	RefreshScopes []string
+	// OmitRefreshScope leaves scope out of refresh answers, as RFC 6749
+	// §5.1 allows when it is unchanged.
+	OmitRefreshScope bool
 
 	// The switches below emulate what real providers do differently (the
 	// provider profiles declare it). Zero values: the strict RFC server.
@@ -236,6 +244,11 @@ type Provider struct {
 	absolute   time.Duration
 	tenant     string
 	extra      map[string]string
+
+	// refreshScopes, omitRefreshScope: Options.RefreshScopes and
+	// OmitRefreshScope.
+	refreshScopes    []string
+	omitRefreshScope bool
 
 	// answered keeps, per rotated refresh token (by signature), the
 	// answer it got and when, for ReuseGrace; consented, per grant, when
@@ -367,6 +380,10 @@ func New(opts Options) (*Provider, error) {
 		extra:      maps.Clone(opts.ExtraTokenFields),
 		answered:   map[string]graceAnswer{},
 		consented:  map[string]time.Time{},
+	}
+	p.omitRefreshScope = opts.OmitRefreshScope
+	if opts.RefreshScopes != nil {
+		p.refreshScopes = append([]string{}, opts.RefreshScopes...)
 	}
 	if opts.TokenRate > 0 {
 		p.limiter = rate.NewLimiter(rate.Limit(opts.TokenRate), opts.TokenRate)

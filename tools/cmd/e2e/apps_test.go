@@ -55,6 +55,8 @@ func TestApps(t *testing.T) {
 	t.Run("FirstGrantThroughTheRefreshersClient", func(t *testing.T) { t.Parallel(); testFirstGrant(t, bin) })
 	t.Run("DexRevokedGrantNeedsReauth", func(t *testing.T) { t.Parallel(); testDexRevokedGrant(t, bin) })
 	t.Run("DexWrongSecretControl", func(t *testing.T) { t.Parallel(); testDexWrongSecret(t, bin) })
+	t.Run("ScopesReducedByARefresh", func(t *testing.T) { t.Parallel(); testScopesReduced(t, bin) })
+	t.Run("ScopesUnchangedControls", func(t *testing.T) { t.Parallel(); testScopesUnchanged(t, bin) })
 	t.Run("UnknownRefusalFailingAcrossProcesses", func(t *testing.T) { t.Parallel(); testUnknownRefusalFailing(t, bin) })
 	t.Run("TracesThroughServerAndWorker", func(t *testing.T) { t.Parallel(); testTraces(t, bin) })
 	t.Run("FrozenProviderAnswersItsQueue", func(t *testing.T) { t.Parallel(); testFrozenProvider(t, bin, false) })

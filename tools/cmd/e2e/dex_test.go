@@ -5,9 +5,7 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,26 +14,19 @@ import (
 	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
-// webhookKinds receives webhooks and counts them by type.
-func webhookKinds(t *testing.T) (url string, delivered func(kind string) int) {
-	var mu sync.Mutex
-	kinds := map[string]int{}
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var e struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(body, &e)
-		mu.Lock()
-		kinds[e.Type]++
-		mu.Unlock()
-	}))
-	t.Cleanup(hook.Close)
-	return hook.URL, func(kind string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return kinds[kind]
+// errorHeader calls the server at path and returns the status and the
+// Tokenguard-Error header.
+func errorHeader(t *testing.T, s *stack, path string) (int, string) {
+	t.Helper()
+	req, _ := http.NewRequest(http.MethodGet, "http://"+s.addr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+s.key)
+	resp, err := s.client.Do(req)
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	return resp.StatusCode, resp.Header.Get("Tokenguard-Error")
 }
 
 // connectionStatus is the connection's status in GET /connections.
@@ -50,6 +41,25 @@ func connectionStatus(t *testing.T, s *stack) string {
 		t.Fatalf("GET /connections: %d %s", code, body)
 	}
 	return page.Connections[0].Status
+}
+
+// outboxTypes are the types of the webhook events written, in order.
+func outboxTypes(t *testing.T, dbURL string) []string {
+	t.Helper()
+	conn, err := pgx.Connect(context.Background(), dbURL)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close(context.Background())
+	rows, err := conn.Query(context.Background(), "SELECT type FROM tokenguard_webhook_outbox ORDER BY id")
+	if err != nil {
+		t.Fatal(err)
+	}
+	types, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return types
 }
 
 // evidenceKept reports whether the apps kept both the check's answer and
@@ -70,10 +80,13 @@ func evidenceKept(t *testing.T, dbURL string) bool {
 // token 400 invalid_request). Each app's start-up check sends one request
 // and logs one INFO line, no ERROR; with server, worker and batch using
 // the connection, the grant revoked at the provider is needs_reauth after
-// at most 3 refused requests, callers get 409 needs_reauth, never
-// client_rejected, and one connection.needs_reauth webhook is delivered.
+// at most 3 refused requests, callers get 409 needs_reauth (JSON code and
+// Tokenguard-Error), never client_rejected, and one
+// connection.needs_reauth webhook is delivered; the webhook, GET
+// /connections and the console give the evidence as the reason.
 func testDexRevokedGrant(t *testing.T, bin string) {
-	hookURL, delivered := webhookKinds(t)
+	hookURL, bodies := webhookBodies(t)
+	delivered := func(kind string) int { return len(bodies(kind)) }
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew, dex: true,
 		extraEnv: []string{"WEBHOOK_URL=" + hookURL, "WEBHOOK_SECRET=whsec_e2e_0123456789abcdef"}})
 	s.migrate()
@@ -123,6 +136,25 @@ func testDexRevokedGrant(t *testing.T, bin string) {
 	if n := delivered("connection.needs_reauth"); n != 1 {
 		t.Errorf("%d connection.needs_reauth webhooks, want 1", n)
 	}
+	// Every surface names what the evidence says.
+	const because = "invalid_request (HTTP 400, the provider's answer to a refresh token that cannot exist)"
+	if code, header := errorHeader(t, s, "/connections/"+conn+"/resource"); code != http.StatusConflict || header != "needs_reauth" {
+		t.Errorf("resource: %d Tokenguard-Error %q, want 409 needs_reauth", code, header)
+	}
+	var hook struct {
+		Data struct{ Status, Reason string } `json:"data"`
+	}
+	if b := bodies("connection.needs_reauth"); len(b) == 0 || json.Unmarshal([]byte(b[0]), &hook) != nil ||
+		hook.Data.Status != "needs_reauth" || hook.Data.Reason != because {
+		t.Errorf("webhook %q: want status needs_reauth, reason %q", b, because)
+	}
+	if _, body := s.do(http.MethodGet, "/connections", ""); !strings.Contains(body, `"reason":"`+because+`"`) {
+		t.Errorf("GET /connections: %s, want the reason %q", body, because)
+	}
+	page := consoleBody(t, consoleLogin(t, s, s.key), s, http.MethodGet, "/console/connections/"+conn, nil, http.StatusOK)
+	if !strings.Contains(page, ">needs_reauth<") || !strings.Contains(page, "a refresh token that cannot exist") || strings.Contains(page, "client_rejected") {
+		t.Errorf("the console's connection page does not say needs_reauth with the evidence")
+	}
 	for _, a := range []*app{batchApp, worker, server} {
 		s.stop(a)
 	}
@@ -145,11 +177,19 @@ func testDexWrongSecret(t *testing.T, bin string) {
 		return counts["503 client_rejected"] > 0
 	})
 	load.finish()
+	if code, header := errorHeader(t, s, "/connections/"+conn+"/resource"); code != http.StatusServiceUnavailable || header != "client_rejected" {
+		t.Errorf("resource: %d Tokenguard-Error %q, want 503 client_rejected", code, header)
+	}
 	if st := connectionStatus(t, s); st != "active" {
 		t.Errorf("connection %s with a wrong client secret, want active", st)
 	}
 	if st := s.sb.Stats(); st.Refreshes != 0 || st.RefreshReuse != 0 {
 		t.Errorf("provider stats %+v: want no refresh and no reuse", st)
+	}
+	// No event says the grant is dead or failing: the webhooks written
+	// (the worker would deliver them) are the import's alone.
+	if types := outboxTypes(t, s.dbURL); strings.Join(types, ",") != "connection.connected" {
+		t.Errorf("webhook events %v, want connection.connected alone", types)
 	}
 	s.stop(server)
 

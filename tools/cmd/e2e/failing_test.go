@@ -30,6 +30,8 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 		asked atomic.Int64
 		mu    sync.Mutex
 		kinds = map[string]int{}
+		// failingHook is the connection.refresh_failing webhook's body.
+		failingHook string
 	)
 	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		body, _ := io.ReadAll(r.Body)
@@ -39,6 +41,9 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 		_ = json.Unmarshal(body, &e)
 		mu.Lock()
 		kinds[e.Type]++
+		if e.Type == "connection.refresh_failing" {
+			failingHook = string(body)
+		}
 		mu.Unlock()
 	}))
 	t.Cleanup(hook.Close)
@@ -112,6 +117,17 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 	if during["503 refresh_failing"] == 0 || during["409 needs_reauth"] > 0 {
 		t.Errorf("server answers while failing: %v; want 503 refresh_failing, never 409", during)
 	}
+	// Every surface names the provider's answer.
+	if code, header := errorHeader(t, s, "/connections/"+conn+"/resource"); code != http.StatusServiceUnavailable || header != "refresh_failing" {
+		t.Errorf("resource while failing: %d Tokenguard-Error %q, want 503 refresh_failing", code, header)
+	}
+	if _, body := s.do(http.MethodGet, "/connections/"+conn+"/resource", ""); !strings.Contains(body, "HTTP 400 unrecognized_error") {
+		t.Errorf("resource while failing: %s, want the provider's answer named", body)
+	}
+	page := consoleBody(t, consoleLogin(t, s, s.key), s, http.MethodGet, "/console/connections/"+conn, nil, http.StatusOK)
+	if !strings.Contains(page, ">failing<") || !strings.Contains(page, "HTTP 400 unrecognized_error") || strings.Contains(page, "client_rejected") {
+		t.Errorf("the console's connection page does not say failing with the provider's answer")
+	}
 
 	armed.Store(false)
 	waitStatus("active", 70*time.Second)
@@ -124,6 +140,18 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 	}
 	if f, r := delivered("connection.refresh_failing"), delivered("connection.recovered"); f != 1 || r != 1 {
 		t.Errorf("webhooks delivered: %d connection.refresh_failing, %d connection.recovered; want 1 and 1", f, r)
+	}
+	mu.Lock()
+	hookBody := failingHook
+	mu.Unlock()
+	var hookEvent struct {
+		Data struct {
+			HTTPStatus int    `json:"http_status"`
+			Code       string `json:"code"`
+		} `json:"data"`
+	}
+	if json.Unmarshal([]byte(hookBody), &hookEvent) != nil || hookEvent.Data.HTTPStatus != 400 || hookEvent.Data.Code != "unrecognized_error" {
+		t.Errorf("connection.refresh_failing webhook %s: want http_status 400, code unrecognized_error", hookBody)
 	}
 	after := load.finish()
 	if after["200"] == 0 {

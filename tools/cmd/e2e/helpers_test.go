@@ -169,13 +169,19 @@ type stackOpts struct {
 	// apps' OAUTH_CLIENT_SECRET instead of the sandbox's.
 	dex    bool
 	secret string
+	// refreshScopes, when not nil, narrows what the sandbox's refreshes
+	// grant (sandbox.Options.RefreshScopes); omitRefreshScope leaves scope
+	// out of its refresh answers.
+	refreshScopes    []string
+	omitRefreshScope bool
 }
 
 func newStack(t *testing.T, bin string, o stackOpts) *stack {
 	t.Helper()
 	dbURL := testdb.NewEmpty(t) // tokenctl migrate applies the migrations
 	sopts := sandbox.Options{AccessTokenLifespan: o.lifetime, RefreshFault: o.fault, Scopes: o.scopes,
-		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn, ExtraTokenFields: o.extraFields}
+		ClientAuth: o.clientAuth, OmitExpiresIn: o.omitExpiresIn, ExtraTokenFields: o.extraFields,
+		RefreshScopes: o.refreshScopes, OmitRefreshScope: o.omitRefreshScope}
 	if o.dex {
 		sopts = sandbox.Dex(sopts)
 	}

@@ -8,7 +8,8 @@
 // SANDBOX_CLIENT_SECRET (default tokenguard-secret).
 //
 //	sandbox [--addr 127.0.0.1:9090] [--access-token-lifetime 1h] [--client-id ID]
-//	        [--auth-style header|params|both] [--omit-expires-in]
+//	        [--auth-style header|params|both] [--omit-expires-in] [--scopes "a b"]
+//	        [--refresh-scope "a"] [--omit-refresh-scope]
 //	sandbox grant [--url http://127.0.0.1:9090] [--client-id ID]   # a first token, as tokenctl import reads it
 package main
 
@@ -86,6 +87,10 @@ func start(args []string, stdout, stderr io.Writer) (*demo.Sandbox, int) {
 		"(not invalid_grant), and a rotated one presented again within 3 s answered again without rotating (--reuse-grace overrides)")
 	tokenRate := fs.Int("token-rate", 0, "answer 429 with Retry-After: 1 to token requests beyond `N` a second (0: no limit)")
 	unknownCode := fs.Bool("unknown-code", false, "answer every refresh 400 {\"error\":\""+sandbox.UnknownCode+"\"}, a code no table knows (the refresh token stays valid)")
+	scopes := fs.String("scopes", "api", "the `SCOPES` the client may ask for, space-separated (\"offline\" and \"offline_access\" too)")
+	refreshScope := fs.String("refresh-scope", "", "a refresh grants only those of the grant's scopes listed in `SCOPES` (space-separated; "+
+		"\"\" none): fewer scopes than at consent, said in the answer's scope and carried by the rotated tokens (unset: all of them)")
+	omitRefreshScope := fs.Bool("omit-refresh-scope", false, "answer refreshes without scope, as RFC 6749 §5.1 allows when it is unchanged")
 	fs.DurationVar(&sw.RefreshLatency, "token-latency", 0, "answer every refresh `D` late, as a slow provider (the refresh is done meanwhile, "+
 		"and stands even if the client gives up first)")
 	hangFor := fs.Duration("hang-for", 0, "for `D` from start, accept every refresh and never answer it, as a hung provider (held until the "+
@@ -118,6 +123,12 @@ Flags:
 		opts = sandbox.Dex(opts)
 	}
 	opts.TokenRate = *tokenRate
+	opts.Scopes, opts.OmitRefreshScope = strings.Fields(*scopes), *omitRefreshScope
+	fs.Visit(func(f *flag.Flag) {
+		if f.Name == "refresh-scope" {
+			opts.RefreshScopes = append([]string{}, strings.Fields(*refreshScope)...)
+		}
+	})
 	if *unknownCode {
 		opts.RefreshFault = func() sandbox.Fault { return sandbox.FaultUnknownCode }
 	}
@@ -174,7 +185,7 @@ Flags:
 	fmt.Fprintln(stdout, sb.URL)
 	fmt.Fprintf(stderr, `sandbox: serving at %[1]s. Settings for the apps:
   export OAUTH_TOKEN_URL=%[9]s OAUTH_AUTH_URL=%[1]s/oauth2/auth API_BASE_URL=%[1]s
-  export OAUTH_CLIENT_ID=%[2]s OAUTH_CLIENT_SECRET=%[3]s OAUTH_REDIRECT_URL=%[4]s OAUTH_SCOPES=api%[5]s
+  export OAUTH_CLIENT_ID=%[2]s OAUTH_CLIENT_SECRET=%[3]s OAUTH_REDIRECT_URL=%[4]s OAUTH_SCOPES=%[10]s%[5]s
 For connect sessions at bin/server (the account that consents is read at /userinfo):
   export PUBLIC_URL=%[8]s CONNECT_RETURN_URLS=https://app.example.com/ OAUTH_USERINFO_URL=%[1]s/userinfo
 Its API: GET %[1]s/resource with "Authorization: Bearer <access token>"; GET %[1]s/stats counts refreshes and refresh-token reuse.
@@ -183,7 +194,7 @@ A first token for connection "acme":
 Or, beside the OAUTH_* provider, as a stored provider (its connections name it):
   printf '%%s\n' '%[3]s' | bin/tokenctl provider add --name sandbox --token-url %[9]s --auth-url %[1]s/oauth2/auth --client-id %[2]s --api-base-url %[1]s%[6]s
   bin/sandbox grant --url %[1]s%[7]s | bin/tokenctl import --connection globex --provider sandbox
-`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID, opts.Tenant), origin(redirectURL), sb.TokenURL(sb.URL))
+`, sb.URL, *clientID, secret, redirectURL, quirkEnv, quirkFlags, grantFlags(*clientID, opts.Tenant, *scopes), origin(redirectURL), sb.TokenURL(sb.URL), shellWord(*scopes))
 	return sb, 0
 }
 
@@ -298,10 +309,21 @@ func rotateOnHangup(sb *demo.Sandbox, path string, stderr io.Writer) {
 	}()
 }
 
+// shellWord is s as one word of a shell command line.
+func shellWord(s string) string {
+	if s != "" && !strings.ContainsAny(s, " \t'\"$\\") {
+		return s
+	}
+	return "'" + strings.ReplaceAll(s, "'", `'\''`) + "'"
+}
+
 // grantFlags are the flags sandbox grant needs for a client other than
 // the default one.
-func grantFlags(clientID, tenant string) string {
+func grantFlags(clientID, tenant, scopes string) string {
 	var out string
+	if scopes != "api" {
+		out += " --scope " + shellWord(scopes)
+	}
 	if clientID != defaultClientID {
 		out += " --client-id " + clientID
 	}
@@ -319,8 +341,9 @@ func grant(args []string, stdout, stderr io.Writer) int {
 	base := fs.String("url", "http://127.0.0.1:9090", "the sandbox's `URL`")
 	clientID := fs.String("client-id", defaultClientID, "the registered client's id")
 	tenant := fs.String("tenant", "", "the sandbox's --tenant `ID`")
+	scope := fs.String("scope", "api", "the `SCOPES` to ask for, space-separated (those granted are printed as scope)")
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "usage: sandbox grant [flags]: a first token, as x/oauth2 JSON, for tokenctl import\n\nFlags:\n")
+		fmt.Fprintf(fs.Output(), "usage: sandbox grant [flags]: a first token, as x/oauth2 JSON with the granted scope, for tokenctl import\n\nFlags:\n")
 		fs.PrintDefaults()
 		fmt.Fprintf(fs.Output(), "\nEnvironment:\n  SANDBOX_CLIENT_SECRET  the registered client's secret (default %s)\n", defaultSecret)
 	}
@@ -338,13 +361,20 @@ func grant(args []string, stdout, stderr io.Writer) int {
 	// tries HTTP Basic, then the form body.
 	endpoint.AuthStyle = oauth2.AuthStyleAutoDetect
 	cfg := &oauth2.Config{ClientID: *clientID, ClientSecret: clientSecret(), Endpoint: endpoint,
-		RedirectURL: redirectURL, Scopes: []string{"api"}}
+		RedirectURL: redirectURL, Scopes: strings.Fields(*scope)}
 	tok, err := sandbox.Grant(context.Background(), cfg)
 	if err != nil {
 		fmt.Fprintln(stderr, "sandbox grant:", err)
 		return 1
 	}
-	if err := json.NewEncoder(stdout).Encode(tok); err != nil {
+	// x/oauth2 keeps the answer's scope out of its JSON: tokenctl import
+	// reads it to know the scopes granted.
+	granted, _ := tok.Extra("scope").(string)
+	out := struct {
+		*oauth2.Token
+		Scope string `json:"scope,omitempty"`
+	}{tok, granted}
+	if err := json.NewEncoder(stdout).Encode(out); err != nil {
 		fmt.Fprintln(stderr, "sandbox grant:", err)
 		return 1
 	}

@@ -238,3 +238,53 @@ func TestLatencyAndHangFlags(t *testing.T) {
 		}
 	}
 }
+
+// --scopes, --refresh-scope and --omit-refresh-scope: sandbox grant asks
+// for and prints the scopes granted; a refresh grants only those of
+// --refresh-scope (the rotated refresh token carries only those too), or
+// answers without scope; without either switch the refresh names the
+// grant's scopes.
+func TestScopeFlags(t *testing.T) {
+	for _, c := range []struct {
+		flags      []string
+		want       []string // the refresh answers' scope, twice
+		wantNoneAt bool     // the refresh answers name no scope
+	}{
+		{[]string{"--refresh-scope", "api"}, []string{"api", "api"}, false},
+		{[]string{"--refresh-scope", ""}, []string{"", ""}, false},
+		{[]string{"--omit-refresh-scope"}, nil, true},
+		{nil, []string{"api read", "api read"}, false},
+	} {
+		t.Run(strings.Join(c.flags, " "), func(t *testing.T) {
+			var stdout, stderr strings.Builder
+			sb, code := start(append([]string{"--addr", "127.0.0.1:0", "--scopes", "api read"}, c.flags...), &stdout, &stderr)
+			if sb == nil {
+				t.Fatalf("exit %d: %s", code, stderr.String())
+			}
+			defer sb.Close()
+			if !strings.Contains(stderr.String(), "OAUTH_SCOPES='api read'") || !strings.Contains(stderr.String(), "grant --url "+sb.URL+" --scope 'api read'") {
+				t.Errorf("banner without the scopes:\n%s", stderr.String())
+			}
+			var out strings.Builder
+			if code := grant([]string{"--url", sb.URL, "--scope", "api read"}, &out, &stderr); code != 0 {
+				t.Fatal(stderr.String())
+			}
+			var tok struct {
+				RefreshToken string `json:"refresh_token"`
+				Scope        string `json:"scope"`
+			}
+			if err := json.Unmarshal([]byte(out.String()), &tok); err != nil || tok.Scope != "api read" {
+				t.Fatalf("sandbox grant printed %s (%v), want scope \"api read\"", out.String(), err)
+			}
+			rt := tok.RefreshToken
+			for i := range 2 {
+				status, body := refresh(t, sb.URL, defaultClientID, rt, true)
+				scope, named := body["scope"]
+				if status != http.StatusOK || named == c.wantNoneAt || (named && scope != c.want[i]) {
+					t.Errorf("refresh %d: %d scope %v (named %t)", i+1, status, scope, named)
+				}
+				rt, _ = body["refresh_token"].(string)
+			}
+		})
+	}
+}

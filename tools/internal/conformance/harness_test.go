@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/repository"
 )
 
 // skew is TOKEN_REFRESH_SKEW: with 2 s tokens a token is due 1 s after it
@@ -103,6 +104,17 @@ func newStacksFor(r *run, s *server, n int, authStyle string, extra ...string) *
 			}
 		}
 	})
+	if s.startupCheck {
+		// What each app does at start-up (di's checkAtStart): the
+		// answer to a made-up refresh token, kept as evidence.
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		oc := di.OAuth2Config(cfg.OAuth)
+		res := provider.Check(ctx, oc, provider.NewHTTPClient(5*time.Second))
+		if err := provider.RecordCheck(ctx, repository.NewRefusalEvidence(e.stacks[0].tokens.DB), oc, res); err != nil {
+			r.fatalf("keep the start-up check's answer: %v", err)
+		}
+	}
 	// The cache is trusted only once the listener is connected: wait for
 	// it, as a process serving traffic would have.
 	deadline := time.Now().Add(10 * time.Second)

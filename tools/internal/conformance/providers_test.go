@@ -58,6 +58,14 @@ type server struct {
 	controlReuse int // the part of ownReuse the control scenario caused
 	proxy        *conformance.Proxy
 	proxyURL     string // tokenguard's OAUTH_TOKEN_URL
+	// deadCode is the code a dead or reused refresh token is answered
+	// with ("": invalid_grant); reuseWindow how long a rotated one is
+	// answered again without rotating; startupCheck: the stacks run the
+	// apps' start-up check and keep its answer as evidence (what tells a
+	// dead grant from the code alone cannot).
+	deadCode     string
+	reuseWindow  time.Duration
+	startupCheck bool
 }
 
 // withProxy puts the counting proxy in front of s.oauth's token endpoint.
@@ -98,6 +106,33 @@ func fositeClient(t *testing.T, method, clientID, secret string) *server {
 		},
 		ownReuse:  func() int { return int(p.Stats().RefreshReuse) },
 		ownSource: "sandbox statistics",
+	}
+	return s.withProxy(t)
+}
+
+// dexServer is the sandbox in Dex's shape (sandbox.Dex, bin/sandbox
+// --dex): a dead, revoked or reused refresh token is answered 400
+// invalid_request, a rotated one presented again within 3 s is answered
+// again. The stacks have no profile: the start-up check's evidence
+// decides what invalid_request means.
+func dexServer(t *testing.T) *server {
+	p, err := sandbox.New(sandbox.Dex(sandbox.Options{ClientSecret: clientSecret, AccessTokenLifespan: lifetime}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(p.Handler())
+	t.Cleanup(srv.Close)
+	cfg := p.OAuth2Config(srv.URL)
+	s := &server{
+		style: "header", basicOK: true, oauth: cfg, api: srv.URL,
+		grant: func(ctx context.Context) (*oauth2.Token, error) { return sandbox.Grant(ctx, cfg) },
+		revoke: func(context.Context, string) error {
+			p.RevokeAll()
+			return nil
+		},
+		ownReuse:  func() int { return int(p.Stats().RefreshReuse) },
+		ownSource: "sandbox statistics",
+		deadCode:  sandbox.DexDeadGrant.Code, reuseWindow: sandbox.DexReuseInterval, startupCheck: true,
 	}
 	return s.withProxy(t)
 }
