@@ -3,6 +3,8 @@ package provider
 import (
 	"context"
 	"errors"
+	"io"
+	"maps"
 	"net/http"
 	"net/url"
 	"strings"
@@ -60,17 +62,32 @@ func (r *Refresher) requestTo(ctx context.Context, endpoint string, form url.Val
 		}
 		aud = m.Issuer
 	}
-	assertion, err := r.clientKey.Assertion(r.cfg.ClientID, aud, r.now())
-	if err != nil {
-		return nil, err
-	}
 	form.Set("client_id", r.cfg.ClientID)
 	form.Set("client_assertion_type", clientkey.AssertionType)
-	form.Set("client_assertion", assertion)
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
+	// Each body carries an assertion of its own: a copy sent again (the
+	// retry with a DPoP nonce) must not repeat the jti, which servers
+	// refuse as a replay.
+	// An assertion's length depends only on the client id, the audience
+	// and the key: every copy has the first one's Content-Length.
+	body := func() (io.ReadCloser, error) {
+		assertion, err := r.clientKey.Assertion(r.cfg.ClientID, aud, r.now())
+		if err != nil {
+			return nil, err
+		}
+		f := maps.Clone(form)
+		f.Set("client_assertion", assertion)
+		return io.NopCloser(strings.NewReader(f.Encode())), nil
+	}
+	first, err := body()
 	if err != nil {
 		return nil, err
 	}
+	encoded, _ := io.ReadAll(first)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(string(encoded)))
+	if err != nil {
+		return nil, err
+	}
+	req.GetBody = body
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
 	return req, nil

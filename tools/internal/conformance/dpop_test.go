@@ -63,25 +63,30 @@ func newSenderWorld(t *testing.T, stacks int, clientID string, serverEnv []strin
 	t.Cleanup(api.Close)
 	w.api = api.URL + conformance.Path
 	w.dsn = testdb.New(t)
-	for i := range stacks {
-		db := w.openDB(t)
-		tg, err := tokenguard.New(db, w.cfg, append([]tokenguard.Option{tokenguard.WithSkew(skew),
-			tokenguard.WithLogger(slog.New(slog.DiscardHandler).With("stack", i))}, opts...)...)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { defer close(done); _ = tg.Run(ctx) }()
-		t.Cleanup(func() { _ = tg.Close(context.Background()); cancel(); <-done })
-		wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-		if err := tg.WaitReady(wctx); err != nil {
-			t.Fatalf("stack %d: %v", i, err)
-		}
-		wcancel()
-		w.stacks = append(w.stacks, tg)
+	for range stacks {
+		w.stacks = append(w.stacks, w.newStack(t, opts...))
 	}
 	return w
+}
+
+// newStack is one more running stack on the world's database.
+func (w *dpopWorld) newStack(t *testing.T, opts ...tokenguard.Option) *tokenguard.Tokens {
+	db := w.openDB(t)
+	tg, err := tokenguard.New(db, w.cfg, append([]tokenguard.Option{tokenguard.WithSkew(skew),
+		tokenguard.WithLogger(slog.New(slog.DiscardHandler))}, opts...)...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = tg.Run(ctx) }()
+	t.Cleanup(func() { _ = tg.Close(context.Background()); cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if err := tg.WaitReady(wctx); err != nil {
+		t.Fatalf("stack: %v", err)
+	}
+	return tg
 }
 
 // grant runs the authorization code flow with a proof of key on the code
@@ -339,9 +344,19 @@ func TestDPoPConnectFlowMakesTheKey(t *testing.T) {
 // login and consent pages, and redeems the result.
 func (w *dpopWorld) connect(t *testing.T, tg *tokenguard.Tokens, name string) {
 	t.Helper()
+	if _, err := w.connectVia(t, tg, tokenguard.ConnectFlow{Connection: name}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connectVia runs the connect flow f through the server's pages and
+// redeems the result; it returns the URL the browser was sent to, and the
+// error of the authorization pages.
+func (w *dpopWorld) connectVia(t *testing.T, tg *tokenguard.Tokens, f tokenguard.ConnectFlow) (string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	authURL, f, err := tg.AuthCodeURL(ctx, tokenguard.ConnectFlow{Connection: name})
+	authURL, f, err := tg.AuthCodeURL(ctx, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -357,15 +372,17 @@ func (w *dpopWorld) connect(t *testing.T, tg *tokenguard.Tokens, name string) {
 		return false
 	})
 	if err != nil {
-		t.Fatal(err)
+		return authURL, err
 	}
 	res, err := tg.Complete(ctx, f, q)
 	if err != nil {
+		w.events(func(ev map[string]any) bool { t.Logf("event %v", ev); return false })
 		t.Fatalf("complete: %v", err)
 	}
 	if _, err := tg.Redeem(ctx, res.Code); err != nil {
 		t.Fatalf("redeem: %v", err)
 	}
+	return authURL, nil
 }
 
 // openDB is a pool of its own on the world's database.
