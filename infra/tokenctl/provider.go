@@ -295,8 +295,8 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	// Read stdin and the key before opening the database: bad input
 	// fails fast.
 	if set["par"] {
-		if _, err := domain.ParsePARMode(f.par); err != nil {
-			return fail(exitUsage, "%s: --par: %v", cmd, err)
+		if _, err := domain.ParsePARMode(f.par); err != nil || f.par == "" {
+			return fail(exitUsage, "%s: --par: %v", cmd, cmp.Or(err, fmt.Errorf("%w: par must be auto, always or never, got \"\"", domain.ErrInvalidProvider)))
 		}
 	}
 	if set["client-key-file"] {
