@@ -35,7 +35,7 @@ func TestPAREndpoint(t *testing.T) {
 		want    string
 		err     error
 	}{
-		"never, even when required":    {domain.PARNever, true, required, true, "", nil},
+		"never, even when required":     {domain.PARNever, true, required, true, "", nil},
 		"auto, advertised only":         {domain.PARAuto, false, advertised, true, "", nil},
 		"auto, metadata requires":       {domain.PARAuto, false, required, true, ep, nil},
 		"auto, profile requires":        {domain.PARAuto, true, advertised, true, ep, nil},
