@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"strings"
 	"time"
 
 	"golang.org/x/oauth2"
@@ -221,12 +223,32 @@ func assertedRequest(ctx context.Context, e RevocationEndpoint, form url.Values)
 		}
 		aud = m.Issuer
 	}
-	assertion, err := e.ClientKey.Assertion(e.ClientID, aud, time.Now())
+	form.Set("client_id", e.ClientID)
+	form.Set("client_assertion_type", clientkey.AssertionType)
+	encode := func() (string, error) {
+		assertion, err := e.ClientKey.Assertion(e.ClientID, aud, time.Now())
+		if err != nil {
+			return "", err
+		}
+		f := maps.Clone(form)
+		f.Set("client_assertion", assertion)
+		return f.Encode(), nil
+	}
+	first, err := encode()
 	if err != nil {
 		return nil, err
 	}
-	form.Set("client_id", e.ClientID)
-	form.Set("client_assertion_type", clientkey.AssertionType)
-	form.Set("client_assertion", assertion)
-	return clientRequest(ctx, e.URL, form, e.ClientID, "", oauth2.AuthStyleAutoDetect)
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL, strings.NewReader(first))
+	if err != nil {
+		return nil, err
+	}
+	// A copy sent again (with a DPoP nonce) carries an assertion of its
+	// own, of the same length: a jti is never presented twice.
+	req.GetBody = func() (io.ReadCloser, error) {
+		b, err := encode()
+		return io.NopCloser(strings.NewReader(b)), err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	return req, nil
 }
