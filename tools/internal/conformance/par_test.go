@@ -73,6 +73,32 @@ func TestDPoPPushedAuthorizationClientKey(t *testing.T) {
 		}
 	})
 
+	t.Run("an unredeemed result's grant is revoked with a proof", func(t *testing.T) {
+		authURL, f, err := tg.AuthCodeURL(ctx, tokenguard.ConnectFlow{Connection: "par-unredeemed"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		q, err := browserCallback(ctx, authURL, redirectURI, loginAndConsent)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := tg.Complete(ctx, f, q); err != nil {
+			t.Fatal(err)
+		}
+		if err := w.openDB(t).Exec("UPDATE tokenguard_connect_results SET expires_at = now() WHERE connection = 'par-unredeemed'").Error; err != nil {
+			t.Fatal(err)
+		}
+		before := w.events(func(ev map[string]any) bool { return ev["event"] == "revocation" && ev["dpop"] == true })
+		if n, err := tg.SweepConnectResults(ctx); err != nil || n != 1 {
+			t.Fatalf("sweep: %d %v", n, err)
+		}
+		if after := w.events(func(ev map[string]any) bool {
+			return ev["event"] == "revocation" && ev["dpop"] == true && ev["status"] == float64(200)
+		}); after != before+1 {
+			t.Errorf("revocations with a proof: %d -> %d, want one more", before, after)
+		}
+	})
+
 	t.Run("control: not pushed, refused", func(t *testing.T) {
 		plain := w.newStack(t, tokenguard.WithClientKey(envKey), tokenguard.WithDPoP(), tokenguard.WithPAR(tokenguard.PARNever))
 		before := w.events(func(ev map[string]any) bool { return ev["event"] == "authorization.error" })
@@ -140,4 +166,17 @@ func mustQuery(t *testing.T, u string) url.Values {
 		t.Fatal(err)
 	}
 	return p.Query()
+}
+
+// loginAndConsent fills oidc-provider's login and consent pages.
+func loginAndConsent(_ string, form url.Values) bool {
+	switch form.Get("prompt") {
+	case "login":
+		form.Set("login", "conformance-user")
+		form.Set("password", "any")
+		return true
+	case "consent":
+		return true
+	}
+	return false
 }
