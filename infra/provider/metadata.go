@@ -46,6 +46,8 @@ type found struct {
 const (
 	metadataTTL = time.Hour
 	noneTTL     = 5 * time.Minute
+	// discoveryTimeout bounds one discovery, all its documents together.
+	discoveryTimeout = 5 * time.Second
 )
 
 // NewDiscovery fetches with client (NewHTTPClient when nil).
@@ -67,13 +69,21 @@ func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) 
 		return f.m, f.ok
 	}
 	f = found{until: now.Add(noneTTL)}
+	// The connect flow waits: a server that does not answer is given
+	// discoveryTimeout in all, and is not asked for its other documents.
+	fctx, cancel := context.WithTimeout(ctx, discoveryTimeout)
+	defer cancel()
 	for _, c := range candidates(tokenURL) {
-		if m, ok := d.fetch(ctx, c.doc); ok && strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
+		m, ok, answered := d.fetch(fctx, c.doc)
+		if ok && strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
 			f = found{m: m, ok: true, until: now.Add(metadataTTL)}
 			break
 		}
 		if ctx.Err() != nil {
 			return Metadata{}, false // not kept: the caller gave up, not the server
+		}
+		if !answered {
+			break
 		}
 	}
 	d.mu.Lock()
@@ -111,20 +121,21 @@ func candidates(tokenURL string) []candidate {
 	return out
 }
 
-func (d *Discovery) fetch(ctx context.Context, doc string) (Metadata, bool) {
+// fetch reads one metadata document; answered is false when the server
+// gave no HTTP answer at all.
+func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, ok, answered bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, doc, nil)
 	if err != nil {
-		return Metadata{}, false
+		return Metadata{}, false, true
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return Metadata{}, false
+		return Metadata{}, false, false
 	}
 	defer resp.Body.Close()
-	var m Metadata
 	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&m) != nil || m.Issuer == "" {
-		return Metadata{}, false
+		return Metadata{}, false, true
 	}
-	return m, true
+	return m, true, true
 }
