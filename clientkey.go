@@ -5,6 +5,9 @@ import (
 	"encoding/json"
 
 	jose "github.com/go-jose/go-jose/v4"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 )
 
 // WithClientKey authenticates the client of New's oauth2.Config with
@@ -21,8 +24,12 @@ func WithClientKey(signer crypto.Signer) Option { return func(o *options) { o.cl
 // serves it.
 func (t *Tokens) ClientJWKS() []byte {
 	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{}}
-	if t.clientKey != nil {
-		set.Keys = append(set.Keys, t.clientKey.PublicJWK())
+	seen := map[string]bool{}
+	for _, k := range append([]*clientkey.Key{t.clientKey}, t.providers.ClientKeys()...) {
+		if k != nil && !seen[k.KID()] {
+			seen[k.KID()] = true
+			set.Keys = append(set.Keys, k.PublicJWK())
+		}
 	}
 	b, _ := json.Marshal(set)
 	return b
@@ -33,3 +40,28 @@ func (t *Tokens) ClientJWKS() []byte {
 // request of the connect flow and on every token request (code exchange,
 // refresh).
 func WithResource(url string) Option { return func(o *options) { o.resource = url } }
+
+// PARMode says when the connect flow pushes its authorization request
+// (RFC 9126): PARAuto (the default) when the provider's metadata or
+// profile says it requires it, PARAlways, or PARNever.
+type PARMode = domain.PARMode
+
+// The PAR modes (OAUTH_PAR, tokenctl provider add --par).
+const (
+	PARAuto   = domain.PARAuto
+	PARAlways = domain.PARAlways
+	PARNever  = domain.PARNever
+)
+
+// ParsePARMode reads "auto", "always" or "never"; other values are an
+// error wrapping ErrInvalidProvider.
+func ParsePARMode(s string) (PARMode, error) { return domain.ParsePARMode(s) }
+
+// WithPAR says when the connect flow of New's oauth2.Config's provider
+// pushes its authorization request to the provider (RFC 9126): the
+// request (PKCE S256, the profile's parameters, the resource indicator
+// and, with DPoP, dpop_jkt) is posted with the client's authentication,
+// as a token request, and the browser goes to the authorization endpoint
+// with only client_id and request_uri. The provider's metadata is found
+// from its token endpoint. A mode ParsePARMode refuses makes New fail.
+func WithPAR(mode PARMode) Option { return func(o *options) { o.par = mode } }

@@ -103,10 +103,22 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	f.RedirectURL = client.RedirectURL
 	f.State, f.Verifier = rand.Text(), oauth2.GenerateVerifier()
 	opts := append([]oauth2.AuthCodeOption{oauth2.S256ChallengeOption(f.Verifier)}, t.providers.AuthCodeOptions(f.Provider, client.Scopes)...)
-	if f.Provider == "" && t.resource != "" {
-		opts = append(opts, oauth2.SetAuthURLParam("resource", t.resource))
+	if _, resource := t.parOf(f); resource != "" {
+		opts = append(opts, oauth2.SetAuthURLParam("resource", resource))
 	}
-	return client.AuthCodeURL(f.State, opts...), f, nil
+	key, err := t.newDPoPKey(f)
+	if err != nil {
+		return "", f, err
+	}
+	if !key.IsZero() {
+		// RFC 9449 §10: the code is bound to the key the exchange proves.
+		opts = append(opts, oauth2.SetAuthURLParam("dpop_jkt", key.jkt))
+	}
+	authURL, err := t.pushed(ctx, f, client, client.AuthCodeURL(f.State, opts...))
+	if err != nil {
+		return "", f, err
+	}
+	return authURL, f, nil
 }
 
 // Complete handles the provider's redirect back (callback: its query) for
@@ -141,7 +153,7 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	if err != nil {
 		return ConnectResult{}, &ConnectError{Code: "unknown_provider", Message: "The connection's provider is not known.", Err: err}
 	}
-	key, err := t.newDPoPKey(f.Provider)
+	key, err := t.newDPoPKey(f)
 	if err != nil {
 		return ConnectResult{}, err
 	}

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -129,10 +130,13 @@ func WithProvider(name string) ImportOption {
 
 // newRevoker revokes refresh tokens at url ("" for none) for cfg's
 // provider, at a stored provider's own endpoint for the others.
-func newRevoker(cfg *oauth2.Config, url string, o options, styles provider.AuthStyleStore, providers provider.ProviderLookup) *provider.Revocations {
-	return provider.NewRevocations(provider.StoredRevocationEndpoints{
-		Env: provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
-			AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL},
-		Providers: providers,
-	}, provider.NewHTTPClient(o.refreshTimeout), styles)
+func newRevoker(cfg *oauth2.Config, url string, o options, styles provider.AuthStyleStore, providers provider.ProviderLookup,
+	key *clientkey.Key, issuerAud bool, d *provider.Discovery) *provider.Revocations {
+	env := provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
+		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL, ClientKey: key}
+	if key != nil && issuerAud {
+		env.IssuerAud = d
+	}
+	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d},
+		provider.NewHTTPClient(o.refreshTimeout), styles)
 }

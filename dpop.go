@@ -99,13 +99,15 @@ type boundKey struct {
 
 func (k boundKey) IsZero() bool { return k.pem.IsZero() }
 
-// newDPoPKey makes the key a new grant of provider ("" the configuration's)
-// is bound to at the code exchange, when the provider requires DPoP.
-func (t *Tokens) newDPoPKey(provider string) (boundKey, error) {
-	if !t.providers.DPoP(provider, t.dpop) {
+// newDPoPKey is the key f's grant is bound to, when its provider requires
+// DPoP: derived from f's PKCE verifier, so the authorization request
+// names it (dpop_jkt) and the code exchange proves it with nothing more
+// kept between them.
+func (t *Tokens) newDPoPKey(f ConnectFlow) (boundKey, error) {
+	if !t.providers.DPoP(f.Provider, t.dpop) {
 		return boundKey{}, nil
 	}
-	k, err := dpop.Generate()
+	k, err := dpop.Derive([]byte(f.Verifier))
 	if err != nil {
 		return boundKey{}, err
 	}

@@ -7,6 +7,8 @@ import (
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // Option configures New.
@@ -35,6 +37,7 @@ type options struct {
 	dpop                           bool // the configuration's provider requires DPoP
 	clientKey                      crypto.Signer
 	resource                       string
+	par                            domain.PARMode
 }
 
 // userInfo is where Complete asks which account consented.

@@ -108,6 +108,8 @@ type Tokens struct {
 	// private_key_jwt: the configuration's client key, if any.
 	clientKey *clientkey.Key
 	resource  string // RFC 8707: the configuration's resource indicator
+	par       domain.PARMode
+	discovery *provider.Discovery // the providers' metadata (PAR, the issuer)
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
@@ -208,6 +210,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 
 	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, listen: listen, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
 		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource}
+	if t.par, err = domain.ParsePARMode(string(o.par)); err != nil {
+		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
+	}
 	// Staleness is decided on the database server's clock, by every
 	// process alike, however far the hosts' clocks drift apart.
 	clock, err := repository.NewDatabaseClock(ctx, rdb, nil)
@@ -241,6 +246,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	// The token endpoint's requests show in the refresh's trace.
 	hc = tracing.Client(hc, o.tracerProvider)
+	t.discovery = provider.NewDiscovery(hc)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.log)
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
@@ -259,6 +265,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
 		}
 		envAuth = append(envAuth, provider.WithClientKey(t.clientKey, ""))
+		if prof.AssertionAud == domain.AudienceIssuer {
+			envAuth = append(envAuth, provider.WithIssuerAudience(t.discovery))
+		}
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
@@ -270,7 +279,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 				o.log.Warn("tokenguard: a stored provider names a profile this release does not know; the generic behaviour applies",
 					slog.String("provider", p.Name), slog.String("profile", p.Profile))
 			}
-			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp)
+			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp, t.storedAuth(p, pp)...)
 		}, o.log)
 	t.providers.SetProfile(prof)
 	if err := t.providers.Load(ctx); err != nil {
@@ -288,7 +297,8 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
 	t.repo = repo
 	lone := t.readReplication(ctx, false)
-	revoker := newRevoker(cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer))
+	revoker := newRevoker(cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer),
+		t.clientKey, prof.AssertionAud == domain.AudienceIssuer, t.discovery)
 	t.disconnect = usecase.NewDisconnectUseCase(repo, revoker, o.lockWait, o.refreshTimeout)
 	t.cfg, t.httpClient, t.userInfo = cfg, hc, o.userInfo
 	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(rdb, sealer), t.connect, revoker, o.refreshTimeout, o.log)

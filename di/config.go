@@ -101,6 +101,9 @@ type OAuthConfig struct {
 	ClientKeyFile string `env:"CLIENT_KEY_FILE"`
 	// Resource is the RFC 8707 resource indicator (see tokenguard.WithResource).
 	Resource string `env:"RESOURCE"`
+	// PAR says when the connect flow pushes its authorization request
+	// (see tokenguard.WithPAR): auto, always or never.
+	PAR string `env:"PAR" envDefault:"auto"`
 
 	params map[string]string // ProfileParams, parsed
 }
@@ -210,6 +213,9 @@ func ConfigFromEnv(environ []string) (Config, error) {
 	}
 	if err := c.OAuth.applyProfile(); err != nil {
 		return Config{}, err
+	}
+	if _, err := domain.ParsePARMode(c.OAuth.PAR); err != nil {
+		return Config{}, fmt.Errorf("OAUTH_PAR must be auto, always or never, got %q: %w", c.OAuth.PAR, domain.ErrInvalidProvider)
 	}
 	return c, c.validate()
 }

@@ -37,6 +37,15 @@ type Provider struct {
 	// DPoP: the provider requires DPoP-bound grants (RFC 9449); each
 	// connection gets a key of its own at connect time.
 	DPoP bool
+	// Resource is the RFC 8707 resource indicator of every authorization
+	// and token request; "" none.
+	Resource string
+	// PAR says when the connect flow pushes its authorization request
+	// (RFC 9126); "" is auto.
+	PAR PARMode
+	// ClientKey is the PEM private key (EC P-256 or RSA) of
+	// AuthStyle private_key_jwt; sealed at rest like ClientSecret.
+	ClientKey Secret
 }
 
 // AuthStyle is how the client authenticates at the token endpoint.
@@ -49,17 +58,21 @@ const (
 	AuthStyleAuto   AuthStyle = "auto"
 	AuthStyleHeader AuthStyle = "header" // HTTP Basic (client_secret_basic)
 	AuthStyleParams AuthStyle = "params" // form body (client_secret_post)
+	// AuthStylePrivateKeyJWT: a client assertion signed with the
+	// provider's ClientKey (RFC 7523 §2.2) instead of a secret.
+	AuthStylePrivateKeyJWT AuthStyle = "private_key_jwt"
 )
 
-// ParseAuthStyle reads "auto", "header" or "params" ("" is auto).
+// ParseAuthStyle reads "auto", "header", "params" or "private_key_jwt"
+// ("" is auto).
 func ParseAuthStyle(s string) (AuthStyle, error) {
 	switch AuthStyle(s) {
 	case "", AuthStyleAuto:
 		return AuthStyleAuto, nil
-	case AuthStyleHeader, AuthStyleParams:
+	case AuthStyleHeader, AuthStyleParams, AuthStylePrivateKeyJWT:
 		return AuthStyle(s), nil
 	}
-	return "", fmt.Errorf("%w: auth style must be auto, header or params, got %q", ErrInvalidProvider, s)
+	return "", fmt.Errorf("%w: auth style must be auto, header, params or private_key_jwt, got %q", ErrInvalidProvider, s)
 }
 
 // ReservedProviderName is what metrics call the provider of the process's
@@ -100,7 +113,7 @@ func (p Provider) Validate() error {
 		return fmt.Errorf("%w: client id is empty", ErrInvalidProvider)
 	}
 	for field, v := range map[string]string{"token URL": p.TokenURL, "auth URL": p.AuthURL,
-		"revocation URL": p.RevocationURL, "API base URL": p.APIBaseURL} {
+		"revocation URL": p.RevocationURL, "API base URL": p.APIBaseURL, "resource": p.Resource} {
 		if v == "" && field != "token URL" {
 			continue
 		}
@@ -109,6 +122,12 @@ func (p Provider) Validate() error {
 		}
 	}
 	if _, err := ParseAuthStyle(string(p.AuthStyle)); err != nil {
+		return err
+	}
+	if (p.AuthStyle == AuthStylePrivateKeyJWT) != !p.ClientKey.IsZero() {
+		return fmt.Errorf("%w: auth style private_key_jwt and a client key go together (--auth-style private_key_jwt --client-key-file PATH)", ErrInvalidProvider)
+	}
+	if _, err := ParsePARMode(string(p.PAR)); err != nil {
 		return err
 	}
 	if p.Skew < 0 || p.DefaultLifetime < 0 || p.KeepAlive < 0 {

@@ -45,4 +45,7 @@ type ExpiredGrant struct {
 	Provider     string
 	RefreshToken Secret
 	CreatedAt    time.Time
+	// DPoPKey (PEM): the key a DPoP-bound grant is bound to, which its
+	// revocation proves; zero for a bearer grant.
+	DPoPKey Secret
 }

@@ -184,7 +184,8 @@ FROM (SELECT id FROM tokenguard_connect_results
       WHERE expires_at <= now() AND (sweep_after IS NULL OR sweep_after <= now())
       ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED) s
 WHERE r.id = s.id
-RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce(r.provider, '') AS provider, r.refresh_token, r.created_at`,
+RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce(r.provider, '') AS provider, r.refresh_token, r.created_at,
+          coalesce(r.dpop_key, '') AS dpop_key, coalesce(r.dpop_jkt, '') AS dpop_jkt`,
 		fmt.Sprintf("%d milliseconds", lease.Milliseconds()), limit).Scan(&rows).Error
 	if err != nil {
 		return nil, storeError(ctx, "lease expired connect results", err)
@@ -198,6 +199,11 @@ RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce
 			continue
 		}
 		e.RefreshToken = domain.NewSecret(rt)
+		if r.DPoPKey != "" {
+			if key, err := c.sealer.Open(r.DPoPKey, resultAAD(r.HashHex, "dpop_key/"+r.DPoPJKT)); err == nil {
+				e.DPoPKey = domain.NewSecret(key)
+			}
+		}
 		out = append(out, e)
 	}
 	return out, nil

@@ -45,6 +45,23 @@ const colClientSecret = "client_secret"
 // in a name, so it never equals a token's additional data.
 func providerAAD(name string) string { return "provider:" + name + "/" + colClientSecret }
 
+// clientKeyAAD binds a sealed client key (private_key_jwt) to its
+// provider and column: it never opens as another provider's, or as a
+// client secret.
+func clientKeyAAD(name string) string { return "provider:" + name + "/client_key" }
+
+// sealKey seals a client key; "" (none) stays NULL.
+func (r *ProviderRepository) sealKey(p domain.Provider) (sql.NullString, error) {
+	if p.ClientKey.IsZero() {
+		return sql.NullString{}, nil
+	}
+	sealed, err := r.sealer.Seal(p.ClientKey.Reveal(), clientKeyAAD(p.Name))
+	if err != nil {
+		return sql.NullString{}, fmt.Errorf("seal client key of provider %s: %w", p.Name, err)
+	}
+	return sql.NullString{String: sealed, Valid: true}, nil
+}
+
 // providerRow is the tokenguard_providers table as read.
 type providerRow struct {
 	Name              string
@@ -64,18 +81,29 @@ type providerRow struct {
 	CreatedAt         time.Time
 	UpdatedAt         time.Time
 	DPoP              bool `gorm:"column:dpop"`
+	Resource          string
+	Par               string
+	ClientKey         sql.NullString
 }
 
 const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at,
-       coalesce(dpop, false) AS dpop
+       coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key
 FROM tokenguard_providers`
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 	secret, err := s.Open(r.ClientSecret, providerAAD(r.Name))
 	if err != nil {
 		return domain.Provider{}, fmt.Errorf("client secret of provider %s: %w", r.Name, err)
+	}
+	var key domain.Secret
+	if r.ClientKey.Valid {
+		pem, err := s.Open(r.ClientKey.String, clientKeyAAD(r.Name))
+		if err != nil {
+			return domain.Provider{}, fmt.Errorf("client key of provider %s: %w", r.Name, err)
+		}
+		key = domain.NewSecret(pem)
 	}
 	return domain.Provider{
 		Name:            r.Name,
@@ -95,6 +123,9 @@ func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 		CreatedAt:       r.CreatedAt,
 		UpdatedAt:       r.UpdatedAt,
 		DPoP:            r.DPoP,
+		Resource:        r.Resource,
+		PAR:             domain.PARMode(r.Par),
+		ClientKey:       key,
 	}, nil
 }
 
@@ -121,20 +152,27 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	if err != nil {
 		return domain.Provider{}, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
 	}
+	key, err := r.sealKey(p)
+	if err != nil {
+		return domain.Provider{}, err
+	}
 	var rows []providerRow
 	err = r.db.WithContext(ctx).Raw(`WITH p AS (
     INSERT INTO tokenguard_providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
-                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false))
+                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop,
+                           resource, par, client_key)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?)
     ON CONFLICT (name) DO NOTHING
     RETURNING *
 )
 SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
-       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at, coalesce(dpop, false) AS dpop FROM p`,
+       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at, coalesce(dpop, false) AS dpop,
+       coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key FROM p`,
 		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
 		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
-		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile, p.DPoP).Find(&rows).Error
+		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile, p.DPoP,
+		p.Resource, string(p.PAR), key).Find(&rows).Error
 	if err != nil {
 		return domain.Provider{}, storeError(ctx, "add provider", err)
 	}
@@ -169,13 +207,19 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 		if err != nil {
 			return fmt.Errorf("seal client secret of provider %s: %w", next.Name, err)
 		}
+		key, err := r.sealKey(next)
+		if err != nil {
+			return err
+		}
 		res := tx.Exec(`UPDATE tokenguard_providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
     client_id = ?, client_secret = ?, auth_style = ?, scopes = ?::text[],
-    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, dpop = NULLIF(?, false), version = version + 1, updated_at = now()
+    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, dpop = NULLIF(?, false),
+    resource = NULLIF(?, ''), par = NULLIF(?, ''), client_key = ?, version = version + 1, updated_at = now()
 WHERE name = ?`,
 			next.TokenURL, next.AuthURL, next.RevocationURL, next.APIBaseURL, next.ClientID, secret,
 			string(next.AuthStyle), textArray(strings.Join(next.Scopes, " ")),
-			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, next.DPoP, name)
+			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, next.DPoP,
+			next.Resource, string(next.PAR), key, name)
 		if res.Error != nil {
 			return storeError(ctx, "update provider", res.Error)
 		}
@@ -268,6 +312,11 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 		return 0, 0, storeError(ctx, "list providers", err)
 	}
 	for _, row := range rows {
+		if row.ClientKey.Valid && !r.sealer.IsCurrent(row.ClientKey.String) {
+			if err := r.resealKey(ctx, row); err != nil {
+				return resealed, current, err
+			}
+		}
 		if r.sealer.IsCurrent(row.ClientSecret) {
 			current++
 			continue
@@ -290,6 +339,22 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 		resealed += int(res.RowsAffected)
 	}
 	return resealed, current, nil
+}
+
+// resealKey re-encrypts row's client key with the current key, if the
+// stored value is still the one read.
+func (r *ProviderRepository) resealKey(ctx context.Context, row providerRow) error {
+	plain, err := r.sealer.Open(row.ClientKey.String, clientKeyAAD(row.Name))
+	if err != nil {
+		return fmt.Errorf("client key of provider %s: %w", row.Name, err)
+	}
+	sealed, err := r.sealer.Seal(plain, clientKeyAAD(row.Name))
+	if err != nil {
+		return fmt.Errorf("seal client key of provider %s: %w", row.Name, err)
+	}
+	res := r.db.WithContext(ctx).Exec("UPDATE tokenguard_providers SET client_key = ? WHERE name = ? AND client_key = ?",
+		sealed, row.Name, row.ClientKey.String)
+	return storeError(ctx, "reseal provider", res.Error)
 }
 
 // unknownProvider reports whether err is the tokenguard_tokens.provider foreign key

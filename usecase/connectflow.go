@@ -126,7 +126,12 @@ func (u *ConnectFlowUseCase) revoke(ctx context.Context, e domain.ExpiredGrant) 
 	}
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
-	err := u.revoker.Revoke(rctx, e.Provider, e.RefreshToken)
+	var err error
+	if bound, ok := u.revoker.(BoundRevoker); ok && !e.DPoPKey.IsZero() {
+		err = bound.RevokeBound(rctx, e.Provider, e.RefreshToken, e.DPoPKey)
+	} else {
+		err = u.revoker.Revoke(rctx, e.Provider, e.RefreshToken)
+	}
 	switch {
 	case err == nil:
 		u.log.Info("the grant of an expired connect result was revoked at the provider", "connection", e.Connection, "provider", e.Provider)

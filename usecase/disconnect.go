@@ -137,11 +137,35 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	}
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
-	if err := u.revoker.Revoke(rctx, t.Provider, t.RefreshToken); err != nil {
+	if err := u.present(rctx, t); err != nil {
 		end(true)
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", err)
 	}
 	return t, end, nil
+}
+
+// BoundRevoker revokes refresh tokens bound to a DPoP key: the request
+// carries a proof signed with key, as the grant's token requests do.
+type BoundRevoker interface {
+	RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error
+}
+
+// present revokes t's refresh token, with a proof of its key when the
+// grant is sender-constrained.
+func (u *DisconnectUseCase) present(ctx context.Context, t domain.Token) error {
+	if !t.SenderConstrained() {
+		return u.revoker.Revoke(ctx, t.Provider, t.RefreshToken)
+	}
+	keys, ok := u.store.(ProofKeys)
+	bound, ok2 := u.revoker.(BoundRevoker)
+	if !ok || !ok2 {
+		return u.revoker.Revoke(ctx, t.Provider, t.RefreshToken)
+	}
+	key, err := keys.DPoPKey(ctx, t.Connection, t.DPoPJKT)
+	if err != nil {
+		return err
+	}
+	return bound.RevokeBound(ctx, t.Provider, t.RefreshToken, key)
 }
 
 // failed says that disconnecting connection changed nothing.

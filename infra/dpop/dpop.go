@@ -8,6 +8,7 @@ import (
 	"crypto"
 	"crypto/ecdsa"
 	"crypto/elliptic"
+	"crypto/hkdf"
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/x509"
@@ -18,6 +19,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net/url"
+	"strconv"
 	"strings"
 	"time"
 
@@ -43,6 +45,27 @@ func Generate() (*Key, error) {
 		return nil, fmt.Errorf("dpop: generate key: %w", err)
 	}
 	return FromSigner(priv)
+}
+
+// Derive makes the ES256 key that seed (a secret of 256 bits or more)
+// stands for: the same seed, the same key. The connect flow derives a
+// grant's key from its PKCE verifier, so the key the authorization request
+// names (dpop_jkt) is the one the code exchange proves, with nothing more
+// to keep between the two.
+func Derive(seed []byte) (*Key, error) {
+	if len(seed) < 32 {
+		return nil, errors.New("dpop: derive: the seed is shorter than 256 bits")
+	}
+	for i := range 8 { // a draw outside the curve's order is rare (< 2^-32)
+		d, err := hkdf.Key(sha256.New, seed, nil, "tokenguard connect-flow DPoP key "+strconv.Itoa(i), 32)
+		if err != nil {
+			return nil, fmt.Errorf("dpop: derive: %w", err)
+		}
+		if priv, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), d); err == nil {
+			return FromSigner(priv)
+		}
+	}
+	return nil, errors.New("dpop: derive: no key from this seed")
 }
 
 // FromSigner wraps an EC P-256 private key.

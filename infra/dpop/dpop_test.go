@@ -96,3 +96,20 @@ func TestNonceRefusals(t *testing.T) {
 		t.Fatal("nonces are per server")
 	}
 }
+
+// A connect flow's key is its verifier's: the same seed, the same key;
+// another seed, another key; a short seed none.
+func TestDerive(t *testing.T) {
+	a1, err := Derive([]byte("a-pkce-verifier-of-43-characters-0123456789"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a2, _ := Derive([]byte("a-pkce-verifier-of-43-characters-0123456789"))
+	b, _ := Derive([]byte("b-pkce-verifier-of-43-characters-0123456789"))
+	if a1.Thumbprint() != a2.Thumbprint() || a1.Thumbprint() == b.Thumbprint() {
+		t.Fatalf("thumbprints %s %s %s", a1.Thumbprint(), a2.Thumbprint(), b.Thumbprint())
+	}
+	if _, err := Derive([]byte("short")); err == nil {
+		t.Fatal("a short seed made a key")
+	}
+}

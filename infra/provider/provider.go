@@ -83,7 +83,8 @@ type Refresher struct {
 	// private_key_jwt: the client's key and the assertions' audience.
 	clientKey    *clientkey.Key
 	assertionAud string
-	resource     string // RFC 8707 resource indicator; "" none
+	issuerAud    *Discovery // the assertions' audience is the issuer it finds
+	resource     string     // RFC 8707 resource indicator; "" none
 }
 
 // AuthStyleStore keeps, per token URL and client id, the auth style the

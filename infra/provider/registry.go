@@ -13,6 +13,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
@@ -59,6 +60,7 @@ type registered struct {
 	p         domain.Provider // ClientSecret cleared: kept apart in secret
 	secret    domain.Secret   // for the connect flow's code exchange
 	refresher GrantRefresher
+	key       *clientkey.Key // private_key_jwt; nil for the other styles
 }
 
 // missReadEvery bounds the reads an unknown provider name can cause.
@@ -103,8 +105,14 @@ func (r *Registry) Load(ctx context.Context) error {
 		}
 		ref := r.build(p)
 		secret := p.ClientSecret
-		p.ClientSecret = domain.Secret{}
-		next[p.Name] = registered{p: p, secret: secret, refresher: ref}
+		var key *clientkey.Key
+		if !p.ClientKey.IsZero() {
+			if key, err = clientkey.ParsePEM([]byte(p.ClientKey.Reveal())); err != nil {
+				r.log.Error("a stored provider's client key cannot be read; its requests carry no assertion", "provider", p.Name)
+			}
+		}
+		p.ClientSecret, p.ClientKey = domain.Secret{}, domain.Secret{}
+		next[p.Name] = registered{p: p, secret: secret, refresher: ref, key: key}
 		if _, ok := old[p.Name]; ok {
 			r.log.Info("provider changed; its connections use the new settings from their next refresh",
 				"provider", p.Name, "version", p.Version)
@@ -222,6 +230,18 @@ func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Confi
 	return OAuth2Config(p), nil
 }
 
+// ClientKeys are the client keys (private_key_jwt) of the stored
+// providers as last read, by provider name.
+func (r *Registry) ClientKeys() []*clientkey.Key {
+	var out []*clientkey.Key
+	for _, name := range r.Names() {
+		if k := r.state.Load().byName[name].key; k != nil {
+			out = append(out, k)
+		}
+	}
+	return out
+}
+
 // Names lists the stored providers as last read, sorted.
 func (r *Registry) Names() []string {
 	m := r.state.Load().byName
@@ -253,10 +273,16 @@ func (r *Registry) KeepAlives() map[string]time.Duration {
 
 // OAuth2Config is the x/oauth2 view of a stored provider.
 func OAuth2Config(p domain.Provider) *oauth2.Config {
+	style := styleFromName(string(p.AuthStyle))
+	if p.AuthStyle == domain.AuthStylePrivateKeyJWT {
+		// The assertion replaces the secret, the client id in the form
+		// (RFC 7523 §2.2): never a second try in another style.
+		style = oauth2.AuthStyleInParams
+	}
 	return &oauth2.Config{
 		ClientID:     p.ClientID,
 		ClientSecret: p.ClientSecret.Reveal(),
-		Endpoint:     oauth2.Endpoint{AuthURL: p.AuthURL, TokenURL: p.TokenURL, AuthStyle: styleFromName(string(p.AuthStyle))},
+		Endpoint:     oauth2.Endpoint{AuthURL: p.AuthURL, TokenURL: p.TokenURL, AuthStyle: style},
 		Scopes:       slices.Clone(p.Scopes),
 	}
 }

@@ -5,12 +5,18 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/url"
+	"strings"
+	"time"
 
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
+	"github.com/tokenguard/tokenguard/infra/dpop"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // RevocationEndpoint is where and how a provider revokes tokens (RFC 7009).
@@ -23,6 +29,11 @@ type RevocationEndpoint struct {
 	// once after invalid_client or a 401 (a revocation is idempotent).
 	AuthStyle oauth2.AuthStyle
 	TokenURL  string // where the remembered style was learned
+	// ClientKey: the client authenticates with private_key_jwt, an
+	// assertion whose audience is the token endpoint or, with IssuerAud,
+	// the issuer of the provider's metadata.
+	ClientKey *clientkey.Key
+	IssuerAud *Discovery
 }
 
 // RevocationEndpoints finds the revocation endpoint of a provider by name
@@ -56,20 +67,30 @@ type ProviderLookup interface {
 type StoredRevocationEndpoints struct {
 	Env       RevocationEndpoint
 	Providers ProviderLookup
+	Discovery *Discovery // for a profile whose assertions name the issuer
 }
 
 // RevocationEndpointFor implements RevocationEndpoints.
-func (e StoredRevocationEndpoints) RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error) {
+func (s StoredRevocationEndpoints) RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error) {
 	if provider == "" {
-		return e.Env, nil
+		return s.Env, nil
 	}
-	p, err := e.Providers.Get(ctx, provider)
+	p, err := s.Providers.Get(ctx, provider)
 	if err != nil {
 		return RevocationEndpoint{}, err
 	}
 	cfg := OAuth2Config(p)
-	return RevocationEndpoint{URL: p.RevocationURL, ClientID: p.ClientID, ClientSecret: p.ClientSecret,
-		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: p.TokenURL}, nil
+	e := RevocationEndpoint{URL: p.RevocationURL, ClientID: p.ClientID, ClientSecret: p.ClientSecret,
+		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: p.TokenURL}
+	if !p.ClientKey.IsZero() {
+		if e.ClientKey, err = clientkey.ParsePEM([]byte(p.ClientKey.Reveal())); err != nil {
+			return RevocationEndpoint{}, fmt.Errorf("provider %s: its client key: %w", provider, domain.ErrEndpointMisconfigured)
+		}
+		if prof, _ := profiles.Get(p.Profile); prof.AssertionAud == domain.AudienceIssuer {
+			e.IssuerAud = s.Discovery
+		}
+	}
+	return e, nil
 }
 
 // Revocations revokes refresh tokens at their provider's revocation
@@ -84,7 +105,20 @@ type Revocations struct {
 // NewRevocations builds the revoker; client should be bounded
 // (NewHTTPClient); styles (may be nil) are those learned at token endpoints.
 func NewRevocations(endpoints RevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
-	return &Revocations{endpoints: endpoints, client: client, styles: styles}
+	c := *client
+	// Revocations of a DPoP-bound grant carry a proof of its key.
+	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: &dpop.Nonces{}}
+	return &Revocations{endpoints: endpoints, client: &c, styles: styles}
+}
+
+// RevokeBound revokes a refresh token bound to key (PEM): the request
+// carries a DPoP proof signed with it, as the grant's token requests do.
+func (r *Revocations) RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error {
+	ctx, err := proofKey(ctx, key)
+	if err != nil {
+		return err
+	}
+	return r.Revoke(ctx, provider, refreshToken)
 }
 
 // errRevocationRefused: a failure without a more precise meaning.
@@ -153,7 +187,13 @@ func revocationAnswer(status int, code string) error {
 // code of the answer, unknown codes not echoed.
 func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
 	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
-	req, err := clientRequest(ctx, e.URL, form, e.ClientID, e.ClientSecret.Reveal(), style)
+	var req *http.Request
+	var err error
+	if e.ClientKey != nil {
+		req, err = assertedRequest(ctx, e, form)
+	} else {
+		req, err = clientRequest(ctx, e.URL, form, e.ClientID, e.ClientSecret.Reveal(), style)
+	}
 	if err != nil {
 		return 0, "", fmt.Errorf("revocation URL: %w", errRevocationRefused)
 	}
@@ -170,4 +210,45 @@ func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oaut
 		}
 	}
 	return resp.StatusCode, code, nil
+}
+
+// assertedRequest is a revocation request authenticated with a client
+// assertion (private_key_jwt), as the token requests are.
+func assertedRequest(ctx context.Context, e RevocationEndpoint, form url.Values) (*http.Request, error) {
+	aud := e.TokenURL
+	if e.IssuerAud != nil {
+		m, ok := e.IssuerAud.Find(ctx, e.TokenURL)
+		if !ok {
+			return nil, errNoIssuer
+		}
+		aud = m.Issuer
+	}
+	form.Set("client_id", e.ClientID)
+	form.Set("client_assertion_type", clientkey.AssertionType)
+	encode := func() (string, error) {
+		assertion, err := e.ClientKey.Assertion(e.ClientID, aud, time.Now())
+		if err != nil {
+			return "", err
+		}
+		f := maps.Clone(form)
+		f.Set("client_assertion", assertion)
+		return f.Encode(), nil
+	}
+	first, err := encode()
+	if err != nil {
+		return nil, err
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL, strings.NewReader(first))
+	if err != nil {
+		return nil, err
+	}
+	// A copy sent again (with a DPoP nonce) carries an assertion of its
+	// own, of the same length: a jti is never presented twice.
+	req.GetBody = func() (io.ReadCloser, error) {
+		b, err := encode()
+		return io.NopCloser(strings.NewReader(b)), err
+	}
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.Header.Set("Accept", "application/json")
+	return req, nil
 }

@@ -9,12 +9,14 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"os"
 	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
@@ -34,7 +36,12 @@ const providerUsage = `usage:
 settings:
   --api-base-url URL --auth-url URL --revocation-url URL --auth-style auto|header|params --scopes a,b
   --skew D --default-lifetime D --keep-alive D   (0: the global setting)
-  --dpop   the provider requires DPoP: each connection's grant is bound to a key made at connect time`
+  --dpop   the provider requires DPoP: each connection's grant is bound to a key made at connect time
+  --resource URL   the RFC 8707 resource indicator of every authorization and token request
+  --auth-style private_key_jwt --client-key-file PATH   authenticate with assertions signed by the PEM
+           private key in PATH (EC P-256 or RSA; sealed at rest; no client secret on stdin)
+  --par auto|always|never   push the connect flow's authorization request (RFC 9126): auto when the
+           provider's metadata or profile requires it`
 
 // ProviderBackend is the Backend of a tokenctl that manages providers.
 type ProviderBackend interface {
@@ -98,6 +105,8 @@ type providerFlags struct {
 	profile                                                                         string
 	params                                                                          paramFlags
 	dpop                                                                            bool
+	resource, par, clientKeyFile                                                    string
+	clientKey                                                                       domain.Secret // read from clientKeyFile
 }
 
 // paramFlags are repeated --param k=v.
@@ -113,7 +122,10 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.StringVar(&f.apiBaseURL, "api-base-url", "", "where the bundled apps send the connections' API calls (`URL`; default API_BASE_URL)")
 	fs.StringVar(&f.authURL, "auth-url", "", "the authorization endpoint `URL`")
 	fs.StringVar(&f.revocationURL, "revocation-url", "", "the RFC 7009 revocation endpoint `URL`")
-	fs.StringVar(&f.authStyle, "auth-style", "auto", "client authentication: `auto`, header or params")
+	fs.StringVar(&f.authStyle, "auth-style", "auto", "client authentication: `auto`, header, params or private_key_jwt")
+	fs.StringVar(&f.resource, "resource", "", "the RFC 8707 resource indicator (`URL`) of every authorization and token request")
+	fs.StringVar(&f.par, "par", "auto", "push the connect flow's authorization request (RFC 9126): `auto`, always or never")
+	fs.StringVar(&f.clientKeyFile, "client-key-file", "", "the PEM private key (EC P-256 or RSA) of --auth-style private_key_jwt (`PATH`)")
 	fs.StringVar(&f.scopes, "scopes", "", "comma-separated `SCOPES`")
 	fs.DurationVar(&f.skew, "skew", 0, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
 	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
@@ -164,6 +176,22 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 	}
 	if set["dpop"] {
 		p.DPoP = f.dpop
+	}
+	if set["resource"] {
+		p.Resource = f.resource
+	}
+	if set["par"] {
+		mode, err := domain.ParsePARMode(f.par)
+		if err != nil {
+			return err
+		}
+		p.PAR = mode
+	}
+	switch {
+	case set["client-key-file"]:
+		p.ClientKey = f.clientKey
+	case set["auth-style"] && p.AuthStyle != domain.AuthStylePrivateKeyJWT:
+		p.ClientKey = domain.Secret{} // another style needs no key
 	}
 	if secret != nil {
 		p.ClientSecret = *secret
@@ -264,9 +292,26 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if len(f.params) > 0 && f.profile == "" {
 		return fail(exitUsage, "add: --param needs --profile")
 	}
-	// Read stdin before opening the database: bad input fails fast.
+	// Read stdin and the key before opening the database: bad input
+	// fails fast.
+	if set["par"] {
+		if _, err := domain.ParsePARMode(f.par); err != nil || f.par == "" {
+			return fail(exitUsage, "%s: --par: %v", cmd, cmp.Or(err, fmt.Errorf("%w: par must be auto, always or never, got \"\"", domain.ErrInvalidProvider)))
+		}
+	}
+	if set["client-key-file"] {
+		k, err := readClientKey(f.clientKeyFile)
+		if err != nil {
+			return fail(exitUsage, "%s: --client-key-file: %v", cmd, err)
+		}
+		f.clientKey = k
+	}
+	keyAuth := f.authStyle == string(domain.AuthStylePrivateKeyJWT)
+	if cmd == "add" && keyAuth != set["client-key-file"] {
+		return fail(exitUsage, "add: --auth-style private_key_jwt and --client-key-file PATH go together")
+	}
 	var secret *domain.Secret
-	if cmd == "add" || f.secretStdin {
+	if (cmd == "add" && !keyAuth) || f.secretStdin {
 		s, err := readSecret(stdio.Stdin)
 		if err != nil {
 			return fail(exitUsage, "%s: %v", cmd, err)
@@ -338,6 +383,20 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		return listProviders(ctx, store, stdio, fail)
 	}
 	return exitOK
+}
+
+// readClientKey reads a PEM private key for private_key_jwt and checks it
+// is one (EC P-256 or RSA of 2048 bits or more). Errors never quote the
+// file.
+func readClientKey(path string) (domain.Secret, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return domain.Secret{}, fmt.Errorf("cannot read the key file: %w", errors.Unwrap(err))
+	}
+	if _, err := clientkey.ParsePEM(data); err != nil {
+		return domain.Secret{}, fmt.Errorf("%w: %w", domain.ErrInvalidProvider, err)
+	}
+	return domain.NewSecret(string(data)), nil
 }
 
 func warnPlaintext(store ProviderStore, stdio IO) {

@@ -141,7 +141,13 @@ type Profile struct {
 	// CallbackFields are query parameters of the authorization callback
 	// kept as connection metadata (QuickBooks realmId).
 	CallbackFields []string `yaml:"callback_fields"`
-	Quirks         string   `yaml:"quirks"`
+	// PAR "required": the provider refuses authorization requests that
+	// are not pushed (RFC 9126 §5); "" says nothing.
+	PAR string `yaml:"par"`
+	// AssertionAud is the aud of private_key_jwt client assertions the
+	// provider wants: token_endpoint (the default) or issuer.
+	AssertionAud domain.AssertionAudience `yaml:"assertion_aud"`
+	Quirks       string                   `yaml:"quirks"`
 	// Sources name, per claim (urls, auth_style, rotation, grace,
 	// access_lifetime, refresh_idle, refresh_absolute, dead_grants,
 	// extra_fields, callback_fields, auth_params), the page that says it.
@@ -162,6 +168,8 @@ func (p Profile) claims() map[string]bool {
 		"dead_grants":      len(p.DeadGrants) > 0,
 		"extra_fields":     len(p.ExtraFields) > 0,
 		"callback_fields":  len(p.CallbackFields) > 0,
+		"par":              p.PAR != "",
+		"assertion_aud":    p.AssertionAud == domain.AudienceIssuer,
 	}
 }
 
@@ -190,6 +198,16 @@ func (p *Profile) check() error {
 	case RotationYes, RotationNo, RotationOptional, RotationUnknown:
 	default:
 		return fmt.Errorf("rotation %q: want yes, no, optional or unknown", p.Rotation)
+	}
+	if p.PAR != "" && p.PAR != "required" {
+		return fmt.Errorf("par %q: want required or nothing", p.PAR)
+	}
+	switch p.AssertionAud {
+	case "":
+		p.AssertionAud = domain.AudienceTokenEndpoint
+	case domain.AudienceTokenEndpoint, domain.AudienceIssuer:
+	default:
+		return fmt.Errorf("assertion_aud %q: want token_endpoint or issuer", p.AssertionAud)
 	}
 	for i := range p.DeadGrants {
 		if p.DeadGrants[i].Field == "" {

@@ -68,6 +68,12 @@ func newSenderWorld(t *testing.T, stacks int, clientID string, serverEnv []strin
 	return w
 }
 
+// newStack is one more running stack on the world's database.
+func (w *dpopWorld) newStack(t *testing.T, opts ...tokenguard.Option) *tokenguard.Tokens {
+	tg, _ := w.startStack(t, len(w.stacks), opts...)
+	return tg
+}
+
 // startStack is a running stack on the world's database; stop closes it
 // (at the latest when the test ends).
 func (w *dpopWorld) startStack(t *testing.T, i int, opts ...tokenguard.Option) (tg *tokenguard.Tokens, stop func()) {
@@ -335,9 +341,19 @@ func TestDPoPConnectFlowMakesTheKey(t *testing.T) {
 // login and consent pages, and redeems the result.
 func (w *dpopWorld) connect(t *testing.T, tg *tokenguard.Tokens, name string) {
 	t.Helper()
+	if _, err := w.connectVia(t, tg, tokenguard.ConnectFlow{Connection: name}); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// connectVia runs the connect flow f through the server's pages and
+// redeems the result; it returns the URL the browser was sent to, and the
+// error of the authorization pages.
+func (w *dpopWorld) connectVia(t *testing.T, tg *tokenguard.Tokens, f tokenguard.ConnectFlow) (string, error) {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	authURL, f, err := tg.AuthCodeURL(ctx, tokenguard.ConnectFlow{Connection: name})
+	authURL, f, err := tg.AuthCodeURL(ctx, f)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -353,15 +369,17 @@ func (w *dpopWorld) connect(t *testing.T, tg *tokenguard.Tokens, name string) {
 		return false
 	})
 	if err != nil {
-		t.Fatal(err)
+		return authURL, err
 	}
 	res, err := tg.Complete(ctx, f, q)
 	if err != nil {
+		w.events(func(ev map[string]any) bool { t.Logf("event %v", ev); return false })
 		t.Fatalf("complete: %v", err)
 	}
 	if _, err := tg.Redeem(ctx, res.Code); err != nil {
 		t.Fatalf("redeem: %v", err)
 	}
+	return authURL, nil
 }
 
 // openDB is a pool of its own on the world's database.

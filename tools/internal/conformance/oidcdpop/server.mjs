@@ -17,6 +17,10 @@
 // rotate on every refresh, and a rotated refresh token presented again
 // revokes the grant. ACCESS_TOKEN_TTL (seconds, default 2). RESOURCE: the
 // resource indicator (RFC 8707) access tokens may be issued for.
+// PAR_REQUIRED=1: authorization requests must be pushed (RFC 9126), as the
+// metadata then says (require_pushed_authorization_requests). Events name
+// the aud of a request's client assertion, whether it carried a DPoP
+// proof, and the dpop_jkt a pushed request named (a public thumbprint).
 import crypto from 'node:crypto';
 import http from 'node:http';
 import Provider, { errors } from 'oidc-provider';
@@ -67,6 +71,7 @@ server.listen(0, '127.0.0.1', () => {
       devInteractions: { enabled: true },
       introspection: { enabled: true, allowedPolicy: async () => true },
       revocation: { enabled: true },
+      pushedAuthorizationRequests: { enabled: true, requirePushedAuthorizationRequests: env.PAR_REQUIRED === '1' },
       dPoP: { enabled: true, nonceSecret: crypto.randomBytes(32), requireNonce: () => true },
       // RFC 8707: RESOURCE is the one resource server access tokens may be for.
       resourceIndicators: {
@@ -88,8 +93,35 @@ server.listen(0, '127.0.0.1', () => {
   });
   provider.proxy = false;
 
+  const assertionAud = (ctx) => {
+    const a = ctx.oidc?.body?.client_assertion ?? ctx.oidc?.params?.client_assertion;
+    if (!a) return undefined;
+    try {
+      return JSON.parse(Buffer.from(a.split('.')[1], 'base64url').toString()).aud;
+    } catch {
+      return undefined;
+    }
+  };
   provider.on('grant.success', (ctx) => {
-    log({ event: 'grant.success', grant_type: ctx.oidc.params.grant_type, client_id: ctx.oidc.client?.clientId });
+    log({
+      event: 'grant.success', grant_type: ctx.oidc.params.grant_type, client_id: ctx.oidc.client?.clientId,
+      assertion_aud: assertionAud(ctx), token_type: ctx.body?.token_type,
+    });
+  });
+  provider.on('pushed_authorization_request.success', (ctx) => {
+    log({
+      event: 'par.success', client_id: ctx.oidc.client?.clientId, assertion_aud: assertionAud(ctx),
+      dpop_jkt: ctx.oidc.params?.dpop_jkt, code_challenge_method: ctx.oidc.params?.code_challenge_method,
+    });
+  });
+  provider.on('authorization.error', (ctx, err) => {
+    log({ event: 'authorization.error', error: err.error, error_description: err.error_description, request_uri: Boolean(ctx.oidc?.params?.request_uri) });
+  });
+  provider.use(async (ctx, next) => {
+    await next();
+    if (ctx.oidc?.route === 'revocation') {
+      log({ event: 'revocation', status: ctx.status, dpop: Boolean(ctx.get('DPoP')), client_id: ctx.oidc.client?.clientId, assertion_aud: assertionAud(ctx) });
+    }
   });
   provider.on('grant.error', (ctx, err) => {
     log({

@@ -1,0 +1,48 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+)
+
+// PARMode says when the connect flow pushes its authorization request to
+// the provider (RFC 9126) instead of putting it in the browser's URL.
+type PARMode string
+
+const (
+	// PARAuto pushes when the provider's metadata says
+	// require_pushed_authorization_requests, or its profile does.
+	PARAuto PARMode = "auto"
+	// PARAlways pushes whenever the provider advertises a
+	// pushed_authorization_request_endpoint, and fails the flow when it
+	// does not.
+	PARAlways PARMode = "always"
+	// PARNever never pushes.
+	PARNever PARMode = "never"
+)
+
+// ParsePARMode reads "auto", "always" or "never" ("" is auto). Errors wrap
+// ErrInvalidProvider.
+func ParsePARMode(s string) (PARMode, error) {
+	switch PARMode(s) {
+	case "", PARAuto:
+		return PARAuto, nil
+	case PARAlways, PARNever:
+		return PARMode(s), nil
+	}
+	return "", fmt.Errorf("%w: par must be auto, always or never, got %q", ErrInvalidProvider, s)
+}
+
+// ErrNoPAREndpoint: pushed authorization requests are required (by the
+// settings, the profile or the provider's metadata) and no
+// pushed_authorization_request_endpoint is known for the provider.
+var ErrNoPAREndpoint = errors.New("the provider's metadata names no pushed_authorization_request_endpoint")
+
+// AssertionAudience is the aud of the private_key_jwt client assertions
+// (RFC 7523 §3) a provider accepts.
+type AssertionAudience string
+
+const (
+	AudienceTokenEndpoint AssertionAudience = "token_endpoint" // the default
+	AudienceIssuer        AssertionAudience = "issuer"         // the issuer identifier of its metadata
+)

@@ -1,0 +1,141 @@
+package provider
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"sync"
+	"time"
+)
+
+// Metadata is what tokenguard reads of an authorization server's metadata
+// (RFC 8414, OpenID Connect Discovery 1.0).
+type Metadata struct {
+	Issuer                string `json:"issuer"`
+	AuthorizationEndpoint string `json:"authorization_endpoint"`
+	TokenEndpoint         string `json:"token_endpoint"`
+	PAREndpoint           string `json:"pushed_authorization_request_endpoint"`
+	RequirePAR            bool   `json:"require_pushed_authorization_requests"`
+}
+
+// Discovery finds and keeps the metadata of the servers whose endpoints a
+// provider is configured with: no issuer needs configuring. The candidate
+// issuers are the token endpoint's origin with each leading part of its
+// path; a document counts only when its issuer is the candidate it was
+// fetched for (RFC 8414 §3.3) and it names the configured token endpoint,
+// so a neighbour's metadata on the same host is never taken. Safe for
+// concurrent use.
+type Discovery struct {
+	client *http.Client
+	now    func() time.Time
+	mu     sync.Mutex
+	cache  map[string]found
+}
+
+type found struct {
+	m     Metadata
+	ok    bool
+	until time.Time
+}
+
+// How long a discovery's outcome is kept: metadata rarely changes, and a
+// server without any should not be asked on every connect.
+const (
+	metadataTTL = time.Hour
+	noneTTL     = 5 * time.Minute
+	// discoveryTimeout bounds one discovery, all its documents together.
+	discoveryTimeout = 5 * time.Second
+)
+
+// NewDiscovery fetches with client (NewHTTPClient when nil).
+func NewDiscovery(client *http.Client) *Discovery {
+	if client == nil {
+		client = NewHTTPClient(10 * time.Second)
+	}
+	return &Discovery{client: client, now: time.Now, cache: map[string]found{}}
+}
+
+// Find returns the metadata of the server whose token endpoint is
+// tokenURL, and whether there is any.
+func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) {
+	now := d.now()
+	d.mu.Lock()
+	f, hit := d.cache[tokenURL]
+	d.mu.Unlock()
+	if hit && now.Before(f.until) {
+		return f.m, f.ok
+	}
+	f = found{until: now.Add(noneTTL)}
+	// The connect flow waits: a server that does not answer is given
+	// discoveryTimeout in all, and is not asked for its other documents.
+	fctx, cancel := context.WithTimeout(ctx, discoveryTimeout)
+	defer cancel()
+	for _, c := range candidates(tokenURL) {
+		m, ok, answered := d.fetch(fctx, c.doc)
+		if ok && strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
+			f = found{m: m, ok: true, until: now.Add(metadataTTL)}
+			break
+		}
+		if ctx.Err() != nil {
+			return Metadata{}, false // not kept: the caller gave up, not the server
+		}
+		if !answered {
+			break
+		}
+	}
+	d.mu.Lock()
+	d.cache[tokenURL] = f
+	d.mu.Unlock()
+	return f.m, f.ok
+}
+
+type candidate struct{ issuer, doc string }
+
+// candidates are the metadata documents a server whose token endpoint is
+// tokenURL may publish, the longest issuer first: RFC 8414's
+// (/.well-known/oauth-authorization-server inserted before the issuer's
+// path) and OpenID Connect's (/.well-known/openid-configuration after it).
+func candidates(tokenURL string) []candidate {
+	u, err := url.Parse(tokenURL)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil
+	}
+	origin := u.Scheme + "://" + u.Host
+	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
+	if len(parts) > 0 {
+		parts = parts[:len(parts)-1] // the endpoint itself
+	}
+	var out []candidate
+	for n := len(parts); n >= 0; n-- {
+		path := ""
+		if n > 0 {
+			path = "/" + strings.Join(parts[:n], "/")
+		}
+		iss := origin + path
+		out = append(out, candidate{iss, origin + "/.well-known/oauth-authorization-server" + path},
+			candidate{iss, iss + "/.well-known/openid-configuration"})
+	}
+	return out
+}
+
+// fetch reads one metadata document; answered is false when the server
+// gave no HTTP answer at all.
+func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, ok, answered bool) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, doc, nil)
+	if err != nil {
+		return Metadata{}, false, true
+	}
+	req.Header.Set("Accept", "application/json")
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return Metadata{}, false, false
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&m) != nil || m.Issuer == "" {
+		return Metadata{}, false, true
+	}
+	return m, true, true
+}
