@@ -22,7 +22,8 @@ import (
 // from AuthCodeURL to Complete. The caller fills what the flow is for;
 // AuthCodeURL fills State and Verifier. Keep the flow server-side, bound
 // to the browser that started it, never in a URL: Verifier is the PKCE
-// secret.
+// secret (for a DPoP provider, the seed of the PKCE verifier and of the
+// grant's key).
 type ConnectFlow struct {
 	Connection  string
 	Provider    string // a stored provider; "" is New's oauth2.Config's
@@ -102,13 +103,13 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	}
 	f.RedirectURL = client.RedirectURL
 	f.State, f.Verifier = rand.Text(), oauth2.GenerateVerifier()
-	opts := append([]oauth2.AuthCodeOption{oauth2.S256ChallengeOption(f.Verifier)}, t.providers.AuthCodeOptions(f.Provider, client.Scopes)...)
-	if _, resource := t.parOf(f); resource != "" {
-		opts = append(opts, oauth2.SetAuthURLParam("resource", resource))
-	}
-	key, err := t.newDPoPKey(f)
+	verifier, key, err := t.flowSecrets(f)
 	if err != nil {
 		return "", f, err
+	}
+	opts := append([]oauth2.AuthCodeOption{oauth2.S256ChallengeOption(verifier)}, t.providers.AuthCodeOptions(f.Provider, client.Scopes)...)
+	if _, resource := t.parOf(f); resource != "" {
+		opts = append(opts, oauth2.SetAuthURLParam("resource", resource))
 	}
 	if !key.IsZero() {
 		// RFC 9449 §10: the code is bound to the key the exchange proves.
@@ -153,16 +154,16 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	if err != nil {
 		return ConnectResult{}, &ConnectError{Code: "unknown_provider", Message: "The connection's provider is not known.", Err: err}
 	}
-	key, err := t.newDPoPKey(f)
+	verifier, key, err := t.flowSecrets(f)
 	if err != nil {
 		return ConnectResult{}, err
 	}
 	var grant domain.Grant
 	var tok *oauth2.Token
 	if key.IsZero() {
-		grant, tok, err = t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, f.Verifier)
+		grant, tok, err = t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, verifier)
 	} else {
-		grant, tok, err = t.providers.ExchangeBound(ctx, f.Provider, code, client.RedirectURL, f.Verifier, key.pem)
+		grant, tok, err = t.providers.ExchangeBound(ctx, f.Provider, code, client.RedirectURL, verifier, key.pem)
 	}
 	if err != nil {
 		// Never the error's text: an answer's body is not ours to repeat.

@@ -99,17 +99,22 @@ type boundKey struct {
 
 func (k boundKey) IsZero() bool { return k.pem.IsZero() }
 
-// newDPoPKey is the key f's grant is bound to, when its provider requires
-// DPoP: derived from f's PKCE verifier, so the authorization request
-// names it (dpop_jkt) and the code exchange proves it with nothing more
-// kept between them.
-func (t *Tokens) newDPoPKey(f ConnectFlow) (boundKey, error) {
+// flowSecrets are the PKCE verifier f's requests carry and, when its
+// provider requires DPoP, the key its grant is bound to. For a bearer
+// grant f.Verifier is the verifier. For a DPoP-bound one it is a seed both
+// are derived from, so the authorization request names the key (dpop_jkt)
+// and the code exchange proves it with nothing more kept between them,
+// while the provider, which sees the verifier, cannot derive the key.
+func (t *Tokens) flowSecrets(f ConnectFlow) (verifier string, key boundKey, err error) {
 	if !t.providers.DPoP(f.Provider, t.dpop) {
-		return boundKey{}, nil
+		return f.Verifier, boundKey{}, nil
+	}
+	if verifier, err = dpop.DeriveVerifier([]byte(f.Verifier)); err != nil {
+		return "", boundKey{}, err
 	}
 	k, err := dpop.Derive([]byte(f.Verifier))
 	if err != nil {
-		return boundKey{}, err
+		return "", boundKey{}, err
 	}
-	return boundKey{pem: domain.NewSecret(string(k.MarshalPEM())), jkt: k.Thumbprint()}, nil
+	return verifier, boundKey{pem: domain.NewSecret(string(k.MarshalPEM())), jkt: k.Thumbprint()}, nil
 }

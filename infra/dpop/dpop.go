@@ -49,9 +49,11 @@ func Generate() (*Key, error) {
 
 // Derive makes the ES256 key that seed (a secret of 256 bits or more)
 // stands for: the same seed, the same key. The connect flow derives a
-// grant's key from its PKCE verifier, so the key the authorization request
-// names (dpop_jkt) is the one the code exchange proves, with nothing more
-// to keep between the two.
+// grant's key and its PKCE verifier (DeriveVerifier) from one seed kept
+// with the flow, so the key the authorization request names (dpop_jkt) is
+// the one the code exchange proves, with nothing more to keep between the
+// two, while the provider, which sees the verifier, learns nothing of the
+// key.
 func Derive(seed []byte) (*Key, error) {
 	if len(seed) < 32 {
 		return nil, errors.New("dpop: derive: the seed is shorter than 256 bits")
@@ -66,6 +68,19 @@ func Derive(seed []byte) (*Key, error) {
 		}
 	}
 	return nil, errors.New("dpop: derive: no key from this seed")
+}
+
+// DeriveVerifier is the PKCE verifier (RFC 7636: 43 characters of
+// base64url) that seed stands for, independent of Derive's key.
+func DeriveVerifier(seed []byte) (string, error) {
+	if len(seed) < 32 {
+		return "", errors.New("dpop: derive: the seed is shorter than 256 bits")
+	}
+	v, err := hkdf.Key(sha256.New, seed, nil, "tokenguard connect-flow PKCE verifier", 32)
+	if err != nil {
+		return "", fmt.Errorf("dpop: derive: %w", err)
+	}
+	return base64.RawURLEncoding.EncodeToString(v), nil
 }
 
 // FromSigner wraps an EC P-256 private key.

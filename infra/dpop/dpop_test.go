@@ -113,3 +113,21 @@ func TestDerive(t *testing.T) {
 		t.Fatal("a short seed made a key")
 	}
 }
+
+// The verifier a provider sees at the code exchange says nothing of the
+// key: it is not the seed, and the key derived from it is another.
+func TestDeriveVerifierIsNotTheKeysSeed(t *testing.T) {
+	seed := []byte("a-pkce-verifier-of-43-characters-0123456789")
+	v, err := DeriveVerifier(seed)
+	if err != nil || len(v) != 43 || v == string(seed) {
+		t.Fatalf("verifier %q, %v", v, err)
+	}
+	key, _ := Derive(seed)
+	fromVerifier, _ := Derive([]byte(v))
+	if key.Thumbprint() == fromVerifier.Thumbprint() {
+		t.Fatal("the verifier gives the grant's key")
+	}
+	if again, _ := DeriveVerifier(seed); again != v {
+		t.Fatal("the same seed, another verifier")
+	}
+}
