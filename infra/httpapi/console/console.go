@@ -237,14 +237,32 @@ func (c *Console) actions() []action {
 const csp = "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	pageHeaders(w)
+	if strings.HasPrefix(r.URL.Path, "/console/static/") {
+		w.Header().Del("Cache-Control")
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// TooManyRequests is the console's page for a request the server's limits
+// refused before it reached the console (the server sets Retry-After). It
+// reads nothing: no session, no database.
+func (c *Console) TooManyRequests(w http.ResponseWriter, r *http.Request) {
+	pageHeaders(w)
+	msg := "Too many requests from your address; wait a moment and try again."
+	if s := w.Header().Get("Retry-After"); s != "" {
+		msg = "Too many requests from your address; try again in " + s + " s."
+	}
+	c.fail(w, r, http.StatusTooManyRequests, msg)
+}
+
+// pageHeaders are every console answer's.
+func pageHeaders(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", csp)
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
-	if !strings.HasPrefix(r.URL.Path, "/console/static/") {
-		h.Set("Cache-Control", "no-store")
-	}
-	c.mux.ServeHTTP(w, r)
+	h.Set("Cache-Control", "no-store")
 }
 
 // MayOperate decides whether a verified API key may log in to the
