@@ -15,6 +15,7 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -131,6 +132,8 @@ type Console struct {
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 	tries loginTries
+	// tooMany is the 429 page, rendered once.
+	tooMany []byte
 }
 
 // loginTries counts the login attempts of each pre-login cookie, so that
@@ -195,6 +198,11 @@ func New(d Deps) *Console {
 		d.SessionLifetime = DefaultSessionLifetime
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages()}
+	var buf bytes.Buffer
+	const status = http.StatusTooManyRequests
+	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
+		"StatusText": http.StatusText(status), "Message": "Too many requests from your address; wait a moment (Retry-After says how long) and try again."})
+	c.tooMany = buf.Bytes()
 	static, _ := fs.Sub(assets, "assets")
 	c.mux.Handle("GET /console/static/", http.StripPrefix("/console/static/", http.FileServerFS(static)))
 	home := http.RedirectHandler("/console/connections", http.StatusSeeOther)
@@ -246,14 +254,13 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 // TooManyRequests is the console's page for a request the server's limits
 // refused before it reached the console (the server sets Retry-After). It
-// reads nothing: no session, no database.
-func (c *Console) TooManyRequests(w http.ResponseWriter, r *http.Request) {
+// reads nothing (no session, no database) and renders nothing: a flood's
+// refusals cost the server little.
+func (c *Console) TooManyRequests(w http.ResponseWriter, _ *http.Request) {
 	pageHeaders(w)
-	msg := "Too many requests from your address; wait a moment and try again."
-	if s := w.Header().Get("Retry-After"); s != "" {
-		msg = "Too many requests from your address; try again in " + s + " s."
-	}
-	c.fail(w, r, http.StatusTooManyRequests, msg)
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(c.tooMany)
 }
 
 // pageHeaders are every console answer's.
