@@ -26,11 +26,16 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -132,6 +137,7 @@ type Console struct {
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 	tries loginTries
+	addrs loginAddrs
 	// tooMany is the 429 page, rendered once.
 	tooMany []byte
 }
@@ -175,6 +181,40 @@ func (l *loginTries) take(pre string, now time.Time) bool {
 	t.count++
 	l.n[k] = t
 	return t.count <= maxLoginTries
+}
+
+// loginAddrs limit the login attempts of each client address (the TCP
+// peer): an attacker makes himself as many login forms as he likes, and
+// each wrong key costs a key check. The server's limit per address counts
+// every console request; this one, stricter, only the logins.
+type loginAddrs struct {
+	mu  sync.Mutex
+	lim map[string]*rate.Limiter
+}
+
+const (
+	loginRate  = rate.Limit(1) // logins a second per address, after a burst of
+	loginBurst = 10
+)
+
+// take counts a login from addr, or says how long until one is allowed.
+func (l *loginAddrs) take(addr string, now time.Time) (time.Duration, bool) {
+	l.mu.Lock()
+	if l.lim == nil || len(l.lim) >= 10000 {
+		l.lim = map[string]*rate.Limiter{} // forgetting is the lenient way
+	}
+	lim, ok := l.lim[addr]
+	if !ok {
+		lim = rate.NewLimiter(loginRate, loginBurst)
+		l.lim[addr] = lim
+	}
+	l.mu.Unlock()
+	res := lim.ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		return d, false
+	}
+	return 0, true
 }
 
 //go:embed assets
@@ -380,6 +420,15 @@ func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, 
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	addr, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		addr = r.RemoteAddr
+	}
+	if wait, ok := c.addrs.take(addr, c.d.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		c.TooManyRequests(w, r)
+		return
+	}
 	pre, err := r.Cookie(c.cookieName(loginCookie))
 	if err != nil || !csrfOK(r, pre.Value) {
 		c.fail(w, r, http.StatusForbidden, "The login form is stale or did not come from the console (CSRF token missing or wrong). Open the login page again.")
