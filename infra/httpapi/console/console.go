@@ -77,8 +77,8 @@ type History interface {
 	RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
 }
 
-// Actions are the operator's changes, as the library's public API runs
-// them (*tokenguard.Tokens).
+// Actions are the operator's changes, as tokenctl and the library's
+// public API run them.
 type Actions interface {
 	Reactivate(ctx context.Context, connection string) (version int64, err error)
 	Disconnect(ctx context.Context, connection string, revoke bool) error
