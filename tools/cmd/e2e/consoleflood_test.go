@@ -27,13 +27,20 @@ import (
 // mostly refused with 429, that a refused request costs no database
 // transaction, that under a quarter of it reaches a session lookup or a
 // key check, and that no read of the storm fails; it logs the storm's
-// p99 under the flood as a ratio to the storm alone, bounded generously
-// outside the race detector. The control (the server without the
+// p99 under the flood as a ratio to the storm alone, bounded generously.
+// The control (the server without the
 // console's address limit and pool: the console on the token pool) must
 // let the flood reach the database.
 func TestConsoleFloodDuringRefreshStorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("end-to-end: builds the apps and needs Postgres")
+	}
+	if raceEnabled {
+		// As the public flood's: under the race detector the storm measures
+		// the detector's CPU, and the run (3.5 min) would not fit make
+		// test's budget. TestConsolePoolApart and infra/httpapi's limit
+		// tests keep the safety checks there.
+		t.Skip("a measurement: run it without -race")
 	}
 	bin := buildApps(t)
 	t.Run("Limited", func(t *testing.T) {
@@ -49,10 +56,9 @@ func TestConsoleFloodDuringRefreshStorm(t *testing.T) {
 		if r.floodFailures != 0 {
 			t.Errorf("%d reads of the storm failed under the console flood (%d without it)", r.floodFailures, r.baseFailures)
 		}
-		// Speed is bounded only without the race detector, which measures
-		// its own cost; generously: the flood's admitted requests share the
-		// machine's CPU with the storm.
-		if !raceEnabled && r.p99Ratio > 2 {
+		// Generously: the flood's admitted requests share the machine's CPU
+		// with the storm.
+		if r.p99Ratio > 2 {
 			t.Errorf("the console flood changed the storm's p99 by more than 2×: %.2f", r.p99Ratio)
 		}
 		refused, admitted, extra := floodTransactions(t, r.stack)
