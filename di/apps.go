@@ -88,11 +88,18 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		cleanup()
 		return nil, nil, err
 	}
+	// The console too: its pages are reachable without a key.
+	consoleDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: consoleConns}, repository.NewLogger(log))
+	if err != nil {
+		cleanup()
+		_ = postgres.Close(browserDB)
+		return nil, nil, err
+	}
 	closeTokens := cleanup
-	cleanup = func() { closeTokens(); _ = postgres.Close(browserDB) }
-	publicDB := browserDB
+	cleanup = func() { closeTokens(); _ = postgres.Close(browserDB); _ = postgres.Close(consoleDB) }
+	publicDB, operatorDB := browserDB, consoleDB
 	if httpapi.ControlBuild {
-		publicDB = a.tokens.DB // the e2e tests' control: one pool, as before
+		publicDB, operatorDB = a.tokens.DB, a.tokens.DB // the e2e tests' control: one pool, as before
 	}
 	sqlDB, err := publicDB.DB()
 	if err != nil {
@@ -124,7 +131,12 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		Log:             log,
 		Edges:           cfg.edges(),
 	})
-	srv.MountConsole(newConsole(cfg, a, srv, keys, log))
+	con, err := newConsole(cfg, a, srv, operatorDB, log)
+	if err != nil {
+		cleanup()
+		return nil, nil, err
+	}
+	srv.MountConsole(con)
 	return &Server{srv: srv, addr: cfg.HTTPAddr, sweep: a.tokens.Guard.SweepConnectResults,
 		pruner: repository.NewEventPruner(a.tokens.DB), log: log}, cleanup, nil
 }

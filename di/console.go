@@ -3,36 +3,74 @@ package di
 import (
 	"cmp"
 	"context"
+	"fmt"
 	"log/slog"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // eventsPruneEvery is how often the server trims the connections' history.
 const eventsPruneEvery = time.Minute
 
-// newConsole builds srv's operator console: reads through the repository
-// as GET /connections does, actions through the library's public API.
-func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, keys console.KeyVerifier, log *slog.Logger) *console.Console {
-	db := a.tokens.DB
+// consoleConns is the size of the console's pool: anyone can reach its
+// pages, and a flood of them waits for these, never for the token layer.
+const consoleConns = 2
+
+// newConsole builds srv's operator console on db, a pool of its own:
+// reads through the repository as GET /connections does, actions as
+// tokenctl runs them (the same use cases, on this pool).
+func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *slog.Logger) (*console.Console, error) {
+	sealer, err := cfg.sealer()
+	if err != nil {
+		return nil, err
+	}
+	repo := repository.NewTokenRepository(db, sealer)
+	registry := a.tokens.Guard.ProviderRegistry()
 	e := cfg.edges()
 	return console.New(console.Deps{
-		Keys:        keys,
+		Keys:        repository.NewKeyCache(repository.NewAPIKeys(db), 0),
 		Sessions:    consoleSessions{repository.NewConsoleSessions(db)},
-		Connections: a.tokens.Repository,
+		Connections: repo,
 		History:     repository.NewConnectionEvents(db),
-		Actions:     a.tokens.Guard,
-		Links:       srv,
-		Providers: consoleProviders{cfg: cfg, a: a, registry: a.tokens.Guard.ProviderRegistry(),
-			styles: repository.NewAuthStyles(db)},
-		Secure: e.PublicURL != nil && e.PublicURL.Scheme == "https",
-		Log:    log,
-	})
+		Actions: consoleActions{repo: repo, lockWait: cfg.LockWait,
+			disconnect: usecase.NewDisconnectUseCase(repo, NewRevoker(cfg.Config, db, repository.NewProviderRepository(db, sealer)), cfg.LockWait, cfg.RefreshTimeout)},
+		Links:     srv,
+		Providers: consoleProviders{cfg: cfg, a: a, registry: registry, styles: repository.NewAuthStyles(db)},
+		Secure:    e.PublicURL != nil && e.PublicURL.Scheme == "https",
+		Log:       log,
+	}), nil
+}
+
+// consoleActions are the operator's changes as tokenctl makes them; every
+// process drops its cached copy when they commit, as for tokenctl's.
+type consoleActions struct {
+	repo       *repository.TokenRepository
+	disconnect *usecase.DisconnectUseCase
+	lockWait   time.Duration
+}
+
+func (c consoleActions) Reactivate(ctx context.Context, connection string) (int64, error) {
+	if err := domain.ValidateName(connection); err != nil {
+		return 0, err
+	}
+	_, version, err := c.repo.Reactivate(ctx, connection, "", c.lockWait)
+	if err != nil {
+		return 0, fmt.Errorf("reactivate %s: %w", connection, err)
+	}
+	return version, nil
+}
+
+func (c consoleActions) Disconnect(ctx context.Context, connection string, revoke bool) error {
+	_, err := c.disconnect.Disconnect(ctx, connection, revoke)
+	return err
 }
 
 // consoleSessions is the repository's session store as the console wants it.

@@ -102,8 +102,14 @@ func (a *addrLimits) forget(now time.Time) {
 	}
 }
 
-// limit answers 429 to an address over its rate or its requests at once.
-func (a *addrLimits) limit(next http.Handler) http.Handler {
+// limit answers 429 to an address over its rate or its requests at once:
+// with refuse, or nil for the API's JSON.
+func (a *addrLimits) limit(next http.Handler, refuse http.HandlerFunc) http.Handler {
+	if refuse == nil {
+		refuse = func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this address; try again later", Code: "rate_limited"})
+		}
+	}
 	if ControlBuild {
 		return next
 	}
@@ -115,7 +121,7 @@ func (a *addrLimits) limit(next http.Handler) http.Handler {
 		release, wait, ok := a.acquire(addr)
 		if !ok {
 			setRetryAfter(w, wait)
-			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this address; try again later", Code: "rate_limited"})
+			refuse(w, r)
 			return
 		}
 		defer release()

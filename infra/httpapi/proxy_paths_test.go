@@ -25,13 +25,13 @@ func TestProxyHostilePaths(t *testing.T) {
 		t.Fatal(err)
 	}
 	noRedirect := &http.Client{CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	send := func(method, p string) int {
+	sendTo := func(method, connection, p string) int {
 		t.Helper()
 		req, err := http.NewRequest(method, r.server.URL, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		req.URL.Opaque = "/connections/acme/proxy/" + p // as written, not re-encoded
+		req.URL.Opaque = "/connections/" + connection + "/proxy/" + p // as written, not re-encoded
 		req.Header.Set("Authorization", "Bearer "+apiKey)
 		resp, err := noRedirect.Do(req)
 		if err != nil {
@@ -41,6 +41,7 @@ func TestProxyHostilePaths(t *testing.T) {
 		_ = resp.Body.Close()
 		return resp.StatusCode
 	}
+	send := func(method, p string) int { return sendTo(method, "acme", p) }
 	forwarded := func() bool {
 		select {
 		case <-r.seen:
@@ -64,6 +65,16 @@ func TestProxyHostilePaths(t *testing.T) {
 		if code := send(m, "echo"); code != http.StatusMethodNotAllowed || forwarded() {
 			t.Errorf("%s through the proxy: %d, want 405 and nothing forwarded", m, code)
 		}
+	}
+	// Before the token is looked up: a connection that has none is 405
+	// too, not 404 (the control: GET is 404).
+	for _, m := range []string{"TRACE", "CONNECT"} {
+		if code := sendTo(m, "nosuch", "echo"); code != http.StatusMethodNotAllowed {
+			t.Errorf("%s through the proxy of a connection without a token: %d, want 405 before the token lookup", m, code)
+		}
+	}
+	if code := sendTo("GET", "nosuch", "echo"); code != http.StatusNotFound {
+		t.Errorf("control: GET through the proxy of a connection without a token: %d, want 404", code)
 	}
 	for _, m := range []string{"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"} {
 		if code := send(m, "echo"); code != http.StatusCreated || !forwarded() {

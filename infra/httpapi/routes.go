@@ -96,7 +96,7 @@ func (s *Server) guard(rt route) http.Handler {
 	} else {
 		// Anyone can reach these: bounded per client address, so that a
 		// flood of them cannot take the server's time from the key holders.
-		h = s.public.limit(h)
+		h = s.public.limit(h, nil)
 	}
 	return s.bounded(h, limit)
 }

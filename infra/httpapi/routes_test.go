@@ -15,6 +15,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 )
 
 // oneKey accepts exactly one API key with every right, and the keys of
@@ -407,7 +408,7 @@ func TestConsoleLimitedPerAddress(t *testing.T) {
 	e.PublicRate, e.PublicBurst = 1, 5
 	s := testServer(e)
 	var served atomic.Int32
-	s.MountConsole(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { served.Add(1); w.WriteHeader(http.StatusOK) }))
+	s.MountConsole(countingConsole{&served})
 	h := s.Handler()
 	get := func(addr, path string) int {
 		req := httptest.NewRequest("GET", "http://127.0.0.1:8080"+path, nil)
@@ -431,5 +432,75 @@ func TestConsoleLimitedPerAddress(t *testing.T) {
 	}
 	if code := get("203.0.113.7", "/healthz"); code != http.StatusOK {
 		t.Errorf("the flooding address's /healthz (the public routes' own budget): %d", code)
+	}
+}
+
+// countingConsole counts the requests that reach it.
+type countingConsole struct{ served *atomic.Int32 }
+
+func (c countingConsole) ServeHTTP(w http.ResponseWriter, _ *http.Request) {
+	c.served.Add(1)
+	w.WriteHeader(http.StatusOK)
+}
+
+func (countingConsole) TooManyRequests(w http.ResponseWriter, _ *http.Request) {
+	w.WriteHeader(http.StatusTooManyRequests)
+}
+
+// TestConsoleRefusedInHTML: a console request the address's limit refuses
+// is answered with the console's own page (HTML, its stylesheet and
+// headers, Retry-After), not the API's JSON; an API route refused by the
+// same kind of limit keeps the JSON problem. The refused request reads
+// nothing: the console's stores are nil.
+func TestConsoleRefusedInHTML(t *testing.T) {
+	e := local
+	e.PublicRate, e.PublicBurst = 1, 1
+	s := testServer(e)
+	s.MountConsole(console.New(console.Deps{}))
+	h := s.Handler()
+	send := func(path string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest("GET", "http://127.0.0.1:8080"+path, nil)
+		req.RemoteAddr = "203.0.113.9:40000"
+		req.Header.Set("Accept", "text/html")
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, req)
+		return w
+	}
+	var w *httptest.ResponseRecorder
+	for range 5 { // the login form reads nothing either: the bucket empties
+		if w = send("/console/login"); w.Code == http.StatusTooManyRequests {
+			break
+		}
+	}
+	if w.Code != http.StatusTooManyRequests {
+		t.Fatalf("5 console requests at 1/s, burst 1: last %d, want 429", w.Code)
+	}
+	body := w.Body.String()
+	if ct := w.Header().Get("Content-Type"); !strings.HasPrefix(ct, "text/html") {
+		t.Errorf("console 429: Content-Type %q, want HTML", ct)
+	}
+	if ra := w.Header().Get("Retry-After"); ra == "" {
+		t.Error("console 429: no Retry-After")
+	}
+	for _, want := range []string{"/console/static/console.css", "Too Many Requests", "Too many requests from your address"} {
+		if !strings.Contains(body, want) {
+			t.Errorf("console 429 page lacks %q:\n%s", want, body)
+		}
+	}
+	if strings.Contains(body, `"rate_limited"`) {
+		t.Errorf("console 429 is the API's JSON:\n%s", body)
+	}
+	if csp := w.Header().Get("Content-Security-Policy"); !strings.Contains(csp, "script-src 'none'") {
+		t.Errorf("console 429: CSP %q, want the console's", csp)
+	}
+	// The API's public routes, refused by their own limit: JSON.
+	for range 5 {
+		if w = send("/openapi.json"); w.Code == http.StatusTooManyRequests {
+			break
+		}
+	}
+	if w.Code != http.StatusTooManyRequests || !strings.Contains(w.Header().Get("Content-Type"), "json") ||
+		!strings.Contains(w.Body.String(), `"rate_limited"`) {
+		t.Errorf("API route refused: %d %q %s, want 429 JSON rate_limited", w.Code, w.Header().Get("Content-Type"), w.Body.String())
 	}
 }

@@ -172,17 +172,24 @@ type Server struct {
 	apiBase *url.URL
 	rp      *httputil.ReverseProxy // under the proxy routes
 	tracer  *tracing.Tracer
-	console http.Handler // /console, when mounted
+	console Console // /console, when mounted
 	// consoleLimits bound the console per client address, as public the
 	// public routes, and apart from them: its pages are reachable without
 	// a key, and its session check and login read the database.
 	consoleLimits *addrLimits
 }
 
-// MountConsole serves h (the operator console, which checks its own
-// session) at /console and under it, with every route's deadline and body
-// limit. Call it before Handler.
-func (s *Server) MountConsole(h http.Handler) { s.console = h }
+// Console is the operator console as the server mounts it: it checks its
+// own session, and answers in its own pages the requests the server's
+// limits refuse (Retry-After already set).
+type Console interface {
+	http.Handler
+	TooManyRequests(w http.ResponseWriter, r *http.Request)
+}
+
+// MountConsole serves c at /console and under it, with every route's
+// deadline and body limit. Call it before Handler.
+func (s *Server) MountConsole(c Console) { s.console = c }
 
 // New builds the server.
 func New(d Deps) *Server {
@@ -210,7 +217,7 @@ func (s *Server) Handler() http.Handler {
 	}
 	if s.console != nil {
 		// Outside the route table: pages behind their own session check.
-		h := s.bounded(s.consoleLimits.limit(s.console), defaultMaxBody)
+		h := s.bounded(s.consoleLimits.limit(s.console, s.console.TooManyRequests), defaultMaxBody)
 		mux.Handle("/console", h)
 		mux.Handle("/console/", h)
 	}

@@ -15,6 +15,7 @@
 package console
 
 import (
+	"bytes"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -25,11 +26,16 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"math"
+	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
+
+	"golang.org/x/time/rate"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -71,8 +77,8 @@ type History interface {
 	RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
 }
 
-// Actions are the operator's changes, as the library's public API runs
-// them (*tokenguard.Tokens).
+// Actions are the operator's changes, as tokenctl and the library's
+// public API run them.
 type Actions interface {
 	Reactivate(ctx context.Context, connection string) (version int64, err error)
 	Disconnect(ctx context.Context, connection string, revoke bool) error
@@ -131,6 +137,9 @@ type Console struct {
 	mux   *http.ServeMux
 	pages map[string]*template.Template
 	tries loginTries
+	addrs loginAddrs
+	// tooMany is the 429 page, rendered once.
+	tooMany []byte
 }
 
 // loginTries counts the login attempts of each pre-login cookie, so that
@@ -174,6 +183,40 @@ func (l *loginTries) take(pre string, now time.Time) bool {
 	return t.count <= maxLoginTries
 }
 
+// loginAddrs limit the login attempts of each client address (the TCP
+// peer): an attacker makes himself as many login forms as he likes, and
+// each wrong key costs a key check. The server's limit per address counts
+// every console request; this one, stricter, only the logins.
+type loginAddrs struct {
+	mu  sync.Mutex
+	lim map[string]*rate.Limiter
+}
+
+const (
+	loginRate  = rate.Limit(1) // logins a second per address, after a burst of
+	loginBurst = 10
+)
+
+// take counts a login from addr, or says how long until one is allowed.
+func (l *loginAddrs) take(addr string, now time.Time) (time.Duration, bool) {
+	l.mu.Lock()
+	if l.lim == nil || len(l.lim) >= 10000 {
+		l.lim = map[string]*rate.Limiter{} // forgetting is the lenient way
+	}
+	lim, ok := l.lim[addr]
+	if !ok {
+		lim = rate.NewLimiter(loginRate, loginBurst)
+		l.lim[addr] = lim
+	}
+	l.mu.Unlock()
+	res := lim.ReserveN(now, 1)
+	if d := res.DelayFrom(now); d > 0 {
+		res.CancelAt(now)
+		return d, false
+	}
+	return 0, true
+}
+
 //go:embed assets
 var assets embed.FS
 
@@ -195,6 +238,11 @@ func New(d Deps) *Console {
 		d.SessionLifetime = DefaultSessionLifetime
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages()}
+	var buf bytes.Buffer
+	const status = http.StatusTooManyRequests
+	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
+		"StatusText": http.StatusText(status), "Message": "Too many requests from your address; wait a moment (Retry-After says how long) and try again."})
+	c.tooMany = buf.Bytes()
 	static, _ := fs.Sub(assets, "assets")
 	c.mux.Handle("GET /console/static/", http.StripPrefix("/console/static/", http.FileServerFS(static)))
 	home := http.RedirectHandler("/console/connections", http.StatusSeeOther)
@@ -237,14 +285,31 @@ func (c *Console) actions() []action {
 const csp = "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	pageHeaders(w)
+	if strings.HasPrefix(r.URL.Path, "/console/static/") {
+		w.Header().Del("Cache-Control")
+	}
+	c.mux.ServeHTTP(w, r)
+}
+
+// TooManyRequests is the console's page for a request the server's limits
+// refused before it reached the console (the server sets Retry-After). It
+// reads nothing (no session, no database) and renders nothing: a flood's
+// refusals cost the server little.
+func (c *Console) TooManyRequests(w http.ResponseWriter, _ *http.Request) {
+	pageHeaders(w)
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.WriteHeader(http.StatusTooManyRequests)
+	_, _ = w.Write(c.tooMany)
+}
+
+// pageHeaders are every console answer's.
+func pageHeaders(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", csp)
 	h.Set("X-Frame-Options", "DENY")
 	h.Set("Referrer-Policy", "no-referrer")
-	if !strings.HasPrefix(r.URL.Path, "/console/static/") {
-		h.Set("Cache-Control", "no-store")
-	}
-	c.mux.ServeHTTP(w, r)
+	h.Set("Cache-Control", "no-store")
 }
 
 // MayOperate decides whether a verified API key may log in to the
@@ -355,6 +420,15 @@ func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, 
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
+	addr, _, err := net.SplitHostPort(r.RemoteAddr)
+	if err != nil {
+		addr = r.RemoteAddr
+	}
+	if wait, ok := c.addrs.take(addr, c.d.Now()); !ok {
+		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+		c.TooManyRequests(w, r)
+		return
+	}
 	pre, err := r.Cookie(c.cookieName(loginCookie))
 	if err != nil || !csrfOK(r, pre.Value) {
 		c.fail(w, r, http.StatusForbidden, "The login form is stale or did not come from the console (CSRF token missing or wrong). Open the login page again.")

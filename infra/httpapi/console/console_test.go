@@ -3,6 +3,7 @@ package console
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -356,23 +357,69 @@ func TestConsoleAuthorizationTable(t *testing.T) {
 // any key is checked; a fresh form gets its own (the control).
 func TestLoginTriesPerForm(t *testing.T) {
 	c, _, _ := newTestConsole()
-	post := func(pre string) int {
-		req := httptest.NewRequest("POST", "/console/login", strings.NewReader(url.Values{"csrf": {csrfOf(pre)}, "key": {"tgk_wrong"}}.Encode()))
-		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-		req.AddCookie(&http.Cookie{Name: loginCookie, Value: pre})
-		w := httptest.NewRecorder()
-		c.ServeHTTP(w, req)
-		return w.Code
-	}
 	codes := map[int]int{}
 	for range 50 {
-		codes[post("form-1")]++
+		codes[postLogin(c, "192.0.2.1", "form-1", "tgk_wrong").Code]++
 	}
 	if codes[http.StatusUnauthorized] != maxLoginTries || codes[http.StatusTooManyRequests] != 50-maxLoginTries {
 		t.Errorf("50 wrong keys with one form: %v", codes)
 	}
-	if code := post("form-2"); code != http.StatusUnauthorized {
+	if code := postLogin(c, "192.0.2.2", "form-2", "tgk_wrong").Code; code != http.StatusUnauthorized {
 		t.Errorf("control: a fresh form: %d, want 401", code)
+	}
+}
+
+// postLogin posts the login form of pre-login cookie pre with key, from
+// address addr.
+func postLogin(c *Console, addr, pre, key string) *httptest.ResponseRecorder {
+	req := httptest.NewRequest("POST", "/console/login", strings.NewReader(url.Values{"csrf": {csrfOf(pre)}, "key": {key}}.Encode()))
+	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+	req.RemoteAddr = addr + ":40000"
+	req.AddCookie(&http.Cookie{Name: loginCookie, Value: pre})
+	w := httptest.NewRecorder()
+	c.ServeHTTP(w, req)
+	return w
+}
+
+// countingKeys counts the keys checked.
+type countingKeys struct {
+	fakeKeys
+	n *int
+}
+
+func (k countingKeys) Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error) {
+	*k.n++
+	return k.fakeKeys.Verify(ctx, key)
+}
+
+// TestLoginTriesPerAddress: an attacker who makes a fresh login form for
+// each try (the per-form count never stops him) is refused per address
+// after a burst, with the console's 429 page and Retry-After, before any
+// key is checked; another address still logs in (the control), and the
+// first one again once its budget refills.
+func TestLoginTriesPerAddress(t *testing.T) {
+	checked := 0
+	now := time.Now()
+	c := New(Deps{Keys: countingKeys{n: &checked}, Sessions: fakeSessions{}, Now: func() time.Time { return now }})
+	codes := map[int]int{}
+	var last *httptest.ResponseRecorder
+	for i := range 50 {
+		last = postLogin(c, "198.51.100.7", fmt.Sprintf("form-%d", i), "tgk_wrong")
+		codes[last.Code]++
+	}
+	if codes[http.StatusUnauthorized] != loginBurst || codes[http.StatusTooManyRequests] != 50-loginBurst || checked != loginBurst {
+		t.Errorf("50 wrong keys from one address, each with its own form: %v, %d keys checked; want %d checked, the rest 429", codes, checked, loginBurst)
+	}
+	if last.Header().Get("Retry-After") == "" || !strings.HasPrefix(last.Header().Get("Content-Type"), "text/html") ||
+		!strings.Contains(last.Body.String(), "Too many requests from your address") {
+		t.Errorf("refused login: %v\n%s", last.Header(), last.Body.String())
+	}
+	if code := postLogin(c, "198.51.100.8", "form-x", "tgk_ops").Code; code != http.StatusSeeOther {
+		t.Errorf("control: another address logs in: %d, want 303", code)
+	}
+	now = now.Add(2 * time.Second)
+	if code := postLogin(c, "198.51.100.7", "form-y", "tgk_ops").Code; code != http.StatusSeeOther {
+		t.Errorf("the first address, its budget refilled: %d, want 303", code)
 	}
 }
 

@@ -41,7 +41,7 @@ func TestPublicFloodDuringRefreshStorm(t *testing.T) {
 	}
 	bin := buildApps(t)
 	t.Run("Limited", func(t *testing.T) {
-		r := floodRun(t, bin, false)
+		r := floodRun(t, bin, false, flood)
 		if r.p99Ratio > 1.10 {
 			t.Errorf("the flood changed the storm's p99 by more than 10%%: %.2f", r.p99Ratio)
 		}
@@ -50,7 +50,7 @@ func TestPublicFloodDuringRefreshStorm(t *testing.T) {
 		}
 	})
 	t.Run("Control", func(t *testing.T) {
-		r := floodRun(t, bin, true)
+		r := floodRun(t, bin, true, flood)
 		if r.p99Ratio <= 1.10 && r.floodFailures <= r.baseFailures+r.baseFailures/10 {
 			t.Errorf("control: the flood changed nothing measurable on the unprotected server (p99 ratio %.2f, failures %d → %d): the test cannot fail",
 				r.p99Ratio, r.baseFailures, r.floodFailures)
@@ -61,7 +61,12 @@ func TestPublicFloodDuringRefreshStorm(t *testing.T) {
 type floodResult struct {
 	p99Ratio                    float64
 	baseFailures, floodFailures int64
+	answers                     map[int]int64 // the flood's, by status, over every round
+	stack                       *stack        // still running its server
 }
+
+// flooder sends its flood until stop, counting the answers by status.
+type flooder func(s *stack, stop chan struct{}, answers map[int]int64, mu *sync.Mutex)
 
 const (
 	floodConnections = 8
@@ -72,7 +77,9 @@ const (
 	floodPause       = 20 * time.Millisecond
 )
 
-func floodRun(t *testing.T, bin string, control bool) floodResult {
+// floodRun runs the rounds with f as the flood; the server keeps running
+// until the test ends.
+func floodRun(t *testing.T, bin string, control bool, f flooder) floodResult {
 	s := newStack(t, bin, stackOpts{lifetime: 1500 * time.Millisecond, skew: time.Second})
 	if control {
 		s.serverBin = controlServer(t)
@@ -83,12 +90,17 @@ func floodRun(t *testing.T, bin string, control bool) floodResult {
 	}
 	server := s.start("server")
 	s.waitHealthy(server)
-	defer s.stop(server)
+	t.Cleanup(func() { s.stop(server) })
 
 	var base, flooded []stormRound
 	for i := range 2 * floodRounds {
 		withFlood := i%4 == 1 || i%4 == 2 // ABBA: drift cancels
-		r := stormRoundOf(s, withFlood)
+		var r stormRound
+		if withFlood {
+			r = stormRoundOf(s, f)
+		} else {
+			r = stormRoundOf(s, nil)
+		}
 		if withFlood {
 			flooded = append(flooded, r)
 		} else {
@@ -109,6 +121,13 @@ func floodRun(t *testing.T, bin string, control bool) floodResult {
 		p99Ratio:      float64(p99(floodPool)) / float64(p99(basePool)),
 		baseFailures:  sum(base, func(r stormRound) int64 { return r.failures }),
 		floodFailures: sum(flooded, func(r stormRound) int64 { return r.failures }),
+		answers:       map[int]int64{},
+		stack:         s,
+	}
+	for _, r := range flooded {
+		for code, n := range r.flood {
+			res.answers[code] += n
+		}
 	}
 	medianRatio := float64(median(flooded, func(r stormRound) int64 { return int64(r.p99) })) / float64(median(base, func(r stormRound) int64 { return int64(r.p99) }))
 	t.Logf("control=%t: p99 of the storm %v without the flood, %v with (ratio %.2f; of the rounds' medians %.2f); reads %d / %d; failures %d without, %d with",
@@ -123,8 +142,8 @@ type stormRound struct {
 	flood           map[int]int64 // status → answers
 }
 
-// stormRoundOf runs the storm for one round, under the flood if asked.
-func stormRoundOf(s *stack, withFlood bool) stormRound {
+// stormRoundOf runs the storm for one round, under flood f unless nil.
+func stormRoundOf(s *stack, f flooder) stormRound {
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	var mu sync.Mutex
@@ -152,8 +171,8 @@ func stormRoundOf(s *stack, withFlood bool) stormRound {
 		})
 	}
 	floodAnswers := map[int]int64{}
-	if withFlood {
-		wg.Go(func() { flood(s, stop, floodAnswers, &mu) })
+	if f != nil {
+		wg.Go(func() { f(s, stop, floodAnswers, &mu) })
 	}
 	time.Sleep(floodRound)
 	close(stop)
@@ -176,11 +195,17 @@ func flood(s *stack, stop chan struct{}, answers map[int]int64, mu *sync.Mutex) 
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for range conns {
-		wg.Go(func() { floodConn(s, stop, floodRate/conns, answers, mu) })
+		wg.Go(func() { floodConn(s, stop, floodRate/conns, answers, mu, nil, garbageConnectLink) })
 	}
 }
 
-func floodConn(s *stack, stop chan struct{}, rate int, answers map[int]int64, mu *sync.Mutex) {
+func garbageConnectLink(s *stack) string {
+	return "GET /oauth/connect?session=tgs_" + rand.Text() + " HTTP/1.1\r\nHost: " + s.addr + "\r\n\r\n"
+}
+
+// floodConn writes rate requests a second (each written by request) from
+// local address from (nil: any), on a kept-alive connection, pipelined.
+func floodConn(s *stack, stop chan struct{}, rate int, answers map[int]int64, mu *sync.Mutex, from net.IP, request func(*stack) string) {
 	count := func(code int) {
 		mu.Lock()
 		answers[code]++
@@ -191,8 +216,13 @@ func floodConn(s *stack, stop chan struct{}, rate int, answers map[int]int64, mu
 	const every = 10 * time.Millisecond
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	owed := 0.0 // requests per tick, carried over: a rate under 100/s too
 	for {
-		c, err := net.Dial("tcp", s.addr)
+		d := net.Dialer{}
+		if from != nil {
+			d.LocalAddr = &net.TCPAddr{IP: from}
+		}
+		c, err := d.Dial("tcp", s.addr)
 		if err != nil {
 			count(0)
 			select {
@@ -227,8 +257,9 @@ func floodConn(s *stack, stop chan struct{}, rate int, answers map[int]int64, mu
 				alive = false // the server closed it: dial again
 			case <-tick.C:
 				var b strings.Builder
-				for range int(time.Duration(rate) * every / time.Second) {
-					b.WriteString("GET /oauth/connect?session=tgs_" + rand.Text() + " HTTP/1.1\r\nHost: " + s.addr + "\r\n\r\n")
+				owed += float64(rate) * every.Seconds()
+				for ; owed >= 1; owed-- {
+					b.WriteString(request(s))
 				}
 				if _, err := io.WriteString(c, b.String()); err != nil {
 					alive = false
