@@ -124,9 +124,6 @@ func TestConsoleReasonsInBrowser(t *testing.T) {
 			c.returnToStyled()
 			c.shot("console-failing.png")
 		}
-		if name == "dead-1" {
-			c.shot("console-needs-reauth.png")
-		}
 	}
 	c.cancelBrowser()
 	s.stop(server)
