@@ -16,11 +16,26 @@ import (
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 )
 
-// TestConsoleReasonsInBrowser: every refresh in a connection's history
-// says why it stored nothing. Against the server binary and the sandbox,
-// one forced refresh per connection meets one fault: a token endpoint that
-// hangs past the answer deadline (timeout), one that processes the refresh
-// and drops the connection (answer lost), one that answers 503 (provider
+// TestConsoleRulesInBrowser drives the console in headless Chromium
+// against the server binary and the sandbox, one build of the apps for
+// its parts: the reasons of a connection's history and what a connection's
+// state offers (Reasons), and the rule of a key's connection patterns
+// (TenantPattern).
+func TestConsoleRulesInBrowser(t *testing.T) {
+	if testing.Short() {
+		t.Skip("end-to-end")
+	}
+	chrome := chromium(t)
+	bin := buildApps(t)
+	t.Run("Reasons", func(t *testing.T) { testConsoleReasons(t, chrome, bin) })
+	t.Run("TenantPattern", func(t *testing.T) { testConsoleTenantPattern(t, chrome, bin) })
+}
+
+// testConsoleReasons: every refresh in a connection's history says why it
+// stored nothing. Against the server binary and the sandbox, one forced
+// refresh per connection meets one fault: a token endpoint that hangs
+// past the answer deadline (timeout), one that processes the refresh and
+// drops the connection (answer lost), one that answers 503 (provider
 // unavailable), one that answers a code nobody knows until the connection
 // is failing (unclassified, with status and code), and one that answers
 // invalid_grant (needs_reauth). The recorded history names each; a row as
@@ -31,12 +46,7 @@ import (
 // offered on the needs_reauth connection only; the reconnect form's
 // return-to field is styled by the console's stylesheet. With
 // CONSOLE_SCREENSHOTS=dir it saves the failing connection's page there.
-func TestConsoleReasonsInBrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end")
-	}
-	chrome := chromium(t)
-	bin := buildApps(t)
+func testConsoleReasons(t *testing.T, chrome, bin string) {
 	var fault atomic.Int64
 	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: 30 * time.Second,
 		fault:    func() sandbox.Fault { return sandbox.Fault(fault.Load()) },

@@ -10,7 +10,7 @@ import (
 	"github.com/chromedp/chromedp"
 )
 
-// TestConsoleTenantPatternInBrowser: an admin key limited to tenant-a-*,
+// testConsoleTenantPattern: an admin key limited to tenant-a-*,
 // logged in to the console in headless Chromium against the server
 // binary, sees only tenant A's connections (the list, and a prefix filter
 // on tenant-b), and cannot open or disconnect tenant-b-2: its page by
@@ -18,12 +18,7 @@ import (
 // by the page's DOM into a post for tenant-b-2 (action and confirmation),
 // is refused 403 with tenant-b-2's token as it was. The control: the same
 // form, untouched, disconnects tenant A's own connection.
-func TestConsoleTenantPatternInBrowser(t *testing.T) {
-	if testing.Short() {
-		t.Skip("end-to-end")
-	}
-	chrome := chromium(t)
-	bin := buildApps(t)
+func testConsoleTenantPattern(t *testing.T, chrome, bin string) {
 	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: 30 * time.Second})
 	s.migrate()
 	for _, n := range []string{"tenant-a-1", "tenant-a-2", "tenant-b-1", "tenant-b-2"} {
