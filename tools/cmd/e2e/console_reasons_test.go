@@ -50,7 +50,10 @@ func testConsoleReasons(t *testing.T, chrome, bin string) {
 	var fault atomic.Int64
 	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: 30 * time.Second,
 		fault:    func() sandbox.Fault { return sandbox.Fault(fault.Load()) },
-		extraEnv: []string{"TOKEN_ANSWER_DEADLINE=3s"}})
+		// A 503's retries end well within a caller's wait (else the
+		// provider's calls would pause, as for a hung one, and refuse the
+		// next steps).
+		extraEnv: []string{"TOKEN_LOCK_WAIT=8s", "TOKEN_REFRESH_TIMEOUT=5s", "TOKEN_ANSWER_DEADLINE=5s"}})
 	s.migrate()
 	names := []string{"acme", "dead-1", "lost-1", "odd-1", "old-1", "timeout-1", "unavailable-1"}
 	for _, n := range names {
@@ -84,7 +87,7 @@ func testConsoleReasons(t *testing.T, chrome, bin string) {
 	oldRow(t, s.dbURL, "old-1")
 
 	want := map[string]string{
-		"timeout-1":     "timeout: no answer within 3s; the answer is lost",
+		"timeout-1":     "timeout: no answer within 5s; the answer is lost",
 		"lost-1":        "answer lost: the connection dropped after the request was sent",
 		"unavailable-1": "not stored: provider unavailable (HTTP 503 temporarily_unavailable)",
 		"odd-1":         "unclassified answer: HTTP 400 unrecognized_error", // as errors report an unknown code
