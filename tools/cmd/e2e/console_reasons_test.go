@@ -49,7 +49,7 @@ func TestConsoleRulesInBrowser(t *testing.T) {
 func testConsoleReasons(t *testing.T, chrome, bin string) {
 	var fault atomic.Int64
 	s := newStack(t, bin, stackOpts{lifetime: time.Hour, skew: 30 * time.Second,
-		fault:    func() sandbox.Fault { return sandbox.Fault(fault.Load()) },
+		fault: func() sandbox.Fault { return sandbox.Fault(fault.Load()) },
 		// A 503's retries end well within a caller's wait (else the
 		// provider's calls would pause, as for a hung one, and refuse the
 		// next steps).
