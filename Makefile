@@ -162,7 +162,7 @@ demo-screenshot:
 .PHONY: console-screenshot
 console-screenshot:
 	@command -v $(CHROMIUM) >/dev/null || { echo "$(CHROMIUM) not found: apt-get install chromium"; exit 1; }
-	cd $(TOOLS) && CHROMIUM=$(CHROMIUM) CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsoleInBrowser$$' -v ./cmd/e2e/
+	cd $(TOOLS) && CHROMIUM=$(CHROMIUM) CONSOLE_SCREENSHOTS=$(CURDIR)/docs $(GO) test -count=1 -run '^TestConsole(InBrowser|RulesInBrowser)$$' -v ./cmd/e2e/
 	@ls docs/console-*.png
 
 # Server, worker and batch as processes under load, against the sandbox

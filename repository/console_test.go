@@ -351,3 +351,74 @@ func BenchmarkRefreshWrites(b *testing.B) {
 		b.ReportMetric(float64(s.times[len(s.times)*9/10].Microseconds())/1000, name+"-p90-ms")
 	}
 }
+
+// A refresh that stored nothing names why in the history: the reason the
+// process noted (Claim.Why), given to the trigger by the statement that
+// ends the lease (a release, or Fail); without one, the failure episode
+// the same statement recorded (as a process of an earlier release writes
+// it); without either (a bare release by such a process), nothing, which
+// the console shows as not recorded.
+func TestHistoryNamesWhyARefreshStoredNothing(t *testing.T) {
+	r, db, _ := newRepo(t)
+	ctx := context.Background()
+	events := repository.NewConnectionEvents(db)
+	tok := put(t, r, grantToken("acme", "at-1", "rt-1"))
+	last := func() domain.ConnectionEvent {
+		t.Helper()
+		got, err := events.Recent(ctx, "acme", 1)
+		if err != nil || len(got) != 1 {
+			t.Fatalf("history: %v, %v", got, err)
+		}
+		return got[0]
+	}
+
+	// Released with a reason noted.
+	c, err := r.Claim(ctx, tok, 0)
+	if err != nil || c.End == nil || c.Why == nil {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	c.Why("not stored: provider unavailable (HTTP 503 no code)")
+	c.End(true)
+	if e := last(); e.Outcome != "not_stored" || e.Reason != "not stored: provider unavailable (HTTP 503 no code)" {
+		t.Errorf("released lease: %+v", e)
+	}
+
+	// A failure recorded with a reason noted: the reason.
+	if c, err = r.Claim(ctx, tok, 0); err != nil || c.End == nil {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	c.Why("timeout: no answer within 30s; the answer is lost")
+	f := domain.RefreshFailure{Failures: 1, Since: time.Now(), LastAt: time.Now(), RetryAt: time.Now(), Code: domain.CodeAnswerLost}
+	if err := r.Fail(ctx, tok, f); err != nil {
+		t.Fatal(err)
+	}
+	c.End(false)
+	if e := last(); e.Outcome != "not_stored" || e.Reason != "timeout: no answer within 30s; the answer is lost" {
+		t.Errorf("failure with a reason: %+v", e)
+	}
+
+	// A failure recorded with none (a process of an earlier release): the
+	// episode's status and code.
+	tok.Failure = f
+	if c, err = r.Claim(ctx, tok, 0); err != nil || c.End == nil {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	f = domain.RefreshFailure{Failures: 2, Since: f.Since, LastAt: time.Now(), RetryAt: time.Now(), HTTPStatus: 418, Code: "teapot"}
+	if err := r.Fail(ctx, tok, f); err != nil {
+		t.Fatal(err)
+	}
+	c.End(false)
+	if e := last(); e.Outcome != "not_stored" || e.Reason != "unclassified answer: HTTP 418 teapot (2 in a row)" {
+		t.Errorf("failure without a reason: %+v", e)
+	}
+
+	// A bare release, the failure episode recorded earlier: not its reason.
+	tok.Failure = f
+	if c, err = r.Claim(ctx, tok, 0); err != nil || c.End == nil {
+		t.Fatalf("claim: %+v, %v", c, err)
+	}
+	c.End(true)
+	if e := last(); e.Outcome != "not_stored" || e.Reason != "" {
+		t.Errorf("bare release: %+v", e)
+	}
+}

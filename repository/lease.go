@@ -63,6 +63,16 @@ type heldLease struct {
 	version    int64
 	holder     string
 	once       sync.Once
+	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
+}
+
+// note records why the lease's refresh ends without a stored token, for
+// the statement that ends it (release, or Fail) to hand the history
+// trigger (migration 000026) in the tokenguard.lease_reason setting.
+func (l *heldLease) note(why string) {
+	l.renewer.mu.Lock()
+	defer l.renewer.mu.Unlock()
+	l.why = why
 }
 
 // end stops renewing the lease and, with release, deletes it and announces
@@ -70,6 +80,7 @@ type heldLease struct {
 // processes waiting for the refresh look again at once.
 func (l *heldLease) end(release bool) {
 	l.once.Do(func() {
+		why := l.renewer.why(l.holder)
 		l.renewer.remove(l.holder)
 		if !release {
 			return
@@ -77,9 +88,10 @@ func (l *heldLease) end(release bool) {
 		ctx, cancel := context.WithTimeout(context.Background(), lockedHold)
 		defer cancel()
 		_ = l.renewer.db.WithContext(ctx).Exec(`
-WITH d AS (DELETE FROM tokenguard_refresh_leases WHERE holder = ?::uuid RETURNING connection_id, version)
+WITH w AS (SELECT set_config('tokenguard.lease_reason', ?, true) AS why),
+d AS (DELETE FROM tokenguard_refresh_leases WHERE holder = ?::uuid AND EXISTS (SELECT FROM w) RETURNING connection_id, version)
 SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JOIN tokenguard_connections c ON c.id = d.connection_id`,
-			l.holder, ChangeChannel, ChangeChannel).Error // channelInSchema names it twice
+			why, l.holder, ChangeChannel, ChangeChannel).Error // channelInSchema names it twice
 	})
 }
 
@@ -90,17 +102,17 @@ SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JO
 type leaseRenewer struct {
 	db      *gorm.DB
 	mu      sync.Mutex
-	holders map[string]struct{}
+	holders map[string]*heldLease
 	running bool
 }
 
-func (r *leaseRenewer) add(holder string) {
+func (r *leaseRenewer) add(l *heldLease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	if r.holders == nil {
-		r.holders = map[string]struct{}{}
+		r.holders = map[string]*heldLease{}
 	}
-	r.holders[holder] = struct{}{}
+	r.holders[l.holder] = l
 	if !r.running {
 		r.running = true
 		go r.run()
@@ -111,6 +123,29 @@ func (r *leaseRenewer) remove(holder string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	delete(r.holders, holder)
+}
+
+// why is what holder's lease noted, "" when nothing (or it is not held).
+func (r *leaseRenewer) why(holder string) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if l := r.holders[holder]; l != nil {
+		return l.why
+	}
+	return ""
+}
+
+// whyOf is what the lease this process holds on connection's version
+// noted, "" when nothing (or none is held).
+func (r *leaseRenewer) whyOf(connection string, version int64) string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, l := range r.holders {
+		if l.connection == connection && l.version == version {
+			return l.why
+		}
+	}
+	return ""
 }
 
 // held lists the holders to renew, or reports false (and stops the

@@ -54,8 +54,8 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	switch took := rows[0].Took; {
 	case took != nil && *took == holder:
 		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version, holder: holder}
-		r.leases.add(holder)
-		c.End = lease.end
+		r.leases.add(lease)
+		c.End, c.Why = lease.end, lease.note
 	case took != nil:
 		// A lease taken on another server (a restart, a failover), held
 		// for its holder for the grace.
@@ -128,7 +128,8 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 // token (tokenguard_refresh_failures), ends that version's refresh lease
 // and announces its release (as the unchanged version), in one statement:
 // the processes waiting for the refresh look again at once and find when
-// the next attempt is due.
+// the next attempt is due. $12 is why, as this process's lease on it noted
+// (Claim.Why), for the history (migration 000026).
 var failSQL = `
 WITH f AS (
     INSERT INTO tokenguard_refresh_failures AS f
@@ -142,7 +143,9 @@ WITH f AS (
         http_status = EXCLUDED.http_status, code = EXCLUDED.code, failing = EXCLUDED.failing
     RETURNING f.connection_id, f.version
 ),
-ended AS (DELETE FROM tokenguard_refresh_leases l USING f WHERE l.connection_id = f.connection_id AND l.version = f.version)
+why AS (SELECT set_config('tokenguard.lease_reason', $12, true) AS why),
+ended AS (DELETE FROM tokenguard_refresh_leases l USING f WHERE l.connection_id = f.connection_id AND l.version = f.version
+    AND EXISTS (SELECT FROM why))
 SELECT f.version::text FROM f, LATERAL pg_notify(` + channelInSchema("$11") + `, f.version || ' ' || $1::text)`
 
 // Fail records, for the version of t, the refresh failure episode f (the
@@ -153,7 +156,8 @@ func (r *TokenRepository) Fail(ctx context.Context, t domain.Token, f domain.Ref
 	return r.inLock(ctx, t.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		var got []string
 		err := tx.Raw(failSQL, t.Connection, t.Version, f.Failures, f.Since, f.LastAt,
-			nullTime(f.RetryAt), nullTime(f.ReplayUntil), f.HTTPStatus, f.Code, f.Failing, ChangeChannel).Find(&got).Error
+			nullTime(f.RetryAt), nullTime(f.ReplayUntil), f.HTTPStatus, f.Code, f.Failing, ChangeChannel,
+			r.leases.whyOf(t.Connection, t.Version)).Find(&got).Error
 		if err != nil {
 			return storeError(ctx, "record refresh failure of "+t.Connection, err)
 		}

@@ -18,9 +18,19 @@ type claimed struct {
 	// end ends the lease this caller took to refresh current; nil when
 	// current needs no refresh (or cannot have one).
 	end func(release bool)
+	// why notes why the refresh ends without a stored token, for the
+	// connection's history (Claim.Why); nil when the store keeps none.
+	why func(reason string)
 	// release frees this process's in-flight slot, held with the lease
 	// until the provider answered.
 	release func()
+}
+
+// note tells the store why c's refresh ends without a stored token.
+func (c claimed) note(reason string) {
+	if c.why != nil {
+		c.why(reason)
+	}
 }
 
 // claim leases the refresh of connection's token while due says it needs
@@ -55,7 +65,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		cl, err := u.claimWithSlot(ctx, t, asked, woken)
 		if cl.End != nil {
 			unwatch()
-			c.current, c.end = cl.Token, cl.End
+			c.current, c.end, c.why = cl.Token, cl.End, cl.Why
 			c.release = sync.OnceFunc(func() { u.slots.Release(1) })
 			return done(nil)
 		}

@@ -138,6 +138,9 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	if err := u.present(rctx, t); err != nil {
+		if c.Why != nil {
+			c.Why("not stored: the lease was taken to revoke the grant, and the revocation failed; the connection is kept")
+		}
 		end(true)
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", err)
 	}

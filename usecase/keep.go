@@ -30,6 +30,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	if t.Failure.ProbeFirst() {
 		if err := u.probe(ctx, t.Provider); err != nil {
 			c.release()
+			c.note("answer lost: the provider does not answer the probe asked before the refresh token is presented again")
 			u.recordFailure(ctx, store, c, &domain.ProviderError{Lost: true, Err: err})
 			return r, err
 		}
@@ -47,6 +48,9 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	c.release()
 	if answered(err) {
 		u.hung.of(t.Provider).accept()
+	}
+	if err != nil && !errors.Is(err, domain.ErrGrantRevoked) {
+		c.note(u.why(err))
 	}
 	switch pe, isPaced := paced(err); {
 	case err == nil:
@@ -188,4 +192,35 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r rede
 	}
 	log.Error("rotated refresh token dropped", "err", cause)
 	return domain.Token{}, fmt.Errorf("persist rotated token: %w", cause)
+}
+
+// why is how a connection's history names the end of a refresh that
+// stored no token because of err: what failed, with the provider's status
+// and code; never a body, a URL or a secret.
+func (u *RefreshTokenUseCase) why(err error) string {
+	var pe *domain.ProviderError
+	if !errors.As(err, &pe) {
+		return "not stored: the request could not be made"
+	}
+	answer := "no answer"
+	if pe.HTTPStatus != 0 {
+		answer = fmt.Sprintf("HTTP %d %s", pe.HTTPStatus, cmp.Or(pe.Code, "no code"))
+	}
+	var timeout interface{ Timeout() bool }
+	timedOut := errors.Is(pe.Err, context.DeadlineExceeded) || (errors.As(pe.Err, &timeout) && timeout.Timeout())
+	switch {
+	case pe.Lost && timedOut:
+		return fmt.Sprintf("timeout: no answer within %v; the answer is lost", u.opts.AnswerDeadline)
+	case pe.Lost:
+		return "answer lost: the connection dropped after the request was sent (" + answer + ")"
+	case pe.Class == domain.Unclassified:
+		return "unclassified answer: " + answer
+	case pe.Class == domain.ClientRejected:
+		return "not stored: the token endpoint rejected the client (" + answer + ")"
+	case pe.Class == domain.EndpointMisconfigured:
+		return "not stored: the token URL does not answer as a token endpoint (" + answer + ")"
+	case timedOut:
+		return "not stored: timeout before the request was sent; provider unavailable"
+	}
+	return "not stored: provider unavailable (" + answer + ")"
 }

@@ -65,6 +65,11 @@ type Claim struct {
 	// announced. Without, it is only no longer renewed: Store or Fail
 	// ended it.
 	End func(release bool)
+	// Why, when the store keeps a history, notes why the refresh ends
+	// without a stored token (a timeout, a lost answer, an answer not
+	// understood, the provider unavailable), before End(true) or Fail
+	// ends the lease: the history row of that end says it. Nil otherwise.
+	Why func(reason string)
 }
 
 // LockedStore is the store bound to a transaction that holds a

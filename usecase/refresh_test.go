@@ -39,6 +39,7 @@ type fakeStore struct {
 	// leasedElsewhere makes that many claims find another process's
 	// lease; leases and releases count the others.
 	leasedElsewhere, leases, releases int
+	whys                              []string // what leases noted (Claim.Why)
 }
 
 func (s *fakeStore) Get(_ context.Context, id string) (domain.Token, error) {
@@ -95,6 +96,11 @@ func (s *fakeStore) Claim(_ context.Context, seen domain.Token, _ time.Duration)
 				s.releases++
 			}
 		})
+	}
+	c.Why = func(reason string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.whys = append(s.whys, reason)
 	}
 	return c, nil
 }

@@ -103,6 +103,12 @@ func (c *Console) connection(w http.ResponseWriter, r *http.Request) {
 		c.failed(w, r, name, err)
 		return
 	}
+	for i, e := range events {
+		if e.Kind == "refresh" && e.Outcome == "not_stored" && e.Reason == "" {
+			// Written by a release that recorded no reason.
+			events[i].Reason = "not stored (reason not recorded)"
+		}
+	}
 	c.render(w, r, http.StatusOK, "connection", map[string]any{
 		"Nav": "connections", "C": conn, "Events": events, "Metadata": indentJSON(conn.Metadata.Object),
 		"Done": doneMessage(r.URL.Query().Get("done")), "FailingNow": failingNow(events),
