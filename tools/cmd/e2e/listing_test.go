@@ -40,7 +40,7 @@ SELECT id, 'at', 'rt', now(), 1 FROM tokenguard_connections`)
 	cost := func(key, wantBody string) int64 {
 		t.Helper()
 		s.doWith(key, http.MethodGet, "/connections?limit=1&after=tenant-a-zzz", "") // the key verified and cached
-		time.Sleep(1100 * time.Millisecond)                                        // backends report their statistics at most once a second
+		time.Sleep(1100 * time.Millisecond)                                          // backends report their statistics at most once a second
 		before := xacts()
 		for range pages {
 			code, body := s.doWith(key, http.MethodGet, "/connections?limit=1&after=tenant-a-zzz", "")
