@@ -31,6 +31,9 @@ type ConnectionFilter struct {
 	Provider   string
 	Tag        string
 	NamePrefix string
+	// Patterns are the connection patterns of the key the listing is for
+	// (KeyAccess.Connections): nil, every connection; empty, none.
+	Patterns []string
 }
 
 // StatusExpiringSoon filters connections that are active and whose refresh

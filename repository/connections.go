@@ -87,17 +87,26 @@ func (r connectionRow) domain() domain.Connection {
 }
 
 // ConnectionsPage lists up to limit connections that have a token, whose
-// names sort after after ("" for the first page), in name order: keyset
-// pagination on the unique name index, as ListPage. No credential is read.
+// names sort after after ("" for the first page), in byte order of the
+// name (the same under every database collation): keyset pagination on
+// the index tokenguard_connections_name_bytes. No credential is read.
 func (r *TokenRepository) ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error) {
 	return r.FilteredConnectionsPage(ctx, domain.ConnectionFilter{}, after, limit)
 }
 
 // FilteredConnectionsPage is ConnectionsPage with only the connections f
-// matches: the same keyset page on the name index, with a name prefix
-// starting the range scan at the prefix.
+// matches, in one statement that reads about what it returns: the same
+// keyset page, a name prefix starting the range scan at the prefix, and
+// the key's patterns (f.Patterns) as ranges of the name index, one per
+// pattern, each stopping at limit rows (domain.ConnectionScan). A pattern
+// that begins with a wildcard has no range: its page reads the names
+// after after until limit match.
 func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
-	where, args := []string{"c.name > ?"}, []any{after}
+	scans, all := domain.KeyAccess{Connections: f.Patterns}.ConnectionScans()
+	if !all && len(scans) == 0 {
+		return nil, nil // the key's patterns match no name
+	}
+	where, args := []string{`c.name COLLATE "C" > ?`}, []any{after}
 	switch f.Status {
 	case "":
 	case domain.StatusExpiringSoon:
@@ -120,12 +129,26 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 		args = append(args, f.Tag)
 	}
 	if f.NamePrefix != "" {
-		where = append(where, "c.name >= ? AND starts_with(c.name, ?)")
+		where = append(where, `c.name COLLATE "C" >= ? AND starts_with(c.name, ?)`)
 		args = append(args, f.NamePrefix, f.NamePrefix)
 	}
+	const page = ` ORDER BY c.name COLLATE "C" LIMIT ?`
+	q, qargs := selectConnection+" WHERE "+strings.Join(where, " AND ")+page, append(args, limit)
+	if !all {
+		// One page per pattern, merged: each reads at most limit rows of
+		// its range; a name two patterns match is listed once (UNION).
+		branches := make([]string, len(scans))
+		qargs = nil
+		for i, s := range scans {
+			cond, cargs := scanCondition(s)
+			branches[i] = "(" + selectConnection + " WHERE " + strings.Join(where, " AND ") + " AND " + cond + page + ")"
+			qargs = append(append(append(qargs, args...), cargs...), limit)
+		}
+		q = `SELECT * FROM (` + strings.Join(branches, " UNION ") + `) p ORDER BY p.name COLLATE "C" LIMIT ?`
+		qargs = append(qargs, limit)
+	}
 	var rows []connectionRow
-	q := selectConnection + " WHERE " + strings.Join(where, " AND ") + " ORDER BY c.name LIMIT ?"
-	if err := r.db.WithContext(ctx).Raw(q, append(args, limit)...).Find(&rows).Error; err != nil {
+	if err := r.db.WithContext(ctx).Raw(q, qargs...).Find(&rows).Error; err != nil {
 		return nil, storeError(ctx, "list connections", err)
 	}
 	out := make([]domain.Connection, len(rows))
@@ -133,6 +156,29 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 		out[i] = row.domain()
 	}
 	return out, nil
+}
+
+// scanCondition is the SQL condition of a pattern's scan: the name itself,
+// or the range of names its literal prefix starts in byte order (the
+// prefix up to the prefix with its last byte raised by one), then the
+// pattern's regular expression, in byte order too.
+func scanCondition(s domain.ConnectionScan) (string, []any) {
+	if s.Exact {
+		return "c.name = ?", []any{s.Prefix}
+	}
+	var cond []string
+	var args []any
+	if s.Prefix != "" {
+		// Patterns are printable ASCII: the last byte raised stays below 0x80.
+		upper := s.Prefix[:len(s.Prefix)-1] + string(rune(s.Prefix[len(s.Prefix)-1]+1))
+		cond = append(cond, `c.name COLLATE "C" >= ? AND c.name COLLATE "C" < ?`)
+		args = append(args, s.Prefix, upper)
+	}
+	if s.Regexp != "" {
+		cond = append(cond, `c.name COLLATE "C" ~ ?`)
+		args = append(args, s.Regexp)
+	}
+	return strings.Join(cond, " AND "), args
 }
 
 // EachConnection calls fn with every connection that has a token, in name

@@ -16,7 +16,8 @@ const reactivateHold = 10 * time.Second
 
 // Reactivate sets connection active again if it is marked needs_reauth
 // and, when reason is not empty, marked so for that reason. Its tokens are
-// not touched: the next refresh tells whether the grant is alive. It is the
+// not changed (they are sealed again, bound to the new version): the next
+// refresh tells whether the grant is alive. It is the
 // way back for grants marked dead for something that was not the grant's
 // fault (invalid_client and the like).
 //
@@ -35,24 +36,39 @@ func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason str
 		if found.Status != domain.StatusNeedsReauth || (reason != "" && found.StatusReason != reason) {
 			return nil
 		}
+		id, err := r.ids.lookup(ctx, tx, connection)
+		if err != nil {
+			return err
+		}
+		// The credentials are bound to the version; the new one needs them
+		// sealed again.
+		st, err := sealed(r.sealer, found, seal{id: id, version: found.Version + 1})
+		if err != nil {
+			return err
+		}
 		row, err := oneRow(tx, `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET
         status        = 'active',
         status_reason = '',
         version       = t.version + 1,
+        access_token  = $4,
+        refresh_token = $5,
+        sealed_version = NULL,
         updated_at    = now()
     FROM tokenguard_connections c
-    WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2 AND t.status = 'needs_reauth'
+    WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2 AND t.status = 'needs_reauth' AND c.id = $6
     RETURNING c.id AS lock_key, c.name, t.*
 )
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, u.version || ' ' || u.name)`,
-			connection, found.Version, ChangeChannel)
+			connection, found.Version, ChangeChannel, st.AccessToken.Reveal(), st.RefreshToken.Reveal(), id)
 		if err != nil {
 			return storeError(ctx, "reactivate", err)
 		}
 		if row == nil {
-			// Cannot happen while the lock is held: every writer takes it.
+			// Cannot happen while the lock is held (every writer takes it),
+			// unless the id changed (a row re-created by hand).
+			r.ids.forget(connection)
 			return fmt.Errorf("reactivate %s at version %d: %w", connection, found.Version, domain.ErrConflict)
 		}
 		version = row.Version

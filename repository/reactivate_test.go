@@ -100,8 +100,8 @@ func (c *changes) waitHeard(t *testing.T, name string, version int64) {
 
 func TestReactivate(t *testing.T) {
 	_, db, url := newRepo(t)
-	// Sealed, so that "tokens untouched" means the stored envelopes too:
-	// writing the same token again would seal it with a new nonce.
+	// Sealed: the tokens stay as they are, sealed again bound to the new
+	// version (new envelopes that open to the same tokens).
 	r := repository.NewTokenRepository(db, keyring(t, "k1="+testKey1+"*"))
 	ctx := context.Background()
 	for _, name := range []string{"client-dead", "grant-dead", "alive"} {
@@ -124,6 +124,10 @@ func TestReactivate(t *testing.T) {
 	after := stored(t, db, "client-dead")
 	want := before
 	want.Version, want.Status, want.StatusReason = before.Version+1, "active", ""
+	if after.AccessToken == before.AccessToken || after.RefreshToken == before.RefreshToken {
+		t.Error("the credentials were not sealed again for the new version")
+	}
+	want.AccessToken, want.RefreshToken = after.AccessToken, after.RefreshToken
 	if after != want {
 		t.Errorf("stored after reactivation:\n%+v\nwant\n%+v", after, want)
 	}

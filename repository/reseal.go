@@ -22,30 +22,32 @@ const resealHold = 10 * time.Second
 type ResealResult struct {
 	Resealed int // rows rewritten with the current key and form, legacy plaintext included
 	Current  int // rows that already were
-	// OnlyBound: every stored token is now in the bound form, and values
-	// in any other form are refused from now on (by processes that start
-	// after it).
+	// OnlyBound: every stored token is now in the bound form, bound to
+	// its row's version, and values in any other form are refused from
+	// now on (by processes that start after it).
 	OnlyBound bool
 }
 
 // boundForm matches a stored value in the bound form.
 const boundForm = `'tg1:%:b:%'`
 
-// markOnlyBound records, when no stored token is in another form, that
-// none may be from now on (tokenguard_seal_state).
+// markOnlyBound records, when no stored token is in another form than
+// bound to its row's version, that none may be from now on
+// (tokenguard_seal_state, its versioned column).
 func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
 	if !sealsBound(r.sealer) {
 		return false, nil
 	}
 	var other int64
 	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_tokens WHERE access_token NOT LIKE ` + boundForm +
-		` OR (refresh_token <> '' AND refresh_token NOT LIKE ` + boundForm + `)`).Scan(&other).Error; err != nil {
+		` OR (refresh_token <> '' AND refresh_token NOT LIKE ` + boundForm + `) OR sealed_version IS NOT NULL`).Scan(&other).Error; err != nil {
 		return false, storeError(ctx, "count tokens in another form", err)
 	}
 	if other > 0 {
 		return false, nil // written meanwhile by a process of the previous release: run it again
 	}
-	if err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_seal_state DEFAULT VALUES ON CONFLICT DO NOTHING`).Error; err != nil {
+	if err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_seal_state (versioned) VALUES (true)
+ON CONFLICT (only_bound) DO UPDATE SET versioned = true`).Error; err != nil {
 		return false, storeError(ctx, "record the bound form", err)
 	}
 	return true, nil
@@ -64,7 +66,13 @@ type storedRow struct {
 // storedColumns read storedRow.
 const storedColumns = `c.id, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version`
 
-func (r storedRow) seal() seal { return seal{id: r.ID, version: r.SealedVersion} }
+func (r storedRow) seal() seal { return seal{id: r.ID, version: r.Version} }
+
+// current reports whether the row needs no resealing: sealed with the
+// current key, in the form bound to its version.
+func (r storedRow) current(s Sealer) bool {
+	return s.IsCurrent(r.AccessToken) && s.IsCurrent(r.RefreshToken) && r.SealedVersion == 0
+}
 
 // scanStored reads up to batch raw rows with connection ids above after,
 // in id order.
@@ -114,7 +122,7 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 		}
 		for _, row := range rows {
 			after = row.ID
-			if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {
+			if row.current(r.sealer) {
 				res.Current++
 				continue
 			}
@@ -142,23 +150,23 @@ WHERE c.name = ?`, connection).Find(&rows).Error
 		if err != nil {
 			return storeError(ctx, "read token", err)
 		}
-		if len(rows) == 0 || (r.sealer.IsCurrent(rows[0].AccessToken) && r.sealer.IsCurrent(rows[0].RefreshToken)) {
+		if len(rows) == 0 || rows[0].current(r.sealer) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
 		}
 		row := rows[0]
-		at, rt, err := opened(r.sealer, connection, row.seal(), row.AccessToken, row.RefreshToken)
+		at, rt, err := opened(r.sealer, connection, row.seal(), row.SealedVersion, row.AccessToken, row.RefreshToken)
 		if err != nil {
 			return err
 		}
-		// Bound to the row's id and its version now; the version is not
+		// Bound to the row's id and its version; the version is not
 		// bumped (the token did not change).
-		to := seal{id: row.ID, version: row.Version}
+		to := row.seal()
 		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)}, to)
 		if err != nil {
 			return err
 		}
-		err = tx.Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = ? WHERE connection_id = ?`,
-			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), to.version, row.ID).Error
+		err = tx.Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = NULL WHERE connection_id = ? AND version = ?`,
+			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), row.ID, row.Version).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)
 		}
@@ -188,13 +196,18 @@ const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_t
 // repository refuses values in any other form from then on; CheckKeys
 // must run before the repository is shared.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
-	var marked int64
-	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_seal_state`).Scan(&marked).Error; err != nil {
+	var marked struct{ Bound, Versioned int64 }
+	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) AS bound, count(*) FILTER (WHERE versioned) AS versioned FROM tokenguard_seal_state`).
+		Scan(&marked).Error; err != nil {
 		return KeyCheck{}, storeError(ctx, "read the seal state", err)
 	}
-	if _, already := r.sealer.(onlyBound); marked > 0 && !already && sealsBound(r.sealer) {
+	if marked.Bound > 0 && sealsBound(r.sealer) {
 		// Before any other goroutine uses the repository (start-up).
-		r.sealer = onlyBound{r.sealer}
+		base := r.sealer
+		if o, already := base.(onlyBound); already {
+			base = o.Sealer
+		}
+		r.sealer = onlyBound{Sealer: base, versioned: marked.Versioned > 0}
 	}
 	var ids []string
 	err := r.db.WithContext(ctx).Raw(`
@@ -222,7 +235,7 @@ WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
 			continue // rewritten meanwhile
 		}
 		row := rows[0]
-		if _, _, err := opened(r.sealer, row.Name, row.seal(), row.AccessToken, row.RefreshToken); err != nil {
+		if _, _, err := opened(r.sealer, row.Name, row.seal(), row.SealedVersion, row.AccessToken, row.RefreshToken); err != nil {
 			return kc, err
 		}
 		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {

@@ -35,8 +35,9 @@ type tokenRow struct {
 	AnsweredScopes string // the latest refresh answer's scope (migration 29)
 	ScopesReduced  string
 	Provider       string // '' for the environment's provider
-	// SealedVersion is what the credentials are sealed at (0: in the
-	// previous release's form, or plaintext).
+	// SealedVersion is the version the credentials of the earlier bound
+	// form are sealed at (0: NULL, bound to Version, or of an older form,
+	// or plaintext).
 	SealedVersion int64
 	// The refresh failure episode of this version (failureColumns).
 	Failures      int
@@ -65,7 +66,7 @@ func failureOf(n int, since, last, retry, replay sql.NullTime, status int, code 
 // domain opens the row's credentials with s: a value that fails to open is
 // an error wrapping domain.ErrUndecryptable, never a token.
 func (r tokenRow) domain(s Sealer) (domain.Token, error) {
-	at, rt, err := opened(s, r.Name, seal{r.LockKey, r.SealedVersion}, r.AccessToken, r.RefreshToken)
+	at, rt, err := opened(s, r.Name, seal{r.LockKey, r.Version}, r.SealedVersion, r.AccessToken, r.RefreshToken)
 	if err != nil {
 		return domain.Token{}, err
 	}

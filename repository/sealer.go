@@ -21,8 +21,8 @@ type Sealer interface {
 	// produces now, so that Reseal can leave it alone.
 	IsCurrent(stored string) bool
 	// Bound reports whether a stored value is in the form Seal produces
-	// now, whose aad names the row by its id and sealed version; the
-	// previous release's named it by the connection's name only.
+	// now, whose aad names the row by its id and a version; the releases
+	// before named it by the connection's name only.
 	Bound(stored string) bool
 }
 
@@ -34,17 +34,28 @@ const (
 )
 
 // seal is what a row's credentials are bound to: the connection's id
-// (never reused: a re-created connection has another) and the version
-// they were sealed at (the row's sealed_version, written with them), so
-// that a ciphertext moved to another connection, or copied back into its
-// row after a later write, does not open.
+// (never reused: a re-created connection has another) and the row's
+// version, the column every version fence and the rollback check read. A
+// ciphertext moved to another connection, or copied back into its row
+// from another version (with whatever sealed_version it had), does not
+// open, so a rollback needs the key, not just write access to the table.
+// Every write that gives the row a new version seals again (Store, Put,
+// Reactivate); such rows store sealed_version NULL.
 type seal struct {
 	id      int32
 	version int64
 }
 
 func (s seal) aad(column string) string {
-	return "c" + strconv.FormatInt(int64(s.id), 10) + "/v" + strconv.FormatInt(s.version, 10) + "/" + column
+	return "c" + strconv.FormatInt(int64(s.id), 10) + "/r" + strconv.FormatInt(s.version, 10) + "/" + column
+}
+
+// sealedAtAAD is the additional data of the earlier bound form, which
+// named the version in the row's sealed_version column: a column written
+// with the ciphertexts, so an older version's ciphertexts copied back
+// together with it opened.
+func sealedAtAAD(id int32, sealedVersion int64, column string) string {
+	return "c" + strconv.FormatInt(int64(id), 10) + "/v" + strconv.FormatInt(sealedVersion, 10) + "/" + column
 }
 
 // legacyAAD is the additional data of values sealed by the previous
@@ -70,14 +81,23 @@ func sealed(s Sealer, t domain.Token, at seal) (domain.Token, error) {
 	return t, nil
 }
 
-// opened decrypts the two credential columns of a row of connection, whose
-// current seal is at.
-func opened(s Sealer, connection string, at seal, access, refresh string) (a, rt string, err error) {
+// opened decrypts the two credential columns of a row of connection at
+// (its id and version), whose sealed_version column holds sealedVersion
+// (0: NULL, the current form).
+func opened(s Sealer, connection string, at seal, sealedVersion int64, access, refresh string) (a, rt string, err error) {
 	open := func(stored, column string) (string, error) {
-		if s.Bound(stored) {
+		switch {
+		case !s.Bound(stored):
+			return s.Open(stored, legacyAAD(connection, column))
+		case sealedVersion == 0:
 			return s.Open(stored, at.aad(column))
+		case refusesSealedAt(s):
+			return "", fmt.Errorf("%w: bound to its sealed_version column, and tokenctl rotate-key has resealed every row bound to its version (copied back from another version, or written around tokenguard)",
+				domain.ErrUndecryptable)
+		default:
+			// Until tokenctl rotate-key: rows of the previous release.
+			return s.Open(stored, sealedAtAAD(at.id, sealedVersion, column))
 		}
-		return s.Open(stored, legacyAAD(connection, column))
 	}
 	if a, err = open(access, colAccess); err != nil {
 		return "", "", fmt.Errorf("access token of %s: %w", connection, err)
@@ -91,8 +111,13 @@ func opened(s Sealer, connection string, at seal, access, refresh string) (a, rt
 // onlyBound is the Sealer of a store where every value is in the bound
 // form (tokenguard_seal_state, set by Reseal): a value in any other form
 // is refused, since it was written around tokenguard or copied back from
-// before the upgrade.
-type onlyBound struct{ Sealer }
+// before the upgrade. versioned: every row is also bound to its version
+// (the state's versioned column), and the form bound to the
+// sealed_version column is refused too.
+type onlyBound struct {
+	Sealer
+	versioned bool
+}
 
 func (o onlyBound) Open(stored, aad string) (string, error) {
 	if stored != "" && !o.Sealer.Bound(stored) {
@@ -100,6 +125,13 @@ func (o onlyBound) Open(stored, aad string) (string, error) {
 			domain.ErrUndecryptable)
 	}
 	return o.Sealer.Open(stored, aad)
+}
+
+// refusesSealedAt reports whether s refuses the form bound to the
+// sealed_version column.
+func refusesSealedAt(s Sealer) bool {
+	o, ok := s.(onlyBound)
+	return ok && o.versioned
 }
 
 // sealsBound reports whether s seals in the bound form (a keyring, not a

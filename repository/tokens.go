@@ -300,12 +300,12 @@ WITH u AS (
         status        = $7,
         status_reason = $8,
         version       = t.version + 1,
-        sealed_version = $12,
-        answered_scopes = $14::text[],
-        scopes_reduced  = $15::text[],
+        sealed_version = NULL,
+        answered_scopes = $13::text[],
+        scopes_reduced  = $14::text[],
         updated_at    = now()
     FROM tokenguard_connections c
-    WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10 AND c.id = $13
+    WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10 AND c.id = $12
     RETURNING c.id AS lock_key, c.name, t.*
 ),
 ` + endLeases + `
@@ -313,7 +313,7 @@ SELECT ` + tokenColumns + ` FROM u, LATERAL pg_notify(` + channelInSchema("$11")
 
 func saveArgs(t domain.Token, at seal) []any {
 	return []any{t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.version, at.id,
+		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.id,
 		textArray(t.Binding.Answered), textArray(t.Binding.ScopesReduced)}
 }
 
@@ -346,15 +346,15 @@ FROM tokenguard_connections c WHERE c.name = ?`, t.Connection).Find(&next).Error
 		return domain.Token{}, err
 	}
 	row, err := oneRow(l.db.WithContext(ctx), `
-WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $14),
+WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $13),
 t AS (
     INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
                              granted_account, granted_scopes, missing_scopes, granted_at,
                              provider, sealed_version)
     SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '', NULLIF($9, ''), $10::text[], $11::text[], now(),
-           NULLIF($12, ''), $13 FROM c
+           NULLIF($12, ''), NULL FROM c
     ON CONFLICT (connection_id) DO UPDATE SET
-        sealed_version  = EXCLUDED.sealed_version,
+        sealed_version  = NULL,
         provider        = EXCLUDED.provider,
         granted_account = EXCLUDED.granted_account,
         granted_scopes  = EXCLUDED.granted_scopes,
@@ -379,7 +379,7 @@ u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
 		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes),
-		t.Provider, at.version, at.id)
+		t.Provider, at.id)
 	if err != nil {
 		if unknownProvider(err) {
 			return domain.Token{}, fmt.Errorf("put token of %s: provider %q: %w", t.Connection, t.Provider, domain.ErrUnknownProvider)

@@ -37,7 +37,8 @@ func (f *pendingFlows) RedeemFor(_ context.Context, code string, allow func(stri
 // twoTenants lists acme and tenant-b-2.
 type twoTenants struct{}
 
-func (twoTenants) ConnectionsPage(_ context.Context, after string, limit int) ([]domain.Connection, error) {
+// It ignores the filter: the handler's own check keeps what the key sees.
+func (twoTenants) FilteredConnectionsPage(_ context.Context, _ domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
 	var out []domain.Connection
 	for _, n := range []string{"acme", "tenant-b-2"} {
 		if n > after && len(out) < limit {

@@ -141,13 +141,16 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 }
 
 // visibleConnections is up to limit connections after after that the
-// request's key's patterns match: pages of the store until limit match or
-// the store has no more.
+// request's key's patterns match. The store narrows its page by the same
+// patterns, so one page is one query; what it returns is still checked
+// with the key's rule, and should the store return rows the key may not
+// see, pages are read until limit match or the store has no more.
 func (s *Server) visibleConnections(r *http.Request, after string, limit int) ([]domain.Connection, error) {
 	acc := keyAccess(r.Context())
+	f := domain.ConnectionFilter{Patterns: acc.Connections}
 	var out []domain.Connection
 	for {
-		page, err := s.deps.Connections.ConnectionsPage(r.Context(), after, limit)
+		page, err := s.deps.Connections.FilteredConnectionsPage(r.Context(), f, after, limit)
 		if err != nil {
 			return nil, err
 		}

@@ -59,9 +59,9 @@ type ConnectFlows interface {
 }
 
 // Connections lists connections without their credentials, in name order
-// after the name after.
+// after the name after, only those f matches (its Patterns: the key's).
 type Connections interface {
-	ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error)
+	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
 }
 
 // Providers gives a stored provider's client registration;

@@ -230,6 +230,7 @@ func (c *Console) providers(w http.ResponseWriter, r *http.Request) {
 // session's key's patterns match.
 func (c *Console) visible(r *http.Request, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
 	acc := sessionOf(r).Access
+	f.Patterns = acc.Connections // one query per page; the check below stays
 	var out []domain.Connection
 	for {
 		page, err := c.d.Connections.FilteredConnectionsPage(r.Context(), f, after, limit)

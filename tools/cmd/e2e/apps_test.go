@@ -42,6 +42,7 @@ func TestApps(t *testing.T) {
 	t.Run("ConsentPageCSRF", func(t *testing.T) { t.Parallel(); testConsentPageCSRF(t, bin) })
 	t.Run("ScopedKeysURLsAndSealedRows", func(t *testing.T) { t.Parallel(); testKeysAndEdges(t, bin) })
 	t.Run("TenantIsolation", func(t *testing.T) { t.Parallel(); testTenantIsolation(t, bin) })
+	t.Run("PatternLimitedListingCost", func(t *testing.T) { t.Parallel(); testListingCost(t, bin) })
 	t.Run("ReactivateAndCheck", func(t *testing.T) { t.Parallel(); testReactivateAndCheck(t, bin) })
 	t.Run("SIGTERMDuringARefreshKeepsTheRotatedToken", func(t *testing.T) { t.Parallel(); testSIGTERMDuringRefresh(t, bin) })
 	t.Run("SandboxFirstToken", func(t *testing.T) { t.Parallel(); testSandboxFirstToken(t, bin) })

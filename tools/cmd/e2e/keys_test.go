@@ -229,9 +229,9 @@ func testKeysAndEdges(t *testing.T, bin string) {
 		}
 	}
 
-	// 5. A ciphertext copied back into its row: refused, nothing served,
-	// no refresh token sent. Control: the current ciphertext copied back
-	// serves.
+	// 5. A ciphertext copied back into its row, with its sealed_version,
+	// the version column left alone: refused, nothing served, no refresh
+	// token sent. Control: the current ciphertext copied back serves.
 	const victim = "tenant-a-crm"
 	old := ciphertexts(t, s.dbURL, victim)
 	expectStatus(t, s, full, "POST", "/connections/"+victim+"/token/refresh", `{"stale_version":`+old.version+`}`, http.StatusOK)
@@ -246,8 +246,8 @@ func testKeysAndEdges(t *testing.T, bin string) {
 	expectStatus(t, s, full, "GET", "/connections/"+victim+"/token", "", http.StatusOK)
 	// The rollback.
 	now := ciphertexts(t, s.dbURL, victim)
-	sql(t, s.dbURL, `UPDATE tokenguard_tokens SET access_token = $1, refresh_token = $2 WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = $3)`,
-		old.access, old.refresh, victim)
+	sql(t, s.dbURL, `UPDATE tokenguard_tokens SET access_token = $1, refresh_token = $2, sealed_version = $4::text::bigint WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = $3)`,
+		old.access, old.refresh, victim, old.sealed)
 	refreshes := s.sb.Stats().Refreshes + s.sb.Stats().RefreshRejected
 	time.Sleep(lifetime)
 	got, resp := s.doWith(full, "GET", "/connections/"+victim+"/token", "")
@@ -281,7 +281,10 @@ func pgxQueryRow(t *testing.T, dbURL, q string, dst ...any) error {
 	return conn.QueryRow(ctx, q).Scan(dst...)
 }
 
-type stored struct{ access, refresh, version string }
+type stored struct {
+	access, refresh, version string
+	sealed                   *string // sealed_version
+}
 
 func ciphertexts(t *testing.T, dbURL, name string) stored {
 	t.Helper()
@@ -292,8 +295,8 @@ func ciphertexts(t *testing.T, dbURL, name string) stored {
 	}
 	defer conn.Close(ctx)
 	var st stored
-	if err := conn.QueryRow(ctx, `SELECT t.access_token, t.refresh_token, t.version::text FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = $1`,
-		name).Scan(&st.access, &st.refresh, &st.version); err != nil {
+	if err := conn.QueryRow(ctx, `SELECT t.access_token, t.refresh_token, t.version::text, t.sealed_version::text FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id WHERE c.name = $1`,
+		name).Scan(&st.access, &st.refresh, &st.version, &st.sealed); err != nil {
 		t.Fatal(err)
 	}
 	return st

@@ -297,12 +297,16 @@ func (r Results) Checks() []Check {
 	c = add(fmt.Sprintf("proxy, 1,000/s: p99 over calling the upstream directly (%.2f ms)", directP99), "<= +2.0 ms", ok1 && ok2,
 		proxyP99-directP99, "%+.2f ms", proxyP99-directP99 <= 2)
 	missBy(c, "%.2f ms", proxyP99-directP99-2)
+	// A listing for a key limited by patterns, against an unlimited key's.
+	ratio, ok := r.get(listing, "p99-ratio")
+	add("GET /connections of 100,000: p99 for a key limited to tenant-a-* / an unlimited key's", "<= 2x", ok, ratio, "%.2fx", ratio <= 2)
 	return out
 }
 
 const (
 	tokenAPI = "TokenAPIAtRate"
 	proxyAPI = "ProxyAtRate"
+	listing  = "ConnectionsListing"
 )
 
 // PeerRow is one design in the peer table: its figures and each one's

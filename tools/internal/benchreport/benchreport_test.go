@@ -26,6 +26,7 @@ BenchmarkProactiveRefreshNangoCron-2   	       1	25000000000 ns/op	        40.0 
 BenchmarkCacheMemory-2                 	       1	1834410295 ns/op	       459.1 B/conn
 BenchmarkTokenAPIAtRate-2   	       1	         0.01924 db-xacts/req	         0.09982 empty-p50-ms	         0.9628 empty-p99-ms	         0.1056 p50-ms	         0.7200 p99-ms
 BenchmarkProxyAtRate-2      	       1	         0.1071 direct-p50-ms	         0.3690 direct-p99-ms	         0.2308 p50-ms	         3.437 p99-ms
+BenchmarkConnectionsListing-2   	       1	         1.619 p50-ms	        15.95 p99-ms	         0.9955 p99-ratio	         2.830 unlimited-p50-ms	        16.02 unlimited-p99-ms
 PASS
 `
 

@@ -1,0 +1,137 @@
+package domain
+
+import "strings"
+
+// ConnectionScan is what a store may narrow a listing to for one
+// connection pattern of a key, so that a listing costs what it returns:
+// the names that start with Prefix (every name when Prefix is ""), and of
+// those the ones Regexp matches. Regexp is the pattern as an anchored
+// regular expression in the syntax RE2 and PostgreSQL's advanced regular
+// expressions share, matching exactly the names path.Match matches; ""
+// when the prefix alone is the pattern (prefix*). Exact: the pattern is
+// the one name Prefix. KeyAccess.AllowsConnection still decides.
+type ConnectionScan struct {
+	Prefix string
+	Exact  bool
+	Regexp string
+}
+
+// ConnectionScans are the scans of the key's connection patterns; all is
+// true when the key may see every connection (no patterns, or a pattern
+// that is a lone *). Malformed patterns, which match nothing, are left
+// out: a key with only those sees nothing.
+func (a KeyAccess) ConnectionScans() (scans []ConnectionScan, all bool) {
+	if a.Connections == nil {
+		return nil, true
+	}
+	for _, p := range a.Connections {
+		if ValidateConnectionPattern(p) != nil {
+			continue
+		}
+		s := scanOf(p)
+		if s.Prefix == "" && s.Regexp == "" {
+			return nil, true // *
+		}
+		scans = append(scans, s)
+	}
+	return scans, false
+}
+
+// scanOf reads a well-formed path.Match pattern: its literal prefix, and
+// the regular expression of the rest.
+func scanOf(p string) ConnectionScan {
+	var prefix, re strings.Builder
+	re.WriteString("^")
+	literal := true // no wildcard yet
+	onlyStar := true
+	for i := 0; i < len(p); i++ {
+		c := p[i]
+		switch c {
+		case '*':
+			literal = false
+			re.WriteString("[^/]*")
+			continue
+		case '?':
+			literal, onlyStar = false, false
+			re.WriteString("[^/]")
+			continue
+		case '[':
+			literal, onlyStar = false, false
+			i = class(p, i+1, &re)
+			continue
+		case '\\':
+			i++
+			c = p[i]
+		}
+		if literal {
+			prefix.WriteByte(c)
+		} else {
+			onlyStar = false
+		}
+		re.WriteString(quoteRegexp(c))
+	}
+	re.WriteString("$")
+	s := ConnectionScan{Prefix: prefix.String(), Exact: literal, Regexp: re.String()}
+	if literal || onlyStar && strings.HasSuffix(p, "*") {
+		s.Regexp = "" // the prefix is the pattern: name = prefix, or prefix followed by anything
+	}
+	return s
+}
+
+// class writes the character class of p starting at i (after its '[') and
+// returns the index of its closing ']'. A range whose ends are inverted
+// matches nothing (path.Match), and is left out: no regular expression
+// takes it. A class left with none matches no character ('/', which no
+// name has), or when negated any.
+func class(p string, i int, re *strings.Builder) int {
+	negated := i < len(p) && p[i] == '^'
+	if negated {
+		i++
+	}
+	var ranges strings.Builder
+	for first := true; ; first = false {
+		if p[i] == ']' && !first {
+			break
+		}
+		lo, next := classChar(p, i)
+		hi := lo
+		i = next
+		if p[i] == '-' {
+			hi, i = classChar(p, i+1)
+		}
+		if lo <= hi {
+			ranges.WriteString(quoteRegexp(lo))
+			if hi != lo {
+				ranges.WriteString("-" + quoteRegexp(hi))
+			}
+		}
+	}
+	switch {
+	case ranges.Len() == 0 && negated:
+		re.WriteString("[^/]")
+	case ranges.Len() == 0:
+		re.WriteString(`\/`)
+	case negated:
+		re.WriteString("[^" + ranges.String() + "]")
+	default:
+		re.WriteString("[" + ranges.String() + "]")
+	}
+	return i
+}
+
+func classChar(p string, i int) (byte, int) {
+	if p[i] == '\\' {
+		return p[i+1], i + 2
+	}
+	return p[i], i + 1
+}
+
+// quoteRegexp writes c as itself: alphanumerics as they are, everything
+// else escaped (both syntaxes read \ and a non-alphanumeric as that
+// character, inside a class too).
+func quoteRegexp(c byte) string {
+	if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
+		return string(c)
+	}
+	return `\` + string(c)
+}
