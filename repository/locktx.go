@@ -47,6 +47,7 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	defer leave()
 	op := "lock connection " + connection
 	var fnErr error
+	locked := false
 	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
 		locking := tx // its context's deadline bounds the lock wait
 		if bounded {
@@ -57,6 +58,7 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 		if err := r.WithAdvisoryLock(locking, connection); err != nil {
 			return err
 		}
+		locked = true
 		if !leave() && ctx.Err() != nil {
 			return ctx.Err() // the caller gave up while the lock was waited for
 		}
@@ -68,6 +70,10 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 		return fnErr
 	case errors.Is(err, domain.ErrNotFound):
 		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
+	case err != nil && !locked && bounded && !time.Now().Before(lockBy) && ctx.Err() == nil:
+		// The wait ran out before the lock was held: on a busy host the
+		// client's deadline can fire before the server's lock_timeout answer.
+		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	case err != nil && ctx.Err() != nil:
 		return storeError(ctx, op, err)
 	}
