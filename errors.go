@@ -56,6 +56,8 @@ var (
 	// ErrInvalidSyncCommit: WithSyncCommit's level is not off, local,
 	// remote_write, on or remote_apply.
 	ErrInvalidSyncCommit = domain.ErrInvalidSyncCommit
+	// ErrInvalidTokenRate: WithTokenRate's budget is not N/PERIOD.
+	ErrInvalidTokenRate = domain.ErrInvalidTokenRate
 	// ErrSchemaNotFound: the pool's search_path names a schema that does
 	// not exist (the message names it). tokenguard's tables never fall
 	// through to another schema of the path.

@@ -101,6 +101,9 @@ type OAuthConfig struct {
 	ClientKeyFile string `env:"CLIENT_KEY_FILE"`
 	// Resource is the RFC 8707 resource indicator (see tokenguard.WithResource).
 	Resource string `env:"RESOURCE"`
+	// TokenRate is the provider's token budget, N/PERIOD (see
+	// tokenguard.WithTokenRate).
+	TokenRate string `env:"TOKEN_RATE"`
 
 	params map[string]string // ProfileParams, parsed
 }
@@ -275,6 +278,9 @@ func (c Config) validate() error {
 	}
 	if _, err := c.OAuth.authStyle(); err != nil {
 		return err
+	}
+	if _, err := domain.ParseTokenRate(c.OAuth.TokenRate); err != nil {
+		return fmt.Errorf("OAUTH_TOKEN_RATE: %w", err)
 	}
 	if _, err := c.OAuth.clientKey(); err != nil {
 		return err

@@ -105,6 +105,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if cfg.OAuth.Resource != "" {
 		opts = append(opts, tokenguard.WithResource(cfg.OAuth.Resource))
 	}
+	if cfg.OAuth.TokenRate != "" {
+		opts = append(opts, tokenguard.WithTokenRate(cfg.OAuth.TokenRate))
+	}
 	if key, err := cfg.OAuth.clientKey(); err != nil {
 		return nil, nil, err
 	} else if key != nil {

@@ -37,6 +37,9 @@ type Provider struct {
 	// DPoP: the provider requires DPoP-bound grants (RFC 9449); each
 	// connection gets a key of its own at connect time.
 	DPoP bool
+	// TokenRate is the token-request budget every process of the
+	// deployment respects together (zero: none).
+	TokenRate TokenRate
 }
 
 // AuthStyle is how the client authenticates at the token endpoint.
@@ -113,6 +116,9 @@ func (p Provider) Validate() error {
 	}
 	if p.Skew < 0 || p.DefaultLifetime < 0 || p.KeepAlive < 0 {
 		return fmt.Errorf("%w: skew, default lifetime and keep-alive must not be negative", ErrInvalidProvider)
+	}
+	if err := p.TokenRate.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidProvider, err)
 	}
 	return nil
 }

@@ -29,6 +29,7 @@ type RefreshTokenUseCase struct {
 	hung       clientGates // per provider: pauses its calls after one went unanswered past RefreshTimeout
 	forced     throttle    // connection -> last forced refresh
 	errorLines throttle    // connection -> last ERROR line about the client
+	budgets    budgets     // per provider: until when its token budget was found spent
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -280,7 +281,8 @@ func clientSide(err error) bool {
 // untouched reports whether err left the grant and the stored token as
 // they were, so that a still-valid access token may be served through it.
 func untouched(err error) bool {
-	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) || clientSide(err)
+	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) ||
+		errors.Is(err, domain.ErrTokenBudgetSpent) || clientSide(err)
 }
 
 // clientFailed closes the client gate of t's provider and tells

@@ -34,7 +34,8 @@ const providerUsage = `usage:
 settings:
   --api-base-url URL --auth-url URL --revocation-url URL --auth-style auto|header|params --scopes a,b
   --skew D --default-lifetime D --keep-alive D   (0: the global setting)
-  --dpop   the provider requires DPoP: each connection's grant is bound to a key made at connect time`
+  --dpop   the provider requires DPoP: each connection's grant is bound to a key made at connect time
+  --token-rate N/PERIOD   at most N token requests in any PERIOD, fleet-wide (e.g. 100/1m; none: no budget)`
 
 // ProviderBackend is the Backend of a tokenctl that manages providers.
 type ProviderBackend interface {
@@ -98,6 +99,7 @@ type providerFlags struct {
 	profile                                                                         string
 	params                                                                          paramFlags
 	dpop                                                                            bool
+	tokenRate                                                                       string
 }
 
 // paramFlags are repeated --param k=v.
@@ -119,6 +121,7 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
 	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
 	fs.BoolVar(&f.dpop, "dpop", false, "the provider requires DPoP (RFC 9449): each connection's grant is bound to a key of its own, made at connect time")
+	fs.StringVar(&f.tokenRate, "token-rate", "", "a token budget every process respects together: at most N token requests in any PERIOD (`N/PERIOD`, e.g. 20/1s, 100/1m, 10/10m; none: no budget)")
 	if update {
 		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
 	} else {
@@ -164,6 +167,16 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 	}
 	if set["dpop"] {
 		p.DPoP = f.dpop
+	}
+	if set["token-rate"] {
+		rate, err := domain.TokenRate{}, error(nil)
+		if f.tokenRate != "none" {
+			rate, err = domain.ParseTokenRate(f.tokenRate)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: --token-rate: %w", domain.ErrInvalidProvider, err)
+		}
+		p.TokenRate = rate
 	}
 	if secret != nil {
 		p.ClientSecret = *secret
