@@ -256,7 +256,7 @@ type Provider struct {
 	revoking   sync.RWMutex
 	grantLocks keyedLocks
 
-	limiter *rate.Limiter // Options.TokenRate; nil: none
+	limiter atomic.Pointer[rate.Limiter] // Options.TokenRate (SetTokenRate); nil: none
 
 	refreshLatency atomic.Int64 // time.Duration
 	refreshFault   atomic.Pointer[func() Fault]
@@ -366,9 +366,7 @@ func New(opts Options) (*Provider, error) {
 		answered:   map[string]graceAnswer{},
 		consented:  map[string]time.Time{},
 	}
-	if opts.TokenRate > 0 {
-		p.limiter = rate.NewLimiter(rate.Limit(opts.TokenRate), opts.TokenRate)
-	}
+	p.SetTokenRate(opts.TokenRate)
 	p.SetRefreshLatency(opts.RefreshLatency)
 	p.SetRefreshFault(opts.RefreshFault)
 	p.stats.reset()
@@ -507,4 +505,14 @@ func (k *keyedLocks) lock(key string) (unlock func()) {
 		}
 		k.mu.Unlock()
 	}
+}
+
+// SetTokenRate limits the token endpoint to n requests a second from now
+// on, as Options.TokenRate does, its bucket full (0: no limit).
+func (p *Provider) SetTokenRate(n int) {
+	if n <= 0 {
+		p.limiter.Store(nil)
+		return
+	}
+	p.limiter.Store(rate.NewLimiter(rate.Limit(n), n))
 }
