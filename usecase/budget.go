@@ -87,3 +87,95 @@ func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, 
 		u.budgets.spent(provider, u.opts.Clock.Now().Add(pe.RetryAfter))
 	}
 }
+
+// queuedLimit bounds the refreshes a provider's queue has claiming at
+// once: when the budget frees one request, a few claims race for it.
+const queuedLimit = 4
+
+// queue holds, per provider, the refreshes its spent budget held back
+// while their tokens were still valid, soonest expiry first: they are
+// redeemed as the budget allows, by one goroutine per provider, so that
+// the fleet's refreshes wait in expiry order whoever calls meanwhile.
+type queue struct {
+	mu      sync.Mutex
+	waiting map[string]map[string]domain.Token // provider -> connection -> token as last seen
+	running map[string]bool                    // provider -> its goroutine runs
+}
+
+// push queues t's refresh, and reports whether the provider's goroutine
+// must be started.
+func (q *queue) push(t domain.Token) bool {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.waiting == nil {
+		q.waiting, q.running = map[string]map[string]domain.Token{}, map[string]bool{}
+	}
+	w := q.waiting[t.Provider]
+	if w == nil {
+		w = map[string]domain.Token{}
+		q.waiting[t.Provider] = w
+	}
+	w[t.Connection] = t
+	start := !q.running[t.Provider]
+	q.running[t.Provider] = true
+	return start
+}
+
+// pop takes the queued token of provider that expires first; false (and
+// the provider's goroutine ends) when there is none.
+func (q *queue) pop(provider string) (domain.Token, bool) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var first domain.Token
+	found := false
+	for _, t := range q.waiting[provider] {
+		if !found || t.Expiry.Before(first.Expiry) {
+			first, found = t, true
+		}
+	}
+	if !found {
+		q.running[provider] = false
+		return first, false
+	}
+	delete(q.waiting[provider], first.Connection)
+	return first, true
+}
+
+// hold queues t's refresh, which the spent budget held back, and starts
+// its provider's goroutine if it is not running.
+func (u *RefreshTokenUseCase) hold(t domain.Token) {
+	if u.queued.push(t) {
+		go u.drainQueue(t.Provider)
+	}
+}
+
+// drainQueue refreshes provider's queued tokens, soonest expiry first, as
+// the budget allows: it waits while the budget is known spent, then claims
+// (at most queuedLimit at once). A refresh the budget refused again is
+// queued again; one that failed otherwise is left to the next caller.
+func (u *RefreshTokenUseCase) drainQueue(provider string) {
+	sem := make(chan struct{}, queuedLimit)
+	for {
+		if w := u.budgets.wait(provider, u.opts.Clock.Now()); w > 0 {
+			time.Sleep(w)
+			continue
+		}
+		t, ok := u.queued.pop(provider)
+		if !ok {
+			return
+		}
+		if !usable(t, u.opts.Clock.Now()) || !u.stale(t) {
+			continue // expired: its callers wait for the budget themselves
+		}
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem }()
+			ctx, cancel := context.WithTimeout(context.Background(), u.opts.LockWait+u.opts.AnswerDeadline)
+			defer cancel()
+			out, err := u.refresh(ctx, t.Connection, false, u.stale, t)
+			if err == nil && out.Version == t.Version && u.budgets.wait(provider, u.opts.Clock.Now()) > 0 && usable(out, u.opts.Clock.Now()) {
+				u.hold(out)
+			}
+		}()
+	}
+}

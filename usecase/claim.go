@@ -58,6 +58,8 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			err := budgetSpent(w)
 			if !usable(t, u.opts.Clock.Now()) {
 				err = u.awaitBudget(ctx, w, asked, woken)
+			} else if !forced {
+				u.hold(t)
 			}
 			unwatch()
 			if err != nil {
@@ -85,6 +87,8 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			c.current = cl.Token
 			if err = budgetSpent(cl.BudgetWait); !usable(cl.Token, u.opts.Clock.Now()) {
 				err = u.awaitBudget(ctx, cl.BudgetWait, asked, woken)
+			} else if !forced {
+				u.hold(cl.Token)
 			}
 		case cl.Lease.Running && !u.overdue(cl.Lease):
 			err = u.awaitLease(ctx, asked, woken)

@@ -30,6 +30,7 @@ type RefreshTokenUseCase struct {
 	forced     throttle    // connection -> last forced refresh
 	errorLines throttle    // connection -> last ERROR line about the client
 	budgets    budgets     // per provider: until when its token budget was found spent
+	queued     queue       // per provider: the refreshes its spent budget holds back
 }
 
 // NewRefreshTokenUseCase builds the use case.

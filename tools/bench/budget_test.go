@@ -72,6 +72,8 @@ type budgetRun struct {
 	Refreshed int           // connections refreshed by the end
 	AllIn     time.Duration // from the tokens turning stale until the last was refreshed (0: not all)
 	MaxWindow int           // the most successful refreshes the sandbox saw in any window of the period
+	First     time.Duration // from the tokens turning stale until the sandbox's first refresh
+	PerSecond []int         // the sandbox's refreshes in each second from then
 }
 
 // TestBudgetChild is a process of the fleet: it does nothing unless run
@@ -259,7 +261,18 @@ func (f *budgetFleet) run(tb testing.TB, procs int, rate string, sandboxRate int
 		}
 	}
 	res.Refusals = f.w.Provider.Stats().RateLimited
-	res.MaxWindow = maxInWindow(f.w.Provider.Timeline().Refreshes, window)
+	recs := f.w.Provider.Timeline().Refreshes
+	res.MaxWindow = maxInWindow(recs, window)
+	if len(recs) > 0 {
+		res.First = recs[0].At.Sub(t0)
+		for _, r := range recs {
+			s := int(r.At.Sub(recs[0].At) / time.Second)
+			for len(res.PerSecond) <= s {
+				res.PerSecond = append(res.PerSecond, 0)
+			}
+			res.PerSecond[s]++
+		}
+	}
 	return res
 }
 
