@@ -80,8 +80,10 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 // lease is taken only with a debit of the provider's budget row, in the
 // same statement: a refresh within budget costs no extra round trip.
 // budget_wait_ms says, when the budget refused, how long until it may
-// not. $10: the claim is the sweep's, which spends only what a reserve for
-// callers leaves (budgetSQL).
+// not, as far as the statement's snapshot shows (a row that another claim
+// created after it began is not in it: then 1 ms). $10: the claim is the
+// sweep's, which spends only what a reserve for callers leaves
+// (budgetSQL).
 var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
 ` + budgetSQL + `,
 took AS (
@@ -97,7 +99,7 @@ SELECT cur.*, (SELECT holder FROM took) AS took,
             coalesce((SELECT s FROM unnest(b.spent) s WHERE s > clock_timestamp() - rate.win
                       ORDER BY s DESC OFFSET rate.allowed - 1 LIMIT 1) + rate.win, clock_timestamp())
           ) - clock_timestamp()) * 1000))::bigint
-        FROM rate JOIN tokenguard_token_budgets b ON b.provider = rate.key
+        FROM rate LEFT JOIN tokenguard_token_budgets b ON b.provider = rate.key
         WHERE rate.lim > 0 AND NOT EXISTS (SELECT FROM budget)) AS budget_wait_ms
 FROM cur`
 

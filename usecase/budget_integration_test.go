@@ -64,3 +64,34 @@ func TestTokenBudget429ShrinksIt(t *testing.T) {
 		w.Provider.SetTokenRate(0)
 	}
 }
+
+// The proactive sweep spends only what callers leave: of a budget of 4 a
+// minute it takes 3 and skips the rest; the fourth is a caller's.
+func TestTokenBudgetSweepLeavesCallersTheirReserve(t *testing.T) {
+	w := testworld.New(t, time.Hour)
+	s := w.Stack(t, usecase.Options{})
+	names := w.ConnectMany(t, s, 6)
+	if err := s.DB.Exec(`UPDATE tokenguard_tokens SET expiry = now() + interval '1 minute', obtained_at = now() - interval '1 hour'`).Error; err != nil {
+		t.Fatal(err)
+	}
+	repo := repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{})
+	repo.SetTokenRate(domain.TokenRate{Limit: 4, Period: time.Minute})
+	uc, err := usecase.NewRefreshTokenUseCase(repo, provider.Only(provider.NewRefresher(w.OAuth, provider.NewHTTPClient(5*time.Second))),
+		usecase.Options{Skew: 2 * time.Minute})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := uc.RefreshAhead(context.Background(), repo, 5*time.Minute, 1)
+	if err != nil || rep.Refreshed != 3 || rep.Skipped != 3 {
+		t.Fatalf("sweep: %+v, %v; want 3 refreshed and 3 skipped", rep, err)
+	}
+	refreshed := w.Provider.Stats().Refreshes
+	for _, name := range names {
+		if _, err := uc.Token(context.Background(), name); err != nil {
+			t.Errorf("%s: %v (still valid)", name, err)
+		}
+	}
+	if got := w.Provider.Stats().Refreshes - refreshed; got != 1 {
+		t.Errorf("callers after the sweep got %d refreshes, want the 1 the sweep left", got)
+	}
+}
