@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net/http"
 	"sync"
 	"time"
 
@@ -70,7 +69,7 @@ func (u *RefreshTokenUseCase) awaitBudget(ctx context.Context, wait time.Duratio
 // alone.
 func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, err error) {
 	var pe *domain.ProviderError
-	if !errors.As(err, &pe) || pe.HTTPStatus != http.StatusTooManyRequests || pe.RetryAfter <= 0 {
+	if !errors.As(err, &pe) || pe.HTTPStatus != 429 || pe.RetryAfter <= 0 {
 		return
 	}
 	s, ok := u.store.(BudgetShrinker)
