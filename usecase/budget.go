@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"container/heap"
 	"context"
 	"errors"
 	"fmt"
@@ -97,24 +98,53 @@ const queuedLimit = 4
 // the fleet's refreshes wait in expiry order whoever calls meanwhile.
 type queue struct {
 	mu      sync.Mutex
-	waiting map[string]map[string]domain.Token // provider -> connection -> token as last seen
-	running map[string]bool                    // provider -> its goroutine runs
+	waiting map[string]*byExpiry // provider -> its held-back refreshes
+	running map[string]bool      // provider -> its goroutine runs
 }
 
-// push queues t's refresh, and reports whether the provider's goroutine
-// must be started.
+// byExpiry is a heap of tokens, soonest expiry first, one per connection.
+type byExpiry struct {
+	toks []domain.Token
+	at   map[string]int // connection -> index in toks
+}
+
+func (h *byExpiry) Len() int           { return len(h.toks) }
+func (h *byExpiry) Less(i, j int) bool { return h.toks[i].Expiry.Before(h.toks[j].Expiry) }
+func (h *byExpiry) Swap(i, j int) {
+	h.toks[i], h.toks[j] = h.toks[j], h.toks[i]
+	h.at[h.toks[i].Connection], h.at[h.toks[j].Connection] = i, j
+}
+func (h *byExpiry) Push(x any) {
+	t := x.(domain.Token)
+	h.at[t.Connection] = len(h.toks)
+	h.toks = append(h.toks, t)
+}
+func (h *byExpiry) Pop() any {
+	t := h.toks[len(h.toks)-1]
+	h.toks = h.toks[:len(h.toks)-1]
+	delete(h.at, t.Connection)
+	return t
+}
+
+// push queues t's refresh (once per connection: the last seen token
+// wins), and reports whether the provider's goroutine must be started.
 func (q *queue) push(t domain.Token) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.waiting == nil {
-		q.waiting, q.running = map[string]map[string]domain.Token{}, map[string]bool{}
+		q.waiting, q.running = map[string]*byExpiry{}, map[string]bool{}
 	}
-	w := q.waiting[t.Provider]
-	if w == nil {
-		w = map[string]domain.Token{}
-		q.waiting[t.Provider] = w
+	h := q.waiting[t.Provider]
+	if h == nil {
+		h = &byExpiry{at: map[string]int{}}
+		q.waiting[t.Provider] = h
 	}
-	w[t.Connection] = t
+	if i, ok := h.at[t.Connection]; ok {
+		h.toks[i] = t
+		heap.Fix(h, i)
+	} else {
+		heap.Push(h, t)
+	}
 	start := !q.running[t.Provider]
 	q.running[t.Provider] = true
 	return start
@@ -125,19 +155,12 @@ func (q *queue) push(t domain.Token) bool {
 func (q *queue) pop(provider string) (domain.Token, bool) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var first domain.Token
-	found := false
-	for _, t := range q.waiting[provider] {
-		if !found || t.Expiry.Before(first.Expiry) {
-			first, found = t, true
-		}
+	h := q.waiting[provider]
+	if h == nil || h.Len() == 0 {
+		delete(q.running, provider)
+		return domain.Token{}, false
 	}
-	if !found {
-		q.running[provider] = false
-		return first, false
-	}
-	delete(q.waiting[provider], first.Connection)
-	return first, true
+	return heap.Pop(h).(domain.Token), true
 }
 
 // hold queues t's refresh, which the spent budget held back, and starts
