@@ -64,19 +64,40 @@ type budgetChild struct {
 type budgetCalls struct {
 	Calls, Failed int
 	FirstError    string
+	ErrorLines    int // logged at ERROR
+}
+
+// countingHandler counts the records it passes on.
+type countingHandler struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (h countingHandler) Handle(ctx context.Context, r slog.Record) error {
+	h.n.Add(1)
+	return h.Handler.Handle(ctx, r)
+}
+
+func (h countingHandler) WithAttrs(as []slog.Attr) slog.Handler {
+	return countingHandler{h.Handler.WithAttrs(as), h.n}
+}
+
+func (h countingHandler) WithGroup(name string) slog.Handler {
+	return countingHandler{h.Handler.WithGroup(name), h.n}
 }
 
 // budgetRun is what one run of the fleet measured.
 type budgetRun struct {
-	Refusals  int64         // 429s the sandbox answered
-	Calls     int           // Token calls, every process
-	Failed    int           // of them failed (every token was still valid)
-	FirstErr  string        // the first failure, as a child saw it
-	Refreshed int           // connections refreshed by the end
-	AllIn     time.Duration // from the tokens turning stale until the last was refreshed (0: not all)
-	MaxWindow int           // the most token requests that arrived at the sandbox in any window of the period
-	First     time.Duration // from the tokens turning stale until the sandbox's first refresh
-	PerSecond []int         // the sandbox's refreshes in each second from then
+	Refusals   int64         // 429s the sandbox answered
+	Calls      int           // Token calls, every process
+	Failed     int           // of them failed (every token was still valid)
+	FirstErr   string        // the first failure, as a child saw it
+	ErrorLines int           // logged at ERROR by the processes
+	Refreshed  int           // connections refreshed by the end
+	AllIn      time.Duration // from the tokens turning stale until the last was refreshed (0: not all)
+	MaxWindow  int           // the most token requests that arrived at the sandbox in any window of the period
+	First      time.Duration // from the tokens turning stale until the sandbox's first refresh
+	PerSecond  []int         // the sandbox's refreshes in each second from then
 }
 
 // TestBudgetChild is a process of the fleet: it does nothing unless run
@@ -100,8 +121,9 @@ func TestBudgetChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer func() { _ = postgres.Close(db) }()
+	var errorLines atomic.Int64
 	opts := []tokenguard.Option{tokenguard.WithSkew(budgetSkew), tokenguard.WithLockWait(15 * time.Second),
-		tokenguard.WithLogger(slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError})))}
+		tokenguard.WithLogger(slog.New(countingHandler{slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}), &errorLines}))}
 	if c.Rate != "" {
 		opts = append(opts, tokenguard.WithTokenRate(c.Rate))
 	}
@@ -146,7 +168,7 @@ func TestBudgetChild(t *testing.T) {
 	_, _ = io.Copy(io.Discard, in) // until the parent closes stdin
 	stop.Store(true)
 	wg.Wait()
-	out, _ := json.Marshal(budgetCalls{Calls: int(calls.Load()), Failed: int(failed.Load()), FirstError: first})
+	out, _ := json.Marshal(budgetCalls{Calls: int(calls.Load()), Failed: int(failed.Load()), FirstError: first, ErrorLines: int(errorLines.Load())})
 	fmt.Println("RESULT " + string(out))
 }
 
@@ -287,6 +309,7 @@ func (f *budgetFleet) run(tb testing.TB, procs int, rate string, sandboxRate int
 		}
 		res.Calls += calls.Calls
 		res.Failed += calls.Failed
+		res.ErrorLines += calls.ErrorLines
 		if res.FirstErr == "" {
 			res.FirstErr = calls.FirstError
 		}
@@ -342,9 +365,9 @@ func TestTokenBudgetFleet(t *testing.T) {
 	f := newBudgetFleet(t, conns)
 	got := f.run(t, 3, "10/1s", rate, time.Second, 30*time.Second)
 	t.Logf("budget 10/1s: %+v", got)
-	if got.Refusals != 0 || got.MaxWindow > rate || got.Failed != 0 || got.Refreshed != conns || got.Calls == 0 {
-		t.Errorf("with the budget: %d refusals, at most %d token requests in a second (budget %d), %d of %d calls failed (%s), %d of %d refreshed",
-			got.Refusals, got.MaxWindow, rate, got.Failed, got.Calls, got.FirstErr, got.Refreshed, conns)
+	if got.Refusals != 0 || got.MaxWindow > rate || got.Failed != 0 || got.Refreshed != conns || got.Calls == 0 || got.ErrorLines != 0 {
+		t.Errorf("with the budget: %d refusals, at most %d token requests in a second (budget %d), %d of %d calls failed (%s), %d of %d refreshed, %d ERROR lines",
+			got.Refusals, got.MaxWindow, rate, got.Failed, got.Calls, got.FirstErr, got.Refreshed, conns, got.ErrorLines)
 	}
 	control := f.run(t, 3, "", rate, time.Second, 30*time.Second)
 	t.Logf("control, no budget: %+v", control)
