@@ -113,6 +113,7 @@ bench:
 	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkMassExpiry$$' -benchtime $(MASS_EXPIRIES)x -timeout 10m ./bench/) | tee -a bench.out
 	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkRefreshStorm$$' -benchtime $(STORMS)x -count $(STORM_BATCHES) -timeout 30m ./bench/) | tee -a bench.out
 	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkRefreshStormStandby$$' -benchtime $(STANDBY_STORMS)x -count $(STANDBY_BATCHES) -timeout 10m ./bench/) | tee -a bench.out
+	(cd $(TOOLS) && $(GO) test -run '^$$' -bench '^BenchmarkTokenBudget$$' -benchtime 1x -timeout 10m ./bench/) | tee -a bench.out
 	$(GO) test -run '^$$' -bench 'AtRate$$|ConnectionsListing$$' -count 3 -timeout 15m ./infra/httpapi/ | tee -a bench.out
 	cd $(TOOLS) && $(GO) run ./cmd/benchreport < ../bench.out
 

@@ -56,6 +56,12 @@ var (
 	// ErrInvalidSyncCommit: WithSyncCommit's level is not off, local,
 	// remote_write, on or remote_apply.
 	ErrInvalidSyncCommit = domain.ErrInvalidSyncCommit
+	// ErrInvalidTokenRate: WithTokenRate's budget is not N/PERIOD.
+	ErrInvalidTokenRate = domain.ErrInvalidTokenRate
+	// ErrTokenBudgetSpent: the provider's token budget (WithTokenRate) is
+	// spent, and the token expired before it allowed the refresh (with
+	// ErrLockTimeout), or a forced refresh had to wait for it.
+	ErrTokenBudgetSpent = domain.ErrTokenBudgetSpent
 	// ErrSchemaNotFound: the pool's search_path names a schema that does
 	// not exist (the message names it). tokenguard's tables never fall
 	// through to another schema of the path.

@@ -38,6 +38,7 @@ type options struct {
 	clientKey                      crypto.Signer
 	resource                       string
 	par                            domain.PARMode
+	tokenRate                      string // the configuration's provider's token budget, N/PERIOD
 }
 
 // userInfo is where Complete asks which account consented.
@@ -150,3 +151,14 @@ func WithSyncCommit(level string) Option { return func(o *options) { o.syncCommi
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
 }
+
+// WithTokenRate sets a token budget for the provider of cfg that every
+// process of the deployment respects together: at most N token requests
+// in any PERIOD ("20/1s", "100/1m", "10/10m"; OAUTH_TOKEN_RATE for the
+// bundled apps). Each process must be given the same. Refreshes beyond it
+// wait, in expiry order, while still-valid tokens are served; the
+// proactive sweep spends only what callers leave; a 429 with Retry-After
+// spends the rest of the budget for that long. New fails with an error
+// wrapping ErrInvalidTokenRate when rate is malformed. Stored providers
+// carry their own (tokenctl provider add/update --token-rate).
+func WithTokenRate(rate string) Option { return func(o *options) { o.tokenRate = rate } }

@@ -186,6 +186,11 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
 	}
 	repo.SetDurability(durability)
+	envRate, err := domain.ParseTokenRate(o.tokenRate)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: WithTokenRate: %w", err)
+	}
+	repo.SetTokenRate(envRate)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -247,9 +252,14 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	// The token endpoint's requests show in the refresh's trace.
 	hc = tracing.Client(hc, o.tracerProvider)
 	t.discovery = provider.NewDiscovery(hc)
-	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, extra ...provider.Option) provider.GrantRefresher {
+	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, rate domain.TokenRate, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.log)
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
+		if !rate.IsZero() {
+			// Every token request is debited from the budget by the
+			// claim that precedes it: none is sent again within a call.
+			pol.MaxAttempts = 1
+		}
 		return provider.NewRetrying(provider.NewRefresher(cfg, hc, append([]provider.Option{
 			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
 			provider.WithEvidence(repository.NewRefusalEvidence(rdb), provider.AllEvidence),
@@ -271,7 +281,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	}
 	// cfg serves the connections that name no provider; the stored
 	// providers (tokenctl provider add) those that name one.
-	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof, envAuth...), repository.NewProviderRepository(rdb, sealer),
+	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof, envRate, envAuth...), repository.NewProviderRepository(rdb, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {
@@ -279,7 +289,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 				o.log.Warn("tokenguard: a stored provider names a profile this release does not know; the generic behaviour applies",
 					slog.String("provider", p.Name), slog.String("profile", p.Profile))
 			}
-			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp, t.storedAuth(p, pp)...)
+			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp, p.TokenRate, t.storedAuth(p, pp)...)
 		}, o.log)
 	t.providers.SetProfile(prof)
 	if err := t.providers.Load(ctx); err != nil {

@@ -104,6 +104,9 @@ type OAuthConfig struct {
 	// PAR says when the connect flow pushes its authorization request
 	// (see tokenguard.WithPAR): auto, always or never.
 	PAR string `env:"PAR" envDefault:"auto"`
+	// TokenRate is the provider's token budget, N/PERIOD (see
+	// tokenguard.WithTokenRate).
+	TokenRate string `env:"TOKEN_RATE"`
 
 	params map[string]string // ProfileParams, parsed
 }
@@ -281,6 +284,9 @@ func (c Config) validate() error {
 	}
 	if _, err := c.OAuth.authStyle(); err != nil {
 		return err
+	}
+	if _, err := domain.ParseTokenRate(c.OAuth.TokenRate); err != nil {
+		return fmt.Errorf("OAUTH_TOKEN_RATE: %w", err)
 	}
 	if _, err := c.OAuth.clientKey(); err != nil {
 		return err

@@ -108,6 +108,9 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if cfg.OAuth.PAR != "" {
 		opts = append(opts, tokenguard.WithPAR(tokenguard.PARMode(cfg.OAuth.PAR)))
 	}
+	if cfg.OAuth.TokenRate != "" {
+		opts = append(opts, tokenguard.WithTokenRate(cfg.OAuth.TokenRate))
+	}
 	if key, err := cfg.OAuth.clientKey(); err != nil {
 		return nil, nil, err
 	} else if key != nil {

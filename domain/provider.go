@@ -46,6 +46,9 @@ type Provider struct {
 	// ClientKey is the PEM private key (EC P-256 or RSA) of
 	// AuthStyle private_key_jwt; sealed at rest like ClientSecret.
 	ClientKey Secret
+	// TokenRate is the token-request budget every process of the
+	// deployment respects together (zero: none).
+	TokenRate TokenRate
 }
 
 // AuthStyle is how the client authenticates at the token endpoint.
@@ -132,6 +135,9 @@ func (p Provider) Validate() error {
 	}
 	if p.Skew < 0 || p.DefaultLifetime < 0 || p.KeepAlive < 0 {
 		return fmt.Errorf("%w: skew, default lifetime and keep-alive must not be negative", ErrInvalidProvider)
+	}
+	if err := p.TokenRate.Validate(); err != nil {
+		return fmt.Errorf("%w: %w", ErrInvalidProvider, err)
 	}
 	return nil
 }

@@ -84,12 +84,14 @@ type providerRow struct {
 	Resource          string
 	Par               string
 	ClientKey         sql.NullString
+	TokenRateLimit    sql.NullInt64
+	TokenRatePeriodMs sql.NullInt64
 }
 
 const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at,
-       coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key
+       coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms
 FROM tokenguard_providers`
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
@@ -126,7 +128,22 @@ func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 		Resource:        r.Resource,
 		PAR:             domain.PARMode(r.Par),
 		ClientKey:       key,
+		TokenRate:       tokenRate(r.TokenRateLimit, r.TokenRatePeriodMs),
 	}, nil
+}
+
+// tokenRate reads a stored token budget; NULL is none.
+func tokenRate(limit, periodMs sql.NullInt64) domain.TokenRate {
+	if !limit.Valid || !periodMs.Valid {
+		return domain.TokenRate{}
+	}
+	return domain.TokenRate{Limit: int(limit.Int64), Period: time.Duration(periodMs.Int64) * time.Millisecond}
+}
+
+// nullTokenRate stores a token budget; the zero TokenRate is NULL.
+func nullTokenRate(r domain.TokenRate) (limit, periodMs sql.NullInt64) {
+	ok := !r.IsZero()
+	return sql.NullInt64{Int64: int64(r.Limit), Valid: ok}, sql.NullInt64{Int64: r.Period.Milliseconds(), Valid: ok}
 }
 
 func millis(v sql.NullInt64) time.Duration {
@@ -157,22 +174,23 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 		return domain.Provider{}, err
 	}
 	var rows []providerRow
+	rateLimit, ratePeriod := nullTokenRate(p.TokenRate)
 	err = r.db.WithContext(ctx).Raw(`WITH p AS (
     INSERT INTO tokenguard_providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
                            auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop,
-                           resource, par, client_key)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?)
+                           resource, par, client_key, token_rate_limit, token_rate_period_ms)
+    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
     ON CONFLICT (name) DO NOTHING
     RETURNING *
 )
 SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at, coalesce(dpop, false) AS dpop,
-       coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key FROM p`,
+       coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms FROM p`,
 		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
 		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
 		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile, p.DPoP,
-		p.Resource, string(p.PAR), key).Find(&rows).Error
+		p.Resource, string(p.PAR), key, rateLimit, ratePeriod).Find(&rows).Error
 	if err != nil {
 		return domain.Provider{}, storeError(ctx, "add provider", err)
 	}
@@ -221,6 +239,11 @@ WHERE name = ?`,
 			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, next.DPoP,
 			next.Resource, string(next.PAR), key, name)
 		if res.Error != nil {
+			return storeError(ctx, "update provider", res.Error)
+		}
+		rateLimit, ratePeriod := nullTokenRate(next.TokenRate)
+		if res := tx.Exec(`UPDATE tokenguard_providers SET token_rate_limit = ?, token_rate_period_ms = ? WHERE name = ?`,
+			rateLimit, ratePeriod, name); res.Error != nil {
 			return storeError(ctx, "update provider", res.Error)
 		}
 		out, err = getProvider(ctx, tx, r.sealer, name, "")

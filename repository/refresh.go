@@ -30,7 +30,8 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	holder := newHolder()
 	err := r.inLock(ctx, seen.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		err := tx.Raw(claimSQL, seen.Connection, seen.Version, holder, (max(answerWithin, 0) + leaseTerm).Milliseconds(),
-			restartGrace.Milliseconds(), seen.Failure.Failures, string(domain.StatusActive)).Find(&rows).Error
+			restartGrace.Milliseconds(), seen.Failure.Failures, string(domain.StatusActive),
+			r.tokenRate.Limit, r.tokenRate.Period.Milliseconds(), usecase.SpareBudgetOnly(ctx)).Find(&rows).Error
 		if err != nil {
 			return storeError(ctx, "claim refresh of "+seen.Connection, err)
 		}
@@ -48,6 +49,9 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	row := rows[0].Read
 	r.ids.put(&row.Token)
 	c.Lease = usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
+	if w := rows[0].BudgetWaitMs; w != nil && rows[0].Took == nil {
+		c.BudgetWait = max(time.Duration(*w)*time.Millisecond, time.Millisecond)
+	}
 	if row.LeaseAgeMs != nil {
 		c.Lease.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond
 	}
@@ -70,19 +74,90 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 // ms), if the token is still at it with $6 failures on record, $7
 // (active), and no other holder's request for it unresolved; took is the
 // lease's holder afterwards, NULL when none was asked for.
+//
+// Where the token's provider has a token budget (its stored
+// token_rate_*, or for the OAUTH_* provider $8 requests in $9 ms), the
+// lease is taken only with a debit of the provider's budget row, in the
+// same statement: a refresh within budget costs no extra round trip.
+// budget_wait_ms says, when the budget refused, how long until it may
+// not, as far as the statement's snapshot shows (a row that another claim
+// created after it began is not in it: then 1 ms). $10: the claim is the
+// sweep's, which spends only what a reserve for callers leaves
+// (budgetSQL).
 var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
+` + budgetSQL + `,
 took AS (
     INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
     SELECT cur.lock_key, cur.version, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM cur
     WHERE cur.version = $2 AND cur.failures = $6 AND cur.status = $7 AND NOT cur.leased AND NOT cur.abandoned
+      AND (NOT EXISTS (SELECT FROM rate WHERE rate.lim > 0) OR EXISTS (SELECT FROM budget))
     ` + leaseUpsert + `
 )
-SELECT cur.*, (SELECT holder FROM took) AS took FROM cur`
+SELECT cur.*, (SELECT holder FROM took) AS took,
+       (SELECT greatest(1, ceil(extract(epoch FROM greatest(
+            coalesce(b.shrunk_until, '-infinity'),
+            coalesce((SELECT s FROM unnest(b.spent) s WHERE s > clock_timestamp() - rate.win
+                      ORDER BY s DESC OFFSET rate.allowed - 1 LIMIT 1) + rate.win, clock_timestamp())
+          ) - clock_timestamp()) * 1000))::bigint
+        FROM rate LEFT JOIN tokenguard_token_budgets b ON b.provider = rate.key
+        WHERE rate.lim > 0 AND NOT EXISTS (SELECT FROM budget)) AS budget_wait_ms
+FROM cur`
+
+// budgetSQL are claimSQL's budget steps. rate is the claimable token's
+// provider's budget: lim requests in any window of win, of which the
+// claim may count allowed (the sweep leaves a quarter, at least one
+// request, to callers). The window is held a twentieth longer than the
+// period: the requests debited at its edges reach the provider with the
+// network's jitter, and a provider counting their arrival must not count
+// one more. budget debits it, or returns no row when it is spent (or
+// shrunk after a 429, ShrinkBudget). Concurrent claims of one provider
+// queue on its row for the rest of their (short) transactions.
+const budgetSQL = `rate AS (
+    SELECT cur.provider AS key, r.lim, r.per * interval '1.05 millisecond' AS win,
+           CASE WHEN $10::boolean THEN r.lim - least(r.lim - 1, (r.lim + 3) / 4) ELSE r.lim END AS allowed
+    FROM cur LEFT JOIN tokenguard_providers p ON p.name = cur.provider AND cur.provider <> '',
+         LATERAL (SELECT CASE WHEN cur.provider = '' THEN $8::integer ELSE coalesce(p.token_rate_limit, 0) END AS lim,
+                         CASE WHEN cur.provider = '' THEN $9::bigint ELSE coalesce(p.token_rate_period_ms, 0) END AS per) r
+    WHERE cur.version = $2 AND cur.failures = $6 AND cur.status = $7 AND NOT cur.leased AND NOT cur.abandoned
+),
+budget AS (
+    INSERT INTO tokenguard_token_budgets AS b (provider, spent)
+    SELECT rate.key, ARRAY[clock_timestamp()] FROM rate WHERE rate.lim > 0
+    ON CONFLICT (provider) DO UPDATE SET
+        spent = ARRAY(SELECT s FROM unnest(b.spent) s WHERE s > clock_timestamp() - (SELECT win FROM rate) ORDER BY s) || clock_timestamp()
+    WHERE (b.shrunk_until IS NULL OR b.shrunk_until <= clock_timestamp())
+      AND (SELECT count(*) FROM unnest(b.spent) s WHERE s > clock_timestamp() - (SELECT win FROM rate)) < (SELECT allowed FROM rate)
+    RETURNING true AS ok
+)`
 
 // claimRow is a row of claimSQL.
 type claimRow struct {
-	Read leasedTokenRow `gorm:"embedded"`
-	Took *string
+	Read         leasedTokenRow `gorm:"embedded"`
+	Took         *string
+	BudgetWaitMs *int64
+}
+
+// SetTokenRate sets the token budget of the provider of the OAUTH_*
+// environment (the zero TokenRate: none); stored providers carry their
+// own. Call it before the repository is used.
+func (r *TokenRepository) SetTokenRate(rate domain.TokenRate) { r.tokenRate = rate }
+
+// ShrinkBudget spends what is left of provider's token budget ("" is the
+// OAUTH_* provider's) for d from now, fleet-wide: the provider answered
+// 429 with Retry-After d. A provider without a budget row is left alone.
+func (r *TokenRepository) ShrinkBudget(ctx context.Context, provider string, d time.Duration) (bool, error) {
+	res := r.db.WithContext(ctx).Exec(`UPDATE tokenguard_token_budgets
+SET shrunk_until = greatest(coalesce(shrunk_until, '-infinity'), clock_timestamp() + ? * interval '1 millisecond')
+WHERE provider = ?`, max(d, 0).Milliseconds(), provider)
+	return res.RowsAffected > 0, storeError(ctx, "shrink the token budget of "+cmpProvider(provider), res.Error)
+}
+
+// cmpProvider names provider in messages.
+func cmpProvider(p string) string {
+	if p == "" {
+		return domain.ReservedProviderName
+	}
+	return p
 }
 
 // Store writes t over the stored token if the stored version is still

@@ -21,8 +21,9 @@ type TokenRepository struct {
 	// durability is the synchronous_commit level of the transactions that
 	// commit a lease or a token (SetDurability; nil: the server's setting).
 	durability *Durability
-	ids        *connIDs  // connection ids by name, for sealing
-	keys       *dpopKeys // opened DPoP keys
+	ids        *connIDs         // connection ids by name, for sealing
+	keys       *dpopKeys        // opened DPoP keys
+	tokenRate  domain.TokenRate // the OAUTH_* provider's token budget (SetTokenRate)
 }
 
 // NewTokenRepository binds the repository to a pool. Token values are

@@ -185,13 +185,16 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, t 
 		ev, busy = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider, Outcome: OutcomeSkippedFresh}, false
 		return sweepFresh, nil
 	}
+	if u.budgets.wait(t.Provider, u.opts.Clock.Now()) > 0 {
+		return sweepSkipped, nil // callers come first; the next pass tries again
+	}
 	err := u.mayPresent(ctx, t, false)
 	if err == nil {
 		err = u.slots.Acquire(ctx, 1)
 	}
 	var cl Claim
 	if err == nil {
-		lockCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
+		lockCtx, cancel := context.WithTimeout(SpareBudget(ctx), u.opts.LockWait)
 		cl, err = store.Claim(lockCtx, t, u.opts.AnswerDeadline)
 		cancel()
 		if cl.End == nil {
@@ -199,6 +202,8 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, t 
 		}
 	}
 	switch {
+	case err == nil && cl.BudgetWait > 0:
+		return sweepSkipped, nil // the budget's reserve is the callers'
 	case err == nil && cl.End == nil && (cl.Lease.Running || cl.Lease.Abandoned):
 		return sweepSkipped, nil
 	case err == nil && cl.End == nil:

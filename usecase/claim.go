@@ -62,6 +62,25 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		// Watched from before the claim: the announcement of the holder
 		// it may find is not missed.
 		woken, unwatch := u.announced.watch(connection)
+		if w := u.budgets.wait(t.Provider, u.opts.Clock.Now()); w > 0 {
+			// The provider's budget was found spent: a valid token is
+			// served, an expired one waits, without asking the store.
+			err := budgetSpent(w)
+			if !usable(t, u.opts.Clock.Now()) {
+				err = u.awaitBudget(ctx, w, asked, woken)
+			} else if !forced {
+				u.hold(t)
+			}
+			unwatch()
+			if err != nil {
+				return done(err)
+			}
+			c.other = true
+			if c.current, _, err = u.look(ctx, connection, asked, due, nil); err != nil {
+				return done(err)
+			}
+			continue
+		}
 		cl, err := u.claimWithSlot(ctx, t, asked, woken)
 		if cl.End != nil {
 			unwatch()
@@ -73,6 +92,14 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		case errors.Is(err, errAnnounced):
 			err = nil // another process stored the token while this one queued
 		case err != nil:
+		case cl.BudgetWait > 0:
+			u.budgets.spent(t.Provider, u.opts.Clock.Now().Add(cl.BudgetWait))
+			c.current = cl.Token
+			if err = budgetSpent(cl.BudgetWait); !usable(cl.Token, u.opts.Clock.Now()) {
+				err = u.awaitBudget(ctx, cl.BudgetWait, asked, woken)
+			} else if !forced {
+				u.hold(cl.Token)
+			}
 		case cl.Lease.Running && !u.overdue(cl.Lease):
 			err = u.awaitLease(ctx, asked, woken)
 		case cl.Lease.Running || cl.Lease.Abandoned:

@@ -43,6 +43,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	r.latency = time.Since(called)
 	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Outcome: providerOutcome(err)}, err)
 	cancel()
+	u.shrinkOn429(ctx, t.Provider, err)
 	// The slot bounds the calls at the provider: the next one may start
 	// while this answer is written.
 	c.release()

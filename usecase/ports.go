@@ -70,6 +70,35 @@ type Claim struct {
 	// understood, the provider unavailable), before End(true) or Fail
 	// ends the lease: the history row of that end says it. Nil otherwise.
 	Why func(reason string)
+	// BudgetWait: no lease was taken because the provider's token budget
+	// is spent; it may allow a request after this long.
+	BudgetWait time.Duration
+}
+
+// spareBudgetKey marks a context whose claims are the proactive sweep's.
+type spareBudgetKey struct{}
+
+// SpareBudget marks ctx's claims as the proactive sweep's: a provider's
+// token budget lets them spend only what it keeps beyond a reserve for
+// callers.
+func SpareBudget(ctx context.Context) context.Context {
+	return context.WithValue(ctx, spareBudgetKey{}, true)
+}
+
+// SpareBudgetOnly reports whether the claims made under ctx are the
+// proactive sweep's, which leave a reserve of the provider's token budget
+// to callers (TokenStore.Claim).
+func SpareBudgetOnly(ctx context.Context) bool {
+	v, _ := ctx.Value(spareBudgetKey{}).(bool)
+	return v
+}
+
+// BudgetShrinker is a TokenStore whose token budgets a provider's 429
+// with Retry-After shrinks, fleet-wide.
+type BudgetShrinker interface {
+	// ShrinkBudget spends provider's budget for d from now, and reports
+	// whether provider has one.
+	ShrinkBudget(ctx context.Context, provider string, d time.Duration) (bool, error)
 }
 
 // LockedStore is the store bound to a transaction that holds a

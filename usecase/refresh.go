@@ -29,6 +29,8 @@ type RefreshTokenUseCase struct {
 	hung       clientGates // per provider: pauses its calls after one went unanswered past RefreshTimeout
 	forced     throttle    // connection -> last forced refresh
 	errorLines throttle    // connection -> last ERROR line about the client
+	budgets    budgets     // per provider: until when its token budget was found spent
+	queued     queue       // per provider: the refreshes its spent budget holds back
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -160,6 +162,12 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
+	if cached != nil && t.Version == cached.tok.Version && t.Status == cached.tok.Status && t.Failure.Failures == cached.tok.Failure.Failures {
+		// The cached token itself, served still valid (a spent token
+		// budget refuses without a read): cached already, and not read
+		// after epoch, so no evidence of what the store holds.
+		return t, nil
+	}
 	u.cache.put(t, epoch, u.skewOf(t))
 	return t, nil
 }
@@ -280,7 +288,8 @@ func clientSide(err error) bool {
 // untouched reports whether err left the grant and the stored token as
 // they were, so that a still-valid access token may be served through it.
 func untouched(err error) bool {
-	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) || clientSide(err)
+	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) ||
+		errors.Is(err, domain.ErrTokenBudgetSpent) || clientSide(err)
 }
 
 // clientFailed closes the client gate of t's provider and tells

@@ -41,7 +41,8 @@ settings:
   --auth-style private_key_jwt --client-key-file PATH   authenticate with assertions signed by the PEM
            private key in PATH (EC P-256 or RSA; sealed at rest; no client secret on stdin)
   --par auto|always|never   push the connect flow's authorization request (RFC 9126): auto when the
-           provider's metadata or profile requires it`
+           provider's metadata or profile requires it
+  --token-rate N/PERIOD   at most N token requests in any PERIOD, fleet-wide (e.g. 100/1m; none: no budget)`
 
 // ProviderBackend is the Backend of a tokenctl that manages providers.
 type ProviderBackend interface {
@@ -107,6 +108,7 @@ type providerFlags struct {
 	dpop                                                                            bool
 	resource, par, clientKeyFile                                                    string
 	clientKey                                                                       domain.Secret // read from clientKeyFile
+	tokenRate                                                                       string
 }
 
 // paramFlags are repeated --param k=v.
@@ -131,6 +133,7 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
 	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
 	fs.BoolVar(&f.dpop, "dpop", false, "the provider requires DPoP (RFC 9449): each connection's grant is bound to a key of its own, made at connect time")
+	fs.StringVar(&f.tokenRate, "token-rate", "", "a token budget every process respects together: at most N token requests in any PERIOD (`N/PERIOD`, e.g. 20/1s, 100/1m, 10/10m; none: no budget)")
 	if update {
 		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
 	} else {
@@ -192,6 +195,16 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 		p.ClientKey = f.clientKey
 	case set["auth-style"] && p.AuthStyle != domain.AuthStylePrivateKeyJWT:
 		p.ClientKey = domain.Secret{} // another style needs no key
+	}
+	if set["token-rate"] {
+		rate, err := domain.TokenRate{}, error(nil)
+		if f.tokenRate != "none" {
+			rate, err = domain.ParseTokenRate(f.tokenRate)
+		}
+		if err != nil {
+			return fmt.Errorf("%w: --token-rate: %w", domain.ErrInvalidProvider, err)
+		}
+		p.TokenRate = rate
 	}
 	if secret != nil {
 		p.ClientSecret = *secret

@@ -141,6 +141,7 @@ var classes = []struct {
 	err  error
 	name string
 }{
+	{domain.ErrTokenBudgetSpent, "token_budget_spent"},
 	{domain.ErrLockTimeout, "lock_timeout"},
 	{domain.ErrNeedsReauth, "needs_reauth"},
 	{domain.ErrNotFound, "not_found"},

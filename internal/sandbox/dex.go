@@ -30,7 +30,7 @@ func Dex(opts Options) Options {
 // limited answers 429 with Retry-After: 1 when the token endpoint is over
 // Options.TokenRate, and reports whether it did.
 func (p *Provider) limited(w http.ResponseWriter) bool {
-	if p.limiter == nil || p.limiter.Allow() {
+	if l := p.limiter.Load(); l == nil || l.Allow() {
 		return false
 	}
 	p.stats.rateLimited.Add(1)

@@ -269,7 +269,7 @@ type Provider struct {
 	revoking   sync.RWMutex
 	grantLocks keyedLocks
 
-	limiter *rate.Limiter // Options.TokenRate; nil: none
+	limiter atomic.Pointer[rate.Limiter] // Options.TokenRate (SetTokenRate); nil: none
 
 	dpop dpopState // the grants bound to a DPoP key (dpop.go)
 
@@ -385,9 +385,7 @@ func New(opts Options) (*Provider, error) {
 	if opts.RefreshScopes != nil {
 		p.refreshScopes = append([]string{}, opts.RefreshScopes...)
 	}
-	if opts.TokenRate > 0 {
-		p.limiter = rate.NewLimiter(rate.Limit(opts.TokenRate), opts.TokenRate)
-	}
+	p.SetTokenRate(opts.TokenRate)
 	p.SetRefreshLatency(opts.RefreshLatency)
 	p.SetRefreshFault(opts.RefreshFault)
 	p.stats.reset()
@@ -532,4 +530,14 @@ func (k *keyedLocks) lock(key string) (unlock func()) {
 		}
 		k.mu.Unlock()
 	}
+}
+
+// SetTokenRate limits the token endpoint to n requests a second from now
+// on, as Options.TokenRate does, its bucket full (0: no limit).
+func (p *Provider) SetTokenRate(n int) {
+	if n <= 0 {
+		p.limiter.Store(nil)
+		return
+	}
+	p.limiter.Store(rate.NewLimiter(rate.Limit(n), n))
 }

@@ -85,6 +85,8 @@ const (
 	storm      = "RefreshStorm"
 	standby    = "RefreshStormStandby"
 	massExpiry = "MassExpiry"
+	// tokenBudget is the fleet sharing a provider's token budget.
+	tokenBudget = "TokenBudget"
 	// connTimeBound is the most database connection time a refresh may
 	// cost, whatever the provider's latency.
 	connTimeBound = 5.0 // ms
@@ -262,6 +264,19 @@ func (r Results) Checks() []Check {
 	backends, ok1 := r.get(massExpiry, "backends-peak")
 	bound, ok2 := r.get(massExpiry, "backends-bound")
 	add("mass expiry: peak Postgres backends (3 x 4 pool + 3 listeners)", fmt.Sprintf("<= %.0f", bound), ok1 && ok2, backends, "%.0f", backends <= bound)
+
+	budgetRefusals, ok := r.get(tokenBudget, "refusals/op")
+	add("token budget 20/1s (300 connections stale at once, 3 processes): provider refusals", "0", ok, budgetRefusals, "%.0f", budgetRefusals == 0)
+	budgetFailed, ok := r.get(tokenBudget, "failed/op")
+	add("token budget: failed calls (every token still valid)", "0", ok, budgetFailed, "%.0f", budgetFailed == 0)
+	budgetSecs, ok1 := r.get(tokenBudget, "seconds-to-refresh-all")
+	budgetWant, ok2 := r.get(tokenBudget, "target-seconds")
+	missBy(add("token budget: all 300 refreshed", fmt.Sprintf("<= %.1f s + 10%%", budgetWant), ok1 && ok2, budgetSecs, "%.1f s", budgetSecs <= 1.1*budgetWant),
+		"%.1f s", budgetSecs-1.1*budgetWant)
+	budgetWindow, ok := r.get(tokenBudget, "max-requests-in-a-second")
+	info("token budget: most token requests the provider saw in any second", ok, budgetWindow, "%.0f")
+	controlRefusals, ok := r.get(tokenBudget, "control-refusals/op")
+	add("token budget: control without the budget, provider refusals", "> 0", ok, controlRefusals, "%.0f", controlRefusals > 0)
 
 	rate, ok1 := r.get(sweep, "conns/s")
 	want, ok2 = r.get(sweep, "target-conns/s")

@@ -1,0 +1,88 @@
+package domain
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// TokenRate is a provider's token-request budget, shared by every process
+// of a deployment: at most Limit requests to its token endpoint in any
+// Period. The zero value is no budget.
+type TokenRate struct {
+	Limit  int
+	Period time.Duration
+}
+
+// IsZero reports whether r sets no budget.
+func (r TokenRate) IsZero() bool { return r.Limit == 0 }
+
+// String is r as ParseTokenRate reads it ("" for no budget).
+func (r TokenRate) String() string {
+	if r.IsZero() {
+		return ""
+	}
+	return strconv.Itoa(r.Limit) + "/" + shortDuration(r.Period)
+}
+
+// shortDuration writes d without the zero units time.Duration.String adds
+// (1m, not 1m0s).
+func shortDuration(d time.Duration) string {
+	s := d.String()
+	if strings.HasSuffix(s, "m0s") {
+		s = strings.TrimSuffix(s, "0s")
+	}
+	if strings.HasSuffix(s, "h0m") {
+		s = strings.TrimSuffix(s, "0m")
+	}
+	return s
+}
+
+// MaxTokenRateLimit bounds N in N/PERIOD: the budget keeps the time of
+// every request of the last period.
+const MaxTokenRateLimit = 10000
+
+// ErrInvalidTokenRate: a token budget is not N/PERIOD with 1 <= N <=
+// MaxTokenRateLimit and PERIOD a positive Go duration of at least a
+// millisecond.
+var ErrInvalidTokenRate = errors.New("invalid token rate (want N/PERIOD, e.g. 20/1s, 100/1m, 10/10m)")
+
+// ParseTokenRate reads N/PERIOD ("20/1s", "100/1m", "10/10m"); "" is no
+// budget.
+func ParseTokenRate(s string) (TokenRate, error) {
+	if s == "" {
+		return TokenRate{}, nil
+	}
+	n, p, ok := strings.Cut(strings.TrimSpace(s), "/")
+	if !ok {
+		return TokenRate{}, fmt.Errorf("%w: %q has no /", ErrInvalidTokenRate, s)
+	}
+	limit, err := strconv.Atoi(n)
+	if err != nil || limit < 1 || limit > MaxTokenRateLimit {
+		return TokenRate{}, fmt.Errorf("%w: %q: N must be a whole number from 1 to %d", ErrInvalidTokenRate, s, MaxTokenRateLimit)
+	}
+	period, err := time.ParseDuration(p)
+	if err != nil || period < time.Millisecond {
+		return TokenRate{}, fmt.Errorf("%w: %q: PERIOD must be a duration of at least 1ms", ErrInvalidTokenRate, s)
+	}
+	return TokenRate{Limit: limit, Period: period}, nil
+}
+
+// Validate checks r as ParseTokenRate would (the zero TokenRate is
+// valid: no budget).
+func (r TokenRate) Validate() error {
+	if r.IsZero() && r.Period == 0 {
+		return nil
+	}
+	if r.Limit < 1 || r.Limit > MaxTokenRateLimit || r.Period < time.Millisecond {
+		return fmt.Errorf("%w: %d/%v", ErrInvalidTokenRate, r.Limit, r.Period)
+	}
+	return nil
+}
+
+// ErrTokenBudgetSpent: the provider's token budget is spent for now; the
+// refresh was not attempted and no grant was touched. A caller whose token
+// is still valid is served it.
+var ErrTokenBudgetSpent = errors.New("the provider's token budget is spent for now")
