@@ -45,6 +45,9 @@ func TestProviderTokenRate(t *testing.T) {
 	if r := c.runIn("", "provider", "update", "--name", "zoho-x", "--skew", "5s"); r.code != 0 || rate() != (domain.TokenRate{Limit: 100, Period: time.Minute}) {
 		t.Errorf("an update without --token-rate changed it: %+v, %v", r, rate())
 	}
+	if r := c.runIn("", "provider", "list"); r.code != 0 || !strings.HasSuffix(strings.Split(strings.TrimSpace(r.stdout), "\n")[1], " 100/1m") {
+		t.Errorf("list does not end its row with the token rate: %+v", r)
+	}
 	if r := c.runIn("", "provider", "update", "--name", "zoho-x", "--token-rate", "none"); r.code != 0 || !rate().IsZero() {
 		t.Errorf("--token-rate none: %+v, %v", r, rate())
 	}

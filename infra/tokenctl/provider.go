@@ -444,15 +444,16 @@ func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail func
 		return s
 	}
 	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "NAME\tTOKEN URL\tCLIENT ID\tSECRET\tAUTH STYLE\tSCOPES\tSKEW\tDEFAULT LIFETIME\tKEEP-ALIVE\tAPI BASE URL\tREVOCATION URL\tCONNECTIONS\tVERSION\tUPDATED\tPROFILE")
+	fmt.Fprintln(tw, "NAME\tTOKEN URL\tCLIENT ID\tSECRET\tAUTH STYLE\tSCOPES\tSKEW\tDEFAULT LIFETIME\tKEEP-ALIVE\tAPI BASE URL\tREVOCATION URL\tCONNECTIONS\tVERSION\tUPDATED\tPROFILE\tDPOP\tRESOURCE\tPAR\tTOKEN RATE")
 	for _, p := range list {
 		secret := "none"
 		if !p.ClientSecret.IsZero() {
 			secret = "set" // never the value
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\n", p.Name, p.TokenURL, p.ClientID, secret, p.AuthStyle,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%t\t%s\t%s\t%s\n", p.Name, p.TokenURL, p.ClientID, secret, p.AuthStyle,
 			orNone(strings.Join(p.Scopes, ",")), orGlobal(p.Skew), orGlobal(p.DefaultLifetime), orGlobal(p.KeepAlive),
-			orNone(p.APIBaseURL), orNone(p.RevocationURL), used[p.Name], p.Version, formatTime(p.UpdatedAt), cmp.Or(p.Profile, profiles.Generic))
+			orNone(p.APIBaseURL), orNone(p.RevocationURL), used[p.Name], p.Version, formatTime(p.UpdatedAt), cmp.Or(p.Profile, profiles.Generic),
+			p.DPoP, orNone(p.Resource), cmp.Or(p.PAR, domain.PARAuto), orNone(p.TokenRate.String()))
 	}
 	_ = tw.Flush()
 	return exitOK
