@@ -123,6 +123,16 @@ func (s *soak) inject(ctx context.Context) {
 			if s.o.Control {
 				latency = answerDeadline + time.Second // answers after the client gave up
 			}
+			if end, ok := ctx.Deadline(); ok && kind == fProviderHang {
+				// A hang's window lasts its lost answers' recovery too: it
+				// must end before the load does, or the recovery is
+				// counted as failures outside any window.
+				if d = min(d, time.Until(end)-lostAnswerRecovery); d < 2*time.Second {
+					providerBusy.Unlock()
+					deck = append(deck, kind)
+					continue
+				}
+			}
 			rate := 0.3 + 0.7*s.rng.Float64()
 			rng := rand.New(rand.NewPCG(s.rng.Uint64(), s.rng.Uint64())) // its own: drawn from on the provider's goroutines
 			wg.Go(func() {
