@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 )
 
 const ( // page sizes of GET /connections
@@ -109,7 +110,8 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	// One more row than asked says whether a next page exists.
-	page, err := s.visibleConnections(r, after, limit+1)
+	acc := keyAccess(r.Context())
+	page, err := console.Visible(r.Context(), s.deps.Connections, acc, domain.ConnectionFilter{}, after, limit+1)
 	if err != nil {
 		s.failed(w, r, "", err)
 		return
@@ -127,27 +129,4 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		body.Connections = append(body.Connections, viewOf(c))
 	}
 	writeJSON(w, http.StatusOK, body)
-}
-
-// visibleConnections is up to limit connections after after that the
-// key's patterns match: the store narrows by them, the key's rule checks.
-func (s *Server) visibleConnections(r *http.Request, after string, limit int) ([]domain.Connection, error) {
-	acc := keyAccess(r.Context())
-	f := domain.ConnectionFilter{Patterns: acc.Connections}
-	var out []domain.Connection
-	for {
-		page, err := s.deps.Connections.FilteredConnectionsPage(r.Context(), f, after, limit)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range page {
-			if acc.AllowsConnection(c.Name) {
-				out = append(out, c)
-			}
-		}
-		if len(out) >= limit || len(page) < limit {
-			return out[:min(len(out), limit)], nil
-		}
-		after = page[len(page)-1].Name
-	}
 }

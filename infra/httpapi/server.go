@@ -22,6 +22,7 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 )
@@ -53,9 +54,7 @@ type ConnectFlows interface {
 }
 
 // Connections lists connections without credentials, in name order.
-type Connections interface {
-	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
-}
+type Connections = console.Pages
 
 // Providers gives a stored provider's client registration;
 // domain.ErrUnknownProvider for a name it does not know.

@@ -56,10 +56,40 @@ type Sessions interface {
 	Delete(ctx context.Context, token domain.Secret) error
 }
 
+// Pages reads connections a page at a time, in name order, without their
+// credentials.
+type Pages interface {
+	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
+}
+
 // Connections reads connections as listings show them (no token).
 type Connections interface {
-	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
+	Pages
 	Connection(ctx context.Context, name string) (domain.Connection, error)
+}
+
+// Visible is up to limit connections after after that f and acc's patterns
+// match: the store narrows by the patterns, acc's own rule decides. The API
+// lists with it too.
+func Visible(ctx context.Context, src Pages, acc domain.KeyAccess, f domain.ConnectionFilter,
+	after string, limit int) ([]domain.Connection, error) {
+	f.Patterns = acc.Connections
+	var out []domain.Connection
+	for {
+		page, err := src.FilteredConnectionsPage(ctx, f, after, limit)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range page {
+			if acc.AllowsConnection(c.Name) {
+				out = append(out, c)
+			}
+		}
+		if len(out) >= limit || len(page) < limit {
+			return out[:min(len(out), limit)], nil
+		}
+		after = page[len(page)-1].Name
+	}
 }
 
 // History reads the connections' recent history.

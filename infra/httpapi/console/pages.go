@@ -39,7 +39,7 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "That filter is not valid.")
 		return
 	}
-	page, err := c.visible(r, f, after, pageSize+1)
+	page, err := Visible(r.Context(), c.d.Connections, sessionOf(r).Access, f, after, pageSize+1)
 	if err != nil {
 		c.failed(w, r, "", err)
 		return
@@ -221,29 +221,6 @@ func (c *Console) providers(w http.ResponseWriter, r *http.Request) {
 		rows[i] = providerRow{Provider: p, Rate: rates[p.Name]}
 	}
 	c.render(w, r, http.StatusOK, "providers", map[string]any{"Nav": "providers", "Rows": rows})
-}
-
-// visible is up to limit connections after after that f and the key's
-// patterns match.
-func (c *Console) visible(r *http.Request, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
-	acc := sessionOf(r).Access
-	f.Patterns = acc.Connections // the store narrows; the key's rule checks
-	var out []domain.Connection
-	for {
-		page, err := c.d.Connections.FilteredConnectionsPage(r.Context(), f, after, limit)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range page {
-			if acc.AllowsConnection(p.Name) {
-				out = append(out, p)
-			}
-		}
-		if len(out) >= limit || len(page) < limit {
-			return out[:min(len(out), limit)], nil
-		}
-		after = page[len(page)-1].Name
-	}
 }
 
 // failed answers err with its page from problem.Of, as the API does.
