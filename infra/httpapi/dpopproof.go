@@ -95,15 +95,9 @@ func (s *Server) underAPIBase(provider, target string) error {
 
 // validMethod: an HTTP method token, as a proof's htm.
 func validMethod(m string) bool {
-	if m == "" || len(m) > 16 {
-		return false
-	}
-	for _, c := range m {
-		if (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') {
-			return false
-		}
-	}
-	return true
+	return m != "" && len(m) <= 16 && !strings.ContainsFunc(m, func(c rune) bool {
+		return (c < 'A' || c > 'Z') && (c < 'a' || c > 'z')
+	})
 }
 
 // senderConstrained refuses a DPoP-bound token, useless without a proof.

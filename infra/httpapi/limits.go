@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -83,18 +84,11 @@ func (a *addrLimits) done(st *addrState) {
 
 // forget drops idle addresses, those unseen for a minute first; mu held.
 func (a *addrLimits) forget(now time.Time) {
-	for k, st := range a.addrs {
-		if st.inFlight == 0 && now.Sub(st.seen) > time.Minute {
-			delete(a.addrs, k)
-		}
-	}
-	if len(a.addrs) < maxAddrs {
-		return
-	}
-	for k, st := range a.addrs {
-		if st.inFlight == 0 {
-			delete(a.addrs, k)
-		}
+	maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool {
+		return st.inFlight == 0 && now.Sub(st.seen) > time.Minute
+	})
+	if len(a.addrs) >= maxAddrs {
+		maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool { return st.inFlight == 0 })
 	}
 }
 

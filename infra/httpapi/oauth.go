@@ -206,10 +206,8 @@ func returnAllowed(target string, allowed []string) bool {
 // plainURL: no backslash, control or non-ASCII byte, encoded (back)slash,
 // or segment that decodes, however often, to "." or "..".
 func plainURL(target string) bool {
-	for i := 0; i < len(target); i++ {
-		if c := target[i]; c < 0x21 || c > 0x7e || c == '\\' {
-			return false
-		}
+	if strings.ContainsFunc(target, func(c rune) bool { return c < 0x21 || c > 0x7e || c == '\\' }) {
+		return false
 	}
 	path, _, _ := strings.Cut(target, "?")
 	if domain.CheckPath(path) != nil {

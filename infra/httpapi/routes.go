@@ -224,10 +224,6 @@ type keyLimits struct {
 	keys  map[int32]*rate.Limiter
 }
 
-func newKeyLimits(r rate.Limit, burst int) *keyLimits {
-	return &keyLimits{rate: r, burst: burst, keys: map[int32]*rate.Limiter{}}
-}
-
 // allow takes a token from the key's bucket, or says how long until one.
 func (k *keyLimits) allow(id int32) (time.Duration, bool) {
 	k.mu.Lock()

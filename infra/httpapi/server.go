@@ -175,7 +175,7 @@ func New(d Deps) *Server {
 	e.Rate = positive(e.Rate, 100)
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(e.Rate, e.Burst),
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: &keyLimits{rate: e.Rate, burst: e.Burst, keys: map[int32]*rate.Limiter{}},
 		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
 	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))

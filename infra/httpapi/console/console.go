@@ -20,6 +20,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -176,11 +177,7 @@ func (l *loginTries) take(pre string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n == nil || len(l.n) >= 10000 {
-		for k, v := range l.n {
-			if now.After(v.until) {
-				delete(l.n, k)
-			}
-		}
+		maps.DeleteFunc(l.n, func(_ string, v loginTry) bool { return now.After(v.until) })
 		if l.n == nil || len(l.n) >= 10000 {
 			l.n = map[string]loginTry{}
 		}
@@ -386,8 +383,7 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 			c.fail(w, r, http.StatusUnauthorized, "Your session has ended. Log in again.")
 			return
 		case err != nil:
-			c.d.Log.Error("console session check failed", "err", err)
-			c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+			c.unavailable(w, r, "console session check failed", err)
 			return
 		}
 		cur := current{Session: s, token: domain.NewSecret(ck.Value), CSRF: csrfOf(ck.Value)}
@@ -402,6 +398,12 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 		}
 		next(w, r)
 	})
+}
+
+// unavailable logs err and answers that the database did not answer.
+func (c *Console) unavailable(w http.ResponseWriter, r *http.Request, msg string, err error) {
+	c.d.Log.Error(msg, "err", err)
+	c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
 }
 
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
@@ -445,8 +447,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusUnauthorized, "That API key is not valid.")
 		return
 	case err != nil:
-		c.d.Log.Error("console login: key check failed", "err", err)
-		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+		c.unavailable(w, r, "console login: key check failed", err)
 		return
 	}
 	if !MayOperate(access) {
@@ -455,8 +456,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	token, expires, err := c.d.Sessions.Create(r.Context(), access.ID, c.d.SessionLifetime)
 	if err != nil {
-		c.d.Log.Error("console login: session not stored", "err", err)
-		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+		c.unavailable(w, r, "console login: session not stored", err)
 		return
 	}
 	c.setCookie(w, loginCookie, "", -1)
