@@ -13,8 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Provers sign DPoP proofs of a connection's key (*tokenguard.Tokens is
-// one), for the proxy and for callers, who never see the key.
+// Provers sign DPoP proofs of a connection's key, which callers never see.
 type Provers interface {
 	DPoPProof(ctx context.Context, cred tokenguard.Credential, method, target, nonce string) (string, error)
 	LearnDPoPNonce(target string, status int, h http.Header) (retry bool)

@@ -52,8 +52,7 @@ func (s *Server) failPage(w http.ResponseWriter, r *http.Request, name string, e
 	s.page(w, r, p.Status, outcome{Code: p.Code, Message: msg})
 }
 
-// secureCookies: the browser reaches PUBLIC_URL or the redirect URL over
-// https.
+// secureCookies: PUBLIC_URL or the redirect URL is https.
 func (s *Server) secureCookies() bool {
 	if u := s.deps.Edges.PublicURL; u != nil && u.Scheme == "https" {
 		return true
@@ -84,8 +83,7 @@ type sessionRequest struct {
 	Tags     []string        `json:"tags,omitempty"`
 }
 
-// createSession answers a connect URL for one connection, valid once for
-// sessionLifetime.
+// createSession answers a connect URL, valid once for sessionLifetime.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{
@@ -168,8 +166,7 @@ func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdB
 	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
 }
 
-// publicBase is PUBLIC_URL without a trailing slash, else the redirect
-// URL's origin.
+// publicBase is PUBLIC_URL (no trailing slash), else the redirect URL's origin.
 func (s *Server) publicBase() string {
 	if u := s.deps.Edges.PublicURL; u != nil {
 		return strings.TrimSuffix(u.String(), "/")
@@ -256,9 +253,8 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 		Session: token, CSRF: csrfToken(flow.Reveal(), token), ReturnHost: hostOf(sess.ReturnTo)})
 }
 
-// connectStart is the consent page's button: it spends the session, binds
-// the flow (cookie, state, PKCE verifier) to it and redirects to the
-// provider.
+// connectStart is the consent page's button: it binds the flow (cookie,
+// state, PKCE verifier) to the session and redirects to the provider.
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	if !s.flowConfigured(w, r) {
 		return
@@ -330,8 +326,7 @@ func hostOf(target string) string {
 	return ""
 }
 
-// checkProvider says whether the flow can run for provider: "" (OAUTH_*),
-// or a stored one with an authorization URL.
+// checkProvider: the flow runs for "" (OAUTH_*) or a provider with an auth URL.
 func (s *Server) checkProvider(ctx context.Context, provider string) error {
 	if provider == "" {
 		return nil

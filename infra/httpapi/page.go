@@ -6,8 +6,7 @@ import (
 	"strings"
 )
 
-// outcome is how a browser flow ended: a small page, or a redirect to the
-// session's return_to.
+// outcome is how a browser flow ended: a small page, or a return_to redirect.
 type outcome struct {
 	httpStatus int
 	Connected  bool // only in the control build (storeAtCallback)

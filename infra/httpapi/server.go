@@ -56,14 +56,12 @@ type ConnectFlows interface {
 // Connections lists connections without credentials, in name order.
 type Connections = console.Pages
 
-// Providers gives a stored provider's client registration;
-// domain.ErrUnknownProvider for a name it does not know.
+// Providers gives a stored provider's client; else domain.ErrUnknownProvider.
 type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
 
-// KeyVerifier checks an API key and says what it may do;
-// domain.ErrUnauthorized when it is not one.
+// KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
 type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
@@ -175,8 +173,9 @@ func New(d Deps) *Server {
 	e.Rate = positive(e.Rate, 100)
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: &keyLimits{rate: e.Rate, burst: e.Burst, keys: map[int32]*rate.Limiter{}},
-		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider),
+		limits: &keyLimits{rate: e.Rate, burst: e.Burst, keys: map[int32]*rate.Limiter{}},
+		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
 	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
 	return s
@@ -200,8 +199,7 @@ func (s *Server) Handler() http.Handler {
 	return tracing.Handler(s.edges(mux), s.deps.TracerProvider, "/healthz")
 }
 
-// Serve answers on ln until ctx is done, then lets requests in flight
-// finish within grace.
+// Serve answers on ln until ctx is done, then lets requests finish within grace.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),

@@ -21,8 +21,7 @@ type tokenView struct {
 	Version     int64      `json:"version"`
 }
 
-// writeToken answers c's token, or err. Pragma keeps it out of HTTP/1.0
-// caches too.
+// writeToken answers c's token (Pragma: HTTP/1.0 caches too), or err.
 func (s *Server) writeToken(w http.ResponseWriter, r *http.Request, name string, c tokenguard.Credential, err error) {
 	if err == nil {
 		err = senderConstrained(c)
@@ -45,8 +44,7 @@ func utcOrNil(t time.Time) *time.Time {
 	return &t
 }
 
-// token answers GET /connections/{name}/token (name checked by
-// requireScope, as on every route of one connection).
+// token answers GET /connections/{name}/token (name checked by requireScope).
 func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	c, err := s.deps.Tokens.Credential(r.Context(), name)

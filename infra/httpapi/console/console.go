@@ -35,8 +35,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// KeyVerifier checks an API key and says what it may do;
-// domain.ErrUnauthorized when it is not one.
+// KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
 type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
@@ -57,8 +56,7 @@ type Sessions interface {
 	Delete(ctx context.Context, token domain.Secret) error
 }
 
-// Pages reads connections a page at a time, in name order, without their
-// credentials.
+// Pages reads connections a page at a time, in name order, without tokens.
 type Pages interface {
 	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
 }
@@ -69,9 +67,8 @@ type Connections interface {
 	Connection(ctx context.Context, name string) (domain.Connection, error)
 }
 
-// Visible is up to limit connections after after that f and acc's patterns
-// match: the store narrows by the patterns, acc's own rule decides. The API
-// lists with it too.
+// Visible is up to limit connections after after that f and acc match: the
+// store narrows by acc's patterns, acc's rule decides. The API uses it too.
 func Visible(ctx context.Context, src Pages, acc domain.KeyAccess, f domain.ConnectionFilter,
 	after string, limit int) ([]domain.Connection, error) {
 	f.Patterns = acc.Connections
