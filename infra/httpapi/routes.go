@@ -193,16 +193,16 @@ func allowedHosts(e Edges) map[string]bool {
 			return
 		}
 		ip := net.ParseIP(host)
-		if host == "" || (ip != nil && ip.IsUnspecified()) || host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		wildcard := host == "" || (ip != nil && ip.IsUnspecified())
+		if !wildcard {
+			out[hostport] = true
+		}
+		if wildcard || host == "localhost" || (ip != nil && ip.IsLoopback()) {
 			for _, h := range []string{"127.0.0.1", "localhost", "::1"} {
 				out[net.JoinHostPort(h, port)] = true
 			}
-			if host != "" && (ip == nil || !ip.IsUnspecified()) {
-				out[hostport] = true
-			}
 			return
 		}
-		out[hostport] = true
 		if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
 			out[host] = true
 		}
