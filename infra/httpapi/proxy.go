@@ -177,7 +177,7 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	until := time.Now().Add(retryWithin)
 	for {
 		req := out.Clone(ctx)
-		req.Body, req.ContentLength = body.reader(), body.length(out.ContentLength)
+		body.into(req, out.ContentLength)
 		if err := t.authorize(req, cred); err != nil {
 			return nil, fmt.Errorf("%w: %w", errTokens, err)
 		}
@@ -277,22 +277,16 @@ func bufferBody(body io.ReadCloser) (requestBody, error) {
 	return requestBody{stream: io.MultiReader(bytes.NewReader(held), body)}, nil
 }
 
-func (b requestBody) reader() io.ReadCloser {
-	if b.stream != nil {
-		return io.NopCloser(b.stream)
+// into gives req the held body, or the stream with the caller's length.
+func (b requestBody) into(req *http.Request, caller int64) {
+	switch {
+	case b.stream != nil:
+		req.Body, req.ContentLength = io.NopCloser(b.stream), caller
+	case len(b.held) > 0:
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(b.held)), int64(len(b.held))
+	default:
+		req.Body, req.ContentLength = nil, 0
 	}
-	if len(b.held) == 0 {
-		return nil
-	}
-	return io.NopCloser(bytes.NewReader(b.held))
-}
-
-// length is the outbound Content-Length: the held body's, or the caller's.
-func (b requestBody) length(caller int64) int64 {
-	if b.stream != nil {
-		return caller
-	}
-	return int64(len(b.held))
 }
 
 // repeatable: a request the API may receive twice with the effect of once;
