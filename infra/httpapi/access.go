@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"encoding/json"
 	"errors"
 	"net/http"
 	"slices"
@@ -16,23 +15,13 @@ type forbiddenBody struct {
 	Code         string       `json:"code"` // missing_scope or connection_not_allowed
 	MissingScope domain.Scope `json:"missing_scope,omitempty"`
 	Connection   string       `json:"connection,omitempty"`
-	// Allowed are the key's connection patterns, which do not match
-	// Connection.
-	Allowed []string `json:"allowed_connections,omitempty"`
+	Allowed      []string     `json:"allowed_connections,omitempty"` // the key's patterns
 }
 
-func writeForbidden(w http.ResponseWriter, b forbiddenBody) {
-	w.Header().Set("Tokenguard-Error", b.Code)
-	w.Header().Set("Content-Type", "application/json")
-	w.Header().Set("Cache-Control", "no-store")
-	w.WriteHeader(http.StatusForbidden)
-	_ = json.NewEncoder(w).Encode(b)
-}
+func (b forbiddenBody) code() string { return b.Code }
 
-// requireScope answers 403 unless the request's key holds the route's
-// scope and, on a route of one connection, a pattern matching its name
-// (then 400 unless that is a valid name). A route that names no scope
-// refuses every key. domain.KeyAccess.Permit decides.
+// requireScope answers 403 unless domain.KeyAccess.Permit lets the key use
+// the route's scope on the connection it names (then 400 for a bad name).
 func requireScope(rt route, next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		name := r.PathValue("name")
@@ -50,23 +39,24 @@ func requireScope(rt route, next http.Handler) http.Handler {
 }
 
 // permit answers 403 and false unless acc may use scope s on connection
-// name ("": none named); what says what needed s, when it was not the route.
+// name ("": none named); what names what needed s, when not the route.
 func permit(w http.ResponseWriter, acc domain.KeyAccess, s domain.Scope, name, what string) bool {
 	err := acc.Permit(s, name)
-	switch {
-	case err == nil:
+	if err == nil {
 		return true
-	case s == "" || !slices.Contains(domain.AllScopes, s):
-		writeForbidden(w, forbiddenBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"})
-	case errors.Is(err, domain.ErrMissingScope) && what != "":
-		writeForbidden(w, forbiddenBody{Error: what + " needs the scope " + string(s) + " (tokenctl apikey create --scopes)",
-			Code: "missing_scope", MissingScope: s})
-	case errors.Is(err, domain.ErrMissingScope):
-		writeForbidden(w, forbiddenBody{Error: "the API key lacks the scope " + string(s) + " (tokenctl apikey create --scopes)",
-			Code: "missing_scope", MissingScope: s})
-	default:
-		writeForbidden(w, forbiddenBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
-			Code: "connection_not_allowed", Connection: name, Allowed: acc.Connections})
 	}
+	b := forbiddenBody{Code: "missing_scope", MissingScope: s}
+	switch {
+	case s == "" || !slices.Contains(domain.AllScopes, s):
+		b = forbiddenBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"}
+	case errors.Is(err, domain.ErrMissingScope) && what != "":
+		b.Error = what + " needs the scope " + string(s) + " (tokenctl apikey create --scopes)"
+	case errors.Is(err, domain.ErrMissingScope):
+		b.Error = "the API key lacks the scope " + string(s) + " (tokenctl apikey create --scopes)"
+	default:
+		b = forbiddenBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
+			Code: "connection_not_allowed", Connection: name, Allowed: acc.Connections}
+	}
+	writeJSON(w, http.StatusForbidden, b)
 	return false
 }

@@ -5,8 +5,7 @@ package httpapi
 import "context"
 
 // storeAtCallback is false in every real build: the callback keeps the
-// grant pending. The e2e tests' control build sets it to show what their
-// attacks do to a server that stores at the callback.
+// grant pending (see callbackstores_on.go).
 const storeAtCallback = false
 
 // ControlBuild is false in every real build (see storeAtCallback).

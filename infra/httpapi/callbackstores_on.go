@@ -8,13 +8,11 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
-// storeAtCallback: this build is the e2e tests' control, the server as it
-// was before the redeem step and the public routes' limits: whoever's
-// browser consents gives the connection their grant. Never built for use.
+// storeAtCallback: this build is the e2e tests' control, without the
+// redeem step and the public limits. Never built for use.
 const storeAtCallback = true
 
-// ControlBuild tells di to wire the public routes as before (see
-// storeAtCallback).
+// ControlBuild tells di to wire the control build (see storeAtCallback).
 const ControlBuild = true
 
 // redeemAtCallback redeems the pending result at once, with no backend.

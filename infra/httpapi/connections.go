@@ -6,10 +6,10 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 )
 
-// Page sizes of GET /connections.
-const (
+const ( // page sizes of GET /connections
 	defaultConnectionsLimit = 100
 	maxConnectionsLimit     = 1000
 )
@@ -29,21 +29,15 @@ type connectionView struct {
 	MissingScopes string        `json:"missing_scopes,omitempty"`
 	Metadata      jsonObject    `json:"metadata"`
 	Tags          []string      `json:"tags"`
-	Failure       *failureView  `json:"failure,omitempty"` // while the refreshes fail
-	// Binding is "dpop" for a grant bound to a DPoP key (DPoPJKT its
-	// thumbprint, never the key), else "bearer".
-	Binding string `json:"binding"`
-	DPoPJKT string `json:"dpop_jkt,omitempty"`
-
-	// ScopesReduced: granted scopes a refresh no longer granted (the
-	// connection stays usable).
+	Failure       *failureView  `json:"failure,omitempty"`  // while the refreshes fail
+	Binding       string        `json:"binding"`            // "dpop" or "bearer"
+	DPoPJKT       string        `json:"dpop_jkt,omitempty"` // the key's thumbprint
+	// ScopesReduced: scopes a refresh no longer granted (still usable).
 	ScopesReduced string `json:"scopes_reduced,omitempty"`
 }
 
-// failureView is a connection's refresh failure episode: the last
-// answer's status and code (an unknown code is unrecognized_error), how
-// many in a row since when, and the next attempt (null: none until a new
-// grant).
+// failureView is a refresh failure episode: the last answer, how many in
+// a row since when, and the next attempt (null: none until a new grant).
 type failureView struct {
 	Failing     bool       `json:"failing"`
 	HTTPStatus  int        `json:"http_status,omitempty"`
@@ -53,7 +47,6 @@ type failureView struct {
 	NextAttempt *time.Time `json:"next_attempt"`
 }
 
-// jsonObject is a stored JSON object, written as it is ({} when empty).
 type jsonObject []byte
 
 func (o jsonObject) MarshalJSON() ([]byte, error) {
@@ -78,12 +71,11 @@ func viewOf(c domain.Connection) connectionView {
 		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
 		Metadata: jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
 		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
-		Binding: "bearer", DPoPJKT: c.DPoPJKT,
+		Binding: "bearer", DPoPJKT: c.DPoPJKT, ScopesReduced: c.Binding.ScopesReduced,
 	}
 	if c.DPoPJKT != "" {
 		v.Binding = "dpop"
 	}
-	v.ScopesReduced = c.Binding.ScopesReduced
 	if f := c.Failure; f.Failures > 0 {
 		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
 		if !f.Blocked(f.LastAt) {
@@ -94,8 +86,7 @@ func viewOf(c domain.Connection) connectionView {
 }
 
 // listConnections answers GET /connections?after=NAME&limit=N: a keyset
-// page in name order (the same cost however large the table), and next,
-// the after of the following page.
+// page in name order, and next, the after of the following page.
 func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Connections == nil {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "this server does not list connections", Code: "not_configured"})
@@ -118,9 +109,9 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	// One more row than asked says whether a next page exists, so the
-	// last page never comes back empty.
-	page, err := s.visibleConnections(r, after, limit+1)
+	// One more row than asked says whether a next page exists.
+	acc := keyAccess(r.Context())
+	page, err := console.Visible(r.Context(), s.deps.Connections, acc, domain.ConnectionFilter{}, after, limit+1)
 	if err != nil {
 		s.failed(w, r, "", err)
 		return
@@ -138,30 +129,4 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		body.Connections = append(body.Connections, viewOf(c))
 	}
 	writeJSON(w, http.StatusOK, body)
-}
-
-// visibleConnections is up to limit connections after after that the
-// request's key's patterns match. The store narrows its page by the same
-// patterns, so one page is one query; what it returns is still checked
-// with the key's rule, and should the store return rows the key may not
-// see, pages are read until limit match or the store has no more.
-func (s *Server) visibleConnections(r *http.Request, after string, limit int) ([]domain.Connection, error) {
-	acc := keyAccess(r.Context())
-	f := domain.ConnectionFilter{Patterns: acc.Connections}
-	var out []domain.Connection
-	for {
-		page, err := s.deps.Connections.FilteredConnectionsPage(r.Context(), f, after, limit)
-		if err != nil {
-			return nil, err
-		}
-		for _, c := range page {
-			if acc.AllowsConnection(c.Name) {
-				out = append(out, c)
-			}
-		}
-		if len(out) >= limit || len(page) < limit {
-			return out[:min(len(out), limit)], nil
-		}
-		after = page[len(page)-1].Name
-	}
 }

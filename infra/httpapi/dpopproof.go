@@ -2,10 +2,8 @@ package httpapi
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -15,9 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Provers sign DPoP proofs of a connection's key (*tokenguard.Tokens is
-// one): for the proxy's calls and for callers outside the process, who
-// never see the key.
+// Provers sign DPoP proofs of a connection's key, which callers never see.
 type Provers interface {
 	DPoPProof(ctx context.Context, cred tokenguard.Credential, method, target, nonce string) (string, error)
 	LearnDPoPNonce(target string, status int, h http.Header) (retry bool)
@@ -34,25 +30,17 @@ type proofView struct {
 	ExpiresAt   *time.Time `json:"expires_at"`
 }
 
-// dpopProof answers POST /connections/{name}/dpop-proof {"method","url"}:
-// the connection's access token and a proof of its key for that one
-// request (RFC 9449 §7), for a caller that makes the call itself. The URL
-// must be under the connection's API base URL, as the proxy's calls are.
-// An optional "nonce" is the resource server's DPoP-Nonce to sign with.
+// dpopProof answers POST /connections/{name}/dpop-proof
+// {"method","url","nonce"}: the token and a proof for that one request
+// (RFC 9449 §7), the URL under the connection's API base URL.
 func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name") // validated by requireScope
+	name := r.PathValue("name")
 	var body struct {
 		Method string `json:"method"`
 		URL    string `json:"url"`
 		Nonce  string `json:"nonce"`
 	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&body)
-	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
-		err = errors.New("trailing data")
-	}
-	if err != nil || !validMethod(body.Method) || body.URL == "" {
+	if err := decodeBody(r, &body, true); err != nil || !validMethod(body.Method) || body.URL == "" {
 		writeJSON(w, http.StatusBadRequest, errorBody{
 			Error: `the body must be {"method": "GET", "url": "https://api.example.com/..."}`, Code: "bad_request", Connection: name})
 		return
@@ -85,8 +73,8 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, proofView{AccessToken: c.Token.AccessToken, TokenType: "DPoP", DPoP: proof, ExpiresAt: utcOrNil(c.Token.Expiry)})
 }
 
-// underAPIBase checks that target is an http(s) URL under the API base
-// URL of provider's connections: the token and its proof are for that API.
+// underAPIBase checks that target is under the API base URL of
+// provider's connections, the API the token and its proof are for.
 func (s *Server) underAPIBase(provider, target string) error {
 	base, err := s.target(provider, "/", "")
 	if err != nil {
@@ -106,19 +94,12 @@ func (s *Server) underAPIBase(provider, target string) error {
 
 // validMethod: an HTTP method token, as a proof's htm.
 func validMethod(m string) bool {
-	if m == "" || len(m) > 16 {
-		return false
-	}
-	for _, c := range m {
-		if (c < 'A' || c > 'Z') && (c < 'a' || c > 'z') {
-			return false
-		}
-	}
-	return true
+	return m != "" && len(m) <= 16 && !strings.ContainsFunc(m, func(c rune) bool {
+		return (c < 'A' || c > 'Z') && (c < 'a' || c > 'z')
+	})
 }
 
-// senderConstrained refuses a bare token of a DPoP-bound connection: it
-// is useless to the caller without a proof.
+// senderConstrained refuses a DPoP-bound token, useless without a proof.
 func senderConstrained(c tokenguard.Credential) error {
 	if c.DPoPJKT == "" {
 		return nil
@@ -126,9 +107,8 @@ func senderConstrained(c tokenguard.Credential) error {
 	return fmt.Errorf("connection %s: %w", c.Connection, domain.ErrSenderConstrained)
 }
 
-// authorize gives a proxied request cred's token: as a bearer token, or
-// for a DPoP-bound grant in the DPoP scheme with a proof of the grant's
-// key for this very request (RFC 9449 §7).
+// authorize gives a proxied request cred's token: Bearer, or DPoP with a
+// proof for this very request (RFC 9449 §7).
 func (t *tokenTransport) authorize(req *http.Request, cred tokenguard.Credential) error {
 	if cred.DPoPJKT == "" {
 		req.Header.Set("Authorization", "Bearer "+cred.Token.AccessToken)
@@ -147,8 +127,8 @@ func (t *tokenTransport) authorize(req *http.Request, cred tokenguard.Credential
 	return nil
 }
 
-// nonceRefused learns the API's DPoP nonce from its answer and reports
-// whether the answer refused the proof for want of it (§9).
+// nonceRefused learns the API's DPoP nonce and reports whether the answer
+// refused the proof for want of it (§9).
 func (t *tokenTransport) nonceRefused(req *http.Request, resp *http.Response, cred tokenguard.Credential) bool {
 	p, ok := t.tokens.(Provers)
 	return ok && cred.DPoPJKT != "" && p.LearnDPoPNonce(req.URL.String(), resp.StatusCode, resp.Header)

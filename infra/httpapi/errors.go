@@ -9,13 +9,19 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
-// errorBody is every error answer: a stable code to branch on and a
-// message for people. Neither ever carries a token.
+// errorBody is an error answer: a stable code and a message for people.
+// Neither ever carries a token.
 type errorBody struct {
 	Error      string `json:"error"`
 	Code       string `json:"code"`
 	Connection string `json:"connection,omitempty"`
 }
+
+// coded is an error answer whose code goes in Tokenguard-Error, which tells
+// tokenguard's own errors from the API's answers the proxy passes on.
+type coded interface{ code() string }
+
+func (e errorBody) code() string { return e.Code }
 
 func writeError(w http.ResponseWriter, connection string, err error) {
 	p := problem.Of(err)
@@ -31,10 +37,8 @@ func setRetryAfter(w http.ResponseWriter, d time.Duration) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	if e, ok := v.(errorBody); ok {
-		// Tells tokenguard's own errors from the API's answers the proxy
-		// passes on (a 401 there is the API's, here the key's).
-		w.Header().Set("Tokenguard-Error", e.Code)
+	if e, ok := v.(coded); ok {
+		w.Header().Set("Tokenguard-Error", e.code())
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

@@ -8,9 +8,8 @@ type ClientKeys interface {
 	ClientJWKS() []byte
 }
 
-// jwks answers GET /.well-known/jwks.json: the public JSON Web Key Set of
-// the client keys in use, for providers that fetch the client's keys (the
-// AT Protocol's client metadata names this URL). Public by design.
+// jwks answers GET /.well-known/jwks.json, the client keys' public halves
+// for providers that fetch them (AT Protocol). Public by design.
 func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 	body := []byte(`{"keys":[]}`)
 	if k, ok := s.deps.Tokens.(ClientKeys); ok {

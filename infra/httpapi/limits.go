@@ -2,6 +2,7 @@ package httpapi
 
 import (
 	"context"
+	"maps"
 	"net"
 	"net/http"
 	"sync"
@@ -10,10 +11,8 @@ import (
 	"golang.org/x/time/rate"
 )
 
-// addrLimits bound the public routes per client address (the peer: behind
-// a proxy, every client is one address): a token bucket and a cap on
-// requests at once, plus a cap across every address. Refused requests cost
-// no database work.
+// addrLimits bound the public routes per client address (the TCP peer):
+// a token bucket and requests at once, plus a cap across all addresses.
 type addrLimits struct {
 	rate     rate.Limit
 	burst    int
@@ -30,8 +29,7 @@ type addrState struct {
 	seen     time.Time
 }
 
-// maxAddrs bounds the addresses remembered; idle ones are forgotten first.
-const maxAddrs = 4096
+const maxAddrs = 4096 // addresses remembered
 
 func newAddrLimits(e Edges) *addrLimits {
 	r := positive(e.PublicRate, 20)
@@ -39,7 +37,7 @@ func newAddrLimits(e Edges) *addrLimits {
 		total: make(chan struct{}, positive(e.PublicTotal, 64)), addrs: map[string]*addrState{}}
 }
 
-// positive is v, or def when v is not positive (a setting left 0).
+// positive is v, or def for a setting left 0.
 func positive[T ~int | ~int64 | ~float64](v, def T) T {
 	if v <= 0 {
 		return def
@@ -47,7 +45,6 @@ func positive[T ~int | ~int64 | ~float64](v, def T) T {
 	return v
 }
 
-// acquire admits one request from addr, or says how long to wait.
 func (a *addrLimits) acquire(addr string) (release func(), wait time.Duration, ok bool) {
 	now := time.Now()
 	a.mu.Lock()
@@ -87,23 +84,15 @@ func (a *addrLimits) done(st *addrState) {
 
 // forget drops idle addresses, those unseen for a minute first; mu held.
 func (a *addrLimits) forget(now time.Time) {
-	for k, st := range a.addrs {
-		if st.inFlight == 0 && now.Sub(st.seen) > time.Minute {
-			delete(a.addrs, k)
-		}
-	}
-	if len(a.addrs) < maxAddrs {
-		return
-	}
-	for k, st := range a.addrs {
-		if st.inFlight == 0 {
-			delete(a.addrs, k)
-		}
+	maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool {
+		return st.inFlight == 0 && now.Sub(st.seen) > time.Minute
+	})
+	if len(a.addrs) >= maxAddrs {
+		maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool { return st.inFlight == 0 })
 	}
 }
 
-// limit answers 429 to an address over its rate or its requests at once:
-// with refuse, or nil for the API's JSON.
+// limit answers 429 (refuse, or nil: JSON) to an address over its limits.
 func (a *addrLimits) limit(next http.Handler, refuse http.HandlerFunc) http.Handler {
 	if refuse == nil {
 		refuse = func(w http.ResponseWriter, _ *http.Request) {
@@ -129,15 +118,14 @@ func (a *addrLimits) limit(next http.Handler, refuse http.HandlerFunc) http.Hand
 	})
 }
 
-// health is the last database ping, reused for a second.
 type health struct {
 	mu  sync.Mutex
 	at  time.Time
 	err error
 }
 
-// check pings db unless the last ping is under a second old. Callers wait
-// for a ping in progress rather than start one of their own.
+// check pings db unless the last ping is under a second old; callers wait
+// for a ping in progress.
 func (h *health) check(ctx context.Context, db Pinger) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

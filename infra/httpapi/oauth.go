@@ -20,17 +20,15 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
-// The flow cookie only points at the flow kept in the database. Over https
-// it carries the __Host- prefix: Secure, Path=/ and no Domain, so no other
-// host (a sibling subdomain) can set or overwrite it.
+// The flow cookie points at the flow kept in the database. Over https its
+// __Host- prefix keeps other hosts (sibling subdomains) from setting it.
 const (
 	flowCookie       = "tokenguard_flow"
 	secureFlowCookie = "__Host-tokenguard_flow"
 )
 
-// callbackTimeout bounds the work after the provider's redirect: the code
-// exchange, the user-info request and the write. It does not follow the
-// browser: a closed tab must not lose a grant the provider has issued.
+// callbackTimeout bounds the work after the provider's redirect, apart
+// from the browser: a closed tab must not lose an issued grant.
 const callbackTimeout = 30 * time.Second
 
 func (s *Server) oauthConfigured() bool {
@@ -38,8 +36,7 @@ func (s *Server) oauthConfigured() bool {
 	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil && s.deps.Flows != nil
 }
 
-// flowConfigured answers the browser routes' 503 page when the connect
-// flow is not configured.
+// flowConfigured answers a 503 page unless the connect flow is configured.
 func (s *Server) flowConfigured(w http.ResponseWriter, r *http.Request) bool {
 	ok := s.oauthConfigured()
 	if !ok {
@@ -55,9 +52,7 @@ func (s *Server) failPage(w http.ResponseWriter, r *http.Request, name string, e
 	s.page(w, r, p.Status, outcome{Code: p.Code, Message: msg})
 }
 
-// secureCookies: the flow cookie is Secure (and __Host-) whenever the
-// browser reaches this server over https, at PUBLIC_URL or at the
-// redirect URL the provider sends it back to.
+// secureCookies: PUBLIC_URL or the redirect URL is https.
 func (s *Server) secureCookies() bool {
 	if u := s.deps.Edges.PublicURL; u != nil && u.Scheme == "https" {
 		return true
@@ -82,16 +77,13 @@ type sessionRequest struct {
 	Connection         string `json:"connection"`
 	ReturnTo           string `json:"return_to,omitempty"`
 	AllowAccountChange bool   `json:"allow_account_change,omitempty"`
-	// Provider names the connection's provider; "" the environment's.
-	Provider string `json:"provider,omitempty"`
-	// Metadata (a JSON object) and Tags replace the connection's when the
-	// result is redeemed; with neither, the connection keeps its own.
+	Provider           string `json:"provider,omitempty"` // "": the environment's
+	// Metadata and Tags replace the connection's at redemption, if given.
 	Metadata json.RawMessage `json:"metadata,omitempty"`
 	Tags     []string        `json:"tags,omitempty"`
 }
 
-// createSession answers a connect URL for one connection, valid once for
-// sessionLifetime.
+// createSession answers a connect URL, valid once for sessionLifetime.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{
@@ -99,9 +91,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var req sessionRequest
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil {
+	if err := decodeBody(r, &req, false); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME","return_to":"URL"} (optional: "allow_account_change", "provider", "metadata", "tags")`, Code: "bad_request"})
 		return
 	}
@@ -109,7 +99,6 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		writeError(w, "", err)
 		return
 	}
-	// Which keys may ask for a link, and for which account change.
 	acc := keyAccess(r.Context())
 	if !permit(w, acc, domain.ScopeConnect, req.Connection, "") ||
 		(req.AllowAccountChange && !permit(w, acc, domain.ScopeAdmin, "", "allow_account_change")) {
@@ -132,8 +121,6 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if req.ReturnTo == "" {
-		// The result of the consent comes back there, for the backend to
-		// redeem: without it nobody could, and nothing would be stored.
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is required: the browser brings the consent's result there, and your backend redeems it (POST /connect-results)", Code: "return_to_required", Connection: req.Connection})
 		return
 	}
@@ -161,9 +148,8 @@ func (s *Server) newConnectLink(ctx context.Context, cs domain.ConnectSession) (
 	return s.publicBase() + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()), expires, nil
 }
 
-// ConnectLink is POST /connect-sessions for the operator console: the URL
-// (and its expiry) of a session that reconnects connection at provider,
-// keeping its metadata, whose consent comes back to returnTo.
+// ConnectLink is POST /connect-sessions for the console: a link that
+// reconnects connection at provider, keeping its metadata.
 func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (string, time.Time, error) {
 	if !s.oauthConfigured() {
 		return "", time.Time{}, domain.ErrConnectNotConfigured
@@ -180,8 +166,7 @@ func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdB
 	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
 }
 
-// publicBase is PUBLIC_URL without a trailing slash, else the redirect
-// URL's origin.
+// publicBase is PUBLIC_URL (no trailing slash), else the redirect URL's origin.
 func (s *Server) publicBase() string {
 	if u := s.deps.Edges.PublicURL; u != nil {
 		return strings.TrimSuffix(u.String(), "/")
@@ -192,11 +177,8 @@ func (s *Server) publicBase() string {
 	return ""
 }
 
-// returnAllowed reports whether target starts with one of the allowed
-// URLs: same scheme and host, and a path at or under the allowed one. A
-// target a browser could read as another path is refused before the
-// comparison: dot segments (plain or percent-encoded, however often),
-// encoded slashes, backslashes and control characters.
+// returnAllowed reports whether target is at or under one of the allowed
+// URLs, and a browser cannot read it as another path (plainURL).
 func returnAllowed(target string, allowed []string) bool {
 	if !plainURL(target) {
 		return false
@@ -218,14 +200,11 @@ func returnAllowed(target string, allowed []string) bool {
 	return false
 }
 
-// plainURL: no backslash, no control or non-ASCII byte, no encoded
-// slash or backslash, and no path segment that decodes (repeatedly) to
-// "." or "..".
+// plainURL: no backslash, control or non-ASCII byte, encoded (back)slash,
+// or segment that decodes, however often, to "." or "..".
 func plainURL(target string) bool {
-	for i := 0; i < len(target); i++ {
-		if c := target[i]; c < 0x21 || c > 0x7e || c == '\\' {
-			return false
-		}
+	if strings.ContainsFunc(target, func(c rune) bool { return c < 0x21 || c > 0x7e || c == '\\' }) {
+		return false
 	}
 	path, _, _ := strings.Cut(target, "?")
 	if domain.CheckPath(path) != nil {
@@ -252,10 +231,9 @@ func plainURL(target string) bool {
 	return true
 }
 
-// connectPage answers a connect link with a page naming the application
-// and the connection, and a button: nothing starts (the session is only
-// read) until a person presses it. The button's CSRF token is bound to the
-// flow cookie the page sets.
+// connectPage answers a connect link with a consent page: nothing starts
+// until a person presses its button, whose CSRF token is bound to the flow
+// cookie the page sets.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	if !s.flowConfigured(w, r) {
 		return
@@ -269,16 +247,14 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	flow := newFlowID()
+	flow := domain.NewSecret("tgf_" + rand.Text() + rand.Text())
 	s.setFlowCookie(w, flow.Reveal(), int(sessionLifetime.Seconds()))
 	s.consentPage(w, consent{App: sess.CreatedBy, Connection: sess.Connection, Provider: sess.Provider,
 		Session: token, CSRF: csrfToken(flow.Reveal(), token), ReturnHost: hostOf(sess.ReturnTo)})
 }
 
-// connectStart is the consent page's button: with the CSRF token bound to
-// this browser's flow cookie, it spends the session, binds the flow (the
-// cookie's hash, the state and the PKCE verifier) to it and sends the
-// browser to the provider.
+// connectStart is the consent page's button: it binds the flow (cookie,
+// state, PKCE verifier) to the session and redirects to the provider.
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	if !s.flowConfigured(w, r) {
 		return
@@ -308,7 +284,6 @@ func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, authURL, http.StatusSeeOther)
 }
 
-// peekSession reads the session of token, or answers why not.
 func (s *Server) peekSession(w http.ResponseWriter, r *http.Request, token string) (domain.ConnectSession, bool) {
 	sess, err := s.deps.Sessions.Peek(r.Context(), domain.NewSecret(token))
 	if err != nil {
@@ -327,15 +302,14 @@ func (s *Server) sessionRefused(w http.ResponseWriter, r *http.Request, err erro
 	s.failPage(w, r, "", err, "The server could not start the connection; try again.")
 }
 
-// setFlowCookie sets the flow cookie to value ("" with maxAge -1 deletes it).
+// setFlowCookie sets the flow cookie ("" with maxAge -1 deletes it).
 func (s *Server) setFlowCookie(w http.ResponseWriter, value string, maxAge int) {
 	http.SetCookie(w, &http.Cookie{Name: s.cookieName(), Value: value, Path: "/", MaxAge: maxAge, HttpOnly: true, Secure: s.secureCookies(),
 		SameSite: http.SameSiteLaxMode}) // Lax: sent on the provider's top-level redirect back
 }
 
-// csrfToken binds the consent page's form to the browser's flow cookie
-// and the session: a page on another site cannot read the cookie (it is
-// HttpOnly and never leaves this origin), so it cannot forge the token.
+// csrfToken binds the consent form to the flow cookie, which no other
+// site can read, and the session.
 func csrfToken(flow, session string) string {
 	h := sha256.Sum256([]byte("tokenguard-csrf\x00" + flow + "\x00" + session))
 	return base64.RawURLEncoding.EncodeToString(h[:])
@@ -345,7 +319,6 @@ func sessionToken(s string) bool { return strings.HasPrefix(s, "tgs_") && len(s)
 
 func flowToken(s string) bool { return strings.HasPrefix(s, "tgf_") && len(s) <= 128 }
 
-// hostOf is a return_to's host, shown on the consent page.
 func hostOf(target string) string {
 	if u, err := url.Parse(target); err == nil {
 		return u.Host
@@ -353,9 +326,7 @@ func hostOf(target string) string {
 	return ""
 }
 
-// checkProvider says whether the browser flow can run for a connection of
-// provider: always for "" (the OAUTH_* settings), for a stored provider
-// when it has an authorization URL.
+// checkProvider: the flow runs for "" (OAUTH_*) or a provider with an auth URL.
 func (s *Server) checkProvider(ctx context.Context, provider string) error {
 	if provider == "" {
 		return nil
@@ -373,9 +344,8 @@ func (s *Server) checkProvider(ctx context.Context, provider string) error {
 // sessionLifetime is the flow's lifetime (repository.SessionLifetime).
 const sessionLifetime = 10 * time.Minute
 
-// callback checks the flow and its state, then keeps the provider's grant
-// pending: nothing is stored until the application's backend redeems the
-// result the browser carries to return_to (POST /connect-results).
+// callback checks the flow and its state, then keeps the grant pending
+// until the backend redeems the result sent to return_to.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	if !s.flowConfigured(w, r) {
 		return
@@ -389,8 +359,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), callbackTimeout)
 	defer cancel()
-	// The state is checked before the flow is spent: an answer that does
-	// not belong to the flow leaves it for the one that does.
+	// An answer with another state leaves the flow unspent.
 	sess, err := s.deps.Sessions.Finish(ctx, domain.NewSecret(c.Value), state)
 	if errors.Is(err, domain.ErrUnauthorized) {
 		s.deps.Log.Warn("oauth callback refused: no flow with this cookie and state (completed, expired, or a forged answer)")
@@ -402,7 +371,6 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		s.failPage(w, r, "", err, "The server could not complete the connection; try again.")
 		return
 	}
-	// Whatever happens now, the flow is spent.
 	s.setFlowCookie(w, "", -1)
 	f := tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL,
 		AllowAccountChange: sess.AllowAccountChange, CreatedBy: sess.CreatedBy, State: sess.State, Verifier: sess.Verifier}
@@ -416,18 +384,16 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		o = s.redeemAtCallback(ctx, o)
 	}
 	if sess.ReturnTo == "" {
-		// A session from before return_to was required: nobody can redeem.
 		s.page(w, r, http.StatusConflict, outcome{Connection: sess.Connection, Code: "no_return_to",
 			Message: "This connect link has no return address, so the application cannot complete the connection; nothing was stored. Ask the application for a new link."})
 		return
 	}
-	// "reason", not "code": an application's OAuth callback may take
-	// a "code" for an authorization code.
+	// "reason", not "code": an OAuth callback may take that for its own.
 	v := url.Values{"connection": {sess.Connection}, "status": {"error"}, "reason": {o.Code}}
 	switch {
 	case o.result != "":
 		v = url.Values{"connection": {sess.Connection}, "status": {"pending"}, "result": {o.result}}
-	case o.Connected: // only the tests' control build stores at the callback
+	case o.Connected: // only the control build
 		v = url.Values{"connection": {sess.Connection}, "status": {"connected"}, "reason": {o.Code}}
 	}
 	sep := "?"
@@ -461,9 +427,8 @@ func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.V
 	return outcome{httpStatus: http.StatusOK, Code: "pending", result: res.Code}
 }
 
-// redeem stores the grant of a pending result: the application's backend
-// calls it after checking that the browser which brought the result is the
-// user who asked for the session.
+// redeem stores the grant of a pending result, once the backend has
+// checked that the browser which brought it is its user's.
 func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
 	if s.deps.Flows == nil {
 		writeJSON(w, http.StatusServiceUnavailable, errorBody{Error: "the connect flow is not configured", Code: "not_configured"})
@@ -472,15 +437,11 @@ func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
 	var req struct {
 		Result string `json:"result"`
 	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	if err := dec.Decode(&req); err != nil || req.Result == "" {
+	if err := decodeBody(r, &req, false); err != nil || req.Result == "" {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"result":"tgr_…"}`, Code: "bad_request"})
 		return
 	}
-	// The result's connection must be one the key may connect: checked
-	// before anything is stored, and a refused result stays redeemable by
-	// a key that may.
+	// Checked before anything is stored: a refused result stays redeemable.
 	acc := keyAccess(r.Context())
 	c, err := s.deps.Flows.RedeemFor(r.Context(), req.Result, func(connection string) error {
 		return acc.Permit(domain.ScopeConnect, connection)
@@ -525,9 +486,4 @@ func (s *Server) observe(outcome string) {
 	if s.deps.Observer != nil {
 		s.deps.Observer.ConnectOutcome(outcome)
 	}
-}
-
-// newFlowID is the flow cookie's value.
-func newFlowID() domain.Secret {
-	return domain.NewSecret("tgf_" + rand.Text() + rand.Text())
 }

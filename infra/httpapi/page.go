@@ -6,12 +6,10 @@ import (
 	"strings"
 )
 
-// outcome is how a browser flow ended: shown as a small page, or sent to
-// the session's return_to as ?connection=…&status=pending&result=… or
-// ?connection=…&status=error&reason=….
+// outcome is how a browser flow ended: a small page, or a return_to redirect.
 type outcome struct {
 	httpStatus int
-	Connected  bool // only in the tests' control build (storeAtCallback)
+	Connected  bool // only in the control build (storeAtCallback)
 	Connection string
 	Code       string // pending, or what went wrong
 	Message    string // for people; never a token
@@ -27,8 +25,7 @@ h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}</style></head>
 <p>{{.Message}}</p><p><small>Status: <code>{{.Code}}</code></small></p></body></html>
 `))
 
-// page answers a browser with a small HTML page, and any other client
-// (Accept without text/html) with the JSON error shape.
+// page answers a browser with a small HTML page, other clients in JSON.
 func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outcome) {
 	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
 		if o.Connected {
@@ -45,7 +42,6 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outc
 	_ = pageTmpl.Execute(w, o)
 }
 
-// consent is what the consent page names.
 type consent struct {
 	App, Connection, Provider string
 	ReturnHost                string
@@ -66,8 +62,8 @@ h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}button{font-size:1em;p
 <button type="submit">Continue to {{if .Provider}}{{.Provider}}{{else}}the provider{{end}}</button></form></body></html>
 `))
 
-// consentPage shows the button that starts the flow. It may not be framed
-// (clickjacking), and posts only to this origin.
+// consentPage shows the button that starts the flow: never framed
+// (clickjacking), posting only to this origin.
 func (s *Server) consentPage(w http.ResponseWriter, c consent) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")

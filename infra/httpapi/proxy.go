@@ -24,28 +24,23 @@ import (
 )
 
 const (
-	// defaultProxyMaxBody bounds a proxied request's body (Edges.ProxyMaxBody).
-	defaultProxyMaxBody = 10 << 20
-	// replayLimit: a request body up to this size is held in memory, so
-	// the request can be sent again after a 401 or a Retry-After; a larger
-	// one is streamed, once.
+	defaultProxyMaxBody = 10 << 20 // Edges.ProxyMaxBody
+	// replayLimit: a body up to this size is held, so it can be sent again
+	// after a 401 or a Retry-After; a larger one is streamed, once.
 	replayLimit = 1 << 20
-	// retryWithin bounds the waits of the Retry-After retries of one
-	// request (inside its own deadline).
-	retryWithin = 10 * time.Second
+	retryWithin = 10 * time.Second // the Retry-After waits of one request
 	maxRetries  = 2
 )
 
-// forwardedHeaders are the request headers the proxy passes on. Anything
-// else stays here: Authorization (the caller's API key) and Cookie above
-// all.
+// forwardedHeaders are the request headers the proxy passes on; anything
+// else, the caller's Authorization and Cookie above all, stays here.
 var forwardedHeaders = []string{
 	"Accept", "Accept-Encoding", "Accept-Language", "Cache-Control", "Content-Encoding", "Content-Language",
 	"Content-Type", "Idempotency-Key", "If-Match", "If-Modified-Since", "If-None-Match", "If-Range",
 	"If-Unmodified-Since", "Prefer", "Range", "Traceparent", "Tracestate", "X-Request-Id",
 }
 
-// call is one proxied request, for the proxy's Rewrite and transport.
+// call is one proxied request, for the Rewrite and the transport.
 type call struct {
 	connection string
 	target     *url.URL
@@ -55,25 +50,22 @@ type call struct {
 
 type callKey struct{}
 
-// proxy answers ANY /connections/{name}/proxy/{path...}: the request,
-// with the headers of forwardedHeaders and the connection's access token,
-// to the API base URL of the connection's provider.
-// proxyMethods are the methods an API call uses; the proxy forwards
-// nothing else.
+// proxyMethods are the methods the proxy forwards: TRACE would echo the
+// injected token, CONNECT is no API call.
 var proxyMethods = []string{http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete, http.MethodOptions}
 
+// proxy answers ANY /connections/{name}/proxy/{path...}: the request, with
+// forwardedHeaders and the token, to the provider's API base URL.
 func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name") // validated by requireScope
+	name := r.PathValue("name")
 	if !slices.Contains(proxyMethods, r.Method) {
-		// TRACE would echo the injected token; CONNECT is no API call.
-		// Refused before the token is looked up.
 		w.Header().Set("Allow", strings.Join(proxyMethods, ", "))
 		writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "the proxy forwards " + strings.Join(proxyMethods, ", ") + " only", Code: "method_not_allowed", Connection: name})
 		return
 	}
 	path := r.PathValue("path")
-	// The call must stay under the provider's API base URL, whatever the
-	// upstream's parser makes of the path: checked raw, as sent.
+	// Checked raw, as sent: whatever the upstream makes of it, the call
+	// stays under the API base URL.
 	if err := domain.CheckPath(r.URL.EscapedPath()); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "bad_path", Connection: name})
 		return
@@ -89,7 +81,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 
 // resource answers GET /connections/{name}/resource: a GET of ResourcePath.
 func (s *Server) resource(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name") // validated by requireScope
+	name := r.PathValue("name")
 	r.Method, r.Body, r.ContentLength = http.MethodGet, http.NoBody, 0
 	s.forward(w, r, name, ResourcePath, "", http.Header{"Accept": {"application/json"}})
 }
@@ -112,8 +104,8 @@ func (s *Server) forward(w http.ResponseWriter, r *http.Request, name, path, que
 	s.rp.ServeHTTP(w, r.WithContext(context.WithValue(ctx, callKey{}, c)))
 }
 
-// newReverseProxy is the proxy under forward: streamed both ways, the
-// answer without cookies, tokenguard's own errors as JSON.
+// newReverseProxy streams both ways, drops the answer's cookies and
+// answers tokenguard's own errors as JSON.
 func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReverseProxy {
 	return &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
@@ -125,8 +117,7 @@ func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReversePr
 		},
 		Transport: &tokenTransport{tokens: s.deps.Tokens, next: upstream, log: s.deps.Log},
 		ModifyResponse: func(resp *http.Response) error {
-			// Cookies are the API's for its client, which is tokenguard,
-			// not the caller.
+			// The API's cookies are for its client, tokenguard.
 			resp.Header.Del("Set-Cookie")
 			resp.Header.Del("Set-Cookie2")
 			return nil
@@ -152,9 +143,8 @@ func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReversePr
 	}
 }
 
-// copyBuffers keeps the proxy's 32 KiB copy buffers between calls:
-// ReverseProxy allocates one per call otherwise, which at a thousand
-// calls a second is garbage the collector's pauses then show in the tail.
+// copyBuffers pools the proxy's 32 KiB copy buffers, which ReverseProxy
+// would allocate per call (GC pauses in the latency tail).
 type copyBuffers struct{}
 
 var copyBufferPool = sync.Pool{New: func() any { b := make([]byte, 32<<10); return &b }}
@@ -165,11 +155,10 @@ func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 // errTokens marks the token layer's errors through the reverse proxy.
 var errTokens = errors.New("token")
 
-// tokenTransport sends a proxied call with the connection's token. A 401
-// that says the token is no good is sent again once with a token newer
-// than the one refused (a refresh only if nobody refreshed yet); a 429 or
-// 503 with Retry-After is sent again, within retryWithin, for a request
-// that may be repeated. Both only when the body can be sent again.
+// tokenTransport sends a proxied call with the connection's token. With a
+// replayable body, a 401 that refuses the token is sent again once with a
+// newer one, and a repeatable request's 429 or 503 with Retry-After again
+// within retryWithin.
 type tokenTransport struct {
 	tokens Tokens
 	next   http.RoundTripper
@@ -188,7 +177,7 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	until := time.Now().Add(retryWithin)
 	for {
 		req := out.Clone(ctx)
-		req.Body, req.ContentLength = body.reader(), body.length(out.ContentLength)
+		body.into(req, out.ContentLength)
 		if err := t.authorize(req, cred); err != nil {
 			return nil, fmt.Errorf("%w: %w", errTokens, err)
 		}
@@ -205,8 +194,7 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		case resp.StatusCode == http.StatusUnauthorized && !refreshed && apiclient.Revoked(resp.Header):
 			next, ferr := t.tokens.ForceRefresh(ctx, c.connection, cred.Version)
 			if ferr != nil && !errors.Is(ferr, domain.ErrNeedsReauth) {
-				// No newer token (rate limited, provider down): the
-				// caller gets the API's own 401.
+				// No newer token: the caller gets the API's own 401.
 				t.log.Warn("proxy: no newer token after a 401", "connection", c.connection, "err", ferr)
 				return resp, nil
 			}
@@ -239,8 +227,7 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 func (s *Server) target(provider, path, query string) (*url.URL, error) {
 	base := s.apiBase
 	if provider != "" {
-		// API_BASE_URL is the OAUTH_* provider's API: a stored provider's
-		// token never goes there.
+		// A stored provider's token never goes to API_BASE_URL.
 		b := ""
 		if s.deps.APIBases != nil {
 			b = s.deps.APIBases.APIBaseURL(provider)
@@ -273,14 +260,12 @@ func scrubURL(err error) error {
 	return err
 }
 
-// requestBody is a request body: held in memory when within replayLimit,
-// so it can be sent again, else streamed once.
+// requestBody is held when within replayLimit, else streamed once.
 type requestBody struct {
 	held   []byte
 	stream io.Reader // nil when held
 }
 
-// bufferBody reads up to replayLimit bytes of body.
 func bufferBody(body io.ReadCloser) (requestBody, error) {
 	if body == nil || body == http.NoBody {
 		return requestBody{}, nil
@@ -292,26 +277,19 @@ func bufferBody(body io.ReadCloser) (requestBody, error) {
 	return requestBody{stream: io.MultiReader(bytes.NewReader(held), body)}, nil
 }
 
-func (b requestBody) reader() io.ReadCloser {
-	if b.stream != nil {
-		return io.NopCloser(b.stream)
+// into gives req the held body, or the stream with the caller's length.
+func (b requestBody) into(req *http.Request, caller int64) {
+	switch {
+	case b.stream != nil:
+		req.Body, req.ContentLength = io.NopCloser(b.stream), caller
+	case len(b.held) > 0:
+		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(b.held)), int64(len(b.held))
+	default:
+		req.Body, req.ContentLength = nil, 0
 	}
-	if len(b.held) == 0 {
-		return nil
-	}
-	return io.NopCloser(bytes.NewReader(b.held))
 }
 
-// length is the outbound Content-Length: the held body's, or the caller's
-// (-1, unknown, streams it chunked).
-func (b requestBody) length(caller int64) int64 {
-	if b.stream != nil {
-		return caller
-	}
-	return int64(len(b.held))
-}
-
-// repeatable: a request the API may receive twice with the effect of one.
+// repeatable: a request the API may receive twice with the effect of once;
 // POST and PATCH only with an Idempotency-Key.
 func repeatable(r *http.Request) bool {
 	switch r.Method {
@@ -321,9 +299,8 @@ func repeatable(r *http.Request) bool {
 	return r.Header.Get("Idempotency-Key") != ""
 }
 
-// retryWait is how long to wait before retrying an answer with
-// Retry-After; false when it has none or the wait ends after until or the
-// request's deadline.
+// retryWait is an answer's Retry-After; false without one or when the
+// wait ends after until or the request's deadline.
 func retryWait(ctx context.Context, h http.Header, until time.Time) (time.Duration, bool) {
 	v := h.Get("Retry-After")
 	if v == "" {
@@ -340,8 +317,7 @@ func retryWait(ctx context.Context, h http.Header, until time.Time) (time.Durati
 	return wait, !end.After(until)
 }
 
-// discard reads a little of an unused answer, so its connection can be
-// reused, and closes it.
+// discard drains a little of an unused answer, for its connection's reuse.
 func discard(resp *http.Response) {
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()

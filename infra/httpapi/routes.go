@@ -23,19 +23,16 @@ const (
 	open                  // no credential (health checks)
 )
 
-// route is one endpoint. The table is data so that a test can walk it:
-// a route added without an API key fails it unless it is in publicRoutes,
-// and one that takes a key must name the scope it needs (fail-closed: a
-// route without one answers 403 to every key).
+// route is one endpoint: data, so that a test can walk the table. A route
+// without a scope answers 403 to every key (fail-closed).
 type route struct {
 	method, path string // method "": any
 	access       access
-	scope        domain.Scope // the key's scope the route needs; "" for public routes
+	scope        domain.Scope // "" for public routes
 	maxBody      int64        // request body limit in bytes
 	handle       http.HandlerFunc
 }
 
-// pattern is the route's ServeMux pattern, and its name.
 func (rt route) pattern() string { return strings.TrimSpace(rt.method + " " + rt.path) }
 
 // publicRoutes are the only routes reachable without an API key.
@@ -48,7 +45,7 @@ var publicRoutes = map[string]access{
 	"GET /oauth/callback":        browser,
 }
 
-// defaultMaxBody bounds the body of routes that expect none or a small one.
+// defaultMaxBody bounds the body of routes that expect a small one.
 const defaultMaxBody = 16 << 10
 
 func (s *Server) routes() []route {
@@ -62,11 +59,9 @@ func (s *Server) routes() []route {
 		{"GET", "/openapi.json", open, "", 0, s.openapi},
 		{"GET", "/.well-known/jwks.json", open, "", 0, s.jwks},
 		{"POST", "/connections/{name}/events", apiKey, domain.ScopeAPICall, 64 << 10, s.event},
-		// The connection is in the body: createSession checks the pattern
-		// (and admin for allow_account_change), redeem the result's.
+		// The connection is in the body: the handlers check it.
 		{"POST", "/connect-sessions", apiKey, domain.ScopeConnect, 2 * defaultMaxBody, s.createSession},
 		{"POST", "/connect-results", apiKey, domain.ScopeConnect, 0, s.redeem},
-		// Lists only the connections the key's patterns match.
 		{"GET", "/connections", apiKey, domain.ScopeConnectionsRead, 0, s.listConnections},
 		{"GET", "/oauth/connect", browser, "", 0, s.connectPage},
 		{"POST", "/oauth/connect", browser, "", 0, s.connectStart},
@@ -78,8 +73,7 @@ func (s *Server) routes() []route {
 	return rs
 }
 
-// guard wraps a route's handler in its deadline, body limit and, for
-// apiKey routes, the key check and the key's rate limit.
+// guard wraps a route in its deadline, body limit and access checks.
 func (s *Server) guard(rt route) http.Handler {
 	limit := rt.maxBody
 	if limit <= 0 {
@@ -87,21 +81,18 @@ func (s *Server) guard(rt route) http.Handler {
 	}
 	h := http.Handler(rt.handle)
 	if want, ok := publicRoutes[rt.pattern()]; !ok || want != rt.access {
-		// A route in the table that claims less than its listed access
-		// still gets an API key check.
+		// Claiming less than publicRoutes lists still needs a key.
 		rt.access = apiKey
 	}
 	if rt.access == apiKey {
 		h = s.requireKey(requireScope(rt, h))
 	} else {
-		// Anyone can reach these: bounded per client address, so that a
-		// flood of them cannot take the server's time from the key holders.
+		// Bounded per address: a flood takes no time from key holders.
 		h = s.public.limit(h, nil)
 	}
 	return s.bounded(h, limit)
 }
 
-// bounded gives h's requests the request deadline and body limit.
 func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ctx, cancel := context.WithTimeout(r.Context(), s.deps.Edges.RequestTimeout)
@@ -111,8 +102,7 @@ func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
 	})
 }
 
-// requireKey answers 401 unless the request carries a valid API key, and
-// 429 when the key is over its rate.
+// requireKey answers 401 without a valid API key, 429 over its rate.
 func (s *Server) requireKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, ok := bearer(r)
@@ -143,8 +133,8 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 
 type keyAccessKey struct{}
 
-// keyAccess is the verified key of the request; the zero KeyAccess (no
-// scope, no connection) outside requireKey.
+// keyAccess is the request's verified key; outside requireKey one that
+// may do nothing.
 func keyAccess(ctx context.Context) domain.KeyAccess {
 	a, ok := ctx.Value(keyAccessKey{}).(domain.KeyAccess)
 	if !ok {
@@ -164,13 +154,12 @@ func bearer(r *http.Request) (domain.Secret, bool) {
 	return domain.NewSecret(token), true
 }
 
-// edges apply to every request: the Host check against DNS rebinding and
-// headers that keep browsers from reinterpreting answers.
+// edges apply to every request: nosniff, and the Host check against DNS
+// rebinding.
 func (s *Server) edges(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
-		// Health checks come from orchestrators, which address the pod, not
-		// the public name; the answer says nothing.
+		// Orchestrators address the pod, and /healthz says nothing.
 		if r.URL.Path != "/healthz" && !s.hosts[strings.ToLower(r.Host)] {
 			const msg = "unknown Host; set PUBLIC_URL to the address clients use"
 			if strings.HasPrefix(r.URL.Path, "/oauth/") {
@@ -184,9 +173,8 @@ func (s *Server) edges(next http.Handler) http.Handler {
 	})
 }
 
-// allowedHosts are the Host header values the server answers: PUBLIC_URL's
-// host and e.Hosts, each also with its scheme's default port written out,
-// and the loopback names for a loopback or wildcard listener.
+// allowedHosts are PUBLIC_URL's host and e.Hosts, each also with its
+// default port, and the loopback names for a loopback or wildcard listener.
 func allowedHosts(e Edges) map[string]bool {
 	out := map[string]bool{}
 	add := func(hostport, scheme string) {
@@ -205,18 +193,16 @@ func allowedHosts(e Edges) map[string]bool {
 			return
 		}
 		ip := net.ParseIP(host)
-		if host == "" || (ip != nil && ip.IsUnspecified()) || host == "localhost" || (ip != nil && ip.IsLoopback()) {
-			// A wildcard or loopback listener is reached as localhost
-			// locally; any other name must be PUBLIC_URL's.
+		wildcard := host == "" || (ip != nil && ip.IsUnspecified())
+		if !wildcard {
+			out[hostport] = true
+		}
+		if wildcard || host == "localhost" || (ip != nil && ip.IsLoopback()) {
 			for _, h := range []string{"127.0.0.1", "localhost", "::1"} {
 				out[net.JoinHostPort(h, port)] = true
 			}
-			if host != "" && (ip == nil || !ip.IsUnspecified()) {
-				out[hostport] = true
-			}
 			return
 		}
-		out[hostport] = true
 		if (scheme == "http" && port == "80") || (scheme == "https" && port == "443") {
 			out[host] = true
 		}
@@ -238,12 +224,7 @@ type keyLimits struct {
 	keys  map[int32]*rate.Limiter
 }
 
-func newKeyLimits(r rate.Limit, burst int) *keyLimits {
-	return &keyLimits{rate: r, burst: burst, keys: map[int32]*rate.Limiter{}}
-}
-
-// allow takes a token from the key's bucket; when there is none it says
-// how long until there is.
+// allow takes a token from the key's bucket, or says how long until one.
 func (k *keyLimits) allow(id int32) (time.Duration, bool) {
 	k.mu.Lock()
 	l, ok := k.keys[id]
@@ -256,8 +237,7 @@ func (k *keyLimits) allow(id int32) (time.Duration, bool) {
 	return d, d == 0
 }
 
-// take takes a token from l at now, or (taking none) says how long until
-// there is one.
+// take takes a token from l at now, or says how long until there is one.
 func take(l *rate.Limiter, now time.Time) time.Duration {
 	res := l.ReserveN(now, 1)
 	d := res.DelayFrom(now)

@@ -1,8 +1,5 @@
-// Package httpapi is the HTTP server app: it hands out connections' access
-// tokens, proxies calls to their API with the token injected, accepts
-// events for the worker, runs the OAuth2 authorization-code flow that
-// connects an account, and reports health. Errors are mapped to HTTP
-// statuses here and nowhere else.
+// Package httpapi is the HTTP server: the token API, the proxy, events,
+// the OAuth2 connect flow and health. Errors map to statuses in problem.
 package httpapi
 
 import (
@@ -25,22 +22,20 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
+	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
-// Tokens hands out connections' access tokens for the token API and the
-// proxy; *tokenguard.Tokens is one.
+// Tokens hands out connections' access tokens; *tokenguard.Tokens is one.
 type Tokens interface {
 	Credential(ctx context.Context, connection string) (tokenguard.Credential, error)
-	// ForceRefresh returns a token newer than version stale, refreshing
-	// only if the stored version is still stale.
+	// ForceRefresh returns a token newer than version stale.
 	ForceRefresh(ctx context.Context, connection string, stale int64) (tokenguard.Credential, error)
 }
 
-// APIBases gives the API base URL of a stored provider's connections; ""
-// when it has none (its connections' calls are then refused: their token
-// never goes to Deps.APIBaseURL, another provider's API).
+// APIBases gives a stored provider's API base URL; "" when it has none
+// (its calls are then refused, never sent to Deps.APIBaseURL).
 type APIBases interface {
 	APIBaseURL(provider string) string
 }
@@ -50,7 +45,7 @@ type Events interface {
 	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
 }
 
-// ConnectFlows run the connect flow (*tokenguard.Tokens is one).
+// ConnectFlows run the connect flow.
 type ConnectFlows interface {
 	AuthCodeURL(ctx context.Context, f tokenguard.ConnectFlow) (string, tokenguard.ConnectFlow, error)
 	Complete(ctx context.Context, f tokenguard.ConnectFlow, callback url.Values) (tokenguard.ConnectResult, error)
@@ -58,20 +53,15 @@ type ConnectFlows interface {
 	RedeemFor(ctx context.Context, code string, allow func(connection string) error) (tokenguard.Connected, error)
 }
 
-// Connections lists connections without their credentials, in name order
-// after the name after, only those f matches (its Patterns: the key's).
-type Connections interface {
-	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
-}
+// Connections lists connections without credentials, in name order.
+type Connections = console.Pages
 
-// Providers gives a stored provider's client registration;
-// domain.ErrUnknownProvider for a name it does not know.
+// Providers gives a stored provider's client; else domain.ErrUnknownProvider.
 type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
 
-// KeyVerifier checks an API key and says what it may do;
-// domain.ErrUnauthorized when it is not one.
+// KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
 type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
@@ -79,12 +69,10 @@ type KeyVerifier interface {
 // Sessions stores connect sessions and the browser flows they start.
 type Sessions interface {
 	Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error)
-	// Peek reads an unopened, unexpired session; domain.ErrUnauthorized
-	// otherwise.
+	// Peek reads an unopened, unexpired session; else domain.ErrUnauthorized.
 	Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error)
 	Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error)
-	// Finish spends the flow of the cookie flow whose state is state;
-	// domain.ErrUnauthorized (and nothing spent) otherwise.
+	// Finish spends flow if its state is state; else domain.ErrUnauthorized.
 	Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error)
 }
 
@@ -101,56 +89,44 @@ type Pinger interface {
 // Deps are what the server is built from.
 type Deps struct {
 	Tokens Tokens
-	// APIBaseURL is where the proxy sends the calls of connections of the
-	// environment's provider.
+	// APIBaseURL is the API of the environment's provider's connections.
 	APIBaseURL *url.URL
 	APIBases   APIBases
-	// UpstreamTimeout bounds the wait for a proxied call's answer headers
-	// (0: 10s); its body streams on within the request's deadline.
+	// UpstreamTimeout bounds the wait for a proxied answer's headers (0: 10s).
 	UpstreamTimeout time.Duration
 	UserAgent       string // sent with every proxied call
 	Events          Events
-	// Flows runs the connect flow; nil disables it.
-	Flows ConnectFlows
-	// Connections serves GET /connections; nil answers it 503.
-	Connections Connections
-	// Providers knows the stored providers; nil knows only "" (OAuth).
-	Providers Providers
-	Keys      KeyVerifier
-	// Sessions keeps connect sessions and flows, and DB answers /healthz:
-	// both on the browser routes' own small pool, so that no flood of
-	// them takes a connection from the token reads and refreshes.
+	Flows           ConnectFlows // nil disables the connect flow
+	Connections     Connections  // nil answers GET /connections 503
+	Providers       Providers    // nil knows only "" (OAUTH_*)
+	Keys            KeyVerifier
+	// Sessions and DB (/healthz) use the browser routes' own small pool, so
+	// that a flood of them takes no connection from token reads.
 	Sessions Sessions
 	DB       Pinger
-	// OAuth is the client registration for the connect flow; nil or without
-	// AuthURL/RedirectURL disables /oauth/connect.
+	// OAuth is the connect flow's client; nil or without AuthURL/RedirectURL
+	// disables /oauth/connect.
 	OAuth    *oauth2.Config
 	Metrics  http.Handler // GET /metrics, behind an admin key; nil: no route
 	Observer ConnectObserver
 	Log      *slog.Logger
 	Edges    Edges
-	// TracerProvider records the requests' and the proxied calls' spans;
-	// nil: the global provider.
+	// TracerProvider records spans; nil: the global provider.
 	TracerProvider trace.TracerProvider
 }
 
 // Edges are the limits of the public listener.
 type Edges struct {
-	// PublicURL is where browsers and clients reach the server: connect
-	// URLs are built on it, its host is accepted, https makes the flow
-	// cookie Secure and __Host-.
-	PublicURL *url.URL
-	Hosts     []string // further accepted Host header values
-	// ReturnURLs are the allowed prefixes of a connect session's return_to.
-	ReturnURLs []string
-	// Rate and Burst limit requests per API key (Rate 0: 100/s, Burst 0:
-	// twice Rate).
+	// PublicURL is where clients reach the server: connect URLs, the
+	// accepted Host, and (https) a Secure __Host- flow cookie.
+	PublicURL  *url.URL
+	Hosts      []string // further accepted Host header values
+	ReturnURLs []string // allowed prefixes of a connect session's return_to
+	// Rate and Burst limit requests per API key (0: 100/s, twice Rate).
 	Rate  rate.Limit
 	Burst int
-	// PublicRate, PublicBurst and PublicInFlight limit the public routes
-	// (/oauth/*, /healthz, /openapi.json) per client address: requests per
-	// second (0: 20), burst (0: twice the rate) and requests at once (0:
-	// 4). PublicTotal caps them at once across every address (0: 64).
+	// The public routes' limits per client address: rate (0: 20/s), burst
+	// (0: twice the rate), at once (0: 4); PublicTotal across all (0: 64).
 	PublicRate     rate.Limit
 	PublicBurst    int
 	PublicInFlight int
@@ -170,25 +146,21 @@ type Server struct {
 	public  *addrLimits // the public routes' limits per client address
 	health  health
 	apiBase *url.URL
-	rp      *httputil.ReverseProxy // under the proxy routes
+	rp      *httputil.ReverseProxy
 	tracer  *tracing.Tracer
 	console Console // /console, when mounted
-	// consoleLimits bound the console per client address, as public the
-	// public routes, and apart from them: its pages are reachable without
-	// a key, and its session check and login read the database.
+	// consoleLimits bound the console per address, apart from public.
 	consoleLimits *addrLimits
 }
 
-// Console is the operator console as the server mounts it: it checks its
-// own session, and answers in its own pages the requests the server's
-// limits refuse (Retry-After already set).
+// Console is the operator console: it checks its own session and answers
+// the requests the server's limits refuse (Retry-After set).
 type Console interface {
 	http.Handler
 	TooManyRequests(w http.ResponseWriter, r *http.Request)
 }
 
-// MountConsole serves c at /console and under it, with every route's
-// deadline and body limit. Call it before Handler.
+// MountConsole serves c at /console and under it. Call it before Handler.
 func (s *Server) MountConsole(c Console) { s.console = c }
 
 // New builds the server.
@@ -201,22 +173,21 @@ func New(d Deps) *Server {
 	e.Rate = positive(e.Rate, 100)
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), limits: newKeyLimits(e.Rate, e.Burst),
-		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider)}
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider),
+		limits: &keyLimits{rate: e.Rate, burst: e.Burst, keys: map[int32]*rate.Limiter{}},
+		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
 	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
 	return s
 }
 
-// Handler routes the server's endpoints: exactly those of routes(), each
-// behind the checks its access class requires.
+// Handler routes exactly routes(), each behind its access class's checks.
 func (s *Server) Handler() http.Handler {
 	mux := http.NewServeMux()
 	for _, rt := range s.routes() {
 		mux.Handle(rt.pattern(), s.guard(rt))
 	}
 	if s.console != nil {
-		// Outside the route table: pages behind their own session check.
 		h := s.bounded(s.consoleLimits.limit(s.console, s.console.TooManyRequests), defaultMaxBody)
 		mux.Handle("/console", h)
 		mux.Handle("/console/", h)
@@ -228,8 +199,7 @@ func (s *Server) Handler() http.Handler {
 	return tracing.Handler(s.edges(mux), s.deps.TracerProvider, "/healthz")
 }
 
-// Serve answers on ln until ctx is done, then stops accepting connections,
-// lets requests in flight finish (bounded by grace) and returns.
+// Serve answers on ln until ctx is done, then lets requests finish within grace.
 func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration) error {
 	srv := &http.Server{
 		Handler:           s.Handler(),
@@ -261,8 +231,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 	return nil
 }
 
-// healthz answers from the last database ping, at most a second old: one
-// ping a second, whatever the traffic.
+// healthz answers from the last database ping, at most a second old.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	if err := s.health.check(r.Context(), s.deps.DB); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "database unreachable"})
@@ -271,7 +240,6 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// event queues one event for the worker, with its JSON body if any.
 func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")     // validated by requireScope
 	body, err := io.ReadAll(r.Body) // bounded by the route's body limit

@@ -21,9 +21,15 @@ type tokenView struct {
 	Version     int64      `json:"version"`
 }
 
-// writeToken answers a token. writeJSON's no-store keeps it out of every
-// cache; Pragma covers HTTP/1.0 ones.
-func writeToken(w http.ResponseWriter, c tokenguard.Credential) {
+// writeToken answers c's token (Pragma: HTTP/1.0 caches too), or err.
+func (s *Server) writeToken(w http.ResponseWriter, r *http.Request, name string, c tokenguard.Credential, err error) {
+	if err == nil {
+		err = senderConstrained(c)
+	}
+	if err != nil {
+		s.failed(w, r, name, err)
+		return
+	}
 	w.Header().Set("Pragma", "no-cache")
 	writeJSON(w, http.StatusOK, tokenView{AccessToken: c.Token.AccessToken, TokenType: c.Token.Type(),
 		Expiry: utcOrNil(c.Token.Expiry), Connection: c.Connection, Provider: c.Provider, Version: c.Version})
@@ -38,46 +44,40 @@ func utcOrNil(t time.Time) *time.Time {
 	return &t
 }
 
-// token answers GET /connections/{name}/token: the connection's access
-// token, valid until expiry (the provider's expiry minus the skew), from
-// the cache when it is fresh.
+// token answers GET /connections/{name}/token (name checked by requireScope).
 func (s *Server) token(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name") // validated by requireScope
+	name := r.PathValue("name")
 	c, err := s.deps.Tokens.Credential(r.Context(), name)
-	if err == nil {
-		err = senderConstrained(c)
+	s.writeToken(w, r, name, c, err)
+}
+
+// decodeBody decodes r's JSON body into v, refusing unknown fields and,
+// when whole, anything after the value.
+func decodeBody(r *http.Request, v any, whole bool) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && whole && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("trailing data")
 	}
-	if err != nil {
-		s.failed(w, r, name, err)
-		return
-	}
-	writeToken(w, c)
+	return err
 }
 
 // refreshToken answers POST /connections/{name}/token/refresh
-// {"stale_version": N}: the caller's API answered 401 to version N. The
-// connection is refreshed only if its stored version is still N (one
-// refresh per stale version fleet-wide); the answer is the current token.
+// {"stale_version": N} after the API refused version N: a refresh only if
+// the stored version is still N, then the current token.
 func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name") // validated by requireScope
+	name := r.PathValue("name")
 	var body struct {
 		StaleVersion *int64 `json:"stale_version"`
 	}
-	dec := json.NewDecoder(r.Body)
-	dec.DisallowUnknownFields()
-	err := dec.Decode(&body)
-	if err == nil && dec.Decode(&struct{}{}) != io.EOF {
-		err = errors.New("trailing data")
-	}
-	if err != nil || body.StaleVersion == nil || *body.StaleVersion < 1 {
+	if err := decodeBody(r, &body, true); err != nil || body.StaleVersion == nil || *body.StaleVersion < 1 {
 		writeJSON(w, http.StatusBadRequest, errorBody{
 			Error: `the body must be {"stale_version": N}, N the version of the token the API refused`, Code: "bad_request", Connection: name})
 		return
 	}
-	// A version newer than any this process knows was never handed out
-	// here; taken as stale it would keep the connection out of the cache
-	// until the version catches up. A caller whose token came from another
-	// server instance gets the token again and reports that one's version.
+	// A version newer than this process knows, taken as stale, would keep
+	// the connection out of the cache until the version catches up.
 	cur, err := s.deps.Tokens.Credential(r.Context(), name)
 	if err == nil && *body.StaleVersion > cur.Version {
 		writeJSON(w, http.StatusConflict, errorBody{
@@ -90,12 +90,5 @@ func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c, err := s.deps.Tokens.ForceRefresh(r.Context(), name, *body.StaleVersion)
-	if err == nil {
-		err = senderConstrained(c)
-	}
-	if err != nil {
-		s.failed(w, r, name, err)
-		return
-	}
-	writeToken(w, c)
+	s.writeToken(w, r, name, c, err)
 }

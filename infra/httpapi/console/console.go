@@ -1,17 +1,11 @@
-// Package console is the operator console, GET /console on the server:
-// server-rendered pages (html/template, one stylesheet, no script) that
-// list connections and their trouble, show one connection's history, and
-// run the operator's actions on it through the same calls tokenctl and
-// POST /connect-sessions use.
+// Package console is the operator console at /console: server-rendered
+// pages (no script) that list connections, show one's history, and run
+// the operator's actions through the calls tokenctl uses.
 //
-// An API key entered once on the login form opens a session: a random
-// token in an HttpOnly, SameSite=Strict cookie (Secure and __Host- over
-// https) whose SHA-256 is stored server-side with an expiry, so that
-// logging out, the expiry and revoking the key each end it at once. A
-// signed cookie could not be revoked without a server-side list anyway.
-// Every form that changes something carries a CSRF token derived from the
-// session token (HMAC), checked on the POST; the login form has its own,
-// bound to a pre-login cookie.
+// An API key entered on the login form opens a session: a random token in
+// an HttpOnly, SameSite=Strict cookie, stored hashed server-side, so that
+// logout, expiry and revoking the key end it at once. Forms carry a CSRF
+// token (an HMAC of the session token; at login, of a pre-login cookie).
 package console
 
 import (
@@ -26,6 +20,7 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
+	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -40,14 +35,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// KeyVerifier checks an API key and says what it may do;
-// domain.ErrUnauthorized when it is not one.
+// KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
 type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
 
-// Session is a live console session: the API key it was opened with,
-// and what that key may do now.
+// Session is a live console session: its API key and what it may do now.
 type Session struct {
 	KeyID     int32
 	KeyName   string
@@ -58,16 +51,43 @@ type Session struct {
 // Sessions stores console sessions by a hash of their token.
 type Sessions interface {
 	Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
-	// Lookup returns domain.ErrUnauthorized for a token that is unknown,
-	// logged out, expired, or whose key was revoked.
+	// Lookup returns domain.ErrUnauthorized unless the session is live.
 	Lookup(ctx context.Context, token domain.Secret) (Session, error)
 	Delete(ctx context.Context, token domain.Secret) error
 }
 
+// Pages reads connections a page at a time, in name order, without tokens.
+type Pages interface {
+	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
+}
+
 // Connections reads connections as listings show them (no token).
 type Connections interface {
-	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
+	Pages
 	Connection(ctx context.Context, name string) (domain.Connection, error)
+}
+
+// Visible is up to limit connections after after that f and acc match: the
+// store narrows by acc's patterns, acc's rule decides. The API uses it too.
+func Visible(ctx context.Context, src Pages, acc domain.KeyAccess, f domain.ConnectionFilter,
+	after string, limit int) ([]domain.Connection, error) {
+	f.Patterns = acc.Connections
+	var out []domain.Connection
+	for {
+		page, err := src.FilteredConnectionsPage(ctx, f, after, limit)
+		if err != nil {
+			return nil, err
+		}
+		for _, c := range page {
+			if acc.AllowsConnection(c.Name) {
+				out = append(out, c)
+			}
+		}
+		if len(out) >= limit || len(page) < limit {
+			return out[:min(len(out), limit)], nil
+		}
+		after = page[len(page)-1].Name
+	}
 }
 
 // History reads the connections' recent history.
@@ -77,21 +97,18 @@ type History interface {
 	RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
 }
 
-// Actions are the operator's changes, as tokenctl and the library's
-// public API run them.
+// Actions are the operator's changes, as tokenctl runs them.
 type Actions interface {
 	Reactivate(ctx context.Context, connection string) (version int64, err error)
 	Disconnect(ctx context.Context, connection string, revoke bool) error
 }
 
-// ConnectLinks creates a connect session for connection, as POST
-// /connect-sessions does, and returns its URL.
+// ConnectLinks creates a connect link, as POST /connect-sessions does.
 type ConnectLinks interface {
 	ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (link string, expires time.Time, err error)
 }
 
-// Provider is a provider's settings as the console shows them: never its
-// client secret.
+// Provider is a provider's settings as shown: never its client secret.
 type Provider struct {
 	Name        string // "" for the OAUTH_* one
 	Profile     string
@@ -122,29 +139,25 @@ type Deps struct {
 	Actions     Actions
 	Links       ConnectLinks
 	Providers   Providers
-	// Secure: the server is reached over https (PUBLIC_URL): cookies are
-	// Secure and __Host-.
-	Secure bool
-	// SessionLifetime bounds a session (0: 8h).
-	SessionLifetime time.Duration
+	// Secure: PUBLIC_URL is https; cookies are Secure and __Host-.
+	Secure          bool
+	SessionLifetime time.Duration // 0: DefaultSessionLifetime
 	Log             *slog.Logger
 	Now             func() time.Time
 }
 
 // Console is the console's handler, mounted at /console.
 type Console struct {
-	d     Deps
-	mux   *http.ServeMux
-	pages map[string]*template.Template
-	tries loginTries
-	addrs loginAddrs
-	// tooMany is the 429 page, rendered once.
-	tooMany []byte
+	d       Deps
+	mux     *http.ServeMux
+	pages   map[string]*template.Template
+	tries   loginTries
+	addrs   loginAddrs
+	tooMany []byte // the 429 page, rendered once
 }
 
 // loginTries counts the login attempts of each pre-login cookie, so that
-// one login form cannot be replayed to try keys (the server limits each
-// address too).
+// one login form cannot be replayed to try keys.
 type loginTries struct {
 	mu sync.Mutex
 	n  map[string]loginTry
@@ -155,19 +168,13 @@ type loginTry struct {
 	until time.Time
 }
 
-// maxLoginTries per pre-login cookie; the form is then fetched again.
 const maxLoginTries = 5
 
-// take counts an attempt of cookie pre and reports whether it is allowed.
 func (l *loginTries) take(pre string, now time.Time) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.n == nil || len(l.n) >= 10000 {
-		for k, v := range l.n {
-			if now.After(v.until) {
-				delete(l.n, k)
-			}
-		}
+		maps.DeleteFunc(l.n, func(_ string, v loginTry) bool { return now.After(v.until) })
 		if l.n == nil || len(l.n) >= 10000 {
 			l.n = map[string]loginTry{}
 		}
@@ -183,21 +190,18 @@ func (l *loginTries) take(pre string, now time.Time) bool {
 	return t.count <= maxLoginTries
 }
 
-// loginAddrs limit the login attempts of each client address (the TCP
-// peer): an attacker makes himself as many login forms as he likes, and
-// each wrong key costs a key check. The server's limit per address counts
-// every console request; this one, stricter, only the logins.
+// loginAddrs limit the logins of each client address, stricter than the
+// server's limit: anyone can get login forms, and each key costs a check.
 type loginAddrs struct {
 	mu  sync.Mutex
 	lim map[string]*rate.Limiter
 }
 
 const (
-	loginRate  = rate.Limit(1) // logins a second per address, after a burst of
+	loginRate  = rate.Limit(1) // per second and address
 	loginBurst = 10
 )
 
-// take counts a login from addr, or says how long until one is allowed.
 func (l *loginAddrs) take(addr string, now time.Time) (time.Duration, bool) {
 	l.mu.Lock()
 	if l.lim == nil || len(l.lim) >= 10000 {
@@ -221,9 +225,8 @@ func (l *loginAddrs) take(addr string, now time.Time) (time.Duration, bool) {
 var assets embed.FS
 
 const (
-	// DefaultSessionLifetime is how long a login lasts.
-	DefaultSessionLifetime = 8 * time.Hour
-	pageSize               = 50 // connections a page lists
+	DefaultSessionLifetime = 8 * time.Hour // how long a login lasts
+	pageSize               = 50            // connections a page lists
 )
 
 // New builds the console.
@@ -256,17 +259,15 @@ func New(d Deps) *Console {
 	return c
 }
 
-// action is one page or form of a session: the scope its key needs, as
-// the API's routes name theirs (domain.KeyAccess.Permit decides both,
-// with the connection the path names).
+// action is a page or form behind a session, and the scope its key
+// needs (domain.KeyAccess.Permit decides, as for the API's routes).
 type action struct {
 	pattern string
 	scope   domain.Scope
 	handle  http.HandlerFunc
 }
 
-// actions are the console's pages and forms behind a session: a table, so
-// that a test can walk every one with keys of each shape.
+// actions are a table, so that a test can walk every one.
 func (c *Console) actions() []action {
 	return []action{
 		{"POST /console/logout", domain.ScopeAdmin, c.logout},
@@ -280,8 +281,7 @@ func (c *Console) actions() []action {
 	}
 }
 
-// csp allows the console's own stylesheet and nothing else: no script at
-// all, no inline style, no frame, forms only to itself.
+// csp allows the console's own stylesheet and forms, nothing else.
 const csp = "default-src 'self'; script-src 'none'; style-src 'self'; img-src 'self'; form-action 'self'; frame-ancestors 'none'; base-uri 'none'"
 
 func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
@@ -292,10 +292,8 @@ func (c *Console) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	c.mux.ServeHTTP(w, r)
 }
 
-// TooManyRequests is the console's page for a request the server's limits
-// refused before it reached the console (the server sets Retry-After). It
-// reads nothing (no session, no database) and renders nothing: a flood's
-// refusals cost the server little.
+// TooManyRequests is the page for a request the server's limits refused
+// (Retry-After set): prerendered, reading nothing, so a flood costs little.
 func (c *Console) TooManyRequests(w http.ResponseWriter, _ *http.Request) {
 	pageHeaders(w)
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
@@ -303,7 +301,6 @@ func (c *Console) TooManyRequests(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(c.tooMany)
 }
 
-// pageHeaders are every console answer's.
 func pageHeaders(w http.ResponseWriter) {
 	h := w.Header()
 	h.Set("Content-Security-Policy", csp)
@@ -312,16 +309,13 @@ func pageHeaders(w http.ResponseWriter) {
 	h.Set("Cache-Control", "no-store")
 }
 
-// MayOperate decides whether a verified API key may log in to the
-// console: one with the admin scope (keys made before scopes have every
-// right). Each page and form checks the session's key again, with the
-// connection it names (Permit); revoking the key ends its sessions.
+// MayOperate decides whether a verified API key may log in: one with the
+// admin scope. Each page checks the session's key again (Permit).
 func MayOperate(access domain.KeyAccess) bool {
 	return access.Permit(domain.ScopeAdmin, "") == nil
 }
 
-// Cookie names: over https the __Host- prefix pins them to this origin
-// (Secure, Path=/, no Domain).
+// cookieName: over https the __Host- prefix pins it to this origin.
 func (c *Console) cookieName(base string) string {
 	if c.d.Secure {
 		return "__Host-" + base
@@ -339,16 +333,14 @@ func (c *Console) setCookie(w http.ResponseWriter, base, value string, maxAge in
 		HttpOnly: true, Secure: c.d.Secure, SameSite: http.SameSiteStrictMode})
 }
 
-// csrfOf is the CSRF token of the forms of the session (or pre-login
-// cookie) secret: an HMAC of it, which a page of another origin can
-// neither read nor compute.
+// csrfOf is the forms' CSRF token for a session (or pre-login) secret,
+// which another origin can neither read nor compute.
 func csrfOf(secret string) string {
 	m := hmac.New(sha256.New, []byte(secret))
 	m.Write([]byte("tokenguard console csrf"))
 	return base64.RawURLEncoding.EncodeToString(m.Sum(nil))
 }
 
-// csrfOK checks a posted form's token in constant time.
 func csrfOK(r *http.Request, secret string) bool {
 	got := r.PostFormValue("csrf")
 	return got != "" && hmac.Equal([]byte(got), []byte(csrfOf(secret)))
@@ -367,10 +359,9 @@ func sessionOf(r *http.Request) current {
 	return s
 }
 
-// session answers pages only for a live session (else: to the login
-// form, or 401 for a form post) whose key may use scope on the connection
-// the path names (else 403), and POSTs only with the session's CSRF token
-// (else 403).
+// session answers only a live session (else the login form, or 401 for a
+// post) whose key may use scope on the path's connection, and POSTs only
+// with its CSRF token (else 403).
 func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ck, err := r.Cookie(c.cookieName(sessionCookie))
@@ -389,8 +380,7 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 			c.fail(w, r, http.StatusUnauthorized, "Your session has ended. Log in again.")
 			return
 		case err != nil:
-			c.d.Log.Error("console session check failed", "err", err)
-			c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+			c.unavailable(w, r, "console session check failed", err)
 			return
 		}
 		cur := current{Session: s, token: domain.NewSecret(ck.Value), CSRF: csrfOf(ck.Value)}
@@ -407,12 +397,17 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 	})
 }
 
+// unavailable logs err and answers that the database did not answer.
+func (c *Console) unavailable(w http.ResponseWriter, r *http.Request, msg string, err error) {
+	c.d.Log.Error(msg, "err", err)
+	c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+}
+
 func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
 	c.showLogin(w, r, http.StatusOK, "")
 }
 
-// showLogin shows the login form, with a fresh pre-login cookie whose
-// CSRF token the form carries.
+// showLogin shows the login form with a fresh pre-login cookie.
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, problem string) {
 	pre := newSecret()
 	c.setCookie(w, loginCookie, pre, 600)
@@ -449,8 +444,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusUnauthorized, "That API key is not valid.")
 		return
 	case err != nil:
-		c.d.Log.Error("console login: key check failed", "err", err)
-		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+		c.unavailable(w, r, "console login: key check failed", err)
 		return
 	}
 	if !MayOperate(access) {
@@ -459,8 +453,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	}
 	token, expires, err := c.d.Sessions.Create(r.Context(), access.ID, c.d.SessionLifetime)
 	if err != nil {
-		c.d.Log.Error("console login: session not stored", "err", err)
-		c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
+		c.unavailable(w, r, "console login: session not stored", err)
 		return
 	}
 	c.setCookie(w, loginCookie, "", -1)

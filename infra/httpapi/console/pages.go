@@ -39,7 +39,7 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "That filter is not valid.")
 		return
 	}
-	page, err := c.visible(r, f, after, pageSize+1)
+	page, err := Visible(r.Context(), c.d.Connections, sessionOf(r).Access, f, after, pageSize+1)
 	if err != nil {
 		c.failed(w, r, "", err)
 		return
@@ -115,10 +115,8 @@ func (c *Console) connection(w http.ResponseWriter, r *http.Request) {
 	})
 }
 
-// failingNow is the connection's last refresh when it failed without
-// marking the grant dead (a timeout, a lost answer, an answer not
-// understood): the status still says active then, and this says why not
-// all is well. Events are newest first.
+// failingNow is the last refresh (events are newest first) if it failed
+// without marking the grant dead, while the status still says active.
 func failingNow(events []domain.ConnectionEvent) *domain.ConnectionEvent {
 	for _, e := range events {
 		if e.Kind != "refresh" {
@@ -132,8 +130,7 @@ func failingNow(events []domain.ConnectionEvent) *domain.ConnectionEvent {
 	return nil
 }
 
-// doneMessage is the notice shown after an action: a fixed text per
-// action, so nothing the URL says is echoed.
+// doneMessage is a fixed notice per action: nothing of the URL is echoed.
 func doneMessage(done string) string {
 	switch done {
 	case "reactivated":
@@ -226,31 +223,7 @@ func (c *Console) providers(w http.ResponseWriter, r *http.Request) {
 	c.render(w, r, http.StatusOK, "providers", map[string]any{"Nav": "providers", "Rows": rows})
 }
 
-// visible is up to limit connections after after that f and the
-// session's key's patterns match.
-func (c *Console) visible(r *http.Request, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
-	acc := sessionOf(r).Access
-	f.Patterns = acc.Connections // one query per page; the check below stays
-	var out []domain.Connection
-	for {
-		page, err := c.d.Connections.FilteredConnectionsPage(r.Context(), f, after, limit)
-		if err != nil {
-			return nil, err
-		}
-		for _, p := range page {
-			if acc.AllowsConnection(p.Name) {
-				out = append(out, p)
-			}
-		}
-		if len(out) >= limit || len(page) < limit {
-			return out[:min(len(out), limit)], nil
-		}
-		after = page[len(page)-1].Name
-	}
-}
-
-// failed answers an error of a read or an action with its page
-// (problem.Of, the table the API answers from too).
+// failed answers err with its page from problem.Of, as the API does.
 func (c *Console) failed(w http.ResponseWriter, r *http.Request, name string, err error) {
 	p := problem.Of(err)
 	if p.Status >= 500 {
@@ -309,8 +282,7 @@ func parsePages() map[string]*template.Template {
 	return pages
 }
 
-// when says how far t is from now, in the operator's words ("in 3m",
-// "5s ago"); "—" for a zero time.
+// when says how far t is from now ("in 3m", "5s ago"; "—" for zero).
 func when(t time.Time) string {
 	if t.IsZero() {
 		return "—"
@@ -322,7 +294,6 @@ func when(t time.Time) string {
 	return short(-d) + " ago"
 }
 
-// absolute is t in UTC; "" for a zero time.
 func absolute(t time.Time) string {
 	if t.IsZero() {
 		return ""
@@ -363,7 +334,6 @@ func percent(r domain.RefreshRate) string {
 	return fmt.Sprintf("%.0f%%", math.Floor(100*float64(r.OK)/float64(r.Total)))
 }
 
-// statusClass is the badge style of a status.
 func statusClass(s domain.Status) string {
 	switch s {
 	case domain.StatusActive:

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -33,13 +34,23 @@ type row struct {
 	hint   string // added to the error's own text
 	// answerRetry: RetryAfter is the provider's Retry-After, at least p's.
 	answerRetry bool
-	// lastAnswer: the provider's status and code, when err carries them,
-	// are added to Message and Page.
+	// lastAnswer: the provider's last status and code go in Message and Page.
 	lastAnswer bool
 }
 
 func is(target error) func(error) bool {
 	return func(err error) bool { return errors.Is(err, target) }
+}
+
+// detailed is the row of target whose Message is the error's own text.
+func detailed(target error, status int, code, page string) row {
+	return row{match: is(target), detail: true, p: Problem{Status: status, Code: code, Page: page}}
+}
+
+// spoken is p with its Message, as a sentence, for Page.
+func spoken(p Problem) Problem {
+	p.Page = strings.ToUpper(p.Message[:1]) + p.Message[1:] + "."
+	return p
 }
 
 // providerAnswer matches a provider's answer that leaves the grant alive.
@@ -56,37 +67,28 @@ func timedOut(err error) bool {
 // refresh whose outcome could not be stored) is the store's, and never an
 // upstream's 502.
 var table = []row{
-	{match: is(domain.ErrInvalidConnection), detail: true,
-		p: Problem{Status: http.StatusBadRequest, Code: "invalid_connection", Page: "That is not a connection name."}},
-	{match: is(domain.ErrInvalidMetadata), detail: true,
-		p: Problem{Status: http.StatusBadRequest, Code: "invalid_metadata", Page: "The metadata is not valid JSON of the kind a connection keeps."}},
+	detailed(domain.ErrInvalidConnection, http.StatusBadRequest, "invalid_connection", "That is not a connection name."),
+	detailed(domain.ErrInvalidMetadata, http.StatusBadRequest, "invalid_metadata",
+		"The metadata is not valid JSON of the kind a connection keeps."),
 	{match: is(domain.ErrUndecryptable), // not the store's 503: trying again gives the same answer
-		p: Problem{Status: http.StatusInternalServerError, Code: "undecryptable",
-			Message: "the connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served",
-			Page:    "The connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served."}},
+		p: spoken(Problem{Status: http.StatusInternalServerError, Code: "undecryptable",
+			Message: "the connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served"})},
 	{match: is(domain.ErrInvalidAccount),
-		p: Problem{Status: http.StatusBadGateway, Code: "account_invalid",
-			Message: "the provider named the account with an id that is too long or not printable; nothing was stored",
-			Page:    "The provider named the account with an id that is too long or not printable; nothing was stored."}},
-	{match: is(domain.ErrNoAPIBaseURL), detail: true,
-		p: Problem{Status: http.StatusConflict, Code: "no_api_base_url", Page: "Its provider has no API base URL: tokenctl provider update --api-base-url."}},
-	{match: is(domain.ErrUnknownProvider), detail: true,
-		p: Problem{Status: http.StatusBadRequest, Code: "unknown_provider", Page: "The connection's provider is not stored any more."}},
-	{match: is(domain.ErrNoRevocationEndpoint), detail: true,
-		p: Problem{Status: http.StatusConflict, Code: "no_revocation_endpoint",
-			Page: "Its provider has no revocation endpoint configured: disconnect without revoking, or configure one."}},
-	{match: is(domain.ErrReturnToNotAllowed), detail: true,
-		p: Problem{Status: http.StatusBadRequest, Code: "return_to_not_allowed",
-			Page: "The return address must be a page of your application under one of CONNECT_RETURN_URLS: the person's browser brings the consent's result there, and your backend redeems it (POST /connect-results)."}},
-	{match: is(domain.ErrConnectionNotAllowed), detail: true,
-		p: Problem{Status: http.StatusForbidden, Code: "connection_not_allowed",
-			Page: "This API key's connection patterns do not include this connection (tokenctl apikey create --connections)."}},
-	{match: is(domain.ErrMissingScope), detail: true,
-		p: Problem{Status: http.StatusForbidden, Code: "missing_scope",
-			Page: "This API key lacks the scope this needs (tokenctl apikey create --scopes)."}},
-	{match: is(domain.ErrConnectNotConfigured), detail: true,
-		p: Problem{Status: http.StatusServiceUnavailable, Code: "connect_not_configured",
-			Page: "This server cannot create connect links: it needs OAUTH_AUTH_URL and OAUTH_REDIRECT_URL (or the provider's authorization URL)."}},
+		p: spoken(Problem{Status: http.StatusBadGateway, Code: "account_invalid",
+			Message: "the provider named the account with an id that is too long or not printable; nothing was stored"})},
+	detailed(domain.ErrNoAPIBaseURL, http.StatusConflict, "no_api_base_url",
+		"Its provider has no API base URL: tokenctl provider update --api-base-url."),
+	detailed(domain.ErrUnknownProvider, http.StatusBadRequest, "unknown_provider", "The connection's provider is not stored any more."),
+	detailed(domain.ErrNoRevocationEndpoint, http.StatusConflict, "no_revocation_endpoint",
+		"Its provider has no revocation endpoint configured: disconnect without revoking, or configure one."),
+	detailed(domain.ErrReturnToNotAllowed, http.StatusBadRequest, "return_to_not_allowed",
+		"The return address must be a page of your application under one of CONNECT_RETURN_URLS: the person's browser brings the consent's result there, and your backend redeems it (POST /connect-results)."),
+	detailed(domain.ErrConnectionNotAllowed, http.StatusForbidden, "connection_not_allowed",
+		"This API key's connection patterns do not include this connection (tokenctl apikey create --connections)."),
+	detailed(domain.ErrMissingScope, http.StatusForbidden, "missing_scope",
+		"This API key lacks the scope this needs (tokenctl apikey create --scopes)."),
+	detailed(domain.ErrConnectNotConfigured, http.StatusServiceUnavailable, "connect_not_configured",
+		"This server cannot create connect links: it needs OAUTH_AUTH_URL and OAUTH_REDIRECT_URL (or the provider's authorization URL)."),
 	{match: is(domain.ErrNotFound),
 		p: Problem{Status: http.StatusNotFound, Code: "not_found", Message: "connection not found",
 			Page: "No such connection has a token (never connected, or disconnected)."}},
@@ -96,12 +98,11 @@ var table = []row{
 			Page:    "The connection's grant is bound to a DPoP key; its token is only used with a proof."}},
 	{match: is(domain.ErrNeedsReauth), detail: true, hint: "; connect it again (POST /connect-sessions)",
 		p: Problem{Status: http.StatusConflict, Code: "needs_reauth", Page: "The connection's grant is dead: connect it again."}},
-	{match: is(domain.ErrAccountMismatch), detail: true,
-		p: Problem{Status: http.StatusConflict, Code: "account_mismatch", Page: "The consent came from another provider account than the connection's; nothing was stored."}},
+	detailed(domain.ErrAccountMismatch, http.StatusConflict, "account_mismatch",
+		"The consent came from another provider account than the connection's; nothing was stored."),
 	{match: is(domain.ErrResultInvalid),
-		p: Problem{Status: http.StatusGone, Code: "result_invalid",
-			Message: "this connect result is unknown, expired or already redeemed; nothing was stored",
-			Page:    "This connect result is unknown, expired or already redeemed; nothing was stored."}},
+		p: spoken(Problem{Status: http.StatusGone, Code: "result_invalid",
+			Message: "this connect result is unknown, expired or already redeemed; nothing was stored"})},
 	{match: is(domain.ErrUnauthorized),
 		p: Problem{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "unauthorized", Page: "Log in with an API key."}},
 	{match: is(domain.ErrTokenBudgetSpent),
@@ -138,8 +139,7 @@ var table = []row{
 			Message: "the external API's answer is over the size limit; nothing of it was passed on",
 			Page:    "The external API's answer is over the size limit."}},
 	{match: is(apiclient.ErrUnavailable),
-		p: Problem{Status: http.StatusBadGateway, Code: "upstream_unavailable", Message: "the external API could not be reached",
-			Page: "The external API could not be reached."}},
+		p: spoken(Problem{Status: http.StatusBadGateway, Code: "upstream_unavailable", Message: "the external API could not be reached"})},
 	{match: timedOut,
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "timeout", RetryAfter: time.Second,
 			Message: "the request timed out", Page: "The request timed out; try again."}},
