@@ -92,3 +92,22 @@ func AppVersion() string {
 
 // UserAgent is app's User-Agent: tokenguard-<app>/<version>.
 func UserAgent(app string) string { return "tokenguard-" + app + "/" + AppVersion() }
+
+// Main is the body of a long-running app's main: usage and the environment
+// on --help, else Run with the app build makes, until SIGTERM or SIGINT.
+func Main[A interface{ Run(context.Context) error }](app, usage string, args, environ []string, stdout, stderr io.Writer,
+	build func(context.Context, AppConfig, *slog.Logger) (A, func(), error)) int {
+	if HelpAsked(args) {
+		fmt.Fprint(stdout, usage)
+		PrintEnv(stdout, AppConfig{}, true)
+		return 0
+	}
+	return Run(app, environ, stderr, func(ctx context.Context, cfg AppConfig, log *slog.Logger) error {
+		a, cleanup, err := build(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		return a.Run(ctx)
+	})
+}
