@@ -329,7 +329,7 @@ type statusPrinter struct {
 	notice time.Duration // TOKEN_EXPIRING_NOTICE
 	tw     *tabwriter.Writer
 	lines  int
-	bound  []domain.Connection // the block's, with details to show
+	block  []domain.Connection // the block's
 }
 
 const statusBlock = 500
@@ -383,9 +383,7 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	// New columns go before REASON (free text, last): scripts read by position.
 	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp,
 		cmp.Or(t.Provider, "default"), expiring(t, now, p.notice), t.StatusReason)
-	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || t.Binding.ScopesReduced != "" || hasMetadata(t.Metadata) || t.DPoPJKT != "" {
-		p.bound = append(p.bound, t)
-	}
+	p.block = append(p.block, t) // printDetails shows what it has
 	if p.lines++; p.lines%statusBlock == 0 {
 		p.endBlock()
 	}
@@ -394,8 +392,8 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 func (p *statusPrinter) endBlock() {
 	_ = p.tw.Flush()
 	p.tw = nil
-	printDetails(p.w, p.bound)
-	p.bound = p.bound[:0]
+	printDetails(p.w, p.block)
+	p.block = p.block[:0]
 }
 
 func (p *statusPrinter) flush() {
