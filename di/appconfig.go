@@ -6,6 +6,7 @@ import (
 	"net"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -23,21 +24,19 @@ type AppConfig struct {
 type AppSettings struct {
 	APITimeout        time.Duration `env:"API_TIMEOUT" envDefault:"10s"`
 	WorkerConcurrency int           `env:"WORKER_CONCURRENCY" envDefault:"10"`
-	// WorkerJobTimeout bounds one event; one still running this long plus
-	// TOKEN_REFRESH_TIMEOUT plus 2s is taken for lost and retried.
+	// WorkerJobTimeout bounds one event.
 	WorkerJobTimeout time.Duration `env:"WORKER_JOB_TIMEOUT" envDefault:"1m"`
 	LogLevel         string        `env:"LOG_LEVEL" envDefault:"info"`  // debug, info, warn or error
 	LogFormat        string        `env:"LOG_FORMAT" envDefault:"json"` // json or text (key=value lines)
-	// MetricsAddr serves GET /metrics on its own listener (the server also
-	// serves it on HTTP_ADDR).
+	// MetricsAddr serves GET /metrics on a listener of its own.
 	MetricsAddr string `env:"METRICS_ADDR"`
 	// MetricsConnectionLabel: see tokenguard.WithMetricsPerConnection.
 	MetricsConnectionLabel bool `env:"METRICS_CONNECTION_LABEL" envDefault:"false"`
 	Network
 }
 
-// ConfigError is a missing or malformed setting; its message names the
-// variable. The apps print it as one line and exit with status 2.
+// ConfigError is a missing or malformed setting, named in the message
+// (exit status 2).
 type ConfigError struct{ Msg string }
 
 func (e *ConfigError) Error() string { return e.Msg }
@@ -58,7 +57,6 @@ func ConfigFromEnvChecked(environ []string) (Config, error) {
 			continue
 		}
 		if _, err := pgx.ParseConfig(v[1]); err != nil {
-			// pgx quotes the URL (password masked) before the cause.
 			return Config{}, configErr("%s is malformed: %s", v[0], parseCause.ReplaceAllString(err.Error(), ""))
 		}
 	}
@@ -77,7 +75,7 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 	if err := env.ParseWithOptions(&s, env.Options{Environment: env.ToMap(environ)}); err != nil {
 		var parse env.ParseError
 		if errors.As(err, &parse) {
-			return AppConfig{}, configErr("%s is malformed: %v", envKey(reflect.TypeFor[AppSettings](), "", parse.Name), parse.Err)
+			return AppConfig{}, configErr("%s is malformed: %v", envKey(reflect.TypeFor[AppSettings](), parse.Name), parse.Err)
 		}
 		return AppConfig{}, &ConfigError{Msg: err.Error()}
 	}
@@ -89,14 +87,10 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 	case s.WorkerJobTimeout <= 0:
 		return AppConfig{}, configErr("WORKER_JOB_TIMEOUT must be positive")
 	}
-	switch strings.ToLower(s.LogLevel) {
-	case "debug", "info", "warn", "error":
-	default:
+	if !slices.Contains([]string{"debug", "info", "warn", "error"}, strings.ToLower(s.LogLevel)) {
 		return AppConfig{}, configErr("LOG_LEVEL must be debug, info, warn or error, got %q", s.LogLevel)
 	}
-	switch strings.ToLower(s.LogFormat) {
-	case "json", "text":
-	default:
+	if !slices.Contains([]string{"json", "text"}, strings.ToLower(s.LogFormat)) {
 		return AppConfig{}, configErr("LOG_FORMAT must be json or text, got %q", s.LogFormat)
 	}
 	if s.MetricsAddr != "" {

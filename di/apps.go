@@ -25,8 +25,8 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// shutdownGrace bounds how long an app finishes work in flight after
-// SIGTERM, inside the 10 s an orchestrator gives it.
+// shutdownGrace bounds the work in flight after SIGTERM, inside the 10 s
+// an orchestrator gives.
 const shutdownGrace = 8 * time.Second
 
 // Server is the HTTP app, ready to run.
@@ -45,13 +45,11 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
 	}
-	sweepCtx, stop := context.WithCancel(ctx)
+	bgCtx, stop := context.WithCancel(ctx)
 	swept := make(chan struct{})
-	go func() { defer close(swept); s.sweepLoop(sweepCtx) }()
+	go func() { defer close(swept); s.sweepLoop(bgCtx) }()
 	defer func() { stop(); <-swept }()
-	pruneCtx, stopPruning := context.WithCancel(ctx)
-	defer stopPruning()
-	go s.pruner.Run(pruneCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
+	go s.pruner.Run(bgCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
 	return s.srv.Serve(ctx, ln, shutdownGrace)
 }
 
@@ -81,14 +79,13 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 		cleanup()
 		return nil, nil, err
 	}
-	// The public routes (the browser flow, /healthz) run on a small pool
-	// of their own, so the token reads and refreshes keep all of theirs.
+	// The public routes (the browser flow, /healthz) and the console, both
+	// reachable without a key, have small pools: the token layer keeps its own.
 	browserDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: browserConns}, repository.NewLogger(log))
 	if err != nil {
 		cleanup()
 		return nil, nil, err
 	}
-	// The console too: its pages are reachable without a key.
 	consoleDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: consoleConns}, repository.NewLogger(log))
 	if err != nil {
 		cleanup()
@@ -142,11 +139,8 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 }
 
 const (
-	// browserConns is the size of the public routes' pool: more browsers at
-	// once wait for each other, never for the token layer.
-	browserConns = 3
-	// sweepEvery is how often the unredeemed connect results are swept.
-	sweepEvery = 5 * time.Second
+	browserConns = 3               // the public routes' pool
+	sweepEvery   = 5 * time.Second // sweeps of the unredeemed connect results
 )
 
 // NewWorker wires the event consumer. Call the returned cleanup when done.
@@ -161,14 +155,12 @@ func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Wor
 	w, err := queue.NewWorker(a.pool, handle, queue.WorkerOptions{
 		Concurrency: cfg.WorkerConcurrency,
 		JobTimeout:  cfg.WorkerJobTimeout,
-		// A refresh holds on past a cancelled job for up to the refresh
-		// timeout; only after that can a running event be taken for lost.
+		// A refresh outlives a cancelled job by up to the refresh timeout.
 		RescueAfter:    cfg.WorkerJobTimeout + cfg.RefreshTimeout + 2*time.Second,
 		StopTimeout:    shutdownGrace,
 		Webhook:        cfg.webhook("worker"),
 		ExpiringNotice: cfg.ExpiringNotice,
-		// Behind a transaction pooler River's LISTEN would hear nothing.
-		PollOnly: cfg.Pooled(),
+		PollOnly:       cfg.Pooled(), // behind a pooler River's LISTEN hears nothing
 	}, log)
 	if err != nil {
 		cleanup()
@@ -196,9 +188,8 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window
 	}
-	// Always: stored providers' own keep-alive applies without
-	// --keep-alive, which sets it for the others; without it, half the
-	// OAUTH_PROFILE's idle expiry does (as provider add --profile sets).
+	// Always: stored providers have their own keep-alive. Without
+	// --keep-alive, the OAUTH_* one is half its profile's idle expiry.
 	if p, err := profiles.Get(cfg.OAuth.Profile); ahead.KeepAlive == 0 && cfg.OAuth.Profile != "" && err == nil &&
 		p.RefreshIdle.Known && p.RefreshIdle.D > 0 {
 		ahead.KeepAlive = p.RefreshIdle.D / 2
@@ -297,9 +288,8 @@ func (b providerAPIBases) APIBaseURL(name string) string {
 }
 
 // providerBases sends a connection's API calls to its provider's API base
-// URL, the OAUTH_* provider's to API_BASE_URL. A stored provider without
-// one is refused (domain.ErrNoAPIBaseURL): its token never goes to
-// another provider's API.
+// URL ("" for API_BASE_URL). A stored provider without one is refused:
+// its token never goes to another provider's API.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase
 	providers *provider.Registry

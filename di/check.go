@@ -9,9 +9,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
 )
 
-// checkTimeout bounds tokenctl check's requests.
-const checkTimeout = 10 * time.Second
-
 // Check is tokenctl check.
 func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error) {
 	cfg, err := b.config()
@@ -21,15 +18,13 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 	if err := cfg.RequireOAuth(); err != nil {
 		return provider.CheckResult{}, &tokenctl.ConfigError{Err: err}
 	}
-	client := provider.NewHTTPClient(checkTimeout)
+	client := provider.NewHTTPClient(10 * time.Second)
 	client.Transport = userAgent{base: client.Transport, value: UserAgent("tokenctl")}
 	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client), nil
 }
 
-// checkAtStart runs the token endpoint check in the background (start-up
-// does not wait on the provider) and logs its verdict in one line.
-// The answer is kept in evidence (provider.RecordCheck): it decides what
-// the same answer to a real grant means.
+// checkAtStart runs the token endpoint check in the background and logs
+// its verdict; the answer is kept as evidence for real grants' answers.
 func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider.EvidenceStore, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})

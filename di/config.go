@@ -33,80 +33,54 @@ type Config struct {
 	RefreshSkew    time.Duration `env:"TOKEN_REFRESH_SKEW" envDefault:"30s"`
 	LockWait       time.Duration `env:"TOKEN_LOCK_WAIT" envDefault:"15s"`
 	RefreshTimeout time.Duration `env:"TOKEN_REFRESH_TIMEOUT" envDefault:"10s"`
-	// AnswerDeadline: see tokenguard.WithAnswerDeadline.
 	AnswerDeadline time.Duration `env:"TOKEN_ANSWER_DEADLINE" envDefault:"2m"`
 	DBMaxConns     int           `env:"DB_MAX_CONNS" envDefault:"10"`
-	// CacheSize bounds the connections each process caches a token of.
-	CacheSize int `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
-	// MaxRefreshesInFlight bounds the refreshes each process runs at once.
-	MaxRefreshesInFlight int `env:"TOKEN_MAX_REFRESHES_IN_FLIGHT" envDefault:"64"`
-	// SyncCommit: see tokenguard.WithSyncCommit.
-	SyncCommit     string `env:"TOKEN_SYNC_COMMIT"`
-	MigrateOnStart bool   `env:"MIGRATE_ON_START" envDefault:"true"`
-	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt); unset
-	// stores plaintext. It prints as [REDACTED] under every verb.
+	// CacheSize and MaxRefreshesInFlight bound each process.
+	CacheSize            int    `env:"TOKEN_CACHE_SIZE" envDefault:"10000"`
+	MaxRefreshesInFlight int    `env:"TOKEN_MAX_REFRESHES_IN_FLIGHT" envDefault:"64"`
+	SyncCommit           string `env:"TOKEN_SYNC_COMMIT"`
+	MigrateOnStart       bool   `env:"MIGRATE_ON_START" envDefault:"true"`
+	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt).
 	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
-	// RequireEncryption refuses plaintext rows. Unset: refused whenever
-	// TOKEN_ENCRYPTION_KEYS is set (false only while a deployment turns
-	// encryption on, until rotate-key has sealed the old rows).
-	RequireEncryption *bool `env:"TOKEN_ENCRYPTION_REQUIRED"`
-	// DefaultLifetime: see tokenguard.WithDefaultLifetime.
-	DefaultLifetime time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
-	// EndpointCheck runs tokenctl check's probe at start: a wrong secret,
-	// URL or auth style is logged at once, not at the first refresh.
+	// RequireEncryption refuses plaintext rows; unset, whenever
+	// TOKEN_ENCRYPTION_KEYS is set (false only until rotate-key sealed them).
+	RequireEncryption *bool         `env:"TOKEN_ENCRYPTION_REQUIRED"`
+	DefaultLifetime   time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
+	// EndpointCheck logs a misconfigured client at start, not at the first refresh.
 	EndpointCheck bool `env:"TOKEN_ENDPOINT_CHECK" envDefault:"true"`
-	// ExpiringNotice is how long before its refresh token's expiry a
-	// connection is announced (connection.expiring webhook, tokenctl
-	// status); 0 announces none.
+	// ExpiringNotice announces a refresh token this long before its expiry; 0: never.
 	ExpiringNotice time.Duration `env:"TOKEN_EXPIRING_NOTICE" envDefault:"336h"`
-	// AllowInsecureURLs accepts http:// token and API URLs on hosts other
-	// than loopback (a test network); tokens then cross it in the clear.
+	// AllowInsecureURLs accepts http:// URLs off loopback (a test network).
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
-
-	// DatabaseListenURL is a direct connection for LISTEN, which needs a
-	// session of its own: set it when DATABASE_URL goes through a
-	// transaction pooler. Default DATABASE_URL.
-	DatabaseListenURL string `env:"DATABASE_LISTEN_URL"`
-	// MigrateDatabaseURL is where migrations run: their session advisory
-	// lock would be left behind by a transaction pooler. Default
-	// DATABASE_LISTEN_URL, then DATABASE_URL.
+	// DatabaseListenURL is a direct session for LISTEN when DATABASE_URL
+	// goes through a transaction pooler; MigrateDatabaseURL one for the
+	// migrations' session lock (default DATABASE_LISTEN_URL).
+	DatabaseListenURL  string `env:"DATABASE_LISTEN_URL"`
 	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 }
 
 // OAuthConfig is the client registration at the provider.
 type OAuthConfig struct {
-	ClientID     string `env:"CLIENT_ID"`
-	ClientSecret string `env:"CLIENT_SECRET"`
-	TokenURL     string `env:"TOKEN_URL"`
-	// RevocationURL is the provider's revocation endpoint (RFC 7009).
+	ClientID      string   `env:"CLIENT_ID"`
+	ClientSecret  string   `env:"CLIENT_SECRET"`
+	TokenURL      string   `env:"TOKEN_URL"`
 	RevocationURL string   `env:"REVOCATION_URL"`
 	AuthURL       string   `env:"AUTH_URL"`
 	RedirectURL   string   `env:"REDIRECT_URL"`
 	Scopes        []string `env:"SCOPES" envSeparator:","`
-	// AuthStyle is "auto" (HTTP Basic first; the form body only after
-	// invalid_client or a 401, which leave the refresh token unspent),
-	// "header" (client_secret_basic) or "params" (client_secret_post).
-	// Unset: the profile's, else auto.
-	AuthStyle string `env:"AUTH_STYLE"`
-	// Profile names the provider profile: see tokenguard.WithProfile.
-	Profile       string   `env:"PROFILE"`
-	ProfileParams []string `env:"PROFILE_PARAMS" envSeparator:","`
-	// UserInfoURL and UserInfoIDField: see tokenguard.WithUserInfo.
-	UserInfoURL     string `env:"USERINFO_URL"`
-	UserInfoIDField string `env:"USERINFO_ID_FIELD" envDefault:"sub"`
-	// DPoP: the provider requires DPoP-bound grants (see tokenguard.WithDPoP).
-	DPoP bool `env:"DPOP"`
-	// ClientKeyFile is the PEM private key (EC P-256 or RSA) of
-	// OAUTH_AUTH_STYLE=private_key_jwt (see tokenguard.WithClientKey).
+	// AuthStyle is auto, header, params or private_key_jwt; unset: the
+	// profile's, else auto.
+	AuthStyle       string   `env:"AUTH_STYLE"`
+	Profile         string   `env:"PROFILE"`
+	ProfileParams   []string `env:"PROFILE_PARAMS" envSeparator:","`
+	UserInfoURL     string   `env:"USERINFO_URL"`
+	UserInfoIDField string   `env:"USERINFO_ID_FIELD" envDefault:"sub"`
+	DPoP            bool     `env:"DPOP"`
+	// ClientKeyFile is the PEM private key of private_key_jwt.
 	ClientKeyFile string `env:"CLIENT_KEY_FILE"`
-	// Resource is the RFC 8707 resource indicator (see tokenguard.WithResource).
-	Resource string `env:"RESOURCE"`
-	// PAR says when the connect flow pushes its authorization request
-	// (see tokenguard.WithPAR): auto, always or never.
-	PAR string `env:"PAR" envDefault:"auto"`
-	// TokenRate is the provider's token budget, N/PERIOD (see
-	// tokenguard.WithTokenRate).
-	TokenRate string `env:"TOKEN_RATE"`
+	Resource      string `env:"RESOURCE"`
+	PAR           string `env:"PAR" envDefault:"auto"`
+	TokenRate     string `env:"TOKEN_RATE"` // N/PERIOD
 
 	params map[string]string // ProfileParams, parsed
 }
@@ -127,8 +101,8 @@ func (c Config) MigrateURL() string {
 	return cmp.Or(c.MigrateDatabaseURL, c.DatabaseListenURL, c.DatabaseURL)
 }
 
-// Pooled says DATABASE_URL goes through a transaction pooler (a direct
-// DATABASE_LISTEN_URL is set beside it): nothing may rely on a session.
+// Pooled says DATABASE_URL goes through a transaction pooler: nothing may
+// rely on a session.
 func (c Config) Pooled() bool { return c.ListenURL() != c.DatabaseURL }
 
 // String never shows the client secret or the database password.
@@ -179,8 +153,7 @@ func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
 	case "params":
 		return oauth2.AuthStyleInParams, nil
 	case "private_key_jwt":
-		// The assertion replaces the secret; the client id goes in the
-		// form, as RFC 7523 §2.2 has it.
+		// The client id goes in the form (RFC 7523 §2.2).
 		if o.ClientKeyFile == "" {
 			return 0, errors.New("OAUTH_AUTH_STYLE=private_key_jwt needs OAUTH_CLIENT_KEY_FILE")
 		}
@@ -223,8 +196,7 @@ func ConfigFromEnv(environ []string) (Config, error) {
 	return c, c.validate()
 }
 
-// applyProfile fills what OAUTH_PROFILE gives and the environment leaves
-// unset.
+// applyProfile fills what OAUTH_PROFILE gives and the environment does not.
 func (o *OAuthConfig) applyProfile() error {
 	if o.Profile == "" {
 		o.AuthStyle = cmp.Or(o.AuthStyle, "auto")
@@ -349,7 +321,7 @@ func friendly(err error) error {
 		case errors.As(e, &empty):
 			msgs = append(msgs, empty.Key+" must not be empty")
 		case errors.As(e, &parse):
-			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", envKey(reflect.TypeFor[Config](), "", parse.Name), parse.Err))
+			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", envKey(reflect.TypeFor[Config](), parse.Name), parse.Err))
 		default:
 			msgs = append(msgs, e.Error())
 		}
@@ -359,26 +331,18 @@ func friendly(err error) error {
 
 // envKey finds the variable behind a Go field name, which is all env's
 // ParseError reports.
-func envKey(t reflect.Type, prefix, field string) string {
-	for f := range t.Fields() {
-		if f.Type.Kind() == reflect.Struct && f.Tag.Get("envPrefix") != "" {
-			if k := envKey(f.Type, prefix+f.Tag.Get("envPrefix"), field); k != field {
-				return k
-			}
-			continue
-		}
-		if f.Name == field {
-			return prefix + strings.Split(f.Tag.Get("env"), ",")[0]
+func envKey(t reflect.Type, field string) string {
+	for _, v := range envVars(t) {
+		if v.field == field {
+			return v.name
 		}
 	}
 	return field
 }
 
 var (
-	// dsnPassword: "host=db password='p w' user=x".
-	dsnPassword = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`)
-	// urlCredentials is the userinfo of a URL url.Parse refused.
-	urlCredentials = regexp.MustCompile(`://[^/]*@`)
+	dsnPassword    = regexp.MustCompile(`(?i)(\bpassword\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)`) // host=db password='p w'
+	urlCredentials = regexp.MustCompile(`://[^/]*@`)                                      // of a URL url.Parse refused
 )
 
 // redactURL masks the password of a database URL or key=value string.

@@ -17,16 +17,13 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// eventsPruneEvery is how often the server trims the connections' history.
-const eventsPruneEvery = time.Minute
+const (
+	eventsPruneEvery = time.Minute // trims of the connections' history
+	consoleConns     = 2           // the console's pool
+)
 
-// consoleConns is the size of the console's pool: anyone can reach its
-// pages, and a flood of them waits for these, never for the token layer.
-const consoleConns = 2
-
-// newConsole builds srv's operator console on db, a pool of its own:
-// reads through the repository as GET /connections does, actions as
-// tokenctl runs them (the same use cases, on this pool).
+// newConsole builds srv's operator console on db, a pool of its own, with
+// tokenctl's use cases.
 func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *slog.Logger) (*console.Console, error) {
 	sealer, err := cfg.sealer()
 	if err != nil {
@@ -49,8 +46,7 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *sl
 	}), nil
 }
 
-// consoleActions are the operator's changes as tokenctl makes them; every
-// process drops its cached copy when they commit, as for tokenctl's.
+// consoleActions are the operator's changes as tokenctl makes them.
 type consoleActions struct {
 	repo       *repository.TokenRepository
 	disconnect *usecase.DisconnectUseCase
@@ -81,8 +77,7 @@ func (s consoleSessions) Lookup(ctx context.Context, token domain.Secret) (conso
 	return console.Session{KeyID: cs.KeyID, KeyName: cs.KeyName, ExpiresAt: cs.ExpiresAt, Access: cs.Access}, err
 }
 
-// consoleProviders lists the OAUTH_* provider and the stored ones, with
-// the auth style learned for each.
+// consoleProviders lists the OAUTH_* provider and the stored ones.
 type consoleProviders struct {
 	cfg      AppConfig
 	a        *app

@@ -40,11 +40,10 @@ func (c Config) sealer() (repository.Sealer, error) {
 	return k, nil
 }
 
-// Reseal is "tokenctl rotate-key": it re-encrypts every stored token (and
-// legacy plaintext) with the current key, each connection in its own short
-// transaction under its refresh lock, so running apps keep refreshing.
-// Every running app must already know the current key (docs/design.md,
-// "Encryption at rest"). It is safe to run again after a failure.
+// Reseal is "tokenctl rotate-key": it re-encrypts every stored token and
+// provider secret with the current key, each connection under its refresh
+// lock, so running apps keep refreshing (they must know the key already).
+// It is safe to run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
 	k, err := cfg.keyring()
 	if err != nil {
@@ -63,7 +62,6 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 	}
 	res, err := repository.NewTokenRepository(db, k).Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
 	if err == nil {
-		// The stored providers' client secrets are sealed with the same keys.
 		var resealed, current int
 		resealed, current, err = repository.NewProviderRepository(db, k).Reseal(ctx)
 		if log != nil {

@@ -1,6 +1,5 @@
 // Package di wires tokenguard from configuration with plain constructors:
-// no globals, no reflection-driven container. The three apps and the tools
-// in cmd/ build everything through it and stay a few lines long.
+// no globals, no container. The apps in cmd/ build everything through it.
 package di
 
 import (
@@ -25,8 +24,7 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Tokens is the token layer of an app: a *tokenguard.Tokens and the parts
-// under it the bundled apps also use.
+// Tokens is an app's token layer and the parts under it the apps also use.
 type Tokens struct {
 	DB           *gorm.DB
 	Guard        *tokenguard.Tokens
@@ -45,20 +43,20 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func
 // TokenOptions say which app the token layer serves and where its metrics
 // go. The zero value is an anonymous process without metrics.
 type TokenOptions struct {
-	// App ("server", "worker", "batch") is announced to the token endpoint
-	// as the User-Agent tokenguard-<app>/<version>.
-	App             string
+	App             string                // User-Agent tokenguard-<app>/<version> at the token endpoint
 	Registry        prometheus.Registerer // nil: no metrics
 	ConnectionLabel bool                  // labels the refresh metrics by connection
 }
 
-// NewTokensWith is NewTokens for an app. The cleanup first closes the
-// token layer, waiting for refreshes in flight (a rotated token must reach
-// the database before the pool closes), then stops listening and closes
-// the pool.
+// NewTokensWith is NewTokens for an app. The cleanup waits for refreshes
+// in flight (a rotated token must be stored before the pool closes).
 func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
 	log = cmp.Or(log, slog.Default())
 	if err := cfg.RequireOAuth(); err != nil {
+		return nil, nil, err
+	}
+	opts, err := tokenOptions(cfg, o, log)
+	if err != nil {
 		return nil, nil, err
 	}
 	if _, err := cfg.sealer(); err != nil { // the keys are checked before anything is opened
@@ -76,70 +74,6 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 	}
 	oc := OAuth2Config(cfg.OAuth)
-	tokenHTTP := provider.NewHTTPClient(cfg.AnswerDeadline)
-	if o.App != "" {
-		tokenHTTP.Transport = userAgent{base: tokenHTTP.Transport, value: UserAgent(o.App)}
-	}
-	opts := []tokenguard.Option{
-		tokenguard.WithSkew(cfg.RefreshSkew),
-		tokenguard.WithLockWait(cfg.LockWait),
-		tokenguard.WithRefreshTimeout(cfg.RefreshTimeout),
-		tokenguard.WithAnswerDeadline(cfg.AnswerDeadline),
-		tokenguard.WithCacheSize(cfg.CacheSize),
-		tokenguard.WithMaxRefreshesInFlight(cfg.MaxRefreshesInFlight),
-		tokenguard.WithSyncCommit(cfg.SyncCommit),
-		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
-		tokenguard.WithLogger(log),
-		tokenguard.WithHTTPClient(tokenHTTP),
-		tokenguard.WithListenDSN(cfg.ListenURL()),
-		// The process that found the grant revoked tells the operator
-		// what to do; tokenctl status shows the state and the reason.
-		tokenguard.WithNeedsReauth(func(connection, reason string) {
-			log.Warn("operator action needed: connect it again (POST /connect-sessions, or tokenctl import)",
-				"connection", connection, "reason", reason)
-		}),
-	}
-	if cfg.OAuth.DPoP {
-		opts = append(opts, tokenguard.WithDPoP())
-	}
-	if cfg.OAuth.Resource != "" {
-		opts = append(opts, tokenguard.WithResource(cfg.OAuth.Resource))
-	}
-	if cfg.OAuth.PAR != "" {
-		opts = append(opts, tokenguard.WithPAR(tokenguard.PARMode(cfg.OAuth.PAR)))
-	}
-	if cfg.OAuth.TokenRate != "" {
-		opts = append(opts, tokenguard.WithTokenRate(cfg.OAuth.TokenRate))
-	}
-	if key, err := cfg.OAuth.clientKey(); err != nil {
-		return nil, nil, err
-	} else if key != nil {
-		opts = append(opts, tokenguard.WithClientKey(key))
-	}
-	if cfg.OAuth.RevocationURL != "" {
-		opts = append(opts, tokenguard.WithRevocationURL(cfg.OAuth.RevocationURL))
-	}
-	if cfg.OAuth.UserInfoURL != "" {
-		opts = append(opts, tokenguard.WithUserInfo(cfg.OAuth.UserInfoURL, cfg.OAuth.UserInfoIDField))
-	}
-	if cfg.OAuth.Profile != "" {
-		opts = append(opts, tokenguard.WithProfile(cfg.OAuth.Profile))
-		for k, v := range cfg.OAuth.params {
-			opts = append(opts, tokenguard.WithProfileParam(k, v))
-		}
-	}
-	if cfg.EncryptionKeys != "" {
-		opts = append(opts, tokenguard.WithEncryptionKeys(string(cfg.EncryptionKeys)))
-		if cfg.EncryptionRequired() {
-			opts = append(opts, tokenguard.WithEncryptionRequired())
-		}
-	}
-	if o.Registry != nil {
-		opts = append(opts, prom.WithMetrics(o.Registry))
-		if o.ConnectionLabel {
-			opts = append(opts, tokenguard.WithMetricsPerConnection())
-		}
-	}
 	guard, err := tokenguard.New(db, oc, opts...)
 	switch {
 	case errors.Is(err, domain.ErrUndecryptable):
@@ -160,8 +94,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 	}()
 	cleanup := func() {
-		// An answer still awaited is awaited up to its deadline: a process
-		// that left before it came would leave its request unresolved.
+		// An awaited answer is awaited up to its deadline, or its request stays unresolved.
 		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.AnswerDeadline+usecase.DefaultWriteTimeout)
 		if err := guard.Close(closeCtx); err != nil {
 			log.Error("stopping with a refresh still in flight", "err", err)
@@ -181,8 +114,60 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	}, cleanup, nil
 }
 
+// tokenOptions are the tokenguard options cfg and o ask for.
+func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Option, error) {
+	key, err := cfg.OAuth.clientKey()
+	if err != nil {
+		return nil, err
+	}
+	tokenHTTP := provider.NewHTTPClient(cfg.AnswerDeadline)
+	if o.App != "" {
+		tokenHTTP.Transport = userAgent{base: tokenHTTP.Transport, value: UserAgent(o.App)}
+	}
+	opts := []tokenguard.Option{
+		tokenguard.WithSkew(cfg.RefreshSkew),
+		tokenguard.WithLockWait(cfg.LockWait),
+		tokenguard.WithRefreshTimeout(cfg.RefreshTimeout),
+		tokenguard.WithAnswerDeadline(cfg.AnswerDeadline),
+		tokenguard.WithCacheSize(cfg.CacheSize),
+		tokenguard.WithMaxRefreshesInFlight(cfg.MaxRefreshesInFlight),
+		tokenguard.WithSyncCommit(cfg.SyncCommit),
+		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
+		tokenguard.WithLogger(log),
+		tokenguard.WithHTTPClient(tokenHTTP),
+		tokenguard.WithListenDSN(cfg.ListenURL()),
+		// The process that found the grant revoked tells the operator what to do.
+		tokenguard.WithNeedsReauth(func(connection, reason string) {
+			log.Warn("operator action needed: connect it again (POST /connect-sessions, or tokenctl import)",
+				"connection", connection, "reason", reason)
+		}),
+	}
+	add := func(on bool, o ...tokenguard.Option) {
+		if on {
+			opts = append(opts, o...)
+		}
+	}
+	oa := cfg.OAuth
+	add(oa.DPoP, tokenguard.WithDPoP())
+	add(oa.Resource != "", tokenguard.WithResource(oa.Resource))
+	add(oa.PAR != "", tokenguard.WithPAR(tokenguard.PARMode(oa.PAR)))
+	add(oa.TokenRate != "", tokenguard.WithTokenRate(oa.TokenRate))
+	add(key != nil, tokenguard.WithClientKey(key))
+	add(oa.RevocationURL != "", tokenguard.WithRevocationURL(oa.RevocationURL))
+	add(oa.UserInfoURL != "", tokenguard.WithUserInfo(oa.UserInfoURL, oa.UserInfoIDField))
+	add(oa.Profile != "", tokenguard.WithProfile(oa.Profile))
+	for k, v := range oa.params {
+		opts = append(opts, tokenguard.WithProfileParam(k, v))
+	}
+	add(cfg.EncryptionKeys != "", tokenguard.WithEncryptionKeys(string(cfg.EncryptionKeys)))
+	add(cfg.EncryptionKeys != "" && cfg.EncryptionRequired(), tokenguard.WithEncryptionRequired())
+	add(o.Registry != nil, prom.WithMetrics(o.Registry))
+	add(o.Registry != nil && o.ConnectionLabel, tokenguard.WithMetricsPerConnection())
+	return opts, nil
+}
+
 // NewRefreshTokenUseCase builds the use case on a pool and the refresher
-// of the connections that name no provider, storing tokens as they are.
+// of the connections that name no provider, storing tokens unsealed.
 func NewRefreshTokenUseCase(db *gorm.DB, r provider.GrantRefresher, opts usecase.Options) (*usecase.RefreshTokenUseCase, error) {
 	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), provider.Only(r), opts)
 	if err != nil {
@@ -191,15 +176,13 @@ func NewRefreshTokenUseCase(db *gorm.DB, r provider.GrantRefresher, opts usecase
 	return uc, nil
 }
 
-// NewConnectUseCase builds the use case that stores new grants, storing
-// tokens as they are.
+// NewConnectUseCase builds the use case that stores new grants unsealed.
 func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseCase {
 	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
-// NewRevoker revokes refresh tokens at each connection's provider:
-// OAUTH_REVOCATION_URL for the OAUTH_* one, a stored provider's own URL for
-// the others, the client authenticated as at the token endpoint.
+// NewRevoker revokes refresh tokens at each connection's provider
+// (OAUTH_REVOCATION_URL, or a stored provider's own URL).
 func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) *provider.Revocations {
 	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
 	return provider.NewRevocations(provider.StoredRevocationEndpoints{
@@ -221,9 +204,8 @@ func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	}
 }
 
-// migrate applies tokenguard's migrations on db, or on a pool of
-// MigrateURL when that differs (they hold a session lock a pooler would
-// break).
+// migrate applies tokenguard's migrations on db, or on MigrateURL when it
+// differs (their session lock would not survive a pooler).
 func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) error {
 	if cfg.MigrateURL() == cfg.DatabaseURL {
 		return tokenguard.Migrate(ctx, db)

@@ -9,23 +9,12 @@ import (
 	"github.com/agnivade/levenshtein"
 )
 
-// knownVars are the names of every setting, read from the configuration
-// structs' env tags.
+// knownVars are the names of every setting, from the env tags.
 var knownVars = func() []string {
 	var names []string
-	var walk func(t reflect.Type, prefix string)
-	walk = func(t reflect.Type, prefix string) {
-		for f := range t.Fields() {
-			if p, ok := f.Tag.Lookup("envPrefix"); ok {
-				walk(f.Type, prefix+p)
-			} else if f.Anonymous && f.Type.Kind() == reflect.Struct {
-				walk(f.Type, prefix)
-			} else if name, _, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
-				names = append(names, prefix+name)
-			}
-		}
+	for _, v := range envVars(reflect.TypeFor[AppConfig]()) {
+		names = append(names, v.name)
 	}
-	walk(reflect.TypeFor[AppConfig](), "")
 	slices.Sort(names)
 	return slices.Compact(names)
 }()

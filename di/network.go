@@ -17,15 +17,11 @@ import (
 // Network is what the server needs to face a network, and where the worker
 // sends webhooks.
 type Network struct {
-	// PublicURL is the server's address as browsers use it: connect URLs
-	// are built on it, its host is the accepted Host header, and https
-	// makes the flow cookie Secure and __Host-.
+	// PublicURL is the server's address as browsers use it.
 	PublicURL string `env:"PUBLIC_URL"`
-	// ConnectReturnURLs are the prefixes a connect session's return_to may
-	// start with.
+	// ConnectReturnURLs are the prefixes a return_to may start with.
 	ConnectReturnURLs []string `env:"CONNECT_RETURN_URLS" envSeparator:","`
-	// APIKeyRate and APIKeyBurst limit each API key's requests (per second,
-	// and how many at once).
+	// APIKeyRate and APIKeyBurst limit each API key's requests per second.
 	APIKeyRate     float64       `env:"API_KEY_RATE" envDefault:"100"`
 	APIKeyBurst    int           `env:"API_KEY_BURST" envDefault:"200"`
 	RequestTimeout time.Duration `env:"HTTP_REQUEST_TIMEOUT" envDefault:"30s"`
@@ -58,7 +54,6 @@ func (n Network) validate(allowInsecure bool) error {
 		if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" || (u.Path != "" && u.Path != "/") {
 			return configErr("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", n.PublicURL)
 		}
-		// Connect links, session cookies and API keys travel there.
 		if err := checkURL("PUBLIC_URL", n.PublicURL, allowInsecure); err != nil {
 			return &ConfigError{Msg: err.Error()}
 		}
@@ -83,7 +78,6 @@ func (n Network) validate(allowInsecure bool) error {
 		return configErr("WEBHOOK_SECRET must be at least 16 characters (e.g. openssl rand -hex 32)")
 	}
 	if n.WebhookURL != "" {
-		// Signed events about connections travel there.
 		if err := domain.CheckURL(n.WebhookURL, allowInsecure); err != nil {
 			return configErr("WEBHOOK_URL %v", err) // not the URL: it may carry a token
 		}

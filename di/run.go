@@ -13,8 +13,7 @@ import (
 	"syscall"
 )
 
-// ExitCode, returned by an app's run function, is its exit status, with no
-// message of its own.
+// ExitCode, returned by an app's run function, is its silent exit status.
 type ExitCode int
 
 func (c ExitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
@@ -33,8 +32,7 @@ func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Con
 		fmt.Fprintf(stderr, "%s: %v\n", app, err)
 		return 2
 	}
-	// Every line says which process wrote it: the three apps share one
-	// connection, and "who refreshed" is the first question asked.
+	// Every line says which process wrote it: "who refreshed" comes first.
 	log := NewLogger(stderr, cfg.LogLevel, cfg.LogFormat).With("app", app, "pid", os.Getpid())
 	for _, w := range warnings {
 		log.Warn(w.Message, "variable", w.Variable)
@@ -78,12 +76,10 @@ func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	return slog.New(slog.NewJSONHandler(w, opts))
 }
 
-// Version is the release, set with -ldflags
-// "-X github.com/tokenguard/tokenguard/di.Version=v1.2.3"; else the module
-// version from the build info, else "dev".
+// Version is the release, set with -ldflags "-X .../di.Version=v1.2.3".
 var Version string
 
-// AppVersion reports the version the apps announce.
+// AppVersion is Version, else the module version, else "dev".
 func AppVersion() string {
 	if Version != "" {
 		return Version
@@ -94,6 +90,24 @@ func AppVersion() string {
 	return "dev"
 }
 
-// UserAgent is what app ("server", "worker", "batch") sends to the
-// external API: tokenguard-<app>/<version>.
+// UserAgent is app's User-Agent: tokenguard-<app>/<version>.
 func UserAgent(app string) string { return "tokenguard-" + app + "/" + AppVersion() }
+
+// Main is the body of a long-running app's main: usage and the environment
+// on --help, else Run with the app build makes, until SIGTERM or SIGINT.
+func Main[A interface{ Run(context.Context) error }](app, usage string, args, environ []string, stdout, stderr io.Writer,
+	build func(context.Context, AppConfig, *slog.Logger) (A, func(), error)) int {
+	if HelpAsked(args) {
+		fmt.Fprint(stdout, usage)
+		PrintEnv(stdout, AppConfig{}, true)
+		return 0
+	}
+	return Run(app, environ, stderr, func(ctx context.Context, cfg AppConfig, log *slog.Logger) error {
+		a, cleanup, err := build(ctx, cfg, log)
+		if err != nil {
+			return err
+		}
+		defer cleanup()
+		return a.Run(ctx)
+	})
+}

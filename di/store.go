@@ -43,8 +43,7 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 	}, func() { _ = postgres.Close(db) }, nil
 }
 
-// Migrate applies tokenguard's migrations and then River's. Processes that
-// migrate at once wait for each other.
+// Migrate applies tokenguard's migrations and then River's.
 func Migrate(ctx context.Context, databaseURL string) error {
 	db, err := postgres.Open(ctx, databaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
 	if err != nil {

@@ -23,7 +23,7 @@ import (
 
 // RunTokenctl runs the operator CLI and returns its exit status.
 func RunTokenctl(args, environ []string, stdin io.Reader, stdout, stderr io.Writer) int {
-	// Only check sends the client secret; the other commands do without.
+	// Only check needs the client secret.
 	for _, w := range envWarnings(environ, len(args) > 0 && args[0] == "check") {
 		fmt.Fprintf(stderr, "tokenctl: warning: %s\n", w.Message)
 	}
@@ -34,8 +34,8 @@ func RunTokenctl(args, environ []string, stdin io.Reader, stdout, stderr io.Writ
 	return code
 }
 
-// Tokenctl is the operator CLI's backend, configured from environ
-// (DATABASE_URL only) when a command first needs the database.
+// Tokenctl is the operator CLI's backend, configured from environ when a
+// command first needs it.
 func Tokenctl(environ []string, logTo io.Writer) tokenctl.Backend {
 	return tokenctlBackend{environ: environ, logTo: logTo}
 }
@@ -78,7 +78,6 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
-	// Database errors reach the operator as tokenctl's one-line message.
 	s, cleanup, err := NewStore(ctx, cfg, slog.New(slog.DiscardHandler))
 	if err != nil {
 		return nil, nil, err
@@ -91,8 +90,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	return ctlStore{s, s.Repository, cfg.LockWait, disconnect, cfg}, cleanup, nil
 }
 
-// migrated refuses a database Migrate never ran on with the command that
-// fixes it, instead of each command's own "relation does not exist".
+// migrated refuses an unmigrated database, naming the command that fixes it.
 func migrated(ctx context.Context, db *gorm.DB) error {
 	var ok bool
 	if err := db.WithContext(ctx).Raw("SELECT to_regclass(?) IS NOT NULL", migrations.Table).Scan(&ok).Error; err != nil {
@@ -133,15 +131,13 @@ func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Tok
 	return s.Repository.Reactivate(ctx, id, reason, s.lockWait)
 }
 
-// Connect stores an imported grant. One without an expiry gets its
-// provider's default lifetime, as a refresh answer without expires_in
-// does.
+// Connect stores an imported grant.
 func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error) {
 	return s.ConnectBound(ctx, id, provider, g, metadata, domain.Secret{}, "")
 }
 
-// ConnectBound is Connect for a grant bound to the DPoP key key (PEM,
-// thumbprint jkt), stored sealed with it (tokenctl.BoundConnector).
+// ConnectBound is Connect for a grant bound to the DPoP key (PEM,
+// thumbprint jkt). One without an expiry gets its provider's default lifetime.
 func (s ctlStore) ConnectBound(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime
@@ -195,8 +191,7 @@ func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
 
 func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }
 
-// OpenProviders implements tokenctl.ProviderBackend: client secrets are
-// sealed with TOKEN_ENCRYPTION_KEYS like the tokens.
+// OpenProviders implements tokenctl.ProviderBackend.
 func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderStore, func(), error) {
 	cfg, err := b.config()
 	if err != nil {

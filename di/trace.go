@@ -15,13 +15,10 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 )
 
-// startTracing installs OpenTelemetry globally for app from the standard
-// OTEL_* variables (read by autoexport and the SDK; OTEL_SERVICE_NAME
-// defaults to tokenguard-<app>). Traces are exported only when asked for
-// (OTEL_TRACES_EXPORTER or an OTLP endpoint set, OTEL_SDK_DISABLED not
-// true): a process without a collector must not log export failures. The
-// propagator is installed in any case, so a request's trace context still
-// reaches the upstream API and the worker's job. stop flushes the spans.
+// startTracing installs OpenTelemetry for app from the OTEL_* variables.
+// Traces are exported only when asked for (a process without a collector
+// must not log failures); the propagator is installed in any case, so trace
+// context still travels. stop flushes the spans.
 func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
 	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
 	env := map[string]string{}
@@ -42,15 +39,13 @@ func startTracing(ctx context.Context, app string, environ []string, log *slog.L
 		return func() {}, nil
 	}
 	res, err := resource.New(ctx,
-		// The defaults; OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES,
-		// detected after them, win.
+		// Defaults: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win.
 		resource.WithAttributes(attribute.String("service.name", "tokenguard-"+app), attribute.String("service.version", AppVersion())),
 		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithProcessPID())
 	if err != nil {
 		_ = exp.Shutdown(ctx)
 		return nil, configErr("OTEL_RESOURCE_ATTRIBUTES: %v", err)
 	}
-	// The sampler comes from OTEL_TRACES_SAMPLER, the batching from OTEL_BSP_*.
 	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
 	otel.SetTracerProvider(tp)
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {

@@ -18,6 +18,20 @@ func HelpAsked(args []string) bool {
 // traced: the app also reads OpenTelemetry's OTEL_* variables.
 func PrintEnv(w io.Writer, settings any, traced bool) {
 	fmt.Fprintln(w, "\nEnvironment (docs/configuration.md):")
+	for _, v := range envVars(reflect.TypeOf(settings)) {
+		fmt.Fprintf(w, "  %s%s\n", v.name, v.note)
+	}
+	if traced {
+		fmt.Fprintln(w, "  OTEL_* (OpenTelemetry's exporter settings; traces are off unless OTEL_TRACES_EXPORTER is set)")
+	}
+}
+
+type envVar struct{ field, name, note string }
+
+// envVars are the variables t's env tags name, in field order, each with
+// its default or "(required)".
+func envVars(t reflect.Type) []envVar {
+	var out []envVar
 	var walk func(t reflect.Type, prefix string)
 	walk = func(t reflect.Type, prefix string) {
 		for f := range t.Fields() {
@@ -32,12 +46,10 @@ func PrintEnv(w io.Writer, settings any, traced bool) {
 				} else if strings.Contains(opts, "required") {
 					note = " (required)"
 				}
-				fmt.Fprintf(w, "  %s%s\n", prefix+name, note)
+				out = append(out, envVar{f.Name, prefix + name, note})
 			}
 		}
 	}
-	walk(reflect.TypeOf(settings), "")
-	if traced {
-		fmt.Fprintln(w, "  OTEL_* (OpenTelemetry's exporter settings; traces are off unless OTEL_TRACES_EXPORTER is set)")
-	}
+	walk(t, "")
+	return out
 }

@@ -11,10 +11,8 @@ import (
 )
 
 // parseFlags parses args into fs and says whether the command goes on
-// (else with which exit status). Nothing the operator typed that fs does
-// not expect is ever printed, an unknown flag or a stray argument may be a
-// pasted token or secret; nor is a value a flag refused. A problem names
-// the flag only when it is one of fs's own.
+// (else with which exit status). Nothing unexpected the operator typed is
+// printed: it may be a pasted token or secret.
 func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)

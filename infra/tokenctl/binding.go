@@ -1,6 +1,7 @@
 package tokenctl
 
 import (
+	"cmp"
 	"fmt"
 	"io"
 	"strings"
@@ -15,11 +16,7 @@ import (
 func printDetails(w io.Writer, conns []domain.Connection) {
 	for _, c := range conns {
 		if b := c.Binding; b.Account != "" || b.MissingScopes != "" || b.ScopesReduced != "" {
-			account := b.Account
-			if account == "" {
-				account = "an unknown account"
-			}
-			line := c.Name + ": granted by " + account
+			line := c.Name + ": granted by " + cmp.Or(b.Account, "an unknown account")
 			if b.MissingScopes != "" {
 				line += "; missing scopes: " + b.MissingScopes
 			}
@@ -32,11 +29,7 @@ func printDetails(w io.Writer, conns []domain.Connection) {
 			fmt.Fprintln(w, c.Name+": bound to dpop key "+c.DPoPJKT+" (RFC 7638 thumbprint; the key is sealed with the grant)")
 		}
 		if hasMetadata(c.Metadata) {
-			object := string(c.Metadata.Object)
-			if object == "" {
-				object = "{}"
-			}
-			line := c.Name + ": metadata " + object
+			line := c.Name + ": metadata " + cmp.Or(string(c.Metadata.Object), "{}")
 			if len(c.Metadata.Tags) > 0 {
 				line += "; tags " + strings.Join(c.Metadata.Tags, ",")
 			}

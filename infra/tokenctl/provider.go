@@ -51,23 +51,16 @@ type ProviderBackend interface {
 
 // ProviderStore is the stored providers as the operator sees them.
 type ProviderStore interface {
-	// Add registers p; errors wrap domain.ErrProviderExists or
-	// domain.ErrInvalidProvider.
 	Add(ctx context.Context, p domain.Provider) (domain.Provider, error)
 	// Update changes the provider called name with fn under its row lock.
 	Update(ctx context.Context, name string, fn func(*domain.Provider) error) (domain.Provider, error)
 	List(ctx context.Context) ([]domain.Provider, error)
 	// Connections counts the connections naming each provider.
 	Connections(ctx context.Context) (map[string]int, error)
-	// Remove deletes a provider; domain.ErrProviderInUse while connections
-	// name it, domain.ErrUnknownProvider if there is none.
+	// Remove deletes a provider no connection names.
 	Remove(ctx context.Context, name string) error
-	// Encrypted reports whether client secrets are sealed at rest
-	// (TOKEN_ENCRYPTION_KEYS is set).
-	Encrypted() bool
-	// AllowInsecureURLs reports ALLOW_INSECURE_URLS: http:// provider
-	// URLs off loopback are accepted.
-	AllowInsecureURLs() bool
+	Encrypted() bool         // client secrets are sealed at rest
+	AllowInsecureURLs() bool // ALLOW_INSECURE_URLS
 }
 
 // urlFlags are the flags of the provider's URLs, by CheckURLs' field.
@@ -89,8 +82,7 @@ func (e *errInsecure) Error() string {
 
 func (e *errInsecure) Unwrap() error { return e.err }
 
-// checkURLs refuses a provider whose URLs secrets would travel to in the
-// clear.
+// checkURLs refuses a provider URL secrets would reach in the clear.
 func checkURLs(p domain.Provider, allowInsecure bool) error {
 	if field, err := p.CheckURLs(allowInsecure); err != nil {
 		return &errInsecure{flag: urlFlags[field], err: err}
@@ -145,15 +137,16 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 // apply sets on p the settings whose flags are in set, and the secret when
 // there is one.
 func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *domain.Secret) error {
-	str := map[string]*string{"token-url": &p.TokenURL, "client-id": &p.ClientID, "api-base-url": &p.APIBaseURL,
-		"auth-url": &p.AuthURL, "revocation-url": &p.RevocationURL}
-	val := map[string]string{"token-url": f.tokenURL, "client-id": f.clientID, "api-base-url": f.apiBaseURL,
-		"auth-url": f.authURL, "revocation-url": f.revocationURL}
-	for k, dst := range str {
-		if set[k] {
-			*dst = val[k]
-		}
-	}
+	setIf(set, "token-url", &p.TokenURL, f.tokenURL)
+	setIf(set, "client-id", &p.ClientID, f.clientID)
+	setIf(set, "api-base-url", &p.APIBaseURL, f.apiBaseURL)
+	setIf(set, "auth-url", &p.AuthURL, f.authURL)
+	setIf(set, "revocation-url", &p.RevocationURL, f.revocationURL)
+	setIf(set, "resource", &p.Resource, f.resource)
+	setIf(set, "skew", &p.Skew, f.skew)
+	setIf(set, "default-lifetime", &p.DefaultLifetime, f.defaultLifetime)
+	setIf(set, "keep-alive", &p.KeepAlive, f.keepAlive)
+	setIf(set, "dpop", &p.DPoP, f.dpop)
 	if set["auth-style"] {
 		style, err := domain.ParseAuthStyle(f.authStyle)
 		if err != nil {
@@ -168,20 +161,6 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 				p.Scopes = append(p.Scopes, s)
 			}
 		}
-	}
-	for k, d := range map[string]struct {
-		dst *time.Duration
-		v   time.Duration
-	}{"skew": {&p.Skew, f.skew}, "default-lifetime": {&p.DefaultLifetime, f.defaultLifetime}, "keep-alive": {&p.KeepAlive, f.keepAlive}} {
-		if set[k] {
-			*d.dst = d.v
-		}
-	}
-	if set["dpop"] {
-		p.DPoP = f.dpop
-	}
-	if set["resource"] {
-		p.Resource = f.resource
 	}
 	if set["par"] {
 		mode, err := domain.ParsePARMode(f.par)
@@ -212,6 +191,13 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 	return nil
 }
 
+// setIf sets *dst to v when the flag name was given.
+func setIf[T any](set map[string]bool, name string, dst *T, v T) {
+	if set[name] {
+		*dst = v
+	}
+}
+
 // fromProfile starts p from the profile f names, its URLs filled with the
 // --param values; the flags given are applied after it, and win.
 func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) error {
@@ -240,16 +226,13 @@ func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) err
 	if prof.AccessLifetime.Known {
 		p.DefaultLifetime = prof.AccessLifetime.D
 	}
-	if prof.RefreshIdle.Known && prof.RefreshIdle.D > 0 {
-		// Refreshed at half its idle expiry, a refresh token never dies
-		// unused while the batch runs.
+	if prof.RefreshIdle.Known && prof.RefreshIdle.D > 0 { // refreshed before it dies unused
 		p.KeepAlive = prof.RefreshIdle.D / 2
 	}
 	return nil
 }
 
-// readSecret reads a client secret: the first line of r, without its line
-// end. It is never echoed, not even in an error.
+// readSecret reads a client secret, the first line of r, never echoed.
 func readSecret(r io.Reader) (domain.Secret, error) {
 	line, err := bufio.NewReaderSize(io.LimitReader(r, 64<<10), 4096).ReadString('\n')
 	if err != nil && !errors.Is(err, io.EOF) {
@@ -287,7 +270,6 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	default:
 		return fail(exitUsage, "unknown command (not shown)\n%s", providerUsage)
 	}
-	// Nothing unexpected is echoed: it may be a client secret.
 	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
 		return code
 	}
@@ -305,8 +287,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if len(f.params) > 0 && f.profile == "" {
 		return fail(exitUsage, "add: --param needs --profile")
 	}
-	// Read stdin and the key before opening the database: bad input
-	// fails fast.
+	// Bad input fails before the database is opened.
 	if set["par"] {
 		if _, err := domain.ParsePARMode(f.par); err != nil || f.par == "" {
 			return fail(exitUsage, "%s: --par: %v", cmd, cmp.Or(err, fmt.Errorf("%w: par must be auto, always or never, got \"\"", domain.ErrInvalidProvider)))
@@ -398,9 +379,8 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	return exitOK
 }
 
-// readClientKey reads a PEM private key for private_key_jwt and checks it
-// is one (EC P-256 or RSA of 2048 bits or more). Errors never quote the
-// file.
+// readClientKey reads and checks a PEM private key for private_key_jwt.
+// Errors never quote the file.
 func readClientKey(path string) (domain.Secret, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -437,12 +417,6 @@ func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail func
 		}
 		return d.String()
 	}
-	orNone := func(s string) string {
-		if s == "" {
-			return "-"
-		}
-		return s
-	}
 	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "NAME\tTOKEN URL\tCLIENT ID\tSECRET\tAUTH STYLE\tSCOPES\tSKEW\tDEFAULT LIFETIME\tKEEP-ALIVE\tAPI BASE URL\tREVOCATION URL\tCONNECTIONS\tVERSION\tUPDATED\tPROFILE\tDPOP\tRESOURCE\tPAR\tTOKEN RATE")
 	for _, p := range list {
@@ -451,16 +425,15 @@ func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail func
 			secret = "set" // never the value
 		}
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%d\t%s\t%s\t%t\t%s\t%s\t%s\n", p.Name, p.TokenURL, p.ClientID, secret, p.AuthStyle,
-			orNone(strings.Join(p.Scopes, ",")), orGlobal(p.Skew), orGlobal(p.DefaultLifetime), orGlobal(p.KeepAlive),
-			orNone(p.APIBaseURL), orNone(p.RevocationURL), used[p.Name], p.Version, formatTime(p.UpdatedAt), cmp.Or(p.Profile, profiles.Generic),
-			p.DPoP, orNone(p.Resource), cmp.Or(p.PAR, domain.PARAuto), orNone(p.TokenRate.String()))
+			cmp.Or(strings.Join(p.Scopes, ","), "-"), orGlobal(p.Skew), orGlobal(p.DefaultLifetime), orGlobal(p.KeepAlive),
+			cmp.Or(p.APIBaseURL, "-"), cmp.Or(p.RevocationURL, "-"), used[p.Name], p.Version, formatTime(p.UpdatedAt),
+			cmp.Or(p.Profile, profiles.Generic), p.DPoP, cmp.Or(p.Resource, "-"), cmp.Or(p.PAR, domain.PARAuto), cmp.Or(p.TokenRate.String(), "-"))
 	}
 	_ = tw.Flush()
 	return exitOK
 }
 
-// listProfiles prints the catalog, or every claim of one profile with its
-// source.
+// listProfiles prints the catalog, or one profile's claims and sources.
 func listProfiles(name string, stdio IO, fail func(int, string, ...any) int) int {
 	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
 	if name != "" {

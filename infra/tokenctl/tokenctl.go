@@ -3,6 +3,7 @@
 package tokenctl
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -49,44 +50,34 @@ const (
 	exitUsage   = 2 // bad arguments, configuration or input
 )
 
-// Backend is what tokenctl works on; di.Tokenctl builds the real one from
-// the environment.
+// Backend is what tokenctl works on (di.Tokenctl).
 type Backend interface {
-	// Migrate applies every pending migration.
 	Migrate(ctx context.Context) error
 	// RotateKey re-encrypts every stored token with the current key.
 	RotateKey(ctx context.Context) (resealed, current int, err error)
-	// Open connects to the token store.
 	Open(ctx context.Context) (Store, func(), error)
-	// Check asks the token endpoint about the client (provider.Check).
 	Check(ctx context.Context) (provider.CheckResult, error)
 }
 
 // Store is the token store as the operator sees it.
 type Store interface {
-	// Connection reads one connection, without its credentials.
 	Connection(ctx context.Context, connection string) (domain.Connection, error)
-	// EachConnection calls fn with every connection in name order, a page
-	// at a time, so status streams.
+	// EachConnection calls fn with every connection in name order.
 	EachConnection(ctx context.Context, fn func(domain.Connection) error) error
 	// Connect stores a new grant of provider ("" for the OAUTH_* one);
 	// metadata, when not nil, replaces the connection's.
 	Connect(ctx context.Context, connection, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error)
-	// Disconnect deletes the connection's token under its lock, after
-	// revoking it at the provider when revoke is true (a failed revocation
-	// changes nothing), and returns it.
+	// Disconnect deletes the connection under its lock, after revoking it
+	// when revoke is true (a failed revocation changes nothing).
 	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
 	// Reactivate sets a needs_reauth connection (for reason, if not empty)
-	// active again under its lock, tokens untouched. It returns the token as
-	// found and the version written, 0 if it left the connection alone.
+	// active again, tokens untouched; version is 0 if it was left alone.
 	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
-	// NeedingReauth lists up to limit connections marked needs_reauth for
-	// reason, in name order, after the name after.
+	// NeedingReauth pages through the connections needing reauth for reason.
 	NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error)
 }
 
-// ConfigError is a missing or malformed setting, reported by a Backend:
-// one line, exit status 2.
+// ConfigError is a missing or malformed setting (exit status 2).
 type ConfigError struct{ Err error }
 
 func (e *ConfigError) Error() string { return e.Err.Error() }
@@ -98,8 +89,7 @@ type IO struct {
 	Stdout, Stderr io.Writer
 }
 
-// Main runs tokenctl with args (without the program name) and returns the
-// exit status.
+// Main runs tokenctl with args and returns the exit status.
 func Main(args []string, backend Backend, stdio IO) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
@@ -195,7 +185,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return exitOK
 	}
 
-	// Read stdin before opening the database: bad input fails fast.
+	// Bad input fails before the database is opened.
 	var grant domain.Grant
 	var key boundKey
 	if cmd == "import" {
@@ -257,8 +247,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 	return exitOK
 }
 
-// failer prints "tokenctl: " prefix and the message on stderr and returns
-// the exit status.
+// failer prints a message on stderr and returns the exit status.
 func failer(stderr io.Writer, prefix string) func(code int, format string, a ...any) int {
 	return func(code int, format string, a ...any) int {
 		fmt.Fprintf(stderr, "tokenctl: "+prefix+format+"\n", a...)
@@ -276,13 +265,13 @@ func failed(fail func(int, string, ...any) int, prefix string, err error) int {
 }
 
 // readGrant reads one token in golang.org/x/oauth2's JSON shape, with the
-// token answer's scope when it is there (the scopes granted).
+// granted scope when it is there.
 func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	dec := json.NewDecoder(io.LimitReader(r, 1<<20))
 	var raw json.RawMessage
 	var tok oauth2.Token
 	var scope struct {
-		Scope *string `json:"scope"` // the answer's, when it named one: the scopes granted
+		Scope *string `json:"scope"`
 	}
 	err := dec.Decode(&raw)
 	if err == nil {
@@ -316,9 +305,8 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	return g, nil
 }
 
-// jsonCause keeps a decoding error free of input: anything but syntax and
-// type errors (a time's error quotes the value, maybe a pasted token) is
-// described without it.
+// jsonCause keeps a decoding error free of input (a time's error quotes
+// the value, maybe a pasted token).
 func jsonCause(err error) error {
 	var syn *json.SyntaxError
 	if errors.As(err, &syn) {
@@ -338,10 +326,10 @@ func jsonCause(err error) error {
 // lines, each followed by its connections' details.
 type statusPrinter struct {
 	w      io.Writer
-	notice time.Duration // the EXPIRING column's: TOKEN_EXPIRING_NOTICE
+	notice time.Duration // TOKEN_EXPIRING_NOTICE
 	tw     *tabwriter.Writer
 	lines  int
-	bound  []domain.Connection // of the current block, with a binding or metadata to show
+	block  []domain.Connection // the block's
 }
 
 const statusBlock = 500
@@ -362,7 +350,7 @@ func expiringNotice(s Store) time.Duration {
 }
 
 // expiring is the EXPIRING column: how soon the refresh token dies, once
-// within the notice; "-" before or when unknown.
+// within the notice.
 func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
 	if t.RefreshExpiry.IsZero() || notice <= 0 || t.RefreshExpiry.Sub(now) > notice {
 		return "-"
@@ -392,17 +380,10 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	if !t.RefreshExpiry.IsZero() {
 		refreshExp = formatTime(t.RefreshExpiry)
 	}
-	provider := t.Provider
-	if provider == "" {
-		provider = "default" // the OAUTH_* settings'
-	}
-	// New columns go before REASON (free text, last): scripts read the
-	// others by position.
-	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp, provider,
-		expiring(t, now, p.notice), t.StatusReason)
-	if t.Binding.Account != "" || t.Binding.MissingScopes != "" || t.Binding.ScopesReduced != "" || hasMetadata(t.Metadata) || t.DPoPJKT != "" {
-		p.bound = append(p.bound, t)
-	}
+	// New columns go before REASON (free text, last): scripts read by position.
+	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp,
+		cmp.Or(t.Provider, "default"), expiring(t, now, p.notice), t.StatusReason)
+	p.block = append(p.block, t) // printDetails shows what it has
 	if p.lines++; p.lines%statusBlock == 0 {
 		p.endBlock()
 	}
@@ -411,8 +392,8 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 func (p *statusPrinter) endBlock() {
 	_ = p.tw.Flush()
 	p.tw = nil
-	printDetails(p.w, p.bound)
-	p.bound = p.bound[:0]
+	printDetails(p.w, p.block)
+	p.block = p.block[:0]
 }
 
 func (p *statusPrinter) flush() {
@@ -432,7 +413,6 @@ func formatTime(t time.Time) string {
 	return t.UTC().Format(time.RFC3339)
 }
 
-// providerNote names a connection's stored provider, if it has one.
 func providerNote(provider string) string {
 	if provider == "" {
 		return ""
