@@ -187,6 +187,18 @@ func (r *Registry) lookup(ctx context.Context, provider string) (registered, boo
 	return reg, ok
 }
 
+// refresherOf is the refresher of provider ("" the configuration's).
+func (r *Registry) refresherOf(ctx context.Context, provider string) (GrantRefresher, error) {
+	if provider == "" {
+		return r.env, nil
+	}
+	reg, ok := r.lookup(ctx, provider)
+	if !ok {
+		return nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+	}
+	return reg.refresher, nil
+}
+
 // Provider returns the stored provider called name, without its secret.
 func (r *Registry) Provider(name string) (domain.Provider, bool) {
 	reg, ok := r.state.Load().byName[name]
