@@ -190,10 +190,7 @@ func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func
 }
 
 func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
-	if s := oauth2.AuthStyle(r.learned.Load()); s != oauth2.AuthStyleAutoDetect {
-		return s
-	}
-	if r.styles != nil && !r.loaded.Load() && r.loading.TryLock() {
+	if r.learned.Load() == 0 && r.styles != nil && !r.loaded.Load() && r.loading.TryLock() {
 		defer r.loading.Unlock()
 		lctx, cancel := context.WithTimeout(ctx, storeTimeout)
 		name, err := r.styles.Load(lctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -219,9 +220,10 @@ func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Confi
 
 // ClientKeys are the stored providers' client keys, by provider name.
 func (r *Registry) ClientKeys() []*clientkey.Key {
+	m := r.state.Load().byName
 	var out []*clientkey.Key
-	for _, name := range r.Names() {
-		if k := r.state.Load().byName[name].key; k != nil {
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		if k := m[name].key; k != nil {
 			out = append(out, k)
 		}
 	}
@@ -230,13 +232,7 @@ func (r *Registry) ClientKeys() []*clientkey.Key {
 
 // Names lists the stored providers as last read, sorted.
 func (r *Registry) Names() []string {
-	m := r.state.Load().byName
-	out := make([]string, 0, len(m))
-	for name := range m {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(r.state.Load().byName))
 }
 
 // Skew is provider's own refresh skew; 0: the global one applies.

@@ -127,12 +127,6 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 	}
 	b.Reset()
 
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	var last error
 	first := time.Now() // the refresh token's first presentation, for ReuseGrace
 	for attempt := 1; ; attempt++ {
@@ -176,13 +170,8 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
 				slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
 		select {
-		case <-timer.C:
+		case <-time.After(wait): // collected unfired since Go 1.23
 		case <-ctx.Done():
 			return domain.Grant{}, attempts(attempt, joinCtx(err, ctx.Err()))
 		}
