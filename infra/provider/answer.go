@@ -71,7 +71,7 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
 	}))
 	resp, err := r.client.Do(req)
-	if err != nil {
+	if err != nil { // *url.Error names the method and URL, never the form
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 			err = errors.Join(ctxErr, err)
 		}
