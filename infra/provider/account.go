@@ -15,21 +15,17 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// AccountSource finds the provider account that granted a token: the sub
-// claim of the ID token when the token response has one, else a field of
-// the user-info answer when UserInfoURL is set, else nobody ("").
-//
-// The ID token is not signature-checked: it comes straight from the token
-// endpoint over TLS, which OpenID Connect Core 3.1.3.7 (6) accepts in place
-// of the signature.
+// AccountSource finds the account that granted a token: the ID token's sub,
+// else a user-info field when UserInfoURL is set, else "". The ID token came
+// from the token endpoint over TLS, which OIDC Core 3.1.3.7 (6) accepts in
+// place of checking its signature.
 type AccountSource struct {
 	UserInfoURL string
 	IDField     string // default "sub"
 	HTTP        *http.Client
 }
 
-// Account returns the account id, "" when the provider offers no way to
-// know it.
+// Account returns the account id, "" when it cannot be known.
 func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (id string, err error) {
 	if raw, ok := tok.Extra("id_token").(string); ok && raw != "" {
 		id, err = idTokenSubject(raw)

@@ -21,14 +21,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// maxAnswer bounds how much of an answer is read (x/oauth2 reads as much).
-const maxAnswer = 1 << 20
+const (
+	maxAnswer   = 1 << 20                    // bytes of an answer read, as x/oauth2 does
+	maxLifetime = 100 * 365 * 24 * time.Hour // beyond it a lifetime counts as absent
+)
 
-// maxLifetime bounds a lifetime we believe; beyond it it counts as absent.
-const maxLifetime = 100 * 365 * 24 * time.Hour
-
-// Reasons for answers without a usable code. They name no part of the
-// answer, which may hold anything.
+// Reasons for answers without a usable code; they name no part of the answer.
 var (
 	errRedirect   = errors.New("the token URL answers with a redirect")
 	errNotFound   = errors.New("the token URL is not a token endpoint")
@@ -38,8 +36,7 @@ var (
 	errReadAnswer = errors.New("reading the answer failed")
 )
 
-// clientRequest is a form POST to an endpoint of the provider (token,
-// revocation) with the client's credentials in style.
+// clientRequest is a form POST to endpoint with the client's credentials in style.
 func clientRequest(ctx context.Context, endpoint string, form url.Values, clientID, secret string, style oauth2.AuthStyle) (*http.Request, error) {
 	if style == oauth2.AuthStyleInParams {
 		form.Set("client_id", clientID)
@@ -61,22 +58,20 @@ func clientRequest(ctx context.Context, endpoint string, form url.Values, client
 }
 
 // exchange sends one refresh_token grant request in style and reads the
-// answer. Errors are free of secrets.
+// answer; errors are free of secrets.
 func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
 	req, err := r.request(ctx, form, style)
 	if err != nil {
-		// The URL was checked at configuration; the error names only it.
 		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	sent := r.now()
-	var written atomic.Bool // the whole request left: the provider may have processed it
+	var written atomic.Bool // the provider may have processed the request
 	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
 		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
 	}))
 	resp, err := r.client.Do(req)
-	if err != nil {
-		// *url.Error names the method and the URL, never the form.
+	if err != nil { // *url.Error names the method and URL, never the form
 		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
 			err = errors.Join(ctxErr, err)
 		}
@@ -91,8 +86,8 @@ func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, st
 	return r.judge(resp.StatusCode, resp.Header, body, sent)
 }
 
-// judge turns an answer into a grant or a classified error. Lifetimes
-// count from sent, so a slow answer errs on the early side.
+// judge turns an answer into a grant or a classified error; lifetimes count
+// from sent, erring early.
 func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time) (domain.Grant, *domain.ProviderError) {
 	f, parsed := parseAnswer(h.Get("Content-Type"), body)
 	code := f.str("error")
@@ -120,7 +115,7 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 	if dead != "" {
 		pe.Code, pe.Class = dead, domain.GrantDead
 	}
-	// Decided by evidence (Refresher.weigh), not by the code.
+	// Decided by Refresher.weigh, not by the code.
 	pe.Ambiguous = dead == "" && ambiguous(status, code) &&
 		(pe.Class == domain.ClientRejected || pe.Class == domain.Unclassified)
 	switch {
@@ -137,9 +132,8 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 	return domain.Grant{}, pe
 }
 
-// profileDead is the profile's dead-grant code the answer carries, in the
-// profile's field and status; "" when none. Elsewhere (a GitHub rate-limit
-// 403) the code stays what the generic table says.
+// profileDead is the profile's dead-grant code the answer carries, in its
+// field and status; "" when none.
 func (r *Refresher) profileDead(status int, f fields) string {
 	for _, d := range r.deadGrants {
 		if (d.Status == 0 || d.Status == status) && f.str(d.Field) == d.Code {
@@ -171,11 +165,9 @@ func (r *Refresher) grant(f fields, sent time.Time) (domain.Grant, error) {
 	switch {
 	case !g.RefreshExpiry.IsZero():
 	case r.refreshAbsolute > 0:
-		// The grant dies on a calendar counted from consent: the expiry
-		// stored at the code exchange still holds for a rotated token.
+		// Counted from consent: the stored expiry holds for a rotated token.
 		g.KeepRefreshExpiry = true
 	case r.refreshIdle > 0:
-		// A refresh token that dies unused lives that long from now.
 		g.RefreshExpiry = sent.Add(r.refreshIdle)
 	}
 	g.Extra = f.extra(r.extraFields)
@@ -199,8 +191,7 @@ func tokenType(t string) string {
 // fields is a parsed answer: JSON values, or form values as JSON strings.
 type fields map[string]json.RawMessage
 
-// parseAnswer reads a JSON object, or a form when the provider says it
-// sends one (GitHub's legacy answers, x/oauth2's rule).
+// parseAnswer reads a JSON object, or a form when the provider says it is one.
 func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
 	if json.Unmarshal(body, &f) == nil && f != nil {
 		return f, true
@@ -231,8 +222,7 @@ func (f fields) str(k string) string {
 	return s
 }
 
-// scope is the answer's scope, and whether it names one (a JSON null or
-// a non-string does not).
+// scope is the answer's scope, and whether it names one as a string.
 func (f fields) scope() (string, bool) {
 	var s *string
 	if json.Unmarshal(f["scope"], &s) != nil || s == nil {
@@ -274,8 +264,7 @@ func (f fields) refreshLifetime() (time.Duration, bool) {
 	return 0, false
 }
 
-// lifetime reads a number of seconds sent as a JSON number (3600, 3599.5)
-// or a string ("3600", as Microsoft Entra sends expires_in).
+// lifetime reads seconds as a JSON number or a string (Microsoft Entra).
 func (f fields) lifetime(k string) (time.Duration, bool) {
 	raw := f[k]
 	var secs float64

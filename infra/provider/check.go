@@ -22,14 +22,13 @@ import (
 // CheckVerdict is what Check could tell about the client's registration.
 type CheckVerdict int
 
-// The verdicts.
 const (
-	CheckOK               CheckVerdict = iota // the client was authenticated; only the made-up refresh token was rejected
-	CheckUnreachable                          // no answer (DNS, refused connection, TLS, timeout)
-	CheckNotJSON                              // an answer that is not JSON (an HTML page): not the token endpoint
+	CheckOK               CheckVerdict = iota // only the made-up refresh token was rejected
+	CheckUnreachable                          // no answer (DNS, refused, TLS, timeout)
+	CheckNotJSON                              // an answer that is not JSON: not the token endpoint
 	CheckNotTokenEndpoint                     // 404, 405 or a redirect
 	CheckClientRejected                       // invalid_client, unauthorized_client or a 401
-	CheckInconclusive                         // anything else (5xx, 429, an unexpected code)
+	CheckInconclusive                         // 5xx, 429, an unexpected code
 )
 
 // String names the verdict in logs.
@@ -37,27 +36,24 @@ func (v CheckVerdict) String() string {
 	return [...]string{"ok", "unreachable", "not_json", "not_token_endpoint", "client_rejected", "inconclusive"}[v]
 }
 
-// CheckResult is Check's answer. It holds no secret and no response body.
+// CheckResult is Check's answer; it holds no secret and no response body.
 type CheckResult struct {
 	Verdict    CheckVerdict
 	URL        string   // the token URL without query or credentials
-	Styles     []string // client authentication styles tried, in order ("header", "params")
+	Styles     []string // styles tried, in order
 	HTTPStatus int      // of the last answer; 0 when none came
-	Code       string   // OAuth2 error code of the last answer, as the refresher reports it
-	Media      string   // media type of the last answer
+	Code       string   // of the last answer, as reported
+	Media      string   // of the last answer
 	Err        error    // why no answer came (CheckUnreachable)
-	// Learned: the endpoint answered the made-up refresh token with an
-	// ambiguous refusal (Dex's 400 invalid_request) without refusing the
-	// client: that answer to a real grant, after a re-read, means the
-	// grant is dead (RecordCheck keeps it).
+	// Learned: an ambiguous refusal that did not refuse the client, which
+	// RecordCheck keeps as the answer to a dead grant.
 	Learned bool
 }
 
 // OK reports whether the endpoint accepted the client.
 func (r CheckResult) OK() bool { return r.Verdict == CheckOK }
 
-// Style is the authentication style of the last request: the one the
-// endpoint accepted when OK.
+// Style is the last request's style: the accepted one when OK.
 func (r CheckResult) Style() string {
 	if len(r.Styles) == 0 {
 		return ""
@@ -103,12 +99,10 @@ func (r CheckResult) String() string {
 	return fmt.Sprintf("inconclusive: %s answered %s; the client could not be judged (try again later)", r.URL, answer)
 }
 
-// Check asks cfg's token endpoint whether it accepts the client, spending
-// no refresh token: it sends a refresh_token grant with a made-up token. A
-// provider authenticates the client before it looks at the grant (RFC 6749
-// §5.2), so invalid_grant means the client is fine, and invalid_client or a
-// 401 that it is not. In auto it tries HTTP Basic, then the form body, and
-// reports the style accepted. client may be nil.
+// Check asks cfg's token endpoint whether it accepts the client with a
+// made-up refresh token: the client is authenticated before the grant is
+// looked at (RFC 6749 §5.2). In auto it tries HTTP Basic, then the form
+// body. client may be nil.
 func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client) CheckResult {
 	styles := []oauth2.AuthStyle{cfg.Endpoint.AuthStyle}
 	if cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
@@ -161,8 +155,6 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 	case pe != nil && (pe.Class == domain.GrantDead || pe.Code == "invalid_grant"):
 		res.Verdict = CheckOK
 	case pe != nil && pe.Ambiguous && pe.Code == "invalid_request" && status != http.StatusUnauthorized:
-		// The provider's own words for an unknown refresh token: not the
-		// client refused, and no reason to try the other style.
 		res.Verdict, res.Learned = CheckOK, true
 	case pe != nil && pe.Class == domain.ClientRejected, status == http.StatusUnauthorized:
 		res.Verdict = CheckClientRejected
@@ -171,18 +163,16 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 	case !looksJSON(media, head):
 		res.Verdict = CheckNotJSON
 	default:
-		// Includes a token issued for the made-up refresh token: whatever
-		// that endpoint is, it is not one to trust with real ones.
+		// Includes a token issued for the made-up refresh token.
 		res.Verdict = CheckInconclusive
 	}
 	return res
 }
 
-// defaultCheckTimeout bounds a probe when the caller gives no client.
 const defaultCheckTimeout = 10 * time.Second
 
-// observed is the probe's transport: it notes the status, the media type
-// and the first bytes of the answer, which the refresher does not report.
+// observed notes the answer's status, media type and first bytes, which the
+// refresher does not report.
 type observed struct {
 	base http.RoundTripper
 
@@ -226,8 +216,7 @@ func (o *observed) get() (status int, media string, head []byte, answered bool) 
 	return o.status, o.media, bytes.Clone(o.head.Bytes()), o.answered
 }
 
-// looksJSON: a JSON media type, or, for providers that label JSON as
-// text/plain, a body that opens like a JSON object.
+// looksJSON: a JSON media type, or a body that opens like a JSON object.
 func looksJSON(media string, head []byte) bool {
 	if media == "application/json" || strings.HasSuffix(media, "+json") {
 		return true
@@ -245,10 +234,8 @@ func displayURL(s string) string {
 	return u.String()
 }
 
-// RecordCheck keeps res, the check of cfg's client, in s as the
-// endpoint's answer to a refresh token that cannot exist (see weigh):
-// the client not refused (CheckOK) or refused (CheckClientRejected).
-// Other verdicts teach nothing and are not kept.
+// RecordCheck keeps res in s as the endpoint's fingerprint (see weigh);
+// verdicts other than CheckOK and CheckClientRejected are not kept.
 func RecordCheck(ctx context.Context, s EvidenceStore, cfg *oauth2.Config, res CheckResult) error {
 	var f Fingerprint
 	switch res.Verdict {

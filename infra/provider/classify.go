@@ -6,30 +6,19 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// codes is the one table of token endpoint error codes and what each means
-// for the grant (RFC 6749 §5.2, plus what real providers send). Any other
-// code is reported as "unrecognized_error": codes end up in errors, logs
-// and the stored status reason, and a hostile provider could put anything
-// there, the credentials it was sent included.
-//
-// The code decides whatever the status (Slack sends errors with a 200),
-// except for the statuses classify checks first. Only GrantDead rows can
-// mark a connection needs_reauth, so each says the refresh token itself is
-// dead; a profile's own words count only with that profile
-// (Refresher.profileDead).
-//
-// invalid_request and invalid_scope are ClientRejected: both are about our
-// request and the client's registration (tokenguard sends no scope on
-// refresh), the refresh token was not redeemed, and GrantDead would force
-// every user to consent again for what an operator fixes in configuration.
+// codes is what each token endpoint error code means for the grant. Any other
+// code is reported as "unrecognized_error": a hostile provider could put
+// anything in it, the credentials it was sent included. Only GrantDead rows
+// can mark a connection needs_reauth, so each says the refresh token is dead.
+// invalid_request and invalid_scope are about our request or registration.
 var codes = map[string]domain.ErrorClass{
 	// RFC 6749 §5.2.
 	"invalid_grant":          domain.GrantDead,
 	"invalid_client":         domain.ClientRejected,
 	"unauthorized_client":    domain.ClientRejected,
 	"unsupported_grant_type": domain.ClientRejected,
-	"invalid_scope":          domain.ClientRejected, // see above
-	"invalid_request":        domain.ClientRejected, // see above
+	"invalid_scope":          domain.ClientRejected,
+	"invalid_request":        domain.ClientRejected,
 	// Common additions (RFC 6749 §4.1.2.1, RFC 6750 §3.1, RFC 8628 §3.5).
 	"temporarily_unavailable": domain.Transient,
 	"server_error":            domain.Transient,
@@ -44,17 +33,9 @@ var codes = map[string]domain.ErrorClass{
 	"BAD_REFRESH_TOKEN":     domain.GrantDead, // HubSpot, in a 400 body's "status" field
 }
 
-// classify says what an error answer means: status, then code.
-//
-//	3xx, 404, 405                   EndpointMisconfigured (whatever the body)
-//	5xx, 429                        Transient (whatever the body)
-//	a code in the table             its row
-//	401 without one                 ClientRejected
-//	anything else                   Unclassified (other 4xx, HTML, non-JSON, unknown codes)
-//
-// Transport failures (no answer, timeouts) never get here: they are
-// Transient. Unclassified answers are not retried within a call; the use
-// case paces them per connection (see domain.Unclassified).
+// classify says what an error answer means: 3xx, 404, 405 are
+// EndpointMisconfigured and 5xx, 429 Transient whatever the body; then the
+// code's row; then a 401 is ClientRejected; anything else Unclassified.
 func classify(status int, code string) domain.ErrorClass {
 	switch {
 	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
@@ -79,9 +60,8 @@ func reportedCode(code string) string {
 	return "unrecognized_error"
 }
 
-// clientAuthFailed: the provider refused the client's authentication
-// before it looked at the grant (invalid_client, or a 401), so the refresh
-// token was not spent and the request may go again in the other style.
+// clientAuthFailed: the client was refused before the grant was looked at,
+// so the refresh token was not spent.
 func clientAuthFailed(pe *domain.ProviderError) bool {
 	return pe.Class == domain.ClientRejected && (pe.Code == "invalid_client" || pe.HTTPStatus == http.StatusUnauthorized)
 }

@@ -10,8 +10,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/dpop"
 )
 
-// WithNonces shares the DPoP nonces the token endpoints hand out with the
-// rest of the process (default: the refresher's own).
+// WithNonces shares the DPoP nonces with the rest of the process.
 func WithNonces(n *dpop.Nonces) Option { return func(r *Refresher) { r.nonces = n } }
 
 // proofKey opens a grant's DPoP key for the requests of one call. Errors
@@ -24,10 +23,8 @@ func proofKey(ctx context.Context, key domain.Secret) (context.Context, error) {
 	return dpop.WithKey(ctx, k), nil
 }
 
-// RefreshBound redeems a refresh token bound to key (PEM) at provider: the
-// request carries a DPoP proof signed with it (RFC 9449 §5), and a
-// refusal for want of the server's nonce is answered once with it before
-// the server looks at the refresh token.
+// RefreshBound redeems a refresh token bound to key (PEM) with a DPoP proof
+// (RFC 9449 §5).
 func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error) {
 	ctx, err := proofKey(ctx, key)
 	if err != nil {
@@ -46,8 +43,8 @@ func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectUR
 	return r.Exchange(ctx, provider, code, redirectURL, verifier)
 }
 
-// DPoP reports whether provider ("" is the configuration's, which
-// requires it when dflt) requires DPoP-bound grants.
+// DPoP reports whether provider ("" the configuration's: dflt) requires
+// DPoP-bound grants.
 func (r *Registry) DPoP(provider string, dflt bool) bool {
 	if provider == "" {
 		return dflt

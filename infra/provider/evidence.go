@@ -14,36 +14,18 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Some refusals could be about the client or about the grant: Dex answers
-// a dead, revoked or already-claimed refresh token 400 invalid_request,
-// the code RFC 6749 gives a malformed request. The code alone cannot
-// decide them; evidence, shared by every process through an EvidenceStore,
-// does, in this order (docs/design.md):
-//
-//  1. the fingerprint: the provider gave this exact answer (status and
-//     code) to a refresh token that cannot exist, presented by Check with
-//     these client credentials, and did not refuse the client there; and
-//     these credentials have worked for a real grant. The same answer to
-//     a real grant is then "grant dead" (the use case re-reads before it
-//     marks the connection needs_reauth).
-//  2. the client works: a refresh or code exchange with the same
-//     credentials in the same auth style succeeded within
-//     clientWorksWithin. The refusal is about the grant, which evidence
-//     does not show dead: the connection is failing at once.
-//  3. neither: unclassified, paced fleet-wide as failing; never taken
-//     for a refused client.
-//
-// A refusal that names the client (invalid_client, unauthorized_client,
-// unsupported_grant_type, a 401) is not ambiguous: it stays
-// ClientRejected.
+// Some refusals could be about the client or the grant (Dex answers a dead
+// refresh token 400 invalid_request). Fleet-wide evidence decides them, in
+// order (docs/design.md): 1. the fingerprint: the same answer to a made-up
+// refresh token, with the client not refused there and these credentials
+// known to work, makes it GrantDead; 2. a success in the same style within
+// clientWorksWithin makes it about the grant but not dead; 3. otherwise
+// Unclassified, never a refused client.
 
-// clientWorksWithin is how recent a success must be to vouch for the
-// client.
-const clientWorksWithin = time.Hour
-
-// workedEvery spaces the writes that record a success, per process: the
-// evidence is "within the last hour", not "this very second".
-const workedEvery = time.Minute
+const (
+	clientWorksWithin = time.Hour
+	workedEvery       = time.Minute // per process: the evidence is "within the hour"
+)
 
 // Fingerprint is a token endpoint's answer to a refresh token that cannot
 // exist.
@@ -54,9 +36,8 @@ type Fingerprint struct {
 	At                  time.Time
 }
 
-// matches reports whether pe is the same answer. Only a named code
-// counts: "unrecognized_error" stands for any code no table knows, and a
-// provider answering everything in one way would match.
+// matches reports whether pe is the same answer. Only a named code counts:
+// a provider answering everything one way would match "unrecognized_error".
 func (f Fingerprint) matches(pe *domain.ProviderError) bool {
 	named := f.Code != "" && f.Code != "unrecognized_error"
 	return named && f.ClientAuthenticated && f.HTTPStatus == pe.HTTPStatus && f.Code == pe.Code
@@ -69,23 +50,21 @@ type Evidence struct {
 	WorkedStyle string       // its auth style (StyleHeader, StyleParams)
 }
 
-// EvidenceStore keeps Evidence per token URL, client id and credentials
-// digest (Credentials), fleet-wide.
+// EvidenceStore keeps Evidence per token URL, client id and Credentials.
 type EvidenceStore interface {
 	LoadEvidence(ctx context.Context, tokenURL, clientID, credentials string) (Evidence, error)
 	SaveFingerprint(ctx context.Context, tokenURL, clientID, credentials string, f Fingerprint) error
 	SaveWorked(ctx context.Context, tokenURL, clientID, credentials, style string) error
 }
 
-// Credentials is the digest evidence is kept under: a changed client
-// secret starts with none. It reveals nothing of the secret.
+// Credentials is the digest evidence is kept under (a new secret starts
+// with none); it reveals nothing of the secret.
 func Credentials(cfg *oauth2.Config) string {
 	h := sha256.Sum256([]byte("tokenguard-evidence\x00" + cfg.ClientID + "\x00" + cfg.ClientSecret))
 	return hex.EncodeToString(h[:16])
 }
 
-// EvidenceRules turns the rules on one by one; the zero value is none of
-// them (the code table alone decides, invalid_request a refused client).
+// EvidenceRules turns the rules on one by one; the zero value is none.
 type EvidenceRules struct {
 	Fingerprint  bool
 	ClientWorks  bool
@@ -95,15 +74,12 @@ type EvidenceRules struct {
 // AllEvidence is the rules tokenguard runs with.
 var AllEvidence = EvidenceRules{Fingerprint: true, ClientWorks: true, Unclassified: true}
 
-// WithEvidence weighs ambiguous refusals with the evidence in s (nil: no
-// store, rule 3 alone).
+// WithEvidence weighs ambiguous refusals with s (nil: rule 3 alone).
 func WithEvidence(s EvidenceStore, rules EvidenceRules) Option {
 	return func(r *Refresher) { r.evidence, r.rules = s, rules }
 }
 
-// ambiguous reports whether an answer could be about the client or the
-// grant: invalid_request, or a 400 whose code no table knows or that has
-// none.
+// ambiguous: invalid_request, or a 400 with no or an unknown code.
 func ambiguous(status int, code string) bool {
 	if code == "invalid_request" {
 		return true
@@ -112,8 +88,6 @@ func ambiguous(status int, code string) bool {
 	return status == http.StatusBadRequest && !known
 }
 
-// weigh decides an ambiguous refusal pe, answered to a request in style,
-// with the evidence.
 func (r *Refresher) weigh(ctx context.Context, pe *domain.ProviderError, style oauth2.AuthStyle) {
 	if !pe.Ambiguous {
 		return
@@ -144,11 +118,8 @@ func (r *Refresher) weigh(ctx context.Context, pe *domain.ProviderError, style o
 	}
 }
 
-// learn asks the endpoint, in style, what it answers a refresh token that
-// cannot exist, and keeps the answer: the fingerprint of a provider no
-// start-up check asked (a stored provider, TOKEN_ENDPOINT_CHECK=false).
-// Asked once per credentials fleet-wide, when its answer is first needed;
-// nil when no answer came or the made-up token was accepted.
+// learn takes and keeps the fingerprint no start-up check took (once per
+// credentials fleet-wide); nil when no usable answer came.
 func (r *Refresher) learn(ctx context.Context, style oauth2.AuthStyle) *Fingerprint {
 	_, pe := r.exchange(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()), style)
 	if pe == nil || pe.HTTPStatus == 0 || pe.Class == domain.Transient || pe.Class == domain.EndpointMisconfigured {
@@ -164,8 +135,6 @@ func (r *Refresher) learn(ctx context.Context, style oauth2.AuthStyle) *Fingerpr
 	return &f
 }
 
-// worked records a success with style, at most once per workedEvery per
-// process, in the background.
 func (r *Refresher) worked(style oauth2.AuthStyle) {
 	if r.evidence == nil {
 		return
@@ -181,15 +150,12 @@ func (r *Refresher) worked(style oauth2.AuthStyle) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		// A failed write is tried again at the next success after
-		// workedEvery (a database not migrated yet says so once a minute).
 		if err := r.evidence.SaveWorked(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, styleName(style)); err != nil && r.log != nil {
 			r.log.Warn("could not record that the client works", "err", err)
 		}
 	}()
 }
 
-// evidenceState is the Refresher's part of the evidence.
 type evidenceState struct {
 	evidence    EvidenceStore
 	rules       EvidenceRules

@@ -17,11 +17,9 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// Exchange redeems an authorization code (RFC 6749 §4.1.3, with the PKCE
-// verifier) with the same auth style and reading of the answer as the
-// refreshes (a refused client leaves the code unspent). The token is the
-// answer as x/oauth2 shows it, every field in its Extra (the ID token, the
-// scope). Errors are *domain.ProviderError, free of secrets.
+// Exchange redeems an authorization code (RFC 6749 §4.1.3, PKCE) as
+// refreshes are sent and read. The token shows every answer field in Extra.
+// Errors are *domain.ProviderError, free of secrets.
 func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}}
 	if redirectURL != "" {
@@ -63,9 +61,8 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 		return domain.Grant{}, nil, pe
 	}
 	if g.RefreshExpiry.IsZero() {
-		// The grant's calendar starts at the consent: its absolute end is
-		// stored and announced (connection.expiring); the idle one, which
-		// the keep-alive pushes back, stands in only without it.
+		// The grant's calendar starts at the consent; the idle expiry
+		// stands in only without an absolute one.
 		switch {
 		case r.refreshAbsolute > 0:
 			g.RefreshExpiry = sent.Add(r.refreshAbsolute)
@@ -86,13 +83,11 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 	return g, tok.WithExtra(raw), nil
 }
 
-// codeExchanger also redeems authorization codes (Refresher, Retrying).
 type codeExchanger interface {
 	Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
 }
 
-// Exchange redeems a code without retrying: a code is single-use, and a
-// lost answer cannot be asked for again.
+// Exchange redeems a code without retrying: a code is single-use.
 func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	ex, ok := r.next.(codeExchanger)
 	if !ok {
@@ -101,16 +96,11 @@ func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier str
 	return ex.Exchange(ctx, code, redirectURL, verifier)
 }
 
-// Exchange redeems an authorization code at provider ("" is the
-// configuration's) through its refresher (see Refresher.Exchange).
+// Exchange redeems an authorization code at provider ("" the configuration's).
 func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
-	ref := r.env
-	if provider != "" {
-		reg, ok := r.lookup(ctx, provider)
-		if !ok {
-			return domain.Grant{}, nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
-		}
-		ref = reg.refresher
+	ref, err := r.refresherOf(ctx, provider)
+	if err != nil {
+		return domain.Grant{}, nil, err
 	}
 	ex, ok := ref.(codeExchanger)
 	if !ok {
@@ -119,11 +109,9 @@ func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, ve
 	return ex.Exchange(ctx, code, redirectURL, verifier)
 }
 
-// SetProfile is the profile of the configuration's provider (""), for
-// AuthCodeOptions. Call it before the registry is used.
+// SetProfile is the configuration's provider's profile; call it before use.
 func (r *Registry) SetProfile(p profiles.Profile) { r.envProfile = p }
 
-// profile is the profile of provider ("" is the configuration's).
 func (r *Registry) profile(provider string) profiles.Profile {
 	if provider == "" {
 		return r.envProfile
@@ -132,9 +120,8 @@ func (r *Registry) profile(provider string) profiles.Profile {
 	return p
 }
 
-// AuthCodeOptions are the authorization request parameters the profile of
-// provider adds (Google's access_type=offline and prompt=consent), and
-// scopes joined with its separator where it is not a space (Slack, Zoho).
+// AuthCodeOptions are the authorization parameters provider's profile adds,
+// and scopes joined with its separator where it is not a space.
 func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption {
 	p := r.profile(provider)
 	var out []oauth2.AuthCodeOption
@@ -147,9 +134,8 @@ func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.Au
 	return out
 }
 
-// ProviderFields is what the profile of provider keeps from a first grant
-// as connection metadata: g.Extra and its fields of the authorization
-// callback's query (QuickBooks realmId); nil when there are none.
+// ProviderFields is the connection metadata of a first grant: g.Extra and
+// the profile's fields of the callback query; nil when there are none.
 func (r *Registry) ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string {
 	out := maps.Clone(g.Extra)
 	for _, k := range r.profile(provider).CallbackFields {

@@ -11,8 +11,7 @@ import (
 	"time"
 )
 
-// Metadata is what tokenguard reads of an authorization server's metadata
-// (RFC 8414, OpenID Connect Discovery 1.0).
+// Metadata is what is read of a server's metadata (RFC 8414, OIDC Discovery).
 type Metadata struct {
 	Issuer                string `json:"issuer"`
 	AuthorizationEndpoint string `json:"authorization_endpoint"`
@@ -21,13 +20,9 @@ type Metadata struct {
 	RequirePAR            bool   `json:"require_pushed_authorization_requests"`
 }
 
-// Discovery finds and keeps the metadata of the servers whose endpoints a
-// provider is configured with: no issuer needs configuring. The candidate
-// issuers are the token endpoint's origin with each leading part of its
-// path; a document counts only when its issuer is the candidate it was
-// fetched for (RFC 8414 §3.3) and it names the configured token endpoint,
-// so a neighbour's metadata on the same host is never taken. Safe for
-// concurrent use.
+// Discovery finds and caches a token endpoint's server metadata. A document
+// counts only when its issuer is the candidate it was fetched for (RFC 8414
+// §3.3) and it names the token endpoint, so a neighbour's is never taken.
 type Discovery struct {
 	client *http.Client
 	now    func() time.Time
@@ -41,13 +36,10 @@ type found struct {
 	until time.Time
 }
 
-// How long a discovery's outcome is kept: metadata rarely changes, and a
-// server without any should not be asked on every connect.
 const (
-	metadataTTL = time.Hour
-	noneTTL     = 5 * time.Minute
-	// discoveryTimeout bounds one discovery, all its documents together.
-	discoveryTimeout = 5 * time.Second
+	metadataTTL      = time.Hour
+	noneTTL          = 5 * time.Minute
+	discoveryTimeout = 5 * time.Second // all of one discovery's documents
 )
 
 // NewDiscovery fetches with client (NewHTTPClient when nil).
@@ -58,8 +50,7 @@ func NewDiscovery(client *http.Client) *Discovery {
 	return &Discovery{client: client, now: time.Now, cache: map[string]found{}}
 }
 
-// Find returns the metadata of the server whose token endpoint is
-// tokenURL, and whether there is any.
+// Find returns the metadata of tokenURL's server, and whether there is any.
 func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) {
 	now := d.now()
 	d.mu.Lock()
@@ -69,8 +60,6 @@ func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) 
 		return f.m, f.ok
 	}
 	f = found{until: now.Add(noneTTL)}
-	// The connect flow waits: a server that does not answer is given
-	// discoveryTimeout in all, and is not asked for its other documents.
 	fctx, cancel := context.WithTimeout(ctx, discoveryTimeout)
 	defer cancel()
 	for _, c := range candidates(tokenURL) {
@@ -94,10 +83,8 @@ func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) 
 
 type candidate struct{ issuer, doc string }
 
-// candidates are the metadata documents a server whose token endpoint is
-// tokenURL may publish, the longest issuer first: RFC 8414's
-// (/.well-known/oauth-authorization-server inserted before the issuer's
-// path) and OpenID Connect's (/.well-known/openid-configuration after it).
+// candidates are tokenURL's possible metadata documents, longest issuer
+// first, in RFC 8414's and OpenID Connect's forms.
 func candidates(tokenURL string) []candidate {
 	u, err := url.Parse(tokenURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -121,8 +108,7 @@ func candidates(tokenURL string) []candidate {
 	return out
 }
 
-// fetch reads one metadata document; answered is false when the server
-// gave no HTTP answer at all.
+// fetch reads one metadata document; answered: an HTTP answer came.
 func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, ok, answered bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, doc, nil)
 	if err != nil {

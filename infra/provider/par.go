@@ -14,12 +14,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// PAREndpoint says where the connect flow pushes its authorization
-// request (RFC 9126), "" when it is not pushed: never with
-// domain.PARNever; with domain.PARAlways whenever the metadata m (found
-// says there is some) names an endpoint; with domain.PARAuto when the
-// metadata or the profile (profileRequires) says pushing is required.
-// Required without a known endpoint is domain.ErrNoPAREndpoint.
+// PAREndpoint says where the connect flow pushes its authorization request
+// (RFC 9126), "" when it is not pushed; auto pushes when the metadata or the
+// profile requires it. Required without an endpoint is ErrNoPAREndpoint.
 func PAREndpoint(mode domain.PARMode, profileRequires bool, m Metadata, found bool) (string, error) {
 	switch mode {
 	case domain.PARNever:
@@ -36,14 +33,11 @@ func PAREndpoint(mode domain.PARMode, profileRequires bool, m Metadata, found bo
 	return m.PAREndpoint, nil
 }
 
-// errPushRefused: the PAR endpoint's answer has no request_uri.
 var errPushRefused = errors.New("the pushed authorization request endpoint answered without a request_uri")
 
-// Push sends the authorization request form to the pushed authorization
-// request endpoint (RFC 9126 §2.1), the client authenticated as at the
-// token endpoint (its secret in its auth style, or an assertion), and
-// returns the request_uri the browser is then sent with. Errors are
-// *domain.ProviderError, naming the status and the error code only.
+// Push sends the authorization request form to endpoint (RFC 9126 §2.1), the
+// client authenticated as at the token endpoint, and returns the request_uri.
+// Errors are *domain.ProviderError naming only the status and code.
 func (r *Refresher) Push(ctx context.Context, endpoint string, form url.Values) (string, error) {
 	var uri string
 	pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) *domain.ProviderError {
@@ -77,13 +71,11 @@ func (r *Refresher) Push(ctx context.Context, endpoint string, form url.Values) 
 	return uri, nil
 }
 
-// pusher also pushes authorization requests (Refresher, Retrying).
 type pusher interface {
 	Push(ctx context.Context, endpoint string, form url.Values) (string, error)
 }
 
-// Push pushes without retrying: the browser waits for it, and a person
-// can start again.
+// Push pushes without retrying: a person waits and can start again.
 func (r *Retrying) Push(ctx context.Context, endpoint string, form url.Values) (string, error) {
 	p, ok := r.next.(pusher)
 	if !ok {
@@ -92,16 +84,11 @@ func (r *Retrying) Push(ctx context.Context, endpoint string, form url.Values) (
 	return p.Push(ctx, endpoint, form)
 }
 
-// Push pushes an authorization request for provider ("" is the
-// configuration's) through its refresher (see Refresher.Push).
+// Push pushes an authorization request for provider ("" the configuration's).
 func (r *Registry) Push(ctx context.Context, provider, endpoint string, form url.Values) (string, error) {
-	ref := r.env
-	if provider != "" {
-		reg, ok := r.lookup(ctx, provider)
-		if !ok {
-			return "", fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
-		}
-		ref = reg.refresher
+	ref, err := r.refresherOf(ctx, provider)
+	if err != nil {
+		return "", err
 	}
 	p, ok := ref.(pusher)
 	if !ok {
@@ -110,6 +97,5 @@ func (r *Registry) Push(ctx context.Context, provider, endpoint string, form url
 	return p.Push(ctx, endpoint, form)
 }
 
-// PARRequired reports whether provider's profile ("" the configuration's)
-// says the provider refuses authorization requests that are not pushed.
+// PARRequired reports whether provider's profile requires pushed requests.
 func (r *Registry) PARRequired(provider string) bool { return r.profile(provider).PAR == "required" }

@@ -17,16 +17,13 @@ import (
 // unreachable before its calls pause (domain.UnreachablePause).
 const DefaultPauseAfter = 3
 
-// pause holds back the calls to a token endpoint that could not be reached
-// several times in a row (domain.UnreachablePause): no answer will come
-// soon, so every caller fails at once with the last failure instead of
-// retrying until its refresh timeout. Any answer ends the pause.
+// pause fails calls at once while an endpoint that could not be reached
+// several times in a row pauses; any answer ends the pause.
 type pause struct {
 	off bool // never pause
 	p   domain.Pause
 }
 
-// newPause pauses after after unreachable tries in a row; <= 0: never.
 func newPause(after int) *pause {
 	policy := domain.UnreachablePause
 	policy.After = after
@@ -43,8 +40,7 @@ func (p *pause) check(now time.Time) error {
 		left.Round(time.Millisecond), cause)}
 }
 
-// record takes the outcome of a try made at now, and reports whether it
-// started a pause.
+// record takes a try's outcome and reports whether it started a pause.
 func (p *pause) record(now time.Time, err error) (paused bool) {
 	switch {
 	case p.off || errors.Is(err, context.Canceled): // the caller gave up: says nothing about the endpoint
@@ -56,9 +52,8 @@ func (p *pause) record(now time.Time, err error) (paused bool) {
 	return p.p.Fail(now, err)
 }
 
-// unreachable reports whether err says no request reached the token
-// endpoint's HTTP server (refused, no route, DNS, TLS): none gets better
-// within a refresh's retries, and none spent the refresh token.
+// unreachable: no request reached the HTTP server (refused, no route, DNS,
+// TLS), so none spent the refresh token.
 func unreachable(err error) bool {
 	var pe *domain.ProviderError
 	if err == nil || !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {

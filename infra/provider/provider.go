@@ -21,9 +21,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// NewHTTPClient returns a client for the token endpoint whose every phase
-// is bounded, so a provider that stops answering cannot hold a
-// connection's lock for longer than timeout.
+// NewHTTPClient returns a client whose every phase is bounded by timeout, so a
+// silent provider cannot hold a connection's lock longer.
 func NewHTTPClient(timeout time.Duration) *http.Client {
 	dialer := &net.Dialer{Timeout: min(5*time.Second, timeout), KeepAlive: 30 * time.Second}
 	return &http.Client{
@@ -41,55 +40,41 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 	}
 }
 
-// Refresher redeems refresh tokens at the token endpoint of an
-// oauth2.Config (ClientID, ClientSecret, Endpoint.TokenURL and
-// Endpoint.AuthStyle). It is safe for concurrent use.
+// Refresher redeems refresh tokens at cfg's token endpoint; safe for
+// concurrent use. It does not use x/oauth2's TokenSource, whose auto-detection
+// resends after any failure a refresh token the provider may have spent.
 //
-// It sends the token request itself instead of using x/oauth2's
-// TokenSource, whose auth-style auto-detection resends the request in the
-// other style after any failure (a timeout or invalid_grant included),
-// presenting a refresh token the provider may already have spent; it also
-// rejects a fractional expires_in, ignores refresh_token_expires_in and
-// HubSpot's code outside "error", and prints the body in its errors.
-//
-// Client authentication follows cfg.Endpoint.AuthStyle: InHeader (HTTP
-// Basic) and InParams are used as they are. AutoDetect starts with the
-// style remembered for this token URL and client (in memory and in the
-// AuthStyleStore), else HTTP Basic, which RFC 6749 §2.3.1 makes mandatory.
-// Only when the client's authentication failed (invalid_client, or a 401)
-// is the request sent once more in the other style: the provider then never
-// looked at the refresh token. After any other failure the first request may
-// have been processed, and presenting its token again is the reuse strict
-// providers punish by revoking the grant.
+// AutoDetect starts with the remembered style, else HTTP Basic (RFC 6749
+// §2.3.1), and switches style only when the client's authentication failed
+// (invalid_client, a 401): only then was the refresh token surely not looked at.
 type Refresher struct {
 	cfg             *oauth2.Config
 	client          *http.Client
 	styles          AuthStyleStore
 	defaultLifetime time.Duration
-	deadGrants      []profiles.DeadGrant // the profile's own words for a dead grant
-	extraFields     []string             // answer fields kept as connection metadata
-	refreshIdle     time.Duration        // the profile's idle expiry of refresh tokens; 0 unknown
-	refreshAbsolute time.Duration        // the profile's absolute expiry of a grant; 0 unknown
+	deadGrants      []profiles.DeadGrant
+	extraFields     []string      // answer fields kept as connection metadata
+	refreshIdle     time.Duration // 0: unknown
+	refreshAbsolute time.Duration // 0: unknown
 	log             *slog.Logger
 	now             func() time.Time
-	evidenceState   // weighs ambiguous refusals (evidence.go)
+	evidenceState
 
-	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 while unknown
-	stored  atomic.Int32 // the style the store is known to hold; 0 while unknown
-	loaded  atomic.Bool  // the store was read
-	loading sync.Mutex   // one read of the store at a time; others do not wait for it
-	saving  atomic.Bool  // a write to the store is under way
-	nonces  *dpop.Nonces // the DPoP nonces token endpoints handed out
-	// private_key_jwt: the client's key and the assertions' audience.
+	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 unknown
+	stored  atomic.Int32 // the style the store is known to hold; 0 unknown
+	loaded  atomic.Bool
+	loading sync.Mutex // one store read at a time; others do not wait for it
+	saving  atomic.Bool
+	nonces  *dpop.Nonces
+	// private_key_jwt
 	clientKey    *clientkey.Key
 	assertionAud string
-	issuerAud    *Discovery // the assertions' audience is the issuer it finds
-	resource     string     // RFC 8707 resource indicator; "" none
+	issuerAud    *Discovery
+	resource     string // RFC 8707; "" none
 }
 
-// AuthStyleStore keeps, per token URL and client id, the auth style the
-// provider accepted, so other processes and restarts need not probe.
-// Load returns "" when nothing is stored.
+// AuthStyleStore keeps the accepted auth style per token URL and client id,
+// so other processes need not probe. Load returns "" when nothing is stored.
 type AuthStyleStore interface {
 	Load(ctx context.Context, tokenURL, clientID string) (string, error)
 	Save(ctx context.Context, tokenURL, clientID, style string) error
@@ -107,17 +92,14 @@ type Option func(*Refresher)
 // WithAuthStyleStore remembers the learned auth style in s too.
 func WithAuthStyleStore(s AuthStyleStore) Option { return func(r *Refresher) { r.styles = s } }
 
-// WithDefaultLifetime gives access tokens whose answer has no usable
-// expires_in this lifetime (0, the default: no expiry; the token is used
-// until the API answers 401).
+// WithDefaultLifetime is the lifetime of access tokens without a usable
+// expires_in (0, the default: no expiry).
 func WithDefaultLifetime(d time.Duration) Option {
 	return func(r *Refresher) { r.defaultLifetime = max(d, 0) }
 }
 
-// WithProfile applies what a provider profile says about the answers: its
-// codes for a dead grant (GitHub's bad_refresh_token in a 200 body), the
-// fields kept as Extra (Salesforce instance_url), and the refresh token's
-// expiry when the answer does not say it (see grant).
+// WithProfile applies a profile's dead-grant codes, Extra fields and refresh
+// token expiries (used when the answer does not say them).
 func WithProfile(p profiles.Profile) Option {
 	return func(r *Refresher) {
 		r.deadGrants = p.DeadGrants
@@ -134,18 +116,15 @@ func WithProfile(p profiles.Profile) Option {
 // WithLogger receives a line when a style is learned or cannot be stored.
 func WithLogger(l *slog.Logger) Option { return func(r *Refresher) { r.log = l } }
 
-// WithClock is the clock expiries are computed with (default time.Now):
-// the one every process decides staleness with.
+// WithClock is the clock expiries are computed with (default time.Now).
 func WithClock(now func() time.Time) Option { return func(r *Refresher) { r.now = now } }
 
-// storeTimeout bounds a read or write of the AuthStyleStore: a failed read
-// costs at most one rejected probe, never a refresh token.
+// storeTimeout bounds a store read or write: a failed one costs at most a
+// rejected probe, never a refresh token.
 const storeTimeout = 2 * time.Second
 
-// NewRefresher uses cfg's client and endpoint, and client for the HTTP
-// calls (NewHTTPClient when nil). Redirects are never followed, whatever
-// its CheckRedirect: a token endpoint has no business redirecting a POST
-// with credentials.
+// NewRefresher calls cfg's endpoint with client (NewHTTPClient when nil),
+// never following redirects: a POST with credentials must not be redirected.
 func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refresher {
 	if client == nil {
 		client = NewHTTPClient(10 * time.Second)
@@ -160,15 +139,13 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	if r.nonces == nil {
 		r.nonces = &dpop.Nonces{}
 	}
-	// Requests of a DPoP-bound grant carry a proof; others pass untouched.
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: r.nonces, Now: r.now}
 	return r
 }
 
 func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }
 
-// Refresh redeems refreshToken. Errors are *domain.ProviderError; their
-// Class says what the answer means for the grant (see classify).
+// Refresh redeems refreshToken. Errors are classified *domain.ProviderError.
 func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
 	var g domain.Grant
 	var last oauth2.AuthStyle
@@ -184,10 +161,8 @@ func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (do
 	return g, nil
 }
 
-// authenticated calls send in the configured style. In auto it starts with
-// startStyle and, only when the client's authentication failed (the
-// provider did not look at the refresh token or the code), calls it once
-// more in the other style; the style that succeeds is remembered.
+// authenticated calls send in the configured style; in auto, once more in
+// the other style only when the client's authentication failed.
 func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func(oauth2.AuthStyle) *domain.ProviderError) *domain.ProviderError {
 	style := r.cfg.Endpoint.AuthStyle
 	if style != oauth2.AuthStyleAutoDetect {
@@ -214,13 +189,8 @@ func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func
 	return pe
 }
 
-// startStyle is the style auto begins with: the learned one, else the
-// stored one, else HTTP Basic.
 func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
-	if s := oauth2.AuthStyle(r.learned.Load()); s != oauth2.AuthStyleAutoDetect {
-		return s
-	}
-	if r.styles != nil && !r.loaded.Load() && r.loading.TryLock() {
+	if r.learned.Load() == 0 && r.styles != nil && !r.loaded.Load() && r.loading.TryLock() {
 		defer r.loading.Unlock()
 		lctx, cancel := context.WithTimeout(ctx, storeTimeout)
 		name, err := r.styles.Load(lctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID)
@@ -244,9 +214,8 @@ func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
 	return oauth2.AuthStyleInHeader
 }
 
-// remember keeps style, which just succeeded, in memory and, when new, in
-// the store, in the background: the caller is about to persist a rotated
-// refresh token, and nothing may delay that.
+// remember keeps style in memory and, when new, in the store in the
+// background: nothing may delay persisting a rotated refresh token.
 func (r *Refresher) remember(style oauth2.AuthStyle) {
 	r.learned.Store(int32(style))
 	if r.styles == nil || r.stored.Load() == int32(style) || !r.saving.CompareAndSwap(false, true) {
@@ -290,9 +259,7 @@ func styleFromName(name string) oauth2.AuthStyle {
 	return oauth2.AuthStyleAutoDetect
 }
 
-// GrantFrom converts an x/oauth2 token (from the authorization-code
-// exchange), with the refresh token's lifetime and the scope when the
-// answer named them.
+// GrantFrom converts an x/oauth2 token from the authorization-code exchange.
 func GrantFrom(tok *oauth2.Token) domain.Grant {
 	g := domain.Grant{
 		AccessToken:  domain.NewSecret(tok.AccessToken),

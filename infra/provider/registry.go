@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -17,38 +18,30 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// ProviderSource lists the stored providers, client secrets opened;
-// repository.ProviderRepository is one.
+// ProviderSource lists the stored providers, client secrets opened.
 type ProviderSource interface {
 	List(ctx context.Context) ([]domain.Provider, error)
 }
 
-// Registry redeems refresh tokens at the provider a connection names
-// (usecase.Refresher): "" at the provider of the process's configuration,
-// any other name at that stored provider, each through a refresher of its
-// own. It is safe for concurrent use.
-//
-// The stored providers are read by Load and again after Changed (on every
-// NOTIFY on tokenguard_providers, and after each reconnection), so a
-// rotated client secret is used without a restart; a provider whose
-// version did not change keeps its refresher. An unknown name makes it read
-// again at once (at most once per missReadEvery; the provider may have been
-// added a moment ago), then is domain.ErrUnknownProvider: no grant is
-// touched. A provider that rejects the client makes it read again in the
-// background, in case a change was missed.
+// Registry redeems refresh tokens at the provider a connection names ("" the
+// configuration's), each through its own refresher; safe for concurrent use.
+// Providers are read by Load and again after Changed, so a rotated secret
+// needs no restart. An unknown name reads again (at most once per
+// missReadEvery), then is domain.ErrUnknownProvider; a refused client
+// triggers a background read in case a change was missed.
 type Registry struct {
 	env        GrantRefresher
 	source     ProviderSource
 	build      func(domain.Provider) GrantRefresher
 	log        *slog.Logger
-	envProfile profiles.Profile // of the configuration's provider
+	envProfile profiles.Profile
 
 	state    atomic.Pointer[registryState]
 	onChange atomic.Pointer[func(name string)]
 
-	loading  sync.Mutex  // one Load at a time
+	loading  sync.Mutex
 	pending  atomic.Bool // a change arrived: read again
-	running  atomic.Bool // a background read is under way
+	running  atomic.Bool
 	lastMiss atomic.Int64
 }
 
@@ -58,21 +51,18 @@ type registryState struct {
 
 type registered struct {
 	p         domain.Provider // ClientSecret cleared: kept apart in secret
-	secret    domain.Secret   // for the connect flow's code exchange
+	secret    domain.Secret
 	refresher GrantRefresher
-	key       *clientkey.Key // private_key_jwt; nil for the other styles
+	key       *clientkey.Key
 }
 
-// missReadEvery bounds the reads an unknown provider name can cause.
-const missReadEvery = time.Second
+const (
+	missReadEvery = time.Second // bounds the reads unknown names cause
+	loadTimeout   = 10 * time.Second
+)
 
-// loadTimeout bounds one read of the providers.
-const loadTimeout = 10 * time.Second
-
-// NewRegistry serves "" with env and the providers of source, each with
-// the refresher build makes of it (its HTTP client, auth-style store and
-// retry policy). log may be nil. Call Load before use: until then only ""
-// is known.
+// NewRegistry serves "" with env and source's providers through the
+// refresher build makes of each; log may be nil. Call Load before use.
 func NewRegistry(env GrantRefresher, source ProviderSource, build func(domain.Provider) GrantRefresher, log *slog.Logger) *Registry {
 	if log == nil {
 		log = slog.Default()
@@ -82,9 +72,7 @@ func NewRegistry(env GrantRefresher, source ProviderSource, build func(domain.Pr
 	return r
 }
 
-// Load reads every stored provider and replaces the registry's view of
-// them. Errors (the database is down, a secret cannot be decrypted) leave
-// the previous view in place.
+// Load reads every stored provider; an error leaves the previous view.
 func (r *Registry) Load(ctx context.Context) error {
 	r.loading.Lock()
 	defer r.loading.Unlock()
@@ -133,15 +121,12 @@ func (r *Registry) Load(ctx context.Context) error {
 	return nil
 }
 
-// OnChange calls fn with the name of every provider whose settings a Load
-// found changed, right after they took effect (the use case reopens the
-// provider's client gate: new settings deserve a try at once).
+// OnChange calls fn with every provider a Load found changed, once the new
+// settings took effect.
 func (r *Registry) OnChange(fn func(name string)) { r.onChange.Store(&fn) }
 
-// Changed says a provider was added, changed or removed (name "" when
-// unknown, after a gap in the change feed). It reads the providers again
-// in the background and returns at once; changes that arrive meanwhile
-// cause one more read, not one each.
+// Changed reads the providers again in the background; changes arriving
+// meanwhile cause one more read, not one each.
 func (r *Registry) Changed(string) {
 	r.pending.Store(true)
 	if !r.running.CompareAndSwap(false, true) {
@@ -159,8 +144,7 @@ func (r *Registry) Changed(string) {
 	}()
 }
 
-// Only is the registry of a process without stored providers: every
-// connection that names one gets domain.ErrUnknownProvider.
+// Only is the registry of a process without stored providers.
 func Only(env GrantRefresher) *Registry { return NewRegistry(env, nil, nil, nil) }
 
 // Refresh redeems refreshToken at provider ("" is the configuration's).
@@ -177,20 +161,15 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) && clientAuthFailed(pe) {
 		if cur, ok := r.state.Load().byName[provider]; ok && cur.p.Version != reg.p.Version {
-			// The settings changed while the request was out (a rotated
-			// client secret), and the refresh token was not looked at: it
-			// may go once more, with the new settings.
+			// The settings changed meanwhile and the refresh token was not
+			// looked at: it may go once more, with the new settings.
 			return cur.refresher.Refresh(ctx, refreshToken)
 		}
-		// A rotated secret whose announcement this process missed is
-		// picked up by the next read.
 		r.Changed(provider)
 	}
 	return g, err
 }
 
-// lookup finds provider, reading the providers once more for a name the
-// registry does not know, unless it did so less than missReadEvery ago.
 func (r *Registry) lookup(ctx context.Context, provider string) (registered, bool) {
 	if reg, ok := r.state.Load().byName[provider]; ok {
 		return reg, true
@@ -209,17 +188,26 @@ func (r *Registry) lookup(ctx context.Context, provider string) (registered, boo
 	return reg, ok
 }
 
-// Provider returns the stored provider called name as last read, without
-// its client secret.
+// refresherOf is the refresher of provider ("" the configuration's).
+func (r *Registry) refresherOf(ctx context.Context, provider string) (GrantRefresher, error) {
+	if provider == "" {
+		return r.env, nil
+	}
+	reg, ok := r.lookup(ctx, provider)
+	if !ok {
+		return nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+	}
+	return reg.refresher, nil
+}
+
+// Provider returns the stored provider called name, without its secret.
 func (r *Registry) Provider(name string) (domain.Provider, bool) {
 	reg, ok := r.state.Load().byName[name]
 	return reg.p, ok
 }
 
-// ClientConfig is the client registration of the stored provider called
-// name, secret included, for the connect flow (authorization URL, code
-// exchange); its RedirectURL is left to the caller. An unknown name is
-// read again once, as a refresh does, then domain.ErrUnknownProvider.
+// ClientConfig is the stored provider's registration, secret included, for
+// the connect flow; RedirectURL is left to the caller.
 func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
 	reg, ok := r.lookup(ctx, name)
 	if !ok {
@@ -230,12 +218,12 @@ func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Confi
 	return OAuth2Config(p), nil
 }
 
-// ClientKeys are the client keys (private_key_jwt) of the stored
-// providers as last read, by provider name.
+// ClientKeys are the stored providers' client keys, by provider name.
 func (r *Registry) ClientKeys() []*clientkey.Key {
+	m := r.state.Load().byName
 	var out []*clientkey.Key
-	for _, name := range r.Names() {
-		if k := r.state.Load().byName[name].key; k != nil {
+	for _, name := range slices.Sorted(maps.Keys(m)) {
+		if k := m[name].key; k != nil {
 			out = append(out, k)
 		}
 	}
@@ -244,23 +232,15 @@ func (r *Registry) ClientKeys() []*clientkey.Key {
 
 // Names lists the stored providers as last read, sorted.
 func (r *Registry) Names() []string {
-	m := r.state.Load().byName
-	out := make([]string, 0, len(m))
-	for name := range m {
-		out = append(out, name)
-	}
-	slices.Sort(out)
-	return out
+	return slices.Sorted(maps.Keys(r.state.Load().byName))
 }
 
-// Skew is the refresh skew of provider's connections, 0 when it has none
-// of its own (or is unknown): the caller's global one applies.
+// Skew is provider's own refresh skew; 0: the global one applies.
 func (r *Registry) Skew(provider string) time.Duration {
 	return r.state.Load().byName[provider].p.Skew
 }
 
-// KeepAlives are the keep-alive intervals of the stored providers that
-// have one of their own (tokenctl provider add --keep-alive), by name.
+// KeepAlives are the stored providers' own keep-alive intervals, by name.
 func (r *Registry) KeepAlives() map[string]time.Duration {
 	out := map[string]time.Duration{}
 	for name, reg := range r.state.Load().byName {
@@ -275,8 +255,7 @@ func (r *Registry) KeepAlives() map[string]time.Duration {
 func OAuth2Config(p domain.Provider) *oauth2.Config {
 	style := styleFromName(string(p.AuthStyle))
 	if p.AuthStyle == domain.AuthStylePrivateKeyJWT {
-		// The assertion replaces the secret, the client id in the form
-		// (RFC 7523 §2.2): never a second try in another style.
+		// The client id goes in the form: never a try in another style.
 		style = oauth2.AuthStyleInParams
 	}
 	return &oauth2.Config{

@@ -13,56 +13,42 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// GrantRefresher redeems a refresh token and reports failures as the
-// domain does (Refresher, Retrying).
+// GrantRefresher redeems a refresh token (Refresher, Retrying).
 type GrantRefresher interface {
 	Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error)
 }
 
 // Policy tunes Retrying. Zero values take the defaults.
 type Policy struct {
-	// InitialInterval is the first backoff (default 100ms).
-	InitialInterval time.Duration
-	// MaxInterval caps every backoff, jitter included (default 2s).
-	MaxInterval time.Duration
-	// Multiplier grows the backoff after each failure (default 2).
-	Multiplier float64
-	// Jitter is the randomisation factor: each wait is drawn from
-	// interval×[1-Jitter, 1+Jitter] (default 0.5; negative means none).
-	Jitter float64
-	// MaxAttempts bounds the tries, the first included; 0 means only the
-	// deadline bounds them.
-	MaxAttempts int
-	// MaxElapsed bounds the whole call when ctx has no deadline
-	// (default 30s). With a deadline, the deadline alone bounds it.
+	InitialInterval time.Duration // default 100ms
+	MaxInterval     time.Duration // caps every backoff, jitter included (default 2s)
+	Multiplier      float64       // default 2
+	// Jitter draws each wait from interval×[1-Jitter, 1+Jitter] (default
+	// 0.5; negative: none).
+	Jitter      float64
+	MaxAttempts int // the first included; 0: only the deadline bounds them
+	// MaxElapsed bounds the call when ctx has no deadline (default 30s).
 	MaxElapsed time.Duration
-	// RetryWithin bounds when a new attempt may start, from the first
-	// (0: until the deadline); an attempt under way may still run to ctx's
-	// deadline (the refresh timeout, against the answer deadline).
+	// RetryWithin bounds when a new attempt may start, from the first (0:
+	// until the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
-	// AttemptTimeout bounds one try (0: all the time left). A try cut short
-	// counts as a timeout; see Retrying about cutting off a slow success.
+	// AttemptTimeout bounds one try (0: all the time left); see Retrying.
 	AttemptTimeout time.Duration
-	// PauseAfter is how many tries in a row may find the token endpoint
-	// unreachable (refused, DNS, TLS) before every call fails at once for a
-	// pause (default DefaultPauseAfter; negative: never pause).
+	// PauseAfter is how many tries in a row may find the endpoint
+	// unreachable before calls fail at once for a pause (default
+	// DefaultPauseAfter; negative: never).
 	PauseAfter int
-	// Log receives one line per retry (never a token); nil logs nothing.
-	Log *slog.Logger
-	// ReuseGrace is the provider's declared reuse grace window: whether a
-	// request whose answer was lost (the refresh token may be spent) is sent
-	// again. Unknown (the zero value): not within the call; the use case
-	// presents it again once the provider answers again. None: never
-	// (domain.ProviderError.NoReplay). A window: only within it from the
-	// first presentation (ReplayUntil). PolicyFor sets it from a profile.
+	Log        *slog.Logger // one line per retry, never a token; nil: none
+	// ReuseGrace decides whether a request whose answer was lost is sent
+	// again: Unknown, not within the call; None, never (NoReplay); a
+	// window, only within it from the first presentation (ReplayUntil).
 	ReuseGrace profiles.Duration
-	// ReplayHarmless: the provider does not rotate refresh tokens, so a
-	// lost answer's token may be presented again at once.
+	// ReplayHarmless: refresh tokens do not rotate; a lost answer's token
+	// may be presented again at once.
 	ReplayHarmless bool
 }
 
-// PolicyFor is the retry policy of a provider with profile p: its reuse
-// grace window, unless its refresh tokens do not rotate.
+// PolicyFor is the retry policy of a provider with profile p.
 func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
 	pol := Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo}
 	if !pol.ReplayHarmless {
@@ -99,32 +85,18 @@ func (p Policy) withDefaults() Policy {
 	return p
 }
 
-// Retrying retries a GrantRefresher's transient failures (errors wrapping
-// domain.ErrProviderUnavailable) with capped exponential backoff and jitter
-// (github.com/cenkalti/backoff/v5). Any other failure is returned after the
-// first try: asking again cannot change the answer, and the use case
-// decides. It is safe for concurrent use.
+// Retrying retries transient failures (ErrProviderUnavailable) with capped
+// exponential backoff and jitter; others return after the first try. Safe
+// for concurrent use. An endpoint unreachable PauseAfter times in a row is
+// paused: calls fail at once until the pause ends.
 //
-// A token endpoint found unreachable Policy.PauseAfter times in a row is
-// paused: until the pause ends, every call fails at once, so callers whose
-// token is still valid get it and the others learn it at once.
-//
-// Every wait ends before ctx's deadline: a Retry-After is the minimum wait,
-// and when a wait would reach past the deadline it gives up at once with
-// the last error. The use case calls it inside the connection's lock with
-// the refresh timeout, shorter than the lock wait, so retries never outlast
-// the lock bound. Retrying only presents the same token again; the caller
-// persists a token only after a success.
-//
-// A retry after a lost answer (domain.ProviderError.Lost) may present a
-// token the provider already rotated, or one still queued there, which a
-// strict provider takes for a reuse and revokes the grant: Policy.ReuseGrace
-// decides. For the same reason AttemptTimeout should not be set below the
-// provider's worst normal latency.
-//
-// backoff.Retry is not used: it treats Retry-After as an exact wait, sleeps
-// up to the deadline even when the next try could not fit, and on
-// cancellation returns the context's error instead of the provider's.
+// Every wait ends before ctx's deadline (Retry-After is a minimum), so
+// retries never outlast the connection's lock. A retry after a lost answer
+// may present a token already spent, which strict providers punish by
+// revoking the grant: ReuseGrace decides; so AttemptTimeout must not be
+// below the provider's worst normal latency. backoff.Retry would take
+// Retry-After as exact, sleep past a try that cannot fit, and return the
+// context's error instead of the provider's.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
@@ -137,11 +109,8 @@ func NewRetrying(next GrantRefresher, policy Policy) *Retrying {
 	return &Retrying{next: next, policy: policy, pause: newPause(policy.PauseAfter)}
 }
 
-// Refresh calls the decorated refresher until it succeeds, fails
-// permanently, or the time is up. On failure it returns the last error,
-// which keeps its kind (errors.Is ErrProviderUnavailable or ErrGrantRevoked,
-// errors.As *domain.ProviderError), joined with ctx's error when ctx ended
-// the retries.
+// Refresh retries until success, a permanent failure or the time is up, and
+// returns the last error (joined with ctx's when ctx ended the retries).
 func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
 	p := r.policy
 	if _, ok := ctx.Deadline(); !ok {
@@ -158,12 +127,6 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 	}
 	b.Reset()
 
-	var timer *time.Timer
-	defer func() {
-		if timer != nil {
-			timer.Stop()
-		}
-	}()
 	var last error
 	first := time.Now() // the refresh token's first presentation, for ReuseGrace
 	for attempt := 1; ; attempt++ {
@@ -187,7 +150,6 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 		}
 		var pe *domain.ProviderError
 		if errors.As(err, &pe) && (pe.Class == domain.Unclassified || !r.mayReplay(pe, first)) {
-			// The use case paces unclassified answers per connection.
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
@@ -208,22 +170,16 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
 				slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		}
-		if timer == nil {
-			timer = time.NewTimer(wait)
-		} else {
-			timer.Reset(wait)
-		}
 		select {
-		case <-timer.C:
+		case <-time.After(wait): // collected unfired since Go 1.23
 		case <-ctx.Done():
 			return domain.Grant{}, attempts(attempt, joinCtx(err, ctx.Err()))
 		}
 	}
 }
 
-// mayReplay reports whether the request that got pe may be sent again as
-// far as ReuseGrace goes, and for a lost answer notes on pe what the
-// provider allows.
+// mayReplay reports whether the request that got pe may be sent again and,
+// for a lost answer, notes on pe what the provider allows.
 func (r *Retrying) mayReplay(pe *domain.ProviderError, first time.Time) bool {
 	g := r.policy.ReuseGrace
 	switch {

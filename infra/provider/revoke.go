@@ -5,10 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"maps"
 	"net/http"
 	"net/url"
-	"strings"
 	"time"
 
 	"golang.org/x/oauth2"
@@ -24,27 +22,23 @@ type RevocationEndpoint struct {
 	URL          string // "": the provider has no revocation endpoint
 	ClientID     string
 	ClientSecret domain.Secret
-	// AuthStyle authenticates the client as at the token endpoint; in auto
-	// the style remembered for TokenURL, else HTTP Basic, and the other
-	// once after invalid_client or a 401 (a revocation is idempotent).
+	// AuthStyle: in auto, the style remembered for TokenURL, else HTTP
+	// Basic, and the other once after invalid_client or a 401.
 	AuthStyle oauth2.AuthStyle
-	TokenURL  string // where the remembered style was learned
-	// ClientKey: the client authenticates with private_key_jwt, an
-	// assertion whose audience is the token endpoint or, with IssuerAud,
-	// the issuer of the provider's metadata.
+	TokenURL  string
+	// ClientKey: private_key_jwt, for the token endpoint or, with
+	// IssuerAud, the issuer.
 	ClientKey *clientkey.Key
 	IssuerAud *Discovery
 }
 
-// RevocationEndpoints finds the revocation endpoint of a provider by name
-// ("" is the provider of the environment). A name it does not know is an
-// error wrapping domain.ErrUnknownProvider.
+// RevocationEndpoints finds a provider's revocation endpoint by name ("" the
+// environment's); an unknown name wraps domain.ErrUnknownProvider.
 type RevocationEndpoints interface {
 	RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error)
 }
 
-// OneRevocationEndpoint is the revocation endpoint of the provider of the
-// environment, the only provider it knows.
+// OneRevocationEndpoint knows only the environment's provider.
 type OneRevocationEndpoint RevocationEndpoint
 
 // RevocationEndpointFor implements RevocationEndpoints.
@@ -61,13 +55,12 @@ type ProviderLookup interface {
 	Get(ctx context.Context, name string) (domain.Provider, error)
 }
 
-// StoredRevocationEndpoints serves "" with Env and any other name with
-// that stored provider's revocation URL, read when asked: a revocation is
-// rare, and it then uses the current client secret.
+// StoredRevocationEndpoints serves "" with Env and other names with the
+// stored provider, read when asked so the current client secret is used.
 type StoredRevocationEndpoints struct {
 	Env       RevocationEndpoint
 	Providers ProviderLookup
-	Discovery *Discovery // for a profile whose assertions name the issuer
+	Discovery *Discovery
 }
 
 // RevocationEndpointFor implements RevocationEndpoints.
@@ -93,9 +86,8 @@ func (s StoredRevocationEndpoints) RevocationEndpointFor(ctx context.Context, pr
 	return e, nil
 }
 
-// Revocations revokes refresh tokens at their provider's revocation
-// endpoint: POST token=…&token_type_hint=refresh_token with the client's
-// authentication (RFC 7009 §2.1). It is usecase.Revoker.
+// Revocations revokes refresh tokens at their provider (RFC 7009); it is
+// usecase.Revoker.
 type Revocations struct {
 	endpoints RevocationEndpoints
 	client    *http.Client
@@ -103,16 +95,14 @@ type Revocations struct {
 }
 
 // NewRevocations builds the revoker; client should be bounded
-// (NewHTTPClient); styles (may be nil) are those learned at token endpoints.
+// (NewHTTPClient); styles may be nil.
 func NewRevocations(endpoints RevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
 	c := *client
-	// Revocations of a DPoP-bound grant carry a proof of its key.
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: &dpop.Nonces{}}
 	return &Revocations{endpoints: endpoints, client: &c, styles: styles}
 }
 
-// RevokeBound revokes a refresh token bound to key (PEM): the request
-// carries a DPoP proof signed with it, as the grant's token requests do.
+// RevokeBound revokes a refresh token bound to key (PEM) with a DPoP proof.
 func (r *Revocations) RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error {
 	ctx, err := proofKey(ctx, key)
 	if err != nil {
@@ -124,11 +114,8 @@ func (r *Revocations) RevokeBound(ctx context.Context, provider string, refreshT
 // errRevocationRefused: a failure without a more precise meaning.
 var errRevocationRefused = errors.New("the revocation endpoint refused the request")
 
-// Revoke revokes refreshToken at provider's revocation endpoint; an answer
-// that the token is invalid already is a success too. Errors wrap
-// domain.ErrNoRevocationEndpoint, ErrUnknownProvider, ErrProviderUnavailable
-// (try again), ErrClientRejected or ErrEndpointMisconfigured, or name the
-// status and the code; never the token or the body.
+// Revoke revokes refreshToken; a token invalid already is a success too.
+// Errors wrap a domain error or name the status and code, never the token.
 func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error {
 	e, err := r.endpoints.RevocationEndpointFor(ctx, provider)
 	if err != nil {
@@ -170,8 +157,7 @@ func revocationAnswer(status int, code string) error {
 	case status >= 200 && status < 300:
 		return nil
 	case code == "invalid_grant" || code == "invalid_token":
-		// RFC 7009 §2.2 answers 200 for an invalid token; some providers
-		// say it with an error. Either way no grant is left behind it.
+		// Some providers say with an error what RFC 7009 answers 200.
 		return nil
 	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
 		return fmt.Errorf("%s: %w (check the revocation URL)", what, domain.ErrEndpointMisconfigured)
@@ -183,14 +169,16 @@ func revocationAnswer(status int, code string) error {
 	return fmt.Errorf("%s: %w", what, errRevocationRefused)
 }
 
-// send posts one revocation request and returns the status and the error
-// code of the answer, unknown codes not echoed.
+// send posts one revocation request and returns the status and reported code.
 func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
 	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
 	var req *http.Request
 	var err error
 	if e.ClientKey != nil {
-		req, err = assertedRequest(ctx, e, form)
+		var aud string
+		if aud, err = assertionAudience(ctx, "", e.TokenURL, e.IssuerAud); err == nil {
+			req, err = assertedRequest(ctx, e.URL, form, e.ClientID, e.ClientKey, aud, time.Now)
+		}
 	} else {
 		req, err = clientRequest(ctx, e.URL, form, e.ClientID, e.ClientSecret.Reveal(), style)
 	}
@@ -210,45 +198,4 @@ func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oaut
 		}
 	}
 	return resp.StatusCode, code, nil
-}
-
-// assertedRequest is a revocation request authenticated with a client
-// assertion (private_key_jwt), as the token requests are.
-func assertedRequest(ctx context.Context, e RevocationEndpoint, form url.Values) (*http.Request, error) {
-	aud := e.TokenURL
-	if e.IssuerAud != nil {
-		m, ok := e.IssuerAud.Find(ctx, e.TokenURL)
-		if !ok {
-			return nil, errNoIssuer
-		}
-		aud = m.Issuer
-	}
-	form.Set("client_id", e.ClientID)
-	form.Set("client_assertion_type", clientkey.AssertionType)
-	encode := func() (string, error) {
-		assertion, err := e.ClientKey.Assertion(e.ClientID, aud, time.Now())
-		if err != nil {
-			return "", err
-		}
-		f := maps.Clone(form)
-		f.Set("client_assertion", assertion)
-		return f.Encode(), nil
-	}
-	first, err := encode()
-	if err != nil {
-		return nil, err
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, e.URL, strings.NewReader(first))
-	if err != nil {
-		return nil, err
-	}
-	// A copy sent again (with a DPoP nonce) carries an assertion of its
-	// own, of the same length: a jti is never presented twice.
-	req.GetBody = func() (io.ReadCloser, error) {
-		b, err := encode()
-		return io.NopCloser(strings.NewReader(b)), err
-	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "application/json")
-	return req, nil
 }

@@ -1,10 +1,6 @@
-// Package profiles is the catalog of provider profiles: what a real
-// provider's token endpoint does (its URLs, client authentication,
-// rotation, grace window, lifetimes, the words it uses for a dead grant,
-// the extra fields of its answer), as data, one embedded YAML file per
-// provider under data/. Every claim names its source; a fact the
-// provider's documentation does not give is "unknown", and the generic
-// behaviour applies to it.
+// Package profiles is the catalog of what real providers' token endpoints
+// do, one embedded YAML file per provider under data/. Every claim names its
+// source; what the documentation does not give is "unknown" (generic behaviour).
 package profiles
 
 import (
@@ -28,8 +24,7 @@ import (
 //go:embed data/*.yaml
 var data embed.FS
 
-// Generic is the profile of a spec-compliant provider: tokenguard's
-// behaviour without a profile.
+// Generic is the profile of a spec-compliant provider.
 const Generic = "generic"
 
 // Rotation says whether a provider rotates refresh tokens.
@@ -42,9 +37,8 @@ const (
 	RotationUnknown  Rotation = "unknown"
 )
 
-// Duration is a lifetime or window a profile knows, or not. In the YAML
-// files: "unknown", "none" (known to be zero: no grace window, no expiry),
-// or a Go duration with "d" for days allowed ("90d", "30m").
+// Duration is a lifetime or window a profile knows, or not: "unknown",
+// "none" (known zero) or a Go duration, "d" for days allowed ("90d").
 type Duration struct {
 	D     time.Duration
 	Known bool
@@ -99,59 +93,44 @@ func parseDuration(s string) (Duration, error) {
 	return Duration{D: v, Known: true}, nil
 }
 
-// DeadGrant is one way a provider says a refresh token is dead: Code in
-// the answer's Field ("error" unless said), with HTTP Status (0: any).
-// The status matters: GitHub sends bad_refresh_token with a 200.
+// DeadGrant is one way a provider says a refresh token is dead: Code in the
+// answer's Field ("error" unless said), with HTTP Status (0: any).
 type DeadGrant struct {
 	Code   string `yaml:"code"`
 	Field  string `yaml:"field"`
 	Status int    `yaml:"status"`
-	// OKFalse: the answer also says "ok": false (Slack's envelope). The
-	// code alone decides; the sandbox sends it to look like the provider.
+	// OKFalse: the answer also says "ok": false (Slack); only the sandbox
+	// uses it.
 	OKFalse bool `yaml:"ok_false"`
 }
 
 // Profile is one provider's behaviour. URLs may hold {param} placeholders
 // (a tenant's subdomain, a contract id, a region), filled by Resolve.
 type Profile struct {
-	Name          string            `yaml:"name"`
-	Title         string            `yaml:"title"`
-	AuthURL       string            `yaml:"auth_url"`
-	TokenURL      string            `yaml:"token_url"`
-	RevocationURL string            `yaml:"revocation_url"` // RFC 7009; "" when none
-	Params        map[string]string `yaml:"params"`         // placeholder defaults; "" = required
-	// AuthStyle is the client authentication the provider documents
-	// ("auto" when it documents both, or nothing).
-	AuthStyle      domain.AuthStyle  `yaml:"auth_style"`
+	Name           string            `yaml:"name"`
+	Title          string            `yaml:"title"`
+	AuthURL        string            `yaml:"auth_url"`
+	TokenURL       string            `yaml:"token_url"`
+	RevocationURL  string            `yaml:"revocation_url"`  // RFC 7009; "" when none
+	Params         map[string]string `yaml:"params"`          // placeholder defaults; "" = required
+	AuthStyle      domain.AuthStyle  `yaml:"auth_style"`      // "auto": both or undocumented
 	ScopeSeparator string            `yaml:"scope_separator"` // " " unless said
 	AuthParams     map[string]string `yaml:"auth_params"`     // extra authorization request parameters
 	Rotation       Rotation          `yaml:"rotation"`
-	// Grace is how long a rotated refresh token is still accepted.
-	Grace          Duration `yaml:"grace"`
-	AccessLifetime Duration `yaml:"access_lifetime"`
-	// RefreshIdle: the refresh token dies when unused this long.
-	RefreshIdle Duration `yaml:"refresh_idle"`
-	// RefreshAbsolute: the refresh token (the grant) dies this long after
-	// the consent, however often it is used.
+	Grace          Duration          `yaml:"grace"` // a rotated refresh token is still accepted
+	AccessLifetime Duration          `yaml:"access_lifetime"`
+	// RefreshIdle: unused this long, the refresh token dies; RefreshAbsolute:
+	// the grant dies this long after the consent, however often it is used.
+	RefreshIdle     Duration    `yaml:"refresh_idle"`
 	RefreshAbsolute Duration    `yaml:"refresh_absolute"`
 	DeadGrants      []DeadGrant `yaml:"dead_grants"`
-	// ExtraFields are fields of the token answer kept as connection
-	// metadata (Salesforce instance_url).
-	ExtraFields []string `yaml:"extra_fields"`
-	// CallbackFields are query parameters of the authorization callback
-	// kept as connection metadata (QuickBooks realmId).
-	CallbackFields []string `yaml:"callback_fields"`
-	// PAR "required": the provider refuses authorization requests that
-	// are not pushed (RFC 9126 §5); "" says nothing.
-	PAR string `yaml:"par"`
-	// AssertionAud is the aud of private_key_jwt client assertions the
-	// provider wants: token_endpoint (the default) or issuer.
+	ExtraFields     []string    `yaml:"extra_fields"`    // token answer fields kept as metadata
+	CallbackFields  []string    `yaml:"callback_fields"` // callback query fields kept as metadata
+	PAR             string      `yaml:"par"`             // "required": only pushed requests (RFC 9126 §5)
+	// AssertionAud: token_endpoint (the default) or issuer.
 	AssertionAud domain.AssertionAudience `yaml:"assertion_aud"`
 	Quirks       string                   `yaml:"quirks"`
-	// Sources name, per claim (urls, auth_style, rotation, grace,
-	// access_lifetime, refresh_idle, refresh_absolute, dead_grants,
-	// extra_fields, callback_fields, auth_params), the page that says it.
-	Sources map[string]string `yaml:"sources"`
+	Sources      map[string]string        `yaml:"sources"` // per claim, the page that says it
 }
 
 // claims says which claims p makes: each needs a source.
@@ -232,7 +211,6 @@ func (p *Profile) check() error {
 	return nil
 }
 
-// catalog is every profile, read once from the embedded files.
 var catalog = func() map[string]Profile {
 	out := map[string]Profile{}
 	files, err := fs.Glob(data, "data/*.yaml")
@@ -261,8 +239,8 @@ var catalog = func() map[string]Profile {
 	return out
 }()
 
-// Get returns the profile called name ("" is Generic). An unknown name is
-// an error wrapping domain.ErrUnknownProfile.
+// Get returns the profile called name ("" is Generic), or an error wrapping
+// domain.ErrUnknownProfile.
 func Get(name string) (Profile, error) {
 	if name == "" {
 		name = Generic
@@ -293,12 +271,9 @@ func clone(p Profile) Profile {
 	return p
 }
 
-// Resolve fills the URLs' placeholders with params, or with the profile's
-// defaults. A URL that needs a parameter without a default nor a value is
-// left empty, and the parameter is named by Missing: a caller that gives
-// that URL itself does not need it. A parameter the profile does not take,
-// or a value that is not a plain host label or path segment, is an error
-// wrapping domain.ErrInvalidProvider.
+// Resolve fills the URLs' placeholders with params or the defaults; a URL
+// missing a value is left empty (see Missing). An unknown parameter or a
+// value that is not a plain label wraps domain.ErrInvalidProvider.
 func (p Profile) Resolve(params map[string]string) (Profile, error) {
 	vals := maps.Clone(p.Params)
 	if vals == nil {
@@ -331,8 +306,7 @@ func (p Profile) Resolve(params map[string]string) (Profile, error) {
 	return out, nil
 }
 
-// Missing names the parameters without a value or a default that URL u
-// of the profile needs, as "--param k=…" hints.
+// Missing names the parameters URL u needs that have no value or default.
 func (p Profile) Missing(u string, params map[string]string) []string {
 	var out []string
 	for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
@@ -346,8 +320,7 @@ func (p Profile) Missing(u string, params map[string]string) []string {
 // ParamNames lists the parameters the profile's URLs take.
 func (p Profile) ParamNames() []string { return slices.Sorted(maps.Keys(p.Params)) }
 
-// ParseParams reads "k=v" pairs (repeated --param flags, or the
-// comma-separated OAUTH_PROFILE_PARAMS).
+// ParseParams reads "k=v" pairs (--param flags, OAUTH_PROFILE_PARAMS).
 func ParseParams(pairs []string) (map[string]string, error) {
 	out := map[string]string{}
 	for _, kv := range pairs {
