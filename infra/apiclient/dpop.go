@@ -35,7 +35,7 @@ func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, e
 		closeBody(req)
 		return nil, &tokenError{err}
 	}
-	again, replayable := replay(req)
+	again, replayable := dpop.Replay(req)
 	resp, err := t.bound(req, key, nonces, tok)
 	if err != nil || !replayable || !dpop.NonceRefused(resp.StatusCode, resp.Header, nil) {
 		return resp, err

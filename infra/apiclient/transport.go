@@ -7,6 +7,7 @@ import (
 	"strings"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 )
 
 // Transport is an http.RoundTripper that authorises every request with one
@@ -37,7 +38,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		return nil, &tokenError{err}
 	}
-	retry, replayable := replay(req)
+	retry, replayable := dpop.Replay(req)
 	resp, err := t.send(req, tok)
 	if err != nil || resp.StatusCode != http.StatusUnauthorized || !Revoked(resp.Header) || !replayable {
 		return resp, err
@@ -71,24 +72,6 @@ func authorised(req *http.Request, tok domain.Token) *http.Request {
 	r := req.Clone(req.Context())
 	r.Header.Set("Authorization", "Bearer "+tok.AccessToken.Reveal())
 	return r
-}
-
-// replay prepares a second copy of req for a retry; false when its body
-// cannot be read twice.
-func replay(req *http.Request) (*http.Request, bool) {
-	r := req.Clone(req.Context())
-	if req.Body == nil || req.Body == http.NoBody {
-		return r, true
-	}
-	if req.GetBody == nil {
-		return nil, false
-	}
-	body, err := req.GetBody()
-	if err != nil {
-		return nil, false
-	}
-	r.Body = body
-	return r, true
 }
 
 // Revoked reports whether a 401 says the token itself is no good (RFC 6750

@@ -74,6 +74,16 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 // ParsePEM reads a PEM private key: PKCS #8, SEC 1 (EC) or PKCS #1
 // (RSA). Errors never quote the input.
 func ParsePEM(data []byte) (*Key, error) {
+	s, err := ParseSigner(data)
+	if err != nil {
+		return nil, err
+	}
+	return FromSigner(s)
+}
+
+// ParseSigner decodes a PEM private key (PKCS #8, SEC 1 or PKCS #1) of
+// any algorithm; dpop shares it. Errors never quote the input.
+func ParseSigner(data []byte) (crypto.Signer, error) {
 	block, _ := pem.Decode(data)
 	if block == nil {
 		return nil, ErrBadKey
@@ -94,7 +104,7 @@ func ParsePEM(data []byte) (*Key, error) {
 	if err != nil || !ok {
 		return nil, ErrBadKey
 	}
-	return FromSigner(s)
+	return s, nil
 }
 
 // Signer is the private key, for WithClientKey.

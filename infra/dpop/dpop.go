@@ -24,6 +24,8 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 )
 
 // ErrBadKey: a DPoP key that is not a PEM EC P-256 private key.
@@ -105,28 +107,11 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 // ParsePEM reads a PEM private key (PKCS #8 or SEC 1) on P-256. Errors
 // never quote the input.
 func ParsePEM(data []byte) (*Key, error) {
-	block, _ := pem.Decode(data)
-	if block == nil {
-		return nil, ErrBadKey
-	}
-	var s any
-	var err error
-	switch block.Type {
-	case "PRIVATE KEY":
-		s, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-	case "EC PRIVATE KEY":
-		s, err = x509.ParseECPrivateKey(block.Bytes)
-	default:
-		return nil, ErrBadKey
-	}
+	s, err := clientkey.ParseSigner(data)
 	if err != nil {
 		return nil, ErrBadKey
 	}
-	signer, ok := s.(crypto.Signer)
-	if !ok {
-		return nil, ErrBadKey
-	}
-	return FromSigner(signer)
+	return FromSigner(s)
 }
 
 // MarshalPEM is the private key in PKCS #8 PEM: for sealing, never for

@@ -101,7 +101,7 @@ func (t *TokenTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if k == nil {
 		return t.base().RoundTrip(req)
 	}
-	retry, replayable := replay(req)
+	retry, replayable := Replay(req)
 	resp, err := t.send(req, k)
 	if err != nil || resp.StatusCode != http.StatusBadRequest || resp.Header.Get("DPoP-Nonce") == "" || !replayable {
 		return resp, err
@@ -159,9 +159,9 @@ func Authorize(req *http.Request, k *Key, accessToken string, n *Nonces, now tim
 	return r, nil
 }
 
-// replay prepares a second copy of req; false when its body cannot be
-// read twice.
-func replay(req *http.Request) (*http.Request, bool) {
+// Replay prepares a second copy of req for a retry; false when its body
+// cannot be read twice.
+func Replay(req *http.Request) (*http.Request, bool) {
 	r := req.Clone(req.Context())
 	if req.Body == nil || req.Body == http.NoBody {
 		return r, true
