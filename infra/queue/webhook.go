@@ -162,18 +162,14 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 	}
 	var ids []int64
 	var params []river.InsertManyParams
-	for rows.Next() {
-		var id int64
-		var e WebhookEvent
-		if err := rows.Scan(&id, &e.ID, &e.Type, &e.Connection, &e.Data, &e.OccurredAt); err != nil {
-			rows.Close()
-			return 0, err
-		}
+	var id int64
+	var e WebhookEvent
+	_, err = pgx.ForEachRow(rows, []any{&id, &e.ID, &e.Type, &e.Connection, &e.Data, &e.OccurredAt}, func() error {
 		ids = append(ids, id)
 		params = append(params, river.InsertManyParams{Args: e})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return 0, err
 	}
 	if len(ids) == 0 {
