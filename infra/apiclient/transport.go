@@ -1,6 +1,7 @@
 package apiclient
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"net/http"
@@ -33,9 +34,7 @@ func (e *tokenError) Unwrap() error { return e.err }
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tok, err := t.Tokens.Token(req.Context(), t.Connection)
 	if err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
+		closeBody(req)
 		return nil, &tokenError{err}
 	}
 	retry, replayable := dpop.Replay(req)
@@ -59,12 +58,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.send(retry, next)
 }
 
-func (t *Transport) base() http.RoundTripper {
-	if t.Base == nil {
-		return http.DefaultTransport
-	}
-	return t.Base
-}
+func (t *Transport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
 
 // authorised returns a copy of req carrying tok (a RoundTripper must not
 // modify the request it was given).

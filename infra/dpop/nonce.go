@@ -2,6 +2,7 @@ package dpop
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -130,12 +131,7 @@ func (t *TokenTransport) send(req *http.Request, k *Key) (*http.Response, error)
 	return resp, err
 }
 
-func (t *TokenTransport) base() http.RoundTripper {
-	if t.Base == nil {
-		return http.DefaultTransport
-	}
-	return t.Base
-}
+func (t *TokenTransport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
 
 func (t *TokenTransport) now() time.Time {
 	if t.Now == nil {
