@@ -20,6 +20,7 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 )
 
 // ErrBadKey: not a PEM EC P-256 or RSA (2048 bits or more) private key.
@@ -124,15 +125,11 @@ func (k *Key) PublicJWK() jose.JSONWebKey {
 func (k *Key) Assertion(clientID, audience string, now time.Time) (string, error) {
 	claims := map[string]any{"iss": clientID, "sub": clientID, "aud": audience, "iat": now.Unix(),
 		"exp": now.Add(Lifetime).Unix(), "jti": rand.Text()}
-	payload, err := json.Marshal(claims)
-	if err != nil {
-		return "", err
-	}
-	jws, err := k.jose.Sign(payload)
+	jws, err := jwt.Signed(k.jose).Claims(claims).Serialize()
 	if err != nil {
 		return "", fmt.Errorf("clientkey: sign: %w", err)
 	}
-	return jws.CompactSerialize()
+	return jws, nil
 }
 
 func (k *Key) String() string               { return "client-key(" + k.kid + ")" }
