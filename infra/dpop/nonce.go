@@ -13,10 +13,8 @@ import (
 	"time"
 )
 
-// Nonces remembers the last DPoP-Nonce each server handed out (RFC 9449
-// §8 at the token endpoint, §9 at resource servers), by origin, so that
-// the next proof to that server carries it and costs no refusal. Safe for
-// concurrent use; one per process.
+// Nonces remembers the last DPoP-Nonce each origin handed out (RFC 9449
+// §8, §9) for the next proof to it. Safe for concurrent use; one per process.
 type Nonces struct{ m sync.Map }
 
 func origin(target string) string {
@@ -82,12 +80,10 @@ func KeyFrom(ctx context.Context) *Key {
 	return k
 }
 
-// TokenTransport adds a DPoP proof to every request whose context carries
-// a key (WithKey): the token endpoint's code exchanges, refreshes and
-// revocations. A refusal for want of a nonce is retried once with the
-// nonce it gives: the server checks the proof before it looks at the
-// grant, so the refresh token or code of the refused request is unspent.
-// Requests without a key pass through untouched.
+// TokenTransport adds a DPoP proof to every token-endpoint request whose
+// context carries a key (WithKey); others pass untouched. A nonce refusal
+// is retried once: the server checks the proof before the grant, so the
+// refused request's refresh token or code is unspent.
 type TokenTransport struct {
 	Base   http.RoundTripper
 	Nonces *Nonces
