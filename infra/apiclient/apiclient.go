@@ -46,10 +46,9 @@ func (c tokenClients) Client(ctx context.Context, connection string) *http.Clien
 	return NewHTTPClient(ctx, c.t, connection)
 }
 
-// NewHTTPClient returns an *http.Client whose requests carry connection's
-// token from t and recover from 401s (Transport), over the transport of
-// the *http.Client in ctx under oauth2.HTTPClient (as oauth2.NewClient).
-// It never follows a redirect: that would send the bearer token along.
+// NewHTTPClient returns an *http.Client carrying connection's token from t
+// (Transport) over the transport of ctx's oauth2.HTTPClient, as
+// oauth2.NewClient does. It never follows a redirect (the token would go along).
 func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Client {
 	var base http.RoundTripper
 	if hc, ok := ctx.Value(oauth2.HTTPClient).(*http.Client); ok && hc != nil {
@@ -130,9 +129,8 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 		http: &http.Client{Transport: tracing.Transport(userAgent{ua: opts.UserAgent, next: transport}, opts.TracerProvider)}}, nil
 }
 
-// NewTransport is the transport of calls to an API: answer headers within
-// timeout, connecting within the smaller of it and 5s, idlePerHost idle
-// connections kept per host.
+// NewTransport is the transport of API calls: headers within timeout,
+// connecting within min(timeout, 5s), idlePerHost idle connections per host.
 func NewTransport(timeout time.Duration, idlePerHost int) *http.Transport {
 	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
@@ -155,9 +153,8 @@ func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client
 	return hc
 }
 
-// Get calls GET {base}{path} with connection's access token and returns
-// the answer whatever its status. Errors wrap the domain errors of
-// Tokens.Token, or ErrUnavailable when the API could not be reached.
+// Get calls GET {base}{path} with connection's token and returns the answer
+// whatever its status; errors wrap Tokens' domain errors or ErrUnavailable.
 func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response, err error) {
 	ctx, end := c.tracer.Call(ctx, "tokenguard.api_call", connection, trace.SpanKindInternal)
 	defer func() { end(err) }()

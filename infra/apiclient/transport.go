@@ -11,13 +11,10 @@ import (
 	"github.com/tokenguard/tokenguard/infra/dpop"
 )
 
-// Transport is an http.RoundTripper that authorises every request with one
-// connection's access token. When the API answers 401 because the token
-// was revoked (WWW-Authenticate: Bearer error="invalid_token", or a bare
-// 401), typically by another process's refresh, it asks Tokens for a token
-// newer than the one that failed and sends the request once more, if its
-// body can be replayed. Any other answer, and a second 401, reach the
-// caller unchanged.
+// Transport authorises every request with one connection's access token.
+// On a 401 saying the token was revoked (Revoked; typically another
+// process's refresh) it sends a replayable request once more with a newer
+// token. Any other answer, and a second 401, reach the caller unchanged.
 type Transport struct {
 	Tokens     Tokens
 	Connection string
