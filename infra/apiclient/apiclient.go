@@ -1,7 +1,5 @@
-// Package apiclient calls the external protected API with a connection's
-// access token, as the three apps do. Its Transport recovers a 401 caused
-// by another process's refresh (the provider revokes the previous access
-// token on refresh) instead of letting it reach the caller.
+// Package apiclient calls the external API with a connection's access
+// token; its Transport recovers a 401 caused by another process's refresh.
 package apiclient
 
 import (
@@ -216,8 +214,8 @@ func (c *Client) Call(ctx context.Context, connection, path string) error {
 	return nil
 }
 
-// scrub drops the URL from a *url.Error (it can carry a query string) but
-// keeps the cause, so errors.Is still sees timeouts and cancellation.
+// scrub drops a *url.Error's URL (its query may hold secrets), keeping the
+// cause for errors.Is.
 func scrub(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
