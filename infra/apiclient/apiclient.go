@@ -1,7 +1,5 @@
-// Package apiclient calls the external protected API with a connection's
-// access token, as the three apps do. Its Transport recovers a 401 caused
-// by another process's refresh (the provider revokes the previous access
-// token on refresh) instead of letting it reach the caller.
+// Package apiclient calls the external API with a connection's access
+// token; its Transport recovers a 401 caused by another process's refresh.
 package apiclient
 
 import (
@@ -46,10 +44,9 @@ func (c tokenClients) Client(ctx context.Context, connection string) *http.Clien
 	return NewHTTPClient(ctx, c.t, connection)
 }
 
-// NewHTTPClient returns an *http.Client whose requests carry connection's
-// token from t and recover from 401s (Transport), over the transport of
-// the *http.Client in ctx under oauth2.HTTPClient (as oauth2.NewClient).
-// It never follows a redirect: that would send the bearer token along.
+// NewHTTPClient returns an *http.Client carrying connection's token from t
+// (Transport) over the transport of ctx's oauth2.HTTPClient, as
+// oauth2.NewClient does. It never follows a redirect (the token would go along).
 func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Client {
 	var base http.RoundTripper
 	if hc, ok := ctx.Value(oauth2.HTTPClient).(*http.Client); ok && hc != nil {
@@ -130,9 +127,8 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 		http: &http.Client{Transport: tracing.Transport(userAgent{ua: opts.UserAgent, next: transport}, opts.TracerProvider)}}, nil
 }
 
-// NewTransport is the transport of calls to an API: answer headers within
-// timeout, connecting within the smaller of it and 5s, idlePerHost idle
-// connections kept per host.
+// NewTransport is the transport of API calls: headers within timeout,
+// connecting within min(timeout, 5s), idlePerHost idle connections per host.
 func NewTransport(timeout time.Duration, idlePerHost int) *http.Transport {
 	return &http.Transport{
 		Proxy:                 http.ProxyFromEnvironment,
@@ -155,9 +151,8 @@ func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client
 	return hc
 }
 
-// Get calls GET {base}{path} with connection's access token and returns
-// the answer whatever its status. Errors wrap the domain errors of
-// Tokens.Token, or ErrUnavailable when the API could not be reached.
+// Get calls GET {base}{path} with connection's token and returns the answer
+// whatever its status; errors wrap Tokens' domain errors or ErrUnavailable.
 func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response, err error) {
 	ctx, end := c.tracer.Call(ctx, "tokenguard.api_call", connection, trace.SpanKindInternal)
 	defer func() { end(err) }()
@@ -219,8 +214,8 @@ func (c *Client) Call(ctx context.Context, connection, path string) error {
 	return nil
 }
 
-// scrub drops the URL from a *url.Error (it can carry a query string) but
-// keeps the cause, so errors.Is still sees timeouts and cancellation.
+// scrub drops a *url.Error's URL (its query may hold secrets), keeping the
+// cause for errors.Is.
 func scrub(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {

@@ -17,10 +17,8 @@ type Provers interface {
 	DPoPKey(ctx context.Context, connection, jkt string) (*dpop.Key, *dpop.Nonces, error)
 }
 
-// send sends req with tok: as a bearer token, or for a sender-constrained
-// grant in the DPoP scheme with a proof of the grant's key for this very
-// request (RFC 9449 §7), answering a resource server's nonce refusal once
-// with the nonce it gives (§9).
+// send sends req with tok as a bearer token, or for a sender-constrained
+// grant with a DPoP proof (RFC 9449 §7), retrying a nonce refusal once (§9).
 func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, error) {
 	if !tok.SenderConstrained() {
 		return t.base().RoundTrip(authorised(req, tok))
@@ -35,7 +33,7 @@ func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, e
 		closeBody(req)
 		return nil, &tokenError{err}
 	}
-	again, replayable := replay(req)
+	again, replayable := dpop.Replay(req)
 	resp, err := t.bound(req, key, nonces, tok)
 	if err != nil || !replayable || !dpop.NonceRefused(resp.StatusCode, resp.Header, nil) {
 		return resp, err

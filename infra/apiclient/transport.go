@@ -1,21 +1,20 @@
 package apiclient
 
 import (
+	"cmp"
 	"errors"
 	"io"
 	"net/http"
 	"strings"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 )
 
-// Transport is an http.RoundTripper that authorises every request with one
-// connection's access token. When the API answers 401 because the token
-// was revoked (WWW-Authenticate: Bearer error="invalid_token", or a bare
-// 401), typically by another process's refresh, it asks Tokens for a token
-// newer than the one that failed and sends the request once more, if its
-// body can be replayed. Any other answer, and a second 401, reach the
-// caller unchanged.
+// Transport authorises every request with one connection's access token.
+// On a 401 saying the token was revoked (Revoked; typically another
+// process's refresh) it sends a replayable request once more with a newer
+// token. Any other answer, and a second 401, reach the caller unchanged.
 type Transport struct {
 	Tokens     Tokens
 	Connection string
@@ -32,12 +31,10 @@ func (e *tokenError) Unwrap() error { return e.err }
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tok, err := t.Tokens.Token(req.Context(), t.Connection)
 	if err != nil {
-		if req.Body != nil {
-			req.Body.Close()
-		}
+		closeBody(req)
 		return nil, &tokenError{err}
 	}
-	retry, replayable := replay(req)
+	retry, replayable := dpop.Replay(req)
 	resp, err := t.send(req, tok)
 	if err != nil || resp.StatusCode != http.StatusUnauthorized || !Revoked(resp.Header) || !replayable {
 		return resp, err
@@ -58,12 +55,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	return t.send(retry, next)
 }
 
-func (t *Transport) base() http.RoundTripper {
-	if t.Base == nil {
-		return http.DefaultTransport
-	}
-	return t.Base
-}
+func (t *Transport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
 
 // authorised returns a copy of req carrying tok (a RoundTripper must not
 // modify the request it was given).
@@ -71,24 +63,6 @@ func authorised(req *http.Request, tok domain.Token) *http.Request {
 	r := req.Clone(req.Context())
 	r.Header.Set("Authorization", "Bearer "+tok.AccessToken.Reveal())
 	return r
-}
-
-// replay prepares a second copy of req for a retry; false when its body
-// cannot be read twice.
-func replay(req *http.Request) (*http.Request, bool) {
-	r := req.Clone(req.Context())
-	if req.Body == nil || req.Body == http.NoBody {
-		return r, true
-	}
-	if req.GetBody == nil {
-		return nil, false
-	}
-	body, err := req.GetBody()
-	if err != nil {
-		return nil, false
-	}
-	r.Body = body
-	return r, true
 }
 
 // Revoked reports whether a 401 says the token itself is no good (RFC 6750

@@ -20,6 +20,7 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 )
 
 // ErrBadKey: not a PEM EC P-256 or RSA (2048 bits or more) private key.
@@ -74,6 +75,16 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 // ParsePEM reads a PEM private key: PKCS #8, SEC 1 (EC) or PKCS #1
 // (RSA). Errors never quote the input.
 func ParsePEM(data []byte) (*Key, error) {
+	s, err := ParseSigner(data)
+	if err != nil {
+		return nil, err
+	}
+	return FromSigner(s)
+}
+
+// ParseSigner decodes a PEM private key (PKCS #8, SEC 1 or PKCS #1) of
+// any algorithm; dpop shares it. Errors never quote the input.
+func ParseSigner(data []byte) (crypto.Signer, error) {
 	block, _ := pem.Decode(data)
 	if block == nil {
 		return nil, ErrBadKey
@@ -94,7 +105,7 @@ func ParsePEM(data []byte) (*Key, error) {
 	if err != nil || !ok {
 		return nil, ErrBadKey
 	}
-	return FromSigner(s)
+	return s, nil
 }
 
 // Signer is the private key, for WithClientKey.
@@ -114,15 +125,11 @@ func (k *Key) PublicJWK() jose.JSONWebKey {
 func (k *Key) Assertion(clientID, audience string, now time.Time) (string, error) {
 	claims := map[string]any{"iss": clientID, "sub": clientID, "aud": audience, "iat": now.Unix(),
 		"exp": now.Add(Lifetime).Unix(), "jti": rand.Text()}
-	payload, err := json.Marshal(claims)
-	if err != nil {
-		return "", err
-	}
-	jws, err := k.jose.Sign(payload)
+	jws, err := jwt.Signed(k.jose).Claims(claims).Serialize()
 	if err != nil {
 		return "", fmt.Errorf("clientkey: sign: %w", err)
 	}
-	return jws.CompactSerialize()
+	return jws, nil
 }
 
 func (k *Key) String() string               { return "client-key(" + k.kid + ")" }

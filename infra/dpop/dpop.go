@@ -24,6 +24,8 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 )
 
 // ErrBadKey: a DPoP key that is not a PEM EC P-256 private key.
@@ -47,13 +49,10 @@ func Generate() (*Key, error) {
 	return FromSigner(priv)
 }
 
-// Derive makes the ES256 key that seed (a secret of 256 bits or more)
-// stands for: the same seed, the same key. The connect flow derives a
-// grant's key and its PKCE verifier (DeriveVerifier) from one seed kept
-// with the flow, so the key the authorization request names (dpop_jkt) is
-// the one the code exchange proves, with nothing more to keep between the
-// two, while the provider, which sees the verifier, learns nothing of the
-// key.
+// Derive makes the ES256 key that seed (256 bits or more) stands for. The
+// connect flow derives the key (dpop_jkt) and the PKCE verifier from one
+// seed, so nothing else is kept between the two requests and the verifier
+// reveals nothing of the key.
 func Derive(seed []byte) (*Key, error) {
 	if len(seed) < 32 {
 		return nil, errors.New("dpop: derive: the seed is shorter than 256 bits")
@@ -105,28 +104,11 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 // ParsePEM reads a PEM private key (PKCS #8 or SEC 1) on P-256. Errors
 // never quote the input.
 func ParsePEM(data []byte) (*Key, error) {
-	block, _ := pem.Decode(data)
-	if block == nil {
-		return nil, ErrBadKey
-	}
-	var s any
-	var err error
-	switch block.Type {
-	case "PRIVATE KEY":
-		s, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-	case "EC PRIVATE KEY":
-		s, err = x509.ParseECPrivateKey(block.Bytes)
-	default:
-		return nil, ErrBadKey
-	}
+	s, err := clientkey.ParseSigner(data)
 	if err != nil {
 		return nil, ErrBadKey
 	}
-	signer, ok := s.(crypto.Signer)
-	if !ok {
-		return nil, ErrBadKey
-	}
-	return FromSigner(signer)
+	return FromSigner(s)
 }
 
 // MarshalPEM is the private key in PKCS #8 PEM: for sealing, never for
@@ -163,10 +145,8 @@ type claims struct {
 	Nonce string `json:"nonce,omitempty"`
 }
 
-// Proof signs a proof for one request: method and target (its query and
-// fragment dropped, as htu wants), the access token's hash when the
-// request carries one (resource calls), the server's nonce when it gave
-// one.
+// Proof signs a proof for one request: method, target (as HTU), the
+// access token's hash if any (resource calls), the server's nonce if any.
 func (k *Key) Proof(method, target, accessToken, nonce string, now time.Time) (string, error) {
 	htu, err := HTU(target)
 	if err != nil {

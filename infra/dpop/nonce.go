@@ -2,6 +2,7 @@ package dpop
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"io"
@@ -12,10 +13,8 @@ import (
 	"time"
 )
 
-// Nonces remembers the last DPoP-Nonce each server handed out (RFC 9449
-// §8 at the token endpoint, §9 at resource servers), by origin, so that
-// the next proof to that server carries it and costs no refusal. Safe for
-// concurrent use; one per process.
+// Nonces remembers the last DPoP-Nonce each origin handed out (RFC 9449
+// §8, §9) for the next proof to it. Safe for concurrent use; one per process.
 type Nonces struct{ m sync.Map }
 
 func origin(target string) string {
@@ -81,12 +80,10 @@ func KeyFrom(ctx context.Context) *Key {
 	return k
 }
 
-// TokenTransport adds a DPoP proof to every request whose context carries
-// a key (WithKey): the token endpoint's code exchanges, refreshes and
-// revocations. A refusal for want of a nonce is retried once with the
-// nonce it gives: the server checks the proof before it looks at the
-// grant, so the refresh token or code of the refused request is unspent.
-// Requests without a key pass through untouched.
+// TokenTransport adds a DPoP proof to every token-endpoint request whose
+// context carries a key (WithKey); others pass untouched. A nonce refusal
+// is retried once: the server checks the proof before the grant, so the
+// refused request's refresh token or code is unspent.
 type TokenTransport struct {
 	Base   http.RoundTripper
 	Nonces *Nonces
@@ -101,7 +98,7 @@ func (t *TokenTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if k == nil {
 		return t.base().RoundTrip(req)
 	}
-	retry, replayable := replay(req)
+	retry, replayable := Replay(req)
 	resp, err := t.send(req, k)
 	if err != nil || resp.StatusCode != http.StatusBadRequest || resp.Header.Get("DPoP-Nonce") == "" || !replayable {
 		return resp, err
@@ -130,12 +127,7 @@ func (t *TokenTransport) send(req *http.Request, k *Key) (*http.Response, error)
 	return resp, err
 }
 
-func (t *TokenTransport) base() http.RoundTripper {
-	if t.Base == nil {
-		return http.DefaultTransport
-	}
-	return t.Base
-}
+func (t *TokenTransport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
 
 func (t *TokenTransport) now() time.Time {
 	if t.Now == nil {
@@ -159,9 +151,9 @@ func Authorize(req *http.Request, k *Key, accessToken string, n *Nonces, now tim
 	return r, nil
 }
 
-// replay prepares a second copy of req; false when its body cannot be
-// read twice.
-func replay(req *http.Request) (*http.Request, bool) {
+// Replay prepares a second copy of req for a retry; false when its body
+// cannot be read twice.
+func Replay(req *http.Request) (*http.Request, bool) {
 	r := req.Clone(req.Context())
 	if req.Body == nil || req.Body == http.NoBody {
 		return r, true

@@ -63,8 +63,7 @@ type Metrics struct {
 	replicationSync prometheus.Gauge
 	regressions     prometheus.Counter
 
-	// The cache lookup is counted on every Token call, the hot path: see
-	// stripedCounter. misses is the slow path.
+	// lookups is on the hot path (stripedCounter); misses is not.
 	lookups stripedCounter
 	misses  atomic.Uint64
 }
@@ -146,8 +145,7 @@ func New(o Options) *Metrics {
 }
 
 // CountConnections reports tokenguard_connections{status} from c at every
-// scrape. The figure is fleet-wide (aggregate with max, not sum). Call it
-// once.
+// scrape (fleet-wide: aggregate with max, not sum). Call it once.
 func (m *Metrics) CountConnections(c StatusCounter) {
 	m.registerer.MustRegister(statusCollector{counter: c, timeout: m.statusTimeout})
 }
@@ -235,20 +233,16 @@ func (m *Metrics) VersionRegressed() { m.regressions.Inc() }
 
 var _ usecase.Observer = (*Metrics)(nil)
 
-// stripedCounter is a counter for the hot path. A single atomic counter
-// (a prometheus.Counter is one) is a cache line every core writes on every
-// call; under parallel load it bounces between cores and slows the
-// lock-free cache reads around it. Here each add goes to a stripe chosen
-// by the address of the calling goroutine's stack, so concurrent
-// goroutines rarely share one; a scrape sums the stripes.
+// stripedCounter is a hot-path counter: one atomic counter would bounce a
+// cache line between cores on every call. Each add goes to a stripe chosen
+// by the caller's stack address; a scrape sums the stripes.
 type stripedCounter struct {
 	stripes [stripes]paddedCounter
 }
 
 const stripes = 32
 
-// paddedCounter keeps counters 128 bytes apart, so no two share a cache
-// line (or an adjacent-line prefetch pair).
+// paddedCounter keeps counters 128 bytes apart (no shared cache line pair).
 type paddedCounter struct {
 	_ [64]byte
 	n atomic.Uint64
@@ -257,8 +251,7 @@ type paddedCounter struct {
 
 func (c *stripedCounter) inc() {
 	var anchor byte
-	// Goroutine stacks are at least 8 KiB apart; the bits above pick the
-	// stripe.
+	// Goroutine stacks are at least 8 KiB apart; the bits above pick it.
 	c.stripes[(uintptr(unsafe.Pointer(&anchor))>>13)%stripes].n.Add(1)
 }
 
@@ -283,10 +276,7 @@ func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- cacheDesc }
 func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
 	misses := c.m.misses.Load()
 	lookups := c.m.lookups.load()
-	hits := uint64(0)
-	if lookups > misses {
-		hits = lookups - misses
-	}
+	hits := max(lookups, misses) - misses
 	ch <- prometheus.MustNewConstMetric(cacheDesc, prometheus.CounterValue, float64(hits), "hit")
 	ch <- prometheus.MustNewConstMetric(cacheDesc, prometheus.CounterValue, float64(misses), "miss")
 }

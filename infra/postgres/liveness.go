@@ -8,14 +8,10 @@ import (
 	"github.com/jackc/pgx/v5/stdlib"
 )
 
-// shouldPing decides whether the pool pings a connection before reusing
-// it. pgx pings one idle for over a second, a round trip, to discard a
-// connection the server dropped. But a server that drops a connection
-// says so: its last error and the end of the stream wait in the socket. So
-// an idle connection is pinged only if its socket holds something, has
-// ended, or cannot be looked at, and a refresh's first statement costs one
-// round trip instead of two. A peer gone without a word fails the ping and
-// the statement alike, by the caller's deadline.
+// shouldPing pings an idle connection before reuse only if its socket holds
+// something (a server that drops a connection leaves its last error and the
+// end of the stream there), has ended, or cannot be looked at: a refresh's
+// first statement then costs one round trip, not two.
 func shouldPing(_ context.Context, p stdlib.ShouldPingParams) bool {
 	if p.IdleDuration <= time.Second {
 		return false // pgx's own rule: recently used, taken as alive

@@ -12,10 +12,8 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// Pool sizes the connection pool. A refresh holds a connection only for
-// its short transactions, never while the provider answers, so a small
-// pool serves many refreshes at once (TOKEN_MAX_REFRESHES_IN_FLIGHT bounds
-// those).
+// Pool sizes the connection pool. A refresh holds a connection only for its
+// short transactions, never across a provider call, so a small pool serves many.
 type Pool struct {
 	MaxOpenConns    int           // default 10
 	MaxIdleConns    int           // default MaxOpenConns

@@ -35,8 +35,7 @@ type EventArgs struct {
 // Kind names the job kind in River's tables.
 func (EventArgs) Kind() string { return "tokenguard_event" }
 
-// OpenPool opens the pgx pool River runs on (the token store's GORM pool
-// is another).
+// OpenPool opens the pgx pool River runs on (not the token store's pool).
 func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, error) {
 	cfg, err := pgxpool.ParseConfig(url)
 	if err != nil {
@@ -56,13 +55,11 @@ func OpenPool(ctx context.Context, url string, maxConns int32) (*pgxpool.Pool, e
 	return pool, nil
 }
 
-// migrateLockKey serialises River migrations across processes
-// (rivermigrate takes no lock of its own), in the single-int8 advisory key
-// space, apart from the connection locks.
+// migrateLockKey serialises River migrations across processes (rivermigrate
+// takes no lock), in the int8 advisory key space apart from connection locks.
 const migrateLockKey int64 = 0x746b675f72697672 // "tkg_rivr"
 
-// Migrate applies River's pending migrations; concurrent callers wait for
-// each other.
+// Migrate applies River's pending migrations; concurrent callers wait.
 func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 	conn, err := pool.Acquire(ctx)
 	if err != nil {
@@ -128,8 +125,7 @@ type WorkerOptions struct {
 	Concurrency int           // events handled at once (default 10)
 	JobTimeout  time.Duration // bounds one event (default 1m)
 	// RescueAfter is how long an event may stay "running" before it is
-	// taken for lost and retried (default JobTimeout+15s). It must exceed
-	// the longest an event can really run.
+	// retried as lost (default JobTimeout+15s); above any real run time.
 	RescueAfter time.Duration
 	// StopTimeout bounds the wait for events in flight at shutdown
 	// (default 8s); past it they are cancelled and retried later.

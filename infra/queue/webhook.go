@@ -146,9 +146,8 @@ func (w *webhookWorker) NextRetry(job *river.Job[WebhookEvent]) time.Time {
 // Timeout bounds one delivery.
 func (w *webhookWorker) Timeout(*river.Job[WebhookEvent]) time.Duration { return 15 * time.Second }
 
-// relayOutbox moves up to 100 rows of the outbox (written by the token
-// writes' trigger) into River jobs in one transaction: each event becomes
-// exactly one job. Without a webhook the rows are dropped.
+// relayOutbox moves up to 100 outbox rows into River jobs in one
+// transaction (each event exactly one job); without a webhook it drops them.
 func relayOutbox(ctx context.Context, pool *pgxpool.Pool, client *river.Client[pgx.Tx], deliver bool) (int, error) {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
@@ -162,18 +161,14 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 	}
 	var ids []int64
 	var params []river.InsertManyParams
-	for rows.Next() {
-		var id int64
-		var e WebhookEvent
-		if err := rows.Scan(&id, &e.ID, &e.Type, &e.Connection, &e.Data, &e.OccurredAt); err != nil {
-			rows.Close()
-			return 0, err
-		}
+	var id int64
+	var e WebhookEvent
+	_, err = pgx.ForEachRow(rows, []any{&id, &e.ID, &e.Type, &e.Connection, &e.Data, &e.OccurredAt}, func() error {
 		ids = append(ids, id)
 		params = append(params, river.InsertManyParams{Args: e})
-	}
-	rows.Close()
-	if err := rows.Err(); err != nil {
+		return nil
+	})
+	if err != nil {
 		return 0, err
 	}
 	if len(ids) == 0 {
@@ -194,11 +189,9 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 // as expiring: the notice is days ahead.
 const expiringEvery = time.Minute
 
-// expiringSQL writes a connection.expiring event into the outbox for each
-// active connection whose refresh token expires within $1 seconds and not
-// yet announced for its grant (a new grant deletes its notice). The
-// notice's primary key makes it once per grant however many workers run
-// it at once. At most 500 a pass.
+// expiringSQL queues connection.expiring for up to 500 active connections
+// whose refresh token expires within $1 seconds, once per grant (the
+// notice's primary key; a new grant deletes its notice) however many workers run.
 const expiringSQL = `
 WITH due AS (
     SELECT t.connection_id, t.refresh_expiry FROM tokenguard_tokens t

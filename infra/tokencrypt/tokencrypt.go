@@ -1,44 +1,25 @@
-// Package tokencrypt seals token values for storage with AES-256-GCM from
-// the standard library, and opens them again.
+// Package tokencrypt seals token values for storage with AES-256-GCM.
 //
-// # Keys
-//
-// Keys come from TOKEN_ENCRYPTION_KEYS, a comma-separated list of
-// id=key entries:
+// Keys come from TOKEN_ENCRYPTION_KEYS, comma-separated id=key entries:
 //
 //	TOKEN_ENCRYPTION_KEYS="k2=<base64 of 32 random bytes>*,k1=<base64 of 32 random bytes>"
 //
-// A key id is 1 to 32 of a-z 0-9 _ -, unique. A key is 32 random bytes in
-// standard base64 (openssl rand -base64 32). The one key marked '*' (a
-// list of one may leave it out) is current: Seal uses it, every key can
-// Open.
+// An id is 1 to 32 of a-z 0-9 _ -, unique; a key is 32 bytes in standard
+// base64. The key marked '*' (optional for one key) seals; every key opens.
 //
-// # Envelope
-//
-// A sealed value is text that fits the existing columns:
+// A sealed value fits the existing text columns:
 //
 //	tg1:<key id>:b:<base64url, unpadded, of nonce (12 bytes) | ciphertext | tag (16 bytes)>
 //
-// Every value gets its own random nonce. The GCM additional data is
-// "tg1:<key id>:b:" followed by the caller's aad, which names the row (its
-// id and the version it was sealed at) and the column, so a ciphertext
-// copied to another row or column, back into its row after a rewrite, or
-// relabelled with another key id, fails to open.
+// The GCM additional data is "tg1:<key id>:b:" plus the caller's aad (row
+// id, version sealed at, column), so a ciphertext moved to another row,
+// column or key id, or back after a rewrite, fails to open. The previous
+// form "tg1:<key id>:<body>" (aad naming the row only) still opens, is
+// never written, and is resealed by tokenctl rotate-key.
 //
-// The previous release sealed "tg1:<key id>:<body>" (no "b:"), with the
-// additional data "tg1:<key id>:" and an aad naming the row by name only.
-// Open still opens those (Bound tells the caller which aad to give); Seal
-// never writes them and IsCurrent is false for them, so tokenctl
-// rotate-key reseals them. That release refuses the new form (its key id
-// does not parse): it never takes an envelope for plaintext.
-//
-// # Legacy plaintext
-//
-// A stored value without the "tg1:" prefix is plaintext written before
-// encryption was turned on: Open returns it unchanged until tokenctl
-// rotate-key seals it. The empty string ("no value") is never sealed.
-//
-// Errors never contain a plaintext, a ciphertext or a key.
+// A value without "tg1:" is plaintext from before encryption: Open returns
+// it until rotate-key seals it. "" is never sealed. Errors never contain a
+// plaintext, a ciphertext or a key.
 package tokencrypt
 
 import (
@@ -84,9 +65,8 @@ type Keyring struct {
 	required bool // legacy plaintext is refused (RequireSealed)
 }
 
-// RequireSealed makes Open refuse legacy plaintext, once every row has
-// been sealed: a plaintext value is then something written around
-// tokenguard.
+// RequireSealed makes Open refuse legacy plaintext, once every row is
+// sealed (a plaintext value is then written around tokenguard).
 func (k *Keyring) RequireSealed() *Keyring {
 	k.required = true
 	return k
@@ -178,9 +158,8 @@ func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 // boundMark after the key id marks the current form of envelope.
 const boundMark = "b"
 
-// Bound reports whether stored is an envelope of the current form, whose
-// aad names what Seal's caller gave now; false for plaintext and for the
-// previous release's envelopes.
+// Bound reports whether stored is an envelope of the current form (whose
+// aad is what Seal's caller gives now).
 func (k *Keyring) Bound(stored string) bool {
 	if !IsSealed(stored) {
 		return false
@@ -289,9 +268,8 @@ func (e *OpenError) Error() string {
 
 func (e *OpenError) Unwrap() error { return domain.ErrUndecryptable }
 
-// KeySpec is a TOKEN_ENCRYPTION_KEYS value as configuration holds it. It
-// prints as [REDACTED] under every verb and encoder, so logging a
-// configuration struct cannot leak the keys.
+// KeySpec is a TOKEN_ENCRYPTION_KEYS value in configuration; it prints as
+// [REDACTED] under every verb and encoder.
 type KeySpec string
 
 // Keyring parses the spec; see ParseKeyring.
@@ -310,9 +288,8 @@ func (s KeySpec) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.mask())
 func (s KeySpec) LogValue() slog.Value         { return slog.StringValue(s.mask()) }
 func (s KeySpec) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
 
-// Plaintext is the Sealer of a store without keys. It still refuses
-// envelopes rather than hand one to the provider as a token, which a
-// process missing TOKEN_ENCRYPTION_KEYS would otherwise do.
+// Plaintext is the Sealer of a store without keys. It refuses envelopes
+// rather than hand one to the provider as a token.
 type Plaintext struct{}
 
 // Seal returns p unchanged.

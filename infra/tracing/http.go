@@ -49,9 +49,7 @@ func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.H
 	return otelhttp.NewHandler(h, "http.server", opts...)
 }
 
-// spanName is "{method} {route}" as OpenTelemetry's HTTP semantic
-// conventions name a server span: the route's pattern with the request's
-// method when the pattern names none (a route for every method), the
+// spanName is "{method} {route}" per OpenTelemetry's HTTP conventions; the
 // method alone before routing or without a route.
 func spanName(_ string, r *http.Request) string {
 	switch {

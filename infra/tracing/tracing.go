@@ -1,11 +1,7 @@
 // Package tracing records tokenguard's work as OpenTelemetry spans on the
-// OpenTelemetry API alone (the SDK and exporter are the application's
-// choice), and instruments HTTP clients and servers with otelhttp, showing
-// URLs without their query.
-//
-// A span never carries a token, a secret, an authorization code or an
-// account id: an error is recorded as its class (Class), never as its
-// message.
+// API alone (SDK and exporter are the application's), and instruments HTTP
+// with otelhttp, showing URLs without their query. A span never carries a
+// token, secret, code or account id: errors are recorded by Class only.
 package tracing
 
 import (
