@@ -63,14 +63,8 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		// it may find is not missed.
 		woken, unwatch := u.announced.watch(connection)
 		if w := u.budgets.wait(t.Provider, u.opts.Clock.Now()); w > 0 {
-			// The provider's budget was found spent: a valid token is
-			// served, an expired one waits, without asking the store.
-			err := budgetSpent(w)
-			if !usable(t, u.opts.Clock.Now()) {
-				err = u.awaitBudget(ctx, w, asked, woken)
-			} else if !forced {
-				u.hold(t)
-			}
+			// The provider's budget was found spent: no need to ask the store.
+			err := u.budgetHeld(ctx, t, w, forced, asked, woken)
 			unwatch()
 			if err != nil {
 				return done(err)
@@ -95,11 +89,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		case cl.BudgetWait > 0:
 			u.budgets.spent(t.Provider, u.opts.Clock.Now().Add(cl.BudgetWait))
 			c.current = cl.Token
-			if err = budgetSpent(cl.BudgetWait); !usable(cl.Token, u.opts.Clock.Now()) {
-				err = u.awaitBudget(ctx, cl.BudgetWait, asked, woken)
-			} else if !forced {
-				u.hold(cl.Token)
-			}
+			err = u.budgetHeld(ctx, cl.Token, cl.BudgetWait, forced, asked, woken)
 		case cl.Lease.Running && !u.overdue(cl.Lease):
 			err = u.awaitLease(ctx, asked, woken)
 		case cl.Lease.Running || cl.Lease.Abandoned:
@@ -122,6 +112,20 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			return done(err)
 		}
 	}
+}
+
+// budgetHeld is what a spent token budget means for a caller holding t: a
+// still-valid token is served (and its refresh queued unless forced), an
+// expired one waits for the budget.
+func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wait time.Duration, forced bool,
+	asked time.Time, woken <-chan struct{}) error {
+	if !usable(t, u.opts.Clock.Now()) {
+		return u.awaitBudget(ctx, wait, asked, woken)
+	}
+	if !forced {
+		u.hold(t)
+	}
+	return budgetSpent(wait)
 }
 
 // claimWithSlot takes one of this process's in-flight slots (errAnnounced
