@@ -48,29 +48,18 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	return u, nil
 }
 
-// Token returns a token for connection that is valid for at least the
-// skew, without its refresh token. Errors wrap domain.ErrNotFound, domain.ErrNeedsReauth,
-// domain.ErrLockTimeout, domain.ErrProviderUnavailable,
-// domain.ErrClientRejected, domain.ErrEndpointMisconfigured,
-// domain.ErrStoreUnavailable or the context's error.
-//
-// A cached fresh token costs no query and no lock. Otherwise one goroutine
-// per connection and process reads the store (and refreshes if needed)
-// while the others wait for it.
-//
-// Its path is kept short, in few and small frames (the token written
-// straight into the result, the span's end and the errors in frames of
-// their own): at an expiry hundreds of goroutines arrive at once, many of
-// them new, and a path that outgrows a new goroutine's first stack has
-// every one of them copy its stack (TestWaitersFitTheirFirstStack).
+// Token returns a token for connection valid for at least the skew,
+// without its refresh token; errors wrap domain's typed errors or ctx's.
+// A cached fresh token costs no query and no lock; otherwise one goroutine
+// per connection and process reads (and refreshes) while the others wait.
+// The path fits a new goroutine's first stack, as hundreds arrive at an
+// expiry (TestWaitersFitTheirFirstStack).
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t domain.Token, err error) {
 	s, state := u.cache.get(connection, u.opts.Clock.Now())
 	u.opts.Observer.CacheLookup(state == hit)
 	if state == hit {
 		return s.tok, nil
 	}
-	// The slow path: join (or start) the connection's flight and wait
-	// for it.
 	var cached *snapshot // the cached token, known to be stale
 	if state == stale {
 		cached = s
@@ -96,9 +85,8 @@ func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t d
 	return t, nil
 }
 
-// withoutRefreshToken is what callers get: the refresh token is spent only
-// under the connection's lock, and a caller that had it could spend it
-// outside.
+// withoutRefreshToken is what callers get: a caller holding the refresh
+// token could spend it outside the connection's lock.
 func withoutRefreshToken(t domain.Token) domain.Token {
 	t.RefreshToken = domain.Secret{}
 	return t
@@ -119,8 +107,8 @@ func endToken(span Span, connection string, fl *flight, err error) (*flight, err
 	return fl, nil
 }
 
-// Invalidate tells the use case that another process stored version of
-// connection's token; any older cached copy is dropped.
+// Invalidate drops cached copies of connection's token older than version,
+// which another process stored.
 func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.opts.Observer.Invalidated()
 	u.cache.knew(connection, version, true)
@@ -128,17 +116,15 @@ func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.announced.announce(connection)
 }
 
-// TrustCache turns the in-process cache on while the caller guarantees
-// Invalidate is called for every change committed by other processes (the
-// change listener is connected), and off when it no longer can. Either call
-// forgets everything cached so far.
+// TrustCache turns the cache on while Invalidate hears every change other
+// processes commit (the change listener is connected), and off when not.
+// Either call forgets what was cached.
 func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 	u.cache.setTrusted(trusted)
 }
 
-// load reads the stored token and refreshes it if it is stale. When the
-// cache already knows the current token is stale (cached), the read outside
-// the lock is skipped: the claim re-reads under it anyway.
+// load reads the stored token and refreshes it if stale; a token the cache
+// knows is stale (cached) is not read again outside the lock.
 func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cached *snapshot) (domain.Token, error) {
 	epoch := u.cache.begin()
 	var seen domain.Token
@@ -163,21 +149,16 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 		return domain.Token{}, fmt.Errorf("refresh: %w", err)
 	}
 	if cached != nil && t.Version == cached.tok.Version && t.Status == cached.tok.Status && t.Failure.Failures == cached.tok.Failure.Failures {
-		// The cached token itself, served still valid (a spent token
-		// budget refuses without a read): cached already, and not read
-		// after epoch, so no evidence of what the store holds.
+		// The cached token itself, served still valid without a read.
 		return t, nil
 	}
 	u.cache.put(t, epoch, u.skewOf(t))
 	return t, nil
 }
 
-// read is load's read outside the lock, traced as a lock wait when it
-// waits for another holder's refresh. It is done when the stored token is
-// fresh, or was stale but another holder's refresh stored a fresh one
-// meanwhile: a process that finds a lease waits for its announcement
-// rather than claim the refresh only to be told so (at a mass expiry,
-// most do).
+// read is load's read outside the lock. It is done when the token is
+// fresh, also after waiting for another holder's lease to be announced
+// (traced as a lock wait) rather than claiming only to be told so.
 func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (domain.Token, bool, error) {
 	var span Span
 	t, done, err := u.look(ctx, connection, time.Now(), u.stale, func() {
@@ -233,9 +214,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	}
 	var stillValid error // the failure a still-valid token is served through
 	if err != nil && !forced && untouched(err) && usable(current, u.opts.Clock.Now()) {
-		// The provider is down or rejects the client, but the stored token
-		// has not expired yet: the skew is there for exactly this. Serve
-		// it; it is not cached as fresh, so the next caller tries again.
+		// The skew is there for this: serve the unexpired token, uncached.
 		if errors.Is(err, domain.ErrProviderUnavailable) && !errors.Is(err, domain.ErrRefreshFailing) {
 			u.opts.Logger.Warn("token refresh failed; serving the current token until it expires",
 				"connection", connection, "version", current.Version,
@@ -292,8 +271,8 @@ func untouched(err error) bool {
 		errors.Is(err, domain.ErrTokenBudgetSpent) || clientSide(err)
 }
 
-// clientFailed closes the client gate of t's provider and tells
-// operators, at most once a minute per connection, which setting to check.
+// clientFailed closes t's provider's client gate and tells operators, at
+// most once a minute per connection, which setting to check.
 func (u *RefreshTokenUseCase) clientFailed(t domain.Token, settings uint64, err error) {
 	now := u.opts.Clock.Now()
 	u.gate.of(t.Provider).reject(now, settings, err)
@@ -310,14 +289,10 @@ func (u *RefreshTokenUseCase) clientFailed(t domain.Token, settings uint64, err 
 	u.opts.Logger.Error(msg, "connection", t.Connection, "provider", t.Provider, "check", check, "err", err)
 }
 
-// errorLineEvery spaces the ERROR lines about a rejected client per
-// connection.
 const errorLineEvery = time.Minute
 
 // forceGap is the least time between two forced refreshes of t's
-// connection in this process: ForceInterval, or half the lifetime the
-// provider granted t if that is shorter, so that a token that lives less
-// than ForceInterval can still be replaced after every 401.
+// connection: ForceInterval, or half t's lifetime if shorter.
 func (u *RefreshTokenUseCase) forceGap(t domain.Token) time.Duration {
 	life := t.Expiry.Sub(t.ObtainedAt)
 	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() || life <= 0 {
@@ -326,8 +301,7 @@ func (u *RefreshTokenUseCase) forceGap(t domain.Token) time.Duration {
 	return min(u.opts.ForceInterval, life/2)
 }
 
-// usable reports whether t is active and not expired at now (the skew
-// aside).
+// usable reports whether t is active and unexpired at now (skew aside).
 func usable(t domain.Token, now time.Time) bool {
 	return t.Status == domain.StatusActive && !t.AccessToken.IsZero() && (t.Expiry.IsZero() || now.Before(t.Expiry))
 }
