@@ -73,10 +73,11 @@ func testFrozenProvider(t *testing.T, bin string, control bool) {
 		})
 
 	} else {
-		waitfor.Until(t, 20*time.Second, "no refresh after the provider resumed", func() bool {
-			return p.stats().Refreshes >= before.Refreshes+2
+		// The queued answers arrive in order; tokens are served again
+		// once the late answer is stored.
+		waitfor.Until(t, 30*time.Second, "no token served after the provider resumed", func() bool {
+			return p.stats().Refreshes >= before.Refreshes+2 && tokens.served()
 		})
-
 	}
 	after := tokens.finish()
 	ok503 := during["503 provider_unavailable"] + during["503 refresh_failing"] + during["503 busy"]

@@ -283,6 +283,13 @@ func (l *statusLoad) window() (map[string]int, time.Duration) {
 	return old, slowest
 }
 
+// served says whether a 200 was answered since the tally began.
+func (l *statusLoad) served() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return !l.firstOK.IsZero()
+}
+
 func (l *statusLoad) finish() map[string]int {
 	close(l.stop)
 	l.wg.Wait()
@@ -807,11 +814,7 @@ func testKillHolderOthersProceed(t *testing.T, bin string) {
 	case <-time.After(2 * lockWait):
 		t.Fatal("the batch run did not finish")
 	}
-	waitfor.Until(t, answerDeadline+leaseTerm+lockWait, "no successful server call after the kill", func() bool {
-		server2.mu.Lock()
-		defer server2.mu.Unlock()
-		return !server2.firstOK.IsZero()
-	})
+	waitfor.Until(t, answerDeadline+leaseTerm+lockWait, "no successful server call after the kill", server2.served)
 
 	time.Sleep(lifetime - skew) // the next refresh, without the worker
 	server2.mu.Lock()
