@@ -120,7 +120,6 @@ func BenchmarkRefreshStormStandby(b *testing.B) {
 			s.commits = timeCommits(b, s.f.seed.DB, s.f.syncCommit, 20, s.commits)
 		}
 	}
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	for _, s := range sides {
 		slices.Sort(s.waits)
 		s.p50, s.p99 = ms(s.waits[len(s.waits)/2]), ms(s.waits[len(s.waits)*99/100])

@@ -323,14 +323,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	// (sync.OnceValues: the waiters cost nothing but the wake-up). Run
 	// right after each storm, it sees the same machine, so its p99 is what
 	// waiting for the provider costs at p99 here, noise included.
-	bare := make([]*bareStack, stacks)
-	for i := range bare {
-		tok, err := sandbox.Grant(context.Background(), w.OAuth)
-		if err != nil {
-			b.Fatal(err)
-		}
-		bare[i] = &bareStack{ref: provider.NewRefresher(w.OAuth, nil), rt: domain.NewSecret(tok.RefreshToken)}
-	}
+	bare := newBareStacks(b, w, stacks)
 
 	// The floor: the design's database work written out by hand, with the
 	// same fan-out (protocolFloor).
@@ -349,17 +342,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 	// and the storm in which a process first won the lock paid that for
 	// the lease and the token write (4 of 22 traced storms, p99 31-36 ms
 	// against 26-29 ms for the others).
-	for i := range stacks {
-		fleet.arm(b)
-		if err := fleet.call(i); err != nil {
-			b.Fatal(err)
-		}
-		time.Sleep(100 * time.Millisecond) // the others hear of it
-		floor.arm()
-		if err := floor.stacks[i].next(); err != nil {
-			b.Fatal(err)
-		}
-	}
+	warmEachProcess(b, fleet, floor, stacks)
 
 	settle(b, w.URL)
 	tracing := newStormTracing(os.Getenv("STORM_TRACE"))
@@ -397,17 +380,7 @@ func BenchmarkRefreshStorm(b *testing.B) {
 			reuse += after.RefreshReuse - before.RefreshReuse
 			peaks = append(peaks, fleet.peak.Load())
 		}
-		floorStorm := func() {
-			time.Sleep(100 * time.Millisecond) // as before tokenguard's (arm)
-			floor.arm()
-			before := w.Provider.Stats()
-			tracing.around(b, "floor", i, func() {
-				floorWaits = storm(b, stacks, goroutines, floorWaits, func(i int) error { return floor.stacks[i].next() })
-			})
-			if after := w.Provider.Stats(); after.Refreshes-before.Refreshes != 1 || after.RefreshReuse != before.RefreshReuse {
-				b.Fatalf("protocol floor: %d refreshes, %d reuse in one storm", after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse)
-			}
-		}
+		floorStorm := func() { floorWaits = floor.storm(b, w, tracing, i, goroutines, floorWaits) }
 		b.StopTimer()
 		if i%2 == 0 {
 			tokenguardStorm()
@@ -435,25 +408,71 @@ func BenchmarkRefreshStorm(b *testing.B) {
 		b.StartTimer()
 	}
 	b.StopTimer()
-	slices.Sort(waits)
-	slices.Sort(bareWaits)
-	slices.Sort(floorWaits)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	b.ReportMetric(float64(refreshes)/float64(b.N), "refreshes/op")
 	b.ReportMetric(float64(reuse)/float64(b.N), "reuse/op")
 	b.ReportMetric(float64(slices.Max(peaks)), "db-conns-peak/op")
-	b.ReportMetric(ms(waits[len(waits)/2]), "p50-wait-ms")
-	b.ReportMetric(ms(waits[len(waits)*99/100]), "p99-wait-ms")
-	b.ReportMetric(ms(bareWaits[len(bareWaits)/2]), "baseline-p50-ms")
-	b.ReportMetric(ms(bareWaits[len(bareWaits)*99/100]), "baseline-p99-ms")
-	b.ReportMetric(ms(floorWaits[len(floorWaits)/2]), "floor-p50-ms")
-	b.ReportMetric(ms(floorWaits[len(floorWaits)*99/100]), "floor-p99-ms")
+	reportWaits(b, "p50-wait-ms", "p99-wait-ms", waits)
+	reportWaits(b, "baseline-p50-ms", "baseline-p99-ms", bareWaits)
+	reportWaits(b, "floor-p50-ms", "floor-p99-ms", floorWaits)
 	b.ReportMetric(float64(latency.Milliseconds()), "provider-latency-ms")
 	// What the refreshing process waited for the provider: the configured
 	// delay plus the provider's own work and the HTTP exchange.
 	b.ReportMetric(ms(fleet.obs.mean()), "provider-ms")
 	for _, p := range peers {
 		p.report(b)
+	}
+}
+
+// storm is one storm of the floor's stacks, which must refresh once
+// without reuse; it returns waits with the storm's added.
+func (f *protocolFloor) storm(b *testing.B, w *testworld.World, tracing stormTracing, op, goroutines int, waits []time.Duration) []time.Duration {
+	time.Sleep(100 * time.Millisecond) // as before tokenguard's (arm)
+	f.arm()
+	before := w.Provider.Stats()
+	tracing.around(b, "floor", op, func() {
+		waits = storm(b, len(f.stacks), goroutines, waits, func(i int) error { return f.stacks[i].next() })
+	})
+	if after := w.Provider.Stats(); after.Refreshes-before.Refreshes != 1 || after.RefreshReuse != before.RefreshReuse {
+		b.Fatalf("protocol floor: %d refreshes, %d reuse in one storm", after.Refreshes-before.Refreshes, after.RefreshReuse-before.RefreshReuse)
+	}
+	return waits
+}
+
+func ms(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
+
+// reportWaits reports the p50 and p99 of waits.
+func reportWaits(b *testing.B, p50, p99 string, waits []time.Duration) {
+	slices.Sort(waits)
+	b.ReportMetric(ms(waits[len(waits)/2]), p50)
+	b.ReportMetric(ms(waits[len(waits)*99/100]), p99)
+}
+
+// newBareStacks are the baseline's stacks, each with a grant of its own.
+func newBareStacks(b *testing.B, w *testworld.World, stacks int) []*bareStack {
+	bare := make([]*bareStack, stacks)
+	for i := range bare {
+		tok, err := sandbox.Grant(context.Background(), w.OAuth)
+		if err != nil {
+			b.Fatal(err)
+		}
+		bare[i] = &bareStack{ref: provider.NewRefresher(w.OAuth, nil), rt: domain.NewSecret(tok.RefreshToken)}
+	}
+	return bare
+}
+
+// warmEachProcess has each process of tokenguard and of the floor refresh
+// once on its own.
+func warmEachProcess(b *testing.B, fleet *stormFleet, floor *protocolFloor, stacks int) {
+	for i := range stacks {
+		fleet.arm(b)
+		if err := fleet.call(i); err != nil {
+			b.Fatal(err)
+		}
+		time.Sleep(100 * time.Millisecond) // the others hear of it
+		floor.arm()
+		if err := floor.stacks[i].next(); err != nil {
+			b.Fatal(err)
+		}
 	}
 }
 

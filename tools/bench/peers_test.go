@@ -194,7 +194,6 @@ func (s *peerStorm) run(b *testing.B, w *testworld.World, stacks, goroutines int
 
 func (s *peerStorm) report(b *testing.B) {
 	slices.Sort(s.waits)
-	ms := func(d time.Duration) float64 { return float64(d.Microseconds()) / 1000 }
 	b.ReportMetric(ms(s.waits[len(s.waits)/2]), s.name+"-p50-ms")
 	b.ReportMetric(ms(s.waits[len(s.waits)*99/100]), s.name+"-p99-ms")
 	b.ReportMetric(float64(slices.Max(s.peaks)), s.name+"-db-conns-peak")

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
@@ -70,46 +71,14 @@ func testInvalidClientWindow(t *testing.T, bin string) {
 
 	// Recovery: the server's first 200 per connection after the window,
 	// and the batch's first round with every call succeeded.
-	recovery := map[string]time.Duration{}
-	deadline := closed.Add(20 * time.Second)
-	for len(recovery) < len(conns)+1 && time.Now().Before(deadline) {
-		for c, at := range load.firstOK(closed) {
-			recovery["server/"+c] = at.Sub(closed)
-		}
-		if _, ok := recovery["batch"]; !ok && batchRecovered(batchApp, batchLinesAtClose) {
-			recovery["batch"] = time.Since(closed)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	recovery := waitRecovery(load, batchApp, len(conns), closed, batchLinesAtClose)
 	// The worker: events sent after the window complete at their first attempt.
-	var ids []int64
-	for i := range 6 {
-		code, body := s.do(http.MethodPost, "/connections/"+conns[i%len(conns)]+"/events", fmt.Sprintf(`{"n":%d}`, i))
-		var r struct {
-			EventID int64 `json:"event_id"`
-		}
-		if code != http.StatusAccepted || json.Unmarshal([]byte(body), &r) != nil {
-			t.Fatalf("event after the window: %d %s", code, body)
-		}
-		ids = append(ids, r.EventID)
-	}
+	ids := postEventsRoundRobin(t, s, conns, 6)
 	js := waitEvents(t, s.dbURL, ids, 15*time.Second)
 	recovery["worker"] = time.Since(closed)
 	answers := load.finish()
-	// The server's answers in the window, by status and code. A token
-	// served in its last moment may meet the provider's own expiry, which
-	// precedes the one announced by the rounding of expires_in: such a 401
-	// is told apart.
-	during, lastMoment := map[string]int{}, 0
-	for _, a := range answers {
-		switch {
-		case a.at.Before(opened.Add(200*time.Millisecond)) || a.at.After(closed):
-		case a.key == "401" && a.at.After(expiry[a.conn].Add(-250*time.Millisecond)):
-			lastMoment++
-		default:
-			during[a.key]++
-		}
-	}
+	// The server's answers in the window.
+	during, lastMoment := answersInWindow(answers, opened.Add(200*time.Millisecond), closed, expiry)
 	s.stop(batchApp)
 	s.stop(worker)
 	s.stop(server)
@@ -118,13 +87,7 @@ func testInvalidClientWindow(t *testing.T, bin string) {
 
 	var took []string
 	var slowest time.Duration
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range recovery {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(recovery)) {
 		took = append(took, fmt.Sprintf("%s %v", k, recovery[k].Round(10*time.Millisecond)))
 		if k != "worker" {
 			slowest = max(slowest, recovery[k])
@@ -170,6 +133,59 @@ func testInvalidClientWindow(t *testing.T, bin string) {
 			t.Errorf("event %d after the window: %+v", id, j)
 		}
 	}
+}
+
+// waitRecovery waits up to 20 s for the server's first 200 per
+// connection after closed and the batch's first round with every call
+// succeeded; it returns how long each took.
+func waitRecovery(load *answerLoad, batchApp *app, conns int, closed time.Time, batchLinesAtClose int) map[string]time.Duration {
+	recovery := map[string]time.Duration{}
+	deadline := closed.Add(20 * time.Second)
+	for len(recovery) < conns+1 && time.Now().Before(deadline) {
+		for c, at := range load.firstOK(closed) {
+			recovery["server/"+c] = at.Sub(closed)
+		}
+		if _, ok := recovery["batch"]; !ok && batchRecovered(batchApp, batchLinesAtClose) {
+			recovery["batch"] = time.Since(closed)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return recovery
+}
+
+// postEventsRoundRobin posts n events across conns; each must be accepted.
+func postEventsRoundRobin(t *testing.T, s *stack, conns []string, n int) []int64 {
+	t.Helper()
+	var ids []int64
+	for i := range n {
+		code, body := s.do(http.MethodPost, "/connections/"+conns[i%len(conns)]+"/events", fmt.Sprintf(`{"n":%d}`, i))
+		var r struct {
+			EventID int64 `json:"event_id"`
+		}
+		if code != http.StatusAccepted || json.Unmarshal([]byte(body), &r) != nil {
+			t.Fatalf("event after the window: %d %s", code, body)
+		}
+		ids = append(ids, r.EventID)
+	}
+	return ids
+}
+
+// answersInWindow counts the server's answers between from and to by
+// status and code. A token served in its last moment may meet the
+// provider's own expiry, which precedes the one announced by the rounding
+// of expires_in: such a 401 is counted apart.
+func answersInWindow(answers []answer, from, to time.Time, expiry map[string]time.Time) (during map[string]int, lastMoment int) {
+	during = map[string]int{}
+	for _, a := range answers {
+		switch {
+		case a.at.Before(from) || a.at.After(to):
+		case a.key == "401" && a.at.After(expiry[a.conn].Add(-250*time.Millisecond)):
+			lastMoment++
+		default:
+			during[a.key]++
+		}
+	}
+	return during, lastMoment
 }
 
 // answer is one server answer to GET resource.

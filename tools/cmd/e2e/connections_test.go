@@ -57,41 +57,7 @@ func testConnections(t *testing.T, bin string) {
 	expectJSONError(t, s, http.MethodGet, "/connections?limit=0", http.StatusBadRequest, "bad_request")
 	expectJSONError(t, s, http.MethodGet, "/connections?limit=1001", http.StatusBadRequest, "bad_request")
 
-	type listed struct {
-		Connection string          `json:"connection"`
-		Provider   *string         `json:"provider"`
-		Status     string          `json:"status"`
-		Expiry     *time.Time      `json:"expiry"`
-		Account    string          `json:"account"`
-		Metadata   json.RawMessage `json:"metadata"`
-		Tags       []string        `json:"tags"`
-	}
-	var all []listed
-	pages := 0
-	for path := "/connections?limit=2"; ; {
-		code, body := s.do(http.MethodGet, path, "")
-		var page struct {
-			Connections []listed `json:"connections"`
-			Next        *string  `json:"next"`
-		}
-		if code != http.StatusOK || json.Unmarshal([]byte(body), &page) != nil {
-			t.Fatalf("GET %s: %d %s", path, code, body)
-		}
-		for _, secret := range imported {
-			if strings.Contains(body, secret) {
-				t.Fatalf("GET %s shows a token", path)
-			}
-		}
-		if strings.Contains(body, "token\"") {
-			t.Errorf("GET %s has a token field: %s", path, body)
-		}
-		pages++
-		all = append(all, page.Connections...)
-		if page.Next == nil {
-			break
-		}
-		path = "/connections?limit=2&after=" + *page.Next
-	}
+	all, pages := listAllConnections(t, s, imported)
 	var names []string
 	for _, c := range all {
 		names = append(names, c.Connection)
@@ -139,4 +105,46 @@ func testConnections(t *testing.T, bin string) {
 		!strings.Contains(r.stdout, "b3: metadata {\"tenant\":\"t3\"}") {
 		t.Errorf("status after the disconnection: exit %d\n%s", r.code, r.stdout)
 	}
+}
+
+// listedConnection is a connection as GET /connections lists it.
+type listedConnection struct {
+	Connection string          `json:"connection"`
+	Provider   *string         `json:"provider"`
+	Status     string          `json:"status"`
+	Expiry     *time.Time      `json:"expiry"`
+	Account    string          `json:"account"`
+	Metadata   json.RawMessage `json:"metadata"`
+	Tags       []string        `json:"tags"`
+}
+
+// listAllConnections pages through GET /connections two at a time; no
+// page shows a token.
+func listAllConnections(t *testing.T, s *stack, imported []string) (all []listedConnection, pages int) {
+	t.Helper()
+	for path := "/connections?limit=2"; ; {
+		code, body := s.do(http.MethodGet, path, "")
+		var page struct {
+			Connections []listedConnection `json:"connections"`
+			Next        *string            `json:"next"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &page) != nil {
+			t.Fatalf("GET %s: %d %s", path, code, body)
+		}
+		for _, secret := range imported {
+			if strings.Contains(body, secret) {
+				t.Fatalf("GET %s shows a token", path)
+			}
+		}
+		if strings.Contains(body, "token\"") {
+			t.Errorf("GET %s has a token field: %s", path, body)
+		}
+		pages++
+		all = append(all, page.Connections...)
+		if page.Next == nil {
+			break
+		}
+		path = "/connections?limit=2&after=" + *page.Next
+	}
+	return all, pages
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/tokenguard/tokenguard/internal/sandbox"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
 // testUnknownRefusalFailing: the provider answers every refresh with a
@@ -28,30 +29,8 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 	var (
 		armed atomic.Bool
 		asked atomic.Int64
-		mu    sync.Mutex
-		kinds = map[string]int{}
-		// failingHook is the connection.refresh_failing webhook's body.
-		failingHook string
 	)
-	hook := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		var e struct {
-			Type string `json:"type"`
-		}
-		_ = json.Unmarshal(body, &e)
-		mu.Lock()
-		kinds[e.Type]++
-		if e.Type == "connection.refresh_failing" {
-			failingHook = string(body)
-		}
-		mu.Unlock()
-	}))
-	t.Cleanup(hook.Close)
-	delivered := func(kind string) int {
-		mu.Lock()
-		defer mu.Unlock()
-		return kinds[kind]
-	}
+	hook := startHookTally(t)
 	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew,
 		fault: func() sandbox.Fault {
 			if armed.Load() {
@@ -60,7 +39,7 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 			}
 			return sandbox.FaultNone
 		},
-		extraEnv: []string{"WEBHOOK_URL=" + hook.URL, "WEBHOOK_SECRET=whsec_e2e_0123456789abcdef"}})
+		extraEnv: []string{"WEBHOOK_URL=" + hook.srv.URL, "WEBHOOK_SECRET=whsec_e2e_0123456789abcdef"}})
 	s.migrate()
 	const conn = "acme"
 	s.importGrant(conn)
@@ -73,33 +52,7 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 
 	armed.Store(true)
 	armedAt := time.Now()
-	view := func() (status string, failure map[string]any) {
-		code, body := s.do(http.MethodGet, "/connections", "")
-		var page struct {
-			Connections []struct {
-				Status  string         `json:"status"`
-				Failure map[string]any `json:"failure"`
-			} `json:"connections"`
-		}
-		if code != http.StatusOK || json.Unmarshal([]byte(body), &page) != nil || len(page.Connections) != 1 {
-			t.Fatalf("GET /connections: %d %s", code, body)
-		}
-		return page.Connections[0].Status, page.Connections[0].Failure
-	}
-	waitStatus := func(want string, within time.Duration) map[string]any {
-		deadline := time.Now().Add(within)
-		for {
-			st, f := view()
-			if st == want {
-				return f
-			}
-			if time.Now().After(deadline) {
-				t.Fatalf("connection %s after %v, want %s", st, within, want)
-			}
-			time.Sleep(200 * time.Millisecond)
-		}
-	}
-	failure := waitStatus("failing", 40*time.Second)
+	failure := waitOnlyStatus(t, s, "failing", 40*time.Second)
 	took, n := time.Since(armedAt), asked.Load()
 	t.Logf("failing after %v and %d refresh requests at the provider from three processes: %v", took.Round(time.Millisecond), n, failure)
 	if n > 6 {
@@ -130,20 +83,15 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 	}
 
 	armed.Store(false)
-	waitStatus("active", 70*time.Second)
+	waitOnlyStatus(t, s, "active", 70*time.Second)
 	if n := asked.Load(); n > 6 {
 		t.Errorf("%d refresh requests refused in all, want at most 6", n)
 	}
-	deadline := time.Now().Add(20 * time.Second)
-	for delivered("connection.recovered") == 0 && time.Now().Before(deadline) {
-		time.Sleep(100 * time.Millisecond)
-	}
-	if f, r := delivered("connection.refresh_failing"), delivered("connection.recovered"); f != 1 || r != 1 {
+	waitfor.Until(t, 20*time.Second, "no connection.recovered webhook", func() bool { return hook.delivered("connection.recovered") > 0 })
+	if f, r := hook.delivered("connection.refresh_failing"), hook.delivered("connection.recovered"); f != 1 || r != 1 {
 		t.Errorf("webhooks delivered: %d connection.refresh_failing, %d connection.recovered; want 1 and 1", f, r)
 	}
-	mu.Lock()
-	hookBody := failingHook
-	mu.Unlock()
+	hookBody := hook.failingBody()
 	var hookEvent struct {
 		Data struct {
 			HTTPStatus int    `json:"http_status"`
@@ -159,5 +107,70 @@ func testUnknownRefusalFailing(t *testing.T, bin string) {
 	}
 	for _, a := range []*app{batchApp, worker, server} {
 		s.stop(a)
+	}
+}
+
+// hookTally counts the webhook deliveries by type and keeps the
+// connection.refresh_failing one's body.
+type hookTally struct {
+	srv         *httptest.Server
+	mu          sync.Mutex
+	kinds       map[string]int
+	failingHook string
+}
+
+func startHookTally(t *testing.T) *hookTally {
+	h := &hookTally{kinds: map[string]int{}}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, _ := io.ReadAll(r.Body)
+		var e struct {
+			Type string `json:"type"`
+		}
+		_ = json.Unmarshal(body, &e)
+		h.mu.Lock()
+		h.kinds[e.Type]++
+		if e.Type == "connection.refresh_failing" {
+			h.failingHook = string(body)
+		}
+		h.mu.Unlock()
+	}))
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+func (h *hookTally) delivered(kind string) int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.kinds[kind]
+}
+
+func (h *hookTally) failingBody() string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.failingHook
+}
+
+// waitOnlyStatus waits for the stack's only connection, as GET
+// /connections shows it, to have status want; it returns its failure.
+func waitOnlyStatus(t *testing.T, s *stack, want string, within time.Duration) map[string]any {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		code, body := s.do(http.MethodGet, "/connections", "")
+		var page struct {
+			Connections []struct {
+				Status  string         `json:"status"`
+				Failure map[string]any `json:"failure"`
+			} `json:"connections"`
+		}
+		if code != http.StatusOK || json.Unmarshal([]byte(body), &page) != nil || len(page.Connections) != 1 {
+			t.Fatalf("GET /connections: %d %s", code, body)
+		}
+		if st := page.Connections[0].Status; st == want {
+			return page.Connections[0].Failure
+		} else if time.Now().After(deadline) {
+			t.Fatalf("connection %s after %v, want %s", st, within, want)
+		}
+		time.Sleep(200 * time.Millisecond)
 	}
 }

@@ -67,9 +67,18 @@ func testKeysAndEdges(t *testing.T, bin string) {
 	s.importGrant("acme")
 	server := s.start("server")
 	s.waitHealthy(server)
-
-	// 1. Scopes and connection patterns.
 	full := s.key // no --scopes, no --connections: every right, as a key made before scopes
+	checkScopesAndPatterns(t, s, bin, full)
+	checkReturnToAndMetadata(t, s, bin, full)
+	checkNoAPIBaseURL(t, s, bin, full)
+	checkInsecureURLs(t, s, bin)
+	checkRolledBackCiphertext(t, s, full)
+	s.stop(server)
+}
+
+// checkScopesAndPatterns: each key reaches the routes its scopes and
+// connection patterns allow and no other; apikey list shows both.
+func checkScopesAndPatterns(t *testing.T, s *stack, bin, full string) {
 	var legacyShape bool
 	if err := pgxQueryRow(t, s.dbURL, `SELECT scopes IS NULL AND connection_patterns IS NULL FROM tokenguard_api_keys WHERE name = 'e2e'`, &legacyShape); err != nil || !legacyShape {
 		t.Fatalf("the key of every right is not stored as a key made before scopes: %v", err)
@@ -140,8 +149,12 @@ func testKeysAndEdges(t *testing.T, bin string) {
 	if r.code != 0 || len(want) > 0 {
 		t.Errorf("apikey list does not show %v:\n%s", want, r.stdout)
 	}
+}
 
-	// 2. return_to: what a prefix check lets through is refused.
+// checkReturnToAndMetadata: return_to variants a prefix check lets
+// through are refused; metadata with a NUL is a 400 from the API and a
+// usage error from tokenctl, and nothing is stored.
+func checkReturnToAndMetadata(t *testing.T, s *stack, bin, full string) {
 	const allowed = "http://app.example/settings/"
 	for _, rt := range []string{
 		allowed + "../admin", allowed + "%2e%2e/admin", allowed + "%2E%2e/admin", allowed + ".%2e/admin", allowed + "%252e%252e/admin",
@@ -172,9 +185,11 @@ func testKeysAndEdges(t *testing.T, bin string) {
 	if r := run(t, bin, "tokenctl", s.env, g, "import", "--connection", "acme", "--metadata", `{"a\u0000":1}`); r.code != 2 || !strings.Contains(r.stderr, "NUL") {
 		t.Errorf("tokenctl import with a NUL in the metadata: %d %s", r.code, r.stderr)
 	}
+}
 
-	// 3. A stored provider without an API base URL: its token never goes
-	// to API_BASE_URL (another provider's API).
+// checkNoAPIBaseURL: a stored provider without an API base URL never
+// sees its token sent to API_BASE_URL (another provider's API).
+func checkNoAPIBaseURL(t *testing.T, s *stack, bin, full string) {
 	cfg := s.sb.OAuth2Config(s.sb.URL)
 	if r := run(t, bin, "tokenctl", s.env, cfg.ClientSecret+"\n", "provider", "add", "--name", "nobase",
 		"--token-url", cfg.Endpoint.TokenURL, "--client-id", cfg.ClientID); r.code != 0 {
@@ -195,9 +210,11 @@ func testKeysAndEdges(t *testing.T, bin string) {
 			after.ResourceOK+after.Resource401-before.ResourceOK-before.Resource401)
 	}
 	expectStatus(t, s, full, "GET", "/connections/nobase-conn/token", "", http.StatusOK) // the token itself is there
+}
 
-	// 4. http URLs: tokenctl provider add/update refuse them naming the
-	// flag; ALLOW_INSECURE_URLS=true (the control) accepts them.
+// checkInsecureURLs: http URLs are refused naming the flag or variable;
+// ALLOW_INSECURE_URLS=true (the control) accepts them.
+func checkInsecureURLs(t *testing.T, s *stack, bin string) {
 	for _, c := range []struct {
 		flag string
 		args []string
@@ -228,10 +245,13 @@ func testKeysAndEdges(t *testing.T, bin string) {
 			t.Errorf("server with %s: exit %d, stderr %q; want 2 naming %s", v, r.code, tail(r.stderr, 300), name)
 		}
 	}
+}
 
-	// 5. A ciphertext copied back into its row, with its sealed_version,
-	// the version column left alone: refused, nothing served, no refresh
-	// token sent. Control: the current ciphertext copied back serves.
+// checkRolledBackCiphertext: a ciphertext copied back into its row, with
+// its sealed_version, or moved from another connection, is refused with
+// nothing served and no refresh token sent. Control: the current
+// ciphertext copied back serves.
+func checkRolledBackCiphertext(t *testing.T, s *stack, full string) {
 	const victim = "tenant-a-crm"
 	old := ciphertexts(t, s.dbURL, victim)
 	expectStatus(t, s, full, "POST", "/connections/"+victim+"/token/refresh", `{"stale_version":`+old.version+`}`, http.StatusOK)
@@ -267,7 +287,6 @@ func testKeysAndEdges(t *testing.T, bin string) {
 	sql(t, s.dbURL, `UPDATE tokenguard_tokens SET access_token = $1, refresh_token = $2 WHERE connection_id = (SELECT id FROM tokenguard_connections WHERE name = $3)`,
 		now.access, now.refresh, victim)
 	expectStatus(t, s, full, "GET", "/connections/"+victim+"/token", "", http.StatusOK)
-	s.stop(server)
 }
 
 func pgxQueryRow(t *testing.T, dbURL, q string, dst ...any) error {

@@ -82,32 +82,7 @@ type call struct {
 // connection is marked needs_reauth, no call started after the update
 // fails, and neither provider sees a reuse.
 func testTwoProviders(t *testing.T, bin string) {
-	const crmSecret, mailSecret, mailSecret2 = "crm-secret-1", "mail-secret-1", "mail-secret-2"
-	secretFile := filepath.Join(t.TempDir(), "mail-secret")
-	if err := os.WriteFile(secretFile, []byte(mailSecret+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	crm := startProvider(t, bin, []string{"SANDBOX_CLIENT_SECRET=" + crmSecret},
-		"--client-id", "crm-client", "--auth-style", "header", "--access-token-lifetime", lifetime.String())
-	mail := startProvider(t, bin, nil, "--client-id", "mail-client", "--auth-style", "params",
-		"--access-token-lifetime", lifetime.String(), "--client-secret-file", secretFile)
-
-	s := newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
-	s.env = append(s.env, "OAUTH_CLIENT_ID=crm-client", "OAUTH_CLIENT_SECRET="+crmSecret, "OAUTH_AUTH_STYLE=header",
-		"OAUTH_TOKEN_URL="+crm.url+"/oauth2/token", "OAUTH_AUTH_URL="+crm.url+"/oauth2/auth", "API_BASE_URL="+crm.url)
-	s.migrate()
-	if r := run(t, bin, "tokenctl", s.env, mailSecret+"\n", "provider", "add", "--name", "mail",
-		"--token-url", mail.url+"/oauth2/token", "--auth-url", mail.url+"/oauth2/auth", "--client-id", "mail-client",
-		"--auth-style", "params", "--api-base-url", mail.url, "--scopes", "api"); r.code != 0 {
-		t.Fatalf("tokenctl provider add: exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	}
-	grant := run(t, bin, "sandbox", append(baseEnv(), "SANDBOX_CLIENT_SECRET="+crmSecret), "", "grant", "--url", crm.url, "--client-id", "crm-client")
-	if grant.code != 0 {
-		t.Fatalf("sandbox grant: exit %d: %s", grant.code, grant.stderr)
-	}
-	if r := run(t, bin, "tokenctl", s.env, grant.stdout, "import", "--connection", "acme"); r.code != 0 {
-		t.Fatalf("tokenctl import: exit %d: %s", r.code, r.stderr)
-	}
+	s, crm, mail, rotate := startTwoProviders(t, bin)
 	server := s.start("server")
 	s.waitHealthy(server)
 	// globex is connected at mail through the server's connect flow.
@@ -118,85 +93,16 @@ func testTwoProviders(t *testing.T, bin string) {
 	}
 	worker := s.start("worker")
 	batchApp := s.start("batch", "--every", "500ms")
-
-	var (
-		mu     sync.Mutex
-		calls  []call
-		events []int64
-		evBad  []string
-		stop   = make(chan struct{})
-		wg     sync.WaitGroup
-	)
-	for _, conn := range []string{"acme", "globex"} {
-		for range 2 {
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					default:
-					}
-					start := time.Now()
-					code, body := s.do(http.MethodGet, "/connections/"+conn+"/resource", "")
-					mu.Lock()
-					calls = append(calls, call{conn: conn, start: start, end: time.Now(), code: code, body: body})
-					mu.Unlock()
-					time.Sleep(10 * time.Millisecond)
-				}
-			})
-		}
-		wg.Go(func() {
-			tick := time.NewTicker(100 * time.Millisecond)
-			defer tick.Stop()
-			for n := 0; ; n++ {
-				select {
-				case <-stop:
-					return
-				case <-tick.C:
-				}
-				code, body := s.do(http.MethodPost, "/connections/"+conn+"/events", fmt.Sprintf(`{"n":%d}`, n))
-				var r struct {
-					EventID int64 `json:"event_id"`
-				}
-				mu.Lock()
-				if code == http.StatusAccepted && json.Unmarshal([]byte(body), &r) == nil && r.EventID > 0 {
-					events = append(events, r.EventID)
-				} else {
-					evBad = append(evBad, fmt.Sprintf("%s: %d %s", conn, code, body))
-				}
-				mu.Unlock()
-			}
-		})
-	}
+	load := startTwoConnectionLoad(s, "acme", "globex")
 
 	time.Sleep(4 * lifetime)
-	// The rotation: mail refuses the old secret from now on...
-	if err := os.WriteFile(secretFile, []byte(mailSecret2+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	rejectedBefore := mail.stats().RefreshRejected // the apps' start-up checks
-	rotated := time.Now()
-	if err := mail.cmd.Process.Signal(syscall.SIGHUP); err != nil {
-		t.Fatal(err)
-	}
-	// Until a refresh with the old secret has been refused: the window
-	// this test is about.
-	waitfor.Until(t, 4*lifetime, "mail never refused the old secret: the rotation was not exercised", func() bool {
-		return mail.stats().RefreshRejected > rejectedBefore
-	})
-
-	// ... and the processes are given the new one.
-	if r := run(t, bin, "tokenctl", s.env, mailSecret2+"\n", "provider", "update", "--name", "mail", "--client-secret-stdin"); r.code != 0 {
-		t.Fatalf("tokenctl provider update: exit %d\n%s%s", r.code, r.stdout, r.stderr)
-	}
-	switched := time.Now()
+	rejectedBefore, rotated, switched := rotate()
 	batchApp.mu.Lock()
 	roundsBefore := len(batchApp.lines)
 	batchApp.mu.Unlock()
 	time.Sleep(4 * lifetime)
-	close(stop)
-	wg.Wait()
-	js := waitEvents(t, s.dbURL, events, 30*time.Second)
+	load.finish()
+	js := waitEvents(t, s.dbURL, load.events, 30*time.Second)
 	s.stop(batchApp)
 	s.stop(worker)
 	s.stop(server)
@@ -207,29 +113,11 @@ func testTwoProviders(t *testing.T, bin string) {
 	if out.code != 0 || strings.Contains(out.stdout, "needs_reauth") || strings.Count(out.stdout, " active ") != 2 {
 		t.Errorf("tokenctl status: exit %d\n%s%s", out.code, out.stdout, out.stderr)
 	}
-	// No call started after the switch failed; before it, only mail's
-	// connection could fail, and only after the rotation.
-	var ok, windowFailed int
-	perConn := map[string]int{}
-	for _, c := range calls {
-		if c.code == http.StatusOK {
-			ok++
-			perConn[c.conn]++
-			continue
-		}
-		switch {
-		case !c.start.Before(switched):
-			t.Errorf("%s: call at +%v after the switch failed: %d %s", c.conn, c.start.Sub(switched).Round(time.Millisecond), c.code, c.body)
-		case c.conn == "globex" && c.end.After(rotated):
-			windowFailed++
-		default:
-			t.Errorf("%s: call at %v before the rotation failed: %d %s", c.conn, c.start.Sub(rotated).Round(time.Millisecond), c.code, c.body)
-		}
+	ok, windowFailed, perConn := checkCallsAcrossRotation(t, load.calls, rotated, switched)
+	if len(load.evBad) > 0 {
+		t.Errorf("%d events not accepted, e.g. %q", len(load.evBad), load.evBad[0])
 	}
-	if len(evBad) > 0 {
-		t.Errorf("%d events not accepted, e.g. %q", len(evBad), evBad[0])
-	}
-	for _, id := range events {
+	for _, id := range load.events {
 		if j, ok := js[id]; !ok || j.State != "completed" {
 			t.Errorf("event %d: %+v (present: %t)", id, j, ok)
 		}
@@ -241,7 +129,7 @@ func testTwoProviders(t *testing.T, bin string) {
 		}
 	}
 	t.Logf("two providers: %d calls ok (acme %d, globex %d), %d of globex's failed between the rotation and the switch (%v); %d events; %d batch rounds",
-		ok, perConn["acme"], perConn["globex"], windowFailed, switched.Sub(rotated).Round(time.Millisecond), len(events), len(rs))
+		ok, perConn["acme"], perConn["globex"], windowFailed, switched.Sub(rotated).Round(time.Millisecond), len(load.events), len(rs))
 	t.Logf("crm: %d refreshes, %d reuse, %d rejected, calls by app %v", crmSt.Refreshes, crmSt.RefreshReuse, crmSt.RefreshRejected, crmSt.ResourceByAgent)
 	t.Logf("mail: %d refreshes, %d reuse, %d rejected, calls by app %v", mailSt.Refreshes, mailSt.RefreshReuse, mailSt.RefreshRejected, mailSt.ResourceByAgent)
 	for name, st := range map[string]sandbox.Stats{"crm": crmSt, "mail": mailSt} {
@@ -261,4 +149,147 @@ func testTwoProviders(t *testing.T, bin string) {
 	if mailSt.RefreshRejected <= rejectedBefore {
 		t.Error("mail never refused the old secret: the rotation was not exercised")
 	}
+}
+
+// startTwoProviders starts crm (the OAUTH_* provider) and mail (stored
+// with tokenctl provider add) and imports acme's grant at crm. rotate
+// rotates mail's client secret: mail refuses the old one at once, and
+// once it has refused a refresh, tokenctl provider update hands the
+// processes the new one; it returns mail's refusals before, and when the
+// rotation and the switch happened.
+func startTwoProviders(t *testing.T, bin string) (s *stack, crm, mail *providerProc, rotate func() (rejectedBefore int64, rotated, switched time.Time)) {
+	const crmSecret, mailSecret, mailSecret2 = "crm-secret-1", "mail-secret-1", "mail-secret-2"
+	secretFile := filepath.Join(t.TempDir(), "mail-secret")
+	if err := os.WriteFile(secretFile, []byte(mailSecret+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	crm = startProvider(t, bin, []string{"SANDBOX_CLIENT_SECRET=" + crmSecret},
+		"--client-id", "crm-client", "--auth-style", "header", "--access-token-lifetime", lifetime.String())
+	mail = startProvider(t, bin, nil, "--client-id", "mail-client", "--auth-style", "params",
+		"--access-token-lifetime", lifetime.String(), "--client-secret-file", secretFile)
+
+	s = newStack(t, bin, stackOpts{lifetime: lifetime, skew: skew})
+	s.env = append(s.env, "OAUTH_CLIENT_ID=crm-client", "OAUTH_CLIENT_SECRET="+crmSecret, "OAUTH_AUTH_STYLE=header",
+		"OAUTH_TOKEN_URL="+crm.url+"/oauth2/token", "OAUTH_AUTH_URL="+crm.url+"/oauth2/auth", "API_BASE_URL="+crm.url)
+	s.migrate()
+	if r := run(t, bin, "tokenctl", s.env, mailSecret+"\n", "provider", "add", "--name", "mail",
+		"--token-url", mail.url+"/oauth2/token", "--auth-url", mail.url+"/oauth2/auth", "--client-id", "mail-client",
+		"--auth-style", "params", "--api-base-url", mail.url, "--scopes", "api"); r.code != 0 {
+		t.Fatalf("tokenctl provider add: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+	}
+	grant := run(t, bin, "sandbox", append(baseEnv(), "SANDBOX_CLIENT_SECRET="+crmSecret), "", "grant", "--url", crm.url, "--client-id", "crm-client")
+	if grant.code != 0 {
+		t.Fatalf("sandbox grant: exit %d: %s", grant.code, grant.stderr)
+	}
+	if r := run(t, bin, "tokenctl", s.env, grant.stdout, "import", "--connection", "acme"); r.code != 0 {
+		t.Fatalf("tokenctl import: exit %d: %s", r.code, r.stderr)
+	}
+	rotate = func() (int64, time.Time, time.Time) {
+		// The rotation: mail refuses the old secret from now on...
+		if err := os.WriteFile(secretFile, []byte(mailSecret2+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		rejectedBefore := mail.stats().RefreshRejected // the apps' start-up checks
+		rotated := time.Now()
+		if err := mail.cmd.Process.Signal(syscall.SIGHUP); err != nil {
+			t.Fatal(err)
+		}
+		// Until a refresh with the old secret has been refused: the window
+		// this test is about.
+		waitfor.Until(t, 4*lifetime, "mail never refused the old secret: the rotation was not exercised", func() bool {
+			return mail.stats().RefreshRejected > rejectedBefore
+		})
+
+		// ... and the processes are given the new one.
+		if r := run(t, bin, "tokenctl", s.env, mailSecret2+"\n", "provider", "update", "--name", "mail", "--client-secret-stdin"); r.code != 0 {
+			t.Fatalf("tokenctl provider update: exit %d\n%s%s", r.code, r.stdout, r.stderr)
+		}
+		return rejectedBefore, rotated, time.Now()
+	}
+	return s, crm, mail, rotate
+}
+
+// twoConnectionLoad calls each connection's resource (two callers each)
+// and posts an event for each every 100 ms, until finish.
+type twoConnectionLoad struct {
+	mu     sync.Mutex
+	calls  []call
+	events []int64
+	evBad  []string
+	stop   chan struct{}
+	wg     sync.WaitGroup
+}
+
+func startTwoConnectionLoad(s *stack, conns ...string) *twoConnectionLoad {
+	l := &twoConnectionLoad{stop: make(chan struct{})}
+	for _, conn := range conns {
+		for range 2 {
+			l.wg.Go(func() {
+				for {
+					select {
+					case <-l.stop:
+						return
+					default:
+					}
+					start := time.Now()
+					code, body := s.do(http.MethodGet, "/connections/"+conn+"/resource", "")
+					l.mu.Lock()
+					l.calls = append(l.calls, call{conn: conn, start: start, end: time.Now(), code: code, body: body})
+					l.mu.Unlock()
+					time.Sleep(10 * time.Millisecond)
+				}
+			})
+		}
+		l.wg.Go(func() {
+			tick := time.NewTicker(100 * time.Millisecond)
+			defer tick.Stop()
+			for n := 0; ; n++ {
+				select {
+				case <-l.stop:
+					return
+				case <-tick.C:
+				}
+				code, body := s.do(http.MethodPost, "/connections/"+conn+"/events", fmt.Sprintf(`{"n":%d}`, n))
+				var r struct {
+					EventID int64 `json:"event_id"`
+				}
+				l.mu.Lock()
+				if code == http.StatusAccepted && json.Unmarshal([]byte(body), &r) == nil && r.EventID > 0 {
+					l.events = append(l.events, r.EventID)
+				} else {
+					l.evBad = append(l.evBad, fmt.Sprintf("%s: %d %s", conn, code, body))
+				}
+				l.mu.Unlock()
+			}
+		})
+	}
+	return l
+}
+
+func (l *twoConnectionLoad) finish() {
+	close(l.stop)
+	l.wg.Wait()
+}
+
+// checkCallsAcrossRotation: no call started after the switch failed;
+// before it, only globex's (mail's) could fail, and only after the
+// rotation.
+func checkCallsAcrossRotation(t *testing.T, calls []call, rotated, switched time.Time) (ok, windowFailed int, perConn map[string]int) {
+	perConn = map[string]int{}
+	for _, c := range calls {
+		if c.code == http.StatusOK {
+			ok++
+			perConn[c.conn]++
+			continue
+		}
+		switch {
+		case !c.start.Before(switched):
+			t.Errorf("%s: call at +%v after the switch failed: %d %s", c.conn, c.start.Sub(switched).Round(time.Millisecond), c.code, c.body)
+		case c.conn == "globex" && c.end.After(rotated):
+			windowFailed++
+		default:
+			t.Errorf("%s: call at %v before the rotation failed: %d %s", c.conn, c.start.Sub(rotated).Round(time.Millisecond), c.code, c.body)
+		}
+	}
+	return ok, windowFailed, perConn
 }

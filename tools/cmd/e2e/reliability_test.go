@@ -311,24 +311,7 @@ func testRevokedGrantOnce(t *testing.T, bin string) {
 	worker := s.start("worker")
 	batchApp := s.start("batch", "--every", "300ms")
 	load := startStatusLoad(s, conn, 3)
-	events := func(n int) (accepted []int64, refused map[string]int) {
-		refused = map[string]int{}
-		for i := range n {
-			code, body := s.do(http.MethodPost, "/connections/"+conn+"/events", fmt.Sprintf(`{"n":%d}`, i))
-			var r struct {
-				EventID int64  `json:"event_id"`
-				Code    string `json:"code"`
-			}
-			_ = json.Unmarshal([]byte(body), &r)
-			if code == http.StatusAccepted {
-				accepted = append(accepted, r.EventID)
-			} else {
-				refused[fmt.Sprint(code, " ", r.Code)]++
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
-		return accepted, refused
-	}
+	events := func(n int) ([]int64, map[string]int) { return postEvents(s, conn, n) }
 	before, _ := events(20) // ~1s, then one more refresh
 	time.Sleep(lifetime - skew)
 	if js := waitEvents(t, s.dbURL, before, 15*time.Second); len(js) != len(before) {
@@ -408,17 +391,7 @@ func testRevokedGrantOnce(t *testing.T, bin string) {
 			t.Errorf("after the re-import the server answered %q %d times", k, n)
 		}
 	}
-	var batchAfter, batchAfterFailed int
-	rs := rounds(t, batchApp)
-	// Rounds are printed in order, every 300ms; the last few ran on the
-	// new grant.
-	for _, r := range rs[max(0, len(rs)-5):] {
-		batchAfter += r.Succeeded
-		batchAfterFailed += r.Failed
-	}
-	if batchAfter == 0 || batchAfterFailed > 0 {
-		t.Errorf("batch after the re-import: last rounds %+v", rs[max(0, len(rs)-5):])
-	}
+	batchAfter := checkLastRoundsOK(t, rounds(t, batchApp))
 	if status := run(t, bin, "tokenctl", s.env, "", "status", "--connection", conn); !strings.Contains(status.stdout, " active ") {
 		t.Errorf("tokenctl status after the re-import:\n%s", status.stdout)
 	}
@@ -432,6 +405,42 @@ func testRevokedGrantOnce(t *testing.T, bin string) {
 	t.Logf("re-imported %v after the revocation: server %v, %d events completed, batch last rounds ok %d; provider %d refreshes",
 		reimported.Sub(revokedAt).Round(time.Millisecond), finalCounts, len(after), batchAfter, st3.Refreshes)
 	t.Logf("tokenctl status after the revocation:\n%s", status.stdout)
+}
+
+// postEvents posts n events to conn, 50 ms apart; it returns the ids of
+// those accepted and the refusals by status and code.
+func postEvents(s *stack, conn string, n int) (accepted []int64, refused map[string]int) {
+	refused = map[string]int{}
+	for i := range n {
+		code, body := s.do(http.MethodPost, "/connections/"+conn+"/events", fmt.Sprintf(`{"n":%d}`, i))
+		var r struct {
+			EventID int64  `json:"event_id"`
+			Code    string `json:"code"`
+		}
+		_ = json.Unmarshal([]byte(body), &r)
+		if code == http.StatusAccepted {
+			accepted = append(accepted, r.EventID)
+		} else {
+			refused[fmt.Sprint(code, " ", r.Code)]++
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return accepted, refused
+}
+
+// checkLastRoundsOK: the batch's last rounds (printed in order, every
+// 300ms: they ran on the new grant) succeeded; it returns their calls.
+func checkLastRoundsOK(t *testing.T, rs []batch.Round) (succeeded int) {
+	t.Helper()
+	var failed int
+	for _, r := range rs[max(0, len(rs)-5):] {
+		succeeded += r.Succeeded
+		failed += r.Failed
+	}
+	if succeeded == 0 || failed > 0 {
+		t.Errorf("batch after the re-import: last rounds %+v", rs[max(0, len(rs)-5):])
+	}
+	return succeeded
 }
 
 // secrets collects every token value the sandbox issued, read from its
@@ -599,19 +608,7 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	if len(tokens) != 2 {
 		t.Fatalf("the tee saw %d tokens from the first grant, want 2", len(tokens))
 	}
-	_, sig, _ := strings.Cut(tokens[1], ".")
-	for _, line := range []string{
-		`time=x level=DEBUG msg=refreshed token="` + tokens[0] + `"`,
-		"Authorization: Bearer " + tokens[0],
-		`{"refresh":"` + sig + `"}`,
-	} {
-		if hits := scan("noise\n"+line+"\nnoise", tokens); len(hits) != 1 {
-			t.Fatalf("scanner self-test: %d hits in %q, want 1", len(hits), line)
-		}
-	}
-	if hits := scan("level=INFO msg=ok connection=acme version=2", tokens); len(hits) != 0 {
-		t.Fatalf("scanner self-test: false positive %q", hits)
-	}
+	checkScannerSeesTokens(t, tokens)
 
 	server := s.start("server")
 	s.waitHealthy(server)
@@ -623,31 +620,7 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 	browser.Transport = bodies
 	// Credentials of tokenguard's own: the API key, the webhook secret and
 	// every connect session token handed out (used, replayed, or never used).
-	credentials := []string{s.key, strings.TrimPrefix(s.key, "tgk_"), webhookSecret}
-	connectURL := s.connectSession("beta", "")
-	unused := s.connectSession("gamma", "")
-	for _, u := range []string{connectURL, unused} {
-		parsed, _ := url.Parse(u)
-		sess := parsed.Query().Get("session")
-		credentials = append(credentials, sess, strings.TrimPrefix(sess, "tgs_"))
-	}
-	for range 2 { // the second use is a replay: 401
-		resp, body := press(t, browser, connectURL)
-		back := returned(resp)
-		switch {
-		case back != nil && back.Query().Get("status") == "pending":
-			result := back.Query().Get("result")
-			credentials = append(credentials, result, strings.TrimPrefix(result, "tgr_"))
-			if code, _, raw := s.redeem(s.key, result); code != http.StatusOK {
-				t.Fatalf("redeem: %d %s", code, raw)
-			}
-		case resp.StatusCode != http.StatusUnauthorized:
-			t.Fatalf("connect flow: %s %s", resp.Status, body)
-		}
-	}
-	for _, u := range browser.Jar.Cookies(&url.URL{Scheme: "http", Host: s.addr, Path: "/"}) {
-		credentials = append(credentials, u.Value) // flow cookies left, if any
-	}
+	credentials := append([]string{s.key, strings.TrimPrefix(s.key, "tgk_"), webhookSecret}, connectThroughBrowser(t, s, browser)...)
 	d := startDriver(s, "acme", 2, 100*time.Millisecond)
 	d2 := startDriver(s, "beta", 1, 200*time.Millisecond)
 	time.Sleep(6 * time.Second)
@@ -695,7 +668,68 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		a.mu.Unlock()
 		outputs[a.Name+" stderr"] = a.Stderr()
 	}
-	debug, total := 0, 0
+	debug, total := scanOutputs(t, outputs, tokens, codes, credentials, s.sb.OAuth2Config("").ClientSecret)
+	if debug == 0 {
+		t.Error("no debug line at all: the apps did not log at debug level")
+	}
+	t.Logf("scanned %d lines (%d at debug level), %d HTTP answers and the webhook requests for %d tokens, %d codes and %d API key, session and webhook secret needles; provider: %d grants, %d refreshes, %d faults, %d rejected, %d reuse",
+		total, debug, responses, len(tokens), len(codes), len(credentials), st.CodeExchanges, st.Refreshes, st.RefreshFaults, st.RefreshRejected, st.RefreshReuse)
+}
+
+// checkScannerSeesTokens is the scanner's self-test: it sees a token, and
+// a token's signature alone, and nothing in a line without one.
+func checkScannerSeesTokens(t *testing.T, tokens []string) {
+	t.Helper()
+	_, sig, _ := strings.Cut(tokens[1], ".")
+	for _, line := range []string{
+		`time=x level=DEBUG msg=refreshed token="` + tokens[0] + `"`,
+		"Authorization: Bearer " + tokens[0],
+		`{"refresh":"` + sig + `"}`,
+	} {
+		if hits := scan("noise\n"+line+"\nnoise", tokens); len(hits) != 1 {
+			t.Fatalf("scanner self-test: %d hits in %q, want 1", len(hits), line)
+		}
+	}
+	if hits := scan("level=INFO msg=ok connection=acme version=2", tokens); len(hits) != 0 {
+		t.Fatalf("scanner self-test: false positive %q", hits)
+	}
+}
+
+// connectThroughBrowser connects beta through the browser flow with the
+// test's recording client, replays its session and leaves gamma's
+// unused; it returns every session, result and flow cookie handed out.
+func connectThroughBrowser(t *testing.T, s *stack, browser *http.Client) []string {
+	var credentials []string
+	connectURL := s.connectSession("beta", "")
+	unused := s.connectSession("gamma", "")
+	for _, u := range []string{connectURL, unused} {
+		parsed, _ := url.Parse(u)
+		sess := parsed.Query().Get("session")
+		credentials = append(credentials, sess, strings.TrimPrefix(sess, "tgs_"))
+	}
+	for range 2 { // the second use is a replay: 401
+		resp, body := press(t, browser, connectURL)
+		back := returned(resp)
+		switch {
+		case back != nil && back.Query().Get("status") == "pending":
+			result := back.Query().Get("result")
+			credentials = append(credentials, result, strings.TrimPrefix(result, "tgr_"))
+			if code, _, raw := s.redeem(s.key, result); code != http.StatusOK {
+				t.Fatalf("redeem: %d %s", code, raw)
+			}
+		case resp.StatusCode != http.StatusUnauthorized:
+			t.Fatalf("connect flow: %s %s", resp.Status, body)
+		}
+	}
+	for _, u := range browser.Jar.Cookies(&url.URL{Scheme: "http", Host: s.addr, Path: "/"}) {
+		credentials = append(credentials, u.Value) // flow cookies left, if any
+	}
+	return credentials
+}
+
+// scanOutputs looks for tokens, codes, credentials and the client secret
+// in every output; it returns the lines at debug level and in all.
+func scanOutputs(t *testing.T, outputs map[string]string, tokens, codes, credentials []string, clientSecret string) (debug, total int) {
 	for name, text := range outputs {
 		total += strings.Count(text, "\n")
 		if strings.HasSuffix(name, "stderr") {
@@ -720,15 +754,11 @@ func testNoTokenLeaks(t *testing.T, bin string) {
 		if hits := scan(text, codes); len(hits) > 0 {
 			t.Errorf("%s: %d line(s) carry an authorization code, e.g. %q", name, len(hits), tail(hits[0], 300))
 		}
-		if cs := s.sb.OAuth2Config("").ClientSecret; strings.Contains(text, cs) {
+		if strings.Contains(text, clientSecret) {
 			t.Errorf("%s: the client secret was printed", name)
 		}
 	}
-	if debug == 0 {
-		t.Error("no debug line at all: the apps did not log at debug level")
-	}
-	t.Logf("scanned %d lines (%d at debug level), %d HTTP answers and the webhook requests for %d tokens, %d codes and %d API key, session and webhook secret needles; provider: %d grants, %d refreshes, %d faults, %d rejected, %d reuse",
-		total, debug, responses, len(tokens), len(codes), len(credentials), st.CodeExchanges, st.Refreshes, st.RefreshFaults, st.RefreshRejected, st.RefreshReuse)
+	return debug, total
 }
 
 // testKillHolderOthersProceed kills the worker with SIGKILL while its

@@ -67,6 +67,14 @@ func inTrace(spans []exportedSpan, id string) map[string][]exportedSpan {
 	return out
 }
 
+const (
+	callTrace, callParent   = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
+	eventTrace, eventParent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
+	// A route for every method (the proxy) is named with the request's
+	// method, as OpenTelemetry's HTTP conventions name a server span.
+	proxyTrace = "5cf92f3577b34da6a3ce929d0e0e4737"
+)
+
 // testTraces runs the server and the worker with OTEL_TRACES_EXPORTER=console.
 // A call through the server that refreshes the token, made with the
 // test's W3C trace context, is one trace in the server's output: the
@@ -119,8 +127,6 @@ func testTraces(t *testing.T, bin string) {
 	time.Sleep(time.Until(granted.Add(lifetime))) // the token has expired: the next call refreshes it
 	before := p.Stats().Refreshes
 
-	const callTrace, callParent = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"
-	const eventTrace, eventParent = "0af7651916cd43dd8448eb211c80319c", "b7ad6b7169203331"
 	// send calls the server in the caller's trace and returns the status
 	// and the answer's event_id, if any.
 	send := func(method, path, trace, parent string) (int, int64) {
@@ -144,9 +150,6 @@ func testTraces(t *testing.T, bin string) {
 	if n := p.Stats().Refreshes - before; n != 1 {
 		t.Fatalf("the call made %d refreshes, want 1", n)
 	}
-	// A route for every method (the proxy) is named with the request's
-	// method, as OpenTelemetry's HTTP conventions name a server span.
-	const proxyTrace = "5cf92f3577b34da6a3ce929d0e0e4737"
 	if code, _ := send(http.MethodGet, "/connections/"+conn+"/proxy/resource", proxyTrace, callParent); code != http.StatusOK {
 		t.Fatalf("GET through the proxy: %d", code)
 	}
@@ -162,7 +165,32 @@ func testTraces(t *testing.T, bin string) {
 	serverSpans, serverOut := spansOf(t, server)
 	workerSpans, workerOut := spansOf(t, worker)
 
-	// The call: one trace, under the test's span.
+	tokenURL, _, _ := strings.Cut(p.TokenURL(srv.URL), "?")
+	call := checkCallTrace(t, serverSpans, conn, tokenURL, srv.URL+"/resource")
+	checkEventTrace(t, serverSpans, workerSpans, conn)
+	// The API received both traces' context, each from the span of its
+	// HTTP request.
+	mu.Lock()
+	seen := slices.Clone(apiSeen)
+	mu.Unlock()
+	for _, trace := range []string{callTrace, eventTrace} {
+		if !slices.ContainsFunc(seen, func(tp string) bool { return strings.HasPrefix(tp, "00-"+trace+"-") }) {
+			t.Errorf("no API call carried trace %s: traceparents %q", trace, seen)
+		}
+	}
+
+	tokens, codes := issued.list()
+	credentials := []string{s.key, strings.TrimPrefix(s.key, "tgk_"), p.ClientSecret(), query}
+	checkNoSecretInSpans(t, tokens, codes, credentials, map[string]string{"server": serverOut, "worker": workerOut})
+	t.Logf("server: %d spans, the call's trace %v; worker: %d spans, the event's trace %v; scanned for %d tokens, %d codes, %d credentials",
+		len(serverSpans), names(call), len(workerSpans), names(inTrace(workerSpans, eventTrace)), len(tokens), len(codes), len(credentials))
+}
+
+// checkCallTrace: the call that refreshed is one trace under the test's
+// span, with the token lookup, the pass through the lock and its parts,
+// the provider call with its HTTP request under it, and the upstream call;
+// the proxied call is named with its method. It returns the call's trace.
+func checkCallTrace(t *testing.T, serverSpans []exportedSpan, conn, tokenURL, apiURL string) map[string][]exportedSpan {
 	call := inTrace(serverSpans, callTrace)
 	one := func(name string) exportedSpan {
 		t.Helper()
@@ -192,7 +220,6 @@ func testTraces(t *testing.T, bin string) {
 	if got := one("tokenguard.lock_wait").attr("tokenguard.waited_for_other_process"); got != false {
 		t.Errorf("lock wait: waited_for_other_process = %v", got)
 	}
-	tokenURL, _, _ := strings.Cut(p.TokenURL(srv.URL), "?")
 	var tokenRequest, upstream int
 	for _, sps := range call {
 		for _, sp := range sps {
@@ -202,7 +229,7 @@ func testTraces(t *testing.T, bin string) {
 				if sp.Parent.SpanID != one("tokenguard.provider_call").SpanContext.SpanID {
 					t.Error("the token endpoint's request is not under the provider call")
 				}
-			case srv.URL + "/resource":
+			case apiURL:
 				upstream++
 			}
 		}
@@ -210,7 +237,12 @@ func testTraces(t *testing.T, bin string) {
 	if tokenRequest != 1 || upstream != 1 {
 		t.Errorf("HTTP spans in the call's trace: %d to the token URL %s, %d to the API; the trace: %v", tokenRequest, tokenURL, upstream, names(call))
 	}
-	// The event: the worker's job in the trace of the request that queued it.
+	return call
+}
+
+// checkEventTrace: the worker's job is in the trace of the request that
+// queued the event, and makes its API call there.
+func checkEventTrace(t *testing.T, serverSpans, workerSpans []exportedSpan, conn string) {
 	queued := inTrace(serverSpans, eventTrace)["POST /connections/{name}/events"]
 	jobs := inTrace(workerSpans, eventTrace)["tokenguard.job"]
 	if len(queued) != 1 || len(jobs) != 1 || jobs[0].Parent.SpanID != queued[0].SpanContext.SpanID {
@@ -224,27 +256,18 @@ func testTraces(t *testing.T, bin string) {
 		t.Errorf("%d API calls in the job's trace, want 1", n)
 	}
 
-	// The API received both traces' context, each from the span of its
-	// HTTP request.
-	mu.Lock()
-	seen := slices.Clone(apiSeen)
-	mu.Unlock()
-	for _, trace := range []string{callTrace, eventTrace} {
-		if !slices.ContainsFunc(seen, func(tp string) bool { return strings.HasPrefix(tp, "00-"+trace+"-") }) {
-			t.Errorf("no API call carried trace %s: traceparents %q", trace, seen)
-		}
-	}
+}
 
-	// Nothing secret in any span.
-	tokens, codes := issued.list()
+// checkNoSecretInSpans: no span in outputs carries a token, a code or a
+// credential (after a self-test of the scanner).
+func checkNoSecretInSpans(t *testing.T, tokens, codes, credentials []string, outputs map[string]string) {
 	if len(tokens) < 4 || len(codes) == 0 {
 		t.Fatalf("the tee saw %d tokens and %d codes, want the grant's and the refresh's", len(tokens), len(codes))
 	}
 	if hits := scan(`{"Key":"x","Value":{"Value":"`+tokens[len(tokens)-1]+`"}}`, tokens); len(hits) != 1 {
 		t.Fatal("scanner self-test: it does not see a token in a span")
 	}
-	credentials := []string{s.key, strings.TrimPrefix(s.key, "tgk_"), p.ClientSecret(), query}
-	for name, text := range map[string]string{"server": serverOut, "worker": workerOut} {
+	for name, text := range outputs {
 		if hits := scan(text, append(tokens, codes...)); len(hits) > 0 {
 			t.Errorf("%s: %d span(s) carry a token or code, e.g. %q", name, len(hits), tail(hits[0], 300))
 		}
@@ -254,8 +277,6 @@ func testTraces(t *testing.T, bin string) {
 			}
 		}
 	}
-	t.Logf("server: %d spans, the call's trace %v; worker: %d spans, the event's trace %v; scanned for %d tokens, %d codes, %d credentials",
-		len(serverSpans), names(call), len(workerSpans), names(inTrace(workerSpans, eventTrace)), len(tokens), len(codes), len(credentials))
 }
 
 func names(trace map[string][]exportedSpan) []string {

@@ -61,12 +61,7 @@ func twoProviders(r *run) conformance.Cell {
 	markHere, ownHere := r.s.proxy.Mark(), r.s.ownReuse()
 	markThere, ownThere := other.proxy.Mark(), other.ownReuse()
 
-	type connection struct {
-		name, api string
-		here      bool // a connection of the server under test
-		version   int64
-	}
-	var conns []*connection
+	var conns []*twoProvConn
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	for i := 1; i <= 2; i++ {
@@ -77,9 +72,9 @@ func twoProviders(r *run) conformance.Cell {
 		}
 		js, _ := json.Marshal(tok)
 		tokenctl(string(js), "import", "--connection", name, "--provider", stored)
-		conns = append(conns, &connection{name: name, api: r.s.api, here: true, version: e.stored(name).Version})
+		conns = append(conns, &twoProvConn{name: name, api: r.s.api, here: true, version: e.stored(name).Version})
 		name = fmt.Sprintf("environment%d", i)
-		conns = append(conns, &connection{name: name, api: other.api, version: e.connect(name).Version})
+		conns = append(conns, &twoProvConn{name: name, api: other.api, version: e.connect(name).Version})
 	}
 	for _, c := range conns {
 		if st := e.stored(c.name); (st.Provider == stored) != c.here {
@@ -87,48 +82,9 @@ func twoProviders(r *run) conformance.Cell {
 		}
 	}
 
-	var calls, failures atomic.Int64
-	var firstFailure atomic.Value
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for _, st := range e.stacks {
-		for i := range callersPerConnection / len(e.stacks) * len(conns) {
-			c := conns[i%len(conns)]
-			client := st.tokens.Guard.Client(ctx, c.name)
-			wg.Go(func() {
-				for {
-					select {
-					case <-stop:
-						return
-					case <-time.After(20 * time.Millisecond):
-					}
-					code, err := get(ctx, client, c.api+"/resource")
-					calls.Add(1)
-					if err != nil || code != http.StatusOK {
-						failures.Add(1)
-						firstFailure.CompareAndSwap(nil, fmt.Sprintf("%s: answered %d, %v", c.name, code, err))
-					}
-				}
-			})
-		}
-	}
-	// The load lasts until every connection was refreshed cycles times.
-	refreshed := func() bool {
-		for _, c := range conns {
-			if e.stored(c.name).Version < c.version+cycles {
-				return false
-			}
-		}
-		return true
-	}
-	deadline := time.Now().Add(15 * time.Second)
-	for !refreshed() && time.Now().Before(deadline) && failures.Load() == 0 {
-		time.Sleep(50 * time.Millisecond)
-	}
-	close(stop)
-	wg.Wait()
-	if v := firstFailure.Load(); v != nil {
-		r.failf("%d of %d calls failed; first: %s", failures.Load(), calls.Load(), v)
+	calls, failures, firstFailure := callUntilRefreshed(ctx, e, conns, cycles, callersPerConnection)
+	if firstFailure != nil {
+		r.failf("%d of %d calls failed; first: %s", failures, calls, firstFailure)
 	}
 
 	// Each server's refreshes are exactly its own connections' new
@@ -140,7 +96,7 @@ func twoProviders(r *run) conformance.Cell {
 			r.failf("%s: status %s, want active", c.name, st.Status)
 		}
 		bumped := int(st.Version - c.version)
-		if bumped < cycles && failures.Load() == 0 {
+		if bumped < cycles && failures == 0 {
 			r.failf("%s was refreshed %d times within 15s, want %d", c.name, bumped, cycles)
 		}
 		if c.here {
@@ -188,7 +144,62 @@ func twoProviders(r *run) conformance.Cell {
 	return conformance.Cell{Refreshes: ch.Refreshed, Reuse: reuse(ch, ownDeltaHere),
 		Note: fmt.Sprintf("stored provider (tokenctl provider add, auth style auto: %d × invalid_client) beside a fosite sandbox (%s, another client) as OAUTH_*; "+
 			"3 stacks, %d callers on 2 + 2 connections, %d of %d calls failed; refreshes here %d, there %d, reuse there %d; each server saw only its own client",
-			ch.InvalidClient, methodText, callersPerConnection*len(conns), failures.Load(), calls.Load(), ch.Refreshed, ct.Refreshed, reuse(ct, ownDeltaThere))}
+			ch.InvalidClient, methodText, callersPerConnection*len(conns), failures, calls, ch.Refreshed, ct.Refreshed, reuse(ct, ownDeltaThere))}
+}
+
+// twoProvConn is a connection of twoProviders, at the stored provider
+// (here: the server under test's) or at the OAUTH_* one.
+type twoProvConn struct {
+	name, api string
+	here      bool // a connection of the server under test
+	version   int64
+}
+
+// callUntilRefreshed calls every connection's API from every stack until
+// each connection was refreshed cycles times (at most 15 s, or until a
+// call fails).
+func callUntilRefreshed(ctx context.Context, e *env, conns []*twoProvConn, cycles int64, callersPerConnection int) (calls, failures int64, firstFailure any) {
+	var nCalls, nFailures atomic.Int64
+	var first atomic.Value
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for _, st := range e.stacks {
+		for i := range callersPerConnection / len(e.stacks) * len(conns) {
+			c := conns[i%len(conns)]
+			client := st.tokens.Guard.Client(ctx, c.name)
+			wg.Go(func() {
+				for {
+					select {
+					case <-stop:
+						return
+					case <-time.After(20 * time.Millisecond):
+					}
+					code, err := get(ctx, client, c.api+"/resource")
+					nCalls.Add(1)
+					if err != nil || code != http.StatusOK {
+						nFailures.Add(1)
+						first.CompareAndSwap(nil, fmt.Sprintf("%s: answered %d, %v", c.name, code, err))
+					}
+				}
+			})
+		}
+	}
+	// The load lasts until every connection was refreshed cycles times.
+	refreshed := func() bool {
+		for _, c := range conns {
+			if e.stored(c.name).Version < c.version+cycles {
+				return false
+			}
+		}
+		return true
+	}
+	deadline := time.Now().Add(15 * time.Second)
+	for !refreshed() && time.Now().Before(deadline) && nFailures.Load() == 0 {
+		time.Sleep(50 * time.Millisecond)
+	}
+	close(stop)
+	wg.Wait()
+	return nCalls.Load(), nFailures.Load(), first.Load()
 }
 
 // get calls url with client and returns the status.
