@@ -199,7 +199,7 @@ func TestDPoPBoundGrantSharedByThreeProcesses(t *testing.T) {
 		t.Errorf("the token endpoint never asked for a nonce: the retry with the nonce was not exercised")
 	case len(asNonces) < 2:
 		t.Errorf("the token endpoint's nonce did not change under load (%d handed out)", len(asNonces))
-	case len(rs.Refused) != 0 || rs.Accepted != calls:
+	case len(proofRefusals(rs.Refused)) != 0 || rs.Accepted != calls:
 		t.Errorf("the resource server refused proofs: %v (accepted %d of %d calls)", rs.Refused, rs.Accepted, calls)
 	case rs.NonceRefused < len(sharers) || rs.Nonces < 3:
 		t.Errorf("resource nonces did not rotate under load, or a process never learned one (refusals %d, nonces %d)", rs.NonceRefused, rs.Nonces)
@@ -392,4 +392,20 @@ func (w *dpopWorld) openDB(t *testing.T) *gorm.DB {
 	sqlDB.SetMaxOpenConns(4)
 	t.Cleanup(func() { _ = sqlDB.Close() })
 	return db
+}
+
+// proofRefusals is the resource server's refusals without inactive_token.
+// An access token checked fresh (a second before it is due) can be
+// inactive by the time a loaded machine has carried it to the resource
+// server and introspected it; the client recovers such a call (the check
+// accepted == calls holds it to that). Every other reason is a proof or a
+// binding the server rejected, which no timing explains.
+func proofRefusals(refused map[string]int) map[string]int {
+	out := map[string]int{}
+	for reason, n := range refused {
+		if reason != "inactive_token" {
+			out[reason] = n
+		}
+	}
+	return out
 }

@@ -33,8 +33,10 @@ type Answer struct {
 	Auth      string // "basic", "post" or "none": where the client put its credentials
 	ClientID  string // the client id the request presented (Basic user or client_id)
 	Status    int
-	Error     string // OAuth2 error code of a non-200 JSON answer
-	Injected  bool   // answered by the proxy (Unavailable), not the server
+	Error     string        // OAuth2 error code of a non-200 JSON answer
+	Injected  bool          // answered by the proxy (Unavailable), not the server
+	At        time.Time     // when the request reached the proxy
+	ExpiresIn time.Duration // expires_in of a 200 answer (0 if absent)
 }
 
 // Proxy stands in front of a token endpoint (tokenguard's OAUTH_TOKEN_URL
@@ -117,7 +119,7 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	form, _ := url.ParseQuery(string(body))
-	a := Answer{GrantType: form.Get("grant_type"), Auth: "none"}
+	a := Answer{GrantType: form.Get("grant_type"), Auth: "none", At: time.Now()}
 	id, secret, basic := r.BasicAuth()
 	a.ClientID = form.Get("client_id")
 	switch {
@@ -179,12 +181,15 @@ func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer resp.Body.Close()
 	out, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 	a.Status = resp.StatusCode
-	if resp.StatusCode != http.StatusOK {
-		var e struct {
-			Error string `json:"error"`
-		}
-		_ = json.Unmarshal(out, &e)
-		a.Error = e.Error
+	var fields struct {
+		Error     string  `json:"error"`
+		ExpiresIn float64 `json:"expires_in"`
+	}
+	_ = json.Unmarshal(out, &fields)
+	if resp.StatusCode == http.StatusOK {
+		a.ExpiresIn = time.Duration(fields.ExpiresIn * float64(time.Second))
+	} else {
+		a.Error = fields.Error
 	}
 	p.record(a)
 	for _, k := range []string{"Content-Type", "Cache-Control", "Pragma", "WWW-Authenticate", "Retry-After"} {

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 )
 
 // upstream is a token endpoint that accepts one client secret, in either
@@ -31,7 +32,7 @@ func upstream(t *testing.T, reached *atomic.Int64) *httptest.Server {
 			_, _ = w.Write([]byte(`{"error":"invalid_grant"}`))
 			return
 		}
-		_ = json.NewEncoder(w).Encode(map[string]any{"access_token": "a", "token_type": "Bearer"})
+		_ = json.NewEncoder(w).Encode(map[string]any{"access_token": "a", "token_type": "Bearer", "expires_in": 2})
 	}))
 	t.Cleanup(srv.Close)
 	return srv
@@ -102,6 +103,9 @@ func TestProxyModesAndCounts(t *testing.T) {
 	auth := map[string]int{}
 	for _, a := range p.Answers(0) {
 		auth[a.Auth]++
+		if want := map[bool]time.Duration{true: 2 * time.Second}[a.Status == http.StatusOK]; a.ExpiresIn != want || a.At.IsZero() {
+			t.Errorf("%s answer %d: expires_in %v at %v, want %v and a time", a.Auth, a.Status, a.ExpiresIn, a.At, want)
+		}
 		if a.ClientID != clientID {
 			t.Errorf("%s request: client id %q, want %q", a.Auth, a.ClientID, clientID)
 		}
