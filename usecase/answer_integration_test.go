@@ -78,34 +78,44 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 			// has gone); then it is healthy again.
 			waitfor.Until(t, 5*time.Second, "the hung refresh was never processed", func() bool { return p.Stats().Refreshes == 1 })
 			p.SetRefreshLatency(0)
-			if tc.reuse {
-				// The probe sent after the lost answer is answered too (the
-				// sandbox holds the next probe behind it).
-				waitfor.Until(t, 5*time.Second, "the probe during the hang was never answered", func() bool { return p.Stats().RefreshRejected >= 1 })
-			}
 			if !tc.reuse {
-				waitfor.Until(t, 5*time.Second,
-
-					"the late answer was not stored", func() bool {
-						got, err := stacks[1].Repo.Get(context.Background(), conn)
-						return err == nil && got.Version == first.Version+1
-					})
-
+				waitfor.Until(t, 5*time.Second, "the late answer was not stored", func() bool {
+					got, err := stacks[1].Repo.Get(context.Background(), conn)
+					return err == nil && got.Version == first.Version+1
+				})
 			}
-			// Later, past any pause, another process asks again.
-			clock.set(first.Expiry.Add(10 * time.Minute))
-			_, errLater := stacks[2].UC.Token(context.Background(), conn)
-			st := p.Stats()
-			c, err := stacks[0].Repo.Connection(context.Background(), conn)
-			if err != nil {
-				t.Fatal(err)
+			connection := func() domain.Connection {
+				c, err := stacks[0].Repo.Connection(context.Background(), conn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
 			}
+			// Later, past any pause, another process asks again. In the
+			// control it presents the refresh token again once the provider
+			// answers a probe: a probe sent during the hang holds the next
+			// one behind it for the hang's length, so it asks until then.
+			later := first.Expiry
+			var errLater error
+			ask := func() {
+				later = later.Add(time.Hour)
+				clock.set(later)
+				_, errLater = stacks[2].UC.Token(context.Background(), conn)
+			}
+			ask()
+			if tc.reuse {
+				waitfor.Until(t, 20*time.Second, "control: the grant was not killed by a second presentation", func() bool {
+					if p.Stats().RefreshReuse > 0 && connection().Status == domain.StatusNeedsReauth {
+						return true
+					}
+					ask()
+					return false
+				})
+			}
+			st, c := p.Stats(), connection()
 			t.Logf("slowest caller %v; provider: %d refreshes, %d rejected, %d reuse; later call: %v; status %s %s",
 				slowest.Round(time.Millisecond), st.Refreshes, st.RefreshRejected, st.RefreshReuse, errLater, c.Status, c.StatusReason)
 			if tc.reuse {
-				if st.RefreshReuse == 0 || c.Status != domain.StatusNeedsReauth {
-					t.Errorf("control: reuse %d, status %s: want the grant killed by a second presentation", st.RefreshReuse, c.Status)
-				}
 				return
 			}
 			if st.RefreshReuse != 0 || c.Status != domain.StatusActive || errLater != nil {
