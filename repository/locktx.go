@@ -47,7 +47,7 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	defer leave()
 	op := "lock connection " + connection
 	var fnErr error
-	locked := false
+	waiting, locked := false, false
 	err := r.db.WithContext(txCtx).Transaction(func(tx *gorm.DB) error {
 		locking := tx // its context's deadline bounds the lock wait
 		if bounded {
@@ -55,6 +55,7 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 			defer stopWait()
 			locking = tx.WithContext(lockCtx)
 		}
+		waiting = true
 		if err := r.WithAdvisoryLock(locking, connection); err != nil {
 			return err
 		}
@@ -70,9 +71,10 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 		return fnErr
 	case errors.Is(err, domain.ErrNotFound):
 		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
-	case err != nil && !locked && bounded && !time.Now().Before(lockBy) && ctx.Err() == nil:
-		// The wait ran out before the lock was held: on a busy host the
-		// client's deadline can fire before the server's lock_timeout answer.
+	case err != nil && waiting && !locked && bounded && !time.Now().Before(lockBy) && !errors.Is(ctx.Err(), context.Canceled):
+		// The wait (wait's or ctx's deadline) ran out before the lock was
+		// held: on a busy host the client's deadline can fire before the
+		// server's lock_timeout answer.
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	case err != nil && ctx.Err() != nil:
 		return storeError(ctx, op, err)
