@@ -32,8 +32,8 @@ test: conformance-deps
 	@status=0; \
 	echo "$(GO) test -race -count=1 -timeout 8m $(PKGS)"; \
 	$(GO) test -race -count=1 -timeout 8m $(PKGS) || status=1; \
-	echo "cd $(TOOLS) && $(GO) test -race -count=1 -timeout 12m $(PKGS)"; \
-	(cd $(TOOLS) && $(GO) test -race -count=1 -timeout 12m $(PKGS)) || status=1; \
+	echo "cd $(TOOLS) && $(GO) test -race -count=1 -timeout 16m $(PKGS)"; \
+	(cd $(TOOLS) && $(GO) test -race -count=1 -timeout 16m $(PKGS)) || status=1; \
 	exit $$status
 
 # The conformance matrix against independent OAuth2 servers

@@ -117,9 +117,9 @@ func batchFailures(rs []batch.Round) (calls, failed int, errs []string) {
 // No app may see a failure, and no refresh token may be presented twice.
 func testProviderFaults(t *testing.T, bin string) {
 	const (
-		lifetime = 4 * time.Second
-		skew     = 2 * time.Second // refresh with 2s left: longer than one refresh may take, hang included
-		duration = 12 * time.Second
+		lifetime = 6 * time.Second
+		skew     = 3 * time.Second // refresh with 3s left: longer than one refresh may take on a loaded host, hang included
+		duration = 18 * time.Second
 		hangFor  = 1800 * time.Millisecond // past TOKEN_REFRESH_TIMEOUT
 	)
 	U, R, H, N := sandbox.FaultUnavailable, sandbox.FaultTooManyRequests, sandbox.FaultHang, sandbox.FaultNone
