@@ -75,9 +75,11 @@ func (u *RefreshTokenUseCase) answerPending(l Lease) error {
 }
 
 // overdue reports whether another holder's running lease has waited for
-// its answer longer than a caller waits.
-func (u *RefreshTokenUseCase) overdue(l Lease) bool {
-	return l.Running && l.Age > u.opts.RefreshTimeout
+// its answer longer than a caller waits. Never for a forced refresh: the
+// 401 that forced it says the provider has already rotated, so the answer
+// under way is the newer token, worth waiting for within the lock wait.
+func (u *RefreshTokenUseCase) overdue(l Lease, forced bool) bool {
+	return !forced && l.Running && l.Age > u.opts.RefreshTimeout
 }
 
 // late tells operators how a refresh that outlived its callers ended.

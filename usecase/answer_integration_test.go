@@ -125,6 +125,49 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 	}
 }
 
+// A 401 says the provider has rotated the token already: a forced refresh
+// that finds the refresh that did so still awaiting its answer, past the
+// refresh timeout, waits for that answer (within the lock wait) and
+// returns the token it brings, rather than fail while the late answer is
+// on its way. The provider sees one refresh and no reuse.
+func TestForcedRefreshWaitsForTheAnswerUnderWay(t *testing.T) {
+	const (
+		refreshTimeout = time.Second
+		hang           = 3 * time.Second
+	)
+	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := testworld.With(t, p)
+	clock := &movingClock{now: time.Now()}
+	opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: refreshTimeout,
+		AnswerDeadline: 20 * time.Second, Logger: quietLogger()}
+	a, b := profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic)
+	first := w.Connect(t, a)
+	p.SetRefreshLatency(hang)
+	clock.set(first.Expiry.Add(-30 * time.Second)) // due, still valid
+
+	// a's refresh outlasts the refresh timeout: a's caller is served the
+	// still-valid token while the answer is awaited.
+	got, err := a.UC.Token(context.Background(), conn)
+	if err != nil || got.Version != first.Version {
+		t.Fatalf("Token during the hang: version %d, %v; want the valid version %d", got.Version, err, first.Version)
+	}
+	// The provider rotated: b's call with that token was answered 401.
+	start := time.Now()
+	forced, err := b.UC.ForceRefresh(context.Background(), conn, first.Version)
+	took := time.Since(start)
+	st := p.Stats()
+	t.Logf("forced refresh after %v: version %d, %v; provider: %d refreshes, %d reuse", took.Round(time.Millisecond), forced.Version, err, st.Refreshes, st.RefreshReuse)
+	if err != nil || forced.Version != first.Version+1 {
+		t.Fatalf("forced refresh during the awaited answer: version %d, %v; want version %d", forced.Version, err, first.Version+1)
+	}
+	if st.Refreshes != 1 || st.RefreshReuse != 0 {
+		t.Errorf("provider saw %d refreshes and %d reuse, want 1 and 0", st.Refreshes, st.RefreshReuse)
+	}
+}
+
 // A lease whose holder vanished with its request unanswered is abandoned,
 // never free: nobody presents the refresh token while it runs; then the
 // next process records the lost answer (answer_lost) and presents the

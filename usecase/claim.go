@@ -70,7 +70,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 				return done(err)
 			}
 			c.other = true
-			if c.current, _, err = u.look(ctx, connection, asked, due, nil); err != nil {
+			if c.current, _, err = u.look(ctx, connection, asked, due, forced, nil); err != nil {
 				return done(err)
 			}
 			continue
@@ -90,7 +90,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			u.budgets.spent(t.Provider, u.opts.Clock.Now().Add(cl.BudgetWait))
 			c.current = cl.Token
 			err = u.budgetHeld(ctx, cl.Token, cl.BudgetWait, forced, asked, woken)
-		case cl.Lease.Running && !u.overdue(cl.Lease):
+		case cl.Lease.Running && !u.overdue(cl.Lease, forced):
 			err = u.awaitLease(ctx, asked, woken)
 		case cl.Lease.Running || cl.Lease.Abandoned:
 			// Read again: look says what an overdue or abandoned lease means.
@@ -108,7 +108,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			return done(err)
 		}
 		c.other = true
-		if c.current, _, err = u.look(ctx, connection, asked, due, nil); err != nil {
+		if c.current, _, err = u.look(ctx, connection, asked, due, forced, nil); err != nil {
 			return done(err)
 		}
 	}
@@ -189,8 +189,9 @@ func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, fo
 // asked is over (an error that is also a lock timeout); waiting, if not
 // nil, is called when it starts to wait. A lease abandoned by its holder
 // is recorded as a lost answer; one whose answer is overdue is not waited
-// for (errAnswerPending).
-func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked time.Time, due func(domain.Token) bool, waiting func()) (domain.Token, bool, error) {
+// for (errAnswerPending) unless forced.
+func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked time.Time, due func(domain.Token) bool,
+	forced bool, waiting func()) (domain.Token, bool, error) {
 	for {
 		// Watch before the read: an announcement between the read and the
 		// wait is not missed.
@@ -212,7 +213,7 @@ func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked
 		case !lease.Running:
 			unwatch()
 			return t, false, nil
-		case u.overdue(lease):
+		case u.overdue(lease, forced):
 			unwatch()
 			return t, false, u.answerPending(lease)
 		}

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -29,17 +30,23 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
 	fl, err := u.flights.do(ctx, key, func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
+		due := func(t domain.Token) bool { return t.Version == failed }
 		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
-		t, _, err := u.store.Read(readCtx, connection)
+		t, lease, err := u.store.Read(readCtx, connection)
 		cancel()
+		if err == nil && due(t) && lease.Running {
+			// The answer under way is the newer token: wait for it before
+			// judging whether this process may present the refresh token.
+			t, _, err = u.look(ctx, connection, time.Now(), due, true, nil)
+		}
 		if err != nil {
 			return domain.Token{}, err
 		}
 		if t.Status == domain.StatusNeedsReauth {
 			return domain.Token{}, needsReauth(t)
 		}
-		if t.Version == failed {
-			if t, err = u.refresh(ctx, connection, true, func(t domain.Token) bool { return t.Version == failed }, t); err != nil {
+		if due(t) {
+			if t, err = u.refresh(ctx, connection, true, due, t); err != nil {
 				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
 			}
 		}

@@ -161,7 +161,7 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 // (traced as a lock wait) rather than claiming only to be told so.
 func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (domain.Token, bool, error) {
 	var span Span
-	t, done, err := u.look(ctx, connection, time.Now(), u.stale, func() {
+	t, done, err := u.look(ctx, connection, time.Now(), u.stale, false, func() {
 		_, span = u.opts.Tracer.Start(ctx, StepLockWait, connection)
 	})
 	if span != nil {
