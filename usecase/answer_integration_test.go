@@ -39,14 +39,7 @@ func TestHungProviderAnswerIsAwaitedNotPresentedTwice(t *testing.T) {
 		{"control: given up at the refresh timeout", refreshTimeout, true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
-			if err != nil {
-				t.Fatal(err)
-			}
-			w := testworld.With(t, p)
-			clock := &movingClock{now: time.Now()}
-			opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: refreshTimeout,
-				AnswerDeadline: tc.deadline, Logger: quietLogger()}
+			p, w, clock, opts := hangWorld(t, refreshTimeout, tc.deadline)
 			stacks := []*testworld.Stack{profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic)}
 			first := w.Connect(t, stacks[0])
 			p.SetRefreshLatency(hang)
@@ -135,14 +128,7 @@ func TestForcedRefreshWaitsForTheAnswerUnderWay(t *testing.T) {
 		refreshTimeout = time.Second
 		hang           = 3 * time.Second
 	)
-	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	w := testworld.With(t, p)
-	clock := &movingClock{now: time.Now()}
-	opts := usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second, RefreshTimeout: refreshTimeout,
-		AnswerDeadline: 20 * time.Second, Logger: quietLogger()}
+	p, w, clock, opts := hangWorld(t, refreshTimeout, 20*time.Second)
 	a, b := profiledStack(t, w, opts, profiles.Generic), profiledStack(t, w, opts, profiles.Generic)
 	first := w.Connect(t, a)
 	p.SetRefreshLatency(hang)
@@ -252,4 +238,19 @@ func retryPolicyFor(prof profiles.Profile, opts usecase.Options) provider.Policy
 	pol := provider.PolicyFor(prof, nil)
 	pol.RetryWithin = opts.RefreshTimeout
 	return pol
+}
+
+// hangWorld is a strict sandbox provider issuing hour-long tokens, a clock
+// the test moves, and options with the given refresh timeout and answer
+// deadline (a minute's skew, a 5 s lock wait), for tests of a provider
+// that hangs.
+func hangWorld(t *testing.T, refreshTimeout, answerDeadline time.Duration) (*sandbox.Provider, *testworld.World, *movingClock, usecase.Options) {
+	t.Helper()
+	p, err := sandbox.New(sandbox.Options{AccessTokenLifespan: time.Hour})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clock := &movingClock{now: time.Now()}
+	return p, testworld.With(t, p), clock, usecase.Options{Clock: clock, Skew: time.Minute, LockWait: 5 * time.Second,
+		RefreshTimeout: refreshTimeout, AnswerDeadline: answerDeadline, Logger: quietLogger()}
 }
