@@ -47,7 +47,7 @@ func TestPrivateKeyJWT(t *testing.T) {
 	if _, err := tg.ForceRefresh(ctx, "pk-conn", stored.Version); err != nil {
 		t.Fatalf("refresh with an assertion: %v", err)
 	}
-	ok := w.events(func(ev map[string]any) bool { return ev["event"] == "grant.success" && ev["client_id"] == "pkjwt" })
+	ok := w.eventsUpTo(2, func(ev map[string]any) bool { return ev["event"] == "grant.success" && ev["client_id"] == "pkjwt" })
 	if ok != 2 {
 		t.Errorf("grants to pkjwt at the server: %d, want 2 (the code exchange and the refresh)", ok)
 	}

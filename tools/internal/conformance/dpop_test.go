@@ -130,6 +130,19 @@ func (w *dpopWorld) grant(t *testing.T, key *ecdsa.PrivateKey) *oauth2.Token {
 
 func (w *dpopWorld) events(match func(map[string]any) bool) int { return w.n.count(match) }
 
+// eventsUpTo counts the server's events that match, waiting (at most 10 s)
+// until there are want of them: the server's log reaches this process a
+// little after its answer does.
+func (w *dpopWorld) eventsUpTo(want int, match func(map[string]any) bool) int {
+	deadline := time.Now().Add(10 * time.Second)
+	n := w.events(match)
+	for n < want && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+		n = w.events(match)
+	}
+	return n
+}
+
 func refreshEvent(event, errCode string) func(map[string]any) bool {
 	return func(ev map[string]any) bool {
 		return ev["event"] == event && ev["grant_type"] == "refresh_token" && (errCode == "" || ev["error"] == errCode)
@@ -177,7 +190,7 @@ func TestDPoPBoundGrantSharedByThreeProcesses(t *testing.T) {
 		t.Fatal(err)
 	}
 	refreshes := int(last.Version - first.Version)
-	succeeded := w.events(refreshEvent("grant.success", ""))
+	succeeded := w.eventsUpTo(refreshes, refreshEvent("grant.success", ""))
 	reuse := w.events(func(ev map[string]any) bool { return ev["reuse"] == true })
 	nonceRefusals := w.events(refreshEvent("grant.error", "use_dpop_nonce"))
 	otherErrors := w.events(refreshEvent("grant.error", "")) - nonceRefusals

@@ -92,7 +92,7 @@ func TestDPoPPushedAuthorizationClientKey(t *testing.T) {
 		if n, err := tg.SweepConnectResults(ctx); err != nil || n != 1 {
 			t.Fatalf("sweep: %d %v", n, err)
 		}
-		if after := w.events(func(ev map[string]any) bool {
+		if after := w.eventsUpTo(before+1, func(ev map[string]any) bool {
 			return ev["event"] == "revocation" && ev["dpop"] == true && ev["status"] == float64(200)
 		}); after != before+1 {
 			t.Errorf("revocations with a proof: %d -> %d, want one more", before, after)
@@ -109,7 +109,7 @@ func TestDPoPPushedAuthorizationClientKey(t *testing.T) {
 		if q := mustQuery(t, authURL); q.Get("request_uri") != "" || q.Get("code_challenge") == "" {
 			t.Errorf("PAR never still pushed: %v", q)
 		}
-		if after := w.events(func(ev map[string]any) bool { return ev["event"] == "authorization.error" }); after != before+1 {
+		if after := w.eventsUpTo(before+1, func(ev map[string]any) bool { return ev["event"] == "authorization.error" }); after != before+1 {
 			t.Errorf("authorization errors at the server: %d -> %d", before, after)
 		}
 	})
@@ -130,7 +130,7 @@ func (w *dpopWorld) checkPushed(t *testing.T, tg *tokenguard.Tokens, authURL, co
 	if err != nil || stored.DPoPJKT == "" {
 		t.Fatalf("stored grant: %v, binding %q", err, stored.DPoPJKT)
 	}
-	pushed := w.events(func(ev map[string]any) bool {
+	pushed := w.eventsUpTo(1, func(ev map[string]any) bool {
 		return ev["event"] == "par.success" && ev["dpop_jkt"] == stored.DPoPJKT && ev["code_challenge_method"] == "S256" && ev["assertion_aud"] == aud
 	})
 	if pushed != 1 {
@@ -142,7 +142,7 @@ func (w *dpopWorld) checkPushed(t *testing.T, tg *tokenguard.Tokens, authURL, co
 	if _, err := tg.ForceRefresh(ctx, connection, stored.Version); err != nil {
 		t.Fatalf("refresh of the pushed flow's grant: %v", err)
 	}
-	bound := w.events(func(ev map[string]any) bool {
+	bound := w.eventsUpTo(2, func(ev map[string]any) bool {
 		return ev["event"] == "grant.success" && ev["assertion_aud"] == aud && strings.EqualFold(ev["token_type"].(string), "DPoP")
 	})
 	if bound < 2 {
@@ -151,7 +151,7 @@ func (w *dpopWorld) checkPushed(t *testing.T, tg *tokenguard.Tokens, authURL, co
 	if err := tg.Disconnect(ctx, connection, true); err != nil {
 		t.Fatalf("disconnect with revocation: %v", err)
 	}
-	revoked := w.events(func(ev map[string]any) bool {
+	revoked := w.eventsUpTo(1, func(ev map[string]any) bool {
 		return ev["event"] == "revocation" && ev["status"] == float64(200) && ev["dpop"] == true && ev["assertion_aud"] == aud
 	})
 	if revoked != 1 {
