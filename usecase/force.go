@@ -31,14 +31,9 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 	fl, err := u.flights.do(ctx, key, func(ctx context.Context) (domain.Token, error) {
 		epoch := u.cache.begin()
 		due := func(t domain.Token) bool { return t.Version == failed }
-		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
-		t, lease, err := u.store.Read(readCtx, connection)
-		cancel()
-		if err == nil && due(t) && lease.Running {
-			// The answer under way is the newer token: wait for it before
-			// judging whether this process may present the refresh token.
-			t, _, err = u.look(ctx, connection, time.Now(), due, true, nil)
-		}
+		// A refresh under way brings the newer token: look waits for it
+		// before this process judges whether it may present the refresh token.
+		t, _, err := u.look(ctx, connection, time.Now(), due, true, nil)
 		if err != nil {
 			return domain.Token{}, err
 		}
