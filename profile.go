@@ -1,7 +1,7 @@
 package tokenguard
 
 import (
-	"cmp"
+	"errors"
 	"fmt"
 	"strings"
 	"time"
@@ -40,28 +40,23 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 	if err != nil {
 		return nil, profiles.Profile{}, 0, fmt.Errorf("tokenguard: WithProfile: %w", err)
 	}
-	r, err := p.Resolve(o.profileParams)
-	if err != nil {
-		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
-	}
 	if cfg == nil {
 		return nil, p, 0, nil
 	}
 	out := *cfg
-	if out.Endpoint.TokenURL == "" {
-		if miss := p.Missing(p.TokenURL, o.profileParams); len(miss) > 0 {
-			return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q) needs WithProfileParam for %s: %w",
-				p.Name, strings.Join(miss, ", "), domain.ErrInvalidProvider)
-		}
-		out.Endpoint.TokenURL = r.TokenURL
-		// The auth style comes with the endpoint: a token URL given by the
-		// caller keeps the caller's style (auto cannot be told from unset).
-		if out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
-			out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
-		}
+	u, err := p.Complete(profiles.URLs{Token: out.Endpoint.TokenURL, Auth: out.Endpoint.AuthURL, Revocation: o.revocationURL}, o.profileParams)
+	var miss *profiles.MissingParamError
+	if errors.As(err, &miss) {
+		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q) needs WithProfileParam for %s: %w", p.Name, strings.Join(miss.Params, ", "), err)
+	} else if err != nil {
+		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
 	}
-	out.Endpoint.AuthURL = cmp.Or(out.Endpoint.AuthURL, r.AuthURL)
-	o.revocationURL = cmp.Or(o.revocationURL, r.RevocationURL)
+	// The auth style comes with the endpoint: a token URL given by the
+	// caller keeps the caller's style (auto cannot be told from unset).
+	if out.Endpoint.TokenURL == "" && out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
+		out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
+	}
+	out.Endpoint.TokenURL, out.Endpoint.AuthURL, o.revocationURL = u.Token, u.Auth, u.Revocation
 	lifetime = o.defaultLifetime
 	if lifetime == 0 && p.AccessLifetime.Known {
 		lifetime = p.AccessLifetime.D

@@ -3,6 +3,7 @@ package tokenguard_test
 import (
 	"context"
 	"errors"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -76,8 +77,8 @@ func TestWithProfileSettings(t *testing.T) {
 	if _, err := tokenguard.New(db, w.oauth, tokenguard.WithProfile("nope")); !errors.Is(err, tokenguard.ErrUnknownProfile) {
 		t.Fatalf("unknown profile: %v", err)
 	}
-	if _, err := tokenguard.New(db, &oauth2.Config{ClientID: "c"}, tokenguard.WithProfile("okta")); err == nil {
-		t.Fatal("okta without a domain nor a token URL was accepted")
+	if _, err := tokenguard.New(db, &oauth2.Config{ClientID: "c"}, tokenguard.WithProfile("okta")); err == nil || !strings.Contains(err.Error(), "WithProfileParam for domain") {
+		t.Fatalf("okta without a domain nor a token URL: %v, want an error naming WithProfileParam for domain", err)
 	}
 	if _, err := tokenguard.New(db, w.oauth, tokenguard.WithProfile("okta"), tokenguard.WithProfileParam("tenant", "x")); err == nil {
 		t.Fatal("a parameter okta does not take was accepted")

@@ -213,18 +213,15 @@ func (o *OAuthConfig) applyProfile() error {
 	if err != nil {
 		return fmt.Errorf("OAUTH_PROFILE_PARAMS: %w", err)
 	}
-	r, err := p.Resolve(params)
-	if err != nil {
+	u, err := p.Complete(profiles.URLs{Token: o.TokenURL, Auth: o.AuthURL, Revocation: o.RevocationURL}, params)
+	var miss *profiles.MissingParamError
+	switch {
+	case errors.As(err, &miss):
+		return fmt.Errorf("OAUTH_PROFILE=%s needs OAUTH_PROFILE_PARAMS=%s=… (or OAUTH_TOKEN_URL)", p.Name, miss.Params[0])
+	case err != nil:
 		return fmt.Errorf("OAUTH_PROFILE_PARAMS: %w", err)
 	}
-	if o.TokenURL == "" {
-		if miss := p.Missing(p.TokenURL, params); len(miss) > 0 {
-			return fmt.Errorf("OAUTH_PROFILE=%s needs OAUTH_PROFILE_PARAMS=%s=… (or OAUTH_TOKEN_URL)", p.Name, miss[0])
-		}
-		o.TokenURL = r.TokenURL
-	}
-	o.AuthURL = cmp.Or(o.AuthURL, r.AuthURL)
-	o.RevocationURL = cmp.Or(o.RevocationURL, r.RevocationURL)
+	o.TokenURL, o.AuthURL, o.RevocationURL = u.Token, u.Auth, u.Revocation
 	o.AuthStyle = cmp.Or(o.AuthStyle, string(p.AuthStyle))
 	o.params = params
 	return nil

@@ -209,20 +209,24 @@ func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) err
 	if err != nil {
 		return err
 	}
-	r, err := prof.Resolve(params)
-	if err != nil {
-		return err
+	var given profiles.URLs
+	if set["token-url"] {
+		given.Token = f.tokenURL
 	}
-	if !set["token-url"] && r.TokenURL == "" {
-		if miss := prof.Missing(prof.TokenURL, params); len(miss) > 0 {
-			return fmt.Errorf("%w: profile %s needs --param %s=… (or --token-url)", domain.ErrInvalidProvider, prof.Name, miss[0])
-		}
+	u, err := prof.Complete(given, params)
+	var miss *profiles.MissingParamError
+	switch {
+	case errors.As(err, &miss):
+		return fmt.Errorf("%w: profile %s needs --param %s=… (or --token-url)", domain.ErrInvalidProvider, prof.Name, miss.Params[0])
+	case err != nil:
+		return err
+	case u.Token == "":
 		return fmt.Errorf("%w: profile %s has no token URL: give --token-url", domain.ErrInvalidProvider, prof.Name)
 	}
 	if prof.Name != profiles.Generic {
 		p.Profile = prof.Name
 	}
-	p.TokenURL, p.AuthURL, p.RevocationURL, p.AuthStyle = r.TokenURL, r.AuthURL, r.RevocationURL, prof.AuthStyle
+	p.TokenURL, p.AuthURL, p.RevocationURL, p.AuthStyle = u.Token, u.Auth, u.Revocation, prof.AuthStyle
 	if prof.AccessLifetime.Known {
 		p.DefaultLifetime = prof.AccessLifetime.D
 	}

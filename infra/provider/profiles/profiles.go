@@ -271,50 +271,67 @@ func clone(p Profile) Profile {
 	return p
 }
 
-// Resolve fills the URLs' placeholders with params or the defaults; a URL
-// missing a value is left empty (see Missing). An unknown parameter or a
-// value that is not a plain label wraps domain.ErrInvalidProvider.
-func (p Profile) Resolve(params map[string]string) (Profile, error) {
+// URLs are a provider's endpoints.
+type URLs struct{ Token, Auth, Revocation string }
+
+// MissingParamError is a token URL the profile cannot fill: nobody gave
+// the parameters it needs.
+type MissingParamError struct {
+	Profile string
+	Params  []string
+}
+
+func (e *MissingParamError) Error() string {
+	return fmt.Sprintf("profile %s needs the parameter %s", e.Profile, strings.Join(e.Params, ", "))
+}
+
+func (e *MissingParamError) Unwrap() error { return domain.ErrInvalidProvider }
+
+// Complete fills the URLs given leaves empty with the profile's, their
+// placeholders filled with params or the defaults. A token URL that stays
+// empty for want of a parameter is a *MissingParamError; another URL
+// missing a value stays empty. An unknown parameter or a value that is not
+// a plain label wraps domain.ErrInvalidProvider.
+func (p Profile) Complete(given URLs, params map[string]string) (URLs, error) {
 	vals := maps.Clone(p.Params)
 	if vals == nil {
 		vals = map[string]string{}
 	}
 	for k, v := range params {
 		if _, ok := p.Params[k]; !ok {
-			return Profile{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, cmp.Or(strings.Join(p.ParamNames(), ", "), "none"))
+			return URLs{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, cmp.Or(strings.Join(p.ParamNames(), ", "), "none"))
 		}
 		if !paramPattern.MatchString(v) {
-			return Profile{}, fmt.Errorf("%w: parameter %s must be 1-128 of A-Z a-z 0-9 . _ -", domain.ErrInvalidProvider, k)
+			return URLs{}, fmt.Errorf("%w: parameter %s must be 1-128 of A-Z a-z 0-9 . _ -", domain.ErrInvalidProvider, k)
 		}
 		vals[k] = v
 	}
-	out := clone(p)
-	out.Params = vals
-	fill := func(u string) string {
-		missing := false
+	var missing []string
+	fill := func(given, u string) string {
+		if given != "" {
+			return given
+		}
+		var miss []string
 		filled := placeholder.ReplaceAllStringFunc(u, func(m string) string {
-			v := vals[m[1:len(m)-1]]
-			missing = missing || v == ""
+			name := m[1 : len(m)-1]
+			v := vals[name]
+			if v == "" && !slices.Contains(miss, name) {
+				miss = append(miss, name)
+			}
 			return url.PathEscape(v)
 		})
-		if missing {
+		if len(miss) > 0 {
+			missing = miss
 			return ""
 		}
 		return filled
 	}
-	out.AuthURL, out.TokenURL, out.RevocationURL = fill(p.AuthURL), fill(p.TokenURL), fill(p.RevocationURL)
-	return out, nil
-}
-
-// Missing names the parameters URL u needs that have no value or default.
-func (p Profile) Missing(u string, params map[string]string) []string {
-	var out []string
-	for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
-		if params[m[1]] == "" && p.Params[m[1]] == "" && !slices.Contains(out, m[1]) {
-			out = append(out, m[1])
-		}
+	out := URLs{Token: fill(given.Token, p.TokenURL)}
+	if missing != nil {
+		return URLs{}, &MissingParamError{Profile: p.Name, Params: missing}
 	}
-	return out
+	out.Auth, out.Revocation = fill(given.Auth, p.AuthURL), fill(given.Revocation, p.RevocationURL)
+	return out, nil
 }
 
 // ParamNames lists the parameters the profile's URLs take.

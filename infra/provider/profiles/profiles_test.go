@@ -56,23 +56,27 @@ func TestClaimNeedsSource(t *testing.T) {
 	}
 }
 
-func TestResolve(t *testing.T) {
+func TestComplete(t *testing.T) {
 	ok, _ := Get("okta")
-	if r, err := ok.Resolve(nil); err != nil || r.TokenURL != "" || !slices.Equal(ok.Missing(ok.TokenURL, nil), []string{"domain"}) {
-		t.Fatalf("okta without domain: %q, %v: want no token URL and domain missing", r.TokenURL, err)
+	var miss *MissingParamError
+	if u, err := ok.Complete(URLs{}, nil); !errors.As(err, &miss) || !slices.Equal(miss.Params, []string{"domain"}) || !errors.Is(err, domain.ErrInvalidProvider) {
+		t.Fatalf("okta without domain: %+v, %v: want domain missing", u, err)
 	}
-	r, err := ok.Resolve(map[string]string{"domain": "acme.okta.com"})
-	if err != nil || r.TokenURL != "https://acme.okta.com/oauth2/default/v1/token" {
-		t.Fatalf("okta resolved to %q, %v", r.TokenURL, err)
+	if u, err := ok.Complete(URLs{Token: "https://given.example/token"}, nil); err != nil || u.Token != "https://given.example/token" {
+		t.Fatalf("okta with a token URL given: %+v, %v: want the given URL kept", u, err)
+	}
+	u, err := ok.Complete(URLs{}, map[string]string{"domain": "acme.okta.com"})
+	if err != nil || u.Token != "https://acme.okta.com/oauth2/default/v1/token" {
+		t.Fatalf("okta completed to %+v, %v", u, err)
 	}
 	sm, _ := Get("smaregi")
-	r, err = sm.Resolve(map[string]string{"contract_id": "sb_abc12", "id_host": "id.smaregi.dev"})
-	if err != nil || r.TokenURL != "https://id.smaregi.dev/app/sb_abc12/token" {
-		t.Fatalf("smaregi resolved to %q, %v", r.TokenURL, err)
+	u, err = sm.Complete(URLs{Auth: "https://auth.example/"}, map[string]string{"contract_id": "sb_abc12", "id_host": "id.smaregi.dev"})
+	if err != nil || u.Token != "https://id.smaregi.dev/app/sb_abc12/token" || u.Auth != "https://auth.example/" {
+		t.Fatalf("smaregi completed to %+v, %v", u, err)
 	}
 	for _, bad := range []map[string]string{{"contract_id": "a/../b"}, {"contract_id": "x", "nope": "y"}, {"contract_id": ""}, {"contract_id": "a?b"}} {
-		if _, err := sm.Resolve(bad); !errors.Is(err, domain.ErrInvalidProvider) {
-			t.Errorf("Resolve(%v) = %v, want ErrInvalidProvider", bad, err)
+		if _, err := sm.Complete(URLs{}, bad); !errors.Is(err, domain.ErrInvalidProvider) {
+			t.Errorf("Complete(%v) = %v, want ErrInvalidProvider", bad, err)
 		}
 	}
 }
