@@ -158,19 +158,75 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	o.log = cmp.Or(o.log, slog.Default())
 	o.refreshTimeout = cmp.Or(o.refreshTimeout, min(usecase.DefaultRefreshTimeout, o.lockWait*2/3))
 	o.answerDeadline = cmp.Or(o.answerDeadline, max(usecase.DefaultAnswerDeadline, o.refreshTimeout))
-	var sealer repository.Sealer = tokencrypt.Plaintext{}
-	if o.keys != "" {
-		k, err := tokencrypt.ParseKeyring(o.keys)
-		if err != nil {
-			return nil, fmt.Errorf("tokenguard: WithEncryptionKeys: %w", err)
-		}
-		if o.encryptionRequired {
-			k = k.RequireSealed()
-		}
-		sealer = k
-	} else if o.encryptionRequired {
-		return nil, errors.New("tokenguard: WithEncryptionRequired needs WithEncryptionKeys")
+	envRate, err := domain.ParseTokenRate(o.tokenRate)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: WithTokenRate: %w", err)
 	}
+	sealer, err := o.sealer()
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	rdb, repo, err := openStore(ctx, pool, sealer, envRate, o)
+	if err != nil {
+		return nil, err
+	}
+
+	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, listen: listen, db: rdb, repo: repo, ready: make(chan struct{}), runDone: make(chan struct{}),
+		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource, cfg: cfg, userInfo: o.userInfo}
+	if t.par, err = domain.ParsePARMode(string(o.par)); err != nil {
+		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
+	}
+	if o.clientKey != nil {
+		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
+			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
+		}
+	}
+	// Staleness is decided on the database server's clock, by every
+	// process alike, however far the hosts' clocks drift apart.
+	if t.clock, err = repository.NewDatabaseClock(ctx, rdb, nil); err != nil {
+		return nil, fmt.Errorf("tokenguard: %w", err)
+	}
+	if off := t.clock.Offset(); off.Abs() > time.Second {
+		o.log.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
+			slog.Duration("offset", off.Round(time.Millisecond)))
+	}
+	if err := t.loadProviders(ctx, sealer, prof, envLifetime, envRate, o); err != nil {
+		return nil, err
+	}
+	if err := t.buildUseCases(sealer, prof, o); err != nil {
+		return nil, err
+	}
+	var attrs []any
+	if lone := t.readReplication(ctx, false); lone != "" {
+		attrs = append(attrs, slog.String("replication", lone))
+	}
+	o.log.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)", attrs...)
+	return t, nil
+}
+
+// sealer seals the stored tokens with o's keys, or leaves them plaintext.
+func (o options) sealer() (repository.Sealer, error) {
+	if o.keys == "" {
+		if o.encryptionRequired {
+			return nil, errors.New("tokenguard: WithEncryptionRequired needs WithEncryptionKeys")
+		}
+		return tokencrypt.Plaintext{}, nil
+	}
+	k, err := tokencrypt.ParseKeyring(o.keys)
+	if err != nil {
+		return nil, fmt.Errorf("tokenguard: WithEncryptionKeys: %w", err)
+	}
+	if o.encryptionRequired {
+		k = k.RequireSealed()
+	}
+	return k, nil
+}
+
+// openStore opens tokenguard's store on pool and checks that it can work
+// there: the search path, the primary, the keys.
+func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer, envRate domain.TokenRate, o options) (*gorm.DB, *repository.TokenRepository, error) {
 	// tokenguard's statements run on the application's pool through a
 	// *gorm.DB of their own: never through a PrepareStmt cache, never past
 	// the application's callbacks and plugins (which could record bound
@@ -178,80 +234,47 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
 		&gorm.Config{Logger: repository.NewLogger(o.log), SkipDefaultTransaction: true})
 	if err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
+		return nil, nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	repo := repository.NewTokenRepository(rdb, sealer)
 	durability, err := repository.NewDurability(o.syncCommit)
 	if err != nil {
-		return nil, fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
+		return nil, nil, fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
 	}
 	repo.SetDurability(durability)
-	envRate, err := domain.ParseTokenRate(o.tokenRate)
-	if err != nil {
-		return nil, fmt.Errorf("tokenguard: WithTokenRate: %w", err)
-	}
 	repo.SetTokenRate(envRate)
-
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
 	if err := migrations.CheckSearchPath(ctx, pool); err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
+		return nil, nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	if err := repo.CheckPrimary(ctx); err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
+		return nil, nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	kc, err := repo.CheckKeys(ctx)
 	switch {
 	case errors.Is(err, domain.ErrUndecryptable):
-		return nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt the stored tokens: %w", err)
+		return nil, nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt the stored tokens: %w", err)
 	case err != nil:
-		return nil, fmt.Errorf("tokenguard: read the stored tokens (has Migrate run?): %w", err)
+		return nil, nil, fmt.Errorf("tokenguard: read the stored tokens (has Migrate run?): %w", err)
 	case o.keys == "":
 		o.log.Warn("tokenguard: access and refresh tokens are stored in plaintext (see WithEncryptionKeys)")
 	case kc.Stale > 0:
 		o.log.Warn("tokenguard: some stored tokens are not sealed with the current key; re-encrypt them (tokenctl rotate-key)",
 			slog.Int("rows", kc.Stale))
 	}
+	return rdb, repo, nil
+}
 
-	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, listen: listen, db: rdb, ready: make(chan struct{}), runDone: make(chan struct{}),
-		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource}
-	if t.par, err = domain.ParsePARMode(string(o.par)); err != nil {
-		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
-	}
-	// Staleness is decided on the database server's clock, by every
-	// process alike, however far the hosts' clocks drift apart.
-	clock, err := repository.NewDatabaseClock(ctx, rdb, nil)
-	if err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
-	}
-	if off := clock.Offset(); off.Abs() > time.Second {
-		o.log.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
-			slog.Duration("offset", off.Round(time.Millisecond)))
-	}
-	t.clock = clock
-	uopts := usecase.Options{
-		Clock:                clock,
-		Skew:                 o.skew,
-		LockWait:             o.lockWait,
-		RefreshTimeout:       o.refreshTimeout,
-		AnswerDeadline:       o.answerDeadline,
-		CacheSize:            o.cacheSize,
-		MaxRefreshesInFlight: o.maxRefreshesInFlight,
-		Logger:               o.log,
-		OnNeedsReauth:        o.onNeedsReauth,
-		Tracer:               tracing.New(o.tracerProvider),
-	}
-	if o.metrics != nil {
-		t.metrics = o.metrics(repo, o.connectionLabel, o.log)
-		uopts.Observer = t.metrics
-	}
-	hc := o.httpClient
-	if hc == nil {
-		hc = provider.NewHTTPClient(o.answerDeadline)
+// loadProviders builds the refreshers: t.cfg's (profile prof) for the
+// connections that name no provider, and the stored providers' (tokenctl
+// provider add) for those that name one.
+func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate, o options) error {
+	t.httpClient = o.httpClient
+	if t.httpClient == nil {
+		t.httpClient = provider.NewHTTPClient(o.answerDeadline)
 	}
 	// The token endpoint's requests show in the refresh's trace.
-	hc = tracing.Client(hc, o.tracerProvider)
-	t.discovery = provider.NewDiscovery(hc)
+	t.httpClient = tracing.Client(t.httpClient, o.tracerProvider)
+	t.discovery = provider.NewDiscovery(t.httpClient)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, rate domain.TokenRate, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.log)
 		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
@@ -260,28 +283,23 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			// claim that precedes it: none is sent again within a call.
 			pol.MaxAttempts = 1
 		}
-		return provider.NewRetrying(provider.NewRefresher(cfg, hc, append([]provider.Option{
-			provider.WithAuthStyleStore(repository.NewAuthStyles(rdb)), provider.WithProfile(prof),
-			provider.WithEvidence(repository.NewRefusalEvidence(rdb), provider.AllEvidence),
-			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(clock.Now),
+		return provider.NewRetrying(provider.NewRefresher(cfg, t.httpClient, append([]provider.Option{
+			provider.WithAuthStyleStore(repository.NewAuthStyles(t.db)), provider.WithProfile(prof),
+			provider.WithEvidence(repository.NewRefusalEvidence(t.db), provider.AllEvidence),
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(t.clock.Now),
 			provider.WithNonces(t.nonces)}, extra...)...), pol)
 	}
 	var envAuth []provider.Option
 	if o.resource != "" {
 		envAuth = append(envAuth, provider.WithResource(o.resource))
 	}
-	if o.clientKey != nil {
-		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
-			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
-		}
+	if t.clientKey != nil {
 		envAuth = append(envAuth, provider.WithClientKey(t.clientKey, ""))
 		if prof.AssertionAud == domain.AudienceIssuer {
 			envAuth = append(envAuth, provider.WithIssuerAudience(t.discovery))
 		}
 	}
-	// cfg serves the connections that name no provider; the stored
-	// providers (tokenctl provider add) those that name one.
-	t.providers = provider.NewRegistry(refresherOf(cfg, envLifetime, prof, envRate, envAuth...), repository.NewProviderRepository(rdb, sealer),
+	t.providers = provider.NewRegistry(refresherOf(t.cfg, envLifetime, prof, envRate, envAuth...), repository.NewProviderRepository(t.db, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {
@@ -294,30 +312,46 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	t.providers.SetProfile(prof)
 	if err := t.providers.Load(ctx); err != nil {
 		if errors.Is(err, domain.ErrUndecryptable) {
-			return nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt a stored provider's client secret: %w", err)
+			return fmt.Errorf("tokenguard: the encryption keys cannot decrypt a stored provider's client secret: %w", err)
 		}
-		return nil, fmt.Errorf("tokenguard: %w", err)
+		return fmt.Errorf("tokenguard: %w", err)
 	}
-	uopts.ProviderSkew, uopts.ProviderKeepAlives = t.providers.Skew, t.providers.KeepAlives
-	if t.uc, err = usecase.NewRefreshTokenUseCase(repo, t.providers, uopts); err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
+	return nil
+}
+
+// buildUseCases builds the refresh, connect and disconnect use cases on
+// t's store and providers.
+func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, o options) error {
+	uopts := usecase.Options{
+		Clock:                t.clock,
+		Skew:                 o.skew,
+		LockWait:             o.lockWait,
+		RefreshTimeout:       o.refreshTimeout,
+		AnswerDeadline:       o.answerDeadline,
+		CacheSize:            o.cacheSize,
+		MaxRefreshesInFlight: o.maxRefreshesInFlight,
+		Logger:               o.log,
+		OnNeedsReauth:        o.onNeedsReauth,
+		Tracer:               tracing.New(o.tracerProvider),
+		ProviderSkew:         t.providers.Skew,
+		ProviderKeepAlives:   t.providers.KeepAlives,
+	}
+	if o.metrics != nil {
+		t.metrics = o.metrics(t.repo, o.connectionLabel, o.log)
+		uopts.Observer = t.metrics
+	}
+	var err error
+	if t.uc, err = usecase.NewRefreshTokenUseCase(t.repo, t.providers, uopts); err != nil {
+		return fmt.Errorf("tokenguard: %w", err)
 	}
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.uc.OnRolledBack(t.rolledBack)
-	t.connect = usecase.NewConnectUseCase(repo, clock, o.lockWait)
-	t.repo = repo
-	lone := t.readReplication(ctx, false)
-	revoker := newRevoker(cfg, o.revocationURL, o, repository.NewAuthStyles(rdb), repository.NewProviderRepository(rdb, sealer),
+	t.connect = usecase.NewConnectUseCase(t.repo, t.clock, o.lockWait)
+	revoker := newRevoker(t.cfg, o.revocationURL, o, repository.NewAuthStyles(t.db), repository.NewProviderRepository(t.db, sealer),
 		t.clientKey, prof.AssertionAud == domain.AudienceIssuer, t.discovery)
-	t.disconnect = usecase.NewDisconnectUseCase(repo, revoker, o.lockWait, o.refreshTimeout)
-	t.cfg, t.httpClient, t.userInfo = cfg, hc, o.userInfo
-	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(rdb, sealer), t.connect, revoker, o.refreshTimeout, o.log)
-	var attrs []any
-	if lone != "" {
-		attrs = append(attrs, slog.String("replication", lone))
-	}
-	o.log.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)", attrs...)
-	return t, nil
+	t.disconnect = usecase.NewDisconnectUseCase(t.repo, revoker, o.lockWait, o.refreshTimeout)
+	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(t.db, sealer), t.connect, revoker, o.refreshTimeout, o.log)
+	return nil
 }
 
 // checkDB rejects a *gorm.DB tokenguard cannot work with.
