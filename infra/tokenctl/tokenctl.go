@@ -107,38 +107,65 @@ func Main(args []string, backend Backend, stdio IO) int {
 		return apikey(ctx, rest, backend, stdio)
 	case "provider":
 		return providerCmd(ctx, rest, backend, stdio)
-	}
-	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
-	var connection, reason, providerName, metadataJSON, tags, dpopKeyFile string
-	var revoke bool
-	switch cmd {
 	case "migrate", "rotate-key", "check":
+		return adminCmd(ctx, cmd, rest, backend, stdio, fail)
 	case "import":
-		fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
-		fs.StringVar(&providerName, "provider", "", "the stored provider `P` that issued the token (default: the OAUTH_* settings)")
-		fs.StringVar(&metadataJSON, "metadata", "", "the connection's metadata, a `JSON` object (replaces what it had)")
-		fs.StringVar(&tags, "tags", "", "the connection's tags, comma-separated (`a,b`; replace what it had)")
-		fs.StringVar(&dpopKeyFile, "dpop-key-file", "", "the grant is bound to this DPoP key: a PEM EC P-256 private key at `PATH`, sealed and stored with it")
-	case "disconnect":
-		fs.StringVar(&connection, "connection", "", "disconnect connection `NAME`")
-		fs.BoolVar(&revoke, "revoke", false, "revoke the refresh token at the provider first; keep the connection if that fails")
-	case "status":
-		fs.StringVar(&connection, "connection", "", "show only connection `NAME`")
-	case "reactivate":
-		fs.StringVar(&connection, "connection", "", "reactivate connection `NAME`")
-		fs.StringVar(&reason, "all-with-reason", "", "reactivate every connection marked needs_reauth for `REASON` (e.g. invalid_client)")
-	default:
-		// Not echoed: it may be a token pasted in the wrong place.
-		return fail(exitUsage, "unknown command (not shown)\n%s", usage)
+		return importCmd(ctx, rest, backend, stdio, fail)
+	case "status", "disconnect", "reactivate":
+		return connectionCmd(ctx, cmd, rest, backend, stdio, fail)
 	}
-	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
+	// Not echoed: it may be a token pasted in the wrong place.
+	return fail(exitUsage, "unknown command (not shown)\n%s", usage)
+}
+
+// adminCmd is tokenctl migrate, check and rotate-key, which take no flags.
+func adminCmd(ctx context.Context, cmd string, args []string, backend Backend, stdio IO, fail func(int, string, ...any) int) int {
+	if code, ok := parseFlags(flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError), args, stdio.Stderr); !ok {
 		return code
 	}
-	if (cmd == "import" || cmd == "disconnect") && connection == "" {
-		return fail(exitUsage, "%s: --connection NAME is required", cmd)
+	switch cmd {
+	case "migrate":
+		if err := backend.Migrate(ctx); err != nil {
+			return failed(fail, "migrate: ", err)
+		}
+		fmt.Fprintln(stdio.Stdout, "migrations applied")
+	case "check":
+		res, err := backend.Check(ctx)
+		if err != nil {
+			return failed(fail, "check: ", err)
+		}
+		fmt.Fprintln(stdio.Stdout, res)
+		if !res.OK() {
+			return exitFailure
+		}
+	case "rotate-key":
+		resealed, current, err := backend.RotateKey(ctx)
+		if err != nil {
+			return failed(fail, "rotate-key: ", err)
+		}
+		fmt.Fprintf(stdio.Stdout, "re-encrypted %d connection(s); %d already used the current key\n", resealed, current)
+	}
+	return exitOK
+}
+
+// importCmd is tokenctl import: bad input fails before the database is
+// opened.
+func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fail func(int, string, ...any) int) int {
+	fs := flag.NewFlagSet("tokenctl import", flag.ContinueOnError)
+	var connection, providerName, metadataJSON, tags, dpopKeyFile string
+	fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
+	fs.StringVar(&providerName, "provider", "", "the stored provider `P` that issued the token (default: the OAUTH_* settings)")
+	fs.StringVar(&metadataJSON, "metadata", "", "the connection's metadata, a `JSON` object (replaces what it had)")
+	fs.StringVar(&tags, "tags", "", "the connection's tags, comma-separated (`a,b`; replace what it had)")
+	fs.StringVar(&dpopKeyFile, "dpop-key-file", "", "the grant is bound to this DPoP key: a PEM EC P-256 private key at `PATH`, sealed and stored with it")
+	if code, ok := parseFlags(fs, args, stdio.Stderr); !ok {
+		return code
+	}
+	if connection == "" {
+		return fail(exitUsage, "import: --connection NAME is required")
 	}
 	var metadata *domain.Metadata
-	if cmd == "import" && (flagSet(fs, "metadata") || flagSet(fs, "tags")) {
+	if flagSet(fs, "metadata") || flagSet(fs, "tags") {
 		var tagList []string
 		if tags != "" {
 			tagList = strings.Split(tags, ",")
@@ -149,62 +176,21 @@ func Main(args []string, backend Backend, stdio IO) int {
 		}
 		metadata = &m
 	}
-	if cmd == "reactivate" && (connection == "") == (reason == "") {
-		return fail(exitUsage, "reactivate: give either --connection NAME or --all-with-reason REASON")
-	}
-	if err := domain.ValidateName(connection); connection != "" && err != nil {
+	if err := domain.ValidateName(connection); err != nil {
 		return fail(exitUsage, "%v", err)
 	}
 	if err := domain.ValidateName(providerName); providerName != "" && err != nil {
 		return fail(exitUsage, "import: invalid provider name %q", providerName)
 	}
-
-	switch cmd {
-	case "migrate":
-		if err := backend.Migrate(ctx); err != nil {
-			return failed(fail, "migrate: ", err)
-		}
-		fmt.Fprintln(stdio.Stdout, "migrations applied")
-		return exitOK
-	case "check":
-		res, err := backend.Check(ctx)
-		if err != nil {
-			return failed(fail, "check: ", err)
-		}
-		fmt.Fprintln(stdio.Stdout, res)
-		if !res.OK() {
-			return exitFailure
-		}
-		return exitOK
-	case "rotate-key":
-		resealed, current, err := backend.RotateKey(ctx)
-		if err != nil {
-			return failed(fail, "rotate-key: ", err)
-		}
-		fmt.Fprintf(stdio.Stdout, "re-encrypted %d connection(s); %d already used the current key\n", resealed, current)
-		return exitOK
-	}
-
-	// Bad input fails before the database is opened.
-	var grant domain.Grant
-	var key boundKey
-	if cmd == "import" {
-		var err error
-		if grant, err = readGrant(stdio.Stdin, time.Now()); err != nil {
-			return fail(exitUsage, "import: %v", err)
-		}
-		if key, err = readDPoPKey(dpopKeyFile); err != nil {
-			return fail(exitUsage, "import: %v; nothing stored", err)
-		}
-	}
-	store, cleanup, err := backend.Open(ctx)
+	grant, err := readGrant(stdio.Stdin, time.Now())
 	if err != nil {
-		return failed(fail, "", err)
+		return fail(exitUsage, "import: %v", err)
 	}
-	defer cleanup()
-
-	switch cmd {
-	case "import":
+	key, err := readDPoPKey(dpopKeyFile)
+	if err != nil {
+		return fail(exitUsage, "import: %v; nothing stored", err)
+	}
+	return withStore(ctx, backend, fail, func(store Store) int {
 		t, err := key.connect(ctx, store, connection, providerName, grant, metadata)
 		switch {
 		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection), errors.Is(err, domain.ErrUnknownProvider),
@@ -215,35 +201,82 @@ func Main(args []string, backend Backend, stdio IO) int {
 		}
 		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d%s\n",
 			t.Connection, t.Status, formatTime(t.Expiry), t.Version, providerNote(t.Provider))
-	case "status":
-		now := time.Now()
-		p := newStatusPrinter(stdio.Stdout)
-		p.notice = expiringNotice(store)
-		if connection == "" {
-			err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
-			p.flush()
-			if err != nil {
-				return fail(exitFailure, "status: %v", err)
-			}
-			break
-		}
-		t, err := store.Connection(ctx, connection)
-		switch {
-		case errors.Is(err, domain.ErrNotFound):
-			return fail(exitUsage, "status: connection %q not found", connection)
-		case err != nil:
-			return fail(exitFailure, "status: %v", err)
-		}
-		p.print(t, now)
-		p.flush()
+		return exitOK
+	})
+}
+
+// connectionCmd is tokenctl status, disconnect and reactivate.
+func connectionCmd(ctx context.Context, cmd string, args []string, backend Backend, stdio IO, fail func(int, string, ...any) int) int {
+	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
+	var connection, reason string
+	var revoke bool
+	switch cmd {
 	case "disconnect":
-		return disconnect(ctx, store, connection, revoke, stdio, fail)
+		fs.StringVar(&connection, "connection", "", "disconnect connection `NAME`")
+		fs.BoolVar(&revoke, "revoke", false, "revoke the refresh token at the provider first; keep the connection if that fails")
+	case "status":
+		fs.StringVar(&connection, "connection", "", "show only connection `NAME`")
 	case "reactivate":
-		if connection != "" {
+		fs.StringVar(&connection, "connection", "", "reactivate connection `NAME`")
+		fs.StringVar(&reason, "all-with-reason", "", "reactivate every connection marked needs_reauth for `REASON` (e.g. invalid_client)")
+	}
+	if code, ok := parseFlags(fs, args, stdio.Stderr); !ok {
+		return code
+	}
+	switch {
+	case cmd == "disconnect" && connection == "":
+		return fail(exitUsage, "disconnect: --connection NAME is required")
+	case cmd == "reactivate" && (connection == "") == (reason == ""):
+		return fail(exitUsage, "reactivate: give either --connection NAME or --all-with-reason REASON")
+	}
+	if err := domain.ValidateName(connection); connection != "" && err != nil {
+		return fail(exitUsage, "%v", err)
+	}
+	return withStore(ctx, backend, fail, func(store Store) int {
+		switch {
+		case cmd == "status":
+			return status(ctx, store, connection, stdio, fail)
+		case cmd == "disconnect":
+			return disconnect(ctx, store, connection, revoke, stdio, fail)
+		case connection != "":
 			return reactivateOne(ctx, store, connection, stdio, fail)
 		}
 		return reactivateAll(ctx, store, reason, stdio, fail)
+	})
+}
+
+// withStore runs fn on the opened store.
+func withStore(ctx context.Context, backend Backend, fail func(int, string, ...any) int, fn func(Store) int) int {
+	store, cleanup, err := backend.Open(ctx)
+	if err != nil {
+		return failed(fail, "", err)
 	}
+	defer cleanup()
+	return fn(store)
+}
+
+// status is tokenctl status [--connection NAME].
+func status(ctx context.Context, store Store, connection string, stdio IO, fail func(int, string, ...any) int) int {
+	now := time.Now()
+	p := newStatusPrinter(stdio.Stdout)
+	p.notice = expiringNotice(store)
+	if connection == "" {
+		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
+		p.flush()
+		if err != nil {
+			return fail(exitFailure, "status: %v", err)
+		}
+		return exitOK
+	}
+	t, err := store.Connection(ctx, connection)
+	switch {
+	case errors.Is(err, domain.ErrNotFound):
+		return fail(exitUsage, "status: connection %q not found", connection)
+	case err != nil:
+		return fail(exitFailure, "status: %v", err)
+	}
+	p.print(t, now)
+	p.flush()
 	return exitOK
 }
 
