@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -76,31 +77,9 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
 		return code
 	}
-	var access domain.KeyAccess
-	if flagSet(fs, "scopes") {
-		s, err := domain.ParseScopes(strings.Split(scopes, ","))
-		if err != nil {
-			return fail(exitUsage, "create: --scopes: %v", err)
-		}
-		access.Scopes = s
-	}
-	if flagSet(fs, "connections") {
-		access.Connections = []string{}
-		for p := range strings.SplitSeq(connections, ",") {
-			if p = strings.TrimSpace(p); p == "" {
-				continue
-			}
-			if err := domain.ValidateConnectionPattern(p); err != nil {
-				return fail(exitUsage, "create: --connections: %v", err)
-			}
-			if domain.MatchesNoName(p) {
-				fmt.Fprintf(stdio.Stderr, "tokenctl: apikey create: warning: the pattern %s matches no connection (names are 1-128 of A-Z a-z 0-9 . _ -)\n", p)
-			}
-			access.Connections = append(access.Connections, p)
-		}
-		if len(access.Connections) == 0 {
-			return fail(exitUsage, "create: --connections: no pattern given")
-		}
+	access, err := keyAccess(fs, scopes, connections, stdio.Stderr)
+	if err != nil {
+		return fail(exitUsage, "create: %v", err)
 	}
 	if code, ok := checkName(cmd, "key", name, fail); !ok {
 		return code
@@ -127,24 +106,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 		fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
 			name, scopeList(access), patternList(access))
 	case "list":
-		keys, err := store.List(ctx)
-		if err != nil {
-			return fail(exitFailure, "list: %v", err)
-		}
-		if len(keys) == 0 {
-			fmt.Fprintln(stdio.Stdout, "no API keys")
-			return exitOK
-		}
-		tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "NAME\tCREATED\tLAST USED\tSCOPES\tCONNECTIONS")
-		for _, k := range keys {
-			used := "never"
-			if k.LastUsedAt != nil {
-				used = formatTime(*k.LastUsedAt)
-			}
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, scopeList(k.Access), patternList(k.Access))
-		}
-		_ = tw.Flush()
+		return listKeys(ctx, store, stdio, fail)
 	case "revoke":
 		err := store.Revoke(ctx, name)
 		switch {
@@ -155,6 +117,63 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 		}
 		fmt.Fprintf(stdio.Stdout, "revoked API key %s\n", name)
 	}
+	return exitOK
+}
+
+// keyAccess is what apikey create's --scopes and --connections grant
+// (every scope, every connection when not given); a pattern that can
+// match no name is warned about on stderr.
+func keyAccess(fs *flag.FlagSet, scopes, connections string, stderr io.Writer) (domain.KeyAccess, error) {
+	var access domain.KeyAccess
+	if flagSet(fs, "scopes") {
+		s, err := domain.ParseScopes(strings.Split(scopes, ","))
+		if err != nil {
+			return access, fmt.Errorf("--scopes: %w", err)
+		}
+		access.Scopes = s
+	}
+	if !flagSet(fs, "connections") {
+		return access, nil
+	}
+	access.Connections = []string{}
+	for p := range strings.SplitSeq(connections, ",") {
+		if p = strings.TrimSpace(p); p == "" {
+			continue
+		}
+		if err := domain.ValidateConnectionPattern(p); err != nil {
+			return access, fmt.Errorf("--connections: %w", err)
+		}
+		if domain.MatchesNoName(p) {
+			fmt.Fprintf(stderr, "tokenctl: apikey create: warning: the pattern %s matches no connection (names are 1-128 of A-Z a-z 0-9 . _ -)\n", p)
+		}
+		access.Connections = append(access.Connections, p)
+	}
+	if len(access.Connections) == 0 {
+		return access, errors.New("--connections: no pattern given")
+	}
+	return access, nil
+}
+
+// listKeys is tokenctl apikey list.
+func listKeys(ctx context.Context, store KeyStore, stdio IO, fail func(int, string, ...any) int) int {
+	keys, err := store.List(ctx)
+	if err != nil {
+		return fail(exitFailure, "list: %v", err)
+	}
+	if len(keys) == 0 {
+		fmt.Fprintln(stdio.Stdout, "no API keys")
+		return exitOK
+	}
+	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "NAME\tCREATED\tLAST USED\tSCOPES\tCONNECTIONS")
+	for _, k := range keys {
+		used := "never"
+		if k.LastUsedAt != nil {
+			used = formatTime(*k.LastUsedAt)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, scopeList(k.Access), patternList(k.Access))
+	}
+	_ = tw.Flush()
 	return exitOK
 }
 

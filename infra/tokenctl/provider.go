@@ -324,6 +324,11 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		return failed(fail, "", err)
 	}
 	defer cleanup()
+	return f.run(ctx, cmd, store, set, secret, stdio, fail)
+}
+
+// run carries out provider command cmd, its input checked, on store.
+func (f *providerFlags) run(ctx context.Context, cmd string, store ProviderStore, set map[string]bool, secret *domain.Secret, stdio IO, fail func(int, string, ...any) int) int {
 	failed := func(err error) int {
 		code := exitFailure
 		if errors.Is(err, domain.ErrInvalidProvider) || errors.Is(err, domain.ErrProviderExists) || errors.Is(err, domain.ErrUnknownProfile) ||
@@ -346,7 +351,8 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		if err := checkURLs(p, store.AllowInsecureURLs()); err != nil {
 			return failed(err)
 		}
-		if p, err = store.Add(ctx, p); err != nil {
+		p, err := store.Add(ctx, p)
+		if err != nil {
 			return failed(err)
 		}
 		fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
