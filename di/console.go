@@ -30,6 +30,10 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *sl
 		return nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
+	revoker, err := NewRevoker(cfg.Config, db, repository.NewProviderRepository(db, sealer))
+	if err != nil {
+		return nil, err
+	}
 	registry := a.tokens.Guard.ProviderRegistry()
 	e := cfg.edges()
 	return console.New(console.Deps{
@@ -38,7 +42,7 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *sl
 		Connections: repo,
 		History:     repository.NewConnectionEvents(db),
 		Actions: consoleActions{repo: repo, lockWait: cfg.LockWait,
-			disconnect: usecase.NewDisconnectUseCase(repo, NewRevoker(cfg.Config, db, repository.NewProviderRepository(db, sealer)), cfg.LockWait, cfg.RefreshTimeout)},
+			disconnect: usecase.NewDisconnectUseCase(repo, revoker, cfg.LockWait, cfg.RefreshTimeout)},
 		Links:     srv,
 		Providers: consoleProviders{cfg: cfg, a: a, registry: registry, styles: repository.NewAuthStyles(db)},
 		Secure:    e.PublicURL != nil && e.PublicURL.Scheme == "https",

@@ -16,8 +16,10 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/prom"
 	"github.com/tokenguard/tokenguard/repository"
@@ -182,14 +184,29 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 }
 
 // NewRevoker revokes refresh tokens at each connection's provider
-// (OAUTH_REVOCATION_URL, or a stored provider's own URL).
-func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) *provider.Revocations {
+// (OAUTH_REVOCATION_URL, or a stored provider's own URL), the client
+// authenticated as at the token endpoint: with OAUTH_CLIENT_KEY_FILE's
+// assertions for private_key_jwt.
+func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*provider.Revocations, error) {
 	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
-	return provider.NewRevocations(provider.StoredRevocationEndpoints{
-		Env: provider.RevocationEndpoint{URL: cfg.OAuth.RevocationURL, ClientID: cfg.OAuth.ClientID,
-			ClientSecret: domain.NewSecret(cfg.OAuth.ClientSecret), AuthStyle: style, TokenURL: cfg.OAuth.TokenURL},
-		Providers: providers,
-	}, provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout)), repository.NewAuthStyles(db))
+	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
+	d := provider.NewDiscovery(client)
+	env := provider.RevocationEndpoint{URL: cfg.OAuth.RevocationURL, ClientID: cfg.OAuth.ClientID,
+		ClientSecret: domain.NewSecret(cfg.OAuth.ClientSecret), AuthStyle: style, TokenURL: cfg.OAuth.TokenURL}
+	signer, err := cfg.OAuth.clientKey()
+	if err != nil {
+		return nil, err
+	}
+	if signer != nil {
+		if env.ClientKey, err = clientkey.FromSigner(signer); err != nil {
+			return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
+		}
+		if p, _ := profiles.Get(cfg.OAuth.Profile); p.AssertionAud == domain.AudienceIssuer {
+			env.IssuerAud = d
+		}
+	}
+	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d},
+		client, repository.NewAuthStyles(db)), nil
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration.

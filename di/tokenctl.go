@@ -86,7 +86,12 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 		cleanup()
 		return nil, nil, err
 	}
-	disconnect := usecase.NewDisconnectUseCase(s.Repository, NewRevoker(cfg, s.DB, s.Providers), cfg.LockWait, cfg.RefreshTimeout)
+	revoker, err := NewRevoker(cfg, s.DB, s.Providers)
+	if err != nil {
+		cleanup()
+		return nil, nil, &tokenctl.ConfigError{Err: err}
+	}
+	disconnect := usecase.NewDisconnectUseCase(s.Repository, revoker, cfg.LockWait, cfg.RefreshTimeout)
 	return ctlStore{s, s.Repository, cfg.LockWait, disconnect, cfg}, cleanup, nil
 }
 

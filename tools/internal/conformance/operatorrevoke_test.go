@@ -1,0 +1,104 @@
+package conformance_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/x509"
+	"encoding/json"
+	"encoding/pem"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	jose "github.com/go-jose/go-jose/v4"
+	"golang.org/x/oauth2"
+
+	"github.com/tokenguard/tokenguard"
+	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/clientkey"
+	"github.com/tokenguard/tokenguard/infra/provider"
+)
+
+// TestOperatorRevocationWithClientKey: tokenctl disconnect --revoke, for a
+// connection of the OAUTH_* provider authenticated with private_key_jwt
+// (OAUTH_CLIENT_KEY_FILE), revokes its refresh token at oidc-provider with
+// an assertion signed by that key: the server accepts the client, the
+// refresh token is dead, the connection deleted. Control: the same
+// revocation without the key (what the operator tools sent before) is
+// refused as a client and the refresh token still works.
+func TestOperatorRevocationWithClientKey(t *testing.T) {
+	priv, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	k, err := clientkey.FromSigner(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{k.PublicJWK()}})
+	w := newSenderWorld(t, 1, "pkjwt", []string{"CLIENT_JWKS=" + string(pub)}, tokenguard.WithClientKey(priv))
+	tg := w.stacks[0]
+	w.connect(t, tg, "op-revoked")
+	w.connect(t, tg, "op-control")
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	refresher := provider.NewRefresher(w.cfg, provider.NewHTTPClient(10*time.Second), provider.WithClientKey(k, ""))
+	revocations := func(status int) func(map[string]any) bool {
+		return func(ev map[string]any) bool {
+			return ev["event"] == "revocation" && ev["client_id"] == "pkjwt" && ev["status"] == float64(status)
+		}
+	}
+
+	t.Run("control: without the key, refused", func(t *testing.T) {
+		stored, err := tg.Repository().Get(ctx, "op-control")
+		if err != nil {
+			t.Fatal(err)
+		}
+		keyless := provider.NewRevocations(provider.OneRevocationEndpoint{URL: w.d.Revocation, ClientID: "pkjwt",
+			AuthStyle: oauth2.AuthStyleInParams, TokenURL: w.d.Token}, provider.NewHTTPClient(10*time.Second), nil)
+		if err := keyless.Revoke(ctx, "", stored.RefreshToken); err == nil {
+			t.Fatal("a revocation without the client key was accepted")
+		}
+		if n := w.eventsUpTo(1, revocations(401)); n < 1 {
+			t.Errorf("revocations refused as a client: %d, want at least 1", n)
+		}
+		if _, err := refresher.Refresh(ctx, stored.RefreshToken); err != nil {
+			t.Errorf("the refresh token the refused revocation carried: %v, want it alive", err)
+		}
+	})
+
+	t.Run("tokenctl disconnect --revoke", func(t *testing.T) {
+		stored, err := tg.Repository().Get(ctx, "op-revoked")
+		if err != nil {
+			t.Fatal(err)
+		}
+		der, _ := x509.MarshalPKCS8PrivateKey(priv)
+		keyFile := filepath.Join(t.TempDir(), "client.pem")
+		if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		environ := []string{"DATABASE_URL=" + w.dsn, "OAUTH_TOKEN_URL=" + w.d.Token, "OAUTH_CLIENT_ID=pkjwt",
+			"OAUTH_AUTH_STYLE=private_key_jwt", "OAUTH_CLIENT_KEY_FILE=" + keyFile, "OAUTH_REVOCATION_URL=" + w.d.Revocation}
+		var stdout, stderr bytes.Buffer
+		code := di.RunTokenctl([]string{"disconnect", "--connection", "op-revoked", "--revoke"}, environ, strings.NewReader(""), &stdout, &stderr)
+		if code != 0 || !strings.Contains(stdout.String(), "was revoked at the provider") {
+			t.Fatalf("tokenctl disconnect --revoke: exit %d, %s%s", code, stdout.String(), stderr.String())
+		}
+		if n := w.eventsUpTo(1, func(ev map[string]any) bool {
+			return revocations(200)(ev) && ev["assertion_aud"] == w.d.Token
+		}); n != 1 {
+			t.Errorf("revocations accepted, with an assertion for the token endpoint: %d, want 1", n)
+		}
+		var pe *domain.ProviderError
+		if _, err := refresher.Refresh(ctx, stored.RefreshToken); !errors.As(err, &pe) || pe.Code != "invalid_grant" {
+			t.Errorf("the revoked refresh token: %v, want invalid_grant", err)
+		}
+		if _, err := tg.Repository().Get(ctx, "op-revoked"); !errors.Is(err, domain.ErrNotFound) {
+			t.Errorf("the disconnected connection: %v, want ErrNotFound", err)
+		}
+	})
+}
