@@ -22,6 +22,18 @@ import (
 	"github.com/tokenguard/tokenguard/internal/waitfor"
 )
 
+// newKeyWorld is oidc-provider with client pkjwt registered for
+// private_key_jwt with a key of its own, and one stack signing with it.
+func newKeyWorld(t *testing.T) (*dpopWorld, *ecdsa.PrivateKey, *clientkey.Key) {
+	priv, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	k, err := clientkey.FromSigner(priv)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pub, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{k.PublicJWK()}})
+	return newSenderWorld(t, 1, "pkjwt", []string{"CLIENT_JWKS=" + string(pub)}, tokenguard.WithClientKey(priv)), priv, k
+}
+
 // TestPrivateKeyJWT: oidc-provider's client registered for
 // private_key_jwt (its public key in the registration) is connected and
 // refreshed by tokenguard with an assertion per token request, and
@@ -29,13 +41,7 @@ import (
 // thumbprint. Control: a stack signing with another key is refused as a
 // client (ErrClientRejected) and the grant is untouched.
 func TestPrivateKeyJWT(t *testing.T) {
-	priv, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	k, err := clientkey.FromSigner(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{k.PublicJWK()}})
-	w := newSenderWorld(t, 1, "pkjwt", []string{"CLIENT_JWKS=" + string(pub)}, tokenguard.WithClientKey(priv))
+	w, _, k := newKeyWorld(t)
 	tg := w.stacks[0]
 	w.connect(t, tg, "pk-conn")
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -3,11 +3,7 @@ package conformance_test
 import (
 	"bytes"
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/x509"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"os"
@@ -16,13 +12,10 @@ import (
 	"testing"
 	"time"
 
-	jose "github.com/go-jose/go-jose/v4"
 	"golang.org/x/oauth2"
 
-	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
@@ -34,13 +27,7 @@ import (
 // revocation without the key (what the operator tools sent before) is
 // refused as a client and the refresh token still works.
 func TestOperatorRevocationWithClientKey(t *testing.T) {
-	priv, _ := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	k, err := clientkey.FromSigner(priv)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pub, _ := json.Marshal(jose.JSONWebKeySet{Keys: []jose.JSONWebKey{k.PublicJWK()}})
-	w := newSenderWorld(t, 1, "pkjwt", []string{"CLIENT_JWKS=" + string(pub)}, tokenguard.WithClientKey(priv))
+	w, priv, k := newKeyWorld(t)
 	tg := w.stacks[0]
 	w.connect(t, tg, "op-revoked")
 	w.connect(t, tg, "op-control")
