@@ -20,7 +20,11 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 	}
 	client := provider.NewHTTPClient(10 * time.Second)
 	client.Transport = userAgent{base: client.Transport, value: UserAgent("tokenctl")}
-	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client), nil
+	opts, err := tokenRequestOptions(cfg, client)
+	if err != nil {
+		return provider.CheckResult{}, &tokenctl.ConfigError{Err: err}
+	}
+	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...), nil
 }
 
 // checkAtStart runs the token endpoint check in the background and logs
@@ -32,7 +36,12 @@ func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider
 		defer close(done)
 		client := provider.NewHTTPClient(cfg.RefreshTimeout)
 		client.Transport = userAgent{base: client.Transport, value: UserAgent(app)}
-		res := provider.Check(ctx, OAuth2Config(cfg.OAuth), client)
+		opts, err := tokenRequestOptions(cfg, client)
+		if err != nil {
+			log.Error("token endpoint check: not run", "err", err)
+			return
+		}
+		res := provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...)
 		if ctx.Err() != nil {
 			return // stopped before the endpoint answered: nothing to tell
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"net/http"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -193,20 +194,53 @@ func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*pr
 	d := provider.NewDiscovery(client)
 	env := provider.RevocationEndpoint{URL: cfg.OAuth.RevocationURL, ClientID: cfg.OAuth.ClientID,
 		ClientSecret: domain.NewSecret(cfg.OAuth.ClientSecret), AuthStyle: style, TokenURL: cfg.OAuth.TokenURL}
-	signer, err := cfg.OAuth.clientKey()
+	key, issuerAud, err := cfg.OAuth.signingKey()
 	if err != nil {
 		return nil, err
 	}
-	if signer != nil {
-		if env.ClientKey, err = clientkey.FromSigner(signer); err != nil {
-			return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
-		}
-		if p, _ := profiles.Get(cfg.OAuth.Profile); p.AssertionAud == domain.AudienceIssuer {
-			env.IssuerAud = d
-		}
+	env.ClientKey = key
+	if issuerAud {
+		env.IssuerAud = d
 	}
 	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d},
 		client, repository.NewAuthStyles(db)), nil
+}
+
+// signingKey is OAUTH_CLIENT_KEY_FILE's key for private_key_jwt (nil for
+// the other styles), and whether the profile makes the issuer its
+// assertions' audience.
+func (o OAuthConfig) signingKey() (_ *clientkey.Key, issuerAud bool, _ error) {
+	signer, err := o.clientKey()
+	if err != nil || signer == nil {
+		return nil, false, err
+	}
+	k, err := clientkey.FromSigner(signer)
+	if err != nil {
+		return nil, false, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
+	}
+	p, _ := profiles.Get(o.Profile)
+	return k, p.AssertionAud == domain.AudienceIssuer, nil
+}
+
+// tokenRequestOptions authenticate a token request of the OAUTH_*
+// provider made outside the token layer (the endpoint check) as the token
+// layer's are: the client key, the resource indicator.
+func tokenRequestOptions(cfg Config, client *http.Client) ([]provider.Option, error) {
+	key, issuerAud, err := cfg.OAuth.signingKey()
+	if err != nil {
+		return nil, err
+	}
+	var opts []provider.Option
+	if key != nil {
+		opts = append(opts, provider.WithClientKey(key, ""))
+	}
+	if issuerAud {
+		opts = append(opts, provider.WithIssuerAudience(provider.NewDiscovery(client)))
+	}
+	if cfg.OAuth.Resource != "" {
+		opts = append(opts, provider.WithResource(cfg.OAuth.Resource))
+	}
+	return opts, nil
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration.

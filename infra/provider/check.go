@@ -102,15 +102,16 @@ func (r CheckResult) String() string {
 // Check asks cfg's token endpoint whether it accepts the client with a
 // made-up refresh token: the client is authenticated before the grant is
 // looked at (RFC 6749 §5.2). In auto it tries HTTP Basic, then the form
-// body. client may be nil.
-func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client) CheckResult {
+// body. client may be nil; opts authenticate the client as its token
+// requests do (WithClientKey, WithIssuerAudience, WithResource).
+func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ...Option) CheckResult {
 	styles := []oauth2.AuthStyle{cfg.Endpoint.AuthStyle}
 	if cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
 		styles = []oauth2.AuthStyle{oauth2.AuthStyleInHeader, oauth2.AuthStyleInParams}
 	}
 	res := CheckResult{URL: displayURL(cfg.Endpoint.TokenURL)}
 	for _, style := range styles {
-		res = probe(ctx, cfg, client, style, res)
+		res = probe(ctx, cfg, client, style, res, opts)
 		if res.Verdict != CheckClientRejected {
 			break
 		}
@@ -118,7 +119,7 @@ func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client) CheckRe
 	return res
 }
 
-func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style oauth2.AuthStyle, res CheckResult) CheckResult {
+func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style oauth2.AuthStyle, res CheckResult, opts []Option) CheckResult {
 	c := *cfg
 	c.Endpoint.AuthStyle = style
 	hc := NewHTTPClient(defaultCheckTimeout)
@@ -133,7 +134,7 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 	hc.Transport = seen
 
 	res.Styles = append(res.Styles, styleName(style))
-	_, err := NewRefresher(&c, hc).Refresh(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()))
+	_, err := NewRefresher(&c, hc, opts...).Refresh(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()))
 	status, media, head, answered := seen.get()
 	res.HTTPStatus, res.Media, res.Code, res.Err, res.Learned = status, media, "", nil, false
 	var pe *domain.ProviderError

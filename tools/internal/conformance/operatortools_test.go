@@ -19,14 +19,14 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
-// TestOperatorRevocationWithClientKey: tokenctl disconnect --revoke, for a
-// connection of the OAUTH_* provider authenticated with private_key_jwt
-// (OAUTH_CLIENT_KEY_FILE), revokes its refresh token at oidc-provider with
-// an assertion signed by that key: the server accepts the client, the
-// refresh token is dead, the connection deleted. Control: the same
-// revocation without the key (what the operator tools sent before) is
-// refused as a client and the refresh token still works.
-func TestOperatorRevocationWithClientKey(t *testing.T) {
+// TestOperatorToolsWithClientKey: with the OAUTH_* provider authenticated
+// by private_key_jwt (OAUTH_CLIENT_KEY_FILE), tokenctl check finds the
+// client accepted at oidc-provider, and tokenctl disconnect --revoke
+// revokes the connection's refresh token with an assertion signed by that
+// key: the refresh token is dead, the connection deleted. Controls: the
+// same check and revocation without the key (what the operator tools sent
+// before) are refused as a client, and the refresh token still works.
+func TestOperatorToolsWithClientKey(t *testing.T) {
 	w, priv, k := newKeyWorld(t)
 	tg := w.stacks[0]
 	w.connect(t, tg, "op-revoked")
@@ -40,7 +40,29 @@ func TestOperatorRevocationWithClientKey(t *testing.T) {
 		}
 	}
 
-	t.Run("control: without the key, refused", func(t *testing.T) {
+	der, _ := x509.MarshalPKCS8PrivateKey(priv)
+	keyFile := filepath.Join(t.TempDir(), "client.pem")
+	if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	environ := []string{"DATABASE_URL=" + w.dsn, "OAUTH_TOKEN_URL=" + w.d.Token, "OAUTH_CLIENT_ID=pkjwt",
+		"OAUTH_AUTH_STYLE=private_key_jwt", "OAUTH_CLIENT_KEY_FILE=" + keyFile, "OAUTH_REVOCATION_URL=" + w.d.Revocation}
+	tokenctl := func(args ...string) (int, string) {
+		var stdout, stderr bytes.Buffer
+		code := di.RunTokenctl(args, environ, strings.NewReader(""), &stdout, &stderr)
+		return code, stdout.String() + stderr.String()
+	}
+
+	t.Run("tokenctl check", func(t *testing.T) {
+		if code, out := tokenctl("check"); code != 0 || !strings.HasPrefix(out, "ok: ") {
+			t.Errorf("tokenctl check: exit %d, %s", code, out)
+		}
+		if res := provider.Check(ctx, w.cfg, provider.NewHTTPClient(10*time.Second)); res.Verdict != provider.CheckClientRejected {
+			t.Errorf("control: the check without the key: %s, want client rejected", res)
+		}
+	})
+
+	t.Run("control: a revocation without the key, refused", func(t *testing.T) {
 		stored, err := tg.Repository().Get(ctx, "op-control")
 		if err != nil {
 			t.Fatal(err)
@@ -63,17 +85,8 @@ func TestOperatorRevocationWithClientKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		der, _ := x509.MarshalPKCS8PrivateKey(priv)
-		keyFile := filepath.Join(t.TempDir(), "client.pem")
-		if err := os.WriteFile(keyFile, pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der}), 0o600); err != nil {
-			t.Fatal(err)
-		}
-		environ := []string{"DATABASE_URL=" + w.dsn, "OAUTH_TOKEN_URL=" + w.d.Token, "OAUTH_CLIENT_ID=pkjwt",
-			"OAUTH_AUTH_STYLE=private_key_jwt", "OAUTH_CLIENT_KEY_FILE=" + keyFile, "OAUTH_REVOCATION_URL=" + w.d.Revocation}
-		var stdout, stderr bytes.Buffer
-		code := di.RunTokenctl([]string{"disconnect", "--connection", "op-revoked", "--revoke"}, environ, strings.NewReader(""), &stdout, &stderr)
-		if code != 0 || !strings.Contains(stdout.String(), "was revoked at the provider") {
-			t.Fatalf("tokenctl disconnect --revoke: exit %d, %s%s", code, stdout.String(), stderr.String())
+		if code, out := tokenctl("disconnect", "--connection", "op-revoked", "--revoke"); code != 0 || !strings.Contains(out, "was revoked at the provider") {
+			t.Fatalf("tokenctl disconnect --revoke: exit %d, %s", code, out)
 		}
 		if n := w.eventsUpTo(1, func(ev map[string]any) bool {
 			return revocations(200)(ev) && ev["assertion_aud"] == w.d.Token
