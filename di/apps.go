@@ -210,7 +210,7 @@ var ErrBatchFailed = batch.ErrFailed
 type RefreshAhead struct {
 	Window      time.Duration // refresh connections expiring within this; 0 disables
 	KeepAlive   time.Duration // refresh connections not refreshed for this long; 0 disables
-	Concurrency int           // refreshes at once, for both
+	Concurrency int           // refresh requests at the provider at once, for both
 }
 
 // app is what the three apps share.

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"golang.org/x/sync/errgroup"
+	"golang.org/x/sync/semaphore"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -51,8 +52,8 @@ const sweepErrors = 20
 type lister func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error)
 
 // RefreshAhead refreshes every connection whose token expires within
-// window, at most concurrency at a time, so that callers rarely meet a
-// stale token. Connections another process is refreshing right now are
+// window, with at most concurrency requests at the provider at a time, so
+// that callers rarely meet a stale token. Connections another process is refreshing right now are
 // skipped rather than queued behind. Errors of single connections are
 // counted, and the first few joined into the returned error; the pass goes
 // on. It pages through the due connections (keyset pagination on an index
@@ -102,9 +103,12 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 }
 
 // sweep refreshes the tokens list hands out, page by page, that are due
-// and still as listed under the lock, at most concurrency at a time,
-// skipping those another holder is refreshing. kind names the sweep in
-// its span.
+// and still as listed under the lock, skipping those another holder is
+// refreshing. concurrency bounds the requests at the provider, which is
+// what a provider sees and limits; twice as many connections are worked
+// on, so that the next ones' claims and the last ones' writes overlap the
+// calls instead of adding to each (the sweep then runs at concurrency ÷
+// the provider's latency). kind names the sweep in its span.
 func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
 	var rep AheadReport
@@ -116,8 +120,10 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		listed                            int
 		listErr                           error
 	)
+	concurrency = max(concurrency, 1)
+	calls := semaphore.NewWeighted(int64(concurrency))
 	g, gctx := errgroup.WithContext(ctx)
-	g.SetLimit(max(concurrency, 1))
+	g.SetLimit(2 * concurrency)
 	for after := ""; ; {
 		toks, next, err := list(ctx, t, after, sweepPage)
 		if err != nil {
@@ -127,7 +133,7 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		listed += len(toks)
 		for _, tok := range toks {
 			g.Go(func() error {
-				switch outcome, err := u.sweepOne(gctx, store, tok, due); outcome {
+				switch outcome, err := u.sweepOne(gctx, store, calls, tok, due); outcome {
 				case sweepFailed:
 					failed.Add(1)
 					mu.Lock()
@@ -170,8 +176,9 @@ const (
 // sweepOne refreshes t's connection if t is due, and still the stored
 // token with no other holder's refresh of it under way when Claim re-reads
 // it under the lock, holding one of the process's in-flight slots while it
-// does. t is as listed, without its credentials.
-func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, t domain.Token, due func(domain.Token) bool) (sweepOutcome, error) {
+// does, and one of the sweep's calls from the claim to the provider's
+// answer. t is as listed, without its credentials.
+func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, calls *semaphore.Weighted, t domain.Token, due func(domain.Token) bool) (sweepOutcome, error) {
 	var (
 		c  claimed
 		r  redeemed
@@ -210,7 +217,12 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, t 
 		ev, busy = RefreshEvent{Connection: id, OldVersion: cl.Token.Version, Provider: cl.Token.Provider, Outcome: OutcomeSkippedFresh}, false
 		return sweepFresh, nil
 	case err == nil:
-		c = claimed{current: cl.Token, end: cl.End, release: sync.OnceFunc(func() { u.slots.Release(1) })}
+		if err = calls.Acquire(ctx, 1); err != nil {
+			cl.End(true) // not presented
+			u.slots.Release(1)
+			break
+		}
+		c = claimed{current: cl.Token, end: cl.End, release: sync.OnceFunc(func() { u.slots.Release(1); calls.Release(1) })}
 		r, err = u.redeem(ctx, store, c)
 	}
 	busy = false

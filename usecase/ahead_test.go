@@ -216,3 +216,76 @@ func sorted(s []string) []string {
 	slices.Sort(out)
 	return out
 }
+
+// slowProvider answers every refresh after latency, counting the requests
+// at once.
+type slowProvider struct {
+	latency        time.Duration
+	mu             sync.Mutex
+	inFlight, peak int
+}
+
+func (p *slowProvider) calls() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.inFlight
+}
+
+func (p *slowProvider) Refresh(ctx context.Context, provider string, rt domain.Secret) (domain.Grant, error) {
+	p.mu.Lock()
+	p.inFlight++
+	p.peak = max(p.peak, p.inFlight)
+	p.mu.Unlock()
+	time.Sleep(p.latency)
+	p.mu.Lock()
+	p.inFlight--
+	p.mu.Unlock()
+	return grantAll{}.Refresh(ctx, provider, rt)
+}
+
+// claimsDuringCalls records, at each claim, how many refreshes were at the
+// provider.
+type claimsDuringCalls struct {
+	*idleTokens
+	provider *slowProvider
+	mu       sync.Mutex
+	busiest  int
+}
+
+func (s *claimsDuringCalls) Claim(ctx context.Context, seen domain.Token, d time.Duration) (Claim, error) {
+	n := s.provider.calls()
+	s.mu.Lock()
+	s.busiest = max(s.busiest, n)
+	s.mu.Unlock()
+	return s.idleTokens.Claim(ctx, seen, d)
+}
+
+// The sweep's concurrency bounds the requests at the provider, and only
+// them: the next connections are claimed while that many are out, so that
+// the database work adds nothing to the sweep's time.
+func TestSweepBoundsProviderCallsAndClaimsMeanwhile(t *testing.T) {
+	const n, concurrency = 40, 3
+	now := time.Now()
+	toks := map[string]domain.Token{}
+	for i := range n {
+		id := fmt.Sprintf("c-%d", i)
+		toks[id] = domain.Token{Connection: id, AccessToken: domain.NewSecret("a"), RefreshToken: domain.NewSecret("r"),
+			Status: domain.StatusActive, Version: 1, ObtainedAt: now.Add(-48 * time.Hour), Expiry: now.Add(time.Hour)}
+	}
+	provider := &slowProvider{latency: 20 * time.Millisecond}
+	store := &claimsDuringCalls{idleTokens: &idleTokens{toks: toks}, provider: provider}
+	u, err := NewRefreshTokenUseCase(nil, provider, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rep, err := u.KeepAlive(context.Background(), store, 24*time.Hour, concurrency)
+	if err != nil || rep.Refreshed != n {
+		t.Fatalf("report %+v, %v; want %d refreshed", rep, err, n)
+	}
+	if provider.peak > concurrency {
+		t.Errorf("%d requests at the provider at once, want at most %d", provider.peak, concurrency)
+	}
+	if store.busiest < concurrency {
+		t.Errorf("claims ran with at most %d requests at the provider: the database work waited for the calls (want claims while %d were out)", store.busiest, concurrency)
+	}
+}

@@ -19,7 +19,7 @@ func main() {
 	every := fs.Duration("every", 0, "repeat every `DURATION` until SIGTERM (default: one round)")
 	ahead := fs.Duration("refresh-ahead", 0, "first refresh every connection expiring within `DURATION` (0: off)")
 	keepAlive := fs.Duration("keep-alive", 0, "first refresh every connection not refreshed for `DURATION`, for providers whose refresh tokens die unused (0: off)")
-	concurrency := fs.Int("refresh-concurrency", 8, "refreshes at once for --refresh-ahead and --keep-alive")
+	concurrency := fs.Int("refresh-concurrency", 8, "refresh requests at the provider at once for --refresh-ahead and --keep-alive")
 	if di.HelpAsked(os.Args[1:]) {
 		fmt.Print("usage: batch [flags]\n\nCalls the external API once for every active connection; exits 0 if every call succeeded,\n1 otherwise. Each round prints one JSON line on stdout.\n\nFlags:\n")
 		fs.SetOutput(os.Stdout)
