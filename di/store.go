@@ -35,6 +35,17 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		return nil, nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
+	// An import or a reactivation stores a grant as durably as the apps'
+	// writes do: TOKEN_SYNC_COMMIT, else the cluster's default as read now.
+	durability, err := repository.NewDurability(cfg.SyncCommit)
+	if err != nil {
+		_ = postgres.Close(db)
+		return nil, nil, fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
+	}
+	if r, err := repo.ReadReplication(ctx); err == nil {
+		durability.Observe(r)
+	}
+	repo.SetDurability(durability)
 	return &Store{
 		DB:         db,
 		Repository: repo,
