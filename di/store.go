@@ -35,8 +35,9 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		return nil, nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
-	// An import or a reactivation stores a grant as durably as the apps'
-	// writes do: TOKEN_SYNC_COMMIT, else the cluster's default as read now.
+	// The tools' locked writes (an import's grant, a reactivation) commit
+	// as durably as the apps' do: TOKEN_SYNC_COMMIT, else the cluster's
+	// default as read now.
 	durability, err := repository.NewDurability(cfg.SyncCommit)
 	if err != nil {
 		_ = postgres.Close(db)

@@ -8,8 +8,9 @@ import (
 	"github.com/tokenguard/tokenguard/internal/testdb"
 )
 
-// The operator tools store grants (import, reactivate) as durably as the
-// apps do: at TOKEN_SYNC_COMMIT, else at the cluster's default.
+// The operator tools' locked writes (an import's grant, a reactivation)
+// commit as durably as the apps' do: at TOKEN_SYNC_COMMIT, else at the
+// cluster's default.
 func TestOperatorStoreCommitsAsTheApps(t *testing.T) {
 	if testing.Short() {
 		t.Skip("needs Postgres")
