@@ -53,11 +53,12 @@ type lister func(ctx context.Context, t time.Time, after string, limit int) ([]d
 
 // RefreshAhead refreshes every connection whose token expires within
 // window, with at most concurrency requests at the provider at a time, so
-// that callers rarely meet a stale token. Connections another process is refreshing right now are
-// skipped rather than queued behind. Errors of single connections are
-// counted, and the first few joined into the returned error; the pass goes
-// on. It pages through the due connections (keyset pagination on an index
-// on expiry), so its memory does not grow with the table.
+// that callers rarely meet a stale token. Connections another process is
+// refreshing right now are skipped rather than queued behind. Errors of
+// single connections are counted, and the first few joined into the
+// returned error; the pass goes on. It pages through the due connections
+// (keyset pagination on an index on expiry), so its memory does not grow
+// with the table.
 func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore, window time.Duration, concurrency int) (AheadReport, error) {
 	deadline := u.opts.Clock.Now().Add(window)
 	rep, err := u.sweep(ctx, "refresh_ahead", store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
