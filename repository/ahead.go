@@ -10,29 +10,22 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ExpiringBefore lists up to limit active connections whose token expires
-// before t, soonest first, starting after the cursor after ("" for the
-// first page): each token as it was read, without its credentials (its
-// version and failure record are what a claim of its refresh compares).
-// next is the cursor of the following page, "" after the last. Each page
-// is a range scan of the index tokens_active_expiry (migration 6), so
-// paging through the table never holds it in memory and a page costs the
-// same however large the table. A token refreshed meanwhile moves past t
-// and is not listed again.
+// ExpiringBefore lists, without credentials, up to limit active tokens
+// expiring before t, soonest first, after the cursor after ("" first); next
+// is the following page's cursor, "" after the last. Each page is an index
+// range scan.
 func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error) {
 	return r.activeBefore(ctx, "expiry", t, after, limit)
 }
 
-// ObtainedBefore is ExpiringBefore for the active connections whose token
-// was obtained before t, oldest first (index tokens_active_obtained).
+// ObtainedBefore is ExpiringBefore for tokens obtained before t, oldest first.
 func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error) {
 	return r.activeBefore(ctx, "obtained_at", t, after, limit)
 }
 
-// activeBefore pages through the active tokens whose column (expiry or
-// obtained_at) is before t, by (column, connection id). The cursor also
-// carries when the walk began: a token obtained after that (refreshed by
-// this very sweep, or by anyone) is left out, or a window longer than the
+// activeBefore pages through the active tokens whose column is before t,
+// by (column, connection id). The cursor also carries when the walk began:
+// a token obtained after that is left out, or a window longer than the
 // tokens' lifetime would meet every refreshed token again further on.
 func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]domain.Token, string, error) {
 	q, args := `t.`+column+` < ?`, []any{t}
@@ -51,7 +44,7 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 		Began time.Time
 	}
 	err := r.db.WithContext(ctx).Raw(`SELECT c.id AS lock_key, c.name, t.token_type, t.expiry, t.refresh_expiry, t.obtained_at,
-		t.version, t.status, t.status_reason, t.updated_at, `+providerColumn("t")+`, `+failureColumns+`, t.`+column+` AS at, b.began
+		t.version, t.status, t.status_reason, t.updated_at, `+providerColumn+`, `+failureColumns+`, t.`+column+` AS at, b.began
 		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 		LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version,
 		(SELECT coalesce(?::timestamptz, now()) AS began) b
@@ -73,9 +66,8 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 	return due, next, nil
 }
 
-// parseTimeCursor reads activeBefore's cursor: when the walk began, the
-// last row's time (Unix microseconds, Postgres' precision) and connection
-// id.
+// parseTimeCursor reads activeBefore's cursor: when the walk began and the
+// last row's time (Unix microseconds) and connection id.
 func parseTimeCursor(s string) (began, at time.Time, id int32, err error) {
 	parts := strings.Split(s, ":")
 	if len(parts) != 3 {

@@ -9,6 +9,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -71,14 +73,6 @@ func (r keyRow) access() domain.KeyAccess {
 	return a
 }
 
-// stringArray is a text[] parameter; nil is NULL.
-func stringArray(v []string) any {
-	if v == nil {
-		return nil
-	}
-	return "{" + strings.Join(quoteAll(v), ",") + "}"
-}
-
 // APIKeys stores the server's API keys as SHA-256 hashes.
 type APIKeys struct {
 	db *gorm.DB
@@ -87,9 +81,8 @@ type APIKeys struct {
 // NewAPIKeys binds the store to a pool.
 func NewAPIKeys(db *gorm.DB) *APIKeys { return &APIKeys{db: db} }
 
-// HashKey is how a key (or a connect session token, or a flow cookie) is
-// stored: SHA-256. The values are 256 random bits, so the hash needs no
-// salt or stretching.
+// HashKey is how a key, a session token or a flow cookie is stored: their
+// 256 random bits need no salt or stretching.
 func HashKey(s domain.Secret) []byte {
 	h := sha256.Sum256([]byte(s.Reveal()))
 	return h[:]
@@ -150,20 +143,13 @@ func (k *APIKeys) List(ctx context.Context) ([]APIKey, error) {
 // Revoke deletes the key called name; domain.ErrNotFound if there is none.
 func (k *APIKeys) Revoke(ctx context.Context, name string) error {
 	res := k.db.WithContext(ctx).Exec("DELETE FROM tokenguard_api_keys WHERE name = ?", name)
-	if res.Error != nil {
-		return storeError(ctx, "revoke API key", res.Error)
-	}
-	if res.RowsAffected == 0 {
-		return fmt.Errorf("API key %q: %w", name, domain.ErrNotFound)
-	}
-	return nil
+	return changedRow(ctx, "revoke API key", res, fmt.Errorf("API key %q: %w", name, domain.ErrNotFound))
 }
 
-// KeyCache verifies API keys against the stored hashes without a query per
-// request: it holds the hashes for at most TTL, compares a presented key's
-// hash with each in constant time, and records "last used" in batches.
-// A revoked key stops working within TTL; a new key works at once (an
-// unknown hash reloads, at most once per MinReload).
+// KeyCache verifies API keys in constant time against the stored hashes,
+// held for at most TTL, and records "last used" in batches. A revoked key
+// stops working within TTL; a new key works at once (an unknown hash
+// reloads, at most once per MinReload).
 type KeyCache struct {
 	keys      *APIKeys
 	ttl       time.Duration
@@ -197,24 +183,21 @@ func (c *KeyCache) Verify(ctx context.Context, key domain.Secret) (domain.KeyAcc
 	recent := time.Since(c.loaded) < c.minReload
 	entries := c.entries
 	c.mu.Unlock()
-	if fresh {
-		if e, ok := match(entries, h); ok {
-			c.markUsed(e.access.ID)
-			return e.access, nil
+	e, ok := match(entries, h)
+	if !fresh || (!ok && !recent) { // stale, or a key perhaps created since the last reload
+		entries, err := c.reload(ctx)
+		if err != nil {
+			return domain.KeyAccess{}, err
 		}
-		if recent {
-			return domain.KeyAccess{}, domain.ErrUnauthorized
-		}
+		e, ok = match(entries, h)
 	}
-	entries, err := c.reload(ctx)
-	if err != nil {
-		return domain.KeyAccess{}, err
+	if !ok {
+		return domain.KeyAccess{}, domain.ErrUnauthorized
 	}
-	if e, ok := match(entries, h); ok {
-		c.markUsed(e.access.ID)
-		return e.access, nil
-	}
-	return domain.KeyAccess{}, domain.ErrUnauthorized
+	c.mu.Lock()
+	c.used[e.access.ID] = struct{}{}
+	c.mu.Unlock()
+	return e.access, nil
 }
 
 // match compares h with every stored hash, all of them, in constant time.
@@ -229,14 +212,7 @@ func match(entries []keyEntry, h []byte) (keyEntry, bool) {
 	return found, ok == 1
 }
 
-func (c *KeyCache) markUsed(id int32) {
-	c.mu.Lock()
-	c.used[id] = struct{}{}
-	c.mu.Unlock()
-}
-
-// reload reads the hashes (one caller at a time) and writes the pending
-// "last used" marks.
+// reload reads the hashes (one caller at a time) and writes "last used".
 func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 	c.reloadMu.Lock()
 	defer c.reloadMu.Unlock()
@@ -246,10 +222,7 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 		c.mu.Unlock()
 		return e, nil
 	}
-	used := make([]int32, 0, len(c.used))
-	for id := range c.used {
-		used = append(used, id)
-	}
+	used := slices.Collect(maps.Keys(c.used))
 	c.used = map[int32]struct{}{}
 	c.mu.Unlock()
 
@@ -273,8 +246,7 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 	return entries, nil
 }
 
-// Prefixes make tokenguard's credentials recognisable (in a secret scanner,
-// in a pasted log) and tell them apart.
+// Prefixes make tokenguard's credentials recognisable and tell them apart.
 const (
 	APIKeyPrefix  = "tgk_"
 	SessionPrefix = "tgs_"

@@ -7,9 +7,7 @@ import (
 )
 
 // AuthStyles remembers, per token URL and client id, the client
-// authentication style ("header" or "params") a token endpoint accepted,
-// so that every process starts with it instead of probing
-// (provider.AuthStyleStore).
+// authentication style a token endpoint accepted, so that no process probes.
 type AuthStyles struct {
 	db *gorm.DB
 }

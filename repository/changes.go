@@ -20,9 +20,8 @@ import (
 	"gorm.io/gorm"
 )
 
-// ChangeChannel is the Postgres NOTIFY channel on which every committed
-// token write is announced as "<version> <connection>" (LockedTokens.Save
-// and Put notify in the writing statement; Postgres delivers at commit). It
+// ChangeChannel is the NOTIFY channel on which every committed token write
+// is announced as "<version> <connection>", by the writing statement. It
 // carries no secret: listeners re-read what they need.
 const ChangeChannel = "tokenguard_token_changed"
 
@@ -51,8 +50,7 @@ type ChangeTarget interface {
 	TrustCache(trusted bool)
 }
 
-// ChangeListener follows ChangeChannel on a dedicated connection and keeps
-// a ChangeTarget informed, reconnecting when the connection is lost.
+// ChangeListener follows ChangeChannel on a dedicated connection for a ChangeTarget.
 type ChangeListener struct {
 	url            string
 	config         *pgx.ConnConfig // NewConfigChangeListener's; nil: url
@@ -85,18 +83,13 @@ func NewChangeListener(url string, target ChangeTarget, log *slog.Logger) *Chang
 // DefaultHeartbeat is how often a listener with a heartbeat proves it hears.
 const DefaultHeartbeat = time.Second
 
-// heartbeatMisses is how many intervals may pass without a beat heard
-// before the feed is taken for broken.
+// heartbeatMisses is how many intervals without a beat break the feed.
 const heartbeatMisses = 3
 
-// WithHeartbeat makes the listener prove that it hears: every interval it
-// commits a notification to a channel of its own through db (the path the
-// token writes take) and trusts the cache only while those come back. A
-// connection can look alive and deliver nothing — a half-open TCP
-// connection, a pooler that swallowed the LISTEN — and only a round trip
-// through the server shows it. Without a beat for heartbeatMisses
-// intervals, the cache is bypassed and the connection replaced; after a
-// (re)connection the cache is trusted again at the first beat heard.
+// WithHeartbeat makes the listener prove that it hears, as a half-open TCP
+// connection or a pooler that swallowed the LISTEN looks alive: every
+// interval it notifies a channel of its own through db, and trusts the
+// cache only while those come back; otherwise it reconnects.
 func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *ChangeListener {
 	if interval <= 0 {
 		interval = DefaultHeartbeat
@@ -107,25 +100,22 @@ func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *Cha
 	return l
 }
 
-// OnProviderChange follows ProviderChannel on the same connection: fn is
-// called with a provider's name when one was added, changed or removed, and
-// with "" right after each (re)connection, when changes may have been
-// missed. fn must not block for long: notifications wait for it.
+// OnProviderChange follows ProviderChannel on the same connection: fn gets
+// the name of a provider added, changed or removed, and "" after each
+// (re)connection, when changes may have been missed. fn must be quick.
 func (l *ChangeListener) OnProviderChange(fn func(name string)) *ChangeListener {
 	l.onProvider = fn
 	return l
 }
 
-// OnConnect calls fn right after each (re)connection of the listener, the
-// moment a failover shows (a new primary answers): fn must be quick, as
-// notifications wait for it.
+// OnConnect calls fn right after each (re)connection, the moment a
+// failover shows: fn must be quick, as notifications wait for it.
 func (l *ChangeListener) OnConnect(fn func(ctx context.Context)) *ChangeListener {
 	l.onConnect = fn
 	return l
 }
 
-// NewConfigChangeListener listens on the database cfg connects to (a
-// pool's, say) for target. log may be nil.
+// NewConfigChangeListener listens on the database cfg connects to. log may be nil.
 func NewConfigChangeListener(cfg *pgx.ConnConfig, target ChangeTarget, log *slog.Logger) *ChangeListener {
 	l := NewChangeListener("", target, log)
 	l.config = cfg
@@ -150,7 +140,7 @@ func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
 var errBeatLost = errors.New("token change listener: heartbeat not heard")
 
 // Run listens until ctx is done. The target's cache is trusted only while
-// a LISTEN is in place (and, with a heartbeat, proves to deliver).
+// a LISTEN is in place (and, with a heartbeat, delivers).
 func (l *ChangeListener) Run(ctx context.Context) error {
 	defer l.trust(false)
 	channel, err := l.channelOf(ctx)
@@ -171,9 +161,8 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 	}
 }
 
-// channelOf asks the database which schema the tables are in (the URL's
-// search_path decides) and so which channel their changes are announced
-// on, until it answers or ctx ends.
+// channelOf asks the database which schema the tables are in, and so which
+// channel announces their changes, until it answers or ctx ends.
 func (l *ChangeListener) channelOf(ctx context.Context) (string, error) {
 	for {
 		schema, err := func() (string, error) {
@@ -210,8 +199,7 @@ func (l *ChangeListener) trust(ok bool) {
 	}
 }
 
-// session is one listening connection (reconnected by pgxlisten when it
-// fails), ended early when the heartbeat stops.
+// session is one listening connection, ended early when the heartbeat stops.
 func (l *ChangeListener) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -249,8 +237,7 @@ func (l *ChangeListener) session(ctx context.Context) error {
 	return err
 }
 
-// beat sends a heartbeat every interval and ends the session when none has
-// been heard for heartbeatMisses intervals.
+// beat sends a heartbeat every interval and ends the session when none is heard.
 func (l *ChangeListener) beat(ctx context.Context, end context.CancelCauseFunc) {
 	t := time.NewTicker(l.beatInterval)
 	defer t.Stop()
@@ -284,9 +271,8 @@ func (l *ChangeListener) sendBeat(ctx context.Context) {
 
 type changeHandler struct{ l *ChangeListener }
 
-// HandleBacklog runs right after LISTEN succeeded: from now on nothing is
-// missed, so the cache may be trusted again (in a new epoch). With a
-// heartbeat, the first beat heard does that instead.
+// HandleBacklog runs right after LISTEN: from now on nothing is missed, so
+// the cache may be trusted again (with a heartbeat, at the first beat).
 func (h changeHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
 	if h.l.onConnect != nil {
 		h.l.onConnect(ctx)
@@ -299,9 +285,8 @@ func (h changeHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn)
 
 type beatHandler struct{ l *ChangeListener }
 
-// HandleBacklog sends the first beat as soon as its channel is listened to.
-// Notifications are handled only once every channel is listened to, so
-// hearing it means the change channel is in place too.
+// HandleBacklog sends the first beat once its channel is listened to;
+// hearing it means every channel is in place.
 func (h beatHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
 	h.l.sendBeat(ctx) // through the pool: the answer comes on this connection later
 	return nil
@@ -325,8 +310,8 @@ func (h changeHandler) HandleNotification(_ context.Context, n *pgconn.Notificat
 
 type providerHandler struct{ l *ChangeListener }
 
-// HandleBacklog runs after each LISTEN: changes committed while the
-// listener was away are not replayed, so everything is read again.
+// HandleBacklog runs after each LISTEN: changes missed are not replayed,
+// so everything is read again.
 func (h providerHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
 	h.l.onProvider("")
 	return nil

@@ -10,21 +10,16 @@ import (
 )
 
 // DatabaseClock tells the database server's time on this host: the host's
-// clock corrected by its measured offset from the server's.
-//
-// Every process decides "stale" by comparing a stored expiry with its own
-// now, and the expiry was computed by whichever host refreshed. Hosts whose
-// clocks disagree by more than the skew then refresh too early or serve
-// expired tokens until a 401. With every process on the server's clock,
-// they agree however far their own clocks drift.
+// clock corrected by its measured offset. Stored expiries come from
+// whichever host refreshed, so with every process on the server's clock
+// they agree on "stale" however far their own clocks drift.
 type DatabaseClock struct {
 	db     *gorm.DB
 	local  func() time.Time
 	offset atomic.Int64 // server minus host, nanoseconds
 }
 
-// NewDatabaseClock measures the offset of local (time.Now when nil) from the
-// server db reaches.
+// NewDatabaseClock measures the offset of local (nil: time.Now) from db's server.
 func NewDatabaseClock(ctx context.Context, db *gorm.DB, local func() time.Time) (*DatabaseClock, error) {
 	if local == nil {
 		local = time.Now
@@ -44,8 +39,7 @@ func (c *DatabaseClock) Now() time.Time {
 // Offset is the server's clock minus this host's.
 func (c *DatabaseClock) Offset() time.Duration { return time.Duration(c.offset.Load()) }
 
-// Measure reads the server's clock a few times and keeps the offset seen
-// with the shortest round trip (its midpoint is the best estimate).
+// Measure keeps the offset seen with the shortest of a few round trips.
 func (c *DatabaseClock) Measure(ctx context.Context) error {
 	best := time.Duration(-1)
 	var offset time.Duration
@@ -65,8 +59,7 @@ func (c *DatabaseClock) Measure(ctx context.Context) error {
 	return nil
 }
 
-// Run measures again every interval until ctx ends, so a host clock that
-// is stepped or drifts is followed. Failures keep the last offset.
+// Run measures again every interval until ctx ends; failures keep the last offset.
 func (c *DatabaseClock) Run(ctx context.Context, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()

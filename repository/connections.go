@@ -1,22 +1,20 @@
 package repository
 
 import (
-	"gorm.io/gorm"
-
 	"bytes"
 	"context"
-	"database/sql"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"time"
 
+	"gorm.io/gorm"
+
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// selectConnection reads connectionRows: what a listing shows, and no
-// credential (the token columns are never read, so a listing neither
-// decrypts nor can leak one).
+// selectConnection reads connectionRows: what a listing shows, and never
+// a credential, so a listing neither decrypts nor can leak one.
 var selectConnection = `
 SELECT c.name, coalesce(t.provider, '') AS provider,
        t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
@@ -30,32 +28,11 @@ SELECT c.name, coalesce(t.provider, '') AS provider,
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
+// connectionRow is a row of selectConnection: a tokenRow without credentials.
 type connectionRow struct {
-	Name           string
-	Provider       string
-	Status         string
-	StatusReason   string
-	Expiry         sql.NullTime
-	RefreshExpiry  sql.NullTime
-	ObtainedAt     time.Time
-	Version        int64
-	UpdatedAt      time.Time
-	GrantedAccount string
-	GrantedScopes  string
-	MissingScopes  string
-	ScopesReduced  string
-	Metadata       string
-	Tags           string // a JSON array
-	// The refresh failure episode of this version (failureColumns).
-	Failures      int
-	FailureSince  sql.NullTime
-	FailureLast   sql.NullTime
-	RetryAt       sql.NullTime
-	ReplayUntil   sql.NullTime
-	FailureStatus int
-	FailureCode   string
-	Failing       bool
-	DPoPJKT       string `gorm:"column:dpop_jkt"`
+	Token    tokenRow `gorm:"embedded"`
+	Metadata string
+	Tags     string // a JSON array
 }
 
 func (r connectionRow) domain() domain.Connection {
@@ -64,43 +41,38 @@ func (r connectionRow) domain() domain.Connection {
 	if len(m.Tags) == 0 {
 		m.Tags = nil
 	}
-	status, reason := domain.Status(r.Status), r.StatusReason
-	f := failureOf(r.Failures, r.FailureSince, r.FailureLast, r.RetryAt, r.ReplayUntil, r.FailureStatus, r.FailureCode, r.Failing)
-	if f.Failing && status == domain.StatusActive {
-		status, reason = domain.StatusFailing, f.Describe()
+	t := r.Token.record()
+	if t.Failure.Failing && t.Status == domain.StatusActive {
+		t.Status, t.StatusReason = domain.StatusFailing, t.Failure.Describe()
 	}
 	return domain.Connection{
-		Name:          r.Name,
-		Provider:      r.Provider,
-		Status:        status,
-		StatusReason:  reason,
-		Failure:       f,
-		Expiry:        r.Expiry.Time,
-		RefreshExpiry: r.RefreshExpiry.Time,
-		ObtainedAt:    r.ObtainedAt,
-		Version:       r.Version,
-		UpdatedAt:     r.UpdatedAt,
-		Binding:       domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes, ScopesReduced: r.ScopesReduced},
+		Name:          t.Connection,
+		Provider:      t.Provider,
+		Status:        t.Status,
+		StatusReason:  t.StatusReason,
+		Failure:       t.Failure,
+		Expiry:        t.Expiry,
+		RefreshExpiry: t.RefreshExpiry,
+		ObtainedAt:    t.ObtainedAt,
+		Version:       t.Version,
+		UpdatedAt:     t.UpdatedAt,
+		Binding:       t.Binding,
 		Metadata:      m,
-		DPoPJKT:       r.DPoPJKT,
+		DPoPJKT:       t.DPoPJKT,
 	}
 }
 
 // ConnectionsPage lists up to limit connections that have a token, whose
 // names sort after after ("" for the first page), in byte order of the
-// name (the same under every database collation): keyset pagination on
-// the index tokenguard_connections_name_bytes. No credential is read.
+// name (the same under every collation): keyset pagination.
 func (r *TokenRepository) ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error) {
 	return r.FilteredConnectionsPage(ctx, domain.ConnectionFilter{}, after, limit)
 }
 
 // FilteredConnectionsPage is ConnectionsPage with only the connections f
-// matches, in one statement that reads about what it returns: the same
-// keyset page, a name prefix starting the range scan at the prefix, and
-// the key's patterns (f.Patterns) as ranges of the name index, one per
-// pattern, each stopping at limit rows (domain.ConnectionScan). A pattern
-// that begins with a wildcard has no range: its page reads the names
-// after after until limit match.
+// matches, in one statement that reads about what it returns: the key's
+// patterns (f.Patterns) become ranges of the name index, one per pattern,
+// each stopping at limit rows (domain.ConnectionScan).
 func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
 	scans, all := domain.KeyAccess{Connections: f.Patterns}.ConnectionScans()
 	if !all && len(scans) == 0 {
@@ -159,9 +131,8 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 }
 
 // scanCondition is the SQL condition of a pattern's scan: the name itself,
-// or the range of names its literal prefix starts in byte order (the
-// prefix up to the prefix with its last byte raised by one), then the
-// pattern's regular expression, in byte order too.
+// or the byte-order range of names its literal prefix starts, then the
+// pattern's regular expression.
 func scanCondition(s domain.ConnectionScan) (string, []any) {
 	if s.Exact {
 		return "c.name = ?", []any{s.Prefix}
@@ -181,46 +152,30 @@ func scanCondition(s domain.ConnectionScan) (string, []any) {
 	return strings.Join(cond, " AND "), args
 }
 
-// EachConnection calls fn with every connection that has a token, in name
-// order, reading DefaultPage rows at a time. fn's error stops it.
+// EachConnection calls fn with every connection that has a token, by name, until fn fails.
 func (r *TokenRepository) EachConnection(ctx context.Context, fn func(domain.Connection) error) error {
-	for after := ""; ; {
-		page, err := r.ConnectionsPage(ctx, after, DefaultPage)
-		if err != nil {
-			return err
-		}
-		for _, c := range page {
-			if err := fn(c); err != nil {
-				return err
-			}
-		}
-		if len(page) < DefaultPage {
-			return nil
-		}
-		after = page[len(page)-1].Name
-	}
+	return eachPage(func(after string) ([]domain.Connection, error) { return r.ConnectionsPage(ctx, after, DefaultPage) },
+		func(c domain.Connection) string { return c.Name }, fn)
 }
 
-// Connection reads one connection as listings show it; domain.ErrNotFound
-// when it has no token.
+// Connection reads one connection as listings show it (no token: domain.ErrNotFound).
 func (r *TokenRepository) Connection(ctx context.Context, connection string) (domain.Connection, error) {
-	var rows []connectionRow
-	if err := r.db.WithContext(ctx).Raw(selectConnection+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
+	row, err := oneRow[connectionRow](r.db.WithContext(ctx), selectConnection+" WHERE c.name = ?", connection)
+	if err != nil {
 		return domain.Connection{}, storeError(ctx, "read connection", err)
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		return domain.Connection{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
-	return rows[0].domain(), nil
+	return row.domain(), nil
 }
 
 // maxProviderField bounds a value kept from a provider's answer.
 const maxProviderField = 2048
 
 // SetProviderFields replaces the "provider_fields" object of the
-// connection's metadata with fields (the rest of the metadata is left as
-// it is), inside the locked transaction like SetMetadata. A value longer
-// than 2 KiB is refused with domain.ErrInvalidMetadata.
+// connection's metadata with fields, inside the locked transaction like
+// SetMetadata. A value longer than 2 KiB is domain.ErrInvalidMetadata.
 func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string, fields map[string]string) error {
 	for k, v := range fields {
 		if len(k) > 64 || len(v) > maxProviderField {
@@ -233,19 +188,13 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 	}
 	res := l.db.WithContext(ctx).Exec(`UPDATE tokenguard_connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
 		string(obj), connection)
-	if res.Error != nil {
-		return storeError(ctx, "set provider fields", res.Error)
-	}
-	if res.RowsAffected == 0 {
-		return fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound)
-	}
-	return nil
+	return changedRow(ctx, "set provider fields", res,
+		fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound))
 }
 
 // SetMetadata replaces the connection's metadata inside the locked
-// transaction, before the Put of a new grant commits both: a grant that
-// is refused (or fails) leaves the metadata as it was. No token column is
-// touched and nothing is announced: no process caches metadata.
+// transaction, so that a grant refused (or failed) leaves it as it was.
+// Nothing is announced: no process caches metadata.
 func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m domain.Metadata) error {
 	object := string(m.Object)
 	if object == "" {
@@ -253,17 +202,10 @@ func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m dom
 	}
 	res := l.db.WithContext(ctx).Exec("UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?",
 		object, tagArray(m.Tags), connection)
-	if res.Error != nil {
-		return storeError(ctx, "set metadata", res.Error)
-	}
-	if res.RowsAffected == 0 {
-		return fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound)
-	}
-	return nil
+	return changedRow(ctx, "set metadata", res, fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound))
 }
 
-// compactJSON is a stored jsonb as compact JSON: Postgres writes it with
-// spaces after ':' and ','.
+// compactJSON is a stored jsonb without the spaces Postgres writes.
 func compactJSON(stored string) json.RawMessage {
 	var buf bytes.Buffer
 	if json.Compact(&buf, []byte(stored)) != nil {
@@ -272,30 +214,16 @@ func compactJSON(stored string) json.RawMessage {
 	return buf.Bytes()
 }
 
-// tagArray is tags as a text[] literal.
-func tagArray(tags []string) string {
-	return "{" + strings.Join(quoteAll(tags), ",") + "}"
-}
-
-// disconnectHold bounds a disconnection once it holds the lock: one write
-// and its commit (the revocation at the provider comes before, under a
-// refresh lease, with no lock held).
+// disconnectHold bounds a disconnection once it holds the lock.
 const disconnectHold = 10 * time.Second
 
-// Disconnect deletes connection's token under its advisory lock, the one
-// refreshes take (wait bounds the wait, reported as domain.ErrLockTimeout):
-// a refresh in progress finishes first, and one that waits for the lock
-// finds no token after it. Before deleting, it calls before with the token
-// read under the lock, which says whether it was revoked at the provider
-// (before must not wait on anything: the lock and a pool connection are
-// held); before's error keeps everything as it was and is returned.
-//
-// The delete announces "<version+1> <connection>" on ChangeChannel in the
-// writing statement, so every process drops its cached token at commit,
-// resets the connection's metadata and tags, records that version so that a
-// later grant of the same name continues above it, and queues a
-// connection.disconnected webhook event. The connection's name and lock
-// key stay registered. It returns the token as it was deleted.
+// Disconnect deletes connection's token under its advisory lock (wait
+// bounds the wait: domain.ErrLockTimeout). before gets the token read under
+// the lock and says whether it was revoked; it must not wait on anything
+// (a lock and a pool connection are held), and its error changes nothing.
+// The delete announces "<version+1> <connection>", resets the metadata,
+// retires the version (a later grant continues above it) and queues a
+// connection.disconnected event. It returns the token as deleted.
 func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wait time.Duration,
 	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error) {
 	var found domain.Token
@@ -310,7 +238,7 @@ func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wai
 				return err
 			}
 		}
-		row, err := oneRow(tx, `
+		row, err := oneRow[tokenRow](tx, `
 WITH u AS (
     DELETE FROM tokenguard_tokens AS t USING tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2

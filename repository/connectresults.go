@@ -19,9 +19,8 @@ const ResultPrefix = "tgr_"
 // ResultLifetime bounds how long a pending grant waits for its redemption.
 const ResultLifetime = 10 * time.Minute
 
-// ConnectResults keeps the grants of connect flows until the application's
-// backend redeems them, by the hash of their result code, their tokens
-// sealed as the tokens table's are.
+// ConnectResults keeps the grants of connect flows, sealed, by the hash of
+// their result code, until the application's backend redeems them.
 type ConnectResults struct {
 	db     *gorm.DB
 	sealer Sealer
@@ -117,9 +116,8 @@ const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, c
     access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, created_at,
     coalesce(dpop_key, '') AS dpop_key, coalesce(dpop_jkt, '') AS dpop_jkt`
 
-// Pending reads the unexpired result of code: its row id (for the
-// redemption's SpendResult) and its grant, opened. An unknown, expired or
-// redeemed code is domain.ErrResultInvalid.
+// Pending reads the unexpired result of code: its row id (for SpendResult)
+// and its grant, opened; else domain.ErrResultInvalid.
 func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error) {
 	if !strings.HasPrefix(code.Reveal(), ResultPrefix) || len(code.Reveal()) > 128 {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
@@ -146,11 +144,7 @@ WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code)).S
 		Binding:   domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes},
 		Grant:     domain.Grant{AccessToken: domain.NewSecret(at), TokenType: r.TokenType, RefreshToken: domain.NewSecret(rt), Expiry: r.Expiry.Time, RefreshExpiry: r.RefreshExpiry.Time},
 		ExpiresAt: r.ExpiresAt}
-	if r.Metadata.Valid {
-		m := domain.Metadata{Object: compactJSON(r.Metadata.String)}
-		_ = json.Unmarshal([]byte(r.Tags.String), &m.Tags) // array_to_json of text[], or NULL
-		p.Metadata = &m
-	}
+	p.Metadata = storedMetadata(r.Metadata, r.Tags)
 	if r.ProviderFields.Valid {
 		_ = json.Unmarshal([]byte(r.ProviderFields.String), &p.ProviderFields) // written by Keep
 	}
@@ -167,16 +161,13 @@ WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code)).S
 // Refuse expires the result id at once: a grant that cannot be stored
 // (another account's) is never redeemable again, and the sweep revokes it.
 func (c *ConnectResults) Refuse(ctx context.Context, id int64) error {
-	if err := c.db.WithContext(ctx).Exec("UPDATE tokenguard_connect_results SET expires_at = least(expires_at, now()) WHERE id = ?", id).Error; err != nil {
-		return storeError(ctx, "refuse connect result", err)
-	}
-	return nil
+	err := c.db.WithContext(ctx).Exec("UPDATE tokenguard_connect_results SET expires_at = least(expires_at, now()) WHERE id = ?", id).Error
+	return storeError(ctx, "refuse connect result", err)
 }
 
 // Expired leases up to limit expired results for lease, so that no other
 // sweep takes them meanwhile, and returns them with their refresh tokens
-// opened. The statement commits on its own: the revocations that follow
-// hold no connection.
+// opened.
 func (c *ConnectResults) Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error) {
 	var rows []resultRow
 	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_results r SET sweep_after = now() + ?::interval
@@ -211,24 +202,14 @@ RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce
 
 // Delete removes the result id (its grant revoked, or beyond revoking).
 func (c *ConnectResults) Delete(ctx context.Context, id int64) error {
-	if err := c.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ?", id).Error; err != nil {
-		return storeError(ctx, "delete connect result", err)
-	}
-	return nil
+	err := c.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ?", id).Error
+	return storeError(ctx, "delete connect result", err)
 }
 
 // SpendResult deletes the unexpired result id inside the locked
-// transaction that stores its grant: the grant and the redemption commit
-// together, and of two redemptions of one code only one finds the row. A
-// result expired or redeemed meanwhile is domain.ErrResultInvalid, and
-// the transaction stores nothing.
+// transaction storing its grant, so that of two redemptions of one code
+// only one finds the row; the other gets domain.ErrResultInvalid.
 func (l *LockedTokens) SpendResult(ctx context.Context, id int64) error {
 	res := l.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ? AND expires_at > now()", id)
-	if res.Error != nil {
-		return storeError(ctx, "spend connect result", res.Error)
-	}
-	if res.RowsAffected == 0 {
-		return fmt.Errorf("connect result: %w", domain.ErrResultInvalid)
-	}
-	return nil
+	return changedRow(ctx, "spend connect result", res, fmt.Errorf("connect result: %w", domain.ErrResultInvalid))
 }

@@ -12,8 +12,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// SessionLifetime bounds a connect session and, from its opening, the
-// browser's flow.
+// SessionLifetime bounds a connect session and, from its opening, its flow.
 const SessionLifetime = 10 * time.Minute
 
 // ConnectSessions stores connect sessions by the hash of their token and
@@ -25,8 +24,7 @@ type ConnectSessions struct {
 // NewConnectSessions binds the store to a pool.
 func NewConnectSessions(db *gorm.DB) *ConnectSessions { return &ConnectSessions{db: db} }
 
-// Create stores a session and returns its token and expiry. Expired rows
-// older than a day are deleted on the way.
+// Create stores a session and returns its token and expiry, deleting old rows.
 func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error) {
 	if err := domain.ValidateName(s.Connection); err != nil {
 		return domain.Secret{}, time.Time{}, err
@@ -59,41 +57,26 @@ func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, s
 	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_sessions
 SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = decode(?, 'hex'), oauth_state = ?, pkce_verifier = ?
 WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()
-RETURNING connection, return_to, allow_account_change, created_by, expires_at, oauth_state, pkce_verifier,
-    coalesce(provider, '') AS provider, metadata::text AS metadata, array_to_json(tags)::text AS tags`,
+RETURNING `+sessionColumns+`, oauth_state, pkce_verifier`,
 		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token)).
 		Scan(&rows).Error
-	if err != nil {
-		return domain.ConnectSession{}, storeError(ctx, "open connect session", err)
-	}
-	if len(rows) == 0 {
-		return domain.ConnectSession{}, fmt.Errorf("connect session: %w", domain.ErrUnauthorized)
-	}
-	return rows[0].session(), nil
+	return oneSession(ctx, "open connect session", "connect session", rows, err)
 }
 
 // Peek reads an unopened, unexpired session without spending it (the
 // consent page shows it); domain.ErrUnauthorized otherwise.
 func (c *ConnectSessions) Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error) {
 	var rows []sessionRow
-	err := c.db.WithContext(ctx).Raw(`SELECT connection, return_to, allow_account_change, created_by, expires_at,
-    coalesce(provider, '') AS provider, metadata::text AS metadata, array_to_json(tags)::text AS tags
+	err := c.db.WithContext(ctx).Raw(`SELECT `+sessionColumns+`
 FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()`, hashParam(token)).
 		Scan(&rows).Error
-	if err != nil {
-		return domain.ConnectSession{}, storeError(ctx, "read connect session", err)
-	}
-	if len(rows) == 0 {
-		return domain.ConnectSession{}, fmt.Errorf("connect session: %w", domain.ErrUnauthorized)
-	}
-	return rows[0].session(), nil
+	return oneSession(ctx, "read connect session", "connect session", rows, err)
 }
 
 // Finish spends the browser flow whose cookie is flow and whose OAuth2
 // state is state (single use: domain.ErrUnauthorized if it is unknown,
 // expired or finished, or the state is another's, which leaves the flow
-// as it was) and returns it with its verifier, which it erases from the
-// table.
+// as it was) and returns it with its verifier, erased from the table.
 func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error) {
 	var rows []sessionRow
 	err := c.db.WithContext(ctx).Raw(`WITH s AS (
@@ -104,17 +87,25 @@ func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret, state 
 )
 UPDATE tokenguard_connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
 FROM s WHERE c.id = s.id
-RETURNING c.connection, c.return_to, c.allow_account_change, c.created_by, c.expires_at, s.oauth_state, s.pkce_verifier,
-    coalesce(c.provider, '') AS provider, c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags`,
+RETURNING `+sessionColumns+`, s.oauth_state, s.pkce_verifier`,
 		hashParam(flow), state).Scan(&rows).Error
+	return oneSession(ctx, "finish connect flow", "connect flow", rows, err)
+}
+
+// oneSession is the session a statement returned, else domain.ErrUnauthorized.
+func oneSession(ctx context.Context, op, what string, rows []sessionRow, err error) (domain.ConnectSession, error) {
 	if err != nil {
-		return domain.ConnectSession{}, storeError(ctx, "finish connect flow", err)
+		return domain.ConnectSession{}, storeError(ctx, op, err)
 	}
 	if len(rows) == 0 {
-		return domain.ConnectSession{}, fmt.Errorf("connect flow: %w", domain.ErrUnauthorized)
+		return domain.ConnectSession{}, fmt.Errorf("%s: %w", what, domain.ErrUnauthorized)
 	}
 	return rows[0].session(), nil
 }
+
+// sessionColumns read sessionRow but its OAuth2 state and verifier.
+const sessionColumns = `connection, return_to, allow_account_change, created_by, expires_at,
+    coalesce(provider, '') AS provider, metadata::text AS metadata, array_to_json(tags)::text AS tags`
 
 type sessionRow struct {
 	Connection         string
@@ -132,10 +123,16 @@ type sessionRow struct {
 func (r sessionRow) session() domain.ConnectSession {
 	s := domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
 		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier, Provider: r.Provider}
-	if r.Metadata.Valid {
-		m := domain.Metadata{Object: compactJSON(r.Metadata.String)}
-		_ = json.Unmarshal([]byte(r.Tags.String), &m.Tags) // array_to_json of text[], or NULL
-		s.Metadata = &m
-	}
+	s.Metadata = storedMetadata(r.Metadata, r.Tags)
 	return s
+}
+
+// storedMetadata is the metadata a session or result was given (NULL: none).
+func storedMetadata(object, tags sql.NullString) *domain.Metadata {
+	if !object.Valid {
+		return nil
+	}
+	m := domain.Metadata{Object: compactJSON(object.String)}
+	_ = json.Unmarshal([]byte(tags.String), &m.Tags) // array_to_json of text[], or NULL
+	return &m
 }

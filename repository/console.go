@@ -2,6 +2,7 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"time"
 
@@ -30,8 +31,7 @@ type ConsoleSession struct {
 }
 
 // Create opens a session for the API key keyID, good for lifetime, and
-// returns its token (shown once, to the browser's cookie). Expired
-// sessions are deleted on the way.
+// returns its token. Expired sessions are deleted on the way.
 func (c *ConsoleSessions) Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error) {
 	token := NewCredential(ConsolePrefix)
 	var expires time.Time
@@ -50,11 +50,8 @@ VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING exp
 // is none: never created, logged out, expired, or its key revoked.
 func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (ConsoleSession, error) {
 	var rows []struct {
-		ID                  int32
-		Name                string
-		ExpiresAt           time.Time
-		AllScopes, AllConns bool
-		Scopes, Connections string
+		Key       keyRow `gorm:"embedded"`
+		ExpiresAt time.Time
 	}
 	err := c.db.WithContext(ctx).Raw(`SELECT k.id, k.name, s.expires_at,
 	k.scopes IS NULL AS all_scopes, coalesce(array_to_string(k.scopes, ','), '') AS scopes,
@@ -67,9 +64,8 @@ WHERE s.token_hash = decode(?, 'hex') AND s.expires_at > now()`, hashParam(token
 	if len(rows) == 0 {
 		return ConsoleSession{}, domain.ErrUnauthorized
 	}
-	r := rows[0]
-	k := keyRow{ID: r.ID, Name: r.Name, AllScopes: r.AllScopes, Scopes: r.Scopes, AllConns: r.AllConns, Connections: r.Connections}
-	return ConsoleSession{KeyID: r.ID, KeyName: r.Name, ExpiresAt: r.ExpiresAt, Access: k.access()}, nil
+	k := rows[0].Key
+	return ConsoleSession{KeyID: k.ID, KeyName: k.Name, ExpiresAt: rows[0].ExpiresAt, Access: k.access()}, nil
 }
 
 // Delete ends the session of token (logout); an unknown one is no error.
@@ -78,8 +74,7 @@ func (c *ConsoleSessions) Delete(ctx context.Context, token domain.Secret) error
 	return storeError(ctx, "delete console session", err)
 }
 
-// ConnectionEvents reads the history the triggers of migration 16 write
-// (tokenguard_connection_events), and keeps it bounded.
+// ConnectionEvents reads the history the triggers write.
 type ConnectionEvents struct {
 	db *gorm.DB
 }
@@ -100,27 +95,19 @@ type eventRow struct {
 	Outcome    string
 	Reason     string
 	Provider   string
-	Version    *int64
-	DurationMs *int64
+	Version    sql.NullInt64 // NULL scans as 0
+	DurationMs sql.NullInt64
 	OccurredAt time.Time
 }
 
 func (r eventRow) domain() domain.ConnectionEvent {
-	e := domain.ConnectionEvent{ID: r.ID, Connection: r.Connection, Kind: r.Kind, Outcome: r.Outcome, Reason: r.Reason,
-		Provider: r.Provider, At: r.OccurredAt}
-	if r.Version != nil {
-		e.Version = *r.Version
-	}
-	if r.DurationMs != nil {
-		e.Duration = time.Duration(*r.DurationMs) * time.Millisecond
-	}
-	return e
+	return domain.ConnectionEvent{ID: r.ID, Connection: r.Connection, Kind: r.Kind, Outcome: r.Outcome, Reason: r.Reason,
+		Provider: r.Provider, At: r.OccurredAt, Version: r.Version.Int64, Duration: millis(r.DurationMs)}
 }
 
 const eventColumns = "id, connection, kind, outcome, reason, provider, version, duration_ms, occurred_at"
 
-// Recent returns connection's last limit events (at most
-// EventsPerConnection), newest first.
+// Recent returns connection's last limit events (<= EventsPerConnection), newest first.
 func (e *ConnectionEvents) Recent(ctx context.Context, connection string, limit int) ([]domain.ConnectionEvent, error) {
 	var rows []eventRow
 	err := e.db.WithContext(ctx).Raw(`SELECT `+eventColumns+` FROM tokenguard_connection_events
@@ -178,7 +165,7 @@ FROM tokenguard_connection_events WHERE occurred_at >= ? AND kind = 'refresh' GR
 
 // EventPruner keeps tokenguard_connection_events bounded: rows older than
 // EventsMaxAge go, and of each connection written to since its last round
-// only the last EventsPerConnection stay. It runs off every request path.
+// only the last EventsPerConnection stay.
 type EventPruner struct {
 	db   *gorm.DB
 	seen int64 // the highest id the last round looked at
@@ -212,8 +199,7 @@ WHERE e.connection = w.connection AND e.id < (
 	return old.RowsAffected + over.RowsAffected, nil
 }
 
-// Run prunes every interval until ctx ends; failures wait for the next
-// round (the table only grows meanwhile).
+// Run prunes every interval until ctx ends; failures wait for the next round.
 func (p *EventPruner) Run(ctx context.Context, interval time.Duration, onErr func(error)) {
 	t := time.NewTicker(interval)
 	defer t.Stop()

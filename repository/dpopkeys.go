@@ -12,18 +12,15 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// dpopAAD binds a sealed DPoP key to its connection and its thumbprint: a
-// key copied to another connection, or stored under another thumbprint,
-// does not open. The key never changes for its thumbprint, so a refresh
-// (a new version of the row) leaves it as it is.
+// dpopAAD binds a sealed DPoP key to its connection and thumbprint (not to
+// a version: a refresh leaves the key as it is).
 func dpopAAD(id int32, jkt string) string {
 	return "c" + strconv.FormatInt(int64(id), 10) + "/dpop_key/" + jkt
 }
 
-// putDPoPKey records, in the transaction that stores a new grant of
-// connection id, the DPoP key the grant is bound to (key: PEM; zero for a
-// bearer grant), sealed, and drops the keys of the grants it replaces:
-// their refresh tokens are gone with them.
+// putDPoPKey records, in the transaction storing a new grant of connection
+// id, its DPoP key (PEM; zero for a bearer grant), sealed, and drops the
+// keys of the grants it replaces.
 func putDPoPKey(ctx context.Context, tx *gorm.DB, s Sealer, id int32, key domain.Secret, jkt string) error {
 	db := tx.WithContext(ctx)
 	if err := db.Exec(`DELETE FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt <> ?`, id, jkt).Error; err != nil {
@@ -45,14 +42,12 @@ ON CONFLICT (connection_id, jkt) DO UPDATE SET private_key = EXCLUDED.private_ke
 		db.Exec(`UPDATE tokenguard_tokens SET dpop_jkt = ? WHERE connection_id = ?`, jkt, id).Error)
 }
 
-// dpopKeys caches opened DPoP keys by connection id and thumbprint: a key
-// never changes for its thumbprint, so each process reads it once.
+// dpopKeys caches opened DPoP keys by connection id and thumbprint (never changing).
 type dpopKeys struct{ m sync.Map }
 
-// DPoPKey returns the private key (PEM) connection's grant is bound to,
-// whose thumbprint is jkt: domain.ErrNotFound when there is none (the grant
-// was replaced meanwhile), domain.ErrUndecryptable when it cannot be
-// opened.
+// DPoPKey returns the private key (PEM) of thumbprint jkt connection's
+// grant is bound to: domain.ErrNotFound when there is none (replaced),
+// domain.ErrUndecryptable when it cannot be opened.
 func (r *TokenRepository) DPoPKey(ctx context.Context, connection, jkt string) (domain.Secret, error) {
 	id, err := r.ids.lookup(ctx, r.db, connection)
 	if err != nil {
@@ -62,15 +57,15 @@ func (r *TokenRepository) DPoPKey(ctx context.Context, connection, jkt string) (
 	if v, ok := r.keys.m.Load(cacheKey); ok {
 		return v.(domain.Secret), nil
 	}
-	var stored []string
-	if err := r.db.WithContext(ctx).Raw(`SELECT private_key FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt = ?`, id, jkt).
-		Find(&stored).Error; err != nil {
+	stored, err := oneRow[string](r.db.WithContext(ctx),
+		`SELECT private_key FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt = ?`, id, jkt)
+	if err != nil {
 		return domain.Secret{}, storeError(ctx, "read dpop key", err)
 	}
-	if len(stored) == 0 {
+	if stored == nil {
 		return domain.Secret{}, fmt.Errorf("dpop key %s of %s: %w", jkt, connection, domain.ErrNotFound)
 	}
-	pem, err := r.sealer.Open(stored[0], dpopAAD(id, jkt))
+	pem, err := r.sealer.Open(*stored, dpopAAD(id, jkt))
 	if err != nil {
 		return domain.Secret{}, fmt.Errorf("dpop key of %s: %w", connection, err)
 	}
@@ -79,8 +74,7 @@ func (r *TokenRepository) DPoPKey(ctx context.Context, connection, jkt string) (
 	return key, nil
 }
 
-// resealDPoPKeys seals every stored DPoP key again with the current key
-// (tokenctl rotate-key), each under its connection's lock.
+// resealDPoPKeys seals every DPoP key again with the current key, under its lock.
 func (r *TokenRepository) resealDPoPKeys(ctx context.Context, wait time.Duration) (int, error) {
 	var rows []struct {
 		ID         int32

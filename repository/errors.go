@@ -11,6 +11,17 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
+// changedRow is the error of a write res that must change a row (else: none).
+func changedRow(ctx context.Context, op string, res *gorm.DB, none error) error {
+	if res.Error != nil {
+		return storeError(ctx, op, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return none
+	}
+	return nil
+}
+
 // storeError turns a database error into a domain error. It keeps the
 // SQLSTATE and message but drops the detail, which for constraint errors
 // repeats the failing row, tokens included.
@@ -23,15 +34,12 @@ func storeError(ctx context.Context, op string, err error) error {
 	}
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
-	var coded interface{ SQLState() string }                   // pgx and lib/pq errors alike
-	if errors.As(err, &coded) && coded.SQLState() == "55P03" { // lock_not_available: lock_timeout fired
+	if isSQLState(err, "55P03") { // lock_not_available: lock_timeout fired
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	}
-	// A cancelled or expired context surfaces as whatever the driver saw
-	// (a cancel request, a closed socket); report the reason. A deadline
-	// is also the store's failure to answer in time (the deadline may be
-	// an internal bound, a pool connection or a lock waited for): callers
-	// can tell it from their own cancellation.
+	// A context ended surfaces as whatever the driver saw; report the
+	// reason. A deadline is also the store's failure to answer in time,
+	// which callers can tell from their own cancellation.
 	switch ctxErr := ctx.Err(); {
 	case errors.Is(ctxErr, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w (%w)", op, domain.ErrStoreUnavailable, ctxErr)

@@ -10,8 +10,7 @@ import (
 )
 
 // RefusalEvidence keeps what every process learned of a token endpoint's
-// refusals, per token URL, client id and credentials digest
-// (provider.EvidenceStore).
+// refusals, per token URL, client id and credentials digest.
 type RefusalEvidence struct {
 	db *gorm.DB
 }

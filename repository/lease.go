@@ -8,27 +8,19 @@ import (
 	"sync"
 	"time"
 
-	"github.com/google/uuid"
 	"gorm.io/gorm"
 )
 
-// Lease timing. A live holder's process renews its leases every
-// leaseRenewEvery, each renewal good for leaseTerm, so a lease outlives a
-// dead holder by at most leaseTerm. A lease that a server restart or a
-// failover interrupted (taken on a server that started at another time) is
-// held for restartGrace from the moment a process first finds it on the new
-// server: its holder lost its sessions and needs that long to reconnect and
-// renew it, or to store its rotated token, and must not be overtaken
-// meanwhile.
+// Lease timing. A live holder renews its leases every leaseRenewEvery, each
+// renewal good for leaseTerm, so a lease outlives a dead holder by at most
+// leaseTerm. A lease interrupted by a restart or failover is held for
+// restartGrace from when a process first finds it on the new server: its
+// holder needs that long to reconnect and renew it or store its token.
 const (
 	leaseTerm       = time.Second
 	leaseRenewEvery = 300 * time.Millisecond
 	restartGrace    = 5 * time.Second
 )
-
-// newHolder names a lease's holder: a random UUID, made here so that the
-// statement taking the lease can tell whose lease it returns.
-func newHolder() string { return uuid.NewString() }
 
 // leaseRuns is the condition under which lease l on token t's version runs
 // on this server (Read).
@@ -36,14 +28,11 @@ const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
     AND l.server_started = pg_postmaster_start_time() AND now() <= l.until`
 
 // leaseFree is the condition under which an existing lease l may be taken
-// over by EXCLUDED: it is on another version (stored since). A lease on
-// the same version is never free by time: a holder that ran out of it
-// (died, or lost the database past the answer deadline) left a request
-// whose answer may still be on its way or queued at the provider, and the
-// version's refresh token is presented again only after the use case has
-// recorded the lost answer (Fail deletes the lease). A lease from another
-// server (a restart, a failover) is moved to this one and held at least
-// for the grace, for its holder to renew it.
+// over by EXCLUDED: it is on another version. A lease on the same version
+// is never free by time: a holder that ran out of it left a request whose
+// answer may still come, and the refresh token is presented again only
+// after Fail recorded the lost answer (deleting the lease). A lease from
+// another server is moved to this one and held for the grace.
 const leaseFree = `(l.version <> EXCLUDED.version)`
 
 // leaseUpsert ends the statements that take a lease.
@@ -66,9 +55,9 @@ type heldLease struct {
 	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
 }
 
-// note records why the lease's refresh ends without a stored token, for
-// the statement that ends it (release, or Fail) to hand the history
-// trigger (migration 000026) in the tokenguard.lease_reason setting.
+// note records why the refresh ends without a stored token, for the
+// statement that ends the lease to hand the history trigger
+// (tokenguard.lease_reason).
 func (l *heldLease) note(why string) {
 	l.renewer.mu.Lock()
 	defer l.renewer.mu.Unlock()
@@ -76,12 +65,13 @@ func (l *heldLease) note(why string) {
 }
 
 // end stops renewing the lease and, with release, deletes it and announces
-// the release on the change channel (as the unchanged version), so that
-// processes waiting for the refresh look again at once.
+// the unchanged version, so that waiting processes look again at once.
 func (l *heldLease) end(release bool) {
 	l.once.Do(func() {
-		why := l.renewer.why(l.holder)
-		l.renewer.remove(l.holder)
+		l.renewer.mu.Lock()
+		why := l.why
+		delete(l.renewer.holders, l.holder)
+		l.renewer.mu.Unlock()
 		if !release {
 			return
 		}
@@ -95,10 +85,9 @@ SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JO
 	})
 }
 
-// leaseRenewer renews every lease its process holds, all in one statement
-// every leaseRenewEvery, on a pool connection it takes for that statement
-// alone: a thousand refreshes in flight cost one renewal a tick, not a
-// thousand. It runs while there are leases to renew.
+// leaseRenewer renews every lease its process holds in one statement every
+// leaseRenewEvery, while there are leases to renew: a thousand refreshes in
+// flight cost one renewal a tick.
 type leaseRenewer struct {
 	db      *gorm.DB
 	mu      sync.Mutex
@@ -117,22 +106,6 @@ func (r *leaseRenewer) add(l *heldLease) {
 		r.running = true
 		go r.run()
 	}
-}
-
-func (r *leaseRenewer) remove(holder string) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	delete(r.holders, holder)
-}
-
-// why is what holder's lease noted, "" when nothing (or it is not held).
-func (r *leaseRenewer) why(holder string) string {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if l := r.holders[holder]; l != nil {
-		return l.why
-	}
-	return ""
 }
 
 // whyOf is what the lease this process holds on connection's version
@@ -160,9 +133,8 @@ func (r *leaseRenewer) held() ([]string, bool) {
 	return slices.Collect(maps.Keys(r.holders)), true
 }
 
-// run renews until no lease is held. A failed renewal (the database is
-// away) is retried at the next tick: the lease still runs for what is left
-// of its term, and after a restart or failover for the grace.
+// run renews until no lease is held. A failed renewal is retried at the
+// next tick: the lease still runs for the rest of its term (or the grace).
 func (r *leaseRenewer) run() {
 	tick := time.NewTicker(leaseRenewEvery)
 	defer tick.Stop()
@@ -174,13 +146,7 @@ func (r *leaseRenewer) run() {
 		ctx, cancel := context.WithTimeout(context.Background(), leaseTerm)
 		_ = r.db.WithContext(ctx).Exec(`UPDATE tokenguard_refresh_leases
 SET until = greatest(until, now() + ? * interval '1 millisecond'), server_started = pg_postmaster_start_time()
-WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), pgTextArray(holders)).Error
+WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), "{"+strings.Join(holders, ",")+"}").Error // UUIDs: no quoting
 		cancel()
 	}
-}
-
-// pgTextArray is a text[] parameter in Postgres' array syntax, which
-// every driver passes as text (the values here are UUIDs: no quoting).
-func pgTextArray(v []string) string {
-	return "{" + strings.Join(v, ",") + "}"
 }

@@ -13,17 +13,14 @@ import (
 )
 
 // lockedHold bounds a locked transaction once its lock is held: it then
-// runs to its end whatever its caller does, so that a caller that gives up
+// runs to its end whatever its caller does, so that a caller giving up
 // cannot roll back a claim or a token half-way.
 const lockedHold = 5 * time.Second
 
-// inLock runs fn in one transaction, on a pool connection of its own, that
-// holds connection's advisory lock (WithAdvisoryLock), and commits when fn
-// returns nil; fn's error rolls back and is returned as it is.
-//
-// ctx bounds the wait for the lock, together with wait (lock_timeout,
-// domain.ErrLockTimeout; 0: ctx alone). Once the lock is held the
-// transaction no longer follows ctx: hold bounds the rest.
+// inLock runs fn in a transaction of its own that holds connection's
+// advisory lock, and commits when fn returns nil; fn's error rolls back and
+// is returned as it is. ctx and wait (0: ctx alone) bound the wait for the
+// lock (domain.ErrLockTimeout); once it is held, hold bounds the rest.
 func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, hold time.Duration, fn func(ctx context.Context, tx *gorm.DB) error) error {
 	if _, ok := r.db.Statement.ConnPool.(interface {
 		Conn(context.Context) (*sql.Conn, error)
@@ -32,8 +29,6 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 		// token written, until the caller's transaction ends.
 		return fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connection, r.db.Statement.ConnPool)
 	}
-	// The lock wait ends a margin before ctx's deadline (WithAdvisoryLock),
-	// or after wait.
 	lockBy, bounded := ctx.Deadline()
 	if wait > 0 && (!bounded || time.Until(lockBy) > wait+lockTimeoutMargin) {
 		lockBy, bounded = time.Now().Add(wait+lockTimeoutMargin), true
@@ -72,9 +67,8 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	case errors.Is(err, domain.ErrNotFound):
 		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
 	case err != nil && waiting && !locked && bounded && !time.Now().Before(lockBy) && !errors.Is(ctx.Err(), context.Canceled):
-		// The wait (wait's or ctx's deadline) ran out before the lock was
-		// held: on a busy host the client's deadline can fire before the
-		// server's lock_timeout answer.
+		// The wait ran out before the lock was held: on a busy host the
+		// client's deadline can fire before the server's lock_timeout.
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	case err != nil && ctx.Err() != nil:
 		return storeError(ctx, op, err)
@@ -82,21 +76,12 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	return storeError(txCtx, op, err)
 }
 
-// lockTimeoutMargin is how much earlier than its caller's deadline a lock
-// wait gives up.
+// lockTimeoutMargin is how much earlier than its deadline a lock wait gives up.
 const lockTimeoutMargin = 20 * time.Millisecond
 
-// lockTimeout is wait as a lock_timeout setting, "" for none.
-func lockTimeout(wait time.Duration) string {
-	if wait <= 0 {
-		return ""
-	}
-	return fmt.Sprintf("%dms", max(wait.Milliseconds(), 1))
-}
-
-// oneRow runs a statement on tx that returns at most one tokenRow.
-func oneRow(tx *gorm.DB, sql string, args ...any) (*tokenRow, error) {
-	var rows []tokenRow
+// oneRow runs a statement on tx and returns its first row, nil for none.
+func oneRow[T any](tx *gorm.DB, sql string, args ...any) (*T, error) {
+	var rows []T
 	if err := tx.Raw(sql, args...).Find(&rows).Error; err != nil {
 		return nil, err
 	}

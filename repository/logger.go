@@ -15,19 +15,17 @@ import (
 // quoted matches SQL string literals, doubled-quote escapes included.
 var quoted = regexp.MustCompile(`'(?:[^']|'')*'`)
 
-// redactingLogger is GORM's slog logger with every string literal blanked.
-// ParameterizedQueries alone is not enough: GORM's Scan finisher logs the
-// statement through a recorder that inlines the bound values, tokens
-// included. Masking literals here closes every such path.
+// redactingLogger is GORM's slog logger with every string literal blanked:
+// ParameterizedQueries alone is not enough, as GORM's Scan logs through a
+// recorder that inlines the bound values, tokens included.
 type redactingLogger struct {
 	logger.Interface
 	log *slog.Logger
 }
 
-// NewLogger is the GORM logger for a pool the repository runs on: it logs
-// through log, at warning level and above, and never a token. Bound values
-// are never handed to it, string literals are blanked, and Postgres errors
-// lose their detail (which can repeat a row).
+// NewLogger is the GORM logger for the repository's pool: it logs through
+// log, at warning level and above, and never a token: no bound values, no
+// string literals, no Postgres error detail (which can repeat a row).
 func NewLogger(log *slog.Logger) logger.Interface {
 	return redactingLogger{logger.NewSlogLogger(log, logger.Config{
 		SlowThreshold:             time.Second,
@@ -43,9 +41,8 @@ func (l redactingLogger) LogMode(level logger.LogLevel) logger.Interface {
 
 func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
 	if expected(ctx, err) {
-		// The caller returns it as a typed error (ErrLockTimeout, the
-		// caller's context, a conflict) and decides what it is worth: no
-		// ERROR line with the statement.
+		// The caller returns it as a typed error and decides what it is
+		// worth: no ERROR line.
 		if l.log.Enabled(ctx, slog.LevelDebug) {
 			sql, _ := fc()
 			l.log.LogAttrs(ctx, slog.LevelDebug, "tokenguard: statement ended as expected",
@@ -59,11 +56,8 @@ func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (
 	}, safeError(err))
 }
 
-// expected reports whether a statement's err is one tokenguard expects
-// and handles: the caller's context ended (a call given up, a shutdown), a
-// lock or statement timeout, a lost race (a unique violation, a
-// serialization failure, a deadlock, each retried or reported as a
-// conflict).
+// expected reports whether err is one tokenguard expects and handles: the
+// caller's context ended, a lock or statement timeout, a lost race.
 func expected(ctx context.Context, err error) bool {
 	if err == nil {
 		return false
@@ -91,10 +85,9 @@ func (l redactingLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (
 	return sql, nil
 }
 
-// safeMessage describes a Postgres error without echoing data: the detail
-// (which for constraint errors repeats the failing row) is never included,
-// and data exceptions (class 22), whose message quotes the offending input,
-// are reduced to their SQLSTATE.
+// safeMessage describes a Postgres error without echoing data: never the
+// detail (the failing row), and for data exceptions (class 22, quoting the
+// input) only the SQLSTATE.
 func safeMessage(e *pgconn.PgError) string {
 	if strings.HasPrefix(e.Code, "22") {
 		return "data exception (SQLSTATE " + e.Code + ")"

@@ -8,8 +8,7 @@ import (
 )
 
 // CheckPrimary fails with domain.ErrReadOnlyStore when the database is a
-// replica (pg_is_in_recovery): every refresh must be stored, and a process
-// started on a replica would fail at its first one instead of at start-up.
+// replica, so that a process fails at start-up, not at its first refresh.
 func (r *TokenRepository) CheckPrimary(ctx context.Context) error {
 	var recovering bool
 	if err := r.db.WithContext(ctx).Raw("SELECT pg_is_in_recovery()").Scan(&recovering).Error; err != nil {

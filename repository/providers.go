@@ -15,15 +15,13 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ProviderChannel is the Postgres NOTIFY channel on which every committed
-// change of the tokenguard_providers table is announced with the provider's name (a
-// trigger, migration 8). It carries no secret: listeners re-read.
+// ProviderChannel is the NOTIFY channel on which a trigger announces every
+// committed change of a provider, by name. It carries no secret.
 const ProviderChannel = "tokenguard_provider_changed"
 
 // ProviderRepository stores the OAuth2 client registrations connections
-// may name. The client secret is sealed as the tokens are (the same
-// Sealer), bound to the provider's name, and never leaves this package in
-// an error.
+// may name. The client secret is sealed as the tokens are, bound to the
+// provider's name, and never leaves this package in an error.
 type ProviderRepository struct {
 	db     *gorm.DB
 	sealer Sealer
@@ -38,28 +36,26 @@ func NewProviderRepository(db *gorm.DB, s Sealer) *ProviderRepository {
 	return &ProviderRepository{db: db, sealer: s}
 }
 
-// colClientSecret is the column a sealed client secret is bound to.
-const colClientSecret = "client_secret"
-
 // providerAAD binds a sealed client secret to its provider. ':' cannot be
 // in a name, so it never equals a token's additional data.
-func providerAAD(name string) string { return "provider:" + name + "/" + colClientSecret }
+func providerAAD(name string) string { return "provider:" + name + "/client_secret" }
 
-// clientKeyAAD binds a sealed client key (private_key_jwt) to its
-// provider and column: it never opens as another provider's, or as a
-// client secret.
+// clientKeyAAD binds a sealed client key (private_key_jwt) to its provider.
 func clientKeyAAD(name string) string { return "provider:" + name + "/client_key" }
 
-// sealKey seals a client key; "" (none) stays NULL.
-func (r *ProviderRepository) sealKey(p domain.Provider) (sql.NullString, error) {
+// sealSecrets seals p's client secret and client key (none: NULL).
+func (r *ProviderRepository) sealSecrets(p domain.Provider) (secret string, key sql.NullString, err error) {
+	if secret, err = r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name)); err != nil {
+		return "", key, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
+	}
 	if p.ClientKey.IsZero() {
-		return sql.NullString{}, nil
+		return secret, key, nil
 	}
-	sealed, err := r.sealer.Seal(p.ClientKey.Reveal(), clientKeyAAD(p.Name))
-	if err != nil {
-		return sql.NullString{}, fmt.Errorf("seal client key of provider %s: %w", p.Name, err)
+	if key.String, err = r.sealer.Seal(p.ClientKey.Reveal(), clientKeyAAD(p.Name)); err != nil {
+		return "", key, fmt.Errorf("seal client key of provider %s: %w", p.Name, err)
 	}
-	return sql.NullString{String: sealed, Valid: true}, nil
+	key.Valid = true
+	return secret, key, nil
 }
 
 // providerRow is the tokenguard_providers table as read.
@@ -88,11 +84,12 @@ type providerRow struct {
 	TokenRatePeriodMs sql.NullInt64
 }
 
-const selectProvider = `SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
+const selectProvider = `SELECT ` + providerColumns + ` FROM tokenguard_providers`
+
+const providerColumns = `name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
        auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at,
-       coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms
-FROM tokenguard_providers`
+       coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms`
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 	secret, err := s.Open(r.ClientSecret, providerAAD(r.Name))
@@ -146,12 +143,8 @@ func nullTokenRate(r domain.TokenRate) (limit, periodMs sql.NullInt64) {
 	return sql.NullInt64{Int64: int64(r.Limit), Valid: ok}, sql.NullInt64{Int64: r.Period.Milliseconds(), Valid: ok}
 }
 
-func millis(v sql.NullInt64) time.Duration {
-	if !v.Valid {
-		return 0
-	}
-	return time.Duration(v.Int64) * time.Millisecond
-}
+// millis reads a stored duration; NULL scans as 0.
+func millis(v sql.NullInt64) time.Duration { return time.Duration(v.Int64) * time.Millisecond }
 
 // nullMillis stores a duration; 0 is NULL (the global setting).
 func nullMillis(d time.Duration) sql.NullInt64 {
@@ -165,17 +158,12 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	if err := p.Validate(); err != nil {
 		return domain.Provider{}, err
 	}
-	secret, err := r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name))
-	if err != nil {
-		return domain.Provider{}, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
-	}
-	key, err := r.sealKey(p)
+	secret, key, err := r.sealSecrets(p)
 	if err != nil {
 		return domain.Provider{}, err
 	}
-	var rows []providerRow
 	rateLimit, ratePeriod := nullTokenRate(p.TokenRate)
-	err = r.db.WithContext(ctx).Raw(`WITH p AS (
+	row, err := oneRow[providerRow](r.db.WithContext(ctx), `WITH p AS (
     INSERT INTO tokenguard_providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
                            auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop,
                            resource, par, client_key, token_rate_limit, token_rate_period_ms)
@@ -183,29 +171,24 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
     ON CONFLICT (name) DO NOTHING
     RETURNING *
 )
-SELECT name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
-       auth_style, coalesce(array_to_string(scopes, ' '), '') AS scopes,
-       skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at, coalesce(dpop, false) AS dpop,
-       coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms FROM p`,
+SELECT `+providerColumns+` FROM p`,
 		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
 		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
 		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile, p.DPoP,
-		p.Resource, string(p.PAR), key, rateLimit, ratePeriod).Find(&rows).Error
+		p.Resource, string(p.PAR), key, rateLimit, ratePeriod)
 	if err != nil {
 		return domain.Provider{}, storeError(ctx, "add provider", err)
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		return domain.Provider{}, fmt.Errorf("provider %q: %w", p.Name, domain.ErrProviderExists)
 	}
-	return rows[0].domain(r.sealer)
+	return row.domain(r.sealer)
 }
 
-// Update changes the provider called name: fn gets the stored provider
-// (its secret opened) and changes it; the result is validated and
-// written, with the version bumped, in one transaction that holds the
-// row's lock, so two updates never lose each other's changes. The name
-// cannot change. Errors wrap domain.ErrUnknownProvider,
-// domain.ErrInvalidProvider or fn's error.
+// Update changes the provider called name (not its name) with fn, then
+// validates and writes it, the version bumped, in one transaction holding
+// the row's lock, so two updates never lose each other's changes. Errors
+// wrap domain.ErrUnknownProvider, domain.ErrInvalidProvider or fn's error.
 func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*domain.Provider) error) (domain.Provider, error) {
 	var out domain.Provider
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
@@ -221,11 +204,7 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 		if err := next.Validate(); err != nil {
 			return err
 		}
-		secret, err := r.sealer.Seal(next.ClientSecret.Reveal(), providerAAD(next.Name))
-		if err != nil {
-			return fmt.Errorf("seal client secret of provider %s: %w", next.Name, err)
-		}
-		key, err := r.sealKey(next)
+		secret, key, err := r.sealSecrets(next)
 		if err != nil {
 			return err
 		}
@@ -261,14 +240,14 @@ func (r *ProviderRepository) Get(ctx context.Context, name string) (domain.Provi
 }
 
 func getProvider(ctx context.Context, db *gorm.DB, s Sealer, name, lock string) (domain.Provider, error) {
-	var rows []providerRow
-	if err := db.Raw(selectProvider+" WHERE name = ?"+lock, name).Find(&rows).Error; err != nil {
+	row, err := oneRow[providerRow](db, selectProvider+" WHERE name = ?"+lock, name)
+	if err != nil {
 		return domain.Provider{}, storeError(ctx, "get provider", err)
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		return domain.Provider{}, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
 	}
-	return rows[0].domain(s)
+	return row.domain(s)
 }
 
 // List reads every provider, by name, secrets opened.
@@ -304,10 +283,9 @@ func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, e
 	return out, nil
 }
 
-// Remove deletes the provider called name. It is refused with
-// domain.ErrProviderInUse while a connection names it (the foreign key
-// decides, so no connection can start naming it meanwhile), and
-// domain.ErrUnknownProvider if there is none.
+// Remove deletes the provider called name: domain.ErrProviderInUse while a
+// connection names it (the foreign key decides), domain.ErrUnknownProvider
+// if there is none.
 func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
 	res := r.db.WithContext(ctx).Exec("DELETE FROM tokenguard_providers WHERE name = ?", name)
 	switch {
@@ -325,10 +303,9 @@ func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
 	return nil
 }
 
-// Reseal re-encrypts every provider's client secret with the sealer's
-// current key (tokenctl rotate-key), each in a statement that writes only
-// if the stored value is still the one read. It returns how many it
-// rewrote and how many were current already.
+// Reseal re-encrypts every provider's client secret and key with the
+// sealer's current key (tokenctl rotate-key). It returns how many secrets
+// it rewrote and how many were current already.
 func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int, err error) {
 	var rows []providerRow
 	if err := r.db.WithContext(ctx).Raw(selectProvider + " ORDER BY name").Find(&rows).Error; err != nil {
@@ -336,7 +313,7 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 	}
 	for _, row := range rows {
 		if row.ClientKey.Valid && !r.sealer.IsCurrent(row.ClientKey.String) {
-			if err := r.resealKey(ctx, row); err != nil {
+			if _, err := r.resealColumn(ctx, row.Name, "client_key", row.ClientKey.String, clientKeyAAD(row.Name)); err != nil {
 				return resealed, current, err
 			}
 		}
@@ -344,44 +321,35 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 			current++
 			continue
 		}
-		plain, err := r.sealer.Open(row.ClientSecret, providerAAD(row.Name))
+		n, err := r.resealColumn(ctx, row.Name, "client_secret", row.ClientSecret, providerAAD(row.Name))
 		if err != nil {
-			return resealed, current, fmt.Errorf("client secret of provider %s: %w", row.Name, err)
+			return resealed, current, err
 		}
-		sealed, err := r.sealer.Seal(plain, providerAAD(row.Name))
-		if err != nil {
-			return resealed, current, fmt.Errorf("seal client secret of provider %s: %w", row.Name, err)
-		}
-		// The version stays: the secret itself did not change, and
-		// processes need not reload for a new envelope.
-		res := r.db.WithContext(ctx).Exec("UPDATE tokenguard_providers SET client_secret = ? WHERE name = ? AND client_secret = ?",
-			sealed, row.Name, row.ClientSecret)
-		if res.Error != nil {
-			return resealed, current, storeError(ctx, "reseal provider", res.Error)
-		}
-		resealed += int(res.RowsAffected)
+		resealed += n
 	}
 	return resealed, current, nil
 }
 
-// resealKey re-encrypts row's client key with the current key, if the
-// stored value is still the one read.
-func (r *ProviderRepository) resealKey(ctx context.Context, row providerRow) error {
-	plain, err := r.sealer.Open(row.ClientKey.String, clientKeyAAD(row.Name))
+// resealColumn re-encrypts provider's stored value of column with the
+// current key, if it is still the one read. The version stays: the value
+// did not change, and processes need not reload for a new envelope.
+func (r *ProviderRepository) resealColumn(ctx context.Context, provider, column, stored, aad string) (int, error) {
+	what := strings.ReplaceAll(column, "_", " ")
+	plain, err := r.sealer.Open(stored, aad)
 	if err != nil {
-		return fmt.Errorf("client key of provider %s: %w", row.Name, err)
+		return 0, fmt.Errorf("%s of provider %s: %w", what, provider, err)
 	}
-	sealed, err := r.sealer.Seal(plain, clientKeyAAD(row.Name))
+	sealed, err := r.sealer.Seal(plain, aad)
 	if err != nil {
-		return fmt.Errorf("seal client key of provider %s: %w", row.Name, err)
+		return 0, fmt.Errorf("seal %s of provider %s: %w", what, provider, err)
 	}
-	res := r.db.WithContext(ctx).Exec("UPDATE tokenguard_providers SET client_key = ? WHERE name = ? AND client_key = ?",
-		sealed, row.Name, row.ClientKey.String)
-	return storeError(ctx, "reseal provider", res.Error)
+	res := r.db.WithContext(ctx).Exec("UPDATE tokenguard_providers SET "+column+" = ? WHERE name = ? AND "+column+" = ?",
+		sealed, provider, stored)
+	return int(res.RowsAffected), storeError(ctx, "reseal provider", res.Error)
 }
 
-// unknownProvider reports whether err is the tokenguard_tokens.provider foreign key
-// refusing a provider name that is not registered.
+// unknownProvider reports whether err is the tokens' provider foreign key
+// refusing a provider that is not registered.
 func unknownProvider(err error) bool {
 	if !isSQLState(err, "23503") {
 		return false
@@ -390,6 +358,7 @@ func unknownProvider(err error) bool {
 	return !errors.As(err, &pgErr) || strings.Contains(pgErr.ConstraintName, "provider")
 }
 
+// isSQLState reports whether err has the SQLSTATE code (pgx and lib/pq alike).
 func isSQLState(err error, code string) bool {
 	var coded interface{ SQLState() string }
 	return err != nil && errors.As(err, &coded) && coded.SQLState() == code

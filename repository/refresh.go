@@ -1,10 +1,12 @@
 package repository
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"time"
 
+	"github.com/google/uuid"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -12,22 +14,20 @@ import (
 )
 
 // The refresh path's transactions (usecase.TokenStore): Claim, Store and
-// Fail each take the connection's advisory lock (WithAdvisoryLock), do
-// one thing and commit before they return, so that no database connection
-// is held across a call to the provider. Read (tokens.go) takes no lock.
+// Fail each take the connection's advisory lock, do one thing and commit
+// before they return, so that no connection is held across a call to the
+// provider.
 
 // Claim leases the refresh of seen for answerWithin: under the lock it
-// re-reads the token and takes the lease only if the token is still seen
-// (its version and its failure record), active, and no other holder's
-// request for that version is unresolved. The lease, in refresh_leases,
-// tells every process that seen's refresh token is about to be presented;
-// this process renews it until Claim.End is called.
+// takes the lease only if the token is still seen (its version and failure
+// record), active, and no other holder's request for that version is
+// unresolved. This process renews the lease until Claim.End is called.
 func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (usecase.Claim, error) {
 	var (
 		c    usecase.Claim
 		rows []claimRow
 	)
-	holder := newHolder()
+	holder := uuid.NewString() // the statement taking the lease tells whose lease it returns
 	err := r.inLock(ctx, seen.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		err := tx.Raw(claimSQL, seen.Connection, seen.Version, holder, (max(answerWithin, 0) + leaseTerm).Milliseconds(),
 			restartGrace.Milliseconds(), seen.Failure.Failures, string(domain.StatusActive),
@@ -46,14 +46,10 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	if err != nil {
 		return usecase.Claim{}, err
 	}
-	row := rows[0].Read
-	r.ids.put(&row.Token)
-	c.Lease = usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
+	r.ids.put(&rows[0].Read.Token)
+	c.Lease = rows[0].Read.lease()
 	if w := rows[0].BudgetWaitMs; w != nil && rows[0].Took == nil {
 		c.BudgetWait = max(time.Duration(*w)*time.Millisecond, time.Millisecond)
-	}
-	if row.LeaseAgeMs != nil {
-		c.Lease.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond
 	}
 	switch took := rows[0].Took; {
 	case took != nil && *took == holder:
@@ -68,22 +64,17 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	return c, nil
 }
 
-// claimSQL is Claim's statement: the re-read of connection $1's token with
-// its lease, and the lease of version $2 for holder $3, its term $4 ms (a
-// lease found from another server kept for its holder for the grace $5
-// ms), if the token is still at it with $6 failures on record, $7
-// (active), and no other holder's request for it unresolved; took is the
-// lease's holder afterwards, NULL when none was asked for.
+// claimSQL re-reads connection $1's token with its lease and leases
+// version $2 for holder $3 for $4 ms (a lease from another server kept for
+// the grace $5 ms), if the token still has $6 failures, is $7 (active) and
+// no other holder's request is unresolved; took is the lease's holder
+// afterwards, NULL when none was asked for.
 //
-// Where the token's provider has a token budget (its stored
-// token_rate_*, or for the OAUTH_* provider $8 requests in $9 ms), the
-// lease is taken only with a debit of the provider's budget row, in the
-// same statement: a refresh within budget costs no extra round trip.
-// budget_wait_ms says, when the budget refused, how long until it may
-// not, as far as the statement's snapshot shows (a row that another claim
-// created after it began is not in it: then 1 ms). $10: the claim is the
-// sweep's, which spends only what a reserve for callers leaves
-// (budgetSQL).
+// Where the provider has a token budget (stored, or $8 requests in $9 ms
+// for OAUTH_*), the lease comes only with a debit of it, in the same
+// statement. budget_wait_ms says, when the budget refused, how long until
+// it may not, as far as the snapshot shows (else 1 ms). $10: the sweep's
+// claim, which leaves a reserve to callers.
 var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
 ` + budgetSQL + `,
 took AS (
@@ -103,15 +94,12 @@ SELECT cur.*, (SELECT holder FROM took) AS took,
         WHERE rate.lim > 0 AND NOT EXISTS (SELECT FROM budget)) AS budget_wait_ms
 FROM cur`
 
-// budgetSQL are claimSQL's budget steps. rate is the claimable token's
-// provider's budget: lim requests in any window of win, of which the
-// claim may count allowed (the sweep leaves a quarter, at least one
-// request, to callers). The window is held a twentieth longer than the
-// period: the requests debited at its edges reach the provider with the
-// network's jitter, and a provider counting their arrival must not count
-// one more. budget debits it, or returns no row when it is spent (or
-// shrunk after a 429, ShrinkBudget). Concurrent claims of one provider
-// queue on its row for the rest of their (short) transactions.
+// budgetSQL are claimSQL's budget steps. rate is the provider's budget:
+// lim requests in any window of win, of which the claim may count allowed
+// (the sweep leaves a quarter, at least one, to callers). The window is a
+// twentieth longer than the period, for the network's jitter at its edges.
+// budget debits it, or returns no row when it is spent (or shrunk,
+// ShrinkBudget). Claims of one provider queue on its row.
 const budgetSQL = `rate AS (
     SELECT cur.provider AS key, r.lim, r.per * interval '1.05 millisecond' AS win,
            CASE WHEN $10::boolean THEN r.lim - least(r.lim - 1, (r.lim + 3) / 4) ELSE r.lim END AS allowed
@@ -137,34 +125,25 @@ type claimRow struct {
 	BudgetWaitMs *int64
 }
 
-// SetTokenRate sets the token budget of the provider of the OAUTH_*
-// environment (the zero TokenRate: none); stored providers carry their
-// own. Call it before the repository is used.
+// SetTokenRate sets the token budget of the OAUTH_* provider (zero: none).
+// Call it before the repository is used.
 func (r *TokenRepository) SetTokenRate(rate domain.TokenRate) { r.tokenRate = rate }
 
-// ShrinkBudget spends what is left of provider's token budget ("" is the
-// OAUTH_* provider's) for d from now, fleet-wide: the provider answered
-// 429 with Retry-After d. A provider without a budget row is left alone.
+// ShrinkBudget spends what is left of provider's token budget ("": OAUTH_*)
+// for d from now, fleet-wide, after a 429 with Retry-After d. A provider
+// without a budget row is left alone.
 func (r *TokenRepository) ShrinkBudget(ctx context.Context, provider string, d time.Duration) (bool, error) {
 	res := r.db.WithContext(ctx).Exec(`UPDATE tokenguard_token_budgets
 SET shrunk_until = greatest(coalesce(shrunk_until, '-infinity'), clock_timestamp() + ? * interval '1 millisecond')
 WHERE provider = ?`, max(d, 0).Milliseconds(), provider)
-	return res.RowsAffected > 0, storeError(ctx, "shrink the token budget of "+cmpProvider(provider), res.Error)
-}
-
-// cmpProvider names provider in messages.
-func cmpProvider(p string) string {
-	if p == "" {
-		return domain.ReservedProviderName
-	}
-	return p
+	op := "shrink the token budget of " + cmp.Or(provider, domain.ReservedProviderName)
+	return res.RowsAffected > 0, storeError(ctx, op, res.Error)
 }
 
 // Store writes t over the stored token if the stored version is still
-// t.Version, bumps the version, ends the refresh leases of older versions
-// and announces the change, in one statement under the lock. An empty
-// refresh token keeps the stored one. It fails with domain.ErrConflict,
-// having written nothing, when the stored version is not t.Version.
+// t.Version (else domain.ErrConflict, writing nothing), bumps the version,
+// ends older leases and announces the change, in one statement under the
+// lock. An empty refresh token keeps the stored one.
 func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Token, error) {
 	var out domain.Token
 	err := r.inLock(ctx, t.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
@@ -185,7 +164,9 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 		if err != nil {
 			return err
 		}
-		row, err := oneRow(tx, saveSQL, saveArgs(st, at)...)
+		row, err := oneRow[tokenRow](tx, saveSQL, st.AccessToken.Reveal(), st.TokenType, st.RefreshToken.Reveal(), nullTime(st.Expiry),
+			nullTime(st.RefreshExpiry), st.ObtainedAt, string(st.Status), st.StatusReason, st.Connection, st.Version, ChangeChannel,
+			at.id, textArray(st.Binding.Answered), textArray(st.Binding.ScopesReduced))
 		if err != nil {
 			return storeError(ctx, "save token", err)
 		}
@@ -199,12 +180,10 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 	return out, err
 }
 
-// failSQL records the failure episode of version $2 of connection $1's
-// token (tokenguard_refresh_failures), ends that version's refresh lease
-// and announces its release (as the unchanged version), in one statement:
-// the processes waiting for the refresh look again at once and find when
-// the next attempt is due. $12 is why, as this process's lease on it noted
-// (Claim.Why), for the history (migration 000026).
+// failSQL records the failure episode of version $2 of connection $1, ends
+// that version's lease and announces it (as the unchanged version), so that
+// waiting processes look again at once. $12 is why, as Claim.Why noted it,
+// for the history.
 var failSQL = `
 WITH f AS (
     INSERT INTO tokenguard_refresh_failures AS f
@@ -223,10 +202,9 @@ ended AS (DELETE FROM tokenguard_refresh_leases l USING f WHERE l.connection_id 
     AND EXISTS (SELECT FROM why))
 SELECT f.version::text FROM f, LATERAL pg_notify(` + channelInSchema("$11") + `, f.version || ' ' || $1::text)`
 
-// Fail records, for the version of t, the refresh failure episode f (the
-// backoff every process honours) and ends t's refresh lease. It fails with
-// domain.ErrConflict, having written nothing, when the stored version is
-// not t.Version any more.
+// Fail records, for t's version, the refresh failure episode f (the backoff
+// every process honours) and ends its lease; domain.ErrConflict, writing
+// nothing, when the stored version is not t.Version any more.
 func (r *TokenRepository) Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error {
 	return r.inLock(ctx, t.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		var got []string

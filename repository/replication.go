@@ -3,6 +3,7 @@ package repository
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strconv"
 	"sync/atomic"
 
@@ -12,12 +13,9 @@ import (
 // Replication is what the primary says about its standbys: whether a
 // failover can lose a committed transaction.
 type Replication struct {
-	// SyncStandbyNames is the primary's synchronous_standby_names ("" :
-	// none configured).
-	SyncStandbyNames string
-	// Standbys is how many standbys stream from it (pg_stat_replication),
-	// SyncStandbys how many of them commits wait for (sync_state sync or
-	// quorum).
+	SyncStandbyNames string // the primary's synchronous_standby_names ("": none)
+	// Standbys is how many standbys stream from it, SyncStandbys how many
+	// of them commits wait for (sync_state sync or quorum).
 	Standbys, SyncStandbys int
 	// Hidden: standbys whose state this role may not see (it needs
 	// pg_read_all_stats, which pg_monitor has).
@@ -56,46 +54,34 @@ func (r Replication) DefaultSyncCommit() string {
 // SyncCommitLevels are the values synchronous_commit accepts.
 var SyncCommitLevels = []string{"off", "local", "remote_write", "on", "remote_apply"}
 
-// ParseSyncCommit checks a synchronous_commit level ("" stands for the
-// default, chosen from the cluster); anything else wraps
-// domain.ErrInvalidSyncCommit.
+// ParseSyncCommit checks a synchronous_commit level ("": the default,
+// chosen from the cluster); anything else wraps domain.ErrInvalidSyncCommit.
 func ParseSyncCommit(level string) (string, error) {
-	if level == "" {
-		return "", nil
-	}
-	for _, l := range SyncCommitLevels {
-		if level == l {
-			return level, nil
-		}
+	if level == "" || slices.Contains(SyncCommitLevels, level) {
+		return level, nil
 	}
 	return "", fmt.Errorf("%w: %q (want off, local, remote_write, on or remote_apply)", domain.ErrInvalidSyncCommit, level)
 }
 
-// ReadReplication asks the database what its standbys are. On a server
-// that is not a primary pg_stat_replication is empty: every answer then
-// says a failover can lose writes, which CheckPrimary refuses anyway.
+// ReadReplication asks the database what its standbys are (none on a
+// server that is not a primary, which CheckPrimary refuses anyway).
 func (r *TokenRepository) ReadReplication(ctx context.Context) (Replication, error) {
-	var row struct {
-		Names        string
-		Standbys     int
-		SyncStandbys int
-		Hidden       int
-	}
+	var rep Replication
 	// Without pg_read_all_stats a role sees only the pid of each standby.
-	err := r.db.WithContext(ctx).Raw(`SELECT current_setting('synchronous_standby_names') AS names,
+	err := r.db.WithContext(ctx).Raw(`SELECT current_setting('synchronous_standby_names') AS sync_standby_names,
        count(s.pid)::int AS standbys,
        count(s.pid) FILTER (WHERE s.sync_state IN ('sync', 'quorum'))::int AS sync_standbys,
        count(s.pid) FILTER (WHERE s.sync_state IS NULL)::int AS hidden
-FROM (SELECT 1) one LEFT JOIN pg_stat_replication s ON true`).Scan(&row).Error
+FROM (SELECT 1) one LEFT JOIN pg_stat_replication s ON true`).Scan(&rep).Error
 	if err != nil {
 		return Replication{}, storeError(ctx, "read replication state", err)
 	}
-	return Replication{SyncStandbyNames: row.Names, Standbys: row.Standbys, SyncStandbys: row.SyncStandbys, Hidden: row.Hidden}, nil
+	return rep, nil
 }
 
-// Durability holds the synchronous_commit level of the token write and
-// refresh claim transactions: the configured one, else the default for
-// the cluster as last read. It is safe for concurrent use.
+// Durability holds the synchronous_commit level of the token writes and
+// refresh claims: the configured one, else the cluster's default as last
+// read. It is safe for concurrent use.
 type Durability struct {
 	configured string
 	last       atomic.Pointer[Replication]
@@ -123,9 +109,8 @@ func (d *Durability) Replication() (Replication, bool) {
 	return *r, true
 }
 
-// SyncCommit is the level the token writes set for themselves (SET LOCAL
-// synchronous_commit): the configured one, else remote_apply while the
-// cluster has a synchronous standby, else on.
+// SyncCommit is the level the token writes set for themselves: the
+// configured one, else the cluster's DefaultSyncCommit, else on.
 func (d *Durability) SyncCommit() string {
 	if d == nil {
 		return "on"

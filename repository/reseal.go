@@ -1,11 +1,11 @@
 package repository
 
 import (
-	"gorm.io/gorm"
-
 	"context"
 	"fmt"
 	"time"
+
+	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -14,26 +14,23 @@ import (
 // query.
 const DefaultResealBatch = 100
 
-// resealHold bounds one connection's reseal transaction once it holds the
-// lock: a read and an update of one row.
+// resealHold bounds one connection's reseal once it holds the lock.
 const resealHold = 10 * time.Second
 
 // ResealResult counts what Reseal did.
 type ResealResult struct {
 	Resealed int // rows rewritten with the current key and form, legacy plaintext included
 	Current  int // rows that already were
-	// OnlyBound: every stored token is now in the bound form, bound to
-	// its row's version, and values in any other form are refused from
-	// now on (by processes that start after it).
+	// OnlyBound: every stored token is now bound to its row's version, and
+	// processes that start after it refuse values in any other form.
 	OnlyBound bool
 }
 
 // boundForm matches a stored value in the bound form.
 const boundForm = `'tg1:%:b:%'`
 
-// markOnlyBound records, when no stored token is in another form than
-// bound to its row's version, that none may be from now on
-// (tokenguard_seal_state, its versioned column).
+// markOnlyBound records, when every stored token is bound to its row's
+// version, that none may be otherwise from now on (tokenguard_seal_state).
 func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
 	if !sealsBound(r.sealer) {
 		return false, nil
@@ -63,8 +60,10 @@ type storedRow struct {
 	SealedVersion int64
 }
 
-// storedColumns read storedRow.
-const storedColumns = `c.id, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version`
+const selectStored = `
+SELECT c.id, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+`
 
 func (r storedRow) seal() seal { return seal{id: r.ID, version: r.Version} }
 
@@ -74,42 +73,21 @@ func (r storedRow) current(s Sealer) bool {
 	return s.IsCurrent(r.AccessToken) && s.IsCurrent(r.RefreshToken) && r.SealedVersion == 0
 }
 
-// scanStored reads up to batch raw rows with connection ids above after,
-// in id order.
-func scanStored(ctx context.Context, r *TokenRepository, after int32, batch int) ([]storedRow, error) {
-	var rows []storedRow
-	err := r.db.WithContext(ctx).Raw(`
-SELECT `+storedColumns+`
-FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
-WHERE c.id > ? ORDER BY c.id LIMIT ?`, after, batch).Find(&rows).Error
-	if err != nil {
-		return nil, storeError(ctx, "read stored tokens", err)
-	}
-	return rows, nil
-}
-
-// Reseal rewrites every stored token with the repository's Sealer as it
-// seals now: values sealed with an older key, and legacy plaintext, are
-// sealed with the current key. It walks the connections in id order,
-// batch at a time (DefaultResealBatch when batch <= 0), and rewrites each
-// connection in its own short transaction under the connection's advisory
-// lock, the one refreshes take, after re-reading the row: a reseal never
-// interleaves with a refresh, and never writes back a token a refresh
-// replaced. The version is not bumped and no change is announced, because
-// the token did not change. wait bounds each lock wait.
-//
-// It stops at the first value it cannot open (domain.ErrUndecryptable,
-// naming the connection); what it resealed so far stays resealed, and
-// running it again is harmless.
+// Reseal rewrites every stored token as the Sealer seals now, batch
+// connections at a time (<= 0: DefaultResealBatch), each re-read under its
+// advisory lock (wait bounds the wait) so as never to write back a token a
+// refresh replaced; the version stays. It stops at the first value it
+// cannot open (domain.ErrUndecryptable); running it again is harmless.
 func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Duration) (ResealResult, error) {
 	if batch <= 0 {
 		batch = DefaultResealBatch
 	}
 	var res ResealResult
 	for after := int32(0); ; {
-		rows, err := scanStored(ctx, r, after, batch)
+		var rows []storedRow
+		err := r.db.WithContext(ctx).Raw(selectStored+"WHERE c.id > ? ORDER BY c.id LIMIT ?", after, batch).Find(&rows).Error
 		if err != nil {
-			return res, err
+			return res, storeError(ctx, "read stored tokens", err)
 		}
 		if len(rows) == 0 {
 			keys, err := r.resealDPoPKeys(ctx, wait)
@@ -142,26 +120,18 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
 	resealed := false
 	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
-		var rows []storedRow
-		err := tx.Raw(`
-SELECT `+storedColumns+`
-FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
-WHERE c.name = ?`, connection).Find(&rows).Error
+		row, err := oneRow[storedRow](tx, selectStored+"WHERE c.name = ?", connection)
 		if err != nil {
 			return storeError(ctx, "read token", err)
 		}
-		if len(rows) == 0 || rows[0].current(r.sealer) {
+		if row == nil || row.current(r.sealer) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
 		}
-		row := rows[0]
 		at, rt, err := opened(r.sealer, connection, row.seal(), row.SealedVersion, row.AccessToken, row.RefreshToken)
 		if err != nil {
 			return err
 		}
-		// Bound to the row's id and its version; the version is not
-		// bumped (the token did not change).
-		to := row.seal()
-		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)}, to)
+		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)}, row.seal())
 		if err != nil {
 			return err
 		}
@@ -181,20 +151,15 @@ type KeyCheck struct {
 	Stale int // rows not sealed with the current key (legacy plaintext or an older key)
 }
 
-// keyIDOf is a stored refresh token's key id, "" for legacy plaintext; the
-// index tokenguard_tokens_key_id (migration 5) is on it.
+// keyIDOf is a stored refresh token's key id ("" for plaintext), indexed.
 const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_token, ':', 2) ELSE '' END)`
 
-// CheckKeys opens one stored token per key id in use with the repository's
-// Sealer, so that a process with a wrong or missing key fails at start-up
-// instead of at its first refresh, in a time that does not grow with the
-// table: the key ids come from a skip scan of the index on them, and only
-// rows waiting for a new key are counted. A value that cannot be opened is
-// returned as an error wrapping domain.ErrUndecryptable that names the
-// connection and the envelope's key id. It reads without locking. Once
-// Reseal has recorded that every value is in the bound form, the
-// repository refuses values in any other form from then on; CheckKeys
-// must run before the repository is shared.
+// CheckKeys opens one stored token per key id in use (a skip scan of their
+// index), so that a process with a wrong or missing key fails at start-up,
+// in a time that does not grow with the table; only rows waiting for a new
+// key are counted. A value that cannot be opened is domain.ErrUndecryptable.
+// Once Reseal recorded the bound form, the repository refuses any other
+// from then on: CheckKeys must run before the repository is shared.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
 	var marked struct{ Bound, Versioned int64 }
 	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) AS bound, count(*) FILTER (WHERE versioned) AS versioned FROM tokenguard_seal_state`).
@@ -223,18 +188,13 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 	}
 	var kc KeyCheck
 	for _, id := range ids {
-		var rows []storedRow
-		err := r.db.WithContext(ctx).Raw(`
-SELECT `+storedColumns+`
-FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
-WHERE `+keyIDOf+` = ? LIMIT 1`, id).Find(&rows).Error
+		row, err := oneRow[storedRow](r.db.WithContext(ctx), selectStored+"WHERE "+keyIDOf+" = ? LIMIT 1", id)
 		if err != nil {
 			return kc, storeError(ctx, "read a stored token", err)
 		}
-		if len(rows) == 0 {
+		if row == nil {
 			continue // rewritten meanwhile
 		}
-		row := rows[0]
 		if _, _, err := opened(r.sealer, row.Name, row.seal(), row.SealedVersion, row.AccessToken, row.RefreshToken); err != nil {
 			return kc, err
 		}

@@ -13,8 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// tokenRow is the tokenguard_tokens table joined with the connection's name. It stays
-// inside this package: the rest of the code only sees domain.Token.
+// tokenRow is a token joined with its connection, as tokenColumns read it.
 type tokenRow struct {
 	LockKey       int32
 	Name          string
@@ -32,14 +31,18 @@ type tokenRow struct {
 	GrantedAccount string
 	GrantedScopes  string
 	MissingScopes  string
-	AnsweredScopes string // the latest refresh answer's scope (migration 29)
+	AnsweredScopes string // the latest refresh answer's scope
 	ScopesReduced  string
 	Provider       string // '' for the environment's provider
 	// SealedVersion is the version the credentials of the earlier bound
-	// form are sealed at (0: NULL, bound to Version, or of an older form,
-	// or plaintext).
+	// form are sealed at (0: NULL).
 	SealedVersion int64
-	// The refresh failure episode of this version (failureColumns).
+	Failure       failureRow `gorm:"embedded"`
+	DPoPJKT       string     `gorm:"column:dpop_jkt"` // '' for a bearer grant
+}
+
+// failureRow is the refresh failure episode of the version (failureColumns).
+type failureRow struct {
 	Failures      int
 	FailureSince  sql.NullTime
 	FailureLast   sql.NullTime
@@ -48,19 +51,15 @@ type tokenRow struct {
 	FailureStatus int
 	FailureCode   string
 	Failing       bool
-	DPoPJKT       string `gorm:"column:dpop_jkt"` // '' for a bearer grant
 }
 
-func (r tokenRow) failure() domain.RefreshFailure {
-	return failureOf(r.Failures, r.FailureSince, r.FailureLast, r.RetryAt, r.ReplayUntil, r.FailureStatus, r.FailureCode, r.Failing)
-}
-
-func failureOf(n int, since, last, retry, replay sql.NullTime, status int, code string, failing bool) domain.RefreshFailure {
-	if n == 0 {
+func (f failureRow) domain() domain.RefreshFailure {
+	if f.Failures == 0 {
 		return domain.RefreshFailure{}
 	}
-	return domain.RefreshFailure{Failures: n, Since: since.Time, LastAt: last.Time, RetryAt: retry.Time,
-		ReplayUntil: replay.Time, HTTPStatus: status, Code: code, Failing: failing}
+	return domain.RefreshFailure{Failures: f.Failures, Since: f.FailureSince.Time, LastAt: f.FailureLast.Time,
+		RetryAt: f.RetryAt.Time, ReplayUntil: f.ReplayUntil.Time, HTTPStatus: f.FailureStatus, Code: f.FailureCode,
+		Failing: f.Failing}
 }
 
 // domain opens the row's credentials with s: a value that fails to open is
@@ -95,7 +94,7 @@ func (r tokenRow) record() domain.Token {
 			ScopesReduced: r.ScopesReduced,
 		},
 		Provider: r.Provider,
-		Failure:  r.failure(),
+		Failure:  r.Failure.domain(),
 		DPoPJKT:  r.DPoPJKT,
 	}
 }
@@ -106,47 +105,49 @@ func textArray(scopes string) any {
 	if scopes == "" {
 		return nil
 	}
-	return "{" + strings.Join(quoteAll(strings.Fields(scopes)), ",") + "}"
+	return tagArray(strings.Fields(scopes))
 }
 
-// quoteAll quotes array elements for Postgres's array literal.
-func quoteAll(v []string) []string {
+// stringArray is a text[] parameter; nil is NULL.
+func stringArray(v []string) any {
+	if v == nil {
+		return nil
+	}
+	return tagArray(v)
+}
+
+// tagArray is v as a text[] literal, every element quoted.
+func tagArray(v []string) string {
 	out := make([]string, len(v))
 	for i, s := range v {
 		out[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
 	}
-	return out
+	return "{" + strings.Join(out, ",") + "}"
 }
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: t, Valid: !t.IsZero()} }
 
-// connIDs caches connections' ids by name, for sealing before a write:
-// tokenguard never deletes a connections row, and every write checks the
-// id it sealed with (c.id = ...), so an entry gone stale (a row deleted
-// and re-created by hand) writes nothing and is read again.
+// connIDs caches connections' ids by name, for sealing before a write.
+// Every write checks the id it sealed with, so a stale entry (a row
+// re-created by hand) writes nothing and is read again.
 type connIDs struct{ m sync.Map }
 
-func (c *connIDs) put(row *tokenRow) {
-	if c != nil && row != nil {
-		c.m.Store(row.Name, row.LockKey)
-	}
-}
+func (c *connIDs) put(row *tokenRow) { c.m.Store(row.Name, row.LockKey) }
 
-// lookup is name's id: the cached one, else read on db (the caller's own
-// connection or transaction).
+// lookup is name's id: the cached one, else read on db.
 func (c *connIDs) lookup(ctx context.Context, db *gorm.DB, name string) (int32, error) {
 	if v, ok := c.m.Load(name); ok {
 		return v.(int32), nil
 	}
-	var ids []int32
-	if err := db.WithContext(ctx).Raw("SELECT id FROM tokenguard_connections WHERE name = ?", name).Find(&ids).Error; err != nil {
+	id, err := oneRow[int32](db.WithContext(ctx), "SELECT id FROM tokenguard_connections WHERE name = ?", name)
+	if err != nil {
 		return 0, storeError(ctx, "read connection id", err)
 	}
-	if len(ids) == 0 {
+	if id == nil {
 		return 0, fmt.Errorf("connection %q: %w", name, domain.ErrNotFound)
 	}
-	c.m.Store(name, ids[0])
-	return ids[0], nil
+	c.m.Store(name, *id)
+	return *id, nil
 }
 
 func (c *connIDs) forget(name string) { c.m.Delete(name) }

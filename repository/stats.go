@@ -6,11 +6,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// CountByStatus counts the connections that have a stored token, by
-// status, an active connection shown failing (domain.StatusFailing)
-// counted as failing only. It is one aggregate over the tokenguard_tokens table (its
-// primary key is the connection), for the metrics collected at scrape
-// time; connections registered without a token yet are not counted.
+// CountByStatus counts the connections that have a stored token by status,
+// an active one shown failing counted as failing only, in one aggregate
+// (for the metrics collected at scrape time).
 func (r *TokenRepository) CountByStatus(ctx context.Context) (map[domain.Status]int, error) {
 	var rows []struct {
 		Status string

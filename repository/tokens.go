@@ -2,8 +2,10 @@ package repository
 
 import (
 	"context"
+	"database/sql"
 	"fmt"
 	"slices"
+	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -15,12 +17,10 @@ import (
 // TokenRepository reads and writes connection tokens. Plain reads take no
 // lock; every write happens in a LockedTokens handed out by InLock.
 type TokenRepository struct {
-	db     *gorm.DB
-	sealer Sealer
-	leases *leaseRenewer // renews the refresh leases this process holds
-	// durability is the synchronous_commit level of the transactions that
-	// commit a lease or a token (SetDurability; nil: the server's setting).
-	durability *Durability
+	db         *gorm.DB
+	sealer     Sealer
+	leases     *leaseRenewer    // renews the refresh leases this process holds
+	durability *Durability      // synchronous_commit of lease and token commits; nil: the server's
 	ids        *connIDs         // connection ids by name, for sealing
 	keys       *dpopKeys        // opened DPoP keys
 	tokenRate  domain.TokenRate // the OAUTH_* provider's token budget (SetTokenRate)
@@ -35,8 +35,8 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}, keys: &dpopKeys{}}
 }
 
-// syncCommit is the synchronous_commit level of the transactions that
-// commit a lease or a token (Durability); "" leaves the server's setting.
+// syncCommit is the synchronous_commit level of lease and token commits;
+// "" leaves the server's setting.
 func (r *TokenRepository) syncCommit() string {
 	if r.durability == nil {
 		return ""
@@ -44,74 +44,54 @@ func (r *TokenRepository) syncCommit() string {
 	return r.durability.SyncCommit()
 }
 
-// selectToken reads tokenRows, its columns in scanTokenRow's order.
+// selectToken reads tokenRows: the token, its connection and the failure
+// record of its version, if any.
 var selectToken = "SELECT " + selectTokenColumns + tokenFrom
 
-var selectTokenColumns = `c.id AS lock_key, c.name, t.access_token, t.token_type, t.refresh_token,
-       t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
-       ` + bindingColumns("t") + `,
-       ` + providerColumn("t") + `,
-       coalesce(t.sealed_version, 0) AS sealed_version,
-       coalesce(t.dpop_jkt, '') AS dpop_jkt,
-       ` + failureColumns
+var selectTokenColumns = "c.id AS lock_key, c.name, " + tokenFields("t") + failureColumns
 
-// tokenFrom is where selectToken reads: the token, its connection and
-// the record of its failing refreshes, if any.
 const tokenFrom = ` FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
-// selectTokenLeased is selectToken with what there is of a lease on the
-// version read: whether it runs (leased), its age and whether it ran out
-// unresolved on this server (abandoned: refused anyway, see leaseFree; a
-// lease from another server is held for the grace by the next claim).
+// selectTokenLeased is selectToken with the lease on the version read:
+// whether it runs, its age, and whether it ran out unresolved on this
+// server (abandoned: refused anyway, see leaseFree).
 var selectTokenLeased = "SELECT " + selectTokenColumns +
 	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" +
 	", (SELECT greatest(0, (extract(epoch FROM now() - l.taken_at) * 1000)::bigint) FROM tokenguard_refresh_leases l " + leaseOfVersion + ") AS lease_age_ms" +
 	", EXISTS (SELECT FROM tokenguard_refresh_leases l " + leaseOfVersion + " AND l.server_started = pg_postmaster_start_time() AND now() > l.until) AS abandoned" + tokenFrom
 
-// leaseOfVersion picks the lease l on token t's version, running or not.
 const leaseOfVersion = `WHERE l.connection_id = t.connection_id AND l.version = t.version`
 
-// tokenColumns are the same columns, of a write's result u.
-var tokenColumns = `u.lock_key, u.name, u.access_token, u.token_type, u.refresh_token,
-       u.expiry, u.refresh_expiry, u.obtained_at, u.version, u.status, u.status_reason, u.updated_at,
-       ` + bindingColumns("u") + `,
-       ` + providerColumn("u") + `,
-       coalesce(u.sealed_version, 0) AS sealed_version,
-       coalesce(u.dpop_jkt, '') AS dpop_jkt,
-       ` + noFailureColumns
+// tokenColumns are tokenRow's columns of a write's result u: a new version
+// has no failure (the tokens_written trigger ends the episode).
+var tokenColumns = "u.lock_key, u.name, " + tokenFields("u") + noFailureColumns
 
-// bindingColumns reads who granted the connection as plain text (scopes
-// space-separated); NULL (granted before these columns, or imported) reads
-// as the empty string.
-func bindingColumns(t string) string {
-	return "coalesce(" + t + ".granted_account, '') AS granted_account, " +
-		"coalesce(array_to_string(" + t + ".granted_scopes, ' '), '') AS granted_scopes, " +
-		"coalesce(array_to_string(" + t + ".missing_scopes, ' '), '') AS missing_scopes, " +
-		scopesColumns(t)
+// tokenFields are the columns of token t but its key, name and failure;
+// NULL binding, scopes and provider read as "".
+func tokenFields(t string) string {
+	return strings.ReplaceAll(`t.access_token, t.token_type, t.refresh_token,
+       t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
+       coalesce(t.granted_account, '') AS granted_account,
+       coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
+       coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
+       coalesce(array_to_string(t.answered_scopes, ' '), '') AS answered_scopes,
+       coalesce(array_to_string(t.scopes_reduced, ' '), '') AS scopes_reduced,
+       `+providerColumn+`,
+       coalesce(t.sealed_version, 0) AS sealed_version,
+       coalesce(t.dpop_jkt, '') AS dpop_jkt,
+       `, "t.", t+".")
 }
 
-// scopesColumns read what the refreshes answered of the scope
-// (migration 29); NULL reads as the empty string.
-func scopesColumns(t string) string {
-	return "coalesce(array_to_string(" + t + ".answered_scopes, ' '), '') AS answered_scopes, " +
-		"coalesce(array_to_string(" + t + ".scopes_reduced, ' '), '') AS scopes_reduced"
-}
-
-// providerColumn reads the connection's provider; NULL (the environment's
-// provider, and every row written before the column) reads as "".
-func providerColumn(t string) string {
-	return "coalesce(" + t + ".provider, '') AS provider"
-}
+// providerColumn reads t's provider; NULL (the environment's) reads as "".
+const providerColumn = "coalesce(t.provider, '') AS provider"
 
 // failureColumns read the refresh failure episode f of the token's
-// version (migration 13); none reads as zeros.
+// version; none reads as zeros.
 const failureColumns = `coalesce(f.failures, 0) AS failures, f.since AS failure_since, f.last_at AS failure_last,
        f.retry_at, f.replay_until, coalesce(f.http_status, 0) AS failure_status, coalesce(f.code, '') AS failure_code,
        coalesce(f.failing, false) AS failing`
 
-// noFailureColumns are failureColumns of a token just written: a new
-// version has no failure (the tokens_written trigger ends the episode).
 const noFailureColumns = `0 AS failures, NULL::timestamptz AS failure_since, NULL::timestamptz AS failure_last,
        NULL::timestamptz AS retry_at, NULL::timestamptz AS replay_until, 0 AS failure_status, '' AS failure_code,
        false AS failing`
@@ -122,48 +102,39 @@ func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.To
 	return getToken(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
 }
 
-// Read is Get, with what is known of a refresh of the version read under
-// way (its lease): a caller about to refresh waits for that refresh
-// instead of claiming it only to be told so, or stops waiting for an
-// answer that is overdue (usecase.TokenStore).
+// Read is Get with the lease on the version read, so that a caller about
+// to refresh can wait for a refresh under way, or give up on an overdue one.
 func (r *TokenRepository) Read(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
-	return readLeased(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
-}
-
-// readLeased is Read on db (the pool, or a locked transaction).
-func readLeased(ctx context.Context, db *gorm.DB, s Sealer, ids *connIDs, connection string) (domain.Token, usecase.Lease, error) {
-	var rows []leasedTokenRow
-	if err := db.Raw(selectTokenLeased+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
+	row, err := oneRow[leasedTokenRow](r.db.WithContext(ctx), selectTokenLeased+" WHERE c.name = ?", connection)
+	if err != nil {
 		return domain.Token{}, usecase.Lease{}, storeError(ctx, "get token", err)
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		return domain.Token{}, usecase.Lease{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
-	row := rows[0]
-	ids.put(&row.Token)
-	t, err := row.Token.domain(s)
-	l := usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned}
-	if row.LeaseAgeMs != nil {
-		l.Age = time.Duration(*row.LeaseAgeMs) * time.Millisecond
-	}
-	return t, l, err
+	r.ids.put(&row.Token)
+	t, err := row.Token.domain(r.sealer)
+	return t, row.lease(), err
 }
 
 // leasedTokenRow is a row of selectTokenLeased.
 type leasedTokenRow struct {
 	Token      tokenRow `gorm:"embedded"`
 	Leased     bool
-	LeaseAgeMs *int64
+	LeaseAgeMs sql.NullInt64
 	Abandoned  bool
+}
+
+func (row leasedTokenRow) lease() usecase.Lease {
+	return usecase.Lease{Running: row.Leased, Abandoned: row.Abandoned, Age: millis(row.LeaseAgeMs)}
 }
 
 // DefaultPage is how many rows Each reads per query.
 const DefaultPage = 500
 
 // ListPage reads up to limit stored tokens whose connection name sorts
-// after after ("" for the first page), in name order: keyset pagination on
-// the connections' unique name index, so every page costs the same however
-// large the table.
+// after after ("" for the first page), in name order: keyset pagination, so
+// every page costs the same however large the table.
 func (r *TokenRepository) ListPage(ctx context.Context, after string, limit int) ([]domain.Token, error) {
 	var rows []tokenRow
 	if err := r.db.WithContext(ctx).Raw(selectToken+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, limit).Find(&rows).Error; err != nil {
@@ -180,29 +151,35 @@ func (r *TokenRepository) ListPage(ctx context.Context, after string, limit int)
 	return out, nil
 }
 
-// Each calls fn with every stored token, in connection name order, reading
-// DefaultPage rows at a time: it never holds more than a page in memory.
-// fn's error stops it and is returned.
+// Each calls fn with every stored token, in connection name order, holding
+// one page in memory at a time. fn's error stops it and is returned.
 func (r *TokenRepository) Each(ctx context.Context, fn func(domain.Token) error) error {
+	return eachPage(func(after string) ([]domain.Token, error) { return r.ListPage(ctx, after, DefaultPage) },
+		func(t domain.Token) string { return t.Connection }, fn)
+}
+
+// eachPage calls fn with every row of the pages page reads, DefaultPage at
+// a time, each after the key of the last row of the one before.
+func eachPage[T any](page func(after string) ([]T, error), key func(T) string, fn func(T) error) error {
 	for after := ""; ; {
-		page, err := r.ListPage(ctx, after, DefaultPage)
+		rows, err := page(after)
 		if err != nil {
 			return err
 		}
-		for _, t := range page {
-			if err := fn(t); err != nil {
+		for _, row := range rows {
+			if err := fn(row); err != nil {
 				return err
 			}
 		}
-		if len(page) < DefaultPage {
+		if len(rows) < DefaultPage {
 			return nil
 		}
-		after = page[len(page)-1].Connection
+		after = key(rows[len(rows)-1])
 	}
 }
 
-// List reads every stored token, ordered by connection name, into memory:
-// for tests and small tables. Each reads any number of them.
+// List reads every stored token into memory, by connection name: for tests
+// and small tables.
 func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
 	var out []domain.Token
 	err := r.Each(ctx, func(t domain.Token) error { out = append(out, t); return nil })
@@ -221,18 +198,16 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 }
 
 // WithAdvisoryLock takes, on tx's own connection, the transaction-scoped
-// advisory locks of the named connections, always in the same order. They
-// are released when tx commits or rolls back, never earlier. The wait for
-// them ends a little before the deadline of tx's context, if it has one
-// (lock_timeout: domain.ErrLockTimeout), so that a lock waited out is told
-// from a store that does not answer. In the same statement it gives tx the
-// repository's settings of a locked transaction (lockSettings).
-// Connections must be registered.
+// advisory locks of the named (registered) connections, always in the same
+// order, held until tx ends. The wait ends a little before the deadline of
+// tx's context (lock_timeout: domain.ErrLockTimeout), so that a lock waited
+// out is told from a store that does not answer. It also gives tx the
+// settings of a locked transaction (lockSettings).
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connections)))
 	set := lockSettings{syncCommit: r.syncCommit()}
 	if d, ok := tx.Statement.Context.Deadline(); ok {
-		set.timeout = lockTimeout(max(time.Until(d)-lockTimeoutMargin, time.Millisecond))
+		set.timeout = fmt.Sprintf("%dms", max((time.Until(d)-lockTimeoutMargin).Milliseconds(), 1))
 	}
 	if len(ids) == 1 {
 		found, err := lockConnectionByName(tx, ids[0], set)
@@ -255,13 +230,9 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 }
 
 // InLock runs fn in a transaction that holds connection's advisory lock,
-// and commits it when fn returns nil (usecase.ConnectionStore).
-//
-// ctx bounds only the wait for the lock, together with wait (lock_timeout,
-// reported as domain.ErrLockTimeout). Once the lock is held the
-// transaction no longer follows ctx: fn gets a context bounded by hold
-// instead. fn's error rolls back and is returned as it is; otherwise a
-// commit failure is returned.
+// and commits it when fn returns nil (usecase.ConnectionStore). ctx and wait
+// bound only the wait for the lock (domain.ErrLockTimeout); fn's context is
+// bounded by hold instead. fn's error rolls back and is returned as it is.
 func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) error {
 	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, tx *gorm.DB) error {
@@ -270,7 +241,7 @@ func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, h
 }
 
 // LockedTokens is the token store bound to a transaction that holds a
-// connection's advisory lock (usecase.LockedStore). It is valid only inside
+// connection's advisory lock (usecase.LockedStore), valid only inside
 // InLock's callback.
 type LockedTokens struct {
 	db     *gorm.DB // the transaction
@@ -283,12 +254,11 @@ func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token
 	return getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, connection)
 }
 
-// endLeases, a CTE of a statement that stores version u.version of a
-// connection's token, ends the refresh leases on every older version: the
-// refresh they were taken for is over.
+// endLeases, a CTE of a statement that stores version u.version, ends the
+// refresh leases of older versions: their refresh is over.
 const endLeases = `ended AS (DELETE FROM tokenguard_refresh_leases l USING u WHERE l.connection_id = u.lock_key AND l.version < u.version)`
 
-// saveSQL is Store's statement; saveArgs its arguments.
+// saveSQL is Store's statement.
 var saveSQL = `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET
@@ -310,43 +280,41 @@ WITH u AS (
     RETURNING c.id AS lock_key, c.name, t.*
 ),
 ` + endLeases + `
-SELECT ` + tokenColumns + ` FROM u, LATERAL pg_notify(` + channelInSchema("$11") + `, u.version || ' ' || u.name)`
+` + notifiedTokens("$11")
 
-func saveArgs(t domain.Token, at seal) []any {
-	return []any{t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt,
-		string(t.Status), t.StatusReason, t.Connection, t.Version, ChangeChannel, at.id,
-		textArray(t.Binding.Answered), textArray(t.Binding.ScopesReduced)}
+// notifiedTokens selects the rows u written and announces them on the
+// change channel named by the placeholder p.
+func notifiedTokens(p string) string {
+	return "SELECT " + tokenColumns + " FROM u, LATERAL pg_notify(" + channelInSchema(p) + ", u.version || ' ' || u.name)"
 }
 
 // Put stores a newly granted token for a registered connection, replacing
-// whatever grant it had (a person connected it again), and announces the
-// change when the transaction commits. The version keeps increasing across
-// grants.
+// whatever grant it had, and announces the change at commit. The version
+// keeps increasing across grants.
 func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, error) {
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.Connection, domain.ErrInvalidToken)
 	}
 	// The version the write gives the row: the next one, or the first of
 	// the name (above a disconnected grant's, tokens_continue_version).
-	var next []struct {
+	next, err := oneRow[struct {
 		ID      int32
 		Version int64
-	}
-	err := l.db.WithContext(ctx).Raw(`SELECT c.id, coalesce((SELECT t.version + 1 FROM tokenguard_tokens t WHERE t.connection_id = c.id),
+	}](l.db.WithContext(ctx), `SELECT c.id, coalesce((SELECT t.version + 1 FROM tokenguard_tokens t WHERE t.connection_id = c.id),
        greatest(c.retired_version + 1, 1)) AS version
-FROM tokenguard_connections c WHERE c.name = ?`, t.Connection).Find(&next).Error
+FROM tokenguard_connections c WHERE c.name = ?`, t.Connection)
 	if err != nil {
 		return domain.Token{}, storeError(ctx, "put token", err)
 	}
-	if len(next) == 0 {
+	if next == nil {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
 	}
-	at := seal{id: next[0].ID, version: next[0].Version}
+	at := seal{id: next.ID, version: next.Version}
 	t, err = sealed(l.sealer, t, at)
 	if err != nil {
 		return domain.Token{}, err
 	}
-	row, err := oneRow(l.db.WithContext(ctx), `
+	row, err := oneRow[tokenRow](l.db.WithContext(ctx), `
 WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $13),
 t AS (
     INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
@@ -377,7 +345,7 @@ t AS (
 ),
 u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id),
 `+endLeases+`
-SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.version || ' ' || u.name)`,
+`+notifiedTokens("$8"),
 		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes),
 		t.Provider, at.id)
@@ -398,15 +366,15 @@ SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$8")+`, u.v
 }
 
 func getToken(ctx context.Context, db *gorm.DB, s Sealer, ids *connIDs, connection string) (domain.Token, error) {
-	var rows []tokenRow
-	if err := db.Raw(selectToken+" WHERE c.name = ?", connection).Find(&rows).Error; err != nil {
+	row, err := oneRow[tokenRow](db, selectToken+" WHERE c.name = ?", connection)
+	if err != nil {
 		return domain.Token{}, storeError(ctx, "get token", err)
 	}
-	if len(rows) == 0 {
+	if row == nil {
 		return domain.Token{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
 	}
-	ids.put(&rows[0])
-	return rows[0].domain(s)
+	ids.put(row)
+	return row.domain(s)
 }
 
 // The repository is the use case's store.
