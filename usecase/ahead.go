@@ -18,10 +18,8 @@ import (
 // alive need from the store.
 type AheadStore interface {
 	// ExpiringBefore lists up to limit active connections' tokens
-	// (without their credentials) that expire before t, soonest first,
-	// from the cursor after ("" first); next is the following page's
-	// cursor, "" after the last page. The sweep claims each as listed:
-	// Claim re-reads it under the lock.
+	// (without credentials) that expire before t, soonest first, from the
+	// cursor after ("" first); next is "" after the last page.
 	ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error)
 	// ObtainedBefore is ExpiringBefore for the tokens obtained before t,
 	// oldest first.
@@ -39,26 +37,19 @@ type AheadReport struct {
 	Failed    int
 }
 
-// sweepPage is how many connections a sweep lists per query: a sweep
-// holds at most one page and the connections in flight, however many are
-// due.
-const sweepPage = 500
-
-// sweepErrors is how many single-connection errors a sweep returns; the
-// rest are only counted in AheadReport.Failed.
-const sweepErrors = 20
+const (
+	sweepPage   = 500 // connections listed per query: a sweep's memory is a page, however many are due
+	sweepErrors = 20  // single-connection errors returned; the rest are only counted
+)
 
 // lister lists one page of a sweep's connections (AheadStore's methods).
 type lister func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error)
 
 // RefreshAhead refreshes every connection whose token expires within
-// window, with at most concurrency requests at the provider at a time, so
-// that callers rarely meet a stale token. Connections another process is
-// refreshing right now are skipped rather than queued behind. Errors of
-// single connections are counted, and the first few joined into the
-// returned error; the pass goes on. It pages through the due connections
-// (keyset pagination on an index on expiry), so its memory does not grow
-// with the table.
+// window, with at most concurrency requests at the provider at a time.
+// Connections another process is refreshing are skipped. Errors of single
+// connections are counted, the first few joined into the returned error;
+// the pass goes on.
 func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore, window time.Duration, concurrency int) (AheadReport, error) {
 	deadline := u.opts.Clock.Now().Add(window)
 	rep, err := u.sweep(ctx, "refresh_ahead", store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
@@ -70,9 +61,8 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 	return rep, err
 }
 
-// KeepAlive refreshes every connection whose token was not refreshed for
-// idle, like RefreshAhead: some providers let a refresh token die when it
-// is not used for a while (30, 90, 100 days), even though its grant stands.
+// KeepAlive refreshes, like RefreshAhead, every connection whose token was
+// not refreshed for idle: some providers let an unused refresh token die.
 // A stored provider's own keep-alive (Options.ProviderKeepAlives) replaces
 // idle for its connections; idle 0 keeps alive only those.
 func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, idle time.Duration, concurrency int) (AheadReport, error) {
@@ -103,23 +93,20 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 	return rep, err
 }
 
-// sweep refreshes the tokens list hands out, page by page, that are due
-// and still as listed under the lock, skipping those another holder is
-// refreshing. concurrency bounds the requests at the provider, which is
-// what a provider sees and limits; twice as many connections are worked
-// on, so that the next ones' claims and the last ones' writes overlap the
-// calls instead of adding to each (the sweep then runs at concurrency ÷
-// the provider's latency). kind names the sweep in its span.
+// sweep refreshes the due tokens list hands out, page by page. concurrency
+// bounds the requests at the provider; twice as many connections are
+// worked on, so that claims and writes overlap the calls instead of adding
+// to them. kind names the sweep in its span.
 func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
 	var rep AheadReport
 	defer func() { span.End(Facts{Sweep: rep, SweepKind: kind}, err) }()
 	var (
-		refreshed, skipped, fresh, failed atomic.Int64
-		mu                                sync.Mutex
-		errs                              []error
-		listed                            int
-		listErr                           error
+		counts  [sweepFailed + 1]atomic.Int64 // by sweepOutcome
+		mu      sync.Mutex
+		errs    []error
+		listed  int
+		listErr error
 	)
 	concurrency = max(concurrency, 1)
 	calls := semaphore.NewWeighted(int64(concurrency))
@@ -134,20 +121,14 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		listed += len(toks)
 		for _, tok := range toks {
 			g.Go(func() error {
-				switch outcome, err := u.sweepOne(gctx, store, calls, tok, due); outcome {
-				case sweepFailed:
-					failed.Add(1)
+				outcome, err := u.sweepOne(gctx, store, calls, tok, due)
+				counts[outcome].Add(1)
+				if outcome == sweepFailed {
 					mu.Lock()
 					if len(errs) < sweepErrors {
 						errs = append(errs, fmt.Errorf("%s: %w", tok.Connection, err))
 					}
 					mu.Unlock()
-				case sweepSkipped:
-					skipped.Add(1)
-				case sweepRefreshed:
-					refreshed.Add(1)
-				default:
-					fresh.Add(1)
 				}
 				return nil
 			})
@@ -158,7 +139,8 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		after = next
 	}
 	_ = g.Wait()
-	rep = AheadReport{Due: listed, Refreshed: int(refreshed.Load()), Skipped: int(skipped.Load()), Fresh: int(fresh.Load()), Failed: int(failed.Load())}
+	rep = AheadReport{Due: listed, Refreshed: int(counts[sweepRefreshed].Load()), Skipped: int(counts[sweepSkipped].Load()),
+		Fresh: int(counts[sweepFresh].Load()), Failed: int(counts[sweepFailed].Load())}
 	if n := rep.Failed - len(errs); n > 0 {
 		errs = append(errs, fmt.Errorf("and %d more connection(s) failed", n))
 	}
@@ -174,14 +156,11 @@ const (
 	sweepFailed
 )
 
-// sweepOne refreshes t's connection if t is due, and still the stored
-// token with no other holder's refresh of it under way when Claim re-reads
-// it under the lock, holding one of the process's in-flight slots while it
-// does, and one of the sweep's calls from the claim to the provider's
-// answer. t is as listed, without its credentials.
+// sweepOne refreshes t's connection (t as listed, without credentials) if
+// it is due and Claim still finds it so, holding an in-flight slot, and one
+// of the sweep's calls from the claim to the provider's answer.
 func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, calls *semaphore.Weighted, t domain.Token, due func(domain.Token) bool) (sweepOutcome, error) {
 	var (
-		c  claimed
 		r  redeemed
 		ev RefreshEvent
 	)
@@ -223,8 +202,8 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 			u.slots.Release(1)
 			break
 		}
-		c = claimed{current: cl.Token, end: cl.End, release: sync.OnceFunc(func() { u.slots.Release(1); calls.Release(1) })}
-		r, err = u.redeem(ctx, store, c)
+		release := sync.OnceFunc(func() { u.slots.Release(1); calls.Release(1) })
+		r, err = u.redeem(ctx, store, claimed{current: cl.Token, end: cl.End, release: release})
 	}
 	busy = false
 	ev = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider,

@@ -10,22 +10,10 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// A request that presented a refresh token is unresolved until its answer
-// is in, or it is proven never to have reached the provider; while it is,
-// no process presents that refresh token again (the lease, taken for the
-// answer deadline, says so to every process). Callers do not wait that
-// long: they stop after the refresh timeout. This file holds that wait:
-// the detached answer, the overdue lease, the abandoned one, and the probe
-// before a lost answer's refresh token is presented again.
-
-// redeem spends the refresh token of the token c leased at the provider
-// (resolve) and waits for the outcome at most RefreshTimeout. A provider
-// that has not answered by then keeps its request: the answer is awaited
-// in the background until the answer deadline, under the lease, so that no
-// process presents the refresh token again meanwhile, while the caller is
-// told errAnswerPending (a still-valid token is served through it) and the
-// provider's calls pause (the hung gate): callers do not each wait out a
-// hung provider.
+// redeem resolves c's lease, waiting at most RefreshTimeout. A later answer
+// is awaited in the background, under the lease, until the answer deadline;
+// the caller is told errAnswerPending (a still-valid token is served
+// through it) and the provider's calls pause (the hung gate).
 func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
 	ctx = context.WithoutCancel(ctx)
 	type outcome struct {
@@ -61,23 +49,13 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c cl
 	return redeemed{from: t.RefreshToken}, err
 }
 
-// errAnswerPending: a request that presented the stored refresh token is
-// unresolved (its answer is awaited), so the token cannot be refreshed
-// now. It comes wrapped with domain.ErrProviderUnavailable and
-// domain.ErrRefreshInProgress.
+// errAnswerPending: the answer to a request that presented the stored
+// refresh token is still awaited, so the token cannot be refreshed now.
 var errAnswerPending = errors.New("the answer to the refresh under way is not in yet")
 
-// answerPending is the error of a caller that found another holder's
-// lease running past RefreshTimeout: it does not wait for the answer.
-func (u *RefreshTokenUseCase) answerPending(l Lease) error {
-	return fmt.Errorf("%w: %w: %w (presented %v ago)", domain.ErrProviderUnavailable, domain.ErrRefreshInProgress,
-		errAnswerPending, l.Age.Round(time.Millisecond))
-}
-
-// overdue reports whether another holder's running lease has waited for
-// its answer longer than a caller waits. Never for a forced refresh: the
-// 401 that forced it says the provider has already rotated, so the answer
-// under way is the newer token, worth waiting for within the lock wait.
+// overdue: another holder's lease has waited for its answer longer than a
+// caller waits. Never when forced: the 401 says the provider already
+// rotated, so the answer under way is worth waiting for.
 func (u *RefreshTokenUseCase) overdue(l Lease, forced bool) bool {
 	return !forced && l.Running && l.Age > u.opts.RefreshTimeout
 }
@@ -96,11 +74,9 @@ func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
 	}
 }
 
-// abandoned records, for t's version, the lost answer of a lease that ran
-// out unresolved (its holder vanished with its request unanswered), so
-// that the refresh token is presented again only after a probe of the
-// provider (domain.RefreshFailure.ProbeFirst). It returns the token as
-// stored afterwards.
+// abandoned records the lost answer of t's lease that ran out unresolved,
+// so the refresh token is presented again only after a probe
+// (domain.RefreshFailure.ProbeFirst). It returns the token as stored.
 func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (domain.Token, error) {
 	ctx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
 	defer cancel()
@@ -120,18 +96,15 @@ func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (do
 	return out, nil
 }
 
-// answered reports whether the provider answered a call that ended with
-// err: it is not hanging.
+// answered: the provider answered the call that ended with err.
 func answered(err error) bool {
 	var pe *domain.ProviderError
 	return err == nil || (errors.As(err, &pe) && pe.HTTPStatus != 0)
 }
 
-// probe asks provider's token endpoint to redeem a refresh token that
-// cannot exist, before a refresh token whose last answer was lost is
-// presented again: an answer (any 2xx, 3xx or 4xx but 429) says the
-// provider processes requests again, so a request of ours queued there
-// has been answered or dropped.
+// probe presents a refresh token that cannot exist: any 2xx-4xx answer
+// but 429 says the provider processes requests again, so a request of ours
+// whose answer was lost has been answered or dropped.
 func (u *RefreshTokenUseCase) probe(ctx context.Context, provider string) error {
 	ctx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
 	defer cancel()

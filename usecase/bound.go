@@ -21,13 +21,10 @@ type BoundRefresher interface {
 	RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error)
 }
 
-// errUnbound: the grant is bound to a DPoP key and this refresher cannot
-// sign proofs. The refresh token is not sent.
 var errUnbound = errors.New("the grant is bound to a DPoP key and the refresher cannot sign proofs")
 
-// present presents t's refresh token: with a proof of its key when the
-// grant is sender-constrained. A key that cannot be read leaves the
-// refresh token unsent.
+// present presents t's refresh token, with a proof of its key when the
+// grant is sender-constrained.
 func (u *RefreshTokenUseCase) present(ctx context.Context, t domain.Token) (domain.Grant, error) {
 	if !t.SenderConstrained() {
 		return u.refresher.Refresh(ctx, t.Provider, t.RefreshToken)

@@ -11,10 +11,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// budgets remembers, per provider, until when the provider's token budget
-// (shared fleet-wide, debited by TokenStore.Claim) was found spent, so
-// that callers whose token is still valid are served it without asking
-// the store again meanwhile.
+// budgets remembers, per provider, until when its fleet-wide token budget
+// was found spent, so callers with a still-valid token are served it
+// without asking the store again meanwhile.
 type budgets struct {
 	mu    sync.Mutex
 	until map[string]time.Time
@@ -45,29 +44,8 @@ func budgetSpent(wait time.Duration) error {
 	return fmt.Errorf("%w (for %v)", domain.ErrTokenBudgetSpent, wait.Round(time.Millisecond))
 }
 
-// awaitBudget waits, holding nothing, until provider's budget may allow a
-// request (wait from now), another process announces the connection's
-// token (woken), or the lock wait that began at asked is over.
-func (u *RefreshTokenUseCase) awaitBudget(ctx context.Context, wait time.Duration, asked time.Time, woken <-chan struct{}) error {
-	left := u.opts.LockWait - time.Since(asked)
-	if left <= 0 {
-		return fmt.Errorf("%w: %w", domain.ErrLockTimeout, budgetSpent(wait))
-	}
-	t := time.NewTimer(min(wait, left))
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return fmt.Errorf("%w (%w)", ctx.Err(), budgetSpent(wait))
-	case <-woken:
-	case <-t.C:
-	}
-	return nil
-}
-
-// shrinkOn429 spends provider's token budget, fleet-wide, for as long as
-// the provider's 429 said to wait (Retry-After). The budget row is the
-// store's; a store without budgets, or a provider without one, is left
-// alone.
+// shrinkOn429 spends provider's fleet-wide token budget for as long as its
+// 429 said to wait (Retry-After), if the store and provider have budgets.
 func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, err error) {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) || pe.HTTPStatus != 429 || pe.RetryAfter <= 0 {
@@ -88,18 +66,15 @@ func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, 
 	}
 }
 
-// queuedLimit bounds the refreshes a provider's queue has claiming at
-// once: when the budget frees one request, a few claims race for it.
+// queuedLimit bounds the claims a provider's queue has racing at once.
 const queuedLimit = 4
 
 // queue holds, per provider, the refreshes its spent budget held back
-// while their tokens were still valid, soonest expiry first: they are
-// redeemed as the budget allows, by one goroutine per provider, so that
-// the fleet's refreshes wait in expiry order whoever calls meanwhile.
+// while their tokens were still valid; one goroutine per provider redeems
+// them as the budget allows, soonest expiry first, whoever calls meanwhile.
 type queue struct {
 	mu      sync.Mutex
-	waiting map[string]*byExpiry // provider -> its held-back refreshes
-	running map[string]bool      // provider -> its goroutine runs
+	waiting map[string]*byExpiry // provider -> its held-back refreshes, while its goroutine runs
 }
 
 // byExpiry is a heap of tokens, soonest expiry first, one per connection.
@@ -126,16 +101,17 @@ func (h *byExpiry) Pop() any {
 	return t
 }
 
-// push queues t's refresh (once per connection: the last seen token
-// wins), and reports whether the provider's goroutine must be started.
+// push queues t's refresh (the last seen token of a connection wins), and
+// reports whether the provider's goroutine must be started.
 func (q *queue) push(t domain.Token) bool {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	if q.waiting == nil {
-		q.waiting, q.running = map[string]*byExpiry{}, map[string]bool{}
+		q.waiting = map[string]*byExpiry{}
 	}
 	h := q.waiting[t.Provider]
-	if h == nil {
+	start := h == nil
+	if start {
 		h = &byExpiry{at: map[string]int{}}
 		q.waiting[t.Provider] = h
 	}
@@ -145,8 +121,6 @@ func (q *queue) push(t domain.Token) bool {
 	} else {
 		heap.Push(h, t)
 	}
-	start := !q.running[t.Provider]
-	q.running[t.Provider] = true
 	return start
 }
 
@@ -157,24 +131,22 @@ func (q *queue) pop(provider string) (domain.Token, bool) {
 	defer q.mu.Unlock()
 	h := q.waiting[provider]
 	if h == nil || h.Len() == 0 {
-		delete(q.running, provider)
+		delete(q.waiting, provider)
 		return domain.Token{}, false
 	}
 	return heap.Pop(h).(domain.Token), true
 }
 
-// hold queues t's refresh, which the spent budget held back, and starts
-// its provider's goroutine if it is not running.
+// hold queues t's refresh and starts its provider's goroutine if needed.
 func (u *RefreshTokenUseCase) hold(t domain.Token) {
 	if u.queued.push(t) {
 		go u.drainQueue(t.Provider)
 	}
 }
 
-// drainQueue refreshes provider's queued tokens, soonest expiry first, as
-// the budget allows: it waits while the budget is known spent, then claims
-// (at most queuedLimit at once). A refresh the budget refused again is
-// queued again; one that failed otherwise is left to the next caller.
+// drainQueue refreshes provider's queued tokens as the budget allows. One
+// the budget refused again is queued again; one that failed otherwise is
+// left to the next caller.
 func (u *RefreshTokenUseCase) drainQueue(provider string) {
 	sem := make(chan struct{}, queuedLimit)
 	for {

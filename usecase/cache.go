@@ -11,22 +11,13 @@ import (
 )
 
 // tokenCache keeps each connection's last known token as an immutable
-// snapshot behind an atomic pointer, so the hot path is two loads and a
-// time comparison: no lock, no allocation, no query.
-//
-// A cached token is served only while something vouches that this process
-// hears about every change other processes commit (the change listener):
-// without it the cache is bypassed. Each (re)connection of the listener
-// starts a new epoch, and snapshots from an older epoch are ignored, so
-// nothing cached before a gap in the change feed survives it.
-//
-// It holds at most capacity connections (0: no bound), evicting by CLOCK:
-// a hit marks its slot, and a sweep spares marked slots once (clearing the
-// mark) and drops the others. A library LRU would take a lock or allocate
-// on every hit; this keeps the hit path as it was. A change announced for
-// a connection that has no slot allocates nothing: it only advances its
-// shard's sequence, which refuses any read of that connection begun
-// before it (as a slot's floor would), and so does an eviction.
+// snapshot behind an atomic pointer: a hit takes no lock, no allocation, no
+// query. It serves only while trusted (the change listener hears every
+// commit); each (re)connection starts a new epoch, so nothing cached before
+// a gap in the change feed survives it. It evicts by CLOCK, which unlike an
+// LRU neither locks nor allocates on a hit. A change announced for, or an
+// eviction of, a slot-less connection advances its shard's sequence,
+// refusing any read of it begun before.
 type tokenCache struct {
 	trusted  atomic.Bool
 	epoch    atomic.Uint64
@@ -39,15 +30,12 @@ type tokenCache struct {
 	seq    atomic.Uint64
 	shards [cacheShards]atomic.Uint64 // seq of the last slot-less change or eviction per shard
 
-	// onRegress is told when a read finds a connection behind a version
-	// known committed (regress.go); nil: nobody.
-	onRegress func(id string, known, stored int64)
+	onRegress func(id string, known, stored int64) // a read found id behind a committed version; may be nil
 }
 
 const cacheShards = 256
 
-// untimedTTL bounds how long a token without expiry is served from the
-// cache before it is read again.
+// untimedTTL bounds how long a token without expiry is served from the cache.
 const untimedTTL = time.Minute
 
 var shardSeed = maphash.MakeSeed()
@@ -61,14 +49,11 @@ type cacheSlot struct {
 }
 
 type snapshot struct {
-	tok   domain.Token // zero when only floor is known; never holds the refresh token
-	until int64        // Unix nanoseconds: fresh before this (expiry minus skew); 0 if unusable
-	epoch uint64
-	// floor is the newest version other processes announced: a token
-	// below it is superseded and must not be cached again.
-	floor int64
-	// untimed: the token has no expiry, and until only bounds its stay.
-	untimed bool
+	tok     domain.Token // zero when only floor is known; never holds the refresh token
+	until   int64        // Unix nanoseconds: fresh before this (expiry minus skew); 0 if unusable
+	epoch   uint64
+	floor   int64 // the newest version announced: a token below it must not be cached again
+	untimed bool  // the token has no expiry: until only bounds its stay
 }
 
 // cacheMark is when a read of the store began, as put needs to know it.
@@ -83,8 +68,7 @@ const (
 	stale               // the current token, no longer fresh: go refresh
 )
 
-// get returns the snapshot of a cached token that is fresh at now (hit),
-// or nil. Snapshots are immutable.
+// get returns what the cache knows of id at now; snapshots are immutable.
 func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 	if !c.trusted.Load() {
 		return nil, miss
@@ -110,8 +94,7 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 }
 
 // begin marks the start of a read of the store; put refuses the result if
-// the epoch moved on meanwhile, or a change of that connection was
-// announced that no slot recorded.
+// the epoch or the connection's shard moved on meanwhile.
 func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(), seq: c.seq.Load()} }
 
 // put remembers tok, fresh until its expiry minus skew, if nothing newer is
@@ -147,10 +130,8 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 	}
 }
 
-// invalidate drops any cached token of id older than version. It records
-// nothing of what is committed (a forced refresh invalidates the version
-// after the one that failed, which may not exist); Invalidate does, for
-// versions the listener announced.
+// invalidate drops any cached token of id older than version, recording
+// nothing as committed (a forced refresh's version may not exist).
 func (c *tokenCache) invalidate(id string, version int64) {
 	v, ok := c.slots.Load(id)
 	if !ok {
@@ -194,8 +175,7 @@ func (c *tokenCache) slot(id string) *cacheSlot {
 }
 
 // evict sweeps the slots down to 90% of capacity, sparing each slot hit
-// since the last sweep once. One sweep runs at a time; a put that finds
-// one running goes on (the next put sweeps again).
+// since the last sweep once. One sweep runs at a time; others go on.
 func (c *tokenCache) evict() {
 	if !c.evicting.CompareAndSwap(false, true) {
 		return
@@ -217,9 +197,6 @@ func (c *tokenCache) evict() {
 	}
 }
 
-// len is how many connections have a slot.
-func (c *tokenCache) len() int { return int(c.size.Load()) }
-
 func (c *tokenCache) now() time.Time {
 	if c.clock == nil {
 		return time.Now()
@@ -227,8 +204,7 @@ func (c *tokenCache) now() time.Time {
 	return c.clock.Now()
 }
 
-// freshUntil precomputes the freshness rule (domain.Token.FreshAt) as one
-// instant, so that the hot path is a single integer comparison.
+// freshUntil precomputes domain.Token.FreshAt as one instant for the hot path.
 func freshUntil(tok domain.Token, skew time.Duration) int64 {
 	if tok.Status != domain.StatusActive || tok.AccessToken.IsZero() {
 		return 0

@@ -18,6 +18,9 @@ func cached(version int64) domain.Token {
 
 var at = time.Unix(60, 0)
 
+// len is how many connections have a slot.
+func (c *tokenCache) len() int { return int(c.size.Load()) }
+
 func TestCacheServesOnlyWhileTrusted(t *testing.T) {
 	var c tokenCache
 	c.put(cached(1), c.begin(), 0)

@@ -42,8 +42,7 @@ func (r CallAllResult) Failed() int {
 	return n
 }
 
-// CallAllUseCase calls an API path once for every active connection: the
-// batch job.
+// CallAllUseCase calls an API path once for every active connection.
 type CallAllUseCase struct {
 	conns       ConnectionLister
 	api         APICaller
@@ -51,8 +50,7 @@ type CallAllUseCase struct {
 	concurrency int
 }
 
-// NewCallAllUseCase calls path with at most concurrency calls at a time
-// (at least 1).
+// NewCallAllUseCase calls path with at most concurrency (at least 1) calls at a time.
 func NewCallAllUseCase(conns ConnectionLister, api APICaller, path string, concurrency int) *CallAllUseCase {
 	return &CallAllUseCase{conns: conns, api: api, path: path, concurrency: max(concurrency, 1)}
 }

@@ -12,18 +12,12 @@ import (
 
 // claimed is what the claim of a refresh found.
 type claimed struct {
-	current domain.Token  // the stored token, as last read (under the lock if claimed)
-	waited  time.Duration // from the first look until the claim
-	other   bool          // waited for another holder's lease
-	// end ends the lease this caller took to refresh current; nil when
-	// current needs no refresh (or cannot have one).
-	end func(release bool)
-	// why notes why the refresh ends without a stored token, for the
-	// connection's history (Claim.Why); nil when the store keeps none.
-	why func(reason string)
-	// release frees this process's in-flight slot, held with the lease
-	// until the provider answered.
-	release func()
+	current domain.Token        // the stored token, as last read (under the lock if claimed)
+	waited  time.Duration       // from the first look until the claim
+	other   bool                // waited for another holder's lease
+	end     func(release bool)  // ends the lease taken; nil when current needs no refresh
+	why     func(reason string) // Claim.Why; nil when the store keeps no history
+	release func()              // frees the in-flight slot, held until the provider answered
 }
 
 // note tells the store why c's refresh ends without a stored token.
@@ -34,14 +28,9 @@ func (c claimed) note(reason string) {
 }
 
 // claim leases the refresh of connection's token while due says it needs
-// one. Each turn looks at seen, the stored token as last read: done when
-// it is not due (or dead); refused while this process may not present it
-// (a paused provider, a failure's pause, a forced refresh too soon);
-// otherwise, holding a slot of this process's in-flight refreshes, it
-// claims seen's version (TokenStore.Claim). A claim that finds another
-// holder's lease waits, holding nothing, for that refresh's announcement
-// and looks again; one that finds the stored token moved looks at what it
-// found. The lock wait bounds it all.
+// one, starting from seen. A claim that finds another holder's lease waits,
+// holding nothing, for its announcement and looks again; one that finds
+// the stored token moved looks at that. The lock wait bounds it all.
 func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (claimed, error) {
 	asked := time.Now()
 	c := claimed{current: seen}
@@ -59,49 +48,45 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		if err := u.mayPresent(ctx, t, forced); err != nil {
 			return done(err)
 		}
-		// Watched from before the claim: the announcement of the holder
-		// it may find is not missed.
+		// Watched before the claim, so the announcement is not missed.
 		woken, unwatch := u.announced.watch(connection)
+		var err error
 		if w := u.budgets.wait(t.Provider, u.opts.Clock.Now()); w > 0 {
 			// The provider's budget was found spent: no need to ask the store.
-			err := u.budgetHeld(ctx, t, w, forced, asked, woken)
-			unwatch()
-			if err != nil {
-				return done(err)
+			err = u.budgetHeld(ctx, t, w, forced, asked, woken)
+		} else {
+			var cl Claim
+			if err = u.acquireSlot(ctx, woken); err == nil {
+				cl, err = u.claimOnce(ctx, t, asked)
+				if cl.End == nil {
+					u.slots.Release(1) // the slot is kept only with the lease
+				}
 			}
-			c.other = true
-			if c.current, _, err = u.look(ctx, connection, asked, due, forced, nil); err != nil {
-				return done(err)
+			switch {
+			case cl.End != nil:
+				unwatch()
+				c.current, c.end, c.why = cl.Token, cl.End, cl.Why
+				c.release = sync.OnceFunc(func() { u.slots.Release(1) })
+				return done(nil)
+			case errors.Is(err, errAnnounced):
+				err = nil // another process stored the token while this one queued
+			case err != nil:
+			case cl.BudgetWait > 0:
+				u.budgets.spent(t.Provider, u.opts.Clock.Now().Add(cl.BudgetWait))
+				c.current = cl.Token
+				err = u.budgetHeld(ctx, cl.Token, cl.BudgetWait, forced, asked, woken)
+			case cl.Lease.Running && !u.overdue(cl.Lease, forced):
+				err = u.awaitLease(ctx, asked, woken)
+			case cl.Lease.Running || cl.Lease.Abandoned:
+				// Read again: look says what an overdue or abandoned lease means.
+			case cl.Token.Version == t.Version && cl.Token.Failure.Failures == t.Failure.Failures && cl.Token.Status == t.Status:
+				// Nothing moved, yet no lease: a status this release does not refresh.
+				err = fmt.Errorf("claim the refresh of %s at version %d: %w", connection, t.Version, domain.ErrConflict)
+			default:
+				unwatch()
+				c.current = cl.Token // the stored token moved: look at it
+				continue
 			}
-			continue
-		}
-		cl, err := u.claimWithSlot(ctx, t, asked, woken)
-		if cl.End != nil {
-			unwatch()
-			c.current, c.end, c.why = cl.Token, cl.End, cl.Why
-			c.release = sync.OnceFunc(func() { u.slots.Release(1) })
-			return done(nil)
-		}
-		switch {
-		case errors.Is(err, errAnnounced):
-			err = nil // another process stored the token while this one queued
-		case err != nil:
-		case cl.BudgetWait > 0:
-			u.budgets.spent(t.Provider, u.opts.Clock.Now().Add(cl.BudgetWait))
-			c.current = cl.Token
-			err = u.budgetHeld(ctx, cl.Token, cl.BudgetWait, forced, asked, woken)
-		case cl.Lease.Running && !u.overdue(cl.Lease, forced):
-			err = u.awaitLease(ctx, asked, woken)
-		case cl.Lease.Running || cl.Lease.Abandoned:
-			// Read again: look says what an overdue or abandoned lease means.
-		case cl.Token.Version == t.Version && cl.Token.Failure.Failures == t.Failure.Failures && cl.Token.Status == t.Status:
-			// Nothing moved, and yet no lease: a stored status this
-			// release does not refresh.
-			err = fmt.Errorf("claim the refresh of %s at version %d: %w", connection, t.Version, domain.ErrConflict)
-		default:
-			unwatch()
-			c.current = cl.Token // the stored token moved: look at it
-			continue
 		}
 		unwatch()
 		if err != nil {
@@ -114,13 +99,12 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 	}
 }
 
-// budgetHeld is what a spent token budget means for a caller holding t: a
-// still-valid token is served (and its refresh queued unless forced), an
-// expired one waits for the budget.
+// budgetHeld: with the budget spent, a still-valid t is served (its
+// refresh queued unless forced); an expired one waits for the budget.
 func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wait time.Duration, forced bool,
 	asked time.Time, woken <-chan struct{}) error {
 	if !usable(t, u.opts.Clock.Now()) {
-		return u.awaitBudget(ctx, wait, asked, woken)
+		return u.await(ctx, wait, asked, woken, budgetSpent(wait))
 	}
 	if !forced {
 		u.hold(t)
@@ -128,22 +112,7 @@ func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wa
 	return budgetSpent(wait)
 }
 
-// claimWithSlot takes one of this process's in-flight slots (errAnnounced
-// if woken first) and claims t with it; the slot is kept only with the
-// lease.
-func (u *RefreshTokenUseCase) claimWithSlot(ctx context.Context, t domain.Token, asked time.Time, woken <-chan struct{}) (Claim, error) {
-	if err := u.acquireSlot(ctx, woken); err != nil {
-		return Claim{}, err
-	}
-	cl, err := u.claimOnce(ctx, t, asked)
-	if cl.End == nil {
-		u.slots.Release(1)
-	}
-	return cl, err
-}
-
-// claimOnce is one TokenStore.Claim of t within the lock wait that began
-// at asked, traced.
+// claimOnce is one traced TokenStore.Claim within the lock wait begun at asked.
 func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, asked time.Time) (Claim, error) {
 	left := u.opts.LockWait - time.Since(asked)
 	if left <= 0 {
@@ -160,11 +129,9 @@ func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, ask
 	return cl, err
 }
 
-// mayPresent says whether this process may present t's refresh token now:
-// not while its provider's calls pause, while t's failure episode says
-// wait, or for a forced refresh sooner than forceGap after the last one;
-// nor once ctx is done (past the claim the refresh token is spent, and its
-// answer must reach the database whatever the caller does).
+// mayPresent refuses to present t's refresh token while its provider's calls
+// pause, its failure episode says wait, a forced refresh comes too soon, or
+// ctx is done (checked here because past the claim the refresh runs on).
 func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, forced bool) error {
 	now := u.opts.Clock.Now()
 	if err := u.gate.of(t.Provider).check(now); err != nil {
@@ -182,19 +149,15 @@ func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, fo
 	return ctx.Err()
 }
 
-// look reads connection's token without the lock. It is done when the
-// token needs no refresh (or cannot have one). While another holder's
-// lease on it runs, it waits for that refresh's announcement, reading
-// again (holding nothing) at each poll, until the lock wait that began at
-// asked is over (an error that is also a lock timeout); waiting, if not
-// nil, is called when it starts to wait. A lease abandoned by its holder
-// is recorded as a lost answer; one whose answer is overdue is not waited
-// for (errAnswerPending) unless forced.
+// look reads connection's token without the lock; done when it needs no
+// refresh (or cannot have one). It waits out another holder's running lease
+// within the lock wait begun at asked, calling waiting (if not nil) once
+// when it starts; an abandoned lease is recorded as a lost answer, an
+// overdue one is not waited for (errAnswerPending) unless forced.
 func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked time.Time, due func(domain.Token) bool,
 	forced bool, waiting func()) (domain.Token, bool, error) {
 	for {
-		// Watch before the read: an announcement between the read and the
-		// wait is not missed.
+		// Watched before the read, so the announcement is not missed.
 		woken, unwatch := u.announced.watch(connection)
 		readCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait)
 		t, lease, err := u.store.Read(readCtx, connection)
@@ -215,7 +178,8 @@ func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked
 			return t, false, nil
 		case u.overdue(lease, forced):
 			unwatch()
-			return t, false, u.answerPending(lease)
+			return t, false, fmt.Errorf("%w: %w: %w (presented %v ago)", domain.ErrProviderUnavailable,
+				domain.ErrRefreshInProgress, errAnswerPending, lease.Age.Round(time.Millisecond))
 		}
 		if waiting != nil {
 			waiting()
@@ -229,43 +193,43 @@ func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked
 	}
 }
 
-// Waits for another holder: the next look comes at its announcement (the
-// change listener), or after leasePoll, or after leasePollListening while
-// the listener is connected (announcements then come; the look is for a
-// holder that died, whose lease runs out a second after its last
-// renewal).
+// A wait for another holder ends at its announcement or after a poll; while
+// the listener is connected, the slower poll only catches a holder that died.
 const (
 	leasePoll          = 100 * time.Millisecond
 	leasePollListening = time.Second
 )
 
-// awaitLease waits, at most a poll, before the next look at a connection
-// whose refresh another holder has. It gives up, with an error that is
-// also a lock timeout, when the lock wait that began at asked is over.
+// awaitLease waits at most a poll for another holder's refresh.
 func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, woken <-chan struct{}) error {
-	left := u.opts.LockWait - time.Since(asked)
-	if left <= 0 {
-		return fmt.Errorf("%w: %w", domain.ErrLockTimeout, domain.ErrRefreshInProgress)
-	}
 	poll := leasePoll
 	if u.cache.trusted.Load() {
 		poll = leasePollListening
 	}
-	t := time.NewTimer(min(poll, left))
+	return u.await(ctx, poll, asked, woken, domain.ErrRefreshInProgress)
+}
+
+// await waits, holding nothing, for d or an announcement (woken); past the
+// lock wait begun at asked it fails with a lock timeout. Errors wrap why.
+func (u *RefreshTokenUseCase) await(ctx context.Context, d time.Duration, asked time.Time, woken <-chan struct{}, why error) error {
+	left := u.opts.LockWait - time.Since(asked)
+	if left <= 0 {
+		return fmt.Errorf("%w: %w", domain.ErrLockTimeout, why)
+	}
+	t := time.NewTimer(min(d, left))
 	defer t.Stop()
 	select {
 	case <-ctx.Done():
-		return fmt.Errorf("%w (%w)", ctx.Err(), domain.ErrRefreshInProgress)
+		return fmt.Errorf("%w (%w)", ctx.Err(), why)
 	case <-woken:
 	case <-t.C:
 	}
 	return nil
 }
 
-// acquireSlot takes one of this process's in-flight slots, unless the
-// connection is announced first (errAnnounced): the refresh the caller
-// queued for may have been done by another process meanwhile, and at a
-// mass expiry most queued refreshes are.
+// acquireSlot takes an in-flight slot unless the connection is announced
+// first (errAnnounced): at a mass expiry another process has done most
+// queued refreshes meanwhile.
 func (u *RefreshTokenUseCase) acquireSlot(ctx context.Context, woken <-chan struct{}) error {
 	if u.slots.TryAcquire(1) {
 		return nil

@@ -22,34 +22,34 @@ type ConnectUseCase struct {
 // NewConnectUseCase builds the use case; a nil clock is the system clock and
 // lockWait <= 0 means DefaultLockWait.
 func NewConnectUseCase(store ConnectionStore, clock Clock, lockWait time.Duration) *ConnectUseCase {
-	clock = cmp.Or[Clock](clock, systemClock{})
-	if lockWait <= 0 {
-		lockWait = DefaultLockWait
-	}
-	return &ConnectUseCase{store: store, clock: clock, lockWait: lockWait}
+	return &ConnectUseCase{store: store, clock: cmp.Or[Clock](clock, systemClock{}),
+		lockWait: orDefault(lockWait, DefaultLockWait)}
 }
 
-// Connect stores g as connection's token and makes the connection active.
-// It takes the connection's lock, so it never interleaves with a refresh:
-// a refresh that started before it has finished, and one that starts after
-// it redeems the new grant.
+// orDefault is d, or def when d <= 0.
+func orDefault(d, def time.Duration) time.Duration {
+	if d <= 0 {
+		return def
+	}
+	return d
+}
+
+// Connect stores g as connection's token and makes the connection active,
+// under the connection's lock, so it never interleaves with a refresh.
 func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domain.Grant) (domain.Token, error) {
 	return u.ConnectAs(ctx, connection, g, domain.Binding{}, true)
 }
 
 // ConnectAs is Connect for a grant whose account is known (b.Account): if
 // the connection is bound to another account, the grant is refused with
-// domain.ErrAccountMismatch and nothing is stored, unless allowChange. The
-// check and the write happen under the connection's lock, so two consents
-// cannot both pass it.
+// domain.ErrAccountMismatch and nothing is stored, unless allowChange.
 func (u *ConnectUseCase) ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
 	return u.ConnectGrant(ctx, connection, g, ConnectRequest{Binding: b, AllowAccountChange: allowChange})
 }
 
 // ConnectWith is Connect for a grant issued by the stored provider called
-// provider ("" is the provider of the process's configuration): the
-// connection's refreshes go there from now on. An unregistered provider
-// is refused with domain.ErrUnknownProvider and no token is stored.
+// provider ("" is the process's configured one), where the connection's
+// refreshes go from now on; an unregistered one is domain.ErrUnknownProvider.
 func (u *ConnectUseCase) ConnectWith(ctx context.Context, connection, provider string, g domain.Grant) (domain.Token, error) {
 	return u.ConnectGrant(ctx, connection, g, ConnectRequest{Provider: provider, AllowAccountChange: true})
 }
@@ -59,36 +59,27 @@ type ConnectRequest struct {
 	Binding            domain.Binding // who granted it; zero when unknown
 	AllowAccountChange bool           // a grant from another account may replace the connection's
 	// Metadata replaces the connection's metadata and tags, in the grant's
-	// transaction; nil keeps what the connection has (a reconnection
-	// through a session that says nothing about it loses nothing).
+	// transaction; nil keeps what the connection has.
 	Metadata *domain.Metadata
-	// Provider names the stored provider that issued the grant; "" is the
-	// provider of the process's configuration.
-	Provider string
+	Provider string // the stored provider that issued the grant; "" the process's configured one
 	// ProviderFields are what the provider's profile keeps from the grant
-	// (Salesforce instance_url, QuickBooks realmId): merged into the
-	// connection's metadata under "provider_fields", after Metadata.
+	// (Salesforce instance_url): merged into the connection's metadata
+	// under "provider_fields", after Metadata.
 	ProviderFields map[string]string
-	// Result, when not 0, is the pending connect result the grant comes
-	// from: spent in the grant's transaction (ResultSpender), so that the
-	// grant is stored once, and never after the result expired.
-	Result int64
-	// DPoPKey (PEM) and DPoPJKT (its RFC 7638 thumbprint): the DPoP key
-	// the grant is bound to, stored sealed with it; zero for a bearer
-	// grant.
+	Result         int64 // the pending connect result of the grant (0: none), spent in its transaction
+	// DPoPKey (PEM) and DPoPJKT (its RFC 7638 thumbprint): the DPoP key the
+	// grant is bound to, stored sealed; zero for a bearer grant.
 	DPoPKey domain.Secret
 	DPoPJKT string
 }
 
-// ResultSpender is the locked store's way to spend a pending connect
-// result in the transaction that stores its grant; domain.ErrResultInvalid
-// when it expired or was spent already.
+// ResultSpender spends a pending connect result in the transaction that
+// stores its grant; domain.ErrResultInvalid when expired or spent already.
 type ResultSpender interface {
 	SpendResult(ctx context.Context, id int64) error
 }
 
-// MetadataStore is the locked store's way to set a connection's metadata in
-// the transaction that stores its grant.
+// MetadataStore sets a connection's metadata in the grant's transaction.
 type MetadataStore interface {
 	SetMetadata(ctx context.Context, connection string, m domain.Metadata) error
 	// SetProviderFields replaces the "provider_fields" object of the
@@ -96,9 +87,8 @@ type MetadataStore interface {
 	SetProviderFields(ctx context.Context, connection string, fields map[string]string) error
 }
 
-// ConnectGrant stores g with what r carries. The account check, the
-// metadata and the grant are one transaction under the connection's lock:
-// a refused grant (another account, an unknown provider) changes nothing.
+// ConnectGrant stores g with what r carries, in one transaction under the
+// connection's lock: a refused grant changes nothing.
 func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g domain.Grant, r ConnectRequest) (domain.Token, error) {
 	b, allowChange, provider := r.Binding, r.AllowAccountChange, r.Provider
 	tok, err := domain.NewToken(connection, g, u.clock.Now())
@@ -135,26 +125,21 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 			case errors.Is(err, domain.ErrNotFound):
 			case err != nil:
 				return err
-			// An account is an id at one provider: the same id at
-			// another provider is another account.
+			// The same account id at another provider is another account.
 			case cur.Binding.Account != "" && (cur.Binding.Account != b.Account || cur.Provider != provider):
 				return domain.ErrAccountMismatch
 			}
 		}
+		ms, keepsMetadata := s.(MetadataStore)
+		if (r.Metadata != nil || len(r.ProviderFields) > 0) && !keepsMetadata {
+			return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
+		}
 		if r.Metadata != nil {
-			ms, ok := s.(MetadataStore)
-			if !ok {
-				return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
-			}
 			if err := ms.SetMetadata(txCtx, connection, *r.Metadata); err != nil {
 				return err
 			}
 		}
 		if len(r.ProviderFields) > 0 {
-			ms, ok := s.(MetadataStore)
-			if !ok {
-				return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
-			}
 			if err := ms.SetProviderFields(txCtx, connection, r.ProviderFields); err != nil {
 				return err
 			}

@@ -15,21 +15,17 @@ import (
 // (repository.ConnectResults is one).
 type PendingStore interface {
 	Keep(ctx context.Context, p domain.PendingGrant) (domain.Secret, time.Time, error)
-	// Pending reads an unexpired result and its row id;
-	// domain.ErrResultInvalid otherwise.
+	// Pending reads an unexpired result and its row id; domain.ErrResultInvalid otherwise.
 	Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error)
 	// Refuse makes the result id expired at once.
 	Refuse(ctx context.Context, id int64) error
-	// Expired leases up to limit expired results for lease and returns
-	// them, committed: nothing stays held.
+	// Expired leases up to limit expired results, committed: nothing stays held.
 	Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error)
 	Delete(ctx context.Context, id int64) error
 }
 
-// ConnectFlowUseCase holds a consent's grant pending until the backend of
-// the application redeems it, and revokes those never redeemed: a connect
-// link opened by someone else than the user who asked for it stores
-// nothing.
+// ConnectFlowUseCase holds a consent's grant pending until the
+// application's backend redeems it, and revokes those never redeemed.
 type ConnectFlowUseCase struct {
 	results PendingStore
 	connect *ConnectUseCase
@@ -41,11 +37,8 @@ type ConnectFlowUseCase struct {
 // NewConnectFlowUseCase builds the use case; revoker may be nil,
 // revokeTimeout <= 0 is DefaultRevokeTimeout.
 func NewConnectFlowUseCase(results PendingStore, connect *ConnectUseCase, revoker Revoker, revokeTimeout time.Duration, log *slog.Logger) *ConnectFlowUseCase {
-	if revokeTimeout <= 0 {
-		revokeTimeout = DefaultRevokeTimeout
-	}
-	log = cmp.Or(log, slog.Default())
-	return &ConnectFlowUseCase{results: results, connect: connect, revoker: revoker, timeout: revokeTimeout, log: log}
+	return &ConnectFlowUseCase{results: results, connect: connect, revoker: revoker,
+		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout), log: cmp.Or(log, slog.Default())}
 }
 
 // Keep stores p pending and returns its one-time result code.
@@ -53,22 +46,19 @@ func (u *ConnectFlowUseCase) Keep(ctx context.Context, p domain.PendingGrant) (d
 	return u.results.Keep(ctx, p)
 }
 
-// Redeem stores the grant of the result code: bound to the account that
-// granted it (refused with domain.ErrAccountMismatch unless the session
-// allowed the change), with the session's metadata, in one transaction
-// with the result's deletion. An unknown, expired or redeemed code is
-// domain.ErrResultInvalid and stores nothing, as does allow's refusal of
-// the result's connection (nil allow: any connection). A grant refused for good
-// (another account, no usable token) is expired at once, so the sweep
-// revokes it.
+// Redeem stores the grant of the result code, bound to the account that
+// granted it (domain.ErrAccountMismatch unless the session allowed the
+// change), in one transaction with the result's deletion. An unknown,
+// expired or redeemed code is domain.ErrResultInvalid and stores nothing,
+// as does allow's refusal of the connection (nil allow: any). A grant
+// refused for good is expired at once, so the sweep revokes it.
 func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret, allow func(connection string) error) (domain.Token, domain.PendingGrant, error) {
 	id, p, err := u.results.Pending(ctx, code)
 	if err != nil {
 		return domain.Token{}, domain.PendingGrant{}, err
 	}
 	if allow != nil {
-		// Before anything is stored or spent: a caller that may not
-		// connect p.Connection leaves the result to one that may.
+		// Before anything is spent: the result is left to a caller that may.
 		if err := allow(p.Connection); err != nil {
 			return domain.Token{}, domain.PendingGrant{Connection: p.Connection}, err
 		}
@@ -92,12 +82,9 @@ func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret, all
 const sweepBatch = 20
 
 // Sweep revokes at their provider the grants of expired results and
-// deletes them. Each result is leased by a committed statement first, so
-// no connection is held while the provider answers and two processes
-// sweeping at once revoke each result once. A revocation that fails
-// (provider unavailable) keeps the result for the next sweep; a provider
-// without a revocation endpoint leaves nothing to do but delete it. It
-// returns how many were deleted.
+// deletes them, returning how many. Each result is leased first, so two
+// sweeping processes revoke it once; a failed revocation keeps the result
+// for the next sweep.
 func (u *ConnectFlowUseCase) Sweep(ctx context.Context) (int, error) {
 	lease := u.timeout + 5*time.Second
 	expired, err := u.results.Expired(ctx, sweepBatch, lease)

@@ -11,10 +11,9 @@ import (
 
 // DisconnectStore deletes a connection's token under its lock.
 type DisconnectStore interface {
-	// Disconnect takes the connection's lock (waiting at most wait), reads
-	// its token, calls before with it, and unless before fails deletes the
-	// token, announces the change to every process and commits. It
-	// returns the deleted token.
+	// Disconnect, under the connection's lock (waiting at most wait),
+	// calls before with the token and unless it fails deletes the token,
+	// announces the change and commits. It returns the deleted token.
 	Disconnect(ctx context.Context, connection string, wait time.Duration,
 		before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error)
 	// Read and Claim are TokenStore's: a revocation leases the refresh
@@ -23,15 +22,13 @@ type DisconnectStore interface {
 	Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (Claim, error)
 }
 
-// Revoker revokes a refresh token at the revocation endpoint of the
-// connection's provider (RFC 7009). It returns an error wrapping
-// domain.ErrNoRevocationEndpoint when that provider has none.
+// Revoker revokes a refresh token at the provider's revocation endpoint
+// (RFC 7009); domain.ErrNoRevocationEndpoint when it has none.
 type Revoker interface {
 	Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error
 }
 
-// DefaultRevokeTimeout bounds a revocation request, which runs while the
-// refresh token's lease is held (no lock, no database connection).
+// DefaultRevokeTimeout bounds a revocation request.
 const DefaultRevokeTimeout = 10 * time.Second
 
 // DisconnectUseCase removes connections.
@@ -42,40 +39,22 @@ type DisconnectUseCase struct {
 	timeout  time.Duration
 }
 
-// NewDisconnectUseCase builds the use case. revoker may be nil;
-// lockWait <= 0 means DefaultLockWait, revokeTimeout <= 0
-// DefaultRevokeTimeout.
+// NewDisconnectUseCase builds the use case; revoker may be nil, and
+// durations <= 0 take their defaults.
 func NewDisconnectUseCase(store DisconnectStore, revoker Revoker, lockWait, revokeTimeout time.Duration) *DisconnectUseCase {
-	if lockWait <= 0 {
-		lockWait = DefaultLockWait
-	}
-	if revokeTimeout <= 0 {
-		revokeTimeout = DefaultRevokeTimeout
-	}
-	return &DisconnectUseCase{store: store, revoker: revoker, lockWait: lockWait, timeout: revokeTimeout}
+	return &DisconnectUseCase{store: store, revoker: revoker, lockWait: orDefault(lockWait, DefaultLockWait),
+		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout)}
 }
 
-// Disconnect deletes connection's token, so that no process serves or
-// refreshes it again, after revoking its refresh token at the provider when
-// revoke is true.
+// Disconnect deletes connection's token, after revoking its refresh token
+// at the provider when revoke is true.
 //
-// Order: the lease, the revocation, then the delete. The lease is taken
-// under the lock, with the re-read, as a refresh takes it: the refresh
-// token read is the current one, and no refresh can present it before it
-// is revoked (a refresh already at the provider holds a lease, and the
-// revocation waits for nothing: it is refused). The revocation runs with
-// no lock and no database connection held. It comes first because a
-// failed one keeps the connection: the refresh token is the only way to
-// revoke the grant, and deleting it after a failed revocation would leave
-// a live grant at the provider that nobody can revoke any more. So a
-// revocation that fails (the provider unavailable, the client rejected, no
-// revocation endpoint configured) changes nothing and is returned; the
-// caller tries again, or disconnects without revoking. A provider that
-// answers that the token is already invalid has nothing left to revoke:
-// that is a success.
-//
-// It returns the deleted token (its refresh token is spent or abandoned:
-// never use it).
+// Order: the lease (so no refresh presents the token meanwhile), the
+// revocation (holding no lock or database connection), then the delete. A
+// failed revocation changes nothing and is returned: deleting the only way
+// to revoke a live grant would strand it; a token already invalid at the
+// provider counts as revoked. It returns the deleted token, whose refresh
+// token must never be used.
 func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error) {
 	if err := domain.ValidateName(connection); err != nil {
 		return domain.Token{}, err
@@ -104,16 +83,15 @@ func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, r
 	return t, nil
 }
 
-// revoke leases connection's refresh token, then revokes it at the
-// provider. It returns the token revoked and the lease's end; on an error
-// the lease has ended and nothing changed.
+// revoke leases connection's refresh token and revokes it at the provider.
+// It returns the token revoked and the lease's end; on an error the lease
+// has ended and nothing changed.
 func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (domain.Token, func(bool), error) {
 	if u.revoker == nil {
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
 	}
-	// A refresh of this very refresh token may be at the provider:
-	// revoking it now could leave the rotated one alive once the
-	// connection is gone.
+	// A refresh of this refresh token may be at the provider: revoking it
+	// now could leave the rotated one alive.
 	lockCtx, cancel := context.WithTimeout(ctx, u.lockWait)
 	c := Claim{}
 	t, _, err := u.store.Read(lockCtx, connection)

@@ -6,11 +6,8 @@ import (
 )
 
 // Drain waits until no read or refresh of this use case is running, or ctx
-// ends. A refresh runs on after its callers have given up (the rotated
-// token must reach the database), so a process that is shutting down calls
-// Drain before closing its pool: otherwise the token the provider just
-// rotated is lost with the process, and the next refresh presents a dead
-// one.
+// ends. Call it before closing the pool at shutdown: a refresh runs on
+// after its callers gave up, and its rotated token must reach the database.
 func (u *RefreshTokenUseCase) Drain(ctx context.Context) error {
 	return u.flights.running.wait(ctx)
 }

@@ -31,10 +31,9 @@ func NewEnqueueEventUseCase(tokens TokenReader, queue EventQueue) *EnqueueEventU
 	return &EnqueueEventUseCase{tokens: tokens, queue: queue}
 }
 
-// Enqueue queues an event for connection and returns its id. It refuses
-// events for a connection that does not exist (domain.ErrNotFound) or needs
-// re-authorisation (domain.ErrNeedsReauth), since the worker could not
-// handle them.
+// Enqueue queues an event for connection and returns its id, refusing a
+// connection that does not exist (domain.ErrNotFound) or needs
+// re-authorisation (domain.ErrNeedsReauth).
 func (u *EnqueueEventUseCase) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
 	if err := domain.ValidateName(connection); err != nil {
 		return 0, err

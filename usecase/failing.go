@@ -10,20 +10,14 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// A connection whose refreshes get answers tokenguard cannot classify
-// (domain.Unclassified) is asked again only after domain.FailingPause,
-// fleet-wide (the episode is stored with the token and read with it before
-// every refresh): at most 4 requests in the first minute per connection,
-// whatever the call rate. After failingAfter of them in a row the
-// connection is shown failing (connection.refresh_failing); the next
-// success ends the episode (connection.recovered). The grant is never
-// touched.
+// failingAfter: a connection whose refreshes get unclassified answers is
+// asked again only after domain.FailingPause, fleet-wide, and after this
+// many in a row is shown failing; the next success ends the episode. The
+// grant is never touched.
 const failingAfter = 3
 
-// paced reports whether err is a provider answer the use case paces per
-// connection instead of retrying it: an unclassified answer, or a lost
-// answer (the refresh token is presented again only as the provider's
-// grace window allows, or after a probe where nothing is known of it).
+// paced reports whether err is a provider answer paced per connection
+// instead of retried: an unclassified answer, or a lost one.
 func paced(err error) (*domain.ProviderError, bool) {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) {
@@ -33,10 +27,8 @@ func paced(err error) (*domain.ProviderError, bool) {
 }
 
 // checkFailure refuses a refresh of t that its failure episode does not
-// allow at now: the next attempt is not due, or the refresh token may not
-// be presented again. The error wraps domain.ErrProviderUnavailable and
-// domain.ErrRefreshFailing: a still-valid access token is served through
-// it.
+// allow at now. The error wraps domain.ErrProviderUnavailable and
+// domain.ErrRefreshFailing: a still-valid access token is served through it.
 func checkFailure(t domain.Token, now time.Time) error {
 	f := t.Failure
 	switch {
@@ -46,8 +38,8 @@ func checkFailure(t domain.Token, now time.Time) error {
 		return fmt.Errorf("%w: %w (%s): the refresh token may have been spent and the provider accepts none twice; connect again",
 			domain.ErrProviderUnavailable, domain.ErrRefreshFailing, f.Describe())
 	case now.Before(f.RetryAt):
-		// The last answer rides along, for callers told its status and
-		// code; not a new answer to pace (Transient, not Unclassified).
+		// The last answer rides along for its status and code, as Transient:
+		// not a new answer to pace.
 		last := &domain.ProviderError{Code: f.Code, HTTPStatus: f.HTTPStatus, Class: domain.Transient}
 		return fmt.Errorf("%w: %w (%s): next attempt in %v%w", domain.ErrProviderUnavailable, domain.ErrRefreshFailing,
 			f.Describe(), f.RetryAt.Sub(now).Round(time.Millisecond), quiet{last})
@@ -73,13 +65,11 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 		}
 		switch {
 		case pe.NoReplay || (!f.ReplayUntil.IsZero() && !f.RetryAt.Before(f.ReplayUntil)):
-			// Never again: shown failing at once, for the app to ask its
-			// user to connect again.
+			// Never again: shown failing at once, for the user to connect again.
 			f.RetryAt, f.Failing = time.Time{}, true
 		case f.ReplayUntil.IsZero() && prev.Failures == 0:
 			// Nothing is known of the provider: again once it answers a
-			// probe (domain.RefreshFailure.ProbeFirst), which may be asked
-			// at once; a probe that fails opens the pause.
+			// probe, which may be asked at once; a failed probe opens the pause.
 			f.RetryAt = now
 		case f.ReplayUntil.IsZero():
 			f.Failing = true // the provider does not answer the probe
@@ -88,10 +78,9 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 	return f
 }
 
-// recordFailure stores the failure episode the answer cause (paced) opens
-// or extends for the token c leased, and ends the lease: every process
-// then waits for the next attempt. A failed write releases the lease
-// anyway; the next caller then asks the provider again.
+// recordFailure stores the failure episode pe opens or extends for the
+// token c leased, and ends the lease (released if the write failed: the
+// next caller then asks the provider again).
 func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store TokenStore, c claimed, pe *domain.ProviderError) {
 	t := c.current
 	f := nextFailure(t.Failure, pe, u.opts.Clock.Now())

@@ -13,19 +13,11 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// flights lets one goroutine per connection do the slow path (read, and
-// maybe lock and refresh) while the others wait for its result, so a
-// process holds at most one database connection per connection's refresh.
-//
-// x/sync/singleflight runs the work on the first caller's context: if that
-// caller gives up, everyone fails, and if it is not cancelled nobody can
-// stop the wait. Here the work runs on its own context, and is cancelled
-// only when every waiter has gone, which ends a lock wait nobody needs.
-//
-// Joining a flight takes no lock: at an expiry every goroutine of the
-// process arrives at once, and a mutex would queue them behind each other
-// (and behind whichever holder the OS preempted) while the flight's own
-// answer from the database waits for a free CPU.
+// flights lets one goroutine per connection do the slow path while the
+// others wait for its result. Unlike x/sync/singleflight, the work runs on
+// its own context, cancelled only when every waiter has gone. Joining takes
+// no lock: at an expiry every goroutine arrives at once, and a mutex would
+// queue them while the flight's answer waits for a free CPU.
 type flights struct {
 	m       sync.Map     // key -> *flight
 	log     *slog.Logger // receives recovered panics; nil: slog.Default()
@@ -53,15 +45,9 @@ func (fl *flight) addWaiter() bool {
 	}
 }
 
-// do runs fn once for key at a time and returns the finished flight, whose
-// tok and err are fn's answer, or ctx's error if the caller gave up first.
-// fn's context keeps ctx's values and is cancelled when all callers have
-// left; fn bounds each of its steps itself (a refresh may first queue for
-// a slot, and must not time out while the queue moves).
-//
-// It hands back a pointer, not a copy of the token: every frame on a
-// waiter's path counts (RefreshTokenUseCase.Token, which does join and
-// wait itself, one frame less).
+// do runs fn once for key at a time and returns the finished flight, or
+// ctx's error if the caller gave up first. fn's context keeps ctx's values
+// and is cancelled when all callers have left; fn bounds its own steps.
 func (f *flights) do(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) (*flight, error) {
 	if err := ctx.Err(); err != nil {
@@ -90,9 +76,8 @@ func (f *flights) join(ctx context.Context, key string,
 	}
 }
 
-// wait waits for fl, the flight of key the caller joined, and returns it
-// finished, or ctx's error if the caller gave up first: the last caller to
-// give up cancels its work.
+// wait returns fl finished, or ctx's error if the caller gave up first:
+// the last caller to give up cancels its work.
 //
 //go:noinline
 func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, error) {
@@ -105,8 +90,8 @@ func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, er
 		return fl, nil
 	case <-ctx.Done():
 		if fl.waiters.Add(-1) == 0 {
-			// Nobody wants the answer: stop waiting for the lock. A refresh
-			// already sent to the provider still completes (see refresh).
+			// Nobody wants the answer: stop waiting for the lock (a refresh
+			// already sent to the provider still completes).
 			fl.cancel()
 			f.m.CompareAndDelete(key, fl)
 		}
@@ -115,9 +100,8 @@ func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, er
 }
 
 // start starts key's flight with the caller as its waiter, or returns nil
-// if another caller started one first. It is a frame of its own, on the
-// stack of the one caller that starts the flight, not of those that join it
-// (see RefreshTokenUseCase.Token).
+// if another caller started one first. A frame of its own, so joiners'
+// stacks stay small (see RefreshTokenUseCase.Token).
 //
 //go:noinline
 func (f *flights) start(ctx context.Context, key string,
@@ -140,10 +124,8 @@ func (f *flights) start(ctx context.Context, key string,
 	return fl
 }
 
-// run calls fn, turning a panic into an error: the flight runs on a
-// goroutine of its own, where a panic would end the process and leave its
-// waiters hanging. The panic's value is logged only when it is a runtime
-// error; any other value might hold a token.
+// run calls fn, turning a panic into an error. The panic's value is logged
+// only when it is a runtime error; any other value might hold a token.
 func (f *flights) run(ctx context.Context, key string, fn func(context.Context) (domain.Token, error)) (t domain.Token, err error) {
 	defer func() {
 		r := recover()
@@ -154,17 +136,15 @@ func (f *flights) run(ctx context.Context, key string, fn func(context.Context) 
 		if re, ok := r.(runtime.Error); ok {
 			what = re.Error()
 		}
-		log := f.log
-		log = cmp.Or(log, slog.Default())
-		log.Error("panic in a token refresh, recovered", "flight", key, "panic", what, "stack", string(debug.Stack()))
+		cmp.Or(f.log, slog.Default()).Error("panic in a token refresh, recovered",
+			"flight", key, "panic", what, "stack", string(debug.Stack()))
 		t, err = domain.Token{}, fmt.Errorf("token refresh panicked (%s)", what)
 	}()
 	return fn(ctx)
 }
 
 // announcements wakes the callers waiting for another process's refresh
-// of a connection when the change listener hears of it (a rotated token
-// stored, a lease released).
+// of a connection when the change listener hears of it.
 type announcements struct {
 	mu sync.Mutex
 	m  map[string]*announcement
@@ -176,8 +156,7 @@ type announcement struct {
 }
 
 // watch returns a channel closed at connection's next announcement, and a
-// func to call when the caller no longer waits for it. Watch before
-// looking: an announcement between the look and the wait is not missed.
+// func to call when no longer waiting. Watch before looking.
 func (a *announcements) watch(connection string) (<-chan struct{}, func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()

@@ -12,18 +12,11 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// resolve spends the refresh token of the token c leased at the provider,
-// with no database connection held, and keeps the outcome: the rotated
-// token, or needs_reauth for a dead grant. A failure that leaves the grant
-// alive (provider unavailable, client rejected, endpoint wrong) ends the
-// lease and is returned; the stored token is untouched. A dead grant is
-// stored as needs_reauth and returned as revoked, with a nil error. A
-// version whose last answer was lost is presented again only once the
-// provider answers a probe.
-//
-// The call and the write run to the end whatever the caller does: the
-// refresh token is spent once it is sent, and its answer is awaited until
-// the answer deadline.
+// resolve spends the leased refresh token, holding no database connection,
+// and keeps the outcome: the rotated token, or needs_reauth for a dead grant
+// (r.revoked, with a nil error); a failure that leaves the grant alive ends
+// the lease and is returned. It runs to the end whatever the caller does:
+// the refresh token is spent once sent.
 func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
 	t := c.current
 	r := redeemed{from: t.RefreshToken}
@@ -80,15 +73,12 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 }
 
 // dead stores t's connection as needs_reauth after the provider rejected
-// its grant (rejected), unless a newer token was stored meanwhile (a
-// rotated token written late by its redeemer, a new grant): then the
-// rejection is stale news, and r.tok is that token. The refresh token is
-// kept, for forensics; the version-fenced write is the re-read.
+// its grant, unless a newer token was stored meanwhile: then the rejection
+// is stale news, and r.tok is that token. The refresh token is kept, for
+// forensics.
 func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t domain.Token, r redeemed, rejected error) (redeemed, error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepCommit, t.Connection)
 	marked := t
-	// rolled_back when the store went back behind a version this process
-	// knew (a failover lost the rotated token).
 	marked.Status, marked.StatusReason = domain.StatusNeedsReauth, u.reasonFor(t, rejected)
 	writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
 	stored, err := store.Store(writeCtx, marked)
@@ -119,17 +109,11 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 
 // keep stores a rotated token if the stored token is still the one it was
 // rotated from, ending its lease. A failed write is retried for
-// RescueWindow (the rescue); keep gives up early only when another token
-// was stored meanwhile (then the rotated one is obsolete, and that is
-// said loudly too).
-//
-// One exception: when this process's lease ran out while it was at the
-// provider (it could not renew it), another process may have redeemed the
-// same refresh token, been told invalid_grant, and marked the connection
-// needs_reauth. If the stored refresh token is still the spent one, the
-// rotated token is the only live token of the grant (unless the provider
-// revoked the whole grant for that reuse, which the next refresh will
-// tell): it is stored.
+// RescueWindow (the rescue), unless another token was stored meanwhile.
+// One exception: if this process's lease ran out at the provider, another
+// may have presented the same refresh token, been told invalid_grant and
+// marked the connection needs_reauth; if the stored refresh token is still
+// the spent one, the rotated token is the grant's only live one: stored.
 func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r redeemed, end func(release bool)) (domain.Token, error) {
 	defer end(false)
 	rotated := *r.rotated
@@ -156,9 +140,8 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r rede
 		}
 		return domain.Token{}, backoff.Permanent(fmt.Errorf("%w: stored version is %d", domain.ErrConflict, now.Version))
 	}
-	facts := Facts{Provider: rotated.Provider, OldVersion: rotated.Version}
 	done := func(span Span, out domain.Token, err error) {
-		f := facts
+		f := Facts{Provider: rotated.Provider, OldVersion: rotated.Version}
 		if err == nil {
 			f.NewVersion, f.Outcome = out.Version, OutcomeOK
 		}
@@ -195,9 +178,9 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r rede
 	return domain.Token{}, fmt.Errorf("persist rotated token: %w", cause)
 }
 
-// why is how a connection's history names the end of a refresh that
-// stored no token because of err: what failed, with the provider's status
-// and code; never a body, a URL or a secret.
+// why names, for the connection's history, the end of a refresh that stored
+// no token because of err: the provider's status and code, never a body, a
+// URL or a secret.
 func (u *RefreshTokenUseCase) why(err error) string {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) {

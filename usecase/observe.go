@@ -16,8 +16,7 @@ type Observer interface {
 	CacheLookup(hit bool)
 	// Refreshed: one pass through a connection's lock ended.
 	Refreshed(e RefreshEvent)
-	// ForcedRefresh: a caller whose token was rejected (401) asked for a
-	// newer one.
+	// ForcedRefresh: a caller whose token was rejected (401) asked for another.
 	ForcedRefresh(connection string)
 	// Invalidated: another process announced a new version.
 	Invalidated()
@@ -38,9 +37,8 @@ const (
 	// The token URL is not a token endpoint; connection and token untouched.
 	OutcomeEndpointMisconfigured RefreshOutcome = "endpoint_misconfigured"
 	OutcomeError                 RefreshOutcome = "error" // lock wait, store or context
-	// The provider's answer could not be classified (or was lost where
-	// the refresh token may not be presented again): the connection backs
-	// off, its grant untouched.
+	// The provider's answer could not be classified (or was lost): the
+	// connection backs off, its grant untouched.
 	OutcomeUnclassified RefreshOutcome = "unclassified_answer"
 	// The provider was not called: the connection's failing refreshes are
 	// backing off (or may not be attempted again).
@@ -49,8 +47,7 @@ const (
 
 func (o RefreshOutcome) String() string { return string(o) }
 
-// outcome names how a pass that found the token due and did not store a
-// dead grant ended.
+// outcome names how a pass that did not store a dead grant ended.
 func outcome(err error) RefreshOutcome {
 	if _, ok := paced(err); ok {
 		return OutcomeUnclassified
@@ -119,10 +116,9 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	}
 	u.opts.Logger.LogAttrs(context.Background(), level, "token refresh", attrs...)
 	u.opts.Observer.Refreshed(e)
-	// A grant rejected at a version behind one this process wrote or read
-	// itself: the database went back in time (regress.go). Only this
-	// outcome is checked here, after the lock: a version another process
-	// committed since has no room before a rejected grant.
+	// A grant rejected at a version behind one this process knew: the
+	// database went back in time. Only this outcome is checked after the
+	// lock: no other process can commit a version before a rejected grant.
 	if e.Outcome == OutcomeInvalidGrant && e.OldVersion > 0 {
 		u.cache.readAfterLock(e.Connection, e.OldVersion)
 	}

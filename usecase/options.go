@@ -12,62 +12,41 @@ import (
 type Options struct {
 	// Skew: a token is refreshed once it is within Skew of its expiry
 	// (default 30s), capped at half the lifetime the provider granted.
-	Skew time.Duration
-	// LockWait bounds the wait for another process's refresh (default 15s).
-	LockWait time.Duration
-	// RefreshTimeout bounds one provider call (default 10s). It must be
-	// shorter than LockWait, so that a process waiting behind a refresh
-	// outlasts it and then finds the new token instead of timing out.
+	Skew     time.Duration
+	LockWait time.Duration // bounds the wait for another process's refresh (default 15s)
+	// RefreshTimeout bounds how long callers wait for a provider call
+	// (default 10s); shorter than LockWait, so a process waiting behind a
+	// refresh outlasts it.
 	RefreshTimeout time.Duration
-	// AnswerDeadline bounds how long the answer to a request that
-	// presented a refresh token is awaited (default 2m), independent of
-	// callers, who stop waiting after RefreshTimeout. Until the answer is
-	// in, or the deadline passes, no process presents that refresh token
-	// again: a hung provider answers its queue when it resumes, and a
-	// strict one takes a second presentation for a reuse. At least
-	// RefreshTimeout.
+	// AnswerDeadline bounds how long the answer to a presented refresh
+	// token is awaited, independent of callers (default 2m, at least
+	// RefreshTimeout); until then no process presents it again.
 	AnswerDeadline time.Duration
-	// WriteTimeout bounds persisting the rotated token after the provider
-	// answered (default 5s).
-	WriteTimeout time.Duration
-	// Clock defaults to the system clock.
-	Clock Clock
-	// Logger receives what operators must know (never a token); default
-	// slog.Default().
-	Logger *slog.Logger
+	WriteTimeout   time.Duration // bounds persisting the provider's answer (default 5s)
+	Clock          Clock         // default: the system clock
+	Logger         *slog.Logger  // what operators must know, never a token (default slog.Default())
 	// OnNeedsReauth is called once, by the process that found out, when a
 	// connection's grant is rejected for good.
 	OnNeedsReauth func(connection, reason string)
 	// ForceInterval is the least time between two forced refreshes of one
-	// connection by this process (default 5s), so an API that answers 401
-	// to everything cannot drive a refresh loop. A token the provider
-	// granted for less than twice that may be replaced after half its
-	// lifetime instead.
+	// connection by this process (default 5s, or half a shorter token's
+	// lifetime): an API answering 401 to everything drives no refresh loop.
 	ForceInterval time.Duration
-	// RescueWindow bounds how long a rotated token whose first write failed
-	// is retried (default 30s). See refresh.
-	RescueWindow time.Duration
-	// Observer receives events for metrics; default none.
-	Observer Observer
-	// Tracer records the slow path as spans (a cache hit records none);
-	// default none.
-	Tracer Tracer
+	RescueWindow  time.Duration // bounds retrying a rotated token's failed write (default 30s)
+	Observer      Observer      // receives events for metrics; default none
+	Tracer        Tracer        // records the slow path as spans; default none
 	// CacheSize bounds how many connections this process keeps a token of
-	// (default DefaultCacheSize); negative means no bound. The least
-	// recently hit are dropped first and read again when asked for.
+	// (default DefaultCacheSize); negative means no bound.
 	CacheSize int
 	// ProviderSkew is the skew of a stored provider's connections, 0 for
-	// Skew; nil: Skew for every connection. It is asked when a token is
-	// read or cached, never on a cache hit.
+	// Skew; nil: Skew for every connection. Never asked on a cache hit.
 	ProviderSkew func(provider string) time.Duration
-	// MaxRefreshesInFlight bounds how many refreshes this process runs at
-	// once (default DefaultMaxRefreshesInFlight): a mass expiry neither
-	// floods the provider nor the database. Callers beyond it queue in
-	// order of arrival; the queue does not count against LockWait.
+	// MaxRefreshesInFlight bounds this process's concurrent refreshes
+	// (default DefaultMaxRefreshesInFlight); the queue beyond it does not
+	// count against LockWait.
 	MaxRefreshesInFlight int
 	// ProviderKeepAlives are the stored providers' own keep-alive
-	// intervals, by name; they override KeepAlive's idle for their
-	// connections. nil: none has one.
+	// intervals, by name, overriding KeepAlive's idle; nil: none.
 	ProviderKeepAlives func() map[string]time.Duration
 }
 
@@ -80,14 +59,10 @@ const (
 	DefaultWriteTimeout   = 5 * time.Second
 	DefaultForceInterval  = 5 * time.Second
 	DefaultRescueWindow   = 30 * time.Second
-	// DefaultCacheSize: at about 0.5 KB a connection, 5 MB a process, and
-	// more connections than most deployments have; a larger fleet's
-	// processes keep their working sets and read the rest through.
+	// DefaultCacheSize: at about 0.5 KB a connection, 5 MB a process.
 	DefaultCacheSize = 10_000
-	// DefaultMaxRefreshesInFlight: a second's worth of refreshes of a
-	// large fleet at a provider answering in a second, far more than any
-	// pool has connections (a refresh holds none while the provider
-	// answers).
+	// DefaultMaxRefreshesInFlight: more than any pool has connections (a
+	// refresh holds none while the provider answers).
 	DefaultMaxRefreshesInFlight = 64
 )
 

@@ -1,9 +1,6 @@
 // Package usecase holds tokenguard's application logic: hand out a valid
 // access token for a connection, refreshing it at most once per expiry
-// across every goroutine and process that shares the connection.
-//
-// It declares the ports it needs (a token store, a provider, a clock) and
-// knows nothing of GORM, SQL or HTTP.
+// across every process that shares it. It knows nothing of SQL or HTTP.
 package usecase
 
 import (
@@ -13,32 +10,26 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// TokenStore is where tokens live, shared by every process: the refresh
-// path's steps in the store. Read takes no lock; Claim, Store and Fail are
-// each one short transaction under the connection's advisory lock,
-// committed before they return, so no database connection is held across
-// a call to the provider. ctx bounds the wait for the lock
-// (domain.ErrLockTimeout); once the lock is held the transaction runs to
-// its end whatever ctx does.
+// TokenStore is where tokens live, shared by every process. Read takes no
+// lock; Claim, Store and Fail are each one short transaction under the
+// connection's advisory lock, committed before they return. ctx bounds the
+// wait for the lock (domain.ErrLockTimeout); once held, the transaction
+// runs to its end whatever ctx does.
 type TokenStore interface {
 	// Read reads connection's token, and what is known of a refresh of
 	// its version under way (its lease).
 	Read(ctx context.Context, connection string) (domain.Token, Lease, error)
-	// Claim leases the refresh of seen for answerWithin: it re-reads the
-	// token under the lock and takes the lease only if the token is still
-	// seen (its version and its failure record), active, and no other
-	// holder's request for that version is unresolved. Claim.End is nil
-	// when it was not taken.
+	// Claim leases the refresh of seen for answerWithin if, re-read under
+	// the lock, the token is still seen (version and failure record),
+	// active, and no other holder's request for it is unresolved.
 	Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (Claim, error)
 	// Store writes t if the stored version is still t.Version, ending the
 	// leases of older versions and announcing the new version; otherwise
 	// it writes nothing and fails with domain.ErrConflict.
 	Store(ctx context.Context, t domain.Token) (domain.Token, error)
-	// Fail records f as the refresh failure episode of t's version (every
-	// process reads it with the token, domain.Token.Failure), ends the
-	// version's lease and announces that; it fails with
-	// domain.ErrConflict, having written nothing, when the stored version
-	// is not t.Version.
+	// Fail records f as the failure episode of t's version, ends its lease
+	// and announces that; domain.ErrConflict, writing nothing, when the
+	// stored version is not t.Version.
 	Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error
 }
 
@@ -47,12 +38,9 @@ type Lease struct {
 	// Running: another holder presented (or is about to present) the
 	// version's refresh token and its answer is not in.
 	Running bool
-	// Age is how long ago the lease was taken, when there is one.
-	Age time.Duration
-	// Abandoned: the lease ran out with no answer stored or recorded (its
-	// holder died or lost the database past the answer deadline). The
-	// request it covered is unresolved for good: its answer is lost. A
-	// lease on the same version is never free by time.
+	Age     time.Duration // since the lease was taken
+	// Abandoned: the lease ran out with no answer stored or recorded; its
+	// answer is lost for good. A lease is never free by time.
 	Abandoned bool
 }
 
@@ -62,13 +50,10 @@ type Claim struct {
 	Lease Lease        // another holder's lease on Token's version
 	// End ends the lease taken; nil when none was. With release the
 	// refresh token was not spent: the lease is deleted and its end
-	// announced. Without, it is only no longer renewed: Store or Fail
-	// ended it.
+	// announced. Without, Store or Fail ended it: it is no longer renewed.
 	End func(release bool)
 	// Why, when the store keeps a history, notes why the refresh ends
-	// without a stored token (a timeout, a lost answer, an answer not
-	// understood, the provider unavailable), before End(true) or Fail
-	// ends the lease: the history row of that end says it. Nil otherwise.
+	// without a stored token, before End(true) or Fail; nil otherwise.
 	Why func(reason string)
 	// BudgetWait: no lease was taken because the provider's token budget
 	// is spent; it may allow a request after this long.
@@ -78,16 +63,13 @@ type Claim struct {
 // spareBudgetKey marks a context whose claims are the proactive sweep's.
 type spareBudgetKey struct{}
 
-// SpareBudget marks ctx's claims as the proactive sweep's: a provider's
-// token budget lets them spend only what it keeps beyond a reserve for
-// callers.
+// SpareBudget marks ctx's claims as the proactive sweep's, which leave a
+// reserve of the provider's token budget to callers.
 func SpareBudget(ctx context.Context) context.Context {
 	return context.WithValue(ctx, spareBudgetKey{}, true)
 }
 
-// SpareBudgetOnly reports whether the claims made under ctx are the
-// proactive sweep's, which leave a reserve of the provider's token budget
-// to callers (TokenStore.Claim).
+// SpareBudgetOnly reports whether ctx was marked by SpareBudget.
 func SpareBudgetOnly(ctx context.Context) bool {
 	v, _ := ctx.Value(spareBudgetKey{}).(bool)
 	return v
@@ -102,8 +84,7 @@ type BudgetShrinker interface {
 }
 
 // LockedStore is the store bound to a transaction that holds a
-// connection's lock (ConnectionStore.InLock); the transaction commits when
-// the callback returns nil.
+// connection's lock (ConnectionStore.InLock).
 type LockedStore interface {
 	// Get re-reads the token inside the lock.
 	Get(ctx context.Context, connection string) (domain.Token, error)
@@ -117,19 +98,17 @@ type ConnectionStore interface {
 	// it has a token. Registering twice is harmless.
 	Register(ctx context.Context, connection string) error
 	// InLock runs fn in a transaction holding the connection's lock,
-	// waiting at most wait for it; after that fn runs under the context
-	// it is given, bounded by hold and no longer cancelled by ctx. fn's
-	// error rolls back; nil commits.
+	// waiting at most wait for it; fn's context is bounded by hold, no
+	// longer cancelled by ctx. fn's error rolls back; nil commits.
 	InLock(ctx context.Context, connection string, wait, hold time.Duration,
 		fn func(ctx context.Context, s LockedStore) error) error
 }
 
 // Refresher redeems a refresh token at a connection's provider.
 type Refresher interface {
-	// Refresh redeems refreshToken at provider (a stored provider's name;
-	// "" is the provider of the process's configuration). It returns the
-	// new grant, or an error that wraps domain.ErrGrantRevoked when
-	// retrying cannot help, domain.ErrProviderUnavailable when it may, and
+	// Refresh redeems refreshToken at provider ("" is the process's
+	// configured one). Errors wrap domain.ErrGrantRevoked when retrying
+	// cannot help, domain.ErrProviderUnavailable when it may, and
 	// domain.ErrUnknownProvider (with domain.ErrEndpointMisconfigured)
 	// when provider is not registered.
 	Refresh(ctx context.Context, provider string, refreshToken domain.Secret) (domain.Grant, error)

@@ -12,10 +12,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// RefreshTokenUseCase hands out a connection's access token, reusing it
-// until it nearly expires and then refreshing it under the connection's
-// lock, at most once per expiry however many callers race for it.
-// It is safe for concurrent use.
+// RefreshTokenUseCase hands out a connection's access token, refreshing it
+// at most once per expiry however many callers race for it. It is safe for
+// concurrent use.
 type RefreshTokenUseCase struct {
 	store     TokenStore
 	refresher Refresher
@@ -50,8 +49,6 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 
 // Token returns a token for connection valid for at least the skew,
 // without its refresh token; errors wrap domain's typed errors or ctx's.
-// A cached fresh token costs no query and no lock; otherwise one goroutine
-// per connection and process reads (and refreshes) while the others wait.
 // The path fits a new goroutine's first stack, as hundreds arrive at an
 // expiry (TestWaitersFitTheirFirstStack).
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t domain.Token, err error) {
@@ -117,8 +114,7 @@ func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 }
 
 // TrustCache turns the cache on while Invalidate hears every change other
-// processes commit (the change listener is connected), and off when not.
-// Either call forgets what was cached.
+// processes commit, and off when not; either call forgets what was cached.
 func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 	u.cache.setTrusted(trusted)
 }
@@ -156,9 +152,8 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 	return t, nil
 }
 
-// read is load's read outside the lock. It is done when the token is
-// fresh, also after waiting for another holder's lease to be announced
-// (traced as a lock wait) rather than claiming only to be told so.
+// read is load's read outside the lock, done when the token is fresh; a
+// wait for another holder's lease is traced as a lock wait.
 func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (domain.Token, bool, error) {
 	var span Span
 	t, done, err := u.look(ctx, connection, time.Now(), u.stale, false, func() {
@@ -174,17 +169,9 @@ func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (doma
 }
 
 // refresh redeems connection's refresh token if the stored token is still
-// due (nobody refreshed it meanwhile), in three steps, none of which holds
-// a database connection while the provider answers:
-//
-//  1. claim: under the connection's lock, re-read and, if seen is still
-//     the stored token, lease its refresh (TokenStore.Claim);
-//  2. redeem: the provider call, with nothing held but the lease and a
-//     slot of this process's in-flight refreshes; its answer is awaited
-//     until the answer deadline, callers until the refresh timeout;
-//  3. keep: store the rotated token, version-fenced, ending the lease,
-//     and rescue that write if it fails; or, for a dead grant, re-read
-//     before marking the connection needs_reauth.
+// due, holding no database connection while the provider answers: claim
+// (lease under the lock), redeem (the provider call), keep (the
+// version-fenced write, rescued if it fails).
 func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (domain.Token, error) {
 	var (
 		out domain.Token
@@ -257,15 +244,14 @@ func providerOutcome(err error) RefreshOutcome {
 	return outcome(err)
 }
 
-// clientSide reports whether err says the client or its configuration is
-// wrong, not the grant: the refresh token was not spent and no connection
-// is touched.
+// clientSide: the client or its configuration is wrong, not the grant; the
+// refresh token was not spent.
 func clientSide(err error) bool {
 	return errors.Is(err, domain.ErrClientRejected) || errors.Is(err, domain.ErrEndpointMisconfigured)
 }
 
-// untouched reports whether err left the grant and the stored token as
-// they were, so that a still-valid access token may be served through it.
+// untouched: err left the grant and the stored token as they were, so a
+// still-valid access token may be served through it.
 func untouched(err error) bool {
 	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) ||
 		errors.Is(err, domain.ErrTokenBudgetSpent) || clientSide(err)
@@ -311,17 +297,4 @@ func needsReauth(t domain.Token) error {
 		return domain.ErrNeedsReauth
 	}
 	return fmt.Errorf("%w (%s)", domain.ErrNeedsReauth, t.StatusReason)
-}
-
-// reason is what operators see about a rejected grant: the OAuth2 error
-// code, never a response body.
-func reason(err error) string {
-	var pe *domain.ProviderError
-	if errors.As(err, &pe) && pe.Code != "" {
-		if pe.Evidence == domain.EvidenceFingerprint {
-			return fmt.Sprintf("%s (HTTP %d, the provider's answer to a refresh token that cannot exist)", pe.Code, pe.HTTPStatus)
-		}
-		return pe.Code
-	}
-	return "grant rejected"
 }

@@ -2,17 +2,16 @@ package usecase
 
 import (
 	"errors"
+	"fmt"
 	"math"
 	"sync"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ReasonRolledBack is the needs_reauth reason of a connection whose
-// stored token went back to an older version (a failover to a standby
-// that had not received the newest one, a restore from backup) and whose
-// grant the provider then rejected: the refresh token the database kept
-// had already been rotated, and the rotated one is lost.
+// ReasonRolledBack is the needs_reauth reason of a connection whose stored
+// token went back to an older version (a failover, a restore) and whose
+// grant the provider then rejected: the rotated refresh token is lost.
 const ReasonRolledBack = "rolled_back"
 
 // versionHistory is what a process knows of a connection's committed
@@ -23,23 +22,18 @@ type versionHistory struct {
 	known int64  // newest version known committed
 	at    uint64 // tokenCache.seq when known became known
 	epoch uint64 // cache epoch then
-	// own is the newest version this process wrote or read itself (not
-	// one only announced). A check after the lock is released compares
-	// with it, and with a known version from an older cache epoch (heard
-	// before the change listener last reconnected, as before a failover):
-	// the pass's own last write (a needs_reauth, which the pass does not
-	// report) may have been announced in the current one meanwhile.
+	// own is the newest version this process wrote or read itself. A check
+	// after the lock compares with it (and with known from an older epoch):
+	// the pass's own unreported write may have been announced meanwhile.
 	own  int64
 	lost int64 // the stored version found behind known, until a newer one is known
 }
 
-// everything is the mark of a read made under the connection's lock:
-// no version can be committed meanwhile, so every version known counts.
+// everything marks a read under the connection's lock: every version known counts.
 var everything = cacheMark{seq: math.MaxUint64}
 
-// knew records that version of id was committed (written by this process
-// or announced). Announced versions are recorded only for connections
-// with a slot, so that an announcement still allocates nothing.
+// knew records that version of id was committed; announced versions only
+// for connections with a slot, so an announcement allocates nothing.
 func (c *tokenCache) knew(id string, version int64, announced bool) {
 	var slot *cacheSlot
 	if announced {
@@ -69,16 +63,13 @@ func (h *versionHistory) learn(version int64, c *tokenCache) {
 	}
 }
 
-// read records that a read of the store begun at m found version of id.
-// A version below one known committed before the read began means the
-// database lost commits: the first read that shows it reports it (once per
-// lost history), and the stored version becomes what is known.
+// read records that a read begun at m found version of id. A version below
+// one known committed before the read began means the database lost
+// commits: reported once, and the stored version becomes what is known.
 func (c *tokenCache) read(id string, version int64, m cacheMark) { c.check(id, version, m, false) }
 
-// readAfterLock is read for a version read under the connection's lock
-// that has been released since: only what this process wrote or read
-// itself, or heard of before the listener last reconnected, counts (see
-// versionHistory.own).
+// readAfterLock is read for a version read under a lock released since
+// (see versionHistory.own).
 func (c *tokenCache) readAfterLock(id string, version int64) { c.check(id, version, everything, true) }
 
 func (c *tokenCache) check(id string, version int64, m cacheMark, ownOnly bool) {
@@ -120,11 +111,9 @@ func (c *tokenCache) rolledBack(id string, version int64) bool {
 	return h.lost != 0 && h.lost == version
 }
 
-// OnRolledBack is called, with an ERROR logged, when this process finds a
-// connection stored at an older version than one it knew committed
-// (known): the database went back in time, and the stored refresh token
-// (at stored) has probably been spent already. Each process that knew
-// says so once per loss. Set it before the use case is used.
+// OnRolledBack sets fn, called with an ERROR logged when this process finds
+// a connection stored at an older version than one it knew committed: the
+// stored refresh token has probably been spent. Set it before use.
 func (u *RefreshTokenUseCase) OnRolledBack(fn func(connection string, known, stored int64)) {
 	u.cache.onRegress = func(id string, known, stored int64) {
 		u.opts.Logger.Error("connection's stored token went back to an older version: the database lost committed writes (failover to an asynchronous standby, restore); its refresh token is probably spent, and the grant needs a new consent if the provider rejects it",
@@ -135,12 +124,19 @@ func (u *RefreshTokenUseCase) OnRolledBack(fn func(connection string, known, sto
 	}
 }
 
-// reasonFor is the needs_reauth reason of t's grant rejected with err,
-// read under the connection's lock: ReasonRolledBack when t is behind a
-// version this process knew committed.
+// reasonFor is the needs_reauth reason of t's grant rejected with err:
+// ReasonRolledBack when t is behind a version this process knew committed,
+// else the OAuth2 error code, never a response body.
 func (u *RefreshTokenUseCase) reasonFor(t domain.Token, err error) string {
 	if errors.Is(err, domain.ErrGrantRevoked) && u.cache.rolledBack(t.Connection, t.Version) {
 		return ReasonRolledBack
 	}
-	return reason(err)
+	var pe *domain.ProviderError
+	if errors.As(err, &pe) && pe.Code != "" {
+		if pe.Evidence == domain.EvidenceFingerprint {
+			return fmt.Sprintf("%s (HTTP %d, the provider's answer to a refresh token that cannot exist)", pe.Code, pe.HTTPStatus)
+		}
+		return pe.Code
+	}
+	return "grant rejected"
 }

@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"fmt"
 	"sync"
 	"time"
@@ -9,12 +10,9 @@ import (
 )
 
 // throttle lets an event for a key happen only when the key's last one is
-// at least some interval old. It forgets keys whose last event is older
-// than keep (the longest interval asked for), so it holds only the keys
-// active lately, never every connection ever seen; and it holds at most
-// limit keys (throttleLimit when 0): past that, an event for a new key is
-// refused rather than remembered, which errs on the side the throttle is
-// for (no refresh loop, no flood of log lines).
+// at least some interval old. It forgets keys older than keep (the longest
+// interval asked for) and holds at most limit keys (throttleLimit when 0):
+// past that, a new key is refused, erring on the throttle's side.
 type throttle struct {
 	keep  time.Duration
 	limit int
@@ -26,8 +24,7 @@ type throttle struct {
 // forgetAt is the size beyond which old keys are swept out as new ones come.
 const forgetAt = 256
 
-// throttleLimit bounds a throttle's keys by default: at the default
-// forced-refresh interval (5s), 13,000 distinct connections a second.
+// throttleLimit bounds a throttle's keys by default.
 const throttleLimit = 65536
 
 // allow reports whether key's last event is at least every ago (every <=
@@ -42,18 +39,14 @@ func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
 	if th.last == nil {
 		th.last = map[string]time.Time{}
 	}
-	limit := th.limit
-	if limit <= 0 {
-		limit = throttleLimit
-	}
+	limit := cmp.Or(th.limit, throttleLimit)
 	if !ok && (len(th.last) >= max(th.sweep, forgetAt) || len(th.last) >= limit) {
 		for k, last := range th.last {
 			if now.Sub(last) >= th.keep {
 				delete(th.last, k)
 			}
 		}
-		// Sweep again only once the map has doubled: a sweep costs the
-		// map's size, and this keeps it a constant per event.
+		// Sweep again only once the map has doubled: constant cost per event.
 		th.sweep = 2 * len(th.last)
 		if len(th.last) >= limit {
 			return false
@@ -64,17 +57,14 @@ func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
 }
 
 // clientGate holds back this process's calls to a provider for a while
-// after the provider rejected the client or the token URL proved wrong
-// (domain.ClientRejectedPause), or left a refresh unanswered past the
-// refresh timeout (domain.UnansweredPause). Every connection shares the
-// client, so one such answer stands for all of them: a fleet does not
-// hammer a provider that will answer the same. A success ends it.
+// after it rejected the client (or the token URL proved wrong), or left a
+// refresh unanswered: every connection shares the client, so one such
+// answer stands for all. A success ends it.
 type clientGate struct {
-	why   string // what a closed gate says, after its pause
-	pause domain.Pause
-	mu    sync.Mutex
-	// generation counts the provider's settings seen (reopen).
-	generation uint64
+	why        string // what a closed gate says, after its pause
+	pause      domain.Pause
+	mu         sync.Mutex
+	generation uint64 // the provider's settings seen (reopen)
 }
 
 // check returns the rejection that closes the gate at now, or nil.
@@ -86,11 +76,9 @@ func (g *clientGate) check(now time.Time) error {
 	return fmt.Errorf("%w (provider not called for %v %s)", cause, left.Round(time.Millisecond), g.why)
 }
 
-// reject closes the gate after the provider answered err at now to a call
-// made with the provider's settings of generation settings (settings()).
-// Answers to calls made before the current pause began do not lengthen
-// it, and answers to calls made with settings replaced since (a client
-// secret rotated) do not close it: the new settings deserve their try.
+// reject closes the gate after the provider answered err to a call made
+// with generation settings; an answer to settings replaced since (a rotated
+// client secret) does not: the new settings deserve their try.
 func (g *clientGate) reject(now time.Time, settings uint64, err error) {
 	if settings != g.settings() {
 		return
@@ -98,8 +86,7 @@ func (g *clientGate) reject(now time.Time, settings uint64, err error) {
 	g.pause.Fail(now, err)
 }
 
-// settings is the generation of the provider's settings: reopen counts
-// them.
+// settings is the generation of the provider's settings.
 func (g *clientGate) settings() uint64 {
 	g.mu.Lock()
 	defer g.mu.Unlock()

@@ -6,14 +6,10 @@ import (
 	"golang.org/x/oauth2"
 )
 
-// TokenSource returns an oauth2.TokenSource for one connection, so existing
-// code can keep calling oauth2.NewClient(ctx, src). ctx is used for every
-// Token call, as with oauth2.Config.TokenSource.
-//
-// The returned token never carries the refresh token, and its Expiry is the
-// moment tokenguard itself stops handing it out (expiry minus skew): a
-// caching wrapper such as the oauth2.ReuseTokenSource inside
-// oauth2.NewClient then lets go of it no later than tokenguard would.
+// TokenSource returns an oauth2.TokenSource for one connection, using ctx
+// for every Token call. The token never carries the refresh token, and its
+// Expiry is expiry minus skew, so a caching wrapper such as
+// oauth2.ReuseTokenSource lets go of it no later than tokenguard would.
 func (u *RefreshTokenUseCase) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
 	return &connectionSource{ctx: ctx, uc: u, id: connection}
 }

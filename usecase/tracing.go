@@ -2,20 +2,16 @@ package usecase
 
 import "context"
 
-// Tracer records the slow path of a token as spans: the lookups the cache
-// did not answer and what they led to. A cache hit records nothing. Its
-// methods must be safe for concurrent use; infra/tracing implements it on
-// OpenTelemetry.
+// Tracer records the slow path of a token as spans (a cache hit records
+// nothing). Its methods must be safe for concurrent use.
 type Tracer interface {
-	// Start opens step's span for connection ("" for none) under ctx's
-	// span and returns the context that carries it.
+	// Start opens step's span for connection ("" for none) under ctx's span.
 	Start(ctx context.Context, step Step, connection string) (context.Context, Span)
 }
 
 // Span is a step in progress.
 type Span interface {
-	// End closes the span with what the step learned. Facts hold no
-	// secret; a non-nil err marks the step failed.
+	// End closes the span; Facts hold no secret, a non-nil err marks it failed.
 	End(f Facts, err error)
 }
 
@@ -41,14 +37,10 @@ type Facts struct {
 	Outcome    RefreshOutcome
 	OldVersion int64 // the version found
 	NewVersion int64 // the version stored, or handed out
-	// Waited: the step waited for another process's refresh of the
-	// connection (its lease) before it could go on.
-	Waited bool
-	Forced bool // after a 401
-	// Sweep is what a sweep round did; SweepKind is "refresh_ahead" or
-	// "keep_alive".
-	Sweep     AheadReport
-	SweepKind string
+	Waited     bool  // the step waited for another holder's lease
+	Forced     bool  // after a 401
+	Sweep      AheadReport
+	SweepKind  string // "refresh_ahead" or "keep_alive"
 }
 
 type noTracer struct{}
