@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"encoding/base64"
 	"encoding/json"
@@ -67,11 +68,7 @@ func (a AccountSource) userInfo(ctx context.Context, tok *oauth2.Token) (string,
 	}
 	req.Header.Set("Accept", "application/json")
 	tok.SetAuthHeader(req)
-	c := a.HTTP
-	if c == nil {
-		c = http.DefaultClient
-	}
-	resp, err := c.Do(req)
+	resp, err := cmp.Or(a.HTTP, http.DefaultClient).Do(req)
 	if err != nil {
 		return "", errors.New("user-info endpoint unreachable")
 	}
@@ -85,10 +82,7 @@ func (a AccountSource) userInfo(ctx context.Context, tok *oauth2.Token) (string,
 	if err := dec.Decode(&fields); err != nil {
 		return "", errors.New("user-info answer is not a JSON object")
 	}
-	field := a.IDField
-	if field == "" {
-		field = "sub"
-	}
+	field := cmp.Or(a.IDField, "sub")
 	switch v := fields[field].(type) {
 	case string:
 		if v != "" {

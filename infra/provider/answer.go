@@ -36,60 +36,62 @@ var (
 	errReadAnswer = errors.New("reading the answer failed")
 )
 
-// clientRequest is a form POST to endpoint with the client's credentials in style.
-func clientRequest(ctx context.Context, endpoint string, form url.Values, clientID, secret string, style oauth2.AuthStyle) (*http.Request, error) {
-	if style == oauth2.AuthStyleInParams {
-		form.Set("client_id", clientID)
-		if secret != "" {
-			form.Set("client_secret", secret)
-		}
-	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(form.Encode()))
+// answer is what an endpoint answered to one request.
+type answer struct {
+	status int // 0: no answer came
+	header http.Header
+	body   []byte // at most maxAnswer bytes
+	sent   time.Time
+}
+
+// post sends form to endpoint, the client authenticated in style, and reads
+// the answer; a *url.Error names the method and URL, never the form. With
+// spends (a refresh), a failure also says whether the provider may have
+// processed the request (Lost) and whether ctx ended it.
+func (r *Refresher) post(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle, spends bool) (answer, *domain.ProviderError) {
+	req, err := r.requestTo(ctx, endpoint, form, style)
 	if err != nil {
-		return nil, err
+		return answer{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
-	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
-	req.Header.Set("Accept", "application/json")
-	if style == oauth2.AuthStyleInHeader {
-		// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
-		req.SetBasicAuth(url.QueryEscape(clientID), url.QueryEscape(secret))
+	a := answer{sent: r.now()}
+	var written atomic.Bool
+	if spends {
+		req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
+			WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
+		}))
 	}
-	return req, nil
+	resp, err := r.client.Do(req)
+	if err != nil {
+		if ctxErr := ctx.Err(); spends && ctxErr != nil && !errors.Is(err, ctxErr) {
+			err = errors.Join(ctxErr, err)
+		}
+		return a, &domain.ProviderError{Err: err, Lost: written.Load()}
+	}
+	defer resp.Body.Close()
+	a.status, a.header = resp.StatusCode, resp.Header
+	if a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer)); err != nil {
+		// A timeout or reset mid-body: whatever the provider did is done.
+		return a, &domain.ProviderError{HTTPStatus: a.status, Err: errors.Join(errReadAnswer, err), Lost: spends}
+	}
+	return a, nil
 }
 
 // exchange sends one refresh_token grant request in style and reads the
 // answer; errors are free of secrets.
 func (r *Refresher) exchange(ctx context.Context, refreshToken domain.Secret, style oauth2.AuthStyle) (domain.Grant, *domain.ProviderError) {
 	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken.Reveal()}}
-	req, err := r.request(ctx, form, style)
-	if err != nil {
-		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
+	a, pe := r.post(ctx, r.cfg.Endpoint.TokenURL, form, style, true)
+	if pe != nil {
+		return domain.Grant{}, pe
 	}
-	sent := r.now()
-	var written atomic.Bool // the provider may have processed the request
-	req = req.WithContext(httptrace.WithClientTrace(req.Context(), &httptrace.ClientTrace{
-		WroteRequest: func(i httptrace.WroteRequestInfo) { written.Store(i.Err == nil) },
-	}))
-	resp, err := r.client.Do(req)
-	if err != nil { // *url.Error names the method and URL, never the form
-		if ctxErr := ctx.Err(); ctxErr != nil && !errors.Is(err, ctxErr) {
-			err = errors.Join(ctxErr, err)
-		}
-		return domain.Grant{}, &domain.ProviderError{Err: err, Lost: written.Load()}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	if err != nil {
-		// A timeout or reset mid-body: whatever the provider did is done.
-		return domain.Grant{}, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err), Lost: true}
-	}
-	return r.judge(resp.StatusCode, resp.Header, body, sent)
+	return r.judge(a)
 }
 
 // judge turns an answer into a grant or a classified error; lifetimes count
-// from sent, erring early.
-func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time) (domain.Grant, *domain.ProviderError) {
-	f, parsed := parseAnswer(h.Get("Content-Type"), body)
+// from when it was sent, erring early.
+func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
+	status := a.status
+	f, parsed := parseAnswer(a.header.Get("Content-Type"), a.body)
 	code := f.str("error")
 	if _, known := codes[f.str("status")]; code == "" && known {
 		code = f.str("status") // HubSpot puts its code in "status"
@@ -99,7 +101,7 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 		code = dead
 	}
 	if status >= 200 && status < 300 && code == "" && !f.okFalse() {
-		g, err := r.grant(f, sent)
+		g, err := r.grant(f, a.sent)
 		if err == nil {
 			return g, nil
 		}
@@ -109,7 +111,7 @@ func (r *Refresher) judge(status int, h http.Header, body []byte, sent time.Time
 	pe := &domain.ProviderError{
 		Code:       reportedCode(code),
 		HTTPStatus: status,
-		RetryAfter: RetryAfter(h.Get("Retry-After"), time.Now()),
+		RetryAfter: RetryAfter(a.header.Get("Retry-After"), time.Now()),
 		Class:      classify(status, code),
 	}
 	if dead != "" {

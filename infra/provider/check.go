@@ -2,17 +2,15 @@ package provider
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"errors"
 	"fmt"
-	"io"
 	"mime"
 	"net/http"
 	"net/url"
 	"strings"
-	"sync"
-	"time"
 
 	"golang.org/x/oauth2"
 
@@ -79,11 +77,8 @@ func (r CheckResult) String() string {
 	case CheckUnreachable:
 		return fmt.Sprintf("unreachable: no answer from %s: %v (check OAUTH_TOKEN_URL and the network)", r.URL, r.Err)
 	case CheckNotJSON:
-		media := r.Media
-		if media == "" {
-			media = "no Content-Type"
-		}
-		return fmt.Sprintf("not a token endpoint: %s answered HTTP %d with %s, not JSON (check OAUTH_TOKEN_URL)", r.URL, r.HTTPStatus, media)
+		return fmt.Sprintf("not a token endpoint: %s answered HTTP %d with %s, not JSON (check OAUTH_TOKEN_URL)",
+			r.URL, r.HTTPStatus, cmp.Or(r.Media, "no Content-Type"))
 	case CheckNotTokenEndpoint:
 		what := "not found"
 		if r.HTTPStatus == http.StatusMethodNotAllowed {
@@ -119,35 +114,27 @@ func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ..
 	return res
 }
 
+// probe sends one refresh with a made-up token in style, as a refresher does.
 func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style oauth2.AuthStyle, res CheckResult, opts []Option) CheckResult {
 	c := *cfg
 	c.Endpoint.AuthStyle = style
-	hc := NewHTTPClient(defaultCheckTimeout)
-	if client != nil {
-		copied := *client
-		hc = &copied
+	r := NewRefresher(&c, client, opts...) // a nil client: NewHTTPClient(10s)
+	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {"tokenguard-check-" + rand.Text()}}
+	a, pe := r.post(ctx, c.Endpoint.TokenURL, form, style, true)
+	if pe == nil {
+		_, pe = r.judge(a)
 	}
-	seen := &observed{base: hc.Transport}
-	if seen.base == nil {
-		seen.base = http.DefaultTransport
-	}
-	hc.Transport = seen
-
+	media, _, _ := mime.ParseMediaType(a.header.Get("Content-Type"))
+	status := a.status
 	res.Styles = append(res.Styles, styleName(style))
-	_, err := NewRefresher(&c, hc, opts...).Refresh(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()))
-	status, media, head, answered := seen.get()
 	res.HTTPStatus, res.Media, res.Code, res.Err, res.Learned = status, media, "", nil, false
-	var pe *domain.ProviderError
-	if errors.As(err, &pe) {
+	if pe != nil {
 		res.Code = pe.Code
 	}
 	switch {
-	case !answered:
+	case status == 0:
 		res.Verdict = CheckUnreachable
-		res.Err = err
-		if pe != nil && pe.Err != nil {
-			res.Err = pe.Err
-		}
+		res.Err = pe.Err
 		if ue := (*url.Error)(nil); errors.As(res.Err, &ue) {
 			res.Err = ue.Err // the URL is in the line already
 		}
@@ -161,7 +148,7 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 		res.Verdict = CheckClientRejected
 	case status/100 == 5, status == http.StatusTooManyRequests:
 		res.Verdict = CheckInconclusive
-	case !looksJSON(media, head):
+	case !looksJSON(media, a.body[:min(64, len(a.body))]):
 		res.Verdict = CheckNotJSON
 	default:
 		// Includes a token issued for the made-up refresh token.
@@ -170,59 +157,12 @@ func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style o
 	return res
 }
 
-const defaultCheckTimeout = 10 * time.Second
-
-// observed notes the answer's status, media type and first bytes, which the
-// refresher does not report.
-type observed struct {
-	base http.RoundTripper
-
-	mu       sync.Mutex
-	answered bool
-	status   int
-	media    string
-	head     bytes.Buffer
-}
-
-func (o *observed) RoundTrip(r *http.Request) (*http.Response, error) {
-	resp, err := o.base.RoundTrip(r)
-	if err != nil {
-		return nil, err
-	}
-	media, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
-	o.mu.Lock()
-	o.answered, o.status, o.media = true, resp.StatusCode, media
-	o.head.Reset()
-	o.mu.Unlock()
-	resp.Body = struct {
-		io.Reader
-		io.Closer
-	}{io.TeeReader(resp.Body, o), resp.Body}
-	return resp, nil
-}
-
-// Write keeps the first 64 bytes of an answer.
-func (o *observed) Write(p []byte) (int, error) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if n := 64 - o.head.Len(); n > 0 {
-		o.head.Write(p[:min(n, len(p))])
-	}
-	return len(p), nil
-}
-
-func (o *observed) get() (status int, media string, head []byte, answered bool) {
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	return o.status, o.media, bytes.Clone(o.head.Bytes()), o.answered
-}
-
 // looksJSON: a JSON media type, or a body that opens like a JSON object.
-func looksJSON(media string, head []byte) bool {
+func looksJSON(media string, body []byte) bool {
 	if media == "application/json" || strings.HasSuffix(media, "+json") {
 		return true
 	}
-	return media != "text/html" && bytes.HasPrefix(bytes.TrimSpace(head), []byte("{"))
+	return media != "text/html" && bytes.HasPrefix(bytes.TrimSpace(body), []byte("{"))
 }
 
 // displayURL drops credentials and query from a URL before it is shown.

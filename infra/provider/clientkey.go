@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -30,53 +31,59 @@ var errNoIssuer = errors.New("the provider's metadata, whose issuer is the clien
 // WithResource names the resource server (RFC 8707) on every token request.
 func WithResource(resource string) Option { return func(r *Refresher) { r.resource = resource } }
 
-// request is a token request with form, authenticated as the client is
-// configured, with the resource indicator when there is one.
-func (r *Refresher) request(ctx context.Context, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
-	return r.requestTo(ctx, r.cfg.Endpoint.TokenURL, form, style)
-}
-
-// requestTo is request sent to endpoint (the token or the PAR endpoint).
+// requestTo is a request with form to endpoint (the token or the PAR
+// endpoint), the client authenticated as configured, with the resource
+// indicator when there is one.
 func (r *Refresher) requestTo(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
 	if r.resource != "" {
 		form.Set("resource", r.resource)
 	}
-	if r.clientKey == nil {
-		return clientRequest(ctx, endpoint, form, r.cfg.ClientID, r.cfg.ClientSecret, style)
-	}
-	aud, err := assertionAudience(ctx, r.assertionAud, r.cfg.Endpoint.TokenURL, r.issuerAud)
-	if err != nil {
-		return nil, err
-	}
-	return assertedRequest(ctx, endpoint, form, r.cfg.ClientID, r.clientKey, aud, r.now)
+	c := clientAuth{id: r.cfg.ClientID, secret: r.cfg.ClientSecret, key: r.clientKey, aud: r.assertionAud,
+		tokenURL: r.cfg.Endpoint.TokenURL, issuer: r.issuerAud, now: r.now}
+	return c.request(ctx, endpoint, form, style)
 }
 
-// assertionAudience is aud ("" the token endpoint) or, with issuer, the
-// issuer named by the provider's metadata.
-func assertionAudience(ctx context.Context, aud, tokenURL string, issuer *Discovery) (string, error) {
-	if issuer != nil {
-		m, ok := issuer.Find(ctx, tokenURL)
-		if !ok {
-			return "", errNoIssuer
+// clientAuth is how a client authenticates at its provider's endpoints.
+type clientAuth struct {
+	id, secret string
+	key        *clientkey.Key // private_key_jwt when set
+	aud        string         // the assertions' audience; "" the token URL
+	tokenURL   string
+	issuer     *Discovery // when set, the audience is the issuer its metadata names
+	now        func() time.Time
+}
+
+// request is a form POST to endpoint, the client authenticated with an
+// assertion when it has a key, else with its secret in style.
+func (c clientAuth) request(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
+	if c.key == nil {
+		if style == oauth2.AuthStyleInParams {
+			form.Set("client_id", c.id)
+			if c.secret != "" {
+				form.Set("client_secret", c.secret)
+			}
 		}
-		return m.Issuer, nil
+		req, err := formPost(ctx, endpoint, form.Encode())
+		if err == nil && style == oauth2.AuthStyleInHeader {
+			// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
+			req.SetBasicAuth(url.QueryEscape(c.id), url.QueryEscape(c.secret))
+		}
+		return req, err
 	}
-	if aud == "" {
-		return tokenURL, nil
+	aud := cmp.Or(c.aud, c.tokenURL)
+	if c.issuer != nil {
+		m, ok := c.issuer.Find(ctx, c.tokenURL)
+		if !ok {
+			return nil, errNoIssuer
+		}
+		aud = m.Issuer
 	}
-	return aud, nil
-}
-
-// assertedRequest is a form POST to endpoint authenticated with a client
-// assertion (private_key_jwt). Each copy of the body (a resend with a DPoP
-// nonce) has an assertion of its own, of the same length: servers refuse a
-// repeated jti as a replay.
-func assertedRequest(ctx context.Context, endpoint string, form url.Values, clientID string,
-	key *clientkey.Key, aud string, now func() time.Time) (*http.Request, error) {
-	form.Set("client_id", clientID)
+	form.Set("client_id", c.id)
 	form.Set("client_assertion_type", clientkey.AssertionType)
+	// Each copy of the body (a resend with a DPoP nonce) has an assertion of
+	// its own, of the same length: servers refuse a repeated jti as a replay.
 	encode := func() (string, error) {
-		assertion, err := key.Assertion(clientID, aud, now())
+		assertion, err := c.key.Assertion(c.id, aud, c.now())
 		if err != nil {
 			return "", err
 		}
@@ -88,13 +95,21 @@ func assertedRequest(ctx context.Context, endpoint string, form url.Values, clie
 	if err != nil {
 		return nil, err
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(first))
+	req, err := formPost(ctx, endpoint, first)
 	if err != nil {
 		return nil, err
 	}
 	req.GetBody = func() (io.ReadCloser, error) {
 		b, err := encode()
 		return io.NopCloser(strings.NewReader(b)), err
+	}
+	return req, nil
+}
+
+func formPost(ctx context.Context, endpoint, body string) (*http.Request, error) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(body))
+	if err != nil {
+		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")

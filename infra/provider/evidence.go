@@ -102,9 +102,7 @@ func (r *Refresher) weigh(ctx context.Context, pe *domain.ProviderError, style o
 	ev, err := r.evidence.LoadEvidence(lctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials)
 	cancel()
 	if err != nil {
-		if r.log != nil {
-			r.log.Warn("could not read what is known of the token endpoint's refusals; the refusal stays unclassified", "err", err)
-		}
+		r.log.Warn("could not read what is known of the token endpoint's refusals; the refusal stays unclassified", "err", err)
 		return
 	}
 	if r.rules.Fingerprint && ev.Fingerprint == nil && !ev.WorkedAt.IsZero() {
@@ -129,7 +127,7 @@ func (r *Refresher) learn(ctx context.Context, style oauth2.AuthStyle) *Fingerpr
 		ClientAuthenticated: !clientAuthFailed(pe) && pe.Code != "unauthorized_client"}
 	sctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
-	if err := r.evidence.SaveFingerprint(sctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, f); err != nil && r.log != nil {
+	if err := r.evidence.SaveFingerprint(sctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, f); err != nil {
 		r.log.Warn("could not keep the token endpoint's answer to a made-up refresh token", "err", err)
 	}
 	return &f
@@ -150,7 +148,7 @@ func (r *Refresher) worked(style oauth2.AuthStyle) {
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
-		if err := r.evidence.SaveWorked(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, styleName(style)); err != nil && r.log != nil {
+		if err := r.evidence.SaveWorked(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, r.credentials, styleName(style)); err != nil {
 			r.log.Warn("could not record that the client works", "err", err)
 		}
 	}()

@@ -3,9 +3,7 @@ package provider
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/url"
 	"slices"
@@ -42,35 +40,18 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 
 // redeem sends one code grant request in style and reads the answer.
 func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.AuthStyle) (domain.Grant, *oauth2.Token, *domain.ProviderError) {
-	req, err := r.request(ctx, maps.Clone(form), style)
-	if err != nil {
-		return domain.Grant{}, nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
-	}
-	sent := r.now()
-	resp, err := r.client.Do(req)
-	if err != nil {
-		return domain.Grant{}, nil, &domain.ProviderError{Err: err}
-	}
-	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	if err != nil {
-		return domain.Grant{}, nil, &domain.ProviderError{HTTPStatus: resp.StatusCode, Err: errors.Join(errReadAnswer, err)}
-	}
-	g, pe := r.judge(resp.StatusCode, resp.Header, body, sent)
+	a, pe := r.post(ctx, r.cfg.Endpoint.TokenURL, maps.Clone(form), style, false)
 	if pe != nil {
 		return domain.Grant{}, nil, pe
 	}
-	if g.RefreshExpiry.IsZero() {
-		// The grant's calendar starts at the consent; the idle expiry
-		// stands in only without an absolute one.
-		switch {
-		case r.refreshAbsolute > 0:
-			g.RefreshExpiry = sent.Add(r.refreshAbsolute)
-		case r.refreshIdle > 0:
-			g.RefreshExpiry = sent.Add(r.refreshIdle)
-		}
+	g, pe := r.judge(a)
+	if pe != nil {
+		return domain.Grant{}, nil, pe
 	}
-	f, _ := parseAnswer(resp.Header.Get("Content-Type"), body)
+	if g.RefreshExpiry.IsZero() && r.refreshAbsolute > 0 {
+		g.RefreshExpiry = a.sent.Add(r.refreshAbsolute) // the grant's calendar starts at the consent
+	}
+	f, _ := parseAnswer(a.header.Get("Content-Type"), a.body)
 	raw := make(map[string]any, len(f))
 	for k, v := range f {
 		var x any
@@ -98,13 +79,9 @@ func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier str
 
 // Exchange redeems an authorization code at provider ("" the configuration's).
 func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
-	ref, err := r.refresherOf(ctx, provider)
+	ex, err := refresherOf[codeExchanger](ctx, r, provider, "redeem authorization codes")
 	if err != nil {
 		return domain.Grant{}, nil, err
-	}
-	ex, ok := ref.(codeExchanger)
-	if !ok {
-		return domain.Grant{}, nil, fmt.Errorf("the refresher of provider %q cannot redeem authorization codes", provider)
 	}
 	return ex.Exchange(ctx, code, redirectURL, verifier)
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"net/url"
@@ -41,26 +40,20 @@ var errPushRefused = errors.New("the pushed authorization request endpoint answe
 func (r *Refresher) Push(ctx context.Context, endpoint string, form url.Values) (string, error) {
 	var uri string
 	pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) *domain.ProviderError {
-		req, err := r.requestTo(ctx, endpoint, maps.Clone(form), style)
-		if err != nil {
-			return &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
+		a, pe := r.post(ctx, endpoint, maps.Clone(form), style, false)
+		if pe != nil && a.status == 0 {
+			return pe
 		}
-		resp, err := r.client.Do(req)
-		if err != nil {
-			return &domain.ProviderError{Err: err}
-		}
-		defer resp.Body.Close()
-		body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-		f, _ := parseAnswer(resp.Header.Get("Content-Type"), body)
-		if resp.StatusCode == http.StatusCreated || resp.StatusCode == http.StatusOK {
+		f, _ := parseAnswer(a.header.Get("Content-Type"), a.body) // a body cut short is read as far as it came
+		if a.status == http.StatusCreated || a.status == http.StatusOK {
 			if uri = f.str("request_uri"); uri == "" {
-				return &domain.ProviderError{HTTPStatus: resp.StatusCode, Class: domain.EndpointMisconfigured, Err: errPushRefused}
+				return &domain.ProviderError{HTTPStatus: a.status, Class: domain.EndpointMisconfigured, Err: errPushRefused}
 			}
 			return nil
 		}
-		pe := &domain.ProviderError{HTTPStatus: resp.StatusCode, Code: reportedCode(f.str("error")), Class: domain.EndpointMisconfigured,
-			Err: fmt.Errorf("pushed authorization request: HTTP %d", resp.StatusCode)}
-		if pe.Code == "invalid_client" || resp.StatusCode == http.StatusUnauthorized {
+		pe = &domain.ProviderError{HTTPStatus: a.status, Code: reportedCode(f.str("error")), Class: domain.EndpointMisconfigured,
+			Err: fmt.Errorf("pushed authorization request: HTTP %d", a.status)}
+		if pe.Code == "invalid_client" || a.status == http.StatusUnauthorized {
 			pe.Class = domain.ClientRejected
 		}
 		return pe
@@ -86,13 +79,9 @@ func (r *Retrying) Push(ctx context.Context, endpoint string, form url.Values) (
 
 // Push pushes an authorization request for provider ("" the configuration's).
 func (r *Registry) Push(ctx context.Context, provider, endpoint string, form url.Values) (string, error) {
-	ref, err := r.refresherOf(ctx, provider)
+	p, err := refresherOf[pusher](ctx, r, provider, "push authorization requests")
 	if err != nil {
 		return "", err
-	}
-	p, ok := ref.(pusher)
-	if !ok {
-		return "", fmt.Errorf("the refresher of provider %q cannot push authorization requests", provider)
 	}
 	return p.Push(ctx, endpoint, form)
 }

@@ -59,17 +59,16 @@ func unreachable(err error) bool {
 	if err == nil || !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {
 		return false
 	}
-	var (
-		dns      *net.DNSError
-		verify   *tls.CertificateVerificationError
-		header   tls.RecordHeaderError
-		alert    tls.AlertError
-		unknown  x509.UnknownAuthorityError
-		hostname x509.HostnameError
-		invalid  x509.CertificateInvalidError
-	)
-	return errors.Is(pe.Err, syscall.ECONNREFUSED) || errors.Is(pe.Err, syscall.EHOSTUNREACH) ||
-		errors.Is(pe.Err, syscall.ENETUNREACH) || errors.As(pe.Err, &dns) || errors.As(pe.Err, &verify) ||
-		errors.As(pe.Err, &header) || errors.As(pe.Err, &alert) || errors.As(pe.Err, &unknown) ||
-		errors.As(pe.Err, &hostname) || errors.As(pe.Err, &invalid)
+	for _, errno := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH} {
+		if errors.Is(pe.Err, errno) {
+			return true
+		}
+	}
+	for _, target := range []any{new(*net.DNSError), new(*tls.CertificateVerificationError), new(tls.RecordHeaderError),
+		new(tls.AlertError), new(x509.UnknownAuthorityError), new(x509.HostnameError), new(x509.CertificateInvalidError)} {
+		if errors.As(pe.Err, target) {
+			return true
+		}
+	}
+	return false
 }

@@ -139,6 +139,9 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	if r.nonces == nil {
 		r.nonces = &dpop.Nonces{}
 	}
+	if r.log == nil {
+		r.log = slog.New(slog.DiscardHandler)
+	}
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: r.nonces, Now: r.now}
 	return r
 }
@@ -165,25 +168,23 @@ func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (do
 // the other style only when the client's authentication failed.
 func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func(oauth2.AuthStyle) *domain.ProviderError) *domain.ProviderError {
 	style := r.cfg.Endpoint.AuthStyle
-	if style != oauth2.AuthStyleAutoDetect {
-		pe := send(style)
-		if pe == nil {
-			r.worked(style)
-		}
-		return pe
+	auto := style == oauth2.AuthStyleAutoDetect
+	if auto {
+		style = r.startStyle(ctx)
 	}
-	style = r.startStyle(ctx)
 	pe := send(style)
-	if pe != nil && clientAuthFailed(pe) {
+	if auto && pe != nil && clientAuthFailed(pe) {
 		style = other(style)
 		pe = send(style)
-		if pe == nil && logSwitch && r.log != nil {
+		if pe == nil && logSwitch {
 			r.log.Info("token endpoint accepted the client only with this auth style; remembered",
 				"token_url", r.cfg.Endpoint.TokenURL, "auth_style", styleName(style))
 		}
 	}
 	if pe == nil {
-		r.remember(style)
+		if auto {
+			r.remember(style)
+		}
 		r.worked(style)
 	}
 	return pe
@@ -195,17 +196,14 @@ func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
 		lctx, cancel := context.WithTimeout(ctx, storeTimeout)
 		name, err := r.styles.Load(lctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID)
 		cancel()
-		switch {
-		case err != nil:
-			if r.log != nil {
-				r.log.Warn("could not read the remembered token endpoint auth style; starting with HTTP Basic", "err", err)
-			}
-		default:
+		if err == nil {
 			r.loaded.Store(true)
 			if s := styleFromName(name); s != oauth2.AuthStyleAutoDetect {
 				r.stored.Store(int32(s))
 				r.learned.CompareAndSwap(0, int32(s))
 			}
+		} else {
+			r.log.Warn("could not read the remembered token endpoint auth style; starting with HTTP Basic", "err", err)
 		}
 	}
 	if s := oauth2.AuthStyle(r.learned.Load()); s != oauth2.AuthStyleAutoDetect {
@@ -226,9 +224,7 @@ func (r *Refresher) remember(style oauth2.AuthStyle) {
 		ctx, cancel := context.WithTimeout(context.Background(), storeTimeout)
 		defer cancel()
 		if err := r.styles.Save(ctx, r.cfg.Endpoint.TokenURL, r.cfg.ClientID, styleName(style)); err != nil {
-			if r.log != nil {
-				r.log.Warn("could not store the token endpoint auth style; other processes may probe it once", "err", err)
-			}
+			r.log.Warn("could not store the token endpoint auth style; other processes may probe it once", "err", err)
 			return
 		}
 		r.stored.Store(int32(style))

@@ -188,16 +188,23 @@ func (r *Registry) lookup(ctx context.Context, provider string) (registered, boo
 	return reg, ok
 }
 
-// refresherOf is the refresher of provider ("" the configuration's).
-func (r *Registry) refresherOf(ctx context.Context, provider string) (GrantRefresher, error) {
-	if provider == "" {
-		return r.env, nil
+// refresherOf is provider's refresher ("" the configuration's) as a T, or
+// an error saying it cannot do what.
+func refresherOf[T any](ctx context.Context, r *Registry, provider, what string) (T, error) {
+	var ref GrantRefresher = r.env
+	if provider != "" {
+		reg, ok := r.lookup(ctx, provider)
+		if !ok {
+			var none T
+			return none, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+		}
+		ref = reg.refresher
 	}
-	reg, ok := r.lookup(ctx, provider)
+	t, ok := ref.(T)
 	if !ok {
-		return nil, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+		return t, fmt.Errorf("the refresher of provider %q cannot %s", provider, what)
 	}
-	return reg.refresher, nil
+	return t, nil
 }
 
 // Provider returns the stored provider called name, without its secret.

@@ -32,7 +32,8 @@ type Policy struct {
 	// RetryWithin bounds when a new attempt may start, from the first (0:
 	// until the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
-	// AttemptTimeout bounds one try (0: all the time left); see Retrying.
+	// AttemptTimeout bounds one try (0: all the time left); below the
+	// provider's worst normal latency it loses answers (see Retrying).
 	AttemptTimeout time.Duration
 	// PauseAfter is how many tries in a row may find the endpoint
 	// unreachable before calls fail at once for a pause (default
@@ -86,17 +87,13 @@ func (p Policy) withDefaults() Policy {
 }
 
 // Retrying retries transient failures (ErrProviderUnavailable) with capped
-// exponential backoff and jitter; others return after the first try. Safe
-// for concurrent use. An endpoint unreachable PauseAfter times in a row is
-// paused: calls fail at once until the pause ends.
+// exponential backoff and jitter; safe for concurrent use. An endpoint
+// unreachable PauseAfter times in a row is paused: calls fail at once.
 //
 // Every wait ends before ctx's deadline (Retry-After is a minimum), so
-// retries never outlast the connection's lock. A retry after a lost answer
-// may present a token already spent, which strict providers punish by
-// revoking the grant: ReuseGrace decides; so AttemptTimeout must not be
-// below the provider's worst normal latency. backoff.Retry would take
-// Retry-After as exact, sleep past a try that cannot fit, and return the
-// context's error instead of the provider's.
+// retries never outlast the connection's lock (backoff.Retry would sleep
+// past it). A retry after a lost answer may present a spent token, which
+// strict providers punish by revoking the grant: ReuseGrace decides.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy

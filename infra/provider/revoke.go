@@ -172,16 +172,9 @@ func revocationAnswer(status int, code string) error {
 // send posts one revocation request and returns the status and reported code.
 func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
 	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
-	var req *http.Request
-	var err error
-	if e.ClientKey != nil {
-		var aud string
-		if aud, err = assertionAudience(ctx, "", e.TokenURL, e.IssuerAud); err == nil {
-			req, err = assertedRequest(ctx, e.URL, form, e.ClientID, e.ClientKey, aud, time.Now)
-		}
-	} else {
-		req, err = clientRequest(ctx, e.URL, form, e.ClientID, e.ClientSecret.Reveal(), style)
-	}
+	c := clientAuth{id: e.ClientID, secret: e.ClientSecret.Reveal(), key: e.ClientKey, tokenURL: e.TokenURL,
+		issuer: e.IssuerAud, now: time.Now}
+	req, err := c.request(ctx, e.URL, form, style)
 	if err != nil {
 		return 0, "", fmt.Errorf("revocation URL: %w", errRevocationRefused)
 	}

@@ -4,6 +4,7 @@
 package profiles
 
 import (
+	"bytes"
 	"cmp"
 	"embed"
 	"fmt"
@@ -133,11 +134,54 @@ type Profile struct {
 	Sources      map[string]string        `yaml:"sources"` // per claim, the page that says it
 }
 
-// claims says which claims p makes: each needs a source.
-func (p Profile) claims() map[string]bool {
-	return map[string]bool{
+var (
+	namePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
+	placeholder  = regexp.MustCompile(`\{([a-z_]+)\}`)
+	paramPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
+)
+
+// check fills in p's defaults and refuses a profile that is malformed or
+// makes a claim without a source.
+func (p *Profile) check() error {
+	if !namePattern.MatchString(p.Name) {
+		return fmt.Errorf("name %q", p.Name)
+	}
+	p.AuthStyle = cmp.Or(p.AuthStyle, domain.AuthStyleAuto)
+	if _, err := domain.ParseAuthStyle(string(p.AuthStyle)); err != nil {
+		return err
+	}
+	p.ScopeSeparator = cmp.Or(p.ScopeSeparator, " ")
+	p.Rotation = cmp.Or(p.Rotation, RotationUnknown)
+	switch p.Rotation {
+	case RotationYes, RotationNo, RotationOptional, RotationUnknown:
+	default:
+		return fmt.Errorf("rotation %q: want yes, no, optional or unknown", p.Rotation)
+	}
+	if p.PAR != "" && p.PAR != "required" {
+		return fmt.Errorf("par %q: want required or nothing", p.PAR)
+	}
+	p.AssertionAud = cmp.Or(p.AssertionAud, domain.AudienceTokenEndpoint)
+	switch p.AssertionAud {
+	case domain.AudienceTokenEndpoint, domain.AudienceIssuer:
+	default:
+		return fmt.Errorf("assertion_aud %q: want token_endpoint or issuer", p.AssertionAud)
+	}
+	for i := range p.DeadGrants {
+		p.DeadGrants[i].Field = cmp.Or(p.DeadGrants[i].Field, "error")
+		if p.DeadGrants[i].Code == "" {
+			return fmt.Errorf("dead grant %d has no code", i)
+		}
+	}
+	for _, u := range []string{p.AuthURL, p.TokenURL, p.RevocationURL} {
+		for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
+			if _, ok := p.Params[m[1]]; !ok {
+				return fmt.Errorf("placeholder {%s} has no entry under params", m[1])
+			}
+		}
+	}
+	claims := map[string]bool{ // each claim made needs a source
 		"urls":             p.TokenURL != "",
-		"auth_style":       p.AuthStyle != "" && p.AuthStyle != domain.AuthStyleAuto,
+		"auth_style":       p.AuthStyle != domain.AuthStyleAuto,
 		"auth_params":      len(p.AuthParams) > 0,
 		"rotation":         p.Rotation != RotationUnknown,
 		"grace":            p.Grace.Known,
@@ -150,60 +194,7 @@ func (p Profile) claims() map[string]bool {
 		"par":              p.PAR != "",
 		"assertion_aud":    p.AssertionAud == domain.AudienceIssuer,
 	}
-}
-
-var (
-	namePattern  = regexp.MustCompile(`^[a-z0-9][a-z0-9_-]{0,63}$`)
-	placeholder  = regexp.MustCompile(`\{([a-z_]+)\}`)
-	paramPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
-)
-
-func (p *Profile) check() error {
-	if !namePattern.MatchString(p.Name) {
-		return fmt.Errorf("name %q", p.Name)
-	}
-	if p.AuthStyle == "" {
-		p.AuthStyle = domain.AuthStyleAuto
-	}
-	if _, err := domain.ParseAuthStyle(string(p.AuthStyle)); err != nil {
-		return err
-	}
-	if p.ScopeSeparator == "" {
-		p.ScopeSeparator = " "
-	}
-	switch p.Rotation {
-	case "":
-		p.Rotation = RotationUnknown
-	case RotationYes, RotationNo, RotationOptional, RotationUnknown:
-	default:
-		return fmt.Errorf("rotation %q: want yes, no, optional or unknown", p.Rotation)
-	}
-	if p.PAR != "" && p.PAR != "required" {
-		return fmt.Errorf("par %q: want required or nothing", p.PAR)
-	}
-	switch p.AssertionAud {
-	case "":
-		p.AssertionAud = domain.AudienceTokenEndpoint
-	case domain.AudienceTokenEndpoint, domain.AudienceIssuer:
-	default:
-		return fmt.Errorf("assertion_aud %q: want token_endpoint or issuer", p.AssertionAud)
-	}
-	for i := range p.DeadGrants {
-		if p.DeadGrants[i].Field == "" {
-			p.DeadGrants[i].Field = "error"
-		}
-		if p.DeadGrants[i].Code == "" {
-			return fmt.Errorf("dead grant %d has no code", i)
-		}
-	}
-	for _, u := range []string{p.AuthURL, p.TokenURL, p.RevocationURL} {
-		for _, m := range placeholder.FindAllStringSubmatch(u, -1) {
-			if _, ok := p.Params[m[1]]; !ok {
-				return fmt.Errorf("placeholder {%s} has no entry under params", m[1])
-			}
-		}
-	}
-	for claim, made := range p.claims() {
+	for claim, made := range claims {
 		if src := p.Sources[claim]; made && !strings.HasPrefix(src, "https://") {
 			return fmt.Errorf("claim %s has no https source", claim)
 		}
@@ -213,22 +204,17 @@ func (p *Profile) check() error {
 
 var catalog = func() map[string]Profile {
 	out := map[string]Profile{}
-	files, err := fs.Glob(data, "data/*.yaml")
-	if err != nil {
-		panic(err)
-	}
+	files, _ := fs.Glob(data, "data/*.yaml") // fails only on a malformed pattern
 	for _, f := range files {
-		raw, err := data.ReadFile(f)
-		if err != nil {
-			panic(err)
-		}
+		raw, _ := data.ReadFile(f) // embedded: cannot fail
 		var p Profile
-		dec := yaml.NewDecoder(strings.NewReader(string(raw)))
+		dec := yaml.NewDecoder(bytes.NewReader(raw))
 		dec.KnownFields(true)
-		if err := dec.Decode(&p); err != nil {
-			panic(fmt.Sprintf("profiles: %s: %v", f, err))
+		err := dec.Decode(&p)
+		if err == nil {
+			err = p.check()
 		}
-		if err := p.check(); err != nil {
+		if err != nil {
 			panic(fmt.Sprintf("profiles: %s: %v", f, err))
 		}
 		if f != "data/"+p.Name+".yaml" {
@@ -293,10 +279,8 @@ func (e *MissingParamError) Unwrap() error { return domain.ErrInvalidProvider }
 // missing a value stays empty. An unknown parameter or a value that is not
 // a plain label wraps domain.ErrInvalidProvider.
 func (p Profile) Complete(given URLs, params map[string]string) (URLs, error) {
-	vals := maps.Clone(p.Params)
-	if vals == nil {
-		vals = map[string]string{}
-	}
+	vals := map[string]string{}
+	maps.Copy(vals, p.Params)
 	for k, v := range params {
 		if _, ok := p.Params[k]; !ok {
 			return URLs{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, cmp.Or(strings.Join(p.ParamNames(), ", "), "none"))
