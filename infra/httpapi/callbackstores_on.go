@@ -19,9 +19,8 @@ const ControlBuild = true
 func (s *Server) redeemAtCallback(ctx context.Context, o outcome) outcome {
 	c, err := s.deps.Flows.RedeemFor(ctx, o.result, nil)
 	if err != nil {
-		p := problem.Of(err)
-		return outcome{httpStatus: p.Status, Connection: o.Connection, Code: p.Code, Message: "The grant could not be stored."}
+		return outcome{Code: problem.Of(err).Code}
 	}
 	s.redeemed(ctx, c)
-	return outcome{httpStatus: 200, Connection: o.Connection, Code: "connected", Connected: true}
+	return outcome{Code: "connected", Connected: true}
 }

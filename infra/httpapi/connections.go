@@ -1,10 +1,18 @@
 package httpapi
 
 import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
 	"net/http"
+	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 )
@@ -103,11 +111,9 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		limit = n
 	}
 	after := q.Get("after")
-	if after != "" {
-		if err := domain.ValidateName(after); err != nil {
-			writeError(w, "", err)
-			return
-		}
+	if err := domain.ValidateName(after); after != "" && err != nil {
+		writeError(w, "", err)
+		return
 	}
 	// One more row than asked says whether a next page exists.
 	acc := keyAccess(r.Context())
@@ -129,4 +135,173 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		body.Connections = append(body.Connections, viewOf(c))
 	}
 	writeJSON(w, http.StatusOK, body)
+}
+
+// tokenView is the token API's answer: never the refresh token.
+type tokenView struct {
+	AccessToken string     `json:"access_token"`
+	TokenType   string     `json:"token_type"`
+	Expiry      *time.Time `json:"expiry"` // null: the provider gave none
+	Connection  string     `json:"connection"`
+	Provider    string     `json:"provider"` // "" for the environment's
+	Version     int64      `json:"version"`
+}
+
+// writeToken answers c's token (Pragma: HTTP/1.0 caches too), or err. A
+// DPoP-bound token is refused: it is useless without a proof.
+func (s *Server) writeToken(w http.ResponseWriter, r *http.Request, name string, c tokenguard.Credential, err error) {
+	if err == nil && c.DPoPJKT != "" {
+		err = fmt.Errorf("connection %s: %w", c.Connection, domain.ErrSenderConstrained)
+	}
+	if err != nil {
+		s.failed(w, r, name, err)
+		return
+	}
+	w.Header().Set("Pragma", "no-cache")
+	writeJSON(w, http.StatusOK, tokenView{AccessToken: c.Token.AccessToken, TokenType: c.Token.Type(),
+		Expiry: utcOrNil(c.Token.Expiry), Connection: c.Connection, Provider: c.Provider, Version: c.Version})
+}
+
+// utcOrNil is t in UTC, nil (JSON null) for the zero time.
+func utcOrNil(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC()
+	return &t
+}
+
+// token answers GET /connections/{name}/token (name checked by requireScope).
+func (s *Server) token(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	c, err := s.deps.Tokens.Credential(r.Context(), name)
+	s.writeToken(w, r, name, c, err)
+}
+
+// decodeBody decodes r's JSON body into v, refusing unknown fields and,
+// when whole, anything after the value.
+func decodeBody(r *http.Request, v any, whole bool) error {
+	dec := json.NewDecoder(r.Body)
+	dec.DisallowUnknownFields()
+	err := dec.Decode(v)
+	if err == nil && whole && dec.Decode(&struct{}{}) != io.EOF {
+		err = errors.New("trailing data")
+	}
+	return err
+}
+
+// refreshToken answers POST /connections/{name}/token/refresh
+// {"stale_version": N} after the API refused version N: a refresh only if
+// the stored version is still N, then the current token.
+func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var body struct {
+		StaleVersion *int64 `json:"stale_version"`
+	}
+	if err := decodeBody(r, &body, true); err != nil || body.StaleVersion == nil || *body.StaleVersion < 1 {
+		writeJSON(w, http.StatusBadRequest, errorBody{
+			Error: `the body must be {"stale_version": N}, N the version of the token the API refused`, Code: "bad_request", Connection: name})
+		return
+	}
+	// A version newer than this process knows, taken as stale, would keep
+	// the connection out of the cache until the version catches up.
+	cur, err := s.deps.Tokens.Credential(r.Context(), name)
+	if err == nil && *body.StaleVersion > cur.Version {
+		writeJSON(w, http.StatusConflict, errorBody{
+			Error: fmt.Sprintf("stale_version %d is newer than the connection's version %d; GET the token again", *body.StaleVersion, cur.Version),
+			Code:  "unknown_version", Connection: name})
+		return
+	}
+	if err != nil {
+		s.failed(w, r, name, err)
+		return
+	}
+	c, err := s.deps.Tokens.ForceRefresh(r.Context(), name, *body.StaleVersion)
+	s.writeToken(w, r, name, c, err)
+}
+
+// Provers sign DPoP proofs of a connection's key, which callers never see.
+type Provers interface {
+	DPoPProof(ctx context.Context, cred tokenguard.Credential, method, target, nonce string) (string, error)
+	LearnDPoPNonce(target string, status int, h http.Header) (retry bool)
+}
+
+// errNoProver: the server's Tokens cannot sign proofs.
+var errNoProver = errors.New("this server cannot sign DPoP proofs")
+
+// proofView is POST /connections/{name}/dpop-proof's answer.
+type proofView struct {
+	AccessToken string     `json:"access_token"`
+	TokenType   string     `json:"token_type"`
+	DPoP        string     `json:"dpop"`
+	ExpiresAt   *time.Time `json:"expires_at"`
+}
+
+// dpopProof answers POST /connections/{name}/dpop-proof
+// {"method","url","nonce"}: the token and a proof for that one request
+// (RFC 9449 §7), the URL under the connection's API base URL.
+func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
+	name := r.PathValue("name")
+	var body struct {
+		Method string `json:"method"`
+		URL    string `json:"url"`
+		Nonce  string `json:"nonce"`
+	}
+	if err := decodeBody(r, &body, true); err != nil || !validMethod(body.Method) || body.URL == "" {
+		writeJSON(w, http.StatusBadRequest, errorBody{
+			Error: `the body must be {"method": "GET", "url": "https://api.example.com/..."}`, Code: "bad_request", Connection: name})
+		return
+	}
+	p, ok := s.deps.Tokens.(Provers)
+	if !ok {
+		s.failed(w, r, name, errNoProver)
+		return
+	}
+	c, err := s.deps.Tokens.Credential(r.Context(), name)
+	if err != nil {
+		s.failed(w, r, name, err)
+		return
+	}
+	if c.DPoPJKT == "" {
+		writeJSON(w, http.StatusConflict, errorBody{
+			Error: "the connection's grant is a bearer grant: GET /connections/{name}/token", Code: "not_sender_constrained", Connection: name})
+		return
+	}
+	if err := s.underAPIBase(c.Provider, body.URL); err != nil {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "url_not_allowed", Connection: name})
+		return
+	}
+	proof, err := p.DPoPProof(r.Context(), c, strings.ToUpper(body.Method), body.URL, body.Nonce)
+	if err != nil {
+		s.failed(w, r, name, err)
+		return
+	}
+	w.Header().Set("Pragma", "no-cache")
+	writeJSON(w, http.StatusOK, proofView{AccessToken: c.Token.AccessToken, TokenType: "DPoP", DPoP: proof, ExpiresAt: utcOrNil(c.Token.Expiry)})
+}
+
+// underAPIBase checks that target is under the API base URL of
+// provider's connections, the API the token and its proof are for.
+func (s *Server) underAPIBase(provider, target string) error {
+	base, err := s.target(provider, "/", "")
+	if err != nil {
+		return err
+	}
+	u, err := url.Parse(target)
+	if err != nil || u.User != nil || u.Fragment != "" {
+		return errors.New("url: not an absolute http(s) URL without credentials or fragment")
+	}
+	prefix := strings.TrimSuffix(base.Path, "/") + "/"
+	if !strings.EqualFold(u.Scheme, base.Scheme) || !strings.EqualFold(u.Host, base.Host) ||
+		!(u.Path+"/" == prefix || strings.HasPrefix(u.Path, prefix)) || strings.Contains("/"+u.Path+"/", "/../") {
+		return fmt.Errorf("url: not under the connection's API base URL %s://%s%s", base.Scheme, base.Host, prefix)
+	}
+	return nil
+}
+
+// validMethod: an HTTP method token, as a proof's htm.
+func validMethod(m string) bool {
+	return m != "" && len(m) <= 16 && !strings.ContainsFunc(m, func(c rune) bool {
+		return (c < 'A' || c > 'Z') && (c < 'a' || c > 'z')
+	})
 }

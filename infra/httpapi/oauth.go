@@ -9,6 +9,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"html/template"
 	"net/http"
 	"net/url"
 	"strings"
@@ -20,16 +21,15 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
-// The flow cookie points at the flow kept in the database. Over https its
-// __Host- prefix keeps other hosts (sibling subdomains) from setting it.
 const (
-	flowCookie       = "tokenguard_flow"
-	secureFlowCookie = "__Host-tokenguard_flow"
+	// flowCookie points at the flow kept in the database. Over https its
+	// __Host- prefix keeps other hosts (sibling subdomains) from setting it.
+	flowCookie = "tokenguard_flow"
+	// callbackTimeout bounds the work after the provider's redirect, apart
+	// from the browser: a closed tab must not lose an issued grant.
+	callbackTimeout = 30 * time.Second
+	sessionLifetime = 10 * time.Minute // the flow's (repository.SessionLifetime)
 )
-
-// callbackTimeout bounds the work after the provider's redirect, apart
-// from the browser: a closed tab must not lose an issued grant.
-const callbackTimeout = 30 * time.Second
 
 func (s *Server) oauthConfigured() bool {
 	c := s.deps.OAuth
@@ -67,7 +67,7 @@ func (s *Server) secureCookies() bool {
 
 func (s *Server) cookieName() string {
 	if s.secureCookies() {
-		return secureFlowCookie
+		return "__Host-" + flowCookie
 	}
 	return flowCookie
 }
@@ -341,9 +341,6 @@ func (s *Server) checkProvider(ctx context.Context, provider string) error {
 	return err
 }
 
-// sessionLifetime is the flow's lifetime (repository.SessionLifetime).
-const sessionLifetime = 10 * time.Minute
-
 // callback checks the flow and its state, then keeps the grant pending
 // until the backend redeems the result sent to return_to.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
@@ -378,7 +375,6 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 		f.Metadata, f.Tags = m.Object, nonNil(m.Tags)
 	}
 	o := s.complete(ctx, f, q)
-	o.Connection = sess.Connection
 	s.observe(o.Code)
 	if storeAtCallback && o.result != "" {
 		o = s.redeemAtCallback(ctx, o)
@@ -394,7 +390,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	case o.result != "":
 		v = url.Values{"connection": {sess.Connection}, "status": {"pending"}, "result": {o.result}}
 	case o.Connected: // only the control build
-		v = url.Values{"connection": {sess.Connection}, "status": {"connected"}, "reason": {o.Code}}
+		v.Set("status", "connected")
 	}
 	sep := "?"
 	if strings.Contains(sess.ReturnTo, "?") {
@@ -412,19 +408,14 @@ func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.V
 	switch {
 	case errors.As(err, &ce):
 		s.deps.Log.Warn("connect flow ended without a grant; nothing stored", "connection", f.Connection, "reason", ce.Code)
-		status := http.StatusBadRequest
-		if ce.Code == "exchange_failed" || ce.Code == "account_unknown" {
-			status = http.StatusBadGateway
-		}
-		return outcome{httpStatus: status, Code: ce.Code, Message: ce.Message + " Nothing was stored."}
+		return outcome{Code: ce.Code}
 	case err != nil:
-		p := problem.Of(err)
 		s.deps.Log.Error("keeping the grant failed", "connection", f.Connection, "err", err)
-		return outcome{httpStatus: p.Status, Code: p.Code, Message: "The grant could not be kept; try again."}
+		return outcome{Code: problem.Of(err).Code}
 	}
 	s.deps.Log.Info("consent received; the grant waits for the application's redemption", "connection", f.Connection,
 		"account", res.Account, "scopes", res.Scopes, "expires_at", res.ExpiresAt)
-	return outcome{httpStatus: http.StatusOK, Code: "pending", result: res.Code}
+	return outcome{Code: "pending", result: res.Code}
 }
 
 // redeem stores the grant of a pending result, once the backend has
@@ -486,4 +477,67 @@ func (s *Server) observe(outcome string) {
 	if s.deps.Observer != nil {
 		s.deps.Observer.ConnectOutcome(outcome)
 	}
+}
+
+// outcome is how a browser flow ended: a small page, or a return_to redirect.
+type outcome struct {
+	Connected  bool // redirected only, in the control build (storeAtCallback)
+	Connection string
+	Code       string // pending, or what went wrong
+	Message    string // for people; never a token
+	result     string // the pending result's code (a secret): only ever in return_to
+}
+
+var pageTmpl = template.Must(template.New("page").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
+<title>Not connected</title>
+<style>body{font:16px/1.5 system-ui,sans-serif;max-width:32em;margin:4em auto;padding:0 1em;color:#222}
+h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}</style></head>
+<body><h1>{{if .Connection}}{{.Connection}} is not connected{{else}}Not connected{{end}}</h1>
+<p>{{.Message}}</p><p><small>Status: <code>{{.Code}}</code></small></p></body></html>
+`))
+
+// page answers a browser with a small HTML page, other clients in JSON.
+func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outcome) {
+	if !strings.Contains(r.Header.Get("Accept"), "text/html") {
+		writeJSON(w, status, errorBody{Error: o.Message, Code: o.Code, Connection: o.Connection})
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	w.WriteHeader(status)
+	_ = pageTmpl.Execute(w, o)
+}
+
+type consent struct {
+	App, Connection, Provider string
+	ReturnHost                string
+	Session, CSRF             string
+}
+
+var consentTmpl = template.Must(template.New("consent").Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
+<title>Connect {{.Connection}}</title>
+<style>body{font:16px/1.5 system-ui,sans-serif;max-width:32em;margin:4em auto;padding:0 1em;color:#222}
+h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}button{font-size:1em;padding:.4em 1.2em}</style></head>
+<body><h1>Connect <code>{{.Connection}}</code></h1>
+<p>The application <strong>{{if .App}}{{.App}}{{else}}(unnamed){{end}}</strong> asks to connect your account at
+{{if .Provider}}<strong>{{.Provider}}</strong>{{else}}the provider{{end}} as its connection <code>{{.Connection}}</code>{{if .ReturnHost}}, and then to send you back to <strong>{{.ReturnHost}}</strong>{{end}}.</p>
+<p>Continue only if you asked for this yourself, in that application. If someone sent you this link, close this page.</p>
+<form method="post" action="/oauth/connect">
+<input type="hidden" name="session" value="{{.Session}}"><input type="hidden" name="csrf" value="{{.CSRF}}">
+<button type="submit">Continue to {{if .Provider}}{{.Provider}}{{else}}the provider{{end}}</button></form></body></html>
+`))
+
+// consentPage shows the button that starts the flow: never framed
+// (clickjacking), posting only to this origin.
+func (s *Server) consentPage(w http.ResponseWriter, c consent) {
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	w.Header().Set("X-Frame-Options", "DENY")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
+	w.WriteHeader(http.StatusOK)
+	_ = consentTmpl.Execute(w, c)
 }

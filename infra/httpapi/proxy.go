@@ -223,9 +223,36 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	}
 }
 
+// authorize gives a proxied request cred's token: Bearer, or DPoP with a
+// proof for this very request (RFC 9449 §7).
+func (t *tokenTransport) authorize(req *http.Request, cred tokenguard.Credential) error {
+	if cred.DPoPJKT == "" {
+		req.Header.Set("Authorization", "Bearer "+cred.Token.AccessToken)
+		return nil
+	}
+	p, ok := t.tokens.(Provers)
+	if !ok {
+		return errNoProver
+	}
+	proof, err := p.DPoPProof(req.Context(), cred, req.Method, req.URL.String(), "")
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Authorization", "DPoP "+cred.Token.AccessToken)
+	req.Header.Set("DPoP", proof)
+	return nil
+}
+
+// nonceRefused learns the API's DPoP nonce and reports whether the answer
+// refused the proof for want of it (§9).
+func (t *tokenTransport) nonceRefused(req *http.Request, resp *http.Response, cred tokenguard.Credential) bool {
+	p, ok := t.tokens.(Provers)
+	return ok && cred.DPoPJKT != "" && p.LearnDPoPNonce(req.URL.String(), resp.StatusCode, resp.Header)
+}
+
 // target is the URL of path?query at the provider's API.
 func (s *Server) target(provider, path, query string) (*url.URL, error) {
-	base := s.apiBase
+	base := s.deps.APIBaseURL
 	if provider != "" {
 		// A stored provider's token never goes to API_BASE_URL.
 		b := ""

@@ -3,8 +3,10 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"maps"
 	"net"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"time"
@@ -75,10 +77,6 @@ func (s *Server) routes() []route {
 
 // guard wraps a route in its deadline, body limit and access checks.
 func (s *Server) guard(rt route) http.Handler {
-	limit := rt.maxBody
-	if limit <= 0 {
-		limit = defaultMaxBody
-	}
 	h := http.Handler(rt.handle)
 	if want, ok := publicRoutes[rt.pattern()]; !ok || want != rt.access {
 		// Claiming less than publicRoutes lists still needs a key.
@@ -90,7 +88,7 @@ func (s *Server) guard(rt route) http.Handler {
 		// Bounded per address: a flood takes no time from key holders.
 		h = s.public.limit(h, nil)
 	}
-	return s.bounded(h, limit)
+	return s.bounded(h, positive(rt.maxBody, defaultMaxBody))
 }
 
 func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
@@ -131,10 +129,60 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 	})
 }
 
+// forbiddenBody is a 403: what the key lacks, the scope or the connection
+// pattern, so that an operator knows which key to make.
+type forbiddenBody struct {
+	Error        string       `json:"error"`
+	Code         string       `json:"code"` // missing_scope or connection_not_allowed
+	MissingScope domain.Scope `json:"missing_scope,omitempty"`
+	Connection   string       `json:"connection,omitempty"`
+	Allowed      []string     `json:"allowed_connections,omitempty"` // the key's patterns
+}
+
+func (b forbiddenBody) code() string { return b.Code }
+
+// requireScope answers 403 unless domain.KeyAccess.Permit lets the key use
+// the route's scope on the connection it names (then 400 for a bad name).
+func requireScope(rt route, next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		name := r.PathValue("name")
+		if !permit(w, keyAccess(r.Context()), rt.scope, name, "") {
+			return
+		}
+		if err := domain.ValidateName(name); name != "" && err != nil {
+			writeError(w, "", err)
+			return
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// permit answers 403 and false unless acc may use scope s on connection
+// name ("": none named); what names what needed s, when not the route.
+func permit(w http.ResponseWriter, acc domain.KeyAccess, s domain.Scope, name, what string) bool {
+	err := acc.Permit(s, name)
+	if err == nil {
+		return true
+	}
+	b := forbiddenBody{Code: "missing_scope", MissingScope: s}
+	switch {
+	case s == "" || !slices.Contains(domain.AllScopes, s):
+		b = forbiddenBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"}
+	case errors.Is(err, domain.ErrMissingScope) && what != "":
+		b.Error = what + " needs the scope " + string(s) + " (tokenctl apikey create --scopes)"
+	case errors.Is(err, domain.ErrMissingScope):
+		b.Error = "the API key lacks the scope " + string(s) + " (tokenctl apikey create --scopes)"
+	default:
+		b = forbiddenBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
+			Code: "connection_not_allowed", Connection: name, Allowed: acc.Connections}
+	}
+	writeJSON(w, http.StatusForbidden, b)
+	return false
+}
+
 type keyAccessKey struct{}
 
-// keyAccess is the request's verified key; outside requireKey one that
-// may do nothing.
+// keyAccess is the request's verified key; outside requireKey, one that may do nothing.
 func keyAccess(ctx context.Context) domain.KeyAccess {
 	a, ok := ctx.Value(keyAccessKey{}).(domain.KeyAccess)
 	if !ok {
@@ -154,8 +202,7 @@ func bearer(r *http.Request) (domain.Secret, bool) {
 	return domain.NewSecret(token), true
 }
 
-// edges apply to every request: nosniff, and the Host check against DNS
-// rebinding.
+// edges apply to every request: nosniff, and the Host check against DNS rebinding.
 func (s *Server) edges(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("X-Content-Type-Options", "nosniff")
@@ -245,4 +292,132 @@ func take(l *rate.Limiter, now time.Time) time.Duration {
 		res.CancelAt(now)
 	}
 	return d
+}
+
+// addrLimits bound the public routes per client address (the TCP peer):
+// a token bucket and requests at once, plus a cap across all addresses.
+type addrLimits struct {
+	rate     rate.Limit
+	burst    int
+	inFlight int
+	total    chan struct{}
+
+	mu    sync.Mutex
+	addrs map[string]*addrState
+}
+
+type addrState struct {
+	lim      *rate.Limiter
+	inFlight int
+	seen     time.Time
+}
+
+const maxAddrs = 4096 // addresses remembered
+
+func newAddrLimits(e Edges) *addrLimits {
+	r := positive(e.PublicRate, 20)
+	return &addrLimits{rate: r, burst: positive(e.PublicBurst, int(2*r)), inFlight: positive(e.PublicInFlight, 4),
+		total: make(chan struct{}, positive(e.PublicTotal, 64)), addrs: map[string]*addrState{}}
+}
+
+// positive is v, or def for a setting left 0.
+func positive[T ~int | ~int64 | ~float64](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
+}
+
+func (a *addrLimits) acquire(addr string) (release func(), wait time.Duration, ok bool) {
+	now := time.Now()
+	a.mu.Lock()
+	st, found := a.addrs[addr]
+	if !found {
+		if len(a.addrs) >= maxAddrs {
+			a.forget(now)
+		}
+		st = &addrState{lim: rate.NewLimiter(a.rate, a.burst)}
+		a.addrs[addr] = st
+	}
+	st.seen = now
+	if st.inFlight >= a.inFlight {
+		a.mu.Unlock()
+		return nil, time.Second, false
+	}
+	if d := take(st.lim, now); d > 0 {
+		a.mu.Unlock()
+		return nil, d, false
+	}
+	st.inFlight++
+	a.mu.Unlock()
+	select {
+	case a.total <- struct{}{}:
+	default:
+		a.done(st)
+		return nil, time.Second, false
+	}
+	return func() { <-a.total; a.done(st) }, 0, true
+}
+
+func (a *addrLimits) done(st *addrState) {
+	a.mu.Lock()
+	st.inFlight--
+	a.mu.Unlock()
+}
+
+// forget drops idle addresses, those unseen for a minute first; mu held.
+func (a *addrLimits) forget(now time.Time) {
+	maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool {
+		return st.inFlight == 0 && now.Sub(st.seen) > time.Minute
+	})
+	if len(a.addrs) >= maxAddrs {
+		maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool { return st.inFlight == 0 })
+	}
+}
+
+// limit answers 429 (refuse, or nil: JSON) to an address over its limits.
+func (a *addrLimits) limit(next http.Handler, refuse http.HandlerFunc) http.Handler {
+	if refuse == nil {
+		refuse = func(w http.ResponseWriter, _ *http.Request) {
+			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this address; try again later", Code: "rate_limited"})
+		}
+	}
+	if ControlBuild {
+		return next
+	}
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		addr, _, err := net.SplitHostPort(r.RemoteAddr)
+		if err != nil {
+			addr = r.RemoteAddr
+		}
+		release, wait, ok := a.acquire(addr)
+		if !ok {
+			setRetryAfter(w, wait)
+			refuse(w, r)
+			return
+		}
+		defer release()
+		next.ServeHTTP(w, r)
+	})
+}
+
+type health struct {
+	mu  sync.Mutex
+	at  time.Time
+	err error
+}
+
+// check pings db unless the last ping is under a second old; callers wait
+// for a ping in progress.
+func (h *health) check(ctx context.Context, db Pinger) error {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !ControlBuild && !h.at.IsZero() && time.Since(h.at) < time.Second {
+		return h.err
+	}
+	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
+	defer cancel()
+	h.err = db.PingContext(pctx)
+	h.at = time.Now()
+	return h.err
 }

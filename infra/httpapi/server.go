@@ -4,6 +4,7 @@ package httpapi
 
 import (
 	"context"
+	_ "embed"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -13,6 +14,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -62,9 +64,7 @@ type Providers interface {
 }
 
 // KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
-type KeyVerifier interface {
-	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
-}
+type KeyVerifier = console.KeyVerifier
 
 // Sessions stores connect sessions and the browser flows they start.
 type Sessions interface {
@@ -90,11 +90,10 @@ type Pinger interface {
 type Deps struct {
 	Tokens Tokens
 	// APIBaseURL is the API of the environment's provider's connections.
-	APIBaseURL *url.URL
-	APIBases   APIBases
-	// UpstreamTimeout bounds the wait for a proxied answer's headers (0: 10s).
-	UpstreamTimeout time.Duration
-	UserAgent       string // sent with every proxied call
+	APIBaseURL      *url.URL
+	APIBases        APIBases
+	UpstreamTimeout time.Duration // the wait for a proxied answer's headers (0: 10s)
+	UserAgent       string        // sent with every proxied call
 	Events          Events
 	Flows           ConnectFlows // nil disables the connect flow
 	Connections     Connections  // nil answers GET /connections 503
@@ -102,17 +101,14 @@ type Deps struct {
 	Keys            KeyVerifier
 	// Sessions and DB (/healthz) use the browser routes' own small pool, so
 	// that a flood of them takes no connection from token reads.
-	Sessions Sessions
-	DB       Pinger
-	// OAuth is the connect flow's client; nil or without AuthURL/RedirectURL
-	// disables /oauth/connect.
-	OAuth    *oauth2.Config
-	Metrics  http.Handler // GET /metrics, behind an admin key; nil: no route
-	Observer ConnectObserver
-	Log      *slog.Logger
-	Edges    Edges
-	// TracerProvider records spans; nil: the global provider.
-	TracerProvider trace.TracerProvider
+	Sessions       Sessions
+	DB             Pinger
+	OAuth          *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
+	Metrics        http.Handler   // GET /metrics, behind an admin key; nil: no route
+	Observer       ConnectObserver
+	Log            *slog.Logger
+	Edges          Edges
+	TracerProvider trace.TracerProvider // nil: the global provider
 }
 
 // Edges are the limits of the public listener.
@@ -145,7 +141,6 @@ type Server struct {
 	limits  *keyLimits
 	public  *addrLimits // the public routes' limits per client address
 	health  health
-	apiBase *url.URL
 	rp      *httputil.ReverseProxy
 	tracer  *tracing.Tracer
 	console Console // /console, when mounted
@@ -173,7 +168,7 @@ func New(d Deps) *Server {
 	e.Rate = positive(e.Rate, 100)
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), apiBase: d.APIBaseURL, tracer: tracing.New(d.TracerProvider),
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(d.TracerProvider),
 		limits: &keyLimits{rate: e.Rate, burst: e.Burst, keys: map[int32]*rate.Limiter{}},
 		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
@@ -240,6 +235,35 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
+// openapiJSON describes every route of routes(); TestOpenAPIMatchesRoutes
+// keeps the two in step.
+//
+//go:embed openapi.json
+var openapiJSON []byte
+
+func (s *Server) openapi(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(openapiJSON)
+}
+
+// ClientKeys serve the public halves of the client keys in use
+// (private_key_jwt); *tokenguard.Tokens is one.
+type ClientKeys interface {
+	ClientJWKS() []byte
+}
+
+// jwks answers GET /.well-known/jwks.json, the client keys' public halves
+// for providers that fetch them (AT Protocol). Public by design.
+func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
+	body := []byte(`{"keys":[]}`)
+	if k, ok := s.deps.Tokens.(ClientKeys); ok {
+		body = k.ClientJWKS()
+	}
+	w.Header().Set("Content-Type", "application/jwk-set+json")
+	w.Header().Set("Cache-Control", "max-age=300")
+	_, _ = w.Write(body)
+}
+
 func (s *Server) event(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")     // validated by requireScope
 	body, err := io.ReadAll(r.Body) // bounded by the route's body limit
@@ -284,4 +308,41 @@ func (s *Server) logFailure(r *http.Request, name string, err error) {
 	}
 	s.deps.Log.Log(r.Context(), level, "request failed", "method", r.Method, "path", r.URL.Path,
 		"connection", name, "status", p.Status, "err", err)
+}
+
+// errorBody is an error answer: a stable code and a message for people.
+// Neither ever carries a token.
+type errorBody struct {
+	Error      string `json:"error"`
+	Code       string `json:"code"`
+	Connection string `json:"connection,omitempty"`
+}
+
+// coded is an error answer whose code goes in Tokenguard-Error, which tells
+// tokenguard's own errors from the API's answers the proxy passes on.
+type coded interface{ code() string }
+
+func (e errorBody) code() string { return e.Code }
+
+func writeError(w http.ResponseWriter, connection string, err error) {
+	p := problem.Of(err)
+	if p.RetryAfter > 0 {
+		setRetryAfter(w, p.RetryAfter)
+	}
+	writeJSON(w, p.Status, errorBody{Error: p.Message, Code: p.Code, Connection: connection})
+}
+
+// setRetryAfter sets Retry-After to d in whole seconds, rounded up.
+func setRetryAfter(w http.ResponseWriter, d time.Duration) {
+	w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	if e, ok := v.(coded); ok {
+		w.Header().Set("Tokenguard-Error", e.code())
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
 }

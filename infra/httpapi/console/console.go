@@ -272,10 +272,10 @@ func (c *Console) actions() []action {
 	return []action{
 		{"POST /console/logout", domain.ScopeAdmin, c.logout},
 		{"GET /console/connections", domain.ScopeAdmin, c.connections},
-		{"GET /console/connections/{name}", domain.ScopeAdmin, c.connection},
-		{"POST /console/connections/{name}/reconnect", domain.ScopeAdmin, c.reconnect},
+		{"GET /console/connections/{name}", domain.ScopeAdmin, c.withConn(c.connection)},
+		{"POST /console/connections/{name}/reconnect", domain.ScopeAdmin, c.withConn(c.reconnect)},
 		{"POST /console/connections/{name}/reactivate", domain.ScopeAdmin, c.reactivate},
-		{"GET /console/connections/{name}/disconnect", domain.ScopeAdmin, c.confirmDisconnect},
+		{"GET /console/connections/{name}/disconnect", domain.ScopeAdmin, c.withConn(c.confirmDisconnect)},
 		{"POST /console/connections/{name}/disconnect", domain.ScopeAdmin, c.disconnect},
 		{"GET /console/providers", domain.ScopeAdmin, c.providers},
 	}

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
-	"maps"
 	"math"
 	"net/http"
 	"net/url"
@@ -44,10 +43,20 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.failed(w, r, "", err)
 		return
 	}
-	next := ""
+	keep := url.Values{}
+	for k, v := range map[string]string{"status": string(f.Status), "provider": f.Provider, "tag": f.Tag, "prefix": f.NamePrefix} {
+		if v != "" {
+			keep.Set(k, v)
+		}
+	}
+	filtered, firstURL, nextURL := len(keep) > 0, "", ""
+	if after != "" {
+		firstURL = strings.TrimSuffix("/console/connections?"+keep.Encode(), "?")
+	}
 	if len(page) > pageSize {
 		page = page[:pageSize]
-		next = page[pageSize-1].Name
+		keep.Set("after", page[pageSize-1].Name)
+		nextURL = "/console/connections?" + keep.Encode()
 	}
 	names := make([]string, len(page))
 	for i, p := range page {
@@ -70,34 +79,26 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.failed(w, r, "", err)
 		return
 	}
-	keep := url.Values{}
-	for k, v := range map[string]string{"status": string(f.Status), "provider": f.Provider, "tag": f.Tag, "prefix": f.NamePrefix} {
-		if v != "" {
-			keep.Set(k, v)
-		}
-	}
-	nextURL, firstURL := "", ""
-	if next != "" {
-		nq := maps.Clone(keep)
-		nq.Set("after", next)
-		nextURL = "/console/connections?" + nq.Encode()
-	}
-	if after != "" {
-		firstURL = strings.TrimSuffix("/console/connections?"+keep.Encode(), "?")
-	}
 	c.render(w, r, http.StatusOK, "connections", map[string]any{
 		"Nav": "connections", "Filter": f, "Rows": rows, "Next": nextURL, "First": firstURL, "Providers": provs,
-		"Filtered": len(keep) > 0, "Statuses": []string{"active", "failing", "needs_reauth", string(domain.StatusExpiringSoon)},
+		"Filtered": filtered, "Statuses": []string{"active", "failing", "needs_reauth", string(domain.StatusExpiringSoon)},
 	})
 }
 
-func (c *Console) connection(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	conn, err := c.d.Connections.Connection(r.Context(), name)
-	if err != nil {
-		c.failed(w, r, name, err)
-		return
+// withConn runs page with the path's connection, or answers why there is none.
+func (c *Console) withConn(page func(http.ResponseWriter, *http.Request, domain.Connection)) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		conn, err := c.d.Connections.Connection(r.Context(), r.PathValue("name"))
+		if err != nil {
+			c.failed(w, r, r.PathValue("name"), err)
+			return
+		}
+		page(w, r, conn)
 	}
+}
+
+func (c *Console) connection(w http.ResponseWriter, r *http.Request, conn domain.Connection) {
+	name := r.PathValue("name")
 	events, err := c.d.History.Recent(r.Context(), name, 100)
 	if err != nil {
 		c.failed(w, r, name, err)
@@ -141,13 +142,8 @@ func doneMessage(done string) string {
 	return ""
 }
 
-func (c *Console) reconnect(w http.ResponseWriter, r *http.Request) {
+func (c *Console) reconnect(w http.ResponseWriter, r *http.Request, conn domain.Connection) {
 	name := r.PathValue("name")
-	conn, err := c.d.Connections.Connection(r.Context(), name)
-	if err != nil {
-		c.failed(w, r, name, err)
-		return
-	}
 	returnTo := r.PostFormValue("return_to")
 	link, expires, err := c.d.Links.ConnectLink(r.Context(), name, conn.Provider, sessionOf(r).KeyName, returnTo)
 	if err != nil {
@@ -173,13 +169,7 @@ func (c *Console) reactivate(w http.ResponseWriter, r *http.Request) {
 	http.Redirect(w, r, "/console/connections/"+url.PathEscape(name)+"?done="+done, http.StatusSeeOther)
 }
 
-func (c *Console) confirmDisconnect(w http.ResponseWriter, r *http.Request) {
-	name := r.PathValue("name")
-	conn, err := c.d.Connections.Connection(r.Context(), name)
-	if err != nil {
-		c.failed(w, r, name, err)
-		return
-	}
+func (c *Console) confirmDisconnect(w http.ResponseWriter, r *http.Request, conn domain.Connection) {
 	c.render(w, r, http.StatusOK, "disconnect", map[string]any{"Nav": "connections", "C": conn})
 }
 

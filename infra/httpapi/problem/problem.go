@@ -28,14 +28,12 @@ type Problem struct {
 
 // row is one line of the table: the first whose match holds decides.
 type row struct {
-	match  func(error) bool
-	p      Problem
-	detail bool   // Message is the error's own text
-	hint   string // added to the error's own text
-	// answerRetry: RetryAfter is the provider's Retry-After, at least p's.
-	answerRetry bool
-	// lastAnswer: the provider's last status and code go in Message and Page.
-	lastAnswer bool
+	match       func(error) bool
+	p           Problem
+	detail      bool   // Message is the error's own text
+	hint        string // added to the error's own text
+	answerRetry bool   // RetryAfter is the provider's Retry-After, at least p's
+	lastAnswer  bool   // the provider's last status and code go in Message and Page
 }
 
 func is(target error) func(error) bool {
@@ -45,6 +43,11 @@ func is(target error) func(error) bool {
 // detailed is the row of target whose Message is the error's own text.
 func detailed(target error, status int, code, page string) row {
 	return row{match: is(target), detail: true, p: Problem{Status: status, Code: code, Page: page}}
+}
+
+// fixed is the row of target with these texts; wait > 0 is a RetryAfter.
+func fixed(target error, status int, code string, wait time.Duration, message, page string) row {
+	return row{match: is(target), p: Problem{Status: status, Code: code, Message: message, Page: page, RetryAfter: wait}}
 }
 
 // spoken is p with its Message, as a sentence, for Page.
@@ -89,13 +92,11 @@ var table = []row{
 		"This API key lacks the scope this needs (tokenctl apikey create --scopes)."),
 	detailed(domain.ErrConnectNotConfigured, http.StatusServiceUnavailable, "connect_not_configured",
 		"This server cannot create connect links: it needs OAUTH_AUTH_URL and OAUTH_REDIRECT_URL (or the provider's authorization URL)."),
-	{match: is(domain.ErrNotFound),
-		p: Problem{Status: http.StatusNotFound, Code: "not_found", Message: "connection not found",
-			Page: "No such connection has a token (never connected, or disconnected)."}},
-	{match: is(domain.ErrSenderConstrained),
-		p: Problem{Status: http.StatusConflict, Code: "sender_constrained",
-			Message: "the connection's grant is bound to a DPoP key: its token alone is useless; call through /connections/{name}/proxy, or POST /connections/{name}/dpop-proof for a proof of one request",
-			Page:    "The connection's grant is bound to a DPoP key; its token is only used with a proof."}},
+	fixed(domain.ErrNotFound, http.StatusNotFound, "not_found", 0, "connection not found",
+		"No such connection has a token (never connected, or disconnected)."),
+	fixed(domain.ErrSenderConstrained, http.StatusConflict, "sender_constrained", 0,
+		"the connection's grant is bound to a DPoP key: its token alone is useless; call through /connections/{name}/proxy, or POST /connections/{name}/dpop-proof for a proof of one request",
+		"The connection's grant is bound to a DPoP key; its token is only used with a proof."),
 	{match: is(domain.ErrNeedsReauth), detail: true, hint: "; connect it again (POST /connect-sessions)",
 		p: Problem{Status: http.StatusConflict, Code: "needs_reauth", Page: "The connection's grant is dead: connect it again."}},
 	detailed(domain.ErrAccountMismatch, http.StatusConflict, "account_mismatch",
@@ -103,41 +104,33 @@ var table = []row{
 	{match: is(domain.ErrResultInvalid),
 		p: spoken(Problem{Status: http.StatusGone, Code: "result_invalid",
 			Message: "this connect result is unknown, expired or already redeemed; nothing was stored"})},
-	{match: is(domain.ErrUnauthorized),
-		p: Problem{Status: http.StatusUnauthorized, Code: "unauthorized", Message: "unauthorized", Page: "Log in with an API key."}},
-	{match: is(domain.ErrTokenBudgetSpent),
-		p: Problem{Status: http.StatusTooManyRequests, Code: "token_budget_spent", RetryAfter: time.Second,
-			Message: "the provider's token budget (--token-rate, OAUTH_TOKEN_RATE) is spent for now; the refresh waits for it; try again",
-			Page:    "The provider's token budget is spent for now; the refresh waits for it. Try again in a moment."}},
-	{match: is(domain.ErrRefreshRateLimited),
-		p: Problem{Status: http.StatusTooManyRequests, Code: "refresh_rate_limited", RetryAfter: time.Second,
-			Message: "the connection was refreshed after a 401 moments ago; the API refuses the new token too",
-			Page:    "The connection was refreshed moments ago; try again shortly."}},
-	{match: is(domain.ErrLockTimeout),
-		p: Problem{Status: http.StatusServiceUnavailable, Code: "busy", RetryAfter: time.Second,
-			Message: "another process is refreshing the token; try again",
-			Page:    "The connection is busy (a refresh holds its lock); try again in a moment."}},
-	{match: is(domain.ErrStoreUnavailable),
-		p: Problem{Status: http.StatusServiceUnavailable, Code: "store_unavailable", RetryAfter: time.Second,
-			Message: "the token store is unavailable; try again", Page: "The database did not answer; try again."}},
-	{match: is(domain.ErrClientRejected),
-		p: Problem{Status: http.StatusServiceUnavailable, Code: "client_rejected", RetryAfter: time.Second,
-			Message: "the token provider rejects this client; check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET and OAUTH_AUTH_STYLE",
-			Page:    "The provider rejects this client: check its client id, secret and auth style; nothing was changed."}},
-	{match: is(domain.ErrEndpointMisconfigured),
-		p: Problem{Status: http.StatusServiceUnavailable, Code: "provider_misconfigured", RetryAfter: time.Second,
-			Message: "the token URL does not answer as a token endpoint; check OAUTH_TOKEN_URL",
-			Page:    "The token URL does not answer as a token endpoint: check it; nothing was changed."}},
+	fixed(domain.ErrUnauthorized, http.StatusUnauthorized, "unauthorized", 0, "unauthorized", "Log in with an API key."),
+	fixed(domain.ErrTokenBudgetSpent, http.StatusTooManyRequests, "token_budget_spent", time.Second,
+		"the provider's token budget (--token-rate, OAUTH_TOKEN_RATE) is spent for now; the refresh waits for it; try again",
+		"The provider's token budget is spent for now; the refresh waits for it. Try again in a moment."),
+	fixed(domain.ErrRefreshRateLimited, http.StatusTooManyRequests, "refresh_rate_limited", time.Second,
+		"the connection was refreshed after a 401 moments ago; the API refuses the new token too",
+		"The connection was refreshed moments ago; try again shortly."),
+	fixed(domain.ErrLockTimeout, http.StatusServiceUnavailable, "busy", time.Second,
+		"another process is refreshing the token; try again",
+		"The connection is busy (a refresh holds its lock); try again in a moment."),
+	fixed(domain.ErrStoreUnavailable, http.StatusServiceUnavailable, "store_unavailable", time.Second,
+		"the token store is unavailable; try again", "The database did not answer; try again."),
+	fixed(domain.ErrClientRejected, http.StatusServiceUnavailable, "client_rejected", time.Second,
+		"the token provider rejects this client; check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET and OAUTH_AUTH_STYLE",
+		"The provider rejects this client: check its client id, secret and auth style; nothing was changed."),
+	fixed(domain.ErrEndpointMisconfigured, http.StatusServiceUnavailable, "provider_misconfigured", time.Second,
+		"the token URL does not answer as a token endpoint; check OAUTH_TOKEN_URL",
+		"The token URL does not answer as a token endpoint: check it; nothing was changed."),
 	{match: is(domain.ErrRefreshFailing), lastAnswer: true,
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "refresh_failing", RetryAfter: 5 * time.Second,
 			Message: "the connection's refreshes are failing; the provider is asked again later (GET /connections shows why)",
 			Page:    "The connection's refreshes are failing; the provider is asked again later."}},
 	{match: providerAnswer, p: providerUnavailable, answerRetry: true},
 	{match: is(domain.ErrProviderUnavailable), p: providerUnavailable},
-	{match: is(apiclient.ErrTooLarge),
-		p: Problem{Status: http.StatusBadGateway, Code: "upstream_too_large",
-			Message: "the external API's answer is over the size limit; nothing of it was passed on",
-			Page:    "The external API's answer is over the size limit."}},
+	fixed(apiclient.ErrTooLarge, http.StatusBadGateway, "upstream_too_large", 0,
+		"the external API's answer is over the size limit; nothing of it was passed on",
+		"The external API's answer is over the size limit."),
 	{match: is(apiclient.ErrUnavailable),
 		p: spoken(Problem{Status: http.StatusBadGateway, Code: "upstream_unavailable", Message: "the external API could not be reached"})},
 	{match: timedOut,
