@@ -35,8 +35,7 @@ type AppSettings struct {
 	Network
 }
 
-// ConfigError is a missing or malformed setting, named in the message
-// (exit status 2).
+// ConfigError is a missing or malformed setting, named in the message (exit status 2).
 type ConfigError struct{ Msg string }
 
 func (e *ConfigError) Error() string { return e.Msg }
@@ -45,8 +44,7 @@ func configErr(format string, args ...any) error {
 	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
 }
 
-// ConfigFromEnvChecked is ConfigFromEnv that also checks DATABASE_URL
-// parses, and returns *ConfigError.
+// ConfigFromEnvChecked is ConfigFromEnv that also parses the database URLs, with *ConfigError.
 func ConfigFromEnvChecked(environ []string) (Config, error) {
 	c, err := ConfigFromEnv(environ)
 	if err != nil {

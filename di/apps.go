@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -25,8 +26,7 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// shutdownGrace bounds the work in flight after SIGTERM, inside the 10 s
-// an orchestrator gives.
+// shutdownGrace bounds the work in flight after SIGTERM, inside an orchestrator's 10 s.
 const shutdownGrace = 8 * time.Second
 
 // Server is the HTTP app, ready to run.
@@ -38,8 +38,7 @@ type Server struct {
 	log    *slog.Logger
 }
 
-// Run listens on HTTP_ADDR and serves until ctx is done; meanwhile it
-// sweeps the connect results nobody redeemed.
+// Run serves on HTTP_ADDR until ctx is done, sweeping the unredeemed connect results.
 func (s *Server) Run(ctx context.Context) error {
 	ln, err := net.Listen("tcp", s.addr)
 	if err != nil {
@@ -70,43 +69,39 @@ func (s *Server) sweepLoop(ctx context.Context) {
 
 // NewServer wires the HTTP app. Call the returned cleanup when done.
 func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, func(), error) {
-	a, cleanup, err := newApp(ctx, cfg, "server", 4, log)
+	a, closeApp, err := newApp(ctx, cfg, "server", 4, log)
 	if err != nil {
 		return nil, nil, err
 	}
+	cleanup := cleanups{closeApp}
+	fail := func(err error) (*Server, func(), error) { cleanup.run(); return nil, nil, err }
 	producer, err := queue.NewProducer(a.pool, log)
 	if err != nil {
-		cleanup()
-		return nil, nil, err
+		return fail(err)
 	}
 	// The public routes (the browser flow, /healthz) and the console, both
 	// reachable without a key, have small pools: the token layer keeps its own.
 	browserDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: browserConns}, repository.NewLogger(log))
 	if err != nil {
-		cleanup()
-		return nil, nil, err
+		return fail(err)
 	}
+	cleanup = append(cleanup, func() { _ = postgres.Close(browserDB) })
 	consoleDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: consoleConns}, repository.NewLogger(log))
 	if err != nil {
-		cleanup()
-		_ = postgres.Close(browserDB)
-		return nil, nil, err
+		return fail(err)
 	}
-	closeTokens := cleanup
-	cleanup = func() { closeTokens(); _ = postgres.Close(browserDB); _ = postgres.Close(consoleDB) }
+	cleanup = append(cleanup, func() { _ = postgres.Close(consoleDB) })
 	publicDB, operatorDB := browserDB, consoleDB
 	if httpapi.ControlBuild {
 		publicDB, operatorDB = a.tokens.DB, a.tokens.DB // the e2e tests' control: one pool, as before
 	}
 	sqlDB, err := publicDB.DB()
 	if err != nil {
-		cleanup()
-		return nil, nil, err
+		return fail(err)
 	}
 	apiBase, err := url.Parse(cfg.APIBaseURL)
 	if err != nil {
-		cleanup()
-		return nil, nil, configErr("API_BASE_URL is not a URL")
+		return fail(configErr("API_BASE_URL is not a URL"))
 	}
 	keys := repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0)
 	srv := httpapi.New(httpapi.Deps{
@@ -130,12 +125,11 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	})
 	con, err := newConsole(cfg, a, srv, operatorDB, log)
 	if err != nil {
-		cleanup()
-		return nil, nil, err
+		return fail(err)
 	}
 	srv.MountConsole(con)
 	return &Server{srv: srv, addr: cfg.HTTPAddr, sweep: a.tokens.Guard.SweepConnectResults,
-		pruner: repository.NewEventPruner(a.tokens.DB), log: log}, cleanup, nil
+		pruner: repository.NewEventPruner(a.tokens.DB), log: log}, cleanup.run, nil
 }
 
 const (
@@ -222,8 +216,7 @@ type app struct {
 	connects *metrics.ConnectCounter
 }
 
-// newApp opens the shared parts. queueConns > 0 opens the queue's pool
-// (migrating River's tables too if MIGRATE_ON_START).
+// newApp opens the shared parts; queueConns > 0 also opens (and migrates) the queue's pool.
 func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, log *slog.Logger) (*app, func(), error) {
 	if err := cfg.requireAPI(); err != nil {
 		return nil, nil, err
@@ -234,22 +227,19 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	if err != nil {
 		return nil, nil, err
 	}
-	stopCheck := func() {}
+	cleanup := cleanups{closeTokens}
+	fail := func(err error) (*app, func(), error) { cleanup.run(); return nil, nil, err }
 	if cfg.EndpointCheck {
-		stopCheck = checkAtStart(ctx, cfg.Config, name, repository.NewRefusalEvidence(tokens.DB), log)
+		cleanup = append(cleanup, checkAtStart(ctx, cfg.Config, name, repository.NewRefusalEvidence(tokens.DB), log))
 	} else {
 		log.Info("token endpoint check: off (TOKEN_ENDPOINT_CHECK=false); a misconfigured client shows at the first refresh")
 	}
-	closeChecked := closeTokens
-	closeTokens = func() { stopCheck(); closeChecked() }
 	if cfg.MetricsAddr != "" {
 		stopMetrics, err := serveMetrics(cfg.MetricsAddr, m, log)
 		if err != nil {
-			closeTokens()
-			return nil, nil, err
+			return fail(err)
 		}
-		closeAll := closeTokens
-		closeTokens = func() { stopMetrics(); closeAll() }
+		cleanup = append(cleanup, stopMetrics)
 	}
 	api, err := apiclient.New(cfg.APIBaseURL, tokens.Guard, apiclient.Options{
 		UserAgent: UserAgent(name),
@@ -257,26 +247,31 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 		Bases:     providerBases{tokens: tokens.RefreshToken, providers: tokens.Guard.ProviderRegistry()},
 	})
 	if err != nil {
-		closeTokens()
-		return nil, nil, err
+		return fail(err)
 	}
 	a := &app{tokens: tokens, api: api, metrics: m, connects: metrics.NewConnectCounter(reg)}
 	if queueConns == 0 {
-		return a, closeTokens, nil
+		return a, cleanup.run, nil
 	}
-	a.pool, err = queue.OpenPool(ctx, cfg.DatabaseURL, queueConns)
-	if err != nil {
-		closeTokens()
-		return nil, nil, err
+	if a.pool, err = queue.OpenPool(ctx, cfg.DatabaseURL, queueConns); err != nil {
+		return fail(err)
 	}
-	cleanup := func() { a.pool.Close(); closeTokens() }
+	cleanup = append(cleanup, a.pool.Close)
 	if cfg.MigrateOnStart {
 		if err := migrateQueue(ctx, cfg.Config, a.pool); err != nil {
-			cleanup()
-			return nil, nil, err
+			return fail(err)
 		}
 	}
-	return a, cleanup, nil
+	return a, cleanup.run, nil
+}
+
+// cleanups close what an app opened, the last opened first.
+type cleanups []func()
+
+func (c cleanups) run() {
+	for _, f := range slices.Backward(c) {
+		f()
+	}
 }
 
 // providerAPIBases are the stored providers' API base URLs.

@@ -18,8 +18,7 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 	if err := cfg.RequireOAuth(); err != nil {
 		return provider.CheckResult{}, &tokenctl.ConfigError{Err: err}
 	}
-	client := provider.NewHTTPClient(10 * time.Second)
-	client.Transport = userAgent{base: client.Transport, value: UserAgent("tokenctl")}
+	client := agentClient(10*time.Second, "tokenctl")
 	opts, err := tokenRequestOptions(cfg, client)
 	if err != nil {
 		return provider.CheckResult{}, &tokenctl.ConfigError{Err: err}
@@ -27,15 +26,13 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...), nil
 }
 
-// checkAtStart runs the token endpoint check in the background and logs
-// its verdict; the answer is kept as evidence for real grants' answers.
+// checkAtStart logs the token endpoint check's verdict, and keeps its answer as evidence.
 func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider.EvidenceStore, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		client := provider.NewHTTPClient(cfg.RefreshTimeout)
-		client.Transport = userAgent{base: client.Transport, value: UserAgent(app)}
+		client := agentClient(cfg.RefreshTimeout, app)
 		opts, err := tokenRequestOptions(cfg, client)
 		if err != nil {
 			log.Error("token endpoint check: not run", "err", err)

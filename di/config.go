@@ -23,8 +23,7 @@ import (
 	"github.com/tokenguard/tokenguard/repository"
 )
 
-// Config is everything the apps read from the environment. See the
-// configuration table in docs/configuration.md.
+// Config is everything the apps read from the environment (docs/configuration.md).
 type Config struct {
 	DatabaseURL    string        `env:"DATABASE_URL,required,notEmpty"`
 	OAuth          OAuthConfig   `envPrefix:"OAUTH_"`
@@ -68,8 +67,7 @@ type OAuthConfig struct {
 	AuthURL       string   `env:"AUTH_URL"`
 	RedirectURL   string   `env:"REDIRECT_URL"`
 	Scopes        []string `env:"SCOPES" envSeparator:","`
-	// AuthStyle is auto, header, params or private_key_jwt; unset: the
-	// profile's, else auto.
+	// AuthStyle is auto, header, params or private_key_jwt; unset: the profile's, else auto.
 	AuthStyle       string   `env:"AUTH_STYLE"`
 	Profile         string   `env:"PROFILE"`
 	ProfileParams   []string `env:"PROFILE_PARAMS" envSeparator:","`
@@ -101,8 +99,7 @@ func (c Config) MigrateURL() string {
 	return cmp.Or(c.MigrateDatabaseURL, c.DatabaseListenURL, c.DatabaseURL)
 }
 
-// Pooled says DATABASE_URL goes through a transaction pooler: nothing may
-// rely on a session.
+// Pooled says DATABASE_URL goes through a transaction pooler: nothing may rely on a session.
 func (c Config) Pooled() bool { return c.ListenURL() != c.DatabaseURL }
 
 // String never shows the client secret or the database password.
@@ -162,8 +159,7 @@ func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
 	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got %q", o.AuthStyle)
 }
 
-// clientKey reads OAUTH_CLIENT_KEY_FILE for private_key_jwt; nil for the
-// other styles. Errors never quote the file.
+// clientKey reads OAUTH_CLIENT_KEY_FILE (nil but for private_key_jwt); errors never quote it.
 func (o OAuthConfig) clientKey() (crypto.Signer, error) {
 	if o.AuthStyle != "private_key_jwt" {
 		return nil, nil
@@ -179,8 +175,7 @@ func (o OAuthConfig) clientKey() (crypto.Signer, error) {
 	return k.Signer(), nil
 }
 
-// ConfigFromEnv reads the configuration from environ (os.Environ() form)
-// and checks it. Errors name the offending variable.
+// ConfigFromEnv reads and checks the configuration in environ; errors name the variable.
 func ConfigFromEnv(environ []string) (Config, error) {
 	vars := env.ToMap(environ)
 	var c Config
@@ -326,8 +321,7 @@ func friendly(err error) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-// envKey finds the variable behind a Go field name, which is all env's
-// ParseError reports.
+// envKey is the variable behind a Go field name, all env's ParseError reports.
 func envKey(t reflect.Type, field string) string {
 	for _, v := range envVars(t) {
 		if v.field == field {

@@ -22,8 +22,7 @@ const (
 	consoleConns     = 2           // the console's pool
 )
 
-// newConsole builds srv's operator console on db, a pool of its own, with
-// tokenctl's use cases.
+// newConsole builds srv's operator console on db, a pool of its own, with tokenctl's use cases.
 func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *slog.Logger) (*console.Console, error) {
 	sealer, err := cfg.sealer()
 	if err != nil {

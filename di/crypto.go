@@ -1,6 +1,7 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -42,9 +43,10 @@ func (c Config) sealer() (repository.Sealer, error) {
 
 // Reseal is "tokenctl rotate-key": it re-encrypts every stored token and
 // provider secret with the current key, each connection under its refresh
-// lock, so running apps keep refreshing (they must know the key already).
+// lock, so running apps (which must know the key already) keep refreshing.
 // It is safe to run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
+	log = cmp.Or(log, slog.New(slog.DiscardHandler))
 	k, err := cfg.keyring()
 	if err != nil {
 		return repository.ResealResult{}, err
@@ -64,15 +66,11 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 	if err == nil {
 		var resealed, current int
 		resealed, current, err = repository.NewProviderRepository(db, k).Reseal(ctx)
-		if log != nil {
-			log.Info("rotate-key: provider client secrets", slog.Int("resealed", resealed), slog.Int("already_current", current))
-		}
+		log.Info("rotate-key: provider client secrets", slog.Int("resealed", resealed), slog.Int("already_current", current))
 	}
-	if log != nil {
-		log.Info("rotate-key", slog.String("current_key", k.Current()),
-			slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil),
-			slog.Bool("only_bound_form_from_now_on", res.OnlyBound))
-	}
+	log.Info("rotate-key", slog.String("current_key", k.Current()),
+		slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil),
+		slog.Bool("only_bound_form_from_now_on", res.OnlyBound))
 	if err != nil {
 		return res, fmt.Errorf("rotate-key: %w", err)
 	}

@@ -37,14 +37,12 @@ type Tokens struct {
 	OAuth        *oauth2.Config
 }
 
-// NewTokens opens the database (migrating it if cfg says so) and builds the
-// token layer. Call the returned cleanup when done.
+// NewTokens opens (and maybe migrates) the database and builds the token layer; call the cleanup.
 func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func(), error) {
 	return NewTokensWith(ctx, cfg, log, TokenOptions{})
 }
 
-// TokenOptions say which app the token layer serves and where its metrics
-// go. The zero value is an anonymous process without metrics.
+// TokenOptions say which app the token layer serves and where its metrics go (zero: none).
 type TokenOptions struct {
 	App             string                // User-Agent tokenguard-<app>/<version> at the token endpoint
 	Registry        prometheus.Registerer // nil: no metrics
@@ -123,10 +121,7 @@ func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Op
 	if err != nil {
 		return nil, err
 	}
-	tokenHTTP := provider.NewHTTPClient(cfg.AnswerDeadline)
-	if o.App != "" {
-		tokenHTTP.Transport = userAgent{base: tokenHTTP.Transport, value: UserAgent(o.App)}
-	}
+	tokenHTTP := agentClient(cfg.AnswerDeadline, o.App)
 	opts := []tokenguard.Option{
 		tokenguard.WithSkew(cfg.RefreshSkew),
 		tokenguard.WithLockWait(cfg.LockWait),
@@ -185,9 +180,8 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 }
 
 // NewRevoker revokes refresh tokens at each connection's provider
-// (OAUTH_REVOCATION_URL, or a stored provider's own URL), the client
-// authenticated as at the token endpoint: with OAUTH_CLIENT_KEY_FILE's
-// assertions for private_key_jwt.
+// (OAUTH_REVOCATION_URL, or a stored provider's), authenticated as at its
+// token endpoint.
 func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*provider.Revocations, error) {
 	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
 	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
@@ -206,9 +200,8 @@ func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*pr
 		client, repository.NewAuthStyles(db)), nil
 }
 
-// signingKey is OAUTH_CLIENT_KEY_FILE's key for private_key_jwt (nil for
-// the other styles), and whether the profile makes the issuer its
-// assertions' audience.
+// signingKey is OAUTH_CLIENT_KEY_FILE's key (nil but for private_key_jwt), and whether the
+// profile makes the issuer its assertions' audience.
 func (o OAuthConfig) signingKey() (_ *clientkey.Key, issuerAud bool, _ error) {
 	signer, err := o.clientKey()
 	if err != nil || signer == nil {
@@ -222,9 +215,8 @@ func (o OAuthConfig) signingKey() (_ *clientkey.Key, issuerAud bool, _ error) {
 	return k, p.AssertionAud == domain.AudienceIssuer, nil
 }
 
-// tokenRequestOptions authenticate a token request of the OAUTH_*
-// provider made outside the token layer (the endpoint check) as the token
-// layer's are: the client key, the resource indicator.
+// tokenRequestOptions make a token request outside the token layer (the
+// endpoint check) as the token layer does: client key, resource indicator.
 func tokenRequestOptions(cfg Config, client *http.Client) ([]provider.Option, error) {
 	key, issuerAud, err := cfg.OAuth.signingKey()
 	if err != nil {

@@ -74,8 +74,7 @@ func envWarnings(environ []string, secretNeeded bool) []envWarning {
 	return out
 }
 
-// closest is the known name within a typo of name (2 edits, or a fifth of
-// a long name), if any.
+// closest is the known name within a typo (2 edits, or a fifth of a long name) of name.
 func closest(name string) string {
 	best, bestDist := "", 0
 	for _, k := range knownVars {

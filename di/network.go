@@ -14,8 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/queue"
 )
 
-// Network is what the server needs to face a network, and where the worker
-// sends webhooks.
+// Network is what the server needs to face a network, and the worker's webhook.
 type Network struct {
 	// PublicURL is the server's address as browsers use it.
 	PublicURL string `env:"PUBLIC_URL"`
@@ -31,8 +30,7 @@ type Network struct {
 	WebhookSecret SecretString `env:"WEBHOOK_SECRET"`
 }
 
-// SecretString is a secret setting: it prints as [REDACTED] under every
-// verb and encoder.
+// SecretString is a secret setting: [REDACTED] under every verb and encoder.
 type SecretString string
 
 func (s SecretString) mask() string {

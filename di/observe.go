@@ -8,10 +8,11 @@ import (
 	"net"
 	"net/http"
 	"time"
+
+	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
-// userAgent names the app in its token endpoint requests: the provider
-// can tell which process refreshed.
+// userAgent names the app at the token endpoint: which process refreshed.
 type userAgent struct {
 	base  http.RoundTripper
 	value string
@@ -23,8 +24,16 @@ func (u userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
 	return u.base.RoundTrip(r)
 }
 
-// serveMetrics serves m at GET /metrics on addr until stop. It listens
-// now, so a taken address fails the start-up.
+// agentClient is a token endpoint client with app's User-Agent, if any.
+func agentClient(timeout time.Duration, app string) *http.Client {
+	c := provider.NewHTTPClient(timeout)
+	if app != "" {
+		c.Transport = userAgent{base: c.Transport, value: UserAgent(app)}
+	}
+	return c
+}
+
+// serveMetrics serves m at GET /metrics on addr until stop; a taken address fails the start.
 func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), err error) {
 	ln, err := net.Listen("tcp", addr)
 	if err != nil {

@@ -64,8 +64,7 @@ func ExitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
 	return 1
 }
 
-// NewLogger is the apps' logger on w: JSON lines, or key=value lines with
-// format "text".
+// NewLogger is the apps' logger on w: JSON lines, or key=value lines with format "text".
 func NewLogger(w io.Writer, level, format string) *slog.Logger {
 	var l slog.Level
 	_ = l.UnmarshalText([]byte(strings.ToUpper(level)))

@@ -23,8 +23,7 @@ type Store struct {
 	Providers  *repository.ProviderRepository
 }
 
-// NewStore opens the database without migrating; it needs no OAuth2
-// settings. Call the returned cleanup when done.
+// NewStore opens the database unmigrated, needing no OAuth2 settings; call the cleanup.
 func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func(), error) {
 	sealer, err := cfg.sealer()
 	if err != nil {

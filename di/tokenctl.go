@@ -34,8 +34,7 @@ func RunTokenctl(args, environ []string, stdin io.Reader, stdout, stderr io.Writ
 	return code
 }
 
-// Tokenctl is the operator CLI's backend, configured from environ when a
-// command first needs it.
+// Tokenctl is the operator CLI's backend, configured from environ when a command needs it.
 func Tokenctl(environ []string, logTo io.Writer) tokenctl.Backend {
 	return tokenctlBackend{environ: environ, logTo: logTo}
 }
@@ -141,8 +140,8 @@ func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Gra
 	return s.ConnectBound(ctx, id, provider, g, metadata, domain.Secret{}, "")
 }
 
-// ConnectBound is Connect for a grant bound to the DPoP key (PEM,
-// thumbprint jkt). One without an expiry gets its provider's default lifetime.
+// ConnectBound is Connect for a grant bound to a DPoP key (PEM, thumbprint jkt). A grant
+// without an expiry gets its provider's default lifetime.
 func (s ctlStore) ConnectBound(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime

@@ -28,8 +28,7 @@ func PrintEnv(w io.Writer, settings any, traced bool) {
 
 type envVar struct{ field, name, note string }
 
-// envVars are the variables t's env tags name, in field order, each with
-// its default or "(required)".
+// envVars are the variables t's env tags name, in field order, with default or "(required)".
 func envVars(t reflect.Type) []envVar {
 	var out []envVar
 	var walk func(t reflect.Type, prefix string)

@@ -29,9 +29,8 @@ type KeyBackend interface {
 
 // KeyStore is the server's API keys as the operator sees them.
 type KeyStore interface {
-	// Create makes a new key called name with what it may do (nil scopes
-	// or connections: every) and returns it; ErrKeyExists if the name is
-	// taken.
+	// Create makes key name with access (nil scopes or connections: every);
+	// ErrKeyExists if the name is taken.
 	Create(ctx context.Context, name string, access domain.KeyAccess) (domain.Secret, error)
 	List(ctx context.Context) ([]APIKey, error)
 	// Revoke deletes the key; domain.ErrNotFound if there is none.
@@ -52,13 +51,8 @@ var ErrKeyExists = errors.New("an API key with that name exists")
 func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	fail := failer(stdio.Stderr, "apikey ")
 	kb, ok := backend.(KeyBackend)
-	if len(args) == 0 || !ok {
-		fmt.Fprintln(stdio.Stderr, apikeyUsage)
-		return exitUsage
-	}
-	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(stdio.Stderr, apikeyUsage)
-		return exitOK
+	if code, ok := subcommand(args, ok, apikeyUsage, stdio.Stderr); !ok {
+		return code
 	}
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl apikey "+cmd, flag.ContinueOnError)
@@ -77,69 +71,60 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
 		return code
 	}
-	access, err := keyAccess(fs, scopes, connections, stdio.Stderr)
+	access, err := keyAccess(setFlags(fs), scopes, connections, stdio.Stderr)
 	if err != nil {
 		return fail(exitUsage, "create: %v", err)
 	}
 	if code, ok := checkName(cmd, "key", name, fail); !ok {
 		return code
 	}
-	store, cleanup, err := kb.OpenKeys(ctx)
-	if err != nil {
-		return failed(fail, "", err)
-	}
-	defer cleanup()
-	switch cmd {
-	case "create":
-		key, err := store.Create(ctx, name, access)
-		switch {
-		case errors.Is(err, ErrKeyExists):
-			return fail(exitUsage, "create: a key named %q exists; revoke it first or pick another name", name)
-		case errors.Is(err, domain.ErrInvalidKeyAccess):
-			return fail(exitUsage, "create: %v", err)
-		case err != nil:
-			return fail(exitFailure, "create: %v", err)
+	return withOpen(ctx, kb.OpenKeys, fail, func(store KeyStore) int {
+		switch cmd {
+		case "create":
+			key, err := store.Create(ctx, name, access)
+			switch {
+			case errors.Is(err, ErrKeyExists):
+				return fail(exitUsage, "create: a key named %q exists; revoke it first or pick another name", name)
+			case err != nil:
+				return fail(exitFor(err, domain.ErrInvalidKeyAccess), "create: %v", err)
+			}
+			// The only place a key is ever shown: alone on stdout, for a
+			// pipe or a secret store.
+			fmt.Fprintln(stdio.Stdout, key.Reveal())
+			fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
+				name, scopeList(access), patternList(access))
+		case "list":
+			return listKeys(ctx, store, stdio, fail)
+		case "revoke":
+			err := store.Revoke(ctx, name)
+			switch {
+			case errors.Is(err, domain.ErrNotFound):
+				return fail(exitUsage, "revoke: no API key named %q", name)
+			case err != nil:
+				return fail(exitFailure, "revoke: %v", err)
+			}
+			fmt.Fprintf(stdio.Stdout, "revoked API key %s\n", name)
 		}
-		// The only place a key is ever shown: alone on stdout, for a
-		// pipe or a secret store.
-		fmt.Fprintln(stdio.Stdout, key.Reveal())
-		fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
-			name, scopeList(access), patternList(access))
-	case "list":
-		return listKeys(ctx, store, stdio, fail)
-	case "revoke":
-		err := store.Revoke(ctx, name)
-		switch {
-		case errors.Is(err, domain.ErrNotFound):
-			return fail(exitUsage, "revoke: no API key named %q", name)
-		case err != nil:
-			return fail(exitFailure, "revoke: %v", err)
-		}
-		fmt.Fprintf(stdio.Stdout, "revoked API key %s\n", name)
-	}
-	return exitOK
+		return exitOK
+	})
 }
 
-// keyAccess is what apikey create's --scopes and --connections grant
-// (every scope, every connection when not given); a pattern that can
-// match no name is warned about on stderr.
-func keyAccess(fs *flag.FlagSet, scopes, connections string, stderr io.Writer) (domain.KeyAccess, error) {
+// keyAccess is what --scopes and --connections grant (unset: every), warning of a pattern
+// that matches no name.
+func keyAccess(set map[string]bool, scopes, connections string, stderr io.Writer) (domain.KeyAccess, error) {
 	var access domain.KeyAccess
-	if flagSet(fs, "scopes") {
+	if set["scopes"] {
 		s, err := domain.ParseScopes(strings.Split(scopes, ","))
 		if err != nil {
 			return access, fmt.Errorf("--scopes: %w", err)
 		}
 		access.Scopes = s
 	}
-	if !flagSet(fs, "connections") {
+	if !set["connections"] {
 		return access, nil
 	}
 	access.Connections = []string{}
-	for p := range strings.SplitSeq(connections, ",") {
-		if p = strings.TrimSpace(p); p == "" {
-			continue
-		}
+	for _, p := range splitList(connections) {
 		if err := domain.ValidateConnectionPattern(p); err != nil {
 			return access, fmt.Errorf("--connections: %w", err)
 		}
@@ -155,7 +140,7 @@ func keyAccess(fs *flag.FlagSet, scopes, connections string, stderr io.Writer) (
 }
 
 // listKeys is tokenctl apikey list.
-func listKeys(ctx context.Context, store KeyStore, stdio IO, fail func(int, string, ...any) int) int {
+func listKeys(ctx context.Context, store KeyStore, stdio IO, fail failFunc) int {
 	keys, err := store.List(ctx)
 	if err != nil {
 		return fail(exitFailure, "list: %v", err)
@@ -177,8 +162,7 @@ func listKeys(ctx context.Context, store KeyStore, stdio IO, fail func(int, stri
 	return exitOK
 }
 
-// scopeList is a key's scopes as list shows them: "all" for every scope
-// (keys created before scopes, or without --scopes).
+// scopeList is a key's scopes: "all" for every scope (no --scopes, or created before scopes).
 func scopeList(a domain.KeyAccess) string {
 	if a.Scopes == nil {
 		return "all"

@@ -1,10 +1,12 @@
 package tokenctl
 
 import (
+	"context"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -56,8 +58,78 @@ func flagProblem(fs *flag.FlagSet, err error) string {
 	return "unknown flag or bad flag syntax (not shown); see -h"
 }
 
+// failFunc prints "tokenctl: " and its message on stderr and returns code.
+type failFunc func(code int, format string, a ...any) int
+
+func failer(stderr io.Writer, prefix string) failFunc {
+	return func(code int, format string, a ...any) int {
+		fmt.Fprintf(stderr, "tokenctl: "+prefix+format+"\n", a...)
+		return code
+	}
+}
+
+// failed reports a backend error; configuration errors are usage errors.
+func failed(fail failFunc, prefix string, err error) int {
+	var ce *ConfigError
+	if errors.As(err, &ce) {
+		return fail(exitUsage, "%v", ce)
+	}
+	return fail(exitFailure, "%s%v", prefix, err)
+}
+
+// exitFor is exitUsage for an error in the operator's input (one of usage), else exitFailure.
+func exitFor(err error, usage ...error) int {
+	for _, u := range usage {
+		if errors.Is(err, u) {
+			return exitUsage
+		}
+	}
+	return exitFailure
+}
+
+// subcommand prints the usage unless args name a subcommand the backend supports, and says
+// whether it goes on (else with which exit status: help asked for is not an error).
+func subcommand(args []string, supported bool, usage string, stderr io.Writer) (int, bool) {
+	if len(args) > 0 && supported && !slices.Contains([]string{"help", "-h", "--help"}, args[0]) {
+		return exitOK, true
+	}
+	fmt.Fprintln(stderr, usage)
+	if len(args) == 0 || !supported {
+		return exitUsage, false
+	}
+	return exitOK, false
+}
+
+// withOpen runs fn on what open opens, and closes it.
+func withOpen[S any](ctx context.Context, open func(context.Context) (S, func(), error), fail failFunc, fn func(S) int) int {
+	s, cleanup, err := open(ctx)
+	if err != nil {
+		return failed(fail, "", err)
+	}
+	defer cleanup()
+	return fn(s)
+}
+
+// setFlags are the flags the command line set (even to "").
+func setFlags(fs *flag.FlagSet) map[string]bool {
+	set := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { set[f.Name] = true })
+	return set
+}
+
+// splitList is a comma-separated list's items, trimmed, without empty ones.
+func splitList(s string) []string {
+	var out []string
+	for item := range strings.SplitSeq(s, ",") {
+		if item = strings.TrimSpace(item); item != "" {
+			out = append(out, item)
+		}
+	}
+	return out
+}
+
 // checkName checks the --name of every subcommand but list.
-func checkName(cmd, what, name string, fail func(int, string, ...any) int) (int, bool) {
+func checkName(cmd, what, name string, fail failFunc) (int, bool) {
 	switch {
 	case cmd == "list":
 	case name == "":

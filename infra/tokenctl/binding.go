@@ -9,10 +9,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// printDetails says who granted each connection whose account is known,
-// which requested scopes the grant lacks, which granted scopes a refresh
-// no longer granted (scopes_reduced), and the connection's metadata
-// and tags, if it has any.
+// printDetails prints each connection's details, when it has any: who
+// granted it, the scopes it lacks or lost, its DPoP key, metadata and tags.
 func printDetails(w io.Writer, conns []domain.Connection) {
 	for _, c := range conns {
 		if b := c.Binding; b.Account != "" || b.MissingScopes != "" || b.ScopesReduced != "" {

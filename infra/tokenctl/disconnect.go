@@ -3,14 +3,13 @@ package tokenctl
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
 
 // disconnect is tokenctl disconnect --connection NAME [--revoke].
-func disconnect(ctx context.Context, store Store, name string, revoke bool, stdio IO, fail func(int, string, ...any) int) int {
+func disconnect(ctx context.Context, store Store, name string, revoke bool, stdio IO, fail failFunc) int {
 	t, err := store.Disconnect(ctx, name, revoke)
 	switch {
 	case errors.Is(err, domain.ErrNotFound):
@@ -31,11 +30,4 @@ func disconnect(ctx context.Context, store Store, name string, revoke bool, stdi
 	fmt.Fprintf(stdio.Stdout, "disconnected %s (was %s at version %d): %s; every process drops its cached token\n",
 		t.Connection, t.Status, t.Version, how)
 	return exitOK
-}
-
-// flagSet reports whether the command line set flag name (even to "").
-func flagSet(fs *flag.FlagSet, name string) bool {
-	set := false
-	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
-	return set
 }

@@ -22,8 +22,7 @@ type boundKey struct {
 	jkt string
 }
 
-// readDPoPKey reads the PEM private key at path ("" for none). Errors
-// never quote the file.
+// readDPoPKey reads the PEM private key at path ("" for none); errors never quote the file.
 func readDPoPKey(path string) (boundKey, error) {
 	if path == "" {
 		return boundKey{}, nil

@@ -134,8 +134,7 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	}
 }
 
-// apply sets on p the settings whose flags are in set, and the secret when
-// there is one.
+// apply sets on p the settings whose flags are in set, and the secret if any.
 func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *domain.Secret) error {
 	setIf(set, "token-url", &p.TokenURL, f.tokenURL)
 	setIf(set, "client-id", &p.ClientID, f.clientID)
@@ -155,12 +154,7 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 		p.AuthStyle = style
 	}
 	if set["scopes"] {
-		p.Scopes = nil
-		for s := range strings.SplitSeq(f.scopes, ",") {
-			if s = strings.TrimSpace(s); s != "" {
-				p.Scopes = append(p.Scopes, s)
-			}
-		}
+		p.Scopes = splitList(f.scopes)
 	}
 	if set["par"] {
 		mode, err := domain.ParsePARMode(f.par)
@@ -252,13 +246,8 @@ func readSecret(r io.Reader) (domain.Secret, error) {
 func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	fail := failer(stdio.Stderr, "provider ")
 	pb, ok := backend.(ProviderBackend)
-	if len(args) == 0 || !ok {
-		fmt.Fprintln(stdio.Stderr, providerUsage)
-		return exitUsage
-	}
-	if args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(stdio.Stderr, providerUsage)
-		return exitOK
+	if code, ok := subcommand(args, ok, providerUsage, stdio.Stderr); !ok {
+		return code
 	}
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl provider "+cmd, flag.ContinueOnError)
@@ -277,8 +266,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
 		return code
 	}
-	set := map[string]bool{}
-	fs.Visit(func(fl *flag.Flag) { set[fl.Name] = true })
+	set := setFlags(fs)
 	if cmd == "profiles" {
 		return listProfiles(f.name, stdio, fail)
 	}
@@ -319,23 +307,16 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if cmd == "add" && f.profile == "" {
 		set["auth-style"] = true // its default, auto
 	}
-	store, cleanup, err := pb.OpenProviders(ctx)
-	if err != nil {
-		return failed(fail, "", err)
-	}
-	defer cleanup()
-	return f.run(ctx, cmd, store, set, secret, stdio, fail)
+	return withOpen(ctx, pb.OpenProviders, fail, func(store ProviderStore) int {
+		return f.run(ctx, cmd, store, set, secret, stdio, fail)
+	})
 }
 
 // run carries out provider command cmd, its input checked, on store.
-func (f *providerFlags) run(ctx context.Context, cmd string, store ProviderStore, set map[string]bool, secret *domain.Secret, stdio IO, fail func(int, string, ...any) int) int {
+func (f *providerFlags) run(ctx context.Context, cmd string, store ProviderStore, set map[string]bool, secret *domain.Secret, stdio IO, fail failFunc) int {
 	failed := func(err error) int {
-		code := exitFailure
-		if errors.Is(err, domain.ErrInvalidProvider) || errors.Is(err, domain.ErrProviderExists) || errors.Is(err, domain.ErrUnknownProfile) ||
-			errors.Is(err, domain.ErrUnknownProvider) || errors.Is(err, domain.ErrProviderInUse) {
-			code = exitUsage
-		}
-		return fail(code, "%s: %v", cmd, err)
+		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
+			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", cmd, err)
 	}
 	switch cmd {
 	case "add":
@@ -389,8 +370,7 @@ func (f *providerFlags) run(ctx context.Context, cmd string, store ProviderStore
 	return exitOK
 }
 
-// readClientKey reads and checks a PEM private key for private_key_jwt.
-// Errors never quote the file.
+// readClientKey reads and checks a PEM private key for private_key_jwt; errors never quote the file.
 func readClientKey(path string) (domain.Secret, error) {
 	data, err := os.ReadFile(path)
 	if err != nil {
@@ -408,7 +388,7 @@ func warnPlaintext(store ProviderStore, stdio IO) {
 	}
 }
 
-func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail func(int, string, ...any) int) int {
+func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail failFunc) int {
 	list, err := store.List(ctx)
 	if err != nil {
 		return fail(exitFailure, "list: %v", err)
@@ -444,7 +424,7 @@ func listProviders(ctx context.Context, store ProviderStore, stdio IO, fail func
 }
 
 // listProfiles prints the catalog, or one profile's claims and sources.
-func listProfiles(name string, stdio IO, fail func(int, string, ...any) int) int {
+func listProfiles(name string, stdio IO, fail failFunc) int {
 	tw := tabwriter.NewWriter(stdio.Stdout, 0, 0, 2, ' ', 0)
 	if name != "" {
 		p, err := profiles.Get(name)

@@ -12,7 +12,7 @@ import (
 const reactivatePage = 100
 
 // reactivateOne is tokenctl reactivate --connection NAME.
-func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail func(int, string, ...any) int) int {
+func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail failFunc) int {
 	found, version, err := store.Reactivate(ctx, name, "")
 	switch {
 	case errors.Is(err, domain.ErrNotFound):
@@ -24,11 +24,10 @@ func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail
 	return exitOK
 }
 
-// reactivateAll is tokenctl reactivate --all-with-reason REASON: it walks
-// the matching connections a page at a time, each reactivated in its own
-// transaction under its own lock. A connection whose lock stays taken is
-// reported and skipped, and the exit status says so; any other error stops.
-func reactivateAll(ctx context.Context, store Store, reason string, stdio IO, fail func(int, string, ...any) int) int {
+// reactivateAll is tokenctl reactivate --all-with-reason REASON, a page at
+// a time, each under its own lock. A connection whose lock stays taken is
+// skipped, and the exit status says so; any other error stops.
+func reactivateAll(ctx context.Context, store Store, reason string, stdio IO, fail failFunc) int {
 	done, skipped := 0, 0
 	for after := ""; ; {
 		page, err := store.NeedingReauth(ctx, reason, after, reactivatePage)

@@ -94,12 +94,8 @@ func Main(args []string, backend Backend, stdio IO) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	fail := failer(stdio.Stderr, "")
-	if len(args) == 0 || args[0] == "help" || args[0] == "-h" || args[0] == "--help" {
-		fmt.Fprintln(stdio.Stderr, usage)
-		if len(args) == 0 {
-			return exitUsage
-		}
-		return exitOK
+	if code, ok := subcommand(args, true, usage, stdio.Stderr); !ok {
+		return code
 	}
 	cmd, rest := args[0], args[1:]
 	switch cmd {
@@ -119,7 +115,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 }
 
 // adminCmd is tokenctl migrate, check and rotate-key, which take no flags.
-func adminCmd(ctx context.Context, cmd string, args []string, backend Backend, stdio IO, fail func(int, string, ...any) int) int {
+func adminCmd(ctx context.Context, cmd string, args []string, backend Backend, stdio IO, fail failFunc) int {
 	if code, ok := parseFlags(flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError), args, stdio.Stderr); !ok {
 		return code
 	}
@@ -148,9 +144,8 @@ func adminCmd(ctx context.Context, cmd string, args []string, backend Backend, s
 	return exitOK
 }
 
-// importCmd is tokenctl import: bad input fails before the database is
-// opened.
-func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fail func(int, string, ...any) int) int {
+// importCmd is tokenctl import: bad input fails before the database is opened.
+func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fail failFunc) int {
 	fs := flag.NewFlagSet("tokenctl import", flag.ContinueOnError)
 	var connection, providerName, metadataJSON, tags, dpopKeyFile string
 	fs.StringVar(&connection, "connection", "", "connection `NAME` to store the token under")
@@ -165,7 +160,7 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 		return fail(exitUsage, "import: --connection NAME is required")
 	}
 	var metadata *domain.Metadata
-	if flagSet(fs, "metadata") || flagSet(fs, "tags") {
+	if set := setFlags(fs); set["metadata"] || set["tags"] {
 		var tagList []string
 		if tags != "" {
 			tagList = strings.Split(tags, ",")
@@ -190,14 +185,11 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 	if err != nil {
 		return fail(exitUsage, "import: %v; nothing stored", err)
 	}
-	return withStore(ctx, backend, fail, func(store Store) int {
+	return withOpen(ctx, backend.Open, fail, func(store Store) int {
 		t, err := key.connect(ctx, store, connection, providerName, grant, metadata)
-		switch {
-		case errors.Is(err, domain.ErrInvalidToken), errors.Is(err, domain.ErrInvalidConnection), errors.Is(err, domain.ErrUnknownProvider),
-			errors.Is(err, domain.ErrInvalidMetadata):
-			return fail(exitUsage, "import: %v", err)
-		case err != nil:
-			return fail(exitFailure, "import: %v", err)
+		if err != nil {
+			return fail(exitFor(err, domain.ErrInvalidToken, domain.ErrInvalidConnection, domain.ErrUnknownProvider,
+				domain.ErrInvalidMetadata), "import: %v", err)
 		}
 		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d%s\n",
 			t.Connection, t.Status, formatTime(t.Expiry), t.Version, providerNote(t.Provider))
@@ -206,7 +198,7 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 }
 
 // connectionCmd is tokenctl status, disconnect and reactivate.
-func connectionCmd(ctx context.Context, cmd string, args []string, backend Backend, stdio IO, fail func(int, string, ...any) int) int {
+func connectionCmd(ctx context.Context, cmd string, args []string, backend Backend, stdio IO, fail failFunc) int {
 	fs := flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError)
 	var connection, reason string
 	var revoke bool
@@ -232,7 +224,7 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 	if err := domain.ValidateName(connection); connection != "" && err != nil {
 		return fail(exitUsage, "%v", err)
 	}
-	return withStore(ctx, backend, fail, func(store Store) int {
+	return withOpen(ctx, backend.Open, fail, func(store Store) int {
 		switch {
 		case cmd == "status":
 			return status(ctx, store, connection, stdio, fail)
@@ -245,18 +237,8 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 	})
 }
 
-// withStore runs fn on the opened store.
-func withStore(ctx context.Context, backend Backend, fail func(int, string, ...any) int, fn func(Store) int) int {
-	store, cleanup, err := backend.Open(ctx)
-	if err != nil {
-		return failed(fail, "", err)
-	}
-	defer cleanup()
-	return fn(store)
-}
-
 // status is tokenctl status [--connection NAME].
-func status(ctx context.Context, store Store, connection string, stdio IO, fail func(int, string, ...any) int) int {
+func status(ctx context.Context, store Store, connection string, stdio IO, fail failFunc) int {
 	now := time.Now()
 	p := newStatusPrinter(stdio.Stdout)
 	p.notice = expiringNotice(store)
@@ -280,25 +262,7 @@ func status(ctx context.Context, store Store, connection string, stdio IO, fail 
 	return exitOK
 }
 
-// failer prints a message on stderr and returns the exit status.
-func failer(stderr io.Writer, prefix string) func(code int, format string, a ...any) int {
-	return func(code int, format string, a ...any) int {
-		fmt.Fprintf(stderr, "tokenctl: "+prefix+format+"\n", a...)
-		return code
-	}
-}
-
-// failed reports a backend error; configuration errors are usage errors.
-func failed(fail func(int, string, ...any) int, prefix string, err error) int {
-	var ce *ConfigError
-	if errors.As(err, &ce) {
-		return fail(exitUsage, "%v", ce)
-	}
-	return fail(exitFailure, "%s%v", prefix, err)
-}
-
-// readGrant reads one token in golang.org/x/oauth2's JSON shape, with the
-// granted scope when it is there.
+// readGrant reads one token in golang.org/x/oauth2's JSON shape, with its granted scope if any.
 func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	dec := json.NewDecoder(io.LimitReader(r, 1<<20))
 	var raw json.RawMessage
@@ -355,8 +319,7 @@ func jsonCause(err error) error {
 	return errors.New("a value does not fit its field (expiry must be RFC 3339)")
 }
 
-// statusPrinter streams status lines, aligned in blocks of statusBlock
-// lines, each followed by its connections' details.
+// statusPrinter streams status lines aligned in blocks, each followed by its connections' details.
 type statusPrinter struct {
 	w      io.Writer
 	notice time.Duration // TOKEN_EXPIRING_NOTICE
@@ -382,8 +345,7 @@ func expiringNotice(s Store) time.Duration {
 	return DefaultExpiringNotice
 }
 
-// expiring is the EXPIRING column: how soon the refresh token dies, once
-// within the notice.
+// expiring is the EXPIRING column: how soon the refresh token dies, once within the notice.
 func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
 	if t.RefreshExpiry.IsZero() || notice <= 0 || t.RefreshExpiry.Sub(now) > notice {
 		return "-"
