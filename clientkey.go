@@ -11,17 +11,13 @@ import (
 )
 
 // WithClientKey authenticates the client of New's oauth2.Config with
-// private_key_jwt (RFC 7523 §2.2) instead of its client secret: every
-// token request (code exchange, refresh) carries a fresh assertion signed
-// with signer (EC P-256: ES256; RSA of 2048 bits or more: RS256), iss and
-// sub the client id, aud the token endpoint, a one-minute exp and a unique
-// jti. Its kid is its RFC 7638 thumbprint; ClientJWKS serves its public
-// half for providers that fetch the client's keys.
+// private_key_jwt (RFC 7523 §2.2) instead of its secret: every token
+// request carries a fresh one-minute assertion signed with signer (EC
+// P-256 or RSA of at least 2048 bits). ClientJWKS serves its public half.
 func WithClientKey(signer crypto.Signer) Option { return func(o *options) { o.clientKey = signer } }
 
-// ClientJWKS is the JSON Web Key Set of the public halves of the client
-// keys in use ({"keys":[]} when none), as GET /.well-known/jwks.json
-// serves it.
+// ClientJWKS is the JSON Web Key Set of the client keys in use
+// ({"keys":[]} when none), for GET /.well-known/jwks.json.
 func (t *Tokens) ClientJWKS() []byte {
 	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{}}
 	seen := map[string]bool{}
@@ -35,15 +31,12 @@ func (t *Tokens) ClientJWKS() []byte {
 	return b
 }
 
-// WithResource names the resource server the access tokens of New's
-// oauth2.Config's provider are for (RFC 8707): sent on the authorization
-// request of the connect flow and on every token request (code exchange,
-// refresh).
+// WithResource names the resource server (RFC 8707) of the access tokens
+// of New's oauth2.Config, sent on its authorization and token requests.
 func WithResource(url string) Option { return func(o *options) { o.resource = url } }
 
 // PARMode says when the connect flow pushes its authorization request
-// (RFC 9126): PARAuto (the default) when the provider's metadata or
-// profile says it requires it, PARAlways, or PARNever.
+// (RFC 9126); PARAuto, the default, when the provider requires it.
 type PARMode = domain.PARMode
 
 // The PAR modes (OAUTH_PAR, tokenctl provider add --par).
@@ -57,11 +50,8 @@ const (
 // error wrapping ErrInvalidProvider.
 func ParsePARMode(s string) (PARMode, error) { return domain.ParsePARMode(s) }
 
-// WithPAR says when the connect flow of New's oauth2.Config's provider
-// pushes its authorization request to the provider (RFC 9126): the
-// request (PKCE S256, the profile's parameters, the resource indicator
-// and, with DPoP, dpop_jkt) is posted with the client's authentication,
-// as a token request, and the browser goes to the authorization endpoint
-// with only client_id and request_uri. The provider's metadata is found
-// from its token endpoint. A mode ParsePARMode refuses makes New fail.
+// WithPAR says when the connect flow of New's oauth2.Config pushes its
+// authorization request (RFC 9126): posted with the client's
+// authentication, so that the browser's URL carries only client_id and
+// request_uri. A mode ParsePARMode refuses makes New fail.
 func WithPAR(mode PARMode) Option { return func(o *options) { o.par = mode } }

@@ -19,20 +19,17 @@ import (
 )
 
 // ConnectFlow is one browser's authorization-code flow for a connection,
-// from AuthCodeURL to Complete. The caller fills what the flow is for;
-// AuthCodeURL fills State and Verifier. Keep the flow server-side, bound
-// to the browser that started it, never in a URL: Verifier is the PKCE
-// secret (for a DPoP provider, the seed of the PKCE verifier and of the
-// grant's key).
+// from AuthCodeURL (which fills State and Verifier) to Complete. Keep it
+// server-side, bound to the browser that started it, never in a URL:
+// Verifier is the PKCE secret (with DPoP, also the seed of the grant's key).
 type ConnectFlow struct {
 	Connection  string
 	Provider    string // a stored provider; "" is New's oauth2.Config's
 	RedirectURL string // "" is New's oauth2.Config's
-	// AllowAccountChange lets a grant from another provider account than
-	// the connection's replace it.
+	// AllowAccountChange lets a grant from another provider account replace the connection's.
 	AllowAccountChange bool
 	// Metadata (a JSON object) and Tags replace the connection's when the
-	// result is redeemed; both nil keep the connection's own.
+	// result is redeemed; both nil keep its own.
 	Metadata  json.RawMessage
 	Tags      []string
 	CreatedBy string // who asked for the flow, kept with the pending result
@@ -43,9 +40,8 @@ type ConnectFlow struct {
 // ConnectResult is a consent's grant, kept pending: nothing is stored for
 // the connection until Redeem is called with Code.
 type ConnectResult struct {
-	// Code is the one-time result code (tgr_…), valid until ExpiresAt.
-	// Only the part of the application that knows which user started the
-	// flow should Redeem it.
+	// Code is the one-time result code (tgr_…), valid until ExpiresAt, for
+	// the part of the application that knows which user started the flow.
 	Code          string
 	Connection    string
 	Account       string // the provider account that consented; "" when unknown
@@ -63,10 +59,9 @@ type Connected struct {
 	MissingScopes []string
 }
 
-// ConnectError says why Complete stored nothing, with the reason code a
-// browser can be shown (bad_state, bad_request, exchange_failed,
-// account_unknown, unknown_provider, or the provider's own OAuth2 error
-// code such as access_denied). Match it with errors.As.
+// ConnectError says why Complete stored nothing, with a reason code a
+// browser can be shown (bad_state, exchange_failed, access_denied, ...).
+// Match it with errors.As.
 type ConnectError = domain.ConnectError
 
 // ResultLifetime is how long a result waits for Redeem; after that its
@@ -75,9 +70,8 @@ const ResultLifetime = 10 * time.Minute
 
 // AuthCodeURL starts the authorization-code flow of f.Connection: it
 // returns the provider's authorization URL, and f with a fresh State and
-// PKCE Verifier to keep until the callback. The request carries the
-// profile's authorization parameters (prompt=consent where supported, so
-// an earlier approval does not let a consent pass unseen).
+// Verifier to keep until the callback. The request carries the profile's
+// parameters (prompt=consent where supported, so no consent passes unseen).
 func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, ConnectFlow, error) {
 	if t.closed.Load() {
 		return "", f, ErrClosed
@@ -116,20 +110,15 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 		opts = append(opts, oauth2.SetAuthURLParam("dpop_jkt", key.jkt))
 	}
 	authURL, err := t.pushed(ctx, f, client, client.AuthCodeURL(f.State, opts...))
-	if err != nil {
-		return "", f, err
-	}
-	return authURL, f, nil
+	return authURL, f, err // pushed returns "" with an error
 }
 
 // Complete handles the provider's redirect back (callback: its query) for
-// f: it checks the state, redeems the code with the PKCE verifier, finds
-// the account that consented (the ID token's sub, else WithUserInfo) and
-// keeps the grant pending, sealed, for ResultLifetime. Nothing is stored
-// for the connection: a link that reached another person's browser must
-// not give their grant to it. Redeem stores it, once the application knows
-// the browser belonged to the user who asked.
-//
+// f: it checks the state, redeems the code, finds the account that
+// consented (the ID token's sub, else WithUserInfo) and keeps the grant
+// pending for ResultLifetime. Nothing is stored for the connection until
+// Redeem, once the application knows the browser was the user's who asked:
+// a link that reached another person must not give their grant to it.
 // A flow the provider did not complete is a *ConnectError.
 func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Values) (ConnectResult, error) {
 	if t.closed.Load() {
@@ -202,21 +191,18 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	return ConnectResult{Code: secret.Reveal(), Connection: f.Connection, Account: account, Scopes: granted, MissingScopes: missing, ExpiresAt: expires}, nil
 }
 
-// Redeem stores the grant of the pending result code as Import does, bound
-// to the account that consented (another account than the connection's is
-// ErrAccountMismatch unless the flow allowed it), in one transaction with
-// the result's deletion. An unknown, expired or used code is
-// ErrResultInvalid. A refused grant is revoked by the next
-// SweepConnectResults.
+// Redeem stores the grant of the pending result code as Import does, in
+// the transaction that deletes the result. An unknown, expired or used code
+// is ErrResultInvalid. Another account than the connection's is
+// ErrAccountMismatch unless the flow allowed it; the next
+// SweepConnectResults revokes such a refused grant.
 func (t *Tokens) Redeem(ctx context.Context, code string) (Connected, error) {
 	return t.RedeemFor(ctx, code, nil)
 }
 
 // RedeemFor is Redeem for a caller limited to some connections: allow
-// (nil: every connection) is asked about the result's connection before
-// anything is stored; its error is returned, with the connection, and the
-// result stays unspent. Servers pass their API key's rule
-// (domain.KeyAccess.Permit).
+// (nil: any) is asked about the result's connection first, and its error
+// returned with the connection, the result unspent.
 func (t *Tokens) RedeemFor(ctx context.Context, code string, allow func(connection string) error) (Connected, error) {
 	if t.closed.Load() {
 		return Connected{}, ErrClosed
@@ -229,12 +215,10 @@ func (t *Tokens) RedeemFor(ctx context.Context, code string, allow func(connecti
 		Scopes: strings.Fields(tok.Binding.Scopes), MissingScopes: strings.Fields(tok.Binding.MissingScopes)}, nil
 }
 
-// SweepConnectResults revokes at their provider (RFC 7009, where an
-// endpoint is known) the grants of results not redeemed within
-// ResultLifetime, and deletes them; a failed revocation is tried again by
-// the next sweep. No database connection is held while the provider
-// answers, and concurrent sweeps share the work. Call it periodically in
-// at least one process. It returns how many results it deleted.
+// SweepConnectResults revokes (where an endpoint is known) and deletes
+// the grants of results not redeemed within ResultLifetime, and returns how
+// many it deleted; a failed revocation waits for the next sweep. Call it
+// periodically in at least one process; concurrent sweeps share the work.
 func (t *Tokens) SweepConnectResults(ctx context.Context) (int, error) {
 	if t.closed.Load() {
 		return 0, ErrClosed
@@ -276,7 +260,7 @@ func metadataOf(f ConnectFlow) (*domain.Metadata, error) {
 // the provider sent none (RFC 6749 §5.1: then it granted what was asked).
 func grantedScopes(tok *oauth2.Token, requested []string) []string {
 	if s, ok := tok.Extra("scope").(string); ok {
-		return strings.Fields(strings.ReplaceAll(s, ",", " "))
+		return domain.ScopeFields(s)
 	}
 	return slices.Clone(requested)
 }

@@ -6,11 +6,10 @@ import (
 	"fmt"
 	"time"
 
-	"golang.org/x/oauth2"
-
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
+	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -19,9 +18,8 @@ import (
 type Connection struct {
 	Name     string
 	Provider string // "" for the one of New's oauth2.Config
-	// Status is "active", "failing" (active, but its refreshes keep
-	// getting answers tokenguard cannot classify: Reason gives the last
-	// one's HTTP status and code) or "needs_reauth" (Reason says why).
+	// Status is "active", "failing" (refreshes keep getting answers
+	// tokenguard cannot classify) or "needs_reauth"; Reason says why.
 	Status, Reason string
 	Expiry         time.Time       // of the access token; zero: the provider gave none
 	RefreshExpiry  time.Time       // of the refresh token; zero: unknown
@@ -35,7 +33,6 @@ type Connection struct {
 // Connections pages through the connections in name order: up to limit
 // (1 to 1000; 0 means 100) whose names sort after after ("" for the first
 // page), and next, the after of the following page ("" after the last).
-// Each page is one indexed query; no token is read.
 func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conns []Connection, next string, err error) {
 	if t.closed.Load() {
 		return nil, "", ErrClosed
@@ -63,15 +60,11 @@ func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conn
 	return conns, next, nil
 }
 
-// Disconnect deletes connection: every process running Run drops its
-// cached copy when the deletion commits (Token answers ErrNotFound). It
-// waits for a refresh of the connection in progress.
-//
-// With revoke, it first revokes the refresh token at the provider, holding
-// the connection's lock so that the token revoked is the current one. If
-// the revocation fails nothing is deleted and the error says why: deleting
-// the only handle on a grant still live would leave it live for good;
-// call it again, or without revoke to delete it anyway.
+// Disconnect deletes connection, after any refresh in progress; every
+// process then answers ErrNotFound. With revoke, it first revokes the
+// current refresh token at the provider under the connection's lock, and
+// deletes nothing if that fails: deleting the only handle on a live grant
+// would leave it live for good (call it again without revoke to delete anyway).
 func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -80,12 +73,11 @@ func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool)
 	return err
 }
 
-// Reactivate sets a needs_reauth connection active again, tokens
-// untouched: the next refresh tells whether the grant is alive. It is the
-// way back for a grant marked dead through no fault of its own (a client
-// secret rotated too early, say). It takes the connection's lock, and
-// returns the version written, or 0 when it left the connection alone;
-// ErrNotFound for a connection that has no token.
+// Reactivate sets a needs_reauth connection active again, tokens untouched
+// (the next refresh tells whether the grant is alive): the way back for a
+// grant marked dead by mistake, a client secret rotated too early, say. It
+// returns the version written, 0 when it left the connection alone, or
+// ErrNotFound for a connection without a token.
 func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int64, err error) {
 	if t.closed.Load() {
 		return 0, ErrClosed
@@ -103,10 +95,9 @@ func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int
 // ImportOption configures Import.
 type ImportOption func(*usecase.ConnectRequest) error
 
-// WithMetadata gives the connection the application's own bookkeeping (a
-// tenant id, say): object, a JSON object of at most 16 KiB (nil means {}),
-// and up to 32 tags, replacing the connection's in the transaction that
-// stores the grant. Bad metadata is ErrInvalidMetadata.
+// WithMetadata replaces the connection's own bookkeeping (a tenant id,
+// say) with the grant: object, a JSON object of at most 16 KiB (nil means
+// {}), and up to 32 tags. Bad metadata is ErrInvalidMetadata.
 func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
 	return func(r *usecase.ConnectRequest) error {
 		m, err := domain.NewMetadata(object, tags)
@@ -118,9 +109,8 @@ func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
 	}
 }
 
-// WithProvider names the stored provider that issued the grant; without
-// it the grant is New's oauth2.Config's. A provider not stored is
-// ErrUnknownProvider.
+// WithProvider names the stored provider that issued the grant (default:
+// New's oauth2.Config); one not stored is ErrUnknownProvider.
 func WithProvider(name string) ImportOption {
 	return func(r *usecase.ConnectRequest) error {
 		r.Provider = name
@@ -128,15 +118,14 @@ func WithProvider(name string) ImportOption {
 	}
 }
 
-// newRevoker revokes refresh tokens at url ("" for none) for cfg's
-// provider, at a stored provider's own endpoint for the others.
-func newRevoker(cfg *oauth2.Config, url string, o options, styles provider.AuthStyleStore, providers provider.ProviderLookup,
-	key *clientkey.Key, issuerAud bool, d *provider.Discovery) *provider.Revocations {
-	env := provider.RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
-		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL, ClientKey: key}
-	if key != nil && issuerAud {
-		env.IssuerAud = d
+// revoker revokes t.cfg's refresh tokens at o.revocationURL ("" for none)
+// under profile prof, and stored providers' at their own endpoint.
+func (t *Tokens) revoker(o options, providers provider.ProviderLookup, prof profiles.Profile) *provider.Revocations {
+	env := provider.RevocationEndpoint{URL: o.revocationURL, ClientID: t.cfg.ClientID, ClientSecret: domain.NewSecret(t.cfg.ClientSecret),
+		AuthStyle: t.cfg.Endpoint.AuthStyle, TokenURL: t.cfg.Endpoint.TokenURL, ClientKey: t.clientKey}
+	if t.clientKey != nil && prof.AssertionAud == domain.AudienceIssuer {
+		env.IssuerAud = t.discovery
 	}
-	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d},
-		provider.NewHTTPClient(o.refreshTimeout), styles)
+	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: t.discovery},
+		provider.NewHTTPClient(o.refreshTimeout), repository.NewAuthStyles(t.db))
 }

@@ -9,21 +9,18 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Credential is a connection's access token with the provider it is for
-// and the version a 401 is reported against (ForceRefresh), for a caller
-// outside the process.
+// Credential is a connection's access token with its provider and the
+// version a 401 is reported against (ForceRefresh).
 type Credential struct {
 	Token      *oauth2.Token // as Token returns it
 	Connection string
 	Provider   string // "" for the one of New's oauth2.Config
 	Version    int64  // bumped by every refresh
-	// DPoPJKT is the thumbprint of the DPoP key the grant is bound to; ""
-	// for a bearer grant. A bound token goes only with a proof (DPoPProof).
-	DPoPJKT string
+	DPoPJKT    string // the grant's DPoP key's thumbprint; "" for bearer (see DPoPProof)
 }
 
 // Credential returns connection's access token as Token does, with its
-// provider and version. A cached token costs no query.
+// provider and version.
 func (t *Tokens) Credential(ctx context.Context, connection string) (Credential, error) {
 	tok, err := t.token(ctx, connection)
 	if err != nil {
@@ -32,11 +29,10 @@ func (t *Tokens) Credential(ctx context.Context, connection string) (Credential,
 	return t.credentialOf(tok), nil
 }
 
-// ForceRefresh returns connection's token after version stale was refused
-// by the API (a 401): the stored token if some process already replaced
-// it, else one refreshed now, so a burst of 401s for one version causes
-// one refresh fleet-wide. As in Client, one forced refresh per 5 s or half
-// the token's lifetime; beyond that ErrRefreshRateLimited.
+// ForceRefresh returns connection's token after the API refused version
+// stale (a 401): a burst of 401s for one version causes one refresh
+// fleet-wide, and at most one per 5 s or half the token's lifetime
+// (else ErrRefreshRateLimited).
 func (t *Tokens) ForceRefresh(ctx context.Context, connection string, stale int64) (Credential, error) {
 	tok, err := apiTokens{t}.ForceRefresh(ctx, connection, stale)
 	if err != nil {

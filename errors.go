@@ -11,8 +11,7 @@ import (
 var (
 	// ErrNotFound: no connection of that name has a token.
 	ErrNotFound = domain.ErrNotFound
-	// ErrNeedsReauth: the provider rejected the grant for good; a person
-	// must connect it again.
+	// ErrNeedsReauth: the provider rejected the grant for good.
 	ErrNeedsReauth = domain.ErrNeedsReauth
 	// ErrLockTimeout: another process's refresh outlasted the lock wait.
 	ErrLockTimeout = domain.ErrLockTimeout
@@ -35,14 +34,12 @@ var (
 	// ErrRefreshRateLimited: the API answered 401 again right after a
 	// forced refresh of the connection; Client gives the 401 back.
 	ErrRefreshRateLimited = domain.ErrRefreshRateLimited
-	// ErrRefreshFailing (with ErrProviderUnavailable): the connection's
-	// refreshes keep getting answers tokenguard cannot classify, so the
-	// provider is asked at most once a minute. The grant is untouched.
+	// ErrRefreshFailing (with ErrProviderUnavailable): the refreshes keep
+	// getting unclassifiable answers; the provider is asked at most once a minute.
 	ErrRefreshFailing = domain.ErrRefreshFailing
 	// ErrInvalidToken: Import's token lacks an access or a refresh token.
 	ErrInvalidToken = domain.ErrInvalidToken
-	// ErrInvalidConnection: the connection name is not 1-128 characters
-	// of [A-Za-z0-9._-] starting with a letter or digit.
+	// ErrInvalidConnection: the name is not 1-128 of [A-Za-z0-9._-] starting with a letter or digit.
 	ErrInvalidConnection = domain.ErrInvalidConnection
 	// ErrInvalidMetadata: WithMetadata's object or tags break its limits.
 	ErrInvalidMetadata = domain.ErrInvalidMetadata
@@ -50,8 +47,7 @@ var (
 	ErrUnknownProvider = domain.ErrUnknownProvider
 	// ErrUnknownProfile: WithProfile names no provider profile.
 	ErrUnknownProfile = domain.ErrUnknownProfile
-	// ErrNoRevocationEndpoint: Disconnect was asked to revoke without a
-	// revocation endpoint (WithRevocationURL). Nothing was changed.
+	// ErrNoRevocationEndpoint: Disconnect cannot revoke (WithRevocationURL); nothing changed.
 	ErrNoRevocationEndpoint = domain.ErrNoRevocationEndpoint
 	// ErrInvalidSyncCommit: WithSyncCommit's level is not off, local,
 	// remote_write, on or remote_apply.
@@ -59,22 +55,18 @@ var (
 	// ErrInvalidTokenRate: WithTokenRate's budget is not N/PERIOD.
 	ErrInvalidTokenRate = domain.ErrInvalidTokenRate
 	// ErrTokenBudgetSpent: the provider's token budget (WithTokenRate) is
-	// spent, and the token expired before it allowed the refresh (with
-	// ErrLockTimeout), or a forced refresh had to wait for it.
+	// spent and the token expired meanwhile, or a forced refresh had to wait.
 	ErrTokenBudgetSpent = domain.ErrTokenBudgetSpent
 	// ErrSchemaNotFound: the pool's search_path names a schema that does
-	// not exist (the message names it). tokenguard's tables never fall
-	// through to another schema of the path.
+	// not exist; the tables never fall through to another schema of the path.
 	ErrSchemaNotFound = domain.ErrSchemaNotFound
 	// ErrResultInvalid: Redeem's code is unknown, expired or used.
 	ErrResultInvalid = domain.ErrResultInvalid
-	// ErrAccountMismatch: Redeem's grant is from another provider account
-	// than the connection's, and its flow did not allow the change.
+	// ErrAccountMismatch: Redeem's grant is from another account, and its flow did not allow it.
 	ErrAccountMismatch = domain.ErrAccountMismatch
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
 	// ErrCannotListen: New was given a *gorm.DB over a *sql.DB, whose
-	// database Run cannot see to listen on. Open it with OpenPool (a pgx
-	// pool) or postgres.Open(dsn), or pass WithListenDSN.
+	// database Run cannot see to listen on.
 	ErrCannotListen = errors.New("tokenguard: Run could not listen on this *gorm.DB's database: open it with tokenguard.OpenPool(pool) or postgres.Open(dsn), or pass WithListenDSN")
 )

@@ -8,9 +8,8 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Metrics is what a Tokens reports as it works, including stored versions
-// found older than this process knew (a failover or restore lost a
-// write). prom.WithMetrics makes Prometheus metrics of it.
+// Metrics is what a Tokens reports as it works; prom.WithMetrics makes
+// Prometheus metrics of it.
 type Metrics interface {
 	usecase.Observer
 	ListenerConnected(connected bool)
@@ -24,9 +23,8 @@ type ConnectionCounter interface {
 }
 
 // WithMetricsOf reports to the Metrics that build makes; perConnection
-// says whether WithMetricsPerConnection was given. Package prom is built
-// on it, so that an application without metrics links no Prometheus
-// client.
+// says whether WithMetricsPerConnection was given. It keeps the Prometheus
+// client out of applications without metrics (package prom builds on it).
 func WithMetricsOf(build func(counter ConnectionCounter, perConnection bool, log *slog.Logger) Metrics) Option {
 	return func(o *options) { o.metrics = build }
 }

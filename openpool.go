@@ -12,11 +12,9 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// OpenPool returns a *gorm.DB over pool, the application's own pgx pool,
-// for Migrate and New: tokenguard's statements take their connections from
-// pool (no second pool) and Run listens on a connection of its own made
-// from pool's configuration (no DSN to repeat). An application without
-// GORM needs nothing else of it.
+// OpenPool returns a *gorm.DB over the application's pgx pool, for
+// Migrate and New: statements use pool, and Run listens on a connection
+// made from pool's configuration. It is all an application without GORM needs.
 //
 //	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
 //	db, err := tokenguard.OpenPool(pool)
@@ -40,17 +38,15 @@ func OpenPool(pool *pgxpool.Pool) (*gorm.DB, error) {
 	return db, nil
 }
 
-// poolDialector is GORM's Postgres dialector over a pgx pool, carrying
-// the pool's configuration for Run's listening connection.
+// poolDialector carries the pool's configuration for Run's listening connection.
 type poolDialector struct {
 	*gormpostgres.Dialector
 	listen *pgx.ConnConfig
 }
 
 // listenConfig is where Run will listen: WithListenDSN's database, else
-// the pool's of OpenPool, else the DSN db was opened with. A *gorm.DB
-// over a *sql.DB has none: ErrCannotListen, now rather than from a Run
-// whose error an application may discard.
+// OpenPool's pool's, else db's DSN. Without one New fails, rather than a
+// Run whose error an application may discard.
 func listenConfig(db *gorm.DB, dsn string) (*pgx.ConnConfig, error) {
 	if dsn == "" {
 		switch d := db.Dialector.(type) {

@@ -14,25 +14,31 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// storedAuth are the token request options of stored provider p (its
-// profile pp): the resource indicator, and the client key and the
-// assertions' audience of private_key_jwt. A key that cannot be read is
-// left out (the provider then refuses the client; no grant is touched).
+// storedAuth are the token request options of stored provider p (profile
+// pp). A client key that cannot be read is left out: the provider then
+// refuses the client, and no grant is touched.
 func (t *Tokens) storedAuth(p domain.Provider, pp profiles.Profile) []provider.Option {
+	var key *clientkey.Key
+	if !p.ClientKey.IsZero() {
+		if k, err := clientkey.ParsePEM([]byte(p.ClientKey.Reveal())); err == nil {
+			key = k
+		}
+	}
+	return t.authOptions(p.Resource, key, pp)
+}
+
+// authOptions are the token request options of a provider with resource
+// indicator resource and private_key_jwt key (nil for none) under profile prof.
+func (t *Tokens) authOptions(resource string, key *clientkey.Key, prof profiles.Profile) []provider.Option {
 	var out []provider.Option
-	if p.Resource != "" {
-		out = append(out, provider.WithResource(p.Resource))
+	if resource != "" {
+		out = append(out, provider.WithResource(resource))
 	}
-	if p.ClientKey.IsZero() {
-		return out
-	}
-	k, err := clientkey.ParsePEM([]byte(p.ClientKey.Reveal()))
-	if err != nil {
-		return out
-	}
-	out = append(out, provider.WithClientKey(k, ""))
-	if pp.AssertionAud == domain.AudienceIssuer {
-		out = append(out, provider.WithIssuerAudience(t.discovery))
+	if key != nil {
+		out = append(out, provider.WithClientKey(key, ""))
+		if prof.AssertionAud == domain.AudienceIssuer {
+			out = append(out, provider.WithIssuerAudience(t.discovery))
+		}
 	}
 	return out
 }
@@ -50,10 +56,8 @@ func (t *Tokens) parOf(f ConnectFlow) (domain.PARMode, string) {
 	return mode, p.Resource
 }
 
-// pushed pushes the authorization request authURL (client's, as
-// AuthCodeURL built it) when f's provider wants it pushed (RFC 9126), and
-// returns the URL the browser goes to: the authorization endpoint with
-// only client_id and request_uri. Not pushed, it returns authURL.
+// pushed pushes the authorization request authURL when f's provider wants
+// it pushed (RFC 9126), and returns the URL the browser goes to.
 func (t *Tokens) pushed(ctx context.Context, f ConnectFlow, client *oauth2.Config, authURL string) (string, error) {
 	mode, _ := t.parOf(f)
 	if mode == domain.PARNever {

@@ -12,17 +12,14 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// WithProfile applies the provider profile called name to the provider of
-// New's oauth2.Config: its codes for a dead grant (GitHub's
-// bad_refresh_token in a 200 body) and the answer fields it keeps; and,
-// where the oauth2.Config and options leave them unset, its URLs, client
-// authentication style and access token lifetime. An unknown name is
-// ErrUnknownProfile.
+// WithProfile applies the provider profile called name to New's
+// oauth2.Config: its dead-grant codes and kept answer fields, and its URLs,
+// auth style and token lifetime where the config and options leave them
+// unset. An unknown name is ErrUnknownProfile.
 func WithProfile(name string) Option { return func(o *options) { o.profile = name } }
 
 // WithProfileParam fills the {key} placeholder of the profile's URLs
-// (Okta's domain, Smaregi's contract_id); a parameter the profile does not
-// take makes New fail.
+// (Okta's domain, say); a parameter the profile does not take makes New fail.
 func WithProfileParam(key, value string) Option {
 	return func(o *options) {
 		if o.profileParams == nil {
@@ -33,8 +30,7 @@ func WithProfileParam(key, value string) Option {
 }
 
 // applyProfile returns a copy of cfg completed by o's profile, the profile,
-// and the default lifetime of cfg's access tokens (the stored providers
-// keep o's).
+// and the default lifetime of cfg's access tokens.
 func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.Profile, lifetime time.Duration, _ error) {
 	p, err := profiles.Get(o.profile)
 	if err != nil {

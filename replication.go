@@ -7,13 +7,13 @@ import (
 )
 
 // observeReplication reads whether the primary has a synchronous standby
-// (at each reconnection of Run's listener: a failover shows there),
-// records it for the token writes' synchronous_commit and the metric, and
-// says what a failover can lose, the first time and whenever that changes.
+// (at each reconnection of Run's listener), records it for the token writes'
+// synchronous_commit and the metric, and says what a failover can lose
+// whenever that changes.
 func (t *Tokens) observeReplication(ctx context.Context) { t.readReplication(ctx, true) }
 
 // readReplication is observeReplication; with say false a lone server's
-// sentence is returned, for New's one INFO line.
+// sentence is returned instead, for New's one INFO line.
 func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
@@ -31,8 +31,7 @@ func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
 	if known && before.Synchronous() == r.Synchronous() && before.SyncStandbyNames == r.SyncStandbyNames {
 		return ""
 	}
-	// A lone server (every development setup) is said, not warned about;
-	// standbys a failover can promote without the last commits are.
+	// Warn of standbys a failover can promote without the last commits.
 	level := slog.LevelInfo
 	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "" || r.Hidden > 0) {
 		level = slog.LevelWarn

@@ -1,12 +1,10 @@
 // Package tokenguard lets several processes (an HTTP server, a job worker,
-// a batch job) share OAuth2 connections stored in Postgres without breaking
-// them, on the application's own *gorm.DB.
+// a batch job) share OAuth2 connections stored in Postgres, on the
+// application's own *gorm.DB, without breaking them.
 //
-// Providers rotate refresh tokens, and a refresh revokes the previous
-// access token. tokenguard reuses a connection's access token until it
-// nearly expires; then one caller in the whole fleet takes a Postgres
-// advisory lock for the connection, re-reads it (another process may have
-// refreshed it meanwhile), refreshes only if it is still stale, and stores
+// Providers rotate refresh tokens, so one caller in the whole fleet
+// refreshes a nearly expired token: under a Postgres advisory lock it
+// re-reads the connection, refreshes only if it is still stale, and stores
 // the rotated refresh token in that transaction.
 //
 //	err := tokenguard.Migrate(ctx, db)         // db: the application's *gorm.DB
@@ -15,16 +13,13 @@
 //	defer tokens.Close(context.Background())   // on shutdown, before the pool closes
 //	resp, err := tokens.Client(ctx, "acme").Get(apiURL)
 //
-// Each process keeps the last token of each connection in memory while Run
-// listens for the changes other processes commit (Postgres LISTEN/NOTIFY).
-// Until Run is running every call reads the database; Ready and WaitReady
-// tell when the cache is live.
+// Each process caches the last token of each connection while Run listens
+// for the changes other processes commit (LISTEN/NOTIFY); until then every
+// call reads the database. Ready and WaitReady tell when the cache is live.
 //
-// tokenguard's tables live in the current schema of the *gorm.DB it is
-// given, beside the application's; every object it creates is named
-// tokenguard_*. To put them in a schema of their own, give Migrate and New
-// a pool whose search_path names it (dsn + "&search_path=tokenguard",
-// after CREATE SCHEMA tokenguard).
+// tokenguard's objects, all named tokenguard_*, live in the *gorm.DB's
+// current schema. For a schema of their own, give Migrate and New a pool
+// whose search_path names it (dsn + "&search_path=tokenguard").
 package tokenguard
 
 import (
@@ -58,15 +53,10 @@ import (
 )
 
 // Migrate creates or updates tokenguard's tables in db's current schema,
-// recording their version in tokenguard_schema_migrations (never the
-// application's schema_migrations) and touching no object not named
-// tokenguard_*. Processes that migrate at once wait for each other. A
-// search_path naming a schema that does not exist is ErrSchemaNotFound.
-//
-// For a rolling deploy from older releases, it renames their tables
-// leaving views under the old names, and copies a version recorded in
-// golang-migrate's schema_migrations (under that table's lock), leaving
-// it as the older processes expect it.
+// touching no object not named tokenguard_* (its version is kept in
+// tokenguard_schema_migrations). Concurrent migrations wait for each other;
+// a search_path naming a missing schema is ErrSchemaNotFound. Tables of
+// older releases are renamed behind views, so a rolling deploy is safe.
 func Migrate(ctx context.Context, db *gorm.DB) error {
 	if err := checkDB(db); err != nil {
 		return err
@@ -96,41 +86,36 @@ type Tokens struct {
 	skew       time.Duration
 	lockWait   time.Duration
 	providers  *provider.Registry // follows the stored providers while Run runs
-	// The connect flow.
-	cfg        *oauth2.Config
+	cfg        *oauth2.Config     // the client of connections that name no provider
 	flow       *usecase.ConnectFlowUseCase
 	httpClient *http.Client
 	userInfo   userInfo
-	// DPoP: the nonces servers gave this process, and opened keys.
-	nonces   *dpop.Nonces
-	dpopKeys sync.Map
-	dpop     bool // the configuration's provider requires DPoP
-	// private_key_jwt: the configuration's client key, if any.
-	clientKey *clientkey.Key
-	resource  string // RFC 8707: the configuration's resource indicator
-	par       domain.PARMode
-	discovery *provider.Discovery // the providers' metadata (PAR, the issuer)
+	nonces     *dpop.Nonces   // the DPoP nonces servers gave this process
+	dpopKeys   sync.Map       // opened DPoP keys
+	dpop       bool           // cfg's provider requires DPoP
+	clientKey  *clientkey.Key // cfg's private_key_jwt key, if any
+	resource   string         // cfg's RFC 8707 resource indicator
+	par        domain.PARMode
+	discovery  *provider.Discovery // the providers' metadata (PAR, the issuer)
 
 	running atomic.Bool // Run is running
 	closed  atomic.Bool
 
 	ready     chan struct{} // closed once Run has made the cache live
 	readyOnce sync.Once
-	runMu     sync.Mutex
+	runOnce   sync.Once
 	runErr    error         // why Run returned early, for WaitReady
 	runDone   chan struct{} // closed when a Run that never made the cache live returned
 }
 
-// New builds the token layer on the application's pool: a Postgres
-// *gorm.DB as gorm.Open returns it (not a transaction; PrepareStmt is
-// fine), migrated, with any driver of gorm.io/driver/postgres. cfg is the
-// client registration. With AuthStyleAutoDetect, tokenguard (not x/oauth2)
-// tries the other client authentication style only when the provider says
-// the client's authentication failed, so a refresh token is never
-// presented twice, and remembers the style that worked.
+// New builds the token layer on the application's migrated Postgres
+// *gorm.DB as gorm.Open returns it (not a transaction). cfg is the client
+// registration; with AuthStyleAutoDetect the other style is tried only
+// when the provider refuses the client's authentication, so a refresh
+// token is never presented twice.
 //
-// New checks that the database answers, that its search_path names only
-// schemas that exist (ErrSchemaNotFound), that it is the primary
+// New checks that the search_path names only schemas that exist
+// (ErrSchemaNotFound), that the database is the primary
 // (ErrReadOnlyStore), and that every stored token can be decrypted.
 func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
@@ -183,8 +168,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
 		}
 	}
-	// Staleness is decided on the database server's clock, by every
-	// process alike, however far the hosts' clocks drift apart.
+	// Staleness is decided on the database server's clock, whatever the hosts' drift.
 	if t.clock, err = repository.NewDatabaseClock(ctx, rdb, nil); err != nil {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
@@ -224,13 +208,12 @@ func (o options) sealer() (repository.Sealer, error) {
 	return k, nil
 }
 
-// openStore opens tokenguard's store on pool and checks that it can work
-// there: the search path, the primary, the keys.
+// openStore opens tokenguard's store on pool and checks the search path,
+// the primary and the keys.
 func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer, envRate domain.TokenRate, o options) (*gorm.DB, *repository.TokenRepository, error) {
-	// tokenguard's statements run on the application's pool through a
-	// *gorm.DB of their own: never through a PrepareStmt cache, never past
-	// the application's callbacks and plugins (which could record bound
-	// values: tokens), and logged by a logger that never prints a token.
+	// A *gorm.DB of tokenguard's own: no PrepareStmt cache, none of the
+	// application's plugins (which could record tokens), a logger that
+	// never prints a token.
 	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
 		&gorm.Config{Logger: repository.NewLogger(o.log), SkipDefaultTransaction: true})
 	if err != nil {
@@ -264,9 +247,8 @@ func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer
 	return rdb, repo, nil
 }
 
-// loadProviders builds the refreshers: t.cfg's (profile prof) for the
-// connections that name no provider, and the stored providers' (tokenctl
-// provider add) for those that name one.
+// loadProviders builds the refreshers of t.cfg (profile prof) and of the
+// stored providers.
 func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate, o options) error {
 	t.httpClient = o.httpClient
 	if t.httpClient == nil {
@@ -289,16 +271,7 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(t.clock.Now),
 			provider.WithNonces(t.nonces)}, extra...)...), pol)
 	}
-	var envAuth []provider.Option
-	if o.resource != "" {
-		envAuth = append(envAuth, provider.WithResource(o.resource))
-	}
-	if t.clientKey != nil {
-		envAuth = append(envAuth, provider.WithClientKey(t.clientKey, ""))
-		if prof.AssertionAud == domain.AudienceIssuer {
-			envAuth = append(envAuth, provider.WithIssuerAudience(t.discovery))
-		}
-	}
+	envAuth := t.authOptions(o.resource, t.clientKey, prof)
 	t.providers = provider.NewRegistry(refresherOf(t.cfg, envLifetime, prof, envRate, envAuth...), repository.NewProviderRepository(t.db, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
@@ -319,8 +292,7 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 	return nil
 }
 
-// buildUseCases builds the refresh, connect and disconnect use cases on
-// t's store and providers.
+// buildUseCases builds the use cases on t's store and providers.
 func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, o options) error {
 	uopts := usecase.Options{
 		Clock:                t.clock,
@@ -347,8 +319,7 @@ func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, 
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.uc.OnRolledBack(t.rolledBack)
 	t.connect = usecase.NewConnectUseCase(t.repo, t.clock, o.lockWait)
-	revoker := newRevoker(t.cfg, o.revocationURL, o, repository.NewAuthStyles(t.db), repository.NewProviderRepository(t.db, sealer),
-		t.clientKey, prof.AssertionAud == domain.AudienceIssuer, t.discovery)
+	revoker := t.revoker(o, repository.NewProviderRepository(t.db, sealer), prof)
 	t.disconnect = usecase.NewDisconnectUseCase(t.repo, revoker, o.lockWait, o.refreshTimeout)
 	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(t.db, sealer), t.connect, revoker, o.refreshTimeout, o.log)
 	return nil
@@ -368,9 +339,8 @@ func checkDB(db *gorm.DB) error {
 	return nil
 }
 
-// poolOf is the *sql.DB (or equivalent pool) under db, unwrapped from a
-// PrepareStmt cache: that cache serialises statement preparation behind a
-// mutex that, with the pool exhausted, deadlocks (go-gorm/gorm#7465).
+// poolOf is the pool under db, unwrapped from a PrepareStmt cache, whose
+// mutex deadlocks with the pool exhausted (go-gorm/gorm#7465).
 func poolOf(db *gorm.DB) (gorm.ConnPool, error) {
 	pool := db.Statement.ConnPool
 	if p, ok := pool.(*gorm.PreparedStmtDB); ok {
@@ -384,18 +354,13 @@ func poolOf(db *gorm.DB) (gorm.ConnPool, error) {
 	return pool, nil
 }
 
-// Token returns connection's access token, valid for at least the skew: a
-// cached one without any query while Run is running, else the stored one,
-// refreshed first if it is due (under the connection's lock, at most once
-// per expiry across every process).
-//
-// The token carries no refresh token (only tokenguard may spend it), and
-// its Expiry is when tokenguard stops handing it out (the provider's expiry
-// minus the skew), so that an oauth2.ReuseTokenSource never keeps it past a
-// refresh by another process. Errors wrap ErrNotFound, ErrNeedsReauth,
-// ErrLockTimeout, ErrProviderUnavailable, ErrClientRejected,
-// ErrEndpointMisconfigured, ErrStoreUnavailable, ErrUndecryptable,
-// ErrClosed or the context's error.
+// Token returns connection's access token, valid for at least the skew:
+// cached while Run is running, else read, and refreshed first if due (at
+// most once per expiry fleet-wide). It carries no refresh token, and its
+// Expiry is the provider's minus the skew, so that an
+// oauth2.ReuseTokenSource never keeps it past another process's refresh.
+// Errors wrap ErrNotFound, ErrNeedsReauth, ErrLockTimeout,
+// ErrProviderUnavailable, another of the Err* values, or ctx's error.
 func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, error) {
 	tok, err := t.token(ctx, connection)
 	if err != nil {
@@ -415,8 +380,8 @@ func (t *Tokens) token(ctx context.Context, connection string) (domain.Token, er
 }
 
 // TokenSource is connection's oauth2.TokenSource (Tokens.Token with ctx).
-// Prefer Client for HTTP: oauth2.NewClient cannot recover a 401 caused by
-// another process's refresh, Client can.
+// Prefer Client for HTTP: it recovers a 401 caused by another process's
+// refresh, oauth2.NewClient cannot.
 func (t *Tokens) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
 	return tokenSource{t: t, ctx: ctx, connection: connection}
 }
@@ -429,15 +394,12 @@ type tokenSource struct {
 
 func (s tokenSource) Token() (*oauth2.Token, error) { return s.t.Token(s.ctx, s.connection) }
 
-// Client returns an *http.Client whose every request carries connection's
-// access token. When the API answers 401 because the token was revoked
-// (typically by another process's refresh), it gets a newer token, by a
-// refresh only if nobody has refreshed yet, and sends the request once
-// more if its body can be replayed (GetBody). Token errors come back from
-// Do wrapped in a *url.Error: errors.Is sees them.
-//
-// The base transport is the one of the *http.Client in ctx under
-// oauth2.HTTPClient, else http.DefaultTransport. It never follows
+// Client returns an *http.Client whose requests carry connection's access
+// token. On a 401 (the token revoked, typically by another process's
+// refresh) it gets a newer token, refreshing only if nobody has, and sends
+// a replayable request (GetBody) once more. Token errors come back wrapped
+// in a *url.Error. The base transport is that of the *http.Client in ctx
+// under oauth2.HTTPClient, else http.DefaultTransport. It never follows
 // redirects: that would send the token wherever the redirect points.
 func (t *Tokens) Client(ctx context.Context, connection string) *http.Client {
 	return apiclient.NewHTTPClient(ctx, apiTokens{t}, connection)
@@ -458,9 +420,8 @@ func (a apiTokens) ForceRefresh(ctx context.Context, connection string, failed i
 }
 
 // Import stores tok, a new grant with an access and a refresh token, as
-// connection's token, creating the connection if need be and making it
-// active again. It waits for a refresh of the connection in progress. The
-// connection keeps its metadata unless WithMetadata gives new metadata.
+// connection's, creating it if need be and making it active again, after
+// any refresh in progress. Its metadata stays unless WithMetadata is given.
 func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Token, opts ...ImportOption) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -478,12 +439,10 @@ func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Toke
 	return err
 }
 
-// Run turns the in-process cache on and keeps it correct across
-// processes: it listens (on a connection of its own, outside the pool) for
-// the token changes every process commits and drops superseded tokens.
-// Every second it commits a notification through the pool and trusts the
-// cache only while those come back; meanwhile every call reads the
-// database. It reconnects by itself and returns nil when ctx ends.
+// Run turns the cache on and keeps it right across processes: it listens,
+// on a connection of its own, for the token changes every process commits.
+// The cache is trusted only while a notification committed every second
+// comes back. Run reconnects by itself and returns nil when ctx ends.
 func (t *Tokens) Run(ctx context.Context) error {
 	if !t.running.CompareAndSwap(false, true) {
 		return errors.New("tokenguard: Run is running already")
@@ -497,25 +456,19 @@ func (t *Tokens) Run(ctx context.Context) error {
 
 // ran records that Run returned with err, for WaitReady.
 func (t *Tokens) ran(err error) error {
-	t.runMu.Lock()
-	defer t.runMu.Unlock()
-	select {
-	case <-t.runDone:
-	default:
+	t.runOnce.Do(func() {
 		t.runErr = cmp.Or(err, errors.New("tokenguard: Run returned (its context ended) before the cache was live"))
 		close(t.runDone)
-	}
+	})
 	return err
 }
 
 // Ready is closed once Run has made the cache live: from then on a cached
-// token is served without a query (while the listener reconnects, calls
-// read the database).
+// token is served without a query.
 func (t *Tokens) Ready() <-chan struct{} { return t.ready }
 
-// WaitReady waits until Ready and returns nil, or ctx's error, or why Run
-// returned before the cache was live. Calls need not wait: they read the
-// database.
+// WaitReady waits until Ready, and returns nil, ctx's error, or why Run
+// returned before the cache was live. Calls need not wait.
 //
 //	go tokens.Run(ctx)
 //	if err := tokens.WaitReady(ctx); err != nil { ... }
@@ -525,23 +478,20 @@ func (t *Tokens) WaitReady(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return ctx.Err()
-	case <-t.runDone:
+	case <-t.runDone: // runErr is written before runDone closes
 		select {
 		case <-t.ready:
 			return nil
 		default:
+			return t.runErr
 		}
-		t.runMu.Lock()
-		defer t.runMu.Unlock()
-		return t.runErr
 	}
 }
 
 // clockInterval is how often Run measures the host clock's offset again.
 const clockInterval = 5 * time.Minute
 
-// cacheState passes the listener's calls on to the use case, and records
-// whether the cache is trusted.
+// cacheState passes the listener's calls on, and records whether the cache is trusted.
 type cacheState struct {
 	repository.ChangeTarget
 	t *Tokens
@@ -558,10 +508,9 @@ func (c cacheState) TrustCache(trusted bool) {
 }
 
 // Close refuses new calls (ErrClosed) and waits, bounded by ctx, for the
-// reads and refreshes in flight. A refresh goes on after its callers have
-// given up, because the provider may already have rotated the refresh
-// token: call Close before closing the pool (on SIGTERM, say), or a deploy
-// can lose a rotated token and with it the connection.
+// calls in flight. A refresh outlives its callers, since the provider may
+// have rotated the refresh token already: call Close before closing the
+// pool, or a deploy can lose a rotated token and with it the connection.
 func (t *Tokens) Close(ctx context.Context) error {
 	t.closed.Store(true)
 	if err := t.uc.Drain(ctx); err != nil {
@@ -570,8 +519,7 @@ func (t *Tokens) Close(ctx context.Context) error {
 	return nil
 }
 
-// UseCase is the refresh use case under t, for the bundled apps (package
-// di). Applications need none of it.
+// UseCase is the refresh use case under t, for the bundled apps.
 func (t *Tokens) UseCase() *usecase.RefreshTokenUseCase { return t.uc }
 
 // ProviderRegistry is the stored providers, for the bundled apps.

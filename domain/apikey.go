@@ -8,22 +8,16 @@ import (
 	"strings"
 )
 
-// Scope is one thing an API key may do on the server. Every route that
-// takes a key names the one scope it needs.
+// Scope is one thing an API key may do; every route names the one it needs.
 type Scope string
 
 // The scopes of API keys.
 const (
-	// ScopeConnectionsRead: list connections and read their status.
-	ScopeConnectionsRead Scope = "connections:read"
-	// ScopeTokenRead: read a connection's access token (and force a newer one).
-	ScopeTokenRead Scope = "token:read"
-	// ScopeAPICall: call a connection's API through the proxy and queue its events.
-	ScopeAPICall Scope = "api:call"
-	// ScopeConnect: create connect sessions and redeem their results.
-	ScopeConnect Scope = "connect"
-	// ScopeAdmin: metrics, sessions that allow an account change, disconnecting.
-	ScopeAdmin Scope = "admin"
+	ScopeConnectionsRead Scope = "connections:read" // list connections and read their status
+	ScopeTokenRead       Scope = "token:read"       // read a connection's access token (and force a newer one)
+	ScopeAPICall         Scope = "api:call"         // proxy a connection's API calls, queue its events
+	ScopeConnect         Scope = "connect"          // create connect sessions and redeem their results
+	ScopeAdmin           Scope = "admin"            // metrics, account-changing sessions, disconnecting
 )
 
 // AllScopes are the scopes there are, in the order they are documented.
@@ -36,9 +30,8 @@ var ErrInvalidKeyAccess = errors.New("invalid API key scopes or connection patte
 // MaxPatternLength bounds one connection pattern of an API key.
 const MaxPatternLength = 128
 
-// KeyAccess is an API key and what it may do. Scopes nil means every scope
-// and Connections nil every connection: the rights of a key created before
-// keys had scopes, or created without --scopes and --connections.
+// KeyAccess is an API key and what it may do. A nil field allows
+// everything: a key created before scopes, or without --scopes and --connections.
 type KeyAccess struct {
 	ID          int32
 	Name        string
@@ -73,11 +66,9 @@ var ErrMissingScope = errors.New("the API key lacks the scope")
 var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
 
 // Permit is the one authorization rule of every surface that acts for a
-// key (the HTTP API, the console, the redeem step): the key must hold
-// scope s and, when the action names a connection, a pattern matching it.
-// connection "" names none (a listing, which shows only what
-// AllowsConnection matches). The error wraps ErrMissingScope or
-// ErrConnectionNotAllowed.
+// key: it must hold scope s and, unless connection is "" (a listing, which
+// shows only what AllowsConnection matches), a pattern matching it. The
+// error wraps ErrMissingScope or ErrConnectionNotAllowed.
 func (a KeyAccess) Permit(s Scope, connection string) error {
 	if s == "" || !slices.Contains(AllScopes, s) || !a.Has(s) {
 		return fmt.Errorf("%w %s", ErrMissingScope, s)
@@ -109,8 +100,7 @@ func ParseScopes(names []string) ([]Scope, error) {
 }
 
 // ValidateConnectionPattern checks one connection pattern: 1 to
-// MaxPatternLength printable ASCII characters, no comma, a well-formed
-// path.Match glob (* any run of characters, ? one, [a-z] a class).
+// MaxPatternLength printable ASCII characters, no comma, a path.Match glob.
 func ValidateConnectionPattern(p string) error {
 	if p == "" || len(p) > MaxPatternLength {
 		return fmt.Errorf("%w: a connection pattern is 1-%d characters", ErrInvalidKeyAccess, MaxPatternLength)

@@ -9,8 +9,8 @@ import (
 )
 
 // TokenRate is a provider's token-request budget, shared by every process
-// of a deployment: at most Limit requests to its token endpoint in any
-// Period. The zero value is no budget.
+// of a deployment: at most Limit token requests in any Period. The zero
+// value is no budget.
 type TokenRate struct {
 	Limit  int
 	Period time.Duration
@@ -27,8 +27,7 @@ func (r TokenRate) String() string {
 	return strconv.Itoa(r.Limit) + "/" + shortDuration(r.Period)
 }
 
-// shortDuration writes d without the zero units time.Duration.String adds
-// (1m, not 1m0s).
+// shortDuration writes d without the zero units of time.Duration.String (1m, not 1m0s).
 func shortDuration(d time.Duration) string {
 	s := d.String()
 	if strings.HasSuffix(s, "m0s") {
@@ -45,12 +44,10 @@ func shortDuration(d time.Duration) string {
 const MaxTokenRateLimit = 10000
 
 // ErrInvalidTokenRate: a token budget is not N/PERIOD with 1 <= N <=
-// MaxTokenRateLimit and PERIOD a positive Go duration of at least a
-// millisecond.
+// MaxTokenRateLimit and PERIOD a Go duration of at least a millisecond.
 var ErrInvalidTokenRate = errors.New("invalid token rate (want N/PERIOD, e.g. 20/1s, 100/1m, 10/10m)")
 
-// ParseTokenRate reads N/PERIOD ("20/1s", "100/1m", "10/10m"); "" is no
-// budget.
+// ParseTokenRate reads N/PERIOD ("20/1s", "100/1m", "10/10m"); "" is no budget.
 func ParseTokenRate(s string) (TokenRate, error) {
 	if s == "" {
 		return TokenRate{}, nil
@@ -70,8 +67,7 @@ func ParseTokenRate(s string) (TokenRate, error) {
 	return TokenRate{Limit: limit, Period: period}, nil
 }
 
-// Validate checks r as ParseTokenRate would (the zero TokenRate is
-// valid: no budget).
+// Validate checks r as ParseTokenRate would; the zero TokenRate is valid.
 func (r TokenRate) Validate() error {
 	if r.IsZero() && r.Period == 0 {
 		return nil

@@ -21,25 +21,19 @@ var (
 	// (invalid_grant and the few non-standard codes that mean the same).
 	ErrGrantRevoked = errors.New("grant rejected by the provider")
 	// ErrClientRejected: the provider rejected the client, not the grant
-	// (invalid_client, unauthorized_client, unsupported_grant_type, a 401
-	// from the token endpoint). The refresh token was not spent; the
-	// connection stays active and recovers once the client is accepted.
-	// Messages name the oauth2.Config fields; the bundled apps name their
-	// settings in their own messages.
+	// (invalid_client, unauthorized_client, unsupported_grant_type, a 401).
+	// The refresh token was not spent and the connection stays active.
 	ErrClientRejected = errors.New("token endpoint rejected the client (check the oauth2.Config's ClientID, ClientSecret, Endpoint.AuthStyle)")
 	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404,
 	// 405, a redirect). No grant was touched.
 	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check the oauth2.Config's Endpoint.TokenURL)")
 	// ErrStoreUnavailable: the database could not be reached or failed.
 	ErrStoreUnavailable = errors.New("token store unavailable")
-	// ErrReadOnlyStore: the database is a replica (in recovery), where
-	// no refresh could be stored.
+	// ErrReadOnlyStore: the database is a replica, where no refresh could be stored.
 	ErrReadOnlyStore = errors.New("token store is a read-only replica")
-	// ErrRefreshInProgress: another process's refresh of the same stored
-	// token may still be at the provider although that process lost the
-	// connection's lock (its database session ended mid-refresh). Its
-	// refresh token must not be presented again until that refresh has
-	// stored its answer or given up.
+	// ErrRefreshInProgress: a refresh by a process that lost the lock may
+	// still be at the provider; its refresh token must not be presented
+	// again until that refresh has stored its answer or given up.
 	ErrRefreshInProgress = errors.New("another process's refresh of the token may still be at the provider")
 	// ErrConflict: the stored token changed between read and write.
 	ErrConflict = errors.New("token changed concurrently")
@@ -50,43 +44,40 @@ var (
 	// ErrRefreshRateLimited: forced refreshes of a connection came faster
 	// than allowed (an API answering 401 to everything).
 	ErrRefreshRateLimited = errors.New("forced refresh rate limited")
-	// ErrAccountMismatch: a new grant for a connection comes from another
-	// provider account than the stored one, and the connect session did
-	// not allow the change. Nothing was stored.
+	// ErrAccountMismatch: a new grant comes from another provider account
+	// than the stored one, and the session did not allow it. Nothing was stored.
 	ErrAccountMismatch = errors.New("the grant is from a different provider account than the connection's")
 	// ErrInvalidSyncCommit: a synchronous_commit level for the token
 	// writes other than off, local, remote_write, on or remote_apply.
 	ErrInvalidSyncCommit = errors.New("invalid synchronous_commit level")
-	// ErrConnectNotConfigured: a connect session was asked of a server that
-	// runs no connect flow (it needs OAUTH_AUTH_URL, OAUTH_TOKEN_URL and
-	// OAUTH_REDIRECT_URL).
 	// ErrReturnToNotAllowed: a connect session's return_to is missing or
 	// not under one of the allowed return URLs (CONNECT_RETURN_URLS).
-	ErrReturnToNotAllowed   = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
+	ErrReturnToNotAllowed = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
+	// ErrConnectNotConfigured: a connect session was asked of a server that
+	// runs no connect flow.
 	ErrConnectNotConfigured = errors.New("the connect flow is not configured (OAUTH_AUTH_URL, OAUTH_TOKEN_URL, OAUTH_REDIRECT_URL)")
-	// ErrUnauthorized: a missing, unknown or revoked API key or connect
-	// session.
+	// ErrUnauthorized: a missing, unknown or revoked API key or connect session.
 	ErrUnauthorized = errors.New("unauthorized")
-	// ErrSchemaNotFound: the database connection's search_path names a
-	// schema that does not exist (or that the role may not use), or no
-	// schema at all, so there is no schema for tokenguard's tables.
+	// ErrSchemaNotFound: the search_path names no usable schema for tokenguard's tables.
 	ErrSchemaNotFound = errors.New("the search_path names a schema that does not exist")
-	// ErrRefreshFailing: the connection's last refreshes failed with
-	// answers tokenguard cannot classify (or an answer was lost where the
-	// refresh token may not be presented again), and the next attempt is
-	// not due yet. It comes wrapped with ErrProviderUnavailable: the grant
-	// is untouched and a still-valid access token is served meanwhile.
+	// ErrRefreshFailing: the connection's refreshes keep getting answers
+	// tokenguard cannot classify (or a lost answer) and the next attempt is
+	// not due yet. Wrapped with ErrProviderUnavailable: the grant is untouched.
 	ErrRefreshFailing = errors.New("the connection's refreshes are failing; the provider is not asked again yet")
-	// ErrResultInvalid: a connect result code that is unknown, expired or
-	// already redeemed. Nothing was stored.
+	// ErrResultInvalid: a connect result code unknown, expired or redeemed; nothing stored.
 	ErrResultInvalid = errors.New("connect result unknown, expired or already redeemed")
+	// ErrUndecryptable: a stored token's key is not configured, or its
+	// ciphertext was altered or moved. The value is never sent anywhere.
+	ErrUndecryptable = errors.New("stored token cannot be decrypted")
+	// ErrSenderConstrained: the grant is bound to a DPoP key (RFC 9449), so
+	// its access token is useless without a proof.
+	ErrSenderConstrained = errors.New("connection is sender-constrained (DPoP): its access token is useless without a proof; call through tokenguard's client or proxy, or ask for a proof (POST /connections/{name}/dpop-proof)")
 )
 
-// ConnectError says why the connect flow's callback stored nothing: Code
-// is the reason reported to the browser's return_to (bad_state,
-// bad_request, exchange_failed, account_unknown, unknown_provider, or the
-// provider's own OAuth2 error code such as access_denied), Message is for
-// people. Neither carries a secret.
+// ConnectError says why the connect flow's callback stored nothing: Code is
+// the reason reported to the browser (bad_state, exchange_failed, or the
+// provider's code such as access_denied), Message is for people. Neither
+// carries a secret.
 type ConnectError struct {
 	Code    string
 	Message string
@@ -106,25 +97,19 @@ type ProviderError struct {
 	RetryAfter time.Duration // from a Retry-After header, when the provider sent one
 	Class      ErrorClass    // what the answer means for the grant
 	Err        error         // transport cause (already free of secrets), or nil
-	// Lost: the request reached the provider and its answer was lost (a
-	// timeout or a reset after it was sent): the refresh token may have
-	// been spent.
+	// Lost: the request reached the provider and its answer was lost: the
+	// refresh token may have been spent.
 	Lost bool
-	// ReplayUntil, for a Lost answer, is until when the provider accepts the
-	// same refresh token again (its reuse grace window, from the first
-	// presentation); zero: it does not (the refresh token must not be
-	// presented again). Set only where the provider's profile declares it.
+	// ReplayUntil ends a Lost answer's reuse grace window (zero: never present
+	// the refresh token again); NoReplay: the profile declares no window.
 	ReplayUntil time.Time
-	// NoReplay: the provider's profile declares no reuse grace window, so a
-	// Lost answer's refresh token is never presented again.
-	NoReplay bool
+	NoReplay    bool
 	// Ambiguous: a refusal that could be about the client or the grant
-	// (invalid_request, a 400 with an unknown code or none); its Class
-	// was decided by evidence, which Evidence names.
+	// (invalid_request, a 400 with an unknown code or none); Evidence
+	// names what decided its Class.
 	Ambiguous bool
-	// Evidence that decided an ambiguous refusal: EvidenceFingerprint
-	// (grant dead), EvidenceClientWorks (the grant is refused; failing at
-	// once), or "" (unclassified).
+	// Evidence: EvidenceFingerprint (grant dead), EvidenceClientWorks (the
+	// grant is refused; failing at once), or "" (unclassified).
 	Evidence string
 }
 
@@ -155,40 +140,38 @@ const (
 	// EndpointMisconfigured: the token URL does not lead to a token
 	// endpoint. No grant is touched.
 	EndpointMisconfigured
-	// Unclassified: an answer that says nothing tokenguard can act on (an
-	// unknown code, a body that is neither JSON nor a form, a 4xx without
-	// a code, a 200 without an access token). Not retried within the call:
-	// the use case backs off per connection, fleet-wide, and marks the
-	// connection failing; the grant is untouched.
+	// Unclassified: an answer tokenguard cannot act on (an unknown code, an
+	// unreadable body, a 200 without an access token). Not retried within
+	// the call: the connection backs off fleet-wide; the grant is untouched.
 	Unclassified
 )
 
+// classes names each class (as metrics and logs show it) and its sentinel.
+var classes = [...]struct {
+	name     string
+	sentinel error
+}{
+	Transient:             {"transient", ErrProviderUnavailable},
+	GrantDead:             {"grant_dead", ErrGrantRevoked},
+	ClientRejected:        {"client_rejected", ErrClientRejected},
+	EndpointMisconfigured: {"endpoint_misconfigured", ErrEndpointMisconfigured},
+	Unclassified:          {"unclassified", ErrProviderUnavailable},
+}
+
 // String names the class as metrics and logs show it.
 func (c ErrorClass) String() string {
-	switch c {
-	case GrantDead:
-		return "grant_dead"
-	case ClientRejected:
-		return "client_rejected"
-	case EndpointMisconfigured:
-		return "endpoint_misconfigured"
-	case Unclassified:
-		return "unclassified"
+	if c < 0 || int(c) >= len(classes) {
+		return "transient"
 	}
-	return "transient"
+	return classes[c].name
 }
 
 // Sentinel is the error of errors.Is that stands for the class.
 func (c ErrorClass) Sentinel() error {
-	switch c {
-	case GrantDead:
-		return ErrGrantRevoked
-	case ClientRejected:
-		return ErrClientRejected
-	case EndpointMisconfigured:
-		return ErrEndpointMisconfigured
+	if c < 0 || int(c) >= len(classes) {
+		return ErrProviderUnavailable
 	}
-	return ErrProviderUnavailable
+	return classes[c].sentinel
 }
 
 func (e *ProviderError) Error() string {
@@ -211,9 +194,8 @@ func (e *ProviderError) Error() string {
 	return msg
 }
 
-// Unwrap lets errors.Is match the class's sentinel (ErrGrantRevoked,
-// ErrClientRejected, ErrEndpointMisconfigured or ErrProviderUnavailable) and
-// the transport cause (context.DeadlineExceeded, net errors).
+// Unwrap lets errors.Is match the class's sentinel and the transport cause
+// (context.DeadlineExceeded, net errors).
 func (e *ProviderError) Unwrap() []error {
 	kind := e.Class.Sentinel()
 	if e.Err == nil {

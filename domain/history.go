@@ -9,9 +9,8 @@ type ConnectionEvent struct {
 	ID         int64
 	Connection string
 	Kind       string // "refresh", or the webhook event's type without "connection."
-	// Outcome of a refresh: "ok" (a rotated token stored), "needs_reauth"
-	// (the grant was dead), "not_stored" (the call failed; the stored token
-	// was kept).
+	// Outcome of a refresh: "ok", "needs_reauth" (the grant was dead) or
+	// "not_stored" (the call failed; the stored token was kept).
 	Outcome  string
 	Reason   string
 	Provider string
@@ -20,32 +19,24 @@ type ConnectionEvent struct {
 	At       time.Time
 }
 
-// ConnectionFilter narrows a listing of connections. Zero fields match
-// everything.
+// ConnectionFilter narrows a listing of connections; zero fields match all.
 type ConnectionFilter struct {
-	// Status is a stored status (active, needs_reauth, or any other the
-	// store holds), or StatusExpiringSoon.
-	Status Status
-	// Provider is a stored provider's name, or EnvProvider for the
-	// connections of the OAUTH_* provider.
-	Provider   string
+	Status     Status // a stored status, or StatusExpiringSoon
+	Provider   string // a stored provider's name, or EnvProvider
 	Tag        string
 	NamePrefix string
-	// Patterns are the connection patterns of the key the listing is for
-	// (KeyAccess.Connections): nil, every connection; empty, none.
-	Patterns []string
+	Patterns   []string // the listing key's KeyAccess.Connections: nil, all; empty, none
 }
 
-// StatusExpiringSoon filters connections that are active and whose refresh
-// token expires within ExpiringSoonWithin.
+// StatusExpiringSoon filters active connections whose refresh token
+// expires within ExpiringSoonWithin.
 const StatusExpiringSoon Status = "expiring_soon"
 
 // ExpiringSoonWithin is what "expiring soon" means.
 const ExpiringSoonWithin = 7 * 24 * time.Hour
 
-// EnvProvider names, in a filter, the provider of the environment (whose
-// connections store no provider name); no stored provider can be called
-// so (a name starts with a letter or digit).
+// EnvProvider names the OAUTH_* provider in a filter; no stored provider
+// can be called so (a name starts with a letter or digit).
 const EnvProvider = "_env"
 
 // RefreshRate is a provider's refreshes over a window.

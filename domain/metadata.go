@@ -12,9 +12,8 @@ import (
 )
 
 // Metadata is the application's own bookkeeping about a connection (a
-// tenant id, an end user id): a JSON object and tags. tokenguard stores it
-// and hands it back; it never acts on it. It is kept apart from Token:
-// the hot path never needs it, and Token stays small and comparable.
+// tenant id, say), stored and handed back, never acted on. It is kept apart
+// from Token, which the hot path needs small and comparable.
 type Metadata struct {
 	Object json.RawMessage // a JSON object, compact; empty reads as {}
 	Tags   []string
@@ -34,10 +33,9 @@ var ErrInvalidMetadata = errors.New("invalid connection metadata")
 
 var tagPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/=@+-]*$`)
 
-// NewMetadata checks object (a JSON object; empty means {}) and tags, and
-// returns them in stored form: the object compacted, the tags in their
-// order without repeats. A violation is an error wrapping
-// ErrInvalidMetadata that quotes no input beyond a tag's position.
+// NewMetadata checks object (a JSON object; empty means {}) and tags and
+// returns them compacted, without repeated tags. Errors wrap
+// ErrInvalidMetadata and quote no input beyond a tag's position.
 func NewMetadata(object []byte, tags []string) (Metadata, error) {
 	m := Metadata{Object: json.RawMessage("{}")}
 	if len(bytes.TrimSpace(object)) > 0 {
@@ -72,8 +70,7 @@ func NewMetadata(object []byte, tags []string) (Metadata, error) {
 	return m, nil
 }
 
-// hasNUL reports whether a key or string of the JSON document js holds
-// U+0000.
+// hasNUL reports whether a key or string of the JSON document js holds U+0000.
 func hasNUL(js []byte) bool {
 	if !bytes.Contains(js, []byte(`\u0000`)) {
 		return false // the only way JSON spells it
@@ -104,13 +101,10 @@ type Connection struct {
 	UpdatedAt     time.Time
 	Binding       Binding
 	Metadata      Metadata
-	// Failure is the refresh failure episode of the current version, if
-	// any; Status is StatusFailing (and StatusReason describes it) once it
-	// is shown as failing.
+	// Failure is the current version's refresh failure episode; once it
+	// is shown as failing, Status is StatusFailing and StatusReason says why.
 	Failure RefreshFailure
-	// DPoPJKT is the thumbprint of the DPoP key the grant is bound to (never
-	// the key); "" for a bearer grant.
-	DPoPJKT string
+	DPoPJKT string // thumbprint of the grant's DPoP key; "" for a bearer grant
 }
 
 // ErrNoRevocationEndpoint: a revocation was asked for and the connection's

@@ -10,15 +10,12 @@ import (
 type PARMode string
 
 const (
-	// PARAuto pushes when the provider's metadata says
-	// require_pushed_authorization_requests, or its profile does.
+	// PARAuto pushes when the provider's metadata or profile requires it.
 	PARAuto PARMode = "auto"
-	// PARAlways pushes whenever the provider advertises a
-	// pushed_authorization_request_endpoint, and fails the flow when it
-	// does not.
+	// PARAlways always pushes, and fails the flow when the provider
+	// advertises no pushed_authorization_request_endpoint.
 	PARAlways PARMode = "always"
-	// PARNever never pushes.
-	PARNever PARMode = "never"
+	PARNever  PARMode = "never"
 )
 
 // ParsePARMode reads "auto", "always" or "never" ("" is auto). Errors wrap
@@ -33,8 +30,7 @@ func ParsePARMode(s string) (PARMode, error) {
 	return "", fmt.Errorf("%w: par must be auto, always or never, got %q", ErrInvalidProvider, s)
 }
 
-// ErrNoPAREndpoint: pushed authorization requests are required (by the
-// settings, the profile or the provider's metadata) and no
+// ErrNoPAREndpoint: pushed authorization requests are required and no
 // pushed_authorization_request_endpoint is known for the provider.
 var ErrNoPAREndpoint = errors.New("the provider's metadata names no pushed_authorization_request_endpoint")
 

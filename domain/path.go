@@ -9,20 +9,17 @@ import (
 )
 
 // ErrUnsafePath: a path that some parser along the way could read as
-// another path (a dot segment, however encoded; a backslash; a control
-// byte; invalid or overlong UTF-8). Nothing was sent.
+// another path. Nothing was sent.
 var ErrUnsafePath = errors.New("the path could be read as another path")
 
-// maxDecodes bounds the percent-decoding of CheckPath: a path still
-// changing after that many rounds is refused.
+// maxDecodes bounds CheckPath's percent-decoding rounds.
 const maxDecodes = 8
 
 // CheckPath is the one path check of the proxy, the clients and
 // return_to: p is refused when, after any number of percent-decodings, a
-// segment is "." or ".." (also before a ";" path parameter), or p holds a
-// backslash, a control byte, or bytes that are not valid UTF-8 (overlong
-// forms included). The error wraps ErrUnsafePath and says why, not what p
-// was.
+// segment is "." or ".." (also before a ";"), or p holds a backslash, a
+// control byte or invalid UTF-8. The error wraps ErrUnsafePath and says
+// why, not what p was.
 func CheckPath(p string) error {
 	for range maxDecodes {
 		if err := checkLayer(p); err != nil {

@@ -7,9 +7,8 @@ import (
 )
 
 // A PausePolicy is one backoff as data: after After failures in a row (1
-// when 0) calls pause for First, twice as long at each pause after that up
-// to Max, each pause spread by ±Jitter (a fraction) so that processes that
-// start pausing together do not call together again.
+// when 0) calls pause for First, doubling up to Max, each pause spread by
+// ±Jitter (a fraction) so that processes do not call together again.
 type PausePolicy struct {
 	After  int
 	First  time.Duration
@@ -20,20 +19,18 @@ type PausePolicy struct {
 // The pauses tokenguard keeps, one row each (docs/providers.md).
 var (
 	// ClientRejectedPause: the provider rejected the client, or the token
-	// URL does not answer as a token endpoint. Short: the apps find out
-	// within seconds that the client is accepted again. Per process and
-	// provider.
+	// URL is no token endpoint. Short, to notice a fix within seconds. Per
+	// process and provider.
 	ClientRejectedPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
-	// UnansweredPause: a refresh sent to the provider went unanswered past
-	// the refresh timeout (a hung provider). Per process and provider.
+	// UnansweredPause: a refresh went unanswered past the refresh timeout.
+	// Per process and provider.
 	UnansweredPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
 	// UnreachablePause: the token endpoint could not be reached (refused,
 	// no route, DNS, TLS) three times in a row. Per process and endpoint.
 	UnreachablePause = PausePolicy{After: 3, First: 250 * time.Millisecond, Max: 4 * time.Second, Jitter: 0.2}
-	// FailingPause: a connection's refreshes get answers that cannot be
-	// classified, or a refresh's answer was lost: attempts at 0, 5, 15, 35
-	// and 75 s, then one a minute. Stored with the token's version, so it
-	// holds fleet-wide.
+	// FailingPause: unclassified or lost answers to a connection's refreshes:
+	// attempts at 0, 5, 15, 35 and 75 s, then one a minute. Stored with the
+	// token's version, so it holds fleet-wide.
 	FailingPause = PausePolicy{First: 5 * time.Second, Max: time.Minute}
 )
 
@@ -52,9 +49,8 @@ func (p PausePolicy) Wait(n int) time.Duration {
 }
 
 // Pause holds calls back after failures, as its Policy says; a success
-// ends it. Failures during a pause neither lengthen it nor count towards
-// the next one: they are answers to calls made before it began. It is
-// safe for concurrent use.
+// ends it. Failures during a pause (answers to earlier calls) neither
+// lengthen it nor count towards the next. Safe for concurrent use.
 type Pause struct {
 	Policy PausePolicy
 

@@ -4,16 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"time"
 )
 
-// Provider is an OAuth2 client registration at a provider, stored so that
-// one deployment serves connections granted by several providers. A
-// connection names its provider (Token.Provider); one that names none uses
-// the provider of the process's configuration (the OAUTH_* environment).
-//
-// ClientSecret is a Secret: printing a Provider never shows it.
+// Provider is a stored OAuth2 client registration, so that one deployment
+// serves connections granted by several providers (a connection naming
+// none uses the OAUTH_* configuration's). Printing it never shows a secret.
 type Provider struct {
 	Name          string
 	TokenURL      string
@@ -24,31 +20,19 @@ type Provider struct {
 	ClientSecret  Secret
 	AuthStyle     AuthStyle
 	Scopes        []string
-	// Zero takes the process's global setting.
+	// Skew, DefaultLifetime and KeepAlive: zero takes the process's setting.
 	Skew            time.Duration
 	DefaultLifetime time.Duration
 	KeepAlive       time.Duration
-	// Profile names the provider profile it was added with ("" is the
-	// generic one): its dead-grant codes and extra answer fields apply.
-	Profile   string
-	Version   int64 // bumped by every update
-	CreatedAt time.Time
-	UpdatedAt time.Time
-	// DPoP: the provider requires DPoP-bound grants (RFC 9449); each
-	// connection gets a key of its own at connect time.
-	DPoP bool
-	// Resource is the RFC 8707 resource indicator of every authorization
-	// and token request; "" none.
-	Resource string
-	// PAR says when the connect flow pushes its authorization request
-	// (RFC 9126); "" is auto.
-	PAR PARMode
-	// ClientKey is the PEM private key (EC P-256 or RSA) of
-	// AuthStyle private_key_jwt; sealed at rest like ClientSecret.
-	ClientKey Secret
-	// TokenRate is the token-request budget every process of the
-	// deployment respects together (zero: none).
-	TokenRate TokenRate
+	Profile         string // the provider profile it was added with; "" is the generic one
+	Version         int64  // bumped by every update
+	CreatedAt       time.Time
+	UpdatedAt       time.Time
+	DPoP            bool      // requires DPoP-bound grants (RFC 9449), each with a key of its own
+	Resource        string    // RFC 8707 resource indicator of every request; "" none
+	PAR             PARMode   // when the connect flow pushes its request (RFC 9126); "" is auto
+	ClientKey       Secret    // PEM private key of private_key_jwt; sealed at rest like ClientSecret
+	TokenRate       TokenRate // the token-request budget of the whole deployment; zero: none
 }
 
 // AuthStyle is how the client authenticates at the token endpoint.
@@ -56,8 +40,7 @@ type AuthStyle string
 
 const (
 	// AuthStyleAuto: HTTP Basic first, the form body only after the
-	// provider said the client's authentication failed; the winner is
-	// remembered per token URL and client id.
+	// provider refused the client's authentication; the winner is remembered.
 	AuthStyleAuto   AuthStyle = "auto"
 	AuthStyleHeader AuthStyle = "header" // HTTP Basic (client_secret_basic)
 	AuthStyleParams AuthStyle = "params" // form body (client_secret_post)
@@ -66,8 +49,7 @@ const (
 	AuthStylePrivateKeyJWT AuthStyle = "private_key_jwt"
 )
 
-// ParseAuthStyle reads "auto", "header", "params" or "private_key_jwt"
-// ("" is auto).
+// ParseAuthStyle reads "auto" (or ""), "header", "params" or "private_key_jwt".
 func ParseAuthStyle(s string) (AuthStyle, error) {
 	switch AuthStyle(s) {
 	case "", AuthStyleAuto:
@@ -85,9 +67,7 @@ const ReservedProviderName = "default"
 // Provider errors.
 var (
 	// ErrUnknownProvider: a connection (or an import) names a provider
-	// that is not registered. No grant is touched: like a rejected client,
-	// it is a configuration error, never a reason to mark a connection
-	// needs_reauth.
+	// that is not registered: a configuration error; no grant is touched.
 	ErrUnknownProvider = errors.New("unknown provider (see tokenctl provider list)")
 	// ErrProviderExists: a provider by that name is registered already.
 	ErrProviderExists = errors.New("a provider with that name exists")
@@ -97,8 +77,8 @@ var (
 	ErrInvalidProvider = errors.New("invalid provider")
 	// ErrUnknownProfile: no provider profile has that name.
 	ErrUnknownProfile = errors.New("unknown provider profile")
-	// ErrNoAPIBaseURL: a connection's stored provider has no API base URL.
-	// Its token is never sent to another provider's API (API_BASE_URL).
+	// ErrNoAPIBaseURL: a connection's stored provider has no API base URL;
+	// its token is never sent to another provider's API (API_BASE_URL).
 	ErrNoAPIBaseURL = errors.New("the connection's provider has no API base URL (tokenctl provider update --api-base-url)")
 )
 
@@ -120,7 +100,7 @@ func (p Provider) Validate() error {
 		if v == "" && field != "token URL" {
 			continue
 		}
-		if u, err := url.Parse(v); err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		if CheckURL(v, true) != nil {
 			return fmt.Errorf("%w: %s must be an http(s) URL, got %q", ErrInvalidProvider, field, v)
 		}
 	}

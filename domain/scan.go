@@ -3,23 +3,20 @@ package domain
 import "strings"
 
 // ConnectionScan is what a store may narrow a listing to for one
-// connection pattern of a key, so that a listing costs what it returns:
-// the names that start with Prefix (every name when Prefix is ""), and of
-// those the ones Regexp matches. Regexp is the pattern as an anchored
-// regular expression in the syntax RE2 and PostgreSQL's advanced regular
-// expressions share, matching exactly the names path.Match matches; ""
-// when the prefix alone is the pattern (prefix*). Exact: the pattern is
-// the one name Prefix. KeyAccess.AllowsConnection still decides.
+// connection pattern of a key, so that a listing costs what it returns.
+// KeyAccess.AllowsConnection still decides.
 type ConnectionScan struct {
-	Prefix string
-	Exact  bool
+	Prefix string // the names start with it ("" for any)
+	Exact  bool   // the pattern is the one name Prefix
+	// Regexp is the pattern as an anchored regular expression that RE2 and
+	// PostgreSQL read alike, matching what path.Match matches; "" when the
+	// prefix alone is the pattern (prefix*).
 	Regexp string
 }
 
 // ConnectionScans are the scans of the key's connection patterns; all is
-// true when the key may see every connection (no patterns, or a pattern
-// that is a lone *). Malformed patterns, which match nothing, are left
-// out: a key with only those sees nothing.
+// true when the key may see every connection. Malformed patterns, which
+// match nothing, are left out.
 func (a KeyAccess) ConnectionScans() (scans []ConnectionScan, all bool) {
 	if a.Connections == nil {
 		return nil, true
@@ -37,8 +34,7 @@ func (a KeyAccess) ConnectionScans() (scans []ConnectionScan, all bool) {
 	return scans, false
 }
 
-// scanOf reads a well-formed path.Match pattern: its literal prefix, and
-// the regular expression of the rest.
+// scanOf reads a well-formed path.Match pattern.
 func scanOf(p string) ConnectionScan {
 	var prefix, re strings.Builder
 	re.WriteString("^")
@@ -79,10 +75,9 @@ func scanOf(p string) ConnectionScan {
 }
 
 // class writes the character class of p starting at i (after its '[') and
-// returns the index of its closing ']'. A range whose ends are inverted
-// matches nothing (path.Match), and is left out: no regular expression
-// takes it. A class left with none matches no character ('/', which no
-// name has), or when negated any.
+// returns the index of its closing ']'. An inverted range matches nothing
+// in path.Match and no regexp takes it, so it is left out; an empty class
+// matches '/', which no name has (negated: any character).
 func class(p string, i int, re *strings.Builder) int {
 	negated := i < len(p) && p[i] == '^'
 	if negated {
@@ -126,9 +121,8 @@ func classChar(p string, i int) (byte, int) {
 	return p[i], i + 1
 }
 
-// quoteRegexp writes c as itself: alphanumerics as they are, everything
-// else escaped (both syntaxes read \ and a non-alphanumeric as that
-// character, inside a class too).
+// quoteRegexp escapes every non-alphanumeric c, which both syntaxes read
+// as that character (inside a class too).
 func quoteRegexp(c byte) string {
 	if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
 		return string(c)

@@ -5,13 +5,10 @@ import (
 	"log/slog"
 )
 
-// Secret holds a credential (an access or refresh token). It is a struct, not
-// a string type, so that a careless conversion or format verb cannot leak it:
-// every printing path shows a redaction marker and only Reveal returns the value.
-//
-// The value sits behind a pointer: fmt cannot call String on a Secret held
-// in an unexported struct field and prints such fields raw, which then
-// shows an address, not the credential.
+// Secret holds a credential. It is a struct, not a string type, so that no
+// conversion or format verb can leak it: only Reveal returns the value.
+// The value sits behind a pointer because fmt prints a Secret in an
+// unexported field raw, and then shows an address, not the credential.
 type Secret struct{ v *string }
 
 const redacted = "[REDACTED]"
@@ -24,8 +21,8 @@ func NewSecret(s string) Secret {
 	return Secret{v: &s}
 }
 
-// Reveal returns the credential. Call it only where the value leaves for the
-// provider, the protected API or the database.
+// Reveal returns the credential; call it only where the value leaves for
+// the provider, the protected API or the database.
 func (s Secret) Reveal() string {
 	if s.v == nil {
 		return ""

@@ -6,16 +6,13 @@ import "time"
 // connection, once, through a browser.
 type ConnectSession struct {
 	Connection         string
-	ReturnTo           string // where the browser goes afterwards; "" for tokenguard's own page
-	AllowAccountChange bool   // a grant from another account may replace the connection's
-	CreatedBy          string // the API key's name
-	Provider           string // the connection's provider; "" for the environment's
-	// Metadata, when not nil, replaces the connection's metadata and tags
-	// when the consent completes.
-	Metadata  *Metadata
-	ExpiresAt time.Time
-	// The browser flow's OAuth2 state and PKCE verifier, kept server-side.
-	State, Verifier string
+	ReturnTo           string    // where the browser goes afterwards; "" for tokenguard's own page
+	AllowAccountChange bool      // a grant from another account may replace the connection's
+	CreatedBy          string    // the API key's name
+	Provider           string    // the connection's provider; "" for the environment's
+	Metadata           *Metadata // not nil: replaces the connection's when the consent completes
+	ExpiresAt          time.Time
+	State, Verifier    string // the browser flow's OAuth2 state and PKCE verifier, kept server-side
 }
 
 // PendingGrant is a grant the connect flow obtained and keeps unstored
@@ -31,10 +28,8 @@ type PendingGrant struct {
 	Binding            Binding
 	Grant              Grant
 	ExpiresAt          time.Time
-	// DPoPKey (PEM) and DPoPJKT: the DPoP key the grant is bound to; zero
-	// for a bearer grant.
-	DPoPKey Secret
-	DPoPJKT string
+	DPoPKey            Secret // PEM of the DPoP key the grant is bound to; zero for a bearer grant
+	DPoPJKT            string
 }
 
 // ExpiredGrant is a pending grant nobody redeemed in time: its refresh
@@ -45,7 +40,5 @@ type ExpiredGrant struct {
 	Provider     string
 	RefreshToken Secret
 	CreatedAt    time.Time
-	// DPoPKey (PEM): the key a DPoP-bound grant is bound to, which its
-	// revocation proves; zero for a bearer grant.
-	DPoPKey Secret
+	DPoPKey      Secret // PEM of a DPoP-bound grant's key, which its revocation proves
 }

@@ -20,29 +20,23 @@ const (
 	StatusActive      Status = "active"
 	StatusNeedsReauth Status = "needs_reauth"
 	// StatusFailing is how listings show an active connection whose
-	// refreshes keep failing (RefreshFailure.Failing); it is never stored
-	// as a token's status: the grant is untouched.
+	// refreshes keep failing; never stored as a token's status.
 	StatusFailing Status = "failing"
 )
 
-// RefreshFailure is the failure episode of a connection's refreshes: the
-// answers tokenguard could not classify in a row (or a lost answer), and
-// when the provider may be asked again. Shared by every process through
-// the store; the zero value is no failure.
+// RefreshFailure is the failure episode of a connection's refreshes, shared
+// by every process through the store; the zero value is no failure.
 type RefreshFailure struct {
 	Failures int       // in a row; 0: no failure
 	Since    time.Time // the first of them
 	LastAt   time.Time // the last of them
 	// RetryAt: no refresh before it. Zero with Failures > 0: none at all
-	// until a new grant (a lost answer whose refresh token may not be
-	// presented again).
-	RetryAt time.Time
-	// ReplayUntil: the refresh token may be presented only before it (the
-	// provider's reuse grace window after a lost answer); zero: no bound.
-	ReplayUntil time.Time
-	HTTPStatus  int    // of the last answer; 0: none came
-	Code        string // of the last answer, as errors report it
-	Failing     bool   // shown as failing (connection.refresh_failing sent)
+	// until a new grant (a lost answer's refresh token may not be replayed).
+	RetryAt     time.Time
+	ReplayUntil time.Time // ends the reuse grace window after a lost answer; zero: no bound
+	HTTPStatus  int       // of the last answer; 0: none came
+	Code        string    // of the last answer, as errors report it
+	Failing     bool      // shown as failing (connection.refresh_failing sent)
 }
 
 // Blocked reports whether no refresh may be attempted at all: the refresh
@@ -51,21 +45,18 @@ func (f RefreshFailure) Blocked(now time.Time) bool {
 	return f.Failures > 0 && (f.RetryAt.IsZero() || (!f.ReplayUntil.IsZero() && !now.Before(f.ReplayUntil)))
 }
 
-// CodeAnswerLost is the code of a failure episode opened by a lost answer:
-// a request that presented the refresh token got no answer within the
-// answer deadline, or its holder vanished before the answer came.
+// CodeAnswerLost is the code of a failure episode opened by a request that
+// presented the refresh token and got no answer (or whose holder vanished).
 const CodeAnswerLost = "answer_lost"
 
-// ProbeFirst reports whether the refresh token may be presented again only
-// once the provider answers again: the last presentation's answer was lost
-// at a provider whose reuse grace nothing is known of (no window bounds
-// the replay), so a request of ours may still be queued there.
+// ProbeFirst reports whether the provider must answer again before the
+// refresh token is presented again: the last answer was lost at a provider
+// with no known reuse grace, so a request of ours may still be queued there.
 func (f RefreshFailure) ProbeFirst() bool {
 	return f.Failures > 0 && f.Code == CodeAnswerLost && f.ReplayUntil.IsZero() && !f.RetryAt.IsZero()
 }
 
-// Describe is the failure as listings show it (no secret: the code is
-// the reported one).
+// Describe is the failure as listings show it (no secret).
 func (f RefreshFailure) Describe() string {
 	if f.Failures == 0 {
 		return ""
@@ -81,56 +72,40 @@ func (f RefreshFailure) Describe() string {
 // Token is the OAuth2 token of one connection as tokenguard stores it.
 // The credentials are Secrets, so printing a Token never shows them.
 type Token struct {
-	Connection   string
-	AccessToken  Secret
-	TokenType    string
-	RefreshToken Secret
-	Expiry       time.Time // zero means the provider gave no expiry
-	// RefreshExpiry is when RefreshToken stops working, if the provider
-	// said (refresh_token_expires_in); zero means unknown.
-	RefreshExpiry time.Time
+	Connection    string
+	AccessToken   Secret
+	TokenType     string
+	RefreshToken  Secret
+	Expiry        time.Time // zero means the provider gave no expiry
+	RefreshExpiry time.Time // when RefreshToken stops working; zero: unknown
 	ObtainedAt    time.Time // when AccessToken was issued; bounds the refresh skew
 	Version       int64     // bumped by every write; never goes back
 	Status        Status
 	StatusReason  string // why the connection needs re-authorisation, if it does
 	UpdatedAt     time.Time
-	Binding       Binding // who granted it; zero for grants imported without an account
-	// Provider names the stored provider that issued the grant; "" is the
-	// provider of the process's configuration (OAUTH_*). Only a new grant
-	// sets it; a refresh never changes it.
-	Provider string
-	// Failure is the failure episode of this version's refreshes, if any
-	// (read with the token, never written with it).
-	Failure RefreshFailure
+	Binding       Binding        // who granted it; zero for grants imported without an account
+	Provider      string         // the stored provider that issued the grant; "" is OAUTH_*'s
+	Failure       RefreshFailure // this version's failure episode (read with the token, never written)
 	// DPoPJKT is the RFC 7638 thumbprint of the DPoP key the grant is
-	// bound to (RFC 9449); "" for a bearer grant. The key is part of the
-	// grant: without it the refresh token is worthless.
+	// bound to; "" for a bearer grant. Without the key the grant is worthless.
 	DPoPJKT string
-	// DPoPKey is that key's private half (PEM), set only on a new grant on
-	// its way to the store (which seals it with the grant); reads leave it
-	// empty and fetch the key apart, when it is needed.
-	DPoPKey Secret
+	DPoPKey Secret // that key's PEM, set only on a new grant on its way to the store
 }
 
 // SenderConstrained reports whether the grant is bound to a DPoP key: its
 // access token is useless without a proof signed with that key.
 func (t Token) SenderConstrained() bool { return t.DPoPJKT != "" }
 
-// Binding is who granted a connection and what. Account is the provider's
-// id of the account that consented (the ID token's sub, or a user-info
-// field); empty when unknown. Scopes are space-separated, as in OAuth2
+// Binding is who granted a connection and what. Scopes are space-separated
 // (RFC 6749 §3.3), which keeps Token comparable.
 type Binding struct {
-	Account       string
+	Account       string // the consenting account's provider id; "" when unknown
 	Scopes        string // granted; "" when unknown
 	MissingScopes string // requested (OAUTH_SCOPES) but not granted
 	// Answered is the scope the latest refresh answer named; "" when none
 	// did since the grant (RFC 6749 §5.1: then the scope is unchanged).
-	Answered string
-	// ScopesReduced are the granted Scopes that Answered lacks: a refresh
-	// granted fewer than the connection was granted. "" when none, or
-	// when the granted scopes are unknown. The grant stays usable.
-	ScopesReduced string
+	Answered      string
+	ScopesReduced string // the granted Scopes that Answered lacks; the grant stays usable
 }
 
 // ScopeFields splits a token answer's scope: space-separated (RFC 6749
@@ -154,26 +129,20 @@ func reduced(granted, answered string) string {
 // Grant is what a provider hands out: a fresh access token and possibly a
 // new refresh token.
 type Grant struct {
-	AccessToken  Secret
-	TokenType    string
-	RefreshToken Secret // zero when the provider did not rotate
-	Expiry       time.Time
-	// RefreshExpiry: when the refresh token expires, if the provider said
-	// (refresh_token_expires_in, x_refresh_token_expires_in); zero otherwise.
-	RefreshExpiry time.Time
-	// KeepRefreshExpiry: the answer names no refresh expiry and the
-	// refresh token dies on the grant's calendar (the profile's absolute
-	// expiry, counted from consent): the stored expiry still holds for a
-	// rotated refresh token.
+	AccessToken   Secret
+	TokenType     string
+	RefreshToken  Secret // zero when the provider did not rotate
+	Expiry        time.Time
+	RefreshExpiry time.Time // when the refresh token expires, if the provider said; else zero
+	// KeepRefreshExpiry: the refresh token dies on the grant's calendar
+	// (counted from consent), so the stored expiry holds for a rotated one.
 	KeepRefreshExpiry bool
 	// Scope is the scope the answer named, ScopeNamed whether it named
-	// one: an answer without scope grants what was asked (RFC 6749 §5.1),
-	// which at a refresh is the grant's scope, unchanged.
+	// one (without, the scope is what was asked: RFC 6749 §5.1).
 	Scope      string
 	ScopeNamed bool
-	// Extra holds the fields of the answer the provider's profile keeps as
-	// connection metadata (Salesforce instance_url, Zoho api_domain); nil
-	// when there are none. Never a credential.
+	// Extra holds the answer fields the profile keeps as connection
+	// metadata (Salesforce instance_url); never a credential.
 	Extra map[string]string
 }
 
@@ -202,11 +171,9 @@ func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 	return now.Before(t.Expiry.Add(-t.EffectiveSkew(skew)))
 }
 
-// Rotated returns t carrying g, issued at now. The refresh token is kept
-// when the provider did not send a new one (RFC 6749 §6 makes rotation
-// optional). So is its known expiry, unless the refresh token changed: a
-// new refresh token whose answer names no expiry has an unknown one. A
-// scope the answer names is recorded, with the granted scopes it lacks.
+// Rotated returns t carrying g, issued at now. The refresh token (and its
+// known expiry) is kept when the provider sent no new one (RFC 6749 §6); a
+// new one whose answer names no expiry has an unknown one.
 func (t Token) Rotated(g Grant, now time.Time) Token {
 	switch {
 	case !g.RefreshExpiry.IsZero():
@@ -261,8 +228,8 @@ func (t Token) LogValue() slog.Value {
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
-// ValidateName accepts names that are safe in URLs, logs and
-// command lines: 1 to 128 letters, digits, '.', '_' or '-'.
+// ValidateName accepts names safe in URLs, logs and command lines: 1 to
+// 128 of [A-Za-z0-9._-], starting with a letter or digit.
 func ValidateName(id string) error {
 	if !namePattern.MatchString(id) {
 		return fmt.Errorf("%w: %q (want 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", ErrInvalidConnection, id)
@@ -278,9 +245,8 @@ const MaxAccountLength = 255
 var ErrInvalidAccount = errors.New("invalid provider account id")
 
 // ValidateAccount checks a provider account id before it is stored or
-// printed: at most MaxAccountLength bytes of printable UTF-8 (no control
-// characters, no line breaks). "" (unknown) is valid. The error does not
-// repeat the id.
+// printed: at most MaxAccountLength bytes of printable UTF-8; "" is valid.
+// The error does not repeat the id.
 func ValidateAccount(id string) error {
 	if len(id) > MaxAccountLength {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidAccount, len(id), MaxAccountLength)

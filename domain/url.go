@@ -9,8 +9,7 @@ import (
 )
 
 // ErrInsecureURL: a URL that tokens, secrets or a session cookie travel
-// to is http:// on a host other than loopback, and insecure URLs are not
-// allowed (ALLOW_INSECURE_URLS).
+// to is http:// on a host other than loopback (see ALLOW_INSECURE_URLS).
 var ErrInsecureURL = errors.New("must be https (http only on loopback, or with ALLOW_INSECURE_URLS=true)")
 
 // ErrNotHTTPURL: a setting that must be an absolute http(s) URL is not one.
@@ -42,8 +41,8 @@ func IsLoopback(host string) bool {
 }
 
 // CheckURLs applies CheckURL to the provider's URLs that are set. field
-// names the first that fails ("token URL", "auth URL", "revocation URL",
-// "API base URL"); the error wraps ErrInvalidProvider and CheckURL's.
+// names the first that fails ("token URL", say); the error wraps
+// ErrInvalidProvider and CheckURL's.
 func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
 	for _, f := range []struct{ name, v string }{{"token URL", p.TokenURL}, {"auth URL", p.AuthURL},
 		{"revocation URL", p.RevocationURL}, {"API base URL", p.APIBaseURL}} {
