@@ -44,9 +44,8 @@ func (c tokenClients) Client(ctx context.Context, connection string) *http.Clien
 	return NewHTTPClient(ctx, c.t, connection)
 }
 
-// NewHTTPClient returns an *http.Client carrying connection's token from t
-// (Transport) over the transport of ctx's oauth2.HTTPClient, as
-// oauth2.NewClient does. It never follows a redirect (the token would go along).
+// NewHTTPClient is an *http.Client carrying connection's token from t over the transport of ctx's
+// oauth2.HTTPClient (as oauth2.NewClient). It never follows a redirect: the token would go along.
 func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Client {
 	var base http.RoundTripper
 	if hc, ok := ctx.Value(oauth2.HTTPClient).(*http.Client); ok && hc != nil {
@@ -62,18 +61,14 @@ func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Clien
 type Options struct {
 	UserAgent string        // sent with every request
 	Timeout   time.Duration // bounds one HTTP exchange with the API (default 10s)
-	// MaxBody caps the response body (default 1 MiB): a longer one is
-	// ErrTooLarge, never cut short.
+	// MaxBody caps the response body (default 1 MiB): a longer one is ErrTooLarge, never cut short.
 	MaxBody int64
-	// Bases, when set, sends a connection's calls to its provider's API.
-	Bases Bases
-	// TracerProvider records each call's span (tokenguard.api_call, with
-	// its HTTP requests); nil: the global provider.
+	Bases   Bases // when set, sends a connection's calls to its provider's API
+	// TracerProvider records the calls' spans (tokenguard.api_call, HTTP included); nil: the global one.
 	TracerProvider trace.TracerProvider
 }
 
-// Bases gives the API base URL of a connection's provider; "" for the
-// Client's own.
+// Bases gives the API base URL of a connection's provider; "" for the Client's own.
 type Bases interface {
 	BaseURL(ctx context.Context, connection string) (string, error)
 }
@@ -95,9 +90,7 @@ type Response struct {
 }
 
 // StatusError is a non-2xx answer, as returned by Call.
-type StatusError struct {
-	StatusCode int
-}
+type StatusError struct{ StatusCode int }
 
 func (e *StatusError) Error() string {
 	return fmt.Sprintf("external API answered %d %s", e.StatusCode, http.StatusText(e.StatusCode))
@@ -106,8 +99,7 @@ func (e *StatusError) Error() string {
 // ErrUnavailable wraps failures to reach the API (network, timeout).
 var ErrUnavailable = errors.New("external API unavailable")
 
-// ErrTooLarge: the API's answer is longer than Options.MaxBody. Nothing
-// of it is returned.
+// ErrTooLarge: the API's answer is longer than Options.MaxBody; none of it is returned.
 var ErrTooLarge = errors.New("external API answer over the size limit")
 
 // New returns a Client for the API at baseURL, authorising with clients.
@@ -141,8 +133,7 @@ func NewTransport(timeout time.Duration, idlePerHost int) *http.Transport {
 	}
 }
 
-// HTTPClient returns connection's *http.Client, for code that builds its
-// own requests.
+// HTTPClient returns connection's *http.Client, for code that builds its own requests.
 func (c *Client) HTTPClient(ctx context.Context, connection string) *http.Client {
 	hc := c.clients.Client(context.WithValue(ctx, oauth2.HTTPClient, c.http), connection)
 	hc.Timeout = c.opts.Timeout
@@ -167,8 +158,7 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 	req.Header.Set("Accept", "application/json")
 	resp, err := c.HTTPClient(ctx, connection).Do(req)
 	if err != nil {
-		var tokenErr *tokenError
-		if errors.As(err, &tokenErr) {
+		if tokenErr, ok := errors.AsType[*tokenError](err); ok {
 			return nil, tokenErr.err
 		}
 		return nil, fmt.Errorf("GET %s: %w: %w", path, ErrUnavailable, scrub(err))
@@ -201,8 +191,7 @@ func (c *Client) baseOf(ctx context.Context, connection string) (*url.URL, error
 	return u, nil
 }
 
-// Call is Get for callers that only need to know it worked: a non-2xx
-// answer is a *StatusError.
+// Call is Get for callers that only need to know it worked: a non-2xx answer is a *StatusError.
 func (c *Client) Call(ctx context.Context, connection, path string) error {
 	resp, err := c.Get(ctx, connection, path)
 	if err != nil {
@@ -214,11 +203,9 @@ func (c *Client) Call(ctx context.Context, connection, path string) error {
 	return nil
 }
 
-// scrub drops a *url.Error's URL (its query may hold secrets), keeping the
-// cause for errors.Is.
+// scrub drops a *url.Error's URL (its query may hold secrets), keeping the cause for errors.Is.
 func scrub(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
+	if ue, ok := errors.AsType[*url.Error](err); ok {
 		return fmt.Errorf("%s: %w", strings.ToLower(ue.Op), ue.Err)
 	}
 	return err

@@ -10,9 +10,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/dpop"
 )
 
-// Provers hands out the DPoP key a connection's grant is bound to, and the
-// nonces the servers of this process handed out; Tokens that serve
-// sender-constrained connections implement it.
+// Provers hands out the DPoP key a connection's grant is bound to and this
+// process's server nonces; Tokens serving sender-constrained connections implement it.
 type Provers interface {
 	DPoPKey(ctx context.Context, connection, jkt string) (*dpop.Key, *dpop.Nonces, error)
 }
@@ -25,13 +24,11 @@ func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, e
 	}
 	p, ok := t.Tokens.(Provers)
 	if !ok {
-		closeBody(req)
-		return nil, &tokenError{domain.ErrSenderConstrained}
+		return refuse(req, domain.ErrSenderConstrained)
 	}
 	key, nonces, err := p.DPoPKey(req.Context(), t.Connection, tok.DPoPJKT)
 	if err != nil {
-		closeBody(req)
-		return nil, &tokenError{err}
+		return refuse(req, err)
 	}
 	again, replayable := dpop.Replay(req)
 	resp, err := t.bound(req, key, nonces, tok)
@@ -46,18 +43,11 @@ func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, e
 func (t *Transport) bound(req *http.Request, key *dpop.Key, nonces *dpop.Nonces, tok domain.Token) (*http.Response, error) {
 	r, err := dpop.Authorize(req, key, tok.AccessToken.Reveal(), nonces, time.Now())
 	if err != nil {
-		closeBody(req)
-		return nil, &tokenError{err}
+		return refuse(req, err)
 	}
 	resp, err := t.base().RoundTrip(r)
 	if err == nil {
 		nonces.Learn(req.URL.String(), resp.Header)
 	}
 	return resp, err
-}
-
-func closeBody(req *http.Request) {
-	if req.Body != nil {
-		req.Body.Close()
-	}
 }

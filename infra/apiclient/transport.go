@@ -11,28 +11,33 @@ import (
 	"github.com/tokenguard/tokenguard/infra/dpop"
 )
 
-// Transport authorises every request with one connection's access token.
-// On a 401 saying the token was revoked (Revoked; typically another
-// process's refresh) it sends a replayable request once more with a newer
-// token. Any other answer, and a second 401, reach the caller unchanged.
+// Transport authorises every request with one connection's access token. On a 401 saying the token
+// was revoked (Revoked; typically another process's refresh) it sends a replayable request once
+// more with a newer token. Any other answer, and a second 401, reach the caller unchanged.
 type Transport struct {
 	Tokens     Tokens
 	Connection string
 	Base       http.RoundTripper // http.DefaultTransport when nil
 }
 
-// tokenError carries a domain error from Tokens through http.Client, which
-// would otherwise bury it in a *url.Error.
+// tokenError carries a Tokens error through http.Client, which would bury it in a *url.Error.
 type tokenError struct{ err error }
 
 func (e *tokenError) Error() string { return e.err.Error() }
 func (e *tokenError) Unwrap() error { return e.err }
 
+// refuse fails a request with err from Tokens, closing its body as a RoundTripper must.
+func refuse(req *http.Request, err error) (*http.Response, error) {
+	if req.Body != nil {
+		req.Body.Close()
+	}
+	return nil, &tokenError{err}
+}
+
 func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	tok, err := t.Tokens.Token(req.Context(), t.Connection)
 	if err != nil {
-		closeBody(req)
-		return nil, &tokenError{err}
+		return refuse(req, err)
 	}
 	retry, replayable := dpop.Replay(req)
 	resp, err := t.send(req, tok)
@@ -41,15 +46,13 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	}
 	next, ferr := t.Tokens.ForceRefresh(req.Context(), t.Connection, tok.Version)
 	if ferr != nil && !errors.Is(ferr, domain.ErrNeedsReauth) {
-		// No newer token (rate limited, provider down...): the caller
-		// gets the API's own 401.
+		// No newer token (rate limited, provider down...): the caller gets the API's own 401.
 		return resp, nil
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	resp.Body.Close()
 	if ferr != nil {
-		// The refresh found the grant revoked: that, not the API's 401,
-		// is what the caller must hear.
+		// The refresh found the grant revoked: that, not the API's 401, is what the caller must hear.
 		return nil, &tokenError{ferr}
 	}
 	return t.send(retry, next)
@@ -57,17 +60,15 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 
 func (t *Transport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
 
-// authorised returns a copy of req carrying tok (a RoundTripper must not
-// modify the request it was given).
+// authorised is a copy of req carrying tok (a RoundTripper must not modify its request).
 func authorised(req *http.Request, tok domain.Token) *http.Request {
 	r := req.Clone(req.Context())
 	r.Header.Set("Authorization", "Bearer "+tok.AccessToken.Reveal())
 	return r
 }
 
-// Revoked reports whether a 401 says the token itself is no good (RFC 6750
-// §3.1 invalid_token, or no error code at all) rather than, say, missing a
-// scope.
+// Revoked reports whether a 401 says the token itself is no good (RFC 6750 §3.1 invalid_token, or
+// no error code at all) rather than, say, missing a scope.
 func Revoked(h http.Header) bool {
 	c := strings.ToLower(h.Get("WWW-Authenticate"))
 	return !strings.Contains(c, "error=") || strings.Contains(c, `error="invalid_token"`) || strings.Contains(c, "error=invalid_token")

@@ -13,8 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// ErrFailed reports that a round had a failed call (or could not list the
-// connections).
+// ErrFailed reports that a round had a failed call (or could not list the connections).
 var ErrFailed = errors.New("batch: some calls failed")
 
 // Round is one round's summary, a JSON line on the runner's output.
@@ -53,9 +52,8 @@ type Runner struct {
 	KeepAlive func(ctx context.Context) (usecase.AheadReport, error)
 }
 
-// Run makes one round (ErrFailed when it failed), or with every > 0 a
-// round every interval until ctx is done, finishing the one in flight, and
-// returns nil (failures are in the output and the log).
+// Run makes one round (ErrFailed when it failed), or with every > 0 one per interval until ctx is
+// done, finishing the one in flight, and returns nil (failures are in the output and the log).
 func (r *Runner) Run(ctx context.Context, every time.Duration) error {
 	if every <= 0 {
 		if !r.round(ctx, 1) {
@@ -105,8 +103,7 @@ func (r *Runner) round(ctx context.Context, n int) bool {
 	return err == nil && out.Failed == 0 && aheadOK
 }
 
-// sweep runs one of the round's sweeps, if set, into out's fields; false
-// when some connection failed.
+// sweep runs a round's sweep, if set, into out's fields; false when some connection failed.
 func (r *Runner) sweep(ctx context.Context, n int, name string, run func(context.Context) (usecase.AheadReport, error),
 	out *Round, due, refreshed, busy, failed *int) bool {
 	if run == nil {

@@ -1,7 +1,6 @@
-// Package clientkey holds a client's private key for private_key_jwt
-// client authentication (RFC 7523 §2.2, OpenID Connect Core §9): each
-// token request carries a fresh assertion signed with it instead of a
-// client secret.
+// Package clientkey holds a client's private key for private_key_jwt client authentication
+// (RFC 7523 §2.2, OpenID Connect Core §9): each token request carries a fresh assertion signed
+// with it instead of a client secret.
 package clientkey
 
 import (
@@ -32,9 +31,8 @@ const AssertionType = "urn:ietf:params:oauth:client-assertion-type:jwt-bearer"
 // Lifetime is an assertion's: short, since each is used once.
 const Lifetime = time.Minute
 
-// Key is a client's signing key: ES256 for EC P-256, RS256 for RSA. Its
-// kid is its RFC 7638 thumbprint. Printing it in any form shows only the
-// kid. Safe for concurrent use.
+// Key is a client's signing key: ES256 for EC P-256, RS256 for RSA. Its kid is its RFC 7638
+// thumbprint. Printing it in any form shows only the kid. Safe for concurrent use.
 type Key struct {
 	signer crypto.Signer
 	alg    jose.SignatureAlgorithm
@@ -119,9 +117,8 @@ func (k *Key) PublicJWK() jose.JSONWebKey {
 	return jose.JSONWebKey{Key: k.signer.Public(), KeyID: k.kid, Algorithm: string(k.alg), Use: "sig"}
 }
 
-// Assertion is a client assertion for one token request: iss = sub =
-// clientID, aud audience (the token endpoint, or the issuer), a short exp
-// and a unique jti.
+// Assertion is a client assertion for one token request: iss = sub = clientID, aud audience (the
+// token endpoint, or the issuer), a short exp and a unique jti.
 func (k *Key) Assertion(clientID, audience string, now time.Time) (string, error) {
 	claims := map[string]any{"iss": clientID, "sub": clientID, "aud": audience, "iat": now.Unix(),
 		"exp": now.Add(Lifetime).Unix(), "jti": rand.Text()}

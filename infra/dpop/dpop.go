@@ -1,7 +1,6 @@
-// Package dpop holds a connection's DPoP key (RFC 9449) and signs its
-// proofs. With DPoP a refresh token is worthless without the private key
-// it is bound to, so the key is part of the grant: stored sealed with it,
-// shared by every process, lost with it.
+// Package dpop holds a connection's DPoP key (RFC 9449) and signs its proofs. With DPoP a refresh
+// token is worthless without the private key it is bound to, so the key is part of the grant:
+// stored sealed with it, shared by every process, lost with it.
 package dpop
 
 import (
@@ -31,9 +30,8 @@ import (
 // ErrBadKey: a DPoP key that is not a PEM EC P-256 private key.
 var ErrBadKey = errors.New("dpop: not a PEM EC P-256 private key")
 
-// Key is a connection's DPoP key pair (ES256). Printing it in any form
-// shows only its thumbprint; MarshalPEM is the one way out for the
-// private half (to be sealed). Safe for concurrent use.
+// Key is a connection's DPoP key pair (ES256). Printing it in any form shows only its thumbprint;
+// MarshalPEM is the one way out for the private half (to be sealed). Safe for concurrent use.
 type Key struct {
 	priv   *ecdsa.PrivateKey
 	jkt    string
@@ -49,10 +47,9 @@ func Generate() (*Key, error) {
 	return FromSigner(priv)
 }
 
-// Derive makes the ES256 key that seed (256 bits or more) stands for. The
-// connect flow derives the key (dpop_jkt) and the PKCE verifier from one
-// seed, so nothing else is kept between the two requests and the verifier
-// reveals nothing of the key.
+// Derive makes the ES256 key that seed (256 bits or more) stands for. The connect flow derives the
+// key (dpop_jkt) and the PKCE verifier from one seed, so nothing else is kept between the two
+// requests and the verifier reveals nothing of the key.
 func Derive(seed []byte) (*Key, error) {
 	if len(seed) < 32 {
 		return nil, errors.New("dpop: derive: the seed is shorter than 256 bits")
@@ -69,8 +66,8 @@ func Derive(seed []byte) (*Key, error) {
 	return nil, errors.New("dpop: derive: no key from this seed")
 }
 
-// DeriveVerifier is the PKCE verifier (RFC 7636: 43 characters of
-// base64url) that seed stands for, independent of Derive's key.
+// DeriveVerifier is the PKCE verifier (RFC 7636: 43 base64url characters) that seed stands for,
+// independent of Derive's key.
 func DeriveVerifier(seed []byte) (string, error) {
 	if len(seed) < 32 {
 		return "", errors.New("dpop: derive: the seed is shorter than 256 bits")
@@ -101,8 +98,7 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 	return &Key{priv: priv, jkt: base64.RawURLEncoding.EncodeToString(tp), signer: signer}, nil
 }
 
-// ParsePEM reads a PEM private key (PKCS #8 or SEC 1) on P-256. Errors
-// never quote the input.
+// ParsePEM reads a PEM private key (PKCS #8 or SEC 1) on P-256. Errors never quote the input.
 func ParsePEM(data []byte) (*Key, error) {
 	s, err := clientkey.ParseSigner(data)
 	if err != nil {
@@ -111,8 +107,7 @@ func ParsePEM(data []byte) (*Key, error) {
 	return FromSigner(s)
 }
 
-// MarshalPEM is the private key in PKCS #8 PEM: for sealing, never for
-// printing.
+// MarshalPEM is the private key in PKCS #8 PEM: for sealing, never for printing.
 func (k *Key) MarshalPEM() []byte {
 	der, err := x509.MarshalPKCS8PrivateKey(k.priv)
 	if err != nil {
@@ -121,8 +116,7 @@ func (k *Key) MarshalPEM() []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: "PRIVATE KEY", Bytes: der})
 }
 
-// Thumbprint is the public key's JWK SHA-256 thumbprint (RFC 7638),
-// base64url: the jkt a server binds tokens to.
+// Thumbprint is the public key's RFC 7638 SHA-256 thumbprint, base64url: the jkt tokens bind to.
 func (k *Key) Thumbprint() string { return k.jkt }
 
 // Public is the public half.

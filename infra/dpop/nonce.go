@@ -13,8 +13,8 @@ import (
 	"time"
 )
 
-// Nonces remembers the last DPoP-Nonce each origin handed out (RFC 9449
-// §8, §9) for the next proof to it. Safe for concurrent use; one per process.
+// Nonces remembers the last DPoP-Nonce each origin handed out (RFC 9449 §8, §9) for the next
+// proof to it. Safe for concurrent use; one per process.
 type Nonces struct{ m sync.Map }
 
 func origin(target string) string {
@@ -35,8 +35,7 @@ func (n *Nonces) For(target string) string {
 	return s
 }
 
-// Learn keeps the DPoP-Nonce of an answer from target's server, if it
-// carries one, and reports whether it did.
+// Learn keeps the DPoP-Nonce an answer from target's server carries, if any; true if it did.
 func (n *Nonces) Learn(target string, h http.Header) bool {
 	v := h.Get("DPoP-Nonce")
 	if n == nil || v == "" {
@@ -46,10 +45,9 @@ func (n *Nonces) Learn(target string, h http.Header) bool {
 	return true
 }
 
-// NonceRefused reports whether an answer refuses a proof for want of the
-// server's nonce and gives one to retry with: a token endpoint's 400
-// use_dpop_nonce (§8), a resource server's 401 whose WWW-Authenticate
-// says error="use_dpop_nonce" (§9). body may be nil for a 401.
+// NonceRefused reports whether an answer refuses a proof for want of the server's nonce and gives
+// one to retry with: a token endpoint's 400 use_dpop_nonce (§8), a resource server's 401 whose
+// WWW-Authenticate says error="use_dpop_nonce" (§9). body may be nil for a 401.
 func NonceRefused(status int, h http.Header, body []byte) bool {
 	if h.Get("DPoP-Nonce") == "" {
 		return false
@@ -68,8 +66,7 @@ func NonceRefused(status int, h http.Header, body []byte) bool {
 
 type keyCtx struct{}
 
-// WithKey makes the token requests sent under ctx through a
-// TokenTransport carry proofs signed with k.
+// WithKey makes token requests sent under ctx through a TokenTransport carry proofs signed by k.
 func WithKey(ctx context.Context, k *Key) context.Context {
 	return context.WithValue(ctx, keyCtx{}, k)
 }
@@ -80,10 +77,9 @@ func KeyFrom(ctx context.Context) *Key {
 	return k
 }
 
-// TokenTransport adds a DPoP proof to every token-endpoint request whose
-// context carries a key (WithKey); others pass untouched. A nonce refusal
-// is retried once: the server checks the proof before the grant, so the
-// refused request's refresh token or code is unspent.
+// TokenTransport adds a DPoP proof to every token-endpoint request whose context carries a key
+// (WithKey); others pass untouched. A nonce refusal is retried once: the server checks the proof
+// before the grant, so the refused request's refresh token or code is unspent.
 type TokenTransport struct {
 	Base   http.RoundTripper
 	Nonces *Nonces
@@ -136,9 +132,8 @@ func (t *TokenTransport) now() time.Time {
 	return t.Now()
 }
 
-// Authorize returns a copy of req that carries accessToken in the DPoP
-// scheme with a fresh proof (ath included) for that request, with the
-// nonce last learned from its server.
+// Authorize returns a copy of req that carries accessToken in the DPoP scheme with a fresh proof
+// (ath included) for that request, with the nonce last learned from its server.
 func Authorize(req *http.Request, k *Key, accessToken string, n *Nonces, now time.Time) (*http.Request, error) {
 	target := req.URL.String()
 	proof, err := k.Proof(req.Method, target, accessToken, n.For(target), now)
@@ -151,8 +146,7 @@ func Authorize(req *http.Request, k *Key, accessToken string, n *Nonces, now tim
 	return r, nil
 }
 
-// Replay prepares a second copy of req for a retry; false when its body
-// cannot be read twice.
+// Replay prepares a second copy of req for a retry; false when its body cannot be read twice.
 func Replay(req *http.Request) (*http.Request, bool) {
 	r := req.Clone(req.Context())
 	if req.Body == nil || req.Body == http.NoBody {

@@ -1,10 +1,9 @@
 // Package metrics exposes what the token layer does as Prometheus metrics,
 // implementing usecase.Observer (never on the global default registry).
 //
-// Labels never carry a secret and stay low-cardinality: outcome, trigger,
-// result and status take a handful of fixed values; provider is a stored
-// provider's name or "default", at most MaxProviderLabels of them. The
-// connection name is a label only with Options.ConnectionLabel.
+// Labels never carry a secret and stay low-cardinality: outcome, trigger, result and status take a
+// handful of fixed values; provider is a stored provider's name or "default", at most
+// MaxProviderLabels of them. The connection name is a label only with Options.ConnectionLabel.
 package metrics
 
 import (
@@ -38,14 +37,12 @@ type Options struct {
 	ConnectionLabel bool
 	StatusTimeout   time.Duration // bounds CountConnections' query (default 2s)
 	Log             *slog.Logger  // scrape errors (default slog.Default())
-	// Registerer, when set, receives tokenguard's collectors only (an
-	// application's registry has its own runtime collectors). Otherwise
-	// they go to a NewRegistry, served by Handler.
+	// Registerer, when set, receives tokenguard's collectors only (an application's registry has
+	// its own runtime collectors). Otherwise they go to a NewRegistry, served by Handler.
 	Registerer prometheus.Registerer
 }
 
-// Metrics is a usecase.Observer that records into its own registry. It is
-// safe for concurrent use.
+// Metrics is a usecase.Observer. It is safe for concurrent use.
 type Metrics struct {
 	reg             *prometheus.Registry // nil with Options.Registerer
 	registerer      prometheus.Registerer
@@ -82,8 +79,7 @@ const (
 	TriggerUnauthorized = "unauthorized" // a caller's request was answered 401
 )
 
-// New builds the metrics and registers them (see Options.Registerer). It
-// panics if they are registered there already.
+// New builds and registers the metrics (see Options.Registerer); it panics if already there.
 func New(o Options) *Metrics {
 	o.Log = cmp.Or(o.Log, slog.Default())
 	if o.StatusTimeout <= 0 {
@@ -98,40 +94,27 @@ func New(o Options) *Metrics {
 	if o.ConnectionLabel {
 		refreshLabels, forcedLabels = append(refreshLabels, "connection"), []string{"connection"}
 	}
-	m.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tokenguard_token_refreshes_total",
+	m.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_refreshes_total",
 		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), unclassified_answer (an answer tokenguard cannot classify, or a lost one whose refresh token may not be presented again: the connection backs off, see tokenguard_connections{status=\"failing\"}), backoff (not asked: the connection's failing refreshes are backing off), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
 	}, refreshLabels)
-	m.forced = prometheus.NewCounterVec(prometheus.CounterOpts{
-		Name: "tokenguard_token_forced_refresh_requests_total",
+	m.forced = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_forced_refresh_requests_total",
 		Help: "Callers whose request was answered 401 and who asked for a newer token. At most one refresh per failed version follows; the rest read the stored token.",
 	}, forcedLabels)
-	m.lockWait = prometheus.NewHistogram(prometheus.HistogramOpts{
-		Name:    "tokenguard_token_lock_wait_seconds",
+	m.lockWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tokenguard_token_lock_wait_seconds",
 		Help:    "Time from asking for a connection's refresh lock to holding it (or giving up).",
-		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30},
-	})
+		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30}})
 	m.providerLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tokenguard_provider_refresh_duration_seconds",
 		Help:    "Duration of the refresh_token grant at the provider, retries included, for every pass that called it, by provider.",
-		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
-	}, []string{"provider"})
-	m.invalidations = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tokenguard_token_invalidations_total",
-		Help: "Token change notifications (LISTEN/NOTIFY) received from the database, this process's own writes included.",
-	})
-	m.listener = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "tokenguard_token_listener_connected",
-		Help: "1 while the change listener is connected and the in-process cache is trusted; 0 while every call reads the database.",
-	})
-	m.replicationSync = prometheus.NewGauge(prometheus.GaugeOpts{
-		Name: "tokenguard_replication_sync",
-		Help: "1 while the database is a primary whose commits wait for a synchronous standby (a failover loses no committed token write); 0 otherwise. Read at start and at each reconnection of the change listener.",
-	})
-	m.regressions = prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "tokenguard_token_version_regressions_total",
-		Help: "Connections this process found stored at an older version than one it knew committed: the database went back in time (a failover to an asynchronous standby, a restore). The stored refresh token is probably spent at the provider.",
-	})
+		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"provider"})
+	m.invalidations = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokenguard_token_invalidations_total",
+		Help: "Token change notifications (LISTEN/NOTIFY) received from the database, this process's own writes included."})
+	m.listener = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokenguard_token_listener_connected",
+		Help: "1 while the change listener is connected and the in-process cache is trusted; 0 while every call reads the database."})
+	m.replicationSync = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokenguard_replication_sync",
+		Help: "1 while the database is a primary whose commits wait for a synchronous standby (a failover loses no committed token write); 0 otherwise. Read at start and at each reconnection of the change listener."})
+	m.regressions = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokenguard_token_version_regressions_total",
+		Help: "Connections this process found stored at an older version than one it knew committed: the database went back in time (a failover to an asynchronous standby, a restore). The stored refresh token is probably spent at the provider."})
 	if !o.ConnectionLabel {
 		for _, oc := range outcomes {
 			for _, tr := range []string{TriggerExpiry, TriggerUnauthorized} {
@@ -164,8 +147,7 @@ func HandlerFor(reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	})
 }
 
-// NewRegistry is a registry with the Go runtime and process collectors,
-// for Options.Registerer.
+// NewRegistry is a registry with the Go runtime and process collectors.
 func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -211,12 +193,10 @@ func (m *Metrics) ForcedRefresh(connection string) {
 // Invalidated implements usecase.Observer.
 func (m *Metrics) Invalidated() { m.invalidations.Inc() }
 
-// ListenerConnected records whether the change listener is connected (the
-// cache is trusted).
+// ListenerConnected records whether the change listener is up (the cache is trusted).
 func (m *Metrics) ListenerConnected(ok bool) { setBool(m.listener, ok) }
 
-// ReplicationSync records whether the database's commits wait for a
-// synchronous standby.
+// ReplicationSync records whether the database's commits wait for a synchronous standby.
 func (m *Metrics) ReplicationSync(ok bool) { setBool(m.replicationSync, ok) }
 
 func setBool(g prometheus.Gauge, ok bool) {
@@ -227,15 +207,13 @@ func setBool(g prometheus.Gauge, ok bool) {
 	}
 }
 
-// VersionRegressed counts a connection found stored at an older version
-// than one this process knew committed.
+// VersionRegressed counts a connection stored at an older version than one known committed.
 func (m *Metrics) VersionRegressed() { m.regressions.Inc() }
 
 var _ usecase.Observer = (*Metrics)(nil)
 
-// stripedCounter is a hot-path counter: one atomic counter would bounce a
-// cache line between cores on every call. Each add goes to a stripe chosen
-// by the caller's stack address; a scrape sums the stripes.
+// stripedCounter is a hot-path counter: one atomic would bounce a cache line between cores on every
+// call. Each add goes to a stripe picked by the caller's stack address; a scrape sums them.
 type stripedCounter struct {
 	stripes [stripes]paddedCounter
 }
@@ -312,15 +290,12 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 }
 
 const (
-	// DefaultProvider is the provider label of the connections that name
-	// no stored provider.
+	// DefaultProvider labels the connections that name no stored provider.
 	DefaultProvider = domain.ReservedProviderName
-	// OtherProviders labels every provider past the first
-	// MaxProviderLabels a process has seen.
+	// OtherProviders labels every provider past the first MaxProviderLabels seen.
 	OtherProviders = "other"
-	// MaxProviderLabels bounds the provider label's values per process:
-	// the names are of registered providers, so a fleet reaches it only
-	// with that many.
+	// MaxProviderLabels bounds the provider label's values per process; only a fleet
+	// with that many registered providers reaches it.
 	MaxProviderLabels = 100
 )
 

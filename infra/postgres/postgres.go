@@ -26,8 +26,7 @@ func (p Pool) withDefaults() Pool {
 		p.MaxOpenConns = 10
 	}
 	if p.MaxIdleConns <= 0 {
-		// Fewer would close and reopen a connection, a new Postgres backend,
-		// for each use above that many at once.
+		// Fewer would close and reopen a connection (a new backend) per use above that many at once.
 		p.MaxIdleConns = p.MaxOpenConns
 	}
 	if p.ConnMaxLifetime <= 0 {

@@ -10,9 +10,8 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// quiet reports whether c is open with nothing to read: a non-blocking
-// peek at its socket. It uses RawConn.Control, not Read: pgx may have left
-// a background reader blocked on an idle connection, holding the read lock.
+// quiet reports whether c is open with nothing to read: a non-blocking peek at its socket, through
+// RawConn.Control, not Read: pgx's background reader may be blocked on it, holding the read lock.
 func quiet(c net.Conn) bool {
 	sc, ok := c.(syscall.Conn)
 	if !ok {
@@ -29,7 +28,6 @@ func quiet(c net.Conn) bool {
 	}); err != nil {
 		return false
 	}
-	// EAGAIN: open, nothing sent. Otherwise a message (n > 0), the end
-	// (n == 0) or an error.
+	// EAGAIN: open, nothing sent. Otherwise a message (n > 0), the end (n == 0) or an error.
 	return errors.Is(peekErr, unix.EAGAIN) || errors.Is(peekErr, unix.EWOULDBLOCK)
 }

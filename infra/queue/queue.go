@@ -1,7 +1,6 @@
 // Package queue carries events from the server to the worker through River
-// (github.com/riverqueue/river), a job queue in the same Postgres database as
-// the tokens: an event is a row, so none is lost when a process dies, and a
-// failed one is retried with backoff.
+// (github.com/riverqueue/river), a job queue in the same Postgres database as the tokens: an event
+// is a row, so none is lost when a process dies, and a failed one is retried with backoff.
 package queue
 
 import (
@@ -25,8 +24,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
-// EventArgs is one event for a connection: the worker calls the external
-// API with the connection's token.
+// EventArgs is one event: the worker calls the external API with the connection's token.
 type EventArgs struct {
 	Connection string          `json:"connection"`
 	Payload    json.RawMessage `json:"payload,omitempty"`
@@ -99,8 +97,7 @@ func NewProducer(pool *pgxpool.Pool, log *slog.Logger) (*Producer, error) {
 	return &Producer{client: c}, nil
 }
 
-// Enqueue stores one event and returns its job id. The event carries ctx's
-// trace context: its job's span belongs to the same trace.
+// Enqueue stores one event and returns its job id; the job's span joins ctx's trace.
 func (p *Producer) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
 	res, err := p.client.Insert(ctx, EventArgs{Connection: connection, Payload: payload}, &river.InsertOpts{Metadata: traceMetadata(ctx)})
 	if err != nil {
@@ -131,8 +128,7 @@ type WorkerOptions struct {
 	// (default 8s); past it they are cancelled and retried later.
 	StopTimeout time.Duration
 	Webhook     *Webhook // delivers the outbox's events; nil drops them
-	// PollOnly polls for new events instead of LISTEN, which needs a
-	// session of its own: for a pool behind a transaction pooler.
+	// PollOnly polls instead of LISTEN (which needs a session of its own): for a transaction pooler.
 	PollOnly bool
 	// ExpiringNotice, with a Webhook, announces once per grant each
 	// connection whose refresh token expires within it; 0: never.
@@ -234,20 +230,17 @@ func (w *Worker) relay(ctx context.Context) {
 			}
 		}
 		n, err := relayOutbox(ctx, w.pool, w.client, w.opts.Webhook != nil)
-		switch {
-		case err != nil && ctx.Err() == nil && !failing:
+		if err != nil && ctx.Err() == nil && !failing {
 			w.log.Warn("webhook outbox not relayed; will retry", "err", err)
-			failing = true
-		case err == nil && n > 0:
-			failing = false
+		}
+		failing = err != nil // warn once per run of failures
+		if err == nil && n > 0 {
+			msg := "webhook events queued"
 			if w.opts.Webhook == nil {
-				w.log.Debug("webhook events dropped: WEBHOOK_URL is not set", "events", n)
-			} else {
-				w.log.Debug("webhook events queued", "events", n)
+				msg = "webhook events dropped: WEBHOOK_URL is not set"
 			}
+			w.log.Debug(msg, "events", n)
 			continue // more may wait
-		case err == nil:
-			failing = false
 		}
 		select {
 		case <-ctx.Done():
@@ -311,8 +304,7 @@ func (h minLevel) WithGroup(name string) slog.Handler {
 	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
 }
 
-// traceMetadata is a job's metadata carrying ctx's W3C trace context, nil
-// when ctx has none.
+// traceMetadata is job metadata carrying ctx's W3C trace context; nil when ctx has none.
 func traceMetadata(ctx context.Context) []byte {
 	carrier := propagation.MapCarrier{}
 	propagation.TraceContext{}.Inject(ctx, carrier)

@@ -116,21 +116,20 @@ func (w *webhookWorker) Work(ctx context.Context, job *river.Job[WebhookEvent]) 
 	req.Header.Set(EventIDHeader, job.Args.ID)
 	req.Header.Set(EventTypeHeader, job.Args.Type)
 	req.Header.Set(SignatureHeader, Sign(w.hook.Secret, time.Now(), body))
+	log := w.log.With("event_id", job.Args.ID, "type", job.Args.Type, "connection", job.Args.Connection)
 	resp, err := w.hook.HTTP.Do(req)
 	if err != nil {
-		w.log.Warn("webhook delivery failed; will retry", "event_id", job.Args.ID, "type", job.Args.Type,
-			"connection", job.Args.Connection, "host", w.host, "attempt", job.Attempt, "err", "no answer")
+		log.Warn("webhook delivery failed; will retry", "host", w.host, "attempt", job.Attempt, "err", "no answer")
 		return fmt.Errorf("webhook %s: no answer", w.host)
 	}
 	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
 	_ = resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		w.log.Warn("webhook delivery refused; will retry", "event_id", job.Args.ID, "type", job.Args.Type,
-			"connection", job.Args.Connection, "host", w.host, "attempt", job.Attempt, "status", resp.StatusCode)
+		log.Warn("webhook delivery refused; will retry", "host", w.host, "attempt", job.Attempt,
+			"status", resp.StatusCode)
 		return fmt.Errorf("webhook %s answered %d", w.host, resp.StatusCode)
 	}
-	w.log.Info("webhook delivered", "event_id", job.Args.ID, "type", job.Args.Type, "connection", job.Args.Connection,
-		"attempt", job.Attempt)
+	log.Info("webhook delivered", "attempt", job.Attempt)
 	return nil
 }
 
@@ -185,8 +184,7 @@ ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
 	return len(ids), tx.Commit(ctx)
 }
 
-// expiringEvery is how often the worker looks for connections to announce
-// as expiring: the notice is days ahead.
+// expiringEvery is how often to look for connections to announce: the notice is days ahead.
 const expiringEvery = time.Minute
 
 // expiringSQL queues connection.expiring for up to 500 active connections

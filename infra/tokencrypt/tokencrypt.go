@@ -11,15 +11,13 @@
 //
 //	tg1:<key id>:b:<base64url, unpadded, of nonce (12 bytes) | ciphertext | tag (16 bytes)>
 //
-// The GCM additional data is "tg1:<key id>:b:" plus the caller's aad (row
-// id, version sealed at, column), so a ciphertext moved to another row,
-// column or key id, or back after a rewrite, fails to open. The previous
-// form "tg1:<key id>:<body>" (aad naming the row only) still opens, is
-// never written, and is resealed by tokenctl rotate-key.
+// The GCM additional data is "tg1:<key id>:b:" plus the caller's aad (row id, version sealed at,
+// column), so a ciphertext moved to another row, column or key id, or back after a rewrite, fails
+// to open. The previous form "tg1:<key id>:<body>" (aad naming the row only) still opens, is never
+// written, and is resealed by tokenctl rotate-key.
 //
-// A value without "tg1:" is plaintext from before encryption: Open returns
-// it until rotate-key seals it. "" is never sealed. Errors never contain a
-// plaintext, a ciphertext or a key.
+// A value without "tg1:" is plaintext from before encryption: Open returns it until rotate-key
+// seals it. "" is never sealed. Errors never contain a plaintext, a ciphertext or a key.
 package tokencrypt
 
 import (
@@ -72,8 +70,7 @@ func (k *Keyring) RequireSealed() *Keyring {
 	return k
 }
 
-// ParseKeyring reads a TOKEN_ENCRYPTION_KEYS value (see the package
-// documentation). Errors name the variable and the entry, never a key.
+// ParseKeyring reads a TOKEN_ENCRYPTION_KEYS value. Errors name the variable and entry, never a key.
 func ParseKeyring(spec string) (*Keyring, error) {
 	if strings.TrimSpace(spec) == "" {
 		return nil, fmt.Errorf("%s is empty", EnvKeys)
@@ -94,16 +91,14 @@ func ParseKeyring(spec string) (*Keyring, error) {
 		if _, dup := k.aeads[id]; dup {
 			return nil, fmt.Errorf("%s: key id listed twice", where)
 		}
-		key = strings.TrimSpace(key)
-		current := strings.HasSuffix(key, "*")
+		key, current := strings.CutSuffix(strings.TrimSpace(key), "*")
 		if current {
 			if k.current != "" {
 				return nil, fmt.Errorf("%s: more than one key is marked current with '*'", where)
 			}
 			k.current = id
-			key = strings.TrimSpace(strings.TrimSuffix(key, "*"))
 		}
-		raw, err := base64.StdEncoding.Strict().DecodeString(key)
+		raw, err := base64.StdEncoding.Strict().DecodeString(strings.TrimSpace(key))
 		if err != nil || len(raw) != keySize {
 			return nil, fmt.Errorf("%s: key must be %d random bytes in standard base64 (openssl rand -base64 32)", where, keySize)
 		}
@@ -142,8 +137,7 @@ func (k *Keyring) Current() string { return k.current }
 // IDs are the ids of every configured key, sorted.
 func (k *Keyring) IDs() []string { return slices.Clone(k.ids) }
 
-// Seal encrypts plaintext with the current key and a fresh random nonce,
-// bound to aad. The empty string stays empty.
+// Seal encrypts plaintext under the current key and a fresh random nonce, bound to aad; "" stays "".
 func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 	if plaintext == "" {
 		return "", nil
@@ -168,9 +162,8 @@ func (k *Keyring) Bound(stored string) bool {
 	return strings.HasPrefix(rest, boundMark+":")
 }
 
-// Open decrypts a value Seal produced with the same aad under any key in
-// the ring; legacy plaintext is returned as it is, unless RequireSealed.
-// Failures are *OpenError.
+// Open decrypts a value Seal produced with the same aad under any key in the ring; legacy plaintext
+// is returned as it is, unless RequireSealed. Failures are *OpenError.
 func (k *Keyring) Open(stored, aad string) (string, error) {
 	if !IsSealed(stored) {
 		if k.required && stored != "" {
@@ -199,12 +192,10 @@ func (k *Keyring) IsCurrent(stored string) bool {
 	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":"+boundMark+":")
 }
 
-// IsSealed reports whether stored is an envelope rather than legacy
-// plaintext. It does not check that the envelope is well formed.
+// IsSealed reports whether stored is an envelope (well formed or not) rather than legacy plaintext.
 func IsSealed(stored string) bool { return strings.HasPrefix(stored, prefix) }
 
-// KeyID returns the key id an envelope names, if it is well formed enough
-// to name one.
+// KeyID returns the key id an envelope names, if it is well formed enough to name one.
 func KeyID(stored string) (string, bool) {
 	if !IsSealed(stored) {
 		return "", false
@@ -235,7 +226,8 @@ func additionalData(id string, bound bool, aad string) []byte {
 	return []byte(prefix + id + ":" + aad)
 }
 
-// String shows the key ids and which one is current, never key bytes.
+// String shows the key ids and which one is current, never key bytes. GoString
+// (%#v would print the expanded keys), Format (every verb) and LogValue are String.
 func (k *Keyring) String() string {
 	if k == nil {
 		return "Keyring(none)"
@@ -243,14 +235,9 @@ func (k *Keyring) String() string {
 	return fmt.Sprintf("Keyring(current=%s keys=%s)", k.current, strings.Join(k.ids, ","))
 }
 
-// GoString is String: %#v would otherwise print the expanded keys.
-func (k *Keyring) GoString() string { return k.String() }
-
-// Format covers every verb, including %x and %+v.
+func (k *Keyring) GoString() string           { return k.String() }
 func (k *Keyring) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(k.String())) }
-
-// LogValue keeps slog to the key ids.
-func (k *Keyring) LogValue() slog.Value { return slog.StringValue(k.String()) }
+func (k *Keyring) LogValue() slog.Value       { return slog.StringValue(k.String()) }
 
 // OpenError says why a stored value could not be decrypted, never
 // carrying the value. It wraps domain.ErrUndecryptable.
@@ -268,8 +255,7 @@ func (e *OpenError) Error() string {
 
 func (e *OpenError) Unwrap() error { return domain.ErrUndecryptable }
 
-// KeySpec is a TOKEN_ENCRYPTION_KEYS value in configuration; it prints as
-// [REDACTED] under every verb and encoder.
+// KeySpec is a TOKEN_ENCRYPTION_KEYS value; it prints as [REDACTED] under every verb and encoder.
 type KeySpec string
 
 // Keyring parses the spec; see ParseKeyring.

@@ -11,10 +11,9 @@ import (
 	"go.opentelemetry.io/otel/trace"
 )
 
-// Transport is base (http.DefaultTransport when nil) with otelhttp's
-// client spans on tp (nil: the caller's span's provider, else the global
-// one) and the global propagator. The spans show the request's URL without
-// its query, which can carry anything.
+// Transport is base (http.DefaultTransport when nil) with otelhttp's client spans on tp (nil: the
+// caller's span's provider, else the global one) and the global propagator. The spans show the
+// request's URL without its query, which can carry anything.
 func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTripper {
 	base = cmp.Or(base, http.DefaultTransport)
 	var opts []otelhttp.Option
@@ -34,10 +33,9 @@ func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
 	return &out
 }
 
-// Handler is h with otelhttp's server spans on tp (nil: the global
-// provider), continuing the caller's trace and named by the route's
-// pattern. otelhttp records the path, never the query. The untraced paths
-// record nothing.
+// Handler is h with otelhttp's server spans on tp (nil: the global provider), continuing the
+// caller's trace and named by the route's pattern. otelhttp records the path, never the query. The
+// untraced paths record nothing.
 func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.Handler {
 	opts := []otelhttp.Option{otelhttp.WithSpanNameFormatter(spanName)}
 	if len(untraced) > 0 {

@@ -1,7 +1,6 @@
-// Package tracing records tokenguard's work as OpenTelemetry spans on the
-// API alone (SDK and exporter are the application's), and instruments HTTP
-// with otelhttp, showing URLs without their query. A span never carries a
-// token, secret, code or account id: errors are recorded by Class only.
+// Package tracing records tokenguard's work as OpenTelemetry spans on the API alone (SDK and
+// exporter are the application's), and instruments HTTP with otelhttp, showing URLs without their
+// query. A span never carries a token, secret, code or account id: errors are recorded by Class only.
 package tracing
 
 import (
@@ -34,8 +33,7 @@ const (
 	ErrorType     = attribute.Key("error.type") // Class of a failed step's error
 )
 
-// DefaultProvider is the provider of the connections that name no stored
-// provider, as the metrics' label names it.
+// DefaultProvider is the provider of connections that name no stored one, as metrics label it.
 const DefaultProvider = "default"
 
 // Tracer records spans on a TracerProvider. It is safe for concurrent use.
@@ -158,8 +156,7 @@ var classes = []struct {
 	{context.Canceled, "canceled"},
 }
 
-// Class names err by the domain error it wraps: a fixed word, free of
-// whatever the provider put in the message.
+// Class names err by the domain error it wraps: a fixed word, free of the provider's message.
 func Class(err error) string {
 	for _, c := range classes {
 		if errors.Is(err, c.err) {
