@@ -59,7 +59,7 @@ func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Clien
 
 // Options tune a Client. Zero values take the defaults.
 type Options struct {
-	UserAgent string        // sent with every request
+	UserAgent string        // sent with Get's requests
 	Timeout   time.Duration // bounds one HTTP exchange with the API (default 10s)
 	// MaxBody caps the response body (default 1 MiB): a longer one is ErrTooLarge, never cut short.
 	MaxBody int64
@@ -114,9 +114,8 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = 1 << 20
 	}
-	transport := NewTransport(opts.Timeout, 32)
 	return &Client{base: u, clients: clients, opts: opts, tracer: tracing.New(opts.TracerProvider),
-		http: &http.Client{Transport: tracing.Transport(userAgent{ua: opts.UserAgent, next: transport}, opts.TracerProvider)}}, nil
+		http: &http.Client{Transport: tracing.Transport(NewTransport(opts.Timeout, 32), opts.TracerProvider)}}, nil
 }
 
 // NewTransport is the transport of API calls: headers within timeout,
@@ -156,6 +155,9 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 		return nil, fmt.Errorf("GET %s: %w", path, err)
 	}
 	req.Header.Set("Accept", "application/json")
+	if c.opts.UserAgent != "" {
+		req.Header.Set("User-Agent", c.opts.UserAgent)
+	}
 	resp, err := c.HTTPClient(ctx, connection).Do(req)
 	if err != nil {
 		if tokenErr, ok := errors.AsType[*tokenError](err); ok {
@@ -209,18 +211,4 @@ func scrub(err error) error {
 		return fmt.Errorf("%s: %w", strings.ToLower(ue.Op), ue.Err)
 	}
 	return err
-}
-
-// userAgent sets the User-Agent of every request.
-type userAgent struct {
-	ua   string
-	next http.RoundTripper
-}
-
-func (t userAgent) RoundTrip(r *http.Request) (*http.Response, error) {
-	if t.ua != "" {
-		r = r.Clone(r.Context())
-		r.Header.Set("User-Agent", t.ua)
-	}
-	return t.next.RoundTrip(r)
 }

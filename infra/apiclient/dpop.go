@@ -2,7 +2,6 @@ package apiclient
 
 import (
 	"context"
-	"io"
 	"net/http"
 	"time"
 
@@ -30,24 +29,5 @@ func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, e
 	if err != nil {
 		return refuse(req, err)
 	}
-	again, replayable := dpop.Replay(req)
-	resp, err := t.bound(req, key, nonces, tok)
-	if err != nil || !replayable || !dpop.NonceRefused(resp.StatusCode, resp.Header, nil) {
-		return resp, err
-	}
-	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
-	resp.Body.Close()
-	return t.bound(again, key, nonces, tok)
-}
-
-func (t *Transport) bound(req *http.Request, key *dpop.Key, nonces *dpop.Nonces, tok domain.Token) (*http.Response, error) {
-	r, err := dpop.Authorize(req, key, tok.AccessToken.Reveal(), nonces, time.Now())
-	if err != nil {
-		return refuse(req, err)
-	}
-	resp, err := t.base().RoundTrip(r)
-	if err == nil {
-		nonces.Learn(req.URL.String(), resp.Header)
-	}
-	return resp, err
+	return dpop.Send(t.base(), req, key, tok.AccessToken.Reveal(), nonces, time.Now())
 }

@@ -119,9 +119,6 @@ func (k *Key) MarshalPEM() []byte {
 // Thumbprint is the public key's RFC 7638 SHA-256 thumbprint, base64url: the jkt tokens bind to.
 func (k *Key) Thumbprint() string { return k.jkt }
 
-// Public is the public half.
-func (k *Key) Public() crypto.PublicKey { return k.priv.Public() }
-
 func (k *Key) String() string               { return "dpop-key(" + k.jkt + ")" }
 func (k *Key) GoString() string             { return k.String() }
 func (k *Key) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(k.String())) }

@@ -78,72 +78,86 @@ func KeyFrom(ctx context.Context) *Key {
 }
 
 // TokenTransport adds a DPoP proof to every token-endpoint request whose context carries a key
-// (WithKey); others pass untouched. A nonce refusal is retried once: the server checks the proof
-// before the grant, so the refused request's refresh token or code is unspent.
+// (WithKey); others pass untouched.
 type TokenTransport struct {
 	Base   http.RoundTripper
 	Nonces *Nonces
 	Now    func() time.Time // default time.Now
 }
 
-// maxRefusal bounds the body read to recognise a nonce refusal.
-const maxRefusal = 64 << 10
-
 func (t *TokenTransport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := cmp.Or(t.Base, http.DefaultTransport)
 	k := KeyFrom(req.Context())
 	if k == nil {
-		return t.base().RoundTrip(req)
+		return base.RoundTrip(req)
 	}
-	retry, replayable := Replay(req)
-	resp, err := t.send(req, k)
-	if err != nil || resp.StatusCode != http.StatusBadRequest || resp.Header.Get("DPoP-Nonce") == "" || !replayable {
-		return resp, err
+	now := time.Now
+	if t.Now != nil {
+		now = t.Now
 	}
-	body, rerr := io.ReadAll(io.LimitReader(resp.Body, maxRefusal))
-	resp.Body.Close()
-	resp.Body = io.NopCloser(bytes.NewReader(body))
-	if rerr != nil || !NonceRefused(resp.StatusCode, resp.Header, body) {
-		return resp, nil
-	}
-	return t.send(retry, k)
+	return Send(base, req, k, "", t.Nonces, now())
 }
 
-func (t *TokenTransport) send(req *http.Request, k *Key) (*http.Response, error) {
+// Send sends req through rt with a proof signed by k (see sendSigned), learning the server's nonce. A nonce refusal (a
+// token endpoint's 400, a resource server's 401) is sent once more when req's body can be read
+// twice: the server checks the proof before the grant, so a refused refresh token is unspent.
+func Send(rt http.RoundTripper, req *http.Request, k *Key, accessToken string, n *Nonces, now time.Time) (*http.Response, error) {
+	again, replayable := Replay(req)
+	resp, err := sendSigned(rt, req, k, accessToken, n, now)
+	if err != nil || !replayable || !refused(resp, accessToken != "") {
+		return resp, err
+	}
+	return sendSigned(rt, again, k, accessToken, n, now)
+}
+
+// sendSigned sends a copy of req carrying a fresh proof, with the nonce last learned from its
+// server, and accessToken, when set, in the DPoP scheme (its hash in the proof).
+func sendSigned(rt http.RoundTripper, req *http.Request, k *Key, accessToken string, n *Nonces, now time.Time) (*http.Response, error) {
 	target := req.URL.String()
-	proof, err := k.Proof(req.Method, target, "", t.Nonces.For(target), t.now())
+	proof, err := k.Proof(req.Method, target, accessToken, n.For(target), now)
 	if err != nil {
+		if req.Body != nil {
+			req.Body.Close()
+		}
 		return nil, err
 	}
 	r := req.Clone(req.Context())
+	if accessToken != "" {
+		r.Header.Set("Authorization", "DPoP "+accessToken)
+	}
 	r.Header.Set("DPoP", proof)
-	resp, err := t.base().RoundTrip(r)
+	resp, err := rt.RoundTrip(r)
 	if err == nil {
-		t.Nonces.Learn(target, resp.Header)
+		n.Learn(target, resp.Header)
 	}
 	return resp, err
 }
 
-func (t *TokenTransport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
+// maxRefusal bounds the body read to recognise a nonce refusal.
+const maxRefusal = 64 << 10
 
-func (t *TokenTransport) now() time.Time {
-	if t.Now == nil {
-		return time.Now()
+// refused reports whether resp refuses the proof for want of a nonce, and then closes it; a token
+// endpoint's 400 is read for its error code and left readable otherwise.
+func refused(resp *http.Response, resource bool) bool {
+	want := http.StatusBadRequest
+	if resource {
+		want = http.StatusUnauthorized
 	}
-	return t.Now()
-}
-
-// Authorize returns a copy of req that carries accessToken in the DPoP scheme with a fresh proof
-// (ath included) for that request, with the nonce last learned from its server.
-func Authorize(req *http.Request, k *Key, accessToken string, n *Nonces, now time.Time) (*http.Request, error) {
-	target := req.URL.String()
-	proof, err := k.Proof(req.Method, target, accessToken, n.For(target), now)
-	if err != nil {
-		return nil, err
+	if resp.StatusCode != want || resp.Header.Get("DPoP-Nonce") == "" {
+		return false
 	}
-	r := req.Clone(req.Context())
-	r.Header.Set("Authorization", "DPoP "+accessToken)
-	r.Header.Set("DPoP", proof)
-	return r, nil
+	var body []byte
+	if !resource { // a cut body does not parse
+		body, _ = io.ReadAll(io.LimitReader(resp.Body, maxRefusal))
+		resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(body))
+	}
+	if !NonceRefused(resp.StatusCode, resp.Header, body) {
+		return false
+	}
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxRefusal))
+	resp.Body.Close()
+	return true
 }
 
 // Replay prepares a second copy of req for a retry; false when its body cannot be read twice.

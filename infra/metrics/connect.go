@@ -4,6 +4,7 @@ import (
 	"slices"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 )
 
 // connectOutcomes are the values of tokenguard_connect_grants_total's
@@ -15,14 +16,13 @@ type ConnectCounter struct{ c *prometheus.CounterVec }
 
 // NewConnectCounter registers the counter on reg.
 func NewConnectCounter(reg prometheus.Registerer) *ConnectCounter {
-	c := prometheus.NewCounterVec(prometheus.CounterOpts{
+	c := promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
 		Name: "tokenguard_connect_grants_total",
 		Help: "Steps of the connect flow by outcome: pending (a consent's grant waits for its redemption), connected (redeemed), scopes_narrowed (connected with fewer scopes than OAUTH_SCOPES), account_mismatch (refused: another provider account), bad_state, exchange_failed, failed (anything else, the provider's refusal included).",
 	}, []string{"outcome"})
 	for _, o := range connectOutcomes {
 		c.WithLabelValues(o)
 	}
-	reg.MustRegister(c)
 	return &ConnectCounter{c}
 }
 

@@ -19,6 +19,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promauto"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -35,8 +36,7 @@ type Options struct {
 	// ConnectionLabel adds a "connection" label to the refresh counters:
 	// one series per connection and outcome, for small fleets.
 	ConnectionLabel bool
-	StatusTimeout   time.Duration // bounds CountConnections' query (default 2s)
-	Log             *slog.Logger  // scrape errors (default slog.Default())
+	Log             *slog.Logger // scrape errors (default slog.Default())
 	// Registerer, when set, receives tokenguard's collectors only (an application's registry has
 	// its own runtime collectors). Otherwise they go to a NewRegistry, served by Handler.
 	Registerer prometheus.Registerer
@@ -48,7 +48,6 @@ type Metrics struct {
 	registerer      prometheus.Registerer
 	connectionLabel bool
 	log             *slog.Logger
-	statusTimeout   time.Duration
 
 	refreshes       *prometheus.CounterVec
 	forced          *prometheus.CounterVec
@@ -81,39 +80,36 @@ const (
 
 // New builds and registers the metrics (see Options.Registerer); it panics if already there.
 func New(o Options) *Metrics {
-	o.Log = cmp.Or(o.Log, slog.Default())
-	if o.StatusTimeout <= 0 {
-		o.StatusTimeout = 2 * time.Second
-	}
-	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: o.Log, statusTimeout: o.StatusTimeout}
+	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: cmp.Or(o.Log, slog.Default())}
 	if m.registerer == nil {
 		m.reg = NewRegistry()
 		m.registerer = m.reg
 	}
+	f := promauto.With(m.registerer)
 	refreshLabels, forcedLabels := []string{"outcome", "trigger", "provider"}, []string(nil)
 	if o.ConnectionLabel {
 		refreshLabels, forcedLabels = append(refreshLabels, "connection"), []string{"connection"}
 	}
-	m.refreshes = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_refreshes_total",
+	m.refreshes = f.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_refreshes_total",
 		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), unclassified_answer (an answer tokenguard cannot classify, or a lost one whose refresh token may not be presented again: the connection backs off, see tokenguard_connections{status=\"failing\"}), backoff (not asked: the connection's failing refreshes are backing off), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
 	}, refreshLabels)
-	m.forced = prometheus.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_forced_refresh_requests_total",
+	m.forced = f.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_forced_refresh_requests_total",
 		Help: "Callers whose request was answered 401 and who asked for a newer token. At most one refresh per failed version follows; the rest read the stored token.",
 	}, forcedLabels)
-	m.lockWait = prometheus.NewHistogram(prometheus.HistogramOpts{Name: "tokenguard_token_lock_wait_seconds",
+	m.lockWait = f.NewHistogram(prometheus.HistogramOpts{Name: "tokenguard_token_lock_wait_seconds",
 		Help:    "Time from asking for a connection's refresh lock to holding it (or giving up).",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30}})
-	m.providerLatency = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+	m.providerLatency = f.NewHistogramVec(prometheus.HistogramOpts{
 		Name:    "tokenguard_provider_refresh_duration_seconds",
 		Help:    "Duration of the refresh_token grant at the provider, retries included, for every pass that called it, by provider.",
 		Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10}}, []string{"provider"})
-	m.invalidations = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokenguard_token_invalidations_total",
+	m.invalidations = f.NewCounter(prometheus.CounterOpts{Name: "tokenguard_token_invalidations_total",
 		Help: "Token change notifications (LISTEN/NOTIFY) received from the database, this process's own writes included."})
-	m.listener = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokenguard_token_listener_connected",
+	m.listener = f.NewGauge(prometheus.GaugeOpts{Name: "tokenguard_token_listener_connected",
 		Help: "1 while the change listener is connected and the in-process cache is trusted; 0 while every call reads the database."})
-	m.replicationSync = prometheus.NewGauge(prometheus.GaugeOpts{Name: "tokenguard_replication_sync",
+	m.replicationSync = f.NewGauge(prometheus.GaugeOpts{Name: "tokenguard_replication_sync",
 		Help: "1 while the database is a primary whose commits wait for a synchronous standby (a failover loses no committed token write); 0 otherwise. Read at start and at each reconnection of the change listener."})
-	m.regressions = prometheus.NewCounter(prometheus.CounterOpts{Name: "tokenguard_token_version_regressions_total",
+	m.regressions = f.NewCounter(prometheus.CounterOpts{Name: "tokenguard_token_version_regressions_total",
 		Help: "Connections this process found stored at an older version than one it knew committed: the database went back in time (a failover to an asynchronous standby, a restore). The stored refresh token is probably spent at the provider."})
 	if !o.ConnectionLabel {
 		for _, oc := range outcomes {
@@ -123,14 +119,14 @@ func New(o Options) *Metrics {
 		}
 		m.forced.WithLabelValues()
 	}
-	m.registerer.MustRegister(m.refreshes, m.forced, m.lockWait, m.providerLatency, m.invalidations, m.listener, m.replicationSync, m.regressions, cacheCollector{m})
+	m.registerer.MustRegister(cacheCollector{m})
 	return m
 }
 
 // CountConnections reports tokenguard_connections{status} from c at every
 // scrape (fleet-wide: aggregate with max, not sum). Call it once.
 func (m *Metrics) CountConnections(c StatusCounter) {
-	m.registerer.MustRegister(statusCollector{counter: c, timeout: m.statusTimeout})
+	m.registerer.MustRegister(statusCollector{c})
 }
 
 // Handler serves the fresh registry of New (see HandlerFor).
@@ -263,15 +259,15 @@ var statusDesc = prometheus.NewDesc("tokenguard_connections",
 	"Connections with a stored token, by status (active, failing: active but its refreshes keep failing, needs_reauth), read from the database at scrape time. Fleet-wide: every process reports the same figure.",
 	[]string{"status"}, nil)
 
-type statusCollector struct {
-	counter StatusCounter
-	timeout time.Duration
-}
+// statusTimeout bounds the scrape's query.
+const statusTimeout = 2 * time.Second
+
+type statusCollector struct{ counter StatusCounter }
 
 func (c statusCollector) Describe(ch chan<- *prometheus.Desc) { ch <- statusDesc }
 
 func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), c.timeout)
+	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
 	defer cancel()
 	counts, err := c.counter.CountByStatus(ctx)
 	if err != nil {

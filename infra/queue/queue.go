@@ -106,16 +106,8 @@ func (p *Producer) Enqueue(ctx context.Context, connection string, payload json.
 	return res.Job.ID, nil
 }
 
-// Handler handles one event.
-type Handler interface {
-	HandleEvent(ctx context.Context, e EventArgs) error
-}
-
-// HandlerFunc adapts a function to Handler.
+// HandlerFunc handles one event.
 type HandlerFunc func(ctx context.Context, e EventArgs) error
-
-// HandleEvent calls f.
-func (f HandlerFunc) HandleEvent(ctx context.Context, e EventArgs) error { return f(ctx, e) }
 
 // WorkerOptions tune a Worker. Zero values take the defaults.
 type WorkerOptions struct {
@@ -145,7 +137,7 @@ type Worker struct {
 }
 
 // NewWorker builds a River client that works events with h.
-func NewWorker(pool *pgxpool.Pool, h Handler, opts WorkerOptions, log *slog.Logger) (*Worker, error) {
+func NewWorker(pool *pgxpool.Pool, h HandlerFunc, opts WorkerOptions, log *slog.Logger) (*Worker, error) {
 	if opts.Concurrency <= 0 {
 		opts.Concurrency = 10
 	}
@@ -252,7 +244,7 @@ func (w *Worker) relay(ctx context.Context) {
 
 type eventWorker struct {
 	river.WorkerDefaults[EventArgs]
-	h      Handler
+	h      HandlerFunc
 	log    *slog.Logger
 	tracer *tracing.Tracer
 }
@@ -261,7 +253,7 @@ func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) (err 
 	ctx, end := w.tracer.Call(withTrace(ctx, job.Metadata), "tokenguard.job", job.Args.Connection, trace.SpanKindConsumer,
 		attribute.Int64("tokenguard.job.id", job.ID), attribute.Int("tokenguard.job.attempt", job.Attempt))
 	defer func() { end(err) }()
-	err = w.h.HandleEvent(ctx, job.Args)
+	err = w.h(ctx, job.Args)
 	switch {
 	case err == nil:
 		w.log.Debug("event handled", "event_id", job.ID, "connection", job.Args.Connection)
@@ -317,15 +309,7 @@ func traceMetadata(ctx context.Context) []byte {
 
 // withTrace is ctx continuing the trace a job's metadata carries, if any.
 func withTrace(ctx context.Context, metadata []byte) context.Context {
-	var fields map[string]any
-	if len(metadata) == 0 || json.Unmarshal(metadata, &fields) != nil {
-		return ctx
-	}
 	carrier := propagation.MapCarrier{}
-	for _, k := range (propagation.TraceContext{}).Fields() {
-		if v, ok := fields[k].(string); ok {
-			carrier[k] = v
-		}
-	}
+	_ = json.Unmarshal(metadata, &carrier) // fields that are not strings (River's own) are skipped
 	return propagation.TraceContext{}.Extract(ctx, carrier)
 }

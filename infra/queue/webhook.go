@@ -54,11 +54,8 @@ func (WebhookEvent) InsertOpts() river.InsertOpts {
 type Webhook struct {
 	URL       string
 	Secret    domain.Secret
-	UserAgent string // default tokenguard
-	// HTTP defaults to a client with a 10s timeout that does not follow
-	// redirects (a redirect is a failed delivery).
-	HTTP  *http.Client
-	Every time.Duration // how often the outbox is moved to River (default 1s)
+	UserAgent string        // default tokenguard
+	Every     time.Duration // how often the outbox is moved to River (default 1s)
 }
 
 // Signature header: t is the Unix time of the attempt, v1 the hex
@@ -82,23 +79,20 @@ func Sign(secret domain.Secret, t time.Time, body []byte) string {
 type webhookWorker struct {
 	river.WorkerDefaults[WebhookEvent]
 	hook Webhook
+	http *http.Client
 	log  *slog.Logger
 	host string // for logs: the URL's query may hold a credential
 }
 
 func newWebhookWorker(h Webhook, log *slog.Logger) *webhookWorker {
-	if h.HTTP == nil {
-		h.HTTP = &http.Client{
-			Timeout:       10 * time.Second,
-			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
-		}
-	}
 	h.UserAgent = cmp.Or(h.UserAgent, "tokenguard")
 	host := ""
 	if u, err := url.Parse(h.URL); err == nil {
 		host = u.Host
 	}
-	return &webhookWorker{hook: h, log: log, host: host}
+	// A redirect is a failed delivery.
+	hc := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
+	return &webhookWorker{hook: h, http: hc, log: log, host: host}
 }
 
 // Work delivers one event: anything but a 2xx answer is retried.
@@ -117,7 +111,7 @@ func (w *webhookWorker) Work(ctx context.Context, job *river.Job[WebhookEvent]) 
 	req.Header.Set(EventTypeHeader, job.Args.Type)
 	req.Header.Set(SignatureHeader, Sign(w.hook.Secret, time.Now(), body))
 	log := w.log.With("event_id", job.Args.ID, "type", job.Args.Type, "connection", job.Args.Connection)
-	resp, err := w.hook.HTTP.Do(req)
+	resp, err := w.http.Do(req)
 	if err != nil {
 		log.Warn("webhook delivery failed; will retry", "host", w.host, "attempt", job.Attempt, "err", "no answer")
 		return fmt.Errorf("webhook %s: no answer", w.host)

@@ -33,9 +33,6 @@ const (
 	ErrorType     = attribute.Key("error.type") // Class of a failed step's error
 )
 
-// DefaultProvider is the provider of connections that name no stored one, as metrics label it.
-const DefaultProvider = "default"
-
 // Tracer records spans on a TracerProvider. It is safe for concurrent use.
 type Tracer struct {
 	tracer trace.Tracer
@@ -62,11 +59,8 @@ func (t *Tracer) Start(ctx context.Context, step usecase.Step, connection string
 // Call opens the span of a call made for connection (the API call, the
 // proxied request, the worker's job); end closes it, failed if err != nil.
 func (t *Tracer) Call(ctx context.Context, name, connection string, kind trace.SpanKind, attrs ...attribute.KeyValue) (context.Context, func(err error)) {
-	ctx, s := t.tracer.Start(ctx, name, trace.WithSpanKind(kind))
-	if s.IsRecording() {
-		s.SetAttributes(Connection.String(connection))
-		s.SetAttributes(attrs...)
-	}
+	ctx, s := t.tracer.Start(ctx, name, trace.WithSpanKind(kind),
+		trace.WithAttributes(Connection.String(connection)), trace.WithAttributes(attrs...))
 	return ctx, func(err error) {
 		fail(s, err)
 		s.End()
@@ -89,7 +83,7 @@ func (s span) End(f usecase.Facts, err error) {
 	case f.Provider != "":
 		attrs = append(attrs, Provider.String(f.Provider))
 	case f.OldVersion > 0 || f.NewVersion > 0: // read: the connection names no stored provider
-		attrs = append(attrs, Provider.String(DefaultProvider))
+		attrs = append(attrs, Provider.String(domain.ReservedProviderName))
 	}
 	if f.Outcome != "" {
 		attrs = append(attrs, Outcome.String(string(f.Outcome)))
