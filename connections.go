@@ -121,11 +121,6 @@ func WithProvider(name string) ImportOption {
 // revoker revokes t.cfg's refresh tokens at o.revocationURL ("" for none)
 // under profile prof, and stored providers' at their own endpoint.
 func (t *Tokens) revoker(o options, providers provider.ProviderLookup, prof profiles.Profile) *provider.Revocations {
-	env := provider.RevocationEndpoint{URL: o.revocationURL, ClientID: t.cfg.ClientID, ClientSecret: domain.NewSecret(t.cfg.ClientSecret),
-		AuthStyle: t.cfg.Endpoint.AuthStyle, TokenURL: t.cfg.Endpoint.TokenURL, ClientKey: t.clientKey}
-	if t.clientKey != nil && prof.AssertionAud == domain.AudienceIssuer {
-		env.IssuerAud = t.discovery
-	}
-	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: t.discovery},
-		provider.NewHTTPClient(o.refreshTimeout), repository.NewAuthStyles(t.db))
+	return provider.NewRevoker(t.cfg, o.revocationURL, t.clientKey, prof, providers, t.discovery,
+		provider.NewHTTPClient(o.RefreshTimeout), repository.NewAuthStyles(t.db))
 }

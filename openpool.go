@@ -26,10 +26,7 @@ func OpenPool(pool *pgxpool.Pool) (*gorm.DB, error) {
 	if pool == nil {
 		return nil, errors.New("tokenguard: OpenPool: nil *pgxpool.Pool")
 	}
-	d, ok := gormpostgres.New(gormpostgres.Config{Conn: stdlib.OpenDBFromPool(pool)}).(*gormpostgres.Dialector)
-	if !ok {
-		return nil, errors.New("tokenguard: OpenPool: unexpected GORM Postgres dialector")
-	}
+	d := &gormpostgres.Dialector{Config: &gormpostgres.Config{Conn: stdlib.OpenDBFromPool(pool)}}
 	db, err := gorm.Open(poolDialector{Dialector: d, listen: pool.Config().ConnConfig},
 		&gorm.Config{Logger: logger.Discard, SkipDefaultTransaction: true})
 	if err != nil {

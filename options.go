@@ -9,20 +9,21 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // Option configures New.
 type Option func(*options)
 
 type options struct {
-	skew, lockWait, refreshTimeout, answerDeadline, defaultLifetime time.Duration
-	cacheSize, maxRefreshesInFlight                                 int
+	// Skew, LockWait, RefreshTimeout, AnswerDeadline, CacheSize,
+	// MaxRefreshesInFlight, Logger and OnNeedsReauth; New adds the rest.
+	usecase.Options
 
+	defaultLifetime                                time.Duration
 	revocationURL, listenDSN, syncCommit, resource string
 	keys                                           string
 	encryptionRequired                             bool
-	log                                            *slog.Logger
-	onNeedsReauth                                  func(connection, reason string)
 	metrics                                        func(ConnectionCounter, bool, *slog.Logger) Metrics
 	connectionLabel                                bool
 	httpClient                                     *http.Client
@@ -41,17 +42,17 @@ type userInfo struct{ url, field string }
 
 // WithSkew refreshes a token once it is within d of its expiry (default
 // 30s), capped at half the lifetime the provider granted.
-func WithSkew(d time.Duration) Option { return func(o *options) { o.skew = d } }
+func WithSkew(d time.Duration) Option { return func(o *options) { o.Skew = d } }
 
 // WithLockWait bounds the wait for another process's refresh of the same
 // connection (default 15s); past it Token fails with ErrLockTimeout.
-func WithLockWait(d time.Duration) Option { return func(o *options) { o.lockWait = d } }
+func WithLockWait(d time.Duration) Option { return func(o *options) { o.LockWait = d } }
 
 // WithRefreshTimeout bounds one refresh at the provider, retries included
 // (default 10s, at most two thirds of the lock wait). Keep it below the
 // lock wait, so that a process waiting behind a refresh finds the new token.
 func WithRefreshTimeout(d time.Duration) Option {
-	return func(o *options) { o.refreshTimeout = d }
+	return func(o *options) { o.RefreshTimeout = d }
 }
 
 // WithAnswerDeadline bounds the wait for the answer to a request that
@@ -59,12 +60,12 @@ func WithRefreshTimeout(d time.Duration) Option {
 // during which no process presents it again: set it above the provider's
 // longest hang, as a strict provider revokes a refresh token seen twice.
 func WithAnswerDeadline(d time.Duration) Option {
-	return func(o *options) { o.answerDeadline = d }
+	return func(o *options) { o.AnswerDeadline = d }
 }
 
 // WithLogger receives what operators must know: refreshes, the cache
 // state, a grant found dead. Never a token. Default slog.Default().
-func WithLogger(l *slog.Logger) Option { return func(o *options) { o.log = l } }
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.Logger = l } }
 
 // WithEncryptionKeys stores tokens encrypted with AES-256-GCM. spec is
 // "id=base64key*,id=base64key" (ids of 1-32 [a-z0-9_-], 32-byte keys, the
@@ -78,7 +79,7 @@ func WithEncryptionRequired() Option { return func(o *options) { o.encryptionReq
 // WithNeedsReauth calls fn once, in the process that found out, when a
 // connection's grant is rejected for good; reason is the provider's code.
 func WithNeedsReauth(fn func(connection, reason string)) Option {
-	return func(o *options) { o.onNeedsReauth = fn }
+	return func(o *options) { o.OnNeedsReauth = fn }
 }
 
 // WithMetricsPerConnection adds a "connection" label to the refresh
@@ -96,11 +97,11 @@ func WithListenDSN(dsn string) Option { return func(o *options) { o.listenDSN = 
 
 // WithCacheSize bounds how many connections' tokens this process caches
 // (default 10,000, about 0.5 KB each; negative: no bound).
-func WithCacheSize(n int) Option { return func(o *options) { o.cacheSize = n } }
+func WithCacheSize(n int) Option { return func(o *options) { o.CacheSize = n } }
 
 // WithMaxRefreshesInFlight bounds this process's concurrent refreshes
 // (default 64). Callers beyond it queue, not counted against the lock wait.
-func WithMaxRefreshesInFlight(n int) Option { return func(o *options) { o.maxRefreshesInFlight = n } }
+func WithMaxRefreshesInFlight(n int) Option { return func(o *options) { o.MaxRefreshesInFlight = n } }
 
 // WithDefaultLifetime is the lifetime of an access token whose answer has
 // no usable expires_in (default none: it is used until the API answers 401).

@@ -7,14 +7,11 @@ import (
 )
 
 // observeReplication reads whether the primary has a synchronous standby
-// (at each reconnection of Run's listener), records it for the token writes'
-// synchronous_commit and the metric, and says what a failover can lose
-// whenever that changes.
-func (t *Tokens) observeReplication(ctx context.Context) { t.readReplication(ctx, true) }
-
-// readReplication is observeReplication; with say false a lone server's
-// sentence is returned instead, for New's one INFO line.
-func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
+// (in New, and at each reconnection of Run's listener), records it for the
+// token writes' synchronous_commit and the metric, and says what a failover
+// can lose whenever that changes; New's first reading of a lone server is
+// returned instead, for its one INFO line.
+func (t *Tokens) observeReplication(ctx context.Context, first bool) (lone string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	r, err := t.repo.ReadReplication(ctx)
@@ -36,7 +33,7 @@ func (t *Tokens) readReplication(ctx context.Context, say bool) (lone string) {
 	if !r.Synchronous() && (r.Standbys > 0 || r.SyncStandbyNames != "" || r.Hidden > 0) {
 		level = slog.LevelWarn
 	}
-	if !say && level == slog.LevelInfo && !r.Synchronous() {
+	if first && level == slog.LevelInfo && !r.Synchronous() {
 		return r.Loss()
 	}
 	t.log.Log(ctx, level, "tokenguard: "+r.Loss(),

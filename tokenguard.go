@@ -1,11 +1,8 @@
 // Package tokenguard lets several processes (an HTTP server, a job worker,
 // a batch job) share OAuth2 connections stored in Postgres, on the
-// application's own *gorm.DB, without breaking them.
-//
-// Providers rotate refresh tokens, so one caller in the whole fleet
-// refreshes a nearly expired token: under a Postgres advisory lock it
-// re-reads the connection, refreshes only if it is still stale, and stores
-// the rotated refresh token in that transaction.
+// application's own *gorm.DB, without breaking them: one caller in the
+// whole fleet refreshes a nearly expired token, under a Postgres advisory
+// lock, and stores the rotated refresh token in that transaction.
 //
 //	err := tokenguard.Migrate(ctx, db)         // db: the application's *gorm.DB
 //	tokens, err := tokenguard.New(db, oauthConfig)
@@ -13,13 +10,8 @@
 //	defer tokens.Close(context.Background())   // on shutdown, before the pool closes
 //	resp, err := tokens.Client(ctx, "acme").Get(apiURL)
 //
-// Each process caches the last token of each connection while Run listens
-// for the changes other processes commit (LISTEN/NOTIFY); until then every
-// call reads the database. Ready and WaitReady tell when the cache is live.
-//
 // tokenguard's objects, all named tokenguard_*, live in the *gorm.DB's
-// current schema. For a schema of their own, give Migrate and New a pool
-// whose search_path names it (dsn + "&search_path=tokenguard").
+// current schema; a search_path in the DSN (&search_path=tokenguard) moves them.
 package tokenguard
 
 import (
@@ -52,11 +44,10 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Migrate creates or updates tokenguard's tables in db's current schema,
-// touching no object not named tokenguard_* (its version is kept in
-// tokenguard_schema_migrations). Concurrent migrations wait for each other;
-// a search_path naming a missing schema is ErrSchemaNotFound. Tables of
-// older releases are renamed behind views, so a rolling deploy is safe.
+// Migrate creates or updates tokenguard's tables, all named tokenguard_*,
+// in db's current schema (ErrSchemaNotFound if the search_path names a
+// missing one). Concurrent migrations wait for each other, and a rolling
+// deploy is safe: tables of older releases stay readable behind views.
 func Migrate(ctx context.Context, db *gorm.DB) error {
 	if err := checkDB(db); err != nil {
 		return err
@@ -109,19 +100,17 @@ type Tokens struct {
 }
 
 // New builds the token layer on the application's migrated Postgres
-// *gorm.DB as gorm.Open returns it (not a transaction). cfg is the client
-// registration; with AuthStyleAutoDetect the other style is tried only
-// when the provider refuses the client's authentication, so a refresh
-// token is never presented twice.
-//
-// New checks that the search_path names only schemas that exist
-// (ErrSchemaNotFound), that the database is the primary
-// (ErrReadOnlyStore), and that every stored token can be decrypted.
+// *gorm.DB as gorm.Open returns it (not a transaction); cfg is the client
+// registration. With AuthStyleAutoDetect the other style is tried only when
+// the provider refuses the client's authentication, so a refresh token is
+// never presented twice. New fails on a search_path naming a missing schema
+// (ErrSchemaNotFound), a replica (ErrReadOnlyStore), and a stored token the
+// keys cannot decrypt.
 func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
 		return nil, err
 	}
-	o := options{skew: usecase.DefaultSkew, lockWait: usecase.DefaultLockWait}
+	o := options{Options: usecase.Options{Skew: usecase.DefaultSkew, LockWait: usecase.DefaultLockWait}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -140,9 +129,9 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err != nil {
 		return nil, err
 	}
-	o.log = cmp.Or(o.log, slog.Default())
-	o.refreshTimeout = cmp.Or(o.refreshTimeout, min(usecase.DefaultRefreshTimeout, o.lockWait*2/3))
-	o.answerDeadline = cmp.Or(o.answerDeadline, max(usecase.DefaultAnswerDeadline, o.refreshTimeout))
+	o.Logger = cmp.Or(o.Logger, slog.Default())
+	o.RefreshTimeout = cmp.Or(o.RefreshTimeout, min(usecase.DefaultRefreshTimeout, o.LockWait*2/3))
+	o.AnswerDeadline = cmp.Or(o.AnswerDeadline, max(usecase.DefaultAnswerDeadline, o.RefreshTimeout))
 	envRate, err := domain.ParseTokenRate(o.tokenRate)
 	if err != nil {
 		return nil, fmt.Errorf("tokenguard: WithTokenRate: %w", err)
@@ -158,7 +147,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, err
 	}
 
-	t := &Tokens{log: o.log, skew: o.skew, lockWait: o.lockWait, listen: listen, db: rdb, repo: repo, ready: make(chan struct{}), runDone: make(chan struct{}),
+	t := &Tokens{log: o.Logger, skew: o.Skew, lockWait: o.LockWait, listen: listen, db: rdb, repo: repo, ready: make(chan struct{}), runDone: make(chan struct{}),
 		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource, cfg: cfg, userInfo: o.userInfo}
 	if t.par, err = domain.ParsePARMode(string(o.par)); err != nil {
 		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
@@ -173,7 +162,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, fmt.Errorf("tokenguard: %w", err)
 	}
 	if off := t.clock.Offset(); off.Abs() > time.Second {
-		o.log.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
+		o.Logger.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
 			slog.Duration("offset", off.Round(time.Millisecond)))
 	}
 	if err := t.loadProviders(ctx, sealer, prof, envLifetime, envRate, o); err != nil {
@@ -183,10 +172,10 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, err
 	}
 	var attrs []any
-	if lone := t.readReplication(ctx, false); lone != "" {
+	if lone := t.observeReplication(ctx, true); lone != "" {
 		attrs = append(attrs, slog.String("replication", lone))
 	}
-	o.log.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)", attrs...)
+	o.Logger.Info("tokenguard: ready; the token cache is bypassed until Run is running (every call reads the database)", attrs...)
 	return t, nil
 }
 
@@ -215,7 +204,7 @@ func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer
 	// application's plugins (which could record tokens), a logger that
 	// never prints a token.
 	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
-		&gorm.Config{Logger: repository.NewLogger(o.log), SkipDefaultTransaction: true})
+		&gorm.Config{Logger: repository.NewLogger(o.Logger), SkipDefaultTransaction: true})
 	if err != nil {
 		return nil, nil, fmt.Errorf("tokenguard: %w", err)
 	}
@@ -239,9 +228,9 @@ func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer
 	case err != nil:
 		return nil, nil, fmt.Errorf("tokenguard: read the stored tokens (has Migrate run?): %w", err)
 	case o.keys == "":
-		o.log.Warn("tokenguard: access and refresh tokens are stored in plaintext (see WithEncryptionKeys)")
+		o.Logger.Warn("tokenguard: access and refresh tokens are stored in plaintext (see WithEncryptionKeys)")
 	case kc.Stale > 0:
-		o.log.Warn("tokenguard: some stored tokens are not sealed with the current key; re-encrypt them (tokenctl rotate-key)",
+		o.Logger.Warn("tokenguard: some stored tokens are not sealed with the current key; re-encrypt them (tokenctl rotate-key)",
 			slog.Int("rows", kc.Stale))
 	}
 	return rdb, repo, nil
@@ -252,14 +241,14 @@ func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer
 func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate, o options) error {
 	t.httpClient = o.httpClient
 	if t.httpClient == nil {
-		t.httpClient = provider.NewHTTPClient(o.answerDeadline)
+		t.httpClient = provider.NewHTTPClient(o.AnswerDeadline)
 	}
 	// The token endpoint's requests show in the refresh's trace.
 	t.httpClient = tracing.Client(t.httpClient, o.tracerProvider)
 	t.discovery = provider.NewDiscovery(t.httpClient)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, rate domain.TokenRate, extra ...provider.Option) provider.GrantRefresher {
-		pol := provider.PolicyFor(prof, o.log)
-		pol.RetryWithin = o.refreshTimeout // answered failures; an answer is awaited until the answer deadline
+		pol := provider.PolicyFor(prof, o.Logger)
+		pol.RetryWithin = o.RefreshTimeout // answered failures; an answer is awaited until the answer deadline
 		if !rate.IsZero() {
 			// Every token request is debited from the budget by the
 			// claim that precedes it: none is sent again within a call.
@@ -268,20 +257,20 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 		return provider.NewRetrying(provider.NewRefresher(cfg, t.httpClient, append([]provider.Option{
 			provider.WithAuthStyleStore(repository.NewAuthStyles(t.db)), provider.WithProfile(prof),
 			provider.WithEvidence(repository.NewRefusalEvidence(t.db), provider.AllEvidence),
-			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.log), provider.WithClock(t.clock.Now),
+			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.Logger), provider.WithClock(t.clock.Now),
 			provider.WithNonces(t.nonces)}, extra...)...), pol)
 	}
-	envAuth := t.authOptions(o.resource, t.clientKey, prof)
+	envAuth := provider.ClientOptions(o.resource, t.clientKey, prof, t.discovery)
 	t.providers = provider.NewRegistry(refresherOf(t.cfg, envLifetime, prof, envRate, envAuth...), repository.NewProviderRepository(t.db, sealer),
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {
 				// Added by a newer release whose catalog this one lacks.
-				o.log.Warn("tokenguard: a stored provider names a profile this release does not know; the generic behaviour applies",
+				o.Logger.Warn("tokenguard: a stored provider names a profile this release does not know; the generic behaviour applies",
 					slog.String("provider", p.Name), slog.String("profile", p.Profile))
 			}
-			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp, p.TokenRate, t.storedAuth(p, pp)...)
-		}, o.log)
+			return refresherOf(provider.OAuth2Config(p), cmp.Or(p.DefaultLifetime, o.defaultLifetime), pp, p.TokenRate, provider.StoredClientOptions(p, pp, t.discovery)...)
+		}, o.Logger)
 	t.providers.SetProfile(prof)
 	if err := t.providers.Load(ctx); err != nil {
 		if errors.Is(err, domain.ErrUndecryptable) {
@@ -294,22 +283,11 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 
 // buildUseCases builds the use cases on t's store and providers.
 func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, o options) error {
-	uopts := usecase.Options{
-		Clock:                t.clock,
-		Skew:                 o.skew,
-		LockWait:             o.lockWait,
-		RefreshTimeout:       o.refreshTimeout,
-		AnswerDeadline:       o.answerDeadline,
-		CacheSize:            o.cacheSize,
-		MaxRefreshesInFlight: o.maxRefreshesInFlight,
-		Logger:               o.log,
-		OnNeedsReauth:        o.onNeedsReauth,
-		Tracer:               tracing.New(o.tracerProvider),
-		ProviderSkew:         t.providers.Skew,
-		ProviderKeepAlives:   t.providers.KeepAlives,
-	}
+	uopts := o.Options
+	uopts.Clock, uopts.Tracer = t.clock, tracing.New(o.tracerProvider)
+	uopts.ProviderSkew, uopts.ProviderKeepAlives = t.providers.Skew, t.providers.KeepAlives
 	if o.metrics != nil {
-		t.metrics = o.metrics(t.repo, o.connectionLabel, o.log)
+		t.metrics = o.metrics(t.repo, o.connectionLabel, o.Logger)
 		uopts.Observer = t.metrics
 	}
 	var err error
@@ -318,10 +296,10 @@ func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, 
 	}
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.uc.OnRolledBack(t.rolledBack)
-	t.connect = usecase.NewConnectUseCase(t.repo, t.clock, o.lockWait)
+	t.connect = usecase.NewConnectUseCase(t.repo, t.clock, o.LockWait)
 	revoker := t.revoker(o, repository.NewProviderRepository(t.db, sealer), prof)
-	t.disconnect = usecase.NewDisconnectUseCase(t.repo, revoker, o.lockWait, o.refreshTimeout)
-	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(t.db, sealer), t.connect, revoker, o.refreshTimeout, o.log)
+	t.disconnect = usecase.NewDisconnectUseCase(t.repo, revoker, o.LockWait, o.RefreshTimeout)
+	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(t.db, sealer), t.connect, revoker, o.RefreshTimeout, o.Logger)
 	return nil
 }
 
@@ -450,13 +428,8 @@ func (t *Tokens) Run(ctx context.Context) error {
 	defer t.running.Store(false)
 	go t.clock.Run(ctx, clockInterval)
 	err := repository.NewConfigChangeListener(t.listen, cacheState{ChangeTarget: t.uc, t: t}, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
-		OnProviderChange(t.providers.Changed).OnConnect(t.observeReplication).Run(ctx)
-	return t.ran(err)
-}
-
-// ran records that Run returned with err, for WaitReady.
-func (t *Tokens) ran(err error) error {
-	t.runOnce.Do(func() {
+		OnProviderChange(t.providers.Changed).OnConnect(func(ctx context.Context) { t.observeReplication(ctx, false) }).Run(ctx)
+	t.runOnce.Do(func() { // for WaitReady
 		t.runErr = cmp.Or(err, errors.New("tokenguard: Run returned (its context ended) before the cache was live"))
 		close(t.runDone)
 	})

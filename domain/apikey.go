@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"path"
+	"regexp"
 	"slices"
 	"strings"
 )
@@ -105,10 +106,8 @@ func ValidateConnectionPattern(p string) error {
 	if p == "" || len(p) > MaxPatternLength {
 		return fmt.Errorf("%w: a connection pattern is 1-%d characters", ErrInvalidKeyAccess, MaxPatternLength)
 	}
-	for _, r := range p {
-		if r <= ' ' || r > '~' || r == ',' {
-			return fmt.Errorf("%w: a connection pattern is printable ASCII without spaces or commas", ErrInvalidKeyAccess)
-		}
+	if strings.ContainsFunc(p, func(r rune) bool { return r <= ' ' || r > '~' || r == ',' }) {
+		return fmt.Errorf("%w: a connection pattern is printable ASCII without spaces or commas", ErrInvalidKeyAccess)
 	}
 	if _, err := path.Match(p, ""); err != nil {
 		return fmt.Errorf("%w: a connection pattern is a glob (* ? [a-z]); this one is malformed", ErrInvalidKeyAccess)
@@ -118,15 +117,10 @@ func ValidateConnectionPattern(p string) error {
 
 // MatchesNoName reports whether pattern p can match no connection name at
 // all (it needs a character names never have, such as '/').
-func MatchesNoName(p string) bool {
-	lit := strings.NewReplacer("*", "", "?", "", "[", "", "]", "", "^", "", "!", "").Replace(p)
-	for _, r := range lit {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '.' || r == '_' || r == '-') {
-			return true
-		}
-	}
-	return false
-}
+func MatchesNoName(p string) bool { return notNameOrWildcard.MatchString(p) }
+
+// notNameOrWildcard is a character neither of names nor of path.Match's syntax.
+var notNameOrWildcard = regexp.MustCompile(`[^A-Za-z0-9._\-*?\[\]^!]`)
 
 func joinScopes(s []Scope) string {
 	out := make([]string, len(s))

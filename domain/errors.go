@@ -17,15 +17,12 @@ var (
 	ErrLockTimeout = errors.New("timed out waiting for the connection's refresh lock")
 	// ErrProviderUnavailable: the provider failed in a way a later call may not (5xx, 429, timeout, network).
 	ErrProviderUnavailable = errors.New("token provider unavailable")
-	// ErrGrantRevoked: the provider says the grant itself is dead
-	// (invalid_grant and the few non-standard codes that mean the same).
+	// ErrGrantRevoked: the provider says the grant itself is dead (invalid_grant or a synonym).
 	ErrGrantRevoked = errors.New("grant rejected by the provider")
 	// ErrClientRejected: the provider rejected the client, not the grant
-	// (invalid_client, unauthorized_client, unsupported_grant_type, a 401).
-	// The refresh token was not spent and the connection stays active.
+	// (invalid_client, a 401, ...); the refresh token was not spent.
 	ErrClientRejected = errors.New("token endpoint rejected the client (check the oauth2.Config's ClientID, ClientSecret, Endpoint.AuthStyle)")
-	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404,
-	// 405, a redirect). No grant was touched.
+	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404, 405, a redirect).
 	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check the oauth2.Config's Endpoint.TokenURL)")
 	// ErrStoreUnavailable: the database could not be reached or failed.
 	ErrStoreUnavailable = errors.New("token store unavailable")
@@ -41,36 +38,29 @@ var (
 	ErrInvalidToken = errors.New("invalid token")
 	// ErrInvalidConnection: a connection name is malformed.
 	ErrInvalidConnection = errors.New("invalid connection name")
-	// ErrRefreshRateLimited: forced refreshes of a connection came faster
-	// than allowed (an API answering 401 to everything).
+	// ErrRefreshRateLimited: forced refreshes came too fast (an API answering 401 to everything).
 	ErrRefreshRateLimited = errors.New("forced refresh rate limited")
-	// ErrAccountMismatch: a new grant comes from another provider account
-	// than the stored one, and the session did not allow it. Nothing was stored.
+	// ErrAccountMismatch: the session did not allow a change of account; nothing was stored.
 	ErrAccountMismatch = errors.New("the grant is from a different provider account than the connection's")
-	// ErrInvalidSyncCommit: a synchronous_commit level for the token
-	// writes other than off, local, remote_write, on or remote_apply.
+	// ErrInvalidSyncCommit: a level other than off, local, remote_write, on or remote_apply.
 	ErrInvalidSyncCommit = errors.New("invalid synchronous_commit level")
-	// ErrReturnToNotAllowed: a connect session's return_to is missing or
-	// not under one of the allowed return URLs (CONNECT_RETURN_URLS).
+	// ErrReturnToNotAllowed: a connect session's return_to is refused.
 	ErrReturnToNotAllowed = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
-	// ErrConnectNotConfigured: a connect session was asked of a server that
-	// runs no connect flow.
+	// ErrConnectNotConfigured: a connect session was asked of a server without a connect flow.
 	ErrConnectNotConfigured = errors.New("the connect flow is not configured (OAUTH_AUTH_URL, OAUTH_TOKEN_URL, OAUTH_REDIRECT_URL)")
 	// ErrUnauthorized: a missing, unknown or revoked API key or connect session.
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrSchemaNotFound: the search_path names no usable schema for tokenguard's tables.
 	ErrSchemaNotFound = errors.New("the search_path names a schema that does not exist")
-	// ErrRefreshFailing: the connection's refreshes keep getting answers
-	// tokenguard cannot classify (or a lost answer) and the next attempt is
-	// not due yet. Wrapped with ErrProviderUnavailable: the grant is untouched.
+	// ErrRefreshFailing: unclassified or lost answers, and the next attempt
+	// is not due yet; wrapped with ErrProviderUnavailable (grant untouched).
 	ErrRefreshFailing = errors.New("the connection's refreshes are failing; the provider is not asked again yet")
 	// ErrResultInvalid: a connect result code unknown, expired or redeemed; nothing stored.
 	ErrResultInvalid = errors.New("connect result unknown, expired or already redeemed")
 	// ErrUndecryptable: a stored token's key is not configured, or its
 	// ciphertext was altered or moved. The value is never sent anywhere.
 	ErrUndecryptable = errors.New("stored token cannot be decrypted")
-	// ErrSenderConstrained: the grant is bound to a DPoP key (RFC 9449), so
-	// its access token is useless without a proof.
+	// ErrSenderConstrained: the grant is bound to a DPoP key (RFC 9449).
 	ErrSenderConstrained = errors.New("connection is sender-constrained (DPoP): its access token is useless without a proof; call through tokenguard's client or proxy, or ask for a proof (POST /connections/{name}/dpop-proof)")
 )
 
@@ -159,19 +149,17 @@ var classes = [...]struct {
 }
 
 // String names the class as metrics and logs show it.
-func (c ErrorClass) String() string {
-	if c < 0 || int(c) >= len(classes) {
-		return "transient"
-	}
-	return classes[c].name
-}
+func (c ErrorClass) String() string { return classes[c.known()].name }
 
 // Sentinel is the error of errors.Is that stands for the class.
-func (c ErrorClass) Sentinel() error {
+func (c ErrorClass) Sentinel() error { return classes[c.known()].sentinel }
+
+// known is c, or Transient for a class the table lacks.
+func (c ErrorClass) known() ErrorClass {
 	if c < 0 || int(c) >= len(classes) {
-		return ErrProviderUnavailable
+		return Transient
 	}
-	return classes[c].sentinel
+	return c
 }
 
 func (e *ProviderError) Error() string {

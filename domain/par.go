@@ -1,8 +1,10 @@
 package domain
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
+	"slices"
 )
 
 // PARMode says when the connect flow pushes its authorization request to
@@ -21,11 +23,8 @@ const (
 // ParsePARMode reads "auto", "always" or "never" ("" is auto). Errors wrap
 // ErrInvalidProvider.
 func ParsePARMode(s string) (PARMode, error) {
-	switch PARMode(s) {
-	case "", PARAuto:
-		return PARAuto, nil
-	case PARAlways, PARNever:
-		return PARMode(s), nil
+	if m := cmp.Or(PARMode(s), PARAuto); slices.Contains([]PARMode{PARAuto, PARAlways, PARNever}, m) {
+		return m, nil
 	}
 	return "", fmt.Errorf("%w: par must be auto, always or never, got %q", ErrInvalidProvider, s)
 }

@@ -1,9 +1,11 @@
 package domain
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 )
 
@@ -51,11 +53,9 @@ const (
 
 // ParseAuthStyle reads "auto" (or ""), "header", "params" or "private_key_jwt".
 func ParseAuthStyle(s string) (AuthStyle, error) {
-	switch AuthStyle(s) {
-	case "", AuthStyleAuto:
-		return AuthStyleAuto, nil
-	case AuthStyleHeader, AuthStyleParams, AuthStylePrivateKeyJWT:
-		return AuthStyle(s), nil
+	styles := []AuthStyle{AuthStyleAuto, AuthStyleHeader, AuthStyleParams, AuthStylePrivateKeyJWT}
+	if a := cmp.Or(AuthStyle(s), AuthStyleAuto); slices.Contains(styles, a) {
+		return a, nil
 	}
 	return "", fmt.Errorf("%w: auth style must be auto, header, params or private_key_jwt, got %q", ErrInvalidProvider, s)
 }
@@ -95,13 +95,9 @@ func (p Provider) Validate() error {
 	if p.ClientID == "" {
 		return fmt.Errorf("%w: client id is empty", ErrInvalidProvider)
 	}
-	for field, v := range map[string]string{"token URL": p.TokenURL, "auth URL": p.AuthURL,
-		"revocation URL": p.RevocationURL, "API base URL": p.APIBaseURL, "resource": p.Resource} {
-		if v == "" && field != "token URL" {
-			continue
-		}
-		if CheckURL(v, true) != nil {
-			return fmt.Errorf("%w: %s must be an http(s) URL, got %q", ErrInvalidProvider, field, v)
+	for _, f := range append(p.urls(), urlField{"resource", p.Resource}) {
+		if (f.v != "" || f.name == "token URL") && CheckURL(f.v, true) != nil {
+			return fmt.Errorf("%w: %s must be an http(s) URL, got %q", ErrInvalidProvider, f.name, f.v)
 		}
 	}
 	if _, err := ParseAuthStyle(string(p.AuthStyle)); err != nil {

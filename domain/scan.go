@@ -38,37 +38,33 @@ func (a KeyAccess) ConnectionScans() (scans []ConnectionScan, all bool) {
 func scanOf(p string) ConnectionScan {
 	var prefix, re strings.Builder
 	re.WriteString("^")
-	literal := true // no wildcard yet
-	onlyStar := true
+	wild := len(p) // where the first wildcard is
 	for i := 0; i < len(p); i++ {
 		c := p[i]
+		if c == '*' || c == '?' || c == '[' {
+			wild = min(wild, i)
+		}
 		switch c {
 		case '*':
-			literal = false
 			re.WriteString("[^/]*")
-			continue
 		case '?':
-			literal, onlyStar = false, false
 			re.WriteString("[^/]")
-			continue
 		case '[':
-			literal, onlyStar = false, false
 			i = class(p, i+1, &re)
-			continue
-		case '\\':
-			i++
-			c = p[i]
+		default:
+			if c == '\\' {
+				i++
+				c = p[i]
+			}
+			if i < wild {
+				prefix.WriteByte(c)
+			}
+			re.WriteString(quoteRegexp(c))
 		}
-		if literal {
-			prefix.WriteByte(c)
-		} else {
-			onlyStar = false
-		}
-		re.WriteString(quoteRegexp(c))
 	}
 	re.WriteString("$")
-	s := ConnectionScan{Prefix: prefix.String(), Exact: literal, Regexp: re.String()}
-	if literal || onlyStar && strings.HasSuffix(p, "*") {
+	s := ConnectionScan{Prefix: prefix.String(), Exact: wild == len(p), Regexp: re.String()}
+	if strings.Trim(p[wild:], "*") == "" {
 		s.Regexp = "" // the prefix is the pattern: name = prefix, or prefix followed by anything
 	}
 	return s

@@ -254,10 +254,8 @@ func ValidateAccount(id string) error {
 	if !utf8.ValidString(id) {
 		return fmt.Errorf("%w: not UTF-8", ErrInvalidAccount)
 	}
-	for _, r := range id {
-		if !unicode.IsPrint(r) {
-			return fmt.Errorf("%w: it has a control or non-printable character", ErrInvalidAccount)
-		}
+	if strings.ContainsFunc(id, func(r rune) bool { return !unicode.IsPrint(r) }) {
+		return fmt.Errorf("%w: it has a control or non-printable character", ErrInvalidAccount)
 	}
 	return nil
 }

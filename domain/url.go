@@ -44,8 +44,7 @@ func IsLoopback(host string) bool {
 // names the first that fails ("token URL", say); the error wraps
 // ErrInvalidProvider and CheckURL's.
 func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
-	for _, f := range []struct{ name, v string }{{"token URL", p.TokenURL}, {"auth URL", p.AuthURL},
-		{"revocation URL", p.RevocationURL}, {"API base URL", p.APIBaseURL}} {
+	for _, f := range p.urls() {
 		if f.v == "" {
 			continue
 		}
@@ -54,4 +53,13 @@ func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
 		}
 	}
 	return "", nil
+}
+
+// urlField is one URL setting of a provider, by the name errors give it.
+type urlField struct{ name, v string }
+
+// urls are the provider's URLs that tokens or secrets travel to.
+func (p Provider) urls() []urlField {
+	return []urlField{{"token URL", p.TokenURL}, {"auth URL", p.AuthURL},
+		{"revocation URL", p.RevocationURL}, {"API base URL", p.APIBaseURL}}
 }
