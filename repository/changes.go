@@ -28,19 +28,6 @@ const ChangeChannel = "tokenguard_token_changed"
 // ListenerApplicationName names the listener's session in pg_stat_activity.
 const ListenerApplicationName = "tokenguard-listener"
 
-// ParseChange reads a ChangeChannel payload.
-func ParseChange(payload string) (connection string, version int64, err error) {
-	v, id, ok := strings.Cut(payload, " ")
-	if !ok || id == "" {
-		return "", 0, fmt.Errorf("malformed change %q", payload)
-	}
-	version, err = strconv.ParseInt(v, 10, 64)
-	if err != nil || version < 1 {
-		return "", 0, fmt.Errorf("malformed change %q", payload)
-	}
-	return id, version, nil
-}
-
 // ChangeTarget is told about changes; RefreshTokenUseCase is one.
 type ChangeTarget interface {
 	// Invalidate: connection's stored token is now at version.
@@ -52,8 +39,7 @@ type ChangeTarget interface {
 
 // ChangeListener follows ChangeChannel on a dedicated connection for a ChangeTarget.
 type ChangeListener struct {
-	url            string
-	config         *pgx.ConnConfig // NewConfigChangeListener's; nil: url
+	config         func() (*pgx.ConnConfig, error) // a new one per connection
 	target         ChangeTarget
 	log            *slog.Logger
 	reconnectDelay time.Duration
@@ -76,8 +62,8 @@ type ChangeListener struct {
 
 // NewChangeListener listens on the database at url for target. log may be nil.
 func NewChangeListener(url string, target ChangeTarget, log *slog.Logger) *ChangeListener {
-	log = cmp.Or(log, slog.Default())
-	return &ChangeListener{url: url, target: target, log: log, reconnectDelay: 500 * time.Millisecond}
+	config := func() (*pgx.ConnConfig, error) { return pgx.ParseConfig(url) }
+	return &ChangeListener{config: config, target: target, log: cmp.Or(log, slog.Default()), reconnectDelay: 500 * time.Millisecond}
 }
 
 // DefaultHeartbeat is how often a listener with a heartbeat proves it hears.
@@ -118,19 +104,14 @@ func (l *ChangeListener) OnConnect(fn func(ctx context.Context)) *ChangeListener
 // NewConfigChangeListener listens on the database cfg connects to. log may be nil.
 func NewConfigChangeListener(cfg *pgx.ConnConfig, target ChangeTarget, log *slog.Logger) *ChangeListener {
 	l := NewChangeListener("", target, log)
-	l.config = cfg
+	l.config = func() (*pgx.ConnConfig, error) { return cfg.Copy(), nil }
 	return l
 }
 
 func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
-	var cfg *pgx.ConnConfig
-	if l.config != nil {
-		cfg = l.config.Copy()
-	} else {
-		var err error
-		if cfg, err = pgx.ParseConfig(l.url); err != nil {
-			return nil, err
-		}
+	cfg, err := l.config()
+	if err != nil {
+		return nil, err
 	}
 	cfg.RuntimeParams["application_name"] = ListenerApplicationName
 	return pgx.ConnectConfig(ctx, cfg)
@@ -216,12 +197,15 @@ func (l *ChangeListener) session(ctx context.Context) error {
 		},
 		ReconnectDelay: l.reconnectDelay,
 	}
-	pl.Handle(l.channel, changeHandler{l})
+	pl.Handle(l.channel, handler{l.listening, l.changed})
 	if l.onProvider != nil {
-		pl.Handle(l.providerChannel, providerHandler{l})
+		// Everything is read again after each LISTEN.
+		pl.Handle(l.providerChannel, handler{func(context.Context) { l.onProvider("") }, l.onProvider})
 	}
 	if l.beatDB != nil {
-		pl.Handle(l.beatChannel, beatHandler{l})
+		// The first beat is sent once its channel is listened to, through
+		// the pool: the answer comes on this connection later.
+		pl.Handle(l.beatChannel, handler{l.sendBeat, l.heard})
 		var beating sync.WaitGroup
 		beating.Go(func() { l.beat(ctx, cancel) })
 		defer beating.Wait() // after cancel: nothing logs once Run returned
@@ -269,55 +253,47 @@ func (l *ChangeListener) sendBeat(ctx context.Context) {
 	}
 }
 
-type changeHandler struct{ l *ChangeListener }
+// handler is what a channel does after each LISTEN (backlog: changes
+// sent meanwhile are not replayed) and with each notification.
+type handler struct {
+	backlog func(ctx context.Context)
+	notify  func(payload string)
+}
 
-// HandleBacklog runs right after LISTEN: from now on nothing is missed, so
-// the cache may be trusted again (with a heartbeat, at the first beat).
-func (h changeHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
-	if h.l.onConnect != nil {
-		h.l.onConnect(ctx)
+func (h handler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
+	h.backlog(ctx)
+	return nil
+}
+
+func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
+	h.notify(n.Payload)
+	return nil
+}
+
+// listening runs right after LISTEN: from now on nothing is missed, so the
+// cache may be trusted again (with a heartbeat, at the first beat).
+func (l *ChangeListener) listening(ctx context.Context) {
+	if l.onConnect != nil {
+		l.onConnect(ctx)
 	}
-	if h.l.beatDB == nil {
-		h.l.trust(true)
+	if l.beatDB == nil {
+		l.trust(true)
 	}
-	return nil
 }
 
-type beatHandler struct{ l *ChangeListener }
-
-// HandleBacklog sends the first beat once its channel is listened to;
-// hearing it means every channel is in place.
-func (h beatHandler) HandleBacklog(ctx context.Context, _ string, _ *pgx.Conn) error {
-	h.l.sendBeat(ctx) // through the pool: the answer comes on this connection later
-	return nil
-}
-
-func (h beatHandler) HandleNotification(context.Context, *pgconn.Notification, *pgx.Conn) error {
-	h.l.lastBeat.Store(time.Now().UnixNano())
-	h.l.trust(true)
-	return nil
-}
-
-func (h changeHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	id, version, err := ParseChange(n.Payload)
-	if err != nil {
-		h.l.log.Warn("ignoring token change", "err", err)
-		return nil
+// changed reads a ChangeChannel payload.
+func (l *ChangeListener) changed(payload string) {
+	v, id, _ := strings.Cut(payload, " ")
+	version, err := strconv.ParseInt(v, 10, 64)
+	if err != nil || version < 1 || id == "" {
+		l.log.Warn("ignoring token change", "err", fmt.Errorf("malformed change %q", payload))
+		return
 	}
-	h.l.target.Invalidate(id, version)
-	return nil
+	l.target.Invalidate(id, version)
 }
 
-type providerHandler struct{ l *ChangeListener }
-
-// HandleBacklog runs after each LISTEN: changes missed are not replayed,
-// so everything is read again.
-func (h providerHandler) HandleBacklog(context.Context, string, *pgx.Conn) error {
-	h.l.onProvider("")
-	return nil
-}
-
-func (h providerHandler) HandleNotification(_ context.Context, n *pgconn.Notification, _ *pgx.Conn) error {
-	h.l.onProvider(n.Payload)
-	return nil
+// heard is a beat come back: every channel is in place and delivers.
+func (l *ChangeListener) heard(string) {
+	l.lastBeat.Store(time.Now().UnixNano())
+	l.trust(true)
 }

@@ -2,7 +2,6 @@ package repository
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -71,8 +70,4 @@ func (c *DatabaseClock) Run(ctx context.Context, interval time.Duration) {
 			_ = c.Measure(ctx)
 		}
 	}
-}
-
-func (c *DatabaseClock) String() string {
-	return fmt.Sprintf("database clock (host offset %v)", c.Offset().Round(time.Millisecond))
 }

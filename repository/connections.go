@@ -79,30 +79,26 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 		return nil, nil // the key's patterns match no name
 	}
 	where, args := []string{`c.name COLLATE "C" > ?`}, []any{after}
+	and := func(cond string, a ...any) { where, args = append(where, cond), append(args, a...) }
 	switch f.Status {
 	case "":
 	case domain.StatusExpiringSoon:
-		where = append(where, "t.status = 'active' AND t.refresh_expiry < now() + ? * interval '1 second'")
-		args = append(args, int64(domain.ExpiringSoonWithin/time.Second))
+		and("t.status = 'active' AND t.refresh_expiry < now() + ? * interval '1 second'", int64(domain.ExpiringSoonWithin/time.Second))
 	default:
-		where = append(where, "t.status = ?")
-		args = append(args, string(f.Status))
+		and("t.status = ?", string(f.Status))
 	}
 	switch f.Provider {
 	case "":
 	case domain.EnvProvider:
-		where = append(where, "t.provider IS NULL")
+		and("t.provider IS NULL")
 	default:
-		where = append(where, "t.provider = ?")
-		args = append(args, f.Provider)
+		and("t.provider = ?", f.Provider)
 	}
 	if f.Tag != "" {
-		where = append(where, "c.tags @> ARRAY[?]::text[]")
-		args = append(args, f.Tag)
+		and("c.tags @> ARRAY[?]::text[]", f.Tag)
 	}
 	if f.NamePrefix != "" {
-		where = append(where, `c.name COLLATE "C" >= ? AND starts_with(c.name, ?)`)
-		args = append(args, f.NamePrefix, f.NamePrefix)
+		and(`c.name COLLATE "C" >= ? AND starts_with(c.name, ?)`, f.NamePrefix, f.NamePrefix)
 	}
 	const page = ` ORDER BY c.name COLLATE "C" LIMIT ?`
 	q, qargs := selectConnection+" WHERE "+strings.Join(where, " AND ")+page, append(args, limit)

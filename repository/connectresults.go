@@ -122,16 +122,14 @@ func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64
 	if !strings.HasPrefix(code.Reveal(), ResultPrefix) || len(code.Reveal()) > 128 {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
 	}
-	var rows []resultRow
-	err := c.db.WithContext(ctx).Raw(`SELECT `+resultColumns+` FROM tokenguard_connect_results
-WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code)).Scan(&rows).Error
+	r, err := oneRow[resultRow](c.db.WithContext(ctx), `SELECT `+resultColumns+` FROM tokenguard_connect_results
+WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code))
 	if err != nil {
 		return 0, domain.PendingGrant{}, storeError(ctx, "read connect result", err)
 	}
-	if len(rows) == 0 {
+	if r == nil {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
 	}
-	r := rows[0]
 	at, err := c.sealer.Open(r.AccessToken, resultAAD(r.HashHex, colAccess))
 	if err != nil {
 		return 0, domain.PendingGrant{}, fmt.Errorf("pending access token of %s: %w", r.Connection, err)
@@ -143,8 +141,7 @@ WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code)).S
 	p := domain.PendingGrant{Connection: r.Connection, Provider: r.Provider, CreatedBy: r.CreatedBy, AllowAccountChange: r.AllowAccountChange,
 		Binding:   domain.Binding{Account: r.GrantedAccount, Scopes: r.GrantedScopes, MissingScopes: r.MissingScopes},
 		Grant:     domain.Grant{AccessToken: domain.NewSecret(at), TokenType: r.TokenType, RefreshToken: domain.NewSecret(rt), Expiry: r.Expiry.Time, RefreshExpiry: r.RefreshExpiry.Time},
-		ExpiresAt: r.ExpiresAt}
-	p.Metadata = storedMetadata(r.Metadata, r.Tags)
+		ExpiresAt: r.ExpiresAt, Metadata: storedMetadata(r.Metadata, r.Tags)}
 	if r.ProviderFields.Valid {
 		_ = json.Unmarshal([]byte(r.ProviderFields.String), &p.ProviderFields) // written by Keep
 	}

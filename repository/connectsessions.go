@@ -53,24 +53,18 @@ VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jso
 // cookie's hash, the OAuth2 state and PKCE verifier. The flow expires
 // SessionLifetime after opening.
 func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error) {
-	var rows []sessionRow
-	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_sessions
+	return c.one(ctx, "open connect session", "connect session", `UPDATE tokenguard_connect_sessions
 SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = decode(?, 'hex'), oauth_state = ?, pkce_verifier = ?
 WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()
 RETURNING `+sessionColumns+`, oauth_state, pkce_verifier`,
-		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token)).
-		Scan(&rows).Error
-	return oneSession(ctx, "open connect session", "connect session", rows, err)
+		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token))
 }
 
 // Peek reads an unopened, unexpired session without spending it (the
 // consent page shows it); domain.ErrUnauthorized otherwise.
 func (c *ConnectSessions) Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error) {
-	var rows []sessionRow
-	err := c.db.WithContext(ctx).Raw(`SELECT `+sessionColumns+`
-FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()`, hashParam(token)).
-		Scan(&rows).Error
-	return oneSession(ctx, "read connect session", "connect session", rows, err)
+	return c.one(ctx, "read connect session", "connect session", `SELECT `+sessionColumns+`
+FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()`, hashParam(token))
 }
 
 // Finish spends the browser flow whose cookie is flow and whose OAuth2
@@ -78,8 +72,7 @@ FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_
 // expired or finished, or the state is another's, which leaves the flow
 // as it was) and returns it with its verifier, erased from the table.
 func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error) {
-	var rows []sessionRow
-	err := c.db.WithContext(ctx).Raw(`WITH s AS (
+	return c.one(ctx, "finish connect flow", "connect flow", `WITH s AS (
     SELECT id, oauth_state, pkce_verifier FROM tokenguard_connect_sessions
     WHERE flow_hash = decode(?, 'hex') AND finished_at IS NULL AND opened_at IS NOT NULL AND expires_at > now()
       AND oauth_state <> '' AND oauth_state = ?
@@ -88,19 +81,22 @@ func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret, state 
 UPDATE tokenguard_connect_sessions c SET finished_at = now(), oauth_state = '', pkce_verifier = ''
 FROM s WHERE c.id = s.id
 RETURNING `+sessionColumns+`, s.oauth_state, s.pkce_verifier`,
-		hashParam(flow), state).Scan(&rows).Error
-	return oneSession(ctx, "finish connect flow", "connect flow", rows, err)
+		hashParam(flow), state)
 }
 
-// oneSession is the session a statement returned, else domain.ErrUnauthorized.
-func oneSession(ctx context.Context, op, what string, rows []sessionRow, err error) (domain.ConnectSession, error) {
+// one runs a statement that returns at most one session: none is
+// domain.ErrUnauthorized (what names it).
+func (c *ConnectSessions) one(ctx context.Context, op, what, sql string, args ...any) (domain.ConnectSession, error) {
+	r, err := oneRow[sessionRow](c.db.WithContext(ctx), sql, args...)
 	if err != nil {
 		return domain.ConnectSession{}, storeError(ctx, op, err)
 	}
-	if len(rows) == 0 {
+	if r == nil {
 		return domain.ConnectSession{}, fmt.Errorf("%s: %w", what, domain.ErrUnauthorized)
 	}
-	return rows[0].session(), nil
+	return domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
+		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier, Provider: r.Provider,
+		Metadata: storedMetadata(r.Metadata, r.Tags)}, nil
 }
 
 // sessionColumns read sessionRow but its OAuth2 state and verifier.
@@ -118,13 +114,6 @@ type sessionRow struct {
 	Provider           string
 	Metadata           sql.NullString // NULL: the session says nothing about metadata
 	Tags               sql.NullString // a JSON array
-}
-
-func (r sessionRow) session() domain.ConnectSession {
-	s := domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
-		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier, Provider: r.Provider}
-	s.Metadata = storedMetadata(r.Metadata, r.Tags)
-	return s
 }
 
 // storedMetadata is the metadata a session or result was given (NULL: none).

@@ -93,13 +93,9 @@ FROM tokenguard_dpop_keys k JOIN tokenguard_connections c ON c.id = k.connection
 			continue
 		}
 		err := r.inLock(ctx, row.Name, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
-			pem, err := r.sealer.Open(row.PrivateKey, dpopAAD(row.ID, row.JKT))
+			again, err := resealed(r.sealer, row.PrivateKey, dpopAAD(row.ID, row.JKT))
 			if err != nil {
 				return fmt.Errorf("dpop key of %s: %w", row.Name, err)
-			}
-			again, err := r.sealer.Seal(pem, dpopAAD(row.ID, row.JKT))
-			if err != nil {
-				return err
 			}
 			return tx.Exec(`UPDATE tokenguard_dpop_keys SET private_key = ? WHERE connection_id = ? AND jkt = ? AND private_key = ?`,
 				again, row.ID, row.JKT, row.PrivateKey).Error

@@ -34,7 +34,7 @@ func storeError(ctx context.Context, op string, err error) error {
 	}
 	var pgErr *pgconn.PgError
 	isPg := errors.As(err, &pgErr)
-	if isSQLState(err, "55P03") { // lock_not_available: lock_timeout fired
+	if sqlState(err) == "55P03" { // lock_not_available: lock_timeout fired
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	}
 	// A context ended surfaces as whatever the driver saw; report the
@@ -50,4 +50,13 @@ func storeError(ctx context.Context, op string, err error) error {
 		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, safeMessage(pgErr))
 	}
 	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)
+}
+
+// sqlState is err's SQLSTATE code, "" for none (pgx and lib/pq alike).
+func sqlState(err error) string {
+	var coded interface{ SQLState() string }
+	if errors.As(err, &coded) {
+		return coded.SQLState()
+	}
+	return ""
 }

@@ -29,15 +29,13 @@ type evidenceRow struct {
 
 // LoadEvidence reads the evidence; none is the zero Evidence.
 func (s *RefusalEvidence) LoadEvidence(ctx context.Context, tokenURL, clientID, credentials string) (provider.Evidence, error) {
-	var rows []evidenceRow
-	err := s.db.WithContext(ctx).Raw(`
+	r, err := oneRow[evidenceRow](s.db.WithContext(ctx), `
 SELECT check_status, check_code, check_client_authenticated, checked_at, worked_style, worked_at
 FROM tokenguard_refusal_evidence WHERE token_url = ? AND client_id = ? AND credentials = ?`,
-		tokenURL, clientID, credentials).Scan(&rows).Error
-	if err != nil || len(rows) == 0 {
+		tokenURL, clientID, credentials)
+	if err != nil || r == nil {
 		return provider.Evidence{}, storeError(ctx, "load refusal evidence", err)
 	}
-	r := rows[0]
 	var ev provider.Evidence
 	if r.CheckStatus.Valid && r.CheckedAt.Valid {
 		ev.Fingerprint = &provider.Fingerprint{HTTPStatus: int(r.CheckStatus.Int64), Code: r.CheckCode.String,

@@ -40,20 +40,21 @@ func (l redactingLogger) LogMode(level logger.LogLevel) logger.Interface {
 }
 
 func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	redacted := func() (string, int64) {
+		sql, rows := fc()
+		return quoted.ReplaceAllString(sql, "'?'"), rows
+	}
 	if expected(ctx, err) {
 		// The caller returns it as a typed error and decides what it is
 		// worth: no ERROR line.
 		if l.log.Enabled(ctx, slog.LevelDebug) {
-			sql, _ := fc()
+			sql, _ := redacted()
 			l.log.LogAttrs(ctx, slog.LevelDebug, "tokenguard: statement ended as expected",
-				slog.String("sql", quoted.ReplaceAllString(sql, "'?'")), slog.String("err", safeError(err).Error()))
+				slog.String("sql", sql), slog.String("err", safeError(err).Error()))
 		}
 		return
 	}
-	l.Interface.Trace(ctx, begin, func() (string, int64) {
-		sql, rows := fc()
-		return quoted.ReplaceAllString(sql, "'?'"), rows
-	}, safeError(err))
+	l.Interface.Trace(ctx, begin, redacted, safeError(err))
 }
 
 // expected reports whether err is one tokenguard expects and handles: the
@@ -65,11 +66,7 @@ func expected(ctx context.Context, err error) bool {
 	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return true
 	}
-	var coded interface{ SQLState() string }
-	if !errors.As(err, &coded) {
-		return false
-	}
-	switch coded.SQLState() {
+	switch sqlState(err) {
 	case "55P03", // lock_not_available: lock_timeout
 		"57014", // query_canceled: statement_timeout, a cancel request
 		"23505", // unique_violation

@@ -36,27 +36,10 @@ func NewProviderRepository(db *gorm.DB, s Sealer) *ProviderRepository {
 	return &ProviderRepository{db: db, sealer: s}
 }
 
-// providerAAD binds a sealed client secret to its provider. ':' cannot be
-// in a name, so it never equals a token's additional data.
-func providerAAD(name string) string { return "provider:" + name + "/client_secret" }
-
-// clientKeyAAD binds a sealed client key (private_key_jwt) to its provider.
-func clientKeyAAD(name string) string { return "provider:" + name + "/client_key" }
-
-// sealSecrets seals p's client secret and client key (none: NULL).
-func (r *ProviderRepository) sealSecrets(p domain.Provider) (secret string, key sql.NullString, err error) {
-	if secret, err = r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name)); err != nil {
-		return "", key, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
-	}
-	if p.ClientKey.IsZero() {
-		return secret, key, nil
-	}
-	if key.String, err = r.sealer.Seal(p.ClientKey.Reveal(), clientKeyAAD(p.Name)); err != nil {
-		return "", key, fmt.Errorf("seal client key of provider %s: %w", p.Name, err)
-	}
-	key.Valid = true
-	return secret, key, nil
-}
+// providerAAD binds a sealed client secret or client key (private_key_jwt)
+// to its provider and column. ':' cannot be in a name, so it never equals
+// a token's additional data.
+func providerAAD(name, column string) string { return "provider:" + name + "/" + column }
 
 // providerRow is the tokenguard_providers table as read.
 type providerRow struct {
@@ -91,14 +74,41 @@ const providerColumns = `name, token_url, auth_url, revocation_url, api_base_url
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at,
        coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms`
 
+// providerWritten are the columns Add and Update write: written's values,
+// each through its expression in providerValues.
+const providerWritten = `token_url, auth_url, revocation_url, api_base_url, client_id, client_secret, auth_style, scopes,
+    skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop, resource, par, client_key, token_rate_limit, token_rate_period_ms`
+
+const providerValues = `?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?`
+
+// written is what p stores in providerWritten: its client secret and
+// client key (none: NULL) sealed.
+func (r *ProviderRepository) written(p domain.Provider) ([]any, error) {
+	secret, err := r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name, "client_secret"))
+	if err != nil {
+		return nil, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
+	}
+	var key sql.NullString
+	if !p.ClientKey.IsZero() {
+		if key.String, err = r.sealer.Seal(p.ClientKey.Reveal(), providerAAD(p.Name, "client_key")); err != nil {
+			return nil, fmt.Errorf("seal client key of provider %s: %w", p.Name, err)
+		}
+		key.Valid = true
+	}
+	rateLimit, ratePeriod := nullTokenRate(p.TokenRate)
+	return []any{p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret, string(p.AuthStyle),
+		textArray(strings.Join(p.Scopes, " ")), nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive),
+		p.Profile, p.DPoP, p.Resource, string(p.PAR), key, rateLimit, ratePeriod}, nil
+}
+
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
-	secret, err := s.Open(r.ClientSecret, providerAAD(r.Name))
+	secret, err := s.Open(r.ClientSecret, providerAAD(r.Name, "client_secret"))
 	if err != nil {
 		return domain.Provider{}, fmt.Errorf("client secret of provider %s: %w", r.Name, err)
 	}
 	var key domain.Secret
 	if r.ClientKey.Valid {
-		pem, err := s.Open(r.ClientKey.String, clientKeyAAD(r.Name))
+		pem, err := s.Open(r.ClientKey.String, providerAAD(r.Name, "client_key"))
 		if err != nil {
 			return domain.Provider{}, fmt.Errorf("client key of provider %s: %w", r.Name, err)
 		}
@@ -158,31 +168,14 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	if err := p.Validate(); err != nil {
 		return domain.Provider{}, err
 	}
-	secret, key, err := r.sealSecrets(p)
+	values, err := r.written(p)
 	if err != nil {
 		return domain.Provider{}, err
 	}
-	rateLimit, ratePeriod := nullTokenRate(p.TokenRate)
-	row, err := oneRow[providerRow](r.db.WithContext(ctx), `WITH p AS (
-    INSERT INTO tokenguard_providers (name, token_url, auth_url, revocation_url, api_base_url, client_id, client_secret,
-                           auth_style, scopes, skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop,
-                           resource, par, client_key, token_rate_limit, token_rate_period_ms)
-    VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?)
-    ON CONFLICT (name) DO NOTHING
-    RETURNING *
-)
-SELECT `+providerColumns+` FROM p`,
-		p.Name, p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret,
-		string(p.AuthStyle), textArray(strings.Join(p.Scopes, " ")),
-		nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive), p.Profile, p.DPoP,
-		p.Resource, string(p.PAR), key, rateLimit, ratePeriod)
-	if err != nil {
-		return domain.Provider{}, storeError(ctx, "add provider", err)
-	}
-	if row == nil {
-		return domain.Provider{}, fmt.Errorf("provider %q: %w", p.Name, domain.ErrProviderExists)
-	}
-	return row.domain(r.sealer)
+	return r.one(ctx, r.db.WithContext(ctx), "add provider", fmt.Errorf("provider %q: %w", p.Name, domain.ErrProviderExists),
+		`INSERT INTO tokenguard_providers (name, `+providerWritten+`) VALUES (?, `+providerValues+`)
+ON CONFLICT (name) DO NOTHING
+RETURNING `+providerColumns, append([]any{p.Name}, values...)...)
 }
 
 // Update changes the provider called name (not its name) with fn, then
@@ -190,9 +183,10 @@ SELECT `+providerColumns+` FROM p`,
 // the row's lock, so two updates never lose each other's changes. Errors
 // wrap domain.ErrUnknownProvider, domain.ErrInvalidProvider or fn's error.
 func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*domain.Provider) error) (domain.Provider, error) {
+	unknown := fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
 	var out domain.Provider
 	err := r.db.WithContext(ctx).Transaction(func(tx *gorm.DB) error {
-		cur, err := getProvider(ctx, tx, r.sealer, name, " FOR UPDATE")
+		cur, err := r.one(ctx, tx, "get provider", unknown, selectProvider+" WHERE name = ? FOR UPDATE", name)
 		if err != nil {
 			return err
 		}
@@ -204,28 +198,14 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 		if err := next.Validate(); err != nil {
 			return err
 		}
-		secret, key, err := r.sealSecrets(next)
+		values, err := r.written(next)
 		if err != nil {
 			return err
 		}
-		res := tx.Exec(`UPDATE tokenguard_providers SET token_url = ?, auth_url = ?, revocation_url = ?, api_base_url = ?,
-    client_id = ?, client_secret = ?, auth_style = ?, scopes = ?::text[],
-    skew_ms = ?, default_lifetime_ms = ?, keep_alive_ms = ?, profile = ?, dpop = NULLIF(?, false),
-    resource = NULLIF(?, ''), par = NULLIF(?, ''), client_key = ?, version = version + 1, updated_at = now()
-WHERE name = ?`,
-			next.TokenURL, next.AuthURL, next.RevocationURL, next.APIBaseURL, next.ClientID, secret,
-			string(next.AuthStyle), textArray(strings.Join(next.Scopes, " ")),
-			nullMillis(next.Skew), nullMillis(next.DefaultLifetime), nullMillis(next.KeepAlive), next.Profile, next.DPoP,
-			next.Resource, string(next.PAR), key, name)
-		if res.Error != nil {
-			return storeError(ctx, "update provider", res.Error)
-		}
-		rateLimit, ratePeriod := nullTokenRate(next.TokenRate)
-		if res := tx.Exec(`UPDATE tokenguard_providers SET token_rate_limit = ?, token_rate_period_ms = ? WHERE name = ?`,
-			rateLimit, ratePeriod, name); res.Error != nil {
-			return storeError(ctx, "update provider", res.Error)
-		}
-		out, err = getProvider(ctx, tx, r.sealer, name, "")
+		out, err = r.one(ctx, tx, "update provider", unknown, `UPDATE tokenguard_providers
+SET (`+providerWritten+`) = (`+providerValues+`), version = version + 1, updated_at = now()
+WHERE name = ?
+RETURNING `+providerColumns, append(values, name)...)
 		return err
 	})
 	if err != nil {
@@ -236,18 +216,21 @@ WHERE name = ?`,
 
 // Get reads one provider; domain.ErrUnknownProvider if there is none.
 func (r *ProviderRepository) Get(ctx context.Context, name string) (domain.Provider, error) {
-	return getProvider(ctx, r.db.WithContext(ctx), r.sealer, name, "")
+	return r.one(ctx, r.db.WithContext(ctx), "get provider", fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider),
+		selectProvider+" WHERE name = ?", name)
 }
 
-func getProvider(ctx context.Context, db *gorm.DB, s Sealer, name, lock string) (domain.Provider, error) {
-	row, err := oneRow[providerRow](db, selectProvider+" WHERE name = ?"+lock, name)
+// one runs a statement on db that returns at most one provider, and opens
+// it; none is the error when there is none.
+func (r *ProviderRepository) one(ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) (domain.Provider, error) {
+	row, err := oneRow[providerRow](db, sql, args...)
 	if err != nil {
-		return domain.Provider{}, storeError(ctx, "get provider", err)
+		return domain.Provider{}, storeError(ctx, op, err)
 	}
 	if row == nil {
-		return domain.Provider{}, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
+		return domain.Provider{}, none
 	}
-	return row.domain(s)
+	return row.domain(r.sealer)
 }
 
 // List reads every provider, by name, secrets opened.
@@ -268,19 +251,8 @@ func (r *ProviderRepository) List(ctx context.Context) ([]domain.Provider, error
 
 // Connections counts the connections that name each provider.
 func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, error) {
-	var rows []struct {
-		Provider string
-		N        int
-	}
-	err := r.db.WithContext(ctx).Raw("SELECT provider, count(*) AS n FROM tokenguard_tokens WHERE provider IS NOT NULL GROUP BY provider").Find(&rows).Error
-	if err != nil {
-		return nil, storeError(ctx, "count connections by provider", err)
-	}
-	out := make(map[string]int, len(rows))
-	for _, row := range rows {
-		out[row.Provider] = row.N
-	}
-	return out, nil
+	return counted[string](ctx, r.db, "count connections by provider",
+		"SELECT provider AS key, count(*) AS n FROM tokenguard_tokens WHERE provider IS NOT NULL GROUP BY provider")
 }
 
 // Remove deletes the provider called name: domain.ErrProviderInUse while a
@@ -289,7 +261,7 @@ func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, e
 func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
 	res := r.db.WithContext(ctx).Exec("DELETE FROM tokenguard_providers WHERE name = ?", name)
 	switch {
-	case isSQLState(res.Error, "23503"):
+	case sqlState(res.Error) == "23503":
 		n, err := r.Connections(ctx)
 		if err != nil {
 			return fmt.Errorf("provider %q: %w", name, domain.ErrProviderInUse)
@@ -313,7 +285,7 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 	}
 	for _, row := range rows {
 		if row.ClientKey.Valid && !r.sealer.IsCurrent(row.ClientKey.String) {
-			if _, err := r.resealColumn(ctx, row.Name, "client_key", row.ClientKey.String, clientKeyAAD(row.Name)); err != nil {
+			if _, err := r.resealColumn(ctx, row.Name, "client_key", row.ClientKey.String); err != nil {
 				return resealed, current, err
 			}
 		}
@@ -321,7 +293,7 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 			current++
 			continue
 		}
-		n, err := r.resealColumn(ctx, row.Name, "client_secret", row.ClientSecret, providerAAD(row.Name))
+		n, err := r.resealColumn(ctx, row.Name, "client_secret", row.ClientSecret)
 		if err != nil {
 			return resealed, current, err
 		}
@@ -333,15 +305,10 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 // resealColumn re-encrypts provider's stored value of column with the
 // current key, if it is still the one read. The version stays: the value
 // did not change, and processes need not reload for a new envelope.
-func (r *ProviderRepository) resealColumn(ctx context.Context, provider, column, stored, aad string) (int, error) {
-	what := strings.ReplaceAll(column, "_", " ")
-	plain, err := r.sealer.Open(stored, aad)
+func (r *ProviderRepository) resealColumn(ctx context.Context, provider, column, stored string) (int, error) {
+	sealed, err := resealed(r.sealer, stored, providerAAD(provider, column))
 	if err != nil {
-		return 0, fmt.Errorf("%s of provider %s: %w", what, provider, err)
-	}
-	sealed, err := r.sealer.Seal(plain, aad)
-	if err != nil {
-		return 0, fmt.Errorf("seal %s of provider %s: %w", what, provider, err)
+		return 0, fmt.Errorf("%s of provider %s: %w", strings.ReplaceAll(column, "_", " "), provider, err)
 	}
 	res := r.db.WithContext(ctx).Exec("UPDATE tokenguard_providers SET "+column+" = ? WHERE name = ? AND "+column+" = ?",
 		sealed, provider, stored)
@@ -351,15 +318,9 @@ func (r *ProviderRepository) resealColumn(ctx context.Context, provider, column,
 // unknownProvider reports whether err is the tokens' provider foreign key
 // refusing a provider that is not registered.
 func unknownProvider(err error) bool {
-	if !isSQLState(err, "23503") {
+	if sqlState(err) != "23503" {
 		return false
 	}
 	var pgErr *pgconn.PgError // lib/pq's errors name no constraint here
 	return !errors.As(err, &pgErr) || strings.Contains(pgErr.ConstraintName, "provider")
-}
-
-// isSQLState reports whether err has the SQLSTATE code (pgx and lib/pq alike).
-func isSQLState(err error, code string) bool {
-	var coded interface{ SQLState() string }
-	return err != nil && errors.As(err, &coded) && coded.SQLState() == code
 }

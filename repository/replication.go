@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-	"strconv"
 	"sync/atomic"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -51,13 +50,10 @@ func (r Replication) DefaultSyncCommit() string {
 	return "on"
 }
 
-// SyncCommitLevels are the values synchronous_commit accepts.
-var SyncCommitLevels = []string{"off", "local", "remote_write", "on", "remote_apply"}
-
 // ParseSyncCommit checks a synchronous_commit level ("": the default,
 // chosen from the cluster); anything else wraps domain.ErrInvalidSyncCommit.
 func ParseSyncCommit(level string) (string, error) {
-	if level == "" || slices.Contains(SyncCommitLevels, level) {
+	if level == "" || slices.Contains([]string{"off", "local", "remote_write", "on", "remote_apply"}, level) {
 		return level, nil
 	}
 	return "", fmt.Errorf("%w: %q (want off, local, remote_write, on or remote_apply)", domain.ErrInvalidSyncCommit, level)
@@ -126,12 +122,6 @@ func (d *Durability) SyncCommit() string {
 
 // Configured is the level set by the operator, "" for the default.
 func (d *Durability) Configured() string { return d.configured }
-
-// String is for logs.
-func (r Replication) String() string {
-	return "standbys=" + strconv.Itoa(r.Standbys) + " synchronous=" + strconv.Itoa(r.SyncStandbys) + " hidden=" + strconv.Itoa(r.Hidden) +
-		" synchronous_standby_names=" + strconv.Quote(r.SyncStandbyNames)
-}
 
 // SetDurability makes the token writes and refresh claims commit at d's
 // level. Call it before the repository is used.

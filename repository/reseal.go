@@ -6,12 +6,9 @@ import (
 	"time"
 
 	"gorm.io/gorm"
-
-	"github.com/tokenguard/tokenguard/domain"
 )
 
-// DefaultResealBatch is how many connections Reseal and CheckKeys read per
-// query.
+// DefaultResealBatch is how many connections Reseal reads per query.
 const DefaultResealBatch = 100
 
 // resealHold bounds one connection's reseal once it holds the lock.
@@ -50,26 +47,15 @@ ON CONFLICT (only_bound) DO UPDATE SET versioned = true`).Error; err != nil {
 	return true, nil
 }
 
-// storedRow is a token row's raw credential columns.
-type storedRow struct {
-	ID            int32
-	Name          string
-	AccessToken   string
-	RefreshToken  string
-	Version       int64
-	SealedVersion int64
-}
-
+// selectStored reads a token row's credential columns into a tokenRow.
 const selectStored = `
-SELECT c.id, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version
+SELECT c.id AS lock_key, c.name, t.access_token, t.refresh_token, t.version, coalesce(t.sealed_version, 0) AS sealed_version
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 `
 
-func (r storedRow) seal() seal { return seal{id: r.ID, version: r.Version} }
-
-// current reports whether the row needs no resealing: sealed with the
+// sealedNow reports whether the row needs no resealing: sealed with the
 // current key, in the form bound to its version.
-func (r storedRow) current(s Sealer) bool {
+func (r tokenRow) sealedNow(s Sealer) bool {
 	return s.IsCurrent(r.AccessToken) && s.IsCurrent(r.RefreshToken) && r.SealedVersion == 0
 }
 
@@ -84,7 +70,7 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 	}
 	var res ResealResult
 	for after := int32(0); ; {
-		var rows []storedRow
+		var rows []tokenRow
 		err := r.db.WithContext(ctx).Raw(selectStored+"WHERE c.id > ? ORDER BY c.id LIMIT ?", after, batch).Find(&rows).Error
 		if err != nil {
 			return res, storeError(ctx, "read stored tokens", err)
@@ -99,8 +85,8 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 			return res, err
 		}
 		for _, row := range rows {
-			after = row.ID
-			if row.current(r.sealer) {
+			after = row.LockKey
+			if row.sealedNow(r.sealer) {
 				res.Current++
 				continue
 			}
@@ -120,23 +106,22 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
 	resealed := false
 	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
-		row, err := oneRow[storedRow](tx, selectStored+"WHERE c.name = ?", connection)
+		row, err := oneRow[tokenRow](tx, selectStored+"WHERE c.name = ?", connection)
 		if err != nil {
 			return storeError(ctx, "read token", err)
 		}
-		if row == nil || row.current(r.sealer) {
+		if row == nil || row.sealedNow(r.sealer) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
 		}
-		at, rt, err := opened(r.sealer, connection, row.seal(), row.SealedVersion, row.AccessToken, row.RefreshToken)
+		t, err := row.domain(r.sealer)
 		if err != nil {
 			return err
 		}
-		t, err := sealed(r.sealer, domain.Token{Connection: connection, AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt)}, row.seal())
-		if err != nil {
+		if t, err = sealed(r.sealer, t, seal{row.LockKey, row.Version}); err != nil {
 			return err
 		}
 		err = tx.Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = NULL WHERE connection_id = ? AND version = ?`,
-			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), row.ID, row.Version).Error
+			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), row.LockKey, row.Version).Error
 		if err != nil {
 			return storeError(ctx, "write resealed token", err)
 		}
@@ -188,14 +173,14 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 	}
 	var kc KeyCheck
 	for _, id := range ids {
-		row, err := oneRow[storedRow](r.db.WithContext(ctx), selectStored+"WHERE "+keyIDOf+" = ? LIMIT 1", id)
+		row, err := oneRow[tokenRow](r.db.WithContext(ctx), selectStored+"WHERE "+keyIDOf+" = ? LIMIT 1", id)
 		if err != nil {
 			return kc, storeError(ctx, "read a stored token", err)
 		}
 		if row == nil {
 			continue // rewritten meanwhile
 		}
-		if _, _, err := opened(r.sealer, row.Name, row.seal(), row.SealedVersion, row.AccessToken, row.RefreshToken); err != nil {
+		if _, err := row.domain(r.sealer); err != nil {
 			return kc, err
 		}
 		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {

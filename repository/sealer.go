@@ -70,6 +70,15 @@ func sealed(s Sealer, t domain.Token, at seal) (domain.Token, error) {
 	return t, nil
 }
 
+// resealed is stored sealed again as s seals now, with the same aad.
+func resealed(s Sealer, stored, aad string) (string, error) {
+	plain, err := s.Open(stored, aad)
+	if err != nil {
+		return "", err
+	}
+	return s.Seal(plain, aad)
+}
+
 // opened decrypts the credentials of connection's row at, whose
 // sealed_version column holds sealedVersion (0: NULL, the current form).
 func opened(s Sealer, connection string, at seal, sealedVersion int64, access, refresh string) (a, rt string, err error) {

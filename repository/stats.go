@@ -3,6 +3,8 @@ package repository
 import (
 	"context"
 
+	"gorm.io/gorm"
+
 	"github.com/tokenguard/tokenguard/domain"
 )
 
@@ -10,19 +12,23 @@ import (
 // an active one shown failing counted as failing only, in one aggregate
 // (for the metrics collected at scrape time).
 func (r *TokenRepository) CountByStatus(ctx context.Context) (map[domain.Status]int, error) {
-	var rows []struct {
-		Status string
-		N      int
-	}
-	err := r.db.WithContext(ctx).Raw(`SELECT CASE WHEN t.status = 'active' AND f.failing THEN 'failing' ELSE t.status END AS status, count(*) AS n
+	return counted[domain.Status](ctx, r.db, "count connections by status", `SELECT CASE WHEN t.status = 'active' AND f.failing THEN 'failing' ELSE t.status END AS key, count(*) AS n
 FROM tokenguard_tokens t LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version
-GROUP BY 1`).Scan(&rows).Error
-	if err != nil {
-		return nil, storeError(ctx, "count connections by status", err)
+GROUP BY 1`)
+}
+
+// counted reads the (key, n) rows of a statement as a map.
+func counted[K ~string](ctx context.Context, db *gorm.DB, op, sql string) (map[K]int, error) {
+	var rows []struct {
+		Key K
+		N   int
 	}
-	out := make(map[domain.Status]int, len(rows))
+	if err := db.WithContext(ctx).Raw(sql).Scan(&rows).Error; err != nil {
+		return nil, storeError(ctx, op, err)
+	}
+	out := make(map[K]int, len(rows))
 	for _, row := range rows {
-		out[domain.Status(row.Status)] = row.N
+		out[row.Key] = row.N
 	}
 	return out, nil
 }
