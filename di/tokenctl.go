@@ -45,7 +45,7 @@ type tokenctlBackend struct {
 }
 
 func (b tokenctlBackend) config() (Config, error) {
-	cfg, err := ConfigFromEnvChecked(b.environ)
+	cfg, err := ConfigFromEnv(b.environ)
 	if err != nil {
 		return Config{}, &tokenctl.ConfigError{Err: err}
 	}
@@ -85,13 +85,12 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 		cleanup()
 		return nil, nil, err
 	}
-	revoker, err := NewRevoker(cfg, s.DB, s.Providers)
+	ops, err := newOperator(cfg, s.DB, s.Repository, s.Providers)
 	if err != nil {
 		cleanup()
 		return nil, nil, &tokenctl.ConfigError{Err: err}
 	}
-	disconnect := usecase.NewDisconnectUseCase(s.Repository, revoker, cfg.LockWait, cfg.RefreshTimeout)
-	return ctlStore{s, s.Repository, cfg.LockWait, disconnect, cfg}, cleanup, nil
+	return ctlStore{ops, s, cfg}, cleanup, nil
 }
 
 // migrated refuses an unmigrated database, naming the command that fixes it.
@@ -107,46 +106,58 @@ func migrated(ctx context.Context, db *gorm.DB) error {
 }
 
 // openMigrated opens a small pool on a migrated database.
-func openMigrated(ctx context.Context, cfg Config) (*gorm.DB, error) {
+func openMigrated(ctx context.Context, cfg Config) (*gorm.DB, func(), error) {
 	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	if err := migrated(ctx, db); err != nil {
 		_ = postgres.Close(db)
-		return nil, err
+		return nil, nil, err
 	}
-	return db, nil
+	return db, func() { _ = postgres.Close(db) }, nil
 }
 
-type ctlStore struct {
-	*Store
+// operator makes the operator's changes to connections, for tokenctl and the console alike.
+type operator struct {
 	*repository.TokenRepository // Connection, EachConnection, NeedingReauth
-	lockWait                    time.Duration
 	disconnect                  *usecase.DisconnectUseCase
-	cfg                         Config
+	lockWait                    time.Duration
 }
 
-func (s ctlStore) Disconnect(ctx context.Context, id string, revoke bool) (domain.Token, error) {
-	return s.disconnect.Disconnect(ctx, id, revoke)
+func newOperator(cfg Config, db *gorm.DB, repo *repository.TokenRepository, providers *repository.ProviderRepository) (operator, error) {
+	revoker, err := NewRevoker(cfg, db, providers)
+	if err != nil {
+		return operator{}, err
+	}
+	return operator{repo, usecase.NewDisconnectUseCase(repo, revoker, cfg.LockWait, cfg.RefreshTimeout), cfg.LockWait}, nil
 }
 
-func (s ctlStore) Reactivate(ctx context.Context, id, reason string) (domain.Token, int64, error) {
-	return s.Repository.Reactivate(ctx, id, reason, s.lockWait)
+func (o operator) Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error) {
+	return o.disconnect.Disconnect(ctx, connection, revoke)
 }
 
-// Connect stores an imported grant.
-func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error) {
-	return s.ConnectBound(ctx, id, provider, g, metadata, domain.Secret{}, "")
+func (o operator) Reactivate(ctx context.Context, connection, reason string) (domain.Token, int64, error) {
+	if err := domain.ValidateName(connection); err != nil {
+		return domain.Token{}, 0, err
+	}
+	return o.TokenRepository.Reactivate(ctx, connection, reason, o.lockWait)
 }
 
-// ConnectBound is Connect for a grant bound to a DPoP key (PEM, thumbprint jkt). A grant
-// without an expiry gets its provider's default lifetime.
-func (s ctlStore) ConnectBound(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
+// ctlStore is tokenctl's Store.
+type ctlStore struct {
+	operator
+	store *Store
+	cfg   Config
+}
+
+// Connect stores an imported grant, bound to the DPoP key (PEM, thumbprint jkt) if any. A
+// grant without an expiry gets its provider's default lifetime.
+func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime
 		if provider != "" {
-			if p, err := s.Providers.Get(ctx, provider); err == nil {
+			if p, err := s.store.Providers.Get(ctx, provider); err == nil {
 				lifetime = cmp.Or(p.DefaultLifetime, lifetime)
 			}
 		} else if prof, err := profiles.Get(s.cfg.OAuth.Profile); err == nil && lifetime == 0 && prof.AccessLifetime.Known {
@@ -156,46 +167,25 @@ func (s ctlStore) ConnectBound(ctx context.Context, id, provider string, g domai
 			g.Expiry = time.Now().Add(lifetime)
 		}
 	}
-	return s.Store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata,
+	return s.store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata,
 		DPoPKey: key, DPoPJKT: jkt})
 }
 
-// OpenKeys implements tokenctl.KeyBackend.
+// ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status.
+func (s ctlStore) ExpiringNotice() time.Duration { return s.cfg.ExpiringNotice }
+
 func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(), error) {
 	cfg, err := b.config()
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := openMigrated(ctx, cfg)
+	db, cleanup, err := openMigrated(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
-	return ctlKeys{repository.NewAPIKeys(db)}, func() { _ = postgres.Close(db) }, nil
+	return repository.NewAPIKeys(db), cleanup, nil
 }
 
-type ctlKeys struct{ keys *repository.APIKeys }
-
-func (k ctlKeys) Create(ctx context.Context, name string, access domain.KeyAccess) (domain.Secret, error) {
-	key := repository.NewCredential(repository.APIKeyPrefix)
-	err := k.keys.Create(ctx, name, key, access)
-	if errors.Is(err, repository.ErrKeyExists) {
-		return domain.Secret{}, tokenctl.ErrKeyExists
-	}
-	return key, err
-}
-
-func (k ctlKeys) List(ctx context.Context) ([]tokenctl.APIKey, error) {
-	keys, err := k.keys.List(ctx)
-	out := make([]tokenctl.APIKey, len(keys))
-	for i, key := range keys {
-		out[i] = tokenctl.APIKey{Name: key.Name, CreatedAt: key.CreatedAt, LastUsedAt: key.LastUsedAt, Access: key.Access}
-	}
-	return out, err
-}
-
-func (k ctlKeys) Revoke(ctx context.Context, name string) error { return k.keys.Revoke(ctx, name) }
-
-// OpenProviders implements tokenctl.ProviderBackend.
 func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderStore, func(), error) {
 	cfg, err := b.config()
 	if err != nil {
@@ -205,12 +195,12 @@ func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderSt
 	if err != nil {
 		return nil, nil, &tokenctl.ConfigError{Err: err}
 	}
-	db, err := openMigrated(ctx, cfg)
+	db, cleanup, err := openMigrated(ctx, cfg)
 	if err != nil {
 		return nil, nil, err
 	}
 	_, plaintext := sealer.(tokencrypt.Plaintext)
-	return ctlProviders{repository.NewProviderRepository(db, sealer), !plaintext, cfg.AllowInsecureURLs}, func() { _ = postgres.Close(db) }, nil
+	return ctlProviders{repository.NewProviderRepository(db, sealer), !plaintext, cfg.AllowInsecureURLs}, cleanup, nil
 }
 
 type ctlProviders struct {
@@ -221,6 +211,3 @@ type ctlProviders struct {
 
 func (p ctlProviders) Encrypted() bool         { return p.encrypted }
 func (p ctlProviders) AllowInsecureURLs() bool { return p.allowInsecure }
-
-// ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status.
-func (s ctlStore) ExpiringNotice() time.Duration { return s.cfg.ExpiringNotice }

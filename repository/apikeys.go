@@ -55,23 +55,17 @@ func (r keyRow) access() domain.KeyAccess {
 	a := domain.KeyAccess{ID: r.ID, Name: r.Name}
 	if !r.AllScopes {
 		a.Scopes = []domain.Scope{}
-		for s := range strings.SplitSeq(r.Scopes, ",") {
-			if s != "" {
-				a.Scopes = append(a.Scopes, domain.Scope(s))
-			}
+		for _, s := range strings.FieldsFunc(r.Scopes, isComma) {
+			a.Scopes = append(a.Scopes, domain.Scope(s))
 		}
 	}
-	if !r.AllConns {
-		// Patterns hold no comma (domain.ValidateConnectionPattern).
-		a.Connections = []string{}
-		for p := range strings.SplitSeq(r.Connections, ",") {
-			if p != "" {
-				a.Connections = append(a.Connections, p)
-			}
-		}
+	if !r.AllConns { // patterns hold no comma (domain.ValidateConnectionPattern)
+		a.Connections = append([]string{}, strings.FieldsFunc(r.Connections, isComma)...)
 	}
 	return a
 }
+
+func isComma(r rune) bool { return r == ',' }
 
 // APIKeys stores the server's API keys as SHA-256 hashes.
 type APIKeys struct {
@@ -93,38 +87,43 @@ func HashKey(s domain.Secret) []byte {
 func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
 
 // Create stores a new key under name with what it may do (a.Scopes and
-// a.Connections nil: everything; a.ID and a.Name are ignored).
-func (k *APIKeys) Create(ctx context.Context, name string, key domain.Secret, a domain.KeyAccess) error {
+// a.Connections nil: everything; a.ID and a.Name are ignored) and returns
+// the key, which only its hash is kept of; ErrKeyExists if name is taken.
+func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (domain.Secret, error) {
 	if err := domain.ValidateName(name); err != nil {
-		return fmt.Errorf("API key name: %w", err)
+		return domain.Secret{}, fmt.Errorf("API key name: %w", err)
 	}
 	var scopes []string
 	if a.Scopes != nil {
 		if len(a.Scopes) == 0 {
-			return fmt.Errorf("%w: an empty scope list", domain.ErrInvalidKeyAccess)
+			return domain.Secret{}, fmt.Errorf("%w: an empty scope list", domain.ErrInvalidKeyAccess)
 		}
 		for _, s := range a.Scopes {
 			if _, err := domain.ParseScopes([]string{string(s)}); err != nil {
-				return err
+				return domain.Secret{}, err
 			}
 			scopes = append(scopes, string(s))
 		}
 	}
 	if a.Connections != nil && len(a.Connections) == 0 {
-		return fmt.Errorf("%w: an empty connection pattern list", domain.ErrInvalidKeyAccess)
+		return domain.Secret{}, fmt.Errorf("%w: an empty connection pattern list", domain.ErrInvalidKeyAccess)
 	}
 	for _, p := range a.Connections {
 		if err := domain.ValidateConnectionPattern(p); err != nil {
-			return err
+			return domain.Secret{}, err
 		}
 	}
+	key := NewCredential(APIKeyPrefix)
 	res := k.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
 VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
 		name, hashParam(key), stringArray(scopes), stringArray(a.Connections))
 	if res.Error == nil && res.RowsAffected == 0 {
-		return fmt.Errorf("API key %q: %w", name, ErrKeyExists)
+		return domain.Secret{}, fmt.Errorf("API key %q: %w", name, ErrKeyExists)
 	}
-	return storeError(ctx, "create API key", res.Error)
+	if res.Error != nil {
+		return domain.Secret{}, storeError(ctx, "create API key", res.Error)
+	}
+	return key, nil
 }
 
 // List returns every key, by name.

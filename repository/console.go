@@ -21,15 +21,6 @@ type ConsoleSessions struct {
 // NewConsoleSessions binds the store to a pool.
 func NewConsoleSessions(db *gorm.DB) *ConsoleSessions { return &ConsoleSessions{db: db} }
 
-// ConsoleSession is a live session: the key it was opened with, and that
-// key's scopes and connection patterns as they are now.
-type ConsoleSession struct {
-	KeyID     int32
-	KeyName   string
-	ExpiresAt time.Time
-	Access    domain.KeyAccess
-}
-
 // Create opens a session for the API key keyID, good for lifetime, and
 // returns its token. Expired sessions are deleted on the way.
 func (c *ConsoleSessions) Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error) {
@@ -46,26 +37,21 @@ VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING exp
 	return token, expires, nil
 }
 
-// Lookup returns the session of token; domain.ErrUnauthorized when there
-// is none: never created, logged out, expired, or its key revoked.
-func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (ConsoleSession, error) {
-	var rows []struct {
-		Key       keyRow `gorm:"embedded"`
-		ExpiresAt time.Time
-	}
-	err := c.db.WithContext(ctx).Raw(`SELECT k.id, k.name, s.expires_at,
-	k.scopes IS NULL AS all_scopes, coalesce(array_to_string(k.scopes, ','), '') AS scopes,
-	k.connection_patterns IS NULL AS all_conns, coalesce(array_to_string(k.connection_patterns, ','), '') AS connections
-FROM tokenguard_console_sessions s JOIN tokenguard_api_keys k ON k.id = s.api_key_id
-WHERE s.token_hash = decode(?, 'hex') AND s.expires_at > now()`, hashParam(token)).Scan(&rows).Error
+// Lookup returns the key of token's session and what that key may do now;
+// domain.ErrUnauthorized when there is none: never created, logged out,
+// expired, or its key revoked.
+func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error) {
+	var rows []keyRow
+	err := c.db.WithContext(ctx).Raw("SELECT "+keyColumns+` FROM tokenguard_api_keys WHERE id = (
+    SELECT api_key_id FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex') AND expires_at > now())`,
+		hashParam(token)).Scan(&rows).Error
 	if err != nil {
-		return ConsoleSession{}, storeError(ctx, "read console session", err)
+		return domain.KeyAccess{}, storeError(ctx, "read console session", err)
 	}
 	if len(rows) == 0 {
-		return ConsoleSession{}, domain.ErrUnauthorized
+		return domain.KeyAccess{}, domain.ErrUnauthorized
 	}
-	k := rows[0].Key
-	return ConsoleSession{KeyID: k.ID, KeyName: k.Name, ExpiresAt: rows[0].ExpiresAt, Access: k.access()}, nil
+	return rows[0].access(), nil
 }
 
 // Delete ends the session of token (logout); an unknown one is no error.

@@ -19,14 +19,14 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 	_, db, _ := newRepo(t)
 	ctx := context.Background()
 	keys := repository.NewAPIKeys(db)
-	key := repository.NewCredential(repository.APIKeyPrefix)
+	key, err := keys.Create(ctx, "ci", domain.KeyAccess{})
+	if err != nil {
+		t.Fatal(err)
+	}
 	if !strings.HasPrefix(key.Reveal(), "tgk_") || len(key.Reveal()) != 4+43 {
 		t.Fatalf("key shape: %d chars", len(key.Reveal()))
 	}
-	if err := keys.Create(ctx, "ci", key, domain.KeyAccess{}); err != nil {
-		t.Fatal(err)
-	}
-	if err := keys.Create(ctx, "ci", repository.NewCredential(repository.APIKeyPrefix), domain.KeyAccess{}); !errors.Is(err, repository.ErrKeyExists) {
+	if _, err := keys.Create(ctx, "ci", domain.KeyAccess{}); !errors.Is(err, repository.ErrKeyExists) {
 		t.Errorf("second key named ci: %v", err)
 	}
 	// Only the hash is stored.
@@ -43,9 +43,9 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 		t.Errorf("a wrong key: %v", err)
 	}
 	// A key created after the cache loaded works at once.
-	late := repository.NewCredential(repository.APIKeyPrefix)
 	scoped := domain.KeyAccess{Scopes: []domain.Scope{domain.ScopeTokenRead, domain.ScopeConnect}, Connections: []string{"tenant-a-*", "solo"}}
-	if err := keys.Create(ctx, "late", late, scoped); err != nil {
+	late, err := keys.Create(ctx, "late", scoped)
+	if err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(250 * time.Millisecond) // past the reload floor
@@ -53,7 +53,7 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 		t.Errorf("new scoped key: %+v, %v", a, err)
 	}
 	for _, bad := range []domain.KeyAccess{{Scopes: []domain.Scope{"root"}}, {Scopes: []domain.Scope{}}, {Connections: []string{"a,b"}}, {Connections: []string{"[x"}}} {
-		if err := keys.Create(ctx, "bad", repository.NewCredential(repository.APIKeyPrefix), bad); !errors.Is(err, domain.ErrInvalidKeyAccess) {
+		if _, err := keys.Create(ctx, "bad", bad); !errors.Is(err, domain.ErrInvalidKeyAccess) {
 			t.Errorf("Create with %+v: %v, want ErrInvalidKeyAccess", bad, err)
 		}
 	}
@@ -137,7 +137,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	grant := func(at, rt string) domain.Grant {
 		return domain.Grant{AccessToken: domain.NewSecret(at), RefreshToken: domain.NewSecret(rt), Expiry: time.Now().Add(time.Hour)}
 	}
-	first, err := uc.ConnectAs(ctx, "acme", grant("at-owner", "rt-owner"), domain.Binding{Account: "owner", Scopes: "api"}, false)
+	first, err := uc.ConnectGrant(ctx, "acme", grant("at-owner", "rt-owner"), usecase.ConnectRequest{Binding: domain.Binding{Account: "owner", Scopes: "api"}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,7 +153,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 		return r
 	}
 	before := read()
-	_, err = uc.ConnectAs(ctx, "acme", grant("at-attacker", "rt-attacker"), domain.Binding{Account: "attacker"}, false)
+	_, err = uc.ConnectGrant(ctx, "acme", grant("at-attacker", "rt-attacker"), usecase.ConnectRequest{Binding: domain.Binding{Account: "attacker"}})
 	if !errors.Is(err, domain.ErrAccountMismatch) {
 		t.Fatalf("attacker's grant: %v", err)
 	}
@@ -161,10 +161,10 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 		t.Errorf("stored row changed: %+v -> %+v", before, after)
 	}
 	// The owner connecting again is fine; an allowed change too.
-	if _, err := uc.ConnectAs(ctx, "acme", grant("at-2", "rt-2"), domain.Binding{Account: "owner"}, false); err != nil {
+	if _, err := uc.ConnectGrant(ctx, "acme", grant("at-2", "rt-2"), usecase.ConnectRequest{Binding: domain.Binding{Account: "owner"}}); err != nil {
 		t.Errorf("same account again: %v", err)
 	}
-	moved, err := uc.ConnectAs(ctx, "acme", grant("at-3", "rt-3"), domain.Binding{Account: "new-owner", Scopes: "read", MissingScopes: "api"}, true)
+	moved, err := uc.ConnectGrant(ctx, "acme", grant("at-3", "rt-3"), usecase.ConnectRequest{Binding: domain.Binding{Account: "new-owner", Scopes: "read", MissingScopes: "api"}, AllowAccountChange: true})
 	if err != nil || moved.Binding.Account != "new-owner" || moved.Version != first.Version+2 ||
 		moved.Binding.MissingScopes != "api" || moved.Binding.Scopes != "read" {
 		t.Errorf("allowed account change: %+v, %v", moved.Binding, err)
@@ -183,7 +183,7 @@ func TestGrantFromAnotherAccountRefusedAndNothingStored(t *testing.T) {
 	if _, err := repo.Store(ctx, dead); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := uc.ConnectAs(ctx, "acme", grant("at-4", "rt-4"), domain.Binding{Account: "new-owner"}, false); err != nil {
+	if _, err := uc.ConnectGrant(ctx, "acme", grant("at-4", "rt-4"), usecase.ConnectRequest{Binding: domain.Binding{Account: "new-owner"}}); err != nil {
 		t.Fatal(err)
 	}
 	// A refresh (Store on an active token) is no event.

@@ -8,9 +8,9 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
-	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/repository"
 )
 
 const apikeyUsage = `usage:
@@ -22,36 +22,19 @@ const apikeyUsage = `usage:
   tokenctl apikey list                 show keys: name, created, last used, scopes, connection patterns (never the key)
   tokenctl apikey revoke --name NAME   delete the key; the server refuses it within 2 s`
 
-// KeyBackend is the Backend of a tokenctl that manages API keys.
-type KeyBackend interface {
-	OpenKeys(ctx context.Context) (KeyStore, func(), error)
-}
-
-// KeyStore is the server's API keys as the operator sees them.
+// KeyStore is the server's API keys as the operator sees them (repository.APIKeys).
 type KeyStore interface {
 	// Create makes key name with access (nil scopes or connections: every);
-	// ErrKeyExists if the name is taken.
+	// repository.ErrKeyExists if the name is taken.
 	Create(ctx context.Context, name string, access domain.KeyAccess) (domain.Secret, error)
-	List(ctx context.Context) ([]APIKey, error)
+	List(ctx context.Context) ([]repository.APIKey, error)
 	// Revoke deletes the key; domain.ErrNotFound if there is none.
 	Revoke(ctx context.Context, name string) error
 }
 
-// APIKey is a key's description: never the key.
-type APIKey struct {
-	Name       string
-	CreatedAt  time.Time
-	LastUsedAt *time.Time
-	Access     domain.KeyAccess
-}
-
-// ErrKeyExists: an API key by that name exists already.
-var ErrKeyExists = errors.New("an API key with that name exists")
-
 func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	fail := failer(stdio.Stderr, "apikey ")
-	kb, ok := backend.(KeyBackend)
-	if code, ok := subcommand(args, ok, apikeyUsage, stdio.Stderr); !ok {
+	if code, ok := subcommand(args, apikeyUsage, stdio.Stderr); !ok {
 		return code
 	}
 	cmd, rest := args[0], args[1:]
@@ -78,12 +61,12 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	if code, ok := checkName(cmd, "key", name, fail); !ok {
 		return code
 	}
-	return withOpen(ctx, kb.OpenKeys, fail, func(store KeyStore) int {
+	return withOpen(ctx, backend.OpenKeys, fail, func(store KeyStore) int {
 		switch cmd {
 		case "create":
 			key, err := store.Create(ctx, name, access)
 			switch {
-			case errors.Is(err, ErrKeyExists):
+			case errors.Is(err, repository.ErrKeyExists):
 				return fail(exitUsage, "create: a key named %q exists; revoke it first or pick another name", name)
 			case err != nil:
 				return fail(exitFor(err, domain.ErrInvalidKeyAccess), "create: %v", err)

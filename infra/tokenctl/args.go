@@ -38,21 +38,16 @@ func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 // flagProblem describes a flag.Parse error without its input.
 func flagProblem(fs *flag.FlagSet, err error) string {
 	msg := err.Error()
-	var known string
+	if name, ok := strings.CutPrefix(msg, "flag needs an argument: -"); ok { // a known flag
+		return "-" + name + " needs a value"
+	}
+	known := ""
 	fs.VisitAll(func(f *flag.Flag) {
-		for _, form := range []string{"for flag -" + f.Name + ":", "for -" + f.Name + ":", "boolean flag " + f.Name + ":"} {
-			if strings.Contains(msg, form) {
-				known = f.Name
-			}
-		}
-		if strings.HasPrefix(msg, "flag needs an argument: ") && strings.HasSuffix(msg, " -"+f.Name) {
+		if strings.Contains(msg, " -"+f.Name+": ") { // invalid (boolean) value %q for (flag) -name: …
 			known = f.Name
 		}
 	})
-	switch {
-	case known != "" && strings.HasPrefix(msg, "flag needs an argument"):
-		return "-" + known + " needs a value"
-	case known != "":
+	if known != "" {
 		return "invalid value for -" + known + " (not shown); see -h"
 	}
 	return "unknown flag or bad flag syntax (not shown); see -h"
@@ -87,14 +82,14 @@ func exitFor(err error, usage ...error) int {
 	return exitFailure
 }
 
-// subcommand prints the usage unless args name a subcommand the backend supports, and says
-// whether it goes on (else with which exit status: help asked for is not an error).
-func subcommand(args []string, supported bool, usage string, stderr io.Writer) (int, bool) {
-	if len(args) > 0 && supported && !slices.Contains([]string{"help", "-h", "--help"}, args[0]) {
+// subcommand prints the usage unless args name a subcommand, and says whether it goes on
+// (else with which exit status: help asked for is not an error).
+func subcommand(args []string, usage string, stderr io.Writer) (int, bool) {
+	if len(args) > 0 && !slices.Contains([]string{"help", "-h", "--help"}, args[0]) {
 		return exitOK, true
 	}
 	fmt.Fprintln(stderr, usage)
-	if len(args) == 0 || !supported {
+	if len(args) == 0 {
 		return exitUsage, false
 	}
 	return exitOK, false

@@ -44,11 +44,6 @@ settings:
            provider's metadata or profile requires it
   --token-rate N/PERIOD   at most N token requests in any PERIOD, fleet-wide (e.g. 100/1m; none: no budget)`
 
-// ProviderBackend is the Backend of a tokenctl that manages providers.
-type ProviderBackend interface {
-	OpenProviders(ctx context.Context) (ProviderStore, func(), error)
-}
-
 // ProviderStore is the stored providers as the operator sees them.
 type ProviderStore interface {
 	Add(ctx context.Context, p domain.Provider) (domain.Provider, error)
@@ -245,8 +240,7 @@ func readSecret(r io.Reader) (domain.Secret, error) {
 
 func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	fail := failer(stdio.Stderr, "provider ")
-	pb, ok := backend.(ProviderBackend)
-	if code, ok := subcommand(args, ok, providerUsage, stdio.Stderr); !ok {
+	if code, ok := subcommand(args, providerUsage, stdio.Stderr); !ok {
 		return code
 	}
 	cmd, rest := args[0], args[1:]
@@ -307,7 +301,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if cmd == "add" && f.profile == "" {
 		set["auth-style"] = true // its default, auto
 	}
-	return withOpen(ctx, pb.OpenProviders, fail, func(store ProviderStore) int {
+	return withOpen(ctx, backend.OpenProviders, fail, func(store ProviderStore) int {
 		return f.run(ctx, cmd, store, set, secret, stdio, fail)
 	})
 }

@@ -20,7 +20,7 @@ func TestStatusShowsRefreshTokenExpiry(t *testing.T) {
 		{Name: "unknown", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 4},
 	}
 	var out strings.Builder
-	p := newStatusPrinter(&out)
+	p := newStatusPrinter(&out, 14*24*time.Hour)
 	for _, tok := range toks {
 		p.print(tok, now)
 	}
@@ -46,6 +46,8 @@ type streamingStore struct {
 	early  bool // output seen before the walk ended
 	walked int
 }
+
+func (s *streamingStore) ExpiringNotice() time.Duration { return 0 }
 
 func (s *streamingStore) EachConnection(_ context.Context, fn func(domain.Connection) error) error {
 	for i := range s.n {
@@ -105,7 +107,7 @@ func TestStatusShowsFailingAndExpiring(t *testing.T) {
 			RefreshExpiry: now.Add(15 * 24 * time.Hour)},
 	}
 	var out strings.Builder
-	p := newStatusPrinter(&out)
+	p := newStatusPrinter(&out, 14*24*time.Hour)
 	for _, tok := range toks {
 		p.print(tok, now)
 	}

@@ -10,6 +10,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -19,6 +20,7 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
@@ -56,6 +58,8 @@ type Backend interface {
 	// RotateKey re-encrypts every stored token with the current key.
 	RotateKey(ctx context.Context) (resealed, current int, err error)
 	Open(ctx context.Context) (Store, func(), error)
+	OpenKeys(ctx context.Context) (KeyStore, func(), error)
+	OpenProviders(ctx context.Context) (ProviderStore, func(), error)
 	Check(ctx context.Context) (provider.CheckResult, error)
 }
 
@@ -64,9 +68,10 @@ type Store interface {
 	Connection(ctx context.Context, connection string) (domain.Connection, error)
 	// EachConnection calls fn with every connection in name order.
 	EachConnection(ctx context.Context, fn func(domain.Connection) error) error
-	// Connect stores a new grant of provider ("" for the OAUTH_* one);
-	// metadata, when not nil, replaces the connection's.
-	Connect(ctx context.Context, connection, provider string, g domain.Grant, metadata *domain.Metadata) (domain.Token, error)
+	// Connect stores a new grant of provider ("" for the OAUTH_* one), bound
+	// to the DPoP key (PEM, thumbprint jkt) if any; metadata, when not nil,
+	// replaces the connection's.
+	Connect(ctx context.Context, connection, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error)
 	// Disconnect deletes the connection under its lock, after revoking it
 	// when revoke is true (a failed revocation changes nothing).
 	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
@@ -75,6 +80,7 @@ type Store interface {
 	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
 	// NeedingReauth pages through the connections needing reauth for reason.
 	NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error)
+	ExpiringNotice() time.Duration // TOKEN_EXPIRING_NOTICE
 }
 
 // ConfigError is a missing or malformed setting (exit status 2).
@@ -94,7 +100,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 	defer stop()
 	fail := failer(stdio.Stderr, "")
-	if code, ok := subcommand(args, true, usage, stdio.Stderr); !ok {
+	if code, ok := subcommand(args, usage, stdio.Stderr); !ok {
 		return code
 	}
 	cmd, rest := args[0], args[1:]
@@ -181,12 +187,12 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 	if err != nil {
 		return fail(exitUsage, "import: %v", err)
 	}
-	key, err := readDPoPKey(dpopKeyFile)
+	key, jkt, err := readDPoPKey(dpopKeyFile)
 	if err != nil {
 		return fail(exitUsage, "import: %v; nothing stored", err)
 	}
 	return withOpen(ctx, backend.Open, fail, func(store Store) int {
-		t, err := key.connect(ctx, store, connection, providerName, grant, metadata)
+		t, err := store.Connect(ctx, connection, providerName, grant, metadata, key, jkt)
 		if err != nil {
 			return fail(exitFor(err, domain.ErrInvalidToken, domain.ErrInvalidConnection, domain.ErrUnknownProvider,
 				domain.ErrInvalidMetadata), "import: %v", err)
@@ -240,8 +246,7 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 // status is tokenctl status [--connection NAME].
 func status(ctx context.Context, store Store, connection string, stdio IO, fail failFunc) int {
 	now := time.Now()
-	p := newStatusPrinter(stdio.Stdout)
-	p.notice = expiringNotice(store)
+	p := newStatusPrinter(stdio.Stdout, store.ExpiringNotice())
 	if connection == "" {
 		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
 		p.flush()
@@ -319,6 +324,22 @@ func jsonCause(err error) error {
 	return errors.New("a value does not fit its field (expiry must be RFC 3339)")
 }
 
+// readDPoPKey reads the PEM private key at path ("" for none) and its thumbprint; errors never quote the file.
+func readDPoPKey(path string) (pem domain.Secret, jkt string, err error) {
+	if path == "" {
+		return domain.Secret{}, "", nil
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return domain.Secret{}, "", fmt.Errorf("--dpop-key-file: %w", errors.Unwrap(err))
+	}
+	k, err := dpop.ParsePEM(data)
+	if err != nil {
+		return domain.Secret{}, "", fmt.Errorf("--dpop-key-file: %w", err)
+	}
+	return domain.NewSecret(string(k.MarshalPEM())), k.Thumbprint(), nil
+}
+
 // statusPrinter streams status lines aligned in blocks, each followed by its connections' details.
 type statusPrinter struct {
 	w      io.Writer
@@ -330,19 +351,8 @@ type statusPrinter struct {
 
 const statusBlock = 500
 
-func newStatusPrinter(w io.Writer) *statusPrinter {
-	return &statusPrinter{w: w, notice: DefaultExpiringNotice}
-}
-
-// DefaultExpiringNotice is TOKEN_EXPIRING_NOTICE's default: 14 days.
-const DefaultExpiringNotice = 14 * 24 * time.Hour
-
-// expiringNotice is the Store's TOKEN_EXPIRING_NOTICE, else the default.
-func expiringNotice(s Store) time.Duration {
-	if n, ok := s.(interface{ ExpiringNotice() time.Duration }); ok {
-		return n.ExpiringNotice()
-	}
-	return DefaultExpiringNotice
+func newStatusPrinter(w io.Writer, notice time.Duration) *statusPrinter {
+	return &statusPrinter{w: w, notice: notice}
 }
 
 // expiring is the EXPIRING column: how soon the refresh token dies, once within the notice.
@@ -399,6 +409,38 @@ func (p *statusPrinter) flush() {
 	if p.tw != nil {
 		p.endBlock()
 	}
+}
+
+// printDetails prints each connection's details, when it has any: who
+// granted it, the scopes it lacks or lost, its DPoP key, metadata and tags.
+func printDetails(w io.Writer, conns []domain.Connection) {
+	for _, c := range conns {
+		if b := c.Binding; b.Account != "" || b.MissingScopes != "" || b.ScopesReduced != "" {
+			line := c.Name + ": granted by " + cmp.Or(b.Account, "an unknown account")
+			if b.MissingScopes != "" {
+				line += "; missing scopes: " + b.MissingScopes
+			}
+			if b.ScopesReduced != "" {
+				line += "; scopes_reduced: " + b.ScopesReduced
+			}
+			fmt.Fprintln(w, line)
+		}
+		if c.DPoPJKT != "" {
+			fmt.Fprintln(w, c.Name+": bound to dpop key "+c.DPoPJKT+" (RFC 7638 thumbprint; the key is sealed with the grant)")
+		}
+		if hasMetadata(c.Metadata) {
+			line := c.Name + ": metadata " + cmp.Or(string(c.Metadata.Object), "{}")
+			if len(c.Metadata.Tags) > 0 {
+				line += "; tags " + strings.Join(c.Metadata.Tags, ",")
+			}
+			fmt.Fprintln(w, line)
+		}
+	}
+}
+
+// hasMetadata: anything beyond {} and no tags.
+func hasMetadata(m domain.Metadata) bool {
+	return len(m.Tags) > 0 || (len(m.Object) > 0 && string(m.Object) != "{}")
 }
 
 func formatTime(t time.Time) string {

@@ -20,7 +20,6 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
-	"maps"
 	"math"
 	"net"
 	"net/http"
@@ -40,19 +39,12 @@ type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
 
-// Session is a live console session: its API key and what it may do now.
-type Session struct {
-	KeyID     int32
-	KeyName   string
-	ExpiresAt time.Time
-	Access    domain.KeyAccess
-}
-
 // Sessions stores console sessions by a hash of their token.
 type Sessions interface {
 	Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
-	// Lookup returns domain.ErrUnauthorized unless the session is live.
-	Lookup(ctx context.Context, token domain.Secret) (Session, error)
+	// Lookup returns the session's key and what it may do now;
+	// domain.ErrUnauthorized unless the session is live.
+	Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error)
 	Delete(ctx context.Context, token domain.Secret) error
 }
 
@@ -97,10 +89,10 @@ type History interface {
 	RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
 }
 
-// Actions are the operator's changes, as tokenctl runs them.
+// Actions are the operator's changes, as tokenctl runs them (its Store).
 type Actions interface {
-	Reactivate(ctx context.Context, connection string) (version int64, err error)
-	Disconnect(ctx context.Context, connection string, revoke bool) error
+	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
+	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
 }
 
 // ConnectLinks creates a connect link, as POST /connect-sessions does.
@@ -125,11 +117,6 @@ type Provider struct {
 	KeepAlive   time.Duration
 }
 
-// Providers lists the providers connections may name.
-type Providers interface {
-	Providers(ctx context.Context) ([]Provider, error)
-}
-
 // Deps are what the console is built from.
 type Deps struct {
 	Keys        KeyVerifier
@@ -138,7 +125,7 @@ type Deps struct {
 	History     History
 	Actions     Actions
 	Links       ConnectLinks
-	Providers   Providers
+	Providers   func(ctx context.Context) ([]Provider, error) // those connections may name
 	// Secure: PUBLIC_URL is https; cookies are Secure and __Host-.
 	Secure          bool
 	SessionLifetime time.Duration // 0: DefaultSessionLifetime
@@ -151,66 +138,37 @@ type Console struct {
 	d       Deps
 	mux     *http.ServeMux
 	pages   map[string]*template.Template
-	tries   loginTries
-	addrs   loginAddrs
-	tooMany []byte // the 429 page, rendered once
+	tries   limiters // by login form
+	addrs   limiters // by client address
+	tooMany []byte   // the 429 page, rendered once
 }
 
-// loginTries counts the login attempts of each pre-login cookie, so that
-// one login form cannot be replayed to try keys.
-type loginTries struct {
-	mu sync.Mutex
-	n  map[string]loginTry
-}
-
-type loginTry struct {
-	count int
-	until time.Time
-}
-
-const maxLoginTries = 5
-
-func (l *loginTries) take(pre string, now time.Time) bool {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.n == nil || len(l.n) >= 10000 {
-		maps.DeleteFunc(l.n, func(_ string, v loginTry) bool { return now.After(v.until) })
-		if l.n == nil || len(l.n) >= 10000 {
-			l.n = map[string]loginTry{}
-		}
-	}
-	h := sha256.Sum256([]byte(pre))
-	k := string(h[:])
-	t := l.n[k]
-	if now.After(t.until) {
-		t = loginTry{until: now.Add(10 * time.Minute)}
-	}
-	t.count++
-	l.n[k] = t
-	return t.count <= maxLoginTries
-}
-
-// loginAddrs limit the logins of each client address, stricter than the
-// server's limit: anyone can get login forms, and each key costs a check.
-type loginAddrs struct {
-	mu  sync.Mutex
-	lim map[string]*rate.Limiter
+// limiters are token buckets by key, so that one login form cannot be
+// replayed to try keys (by form), nor every try make its own form (by
+// client address, stricter than the server's limit: each key costs a check).
+type limiters struct {
+	every rate.Limit
+	burst int
+	mu    sync.Mutex
+	m     map[string]*rate.Limiter
 }
 
 const (
-	loginRate  = rate.Limit(1) // per second and address
-	loginBurst = 10
+	maxLoginTries = 5             // per login form, and one more each 10 minutes
+	loginRate     = rate.Limit(1) // per second and address
+	loginBurst    = 10
 )
 
-func (l *loginAddrs) take(addr string, now time.Time) (time.Duration, bool) {
+// take says whether key may try now, else how long it waits.
+func (l *limiters) take(key string, now time.Time) (time.Duration, bool) {
 	l.mu.Lock()
-	if l.lim == nil || len(l.lim) >= 10000 {
-		l.lim = map[string]*rate.Limiter{} // forgetting is the lenient way
+	if l.m == nil || len(l.m) >= 10000 {
+		l.m = map[string]*rate.Limiter{} // forgetting is the lenient way
 	}
-	lim, ok := l.lim[addr]
+	lim, ok := l.m[key]
 	if !ok {
-		lim = rate.NewLimiter(loginRate, loginBurst)
-		l.lim[addr] = lim
+		lim = rate.NewLimiter(l.every, l.burst)
+		l.m[key] = lim
 	}
 	l.mu.Unlock()
 	res := lim.ReserveN(now, 1)
@@ -240,7 +198,8 @@ func New(d Deps) *Console {
 	if d.SessionLifetime <= 0 {
 		d.SessionLifetime = DefaultSessionLifetime
 	}
-	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages()}
+	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages(),
+		tries: limiters{every: rate.Every(10 * time.Minute), burst: maxLoginTries}, addrs: limiters{every: loginRate, burst: loginBurst}}
 	var buf bytes.Buffer
 	const status = http.StatusTooManyRequests
 	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
@@ -309,12 +268,6 @@ func pageHeaders(w http.ResponseWriter) {
 	h.Set("Cache-Control", "no-store")
 }
 
-// MayOperate decides whether a verified API key may log in: one with the
-// admin scope. Each page checks the session's key again (Permit).
-func MayOperate(access domain.KeyAccess) bool {
-	return access.Permit(domain.ScopeAdmin, "") == nil
-}
-
 // cookieName: over https the __Host- prefix pins it to this origin.
 func (c *Console) cookieName(base string) string {
 	if c.d.Secure {
@@ -349,9 +302,9 @@ func csrfOK(r *http.Request, secret string) bool {
 type sessionKey struct{}
 
 type current struct {
-	Session
-	token domain.Secret
-	CSRF  string
+	domain.KeyAccess // the session's key
+	token            domain.Secret
+	CSRF             string
 }
 
 func sessionOf(r *http.Request) current {
@@ -365,7 +318,7 @@ func sessionOf(r *http.Request) current {
 func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ck, err := r.Cookie(c.cookieName(sessionCookie))
-		var s Session
+		var s domain.KeyAccess
 		if err == nil && strings.HasPrefix(ck.Value, "tgc_") && len(ck.Value) <= 128 {
 			s, err = c.d.Sessions.Lookup(r.Context(), domain.NewSecret(ck.Value))
 		} else {
@@ -383,13 +336,13 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 			c.unavailable(w, r, "console session check failed", err)
 			return
 		}
-		cur := current{Session: s, token: domain.NewSecret(ck.Value), CSRF: csrfOf(ck.Value)}
+		cur := current{KeyAccess: s, token: domain.NewSecret(ck.Value), CSRF: csrfOf(ck.Value)}
 		r = r.WithContext(context.WithValue(r.Context(), sessionKey{}, cur))
 		if r.Method == http.MethodPost && !csrfOK(r, ck.Value) {
 			c.fail(w, r, http.StatusForbidden, "This form is stale or did not come from the console (CSRF token missing or wrong). Reload the page and try again.")
 			return
 		}
-		if err := s.Access.Permit(scope, r.PathValue("name")); err != nil {
+		if err := s.Permit(scope, r.PathValue("name")); err != nil {
 			c.failed(w, r, r.PathValue("name"), err)
 			return
 		}
@@ -429,7 +382,8 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusForbidden, "The login form is stale or did not come from the console (CSRF token missing or wrong). Open the login page again.")
 		return
 	}
-	if !c.tries.take(pre.Value, c.d.Now()) {
+	form := sha256.Sum256([]byte(pre.Value)) // a bounded key
+	if _, ok := c.tries.take(string(form[:]), c.d.Now()); !ok {
 		c.showLogin(w, r, http.StatusTooManyRequests, "Too many attempts with this form; wait and try again.")
 		return
 	}
@@ -447,7 +401,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.unavailable(w, r, "console login: key check failed", err)
 		return
 	}
-	if !MayOperate(access) {
+	if access.Permit(domain.ScopeAdmin, "") != nil { // each page checks the session's key again
 		c.showLogin(w, r, http.StatusForbidden, "That API key may not use the console: it needs the admin scope.")
 		return
 	}
@@ -470,7 +424,7 @@ func (c *Console) logout(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.setCookie(w, sessionCookie, "", -1)
-	c.d.Log.Info("console logout", "api_key", s.KeyName)
+	c.d.Log.Info("console logout", "api_key", s.Name)
 	http.Redirect(w, r, "/console/login", http.StatusSeeOther)
 }
 

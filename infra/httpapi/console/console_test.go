@@ -31,18 +31,18 @@ func (fakeKeys) Verify(_ context.Context, k domain.Secret) (domain.KeyAccess, er
 	return domain.KeyAccess{}, domain.ErrUnauthorized
 }
 
-type fakeSessions map[string]Session
+type fakeSessions map[string]domain.KeyAccess
 
 func (f fakeSessions) Create(_ context.Context, id int32, d time.Duration) (domain.Secret, time.Time, error) {
 	tok := "tgc_" + newSecret()
-	f[tok] = Session{KeyID: id, KeyName: "ops", ExpiresAt: time.Now().Add(d)}
+	f[tok] = domain.KeyAccess{ID: id, Name: "ops"}
 	return domain.NewSecret(tok), time.Now().Add(d), nil
 }
-func (f fakeSessions) Lookup(_ context.Context, t domain.Secret) (Session, error) {
+func (f fakeSessions) Lookup(_ context.Context, t domain.Secret) (domain.KeyAccess, error) {
 	if s, ok := f[t.Reveal()]; ok {
 		return s, nil
 	}
-	return Session{}, domain.ErrUnauthorized
+	return domain.KeyAccess{}, domain.ErrUnauthorized
 }
 func (f fakeSessions) Delete(_ context.Context, t domain.Secret) error {
 	delete(f, t.Reveal())
@@ -84,13 +84,13 @@ func (f *fakeStore) LastRefreshes(context.Context, []string) (map[string]domain.
 func (f *fakeStore) RefreshRates(context.Context, time.Time) (map[string]domain.RefreshRate, error) {
 	return map[string]domain.RefreshRate{"crm": {Provider: "crm", OK: 9, Total: 10}}, nil
 }
-func (f *fakeStore) Reactivate(_ context.Context, name string) (int64, error) {
+func (f *fakeStore) Reactivate(_ context.Context, name, _ string) (domain.Token, int64, error) {
 	f.actions = append(f.actions, "reactivate "+name)
-	return 4, nil
+	return domain.Token{}, 4, nil
 }
-func (f *fakeStore) Disconnect(_ context.Context, name string, revoke bool) error {
+func (f *fakeStore) Disconnect(_ context.Context, name string, revoke bool) (domain.Token, error) {
 	f.actions = append(f.actions, "disconnect "+name)
-	return nil
+	return domain.Token{}, nil
 }
 func (f *fakeStore) ConnectLink(_ context.Context, name, provider, by, _ string) (string, time.Time, error) {
 	f.actions = append(f.actions, "link "+name+" "+provider+" "+by)
@@ -102,7 +102,7 @@ func (f *fakeStore) Providers(context.Context) ([]Provider, error) {
 
 func newTestConsole() (*Console, *fakeStore, fakeSessions) {
 	store, sessions := &fakeStore{}, fakeSessions{}
-	return New(Deps{Keys: fakeKeys{}, Sessions: sessions, Connections: store, History: store, Actions: store, Links: store, Providers: store}), store, sessions
+	return New(Deps{Keys: fakeKeys{}, Sessions: sessions, Connections: store, History: store, Actions: store, Links: store, Providers: store.Providers}), store, sessions
 }
 
 func do(c *Console, method, target, cookie string, form url.Values) *httptest.ResponseRecorder {
@@ -332,7 +332,8 @@ func TestConsoleAuthorizationTable(t *testing.T) {
 		for _, sh := range shapes {
 			c, store, sessions := newTestConsole()
 			tok := "tgc_" + sh.name
-			sessions[tok] = Session{KeyID: 9, KeyName: sh.name, ExpiresAt: time.Now().Add(time.Hour), Access: sh.access}
+			sh.access.ID, sh.access.Name = 9, sh.name
+			sessions[tok] = sh.access
 			w := do(c, method, path, tok, url.Values{"csrf": {csrfOf(tok)}})
 			refused := w.Code == http.StatusForbidden
 			switch want := sh.name == "no admin" || (sh.name == "tenant-b-*" && row.names); {

@@ -51,7 +51,7 @@ func TestPagesShowTheDPoPBindingNeverTheKey(t *testing.T) {
 	}
 
 	store, sessions := &fakeStore{}, fakeSessions{}
-	c := New(Deps{Keys: fakeKeys{}, Sessions: sessions, Connections: tg.Repository(), History: store, Actions: store, Links: store, Providers: store})
+	c := New(Deps{Keys: fakeKeys{}, Sessions: sessions, Connections: tg.Repository(), History: store, Actions: store, Links: store, Providers: store.Providers})
 	session, _, _ := sessions.Create(ctx, 7, time.Hour)
 	get := func(target string) string {
 		w := do(c, "GET", target, session.Reveal(), nil)

@@ -38,7 +38,7 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "That filter is not valid.")
 		return
 	}
-	page, err := Visible(r.Context(), c.d.Connections, sessionOf(r).Access, f, after, pageSize+1)
+	page, err := Visible(r.Context(), c.d.Connections, sessionOf(r).KeyAccess, f, after, pageSize+1)
 	if err != nil {
 		c.failed(w, r, "", err)
 		return
@@ -74,7 +74,7 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 			rows[i].Last = &e
 		}
 	}
-	provs, err := c.d.Providers.Providers(r.Context())
+	provs, err := c.d.Providers(r.Context())
 	if err != nil {
 		c.failed(w, r, "", err)
 		return
@@ -145,18 +145,18 @@ func doneMessage(done string) string {
 func (c *Console) reconnect(w http.ResponseWriter, r *http.Request, conn domain.Connection) {
 	name := r.PathValue("name")
 	returnTo := r.PostFormValue("return_to")
-	link, expires, err := c.d.Links.ConnectLink(r.Context(), name, conn.Provider, sessionOf(r).KeyName, returnTo)
+	link, expires, err := c.d.Links.ConnectLink(r.Context(), name, conn.Provider, sessionOf(r).Name, returnTo)
 	if err != nil {
 		c.failed(w, r, name, err)
 		return
 	}
-	c.d.Log.Info("console: reconnect link created", "connection", name, "api_key", sessionOf(r).KeyName, "expires_at", expires)
+	c.d.Log.Info("console: reconnect link created", "connection", name, "api_key", sessionOf(r).Name, "expires_at", expires)
 	c.render(w, r, http.StatusOK, "reconnect", map[string]any{"Nav": "connections", "C": conn, "Link": link, "Expires": expires, "ReturnTo": returnTo})
 }
 
 func (c *Console) reactivate(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
-	version, err := c.d.Actions.Reactivate(r.Context(), name)
+	_, version, err := c.d.Actions.Reactivate(r.Context(), name, "")
 	if err != nil {
 		c.failed(w, r, name, err)
 		return
@@ -165,7 +165,7 @@ func (c *Console) reactivate(w http.ResponseWriter, r *http.Request) {
 	if version == 0 {
 		done = "already_active"
 	}
-	c.d.Log.Info("console: reactivate", "connection", name, "api_key", sessionOf(r).KeyName, "version", version)
+	c.d.Log.Info("console: reactivate", "connection", name, "api_key", sessionOf(r).Name, "version", version)
 	http.Redirect(w, r, "/console/connections/"+url.PathEscape(name)+"?done="+done, http.StatusSeeOther)
 }
 
@@ -181,11 +181,11 @@ func (c *Console) disconnect(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	revoke := r.PostFormValue("revoke") == "on"
-	if err := c.d.Actions.Disconnect(r.Context(), name, revoke); err != nil {
+	if _, err := c.d.Actions.Disconnect(r.Context(), name, revoke); err != nil {
 		c.failed(w, r, name, err)
 		return
 	}
-	c.d.Log.Info("console: disconnect", "connection", name, "api_key", sessionOf(r).KeyName, "revoke", revoke)
+	c.d.Log.Info("console: disconnect", "connection", name, "api_key", sessionOf(r).Name, "revoke", revoke)
 	c.render(w, r, http.StatusOK, "disconnected", map[string]any{"Nav": "connections", "Name": name, "Revoked": revoke})
 }
 
@@ -196,7 +196,7 @@ type providerRow struct {
 }
 
 func (c *Console) providers(w http.ResponseWriter, r *http.Request) {
-	provs, err := c.d.Providers.Providers(r.Context())
+	provs, err := c.d.Providers(r.Context())
 	if err != nil {
 		c.failed(w, r, "", err)
 		return
