@@ -4,14 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"reflect"
-	"regexp"
+	"net/url"
 	"slices"
 	"strings"
 	"time"
 
-	"github.com/caarlos0/env/v11"
-	"github.com/jackc/pgx/v5"
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // AppConfig is Config plus the settings only the three apps read.
@@ -20,7 +18,8 @@ type AppConfig struct {
 	AppSettings
 }
 
-// AppSettings tune the apps' calls to the external API and the worker.
+// AppSettings tune the apps' calls to the external API, the worker, the
+// server's public listener and the worker's webhook.
 type AppSettings struct {
 	APITimeout        time.Duration `env:"API_TIMEOUT" envDefault:"10s"`
 	WorkerConcurrency int           `env:"WORKER_CONCURRENCY" envDefault:"10"`
@@ -32,74 +31,95 @@ type AppSettings struct {
 	MetricsAddr string `env:"METRICS_ADDR"`
 	// MetricsConnectionLabel: see tokenguard.WithMetricsPerConnection.
 	MetricsConnectionLabel bool `env:"METRICS_CONNECTION_LABEL" envDefault:"false"`
-	Network
+	// PublicURL is the server's address as browsers use it.
+	PublicURL string `env:"PUBLIC_URL"`
+	// ConnectReturnURLs are the prefixes a return_to may start with.
+	ConnectReturnURLs []string `env:"CONNECT_RETURN_URLS" envSeparator:","`
+	// APIKeyRate and APIKeyBurst limit each API key's requests per second.
+	APIKeyRate     float64       `env:"API_KEY_RATE" envDefault:"100"`
+	APIKeyBurst    int           `env:"API_KEY_BURST" envDefault:"200"`
+	RequestTimeout time.Duration `env:"HTTP_REQUEST_TIMEOUT" envDefault:"30s"`
+	ProxyMaxBody   int64         `env:"PROXY_MAX_BODY" envDefault:"10485760"` // bytes
+	// WebhookURL and WebhookSecret: the worker POSTs signed events there.
+	WebhookURL    string       `env:"WEBHOOK_URL"`
+	WebhookSecret SecretString `env:"WEBHOOK_SECRET"`
 }
 
 // ConfigError is a missing or malformed setting, named in the message (exit status 2).
-type ConfigError struct{ Msg string }
+type ConfigError struct{ Err error }
 
-func (e *ConfigError) Error() string { return e.Msg }
+func (e *ConfigError) Error() string { return e.Err.Error() }
+func (e *ConfigError) Unwrap() error { return e.Err }
 
 func configErr(format string, args ...any) error {
-	return &ConfigError{Msg: fmt.Sprintf(format, args...)}
+	return &ConfigError{fmt.Errorf(format, args...)}
 }
-
-// ConfigFromEnvChecked is ConfigFromEnv that also parses the database URLs, with *ConfigError.
-func ConfigFromEnvChecked(environ []string) (Config, error) {
-	c, err := ConfigFromEnv(environ)
-	if err != nil {
-		return Config{}, &ConfigError{Msg: err.Error()}
-	}
-	for _, v := range [][2]string{{"DATABASE_URL", c.DatabaseURL}, {"DATABASE_LISTEN_URL", c.DatabaseListenURL}, {"MIGRATE_DATABASE_URL", c.MigrateDatabaseURL}} {
-		if v[1] == "" {
-			continue
-		}
-		if _, err := pgx.ParseConfig(v[1]); err != nil {
-			return Config{}, configErr("%s is malformed: %s", v[0], parseCause.ReplaceAllString(err.Error(), ""))
-		}
-	}
-	return c, nil
-}
-
-var parseCause = regexp.MustCompile("^cannot parse `.*?`: ")
 
 // AppConfigFromEnv reads an app's configuration from environ.
 func AppConfigFromEnv(environ []string) (AppConfig, error) {
-	c, err := ConfigFromEnvChecked(environ)
+	c, err := ConfigFromEnv(environ)
 	if err != nil {
 		return AppConfig{}, err
 	}
-	var s AppSettings
-	if err := env.ParseWithOptions(&s, env.Options{Environment: env.ToMap(environ)}); err != nil {
-		var parse env.ParseError
-		if errors.As(err, &parse) {
-			return AppConfig{}, configErr("%s is malformed: %v", envKey(reflect.TypeFor[AppSettings](), parse.Name), parse.Err)
-		}
-		return AppConfig{}, &ConfigError{Msg: err.Error()}
+	s, err := parseEnv[AppSettings](environ)
+	if err == nil {
+		err = s.validate(c.AllowInsecureURLs)
 	}
-	switch {
-	case s.APITimeout <= 0:
-		return AppConfig{}, configErr("API_TIMEOUT must be positive")
-	case s.WorkerConcurrency < 1:
-		return AppConfig{}, configErr("WORKER_CONCURRENCY must be at least 1")
-	case s.WorkerJobTimeout <= 0:
-		return AppConfig{}, configErr("WORKER_JOB_TIMEOUT must be positive")
-	}
-	if !slices.Contains([]string{"debug", "info", "warn", "error"}, strings.ToLower(s.LogLevel)) {
-		return AppConfig{}, configErr("LOG_LEVEL must be debug, info, warn or error, got %q", s.LogLevel)
-	}
-	if !slices.Contains([]string{"json", "text"}, strings.ToLower(s.LogFormat)) {
-		return AppConfig{}, configErr("LOG_FORMAT must be json or text, got %q", s.LogFormat)
-	}
-	if s.MetricsAddr != "" {
-		if _, _, err := net.SplitHostPort(s.MetricsAddr); err != nil {
-			return AppConfig{}, configErr("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
-		}
-	}
-	if err := s.Network.validate(c.AllowInsecureURLs); err != nil {
-		return AppConfig{}, err
+	if err != nil {
+		return AppConfig{}, &ConfigError{err}
 	}
 	return AppConfig{Config: c, AppSettings: s}, nil
+}
+
+func (s AppSettings) validate(allowInsecure bool) error {
+	_, _, addrErr := net.SplitHostPort(s.MetricsAddr)
+	switch {
+	case s.APITimeout <= 0:
+		return errors.New("API_TIMEOUT must be positive")
+	case s.WorkerConcurrency < 1:
+		return errors.New("WORKER_CONCURRENCY must be at least 1")
+	case s.WorkerJobTimeout <= 0:
+		return errors.New("WORKER_JOB_TIMEOUT must be positive")
+	case !slices.Contains([]string{"debug", "info", "warn", "error"}, strings.ToLower(s.LogLevel)):
+		return fmt.Errorf("LOG_LEVEL must be debug, info, warn or error, got %q", s.LogLevel)
+	case !slices.Contains([]string{"json", "text"}, strings.ToLower(s.LogFormat)):
+		return fmt.Errorf("LOG_FORMAT must be json or text, got %q", s.LogFormat)
+	case s.MetricsAddr != "" && addrErr != nil:
+		return fmt.Errorf("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
+	}
+	if s.PublicURL != "" {
+		if u, _ := url.Parse(s.PublicURL); domain.CheckURL(s.PublicURL, true) != nil || (u.Path != "" && u.Path != "/") {
+			return fmt.Errorf("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", s.PublicURL)
+		}
+		if err := checkURL("PUBLIC_URL", s.PublicURL, allowInsecure); err != nil {
+			return err
+		}
+	}
+	for _, r := range s.ConnectReturnURLs {
+		if domain.CheckURL(r, true) != nil {
+			return fmt.Errorf("CONNECT_RETURN_URLS must be comma-separated http(s) URLs, got %q", r)
+		}
+	}
+	switch {
+	case s.APIKeyRate <= 0:
+		return errors.New("API_KEY_RATE must be positive (requests per second per API key)")
+	case s.APIKeyBurst < 1:
+		return errors.New("API_KEY_BURST must be at least 1")
+	case s.RequestTimeout <= 0:
+		return errors.New("HTTP_REQUEST_TIMEOUT must be positive")
+	case s.ProxyMaxBody < 1:
+		return errors.New("PROXY_MAX_BODY must be at least 1 (bytes)")
+	case (s.WebhookURL == "") != (s.WebhookSecret == ""):
+		return errors.New("WEBHOOK_URL and WEBHOOK_SECRET are set together")
+	case s.WebhookSecret != "" && len(s.WebhookSecret) < 16:
+		return errors.New("WEBHOOK_SECRET must be at least 16 characters (e.g. openssl rand -hex 32)")
+	}
+	if s.WebhookURL != "" {
+		if err := domain.CheckURL(s.WebhookURL, allowInsecure); err != nil {
+			return fmt.Errorf("WEBHOOK_URL %v", err) // not the URL: it may carry a token
+		}
+	}
+	return nil
 }
 
 // requireAPI reports what an app that calls the external API is missing.
@@ -107,8 +127,5 @@ func (c AppConfig) requireAPI() error {
 	if c.APIBaseURL == "" {
 		return configErr("API_BASE_URL is required")
 	}
-	if err := c.RequireOAuth(); err != nil {
-		return &ConfigError{Msg: err.Error()}
-	}
-	return nil
+	return c.RequireOAuth()
 }

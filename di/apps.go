@@ -99,22 +99,18 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	if err != nil {
 		return fail(err)
 	}
-	apiBase, err := url.Parse(cfg.APIBaseURL)
-	if err != nil {
-		return fail(configErr("API_BASE_URL is not a URL"))
-	}
-	keys := repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0)
+	apiBase, _ := url.Parse(cfg.APIBaseURL) // checked with the configuration
 	srv := httpapi.New(httpapi.Deps{
 		Tokens:          a.tokens.Guard,
 		APIBaseURL:      apiBase,
-		APIBases:        providerAPIBases{a.tokens.Guard.ProviderRegistry()},
+		APIBases:        providerBases{providers: a.tokens.Guard.ProviderRegistry()},
 		UpstreamTimeout: cfg.APITimeout,
 		UserAgent:       UserAgent("server"),
 		Events:          usecase.NewEnqueueEventUseCase(a.tokens.Repository, producer),
 		Flows:           a.tokens.Guard,
 		Connections:     a.tokens.Repository,
 		Providers:       a.tokens.Guard.ProviderRegistry(),
-		Keys:            keys,
+		Keys:            repository.NewKeyCache(repository.NewAPIKeys(a.tokens.DB), 0),
 		Sessions:        repository.NewConnectSessions(publicDB),
 		DB:              sqlDB,
 		OAuth:           a.tokens.OAuth,
@@ -154,7 +150,7 @@ func NewWorker(ctx context.Context, cfg AppConfig, log *slog.Logger) (*queue.Wor
 		StopTimeout:    shutdownGrace,
 		Webhook:        cfg.webhook("worker"),
 		ExpiringNotice: cfg.ExpiringNotice,
-		PollOnly:       cfg.Pooled(), // behind a pooler River's LISTEN hears nothing
+		PollOnly:       cfg.ListenURL() != cfg.DatabaseURL, // behind a pooler River's LISTEN hears nothing
 	}, log)
 	if err != nil {
 		cleanup()
@@ -274,20 +270,18 @@ func (c cleanups) run() {
 	}
 }
 
-// providerAPIBases are the stored providers' API base URLs.
-type providerAPIBases struct{ providers *provider.Registry }
-
-func (b providerAPIBases) APIBaseURL(name string) string {
-	p, _ := b.providers.Provider(name)
-	return p.APIBaseURL
-}
-
-// providerBases sends a connection's API calls to its provider's API base
-// URL ("" for API_BASE_URL). A stored provider without one is refused:
-// its token never goes to another provider's API.
+// providerBases are the stored providers' API base URLs; BaseURL sends a
+// connection's API calls to its provider's ("" for API_BASE_URL). A stored
+// provider without one is refused: its token never goes to another
+// provider's API.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase
 	providers *provider.Registry
+}
+
+func (b providerBases) APIBaseURL(name string) string {
+	p, _ := b.providers.Provider(name)
+	return p.APIBaseURL
 }
 
 func (b providerBases) BaseURL(ctx context.Context, connection string) (string, error) {

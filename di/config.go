@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/caarlos0/env/v11"
+	"github.com/jackc/pgx/v5"
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -99,9 +100,6 @@ func (c Config) MigrateURL() string {
 	return cmp.Or(c.MigrateDatabaseURL, c.DatabaseListenURL, c.DatabaseURL)
 }
 
-// Pooled says DATABASE_URL goes through a transaction pooler: nothing may rely on a session.
-func (c Config) Pooled() bool { return c.ListenURL() != c.DatabaseURL }
-
 // String never shows the client secret or the database password.
 func (c Config) String() string {
 	return fmt.Sprintf("{database:%s token_url:%s client_id:%s skew:%v lock_wait:%v refresh_timeout:%v encryption:%s}",
@@ -127,12 +125,8 @@ func (c Config) LogValue() slog.Value {
 
 // String never shows the client secret.
 func (o OAuthConfig) String() string {
-	secret := ""
-	if o.ClientSecret != "" {
-		secret = "[REDACTED]"
-	}
 	return fmt.Sprintf("{client_id:%s client_secret:%s token_url:%s auth_url:%s redirect_url:%s scopes:%v}",
-		o.ClientID, secret, o.TokenURL, o.AuthURL, o.RedirectURL, o.Scopes)
+		o.ClientID, SecretString(o.ClientSecret), o.TokenURL, o.AuthURL, o.RedirectURL, o.Scopes)
 }
 
 // GoString keeps %#v as quiet as %v.
@@ -141,22 +135,19 @@ func (o OAuthConfig) GoString() string { return "di.OAuthConfig" + o.String() }
 // LogValue keeps slog as quiet as %v.
 func (o OAuthConfig) LogValue() slog.Value { return slog.StringValue(o.String()) }
 
+// authStyles are OAUTH_AUTH_STYLE's values; private_key_jwt sends the client id in the form (RFC 7523 §2.2).
+var authStyles = map[string]oauth2.AuthStyle{"": oauth2.AuthStyleAutoDetect, "auto": oauth2.AuthStyleAutoDetect,
+	"header": oauth2.AuthStyleInHeader, "params": oauth2.AuthStyleInParams, "private_key_jwt": oauth2.AuthStyleInParams}
+
 func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
-	switch o.AuthStyle {
-	case "auto", "":
-		return oauth2.AuthStyleAutoDetect, nil
-	case "header":
-		return oauth2.AuthStyleInHeader, nil
-	case "params":
-		return oauth2.AuthStyleInParams, nil
-	case "private_key_jwt":
-		// The client id goes in the form (RFC 7523 §2.2).
-		if o.ClientKeyFile == "" {
-			return 0, errors.New("OAUTH_AUTH_STYLE=private_key_jwt needs OAUTH_CLIENT_KEY_FILE")
-		}
-		return oauth2.AuthStyleInParams, nil
+	style, ok := authStyles[o.AuthStyle]
+	switch {
+	case !ok:
+		return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got %q", o.AuthStyle)
+	case o.AuthStyle == "private_key_jwt" && o.ClientKeyFile == "":
+		return 0, errors.New("OAUTH_AUTH_STYLE=private_key_jwt needs OAUTH_CLIENT_KEY_FILE")
 	}
-	return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got %q", o.AuthStyle)
+	return style, nil
 }
 
 // clientKey reads OAUTH_CLIENT_KEY_FILE (nil but for private_key_jwt); errors never quote it.
@@ -175,20 +166,19 @@ func (o OAuthConfig) clientKey() (crypto.Signer, error) {
 	return k.Signer(), nil
 }
 
-// ConfigFromEnv reads and checks the configuration in environ; errors name the variable.
+// ConfigFromEnv reads and checks the configuration in environ; errors (*ConfigError) name the variable.
 func ConfigFromEnv(environ []string) (Config, error) {
-	vars := env.ToMap(environ)
-	var c Config
-	if err := env.ParseWithOptions(&c, env.Options{Environment: vars}); err != nil {
-		return Config{}, friendly(err)
+	c, err := parseEnv[Config](environ)
+	if err == nil {
+		err = c.OAuth.applyProfile()
 	}
-	if err := c.OAuth.applyProfile(); err != nil {
-		return Config{}, err
+	if err == nil {
+		err = c.validate()
 	}
-	if _, err := domain.ParsePARMode(c.OAuth.PAR); err != nil {
-		return Config{}, fmt.Errorf("OAUTH_PAR must be auto, always or never, got %q: %w", c.OAuth.PAR, domain.ErrInvalidProvider)
+	if err != nil {
+		return Config{}, &ConfigError{err}
 	}
-	return c, c.validate()
+	return c, nil
 }
 
 // applyProfile fills what OAUTH_PROFILE gives and the environment does not.
@@ -223,6 +213,9 @@ func (o *OAuthConfig) applyProfile() error {
 }
 
 func (c Config) validate() error {
+	if _, err := domain.ParsePARMode(c.OAuth.PAR); err != nil {
+		return fmt.Errorf("OAUTH_PAR must be auto, always or never, got %q: %w", c.OAuth.PAR, domain.ErrInvalidProvider)
+	}
 	switch {
 	case c.RefreshSkew < 0:
 		return errors.New("TOKEN_REFRESH_SKEW must not be negative")
@@ -261,7 +254,7 @@ func (c Config) validate() error {
 	if c.RequireEncryption != nil && *c.RequireEncryption && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
 		return errors.New("TOKEN_ENCRYPTION_REQUIRED needs TOKEN_ENCRYPTION_KEYS")
 	}
-	if u, err := url.Parse(c.OAuth.RedirectURL); c.OAuth.RedirectURL != "" && (err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "") {
+	if c.OAuth.RedirectURL != "" && domain.CheckURL(c.OAuth.RedirectURL, true) != nil {
 		return fmt.Errorf("OAUTH_REDIRECT_URL must be an http(s) URL, got %q", c.OAuth.RedirectURL)
 	}
 	// Tokens, codes and the client secret travel to these.
@@ -271,8 +264,18 @@ func (c Config) validate() error {
 			return err
 		}
 	}
+	for _, v := range [][2]string{{"DATABASE_URL", c.DatabaseURL}, {"DATABASE_LISTEN_URL", c.DatabaseListenURL}, {"MIGRATE_DATABASE_URL", c.MigrateDatabaseURL}} {
+		if v[1] == "" {
+			continue
+		}
+		if _, err := pgx.ParseConfig(v[1]); err != nil {
+			return fmt.Errorf("%s is malformed: %s", v[0], parseCause.ReplaceAllString(err.Error(), ""))
+		}
+	}
 	return nil
 }
+
+var parseCause = regexp.MustCompile("^cannot parse `.*?`: ")
 
 // checkURL is domain.CheckURL with an error that names the setting.
 func checkURL(name, v string, allowInsecure bool) error {
@@ -289,18 +292,20 @@ func checkURL(name, v string, allowInsecure bool) error {
 func (c Config) RequireOAuth() error {
 	switch {
 	case c.OAuth.TokenURL == "":
-		return errors.New("OAUTH_TOKEN_URL is required")
+		return configErr("OAUTH_TOKEN_URL is required")
 	case c.OAuth.ClientID == "":
-		return errors.New("OAUTH_CLIENT_ID is required")
+		return configErr("OAUTH_CLIENT_ID is required")
 	}
 	return nil
 }
 
-// friendly rewrites env's errors so they name the variable, not the Go field.
-func friendly(err error) error {
+// parseEnv reads T's env tags from environ; errors name the variable, not the Go field.
+func parseEnv[T any](environ []string) (T, error) {
+	var v T
+	err := env.ParseWithOptions(&v, env.Options{Environment: env.ToMap(environ)})
 	var agg env.AggregateError
 	if !errors.As(err, &agg) || len(agg.Errors) == 0 {
-		return err
+		return v, err
 	}
 	var msgs []string
 	for _, e := range agg.Errors {
@@ -313,12 +318,12 @@ func friendly(err error) error {
 		case errors.As(e, &empty):
 			msgs = append(msgs, empty.Key+" must not be empty")
 		case errors.As(e, &parse):
-			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", envKey(reflect.TypeFor[Config](), parse.Name), parse.Err))
+			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", envKey(reflect.TypeFor[T](), parse.Name), parse.Err))
 		default:
 			msgs = append(msgs, e.Error())
 		}
 	}
-	return errors.New(strings.Join(msgs, "; "))
+	return v, errors.New(strings.Join(msgs, "; "))
 }
 
 // envKey is the variable behind a Go field name, all env's ParseError reports.
@@ -345,11 +350,5 @@ func redactURL(s string) string {
 	if err != nil {
 		return urlCredentials.ReplaceAllString(s, "://xxxxx@")
 	}
-	if u.User == nil {
-		return s
-	}
-	if _, has := u.User.Password(); has {
-		u.User = url.UserPassword(u.User.Username(), "xxxxx")
-	}
-	return u.String()
+	return u.Redacted()
 }

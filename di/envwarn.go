@@ -9,32 +9,20 @@ import (
 	"github.com/agnivade/levenshtein"
 )
 
-// knownVars are the names of every setting, from the env tags.
-var knownVars = func() []string {
-	var names []string
+// knownVars are the names of every setting, from the env tags; ourPrefixes
+// their first words (OAUTH_, TOKEN_, ...): a variable that starts with one
+// looks like a setting.
+var knownVars, ourPrefixes = func() (names, prefixes []string) {
 	for _, v := range envVars(reflect.TypeFor[AppConfig]()) {
 		names = append(names, v.name)
-	}
-	slices.Sort(names)
-	return slices.Compact(names)
-}()
-
-// ourPrefixes are the known names' first words (OAUTH_, TOKEN_, ...): a
-// variable that starts with one looks like a setting.
-var ourPrefixes = func() []string {
-	var ps []string
-	for _, n := range knownVars {
-		if i := strings.IndexByte(n, '_'); i > 0 {
-			ps = append(ps, n[:i+1])
+		if i := strings.IndexByte(v.name, '_'); i > 0 {
+			prefixes = append(prefixes, v.name[:i+1])
 		}
 	}
-	slices.Sort(ps)
-	return slices.Compact(ps)
+	slices.Sort(names)
+	slices.Sort(prefixes)
+	return slices.Compact(names), slices.Compact(prefixes)
 }()
-
-// foreignVars share a prefix with ours but belong to others: Go's HTTP
-// client reads HTTP_PROXY (or http_proxy).
-var foreignVars = map[string]bool{"HTTP_PROXY": true}
 
 // envWarning is one start-up warning. It names variables, never values.
 type envWarning struct {
@@ -54,7 +42,8 @@ func envWarnings(environ []string, secretNeeded bool) []envWarning {
 			secret = value
 		}
 		upper := strings.ToUpper(name)
-		if _, known := slices.BinarySearch(knownVars, name); known || foreignVars[upper] {
+		// HTTP_PROXY (or http_proxy) shares our prefix but is Go's HTTP client's.
+		if _, known := slices.BinarySearch(knownVars, name); known || upper == "HTTP_PROXY" {
 			continue
 		}
 		near := closest(upper)

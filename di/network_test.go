@@ -13,7 +13,7 @@ func TestNetworkSettings(t *testing.T) {
 	c, err := AppConfigFromEnv(append(base, "PUBLIC_URL=https://tg.example.com", "WEBHOOK_URL=https://hooks.example.com/tg",
 		"WEBHOOK_SECRET=whsec-0123456789abcdef", "CONNECT_RETURN_URLS=https://app.example.com/a/,https://app.example.com/b"))
 	if err != nil || c.APIKeyRate != 100 || c.APIKeyBurst != 200 || len(c.ConnectReturnURLs) != 2 || c.webhook("worker") == nil {
-		t.Fatalf("%+v, %v", c.Network, err)
+		t.Fatalf("%+v, %v", c.AppSettings, err)
 	}
 	e := c.edges()
 	if e.PublicURL.Host != "tg.example.com" || e.Hosts[0] != "127.0.0.1:8080" {

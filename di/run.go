@@ -41,14 +41,14 @@ func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Con
 	defer stop()
 	stopTracing, err := startTracing(ctx, app, environ, log)
 	if err != nil {
-		return ExitStatus(app, stderr, log, err)
+		return exitStatus(app, stderr, log, err)
 	}
 	defer stopTracing() // after fn's cleanup: its last spans are exported
-	return ExitStatus(app, stderr, log, fn(ctx, cfg, log))
+	return exitStatus(app, stderr, log, fn(ctx, cfg, log))
 }
 
-// ExitStatus maps a run function's error to an exit status, reporting it.
-func ExitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
+// exitStatus maps a run function's error to an exit status, reporting it.
+func exitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
 	var code ExitCode
 	var cfgErr *ConfigError
 	switch {

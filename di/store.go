@@ -65,12 +65,7 @@ func Migrate(ctx context.Context, databaseURL string) error {
 	if err != nil {
 		return err
 	}
-	pool, err := queue.OpenPool(ctx, databaseURL, 2)
-	if err != nil {
-		return fmt.Errorf("migrate queue: %w", err)
-	}
-	defer pool.Close()
-	return queue.Migrate(ctx, pool)
+	return migrateQueueAt(ctx, databaseURL)
 }
 
 // migrateQueue is migrate for River's migrations.
@@ -78,10 +73,15 @@ func migrateQueue(ctx context.Context, cfg Config, pool *pgxpool.Pool) error {
 	if cfg.MigrateURL() == cfg.DatabaseURL {
 		return queue.Migrate(ctx, pool)
 	}
-	direct, err := queue.OpenPool(ctx, cfg.MigrateURL(), 2)
+	return migrateQueueAt(ctx, cfg.MigrateURL())
+}
+
+// migrateQueueAt applies River's migrations on a pool of its own.
+func migrateQueueAt(ctx context.Context, databaseURL string) error {
+	pool, err := queue.OpenPool(ctx, databaseURL, 2)
 	if err != nil {
 		return fmt.Errorf("migrate queue: %w", err)
 	}
-	defer direct.Close()
-	return queue.Migrate(ctx, direct)
+	defer pool.Close()
+	return queue.Migrate(ctx, pool)
 }

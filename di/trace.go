@@ -7,6 +7,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/caarlos0/env/v11"
 	"go.opentelemetry.io/contrib/exporters/autoexport"
 	"go.opentelemetry.io/contrib/propagators/autoprop"
 	"go.opentelemetry.io/otel"
@@ -21,14 +22,9 @@ import (
 // context still travels. stop flushes the spans.
 func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
 	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
-	env := map[string]string{}
-	for _, kv := range environ {
-		if k, v, ok := strings.Cut(kv, "="); ok && strings.HasPrefix(k, "OTEL_") {
-			env[k] = v
-		}
-	}
-	asked := env["OTEL_TRACES_EXPORTER"] != "" || env["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || env["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != ""
-	if !asked || strings.EqualFold(strings.TrimSpace(env["OTEL_SDK_DISABLED"]), "true") {
+	vars := env.ToMap(environ)
+	asked := vars["OTEL_TRACES_EXPORTER"] != "" || vars["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || vars["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != ""
+	if !asked || strings.EqualFold(strings.TrimSpace(vars["OTEL_SDK_DISABLED"]), "true") {
 		return func() {}, nil
 	}
 	exp, err := autoexport.NewSpanExporter(ctx)
@@ -51,7 +47,7 @@ func startTracing(ctx context.Context, app string, environ []string, log *slog.L
 	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
 		log.Warn("OpenTelemetry: spans not exported", "err", err)
 	}))
-	log.Info("traces exported", "exporter", cmp.Or(env["OTEL_TRACES_EXPORTER"], "otlp"))
+	log.Info("traces exported", "exporter", cmp.Or(vars["OTEL_TRACES_EXPORTER"], "otlp"))
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
