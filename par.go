@@ -9,39 +9,8 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
-
-// storedAuth are the token request options of stored provider p (profile
-// pp). A client key that cannot be read is left out: the provider then
-// refuses the client, and no grant is touched.
-func (t *Tokens) storedAuth(p domain.Provider, pp profiles.Profile) []provider.Option {
-	var key *clientkey.Key
-	if !p.ClientKey.IsZero() {
-		if k, err := clientkey.ParsePEM([]byte(p.ClientKey.Reveal())); err == nil {
-			key = k
-		}
-	}
-	return t.authOptions(p.Resource, key, pp)
-}
-
-// authOptions are the token request options of a provider with resource
-// indicator resource and private_key_jwt key (nil for none) under profile prof.
-func (t *Tokens) authOptions(resource string, key *clientkey.Key, prof profiles.Profile) []provider.Option {
-	var out []provider.Option
-	if resource != "" {
-		out = append(out, provider.WithResource(resource))
-	}
-	if key != nil {
-		out = append(out, provider.WithClientKey(key, ""))
-		if prof.AssertionAud == domain.AudienceIssuer {
-			out = append(out, provider.WithIssuerAudience(t.discovery))
-		}
-	}
-	return out
-}
 
 // parOf is f's provider's PAR mode and resource indicator.
 func (t *Tokens) parOf(f ConnectFlow) (domain.PARMode, string) {

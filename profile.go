@@ -8,7 +8,7 @@ import (
 
 	"golang.org/x/oauth2"
 
-	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
@@ -50,7 +50,7 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 	// The auth style comes with the endpoint: a token URL given by the
 	// caller keeps the caller's style (auto cannot be told from unset).
 	if out.Endpoint.TokenURL == "" && out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
-		out.Endpoint.AuthStyle = authStyleOf(p.AuthStyle)
+		out.Endpoint.AuthStyle = provider.AuthStyleOf(string(p.AuthStyle))
 	}
 	out.Endpoint.TokenURL, out.Endpoint.AuthURL, o.revocationURL = u.Token, u.Auth, u.Revocation
 	lifetime = o.defaultLifetime
@@ -58,15 +58,4 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 		lifetime = p.AccessLifetime.D
 	}
 	return &out, p, lifetime, nil
-}
-
-// authStyleOf is the x/oauth2 form of a client authentication style.
-func authStyleOf(s domain.AuthStyle) oauth2.AuthStyle {
-	switch s {
-	case domain.AuthStyleHeader:
-		return oauth2.AuthStyleInHeader
-	case domain.AuthStyleParams:
-		return oauth2.AuthStyleInParams
-	}
-	return oauth2.AuthStyleAutoDetect
 }

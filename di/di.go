@@ -183,68 +183,47 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 // (OAUTH_REVOCATION_URL, or a stored provider's), authenticated as at its
 // token endpoint.
 func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*provider.Revocations, error) {
-	style, _ := cfg.OAuth.authStyle() // checked with the rest of the configuration
 	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
-	d := provider.NewDiscovery(client)
-	env := provider.RevocationEndpoint{URL: cfg.OAuth.RevocationURL, ClientID: cfg.OAuth.ClientID,
-		ClientSecret: domain.NewSecret(cfg.OAuth.ClientSecret), AuthStyle: style, TokenURL: cfg.OAuth.TokenURL}
-	key, issuerAud, err := cfg.OAuth.signingKey()
+	key, prof, err := cfg.OAuth.signingKey()
 	if err != nil {
 		return nil, err
 	}
-	env.ClientKey = key
-	if issuerAud {
-		env.IssuerAud = d
-	}
-	return provider.NewRevocations(provider.StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d},
-		client, repository.NewAuthStyles(db)), nil
+	return provider.NewRevoker(OAuth2Config(cfg.OAuth), cfg.OAuth.RevocationURL, key, prof, providers,
+		provider.NewDiscovery(client), client, repository.NewAuthStyles(db)), nil
 }
 
-// signingKey is OAUTH_CLIENT_KEY_FILE's key (nil but for private_key_jwt), and whether the
-// profile makes the issuer its assertions' audience.
-func (o OAuthConfig) signingKey() (_ *clientkey.Key, issuerAud bool, _ error) {
+// signingKey is OAUTH_CLIENT_KEY_FILE's key (nil but for private_key_jwt)
+// and OAUTH_PROFILE's profile (generic when unknown).
+func (o OAuthConfig) signingKey() (*clientkey.Key, profiles.Profile, error) {
+	p, _ := profiles.Get(o.Profile)
 	signer, err := o.clientKey()
 	if err != nil || signer == nil {
-		return nil, false, err
+		return nil, p, err
 	}
 	k, err := clientkey.FromSigner(signer)
 	if err != nil {
-		return nil, false, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
+		return nil, p, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
 	}
-	p, _ := profiles.Get(o.Profile)
-	return k, p.AssertionAud == domain.AudienceIssuer, nil
+	return k, p, nil
 }
 
 // tokenRequestOptions make a token request outside the token layer (the
 // endpoint check) as the token layer does: client key, resource indicator.
 func tokenRequestOptions(cfg Config, client *http.Client) ([]provider.Option, error) {
-	key, issuerAud, err := cfg.OAuth.signingKey()
+	key, prof, err := cfg.OAuth.signingKey()
 	if err != nil {
 		return nil, err
 	}
-	var opts []provider.Option
-	if key != nil {
-		opts = append(opts, provider.WithClientKey(key, ""))
-	}
-	if issuerAud {
-		opts = append(opts, provider.WithIssuerAudience(provider.NewDiscovery(client)))
-	}
-	if cfg.OAuth.Resource != "" {
-		opts = append(opts, provider.WithResource(cfg.OAuth.Resource))
-	}
-	return opts, nil
+	return provider.ClientOptions(cfg.OAuth.Resource, key, prof, provider.NewDiscovery(client)), nil
 }
 
-// OAuth2Config is the x/oauth2 view of the client registration.
+// OAuth2Config is the x/oauth2 view of the client registration, as of a
+// stored provider's.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
-	style, _ := c.authStyle() // checked with the rest of the configuration
-	return &oauth2.Config{
-		ClientID:     c.ClientID,
-		ClientSecret: c.ClientSecret,
-		Endpoint:     oauth2.Endpoint{AuthURL: c.AuthURL, TokenURL: c.TokenURL, AuthStyle: style},
-		RedirectURL:  c.RedirectURL,
-		Scopes:       c.Scopes,
-	}
+	oc := provider.OAuth2Config(domain.Provider{ClientID: c.ClientID, ClientSecret: domain.NewSecret(c.ClientSecret),
+		AuthURL: c.AuthURL, TokenURL: c.TokenURL, AuthStyle: domain.AuthStyle(c.AuthStyle), Scopes: c.Scopes})
+	oc.RedirectURL = c.RedirectURL
+	return oc
 }
 
 // migrate applies tokenguard's migrations on db, or on MigrateURL when it

@@ -1,7 +1,6 @@
 package provider
 
 import (
-	"cmp"
 	"context"
 	"errors"
 	"io"
@@ -13,23 +12,62 @@ import (
 
 	"golang.org/x/oauth2"
 
+	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/clientkey"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // WithClientKey authenticates the client with private_key_jwt (RFC 7523
-// §2.2): a fresh assertion signed with k for audience ("" the token URL).
-func WithClientKey(k *clientkey.Key, audience string) Option {
-	return func(r *Refresher) { r.clientKey, r.assertionAud = k, audience }
-}
+// §2.2): a fresh assertion signed with k for the token URL.
+func WithClientKey(k *clientkey.Key) Option { return func(r *Refresher) { r.auth.key = k } }
 
 // WithIssuerAudience makes the assertions' audience the issuer named by the
 // provider's metadata (found by d), as profiles with assertion_aud: issuer say.
-func WithIssuerAudience(d *Discovery) Option { return func(r *Refresher) { r.issuerAud = d } }
+func WithIssuerAudience(d *Discovery) Option { return func(r *Refresher) { r.auth.issuer = d } }
 
 var errNoIssuer = errors.New("the provider's metadata, whose issuer is the client assertions' audience, cannot be read")
 
 // WithResource names the resource server (RFC 8707) on every token request.
 func WithResource(resource string) Option { return func(r *Refresher) { r.resource = resource } }
+
+// ClientOptions are the token request options of a client with resource
+// indicator resource ("" none) and private_key_jwt key (nil none) under
+// profile prof; d finds the issuer when prof makes it the assertions' audience.
+func ClientOptions(resource string, key *clientkey.Key, prof profiles.Profile, d *Discovery) []Option {
+	var out []Option
+	if resource != "" {
+		out = append(out, WithResource(resource))
+	}
+	if key != nil {
+		out = append(out, WithClientKey(key), WithIssuerAudience(issuerFinder(key, prof, d)))
+	}
+	return out
+}
+
+// StoredClientOptions are ClientOptions of stored provider p (profile
+// prof). A client key that cannot be read is left out: the provider then
+// refuses the client, and no grant is touched.
+func StoredClientOptions(p domain.Provider, prof profiles.Profile, d *Discovery) []Option {
+	key, _ := storedKey(p)
+	return ClientOptions(p.Resource, key, prof, d)
+}
+
+// storedKey is p's private_key_jwt key; nil when it has none.
+func storedKey(p domain.Provider) (*clientkey.Key, error) {
+	if p.ClientKey.IsZero() {
+		return nil, nil
+	}
+	return clientkey.ParsePEM([]byte(p.ClientKey.Reveal()))
+}
+
+// issuerFinder is d when the assertions of a client with key go to the
+// issuer under prof, else nil (the token URL).
+func issuerFinder(key *clientkey.Key, prof profiles.Profile, d *Discovery) *Discovery {
+	if key != nil && prof.AssertionAud == domain.AudienceIssuer {
+		return d
+	}
+	return nil
+}
 
 // requestTo is a request with form to endpoint (the token or the PAR
 // endpoint), the client authenticated as configured, with the resource
@@ -38,18 +76,15 @@ func (r *Refresher) requestTo(ctx context.Context, endpoint string, form url.Val
 	if r.resource != "" {
 		form.Set("resource", r.resource)
 	}
-	c := clientAuth{id: r.cfg.ClientID, secret: r.cfg.ClientSecret, key: r.clientKey, aud: r.assertionAud,
-		tokenURL: r.cfg.Endpoint.TokenURL, issuer: r.issuerAud, now: r.now}
-	return c.request(ctx, endpoint, form, style)
+	return r.auth.request(ctx, endpoint, form, style)
 }
 
 // clientAuth is how a client authenticates at its provider's endpoints.
 type clientAuth struct {
 	id, secret string
 	key        *clientkey.Key // private_key_jwt when set
-	aud        string         // the assertions' audience; "" the token URL
-	tokenURL   string
-	issuer     *Discovery // when set, the audience is the issuer its metadata names
+	tokenURL   string         // the assertions' audience, unless issuer is set
+	issuer     *Discovery     // when set, the audience is the issuer its metadata names
 	now        func() time.Time
 }
 
@@ -70,7 +105,7 @@ func (c clientAuth) request(ctx context.Context, endpoint string, form url.Value
 		}
 		return req, err
 	}
-	aud := cmp.Or(c.aud, c.tokenURL)
+	aud := c.tokenURL
 	if c.issuer != nil {
 		m, ok := c.issuer.Find(ctx, c.tokenURL)
 		if !ok {

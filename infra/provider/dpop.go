@@ -49,5 +49,5 @@ func (r *Registry) DPoP(provider string, dflt bool) bool {
 	if provider == "" {
 		return dflt
 	}
-	return r.state.Load().byName[provider].p.DPoP
+	return r.all()[provider].p.DPoP
 }

@@ -3,7 +3,6 @@ package provider
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"maps"
 	"net/url"
 	"slices"
@@ -64,26 +63,13 @@ func (r *Refresher) redeem(ctx context.Context, form url.Values, style oauth2.Au
 	return g, tok.WithExtra(raw), nil
 }
 
-type codeExchanger interface {
-	Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error)
-}
-
-// Exchange redeems a code without retrying: a code is single-use.
-func (r *Retrying) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
-	ex, ok := r.next.(codeExchanger)
-	if !ok {
-		return domain.Grant{}, nil, fmt.Errorf("%T cannot redeem authorization codes", r.next)
-	}
-	return ex.Exchange(ctx, code, redirectURL, verifier)
-}
-
 // Exchange redeems an authorization code at provider ("" the configuration's).
 func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
-	ex, err := refresherOf[codeExchanger](ctx, r, provider, "redeem authorization codes")
+	ref, err := r.refresher(ctx, provider, "redeem authorization codes")
 	if err != nil {
 		return domain.Grant{}, nil, err
 	}
-	return ex.Exchange(ctx, code, redirectURL, verifier)
+	return ref.Exchange(ctx, code, redirectURL, verifier)
 }
 
 // SetProfile is the configuration's provider's profile; call it before use.
@@ -93,7 +79,7 @@ func (r *Registry) profile(provider string) profiles.Profile {
 	if provider == "" {
 		return r.envProfile
 	}
-	p, _ := profiles.Get(r.state.Load().byName[provider].p.Profile)
+	p, _ := profiles.Get(r.all()[provider].p.Profile)
 	return p
 }
 

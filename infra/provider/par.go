@@ -64,26 +64,13 @@ func (r *Refresher) Push(ctx context.Context, endpoint string, form url.Values) 
 	return uri, nil
 }
 
-type pusher interface {
-	Push(ctx context.Context, endpoint string, form url.Values) (string, error)
-}
-
-// Push pushes without retrying: a person waits and can start again.
-func (r *Retrying) Push(ctx context.Context, endpoint string, form url.Values) (string, error) {
-	p, ok := r.next.(pusher)
-	if !ok {
-		return "", fmt.Errorf("%T cannot push authorization requests", r.next)
-	}
-	return p.Push(ctx, endpoint, form)
-}
-
 // Push pushes an authorization request for provider ("" the configuration's).
 func (r *Registry) Push(ctx context.Context, provider, endpoint string, form url.Values) (string, error) {
-	p, err := refresherOf[pusher](ctx, r, provider, "push authorization requests")
+	ref, err := r.refresher(ctx, provider, "push authorization requests")
 	if err != nil {
 		return "", err
 	}
-	return p.Push(ctx, endpoint, form)
+	return ref.Push(ctx, endpoint, form)
 }
 
 // PARRequired reports whether provider's profile requires pushed requests.

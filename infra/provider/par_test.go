@@ -129,8 +129,8 @@ func TestAssertionAudience(t *testing.T) {
 		opts []provider.Option
 		want string
 	}{
-		"token endpoint": {[]provider.Option{provider.WithClientKey(k, "")}, iss + "/v1/token"},
-		"issuer":         {[]provider.Option{provider.WithClientKey(k, ""), provider.WithIssuerAudience(d)}, iss},
+		"token endpoint": {[]provider.Option{provider.WithClientKey(k)}, iss + "/v1/token"},
+		"issuer":         {[]provider.Option{provider.WithClientKey(k), provider.WithIssuerAudience(d)}, iss},
 	} {
 		t.Run(name, func(t *testing.T) {
 			*auds = nil

@@ -16,7 +16,6 @@ import (
 	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
@@ -60,17 +59,14 @@ type Refresher struct {
 	now             func() time.Time
 	evidenceState
 
-	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 unknown
-	stored  atomic.Int32 // the style the store is known to hold; 0 unknown
-	loaded  atomic.Bool
-	loading sync.Mutex // one store read at a time; others do not wait for it
-	saving  atomic.Bool
-	nonces  *dpop.Nonces
-	// private_key_jwt
-	clientKey    *clientkey.Key
-	assertionAud string
-	issuerAud    *Discovery
-	resource     string // RFC 8707; "" none
+	learned  atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 unknown
+	stored   atomic.Int32 // the style the store is known to hold; 0 unknown
+	loaded   atomic.Bool
+	loading  sync.Mutex // one store read at a time; others do not wait for it
+	saving   atomic.Bool
+	nonces   *dpop.Nonces
+	auth     clientAuth
+	resource string // RFC 8707; "" none
 }
 
 // AuthStyleStore keeps the accepted auth style per token URL and client id,
@@ -142,6 +138,7 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	if r.log == nil {
 		r.log = slog.New(slog.DiscardHandler)
 	}
+	r.auth.id, r.auth.secret, r.auth.tokenURL, r.auth.now = cfg.ClientID, cfg.ClientSecret, cfg.Endpoint.TokenURL, r.now
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: r.nonces, Now: r.now}
 	return r
 }
@@ -198,7 +195,7 @@ func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
 		cancel()
 		if err == nil {
 			r.loaded.Store(true)
-			if s := styleFromName(name); s != oauth2.AuthStyleAutoDetect {
+			if s := AuthStyleOf(name); s != oauth2.AuthStyleAutoDetect {
 				r.stored.Store(int32(s))
 				r.learned.CompareAndSwap(0, int32(s))
 			}
@@ -245,7 +242,9 @@ func styleName(s oauth2.AuthStyle) string {
 	return StyleHeader
 }
 
-func styleFromName(name string) oauth2.AuthStyle {
+// AuthStyleOf is the x/oauth2 form of a style (StyleHeader, StyleParams;
+// anything else, private_key_jwt included, is auto).
+func AuthStyleOf(name string) oauth2.AuthStyle {
 	switch name {
 	case StyleHeader:
 		return oauth2.AuthStyleInHeader

@@ -36,17 +36,13 @@ type Registry struct {
 	log        *slog.Logger
 	envProfile profiles.Profile
 
-	state    atomic.Pointer[registryState]
+	byName   atomic.Pointer[map[string]registered]
 	onChange atomic.Pointer[func(name string)]
 
 	loading  sync.Mutex
 	pending  atomic.Bool // a change arrived: read again
 	running  atomic.Bool
 	lastMiss atomic.Int64
-}
-
-type registryState struct {
-	byName map[string]registered
 }
 
 type registered struct {
@@ -68,7 +64,7 @@ func NewRegistry(env GrantRefresher, source ProviderSource, build func(domain.Pr
 		log = slog.Default()
 	}
 	r := &Registry{env: env, source: source, build: build, log: log}
-	r.state.Store(&registryState{byName: map[string]registered{}})
+	r.byName.Store(&map[string]registered{})
 	return r
 }
 
@@ -83,7 +79,7 @@ func (r *Registry) Load(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("load providers: %w", err)
 	}
-	old := r.state.Load().byName
+	old := r.all()
 	next := make(map[string]registered, len(list))
 	var changed []string
 	for _, p := range list {
@@ -93,11 +89,9 @@ func (r *Registry) Load(ctx context.Context) error {
 		}
 		ref := r.build(p)
 		secret := p.ClientSecret
-		var key *clientkey.Key
-		if !p.ClientKey.IsZero() {
-			if key, err = clientkey.ParsePEM([]byte(p.ClientKey.Reveal())); err != nil {
-				r.log.Error("a stored provider's client key cannot be read; its requests carry no assertion", "provider", p.Name)
-			}
+		key, err := storedKey(p)
+		if err != nil {
+			r.log.Error("a stored provider's client key cannot be read; its requests carry no assertion", "provider", p.Name)
 		}
 		p.ClientSecret, p.ClientKey = domain.Secret{}, domain.Secret{}
 		next[p.Name] = registered{p: p, secret: secret, refresher: ref, key: key}
@@ -112,7 +106,7 @@ func (r *Registry) Load(ctx context.Context) error {
 			r.log.Info("provider removed", "provider", name)
 		}
 	}
-	r.state.Store(&registryState{byName: next})
+	r.byName.Store(&next)
 	if fn := r.onChange.Load(); fn != nil {
 		for _, name := range changed {
 			(*fn)(name)
@@ -144,6 +138,8 @@ func (r *Registry) Changed(string) {
 	}()
 }
 
+func (r *Registry) all() map[string]registered { return *r.byName.Load() }
+
 // Only is the registry of a process without stored providers.
 func Only(env GrantRefresher) *Registry { return NewRegistry(env, nil, nil, nil) }
 
@@ -152,15 +148,14 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 	if provider == "" {
 		return r.env.Refresh(ctx, refreshToken)
 	}
-	reg, ok := r.lookup(ctx, provider)
-	if !ok {
-		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured,
-			Err: fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)}
+	reg, err := r.lookup(ctx, provider)
+	if err != nil {
+		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	g, err := reg.refresher.Refresh(ctx, refreshToken)
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) && clientAuthFailed(pe) {
-		if cur, ok := r.state.Load().byName[provider]; ok && cur.p.Version != reg.p.Version {
+		if cur, ok := r.all()[provider]; ok && cur.p.Version != reg.p.Version {
 			// The settings changed meanwhile and the refresh token was not
 			// looked at: it may go once more, with the new settings.
 			return cur.refresher.Refresh(ctx, refreshToken)
@@ -170,9 +165,10 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 	return g, err
 }
 
-func (r *Registry) lookup(ctx context.Context, provider string) (registered, bool) {
-	if reg, ok := r.state.Load().byName[provider]; ok {
-		return reg, true
+// lookup is provider, read again if unknown; an error wraps domain.ErrUnknownProvider.
+func (r *Registry) lookup(ctx context.Context, provider string) (registered, error) {
+	if reg, ok := r.all()[provider]; ok {
+		return reg, nil
 	}
 	now := time.Now().UnixNano()
 	last := r.lastMiss.Load()
@@ -184,41 +180,45 @@ func (r *Registry) lookup(ctx context.Context, provider string) (registered, boo
 			r.log.Warn("could not read the providers for an unknown name", "provider", provider, "err", err)
 		}
 	}
-	reg, ok := r.state.Load().byName[provider]
-	return reg, ok
+	if reg, ok := r.all()[provider]; ok {
+		return reg, nil
+	}
+	return registered{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 }
 
-// refresherOf is provider's refresher ("" the configuration's) as a T, or
-// an error saying it cannot do what.
-func refresherOf[T any](ctx context.Context, r *Registry, provider, what string) (T, error) {
-	var ref GrantRefresher = r.env
+// refresher is the Refresher of provider ("" the configuration's), under
+// its Retrying if any, or an error saying it cannot do what.
+func (r *Registry) refresher(ctx context.Context, provider, what string) (*Refresher, error) {
+	ref := r.env
 	if provider != "" {
-		reg, ok := r.lookup(ctx, provider)
-		if !ok {
-			var none T
-			return none, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
+		reg, err := r.lookup(ctx, provider)
+		if err != nil {
+			return nil, err
 		}
 		ref = reg.refresher
 	}
-	t, ok := ref.(T)
-	if !ok {
-		return t, fmt.Errorf("the refresher of provider %q cannot %s", provider, what)
+	if ret, ok := ref.(*Retrying); ok {
+		ref = ret.next // pushes and code redemptions are not retried: a person waits, a code is single-use
 	}
-	return t, nil
+	out, ok := ref.(*Refresher)
+	if !ok {
+		return nil, fmt.Errorf("the refresher of provider %q cannot %s", provider, what)
+	}
+	return out, nil
 }
 
 // Provider returns the stored provider called name, without its secret.
 func (r *Registry) Provider(name string) (domain.Provider, bool) {
-	reg, ok := r.state.Load().byName[name]
+	reg, ok := r.all()[name]
 	return reg.p, ok
 }
 
 // ClientConfig is the stored provider's registration, secret included, for
 // the connect flow; RedirectURL is left to the caller.
 func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
-	reg, ok := r.lookup(ctx, name)
-	if !ok {
-		return nil, fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
+	reg, err := r.lookup(ctx, name)
+	if err != nil {
+		return nil, err
 	}
 	p := reg.p
 	p.ClientSecret = reg.secret
@@ -227,7 +227,7 @@ func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Confi
 
 // ClientKeys are the stored providers' client keys, by provider name.
 func (r *Registry) ClientKeys() []*clientkey.Key {
-	m := r.state.Load().byName
+	m := r.all()
 	var out []*clientkey.Key
 	for _, name := range slices.Sorted(maps.Keys(m)) {
 		if k := m[name].key; k != nil {
@@ -239,18 +239,18 @@ func (r *Registry) ClientKeys() []*clientkey.Key {
 
 // Names lists the stored providers as last read, sorted.
 func (r *Registry) Names() []string {
-	return slices.Sorted(maps.Keys(r.state.Load().byName))
+	return slices.Sorted(maps.Keys(r.all()))
 }
 
 // Skew is provider's own refresh skew; 0: the global one applies.
 func (r *Registry) Skew(provider string) time.Duration {
-	return r.state.Load().byName[provider].p.Skew
+	return r.all()[provider].p.Skew
 }
 
 // KeepAlives are the stored providers' own keep-alive intervals, by name.
 func (r *Registry) KeepAlives() map[string]time.Duration {
 	out := map[string]time.Duration{}
-	for name, reg := range r.state.Load().byName {
+	for name, reg := range r.all() {
 		if reg.p.KeepAlive > 0 {
 			out[name] = reg.p.KeepAlive
 		}
@@ -260,7 +260,7 @@ func (r *Registry) KeepAlives() map[string]time.Duration {
 
 // OAuth2Config is the x/oauth2 view of a stored provider.
 func OAuth2Config(p domain.Provider) *oauth2.Config {
-	style := styleFromName(string(p.AuthStyle))
+	style := AuthStyleOf(string(p.AuthStyle))
 	if p.AuthStyle == domain.AuthStylePrivateKeyJWT {
 		// The client id goes in the form: never a try in another style.
 		style = oauth2.AuthStyleInParams

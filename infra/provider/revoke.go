@@ -32,23 +32,6 @@ type RevocationEndpoint struct {
 	IssuerAud *Discovery
 }
 
-// RevocationEndpoints finds a provider's revocation endpoint by name ("" the
-// environment's); an unknown name wraps domain.ErrUnknownProvider.
-type RevocationEndpoints interface {
-	RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error)
-}
-
-// OneRevocationEndpoint knows only the environment's provider.
-type OneRevocationEndpoint RevocationEndpoint
-
-// RevocationEndpointFor implements RevocationEndpoints.
-func (e OneRevocationEndpoint) RevocationEndpointFor(_ context.Context, provider string) (RevocationEndpoint, error) {
-	if provider != "" {
-		return RevocationEndpoint{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
-	}
-	return RevocationEndpoint(e), nil
-}
-
 // ProviderLookup reads a stored provider, its client secret opened; an
 // error wraps domain.ErrUnknownProvider when there is none.
 type ProviderLookup interface {
@@ -56,47 +39,64 @@ type ProviderLookup interface {
 }
 
 // StoredRevocationEndpoints serves "" with Env and other names with the
-// stored provider, read when asked so the current client secret is used.
+// stored provider (none when Providers is nil), read when asked so the
+// current client secret is used.
 type StoredRevocationEndpoints struct {
 	Env       RevocationEndpoint
 	Providers ProviderLookup
 	Discovery *Discovery
 }
 
-// RevocationEndpointFor implements RevocationEndpoints.
-func (s StoredRevocationEndpoints) RevocationEndpointFor(ctx context.Context, provider string) (RevocationEndpoint, error) {
+// revocationEndpoint is provider's endpoint ("" the environment's); an
+// unknown name wraps domain.ErrUnknownProvider.
+func (s StoredRevocationEndpoints) revocationEndpoint(ctx context.Context, provider string) (RevocationEndpoint, error) {
 	if provider == "" {
 		return s.Env, nil
+	}
+	if s.Providers == nil {
+		return RevocationEndpoint{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 	}
 	p, err := s.Providers.Get(ctx, provider)
 	if err != nil {
 		return RevocationEndpoint{}, err
 	}
-	cfg := OAuth2Config(p)
-	e := RevocationEndpoint{URL: p.RevocationURL, ClientID: p.ClientID, ClientSecret: p.ClientSecret,
-		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: p.TokenURL}
-	if !p.ClientKey.IsZero() {
-		if e.ClientKey, err = clientkey.ParsePEM([]byte(p.ClientKey.Reveal())); err != nil {
-			return RevocationEndpoint{}, fmt.Errorf("provider %s: its client key: %w", provider, domain.ErrEndpointMisconfigured)
-		}
-		if prof, _ := profiles.Get(p.Profile); prof.AssertionAud == domain.AudienceIssuer {
-			e.IssuerAud = s.Discovery
-		}
+	key, err := storedKey(p)
+	if err != nil {
+		return RevocationEndpoint{}, fmt.Errorf("provider %s: its client key: %w", provider, domain.ErrEndpointMisconfigured)
 	}
-	return e, nil
+	prof, _ := profiles.Get(p.Profile)
+	return revocationEndpoint(p.RevocationURL, OAuth2Config(p), key, prof, s.Discovery), nil
+}
+
+// revocationEndpoint is the revocation endpoint at url of the client cfg
+// registers, authenticated as at its token endpoint (key, prof: see
+// ClientOptions).
+func revocationEndpoint(url string, cfg *oauth2.Config, key *clientkey.Key, prof profiles.Profile, d *Discovery) RevocationEndpoint {
+	return RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
+		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL, ClientKey: key, IssuerAud: issuerFinder(key, prof, d)}
 }
 
 // Revocations revokes refresh tokens at their provider (RFC 7009); it is
 // usecase.Revoker.
 type Revocations struct {
-	endpoints RevocationEndpoints
+	endpoints StoredRevocationEndpoints
 	client    *http.Client
 	styles    AuthStyleStore // may be nil
 }
 
+// NewRevoker revokes the refresh tokens of the client cfg registers at
+// revocationURL ("" none), authenticated as at its token endpoint (key,
+// prof: see ClientOptions), and the stored providers' at their own; client
+// should be bounded (NewHTTPClient); styles may be nil.
+func NewRevoker(cfg *oauth2.Config, revocationURL string, key *clientkey.Key, prof profiles.Profile,
+	providers ProviderLookup, d *Discovery, client *http.Client, styles AuthStyleStore) *Revocations {
+	env := revocationEndpoint(revocationURL, cfg, key, prof, d)
+	return NewRevocations(StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d}, client, styles)
+}
+
 // NewRevocations builds the revoker; client should be bounded
 // (NewHTTPClient); styles may be nil.
-func NewRevocations(endpoints RevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
+func NewRevocations(endpoints StoredRevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
 	c := *client
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: &dpop.Nonces{}}
 	return &Revocations{endpoints: endpoints, client: &c, styles: styles}
@@ -117,7 +117,7 @@ var errRevocationRefused = errors.New("the revocation endpoint refused the reque
 // Revoke revokes refreshToken; a token invalid already is a success too.
 // Errors wrap a domain error or name the status and code, never the token.
 func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error {
-	e, err := r.endpoints.RevocationEndpointFor(ctx, provider)
+	e, err := r.endpoints.revocationEndpoint(ctx, provider)
 	if err != nil {
 		return err
 	}
@@ -132,8 +132,8 @@ func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken 
 	if auto {
 		style = oauth2.AuthStyleInHeader
 		if r.styles != nil && e.TokenURL != "" {
-			if name, err := r.styles.Load(ctx, e.TokenURL, e.ClientID); err == nil && styleFromName(name) != oauth2.AuthStyleAutoDetect {
-				style = styleFromName(name)
+			if name, err := r.styles.Load(ctx, e.TokenURL, e.ClientID); err == nil && AuthStyleOf(name) != oauth2.AuthStyleAutoDetect {
+				style = AuthStyleOf(name)
 			}
 		}
 	}

@@ -29,7 +29,7 @@ func TestRevokeAtTheSandbox(t *testing.T) {
 			srv := httptest.NewServer(p.Handler())
 			defer srv.Close()
 			cfg := p.OAuth2Config(srv.URL)
-			endpoint := provider.OneRevocationEndpoint{URL: sandbox.RevocationURL(srv.URL), ClientID: cfg.ClientID,
+			endpoint := provider.RevocationEndpoint{URL: sandbox.RevocationURL(srv.URL), ClientID: cfg.ClientID,
 				ClientSecret: domain.NewSecret(cfg.ClientSecret), TokenURL: cfg.Endpoint.TokenURL}
 			wrong := oauth2.AuthStyleInParams
 			if method == sandbox.ClientAuthPost {
@@ -45,7 +45,7 @@ func TestRevokeAtTheSandbox(t *testing.T) {
 				}
 				e := endpoint
 				e.AuthStyle = tc.style
-				err = provider.NewRevocations(e, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret(tok.RefreshToken))
+				err = provider.NewRevocations(provider.StoredRevocationEndpoints{Env: e}, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret(tok.RefreshToken))
 				if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, domain.ErrClientRejected)) {
 					t.Fatalf("style %v: %v", tc.style, err)
 				}
@@ -75,7 +75,7 @@ func TestRevocationAnswers(t *testing.T) {
 		_, _ = w.Write([]byte(body.Load().(string)))
 	}))
 	defer srv.Close()
-	r := provider.NewRevocations(provider.OneRevocationEndpoint{URL: srv.URL, ClientID: "c", AuthStyle: oauth2.AuthStyleInHeader}, srv.Client(), nil)
+	r := provider.NewRevocations(provider.StoredRevocationEndpoints{Env: provider.RevocationEndpoint{URL: srv.URL, ClientID: "c", AuthStyle: oauth2.AuthStyleInHeader}}, srv.Client(), nil)
 	refused := errors.New("refused: an error naming the status and code")
 	for _, tc := range []struct {
 		status int
@@ -107,7 +107,7 @@ func TestRevocationAnswers(t *testing.T) {
 			t.Errorf("%d %s: the error shows the token: %v", tc.status, tc.body, err)
 		}
 	}
-	if err := provider.NewRevocations(provider.OneRevocationEndpoint{}, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret("x")); !errors.Is(err, domain.ErrNoRevocationEndpoint) ||
+	if err := provider.NewRevocations(provider.StoredRevocationEndpoints{}, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret("x")); !errors.Is(err, domain.ErrNoRevocationEndpoint) ||
 		!strings.Contains(err.Error(), "OAUTH_REVOCATION_URL") {
 		t.Errorf("no endpoint: %v", err)
 	}
