@@ -59,7 +59,7 @@ func (i *idp) connect(t *testing.T, db *gorm.DB, connection string) {
 		t.Fatal(err)
 	}
 	c := usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, 0)
-	if _, err := c.ConnectWith(context.Background(), connection, i.name, provider.GrantFrom(tok)); err != nil {
+	if _, err := c.ConnectGrant(context.Background(), connection, provider.GrantFrom(tok), usecase.ConnectRequest{Provider: i.name, AllowAccountChange: true}); err != nil {
 		t.Fatal(err)
 	}
 }

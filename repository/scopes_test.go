@@ -53,8 +53,8 @@ func TestScopesReducedOncePerReduction(t *testing.T) {
 	r, db, _ := newRepo(t)
 	ctx := context.Background()
 	connect := usecase.NewConnectUseCase(r, nil, time.Second)
-	if _, err := connect.ConnectAs(ctx, "acme", domain.Grant{AccessToken: domain.NewSecret("at-0"), RefreshToken: domain.NewSecret("rt-0"),
-		Expiry: time.Now().Add(time.Hour)}, domain.Binding{Account: "u1", Scopes: "api read write"}, true); err != nil {
+	if _, err := connect.ConnectGrant(ctx, "acme", domain.Grant{AccessToken: domain.NewSecret("at-0"), RefreshToken: domain.NewSecret("rt-0"),
+		Expiry: time.Now().Add(time.Hour)}, usecase.ConnectRequest{Binding: domain.Binding{Account: "u1", Scopes: "api read write"}, AllowAccountChange: true}); err != nil {
 		t.Fatal(err)
 	}
 
@@ -95,8 +95,8 @@ func TestScopesReducedOncePerReduction(t *testing.T) {
 		t.Errorf("%d scopes_reduced events after a scope went missing again, want 2", n)
 	}
 
-	if _, err := connect.ConnectAs(ctx, "acme", domain.Grant{AccessToken: domain.NewSecret("at-9"), RefreshToken: domain.NewSecret("rt-9"),
-		Expiry: time.Now().Add(time.Hour)}, domain.Binding{Account: "u1", Scopes: "api read write"}, true); err != nil {
+	if _, err := connect.ConnectGrant(ctx, "acme", domain.Grant{AccessToken: domain.NewSecret("at-9"), RefreshToken: domain.NewSecret("rt-9"),
+		Expiry: time.Now().Add(time.Hour)}, usecase.ConnectRequest{Binding: domain.Binding{Account: "u1", Scopes: "api read write"}, AllowAccountChange: true}); err != nil {
 		t.Fatal(err)
 	}
 	if c, _ := r.Connection(ctx, "acme"); c.Binding.ScopesReduced != "" {

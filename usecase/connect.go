@@ -37,21 +37,7 @@ func orDefault(d, def time.Duration) time.Duration {
 // Connect stores g as connection's token and makes the connection active,
 // under the connection's lock, so it never interleaves with a refresh.
 func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domain.Grant) (domain.Token, error) {
-	return u.ConnectAs(ctx, connection, g, domain.Binding{}, true)
-}
-
-// ConnectAs is Connect for a grant whose account is known (b.Account): if
-// the connection is bound to another account, the grant is refused with
-// domain.ErrAccountMismatch and nothing is stored, unless allowChange.
-func (u *ConnectUseCase) ConnectAs(ctx context.Context, connection string, g domain.Grant, b domain.Binding, allowChange bool) (domain.Token, error) {
-	return u.ConnectGrant(ctx, connection, g, ConnectRequest{Binding: b, AllowAccountChange: allowChange})
-}
-
-// ConnectWith is Connect for a grant issued by the stored provider called
-// provider ("" is the process's configured one), where the connection's
-// refreshes go from now on; an unregistered one is domain.ErrUnknownProvider.
-func (u *ConnectUseCase) ConnectWith(ctx context.Context, connection, provider string, g domain.Grant) (domain.Token, error) {
-	return u.ConnectGrant(ctx, connection, g, ConnectRequest{Provider: provider, AllowAccountChange: true})
+	return u.ConnectGrant(ctx, connection, g, ConnectRequest{AllowAccountChange: true})
 }
 
 // ConnectRequest is what comes with a new grant besides its tokens.
@@ -88,7 +74,8 @@ type MetadataStore interface {
 }
 
 // ConnectGrant stores g with what r carries, in one transaction under the
-// connection's lock: a refused grant changes nothing.
+// connection's lock: a refused grant changes nothing. A grant from another
+// account than the connection's is domain.ErrAccountMismatch unless r allows it.
 func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g domain.Grant, r ConnectRequest) (domain.Token, error) {
 	b, allowChange, provider := r.Binding, r.AllowAccountChange, r.Provider
 	tok, err := domain.NewToken(connection, g, u.clock.Now())

@@ -72,10 +72,7 @@ func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret, all
 			u.log.Error("a refused connect result could not be expired; it expires by itself", "connection", p.Connection, "err", rerr)
 		}
 	}
-	if err != nil {
-		return domain.Token{}, p, err
-	}
-	return t, p, nil
+	return t, p, err
 }
 
 // sweepBatch bounds the results one sweep revokes.
@@ -107,17 +104,11 @@ func (u *ConnectFlowUseCase) Sweep(ctx context.Context) (int, error) {
 }
 
 func (u *ConnectFlowUseCase) revoke(ctx context.Context, e domain.ExpiredGrant) error {
-	if u.revoker == nil {
-		u.log.Warn("an expired connect result was deleted without revoking its grant (no revocation endpoint)", "connection", e.Connection)
-		return nil
-	}
-	rctx, cancel := context.WithTimeout(ctx, u.timeout)
-	defer cancel()
-	var err error
-	if bound, ok := u.revoker.(BoundRevoker); ok && !e.DPoPKey.IsZero() {
-		err = bound.RevokeBound(rctx, e.Provider, e.RefreshToken, e.DPoPKey)
-	} else {
-		err = u.revoker.Revoke(rctx, e.Provider, e.RefreshToken)
+	err := fmt.Errorf("no revoker: %w", domain.ErrNoRevocationEndpoint)
+	if u.revoker != nil {
+		rctx, cancel := context.WithTimeout(ctx, u.timeout)
+		defer cancel()
+		err = revokeWith(rctx, u.revoker, e.Provider, e.RefreshToken, e.DPoPKey)
 	}
 	switch {
 	case err == nil:

@@ -134,19 +134,23 @@ type BoundRevoker interface {
 // present revokes t's refresh token, with a proof of its key when the
 // grant is sender-constrained.
 func (u *DisconnectUseCase) present(ctx context.Context, t domain.Token) error {
-	if !t.SenderConstrained() {
-		return u.revoker.Revoke(ctx, t.Provider, t.RefreshToken)
+	var key domain.Secret
+	_, bound := u.revoker.(BoundRevoker)
+	if keys, ok := u.store.(ProofKeys); ok && bound && t.SenderConstrained() {
+		var err error
+		if key, err = keys.DPoPKey(ctx, t.Connection, t.DPoPJKT); err != nil {
+			return err
+		}
 	}
-	keys, ok := u.store.(ProofKeys)
-	bound, ok2 := u.revoker.(BoundRevoker)
-	if !ok || !ok2 {
-		return u.revoker.Revoke(ctx, t.Provider, t.RefreshToken)
+	return revokeWith(ctx, u.revoker, t.Provider, t.RefreshToken, key)
+}
+
+// revokeWith revokes refreshToken, with a proof of key unless it is zero.
+func revokeWith(ctx context.Context, r Revoker, provider string, refreshToken, key domain.Secret) error {
+	if bound, ok := r.(BoundRevoker); ok && !key.IsZero() {
+		return bound.RevokeBound(ctx, provider, refreshToken, key)
 	}
-	key, err := keys.DPoPKey(ctx, t.Connection, t.DPoPJKT)
-	if err != nil {
-		return err
-	}
-	return bound.RevokeBound(ctx, t.Provider, t.RefreshToken, key)
+	return r.Revoke(ctx, provider, refreshToken)
 }
 
 // failed says that disconnecting connection changed nothing.

@@ -4,11 +4,8 @@ package httpapi
 
 import "context"
 
-// storeAtCallback is false in every real build: the callback keeps the
-// grant pending (see callbackstores_on.go).
-const storeAtCallback = false
-
-// ControlBuild is false in every real build (see storeAtCallback).
+// ControlBuild is false in every real build: the callback keeps the grant
+// pending (see callbackstores_on.go).
 const ControlBuild = false
 
 func (s *Server) redeemAtCallback(_ context.Context, o outcome) outcome { return o }

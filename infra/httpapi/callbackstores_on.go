@@ -8,11 +8,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
 )
 
-// storeAtCallback: this build is the e2e tests' control, without the
-// redeem step and the public limits. Never built for use.
-const storeAtCallback = true
-
-// ControlBuild tells di to wire the control build (see storeAtCallback).
+// ControlBuild: this build is the e2e tests' control, without the redeem
+// step and the public limits, and di wires it so. Never built for use.
 const ControlBuild = true
 
 // redeemAtCallback redeems the pending result at once, with no backend.

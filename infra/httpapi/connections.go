@@ -1,7 +1,6 @@
 package httpapi
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -220,15 +219,6 @@ func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 	s.writeToken(w, r, name, c, err)
 }
 
-// Provers sign DPoP proofs of a connection's key, which callers never see.
-type Provers interface {
-	DPoPProof(ctx context.Context, cred tokenguard.Credential, method, target, nonce string) (string, error)
-	LearnDPoPNonce(target string, status int, h http.Header) (retry bool)
-}
-
-// errNoProver: the server's Tokens cannot sign proofs.
-var errNoProver = errors.New("this server cannot sign DPoP proofs")
-
 // proofView is POST /connections/{name}/dpop-proof's answer.
 type proofView struct {
 	AccessToken string     `json:"access_token"`
@@ -252,11 +242,6 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 			Error: `the body must be {"method": "GET", "url": "https://api.example.com/..."}`, Code: "bad_request", Connection: name})
 		return
 	}
-	p, ok := s.deps.Tokens.(Provers)
-	if !ok {
-		s.failed(w, r, name, errNoProver)
-		return
-	}
 	c, err := s.deps.Tokens.Credential(r.Context(), name)
 	if err != nil {
 		s.failed(w, r, name, err)
@@ -271,7 +256,7 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "url_not_allowed", Connection: name})
 		return
 	}
-	proof, err := p.DPoPProof(r.Context(), c, strings.ToUpper(body.Method), body.URL, body.Nonce)
+	proof, err := s.deps.Tokens.DPoPProof(r.Context(), c, strings.ToUpper(body.Method), body.URL, body.Nonce)
 	if err != nil {
 		s.failed(w, r, name, err)
 		return
@@ -291,10 +276,8 @@ func (s *Server) underAPIBase(provider, target string) error {
 	if err != nil || u.User != nil || u.Fragment != "" {
 		return errors.New("url: not an absolute http(s) URL without credentials or fragment")
 	}
-	prefix := strings.TrimSuffix(base.Path, "/") + "/"
-	if !strings.EqualFold(u.Scheme, base.Scheme) || !strings.EqualFold(u.Host, base.Host) ||
-		!(u.Path+"/" == prefix || strings.HasPrefix(u.Path, prefix)) || strings.Contains("/"+u.Path+"/", "/../") {
-		return fmt.Errorf("url: not under the connection's API base URL %s://%s%s", base.Scheme, base.Host, prefix)
+	if !under(u, base) || strings.Contains("/"+u.Path+"/", "/../") {
+		return fmt.Errorf("url: not under the connection's API base URL %s://%s%s/", base.Scheme, base.Host, strings.TrimSuffix(base.Path, "/"))
 	}
 	return nil
 }

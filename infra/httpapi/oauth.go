@@ -36,13 +36,15 @@ func (s *Server) oauthConfigured() bool {
 	return c != nil && c.Endpoint.AuthURL != "" && c.RedirectURL != "" && c.Endpoint.TokenURL != "" && s.deps.Sessions != nil && s.deps.Flows != nil
 }
 
-// flowConfigured answers a 503 page unless the connect flow is configured.
-func (s *Server) flowConfigured(w http.ResponseWriter, r *http.Request) bool {
-	ok := s.oauthConfigured()
-	if !ok {
-		s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+// flowConfigured answers a 503 page, not h, unless the connect flow is configured.
+func (s *Server) flowConfigured(h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.oauthConfigured() {
+			s.page(w, r, http.StatusServiceUnavailable, outcome{Code: "not_configured", Message: "The connect flow is not configured on this server."})
+			return
+		}
+		h(w, r)
 	}
-	return ok
 }
 
 // failPage logs err and answers it with a page saying msg.
@@ -72,17 +74,6 @@ func (s *Server) cookieName() string {
 	return flowCookie
 }
 
-// sessionRequest is the body of POST /connect-sessions.
-type sessionRequest struct {
-	Connection         string `json:"connection"`
-	ReturnTo           string `json:"return_to,omitempty"`
-	AllowAccountChange bool   `json:"allow_account_change,omitempty"`
-	Provider           string `json:"provider,omitempty"` // "": the environment's
-	// Metadata and Tags replace the connection's at redemption, if given.
-	Metadata json.RawMessage `json:"metadata,omitempty"`
-	Tags     []string        `json:"tags,omitempty"`
-}
-
 // createSession answers a connect URL, valid once for sessionLifetime.
 func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	if !s.oauthConfigured() {
@@ -90,7 +81,15 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 			Error: "the connect flow needs OAUTH_AUTH_URL, OAUTH_TOKEN_URL and OAUTH_REDIRECT_URL", Code: "not_configured"})
 		return
 	}
-	var req sessionRequest
+	var req struct {
+		Connection         string `json:"connection"`
+		ReturnTo           string `json:"return_to,omitempty"`
+		AllowAccountChange bool   `json:"allow_account_change,omitempty"`
+		Provider           string `json:"provider,omitempty"` // "": the environment's
+		// Metadata and Tags replace the connection's at redemption, if given.
+		Metadata json.RawMessage `json:"metadata,omitempty"`
+		Tags     []string        `json:"tags,omitempty"`
+	}
 	if err := decodeBody(r, &req, false); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: `want a JSON body {"connection":"NAME","return_to":"URL"} (optional: "allow_account_change", "provider", "metadata", "tags")`, Code: "bad_request"})
 		return
@@ -129,7 +128,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	link, expires, err := s.newConnectLink(r.Context(), domain.ConnectSession{Connection: req.Connection, ReturnTo: req.ReturnTo,
-		AllowAccountChange: req.AllowAccountChange, CreatedBy: keyName(r.Context()), Provider: req.Provider, Metadata: metadata})
+		AllowAccountChange: req.AllowAccountChange, CreatedBy: acc.Name, Provider: req.Provider, Metadata: metadata})
 	if err != nil {
 		s.failed(w, r, req.Connection, err)
 		return
@@ -188,16 +187,18 @@ func returnAllowed(target string, allowed []string) bool {
 		return false
 	}
 	for _, a := range allowed {
-		u, err := url.Parse(a)
-		if err != nil || !strings.EqualFold(u.Scheme, t.Scheme) || !strings.EqualFold(u.Host, t.Host) {
-			continue
-		}
-		base := strings.TrimSuffix(u.Path, "/")
-		if t.Path == u.Path || base == "" || t.Path == base || strings.HasPrefix(t.Path, base+"/") {
+		if u, err := url.Parse(a); err == nil && under(t, u) {
 			return true
 		}
 	}
 	return false
+}
+
+// under: u has base's scheme and host, and its path is at or under base's.
+func under(u, base *url.URL) bool {
+	prefix := strings.TrimSuffix(base.Path, "/")
+	return strings.EqualFold(u.Scheme, base.Scheme) && strings.EqualFold(u.Host, base.Host) &&
+		(u.Path == prefix || strings.HasPrefix(u.Path, prefix+"/"))
 }
 
 // plainURL: no backslash, control or non-ASCII byte, encoded (back)slash,
@@ -235,9 +236,6 @@ func plainURL(target string) bool {
 // until a person presses its button, whose CSRF token is bound to the flow
 // cookie the page sets.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
-	if !s.flowConfigured(w, r) {
-		return
-	}
 	token := r.URL.Query().Get("session")
 	if !sessionToken(token) {
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This link is not a valid connect link. Ask for a new one."})
@@ -256,9 +254,6 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 // connectStart is the consent page's button: it binds the flow (cookie,
 // state, PKCE verifier) to the session and redirects to the provider.
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
-	if !s.flowConfigured(w, r) {
-		return
-	}
 	token, csrf := r.PostFormValue("session"), r.PostFormValue("csrf")
 	c, err := r.Cookie(s.cookieName())
 	if err != nil || !flowToken(c.Value) || !sessionToken(token) ||
@@ -344,9 +339,6 @@ func (s *Server) checkProvider(ctx context.Context, provider string) error {
 // callback checks the flow and its state, then keeps the grant pending
 // until the backend redeems the result sent to return_to.
 func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
-	if !s.flowConfigured(w, r) {
-		return
-	}
 	q := r.URL.Query()
 	c, err := r.Cookie(s.cookieName())
 	state := q.Get("state")
@@ -376,7 +368,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	}
 	o := s.complete(ctx, f, q)
 	s.observe(o.Code)
-	if storeAtCallback && o.result != "" {
+	if ControlBuild && o.result != "" {
 		o = s.redeemAtCallback(ctx, o)
 	}
 	if sess.ReturnTo == "" {
@@ -437,30 +429,25 @@ func (s *Server) redeem(w http.ResponseWriter, r *http.Request) {
 	c, err := s.deps.Flows.RedeemFor(r.Context(), req.Result, func(connection string) error {
 		return acc.Permit(domain.ScopeConnect, connection)
 	})
-	if errors.Is(err, domain.ErrConnectionNotAllowed) {
+	switch {
+	case errors.Is(err, domain.ErrConnectionNotAllowed):
 		s.deps.Log.Warn("connect result refused: the API key may not connect its connection; nothing stored",
 			"connection", c.Connection, "api_key", acc.Name)
 		permit(w, acc, domain.ScopeConnect, c.Connection, "")
 		return
-	}
-	if err != nil {
-		s.redeemFailed(r, c.Connection, err)
+	case errors.Is(err, domain.ErrAccountMismatch):
+		s.observe("account_mismatch")
+		s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored, the grant is revoked",
+			"connection", c.Connection, "api_key", acc.Name)
 		writeError(w, c.Connection, err)
+		return
+	case err != nil:
+		s.failed(w, r, c.Connection, err)
 		return
 	}
 	s.redeemed(r.Context(), c)
 	writeJSON(w, http.StatusOK, map[string]any{"connection": c.Connection, "account": c.Account,
 		"scopes": nonNil(c.Scopes), "missing_scopes": nonNil(c.MissingScopes)})
-}
-
-func (s *Server) redeemFailed(r *http.Request, connection string, err error) {
-	if !errors.Is(err, domain.ErrAccountMismatch) {
-		s.logFailure(r, connection, err)
-		return
-	}
-	s.observe("account_mismatch")
-	s.deps.Log.Warn("grant refused: another provider account than the connection's; nothing stored, the grant is revoked",
-		"connection", connection, "api_key", keyName(r.Context()))
 }
 
 func (s *Server) redeemed(ctx context.Context, c tokenguard.Connected) {
@@ -470,7 +457,7 @@ func (s *Server) redeemed(ctx context.Context, c tokenguard.Connected) {
 		s.observe("connected")
 	}
 	s.deps.Log.Info("connection connected", "connection", c.Connection, "provider", c.Provider, "account", c.Account,
-		"scopes", c.Scopes, "missing_scopes", c.MissingScopes, "api_key", keyName(ctx))
+		"scopes", c.Scopes, "missing_scopes", c.MissingScopes, "api_key", keyAccess(ctx).Name)
 }
 
 func (s *Server) observe(outcome string) {
@@ -481,7 +468,7 @@ func (s *Server) observe(outcome string) {
 
 // outcome is how a browser flow ended: a small page, or a return_to redirect.
 type outcome struct {
-	Connected  bool // redirected only, in the control build (storeAtCallback)
+	Connected  bool // redirected only, in the control build
 	Connection string
 	Code       string // pending, or what went wrong
 	Message    string // for people; never a token

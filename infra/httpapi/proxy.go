@@ -230,11 +230,7 @@ func (t *tokenTransport) authorize(req *http.Request, cred tokenguard.Credential
 		req.Header.Set("Authorization", "Bearer "+cred.Token.AccessToken)
 		return nil
 	}
-	p, ok := t.tokens.(Provers)
-	if !ok {
-		return errNoProver
-	}
-	proof, err := p.DPoPProof(req.Context(), cred, req.Method, req.URL.String(), "")
+	proof, err := t.tokens.DPoPProof(req.Context(), cred, req.Method, req.URL.String(), "")
 	if err != nil {
 		return err
 	}
@@ -246,8 +242,7 @@ func (t *tokenTransport) authorize(req *http.Request, cred tokenguard.Credential
 // nonceRefused learns the API's DPoP nonce and reports whether the answer
 // refused the proof for want of it (§9).
 func (t *tokenTransport) nonceRefused(req *http.Request, resp *http.Response, cred tokenguard.Credential) bool {
-	p, ok := t.tokens.(Provers)
-	return ok && cred.DPoPJKT != "" && p.LearnDPoPNonce(req.URL.String(), resp.StatusCode, resp.Header)
+	return cred.DPoPJKT != "" && t.tokens.LearnDPoPNonce(req.URL.String(), resp.StatusCode, resp.Header)
 }
 
 // target is the URL of path?query at the provider's API.

@@ -65,9 +65,9 @@ func (s *Server) routes() []route {
 		{"POST", "/connect-sessions", apiKey, domain.ScopeConnect, 2 * defaultMaxBody, s.createSession},
 		{"POST", "/connect-results", apiKey, domain.ScopeConnect, 0, s.redeem},
 		{"GET", "/connections", apiKey, domain.ScopeConnectionsRead, 0, s.listConnections},
-		{"GET", "/oauth/connect", browser, "", 0, s.connectPage},
-		{"POST", "/oauth/connect", browser, "", 0, s.connectStart},
-		{"GET", "/oauth/callback", browser, "", 0, s.callback},
+		{"GET", "/oauth/connect", browser, "", 0, s.flowConfigured(s.connectPage)},
+		{"POST", "/oauth/connect", browser, "", 0, s.flowConfigured(s.connectStart)},
+		{"GET", "/oauth/callback", browser, "", 0, s.flowConfigured(s.callback)},
 	}
 	if s.deps.Metrics != nil {
 		rs = append(rs, route{"GET", "/metrics", apiKey, domain.ScopeAdmin, 0, s.deps.Metrics.ServeHTTP})
@@ -190,8 +190,6 @@ func keyAccess(ctx context.Context) domain.KeyAccess {
 	}
 	return a
 }
-
-func keyName(ctx context.Context) string { return keyAccess(ctx).Name }
 
 func bearer(r *http.Request) (domain.Secret, bool) {
 	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
@@ -409,7 +407,7 @@ type health struct {
 
 // check pings db unless the last ping is under a second old; callers wait
 // for a ping in progress.
-func (h *health) check(ctx context.Context, db Pinger) error {
+func (h *health) check(ctx context.Context, ping func(context.Context) error) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if !ControlBuild && !h.at.IsZero() && time.Since(h.at) < time.Second {
@@ -417,7 +415,7 @@ func (h *health) check(ctx context.Context, db Pinger) error {
 	}
 	pctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 2*time.Second)
 	defer cancel()
-	h.err = db.PingContext(pctx)
+	h.err = ping(pctx)
 	h.at = time.Now()
 	return h.err
 }

@@ -34,17 +34,9 @@ type Tokens interface {
 	Credential(ctx context.Context, connection string) (tokenguard.Credential, error)
 	// ForceRefresh returns a token newer than version stale.
 	ForceRefresh(ctx context.Context, connection string, stale int64) (tokenguard.Credential, error)
-}
-
-// APIBases gives a stored provider's API base URL; "" when it has none
-// (its calls are then refused, never sent to Deps.APIBaseURL).
-type APIBases interface {
-	APIBaseURL(provider string) string
-}
-
-// Events accepts events for the worker.
-type Events interface {
-	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
+	// DPoPProof signs a proof with a connection's key, which callers never see.
+	DPoPProof(ctx context.Context, cred tokenguard.Credential, method, target, nonce string) (string, error)
+	LearnDPoPNonce(target string, status int, h http.Header) (retry bool)
 }
 
 // ConnectFlows run the connect flow.
@@ -55,16 +47,10 @@ type ConnectFlows interface {
 	RedeemFor(ctx context.Context, code string, allow func(connection string) error) (tokenguard.Connected, error)
 }
 
-// Connections lists connections without credentials, in name order.
-type Connections = console.Pages
-
 // Providers gives a stored provider's client; else domain.ErrUnknownProvider.
 type Providers interface {
 	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 }
-
-// KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
-type KeyVerifier = console.KeyVerifier
 
 // Sessions stores connect sessions and the browser flows they start.
 type Sessions interface {
@@ -76,36 +62,32 @@ type Sessions interface {
 	Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error)
 }
 
-// ConnectObserver counts the outcomes of the connect flow.
-type ConnectObserver interface {
-	ConnectOutcome(outcome string)
-}
-
-// Pinger reports whether the database answers.
-type Pinger interface {
-	PingContext(ctx context.Context) error
-}
-
 // Deps are what the server is built from.
 type Deps struct {
 	Tokens Tokens
 	// APIBaseURL is the API of the environment's provider's connections.
-	APIBaseURL      *url.URL
-	APIBases        APIBases
+	APIBaseURL *url.URL
+	// APIBases give a stored provider's API base URL; "" when it has none
+	// (its calls are then refused, never sent to APIBaseURL).
+	APIBases        interface{ APIBaseURL(provider string) string }
 	UpstreamTimeout time.Duration // the wait for a proxied answer's headers (0: 10s)
 	UserAgent       string        // sent with every proxied call
-	Events          Events
-	Flows           ConnectFlows // nil disables the connect flow
-	Connections     Connections  // nil answers GET /connections 503
-	Providers       Providers    // nil knows only "" (OAUTH_*)
-	Keys            KeyVerifier
+	// Events accepts events for the worker.
+	Events interface {
+		Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
+	}
+	Flows       ConnectFlows  // nil disables the connect flow
+	Connections console.Pages // nil answers GET /connections 503
+	Providers   Providers     // nil knows only "" (OAUTH_*)
+	Keys        console.KeyVerifier
 	// Sessions and DB (/healthz) use the browser routes' own small pool, so
 	// that a flood of them takes no connection from token reads.
-	Sessions       Sessions
-	DB             Pinger
-	OAuth          *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
-	Metrics        http.Handler   // GET /metrics, behind an admin key; nil: no route
-	Observer       ConnectObserver
+	Sessions Sessions
+	DB       interface{ PingContext(context.Context) error }
+	OAuth    *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
+	Metrics  http.Handler   // GET /metrics, behind an admin key; nil: no route
+	// Observer counts the outcomes of the connect flow.
+	Observer       interface{ ConnectOutcome(outcome string) }
 	Log            *slog.Logger
 	Edges          Edges
 	TracerProvider trace.TracerProvider // nil: the global provider
@@ -228,7 +210,7 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener, grace time.Duration
 
 // healthz answers from the last database ping, at most a second old.
 func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
-	if err := s.health.check(r.Context(), s.deps.DB); err != nil {
+	if err := s.health.check(r.Context(), s.deps.DB.PingContext); err != nil {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]string{"status": "unavailable", "error": "database unreachable"})
 		return
 	}
@@ -246,17 +228,12 @@ func (s *Server) openapi(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(openapiJSON)
 }
 
-// ClientKeys serve the public halves of the client keys in use
-// (private_key_jwt); *tokenguard.Tokens is one.
-type ClientKeys interface {
-	ClientJWKS() []byte
-}
-
-// jwks answers GET /.well-known/jwks.json, the client keys' public halves
-// for providers that fetch them (AT Protocol). Public by design.
+// jwks answers GET /.well-known/jwks.json, the public halves of the client
+// keys in use (private_key_jwt), for providers that fetch them (AT
+// Protocol). Public by design.
 func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 	body := []byte(`{"keys":[]}`)
-	if k, ok := s.deps.Tokens.(ClientKeys); ok {
+	if k, ok := s.deps.Tokens.(interface{ ClientJWKS() []byte }); ok {
 		body = k.ClientJWKS()
 	}
 	w.Header().Set("Content-Type", "application/jwk-set+json")
