@@ -1,5 +1,18 @@
 package repository
 
+import (
+	"context"
+
+	"github.com/tokenguard/tokenguard/domain"
+)
+
 // NewDurabilityUnchecked holds level without ParseSyncCommit's check, for
 // a test that the level reaches the server.
 func NewDurabilityUnchecked(level string) *Durability { return &Durability{configured: level} }
+
+// List reads every stored token into memory, by connection name.
+func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
+	var out []domain.Token
+	err := r.Each(ctx, func(t domain.Token) error { out = append(out, t); return nil })
+	return out, err
+}

@@ -3,8 +3,6 @@ package repository
 import (
 	"crypto/md5"
 	"encoding/hex"
-	"fmt"
-	"slices"
 
 	"gorm.io/gorm"
 )
@@ -36,18 +34,6 @@ func ChannelFor(schema string) string {
 // single int8 (golang-migrate) cannot collide with it. The second half is
 // the connection's id, unique per name (unlike a hash), given at Register.
 const lockNamespace int32 = 0x746b6764
-
-// lockConnections takes the advisory locks of keys on tx's connection, in
-// ascending order without duplicates, so that two transactions needing
-// overlapping sets cannot deadlock (lockConnectionByName locks just one).
-func lockConnections(tx *gorm.DB, keys []int32) error {
-	for _, k := range slices.Compact(slices.Sorted(slices.Values(keys))) {
-		if err := tx.Exec("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", ?)", lockNamespace, k).Error; err != nil {
-			return fmt.Errorf("lock connection key %d: %w", k, err)
-		}
-	}
-	return nil
-}
 
 // lockSettings are a locked transaction's settings: lock_timeout,
 // synchronous_commit (Durability), and generic plans: its statements touch

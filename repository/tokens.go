@@ -132,30 +132,25 @@ func (row leasedTokenRow) lease() usecase.Lease {
 // DefaultPage is how many rows Each reads per query.
 const DefaultPage = 500
 
-// ListPage reads up to limit stored tokens whose connection name sorts
-// after after ("" for the first page), in name order: keyset pagination, so
-// every page costs the same however large the table.
-func (r *TokenRepository) ListPage(ctx context.Context, after string, limit int) ([]domain.Token, error) {
-	var rows []tokenRow
-	if err := r.db.WithContext(ctx).Raw(selectToken+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, limit).Find(&rows).Error; err != nil {
-		return nil, storeError(ctx, "list tokens", err)
-	}
-	out := make([]domain.Token, len(rows))
-	for i, row := range rows {
-		var err error
-		r.ids.put(&row)
-		if out[i], err = row.domain(r.sealer); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
 // Each calls fn with every stored token, in connection name order, holding
-// one page in memory at a time. fn's error stops it and is returned.
+// one page in memory at a time (keyset pagination: every page costs the
+// same however large the table). fn's error stops it and is returned.
 func (r *TokenRepository) Each(ctx context.Context, fn func(domain.Token) error) error {
-	return eachPage(func(after string) ([]domain.Token, error) { return r.ListPage(ctx, after, DefaultPage) },
-		func(t domain.Token) string { return t.Connection }, fn)
+	return eachPage(func(after string) ([]domain.Token, error) {
+		var rows []tokenRow
+		if err := r.db.WithContext(ctx).Raw(selectToken+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, DefaultPage).Find(&rows).Error; err != nil {
+			return nil, storeError(ctx, "list tokens", err)
+		}
+		out := make([]domain.Token, len(rows))
+		for i, row := range rows {
+			var err error
+			r.ids.put(&row)
+			if out[i], err = row.domain(r.sealer); err != nil {
+				return nil, err
+			}
+		}
+		return out, nil
+	}, func(t domain.Token) string { return t.Connection }, fn)
 }
 
 // eachPage calls fn with every row of the pages page reads, DefaultPage at
@@ -176,14 +171,6 @@ func eachPage[T any](page func(after string) ([]T, error), key func(T) string, f
 		}
 		after = key(rows[len(rows)-1])
 	}
-}
-
-// List reads every stored token into memory, by connection name: for tests
-// and small tables.
-func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
-	var out []domain.Token
-	err := r.Each(ctx, func(t domain.Token) error { out = append(out, t); return nil })
-	return out, err
 }
 
 // Register records a connection name (idempotently) so that it has a lock
@@ -216,8 +203,10 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 		}
 		return err
 	}
+	// Locked in ascending key order, so that two transactions needing
+	// overlapping sets cannot deadlock.
 	var keys []int32
-	if err := tx.Raw("SELECT id FROM tokenguard_connections WHERE name IN ?", ids).Find(&keys).Error; err != nil {
+	if err := tx.Raw("SELECT id FROM tokenguard_connections WHERE name IN ? ORDER BY id", ids).Find(&keys).Error; err != nil {
 		return err
 	}
 	if len(keys) != len(ids) {
@@ -226,7 +215,12 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 	if err := tx.Exec("SELECT true FROM ("+settingsSQL+") s", set.args()...).Error; err != nil {
 		return err
 	}
-	return lockConnections(tx, keys)
+	for _, k := range keys {
+		if err := tx.Exec("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", ?)", lockNamespace, k).Error; err != nil {
+			return fmt.Errorf("lock connection key %d: %w", k, err)
+		}
+	}
+	return nil
 }
 
 // InLock runs fn in a transaction that holds connection's advisory lock,

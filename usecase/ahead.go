@@ -42,9 +42,6 @@ const (
 	sweepErrors = 20  // single-connection errors returned; the rest are only counted
 )
 
-// lister lists one page of a sweep's connections (AheadStore's methods).
-type lister func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error)
-
 // RefreshAhead refreshes every connection whose token expires within
 // window, with at most concurrency requests at the provider at a time.
 // Connections another process is refreshing are skipped. Errors of single
@@ -97,7 +94,9 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 // bounds the requests at the provider; twice as many connections are
 // worked on, so that claims and writes overlap the calls instead of adding
 // to them. kind names the sweep in its span.
-func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore, list lister, t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
+func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore,
+	list func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error),
+	t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
 	var rep AheadReport
 	defer func() { span.End(Facts{Sweep: rep, SweepKind: kind}, err) }()
@@ -172,7 +171,7 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 		ev, busy = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider, Outcome: OutcomeSkippedFresh}, false
 		return sweepFresh, nil
 	}
-	if u.budgets.wait(t.Provider, u.opts.Clock.Now()) > 0 {
+	if u.provider(t.Provider).budgetWait(u.opts.Clock.Now()) > 0 {
 		return sweepSkipped, nil // callers come first; the next pass tries again
 	}
 	err := u.mayPresent(ctx, t, false)
@@ -203,7 +202,7 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 			break
 		}
 		release := sync.OnceFunc(func() { u.slots.Release(1); calls.Release(1) })
-		r, err = u.redeem(ctx, store, claimed{current: cl.Token, end: cl.End, release: release})
+		r, err = u.redeem(ctx, store, claimed{Claim: Claim{Token: cl.Token, End: cl.End}, release: release})
 	}
 	busy = false
 	ev = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider,

@@ -34,19 +34,19 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c cl
 		return o.r, o.err
 	case <-timer.C:
 	}
-	t := c.current
+	t := c.Token
 	c.release() // the slot bounds calls that callers wait for, not a hung provider's queue
 	err := fmt.Errorf("%w: %w: the token endpoint has not answered a refresh in %v; its answer is awaited for up to %v",
 		domain.ErrProviderUnavailable, errAnswerPending, u.opts.RefreshTimeout, u.opts.AnswerDeadline)
-	hung := u.hung.of(t.Provider)
-	hung.reject(u.opts.Clock.Now(), hung.settings(), err)
+	hung := &u.provider(t.Provider).hung
+	hung.reject(u.opts.Clock.Now(), hung.generation.Load(), err)
 	u.opts.Logger.Warn("token endpoint has not answered a refresh; awaiting its answer, callers get the current token while it is valid",
 		"connection", t.Connection, "provider", t.Provider, "version", t.Version, "answer_deadline", u.opts.AnswerDeadline)
 	go func() {
 		o := <-done
 		u.late(t, o.r, o.err)
 	}()
-	return redeemed{from: t.RefreshToken}, err
+	return redeemed{}, err
 }
 
 // errAnswerPending: the answer to a request that presented the stored

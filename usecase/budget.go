@@ -5,38 +5,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
-
-// budgets remembers, per provider, until when its fleet-wide token budget
-// was found spent, so callers with a still-valid token are served it
-// without asking the store again meanwhile.
-type budgets struct {
-	mu    sync.Mutex
-	until map[string]time.Time
-}
-
-// spent records that provider's budget allows no request before until.
-func (b *budgets) spent(provider string, until time.Time) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	if b.until == nil {
-		b.until = map[string]time.Time{}
-	}
-	if until.After(b.until[provider]) {
-		b.until[provider] = until
-	}
-}
-
-// wait is how long provider's budget is still known to be spent at now.
-func (b *budgets) wait(provider string, now time.Time) time.Duration {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return max(b.until[provider].Sub(now), 0)
-}
 
 // budgetSpent is the error of a refresh the provider's token budget
 // refused for wait.
@@ -62,20 +34,12 @@ func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, 
 		u.opts.Logger.Warn("could not shrink the provider's token budget after its 429", "provider", provider, "err", err)
 	}
 	if budgeted {
-		u.budgets.spent(provider, u.opts.Clock.Now().Add(pe.RetryAfter))
+		u.provider(provider).spent(u.opts.Clock.Now().Add(pe.RetryAfter))
 	}
 }
 
 // queuedLimit bounds the claims a provider's queue has racing at once.
 const queuedLimit = 4
-
-// queue holds, per provider, the refreshes its spent budget held back
-// while their tokens were still valid; one goroutine per provider redeems
-// them as the budget allows, soonest expiry first, whoever calls meanwhile.
-type queue struct {
-	mu      sync.Mutex
-	waiting map[string]*byExpiry // provider -> its held-back refreshes, while its goroutine runs
-}
 
 // byExpiry is a heap of tokens, soonest expiry first, one per connection.
 type byExpiry struct {
@@ -102,59 +66,54 @@ func (h *byExpiry) Pop() any {
 }
 
 // push queues t's refresh (the last seen token of a connection wins), and
-// reports whether the provider's goroutine must be started.
-func (q *queue) push(t domain.Token) bool {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.waiting == nil {
-		q.waiting = map[string]*byExpiry{}
-	}
-	h := q.waiting[t.Provider]
-	start := h == nil
+// reports whether the provider's drainQueue must be started.
+func (p *providerState) push(t domain.Token) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	start := p.queued == nil
 	if start {
-		h = &byExpiry{at: map[string]int{}}
-		q.waiting[t.Provider] = h
+		p.queued = &byExpiry{at: map[string]int{}}
 	}
-	if i, ok := h.at[t.Connection]; ok {
-		h.toks[i] = t
-		heap.Fix(h, i)
+	if i, ok := p.queued.at[t.Connection]; ok {
+		p.queued.toks[i] = t
+		heap.Fix(p.queued, i)
 	} else {
-		heap.Push(h, t)
+		heap.Push(p.queued, t)
 	}
 	return start
 }
 
-// pop takes the queued token of provider that expires first; false (and
-// the provider's goroutine ends) when there is none.
-func (q *queue) pop(provider string) (domain.Token, bool) {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	h := q.waiting[provider]
-	if h == nil || h.Len() == 0 {
-		delete(q.waiting, provider)
+// pop takes the queued token that expires first; false (and drainQueue
+// ends) when there is none.
+func (p *providerState) pop() (domain.Token, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.queued == nil || p.queued.Len() == 0 {
+		p.queued = nil
 		return domain.Token{}, false
 	}
-	return heap.Pop(h).(domain.Token), true
+	return heap.Pop(p.queued).(domain.Token), true
 }
 
-// hold queues t's refresh and starts its provider's goroutine if needed.
+// hold queues t's refresh, one goroutine per provider redeeming the queue
+// as the budget allows, soonest expiry first, whoever calls meanwhile.
 func (u *RefreshTokenUseCase) hold(t domain.Token) {
-	if u.queued.push(t) {
-		go u.drainQueue(t.Provider)
+	if p := u.provider(t.Provider); p.push(t) {
+		go u.drainQueue(p)
 	}
 }
 
-// drainQueue refreshes provider's queued tokens as the budget allows. One
-// the budget refused again is queued again; one that failed otherwise is
-// left to the next caller.
-func (u *RefreshTokenUseCase) drainQueue(provider string) {
+// drainQueue refreshes p's queued tokens as the budget allows. One the
+// budget refused again is queued again; one that failed otherwise is left
+// to the next caller.
+func (u *RefreshTokenUseCase) drainQueue(p *providerState) {
 	sem := make(chan struct{}, queuedLimit)
 	for {
-		if w := u.budgets.wait(provider, u.opts.Clock.Now()); w > 0 {
+		if w := p.budgetWait(u.opts.Clock.Now()); w > 0 {
 			time.Sleep(w)
 			continue
 		}
-		t, ok := u.queued.pop(provider)
+		t, ok := p.pop()
 		if !ok {
 			return
 		}
@@ -167,7 +126,7 @@ func (u *RefreshTokenUseCase) drainQueue(provider string) {
 			ctx, cancel := context.WithTimeout(context.Background(), u.opts.LockWait+u.opts.AnswerDeadline)
 			defer cancel()
 			out, err := u.refresh(ctx, t.Connection, false, u.stale, t)
-			if err == nil && out.Version == t.Version && u.budgets.wait(provider, u.opts.Clock.Now()) > 0 && usable(out, u.opts.Clock.Now()) {
+			if err == nil && out.Version == t.Version && p.budgetWait(u.opts.Clock.Now()) > 0 && usable(out, u.opts.Clock.Now()) {
 				u.hold(out)
 			}
 		}()

@@ -8,11 +8,10 @@ import (
 )
 
 // The refreshes a spent budget holds back go soonest expiry first, once
-// each, per provider; the provider's goroutine is started once and ends
-// with its queue.
+// each; the provider's goroutine is started once and ends with its queue.
 func TestQueueSoonestExpiryFirst(t *testing.T) {
 	now := time.Now()
-	var q queue
+	var q providerState
 	starts := 0
 	for i, min := range []int{5, 1, 3, 1, 4} {
 		tok := domain.Token{Connection: string(rune('a' + i)), Provider: "p", Expiry: now.Add(time.Duration(min) * time.Minute)}
@@ -23,10 +22,9 @@ func TestQueueSoonestExpiryFirst(t *testing.T) {
 			starts++
 		}
 	}
-	q.push(domain.Token{Connection: "z", Provider: "other", Expiry: now})
 	var got string
 	for {
-		tok, ok := q.pop("p")
+		tok, ok := q.pop()
 		if !ok {
 			break
 		}

@@ -100,7 +100,7 @@ func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(),
 // put remembers tok, fresh until its expiry minus skew, if nothing newer is
 // known. The refresh token stays out: the hot path never needs it.
 func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
-	c.read(tok.Connection, tok.Version, m)
+	c.read(tok.Connection, tok.Version, m, false)
 	if !c.trusted.Load() || tok.Status != domain.StatusActive || c.shards[shardOf(tok.Connection)].Load() > m.seq {
 		return
 	}

@@ -3,7 +3,8 @@ package usecase
 import (
 	"context"
 	"fmt"
-	"sync"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -29,17 +30,6 @@ type CallResult struct {
 type CallAllResult struct {
 	Calls   []CallResult // one per active connection, in name order
 	Skipped []string     // connections that need re-authorisation
-}
-
-// Failed counts the calls that failed.
-func (r CallAllResult) Failed() int {
-	n := 0
-	for _, c := range r.Calls {
-		if c.Err != nil {
-			n++
-		}
-	}
-	return n
 }
 
 // CallAllUseCase calls an API path once for every active connection.
@@ -70,15 +60,14 @@ func (u *CallAllUseCase) CallAll(ctx context.Context) (CallAllResult, error) {
 	if err != nil {
 		return CallAllResult{}, fmt.Errorf("list connections: %w", err)
 	}
-	sem := make(chan struct{}, u.concurrency)
-	var wg sync.WaitGroup
+	var g errgroup.Group
+	g.SetLimit(u.concurrency)
 	for i := range res.Calls {
-		sem <- struct{}{}
-		wg.Go(func() {
-			defer func() { <-sem }()
+		g.Go(func() error {
 			res.Calls[i].Err = u.api.Call(ctx, res.Calls[i].Connection, u.path)
+			return nil
 		})
 	}
-	wg.Wait()
+	_ = g.Wait() // each call's error is in its result
 	return res, nil
 }

@@ -67,7 +67,7 @@ func TestCallAllCallsEveryActiveConnectionOnce(t *testing.T) {
 		t.Errorf("calls = %v, want a, c and d once each", api.calls)
 	}
 	if len(res.Calls) != 3 || res.Calls[0].Connection != "a" || res.Calls[1].Connection != "c" ||
-		!errors.Is(res.Calls[1].Err, boom) || res.Calls[2].Err != nil || res.Failed() != 1 {
+		!errors.Is(res.Calls[1].Err, boom) || res.Calls[2].Err != nil {
 		t.Errorf("result = %+v", res)
 	}
 	if len(res.Skipped) != 1 || res.Skipped[0] != "b" {

@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -10,20 +11,19 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// claimed is what the claim of a refresh found.
+// claimed is what the claim of a refresh found: Token as last read (under
+// the lock if claimed), End nil when it needs no refresh.
 type claimed struct {
-	current domain.Token        // the stored token, as last read (under the lock if claimed)
-	waited  time.Duration       // from the first look until the claim
-	other   bool                // waited for another holder's lease
-	end     func(release bool)  // ends the lease taken; nil when current needs no refresh
-	why     func(reason string) // Claim.Why; nil when the store keeps no history
-	release func()              // frees the in-flight slot, held until the provider answered
+	Claim
+	waited  time.Duration // from the first look until the claim
+	other   bool          // waited for another holder's lease
+	release func()        // frees the in-flight slot, held until the provider answered
 }
 
 // note tells the store why c's refresh ends without a stored token.
 func (c claimed) note(reason string) {
-	if c.why != nil {
-		c.why(reason)
+	if c.Why != nil {
+		c.Why(reason)
 	}
 }
 
@@ -33,7 +33,7 @@ func (c claimed) note(reason string) {
 // the stored token moved looks at that. The lock wait bounds it all.
 func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (claimed, error) {
 	asked := time.Now()
-	c := claimed{current: seen}
+	c := claimed{Claim: Claim{Token: seen}}
 	_, waiting := u.opts.Tracer.Start(ctx, StepLockWait, connection)
 	done := func(err error) (claimed, error) {
 		c.waited = time.Since(asked)
@@ -41,7 +41,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		return c, err
 	}
 	for {
-		t := c.current
+		t := c.Token
 		if t.Status == domain.StatusNeedsReauth || !due(t) {
 			return done(nil)
 		}
@@ -51,7 +51,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 		// Watched before the claim, so the announcement is not missed.
 		woken, unwatch := u.announced.watch(connection)
 		var err error
-		if w := u.budgets.wait(t.Provider, u.opts.Clock.Now()); w > 0 {
+		if w := u.provider(t.Provider).budgetWait(u.opts.Clock.Now()); w > 0 {
 			// The provider's budget was found spent: no need to ask the store.
 			err = u.budgetHeld(ctx, t, w, forced, asked, woken)
 		} else {
@@ -65,15 +65,15 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			switch {
 			case cl.End != nil:
 				unwatch()
-				c.current, c.end, c.why = cl.Token, cl.End, cl.Why
+				c.Claim = cl
 				c.release = sync.OnceFunc(func() { u.slots.Release(1) })
 				return done(nil)
 			case errors.Is(err, errAnnounced):
 				err = nil // another process stored the token while this one queued
 			case err != nil:
 			case cl.BudgetWait > 0:
-				u.budgets.spent(t.Provider, u.opts.Clock.Now().Add(cl.BudgetWait))
-				c.current = cl.Token
+				u.provider(t.Provider).spent(u.opts.Clock.Now().Add(cl.BudgetWait))
+				c.Token = cl.Token
 				err = u.budgetHeld(ctx, cl.Token, cl.BudgetWait, forced, asked, woken)
 			case cl.Lease.Running && !u.overdue(cl.Lease, forced):
 				err = u.awaitLease(ctx, asked, woken)
@@ -84,7 +84,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 				err = fmt.Errorf("claim the refresh of %s at version %d: %w", connection, t.Version, domain.ErrConflict)
 			default:
 				unwatch()
-				c.current = cl.Token // the stored token moved: look at it
+				c.Token = cl.Token // the stored token moved: look at it
 				continue
 			}
 		}
@@ -93,7 +93,7 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			return done(err)
 		}
 		c.other = true
-		if c.current, _, err = u.look(ctx, connection, asked, due, forced, nil); err != nil {
+		if c.Token, _, err = u.look(ctx, connection, asked, due, forced, nil); err != nil {
 			return done(err)
 		}
 	}
@@ -134,13 +134,8 @@ func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, ask
 // ctx is done (checked here because past the claim the refresh runs on).
 func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, forced bool) error {
 	now := u.opts.Clock.Now()
-	if err := u.gate.of(t.Provider).check(now); err != nil {
-		return err
-	}
-	if err := u.hung.of(t.Provider).check(now); err != nil {
-		return err
-	}
-	if err := checkFailure(t, now); err != nil {
+	p := u.provider(t.Provider)
+	if err := cmp.Or(p.gate.check(now), p.hung.check(now), checkFailure(t, now)); err != nil {
 		return err
 	}
 	if forced && !u.forced.allow(t.Connection, now, u.forceGap(t)) {

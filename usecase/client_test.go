@@ -40,7 +40,7 @@ func TestClientRejectionNeverTouchesTheConnection(t *testing.T) {
 		{&domain.ProviderError{HTTPStatus: 404, Class: domain.EndpointMisconfigured},
 			domain.ErrEndpointMisconfigured, usecase.OutcomeEndpointMisconfigured, "OAUTH_TOKEN_URL"},
 	} {
-		t.Run(c.outcome.String(), func(t *testing.T) {
+		t.Run(string(c.outcome), func(t *testing.T) {
 			clock := &fakeClock{now: t0}
 			store := &fakeStore{tok: domain.Token{Connection: "acme", AccessToken: domain.NewSecret("at-1"), RefreshToken: domain.NewSecret("rt-1"),
 				TokenType: "Bearer", ObtainedAt: t0.Add(-time.Hour), Expiry: t0.Add(10 * time.Second), Version: 1, Status: domain.StatusActive}}

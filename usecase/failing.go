@@ -82,7 +82,7 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 // token c leased, and ends the lease (released if the write failed: the
 // next caller then asks the provider again).
 func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store TokenStore, c claimed, pe *domain.ProviderError) {
-	t := c.current
+	t := c.Token
 	f := nextFailure(t.Failure, pe, u.opts.Clock.Now())
 	writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
 	err := store.Fail(writeCtx, t, f)
@@ -90,7 +90,7 @@ func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store TokenStor
 	if errors.Is(err, domain.ErrConflict) {
 		f, err = domain.RefreshFailure{}, nil // stored since: that version has no failure
 	}
-	c.end(err != nil)
+	c.End(err != nil)
 	switch {
 	case err != nil:
 		u.opts.Logger.Error("refresh failure not recorded; the next caller asks the provider again",

@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"golang.org/x/oauth2"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -400,32 +399,6 @@ func TestDatabaseGone(t *testing.T) {
 	}
 	if _, err := s.UC.Token(context.Background(), conn); !errors.Is(err, domain.ErrStoreUnavailable) {
 		t.Errorf("err = %v, want ErrStoreUnavailable", err)
-	}
-}
-
-func TestTokenSourceWorksWithOAuth2Client(t *testing.T) {
-	w := testworld.New(t, 2*time.Second)
-	s := w.Stack(t, usecase.Options{Skew: 500 * time.Millisecond})
-	w.Connect(t, s)
-	client := oauth2.NewClient(context.Background(), s.UC.TokenSource(context.Background(), conn))
-	deadline := time.Now().Add(3500 * time.Millisecond) // spans at least one expiry
-	for time.Now().Before(deadline) {
-		resp, err := client.Get(w.Server.URL + "/resource")
-		if err != nil {
-			t.Fatal(err)
-		}
-		resp.Body.Close()
-		if resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d", resp.StatusCode)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	if st := w.Provider.Stats(); st.Refreshes < 1 || st.RefreshReuse != 0 {
-		t.Errorf("refreshes=%d reuse=%d", st.Refreshes, st.RefreshReuse)
-	}
-	src := s.UC.TokenSource(context.Background(), "nobody")
-	if _, err := src.Token(); !errors.Is(err, domain.ErrNotFound) {
-		t.Errorf("unknown connection: %v", err)
 	}
 }
 

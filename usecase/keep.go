@@ -18,8 +18,8 @@ import (
 // the lease and is returned. It runs to the end whatever the caller does:
 // the refresh token is spent once sent.
 func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
-	t := c.current
-	r := redeemed{from: t.RefreshToken}
+	t := c.Token
+	var r redeemed
 	if t.Failure.ProbeFirst() {
 		if err := u.probe(ctx, t.Provider); err != nil {
 			c.release()
@@ -30,7 +30,8 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	}
 	callCtx, cancel := context.WithTimeout(ctx, u.opts.AnswerDeadline)
 	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
-	settings := u.gate.of(t.Provider).settings() // the provider's settings the call goes out with
+	p := u.provider(t.Provider)
+	settings := p.gate.generation.Load() // the provider's settings the call goes out with
 	called := time.Now()
 	g, err := u.present(callCtx, t)
 	r.latency = time.Since(called)
@@ -41,20 +42,18 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	// while this answer is written.
 	c.release()
 	if answered(err) {
-		u.hung.of(t.Provider).accept()
+		p.hung.accept()
 	}
 	if err != nil && !errors.Is(err, domain.ErrGrantRevoked) {
 		c.note(u.why(err))
 	}
 	switch pe, isPaced := paced(err); {
 	case err == nil:
-		u.gate.of(t.Provider).accept()
-		next := t.Rotated(g, u.opts.Clock.Now())
-		r.rotated = &next
-		r.tok, err = u.keep(ctx, store, r, c.end)
+		p.gate.accept()
+		r.tok, err = u.keep(ctx, store, t.Rotated(g, u.opts.Clock.Now()), t.RefreshToken, c.End)
 		return r, err
 	case clientSide(err):
-		c.end(true)
+		c.End(true)
 		u.clientFailed(t, settings, err)
 		return r, err
 	case isPaced:
@@ -65,10 +64,10 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 		}
 		return r, err
 	case !errors.Is(err, domain.ErrGrantRevoked):
-		c.end(true)
+		c.End(true)
 		return r, err
 	}
-	defer c.end(false)
+	defer c.End(false)
 	return u.dead(ctx, store, t, r, err)
 }
 
@@ -114,9 +113,9 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 // may have presented the same refresh token, been told invalid_grant and
 // marked the connection needs_reauth; if the stored refresh token is still
 // the spent one, the rotated token is the grant's only live one: stored.
-func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r redeemed, end func(release bool)) (domain.Token, error) {
+func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, rotated domain.Token, from domain.Secret,
+	end func(release bool)) (domain.Token, error) {
 	defer end(false)
-	rotated := *r.rotated
 	log := u.opts.Logger.With("connection", rotated.Connection, "from_version", rotated.Version)
 	attempt := func() (domain.Token, error) {
 		writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
@@ -131,7 +130,7 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, r rede
 			return domain.Token{}, err
 		case now.Version > rotated.Version && now.RefreshToken.Equal(rotated.RefreshToken):
 			return now, nil // an earlier write had in fact gone through (its answer was lost)
-		case now.Status == domain.StatusNeedsReauth && now.RefreshToken.Equal(r.from):
+		case now.Status == domain.StatusNeedsReauth && now.RefreshToken.Equal(from):
 			log.Error("connection was marked needs_reauth by a process that presented the refresh token this one had already rotated; storing the rotated token instead",
 				"stored_version", now.Version, "reason", now.StatusReason)
 			next := rotated
@@ -207,4 +206,37 @@ func (u *RefreshTokenUseCase) why(err error) string {
 		return "not stored: timeout before the request was sent; provider unavailable"
 	}
 	return "not stored: provider unavailable (" + answer + ")"
+}
+
+// ProofKeys reads the DPoP key (RFC 9449) a connection's grant is bound
+// to; the token store is one.
+type ProofKeys interface {
+	// DPoPKey is connection's private key (PEM) whose thumbprint is jkt.
+	DPoPKey(ctx context.Context, connection, jkt string) (domain.Secret, error)
+}
+
+// BoundRefresher redeems refresh tokens bound to a DPoP key: every token
+// request carries a proof signed with key.
+type BoundRefresher interface {
+	RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error)
+}
+
+var errUnbound = errors.New("the grant is bound to a DPoP key and the refresher cannot sign proofs")
+
+// present presents t's refresh token, with a proof of its key when the
+// grant is sender-constrained.
+func (u *RefreshTokenUseCase) present(ctx context.Context, t domain.Token) (domain.Grant, error) {
+	if !t.SenderConstrained() {
+		return u.refresher.Refresh(ctx, t.Provider, t.RefreshToken)
+	}
+	keys, ok := u.store.(ProofKeys)
+	bound, ok2 := u.refresher.(BoundRefresher)
+	if !ok || !ok2 {
+		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: errUnbound}
+	}
+	key, err := keys.DPoPKey(ctx, t.Connection, t.DPoPJKT)
+	if err != nil {
+		return domain.Grant{}, fmt.Errorf("refresh %s: %w", t.Connection, err)
+	}
+	return bound.RefreshBound(ctx, t.Provider, t.RefreshToken, key)
 }

@@ -1,7 +1,10 @@
 package usecase
 
 import (
+	"cmp"
+	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -17,31 +20,128 @@ func (u *RefreshTokenUseCase) skewOf(t domain.Token) time.Duration {
 	return u.opts.Skew
 }
 
-// clientGates holds one clientGate per provider, so one provider's pause
-// never holds back another's refreshes.
-type clientGates struct {
-	why    string             // what a closed gate says (after the provider did what)
-	policy domain.PausePolicy // how it pauses
-	mu     sync.Mutex
-	gates  map[string]*clientGate
+// providerState is what this process knows of one provider: every
+// connection of a provider shares its client and its token budget, so one
+// provider's pause never holds back another's refreshes.
+type providerState struct {
+	gate clientGate // pauses its calls after it rejected the client
+	hung clientGate // pauses its calls after one went unanswered past RefreshTimeout
+
+	mu          sync.Mutex
+	budgetUntil time.Time // its fleet-wide token budget was found spent until then
+	queued      *byExpiry // the refreshes its spent budget holds back, while drainQueue runs
 }
 
-func (g *clientGates) of(provider string) *clientGate {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	c, ok := g.gates[provider]
-	if !ok {
-		if g.gates == nil {
-			g.gates = map[string]*clientGate{}
-		}
-		c = &clientGate{why: g.why, pause: domain.Pause{Policy: g.policy}}
-		g.gates[provider] = c
+// provider is name's state.
+func (u *RefreshTokenUseCase) provider(name string) *providerState {
+	if p, ok := u.providers.Load(name); ok {
+		return p.(*providerState)
 	}
-	return c
+	p, _ := u.providers.LoadOrStore(name, &providerState{
+		gate: clientGate{why: "after it rejected the client", pause: domain.Pause{Policy: domain.ClientRejectedPause}},
+		hung: clientGate{why: "while a refresh it was sent goes unanswered", pause: domain.Pause{Policy: domain.UnansweredPause}},
+	})
+	return p.(*providerState)
 }
 
 // ProviderChanged says provider's settings changed (a rotated client
 // secret, say): its client gate opens, so the next refresh tries them at once.
 func (u *RefreshTokenUseCase) ProviderChanged(provider string) {
-	u.gate.of(provider).reopen()
+	g := &u.provider(provider).gate
+	g.accept()
+	g.generation.Add(1)
+}
+
+// clientGate holds back this process's calls to a provider for a while
+// after it rejected the client (or the token URL proved wrong), or left a
+// refresh unanswered: every connection shares the client, so one such
+// answer stands for all. A success ends it.
+type clientGate struct {
+	why        string // what a closed gate says, after its pause
+	pause      domain.Pause
+	generation atomic.Uint64 // of the provider's settings (ProviderChanged)
+}
+
+// check returns the rejection that closes the gate at now, or nil.
+func (g *clientGate) check(now time.Time) error {
+	left, cause := g.pause.Check(now)
+	if cause == nil {
+		return nil
+	}
+	return fmt.Errorf("%w (provider not called for %v %s)", cause, left.Round(time.Millisecond), g.why)
+}
+
+// reject closes the gate after the provider answered err to a call made
+// with generation settings; an answer to settings replaced since (a rotated
+// client secret) does not: the new settings deserve their try.
+func (g *clientGate) reject(now time.Time, settings uint64, err error) {
+	if settings == g.generation.Load() {
+		g.pause.Fail(now, err)
+	}
+}
+
+// accept opens the gate after a success.
+func (g *clientGate) accept() { g.pause.Succeed() }
+
+// spent records that p's budget allows no request before until.
+func (p *providerState) spent(until time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if until.After(p.budgetUntil) {
+		p.budgetUntil = until
+	}
+}
+
+// budgetWait is how long p's budget is still known to be spent at now.
+func (p *providerState) budgetWait(now time.Time) time.Duration {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return max(p.budgetUntil.Sub(now), 0)
+}
+
+// throttle lets an event for a key happen only when the key's last one is
+// at least some interval old. It forgets keys older than keep (the longest
+// interval asked for) and holds at most limit keys (throttleLimit when 0):
+// past that, a new key is refused, erring on the throttle's side.
+type throttle struct {
+	keep  time.Duration
+	limit int
+	mu    sync.Mutex
+	last  map[string]time.Time
+	sweep int // size at which old keys are next swept out
+}
+
+// forgetAt is the size beyond which old keys are swept out as new ones come.
+const forgetAt = 256
+
+// throttleLimit bounds a throttle's keys by default.
+const throttleLimit = 65536
+
+// allow reports whether key's last event is at least every ago (every <=
+// keep), and if so records now as its last.
+func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	last, ok := th.last[key]
+	if ok && now.Sub(last) < every {
+		return false
+	}
+	if th.last == nil {
+		th.last = map[string]time.Time{}
+	}
+	limit := cmp.Or(th.limit, throttleLimit)
+	if !ok && (len(th.last) >= max(th.sweep, forgetAt) || len(th.last) >= limit) {
+		for k, last := range th.last {
+			if now.Sub(last) >= th.keep {
+				delete(th.last, k)
+			}
+		}
+		// Sweep again only once the map has doubled: constant cost per event.
+		th.sweep = 2 * len(th.last)
+		if len(th.last) >= limit {
+			return false
+		}
+	}
+	th.last[key] = now
+	return true
 }

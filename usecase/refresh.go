@@ -5,6 +5,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
+	"sync"
 	"time"
 
 	"golang.org/x/sync/semaphore"
@@ -24,12 +26,9 @@ type RefreshTokenUseCase struct {
 	slots     *semaphore.Weighted // refreshes in flight in this process, queued in order
 	announced announcements       // wakes the callers waiting for another process's refresh
 
-	gate       clientGates // per provider: pauses its calls after it rejected the client
-	hung       clientGates // per provider: pauses its calls after one went unanswered past RefreshTimeout
-	forced     throttle    // connection -> last forced refresh
-	errorLines throttle    // connection -> last ERROR line about the client
-	budgets    budgets     // per provider: until when its token budget was found spent
-	queued     queue       // per provider: the refreshes its spent budget holds back
+	providers  sync.Map // name -> *providerState
+	forced     throttle // connection -> last forced refresh
+	errorLines throttle // connection -> last ERROR line about the client
 }
 
 // NewRefreshTokenUseCase builds the use case.
@@ -40,9 +39,7 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	}
 	u := &RefreshTokenUseCase{store: store, refresher: refresher, opts: opts, flights: flights{log: opts.Logger},
 		slots:  semaphore.NewWeighted(int64(opts.MaxRefreshesInFlight)),
-		forced: throttle{keep: opts.ForceInterval}, errorLines: throttle{keep: errorLineEvery},
-		gate: clientGates{why: "after it rejected the client", policy: domain.ClientRejectedPause},
-		hung: clientGates{why: "while a refresh it was sent goes unanswered", policy: domain.UnansweredPause}}
+		forced: throttle{keep: opts.ForceInterval}, errorLines: throttle{keep: errorLineEvery}}
 	u.cache.capacity, u.cache.clock = int64(max(opts.CacheSize, 0)), opts.Clock
 	return u, nil
 }
@@ -78,15 +75,8 @@ func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t d
 		return t, err
 	}
 	t = fl.tok
-	t.RefreshToken = domain.Secret{} // see withoutRefreshToken
+	t.RefreshToken = domain.Secret{} // a caller holding it could spend it outside the connection's lock
 	return t, nil
-}
-
-// withoutRefreshToken is what callers get: a caller holding the refresh
-// token could spend it outside the connection's lock.
-func withoutRefreshToken(t domain.Token) domain.Token {
-	t.RefreshToken = domain.Secret{}
-	return t
 }
 
 // endToken ends Token's span with the flight's outcome.
@@ -102,6 +92,47 @@ func endToken(span Span, connection string, fl *flight, err error) (*flight, err
 	}
 	span.End(Facts{Provider: fl.tok.Provider, NewVersion: fl.tok.Version}, nil)
 	return fl, nil
+}
+
+// ForceRefresh returns a token newer than version failed, answered 401:
+// the stored one, or one refreshed now if failed is still stored (a burst of
+// 401s causes one refresh), without its refresh token. Refreshes that call
+// the provider are limited per connection (domain.ErrRefreshRateLimited).
+func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error) {
+	u.opts.Observer.ForcedRefresh(connection)
+	u.cache.invalidate(connection, failed+1) // never hand out the failed token again
+	key := connection + "\x00" + strconv.FormatInt(failed, 10)
+	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
+	fl, err := u.flights.do(ctx, key, func(ctx context.Context) (domain.Token, error) {
+		epoch := u.cache.begin()
+		due := func(t domain.Token) bool { return t.Version == failed }
+		// A refresh under way brings the newer token: look waits for it.
+		t, _, err := u.look(ctx, connection, time.Now(), due, true, nil)
+		if err != nil {
+			return domain.Token{}, err
+		}
+		if t.Status == domain.StatusNeedsReauth {
+			return domain.Token{}, needsReauth(t)
+		}
+		if due(t) {
+			if t, err = u.refresh(ctx, connection, true, due, t); err != nil {
+				return domain.Token{}, fmt.Errorf("forced refresh: %w", err)
+			}
+		}
+		u.cache.put(t, epoch, u.skewOf(t))
+		return t, nil
+	})
+	if err == nil {
+		err = fl.err
+	}
+	if err != nil {
+		span.End(Facts{Forced: true, OldVersion: failed}, err)
+		return domain.Token{}, fmt.Errorf("token for %s after version %d failed: %w", connection, failed, err)
+	}
+	span.End(Facts{Forced: true, Provider: fl.tok.Provider, OldVersion: failed, NewVersion: fl.tok.Version}, nil)
+	t := fl.tok
+	t.RefreshToken = domain.Secret{}
+	return t, nil
 }
 
 // Invalidate drops cached copies of connection's token older than version,
@@ -180,13 +211,13 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, connection)
 	ev := RefreshEvent{Connection: connection, Forced: forced}
 	c, err := u.claim(ctx, connection, forced, due, seen)
-	current := c.current // the stored token, as last read
+	current := c.Token // the stored token, as last read
 	ev.LockWait, ev.OldVersion, ev.Provider = c.waited, current.Version, current.Provider
 	switch {
 	case err != nil:
-	case c.end == nil && current.Status == domain.StatusNeedsReauth:
+	case c.End == nil && current.Status == domain.StatusNeedsReauth:
 		err = needsReauth(current)
-	case c.end == nil:
+	case c.End == nil:
 		out, ev.Outcome = current, OutcomeSkippedFresh
 	default:
 		r, err = u.redeem(ctx, u.store, c)
@@ -229,8 +260,6 @@ func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
 // redeemed is what spending a refresh token led to.
 type redeemed struct {
 	tok     domain.Token  // the stored token afterwards
-	from    domain.Secret // the refresh token spent
-	rotated *domain.Token // the provider's answer, as soon as there is one, written or not
 	revoked error         // the grant is dead: stored as needs_reauth
 	reason  string        // why, as stored
 	latency time.Duration // of the provider call
@@ -261,7 +290,7 @@ func untouched(err error) bool {
 // most once a minute per connection, which setting to check.
 func (u *RefreshTokenUseCase) clientFailed(t domain.Token, settings uint64, err error) {
 	now := u.opts.Clock.Now()
-	u.gate.of(t.Provider).reject(now, settings, err)
+	u.provider(t.Provider).gate.reject(now, settings, err)
 	if !u.errorLines.allow(t.Connection, now, errorLineEvery) {
 		return
 	}

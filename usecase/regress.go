@@ -66,20 +66,15 @@ func (h *versionHistory) learn(version int64, c *tokenCache) {
 // read records that a read begun at m found version of id. A version below
 // one known committed before the read began means the database lost
 // commits: reported once, and the stored version becomes what is known.
-func (c *tokenCache) read(id string, version int64, m cacheMark) { c.check(id, version, m, false) }
-
-// readAfterLock is read for a version read under a lock released since
-// (see versionHistory.own).
-func (c *tokenCache) readAfterLock(id string, version int64) { c.check(id, version, everything, true) }
-
-func (c *tokenCache) check(id string, version int64, m cacheMark, ownOnly bool) {
+// afterLock: read under a lock released since (see versionHistory.own).
+func (c *tokenCache) read(id string, version int64, m cacheMark, afterLock bool) {
 	if version < 1 {
 		return
 	}
 	h := &c.slot(id).hist
 	h.mu.Lock()
 	known, regressed := h.known, version < h.known && h.at <= m.seq
-	if ownOnly {
+	if afterLock {
 		regressed = version < h.own || version < h.known && h.epoch < c.epoch.Load()
 		if version >= h.known || h.epoch >= c.epoch.Load() {
 			known = h.own
@@ -100,7 +95,7 @@ func (c *tokenCache) check(id string, version int64, m cacheMark, ownOnly bool) 
 // rolledBack reports whether version of id, read under the connection's
 // lock, is behind a version known committed, or was found so already.
 func (c *tokenCache) rolledBack(id string, version int64) bool {
-	c.read(id, version, everything)
+	c.read(id, version, everything, false)
 	v, ok := c.slots.Load(id)
 	if !ok {
 		return false

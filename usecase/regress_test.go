@@ -93,12 +93,12 @@ func TestRejectedGrantChecksOnlyOwnVersions(t *testing.T) {
 	c.setTrusted(true)
 	c.put(cached(2), c.begin(), 0)
 	c.announced("acme", 3) // the pass's own needs_reauth, announced
-	c.readAfterLock("acme", 2)
+	c.read("acme", 2, everything, true)
 	if len(*got) != 0 {
 		t.Fatalf("the pass's own needs_reauth taken for a regression: %v", *got)
 	}
 	c.knew("acme", 4, false) // stored by this process
-	c.readAfterLock("acme", 3)
+	c.read("acme", 3, everything, true)
 	if len(*got) != 1 || (*got)[0] != (regression{"acme", 4, 3}) {
 		t.Fatalf("regressions = %v, want acme 4 -> 3", *got)
 	}
@@ -107,7 +107,7 @@ func TestRejectedGrantChecksOnlyOwnVersions(t *testing.T) {
 	c.announced("acme", 5)
 	c.setTrusted(false)
 	c.setTrusted(true)
-	c.readAfterLock("acme", 4)
+	c.read("acme", 4, everything, true)
 	if len(*got) != 2 || (*got)[1] != (regression{"acme", 5, 4}) {
 		t.Fatalf("regressions = %v, want acme 5 -> 4 second", *got)
 	}
