@@ -3,8 +3,11 @@ package repository
 import (
 	"crypto/md5"
 	"encoding/hex"
+	"fmt"
 
 	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // nsInSchema keeps two deployments in one database apart: in the public
@@ -57,4 +60,25 @@ func lockConnectionByName(tx *gorm.DB, name string, set lockSettings) (found boo
 SELECT pg_advisory_xact_lock(`+nsInSchema("?")+`, c.id)::text AS locked FROM s, tokenguard_connections c WHERE c.name = ?`,
 		append(set.args(), lockNamespace, name)...).Find(&rows).Error
 	return len(rows) == 1, err
+}
+
+// lockConnectionsByName locks the named connections in ascending key order,
+// so that two transactions needing overlapping sets cannot deadlock.
+func lockConnectionsByName(tx *gorm.DB, ids []string, set lockSettings) error {
+	var keys []int32
+	if err := tx.Raw("SELECT id FROM tokenguard_connections WHERE name IN ? ORDER BY id", ids).Find(&keys).Error; err != nil {
+		return err
+	}
+	if len(keys) != len(ids) {
+		return fmt.Errorf("lock %d connection(s), %d registered: %w", len(ids), len(keys), domain.ErrNotFound)
+	}
+	if err := tx.Exec("SELECT true FROM ("+settingsSQL+") s", set.args()...).Error; err != nil {
+		return err
+	}
+	for _, k := range keys {
+		if err := tx.Exec("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", ?)", lockNamespace, k).Error; err != nil {
+			return fmt.Errorf("lock connection key %d: %w", k, err)
+		}
+	}
+	return nil
 }

@@ -203,24 +203,7 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 		}
 		return err
 	}
-	// Locked in ascending key order, so that two transactions needing
-	// overlapping sets cannot deadlock.
-	var keys []int32
-	if err := tx.Raw("SELECT id FROM tokenguard_connections WHERE name IN ? ORDER BY id", ids).Find(&keys).Error; err != nil {
-		return err
-	}
-	if len(keys) != len(ids) {
-		return fmt.Errorf("lock %d connection(s), %d registered: %w", len(ids), len(keys), domain.ErrNotFound)
-	}
-	if err := tx.Exec("SELECT true FROM ("+settingsSQL+") s", set.args()...).Error; err != nil {
-		return err
-	}
-	for _, k := range keys {
-		if err := tx.Exec("SELECT pg_advisory_xact_lock("+nsInSchema("?")+", ?)", lockNamespace, k).Error; err != nil {
-			return fmt.Errorf("lock connection key %d: %w", k, err)
-		}
-	}
-	return nil
+	return lockConnectionsByName(tx, ids, set)
 }
 
 // InLock runs fn in a transaction that holds connection's advisory lock,
