@@ -70,8 +70,7 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 	return &Key{signer: s, alg: alg, kid: kid, jose: js}, nil
 }
 
-// ParsePEM reads a PEM private key: PKCS #8, SEC 1 (EC) or PKCS #1
-// (RSA). Errors never quote the input.
+// ParsePEM reads a PEM private key: PKCS #8, SEC 1 (EC) or PKCS #1 (RSA). Errors never quote the input.
 func ParsePEM(data []byte) (*Key, error) {
 	s, err := ParseSigner(data)
 	if err != nil {
@@ -80,8 +79,7 @@ func ParsePEM(data []byte) (*Key, error) {
 	return FromSigner(s)
 }
 
-// ParseSigner decodes a PEM private key (PKCS #8, SEC 1 or PKCS #1) of
-// any algorithm; dpop shares it. Errors never quote the input.
+// ParseSigner decodes a PEM private key of any algorithm (dpop shares it). Errors never quote the input.
 func ParseSigner(data []byte) (crypto.Signer, error) {
 	block, _ := pem.Decode(data)
 	if block == nil {

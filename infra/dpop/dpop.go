@@ -51,13 +51,10 @@ func Generate() (*Key, error) {
 // key (dpop_jkt) and the PKCE verifier from one seed, so nothing else is kept between the two
 // requests and the verifier reveals nothing of the key.
 func Derive(seed []byte) (*Key, error) {
-	if len(seed) < 32 {
-		return nil, errors.New("dpop: derive: the seed is shorter than 256 bits")
-	}
 	for i := range 8 { // a draw outside the curve's order is rare (< 2^-32)
-		d, err := hkdf.Key(sha256.New, seed, nil, "tokenguard connect-flow DPoP key "+strconv.Itoa(i), 32)
+		d, err := derive(seed, "tokenguard connect-flow DPoP key "+strconv.Itoa(i))
 		if err != nil {
-			return nil, fmt.Errorf("dpop: derive: %w", err)
+			return nil, err
 		}
 		if priv, err := ecdsa.ParseRawPrivateKey(elliptic.P256(), d); err == nil {
 			return FromSigner(priv)
@@ -69,14 +66,20 @@ func Derive(seed []byte) (*Key, error) {
 // DeriveVerifier is the PKCE verifier (RFC 7636: 43 base64url characters) that seed stands for,
 // independent of Derive's key.
 func DeriveVerifier(seed []byte) (string, error) {
+	v, err := derive(seed, "tokenguard connect-flow PKCE verifier")
+	return base64.RawURLEncoding.EncodeToString(v), err
+}
+
+// derive is the 32 bytes HKDF-SHA256 draws from seed for info.
+func derive(seed []byte, info string) ([]byte, error) {
 	if len(seed) < 32 {
-		return "", errors.New("dpop: derive: the seed is shorter than 256 bits")
+		return nil, errors.New("dpop: derive: the seed is shorter than 256 bits")
 	}
-	v, err := hkdf.Key(sha256.New, seed, nil, "tokenguard connect-flow PKCE verifier", 32)
+	d, err := hkdf.Key(sha256.New, seed, nil, info, 32)
 	if err != nil {
-		return "", fmt.Errorf("dpop: derive: %w", err)
+		return nil, fmt.Errorf("dpop: derive: %w", err)
 	}
-	return base64.RawURLEncoding.EncodeToString(v), nil
+	return d, nil
 }
 
 // FromSigner wraps an EC P-256 private key.
@@ -85,8 +88,7 @@ func FromSigner(s crypto.Signer) (*Key, error) {
 	if !ok || priv.Curve != elliptic.P256() {
 		return nil, ErrBadKey
 	}
-	pub := jose.JSONWebKey{Key: priv.Public(), Algorithm: string(jose.ES256), Use: "sig"}
-	tp, err := pub.Thumbprint(crypto.SHA256)
+	tp, err := (&jose.JSONWebKey{Key: priv.Public()}).Thumbprint(crypto.SHA256) // RFC 7638: crv, kty, x, y only
 	if err != nil {
 		return nil, fmt.Errorf("dpop: thumbprint: %w", err)
 	}
@@ -162,7 +164,8 @@ func (k *Key) Proof(method, target, accessToken, nonce string, now time.Time) (s
 func HTU(target string) (string, error) {
 	u, err := url.Parse(target)
 	if err != nil || u.Scheme == "" || u.Host == "" {
-		return "", fmt.Errorf("dpop: %q is not an absolute URL", redactQuery(target))
+		shown := target[:strings.IndexAny(target+"?", "?#")] // without query or fragment
+		return "", fmt.Errorf("dpop: %q is not an absolute URL", shown)
 	}
 	u.RawQuery, u.Fragment, u.RawFragment, u.User = "", "", "", nil
 	return u.String(), nil
@@ -172,11 +175,4 @@ func HTU(target string) (string, error) {
 func ATH(accessToken string) string {
 	h := sha256.Sum256([]byte(accessToken))
 	return base64.RawURLEncoding.EncodeToString(h[:])
-}
-
-func redactQuery(s string) string {
-	if i := strings.IndexAny(s, "?#"); i >= 0 {
-		return s[:i]
-	}
-	return s
 }

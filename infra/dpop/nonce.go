@@ -71,12 +71,6 @@ func WithKey(ctx context.Context, k *Key) context.Context {
 	return context.WithValue(ctx, keyCtx{}, k)
 }
 
-// KeyFrom is the key WithKey put in ctx, or nil.
-func KeyFrom(ctx context.Context) *Key {
-	k, _ := ctx.Value(keyCtx{}).(*Key)
-	return k
-}
-
 // TokenTransport adds a DPoP proof to every token-endpoint request whose context carries a key
 // (WithKey); others pass untouched.
 type TokenTransport struct {
@@ -87,7 +81,7 @@ type TokenTransport struct {
 
 func (t *TokenTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 	base := cmp.Or(t.Base, http.DefaultTransport)
-	k := KeyFrom(req.Context())
+	k, _ := req.Context().Value(keyCtx{}).(*Key)
 	if k == nil {
 		return base.RoundTrip(req)
 	}

@@ -33,8 +33,7 @@ type StatusCounter interface {
 
 // Options configure Metrics. The zero value is usable.
 type Options struct {
-	// ConnectionLabel adds a "connection" label to the refresh counters:
-	// one series per connection and outcome, for small fleets.
+	// ConnectionLabel adds a "connection" label to the refresh counters: a series per connection, for small fleets.
 	ConnectionLabel bool
 	Log             *slog.Logger // scrape errors (default slog.Default())
 	// Registerer, when set, receives tokenguard's collectors only (an application's registry has
@@ -53,7 +52,8 @@ type Metrics struct {
 	forced          *prometheus.CounterVec
 	lockWait        prometheus.Histogram
 	providerLatency *prometheus.HistogramVec
-	providers       providerLabels
+	providersMu     sync.Mutex
+	providers       map[string]bool // provider label values in use, at most MaxProviderLabels
 	invalidations   prometheus.Counter
 	listener        prometheus.Gauge
 	replicationSync prometheus.Gauge
@@ -64,8 +64,7 @@ type Metrics struct {
 	misses  atomic.Uint64
 }
 
-// Outcomes every refresh counter starts with at zero, so that rate() and
-// alerts work before the first failure.
+// outcomes start every refresh counter at zero, so that rate() and alerts work before the first failure.
 var outcomes = []usecase.RefreshOutcome{
 	usecase.OutcomeOK, usecase.OutcomeSkippedFresh, usecase.OutcomeTransientError,
 	usecase.OutcomeInvalidGrant, usecase.OutcomeClientRejected, usecase.OutcomeEndpointMisconfigured, usecase.OutcomeError,
@@ -80,7 +79,8 @@ const (
 
 // New builds and registers the metrics (see Options.Registerer); it panics if already there.
 func New(o Options) *Metrics {
-	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: cmp.Or(o.Log, slog.Default())}
+	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: cmp.Or(o.Log, slog.Default()),
+		providers: map[string]bool{}}
 	if m.registerer == nil {
 		m.reg = NewRegistry()
 		m.registerer = m.reg
@@ -119,7 +119,19 @@ func New(o Options) *Metrics {
 		}
 		m.forced.WithLabelValues()
 	}
-	m.registerer.MustRegister(cacheCollector{m})
+	// hits are lookups minus misses at scrape time. Both only grow; misses is read first, so hits
+	// never goes negative nor back.
+	for result, value := range map[string]func() uint64{
+		"hit": func() uint64 {
+			misses := m.misses.Load()
+			return max(m.lookups.load(), misses) - misses
+		},
+		"miss": m.misses.Load,
+	} {
+		f.NewCounterFunc(prometheus.CounterOpts{Name: "tokenguard_token_cache_lookups_total",
+			Help:        "Token calls by whether the in-process cache served them (hit: no query, no lock) or not (miss: read the database, maybe refresh).",
+			ConstLabels: prometheus.Labels{"result": result}}, func() float64 { return float64(value()) })
+	}
 	return m
 }
 
@@ -132,8 +144,7 @@ func (m *Metrics) CountConnections(c StatusCounter) {
 // Handler serves the fresh registry of New (see HandlerFor).
 func (m *Metrics) Handler() http.Handler { return HandlerFor(m.reg, m.log) }
 
-// HandlerFor serves reg. A collector that fails (the database is down) is
-// left out of that scrape and logged; the rest is still served.
+// HandlerFor serves reg; a failing collector (the database is down) is logged and left out of that scrape.
 func HandlerFor(reg *prometheus.Registry, log *slog.Logger) http.Handler {
 	log = cmp.Or(log, slog.Default())
 	return promhttp.HandlerFor(reg, promhttp.HandlerOpts{
@@ -165,7 +176,7 @@ func (m *Metrics) Refreshed(e usecase.RefreshEvent) {
 	if e.Forced {
 		trigger = TriggerUnauthorized
 	}
-	provider := m.providers.label(e.Provider)
+	provider := m.providerLabel(e.Provider)
 	if m.connectionLabel {
 		m.refreshes.WithLabelValues(string(e.Outcome), trigger, provider, e.Connection).Inc()
 	} else {
@@ -210,9 +221,7 @@ var _ usecase.Observer = (*Metrics)(nil)
 
 // stripedCounter is a hot-path counter: one atomic would bounce a cache line between cores on every
 // call. Each add goes to a stripe picked by the caller's stack address; a scrape sums them.
-type stripedCounter struct {
-	stripes [stripes]paddedCounter
-}
+type stripedCounter [stripes]paddedCounter
 
 const stripes = 32
 
@@ -226,48 +235,27 @@ type paddedCounter struct {
 func (c *stripedCounter) inc() {
 	var anchor byte
 	// Goroutine stacks are at least 8 KiB apart; the bits above pick it.
-	c.stripes[(uintptr(unsafe.Pointer(&anchor))>>13)%stripes].n.Add(1)
+	c[(uintptr(unsafe.Pointer(&anchor))>>13)%stripes].n.Add(1)
 }
 
 func (c *stripedCounter) load() uint64 {
 	var n uint64
-	for i := range c.stripes {
-		n += c.stripes[i].n.Load()
+	for i := range c {
+		n += c[i].n.Load()
 	}
 	return n
-}
-
-var cacheDesc = prometheus.NewDesc("tokenguard_token_cache_lookups_total",
-	"Token calls by whether the in-process cache served them (hit: no query, no lock) or not (miss: read the database, maybe refresh).",
-	[]string{"result"}, nil)
-
-// cacheCollector derives hits as lookups minus misses at scrape time. Both
-// only grow; misses is read first, so hits never goes negative nor back.
-type cacheCollector struct{ m *Metrics }
-
-func (c cacheCollector) Describe(ch chan<- *prometheus.Desc) { ch <- cacheDesc }
-
-func (c cacheCollector) Collect(ch chan<- prometheus.Metric) {
-	misses := c.m.misses.Load()
-	lookups := c.m.lookups.load()
-	hits := max(lookups, misses) - misses
-	ch <- prometheus.MustNewConstMetric(cacheDesc, prometheus.CounterValue, float64(hits), "hit")
-	ch <- prometheus.MustNewConstMetric(cacheDesc, prometheus.CounterValue, float64(misses), "miss")
 }
 
 var statusDesc = prometheus.NewDesc("tokenguard_connections",
 	"Connections with a stored token, by status (active, failing: active but its refreshes keep failing, needs_reauth), read from the database at scrape time. Fleet-wide: every process reports the same figure.",
 	[]string{"status"}, nil)
 
-// statusTimeout bounds the scrape's query.
-const statusTimeout = 2 * time.Second
-
 type statusCollector struct{ counter StatusCounter }
 
 func (c statusCollector) Describe(ch chan<- *prometheus.Desc) { ch <- statusDesc }
 
 func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
-	ctx, cancel := context.WithTimeout(context.Background(), statusTimeout)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second) // bounds the scrape's query
 	defer cancel()
 	counts, err := c.counter.CountByStatus(ctx)
 	if err != nil {
@@ -295,27 +283,15 @@ const (
 	MaxProviderLabels = 100
 )
 
-// providerLabels maps a connection's provider to its label value.
-type providerLabels struct {
-	mu   sync.Mutex
-	seen map[string]bool
-}
-
-func (p *providerLabels) label(provider string) string {
+func (m *Metrics) providerLabel(provider string) string {
 	if provider == "" {
 		return DefaultProvider
 	}
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	if p.seen[provider] {
-		return provider
-	}
-	if len(p.seen) >= MaxProviderLabels {
+	m.providersMu.Lock()
+	defer m.providersMu.Unlock()
+	if !m.providers[provider] && len(m.providers) >= MaxProviderLabels {
 		return OtherProviders
 	}
-	if p.seen == nil {
-		p.seen = map[string]bool{}
-	}
-	p.seen[provider] = true
+	m.providers[provider] = true
 	return provider
 }

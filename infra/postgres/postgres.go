@@ -21,21 +21,12 @@ type Pool struct {
 	ConnMaxIdleTime time.Duration // default 5m
 }
 
-func (p Pool) withDefaults() Pool {
-	if p.MaxOpenConns <= 0 {
-		p.MaxOpenConns = 10
+// positive is v, or def when v is not positive.
+func positive[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
 	}
-	if p.MaxIdleConns <= 0 {
-		// Fewer would close and reopen a connection (a new backend) per use above that many at once.
-		p.MaxIdleConns = p.MaxOpenConns
-	}
-	if p.ConnMaxLifetime <= 0 {
-		p.ConnMaxLifetime = 30 * time.Minute
-	}
-	if p.ConnMaxIdleTime <= 0 {
-		p.ConnMaxIdleTime = 5 * time.Minute
-	}
-	return p
+	return v
 }
 
 // Open connects to the database at url and checks it answers. GORM logs
@@ -55,11 +46,12 @@ func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*go
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
-	pool = pool.withDefaults()
-	sqlDB.SetMaxOpenConns(pool.MaxOpenConns)
-	sqlDB.SetMaxIdleConns(pool.MaxIdleConns)
-	sqlDB.SetConnMaxLifetime(pool.ConnMaxLifetime)
-	sqlDB.SetConnMaxIdleTime(pool.ConnMaxIdleTime)
+	maxOpen := positive(pool.MaxOpenConns, 10)
+	sqlDB.SetMaxOpenConns(maxOpen)
+	// Fewer idle would close and reopen a connection (a new backend) per use above that many at once.
+	sqlDB.SetMaxIdleConns(positive(pool.MaxIdleConns, maxOpen))
+	sqlDB.SetConnMaxLifetime(positive(pool.ConnMaxLifetime, 30*time.Minute))
+	sqlDB.SetConnMaxIdleTime(positive(pool.ConnMaxIdleTime, 5*time.Minute))
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := sqlDB.PingContext(pingCtx); err != nil {

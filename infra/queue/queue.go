@@ -150,15 +150,12 @@ func NewWorker(pool *pgxpool.Pool, h HandlerFunc, opts WorkerOptions, log *slog.
 	if opts.StopTimeout <= 0 {
 		opts.StopTimeout = 8 * time.Second
 	}
+	// AddWorker panics only for a kind added twice: two fixed, distinct kinds here.
 	workers := river.NewWorkers()
-	if err := river.AddWorkerSafely(workers, &eventWorker{h: h, log: log, tracer: tracing.New(opts.TracerProvider)}); err != nil {
-		return nil, fmt.Errorf("queue: %w", err)
-	}
+	river.AddWorker(workers, &eventWorker{h: h, log: log, tracer: tracing.New(opts.TracerProvider)})
 	queues := map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: opts.Concurrency}}
 	if opts.Webhook != nil {
-		if err := river.AddWorkerSafely(workers, newWebhookWorker(*opts.Webhook, log)); err != nil {
-			return nil, fmt.Errorf("queue: %w", err)
-		}
+		river.AddWorker(workers, newWebhookWorker(*opts.Webhook, log))
 		queues[webhookQueue] = river.QueueConfig{MaxWorkers: 4}
 	}
 	c, err := river.NewClient(riverpgxv5.New(pool), &river.Config{
@@ -175,8 +172,7 @@ func NewWorker(pool *pgxpool.Pool, h HandlerFunc, opts WorkerOptions, log *slog.
 	return &Worker{client: c, pool: pool, log: log, opts: opts}, nil
 }
 
-// Run works events until ctx is done, then stops fetching, lets events in
-// flight finish (bounded by StopTimeout) and returns.
+// Run works events until ctx is done, then lets those in flight finish (bounded by StopTimeout).
 func (w *Worker) Run(ctx context.Context) error {
 	if err := w.client.Start(context.WithoutCancel(ctx)); err != nil {
 		return fmt.Errorf("queue: start worker: %w", err)
@@ -274,27 +270,21 @@ func riverLogger(log *slog.Logger) *slog.Logger {
 	if log == nil {
 		return quiet()
 	}
-	return slog.New(minLevel{Handler: log.Handler(), min: slog.LevelWarn})
+	return slog.New(warnings{log.Handler()})
 }
 
 func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
 
-type minLevel struct {
-	slog.Handler
-	min slog.Level
+// warnings passes on warnings and errors only.
+type warnings struct{ slog.Handler }
+
+func (h warnings) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
 }
 
-func (h minLevel) Enabled(ctx context.Context, l slog.Level) bool {
-	return l >= h.min && h.Handler.Enabled(ctx, l)
-}
+func (h warnings) WithAttrs(as []slog.Attr) slog.Handler { return warnings{h.Handler.WithAttrs(as)} }
 
-func (h minLevel) WithAttrs(as []slog.Attr) slog.Handler {
-	return minLevel{Handler: h.Handler.WithAttrs(as), min: h.min}
-}
-
-func (h minLevel) WithGroup(name string) slog.Handler {
-	return minLevel{Handler: h.Handler.WithGroup(name), min: h.min}
-}
+func (h warnings) WithGroup(name string) slog.Handler { return warnings{h.Handler.WithGroup(name)} }
 
 // traceMetadata is job metadata carrying ctx's W3C trace context; nil when ctx has none.
 func traceMetadata(ctx context.Context) []byte {

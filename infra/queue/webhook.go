@@ -70,9 +70,7 @@ const (
 func Sign(secret domain.Secret, t time.Time, body []byte) string {
 	ts := strconv.FormatInt(t.Unix(), 10)
 	mac := hmac.New(sha256.New, []byte(secret.Reveal()))
-	mac.Write([]byte(ts))
-	mac.Write([]byte("."))
-	mac.Write(body)
+	mac.Write(append([]byte(ts+"."), body...))
 	return "t=" + ts + ",v1=" + hex.EncodeToString(mac.Sum(nil))
 }
 

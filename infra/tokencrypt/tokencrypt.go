@@ -25,7 +25,6 @@ import (
 	"crypto/cipher"
 	"crypto/rand"
 	"encoding/base64"
-	"errors"
 	"fmt"
 	"log/slog"
 	"regexp"
@@ -54,8 +53,7 @@ var (
 	bodyEncoding = base64.RawURLEncoding.Strict()
 )
 
-// Keyring holds the configured keys. It is safe for concurrent use, and
-// printing it in any way shows key ids only.
+// Keyring holds the configured keys; safe for concurrent use. Printed in any way, it shows key ids only.
 type Keyring struct {
 	current  string
 	ids      []string // sorted
@@ -63,8 +61,7 @@ type Keyring struct {
 	required bool // legacy plaintext is refused (RequireSealed)
 }
 
-// RequireSealed makes Open refuse legacy plaintext, once every row is
-// sealed (a plaintext value is then written around tokenguard).
+// RequireSealed makes Open refuse legacy plaintext (once every row is sealed, one was written around tokenguard).
 func (k *Keyring) RequireSealed() *Keyring {
 	k.required = true
 	return k
@@ -102,9 +99,10 @@ func ParseKeyring(spec string) (*Keyring, error) {
 		if err != nil || len(raw) != keySize {
 			return nil, fmt.Errorf("%s: key must be %d random bytes in standard base64 (openssl rand -base64 32)", where, keySize)
 		}
-		aead, err := newAEAD(raw)
+		block, _ := aes.NewCipher(raw) // fails only for a key of the wrong size
+		aead, err := cipher.NewGCM(block)
 		if err != nil {
-			return nil, fmt.Errorf("%s: %w", where, err)
+			return nil, fmt.Errorf("%s: unusable AES-GCM key", where)
 		}
 		k.aeads[id] = aead
 		k.ids = append(k.ids, id)
@@ -117,18 +115,6 @@ func ParseKeyring(spec string) (*Keyring, error) {
 	}
 	slices.Sort(k.ids)
 	return k, nil
-}
-
-func newAEAD(key []byte) (cipher.AEAD, error) {
-	block, err := aes.NewCipher(key)
-	if err != nil {
-		return nil, errors.New("unusable AES key")
-	}
-	aead, err := cipher.NewGCM(block)
-	if err != nil {
-		return nil, errors.New("unusable AES-GCM key")
-	}
-	return aead, nil
 }
 
 // Current is the id of the key Seal uses.
@@ -152,14 +138,11 @@ func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 // boundMark after the key id marks the current form of envelope.
 const boundMark = "b"
 
-// Bound reports whether stored is an envelope of the current form (whose
-// aad is what Seal's caller gives now).
+// Bound reports whether stored is an envelope of the current form (aad as Seal's caller gives it now).
 func (k *Keyring) Bound(stored string) bool {
-	if !IsSealed(stored) {
-		return false
-	}
-	_, rest, _ := strings.Cut(stored[len(prefix):], ":")
-	return strings.HasPrefix(rest, boundMark+":")
+	rest, sealed := strings.CutPrefix(stored, prefix)
+	_, rest, _ = strings.Cut(rest, ":")
+	return sealed && strings.HasPrefix(rest, boundMark+":")
 }
 
 // Open decrypts a value Seal produced with the same aad under any key in the ring; legacy plaintext
@@ -186,8 +169,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 	return string(pt), nil
 }
 
-// IsCurrent reports whether stored needs no resealing: it is empty or
-// sealed with the current key in the current form.
+// IsCurrent reports whether stored needs no resealing: empty, or sealed with the current key and form.
 func (k *Keyring) IsCurrent(stored string) bool {
 	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":"+boundMark+":")
 }
@@ -239,8 +221,7 @@ func (k *Keyring) GoString() string           { return k.String() }
 func (k *Keyring) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(k.String())) }
 func (k *Keyring) LogValue() slog.Value       { return slog.StringValue(k.String()) }
 
-// OpenError says why a stored value could not be decrypted, never
-// carrying the value. It wraps domain.ErrUndecryptable.
+// OpenError says why a stored value could not be decrypted, never carrying it; wraps domain.ErrUndecryptable.
 type OpenError struct {
 	KeyID  string // the envelope's key id; empty when it names none
 	Reason string

@@ -16,11 +16,7 @@ import (
 // request's URL without its query, which can carry anything.
 func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTripper {
 	base = cmp.Or(base, http.DefaultTransport)
-	var opts []otelhttp.Option
-	if tp != nil {
-		opts = append(opts, otelhttp.WithTracerProvider(tp))
-	}
-	return hideQuery{next: otelhttp.NewTransport(restoreQuery{next: base}, opts...)}
+	return hideQuery{next: otelhttp.NewTransport(restoreQuery{next: base}, otelhttp.WithTracerProvider(tp))} // nil: no-op
 }
 
 // Client is a copy of c (a zero client when nil) on Transport.
@@ -37,14 +33,8 @@ func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
 // caller's trace and named by the route's pattern. otelhttp records the path, never the query. The
 // untraced paths record nothing.
 func Handler(h http.Handler, tp trace.TracerProvider, untraced ...string) http.Handler {
-	opts := []otelhttp.Option{otelhttp.WithSpanNameFormatter(spanName)}
-	if len(untraced) > 0 {
-		opts = append(opts, otelhttp.WithFilter(func(r *http.Request) bool { return !slices.Contains(untraced, r.URL.Path) }))
-	}
-	if tp != nil {
-		opts = append(opts, otelhttp.WithTracerProvider(tp))
-	}
-	return otelhttp.NewHandler(h, "http.server", opts...)
+	return otelhttp.NewHandler(h, "http.server", otelhttp.WithSpanNameFormatter(spanName), otelhttp.WithTracerProvider(tp),
+		otelhttp.WithFilter(func(r *http.Request) bool { return !slices.Contains(untraced, r.URL.Path) }))
 }
 
 // spanName is "{method} {route}" per OpenTelemetry's HTTP conventions; the

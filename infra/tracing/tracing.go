@@ -47,9 +47,6 @@ func New(tp trace.TracerProvider) *Tracer {
 // Start implements usecase.Tracer.
 func (t *Tracer) Start(ctx context.Context, step usecase.Step, connection string) (context.Context, usecase.Span) {
 	ctx, s := t.tracer.Start(ctx, string(step))
-	if !s.IsRecording() {
-		return ctx, quiet{s}
-	}
 	if connection != "" {
 		s.SetAttributes(Connection.String(connection))
 	}
@@ -67,17 +64,16 @@ func (t *Tracer) Call(ctx context.Context, name, connection string, kind trace.S
 	}
 }
 
-// quiet is a span nobody records.
-type quiet struct{ s trace.Span }
-
-func (q quiet) End(usecase.Facts, error) { q.s.End() }
-
 type span struct {
 	s    trace.Span
 	step usecase.Step
 }
 
 func (s span) End(f usecase.Facts, err error) {
+	defer s.s.End()
+	if !s.s.IsRecording() {
+		return
+	}
 	attrs := make([]attribute.KeyValue, 0, 8)
 	switch {
 	case f.Provider != "":
@@ -111,7 +107,6 @@ func (s span) End(f usecase.Facts, err error) {
 	}
 	s.s.SetAttributes(attrs...)
 	fail(s.s, err)
-	s.s.End()
 }
 
 // fail marks s failed with err's class, never its message.
