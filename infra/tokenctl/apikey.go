@@ -75,7 +75,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 			// pipe or a secret store.
 			fmt.Fprintln(stdio.Stdout, key.Reveal())
 			fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
-				name, scopeList(access), patternList(access))
+				name, accessList(access.Scopes), accessList(access.Connections))
 		case "list":
 			return listKeys(ctx, store, stdio, fail)
 		case "revoke":
@@ -139,28 +139,21 @@ func listKeys(ctx context.Context, store KeyStore, stdio IO, fail failFunc) int 
 		if k.LastUsedAt != nil {
 			used = formatTime(*k.LastUsedAt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, scopeList(k.Access), patternList(k.Access))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, accessList(k.Access.Scopes), accessList(k.Access.Connections))
 	}
 	_ = tw.Flush()
 	return exitOK
 }
 
-// scopeList is a key's scopes: "all" for every scope (no --scopes, or created before scopes).
-func scopeList(a domain.KeyAccess) string {
-	if a.Scopes == nil {
+// accessList is a key's scopes or connection patterns: "all" for nil, every one (also for
+// keys made before scopes).
+func accessList[S ~string](items []S) string {
+	if items == nil {
 		return "all"
 	}
-	out := make([]string, len(a.Scopes))
-	for i, s := range a.Scopes {
+	out := make([]string, len(items))
+	for i, s := range items {
 		out[i] = string(s)
 	}
 	return strings.Join(out, ",")
-}
-
-// patternList is a key's connection patterns: "all" for every connection.
-func patternList(a domain.KeyAccess) string {
-	if a.Connections == nil {
-		return "all"
-	}
-	return strings.Join(a.Connections, ",")
 }

@@ -62,40 +62,27 @@ type ProviderStore interface {
 var urlFlags = map[string]string{"token URL": "--token-url", "auth URL": "--auth-url",
 	"revocation URL": "--revocation-url", "API base URL": "--api-base-url"}
 
-// errInsecure is a provider URL that CheckURLs refused, said by its flag.
+// errInsecure is a provider URL that CheckURLs refused (err), said by its flag.
 type errInsecure struct {
 	flag string
 	err  error
 }
 
 func (e *errInsecure) Error() string {
+	cause := domain.ErrNotHTTPURL
 	if errors.Is(e.err, domain.ErrInsecureURL) {
-		return e.flag + " " + domain.ErrInsecureURL.Error()
+		cause = domain.ErrInsecureURL
 	}
-	return e.flag + " " + domain.ErrNotHTTPURL.Error()
+	return e.flag + " " + cause.Error()
 }
 
 func (e *errInsecure) Unwrap() error { return e.err }
 
-// checkURLs refuses a provider URL secrets would reach in the clear.
-func checkURLs(p domain.Provider, allowInsecure bool) error {
-	if field, err := p.CheckURLs(allowInsecure); err != nil {
-		return &errInsecure{flag: urlFlags[field], err: err}
-	}
-	return nil
-}
-
-// providerFlags are the settings add and update take.
+// providerFlags are the flags of add and update that are no field of the provider.
 type providerFlags struct {
-	name, tokenURL, clientID, apiBaseURL, authURL, revocationURL, authStyle, scopes string
-	skew, defaultLifetime, keepAlive                                                time.Duration
-	secretStdin                                                                     bool
-	profile                                                                         string
-	params                                                                          paramFlags
-	dpop                                                                            bool
-	resource, par, clientKeyFile                                                    string
-	clientKey                                                                       domain.Secret // read from clientKeyFile
-	tokenRate                                                                       string
+	name, profile, scopes, clientKeyFile, tokenRate string
+	params                                          paramFlags
+	secretStdin                                     bool
 }
 
 // paramFlags are repeated --param k=v.
@@ -104,22 +91,24 @@ type paramFlags []string
 func (p *paramFlags) String() string     { return strings.Join(*p, ",") }
 func (p *paramFlags) Set(v string) error { *p = append(*p, v); return nil }
 
-func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
+// register puts add's or update's flags on fs, the settings into p, each defaulting to p's
+// value: parsing the command line again into a stored provider changes only the ones given.
+func (f *providerFlags) register(fs *flag.FlagSet, p *domain.Provider, update bool) {
 	fs.StringVar(&f.name, "name", "", "the provider's `NAME` (1-128 of A-Z a-z 0-9 . _ -)")
-	fs.StringVar(&f.tokenURL, "token-url", "", "the token endpoint `URL`")
-	fs.StringVar(&f.clientID, "client-id", "", "the client `ID`")
-	fs.StringVar(&f.apiBaseURL, "api-base-url", "", "where the bundled apps send the connections' API calls (`URL`; default API_BASE_URL)")
-	fs.StringVar(&f.authURL, "auth-url", "", "the authorization endpoint `URL`")
-	fs.StringVar(&f.revocationURL, "revocation-url", "", "the RFC 7009 revocation endpoint `URL`")
-	fs.StringVar(&f.authStyle, "auth-style", "auto", "client authentication: `auto`, header, params or private_key_jwt")
-	fs.StringVar(&f.resource, "resource", "", "the RFC 8707 resource indicator (`URL`) of every authorization and token request")
-	fs.StringVar(&f.par, "par", "auto", "push the connect flow's authorization request (RFC 9126): `auto`, always or never")
+	fs.StringVar(&p.TokenURL, "token-url", p.TokenURL, "the token endpoint `URL`")
+	fs.StringVar(&p.ClientID, "client-id", p.ClientID, "the client `ID`")
+	fs.StringVar(&p.APIBaseURL, "api-base-url", p.APIBaseURL, "where the bundled apps send the connections' API calls (`URL`; default API_BASE_URL)")
+	fs.StringVar(&p.AuthURL, "auth-url", p.AuthURL, "the authorization endpoint `URL`")
+	fs.StringVar(&p.RevocationURL, "revocation-url", p.RevocationURL, "the RFC 7009 revocation endpoint `URL`")
+	fs.StringVar((*string)(&p.AuthStyle), "auth-style", string(p.AuthStyle), "client authentication: `auto`, header, params or private_key_jwt")
+	fs.StringVar(&p.Resource, "resource", p.Resource, "the RFC 8707 resource indicator (`URL`) of every authorization and token request")
+	fs.StringVar((*string)(&p.PAR), "par", string(p.PAR), "push the connect flow's authorization request (RFC 9126): `auto`, always or never")
 	fs.StringVar(&f.clientKeyFile, "client-key-file", "", "the PEM private key (EC P-256 or RSA) of --auth-style private_key_jwt (`PATH`)")
 	fs.StringVar(&f.scopes, "scopes", "", "comma-separated `SCOPES`")
-	fs.DurationVar(&f.skew, "skew", 0, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
-	fs.DurationVar(&f.defaultLifetime, "default-lifetime", 0, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
-	fs.DurationVar(&f.keepAlive, "keep-alive", 0, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
-	fs.BoolVar(&f.dpop, "dpop", false, "the provider requires DPoP (RFC 9449): each connection's grant is bound to a key of its own, made at connect time")
+	fs.DurationVar(&p.Skew, "skew", p.Skew, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
+	fs.DurationVar(&p.DefaultLifetime, "default-lifetime", p.DefaultLifetime, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
+	fs.DurationVar(&p.KeepAlive, "keep-alive", p.KeepAlive, "refresh connections not refreshed for this long (`D`; 0: batch --keep-alive)")
+	fs.BoolVar(&p.DPoP, "dpop", p.DPoP, "the provider requires DPoP (RFC 9449): each connection's grant is bound to a key of its own, made at connect time")
 	fs.StringVar(&f.tokenRate, "token-rate", "", "a token budget every process respects together: at most N token requests in any PERIOD (`N/PERIOD`, e.g. 20/1s, 100/1m, 10/10m; none: no budget)")
 	if update {
 		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
@@ -129,38 +118,30 @@ func (f *providerFlags) register(fs *flag.FlagSet, update bool) {
 	}
 }
 
-// apply sets on p the settings whose flags are in set, and the secret if any.
-func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *domain.Secret) error {
-	setIf(set, "token-url", &p.TokenURL, f.tokenURL)
-	setIf(set, "client-id", &p.ClientID, f.clientID)
-	setIf(set, "api-base-url", &p.APIBaseURL, f.apiBaseURL)
-	setIf(set, "auth-url", &p.AuthURL, f.authURL)
-	setIf(set, "revocation-url", &p.RevocationURL, f.revocationURL)
-	setIf(set, "resource", &p.Resource, f.resource)
-	setIf(set, "skew", &p.Skew, f.skew)
-	setIf(set, "default-lifetime", &p.DefaultLifetime, f.defaultLifetime)
-	setIf(set, "keep-alive", &p.KeepAlive, f.keepAlive)
-	setIf(set, "dpop", &p.DPoP, f.dpop)
+// apply parses args (checked already) again into p, then sets clientKey and the secret if any.
+func apply(p *domain.Provider, args []string, update bool, clientKey, secret *domain.Secret) error {
+	fs := flag.NewFlagSet("", flag.ContinueOnError)
+	var f providerFlags
+	f.register(fs, p, update)
+	_ = fs.Parse(args)
+	set := setFlags(fs)
+	var err error
 	if set["auth-style"] {
-		style, err := domain.ParseAuthStyle(f.authStyle)
-		if err != nil {
+		if p.AuthStyle, err = domain.ParseAuthStyle(string(p.AuthStyle)); err != nil {
 			return err
 		}
-		p.AuthStyle = style
 	}
 	if set["scopes"] {
 		p.Scopes = splitList(f.scopes)
 	}
 	if set["par"] {
-		mode, err := domain.ParsePARMode(f.par)
-		if err != nil {
+		if p.PAR, err = domain.ParsePARMode(string(p.PAR)); err != nil {
 			return err
 		}
-		p.PAR = mode
 	}
 	switch {
-	case set["client-key-file"]:
-		p.ClientKey = f.clientKey
+	case clientKey != nil:
+		p.ClientKey = *clientKey
 	case set["auth-style"] && p.AuthStyle != domain.AuthStylePrivateKeyJWT:
 		p.ClientKey = domain.Secret{} // another style needs no key
 	}
@@ -180,16 +161,9 @@ func (f *providerFlags) apply(p *domain.Provider, set map[string]bool, secret *d
 	return nil
 }
 
-// setIf sets *dst to v when the flag name was given.
-func setIf[T any](set map[string]bool, name string, dst *T, v T) {
-	if set[name] {
-		*dst = v
-	}
-}
-
 // fromProfile starts p from the profile f names, its URLs filled with the
-// --param values; the flags given are applied after it, and win.
-func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) error {
+// --param values (tokenURL, when given, wins); the flags given are applied after it.
+func (f *providerFlags) fromProfile(p *domain.Provider, tokenURL string) error {
 	prof, err := profiles.Get(f.profile)
 	if err != nil {
 		return err
@@ -198,11 +172,7 @@ func (f *providerFlags) fromProfile(p *domain.Provider, set map[string]bool) err
 	if err != nil {
 		return err
 	}
-	var given profiles.URLs
-	if set["token-url"] {
-		given.Token = f.tokenURL
-	}
-	u, err := prof.Complete(given, params)
+	u, err := prof.Complete(profiles.URLs{Token: tokenURL}, params)
 	var miss *profiles.MissingParamError
 	switch {
 	case errors.As(err, &miss):
@@ -246,9 +216,10 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	cmd, rest := args[0], args[1:]
 	fs := flag.NewFlagSet("tokenctl provider "+cmd, flag.ContinueOnError)
 	var f providerFlags
+	given := domain.Provider{AuthStyle: domain.AuthStyleAuto, PAR: domain.PARAuto} // the flags' defaults
 	switch cmd {
 	case "add", "update":
-		f.register(fs, cmd == "update")
+		f.register(fs, &given, cmd == "update")
 	case "remove":
 		fs.StringVar(&f.name, "name", "", "the provider's `NAME`")
 	case "list":
@@ -267,7 +238,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	if code, ok := checkName(cmd, "provider", f.name, fail); !ok {
 		return code
 	}
-	if cmd == "add" && ((f.tokenURL == "" && f.profile == "") || f.clientID == "") {
+	if cmd == "add" && ((given.TokenURL == "" && f.profile == "") || given.ClientID == "") {
 		return fail(exitUsage, "add: --token-url URL (or --profile PROFILE) and --client-id ID are required")
 	}
 	if len(f.params) > 0 && f.profile == "" {
@@ -275,18 +246,19 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	}
 	// Bad input fails before the database is opened.
 	if set["par"] {
-		if _, err := domain.ParsePARMode(f.par); err != nil || f.par == "" {
+		if _, err := domain.ParsePARMode(string(given.PAR)); err != nil || given.PAR == "" {
 			return fail(exitUsage, "%s: --par: %v", cmd, cmp.Or(err, fmt.Errorf("%w: par must be auto, always or never, got \"\"", domain.ErrInvalidProvider)))
 		}
 	}
+	var clientKey *domain.Secret
 	if set["client-key-file"] {
 		k, err := readClientKey(f.clientKeyFile)
 		if err != nil {
 			return fail(exitUsage, "%s: --client-key-file: %v", cmd, err)
 		}
-		f.clientKey = k
+		clientKey = &k
 	}
-	keyAuth := f.authStyle == string(domain.AuthStylePrivateKeyJWT)
+	keyAuth := given.AuthStyle == domain.AuthStylePrivateKeyJWT
 	if cmd == "add" && keyAuth != set["client-key-file"] {
 		return fail(exitUsage, "add: --auth-style private_key_jwt and --client-key-file PATH go together")
 	}
@@ -298,70 +270,64 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		}
 		secret = &s
 	}
-	if cmd == "add" && f.profile == "" {
-		set["auth-style"] = true // its default, auto
-	}
 	return withOpen(ctx, backend.OpenProviders, fail, func(store ProviderStore) int {
-		return f.run(ctx, cmd, store, set, secret, stdio, fail)
-	})
-}
-
-// run carries out provider command cmd, its input checked, on store.
-func (f *providerFlags) run(ctx context.Context, cmd string, store ProviderStore, set map[string]bool, secret *domain.Secret, stdio IO, fail failFunc) int {
-	failed := func(err error) int {
-		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
-			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", cmd, err)
-	}
-	switch cmd {
-	case "add":
-		p := domain.Provider{Name: f.name}
-		if f.profile != "" {
-			if err := f.fromProfile(&p, set); err != nil {
-				return failed(err)
-			}
+		failed := func(err error) int {
+			return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
+				domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", cmd, err)
 		}
-		if err := f.apply(&p, set, secret); err != nil {
-			return failed(err)
-		}
-		if err := checkURLs(p, store.AllowInsecureURLs()); err != nil {
-			return failed(err)
-		}
-		p, err := store.Add(ctx, p)
-		if err != nil {
-			return failed(err)
-		}
-		fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
-		warnPlaintext(store, stdio)
-	case "update":
-		p, err := store.Update(ctx, f.name, func(p *domain.Provider) error {
-			if err := f.apply(p, set, secret); err != nil {
+		// change applies the command line to p, refusing a URL secrets would reach in the clear.
+		change := func(p *domain.Provider) error {
+			if err := apply(p, rest, cmd == "update", clientKey, secret); err != nil {
 				return err
 			}
-			return checkURLs(*p, store.AllowInsecureURLs())
-		})
-		if err != nil {
-			return failed(err)
-		}
-		what := "settings"
-		if secret != nil {
-			what = "settings and client secret"
-		}
-		fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
-		if secret != nil {
-			warnPlaintext(store, stdio)
-		}
-	case "remove":
-		if err := store.Remove(ctx, f.name); err != nil {
-			if errors.Is(err, domain.ErrProviderInUse) {
-				return fail(exitUsage, "remove: %v; import their grants under another provider first", err)
+			if field, err := p.CheckURLs(store.AllowInsecureURLs()); err != nil {
+				return &errInsecure{flag: urlFlags[field], err: err}
 			}
-			return failed(err)
+			return nil
 		}
-		fmt.Fprintf(stdio.Stdout, "removed provider %s\n", f.name)
-	case "list":
-		return listProviders(ctx, store, stdio, fail)
-	}
-	return exitOK
+		switch cmd {
+		case "add":
+			p := domain.Provider{Name: f.name, AuthStyle: domain.AuthStyleAuto}
+			if f.profile != "" {
+				if err := f.fromProfile(&p, given.TokenURL); err != nil {
+					return failed(err)
+				}
+			}
+			if err := change(&p); err != nil {
+				return failed(err)
+			}
+			p, err := store.Add(ctx, p)
+			if err != nil {
+				return failed(err)
+			}
+			fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
+			warnPlaintext(store, stdio)
+		case "update":
+			p, err := store.Update(ctx, f.name, change)
+			if err != nil {
+				return failed(err)
+			}
+			what := "settings"
+			if secret != nil {
+				what = "settings and client secret"
+			}
+			fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
+			if secret != nil {
+				warnPlaintext(store, stdio)
+			}
+		case "remove":
+			if err := store.Remove(ctx, f.name); err != nil {
+				if errors.Is(err, domain.ErrProviderInUse) {
+					return fail(exitUsage, "remove: %v; import their grants under another provider first", err)
+				}
+				return failed(err)
+			}
+			fmt.Fprintf(stdio.Stdout, "removed provider %s\n", f.name)
+		case "list":
+			return listProviders(ctx, store, stdio, fail)
+		}
+		return exitOK
+	})
 }
 
 // readClientKey reads and checks a PEM private key for private_key_jwt; errors never quote the file.

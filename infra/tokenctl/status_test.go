@@ -20,7 +20,7 @@ func TestStatusShowsRefreshTokenExpiry(t *testing.T) {
 		{Name: "unknown", Status: domain.StatusActive, Expiry: now.Add(time.Hour), ObtainedAt: now, Version: 4},
 	}
 	var out strings.Builder
-	p := newStatusPrinter(&out, 14*24*time.Hour)
+	p := &statusPrinter{w: &out, notice: 14 * 24 * time.Hour}
 	for _, tok := range toks {
 		p.print(tok, now)
 	}
@@ -107,7 +107,7 @@ func TestStatusShowsFailingAndExpiring(t *testing.T) {
 			RefreshExpiry: now.Add(15 * 24 * time.Hour)},
 	}
 	var out strings.Builder
-	p := newStatusPrinter(&out, 14*24*time.Hour)
+	p := &statusPrinter{w: &out, notice: 14 * 24 * time.Hour}
 	for _, tok := range toks {
 		p.print(tok, now)
 	}

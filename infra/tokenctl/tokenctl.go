@@ -197,8 +197,12 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 			return fail(exitFor(err, domain.ErrInvalidToken, domain.ErrInvalidConnection, domain.ErrUnknownProvider,
 				domain.ErrInvalidMetadata), "import: %v", err)
 		}
+		note := ""
+		if t.Provider != "" {
+			note = ", provider " + t.Provider
+		}
 		fmt.Fprintf(stdio.Stdout, "imported connection %s: status %s, expiry %s, version %d%s\n",
-			t.Connection, t.Status, formatTime(t.Expiry), t.Version, providerNote(t.Provider))
+			t.Connection, t.Status, formatTime(t.Expiry), t.Version, note)
 		return exitOK
 	})
 }
@@ -246,7 +250,7 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 // status is tokenctl status [--connection NAME].
 func status(ctx context.Context, store Store, connection string, stdio IO, fail failFunc) int {
 	now := time.Now()
-	p := newStatusPrinter(stdio.Stdout, store.ExpiringNotice())
+	p := &statusPrinter{w: stdio.Stdout, notice: store.ExpiringNotice()}
 	if connection == "" {
 		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
 		p.flush()
@@ -351,10 +355,6 @@ type statusPrinter struct {
 
 const statusBlock = 500
 
-func newStatusPrinter(w io.Writer, notice time.Duration) *statusPrinter {
-	return &statusPrinter{w: w, notice: notice}
-}
-
 // expiring is the EXPIRING column: how soon the refresh token dies, once within the notice.
 func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
 	if t.RefreshExpiry.IsZero() || notice <= 0 || t.RefreshExpiry.Sub(now) > notice {
@@ -428,7 +428,7 @@ func printDetails(w io.Writer, conns []domain.Connection) {
 		if c.DPoPJKT != "" {
 			fmt.Fprintln(w, c.Name+": bound to dpop key "+c.DPoPJKT+" (RFC 7638 thumbprint; the key is sealed with the grant)")
 		}
-		if hasMetadata(c.Metadata) {
+		if m := c.Metadata; len(m.Tags) > 0 || (len(m.Object) > 0 && string(m.Object) != "{}") {
 			line := c.Name + ": metadata " + cmp.Or(string(c.Metadata.Object), "{}")
 			if len(c.Metadata.Tags) > 0 {
 				line += "; tags " + strings.Join(c.Metadata.Tags, ",")
@@ -438,21 +438,9 @@ func printDetails(w io.Writer, conns []domain.Connection) {
 	}
 }
 
-// hasMetadata: anything beyond {} and no tags.
-func hasMetadata(m domain.Metadata) bool {
-	return len(m.Tags) > 0 || (len(m.Object) > 0 && string(m.Object) != "{}")
-}
-
 func formatTime(t time.Time) string {
 	if t.IsZero() {
 		return "none"
 	}
 	return t.UTC().Format(time.RFC3339)
-}
-
-func providerNote(provider string) string {
-	if provider == "" {
-		return ""
-	}
-	return ", provider " + provider
 }
