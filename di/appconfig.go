@@ -9,7 +9,11 @@ import (
 	"strings"
 	"time"
 
+	"golang.org/x/time/rate"
+
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi"
+	"github.com/tokenguard/tokenguard/infra/queue"
 )
 
 // AppConfig is Config plus the settings only the three apps read.
@@ -41,8 +45,8 @@ type AppSettings struct {
 	RequestTimeout time.Duration `env:"HTTP_REQUEST_TIMEOUT" envDefault:"30s"`
 	ProxyMaxBody   int64         `env:"PROXY_MAX_BODY" envDefault:"10485760"` // bytes
 	// WebhookURL and WebhookSecret: the worker POSTs signed events there.
-	WebhookURL    string       `env:"WEBHOOK_URL"`
-	WebhookSecret SecretString `env:"WEBHOOK_SECRET"`
+	WebhookURL    string        `env:"WEBHOOK_URL"`
+	WebhookSecret domain.Secret `env:"WEBHOOK_SECRET"`
 }
 
 // ConfigError is a missing or malformed setting, named in the message (exit status 2).
@@ -109,9 +113,9 @@ func (s AppSettings) validate(allowInsecure bool) error {
 		return errors.New("HTTP_REQUEST_TIMEOUT must be positive")
 	case s.ProxyMaxBody < 1:
 		return errors.New("PROXY_MAX_BODY must be at least 1 (bytes)")
-	case (s.WebhookURL == "") != (s.WebhookSecret == ""):
+	case (s.WebhookURL == "") != s.WebhookSecret.IsZero():
 		return errors.New("WEBHOOK_URL and WEBHOOK_SECRET are set together")
-	case s.WebhookSecret != "" && len(s.WebhookSecret) < 16:
+	case !s.WebhookSecret.IsZero() && len(s.WebhookSecret.Reveal()) < 16:
 		return errors.New("WEBHOOK_SECRET must be at least 16 characters (e.g. openssl rand -hex 32)")
 	}
 	if s.WebhookURL != "" {
@@ -128,4 +132,31 @@ func (c AppConfig) requireAPI() error {
 		return configErr("API_BASE_URL is required")
 	}
 	return c.RequireOAuth()
+}
+
+// edges are the public listener's limits from the configuration.
+func (c AppConfig) edges() httpapi.Edges {
+	e := httpapi.Edges{
+		ReturnURLs:     c.ConnectReturnURLs,
+		Rate:           rate.Limit(c.APIKeyRate),
+		Burst:          c.APIKeyBurst,
+		RequestTimeout: c.RequestTimeout,
+		ProxyMaxBody:   c.ProxyMaxBody,
+		Hosts:          []string{c.HTTPAddr},
+	}
+	if c.PublicURL != "" {
+		e.PublicURL, _ = url.Parse(strings.TrimSuffix(c.PublicURL, "/")) // checked by validate
+	}
+	if u, err := url.Parse(c.OAuth.RedirectURL); err == nil && u.Host != "" {
+		e.Hosts = append(e.Hosts, u.Host) // the callback arrives there
+	}
+	return e
+}
+
+// webhook is the worker's webhook, nil without WEBHOOK_URL.
+func (c AppConfig) webhook(app string) *queue.Webhook {
+	if c.WebhookURL == "" {
+		return nil
+	}
+	return &queue.Webhook{URL: c.WebhookURL, Secret: c.WebhookSecret, UserAgent: UserAgent(app)}
 }

@@ -18,7 +18,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/metrics"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/queue"
@@ -81,16 +80,16 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	}
 	// The public routes (the browser flow, /healthz) and the console, both
 	// reachable without a key, have small pools: the token layer keeps its own.
-	browserDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: browserConns}, repository.NewLogger(log))
+	browserDB, closeBrowser, err := openDB(ctx, cfg.DatabaseURL, browserConns, log)
 	if err != nil {
 		return fail(err)
 	}
-	cleanup = append(cleanup, func() { _ = postgres.Close(browserDB) })
-	consoleDB, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: consoleConns}, repository.NewLogger(log))
+	cleanup = append(cleanup, closeBrowser)
+	consoleDB, closeConsole, err := openDB(ctx, cfg.DatabaseURL, consoleConns, log)
 	if err != nil {
 		return fail(err)
 	}
-	cleanup = append(cleanup, func() { _ = postgres.Close(consoleDB) })
+	cleanup = append(cleanup, closeConsole)
 	publicDB, operatorDB := browserDB, consoleDB
 	if httpapi.ControlBuild {
 		publicDB, operatorDB = a.tokens.DB, a.tokens.DB // the e2e tests' control: one pool, as before
@@ -192,9 +191,6 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 	r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
 	return r, cleanup, nil
 }
-
-// ErrBatchFailed: a batch round had a failed call.
-var ErrBatchFailed = batch.ErrFailed
 
 // RefreshAhead configures the batch's --refresh-ahead and --keep-alive.
 type RefreshAhead struct {

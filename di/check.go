@@ -3,9 +3,12 @@ package di
 import (
 	"context"
 	"log/slog"
+	"net/http"
+	"sync"
 	"time"
 
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
 )
 
@@ -18,27 +21,35 @@ func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error
 	if err := cfg.RequireOAuth(); err != nil {
 		return provider.CheckResult{}, &tokenctl.ConfigError{Err: err}
 	}
-	client := agentClient(10*time.Second, "tokenctl")
-	opts, err := tokenRequestOptions(cfg, client)
+	res, err := checkEndpoint(ctx, cfg, agentClient(10*time.Second, "tokenctl"))
 	if err != nil {
-		return provider.CheckResult{}, &tokenctl.ConfigError{Err: err}
+		return res, &tokenctl.ConfigError{Err: err}
 	}
+	return res, nil
+}
+
+// checkEndpoint asks the token endpoint about the client as the token layer
+// would authenticate it: client key, resource indicator.
+func checkEndpoint(ctx context.Context, cfg Config, client *http.Client) (provider.CheckResult, error) {
+	key, err := cfg.OAuth.clientKey()
+	if err != nil {
+		return provider.CheckResult{}, err
+	}
+	prof, _ := profiles.Get(cfg.OAuth.Profile)
+	opts := provider.ClientOptions(cfg.OAuth.Resource, key, prof, provider.NewDiscovery(client))
 	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...), nil
 }
 
 // checkAtStart logs the token endpoint check's verdict, and keeps its answer as evidence.
 func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider.EvidenceStore, log *slog.Logger) (stop func()) {
 	ctx, cancel := context.WithCancel(ctx)
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		client := agentClient(cfg.RefreshTimeout, app)
-		opts, err := tokenRequestOptions(cfg, client)
+	var done sync.WaitGroup
+	done.Go(func() {
+		res, err := checkEndpoint(ctx, cfg, agentClient(cfg.RefreshTimeout, app))
 		if err != nil {
 			log.Error("token endpoint check: not run", "err", err)
 			return
 		}
-		res := provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...)
 		if ctx.Err() != nil {
 			return // stopped before the endpoint answered: nothing to tell
 		}
@@ -54,6 +65,6 @@ func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider
 		}
 		log.Log(context.Background(), level, "token endpoint check: "+res.String(),
 			"verdict", res.Verdict.String(), "auth_style", res.Style())
-	}()
-	return func() { cancel(); <-done }
+	})
+	return func() { cancel(); done.Wait() }
 }

@@ -2,7 +2,6 @@ package di
 
 import (
 	"cmp"
-	"crypto"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -10,12 +9,12 @@ import (
 	"os"
 	"reflect"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/caarlos0/env/v11"
 	"github.com/jackc/pgx/v5"
-	"golang.org/x/oauth2"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/clientkey"
@@ -61,13 +60,13 @@ type Config struct {
 
 // OAuthConfig is the client registration at the provider.
 type OAuthConfig struct {
-	ClientID      string   `env:"CLIENT_ID"`
-	ClientSecret  string   `env:"CLIENT_SECRET"`
-	TokenURL      string   `env:"TOKEN_URL"`
-	RevocationURL string   `env:"REVOCATION_URL"`
-	AuthURL       string   `env:"AUTH_URL"`
-	RedirectURL   string   `env:"REDIRECT_URL"`
-	Scopes        []string `env:"SCOPES" envSeparator:","`
+	ClientID      string        `env:"CLIENT_ID"`
+	ClientSecret  domain.Secret `env:"CLIENT_SECRET"` // masked under every verb and encoder
+	TokenURL      string        `env:"TOKEN_URL"`
+	RevocationURL string        `env:"REVOCATION_URL"`
+	AuthURL       string        `env:"AUTH_URL"`
+	RedirectURL   string        `env:"REDIRECT_URL"`
+	Scopes        []string      `env:"SCOPES" envSeparator:","`
 	// AuthStyle is auto, header, params or private_key_jwt; unset: the profile's, else auto.
 	AuthStyle       string   `env:"AUTH_STYLE"`
 	Profile         string   `env:"PROFILE"`
@@ -103,7 +102,7 @@ func (c Config) MigrateURL() string {
 // String never shows the client secret or the database password.
 func (c Config) String() string {
 	return fmt.Sprintf("{database:%s token_url:%s client_id:%s skew:%v lock_wait:%v refresh_timeout:%v encryption:%s}",
-		redactURL(c.DatabaseURL), c.OAuth.TokenURL, c.OAuth.ClientID, c.RefreshSkew, c.LockWait, c.RefreshTimeout, encryptionSummary(c.EncryptionKeys))
+		redactURL(c.DatabaseURL), c.OAuth.TokenURL, c.OAuth.ClientID, c.RefreshSkew, c.LockWait, c.RefreshTimeout, c.encryption())
 }
 
 // GoString keeps %#v as quiet as %v.
@@ -119,39 +118,12 @@ func (c Config) LogValue() slog.Value {
 		slog.Duration("lock_wait", c.LockWait),
 		slog.Duration("refresh_timeout", c.RefreshTimeout),
 		slog.Duration("answer_deadline", c.AnswerDeadline),
-		slog.String("encryption", encryptionSummary(c.EncryptionKeys)),
+		slog.String("encryption", c.encryption()),
 	)
 }
 
-// String never shows the client secret.
-func (o OAuthConfig) String() string {
-	return fmt.Sprintf("{client_id:%s client_secret:%s token_url:%s auth_url:%s redirect_url:%s scopes:%v}",
-		o.ClientID, SecretString(o.ClientSecret), o.TokenURL, o.AuthURL, o.RedirectURL, o.Scopes)
-}
-
-// GoString keeps %#v as quiet as %v.
-func (o OAuthConfig) GoString() string { return "di.OAuthConfig" + o.String() }
-
-// LogValue keeps slog as quiet as %v.
-func (o OAuthConfig) LogValue() slog.Value { return slog.StringValue(o.String()) }
-
-// authStyles are OAUTH_AUTH_STYLE's values; private_key_jwt sends the client id in the form (RFC 7523 §2.2).
-var authStyles = map[string]oauth2.AuthStyle{"": oauth2.AuthStyleAutoDetect, "auto": oauth2.AuthStyleAutoDetect,
-	"header": oauth2.AuthStyleInHeader, "params": oauth2.AuthStyleInParams, "private_key_jwt": oauth2.AuthStyleInParams}
-
-func (o OAuthConfig) authStyle() (oauth2.AuthStyle, error) {
-	style, ok := authStyles[o.AuthStyle]
-	switch {
-	case !ok:
-		return 0, fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got %q", o.AuthStyle)
-	case o.AuthStyle == "private_key_jwt" && o.ClientKeyFile == "":
-		return 0, errors.New("OAUTH_AUTH_STYLE=private_key_jwt needs OAUTH_CLIENT_KEY_FILE")
-	}
-	return style, nil
-}
-
 // clientKey reads OAUTH_CLIENT_KEY_FILE (nil but for private_key_jwt); errors never quote it.
-func (o OAuthConfig) clientKey() (crypto.Signer, error) {
+func (o OAuthConfig) clientKey() (*clientkey.Key, error) {
 	if o.AuthStyle != "private_key_jwt" {
 		return nil, nil
 	}
@@ -163,7 +135,7 @@ func (o OAuthConfig) clientKey() (crypto.Signer, error) {
 	if err != nil {
 		return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
 	}
-	return k.Signer(), nil
+	return k, nil
 }
 
 // ConfigFromEnv reads and checks the configuration in environ; errors (*ConfigError) name the variable.
@@ -239,8 +211,11 @@ func (c Config) validate() error {
 	if _, err := repository.ParseSyncCommit(c.SyncCommit); err != nil {
 		return fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
 	}
-	if _, err := c.OAuth.authStyle(); err != nil {
-		return err
+	switch style := c.OAuth.AuthStyle; {
+	case !slices.Contains([]string{"", "auto", "header", "params", "private_key_jwt"}, style):
+		return fmt.Errorf("OAUTH_AUTH_STYLE must be auto, header, params or private_key_jwt, got %q", style)
+	case style == "private_key_jwt" && c.OAuth.ClientKeyFile == "":
+		return errors.New("OAUTH_AUTH_STYLE=private_key_jwt needs OAUTH_CLIENT_KEY_FILE")
 	}
 	if _, err := domain.ParseTokenRate(c.OAuth.TokenRate); err != nil {
 		return fmt.Errorf("OAUTH_TOKEN_RATE: %w", err)
@@ -251,7 +226,7 @@ func (c Config) validate() error {
 	if _, err := c.keyring(); err != nil {
 		return err
 	}
-	if c.RequireEncryption != nil && *c.RequireEncryption && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
+	if c.EncryptionRequired() && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
 		return errors.New("TOKEN_ENCRYPTION_REQUIRED needs TOKEN_ENCRYPTION_KEYS")
 	}
 	if c.OAuth.RedirectURL != "" && domain.CheckURL(c.OAuth.RedirectURL, true) != nil {
@@ -302,7 +277,8 @@ func (c Config) RequireOAuth() error {
 // parseEnv reads T's env tags from environ; errors name the variable, not the Go field.
 func parseEnv[T any](environ []string) (T, error) {
 	var v T
-	err := env.ParseWithOptions(&v, env.Options{Environment: env.ToMap(environ)})
+	err := env.ParseWithOptions(&v, env.Options{Environment: env.ToMap(environ), FuncMap: map[reflect.Type]env.ParserFunc{
+		reflect.TypeFor[domain.Secret](): func(s string) (any, error) { return domain.NewSecret(s), nil }}})
 	var agg env.AggregateError
 	if !errors.As(err, &agg) || len(agg.Errors) == 0 {
 		return v, err
@@ -317,23 +293,17 @@ func parseEnv[T any](environ []string) (T, error) {
 			msgs = append(msgs, notSet.Key+" is required")
 		case errors.As(e, &empty):
 			msgs = append(msgs, empty.Key+" must not be empty")
-		case errors.As(e, &parse):
-			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", envKey(reflect.TypeFor[T](), parse.Name), parse.Err))
+		case errors.As(e, &parse): // it names the Go field
+			vars, name := envVars(reflect.TypeFor[T]()), parse.Name
+			if i := slices.IndexFunc(vars, func(v envVar) bool { return v.field == parse.Name }); i >= 0 {
+				name = vars[i].name
+			}
+			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", name, parse.Err))
 		default:
 			msgs = append(msgs, e.Error())
 		}
 	}
 	return v, errors.New(strings.Join(msgs, "; "))
-}
-
-// envKey is the variable behind a Go field name, all env's ParseError reports.
-func envKey(t reflect.Type, field string) string {
-	for _, v := range envVars(t) {
-		if v.field == field {
-			return v.name
-		}
-	}
-	return field
 }
 
 var (

@@ -8,6 +8,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 func TestConfigFromEnvDefaults(t *testing.T) {
@@ -26,7 +28,7 @@ func TestConfigFromEnvDefaults(t *testing.T) {
 	if err := c.RequireOAuth(); err != nil {
 		t.Error(err)
 	}
-	c.OAuth.ClientSecret = "client-SECRET"
+	c.OAuth.ClientSecret = domain.NewSecret("client-SECRET")
 	for _, s := range []string{c.String(), fmt.Sprintf("%v|%+v|%#v|%v|%#v", c, c, c, c.OAuth, c.OAuth)} {
 		if strings.Contains(s, "pw") || strings.Contains(s, "SECRET") {
 			t.Errorf("configuration printing leaks a secret: %s", s)

@@ -10,6 +10,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
+	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/repository"
 )
 
@@ -37,21 +38,19 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *sl
 		History:     repository.NewConnectionEvents(db),
 		Actions:     ops,
 		Links:       srv,
-		Providers:   consoleProviders(cfg, a, repository.NewAuthStyles(db)),
+		Providers:   consoleProviders(cfg, a.tokens.Guard.ProviderRegistry(), repository.NewAuthStyles(db)),
 		Secure:      e.PublicURL != nil && e.PublicURL.Scheme == "https",
 		Log:         log,
 	}), nil
 }
 
 // consoleProviders lists the OAUTH_* provider and the stored ones.
-func consoleProviders(cfg AppConfig, a *app, styles *repository.AuthStyles) func(context.Context) ([]console.Provider, error) {
-	registry := a.tokens.Guard.ProviderRegistry()
+func consoleProviders(cfg AppConfig, registry *provider.Registry, styles *repository.AuthStyles) func(context.Context) ([]console.Provider, error) {
+	o := cfg.OAuth
+	env := console.Provider{Profile: o.Profile, TokenURL: o.TokenURL, AuthURL: o.AuthURL, RevokeURL: o.RevocationURL,
+		APIBaseURL: cfg.APIBaseURL, ClientID: o.ClientID, AuthStyle: cmp.Or(o.AuthStyle, "auto"), Scopes: o.Scopes,
+		Skew: cfg.RefreshSkew, Lifetime: cfg.DefaultLifetime}
 	return func(ctx context.Context) ([]console.Provider, error) {
-		oc := a.tokens.OAuth
-		env := console.Provider{Profile: cfg.OAuth.Profile, TokenURL: oc.Endpoint.TokenURL, AuthURL: oc.Endpoint.AuthURL,
-			RevokeURL: cfg.OAuth.RevocationURL, APIBaseURL: cfg.APIBaseURL, ClientID: oc.ClientID,
-			AuthStyle: cmp.Or(cfg.OAuth.AuthStyle, "auto"), Scopes: cfg.OAuth.Scopes,
-			Skew: cfg.RefreshSkew, Lifetime: cfg.DefaultLifetime}
 		out := []console.Provider{env}
 		for _, name := range registry.Names() {
 			sp, ok := registry.Provider(name)

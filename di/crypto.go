@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"strings"
 
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/repository"
 )
@@ -20,16 +19,16 @@ func (c Config) keyring() (*tokencrypt.Keyring, error) {
 	return c.EncryptionKeys.Keyring()
 }
 
-// encryptionSummary is what Config.String shows: key ids, never keys.
-func encryptionSummary(s tokencrypt.KeySpec) string {
-	if strings.TrimSpace(string(s)) == "" {
-		return "off"
-	}
-	k, err := s.Keyring()
-	if err != nil {
+// encryption is what String shows: key ids, never keys.
+func (c Config) encryption() string {
+	switch k, err := c.keyring(); {
+	case err != nil:
 		return "invalid"
+	case k == nil:
+		return "off"
+	default:
+		return "current=" + k.Current()
 	}
-	return "current=" + k.Current()
 }
 
 // sealer seals token values with the keyring, when one is configured.
@@ -46,7 +45,7 @@ func (c Config) sealer() (repository.Sealer, error) {
 // lock, so running apps (which must know the key already) keep refreshing.
 // It is safe to run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
-	log = cmp.Or(log, slog.New(slog.DiscardHandler))
+	log = cmp.Or(log, discard)
 	k, err := cfg.keyring()
 	if err != nil {
 		return repository.ResealResult{}, err
@@ -54,14 +53,11 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 	if k == nil {
 		return repository.ResealResult{}, fmt.Errorf("%s is required to rotate keys", tokencrypt.EnvKeys)
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, repository.NewLogger(log))
+	db, closeDB, err := openMigrated(ctx, cfg, log)
 	if err != nil {
 		return repository.ResealResult{}, err
 	}
-	defer func() { _ = postgres.Close(db) }()
-	if err := migrated(ctx, db); err != nil {
-		return repository.ResealResult{}, err
-	}
+	defer closeDB()
 	res, err := repository.NewTokenRepository(db, k).Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
 	if err == nil {
 		var resealed, current int

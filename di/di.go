@@ -8,7 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net/http"
+	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -17,8 +17,6 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/clientkey"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
@@ -63,11 +61,10 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 	if _, err := cfg.sealer(); err != nil { // the keys are checked before anything is opened
 		return nil, nil, err
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: cfg.DBMaxConns}, repository.NewLogger(log))
+	db, closeDB, err := openDB(ctx, cfg.DatabaseURL, cfg.DBMaxConns, log)
 	if err != nil {
 		return nil, nil, err
 	}
-	closeDB := func() { _ = postgres.Close(db) }
 	if cfg.MigrateOnStart {
 		if err := migrate(ctx, cfg, db, log); err != nil {
 			closeDB()
@@ -87,13 +84,12 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		return nil, nil, err
 	}
 	listenCtx, stopListening := context.WithCancel(context.WithoutCancel(ctx))
-	listening := make(chan struct{})
-	go func() {
-		defer close(listening)
+	var listening sync.WaitGroup
+	listening.Go(func() {
 		if err := guard.Run(listenCtx); err != nil {
 			log.Error("token change listener stopped", "err", err)
 		}
-	}()
+	})
 	cleanup := func() {
 		// An awaited answer is awaited up to its deadline, or its request stays unresolved.
 		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.AnswerDeadline+usecase.DefaultWriteTimeout)
@@ -102,7 +98,7 @@ func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOpt
 		}
 		cancel()
 		stopListening()
-		<-listening
+		listening.Wait()
 		closeDB()
 	}
 	return &Tokens{
@@ -150,7 +146,9 @@ func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Op
 	add(oa.Resource != "", tokenguard.WithResource(oa.Resource))
 	add(oa.PAR != "", tokenguard.WithPAR(tokenguard.PARMode(oa.PAR)))
 	add(oa.TokenRate != "", tokenguard.WithTokenRate(oa.TokenRate))
-	add(key != nil, tokenguard.WithClientKey(key))
+	if key != nil {
+		opts = append(opts, tokenguard.WithClientKey(key.Signer()))
+	}
 	add(oa.RevocationURL != "", tokenguard.WithRevocationURL(oa.RevocationURL))
 	add(oa.UserInfoURL != "", tokenguard.WithUserInfo(oa.UserInfoURL, oa.UserInfoIDField))
 	add(oa.Profile != "", tokenguard.WithProfile(oa.Profile))
@@ -184,58 +182,20 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 // token endpoint.
 func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*provider.Revocations, error) {
 	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
-	key, prof, err := cfg.OAuth.signingKey()
+	key, err := cfg.OAuth.clientKey()
 	if err != nil {
 		return nil, err
 	}
+	prof, _ := profiles.Get(cfg.OAuth.Profile) // generic when unknown
 	return provider.NewRevoker(OAuth2Config(cfg.OAuth), cfg.OAuth.RevocationURL, key, prof, providers,
 		provider.NewDiscovery(client), client, repository.NewAuthStyles(db)), nil
-}
-
-// signingKey is OAUTH_CLIENT_KEY_FILE's key (nil but for private_key_jwt)
-// and OAUTH_PROFILE's profile (generic when unknown).
-func (o OAuthConfig) signingKey() (*clientkey.Key, profiles.Profile, error) {
-	p, _ := profiles.Get(o.Profile)
-	signer, err := o.clientKey()
-	if err != nil || signer == nil {
-		return nil, p, err
-	}
-	k, err := clientkey.FromSigner(signer)
-	if err != nil {
-		return nil, p, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
-	}
-	return k, p, nil
-}
-
-// tokenRequestOptions make a token request outside the token layer (the
-// endpoint check) as the token layer does: client key, resource indicator.
-func tokenRequestOptions(cfg Config, client *http.Client) ([]provider.Option, error) {
-	key, prof, err := cfg.OAuth.signingKey()
-	if err != nil {
-		return nil, err
-	}
-	return provider.ClientOptions(cfg.OAuth.Resource, key, prof, provider.NewDiscovery(client)), nil
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration, as of a
 // stored provider's.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
-	oc := provider.OAuth2Config(domain.Provider{ClientID: c.ClientID, ClientSecret: domain.NewSecret(c.ClientSecret),
+	oc := provider.OAuth2Config(domain.Provider{ClientID: c.ClientID, ClientSecret: c.ClientSecret,
 		AuthURL: c.AuthURL, TokenURL: c.TokenURL, AuthStyle: domain.AuthStyle(c.AuthStyle), Scopes: c.Scopes})
 	oc.RedirectURL = c.RedirectURL
 	return oc
-}
-
-// migrate applies tokenguard's migrations on db, or on MigrateURL when it
-// differs (their session lock would not survive a pooler).
-func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) error {
-	if cfg.MigrateURL() == cfg.DatabaseURL {
-		return tokenguard.Migrate(ctx, db)
-	}
-	direct, err := postgres.Open(ctx, cfg.MigrateURL(), postgres.Pool{MaxOpenConns: 2}, repository.NewLogger(log))
-	if err != nil {
-		return fmt.Errorf("migrate: %w", err)
-	}
-	defer func() { _ = postgres.Close(direct) }()
-	return tokenguard.Migrate(ctx, direct)
 }

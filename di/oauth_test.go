@@ -44,7 +44,7 @@ func TestRejectedRefreshIsOneRequest(t *testing.T) {
 	}
 	// The control: x/oauth2 left to probe (nothing has succeeded at this
 	// token URL yet, so nothing is cached).
-	xauto := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: sc.ClientSecret, TokenURL: sc.Endpoint.TokenURL, AuthStyle: "auto"})
+	xauto := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: domain.NewSecret(sc.ClientSecret), TokenURL: sc.Endpoint.TokenURL, AuthStyle: "auto"})
 	if n := rejected(func() error {
 		_, err := xauto.TokenSource(ctx, &oauth2.Token{RefreshToken: rt.Reveal()}).Token()
 		return err
@@ -52,7 +52,7 @@ func TestRejectedRefreshIsOneRequest(t *testing.T) {
 		t.Fatalf("x/oauth2 auto-detection: %d requests, want 2 (the control no longer shows the probe)", n)
 	}
 	for _, style := range []string{"", "auto", "header", "params"} {
-		cfg := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: sc.ClientSecret, TokenURL: sc.Endpoint.TokenURL, AuthStyle: style})
+		cfg := OAuth2Config(OAuthConfig{ClientID: sc.ClientID, ClientSecret: domain.NewSecret(sc.ClientSecret), TokenURL: sc.Endpoint.TokenURL, AuthStyle: style})
 		if n := rejected(func() error {
 			_, err := provider.NewRefresher(cfg, nil).Refresh(ctx, rt)
 			if !errors.Is(err, domain.ErrGrantRevoked) {

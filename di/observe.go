@@ -1,13 +1,24 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
+	"sync"
 	"time"
+
+	"github.com/caarlos0/env/v11"
+	"go.opentelemetry.io/contrib/exporters/autoexport"
+	"go.opentelemetry.io/contrib/propagators/autoprop"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/sdk/resource"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
@@ -47,13 +58,12 @@ func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), e
 		WriteTimeout:      30 * time.Second,
 		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
 	}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
+	var done sync.WaitGroup
+	done.Go(func() {
 		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
 			log.Warn("metrics server stopped", "err", err)
 		}
-	}()
+	})
 	log.Info("metrics listening", "addr", ln.Addr().String())
 	return func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -61,6 +71,47 @@ func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), e
 		if srv.Shutdown(ctx) != nil {
 			_ = srv.Close()
 		}
-		<-done
+		done.Wait()
+	}, nil
+}
+
+// startTracing installs OpenTelemetry for app from the OTEL_* variables.
+// Traces are exported only when asked for (a process without a collector
+// must not log failures); the propagator is installed in any case, so trace
+// context still travels. stop flushes the spans.
+func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
+	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
+	vars := env.ToMap(environ)
+	asked := vars["OTEL_TRACES_EXPORTER"] != "" || vars["OTEL_EXPORTER_OTLP_ENDPOINT"] != "" || vars["OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"] != ""
+	if !asked || strings.EqualFold(strings.TrimSpace(vars["OTEL_SDK_DISABLED"]), "true") {
+		return func() {}, nil
+	}
+	exp, err := autoexport.NewSpanExporter(ctx)
+	if err != nil {
+		return nil, configErr("OTEL_TRACES_EXPORTER, OTEL_EXPORTER_OTLP_*: %v", err)
+	}
+	if autoexport.IsNoneSpanExporter(exp) {
+		return func() {}, nil
+	}
+	res, err := resource.New(ctx,
+		// Defaults: OTEL_SERVICE_NAME and OTEL_RESOURCE_ATTRIBUTES win.
+		resource.WithAttributes(attribute.String("service.name", "tokenguard-"+app), attribute.String("service.version", AppVersion())),
+		resource.WithFromEnv(), resource.WithTelemetrySDK(), resource.WithProcessPID())
+	if err != nil {
+		_ = exp.Shutdown(ctx)
+		return nil, configErr("OTEL_RESOURCE_ATTRIBUTES: %v", err)
+	}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithBatcher(exp), sdktrace.WithResource(res))
+	otel.SetTracerProvider(tp)
+	otel.SetErrorHandler(otel.ErrorHandlerFunc(func(err error) {
+		log.Warn("OpenTelemetry: spans not exported", "err", err)
+	}))
+	log.Info("traces exported", "exporter", cmp.Or(vars["OTEL_TRACES_EXPORTER"], "otlp"))
+	return func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := tp.Shutdown(ctx); err != nil {
+			log.Warn("OpenTelemetry: spans in flight not exported at shutdown", "err", err)
+		}
 	}, nil
 }

@@ -1,6 +1,7 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"log/slog"
@@ -29,7 +30,7 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 	if err != nil {
 		return nil, nil, err
 	}
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: min(cfg.DBMaxConns, 4)}, repository.NewLogger(log))
+	db, closeDB, err := openDB(ctx, cfg.DatabaseURL, min(cfg.DBMaxConns, 4), log)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -39,7 +40,7 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 	// default as read now.
 	durability, err := repository.NewDurability(cfg.SyncCommit)
 	if err != nil {
-		_ = postgres.Close(db)
+		closeDB()
 		return nil, nil, fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
 	}
 	if r, err := repo.ReadReplication(ctx); err == nil {
@@ -51,21 +52,32 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		Repository: repo,
 		Connect:    usecase.NewConnectUseCase(repo, nil, cfg.LockWait),
 		Providers:  repository.NewProviderRepository(db, sealer),
-	}, func() { _ = postgres.Close(db) }, nil
+	}, closeDB, nil
 }
 
-// Migrate applies tokenguard's migrations and then River's.
-func Migrate(ctx context.Context, databaseURL string) error {
-	db, err := postgres.Open(ctx, databaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+// openDB opens a pool of conns connections that logs to log (nil: nowhere); call the cleanup.
+func openDB(ctx context.Context, url string, conns int, log *slog.Logger) (*gorm.DB, func(), error) {
+	db, err := postgres.Open(ctx, url, postgres.Pool{MaxOpenConns: conns}, repository.NewLogger(cmp.Or(log, discard)))
 	if err != nil {
-		return err
+		return nil, nil, err
 	}
-	err = tokenguard.Migrate(ctx, db)
-	_ = postgres.Close(db)
+	return db, func() { _ = postgres.Close(db) }, nil
+}
+
+var discard = slog.New(slog.DiscardHandler)
+
+// migrate applies tokenguard's migrations on db, or on MigrateURL when it
+// differs (their session lock would not survive a pooler).
+func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) error {
+	if cfg.MigrateURL() == cfg.DatabaseURL {
+		return tokenguard.Migrate(ctx, db)
+	}
+	direct, closeDirect, err := openDB(ctx, cfg.MigrateURL(), 2, log)
 	if err != nil {
-		return err
+		return fmt.Errorf("migrate: %w", err)
 	}
-	return migrateQueueAt(ctx, databaseURL)
+	defer closeDirect()
+	return tokenguard.Migrate(ctx, direct)
 }
 
 // migrateQueue is migrate for River's migrations.

@@ -11,8 +11,8 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
@@ -57,7 +57,16 @@ func (b tokenctlBackend) Migrate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	return Migrate(ctx, cfg.MigrateURL())
+	db, closeDB, err := openDB(ctx, cfg.MigrateURL(), 2, nil)
+	if err != nil {
+		return err
+	}
+	err = tokenguard.Migrate(ctx, db) // then River's
+	closeDB()
+	if err != nil {
+		return err
+	}
+	return migrateQueueAt(ctx, cfg.MigrateURL())
 }
 
 func (b tokenctlBackend) RotateKey(ctx context.Context) (int, int, error) {
@@ -77,7 +86,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 	if err != nil {
 		return nil, nil, err
 	}
-	s, cleanup, err := NewStore(ctx, cfg, slog.New(slog.DiscardHandler))
+	s, cleanup, err := NewStore(ctx, cfg, discard)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -106,16 +115,16 @@ func migrated(ctx context.Context, db *gorm.DB) error {
 }
 
 // openMigrated opens a small pool on a migrated database.
-func openMigrated(ctx context.Context, cfg Config) (*gorm.DB, func(), error) {
-	db, err := postgres.Open(ctx, cfg.DatabaseURL, postgres.Pool{MaxOpenConns: 2}, nil)
+func openMigrated(ctx context.Context, cfg Config, log *slog.Logger) (*gorm.DB, func(), error) {
+	db, closeDB, err := openDB(ctx, cfg.DatabaseURL, 2, log)
 	if err != nil {
 		return nil, nil, err
 	}
 	if err := migrated(ctx, db); err != nil {
-		_ = postgres.Close(db)
+		closeDB()
 		return nil, nil, err
 	}
-	return db, func() { _ = postgres.Close(db) }, nil
+	return db, closeDB, nil
 }
 
 // operator makes the operator's changes to connections, for tokenctl and the console alike.
@@ -179,7 +188,7 @@ func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(
 	if err != nil {
 		return nil, nil, err
 	}
-	db, cleanup, err := openMigrated(ctx, cfg)
+	db, cleanup, err := openMigrated(ctx, cfg, nil)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -195,7 +204,7 @@ func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderSt
 	if err != nil {
 		return nil, nil, &tokenctl.ConfigError{Err: err}
 	}
-	db, cleanup, err := openMigrated(ctx, cfg)
+	db, cleanup, err := openMigrated(ctx, cfg, nil)
 	if err != nil {
 		return nil, nil, err
 	}

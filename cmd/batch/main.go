@@ -12,6 +12,7 @@ import (
 	"os"
 
 	"github.com/tokenguard/tokenguard/di"
+	"github.com/tokenguard/tokenguard/infra/batch"
 )
 
 func main() {
@@ -41,7 +42,7 @@ func main() {
 		}
 		defer cleanup()
 		err = runner.Run(ctx, *every)
-		if errors.Is(err, di.ErrBatchFailed) {
+		if errors.Is(err, batch.ErrFailed) {
 			return di.ExitCode(1)
 		}
 		return err
