@@ -95,64 +95,51 @@ func (r CheckResult) String() string {
 }
 
 // Check asks cfg's token endpoint whether it accepts the client with a
-// made-up refresh token: the client is authenticated before the grant is
-// looked at (RFC 6749 §5.2). In auto it tries HTTP Basic, then the form
-// body. client may be nil; opts authenticate the client as its token
-// requests do (WithClientKey, WithIssuerAudience, WithResource).
+// made-up refresh token, sent as a refresher does: the client is
+// authenticated before the grant is looked at (RFC 6749 §5.2). In auto it
+// tries HTTP Basic, then the form body. client may be nil (NewHTTPClient);
+// opts authenticate the client as its token requests do (ClientOptions).
 func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ...Option) CheckResult {
 	styles := []oauth2.AuthStyle{cfg.Endpoint.AuthStyle}
 	if cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
 		styles = []oauth2.AuthStyle{oauth2.AuthStyleInHeader, oauth2.AuthStyleInParams}
 	}
-	res := CheckResult{URL: displayURL(cfg.Endpoint.TokenURL)}
+	r := NewRefresher(cfg, client, opts...)
+	var res CheckResult
 	for _, style := range styles {
-		res = probe(ctx, cfg, client, style, res, opts)
+		a, _, pe := r.exchange(ctx, refreshForm("tokenguard-check-"+rand.Text()), style, true)
+		media, _, _ := mime.ParseMediaType(a.header.Get("Content-Type"))
+		status := a.status
+		res = CheckResult{URL: displayURL(cfg.Endpoint.TokenURL), Styles: append(res.Styles, styleName(style)), HTTPStatus: status, Media: media}
+		if pe != nil {
+			res.Code = pe.Code
+		}
+		switch {
+		case status == 0:
+			res.Verdict = CheckUnreachable
+			res.Err = pe.Err
+			if ue := (*url.Error)(nil); errors.As(res.Err, &ue) {
+				res.Err = ue.Err // the URL is in the line already
+			}
+		case status/100 == 3, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
+			res.Verdict = CheckNotTokenEndpoint
+		case pe != nil && (pe.Class == domain.GrantDead || pe.Code == "invalid_grant"):
+			res.Verdict = CheckOK
+		case pe != nil && pe.Ambiguous && pe.Code == "invalid_request" && status != http.StatusUnauthorized:
+			res.Verdict, res.Learned = CheckOK, true
+		case pe != nil && pe.Class == domain.ClientRejected, status == http.StatusUnauthorized:
+			res.Verdict = CheckClientRejected
+		case status/100 == 5, status == http.StatusTooManyRequests:
+			res.Verdict = CheckInconclusive
+		case !looksJSON(media, a.body[:min(64, len(a.body))]):
+			res.Verdict = CheckNotJSON
+		default:
+			// Includes a token issued for the made-up refresh token.
+			res.Verdict = CheckInconclusive
+		}
 		if res.Verdict != CheckClientRejected {
 			break
 		}
-	}
-	return res
-}
-
-// probe sends one refresh with a made-up token in style, as a refresher does.
-func probe(ctx context.Context, cfg *oauth2.Config, client *http.Client, style oauth2.AuthStyle, res CheckResult, opts []Option) CheckResult {
-	c := *cfg
-	c.Endpoint.AuthStyle = style
-	r := NewRefresher(&c, client, opts...) // a nil client: NewHTTPClient(10s)
-	form := url.Values{"grant_type": {"refresh_token"}, "refresh_token": {"tokenguard-check-" + rand.Text()}}
-	a, pe := r.post(ctx, c.Endpoint.TokenURL, form, style, true)
-	if pe == nil {
-		_, pe = r.judge(a)
-	}
-	media, _, _ := mime.ParseMediaType(a.header.Get("Content-Type"))
-	status := a.status
-	res.Styles = append(res.Styles, styleName(style))
-	res.HTTPStatus, res.Media, res.Code, res.Err, res.Learned = status, media, "", nil, false
-	if pe != nil {
-		res.Code = pe.Code
-	}
-	switch {
-	case status == 0:
-		res.Verdict = CheckUnreachable
-		res.Err = pe.Err
-		if ue := (*url.Error)(nil); errors.As(res.Err, &ue) {
-			res.Err = ue.Err // the URL is in the line already
-		}
-	case status/100 == 3, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
-		res.Verdict = CheckNotTokenEndpoint
-	case pe != nil && (pe.Class == domain.GrantDead || pe.Code == "invalid_grant"):
-		res.Verdict = CheckOK
-	case pe != nil && pe.Ambiguous && pe.Code == "invalid_request" && status != http.StatusUnauthorized:
-		res.Verdict, res.Learned = CheckOK, true
-	case pe != nil && pe.Class == domain.ClientRejected, status == http.StatusUnauthorized:
-		res.Verdict = CheckClientRejected
-	case status/100 == 5, status == http.StatusTooManyRequests:
-		res.Verdict = CheckInconclusive
-	case !looksJSON(media, a.body[:min(64, len(a.body))]):
-		res.Verdict = CheckNotJSON
-	default:
-		// Includes a token issued for the made-up refresh token.
-		res.Verdict = CheckInconclusive
 	}
 	return res
 }
@@ -178,15 +165,10 @@ func displayURL(s string) string {
 // RecordCheck keeps res in s as the endpoint's fingerprint (see weigh);
 // verdicts other than CheckOK and CheckClientRejected are not kept.
 func RecordCheck(ctx context.Context, s EvidenceStore, cfg *oauth2.Config, res CheckResult) error {
-	var f Fingerprint
-	switch res.Verdict {
-	case CheckOK:
-		f = Fingerprint{HTTPStatus: res.HTTPStatus, Code: res.Code, ClientAuthenticated: true}
-	case CheckClientRejected:
-		f = Fingerprint{HTTPStatus: res.HTTPStatus, Code: res.Code}
-	default:
+	if res.Verdict != CheckOK && res.Verdict != CheckClientRejected {
 		return nil
 	}
+	f := Fingerprint{HTTPStatus: res.HTTPStatus, Code: res.Code, ClientAuthenticated: res.Verdict == CheckOK}
 	ctx, cancel := context.WithTimeout(ctx, storeTimeout)
 	defer cancel()
 	return s.SaveFingerprint(ctx, cfg.Endpoint.TokenURL, cfg.ClientID, Credentials(cfg), f)

@@ -21,27 +21,15 @@ import (
 // §2.2): a fresh assertion signed with k for the token URL.
 func WithClientKey(k *clientkey.Key) Option { return func(r *Refresher) { r.auth.key = k } }
 
-// WithIssuerAudience makes the assertions' audience the issuer named by the
-// provider's metadata (found by d), as profiles with assertion_aud: issuer say.
-func WithIssuerAudience(d *Discovery) Option { return func(r *Refresher) { r.auth.issuer = d } }
-
 var errNoIssuer = errors.New("the provider's metadata, whose issuer is the client assertions' audience, cannot be read")
-
-// WithResource names the resource server (RFC 8707) on every token request.
-func WithResource(resource string) Option { return func(r *Refresher) { r.resource = resource } }
 
 // ClientOptions are the token request options of a client with resource
 // indicator resource ("" none) and private_key_jwt key (nil none) under
 // profile prof; d finds the issuer when prof makes it the assertions' audience.
 func ClientOptions(resource string, key *clientkey.Key, prof profiles.Profile, d *Discovery) []Option {
-	var out []Option
-	if resource != "" {
-		out = append(out, WithResource(resource))
-	}
-	if key != nil {
-		out = append(out, WithClientKey(key), WithIssuerAudience(issuerFinder(key, prof, d)))
-	}
-	return out
+	return []Option{func(r *Refresher) {
+		r.auth.resource, r.auth.key, r.auth.issuer = resource, key, issuerFinder(key, prof, d)
+	}}
 }
 
 // StoredClientOptions are ClientOptions of stored provider p (profile
@@ -69,28 +57,24 @@ func issuerFinder(key *clientkey.Key, prof profiles.Profile, d *Discovery) *Disc
 	return nil
 }
 
-// requestTo is a request with form to endpoint (the token or the PAR
-// endpoint), the client authenticated as configured, with the resource
-// indicator when there is one.
-func (r *Refresher) requestTo(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
-	if r.resource != "" {
-		form.Set("resource", r.resource)
-	}
-	return r.auth.request(ctx, endpoint, form, style)
-}
-
-// clientAuth is how a client authenticates at its provider's endpoints.
+// clientAuth is how a client's requests reach its provider's endpoints.
 type clientAuth struct {
 	id, secret string
 	key        *clientkey.Key // private_key_jwt when set
 	tokenURL   string         // the assertions' audience, unless issuer is set
 	issuer     *Discovery     // when set, the audience is the issuer its metadata names
+	resource   string         // RFC 8707; "" none
+	hc         *http.Client
 	now        func() time.Time
 }
 
-// request is a form POST to endpoint, the client authenticated with an
-// assertion when it has a key, else with its secret in style.
+// request is a form POST to endpoint with the resource indicator if any, the
+// client authenticated with an assertion when it has a key, else with its
+// secret in style.
 func (c clientAuth) request(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
+	if c.resource != "" {
+		form.Set("resource", c.resource)
+	}
 	if c.key == nil {
 		if style == oauth2.AuthStyleInParams {
 			form.Set("client_id", c.id)

@@ -6,7 +6,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"net/http"
-	"sync"
 	"time"
 
 	"golang.org/x/oauth2"
@@ -119,7 +118,7 @@ func (r *Refresher) weigh(ctx context.Context, pe *domain.ProviderError, style o
 // learn takes and keeps the fingerprint no start-up check took (once per
 // credentials fleet-wide); nil when no usable answer came.
 func (r *Refresher) learn(ctx context.Context, style oauth2.AuthStyle) *Fingerprint {
-	_, pe := r.exchange(ctx, domain.NewSecret("tokenguard-check-"+rand.Text()), style)
+	_, _, pe := r.exchange(ctx, refreshForm("tokenguard-check-"+rand.Text()), style, true)
 	if pe == nil || pe.HTTPStatus == 0 || pe.Class == domain.Transient || pe.Class == domain.EndpointMisconfigured {
 		return nil
 	}
@@ -152,14 +151,4 @@ func (r *Refresher) worked(style oauth2.AuthStyle) {
 			r.log.Warn("could not record that the client works", "err", err)
 		}
 	}()
-}
-
-type evidenceState struct {
-	evidence    EvidenceStore
-	rules       EvidenceRules
-	credentials string
-
-	workedMu    sync.Mutex
-	workedAt    time.Time
-	workedStyle oauth2.AuthStyle
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/clientkey"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // When the connect flow pushes its authorization request, by mode, the
@@ -130,7 +131,7 @@ func TestAssertionAudience(t *testing.T) {
 		want string
 	}{
 		"token endpoint": {[]provider.Option{provider.WithClientKey(k)}, iss + "/v1/token"},
-		"issuer":         {[]provider.Option{provider.WithClientKey(k), provider.WithIssuerAudience(d)}, iss},
+		"issuer":         {provider.ClientOptions("", k, profiles.Profile{AssertionAud: domain.AudienceIssuer}, d), iss},
 	} {
 		t.Run(name, func(t *testing.T) {
 			*auds = nil

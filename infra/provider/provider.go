@@ -3,6 +3,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"log/slog"
@@ -48,7 +49,7 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 // (invalid_client, a 401): only then was the refresh token surely not looked at.
 type Refresher struct {
 	cfg             *oauth2.Config
-	client          *http.Client
+	auth            clientAuth
 	styles          AuthStyleStore
 	defaultLifetime time.Duration
 	deadGrants      []profiles.DeadGrant
@@ -57,16 +58,20 @@ type Refresher struct {
 	refreshAbsolute time.Duration // 0: unknown
 	log             *slog.Logger
 	now             func() time.Time
-	evidenceState
+	nonces          *dpop.Nonces
 
-	learned  atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 unknown
-	stored   atomic.Int32 // the style the store is known to hold; 0 unknown
-	loaded   atomic.Bool
-	loading  sync.Mutex // one store read at a time; others do not wait for it
-	saving   atomic.Bool
-	nonces   *dpop.Nonces
-	auth     clientAuth
-	resource string // RFC 8707; "" none
+	learned atomic.Int32 // oauth2.AuthStyle that last succeeded in auto; 0 unknown
+	stored  atomic.Int32 // the style the store is known to hold; 0 unknown
+	loaded  atomic.Bool
+	loading sync.Mutex // one store read at a time; others do not wait for it
+	saving  atomic.Bool
+
+	evidence    EvidenceStore // see weigh
+	rules       EvidenceRules
+	credentials string
+	workedMu    sync.Mutex
+	workedAt    time.Time
+	workedStyle oauth2.AuthStyle
 }
 
 // AuthStyleStore keeps the accepted auth style per token URL and client id,
@@ -127,18 +132,12 @@ func NewRefresher(cfg *oauth2.Config, client *http.Client, opts ...Option) *Refr
 	}
 	c := *client
 	c.CheckRedirect = noRedirect
-	r := &Refresher{cfg: cfg, client: &c, now: time.Now}
-	r.rules, r.credentials = AllEvidence, Credentials(cfg)
+	r := &Refresher{cfg: cfg, now: time.Now, rules: AllEvidence, credentials: Credentials(cfg)}
 	for _, o := range opts {
 		o(r)
 	}
-	if r.nonces == nil {
-		r.nonces = &dpop.Nonces{}
-	}
-	if r.log == nil {
-		r.log = slog.New(slog.DiscardHandler)
-	}
-	r.auth.id, r.auth.secret, r.auth.tokenURL, r.auth.now = cfg.ClientID, cfg.ClientSecret, cfg.Endpoint.TokenURL, r.now
+	r.nonces, r.log = cmp.Or(r.nonces, &dpop.Nonces{}), cmp.Or(r.log, slog.New(slog.DiscardHandler))
+	r.auth.id, r.auth.secret, r.auth.tokenURL, r.auth.now, r.auth.hc = cfg.ClientID, cfg.ClientSecret, cfg.Endpoint.TokenURL, r.now, &c
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: r.nonces, Now: r.now}
 	return r
 }
@@ -149,9 +148,10 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
 	var g domain.Grant
 	var last oauth2.AuthStyle
+	form := refreshForm(refreshToken.Reveal())
 	pe := r.authenticated(ctx, true, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
 		last = style
-		g, pe = r.exchange(ctx, refreshToken, style)
+		_, g, pe = r.exchange(ctx, form, style, true)
 		return pe
 	})
 	if pe != nil {

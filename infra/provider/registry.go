@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -26,9 +27,7 @@ type ProviderSource interface {
 // Registry redeems refresh tokens at the provider a connection names ("" the
 // configuration's), each through its own refresher; safe for concurrent use.
 // Providers are read by Load and again after Changed, so a rotated secret
-// needs no restart. An unknown name reads again (at most once per
-// missReadEvery), then is domain.ErrUnknownProvider; a refused client
-// triggers a background read in case a change was missed.
+// needs no restart; an unknown name or a refused client reads them again too.
 type Registry struct {
 	env        GrantRefresher
 	source     ProviderSource
@@ -46,7 +45,7 @@ type Registry struct {
 }
 
 type registered struct {
-	p         domain.Provider // ClientSecret cleared: kept apart in secret
+	p         domain.Provider // secrets cleared: ClientSecret kept apart in secret
 	secret    domain.Secret
 	refresher GrantRefresher
 	key       *clientkey.Key
@@ -60,10 +59,7 @@ const (
 // NewRegistry serves "" with env and source's providers through the
 // refresher build makes of each; log may be nil. Call Load before use.
 func NewRegistry(env GrantRefresher, source ProviderSource, build func(domain.Provider) GrantRefresher, log *slog.Logger) *Registry {
-	if log == nil {
-		log = slog.Default()
-	}
-	r := &Registry{env: env, source: source, build: build, log: log}
+	r := &Registry{env: env, source: source, build: build, log: cmp.Or(log, slog.Default())}
 	r.byName.Store(&map[string]registered{})
 	return r
 }
@@ -115,8 +111,7 @@ func (r *Registry) Load(ctx context.Context) error {
 	return nil
 }
 
-// OnChange calls fn with every provider a Load found changed, once the new
-// settings took effect.
+// OnChange calls fn with every provider a Load changed, once in effect.
 func (r *Registry) OnChange(fn func(name string)) { r.onChange.Store(&fn) }
 
 // Changed reads the providers again in the background; changes arriving
@@ -186,8 +181,7 @@ func (r *Registry) lookup(ctx context.Context, provider string) (registered, err
 	return registered{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 }
 
-// refresher is the Refresher of provider ("" the configuration's), under
-// its Retrying if any, or an error saying it cannot do what.
+// refresher is provider's Refresher, under its Retrying if any.
 func (r *Registry) refresher(ctx context.Context, provider, what string) (*Refresher, error) {
 	ref := r.env
 	if provider != "" {
@@ -214,7 +208,7 @@ func (r *Registry) Provider(name string) (domain.Provider, bool) {
 }
 
 // ClientConfig is the stored provider's registration, secret included, for
-// the connect flow; RedirectURL is left to the caller.
+// the connect flow (no RedirectURL).
 func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
 	reg, err := r.lookup(ctx, name)
 	if err != nil {

@@ -2,9 +2,13 @@ package provider
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
+	"net"
+	"syscall"
 	"time"
 
 	"github.com/cenkalti/backoff/v5"
@@ -23,30 +27,24 @@ type Policy struct {
 	InitialInterval time.Duration // default 100ms
 	MaxInterval     time.Duration // caps every backoff, jitter included (default 2s)
 	Multiplier      float64       // default 2
-	// Jitter draws each wait from interval×[1-Jitter, 1+Jitter] (default
-	// 0.5; negative: none).
-	Jitter      float64
-	MaxAttempts int // the first included; 0: only the deadline bounds them
-	// MaxElapsed bounds the call when ctx has no deadline (default 30s).
-	MaxElapsed time.Duration
+	Jitter          float64       // each wait from interval×[1-Jitter, 1+Jitter] (default 0.5; negative: none)
+	MaxAttempts     int           // the first included; 0: only the deadline bounds them
+	MaxElapsed      time.Duration // bounds the call when ctx has no deadline (default 30s)
 	// RetryWithin bounds when a new attempt may start, from the first (0:
 	// until the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
 	// AttemptTimeout bounds one try (0: all the time left); below the
 	// provider's worst normal latency it loses answers (see Retrying).
 	AttemptTimeout time.Duration
-	// PauseAfter is how many tries in a row may find the endpoint
-	// unreachable before calls fail at once for a pause (default
-	// DefaultPauseAfter; negative: never).
+	// PauseAfter: tries in a row finding the endpoint unreachable before
+	// calls fail at once for a pause (default DefaultPauseAfter; negative: never).
 	PauseAfter int
 	Log        *slog.Logger // one line per retry, never a token; nil: none
 	// ReuseGrace decides whether a request whose answer was lost is sent
 	// again: Unknown, not within the call; None, never (NoReplay); a
 	// window, only within it from the first presentation (ReplayUntil).
-	ReuseGrace profiles.Duration
-	// ReplayHarmless: refresh tokens do not rotate; a lost answer's token
-	// may be presented again at once.
-	ReplayHarmless bool
+	ReuseGrace     profiles.Duration
+	ReplayHarmless bool // refresh tokens do not rotate: a lost answer's token may go again at once
 }
 
 // PolicyFor is the retry policy of a provider with profile p.
@@ -97,13 +95,14 @@ func (p Policy) withDefaults() Policy {
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
-	pause  *pause
+	pause  domain.Pause // any answer ends it
 }
 
-// NewRetrying decorates next with policy (zero fields take the defaults).
+// NewRetrying decorates next with policy.
 func NewRetrying(next GrantRefresher, policy Policy) *Retrying {
-	policy = policy.withDefaults()
-	return &Retrying{next: next, policy: policy, pause: newPause(policy.PauseAfter)}
+	r := &Retrying{next: next, policy: policy.withDefaults(), pause: domain.Pause{Policy: domain.UnreachablePause}}
+	r.pause.Policy.After = r.policy.PauseAfter
+	return r
 }
 
 // Refresh retries until success, a permanent failure or the time is up, and
@@ -127,14 +126,14 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 	var last error
 	first := time.Now() // the refresh token's first presentation, for ReuseGrace
 	for attempt := 1; ; attempt++ {
-		if err := r.pause.check(time.Now()); err != nil {
+		if err := r.paused(time.Now()); err != nil {
 			if last != nil {
 				return domain.Grant{}, attempts(attempt-1, last)
 			}
 			return domain.Grant{}, err
 		}
 		g, err := r.try(ctx, refreshToken)
-		if r.pause.record(time.Now(), err) && p.Log != nil {
+		if r.record(time.Now(), err) && p.Log != nil {
 			p.Log.LogAttrs(ctx, slog.LevelWarn, "token endpoint unreachable: calls to it fail at once for a while",
 				slog.String("error", err.Error()))
 		}
@@ -142,7 +141,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			return g, nil
 		}
 		last = err
-		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) || r.pause.check(time.Now()) != nil {
+		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) || r.paused(time.Now()) != nil {
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		var pe *domain.ProviderError
@@ -214,4 +213,51 @@ func joinCtx(err, ctxErr error) error {
 		return err
 	}
 	return fmt.Errorf("%w (%w)", err, ctxErr)
+}
+
+// DefaultPauseAfter is how many tries in a row may find the token endpoint
+// unreachable before its calls pause (domain.UnreachablePause).
+const DefaultPauseAfter = 3
+
+// paused returns the failure that pauses the calls at now, or nil.
+func (r *Retrying) paused(now time.Time) error {
+	left, cause := r.pause.Check(now)
+	if cause == nil {
+		return nil
+	}
+	return &domain.ProviderError{Err: fmt.Errorf("token endpoint not called for %v after it was unreachable: %w",
+		left.Round(time.Millisecond), cause)}
+}
+
+// record takes a try's outcome and reports whether it started a pause.
+func (r *Retrying) record(now time.Time, err error) (started bool) {
+	switch {
+	case r.policy.PauseAfter < 0 || errors.Is(err, context.Canceled): // the caller gave up: says nothing about the endpoint
+		return false
+	case !unreachable(err):
+		r.pause.Succeed()
+		return false
+	}
+	return r.pause.Fail(now, err)
+}
+
+// unreachable: no request reached the HTTP server (refused, no route, DNS,
+// TLS), so none spent the refresh token.
+func unreachable(err error) bool {
+	var pe *domain.ProviderError
+	if err == nil || !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {
+		return false
+	}
+	for _, errno := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH} {
+		if errors.Is(pe.Err, errno) {
+			return true
+		}
+	}
+	for _, target := range []any{new(*net.DNSError), new(*tls.CertificateVerificationError), new(tls.RecordHeaderError),
+		new(tls.AlertError), new(x509.UnknownAuthorityError), new(x509.HostnameError), new(x509.CertificateInvalidError)} {
+		if errors.As(pe.Err, target) {
+			return true
+		}
+	}
+	return false
 }

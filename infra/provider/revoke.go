@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"time"
@@ -68,9 +67,8 @@ func (s StoredRevocationEndpoints) revocationEndpoint(ctx context.Context, provi
 	return revocationEndpoint(p.RevocationURL, OAuth2Config(p), key, prof, s.Discovery), nil
 }
 
-// revocationEndpoint is the revocation endpoint at url of the client cfg
-// registers, authenticated as at its token endpoint (key, prof: see
-// ClientOptions).
+// revocationEndpoint is url, for the client cfg registers authenticated as
+// at its token endpoint (ClientOptions).
 func revocationEndpoint(url string, cfg *oauth2.Config, key *clientkey.Key, prof profiles.Profile, d *Discovery) RevocationEndpoint {
 	return RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
 		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL, ClientKey: key, IssuerAud: issuerFinder(key, prof, d)}
@@ -84,10 +82,9 @@ type Revocations struct {
 	styles    AuthStyleStore // may be nil
 }
 
-// NewRevoker revokes the refresh tokens of the client cfg registers at
-// revocationURL ("" none), authenticated as at its token endpoint (key,
-// prof: see ClientOptions), and the stored providers' at their own; client
-// should be bounded (NewHTTPClient); styles may be nil.
+// NewRevoker revokes at revocationURL ("" none) the refresh tokens of the
+// client cfg registers (key, prof: see ClientOptions), and the stored
+// providers' at their own; client should be bounded, styles may be nil.
 func NewRevoker(cfg *oauth2.Config, revocationURL string, key *clientkey.Key, prof profiles.Profile,
 	providers ProviderLookup, d *Discovery, client *http.Client, styles AuthStyleStore) *Revocations {
 	env := revocationEndpoint(revocationURL, cfg, key, prof, d)
@@ -173,22 +170,19 @@ func revocationAnswer(status int, code string) error {
 func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oauth2.AuthStyle, token domain.Secret) (int, string, error) {
 	form := url.Values{"token": {token.Reveal()}, "token_type_hint": {"refresh_token"}}
 	c := clientAuth{id: e.ClientID, secret: e.ClientSecret.Reveal(), key: e.ClientKey, tokenURL: e.TokenURL,
-		issuer: e.IssuerAud, now: time.Now}
-	req, err := c.request(ctx, e.URL, form, style)
-	if err != nil {
+		issuer: e.IssuerAud, hc: r.client, now: time.Now}
+	a, pe := c.post(ctx, e.URL, form, style, false)
+	switch {
+	case pe != nil && pe.Class == domain.EndpointMisconfigured:
 		return 0, "", fmt.Errorf("revocation URL: %w", errRevocationRefused)
+	case pe != nil && a.status == 0:
+		return 0, "", pe.Err // *url.Error: the method and URL, never the form
 	}
-	resp, err := r.client.Do(req)
-	if err != nil {
-		return 0, "", err // *url.Error: the method and URL, never the form
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	code := ""
-	if f, ok := parseAnswer(resp.Header.Get("Content-Type"), body); ok {
+	code := "" // a body cut short is read as far as it came
+	if f, ok := parseAnswer(a.header.Get("Content-Type"), a.body); ok {
 		if code = f.str("error"); code != "unsupported_token_type" { // RFC 7009 §2.2.1
 			code = reportedCode(code)
 		}
 	}
-	return resp.StatusCode, code, nil
+	return a.status, code, nil
 }

@@ -97,16 +97,14 @@ func parseDuration(s string) (Duration, error) {
 // DeadGrant is one way a provider says a refresh token is dead: Code in the
 // answer's Field ("error" unless said), with HTTP Status (0: any).
 type DeadGrant struct {
-	Code   string `yaml:"code"`
-	Field  string `yaml:"field"`
-	Status int    `yaml:"status"`
-	// OKFalse: the answer also says "ok": false (Slack); only the sandbox
-	// uses it.
-	OKFalse bool `yaml:"ok_false"`
+	Code    string `yaml:"code"`
+	Field   string `yaml:"field"`
+	Status  int    `yaml:"status"`
+	OKFalse bool   `yaml:"ok_false"` // the answer also says "ok": false (Slack); only the sandbox uses it
 }
 
 // Profile is one provider's behaviour. URLs may hold {param} placeholders
-// (a tenant's subdomain, a contract id, a region), filled by Resolve.
+// (a tenant's subdomain, a contract id, a region), filled by Complete.
 type Profile struct {
 	Name           string            `yaml:"name"`
 	Title          string            `yaml:"title"`
@@ -152,18 +150,14 @@ func (p *Profile) check() error {
 	}
 	p.ScopeSeparator = cmp.Or(p.ScopeSeparator, " ")
 	p.Rotation = cmp.Or(p.Rotation, RotationUnknown)
-	switch p.Rotation {
-	case RotationYes, RotationNo, RotationOptional, RotationUnknown:
-	default:
+	if !slices.Contains([]Rotation{RotationYes, RotationNo, RotationOptional, RotationUnknown}, p.Rotation) {
 		return fmt.Errorf("rotation %q: want yes, no, optional or unknown", p.Rotation)
 	}
 	if p.PAR != "" && p.PAR != "required" {
 		return fmt.Errorf("par %q: want required or nothing", p.PAR)
 	}
 	p.AssertionAud = cmp.Or(p.AssertionAud, domain.AudienceTokenEndpoint)
-	switch p.AssertionAud {
-	case domain.AudienceTokenEndpoint, domain.AudienceIssuer:
-	default:
+	if p.AssertionAud != domain.AudienceTokenEndpoint && p.AssertionAud != domain.AudienceIssuer {
 		return fmt.Errorf("assertion_aud %q: want token_endpoint or issuer", p.AssertionAud)
 	}
 	for i := range p.DeadGrants {
