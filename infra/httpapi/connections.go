@@ -23,22 +23,22 @@ const ( // page sizes of GET /connections
 
 // connectionView is one connection in GET /connections: no token, ever.
 type connectionView struct {
-	Connection    string        `json:"connection"`
-	Provider      string        `json:"provider"` // "" for the environment's
-	Status        domain.Status `json:"status"`
-	Reason        string        `json:"reason,omitempty"`
-	Expiry        *time.Time    `json:"expiry"` // null: the provider gave none
-	RefreshExpiry *time.Time    `json:"refresh_expiry,omitempty"`
-	LastRefresh   time.Time     `json:"last_refresh"`
-	Version       int64         `json:"version"`
-	Account       string        `json:"account,omitempty"`
-	Scopes        string        `json:"scopes,omitempty"`
-	MissingScopes string        `json:"missing_scopes,omitempty"`
-	Metadata      jsonObject    `json:"metadata"`
-	Tags          []string      `json:"tags"`
-	Failure       *failureView  `json:"failure,omitempty"`  // while the refreshes fail
-	Binding       string        `json:"binding"`            // "dpop" or "bearer"
-	DPoPJKT       string        `json:"dpop_jkt,omitempty"` // the key's thumbprint
+	Connection    string          `json:"connection"`
+	Provider      string          `json:"provider"` // "" for the environment's
+	Status        domain.Status   `json:"status"`
+	Reason        string          `json:"reason,omitempty"`
+	Expiry        *time.Time      `json:"expiry"` // null: the provider gave none
+	RefreshExpiry *time.Time      `json:"refresh_expiry,omitempty"`
+	LastRefresh   time.Time       `json:"last_refresh"`
+	Version       int64           `json:"version"`
+	Account       string          `json:"account,omitempty"`
+	Scopes        string          `json:"scopes,omitempty"`
+	MissingScopes string          `json:"missing_scopes,omitempty"`
+	Metadata      json.RawMessage `json:"metadata"` // {} when none
+	Tags          []string        `json:"tags"`
+	Failure       *failureView    `json:"failure,omitempty"`  // while the refreshes fail
+	Binding       string          `json:"binding"`            // "dpop" or "bearer"
+	DPoPJKT       string          `json:"dpop_jkt,omitempty"` // the key's thumbprint
 	// ScopesReduced: scopes a refresh no longer granted (still usable).
 	ScopesReduced string `json:"scopes_reduced,omitempty"`
 }
@@ -54,15 +54,6 @@ type failureView struct {
 	NextAttempt *time.Time `json:"next_attempt"`
 }
 
-type jsonObject []byte
-
-func (o jsonObject) MarshalJSON() ([]byte, error) {
-	if len(o) == 0 {
-		return []byte("{}"), nil
-	}
-	return o, nil
-}
-
 // nonNil is ss, or [] (not JSON null) for nil.
 func nonNil(ss []string) []string {
 	if ss == nil {
@@ -76,12 +67,15 @@ func viewOf(c domain.Connection) connectionView {
 		Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
 		LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
 		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
-		Metadata: jsonObject(c.Metadata.Object), Tags: nonNil(c.Metadata.Tags),
+		Metadata: c.Metadata.Object, Tags: nonNil(c.Metadata.Tags),
 		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
 		Binding: "bearer", DPoPJKT: c.DPoPJKT, ScopesReduced: c.Binding.ScopesReduced,
 	}
 	if c.DPoPJKT != "" {
 		v.Binding = "dpop"
+	}
+	if len(v.Metadata) == 0 {
+		v.Metadata = json.RawMessage("{}")
 	}
 	if f := c.Failure; f.Failures > 0 {
 		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
@@ -114,9 +108,7 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		writeError(w, "", err)
 		return
 	}
-	// One more row than asked says whether a next page exists.
-	acc := keyAccess(r.Context())
-	page, err := console.Visible(r.Context(), s.deps.Connections, acc, domain.ConnectionFilter{}, after, limit+1)
+	page, next, err := console.Visible(r.Context(), s.deps.Connections, keyAccess(r.Context()), domain.ConnectionFilter{}, after, limit)
 	if err != nil {
 		s.failed(w, r, "", err)
 		return
@@ -124,10 +116,8 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 	body := struct {
 		Connections []connectionView `json:"connections"`
 		Next        *string          `json:"next"` // null on the last page
-	}{Connections: make([]connectionView, 0, min(len(page), limit))}
-	if len(page) > limit {
-		page = page[:limit]
-		next := page[limit-1].Name
+	}{Connections: make([]connectionView, 0, len(page))}
+	if next != "" {
 		body.Next = &next
 	}
 	for _, c := range page {

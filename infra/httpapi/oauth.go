@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"embed"
 	"encoding/base64"
 	"encoding/json"
 	"errors"
@@ -237,18 +238,23 @@ func plainURL(target string) bool {
 // cookie the page sets.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	token := r.URL.Query().Get("session")
-	if !sessionToken(token) {
+	if !wellFormed(token, "tgs_") {
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This link is not a valid connect link. Ask for a new one."})
 		return
 	}
-	sess, ok := s.peekSession(w, r, token)
-	if !ok {
+	sess, err := s.deps.Sessions.Peek(r.Context(), domain.NewSecret(token))
+	if err != nil {
+		s.sessionRefused(w, r, err)
 		return
 	}
 	flow := domain.NewSecret("tgf_" + rand.Text() + rand.Text())
 	s.setFlowCookie(w, flow.Reveal(), int(sessionLifetime.Seconds()))
-	s.consentPage(w, consent{App: sess.CreatedBy, Connection: sess.Connection, Provider: sess.Provider,
-		Session: token, CSRF: csrfToken(flow.Reveal(), token), ReturnHost: hostOf(sess.ReturnTo)})
+	// Never framed (clickjacking), posting only to this origin.
+	w.Header().Set("Referrer-Policy", "no-referrer")
+	w.Header().Set("X-Frame-Options", "DENY")
+	writePage(w, http.StatusOK, "consent.html", map[string]string{"App": sess.CreatedBy, "Connection": sess.Connection,
+		"Provider": sess.Provider, "Session": token, "CSRF": csrfToken(flow.Reveal(), token), "ReturnHost": hostOf(sess.ReturnTo)},
+		"; form-action 'self'; frame-ancestors 'none'")
 }
 
 // connectStart is the consent page's button: it binds the flow (cookie,
@@ -256,13 +262,14 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	token, csrf := r.PostFormValue("session"), r.PostFormValue("csrf")
 	c, err := r.Cookie(s.cookieName())
-	if err != nil || !flowToken(c.Value) || !sessionToken(token) ||
+	if err != nil || !wellFormed(c.Value, "tgf_") || !wellFormed(token, "tgs_") ||
 		subtle.ConstantTimeCompare([]byte(csrf), []byte(csrfToken(c.Value, token))) != 1 {
 		s.page(w, r, http.StatusForbidden, outcome{Code: "bad_csrf", Message: "This request did not come from the connect page in this browser. Open the connect link again."})
 		return
 	}
-	sess, ok := s.peekSession(w, r, token)
-	if !ok {
+	sess, err := s.deps.Sessions.Peek(r.Context(), domain.NewSecret(token))
+	if err != nil {
+		s.sessionRefused(w, r, err)
 		return
 	}
 	authURL, f, err := s.deps.Flows.AuthCodeURL(r.Context(), tokenguard.ConnectFlow{Connection: sess.Connection, Provider: sess.Provider, RedirectURL: s.deps.OAuth.RedirectURL})
@@ -277,15 +284,6 @@ func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	s.deps.Log.Info("connect flow started", "connection", sess.Connection, "provider", sess.Provider, "api_key", sess.CreatedBy)
 	w.Header().Set("Cache-Control", "no-store")
 	http.Redirect(w, r, authURL, http.StatusSeeOther)
-}
-
-func (s *Server) peekSession(w http.ResponseWriter, r *http.Request, token string) (domain.ConnectSession, bool) {
-	sess, err := s.deps.Sessions.Peek(r.Context(), domain.NewSecret(token))
-	if err != nil {
-		s.sessionRefused(w, r, err)
-		return domain.ConnectSession{}, false
-	}
-	return sess, true
 }
 
 func (s *Server) sessionRefused(w http.ResponseWriter, r *http.Request, err error) {
@@ -310,9 +308,9 @@ func csrfToken(flow, session string) string {
 	return base64.RawURLEncoding.EncodeToString(h[:])
 }
 
-func sessionToken(s string) bool { return strings.HasPrefix(s, "tgs_") && len(s) <= 128 }
-
-func flowToken(s string) bool { return strings.HasPrefix(s, "tgf_") && len(s) <= 128 }
+func wellFormed(token, prefix string) bool {
+	return strings.HasPrefix(token, prefix) && len(token) <= 128
+}
 
 func hostOf(target string) string {
 	if u, err := url.Parse(target); err == nil {
@@ -342,7 +340,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	c, err := r.Cookie(s.cookieName())
 	state := q.Get("state")
-	if err != nil || !flowToken(c.Value) || state == "" || len(state) > 256 {
+	if err != nil || !wellFormed(c.Value, "tgf_") || state == "" || len(state) > 256 {
 		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "No connection is in progress in this browser (the link expired, or cookies are blocked). Start again from a new connect link."})
 		return
 	}
@@ -475,14 +473,10 @@ type outcome struct {
 	result     string // the pending result's code (a secret): only ever in return_to
 }
 
-var pageTmpl = template.Must(template.New("page").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
-<title>Not connected</title>
-<style>body{font:16px/1.5 system-ui,sans-serif;max-width:32em;margin:4em auto;padding:0 1em;color:#222}
-h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}</style></head>
-<body><h1>{{if .Connection}}{{.Connection}} is not connected{{else}}Not connected{{end}}</h1>
-<p>{{.Message}}</p><p><small>Status: <code>{{.Code}}</code></small></p></body></html>
-`))
+//go:embed outcome.html consent.html
+var pageFiles embed.FS
+
+var pages = template.Must(template.ParseFS(pageFiles, "*.html"))
 
 // page answers a browser with a small HTML page, other clients in JSON.
 func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outcome) {
@@ -490,41 +484,14 @@ func (s *Server) page(w http.ResponseWriter, r *http.Request, status int, o outc
 		writeJSON(w, status, errorBody{Error: o.Message, Code: o.Code, Connection: o.Connection})
 		return
 	}
+	writePage(w, status, "outcome.html", o, "")
+}
+
+// writePage writes the page name, whose only allowed source beside csp is its inline style.
+func writePage(w http.ResponseWriter, status int, name string, data any, csp string) {
 	w.Header().Set("Content-Type", "text/html; charset=utf-8")
 	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'")
+	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'"+csp)
 	w.WriteHeader(status)
-	_ = pageTmpl.Execute(w, o)
-}
-
-type consent struct {
-	App, Connection, Provider string
-	ReturnHost                string
-	Session, CSRF             string
-}
-
-var consentTmpl = template.Must(template.New("consent").Parse(`<!doctype html>
-<html lang="en"><head><meta charset="utf-8"><meta name="viewport" content="width=device-width">
-<title>Connect {{.Connection}}</title>
-<style>body{font:16px/1.5 system-ui,sans-serif;max-width:32em;margin:4em auto;padding:0 1em;color:#222}
-h1{font-size:1.4em}code{background:#f3f3f3;padding:0 .2em}button{font-size:1em;padding:.4em 1.2em}</style></head>
-<body><h1>Connect <code>{{.Connection}}</code></h1>
-<p>The application <strong>{{if .App}}{{.App}}{{else}}(unnamed){{end}}</strong> asks to connect your account at
-{{if .Provider}}<strong>{{.Provider}}</strong>{{else}}the provider{{end}} as its connection <code>{{.Connection}}</code>{{if .ReturnHost}}, and then to send you back to <strong>{{.ReturnHost}}</strong>{{end}}.</p>
-<p>Continue only if you asked for this yourself, in that application. If someone sent you this link, close this page.</p>
-<form method="post" action="/oauth/connect">
-<input type="hidden" name="session" value="{{.Session}}"><input type="hidden" name="csrf" value="{{.CSRF}}">
-<button type="submit">Continue to {{if .Provider}}{{.Provider}}{{else}}the provider{{end}}</button></form></body></html>
-`))
-
-// consentPage shows the button that starts the flow: never framed
-// (clickjacking), posting only to this origin.
-func (s *Server) consentPage(w http.ResponseWriter, c consent) {
-	w.Header().Set("Content-Type", "text/html; charset=utf-8")
-	w.Header().Set("Cache-Control", "no-store")
-	w.Header().Set("Referrer-Policy", "no-referrer")
-	w.Header().Set("X-Frame-Options", "DENY")
-	w.Header().Set("Content-Security-Policy", "default-src 'none'; style-src 'unsafe-inline'; form-action 'self'; frame-ancestors 'none'")
-	w.WriteHeader(http.StatusOK)
-	_ = consentTmpl.Execute(w, c)
+	_ = pages.ExecuteTemplate(w, name, data)
 }

@@ -134,8 +134,11 @@ func (s *Server) newReverseProxy(upstream http.RoundTripper) *httputil.ReversePr
 			case errors.Is(err, errTokens):
 				s.failed(w, r, name, err)
 			default:
-				s.deps.Log.Warn("proxy: upstream unreachable", "connection", name, "err", scrubURL(err))
-				writeError(w, name, fmt.Errorf("%w: %w", apiclient.ErrUnavailable, scrubURL(err)))
+				if ue, ok := errors.AsType[*url.Error](err); ok {
+					err = ue.Err // without the URL: it can carry a query string
+				}
+				s.deps.Log.Warn("proxy: upstream unreachable", "connection", name, "err", err)
+				writeError(w, name, fmt.Errorf("%w: %w", apiclient.ErrUnavailable, err))
 			}
 		},
 		ErrorLog:   slog.NewLogLogger(s.deps.Log.Handler(), slog.LevelWarn),
@@ -168,21 +171,32 @@ type tokenTransport struct {
 func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 	ctx := out.Context()
 	c := ctx.Value(callKey{}).(*call)
-	body, err := bufferBody(out.Body)
-	if err != nil {
-		return nil, err
+	var held []byte
+	if out.Body != nil {
+		var err error
+		if held, err = io.ReadAll(io.LimitReader(out.Body, replayLimit+1)); err != nil {
+			return nil, err
+		}
 	}
-	replayable := body.stream == nil
+	replayable := len(held) <= replayLimit
 	cred, refreshed, retries, nonced := c.cred, false, 0, false
 	until := time.Now().Add(retryWithin)
 	for {
-		req := out.Clone(ctx)
-		body.into(req, out.ContentLength)
+		req := out.Clone(ctx) // with the caller's ContentLength
+		switch {
+		case !replayable: // streamed, once
+			req.Body = io.NopCloser(io.MultiReader(bytes.NewReader(held), out.Body))
+		case len(held) > 0:
+			req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(held)), int64(len(held))
+		default:
+			req.Body, req.ContentLength = nil, 0
+		}
 		if err := t.authorize(req, cred); err != nil {
 			return nil, fmt.Errorf("%w: %w", errTokens, err)
 		}
 		resp, err := t.next.RoundTrip(req)
-		retryNonce := err == nil && t.nonceRefused(req, resp, cred)
+		// The API's DPoP nonce is learned; a proof refused for want of it is sent again once (§9).
+		retryNonce := err == nil && cred.DPoPJKT != "" && t.tokens.LearnDPoPNonce(req.URL.String(), resp.StatusCode, resp.Header)
 		if err != nil || !replayable {
 			return resp, err
 		}
@@ -190,7 +204,6 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 		case retryNonce && !nonced:
 			discard(resp)
 			nonced = true
-			continue
 		case resp.StatusCode == http.StatusUnauthorized && !refreshed && apiclient.Revoked(resp.Header):
 			next, ferr := t.tokens.ForceRefresh(ctx, c.connection, cred.Version)
 			if ferr != nil && !errors.Is(ferr, domain.ErrNeedsReauth) {
@@ -203,7 +216,6 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 				return nil, fmt.Errorf("%w: %w", errTokens, ferr)
 			}
 			cred, refreshed = next, true
-			continue
 		case (resp.StatusCode == http.StatusTooManyRequests || resp.StatusCode == http.StatusServiceUnavailable) &&
 			retries < maxRetries && repeatable(out):
 			wait, ok := retryWait(ctx, resp.Header, until)
@@ -217,9 +229,9 @@ func (t *tokenTransport) RoundTrip(out *http.Request) (*http.Response, error) {
 				return nil, ctx.Err()
 			}
 			retries++
-			continue
+		default:
+			return resp, nil
 		}
-		return resp, nil
 	}
 }
 
@@ -237,12 +249,6 @@ func (t *tokenTransport) authorize(req *http.Request, cred tokenguard.Credential
 	req.Header.Set("Authorization", "DPoP "+cred.Token.AccessToken)
 	req.Header.Set("DPoP", proof)
 	return nil
-}
-
-// nonceRefused learns the API's DPoP nonce and reports whether the answer
-// refused the proof for want of it (§9).
-func (t *tokenTransport) nonceRefused(req *http.Request, resp *http.Response, cred tokenguard.Credential) bool {
-	return cred.DPoPJKT != "" && t.tokens.LearnDPoPNonce(req.URL.String(), resp.StatusCode, resp.Header)
 }
 
 // target is the URL of path?query at the provider's API.
@@ -271,44 +277,6 @@ func (s *Server) target(provider, path, query string) (*url.URL, error) {
 	u.RawPath = ""
 	u.RawQuery = query
 	return &u, nil
-}
-
-// scrubURL drops the URL (it can carry a query string) from a *url.Error.
-func scrubURL(err error) error {
-	var ue *url.Error
-	if errors.As(err, &ue) {
-		return ue.Err
-	}
-	return err
-}
-
-// requestBody is held when within replayLimit, else streamed once.
-type requestBody struct {
-	held   []byte
-	stream io.Reader // nil when held
-}
-
-func bufferBody(body io.ReadCloser) (requestBody, error) {
-	if body == nil || body == http.NoBody {
-		return requestBody{}, nil
-	}
-	held, err := io.ReadAll(io.LimitReader(body, replayLimit+1))
-	if err != nil || len(held) <= replayLimit {
-		return requestBody{held: held}, err
-	}
-	return requestBody{stream: io.MultiReader(bytes.NewReader(held), body)}, nil
-}
-
-// into gives req the held body, or the stream with the caller's length.
-func (b requestBody) into(req *http.Request, caller int64) {
-	switch {
-	case b.stream != nil:
-		req.Body, req.ContentLength = io.NopCloser(b.stream), caller
-	case len(b.held) > 0:
-		req.Body, req.ContentLength = io.NopCloser(bytes.NewReader(b.held)), int64(len(b.held))
-	default:
-		req.Body, req.ContentLength = nil, 0
-	}
 }
 
 // repeatable: a request the API may receive twice with the effect of once;

@@ -120,7 +120,7 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			writeError(w, "", err)
 			return
 		}
-		if wait, ok := s.limits.allow(acc.ID); !ok {
+		if wait := s.limits.wait(acc.ID); wait > 0 {
 			setRetryAfter(w, wait)
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "rate limit of this API key exceeded; try again later", Code: "rate_limited"})
 			return
@@ -269,8 +269,8 @@ type keyLimits struct {
 	keys  map[int32]*rate.Limiter
 }
 
-// allow takes a token from the key's bucket, or says how long until one.
-func (k *keyLimits) allow(id int32) (time.Duration, bool) {
+// wait takes a token from the key's bucket, or says how long until one.
+func (k *keyLimits) wait(id int32) time.Duration {
 	k.mu.Lock()
 	l, ok := k.keys[id]
 	if !ok {
@@ -278,8 +278,7 @@ func (k *keyLimits) allow(id int32) (time.Duration, bool) {
 		k.keys[id] = l
 	}
 	k.mu.Unlock()
-	d := take(l, time.Now())
-	return d, d == 0
+	return take(l, time.Now())
 }
 
 // take takes a token from l at now, or says how long until there is one.

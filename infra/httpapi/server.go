@@ -47,21 +47,6 @@ type ConnectFlows interface {
 	RedeemFor(ctx context.Context, code string, allow func(connection string) error) (tokenguard.Connected, error)
 }
 
-// Providers gives a stored provider's client; else domain.ErrUnknownProvider.
-type Providers interface {
-	ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
-}
-
-// Sessions stores connect sessions and the browser flows they start.
-type Sessions interface {
-	Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error)
-	// Peek reads an unopened, unexpired session; else domain.ErrUnauthorized.
-	Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error)
-	Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error)
-	// Finish spends flow if its state is state; else domain.ErrUnauthorized.
-	Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error)
-}
-
 // Deps are what the server is built from.
 type Deps struct {
 	Tokens Tokens
@@ -78,14 +63,26 @@ type Deps struct {
 	}
 	Flows       ConnectFlows  // nil disables the connect flow
 	Connections console.Pages // nil answers GET /connections 503
-	Providers   Providers     // nil knows only "" (OAUTH_*)
-	Keys        console.KeyVerifier
-	// Sessions and DB (/healthz) use the browser routes' own small pool, so
-	// that a flood of them takes no connection from token reads.
-	Sessions Sessions
-	DB       interface{ PingContext(context.Context) error }
-	OAuth    *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
-	Metrics  http.Handler   // GET /metrics, behind an admin key; nil: no route
+	// Providers gives a stored provider's client, else domain.ErrUnknownProvider;
+	// nil knows only "" (OAUTH_*).
+	Providers interface {
+		ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
+	}
+	Keys console.KeyVerifier
+	// Sessions store connect sessions and the browser flows they start. They
+	// and DB (/healthz) use the browser routes' own small pool, so that a
+	// flood of them takes no connection from token reads.
+	Sessions interface {
+		Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error)
+		// Peek reads an unopened, unexpired session; else domain.ErrUnauthorized.
+		Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error)
+		Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error)
+		// Finish spends flow if its state is state; else domain.ErrUnauthorized.
+		Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error)
+	}
+	DB      interface{ PingContext(context.Context) error }
+	OAuth   *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
+	Metrics http.Handler   // GET /metrics, behind an admin key; nil: no route
 	// Observer counts the outcomes of the connect flow.
 	Observer       interface{ ConnectOutcome(outcome string) }
 	Log            *slog.Logger

@@ -39,65 +39,36 @@ type KeyVerifier interface {
 	Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error)
 }
 
-// Sessions stores console sessions by a hash of their token.
-type Sessions interface {
-	Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
-	// Lookup returns the session's key and what it may do now;
-	// domain.ErrUnauthorized unless the session is live.
-	Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error)
-	Delete(ctx context.Context, token domain.Secret) error
-}
-
 // Pages reads connections a page at a time, in name order, without tokens.
 type Pages interface {
 	FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error)
 }
 
-// Connections reads connections as listings show them (no token).
-type Connections interface {
-	Pages
-	Connection(ctx context.Context, name string) (domain.Connection, error)
-}
-
-// Visible is up to limit connections after after that f and acc match: the
-// store narrows by acc's patterns, acc's rule decides. The API uses it too.
+// Visible is up to limit connections after after that f and acc match
+// (the store narrows by acc's patterns, acc's rule decides), and next, the
+// after of the following page ("" on the last). The API uses it too.
 func Visible(ctx context.Context, src Pages, acc domain.KeyAccess, f domain.ConnectionFilter,
-	after string, limit int) ([]domain.Connection, error) {
+	after string, limit int) (page []domain.Connection, next string, err error) {
 	f.Patterns = acc.Connections
-	var out []domain.Connection
 	for {
-		page, err := src.FilteredConnectionsPage(ctx, f, after, limit)
+		// One more row than asked says whether a next page exists.
+		rows, err := src.FilteredConnectionsPage(ctx, f, after, limit+1)
 		if err != nil {
-			return nil, err
+			return nil, "", err
 		}
-		for _, c := range page {
+		for _, c := range rows {
 			if acc.AllowsConnection(c.Name) {
-				out = append(out, c)
+				page = append(page, c)
 			}
 		}
-		if len(out) >= limit || len(page) < limit {
-			return out[:min(len(out), limit)], nil
+		if len(page) > limit {
+			return page[:limit], page[limit-1].Name, nil
 		}
-		after = page[len(page)-1].Name
+		if len(rows) <= limit {
+			return page, "", nil
+		}
+		after = rows[len(rows)-1].Name
 	}
-}
-
-// History reads the connections' recent history.
-type History interface {
-	Recent(ctx context.Context, connection string, limit int) ([]domain.ConnectionEvent, error)
-	LastRefreshes(ctx context.Context, connections []string) (map[string]domain.ConnectionEvent, error)
-	RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
-}
-
-// Actions are the operator's changes, as tokenctl runs them (its Store).
-type Actions interface {
-	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
-	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
-}
-
-// ConnectLinks creates a connect link, as POST /connect-sessions does.
-type ConnectLinks interface {
-	ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (link string, expires time.Time, err error)
 }
 
 // Provider is a provider's settings as shown: never its client secret.
@@ -119,13 +90,36 @@ type Provider struct {
 
 // Deps are what the console is built from.
 type Deps struct {
-	Keys        KeyVerifier
-	Sessions    Sessions
-	Connections Connections
-	History     History
-	Actions     Actions
-	Links       ConnectLinks
-	Providers   func(ctx context.Context) ([]Provider, error) // those connections may name
+	Keys KeyVerifier
+	// Sessions stores console sessions by a hash of their token.
+	Sessions interface {
+		Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
+		// Lookup returns the session's key and what it may do now;
+		// domain.ErrUnauthorized unless the session is live.
+		Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error)
+		Delete(ctx context.Context, token domain.Secret) error
+	}
+	// Connections reads connections as listings show them (no token).
+	Connections interface {
+		Pages
+		Connection(ctx context.Context, name string) (domain.Connection, error)
+	}
+	// History reads the connections' recent history.
+	History interface {
+		Recent(ctx context.Context, connection string, limit int) ([]domain.ConnectionEvent, error)
+		LastRefreshes(ctx context.Context, connections []string) (map[string]domain.ConnectionEvent, error)
+		RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error)
+	}
+	// Actions are the operator's changes, as tokenctl runs them (its Store).
+	Actions interface {
+		Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
+		Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
+	}
+	// Links creates a connect link, as POST /connect-sessions does.
+	Links interface {
+		ConnectLink(ctx context.Context, connection, provider, createdBy, returnTo string) (link string, expires time.Time, err error)
+	}
+	Providers func(ctx context.Context) ([]Provider, error) // those connections may name
 	// Secure: PUBLIC_URL is https; cookies are Secure and __Host-.
 	Secure          bool
 	SessionLifetime time.Duration // 0: DefaultSessionLifetime
@@ -210,7 +204,7 @@ func New(d Deps) *Console {
 	home := http.RedirectHandler("/console/connections", http.StatusSeeOther)
 	c.mux.Handle("GET /console", home)
 	c.mux.Handle("GET /console/{$}", home)
-	c.mux.HandleFunc("GET /console/login", c.loginForm)
+	c.mux.HandleFunc("GET /console/login", func(w http.ResponseWriter, r *http.Request) { c.showLogin(w, r, http.StatusOK, "") })
 	c.mux.HandleFunc("POST /console/login", c.login)
 	for _, a := range c.actions() {
 		c.mux.Handle(a.pattern, c.session(a.scope, a.handle))
@@ -356,13 +350,9 @@ func (c *Console) unavailable(w http.ResponseWriter, r *http.Request, msg string
 	c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
 }
 
-func (c *Console) loginForm(w http.ResponseWriter, r *http.Request) {
-	c.showLogin(w, r, http.StatusOK, "")
-}
-
 // showLogin shows the login form with a fresh pre-login cookie.
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, problem string) {
-	pre := newSecret()
+	pre := rand.Text()
 	c.setCookie(w, loginCookie, pre, 600)
 	c.render(w, r, status, "login", map[string]any{"CSRF": csrfOf(pre), "Next": safeNext(r.FormValue("next")), "Problem": problem})
 }
@@ -434,10 +424,4 @@ func safeNext(next string) string {
 		return next
 	}
 	return "/console/connections"
-}
-
-func newSecret() string {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b)
-	return base64.RawURLEncoding.EncodeToString(b)
 }

@@ -2,6 +2,7 @@ package console
 
 import (
 	"context"
+	"crypto/rand"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -34,7 +35,7 @@ func (fakeKeys) Verify(_ context.Context, k domain.Secret) (domain.KeyAccess, er
 type fakeSessions map[string]domain.KeyAccess
 
 func (f fakeSessions) Create(_ context.Context, id int32, d time.Duration) (domain.Secret, time.Time, error) {
-	tok := "tgc_" + newSecret()
+	tok := "tgc_" + rand.Text()
 	f[tok] = domain.KeyAccess{ID: id, Name: "ops"}
 	return domain.NewSecret(tok), time.Now().Add(d), nil
 }

@@ -38,7 +38,7 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.fail(w, r, http.StatusBadRequest, "That filter is not valid.")
 		return
 	}
-	page, err := Visible(r.Context(), c.d.Connections, sessionOf(r).KeyAccess, f, after, pageSize+1)
+	page, next, err := Visible(r.Context(), c.d.Connections, sessionOf(r).KeyAccess, f, after, pageSize)
 	if err != nil {
 		c.failed(w, r, "", err)
 		return
@@ -53,9 +53,8 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 	if after != "" {
 		firstURL = strings.TrimSuffix("/console/connections?"+keep.Encode(), "?")
 	}
-	if len(page) > pageSize {
-		page = page[:pageSize]
-		keep.Set("after", page[pageSize-1].Name)
+	if next != "" {
+		keep.Set("after", next)
 		nextURL = "/console/connections?" + keep.Encode()
 	}
 	names := make([]string, len(page))
@@ -112,7 +111,7 @@ func (c *Console) connection(w http.ResponseWriter, r *http.Request, conn domain
 	}
 	c.render(w, r, http.StatusOK, "connection", map[string]any{
 		"Nav": "connections", "C": conn, "Events": events, "Metadata": indentJSON(conn.Metadata.Object),
-		"Done": doneMessage(r.URL.Query().Get("done")), "FailingNow": failingNow(events),
+		"Done": doneMessages[r.URL.Query().Get("done")], "FailingNow": failingNow(events),
 	})
 }
 
@@ -131,15 +130,10 @@ func failingNow(events []domain.ConnectionEvent) *domain.ConnectionEvent {
 	return nil
 }
 
-// doneMessage is a fixed notice per action: nothing of the URL is echoed.
-func doneMessage(done string) string {
-	switch done {
-	case "reactivated":
-		return "Reactivated: the connection is active again; its next refresh tells whether the grant is alive."
-	case "already_active":
-		return "The connection was not marked needs_reauth: nothing changed."
-	}
-	return ""
+// doneMessages are the fixed notices per action: nothing of the URL is echoed.
+var doneMessages = map[string]string{
+	"reactivated":    "Reactivated: the connection is active again; its next refresh tells whether the grant is alive.",
+	"already_active": "The connection was not marked needs_reauth: nothing changed.",
 }
 
 func (c *Console) reconnect(w http.ResponseWriter, r *http.Request, conn domain.Connection) {
