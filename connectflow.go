@@ -1,6 +1,7 @@
 package tokenguard
 
 import (
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -97,7 +98,7 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	}
 	f.RedirectURL = client.RedirectURL
 	f.State, f.Verifier = rand.Text(), oauth2.GenerateVerifier()
-	verifier, key, err := t.flowSecrets(f)
+	verifier, _, jkt, err := t.flowSecrets(f)
 	if err != nil {
 		return "", f, err
 	}
@@ -105,9 +106,9 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	if _, resource := t.parOf(f); resource != "" {
 		opts = append(opts, oauth2.SetAuthURLParam("resource", resource))
 	}
-	if !key.IsZero() {
+	if jkt != "" {
 		// RFC 9449 §10: the code is bound to the key the exchange proves.
-		opts = append(opts, oauth2.SetAuthURLParam("dpop_jkt", key.jkt))
+		opts = append(opts, oauth2.SetAuthURLParam("dpop_jkt", jkt))
 	}
 	authURL, err := t.pushed(ctx, f, client, client.AuthCodeURL(f.State, opts...))
 	return authURL, f, err // pushed returns "" with an error
@@ -143,37 +144,40 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	if err != nil {
 		return ConnectResult{}, &ConnectError{Code: "unknown_provider", Message: "The connection's provider is not known.", Err: err}
 	}
-	verifier, key, err := t.flowSecrets(f)
+	verifier, keyPEM, jkt, err := t.flowSecrets(f)
 	if err != nil {
 		return ConnectResult{}, err
 	}
 	var grant domain.Grant
 	var tok *oauth2.Token
-	if key.IsZero() {
+	if keyPEM.IsZero() {
 		grant, tok, err = t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, verifier)
 	} else {
-		grant, tok, err = t.providers.ExchangeBound(ctx, f.Provider, code, client.RedirectURL, verifier, key.pem)
+		grant, tok, err = t.providers.ExchangeBound(ctx, f.Provider, code, client.RedirectURL, verifier, keyPEM)
 	}
 	if err != nil {
 		// Never the error's text: an answer's body is not ours to repeat.
-		var pe *domain.ProviderError
 		reason := "no answer"
-		if errors.As(err, &pe) && pe.Code != "" {
+		if pe, ok := errors.AsType[*domain.ProviderError](err); ok && pe.Code != "" {
 			reason = oauthCode(pe.Code)
 		}
 		return ConnectResult{}, &ConnectError{Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
 	}
-	accounts := provider.AccountSource{HTTP: t.httpClient}
-	if f.Provider == "" {
+	accounts := t.o.userInfo
+	if f.Provider != "" {
 		// The user-info URL is the oauth2.Config provider's: another
 		// provider's token never goes there.
-		accounts.UserInfoURL, accounts.IDField = t.userInfo.url, t.userInfo.field
+		accounts = provider.AccountSource{HTTP: t.httpClient}
 	}
 	account, err := accounts.Account(ctx, tok)
 	if err != nil {
 		return ConnectResult{}, &ConnectError{Code: "account_unknown", Message: "The provider did not say which account granted access.", Err: err}
 	}
-	granted := grantedScopes(tok, client.Scopes)
+	// No scope in the answer: it granted what was asked (RFC 6749 §5.1).
+	granted := slices.Clone(client.Scopes)
+	if s, ok := tok.Extra("scope").(string); ok {
+		granted = domain.ScopeFields(s)
+	}
 	var missing []string
 	for _, want := range client.Scopes {
 		if !slices.Contains(granted, want) {
@@ -183,7 +187,7 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	p := domain.PendingGrant{Connection: f.Connection, Provider: f.Provider, CreatedBy: f.CreatedBy, AllowAccountChange: f.AllowAccountChange,
 		Metadata: metadata, ProviderFields: t.providers.ProviderFields(f.Provider, callback, grant),
 		Binding: domain.Binding{Account: account, Scopes: strings.Join(granted, " "), MissingScopes: strings.Join(missing, " ")},
-		Grant:   grant, DPoPKey: key.pem, DPoPJKT: key.jkt}
+		Grant:   grant, DPoPKey: keyPEM, DPoPJKT: jkt}
 	secret, expires, err := t.flow.Keep(ctx, p)
 	if err != nil {
 		return ConnectResult{}, err
@@ -228,20 +232,15 @@ func (t *Tokens) SweepConnectResults(ctx context.Context) (int, error) {
 
 // clientOf is f's provider's client registration, with f's redirect URL.
 func (t *Tokens) clientOf(ctx context.Context, f ConnectFlow) (*oauth2.Config, error) {
-	var c *oauth2.Config
-	if f.Provider == "" {
-		cp := *t.cfg
-		c = &cp
-	} else {
+	c := new(*t.cfg)
+	if f.Provider != "" {
 		var err error
 		if c, err = t.providers.ClientConfig(ctx, f.Provider); err != nil {
 			return nil, err
 		}
 		c.RedirectURL = t.cfg.RedirectURL
 	}
-	if f.RedirectURL != "" {
-		c.RedirectURL = f.RedirectURL
-	}
+	c.RedirectURL = cmp.Or(f.RedirectURL, c.RedirectURL)
 	return c, nil
 }
 
@@ -256,28 +255,14 @@ func metadataOf(f ConnectFlow) (*domain.Metadata, error) {
 	return &m, nil
 }
 
-// grantedScopes is the token response's scope, or what was requested when
-// the provider sent none (RFC 6749 §5.1: then it granted what was asked).
-func grantedScopes(tok *oauth2.Token, requested []string) []string {
-	if s, ok := tok.Extra("scope").(string); ok {
-		return domain.ScopeFields(s)
-	}
-	return slices.Clone(requested)
-}
-
 // oauthCode keeps an OAuth2 error code from outside printable and short.
 func oauthCode(s string) string {
-	if len(s) > 64 {
-		s = s[:64]
-	}
-	out := []byte(s)
+	const allowed = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_-."
+	out := []byte(cmp.Or(s[:min(len(s), 64)], "unknown"))
 	for i, b := range out {
-		if (b < 'a' || b > 'z') && (b < 'A' || b > 'Z') && (b < '0' || b > '9') && b != '_' && b != '-' && b != '.' {
+		if strings.IndexByte(allowed, b) < 0 {
 			out[i] = '?'
 		}
-	}
-	if len(out) == 0 {
-		return "unknown"
 	}
 	return string(out)
 }

@@ -1,15 +1,13 @@
 package tokenguard
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/infra/provider/profiles"
-	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -37,10 +35,7 @@ func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conn
 	if t.closed.Load() {
 		return nil, "", ErrClosed
 	}
-	if limit == 0 {
-		limit = 100
-	}
-	if limit < 1 || limit > 1000 {
+	if limit = cmp.Or(limit, 100); limit < 1 || limit > 1000 {
 		return nil, "", fmt.Errorf("tokenguard: Connections: limit %d, want 1 to 1000", limit)
 	}
 	page, err := t.repo.ConnectionsPage(ctx, after, limit+1) // one more says whether a next page exists
@@ -85,7 +80,7 @@ func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int
 	if err := domain.ValidateName(connection); err != nil {
 		return 0, err
 	}
-	_, version, err = t.repo.Reactivate(ctx, connection, "", t.lockWait)
+	_, version, err = t.repo.Reactivate(ctx, connection, "", t.o.LockWait)
 	if err != nil {
 		return 0, fmt.Errorf("reactivate %s: %w", connection, err)
 	}
@@ -116,11 +111,4 @@ func WithProvider(name string) ImportOption {
 		r.Provider = name
 		return nil
 	}
-}
-
-// revoker revokes t.cfg's refresh tokens at o.revocationURL ("" for none)
-// under profile prof, and stored providers' at their own endpoint.
-func (t *Tokens) revoker(o options, providers provider.ProviderLookup, prof profiles.Profile) *provider.Revocations {
-	return provider.NewRevoker(t.cfg, o.revocationURL, t.clientKey, prof, providers, t.discovery,
-		provider.NewHTTPClient(o.RefreshTimeout), repository.NewAuthStyles(t.db))
 }

@@ -22,7 +22,7 @@ type Credential struct {
 // Credential returns connection's access token as Token does, with its
 // provider and version.
 func (t *Tokens) Credential(ctx context.Context, connection string) (Credential, error) {
-	tok, err := t.token(ctx, connection)
+	tok, err := apiTokens{t}.Token(ctx, connection)
 	if err != nil {
 		return Credential{}, err
 	}
@@ -44,7 +44,7 @@ func (t *Tokens) ForceRefresh(ctx context.Context, connection string, stale int6
 func (t *Tokens) credentialOf(tok domain.Token) Credential {
 	out := &oauth2.Token{AccessToken: tok.AccessToken.Reveal(), TokenType: tok.TokenType}
 	if !tok.Expiry.IsZero() {
-		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(cmp.Or(t.providers.Skew(tok.Provider), t.skew)))
+		out.Expiry = tok.Expiry.Add(-tok.EffectiveSkew(cmp.Or(t.providers.Skew(tok.Provider), t.o.Skew)))
 	}
 	return Credential{Token: out, Connection: tok.Connection, Provider: tok.Provider, Version: tok.Version, DPoPJKT: tok.DPoPJKT}
 }

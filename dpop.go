@@ -80,28 +80,20 @@ func (t *Tokens) LearnDPoPNonce(target string, status int, h http.Header) (retry
 	return t.nonces.Learn(target, h) && dpop.NonceRefused(status, h, nil)
 }
 
-// boundKey is a new grant's DPoP key on its way to the store; zero for bearer.
-type boundKey struct {
-	pem domain.Secret
-	jkt string
-}
-
-func (k boundKey) IsZero() bool { return k.pem.IsZero() }
-
 // flowSecrets are the PKCE verifier f's requests carry and, with DPoP, the
-// key its grant is bound to: then f.Verifier is a seed of both, so nothing
-// more is kept between the requests, and the provider, which sees the
-// verifier, cannot derive the key.
-func (t *Tokens) flowSecrets(f ConnectFlow) (verifier string, key boundKey, err error) {
-	if !t.providers.DPoP(f.Provider, t.dpop) {
-		return f.Verifier, boundKey{}, nil
+// key its grant is bound to (its PEM and thumbprint; zero for bearer): then
+// f.Verifier is a seed of both, so nothing more is kept between the
+// requests, and the provider, which sees the verifier, cannot derive the key.
+func (t *Tokens) flowSecrets(f ConnectFlow) (verifier string, pem domain.Secret, jkt string, err error) {
+	if !t.providers.DPoP(f.Provider, t.o.dpop) {
+		return f.Verifier, domain.Secret{}, "", nil
 	}
 	if verifier, err = dpop.DeriveVerifier([]byte(f.Verifier)); err != nil {
-		return "", boundKey{}, err
+		return "", domain.Secret{}, "", err
 	}
 	k, err := dpop.Derive([]byte(f.Verifier))
 	if err != nil {
-		return "", boundKey{}, err
+		return "", domain.Secret{}, "", err
 	}
-	return verifier, boundKey{pem: domain.NewSecret(string(k.MarshalPEM())), jkt: k.Thumbprint()}, nil
+	return verifier, domain.NewSecret(string(k.MarshalPEM())), k.Thumbprint(), nil
 }

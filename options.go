@@ -9,6 +9,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -29,16 +30,13 @@ type options struct {
 	httpClient                                     *http.Client
 	profile                                        string
 	profileParams                                  map[string]string
-	userInfo                                       userInfo
+	userInfo                                       provider.AccountSource // where Complete asks which account consented; New sets HTTP
 	tracerProvider                                 trace.TracerProvider
 	dpop                                           bool // cfg's provider requires DPoP
 	clientKey                                      crypto.Signer
 	par                                            domain.PARMode
 	tokenRate                                      string // cfg's provider's token budget, N/PERIOD
 }
-
-// userInfo is where Complete asks which account consented.
-type userInfo struct{ url, field string }
 
 // WithSkew refreshes a token once it is within d of its expiry (default
 // 30s), capped at half the lifetime the provider granted.
@@ -114,7 +112,7 @@ func WithRevocationURL(url string) Option { return func(o *options) { o.revocati
 // WithUserInfo is where Complete asks which account consented when the
 // token answer has no ID token: idField ("" is "sub") names it.
 func WithUserInfo(url, idField string) Option {
-	return func(o *options) { o.userInfo = userInfo{url: url, field: idField} }
+	return func(o *options) { o.userInfo = provider.AccountSource{UserInfoURL: url, IDField: idField} }
 }
 
 // WithSyncCommit is the synchronous_commit level of the transactions that

@@ -15,14 +15,10 @@ import (
 // parOf is f's provider's PAR mode and resource indicator.
 func (t *Tokens) parOf(f ConnectFlow) (domain.PARMode, string) {
 	if f.Provider == "" {
-		return t.par, t.resource
+		return t.o.par, t.o.resource
 	}
 	p, _ := t.providers.Provider(f.Provider)
-	mode, err := domain.ParsePARMode(string(p.PAR))
-	if err != nil {
-		mode = domain.PARAuto // written by a newer release
-	}
-	return mode, p.Resource
+	return p.PAR, p.Resource // "" or a newer release's mode reads as auto
 }
 
 // pushed pushes the authorization request authURL when f's provider wants

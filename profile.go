@@ -1,6 +1,7 @@
 package tokenguard
 
 import (
+	"cmp"
 	"errors"
 	"fmt"
 	"strings"
@@ -21,12 +22,7 @@ func WithProfile(name string) Option { return func(o *options) { o.profile = nam
 // WithProfileParam fills the {key} placeholder of the profile's URLs
 // (Okta's domain, say); a parameter the profile does not take makes New fail.
 func WithProfileParam(key, value string) Option {
-	return func(o *options) {
-		if o.profileParams == nil {
-			o.profileParams = map[string]string{}
-		}
-		o.profileParams[key] = value
-	}
+	return func(o *options) { o.profileParams[key] = value }
 }
 
 // applyProfile returns a copy of cfg completed by o's profile, the profile,
@@ -41,8 +37,7 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 	}
 	out := *cfg
 	u, err := p.Complete(profiles.URLs{Token: out.Endpoint.TokenURL, Auth: out.Endpoint.AuthURL, Revocation: o.revocationURL}, o.profileParams)
-	var miss *profiles.MissingParamError
-	if errors.As(err, &miss) {
+	if miss, ok := errors.AsType[*profiles.MissingParamError](err); ok {
 		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q) needs WithProfileParam for %s: %w", p.Name, strings.Join(miss.Params, ", "), err)
 	} else if err != nil {
 		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
@@ -53,9 +48,5 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 		out.Endpoint.AuthStyle = provider.AuthStyleOf(string(p.AuthStyle))
 	}
 	out.Endpoint.TokenURL, out.Endpoint.AuthURL, o.revocationURL = u.Token, u.Auth, u.Revocation
-	lifetime = o.defaultLifetime
-	if lifetime == 0 && p.AccessLifetime.Known {
-		lifetime = p.AccessLifetime.D
-	}
-	return &out, p, lifetime, nil
+	return &out, p, cmp.Or(o.defaultLifetime, p.AccessLifetime.D), nil // D is zero unless Known
 }

@@ -6,17 +6,16 @@ import (
 	"time"
 )
 
-// observeReplication reads whether the primary has a synchronous standby
-// (in New, and at each reconnection of Run's listener), records it for the
-// token writes' synchronous_commit and the metric, and says what a failover
-// can lose whenever that changes; New's first reading of a lone server is
-// returned instead, for its one INFO line.
+// observeReplication reads whether the primary has a synchronous standby (in New, and at each
+// reconnection of Run's listener), records it for the token writes' synchronous_commit and the
+// metric, and logs what a failover can lose whenever that changes; New's first reading of a lone
+// server is returned instead, for its one INFO line.
 func (t *Tokens) observeReplication(ctx context.Context, first bool) (lone string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()
 	r, err := t.repo.ReadReplication(ctx)
 	if err != nil {
-		t.log.Warn("tokenguard: cannot read the replication state; the token writes keep their synchronous_commit level", "err", err)
+		t.o.Logger.Warn("tokenguard: cannot read the replication state; the token writes keep their synchronous_commit level", "err", err)
 		return ""
 	}
 	d := t.repo.Durability()
@@ -36,7 +35,7 @@ func (t *Tokens) observeReplication(ctx context.Context, first bool) (lone strin
 	if first && level == slog.LevelInfo && !r.Synchronous() {
 		return r.Loss()
 	}
-	t.log.Log(ctx, level, "tokenguard: "+r.Loss(),
+	t.o.Logger.Log(ctx, level, "tokenguard: "+r.Loss(),
 		slog.Int("standbys", r.Standbys), slog.Int("synchronous_standbys", r.SyncStandbys), slog.Int("hidden_standbys", r.Hidden),
 		slog.String("synchronous_standby_names", r.SyncStandbyNames),
 		slog.String("token_synchronous_commit", d.SyncCommit()))
@@ -51,6 +50,6 @@ func (t *Tokens) rolledBack(connection string, known, stored int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := t.repo.RecordRollback(ctx, connection, known, stored); err != nil {
-		t.log.Warn("tokenguard: connection.rolled_back event not queued", "connection", connection, "err", err)
+		t.o.Logger.Warn("tokenguard: connection.rolled_back event not queued", "connection", connection, "err", err)
 	}
 }

@@ -69,24 +69,18 @@ type Tokens struct {
 	connect    *usecase.ConnectUseCase
 	repo       *repository.TokenRepository
 	disconnect *usecase.DisconnectUseCase
-	log        *slog.Logger
+	o          options         // as New completed them (Logger, Skew, LockWait, cfg's DPoP, resource, PAR, user info)
 	metrics    Metrics         // nil without prom.WithMetrics
 	listen     *pgx.ConnConfig // where Run listens
 	db         *gorm.DB        // tokenguard's statements; Run's heartbeat
 	clock      *repository.DatabaseClock
-	skew       time.Duration
-	lockWait   time.Duration
 	providers  *provider.Registry // follows the stored providers while Run runs
 	cfg        *oauth2.Config     // the client of connections that name no provider
 	flow       *usecase.ConnectFlowUseCase
 	httpClient *http.Client
-	userInfo   userInfo
-	nonces     *dpop.Nonces   // the DPoP nonces servers gave this process
-	dpopKeys   sync.Map       // opened DPoP keys
-	dpop       bool           // cfg's provider requires DPoP
-	clientKey  *clientkey.Key // cfg's private_key_jwt key, if any
-	resource   string         // cfg's RFC 8707 resource indicator
-	par        domain.PARMode
+	nonces     *dpop.Nonces        // the DPoP nonces servers gave this process
+	dpopKeys   sync.Map            // opened DPoP keys
+	clientKey  *clientkey.Key      // cfg's private_key_jwt key, if any
 	discovery  *provider.Discovery // the providers' metadata (PAR, the issuer)
 
 	running atomic.Bool // Run is running
@@ -110,7 +104,7 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
 		return nil, err
 	}
-	o := options{Options: usecase.Options{Skew: usecase.DefaultSkew, LockWait: usecase.DefaultLockWait}}
+	o := options{Options: usecase.Options{Skew: usecase.DefaultSkew, LockWait: usecase.DefaultLockWait}, profileParams: map[string]string{}}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -147,11 +141,10 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		return nil, err
 	}
 
-	t := &Tokens{log: o.Logger, skew: o.Skew, lockWait: o.LockWait, listen: listen, db: rdb, repo: repo, ready: make(chan struct{}), runDone: make(chan struct{}),
-		nonces: &dpop.Nonces{}, dpop: o.dpop, resource: o.resource, cfg: cfg, userInfo: o.userInfo}
-	if t.par, err = domain.ParsePARMode(string(o.par)); err != nil {
+	if o.par, err = domain.ParsePARMode(string(o.par)); err != nil {
 		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
 	}
+	t := &Tokens{o: o, listen: listen, db: rdb, repo: repo, ready: make(chan struct{}), runDone: make(chan struct{}), nonces: &dpop.Nonces{}, cfg: cfg}
 	if o.clientKey != nil {
 		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
 			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
@@ -165,10 +158,10 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 		o.Logger.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
 			slog.Duration("offset", off.Round(time.Millisecond)))
 	}
-	if err := t.loadProviders(ctx, sealer, prof, envLifetime, envRate, o); err != nil {
+	if err := t.loadProviders(ctx, sealer, prof, envLifetime, envRate); err != nil {
 		return nil, err
 	}
-	if err := t.buildUseCases(sealer, prof, o); err != nil {
+	if err := t.buildUseCases(sealer, prof); err != nil {
 		return nil, err
 	}
 	var attrs []any
@@ -197,12 +190,10 @@ func (o options) sealer() (repository.Sealer, error) {
 	return k, nil
 }
 
-// openStore opens tokenguard's store on pool and checks the search path,
-// the primary and the keys.
+// openStore opens tokenguard's store on pool and checks the search path, the primary and the keys.
 func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer, envRate domain.TokenRate, o options) (*gorm.DB, *repository.TokenRepository, error) {
-	// A *gorm.DB of tokenguard's own: no PrepareStmt cache, none of the
-	// application's plugins (which could record tokens), a logger that
-	// never prints a token.
+	// A *gorm.DB of tokenguard's own: no PrepareStmt cache, none of the application's
+	// plugins (which could record tokens), a logger that never prints a token.
 	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
 		&gorm.Config{Logger: repository.NewLogger(o.Logger), SkipDefaultTransaction: true})
 	if err != nil {
@@ -236,16 +227,13 @@ func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer
 	return rdb, repo, nil
 }
 
-// loadProviders builds the refreshers of t.cfg (profile prof) and of the
-// stored providers.
-func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate, o options) error {
-	t.httpClient = o.httpClient
-	if t.httpClient == nil {
-		t.httpClient = provider.NewHTTPClient(o.AnswerDeadline)
-	}
+// loadProviders builds the refreshers of t.cfg (profile prof) and of the stored providers.
+func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate) error {
+	o := t.o
 	// The token endpoint's requests show in the refresh's trace.
-	t.httpClient = tracing.Client(t.httpClient, o.tracerProvider)
+	t.httpClient = tracing.Client(cmp.Or(o.httpClient, provider.NewHTTPClient(o.AnswerDeadline)), o.tracerProvider)
 	t.discovery = provider.NewDiscovery(t.httpClient)
+	t.o.userInfo.HTTP = t.httpClient
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, rate domain.TokenRate, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.Logger)
 		pol.RetryWithin = o.RefreshTimeout // answered failures; an answer is awaited until the answer deadline
@@ -282,7 +270,8 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 }
 
 // buildUseCases builds the use cases on t's store and providers.
-func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, o options) error {
+func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile) error {
+	o := t.o
 	uopts := o.Options
 	uopts.Clock, uopts.Tracer = t.clock, tracing.New(o.tracerProvider)
 	uopts.ProviderSkew, uopts.ProviderKeepAlives = t.providers.Skew, t.providers.KeepAlives
@@ -297,7 +286,8 @@ func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile, 
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.uc.OnRolledBack(t.rolledBack)
 	t.connect = usecase.NewConnectUseCase(t.repo, t.clock, o.LockWait)
-	revoker := t.revoker(o, repository.NewProviderRepository(t.db, sealer), prof)
+	revoker := provider.NewRevoker(t.cfg, o.revocationURL, t.clientKey, prof, repository.NewProviderRepository(t.db, sealer),
+		t.discovery, provider.NewHTTPClient(o.RefreshTimeout), repository.NewAuthStyles(t.db))
 	t.disconnect = usecase.NewDisconnectUseCase(t.repo, revoker, o.LockWait, o.RefreshTimeout)
 	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(t.db, sealer), t.connect, revoker, o.RefreshTimeout, o.Logger)
 	return nil
@@ -340,7 +330,7 @@ func poolOf(db *gorm.DB) (gorm.ConnPool, error) {
 // Errors wrap ErrNotFound, ErrNeedsReauth, ErrLockTimeout,
 // ErrProviderUnavailable, another of the Err* values, or ctx's error.
 func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, error) {
-	tok, err := t.token(ctx, connection)
+	tok, err := apiTokens{t}.Token(ctx, connection)
 	if err != nil {
 		return nil, err
 	}
@@ -348,13 +338,6 @@ func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, e
 		return nil, fmt.Errorf("token of %s: %w", connection, ErrSenderConstrained)
 	}
 	return t.credentialOf(tok).Token, nil
-}
-
-func (t *Tokens) token(ctx context.Context, connection string) (domain.Token, error) {
-	if t.closed.Load() {
-		return domain.Token{}, ErrClosed
-	}
-	return t.uc.Token(ctx, connection)
 }
 
 // TokenSource is connection's oauth2.TokenSource (Tokens.Token with ctx).
@@ -383,11 +366,14 @@ func (t *Tokens) Client(ctx context.Context, connection string) *http.Client {
 	return apiclient.NewHTTPClient(ctx, apiTokens{t}, connection)
 }
 
-// apiTokens is the use case as Client's transport needs it.
+// apiTokens is the use case as Client's transport needs it, refusing calls after Close.
 type apiTokens struct{ t *Tokens }
 
 func (a apiTokens) Token(ctx context.Context, connection string) (domain.Token, error) {
-	return a.t.token(ctx, connection)
+	if a.t.closed.Load() {
+		return domain.Token{}, ErrClosed
+	}
+	return a.t.uc.Token(ctx, connection)
 }
 
 func (a apiTokens) ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error) {
@@ -427,7 +413,7 @@ func (t *Tokens) Run(ctx context.Context) error {
 	}
 	defer t.running.Store(false)
 	go t.clock.Run(ctx, clockInterval)
-	err := repository.NewConfigChangeListener(t.listen, cacheState{ChangeTarget: t.uc, t: t}, t.log).WithHeartbeat(t.db, repository.DefaultHeartbeat).
+	err := repository.NewConfigChangeListener(t.listen, cacheState{ChangeTarget: t.uc, t: t}, t.o.Logger).WithHeartbeat(t.db, repository.DefaultHeartbeat).
 		OnProviderChange(t.providers.Changed).OnConnect(func(ctx context.Context) { t.observeReplication(ctx, false) }).Run(ctx)
 	t.runOnce.Do(func() { // for WaitReady
 		t.runErr = cmp.Or(err, errors.New("tokenguard: Run returned (its context ended) before the cache was live"))

@@ -24,8 +24,7 @@ const (
 // AllScopes are the scopes there are, in the order they are documented.
 var AllScopes = []Scope{ScopeConnectionsRead, ScopeTokenRead, ScopeAPICall, ScopeConnect, ScopeAdmin}
 
-// ErrInvalidKeyAccess: an API key's scopes or connection patterns are
-// malformed. Nothing was stored.
+// ErrInvalidKeyAccess: an API key's scopes or connection patterns are malformed. Nothing was stored.
 var ErrInvalidKeyAccess = errors.New("invalid API key scopes or connection patterns")
 
 // MaxPatternLength bounds one connection pattern of an API key.
@@ -48,22 +47,16 @@ func (a KeyAccess) Has(s Scope) bool {
 // AllowsConnection reports whether one of the key's patterns matches the
 // connection name.
 func (a KeyAccess) AllowsConnection(name string) bool {
-	if a.Connections == nil {
-		return true
-	}
-	for _, p := range a.Connections {
-		if ok, err := path.Match(p, name); err == nil && ok {
-			return true
-		}
-	}
-	return false
+	return a.Connections == nil || slices.ContainsFunc(a.Connections, func(p string) bool {
+		ok, err := path.Match(p, name)
+		return err == nil && ok
+	})
 }
 
 // ErrMissingScope: the API key lacks the scope an action needs.
 var ErrMissingScope = errors.New("the API key lacks the scope")
 
-// ErrConnectionNotAllowed: none of the API key's connection patterns
-// matches the connection an action names. Nothing was done.
+// ErrConnectionNotAllowed: no pattern of the API key matches the action's connection. Nothing was done.
 var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
 
 // Permit is the one authorization rule of every surface that acts for a
@@ -71,7 +64,7 @@ var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do n
 // shows only what AllowsConnection matches), a pattern matching it. The
 // error wraps ErrMissingScope or ErrConnectionNotAllowed.
 func (a KeyAccess) Permit(s Scope, connection string) error {
-	if s == "" || !slices.Contains(AllScopes, s) || !a.Has(s) {
+	if !slices.Contains(AllScopes, s) || !a.Has(s) {
 		return fmt.Errorf("%w %s", ErrMissingScope, s)
 	}
 	if connection != "" && !a.AllowsConnection(connection) {
@@ -115,8 +108,7 @@ func ValidateConnectionPattern(p string) error {
 	return nil
 }
 
-// MatchesNoName reports whether pattern p can match no connection name at
-// all (it needs a character names never have, such as '/').
+// MatchesNoName reports whether pattern p needs a character names never have, such as '/'.
 func MatchesNoName(p string) bool { return notNameOrWildcard.MatchString(p) }
 
 // notNameOrWildcard is a character neither of names nor of path.Match's syntax.

@@ -24,23 +24,17 @@ func (r TokenRate) String() string {
 	if r.IsZero() {
 		return ""
 	}
-	return strconv.Itoa(r.Limit) + "/" + shortDuration(r.Period)
+	p := r.Period.String() // without its zero units: 1m, not 1m0s
+	if strings.HasSuffix(p, "m0s") {
+		p = strings.TrimSuffix(p, "0s")
+	}
+	if strings.HasSuffix(p, "h0m") {
+		p = strings.TrimSuffix(p, "0m")
+	}
+	return strconv.Itoa(r.Limit) + "/" + p
 }
 
-// shortDuration writes d without the zero units of time.Duration.String (1m, not 1m0s).
-func shortDuration(d time.Duration) string {
-	s := d.String()
-	if strings.HasSuffix(s, "m0s") {
-		s = strings.TrimSuffix(s, "0s")
-	}
-	if strings.HasSuffix(s, "h0m") {
-		s = strings.TrimSuffix(s, "0m")
-	}
-	return s
-}
-
-// MaxTokenRateLimit bounds N in N/PERIOD: the budget keeps the time of
-// every request of the last period.
+// MaxTokenRateLimit bounds N in N/PERIOD: the budget keeps the time of every request of the last period.
 const MaxTokenRateLimit = 10000
 
 // ErrInvalidTokenRate: a token budget is not N/PERIOD with 1 <= N <=
@@ -78,7 +72,6 @@ func (r TokenRate) Validate() error {
 	return nil
 }
 
-// ErrTokenBudgetSpent: the provider's token budget is spent for now; the
-// refresh was not attempted and no grant was touched. A caller whose token
-// is still valid is served it.
+// ErrTokenBudgetSpent: the provider's token budget is spent for now; the refresh was not
+// attempted and no grant was touched. A caller whose token is still valid is served it.
 var ErrTokenBudgetSpent = errors.New("the provider's token budget is spent for now")

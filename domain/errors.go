@@ -19,8 +19,7 @@ var (
 	ErrProviderUnavailable = errors.New("token provider unavailable")
 	// ErrGrantRevoked: the provider says the grant itself is dead (invalid_grant or a synonym).
 	ErrGrantRevoked = errors.New("grant rejected by the provider")
-	// ErrClientRejected: the provider rejected the client, not the grant
-	// (invalid_client, a 401, ...); the refresh token was not spent.
+	// ErrClientRejected: the provider rejected the client, not the grant; the refresh token was not spent.
 	ErrClientRejected = errors.New("token endpoint rejected the client (check the oauth2.Config's ClientID, ClientSecret, Endpoint.AuthStyle)")
 	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404, 405, a redirect).
 	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check the oauth2.Config's Endpoint.TokenURL)")
@@ -28,9 +27,8 @@ var (
 	ErrStoreUnavailable = errors.New("token store unavailable")
 	// ErrReadOnlyStore: the database is a replica, where no refresh could be stored.
 	ErrReadOnlyStore = errors.New("token store is a read-only replica")
-	// ErrRefreshInProgress: a refresh by a process that lost the lock may
-	// still be at the provider; its refresh token must not be presented
-	// again until that refresh has stored its answer or given up.
+	// ErrRefreshInProgress: a refresh by a process that lost the lock may still be at the provider;
+	// its refresh token is not presented again until that refresh has stored its answer or given up.
 	ErrRefreshInProgress = errors.New("another process's refresh of the token may still be at the provider")
 	// ErrConflict: the stored token changed between read and write.
 	ErrConflict = errors.New("token changed concurrently")
@@ -64,52 +62,43 @@ var (
 	ErrSenderConstrained = errors.New("connection is sender-constrained (DPoP): its access token is useless without a proof; call through tokenguard's client or proxy, or ask for a proof (POST /connections/{name}/dpop-proof)")
 )
 
-// ConnectError says why the connect flow's callback stored nothing: Code is
-// the reason reported to the browser (bad_state, exchange_failed, or the
-// provider's code such as access_denied), Message is for people. Neither
-// carries a secret.
+// ConnectError says why the connect flow's callback stored nothing. No field carries a secret.
 type ConnectError struct {
-	Code    string
-	Message string
-	Err     error // the cause, free of secrets; may be nil
+	Code    string // reported to the browser: bad_state, exchange_failed, or the provider's (access_denied)
+	Message string // for people
+	Err     error  // the cause; may be nil
 }
 
 func (e *ConnectError) Error() string { return "connect flow: " + e.Code + ": " + e.Message }
 
 func (e *ConnectError) Unwrap() error { return e.Err }
 
-// ProviderError describes a failed token request. It carries the OAuth2
-// error code and HTTP status but never the response body, which a provider
-// may fill with anything, including the credentials it was sent.
+// ProviderError describes a failed token request, never with the response
+// body, which a provider may fill with anything, even the credentials sent.
 type ProviderError struct {
 	Code       string        // OAuth2 error code such as "invalid_grant"; empty for transport failures
 	HTTPStatus int           // 0 when no response arrived
 	RetryAfter time.Duration // from a Retry-After header, when the provider sent one
 	Class      ErrorClass    // what the answer means for the grant
 	Err        error         // transport cause (already free of secrets), or nil
-	// Lost: the request reached the provider and its answer was lost: the
-	// refresh token may have been spent.
-	Lost bool
+	Lost       bool          // the request reached the provider and its answer was lost: the refresh token may be spent
 	// ReplayUntil ends a Lost answer's reuse grace window (zero: never present
 	// the refresh token again); NoReplay: the profile declares no window.
 	ReplayUntil time.Time
 	NoReplay    bool
 	// Ambiguous: a refusal that could be about the client or the grant
-	// (invalid_request, a 400 with an unknown code or none); Evidence
-	// names what decided its Class.
+	// (invalid_request, a 400 with an unknown code or none).
 	Ambiguous bool
-	// Evidence: EvidenceFingerprint (grant dead), EvidenceClientWorks (the
-	// grant is refused; failing at once), or "" (unclassified).
-	Evidence string
+	Evidence  string // what decided an Ambiguous refusal's Class: an Evidence* value, or "" (unclassified)
 }
 
 // The evidence that decides an ambiguous refusal (ProviderError.Evidence).
 const (
-	// EvidenceFingerprint: the provider gave this answer to a refresh
-	// token that cannot exist, with a client it did not refuse.
+	// EvidenceFingerprint (grant dead): the provider gave this answer to a
+	// refresh token that cannot exist, with a client it did not refuse.
 	EvidenceFingerprint = "fingerprint"
-	// EvidenceClientWorks: the same client credentials in the same auth
-	// style refreshed another grant recently.
+	// EvidenceClientWorks (grant refused, failing at once): the same client
+	// credentials in the same auth style refreshed another grant recently.
 	EvidenceClientWorks = "client_works"
 )
 
@@ -124,12 +113,8 @@ const (
 	// GrantDead: the grant is gone (invalid_grant). The only class that may
 	// mark a connection needs_reauth, after a re-read.
 	GrantDead
-	// ClientRejected: the client's registration or credentials are wrong;
-	// the refresh token was not spent. No grant is touched.
-	ClientRejected
-	// EndpointMisconfigured: the token URL does not lead to a token
-	// endpoint. No grant is touched.
-	EndpointMisconfigured
+	ClientRejected        // the client's registration or credentials are wrong; the refresh token was not spent
+	EndpointMisconfigured // the token URL does not lead to a token endpoint; no grant is touched
 	// Unclassified: an answer tokenguard cannot act on (an unknown code, an
 	// unreadable body, a 200 without an access token). Not retried within
 	// the call: the connection backs off fleet-wide; the grant is untouched.

@@ -2,9 +2,8 @@ package domain
 
 import "time"
 
-// ConnectionEvent is one line of a connection's recent history: a refresh
-// and how it ended, or a change a webhook announces (connected,
-// needs_reauth, recovered, disconnected, rolled_back).
+// ConnectionEvent is one line of a connection's recent history: a refresh and how it ended,
+// or a change a webhook announces (connected, needs_reauth, recovered, disconnected, rolled_back).
 type ConnectionEvent struct {
 	ID         int64
 	Connection string
@@ -28,15 +27,13 @@ type ConnectionFilter struct {
 	Patterns   []string // the listing key's KeyAccess.Connections: nil, all; empty, none
 }
 
-// StatusExpiringSoon filters active connections whose refresh token
-// expires within ExpiringSoonWithin.
+// StatusExpiringSoon filters active connections whose refresh token expires within ExpiringSoonWithin.
 const StatusExpiringSoon Status = "expiring_soon"
 
 // ExpiringSoonWithin is what "expiring soon" means.
 const ExpiringSoonWithin = 7 * 24 * time.Hour
 
-// EnvProvider names the OAUTH_* provider in a filter; no stored provider
-// can be called so (a name starts with a letter or digit).
+// EnvProvider names the OAUTH_* provider in a filter; no stored provider's name starts with '_'.
 const EnvProvider = "_env"
 
 // RefreshRate is a provider's refreshes over a window.

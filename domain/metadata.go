@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"regexp"
 	"slices"
-	"strings"
 	"time"
 )
 
@@ -27,11 +26,13 @@ const (
 	MaxTagLength     = 64
 )
 
-// ErrInvalidMetadata: metadata that is not a JSON object, is too large, or
-// has too many or malformed tags. Nothing was stored.
+// ErrInvalidMetadata: metadata not a JSON object, too large, or with too many or malformed tags. Nothing was stored.
 var ErrInvalidMetadata = errors.New("invalid connection metadata")
 
 var tagPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/=@+-]*$`)
+
+// nulEscape is JSON's only spelling of U+0000: \u0000 after an even number of backslashes.
+var nulEscape = regexp.MustCompile(`(?:^|[^\\])(?:\\\\)*\\u0000`)
 
 // NewMetadata checks object (a JSON object; empty means {}) and tags and
 // returns them compacted, without repeated tags. Errors wrap
@@ -49,7 +50,7 @@ func NewMetadata(object []byte, tags []string) (Metadata, error) {
 		if buf.Len() > MaxMetadataBytes {
 			return Metadata{}, fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidMetadata, buf.Len(), MaxMetadataBytes)
 		}
-		if hasNUL(buf.Bytes()) {
+		if nulEscape.Match(buf.Bytes()) {
 			// Postgres's jsonb has no NUL: refused here, not as a store error.
 			return Metadata{}, fmt.Errorf("%w: a key or string holds a NUL character (\\u0000)", ErrInvalidMetadata)
 		}
@@ -70,25 +71,7 @@ func NewMetadata(object []byte, tags []string) (Metadata, error) {
 	return m, nil
 }
 
-// hasNUL reports whether a key or string of the JSON document js holds U+0000.
-func hasNUL(js []byte) bool {
-	if !bytes.Contains(js, []byte(`\u0000`)) {
-		return false // the only way JSON spells it
-	}
-	dec := json.NewDecoder(bytes.NewReader(js))
-	for {
-		tok, err := dec.Token()
-		if err != nil {
-			return false
-		}
-		if s, ok := tok.(string); ok && strings.ContainsRune(s, 0) {
-			return true
-		}
-	}
-}
-
-// Connection is what is known about a connection without its credentials:
-// what listings show. It never holds a token.
+// Connection is what listings show of a connection. It never holds a token.
 type Connection struct {
 	Name          string
 	Provider      string // "" for the provider of the environment (OAUTH_*)
@@ -101,12 +84,9 @@ type Connection struct {
 	UpdatedAt     time.Time
 	Binding       Binding
 	Metadata      Metadata
-	// Failure is the current version's refresh failure episode; once it
-	// is shown as failing, Status is StatusFailing and StatusReason says why.
-	Failure RefreshFailure
-	DPoPJKT string // thumbprint of the grant's DPoP key; "" for a bearer grant
+	Failure       RefreshFailure // this version's; once shown as failing, Status is StatusFailing and StatusReason says why
+	DPoPJKT       string         // thumbprint of the grant's DPoP key; "" for a bearer grant
 }
 
-// ErrNoRevocationEndpoint: a revocation was asked for and the connection's
-// provider has no revocation endpoint configured. Nothing was changed.
+// ErrNoRevocationEndpoint: a revocation was asked of a provider without a revocation endpoint. Nothing was changed.
 var ErrNoRevocationEndpoint = errors.New("the provider has no revocation endpoint configured")

@@ -20,8 +20,7 @@ const (
 	PARNever  PARMode = "never"
 )
 
-// ParsePARMode reads "auto", "always" or "never" ("" is auto). Errors wrap
-// ErrInvalidProvider.
+// ParsePARMode reads "auto" (or ""), "always" or "never". Errors wrap ErrInvalidProvider.
 func ParsePARMode(s string) (PARMode, error) {
 	if m := cmp.Or(PARMode(s), PARAuto); slices.Contains([]PARMode{PARAuto, PARAlways, PARNever}, m) {
 		return m, nil
@@ -29,12 +28,10 @@ func ParsePARMode(s string) (PARMode, error) {
 	return "", fmt.Errorf("%w: par must be auto, always or never, got %q", ErrInvalidProvider, s)
 }
 
-// ErrNoPAREndpoint: pushed authorization requests are required and no
-// pushed_authorization_request_endpoint is known for the provider.
+// ErrNoPAREndpoint: pushed requests are required and the provider's endpoint for them is unknown.
 var ErrNoPAREndpoint = errors.New("the provider's metadata names no pushed_authorization_request_endpoint")
 
-// AssertionAudience is the aud of the private_key_jwt client assertions
-// (RFC 7523 §3) a provider accepts.
+// AssertionAudience is the aud of the private_key_jwt client assertions (RFC 7523 §3) a provider accepts.
 type AssertionAudience string
 
 const (

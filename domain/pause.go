@@ -18,12 +18,10 @@ type PausePolicy struct {
 
 // The pauses tokenguard keeps, one row each (docs/providers.md).
 var (
-	// ClientRejectedPause: the provider rejected the client, or the token
-	// URL is no token endpoint. Short, to notice a fix within seconds. Per
-	// process and provider.
+	// ClientRejectedPause: the provider rejected the client, or the token URL is no token
+	// endpoint. Short, to notice a fix within seconds. Per process and provider.
 	ClientRejectedPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
-	// UnansweredPause: a refresh went unanswered past the refresh timeout.
-	// Per process and provider.
+	// UnansweredPause: a refresh went unanswered past the refresh timeout. Per process and provider.
 	UnansweredPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
 	// UnreachablePause: the token endpoint could not be reached (refused,
 	// no route, DNS, TLS) three times in a row. Per process and endpoint.
@@ -34,8 +32,7 @@ var (
 	FailingPause = PausePolicy{First: 5 * time.Second, Max: time.Minute}
 )
 
-// Wait is the pause after the n-th failure in a row, without jitter: 0
-// before After, then First doubling up to Max.
+// Wait is the pause after the n-th failure in a row, without jitter.
 func (p PausePolicy) Wait(n int) time.Duration {
 	n -= max(p.After, 1)
 	if n < 0 {
@@ -60,8 +57,7 @@ type Pause struct {
 	cause    error
 }
 
-// Check reports how long calls still pause at now, and the failure that
-// paused them; 0 and nil when they may go.
+// Check reports how long calls still pause at now (0: they may go), and the failure that paused them.
 func (p *Pause) Check(now time.Time) (time.Duration, error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -43,12 +43,10 @@ type AuthStyle string
 const (
 	// AuthStyleAuto: HTTP Basic first, the form body only after the
 	// provider refused the client's authentication; the winner is remembered.
-	AuthStyleAuto   AuthStyle = "auto"
-	AuthStyleHeader AuthStyle = "header" // HTTP Basic (client_secret_basic)
-	AuthStyleParams AuthStyle = "params" // form body (client_secret_post)
-	// AuthStylePrivateKeyJWT: a client assertion signed with the
-	// provider's ClientKey (RFC 7523 §2.2) instead of a secret.
-	AuthStylePrivateKeyJWT AuthStyle = "private_key_jwt"
+	AuthStyleAuto          AuthStyle = "auto"
+	AuthStyleHeader        AuthStyle = "header"          // HTTP Basic (client_secret_basic)
+	AuthStyleParams        AuthStyle = "params"          // form body (client_secret_post)
+	AuthStylePrivateKeyJWT AuthStyle = "private_key_jwt" // an assertion signed with ClientKey (RFC 7523 §2.2), no secret
 )
 
 // ParseAuthStyle reads "auto" (or ""), "header", "params" or "private_key_jwt".
@@ -64,10 +62,8 @@ func ParseAuthStyle(s string) (AuthStyle, error) {
 // configuration; no stored provider may take it.
 const ReservedProviderName = "default"
 
-// Provider errors.
 var (
-	// ErrUnknownProvider: a connection (or an import) names a provider
-	// that is not registered: a configuration error; no grant is touched.
+	// ErrUnknownProvider: a connection or an import names no registered provider; no grant is touched.
 	ErrUnknownProvider = errors.New("unknown provider (see tokenctl provider list)")
 	// ErrProviderExists: a provider by that name is registered already.
 	ErrProviderExists = errors.New("a provider with that name exists")
@@ -77,14 +73,12 @@ var (
 	ErrInvalidProvider = errors.New("invalid provider")
 	// ErrUnknownProfile: no provider profile has that name.
 	ErrUnknownProfile = errors.New("unknown provider profile")
-	// ErrNoAPIBaseURL: a connection's stored provider has no API base URL;
-	// its token is never sent to another provider's API (API_BASE_URL).
+	// ErrNoAPIBaseURL: the connection's stored provider has no API base URL; its token never goes to API_BASE_URL.
 	ErrNoAPIBaseURL = errors.New("the connection's provider has no API base URL (tokenctl provider update --api-base-url)")
 )
 
-// Validate checks what can be checked without asking the provider. Errors
-// wrap ErrInvalidProvider (or ErrInvalidConnection for the name) and never
-// show the client secret.
+// Validate checks what can be checked without asking the provider. Errors wrap
+// ErrInvalidProvider (and ErrInvalidConnection for the name), never with the client secret.
 func (p Provider) Validate() error {
 	if err := ValidateName(p.Name); err != nil {
 		return fmt.Errorf("%w: name: %w", ErrInvalidProvider, err)

@@ -14,9 +14,8 @@ type ConnectionScan struct {
 	Regexp string
 }
 
-// ConnectionScans are the scans of the key's connection patterns; all is
-// true when the key may see every connection. Malformed patterns, which
-// match nothing, are left out.
+// ConnectionScans are the scans of the key's connection patterns, or all when it may see
+// every connection. Malformed patterns, which match nothing, are left out.
 func (a KeyAccess) ConnectionScans() (scans []ConnectionScan, all bool) {
 	if a.Connections == nil {
 		return nil, true

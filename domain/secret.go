@@ -21,8 +21,7 @@ func NewSecret(s string) Secret {
 	return Secret{v: &s}
 }
 
-// Reveal returns the credential; call it only where the value leaves for
-// the provider, the protected API or the database.
+// Reveal returns the credential, only where it leaves for the provider, the protected API or the database.
 func (s Secret) Reveal() string {
 	if s.v == nil {
 		return ""
@@ -39,8 +38,7 @@ func (s Secret) Equal(o Secret) bool { return s.Reveal() == o.Reveal() }
 func (s Secret) String() string   { return s.mask() }
 func (s Secret) GoString() string { return s.mask() }
 
-// Format covers every verb, including %x and %q, which would otherwise
-// bypass String.
+// Format covers every verb, including %x and %q, which would otherwise bypass String.
 func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.mask())) }
 
 // LogValue keeps slog from ever seeing the value.

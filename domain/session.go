@@ -2,8 +2,7 @@ package domain
 
 import "time"
 
-// ConnectSession is what a connect session allows: connecting one
-// connection, once, through a browser.
+// ConnectSession is what a connect session allows: connecting one connection, once, through a browser.
 type ConnectSession struct {
 	Connection         string
 	ReturnTo           string    // where the browser goes afterwards; "" for tokenguard's own page
@@ -15,9 +14,8 @@ type ConnectSession struct {
 	State, Verifier    string // the browser flow's OAuth2 state and PKCE verifier, kept server-side
 }
 
-// PendingGrant is a grant the connect flow obtained and keeps unstored
-// until the application's backend redeems its result code: the tokens,
-// who granted them, and what the session asked for.
+// PendingGrant is a grant the connect flow keeps unstored until the application's backend
+// redeems its result code: the tokens, who granted them, and what the session asked for.
 type PendingGrant struct {
 	Connection         string
 	Provider           string // "" for the environment's
@@ -32,8 +30,7 @@ type PendingGrant struct {
 	DPoPJKT            string
 }
 
-// ExpiredGrant is a pending grant nobody redeemed in time: its refresh
-// token is revoked at Provider, then the row ID is deleted.
+// ExpiredGrant is a pending grant nobody redeemed in time: its refresh token is revoked at Provider, then row ID deleted.
 type ExpiredGrant struct {
 	ID           int64
 	Connection   string

@@ -49,9 +49,8 @@ func (f RefreshFailure) Blocked(now time.Time) bool {
 // presented the refresh token and got no answer (or whose holder vanished).
 const CodeAnswerLost = "answer_lost"
 
-// ProbeFirst reports whether the provider must answer again before the
-// refresh token is presented again: the last answer was lost at a provider
-// with no known reuse grace, so a request of ours may still be queued there.
+// ProbeFirst reports whether the provider must answer before the refresh token is presented again:
+// the last answer was lost at a provider with no known reuse grace, so our request may be queued there.
 func (f RefreshFailure) ProbeFirst() bool {
 	return f.Failures > 0 && f.Code == CodeAnswerLost && f.ReplayUntil.IsZero() && !f.RetryAt.IsZero()
 }
@@ -86,10 +85,8 @@ type Token struct {
 	Binding       Binding        // who granted it; zero for grants imported without an account
 	Provider      string         // the stored provider that issued the grant; "" is OAUTH_*'s
 	Failure       RefreshFailure // this version's failure episode (read with the token, never written)
-	// DPoPJKT is the RFC 7638 thumbprint of the DPoP key the grant is
-	// bound to; "" for a bearer grant. Without the key the grant is worthless.
-	DPoPJKT string
-	DPoPKey Secret // that key's PEM, set only on a new grant on its way to the store
+	DPoPJKT       string         // RFC 7638 thumbprint of the DPoP key the grant is useless without; "" for bearer
+	DPoPKey       Secret         // that key's PEM, set only on a new grant on its way to the store
 }
 
 // SenderConstrained reports whether the grant is bound to a DPoP key: its
@@ -114,36 +111,19 @@ func ScopeFields(scope string) []string {
 	return strings.Fields(strings.ReplaceAll(scope, ",", " "))
 }
 
-// reduced is the scopes of granted that answered lacks, space-separated.
-func reduced(granted, answered string) string {
-	have := ScopeFields(answered)
-	var lack []string
-	for _, s := range ScopeFields(granted) {
-		if !slices.Contains(have, s) && !slices.Contains(lack, s) {
-			lack = append(lack, s)
-		}
-	}
-	return strings.Join(lack, " ")
-}
-
-// Grant is what a provider hands out: a fresh access token and possibly a
-// new refresh token.
+// Grant is what a provider hands out: a fresh access token and possibly a new refresh token.
 type Grant struct {
-	AccessToken   Secret
-	TokenType     string
-	RefreshToken  Secret // zero when the provider did not rotate
-	Expiry        time.Time
-	RefreshExpiry time.Time // when the refresh token expires, if the provider said; else zero
-	// KeepRefreshExpiry: the refresh token dies on the grant's calendar
-	// (counted from consent), so the stored expiry holds for a rotated one.
-	KeepRefreshExpiry bool
+	AccessToken       Secret
+	TokenType         string
+	RefreshToken      Secret // zero when the provider did not rotate
+	Expiry            time.Time
+	RefreshExpiry     time.Time // when the refresh token expires, if the provider said; else zero
+	KeepRefreshExpiry bool      // the refresh token dies on the grant's calendar (from consent): its expiry holds once rotated
 	// Scope is the scope the answer named, ScopeNamed whether it named
 	// one (without, the scope is what was asked: RFC 6749 §5.1).
 	Scope      string
 	ScopeNamed bool
-	// Extra holds the answer fields the profile keeps as connection
-	// metadata (Salesforce instance_url); never a credential.
-	Extra map[string]string
+	Extra      map[string]string // answer fields the profile keeps (Salesforce instance_url); never a credential
 }
 
 // EffectiveSkew caps skew at half the lifetime the provider granted, so a
@@ -159,8 +139,7 @@ func (t Token) EffectiveSkew(skew time.Duration) time.Duration {
 }
 
 // FreshAt reports whether the access token may be used at now without a
-// refresh: the connection is active and the token outlives now by the
-// (capped) skew.
+// refresh: the connection is active and the token outlives now by the skew.
 func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 	if t.Status != StatusActive || t.AccessToken.IsZero() {
 		return false
@@ -189,8 +168,14 @@ func (t Token) Rotated(g Grant, now time.Time) Token {
 	}
 	t.Expiry = g.Expiry
 	if g.ScopeNamed {
-		t.Binding.Answered = strings.Join(ScopeFields(g.Scope), " ")
-		t.Binding.ScopesReduced = reduced(t.Binding.Scopes, g.Scope)
+		answered := ScopeFields(g.Scope)
+		var lack []string
+		for _, s := range ScopeFields(t.Binding.Scopes) {
+			if !slices.Contains(answered, s) && !slices.Contains(lack, s) {
+				lack = append(lack, s)
+			}
+		}
+		t.Binding.Answered, t.Binding.ScopesReduced = strings.Join(answered, " "), strings.Join(lack, " ")
 	}
 	t.ObtainedAt = now
 	t.Status = StatusActive

@@ -8,8 +8,7 @@ import (
 	"strings"
 )
 
-// ErrInsecureURL: a URL that tokens, secrets or a session cookie travel
-// to is http:// on a host other than loopback (see ALLOW_INSECURE_URLS).
+// ErrInsecureURL: a URL that tokens, secrets or a session cookie travel to is http:// off loopback.
 var ErrInsecureURL = errors.New("must be https (http only on loopback, or with ALLOW_INSECURE_URLS=true)")
 
 // ErrNotHTTPURL: a setting that must be an absolute http(s) URL is not one.
@@ -30,8 +29,7 @@ func CheckURL(raw string, allowInsecure bool) error {
 	return nil
 }
 
-// IsLoopback reports whether host (without a port) is localhost or a
-// loopback address.
+// IsLoopback reports whether host (without a port) is localhost or a loopback address.
 func IsLoopback(host string) bool {
 	if strings.EqualFold(host, "localhost") {
 		return true
@@ -40,9 +38,8 @@ func IsLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// CheckURLs applies CheckURL to the provider's URLs that are set. field
-// names the first that fails ("token URL", say); the error wraps
-// ErrInvalidProvider and CheckURL's.
+// CheckURLs applies CheckURL to the provider's URLs that are set. field names the first that
+// fails ("token URL", say); the error wraps ErrInvalidProvider and CheckURL's.
 func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
 	for _, f := range p.urls() {
 		if f.v == "" {
