@@ -3,8 +3,6 @@ package repository
 import (
 	"context"
 	"fmt"
-	"strconv"
-	"strings"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -30,13 +28,15 @@ func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after
 func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]domain.Token, string, error) {
 	q, args := `t.`+column+` < ?`, []any{t}
 	var began *time.Time // NULL on the first page: the statement's now()
+	// The cursor: "<began>:<the last row's time>:<its connection id>", times in Unix microseconds.
 	if after != "" {
-		b, from, id, err := parseTimeCursor(after)
-		if err != nil {
-			return nil, "", err
+		var b, from int64
+		var id int32
+		if _, err := fmt.Sscanf(after, "%d:%d:%d", &b, &from, &id); err != nil {
+			return nil, "", fmt.Errorf("list tokens: malformed cursor %q", after)
 		}
-		began = &b
-		q, args = q+` AND (t.`+column+`, t.connection_id) > (?, ?)`, append(args, from, id)
+		began = new(time.UnixMicro(b))
+		q, args = q+` AND (t.`+column+`, t.connection_id) > (?, ?)`, append(args, time.UnixMicro(from), id)
 	}
 	var rows []struct {
 		Token tokenRow `gorm:"embedded"`
@@ -45,9 +45,7 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 	}
 	err := r.db.WithContext(ctx).Raw(`SELECT c.id AS lock_key, c.name, t.token_type, t.expiry, t.refresh_expiry, t.obtained_at,
 		t.version, t.status, t.status_reason, t.updated_at, `+providerColumn+`, `+failureColumns+`, t.`+column+` AS at, b.began
-		FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
-		LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version,
-		(SELECT coalesce(?::timestamptz, now()) AS began) b
+		`+tokenFrom+`, (SELECT coalesce(?::timestamptz, now()) AS began) b
 		WHERE t.status = 'active' AND t.obtained_at < b.began AND `+q+`
 		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(append([]any{began}, args...), limit)...).Find(&rows).Error
 	if err != nil {
@@ -61,23 +59,7 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 	next := ""
 	if len(rows) == limit && limit > 0 {
 		last := rows[len(rows)-1]
-		next = strconv.FormatInt(last.Began.UnixMicro(), 10) + ":" + strconv.FormatInt(last.At.UnixMicro(), 10) + ":" + strconv.FormatInt(int64(last.Token.LockKey), 10)
+		next = fmt.Sprintf("%d:%d:%d", last.Began.UnixMicro(), last.At.UnixMicro(), last.Token.LockKey)
 	}
 	return due, next, nil
-}
-
-// parseTimeCursor reads activeBefore's cursor: when the walk began and the
-// last row's time (Unix microseconds) and connection id.
-func parseTimeCursor(s string) (began, at time.Time, id int32, err error) {
-	parts := strings.Split(s, ":")
-	if len(parts) != 3 {
-		return time.Time{}, time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
-	}
-	b, err1 := strconv.ParseInt(parts[0], 10, 64)
-	u, err2 := strconv.ParseInt(parts[1], 10, 64)
-	i, err3 := strconv.ParseInt(parts[2], 10, 32)
-	if err1 != nil || err2 != nil || err3 != nil {
-		return time.Time{}, time.Time{}, 0, fmt.Errorf("list tokens: malformed cursor %q", s)
-	}
-	return time.UnixMicro(b), time.UnixMicro(u), int32(i), nil
 }

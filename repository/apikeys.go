@@ -7,11 +7,11 @@ import (
 	"crypto/subtle"
 	"encoding/base64"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"maps"
 	"slices"
-	"strings"
 	"sync"
 	"time"
 
@@ -33,44 +33,30 @@ type APIKey struct {
 	Access domain.KeyAccess
 }
 
-// keyRow is api_keys as read: the arrays comma-joined, NULL told apart.
+// keyRow is api_keys as read (keyColumns): the arrays as JSON, NULL as null.
 type keyRow struct {
 	ID          int32
 	Name        string
 	KeyHash     string
 	CreatedAt   time.Time
 	LastUsedAt  *time.Time
-	AllScopes   bool
 	Scopes      string
-	AllConns    bool
 	Connections string
 }
 
-// keyColumns read keyRow.
 const keyColumns = `id, name, encode(key_hash, 'hex') AS key_hash, created_at, last_used_at,
-	scopes IS NULL AS all_scopes, coalesce(array_to_string(scopes, ','), '') AS scopes,
-	connection_patterns IS NULL AS all_conns, coalesce(array_to_string(connection_patterns, ','), '') AS connections`
+	coalesce(array_to_json(scopes)::text, 'null') AS scopes, coalesce(array_to_json(connection_patterns)::text, 'null') AS connections`
 
+// access is what the key may do: a NULL array (nil) is everything, an empty one nothing.
 func (r keyRow) access() domain.KeyAccess {
 	a := domain.KeyAccess{ID: r.ID, Name: r.Name}
-	if !r.AllScopes {
-		a.Scopes = []domain.Scope{}
-		for _, s := range strings.FieldsFunc(r.Scopes, isComma) {
-			a.Scopes = append(a.Scopes, domain.Scope(s))
-		}
-	}
-	if !r.AllConns { // patterns hold no comma (domain.ValidateConnectionPattern)
-		a.Connections = append([]string{}, strings.FieldsFunc(r.Connections, isComma)...)
-	}
+	_ = json.Unmarshal([]byte(r.Scopes), &a.Scopes) // array_to_json of text[], or null
+	_ = json.Unmarshal([]byte(r.Connections), &a.Connections)
 	return a
 }
 
-func isComma(r rune) bool { return r == ',' }
-
 // APIKeys stores the server's API keys as SHA-256 hashes.
-type APIKeys struct {
-	db *gorm.DB
-}
+type APIKeys struct{ db *gorm.DB }
 
 // NewAPIKeys binds the store to a pool.
 func NewAPIKeys(db *gorm.DB) *APIKeys { return &APIKeys{db: db} }
@@ -82,8 +68,7 @@ func HashKey(s domain.Secret) []byte {
 	return h[:]
 }
 
-// hashParam is HashKey as a query parameter, for decode(?, 'hex'): GORM
-// would expand a []byte into a list.
+// hashParam is HashKey for decode(?, 'hex'): GORM would expand a []byte into a list.
 func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
 
 // Create stores a new key under name with what it may do (a.Scopes and
@@ -117,26 +102,17 @@ func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (
 	res := k.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
 VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
 		name, hashParam(key), stringArray(scopes), stringArray(a.Connections))
-	if res.Error == nil && res.RowsAffected == 0 {
-		return domain.Secret{}, fmt.Errorf("API key %q: %w", name, ErrKeyExists)
-	}
-	if res.Error != nil {
-		return domain.Secret{}, storeError(ctx, "create API key", res.Error)
+	if err := changedRow(ctx, "create API key", res, fmt.Errorf("API key %q: %w", name, ErrKeyExists)); err != nil {
+		return domain.Secret{}, err
 	}
 	return key, nil
 }
 
 // List returns every key, by name.
 func (k *APIKeys) List(ctx context.Context) ([]APIKey, error) {
-	var rows []keyRow
-	if err := k.db.WithContext(ctx).Raw("SELECT " + keyColumns + " FROM tokenguard_api_keys ORDER BY name").Scan(&rows).Error; err != nil {
-		return nil, storeError(ctx, "list API keys", err)
-	}
-	out := make([]APIKey, len(rows))
-	for i, r := range rows {
-		out[i] = APIKey{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt, Access: r.access()}
-	}
-	return out, nil
+	return allRows(ctx, k.db, "list API keys", func(r keyRow) (APIKey, error) {
+		return APIKey{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt, Access: r.access()}, nil
+	}, "SELECT "+keyColumns+" FROM tokenguard_api_keys ORDER BY name")
 }
 
 // Revoke deletes the key called name; domain.ErrNotFound if there is none.
@@ -230,14 +206,12 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 		// Best effort: "last used" is for operators, to a minute or so.
 		_ = db.Exec("UPDATE tokenguard_api_keys SET last_used_at = now() WHERE id IN ?", used).Error
 	}
-	var rows []keyRow
-	if err := db.Raw("SELECT " + keyColumns + " FROM tokenguard_api_keys").Scan(&rows).Error; err != nil {
-		return nil, storeError(ctx, "read API keys", err)
-	}
-	entries := make([]keyEntry, len(rows))
-	for i, r := range rows {
+	entries, err := allRows(ctx, db, "read API keys", func(r keyRow) (keyEntry, error) {
 		h, _ := hex.DecodeString(r.KeyHash)
-		entries[i] = keyEntry{access: r.access(), hash: h}
+		return keyEntry{access: r.access(), hash: h}, nil
+	}, "SELECT "+keyColumns+" FROM tokenguard_api_keys")
+	if err != nil {
+		return nil, err
 	}
 	c.mu.Lock()
 	c.entries, c.loaded = entries, time.Now()

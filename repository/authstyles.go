@@ -8,9 +8,7 @@ import (
 
 // AuthStyles remembers, per token URL and client id, the client
 // authentication style a token endpoint accepted, so that no process probes.
-type AuthStyles struct {
-	db *gorm.DB
-}
+type AuthStyles struct{ db *gorm.DB }
 
 // NewAuthStyles binds the store to a pool.
 func NewAuthStyles(db *gorm.DB) *AuthStyles { return &AuthStyles{db: db} }

@@ -20,9 +20,8 @@ import (
 	"gorm.io/gorm"
 )
 
-// ChangeChannel is the NOTIFY channel on which every committed token write
-// is announced as "<version> <connection>", by the writing statement. It
-// carries no secret: listeners re-read what they need.
+// ChangeChannel announces every committed token write as "<version>
+// <connection>", from the writing statement; no secret: listeners re-read.
 const ChangeChannel = "tokenguard_token_changed"
 
 // ListenerApplicationName names the listener's session in pg_stat_activity.
@@ -30,8 +29,7 @@ const ListenerApplicationName = "tokenguard-listener"
 
 // ChangeTarget is told about changes; RefreshTokenUseCase is one.
 type ChangeTarget interface {
-	// Invalidate: connection's stored token is now at version.
-	Invalidate(connection string, version int64)
+	Invalidate(connection string, version int64) // the stored token is now at version
 	// TrustCache: true once listening (nothing can be missed from now on),
 	// false as soon as the feed may have a gap.
 	TrustCache(trusted bool)
@@ -45,16 +43,14 @@ type ChangeListener struct {
 	reconnectDelay time.Duration
 	channel        string // ChangeChannel as the tables' schema has it
 
-	// The heartbeat (WithHeartbeat); beatDB nil: none.
-	beatDB       *gorm.DB
+	beatDB       *gorm.DB // WithHeartbeat; nil: no heartbeat
 	beatInterval time.Duration
 	beatChannel  string
 	beatSeq      atomic.Int64
 	lastBeat     atomic.Int64 // Unix nanoseconds of the last beat heard
 	trusted      atomic.Bool  // what the target was last told
 
-	// Provider changes (OnProviderChange); nil: not followed.
-	onProvider      func(name string)
+	onProvider      func(name string) // OnProviderChange; nil: not followed
 	providerChannel string
 
 	onConnect func(ctx context.Context) // OnConnect; nil: none
@@ -69,8 +65,7 @@ func NewChangeListener(url string, target ChangeTarget, log *slog.Logger) *Chang
 // DefaultHeartbeat is how often a listener with a heartbeat proves it hears.
 const DefaultHeartbeat = time.Second
 
-// heartbeatMisses is how many intervals without a beat break the feed.
-const heartbeatMisses = 3
+const heartbeatMisses = 3 // intervals without a beat that break the feed
 
 // WithHeartbeat makes the listener prove that it hears, as a half-open TCP
 // connection or a pooler that swallowed the LISTEN looks alive: every
@@ -117,7 +112,7 @@ func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
-// errBeatLost ends a listening session whose beats stopped coming back.
+// errBeatLost ends a session whose beats stopped coming back.
 var errBeatLost = errors.New("token change listener: heartbeat not heard")
 
 // Run listens until ctx is done. The target's cache is trusted only while
@@ -142,8 +137,8 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 	}
 }
 
-// channelOf asks the database which schema the tables are in, and so which
-// channel announces their changes, until it answers or ctx ends.
+// channelOf asks the database, until it answers or ctx ends, which schema
+// the tables are in, so which channel announces their changes.
 func (l *ChangeListener) channelOf(ctx context.Context) (string, error) {
 	for {
 		schema, err := func() (string, error) {
@@ -180,7 +175,7 @@ func (l *ChangeListener) trust(ok bool) {
 	}
 }
 
-// session is one listening connection, ended early when the heartbeat stops.
+// session is one listening connection, ended early if the heartbeat stops.
 func (l *ChangeListener) session(ctx context.Context) error {
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -253,8 +248,8 @@ func (l *ChangeListener) sendBeat(ctx context.Context) {
 	}
 }
 
-// handler is what a channel does after each LISTEN (backlog: changes
-// sent meanwhile are not replayed) and with each notification.
+// handler is what a channel does after each LISTEN (backlog: what was
+// sent meanwhile is not replayed) and with each notification.
 type handler struct {
 	backlog func(ctx context.Context)
 	notify  func(payload string)
@@ -281,7 +276,6 @@ func (l *ChangeListener) listening(ctx context.Context) {
 	}
 }
 
-// changed reads a ChangeChannel payload.
 func (l *ChangeListener) changed(payload string) {
 	v, id, _ := strings.Cut(payload, " ")
 	version, err := strconv.ParseInt(v, 10, 64)

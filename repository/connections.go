@@ -13,20 +13,17 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// selectConnection reads connectionRows: what a listing shows, and never
-// a credential, so a listing neither decrypts nor can leak one.
+// selectConnection reads connectionRows: what a listing shows, never a credential (none to decrypt or leak).
 var selectConnection = `
 SELECT c.name, coalesce(t.provider, '') AS provider,
        t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
-       coalesce(t.granted_account, '') AS granted_account,
-       coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
+       coalesce(t.granted_account, '') AS account,
+       coalesce(array_to_string(t.granted_scopes, ' '), '') AS scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
        coalesce(array_to_string(t.scopes_reduced, ' '), '') AS scopes_reduced,
        c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags,
        ` + failureColumns + `,
-       coalesce(t.dpop_jkt, '') AS dpop_jkt
-FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
-LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
+       coalesce(t.dpop_jkt, '') AS dpop_jkt` + tokenFrom
 
 // connectionRow is a row of selectConnection: a tokenRow without credentials.
 type connectionRow struct {
@@ -115,15 +112,7 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 		q = `SELECT * FROM (` + strings.Join(branches, " UNION ") + `) p ORDER BY p.name COLLATE "C" LIMIT ?`
 		qargs = append(qargs, limit)
 	}
-	var rows []connectionRow
-	if err := r.db.WithContext(ctx).Raw(q, qargs...).Find(&rows).Error; err != nil {
-		return nil, storeError(ctx, "list connections", err)
-	}
-	out := make([]domain.Connection, len(rows))
-	for i, row := range rows {
-		out[i] = row.domain()
-	}
-	return out, nil
+	return allRows(ctx, r.db, "list connections", func(row connectionRow) (domain.Connection, error) { return row.domain(), nil }, q, qargs...)
 }
 
 // scanCondition is the SQL condition of a pattern's scan: the name itself,
@@ -156,12 +145,10 @@ func (r *TokenRepository) EachConnection(ctx context.Context, fn func(domain.Con
 
 // Connection reads one connection as listings show it (no token: domain.ErrNotFound).
 func (r *TokenRepository) Connection(ctx context.Context, connection string) (domain.Connection, error) {
-	row, err := oneRow[connectionRow](r.db.WithContext(ctx), selectConnection+" WHERE c.name = ?", connection)
+	row, err := oneRow[connectionRow](ctx, r.db, "read connection", fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound),
+		selectConnection+" WHERE c.name = ?", connection)
 	if err != nil {
-		return domain.Connection{}, storeError(ctx, "read connection", err)
-	}
-	if row == nil {
-		return domain.Connection{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
+		return domain.Connection{}, err
 	}
 	return row.domain(), nil
 }
@@ -178,14 +165,10 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 			return fmt.Errorf("%w: a provider field is longer than its bound", domain.ErrInvalidMetadata)
 		}
 	}
-	obj, err := json.Marshal(fields)
-	if err != nil {
-		return fmt.Errorf("%w: %w", domain.ErrInvalidMetadata, err)
-	}
+	obj, _ := json.Marshal(fields) // a map[string]string always marshals
 	res := l.db.WithContext(ctx).Exec(`UPDATE tokenguard_connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
 		string(obj), connection)
-	return changedRow(ctx, "set provider fields", res,
-		fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound))
+	return changedRow(ctx, "set provider fields", res, fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound))
 }
 
 // SetMetadata replaces the connection's metadata inside the locked
@@ -225,7 +208,7 @@ func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wai
 	var found domain.Token
 	err := r.inLock(ctx, connection, wait, disconnectHold, func(ctx context.Context, tx *gorm.DB) error {
 		var err error
-		if found, err = getToken(ctx, tx, r.sealer, r.ids, connection); err != nil {
+		if found, err = r.get(ctx, tx, connection); err != nil {
 			return err
 		}
 		revoked := false
@@ -234,7 +217,9 @@ func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wai
 				return err
 			}
 		}
-		row, err := oneRow[tokenRow](tx, `
+		// A conflict cannot happen while the lock is held: every writer takes it.
+		conflict := fmt.Errorf("disconnect %s at version %d: %w", connection, found.Version, domain.ErrConflict)
+		_, err = oneRow[tokenRow](ctx, tx, "disconnect", conflict, `
 WITH u AS (
     DELETE FROM tokenguard_tokens AS t USING tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2
@@ -254,14 +239,7 @@ w AS (
 )
 SELECT `+tokenColumns+` FROM u, LATERAL pg_notify(`+channelInSchema("$3")+`, (u.version + 1) || ' ' || u.name)`,
 			connection, found.Version, ChangeChannel, revoked)
-		if err != nil {
-			return storeError(ctx, "disconnect", err)
-		}
-		if row == nil {
-			// Cannot happen while the lock is held: every writer takes it.
-			return fmt.Errorf("disconnect %s at version %d: %w", connection, found.Version, domain.ErrConflict)
-		}
-		return nil
+		return err
 	})
 	if err != nil {
 		return domain.Token{}, err

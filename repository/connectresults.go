@@ -19,8 +19,7 @@ const ResultPrefix = "tgr_"
 // ResultLifetime bounds how long a pending grant waits for its redemption.
 const ResultLifetime = 10 * time.Minute
 
-// ConnectResults keeps the grants of connect flows, sealed, by the hash of
-// their result code, until the application's backend redeems them.
+// ConnectResults keeps connect flows' grants, sealed, by their result code's hash until redeemed.
 type ConnectResults struct {
 	db     *gorm.DB
 	sealer Sealer
@@ -62,12 +61,9 @@ func (c *ConnectResults) Keep(ctx context.Context, p domain.PendingGrant) (domai
 	if p.Metadata != nil {
 		metadata, tags = string(p.Metadata.Object), tagArray(p.Metadata.Tags)
 	}
-	var fields any
+	var fields any // NULL: none
 	if len(p.ProviderFields) > 0 {
-		b, err := json.Marshal(p.ProviderFields)
-		if err != nil {
-			return domain.Secret{}, time.Time{}, fmt.Errorf("%w: %w", domain.ErrInvalidMetadata, err)
-		}
+		b, _ := json.Marshal(p.ProviderFields) // a map[string]string always marshals
 		fields = string(b)
 	}
 	var expires time.Time
@@ -116,19 +112,15 @@ const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, c
     access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, created_at,
     coalesce(dpop_key, '') AS dpop_key, coalesce(dpop_jkt, '') AS dpop_jkt`
 
-// Pending reads the unexpired result of code: its row id (for SpendResult)
-// and its grant, opened; else domain.ErrResultInvalid.
+// Pending reads code's unexpired result: its id (for SpendResult) and grant, opened; else domain.ErrResultInvalid.
 func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error) {
 	if !strings.HasPrefix(code.Reveal(), ResultPrefix) || len(code.Reveal()) > 128 {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
 	}
-	r, err := oneRow[resultRow](c.db.WithContext(ctx), `SELECT `+resultColumns+` FROM tokenguard_connect_results
-WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code))
+	r, err := oneRow[resultRow](ctx, c.db, "read connect result", fmt.Errorf("redeem: %w", domain.ErrResultInvalid),
+		`SELECT `+resultColumns+` FROM tokenguard_connect_results WHERE result_hash = decode(?, 'hex') AND expires_at > now()`, hashParam(code))
 	if err != nil {
-		return 0, domain.PendingGrant{}, storeError(ctx, "read connect result", err)
-	}
-	if r == nil {
-		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
+		return 0, domain.PendingGrant{}, err
 	}
 	at, err := c.sealer.Open(r.AccessToken, resultAAD(r.HashHex, colAccess))
 	if err != nil {
@@ -163,8 +155,7 @@ func (c *ConnectResults) Refuse(ctx context.Context, id int64) error {
 }
 
 // Expired leases up to limit expired results for lease, so that no other
-// sweep takes them meanwhile, and returns them with their refresh tokens
-// opened.
+// sweep takes them meanwhile, and returns them, refresh tokens opened.
 func (c *ConnectResults) Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error) {
 	var rows []resultRow
 	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_results r SET sweep_after = now() + ?::interval

@@ -15,11 +15,8 @@ import (
 // SessionLifetime bounds a connect session and, from its opening, its flow.
 const SessionLifetime = 10 * time.Minute
 
-// ConnectSessions stores connect sessions by the hash of their token and
-// the browser flow by the hash of its cookie.
-type ConnectSessions struct {
-	db *gorm.DB
-}
+// ConnectSessions stores connect sessions by their token's hash, browser flows by their cookie's.
+type ConnectSessions struct{ db *gorm.DB }
 
 // NewConnectSessions binds the store to a pool.
 func NewConnectSessions(db *gorm.DB) *ConnectSessions { return &ConnectSessions{db: db} }
@@ -60,8 +57,8 @@ RETURNING `+sessionColumns+`, oauth_state, pkce_verifier`,
 		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token))
 }
 
-// Peek reads an unopened, unexpired session without spending it (the
-// consent page shows it); domain.ErrUnauthorized otherwise.
+// Peek reads an unopened, unexpired session without spending it (the consent
+// page shows it); domain.ErrUnauthorized otherwise.
 func (c *ConnectSessions) Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error) {
 	return c.one(ctx, "read connect session", "connect session", `SELECT `+sessionColumns+`
 FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()`, hashParam(token))
@@ -84,15 +81,11 @@ RETURNING `+sessionColumns+`, s.oauth_state, s.pkce_verifier`,
 		hashParam(flow), state)
 }
 
-// one runs a statement that returns at most one session: none is
-// domain.ErrUnauthorized (what names it).
+// one runs a statement returning at most one session; none is domain.ErrUnauthorized (what names it).
 func (c *ConnectSessions) one(ctx context.Context, op, what, sql string, args ...any) (domain.ConnectSession, error) {
-	r, err := oneRow[sessionRow](c.db.WithContext(ctx), sql, args...)
+	r, err := oneRow[sessionRow](ctx, c.db, op, fmt.Errorf("%s: %w", what, domain.ErrUnauthorized), sql, args...)
 	if err != nil {
-		return domain.ConnectSession{}, storeError(ctx, op, err)
-	}
-	if r == nil {
-		return domain.ConnectSession{}, fmt.Errorf("%s: %w", what, domain.ErrUnauthorized)
+		return domain.ConnectSession{}, err
 	}
 	return domain.ConnectSession{Connection: r.Connection, ReturnTo: r.ReturnTo, AllowAccountChange: r.AllowAccountChange,
 		CreatedBy: r.CreatedBy, ExpiresAt: r.ExpiresAt, State: r.OauthState, Verifier: r.PkceVerifier, Provider: r.Provider,

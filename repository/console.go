@@ -2,7 +2,6 @@ package repository
 
 import (
 	"context"
-	"database/sql"
 	"fmt"
 	"time"
 
@@ -14,15 +13,12 @@ import (
 // ConsoleSessions stores the operator console's sessions by the SHA-256
 // of their token, each bound to the API key that logged in: revoking the
 // key deletes its sessions (ON DELETE CASCADE).
-type ConsoleSessions struct {
-	db *gorm.DB
-}
+type ConsoleSessions struct{ db *gorm.DB }
 
 // NewConsoleSessions binds the store to a pool.
 func NewConsoleSessions(db *gorm.DB) *ConsoleSessions { return &ConsoleSessions{db: db} }
 
-// Create opens a session for the API key keyID, good for lifetime, and
-// returns its token. Expired sessions are deleted on the way.
+// Create opens a session for the API key keyID, good for lifetime, deleting expired ones.
 func (c *ConsoleSessions) Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error) {
 	token := NewCredential(ConsolePrefix)
 	var expires time.Time
@@ -41,17 +37,12 @@ VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING exp
 // domain.ErrUnauthorized when there is none: never created, logged out,
 // expired, or its key revoked.
 func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error) {
-	var rows []keyRow
-	err := c.db.WithContext(ctx).Raw("SELECT "+keyColumns+` FROM tokenguard_api_keys WHERE id = (
-    SELECT api_key_id FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex') AND expires_at > now())`,
-		hashParam(token)).Scan(&rows).Error
+	row, err := oneRow[keyRow](ctx, c.db, "read console session", domain.ErrUnauthorized, "SELECT "+keyColumns+` FROM tokenguard_api_keys WHERE id = (
+    SELECT api_key_id FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex') AND expires_at > now())`, hashParam(token))
 	if err != nil {
-		return domain.KeyAccess{}, storeError(ctx, "read console session", err)
+		return domain.KeyAccess{}, err
 	}
-	if len(rows) == 0 {
-		return domain.KeyAccess{}, domain.ErrUnauthorized
-	}
-	return rows[0].access(), nil
+	return row.access(), nil
 }
 
 // Delete ends the session of token (logout); an unknown one is no error.
@@ -61,9 +52,7 @@ func (c *ConsoleSessions) Delete(ctx context.Context, token domain.Secret) error
 }
 
 // ConnectionEvents reads the history the triggers write.
-type ConnectionEvents struct {
-	db *gorm.DB
-}
+type ConnectionEvents struct{ db *gorm.DB }
 
 // NewConnectionEvents binds the store to a pool.
 func NewConnectionEvents(db *gorm.DB) *ConnectionEvents { return &ConnectionEvents{db: db} }
@@ -74,57 +63,32 @@ const (
 	EventsMaxAge        = 30 * 24 * time.Hour
 )
 
-type eventRow struct {
-	ID         int64
-	Connection string
-	Kind       string
-	Outcome    string
-	Reason     string
-	Provider   string
-	Version    sql.NullInt64 // NULL scans as 0
-	DurationMs sql.NullInt64
-	OccurredAt time.Time
-}
-
-func (r eventRow) domain() domain.ConnectionEvent {
-	return domain.ConnectionEvent{ID: r.ID, Connection: r.Connection, Kind: r.Kind, Outcome: r.Outcome, Reason: r.Reason,
-		Provider: r.Provider, At: r.OccurredAt, Version: r.Version.Int64, Duration: millis(r.DurationMs)}
-}
-
-const eventColumns = "id, connection, kind, outcome, reason, provider, version, duration_ms, occurred_at"
+// eventColumns read a domain.ConnectionEvent: NULL version and duration as 0,
+// the duration in nanoseconds (time.Duration's unit).
+const eventColumns = `id, connection, kind, outcome, reason, provider, coalesce(version, 0) AS version,
+    coalesce(duration_ms, 0) * 1000000 AS duration, occurred_at AS at`
 
 // Recent returns connection's last limit events (<= EventsPerConnection), newest first.
 func (e *ConnectionEvents) Recent(ctx context.Context, connection string, limit int) ([]domain.ConnectionEvent, error) {
-	var rows []eventRow
-	err := e.db.WithContext(ctx).Raw(`SELECT `+eventColumns+` FROM tokenguard_connection_events
+	return allRows(ctx, e.db, "read connection events", asIs[domain.ConnectionEvent], `SELECT `+eventColumns+` FROM tokenguard_connection_events
 WHERE connection = ? AND occurred_at > now() - ? * interval '1 second' ORDER BY id DESC LIMIT ?`,
-		connection, int64(EventsMaxAge/time.Second), min(limit, EventsPerConnection)).Scan(&rows).Error
-	if err != nil {
-		return nil, storeError(ctx, "read connection events", err)
-	}
-	out := make([]domain.ConnectionEvent, len(rows))
-	for i, r := range rows {
-		out[i] = r.domain()
-	}
-	return out, nil
+		connection, int64(EventsMaxAge/time.Second), min(limit, EventsPerConnection))
 }
 
-// LastRefreshes returns the last refresh of each of connections that has
-// one, by name: one index probe per name.
+// LastRefreshes returns, by name, the last refresh of each of connections: one index probe per name.
 func (e *ConnectionEvents) LastRefreshes(ctx context.Context, connections []string) (map[string]domain.ConnectionEvent, error) {
 	out := map[string]domain.ConnectionEvent{}
 	if len(connections) == 0 {
 		return out, nil
 	}
-	var rows []eventRow
-	err := e.db.WithContext(ctx).Raw(`SELECT l.* FROM unnest(?::text[]) AS n(name), LATERAL (
+	events, err := allRows(ctx, e.db, "read last refreshes", asIs[domain.ConnectionEvent], `SELECT l.* FROM unnest(?::text[]) AS n(name), LATERAL (
     SELECT `+eventColumns+` FROM tokenguard_connection_events
-    WHERE connection = n.name AND kind = 'refresh' ORDER BY id DESC LIMIT 1) l`, tagArray(connections)).Scan(&rows).Error
+    WHERE connection = n.name AND kind = 'refresh' ORDER BY id DESC LIMIT 1) l`, tagArray(connections))
 	if err != nil {
-		return nil, storeError(ctx, "read last refreshes", err)
+		return nil, err
 	}
-	for _, r := range rows {
-		out[r.Connection] = r.domain()
+	for _, ev := range events {
+		out[ev.Connection] = ev
 	}
 	return out, nil
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"strconv"
-	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -12,8 +11,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// dpopAAD binds a sealed DPoP key to its connection and thumbprint (not to
-// a version: a refresh leaves the key as it is).
+// dpopAAD binds a sealed DPoP key to its connection and thumbprint, not a version (a refresh keeps it).
 func dpopAAD(id int32, jkt string) string {
 	return "c" + strconv.FormatInt(int64(id), 10) + "/dpop_key/" + jkt
 }
@@ -42,9 +40,6 @@ ON CONFLICT (connection_id, jkt) DO UPDATE SET private_key = EXCLUDED.private_ke
 		db.Exec(`UPDATE tokenguard_tokens SET dpop_jkt = ? WHERE connection_id = ?`, jkt, id).Error)
 }
 
-// dpopKeys caches opened DPoP keys by connection id and thumbprint (never changing).
-type dpopKeys struct{ m sync.Map }
-
 // DPoPKey returns the private key (PEM) of thumbprint jkt connection's
 // grant is bound to: domain.ErrNotFound when there is none (replaced),
 // domain.ErrUndecryptable when it cannot be opened.
@@ -54,23 +49,20 @@ func (r *TokenRepository) DPoPKey(ctx context.Context, connection, jkt string) (
 		return domain.Secret{}, err
 	}
 	cacheKey := strconv.FormatInt(int64(id), 10) + "/" + jkt
-	if v, ok := r.keys.m.Load(cacheKey); ok {
+	if v, ok := r.keys.Load(cacheKey); ok {
 		return v.(domain.Secret), nil
 	}
-	stored, err := oneRow[string](r.db.WithContext(ctx),
+	stored, err := oneRow[string](ctx, r.db, "read dpop key", fmt.Errorf("dpop key %s of %s: %w", jkt, connection, domain.ErrNotFound),
 		`SELECT private_key FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt = ?`, id, jkt)
 	if err != nil {
-		return domain.Secret{}, storeError(ctx, "read dpop key", err)
-	}
-	if stored == nil {
-		return domain.Secret{}, fmt.Errorf("dpop key %s of %s: %w", jkt, connection, domain.ErrNotFound)
+		return domain.Secret{}, err
 	}
 	pem, err := r.sealer.Open(*stored, dpopAAD(id, jkt))
 	if err != nil {
 		return domain.Secret{}, fmt.Errorf("dpop key of %s: %w", connection, err)
 	}
 	key := domain.NewSecret(pem)
-	r.keys.m.Store(cacheKey, key)
+	r.keys.Store(cacheKey, key)
 	return key, nil
 }
 

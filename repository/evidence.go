@@ -11,9 +11,7 @@ import (
 
 // RefusalEvidence keeps what every process learned of a token endpoint's
 // refusals, per token URL, client id and credentials digest.
-type RefusalEvidence struct {
-	db *gorm.DB
-}
+type RefusalEvidence struct{ db *gorm.DB }
 
 // NewRefusalEvidence binds the store to a pool.
 func NewRefusalEvidence(db *gorm.DB) *RefusalEvidence { return &RefusalEvidence{db: db} }
@@ -29,12 +27,12 @@ type evidenceRow struct {
 
 // LoadEvidence reads the evidence; none is the zero Evidence.
 func (s *RefusalEvidence) LoadEvidence(ctx context.Context, tokenURL, clientID, credentials string) (provider.Evidence, error) {
-	r, err := oneRow[evidenceRow](s.db.WithContext(ctx), `
+	r, err := oneRow[evidenceRow](ctx, s.db, "load refusal evidence", nil, `
 SELECT check_status, check_code, check_client_authenticated, checked_at, worked_style, worked_at
 FROM tokenguard_refusal_evidence WHERE token_url = ? AND client_id = ? AND credentials = ?`,
 		tokenURL, clientID, credentials)
 	if err != nil || r == nil {
-		return provider.Evidence{}, storeError(ctx, "load refusal evidence", err)
+		return provider.Evidence{}, err
 	}
 	var ev provider.Evidence
 	if r.CheckStatus.Valid && r.CheckedAt.Valid {

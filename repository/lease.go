@@ -22,8 +22,7 @@ const (
 	restartGrace    = 5 * time.Second
 )
 
-// leaseRuns is the condition under which lease l on token t's version runs
-// on this server (Read).
+// leaseRuns: lease l on token t's version runs on this server (Read).
 const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
     AND l.server_started = pg_postmaster_start_time() AND now() <= l.until`
 
@@ -55,9 +54,8 @@ type heldLease struct {
 	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
 }
 
-// note records why the refresh ends without a stored token, for the
-// statement that ends the lease to hand the history trigger
-// (tokenguard.lease_reason).
+// note records why the refresh ends without a stored token, for the statement
+// ending the lease to hand the history trigger (tokenguard.lease_reason).
 func (l *heldLease) note(why string) {
 	l.renewer.mu.Lock()
 	defer l.renewer.mu.Unlock()
@@ -108,8 +106,7 @@ func (r *leaseRenewer) add(l *heldLease) {
 	}
 }
 
-// whyOf is what the lease this process holds on connection's version
-// noted, "" when nothing (or none is held).
+// whyOf is what this process's lease on connection's version noted ("": nothing, or none held).
 func (r *leaseRenewer) whyOf(connection string, version int64) string {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -121,8 +118,7 @@ func (r *leaseRenewer) whyOf(connection string, version int64) string {
 	return ""
 }
 
-// held lists the holders to renew, or reports false (and stops the
-// renewer) when there are none.
+// held lists the holders to renew, or reports false (stopping the renewer) when there are none.
 func (r *leaseRenewer) held() ([]string, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()

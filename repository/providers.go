@@ -15,8 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ProviderChannel is the NOTIFY channel on which a trigger announces every
-// committed change of a provider, by name. It carries no secret.
+// ProviderChannel is where a trigger announces each committed provider change, by name (no secret).
 const ProviderChannel = "tokenguard_provider_changed"
 
 // ProviderRepository stores the OAuth2 client registrations connections
@@ -27,8 +26,7 @@ type ProviderRepository struct {
 	sealer Sealer
 }
 
-// NewProviderRepository binds the repository to a pool; s seals the
-// client secrets (tokencrypt.Plaintext: as they are).
+// NewProviderRepository binds the repository to a pool; s seals client secrets (tokencrypt.Plaintext: as they are).
 func NewProviderRepository(db *gorm.DB, s Sealer) *ProviderRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores secrets as they are)")
@@ -81,8 +79,7 @@ const providerWritten = `token_url, auth_url, revocation_url, api_base_url, clie
 
 const providerValues = `?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?`
 
-// written is what p stores in providerWritten: its client secret and
-// client key (none: NULL) sealed.
+// written is what p stores in providerWritten: its client secret and key (none: NULL) sealed.
 func (r *ProviderRepository) written(p domain.Provider) ([]any, error) {
 	secret, err := r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name, "client_secret"))
 	if err != nil {
@@ -95,10 +92,11 @@ func (r *ProviderRepository) written(p domain.Provider) ([]any, error) {
 		}
 		key.Valid = true
 	}
-	rateLimit, ratePeriod := nullTokenRate(p.TokenRate)
+	rated := !p.TokenRate.IsZero() // no token budget: NULL
 	return []any{p.TokenURL, p.AuthURL, p.RevocationURL, p.APIBaseURL, p.ClientID, secret, string(p.AuthStyle),
 		textArray(strings.Join(p.Scopes, " ")), nullMillis(p.Skew), nullMillis(p.DefaultLifetime), nullMillis(p.KeepAlive),
-		p.Profile, p.DPoP, p.Resource, string(p.PAR), key, rateLimit, ratePeriod}, nil
+		p.Profile, p.DPoP, p.Resource, string(p.PAR), key,
+		sql.NullInt64{Int64: int64(p.TokenRate.Limit), Valid: rated}, sql.NullInt64{Int64: p.TokenRate.Period.Milliseconds(), Valid: rated}}, nil
 }
 
 func (r providerRow) domain(s Sealer) (domain.Provider, error) {
@@ -113,6 +111,10 @@ func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 			return domain.Provider{}, fmt.Errorf("client key of provider %s: %w", r.Name, err)
 		}
 		key = domain.NewSecret(pem)
+	}
+	var rate domain.TokenRate // NULL: none
+	if r.TokenRateLimit.Valid && r.TokenRatePeriodMs.Valid {
+		rate = domain.TokenRate{Limit: int(r.TokenRateLimit.Int64), Period: millis(r.TokenRatePeriodMs)}
 	}
 	return domain.Provider{
 		Name:            r.Name,
@@ -135,22 +137,8 @@ func (r providerRow) domain(s Sealer) (domain.Provider, error) {
 		Resource:        r.Resource,
 		PAR:             domain.PARMode(r.Par),
 		ClientKey:       key,
-		TokenRate:       tokenRate(r.TokenRateLimit, r.TokenRatePeriodMs),
+		TokenRate:       rate,
 	}, nil
-}
-
-// tokenRate reads a stored token budget; NULL is none.
-func tokenRate(limit, periodMs sql.NullInt64) domain.TokenRate {
-	if !limit.Valid || !periodMs.Valid {
-		return domain.TokenRate{}
-	}
-	return domain.TokenRate{Limit: int(limit.Int64), Period: time.Duration(periodMs.Int64) * time.Millisecond}
-}
-
-// nullTokenRate stores a token budget; the zero TokenRate is NULL.
-func nullTokenRate(r domain.TokenRate) (limit, periodMs sql.NullInt64) {
-	ok := !r.IsZero()
-	return sql.NullInt64{Int64: int64(r.Limit), Valid: ok}, sql.NullInt64{Int64: r.Period.Milliseconds(), Valid: ok}
 }
 
 // millis reads a stored duration; NULL scans as 0.
@@ -161,8 +149,7 @@ func nullMillis(d time.Duration) sql.NullInt64 {
 	return sql.NullInt64{Int64: d.Milliseconds(), Valid: d > 0}
 }
 
-// Add registers p. Errors wrap domain.ErrInvalidProvider or
-// domain.ErrProviderExists.
+// Add registers p. Errors wrap domain.ErrInvalidProvider or domain.ErrProviderExists.
 func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain.Provider, error) {
 	p.AuthStyle = cmp.Or(p.AuthStyle, domain.AuthStyleAuto)
 	if err := p.Validate(); err != nil {
@@ -172,7 +159,7 @@ func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain
 	if err != nil {
 		return domain.Provider{}, err
 	}
-	return r.one(ctx, r.db.WithContext(ctx), "add provider", fmt.Errorf("provider %q: %w", p.Name, domain.ErrProviderExists),
+	return r.one(ctx, r.db, "add provider", fmt.Errorf("provider %q: %w", p.Name, domain.ErrProviderExists),
 		`INSERT INTO tokenguard_providers (name, `+providerWritten+`) VALUES (?, `+providerValues+`)
 ON CONFLICT (name) DO NOTHING
 RETURNING `+providerColumns, append([]any{p.Name}, values...)...)
@@ -216,37 +203,23 @@ RETURNING `+providerColumns, append(values, name)...)
 
 // Get reads one provider; domain.ErrUnknownProvider if there is none.
 func (r *ProviderRepository) Get(ctx context.Context, name string) (domain.Provider, error) {
-	return r.one(ctx, r.db.WithContext(ctx), "get provider", fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider),
+	return r.one(ctx, r.db, "get provider", fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider),
 		selectProvider+" WHERE name = ?", name)
 }
 
-// one runs a statement on db that returns at most one provider, and opens
-// it; none is the error when there is none.
+// one runs a statement on db that returns at most one provider, opened; none is the error for none.
 func (r *ProviderRepository) one(ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) (domain.Provider, error) {
-	row, err := oneRow[providerRow](db, sql, args...)
+	row, err := oneRow[providerRow](ctx, db, op, none, sql, args...)
 	if err != nil {
-		return domain.Provider{}, storeError(ctx, op, err)
-	}
-	if row == nil {
-		return domain.Provider{}, none
+		return domain.Provider{}, err
 	}
 	return row.domain(r.sealer)
 }
 
 // List reads every provider, by name, secrets opened.
 func (r *ProviderRepository) List(ctx context.Context) ([]domain.Provider, error) {
-	var rows []providerRow
-	if err := r.db.WithContext(ctx).Raw(selectProvider + " ORDER BY name").Find(&rows).Error; err != nil {
-		return nil, storeError(ctx, "list providers", err)
-	}
-	out := make([]domain.Provider, len(rows))
-	for i, row := range rows {
-		var err error
-		if out[i], err = row.domain(r.sealer); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
+	return allRows(ctx, r.db, "list providers", func(row providerRow) (domain.Provider, error) { return row.domain(r.sealer) },
+		selectProvider+" ORDER BY name")
 }
 
 // Connections counts the connections that name each provider.
@@ -315,8 +288,7 @@ func (r *ProviderRepository) resealColumn(ctx context.Context, provider, column,
 	return int(res.RowsAffected), storeError(ctx, "reseal provider", res.Error)
 }
 
-// unknownProvider reports whether err is the tokens' provider foreign key
-// refusing a provider that is not registered.
+// unknownProvider reports whether err is the tokens' provider foreign key refusing an unregistered provider.
 func unknownProvider(err error) bool {
 	if sqlState(err) != "23503" {
 		return false

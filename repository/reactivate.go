@@ -20,7 +20,7 @@ const reactivateHold = 10 * time.Second
 // token as found and the version written, 0 when it changed nothing.
 func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
 	err = r.inLock(ctx, connection, wait, reactivateHold, func(ctx context.Context, tx *gorm.DB) error {
-		if found, err = getToken(ctx, tx, r.sealer, r.ids, connection); err != nil {
+		if found, err = r.get(ctx, tx, connection); err != nil {
 			return err
 		}
 		if found.Status != domain.StatusNeedsReauth || (reason != "" && found.StatusReason != reason) {
@@ -34,7 +34,7 @@ func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason str
 		if err != nil {
 			return err
 		}
-		row, err := oneRow[tokenRow](tx, `
+		row, err := oneRow[tokenRow](ctx, tx, "reactivate", nil, `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET
         status        = 'active',
@@ -51,7 +51,7 @@ WITH u AS (
 `+notifiedTokens("$3"),
 			connection, found.Version, ChangeChannel, st.AccessToken.Reveal(), st.RefreshToken.Reveal(), id)
 		if err != nil {
-			return storeError(ctx, "reactivate", err)
+			return err
 		}
 		if row == nil {
 			// Under the lock, only if the id changed (a row re-created by hand).

@@ -13,10 +13,9 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// The refresh path's transactions (usecase.TokenStore): Claim, Store and
-// Fail each take the connection's advisory lock, do one thing and commit
-// before they return, so that no connection is held across a call to the
-// provider.
+// The refresh path's transactions (usecase.TokenStore): Claim, Store and Fail
+// each take the connection's advisory lock, do one thing and commit before
+// they return, so that no connection is held across a call to the provider.
 
 // Claim leases the refresh of seen for answerWithin: under the lock it
 // takes the lease only if the token is still seen (its version and failure
@@ -24,34 +23,33 @@ import (
 // unresolved. This process renews the lease until Claim.End is called.
 func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (usecase.Claim, error) {
 	var (
-		c    usecase.Claim
-		rows []claimRow
+		c   usecase.Claim
+		row *claimRow
 	)
 	holder := uuid.NewString() // the statement taking the lease tells whose lease it returns
 	err := r.inLock(ctx, seen.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
-		err := tx.Raw(claimSQL, seen.Connection, seen.Version, holder, (max(answerWithin, 0) + leaseTerm).Milliseconds(),
+		var err error
+		row, err = oneRow[claimRow](ctx, tx, "claim refresh of "+seen.Connection, fmt.Errorf("connection %q: %w", seen.Connection, domain.ErrNotFound),
+			claimSQL, seen.Connection, seen.Version, holder, (max(answerWithin, 0) + leaseTerm).Milliseconds(),
 			restartGrace.Milliseconds(), seen.Failure.Failures, string(domain.StatusActive),
-			r.tokenRate.Limit, r.tokenRate.Period.Milliseconds(), usecase.SpareBudgetOnly(ctx)).Find(&rows).Error
+			r.tokenRate.Limit, r.tokenRate.Period.Milliseconds(), usecase.SpareBudgetOnly(ctx))
 		if err != nil {
-			return storeError(ctx, "claim refresh of "+seen.Connection, err)
-		}
-		if len(rows) == 0 {
-			return fmt.Errorf("connection %q: %w", seen.Connection, domain.ErrNotFound)
+			return err
 		}
 		// Opened before the commit: a token that cannot be (a key
 		// missing, a ciphertext altered) rolls the lease back with it.
-		c.Token, err = rows[0].Read.Token.domain(r.sealer)
+		c.Token, err = row.Read.Token.domain(r.sealer)
 		return err
 	})
 	if err != nil {
 		return usecase.Claim{}, err
 	}
-	r.ids.put(&rows[0].Read.Token)
-	c.Lease = rows[0].Read.lease()
-	if w := rows[0].BudgetWaitMs; w != nil && rows[0].Took == nil {
+	r.ids.put(&row.Read.Token)
+	c.Lease = row.Read.lease()
+	if w := row.BudgetWaitMs; w != nil && row.Took == nil {
 		c.BudgetWait = max(time.Duration(*w)*time.Millisecond, time.Millisecond)
 	}
-	switch took := rows[0].Took; {
+	switch took := row.Took; {
 	case took != nil && *took == holder:
 		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version, holder: holder}
 		r.leases.add(lease)
@@ -125,8 +123,7 @@ type claimRow struct {
 	BudgetWaitMs *int64
 }
 
-// SetTokenRate sets the token budget of the OAUTH_* provider (zero: none).
-// Call it before the repository is used.
+// SetTokenRate sets the OAUTH_* provider's token budget (zero: none); call it before use.
 func (r *TokenRepository) SetTokenRate(rate domain.TokenRate) { r.tokenRate = rate }
 
 // ShrinkBudget spends what is left of provider's token budget ("": OAUTH_*)
@@ -149,7 +146,7 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 	err := r.inLock(ctx, t.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		if t.RefreshToken.IsZero() {
 			// The kept refresh token is sealed again with the new version.
-			cur, err := getToken(ctx, tx, r.sealer, r.ids, t.Connection)
+			cur, err := r.get(ctx, tx, t.Connection)
 			if err != nil {
 				return err
 			}
@@ -164,11 +161,11 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 		if err != nil {
 			return err
 		}
-		row, err := oneRow[tokenRow](tx, saveSQL, st.AccessToken.Reveal(), st.TokenType, st.RefreshToken.Reveal(), nullTime(st.Expiry),
+		row, err := oneRow[tokenRow](ctx, tx, "save token", nil, saveSQL, st.AccessToken.Reveal(), st.TokenType, st.RefreshToken.Reveal(), nullTime(st.Expiry),
 			nullTime(st.RefreshExpiry), st.ObtainedAt, string(st.Status), st.StatusReason, st.Connection, st.Version, ChangeChannel,
 			at.id, textArray(st.Binding.Answered), textArray(st.Binding.ScopesReduced))
 		if err != nil {
-			return storeError(ctx, "save token", err)
+			return err
 		}
 		if row == nil {
 			r.ids.forget(t.Connection) // or the id changed: read again by the next write
@@ -207,16 +204,10 @@ SELECT f.version::text FROM f, LATERAL pg_notify(` + channelInSchema("$11") + `,
 // nothing, when the stored version is not t.Version any more.
 func (r *TokenRepository) Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error {
 	return r.inLock(ctx, t.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
-		var got []string
-		err := tx.Raw(failSQL, t.Connection, t.Version, f.Failures, f.Since, f.LastAt,
-			nullTime(f.RetryAt), nullTime(f.ReplayUntil), f.HTTPStatus, f.Code, f.Failing, ChangeChannel,
-			r.leases.whyOf(t.Connection, t.Version)).Find(&got).Error
-		if err != nil {
-			return storeError(ctx, "record refresh failure of "+t.Connection, err)
-		}
-		if len(got) == 0 {
-			return fmt.Errorf("record refresh failure of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
-		}
-		return nil
+		_, err := oneRow[string](ctx, tx, "record refresh failure of "+t.Connection,
+			fmt.Errorf("record refresh failure of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict),
+			failSQL, t.Connection, t.Version, f.Failures, f.Since, f.LastAt, nullTime(f.RetryAt), nullTime(f.ReplayUntil),
+			f.HTTPStatus, f.Code, f.Failing, ChangeChannel, r.leases.whyOf(t.Connection, t.Version))
+		return err
 	})
 }

@@ -9,8 +9,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Replication is what the primary says about its standbys: whether a
-// failover can lose a committed transaction.
+// Replication is what the primary says about its standbys: whether a failover can lose a commit.
 type Replication struct {
 	SyncStandbyNames string // the primary's synchronous_standby_names ("": none)
 	// Standbys is how many standbys stream from it, SyncStandbys how many
@@ -59,8 +58,7 @@ func ParseSyncCommit(level string) (string, error) {
 	return "", fmt.Errorf("%w: %q (want off, local, remote_write, on or remote_apply)", domain.ErrInvalidSyncCommit, level)
 }
 
-// ReadReplication asks the database what its standbys are (none on a
-// server that is not a primary, which CheckPrimary refuses anyway).
+// ReadReplication asks the database about its standbys (none on a non-primary, which CheckPrimary refuses).
 func (r *TokenRepository) ReadReplication(ctx context.Context) (Replication, error) {
 	var rep Replication
 	// Without pg_read_all_stats a role sees only the pid of each standby.
@@ -83,8 +81,7 @@ type Durability struct {
 	last       atomic.Pointer[Replication]
 }
 
-// NewDurability holds level ("": the default for the cluster), which
-// ParseSyncCommit checks.
+// NewDurability holds level ("": the cluster's default), which ParseSyncCommit checks.
 func NewDurability(level string) (*Durability, error) {
 	level, err := ParseSyncCommit(level)
 	if err != nil {
@@ -105,8 +102,7 @@ func (d *Durability) Replication() (Replication, bool) {
 	return *r, true
 }
 
-// SyncCommit is the level the token writes set for themselves: the
-// configured one, else the cluster's DefaultSyncCommit, else on.
+// SyncCommit is the token writes' level: the configured one, else the cluster's DefaultSyncCommit, else on.
 func (d *Durability) SyncCommit() string {
 	if d == nil {
 		return "on"
@@ -123,8 +119,7 @@ func (d *Durability) SyncCommit() string {
 // Configured is the level set by the operator, "" for the default.
 func (d *Durability) Configured() string { return d.configured }
 
-// SetDurability makes the token writes and refresh claims commit at d's
-// level. Call it before the repository is used.
+// SetDurability makes token writes and refresh claims commit at d's level; call it before use.
 func (r *TokenRepository) SetDurability(d *Durability) { r.durability = d }
 
 // Durability is what SetDurability set (nil: none).

@@ -26,8 +26,8 @@ type ResealResult struct {
 // boundForm matches a stored value in the bound form.
 const boundForm = `'tg1:%:b:%'`
 
-// markOnlyBound records, when every stored token is bound to its row's
-// version, that none may be otherwise from now on (tokenguard_seal_state).
+// markOnlyBound records, once every stored token is bound to its row's version,
+// that none may be otherwise from now on (tokenguard_seal_state).
 func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
 	if !sealsBound(r.sealer) {
 		return false, nil
@@ -53,8 +53,7 @@ SELECT c.id AS lock_key, c.name, t.access_token, t.refresh_token, t.version, coa
 FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 `
 
-// sealedNow reports whether the row needs no resealing: sealed with the
-// current key, in the form bound to its version.
+// sealedNow: the row is sealed with the current key, in the form bound to its version.
 func (r tokenRow) sealedNow(s Sealer) bool {
 	return s.IsCurrent(r.AccessToken) && s.IsCurrent(r.RefreshToken) && r.SealedVersion == 0
 }
@@ -106,9 +105,9 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
 	resealed := false
 	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
-		row, err := oneRow[tokenRow](tx, selectStored+"WHERE c.name = ?", connection)
+		row, err := oneRow[tokenRow](ctx, tx, "read token", nil, selectStored+"WHERE c.name = ?", connection)
 		if err != nil {
-			return storeError(ctx, "read token", err)
+			return err
 		}
 		if row == nil || row.sealedNow(r.sealer) {
 			return nil // gone, or a refresh stored it sealed with the current key meanwhile
@@ -173,9 +172,9 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 	}
 	var kc KeyCheck
 	for _, id := range ids {
-		row, err := oneRow[tokenRow](r.db.WithContext(ctx), selectStored+"WHERE "+keyIDOf+" = ? LIMIT 1", id)
+		row, err := oneRow[tokenRow](ctx, r.db, "read a stored token", nil, selectStored+"WHERE "+keyIDOf+" = ? LIMIT 1", id)
 		if err != nil {
-			return kc, storeError(ctx, "read a stored token", err)
+			return kc, err
 		}
 		if row == nil {
 			continue // rewritten meanwhile

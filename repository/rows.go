@@ -20,46 +20,20 @@ type tokenRow struct {
 	AccessToken   string
 	TokenType     string
 	RefreshToken  string
-	Expiry        sql.NullTime
-	RefreshExpiry sql.NullTime
+	Expiry        time.Time // NULL reads as zero
+	RefreshExpiry time.Time
 	ObtainedAt    time.Time
 	Version       int64
-	Status        string
+	Status        domain.Status
 	StatusReason  string
 	UpdatedAt     time.Time
-	// Who granted it: '' when unknown; scopes space-separated.
-	GrantedAccount string
-	GrantedScopes  string
-	MissingScopes  string
-	AnsweredScopes string // the latest refresh answer's scope
-	ScopesReduced  string
-	Provider       string // '' for the environment's provider
+	Binding       domain.Binding `gorm:"embedded"` // NULL reads as ""; scopes space-separated
+	Provider      string         // '' for the environment's provider
 	// SealedVersion is the version the credentials of the earlier bound
 	// form are sealed at (0: NULL).
 	SealedVersion int64
-	Failure       failureRow `gorm:"embedded"`
-	DPoPJKT       string     `gorm:"column:dpop_jkt"` // '' for a bearer grant
-}
-
-// failureRow is the refresh failure episode of the version (failureColumns).
-type failureRow struct {
-	Failures      int
-	FailureSince  sql.NullTime
-	FailureLast   sql.NullTime
-	RetryAt       sql.NullTime
-	ReplayUntil   sql.NullTime
-	FailureStatus int
-	FailureCode   string
-	Failing       bool
-}
-
-func (f failureRow) domain() domain.RefreshFailure {
-	if f.Failures == 0 {
-		return domain.RefreshFailure{}
-	}
-	return domain.RefreshFailure{Failures: f.Failures, Since: f.FailureSince.Time, LastAt: f.FailureLast.Time,
-		RetryAt: f.RetryAt.Time, ReplayUntil: f.ReplayUntil.Time, HTTPStatus: f.FailureStatus, Code: f.FailureCode,
-		Failing: f.Failing}
+	Failure       domain.RefreshFailure `gorm:"embedded"`        // of the version (failureColumns; NULL times read as zero)
+	DPoPJKT       string                `gorm:"column:dpop_jkt"` // '' for a bearer grant
 }
 
 // domain opens the row's credentials with s: a value that fails to open is
@@ -79,23 +53,17 @@ func (r tokenRow) record() domain.Token {
 	return domain.Token{
 		Connection:    r.Name,
 		TokenType:     r.TokenType,
-		Expiry:        r.Expiry.Time,
-		RefreshExpiry: r.RefreshExpiry.Time,
+		Expiry:        r.Expiry,
+		RefreshExpiry: r.RefreshExpiry,
 		ObtainedAt:    r.ObtainedAt,
 		Version:       r.Version,
-		Status:        domain.Status(r.Status),
+		Status:        r.Status,
 		StatusReason:  r.StatusReason,
 		UpdatedAt:     r.UpdatedAt,
-		Binding: domain.Binding{
-			Account:       r.GrantedAccount,
-			Scopes:        r.GrantedScopes,
-			MissingScopes: r.MissingScopes,
-			Answered:      r.AnsweredScopes,
-			ScopesReduced: r.ScopesReduced,
-		},
-		Provider: r.Provider,
-		Failure:  r.Failure.domain(),
-		DPoPJKT:  r.DPoPJKT,
+		Binding:       r.Binding,
+		Provider:      r.Provider,
+		Failure:       r.Failure,
+		DPoPJKT:       r.DPoPJKT,
 	}
 }
 
@@ -139,12 +107,10 @@ func (c *connIDs) lookup(ctx context.Context, db *gorm.DB, name string) (int32, 
 	if v, ok := c.m.Load(name); ok {
 		return v.(int32), nil
 	}
-	id, err := oneRow[int32](db.WithContext(ctx), "SELECT id FROM tokenguard_connections WHERE name = ?", name)
+	id, err := oneRow[int32](ctx, db, "read connection id", fmt.Errorf("connection %q: %w", name, domain.ErrNotFound),
+		"SELECT id FROM tokenguard_connections WHERE name = ?", name)
 	if err != nil {
-		return 0, storeError(ctx, "read connection id", err)
-	}
-	if id == nil {
-		return 0, fmt.Errorf("connection %q: %w", name, domain.ErrNotFound)
+		return 0, err
 	}
 	c.m.Store(name, *id)
 	return *id, nil

@@ -7,17 +7,14 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Sealer encrypts token values on their way into the tables and decrypts
-// them on the way out: *tokencrypt.Keyring, or tokencrypt.Plaintext.
+// Sealer encrypts token values into the tables and decrypts them out: *tokencrypt.Keyring, or tokencrypt.Plaintext.
 type Sealer interface {
-	// Seal returns what to store for plaintext, bound to aad. The empty
-	// string must stay empty.
+	// Seal returns what to store for plaintext, bound to aad; "" stays "".
 	Seal(plaintext, aad string) (string, error)
 	// Open returns the plaintext of a stored value sealed with the same
 	// aad, or an error wrapping domain.ErrUndecryptable.
 	Open(stored, aad string) (string, error)
-	// IsCurrent reports whether a stored value is already as Seal makes it
-	// now (Reseal leaves it alone).
+	// IsCurrent: a stored value is already as Seal makes it now (Reseal leaves it alone).
 	IsCurrent(stored string) bool
 	// Bound reports whether a stored value is in the form whose aad names
 	// the row by its id and a version (earlier: the connection's name).
@@ -44,17 +41,7 @@ func (s seal) aad(column string) string {
 	return "c" + strconv.FormatInt(int64(s.id), 10) + "/r" + strconv.FormatInt(s.version, 10) + "/" + column
 }
 
-// sealedAtAAD is the additional data of the earlier bound form, naming the
-// row's sealed_version column (which a copy could bring back with it).
-func sealedAtAAD(id int32, sealedVersion int64, column string) string {
-	return "c" + strconv.FormatInt(int64(id), 10) + "/v" + strconv.FormatInt(sealedVersion, 10) + "/" + column
-}
-
-// legacyAAD is the additional data of the releases before the bound form.
-func legacyAAD(connection, column string) string { return connection + "/" + column }
-
-// sealed returns t with its two credentials sealed, bound to at (still as
-// Secrets, so they never print). An empty refresh token stays empty.
+// sealed returns t with its credentials sealed, bound to at (still Secrets: they never print); "" stays "".
 func sealed(s Sealer, t domain.Token, at seal) (domain.Token, error) {
 	a, err := s.Seal(t.AccessToken.Reveal(), at.aad(colAccess))
 	if err != nil {
@@ -79,22 +66,22 @@ func resealed(s Sealer, stored, aad string) (string, error) {
 	return s.Seal(plain, aad)
 }
 
-// opened decrypts the credentials of connection's row at, whose
-// sealed_version column holds sealedVersion (0: NULL, the current form).
+// opened decrypts the credentials of connection's row at; sealedVersion 0 (NULL) is the current form.
 func opened(s Sealer, connection string, at seal, sealedVersion int64, access, refresh string) (a, rt string, err error) {
 	strict, _ := s.(onlyBound) // strict.versioned: the sealed_version form is refused
 	open := func(stored, column string) (string, error) {
 		switch {
-		case !s.Bound(stored):
-			return s.Open(stored, legacyAAD(connection, column))
+		case !s.Bound(stored): // the releases before the bound form
+			return s.Open(stored, connection+"/"+column)
 		case sealedVersion == 0:
 			return s.Open(stored, at.aad(column))
 		case strict.versioned:
 			return "", fmt.Errorf("%w: bound to its sealed_version column, and tokenctl rotate-key has resealed every row bound to its version (copied back from another version, or written around tokenguard)",
 				domain.ErrUndecryptable)
 		default:
-			// Until tokenctl rotate-key: rows of the previous release.
-			return s.Open(stored, sealedAtAAD(at.id, sealedVersion, column))
+			// Until tokenctl rotate-key: rows of the previous release, bound to
+			// the row's sealed_version column (which a copy could bring back).
+			return s.Open(stored, fmt.Sprintf("c%d/v%d/%s", at.id, sealedVersion, column))
 		}
 	}
 	if a, err = open(access, colAccess); err != nil {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"gorm.io/gorm"
@@ -22,30 +23,19 @@ type TokenRepository struct {
 	leases     *leaseRenewer    // renews the refresh leases this process holds
 	durability *Durability      // synchronous_commit of lease and token commits; nil: the server's
 	ids        *connIDs         // connection ids by name, for sealing
-	keys       *dpopKeys        // opened DPoP keys
+	keys       sync.Map         // opened DPoP keys by connection id and thumbprint (never changing)
 	tokenRate  domain.TokenRate // the OAUTH_* provider's token budget (SetTokenRate)
 }
 
-// NewTokenRepository binds the repository to a pool. Token values are
-// stored as s seals them (tokencrypt.Plaintext: as they are).
+// NewTokenRepository binds the repository to a pool; s seals the tokens (tokencrypt.Plaintext: as they are).
 func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}, keys: &dpopKeys{}}
+	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}}
 }
 
-// syncCommit is the synchronous_commit level of lease and token commits;
-// "" leaves the server's setting.
-func (r *TokenRepository) syncCommit() string {
-	if r.durability == nil {
-		return ""
-	}
-	return r.durability.SyncCommit()
-}
-
-// selectToken reads tokenRows: the token, its connection and the failure
-// record of its version, if any.
+// selectToken reads tokenRows: the token, its connection and its version's failure record, if any.
 var selectToken = "SELECT " + selectTokenColumns + tokenFrom
 
 var selectTokenColumns = "c.id AS lock_key, c.name, " + tokenFields("t") + failureColumns
@@ -72,10 +62,10 @@ var tokenColumns = "u.lock_key, u.name, " + tokenFields("u") + noFailureColumns
 func tokenFields(t string) string {
 	return strings.ReplaceAll(`t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
-       coalesce(t.granted_account, '') AS granted_account,
-       coalesce(array_to_string(t.granted_scopes, ' '), '') AS granted_scopes,
+       coalesce(t.granted_account, '') AS account,
+       coalesce(array_to_string(t.granted_scopes, ' '), '') AS scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
-       coalesce(array_to_string(t.answered_scopes, ' '), '') AS answered_scopes,
+       coalesce(array_to_string(t.answered_scopes, ' '), '') AS answered,
        coalesce(array_to_string(t.scopes_reduced, ' '), '') AS scopes_reduced,
        `+providerColumn+`,
        coalesce(t.sealed_version, 0) AS sealed_version,
@@ -86,31 +76,27 @@ func tokenFields(t string) string {
 // providerColumn reads t's provider; NULL (the environment's) reads as "".
 const providerColumn = "coalesce(t.provider, '') AS provider"
 
-// failureColumns read the refresh failure episode f of the token's
-// version; none reads as zeros.
-const failureColumns = `coalesce(f.failures, 0) AS failures, f.since AS failure_since, f.last_at AS failure_last,
-       f.retry_at, f.replay_until, coalesce(f.http_status, 0) AS failure_status, coalesce(f.code, '') AS failure_code,
+// failureColumns read the refresh failure episode f of the token's version; none reads as zeros.
+const failureColumns = `coalesce(f.failures, 0) AS failures, f.since, f.last_at,
+       f.retry_at, f.replay_until, coalesce(f.http_status, 0) AS http_status, coalesce(f.code, '') AS code,
        coalesce(f.failing, false) AS failing`
 
-const noFailureColumns = `0 AS failures, NULL::timestamptz AS failure_since, NULL::timestamptz AS failure_last,
-       NULL::timestamptz AS retry_at, NULL::timestamptz AS replay_until, 0 AS failure_status, '' AS failure_code,
+const noFailureColumns = `0 AS failures, NULL::timestamptz AS since, NULL::timestamptz AS last_at,
+       NULL::timestamptz AS retry_at, NULL::timestamptz AS replay_until, 0 AS http_status, '' AS code,
        false AS failing`
 
-// Get reads a connection's token without locking: readers never wait on a
-// refresh in progress.
+// Get reads a connection's token without locking: readers never wait on a refresh in progress.
 func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.Token, error) {
-	return getToken(ctx, r.db.WithContext(ctx), r.sealer, r.ids, connection)
+	return r.get(ctx, r.db, connection)
 }
 
 // Read is Get with the lease on the version read, so that a caller about
 // to refresh can wait for a refresh under way, or give up on an overdue one.
 func (r *TokenRepository) Read(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
-	row, err := oneRow[leasedTokenRow](r.db.WithContext(ctx), selectTokenLeased+" WHERE c.name = ?", connection)
+	row, err := oneRow[leasedTokenRow](ctx, r.db, "get token", fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound),
+		selectTokenLeased+" WHERE c.name = ?", connection)
 	if err != nil {
-		return domain.Token{}, usecase.Lease{}, storeError(ctx, "get token", err)
-	}
-	if row == nil {
-		return domain.Token{}, usecase.Lease{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
+		return domain.Token{}, usecase.Lease{}, err
 	}
 	r.ids.put(&row.Token)
 	t, err := row.Token.domain(r.sealer)
@@ -137,24 +123,14 @@ const DefaultPage = 500
 // same however large the table). fn's error stops it and is returned.
 func (r *TokenRepository) Each(ctx context.Context, fn func(domain.Token) error) error {
 	return eachPage(func(after string) ([]domain.Token, error) {
-		var rows []tokenRow
-		if err := r.db.WithContext(ctx).Raw(selectToken+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, DefaultPage).Find(&rows).Error; err != nil {
-			return nil, storeError(ctx, "list tokens", err)
-		}
-		out := make([]domain.Token, len(rows))
-		for i, row := range rows {
-			var err error
+		return allRows(ctx, r.db, "list tokens", func(row tokenRow) (domain.Token, error) {
 			r.ids.put(&row)
-			if out[i], err = row.domain(r.sealer); err != nil {
-				return nil, err
-			}
-		}
-		return out, nil
+			return row.domain(r.sealer)
+		}, selectToken+" WHERE c.name > ? ORDER BY c.name LIMIT ?", after, DefaultPage)
 	}, func(t domain.Token) string { return t.Connection }, fn)
 }
 
-// eachPage calls fn with every row of the pages page reads, DefaultPage at
-// a time, each after the key of the last row of the one before.
+// eachPage calls fn with every row of the pages page reads, each after the key of the previous page's last row.
 func eachPage[T any](page func(after string) ([]T, error), key func(T) string, fn func(T) error) error {
 	for after := ""; ; {
 		rows, err := page(after)
@@ -173,8 +149,7 @@ func eachPage[T any](page func(after string) ([]T, error), key func(T) string, f
 	}
 }
 
-// Register records a connection name (idempotently) so that it has a lock
-// key before it has a token.
+// Register records a connection name (idempotently): it has a lock key before it has a token.
 func (r *TokenRepository) Register(ctx context.Context, connection string) error {
 	if err := domain.ValidateName(connection); err != nil {
 		return err
@@ -192,7 +167,10 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 // settings of a locked transaction (lockSettings).
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connections)))
-	set := lockSettings{syncCommit: r.syncCommit()}
+	var set lockSettings // no durability: the server's synchronous_commit
+	if r.durability != nil {
+		set.syncCommit = r.durability.SyncCommit()
+	}
 	if d, ok := tx.Statement.Context.Deadline(); ok {
 		set.timeout = fmt.Sprintf("%dms", max((time.Until(d)-lockTimeoutMargin).Milliseconds(), 1))
 	}
@@ -213,7 +191,7 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) error {
 	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, tx *gorm.DB) error {
-		return fn(ctx, &LockedTokens{db: tx, sealer: r.sealer, ids: r.ids})
+		return fn(ctx, &LockedTokens{db: tx, repo: r})
 	})
 }
 
@@ -221,14 +199,13 @@ func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, h
 // connection's advisory lock (usecase.LockedStore), valid only inside
 // InLock's callback.
 type LockedTokens struct {
-	db     *gorm.DB // the transaction
-	sealer Sealer
-	ids    *connIDs
+	db   *gorm.DB // the transaction
+	repo *TokenRepository
 }
 
 // Get re-reads a token inside the lock.
 func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token, error) {
-	return getToken(ctx, l.db.WithContext(ctx), l.sealer, l.ids, connection)
+	return l.repo.get(ctx, l.db, connection)
 }
 
 // endLeases, a CTE of a statement that stores version u.version, ends the
@@ -259,8 +236,7 @@ WITH u AS (
 ` + endLeases + `
 ` + notifiedTokens("$11")
 
-// notifiedTokens selects the rows u written and announces them on the
-// change channel named by the placeholder p.
+// notifiedTokens selects the rows u written and announces them on the change channel placeholder p names.
 func notifiedTokens(p string) string {
 	return "SELECT " + tokenColumns + " FROM u, LATERAL pg_notify(" + channelInSchema(p) + ", u.version || ' ' || u.name)"
 }
@@ -274,24 +250,22 @@ func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, e
 	}
 	// The version the write gives the row: the next one, or the first of
 	// the name (above a disconnected grant's, tokens_continue_version).
+	notFound := fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
 	next, err := oneRow[struct {
 		ID      int32
 		Version int64
-	}](l.db.WithContext(ctx), `SELECT c.id, coalesce((SELECT t.version + 1 FROM tokenguard_tokens t WHERE t.connection_id = c.id),
+	}](ctx, l.db, "put token", notFound, `SELECT c.id, coalesce((SELECT t.version + 1 FROM tokenguard_tokens t WHERE t.connection_id = c.id),
        greatest(c.retired_version + 1, 1)) AS version
 FROM tokenguard_connections c WHERE c.name = ?`, t.Connection)
 	if err != nil {
-		return domain.Token{}, storeError(ctx, "put token", err)
-	}
-	if next == nil {
-		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
-	}
-	at := seal{id: next.ID, version: next.Version}
-	t, err = sealed(l.sealer, t, at)
-	if err != nil {
 		return domain.Token{}, err
 	}
-	row, err := oneRow[tokenRow](l.db.WithContext(ctx), `
+	at := seal{next.ID, next.Version}
+	if t, err = sealed(l.repo.sealer, t, at); err != nil {
+		return domain.Token{}, err
+	}
+	var rows []tokenRow
+	err = l.db.WithContext(ctx).Raw(`
 WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $13),
 t AS (
     INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
@@ -325,33 +299,31 @@ u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_
 `+notifiedTokens("$8"),
 		t.Connection, t.AccessToken.Reveal(), t.TokenType, t.RefreshToken.Reveal(), nullTime(t.Expiry), nullTime(t.RefreshExpiry), t.ObtainedAt, ChangeChannel,
 		t.Binding.Account, textArray(t.Binding.Scopes), textArray(t.Binding.MissingScopes),
-		t.Provider, at.id)
-	if err != nil {
-		if unknownProvider(err) {
-			return domain.Token{}, fmt.Errorf("put token of %s: provider %q: %w", t.Connection, t.Provider, domain.ErrUnknownProvider)
-		}
+		t.Provider, at.id).Find(&rows).Error
+	switch {
+	case unknownProvider(err):
+		return domain.Token{}, fmt.Errorf("put token of %s: provider %q: %w", t.Connection, t.Provider, domain.ErrUnknownProvider)
+	case err != nil:
 		return domain.Token{}, storeError(ctx, "put token", err)
+	case len(rows) == 0:
+		return domain.Token{}, notFound
 	}
-	if row == nil {
-		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
-	}
-	if err := putDPoPKey(ctx, l.db, l.sealer, at.id, t.DPoPKey, t.DPoPJKT); err != nil {
+	if err := putDPoPKey(ctx, l.db, l.repo.sealer, at.id, t.DPoPKey, t.DPoPJKT); err != nil {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w", t.Connection, err)
 	}
-	row.DPoPJKT = t.DPoPJKT
-	return row.domain(l.sealer)
+	rows[0].DPoPJKT = t.DPoPJKT
+	return rows[0].domain(l.repo.sealer)
 }
 
-func getToken(ctx context.Context, db *gorm.DB, s Sealer, ids *connIDs, connection string) (domain.Token, error) {
-	row, err := oneRow[tokenRow](db, selectToken+" WHERE c.name = ?", connection)
+// get reads connection's token on db, the pool or a locked transaction.
+func (r *TokenRepository) get(ctx context.Context, db *gorm.DB, connection string) (domain.Token, error) {
+	row, err := oneRow[tokenRow](ctx, db, "get token", fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound),
+		selectToken+" WHERE c.name = ?", connection)
 	if err != nil {
-		return domain.Token{}, storeError(ctx, "get token", err)
+		return domain.Token{}, err
 	}
-	if row == nil {
-		return domain.Token{}, fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound)
-	}
-	ids.put(row)
-	return row.domain(s)
+	r.ids.put(row)
+	return row.domain(r.sealer)
 }
 
 // The repository is the use case's store.
