@@ -1,9 +1,11 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -49,13 +51,9 @@ const (
 // the pass goes on.
 func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore, window time.Duration, concurrency int) (AheadReport, error) {
 	deadline := u.opts.Clock.Now().Add(window)
-	rep, err := u.sweep(ctx, "refresh_ahead", store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
+	return u.sweep(ctx, "refresh_ahead", store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
 		return !t.Expiry.IsZero() && t.Expiry.Before(deadline)
 	})
-	if err != nil {
-		err = fmt.Errorf("refresh ahead: %w", err)
-	}
-	return rep, err
 }
 
 // KeepAlive refreshes, like RefreshAhead, every connection whose token was
@@ -77,29 +75,23 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 		return AheadReport{}, nil
 	}
 	now := u.opts.Clock.Now()
-	rep, err := u.sweep(ctx, "keep_alive", store, store.ObtainedBefore, now.Add(-shortest), concurrency, func(t domain.Token) bool {
+	return u.sweep(ctx, "keep_alive", store, store.ObtainedBefore, now.Add(-shortest), concurrency, func(t domain.Token) bool {
 		d := idle
 		if o, ok := own[t.Provider]; ok {
 			d = o
 		}
 		return d > 0 && t.ObtainedAt.Before(now.Add(-d))
 	})
-	if err != nil {
-		err = fmt.Errorf("keep alive: %w", err)
-	}
-	return rep, err
 }
 
 // sweep refreshes the due tokens list hands out, page by page. concurrency
 // bounds the requests at the provider; twice as many connections are
 // worked on, so that claims and writes overlap the calls instead of adding
-// to them. kind names the sweep in its span.
+// to them. kind names the sweep in its span and, spaced, in its error.
 func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore,
 	list func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error),
-	t time.Time, concurrency int, due func(domain.Token) bool) (_ AheadReport, err error) {
+	t time.Time, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
-	var rep AheadReport
-	defer func() { span.End(Facts{Sweep: rep, SweepKind: kind}, err) }()
 	var (
 		counts  [sweepFailed + 1]atomic.Int64 // by sweepOutcome
 		mu      sync.Mutex
@@ -138,12 +130,17 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		after = next
 	}
 	_ = g.Wait()
-	rep = AheadReport{Due: listed, Refreshed: int(counts[sweepRefreshed].Load()), Skipped: int(counts[sweepSkipped].Load()),
+	rep := AheadReport{Due: listed, Refreshed: int(counts[sweepRefreshed].Load()), Skipped: int(counts[sweepSkipped].Load()),
 		Fresh: int(counts[sweepFresh].Load()), Failed: int(counts[sweepFailed].Load())}
 	if n := rep.Failed - len(errs); n > 0 {
 		errs = append(errs, fmt.Errorf("and %d more connection(s) failed", n))
 	}
-	return rep, errors.Join(append([]error{listErr}, errs...)...)
+	err := errors.Join(append([]error{listErr}, errs...)...)
+	span.End(Facts{Sweep: rep, SweepKind: kind}, err)
+	if err != nil {
+		err = fmt.Errorf("%s: %w", strings.ReplaceAll(kind, "_", " "), err)
+	}
+	return rep, err
 }
 
 type sweepOutcome int
@@ -205,15 +202,12 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 		r, err = u.redeem(ctx, store, claimed{Claim: Claim{Token: cl.Token, End: cl.End}, release: release})
 	}
 	busy = false
-	ev = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider,
-		NewVersion: r.tok.Version, ProviderLatency: r.latency, Err: errors.Join(err, r.revoked), Outcome: outcome(err)}
-	if r.revoked != nil {
-		ev.Outcome = OutcomeInvalidGrant
-		u.opts.OnNeedsReauth(id, r.reason)
-	}
+	ev = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider}
+	ev.Err = u.redeemEnded(&ev, r, err, nil)
+	ev.Outcome = cmp.Or(ev.Outcome, outcome(ev.Err))
 	u.observe(ev)
-	if err != nil || r.revoked != nil {
-		return sweepFailed, errors.Join(err, r.revoked)
+	if ev.Err != nil {
+		return sweepFailed, ev.Err
 	}
 	return sweepRefreshed, nil
 }

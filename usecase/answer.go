@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -63,15 +64,28 @@ func (u *RefreshTokenUseCase) overdue(l Lease, forced bool) bool {
 // late tells operators how a refresh that outlived its callers ended.
 func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
 	log := u.opts.Logger.With("connection", t.Connection, "provider", t.Provider, "from_version", t.Version)
-	switch {
-	case err == nil && r.revoked != nil:
-		log.Error("connection needs re-authorisation: the provider rejected its grant", "reason", r.reason)
-		u.opts.OnNeedsReauth(t.Connection, r.reason)
+	switch err := u.redeemEnded(&RefreshEvent{Connection: t.Connection}, r, err, log); {
 	case err == nil:
 		log.Info("late answer to a refresh stored", "version", r.tok.Version)
-	default:
+	case err != r.revoked: // a dead grant's was told by redeemEnded
 		log.Warn("refresh that outlived its callers failed", "err", err)
 	}
+}
+
+// redeemEnded fills e with how redeeming r ended and returns the pass's
+// error: for a dead grant r.revoked, told to OnNeedsReauth and to log unless
+// nil (a sweep's event line says it). Every pass and the late answer end here.
+func (u *RefreshTokenUseCase) redeemEnded(e *RefreshEvent, r redeemed, err error, log *slog.Logger) error {
+	e.ProviderLatency, e.NewVersion = r.latency, r.tok.Version
+	if err != nil || r.revoked == nil {
+		return err
+	}
+	e.Outcome = OutcomeInvalidGrant
+	if log != nil {
+		log.Error("connection needs re-authorisation: the provider rejected its grant", "reason", r.reason)
+	}
+	u.opts.OnNeedsReauth(e.Connection, r.reason)
+	return r.revoked
 }
 
 // abandoned records the lost answer of t's lease that ran out unresolved,

@@ -10,8 +10,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// budgetSpent is the error of a refresh the provider's token budget
-// refused for wait.
+// budgetSpent is the error of a refresh the provider's token budget refused for wait.
 func budgetSpent(wait time.Duration) error {
 	return fmt.Errorf("%w (for %v)", domain.ErrTokenBudgetSpent, wait.Round(time.Millisecond))
 }
@@ -83,8 +82,7 @@ func (p *providerState) push(t domain.Token) bool {
 	return start
 }
 
-// pop takes the queued token that expires first; false (and drainQueue
-// ends) when there is none.
+// pop takes the queued token that expires first; false, and drainQueue ends, when there is none.
 func (p *providerState) pop() (domain.Token, bool) {
 	p.mu.Lock()
 	defer p.mu.Unlock()

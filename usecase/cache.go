@@ -2,7 +2,6 @@ package usecase
 
 import (
 	"hash/maphash"
-	"math"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,7 +23,7 @@ type tokenCache struct {
 	slots    sync.Map // connection id -> *cacheSlot
 	size     atomic.Int64
 	capacity int64
-	clock    Clock // for tokens without expiry; nil: the system clock
+	clock    Clock // bounds the stay of tokens without expiry
 	evicting atomic.Bool
 
 	seq    atomic.Uint64
@@ -33,10 +32,10 @@ type tokenCache struct {
 	onRegress func(id string, known, stored int64) // a read found id behind a committed version; may be nil
 }
 
-const cacheShards = 256
-
-// untimedTTL bounds how long a token without expiry is served from the cache.
-const untimedTTL = time.Minute
+const (
+	cacheShards = 256
+	untimedTTL  = time.Minute // bounds how long a token without expiry is served from the cache
+)
 
 var shardSeed = maphash.MakeSeed()
 
@@ -68,7 +67,7 @@ const (
 	stale               // the current token, no longer fresh: go refresh
 )
 
-// get returns what the cache knows of id at now; snapshots are immutable.
+// get returns what the cache knows of id at now, nil on a miss; snapshots are immutable.
 func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 	if !c.trusted.Load() {
 		return nil, miss
@@ -93,8 +92,7 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 	return s, hit
 }
 
-// begin marks the start of a read of the store; put refuses the result if
-// the epoch or the connection's shard moved on meanwhile.
+// begin marks the start of a read of the store; put refuses its result if the epoch or shard moved on.
 func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(), seq: c.seq.Load()} }
 
 // put remembers tok, fresh until its expiry minus skew, if nothing newer is
@@ -106,9 +104,15 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 	}
 	tok.RefreshToken = domain.Secret{}
 	epoch := m.epoch
-	until, untimed := freshUntil(tok, skew), tok.Expiry.IsZero()
-	if untimed && until != 0 {
-		until = c.now().Add(untimedTTL).UnixNano()
+	// domain.Token.FreshAt as one instant, for the hot path.
+	var until int64
+	untimed := tok.Expiry.IsZero()
+	switch {
+	case tok.AccessToken.IsZero():
+	case untimed:
+		until = c.clock.Now().Add(untimedTTL).UnixNano()
+	default:
+		until = tok.Expiry.Add(-tok.EffectiveSkew(skew)).UnixNano()
 	}
 	slot := c.slot(tok.Connection)
 	for {
@@ -195,22 +199,4 @@ func (c *tokenCache) evict() {
 			return c.size.Load() > target
 		})
 	}
-}
-
-func (c *tokenCache) now() time.Time {
-	if c.clock == nil {
-		return time.Now()
-	}
-	return c.clock.Now()
-}
-
-// freshUntil precomputes domain.Token.FreshAt as one instant for the hot path.
-func freshUntil(tok domain.Token, skew time.Duration) int64 {
-	if tok.Status != domain.StatusActive || tok.AccessToken.IsZero() {
-		return 0
-	}
-	if tok.Expiry.IsZero() {
-		return math.MaxInt64
-	}
-	return tok.Expiry.Add(-tok.EffectiveSkew(skew)).UnixNano()
 }

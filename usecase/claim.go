@@ -138,8 +138,14 @@ func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, fo
 	if err := cmp.Or(p.gate.check(now), p.hung.check(now), checkFailure(t, now)); err != nil {
 		return err
 	}
-	if forced && !u.forced.allow(t.Connection, now, u.forceGap(t)) {
-		return domain.ErrRefreshRateLimited
+	if forced {
+		gap := u.opts.ForceInterval // or half t's lifetime if shorter
+		if life := t.Expiry.Sub(t.ObtainedAt); !t.Expiry.IsZero() && !t.ObtainedAt.IsZero() && life > 0 {
+			gap = min(gap, life/2)
+		}
+		if !u.forced.allow(t.Connection, now, gap) {
+			return domain.ErrRefreshRateLimited
+		}
 	}
 	return ctx.Err()
 }

@@ -19,8 +19,7 @@ type ConnectUseCase struct {
 	lockWait time.Duration
 }
 
-// NewConnectUseCase builds the use case; a nil clock is the system clock and
-// lockWait <= 0 means DefaultLockWait.
+// NewConnectUseCase builds the use case; a nil clock is the system clock, lockWait <= 0 DefaultLockWait.
 func NewConnectUseCase(store ConnectionStore, clock Clock, lockWait time.Duration) *ConnectUseCase {
 	return &ConnectUseCase{store: store, clock: cmp.Or[Clock](clock, systemClock{}),
 		lockWait: orDefault(lockWait, DefaultLockWait)}
@@ -59,8 +58,7 @@ type ConnectRequest struct {
 	DPoPJKT string
 }
 
-// ResultSpender spends a pending connect result in the transaction that
-// stores its grant; domain.ErrResultInvalid when expired or spent already.
+// ResultSpender spends a connect result in its grant's transaction; domain.ErrResultInvalid if spent or expired.
 type ResultSpender interface {
 	SpendResult(ctx context.Context, id int64) error
 }
@@ -68,8 +66,7 @@ type ResultSpender interface {
 // MetadataStore sets a connection's metadata in the grant's transaction.
 type MetadataStore interface {
 	SetMetadata(ctx context.Context, connection string, m domain.Metadata) error
-	// SetProviderFields replaces the "provider_fields" object of the
-	// connection's metadata, leaving the rest as it is.
+	// SetProviderFields replaces the "provider_fields" object of the connection's metadata, only.
 	SetProviderFields(ctx context.Context, connection string, fields map[string]string) error
 }
 

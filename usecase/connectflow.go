@@ -11,8 +11,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// PendingStore keeps the grants of connect flows until they are redeemed
-// (repository.ConnectResults is one).
+// PendingStore keeps the grants of connect flows until redeemed (repository.ConnectResults).
 type PendingStore interface {
 	Keep(ctx context.Context, p domain.PendingGrant) (domain.Secret, time.Time, error)
 	// Pending reads an unexpired result and its row id; domain.ErrResultInvalid otherwise.
@@ -24,8 +23,7 @@ type PendingStore interface {
 	Delete(ctx context.Context, id int64) error
 }
 
-// ConnectFlowUseCase holds a consent's grant pending until the
-// application's backend redeems it, and revokes those never redeemed.
+// ConnectFlowUseCase holds a consent's grant until the app's backend redeems it; revokes those never redeemed.
 type ConnectFlowUseCase struct {
 	results PendingStore
 	connect *ConnectUseCase
@@ -34,8 +32,7 @@ type ConnectFlowUseCase struct {
 	log     *slog.Logger
 }
 
-// NewConnectFlowUseCase builds the use case; revoker may be nil,
-// revokeTimeout <= 0 is DefaultRevokeTimeout.
+// NewConnectFlowUseCase builds the use case; revoker may be nil, revokeTimeout <= 0 is DefaultRevokeTimeout.
 func NewConnectFlowUseCase(results PendingStore, connect *ConnectUseCase, revoker Revoker, revokeTimeout time.Duration, log *slog.Logger) *ConnectFlowUseCase {
 	return &ConnectFlowUseCase{results: results, connect: connect, revoker: revoker,
 		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout), log: cmp.Or(log, slog.Default())}
@@ -83,14 +80,24 @@ const sweepBatch = 20
 // sweeping processes revoke it once; a failed revocation keeps the result
 // for the next sweep.
 func (u *ConnectFlowUseCase) Sweep(ctx context.Context) (int, error) {
-	lease := u.timeout + 5*time.Second
-	expired, err := u.results.Expired(ctx, sweepBatch, lease)
+	expired, err := u.results.Expired(ctx, sweepBatch, u.timeout+5*time.Second) // the lease outlasts a revocation
 	if err != nil {
 		return 0, fmt.Errorf("sweep connect results: %w", err)
 	}
 	deleted := 0
 	for _, e := range expired {
-		if err := u.revoke(ctx, e); err != nil {
+		err := fmt.Errorf("no revoker: %w", domain.ErrNoRevocationEndpoint)
+		if u.revoker != nil {
+			rctx, cancel := context.WithTimeout(ctx, u.timeout)
+			err = revokeWith(rctx, u.revoker, e.Provider, e.RefreshToken, e.DPoPKey)
+			cancel()
+		}
+		switch {
+		case err == nil:
+			u.log.Info("the grant of an expired connect result was revoked at the provider", "connection", e.Connection, "provider", e.Provider)
+		case errors.Is(err, domain.ErrNoRevocationEndpoint), errors.Is(err, domain.ErrUnknownProvider):
+			u.log.Warn("an expired connect result was deleted without revoking its grant", "connection", e.Connection, "provider", e.Provider, "err", err)
+		default:
 			u.log.Warn("the grant of an expired connect result could not be revoked; trying again later",
 				"connection", e.Connection, "provider", e.Provider, "err", err)
 			continue
@@ -101,22 +108,4 @@ func (u *ConnectFlowUseCase) Sweep(ctx context.Context) (int, error) {
 		deleted++
 	}
 	return deleted, nil
-}
-
-func (u *ConnectFlowUseCase) revoke(ctx context.Context, e domain.ExpiredGrant) error {
-	err := fmt.Errorf("no revoker: %w", domain.ErrNoRevocationEndpoint)
-	if u.revoker != nil {
-		rctx, cancel := context.WithTimeout(ctx, u.timeout)
-		defer cancel()
-		err = revokeWith(rctx, u.revoker, e.Provider, e.RefreshToken, e.DPoPKey)
-	}
-	switch {
-	case err == nil:
-		u.log.Info("the grant of an expired connect result was revoked at the provider", "connection", e.Connection, "provider", e.Provider)
-		return nil
-	case errors.Is(err, domain.ErrNoRevocationEndpoint), errors.Is(err, domain.ErrUnknownProvider):
-		u.log.Warn("an expired connect result was deleted without revoking its grant", "connection", e.Connection, "provider", e.Provider, "err", err)
-		return nil
-	}
-	return err
 }

@@ -11,9 +11,8 @@ import (
 
 // DisconnectStore deletes a connection's token under its lock.
 type DisconnectStore interface {
-	// Disconnect, under the connection's lock (waiting at most wait),
-	// calls before with the token and unless it fails deletes the token,
-	// announces the change and commits. It returns the deleted token.
+	// Disconnect, under the connection's lock (waiting at most wait), calls before with the
+	// token and unless it fails deletes the token, announces it and commits; it returns the token.
 	Disconnect(ctx context.Context, connection string, wait time.Duration,
 		before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error)
 	// Read and Claim are TokenStore's: a revocation leases the refresh
@@ -39,22 +38,19 @@ type DisconnectUseCase struct {
 	timeout  time.Duration
 }
 
-// NewDisconnectUseCase builds the use case; revoker may be nil, and
-// durations <= 0 take their defaults.
+// NewDisconnectUseCase builds the use case; revoker may be nil, durations <= 0 take their defaults.
 func NewDisconnectUseCase(store DisconnectStore, revoker Revoker, lockWait, revokeTimeout time.Duration) *DisconnectUseCase {
 	return &DisconnectUseCase{store: store, revoker: revoker, lockWait: orDefault(lockWait, DefaultLockWait),
 		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout)}
 }
 
 // Disconnect deletes connection's token, after revoking its refresh token
-// at the provider when revoke is true.
-//
-// Order: the lease (so no refresh presents the token meanwhile), the
-// revocation (holding no lock or database connection), then the delete. A
-// failed revocation changes nothing and is returned: deleting the only way
-// to revoke a live grant would strand it; a token already invalid at the
-// provider counts as revoked. It returns the deleted token, whose refresh
-// token must never be used.
+// at the provider when revoke is true. Order: the lease (so no refresh
+// presents the token meanwhile), the revocation (holding no lock or database
+// connection), then the delete. A failed revocation changes nothing and is
+// returned: deleting the only way to revoke a live grant would strand it; a
+// token already invalid at the provider counts as revoked. It returns the
+// deleted token, whose refresh token must never be used.
 func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error) {
 	if err := domain.ValidateName(connection); err != nil {
 		return domain.Token{}, err
@@ -83,9 +79,8 @@ func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, r
 	return t, nil
 }
 
-// revoke leases connection's refresh token and revokes it at the provider.
-// It returns the token revoked and the lease's end; on an error the lease
-// has ended and nothing changed.
+// revoke leases connection's refresh token and revokes it at the provider, returning it and the
+// lease's end; on an error the lease has ended and nothing changed.
 func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (domain.Token, func(bool), error) {
 	if u.revoker == nil {
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
@@ -95,8 +90,7 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	lockCtx, cancel := context.WithTimeout(ctx, u.lockWait)
 	c := Claim{}
 	t, _, err := u.store.Read(lockCtx, connection)
-	// A refresh may store a newer token between the read and the claim:
-	// claim that one.
+	// A refresh may store a newer token between the read and the claim: claim that one.
 	for try := 0; err == nil && try < 3; try++ {
 		if c, err = u.store.Claim(lockCtx, t, u.timeout); err != nil || c.End != nil || c.Lease.Running || c.Token.Version == t.Version {
 			break
@@ -115,10 +109,17 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	}
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
-	if err := u.present(rctx, t); err != nil {
-		if c.Why != nil {
-			c.Why("not stored: the lease was taken to revoke the grant, and the revocation failed; the connection is kept")
+	var key domain.Secret // a proof of it goes along when the grant is sender-constrained
+	if keys, ok := u.store.(ProofKeys); ok && t.SenderConstrained() {
+		if _, bound := u.revoker.(BoundRevoker); bound {
+			key, err = keys.DPoPKey(rctx, t.Connection, t.DPoPJKT)
 		}
+	}
+	if err == nil {
+		err = revokeWith(rctx, u.revoker, t.Provider, t.RefreshToken, key)
+	}
+	if err != nil {
+		claimed{Claim: c}.note("not stored: the lease was taken to revoke the grant, and the revocation failed; the connection is kept")
 		end(true)
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", err)
 	}
@@ -129,20 +130,6 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 // carries a proof signed with key, as the grant's token requests do.
 type BoundRevoker interface {
 	RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error
-}
-
-// present revokes t's refresh token, with a proof of its key when the
-// grant is sender-constrained.
-func (u *DisconnectUseCase) present(ctx context.Context, t domain.Token) error {
-	var key domain.Secret
-	_, bound := u.revoker.(BoundRevoker)
-	if keys, ok := u.store.(ProofKeys); ok && bound && t.SenderConstrained() {
-		var err error
-		if key, err = keys.DPoPKey(ctx, t.Connection, t.DPoPJKT); err != nil {
-			return err
-		}
-	}
-	return revokeWith(ctx, u.revoker, t.Provider, t.RefreshToken, key)
 }
 
 // revokeWith revokes refreshToken, with a proof of key unless it is zero.

@@ -38,14 +38,15 @@ func (u *EnqueueEventUseCase) Enqueue(ctx context.Context, connection string, pa
 	if err := domain.ValidateName(connection); err != nil {
 		return 0, err
 	}
+	var id int64
 	t, err := u.tokens.Get(ctx, connection)
-	if err != nil {
-		return 0, fmt.Errorf("enqueue event for %s: %w", connection, err)
+	switch {
+	case err != nil:
+	case t.Status == domain.StatusNeedsReauth:
+		err = needsReauth(t)
+	default:
+		id, err = u.queue.Enqueue(ctx, connection, payload)
 	}
-	if t.Status == domain.StatusNeedsReauth {
-		return 0, fmt.Errorf("enqueue event for %s: %w", connection, needsReauth(t))
-	}
-	id, err := u.queue.Enqueue(ctx, connection, payload)
 	if err != nil {
 		return 0, fmt.Errorf("enqueue event for %s: %w", connection, err)
 	}

@@ -45,9 +45,8 @@ func (fl *flight) addWaiter() bool {
 	}
 }
 
-// do runs fn once for key at a time and returns the finished flight, or
-// ctx's error if the caller gave up first. fn's context keeps ctx's values
-// and is cancelled when all callers have left; fn bounds its own steps.
+// do runs fn once for key at a time and returns the finished flight (see
+// wait). fn's context keeps ctx's values and ends when all callers have left.
 func (f *flights) do(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) (*flight, error) {
 	if err := ctx.Err(); err != nil {
@@ -56,8 +55,7 @@ func (f *flights) do(ctx context.Context, key string,
 	return f.wait(ctx, key, f.join(ctx, key, fn))
 }
 
-// join returns key's flight with the caller counted as a waiter, starting
-// one if there is none.
+// join returns key's flight, started if there is none, with the caller counted as a waiter.
 func (f *flights) join(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) *flight {
 	for {
@@ -143,8 +141,7 @@ func (f *flights) run(ctx context.Context, key string, fn func(context.Context) 
 	return fn(ctx)
 }
 
-// announcements wakes the callers waiting for another process's refresh
-// of a connection when the change listener hears of it.
+// announcements wakes the callers waiting for another process's refresh when the change listener hears of it.
 type announcements struct {
 	mu sync.Mutex
 	m  map[string]*announcement

@@ -35,21 +35,25 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	called := time.Now()
 	g, err := u.present(callCtx, t)
 	r.latency = time.Since(called)
-	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Outcome: providerOutcome(err)}, err)
+	f := Facts{Provider: t.Provider, OldVersion: t.Version, Outcome: outcome(err)}
+	if errors.Is(err, domain.ErrGrantRevoked) {
+		f.Outcome = OutcomeInvalidGrant
+	}
+	span.End(f, err)
 	cancel()
 	u.shrinkOn429(ctx, t.Provider, err)
 	// The slot bounds the calls at the provider: the next one may start
 	// while this answer is written.
 	c.release()
 	if answered(err) {
-		p.hung.accept()
+		p.hung.pause.Succeed()
 	}
 	if err != nil && !errors.Is(err, domain.ErrGrantRevoked) {
 		c.note(u.why(err))
 	}
 	switch pe, isPaced := paced(err); {
 	case err == nil:
-		p.gate.accept()
+		p.gate.pause.Succeed()
 		r.tok, err = u.keep(ctx, store, t.Rotated(g, u.opts.Clock.Now()), t.RefreshToken, c.End)
 		return r, err
 	case clientSide(err):

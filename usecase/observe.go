@@ -9,8 +9,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Observer is told what the use case does, for metrics. Its methods are
-// called on hot paths: they must be cheap and safe for concurrent use.
+// Observer is told what the use case does, for metrics; on hot paths: cheap and concurrency-safe.
 type Observer interface {
 	// CacheLookup: a Token call was served from the cache (hit) or not.
 	CacheLookup(hit bool)
@@ -65,8 +64,7 @@ func outcome(err error) RefreshOutcome {
 	return OutcomeError
 }
 
-// RefreshEvent describes one pass through a connection's lock. It carries
-// no secret.
+// RefreshEvent describes one pass through a connection's lock. It carries no secret.
 type RefreshEvent struct {
 	Connection      string
 	Provider        string // the connection's provider as read under the lock; "" the environment's (or not read)
@@ -86,8 +84,7 @@ func (noObserver) Refreshed(RefreshEvent) {}
 func (noObserver) ForcedRefresh(string)   {}
 func (noObserver) Invalidated()           {}
 
-// observe logs the pass (one line for each provider call, which is what
-// operators follow) and reports it to the Observer.
+// observe logs the pass (one line a provider call: what operators follow) and reports it to the Observer.
 func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	level := slog.LevelInfo
 	switch {
@@ -125,8 +122,7 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	}
 }
 
-// Tracer records the slow path of a token as spans (a cache hit records
-// nothing). Its methods must be safe for concurrent use.
+// Tracer records the slow path of a token as spans (a cache hit records none); safe for concurrent use.
 type Tracer interface {
 	// Start opens step's span for connection ("" for none) under ctx's span.
 	Start(ctx context.Context, step Step, connection string) (context.Context, Span)

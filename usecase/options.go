@@ -25,8 +25,7 @@ type Options struct {
 	WriteTimeout   time.Duration // bounds persisting the provider's answer (default 5s)
 	Clock          Clock         // default: the system clock
 	Logger         *slog.Logger  // what operators must know, never a token (default slog.Default())
-	// OnNeedsReauth is called once, by the process that found out, when a
-	// connection's grant is rejected for good.
+	// OnNeedsReauth is called once, by the process that found out, when a grant is rejected for good.
 	OnNeedsReauth func(connection, reason string)
 	// ForceInterval is the least time between two forced refreshes of one
 	// connection by this process (default 5s, or half a shorter token's
@@ -35,8 +34,7 @@ type Options struct {
 	RescueWindow  time.Duration // bounds retrying a rotated token's failed write (default 30s)
 	Observer      Observer      // receives events for metrics; default none
 	Tracer        Tracer        // records the slow path as spans; default none
-	// CacheSize bounds how many connections this process keeps a token of
-	// (default DefaultCacheSize); negative means no bound.
+	// CacheSize bounds the connections this process caches a token of (default DefaultCacheSize; < 0: no bound).
 	CacheSize int
 	// ProviderSkew is the skew of a stored provider's connections, 0 for
 	// Skew; nil: Skew for every connection. Never asked on a cache hit.
@@ -45,8 +43,7 @@ type Options struct {
 	// (default DefaultMaxRefreshesInFlight); the queue beyond it does not
 	// count against LockWait.
 	MaxRefreshesInFlight int
-	// ProviderKeepAlives are the stored providers' own keep-alive
-	// intervals, by name, overriding KeepAlive's idle; nil: none.
+	// ProviderKeepAlives are stored providers' own keep-alive intervals, overriding KeepAlive's idle; nil: none.
 	ProviderKeepAlives func() map[string]time.Duration
 }
 

@@ -16,8 +16,7 @@ import (
 // wait for the lock (domain.ErrLockTimeout); once held, the transaction
 // runs to its end whatever ctx does.
 type TokenStore interface {
-	// Read reads connection's token, and what is known of a refresh of
-	// its version under way (its lease).
+	// Read reads connection's token and the lease on its version, if any.
 	Read(ctx context.Context, connection string) (domain.Token, Lease, error)
 	// Claim leases the refresh of seen for answerWithin if, re-read under
 	// the lock, the token is still seen (version and failure record),
@@ -55,8 +54,7 @@ type Claim struct {
 	// Why, when the store keeps a history, notes why the refresh ends
 	// without a stored token, before End(true) or Fail; nil otherwise.
 	Why func(reason string)
-	// BudgetWait: no lease was taken because the provider's token budget
-	// is spent; it may allow a request after this long.
+	// BudgetWait: no lease, the provider's token budget is spent for about this long.
 	BudgetWait time.Duration
 }
 
@@ -75,16 +73,13 @@ func SpareBudgetOnly(ctx context.Context) bool {
 	return v
 }
 
-// BudgetShrinker is a TokenStore whose token budgets a provider's 429
-// with Retry-After shrinks, fleet-wide.
+// BudgetShrinker is a TokenStore whose token budgets a 429 with Retry-After shrinks, fleet-wide.
 type BudgetShrinker interface {
-	// ShrinkBudget spends provider's budget for d from now, and reports
-	// whether provider has one.
+	// ShrinkBudget spends provider's budget for d from now; false if provider has none.
 	ShrinkBudget(ctx context.Context, provider string, d time.Duration) (bool, error)
 }
 
-// LockedStore is the store bound to a transaction that holds a
-// connection's lock (ConnectionStore.InLock).
+// LockedStore is the store bound to a transaction holding a connection's lock (ConnectionStore.InLock).
 type LockedStore interface {
 	// Get re-reads the token inside the lock.
 	Get(ctx context.Context, connection string) (domain.Token, error)
@@ -94,8 +89,7 @@ type LockedStore interface {
 
 // ConnectionStore is what connecting a new grant needs on top of locking.
 type ConnectionStore interface {
-	// Register records a connection name so that it can be locked before
-	// it has a token. Registering twice is harmless.
+	// Register records a name so that it can be locked before it has a token; idempotent.
 	Register(ctx context.Context, connection string) error
 	// InLock runs fn in a transaction holding the connection's lock,
 	// waiting at most wait for it; fn's context is bounded by hold, no

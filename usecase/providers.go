@@ -48,7 +48,7 @@ func (u *RefreshTokenUseCase) provider(name string) *providerState {
 // secret, say): its client gate opens, so the next refresh tries them at once.
 func (u *RefreshTokenUseCase) ProviderChanged(provider string) {
 	g := &u.provider(provider).gate
-	g.accept()
+	g.pause.Succeed()
 	g.generation.Add(1)
 }
 
@@ -80,9 +80,6 @@ func (g *clientGate) reject(now time.Time, settings uint64, err error) {
 	}
 }
 
-// accept opens the gate after a success.
-func (g *clientGate) accept() { g.pause.Succeed() }
-
 // spent records that p's budget allows no request before until.
 func (p *providerState) spent(until time.Time) {
 	p.mu.Lock()
@@ -111,11 +108,10 @@ type throttle struct {
 	sweep int // size at which old keys are next swept out
 }
 
-// forgetAt is the size beyond which old keys are swept out as new ones come.
-const forgetAt = 256
-
-// throttleLimit bounds a throttle's keys by default.
-const throttleLimit = 65536
+const (
+	forgetAt      = 256   // the size beyond which old keys are swept out as new ones come
+	throttleLimit = 65536 // bounds a throttle's keys by default
+)
 
 // allow reports whether key's last event is at least every ago (every <=
 // keep), and if so records now as its last.

@@ -14,9 +14,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// RefreshTokenUseCase hands out a connection's access token, refreshing it
-// at most once per expiry however many callers race for it. It is safe for
-// concurrent use.
+// RefreshTokenUseCase hands out access tokens, refreshing each at most once
+// per expiry however many callers race for it; safe for concurrent use.
 type RefreshTokenUseCase struct {
 	store     TokenStore
 	refresher Refresher
@@ -54,17 +53,13 @@ func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t d
 	if state == hit {
 		return s.tok, nil
 	}
-	var cached *snapshot // the cached token, known to be stale
-	if state == stale {
-		cached = s
-	}
 	ctx, span := u.opts.Tracer.Start(ctx, StepToken, connection)
 	if err = ctx.Err(); err != nil {
 		_, err = endToken(span, connection, nil, err)
 		return t, err
 	}
 	fl := u.flights.join(ctx, connection, func(ctx context.Context) (domain.Token, error) {
-		return u.load(ctx, connection, cached)
+		return u.load(ctx, connection, s) // s: nil, or the cached token known to be stale
 	})
 	if ctx.Done() == nil { // flights.wait, with no select: one frame less on the way
 		<-fl.done
@@ -135,8 +130,7 @@ func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection strin
 	return t, nil
 }
 
-// Invalidate drops cached copies of connection's token older than version,
-// which another process stored.
+// Invalidate drops cached copies of connection's token older than version, stored by another process.
 func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.opts.Observer.Invalidated()
 	u.cache.knew(connection, version, true)
@@ -151,16 +145,26 @@ func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 }
 
 // load reads the stored token and refreshes it if stale; a token the cache
-// knows is stale (cached) is not read again outside the lock.
+// knows is stale (cached) is not read again outside the lock. A wait for
+// another holder's lease in that read is traced as a lock wait.
 func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cached *snapshot) (domain.Token, error) {
 	epoch := u.cache.begin()
 	var seen domain.Token
 	if cached != nil {
 		seen = cached.tok
 	} else {
-		t, done, err := u.read(ctx, connection)
+		var span Span
+		t, done, err := u.look(ctx, connection, time.Now(), u.stale, false, func() {
+			_, span = u.opts.Tracer.Start(ctx, StepLockWait, connection)
+		})
+		if span != nil {
+			span.End(Facts{Waited: true}, err)
+		}
 		if errors.Is(err, errAnswerPending) && usable(t, u.opts.Clock.Now()) {
 			return t, nil // served, not cached: the next caller looks again
+		}
+		if err == nil && t.Status == domain.StatusNeedsReauth {
+			err = needsReauth(t)
 		}
 		if err != nil {
 			return domain.Token{}, err
@@ -183,26 +187,9 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 	return t, nil
 }
 
-// read is load's read outside the lock, done when the token is fresh; a
-// wait for another holder's lease is traced as a lock wait.
-func (u *RefreshTokenUseCase) read(ctx context.Context, connection string) (domain.Token, bool, error) {
-	var span Span
-	t, done, err := u.look(ctx, connection, time.Now(), u.stale, false, func() {
-		_, span = u.opts.Tracer.Start(ctx, StepLockWait, connection)
-	})
-	if span != nil {
-		span.End(Facts{Waited: true}, err)
-	}
-	if err == nil && t.Status == domain.StatusNeedsReauth {
-		return t, false, needsReauth(t)
-	}
-	return t, done, err
-}
-
 // refresh redeems connection's refresh token if the stored token is still
 // due, holding no database connection while the provider answers: claim
-// (lease under the lock), redeem (the provider call), keep (the
-// version-fenced write, rescued if it fails).
+// (lease under the lock), redeem (the provider call), keep (the fenced write).
 func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (domain.Token, error) {
 	var (
 		out domain.Token
@@ -223,13 +210,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		r, err = u.redeem(ctx, u.store, c)
 		out = r.tok
 	}
-	ev.ProviderLatency = r.latency
-	if err == nil && r.revoked != nil {
-		ev.Outcome, err = OutcomeInvalidGrant, r.revoked
-		u.opts.Logger.Error("connection needs re-authorisation: the provider rejected its grant",
-			"connection", connection, "reason", r.reason)
-		u.opts.OnNeedsReauth(connection, r.reason)
-	}
+	err = u.redeemEnded(&ev, r, err, u.opts.Logger.With("connection", connection))
 	var stillValid error // the failure a still-valid token is served through
 	if err != nil && !forced && untouched(err) && usable(current, u.opts.Clock.Now()) {
 		// The skew is there for this: serve the unexpired token, uncached.
@@ -265,16 +246,7 @@ type redeemed struct {
 	latency time.Duration // of the provider call
 }
 
-// providerOutcome names how a provider call ended, for its span.
-func providerOutcome(err error) RefreshOutcome {
-	if errors.Is(err, domain.ErrGrantRevoked) {
-		return OutcomeInvalidGrant
-	}
-	return outcome(err)
-}
-
-// clientSide: the client or its configuration is wrong, not the grant; the
-// refresh token was not spent.
+// clientSide: the client or its configuration is wrong, not the grant; the refresh token was not spent.
 func clientSide(err error) bool {
 	return errors.Is(err, domain.ErrClientRejected) || errors.Is(err, domain.ErrEndpointMisconfigured)
 }
@@ -286,8 +258,7 @@ func untouched(err error) bool {
 		errors.Is(err, domain.ErrTokenBudgetSpent) || clientSide(err)
 }
 
-// clientFailed closes t's provider's client gate and tells operators, at
-// most once a minute per connection, which setting to check.
+// clientFailed closes t's provider's client gate and tells operators (once a minute a connection) what to check.
 func (u *RefreshTokenUseCase) clientFailed(t domain.Token, settings uint64, err error) {
 	now := u.opts.Clock.Now()
 	u.provider(t.Provider).gate.reject(now, settings, err)
@@ -305,16 +276,6 @@ func (u *RefreshTokenUseCase) clientFailed(t domain.Token, settings uint64, err 
 }
 
 const errorLineEvery = time.Minute
-
-// forceGap is the least time between two forced refreshes of t's
-// connection: ForceInterval, or half t's lifetime if shorter.
-func (u *RefreshTokenUseCase) forceGap(t domain.Token) time.Duration {
-	life := t.Expiry.Sub(t.ObtainedAt)
-	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() || life <= 0 {
-		return u.opts.ForceInterval
-	}
-	return min(u.opts.ForceInterval, life/2)
-}
 
 // usable reports whether t is active and unexpired at now (skew aside).
 func usable(t domain.Token, now time.Time) bool {
