@@ -46,10 +46,9 @@ const (
 
 // outcome names how a pass that did not store a dead grant ended.
 func outcome(err error) RefreshOutcome {
-	if _, ok := paced(err); ok {
+	switch _, isPaced := paced(err); {
+	case isPaced:
 		return OutcomeUnclassified
-	}
-	switch {
 	case err == nil:
 		return OutcomeOK
 	case errors.Is(err, domain.ErrRefreshFailing):

@@ -211,7 +211,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 		out = r.tok
 	}
 	err = u.redeemEnded(&ev, r, err, u.opts.Logger.With("connection", connection))
-	var stillValid error // the failure a still-valid token is served through
+	ev.Err = err // also when a still-valid token is served through it
 	if err != nil && !forced && untouched(err) && usable(current, u.opts.Clock.Now()) {
 		// The skew is there for this: serve the unexpired token, uncached.
 		if errors.Is(err, domain.ErrProviderUnavailable) && !errors.Is(err, domain.ErrRefreshFailing) {
@@ -219,12 +219,9 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 				"connection", connection, "version", current.Version,
 				"expires_in", current.Expiry.Sub(u.opts.Clock.Now()).Round(time.Millisecond), "err", err)
 		}
-		stillValid, out, err = err, current, nil
+		out, err = current, nil
 	}
-	if ev.Outcome == "" {
-		ev.Outcome = outcome(cmp.Or(err, stillValid))
-	}
-	ev.NewVersion, ev.Err = out.Version, cmp.Or(err, stillValid)
+	ev.Outcome, ev.NewVersion = cmp.Or(ev.Outcome, outcome(ev.Err)), out.Version
 	u.observe(ev)
 	span.End(ev.facts(c.other), ev.Err)
 	if err != nil {
