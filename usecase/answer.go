@@ -110,12 +110,6 @@ func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (do
 	return out, nil
 }
 
-// answered: the provider answered the call that ended with err.
-func answered(err error) bool {
-	var pe *domain.ProviderError
-	return err == nil || (errors.As(err, &pe) && pe.HTTPStatus != 0)
-}
-
 // probe presents a refresh token that cannot exist: any 2xx-4xx answer
 // but 429 says the provider processes requests again, so a request of ours
 // whose answer was lost has been answered or dropped.

@@ -45,8 +45,9 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	// The slot bounds the calls at the provider: the next one may start
 	// while this answer is written.
 	c.release()
-	if answered(err) {
-		p.hung.pause.Succeed()
+	var answer *domain.ProviderError
+	if err == nil || (errors.As(err, &answer) && answer.HTTPStatus != 0) {
+		p.hung.pause.Succeed() // the provider answered
 	}
 	if err != nil && !errors.Is(err, domain.ErrGrantRevoked) {
 		c.note(u.why(err))
