@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"slices"
 	"strings"
+	"time"
 )
 
 // Scope is one thing an API key may do; every route names the one it needs.
@@ -23,6 +24,18 @@ const (
 
 // AllScopes are the scopes there are, in the order they are documented.
 var AllScopes = []Scope{ScopeConnectionsRead, ScopeTokenRead, ScopeAPICall, ScopeConnect, ScopeAdmin}
+
+// ErrKeyExists: an API key by that name exists already.
+var ErrKeyExists = errors.New("an API key with that name exists")
+
+// APIKey is a stored key as an operator sees it: never the key itself.
+type APIKey struct {
+	ID         int32
+	Name       string
+	CreatedAt  time.Time
+	LastUsedAt *time.Time
+	Access     KeyAccess // what it may do (Scopes and Connections nil: everything)
+}
 
 // ErrInvalidKeyAccess: an API key's scopes or connection patterns are malformed. Nothing was stored.
 var ErrInvalidKeyAccess = errors.New("invalid API key scopes or connection patterns")

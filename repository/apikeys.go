@@ -8,7 +8,6 @@ import (
 	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"maps"
 	"slices"
@@ -19,19 +18,6 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 )
-
-// ErrKeyExists: an API key by that name exists already.
-var ErrKeyExists = errors.New("an API key with that name exists")
-
-// APIKey is a stored key as an operator sees it: never the key itself.
-type APIKey struct {
-	ID         int32
-	Name       string
-	CreatedAt  time.Time
-	LastUsedAt *time.Time
-	// Access is what it may do (Scopes and Connections nil: everything).
-	Access domain.KeyAccess
-}
 
 // keyRow is api_keys as read (keyColumns): the arrays as JSON, NULL as null.
 type keyRow struct {
@@ -73,7 +59,7 @@ func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
 
 // Create stores a new key under name with what it may do (a.Scopes and
 // a.Connections nil: everything; a.ID and a.Name are ignored) and returns
-// the key, which only its hash is kept of; ErrKeyExists if name is taken.
+// the key, which only its hash is kept of; domain.ErrKeyExists if name is taken.
 func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (domain.Secret, error) {
 	if err := domain.ValidateName(name); err != nil {
 		return domain.Secret{}, fmt.Errorf("API key name: %w", err)
@@ -102,16 +88,16 @@ func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (
 	res := k.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
 VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
 		name, hashParam(key), stringArray(scopes), stringArray(a.Connections))
-	if err := changedRow(ctx, "create API key", res, fmt.Errorf("API key %q: %w", name, ErrKeyExists)); err != nil {
+	if err := changedRow(ctx, "create API key", res, fmt.Errorf("API key %q: %w", name, domain.ErrKeyExists)); err != nil {
 		return domain.Secret{}, err
 	}
 	return key, nil
 }
 
 // List returns every key, by name.
-func (k *APIKeys) List(ctx context.Context) ([]APIKey, error) {
-	return allRows(ctx, k.db, "list API keys", func(r keyRow) (APIKey, error) {
-		return APIKey{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt, Access: r.access()}, nil
+func (k *APIKeys) List(ctx context.Context) ([]domain.APIKey, error) {
+	return allRows(ctx, k.db, "list API keys", func(r keyRow) (domain.APIKey, error) {
+		return domain.APIKey{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt, Access: r.access()}, nil
 	}, "SELECT "+keyColumns+" FROM tokenguard_api_keys ORDER BY name")
 }
 

@@ -26,7 +26,7 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 	if !strings.HasPrefix(key.Reveal(), "tgk_") || len(key.Reveal()) != 4+43 {
 		t.Fatalf("key shape: %d chars", len(key.Reveal()))
 	}
-	if _, err := keys.Create(ctx, "ci", domain.KeyAccess{}); !errors.Is(err, repository.ErrKeyExists) {
+	if _, err := keys.Create(ctx, "ci", domain.KeyAccess{}); !errors.Is(err, domain.ErrKeyExists) {
 		t.Errorf("second key named ci: %v", err)
 	}
 	// Only the hash is stored.

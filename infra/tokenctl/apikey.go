@@ -10,7 +10,6 @@ import (
 	"text/tabwriter"
 
 	"github.com/tokenguard/tokenguard/domain"
-	"github.com/tokenguard/tokenguard/repository"
 )
 
 const apikeyUsage = `usage:
@@ -22,12 +21,12 @@ const apikeyUsage = `usage:
   tokenctl apikey list                 show keys: name, created, last used, scopes, connection patterns (never the key)
   tokenctl apikey revoke --name NAME   delete the key; the server refuses it within 2 s`
 
-// KeyStore is the server's API keys as the operator sees them (repository.APIKeys).
+// KeyStore is the server's API keys as the operator sees them.
 type KeyStore interface {
 	// Create makes key name with access (nil scopes or connections: every);
-	// repository.ErrKeyExists if the name is taken.
+	// domain.ErrKeyExists if the name is taken.
 	Create(ctx context.Context, name string, access domain.KeyAccess) (domain.Secret, error)
-	List(ctx context.Context) ([]repository.APIKey, error)
+	List(ctx context.Context) ([]domain.APIKey, error)
 	// Revoke deletes the key; domain.ErrNotFound if there is none.
 	Revoke(ctx context.Context, name string) error
 }
@@ -66,7 +65,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 		case "create":
 			key, err := store.Create(ctx, name, access)
 			switch {
-			case errors.Is(err, repository.ErrKeyExists):
+			case errors.Is(err, domain.ErrKeyExists):
 				return fail(exitUsage, "create: a key named %q exists; revoke it first or pick another name", name)
 			case err != nil:
 				return fail(exitFor(err, domain.ErrInvalidKeyAccess), "create: %v", err)
