@@ -19,7 +19,7 @@ import (
 // first failures the calls stop trying to connect for a while: 40 calls
 // make a handful of connection attempts, not one retry loop each.
 func TestUnreachableTokenEndpointIsPaused(t *testing.T) {
-	w := newWorld(t, sandbox.Options{AccessTokenLifespan: 4 * time.Second})
+	w := newWorld(t, sandbox.Options{})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -30,9 +30,14 @@ func TestUnreachableTokenEndpointIsPaused(t *testing.T) {
 	db := w.open(t, nil)
 	importer := newTokens(t, w, db)
 	ctx := context.Background()
-	if err := importer.Import(ctx, "acme", w.grant(t)); err != nil {
+	// The endpoint is never reached: the grant's times are the test's.
+	grant := w.grant(t)
+	before := time.Now()
+	grant.Expiry = before.Add(8 * time.Second)
+	if err := importer.Import(ctx, "acme", grant); err != nil {
 		t.Fatal(err)
 	}
+	imported := time.Now()
 
 	var dials atomic.Int64
 	hc := provider.NewHTTPClient(5 * time.Second)
@@ -45,14 +50,14 @@ func TestUnreachableTokenEndpointIsPaused(t *testing.T) {
 	hc.Transport = tr
 	away := *w.oauth
 	away.Endpoint = sandbox.Endpoint("http://" + closed)
-	tg, err := tokenguard.New(db, &away, tokenguard.WithSkew(3*time.Second), tokenguard.WithHTTPClient(hc))
+	tg, err := tokenguard.New(db, &away, tokenguard.WithSkew(time.Minute), tokenguard.WithHTTPClient(hc))
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tg.Close(ctx)
 
-	// Due (the skew is capped at half the 4 s lifetime), still valid.
-	time.Sleep(2100 * time.Millisecond)
+	// Due (the skew is capped at half the 8 s lifetime), valid for ~4 s more.
+	time.Sleep(time.Until(imported.Add(4*time.Second + 100*time.Millisecond)))
 	served := 0
 	for range 40 {
 		tok, err := tg.Token(ctx, "acme")
@@ -71,14 +76,14 @@ func TestUnreachableTokenEndpointIsPaused(t *testing.T) {
 	}
 
 	// Expired: the calls fail, as the provider being unavailable.
-	time.Sleep(2 * time.Second)
-	before := dials.Load()
+	time.Sleep(time.Until(grant.Expiry.Add(100 * time.Millisecond)))
+	dialed := dials.Load()
 	for range 20 {
 		if _, err := tg.Token(ctx, "acme"); !errors.Is(err, tokenguard.ErrProviderUnavailable) {
 			t.Fatalf("expired token, endpoint unreachable: err = %v, want ErrProviderUnavailable", err)
 		}
 	}
-	if n := dials.Load() - before; n > 2*provider.DefaultPauseAfter {
+	if n := dials.Load() - dialed; n > 2*provider.DefaultPauseAfter {
 		t.Errorf("20 calls made %d connection attempts to the unreachable endpoint, want a few (paused)", n)
 	}
 	if st := w.provider.Stats(); st.Refreshes != 0 {
