@@ -270,64 +270,77 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		}
 		secret = &s
 	}
-	return withOpen(ctx, backend.OpenProviders, fail, func(store ProviderStore) int {
-		failed := func(err error) int {
-			return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
-				domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", cmd, err)
+	in := providerInput{cmd: cmd, args: rest, flags: f, tokenURL: given.TokenURL, clientKey: clientKey, secret: secret}
+	return withOpen(ctx, backend.OpenProviders, fail, func(store ProviderStore) int { return in.run(ctx, store, stdio, fail) })
+}
+
+// providerInput is a provider command line, checked before the store is opened.
+type providerInput struct {
+	cmd               string
+	args              []string // parsed again into the provider by apply
+	flags             providerFlags
+	tokenURL          string
+	clientKey, secret *domain.Secret // read from the key file and stdin, if given
+}
+
+// run makes in's change to store.
+func (in providerInput) run(ctx context.Context, store ProviderStore, stdio IO, fail failFunc) int {
+	failed := func(err error) int {
+		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
+			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", in.cmd, err)
+	}
+	// change applies the command line to p, refusing a URL secrets would reach in the clear.
+	change := func(p *domain.Provider) error {
+		if err := apply(p, in.args, in.cmd == "update", in.clientKey, in.secret); err != nil {
+			return err
 		}
-		// change applies the command line to p, refusing a URL secrets would reach in the clear.
-		change := func(p *domain.Provider) error {
-			if err := apply(p, rest, cmd == "update", clientKey, secret); err != nil {
-				return err
-			}
-			if field, err := p.CheckURLs(store.AllowInsecureURLs()); err != nil {
-				return &errInsecure{flag: urlFlags[field], err: err}
-			}
-			return nil
+		if field, err := p.CheckURLs(store.AllowInsecureURLs()); err != nil {
+			return &errInsecure{flag: urlFlags[field], err: err}
 		}
-		switch cmd {
-		case "add":
-			p := domain.Provider{Name: f.name, AuthStyle: domain.AuthStyleAuto}
-			if f.profile != "" {
-				if err := f.fromProfile(&p, given.TokenURL); err != nil {
-					return failed(err)
-				}
-			}
-			if err := change(&p); err != nil {
+		return nil
+	}
+	switch in.cmd {
+	case "add":
+		p := domain.Provider{Name: in.flags.name, AuthStyle: domain.AuthStyleAuto}
+		if in.flags.profile != "" {
+			if err := in.flags.fromProfile(&p, in.tokenURL); err != nil {
 				return failed(err)
 			}
-			p, err := store.Add(ctx, p)
-			if err != nil {
-				return failed(err)
-			}
-			fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
+		}
+		if err := change(&p); err != nil {
+			return failed(err)
+		}
+		p, err := store.Add(ctx, p)
+		if err != nil {
+			return failed(err)
+		}
+		fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
+		warnPlaintext(store, stdio)
+	case "update":
+		p, err := store.Update(ctx, in.flags.name, change)
+		if err != nil {
+			return failed(err)
+		}
+		what := "settings"
+		if in.secret != nil {
+			what = "settings and client secret"
+		}
+		fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
+		if in.secret != nil {
 			warnPlaintext(store, stdio)
-		case "update":
-			p, err := store.Update(ctx, f.name, change)
-			if err != nil {
-				return failed(err)
-			}
-			what := "settings"
-			if secret != nil {
-				what = "settings and client secret"
-			}
-			fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
-			if secret != nil {
-				warnPlaintext(store, stdio)
-			}
-		case "remove":
-			if err := store.Remove(ctx, f.name); err != nil {
-				if errors.Is(err, domain.ErrProviderInUse) {
-					return fail(exitUsage, "remove: %v; import their grants under another provider first", err)
-				}
-				return failed(err)
-			}
-			fmt.Fprintf(stdio.Stdout, "removed provider %s\n", f.name)
-		case "list":
-			return listProviders(ctx, store, stdio, fail)
 		}
-		return exitOK
-	})
+	case "remove":
+		if err := store.Remove(ctx, in.flags.name); err != nil {
+			if errors.Is(err, domain.ErrProviderInUse) {
+				return fail(exitUsage, "remove: %v; import their grants under another provider first", err)
+			}
+			return failed(err)
+		}
+		fmt.Fprintf(stdio.Stdout, "removed provider %s\n", in.flags.name)
+	case "list":
+		return listProviders(ctx, store, stdio, fail)
+	}
+	return exitOK
 }
 
 // readClientKey reads and checks a PEM private key for private_key_jwt; errors never quote the file.
