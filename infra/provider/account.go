@@ -29,7 +29,21 @@ type AccountSource struct {
 // Account returns the account id, "" when it cannot be known.
 func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (id string, err error) {
 	if raw, ok := tok.Extra("id_token").(string); ok && raw != "" {
-		id, err = idTokenSubject(raw)
+		parts := strings.Split(raw, ".")
+		if len(parts) != 3 {
+			return "", errors.New("id_token is not a JWT")
+		}
+		payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
+		if err != nil {
+			return "", errors.New("id_token payload is not base64url")
+		}
+		var claims struct {
+			Sub string `json:"sub"`
+		}
+		if err := json.Unmarshal(payload, &claims); err != nil || claims.Sub == "" {
+			return "", errors.New("id_token has no sub claim")
+		}
+		id = claims.Sub
 	} else if a.UserInfoURL != "" {
 		id, err = a.userInfo(ctx, tok)
 	}
@@ -41,24 +55,6 @@ func (a AccountSource) Account(ctx context.Context, tok *oauth2.Token) (id strin
 		return "", err
 	}
 	return id, nil
-}
-
-func idTokenSubject(raw string) (string, error) {
-	parts := strings.Split(raw, ".")
-	if len(parts) != 3 {
-		return "", errors.New("id_token is not a JWT")
-	}
-	payload, err := base64.RawURLEncoding.DecodeString(strings.TrimRight(parts[1], "="))
-	if err != nil {
-		return "", errors.New("id_token payload is not base64url")
-	}
-	var claims struct {
-		Sub string `json:"sub"`
-	}
-	if err := json.Unmarshal(payload, &claims); err != nil || claims.Sub == "" {
-		return "", errors.New("id_token has no sub claim")
-	}
-	return claims.Sub, nil
 }
 
 func (a AccountSource) userInfo(ctx context.Context, tok *oauth2.Token) (string, error) {

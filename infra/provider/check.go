@@ -43,9 +43,7 @@ type CheckResult struct {
 	Code       string   // of the last answer, as reported
 	Media      string   // of the last answer
 	Err        error    // why no answer came (CheckUnreachable)
-	// Learned: an ambiguous refusal that did not refuse the client, which
-	// RecordCheck keeps as the answer to a dead grant.
-	Learned bool
+	Learned    bool     // an ambiguous refusal not refusing the client, kept as a dead grant's answer
 }
 
 // OK reports whether the endpoint accepted the client.
@@ -94,23 +92,27 @@ func (r CheckResult) String() string {
 	return fmt.Sprintf("inconclusive: %s answered %s; the client could not be judged (try again later)", r.URL, answer)
 }
 
-// Check asks cfg's token endpoint whether it accepts the client with a
-// made-up refresh token, sent as a refresher does: the client is
-// authenticated before the grant is looked at (RFC 6749 §5.2). In auto it
-// tries HTTP Basic, then the form body. client may be nil (NewHTTPClient);
-// opts authenticate the client as its token requests do (ClientOptions).
+// Check asks cfg's token endpoint whether it accepts the client with a made-up
+// refresh token, sent as a refresher does: the client is authenticated before the
+// grant is looked at (RFC 6749 §5.2). In auto it tries HTTP Basic, then the form
+// body. client may be nil; opts authenticate the client as in ClientOptions.
 func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ...Option) CheckResult {
 	styles := []oauth2.AuthStyle{cfg.Endpoint.AuthStyle}
 	if cfg.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
 		styles = []oauth2.AuthStyle{oauth2.AuthStyleInHeader, oauth2.AuthStyleInParams}
 	}
 	r := NewRefresher(cfg, client, opts...)
+	shown := "OAUTH_TOKEN_URL" // without credentials and query
+	if u, err := url.Parse(cfg.Endpoint.TokenURL); err == nil {
+		u.User, u.RawQuery, u.Fragment = nil, "", ""
+		shown = u.String()
+	}
 	var res CheckResult
 	for _, style := range styles {
 		a, _, pe := r.exchange(ctx, refreshForm("tokenguard-check-"+rand.Text()), style, true)
 		media, _, _ := mime.ParseMediaType(a.header.Get("Content-Type"))
 		status := a.status
-		res = CheckResult{URL: displayURL(cfg.Endpoint.TokenURL), Styles: append(res.Styles, styleName(style)), HTTPStatus: status, Media: media}
+		res = CheckResult{URL: shown, Styles: append(res.Styles, styleName(style)), HTTPStatus: status, Media: media}
 		if pe != nil {
 			res.Code = pe.Code
 		}
@@ -131,8 +133,9 @@ func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ..
 			res.Verdict = CheckClientRejected
 		case status/100 == 5, status == http.StatusTooManyRequests:
 			res.Verdict = CheckInconclusive
-		case !looksJSON(media, a.body[:min(64, len(a.body))]):
-			res.Verdict = CheckNotJSON
+		case media != "application/json" && !strings.HasSuffix(media, "+json") &&
+			(media == "text/html" || !bytes.HasPrefix(bytes.TrimSpace(a.body[:min(64, len(a.body))]), []byte("{"))):
+			res.Verdict = CheckNotJSON // neither a JSON media type nor a body opening like a JSON object
 		default:
 			// Includes a token issued for the made-up refresh token.
 			res.Verdict = CheckInconclusive
@@ -142,24 +145,6 @@ func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ..
 		}
 	}
 	return res
-}
-
-// looksJSON: a JSON media type, or a body that opens like a JSON object.
-func looksJSON(media string, body []byte) bool {
-	if media == "application/json" || strings.HasSuffix(media, "+json") {
-		return true
-	}
-	return media != "text/html" && bytes.HasPrefix(bytes.TrimSpace(body), []byte("{"))
-}
-
-// displayURL drops credentials and query from a URL before it is shown.
-func displayURL(s string) string {
-	u, err := url.Parse(s)
-	if err != nil {
-		return "OAUTH_TOKEN_URL"
-	}
-	u.User, u.RawQuery, u.Fragment = nil, "", ""
-	return u.String()
 }
 
 // RecordCheck keeps res in s as the endpoint's fingerprint (see weigh);

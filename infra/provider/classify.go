@@ -2,6 +2,7 @@ package provider
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -23,10 +24,9 @@ import (
 )
 
 // codes is what each token endpoint error code means for the grant. Any other
-// code is reported as "unrecognized_error": a hostile provider could put
-// anything in it, the credentials it was sent included. Only GrantDead rows
-// can mark a connection needs_reauth, so each says the refresh token is dead.
-// invalid_request and invalid_scope are about our request or registration.
+// code is reported as "unrecognized_error": a hostile provider could put anything
+// in it, the credentials it was sent included. Only GrantDead rows can mark a
+// connection needs_reauth, so each says the refresh token is dead.
 var codes = map[string]domain.ErrorClass{
 	// RFC 6749 §5.2.
 	"invalid_grant":          domain.GrantDead,
@@ -105,10 +105,9 @@ type answer struct {
 	sent   time.Time
 }
 
-// post sends form to endpoint and reads the answer; a *url.Error names the
-// method and URL, never the form. With spends (a refresh), a failure also
-// says whether the provider may have processed the request (Lost) and
-// whether ctx ended it.
+// post sends form to endpoint and reads the answer; a *url.Error names the method
+// and URL, never the form. With spends (a refresh), a failure also says whether
+// the provider may have processed the request (Lost) and whether ctx ended it.
 func (c clientAuth) post(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle, spends bool) (answer, *domain.ProviderError) {
 	req, err := c.request(ctx, endpoint, form, style)
 	if err != nil {
@@ -137,8 +136,7 @@ func (c clientAuth) post(ctx context.Context, endpoint string, form url.Values, 
 	return a, nil
 }
 
-// exchange sends one token request with form in style and judges the answer;
-// errors are free of secrets.
+// exchange sends one token request in style and judges the answer; errors are free of secrets.
 func (r *Refresher) exchange(ctx context.Context, form url.Values, style oauth2.AuthStyle, spends bool) (answer, domain.Grant, *domain.ProviderError) {
 	a, pe := r.auth.post(ctx, r.cfg.Endpoint.TokenURL, maps.Clone(form), style, spends)
 	if pe != nil {
@@ -148,14 +146,14 @@ func (r *Refresher) exchange(ctx context.Context, form url.Values, style oauth2.
 	return a, g, pe
 }
 
-// refreshForm is a refresh request's form; checks make up a token that
-// cannot exist ("tokenguard-check-" and random text).
+// refreshForm is a refresh request's form; checks make up a token that cannot
+// exist ("tokenguard-check-" and random text).
 func refreshForm(refreshToken string) url.Values {
 	return url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken}}
 }
 
-// judge turns an answer into a grant or a classified error; lifetimes count
-// from when it was sent, erring early.
+// judge turns an answer into a grant or a classified error; lifetimes count from
+// when it was sent, erring early.
 func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
 	status := a.status
 	f, parsed := parseAnswer(a.header.Get("Content-Type"), a.body)
@@ -203,7 +201,6 @@ func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
 	return domain.Grant{}, pe
 }
 
-// grant reads a successful answer.
 func (r *Refresher) grant(f fields, sent time.Time) domain.Grant {
 	g := domain.Grant{
 		AccessToken:  domain.NewSecret(f.str("access_token")),
@@ -243,15 +240,8 @@ func (r *Refresher) grant(f fields, sent time.Time) domain.Grant {
 
 // tokenType spells the type as RFC 6750 and x/oauth2 do.
 func tokenType(t string) string {
-	switch strings.ToLower(t) {
-	case "", "bearer":
-		return "Bearer"
-	case "mac":
-		return "MAC"
-	case "basic":
-		return "Basic"
-	}
-	return t
+	spelled := map[string]string{"": "Bearer", "bearer": "Bearer", "mac": "MAC", "basic": "Basic"}
+	return cmp.Or(spelled[strings.ToLower(t)], t)
 }
 
 // fields is a parsed answer: JSON values, or form values as JSON strings.
@@ -280,11 +270,8 @@ func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
 }
 
 // str is the string value of k; "" when absent or not a string.
-func (f fields) str(k string) string {
-	var s string
-	if json.Unmarshal(f[k], &s) != nil {
-		return ""
-	}
+func (f fields) str(k string) (s string) {
+	_ = json.Unmarshal(f[k], &s)
 	return s
 }
 
@@ -309,15 +296,10 @@ func (f fields) refreshLifetime() (time.Duration, bool) {
 
 // lifetime reads seconds as a JSON number or a string (Microsoft Entra).
 func (f fields) lifetime(k string) (time.Duration, bool) {
-	raw := f[k]
 	var secs float64
-	if json.Unmarshal(raw, &secs) != nil {
-		var s string
-		if json.Unmarshal(raw, &s) != nil {
-			return 0, false
-		}
+	if json.Unmarshal(f[k], &secs) != nil {
 		var err error
-		if secs, err = strconv.ParseFloat(strings.TrimSpace(s), 64); err != nil {
+		if secs, err = strconv.ParseFloat(strings.TrimSpace(f.str(k)), 64); err != nil {
 			return 0, false
 		}
 	}

@@ -17,8 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// WithClientKey authenticates the client with private_key_jwt (RFC 7523
-// §2.2): a fresh assertion signed with k for the token URL.
+// WithClientKey authenticates the client with private_key_jwt (RFC 7523 §2.2).
 func WithClientKey(k *clientkey.Key) Option { return func(r *Refresher) { r.auth.key = k } }
 
 var errNoIssuer = errors.New("the provider's metadata, whose issuer is the client assertions' audience, cannot be read")
@@ -48,8 +47,7 @@ func storedKey(p domain.Provider) (*clientkey.Key, error) {
 	return clientkey.ParsePEM([]byte(p.ClientKey.Reveal()))
 }
 
-// issuerFinder is d when the assertions of a client with key go to the
-// issuer under prof, else nil (the token URL).
+// issuerFinder is d when prof sends a keyed client's assertions to the issuer.
 func issuerFinder(key *clientkey.Key, prof profiles.Profile, d *Discovery) *Discovery {
 	if key != nil && prof.AssertionAud == domain.AudienceIssuer {
 		return d
@@ -68,69 +66,59 @@ type clientAuth struct {
 	now        func() time.Time
 }
 
-// request is a form POST to endpoint with the resource indicator if any, the
-// client authenticated with an assertion when it has a key, else with its
-// secret in style.
+// request is a form POST to endpoint, the client authenticated with an assertion
+// when it has a key, else with its secret in style.
 func (c clientAuth) request(ctx context.Context, endpoint string, form url.Values, style oauth2.AuthStyle) (*http.Request, error) {
 	if c.resource != "" {
 		form.Set("resource", c.resource)
 	}
-	if c.key == nil {
-		if style == oauth2.AuthStyleInParams {
-			form.Set("client_id", c.id)
-			if c.secret != "" {
-				form.Set("client_secret", c.secret)
+	encode := func() (string, error) { return form.Encode(), nil }
+	if c.key != nil {
+		aud := c.tokenURL
+		if c.issuer != nil {
+			m, ok := c.issuer.Find(ctx, c.tokenURL)
+			if !ok {
+				return nil, errNoIssuer
 			}
+			aud = m.Issuer
 		}
-		req, err := formPost(ctx, endpoint, form.Encode())
-		if err == nil && style == oauth2.AuthStyleInHeader {
-			// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
-			req.SetBasicAuth(url.QueryEscape(c.id), url.QueryEscape(c.secret))
+		form.Set("client_id", c.id)
+		form.Set("client_assertion_type", clientkey.AssertionType)
+		// Each copy of the body (a resend with a DPoP nonce) has an assertion of
+		// its own, of the same length: servers refuse a repeated jti as a replay.
+		encode = func() (string, error) {
+			assertion, err := c.key.Assertion(c.id, aud, c.now())
+			if err != nil {
+				return "", err
+			}
+			f := maps.Clone(form)
+			f.Set("client_assertion", assertion)
+			return f.Encode(), nil
 		}
-		return req, err
+	} else if style == oauth2.AuthStyleInParams {
+		form.Set("client_id", c.id)
+		if c.secret != "" {
+			form.Set("client_secret", c.secret)
+		}
 	}
-	aud := c.tokenURL
-	if c.issuer != nil {
-		m, ok := c.issuer.Find(ctx, c.tokenURL)
-		if !ok {
-			return nil, errNoIssuer
-		}
-		aud = m.Issuer
-	}
-	form.Set("client_id", c.id)
-	form.Set("client_assertion_type", clientkey.AssertionType)
-	// Each copy of the body (a resend with a DPoP nonce) has an assertion of
-	// its own, of the same length: servers refuse a repeated jti as a replay.
-	encode := func() (string, error) {
-		assertion, err := c.key.Assertion(c.id, aud, c.now())
-		if err != nil {
-			return "", err
-		}
-		f := maps.Clone(form)
-		f.Set("client_assertion", assertion)
-		return f.Encode(), nil
-	}
-	first, err := encode()
+	body, err := encode()
 	if err != nil {
 		return nil, err
 	}
-	req, err := formPost(ctx, endpoint, first)
-	if err != nil {
-		return nil, err
-	}
-	req.GetBody = func() (io.ReadCloser, error) {
-		b, err := encode()
-		return io.NopCloser(strings.NewReader(b)), err
-	}
-	return req, nil
-}
-
-func formPost(ctx context.Context, endpoint, body string) (*http.Request, error) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodPost, endpoint, strings.NewReader(body))
 	if err != nil {
 		return nil, err
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
+	if c.key != nil {
+		req.GetBody = func() (io.ReadCloser, error) {
+			b, err := encode()
+			return io.NopCloser(strings.NewReader(b)), err
+		}
+	} else if style == oauth2.AuthStyleInHeader {
+		// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
+		req.SetBasicAuth(url.QueryEscape(c.id), url.QueryEscape(c.secret))
+	}
 	return req, nil
 }

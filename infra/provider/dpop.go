@@ -13,8 +13,7 @@ import (
 // WithNonces shares the DPoP nonces with the rest of the process.
 func WithNonces(n *dpop.Nonces) Option { return func(r *Refresher) { r.nonces = n } }
 
-// proofKey opens a grant's DPoP key for the requests of one call. Errors
-// never show the key.
+// proofKey opens a grant's DPoP key for one call's requests; errors never show the key.
 func proofKey(ctx context.Context, key domain.Secret) (context.Context, error) {
 	k, err := dpop.ParsePEM([]byte(key.Reveal()))
 	if err != nil {
@@ -23,8 +22,7 @@ func proofKey(ctx context.Context, key domain.Secret) (context.Context, error) {
 	return dpop.WithKey(ctx, k), nil
 }
 
-// RefreshBound redeems a refresh token bound to key (PEM) with a DPoP proof
-// (RFC 9449 §5).
+// RefreshBound redeems a refresh token bound to key (PEM) with a DPoP proof (RFC 9449 §5).
 func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error) {
 	ctx, err := proofKey(ctx, key)
 	if err != nil {
@@ -33,8 +31,7 @@ func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshTok
 	return r.Refresh(ctx, provider, refreshToken)
 }
 
-// ExchangeBound redeems an authorization code with a proof of key, which
-// the grant is then bound to.
+// ExchangeBound redeems an authorization code with a proof of key, binding the grant to it.
 func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectURL, verifier string, key domain.Secret) (domain.Grant, *oauth2.Token, error) {
 	ctx, err := proofKey(ctx, key)
 	if err != nil {
@@ -43,8 +40,7 @@ func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectUR
 	return r.Exchange(ctx, provider, code, redirectURL, verifier)
 }
 
-// DPoP reports whether provider ("" the configuration's: dflt) requires
-// DPoP-bound grants.
+// DPoP reports whether provider ("" the configuration's: dflt) requires DPoP-bound grants.
 func (r *Registry) DPoP(provider string, dflt bool) bool {
 	if provider == "" {
 		return dflt

@@ -13,21 +13,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// Some refusals could be about the client or the grant (Dex answers a dead
-// refresh token 400 invalid_request). Fleet-wide evidence decides them, in
-// order (docs/design.md): 1. the fingerprint: the same answer to a made-up
-// refresh token, with the client not refused there and these credentials
-// known to work, makes it GrantDead; 2. a success in the same style within
-// clientWorksWithin makes it about the grant but not dead; 3. otherwise
-// Unclassified, never a refused client.
-
 const (
 	clientWorksWithin = time.Hour
 	workedEvery       = time.Minute // per process: the evidence is "within the hour"
 )
 
-// Fingerprint is a token endpoint's answer to a refresh token that cannot
-// exist.
+// Fingerprint is a token endpoint's answer to a refresh token that cannot exist.
 type Fingerprint struct {
 	HTTPStatus          int
 	Code                string // as reported (reportedCode)
@@ -56,8 +47,8 @@ type EvidenceStore interface {
 	SaveWorked(ctx context.Context, tokenURL, clientID, credentials, style string) error
 }
 
-// Credentials is the digest evidence is kept under (a new secret starts
-// with none); it reveals nothing of the secret.
+// Credentials is the digest evidence is kept under (a new secret starts with
+// none); it reveals nothing of the secret.
 func Credentials(cfg *oauth2.Config) string {
 	h := sha256.Sum256([]byte("tokenguard-evidence\x00" + cfg.ClientID + "\x00" + cfg.ClientSecret))
 	return hex.EncodeToString(h[:16])
@@ -87,6 +78,12 @@ func ambiguous(status int, code string) bool {
 	return status == http.StatusBadRequest && !known
 }
 
+// weigh decides a refusal that could be about the client or the grant (Dex
+// answers a dead refresh token 400 invalid_request) with fleet-wide evidence, in
+// order (docs/design.md): 1. the same answer to a made-up refresh token, the
+// client not refused there and these credentials known to work: GrantDead; 2. a
+// success in the same style within clientWorksWithin: about the grant but not
+// dead; 3. otherwise Unclassified, never a refused client.
 func (r *Refresher) weigh(ctx context.Context, pe *domain.ProviderError, style oauth2.AuthStyle) {
 	if !pe.Ambiguous {
 		return

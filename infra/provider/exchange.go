@@ -17,9 +17,9 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// Exchange redeems an authorization code (RFC 6749 §4.1.3, PKCE) as
-// refreshes are sent and read. The token shows every answer field in Extra.
-// Errors are *domain.ProviderError, free of secrets.
+// Exchange redeems an authorization code (RFC 6749 §4.1.3, PKCE) as refreshes are
+// sent and read; the token shows every answer field in Extra. Errors are
+// *domain.ProviderError, free of secrets.
 func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
 	form := url.Values{"grant_type": {"authorization_code"}, "code": {code}}
 	if redirectURL != "" {
@@ -73,8 +73,8 @@ func (r *Registry) profile(provider string) profiles.Profile {
 	return p
 }
 
-// AuthCodeOptions are the authorization parameters provider's profile adds,
-// and scopes joined with its separator where it is not a space.
+// AuthCodeOptions are the authorization parameters provider's profile adds, and
+// scopes joined with its separator where it is not a space.
 func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.AuthCodeOption {
 	p := r.profile(provider)
 	var out []oauth2.AuthCodeOption

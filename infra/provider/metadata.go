@@ -83,8 +83,8 @@ func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) 
 
 type candidate struct{ issuer, doc string }
 
-// candidates are tokenURL's possible metadata documents, longest issuer
-// first, in RFC 8414's and OpenID Connect's forms.
+// candidates are tokenURL's possible metadata documents, longest issuer first,
+// in RFC 8414's and OpenID Connect's forms.
 func candidates(tokenURL string) []candidate {
 	u, err := url.Parse(tokenURL)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {

@@ -40,13 +40,11 @@ func NewHTTPClient(timeout time.Duration) *http.Client {
 	}
 }
 
-// Refresher redeems refresh tokens at cfg's token endpoint; safe for
-// concurrent use. It does not use x/oauth2's TokenSource, whose auto-detection
-// resends after any failure a refresh token the provider may have spent.
-//
-// AutoDetect starts with the remembered style, else HTTP Basic (RFC 6749
-// §2.3.1), and switches style only when the client's authentication failed
-// (invalid_client, a 401): only then was the refresh token surely not looked at.
+// Refresher redeems refresh tokens at cfg's token endpoint; safe for concurrent
+// use. Not x/oauth2's TokenSource: its auto-detection resends after any failure a
+// refresh token the provider may have spent. AutoDetect starts with the remembered
+// style, else HTTP Basic (RFC 6749 §2.3.1), and switches only when the client's
+// authentication failed: only then was the refresh token surely not looked at.
 type Refresher struct {
 	cfg             *oauth2.Config
 	auth            clientAuth
@@ -74,8 +72,8 @@ type Refresher struct {
 	workedStyle oauth2.AuthStyle
 }
 
-// AuthStyleStore keeps the accepted auth style per token URL and client id,
-// so other processes need not probe. Load returns "" when nothing is stored.
+// AuthStyleStore keeps the accepted auth style per token URL and client id, so
+// other processes need not probe. Load returns "" when nothing is stored.
 type AuthStyleStore interface {
 	Load(ctx context.Context, tokenURL, clientID string) (string, error)
 	Save(ctx context.Context, tokenURL, clientID, style string) error
@@ -161,8 +159,8 @@ func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (do
 	return g, nil
 }
 
-// authenticated calls send in the configured style; in auto, once more in
-// the other style only when the client's authentication failed.
+// authenticated calls send in the configured style; in auto, once more in the
+// other style only when the client's authentication failed.
 func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func(oauth2.AuthStyle) *domain.ProviderError) *domain.ProviderError {
 	style := r.cfg.Endpoint.AuthStyle
 	auto := style == oauth2.AuthStyleAutoDetect
@@ -245,13 +243,7 @@ func styleName(s oauth2.AuthStyle) string {
 // AuthStyleOf is the x/oauth2 form of a style (StyleHeader, StyleParams;
 // anything else, private_key_jwt included, is auto).
 func AuthStyleOf(name string) oauth2.AuthStyle {
-	switch name {
-	case StyleHeader:
-		return oauth2.AuthStyleInHeader
-	case StyleParams:
-		return oauth2.AuthStyleInParams
-	}
-	return oauth2.AuthStyleAutoDetect
+	return map[string]oauth2.AuthStyle{StyleHeader: oauth2.AuthStyleInHeader, StyleParams: oauth2.AuthStyleInParams}[name]
 }
 
 // GrantFrom converts an x/oauth2 token from the authorization-code exchange.

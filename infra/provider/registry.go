@@ -26,8 +26,8 @@ type ProviderSource interface {
 
 // Registry redeems refresh tokens at the provider a connection names ("" the
 // configuration's), each through its own refresher; safe for concurrent use.
-// Providers are read by Load and again after Changed, so a rotated secret
-// needs no restart; an unknown name or a refused client reads them again too.
+// Providers are read by Load, after Changed (a rotated secret needs no restart),
+// an unknown name or a refused client.
 type Registry struct {
 	env        GrantRefresher
 	source     ProviderSource
@@ -114,8 +114,8 @@ func (r *Registry) Load(ctx context.Context) error {
 // OnChange calls fn with every provider a Load changed, once in effect.
 func (r *Registry) OnChange(fn func(name string)) { r.onChange.Store(&fn) }
 
-// Changed reads the providers again in the background; changes arriving
-// meanwhile cause one more read, not one each.
+// Changed reads the providers again in the background; changes arriving meanwhile
+// cause one more read, not one each.
 func (r *Registry) Changed(string) {
 	r.pending.Store(true)
 	if !r.running.CompareAndSwap(false, true) {
@@ -151,8 +151,7 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 	var pe *domain.ProviderError
 	if errors.As(err, &pe) && clientAuthFailed(pe) {
 		if cur, ok := r.all()[provider]; ok && cur.p.Version != reg.p.Version {
-			// The settings changed meanwhile and the refresh token was not
-			// looked at: it may go once more, with the new settings.
+			// The settings changed and the refresh token was not looked at: it may go again.
 			return cur.refresher.Refresh(ctx, refreshToken)
 		}
 		r.Changed(provider)
@@ -207,8 +206,8 @@ func (r *Registry) Provider(name string) (domain.Provider, bool) {
 	return reg.p, ok
 }
 
-// ClientConfig is the stored provider's registration, secret included, for
-// the connect flow (no RedirectURL).
+// ClientConfig is the stored provider's registration, secret included, for the
+// connect flow (no RedirectURL).
 func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
 	reg, err := r.lookup(ctx, name)
 	if err != nil {

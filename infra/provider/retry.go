@@ -30,19 +30,19 @@ type Policy struct {
 	Jitter          float64       // each wait from interval×[1-Jitter, 1+Jitter] (default 0.5; negative: none)
 	MaxAttempts     int           // the first included; 0: only the deadline bounds them
 	MaxElapsed      time.Duration // bounds the call when ctx has no deadline (default 30s)
-	// RetryWithin bounds when a new attempt may start, from the first (0:
-	// until the deadline); an attempt under way may run to ctx's deadline.
+	// RetryWithin bounds when a new attempt may start, from the first (0: until
+	// the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
-	// AttemptTimeout bounds one try (0: all the time left); below the
-	// provider's worst normal latency it loses answers (see Retrying).
+	// AttemptTimeout bounds one try (0: all the time left); below the provider's
+	// worst normal latency it loses answers (see Retrying).
 	AttemptTimeout time.Duration
-	// PauseAfter: tries in a row finding the endpoint unreachable before
-	// calls fail at once for a pause (default DefaultPauseAfter; negative: never).
+	// PauseAfter: tries in a row finding the endpoint unreachable before calls
+	// fail at once for a pause (default DefaultPauseAfter; negative: never).
 	PauseAfter int
 	Log        *slog.Logger // one line per retry, never a token; nil: none
-	// ReuseGrace decides whether a request whose answer was lost is sent
-	// again: Unknown, not within the call; None, never (NoReplay); a
-	// window, only within it from the first presentation (ReplayUntil).
+	// ReuseGrace decides whether a request whose answer was lost is sent again:
+	// Unknown, not within the call; None, never (NoReplay); a window, only within
+	// it from the first presentation (ReplayUntil).
 	ReuseGrace     profiles.Duration
 	ReplayHarmless bool // refresh tokens do not rotate: a lost answer's token may go again at once
 }
@@ -67,14 +67,10 @@ func (p Policy) withDefaults() Policy {
 	if p.Multiplier < 1 {
 		p.Multiplier = 2
 	}
-	switch {
-	case p.Jitter == 0:
+	if p.Jitter == 0 {
 		p.Jitter = 0.5
-	case p.Jitter < 0:
-		p.Jitter = 0
-	case p.Jitter > 1:
-		p.Jitter = 1
 	}
+	p.Jitter = min(max(p.Jitter, 0), 1)
 	if p.MaxElapsed <= 0 {
 		p.MaxElapsed = 30 * time.Second
 	}
@@ -85,13 +81,12 @@ func (p Policy) withDefaults() Policy {
 }
 
 // Retrying retries transient failures (ErrProviderUnavailable) with capped
-// exponential backoff and jitter; safe for concurrent use. An endpoint
-// unreachable PauseAfter times in a row is paused: calls fail at once.
-//
-// Every wait ends before ctx's deadline (Retry-After is a minimum), so
-// retries never outlast the connection's lock (backoff.Retry would sleep
-// past it). A retry after a lost answer may present a spent token, which
-// strict providers punish by revoking the grant: ReuseGrace decides.
+// exponential backoff and jitter; safe for concurrent use. An endpoint unreachable
+// PauseAfter times in a row is paused: calls fail at once. Every wait ends before
+// ctx's deadline (Retry-After is a minimum), so retries never outlast the
+// connection's lock (backoff.Retry would sleep past it). A retry after a lost
+// answer may present a spent token, which strict providers punish by revoking the
+// grant: ReuseGrace decides.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
@@ -141,25 +136,21 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			return g, nil
 		}
 		last = err
-		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) || r.paused(time.Now()) != nil {
-			return domain.Grant{}, attempts(attempt, err)
-		}
 		var pe *domain.ProviderError
-		if errors.As(err, &pe) && (pe.Class == domain.Unclassified || !r.mayReplay(pe, first)) {
+		if !errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrGrantRevoked) || r.paused(time.Now()) != nil ||
+			(errors.As(err, &pe) && (pe.Class == domain.Unclassified || !r.mayReplay(pe, first))) {
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			return domain.Grant{}, attempts(attempt, joinCtx(err, ctxErr))
 		}
-		if p.MaxAttempts > 0 && attempt >= p.MaxAttempts {
-			return domain.Grant{}, attempts(attempt, err)
-		}
 		wait := min(b.NextBackOff(), p.MaxInterval)
 		if pe != nil && pe.RetryAfter > wait {
 			wait = pe.RetryAfter
 		}
-		if time.Until(deadline) <= wait || (p.RetryWithin > 0 && time.Since(first)+wait >= p.RetryWithin) {
-			// The next try could not start in time.
+		// Out of attempts, or the next try could not start in time.
+		if (p.MaxAttempts > 0 && attempt >= p.MaxAttempts) || time.Until(deadline) <= wait ||
+			(p.RetryWithin > 0 && time.Since(first)+wait >= p.RetryWithin) {
 			return domain.Grant{}, attempts(attempt, err)
 		}
 		if p.Log != nil {
@@ -174,8 +165,8 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 	}
 }
 
-// mayReplay reports whether the request that got pe may be sent again and,
-// for a lost answer, notes on pe what the provider allows.
+// mayReplay reports whether the request that got pe may be sent again and, for a
+// lost answer, notes on pe what the provider allows.
 func (r *Retrying) mayReplay(pe *domain.ProviderError, first time.Time) bool {
 	g := r.policy.ReuseGrace
 	switch {

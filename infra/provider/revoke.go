@@ -21,33 +21,28 @@ type RevocationEndpoint struct {
 	URL          string // "": the provider has no revocation endpoint
 	ClientID     string
 	ClientSecret domain.Secret
-	// AuthStyle: in auto, the style remembered for TokenURL, else HTTP
-	// Basic, and the other once after invalid_client or a 401.
-	AuthStyle oauth2.AuthStyle
-	TokenURL  string
-	// ClientKey: private_key_jwt, for the token endpoint or, with
-	// IssuerAud, the issuer.
-	ClientKey *clientkey.Key
-	IssuerAud *Discovery
+	AuthStyle    oauth2.AuthStyle // auto: TokenURL's remembered style, else Basic; the other after a refusal
+	TokenURL     string
+	ClientKey    *clientkey.Key // private_key_jwt, for the token endpoint or, with IssuerAud, the issuer
+	IssuerAud    *Discovery
 }
 
-// ProviderLookup reads a stored provider, its client secret opened; an
-// error wraps domain.ErrUnknownProvider when there is none.
+// ProviderLookup reads a stored provider, its client secret opened; an error
+// wraps domain.ErrUnknownProvider when there is none.
 type ProviderLookup interface {
 	Get(ctx context.Context, name string) (domain.Provider, error)
 }
 
-// StoredRevocationEndpoints serves "" with Env and other names with the
-// stored provider (none when Providers is nil), read when asked so the
-// current client secret is used.
+// StoredRevocationEndpoints serves "" with Env and other names with the stored
+// provider (none when Providers is nil), read when asked for the current secret.
 type StoredRevocationEndpoints struct {
 	Env       RevocationEndpoint
 	Providers ProviderLookup
 	Discovery *Discovery
 }
 
-// revocationEndpoint is provider's endpoint ("" the environment's); an
-// unknown name wraps domain.ErrUnknownProvider.
+// revocationEndpoint is provider's endpoint ("" the environment's); an unknown
+// name wraps domain.ErrUnknownProvider.
 func (s StoredRevocationEndpoints) revocationEndpoint(ctx context.Context, provider string) (RevocationEndpoint, error) {
 	if provider == "" {
 		return s.Env, nil
@@ -67,32 +62,29 @@ func (s StoredRevocationEndpoints) revocationEndpoint(ctx context.Context, provi
 	return revocationEndpoint(p.RevocationURL, OAuth2Config(p), key, prof, s.Discovery), nil
 }
 
-// revocationEndpoint is url, for the client cfg registers authenticated as
-// at its token endpoint (ClientOptions).
+// revocationEndpoint is url, the client authenticated as at its token endpoint.
 func revocationEndpoint(url string, cfg *oauth2.Config, key *clientkey.Key, prof profiles.Profile, d *Discovery) RevocationEndpoint {
 	return RevocationEndpoint{URL: url, ClientID: cfg.ClientID, ClientSecret: domain.NewSecret(cfg.ClientSecret),
 		AuthStyle: cfg.Endpoint.AuthStyle, TokenURL: cfg.Endpoint.TokenURL, ClientKey: key, IssuerAud: issuerFinder(key, prof, d)}
 }
 
-// Revocations revokes refresh tokens at their provider (RFC 7009); it is
-// usecase.Revoker.
+// Revocations revokes refresh tokens at their provider (RFC 7009); it is usecase.Revoker.
 type Revocations struct {
 	endpoints StoredRevocationEndpoints
 	client    *http.Client
 	styles    AuthStyleStore // may be nil
 }
 
-// NewRevoker revokes at revocationURL ("" none) the refresh tokens of the
-// client cfg registers (key, prof: see ClientOptions), and the stored
-// providers' at their own; client should be bounded, styles may be nil.
+// NewRevoker revokes at revocationURL ("" none) the refresh tokens of the client
+// cfg registers (key, prof: see ClientOptions), and the stored providers' at
+// their own; client should be bounded, styles may be nil.
 func NewRevoker(cfg *oauth2.Config, revocationURL string, key *clientkey.Key, prof profiles.Profile,
 	providers ProviderLookup, d *Discovery, client *http.Client, styles AuthStyleStore) *Revocations {
 	env := revocationEndpoint(revocationURL, cfg, key, prof, d)
 	return NewRevocations(StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d}, client, styles)
 }
 
-// NewRevocations builds the revoker; client should be bounded
-// (NewHTTPClient); styles may be nil.
+// NewRevocations builds the revoker; client should be bounded; styles may be nil.
 func NewRevocations(endpoints StoredRevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
 	c := *client
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: &dpop.Nonces{}}
@@ -108,7 +100,6 @@ func (r *Revocations) RevokeBound(ctx context.Context, provider string, refreshT
 	return r.Revoke(ctx, provider, refreshToken)
 }
 
-// errRevocationRefused: a failure without a more precise meaning.
 var errRevocationRefused = errors.New("the revocation endpoint refused the request")
 
 // Revoke revokes refreshToken; a token invalid already is a success too.

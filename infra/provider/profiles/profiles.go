@@ -1,6 +1,6 @@
-// Package profiles is the catalog of what real providers' token endpoints
-// do, one embedded YAML file per provider under data/. Every claim names its
-// source; what the documentation does not give is "unknown" (generic behaviour).
+// Package profiles is the catalog of what real providers' token endpoints do, one
+// embedded YAML file per provider under data/. Every claim names its source; what
+// the documentation does not give is "unknown" (generic behaviour).
 package profiles
 
 import (
@@ -94,8 +94,8 @@ func parseDuration(s string) (Duration, error) {
 	return Duration{D: v, Known: true}, nil
 }
 
-// DeadGrant is one way a provider says a refresh token is dead: Code in the
-// answer's Field ("error" unless said), with HTTP Status (0: any).
+// DeadGrant is one way a provider says a refresh token is dead: Code in the answer's
+// Field ("error" unless said), with HTTP Status (0: any).
 type DeadGrant struct {
 	Code    string `yaml:"code"`
 	Field   string `yaml:"field"`
@@ -138,8 +138,8 @@ var (
 	paramPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 )
 
-// check fills in p's defaults and refuses a profile that is malformed or
-// makes a claim without a source.
+// check fills in p's defaults and refuses a profile that is malformed or makes a
+// claim without a source.
 func (p *Profile) check() error {
 	if !namePattern.MatchString(p.Name) {
 		return fmt.Errorf("name %q", p.Name)
@@ -219,8 +219,7 @@ var catalog = func() map[string]Profile {
 	return out
 }()
 
-// Get returns the profile called name ("" is Generic), or an error wrapping
-// domain.ErrUnknownProfile.
+// Get returns the profile called name ("" is Generic), or an error wrapping domain.ErrUnknownProfile.
 func Get(name string) (Profile, error) {
 	if name == "" {
 		name = Generic
@@ -254,8 +253,7 @@ func clone(p Profile) Profile {
 // URLs are a provider's endpoints.
 type URLs struct{ Token, Auth, Revocation string }
 
-// MissingParamError is a token URL the profile cannot fill: nobody gave
-// the parameters it needs.
+// MissingParamError is a token URL the profile cannot fill: nobody gave the parameters it needs.
 type MissingParamError struct {
 	Profile string
 	Params  []string
@@ -267,11 +265,10 @@ func (e *MissingParamError) Error() string {
 
 func (e *MissingParamError) Unwrap() error { return domain.ErrInvalidProvider }
 
-// Complete fills the URLs given leaves empty with the profile's, their
-// placeholders filled with params or the defaults. A token URL that stays
-// empty for want of a parameter is a *MissingParamError; another URL
-// missing a value stays empty. An unknown parameter or a value that is not
-// a plain label wraps domain.ErrInvalidProvider.
+// Complete fills the URLs given leaves empty with the profile's, placeholders
+// filled with params or the defaults. A token URL left empty for want of a
+// parameter is a *MissingParamError; another such URL stays empty. An unknown
+// parameter or a value that is not a plain label wraps domain.ErrInvalidProvider.
 func (p Profile) Complete(given URLs, params map[string]string) (URLs, error) {
 	vals := map[string]string{}
 	maps.Copy(vals, p.Params)
