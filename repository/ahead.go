@@ -8,10 +8,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ExpiringBefore lists, without credentials, up to limit active tokens
-// expiring before t, soonest first, after the cursor after ("" first); next
-// is the following page's cursor, "" after the last. Each page is an index
-// range scan.
+// ExpiringBefore lists, without credentials, up to limit active tokens expiring before t, soonest
+// first, after the cursor after ("" first); next is the following page's ("" after the last).
 func (r *TokenRepository) ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error) {
 	return r.activeBefore(ctx, "expiry", t, after, limit)
 }
@@ -21,10 +19,9 @@ func (r *TokenRepository) ObtainedBefore(ctx context.Context, t time.Time, after
 	return r.activeBefore(ctx, "obtained_at", t, after, limit)
 }
 
-// activeBefore pages through the active tokens whose column is before t,
-// by (column, connection id). The cursor also carries when the walk began:
-// a token obtained after that is left out, or a window longer than the
-// tokens' lifetime would meet every refreshed token again further on.
+// activeBefore pages through the active tokens whose column is before t, by (column, connection
+// id). The cursor carries when the walk began: a token obtained later is left out, or a window
+// longer than the tokens' lifetime would meet every refreshed token again further on.
 func (r *TokenRepository) activeBefore(ctx context.Context, column string, t time.Time, after string, limit int) ([]domain.Token, string, error) {
 	q, args := `t.`+column+` < ?`, []any{t}
 	var began *time.Time // NULL on the first page: the statement's now()

@@ -47,8 +47,7 @@ type APIKeys struct{ db *gorm.DB }
 // NewAPIKeys binds the store to a pool.
 func NewAPIKeys(db *gorm.DB) *APIKeys { return &APIKeys{db: db} }
 
-// HashKey is how a key, a session token or a flow cookie is stored: their
-// 256 random bits need no salt or stretching.
+// HashKey is how a key, a session token or a flow cookie is stored: 256 random bits need no salt.
 func HashKey(s domain.Secret) []byte {
 	h := sha256.Sum256([]byte(s.Reveal()))
 	return h[:]
@@ -57,9 +56,8 @@ func HashKey(s domain.Secret) []byte {
 // hashParam is HashKey for decode(?, 'hex'): GORM would expand a []byte into a list.
 func hashParam(s domain.Secret) string { return hex.EncodeToString(HashKey(s)) }
 
-// Create stores a new key under name with what it may do (a.Scopes and
-// a.Connections nil: everything; a.ID and a.Name are ignored) and returns
-// the key, which only its hash is kept of; domain.ErrKeyExists if name is taken.
+// Create stores a new key under name with what it may do (nil a.Scopes or a.Connections:
+// everything) and returns the key, of which only the hash is kept; domain.ErrKeyExists if name is taken.
 func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (domain.Secret, error) {
 	if err := domain.ValidateName(name); err != nil {
 		return domain.Secret{}, fmt.Errorf("API key name: %w", err)
@@ -107,10 +105,9 @@ func (k *APIKeys) Revoke(ctx context.Context, name string) error {
 	return changedRow(ctx, "revoke API key", res, fmt.Errorf("API key %q: %w", name, domain.ErrNotFound))
 }
 
-// KeyCache verifies API keys in constant time against the stored hashes,
-// held for at most TTL, and records "last used" in batches. A revoked key
-// stops working within TTL; a new key works at once (an unknown hash
-// reloads, at most once per MinReload).
+// KeyCache verifies API keys in constant time against the stored hashes, held for at most TTL, and
+// records "last used" in batches. A revoked key stops working within TTL; a new key works at once
+// (an unknown hash reloads, at most once per MinReload).
 type KeyCache struct {
 	keys      *APIKeys
 	ttl       time.Duration

@@ -6,8 +6,8 @@ import (
 	"gorm.io/gorm"
 )
 
-// AuthStyles remembers, per token URL and client id, the client
-// authentication style a token endpoint accepted, so that no process probes.
+// AuthStyles remembers, per token URL and client id, the client authentication style a token
+// endpoint accepted, so that no process probes.
 type AuthStyles struct{ db *gorm.DB }
 
 // NewAuthStyles binds the store to a pool.

@@ -20,8 +20,7 @@ import (
 	"gorm.io/gorm"
 )
 
-// ChangeChannel announces every committed token write as "<version>
-// <connection>", from the writing statement; no secret: listeners re-read.
+// ChangeChannel announces every committed token write as "<version> <connection>" (no secret).
 const ChangeChannel = "tokenguard_token_changed"
 
 // ListenerApplicationName names the listener's session in pg_stat_activity.
@@ -30,9 +29,7 @@ const ListenerApplicationName = "tokenguard-listener"
 // ChangeTarget is told about changes; RefreshTokenUseCase is one.
 type ChangeTarget interface {
 	Invalidate(connection string, version int64) // the stored token is now at version
-	// TrustCache: true once listening (nothing can be missed from now on),
-	// false as soon as the feed may have a gap.
-	TrustCache(trusted bool)
+	TrustCache(trusted bool)                     // true once listening, false once the feed may have a gap
 }
 
 // ChangeListener follows ChangeChannel on a dedicated connection for a ChangeTarget.
@@ -67,10 +64,9 @@ const DefaultHeartbeat = time.Second
 
 const heartbeatMisses = 3 // intervals without a beat that break the feed
 
-// WithHeartbeat makes the listener prove that it hears, as a half-open TCP
-// connection or a pooler that swallowed the LISTEN looks alive: every
-// interval it notifies a channel of its own through db, and trusts the
-// cache only while those come back; otherwise it reconnects.
+// WithHeartbeat makes the listener prove that it hears, as a half-open TCP connection or a pooler
+// that swallowed the LISTEN looks alive: every interval it notifies a channel of its own through
+// db, and trusts the cache only while those come back; otherwise it reconnects.
 func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *ChangeListener {
 	if interval <= 0 {
 		interval = DefaultHeartbeat
@@ -81,16 +77,14 @@ func (l *ChangeListener) WithHeartbeat(db *gorm.DB, interval time.Duration) *Cha
 	return l
 }
 
-// OnProviderChange follows ProviderChannel on the same connection: fn gets
-// the name of a provider added, changed or removed, and "" after each
-// (re)connection, when changes may have been missed. fn must be quick.
+// OnProviderChange follows ProviderChannel on the same connection: fn gets the name of a provider
+// added, changed or removed, and "" after each (re)connection. fn must be quick.
 func (l *ChangeListener) OnProviderChange(fn func(name string)) *ChangeListener {
 	l.onProvider = fn
 	return l
 }
 
-// OnConnect calls fn right after each (re)connection, the moment a
-// failover shows: fn must be quick, as notifications wait for it.
+// OnConnect calls fn right after each (re)connection (a failover shows then); fn must be quick.
 func (l *ChangeListener) OnConnect(fn func(ctx context.Context)) *ChangeListener {
 	l.onConnect = fn
 	return l
@@ -115,8 +109,7 @@ func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
 // errBeatLost ends a session whose beats stopped coming back.
 var errBeatLost = errors.New("token change listener: heartbeat not heard")
 
-// Run listens until ctx is done. The target's cache is trusted only while
-// a LISTEN is in place (and, with a heartbeat, delivers).
+// Run listens until ctx is done; the target's cache is trusted only while a LISTEN is in place.
 func (l *ChangeListener) Run(ctx context.Context) error {
 	defer l.trust(false)
 	channel, err := l.channelOf(ctx)
@@ -137,8 +130,7 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 	}
 }
 
-// channelOf asks the database, until it answers or ctx ends, which schema
-// the tables are in, so which channel announces their changes.
+// channelOf asks the database, until it answers or ctx ends, which channel announces changes.
 func (l *ChangeListener) channelOf(ctx context.Context) (string, error) {
 	for {
 		schema, err := func() (string, error) {
@@ -167,8 +159,7 @@ func (l *ChangeListener) channelOf(ctx context.Context) (string, error) {
 	}
 }
 
-// trust tells the target when trust changes: each change starts a new
-// cache epoch, so it must not be repeated for every beat.
+// trust tells the target when trust changes: each change starts a cache epoch, not for every beat.
 func (l *ChangeListener) trust(ok bool) {
 	if l.trusted.Swap(ok) != ok || !ok {
 		l.target.TrustCache(ok)
@@ -183,8 +174,7 @@ func (l *ChangeListener) session(ctx context.Context) error {
 	pl := &pgxlisten.Listener{
 		Connect: l.connect,
 		LogError: func(ctx context.Context, err error) {
-			// Every error that reaches here ends or precedes a
-			// (re)connection: until LISTEN is back, changes may be missed.
+			// Until LISTEN is back, changes may be missed.
 			l.trust(false)
 			if ctx.Err() == nil {
 				l.log.Warn("token change listener lost; reading through until it is back", "err", err)
@@ -198,8 +188,7 @@ func (l *ChangeListener) session(ctx context.Context) error {
 		pl.Handle(l.providerChannel, handler{func(context.Context) { l.onProvider("") }, l.onProvider})
 	}
 	if l.beatDB != nil {
-		// The first beat is sent once its channel is listened to, through
-		// the pool: the answer comes on this connection later.
+		// The first beat is sent, through the pool, once its channel is listened to.
 		pl.Handle(l.beatChannel, handler{l.sendBeat, l.heard})
 		var beating sync.WaitGroup
 		beating.Go(func() { l.beat(ctx, cancel) })
@@ -248,8 +237,7 @@ func (l *ChangeListener) sendBeat(ctx context.Context) {
 	}
 }
 
-// handler is what a channel does after each LISTEN (backlog: what was
-// sent meanwhile is not replayed) and with each notification.
+// handler is what a channel does after each LISTEN (backlog) and with each notification.
 type handler struct {
 	backlog func(ctx context.Context)
 	notify  func(payload string)
@@ -265,8 +253,7 @@ func (h handler) HandleNotification(_ context.Context, n *pgconn.Notification, _
 	return nil
 }
 
-// listening runs right after LISTEN: from now on nothing is missed, so the
-// cache may be trusted again (with a heartbeat, at the first beat).
+// listening runs right after LISTEN: the cache may be trusted again (with a heartbeat, once heard).
 func (l *ChangeListener) listening(ctx context.Context) {
 	if l.onConnect != nil {
 		l.onConnect(ctx)

@@ -8,10 +8,8 @@ import (
 	"gorm.io/gorm"
 )
 
-// DatabaseClock tells the database server's time on this host: the host's
-// clock corrected by its measured offset. Stored expiries come from
-// whichever host refreshed, so with every process on the server's clock
-// they agree on "stale" however far their own clocks drift.
+// DatabaseClock tells the database server's time on this host: its clock corrected by the
+// measured offset, so that processes agree on "stale" however far their own clocks drift.
 type DatabaseClock struct {
 	db     *gorm.DB
 	local  func() time.Time

@@ -13,7 +13,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// selectConnection reads connectionRows: what a listing shows, never a credential (none to decrypt or leak).
+// selectConnection reads connectionRows: what a listing shows, never a credential.
 var selectConnection = `
 SELECT c.name, coalesce(t.provider, '') AS provider,
        t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
@@ -59,17 +59,14 @@ func (r connectionRow) domain() domain.Connection {
 	}
 }
 
-// ConnectionsPage lists up to limit connections that have a token, whose
-// names sort after after ("" for the first page), in byte order of the
-// name (the same under every collation): keyset pagination.
+// ConnectionsPage lists up to limit connections that have a token, whose names sort after after
+// ("" first), in byte order of the name (the same under every collation).
 func (r *TokenRepository) ConnectionsPage(ctx context.Context, after string, limit int) ([]domain.Connection, error) {
 	return r.FilteredConnectionsPage(ctx, domain.ConnectionFilter{}, after, limit)
 }
 
-// FilteredConnectionsPage is ConnectionsPage with only the connections f
-// matches, in one statement that reads about what it returns: the key's
-// patterns (f.Patterns) become ranges of the name index, one per pattern,
-// each stopping at limit rows (domain.ConnectionScan).
+// FilteredConnectionsPage is ConnectionsPage with only the connections f matches; each of the
+// key's patterns (f.Patterns) becomes a range of the name index stopping at limit rows.
 func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.ConnectionFilter, after string, limit int) ([]domain.Connection, error) {
 	scans, all := domain.KeyAccess{Connections: f.Patterns}.ConnectionScans()
 	if !all && len(scans) == 0 {
@@ -100,8 +97,7 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 	const page = ` ORDER BY c.name COLLATE "C" LIMIT ?`
 	q, qargs := selectConnection+" WHERE "+strings.Join(where, " AND ")+page, append(args, limit)
 	if !all {
-		// One page per pattern, merged: each reads at most limit rows of
-		// its range; a name two patterns match is listed once (UNION).
+		// One page per pattern, merged: a name two patterns match is listed once (UNION).
 		branches := make([]string, len(scans))
 		qargs = nil
 		for i, s := range scans {
@@ -115,9 +111,8 @@ func (r *TokenRepository) FilteredConnectionsPage(ctx context.Context, f domain.
 	return allRows(ctx, r.db, "list connections", func(row connectionRow) (domain.Connection, error) { return row.domain(), nil }, q, qargs...)
 }
 
-// scanCondition is the SQL condition of a pattern's scan: the name itself,
-// or the byte-order range of names its literal prefix starts, then the
-// pattern's regular expression.
+// scanCondition is the SQL condition of a pattern's scan: the name itself, or the byte-order range
+// of names its literal prefix starts, then the pattern's regular expression.
 func scanCondition(s domain.ConnectionScan) (string, []any) {
 	if s.Exact {
 		return "c.name = ?", []any{s.Prefix}
@@ -156,9 +151,7 @@ func (r *TokenRepository) Connection(ctx context.Context, connection string) (do
 // maxProviderField bounds a value kept from a provider's answer.
 const maxProviderField = 2048
 
-// SetProviderFields replaces the "provider_fields" object of the
-// connection's metadata with fields, inside the locked transaction like
-// SetMetadata. A value longer than 2 KiB is domain.ErrInvalidMetadata.
+// SetProviderFields replaces the metadata's "provider_fields" object (values up to 2 KiB).
 func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string, fields map[string]string) error {
 	for k, v := range fields {
 		if len(k) > 64 || len(v) > maxProviderField {
@@ -171,9 +164,8 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 	return changedRow(ctx, "set provider fields", res, fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound))
 }
 
-// SetMetadata replaces the connection's metadata inside the locked
-// transaction, so that a grant refused (or failed) leaves it as it was.
-// Nothing is announced: no process caches metadata.
+// SetMetadata replaces the connection's metadata inside the locked transaction, so that a grant
+// refused leaves it as it was. Nothing is announced: no process caches metadata.
 func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m domain.Metadata) error {
 	object := string(m.Object)
 	if object == "" {
@@ -196,12 +188,10 @@ func compactJSON(stored string) json.RawMessage {
 // disconnectHold bounds a disconnection once it holds the lock.
 const disconnectHold = 10 * time.Second
 
-// Disconnect deletes connection's token under its advisory lock (wait
-// bounds the wait: domain.ErrLockTimeout). before gets the token read under
-// the lock and says whether it was revoked; it must not wait on anything
-// (a lock and a pool connection are held), and its error changes nothing.
-// The delete announces "<version+1> <connection>", resets the metadata,
-// retires the version (a later grant continues above it) and queues a
+// Disconnect deletes connection's token under its lock (wait bounds the wait). before gets the
+// token read under the lock and says whether it was revoked; it must not wait on anything (a
+// lock and a pool connection are held), and its error changes nothing. The delete announces
+// "<version+1> <connection>", resets the metadata, retires the version and queues a
 // connection.disconnected event. It returns the token as deleted.
 func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wait time.Duration,
 	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error) {

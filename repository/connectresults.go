@@ -112,7 +112,7 @@ const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, c
     access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, created_at,
     coalesce(dpop_key, '') AS dpop_key, coalesce(dpop_jkt, '') AS dpop_jkt`
 
-// Pending reads code's unexpired result: its id (for SpendResult) and grant, opened; else domain.ErrResultInvalid.
+// Pending reads code's unexpired result, its id (for SpendResult) and grant; else domain.ErrResultInvalid.
 func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error) {
 	if !strings.HasPrefix(code.Reveal(), ResultPrefix) || len(code.Reveal()) > 128 {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
@@ -147,15 +147,14 @@ func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64
 	return r.ID, p, nil
 }
 
-// Refuse expires the result id at once: a grant that cannot be stored
-// (another account's) is never redeemable again, and the sweep revokes it.
+// Refuse expires the result id at once: a grant that cannot be stored is never redeemable again,
+// and the sweep revokes it.
 func (c *ConnectResults) Refuse(ctx context.Context, id int64) error {
 	err := c.db.WithContext(ctx).Exec("UPDATE tokenguard_connect_results SET expires_at = least(expires_at, now()) WHERE id = ?", id).Error
 	return storeError(ctx, "refuse connect result", err)
 }
 
-// Expired leases up to limit expired results for lease, so that no other
-// sweep takes them meanwhile, and returns them, refresh tokens opened.
+// Expired leases up to limit expired results for lease, away from other sweeps, tokens opened.
 func (c *ConnectResults) Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error) {
 	var rows []resultRow
 	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_results r SET sweep_after = now() + ?::interval
@@ -194,9 +193,8 @@ func (c *ConnectResults) Delete(ctx context.Context, id int64) error {
 	return storeError(ctx, "delete connect result", err)
 }
 
-// SpendResult deletes the unexpired result id inside the locked
-// transaction storing its grant, so that of two redemptions of one code
-// only one finds the row; the other gets domain.ErrResultInvalid.
+// SpendResult deletes the unexpired result id inside the locked transaction storing its grant:
+// of two redemptions of one code, the other gets domain.ErrResultInvalid.
 func (l *LockedTokens) SpendResult(ctx context.Context, id int64) error {
 	res := l.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ? AND expires_at > now()", id)
 	return changedRow(ctx, "spend connect result", res, fmt.Errorf("connect result: %w", domain.ErrResultInvalid))

@@ -45,10 +45,9 @@ VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jso
 	return token, expires, nil
 }
 
-// Open spends the session token (single use: domain.ErrUnauthorized if it
-// is unknown, expired or used) and binds the browser flow to it: the
-// cookie's hash, the OAuth2 state and PKCE verifier. The flow expires
-// SessionLifetime after opening.
+// Open spends the session token (single use: domain.ErrUnauthorized if unknown, expired or used)
+// and binds the browser flow to it: the cookie's hash, the OAuth2 state and PKCE verifier. The
+// flow expires SessionLifetime after opening.
 func (c *ConnectSessions) Open(ctx context.Context, token, flow domain.Secret, state, verifier string) (domain.ConnectSession, error) {
 	return c.one(ctx, "open connect session", "connect session", `UPDATE tokenguard_connect_sessions
 SET opened_at = now(), expires_at = now() + ?::interval, flow_hash = decode(?, 'hex'), oauth_state = ?, pkce_verifier = ?
@@ -57,17 +56,15 @@ RETURNING `+sessionColumns+`, oauth_state, pkce_verifier`,
 		fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()), hashParam(flow), state, verifier, hashParam(token))
 }
 
-// Peek reads an unopened, unexpired session without spending it (the consent
-// page shows it); domain.ErrUnauthorized otherwise.
+// Peek reads an unopened, unexpired session without spending it; domain.ErrUnauthorized otherwise.
 func (c *ConnectSessions) Peek(ctx context.Context, token domain.Secret) (domain.ConnectSession, error) {
 	return c.one(ctx, "read connect session", "connect session", `SELECT `+sessionColumns+`
 FROM tokenguard_connect_sessions WHERE token_hash = decode(?, 'hex') AND opened_at IS NULL AND expires_at > now()`, hashParam(token))
 }
 
-// Finish spends the browser flow whose cookie is flow and whose OAuth2
-// state is state (single use: domain.ErrUnauthorized if it is unknown,
-// expired or finished, or the state is another's, which leaves the flow
-// as it was) and returns it with its verifier, erased from the table.
+// Finish spends the browser flow whose cookie is flow and OAuth2 state is state (single use:
+// domain.ErrUnauthorized if unknown, expired or finished, or the state is another's, which leaves
+// the flow as it was) and returns it with its verifier, erased from the table.
 func (c *ConnectSessions) Finish(ctx context.Context, flow domain.Secret, state string) (domain.ConnectSession, error) {
 	return c.one(ctx, "finish connect flow", "connect flow", `WITH s AS (
     SELECT id, oauth_state, pkce_verifier FROM tokenguard_connect_sessions

@@ -16,9 +16,8 @@ func dpopAAD(id int32, jkt string) string {
 	return "c" + strconv.FormatInt(int64(id), 10) + "/dpop_key/" + jkt
 }
 
-// putDPoPKey records, in the transaction storing a new grant of connection
-// id, its DPoP key (PEM; zero for a bearer grant), sealed, and drops the
-// keys of the grants it replaces.
+// putDPoPKey records, in the transaction storing a new grant of connection id, its DPoP key (PEM;
+// zero for a bearer grant), sealed, and drops the keys of the grants it replaces.
 func putDPoPKey(ctx context.Context, tx *gorm.DB, s Sealer, id int32, key domain.Secret, jkt string) error {
 	db := tx.WithContext(ctx)
 	if err := db.Exec(`DELETE FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt <> ?`, id, jkt).Error; err != nil {
@@ -40,9 +39,8 @@ ON CONFLICT (connection_id, jkt) DO UPDATE SET private_key = EXCLUDED.private_ke
 		db.Exec(`UPDATE tokenguard_tokens SET dpop_jkt = ? WHERE connection_id = ?`, jkt, id).Error)
 }
 
-// DPoPKey returns the private key (PEM) of thumbprint jkt connection's
-// grant is bound to: domain.ErrNotFound when there is none (replaced),
-// domain.ErrUndecryptable when it cannot be opened.
+// DPoPKey returns the private key (PEM) of thumbprint jkt connection's grant is bound to:
+// domain.ErrNotFound when there is none (replaced), domain.ErrUndecryptable when it cannot be opened.
 func (r *TokenRepository) DPoPKey(ctx context.Context, connection, jkt string) (domain.Secret, error) {
 	id, err := r.ids.lookup(ctx, r.db, connection)
 	if err != nil {

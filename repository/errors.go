@@ -22,9 +22,8 @@ func changedRow(ctx context.Context, op string, res *gorm.DB, none error) error 
 	return nil
 }
 
-// storeError turns a database error into a domain error. It keeps the
-// SQLSTATE and message but drops the detail, which for constraint errors
-// repeats the failing row, tokens included.
+// storeError turns a database error into a domain error. It keeps the SQLSTATE and message but
+// drops the detail, which for constraint errors repeats the failing row, tokens included.
 func storeError(ctx context.Context, op string, err error) error {
 	if err == nil {
 		return nil
@@ -32,21 +31,19 @@ func storeError(ctx context.Context, op string, err error) error {
 	if errors.Is(err, gorm.ErrRecordNotFound) {
 		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
 	}
-	var pgErr *pgconn.PgError
-	isPg := errors.As(err, &pgErr)
 	if sqlState(err) == "55P03" { // lock_not_available: lock_timeout fired
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	}
-	// A context ended surfaces as whatever the driver saw; report the
-	// reason. A deadline is also the store's failure to answer in time,
-	// which callers can tell from their own cancellation.
+	// A context ended surfaces as whatever the driver saw: report the reason. A deadline is also
+	// the store's failure to answer in time, which callers tell from their own cancellation.
 	switch ctxErr := ctx.Err(); {
 	case errors.Is(ctxErr, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w (%w)", op, domain.ErrStoreUnavailable, ctxErr)
 	case ctxErr != nil:
 		return fmt.Errorf("%s: %w", op, ctxErr)
 	}
-	if isPg {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
 		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, safeMessage(pgErr))
 	}
 	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)

@@ -9,8 +9,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
-// RefusalEvidence keeps what every process learned of a token endpoint's
-// refusals, per token URL, client id and credentials digest.
+// RefusalEvidence keeps what every process learned of a token endpoint's refusals, per token URL,
+// client id and credentials digest.
 type RefusalEvidence struct{ db *gorm.DB }
 
 // NewRefusalEvidence binds the store to a pool.

@@ -11,11 +11,10 @@ import (
 	"gorm.io/gorm"
 )
 
-// Lease timing. A live holder renews its leases every leaseRenewEvery, each
-// renewal good for leaseTerm, so a lease outlives a dead holder by at most
-// leaseTerm. A lease interrupted by a restart or failover is held for
-// restartGrace from when a process first finds it on the new server: its
-// holder needs that long to reconnect and renew it or store its token.
+// Lease timing. A live holder renews its leases every leaseRenewEvery, each renewal good for
+// leaseTerm, so a lease outlives a dead holder by at most leaseTerm. A lease interrupted by a
+// restart or failover is held for restartGrace from when a process first finds it on the new
+// server: its holder needs that long to reconnect and renew it or store its token.
 const (
 	leaseTerm       = time.Second
 	leaseRenewEvery = 300 * time.Millisecond
@@ -26,12 +25,10 @@ const (
 const leaseRuns = `l.connection_id = t.connection_id AND l.version = t.version
     AND l.server_started = pg_postmaster_start_time() AND now() <= l.until`
 
-// leaseFree is the condition under which an existing lease l may be taken
-// over by EXCLUDED: it is on another version. A lease on the same version
-// is never free by time: a holder that ran out of it left a request whose
-// answer may still come, and the refresh token is presented again only
-// after Fail recorded the lost answer (deleting the lease). A lease from
-// another server is moved to this one and held for the grace.
+// leaseFree: an existing lease l may be taken over by EXCLUDED, being on another version. A lease
+// on the same version is never free by time: a holder that ran out of it left a request whose
+// answer may still come, and the refresh token is presented again only after Fail recorded the
+// lost answer (deleting the lease). A lease from another server is moved here, held for the grace.
 const leaseFree = `(l.version <> EXCLUDED.version)`
 
 // leaseUpsert ends the statements that take a lease.
@@ -54,16 +51,15 @@ type heldLease struct {
 	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
 }
 
-// note records why the refresh ends without a stored token, for the statement
-// ending the lease to hand the history trigger (tokenguard.lease_reason).
+// note records why the refresh ends without a stored token, for the history (lease_reason).
 func (l *heldLease) note(why string) {
 	l.renewer.mu.Lock()
 	defer l.renewer.mu.Unlock()
 	l.why = why
 }
 
-// end stops renewing the lease and, with release, deletes it and announces
-// the unchanged version, so that waiting processes look again at once.
+// end stops renewing the lease and, with release, deletes it and announces the unchanged
+// version, so that waiting processes look again at once.
 func (l *heldLease) end(release bool) {
 	l.once.Do(func() {
 		l.renewer.mu.Lock()
@@ -83,9 +79,8 @@ SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JO
 	})
 }
 
-// leaseRenewer renews every lease its process holds in one statement every
-// leaseRenewEvery, while there are leases to renew: a thousand refreshes in
-// flight cost one renewal a tick.
+// leaseRenewer renews every lease its process holds in one statement every leaseRenewEvery,
+// while there are any: a thousand refreshes in flight cost one renewal a tick.
 type leaseRenewer struct {
 	db      *gorm.DB
 	mu      sync.Mutex
@@ -129,8 +124,7 @@ func (r *leaseRenewer) held() ([]string, bool) {
 	return slices.Collect(maps.Keys(r.holders)), true
 }
 
-// run renews until no lease is held. A failed renewal is retried at the
-// next tick: the lease still runs for the rest of its term (or the grace).
+// run renews until no lease is held; a failed renewal is retried at the next tick.
 func (r *leaseRenewer) run() {
 	tick := time.NewTicker(leaseRenewEvery)
 	defer tick.Stop()

@@ -10,10 +10,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// nsInSchema keeps two deployments in one database apart: in the public
-// schema a lock namespace is the fixed one (placeholder p; what earlier
-// releases used, so old and new processes meet during a rolling deploy);
-// in any other schema it is derived from the schema's name.
+// nsInSchema keeps two deployments in one database apart: in the public schema a lock namespace
+// is the fixed one, placeholder p (as earlier releases, so old and new processes meet during a
+// rolling deploy); in any other schema it is derived from the schema's name.
 func nsInSchema(p string) string {
 	return "(CASE current_schema() WHEN 'public' THEN " + p + "::int4 ELSE hashtext('tokenguard:' || current_schema()) END)"
 }
@@ -32,16 +31,14 @@ func ChannelFor(schema string) string {
 	return ChangeChannel + "_" + hex.EncodeToString(sum[:])[:16]
 }
 
-// lockNamespace ('tkgd') is the first half of every connection lock key, in
-// the two-int4 form of pg_advisory_xact_lock: libraries that lock with a
-// single int8 (golang-migrate) cannot collide with it. The second half is
-// the connection's id, unique per name (unlike a hash), given at Register.
+// lockNamespace ('tkgd') is the first half of every connection lock key, in the two-int4 form:
+// libraries that lock with a single int8 (golang-migrate) cannot collide with it. The second
+// half is the connection's id, unique per name (unlike a hash), given at Register.
 const lockNamespace int32 = 0x746b6764
 
-// lockSettings are a locked transaction's settings: lock_timeout,
-// synchronous_commit (Durability), and generic plans: its statements touch
-// single rows by key, so the generic plan is the custom one, made once per
-// connection instead of at each of the first five runs (docs/benchmarks.md).
+// lockSettings are a locked transaction's settings: lock_timeout, synchronous_commit, and generic
+// plans: its statements touch single rows by key, so the generic plan is the custom one, made
+// once per connection instead of at each of the first five runs (docs/benchmarks.md).
 type lockSettings struct{ timeout, syncCommit string }
 
 // settingsSQL sets them; an empty value leaves its setting as it is.
@@ -51,9 +48,8 @@ const settingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', 
 
 func (s lockSettings) args() []any { return []any{s.timeout, s.timeout, s.syncCommit, s.syncCommit} }
 
-// lockConnectionByName takes one connection's lock, resolving its key and
-// applying the settings (scanned first) in the same statement. found is
-// false for an unregistered name.
+// lockConnectionByName takes one connection's lock, resolving its key and applying the settings
+// (scanned first) in the same statement; found is false for an unregistered name.
 func lockConnectionByName(tx *gorm.DB, name string, set lockSettings) (found bool, err error) {
 	var rows []struct{ Locked string }
 	err = tx.Raw(`WITH s AS MATERIALIZED (`+settingsSQL+`)
@@ -62,8 +58,7 @@ SELECT pg_advisory_xact_lock(`+nsInSchema("?")+`, c.id)::text AS locked FROM s, 
 	return len(rows) == 1, err
 }
 
-// lockConnectionsByName locks the named connections in ascending key order,
-// so that two transactions needing overlapping sets cannot deadlock.
+// lockConnectionsByName locks in ascending key order, so overlapping sets cannot deadlock.
 func lockConnectionsByName(tx *gorm.DB, ids []string, set lockSettings) error {
 	var keys []int32
 	if err := tx.Raw("SELECT id FROM tokenguard_connections WHERE name IN ? ORDER BY id", ids).Find(&keys).Error; err != nil {

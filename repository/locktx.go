@@ -12,21 +12,18 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// lockedHold bounds a locked transaction once its lock is held: it then
-// runs to its end whatever its caller does, so that a caller giving up
-// cannot roll back a claim or a token half-way.
+// lockedHold bounds a locked transaction once its lock is held: it then runs to its end whatever
+// its caller does, so that a caller giving up cannot roll back a claim or a token half-way.
 const lockedHold = 5 * time.Second
 
-// inLock runs fn in a transaction of its own that holds connection's
-// advisory lock, and commits when fn returns nil; fn's error rolls back and
-// is returned as it is. ctx and wait (0: ctx alone) bound the wait for the
-// lock (domain.ErrLockTimeout); once it is held, hold bounds the rest.
+// inLock runs fn in a transaction of its own holding connection's advisory lock, and commits when
+// fn returns nil; fn's error rolls back and is returned as it is. ctx and wait (0: ctx alone)
+// bound the wait for the lock (domain.ErrLockTimeout); once it is held, hold bounds the rest.
 func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, hold time.Duration, fn func(ctx context.Context, tx *gorm.DB) error) error {
 	if _, ok := r.db.Statement.ConnPool.(interface {
 		Conn(context.Context) (*sql.Conn, error)
 	}); !ok {
-		// A transaction's savepoint would keep the lock, and the claim or
-		// token written, until the caller's transaction ends.
+		// A savepoint would keep the lock, and the claim or token, until the caller's transaction ends.
 		return fmt.Errorf("lock connection %s: the token repository is bound to %T, not to a connection pool", connection, r.db.Statement.ConnPool)
 	}
 	lockBy, bounded := ctx.Deadline()
@@ -67,8 +64,7 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	case errors.Is(err, domain.ErrNotFound):
 		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
 	case err != nil && waiting && !locked && bounded && !time.Now().Before(lockBy) && !errors.Is(ctx.Err(), context.Canceled):
-		// The wait ran out before the lock was held: on a busy host the
-		// client's deadline can fire before the server's lock_timeout.
+		// The wait ran out: on a busy host the client's deadline can fire before lock_timeout.
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
 	case err != nil && ctx.Err() != nil:
 		return storeError(ctx, op, err)
@@ -79,8 +75,7 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 // lockTimeoutMargin is how much earlier than its deadline a lock wait gives up.
 const lockTimeoutMargin = 20 * time.Millisecond
 
-// oneRow runs a statement on db (a pool or a transaction) and returns its
-// first row; no row is the error none (nil: a nil row).
+// oneRow runs a statement on db and returns its first row; no row is the error none (nil: a nil row).
 func oneRow[T any](ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) (*T, error) {
 	var rows []T
 	if err := db.WithContext(ctx).Raw(sql, args...).Find(&rows).Error; err != nil {
@@ -92,8 +87,7 @@ func oneRow[T any](ctx context.Context, db *gorm.DB, op string, none error, sql 
 	return &rows[0], nil
 }
 
-// allRows runs a statement on db and returns its rows, each through conv;
-// conv's first error is returned.
+// allRows runs a statement on db and returns its rows, each through conv (whose error stops it).
 func allRows[T, D any](ctx context.Context, db *gorm.DB, op string, conv func(T) (D, error), sql string, args ...any) ([]D, error) {
 	var rows []T
 	if err := db.WithContext(ctx).Raw(sql, args...).Find(&rows).Error; err != nil {

@@ -15,17 +15,15 @@ import (
 // quoted matches SQL string literals, doubled-quote escapes included.
 var quoted = regexp.MustCompile(`'(?:[^']|'')*'`)
 
-// redactingLogger is GORM's slog logger with every string literal blanked:
-// ParameterizedQueries alone is not enough, as GORM's Scan logs through a
-// recorder that inlines the bound values, tokens included.
+// redactingLogger is GORM's slog logger with every string literal blanked: ParameterizedQueries
+// alone is not enough, as GORM's Scan logs through a recorder that inlines bound values, tokens included.
 type redactingLogger struct {
 	logger.Interface
 	log *slog.Logger
 }
 
-// NewLogger is the GORM logger for the repository's pool: it logs through
-// log, at warning level and above, and never a token: no bound values, no
-// string literals, no Postgres error detail (which can repeat a row).
+// NewLogger is the GORM logger of the repository's pool: it logs through log, at warning and
+// above, and never a token: no bound values, string literals or error detail (which can repeat a row).
 func NewLogger(log *slog.Logger) logger.Interface {
 	return redactingLogger{logger.NewSlogLogger(log, logger.Config{
 		SlowThreshold:             time.Second,
@@ -45,8 +43,7 @@ func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (
 		return quoted.ReplaceAllString(sql, "'?'"), rows
 	}
 	if expected(ctx, err) {
-		// The caller returns it as a typed error and decides what it is
-		// worth: no ERROR line.
+		// The caller returns it as a typed error and decides what it is worth: no ERROR line.
 		if l.log.Enabled(ctx, slog.LevelDebug) {
 			sql, _ := redacted()
 			l.log.LogAttrs(ctx, slog.LevelDebug, "tokenguard: statement ended as expected",
@@ -57,8 +54,7 @@ func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (
 	l.Interface.Trace(ctx, begin, redacted, safeError(err))
 }
 
-// expected reports whether err is one tokenguard expects and handles: the
-// caller's context ended, a lock or statement timeout, a lost race.
+// expected: tokenguard expects and handles err (context ended, lock or statement timeout, lost race).
 func expected(ctx context.Context, err error) bool {
 	if err == nil {
 		return false
@@ -82,9 +78,8 @@ func (l redactingLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (
 	return sql, nil
 }
 
-// safeMessage describes a Postgres error without echoing data: never the
-// detail (the failing row), and for data exceptions (class 22, quoting the
-// input) only the SQLSTATE.
+// safeMessage describes a Postgres error without echoing data: never the detail (the failing row),
+// and for data exceptions (class 22, quoting the input) only the SQLSTATE.
 func safeMessage(e *pgconn.PgError) string {
 	if strings.HasPrefix(e.Code, "22") {
 		return "data exception (SQLSTATE " + e.Code + ")"

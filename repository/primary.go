@@ -7,8 +7,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// CheckPrimary fails with domain.ErrReadOnlyStore when the database is a
-// replica, so that a process fails at start-up, not at its first refresh.
+// CheckPrimary fails with domain.ErrReadOnlyStore on a replica, so that a process fails at start-up.
 func (r *TokenRepository) CheckPrimary(ctx context.Context) error {
 	var recovering bool
 	if err := r.db.WithContext(ctx).Raw("SELECT pg_is_in_recovery()").Scan(&recovering).Error; err != nil {

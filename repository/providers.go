@@ -18,9 +18,8 @@ import (
 // ProviderChannel is where a trigger announces each committed provider change, by name (no secret).
 const ProviderChannel = "tokenguard_provider_changed"
 
-// ProviderRepository stores the OAuth2 client registrations connections
-// may name. The client secret is sealed as the tokens are, bound to the
-// provider's name, and never leaves this package in an error.
+// ProviderRepository stores the OAuth2 client registrations connections may name. The client
+// secret is sealed, bound to the provider's name, and never leaves this package in an error.
 type ProviderRepository struct {
 	db     *gorm.DB
 	sealer Sealer
@@ -34,9 +33,8 @@ func NewProviderRepository(db *gorm.DB, s Sealer) *ProviderRepository {
 	return &ProviderRepository{db: db, sealer: s}
 }
 
-// providerAAD binds a sealed client secret or client key (private_key_jwt)
-// to its provider and column. ':' cannot be in a name, so it never equals
-// a token's additional data.
+// providerAAD binds a sealed client secret or key to its provider and column; ':' cannot be in
+// a name, so it never equals a token's additional data.
 func providerAAD(name, column string) string { return "provider:" + name + "/" + column }
 
 // providerRow is the tokenguard_providers table as read.
@@ -72,8 +70,7 @@ const providerColumns = `name, token_url, auth_url, revocation_url, api_base_url
        skew_ms, default_lifetime_ms, keep_alive_ms, profile, version, created_at, updated_at,
        coalesce(dpop, false) AS dpop, coalesce(resource, '') AS resource, coalesce(par, '') AS par, client_key, token_rate_limit, token_rate_period_ms`
 
-// providerWritten are the columns Add and Update write: written's values,
-// each through its expression in providerValues.
+// providerWritten are the columns Add and Update write: written's values through providerValues.
 const providerWritten = `token_url, auth_url, revocation_url, api_base_url, client_id, client_secret, auth_style, scopes,
     skew_ms, default_lifetime_ms, keep_alive_ms, profile, dpop, resource, par, client_key, token_rate_limit, token_rate_period_ms`
 
@@ -165,10 +162,9 @@ ON CONFLICT (name) DO NOTHING
 RETURNING `+providerColumns, append([]any{p.Name}, values...)...)
 }
 
-// Update changes the provider called name (not its name) with fn, then
-// validates and writes it, the version bumped, in one transaction holding
-// the row's lock, so two updates never lose each other's changes. Errors
-// wrap domain.ErrUnknownProvider, domain.ErrInvalidProvider or fn's error.
+// Update changes the provider called name (not its name) with fn, then validates and writes it,
+// the version bumped, holding the row's lock, so two updates never lose each other's changes.
+// Errors wrap domain.ErrUnknownProvider, domain.ErrInvalidProvider or fn's error.
 func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*domain.Provider) error) (domain.Provider, error) {
 	unknown := fmt.Errorf("provider %q: %w", name, domain.ErrUnknownProvider)
 	var out domain.Provider
@@ -228,9 +224,7 @@ func (r *ProviderRepository) Connections(ctx context.Context) (map[string]int, e
 		"SELECT provider AS key, count(*) AS n FROM tokenguard_tokens WHERE provider IS NOT NULL GROUP BY provider")
 }
 
-// Remove deletes the provider called name: domain.ErrProviderInUse while a
-// connection names it (the foreign key decides), domain.ErrUnknownProvider
-// if there is none.
+// Remove deletes the provider name: domain.ErrProviderInUse while a connection names it.
 func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
 	res := r.db.WithContext(ctx).Exec("DELETE FROM tokenguard_providers WHERE name = ?", name)
 	switch {
@@ -248,9 +242,8 @@ func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
 	return nil
 }
 
-// Reseal re-encrypts every provider's client secret and key with the
-// sealer's current key (tokenctl rotate-key). It returns how many secrets
-// it rewrote and how many were current already.
+// Reseal re-encrypts every provider's client secret and key with the current key (tokenctl
+// rotate-key), returning how many secrets it rewrote and how many were current already.
 func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int, err error) {
 	var rows []providerRow
 	if err := r.db.WithContext(ctx).Raw(selectProvider + " ORDER BY name").Find(&rows).Error; err != nil {
@@ -275,9 +268,8 @@ func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int,
 	return resealed, current, nil
 }
 
-// resealColumn re-encrypts provider's stored value of column with the
-// current key, if it is still the one read. The version stays: the value
-// did not change, and processes need not reload for a new envelope.
+// resealColumn re-encrypts provider's stored value of column if it is still the one read. The
+// version stays: the value did not change, and processes need not reload for a new envelope.
 func (r *ProviderRepository) resealColumn(ctx context.Context, provider, column, stored string) (int, error) {
 	sealed, err := resealed(r.sealer, stored, providerAAD(provider, column))
 	if err != nil {

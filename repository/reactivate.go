@@ -13,11 +13,10 @@ import (
 // reactivateHold bounds a reactivation once it holds the lock.
 const reactivateHold = 10 * time.Second
 
-// Reactivate sets connection active again if it is marked needs_reauth
-// (for reason, when not empty), keeping its tokens: the way back for grants
-// marked dead for something not their fault. It decides under the advisory
-// lock (wait bounds the wait) and writes as Store does. It returns the
-// token as found and the version written, 0 when it changed nothing.
+// Reactivate sets connection active again if it is marked needs_reauth (for reason, when not
+// empty), keeping its tokens: the way back for grants marked dead for something not their fault.
+// It decides under the lock (wait bounds the wait), writes as Store does, and returns the token as
+// found and the version written, 0 when it changed nothing.
 func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
 	err = r.inLock(ctx, connection, wait, reactivateHold, func(ctx context.Context, tx *gorm.DB) error {
 		if found, err = r.get(ctx, tx, connection); err != nil {
@@ -67,9 +66,8 @@ WITH u AS (
 	return found, version, nil
 }
 
-// NeedingReauth lists, in name order, up to limit connections marked
-// needs_reauth for reason whose names sort after after. It takes no lock:
-// Reactivate decides again under it.
+// NeedingReauth lists, by name, up to limit connections marked needs_reauth for reason whose
+// names sort after after. It takes no lock: Reactivate decides again under it.
 func (r *TokenRepository) NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error) {
 	var names []string
 	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id

@@ -13,13 +13,11 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// The refresh path's transactions (usecase.TokenStore): Claim, Store and Fail
-// each take the connection's advisory lock, do one thing and commit before
-// they return, so that no connection is held across a call to the provider.
+// The refresh path's transactions (usecase.TokenStore), Claim, Store and Fail, each lock, do one
+// thing and commit, so that no connection is held across a call to the provider.
 
-// Claim leases the refresh of seen for answerWithin: under the lock it
-// takes the lease only if the token is still seen (its version and failure
-// record), active, and no other holder's request for that version is
+// Claim leases the refresh of seen for answerWithin if, under the lock, the token is still seen
+// (version and failure record), active, and no other holder's request for that version is
 // unresolved. This process renews the lease until Claim.End is called.
 func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (usecase.Claim, error) {
 	var (
@@ -36,8 +34,7 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 		if err != nil {
 			return err
 		}
-		// Opened before the commit: a token that cannot be (a key
-		// missing, a ciphertext altered) rolls the lease back with it.
+		// Opened before the commit: a token that cannot be rolls the lease back with it.
 		c.Token, err = row.Read.Token.domain(r.sealer)
 		return err
 	})
@@ -55,24 +52,19 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 		r.leases.add(lease)
 		c.End, c.Why = lease.end, lease.note
 	case took != nil:
-		// A lease taken on another server (a restart, a failover), held
-		// for its holder for the grace.
+		// A lease taken on another server (a restart, a failover), held for its holder for the grace.
 		c.Lease.Running = true
 	}
 	return c, nil
 }
 
-// claimSQL re-reads connection $1's token with its lease and leases
-// version $2 for holder $3 for $4 ms (a lease from another server kept for
-// the grace $5 ms), if the token still has $6 failures, is $7 (active) and
-// no other holder's request is unresolved; took is the lease's holder
-// afterwards, NULL when none was asked for.
-//
-// Where the provider has a token budget (stored, or $8 requests in $9 ms
-// for OAUTH_*), the lease comes only with a debit of it, in the same
-// statement. budget_wait_ms says, when the budget refused, how long until
-// it may not, as far as the snapshot shows (else 1 ms). $10: the sweep's
-// claim, which leaves a reserve to callers.
+// claimSQL re-reads connection $1's token with its lease and leases version $2 for holder $3 for
+// $4 ms (a lease from another server kept for the grace $5 ms), if the token still has $6
+// failures, is $7 (active) and no other holder's request is unresolved; took is the lease's
+// holder afterwards, NULL when none was asked for. Where the provider has a token budget
+// (stored, or $8 requests in $9 ms for OAUTH_*), the lease comes only with a debit of it;
+// budget_wait_ms says, when the budget refused, how long until it may not (at least 1 ms).
+// $10: the sweep's claim, which leaves a reserve to callers.
 var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
 ` + budgetSQL + `,
 took AS (
@@ -92,12 +84,10 @@ SELECT cur.*, (SELECT holder FROM took) AS took,
         WHERE rate.lim > 0 AND NOT EXISTS (SELECT FROM budget)) AS budget_wait_ms
 FROM cur`
 
-// budgetSQL are claimSQL's budget steps. rate is the provider's budget:
-// lim requests in any window of win, of which the claim may count allowed
-// (the sweep leaves a quarter, at least one, to callers). The window is a
-// twentieth longer than the period, for the network's jitter at its edges.
-// budget debits it, or returns no row when it is spent (or shrunk,
-// ShrinkBudget). Claims of one provider queue on its row.
+// budgetSQL are claimSQL's budget steps. rate: lim requests in any window of win, of which the
+// claim may count allowed (the sweep leaves a quarter, at least one, to callers); the window is
+// a twentieth longer than the period, for the network's jitter. budget debits it, or returns no
+// row when it is spent or shrunk (ShrinkBudget). Claims of one provider queue on its row.
 const budgetSQL = `rate AS (
     SELECT cur.provider AS key, r.lim, r.per * interval '1.05 millisecond' AS win,
            CASE WHEN $10::boolean THEN r.lim - least(r.lim - 1, (r.lim + 3) / 4) ELSE r.lim END AS allowed
@@ -126,9 +116,8 @@ type claimRow struct {
 // SetTokenRate sets the OAUTH_* provider's token budget (zero: none); call it before use.
 func (r *TokenRepository) SetTokenRate(rate domain.TokenRate) { r.tokenRate = rate }
 
-// ShrinkBudget spends what is left of provider's token budget ("": OAUTH_*)
-// for d from now, fleet-wide, after a 429 with Retry-After d. A provider
-// without a budget row is left alone.
+// ShrinkBudget spends what is left of provider's token budget ("": OAUTH_*) for d, fleet-wide,
+// after a 429 with Retry-After d. A provider without a budget row is left alone.
 func (r *TokenRepository) ShrinkBudget(ctx context.Context, provider string, d time.Duration) (bool, error) {
 	res := r.db.WithContext(ctx).Exec(`UPDATE tokenguard_token_budgets
 SET shrunk_until = greatest(coalesce(shrunk_until, '-infinity'), clock_timestamp() + ? * interval '1 millisecond')
@@ -137,9 +126,8 @@ WHERE provider = ?`, max(d, 0).Milliseconds(), provider)
 	return res.RowsAffected > 0, storeError(ctx, op, res.Error)
 }
 
-// Store writes t over the stored token if the stored version is still
-// t.Version (else domain.ErrConflict, writing nothing), bumps the version,
-// ends older leases and announces the change, in one statement under the
+// Store writes t over the stored token if it is still at t.Version (else domain.ErrConflict),
+// bumps the version, ends older leases and announces the change, in one statement under the
 // lock. An empty refresh token keeps the stored one.
 func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Token, error) {
 	var out domain.Token
@@ -177,10 +165,9 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 	return out, err
 }
 
-// failSQL records the failure episode of version $2 of connection $1, ends
-// that version's lease and announces it (as the unchanged version), so that
-// waiting processes look again at once. $12 is why, as Claim.Why noted it,
-// for the history.
+// failSQL records the failure episode of version $2 of connection $1, ends that version's lease
+// and announces the unchanged version, so that waiting processes look again at once. $12 is
+// why, as Claim.Why noted it, for the history.
 var failSQL = `
 WITH f AS (
     INSERT INTO tokenguard_refresh_failures AS f
@@ -199,9 +186,8 @@ ended AS (DELETE FROM tokenguard_refresh_leases l USING f WHERE l.connection_id 
     AND EXISTS (SELECT FROM why))
 SELECT f.version::text FROM f, LATERAL pg_notify(` + channelInSchema("$11") + `, f.version || ' ' || $1::text)`
 
-// Fail records, for t's version, the refresh failure episode f (the backoff
-// every process honours) and ends its lease; domain.ErrConflict, writing
-// nothing, when the stored version is not t.Version any more.
+// Fail records for t's version the failure episode f (the backoff every process honours) and
+// ends its lease; domain.ErrConflict, writing nothing, when the stored version moved on.
 func (r *TokenRepository) Fail(ctx context.Context, t domain.Token, f domain.RefreshFailure) error {
 	return r.inLock(ctx, t.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		_, err := oneRow[string](ctx, tx, "record refresh failure of "+t.Connection,

@@ -1,6 +1,7 @@
 package repository
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"slices"
@@ -12,16 +13,12 @@ import (
 // Replication is what the primary says about its standbys: whether a failover can lose a commit.
 type Replication struct {
 	SyncStandbyNames string // the primary's synchronous_standby_names ("": none)
-	// Standbys is how many standbys stream from it, SyncStandbys how many
-	// of them commits wait for (sync_state sync or quorum).
-	Standbys, SyncStandbys int
-	// Hidden: standbys whose state this role may not see (it needs
-	// pg_read_all_stats, which pg_monitor has).
-	Hidden int
+	// Standbys stream from it, SyncStandbys of them are waited for (sync or quorum), and Hidden
+	// are those whose state this role may not see (it needs pg_read_all_stats, as pg_monitor has).
+	Standbys, SyncStandbys, Hidden int
 }
 
-// Synchronous reports whether a commit waits for a standby: then the
-// standby a failover promotes has every commit the primary acknowledged.
+// Synchronous reports whether a commit waits for a standby, which a failover then promotes.
 func (r Replication) Synchronous() bool { return r.SyncStandbyNames != "" && r.SyncStandbys > 0 }
 
 // Loss says, in one sentence for operators, what a failover can lose.
@@ -39,9 +36,8 @@ func (r Replication) Loss() string {
 	return "no standby: a failover or a restore from backup can lose token writes"
 }
 
-// DefaultSyncCommit is the synchronous_commit level of the token writes
-// when none is configured: remote_apply with a synchronous standby (a
-// success returned means the standby has applied the token), else on.
+// DefaultSyncCommit is the token writes' synchronous_commit when none is configured: remote_apply
+// with a synchronous standby (a success means the standby has applied the token), else on.
 func (r Replication) DefaultSyncCommit() string {
 	if r.Synchronous() {
 		return "remote_apply"
@@ -49,8 +45,7 @@ func (r Replication) DefaultSyncCommit() string {
 	return "on"
 }
 
-// ParseSyncCommit checks a synchronous_commit level ("": the default,
-// chosen from the cluster); anything else wraps domain.ErrInvalidSyncCommit.
+// ParseSyncCommit checks a synchronous_commit level ("": the cluster's default).
 func ParseSyncCommit(level string) (string, error) {
 	if level == "" || slices.Contains([]string{"off", "local", "remote_write", "on", "remote_apply"}, level) {
 		return level, nil
@@ -73,9 +68,8 @@ FROM (SELECT 1) one LEFT JOIN pg_stat_replication s ON true`).Scan(&rep).Error
 	return rep, nil
 }
 
-// Durability holds the synchronous_commit level of the token writes and
-// refresh claims: the configured one, else the cluster's default as last
-// read. It is safe for concurrent use.
+// Durability holds the synchronous_commit level of the token writes and refresh claims: the
+// configured one, else the cluster's default as last read. It is safe for concurrent use.
 type Durability struct {
 	configured string
 	last       atomic.Pointer[Replication]
@@ -107,13 +101,8 @@ func (d *Durability) SyncCommit() string {
 	if d == nil {
 		return "on"
 	}
-	if d.configured != "" {
-		return d.configured
-	}
-	if r := d.last.Load(); r != nil {
-		return r.DefaultSyncCommit()
-	}
-	return "on"
+	r, _ := d.Replication() // unread: the zero Replication's "on"
+	return cmp.Or(d.configured, r.DefaultSyncCommit())
 }
 
 // Configured is the level set by the operator, "" for the default.

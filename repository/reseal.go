@@ -16,18 +16,15 @@ const resealHold = 10 * time.Second
 
 // ResealResult counts what Reseal did.
 type ResealResult struct {
-	Resealed int // rows rewritten with the current key and form, legacy plaintext included
-	Current  int // rows that already were
-	// OnlyBound: every stored token is now bound to its row's version, and
-	// processes that start after it refuse values in any other form.
-	OnlyBound bool
+	Resealed  int  // rows rewritten with the current key and form, legacy plaintext included
+	Current   int  // rows that already were
+	OnlyBound bool // every token is now bound to its row's version: later processes refuse other forms
 }
 
 // boundForm matches a stored value in the bound form.
 const boundForm = `'tg1:%:b:%'`
 
-// markOnlyBound records, once every stored token is bound to its row's version,
-// that none may be otherwise from now on (tokenguard_seal_state).
+// markOnlyBound records, once every token is bound to its row's version, that none may be otherwise.
 func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
 	if !sealsBound(r.sealer) {
 		return false, nil
@@ -58,11 +55,10 @@ func (r tokenRow) sealedNow(s Sealer) bool {
 	return s.IsCurrent(r.AccessToken) && s.IsCurrent(r.RefreshToken) && r.SealedVersion == 0
 }
 
-// Reseal rewrites every stored token as the Sealer seals now, batch
-// connections at a time (<= 0: DefaultResealBatch), each re-read under its
-// advisory lock (wait bounds the wait) so as never to write back a token a
-// refresh replaced; the version stays. It stops at the first value it
-// cannot open (domain.ErrUndecryptable); running it again is harmless.
+// Reseal rewrites every stored token as the Sealer seals now, batch connections at a time (<= 0:
+// DefaultResealBatch), each re-read under its lock (wait bounds the wait) so as never to write
+// back a token a refresh replaced; the version stays. It stops at the first value it cannot open
+// (domain.ErrUndecryptable); running it again is harmless.
 func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Duration) (ResealResult, error) {
 	if batch <= 0 {
 		batch = DefaultResealBatch
@@ -131,19 +127,15 @@ func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait
 }
 
 // KeyCheck is what CheckKeys found.
-type KeyCheck struct {
-	Stale int // rows not sealed with the current key (legacy plaintext or an older key)
-}
+type KeyCheck struct{ Stale int } // rows not sealed with the current key (plaintext or an older key)
 
 // keyIDOf is a stored refresh token's key id ("" for plaintext), indexed.
 const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_token, ':', 2) ELSE '' END)`
 
-// CheckKeys opens one stored token per key id in use (a skip scan of their
-// index), so that a process with a wrong or missing key fails at start-up,
-// in a time that does not grow with the table; only rows waiting for a new
-// key are counted. A value that cannot be opened is domain.ErrUndecryptable.
-// Once Reseal recorded the bound form, the repository refuses any other
-// from then on: CheckKeys must run before the repository is shared.
+// CheckKeys opens one stored token per key id in use (a skip scan of their index), so that a
+// process with a wrong or missing key fails at start-up (domain.ErrUndecryptable) in a time that
+// does not grow with the table; only rows waiting for a new key are counted. Once Reseal recorded
+// the bound form, the repository refuses any other: CheckKeys must run before it is shared.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
 	var marked struct{ Bound, Versioned int64 }
 	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) AS bound, count(*) FILTER (WHERE versioned) AS versioned FROM tokenguard_seal_state`).

@@ -4,10 +4,9 @@ import (
 	"context"
 )
 
-// RecordRollback queues the connection.rolled_back webhook event: the
-// connection is stored at version stored although version known was
-// committed before. Every process that finds the same loss writes the same
-// event id, which receivers deduplicate on.
+// RecordRollback queues the connection.rolled_back event: the connection is stored at version
+// stored although known was committed before. Every process finding the same loss writes the
+// same event id, which receivers deduplicate on.
 func (r *TokenRepository) RecordRollback(ctx context.Context, connection string, known, stored int64) error {
 	err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_webhook_outbox (event_id, type, connection, data)
 VALUES ('evt_' || md5('rolled_back ' || ? || ' ' || ?::bigint || ' ' || ?::bigint), 'connection.rolled_back', ?,

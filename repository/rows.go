@@ -27,17 +27,14 @@ type tokenRow struct {
 	Status        domain.Status
 	StatusReason  string
 	UpdatedAt     time.Time
-	Binding       domain.Binding `gorm:"embedded"` // NULL reads as ""; scopes space-separated
-	Provider      string         // '' for the environment's provider
-	// SealedVersion is the version the credentials of the earlier bound
-	// form are sealed at (0: NULL).
-	SealedVersion int64
+	Binding       domain.Binding        `gorm:"embedded"` // NULL reads as ""; scopes space-separated
+	Provider      string                // '' for the environment's provider
+	SealedVersion int64                 // the version the earlier bound form is sealed at (0: NULL)
 	Failure       domain.RefreshFailure `gorm:"embedded"`        // of the version (failureColumns; NULL times read as zero)
 	DPoPJKT       string                `gorm:"column:dpop_jkt"` // '' for a bearer grant
 }
 
-// domain opens the row's credentials with s: a value that fails to open is
-// an error wrapping domain.ErrUndecryptable, never a token.
+// domain opens the row's credentials with s: one that fails to open is domain.ErrUndecryptable.
 func (r tokenRow) domain(s Sealer) (domain.Token, error) {
 	at, rt, err := opened(s, r.Name, seal{r.LockKey, r.Version}, r.SealedVersion, r.AccessToken, r.RefreshToken)
 	if err != nil {
@@ -67,8 +64,7 @@ func (r tokenRow) record() domain.Token {
 	}
 }
 
-// textArray is space-separated scopes as a text[] parameter; "" is NULL
-// (unknown, or none missing).
+// textArray is space-separated scopes as a text[] parameter; "" is NULL (unknown, or none missing).
 func textArray(scopes string) any {
 	if scopes == "" {
 		return nil
@@ -95,9 +91,8 @@ func tagArray(v []string) string {
 
 func nullTime(t time.Time) sql.NullTime { return sql.NullTime{Time: t, Valid: !t.IsZero()} }
 
-// connIDs caches connections' ids by name, for sealing before a write.
-// Every write checks the id it sealed with, so a stale entry (a row
-// re-created by hand) writes nothing and is read again.
+// connIDs caches connections' ids by name, for sealing before a write. Every write checks the id
+// it sealed with, so a stale entry (a row re-created by hand) writes nothing and is read again.
 type connIDs struct{ m sync.Map }
 
 func (c *connIDs) put(row *tokenRow) { c.m.Store(row.Name, row.LockKey) }

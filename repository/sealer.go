@@ -11,13 +11,11 @@ import (
 type Sealer interface {
 	// Seal returns what to store for plaintext, bound to aad; "" stays "".
 	Seal(plaintext, aad string) (string, error)
-	// Open returns the plaintext of a stored value sealed with the same
-	// aad, or an error wrapping domain.ErrUndecryptable.
+	// Open returns the plaintext of a value sealed with aad, or an error wrapping domain.ErrUndecryptable.
 	Open(stored, aad string) (string, error)
 	// IsCurrent: a stored value is already as Seal makes it now (Reseal leaves it alone).
 	IsCurrent(stored string) bool
-	// Bound reports whether a stored value is in the form whose aad names
-	// the row by its id and a version (earlier: the connection's name).
+	// Bound: a stored value is in the form whose aad names the row by id and version (not its name).
 	Bound(stored string) bool
 }
 
@@ -27,11 +25,10 @@ const (
 	colRefresh = "refresh_token"
 )
 
-// seal is what a row's credentials are bound to: the connection's id
-// (never reused) and the row's version. A ciphertext moved to another
-// connection or copied back from another version does not open, so a
-// rollback needs the key, not just write access to the table. Every write
-// giving the row a new version seals again, with sealed_version NULL.
+// seal is what a row's credentials are bound to: the connection's id (never reused) and the row's
+// version. A ciphertext moved to another connection or copied back from another version does not
+// open, so a rollback needs the key, not just write access to the table. Every write giving the
+// row a new version seals again, with sealed_version NULL.
 type seal struct {
 	id      int32
 	version int64
@@ -79,8 +76,7 @@ func opened(s Sealer, connection string, at seal, sealedVersion int64, access, r
 			return "", fmt.Errorf("%w: bound to its sealed_version column, and tokenctl rotate-key has resealed every row bound to its version (copied back from another version, or written around tokenguard)",
 				domain.ErrUndecryptable)
 		default:
-			// Until tokenctl rotate-key: rows of the previous release, bound to
-			// the row's sealed_version column (which a copy could bring back).
+			// Until rotate-key: rows bound to sealed_version (which a copy could bring back).
 			return s.Open(stored, fmt.Sprintf("c%d/v%d/%s", at.id, sealedVersion, column))
 		}
 	}
@@ -93,10 +89,9 @@ func opened(s Sealer, connection string, at seal, sealedVersion int64, access, r
 	return a, rt, nil
 }
 
-// onlyBound is the Sealer of a store where Reseal bound every value
-// (tokenguard_seal_state): a value in another form was written around
-// tokenguard or copied back, and is refused. versioned: every row is bound
-// to its version, and the sealed_version form is refused too.
+// onlyBound is the Sealer of a store where Reseal bound every value: a value in another form was
+// written around tokenguard or copied back, and is refused. versioned: every row is bound to its
+// version, and the sealed_version form is refused too.
 type onlyBound struct {
 	Sealer
 	versioned bool

@@ -8,9 +8,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// CountByStatus counts the connections that have a stored token by status,
-// an active one shown failing counted as failing only, in one aggregate
-// (for the metrics collected at scrape time).
+// CountByStatus counts the connections that have a stored token by status, an active one shown
+// failing counted as failing only, in one aggregate (for the metrics at scrape time).
 func (r *TokenRepository) CountByStatus(ctx context.Context) (map[domain.Status]int, error) {
 	return counted[domain.Status](ctx, r.db, "count connections by status", `SELECT CASE WHEN t.status = 'active' AND f.failing THEN 'failing' ELSE t.status END AS key, count(*) AS n
 FROM tokenguard_tokens t LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version

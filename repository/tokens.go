@@ -15,8 +15,7 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// TokenRepository reads and writes connection tokens. Plain reads take no
-// lock; every write happens in a LockedTokens handed out by InLock.
+// TokenRepository reads and writes connection tokens. Plain reads take no lock; writes take it.
 type TokenRepository struct {
 	db         *gorm.DB
 	sealer     Sealer
@@ -43,9 +42,8 @@ var selectTokenColumns = "c.id AS lock_key, c.name, " + tokenFields("t") + failu
 const tokenFrom = ` FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version`
 
-// selectTokenLeased is selectToken with the lease on the version read:
-// whether it runs, its age, and whether it ran out unresolved on this
-// server (abandoned: refused anyway, see leaseFree).
+// selectTokenLeased is selectToken with the lease on the version read: whether it runs, its age,
+// and whether it ran out unresolved on this server (abandoned: refused anyway, see leaseFree).
 var selectTokenLeased = "SELECT " + selectTokenColumns +
 	", EXISTS (SELECT FROM tokenguard_refresh_leases l WHERE " + leaseRuns + ") AS leased" +
 	", (SELECT greatest(0, (extract(epoch FROM now() - l.taken_at) * 1000)::bigint) FROM tokenguard_refresh_leases l " + leaseOfVersion + ") AS lease_age_ms" +
@@ -53,12 +51,10 @@ var selectTokenLeased = "SELECT " + selectTokenColumns +
 
 const leaseOfVersion = `WHERE l.connection_id = t.connection_id AND l.version = t.version`
 
-// tokenColumns are tokenRow's columns of a write's result u: a new version
-// has no failure (the tokens_written trigger ends the episode).
+// tokenColumns are tokenRow's columns of a write's result u: a new version has no failure.
 var tokenColumns = "u.lock_key, u.name, " + tokenFields("u") + noFailureColumns
 
-// tokenFields are the columns of token t but its key, name and failure;
-// NULL binding, scopes and provider read as "".
+// tokenFields are the columns of token t but its key, name and failure; NULLs read as "".
 func tokenFields(t string) string {
 	return strings.ReplaceAll(`t.access_token, t.token_type, t.refresh_token,
        t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
@@ -90,8 +86,7 @@ func (r *TokenRepository) Get(ctx context.Context, connection string) (domain.To
 	return r.get(ctx, r.db, connection)
 }
 
-// Read is Get with the lease on the version read, so that a caller about
-// to refresh can wait for a refresh under way, or give up on an overdue one.
+// Read is Get with the lease on the version read, so that a caller about to refresh can wait for it.
 func (r *TokenRepository) Read(ctx context.Context, connection string) (domain.Token, usecase.Lease, error) {
 	row, err := oneRow[leasedTokenRow](ctx, r.db, "get token", fmt.Errorf("connection %q: %w", connection, domain.ErrNotFound),
 		selectTokenLeased+" WHERE c.name = ?", connection)
@@ -118,9 +113,7 @@ func (row leasedTokenRow) lease() usecase.Lease {
 // DefaultPage is how many rows Each reads per query.
 const DefaultPage = 500
 
-// Each calls fn with every stored token, in connection name order, holding
-// one page in memory at a time (keyset pagination: every page costs the
-// same however large the table). fn's error stops it and is returned.
+// Each calls fn with every stored token, by name, a page at a time; fn's error stops it.
 func (r *TokenRepository) Each(ctx context.Context, fn func(domain.Token) error) error {
 	return eachPage(func(after string) ([]domain.Token, error) {
 		return allRows(ctx, r.db, "list tokens", func(row tokenRow) (domain.Token, error) {
@@ -159,12 +152,10 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 	return storeError(ctx, "register connection", err)
 }
 
-// WithAdvisoryLock takes, on tx's own connection, the transaction-scoped
-// advisory locks of the named (registered) connections, always in the same
-// order, held until tx ends. The wait ends a little before the deadline of
-// tx's context (lock_timeout: domain.ErrLockTimeout), so that a lock waited
-// out is told from a store that does not answer. It also gives tx the
-// settings of a locked transaction (lockSettings).
+// WithAdvisoryLock takes on tx the transaction-scoped advisory locks of the named (registered)
+// connections, always in the same order, and gives tx the settings of a locked transaction. The
+// wait ends a little before tx's deadline (lock_timeout: domain.ErrLockTimeout), so that a lock
+// waited out is told from a store that does not answer.
 func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) error {
 	ids := slices.Compact(slices.Sorted(slices.Values(connections)))
 	var set lockSettings // no durability: the server's synchronous_commit
@@ -184,10 +175,8 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 	return lockConnectionsByName(tx, ids, set)
 }
 
-// InLock runs fn in a transaction that holds connection's advisory lock,
-// and commits it when fn returns nil (usecase.ConnectionStore). ctx and wait
-// bound only the wait for the lock (domain.ErrLockTimeout); fn's context is
-// bounded by hold instead. fn's error rolls back and is returned as it is.
+// InLock runs fn in a transaction holding connection's advisory lock and commits when fn returns
+// nil (usecase.ConnectionStore): ctx and wait bound the wait for the lock, hold fn's context.
 func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, hold time.Duration,
 	fn func(context.Context, usecase.LockedStore) error) error {
 	return r.inLock(ctx, connection, wait, hold, func(ctx context.Context, tx *gorm.DB) error {
@@ -195,9 +184,8 @@ func (r *TokenRepository) InLock(ctx context.Context, connection string, wait, h
 	})
 }
 
-// LockedTokens is the token store bound to a transaction that holds a
-// connection's advisory lock (usecase.LockedStore), valid only inside
-// InLock's callback.
+// LockedTokens is the token store bound to a transaction holding a connection's advisory lock
+// (usecase.LockedStore), valid only inside InLock's callback.
 type LockedTokens struct {
 	db   *gorm.DB // the transaction
 	repo *TokenRepository
@@ -208,8 +196,7 @@ func (l *LockedTokens) Get(ctx context.Context, connection string) (domain.Token
 	return l.repo.get(ctx, l.db, connection)
 }
 
-// endLeases, a CTE of a statement that stores version u.version, ends the
-// refresh leases of older versions: their refresh is over.
+// endLeases, a CTE of a statement storing version u.version, ends older versions' leases.
 const endLeases = `ended AS (DELETE FROM tokenguard_refresh_leases l USING u WHERE l.connection_id = u.lock_key AND l.version < u.version)`
 
 // saveSQL is Store's statement.
@@ -236,20 +223,18 @@ WITH u AS (
 ` + endLeases + `
 ` + notifiedTokens("$11")
 
-// notifiedTokens selects the rows u written and announces them on the change channel placeholder p names.
+// notifiedTokens selects the rows u written and announces them on channel placeholder p.
 func notifiedTokens(p string) string {
 	return "SELECT " + tokenColumns + " FROM u, LATERAL pg_notify(" + channelInSchema(p) + ", u.version || ' ' || u.name)"
 }
 
-// Put stores a newly granted token for a registered connection, replacing
-// whatever grant it had, and announces the change at commit. The version
-// keeps increasing across grants.
+// Put stores a newly granted token for a registered connection, replacing whatever grant it had,
+// and announces the change at commit. The version keeps increasing across grants.
 func (l *LockedTokens) Put(ctx context.Context, t domain.Token) (domain.Token, error) {
 	if t.RefreshToken.IsZero() || t.AccessToken.IsZero() {
 		return domain.Token{}, fmt.Errorf("put token of %s: %w: empty access or refresh token", t.Connection, domain.ErrInvalidToken)
 	}
-	// The version the write gives the row: the next one, or the first of
-	// the name (above a disconnected grant's, tokens_continue_version).
+	// The version the write gives the row: above a disconnected grant's (tokens_continue_version).
 	notFound := fmt.Errorf("put token of %s: %w", t.Connection, domain.ErrNotFound)
 	next, err := oneRow[struct {
 		ID      int32
