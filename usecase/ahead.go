@@ -16,15 +16,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// AheadStore is what refreshing ahead of expiry and keeping idle grants
-// alive need from the store.
+// AheadStore is what refreshing ahead of expiry and keeping idle grants alive need from the store.
 type AheadStore interface {
-	// ExpiringBefore lists up to limit active connections' tokens
-	// (without credentials) that expire before t, soonest first, from the
-	// cursor after ("" first); next is "" after the last page.
+	// ExpiringBefore lists up to limit active connections' tokens (without credentials) that expire
+	// before t, soonest first, from the cursor after ("" first); next is "" after the last page.
 	ExpiringBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error)
-	// ObtainedBefore is ExpiringBefore for the tokens obtained before t,
-	// oldest first.
+	// ObtainedBefore is ExpiringBefore for the tokens obtained before t, oldest first.
 	ObtainedBefore(ctx context.Context, t time.Time, after string, limit int) (due []domain.Token, next string, err error)
 	// TokenStore claims and stores the sweep's refreshes.
 	TokenStore
@@ -44,11 +41,9 @@ const (
 	sweepErrors = 20  // single-connection errors returned; the rest are only counted
 )
 
-// RefreshAhead refreshes every connection whose token expires within
-// window, with at most concurrency requests at the provider at a time.
-// Connections another process is refreshing are skipped. Errors of single
-// connections are counted, the first few joined into the returned error;
-// the pass goes on.
+// RefreshAhead refreshes every connection whose token expires within window, with at most
+// concurrency requests at the provider at a time, skipping those another process is refreshing.
+// Single connections' errors are counted, the first few joined into the returned error.
 func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore, window time.Duration, concurrency int) (AheadReport, error) {
 	deadline := u.opts.Clock.Now().Add(window)
 	return u.sweep(ctx, "refresh_ahead", store, store.ExpiringBefore, deadline, concurrency, func(t domain.Token) bool {
@@ -56,10 +51,9 @@ func (u *RefreshTokenUseCase) RefreshAhead(ctx context.Context, store AheadStore
 	})
 }
 
-// KeepAlive refreshes, like RefreshAhead, every connection whose token was
-// not refreshed for idle: some providers let an unused refresh token die.
-// A stored provider's own keep-alive (Options.ProviderKeepAlives) replaces
-// idle for its connections; idle 0 keeps alive only those.
+// KeepAlive refreshes, like RefreshAhead, every connection not refreshed for idle: some providers
+// let an unused refresh token die. A stored provider's own keep-alive (Options.ProviderKeepAlives)
+// replaces idle for its connections; idle 0 keeps alive only those.
 func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, idle time.Duration, concurrency int) (AheadReport, error) {
 	var own map[string]time.Duration
 	if u.opts.ProviderKeepAlives != nil {
@@ -84,10 +78,9 @@ func (u *RefreshTokenUseCase) KeepAlive(ctx context.Context, store AheadStore, i
 	})
 }
 
-// sweep refreshes the due tokens list hands out, page by page. concurrency
-// bounds the requests at the provider; twice as many connections are
-// worked on, so that claims and writes overlap the calls instead of adding
-// to them. kind names the sweep in its span and, spaced, in its error.
+// sweep refreshes the due tokens list hands out, page by page. concurrency bounds the requests at
+// the provider; twice as many connections are worked on, so claims and writes overlap the calls
+// instead of adding to them. kind names the sweep in its span and, spaced, in its error.
 func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store AheadStore,
 	list func(ctx context.Context, t time.Time, after string, limit int) ([]domain.Token, string, error),
 	t time.Time, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
@@ -152,14 +145,11 @@ const (
 	sweepFailed
 )
 
-// sweepOne refreshes t's connection (t as listed, without credentials) if
-// it is due and Claim still finds it so, holding an in-flight slot, and one
-// of the sweep's calls from the claim to the provider's answer.
+// sweepOne refreshes t's connection (as listed, without credentials) if it is due and Claim still
+// finds it so, holding an in-flight slot, and one of the sweep's calls, until the provider answers.
 func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, calls *semaphore.Weighted, t domain.Token, due func(domain.Token) bool) (sweepOutcome, error) {
-	var (
-		r  redeemed
-		ev RefreshEvent
-	)
+	var r redeemed
+	var ev RefreshEvent
 	id := t.Connection
 	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, id)
 	busy := true // another holder has its refresh

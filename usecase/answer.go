@@ -11,10 +11,9 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// redeem resolves c's lease, waiting at most RefreshTimeout. A later answer
-// is awaited in the background, under the lease, until the answer deadline;
-// the caller is told errAnswerPending (a still-valid token is served
-// through it) and the provider's calls pause (the hung gate).
+// redeem resolves c's lease, waiting at most RefreshTimeout. A later answer is awaited in the
+// background, under the lease, until the answer deadline; the caller is told errAnswerPending (a
+// still-valid token is served through it) and the provider's calls pause (the hung gate).
 func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
 	ctx = context.WithoutCancel(ctx)
 	type outcome struct {
@@ -50,13 +49,11 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c cl
 	return redeemed{}, err
 }
 
-// errAnswerPending: the answer to a request that presented the stored
-// refresh token is still awaited, so the token cannot be refreshed now.
+// errAnswerPending: the answer to a request that presented the stored refresh token is awaited.
 var errAnswerPending = errors.New("the answer to the refresh under way is not in yet")
 
-// overdue: another holder's lease has waited for its answer longer than a
-// caller waits. Never when forced: the 401 says the provider already
-// rotated, so the answer under way is worth waiting for.
+// overdue: another holder's lease has waited for its answer longer than a caller waits. Never when
+// forced: the 401 says the provider already rotated, so the answer under way is worth waiting for.
 func (u *RefreshTokenUseCase) overdue(l Lease, forced bool) bool {
 	return !forced && l.Running && l.Age > u.opts.RefreshTimeout
 }
@@ -72,9 +69,8 @@ func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
 	}
 }
 
-// redeemEnded fills e with how redeeming r ended and returns the pass's
-// error: for a dead grant r.revoked, told to OnNeedsReauth and to log unless
-// nil (a sweep's event line says it). Every pass and the late answer end here.
+// redeemEnded fills e with how redeeming r ended and returns the pass's error: for a dead grant
+// r.revoked, told to OnNeedsReauth and to log unless nil (a sweep's event line says it).
 func (u *RefreshTokenUseCase) redeemEnded(e *RefreshEvent, r redeemed, err error, log *slog.Logger) error {
 	e.ProviderLatency, e.NewVersion = r.latency, r.tok.Version
 	if err != nil || r.revoked == nil {
@@ -88,9 +84,8 @@ func (u *RefreshTokenUseCase) redeemEnded(e *RefreshEvent, r redeemed, err error
 	return r.revoked
 }
 
-// abandoned records the lost answer of t's lease that ran out unresolved,
-// so the refresh token is presented again only after a probe
-// (domain.RefreshFailure.ProbeFirst). It returns the token as stored.
+// abandoned records the lost answer of t's lease that ran out unresolved, so the refresh token is
+// presented again only after a probe (domain.RefreshFailure.ProbeFirst). It returns t as stored.
 func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (domain.Token, error) {
 	ctx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
 	defer cancel()
@@ -110,9 +105,8 @@ func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (do
 	return out, nil
 }
 
-// probe presents a refresh token that cannot exist: any 2xx-4xx answer
-// but 429 says the provider processes requests again, so a request of ours
-// whose answer was lost has been answered or dropped.
+// probe presents a refresh token that cannot exist: any 2xx-4xx answer but 429 says the provider
+// processes requests again, so a request of ours whose answer was lost was answered or dropped.
 func (u *RefreshTokenUseCase) probe(ctx context.Context, provider string) error {
 	ctx, cancel := context.WithTimeout(ctx, u.opts.RefreshTimeout)
 	defer cancel()

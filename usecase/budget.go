@@ -15,8 +15,7 @@ func budgetSpent(wait time.Duration) error {
 	return fmt.Errorf("%w (for %v)", domain.ErrTokenBudgetSpent, wait.Round(time.Millisecond))
 }
 
-// shrinkOn429 spends provider's fleet-wide token budget for as long as its
-// 429 said to wait (Retry-After), if the store and provider have budgets.
+// shrinkOn429 spends provider's fleet-wide token budget for its 429's Retry-After, if budgeted.
 func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, err error) {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) || pe.HTTPStatus != 429 || pe.RetryAfter <= 0 {
@@ -64,8 +63,7 @@ func (h *byExpiry) Pop() any {
 	return t
 }
 
-// push queues t's refresh (the last seen token of a connection wins), and
-// reports whether the provider's drainQueue must be started.
+// push queues t's refresh (a connection's last seen token wins); true: start drainQueue.
 func (p *providerState) push(t domain.Token) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -93,17 +91,16 @@ func (p *providerState) pop() (domain.Token, bool) {
 	return heap.Pop(p.queued).(domain.Token), true
 }
 
-// hold queues t's refresh, one goroutine per provider redeeming the queue
-// as the budget allows, soonest expiry first, whoever calls meanwhile.
+// hold queues t's refresh, one goroutine per provider redeeming the queue as the budget allows,
+// soonest expiry first, whoever calls meanwhile.
 func (u *RefreshTokenUseCase) hold(t domain.Token) {
 	if p := u.provider(t.Provider); p.push(t) {
 		go u.drainQueue(p)
 	}
 }
 
-// drainQueue refreshes p's queued tokens as the budget allows. One the
-// budget refused again is queued again; one that failed otherwise is left
-// to the next caller.
+// drainQueue refreshes p's queued tokens as the budget allows. One the budget refused again is
+// queued again; one that failed otherwise is left to the next caller.
 func (u *RefreshTokenUseCase) drainQueue(p *providerState) {
 	sem := make(chan struct{}, queuedLimit)
 	for {

@@ -9,14 +9,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// tokenCache keeps each connection's last known token as an immutable
-// snapshot behind an atomic pointer: a hit takes no lock, no allocation, no
-// query. It serves only while trusted (the change listener hears every
-// commit); each (re)connection starts a new epoch, so nothing cached before
-// a gap in the change feed survives it. It evicts by CLOCK, which unlike an
-// LRU neither locks nor allocates on a hit. A change announced for, or an
-// eviction of, a slot-less connection advances its shard's sequence,
-// refusing any read of it begun before.
+// tokenCache keeps each connection's last known token as an immutable snapshot behind an atomic
+// pointer: a hit takes no lock, allocation or query. It serves only while trusted (the change
+// listener hears every commit); each (re)connection starts a new epoch, so nothing cached before a
+// gap in the change feed survives it. CLOCK eviction, unlike LRU, neither locks nor allocates on a
+// hit. A change announced for, or eviction of, a slot-less connection advances its shard's
+// sequence, refusing any read of it begun before.
 type tokenCache struct {
 	trusted  atomic.Bool
 	epoch    atomic.Uint64
@@ -95,8 +93,8 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 // begin marks the start of a read of the store; put refuses its result if the epoch or shard moved on.
 func (c *tokenCache) begin() cacheMark { return cacheMark{epoch: c.epoch.Load(), seq: c.seq.Load()} }
 
-// put remembers tok, fresh until its expiry minus skew, if nothing newer is
-// known. The refresh token stays out: the hot path never needs it.
+// put remembers tok, fresh until its expiry minus skew, if nothing newer is known. The refresh
+// token stays out: the hot path never needs it.
 func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 	c.read(tok.Connection, tok.Version, m, false)
 	if !c.trusted.Load() || tok.Status != domain.StatusActive || c.shards[shardOf(tok.Connection)].Load() > m.seq {
@@ -134,8 +132,8 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 	}
 }
 
-// invalidate drops any cached token of id older than version, recording
-// nothing as committed (a forced refresh's version may not exist).
+// invalidate drops cached tokens of id older than version, recording nothing as committed (a
+// forced refresh's version may not exist).
 func (c *tokenCache) invalidate(id string, version int64) {
 	v, ok := c.slots.Load(id)
 	if !ok {
@@ -178,8 +176,8 @@ func (c *tokenCache) slot(id string) *cacheSlot {
 	return v.(*cacheSlot)
 }
 
-// evict sweeps the slots down to 90% of capacity, sparing each slot hit
-// since the last sweep once. One sweep runs at a time; others go on.
+// evict sweeps the slots down to 90% of capacity, sparing once each slot hit since the last sweep.
+// One sweep runs at a time; others go on.
 func (c *tokenCache) evict() {
 	if !c.evicting.CompareAndSwap(false, true) {
 		return

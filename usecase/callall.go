@@ -45,8 +45,8 @@ func NewCallAllUseCase(conns ConnectionLister, api APICaller, path string, concu
 	return &CallAllUseCase{conns: conns, api: api, path: path, concurrency: max(concurrency, 1)}
 }
 
-// CallAll makes one call per active connection. A failed call is reported
-// in the result; the error is for failing to list the connections.
+// CallAll makes one call per active connection. A failed call is reported in the result; the
+// error is for failing to list the connections.
 func (u *CallAllUseCase) CallAll(ctx context.Context) (CallAllResult, error) {
 	var res CallAllResult
 	err := u.conns.Each(ctx, func(t domain.Token) error {

@@ -11,8 +11,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// claimed is what the claim of a refresh found: Token as last read (under
-// the lock if claimed), End nil when it needs no refresh.
+// claimed is what a refresh's claim found: Token as last read (under the lock if claimed), End nil
+// when it needs no refresh.
 type claimed struct {
 	Claim
 	waited  time.Duration // from the first look until the claim
@@ -27,10 +27,9 @@ func (c claimed) note(reason string) {
 	}
 }
 
-// claim leases the refresh of connection's token while due says it needs
-// one, starting from seen. A claim that finds another holder's lease waits,
-// holding nothing, for its announcement and looks again; one that finds
-// the stored token moved looks at that. The lock wait bounds it all.
+// claim leases the refresh of connection's token while due says it needs one, starting from seen.
+// A claim that finds another holder's lease waits, holding nothing, for its announcement and looks
+// again; one that finds the stored token moved looks at that. The lock wait bounds it all.
 func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (claimed, error) {
 	asked := time.Now()
 	c := claimed{Claim: Claim{Token: seen}}
@@ -99,8 +98,8 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 	}
 }
 
-// budgetHeld: with the budget spent, a still-valid t is served (its
-// refresh queued unless forced); an expired one waits for the budget.
+// budgetHeld: with the budget spent, a valid t is served (its refresh queued unless forced); an
+// expired one waits for the budget.
 func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wait time.Duration, forced bool,
 	asked time.Time, woken <-chan struct{}) error {
 	if !usable(t, u.opts.Clock.Now()) {
@@ -129,9 +128,9 @@ func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, ask
 	return cl, err
 }
 
-// mayPresent refuses to present t's refresh token while its provider's calls
-// pause, its failure episode says wait, a forced refresh comes too soon, or
-// ctx is done (checked here because past the claim the refresh runs on).
+// mayPresent refuses to present t's refresh token while its provider's calls pause, its failure
+// episode says wait, a forced refresh comes too soon, or ctx is done (checked here because past the
+// claim the refresh runs on).
 func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, forced bool) error {
 	now := u.opts.Clock.Now()
 	p := u.provider(t.Provider)
@@ -150,10 +149,9 @@ func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, fo
 	return ctx.Err()
 }
 
-// look reads connection's token without the lock; done when it needs no
-// refresh (or cannot have one). It waits out another holder's running lease
-// within the lock wait begun at asked, calling waiting (if not nil) once
-// when it starts; an abandoned lease is recorded as a lost answer, an
+// look reads connection's token without the lock; done when it needs no refresh (or cannot have
+// one). It waits out another holder's running lease within the lock wait begun at asked, calling
+// waiting (if not nil) once when it starts; an abandoned lease is recorded as a lost answer, an
 // overdue one is not waited for (errAnswerPending) unless forced.
 func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked time.Time, due func(domain.Token) bool,
 	forced bool, waiting func()) (domain.Token, bool, error) {
@@ -194,8 +192,8 @@ func (u *RefreshTokenUseCase) look(ctx context.Context, connection string, asked
 	}
 }
 
-// A wait for another holder ends at its announcement or after a poll; while
-// the listener is connected, the slower poll only catches a holder that died.
+// A wait for another holder ends at its announcement or after a poll; while the listener is
+// connected, the slower poll only catches a holder that died.
 const (
 	leasePoll          = 100 * time.Millisecond
 	leasePollListening = time.Second
@@ -210,8 +208,8 @@ func (u *RefreshTokenUseCase) awaitLease(ctx context.Context, asked time.Time, w
 	return u.await(ctx, poll, asked, woken, domain.ErrRefreshInProgress)
 }
 
-// await waits, holding nothing, for d or an announcement (woken); past the
-// lock wait begun at asked it fails with a lock timeout. Errors wrap why.
+// await waits, holding nothing, for d or an announcement (woken); past the lock wait begun at
+// asked it fails with a lock timeout. Errors wrap why.
 func (u *RefreshTokenUseCase) await(ctx context.Context, d time.Duration, asked time.Time, woken <-chan struct{}, why error) error {
 	left := u.opts.LockWait - time.Since(asked)
 	if left <= 0 {
@@ -228,9 +226,8 @@ func (u *RefreshTokenUseCase) await(ctx context.Context, d time.Duration, asked 
 	return nil
 }
 
-// acquireSlot takes an in-flight slot unless the connection is announced
-// first (errAnnounced): at a mass expiry another process has done most
-// queued refreshes meanwhile.
+// acquireSlot takes an in-flight slot unless the connection is announced first (errAnnounced): at a
+// mass expiry another process has done most queued refreshes meanwhile.
 func (u *RefreshTokenUseCase) acquireSlot(ctx context.Context, woken <-chan struct{}) error {
 	if u.slots.TryAcquire(1) {
 		return nil

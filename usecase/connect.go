@@ -11,8 +11,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ConnectUseCase stores the first grant of a connection, or a new grant
-// after the old one was revoked (tokenctl import, the OAuth callback).
+// ConnectUseCase stores a connection's first grant, or a new one after the old was revoked
+// (tokenctl import, the OAuth callback).
 type ConnectUseCase struct {
 	store    ConnectionStore
 	clock    Clock
@@ -33,8 +33,8 @@ func orDefault(d, def time.Duration) time.Duration {
 	return d
 }
 
-// Connect stores g as connection's token and makes the connection active,
-// under the connection's lock, so it never interleaves with a refresh.
+// Connect stores g as connection's token and makes it active, under the connection's lock, so it
+// never interleaves with a refresh.
 func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domain.Grant) (domain.Token, error) {
 	return u.ConnectGrant(ctx, connection, g, ConnectRequest{AllowAccountChange: true})
 }
@@ -43,17 +43,15 @@ func (u *ConnectUseCase) Connect(ctx context.Context, connection string, g domai
 type ConnectRequest struct {
 	Binding            domain.Binding // who granted it; zero when unknown
 	AllowAccountChange bool           // a grant from another account may replace the connection's
-	// Metadata replaces the connection's metadata and tags, in the grant's
-	// transaction; nil keeps what the connection has.
+	// Metadata replaces the connection's metadata and tags in the grant's transaction; nil keeps them.
 	Metadata *domain.Metadata
 	Provider string // the stored provider that issued the grant; "" the process's configured one
-	// ProviderFields are what the provider's profile keeps from the grant
-	// (Salesforce instance_url): merged into the connection's metadata
-	// under "provider_fields", after Metadata.
+	// ProviderFields are what the provider's profile keeps from the grant (Salesforce instance_url):
+	// merged into the connection's metadata under "provider_fields", after Metadata.
 	ProviderFields map[string]string
 	Result         int64 // the pending connect result of the grant (0: none), spent in its transaction
-	// DPoPKey (PEM) and DPoPJKT (its RFC 7638 thumbprint): the DPoP key the
-	// grant is bound to, stored sealed; zero for a bearer grant.
+	// DPoPKey (PEM) and DPoPJKT (its RFC 7638 thumbprint): the DPoP key the grant is bound to,
+	// stored sealed; zero for a bearer grant.
 	DPoPKey domain.Secret
 	DPoPJKT string
 }
@@ -70,9 +68,8 @@ type MetadataStore interface {
 	SetProviderFields(ctx context.Context, connection string, fields map[string]string) error
 }
 
-// ConnectGrant stores g with what r carries, in one transaction under the
-// connection's lock: a refused grant changes nothing. A grant from another
-// account than the connection's is domain.ErrAccountMismatch unless r allows it.
+// ConnectGrant stores g with what r carries, in one transaction under the connection's lock: a
+// refused grant changes nothing. Another account's grant is domain.ErrAccountMismatch unless allowed.
 func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g domain.Grant, r ConnectRequest) (domain.Token, error) {
 	b, allowChange, provider := r.Binding, r.AllowAccountChange, r.Provider
 	tok, err := domain.NewToken(connection, g, u.clock.Now())

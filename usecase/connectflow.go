@@ -43,12 +43,11 @@ func (u *ConnectFlowUseCase) Keep(ctx context.Context, p domain.PendingGrant) (d
 	return u.results.Keep(ctx, p)
 }
 
-// Redeem stores the grant of the result code, bound to the account that
-// granted it (domain.ErrAccountMismatch unless the session allowed the
-// change), in one transaction with the result's deletion. An unknown,
-// expired or redeemed code is domain.ErrResultInvalid and stores nothing,
-// as does allow's refusal of the connection (nil allow: any). A grant
-// refused for good is expired at once, so the sweep revokes it.
+// Redeem stores the grant of the result code, bound to the account that granted it
+// (domain.ErrAccountMismatch unless the session allowed the change), in one transaction with the
+// result's deletion. An unknown, expired or redeemed code is domain.ErrResultInvalid and stores
+// nothing, as does allow's refusal of the connection (nil allow: any). A grant refused for good is
+// expired at once, so the sweep revokes it.
 func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret, allow func(connection string) error) (domain.Token, domain.PendingGrant, error) {
 	id, p, err := u.results.Pending(ctx, code)
 	if err != nil {
@@ -75,10 +74,9 @@ func (u *ConnectFlowUseCase) Redeem(ctx context.Context, code domain.Secret, all
 // sweepBatch bounds the results one sweep revokes.
 const sweepBatch = 20
 
-// Sweep revokes at their provider the grants of expired results and
-// deletes them, returning how many. Each result is leased first, so two
-// sweeping processes revoke it once; a failed revocation keeps the result
-// for the next sweep.
+// Sweep revokes at their provider the grants of expired results and deletes them, returning how
+// many. Each is leased first, so two sweeping processes revoke it once; a failed revocation keeps
+// the result for the next sweep.
 func (u *ConnectFlowUseCase) Sweep(ctx context.Context) (int, error) {
 	expired, err := u.results.Expired(ctx, sweepBatch, u.timeout+5*time.Second) // the lease outlasts a revocation
 	if err != nil {

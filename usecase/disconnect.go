@@ -11,18 +11,18 @@ import (
 
 // DisconnectStore deletes a connection's token under its lock.
 type DisconnectStore interface {
-	// Disconnect, under the connection's lock (waiting at most wait), calls before with the
-	// token and unless it fails deletes the token, announces it and commits; it returns the token.
+	// Disconnect, under the connection's lock (waiting at most wait), calls before with the token
+	// and unless it fails deletes the token, announces it and commits; it returns the token.
 	Disconnect(ctx context.Context, connection string, wait time.Duration,
 		before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error)
-	// Read and Claim are TokenStore's: a revocation leases the refresh
-	// token it revokes, so that no refresh presents it meanwhile.
+	// Read and Claim are TokenStore's: a revocation leases the refresh token it revokes, so that
+	// no refresh presents it meanwhile.
 	Read(ctx context.Context, connection string) (domain.Token, Lease, error)
 	Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (Claim, error)
 }
 
-// Revoker revokes a refresh token at the provider's revocation endpoint
-// (RFC 7009); domain.ErrNoRevocationEndpoint when it has none.
+// Revoker revokes a refresh token at the provider's revocation endpoint (RFC 7009);
+// domain.ErrNoRevocationEndpoint when it has none.
 type Revoker interface {
 	Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error
 }
@@ -44,13 +44,12 @@ func NewDisconnectUseCase(store DisconnectStore, revoker Revoker, lockWait, revo
 		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout)}
 }
 
-// Disconnect deletes connection's token, after revoking its refresh token
-// at the provider when revoke is true. Order: the lease (so no refresh
-// presents the token meanwhile), the revocation (holding no lock or database
-// connection), then the delete. A failed revocation changes nothing and is
-// returned: deleting the only way to revoke a live grant would strand it; a
-// token already invalid at the provider counts as revoked. It returns the
-// deleted token, whose refresh token must never be used.
+// Disconnect deletes connection's token, after revoking its refresh token at the provider when
+// revoke is true. Order: the lease (so no refresh presents the token meanwhile), the revocation
+// (holding no lock or database connection), then the delete. A failed revocation changes nothing
+// and is returned: deleting the only way to revoke a live grant would strand it; a token already
+// invalid at the provider counts as revoked. It returns the deleted token, whose refresh token
+// must never be used.
 func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error) {
 	if err := domain.ValidateName(connection); err != nil {
 		return domain.Token{}, err
@@ -85,8 +84,7 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	if u.revoker == nil {
 		return domain.Token{}, nil, fmt.Errorf("revoke: %w", domain.ErrNoRevocationEndpoint)
 	}
-	// A refresh of this refresh token may be at the provider: revoking it
-	// now could leave the rotated one alive.
+	// A refresh of this refresh token may be at the provider: revoking now could leave the rotated alive.
 	lockCtx, cancel := context.WithTimeout(ctx, u.lockWait)
 	c := Claim{}
 	t, _, err := u.store.Read(lockCtx, connection)
@@ -126,8 +124,7 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	return t, end, nil
 }
 
-// BoundRevoker revokes refresh tokens bound to a DPoP key: the request
-// carries a proof signed with key, as the grant's token requests do.
+// BoundRevoker revokes refresh tokens bound to a DPoP key, with a proof signed with key.
 type BoundRevoker interface {
 	RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error
 }

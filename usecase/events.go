@@ -19,8 +19,7 @@ type EventQueue interface {
 	Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error)
 }
 
-// EnqueueEventUseCase accepts an event for a connection, to be handled by
-// the worker.
+// EnqueueEventUseCase accepts an event for a connection, to be handled by the worker.
 type EnqueueEventUseCase struct {
 	tokens TokenReader
 	queue  EventQueue
@@ -31,9 +30,8 @@ func NewEnqueueEventUseCase(tokens TokenReader, queue EventQueue) *EnqueueEventU
 	return &EnqueueEventUseCase{tokens: tokens, queue: queue}
 }
 
-// Enqueue queues an event for connection and returns its id, refusing a
-// connection that does not exist (domain.ErrNotFound) or needs
-// re-authorisation (domain.ErrNeedsReauth).
+// Enqueue queues an event for connection and returns its id, refusing a connection that does not
+// exist (domain.ErrNotFound) or needs re-authorisation (domain.ErrNeedsReauth).
 func (u *EnqueueEventUseCase) Enqueue(ctx context.Context, connection string, payload json.RawMessage) (int64, error) {
 	if err := domain.ValidateName(connection); err != nil {
 		return 0, err

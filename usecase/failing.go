@@ -10,14 +10,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// failingAfter: a connection whose refreshes get unclassified answers is
-// asked again only after domain.FailingPause, fleet-wide, and after this
-// many in a row is shown failing; the next success ends the episode. The
-// grant is never touched.
+// failingAfter: a connection whose refreshes get unclassified answers is asked again only after
+// domain.FailingPause, fleet-wide, and after this many in a row is shown failing; the next success
+// ends the episode. The grant is never touched.
 const failingAfter = 3
 
-// paced reports whether err is a provider answer paced per connection
-// instead of retried: an unclassified answer, or a lost one.
+// paced: err is a provider answer paced per connection, not retried: unclassified, or lost.
 func paced(err error) (*domain.ProviderError, bool) {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) {
@@ -26,9 +24,8 @@ func paced(err error) (*domain.ProviderError, bool) {
 	return pe, pe.Class == domain.Unclassified || pe.Lost
 }
 
-// checkFailure refuses a refresh of t that its failure episode does not
-// allow at now. The error wraps domain.ErrProviderUnavailable and
-// domain.ErrRefreshFailing: a still-valid access token is served through it.
+// checkFailure refuses a refresh of t its failure episode does not allow at now. The error wraps
+// domain.ErrProviderUnavailable and domain.ErrRefreshFailing: a valid access token is served.
 func checkFailure(t domain.Token, now time.Time) error {
 	f := t.Failure
 	switch {
@@ -55,8 +52,7 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 		f.Since = now
 	}
 	f.RetryAt = now.Add(domain.FailingPause.Wait(f.Failures))
-	// Evidence that the client works says the refusal is the grant's:
-	// shown failing at once.
+	// Evidence that the client works says the refusal is the grant's: shown failing at once.
 	f.Failing = f.Failing || f.Failures >= failingAfter || pe.Evidence == domain.EvidenceClientWorks
 	if pe.Lost {
 		f.Code = cmp.Or(f.Code, domain.CodeAnswerLost)
@@ -68,8 +64,8 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 			// Never again: shown failing at once, for the user to connect again.
 			f.RetryAt, f.Failing = time.Time{}, true
 		case f.ReplayUntil.IsZero() && prev.Failures == 0:
-			// Nothing is known of the provider: again once it answers a
-			// probe, which may be asked at once; a failed probe opens the pause.
+			// Nothing known of the provider: again once it answers a probe, which may be asked at
+			// once; a failed probe opens the pause.
 			f.RetryAt = now
 		case f.ReplayUntil.IsZero():
 			f.Failing = true // the provider does not answer the probe
@@ -78,9 +74,8 @@ func nextFailure(prev domain.RefreshFailure, pe *domain.ProviderError, now time.
 	return f
 }
 
-// recordFailure stores the failure episode pe opens or extends for the
-// token c leased, and ends the lease (released if the write failed: the
-// next caller then asks the provider again).
+// recordFailure stores the failure episode pe opens or extends for the token c leased, and ends
+// the lease (released if the write failed: the next caller then asks the provider again).
 func (u *RefreshTokenUseCase) recordFailure(ctx context.Context, store TokenStore, c claimed, pe *domain.ProviderError) {
 	t := c.Token
 	f := nextFailure(t.Failure, pe, u.opts.Clock.Now())

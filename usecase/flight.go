@@ -13,11 +13,10 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// flights lets one goroutine per connection do the slow path while the
-// others wait for its result. Unlike x/sync/singleflight, the work runs on
-// its own context, cancelled only when every waiter has gone. Joining takes
-// no lock: at an expiry every goroutine arrives at once, and a mutex would
-// queue them while the flight's answer waits for a free CPU.
+// flights lets one goroutine per connection do the slow path while the others wait for its
+// result. Unlike x/sync/singleflight, the work runs on its own context, cancelled only when every
+// waiter has gone. Joining takes no lock: at an expiry every goroutine arrives at once, and a
+// mutex would queue them while the flight's answer waits for a free CPU.
 type flights struct {
 	m       sync.Map     // key -> *flight
 	log     *slog.Logger // receives recovered panics; nil: slog.Default()
@@ -45,8 +44,8 @@ func (fl *flight) addWaiter() bool {
 	}
 }
 
-// do runs fn once for key at a time and returns the finished flight (see
-// wait). fn's context keeps ctx's values and ends when all callers have left.
+// do runs fn once for key at a time and returns the finished flight (see wait). fn's context keeps
+// ctx's values and ends when all callers have left.
 func (f *flights) do(ctx context.Context, key string,
 	fn func(context.Context) (domain.Token, error)) (*flight, error) {
 	if err := ctx.Err(); err != nil {
@@ -74,8 +73,7 @@ func (f *flights) join(ctx context.Context, key string,
 	}
 }
 
-// wait returns fl finished, or ctx's error if the caller gave up first:
-// the last caller to give up cancels its work.
+// wait returns fl finished, or ctx's error if the caller gave up first: the last one cancels its work.
 //
 //go:noinline
 func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, error) {
@@ -88,8 +86,7 @@ func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, er
 		return fl, nil
 	case <-ctx.Done():
 		if fl.waiters.Add(-1) == 0 {
-			// Nobody wants the answer: stop waiting for the lock (a refresh
-			// already sent to the provider still completes).
+			// Nobody wants the answer: stop waiting for the lock (a refresh sent still completes).
 			fl.cancel()
 			f.m.CompareAndDelete(key, fl)
 		}
@@ -97,9 +94,8 @@ func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, er
 	}
 }
 
-// start starts key's flight with the caller as its waiter, or returns nil
-// if another caller started one first. A frame of its own, so joiners'
-// stacks stay small (see RefreshTokenUseCase.Token).
+// start starts key's flight with the caller as its waiter, or returns nil if another caller started
+// one first. A frame of its own, so joiners' stacks stay small (see RefreshTokenUseCase.Token).
 //
 //go:noinline
 func (f *flights) start(ctx context.Context, key string,
@@ -122,8 +118,8 @@ func (f *flights) start(ctx context.Context, key string,
 	return fl
 }
 
-// run calls fn, turning a panic into an error. The panic's value is logged
-// only when it is a runtime error; any other value might hold a token.
+// run calls fn, turning a panic into an error. The panic's value is logged only when it is a
+// runtime error; any other value might hold a token.
 func (f *flights) run(ctx context.Context, key string, fn func(context.Context) (domain.Token, error)) (t domain.Token, err error) {
 	defer func() {
 		r := recover()
@@ -152,8 +148,8 @@ type announcement struct {
 	watchers int
 }
 
-// watch returns a channel closed at connection's next announcement, and a
-// func to call when no longer waiting. Watch before looking.
+// watch returns a channel closed at connection's next announcement, and a func to call when no
+// longer waiting. Watch before looking.
 func (a *announcements) watch(connection string) (<-chan struct{}, func()) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -175,7 +171,6 @@ func (a *announcements) watch(connection string) (<-chan struct{}, func()) {
 	}
 }
 
-// announce wakes connection's watchers.
 func (a *announcements) announce(connection string) {
 	a.mu.Lock()
 	w := a.m[connection]
@@ -186,9 +181,9 @@ func (a *announcements) announce(connection string) {
 	}
 }
 
-// Drain waits until no read or refresh of this use case is running, or ctx
-// ends. Call it before closing the pool at shutdown: a refresh runs on
-// after its callers gave up, and its rotated token must reach the database.
+// Drain waits until no read or refresh of this use case is running, or ctx ends. Call it before
+// closing the pool at shutdown: a refresh runs on after its callers gave up, and its rotated token
+// must reach the database.
 func (u *RefreshTokenUseCase) Drain(ctx context.Context) error {
 	return u.flights.running.wait(ctx)
 }

@@ -12,11 +12,10 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// resolve spends the leased refresh token, holding no database connection,
-// and keeps the outcome: the rotated token, or needs_reauth for a dead grant
-// (r.revoked, with a nil error); a failure that leaves the grant alive ends
-// the lease and is returned. It runs to the end whatever the caller does:
-// the refresh token is spent once sent.
+// resolve spends the leased refresh token, holding no database connection, and keeps the outcome:
+// the rotated token, or needs_reauth for a dead grant (r.revoked, with a nil error); a failure that
+// leaves the grant alive ends the lease and is returned. It runs to the end whatever the caller
+// does: the refresh token is spent once sent.
 func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c claimed) (redeemed, error) {
 	t := c.Token
 	var r redeemed
@@ -42,8 +41,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	span.End(f, err)
 	cancel()
 	u.shrinkOn429(ctx, t.Provider, err)
-	// The slot bounds the calls at the provider: the next one may start
-	// while this answer is written.
+	// The slot bounds the calls at the provider: the next may start while this answer is written.
 	c.release()
 	var answer *domain.ProviderError
 	if err == nil || (errors.As(err, &answer) && answer.HTTPStatus != 0) {
@@ -76,10 +74,9 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	return u.dead(ctx, store, t, r, err)
 }
 
-// dead stores t's connection as needs_reauth after the provider rejected
-// its grant, unless a newer token was stored meanwhile: then the rejection
-// is stale news, and r.tok is that token. The refresh token is kept, for
-// forensics.
+// dead stores t's connection as needs_reauth after the provider rejected its grant, unless a newer
+// token was stored meanwhile: then the rejection is stale news, and r.tok is that token. The
+// refresh token is kept, for forensics.
 func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t domain.Token, r redeemed, rejected error) (redeemed, error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepCommit, t.Connection)
 	marked := t
@@ -111,13 +108,12 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 	return r, nil
 }
 
-// keep stores a rotated token if the stored token is still the one it was
-// rotated from, ending its lease. A failed write is retried for
-// RescueWindow (the rescue), unless another token was stored meanwhile.
-// One exception: if this process's lease ran out at the provider, another
-// may have presented the same refresh token, been told invalid_grant and
-// marked the connection needs_reauth; if the stored refresh token is still
-// the spent one, the rotated token is the grant's only live one: stored.
+// keep stores a rotated token if the stored token is still the one it was rotated from, ending its
+// lease. A failed write is retried for RescueWindow (the rescue), unless another token was stored
+// meanwhile. One exception: if this process's lease ran out at the provider, another may have
+// presented the same refresh token, been told invalid_grant and marked the connection
+// needs_reauth; if the stored refresh token is still the spent one, the rotated token is the
+// grant's only live one: stored.
 func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, rotated domain.Token, from domain.Secret,
 	end func(release bool)) (domain.Token, error) {
 	defer end(false)
@@ -182,9 +178,8 @@ func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, rotate
 	return domain.Token{}, fmt.Errorf("persist rotated token: %w", cause)
 }
 
-// why names, for the connection's history, the end of a refresh that stored
-// no token because of err: the provider's status and code, never a body, a
-// URL or a secret.
+// why names, for the connection's history, the end of a refresh that stored no token because of
+// err: the provider's status and code, never a body, a URL or a secret.
 func (u *RefreshTokenUseCase) why(err error) string {
 	var pe *domain.ProviderError
 	if !errors.As(err, &pe) {
@@ -213,23 +208,18 @@ func (u *RefreshTokenUseCase) why(err error) string {
 	return "not stored: provider unavailable (" + answer + ")"
 }
 
-// ProofKeys reads the DPoP key (RFC 9449) a connection's grant is bound
-// to; the token store is one.
+// ProofKeys reads the DPoP key (RFC 9449) a connection's grant is bound to; the token store is one.
 type ProofKeys interface {
 	// DPoPKey is connection's private key (PEM) whose thumbprint is jkt.
 	DPoPKey(ctx context.Context, connection, jkt string) (domain.Secret, error)
 }
 
-// BoundRefresher redeems refresh tokens bound to a DPoP key: every token
-// request carries a proof signed with key.
+// BoundRefresher redeems refresh tokens bound to a DPoP key: each request carries a proof signed with key.
 type BoundRefresher interface {
 	RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error)
 }
 
-var errUnbound = errors.New("the grant is bound to a DPoP key and the refresher cannot sign proofs")
-
-// present presents t's refresh token, with a proof of its key when the
-// grant is sender-constrained.
+// present presents t's refresh token, with a proof of its key when the grant is sender-constrained.
 func (u *RefreshTokenUseCase) present(ctx context.Context, t domain.Token) (domain.Grant, error) {
 	if !t.SenderConstrained() {
 		return u.refresher.Refresh(ctx, t.Provider, t.RefreshToken)
@@ -237,7 +227,8 @@ func (u *RefreshTokenUseCase) present(ctx context.Context, t domain.Token) (doma
 	keys, ok := u.store.(ProofKeys)
 	bound, ok2 := u.refresher.(BoundRefresher)
 	if !ok || !ok2 {
-		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: errUnbound}
+		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured,
+			Err: errors.New("the grant is bound to a DPoP key and the refresher cannot sign proofs")}
 	}
 	key, err := keys.DPoPKey(ctx, t.Connection, t.DPoPJKT)
 	if err != nil {

@@ -30,17 +30,14 @@ const (
 	OutcomeSkippedFresh   RefreshOutcome = "skipped_fresh_after_lock" // someone else had refreshed
 	OutcomeTransientError RefreshOutcome = "transient_error"          // provider unavailable; token untouched
 	OutcomeInvalidGrant   RefreshOutcome = "invalid_grant"            // grant rejected; connection needs_reauth
-	// The provider rejected the client (or, in a pause after that, was not
-	// called); connection and token untouched.
+	// The provider rejected the client (or, pausing after that, was not called); token untouched.
 	OutcomeClientRejected RefreshOutcome = "client_rejected"
 	// The token URL is not a token endpoint; connection and token untouched.
 	OutcomeEndpointMisconfigured RefreshOutcome = "endpoint_misconfigured"
 	OutcomeError                 RefreshOutcome = "error" // lock wait, store or context
-	// The provider's answer could not be classified (or was lost): the
-	// connection backs off, its grant untouched.
+	// The provider's answer could not be classified (or was lost): the connection backs off.
 	OutcomeUnclassified RefreshOutcome = "unclassified_answer"
-	// The provider was not called: the connection's failing refreshes are
-	// backing off (or may not be attempted again).
+	// The provider was not called: the connection's failing refreshes back off (or may not again).
 	OutcomeBackoff RefreshOutcome = "backoff"
 )
 
@@ -110,9 +107,8 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	}
 	u.opts.Logger.LogAttrs(context.Background(), level, "token refresh", attrs...)
 	u.opts.Observer.Refreshed(e)
-	// A grant rejected at a version behind one this process knew: the
-	// database went back in time. Only this outcome is checked after the
-	// lock: no other process can commit a version before a rejected grant.
+	// A grant rejected at a version behind one this process knew: the database went back in time.
+	// Only this outcome is checked after the lock: no other process can commit one before it.
 	if e.Outcome == OutcomeInvalidGrant && e.OldVersion > 0 {
 		u.cache.read(e.Connection, e.OldVersion, everything, true)
 	}

@@ -10,38 +10,32 @@ import (
 
 // Options tune RefreshTokenUseCase. Zero values take the defaults.
 type Options struct {
-	// Skew: a token is refreshed once it is within Skew of its expiry
-	// (default 30s), capped at half the lifetime the provider granted.
+	// Skew: a token is refreshed within Skew of its expiry (default 30s), capped at half its lifetime.
 	Skew     time.Duration
 	LockWait time.Duration // bounds the wait for another process's refresh (default 15s)
-	// RefreshTimeout bounds how long callers wait for a provider call
-	// (default 10s); shorter than LockWait, so a process waiting behind a
-	// refresh outlasts it.
+	// RefreshTimeout bounds how long callers wait for a provider call (default 10s); shorter than
+	// LockWait, so a process waiting behind a refresh outlasts it.
 	RefreshTimeout time.Duration
-	// AnswerDeadline bounds how long the answer to a presented refresh
-	// token is awaited, independent of callers (default 2m, at least
-	// RefreshTimeout); until then no process presents it again.
+	// AnswerDeadline bounds the wait for the answer to a presented refresh token, independent of
+	// callers (default 2m, at least RefreshTimeout); until then no process presents it again.
 	AnswerDeadline time.Duration
 	WriteTimeout   time.Duration // bounds persisting the provider's answer (default 5s)
 	Clock          Clock         // default: the system clock
 	Logger         *slog.Logger  // what operators must know, never a token (default slog.Default())
 	// OnNeedsReauth is called once, by the process that found out, when a grant is rejected for good.
 	OnNeedsReauth func(connection, reason string)
-	// ForceInterval is the least time between two forced refreshes of one
-	// connection by this process (default 5s, or half a shorter token's
-	// lifetime): an API answering 401 to everything drives no refresh loop.
+	// ForceInterval is the least time between two forced refreshes of one connection here (default
+	// 5s, or half a shorter token's lifetime): an API answering 401 to all drives no refresh loop.
 	ForceInterval time.Duration
 	RescueWindow  time.Duration // bounds retrying a rotated token's failed write (default 30s)
 	Observer      Observer      // receives events for metrics; default none
 	Tracer        Tracer        // records the slow path as spans; default none
 	// CacheSize bounds the connections this process caches a token of (default DefaultCacheSize; < 0: no bound).
 	CacheSize int
-	// ProviderSkew is the skew of a stored provider's connections, 0 for
-	// Skew; nil: Skew for every connection. Never asked on a cache hit.
+	// ProviderSkew is a stored provider's skew, 0 for Skew; nil: Skew for all. Not asked on a cache hit.
 	ProviderSkew func(provider string) time.Duration
-	// MaxRefreshesInFlight bounds this process's concurrent refreshes
-	// (default DefaultMaxRefreshesInFlight); the queue beyond it does not
-	// count against LockWait.
+	// MaxRefreshesInFlight bounds this process's concurrent refreshes (default
+	// DefaultMaxRefreshesInFlight); the queue beyond it does not count against LockWait.
 	MaxRefreshesInFlight int
 	// ProviderKeepAlives are stored providers' own keep-alive intervals, overriding KeepAlive's idle; nil: none.
 	ProviderKeepAlives func() map[string]time.Duration
@@ -58,8 +52,7 @@ const (
 	DefaultRescueWindow   = 30 * time.Second
 	// DefaultCacheSize: at about 0.5 KB a connection, 5 MB a process.
 	DefaultCacheSize = 10_000
-	// DefaultMaxRefreshesInFlight: more than any pool has connections (a
-	// refresh holds none while the provider answers).
+	// DefaultMaxRefreshesInFlight: more than any pool has connections (none held while the provider answers).
 	DefaultMaxRefreshesInFlight = 64
 )
 

@@ -20,9 +20,8 @@ func (u *RefreshTokenUseCase) skewOf(t domain.Token) time.Duration {
 	return u.opts.Skew
 }
 
-// providerState is what this process knows of one provider: every
-// connection of a provider shares its client and its token budget, so one
-// provider's pause never holds back another's refreshes.
+// providerState is what this process knows of one provider: its connections share its client and
+// token budget, so one provider's pause never holds back another's refreshes.
 type providerState struct {
 	gate clientGate // pauses its calls after it rejected the client
 	hung clientGate // pauses its calls after one went unanswered past RefreshTimeout
@@ -32,7 +31,6 @@ type providerState struct {
 	queued      *byExpiry // the refreshes its spent budget holds back, while drainQueue runs
 }
 
-// provider is name's state.
 func (u *RefreshTokenUseCase) provider(name string) *providerState {
 	if p, ok := u.providers.Load(name); ok {
 		return p.(*providerState)
@@ -44,17 +42,16 @@ func (u *RefreshTokenUseCase) provider(name string) *providerState {
 	return p.(*providerState)
 }
 
-// ProviderChanged says provider's settings changed (a rotated client
-// secret, say): its client gate opens, so the next refresh tries them at once.
+// ProviderChanged says provider's settings changed (a rotated client secret, say): its client gate
+// opens, so the next refresh tries them at once.
 func (u *RefreshTokenUseCase) ProviderChanged(provider string) {
 	g := &u.provider(provider).gate
 	g.pause.Succeed()
 	g.generation.Add(1)
 }
 
-// clientGate holds back this process's calls to a provider for a while
-// after it rejected the client (or the token URL proved wrong), or left a
-// refresh unanswered: every connection shares the client, so one such
+// clientGate holds back calls to a provider for a while after it rejected the client (or the token
+// URL proved wrong) or left a refresh unanswered: all connections share the client, so one such
 // answer stands for all. A success ends it.
 type clientGate struct {
 	why        string // what a closed gate says, after its pause
@@ -71,9 +68,8 @@ func (g *clientGate) check(now time.Time) error {
 	return fmt.Errorf("%w (provider not called for %v %s)", cause, left.Round(time.Millisecond), g.why)
 }
 
-// reject closes the gate after the provider answered err to a call made
-// with generation settings; an answer to settings replaced since (a rotated
-// client secret) does not: the new settings deserve their try.
+// reject closes the gate after the provider answered err to a call made with settings; an answer
+// to settings replaced since (a rotated client secret) does not: the new ones deserve their try.
 func (g *clientGate) reject(now time.Time, settings uint64, err error) {
 	if settings == g.generation.Load() {
 		g.pause.Fail(now, err)
@@ -96,10 +92,9 @@ func (p *providerState) budgetWait(now time.Time) time.Duration {
 	return max(p.budgetUntil.Sub(now), 0)
 }
 
-// throttle lets an event for a key happen only when the key's last one is
-// at least some interval old. It forgets keys older than keep (the longest
-// interval asked for) and holds at most limit keys (throttleLimit when 0):
-// past that, a new key is refused, erring on the throttle's side.
+// throttle lets a key's event happen only when its last one is at least some interval old. It
+// forgets keys older than keep (the longest interval asked for) and holds at most limit keys
+// (throttleLimit when 0): past that, a new key is refused, erring on the throttle's side.
 type throttle struct {
 	keep  time.Duration
 	limit int
@@ -113,8 +108,7 @@ const (
 	throttleLimit = 65536 // bounds a throttle's keys by default
 )
 
-// allow reports whether key's last event is at least every ago (every <=
-// keep), and if so records now as its last.
+// allow reports whether key's last event is at least every (<= keep) ago, then records now.
 func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
 	th.mu.Lock()
 	defer th.mu.Unlock()

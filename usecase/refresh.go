@@ -14,8 +14,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// RefreshTokenUseCase hands out access tokens, refreshing each at most once
-// per expiry however many callers race for it; safe for concurrent use.
+// RefreshTokenUseCase hands out access tokens, refreshing each at most once per expiry however
+// many callers race for it; safe for concurrent use.
 type RefreshTokenUseCase struct {
 	store     TokenStore
 	refresher Refresher
@@ -89,10 +89,9 @@ func endToken(span Span, connection string, fl *flight, err error) (*flight, err
 	return fl, nil
 }
 
-// ForceRefresh returns a token newer than version failed, answered 401:
-// the stored one, or one refreshed now if failed is still stored (a burst of
-// 401s causes one refresh), without its refresh token. Refreshes that call
-// the provider are limited per connection (domain.ErrRefreshRateLimited).
+// ForceRefresh returns a token newer than version failed, answered 401: the stored one, or one
+// refreshed now if failed is still stored (a burst of 401s causes one refresh), without its refresh
+// token. Refreshes that call the provider are limited per connection (domain.ErrRefreshRateLimited).
 func (u *RefreshTokenUseCase) ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error) {
 	u.opts.Observer.ForcedRefresh(connection)
 	u.cache.invalidate(connection, failed+1) // never hand out the failed token again
@@ -138,15 +137,15 @@ func (u *RefreshTokenUseCase) Invalidate(connection string, version int64) {
 	u.announced.announce(connection)
 }
 
-// TrustCache turns the cache on while Invalidate hears every change other
-// processes commit, and off when not; either call forgets what was cached.
+// TrustCache turns the cache on while Invalidate hears every change other processes commit, and
+// off when not; either call forgets what was cached.
 func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 	u.cache.setTrusted(trusted)
 }
 
-// load reads the stored token and refreshes it if stale; a token the cache
-// knows is stale (cached) is not read again outside the lock. A wait for
-// another holder's lease in that read is traced as a lock wait.
+// load reads the stored token and refreshes it if stale; a token the cache knows is stale (cached)
+// is not read again outside the lock. A wait for another holder's lease in that read is traced as a
+// lock wait.
 func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cached *snapshot) (domain.Token, error) {
 	epoch := u.cache.begin()
 	var seen domain.Token
@@ -187,14 +186,12 @@ func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cache
 	return t, nil
 }
 
-// refresh redeems connection's refresh token if the stored token is still
-// due, holding no database connection while the provider answers: claim
-// (lease under the lock), redeem (the provider call), keep (the fenced write).
+// refresh redeems connection's refresh token if the stored token is still due, holding no database
+// connection while the provider answers: claim (lease under the lock), redeem (the provider call),
+// keep (the fenced write).
 func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, forced bool, due func(domain.Token) bool, seen domain.Token) (domain.Token, error) {
-	var (
-		out domain.Token
-		r   redeemed
-	)
+	var out domain.Token
+	var r redeemed
 	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, connection)
 	ev := RefreshEvent{Connection: connection, Forced: forced}
 	c, err := u.claim(ctx, connection, forced, due, seen)
@@ -230,7 +227,7 @@ func (u *RefreshTokenUseCase) refresh(ctx context.Context, connection string, fo
 	return out, nil
 }
 
-// stale is the due rule of Token: the skew rule says refresh.
+// stale is Token's due rule: the skew rule says refresh.
 func (u *RefreshTokenUseCase) stale(t domain.Token) bool {
 	return !t.FreshAt(u.opts.Clock.Now(), u.skewOf(t))
 }
@@ -248,8 +245,7 @@ func clientSide(err error) bool {
 	return errors.Is(err, domain.ErrClientRejected) || errors.Is(err, domain.ErrEndpointMisconfigured)
 }
 
-// untouched: err left the grant and the stored token as they were, so a
-// still-valid access token may be served through it.
+// untouched: err left the grant and stored token as they were: a valid access token may be served.
 func untouched(err error) bool {
 	return errors.Is(err, domain.ErrProviderUnavailable) || errors.Is(err, domain.ErrRefreshInProgress) ||
 		errors.Is(err, domain.ErrTokenBudgetSpent) || clientSide(err)

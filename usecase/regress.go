@@ -9,22 +9,19 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ReasonRolledBack is the needs_reauth reason of a connection whose stored
-// token went back to an older version (a failover, a restore) and whose
-// grant the provider then rejected: the rotated refresh token is lost.
+// ReasonRolledBack is the needs_reauth reason of a connection whose stored token went back to an
+// older version (a failover, a restore) and whose grant the provider then rejected.
 const ReasonRolledBack = "rolled_back"
 
-// versionHistory is what a process knows of a connection's committed
-// versions, across cache epochs: a version stored once cannot be stored
-// again unless the database went back in time.
+// versionHistory is what a process knows of a connection's committed versions, across cache
+// epochs: a version stored once cannot be stored again unless the database went back in time.
 type versionHistory struct {
 	mu    sync.Mutex
 	known int64  // newest version known committed
 	at    uint64 // tokenCache.seq when known became known
 	epoch uint64 // cache epoch then
-	// own is the newest version this process wrote or read itself. A check
-	// after the lock compares with it (and with known from an older epoch):
-	// the pass's own unreported write may have been announced meanwhile.
+	// own is the newest version this process wrote or read itself. A check after the lock compares
+	// with it (and known from an older epoch): the pass's own write may have been announced meanwhile.
 	own  int64
 	lost int64 // the stored version found behind known, until a newer one is known
 }
@@ -32,8 +29,8 @@ type versionHistory struct {
 // everything marks a read under the connection's lock: every version known counts.
 var everything = cacheMark{seq: math.MaxUint64}
 
-// knew records that version of id was committed; announced versions only
-// for connections with a slot, so an announcement allocates nothing.
+// knew records that version of id was committed; announced ones only for connections with a slot,
+// so an announcement allocates nothing.
 func (c *tokenCache) knew(id string, version int64, announced bool) {
 	var slot *cacheSlot
 	if announced {
@@ -63,10 +60,9 @@ func (h *versionHistory) learn(version int64, c *tokenCache) {
 	}
 }
 
-// read records that a read begun at m found version of id. A version below
-// one known committed before the read began means the database lost
-// commits: reported once, and the stored version becomes what is known.
-// afterLock: read under a lock released since (see versionHistory.own).
+// read records that a read begun at m found version of id. A version below one known committed
+// before the read began means the database lost commits: reported once, and the stored version
+// becomes what is known. afterLock: read under a lock released since (see versionHistory.own).
 func (c *tokenCache) read(id string, version int64, m cacheMark, afterLock bool) {
 	if version < 1 {
 		return
@@ -92,8 +88,8 @@ func (c *tokenCache) read(id string, version int64, m cacheMark, afterLock bool)
 	}
 }
 
-// rolledBack reports whether version of id, read under the connection's
-// lock, is behind a version known committed, or was found so already.
+// rolledBack reports whether version of id, read under the lock, is behind one known committed, or
+// was found so already.
 func (c *tokenCache) rolledBack(id string, version int64) bool {
 	c.read(id, version, everything, false)
 	v, ok := c.slots.Load(id)
@@ -106,9 +102,8 @@ func (c *tokenCache) rolledBack(id string, version int64) bool {
 	return h.lost != 0 && h.lost == version
 }
 
-// OnRolledBack sets fn, called with an ERROR logged when this process finds
-// a connection stored at an older version than one it knew committed: the
-// stored refresh token has probably been spent. Set it before use.
+// OnRolledBack sets fn, called with an ERROR logged when a connection is found stored at an older
+// version than one known committed: its refresh token has probably been spent. Set it before use.
 func (u *RefreshTokenUseCase) OnRolledBack(fn func(connection string, known, stored int64)) {
 	u.cache.onRegress = func(id string, known, stored int64) {
 		u.opts.Logger.Error("connection's stored token went back to an older version: the database lost committed writes (failover to an asynchronous standby, restore); its refresh token is probably spent, and the grant needs a new consent if the provider rejects it",
@@ -119,9 +114,8 @@ func (u *RefreshTokenUseCase) OnRolledBack(fn func(connection string, known, sto
 	}
 }
 
-// reasonFor is the needs_reauth reason of t's grant rejected with err:
-// ReasonRolledBack when t is behind a version this process knew committed,
-// else the OAuth2 error code, never a response body.
+// reasonFor is the needs_reauth reason of t's grant rejected with err: ReasonRolledBack when t is
+// behind a version known committed, else the OAuth2 error code, never a response body.
 func (u *RefreshTokenUseCase) reasonFor(t domain.Token, err error) string {
 	if errors.Is(err, domain.ErrGrantRevoked) && u.cache.rolledBack(t.Connection, t.Version) {
 		return ReasonRolledBack
