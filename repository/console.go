@@ -96,19 +96,15 @@ func (e *ConnectionEvents) LastRefreshes(ctx context.Context, connections []stri
 // RefreshRates counts each provider's refreshes since since, and those
 // that stored a rotated token; "" is the OAUTH_* provider.
 func (e *ConnectionEvents) RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error) {
-	var rows []struct {
-		Provider string
-		OK       int
-		Total    int
-	}
-	err := e.db.WithContext(ctx).Raw(`SELECT provider, count(*) FILTER (WHERE outcome = 'ok') AS ok, count(*) AS total
-FROM tokenguard_connection_events WHERE occurred_at >= ? AND kind = 'refresh' GROUP BY provider`, since).Scan(&rows).Error
+	rates, err := allRows(ctx, e.db, "read refresh rates", asIs[domain.RefreshRate], `SELECT provider,
+    count(*) FILTER (WHERE outcome = 'ok') AS ok, count(*) AS total
+FROM tokenguard_connection_events WHERE occurred_at >= ? AND kind = 'refresh' GROUP BY provider`, since)
 	if err != nil {
-		return nil, storeError(ctx, "read refresh rates", err)
+		return nil, err
 	}
 	out := map[string]domain.RefreshRate{}
-	for _, r := range rows {
-		out[r.Provider] = domain.RefreshRate{Provider: r.Provider, OK: r.OK, Total: r.Total}
+	for _, r := range rates {
+		out[r.Provider] = r
 	}
 	return out, nil
 }

@@ -148,13 +148,12 @@ type limiters struct {
 }
 
 const (
-	maxLoginTries = 5             // per login form, and one more each 10 minutes
-	loginRate     = rate.Limit(1) // per second and address
+	maxLoginTries = 5 // per login form, and one more each 10 minutes
 	loginBurst    = 10
 )
 
-// take says whether key may try now, else how long it waits.
-func (l *limiters) take(key string, now time.Time) (time.Duration, bool) {
+// take says how long key waits before it may try; 0: it may try now.
+func (l *limiters) take(key string, now time.Time) time.Duration {
 	l.mu.Lock()
 	if l.m == nil || len(l.m) >= 10000 {
 		l.m = map[string]*rate.Limiter{} // forgetting is the lenient way
@@ -166,11 +165,11 @@ func (l *limiters) take(key string, now time.Time) (time.Duration, bool) {
 	}
 	l.mu.Unlock()
 	res := lim.ReserveN(now, 1)
-	if d := res.DelayFrom(now); d > 0 {
+	d := res.DelayFrom(now)
+	if d > 0 {
 		res.CancelAt(now)
-		return d, false
 	}
-	return 0, true
+	return d
 }
 
 //go:embed assets
@@ -193,7 +192,8 @@ func New(d Deps) *Console {
 		d.SessionLifetime = DefaultSessionLifetime
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages(),
-		tries: limiters{every: rate.Every(10 * time.Minute), burst: maxLoginTries}, addrs: limiters{every: loginRate, burst: loginBurst}}
+		tries: limiters{every: rate.Every(10 * time.Minute), burst: maxLoginTries},
+		addrs: limiters{every: 1, burst: loginBurst}} // one a second per address
 	var buf bytes.Buffer
 	const status = http.StatusTooManyRequests
 	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
@@ -212,8 +212,7 @@ func New(d Deps) *Console {
 	return c
 }
 
-// action is a page or form behind a session, and the scope its key
-// needs (domain.KeyAccess.Permit decides, as for the API's routes).
+// action is a page or form behind a session, and the scope its key needs (Permit decides).
 type action struct {
 	pattern string
 	scope   domain.Scope
@@ -344,17 +343,15 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 	})
 }
 
-// unavailable logs err and answers that the database did not answer.
 func (c *Console) unavailable(w http.ResponseWriter, r *http.Request, msg string, err error) {
 	c.d.Log.Error(msg, "err", err)
 	c.fail(w, r, http.StatusServiceUnavailable, "The database did not answer; try again.")
 }
 
-// showLogin shows the login form with a fresh pre-login cookie.
 func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, problem string) {
 	pre := rand.Text()
 	c.setCookie(w, loginCookie, pre, 600)
-	c.render(w, r, status, "login", map[string]any{"CSRF": csrfOf(pre), "Next": safeNext(r.FormValue("next")), "Problem": problem})
+	c.render(w, r, status, "login", map[string]any{"Nav": "", "CSRF": csrfOf(pre), "Next": safeNext(r.FormValue("next")), "Problem": problem})
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
@@ -362,7 +359,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		addr = r.RemoteAddr
 	}
-	if wait, ok := c.addrs.take(addr, c.d.Now()); !ok {
+	if wait := c.addrs.take(addr, c.d.Now()); wait > 0 {
 		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
 		c.TooManyRequests(w, r)
 		return
@@ -373,7 +370,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	form := sha256.Sum256([]byte(pre.Value)) // a bounded key
-	if _, ok := c.tries.take(string(form[:]), c.d.Now()); !ok {
+	if c.tries.take(string(form[:]), c.d.Now()) > 0 {
 		c.showLogin(w, r, http.StatusTooManyRequests, "Too many attempts with this form; wait and try again.")
 		return
 	}

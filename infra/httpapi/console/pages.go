@@ -5,10 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"html/template"
+	"maps"
 	"math"
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strings"
 	"time"
 
@@ -43,12 +45,8 @@ func (c *Console) connections(w http.ResponseWriter, r *http.Request) {
 		c.failed(w, r, "", err)
 		return
 	}
-	keep := url.Values{}
-	for k, v := range map[string]string{"status": string(f.Status), "provider": f.Provider, "tag": f.Tag, "prefix": f.NamePrefix} {
-		if v != "" {
-			keep.Set(k, v)
-		}
-	}
+	keep := url.Values{"status": {string(f.Status)}, "provider": {f.Provider}, "tag": {f.Tag}, "prefix": {f.NamePrefix}}
+	maps.DeleteFunc(keep, func(_ string, v []string) bool { return v[0] == "" })
 	filtered, firstURL, nextURL := len(keep) > 0, "", ""
 	if after != "" {
 		firstURL = strings.TrimSuffix("/console/connections?"+keep.Encode(), "?")
@@ -118,16 +116,11 @@ func (c *Console) connection(w http.ResponseWriter, r *http.Request, conn domain
 // failingNow is the last refresh (events are newest first) if it failed
 // without marking the grant dead, while the status still says active.
 func failingNow(events []domain.ConnectionEvent) *domain.ConnectionEvent {
-	for _, e := range events {
-		if e.Kind != "refresh" {
-			continue
-		}
-		if e.Outcome == "ok" || e.Outcome == "needs_reauth" {
-			return nil
-		}
-		return &e
+	i := slices.IndexFunc(events, func(e domain.ConnectionEvent) bool { return e.Kind == "refresh" })
+	if i < 0 || events[i].Outcome == "ok" || events[i].Outcome == "needs_reauth" {
+		return nil
 	}
-	return nil
+	return &events[i]
 }
 
 // doneMessages are the fixed notices per action: nothing of the URL is echoed.
@@ -217,14 +210,11 @@ func (c *Console) failed(w http.ResponseWriter, r *http.Request, name string, er
 }
 
 func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg string) {
-	c.render(w, r, status, "error", map[string]any{"Status": status, "StatusText": http.StatusText(status), "Message": msg})
+	c.render(w, r, status, "error", map[string]any{"Nav": "", "Status": status, "StatusText": http.StatusText(status), "Message": msg})
 }
 
 // render writes page with data, adding what the layout needs.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
-	if _, ok := data["Nav"]; !ok {
-		data["Nav"] = ""
-	}
 	data["Session"] = nil
 	if s := sessionOf(r); !s.token.IsZero() {
 		data["Session"], data["CSRF"] = s, s.CSRF
@@ -250,39 +240,65 @@ func indentJSON(raw json.RawMessage) string {
 
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
-		"when":     when,
-		"absolute": absolute,
-		"duration": durationText,
-		"percent":  percent,
-		"join":     strings.Join,
-		"status":   statusClass,
-		"outcome":  outcomeClass,
-		"soon":     func(t time.Time) bool { return !t.IsZero() && time.Until(t) < domain.ExpiringSoonWithin },
+		"when": func(t time.Time) string { // how far t is from now ("in 3m", "5s ago"; "—" for zero)
+			switch d := time.Until(t); {
+			case t.IsZero():
+				return "—"
+			case d >= 0:
+				return "in " + short(d)
+			default:
+				return short(-d) + " ago"
+			}
+		},
+		"absolute": func(t time.Time) string {
+			if t.IsZero() {
+				return ""
+			}
+			return t.UTC().Format("2006-01-02 15:04:05 UTC")
+		},
+		"duration": func(d time.Duration) string {
+			switch {
+			case d <= 0:
+				return "—"
+			case d < time.Second:
+				return fmt.Sprintf("%d ms", d.Milliseconds())
+			}
+			return fmt.Sprintf("%.1f s", d.Seconds())
+		},
+		"percent": func(r domain.RefreshRate) string {
+			if r.Total == 0 {
+				return "no refreshes"
+			}
+			return fmt.Sprintf("%.0f%%", math.Floor(100*float64(r.OK)/float64(r.Total)))
+		},
+		"join": strings.Join,
+		"status": func(s domain.Status) string {
+			switch s {
+			case domain.StatusActive:
+				return "ok"
+			case domain.StatusNeedsReauth:
+				return "bad"
+			}
+			return "warn"
+		},
+		"outcome": func(o string) string {
+			switch o {
+			case "ok", "connected", "recovered":
+				return "ok"
+			case "needs_reauth", "disconnected", "rolled_back":
+				return "bad"
+			case "":
+				return "muted"
+			}
+			return "warn"
+		},
+		"soon": func(t time.Time) bool { return !t.IsZero() && time.Until(t) < domain.ExpiringSoonWithin },
 	}
 	pages := map[string]*template.Template{}
 	for _, p := range []string{"login", "connections", "connection", "reconnect", "disconnect", "disconnected", "providers", "error"} {
 		pages[p] = template.Must(template.New(p).Funcs(funcs).ParseFS(assets, "assets/layout.html", "assets/"+p+".html"))
 	}
 	return pages
-}
-
-// when says how far t is from now ("in 3m", "5s ago"; "—" for zero).
-func when(t time.Time) string {
-	if t.IsZero() {
-		return "—"
-	}
-	d := time.Until(t)
-	if d >= 0 {
-		return "in " + short(d)
-	}
-	return short(-d) + " ago"
-}
-
-func absolute(t time.Time) string {
-	if t.IsZero() {
-		return ""
-	}
-	return t.UTC().Format("2006-01-02 15:04:05 UTC")
 }
 
 // short is d in its largest unit, rounded: 59m40s is "1h", 4d23h "5d".
@@ -299,43 +315,4 @@ func short(d time.Duration) string {
 		return fmt.Sprintf("%dh", int(h.Hours()))
 	}
 	return fmt.Sprintf("%dd", int(d.Round(24*time.Hour).Hours()/24))
-}
-
-func durationText(d time.Duration) string {
-	switch {
-	case d <= 0:
-		return "—"
-	case d < time.Second:
-		return fmt.Sprintf("%d ms", d.Milliseconds())
-	}
-	return fmt.Sprintf("%.1f s", d.Seconds())
-}
-
-func percent(r domain.RefreshRate) string {
-	if r.Total == 0 {
-		return "no refreshes"
-	}
-	return fmt.Sprintf("%.0f%%", math.Floor(100*float64(r.OK)/float64(r.Total)))
-}
-
-func statusClass(s domain.Status) string {
-	switch s {
-	case domain.StatusActive:
-		return "ok"
-	case domain.StatusNeedsReauth:
-		return "bad"
-	}
-	return "warn"
-}
-
-func outcomeClass(o string) string {
-	switch o {
-	case "ok", "connected", "recovered":
-		return "ok"
-	case "needs_reauth", "disconnected", "rolled_back":
-		return "bad"
-	case "":
-		return "muted"
-	}
-	return "warn"
 }
