@@ -62,30 +62,6 @@ func nonNil(ss []string) []string {
 	return ss
 }
 
-func viewOf(c domain.Connection) connectionView {
-	v := connectionView{
-		Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
-		LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
-		Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
-		Metadata: c.Metadata.Object, Tags: nonNil(c.Metadata.Tags),
-		Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
-		Binding: "bearer", DPoPJKT: c.DPoPJKT, ScopesReduced: c.Binding.ScopesReduced,
-	}
-	if c.DPoPJKT != "" {
-		v.Binding = "dpop"
-	}
-	if len(v.Metadata) == 0 {
-		v.Metadata = json.RawMessage("{}")
-	}
-	if f := c.Failure; f.Failures > 0 {
-		v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code, Failures: f.Failures, Since: f.Since.UTC()}
-		if !f.Blocked(f.LastAt) {
-			v.Failure.NextAttempt = utcOrNil(f.RetryAt)
-		}
-	}
-	return v
-}
-
 // listConnections answers GET /connections?after=NAME&limit=N: a keyset
 // page in name order, and next, the after of the following page.
 func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
@@ -121,7 +97,28 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		body.Next = &next
 	}
 	for _, c := range page {
-		body.Connections = append(body.Connections, viewOf(c))
+		v := connectionView{
+			Connection: c.Name, Provider: c.Provider, Status: c.Status, Reason: c.StatusReason,
+			LastRefresh: c.ObtainedAt.UTC(), Version: c.Version,
+			Account: c.Binding.Account, Scopes: c.Binding.Scopes, MissingScopes: c.Binding.MissingScopes,
+			Metadata: c.Metadata.Object, Tags: nonNil(c.Metadata.Tags),
+			Expiry: utcOrNil(c.Expiry), RefreshExpiry: utcOrNil(c.RefreshExpiry),
+			Binding: "bearer", DPoPJKT: c.DPoPJKT, ScopesReduced: c.Binding.ScopesReduced,
+		}
+		if c.DPoPJKT != "" {
+			v.Binding = "dpop"
+		}
+		if len(v.Metadata) == 0 {
+			v.Metadata = json.RawMessage("{}")
+		}
+		if f := c.Failure; f.Failures > 0 {
+			v.Failure = &failureView{Failing: f.Failing, HTTPStatus: f.HTTPStatus, Code: f.Code,
+				Failures: f.Failures, Since: f.Since.UTC()}
+			if !f.Blocked(f.LastAt) {
+				v.Failure.NextAttempt = utcOrNil(f.RetryAt)
+			}
+		}
+		body.Connections = append(body.Connections, v)
 	}
 	writeJSON(w, http.StatusOK, body)
 }
@@ -242,7 +239,17 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 			Error: "the connection's grant is a bearer grant: GET /connections/{name}/token", Code: "not_sender_constrained", Connection: name})
 		return
 	}
-	if err := s.underAPIBase(c.Provider, body.URL); err != nil {
+	// The URL must be under the API the token and its proof are for.
+	base, err := s.target(c.Provider, "/", "")
+	u, uerr := url.Parse(body.URL)
+	switch {
+	case err != nil:
+	case uerr != nil || u.User != nil || u.Fragment != "":
+		err = errors.New("url: not an absolute http(s) URL without credentials or fragment")
+	case !under(u, base) || strings.Contains("/"+u.Path+"/", "/../"):
+		err = fmt.Errorf("url: not under the connection's API base URL %s://%s%s/", base.Scheme, base.Host, strings.TrimSuffix(base.Path, "/"))
+	}
+	if err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "url_not_allowed", Connection: name})
 		return
 	}
@@ -253,23 +260,6 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Pragma", "no-cache")
 	writeJSON(w, http.StatusOK, proofView{AccessToken: c.Token.AccessToken, TokenType: "DPoP", DPoP: proof, ExpiresAt: utcOrNil(c.Token.Expiry)})
-}
-
-// underAPIBase checks that target is under the API base URL of
-// provider's connections, the API the token and its proof are for.
-func (s *Server) underAPIBase(provider, target string) error {
-	base, err := s.target(provider, "/", "")
-	if err != nil {
-		return err
-	}
-	u, err := url.Parse(target)
-	if err != nil || u.User != nil || u.Fragment != "" {
-		return errors.New("url: not an absolute http(s) URL without credentials or fragment")
-	}
-	if !under(u, base) || strings.Contains("/"+u.Path+"/", "/../") {
-		return fmt.Errorf("url: not under the connection's API base URL %s://%s%s/", base.Scheme, base.Host, strings.TrimSuffix(base.Path, "/"))
-	}
-	return nil
 }
 
 // validMethod: an HTTP method token, as a proof's htm.

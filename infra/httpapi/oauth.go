@@ -145,7 +145,14 @@ func (s *Server) newConnectLink(ctx context.Context, cs domain.ConnectSession) (
 	}
 	s.deps.Log.Info("connect session created", "connection", cs.Connection, "api_key", cs.CreatedBy,
 		"allow_account_change", cs.AllowAccountChange, "expires_at", expires)
-	return s.publicBase() + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()), expires, nil
+	// PUBLIC_URL (no trailing slash), else the redirect URL's origin.
+	base := ""
+	if u := s.deps.Edges.PublicURL; u != nil {
+		base = strings.TrimSuffix(u.String(), "/")
+	} else if u, err := url.Parse(s.deps.OAuth.RedirectURL); err == nil {
+		base = u.Scheme + "://" + u.Host
+	}
+	return base + "/oauth/connect?session=" + url.QueryEscape(token.Reveal()), expires, nil
 }
 
 // ConnectLink is POST /connect-sessions for the console: a link that
@@ -166,45 +173,11 @@ func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdB
 	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
 }
 
-// publicBase is PUBLIC_URL (no trailing slash), else the redirect URL's origin.
-func (s *Server) publicBase() string {
-	if u := s.deps.Edges.PublicURL; u != nil {
-		return strings.TrimSuffix(u.String(), "/")
-	}
-	if u, err := url.Parse(s.deps.OAuth.RedirectURL); err == nil {
-		return u.Scheme + "://" + u.Host
-	}
-	return ""
-}
-
 // returnAllowed reports whether target is at or under one of the allowed
-// URLs, and a browser cannot read it as another path (plainURL).
+// URLs, and a browser cannot read it as another path: it has no backslash,
+// control or non-ASCII byte, encoded (back)slash, or segment that decodes,
+// however often, to "." or "..".
 func returnAllowed(target string, allowed []string) bool {
-	if !plainURL(target) {
-		return false
-	}
-	t, err := url.Parse(target)
-	if err != nil || (t.Scheme != "https" && t.Scheme != "http") || t.Host == "" || t.User != nil || t.Fragment != "" {
-		return false
-	}
-	for _, a := range allowed {
-		if u, err := url.Parse(a); err == nil && under(t, u) {
-			return true
-		}
-	}
-	return false
-}
-
-// under: u has base's scheme and host, and its path is at or under base's.
-func under(u, base *url.URL) bool {
-	prefix := strings.TrimSuffix(base.Path, "/")
-	return strings.EqualFold(u.Scheme, base.Scheme) && strings.EqualFold(u.Host, base.Host) &&
-		(u.Path == prefix || strings.HasPrefix(u.Path, prefix+"/"))
-}
-
-// plainURL: no backslash, control or non-ASCII byte, encoded (back)slash,
-// or segment that decodes, however often, to "." or "..".
-func plainURL(target string) bool {
 	if strings.ContainsFunc(target, func(c rune) bool { return c < 0x21 || c > 0x7e || c == '\\' }) {
 		return false
 	}
@@ -230,7 +203,23 @@ func plainURL(target string) bool {
 			return false
 		}
 	}
-	return true
+	t, err := url.Parse(target)
+	if err != nil || (t.Scheme != "https" && t.Scheme != "http") || t.Host == "" || t.User != nil || t.Fragment != "" {
+		return false
+	}
+	for _, a := range allowed {
+		if u, err := url.Parse(a); err == nil && under(t, u) {
+			return true
+		}
+	}
+	return false
+}
+
+// under: u has base's scheme and host, and its path is at or under base's.
+func under(u, base *url.URL) bool {
+	prefix := strings.TrimSuffix(base.Path, "/")
+	return strings.EqualFold(u.Scheme, base.Scheme) && strings.EqualFold(u.Host, base.Host) &&
+		(u.Path == prefix || strings.HasPrefix(u.Path, prefix+"/"))
 }
 
 // connectPage answers a connect link with a consent page: nothing starts
@@ -252,8 +241,12 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	// Never framed (clickjacking), posting only to this origin.
 	w.Header().Set("Referrer-Policy", "no-referrer")
 	w.Header().Set("X-Frame-Options", "DENY")
+	returnHost := ""
+	if u, err := url.Parse(sess.ReturnTo); err == nil {
+		returnHost = u.Host
+	}
 	writePage(w, http.StatusOK, "consent.html", map[string]string{"App": sess.CreatedBy, "Connection": sess.Connection,
-		"Provider": sess.Provider, "Session": token, "CSRF": csrfToken(flow.Reveal(), token), "ReturnHost": hostOf(sess.ReturnTo)},
+		"Provider": sess.Provider, "Session": token, "CSRF": csrfToken(flow.Reveal(), token), "ReturnHost": returnHost},
 		"; form-action 'self'; frame-ancestors 'none'")
 }
 
@@ -312,13 +305,6 @@ func wellFormed(token, prefix string) bool {
 	return strings.HasPrefix(token, prefix) && len(token) <= 128
 }
 
-func hostOf(target string) string {
-	if u, err := url.Parse(target); err == nil {
-		return u.Host
-	}
-	return ""
-}
-
 // checkProvider: the flow runs for "" (OAUTH_*) or a provider with an auth URL.
 func (s *Server) checkProvider(ctx context.Context, provider string) error {
 	if provider == "" {
@@ -364,7 +350,22 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	if m := sess.Metadata; m != nil {
 		f.Metadata, f.Tags = m.Object, nonNil(m.Tags)
 	}
-	o := s.complete(ctx, f, q)
+	// The provider's answer becomes a pending result, or says why not.
+	var o outcome
+	res, err := s.deps.Flows.Complete(ctx, f, q)
+	var ce *tokenguard.ConnectError
+	switch {
+	case errors.As(err, &ce):
+		s.deps.Log.Warn("connect flow ended without a grant; nothing stored", "connection", f.Connection, "reason", ce.Code)
+		o = outcome{Code: ce.Code}
+	case err != nil:
+		s.deps.Log.Error("keeping the grant failed", "connection", f.Connection, "err", err)
+		o = outcome{Code: problem.Of(err).Code}
+	default:
+		s.deps.Log.Info("consent received; the grant waits for the application's redemption", "connection", f.Connection,
+			"account", res.Account, "scopes", res.Scopes, "expires_at", res.ExpiresAt)
+		o = outcome{Code: "pending", result: res.Code}
+	}
 	s.observe(o.Code)
 	if ControlBuild && o.result != "" {
 		o = s.redeemAtCallback(ctx, o)
@@ -389,23 +390,6 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Cache-Control", "no-store")
 	w.Header().Set("Referrer-Policy", "no-referrer")
 	http.Redirect(w, r, sess.ReturnTo+sep+v.Encode(), http.StatusSeeOther)
-}
-
-// complete turns the provider's answer into a pending result, or says why not.
-func (s *Server) complete(ctx context.Context, f tokenguard.ConnectFlow, q url.Values) outcome {
-	res, err := s.deps.Flows.Complete(ctx, f, q)
-	var ce *tokenguard.ConnectError
-	switch {
-	case errors.As(err, &ce):
-		s.deps.Log.Warn("connect flow ended without a grant; nothing stored", "connection", f.Connection, "reason", ce.Code)
-		return outcome{Code: ce.Code}
-	case err != nil:
-		s.deps.Log.Error("keeping the grant failed", "connection", f.Connection, "err", err)
-		return outcome{Code: problem.Of(err).Code}
-	}
-	s.deps.Log.Info("consent received; the grant waits for the application's redemption", "connection", f.Connection,
-		"account", res.Account, "scopes", res.Scopes, "expires_at", res.ExpiresAt)
-	return outcome{Code: "pending", result: res.Code}
 }
 
 // redeem stores the grant of a pending result, once the backend has

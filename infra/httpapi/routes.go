@@ -103,13 +103,14 @@ func (s *Server) bounded(h http.Handler, limit int64) http.Handler {
 // requireKey answers 401 without a valid API key, 429 over its rate.
 func (s *Server) requireKey(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key, ok := bearer(r)
-		if !ok || s.deps.Keys == nil {
+		scheme, key, ok := strings.Cut(r.Header.Get("Authorization"), " ")
+		key = strings.TrimSpace(key)
+		if !ok || !strings.EqualFold(scheme, "Bearer") || key == "" || len(key) > 512 || s.deps.Keys == nil {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tokenguard"`)
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "an API key is required (Authorization: Bearer <key>)", Code: "unauthorized"})
 			return
 		}
-		acc, err := s.deps.Keys.Verify(r.Context(), key)
+		acc, err := s.deps.Keys.Verify(r.Context(), domain.NewSecret(key))
 		if errors.Is(err, domain.ErrUnauthorized) {
 			w.Header().Set("WWW-Authenticate", `Bearer realm="tokenguard", error="invalid_token"`)
 			writeJSON(w, http.StatusUnauthorized, errorBody{Error: "the API key is not valid", Code: "unauthorized"})
@@ -138,8 +139,6 @@ type forbiddenBody struct {
 	Connection   string       `json:"connection,omitempty"`
 	Allowed      []string     `json:"allowed_connections,omitempty"` // the key's patterns
 }
-
-func (b forbiddenBody) code() string { return b.Code }
 
 // requireScope answers 403 unless domain.KeyAccess.Permit lets the key use
 // the route's scope on the connection it names (then 400 for a bad name).
@@ -189,15 +188,6 @@ func keyAccess(ctx context.Context) domain.KeyAccess {
 		return domain.KeyAccess{Scopes: []domain.Scope{}, Connections: []string{}}
 	}
 	return a
-}
-
-func bearer(r *http.Request) (domain.Secret, bool) {
-	scheme, token, ok := strings.Cut(r.Header.Get("Authorization"), " ")
-	token = strings.TrimSpace(token)
-	if !ok || !strings.EqualFold(scheme, "Bearer") || token == "" || len(token) > 512 {
-		return domain.Secret{}, false
-	}
-	return domain.NewSecret(token), true
 }
 
 // edges apply to every request: nosniff, and the Host check against DNS rebinding.
@@ -265,20 +255,16 @@ func allowedHosts(e Edges) map[string]bool {
 type keyLimits struct {
 	rate  rate.Limit
 	burst int
-	mu    sync.Mutex
-	keys  map[int32]*rate.Limiter
+	keys  sync.Map // int32 → *rate.Limiter
 }
 
 // wait takes a token from the key's bucket, or says how long until one.
 func (k *keyLimits) wait(id int32) time.Duration {
-	k.mu.Lock()
-	l, ok := k.keys[id]
+	l, ok := k.keys.Load(id)
 	if !ok {
-		l = rate.NewLimiter(k.rate, k.burst)
-		k.keys[id] = l
+		l, _ = k.keys.LoadOrStore(id, rate.NewLimiter(k.rate, k.burst))
 	}
-	k.mu.Unlock()
-	return take(l, time.Now())
+	return take(l.(*rate.Limiter), time.Now())
 }
 
 // take takes a token from l at now, or says how long until there is one.
@@ -330,8 +316,13 @@ func (a *addrLimits) acquire(addr string) (release func(), wait time.Duration, o
 	a.mu.Lock()
 	st, found := a.addrs[addr]
 	if !found {
-		if len(a.addrs) >= maxAddrs {
-			a.forget(now)
+		if len(a.addrs) >= maxAddrs { // forget idle addresses, those unseen for a minute first
+			maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool {
+				return st.inFlight == 0 && now.Sub(st.seen) > time.Minute
+			})
+			if len(a.addrs) >= maxAddrs {
+				maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool { return st.inFlight == 0 })
+			}
 		}
 		st = &addrState{lim: rate.NewLimiter(a.rate, a.burst)}
 		a.addrs[addr] = st
@@ -360,16 +351,6 @@ func (a *addrLimits) done(st *addrState) {
 	a.mu.Lock()
 	st.inFlight--
 	a.mu.Unlock()
-}
-
-// forget drops idle addresses, those unseen for a minute first; mu held.
-func (a *addrLimits) forget(now time.Time) {
-	maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool {
-		return st.inFlight == 0 && now.Sub(st.seen) > time.Minute
-	})
-	if len(a.addrs) >= maxAddrs {
-		maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool { return st.inFlight == 0 })
-	}
 }
 
 // limit answers 429 (refuse, or nil: JSON) to an address over its limits.

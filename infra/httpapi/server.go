@@ -148,7 +148,7 @@ func New(d Deps) *Server {
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
 	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(d.TracerProvider),
-		limits: &keyLimits{rate: e.Rate, burst: e.Burst, keys: map[int32]*rate.Limiter{}},
+		limits: &keyLimits{rate: e.Rate, burst: e.Burst},
 		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
 	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
@@ -225,9 +225,8 @@ func (s *Server) openapi(w http.ResponseWriter, _ *http.Request) {
 	_, _ = w.Write(openapiJSON)
 }
 
-// jwks answers GET /.well-known/jwks.json, the public halves of the client
-// keys in use (private_key_jwt), for providers that fetch them (AT
-// Protocol). Public by design.
+// jwks answers the public halves of the client keys in use (private_key_jwt),
+// for providers that fetch them (AT Protocol). Public by design.
 func (s *Server) jwks(w http.ResponseWriter, _ *http.Request) {
 	body := []byte(`{"keys":[]}`)
 	if k, ok := s.deps.Tokens.(interface{ ClientJWKS() []byte }); ok {
@@ -292,12 +291,6 @@ type errorBody struct {
 	Connection string `json:"connection,omitempty"`
 }
 
-// coded is an error answer whose code goes in Tokenguard-Error, which tells
-// tokenguard's own errors from the API's answers the proxy passes on.
-type coded interface{ code() string }
-
-func (e errorBody) code() string { return e.Code }
-
 func writeError(w http.ResponseWriter, connection string, err error) {
 	p := problem.Of(err)
 	if p.RetryAfter > 0 {
@@ -312,8 +305,13 @@ func setRetryAfter(w http.ResponseWriter, d time.Duration) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	if e, ok := v.(coded); ok {
-		w.Header().Set("Tokenguard-Error", e.code())
+	// Tokenguard-Error tells tokenguard's own errors from the API's answers
+	// the proxy passes on.
+	switch e := v.(type) {
+	case errorBody:
+		w.Header().Set("Tokenguard-Error", e.Code)
+	case forbiddenBody:
+		w.Header().Set("Tokenguard-Error", e.Code)
 	}
 	w.Header().Set("Content-Type", "application/json")
 	w.Header().Set("Cache-Control", "no-store")

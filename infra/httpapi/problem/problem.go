@@ -56,12 +56,6 @@ func spoken(p Problem) Problem {
 	return p
 }
 
-// providerAnswer matches a provider's answer that leaves the grant alive.
-func providerAnswer(err error) bool {
-	var pe *domain.ProviderError
-	return errors.As(err, &pe) && pe.Class != domain.GrantDead
-}
-
 func timedOut(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
@@ -126,7 +120,10 @@ var table = []row{
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "refresh_failing", RetryAfter: 5 * time.Second,
 			Message: "the connection's refreshes are failing; the provider is asked again later (GET /connections shows why)",
 			Page:    "The connection's refreshes are failing; the provider is asked again later."}},
-	{match: providerAnswer, p: providerUnavailable, answerRetry: true},
+	{match: func(err error) bool { // a provider's answer that leaves the grant alive
+		var pe *domain.ProviderError
+		return errors.As(err, &pe) && pe.Class != domain.GrantDead
+	}, p: providerUnavailable, answerRetry: true},
 	{match: is(domain.ErrProviderUnavailable), p: providerUnavailable},
 	fixed(apiclient.ErrTooLarge, http.StatusBadGateway, "upstream_too_large", 0,
 		"the external API's answer is over the size limit; nothing of it was passed on",
