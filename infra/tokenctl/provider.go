@@ -146,14 +146,12 @@ func apply(p *domain.Provider, args []string, update bool, clientKey, secret *do
 		p.ClientKey = domain.Secret{} // another style needs no key
 	}
 	if set["token-rate"] {
-		rate, err := domain.TokenRate{}, error(nil)
+		p.TokenRate = domain.TokenRate{}
 		if f.tokenRate != "none" {
-			rate, err = domain.ParseTokenRate(f.tokenRate)
+			if p.TokenRate, err = domain.ParseTokenRate(f.tokenRate); err != nil {
+				return fmt.Errorf("%w: --token-rate: %w", domain.ErrInvalidProvider, err)
+			}
 		}
-		if err != nil {
-			return fmt.Errorf("%w: --token-rate: %w", domain.ErrInvalidProvider, err)
-		}
-		p.TokenRate = rate
 	}
 	if secret != nil {
 		p.ClientSecret = *secret

@@ -388,33 +388,25 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	// New columns go before REASON (free text, last): scripts read by position.
 	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp,
 		cmp.Or(t.Provider, "default"), expiring(t, now, p.notice), t.StatusReason)
-	p.block = append(p.block, t) // printDetails shows what it has
+	p.block = append(p.block, t) // flush shows its details
 	if p.lines++; p.lines%statusBlock == 0 {
-		p.endBlock()
+		p.flush()
 	}
 }
 
-func (p *statusPrinter) endBlock() {
-	_ = p.tw.Flush()
-	p.tw = nil
-	printDetails(p.w, p.block)
-	p.block = p.block[:0]
-}
-
+// flush ends the block: it aligns the block's lines, then prints each connection's details,
+// when it has any: who granted it, the scopes it lacks or lost, its DPoP key, metadata and tags.
 func (p *statusPrinter) flush() {
 	if p.lines == 0 {
 		fmt.Fprintln(p.w, "no connections")
 		return
 	}
-	if p.tw != nil {
-		p.endBlock()
+	if p.tw == nil {
+		return
 	}
-}
-
-// printDetails prints each connection's details, when it has any: who
-// granted it, the scopes it lacks or lost, its DPoP key, metadata and tags.
-func printDetails(w io.Writer, conns []domain.Connection) {
-	for _, c := range conns {
+	_ = p.tw.Flush()
+	p.tw = nil
+	for _, c := range p.block {
 		if b := c.Binding; b.Account != "" || b.MissingScopes != "" || b.ScopesReduced != "" {
 			line := c.Name + ": granted by " + cmp.Or(b.Account, "an unknown account")
 			if b.MissingScopes != "" {
@@ -423,19 +415,20 @@ func printDetails(w io.Writer, conns []domain.Connection) {
 			if b.ScopesReduced != "" {
 				line += "; scopes_reduced: " + b.ScopesReduced
 			}
-			fmt.Fprintln(w, line)
+			fmt.Fprintln(p.w, line)
 		}
 		if c.DPoPJKT != "" {
-			fmt.Fprintln(w, c.Name+": bound to dpop key "+c.DPoPJKT+" (RFC 7638 thumbprint; the key is sealed with the grant)")
+			fmt.Fprintln(p.w, c.Name+": bound to dpop key "+c.DPoPJKT+" (RFC 7638 thumbprint; the key is sealed with the grant)")
 		}
 		if m := c.Metadata; len(m.Tags) > 0 || (len(m.Object) > 0 && string(m.Object) != "{}") {
-			line := c.Name + ": metadata " + cmp.Or(string(c.Metadata.Object), "{}")
-			if len(c.Metadata.Tags) > 0 {
-				line += "; tags " + strings.Join(c.Metadata.Tags, ",")
+			line := c.Name + ": metadata " + cmp.Or(string(m.Object), "{}")
+			if len(m.Tags) > 0 {
+				line += "; tags " + strings.Join(m.Tags, ",")
 			}
-			fmt.Fprintln(w, line)
+			fmt.Fprintln(p.w, line)
 		}
 	}
+	p.block = p.block[:0]
 }
 
 func formatTime(t time.Time) string {
