@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
@@ -80,17 +81,16 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	}
 	// The public routes (the browser flow, /healthz) and the console, both
 	// reachable without a key, have small pools: the token layer keeps its own.
-	browserDB, closeBrowser, err := openDB(ctx, cfg.DatabaseURL, browserConns, log)
-	if err != nil {
-		return fail(err)
+	var pools [2]*gorm.DB
+	for i, conns := range []int{browserConns, consoleConns} {
+		db, closeDB, err := openDB(ctx, cfg.DatabaseURL, conns, log)
+		if err != nil {
+			return fail(err)
+		}
+		cleanup = append(cleanup, closeDB)
+		pools[i] = db
 	}
-	cleanup = append(cleanup, closeBrowser)
-	consoleDB, closeConsole, err := openDB(ctx, cfg.DatabaseURL, consoleConns, log)
-	if err != nil {
-		return fail(err)
-	}
-	cleanup = append(cleanup, closeConsole)
-	publicDB, operatorDB := browserDB, consoleDB
+	publicDB, operatorDB := pools[0], pools[1]
 	if httpapi.ControlBuild {
 		publicDB, operatorDB = a.tokens.DB, a.tokens.DB // the e2e tests' control: one pool, as before
 	}
@@ -128,8 +128,10 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 }
 
 const (
-	browserConns = 3               // the public routes' pool
-	sweepEvery   = 5 * time.Second // sweeps of the unredeemed connect results
+	browserConns     = 3               // the public routes' pool
+	consoleConns     = 2               // the console's pool
+	sweepEvery       = 5 * time.Second // sweeps of the unredeemed connect results
+	eventsPruneEvery = time.Minute     // trims of the connections' history
 )
 
 // NewWorker wires the event consumer. Call the returned cleanup when done.
@@ -250,7 +252,12 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	}
 	cleanup = append(cleanup, a.pool.Close)
 	if cfg.MigrateOnStart {
-		if err := migrateQueue(ctx, cfg.Config, a.pool); err != nil {
+		if cfg.MigrateURL() == cfg.DatabaseURL {
+			err = queue.Migrate(ctx, a.pool)
+		} else {
+			err = migrateQueueAt(ctx, cfg.MigrateURL())
+		}
+		if err != nil {
 			return fail(err)
 		}
 	}
@@ -266,9 +273,8 @@ func (c cleanups) run() {
 	}
 }
 
-// providerBases are the stored providers' API base URLs; BaseURL sends a
-// connection's API calls to its provider's ("" for API_BASE_URL). A stored
-// provider without one is refused: its token never goes to another
+// providerBases are the stored providers' API base URLs; BaseURL sends a connection's API calls to its
+// provider's ("" for API_BASE_URL). A stored provider without one is refused: its token never goes to another
 // provider's API.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase

@@ -51,9 +51,8 @@ type Config struct {
 	ExpiringNotice time.Duration `env:"TOKEN_EXPIRING_NOTICE" envDefault:"336h"`
 	// AllowInsecureURLs accepts http:// URLs off loopback (a test network).
 	AllowInsecureURLs bool `env:"ALLOW_INSECURE_URLS" envDefault:"false"`
-	// DatabaseListenURL is a direct session for LISTEN when DATABASE_URL
-	// goes through a transaction pooler; MigrateDatabaseURL one for the
-	// migrations' session lock (default DATABASE_LISTEN_URL).
+	// DatabaseListenURL is a direct session for LISTEN when DATABASE_URL goes through a transaction pooler;
+	// MigrateDatabaseURL one for the migrations' session lock (default DATABASE_LISTEN_URL).
 	DatabaseListenURL  string `env:"DATABASE_LISTEN_URL"`
 	MigrateDatabaseURL string `env:"MIGRATE_DATABASE_URL"`
 }

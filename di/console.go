@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
-	"time"
 
 	"gorm.io/gorm"
 
@@ -12,11 +11,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/repository"
-)
-
-const (
-	eventsPruneEvery = time.Minute // trims of the connections' history
-	consoleConns     = 2           // the console's pool
 )
 
 // newConsole builds srv's operator console on db, a pool of its own, with tokenctl's use cases.

@@ -40,10 +40,9 @@ func (c Config) sealer() (repository.Sealer, error) {
 	return k, nil
 }
 
-// Reseal is "tokenctl rotate-key": it re-encrypts every stored token and
-// provider secret with the current key, each connection under its refresh
-// lock, so running apps (which must know the key already) keep refreshing.
-// It is safe to run again after a failure.
+// Reseal is "tokenctl rotate-key": it re-encrypts every stored token and provider secret with the current
+// key, each connection under its refresh lock, so running apps (which must know the key already) keep
+// refreshing. It is safe to run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
 	log = cmp.Or(log, discard)
 	k, err := cfg.keyring()

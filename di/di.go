@@ -177,9 +177,8 @@ func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseC
 	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
-// NewRevoker revokes refresh tokens at each connection's provider
-// (OAUTH_REVOCATION_URL, or a stored provider's), authenticated as at its
-// token endpoint.
+// NewRevoker revokes refresh tokens at each connection's provider (OAUTH_REVOCATION_URL, or a stored
+// provider's), authenticated as at its token endpoint.
 func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*provider.Revocations, error) {
 	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
 	key, err := cfg.OAuth.clientKey()
@@ -191,8 +190,7 @@ func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*pr
 		provider.NewDiscovery(client), client, repository.NewAuthStyles(db)), nil
 }
 
-// OAuth2Config is the x/oauth2 view of the client registration, as of a
-// stored provider's.
+// OAuth2Config is the x/oauth2 view of the client registration, as of a stored provider's.
 func OAuth2Config(c OAuthConfig) *oauth2.Config {
 	oc := provider.OAuth2Config(domain.Provider{ClientID: c.ClientID, ClientSecret: c.ClientSecret,
 		AuthURL: c.AuthURL, TokenURL: c.TokenURL, AuthStyle: domain.AuthStyle(c.AuthStyle), Scopes: c.Scopes})

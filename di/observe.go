@@ -75,10 +75,9 @@ func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), e
 	}, nil
 }
 
-// startTracing installs OpenTelemetry for app from the OTEL_* variables.
-// Traces are exported only when asked for (a process without a collector
-// must not log failures); the propagator is installed in any case, so trace
-// context still travels. stop flushes the spans.
+// startTracing installs OpenTelemetry for app from the OTEL_* variables. Traces are exported only when asked
+// for (a process without a collector must not log failures); the propagator is installed in any case, so
+// trace context still travels. stop flushes the spans.
 func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
 	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
 	vars := env.ToMap(environ)

@@ -18,9 +18,8 @@ type ExitCode int
 
 func (c ExitCode) Error() string { return fmt.Sprintf("exit status %d", int(c)) }
 
-// Run is the body of an app's main: it reads the configuration, builds a
-// logger on stderr, sets up tracing, runs fn until SIGTERM or SIGINT and
-// returns the exit status: 0, 1 for a failure, 2 for a bad setting.
+// Run is the body of an app's main: it reads the configuration, builds a logger on stderr, sets up tracing,
+// runs fn until SIGTERM or SIGINT and returns the exit status: 0, 1 for a failure, 2 for a bad setting.
 func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Context, cfg AppConfig, log *slog.Logger) error) int {
 	warnings := envWarnings(environ, true)
 	cfg, err := AppConfigFromEnv(environ)

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/jackc/pgx/v5/pgxpool"
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard"
@@ -35,9 +34,8 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		return nil, nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
-	// The tools' locked writes (an import's grant, a reactivation) commit
-	// as durably as the apps' do: TOKEN_SYNC_COMMIT, else the cluster's
-	// default as read now.
+	// The tools' locked writes (an import's grant, a reactivation) commit as durably as the apps' do:
+	// TOKEN_SYNC_COMMIT, else the cluster's default as read now.
 	durability, err := repository.NewDurability(cfg.SyncCommit)
 	if err != nil {
 		closeDB()
@@ -80,15 +78,7 @@ func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) err
 	return tokenguard.Migrate(ctx, direct)
 }
 
-// migrateQueue is migrate for River's migrations.
-func migrateQueue(ctx context.Context, cfg Config, pool *pgxpool.Pool) error {
-	if cfg.MigrateURL() == cfg.DatabaseURL {
-		return queue.Migrate(ctx, pool)
-	}
-	return migrateQueueAt(ctx, cfg.MigrateURL())
-}
-
-// migrateQueueAt applies River's migrations on a pool of its own.
+// migrateQueueAt applies River's migrations on a pool of its own at databaseURL.
 func migrateQueueAt(ctx context.Context, databaseURL string) error {
 	pool, err := queue.OpenPool(ctx, databaseURL, 2)
 	if err != nil {

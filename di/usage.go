@@ -15,9 +15,8 @@ func HelpAsked(args []string) bool {
 	return slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "-help" || a == "--help" })
 }
 
-// PrintEnv writes the environment variables settings (Config, AppConfig)
-// reads, with their defaults, from its env tags: the one list of them.
-// traced: the app also reads OpenTelemetry's OTEL_* variables.
+// PrintEnv writes the environment variables settings (Config, AppConfig) reads, with their defaults, from its
+// env tags: the one list of them. traced: the app also reads OpenTelemetry's OTEL_* variables.
 func PrintEnv(w io.Writer, settings any, traced bool) {
 	fmt.Fprintln(w, "\nEnvironment (docs/configuration.md):")
 	for _, v := range envVars(reflect.TypeOf(settings)) {
@@ -55,9 +54,8 @@ func envVars(t reflect.Type) []envVar {
 	return out
 }
 
-// knownVars are the names of every setting, from the env tags; ourPrefixes
-// their first words (OAUTH_, TOKEN_, ...): a variable that starts with one
-// looks like a setting.
+// knownVars are the names of every setting, from the env tags; ourPrefixes their first words (OAUTH_, TOKEN_,
+// ...): a variable that starts with one looks like a setting.
 var knownVars, ourPrefixes = func() (names, prefixes []string) {
 	for _, v := range envVars(reflect.TypeFor[AppConfig]()) {
 		names = append(names, v.name)
@@ -76,9 +74,8 @@ type envWarning struct {
 	Message  string
 }
 
-// envWarnings finds in environ the variables that look like settings but
-// are none (a typo silently leaves the setting at its default) and, when
-// the client secret is needed, an empty OAUTH_CLIENT_SECRET.
+// envWarnings finds in environ the variables that look like settings but are none (a typo silently leaves the
+// setting at its default) and, when the client secret is needed, an empty OAUTH_CLIENT_SECRET.
 func envWarnings(environ []string, secretNeeded bool) []envWarning {
 	var out []envWarning
 	secret := ""

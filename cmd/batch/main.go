@@ -1,6 +1,5 @@
-// Command batch calls the external API once for every active connection and
-// exits 0 if every call succeeded, 1 otherwise. With --every it repeats
-// until SIGTERM. Each round prints one JSON line on stdout.
+// Command batch calls the external API once for every active connection and exits 0 if every call succeeded,
+// 1 otherwise. With --every it repeats until SIGTERM. Each round prints one JSON line on stdout.
 package main
 
 import (

@@ -1,5 +1,4 @@
-// Command tokenctl is the operator CLI: migrate, import, status, rotate-key,
-// reactivate, check.
+// Command tokenctl is the operator CLI: migrate, import, status, rotate-key, reactivate, check.
 package main
 
 import (

@@ -177,7 +177,6 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }
 
-// baseOf is the base URL of connection's calls.
 func (c *Client) baseOf(ctx context.Context, connection string) (*url.URL, error) {
 	if c.opts.Bases == nil {
 		return c.base, nil

@@ -21,7 +21,6 @@ type Pool struct {
 	ConnMaxIdleTime time.Duration // default 5m
 }
 
-// positive is v, or def when v is not positive.
 func positive[T int | time.Duration](v, def T) T {
 	if v <= 0 {
 		return def

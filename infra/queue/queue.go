@@ -1,6 +1,5 @@
-// Package queue carries events from the server to the worker through River
-// (github.com/riverqueue/river), a job queue in the same Postgres database as the tokens: an event
-// is a row, so none is lost when a process dies, and a failed one is retried with backoff.
+// Package queue carries events from the server to the worker through River, a job queue in the
+// tokens' Postgres database: an event is a row, none is lost when a process dies, a failed one is retried.
 package queue
 
 import (
@@ -73,7 +72,7 @@ func Migrate(ctx context.Context, pool *pgxpool.Pool) (err error) {
 			err = fmt.Errorf("queue: migrate: unlock: %w", unlockErr)
 		}
 	}()
-	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: quiet()})
+	m, err := rivermigrate.New(riverpgxv5.New(pool), &rivermigrate.Config{Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return fmt.Errorf("queue: migrate: %w", err)
 	}
@@ -113,17 +112,14 @@ type HandlerFunc func(ctx context.Context, e EventArgs) error
 type WorkerOptions struct {
 	Concurrency int           // events handled at once (default 10)
 	JobTimeout  time.Duration // bounds one event (default 1m)
-	// RescueAfter is how long an event may stay "running" before it is
-	// retried as lost (default JobTimeout+15s); above any real run time.
+	// RescueAfter: an event "running" longer is retried as lost (default JobTimeout+15s).
 	RescueAfter time.Duration
-	// StopTimeout bounds the wait for events in flight at shutdown
-	// (default 8s); past it they are cancelled and retried later.
+	// StopTimeout bounds the wait for events in flight at shutdown (default 8s); then they are cancelled.
 	StopTimeout time.Duration
 	Webhook     *Webhook // delivers the outbox's events; nil drops them
 	// PollOnly polls instead of LISTEN (which needs a session of its own): for a transaction pooler.
 	PollOnly bool
-	// ExpiringNotice, with a Webhook, announces once per grant each
-	// connection whose refresh token expires within it; 0: never.
+	// ExpiringNotice, with a Webhook, announces once per grant a refresh token expiring within it; 0: never.
 	ExpiringNotice time.Duration
 	TracerProvider trace.TracerProvider // nil: the global provider
 }
@@ -265,17 +261,14 @@ func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) (err 
 	}
 }
 
-// riverLogger keeps River's own chatter at warnings.
+// riverLogger keeps River's own chatter at warnings (warnings passes on warnings and errors only).
 func riverLogger(log *slog.Logger) *slog.Logger {
 	if log == nil {
-		return quiet()
+		return slog.New(slog.DiscardHandler)
 	}
 	return slog.New(warnings{log.Handler()})
 }
 
-func quiet() *slog.Logger { return slog.New(slog.DiscardHandler) }
-
-// warnings passes on warnings and errors only.
 type warnings struct{ slog.Handler }
 
 func (h warnings) Enabled(ctx context.Context, l slog.Level) bool {

@@ -37,17 +37,13 @@ type WebhookEvent struct {
 // Kind names the job kind in River's tables.
 func (WebhookEvent) Kind() string { return "tokenguard_webhook" }
 
-const (
-	// webhookQueue keeps deliveries to a slow receiver from holding up events.
-	webhookQueue = "webhook"
-	// webhookAttempts × backoff (1s doubling, capped at 1h) is about 13
-	// hours of retries before an event is discarded.
-	webhookAttempts = 25
-)
+// webhookQueue keeps deliveries to a slow receiver from holding up events.
+const webhookQueue = "webhook"
 
-// InsertOpts puts events on their own queue with their own retry budget.
+// InsertOpts puts events on their own queue with their own retry budget: 25 attempts backing off
+// (1s doubling, capped at 1h) are about 13 hours of retries before an event is discarded.
 func (WebhookEvent) InsertOpts() river.InsertOpts {
-	return river.InsertOpts{Queue: webhookQueue, MaxAttempts: webhookAttempts}
+	return river.InsertOpts{Queue: webhookQueue, MaxAttempts: 25}
 }
 
 // Webhook is where events go and how they are signed.
@@ -84,13 +80,12 @@ type webhookWorker struct {
 
 func newWebhookWorker(h Webhook, log *slog.Logger) *webhookWorker {
 	h.UserAgent = cmp.Or(h.UserAgent, "tokenguard")
-	host := ""
+	w := &webhookWorker{hook: h, log: log, http: &http.Client{Timeout: 10 * time.Second,
+		CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}} // a redirect fails
 	if u, err := url.Parse(h.URL); err == nil {
-		host = u.Host
+		w.host = u.Host
 	}
-	// A redirect is a failed delivery.
-	hc := &http.Client{Timeout: 10 * time.Second, CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse }}
-	return &webhookWorker{hook: h, http: hc, log: log, host: host}
+	return w
 }
 
 // Work delivers one event: anything but a 2xx answer is retried.
