@@ -11,9 +11,8 @@ import (
 )
 
 // WithClientKey authenticates the client of New's oauth2.Config with
-// private_key_jwt (RFC 7523 §2.2) instead of its secret: every token
-// request carries a fresh one-minute assertion signed with signer (EC
-// P-256 or RSA of at least 2048 bits). ClientJWKS serves its public half.
+// private_key_jwt (RFC 7523 §2.2), assertions signed with signer (EC P-256 or
+// RSA of at least 2048 bits), instead of its secret. ClientJWKS serves its public half.
 func WithClientKey(signer crypto.Signer) Option { return func(o *options) { o.clientKey = signer } }
 
 // ClientJWKS is the JSON Web Key Set of the client keys in use
@@ -51,7 +50,6 @@ const (
 func ParsePARMode(s string) (PARMode, error) { return domain.ParsePARMode(s) }
 
 // WithPAR says when the connect flow of New's oauth2.Config pushes its
-// authorization request (RFC 9126): posted with the client's
-// authentication, so that the browser's URL carries only client_id and
-// request_uri. A mode ParsePARMode refuses makes New fail.
+// authorization request (RFC 9126), so that the browser's URL carries only
+// client_id and request_uri. A mode ParsePARMode refuses makes New fail.
 func WithPAR(mode PARMode) Option { return func(o *options) { o.par = mode } }

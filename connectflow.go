@@ -19,18 +19,16 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider"
 )
 
-// ConnectFlow is one browser's authorization-code flow for a connection,
-// from AuthCodeURL (which fills State and Verifier) to Complete. Keep it
-// server-side, bound to the browser that started it, never in a URL:
-// Verifier is the PKCE secret (with DPoP, also the seed of the grant's key).
+// ConnectFlow is one browser's authorization-code flow, from AuthCodeURL
+// (which fills State and Verifier) to Complete. Keep it server-side, bound to
+// that browser, never in a URL: Verifier is the PKCE secret (and DPoP key seed).
 type ConnectFlow struct {
 	Connection  string
 	Provider    string // a stored provider; "" is New's oauth2.Config's
 	RedirectURL string // "" is New's oauth2.Config's
 	// AllowAccountChange lets a grant from another provider account replace the connection's.
 	AllowAccountChange bool
-	// Metadata (a JSON object) and Tags replace the connection's when the
-	// result is redeemed; both nil keep its own.
+	// Metadata (a JSON object) and Tags replace the connection's on Redeem; both nil keep its own.
 	Metadata  json.RawMessage
 	Tags      []string
 	CreatedBy string // who asked for the flow, kept with the pending result
@@ -41,9 +39,7 @@ type ConnectFlow struct {
 // ConnectResult is a consent's grant, kept pending: nothing is stored for
 // the connection until Redeem is called with Code.
 type ConnectResult struct {
-	// Code is the one-time result code (tgr_…), valid until ExpiresAt, for
-	// the part of the application that knows which user started the flow.
-	Code          string
+	Code          string // the one-time result code (tgr_…), valid until ExpiresAt
 	Connection    string
 	Account       string // the provider account that consented; "" when unknown
 	Scopes        []string
@@ -61,18 +57,16 @@ type Connected struct {
 }
 
 // ConnectError says why Complete stored nothing, with a reason code a
-// browser can be shown (bad_state, exchange_failed, access_denied, ...).
-// Match it with errors.As.
+// browser can be shown (bad_state, access_denied, ...). Match it with errors.As.
 type ConnectError = domain.ConnectError
 
 // ResultLifetime is how long a result waits for Redeem; after that its
 // grant is revoked at the provider and deleted (SweepConnectResults).
 const ResultLifetime = 10 * time.Minute
 
-// AuthCodeURL starts the authorization-code flow of f.Connection: it
-// returns the provider's authorization URL, and f with a fresh State and
-// Verifier to keep until the callback. The request carries the profile's
-// parameters (prompt=consent where supported, so no consent passes unseen).
+// AuthCodeURL starts the flow of f.Connection: it returns the provider's
+// authorization URL (with the profile's parameters, such as prompt=consent),
+// and f with a fresh State and Verifier to keep until the callback.
 func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, ConnectFlow, error) {
 	if t.closed.Load() {
 		return "", f, ErrClosed
@@ -114,13 +108,12 @@ func (t *Tokens) AuthCodeURL(ctx context.Context, f ConnectFlow) (string, Connec
 	return authURL, f, err // pushed returns "" with an error
 }
 
-// Complete handles the provider's redirect back (callback: its query) for
-// f: it checks the state, redeems the code, finds the account that
-// consented (the ID token's sub, else WithUserInfo) and keeps the grant
-// pending for ResultLifetime. Nothing is stored for the connection until
-// Redeem, once the application knows the browser was the user's who asked:
-// a link that reached another person must not give their grant to it.
-// A flow the provider did not complete is a *ConnectError.
+// Complete handles the provider's redirect back (callback: its query) for f:
+// it checks the state, redeems the code, finds the consenting account (the ID
+// token's sub, else WithUserInfo) and keeps the grant pending for
+// ResultLifetime. Nothing is stored until Redeem, once the application knows
+// the browser was the asking user's: a link that reached another person must
+// not give their grant to it. A flow the provider did not complete is a *ConnectError.
 func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Values) (ConnectResult, error) {
 	if t.closed.Load() {
 		return ConnectResult{}, ErrClosed
@@ -164,9 +157,7 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 		return ConnectResult{}, &ConnectError{Code: "exchange_failed", Message: "The provider did not redeem the authorization (" + reason + ")."}
 	}
 	accounts := t.o.userInfo
-	if f.Provider != "" {
-		// The user-info URL is the oauth2.Config provider's: another
-		// provider's token never goes there.
+	if f.Provider != "" { // the user-info URL is cfg's provider's: another provider's token never goes there
 		accounts = provider.AccountSource{HTTP: t.httpClient}
 	}
 	account, err := accounts.Account(ctx, tok)
@@ -195,18 +186,15 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	return ConnectResult{Code: secret.Reveal(), Connection: f.Connection, Account: account, Scopes: granted, MissingScopes: missing, ExpiresAt: expires}, nil
 }
 
-// Redeem stores the grant of the pending result code as Import does, in
-// the transaction that deletes the result. An unknown, expired or used code
-// is ErrResultInvalid. Another account than the connection's is
-// ErrAccountMismatch unless the flow allowed it; the next
-// SweepConnectResults revokes such a refused grant.
+// Redeem stores the grant of the pending result code as Import does, in the
+// transaction that deletes the result (else ErrResultInvalid). Another account
+// than the connection's is ErrAccountMismatch unless the flow allowed it.
 func (t *Tokens) Redeem(ctx context.Context, code string) (Connected, error) {
 	return t.RedeemFor(ctx, code, nil)
 }
 
-// RedeemFor is Redeem for a caller limited to some connections: allow
-// (nil: any) is asked about the result's connection first, and its error
-// returned with the connection, the result unspent.
+// RedeemFor is Redeem for a caller limited to some connections: allow (nil:
+// any) is asked first, and its error returned with the result unspent.
 func (t *Tokens) RedeemFor(ctx context.Context, code string, allow func(connection string) error) (Connected, error) {
 	if t.closed.Load() {
 		return Connected{}, ErrClosed
@@ -219,9 +207,8 @@ func (t *Tokens) RedeemFor(ctx context.Context, code string, allow func(connecti
 		Scopes: strings.Fields(tok.Binding.Scopes), MissingScopes: strings.Fields(tok.Binding.MissingScopes)}, nil
 }
 
-// SweepConnectResults revokes (where an endpoint is known) and deletes
-// the grants of results not redeemed within ResultLifetime, and returns how
-// many it deleted; a failed revocation waits for the next sweep. Call it
+// SweepConnectResults revokes (where it can) and deletes the grants of results
+// not redeemed within ResultLifetime, and returns how many it deleted. Call it
 // periodically in at least one process; concurrent sweeps share the work.
 func (t *Tokens) SweepConnectResults(ctx context.Context) (int, error) {
 	if t.closed.Load() {

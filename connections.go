@@ -16,8 +16,7 @@ import (
 type Connection struct {
 	Name     string
 	Provider string // "" for the one of New's oauth2.Config
-	// Status is "active", "failing" (refreshes keep getting answers
-	// tokenguard cannot classify) or "needs_reauth"; Reason says why.
+	// Status is "active", "failing" (unclassifiable answers) or "needs_reauth"; Reason says why.
 	Status, Reason string
 	Expiry         time.Time       // of the access token; zero: the provider gave none
 	RefreshExpiry  time.Time       // of the refresh token; zero: unknown
@@ -55,11 +54,10 @@ func (t *Tokens) Connections(ctx context.Context, after string, limit int) (conn
 	return conns, next, nil
 }
 
-// Disconnect deletes connection, after any refresh in progress; every
-// process then answers ErrNotFound. With revoke, it first revokes the
-// current refresh token at the provider under the connection's lock, and
-// deletes nothing if that fails: deleting the only handle on a live grant
-// would leave it live for good (call it again without revoke to delete anyway).
+// Disconnect deletes connection after any refresh in progress. With revoke,
+// it first revokes the refresh token at the provider under the connection's
+// lock, and deletes nothing if that fails: deleting the only handle on a live
+// grant would leave it live for good (call it without revoke to delete anyway).
 func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -69,10 +67,8 @@ func (t *Tokens) Disconnect(ctx context.Context, connection string, revoke bool)
 }
 
 // Reactivate sets a needs_reauth connection active again, tokens untouched
-// (the next refresh tells whether the grant is alive): the way back for a
-// grant marked dead by mistake, a client secret rotated too early, say. It
-// returns the version written, 0 when it left the connection alone, or
-// ErrNotFound for a connection without a token.
+// (the next refresh tells whether the grant is alive). It returns the version
+// written, 0 when it left the connection alone, or ErrNotFound.
 func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int64, err error) {
 	if t.closed.Load() {
 		return 0, ErrClosed
@@ -90,9 +86,8 @@ func (t *Tokens) Reactivate(ctx context.Context, connection string) (version int
 // ImportOption configures Import.
 type ImportOption func(*usecase.ConnectRequest) error
 
-// WithMetadata replaces the connection's own bookkeeping (a tenant id,
-// say) with the grant: object, a JSON object of at most 16 KiB (nil means
-// {}), and up to 32 tags. Bad metadata is ErrInvalidMetadata.
+// WithMetadata replaces the connection's own bookkeeping with object, a JSON
+// object of at most 16 KiB (nil means {}), and up to 32 tags (else ErrInvalidMetadata).
 func WithMetadata(object json.RawMessage, tags ...string) ImportOption {
 	return func(r *usecase.ConnectRequest) error {
 		m, err := domain.NewMetadata(object, tags)

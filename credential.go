@@ -29,10 +29,9 @@ func (t *Tokens) Credential(ctx context.Context, connection string) (Credential,
 	return t.credentialOf(tok), nil
 }
 
-// ForceRefresh returns connection's token after the API refused version
-// stale (a 401): a burst of 401s for one version causes one refresh
-// fleet-wide, and at most one per 5 s or half the token's lifetime
-// (else ErrRefreshRateLimited).
+// ForceRefresh returns connection's token after the API refused version stale
+// (a 401): one refresh fleet-wide per version, at most one per 5 s or half the
+// token's lifetime (else ErrRefreshRateLimited).
 func (t *Tokens) ForceRefresh(ctx context.Context, connection string, stale int64) (Credential, error) {
 	tok, err := apiTokens{t}.ForceRefresh(ctx, connection, stale)
 	if err != nil {

@@ -56,9 +56,8 @@ func (a apiTokens) DPoPKey(ctx context.Context, connection, jkt string) (*dpop.K
 	return k, t.nonces, nil
 }
 
-// DPoPProof signs a proof of cred's DPoP key for one request (method,
-// target) carrying cred's access token, with nonce, or when "" the one last
-// learned from target's server. A bearer connection is ErrNotFound.
+// DPoPProof signs a proof of cred's DPoP key for one request (method, target)
+// with nonce, or when "" the one learned from target's server. A bearer grant is ErrNotFound.
 func (t *Tokens) DPoPProof(ctx context.Context, cred Credential, method, target, nonce string) (string, error) {
 	if cred.DPoPJKT == "" {
 		return "", fmt.Errorf("dpop key of %s: %w: a bearer grant", cred.Connection, ErrNotFound)
@@ -80,9 +79,8 @@ func (t *Tokens) LearnDPoPNonce(target string, status int, h http.Header) (retry
 	return t.nonces.Learn(target, h) && dpop.NonceRefused(status, h, nil)
 }
 
-// flowSecrets are the PKCE verifier f's requests carry and, with DPoP, the
-// key its grant is bound to (its PEM and thumbprint; zero for bearer): then
-// f.Verifier is a seed of both, so nothing more is kept between the
+// flowSecrets are f's PKCE verifier and, with DPoP, its grant's key (PEM and
+// thumbprint): both derive from f.Verifier, so nothing more is kept between the
 // requests, and the provider, which sees the verifier, cannot derive the key.
 func (t *Tokens) flowSecrets(f ConnectFlow) (verifier string, pem domain.Secret, jkt string, err error) {
 	if !t.providers.DPoP(f.Provider, t.o.dpop) {

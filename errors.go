@@ -15,27 +15,21 @@ var (
 	ErrNeedsReauth = domain.ErrNeedsReauth
 	// ErrLockTimeout: another process's refresh outlasted the lock wait.
 	ErrLockTimeout = domain.ErrLockTimeout
-	// ErrProviderUnavailable: the provider could not refresh right now
-	// (5xx, 429, timeout, network); the stored token is untouched.
+	// ErrProviderUnavailable: the provider could not refresh now; the stored token is untouched.
 	ErrProviderUnavailable = domain.ErrProviderUnavailable
-	// ErrClientRejected: the token endpoint rejected the client id, secret
-	// or auth style; the grant is fine and was not spent.
+	// ErrClientRejected: the token endpoint rejected the client; the grant was not spent.
 	ErrClientRejected = domain.ErrClientRejected
 	// ErrEndpointMisconfigured: the token URL does not answer as one.
 	ErrEndpointMisconfigured = domain.ErrEndpointMisconfigured
 	// ErrStoreUnavailable: the database failed.
 	ErrStoreUnavailable = domain.ErrStoreUnavailable
-	// ErrReadOnlyStore: New was given a replica; refreshes must be written
-	// to the primary.
+	// ErrReadOnlyStore: New was given a replica; refreshes must be written to the primary.
 	ErrReadOnlyStore = domain.ErrReadOnlyStore
-	// ErrUndecryptable: a stored token cannot be decrypted with the
-	// configured keys; it is never sent anywhere.
+	// ErrUndecryptable: a stored token cannot be decrypted with the keys; it is never sent anywhere.
 	ErrUndecryptable = domain.ErrUndecryptable
-	// ErrRefreshRateLimited: the API answered 401 again right after a
-	// forced refresh of the connection; Client gives the 401 back.
+	// ErrRefreshRateLimited: the API answered 401 again right after a forced refresh.
 	ErrRefreshRateLimited = domain.ErrRefreshRateLimited
-	// ErrRefreshFailing (with ErrProviderUnavailable): the refreshes keep
-	// getting unclassifiable answers; the provider is asked at most once a minute.
+	// ErrRefreshFailing (with ErrProviderUnavailable): the refreshes keep getting unclassifiable answers.
 	ErrRefreshFailing = domain.ErrRefreshFailing
 	// ErrInvalidToken: Import's token lacks an access or a refresh token.
 	ErrInvalidToken = domain.ErrInvalidToken
@@ -49,16 +43,13 @@ var (
 	ErrUnknownProfile = domain.ErrUnknownProfile
 	// ErrNoRevocationEndpoint: Disconnect cannot revoke (WithRevocationURL); nothing changed.
 	ErrNoRevocationEndpoint = domain.ErrNoRevocationEndpoint
-	// ErrInvalidSyncCommit: WithSyncCommit's level is not off, local,
-	// remote_write, on or remote_apply.
+	// ErrInvalidSyncCommit: WithSyncCommit's level is not a synchronous_commit level.
 	ErrInvalidSyncCommit = domain.ErrInvalidSyncCommit
 	// ErrInvalidTokenRate: WithTokenRate's budget is not N/PERIOD.
 	ErrInvalidTokenRate = domain.ErrInvalidTokenRate
-	// ErrTokenBudgetSpent: the provider's token budget (WithTokenRate) is
-	// spent and the token expired meanwhile, or a forced refresh had to wait.
+	// ErrTokenBudgetSpent: the token budget (WithTokenRate) is spent and the token expired meanwhile.
 	ErrTokenBudgetSpent = domain.ErrTokenBudgetSpent
-	// ErrSchemaNotFound: the pool's search_path names a schema that does
-	// not exist; the tables never fall through to another schema of the path.
+	// ErrSchemaNotFound: the search_path names a missing schema; tables never fall through to another.
 	ErrSchemaNotFound = domain.ErrSchemaNotFound
 	// ErrResultInvalid: Redeem's code is unknown, expired or used.
 	ErrResultInvalid = domain.ErrResultInvalid
@@ -66,7 +57,6 @@ var (
 	ErrAccountMismatch = domain.ErrAccountMismatch
 	// ErrClosed: Close was called.
 	ErrClosed = errors.New("tokenguard: closed")
-	// ErrCannotListen: New was given a *gorm.DB over a *sql.DB, whose
-	// database Run cannot see to listen on.
+	// ErrCannotListen: New was given a *gorm.DB whose database Run cannot see to listen on.
 	ErrCannotListen = errors.New("tokenguard: Run could not listen on this *gorm.DB's database: open it with tokenguard.OpenPool(pool) or postgres.Open(dsn), or pass WithListenDSN")
 )

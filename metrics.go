@@ -22,9 +22,8 @@ type ConnectionCounter interface {
 	CountByStatus(ctx context.Context) (map[domain.Status]int, error)
 }
 
-// WithMetricsOf reports to the Metrics that build makes; perConnection
-// says whether WithMetricsPerConnection was given. It keeps the Prometheus
-// client out of applications without metrics (package prom builds on it).
+// WithMetricsOf reports to the Metrics that build makes (package prom builds on
+// it, keeping the Prometheus client out of applications without metrics).
 func WithMetricsOf(build func(counter ConnectionCounter, perConnection bool, log *slog.Logger) Metrics) Option {
 	return func(o *options) { o.metrics = build }
 }

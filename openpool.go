@@ -12,14 +12,8 @@ import (
 	"gorm.io/gorm/logger"
 )
 
-// OpenPool returns a *gorm.DB over the application's pgx pool, for
-// Migrate and New: statements use pool, and Run listens on a connection
-// made from pool's configuration. It is all an application without GORM needs.
-//
-//	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
-//	db, err := tokenguard.OpenPool(pool)
-//	err = tokenguard.Migrate(ctx, db)
-//	tokens, err := tokenguard.New(db, oauthConfig)
+// OpenPool returns a *gorm.DB over the application's pgx pool, for Migrate
+// and New; Run listens on a connection made from pool's configuration.
 //
 // Closing pool (after Tokens.Close) closes everything.
 func OpenPool(pool *pgxpool.Pool) (*gorm.DB, error) {
@@ -41,9 +35,8 @@ type poolDialector struct {
 	listen *pgx.ConnConfig
 }
 
-// listenConfig is where Run will listen: WithListenDSN's database, else
-// OpenPool's pool's, else db's DSN. Without one New fails, rather than a
-// Run whose error an application may discard.
+// listenConfig is where Run will listen: WithListenDSN's, OpenPool's or db's
+// DSN. Without one New fails, rather than a Run whose error may be discarded.
 func listenConfig(db *gorm.DB, dsn string) (*pgx.ConnConfig, error) {
 	if dsn == "" {
 		switch d := db.Dialector.(type) {

@@ -17,18 +17,15 @@ import (
 type Option func(*options)
 
 type options struct {
-	// Skew, LockWait, RefreshTimeout, AnswerDeadline, CacheSize,
-	// MaxRefreshesInFlight, Logger and OnNeedsReauth; New adds the rest.
-	usecase.Options
+	usecase.Options // what the options set; New adds the rest
 
 	defaultLifetime                                time.Duration
 	revocationURL, listenDSN, syncCommit, resource string
-	keys                                           string
+	keys, profile                                  string
 	encryptionRequired                             bool
 	metrics                                        func(ConnectionCounter, bool, *slog.Logger) Metrics
 	connectionLabel                                bool
 	httpClient                                     *http.Client
-	profile                                        string
 	profileParams                                  map[string]string
 	userInfo                                       provider.AccountSource // where Complete asks which account consented; New sets HTTP
 	tracerProvider                                 trace.TracerProvider
@@ -47,27 +44,21 @@ func WithSkew(d time.Duration) Option { return func(o *options) { o.Skew = d } }
 func WithLockWait(d time.Duration) Option { return func(o *options) { o.LockWait = d } }
 
 // WithRefreshTimeout bounds one refresh at the provider, retries included
-// (default 10s, at most two thirds of the lock wait). Keep it below the
-// lock wait, so that a process waiting behind a refresh finds the new token.
-func WithRefreshTimeout(d time.Duration) Option {
-	return func(o *options) { o.RefreshTimeout = d }
-}
+// (default 10s, at most two thirds of the lock wait), so that a process
+// waiting behind a refresh finds the new token.
+func WithRefreshTimeout(d time.Duration) Option { return func(o *options) { o.RefreshTimeout = d } }
 
-// WithAnswerDeadline bounds the wait for the answer to a request that
-// presented a refresh token (default 2m, at least the refresh timeout),
-// during which no process presents it again: set it above the provider's
-// longest hang, as a strict provider revokes a refresh token seen twice.
-func WithAnswerDeadline(d time.Duration) Option {
-	return func(o *options) { o.AnswerDeadline = d }
-}
+// WithAnswerDeadline bounds the wait for the answer to a request that presented
+// a refresh token (default 2m), during which no process presents it again: set it
+// above the provider's longest hang, as a strict provider revokes a token seen twice.
+func WithAnswerDeadline(d time.Duration) Option { return func(o *options) { o.AnswerDeadline = d } }
 
 // WithLogger receives what operators must know: refreshes, the cache
 // state, a grant found dead. Never a token. Default slog.Default().
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.Logger = l } }
 
 // WithEncryptionKeys stores tokens encrypted with AES-256-GCM. spec is
-// "id=base64key*,id=base64key" (ids of 1-32 [a-z0-9_-], 32-byte keys, the
-// current one marked '*'). Without it, tokens are stored in plaintext.
+// "id=base64key*,id=base64key" (32-byte keys, the current one marked '*').
 func WithEncryptionKeys(spec string) Option { return func(o *options) { o.keys = spec } }
 
 // WithEncryptionRequired makes New fail while any stored token is
@@ -84,9 +75,8 @@ func WithNeedsReauth(fn func(connection, reason string)) Option {
 // counters of prom.WithMetrics: a series per connection, for small fleets.
 func WithMetricsPerConnection() Option { return func(o *options) { o.connectionLabel = true } }
 
-// WithHTTPClient is the client for the provider's token endpoint; bound
-// its timeout, as the refresh lease is held meanwhile. It never follows a
-// redirect, whatever its CheckRedirect.
+// WithHTTPClient is the client for the provider's token endpoint; bound its
+// timeout, as the refresh lease is held meanwhile. It never follows a redirect.
 func WithHTTPClient(c *http.Client) Option { return func(o *options) { o.httpClient = c } }
 
 // WithListenDSN is the database Run listens on, for a *gorm.DB opened from
@@ -115,20 +105,16 @@ func WithUserInfo(url, idField string) Option {
 	return func(o *options) { o.userInfo = provider.AccountSource{UserInfoURL: url, IDField: idField} }
 }
 
-// WithSyncCommit is the synchronous_commit level of the transactions that
-// store a rotated refresh token or claim a refresh. Default: remote_apply
-// while the primary has a synchronous standby, else on.
+// WithSyncCommit is the synchronous_commit level of the transactions that store a
+// rotated refresh token (default: remote_apply with a synchronous standby, else on).
 func WithSyncCommit(level string) Option { return func(o *options) { o.syncCommit = level } }
 
-// WithTracerProvider records tokenguard's spans (calls the cache did not
-// answer, sweeps) on tp instead of the global provider. Spans never carry
-// a token, secret, code or account id.
+// WithTracerProvider records tokenguard's spans on tp instead of the global
+// provider. Spans never carry a token, secret, code or account id.
 func WithTracerProvider(tp trace.TracerProvider) Option {
 	return func(o *options) { o.tracerProvider = tp }
 }
 
-// WithTokenRate sets the deployment-wide token budget of cfg's provider:
-// at most N token requests in any PERIOD ("20/1s", "100/1m"); give every
-// process the same. Refreshes beyond it wait, in expiry order, while valid
-// tokens are served. A malformed rate is ErrInvalidTokenRate.
+// WithTokenRate sets the deployment-wide token budget of cfg's provider, N token
+// requests per PERIOD ("20/1s"); give every process the same (else ErrInvalidTokenRate).
 func WithTokenRate(rate string) Option { return func(o *options) { o.tokenRate = rate } }

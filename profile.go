@@ -13,10 +13,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// WithProfile applies the provider profile called name to New's
-// oauth2.Config: its dead-grant codes and kept answer fields, and its URLs,
-// auth style and token lifetime where the config and options leave them
-// unset. An unknown name is ErrUnknownProfile.
+// WithProfile applies the provider profile called name to New's oauth2.Config,
+// filling what the config and options leave unset. An unknown name is ErrUnknownProfile.
 func WithProfile(name string) Option { return func(o *options) { o.profile = name } }
 
 // WithProfileParam fills the {key} placeholder of the profile's URLs
@@ -42,8 +40,7 @@ func applyProfile(cfg *oauth2.Config, o *options) (_ *oauth2.Config, _ profiles.
 	} else if err != nil {
 		return nil, p, 0, fmt.Errorf("tokenguard: WithProfile(%q): %w", p.Name, err)
 	}
-	// The auth style comes with the endpoint: a token URL given by the
-	// caller keeps the caller's style (auto cannot be told from unset).
+	// A token URL given by the caller keeps the caller's style (auto cannot be told from unset).
 	if out.Endpoint.TokenURL == "" && out.Endpoint.AuthStyle == oauth2.AuthStyleAutoDetect {
 		out.Endpoint.AuthStyle = provider.AuthStyleOf(string(p.AuthStyle))
 	}

@@ -6,10 +6,9 @@ import (
 	"time"
 )
 
-// observeReplication reads whether the primary has a synchronous standby (in New, and at each
-// reconnection of Run's listener), records it for the token writes' synchronous_commit and the
-// metric, and logs what a failover can lose whenever that changes; New's first reading of a lone
-// server is returned instead, for its one INFO line.
+// observeReplication records whether the primary has a synchronous standby, for the token
+// writes' synchronous_commit, and logs what a failover can lose when that changes; New's first
+// reading of a lone server is returned instead, for its one INFO line.
 func (t *Tokens) observeReplication(ctx context.Context, first bool) (lone string) {
 	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -1,8 +1,7 @@
-// Package tokenguard lets several processes (an HTTP server, a job worker,
-// a batch job) share OAuth2 connections stored in Postgres, on the
-// application's own *gorm.DB, without breaking them: one caller in the
-// whole fleet refreshes a nearly expired token, under a Postgres advisory
-// lock, and stores the rotated refresh token in that transaction.
+// Package tokenguard lets several processes share OAuth2 connections stored
+// in Postgres, on the application's own *gorm.DB: one caller fleet-wide
+// refreshes a nearly expired token under a Postgres advisory lock, and
+// stores the rotated refresh token in that transaction.
 //
 //	err := tokenguard.Migrate(ctx, db)         // db: the application's *gorm.DB
 //	tokens, err := tokenguard.New(db, oauthConfig)
@@ -10,8 +9,7 @@
 //	defer tokens.Close(context.Background())   // on shutdown, before the pool closes
 //	resp, err := tokens.Client(ctx, "acme").Get(apiURL)
 //
-// tokenguard's objects, all named tokenguard_*, live in the *gorm.DB's
-// current schema; a search_path in the DSN (&search_path=tokenguard) moves them.
+// tokenguard's tables live in the *gorm.DB's current schema (see search_path).
 package tokenguard
 
 import (
@@ -44,10 +42,9 @@ import (
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
-// Migrate creates or updates tokenguard's tables, all named tokenguard_*,
-// in db's current schema (ErrSchemaNotFound if the search_path names a
-// missing one). Concurrent migrations wait for each other, and a rolling
-// deploy is safe: tables of older releases stay readable behind views.
+// Migrate creates or updates tokenguard's tables in db's current schema
+// (ErrSchemaNotFound if it is missing). Concurrent migrations wait for each
+// other; tables of older releases stay readable behind views.
 func Migrate(ctx context.Context, db *gorm.DB) error {
 	if err := checkDB(db); err != nil {
 		return err
@@ -93,13 +90,11 @@ type Tokens struct {
 	runDone   chan struct{} // closed when a Run that never made the cache live returned
 }
 
-// New builds the token layer on the application's migrated Postgres
-// *gorm.DB as gorm.Open returns it (not a transaction); cfg is the client
-// registration. With AuthStyleAutoDetect the other style is tried only when
-// the provider refuses the client's authentication, so a refresh token is
-// never presented twice. New fails on a search_path naming a missing schema
-// (ErrSchemaNotFound), a replica (ErrReadOnlyStore), and a stored token the
-// keys cannot decrypt.
+// New builds the token layer on the application's migrated *gorm.DB as
+// gorm.Open returns it (not a transaction); cfg is the client registration.
+// With AuthStyleAutoDetect the other style is tried only after the provider
+// refuses the client, so a refresh token is never presented twice. New fails
+// on ErrSchemaNotFound, ErrReadOnlyStore and undecryptable stored tokens.
 func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err := checkDB(db); err != nil {
 		return nil, err
@@ -238,9 +233,7 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 		pol := provider.PolicyFor(prof, o.Logger)
 		pol.RetryWithin = o.RefreshTimeout // answered failures; an answer is awaited until the answer deadline
 		if !rate.IsZero() {
-			// Every token request is debited from the budget by the
-			// claim that precedes it: none is sent again within a call.
-			pol.MaxAttempts = 1
+			pol.MaxAttempts = 1 // each request is debited from the budget: none is resent within a call
 		}
 		return provider.NewRetrying(provider.NewRefresher(cfg, t.httpClient, append([]provider.Option{
 			provider.WithAuthStyleStore(repository.NewAuthStyles(t.db)), provider.WithProfile(prof),
@@ -322,13 +315,10 @@ func poolOf(db *gorm.DB) (gorm.ConnPool, error) {
 	return pool, nil
 }
 
-// Token returns connection's access token, valid for at least the skew:
-// cached while Run is running, else read, and refreshed first if due (at
-// most once per expiry fleet-wide). It carries no refresh token, and its
-// Expiry is the provider's minus the skew, so that an
-// oauth2.ReuseTokenSource never keeps it past another process's refresh.
-// Errors wrap ErrNotFound, ErrNeedsReauth, ErrLockTimeout,
-// ErrProviderUnavailable, another of the Err* values, or ctx's error.
+// Token returns connection's access token, valid for at least the skew,
+// refreshed first if due (at most once per expiry fleet-wide). Its Expiry is
+// the provider's minus the skew, so that an oauth2.ReuseTokenSource never
+// keeps it past another process's refresh. Errors wrap an Err* or ctx's error.
 func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, error) {
 	tok, err := apiTokens{t}.Token(ctx, connection)
 	if err != nil {
@@ -356,12 +346,9 @@ type tokenSource struct {
 func (s tokenSource) Token() (*oauth2.Token, error) { return s.t.Token(s.ctx, s.connection) }
 
 // Client returns an *http.Client whose requests carry connection's access
-// token. On a 401 (the token revoked, typically by another process's
-// refresh) it gets a newer token, refreshing only if nobody has, and sends
-// a replayable request (GetBody) once more. Token errors come back wrapped
-// in a *url.Error. The base transport is that of the *http.Client in ctx
-// under oauth2.HTTPClient, else http.DefaultTransport. It never follows
-// redirects: that would send the token wherever the redirect points.
+// token; on a 401 it gets a newer token and resends a replayable request
+// once. Its base transport is ctx's oauth2.HTTPClient's, else the default.
+// It never follows redirects: that would send the token wherever they point.
 func (t *Tokens) Client(ctx context.Context, connection string) *http.Client {
 	return apiclient.NewHTTPClient(ctx, apiTokens{t}, connection)
 }
@@ -384,8 +371,8 @@ func (a apiTokens) ForceRefresh(ctx context.Context, connection string, failed i
 }
 
 // Import stores tok, a new grant with an access and a refresh token, as
-// connection's, creating it if need be and making it active again, after
-// any refresh in progress. Its metadata stays unless WithMetadata is given.
+// connection's (created or made active again) after any refresh in progress;
+// its metadata stays unless WithMetadata is given.
 func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Token, opts ...ImportOption) error {
 	if t.closed.Load() {
 		return ErrClosed
@@ -403,10 +390,9 @@ func (t *Tokens) Import(ctx context.Context, connection string, tok *oauth2.Toke
 	return err
 }
 
-// Run turns the cache on and keeps it right across processes: it listens,
-// on a connection of its own, for the token changes every process commits.
-// The cache is trusted only while a notification committed every second
-// comes back. Run reconnects by itself and returns nil when ctx ends.
+// Run turns the cache on and keeps it right across processes by listening for
+// the token changes every process commits; the cache is trusted only while a
+// heartbeat comes back. Run reconnects by itself and returns nil when ctx ends.
 func (t *Tokens) Run(ctx context.Context) error {
 	if !t.running.CompareAndSwap(false, true) {
 		return errors.New("tokenguard: Run is running already")
@@ -428,9 +414,6 @@ func (t *Tokens) Ready() <-chan struct{} { return t.ready }
 
 // WaitReady waits until Ready, and returns nil, ctx's error, or why Run
 // returned before the cache was live. Calls need not wait.
-//
-//	go tokens.Run(ctx)
-//	if err := tokens.WaitReady(ctx); err != nil { ... }
 func (t *Tokens) WaitReady(ctx context.Context) error {
 	select {
 	case <-t.ready:
@@ -466,10 +449,9 @@ func (c cacheState) TrustCache(trusted bool) {
 	}
 }
 
-// Close refuses new calls (ErrClosed) and waits, bounded by ctx, for the
-// calls in flight. A refresh outlives its callers, since the provider may
-// have rotated the refresh token already: call Close before closing the
-// pool, or a deploy can lose a rotated token and with it the connection.
+// Close refuses new calls (ErrClosed) and waits, bounded by ctx, for the calls
+// in flight. A refresh outlives its callers, since the provider may have rotated
+// the refresh token: close before the pool, or a deploy can lose the connection.
 func (t *Tokens) Close(ctx context.Context) error {
 	t.closed.Store(true)
 	if err := t.uc.Drain(ctx); err != nil {

@@ -43,8 +43,7 @@ var ErrInvalidKeyAccess = errors.New("invalid API key scopes or connection patte
 // MaxPatternLength bounds one connection pattern of an API key.
 const MaxPatternLength = 128
 
-// KeyAccess is an API key and what it may do. A nil field allows
-// everything: a key created before scopes, or without --scopes and --connections.
+// KeyAccess is an API key and what it may do; a nil field allows everything.
 type KeyAccess struct {
 	ID          int32
 	Name        string
@@ -57,8 +56,7 @@ func (a KeyAccess) Has(s Scope) bool {
 	return a.Scopes == nil || slices.Contains(a.Scopes, s)
 }
 
-// AllowsConnection reports whether one of the key's patterns matches the
-// connection name.
+// AllowsConnection reports whether one of the key's patterns matches name.
 func (a KeyAccess) AllowsConnection(name string) bool {
 	return a.Connections == nil || slices.ContainsFunc(a.Connections, func(p string) bool {
 		ok, err := path.Match(p, name)
@@ -72,10 +70,9 @@ var ErrMissingScope = errors.New("the API key lacks the scope")
 // ErrConnectionNotAllowed: no pattern of the API key matches the action's connection. Nothing was done.
 var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
 
-// Permit is the one authorization rule of every surface that acts for a
-// key: it must hold scope s and, unless connection is "" (a listing, which
-// shows only what AllowsConnection matches), a pattern matching it. The
-// error wraps ErrMissingScope or ErrConnectionNotAllowed.
+// Permit is the one authorization rule of every surface that acts for a key:
+// it must hold scope s and, unless connection is "" (a listing, filtered by
+// AllowsConnection), a pattern matching it.
 func (a KeyAccess) Permit(s Scope, connection string) error {
 	if !slices.Contains(AllScopes, s) || !a.Has(s) {
 		return fmt.Errorf("%w %s", ErrMissingScope, s)
@@ -86,9 +83,8 @@ func (a KeyAccess) Permit(s Scope, connection string) error {
 	return nil
 }
 
-// ParseScopes reads scope names (each one of AllScopes), without repeats.
-// Errors wrap ErrInvalidKeyAccess and name the unknown scope's position,
-// not its text: it came from a command line.
+// ParseScopes reads scope names without repeats. Errors name an unknown
+// scope's position, not its text: it came from a command line.
 func ParseScopes(names []string) ([]Scope, error) {
 	out := make([]Scope, 0, len(names))
 	for i, n := range names {
@@ -106,8 +102,7 @@ func ParseScopes(names []string) ([]Scope, error) {
 	return out, nil
 }
 
-// ValidateConnectionPattern checks one connection pattern: 1 to
-// MaxPatternLength printable ASCII characters, no comma, a path.Match glob.
+// ValidateConnectionPattern checks one connection pattern: printable ASCII, no comma, a path.Match glob.
 func ValidateConnectionPattern(p string) error {
 	if p == "" || len(p) > MaxPatternLength {
 		return fmt.Errorf("%w: a connection pattern is 1-%d characters", ErrInvalidKeyAccess, MaxPatternLength)

@@ -8,9 +8,8 @@ import (
 	"time"
 )
 
-// TokenRate is a provider's token-request budget, shared by every process
-// of a deployment: at most Limit token requests in any Period. The zero
-// value is no budget.
+// TokenRate is a provider's deployment-wide token-request budget: at most Limit
+// token requests in any Period. The zero value is no budget.
 type TokenRate struct {
 	Limit  int
 	Period time.Duration

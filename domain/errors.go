@@ -6,8 +6,7 @@ import (
 	"time"
 )
 
-// Sentinel errors. Callers branch on them with errors.Is; the layers below
-// wrap them with context and never with a secret.
+// Sentinel errors, for errors.Is; the layers below wrap them never with a secret.
 var (
 	// ErrNotFound: no connection by that name is stored.
 	ErrNotFound = errors.New("connection not found")
@@ -50,13 +49,11 @@ var (
 	ErrUnauthorized = errors.New("unauthorized")
 	// ErrSchemaNotFound: the search_path names no usable schema for tokenguard's tables.
 	ErrSchemaNotFound = errors.New("the search_path names a schema that does not exist")
-	// ErrRefreshFailing: unclassified or lost answers, and the next attempt
-	// is not due yet; wrapped with ErrProviderUnavailable (grant untouched).
+	// ErrRefreshFailing: unclassified or lost answers, the next attempt not due yet (grant untouched).
 	ErrRefreshFailing = errors.New("the connection's refreshes are failing; the provider is not asked again yet")
 	// ErrResultInvalid: a connect result code unknown, expired or redeemed; nothing stored.
 	ErrResultInvalid = errors.New("connect result unknown, expired or already redeemed")
-	// ErrUndecryptable: a stored token's key is not configured, or its
-	// ciphertext was altered or moved. The value is never sent anywhere.
+	// ErrUndecryptable: a stored token's key is missing or its ciphertext altered; it is never sent.
 	ErrUndecryptable = errors.New("stored token cannot be decrypted")
 	// ErrSenderConstrained: the grant is bound to a DPoP key (RFC 9449).
 	ErrSenderConstrained = errors.New("connection is sender-constrained (DPoP): its access token is useless without a proof; call through tokenguard's client or proxy, or ask for a proof (POST /connections/{name}/dpop-proof)")
@@ -86,10 +83,8 @@ type ProviderError struct {
 	// the refresh token again); NoReplay: the profile declares no window.
 	ReplayUntil time.Time
 	NoReplay    bool
-	// Ambiguous: a refusal that could be about the client or the grant
-	// (invalid_request, a 400 with an unknown code or none).
-	Ambiguous bool
-	Evidence  string // what decided an Ambiguous refusal's Class: an Evidence* value, or "" (unclassified)
+	Ambiguous   bool   // a refusal that could be about the client or the grant (invalid_request, a bare 400)
+	Evidence    string // what decided an Ambiguous refusal's Class: an Evidence* value, or "" (unclassified)
 }
 
 // The evidence that decides an ambiguous refusal (ProviderError.Evidence).
@@ -107,8 +102,7 @@ const (
 type ErrorClass int
 
 const (
-	// Transient: 5xx, 429, timeouts, network errors, unparsable or unknown
-	// answers. Retried; the stored token is untouched.
+	// Transient: 5xx, 429, timeouts, network errors. Retried; the stored token is untouched.
 	Transient ErrorClass = iota
 	// GrantDead: the grant is gone (invalid_grant). The only class that may
 	// mark a connection needs_reauth, after a re-read.

@@ -2,20 +2,17 @@ package domain
 
 import "time"
 
-// ConnectionEvent is one line of a connection's recent history: a refresh and how it ended,
-// or a change a webhook announces (connected, needs_reauth, recovered, disconnected, rolled_back).
+// ConnectionEvent is one line of a connection's history: a refresh, or a change a webhook announces.
 type ConnectionEvent struct {
 	ID         int64
 	Connection string
 	Kind       string // "refresh", or the webhook event's type without "connection."
-	// Outcome of a refresh: "ok", "needs_reauth" (the grant was dead) or
-	// "not_stored" (the call failed; the stored token was kept).
-	Outcome  string
-	Reason   string
-	Provider string
-	Version  int64         // stored afterwards; 0 when not known
-	Duration time.Duration // of a refresh, from its lease to its end
-	At       time.Time
+	Outcome    string // of a refresh: "ok", "needs_reauth" or "not_stored" (the stored token was kept)
+	Reason     string
+	Provider   string
+	Version    int64         // stored afterwards; 0 when not known
+	Duration   time.Duration // of a refresh, from its lease to its end
+	At         time.Time
 }
 
 // ConnectionFilter narrows a listing of connections; zero fields match all.

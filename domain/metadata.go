@@ -10,16 +10,14 @@ import (
 	"time"
 )
 
-// Metadata is the application's own bookkeeping about a connection (a
-// tenant id, say), stored and handed back, never acted on. It is kept apart
-// from Token, which the hot path needs small and comparable.
+// Metadata is the application's own bookkeeping about a connection, never
+// acted on; kept apart from Token, which the hot path needs small and comparable.
 type Metadata struct {
 	Object json.RawMessage // a JSON object, compact; empty reads as {}
 	Tags   []string
 }
 
-// Bounds of Metadata: a JSON object of at most MaxMetadataBytes (compact),
-// at most MaxTags tags of 1 to MaxTagLength characters each.
+// Bounds of Metadata: its compact JSON object, its tags and a tag's length.
 const (
 	MaxMetadataBytes = 16 << 10
 	MaxTags          = 32
@@ -34,9 +32,8 @@ var tagPattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._:/=@+-]*$`)
 // nulEscape is JSON's only spelling of U+0000: \u0000 after an even number of backslashes.
 var nulEscape = regexp.MustCompile(`(?:^|[^\\])(?:\\\\)*\\u0000`)
 
-// NewMetadata checks object (a JSON object; empty means {}) and tags and
-// returns them compacted, without repeated tags. Errors wrap
-// ErrInvalidMetadata and quote no input beyond a tag's position.
+// NewMetadata checks object (empty means {}) and tags and returns them compacted,
+// without repeated tags. Errors quote no input beyond a tag's position.
 func NewMetadata(object []byte, tags []string) (Metadata, error) {
 	m := Metadata{Object: json.RawMessage("{}")}
 	if len(bytes.TrimSpace(object)) > 0 {

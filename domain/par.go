@@ -14,8 +14,7 @@ type PARMode string
 const (
 	// PARAuto pushes when the provider's metadata or profile requires it.
 	PARAuto PARMode = "auto"
-	// PARAlways always pushes, and fails the flow when the provider
-	// advertises no pushed_authorization_request_endpoint.
+	// PARAlways always pushes, failing the flow when the provider advertises no endpoint.
 	PARAlways PARMode = "always"
 	PARNever  PARMode = "never"
 )

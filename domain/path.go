@@ -8,18 +8,15 @@ import (
 	"unicode/utf8"
 )
 
-// ErrUnsafePath: a path that some parser along the way could read as
-// another path. Nothing was sent.
+// ErrUnsafePath: a path that some parser could read as another path. Nothing was sent.
 var ErrUnsafePath = errors.New("the path could be read as another path")
 
 // maxDecodes bounds CheckPath's percent-decoding rounds.
 const maxDecodes = 8
 
-// CheckPath is the one path check of the proxy, the clients and
-// return_to: p is refused when, after any number of percent-decodings, a
-// segment is "." or ".." (also before a ";"), or p holds a backslash, a
-// control byte or invalid UTF-8. The error wraps ErrUnsafePath and says
-// why, not what p was.
+// CheckPath is the one path check of the proxy, the clients and return_to: p is
+// refused when, after any number of percent-decodings, a segment is "." or ".."
+// (also before a ";"), or p holds a backslash, a control byte or invalid UTF-8.
 func CheckPath(p string) error {
 	for range maxDecodes {
 		if err := checkLayer(p); err != nil {

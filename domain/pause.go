@@ -6,9 +6,8 @@ import (
 	"time"
 )
 
-// A PausePolicy is one backoff as data: after After failures in a row (1
-// when 0) calls pause for First, doubling up to Max, each pause spread by
-// ±Jitter (a fraction) so that processes do not call together again.
+// A PausePolicy is one backoff: after After failures in a row (1 when 0) calls pause for
+// First, doubling up to Max, spread by ±Jitter so that processes do not call together again.
 type PausePolicy struct {
 	After  int
 	First  time.Duration
@@ -18,17 +17,14 @@ type PausePolicy struct {
 
 // The pauses tokenguard keeps, one row each (docs/providers.md).
 var (
-	// ClientRejectedPause: the provider rejected the client, or the token URL is no token
-	// endpoint. Short, to notice a fix within seconds. Per process and provider.
+	// ClientRejectedPause: the client or token URL was rejected; short, to notice a fix within seconds.
 	ClientRejectedPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
 	// UnansweredPause: a refresh went unanswered past the refresh timeout. Per process and provider.
 	UnansweredPause = PausePolicy{First: 250 * time.Millisecond, Max: 2 * time.Second, Jitter: 0.2}
-	// UnreachablePause: the token endpoint could not be reached (refused,
-	// no route, DNS, TLS) three times in a row. Per process and endpoint.
+	// UnreachablePause: the token endpoint could not be reached three times in a row.
 	UnreachablePause = PausePolicy{After: 3, First: 250 * time.Millisecond, Max: 4 * time.Second, Jitter: 0.2}
 	// FailingPause: unclassified or lost answers to a connection's refreshes:
-	// attempts at 0, 5, 15, 35 and 75 s, then one a minute. Stored with the
-	// token's version, so it holds fleet-wide.
+	// attempts at 0, 5, 15, 35 and 75 s, then one a minute, fleet-wide.
 	FailingPause = PausePolicy{First: 5 * time.Second, Max: time.Minute}
 )
 
@@ -45,9 +41,8 @@ func (p PausePolicy) Wait(n int) time.Duration {
 	return min(d, p.Max)
 }
 
-// Pause holds calls back after failures, as its Policy says; a success
-// ends it. Failures during a pause (answers to earlier calls) neither
-// lengthen it nor count towards the next. Safe for concurrent use.
+// Pause holds calls back after failures, as its Policy says; a success ends it.
+// Failures during a pause neither lengthen it nor count towards the next.
 type Pause struct {
 	Policy PausePolicy
 

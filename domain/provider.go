@@ -10,8 +10,7 @@ import (
 )
 
 // Provider is a stored OAuth2 client registration, so that one deployment
-// serves connections granted by several providers (a connection naming
-// none uses the OAUTH_* configuration's). Printing it never shows a secret.
+// serves several providers. Printing it never shows a secret.
 type Provider struct {
 	Name          string
 	TokenURL      string
@@ -41,8 +40,7 @@ type Provider struct {
 type AuthStyle string
 
 const (
-	// AuthStyleAuto: HTTP Basic first, the form body only after the
-	// provider refused the client's authentication; the winner is remembered.
+	// AuthStyleAuto: HTTP Basic first, the form body only after the provider refused it.
 	AuthStyleAuto          AuthStyle = "auto"
 	AuthStyleHeader        AuthStyle = "header"          // HTTP Basic (client_secret_basic)
 	AuthStyleParams        AuthStyle = "params"          // form body (client_secret_post)
@@ -58,8 +56,7 @@ func ParseAuthStyle(s string) (AuthStyle, error) {
 	return "", fmt.Errorf("%w: auth style must be auto, header, params or private_key_jwt, got %q", ErrInvalidProvider, s)
 }
 
-// ReservedProviderName is what metrics call the provider of the process's
-// configuration; no stored provider may take it.
+// ReservedProviderName is what metrics call the OAUTH_* provider; no stored provider may take it.
 const ReservedProviderName = "default"
 
 var (
@@ -77,8 +74,7 @@ var (
 	ErrNoAPIBaseURL = errors.New("the connection's provider has no API base URL (tokenctl provider update --api-base-url)")
 )
 
-// Validate checks what can be checked without asking the provider. Errors wrap
-// ErrInvalidProvider (and ErrInvalidConnection for the name), never with the client secret.
+// Validate checks what can be checked without asking the provider; errors never show the secret.
 func (p Provider) Validate() error {
 	if err := ValidateName(p.Name); err != nil {
 		return fmt.Errorf("%w: name: %w", ErrInvalidProvider, err)

@@ -2,20 +2,18 @@ package domain
 
 import "strings"
 
-// ConnectionScan is what a store may narrow a listing to for one
-// connection pattern of a key, so that a listing costs what it returns.
-// KeyAccess.AllowsConnection still decides.
+// ConnectionScan is what a store may narrow a listing to for one pattern of a
+// key, so that a listing costs what it returns; AllowsConnection still decides.
 type ConnectionScan struct {
 	Prefix string // the names start with it ("" for any)
 	Exact  bool   // the pattern is the one name Prefix
-	// Regexp is the pattern as an anchored regular expression that RE2 and
-	// PostgreSQL read alike, matching what path.Match matches; "" when the
-	// prefix alone is the pattern (prefix*).
+	// Regexp is the pattern as an anchored regexp RE2 and PostgreSQL read alike;
+	// "" when the prefix alone is the pattern (prefix*).
 	Regexp string
 }
 
-// ConnectionScans are the scans of the key's connection patterns, or all when it may see
-// every connection. Malformed patterns, which match nothing, are left out.
+// ConnectionScans are the scans of the key's patterns, or all when it may see every
+// connection. Malformed patterns, which match nothing, are left out.
 func (a KeyAccess) ConnectionScans() (scans []ConnectionScan, all bool) {
 	if a.Connections == nil {
 		return nil, true

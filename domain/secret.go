@@ -5,10 +5,9 @@ import (
 	"log/slog"
 )
 
-// Secret holds a credential. It is a struct, not a string type, so that no
-// conversion or format verb can leak it: only Reveal returns the value.
-// The value sits behind a pointer because fmt prints a Secret in an
-// unexported field raw, and then shows an address, not the credential.
+// Secret holds a credential: a struct, so that no conversion or format verb can leak it.
+// The value sits behind a pointer because fmt prints a Secret in an unexported field raw,
+// and then shows an address, not the credential.
 type Secret struct{ v *string }
 
 const redacted = "[REDACTED]"

@@ -19,13 +19,12 @@ type Status string
 const (
 	StatusActive      Status = "active"
 	StatusNeedsReauth Status = "needs_reauth"
-	// StatusFailing is how listings show an active connection whose
-	// refreshes keep failing; never stored as a token's status.
+	// StatusFailing: how listings show an active connection whose refreshes keep failing; never stored.
 	StatusFailing Status = "failing"
 )
 
 // RefreshFailure is the failure episode of a connection's refreshes, shared
-// by every process through the store; the zero value is no failure.
+// through the store; the zero value is no failure.
 type RefreshFailure struct {
 	Failures int       // in a row; 0: no failure
 	Since    time.Time // the first of them
@@ -49,8 +48,8 @@ func (f RefreshFailure) Blocked(now time.Time) bool {
 // presented the refresh token and got no answer (or whose holder vanished).
 const CodeAnswerLost = "answer_lost"
 
-// ProbeFirst reports whether the provider must answer before the refresh token is presented again:
-// the last answer was lost at a provider with no known reuse grace, so our request may be queued there.
+// ProbeFirst reports whether the provider must answer before the refresh token is presented again: the
+// last answer was lost at a provider with no known reuse grace, so our request may be queued there.
 func (f RefreshFailure) ProbeFirst() bool {
 	return f.Failures > 0 && f.Code == CodeAnswerLost && f.ReplayUntil.IsZero() && !f.RetryAt.IsZero()
 }
@@ -68,8 +67,7 @@ func (f RefreshFailure) Describe() string {
 	return fmt.Sprintf("%s, %d in a row since %s", s, f.Failures, f.Since.UTC().Format(time.RFC3339))
 }
 
-// Token is the OAuth2 token of one connection as tokenguard stores it.
-// The credentials are Secrets, so printing a Token never shows them.
+// Token is one connection's stored OAuth2 token; printing it never shows its Secrets.
 type Token struct {
 	Connection    string
 	AccessToken   Secret
@@ -93,8 +91,7 @@ type Token struct {
 // access token is useless without a proof signed with that key.
 func (t Token) SenderConstrained() bool { return t.DPoPJKT != "" }
 
-// Binding is who granted a connection and what. Scopes are space-separated
-// (RFC 6749 §3.3), which keeps Token comparable.
+// Binding is who granted a connection and what; space-separated scopes (RFC 6749 §3.3) keep Token comparable.
 type Binding struct {
 	Account       string // the consenting account's provider id; "" when unknown
 	Scopes        string // granted; "" when unknown
@@ -138,8 +135,7 @@ func (t Token) EffectiveSkew(skew time.Duration) time.Duration {
 	return skew
 }
 
-// FreshAt reports whether the access token may be used at now without a
-// refresh: the connection is active and the token outlives now by the skew.
+// FreshAt reports whether the connection is active and its access token outlives now by the skew.
 func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 	if t.Status != StatusActive || t.AccessToken.IsZero() {
 		return false
@@ -150,9 +146,8 @@ func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 	return now.Before(t.Expiry.Add(-t.EffectiveSkew(skew)))
 }
 
-// Rotated returns t carrying g, issued at now. The refresh token (and its
-// known expiry) is kept when the provider sent no new one (RFC 6749 §6); a
-// new one whose answer names no expiry has an unknown one.
+// Rotated returns t carrying g, issued at now. The refresh token and its expiry
+// are kept when the provider sent no new one (RFC 6749 §6).
 func (t Token) Rotated(g Grant, now time.Time) Token {
 	switch {
 	case !g.RefreshExpiry.IsZero():
@@ -193,8 +188,7 @@ func NewToken(connection string, g Grant, now time.Time) (Token, error) {
 		return Token{}, fmt.Errorf("%w: access token is empty", ErrInvalidToken)
 	}
 	if g.RefreshToken.IsZero() {
-		// Without a refresh token nobody could ever refresh it, so the
-		// connection would silently die at its first expiry.
+		// Without one, the connection would silently die at its first expiry.
 		return Token{}, fmt.Errorf("%w: refresh token is empty", ErrInvalidToken)
 	}
 	g.TokenType = cmp.Or(g.TokenType, "Bearer")
@@ -213,8 +207,7 @@ func (t Token) LogValue() slog.Value {
 
 var namePattern = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$`)
 
-// ValidateName accepts names safe in URLs, logs and command lines: 1 to
-// 128 of [A-Za-z0-9._-], starting with a letter or digit.
+// ValidateName accepts names safe in URLs, logs and command lines.
 func ValidateName(id string) error {
 	if !namePattern.MatchString(id) {
 		return fmt.Errorf("%w: %q (want 1-128 of A-Z a-z 0-9 . _ -, starting with a letter or digit)", ErrInvalidConnection, id)
@@ -225,13 +218,11 @@ func ValidateName(id string) error {
 // MaxAccountLength bounds a provider account id (Binding.Account).
 const MaxAccountLength = 255
 
-// ErrInvalidAccount: a provider named the granting account with an id
-// that is too long or not printable. Nothing was stored.
+// ErrInvalidAccount: a provider's account id is too long or not printable. Nothing was stored.
 var ErrInvalidAccount = errors.New("invalid provider account id")
 
-// ValidateAccount checks a provider account id before it is stored or
-// printed: at most MaxAccountLength bytes of printable UTF-8; "" is valid.
-// The error does not repeat the id.
+// ValidateAccount checks a provider account id before it is stored or printed:
+// at most MaxAccountLength bytes of printable UTF-8. The error does not repeat it.
 func ValidateAccount(id string) error {
 	if len(id) > MaxAccountLength {
 		return fmt.Errorf("%w: %d bytes, at most %d", ErrInvalidAccount, len(id), MaxAccountLength)

@@ -14,10 +14,9 @@ var ErrInsecureURL = errors.New("must be https (http only on loopback, or with A
 // ErrNotHTTPURL: a setting that must be an absolute http(s) URL is not one.
 var ErrNotHTTPURL = errors.New("must be an http(s) URL")
 
-// CheckURL is the one check of every URL tokens or secrets travel to: an
-// absolute http(s) URL with a host, https unless the host is loopback or
-// allowInsecure. The error wraps ErrNotHTTPURL or ErrInsecureURL and does
-// not repeat the URL (it may carry credentials).
+// CheckURL is the one check of every URL tokens or secrets travel to: an absolute
+// http(s) URL, https unless on loopback or allowInsecure. The error does not
+// repeat the URL (it may carry credentials).
 func CheckURL(raw string, allowInsecure bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
@@ -38,8 +37,7 @@ func IsLoopback(host string) bool {
 	return ip != nil && ip.IsLoopback()
 }
 
-// CheckURLs applies CheckURL to the provider's URLs that are set. field names the first that
-// fails ("token URL", say); the error wraps ErrInvalidProvider and CheckURL's.
+// CheckURLs applies CheckURL to the provider's URLs that are set; field names the first that fails.
 func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
 	for _, f := range p.urls() {
 		if f.v == "" {
