@@ -128,15 +128,18 @@ func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 	if plaintext == "" {
 		return "", nil
 	}
-	aead := k.aeads[k.current]
+	head := header(k.current)
 	buf := make([]byte, nonceSize, nonceSize+len(plaintext)+tagSize)
 	_, _ = rand.Read(buf) // never fails (it crashes the program instead)
-	buf = aead.Seal(buf, buf[:nonceSize], []byte(plaintext), additionalData(k.current, true, aad))
-	return prefix + k.current + ":" + boundMark + ":" + bodyEncoding.EncodeToString(buf), nil
+	buf = k.aeads[k.current].Seal(buf, buf[:nonceSize], []byte(plaintext), []byte(head+aad))
+	return head + bodyEncoding.EncodeToString(buf), nil
 }
 
 // boundMark after the key id marks the current form of envelope.
 const boundMark = "b"
+
+// header starts an envelope of the current form sealed with key id.
+func header(id string) string { return prefix + id + ":" + boundMark + ":" }
 
 // Bound reports whether stored is an envelope of the current form (aad as Seal's caller gives it now).
 func (k *Keyring) Bound(stored string) bool {
@@ -154,7 +157,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 		}
 		return stored, nil
 	}
-	id, bound, raw, err := parseEnvelope(stored)
+	id, head, raw, err := parseEnvelope(stored)
 	if err != nil {
 		return "", err
 	}
@@ -162,7 +165,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 	if !ok {
 		return "", &OpenError{KeyID: id, Reason: "its key id is not in " + EnvKeys}
 	}
-	pt, err := aead.Open(nil, raw[:nonceSize], raw[nonceSize:], additionalData(id, bound, aad))
+	pt, err := aead.Open(nil, raw[:nonceSize], raw[nonceSize:], []byte(head+aad))
 	if err != nil {
 		return "", &OpenError{KeyID: id, Reason: "authentication failed (altered, rolled back to an older value, or moved from another row or column)"}
 	}
@@ -171,7 +174,7 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 
 // IsCurrent reports whether stored needs no resealing: empty, or sealed with the current key and form.
 func (k *Keyring) IsCurrent(stored string) bool {
-	return stored == "" || strings.HasPrefix(stored, prefix+k.current+":"+boundMark+":")
+	return stored == "" || strings.HasPrefix(stored, header(k.current))
 }
 
 // IsSealed reports whether stored is an envelope (well formed or not) rather than legacy plaintext.
@@ -186,26 +189,19 @@ func KeyID(stored string) (string, bool) {
 	return id, ok && keyIDPattern.MatchString(id)
 }
 
-func parseEnvelope(stored string) (id string, bound bool, raw []byte, err error) {
+// parseEnvelope splits stored into its key id, its header (everything before the body, which with
+// the caller's aad is the GCM additional data, in either form) and its decoded body.
+func parseEnvelope(stored string) (id, head string, raw []byte, err error) {
 	id, body, ok := strings.Cut(stored[len(prefix):], ":")
 	if !ok || !keyIDPattern.MatchString(id) {
-		return "", false, nil, &OpenError{Reason: "malformed envelope"}
+		return "", "", nil, &OpenError{Reason: "malformed envelope"}
 	}
-	if rest, ok := strings.CutPrefix(body, boundMark+":"); ok {
-		body, bound = rest, true
-	}
+	body = strings.TrimPrefix(body, boundMark+":")
 	raw, err = bodyEncoding.DecodeString(body)
 	if err != nil || len(raw) < nonceSize+tagSize {
-		return "", false, nil, &OpenError{KeyID: id, Reason: "malformed envelope"}
+		return "", "", nil, &OpenError{KeyID: id, Reason: "malformed envelope"}
 	}
-	return id, bound, raw, nil
-}
-
-func additionalData(id string, bound bool, aad string) []byte {
-	if bound {
-		return []byte(prefix + id + ":" + boundMark + ":" + aad)
-	}
-	return []byte(prefix + id + ":" + aad)
+	return id, stored[:len(stored)-len(body)], raw, nil
 }
 
 // String shows the key ids and which one is current, never key bytes. GoString
