@@ -23,6 +23,7 @@ import (
 	"time"
 
 	jose "github.com/go-jose/go-jose/v4"
+	"github.com/go-jose/go-jose/v4/jwt"
 
 	"github.com/tokenguard/tokenguard/infra/clientkey"
 )
@@ -149,15 +150,11 @@ func (k *Key) Proof(method, target, accessToken, nonce string, now time.Time) (s
 	if accessToken != "" {
 		c.ATH = ATH(accessToken)
 	}
-	payload, err := json.Marshal(c)
-	if err != nil {
-		return "", err
-	}
-	jws, err := k.signer.Sign(payload)
+	jws, err := jwt.Signed(k.signer).Claims(c).Serialize()
 	if err != nil {
 		return "", fmt.Errorf("dpop: sign proof: %w", err)
 	}
-	return jws.CompactSerialize()
+	return jws, nil
 }
 
 // HTU is target as a proof's htu: without query and fragment.
