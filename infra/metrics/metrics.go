@@ -10,6 +10,7 @@ import (
 	"cmp"
 	"context"
 	"log/slog"
+	"maps"
 	"net/http"
 	"slices"
 	"sync"
@@ -86,16 +87,12 @@ func New(o Options) *Metrics {
 		m.registerer = m.reg
 	}
 	f := promauto.With(m.registerer)
-	refreshLabels, forcedLabels := []string{"outcome", "trigger", "provider"}, []string(nil)
-	if o.ConnectionLabel {
-		refreshLabels, forcedLabels = append(refreshLabels, "connection"), []string{"connection"}
-	}
 	m.refreshes = f.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_refreshes_total",
 		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), unclassified_answer (an answer tokenguard cannot classify, or a lost one whose refresh token may not be presented again: the connection backs off, see tokenguard_connections{status=\"failing\"}), backoff (not asked: the connection's failing refreshes are backing off), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
-	}, refreshLabels)
+	}, m.withConnection("connection", "outcome", "trigger", "provider"))
 	m.forced = f.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_forced_refresh_requests_total",
 		Help: "Callers whose request was answered 401 and who asked for a newer token. At most one refresh per failed version follows; the rest read the stored token.",
-	}, forcedLabels)
+	}, m.withConnection("connection"))
 	m.lockWait = f.NewHistogram(prometheus.HistogramOpts{Name: "tokenguard_token_lock_wait_seconds",
 		Help:    "Time from asking for a connection's refresh lock to holding it (or giving up).",
 		Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 15, 30}})
@@ -177,11 +174,7 @@ func (m *Metrics) Refreshed(e usecase.RefreshEvent) {
 		trigger = TriggerUnauthorized
 	}
 	provider := m.providerLabel(e.Provider)
-	if m.connectionLabel {
-		m.refreshes.WithLabelValues(string(e.Outcome), trigger, provider, e.Connection).Inc()
-	} else {
-		m.refreshes.WithLabelValues(string(e.Outcome), trigger, provider).Inc()
-	}
+	m.refreshes.WithLabelValues(m.withConnection(e.Connection, string(e.Outcome), trigger, provider)...).Inc()
 	m.lockWait.Observe(e.LockWait.Seconds())
 	if e.ProviderLatency > 0 {
 		m.providerLatency.WithLabelValues(provider).Observe(e.ProviderLatency.Seconds())
@@ -190,11 +183,15 @@ func (m *Metrics) Refreshed(e usecase.RefreshEvent) {
 
 // ForcedRefresh implements usecase.Observer.
 func (m *Metrics) ForcedRefresh(connection string) {
+	m.forced.WithLabelValues(m.withConnection(connection)...).Inc()
+}
+
+// withConnection is labels, then connection with Options.ConnectionLabel: the label names or values of the refresh counters.
+func (m *Metrics) withConnection(connection string, labels ...string) []string {
 	if m.connectionLabel {
-		m.forced.WithLabelValues(connection).Inc()
-		return
+		return append(labels, connection)
 	}
-	m.forced.WithLabelValues().Inc()
+	return labels
 }
 
 // Invalidated implements usecase.Observer.
@@ -262,14 +259,10 @@ func (c statusCollector) Collect(ch chan<- prometheus.Metric) {
 		ch <- prometheus.NewInvalidMetric(statusDesc, err)
 		return
 	}
-	known := []domain.Status{domain.StatusActive, domain.StatusFailing, domain.StatusNeedsReauth}
-	for _, s := range known {
-		ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, float64(counts[s]), string(s))
-	}
-	for s, n := range counts {
-		if !slices.Contains(known, s) {
-			ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, float64(n), string(s))
-		}
+	all := map[domain.Status]int{domain.StatusActive: 0, domain.StatusFailing: 0, domain.StatusNeedsReauth: 0}
+	maps.Copy(all, counts)
+	for s, n := range all {
+		ch <- prometheus.MustNewConstMetric(statusDesc, prometheus.GaugeValue, float64(n), string(s))
 	}
 }
 
@@ -294,4 +287,31 @@ func (m *Metrics) providerLabel(provider string) string {
 	}
 	m.providers[provider] = true
 	return provider
+}
+
+// connectOutcomes are the values of tokenguard_connect_grants_total's
+// outcome label; every other code of the connect flow counts as "failed".
+var connectOutcomes = []string{"pending", "connected", "scopes_narrowed", "account_mismatch", "bad_state", "exchange_failed", "failed"}
+
+// ConnectCounter counts the ends of the server's browser connect flow.
+type ConnectCounter struct{ c *prometheus.CounterVec }
+
+// NewConnectCounter registers the counter on reg.
+func NewConnectCounter(reg prometheus.Registerer) *ConnectCounter {
+	c := promauto.With(reg).NewCounterVec(prometheus.CounterOpts{
+		Name: "tokenguard_connect_grants_total",
+		Help: "Steps of the connect flow by outcome: pending (a consent's grant waits for its redemption), connected (redeemed), scopes_narrowed (connected with fewer scopes than OAUTH_SCOPES), account_mismatch (refused: another provider account), bad_state, exchange_failed, failed (anything else, the provider's refusal included).",
+	}, []string{"outcome"})
+	for _, o := range connectOutcomes {
+		c.WithLabelValues(o)
+	}
+	return &ConnectCounter{c}
+}
+
+// ConnectOutcome counts one end of the connect flow.
+func (m *ConnectCounter) ConnectOutcome(code string) {
+	if !slices.Contains(connectOutcomes, code) {
+		code = "failed"
+	}
+	m.c.WithLabelValues(code).Inc()
 }
