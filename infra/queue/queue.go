@@ -245,18 +245,18 @@ func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) (err 
 	ctx, end := w.tracer.Call(withTrace(ctx, job.Metadata), "tokenguard.job", job.Args.Connection, trace.SpanKindConsumer,
 		attribute.Int64("tokenguard.job.id", job.ID), attribute.Int("tokenguard.job.attempt", job.Attempt))
 	defer func() { end(err) }()
+	log := w.log.With("event_id", job.ID, "connection", job.Args.Connection)
 	err = w.h(ctx, job.Args)
 	switch {
 	case err == nil:
-		w.log.Debug("event handled", "event_id", job.ID, "connection", job.Args.Connection)
+		log.Debug("event handled")
 		return nil
 	case errors.Is(err, domain.ErrNotFound), errors.Is(err, domain.ErrInvalidConnection):
 		// Retrying cannot bring the connection back.
-		w.log.Warn("event dropped: unknown connection", "event_id", job.ID, "connection", job.Args.Connection, "err", err)
+		log.Warn("event dropped: unknown connection", "err", err)
 		return river.JobCancel(err)
 	default:
-		w.log.Warn("event failed; will retry", "event_id", job.ID, "connection", job.Args.Connection,
-			"attempt", job.Attempt, "err", err)
+		log.Warn("event failed; will retry", "attempt", job.Attempt, "err", err)
 		return err
 	}
 }
