@@ -11,7 +11,6 @@ import (
 	"crypto/rsa"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -128,8 +127,6 @@ func (k *Key) Assertion(clientID, audience string, now time.Time) (string, error
 }
 
 func (k *Key) String() string               { return "client-key(" + k.kid + ")" }
-func (k *Key) GoString() string             { return k.String() }
 func (k *Key) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(k.String())) }
 func (k *Key) LogValue() slog.Value         { return slog.StringValue(k.String()) }
 func (k *Key) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
-func (k *Key) MarshalJSON() ([]byte, error) { return json.Marshal(k.String()) }

@@ -12,7 +12,6 @@ import (
 	"crypto/sha256"
 	"crypto/x509"
 	"encoding/base64"
-	"encoding/json"
 	"encoding/pem"
 	"errors"
 	"fmt"
@@ -123,11 +122,9 @@ func (k *Key) MarshalPEM() []byte {
 func (k *Key) Thumbprint() string { return k.jkt }
 
 func (k *Key) String() string               { return "dpop-key(" + k.jkt + ")" }
-func (k *Key) GoString() string             { return k.String() }
 func (k *Key) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(k.String())) }
 func (k *Key) LogValue() slog.Value         { return slog.StringValue(k.String()) }
 func (k *Key) MarshalText() ([]byte, error) { return []byte(k.String()), nil }
-func (k *Key) MarshalJSON() ([]byte, error) { return json.Marshal(k.String()) }
 
 // claims are a proof's claims (RFC 9449 §4.2).
 type claims struct {

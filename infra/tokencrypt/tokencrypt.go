@@ -204,8 +204,8 @@ func parseEnvelope(stored string) (id, head string, raw []byte, err error) {
 	return id, stored[:len(stored)-len(body)], raw, nil
 }
 
-// String shows the key ids and which one is current, never key bytes. GoString
-// (%#v would print the expanded keys), Format (every verb) and LogValue are String.
+// String shows the key ids and which one is current, never key bytes. Format (every verb: %#v
+// would print the expanded keys) and LogValue are String.
 func (k *Keyring) String() string {
 	if k == nil {
 		return "Keyring(none)"
@@ -213,7 +213,6 @@ func (k *Keyring) String() string {
 	return fmt.Sprintf("Keyring(current=%s keys=%s)", k.current, strings.Join(k.ids, ","))
 }
 
-func (k *Keyring) GoString() string           { return k.String() }
 func (k *Keyring) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(k.String())) }
 func (k *Keyring) LogValue() slog.Value       { return slog.StringValue(k.String()) }
 
@@ -238,18 +237,16 @@ type KeySpec string
 // Keyring parses the spec; see ParseKeyring.
 func (s KeySpec) Keyring() (*Keyring, error) { return ParseKeyring(string(s)) }
 
-func (s KeySpec) mask() string {
+func (s KeySpec) String() string {
 	if s == "" {
 		return ""
 	}
 	return "[REDACTED]"
 }
 
-func (s KeySpec) String() string               { return s.mask() }
-func (s KeySpec) GoString() string             { return s.mask() }
-func (s KeySpec) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.mask())) }
-func (s KeySpec) LogValue() slog.Value         { return slog.StringValue(s.mask()) }
-func (s KeySpec) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
+func (s KeySpec) Format(f fmt.State, _ rune)   { _, _ = f.Write([]byte(s.String())) }
+func (s KeySpec) LogValue() slog.Value         { return slog.StringValue(s.String()) }
+func (s KeySpec) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
 // Plaintext is the Sealer of a store without keys. It refuses envelopes
 // rather than hand one to the provider as a token.
