@@ -136,37 +136,23 @@ type claims struct {
 	Nonce string `json:"nonce,omitempty"`
 }
 
-// Proof signs a proof for one request: method, target (as HTU), the
+// Proof signs a proof for one request: method, target (as htu: without query and fragment), the
 // access token's hash if any (resource calls), the server's nonce if any.
 func (k *Key) Proof(method, target, accessToken, nonce string, now time.Time) (string, error) {
-	htu, err := HTU(target)
-	if err != nil {
-		return "", err
-	}
-	c := claims{JTI: rand.Text(), HTM: strings.ToUpper(method), HTU: htu, IAT: now.Unix(), Nonce: nonce}
-	if accessToken != "" {
-		c.ATH = ATH(accessToken)
-	}
-	jws, err := jwt.Signed(k.signer).Claims(c).Serialize()
-	if err != nil {
-		return "", fmt.Errorf("dpop: sign proof: %w", err)
-	}
-	return jws, nil
-}
-
-// HTU is target as a proof's htu: without query and fragment.
-func HTU(target string) (string, error) {
 	u, err := url.Parse(target)
 	if err != nil || u.Scheme == "" || u.Host == "" {
 		shown := target[:strings.IndexAny(target+"?", "?#")] // without query or fragment
 		return "", fmt.Errorf("dpop: %q is not an absolute URL", shown)
 	}
 	u.RawQuery, u.Fragment, u.RawFragment, u.User = "", "", "", nil
-	return u.String(), nil
-}
-
-// ATH is an access token's hash as a proof's ath.
-func ATH(accessToken string) string {
-	h := sha256.Sum256([]byte(accessToken))
-	return base64.RawURLEncoding.EncodeToString(h[:])
+	c := claims{JTI: rand.Text(), HTM: strings.ToUpper(method), HTU: u.String(), IAT: now.Unix(), Nonce: nonce}
+	if accessToken != "" {
+		ath := sha256.Sum256([]byte(accessToken))
+		c.ATH = base64.RawURLEncoding.EncodeToString(ath[:])
+	}
+	jws, err := jwt.Signed(k.signer).Claims(c).Serialize()
+	if err != nil {
+		return "", fmt.Errorf("dpop: sign proof: %w", err)
+	}
+	return jws, nil
 }

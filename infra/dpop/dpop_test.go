@@ -3,6 +3,7 @@ package dpop
 import (
 	"bytes"
 	"crypto"
+	"crypto/sha256"
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
@@ -41,7 +42,9 @@ func TestProofVerifiesWithItsEmbeddedKey(t *testing.T) {
 	if err := json.Unmarshal(payload, &c); err != nil {
 		t.Fatal(err)
 	}
-	want := claims{JTI: c.JTI, HTM: "GET", HTU: "https://api.example.com/v1/items", IAT: now.Unix(), ATH: ATH("the-access-token"), Nonce: "n-1"}
+	ath := sha256.Sum256([]byte("the-access-token"))
+	want := claims{JTI: c.JTI, HTM: "GET", HTU: "https://api.example.com/v1/items", IAT: now.Unix(),
+		ATH: base64.RawURLEncoding.EncodeToString(ath[:]), Nonce: "n-1"}
 	if c != want || c.JTI == "" {
 		t.Fatalf("claims %+v, want %+v", c, want)
 	}
