@@ -102,6 +102,8 @@ type answer struct {
 	status int // 0: no answer came
 	header http.Header
 	body   []byte // at most maxAnswer bytes
+	fields fields // the body as far as it came; parsed reports whether it was JSON or a form
+	parsed bool
 	sent   time.Time
 }
 
@@ -129,7 +131,9 @@ func (c clientAuth) post(ctx context.Context, endpoint string, form url.Values, 
 	}
 	defer resp.Body.Close()
 	a.status, a.header = resp.StatusCode, resp.Header
-	if a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer)); err != nil {
+	a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
+	a.fields, a.parsed = parseAnswer(a.header.Get("Content-Type"), a.body)
+	if err != nil {
 		// A timeout or reset mid-body: whatever the provider did is done.
 		return a, &domain.ProviderError{HTTPStatus: a.status, Err: errors.Join(errReadAnswer, err), Lost: spends}
 	}
@@ -155,14 +159,13 @@ func refreshForm(refreshToken string) url.Values {
 // judge turns an answer into a grant or a classified error; lifetimes count from
 // when it was sent, erring early.
 func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
-	status := a.status
-	f, parsed := parseAnswer(a.header.Get("Content-Type"), a.body)
+	status, f := a.status, a.fields
 	code := f.str("error")
 	if _, known := codes[f.str("status")]; code == "" && known {
 		code = f.str("status") // HubSpot puts its code in "status"
 	}
 	dead := "" // the profile's dead-grant code the answer carries
-	for _, d := range r.deadGrants {
+	for _, d := range r.profile.DeadGrants {
 		if (d.Status == 0 || d.Status == status) && f.str(d.Field) == d.Code {
 			dead, code = d.Code, d.Code
 			break
@@ -193,7 +196,7 @@ func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
 	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
 		pe.Err = errNotFound
 	case code != "":
-	case !parsed:
+	case !a.parsed:
 		pe.Err = errNotJSON
 	default:
 		pe.Err = errNoCode
@@ -217,13 +220,13 @@ func (r *Refresher) grant(f fields, sent time.Time) domain.Grant {
 	}
 	switch {
 	case !g.RefreshExpiry.IsZero():
-	case r.refreshAbsolute > 0:
+	case r.profile.RefreshAbsolute.D > 0:
 		// Counted from consent: the stored expiry holds for a rotated token.
 		g.KeepRefreshExpiry = true
-	case r.refreshIdle > 0:
-		g.RefreshExpiry = sent.Add(r.refreshIdle)
+	case r.profile.RefreshIdle.D > 0:
+		g.RefreshExpiry = sent.Add(r.profile.RefreshIdle.D)
 	}
-	for _, k := range r.extraFields {
+	for _, k := range r.profile.ExtraFields {
 		if v := f.str(k); v != "" {
 			if g.Extra == nil {
 				g.Extra = map[string]string{}
@@ -239,10 +242,9 @@ func (r *Refresher) grant(f fields, sent time.Time) domain.Grant {
 }
 
 // tokenType spells the type as RFC 6750 and x/oauth2 do.
-func tokenType(t string) string {
-	spelled := map[string]string{"": "Bearer", "bearer": "Bearer", "mac": "MAC", "basic": "Basic"}
-	return cmp.Or(spelled[strings.ToLower(t)], t)
-}
+func tokenType(t string) string { return cmp.Or(tokenTypes[strings.ToLower(t)], t) }
+
+var tokenTypes = map[string]string{"": "Bearer", "bearer": "Bearer", "mac": "MAC", "basic": "Basic"}
 
 // fields is a parsed answer: JSON values, or form values as JSON strings.
 type fields map[string]json.RawMessage

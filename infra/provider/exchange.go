@@ -37,12 +37,11 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 	if pe != nil {
 		return domain.Grant{}, nil, pe
 	}
-	if g.RefreshExpiry.IsZero() && r.refreshAbsolute > 0 {
-		g.RefreshExpiry = a.sent.Add(r.refreshAbsolute) // the grant's calendar starts at the consent
+	if g.RefreshExpiry.IsZero() && r.profile.RefreshAbsolute.D > 0 {
+		g.RefreshExpiry = a.sent.Add(r.profile.RefreshAbsolute.D) // the grant's calendar starts at the consent
 	}
-	f, _ := parseAnswer(a.header.Get("Content-Type"), a.body)
-	raw := make(map[string]any, len(f))
-	for k, v := range f {
+	raw := make(map[string]any, len(a.fields))
+	for k, v := range a.fields {
 		var x any
 		if json.Unmarshal(v, &x) == nil {
 			raw[k] = x
@@ -133,14 +132,13 @@ func (r *Refresher) Push(ctx context.Context, endpoint string, form url.Values) 
 		if pe != nil && a.status == 0 {
 			return pe
 		}
-		f, _ := parseAnswer(a.header.Get("Content-Type"), a.body) // a body cut short is read as far as it came
 		if a.status == http.StatusCreated || a.status == http.StatusOK {
-			if uri = f.str("request_uri"); uri == "" {
+			if uri = a.fields.str("request_uri"); uri == "" {
 				return &domain.ProviderError{HTTPStatus: a.status, Class: domain.EndpointMisconfigured, Err: errPushRefused}
 			}
 			return nil
 		}
-		pe = &domain.ProviderError{HTTPStatus: a.status, Code: reportedCode(f.str("error")), Class: domain.EndpointMisconfigured,
+		pe = &domain.ProviderError{HTTPStatus: a.status, Code: reportedCode(a.fields.str("error")), Class: domain.EndpointMisconfigured,
 			Err: fmt.Errorf("pushed authorization request: HTTP %d", a.status)}
 		if pe.Code == "invalid_client" || a.status == http.StatusUnauthorized {
 			pe.Class = domain.ClientRejected

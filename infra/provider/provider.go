@@ -50,10 +50,7 @@ type Refresher struct {
 	auth            clientAuth
 	styles          AuthStyleStore
 	defaultLifetime time.Duration
-	deadGrants      []profiles.DeadGrant
-	extraFields     []string      // answer fields kept as connection metadata
-	refreshIdle     time.Duration // 0: unknown
-	refreshAbsolute time.Duration // 0: unknown
+	profile         profiles.Profile // dead-grant codes, Extra fields, refresh token expiries
 	log             *slog.Logger
 	now             func() time.Time
 	nonces          *dpop.Nonces
@@ -99,18 +96,7 @@ func WithDefaultLifetime(d time.Duration) Option {
 
 // WithProfile applies a profile's dead-grant codes, Extra fields and refresh
 // token expiries (used when the answer does not say them).
-func WithProfile(p profiles.Profile) Option {
-	return func(r *Refresher) {
-		r.deadGrants = p.DeadGrants
-		r.extraFields = p.ExtraFields
-		if p.RefreshIdle.Known {
-			r.refreshIdle = p.RefreshIdle.D
-		}
-		if p.RefreshAbsolute.Known {
-			r.refreshAbsolute = p.RefreshAbsolute.D
-		}
-	}
-}
+func WithProfile(p profiles.Profile) Option { return func(r *Refresher) { r.profile = p } }
 
 // WithLogger receives a line when a style is learned or cannot be stored.
 func WithLogger(l *slog.Logger) Option { return func(r *Refresher) { r.log = l } }
@@ -201,10 +187,7 @@ func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
 			r.log.Warn("could not read the remembered token endpoint auth style; starting with HTTP Basic", "err", err)
 		}
 	}
-	if s := oauth2.AuthStyle(r.learned.Load()); s != oauth2.AuthStyleAutoDetect {
-		return s
-	}
-	return oauth2.AuthStyleInHeader
+	return cmp.Or(oauth2.AuthStyle(r.learned.Load()), oauth2.AuthStyleInHeader)
 }
 
 // remember keeps style in memory and, when new, in the store in the
@@ -242,9 +225,9 @@ func styleName(s oauth2.AuthStyle) string {
 
 // AuthStyleOf is the x/oauth2 form of a style (StyleHeader, StyleParams;
 // anything else, private_key_jwt included, is auto).
-func AuthStyleOf(name string) oauth2.AuthStyle {
-	return map[string]oauth2.AuthStyle{StyleHeader: oauth2.AuthStyleInHeader, StyleParams: oauth2.AuthStyleInParams}[name]
-}
+func AuthStyleOf(name string) oauth2.AuthStyle { return authStyles[name] }
+
+var authStyles = map[string]oauth2.AuthStyle{StyleHeader: oauth2.AuthStyleInHeader, StyleParams: oauth2.AuthStyleInParams}
 
 // GrantFrom converts an x/oauth2 token from the authorization-code exchange.
 func GrantFrom(tok *oauth2.Token) domain.Grant {

@@ -83,14 +83,13 @@ func (r *Registry) Load(ctx context.Context) error {
 			next[p.Name] = cur // keeps what its refresher learned
 			continue
 		}
-		ref := r.build(p)
-		secret := p.ClientSecret
-		key, err := storedKey(p)
-		if err != nil {
+		reg := registered{secret: p.ClientSecret, refresher: r.build(p)}
+		if reg.key, err = storedKey(p); err != nil {
 			r.log.Error("a stored provider's client key cannot be read; its requests carry no assertion", "provider", p.Name)
 		}
 		p.ClientSecret, p.ClientKey = domain.Secret{}, domain.Secret{}
-		next[p.Name] = registered{p: p, secret: secret, refresher: ref, key: key}
+		reg.p = p
+		next[p.Name] = reg
 		if _, ok := old[p.Name]; ok {
 			r.log.Info("provider changed; its connections use the new settings from their next refresh",
 				"provider", p.Name, "version", p.Version)

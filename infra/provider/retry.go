@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -57,27 +58,22 @@ func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
 }
 
 func (p Policy) withDefaults() Policy {
-	if p.InitialInterval <= 0 {
-		p.InitialInterval = 100 * time.Millisecond
-	}
-	if p.MaxInterval <= 0 {
-		p.MaxInterval = 2 * time.Second
-	}
-	p.MaxInterval = max(p.MaxInterval, p.InitialInterval)
+	p.InitialInterval = positiveOr(p.InitialInterval, 100*time.Millisecond)
+	p.MaxInterval = max(positiveOr(p.MaxInterval, 2*time.Second), p.InitialInterval)
 	if p.Multiplier < 1 {
 		p.Multiplier = 2
 	}
-	if p.Jitter == 0 {
-		p.Jitter = 0.5
-	}
-	p.Jitter = min(max(p.Jitter, 0), 1)
-	if p.MaxElapsed <= 0 {
-		p.MaxElapsed = 30 * time.Second
-	}
-	if p.PauseAfter == 0 {
-		p.PauseAfter = DefaultPauseAfter
-	}
+	p.Jitter = min(max(cmp.Or(p.Jitter, 0.5), 0), 1)
+	p.MaxElapsed = positiveOr(p.MaxElapsed, 30*time.Second)
+	p.PauseAfter = cmp.Or(p.PauseAfter, DefaultPauseAfter)
 	return p
+}
+
+func positiveOr(d, dflt time.Duration) time.Duration {
+	if d <= 0 {
+		return dflt
+	}
+	return d
 }
 
 // Retrying retries transient failures (ErrProviderUnavailable) with capped

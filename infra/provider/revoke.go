@@ -1,6 +1,7 @@
 package provider
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -117,13 +118,13 @@ func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken 
 		return fmt.Errorf("%s: %w", name, domain.ErrNoRevocationEndpoint)
 	}
 	style, auto := e.AuthStyle, e.AuthStyle == oauth2.AuthStyleAutoDetect
-	if auto {
-		style = oauth2.AuthStyleInHeader
-		if r.styles != nil && e.TokenURL != "" {
-			if name, err := r.styles.Load(ctx, e.TokenURL, e.ClientID); err == nil && AuthStyleOf(name) != oauth2.AuthStyleAutoDetect {
-				style = AuthStyleOf(name)
-			}
+	if auto && r.styles != nil && e.TokenURL != "" {
+		if name, err := r.styles.Load(ctx, e.TokenURL, e.ClientID); err == nil {
+			style = AuthStyleOf(name)
 		}
+	}
+	if auto {
+		style = cmp.Or(style, oauth2.AuthStyleInHeader)
 	}
 	status, code, err := r.send(ctx, e, style, refreshToken)
 	if auto && err == nil && (status == http.StatusUnauthorized || code == "invalid_client") {
@@ -169,11 +170,9 @@ func (r *Revocations) send(ctx context.Context, e RevocationEndpoint, style oaut
 	case pe != nil && a.status == 0:
 		return 0, "", pe.Err // *url.Error: the method and URL, never the form
 	}
-	code := "" // a body cut short is read as far as it came
-	if f, ok := parseAnswer(a.header.Get("Content-Type"), a.body); ok {
-		if code = f.str("error"); code != "unsupported_token_type" { // RFC 7009 §2.2.1
-			code = reportedCode(code)
-		}
+	code := a.fields.str("error")
+	if code != "unsupported_token_type" { // RFC 7009 §2.2.1
+		code = reportedCode(code)
 	}
 	return a.status, code, nil
 }

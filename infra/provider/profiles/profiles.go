@@ -270,8 +270,7 @@ func (e *MissingParamError) Unwrap() error { return domain.ErrInvalidProvider }
 // parameter is a *MissingParamError; another such URL stays empty. An unknown
 // parameter or a value that is not a plain label wraps domain.ErrInvalidProvider.
 func (p Profile) Complete(given URLs, params map[string]string) (URLs, error) {
-	vals := map[string]string{}
-	maps.Copy(vals, p.Params)
+	vals := maps.Clone(p.Params)
 	for k, v := range params {
 		if _, ok := p.Params[k]; !ok {
 			return URLs{}, fmt.Errorf("%w: profile %s takes no parameter %q (it takes: %s)", domain.ErrInvalidProvider, p.Name, k, cmp.Or(strings.Join(p.ParamNames(), ", "), "none"))
