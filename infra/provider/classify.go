@@ -76,8 +76,7 @@ func reportedCode(code string) string {
 	return "unrecognized_error"
 }
 
-// clientAuthFailed: the client was refused before the grant was looked at,
-// so the refresh token was not spent.
+// clientAuthFailed: the client was refused before the grant was looked at: the refresh token is unspent.
 func clientAuthFailed(pe *domain.ProviderError) bool {
 	return pe.Class == domain.ClientRejected && (pe.Code == "invalid_client" || pe.HTTPStatus == http.StatusUnauthorized)
 }
@@ -150,14 +149,12 @@ func (r *Refresher) exchange(ctx context.Context, form url.Values, style oauth2.
 	return a, g, pe
 }
 
-// refreshForm is a refresh request's form; checks make up a token that cannot
-// exist ("tokenguard-check-" and random text).
+// refreshForm is a refresh request's form; checks send a token that cannot exist.
 func refreshForm(refreshToken string) url.Values {
 	return url.Values{"grant_type": {"refresh_token"}, "refresh_token": {refreshToken}}
 }
 
-// judge turns an answer into a grant or a classified error; lifetimes count from
-// when it was sent, erring early.
+// judge turns an answer into a grant or a classified error; lifetimes count from its sending.
 func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
 	status, f := a.status, a.fields
 	code := f.str("error")

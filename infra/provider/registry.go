@@ -113,8 +113,7 @@ func (r *Registry) Load(ctx context.Context) error {
 // OnChange calls fn with every provider a Load changed, once in effect.
 func (r *Registry) OnChange(fn func(name string)) { r.onChange.Store(&fn) }
 
-// Changed reads the providers again in the background; changes arriving meanwhile
-// cause one more read, not one each.
+// Changed reads the providers again in the background; changes meanwhile cause one more read.
 func (r *Registry) Changed(string) {
 	r.pending.Store(true)
 	if !r.running.CompareAndSwap(false, true) {
@@ -205,8 +204,7 @@ func (r *Registry) Provider(name string) (domain.Provider, bool) {
 	return reg.p, ok
 }
 
-// ClientConfig is the stored provider's registration, secret included, for the
-// connect flow (no RedirectURL).
+// ClientConfig is the stored provider's registration, secret included, without RedirectURL.
 func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Config, error) {
 	reg, err := r.lookup(ctx, name)
 	if err != nil {
