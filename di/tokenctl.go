@@ -81,10 +81,30 @@ func (b tokenctlBackend) RotateKey(ctx context.Context) (int, int, error) {
 	return res.Resealed, res.Current, err
 }
 
-func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), error) {
+func (b tokenctlBackend) Open(ctx context.Context, group string) (*tokenctl.Stores, func(), error) {
 	cfg, err := b.config()
 	if err != nil {
 		return nil, nil, err
+	}
+	switch group {
+	case "apikey":
+		db, cleanup, err := openMigrated(ctx, cfg, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		return &tokenctl.Stores{Keys: repository.NewAPIKeys(db)}, cleanup, nil
+	case "provider":
+		sealer, err := cfg.sealer()
+		if err != nil {
+			return nil, nil, &tokenctl.ConfigError{Err: err}
+		}
+		db, cleanup, err := openMigrated(ctx, cfg, nil)
+		if err != nil {
+			return nil, nil, err
+		}
+		_, plaintext := sealer.(tokencrypt.Plaintext)
+		return &tokenctl.Stores{Providers: repository.NewProviderRepository(db, sealer), Encrypted: !plaintext,
+			AllowInsecureURLs: cfg.AllowInsecureURLs}, cleanup, nil
 	}
 	s, cleanup, err := NewStore(ctx, cfg, discard)
 	if err != nil {
@@ -99,7 +119,7 @@ func (b tokenctlBackend) Open(ctx context.Context) (tokenctl.Store, func(), erro
 		cleanup()
 		return nil, nil, &tokenctl.ConfigError{Err: err}
 	}
-	return ctlStore{ops, s, cfg}, cleanup, nil
+	return &tokenctl.Stores{Connections: ctlStore{ops, s, cfg}, ExpiringNotice: cfg.ExpiringNotice}, cleanup, nil
 }
 
 // migrated refuses an unmigrated database, naming the command that fixes it.
@@ -179,44 +199,3 @@ func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Gra
 	return s.store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata,
 		DPoPKey: key, DPoPJKT: jkt})
 }
-
-// ExpiringNotice is TOKEN_EXPIRING_NOTICE, for tokenctl status.
-func (s ctlStore) ExpiringNotice() time.Duration { return s.cfg.ExpiringNotice }
-
-func (b tokenctlBackend) OpenKeys(ctx context.Context) (tokenctl.KeyStore, func(), error) {
-	cfg, err := b.config()
-	if err != nil {
-		return nil, nil, err
-	}
-	db, cleanup, err := openMigrated(ctx, cfg, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	return repository.NewAPIKeys(db), cleanup, nil
-}
-
-func (b tokenctlBackend) OpenProviders(ctx context.Context) (tokenctl.ProviderStore, func(), error) {
-	cfg, err := b.config()
-	if err != nil {
-		return nil, nil, err
-	}
-	sealer, err := cfg.sealer()
-	if err != nil {
-		return nil, nil, &tokenctl.ConfigError{Err: err}
-	}
-	db, cleanup, err := openMigrated(ctx, cfg, nil)
-	if err != nil {
-		return nil, nil, err
-	}
-	_, plaintext := sealer.(tokencrypt.Plaintext)
-	return ctlProviders{repository.NewProviderRepository(db, sealer), !plaintext, cfg.AllowInsecureURLs}, cleanup, nil
-}
-
-type ctlProviders struct {
-	*repository.ProviderRepository
-	encrypted     bool
-	allowInsecure bool
-}
-
-func (p ctlProviders) Encrypted() bool         { return p.encrypted }
-func (p ctlProviders) AllowInsecureURLs() bool { return p.allowInsecure }

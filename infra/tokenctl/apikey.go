@@ -60,10 +60,10 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	if code, ok := checkName(cmd, "key", name, fail); !ok {
 		return code
 	}
-	return withOpen(ctx, backend.OpenKeys, fail, func(store KeyStore) int {
+	return withOpen(ctx, backend, "apikey", fail, func(s *Stores) int {
 		switch cmd {
 		case "create":
-			key, err := store.Create(ctx, name, access)
+			key, err := s.Keys.Create(ctx, name, access)
 			switch {
 			case errors.Is(err, domain.ErrKeyExists):
 				return fail(exitUsage, "create: a key named %q exists; revoke it first or pick another name", name)
@@ -76,14 +76,10 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 			fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
 				name, accessList(access.Scopes), accessList(access.Connections))
 		case "list":
-			return listKeys(ctx, store, stdio, fail)
+			return listKeys(ctx, s.Keys, stdio, fail)
 		case "revoke":
-			err := store.Revoke(ctx, name)
-			switch {
-			case errors.Is(err, domain.ErrNotFound):
-				return fail(exitUsage, "revoke: no API key named %q", name)
-			case err != nil:
-				return fail(exitFailure, "revoke: %v", err)
+			if err := s.Keys.Revoke(ctx, name); err != nil {
+				return lookupFailed(fail, "revoke", err, fmt.Sprintf("no API key named %q", name))
 			}
 			fmt.Fprintf(stdio.Stdout, "revoked API key %s\n", name)
 		}

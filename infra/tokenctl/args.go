@@ -72,6 +72,14 @@ func failed(fail failFunc, prefix string, err error) int {
 	return fail(exitFailure, "%s%v", prefix, err)
 }
 
+// lookupFailed reports cmd's err: exitUsage with notFound for domain.ErrNotFound, else exitFailure.
+func lookupFailed(fail failFunc, cmd string, err error, notFound string) int {
+	if errors.Is(err, domain.ErrNotFound) {
+		return fail(exitUsage, "%s: %s", cmd, notFound)
+	}
+	return fail(exitFailure, "%s: %v", cmd, err)
+}
+
 // exitFor is exitUsage for an error in the operator's input (one of usage), else exitFailure.
 func exitFor(err error, usage ...error) int {
 	for _, u := range usage {
@@ -95,9 +103,9 @@ func subcommand(args []string, usage string, stderr io.Writer) (int, bool) {
 	return exitOK, false
 }
 
-// withOpen runs fn on what open opens, and closes it.
-func withOpen[S any](ctx context.Context, open func(context.Context) (S, func(), error), fail failFunc, fn func(S) int) int {
-	s, cleanup, err := open(ctx)
+// withOpen runs fn on the stores of group, and closes them.
+func withOpen(ctx context.Context, backend Backend, group string, fail failFunc, fn func(*Stores) int) int {
+	s, cleanup, err := backend.Open(ctx, group)
 	if err != nil {
 		return failed(fail, "", err)
 	}

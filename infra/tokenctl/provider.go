@@ -54,8 +54,6 @@ type ProviderStore interface {
 	Connections(ctx context.Context) (map[string]int, error)
 	// Remove deletes a provider no connection names.
 	Remove(ctx context.Context, name string) error
-	Encrypted() bool         // client secrets are sealed at rest
-	AllowInsecureURLs() bool // ALLOW_INSECURE_URLS
 }
 
 // urlFlags are the flags of the provider's URLs, by CheckURLs' field.
@@ -269,7 +267,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		secret = &s
 	}
 	in := providerInput{cmd: cmd, args: rest, flags: f, tokenURL: given.TokenURL, clientKey: clientKey, secret: secret}
-	return withOpen(ctx, backend.OpenProviders, fail, func(store ProviderStore) int { return in.run(ctx, store, stdio, fail) })
+	return withOpen(ctx, backend, "provider", fail, func(s *Stores) int { return in.run(ctx, s, stdio, fail) })
 }
 
 // providerInput is a provider command line, checked before the store is opened.
@@ -282,7 +280,8 @@ type providerInput struct {
 }
 
 // run makes in's change to store.
-func (in providerInput) run(ctx context.Context, store ProviderStore, stdio IO, fail failFunc) int {
+func (in providerInput) run(ctx context.Context, s *Stores, stdio IO, fail failFunc) int {
+	store := s.Providers
 	failed := func(err error) int {
 		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
 			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", in.cmd, err)
@@ -292,7 +291,7 @@ func (in providerInput) run(ctx context.Context, store ProviderStore, stdio IO, 
 		if err := apply(p, in.args, in.cmd == "update", in.clientKey, in.secret); err != nil {
 			return err
 		}
-		if field, err := p.CheckURLs(store.AllowInsecureURLs()); err != nil {
+		if field, err := p.CheckURLs(s.AllowInsecureURLs); err != nil {
 			return &errInsecure{flag: urlFlags[field], err: err}
 		}
 		return nil
@@ -313,7 +312,7 @@ func (in providerInput) run(ctx context.Context, store ProviderStore, stdio IO, 
 			return failed(err)
 		}
 		fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
-		warnPlaintext(store, stdio)
+		warnPlaintext(s, stdio)
 	case "update":
 		p, err := store.Update(ctx, in.flags.name, change)
 		if err != nil {
@@ -325,7 +324,7 @@ func (in providerInput) run(ctx context.Context, store ProviderStore, stdio IO, 
 		}
 		fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
 		if in.secret != nil {
-			warnPlaintext(store, stdio)
+			warnPlaintext(s, stdio)
 		}
 	case "remove":
 		if err := store.Remove(ctx, in.flags.name); err != nil {
@@ -353,8 +352,8 @@ func readClientKey(path string) (domain.Secret, error) {
 	return domain.NewSecret(string(data)), nil
 }
 
-func warnPlaintext(store ProviderStore, stdio IO) {
-	if !store.Encrypted() {
+func warnPlaintext(s *Stores, stdio IO) {
+	if !s.Encrypted {
 		fmt.Fprintln(stdio.Stderr, "tokenctl: warning: TOKEN_ENCRYPTION_KEYS is not set: the client secret is stored in plaintext (tokenctl rotate-key seals it once keys are set)")
 	}
 }

@@ -14,11 +14,8 @@ const reactivatePage = 100
 // reactivateOne is tokenctl reactivate --connection NAME.
 func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail failFunc) int {
 	found, version, err := store.Reactivate(ctx, name, "")
-	switch {
-	case errors.Is(err, domain.ErrNotFound):
-		return fail(exitUsage, "reactivate: connection %q not found", name)
-	case err != nil:
-		return fail(exitFailure, "reactivate: %v", err)
+	if err != nil {
+		return lookupFailed(fail, "reactivate", err, fmt.Sprintf("connection %q not found", name))
 	}
 	fmt.Fprintln(stdio.Stdout, reactivated(found, version))
 	return exitOK

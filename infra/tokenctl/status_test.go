@@ -47,8 +47,6 @@ type streamingStore struct {
 	walked int
 }
 
-func (s *streamingStore) ExpiringNotice() time.Duration { return 0 }
-
 func (s *streamingStore) EachConnection(_ context.Context, fn func(domain.Connection) error) error {
 	for i := range s.n {
 		if i == 2*statusBlock+1 {
@@ -68,8 +66,8 @@ type storeBackend struct {
 	s       Store
 }
 
-func (b storeBackend) Open(context.Context) (Store, func(), error) {
-	return b.s, func() {}, nil
+func (b storeBackend) Open(context.Context, string) (*Stores, func(), error) {
+	return &Stores{Connections: b.s}, func() {}, nil
 }
 
 func TestStatusStreams(t *testing.T) {

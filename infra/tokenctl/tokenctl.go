@@ -57,10 +57,22 @@ type Backend interface {
 	Migrate(ctx context.Context) error
 	// RotateKey re-encrypts every stored token with the current key.
 	RotateKey(ctx context.Context) (resealed, current int, err error)
-	Open(ctx context.Context) (Store, func(), error)
-	OpenKeys(ctx context.Context) (KeyStore, func(), error)
-	OpenProviders(ctx context.Context) (ProviderStore, func(), error)
 	Check(ctx context.Context) (provider.CheckResult, error)
+	// Open opens the database for the commands of group: "apikey", "provider",
+	// or "" for the connections'; call the cleanup.
+	Open(ctx context.Context, group string) (*Stores, func(), error)
+}
+
+// Stores is what a command group works on: Open fills in the group's.
+type Stores struct {
+	Connections    Store
+	ExpiringNotice time.Duration // TOKEN_EXPIRING_NOTICE
+
+	Keys KeyStore
+
+	Providers         ProviderStore
+	Encrypted         bool // client secrets are sealed at rest
+	AllowInsecureURLs bool // ALLOW_INSECURE_URLS
 }
 
 // Store is the token store as the operator sees it.
@@ -80,7 +92,6 @@ type Store interface {
 	Reactivate(ctx context.Context, connection, reason string) (found domain.Token, version int64, err error)
 	// NeedingReauth pages through the connections needing reauth for reason.
 	NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error)
-	ExpiringNotice() time.Duration // TOKEN_EXPIRING_NOTICE
 }
 
 // ConfigError is a missing or malformed setting (exit status 2).
@@ -125,29 +136,26 @@ func adminCmd(ctx context.Context, cmd string, args []string, backend Backend, s
 	if code, ok := parseFlags(flag.NewFlagSet("tokenctl "+cmd, flag.ContinueOnError), args, stdio.Stderr); !ok {
 		return code
 	}
+	code, out, err := exitOK, "migrations applied", error(nil)
 	switch cmd {
 	case "migrate":
-		if err := backend.Migrate(ctx); err != nil {
-			return failed(fail, "migrate: ", err)
-		}
-		fmt.Fprintln(stdio.Stdout, "migrations applied")
+		err = backend.Migrate(ctx)
 	case "check":
-		res, err := backend.Check(ctx)
-		if err != nil {
-			return failed(fail, "check: ", err)
-		}
-		fmt.Fprintln(stdio.Stdout, res)
-		if !res.OK() {
-			return exitFailure
+		var res provider.CheckResult
+		res, err = backend.Check(ctx)
+		if out = res.String(); !res.OK() {
+			code = exitFailure
 		}
 	case "rotate-key":
-		resealed, current, err := backend.RotateKey(ctx)
-		if err != nil {
-			return failed(fail, "rotate-key: ", err)
-		}
-		fmt.Fprintf(stdio.Stdout, "re-encrypted %d connection(s); %d already used the current key\n", resealed, current)
+		var resealed, current int
+		resealed, current, err = backend.RotateKey(ctx)
+		out = fmt.Sprintf("re-encrypted %d connection(s); %d already used the current key", resealed, current)
 	}
-	return exitOK
+	if err != nil {
+		return failed(fail, cmd+": ", err)
+	}
+	fmt.Fprintln(stdio.Stdout, out)
+	return code
 }
 
 // importCmd is tokenctl import: bad input fails before the database is opened.
@@ -191,8 +199,8 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 	if err != nil {
 		return fail(exitUsage, "import: %v; nothing stored", err)
 	}
-	return withOpen(ctx, backend.Open, fail, func(store Store) int {
-		t, err := store.Connect(ctx, connection, providerName, grant, metadata, key, jkt)
+	return withOpen(ctx, backend, "", fail, func(s *Stores) int {
+		t, err := s.Connections.Connect(ctx, connection, providerName, grant, metadata, key, jkt)
 		if err != nil {
 			return fail(exitFor(err, domain.ErrInvalidToken, domain.ErrInvalidConnection, domain.ErrUnknownProvider,
 				domain.ErrInvalidMetadata), "import: %v", err)
@@ -234,37 +242,34 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 	if err := domain.ValidateName(connection); connection != "" && err != nil {
 		return fail(exitUsage, "%v", err)
 	}
-	return withOpen(ctx, backend.Open, fail, func(store Store) int {
+	return withOpen(ctx, backend, "", fail, func(s *Stores) int {
 		switch {
 		case cmd == "status":
-			return status(ctx, store, connection, stdio, fail)
+			return status(ctx, s, connection, stdio, fail)
 		case cmd == "disconnect":
-			return disconnect(ctx, store, connection, revoke, stdio, fail)
+			return disconnect(ctx, s.Connections, connection, revoke, stdio, fail)
 		case connection != "":
-			return reactivateOne(ctx, store, connection, stdio, fail)
+			return reactivateOne(ctx, s.Connections, connection, stdio, fail)
 		}
-		return reactivateAll(ctx, store, reason, stdio, fail)
+		return reactivateAll(ctx, s.Connections, reason, stdio, fail)
 	})
 }
 
 // status is tokenctl status [--connection NAME].
-func status(ctx context.Context, store Store, connection string, stdio IO, fail failFunc) int {
+func status(ctx context.Context, s *Stores, connection string, stdio IO, fail failFunc) int {
 	now := time.Now()
-	p := &statusPrinter{w: stdio.Stdout, notice: store.ExpiringNotice()}
+	p := &statusPrinter{w: stdio.Stdout, notice: s.ExpiringNotice}
 	if connection == "" {
-		err := store.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
+		err := s.Connections.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
 		p.flush()
 		if err != nil {
 			return fail(exitFailure, "status: %v", err)
 		}
 		return exitOK
 	}
-	t, err := store.Connection(ctx, connection)
-	switch {
-	case errors.Is(err, domain.ErrNotFound):
-		return fail(exitUsage, "status: connection %q not found", connection)
-	case err != nil:
-		return fail(exitFailure, "status: %v", err)
+	t, err := s.Connections.Connection(ctx, connection)
+	if err != nil {
+		return lookupFailed(fail, "status", err, fmt.Sprintf("connection %q not found", connection))
 	}
 	p.print(t, now)
 	p.flush()
@@ -347,8 +352,8 @@ func readDPoPKey(path string) (pem domain.Secret, jkt string, err error) {
 // statusPrinter streams status lines aligned in blocks, each followed by its connections' details.
 type statusPrinter struct {
 	w      io.Writer
-	notice time.Duration // TOKEN_EXPIRING_NOTICE
-	tw     *tabwriter.Writer
+	tw     *tabwriter.Writer // on w, from the first line
+	notice time.Duration     // TOKEN_EXPIRING_NOTICE
 	lines  int
 	block  []domain.Connection // the block's
 }
@@ -369,9 +374,7 @@ func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
 func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	if p.tw == nil {
 		p.tw = tabwriter.NewWriter(p.w, 0, 0, 2, ' ', 0)
-		if p.lines == 0 {
-			fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tPROVIDER\tEXPIRING\tREASON")
-		}
+		fmt.Fprintln(p.tw, "CONNECTION\tSTATUS\tEXPIRY\tVERSION\tLAST REFRESH\tREFRESH TOKEN EXPIRY\tPROVIDER\tEXPIRING\tREASON")
 	}
 	exp := formatTime(t.Expiry)
 	if !t.Expiry.IsZero() {
@@ -397,15 +400,11 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 // flush ends the block: it aligns the block's lines, then prints each connection's details,
 // when it has any: who granted it, the scopes it lacks or lost, its DPoP key, metadata and tags.
 func (p *statusPrinter) flush() {
-	if p.lines == 0 {
+	if p.tw == nil {
 		fmt.Fprintln(p.w, "no connections")
 		return
 	}
-	if p.tw == nil {
-		return
-	}
 	_ = p.tw.Flush()
-	p.tw = nil
 	for _, c := range p.block {
 		if b := c.Binding; b.Account != "" || b.MissingScopes != "" || b.ScopesReduced != "" {
 			line := c.Name + ": granted by " + cmp.Or(b.Account, "an unknown account")
