@@ -56,14 +56,10 @@ type ProviderStore interface {
 	Remove(ctx context.Context, name string) error
 }
 
-// urlFlags are the flags of the provider's URLs, by CheckURLs' field.
-var urlFlags = map[string]string{"token URL": "--token-url", "auth URL": "--auth-url",
-	"revocation URL": "--revocation-url", "API base URL": "--api-base-url"}
-
 // errInsecure is a provider URL that CheckURLs refused (err), said by its flag.
 type errInsecure struct {
-	flag string
-	err  error
+	field string // CheckURLs' name of the URL: "API base URL" is --api-base-url
+	err   error
 }
 
 func (e *errInsecure) Error() string {
@@ -71,7 +67,7 @@ func (e *errInsecure) Error() string {
 	if errors.Is(e.err, domain.ErrInsecureURL) {
 		cause = domain.ErrInsecureURL
 	}
-	return e.flag + " " + cause.Error()
+	return "--" + strings.ReplaceAll(strings.ToLower(e.field), " ", "-") + " " + cause.Error()
 }
 
 func (e *errInsecure) Unwrap() error { return e.err }
@@ -79,15 +75,9 @@ func (e *errInsecure) Unwrap() error { return e.err }
 // providerFlags are the flags of add and update that are no field of the provider.
 type providerFlags struct {
 	name, profile, scopes, clientKeyFile, tokenRate string
-	params                                          paramFlags
+	params                                          []string // repeated --param k=v
 	secretStdin                                     bool
 }
-
-// paramFlags are repeated --param k=v.
-type paramFlags []string
-
-func (p *paramFlags) String() string     { return strings.Join(*p, ",") }
-func (p *paramFlags) Set(v string) error { *p = append(*p, v); return nil }
 
 // register puts add's or update's flags on fs, the settings into p, each defaulting to p's
 // value: parsing the command line again into a stored provider changes only the ones given.
@@ -112,7 +102,10 @@ func (f *providerFlags) register(fs *flag.FlagSet, p *domain.Provider, update bo
 		fs.BoolVar(&f.secretStdin, "client-secret-stdin", false, "read a new client secret from stdin (one line)")
 	} else {
 		fs.StringVar(&f.profile, "profile", "", "start from the provider profile `PROFILE` (tokenctl provider profiles)")
-		fs.Var(&f.params, "param", "fill the profile's URL placeholder: `k=v` (repeatable)")
+		fs.Func("param", "fill the profile's URL placeholder: `k=v` (repeatable)", func(v string) error {
+			f.params = append(f.params, v)
+			return nil
+		})
 	}
 }
 
@@ -266,78 +259,64 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		}
 		secret = &s
 	}
-	in := providerInput{cmd: cmd, args: rest, flags: f, tokenURL: given.TokenURL, clientKey: clientKey, secret: secret}
-	return withOpen(ctx, backend, "provider", fail, func(s *Stores) int { return in.run(ctx, s, stdio, fail) })
-}
-
-// providerInput is a provider command line, checked before the store is opened.
-type providerInput struct {
-	cmd               string
-	args              []string // parsed again into the provider by apply
-	flags             providerFlags
-	tokenURL          string
-	clientKey, secret *domain.Secret // read from the key file and stdin, if given
-}
-
-// run makes in's change to store.
-func (in providerInput) run(ctx context.Context, s *Stores, stdio IO, fail failFunc) int {
-	store := s.Providers
 	failed := func(err error) int {
 		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
-			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", in.cmd, err)
+			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", cmd, err)
 	}
-	// change applies the command line to p, refusing a URL secrets would reach in the clear.
-	change := func(p *domain.Provider) error {
-		if err := apply(p, in.args, in.cmd == "update", in.clientKey, in.secret); err != nil {
-			return err
+	return withOpen(ctx, backend, "provider", fail, func(s *Stores) int {
+		// change applies the command line to p, refusing a URL secrets would reach in the clear.
+		change := func(p *domain.Provider) error {
+			if err := apply(p, rest, cmd == "update", clientKey, secret); err != nil {
+				return err
+			}
+			if field, err := p.CheckURLs(s.AllowInsecureURLs); err != nil {
+				return &errInsecure{field, err}
+			}
+			return nil
 		}
-		if field, err := p.CheckURLs(s.AllowInsecureURLs); err != nil {
-			return &errInsecure{flag: urlFlags[field], err: err}
-		}
-		return nil
-	}
-	switch in.cmd {
-	case "add":
-		p := domain.Provider{Name: in.flags.name, AuthStyle: domain.AuthStyleAuto}
-		if in.flags.profile != "" {
-			if err := in.flags.fromProfile(&p, in.tokenURL); err != nil {
+		switch cmd {
+		case "add":
+			p := domain.Provider{Name: f.name, AuthStyle: domain.AuthStyleAuto}
+			if f.profile != "" {
+				if err := f.fromProfile(&p, given.TokenURL); err != nil {
+					return failed(err)
+				}
+			}
+			if err := change(&p); err != nil {
 				return failed(err)
 			}
-		}
-		if err := change(&p); err != nil {
-			return failed(err)
-		}
-		p, err := store.Add(ctx, p)
-		if err != nil {
-			return failed(err)
-		}
-		fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
-		warnPlaintext(s, stdio)
-	case "update":
-		p, err := store.Update(ctx, in.flags.name, change)
-		if err != nil {
-			return failed(err)
-		}
-		what := "settings"
-		if in.secret != nil {
-			what = "settings and client secret"
-		}
-		fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
-		if in.secret != nil {
-			warnPlaintext(s, stdio)
-		}
-	case "remove":
-		if err := store.Remove(ctx, in.flags.name); err != nil {
-			if errors.Is(err, domain.ErrProviderInUse) {
-				return fail(exitUsage, "remove: %v; import their grants under another provider first", err)
+			p, err := s.Providers.Add(ctx, p)
+			if err != nil {
+				return failed(err)
 			}
-			return failed(err)
+			fmt.Fprintf(stdio.Stdout, "added provider %s (version %d)\n", p.Name, p.Version)
+			warnPlaintext(s, stdio)
+		case "update":
+			p, err := s.Providers.Update(ctx, f.name, change)
+			if err != nil {
+				return failed(err)
+			}
+			what := "settings"
+			if secret != nil {
+				what = "settings and client secret"
+			}
+			fmt.Fprintf(stdio.Stdout, "updated provider %s (version %d): %s; running apps use them from their next refresh\n", p.Name, p.Version, what)
+			if secret != nil {
+				warnPlaintext(s, stdio)
+			}
+		case "remove":
+			if err := s.Providers.Remove(ctx, f.name); err != nil {
+				if errors.Is(err, domain.ErrProviderInUse) {
+					return fail(exitUsage, "remove: %v; import their grants under another provider first", err)
+				}
+				return failed(err)
+			}
+			fmt.Fprintf(stdio.Stdout, "removed provider %s\n", f.name)
+		case "list":
+			return listProviders(ctx, s.Providers, stdio, fail)
 		}
-		fmt.Fprintf(stdio.Stdout, "removed provider %s\n", in.flags.name)
-	case "list":
-		return listProviders(ctx, store, stdio, fail)
-	}
-	return exitOK
+		return exitOK
+	})
 }
 
 // readClientKey reads and checks a PEM private key for private_key_jwt; errors never quote the file.
