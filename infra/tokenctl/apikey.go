@@ -40,15 +40,15 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	fs := flag.NewFlagSet("tokenctl apikey "+cmd, flag.ContinueOnError)
 	var name, connections, scopes string
 	switch cmd {
-	case "create", "revoke":
+	case "create":
+		fs.StringVar(&connections, "connections", "", "comma-separated `PATTERNS` of the connections the key may use (default: every)")
+		fs.StringVar(&scopes, "scopes", "", "comma-separated `SCOPES` (default: every): connections:read, token:read, api:call, connect, admin")
+		fallthrough
+	case "revoke":
 		fs.StringVar(&name, "name", "", "the key's `NAME` (1-128 of A-Z a-z 0-9 . _ -)")
 	case "list":
 	default:
 		return fail(exitUsage, "unknown command (not shown)\n%s", apikeyUsage)
-	}
-	if cmd == "create" {
-		fs.StringVar(&connections, "connections", "", "comma-separated `PATTERNS` of the connections the key may use (default: every)")
-		fs.StringVar(&scopes, "scopes", "", "comma-separated `SCOPES` (default: every): connections:read, token:read, api:call, connect, admin")
 	}
 	if code, ok := parseFlags(fs, rest, stdio.Stderr); !ok {
 		return code
@@ -70,8 +70,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 			case err != nil:
 				return fail(exitFor(err, domain.ErrInvalidKeyAccess), "create: %v", err)
 			}
-			// The only place a key is ever shown: alone on stdout, for a
-			// pipe or a secret store.
+			// The only place a key is ever shown: alone on stdout, for a pipe or a secret store.
 			fmt.Fprintln(stdio.Stdout, key.Reveal())
 			fmt.Fprintf(stdio.Stderr, "tokenctl: created API key %q (scopes %s; connections %s); it is shown only this once\n",
 				name, accessList(access.Scopes), accessList(access.Connections))
@@ -87,8 +86,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	})
 }
 
-// keyAccess is what --scopes and --connections grant (unset: every), warning of a pattern
-// that matches no name.
+// keyAccess is what --scopes and --connections grant (unset: every), warning of a pattern matching no name.
 func keyAccess(set map[string]bool, scopes, connections string, stderr io.Writer) (domain.KeyAccess, error) {
 	var access domain.KeyAccess
 	if set["scopes"] {

@@ -12,9 +12,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// parseFlags parses args into fs and says whether the command goes on
-// (else with which exit status). Nothing unexpected the operator typed is
-// printed: it may be a pasted token or secret.
+// parseFlags parses args into fs and says whether the command goes on (else with which exit
+// status). Nothing unexpected the operator typed is printed: it may be a pasted token or secret.
 func parseFlags(fs *flag.FlagSet, args []string, stderr io.Writer) (int, bool) {
 	fs.SetOutput(io.Discard)
 	err := fs.Parse(args)

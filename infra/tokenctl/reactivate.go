@@ -21,9 +21,8 @@ func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail
 	return exitOK
 }
 
-// reactivateAll is tokenctl reactivate --all-with-reason REASON, a page at
-// a time, each under its own lock. A connection whose lock stays taken is
-// skipped, and the exit status says so; any other error stops.
+// reactivateAll is tokenctl reactivate --all-with-reason REASON, a page at a time, each under its own
+// lock. A connection whose lock stays taken is skipped, and the exit status says so; any other error stops.
 func reactivateAll(ctx context.Context, store Store, reason string, stdio IO, fail failFunc) int {
 	done, skipped := 0, 0
 	for after := ""; ; {

@@ -58,8 +58,7 @@ type Backend interface {
 	// RotateKey re-encrypts every stored token with the current key.
 	RotateKey(ctx context.Context) (resealed, current int, err error)
 	Check(ctx context.Context) (provider.CheckResult, error)
-	// Open opens the database for the commands of group: "apikey", "provider",
-	// or "" for the connections'; call the cleanup.
+	// Open opens the database for the commands of group ("apikey", "provider", "" for the connections'); call the cleanup.
 	Open(ctx context.Context, group string) (*Stores, func(), error)
 }
 
@@ -80,12 +79,11 @@ type Store interface {
 	Connection(ctx context.Context, connection string) (domain.Connection, error)
 	// EachConnection calls fn with every connection in name order.
 	EachConnection(ctx context.Context, fn func(domain.Connection) error) error
-	// Connect stores a new grant of provider ("" for the OAUTH_* one), bound
-	// to the DPoP key (PEM, thumbprint jkt) if any; metadata, when not nil,
-	// replaces the connection's.
+	// Connect stores a new grant of provider ("" for the OAUTH_* one), bound to the DPoP key
+	// (PEM, thumbprint jkt) if any; metadata, when not nil, replaces the connection's.
 	Connect(ctx context.Context, connection, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error)
-	// Disconnect deletes the connection under its lock, after revoking it
-	// when revoke is true (a failed revocation changes nothing).
+	// Disconnect deletes the connection under its lock, after revoking it when revoke is true
+	// (a failed revocation changes nothing).
 	Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error)
 	// Reactivate sets a needs_reauth connection (for reason, if not empty)
 	// active again, tokens untouched; version is 0 if it was left alone.
@@ -316,8 +314,7 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	return g, nil
 }
 
-// jsonCause keeps a decoding error free of input (a time's error quotes
-// the value, maybe a pasted token).
+// jsonCause keeps a decoding error free of input (a time's error quotes the value, maybe a pasted token).
 func jsonCause(err error) error {
 	var syn *json.SyntaxError
 	if errors.As(err, &syn) {
