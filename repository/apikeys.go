@@ -83,10 +83,11 @@ func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (
 		}
 	}
 	key := NewCredential(APIKeyPrefix)
-	res := k.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
+	err := changedRow(ctx, k.db, "create API key", fmt.Errorf("API key %q: %w", name, domain.ErrKeyExists),
+		`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
 VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
 		name, hashParam(key), stringArray(scopes), stringArray(a.Connections))
-	if err := changedRow(ctx, "create API key", res, fmt.Errorf("API key %q: %w", name, domain.ErrKeyExists)); err != nil {
+	if err != nil {
 		return domain.Secret{}, err
 	}
 	return key, nil
@@ -101,8 +102,8 @@ func (k *APIKeys) List(ctx context.Context) ([]domain.APIKey, error) {
 
 // Revoke deletes the key called name; domain.ErrNotFound if there is none.
 func (k *APIKeys) Revoke(ctx context.Context, name string) error {
-	res := k.db.WithContext(ctx).Exec("DELETE FROM tokenguard_api_keys WHERE name = ?", name)
-	return changedRow(ctx, "revoke API key", res, fmt.Errorf("API key %q: %w", name, domain.ErrNotFound))
+	return changedRow(ctx, k.db, "revoke API key", fmt.Errorf("API key %q: %w", name, domain.ErrNotFound),
+		"DELETE FROM tokenguard_api_keys WHERE name = ?", name)
 }
 
 // KeyCache verifies API keys in constant time against the stored hashes, held for at most TTL, and

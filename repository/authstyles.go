@@ -27,9 +27,8 @@ func (s *AuthStyles) Load(ctx context.Context, tokenURL, clientID string) (strin
 
 // Save remembers style, replacing what was remembered.
 func (s *AuthStyles) Save(ctx context.Context, tokenURL, clientID, style string) error {
-	err := s.db.WithContext(ctx).Exec(`
+	return exec(ctx, s.db, "save client auth style", `
 INSERT INTO tokenguard_client_auth_styles (token_url, client_id, style) VALUES (?, ?, ?)
 ON CONFLICT (token_url, client_id) DO UPDATE SET style = EXCLUDED.style, updated_at = now()`,
-		tokenURL, clientID, style).Error
-	return storeError(ctx, "save client auth style", err)
+		tokenURL, clientID, style)
 }

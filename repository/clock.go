@@ -41,10 +41,10 @@ func (c *DatabaseClock) Measure(ctx context.Context) error {
 	best := time.Duration(-1)
 	var offset time.Duration
 	for range 3 {
-		var server time.Time
 		sent := c.local()
-		if err := c.db.WithContext(ctx).Raw("SELECT clock_timestamp()").Scan(&server).Error; err != nil {
-			return storeError(ctx, "read the database clock", err)
+		server, err := scan[time.Time](ctx, c.db, "read the database clock", "SELECT clock_timestamp()")
+		if err != nil {
+			return err
 		}
 		got := c.local()
 		rtt := got.Sub(sent)
@@ -58,6 +58,11 @@ func (c *DatabaseClock) Measure(ctx context.Context) error {
 
 // Run measures again every interval until ctx ends; failures keep the last offset.
 func (c *DatabaseClock) Run(ctx context.Context, interval time.Duration) {
+	every(ctx, interval, func() { _ = c.Measure(ctx) })
+}
+
+// every calls fn every interval until ctx ends.
+func every(ctx context.Context, interval time.Duration, fn func()) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
 	for {
@@ -65,7 +70,7 @@ func (c *DatabaseClock) Run(ctx context.Context, interval time.Duration) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
-			_ = c.Measure(ctx)
+			fn()
 		}
 	}
 }

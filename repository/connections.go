@@ -159,9 +159,9 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 		}
 	}
 	obj, _ := json.Marshal(fields) // a map[string]string always marshals
-	res := l.db.WithContext(ctx).Exec(`UPDATE tokenguard_connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
+	return changedRow(ctx, l.db, "set provider fields", fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound),
+		`UPDATE tokenguard_connections SET metadata = metadata || jsonb_build_object('provider_fields', ?::jsonb) WHERE name = ?`,
 		string(obj), connection)
-	return changedRow(ctx, "set provider fields", res, fmt.Errorf("set provider fields of %s: %w", connection, domain.ErrNotFound))
 }
 
 // SetMetadata replaces the connection's metadata inside the locked transaction, so that a grant
@@ -171,9 +171,8 @@ func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m dom
 	if object == "" {
 		object = "{}"
 	}
-	res := l.db.WithContext(ctx).Exec("UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?",
-		object, tagArray(m.Tags), connection)
-	return changedRow(ctx, "set metadata", res, fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound))
+	return changedRow(ctx, l.db, "set metadata", fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound),
+		"UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?", object, tagArray(m.Tags), connection)
 }
 
 // compactJSON is a stored jsonb without the spaces Postgres writes.

@@ -66,8 +66,7 @@ func (c *ConnectResults) Keep(ctx context.Context, p domain.PendingGrant) (domai
 		b, _ := json.Marshal(p.ProviderFields) // a map[string]string always marshals
 		fields = string(b)
 	}
-	var expires time.Time
-	err = c.db.WithContext(ctx).Raw(`INSERT INTO tokenguard_connect_results (result_hash, connection, provider, created_by, allow_account_change,
+	expires, err := scan[time.Time](ctx, c.db, "keep connect result", `INSERT INTO tokenguard_connect_results (result_hash, connection, provider, created_by, allow_account_change,
     metadata, tags, provider_fields, granted_account, granted_scopes, missing_scopes,
     access_token, token_type, refresh_token, expiry, refresh_expiry, expires_at, dpop_key, dpop_jkt)
 VALUES (decode(?, 'hex'), ?, NULLIF(?, ''), ?, ?, ?::jsonb, ?::text[], ?::jsonb, ?, coalesce(?::text[], '{}'), coalesce(?::text[], '{}'),
@@ -75,9 +74,9 @@ VALUES (decode(?, 'hex'), ?, NULLIF(?, ''), ?, ?, ?::jsonb, ?::text[], ?::jsonb,
 		h, p.Connection, p.Provider, p.CreatedBy, p.AllowAccountChange, metadata, tags, fields,
 		p.Binding.Account, textArray(p.Binding.Scopes), textArray(p.Binding.MissingScopes),
 		at, p.Grant.TokenType, rt, nullTime(p.Grant.Expiry), nullTime(p.Grant.RefreshExpiry),
-		fmt.Sprintf("%d milliseconds", ResultLifetime.Milliseconds()), dpopKey, p.DPoPJKT).Scan(&expires).Error
+		fmt.Sprintf("%d milliseconds", ResultLifetime.Milliseconds()), dpopKey, p.DPoPJKT)
 	if err != nil {
-		return domain.Secret{}, time.Time{}, storeError(ctx, "keep connect result", err)
+		return domain.Secret{}, time.Time{}, err
 	}
 	return code, expires, nil
 }
@@ -150,8 +149,7 @@ func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64
 // Refuse expires the result id at once: a grant that cannot be stored is never redeemable again,
 // and the sweep revokes it.
 func (c *ConnectResults) Refuse(ctx context.Context, id int64) error {
-	err := c.db.WithContext(ctx).Exec("UPDATE tokenguard_connect_results SET expires_at = least(expires_at, now()) WHERE id = ?", id).Error
-	return storeError(ctx, "refuse connect result", err)
+	return exec(ctx, c.db, "refuse connect result", "UPDATE tokenguard_connect_results SET expires_at = least(expires_at, now()) WHERE id = ?", id)
 }
 
 // Expired leases up to limit expired results for lease, away from other sweeps, tokens opened.
@@ -189,13 +187,12 @@ RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce
 
 // Delete removes the result id (its grant revoked, or beyond revoking).
 func (c *ConnectResults) Delete(ctx context.Context, id int64) error {
-	err := c.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ?", id).Error
-	return storeError(ctx, "delete connect result", err)
+	return exec(ctx, c.db, "delete connect result", "DELETE FROM tokenguard_connect_results WHERE id = ?", id)
 }
 
 // SpendResult deletes the unexpired result id inside the locked transaction storing its grant:
 // of two redemptions of one code, the other gets domain.ErrResultInvalid.
 func (l *LockedTokens) SpendResult(ctx context.Context, id int64) error {
-	res := l.db.WithContext(ctx).Exec("DELETE FROM tokenguard_connect_results WHERE id = ? AND expires_at > now()", id)
-	return changedRow(ctx, "spend connect result", res, fmt.Errorf("connect result: %w", domain.ErrResultInvalid))
+	return changedRow(ctx, l.db, "spend connect result", fmt.Errorf("connect result: %w", domain.ErrResultInvalid),
+		"DELETE FROM tokenguard_connect_results WHERE id = ? AND expires_at > now()", id)
 }

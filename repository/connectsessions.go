@@ -27,21 +27,18 @@ func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (
 		return domain.Secret{}, time.Time{}, err
 	}
 	token := NewCredential(SessionPrefix)
-	var expires time.Time
-	db := c.db.WithContext(ctx)
 	var metadata, tags any // NULL: the session says nothing about metadata
 	if s.Metadata != nil {
 		metadata, tags = string(s.Metadata.Object), tagArray(s.Metadata.Tags)
 	}
-	err := db.Raw(`INSERT INTO tokenguard_connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at, provider, metadata, tags)
+	expires, err := scan[time.Time](ctx, c.db, "create connect session", `INSERT INTO tokenguard_connect_sessions (token_hash, connection, return_to, allow_account_change, created_by, expires_at, provider, metadata, tags)
 VALUES (decode(?, 'hex'), ?, ?, ?, ?, now() + ?::interval, NULLIF(?, ''), ?::jsonb, ?::text[]) RETURNING expires_at`,
 		hashParam(token), s.Connection, s.ReturnTo, s.AllowAccountChange, s.CreatedBy, fmt.Sprintf("%d milliseconds", SessionLifetime.Milliseconds()),
-		s.Provider, metadata, tags).
-		Scan(&expires).Error
+		s.Provider, metadata, tags)
 	if err != nil {
-		return domain.Secret{}, time.Time{}, storeError(ctx, "create connect session", err)
+		return domain.Secret{}, time.Time{}, err
 	}
-	_ = db.Exec("DELETE FROM tokenguard_connect_sessions WHERE expires_at < now() - interval '1 day'").Error
+	_ = exec(ctx, c.db, "delete old connect sessions", "DELETE FROM tokenguard_connect_sessions WHERE expires_at < now() - interval '1 day'")
 	return token, expires, nil
 }
 

@@ -21,15 +21,13 @@ func NewConsoleSessions(db *gorm.DB) *ConsoleSessions { return &ConsoleSessions{
 // Create opens a session for the API key keyID, good for lifetime, deleting expired ones.
 func (c *ConsoleSessions) Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error) {
 	token := NewCredential(ConsolePrefix)
-	var expires time.Time
-	db := c.db.WithContext(ctx)
-	err := db.Raw(`INSERT INTO tokenguard_console_sessions (token_hash, api_key_id, expires_at)
+	expires, err := scan[time.Time](ctx, c.db, "create console session", `INSERT INTO tokenguard_console_sessions (token_hash, api_key_id, expires_at)
 VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING expires_at`,
-		hashParam(token), keyID, lifetime.Milliseconds()).Scan(&expires).Error
+		hashParam(token), keyID, lifetime.Milliseconds())
 	if err != nil {
-		return domain.Secret{}, time.Time{}, storeError(ctx, "create console session", err)
+		return domain.Secret{}, time.Time{}, err
 	}
-	_ = db.Exec("DELETE FROM tokenguard_console_sessions WHERE expires_at < now()").Error
+	_ = exec(ctx, c.db, "delete expired console sessions", "DELETE FROM tokenguard_console_sessions WHERE expires_at < now()")
 	return token, expires, nil
 }
 
@@ -47,8 +45,7 @@ func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (doma
 
 // Delete ends the session of token (logout); an unknown one is no error.
 func (c *ConsoleSessions) Delete(ctx context.Context, token domain.Secret) error {
-	err := c.db.WithContext(ctx).Exec("DELETE FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex')", hashParam(token)).Error
-	return storeError(ctx, "delete console session", err)
+	return exec(ctx, c.db, "delete console session", "DELETE FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex')", hashParam(token))
 }
 
 // ConnectionEvents reads the history the triggers write.
@@ -77,36 +74,21 @@ WHERE connection = ? AND occurred_at > now() - ? * interval '1 second' ORDER BY 
 
 // LastRefreshes returns, by name, the last refresh of each of connections: one index probe per name.
 func (e *ConnectionEvents) LastRefreshes(ctx context.Context, connections []string) (map[string]domain.ConnectionEvent, error) {
-	out := map[string]domain.ConnectionEvent{}
 	if len(connections) == 0 {
-		return out, nil
+		return map[string]domain.ConnectionEvent{}, nil
 	}
-	events, err := allRows(ctx, e.db, "read last refreshes", asIs[domain.ConnectionEvent], `SELECT l.* FROM unnest(?::text[]) AS n(name), LATERAL (
+	return keyedRows(ctx, e.db, "read last refreshes", func(ev domain.ConnectionEvent) (string, domain.ConnectionEvent) { return ev.Connection, ev },
+		`SELECT l.* FROM unnest(?::text[]) AS n(name), LATERAL (
     SELECT `+eventColumns+` FROM tokenguard_connection_events
     WHERE connection = n.name AND kind = 'refresh' ORDER BY id DESC LIMIT 1) l`, tagArray(connections))
-	if err != nil {
-		return nil, err
-	}
-	for _, ev := range events {
-		out[ev.Connection] = ev
-	}
-	return out, nil
 }
 
 // RefreshRates counts each provider's refreshes since since, and those
 // that stored a rotated token; "" is the OAUTH_* provider.
 func (e *ConnectionEvents) RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error) {
-	rates, err := allRows(ctx, e.db, "read refresh rates", asIs[domain.RefreshRate], `SELECT provider,
+	return keyedRows(ctx, e.db, "read refresh rates", func(r domain.RefreshRate) (string, domain.RefreshRate) { return r.Provider, r }, `SELECT provider,
     count(*) FILTER (WHERE outcome = 'ok') AS ok, count(*) AS total
 FROM tokenguard_connection_events WHERE occurred_at >= ? AND kind = 'refresh' GROUP BY provider`, since)
-	if err != nil {
-		return nil, err
-	}
-	out := map[string]domain.RefreshRate{}
-	for _, r := range rates {
-		out[r.Provider] = r
-	}
-	return out, nil
 }
 
 // EventPruner keeps tokenguard_connection_events bounded: rows older than
@@ -129,9 +111,9 @@ func (p *EventPruner) Prune(ctx context.Context) (int64, error) {
 	if old.Error != nil {
 		return 0, storeError(ctx, "prune old connection events", old.Error)
 	}
-	var top int64
-	if err := db.Raw("SELECT coalesce(max(id), 0) FROM tokenguard_connection_events").Scan(&top).Error; err != nil {
-		return old.RowsAffected, storeError(ctx, "prune connection events", err)
+	top, err := scan[int64](ctx, db, "prune connection events", "SELECT coalesce(max(id), 0) FROM tokenguard_connection_events")
+	if err != nil {
+		return old.RowsAffected, err
 	}
 	over := db.Exec(`DELETE FROM tokenguard_connection_events e USING (
     SELECT DISTINCT connection FROM tokenguard_connection_events WHERE id > ? AND id <= ?) w
@@ -145,20 +127,15 @@ WHERE e.connection = w.connection AND e.id < (
 	return old.RowsAffected + over.RowsAffected, nil
 }
 
-// Run prunes every interval until ctx ends; failures wait for the next round.
+// Run prunes now and every interval until ctx ends; failures wait for the next round.
 func (p *EventPruner) Run(ctx context.Context, interval time.Duration, onErr func(error)) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
+	round := func() {
 		roundCtx, cancel := context.WithTimeout(ctx, interval)
+		defer cancel()
 		if _, err := p.Prune(roundCtx); err != nil && ctx.Err() == nil && onErr != nil {
 			onErr(fmt.Errorf("connection history: %w", err))
 		}
-		cancel()
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
 	}
+	round()
+	every(ctx, interval, round)
 }

@@ -19,24 +19,21 @@ func dpopAAD(id int32, jkt string) string {
 // putDPoPKey records, in the transaction storing a new grant of connection id, its DPoP key (PEM;
 // zero for a bearer grant), sealed, and drops the keys of the grants it replaces.
 func putDPoPKey(ctx context.Context, tx *gorm.DB, s Sealer, id int32, key domain.Secret, jkt string) error {
-	db := tx.WithContext(ctx)
-	if err := db.Exec(`DELETE FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt <> ?`, id, jkt).Error; err != nil {
-		return storeError(ctx, "drop replaced dpop keys", err)
+	if err := exec(ctx, tx, "drop replaced dpop keys", `DELETE FROM tokenguard_dpop_keys WHERE connection_id = ? AND jkt <> ?`, id, jkt); err != nil {
+		return err
 	}
 	if key.IsZero() || jkt == "" {
-		return storeError(ctx, "clear dpop binding",
-			db.Exec(`UPDATE tokenguard_tokens SET dpop_jkt = NULL WHERE connection_id = ? AND dpop_jkt IS NOT NULL`, id).Error)
+		return exec(ctx, tx, "clear dpop binding", `UPDATE tokenguard_tokens SET dpop_jkt = NULL WHERE connection_id = ? AND dpop_jkt IS NOT NULL`, id)
 	}
 	sealedKey, err := s.Seal(key.Reveal(), dpopAAD(id, jkt))
 	if err != nil {
 		return fmt.Errorf("seal dpop key: %w", err)
 	}
-	if err := db.Exec(`INSERT INTO tokenguard_dpop_keys (connection_id, jkt, private_key) VALUES (?, ?, ?)
-ON CONFLICT (connection_id, jkt) DO UPDATE SET private_key = EXCLUDED.private_key`, id, jkt, sealedKey).Error; err != nil {
-		return storeError(ctx, "store dpop key", err)
+	if err := exec(ctx, tx, "store dpop key", `INSERT INTO tokenguard_dpop_keys (connection_id, jkt, private_key) VALUES (?, ?, ?)
+ON CONFLICT (connection_id, jkt) DO UPDATE SET private_key = EXCLUDED.private_key`, id, jkt, sealedKey); err != nil {
+		return err
 	}
-	return storeError(ctx, "bind grant to dpop key",
-		db.Exec(`UPDATE tokenguard_tokens SET dpop_jkt = ? WHERE connection_id = ?`, jkt, id).Error)
+	return exec(ctx, tx, "bind grant to dpop key", `UPDATE tokenguard_tokens SET dpop_jkt = ? WHERE connection_id = ?`, jkt, id)
 }
 
 // DPoPKey returns the private key (PEM) of thumbprint jkt connection's grant is bound to:
@@ -64,18 +61,19 @@ func (r *TokenRepository) DPoPKey(ctx context.Context, connection, jkt string) (
 	return key, nil
 }
 
+type dpopKeyRow struct {
+	ID         int32
+	Name       string
+	JKT        string `gorm:"column:jkt"`
+	PrivateKey string
+}
+
 // resealDPoPKeys seals every DPoP key again with the current key, under its lock.
 func (r *TokenRepository) resealDPoPKeys(ctx context.Context, wait time.Duration) (int, error) {
-	var rows []struct {
-		ID         int32
-		Name       string
-		JKT        string `gorm:"column:jkt"`
-		PrivateKey string
-	}
-	if err := r.db.WithContext(ctx).Raw(`SELECT k.connection_id AS id, c.name, k.jkt, k.private_key
-FROM tokenguard_dpop_keys k JOIN tokenguard_connections c ON c.id = k.connection_id ORDER BY k.connection_id`).
-		Find(&rows).Error; err != nil {
-		return 0, storeError(ctx, "read dpop keys", err)
+	rows, err := allRows(ctx, r.db, "read dpop keys", asIs[dpopKeyRow], `SELECT k.connection_id AS id, c.name, k.jkt, k.private_key
+FROM tokenguard_dpop_keys k JOIN tokenguard_connections c ON c.id = k.connection_id ORDER BY k.connection_id`)
+	if err != nil {
+		return 0, err
 	}
 	n := 0
 	for _, row := range rows {

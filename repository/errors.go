@@ -11,17 +11,6 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// changedRow is the error of a write res that must change a row (else: none).
-func changedRow(ctx context.Context, op string, res *gorm.DB, none error) error {
-	if res.Error != nil {
-		return storeError(ctx, op, res.Error)
-	}
-	if res.RowsAffected == 0 {
-		return none
-	}
-	return nil
-}
-
 // storeError turns a database error into a domain error. It keeps the SQLSTATE and message but
 // drops the detail, which for constraint errors repeats the failing row, tokens included.
 func storeError(ctx context.Context, op string, err error) error {

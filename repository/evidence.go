@@ -47,21 +47,19 @@ FROM tokenguard_refusal_evidence WHERE token_url = ? AND client_id = ? AND crede
 
 // SaveFingerprint records the check's answer, replacing the last one.
 func (s *RefusalEvidence) SaveFingerprint(ctx context.Context, tokenURL, clientID, credentials string, f provider.Fingerprint) error {
-	err := s.db.WithContext(ctx).Exec(`
+	return exec(ctx, s.db, "save the token endpoint check's answer", `
 INSERT INTO tokenguard_refusal_evidence (token_url, client_id, credentials, check_status, check_code, check_client_authenticated, checked_at)
 VALUES (?, ?, ?, ?, ?, ?, now())
 ON CONFLICT (token_url, client_id, credentials) DO UPDATE SET check_status = EXCLUDED.check_status,
     check_code = EXCLUDED.check_code, check_client_authenticated = EXCLUDED.check_client_authenticated, checked_at = now()`,
-		tokenURL, clientID, credentials, f.HTTPStatus, f.Code, f.ClientAuthenticated).Error
-	return storeError(ctx, "save the token endpoint check's answer", err)
+		tokenURL, clientID, credentials, f.HTTPStatus, f.Code, f.ClientAuthenticated)
 }
 
 // SaveWorked records a success in style now (the database's clock).
 func (s *RefusalEvidence) SaveWorked(ctx context.Context, tokenURL, clientID, credentials, style string) error {
-	err := s.db.WithContext(ctx).Exec(`
+	return exec(ctx, s.db, "record that the client works", `
 INSERT INTO tokenguard_refusal_evidence (token_url, client_id, credentials, worked_style, worked_at)
 VALUES (?, ?, ?, ?, now())
 ON CONFLICT (token_url, client_id, credentials) DO UPDATE SET worked_style = EXCLUDED.worked_style, worked_at = now()`,
-		tokenURL, clientID, credentials, style).Error
-	return storeError(ctx, "record that the client works", err)
+		tokenURL, clientID, credentials, style)
 }

@@ -74,34 +74,3 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 
 // lockTimeoutMargin is how much earlier than its deadline a lock wait gives up.
 const lockTimeoutMargin = 20 * time.Millisecond
-
-// oneRow runs a statement on db and returns its first row; no row is the error none (nil: a nil row).
-func oneRow[T any](ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) (*T, error) {
-	var rows []T
-	if err := db.WithContext(ctx).Raw(sql, args...).Find(&rows).Error; err != nil {
-		return nil, storeError(ctx, op, err)
-	}
-	if len(rows) == 0 {
-		return nil, none
-	}
-	return &rows[0], nil
-}
-
-// allRows runs a statement on db and returns its rows, each through conv (whose error stops it).
-func allRows[T, D any](ctx context.Context, db *gorm.DB, op string, conv func(T) (D, error), sql string, args ...any) ([]D, error) {
-	var rows []T
-	if err := db.WithContext(ctx).Raw(sql, args...).Find(&rows).Error; err != nil {
-		return nil, storeError(ctx, op, err)
-	}
-	out := make([]D, len(rows))
-	for i, row := range rows {
-		var err error
-		if out[i], err = conv(row); err != nil {
-			return nil, err
-		}
-	}
-	return out, nil
-}
-
-// asIs is allRows' conv for rows read as they are.
-func asIs[T any](row T) (T, error) { return row, nil }

@@ -245,9 +245,9 @@ func (r *ProviderRepository) Remove(ctx context.Context, name string) error {
 // Reseal re-encrypts every provider's client secret and key with the current key (tokenctl
 // rotate-key), returning how many secrets it rewrote and how many were current already.
 func (r *ProviderRepository) Reseal(ctx context.Context) (resealed, current int, err error) {
-	var rows []providerRow
-	if err := r.db.WithContext(ctx).Raw(selectProvider + " ORDER BY name").Find(&rows).Error; err != nil {
-		return 0, 0, storeError(ctx, "list providers", err)
+	rows, err := allRows(ctx, r.db, "list providers", asIs[providerRow], selectProvider+" ORDER BY name")
+	if err != nil {
+		return 0, 0, err
 	}
 	for _, row := range rows {
 		if row.ClientKey.Valid && !r.sealer.IsCurrent(row.ClientKey.String) {

@@ -69,12 +69,7 @@ WITH u AS (
 // NeedingReauth lists, by name, up to limit connections marked needs_reauth for reason whose
 // names sort after after. It takes no lock: Reactivate decides again under it.
 func (r *TokenRepository) NeedingReauth(ctx context.Context, reason, after string, limit int) ([]string, error) {
-	var names []string
-	err := r.db.WithContext(ctx).Raw(`SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+	return allRows(ctx, r.db, "list connections needing re-authorisation", asIs[string], `SELECT c.name FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
 		WHERE t.status = 'needs_reauth' AND t.status_reason = ? AND c.name > ? ORDER BY c.name LIMIT ?`,
-		reason, after, limit).Find(&names).Error
-	if err != nil {
-		return nil, storeError(ctx, "list connections needing re-authorisation", err)
-	}
-	return names, nil
+		reason, after, limit)
 }

@@ -29,19 +29,14 @@ func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
 	if !sealsBound(r.sealer) {
 		return false, nil
 	}
-	var other int64
-	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_tokens WHERE access_token NOT LIKE ` + boundForm +
-		` OR (refresh_token <> '' AND refresh_token NOT LIKE ` + boundForm + `) OR sealed_version IS NOT NULL`).Scan(&other).Error; err != nil {
-		return false, storeError(ctx, "count tokens in another form", err)
+	other, err := scan[int64](ctx, r.db, "count tokens in another form", `SELECT count(*) FROM tokenguard_tokens WHERE access_token NOT LIKE `+boundForm+
+		` OR (refresh_token <> '' AND refresh_token NOT LIKE `+boundForm+`) OR sealed_version IS NOT NULL`)
+	if err != nil || other > 0 {
+		return false, err // other > 0: written meanwhile by a process of the previous release: run it again
 	}
-	if other > 0 {
-		return false, nil // written meanwhile by a process of the previous release: run it again
-	}
-	if err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_seal_state (versioned) VALUES (true)
-ON CONFLICT (only_bound) DO UPDATE SET versioned = true`).Error; err != nil {
-		return false, storeError(ctx, "record the bound form", err)
-	}
-	return true, nil
+	err = exec(ctx, r.db, "record the bound form", `INSERT INTO tokenguard_seal_state (versioned) VALUES (true)
+ON CONFLICT (only_bound) DO UPDATE SET versioned = true`)
+	return err == nil, err
 }
 
 // selectStored reads a token row's credential columns into a tokenRow.
@@ -65,10 +60,9 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 	}
 	var res ResealResult
 	for after := int32(0); ; {
-		var rows []tokenRow
-		err := r.db.WithContext(ctx).Raw(selectStored+"WHERE c.id > ? ORDER BY c.id LIMIT ?", after, batch).Find(&rows).Error
+		rows, err := allRows(ctx, r.db, "read stored tokens", asIs[tokenRow], selectStored+"WHERE c.id > ? ORDER BY c.id LIMIT ?", after, batch)
 		if err != nil {
-			return res, storeError(ctx, "read stored tokens", err)
+			return res, err
 		}
 		if len(rows) == 0 {
 			keys, err := r.resealDPoPKeys(ctx, wait)
@@ -115,13 +109,10 @@ func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait
 		if t, err = sealed(r.sealer, t, seal{row.LockKey, row.Version}); err != nil {
 			return err
 		}
-		err = tx.Exec(`UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = NULL WHERE connection_id = ? AND version = ?`,
-			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), row.LockKey, row.Version).Error
-		if err != nil {
-			return storeError(ctx, "write resealed token", err)
-		}
-		resealed = true
-		return nil
+		err = exec(ctx, tx, "write resealed token", `UPDATE tokenguard_tokens SET access_token = ?, refresh_token = ?, sealed_version = NULL WHERE connection_id = ? AND version = ?`,
+			t.AccessToken.Reveal(), t.RefreshToken.Reveal(), row.LockKey, row.Version)
+		resealed = err == nil
+		return err
 	})
 	return resealed, err
 }
@@ -137,10 +128,10 @@ const keyIDOf = `(CASE WHEN refresh_token LIKE 'tg1:%' THEN split_part(refresh_t
 // does not grow with the table; only rows waiting for a new key are counted. Once Reseal recorded
 // the bound form, the repository refuses any other: CheckKeys must run before it is shared.
 func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
-	var marked struct{ Bound, Versioned int64 }
-	if err := r.db.WithContext(ctx).Raw(`SELECT count(*) AS bound, count(*) FILTER (WHERE versioned) AS versioned FROM tokenguard_seal_state`).
-		Scan(&marked).Error; err != nil {
-		return KeyCheck{}, storeError(ctx, "read the seal state", err)
+	marked, err := scan[struct{ Bound, Versioned int64 }](ctx, r.db, "read the seal state",
+		`SELECT count(*) AS bound, count(*) FILTER (WHERE versioned) AS versioned FROM tokenguard_seal_state`)
+	if err != nil {
+		return KeyCheck{}, err
 	}
 	if marked.Bound > 0 && sealsBound(r.sealer) {
 		// Before any other goroutine uses the repository (start-up).
@@ -150,17 +141,16 @@ func (r *TokenRepository) CheckKeys(ctx context.Context) (KeyCheck, error) {
 		}
 		r.sealer = onlyBound{Sealer: base, versioned: marked.Versioned > 0}
 	}
-	var ids []string
-	err := r.db.WithContext(ctx).Raw(`
+	ids, err := allRows(ctx, r.db, "read key ids in use", asIs[string], `
 WITH RECURSIVE k(id) AS (
-    (SELECT ` + keyIDOf + ` FROM tokenguard_tokens ORDER BY 1 LIMIT 1)
+    (SELECT `+keyIDOf+` FROM tokenguard_tokens ORDER BY 1 LIMIT 1)
     UNION ALL
-    SELECT (SELECT ` + keyIDOf + ` FROM tokenguard_tokens WHERE ` + keyIDOf + ` > k.id ORDER BY 1 LIMIT 1)
+    SELECT (SELECT `+keyIDOf+` FROM tokenguard_tokens WHERE `+keyIDOf+` > k.id ORDER BY 1 LIMIT 1)
     FROM k WHERE k.id IS NOT NULL
 )
-SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
+SELECT id FROM k WHERE id IS NOT NULL`)
 	if err != nil {
-		return KeyCheck{}, storeError(ctx, "read key ids in use", err)
+		return KeyCheck{}, err
 	}
 	var kc KeyCheck
 	for _, id := range ids {
@@ -177,11 +167,11 @@ SELECT id FROM k WHERE id IS NOT NULL`).Find(&ids).Error
 		if r.sealer.IsCurrent(row.AccessToken) && r.sealer.IsCurrent(row.RefreshToken) {
 			continue
 		}
-		var n int64
-		if err := r.db.WithContext(ctx).Raw(`SELECT count(*) FROM tokenguard_tokens WHERE `+keyIDOf+` = ?`, id).Scan(&n).Error; err != nil {
-			return kc, storeError(ctx, "count tokens waiting for a new key", err)
+		n, err := scan[int](ctx, r.db, "count tokens waiting for a new key", `SELECT count(*) FROM tokenguard_tokens WHERE `+keyIDOf+` = ?`, id)
+		if err != nil {
+			return kc, err
 		}
-		kc.Stale += int(n)
+		kc.Stale += n
 	}
 	return kc, nil
 }

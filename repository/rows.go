@@ -112,3 +112,72 @@ func (c *connIDs) lookup(ctx context.Context, db *gorm.DB, name string) (int32, 
 }
 
 func (c *connIDs) forget(name string) { c.m.Delete(name) }
+
+// oneRow runs a statement on db and returns its first row; no row is the error none (nil: a nil row).
+func oneRow[T any](ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) (*T, error) {
+	var rows []T
+	if err := db.WithContext(ctx).Raw(sql, args...).Find(&rows).Error; err != nil {
+		return nil, storeError(ctx, op, err)
+	}
+	if len(rows) == 0 {
+		return nil, none
+	}
+	return &rows[0], nil
+}
+
+// allRows runs a statement on db and returns its rows, each through conv (whose error stops it).
+func allRows[T, D any](ctx context.Context, db *gorm.DB, op string, conv func(T) (D, error), sql string, args ...any) ([]D, error) {
+	var rows []T
+	if err := db.WithContext(ctx).Raw(sql, args...).Find(&rows).Error; err != nil {
+		return nil, storeError(ctx, op, err)
+	}
+	out := make([]D, len(rows))
+	for i, row := range rows {
+		var err error
+		if out[i], err = conv(row); err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
+}
+
+// asIs is allRows' conv for rows read as they are.
+func asIs[T any](row T) (T, error) { return row, nil }
+
+// keyedRows runs a statement on db and returns its rows as a map, each through kv.
+func keyedRows[T any, K comparable, V any](ctx context.Context, db *gorm.DB, op string, kv func(T) (K, V), sql string, args ...any) (map[K]V, error) {
+	rows, err := allRows(ctx, db, op, asIs[T], sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[K]V, len(rows))
+	for _, row := range rows {
+		k, v := kv(row)
+		out[k] = v
+	}
+	return out, nil
+}
+
+// scan runs a statement on db and scans its first row into a T (no row: the zero T).
+func scan[T any](ctx context.Context, db *gorm.DB, op, sql string, args ...any) (T, error) {
+	var v T
+	err := db.WithContext(ctx).Raw(sql, args...).Scan(&v).Error
+	return v, storeError(ctx, op, err)
+}
+
+// exec runs a statement on db.
+func exec(ctx context.Context, db *gorm.DB, op, sql string, args ...any) error {
+	return storeError(ctx, op, db.WithContext(ctx).Exec(sql, args...).Error)
+}
+
+// changedRow runs a write on db that must change a row; none is the error when it changes none.
+func changedRow(ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) error {
+	res := db.WithContext(ctx).Exec(sql, args...)
+	if res.Error != nil {
+		return storeError(ctx, op, res.Error)
+	}
+	if res.RowsAffected == 0 {
+		return none
+	}
+	return nil
+}

@@ -18,16 +18,10 @@ GROUP BY 1`)
 
 // counted reads the (key, n) rows of a statement as a map.
 func counted[K ~string](ctx context.Context, db *gorm.DB, op, sql string) (map[K]int, error) {
-	var rows []struct {
-		Key K
-		N   int
-	}
-	if err := db.WithContext(ctx).Raw(sql).Scan(&rows).Error; err != nil {
-		return nil, storeError(ctx, op, err)
-	}
-	out := make(map[K]int, len(rows))
-	for _, row := range rows {
-		out[row.Key] = row.N
-	}
-	return out, nil
+	return keyedRows(ctx, db, op, func(row count[K]) (K, int) { return row.Key, row.N }, sql)
+}
+
+type count[K ~string] struct {
+	Key K
+	N   int
 }
