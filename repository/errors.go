@@ -4,9 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
+	"regexp"
+	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"gorm.io/gorm"
+	"gorm.io/gorm/logger"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
@@ -45,4 +50,88 @@ func sqlState(err error) string {
 		return coded.SQLState()
 	}
 	return ""
+}
+
+// quoted matches SQL string literals, doubled-quote escapes included.
+var quoted = regexp.MustCompile(`'(?:[^']|'')*'`)
+
+// redactingLogger is GORM's slog logger with every string literal blanked: ParameterizedQueries
+// alone is not enough, as GORM's Scan logs through a recorder that inlines bound values, tokens included.
+type redactingLogger struct {
+	logger.Interface
+	log *slog.Logger
+}
+
+// NewLogger is the GORM logger of the repository's pool: it logs through log, at warning and
+// above, and never a token: no bound values, string literals or error detail (which can repeat a row).
+func NewLogger(log *slog.Logger) logger.Interface {
+	return redactingLogger{logger.NewSlogLogger(log, logger.Config{
+		SlowThreshold:             time.Second,
+		LogLevel:                  logger.Warn,
+		ParameterizedQueries:      true,
+		IgnoreRecordNotFoundError: true,
+	}), log}
+}
+
+func (l redactingLogger) LogMode(level logger.LogLevel) logger.Interface {
+	return redactingLogger{l.Interface.LogMode(level), l.log}
+}
+
+func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (string, int64), err error) {
+	redacted := func() (string, int64) {
+		sql, rows := fc()
+		return quoted.ReplaceAllString(sql, "'?'"), rows
+	}
+	if expected(ctx, err) {
+		// The caller returns it as a typed error and decides what it is worth: no ERROR line.
+		if l.log.Enabled(ctx, slog.LevelDebug) {
+			sql, _ := redacted()
+			l.log.LogAttrs(ctx, slog.LevelDebug, "tokenguard: statement ended as expected",
+				slog.String("sql", sql), slog.String("err", safeError(err).Error()))
+		}
+		return
+	}
+	l.Interface.Trace(ctx, begin, redacted, safeError(err))
+}
+
+// expected: tokenguard expects and handles err (context ended, lock or statement timeout, lost race).
+func expected(ctx context.Context, err error) bool {
+	if err == nil {
+		return false
+	}
+	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return true
+	}
+	switch sqlState(err) {
+	case "55P03", // lock_not_available: lock_timeout
+		"57014", // query_canceled: statement_timeout, a cancel request
+		"23505", // unique_violation
+		"40001", // serialization_failure
+		"40P01": // deadlock_detected
+		return true
+	}
+	return false
+}
+
+// ParamsFilter keeps GORM from handing bound values to the logger at all.
+func (l redactingLogger) ParamsFilter(_ context.Context, sql string, _ ...any) (string, []any) {
+	return sql, nil
+}
+
+// safeMessage describes a Postgres error without echoing data: never the detail (the failing row),
+// and for data exceptions (class 22, quoting the input) only the SQLSTATE.
+func safeMessage(e *pgconn.PgError) string {
+	if strings.HasPrefix(e.Code, "22") {
+		return "data exception (SQLSTATE " + e.Code + ")"
+	}
+	return e.Message + " (SQLSTATE " + e.Code + ")"
+}
+
+// safeError is what the logger is allowed to print of a query error.
+func safeError(err error) error {
+	var pgErr *pgconn.PgError
+	if err == nil || !errors.As(err, &pgErr) {
+		return err
+	}
+	return errors.New(safeMessage(pgErr))
 }
