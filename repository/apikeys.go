@@ -208,7 +208,6 @@ const (
 	APIKeyPrefix  = "tgk_"
 	SessionPrefix = "tgs_"
 	FlowPrefix    = "tgf_"
-	// ConsolePrefix marks the console's session cookies.
 	ConsolePrefix = "tgc_"
 )
 

@@ -2,6 +2,7 @@ package repository
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -167,12 +168,8 @@ func (l *LockedTokens) SetProviderFields(ctx context.Context, connection string,
 // SetMetadata replaces the connection's metadata inside the locked transaction, so that a grant
 // refused leaves it as it was. Nothing is announced: no process caches metadata.
 func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m domain.Metadata) error {
-	object := string(m.Object)
-	if object == "" {
-		object = "{}"
-	}
 	return changedRow(ctx, l.db, "set metadata", fmt.Errorf("set metadata of %s: %w", connection, domain.ErrNotFound),
-		"UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?", object, tagArray(m.Tags), connection)
+		"UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?", cmp.Or(string(m.Object), "{}"), tagArray(m.Tags), connection)
 }
 
 // compactJSON is a stored jsonb without the spaces Postgres writes.
@@ -184,9 +181,6 @@ func compactJSON(stored string) json.RawMessage {
 	return buf.Bytes()
 }
 
-// disconnectHold bounds a disconnection once it holds the lock.
-const disconnectHold = 10 * time.Second
-
 // Disconnect deletes connection's token under its lock (wait bounds the wait). before gets the
 // token read under the lock and says whether it was revoked; it must not wait on anything (a
 // lock and a pool connection are held), and its error changes nothing. The delete announces
@@ -195,7 +189,7 @@ const disconnectHold = 10 * time.Second
 func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wait time.Duration,
 	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error) {
 	var found domain.Token
-	err := r.inLock(ctx, connection, wait, disconnectHold, func(ctx context.Context, tx *gorm.DB) error {
+	err := r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
 		var err error
 		if found, err = r.get(ctx, tx, connection); err != nil {
 			return err

@@ -10,9 +10,8 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ConsoleSessions stores the operator console's sessions by the SHA-256
-// of their token, each bound to the API key that logged in: revoking the
-// key deletes its sessions (ON DELETE CASCADE).
+// ConsoleSessions stores the operator console's sessions by the SHA-256 of their token, each bound
+// to the API key that logged in: revoking the key deletes its sessions (ON DELETE CASCADE).
 type ConsoleSessions struct{ db *gorm.DB }
 
 // NewConsoleSessions binds the store to a pool.
@@ -31,9 +30,8 @@ VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING exp
 	return token, expires, nil
 }
 
-// Lookup returns the key of token's session and what that key may do now;
-// domain.ErrUnauthorized when there is none: never created, logged out,
-// expired, or its key revoked.
+// Lookup returns the key of token's session and what that key may do now; domain.ErrUnauthorized
+// when there is none: never created, logged out, expired, or its key revoked.
 func (c *ConsoleSessions) Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error) {
 	row, err := oneRow[keyRow](ctx, c.db, "read console session", domain.ErrUnauthorized, "SELECT "+keyColumns+` FROM tokenguard_api_keys WHERE id = (
     SELECT api_key_id FROM tokenguard_console_sessions WHERE token_hash = decode(?, 'hex') AND expires_at > now())`, hashParam(token))
@@ -60,8 +58,7 @@ const (
 	EventsMaxAge        = 30 * 24 * time.Hour
 )
 
-// eventColumns read a domain.ConnectionEvent: NULL version and duration as 0,
-// the duration in nanoseconds (time.Duration's unit).
+// eventColumns read a domain.ConnectionEvent: NULL version and duration as 0, the duration in ns.
 const eventColumns = `id, connection, kind, outcome, reason, provider, coalesce(version, 0) AS version,
     coalesce(duration_ms, 0) * 1000000 AS duration, occurred_at AS at`
 
@@ -83,17 +80,15 @@ func (e *ConnectionEvents) LastRefreshes(ctx context.Context, connections []stri
     WHERE connection = n.name AND kind = 'refresh' ORDER BY id DESC LIMIT 1) l`, tagArray(connections))
 }
 
-// RefreshRates counts each provider's refreshes since since, and those
-// that stored a rotated token; "" is the OAUTH_* provider.
+// RefreshRates counts each provider's refreshes since since, and those that stored a rotated token; "" is OAUTH_*'s.
 func (e *ConnectionEvents) RefreshRates(ctx context.Context, since time.Time) (map[string]domain.RefreshRate, error) {
 	return keyedRows(ctx, e.db, "read refresh rates", func(r domain.RefreshRate) (string, domain.RefreshRate) { return r.Provider, r }, `SELECT provider,
     count(*) FILTER (WHERE outcome = 'ok') AS ok, count(*) AS total
 FROM tokenguard_connection_events WHERE occurred_at >= ? AND kind = 'refresh' GROUP BY provider`, since)
 }
 
-// EventPruner keeps tokenguard_connection_events bounded: rows older than
-// EventsMaxAge go, and of each connection written to since its last round
-// only the last EventsPerConnection stay.
+// EventPruner keeps tokenguard_connection_events bounded: rows older than EventsMaxAge go, and of
+// each connection written to since its last round only the last EventsPerConnection stay.
 type EventPruner struct {
 	db   *gorm.DB
 	seen int64 // the highest id the last round looked at

@@ -80,7 +80,7 @@ FROM tokenguard_dpop_keys k JOIN tokenguard_connections c ON c.id = k.connection
 		if r.sealer.IsCurrent(row.PrivateKey) {
 			continue
 		}
-		err := r.inLock(ctx, row.Name, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
+		err := r.inLock(ctx, row.Name, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
 			again, err := resealed(r.sealer, row.PrivateKey, dpopAAD(row.ID, row.JKT))
 			if err != nil {
 				return fmt.Errorf("dpop key of %s: %w", row.Name, err)

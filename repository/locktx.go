@@ -12,9 +12,13 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// lockedHold bounds a locked transaction once its lock is held: it then runs to its end whatever
-// its caller does, so that a caller giving up cannot roll back a claim or a token half-way.
-const lockedHold = 5 * time.Second
+// Once its lock is held, a locked transaction runs to its end whatever its caller does, so that a
+// caller giving up cannot roll back a claim or a token half-way: lockedHold bounds the refresh
+// path's, operatorHold an operator's (disconnect, reactivate, reseal).
+const (
+	lockedHold   = 5 * time.Second
+	operatorHold = 10 * time.Second
+)
 
 // inLock runs fn in a transaction of its own holding connection's advisory lock, and commits when
 // fn returns nil; fn's error rolls back and is returned as it is. ctx and wait (0: ctx alone)

@@ -10,15 +10,12 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// reactivateHold bounds a reactivation once it holds the lock.
-const reactivateHold = 10 * time.Second
-
 // Reactivate sets connection active again if it is marked needs_reauth (for reason, when not
 // empty), keeping its tokens: the way back for grants marked dead for something not their fault.
 // It decides under the lock (wait bounds the wait), writes as Store does, and returns the token as
 // found and the version written, 0 when it changed nothing.
 func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason string, wait time.Duration) (found domain.Token, version int64, err error) {
-	err = r.inLock(ctx, connection, wait, reactivateHold, func(ctx context.Context, tx *gorm.DB) error {
+	err = r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
 		if found, err = r.get(ctx, tx, connection); err != nil {
 			return err
 		}

@@ -11,9 +11,6 @@ import (
 // DefaultResealBatch is how many connections Reseal reads per query.
 const DefaultResealBatch = 100
 
-// resealHold bounds one connection's reseal once it holds the lock.
-const resealHold = 10 * time.Second
-
 // ResealResult counts what Reseal did.
 type ResealResult struct {
 	Resealed  int  // rows rewritten with the current key and form, legacy plaintext included
@@ -65,23 +62,15 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 			return res, err
 		}
 		if len(rows) == 0 {
-			keys, err := r.resealDPoPKeys(ctx, wait)
-			res.Resealed += keys
-			if err != nil {
-				return res, err
-			}
-			res.OnlyBound, err = r.markOnlyBound(ctx)
-			return res, err
+			break
 		}
 		for _, row := range rows {
 			after = row.LockKey
-			if row.sealedNow(r.sealer) {
-				res.Current++
-				continue
-			}
-			resealed, err := r.resealOne(ctx, row.Name, wait)
-			if err != nil {
-				return res, fmt.Errorf("reseal %s: %w", row.Name, err)
+			resealed := false
+			if !row.sealedNow(r.sealer) {
+				if resealed, err = r.resealOne(ctx, row.Name, wait); err != nil {
+					return res, fmt.Errorf("reseal %s: %w", row.Name, err)
+				}
 			}
 			if resealed {
 				res.Resealed++
@@ -90,11 +79,18 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 			}
 		}
 	}
+	keys, err := r.resealDPoPKeys(ctx, wait)
+	res.Resealed += keys
+	if err != nil {
+		return res, err
+	}
+	res.OnlyBound, err = r.markOnlyBound(ctx)
+	return res, err
 }
 
 func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
 	resealed := false
-	err := r.inLock(ctx, connection, wait, resealHold, func(ctx context.Context, tx *gorm.DB) error {
+	err := r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
 		row, err := oneRow[tokenRow](ctx, tx, "read token", nil, selectStored+"WHERE c.name = ?", connection)
 		if err != nil {
 			return err
