@@ -34,11 +34,6 @@ type connectionRow struct {
 }
 
 func (r connectionRow) domain() domain.Connection {
-	m := domain.Metadata{Object: compactJSON(r.Metadata)}
-	_ = json.Unmarshal([]byte(r.Tags), &m.Tags) // array_to_json of text[]: always an array
-	if len(m.Tags) == 0 {
-		m.Tags = nil
-	}
 	t := r.Token.record()
 	if t.Failure.Failing && t.Status == domain.StatusActive {
 		t.Status, t.StatusReason = domain.StatusFailing, t.Failure.Describe()
@@ -55,7 +50,7 @@ func (r connectionRow) domain() domain.Connection {
 		Version:       t.Version,
 		UpdatedAt:     t.UpdatedAt,
 		Binding:       t.Binding,
-		Metadata:      m,
+		Metadata:      readMetadata(r.Metadata, r.Tags),
 		DPoPJKT:       t.DPoPJKT,
 	}
 }
@@ -172,13 +167,18 @@ func (l *LockedTokens) SetMetadata(ctx context.Context, connection string, m dom
 		"UPDATE tokenguard_connections SET metadata = ?::jsonb, tags = ?::text[] WHERE name = ?", cmp.Or(string(m.Object), "{}"), tagArray(m.Tags), connection)
 }
 
-// compactJSON is a stored jsonb without the spaces Postgres writes.
-func compactJSON(stored string) json.RawMessage {
+// readMetadata reads a stored jsonb object, without the spaces Postgres writes, and the
+// array_to_json of its tags (NULL or empty: nil).
+func readMetadata(object, tags string) domain.Metadata {
+	m := domain.Metadata{Object: json.RawMessage(object)}
 	var buf bytes.Buffer
-	if json.Compact(&buf, []byte(stored)) != nil {
-		return json.RawMessage(stored)
+	if json.Compact(&buf, m.Object) == nil {
+		m.Object = buf.Bytes()
 	}
-	return buf.Bytes()
+	if json.Unmarshal([]byte(tags), &m.Tags) != nil || len(m.Tags) == 0 {
+		m.Tags = nil
+	}
+	return m
 }
 
 // Disconnect deletes connection's token under its lock (wait bounds the wait). before gets the

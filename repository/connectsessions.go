@@ -3,7 +3,6 @@ package repository
 import (
 	"context"
 	"database/sql"
-	"encoding/json"
 	"fmt"
 	"time"
 
@@ -108,7 +107,6 @@ func storedMetadata(object, tags sql.NullString) *domain.Metadata {
 	if !object.Valid {
 		return nil
 	}
-	m := domain.Metadata{Object: compactJSON(object.String)}
-	_ = json.Unmarshal([]byte(tags.String), &m.Tags) // array_to_json of text[], or NULL
+	m := readMetadata(object.String, tags.String)
 	return &m
 }
