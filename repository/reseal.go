@@ -29,7 +29,7 @@ func (r *TokenRepository) markOnlyBound(ctx context.Context) (bool, error) {
 	other, err := scan[int64](ctx, r.db, "count tokens in another form", `SELECT count(*) FROM tokenguard_tokens WHERE access_token NOT LIKE `+boundForm+
 		` OR (refresh_token <> '' AND refresh_token NOT LIKE `+boundForm+`) OR sealed_version IS NOT NULL`)
 	if err != nil || other > 0 {
-		return false, err // other > 0: written meanwhile by a process of the previous release: run it again
+		return false, err // other: written meanwhile by a process of the previous release, run it again
 	}
 	err = exec(ctx, r.db, "record the bound form", `INSERT INTO tokenguard_seal_state (versioned) VALUES (true)
 ON CONFLICT (only_bound) DO UPDATE SET versioned = true`)
