@@ -14,7 +14,6 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard"
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
@@ -134,11 +133,12 @@ func TestConnectionsRefreshAtTheirOwnProvider(t *testing.T) {
 	// A process that knows no stored provider (its registry holds only the
 	// environment's) meets conn-basic: a typed error, nothing touched.
 	before := mustGet(t, db, "conn-basic")
-	blind, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(w.oauth, nil), usecase.Options{})
+	repo := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+	blind, err := usecase.NewRefreshTokenUseCase(repo, provider.Only(provider.NewRefresher(w.oauth, nil)), usecase.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	rep, err := blind.RefreshAhead(ctx, repository.NewTokenRepository(db, tokencrypt.Plaintext{}), 24*time.Hour, 4)
+	rep, err := blind.RefreshAhead(ctx, repo, 24*time.Hour, 4)
 	if !errors.Is(err, domain.ErrUnknownProvider) || !errors.Is(err, domain.ErrEndpointMisconfigured) || rep.Failed != 2 || rep.Refreshed != 1 {
 		t.Fatalf("a process without stored providers: %+v, %v; want conn-basic and conn-post refused (ErrUnknownProvider)", rep, err)
 	}

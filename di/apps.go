@@ -217,7 +217,7 @@ func newApp(ctx context.Context, cfg AppConfig, name string, queueConns int32, l
 	}
 	reg := metrics.NewRegistry()
 	m := metrics.HandlerFor(reg, log)
-	tokens, closeTokens, err := NewTokensWith(ctx, cfg.Config, log, TokenOptions{App: name, Registry: reg, ConnectionLabel: cfg.MetricsConnectionLabel})
+	tokens, closeTokens, err := NewTokens(ctx, cfg.Config, log, TokenOptions{App: name, Registry: reg, ConnectionLabel: cfg.MetricsConnectionLabel})
 	if err != nil {
 		return nil, nil, err
 	}

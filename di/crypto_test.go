@@ -90,7 +90,7 @@ func TestStartUpChecksKeysAndRotateKeyReseals(t *testing.T) {
 
 	start := func(keys string) (string, error) {
 		var buf bytes.Buffer
-		tokens, cleanup, err := di.NewTokens(ctx, configWith(t, url, keys), slog.New(slog.NewTextHandler(&buf, nil)))
+		tokens, cleanup, err := di.NewTokens(ctx, configWith(t, url, keys), slog.New(slog.NewTextHandler(&buf, nil)), di.TokenOptions{})
 		if err == nil {
 			tok, getErr := tokens.Repository.Get(ctx, "acme")
 			if getErr != nil || tok.RefreshToken.Reveal() != "rt-1" {
@@ -137,7 +137,7 @@ func TestStartUpWarnsAboutPlaintext(t *testing.T) {
 		t.Skip("needs Postgres")
 	}
 	var buf bytes.Buffer
-	_, cleanup, err := di.NewTokens(context.Background(), configWith(t, testdb.New(t), ""), slog.New(slog.NewTextHandler(&buf, nil)))
+	_, cleanup, err := di.NewTokens(context.Background(), configWith(t, testdb.New(t), ""), slog.New(slog.NewTextHandler(&buf, nil)), di.TokenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/oauth2"
@@ -35,11 +34,6 @@ type Tokens struct {
 	OAuth        *oauth2.Config
 }
 
-// NewTokens opens (and maybe migrates) the database and builds the token layer; call the cleanup.
-func NewTokens(ctx context.Context, cfg Config, log *slog.Logger) (*Tokens, func(), error) {
-	return NewTokensWith(ctx, cfg, log, TokenOptions{})
-}
-
 // TokenOptions say which app the token layer serves and where its metrics go (zero: none).
 type TokenOptions struct {
 	App             string                // User-Agent tokenguard-<app>/<version> at the token endpoint
@@ -47,9 +41,9 @@ type TokenOptions struct {
 	ConnectionLabel bool                  // labels the refresh metrics by connection
 }
 
-// NewTokensWith is NewTokens for an app. The cleanup waits for refreshes
-// in flight (a rotated token must be stored before the pool closes).
-func NewTokensWith(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
+// NewTokens opens (and maybe migrates) the database and builds the token layer. The cleanup waits
+// for refreshes in flight (a rotated token must be stored before the pool closes).
+func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions) (*Tokens, func(), error) {
 	log = cmp.Or(log, slog.Default())
 	if err := cfg.RequireOAuth(); err != nil {
 		return nil, nil, err
@@ -160,21 +154,6 @@ func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Op
 	add(o.Registry != nil, prom.WithMetrics(o.Registry))
 	add(o.Registry != nil && o.ConnectionLabel, tokenguard.WithMetricsPerConnection())
 	return opts, nil
-}
-
-// NewRefreshTokenUseCase builds the use case on a pool and the refresher
-// of the connections that name no provider, storing tokens unsealed.
-func NewRefreshTokenUseCase(db *gorm.DB, r provider.GrantRefresher, opts usecase.Options) (*usecase.RefreshTokenUseCase, error) {
-	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), provider.Only(r), opts)
-	if err != nil {
-		return nil, fmt.Errorf("configure refresh: %w", err)
-	}
-	return uc, nil
-}
-
-// NewConnectUseCase builds the use case that stores new grants unsealed.
-func NewConnectUseCase(db *gorm.DB, lockWait time.Duration) *usecase.ConnectUseCase {
-	return usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, lockWait)
 }
 
 // NewRevoker revokes refresh tokens at each connection's provider (OAUTH_REVOCATION_URL, or a stored

@@ -130,7 +130,7 @@ func TestDIWiresTheListener(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg := prometheus.NewRegistry()
-	tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, nil, di.TokenOptions{Registry: reg})
+	tokens, cleanup, err := di.NewTokens(context.Background(), cfg, nil, di.TokenOptions{Registry: reg})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,7 +9,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -68,7 +67,7 @@ func TestPoolOfOneRefreshesManyAtOnce(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				if _, err := di.NewConnectUseCase(admin.DB, time.Second).Connect(context.Background(), names[i], provider.GrantFrom(tok)); err != nil {
+				if _, err := usecase.NewConnectUseCase(admin.Repo, nil, time.Second).Connect(context.Background(), names[i], provider.GrantFrom(tok)); err != nil {
 					t.Fatal(err)
 				}
 			}

@@ -15,12 +15,13 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"gorm.io/gorm"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 	"github.com/tokenguard/tokenguard/internal/testworld"
+	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -66,7 +67,8 @@ func TestRotatedTokenSurvivesBackendTerminatedAfterProviderAnswered(t *testing.T
 	var logs syncBuffer
 	killer := &killAfterAnswer{next: provider.NewRefresher(w.OAuth, nil), admin: admin.DB, t: t}
 	spans := tracetest.NewSpanRecorder()
-	uc, err := di.NewRefreshTokenUseCase(db, killer, usecase.Options{
+	repo := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+	uc, err := usecase.NewRefreshTokenUseCase(repo, provider.Only(killer), usecase.Options{
 		Skew: 500 * time.Millisecond, Logger: slog.New(slog.NewTextHandler(&logs, nil)),
 		Tracer: tracing.New(sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))),
 	})

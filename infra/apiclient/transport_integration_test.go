@@ -8,12 +8,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testdb"
+	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
 
@@ -45,7 +46,8 @@ func TestBurstOf401sCausesOneRefresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
-	uc, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(cfg, nil),
+	repo := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+	uc, err := usecase.NewRefreshTokenUseCase(repo, provider.Only(provider.NewRefresher(cfg, nil)),
 		usecase.Options{Skew: time.Millisecond, Clock: laggingClock{lag: time.Hour}, ForceInterval: time.Hour})
 	if err != nil {
 		t.Fatal(err)
@@ -54,7 +56,7 @@ func TestBurstOf401sCausesOneRefresh(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := di.NewConnectUseCase(db, time.Second).Connect(context.Background(), "acme", provider.GrantFrom(tok)); err != nil {
+	if _, err := usecase.NewConnectUseCase(repo, nil, time.Second).Connect(context.Background(), "acme", provider.GrantFrom(tok)); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(1100 * time.Millisecond) // expired at the provider, fresh for the lagging clock

@@ -90,7 +90,7 @@ func newFleet(t *testing.T, lifetime, skew time.Duration) *fleet {
 	f := &fleet{provider: p, base: psrv.URL, conns: []string{"acme", "globex"}}
 	for _, name := range []string{"server", "worker"} {
 		reg := metrics.NewRegistry()
-		tokens, cleanup, err := di.NewTokensWith(ctx, cfg, nil, di.TokenOptions{App: name, Registry: reg})
+		tokens, cleanup, err := di.NewTokens(ctx, cfg, nil, di.TokenOptions{App: name, Registry: reg})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -81,7 +81,8 @@ func (c *cli) grant(name string) domain.Token {
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	stored, err := di.NewConnectUseCase(c.db, time.Second).Connect(context.Background(), name, provider.GrantFrom(tok))
+	connect := usecase.NewConnectUseCase(repository.NewTokenRepository(c.db, tokencrypt.Plaintext{}), nil, time.Second)
+	stored, err := connect.Connect(context.Background(), name, provider.GrantFrom(tok))
 	if err != nil {
 		c.t.Fatal(err)
 	}
@@ -129,7 +130,7 @@ func TestReactivateConnection(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	other, closeOther, err := di.NewTokens(context.Background(), cfg, nil)
+	other, closeOther, err := di.NewTokens(context.Background(), cfg, nil, di.TokenOptions{})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -19,7 +19,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -95,11 +94,12 @@ func (w *World) StackWith(t testing.TB, r provider.GrantRefresher, opts usecase.
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { _ = postgres.Close(db) })
-	uc, err := di.NewRefreshTokenUseCase(db, r, opts)
+	repo := repository.NewTokenRepository(db, tokencrypt.Plaintext{})
+	uc, err := usecase.NewRefreshTokenUseCase(repo, provider.Only(r), opts)
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &Stack{DB: db, Repo: repository.NewTokenRepository(db, tokencrypt.Plaintext{}), UC: uc}
+	return &Stack{DB: db, Repo: repo, UC: uc}
 }
 
 // ListeningStack is a stack wired like di.NewTokens: its cache is fed by a
@@ -133,7 +133,7 @@ func (w *World) Connect(t testing.TB, s *Stack) domain.Token {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored, err := di.NewConnectUseCase(s.DB, time.Second).Connect(context.Background(), Conn, provider.GrantFrom(tok))
+	stored, err := usecase.NewConnectUseCase(s.Repo, nil, time.Second).Connect(context.Background(), Conn, provider.GrantFrom(tok))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +145,7 @@ func (w *World) Connect(t testing.TB, s *Stack) domain.Token {
 func (w *World) ConnectMany(t testing.TB, s *Stack, n int) []string {
 	t.Helper()
 	names := make([]string, n)
-	connect := di.NewConnectUseCase(s.DB, 10*time.Second)
+	connect := usecase.NewConnectUseCase(s.Repo, nil, 10*time.Second)
 	var g errgroup.Group
 	g.SetLimit(32)
 	for i := range names {

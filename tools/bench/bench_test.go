@@ -21,7 +21,6 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"golang.org/x/oauth2"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/postgres"
@@ -571,7 +570,7 @@ func BenchmarkCacheMemory(b *testing.B) {
 	ctx := context.Background()
 	for range b.N {
 		b.StopTimer()
-		uc, err := di.NewRefreshTokenUseCase(s.DB, provider.NewRefresher(w.OAuth, nil), usecase.Options{})
+		uc, err := usecase.NewRefreshTokenUseCase(s.Repo, provider.Only(provider.NewRefresher(w.OAuth, nil)), usecase.Options{})
 		if err != nil {
 			b.Fatal(err)
 		}
@@ -651,7 +650,8 @@ func BenchmarkProactiveRefresh(b *testing.B) {
 	}
 	b.Cleanup(func() { _ = postgres.Close(db) })
 	obs := &latencyObserver{}
-	uc, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(w.OAuth, provider.NewHTTPClient(5*time.Second)), usecase.Options{Observer: obs})
+	refresher := provider.Only(provider.NewRefresher(w.OAuth, provider.NewHTTPClient(5*time.Second)))
+	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), refresher, usecase.Options{Observer: obs})
 	if err != nil {
 		b.Fatal(err)
 	}

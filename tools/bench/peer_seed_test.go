@@ -10,7 +10,6 @@ import (
 
 	"gorm.io/gorm"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -18,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/internal/testdb"
 	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // seedPeer is this repository's refresh path as its first commit wrote it
@@ -63,7 +63,7 @@ func newSeedPeer(tb testing.TB, w *testworld.World, stacks int) *seedPeer {
 	}
 	setup := open(2)
 	p.read = repository.NewTokenRepository(setup, tokencrypt.Plaintext{})
-	if _, err := di.NewConnectUseCase(setup, time.Second).Connect(context.Background(), conn, provider.GrantFrom(peerGrant(tb, w))); err != nil {
+	if _, err := usecase.NewConnectUseCase(p.read, nil, time.Second).Connect(context.Background(), conn, provider.GrantFrom(peerGrant(tb, w))); err != nil {
 		tb.Fatal(err)
 	}
 	p.clock.issued()

@@ -25,7 +25,7 @@ import (
 const skew = time.Second
 
 // stack is what one app process holds, built the way the apps build it
-// (di.NewTokensWith on the root package tokenguard: its own pool, cache,
+// (di.NewTokens on the root package tokenguard: its own pool, cache,
 // change listener, provider client and retry policy), plus the API client
 // the apps use.
 type stack struct {
@@ -86,7 +86,7 @@ func newStacksFor(r *run, s *server, n int, authStyle string, extra ...string) *
 		buf := &syncBuffer{}
 		log := slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelInfo})).With("stack", i)
 		m := prometheus.NewRegistry()
-		tokens, cleanup, err := di.NewTokensWith(context.Background(), cfg, log, di.TokenOptions{App: fmt.Sprintf("conformance%d", i), Registry: m})
+		tokens, cleanup, err := di.NewTokens(context.Background(), cfg, log, di.TokenOptions{App: fmt.Sprintf("conformance%d", i), Registry: m})
 		if err != nil {
 			r.fatalf("stack %d: %v", i, err)
 		}

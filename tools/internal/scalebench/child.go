@@ -73,7 +73,7 @@ func Child(environ []string, out io.Writer) error {
 		return err
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	tokens, closeTokens, err := di.NewTokens(ctx, cfg, log)
+	tokens, closeTokens, err := di.NewTokens(ctx, cfg, log, di.TokenOptions{})
 	if err != nil {
 		return err
 	}

@@ -32,7 +32,6 @@ import (
 	"golang.org/x/sync/errgroup"
 	"gorm.io/gorm"
 
-	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
@@ -181,7 +180,7 @@ func run(ctx context.Context, o Options, rows, cache int, out io.Writer) (Result
 		return res, err
 	}
 	defer func() { _ = postgres.Close(db) }()
-	connect := di.NewConnectUseCase(db, 15*time.Second)
+	connect := usecase.NewConnectUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), nil, 15*time.Second)
 	sampleCtx, stopSampling := context.WithCancel(ctx)
 	var conns []int
 	var sampling sync.WaitGroup
@@ -305,7 +304,9 @@ func grant(ctx context.Context, connect *usecase.ConnectUseCase, cfg *oauth2.Con
 // what it would reach if each connection cost only the provider's answer.
 func sweep(ctx context.Context, db *gorm.DB, oc *oauth2.Config, o Options, res *Result) error {
 	obs := &latencies{}
-	uc, err := di.NewRefreshTokenUseCase(db, provider.NewRefresher(oc, provider.NewHTTPClient(10*time.Second)), usecase.Options{Observer: obs, Logger: slog.New(slog.DiscardHandler)})
+	refresher := provider.Only(provider.NewRefresher(oc, provider.NewHTTPClient(10*time.Second)))
+	uc, err := usecase.NewRefreshTokenUseCase(repository.NewTokenRepository(db, tokencrypt.Plaintext{}), refresher,
+		usecase.Options{Observer: obs, Logger: slog.New(slog.DiscardHandler)})
 	if err != nil {
 		return err
 	}
