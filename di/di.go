@@ -29,8 +29,7 @@ type Tokens struct {
 	DB           *gorm.DB
 	Guard        *tokenguard.Tokens
 	RefreshToken *usecase.RefreshTokenUseCase // the batch refreshes ahead with it
-	Connect      *usecase.ConnectUseCase
-	Repository   *repository.TokenRepository // reads: listing, events, status
+	Repository   *repository.TokenRepository  // reads: listing, events, status
 	OAuth        *oauth2.Config
 }
 
@@ -99,7 +98,6 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions
 		DB:           db,
 		Guard:        guard,
 		RefreshToken: guard.UseCase(),
-		Connect:      guard.ConnectUseCase(),
 		Repository:   guard.Repository(),
 		OAuth:        oc,
 	}, cleanup, nil

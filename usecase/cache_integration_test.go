@@ -139,7 +139,7 @@ func TestDIWiresTheListener(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := tokens.Connect.Connect(context.Background(), conn, provider.GrantFrom(tok)); err != nil {
+	if _, err := tokens.Guard.ConnectUseCase().Connect(context.Background(), conn, provider.GrantFrom(tok)); err != nil {
 		t.Fatal(err)
 	}
 	hits := func() float64 {

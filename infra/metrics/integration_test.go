@@ -103,7 +103,7 @@ func newFleet(t *testing.T, lifetime, skew time.Duration) *fleet {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if _, err := f.procs[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok)); err != nil {
+		if _, err := f.procs[0].tokens.Guard.ConnectUseCase().Connect(ctx, name, provider.GrantFrom(tok)); err != nil {
 			t.Fatal(err)
 		}
 	}

@@ -133,7 +133,8 @@ func (w *World) Connect(t testing.TB, s *Stack) domain.Token {
 	if err != nil {
 		t.Fatal(err)
 	}
-	stored, err := usecase.NewConnectUseCase(s.Repo, nil, time.Second).Connect(context.Background(), Conn, provider.GrantFrom(tok))
+	connect := usecase.NewConnectUseCase(repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{}), nil, time.Second)
+	stored, err := connect.Connect(context.Background(), Conn, provider.GrantFrom(tok))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -145,7 +146,7 @@ func (w *World) Connect(t testing.TB, s *Stack) domain.Token {
 func (w *World) ConnectMany(t testing.TB, s *Stack, n int) []string {
 	t.Helper()
 	names := make([]string, n)
-	connect := usecase.NewConnectUseCase(s.Repo, nil, 10*time.Second)
+	connect := usecase.NewConnectUseCase(repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{}), nil, 10*time.Second)
 	var g errgroup.Group
 	g.SetLimit(32)
 	for i := range names {

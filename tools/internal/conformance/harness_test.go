@@ -142,7 +142,7 @@ func (e *env) connect(name string) domain.Token {
 	if tok.RefreshToken == "" {
 		e.r.fatalf("first grant: no refresh token")
 	}
-	stored, err := e.stacks[0].tokens.Connect.Connect(ctx, name, provider.GrantFrom(tok))
+	stored, err := e.stacks[0].tokens.Guard.ConnectUseCase().Connect(ctx, name, provider.GrantFrom(tok))
 	if err != nil {
 		e.r.fatalf("store first grant: %v", err)
 	}
