@@ -22,8 +22,7 @@ type AppConfig struct {
 	AppSettings
 }
 
-// AppSettings tune the apps' calls to the external API, the worker, the
-// server's public listener and the worker's webhook.
+// AppSettings tune the apps' calls to the external API, the worker, the server's public listener and the worker's webhook.
 type AppSettings struct {
 	APITimeout        time.Duration `env:"API_TIMEOUT" envDefault:"10s"`
 	WorkerConcurrency int           `env:"WORKER_CONCURRENCY" envDefault:"10"`

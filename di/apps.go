@@ -179,8 +179,7 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		// A sweep over many connections takes longer than one round of calls.
 		r.RoundTimeout += ahead.Window
 	}
-	// Always: stored providers have their own keep-alive. Without
-	// --keep-alive, the OAUTH_* one is half its profile's idle expiry.
+	// Always: stored providers have their own keep-alive. Without --keep-alive, the OAUTH_* one is half its profile's idle expiry.
 	if p, err := profiles.Get(cfg.OAuth.Profile); ahead.KeepAlive == 0 && cfg.OAuth.Profile != "" && err == nil &&
 		p.RefreshIdle.Known && p.RefreshIdle.D > 0 {
 		ahead.KeepAlive = p.RefreshIdle.D / 2

@@ -41,8 +41,7 @@ type Config struct {
 	MigrateOnStart       bool   `env:"MIGRATE_ON_START" envDefault:"true"`
 	// EncryptionKeys seals tokens at rest (format: infra/tokencrypt).
 	EncryptionKeys tokencrypt.KeySpec `env:"TOKEN_ENCRYPTION_KEYS"`
-	// RequireEncryption refuses plaintext rows; unset, whenever
-	// TOKEN_ENCRYPTION_KEYS is set (false only until rotate-key sealed them).
+	// RequireEncryption refuses plaintext rows; unset, whenever TOKEN_ENCRYPTION_KEYS is set (false only until rotate-key sealed them).
 	RequireEncryption *bool         `env:"TOKEN_ENCRYPTION_REQUIRED"`
 	DefaultLifetime   time.Duration `env:"TOKEN_DEFAULT_LIFETIME"`
 	// EndpointCheck logs a misconfigured client at start, not at the first refresh.

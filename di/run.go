@@ -91,8 +91,7 @@ func AppVersion() string {
 // UserAgent is app's User-Agent: tokenguard-<app>/<version>.
 func UserAgent(app string) string { return "tokenguard-" + app + "/" + AppVersion() }
 
-// Main is the body of a long-running app's main: usage and the environment
-// on --help, else Run with the app build makes, until SIGTERM or SIGINT.
+// Main is the body of a long-running app's main: usage and the environment on --help, else Run with the app build makes.
 func Main[A interface{ Run(context.Context) error }](app, usage string, args, environ []string, stdout, stderr io.Writer,
 	build func(context.Context, AppConfig, *slog.Logger) (A, func(), error)) int {
 	if HelpAsked(args) {

@@ -64,8 +64,7 @@ func openDB(ctx context.Context, url string, conns int, log *slog.Logger) (*gorm
 
 var discard = slog.New(slog.DiscardHandler)
 
-// migrate applies tokenguard's migrations on db, or on MigrateURL when it
-// differs (their session lock would not survive a pooler).
+// migrate applies tokenguard's migrations on db, or on MigrateURL when it differs (their session lock would not survive a pooler).
 func migrate(ctx context.Context, cfg Config, db *gorm.DB, log *slog.Logger) error {
 	if cfg.MigrateURL() == cfg.DatabaseURL {
 		return tokenguard.Migrate(ctx, db)
