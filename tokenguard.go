@@ -125,38 +125,25 @@ func New(db *gorm.DB, cfg *oauth2.Config, opts ...Option) (*Tokens, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenguard: WithTokenRate: %w", err)
 	}
+	if o.par, err = domain.ParsePARMode(string(o.par)); err != nil {
+		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
+	}
 	sealer, err := o.sealer()
 	if err != nil {
 		return nil, err
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	rdb, repo, err := openStore(ctx, pool, sealer, envRate, o)
-	if err != nil {
-		return nil, err
-	}
-
-	if o.par, err = domain.ParsePARMode(string(o.par)); err != nil {
-		return nil, fmt.Errorf("tokenguard: WithPAR: %w", err)
-	}
-	t := &Tokens{o: o, listen: listen, db: rdb, repo: repo, ready: make(chan struct{}), runDone: make(chan struct{}), nonces: &dpop.Nonces{}, cfg: cfg}
+	t := &Tokens{o: o, listen: listen, ready: make(chan struct{}), runDone: make(chan struct{}), nonces: &dpop.Nonces{}, cfg: cfg}
 	if o.clientKey != nil {
 		if t.clientKey, err = clientkey.FromSigner(o.clientKey); err != nil {
 			return nil, fmt.Errorf("tokenguard: WithClientKey: %w", err)
 		}
 	}
-	// Staleness is decided on the database server's clock, whatever the hosts' drift.
-	if t.clock, err = repository.NewDatabaseClock(ctx, rdb, nil); err != nil {
-		return nil, fmt.Errorf("tokenguard: %w", err)
-	}
-	if off := t.clock.Offset(); off.Abs() > time.Second {
-		o.Logger.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
-			slog.Duration("offset", off.Round(time.Millisecond)))
-	}
-	if err := t.loadProviders(ctx, sealer, prof, envLifetime, envRate); err != nil {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := t.openStore(ctx, pool, sealer, envRate); err != nil {
 		return nil, err
 	}
-	if err := t.buildUseCases(sealer, prof); err != nil {
+	if err := t.build(ctx, sealer, prof, envLifetime, envRate); err != nil {
 		return nil, err
 	}
 	var attrs []any
@@ -185,50 +172,61 @@ func (o options) sealer() (repository.Sealer, error) {
 	return k, nil
 }
 
-// openStore opens tokenguard's store on pool and checks the search path, the primary and the keys.
-func openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer, envRate domain.TokenRate, o options) (*gorm.DB, *repository.TokenRepository, error) {
+// openStore opens t's store on pool, checks the search path, the primary and
+// the keys, and starts the database clock.
+func (t *Tokens) openStore(ctx context.Context, pool gorm.ConnPool, sealer repository.Sealer, envRate domain.TokenRate) error {
 	// A *gorm.DB of tokenguard's own: no PrepareStmt cache, none of the application's
 	// plugins (which could record tokens), a logger that never prints a token.
 	rdb, err := gorm.Open(gormpostgres.New(gormpostgres.Config{Conn: pool}),
-		&gorm.Config{Logger: repository.NewLogger(o.Logger), SkipDefaultTransaction: true})
+		&gorm.Config{Logger: repository.NewLogger(t.o.Logger), SkipDefaultTransaction: true})
 	if err != nil {
-		return nil, nil, fmt.Errorf("tokenguard: %w", err)
+		return fmt.Errorf("tokenguard: %w", err)
 	}
-	repo := repository.NewTokenRepository(rdb, sealer)
-	durability, err := repository.NewDurability(o.syncCommit)
+	t.db, t.repo = rdb, repository.NewTokenRepository(rdb, sealer)
+	durability, err := repository.NewDurability(t.o.syncCommit)
 	if err != nil {
-		return nil, nil, fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
+		return fmt.Errorf("tokenguard: WithSyncCommit: %w", err)
 	}
-	repo.SetDurability(durability)
-	repo.SetTokenRate(envRate)
+	t.repo.SetDurability(durability)
+	t.repo.SetTokenRate(envRate)
 	if err := migrations.CheckSearchPath(ctx, pool); err != nil {
-		return nil, nil, fmt.Errorf("tokenguard: %w", err)
+		return fmt.Errorf("tokenguard: %w", err)
 	}
-	if err := repo.CheckPrimary(ctx); err != nil {
-		return nil, nil, fmt.Errorf("tokenguard: %w", err)
+	if err := t.repo.CheckPrimary(ctx); err != nil {
+		return fmt.Errorf("tokenguard: %w", err)
 	}
-	kc, err := repo.CheckKeys(ctx)
+	kc, err := t.repo.CheckKeys(ctx)
 	switch {
 	case errors.Is(err, domain.ErrUndecryptable):
-		return nil, nil, fmt.Errorf("tokenguard: the encryption keys cannot decrypt the stored tokens: %w", err)
+		return fmt.Errorf("tokenguard: the encryption keys cannot decrypt the stored tokens: %w", err)
 	case err != nil:
-		return nil, nil, fmt.Errorf("tokenguard: read the stored tokens (has Migrate run?): %w", err)
-	case o.keys == "":
-		o.Logger.Warn("tokenguard: access and refresh tokens are stored in plaintext (see WithEncryptionKeys)")
+		return fmt.Errorf("tokenguard: read the stored tokens (has Migrate run?): %w", err)
+	case t.o.keys == "":
+		t.o.Logger.Warn("tokenguard: access and refresh tokens are stored in plaintext (see WithEncryptionKeys)")
 	case kc.Stale > 0:
-		o.Logger.Warn("tokenguard: some stored tokens are not sealed with the current key; re-encrypt them (tokenctl rotate-key)",
+		t.o.Logger.Warn("tokenguard: some stored tokens are not sealed with the current key; re-encrypt them (tokenctl rotate-key)",
 			slog.Int("rows", kc.Stale))
 	}
-	return rdb, repo, nil
+	// Staleness is decided on the database server's clock, whatever the hosts' drift.
+	if t.clock, err = repository.NewDatabaseClock(ctx, rdb, nil); err != nil {
+		return fmt.Errorf("tokenguard: %w", err)
+	}
+	if off := t.clock.Offset(); off.Abs() > time.Second {
+		t.o.Logger.Warn("tokenguard: this host's clock is off from the database server's; tokenguard uses the server's",
+			slog.Duration("offset", off.Round(time.Millisecond)))
+	}
+	return nil
 }
 
-// loadProviders builds the refreshers of t.cfg (profile prof) and of the stored providers.
-func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate) error {
+// build makes the refreshers of t.cfg (profile prof) and of the stored
+// providers, and the use cases on them.
+func (t *Tokens) build(ctx context.Context, sealer repository.Sealer, prof profiles.Profile, envLifetime time.Duration, envRate domain.TokenRate) error {
 	o := t.o
 	// The token endpoint's requests show in the refresh's trace.
 	t.httpClient = tracing.Client(cmp.Or(o.httpClient, provider.NewHTTPClient(o.AnswerDeadline)), o.tracerProvider)
 	t.discovery = provider.NewDiscovery(t.httpClient)
 	t.o.userInfo.HTTP = t.httpClient
+	stored, authStyles := repository.NewProviderRepository(t.db, sealer), repository.NewAuthStyles(t.db)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, rate domain.TokenRate, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.Logger)
 		pol.RetryWithin = o.RefreshTimeout // answered failures; an answer is awaited until the answer deadline
@@ -236,13 +234,13 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 			pol.MaxAttempts = 1 // each request is debited from the budget: none is resent within a call
 		}
 		return provider.NewRetrying(provider.NewRefresher(cfg, t.httpClient, append([]provider.Option{
-			provider.WithAuthStyleStore(repository.NewAuthStyles(t.db)), provider.WithProfile(prof),
+			provider.WithAuthStyleStore(authStyles), provider.WithProfile(prof),
 			provider.WithEvidence(repository.NewRefusalEvidence(t.db), provider.AllEvidence),
 			provider.WithDefaultLifetime(defaultLifetime), provider.WithLogger(o.Logger), provider.WithClock(t.clock.Now),
 			provider.WithNonces(t.nonces)}, extra...)...), pol)
 	}
 	envAuth := provider.ClientOptions(o.resource, t.clientKey, prof, t.discovery)
-	t.providers = provider.NewRegistry(refresherOf(t.cfg, envLifetime, prof, envRate, envAuth...), repository.NewProviderRepository(t.db, sealer),
+	t.providers = provider.NewRegistry(refresherOf(t.cfg, envLifetime, prof, envRate, envAuth...), stored,
 		func(p domain.Provider) provider.GrantRefresher {
 			pp, err := profiles.Get(p.Profile)
 			if err != nil {
@@ -259,12 +257,7 @@ func (t *Tokens) loadProviders(ctx context.Context, sealer repository.Sealer, pr
 		}
 		return fmt.Errorf("tokenguard: %w", err)
 	}
-	return nil
-}
 
-// buildUseCases builds the use cases on t's store and providers.
-func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile) error {
-	o := t.o
 	uopts := o.Options
 	uopts.Clock, uopts.Tracer = t.clock, tracing.New(o.tracerProvider)
 	uopts.ProviderSkew, uopts.ProviderKeepAlives = t.providers.Skew, t.providers.KeepAlives
@@ -279,8 +272,8 @@ func (t *Tokens) buildUseCases(sealer repository.Sealer, prof profiles.Profile) 
 	t.providers.OnChange(t.uc.ProviderChanged)
 	t.uc.OnRolledBack(t.rolledBack)
 	t.connect = usecase.NewConnectUseCase(t.repo, t.clock, o.LockWait)
-	revoker := provider.NewRevoker(t.cfg, o.revocationURL, t.clientKey, prof, repository.NewProviderRepository(t.db, sealer),
-		t.discovery, provider.NewHTTPClient(o.RefreshTimeout), repository.NewAuthStyles(t.db))
+	revoker := provider.NewRevoker(t.cfg, o.revocationURL, t.clientKey, prof, stored,
+		t.discovery, provider.NewHTTPClient(o.RefreshTimeout), authStyles)
 	t.disconnect = usecase.NewDisconnectUseCase(t.repo, revoker, o.LockWait, o.RefreshTimeout)
 	t.flow = usecase.NewConnectFlowUseCase(repository.NewConnectResults(t.db, sealer), t.connect, revoker, o.RefreshTimeout, o.Logger)
 	return nil
@@ -320,30 +313,26 @@ func poolOf(db *gorm.DB) (gorm.ConnPool, error) {
 // the provider's minus the skew, so that an oauth2.ReuseTokenSource never
 // keeps it past another process's refresh. Errors wrap an Err* or ctx's error.
 func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, error) {
-	tok, err := apiTokens{t}.Token(ctx, connection)
+	c, err := t.Credential(ctx, connection)
 	if err != nil {
 		return nil, err
 	}
-	if tok.SenderConstrained() {
+	if c.DPoPJKT != "" {
 		return nil, fmt.Errorf("token of %s: %w", connection, ErrSenderConstrained)
 	}
-	return t.credentialOf(tok).Token, nil
+	return c.Token, nil
 }
 
 // TokenSource is connection's oauth2.TokenSource (Tokens.Token with ctx).
 // Prefer Client for HTTP: it recovers a 401 caused by another process's
 // refresh, oauth2.NewClient cannot.
 func (t *Tokens) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
-	return tokenSource{t: t, ctx: ctx, connection: connection}
+	return tokenSource(func() (*oauth2.Token, error) { return t.Token(ctx, connection) })
 }
 
-type tokenSource struct {
-	t          *Tokens
-	ctx        context.Context
-	connection string
-}
+type tokenSource func() (*oauth2.Token, error)
 
-func (s tokenSource) Token() (*oauth2.Token, error) { return s.t.Token(s.ctx, s.connection) }
+func (f tokenSource) Token() (*oauth2.Token, error) { return f() }
 
 // Client returns an *http.Client whose requests carry connection's access
 // token; on a 401 it gets a newer token and resends a replayable request
