@@ -72,11 +72,12 @@ func scanOf(p string) ConnectionScan {
 // in path.Match and no regexp takes it, so it is left out; an empty class
 // matches '/', which no name has (negated: any character).
 func class(p string, i int, re *strings.Builder) int {
-	negated := i < len(p) && p[i] == '^'
-	if negated {
+	re.WriteString("[")
+	if i < len(p) && p[i] == '^' {
+		re.WriteString("^")
 		i++
 	}
-	var ranges strings.Builder
+	empty := true
 	for first := true; ; first = false {
 		if p[i] == ']' && !first {
 			break
@@ -88,22 +89,17 @@ func class(p string, i int, re *strings.Builder) int {
 			hi, i = classChar(p, i+1)
 		}
 		if lo <= hi {
-			ranges.WriteString(quoteRegexp(lo))
+			empty = false
+			re.WriteString(quoteRegexp(lo))
 			if hi != lo {
-				ranges.WriteString("-" + quoteRegexp(hi))
+				re.WriteString("-" + quoteRegexp(hi))
 			}
 		}
 	}
-	switch {
-	case ranges.Len() == 0 && negated:
-		re.WriteString("[^/]")
-	case ranges.Len() == 0:
+	if empty {
 		re.WriteString(`\/`)
-	case negated:
-		re.WriteString("[^" + ranges.String() + "]")
-	default:
-		re.WriteString("[" + ranges.String() + "]")
 	}
+	re.WriteString("]")
 	return i
 }
 
