@@ -8,11 +8,9 @@ import (
 
 // Sentinel errors, for errors.Is; the layers below wrap them never with a secret.
 var (
-	// ErrNotFound: no connection by that name is stored.
 	ErrNotFound = errors.New("connection not found")
 	// ErrNeedsReauth: the provider rejected the grant; a person must connect again.
 	ErrNeedsReauth = errors.New("connection needs re-authorisation")
-	// ErrLockTimeout: another process held the connection's refresh lock for longer than the wait bound.
 	ErrLockTimeout = errors.New("timed out waiting for the connection's refresh lock")
 	// ErrProviderUnavailable: the provider failed in a way a later call may not (5xx, 429, timeout, network).
 	ErrProviderUnavailable = errors.New("token provider unavailable")
@@ -22,40 +20,30 @@ var (
 	ErrClientRejected = errors.New("token endpoint rejected the client (check the oauth2.Config's ClientID, ClientSecret, Endpoint.AuthStyle)")
 	// ErrEndpointMisconfigured: the token URL is not a token endpoint (404, 405, a redirect).
 	ErrEndpointMisconfigured = errors.New("token endpoint misconfigured (check the oauth2.Config's Endpoint.TokenURL)")
-	// ErrStoreUnavailable: the database could not be reached or failed.
-	ErrStoreUnavailable = errors.New("token store unavailable")
-	// ErrReadOnlyStore: the database is a replica, where no refresh could be stored.
-	ErrReadOnlyStore = errors.New("token store is a read-only replica")
-	// ErrRefreshInProgress: a refresh by a process that lost the lock may still be at the provider;
-	// its refresh token is not presented again until that refresh has stored its answer or given up.
+	ErrStoreUnavailable      = errors.New("token store unavailable")
+	ErrReadOnlyStore         = errors.New("token store is a read-only replica")
+	// ErrRefreshInProgress: the token is not presented again until that refresh has stored its answer or given up.
 	ErrRefreshInProgress = errors.New("another process's refresh of the token may still be at the provider")
-	// ErrConflict: the stored token changed between read and write.
-	ErrConflict = errors.New("token changed concurrently")
+	ErrConflict          = errors.New("token changed concurrently")
 	// ErrInvalidToken: a token handed to us is unusable (for example it has no refresh token).
-	ErrInvalidToken = errors.New("invalid token")
-	// ErrInvalidConnection: a connection name is malformed.
+	ErrInvalidToken      = errors.New("invalid token")
 	ErrInvalidConnection = errors.New("invalid connection name")
 	// ErrRefreshRateLimited: forced refreshes came too fast (an API answering 401 to everything).
 	ErrRefreshRateLimited = errors.New("forced refresh rate limited")
 	// ErrAccountMismatch: the session did not allow a change of account; nothing was stored.
 	ErrAccountMismatch = errors.New("the grant is from a different provider account than the connection's")
 	// ErrInvalidSyncCommit: a level other than off, local, remote_write, on or remote_apply.
-	ErrInvalidSyncCommit = errors.New("invalid synchronous_commit level")
-	// ErrReturnToNotAllowed: a connect session's return_to is refused.
-	ErrReturnToNotAllowed = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
-	// ErrConnectNotConfigured: a connect session was asked of a server without a connect flow.
+	ErrInvalidSyncCommit    = errors.New("invalid synchronous_commit level")
+	ErrReturnToNotAllowed   = errors.New("return_to is missing or not under an allowed return URL (CONNECT_RETURN_URLS)")
 	ErrConnectNotConfigured = errors.New("the connect flow is not configured (OAUTH_AUTH_URL, OAUTH_TOKEN_URL, OAUTH_REDIRECT_URL)")
 	// ErrUnauthorized: a missing, unknown or revoked API key or connect session.
-	ErrUnauthorized = errors.New("unauthorized")
-	// ErrSchemaNotFound: the search_path names no usable schema for tokenguard's tables.
+	ErrUnauthorized   = errors.New("unauthorized")
 	ErrSchemaNotFound = errors.New("the search_path names a schema that does not exist")
 	// ErrRefreshFailing: unclassified or lost answers, the next attempt not due yet (grant untouched).
 	ErrRefreshFailing = errors.New("the connection's refreshes are failing; the provider is not asked again yet")
-	// ErrResultInvalid: a connect result code unknown, expired or redeemed; nothing stored.
-	ErrResultInvalid = errors.New("connect result unknown, expired or already redeemed")
+	ErrResultInvalid  = errors.New("connect result unknown, expired or already redeemed")
 	// ErrUndecryptable: a stored token's key is missing or its ciphertext altered; it is never sent.
-	ErrUndecryptable = errors.New("stored token cannot be decrypted")
-	// ErrSenderConstrained: the grant is bound to a DPoP key (RFC 9449).
+	ErrUndecryptable     = errors.New("stored token cannot be decrypted")
 	ErrSenderConstrained = errors.New("connection is sender-constrained (DPoP): its access token is useless without a proof; call through tokenguard's client or proxy, or ask for a proof (POST /connections/{name}/dpop-proof)")
 )
 
