@@ -70,9 +70,8 @@ var ErrMissingScope = errors.New("the API key lacks the scope")
 // ErrConnectionNotAllowed: no pattern of the API key matches the action's connection. Nothing was done.
 var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
 
-// Permit is the one authorization rule of every surface that acts for a key:
-// it must hold scope s and, unless connection is "" (a listing, filtered by
-// AllowsConnection), a pattern matching it.
+// Permit is the one authorization rule of every surface that acts for a key: it must hold scope s
+// and, unless connection is "" (a listing, filtered by AllowsConnection), a pattern matching it.
 func (a KeyAccess) Permit(s Scope, connection string) error {
 	if !slices.Contains(AllScopes, s) || !a.Has(s) {
 		return fmt.Errorf("%w %s", ErrMissingScope, s)

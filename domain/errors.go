@@ -97,9 +97,8 @@ const (
 	GrantDead
 	ClientRejected        // the client's registration or credentials are wrong; the refresh token was not spent
 	EndpointMisconfigured // the token URL does not lead to a token endpoint; no grant is touched
-	// Unclassified: an answer tokenguard cannot act on (an unknown code, an
-	// unreadable body, a 200 without an access token). Not retried within
-	// the call: the connection backs off fleet-wide; the grant is untouched.
+	// Unclassified: an answer tokenguard cannot act on (an unknown code, an unreadable body, a 200
+	// without an access token). Not retried in the call: the connection backs off fleet-wide.
 	Unclassified
 )
 
@@ -149,8 +148,7 @@ func (e *ProviderError) Error() string {
 	return msg
 }
 
-// Unwrap lets errors.Is match the class's sentinel and the transport cause
-// (context.DeadlineExceeded, net errors).
+// Unwrap lets errors.Is match the class's sentinel and the transport cause (context.DeadlineExceeded).
 func (e *ProviderError) Unwrap() []error {
 	kind := e.Class.Sentinel()
 	if e.Err == nil {

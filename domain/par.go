@@ -1,11 +1,6 @@
 package domain
 
-import (
-	"cmp"
-	"errors"
-	"fmt"
-	"slices"
-)
+import "errors"
 
 // PARMode says when the connect flow pushes its authorization request to
 // the provider (RFC 9126) instead of putting it in the browser's URL.
@@ -21,10 +16,7 @@ const (
 
 // ParsePARMode reads "auto" (or ""), "always" or "never". Errors wrap ErrInvalidProvider.
 func ParsePARMode(s string) (PARMode, error) {
-	if m := cmp.Or(PARMode(s), PARAuto); slices.Contains([]PARMode{PARAuto, PARAlways, PARNever}, m) {
-		return m, nil
-	}
-	return "", fmt.Errorf("%w: par must be auto, always or never, got %q", ErrInvalidProvider, s)
+	return parseChoice(s, "par must be auto, always or never", PARAuto, PARAlways, PARNever)
 }
 
 // ErrNoPAREndpoint: pushed requests are required and the provider's endpoint for them is unknown.

@@ -49,11 +49,16 @@ const (
 
 // ParseAuthStyle reads "auto" (or ""), "header", "params" or "private_key_jwt".
 func ParseAuthStyle(s string) (AuthStyle, error) {
-	styles := []AuthStyle{AuthStyleAuto, AuthStyleHeader, AuthStyleParams, AuthStylePrivateKeyJWT}
-	if a := cmp.Or(AuthStyle(s), AuthStyleAuto); slices.Contains(styles, a) {
-		return a, nil
+	return parseChoice(s, "auth style must be auto, header, params or private_key_jwt",
+		AuthStyleAuto, AuthStyleHeader, AuthStyleParams, AuthStylePrivateKeyJWT)
+}
+
+// parseChoice reads s as one of choices, "" as the first; errors wrap ErrInvalidProvider.
+func parseChoice[T ~string](s, want string, choices ...T) (T, error) {
+	if c := cmp.Or(T(s), choices[0]); slices.Contains(choices, c) {
+		return c, nil
 	}
-	return "", fmt.Errorf("%w: auth style must be auto, header, params or private_key_jwt, got %q", ErrInvalidProvider, s)
+	return "", fmt.Errorf("%w: %s, got %q", ErrInvalidProvider, want, s)
 }
 
 // ReservedProviderName is what metrics call the OAUTH_* provider; no stored provider may take it.

@@ -67,10 +67,9 @@ func scanOf(p string) ConnectionScan {
 	return s
 }
 
-// class writes the character class of p starting at i (after its '[') and
-// returns the index of its closing ']'. An inverted range matches nothing
-// in path.Match and no regexp takes it, so it is left out; an empty class
-// matches '/', which no name has (negated: any character).
+// class writes the character class of p from i (after its '[') and returns the index of its ']'.
+// An inverted range matches nothing in path.Match and no regexp takes it, so it is left out;
+// an empty class matches '/', which no name has (negated: any character).
 func class(p string, i int, re *strings.Builder) int {
 	re.WriteString("[")
 	if i < len(p) && p[i] == '^' {

@@ -59,11 +59,10 @@ func (f RefreshFailure) Describe() string {
 	if f.Failures == 0 {
 		return ""
 	}
-	s := ""
+	s := cmp.Or(f.Code, "no code")
 	if f.HTTPStatus != 0 {
-		s = fmt.Sprintf("HTTP %d ", f.HTTPStatus)
+		s = fmt.Sprintf("HTTP %d %s", f.HTTPStatus, s)
 	}
-	s += cmp.Or(f.Code, "no code")
 	return fmt.Sprintf("%s, %d in a row since %s", s, f.Failures, f.Since.UTC().Format(time.RFC3339))
 }
 

@@ -14,9 +14,8 @@ var ErrInsecureURL = errors.New("must be https (http only on loopback, or with A
 // ErrNotHTTPURL: a setting that must be an absolute http(s) URL is not one.
 var ErrNotHTTPURL = errors.New("must be an http(s) URL")
 
-// CheckURL is the one check of every URL tokens or secrets travel to: an absolute
-// http(s) URL, https unless on loopback or allowInsecure. The error does not
-// repeat the URL (it may carry credentials).
+// CheckURL is the one check of every URL tokens or secrets travel to: an absolute http(s) URL,
+// https unless on loopback or allowInsecure. Errors never repeat the URL (it may carry credentials).
 func CheckURL(raw string, allowInsecure bool) error {
 	u, err := url.Parse(raw)
 	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
