@@ -25,9 +25,8 @@ func (t *Tokens) Credential(ctx context.Context, connection string) (Credential,
 	return t.credential(apiTokens{t}.Token(ctx, connection))
 }
 
-// ForceRefresh returns connection's token after the API refused version stale
-// (a 401): one refresh fleet-wide per version, at most one per 5 s or half the
-// token's lifetime (else ErrRefreshRateLimited).
+// ForceRefresh returns connection's token after the API refused version stale (a 401): one refresh
+// fleet-wide per version, at most one per 5 s or half the token's lifetime (else ErrRefreshRateLimited).
 func (t *Tokens) ForceRefresh(ctx context.Context, connection string, stale int64) (Credential, error) {
 	return t.credential(apiTokens{t}.ForceRefresh(ctx, connection, stale))
 }

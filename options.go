@@ -43,9 +43,8 @@ func WithSkew(d time.Duration) Option { return func(o *options) { o.Skew = d } }
 // connection (default 15s); past it Token fails with ErrLockTimeout.
 func WithLockWait(d time.Duration) Option { return func(o *options) { o.LockWait = d } }
 
-// WithRefreshTimeout bounds one refresh at the provider, retries included
-// (default 10s, at most two thirds of the lock wait), so that a process
-// waiting behind a refresh finds the new token.
+// WithRefreshTimeout bounds one refresh at the provider, retries included (default 10s,
+// at most two thirds of the lock wait), so that a process waiting behind it finds the new token.
 func WithRefreshTimeout(d time.Duration) Option { return func(o *options) { o.RefreshTimeout = d } }
 
 // WithAnswerDeadline bounds the wait for the answer to a request that presented

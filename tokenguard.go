@@ -323,9 +323,8 @@ func (t *Tokens) Token(ctx context.Context, connection string) (*oauth2.Token, e
 	return c.Token, nil
 }
 
-// TokenSource is connection's oauth2.TokenSource (Tokens.Token with ctx).
-// Prefer Client for HTTP: it recovers a 401 caused by another process's
-// refresh, oauth2.NewClient cannot.
+// TokenSource is connection's oauth2.TokenSource (Tokens.Token with ctx). Prefer Client
+// for HTTP: it recovers a 401 caused by another process's refresh, oauth2.NewClient cannot.
 func (t *Tokens) TokenSource(ctx context.Context, connection string) oauth2.TokenSource {
 	return tokenSource(func() (*oauth2.Token, error) { return t.Token(ctx, connection) })
 }
