@@ -148,15 +148,16 @@ const (
 // sweepOne refreshes t's connection (as listed, without credentials) if it is due and Claim still
 // finds it so, holding an in-flight slot, and one of the sweep's calls, until the provider answers.
 func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, calls *semaphore.Weighted, t domain.Token, due func(domain.Token) bool) (sweepOutcome, error) {
-	var r redeemed
+	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, t.Connection)
 	var ev RefreshEvent
-	id := t.Connection
-	ctx, span := u.opts.Tracer.Start(ctx, StepRefresh, id)
 	busy := true // another holder has its refresh
 	defer func() { span.End(ev.facts(busy), ev.Err) }()
-	if t.Status != domain.StatusActive || !due(t) {
-		ev, busy = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider, Outcome: OutcomeSkippedFresh}, false
+	fresh := func(seen domain.Token) (sweepOutcome, error) {
+		ev, busy = RefreshEvent{Connection: t.Connection, OldVersion: seen.Version, Provider: seen.Provider, Outcome: OutcomeSkippedFresh}, false
 		return sweepFresh, nil
+	}
+	if t.Status != domain.StatusActive || !due(t) {
+		return fresh(t)
 	}
 	if u.provider(t.Provider).budgetWait(u.opts.Clock.Now()) > 0 {
 		return sweepSkipped, nil // callers come first; the next pass tries again
@@ -165,34 +166,32 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 	if err == nil {
 		err = u.slots.Acquire(ctx, 1)
 	}
-	var cl Claim
+	var c claimed
 	if err == nil {
-		lockCtx, cancel := context.WithTimeout(SpareBudget(ctx), u.opts.LockWait)
-		cl, err = store.Claim(lockCtx, t, u.opts.AnswerDeadline)
-		cancel()
-		if cl.End == nil {
-			u.slots.Release(1)
-		}
+		c, err = u.lease(SpareBudget(ctx), store, t, u.opts.LockWait)
 	}
+	var r redeemed
 	switch {
-	case err == nil && cl.BudgetWait > 0:
+	case err != nil:
+	case c.BudgetWait > 0:
 		return sweepSkipped, nil // the budget's reserve is the callers'
-	case err == nil && cl.End == nil && (cl.Lease.Running || cl.Lease.Abandoned):
+	case c.End == nil && (c.Lease.Running || c.Lease.Abandoned):
 		return sweepSkipped, nil
-	case err == nil && cl.End == nil:
-		ev, busy = RefreshEvent{Connection: id, OldVersion: cl.Token.Version, Provider: cl.Token.Provider, Outcome: OutcomeSkippedFresh}, false
-		return sweepFresh, nil
-	case err == nil:
+	case c.End == nil:
+		return fresh(c.Token)
+	default:
 		if err = calls.Acquire(ctx, 1); err != nil {
-			cl.End(true) // not presented
-			u.slots.Release(1)
+			c.End(true) // not presented
+			c.release()
 			break
 		}
-		release := sync.OnceFunc(func() { u.slots.Release(1); calls.Release(1) })
-		r, err = u.redeem(ctx, store, claimed{Claim: Claim{Token: cl.Token, End: cl.End}, release: release})
+		slot := c.release
+		c.Claim = Claim{Token: c.Token, End: c.End} // no history note (Why)
+		c.release = sync.OnceFunc(func() { slot(); calls.Release(1) })
+		r, err = u.redeem(ctx, store, c)
 	}
 	busy = false
-	ev = RefreshEvent{Connection: id, OldVersion: t.Version, Provider: t.Provider}
+	ev = RefreshEvent{Connection: t.Connection, OldVersion: t.Version, Provider: t.Provider}
 	ev.Err = u.redeemEnded(&ev, r, err, nil)
 	ev.Outcome = cmp.Or(ev.Outcome, outcome(ev.Err))
 	u.observe(ev)

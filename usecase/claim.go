@@ -54,18 +54,14 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 			// The provider's budget was found spent: no need to ask the store.
 			err = u.budgetHeld(ctx, t, w, forced, asked, woken)
 		} else {
-			var cl Claim
+			var cl claimed
 			if err = u.acquireSlot(ctx, woken); err == nil {
 				cl, err = u.claimOnce(ctx, t, asked)
-				if cl.End == nil {
-					u.slots.Release(1) // the slot is kept only with the lease
-				}
 			}
 			switch {
 			case cl.End != nil:
 				unwatch()
-				c.Claim = cl
-				c.release = sync.OnceFunc(func() { u.slots.Release(1) })
+				c.Claim, c.release = cl.Claim, cl.release
 				return done(nil)
 			case errors.Is(err, errAnnounced):
 				err = nil // another process stored the token while this one queued
@@ -111,21 +107,32 @@ func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wa
 	return budgetSpent(wait)
 }
 
-// claimOnce is one traced TokenStore.Claim within the lock wait begun at asked.
-func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, asked time.Time) (Claim, error) {
+// claimOnce is one traced lease, holding an in-flight slot, within the lock wait begun at asked.
+func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, asked time.Time) (claimed, error) {
 	left := u.opts.LockWait - time.Since(asked)
 	if left <= 0 {
-		return Claim{}, fmt.Errorf("%w: %w", domain.ErrLockTimeout, domain.ErrRefreshInProgress)
+		u.slots.Release(1)
+		return claimed{}, fmt.Errorf("%w: %w", domain.ErrLockTimeout, domain.ErrRefreshInProgress)
 	}
-	lockCtx, cancel := context.WithTimeout(ctx, left)
+	_, span := u.opts.Tracer.Start(ctx, StepLease, t.Connection)
+	c, err := u.lease(ctx, u.store, t, left)
+	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Waited: c.Lease.Running || c.Lease.Abandoned}, err)
+	_, reread := u.opts.Tracer.Start(ctx, StepReread, t.Connection)
+	reread.End(Facts{Provider: c.Token.Provider, OldVersion: c.Token.Version}, err)
+	return c, err
+}
+
+// lease claims t's refresh in store within wait, holding an in-flight slot: the slot is kept only
+// with the lease, until the provider answered (release).
+func (u *RefreshTokenUseCase) lease(ctx context.Context, store TokenStore, t domain.Token, wait time.Duration) (claimed, error) {
+	lockCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	_, span := u.opts.Tracer.Start(lockCtx, StepLease, t.Connection)
-	cl, err := u.store.Claim(lockCtx, t, u.opts.AnswerDeadline)
-	other := cl.Lease.Running || cl.Lease.Abandoned
-	span.End(Facts{Provider: t.Provider, OldVersion: t.Version, Waited: other}, err)
-	_, reread := u.opts.Tracer.Start(lockCtx, StepReread, t.Connection)
-	reread.End(Facts{Provider: cl.Token.Provider, OldVersion: cl.Token.Version}, err)
-	return cl, err
+	cl, err := store.Claim(lockCtx, t, u.opts.AnswerDeadline)
+	if cl.End == nil {
+		u.slots.Release(1)
+		return claimed{Claim: cl}, err
+	}
+	return claimed{Claim: cl, release: sync.OnceFunc(func() { u.slots.Release(1) })}, err
 }
 
 // mayPresent refuses to present t's refresh token while its provider's calls pause, its failure
