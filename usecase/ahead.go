@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"golang.org/x/sync/errgroup"
@@ -86,10 +85,10 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 	t time.Time, concurrency int, due func(domain.Token) bool) (AheadReport, error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepSweep, "")
 	var (
-		counts  [sweepFailed + 1]atomic.Int64 // by sweepOutcome
+		rep     AheadReport
+		counts  [sweepFailed + 1]int // by sweepOutcome
 		mu      sync.Mutex
 		errs    []error
-		listed  int
 		listErr error
 	)
 	concurrency = max(concurrency, 1)
@@ -102,17 +101,15 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 			listErr = err
 			break
 		}
-		listed += len(toks)
+		rep.Due += len(toks)
 		for _, tok := range toks {
 			g.Go(func() error {
 				outcome, err := u.sweepOne(gctx, store, calls, tok, due)
-				counts[outcome].Add(1)
-				if outcome == sweepFailed {
-					mu.Lock()
-					if len(errs) < sweepErrors {
-						errs = append(errs, fmt.Errorf("%s: %w", tok.Connection, err))
-					}
-					mu.Unlock()
+				mu.Lock()
+				defer mu.Unlock()
+				counts[outcome]++
+				if outcome == sweepFailed && len(errs) < sweepErrors {
+					errs = append(errs, fmt.Errorf("%s: %w", tok.Connection, err))
 				}
 				return nil
 			})
@@ -123,8 +120,7 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		after = next
 	}
 	_ = g.Wait()
-	rep := AheadReport{Due: listed, Refreshed: int(counts[sweepRefreshed].Load()), Skipped: int(counts[sweepSkipped].Load()),
-		Fresh: int(counts[sweepFresh].Load()), Failed: int(counts[sweepFailed].Load())}
+	rep.Refreshed, rep.Skipped, rep.Fresh, rep.Failed = counts[sweepRefreshed], counts[sweepSkipped], counts[sweepFresh], counts[sweepFailed]
 	if n := rep.Failed - len(errs); n > 0 {
 		errs = append(errs, fmt.Errorf("and %d more connection(s) failed", n))
 	}
