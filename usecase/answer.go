@@ -42,9 +42,15 @@ func (u *RefreshTokenUseCase) redeem(ctx context.Context, store TokenStore, c cl
 	hung.reject(u.opts.Clock.Now(), hung.generation.Load(), err)
 	u.opts.Logger.Warn("token endpoint has not answered a refresh; awaiting its answer, callers get the current token while it is valid",
 		"connection", t.Connection, "provider", t.Provider, "version", t.Version, "answer_deadline", u.opts.AnswerDeadline)
-	go func() {
+	go func() { // tells operators how the refresh that outlived its callers ended
 		o := <-done
-		u.late(t, o.r, o.err)
+		log := u.opts.Logger.With("connection", t.Connection, "provider", t.Provider, "from_version", t.Version)
+		switch err := u.redeemEnded(&RefreshEvent{Connection: t.Connection}, o.r, o.err, log); {
+		case err == nil:
+			log.Info("late answer to a refresh stored", "version", o.r.tok.Version)
+		case err != o.r.revoked: // a dead grant's was told by redeemEnded
+			log.Warn("refresh that outlived its callers failed", "err", err)
+		}
 	}()
 	return redeemed{}, err
 }
@@ -56,17 +62,6 @@ var errAnswerPending = errors.New("the answer to the refresh under way is not in
 // forced: the 401 says the provider already rotated, so the answer under way is worth waiting for.
 func (u *RefreshTokenUseCase) overdue(l Lease, forced bool) bool {
 	return !forced && l.Running && l.Age > u.opts.RefreshTimeout
-}
-
-// late tells operators how a refresh that outlived its callers ended.
-func (u *RefreshTokenUseCase) late(t domain.Token, r redeemed, err error) {
-	log := u.opts.Logger.With("connection", t.Connection, "provider", t.Provider, "from_version", t.Version)
-	switch err := u.redeemEnded(&RefreshEvent{Connection: t.Connection}, r, err, log); {
-	case err == nil:
-		log.Info("late answer to a refresh stored", "version", r.tok.Version)
-	case err != r.revoked: // a dead grant's was told by redeemEnded
-		log.Warn("refresh that outlived its callers failed", "err", err)
-	}
 }
 
 // redeemEnded fills e with how redeeming r ended and returns the pass's error: for a dead grant

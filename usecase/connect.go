@@ -22,15 +22,7 @@ type ConnectUseCase struct {
 // NewConnectUseCase builds the use case; a nil clock is the system clock, lockWait <= 0 DefaultLockWait.
 func NewConnectUseCase(store ConnectionStore, clock Clock, lockWait time.Duration) *ConnectUseCase {
 	return &ConnectUseCase{store: store, clock: cmp.Or[Clock](clock, systemClock{}),
-		lockWait: orDefault(lockWait, DefaultLockWait)}
-}
-
-// orDefault is d, or def when d <= 0.
-func orDefault(d, def time.Duration) time.Duration {
-	if d <= 0 {
-		return def
-	}
-	return d
+		lockWait: cmp.Or(max(lockWait, 0), DefaultLockWait)}
 }
 
 // Connect stores g as connection's token and makes it active, under the connection's lock, so it

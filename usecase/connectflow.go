@@ -35,7 +35,7 @@ type ConnectFlowUseCase struct {
 // NewConnectFlowUseCase builds the use case; revoker may be nil, revokeTimeout <= 0 is DefaultRevokeTimeout.
 func NewConnectFlowUseCase(results PendingStore, connect *ConnectUseCase, revoker Revoker, revokeTimeout time.Duration, log *slog.Logger) *ConnectFlowUseCase {
 	return &ConnectFlowUseCase{results: results, connect: connect, revoker: revoker,
-		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout), log: cmp.Or(log, slog.Default())}
+		timeout: cmp.Or(max(revokeTimeout, 0), DefaultRevokeTimeout), log: cmp.Or(log, slog.Default())}
 }
 
 // Keep stores p pending and returns its one-time result code.

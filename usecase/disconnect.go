@@ -1,6 +1,7 @@
 package usecase
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -40,8 +41,8 @@ type DisconnectUseCase struct {
 
 // NewDisconnectUseCase builds the use case; revoker may be nil, durations <= 0 take their defaults.
 func NewDisconnectUseCase(store DisconnectStore, revoker Revoker, lockWait, revokeTimeout time.Duration) *DisconnectUseCase {
-	return &DisconnectUseCase{store: store, revoker: revoker, lockWait: orDefault(lockWait, DefaultLockWait),
-		timeout: orDefault(revokeTimeout, DefaultRevokeTimeout)}
+	return &DisconnectUseCase{store: store, revoker: revoker, lockWait: cmp.Or(max(lockWait, 0), DefaultLockWait),
+		timeout: cmp.Or(max(revokeTimeout, 0), DefaultRevokeTimeout)}
 }
 
 // Disconnect deletes connection's token, after revoking its refresh token at the provider when

@@ -43,10 +43,9 @@ func NewRefreshTokenUseCase(store TokenStore, refresher Refresher, opts Options)
 	return u, nil
 }
 
-// Token returns a token for connection valid for at least the skew,
-// without its refresh token; errors wrap domain's typed errors or ctx's.
-// The path fits a new goroutine's first stack, as hundreds arrive at an
-// expiry (TestWaitersFitTheirFirstStack).
+// Token returns a token for connection valid for at least the skew, without its refresh token;
+// errors wrap domain's typed errors or ctx's. The path fits a new goroutine's first stack, as
+// hundreds arrive at an expiry (TestWaitersFitTheirFirstStack).
 func (u *RefreshTokenUseCase) Token(ctx context.Context, connection string) (t domain.Token, err error) {
 	s, state := u.cache.get(connection, u.opts.Clock.Now())
 	u.opts.Observer.CacheLookup(state == hit)
