@@ -3,7 +3,6 @@ package httpapi
 import (
 	"context"
 	"errors"
-	"maps"
 	"net"
 	"net/http"
 	"slices"
@@ -11,9 +10,8 @@ import (
 	"sync"
 	"time"
 
-	"golang.org/x/time/rate"
-
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/ratelimit"
 )
 
 // access is who may call a route.
@@ -86,7 +84,7 @@ func (s *Server) guard(rt route) http.Handler {
 		h = s.requireKey(requireScope(rt, h))
 	} else {
 		// Bounded per address: a flood takes no time from key holders.
-		h = s.public.limit(h, nil)
+		h = limited(s.public, h, nil)
 	}
 	return s.bounded(h, positive(rt.maxBody, defaultMaxBody))
 }
@@ -121,8 +119,8 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 			writeError(w, "", err)
 			return
 		}
-		if wait := s.limits.wait(acc.ID); wait > 0 {
-			setRetryAfter(w, wait)
+		if wait := s.limits.Take(acc.ID, time.Now()); wait > 0 {
+			ratelimit.SetRetryAfter(w, wait)
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "rate limit of this API key exceeded; try again later", Code: "rate_limited"})
 			return
 		}
@@ -251,58 +249,6 @@ func allowedHosts(e Edges) map[string]bool {
 	return out
 }
 
-// keyLimits is one token bucket per API key.
-type keyLimits struct {
-	rate  rate.Limit
-	burst int
-	keys  sync.Map // int32 → *rate.Limiter
-}
-
-// wait takes a token from the key's bucket, or says how long until one.
-func (k *keyLimits) wait(id int32) time.Duration {
-	l, ok := k.keys.Load(id)
-	if !ok {
-		l, _ = k.keys.LoadOrStore(id, rate.NewLimiter(k.rate, k.burst))
-	}
-	return take(l.(*rate.Limiter), time.Now())
-}
-
-// take takes a token from l at now, or says how long until there is one.
-func take(l *rate.Limiter, now time.Time) time.Duration {
-	res := l.ReserveN(now, 1)
-	d := res.DelayFrom(now)
-	if d > 0 {
-		res.CancelAt(now)
-	}
-	return d
-}
-
-// addrLimits bound the public routes per client address (the TCP peer):
-// a token bucket and requests at once, plus a cap across all addresses.
-type addrLimits struct {
-	rate     rate.Limit
-	burst    int
-	inFlight int
-	total    chan struct{}
-
-	mu    sync.Mutex
-	addrs map[string]*addrState
-}
-
-type addrState struct {
-	lim      *rate.Limiter
-	inFlight int
-	seen     time.Time
-}
-
-const maxAddrs = 4096 // addresses remembered
-
-func newAddrLimits(e Edges) *addrLimits {
-	r := positive(e.PublicRate, 20)
-	return &addrLimits{rate: r, burst: positive(e.PublicBurst, int(2*r)), inFlight: positive(e.PublicInFlight, 4),
-		total: make(chan struct{}, positive(e.PublicTotal, 64)), addrs: map[string]*addrState{}}
-}
-
 // positive is v, or def for a setting left 0.
 func positive[T ~int | ~int64 | ~float64](v, def T) T {
 	if v <= 0 {
@@ -311,50 +257,15 @@ func positive[T ~int | ~int64 | ~float64](v, def T) T {
 	return v
 }
 
-func (a *addrLimits) acquire(addr string) (release func(), wait time.Duration, ok bool) {
-	now := time.Now()
-	a.mu.Lock()
-	st, found := a.addrs[addr]
-	if !found {
-		if len(a.addrs) >= maxAddrs { // forget idle addresses, those unseen for a minute first
-			maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool {
-				return st.inFlight == 0 && now.Sub(st.seen) > time.Minute
-			})
-			if len(a.addrs) >= maxAddrs {
-				maps.DeleteFunc(a.addrs, func(_ string, st *addrState) bool { return st.inFlight == 0 })
-			}
-		}
-		st = &addrState{lim: rate.NewLimiter(a.rate, a.burst)}
-		a.addrs[addr] = st
-	}
-	st.seen = now
-	if st.inFlight >= a.inFlight {
-		a.mu.Unlock()
-		return nil, time.Second, false
-	}
-	if d := take(st.lim, now); d > 0 {
-		a.mu.Unlock()
-		return nil, d, false
-	}
-	st.inFlight++
-	a.mu.Unlock()
-	select {
-	case a.total <- struct{}{}:
-	default:
-		a.done(st)
-		return nil, time.Second, false
-	}
-	return func() { <-a.total; a.done(st) }, 0, true
+// newAddrLimits bound a public route's requests per client address (the
+// TCP peer), and across all addresses.
+func newAddrLimits(e Edges) *ratelimit.Limits[string] {
+	r := positive(e.PublicRate, 20)
+	return ratelimit.New[string](r, positive(e.PublicBurst, int(2*r)), positive(e.PublicInFlight, 4), positive(e.PublicTotal, 64))
 }
 
-func (a *addrLimits) done(st *addrState) {
-	a.mu.Lock()
-	st.inFlight--
-	a.mu.Unlock()
-}
-
-// limit answers 429 (refuse, or nil: JSON) to an address over its limits.
-func (a *addrLimits) limit(next http.Handler, refuse http.HandlerFunc) http.Handler {
+// limited answers 429 (refuse, or nil: JSON) to an address over its limits.
+func limited(l *ratelimit.Limits[string], next http.Handler, refuse http.HandlerFunc) http.Handler {
 	if refuse == nil {
 		refuse = func(w http.ResponseWriter, _ *http.Request) {
 			writeJSON(w, http.StatusTooManyRequests, errorBody{Error: "too many requests from this address; try again later", Code: "rate_limited"})
@@ -364,13 +275,9 @@ func (a *addrLimits) limit(next http.Handler, refuse http.HandlerFunc) http.Hand
 		return next
 	}
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		addr, _, err := net.SplitHostPort(r.RemoteAddr)
-		if err != nil {
-			addr = r.RemoteAddr
-		}
-		release, wait, ok := a.acquire(addr)
-		if !ok {
-			setRetryAfter(w, wait)
+		release, wait := l.Acquire(ratelimit.ClientAddr(r))
+		if release == nil {
+			ratelimit.SetRetryAfter(w, wait)
 			refuse(w, r)
 			return
 		}

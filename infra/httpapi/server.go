@@ -14,7 +14,6 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
-	"strconv"
 	"time"
 
 	"go.opentelemetry.io/otel/trace"
@@ -26,6 +25,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/httpapi/problem"
+	"github.com/tokenguard/tokenguard/infra/httpapi/ratelimit"
 	"github.com/tokenguard/tokenguard/infra/tracing"
 )
 
@@ -117,14 +117,14 @@ const ResourcePath = "/resource"
 type Server struct {
 	deps    Deps
 	hosts   map[string]bool
-	limits  *keyLimits
-	public  *addrLimits // the public routes' limits per client address
+	limits  *ratelimit.Limits[int32]  // per API key
+	public  *ratelimit.Limits[string] // the public routes' limits per client address
 	health  health
 	rp      *httputil.ReverseProxy
 	tracer  *tracing.Tracer
 	console Console // /console, when mounted
 	// consoleLimits bound the console per address, apart from public.
-	consoleLimits *addrLimits
+	consoleLimits *ratelimit.Limits[string]
 }
 
 // Console is the operator console: it checks its own session and answers
@@ -148,7 +148,7 @@ func New(d Deps) *Server {
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
 	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(d.TracerProvider),
-		limits: &keyLimits{rate: e.Rate, burst: e.Burst},
+		limits: ratelimit.New[int32](e.Rate, e.Burst, 0, 0),
 		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
 	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
@@ -162,7 +162,7 @@ func (s *Server) Handler() http.Handler {
 		mux.Handle(rt.pattern(), s.guard(rt))
 	}
 	if s.console != nil {
-		h := s.bounded(s.consoleLimits.limit(s.console, s.console.TooManyRequests), defaultMaxBody)
+		h := s.bounded(limited(s.consoleLimits, s.console, s.console.TooManyRequests), defaultMaxBody)
 		mux.Handle("/console", h)
 		mux.Handle("/console/", h)
 	}
@@ -294,14 +294,9 @@ type errorBody struct {
 func writeError(w http.ResponseWriter, connection string, err error) {
 	p := problem.Of(err)
 	if p.RetryAfter > 0 {
-		setRetryAfter(w, p.RetryAfter)
+		ratelimit.SetRetryAfter(w, p.RetryAfter)
 	}
 	writeJSON(w, p.Status, errorBody{Error: p.Message, Code: p.Code, Connection: connection})
-}
-
-// setRetryAfter sets Retry-After to d in whole seconds, rounded up.
-func setRetryAfter(w http.ResponseWriter, d time.Duration) {
-	w.Header().Set("Retry-After", strconv.Itoa(int((d+time.Second-1)/time.Second)))
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {

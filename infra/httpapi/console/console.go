@@ -20,18 +20,15 @@ import (
 	"html/template"
 	"io/fs"
 	"log/slog"
-	"math"
-	"net"
 	"net/http"
 	"net/url"
-	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/httpapi/ratelimit"
 )
 
 // KeyVerifier says what an API key may do; domain.ErrUnauthorized if none.
@@ -129,48 +126,21 @@ type Deps struct {
 
 // Console is the console's handler, mounted at /console.
 type Console struct {
-	d       Deps
-	mux     *http.ServeMux
-	pages   map[string]*template.Template
-	tries   limiters // by login form
-	addrs   limiters // by client address
-	tooMany []byte   // the 429 page, rendered once
-}
-
-// limiters are token buckets by key, so that one login form cannot be
-// replayed to try keys (by form), nor every try make its own form (by
-// client address, stricter than the server's limit: each key costs a check).
-type limiters struct {
-	every rate.Limit
-	burst int
-	mu    sync.Mutex
-	m     map[string]*rate.Limiter
+	d     Deps
+	mux   *http.ServeMux
+	pages map[string]*template.Template
+	// Login tries are limited by form, so that one cannot be replayed to
+	// try keys, and by client address, so that every try cannot make its
+	// own form (stricter than the server's limit: each key costs a check).
+	tries   *ratelimit.Limits[string]
+	addrs   *ratelimit.Limits[string]
+	tooMany []byte // the 429 page, rendered once
 }
 
 const (
 	maxLoginTries = 5 // per login form, and one more each 10 minutes
 	loginBurst    = 10
 )
-
-// take says how long key waits before it may try; 0: it may try now.
-func (l *limiters) take(key string, now time.Time) time.Duration {
-	l.mu.Lock()
-	if l.m == nil || len(l.m) >= 10000 {
-		l.m = map[string]*rate.Limiter{} // forgetting is the lenient way
-	}
-	lim, ok := l.m[key]
-	if !ok {
-		lim = rate.NewLimiter(l.every, l.burst)
-		l.m[key] = lim
-	}
-	l.mu.Unlock()
-	res := lim.ReserveN(now, 1)
-	d := res.DelayFrom(now)
-	if d > 0 {
-		res.CancelAt(now)
-	}
-	return d
-}
 
 //go:embed assets
 var assets embed.FS
@@ -192,8 +162,8 @@ func New(d Deps) *Console {
 		d.SessionLifetime = DefaultSessionLifetime
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages(),
-		tries: limiters{every: rate.Every(10 * time.Minute), burst: maxLoginTries},
-		addrs: limiters{every: 1, burst: loginBurst}} // one a second per address
+		tries: ratelimit.New[string](rate.Every(10*time.Minute), maxLoginTries, 0, 0),
+		addrs: ratelimit.New[string](1, loginBurst, 0, 0)} // one a second per address
 	var buf bytes.Buffer
 	const status = http.StatusTooManyRequests
 	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
@@ -355,12 +325,8 @@ func (c *Console) showLogin(w http.ResponseWriter, r *http.Request, status int, 
 }
 
 func (c *Console) login(w http.ResponseWriter, r *http.Request) {
-	addr, _, err := net.SplitHostPort(r.RemoteAddr)
-	if err != nil {
-		addr = r.RemoteAddr
-	}
-	if wait := c.addrs.take(addr, c.d.Now()); wait > 0 {
-		w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(wait.Seconds()))))
+	if wait := c.addrs.Take(ratelimit.ClientAddr(r), c.d.Now()); wait > 0 {
+		ratelimit.SetRetryAfter(w, wait)
 		c.TooManyRequests(w, r)
 		return
 	}
@@ -370,7 +336,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	form := sha256.Sum256([]byte(pre.Value)) // a bounded key
-	if c.tries.take(string(form[:]), c.d.Now()) > 0 {
+	if c.tries.Take(string(form[:]), c.d.Now()) > 0 {
 		c.showLogin(w, r, http.StatusTooManyRequests, "Too many attempts with this form; wait and try again.")
 		return
 	}
