@@ -2,6 +2,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"encoding/json"
 	"fmt"
 	"html/template"
@@ -238,6 +239,13 @@ func indentJSON(raw json.RawMessage) string {
 	return buf.String()
 }
 
+// The badges' CSS classes of statuses and outcomes; any other is "warn".
+var (
+	statusBadges  = map[domain.Status]string{domain.StatusActive: "ok", domain.StatusNeedsReauth: "bad"}
+	outcomeBadges = map[string]string{"ok": "ok", "connected": "ok", "recovered": "ok",
+		"needs_reauth": "bad", "disconnected": "bad", "rolled_back": "bad", "": "muted"}
+)
+
 func parsePages() map[string]*template.Template {
 	funcs := template.FuncMap{
 		"when": func(t time.Time) string { // how far t is from now ("in 3m", "5s ago"; "—" for zero)
@@ -271,28 +279,10 @@ func parsePages() map[string]*template.Template {
 			}
 			return fmt.Sprintf("%.0f%%", math.Floor(100*float64(r.OK)/float64(r.Total)))
 		},
-		"join": strings.Join,
-		"status": func(s domain.Status) string {
-			switch s {
-			case domain.StatusActive:
-				return "ok"
-			case domain.StatusNeedsReauth:
-				return "bad"
-			}
-			return "warn"
-		},
-		"outcome": func(o string) string {
-			switch o {
-			case "ok", "connected", "recovered":
-				return "ok"
-			case "needs_reauth", "disconnected", "rolled_back":
-				return "bad"
-			case "":
-				return "muted"
-			}
-			return "warn"
-		},
-		"soon": func(t time.Time) bool { return !t.IsZero() && time.Until(t) < domain.ExpiringSoonWithin },
+		"join":    strings.Join,
+		"status":  func(s domain.Status) string { return cmp.Or(statusBadges[s], "warn") },
+		"outcome": func(o string) string { return cmp.Or(outcomeBadges[o], "warn") },
+		"soon":    func(t time.Time) bool { return !t.IsZero() && time.Until(t) < domain.ExpiringSoonWithin },
 	}
 	pages := map[string]*template.Template{}
 	for _, p := range []string{"login", "connections", "connection", "reconnect", "disconnect", "disconnected", "providers", "error"} {

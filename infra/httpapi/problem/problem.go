@@ -45,15 +45,13 @@ func detailed(target error, status int, code, page string) row {
 	return row{match: is(target), detail: true, p: Problem{Status: status, Code: code, Page: page}}
 }
 
-// fixed is the row of target with these texts; wait > 0 is a RetryAfter.
+// fixed is the row of target with these texts (page "": message, as a
+// sentence); wait > 0 is a RetryAfter.
 func fixed(target error, status int, code string, wait time.Duration, message, page string) row {
+	if page == "" {
+		page = strings.ToUpper(message[:1]) + message[1:] + "."
+	}
 	return row{match: is(target), p: Problem{Status: status, Code: code, Message: message, Page: page, RetryAfter: wait}}
-}
-
-// spoken is p with its Message, as a sentence, for Page.
-func spoken(p Problem) Problem {
-	p.Page = strings.ToUpper(p.Message[:1]) + p.Message[1:] + "."
-	return p
 }
 
 func timedOut(err error) bool {
@@ -67,12 +65,11 @@ var table = []row{
 	detailed(domain.ErrInvalidConnection, http.StatusBadRequest, "invalid_connection", "That is not a connection name."),
 	detailed(domain.ErrInvalidMetadata, http.StatusBadRequest, "invalid_metadata",
 		"The metadata is not valid JSON of the kind a connection keeps."),
-	{match: is(domain.ErrUndecryptable), // not the store's 503: trying again gives the same answer
-		p: spoken(Problem{Status: http.StatusInternalServerError, Code: "undecryptable",
-			Message: "the connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served"})},
-	{match: is(domain.ErrInvalidAccount),
-		p: spoken(Problem{Status: http.StatusBadGateway, Code: "account_invalid",
-			Message: "the provider named the account with an id that is too long or not printable; nothing was stored"})},
+	// Not the store's 503: trying again gives the same answer.
+	fixed(domain.ErrUndecryptable, http.StatusInternalServerError, "undecryptable", 0,
+		"the connection's stored token cannot be decrypted (TOKEN_ENCRYPTION_KEYS, or the row was altered or rolled back); nothing was served", ""),
+	fixed(domain.ErrInvalidAccount, http.StatusBadGateway, "account_invalid", 0,
+		"the provider named the account with an id that is too long or not printable; nothing was stored", ""),
 	detailed(domain.ErrNoAPIBaseURL, http.StatusConflict, "no_api_base_url",
 		"Its provider has no API base URL: tokenctl provider update --api-base-url."),
 	detailed(domain.ErrUnknownProvider, http.StatusBadRequest, "unknown_provider", "The connection's provider is not stored any more."),
@@ -95,9 +92,8 @@ var table = []row{
 		p: Problem{Status: http.StatusConflict, Code: "needs_reauth", Page: "The connection's grant is dead: connect it again."}},
 	detailed(domain.ErrAccountMismatch, http.StatusConflict, "account_mismatch",
 		"The consent came from another provider account than the connection's; nothing was stored."),
-	{match: is(domain.ErrResultInvalid),
-		p: spoken(Problem{Status: http.StatusGone, Code: "result_invalid",
-			Message: "this connect result is unknown, expired or already redeemed; nothing was stored"})},
+	fixed(domain.ErrResultInvalid, http.StatusGone, "result_invalid", 0,
+		"this connect result is unknown, expired or already redeemed; nothing was stored", ""),
 	fixed(domain.ErrUnauthorized, http.StatusUnauthorized, "unauthorized", 0, "unauthorized", "Log in with an API key."),
 	fixed(domain.ErrTokenBudgetSpent, http.StatusTooManyRequests, "token_budget_spent", time.Second,
 		"the provider's token budget (--token-rate, OAUTH_TOKEN_RATE) is spent for now; the refresh waits for it; try again",
@@ -128,8 +124,7 @@ var table = []row{
 	fixed(apiclient.ErrTooLarge, http.StatusBadGateway, "upstream_too_large", 0,
 		"the external API's answer is over the size limit; nothing of it was passed on",
 		"The external API's answer is over the size limit."),
-	{match: is(apiclient.ErrUnavailable),
-		p: spoken(Problem{Status: http.StatusBadGateway, Code: "upstream_unavailable", Message: "the external API could not be reached"})},
+	fixed(apiclient.ErrUnavailable, http.StatusBadGateway, "upstream_unavailable", 0, "the external API could not be reached", ""),
 	{match: timedOut,
 		p: Problem{Status: http.StatusServiceUnavailable, Code: "timeout", RetryAfter: time.Second,
 			Message: "the request timed out", Page: "The request timed out; try again."}},
