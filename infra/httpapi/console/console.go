@@ -137,17 +137,14 @@ type Console struct {
 	tooMany []byte // the 429 page, rendered once
 }
 
-const (
-	maxLoginTries = 5 // per login form, and one more each 10 minutes
-	loginBurst    = 10
-)
-
 //go:embed assets
 var assets embed.FS
 
 const (
 	DefaultSessionLifetime = 8 * time.Hour // how long a login lasts
 	pageSize               = 50            // connections a page lists
+	maxLoginTries          = 5             // per login form, and one more each 10 minutes
+	loginBurst             = 10            // per client address, and one more each second
 )
 
 // New builds the console.
@@ -163,7 +160,7 @@ func New(d Deps) *Console {
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages(),
 		tries: ratelimit.New[string](rate.Every(10*time.Minute), maxLoginTries, 0, 0),
-		addrs: ratelimit.New[string](1, loginBurst, 0, 0)} // one a second per address
+		addrs: ratelimit.New[string](1, loginBurst, 0, 0)}
 	var buf bytes.Buffer
 	const status = http.StatusTooManyRequests
 	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
