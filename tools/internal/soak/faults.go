@@ -49,6 +49,10 @@ type Fault struct {
 	end    time.Time     //
 	down   time.Duration // pg-restart: how long Postgres did not answer
 	ready  time.Time     // pg-restart: when it answered again
+	// kill-9: the app had a token request end within the refresh timeout,
+	// so it may have died holding a lease between the attempts of a
+	// retried refresh: its connection waits out the answer deadline.
+	leaseMayLinger bool
 }
 
 type faultLog struct {
@@ -298,6 +302,7 @@ func (s *soak) killApp(ctx context.Context, f *Fault) error {
 	if !s.gate.killOutsideWindow(ctx, name, killRestartWait, func() {
 		pid = p.Pid()
 		f.start = time.Now()
+		f.leaseMayLinger = f.start.Sub(s.gate.lastDone[name]) < refreshTimeout // the gate's lock is held
 		p.Kill()
 	}) {
 		f.Detail = fmt.Sprintf("%s not killed: it stayed in its rotation window for %s", name, killRestartWait)

@@ -264,13 +264,18 @@ func (w window) holds(c call) bool {
 // (resource, event, batch round) is in the window until one of its kind
 // started after Postgres answered again succeeded: the restart's recovery
 // is the longest of the three. Other faults' windows last until slack
-// after they ended.
+// after they ended, a kill's that may have left a lease behind for the
+// lost answer's recovery more.
 func (s *soak) windows(faults []*Fault, bad []call) ([]Restart, []window) {
 	var restarts []Restart
 	var first, rest []window
 	for _, f := range faults {
 		if f.Kind != fPGRestart {
-			rest = append(rest, window{kind: f.Kind, from: f.start, to: f.end.Add(slack)})
+			to := f.end.Add(slack)
+			if f.leaseMayLinger {
+				to = to.Add(lostAnswerRecovery)
+			}
+			rest = append(rest, window{kind: f.Kind, from: f.start, to: to})
 			continue
 		}
 		if f.ready.IsZero() {
