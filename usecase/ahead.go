@@ -182,7 +182,6 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 			break
 		}
 		slot := c.release
-		c.Claim = Claim{Token: c.Token, End: c.End} // no history note (Why)
 		c.release = sync.OnceFunc(func() { slot(); calls.Release(1) })
 		r, err = u.redeem(ctx, store, c)
 	}

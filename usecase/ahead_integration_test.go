@@ -3,15 +3,37 @@ package usecase_test
 import (
 	"context"
 	"net/http"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/sandbox"
 	"github.com/tokenguard/tokenguard/internal/testworld"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
+
+// A swept refresh that stores nothing says why in the connection's history, as a caller's does.
+func TestRefreshAheadNotesWhyARefreshStoredNothing(t *testing.T) {
+	w := testworld.New(t, time.Hour)
+	s := w.Stack(t, usecase.Options{})
+	names := w.ConnectMany(t, s, 1)
+	w.Provider.SetRefreshFault(func() sandbox.Fault { return sandbox.FaultUnavailable })
+	ctx := context.Background()
+	rep, err := s.UC.RefreshAhead(ctx, repository.NewTokenRepository(s.DB, tokencrypt.Plaintext{}), 2*time.Hour, 1)
+	if err == nil || rep.Failed != 1 {
+		t.Fatalf("sweep against a 503: %+v, %v", rep, err)
+	}
+	got, err := repository.NewConnectionEvents(s.DB).Recent(ctx, names[0], 1)
+	if err != nil || len(got) != 1 {
+		t.Fatalf("history: %v, %v", got, err)
+	}
+	if e := got[0]; e.Outcome != "not_stored" || !strings.HasPrefix(e.Reason, "not stored: provider unavailable (HTTP 503") {
+		t.Errorf("history of the swept refresh: outcome %q, reason %q", e.Outcome, e.Reason)
+	}
+}
 
 func TestRefreshAheadRefreshesDueConnectionsAndSkipsBusyOnes(t *testing.T) {
 	w := testworld.New(t, time.Hour)
