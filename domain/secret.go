@@ -1,6 +1,8 @@
 package domain
 
 import (
+	"crypto/rand"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 )
@@ -18,6 +20,22 @@ func NewSecret(s string) Secret {
 		return Secret{}
 	}
 	return Secret{v: &s}
+}
+
+// Prefixes make tokenguard's credentials recognisable and tell them apart.
+const (
+	APIKeyPrefix  = "tgk_"
+	SessionPrefix = "tgs_" // a connect session
+	FlowPrefix    = "tgf_" // a browser's connect flow
+	ResultPrefix  = "tgr_" // a connect result code
+	ConsolePrefix = "tgc_" // a console session
+)
+
+// NewCredential returns prefix followed by 256 random bits in base64url.
+func NewCredential(prefix string) Secret {
+	b := make([]byte, 32)
+	_, _ = rand.Read(b) // never fails (crypto/rand)
+	return NewSecret(prefix + base64.RawURLEncoding.EncodeToString(b))
 }
 
 // Reveal returns the credential, only where it leaves for the provider, the protected API or the database.

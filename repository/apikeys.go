@@ -2,10 +2,8 @@ package repository
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"fmt"
@@ -82,7 +80,7 @@ func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (
 			return domain.Secret{}, err
 		}
 	}
-	key := NewCredential(APIKeyPrefix)
+	key := domain.NewCredential(domain.APIKeyPrefix)
 	err := changedRow(ctx, k.db, "create API key", fmt.Errorf("API key %q: %w", name, domain.ErrKeyExists),
 		`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
 VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
@@ -201,19 +199,4 @@ func (c *KeyCache) reload(ctx context.Context) ([]keyEntry, error) {
 	c.entries, c.loaded = entries, time.Now()
 	c.mu.Unlock()
 	return entries, nil
-}
-
-// Prefixes make tokenguard's credentials recognisable and tell them apart.
-const (
-	APIKeyPrefix  = "tgk_"
-	SessionPrefix = "tgs_"
-	FlowPrefix    = "tgf_"
-	ConsolePrefix = "tgc_"
-)
-
-// NewCredential returns prefix followed by 256 random bits in base64url.
-func NewCredential(prefix string) domain.Secret {
-	b := make([]byte, 32)
-	_, _ = rand.Read(b) // never fails (crypto/rand)
-	return domain.NewSecret(prefix + base64.RawURLEncoding.EncodeToString(b))
 }

@@ -13,9 +13,6 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 )
 
-// ResultPrefix starts a connect result code.
-const ResultPrefix = "tgr_"
-
 // ResultLifetime bounds how long a pending grant waits for its redemption.
 const ResultLifetime = 10 * time.Minute
 
@@ -41,7 +38,7 @@ func (c *ConnectResults) Keep(ctx context.Context, p domain.PendingGrant) (domai
 	if p.Grant.AccessToken.IsZero() || p.Grant.RefreshToken.IsZero() {
 		return domain.Secret{}, time.Time{}, fmt.Errorf("keep the grant of %s: %w: no access or refresh token", p.Connection, domain.ErrInvalidToken)
 	}
-	code := NewCredential(ResultPrefix)
+	code := domain.NewCredential(domain.ResultPrefix)
 	h := hashParam(code)
 	at, err := c.sealer.Seal(p.Grant.AccessToken.Reveal(), resultAAD(h, colAccess))
 	if err != nil {
@@ -113,7 +110,7 @@ const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, c
 
 // Pending reads code's unexpired result, its id (for SpendResult) and grant; else domain.ErrResultInvalid.
 func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error) {
-	if !strings.HasPrefix(code.Reveal(), ResultPrefix) || len(code.Reveal()) > 128 {
+	if !strings.HasPrefix(code.Reveal(), domain.ResultPrefix) || len(code.Reveal()) > 128 {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
 	}
 	r, err := oneRow[resultRow](ctx, c.db, "read connect result", fmt.Errorf("redeem: %w", domain.ErrResultInvalid),

@@ -25,7 +25,7 @@ func (c *ConnectSessions) Create(ctx context.Context, s domain.ConnectSession) (
 	if err := domain.ValidateName(s.Connection); err != nil {
 		return domain.Secret{}, time.Time{}, err
 	}
-	token := NewCredential(SessionPrefix)
+	token := domain.NewCredential(domain.SessionPrefix)
 	var metadata, tags any // NULL: the session says nothing about metadata
 	if s.Metadata != nil {
 		metadata, tags = string(s.Metadata.Object), tagArray(s.Metadata.Tags)

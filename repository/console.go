@@ -19,7 +19,7 @@ func NewConsoleSessions(db *gorm.DB) *ConsoleSessions { return &ConsoleSessions{
 
 // Create opens a session for the API key keyID, good for lifetime, deleting expired ones.
 func (c *ConsoleSessions) Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error) {
-	token := NewCredential(ConsolePrefix)
+	token := domain.NewCredential(domain.ConsolePrefix)
 	expires, err := scan[time.Time](ctx, c.db, "create console session", `INSERT INTO tokenguard_console_sessions (token_hash, api_key_id, expires_at)
 VALUES (decode(?, 'hex'), ?, now() + ? * interval '1 millisecond') RETURNING expires_at`,
 		hashParam(token), keyID, lifetime.Milliseconds())

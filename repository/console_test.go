@@ -207,7 +207,7 @@ func TestConsoleSessions(t *testing.T) {
 			t.Errorf("%s: %v, want ErrUnauthorized", what, err)
 		}
 	}
-	unauthorized("an unknown token", repository.NewCredential(repository.ConsolePrefix))
+	unauthorized("an unknown token", domain.NewCredential(domain.ConsolePrefix))
 	// Logout.
 	if err := sessions.Delete(ctx, token); err != nil {
 		t.Fatal(err)

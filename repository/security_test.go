@@ -81,7 +81,7 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 	if err != nil || !strings.HasPrefix(tok.Reveal(), "tgs_") || time.Until(exp) < 9*time.Minute || time.Until(exp) > 11*time.Minute {
 		t.Fatalf("Create: %v, expires in %v", err, time.Until(exp))
 	}
-	flow := repository.NewCredential(repository.FlowPrefix)
+	flow := domain.NewCredential(domain.FlowPrefix)
 	if peeked, err := s.Peek(ctx, tok); err != nil || peeked.Connection != "acme" || peeked.CreatedBy != "ci" {
 		t.Fatalf("Peek = %+v, %v", peeked, err)
 	}
@@ -89,7 +89,7 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 	if err != nil || got.Connection != "acme" || got.ReturnTo != "https://app/x" {
 		t.Fatalf("Open = %+v, %v", got, err)
 	}
-	if _, err := s.Open(ctx, tok, repository.NewCredential(repository.FlowPrefix), "st2", "ver2"); !errors.Is(err, domain.ErrUnauthorized) {
+	if _, err := s.Open(ctx, tok, domain.NewCredential(domain.FlowPrefix), "st2", "ver2"); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("replayed session: %v", err)
 	}
 	if _, err := s.Peek(ctx, tok); !errors.Is(err, domain.ErrUnauthorized) {
@@ -119,7 +119,7 @@ func TestConnectSessionSingleUseAndExpiring(t *testing.T) {
 		t.Fatal(err)
 	}
 	db.Exec("UPDATE tokenguard_connect_sessions SET expires_at = now() - interval '1 second' WHERE token_hash = decode(?, 'hex')", hex.EncodeToString(repository.HashKey(old)))
-	if _, err := s.Open(ctx, old, repository.NewCredential(repository.FlowPrefix), "s", "v"); !errors.Is(err, domain.ErrUnauthorized) {
+	if _, err := s.Open(ctx, old, domain.NewCredential(domain.FlowPrefix), "s", "v"); !errors.Is(err, domain.ErrUnauthorized) {
 		t.Errorf("expired session: %v", err)
 	}
 	// Only hashes are stored.

@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"context"
-	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
 	"embed"
@@ -227,7 +226,7 @@ func under(u, base *url.URL) bool {
 // cookie the page sets.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	token := r.URL.Query().Get("session")
-	if !wellFormed(token, "tgs_") {
+	if !wellFormed(token, domain.SessionPrefix) {
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This link is not a valid connect link. Ask for a new one."})
 		return
 	}
@@ -236,7 +235,7 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 		s.sessionRefused(w, r, err)
 		return
 	}
-	flow := domain.NewSecret("tgf_" + rand.Text() + rand.Text())
+	flow := domain.NewCredential(domain.FlowPrefix)
 	s.setFlowCookie(w, flow.Reveal(), int(sessionLifetime.Seconds()))
 	// Never framed (clickjacking), posting only to this origin.
 	w.Header().Set("Referrer-Policy", "no-referrer")
@@ -255,7 +254,7 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	token, csrf := r.PostFormValue("session"), r.PostFormValue("csrf")
 	c, err := r.Cookie(s.cookieName())
-	if err != nil || !wellFormed(c.Value, "tgf_") || !wellFormed(token, "tgs_") ||
+	if err != nil || !wellFormed(c.Value, domain.FlowPrefix) || !wellFormed(token, domain.SessionPrefix) ||
 		subtle.ConstantTimeCompare([]byte(csrf), []byte(csrfToken(c.Value, token))) != 1 {
 		s.page(w, r, http.StatusForbidden, outcome{Code: "bad_csrf", Message: "This request did not come from the connect page in this browser. Open the connect link again."})
 		return
@@ -326,7 +325,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	c, err := r.Cookie(s.cookieName())
 	state := q.Get("state")
-	if err != nil || !wellFormed(c.Value, "tgf_") || state == "" || len(state) > 256 {
+	if err != nil || !wellFormed(c.Value, domain.FlowPrefix) || state == "" || len(state) > 256 {
 		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "No connection is in progress in this browser (the link expired, or cookies are blocked). Start again from a new connect link."})
 		return
 	}
