@@ -302,6 +302,7 @@ func who(cred *syscall.Credential) string {
 // would point initdb or postgres elsewhere.
 func command(cred *syscall.Credential, name string, args ...string) *exec.Cmd {
 	cmd := exec.Command(name, args...)
+	cmd.Dir = "/" // the test's directory may be closed to cred's user
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PG") && !strings.HasPrefix(kv, "LC_") && !strings.HasPrefix(kv, "LANG=") {
 			cmd.Env = append(cmd.Env, kv)

@@ -3,6 +3,7 @@
 package pgserver
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -41,9 +42,10 @@ type Pair struct {
 }
 
 type pairNode struct {
-	dir  string
-	port int
-	lock *os.File
+	dir     string
+	port    int
+	lock    *os.File
+	started bool // once: its port is in URLs handed out
 }
 
 func (n *pairNode) data() string { return filepath.Join(n.dir, "data") }
@@ -295,13 +297,28 @@ func (p *Pair) rebuild(ctx context.Context, i int) error {
 }
 
 // start runs postgres on n's data with pg_ctl, its socket and log in n's
-// directory.
+// directory. A node's first start takes another free port if another
+// process took its own since newNode found it free.
 func (p *Pair) start(ctx context.Context, n *pairNode) error {
-	opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", n.port, n.dir)
-	if err := p.run(ctx, "pg_ctl", "start", "-D", n.data(), "-l", filepath.Join(n.dir, "postgres.log"), "-w", "-t", "60", "-o", opts); err != nil {
-		return err
+	for attempt := 1; ; attempt++ {
+		opts := fmt.Sprintf("-p %d -k %s -c listen_addresses=127.0.0.1", n.port, n.dir)
+		log := filepath.Join(n.dir, "postgres.log")
+		err := p.run(ctx, "pg_ctl", "start", "-D", n.data(), "-l", log, "-w", "-t", "60", "-o", opts)
+		if err == nil {
+			err = awaitReady(ctx, n.url("postgres"), n.dir)
+		}
+		if err == nil {
+			n.started = true
+			return nil
+		}
+		out, _ := os.ReadFile(log)
+		if n.started || attempt == 3 || !bytes.Contains(out, []byte("Address already in use")) {
+			return fmt.Errorf("%w; postgres.log: %s", err, lastLines(out, 5))
+		}
+		if n.port, err = freePort(); err != nil {
+			return err
+		}
 	}
-	return awaitReady(ctx, n.url("postgres"), n.dir)
 }
 
 // Close stops both nodes and removes their directories.

@@ -4,6 +4,9 @@ package pgserver
 
 import (
 	"context"
+	"fmt"
+	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -100,5 +103,40 @@ func TestStartLoneIsThePairsPrimaryAlone(t *testing.T) {
 	s.Close()
 	if err := Ping(ctx, s.URL, time.Second); err == nil {
 		t.Error("the server still answers after Close")
+	}
+}
+
+// A node whose port another process took after newNode found it free
+// starts on another port (parallel test packages bind ephemeral ports).
+func TestPairNodeStartsElsewhereWhenItsPortIsTaken(t *testing.T) {
+	needBinaries(t)
+	ctx := context.Background()
+	p, err := startPrimary(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer p.Close()
+	n, err := p.newNode(os.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.nodes[1] = n // Close stops it
+	if err := p.run(ctx, "initdb", "-D", n.data(), "-U", "postgres", "--auth=trust", "--no-locale", "-E", "UTF8", "--no-sync"); err != nil {
+		t.Fatal(err)
+	}
+	taken := n.port
+	l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", taken))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	if err := p.start(ctx, n); err != nil {
+		t.Fatalf("start with port %d taken: %v", taken, err)
+	}
+	if n.port == taken {
+		t.Fatalf("started on the taken port %d", taken)
+	}
+	if err := execSQL(ctx, n.url("postgres"), "SELECT 1"); err != nil {
+		t.Fatal(err)
 	}
 }
