@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"fmt"
 	"log/slog"
+	"strings"
 )
 
 // Secret holds a credential: a struct, so that no conversion or format verb can leak it.
@@ -36,6 +37,12 @@ func NewCredential(prefix string) Secret {
 	b := make([]byte, 32)
 	_, _ = rand.Read(b) // never fails (crypto/rand)
 	return NewSecret(prefix + base64.RawURLEncoding.EncodeToString(b))
+}
+
+// WellFormed reports whether s can be a credential NewCredential(prefix) made: checked before
+// any lookup, so that a stranger's input never reaches the store.
+func WellFormed(s, prefix string) bool {
+	return strings.HasPrefix(s, prefix) && len(s) <= 128
 }
 
 // Reveal returns the credential, only where it leaves for the provider, the protected API or the database.

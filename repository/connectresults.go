@@ -5,7 +5,6 @@ import (
 	"database/sql"
 	"encoding/json"
 	"fmt"
-	"strings"
 	"time"
 
 	"gorm.io/gorm"
@@ -110,7 +109,7 @@ const resultColumns = `id, encode(result_hash, 'hex') AS hash_hex, connection, c
 
 // Pending reads code's unexpired result, its id (for SpendResult) and grant; else domain.ErrResultInvalid.
 func (c *ConnectResults) Pending(ctx context.Context, code domain.Secret) (int64, domain.PendingGrant, error) {
-	if !strings.HasPrefix(code.Reveal(), domain.ResultPrefix) || len(code.Reveal()) > 128 {
+	if !domain.WellFormed(code.Reveal(), domain.ResultPrefix) {
 		return 0, domain.PendingGrant{}, fmt.Errorf("redeem: %w", domain.ErrResultInvalid)
 	}
 	r, err := oneRow[resultRow](ctx, c.db, "read connect result", fmt.Errorf("redeem: %w", domain.ErrResultInvalid),

@@ -226,7 +226,7 @@ func under(u, base *url.URL) bool {
 // cookie the page sets.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	token := r.URL.Query().Get("session")
-	if !wellFormed(token, domain.SessionPrefix) {
+	if !domain.WellFormed(token, domain.SessionPrefix) {
 		s.page(w, r, http.StatusUnauthorized, outcome{Code: "unauthorized", Message: "This link is not a valid connect link. Ask for a new one."})
 		return
 	}
@@ -254,7 +254,7 @@ func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 func (s *Server) connectStart(w http.ResponseWriter, r *http.Request) {
 	token, csrf := r.PostFormValue("session"), r.PostFormValue("csrf")
 	c, err := r.Cookie(s.cookieName())
-	if err != nil || !wellFormed(c.Value, domain.FlowPrefix) || !wellFormed(token, domain.SessionPrefix) ||
+	if err != nil || !domain.WellFormed(c.Value, domain.FlowPrefix) || !domain.WellFormed(token, domain.SessionPrefix) ||
 		subtle.ConstantTimeCompare([]byte(csrf), []byte(csrfToken(c.Value, token))) != 1 {
 		s.page(w, r, http.StatusForbidden, outcome{Code: "bad_csrf", Message: "This request did not come from the connect page in this browser. Open the connect link again."})
 		return
@@ -300,10 +300,6 @@ func csrfToken(flow, session string) string {
 	return base64.RawURLEncoding.EncodeToString(h[:])
 }
 
-func wellFormed(token, prefix string) bool {
-	return strings.HasPrefix(token, prefix) && len(token) <= 128
-}
-
 // checkProvider: the flow runs for "" (OAUTH_*) or a provider with an auth URL.
 func (s *Server) checkProvider(ctx context.Context, provider string) error {
 	if provider == "" {
@@ -325,7 +321,7 @@ func (s *Server) callback(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	c, err := r.Cookie(s.cookieName())
 	state := q.Get("state")
-	if err != nil || !wellFormed(c.Value, domain.FlowPrefix) || state == "" || len(state) > 256 {
+	if err != nil || !domain.WellFormed(c.Value, domain.FlowPrefix) || state == "" || len(state) > 256 {
 		s.page(w, r, http.StatusBadRequest, outcome{Code: "bad_state", Message: "No connection is in progress in this browser (the link expired, or cookies are blocked). Start again from a new connect link."})
 		return
 	}

@@ -279,7 +279,7 @@ func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handle
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ck, err := r.Cookie(c.cookieName(sessionCookie))
 		var s domain.KeyAccess
-		if err == nil && strings.HasPrefix(ck.Value, domain.ConsolePrefix) && len(ck.Value) <= 128 {
+		if err == nil && domain.WellFormed(ck.Value, domain.ConsolePrefix) {
 			s, err = c.d.Sessions.Lookup(r.Context(), domain.NewSecret(ck.Value))
 		} else {
 			err = domain.ErrUnauthorized
