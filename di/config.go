@@ -169,11 +169,10 @@ func (o *OAuthConfig) applyProfile() error {
 		return fmt.Errorf("OAUTH_PROFILE_PARAMS: %w", err)
 	}
 	u, err := p.Complete(profiles.URLs{Token: o.TokenURL, Auth: o.AuthURL, Revocation: o.RevocationURL}, params)
-	var miss *profiles.MissingParamError
-	switch {
-	case errors.As(err, &miss):
+	if miss, ok := errors.AsType[*profiles.MissingParamError](err); ok {
 		return fmt.Errorf("OAUTH_PROFILE=%s needs OAUTH_PROFILE_PARAMS=%s=… (or OAUTH_TOKEN_URL)", p.Name, miss.Params[0])
-	case err != nil:
+	}
+	if err != nil {
 		return fmt.Errorf("OAUTH_PROFILE_PARAMS: %w", err)
 	}
 	o.TokenURL, o.AuthURL, o.RevocationURL = u.Token, u.Auth, u.Revocation
@@ -277,29 +276,25 @@ func parseEnv[T any](environ []string) (T, error) {
 	var v T
 	err := env.ParseWithOptions(&v, env.Options{Environment: env.ToMap(environ), FuncMap: map[reflect.Type]env.ParserFunc{
 		reflect.TypeFor[domain.Secret](): func(s string) (any, error) { return domain.NewSecret(s), nil }}})
-	var agg env.AggregateError
-	if !errors.As(err, &agg) || len(agg.Errors) == 0 {
+	agg, ok := errors.AsType[env.AggregateError](err)
+	if !ok || len(agg.Errors) == 0 {
 		return v, err
 	}
 	var msgs []string
 	for _, e := range agg.Errors {
-		var notSet env.VarIsNotSetError
-		var empty env.EmptyVarError
-		var parse env.ParseError
-		switch {
-		case errors.As(e, &notSet):
-			msgs = append(msgs, notSet.Key+" is required")
-		case errors.As(e, &empty):
-			msgs = append(msgs, empty.Key+" must not be empty")
-		case errors.As(e, &parse): // it names the Go field
+		msg := e.Error()
+		if notSet, ok := errors.AsType[env.VarIsNotSetError](e); ok {
+			msg = notSet.Key + " is required"
+		} else if empty, ok := errors.AsType[env.EmptyVarError](e); ok {
+			msg = empty.Key + " must not be empty"
+		} else if parse, ok := errors.AsType[env.ParseError](e); ok { // it names the Go field
 			vars, name := envVars(reflect.TypeFor[T]()), parse.Name
 			if i := slices.IndexFunc(vars, func(v envVar) bool { return v.field == parse.Name }); i >= 0 {
 				name = vars[i].name
 			}
-			msgs = append(msgs, fmt.Sprintf("%s is malformed: %v", name, parse.Err))
-		default:
-			msgs = append(msgs, e.Error())
+			msg = fmt.Sprintf("%s is malformed: %v", name, parse.Err)
 		}
+		msgs = append(msgs, msg)
 	}
 	return v, errors.New(strings.Join(msgs, "; "))
 }

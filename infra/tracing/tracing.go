@@ -79,36 +79,25 @@ func (s span) End(f usecase.Facts, err error) {
 		return
 	}
 	attrs := make([]attribute.KeyValue, 0, 8)
-	switch {
-	case f.Provider != "":
-		attrs = append(attrs, Provider.String(f.Provider))
-	case f.OldVersion > 0 || f.NewVersion > 0: // read: the connection names no stored provider
-		attrs = append(attrs, Provider.String(domain.ReservedProviderName))
+	add := func(on bool, kv ...attribute.KeyValue) {
+		if on {
+			attrs = append(attrs, kv...)
+		}
 	}
-	if f.Outcome != "" {
-		attrs = append(attrs, Outcome.String(string(f.Outcome)))
-	}
-	if f.OldVersion > 0 {
-		attrs = append(attrs, VersionBefore.Int64(f.OldVersion))
-	}
-	if f.NewVersion > 0 {
-		attrs = append(attrs, VersionAfter.Int64(f.NewVersion))
-	}
-	switch s.step {
-	case usecase.StepRefresh, usecase.StepLockWait, usecase.StepLease:
-		attrs = append(attrs, Waited.Bool(f.Waited))
-	}
-	if f.Forced {
-		attrs = append(attrs, Forced.Bool(true))
-	}
-	if s.step == usecase.StepSweep {
-		attrs = append(attrs, SweepKind.String(f.SweepKind),
-			attribute.Int("tokenguard.sweep.due", f.Sweep.Due),
-			attribute.Int("tokenguard.sweep.refreshed", f.Sweep.Refreshed),
-			attribute.Int("tokenguard.sweep.skipped", f.Sweep.Skipped),
-			attribute.Int("tokenguard.sweep.fresh", f.Sweep.Fresh),
-			attribute.Int("tokenguard.sweep.failed", f.Sweep.Failed))
-	}
+	add(f.Provider != "", Provider.String(f.Provider))
+	// A read connection that names no stored provider.
+	add(f.Provider == "" && (f.OldVersion > 0 || f.NewVersion > 0), Provider.String(domain.ReservedProviderName))
+	add(f.Outcome != "", Outcome.String(string(f.Outcome)))
+	add(f.OldVersion > 0, VersionBefore.Int64(f.OldVersion))
+	add(f.NewVersion > 0, VersionAfter.Int64(f.NewVersion))
+	add(s.step == usecase.StepRefresh || s.step == usecase.StepLockWait || s.step == usecase.StepLease, Waited.Bool(f.Waited))
+	add(f.Forced, Forced.Bool(true))
+	add(s.step == usecase.StepSweep, SweepKind.String(f.SweepKind),
+		attribute.Int("tokenguard.sweep.due", f.Sweep.Due),
+		attribute.Int("tokenguard.sweep.refreshed", f.Sweep.Refreshed),
+		attribute.Int("tokenguard.sweep.skipped", f.Sweep.Skipped),
+		attribute.Int("tokenguard.sweep.fresh", f.Sweep.Fresh),
+		attribute.Int("tokenguard.sweep.failed", f.Sweep.Failed))
 	s.s.SetAttributes(attrs...)
 	fail(s.s, err)
 }
