@@ -7,6 +7,7 @@ import (
 
 	"gorm.io/gorm"
 
+	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/provider"
@@ -41,26 +42,25 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *sl
 // consoleProviders lists the OAUTH_* provider and the stored ones.
 func consoleProviders(cfg AppConfig, registry *provider.Registry, styles *repository.AuthStyles) func(context.Context) ([]console.Provider, error) {
 	o := cfg.OAuth
-	env := console.Provider{Profile: o.Profile, TokenURL: o.TokenURL, AuthURL: o.AuthURL, RevokeURL: o.RevocationURL,
-		APIBaseURL: cfg.APIBaseURL, ClientID: o.ClientID, AuthStyle: cmp.Or(o.AuthStyle, "auto"), Scopes: o.Scopes,
-		Skew: cfg.RefreshSkew, Lifetime: cfg.DefaultLifetime}
+	env := domain.Provider{Profile: o.Profile, TokenURL: o.TokenURL, AuthURL: o.AuthURL, RevocationURL: o.RevocationURL,
+		APIBaseURL: cfg.APIBaseURL, ClientID: o.ClientID, AuthStyle: domain.AuthStyle(cmp.Or(o.AuthStyle, "auto")), Scopes: o.Scopes,
+		Skew: cfg.RefreshSkew, DefaultLifetime: cfg.DefaultLifetime}
 	return func(ctx context.Context) ([]console.Provider, error) {
-		out := []console.Provider{env}
+		ps := []domain.Provider{env}
 		for _, name := range registry.Names() {
-			sp, ok := registry.Provider(name)
-			if !ok {
-				continue
+			if sp, ok := registry.Provider(name); ok {
+				ps = append(ps, sp)
 			}
-			out = append(out, console.Provider{Name: sp.Name, Profile: sp.Profile, TokenURL: sp.TokenURL, AuthURL: sp.AuthURL,
-				RevokeURL: sp.RevocationURL, APIBaseURL: sp.APIBaseURL, ClientID: sp.ClientID, AuthStyle: string(sp.AuthStyle),
-				Scopes: sp.Scopes, Skew: sp.Skew, Lifetime: sp.DefaultLifetime, KeepAlive: sp.KeepAlive})
 		}
-		for i := range out {
-			learned, err := styles.Load(ctx, out[i].TokenURL, out[i].ClientID)
+		out := make([]console.Provider, len(ps))
+		for i, p := range ps {
+			learned, err := styles.Load(ctx, p.TokenURL, p.ClientID)
 			if err != nil {
 				return nil, err
 			}
-			out[i].LearnedAuth = learned
+			out[i] = console.Provider{Name: p.Name, Profile: p.Profile, TokenURL: p.TokenURL, AuthURL: p.AuthURL, RevokeURL: p.RevocationURL,
+				APIBaseURL: p.APIBaseURL, ClientID: p.ClientID, AuthStyle: string(p.AuthStyle), LearnedAuth: learned, Scopes: p.Scopes,
+				Skew: p.Skew, Lifetime: p.DefaultLifetime, KeepAlive: p.KeepAlive}
 		}
 		return out, nil
 	}

@@ -16,17 +16,7 @@ import (
 // Pool sizes the connection pool. A refresh holds a connection only for its
 // short transactions, never across a provider call, so a small pool serves many.
 type Pool struct {
-	MaxOpenConns    int           // default 10
-	MaxIdleConns    int           // default MaxOpenConns
-	ConnMaxLifetime time.Duration // default 30m
-	ConnMaxIdleTime time.Duration // default 5m
-}
-
-func positive[T int | time.Duration](v, def T) T {
-	if v <= 0 {
-		return def
-	}
-	return v
+	MaxOpenConns int // default 10
 }
 
 // Open connects to the database at url and checks it answers. GORM logs
@@ -46,12 +36,15 @@ func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*go
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
-	maxOpen := positive(pool.MaxOpenConns, 10)
+	maxOpen := pool.MaxOpenConns
+	if maxOpen <= 0 {
+		maxOpen = 10
+	}
 	sqlDB.SetMaxOpenConns(maxOpen)
-	// Fewer idle would close and reopen a connection (a new backend) per use above that many at once.
-	sqlDB.SetMaxIdleConns(positive(pool.MaxIdleConns, maxOpen))
-	sqlDB.SetConnMaxLifetime(positive(pool.ConnMaxLifetime, 30*time.Minute))
-	sqlDB.SetConnMaxIdleTime(positive(pool.ConnMaxIdleTime, 5*time.Minute))
+	// As many idle: fewer would close and reopen a connection (a new backend) per use above that many at once.
+	sqlDB.SetMaxIdleConns(maxOpen)
+	sqlDB.SetConnMaxLifetime(30 * time.Minute)
+	sqlDB.SetConnMaxIdleTime(5 * time.Minute)
 	pingCtx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	if err := sqlDB.PingContext(pingCtx); err != nil {
