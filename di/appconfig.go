@@ -90,13 +90,11 @@ func (s AppSettings) validate(allowInsecure bool) error {
 	case s.MetricsAddr != "" && addrErr != nil:
 		return fmt.Errorf("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
 	}
-	if s.PublicURL != "" {
-		if u, _ := url.Parse(s.PublicURL); domain.CheckURL(s.PublicURL, true) != nil || (u.Path != "" && u.Path != "/") {
-			return fmt.Errorf("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", s.PublicURL)
-		}
-		if err := checkURL("PUBLIC_URL", s.PublicURL, allowInsecure); err != nil {
-			return err
-		}
+	if u, _ := url.Parse(s.PublicURL); s.PublicURL != "" && (domain.CheckURL(s.PublicURL, true) != nil || (u.Path != "" && u.Path != "/")) {
+		return fmt.Errorf("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", s.PublicURL)
+	}
+	if err := checkURL("PUBLIC_URL", s.PublicURL, allowInsecure); err != nil {
+		return err
 	}
 	for _, r := range s.ConnectReturnURLs {
 		if domain.CheckURL(r, true) != nil {
@@ -117,10 +115,8 @@ func (s AppSettings) validate(allowInsecure bool) error {
 	case !s.WebhookSecret.IsZero() && len(s.WebhookSecret.Reveal()) < 16:
 		return errors.New("WEBHOOK_SECRET must be at least 16 characters (e.g. openssl rand -hex 32)")
 	}
-	if s.WebhookURL != "" {
-		if err := domain.CheckURL(s.WebhookURL, allowInsecure); err != nil {
-			return fmt.Errorf("WEBHOOK_URL %v", err) // not the URL: it may carry a token
-		}
+	if err := domain.CheckURL(s.WebhookURL, allowInsecure); s.WebhookURL != "" && err != nil {
+		return fmt.Errorf("WEBHOOK_URL %v", err) // not the URL: it may carry a token
 	}
 	return nil
 }

@@ -251,10 +251,7 @@ var parseCause = regexp.MustCompile("^cannot parse `.*?`: ")
 
 // checkURL is domain.CheckURL with an error that names the setting.
 func checkURL(name, v string, allowInsecure bool) error {
-	if v == "" {
-		return nil
-	}
-	if err := domain.CheckURL(v, allowInsecure); err != nil {
+	if err := domain.CheckURL(v, allowInsecure); v != "" && err != nil {
 		return fmt.Errorf("%s %v, got %q", name, err, redactURL(v))
 	}
 	return nil

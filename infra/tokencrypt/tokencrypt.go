@@ -120,9 +120,6 @@ func ParseKeyring(spec string) (*Keyring, error) {
 // Current is the id of the key Seal uses.
 func (k *Keyring) Current() string { return k.current }
 
-// IDs are the ids of every configured key, sorted.
-func (k *Keyring) IDs() []string { return slices.Clone(k.ids) }
-
 // Seal encrypts plaintext under the current key and a fresh random nonce, bound to aad; "" stays "".
 func (k *Keyring) Seal(plaintext, aad string) (string, error) {
 	if plaintext == "" {
