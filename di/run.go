@@ -48,14 +48,13 @@ func Run(app string, environ []string, stderr io.Writer, fn func(ctx context.Con
 
 // exitStatus maps a run function's error to an exit status, reporting it.
 func exitStatus(app string, stderr io.Writer, log *slog.Logger, err error) int {
-	var code ExitCode
-	var cfgErr *ConfigError
-	switch {
-	case err == nil:
+	if err == nil {
 		return 0
-	case errors.As(err, &code):
+	}
+	if code, ok := errors.AsType[ExitCode](err); ok {
 		return int(code)
-	case errors.As(err, &cfgErr):
+	}
+	if cfgErr, ok := errors.AsType[*ConfigError](err); ok {
 		fmt.Fprintf(stderr, "%s: %v\n", app, cfgErr)
 		return 2
 	}
