@@ -49,9 +49,7 @@ var codes = map[string]domain.ErrorClass{
 	"BAD_REFRESH_TOKEN":     domain.GrantDead, // HubSpot, in a 400 body's "status" field
 }
 
-// classify says what an error answer means: 3xx, 404, 405 are
-// EndpointMisconfigured and 5xx, 429 Transient whatever the body; then the
-// code's row; then a 401 is ClientRejected; anything else Unclassified.
+// classify says what an error answer means; the status outranks the body's code.
 func classify(status int, code string) domain.ErrorClass {
 	switch {
 	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:

@@ -105,14 +105,9 @@ func (r *Registry) ProviderFields(provider string, callback url.Values, g domain
 // (RFC 9126), "" when it is not pushed; auto pushes when the metadata or the
 // profile requires it. Required without an endpoint is ErrNoPAREndpoint.
 func PAREndpoint(mode domain.PARMode, profileRequires bool, m Metadata, found bool) (string, error) {
-	switch mode {
-	case domain.PARNever:
+	required := profileRequires || found && m.RequirePAR
+	if mode == domain.PARNever || mode != domain.PARAlways && !required {
 		return "", nil
-	case domain.PARAlways:
-	default: // auto
-		if !profileRequires && !(found && m.RequirePAR) {
-			return "", nil
-		}
 	}
 	if !found || m.PAREndpoint == "" {
 		return "", domain.ErrNoPAREndpoint

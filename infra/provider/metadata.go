@@ -54,9 +54,9 @@ func NewDiscovery(client *http.Client) *Discovery {
 func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) {
 	now := d.now()
 	d.mu.Lock()
-	f, hit := d.cache[tokenURL]
+	f := d.cache[tokenURL]
 	d.mu.Unlock()
-	if hit && now.Before(f.until) {
+	if now.Before(f.until) {
 		return f.m, f.ok
 	}
 	f = found{until: now.Add(noneTTL)}

@@ -58,31 +58,22 @@ func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
 }
 
 func (p Policy) withDefaults() Policy {
-	p.InitialInterval = positiveOr(p.InitialInterval, 100*time.Millisecond)
-	p.MaxInterval = max(positiveOr(p.MaxInterval, 2*time.Second), p.InitialInterval)
+	p.InitialInterval = cmp.Or(max(p.InitialInterval, 0), 100*time.Millisecond)
+	p.MaxInterval = max(cmp.Or(max(p.MaxInterval, 0), 2*time.Second), p.InitialInterval)
 	if p.Multiplier < 1 {
 		p.Multiplier = 2
 	}
 	p.Jitter = min(max(cmp.Or(p.Jitter, 0.5), 0), 1)
-	p.MaxElapsed = positiveOr(p.MaxElapsed, 30*time.Second)
+	p.MaxElapsed = cmp.Or(max(p.MaxElapsed, 0), 30*time.Second)
 	p.PauseAfter = cmp.Or(p.PauseAfter, DefaultPauseAfter)
 	return p
 }
 
-func positiveOr(d, dflt time.Duration) time.Duration {
-	if d <= 0 {
-		return dflt
-	}
-	return d
-}
-
-// Retrying retries transient failures (ErrProviderUnavailable) with capped
-// exponential backoff and jitter; safe for concurrent use. An endpoint unreachable
-// PauseAfter times in a row is paused: calls fail at once. Every wait ends before
-// ctx's deadline (Retry-After is a minimum), so retries never outlast the
-// connection's lock (backoff.Retry would sleep past it). A retry after a lost
-// answer may present a spent token, which strict providers punish by revoking the
-// grant: ReuseGrace decides.
+// Retrying retries transient failures (ErrProviderUnavailable) with capped,
+// jittered exponential backoff; safe for concurrent use. Every wait ends before
+// ctx's deadline, so retries never outlast the connection's lock (backoff.Retry
+// would sleep past it). ReuseGrace decides whether a lost answer's request may go
+// again: strict providers revoke a grant whose spent token comes back.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy

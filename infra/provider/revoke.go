@@ -123,9 +123,7 @@ func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken 
 			style = AuthStyleOf(name)
 		}
 	}
-	if auto {
-		style = cmp.Or(style, oauth2.AuthStyleInHeader)
-	}
+	style = cmp.Or(style, oauth2.AuthStyleInHeader) // a configured style is never 0
 	status, code, err := r.send(ctx, e, style, refreshToken)
 	if auto && err == nil && (status == http.StatusUnauthorized || code == "invalid_client") {
 		status, code, err = r.send(ctx, e, other(style), refreshToken)
