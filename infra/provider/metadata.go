@@ -92,9 +92,7 @@ func candidates(tokenURL string) []candidate {
 	}
 	origin := u.Scheme + "://" + u.Host
 	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
-	if len(parts) > 0 {
-		parts = parts[:len(parts)-1] // the endpoint itself
-	}
+	parts = parts[:len(parts)-1] // the endpoint itself; Split returns one part at least
 	var out []candidate
 	for n := len(parts); n >= 0; n-- {
 		path := ""

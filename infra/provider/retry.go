@@ -66,6 +66,7 @@ func (p Policy) withDefaults() Policy {
 	p.Jitter = min(max(cmp.Or(p.Jitter, 0.5), 0), 1)
 	p.MaxElapsed = cmp.Or(max(p.MaxElapsed, 0), 30*time.Second)
 	p.PauseAfter = cmp.Or(p.PauseAfter, DefaultPauseAfter)
+	p.Log = cmp.Or(p.Log, slog.New(slog.DiscardHandler))
 	return p
 }
 
@@ -115,7 +116,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			return domain.Grant{}, err
 		}
 		g, err := r.try(ctx, refreshToken)
-		if r.record(time.Now(), err) && p.Log != nil {
+		if r.record(time.Now(), err) {
 			p.Log.LogAttrs(ctx, slog.LevelWarn, "token endpoint unreachable: calls to it fail at once for a while",
 				slog.String("error", err.Error()))
 		}
@@ -140,10 +141,8 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			(p.RetryWithin > 0 && time.Since(first)+wait >= p.RetryWithin) {
 			return domain.Grant{}, attempts(attempt, err)
 		}
-		if p.Log != nil {
-			p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
-				slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
-		}
+		p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
+			slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		select {
 		case <-time.After(wait): // collected unfired since Go 1.23
 		case <-ctx.Done():
