@@ -221,19 +221,25 @@ func (r *Refresher) grant(f fields, sent time.Time) domain.Grant {
 	case r.profile.RefreshIdle.D > 0:
 		g.RefreshExpiry = sent.Add(r.profile.RefreshIdle.D)
 	}
-	for _, k := range r.profile.ExtraFields {
-		if v := f.str(k); v != "" {
-			if g.Extra == nil {
-				g.Extra = map[string]string{}
-			}
-			g.Extra[k] = v
-		}
-	}
+	g.Extra = collect(nil, r.profile.ExtraFields, f.str)
 	var scope *string
 	if json.Unmarshal(f["scope"], &scope) == nil && scope != nil {
 		g.Scope, g.ScopeNamed = *scope, true
 	}
 	return g
+}
+
+// collect adds to m (made when needed) the keys get has a non-empty value for.
+func collect(m map[string]string, keys []string, get func(string) string) map[string]string {
+	for _, k := range keys {
+		if v := get(k); v != "" {
+			if m == nil {
+				m = map[string]string{}
+			}
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // tokenType spells the type as RFC 6750 and x/oauth2 do.

@@ -89,16 +89,7 @@ func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.Au
 // ProviderFields is the connection metadata of a first grant: g.Extra and
 // the profile's fields of the callback query; nil when there are none.
 func (r *Registry) ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string {
-	out := maps.Clone(g.Extra)
-	for _, k := range r.profile(provider).CallbackFields {
-		if v := callback.Get(k); v != "" {
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[k] = v
-		}
-	}
-	return out
+	return collect(maps.Clone(g.Extra), r.profile(provider).CallbackFields, callback.Get)
 }
 
 // PAREndpoint says where the connect flow pushes its authorization request
