@@ -265,9 +265,7 @@ func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
 	}
 	f = fields{}
 	for k, v := range vals {
-		if raw, err := json.Marshal(v[0]); err == nil {
-			f[k] = raw
-		}
+		f[k], _ = json.Marshal(v[0]) // a string always marshals
 	}
 	return f, true
 }

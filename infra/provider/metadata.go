@@ -25,7 +25,6 @@ type Metadata struct {
 // §3.3) and it names the token endpoint, so a neighbour's is never taken.
 type Discovery struct {
 	client *http.Client
-	now    func() time.Time
 	mu     sync.Mutex
 	cache  map[string]found
 }
@@ -47,12 +46,12 @@ func NewDiscovery(client *http.Client) *Discovery {
 	if client == nil {
 		client = NewHTTPClient(10 * time.Second)
 	}
-	return &Discovery{client: client, now: time.Now, cache: map[string]found{}}
+	return &Discovery{client: client, cache: map[string]found{}}
 }
 
 // Find returns the metadata of tokenURL's server, and whether there is any.
 func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) {
-	now := d.now()
+	now := time.Now()
 	d.mu.Lock()
 	f := d.cache[tokenURL]
 	d.mu.Unlock()
