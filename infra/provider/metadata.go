@@ -62,8 +62,8 @@ func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) 
 	fctx, cancel := context.WithTimeout(ctx, discoveryTimeout)
 	defer cancel()
 	for _, c := range candidates(tokenURL) {
-		m, ok, answered := d.fetch(fctx, c.doc)
-		if ok && strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
+		m, answered := d.fetch(fctx, c.doc)
+		if strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
 			f = found{m: m, ok: true, until: now.Add(metadataTTL)}
 			break
 		}
@@ -105,20 +105,20 @@ func candidates(tokenURL string) []candidate {
 	return out
 }
 
-// fetch reads one metadata document; answered: an HTTP answer came.
-func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, ok, answered bool) {
+// fetch reads one metadata document, zero when unusable; answered: an HTTP answer came.
+func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, answered bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, doc, nil)
 	if err != nil {
-		return Metadata{}, false, true
+		return Metadata{}, true
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return Metadata{}, false, false
+		return Metadata{}, false
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&m) != nil || m.Issuer == "" {
-		return Metadata{}, false, true
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&m) != nil {
+		return Metadata{}, true
 	}
-	return m, true, true
+	return m, true
 }
