@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 
@@ -222,19 +223,12 @@ func (r *Retrying) record(now time.Time, err error) (started bool) {
 // TLS), so none spent the refresh token.
 func unreachable(err error) bool {
 	var pe *domain.ProviderError
-	if err == nil || !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {
+	if !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {
 		return false
 	}
-	for _, errno := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH} {
-		if errors.Is(pe.Err, errno) {
-			return true
-		}
-	}
-	for _, target := range []any{new(*net.DNSError), new(*tls.CertificateVerificationError), new(tls.RecordHeaderError),
-		new(tls.AlertError), new(x509.UnknownAuthorityError), new(x509.HostnameError), new(x509.CertificateInvalidError)} {
-		if errors.As(pe.Err, target) {
-			return true
-		}
-	}
-	return false
+	errnos := []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH}
+	types := []any{new(*net.DNSError), new(*tls.CertificateVerificationError), new(tls.RecordHeaderError),
+		new(tls.AlertError), new(x509.UnknownAuthorityError), new(x509.HostnameError), new(x509.CertificateInvalidError)}
+	return slices.ContainsFunc(errnos, func(e error) bool { return errors.Is(pe.Err, e) }) ||
+		slices.ContainsFunc(types, func(t any) bool { return errors.As(pe.Err, t) })
 }
