@@ -49,9 +49,7 @@ var codes = map[string]domain.ErrorClass{
 	"BAD_REFRESH_TOKEN":     domain.GrantDead, // HubSpot, in a 400 body's "status" field
 }
 
-// classify says what an error answer means: 3xx, 404, 405 are
-// EndpointMisconfigured and 5xx, 429 Transient whatever the body; then the
-// code's row; then a 401 is ClientRejected; anything else Unclassified.
+// classify says what an error answer means; the status outranks the body's code.
 func classify(status int, code string) domain.ErrorClass {
 	switch {
 	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
@@ -223,19 +221,25 @@ func (r *Refresher) grant(f fields, sent time.Time) domain.Grant {
 	case r.profile.RefreshIdle.D > 0:
 		g.RefreshExpiry = sent.Add(r.profile.RefreshIdle.D)
 	}
-	for _, k := range r.profile.ExtraFields {
-		if v := f.str(k); v != "" {
-			if g.Extra == nil {
-				g.Extra = map[string]string{}
-			}
-			g.Extra[k] = v
-		}
-	}
+	g.Extra = collect(nil, r.profile.ExtraFields, f.str)
 	var scope *string
 	if json.Unmarshal(f["scope"], &scope) == nil && scope != nil {
 		g.Scope, g.ScopeNamed = *scope, true
 	}
 	return g
+}
+
+// collect adds to m (made when needed) the keys get has a non-empty value for.
+func collect(m map[string]string, keys []string, get func(string) string) map[string]string {
+	for _, k := range keys {
+		if v := get(k); v != "" {
+			if m == nil {
+				m = map[string]string{}
+			}
+			m[k] = v
+		}
+	}
+	return m
 }
 
 // tokenType spells the type as RFC 6750 and x/oauth2 do.
@@ -261,9 +265,7 @@ func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
 	}
 	f = fields{}
 	for k, v := range vals {
-		if raw, err := json.Marshal(v[0]); err == nil {
-			f[k] = raw
-		}
+		f[k], _ = json.Marshal(v[0]) // a string always marshals
 	}
 	return f, true
 }

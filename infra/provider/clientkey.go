@@ -111,12 +111,11 @@ func (c clientAuth) request(ctx context.Context, endpoint string, form url.Value
 	}
 	req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
 	req.Header.Set("Accept", "application/json")
-	if c.key != nil {
-		req.GetBody = func() (io.ReadCloser, error) {
-			b, err := encode()
-			return io.NopCloser(strings.NewReader(b)), err
-		}
-	} else if style == oauth2.AuthStyleInHeader {
+	req.GetBody = func() (io.ReadCloser, error) {
+		b, err := encode()
+		return io.NopCloser(strings.NewReader(b)), err
+	}
+	if c.key == nil && style == oauth2.AuthStyleInHeader {
 		// RFC 6749 §2.3.1: both are form-encoded before Basic encoding.
 		req.SetBasicAuth(url.QueryEscape(c.id), url.QueryEscape(c.secret))
 	}

@@ -89,30 +89,16 @@ func (r *Registry) AuthCodeOptions(provider string, scopes []string) []oauth2.Au
 // ProviderFields is the connection metadata of a first grant: g.Extra and
 // the profile's fields of the callback query; nil when there are none.
 func (r *Registry) ProviderFields(provider string, callback url.Values, g domain.Grant) map[string]string {
-	out := maps.Clone(g.Extra)
-	for _, k := range r.profile(provider).CallbackFields {
-		if v := callback.Get(k); v != "" {
-			if out == nil {
-				out = map[string]string{}
-			}
-			out[k] = v
-		}
-	}
-	return out
+	return collect(maps.Clone(g.Extra), r.profile(provider).CallbackFields, callback.Get)
 }
 
 // PAREndpoint says where the connect flow pushes its authorization request
 // (RFC 9126), "" when it is not pushed; auto pushes when the metadata or the
 // profile requires it. Required without an endpoint is ErrNoPAREndpoint.
 func PAREndpoint(mode domain.PARMode, profileRequires bool, m Metadata, found bool) (string, error) {
-	switch mode {
-	case domain.PARNever:
+	required := profileRequires || found && m.RequirePAR
+	if mode == domain.PARNever || mode != domain.PARAlways && !required {
 		return "", nil
-	case domain.PARAlways:
-	default: // auto
-		if !profileRequires && !(found && m.RequirePAR) {
-			return "", nil
-		}
 	}
 	if !found || m.PAREndpoint == "" {
 		return "", domain.ErrNoPAREndpoint

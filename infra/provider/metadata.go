@@ -25,7 +25,6 @@ type Metadata struct {
 // §3.3) and it names the token endpoint, so a neighbour's is never taken.
 type Discovery struct {
 	client *http.Client
-	now    func() time.Time
 	mu     sync.Mutex
 	cache  map[string]found
 }
@@ -47,24 +46,24 @@ func NewDiscovery(client *http.Client) *Discovery {
 	if client == nil {
 		client = NewHTTPClient(10 * time.Second)
 	}
-	return &Discovery{client: client, now: time.Now, cache: map[string]found{}}
+	return &Discovery{client: client, cache: map[string]found{}}
 }
 
 // Find returns the metadata of tokenURL's server, and whether there is any.
 func (d *Discovery) Find(ctx context.Context, tokenURL string) (Metadata, bool) {
-	now := d.now()
+	now := time.Now()
 	d.mu.Lock()
-	f, hit := d.cache[tokenURL]
+	f := d.cache[tokenURL]
 	d.mu.Unlock()
-	if hit && now.Before(f.until) {
+	if now.Before(f.until) {
 		return f.m, f.ok
 	}
 	f = found{until: now.Add(noneTTL)}
 	fctx, cancel := context.WithTimeout(ctx, discoveryTimeout)
 	defer cancel()
 	for _, c := range candidates(tokenURL) {
-		m, ok, answered := d.fetch(fctx, c.doc)
-		if ok && strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
+		m, answered := d.fetch(fctx, c.doc)
+		if strings.TrimSuffix(m.Issuer, "/") == c.issuer && m.TokenEndpoint == tokenURL {
 			f = found{m: m, ok: true, until: now.Add(metadataTTL)}
 			break
 		}
@@ -92,9 +91,7 @@ func candidates(tokenURL string) []candidate {
 	}
 	origin := u.Scheme + "://" + u.Host
 	parts := strings.Split(strings.Trim(u.Path, "/"), "/")
-	if len(parts) > 0 {
-		parts = parts[:len(parts)-1] // the endpoint itself
-	}
+	parts = parts[:len(parts)-1] // the endpoint itself; Split returns one part at least
 	var out []candidate
 	for n := len(parts); n >= 0; n-- {
 		path := ""
@@ -108,20 +105,20 @@ func candidates(tokenURL string) []candidate {
 	return out
 }
 
-// fetch reads one metadata document; answered: an HTTP answer came.
-func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, ok, answered bool) {
+// fetch reads one metadata document, zero when unusable; answered: an HTTP answer came.
+func (d *Discovery) fetch(ctx context.Context, doc string) (m Metadata, answered bool) {
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, doc, nil)
 	if err != nil {
-		return Metadata{}, false, true
+		return Metadata{}, true
 	}
 	req.Header.Set("Accept", "application/json")
 	resp, err := d.client.Do(req)
 	if err != nil {
-		return Metadata{}, false, false
+		return Metadata{}, false
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&m) != nil || m.Issuer == "" {
-		return Metadata{}, false, true
+	if resp.StatusCode != http.StatusOK || json.NewDecoder(io.LimitReader(resp.Body, maxAnswer)).Decode(&m) != nil {
+		return Metadata{}, true
 	}
-	return m, true, true
+	return m, true
 }

@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"slices"
 	"syscall"
 	"time"
 
@@ -58,31 +59,23 @@ func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
 }
 
 func (p Policy) withDefaults() Policy {
-	p.InitialInterval = positiveOr(p.InitialInterval, 100*time.Millisecond)
-	p.MaxInterval = max(positiveOr(p.MaxInterval, 2*time.Second), p.InitialInterval)
+	p.InitialInterval = cmp.Or(max(p.InitialInterval, 0), 100*time.Millisecond)
+	p.MaxInterval = max(cmp.Or(max(p.MaxInterval, 0), 2*time.Second), p.InitialInterval)
 	if p.Multiplier < 1 {
 		p.Multiplier = 2
 	}
 	p.Jitter = min(max(cmp.Or(p.Jitter, 0.5), 0), 1)
-	p.MaxElapsed = positiveOr(p.MaxElapsed, 30*time.Second)
+	p.MaxElapsed = cmp.Or(max(p.MaxElapsed, 0), 30*time.Second)
 	p.PauseAfter = cmp.Or(p.PauseAfter, DefaultPauseAfter)
+	p.Log = cmp.Or(p.Log, slog.New(slog.DiscardHandler))
 	return p
 }
 
-func positiveOr(d, dflt time.Duration) time.Duration {
-	if d <= 0 {
-		return dflt
-	}
-	return d
-}
-
-// Retrying retries transient failures (ErrProviderUnavailable) with capped
-// exponential backoff and jitter; safe for concurrent use. An endpoint unreachable
-// PauseAfter times in a row is paused: calls fail at once. Every wait ends before
-// ctx's deadline (Retry-After is a minimum), so retries never outlast the
-// connection's lock (backoff.Retry would sleep past it). A retry after a lost
-// answer may present a spent token, which strict providers punish by revoking the
-// grant: ReuseGrace decides.
+// Retrying retries transient failures (ErrProviderUnavailable) with capped,
+// jittered exponential backoff; safe for concurrent use. Every wait ends before
+// ctx's deadline, so retries never outlast the connection's lock (backoff.Retry
+// would sleep past it). ReuseGrace decides whether a lost answer's request may go
+// again: strict providers revoke a grant whose spent token comes back.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
@@ -124,7 +117,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			return domain.Grant{}, err
 		}
 		g, err := r.try(ctx, refreshToken)
-		if r.record(time.Now(), err) && p.Log != nil {
+		if r.record(time.Now(), err) {
 			p.Log.LogAttrs(ctx, slog.LevelWarn, "token endpoint unreachable: calls to it fail at once for a while",
 				slog.String("error", err.Error()))
 		}
@@ -149,10 +142,8 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			(p.RetryWithin > 0 && time.Since(first)+wait >= p.RetryWithin) {
 			return domain.Grant{}, attempts(attempt, err)
 		}
-		if p.Log != nil {
-			p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
-				slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
-		}
+		p.Log.LogAttrs(ctx, slog.LevelWarn, "token refresh failed, retrying",
+			slog.Int("attempt", attempt), slog.Duration("wait", wait), slog.String("error", err.Error()))
 		select {
 		case <-time.After(wait): // collected unfired since Go 1.23
 		case <-ctx.Done():
@@ -232,19 +223,12 @@ func (r *Retrying) record(now time.Time, err error) (started bool) {
 // TLS), so none spent the refresh token.
 func unreachable(err error) bool {
 	var pe *domain.ProviderError
-	if err == nil || !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {
+	if !errors.As(err, &pe) || pe.HTTPStatus != 0 || pe.Err == nil {
 		return false
 	}
-	for _, errno := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH} {
-		if errors.Is(pe.Err, errno) {
-			return true
-		}
-	}
-	for _, target := range []any{new(*net.DNSError), new(*tls.CertificateVerificationError), new(tls.RecordHeaderError),
-		new(tls.AlertError), new(x509.UnknownAuthorityError), new(x509.HostnameError), new(x509.CertificateInvalidError)} {
-		if errors.As(pe.Err, target) {
-			return true
-		}
-	}
-	return false
+	errnos := []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH}
+	types := []any{new(*net.DNSError), new(*tls.CertificateVerificationError), new(tls.RecordHeaderError),
+		new(tls.AlertError), new(x509.UnknownAuthorityError), new(x509.HostnameError), new(x509.CertificateInvalidError)}
+	return slices.ContainsFunc(errnos, func(e error) bool { return errors.Is(pe.Err, e) }) ||
+		slices.ContainsFunc(types, func(t any) bool { return errors.As(pe.Err, t) })
 }

@@ -123,9 +123,7 @@ func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken 
 			style = AuthStyleOf(name)
 		}
 	}
-	if auto {
-		style = cmp.Or(style, oauth2.AuthStyleInHeader)
-	}
+	style = cmp.Or(style, oauth2.AuthStyleInHeader) // a configured style is never 0
 	status, code, err := r.send(ctx, e, style, refreshToken)
 	if auto && err == nil && (status == http.StatusUnauthorized || code == "invalid_client") {
 		status, code, err = r.send(ctx, e, other(style), refreshToken)
@@ -143,11 +141,8 @@ func revocationAnswer(status int, code string) error {
 		what += " " + code
 	}
 	switch {
-	case status >= 200 && status < 300:
-		return nil
-	case code == "invalid_grant" || code == "invalid_token":
-		// Some providers say with an error what RFC 7009 answers 200.
-		return nil
+	case status >= 200 && status < 300, code == "invalid_grant", code == "invalid_token":
+		return nil // some providers say with an error what RFC 7009 answers 200
 	case status >= 300 && status < 400, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:
 		return fmt.Errorf("%s: %w (check the revocation URL)", what, domain.ErrEndpointMisconfigured)
 	case status >= 500, status == http.StatusTooManyRequests, code == "temporarily_unavailable", code == "server_error":

@@ -221,10 +221,7 @@ var catalog = func() map[string]Profile {
 
 // Get returns the profile called name ("" is Generic), or an error wrapping domain.ErrUnknownProfile.
 func Get(name string) (Profile, error) {
-	if name == "" {
-		name = Generic
-	}
-	p, ok := catalog[name]
+	p, ok := catalog[cmp.Or(name, Generic)]
 	if !ok {
 		return Profile{}, fmt.Errorf("%w: %q (see tokenctl provider profiles)", domain.ErrUnknownProfile, name)
 	}
@@ -280,32 +277,29 @@ func (p Profile) Complete(given URLs, params map[string]string) (URLs, error) {
 		}
 		vals[k] = v
 	}
-	var missing []string
-	fill := func(given, u string) string {
+	fill := func(given, u string) (filled string, missing []string) {
 		if given != "" {
-			return given
+			return given, nil
 		}
-		var miss []string
-		filled := placeholder.ReplaceAllStringFunc(u, func(m string) string {
+		filled = placeholder.ReplaceAllStringFunc(u, func(m string) string {
 			name := m[1 : len(m)-1]
-			v := vals[name]
-			if v == "" && !slices.Contains(miss, name) {
-				miss = append(miss, name)
+			if vals[name] == "" && !slices.Contains(missing, name) {
+				missing = append(missing, name)
 			}
-			return url.PathEscape(v)
+			return url.PathEscape(vals[name])
 		})
-		if len(miss) > 0 {
-			missing = miss
-			return ""
+		if missing != nil {
+			return "", missing
 		}
-		return filled
+		return filled, nil
 	}
-	out := URLs{Token: fill(given.Token, p.TokenURL)}
+	token, missing := fill(given.Token, p.TokenURL)
 	if missing != nil {
 		return URLs{}, &MissingParamError{Profile: p.Name, Params: missing}
 	}
-	out.Auth, out.Revocation = fill(given.Auth, p.AuthURL), fill(given.Revocation, p.RevocationURL)
-	return out, nil
+	auth, _ := fill(given.Auth, p.AuthURL)
+	revocation, _ := fill(given.Revocation, p.RevocationURL)
+	return URLs{Token: token, Auth: auth, Revocation: revocation}, nil
 }
 
 // ParamNames lists the parameters the profile's URLs take.
