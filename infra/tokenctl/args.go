@@ -81,10 +81,8 @@ func lookupFailed(fail failFunc, cmd string, err error, notFound string) int {
 
 // exitFor is exitUsage for an error in the operator's input (one of usage), else exitFailure.
 func exitFor(err error, usage ...error) int {
-	for _, u := range usage {
-		if errors.Is(err, u) {
-			return exitUsage
-		}
+	if slices.ContainsFunc(usage, func(u error) bool { return errors.Is(err, u) }) {
+		return exitUsage
 	}
 	return exitFailure
 }
