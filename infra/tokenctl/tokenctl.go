@@ -112,8 +112,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 	if code, ok := subcommand(args, usage, stdio.Stderr); !ok {
 		return code
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
+	switch cmd, rest := args[0], args[1:]; cmd {
 	case "apikey":
 		return apikey(ctx, rest, backend, stdio)
 	case "provider":
