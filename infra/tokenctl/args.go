@@ -64,8 +64,7 @@ func failer(stderr io.Writer, prefix string) failFunc {
 
 // failed reports a backend error; configuration errors are usage errors.
 func failed(fail failFunc, prefix string, err error) int {
-	var ce *ConfigError
-	if errors.As(err, &ce) {
+	if ce, ok := errors.AsType[*ConfigError](err); ok {
 		return fail(exitUsage, "%v", ce)
 	}
 	return fail(exitFailure, "%s%v", prefix, err)

@@ -146,9 +146,8 @@ func (f *providerFlags) fromProfile(p *domain.Provider, tokenURL string) error {
 		return err
 	}
 	u, err := prof.Complete(profiles.URLs{Token: tokenURL}, params)
-	var miss *profiles.MissingParamError
-	switch {
-	case errors.As(err, &miss):
+	switch miss, missing := errors.AsType[*profiles.MissingParamError](err); {
+	case missing:
 		return fmt.Errorf("%w: profile %s needs --param %s=… (or --token-url)", domain.ErrInvalidProvider, prof.Name, miss.Params[0])
 	case err != nil:
 		return err

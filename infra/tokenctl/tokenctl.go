@@ -310,12 +310,10 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 
 // jsonCause keeps a decoding error free of input (a time's error quotes the value, maybe a pasted token).
 func jsonCause(err error) error {
-	var syn *json.SyntaxError
-	if errors.As(err, &syn) {
+	if syn, ok := errors.AsType[*json.SyntaxError](err); ok {
 		return fmt.Errorf("invalid JSON at byte %d", syn.Offset)
 	}
-	var typ *json.UnmarshalTypeError
-	if errors.As(err, &typ) {
+	if typ, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 		return fmt.Errorf("field %q must be a %s", typ.Field, typ.Type)
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
