@@ -169,7 +169,6 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 		return nil, fmt.Errorf("GET %s: read body: %w: %w", path, ErrUnavailable, scrub(err))
 	}
 	if int64(len(body)) > c.opts.MaxBody {
-		// Never a truncated body taken for the whole answer.
 		return nil, fmt.Errorf("GET %s: %w (%d bytes)", path, ErrTooLarge, c.opts.MaxBody)
 	}
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil
