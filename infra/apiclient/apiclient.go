@@ -64,8 +64,6 @@ type Options struct {
 	// MaxBody caps the response body (default 1 MiB): a longer one is ErrTooLarge, never cut short.
 	MaxBody int64
 	Bases   Bases // when set, sends a connection's calls to its provider's API
-	// TracerProvider records the calls' spans (tokenguard.api_call, HTTP included); nil: the global one.
-	TracerProvider trace.TracerProvider
 }
 
 // Bases gives the API base URL of a connection's provider; "" for the Client's own.
@@ -114,8 +112,8 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 	if opts.MaxBody <= 0 {
 		opts.MaxBody = 1 << 20
 	}
-	return &Client{base: u, clients: clients, opts: opts, tracer: tracing.New(opts.TracerProvider),
-		http: &http.Client{Transport: tracing.Transport(NewTransport(opts.Timeout, 32), opts.TracerProvider)}}, nil
+	return &Client{base: u, clients: clients, opts: opts, tracer: tracing.New(nil),
+		http: &http.Client{Transport: tracing.Transport(NewTransport(opts.Timeout, 32), nil)}}, nil
 }
 
 // NewTransport is the transport of API calls: headers within timeout,
@@ -171,7 +169,6 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 		return nil, fmt.Errorf("GET %s: read body: %w: %w", path, ErrUnavailable, scrub(err))
 	}
 	if int64(len(body)) > c.opts.MaxBody {
-		// Never a truncated body taken for the whole answer.
 		return nil, fmt.Errorf("GET %s: %w (%d bytes)", path, ErrTooLarge, c.opts.MaxBody)
 	}
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil

@@ -70,7 +70,9 @@ type Provers interface {
 // grant with a DPoP proof (RFC 9449 §7), retrying a nonce refusal once (§9).
 func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, error) {
 	if !tok.SenderConstrained() {
-		return t.base().RoundTrip(authorised(req, tok))
+		r := req.Clone(req.Context()) // a RoundTripper must not modify its request
+		r.Header.Set("Authorization", "Bearer "+tok.AccessToken.Reveal())
+		return t.base().RoundTrip(r)
 	}
 	p, ok := t.Tokens.(Provers)
 	if !ok {
@@ -84,13 +86,6 @@ func (t *Transport) send(req *http.Request, tok domain.Token) (*http.Response, e
 }
 
 func (t *Transport) base() http.RoundTripper { return cmp.Or(t.Base, http.DefaultTransport) }
-
-// authorised is a copy of req carrying tok (a RoundTripper must not modify its request).
-func authorised(req *http.Request, tok domain.Token) *http.Request {
-	r := req.Clone(req.Context())
-	r.Header.Set("Authorization", "Bearer "+tok.AccessToken.Reveal())
-	return r
-}
 
 // Revoked reports whether a 401 says the token itself is no good (RFC 6750 §3.1 invalid_token, or
 // no error code at all) rather than, say, missing a scope.

@@ -121,7 +121,6 @@ type WorkerOptions struct {
 	PollOnly bool
 	// ExpiringNotice, with a Webhook, announces once per grant a refresh token expiring within it; 0: never.
 	ExpiringNotice time.Duration
-	TracerProvider trace.TracerProvider // nil: the global provider
 }
 
 // Worker consumes events (the worker's side).
@@ -148,7 +147,7 @@ func NewWorker(pool *pgxpool.Pool, h HandlerFunc, opts WorkerOptions, log *slog.
 	}
 	// AddWorker panics only for a kind added twice: two fixed, distinct kinds here.
 	workers := river.NewWorkers()
-	river.AddWorker(workers, &eventWorker{h: h, log: log, tracer: tracing.New(opts.TracerProvider)})
+	river.AddWorker(workers, &eventWorker{h: h, log: log, tracer: tracing.New(nil)})
 	queues := map[string]river.QueueConfig{river.QueueDefault: {MaxWorkers: opts.Concurrency}}
 	if opts.Webhook != nil {
 		river.AddWorker(workers, newWebhookWorker(*opts.Webhook, log))

@@ -99,18 +99,16 @@ func keyAccess(set map[string]bool, scopes, connections string, stderr io.Writer
 	if !set["connections"] {
 		return access, nil
 	}
-	access.Connections = []string{}
-	for _, p := range splitList(connections) {
+	if access.Connections = splitList(connections); len(access.Connections) == 0 {
+		return access, errors.New("--connections: no pattern given")
+	}
+	for _, p := range access.Connections {
 		if err := domain.ValidateConnectionPattern(p); err != nil {
 			return access, fmt.Errorf("--connections: %w", err)
 		}
 		if domain.MatchesNoName(p) {
 			fmt.Fprintf(stderr, "tokenctl: apikey create: warning: the pattern %s matches no connection (names are 1-128 of A-Z a-z 0-9 . _ -)\n", p)
 		}
-		access.Connections = append(access.Connections, p)
-	}
-	if len(access.Connections) == 0 {
-		return access, errors.New("--connections: no pattern given")
 	}
 	return access, nil
 }

@@ -64,8 +64,7 @@ func failer(stderr io.Writer, prefix string) failFunc {
 
 // failed reports a backend error; configuration errors are usage errors.
 func failed(fail failFunc, prefix string, err error) int {
-	var ce *ConfigError
-	if errors.As(err, &ce) {
+	if ce, ok := errors.AsType[*ConfigError](err); ok {
 		return fail(exitUsage, "%v", ce)
 	}
 	return fail(exitFailure, "%s%v", prefix, err)
@@ -81,10 +80,8 @@ func lookupFailed(fail failFunc, cmd string, err error, notFound string) int {
 
 // exitFor is exitUsage for an error in the operator's input (one of usage), else exitFailure.
 func exitFor(err error, usage ...error) int {
-	for _, u := range usage {
-		if errors.Is(err, u) {
-			return exitUsage
-		}
+	if slices.ContainsFunc(usage, func(u error) bool { return errors.Is(err, u) }) {
+		return exitUsage
 	}
 	return exitFailure
 }

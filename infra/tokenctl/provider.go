@@ -56,22 +56,6 @@ type ProviderStore interface {
 	Remove(ctx context.Context, name string) error
 }
 
-// errInsecure is a provider URL that CheckURLs refused (err), said by its flag.
-type errInsecure struct {
-	field string // CheckURLs' name of the URL: "API base URL" is --api-base-url
-	err   error
-}
-
-func (e *errInsecure) Error() string {
-	cause := domain.ErrNotHTTPURL
-	if errors.Is(e.err, domain.ErrInsecureURL) {
-		cause = domain.ErrInsecureURL
-	}
-	return "--" + strings.ReplaceAll(strings.ToLower(e.field), " ", "-") + " " + cause.Error()
-}
-
-func (e *errInsecure) Unwrap() error { return e.err }
-
 // providerFlags are the flags of add and update that are no field of the provider.
 type providerFlags struct {
 	name, profile, scopes, clientKeyFile, tokenRate string
@@ -162,9 +146,8 @@ func (f *providerFlags) fromProfile(p *domain.Provider, tokenURL string) error {
 		return err
 	}
 	u, err := prof.Complete(profiles.URLs{Token: tokenURL}, params)
-	var miss *profiles.MissingParamError
-	switch {
-	case errors.As(err, &miss):
+	switch miss, missing := errors.AsType[*profiles.MissingParamError](err); {
+	case missing:
 		return fmt.Errorf("%w: profile %s needs --param %s=… (or --token-url)", domain.ErrInvalidProvider, prof.Name, miss.Params[0])
 	case err != nil:
 		return err
@@ -261,7 +244,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 	}
 	failed := func(err error) int {
 		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
-			domain.ErrUnknownProvider, domain.ErrProviderInUse), "%s: %v", cmd, err)
+			domain.ErrUnknownProvider, domain.ErrProviderInUse, domain.ErrInsecureURL, domain.ErrNotHTTPURL), "%s: %v", cmd, err)
 	}
 	return withOpen(ctx, backend, "provider", fail, func(s *Stores) int {
 		// change applies the command line to p, refusing a URL secrets would reach in the clear.
@@ -269,10 +252,16 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 			if err := apply(p, rest, cmd == "update", clientKey, secret); err != nil {
 				return err
 			}
-			if field, err := p.CheckURLs(s.AllowInsecureURLs); err != nil {
-				return &errInsecure{field, err}
+			field, err := p.CheckURLs(s.AllowInsecureURLs)
+			if err == nil {
+				return nil
 			}
-			return nil
+			cause := domain.ErrNotHTTPURL
+			if errors.Is(err, domain.ErrInsecureURL) {
+				cause = domain.ErrInsecureURL
+			}
+			// Said by its flag: CheckURLs' "API base URL" is --api-base-url.
+			return fmt.Errorf("--%s %w", strings.ReplaceAll(strings.ToLower(field), " ", "-"), cause)
 		}
 		switch cmd {
 		case "add":
@@ -389,6 +378,10 @@ func listProfiles(name string, stdio IO, fail failFunc) int {
 		for _, k := range p.ParamNames() {
 			params = append(params, k+"="+cmp.Or(p.Params[k], "(required)"))
 		}
+		auth := make([]string, 0, len(p.AuthParams))
+		for _, k := range slices.Sorted(maps.Keys(p.AuthParams)) {
+			auth = append(auth, k+"="+p.AuthParams[k])
+		}
 		fmt.Fprintf(tw, "%s\t%s\n", p.Name, p.Title)
 		for _, row := range [][3]string{
 			{"token URL", cmp.Or(p.TokenURL, "-"), src("urls")},
@@ -396,7 +389,7 @@ func listProfiles(name string, stdio IO, fail failFunc) int {
 			{"revocation URL", cmp.Or(p.RevocationURL, "-"), src("urls")},
 			{"params", cmp.Or(strings.Join(params, " "), "-"), ""},
 			{"auth style", string(p.AuthStyle), src("auth_style")},
-			{"authorization params", cmp.Or(formatParams(p.AuthParams), "-"), src("auth_params")},
+			{"authorization params", cmp.Or(strings.Join(auth, "&"), "-"), src("auth_params")},
 			{"rotation", string(p.Rotation), src("rotation")},
 			{"grace", p.Grace.String(), src("grace")},
 			{"access lifetime", p.AccessLifetime.String(), src("access_lifetime")},
@@ -422,12 +415,4 @@ func listProfiles(name string, stdio IO, fail failFunc) int {
 	}
 	_ = tw.Flush()
 	return exitOK
-}
-
-func formatParams(m map[string]string) string {
-	out := make([]string, 0, len(m))
-	for _, k := range slices.Sorted(maps.Keys(m)) {
-		out = append(out, k+"="+m[k])
-	}
-	return strings.Join(out, "&")
 }

@@ -112,8 +112,7 @@ func Main(args []string, backend Backend, stdio IO) int {
 	if code, ok := subcommand(args, usage, stdio.Stderr); !ok {
 		return code
 	}
-	cmd, rest := args[0], args[1:]
-	switch cmd {
+	switch cmd, rest := args[0], args[1:]; cmd {
 	case "apikey":
 		return apikey(ctx, rest, backend, stdio)
 	case "provider":
@@ -257,20 +256,18 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 func status(ctx context.Context, s *Stores, connection string, stdio IO, fail failFunc) int {
 	now := time.Now()
 	p := &statusPrinter{w: stdio.Stdout, notice: s.ExpiringNotice}
+	var err error
 	if connection == "" {
-		err := s.Connections.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
-		p.flush()
-		if err != nil {
-			return fail(exitFailure, "status: %v", err)
-		}
-		return exitOK
+		err = s.Connections.EachConnection(ctx, func(c domain.Connection) error { p.print(c, now); return nil })
+	} else if t, lerr := s.Connections.Connection(ctx, connection); lerr != nil {
+		return lookupFailed(fail, "status", lerr, fmt.Sprintf("connection %q not found", connection))
+	} else {
+		p.print(t, now)
 	}
-	t, err := s.Connections.Connection(ctx, connection)
-	if err != nil {
-		return lookupFailed(fail, "status", err, fmt.Sprintf("connection %q not found", connection))
-	}
-	p.print(t, now)
 	p.flush()
+	if err != nil {
+		return fail(exitFailure, "status: %v", err)
+	}
 	return exitOK
 }
 
@@ -284,10 +281,7 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 	}
 	err := dec.Decode(&raw)
 	if err == nil {
-		err = json.Unmarshal(raw, &tok)
-	}
-	if err == nil {
-		err = json.Unmarshal(raw, &scope)
+		err = cmp.Or(json.Unmarshal(raw, &tok), json.Unmarshal(raw, &scope))
 	}
 	if err != nil {
 		if errors.Is(err, io.EOF) {
@@ -316,12 +310,10 @@ func readGrant(r io.Reader, now time.Time) (domain.Grant, error) {
 
 // jsonCause keeps a decoding error free of input (a time's error quotes the value, maybe a pasted token).
 func jsonCause(err error) error {
-	var syn *json.SyntaxError
-	if errors.As(err, &syn) {
+	if syn, ok := errors.AsType[*json.SyntaxError](err); ok {
 		return fmt.Errorf("invalid JSON at byte %d", syn.Offset)
 	}
-	var typ *json.UnmarshalTypeError
-	if errors.As(err, &typ) {
+	if typ, ok := errors.AsType[*json.UnmarshalTypeError](err); ok {
 		return fmt.Errorf("field %q must be a %s", typ.Field, typ.Type)
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) {
@@ -349,9 +341,8 @@ func readDPoPKey(path string) (pem domain.Secret, jkt string, err error) {
 // statusPrinter streams status lines aligned in blocks, each followed by its connections' details.
 type statusPrinter struct {
 	w      io.Writer
-	tw     *tabwriter.Writer // on w, from the first line
-	notice time.Duration     // TOKEN_EXPIRING_NOTICE
-	lines  int
+	tw     *tabwriter.Writer   // on w, from the first line
+	notice time.Duration       // TOKEN_EXPIRING_NOTICE
 	block  []domain.Connection // the block's
 }
 
@@ -359,11 +350,11 @@ const statusBlock = 500
 
 // expiring is the EXPIRING column: how soon the refresh token dies, once within the notice.
 func expiring(t domain.Connection, now time.Time, notice time.Duration) string {
-	if t.RefreshExpiry.IsZero() || notice <= 0 || t.RefreshExpiry.Sub(now) > notice {
+	switch d := t.RefreshExpiry.Sub(now); {
+	case t.RefreshExpiry.IsZero() || notice <= 0 || d > notice:
 		return "-"
-	}
-	if d := t.RefreshExpiry.Sub(now); d > 0 {
-		return "in " + (d.Round(time.Hour)).String()
+	case d > 0:
+		return "in " + d.Round(time.Hour).String()
 	}
 	return "expired"
 }
@@ -389,7 +380,7 @@ func (p *statusPrinter) print(t domain.Connection, now time.Time) {
 	fmt.Fprintf(p.tw, "%s\t%s\t%s\t%d\t%s\t%s\t%s\t%s\t%s\n", t.Name, t.Status, exp, t.Version, formatTime(t.ObtainedAt), refreshExp,
 		cmp.Or(t.Provider, "default"), expiring(t, now, p.notice), t.StatusReason)
 	p.block = append(p.block, t) // flush shows its details
-	if p.lines++; p.lines%statusBlock == 0 {
+	if len(p.block) == statusBlock {
 		p.flush()
 	}
 }
