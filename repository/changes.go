@@ -207,14 +207,7 @@ func (l *ChangeListener) session(ctx context.Context) error {
 
 // beat sends a heartbeat every interval and ends the session when none is heard.
 func (l *ChangeListener) beat(ctx context.Context, end context.CancelCauseFunc) {
-	t := time.NewTicker(l.beatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	every(ctx, l.beatInterval, func() { // end's cancel stops it
 		if silent := time.Since(time.Unix(0, l.lastBeat.Load())); silent > heartbeatMisses*l.beatInterval {
 			if l.trusted.Load() { // once per outage, not per reconnection
 				l.log.Warn("token change listener hears nothing; reading through and reconnecting",
@@ -225,7 +218,7 @@ func (l *ChangeListener) beat(ctx context.Context, end context.CancelCauseFunc) 
 			return
 		}
 		l.sendBeat(ctx)
-	}
+	})
 }
 
 func (l *ChangeListener) sendBeat(ctx context.Context) {
