@@ -166,11 +166,7 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 		set.timeout = fmt.Sprintf("%dms", max((time.Until(d)-lockTimeoutMargin).Milliseconds(), 1))
 	}
 	if len(ids) == 1 {
-		found, err := lockConnectionByName(tx, ids[0], set)
-		if err == nil && !found {
-			err = fmt.Errorf("lock %s: %w", ids[0], domain.ErrNotFound)
-		}
-		return err
+		return lockConnectionByName(tx, ids[0], set)
 	}
 	return lockConnectionsByName(tx, ids, set)
 }
