@@ -136,12 +136,10 @@ func NewKeyCache(keys *APIKeys, ttl time.Duration) *KeyCache {
 func (c *KeyCache) Verify(ctx context.Context, key domain.Secret) (domain.KeyAccess, error) {
 	h := HashKey(key)
 	c.mu.Lock()
-	fresh := time.Since(c.loaded) < c.ttl
-	recent := time.Since(c.loaded) < c.minReload
-	entries := c.entries
+	age, entries := time.Since(c.loaded), c.entries
 	c.mu.Unlock()
 	e, ok := match(entries, h)
-	if !fresh || (!ok && !recent) { // stale, or a key perhaps created since the last reload
+	if age >= c.ttl || (!ok && age >= c.minReload) { // stale, or a key perhaps created since the last reload
 		entries, err := c.reload(ctx)
 		if err != nil {
 			return domain.KeyAccess{}, err

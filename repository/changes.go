@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -106,9 +105,6 @@ func (l *ChangeListener) connect(ctx context.Context) (*pgx.Conn, error) {
 	return pgx.ConnectConfig(ctx, cfg)
 }
 
-// errBeatLost ends a session whose beats stopped coming back.
-var errBeatLost = errors.New("token change listener: heartbeat not heard")
-
 // Run listens until ctx is done; the target's cache is trusted only while a LISTEN is in place.
 func (l *ChangeListener) Run(ctx context.Context) error {
 	defer l.trust(false)
@@ -118,16 +114,10 @@ func (l *ChangeListener) Run(ctx context.Context) error {
 	}
 	l.channel = channel
 	l.providerChannel = ProviderChannel + strings.TrimPrefix(channel, ChangeChannel) // the same schema suffix
-	for {
-		err := l.session(ctx)
-		switch {
-		case ctx.Err() != nil:
-			return nil
-		case errors.Is(err, errBeatLost):
-			continue // a new connection
-		}
-		return err
+	for ctx.Err() == nil {
+		l.session(ctx) // a heartbeat lost ends it early: a new connection
 	}
+	return nil
 }
 
 // channelOf asks the database, until it answers or ctx ends, which channel announces changes.
@@ -166,10 +156,10 @@ func (l *ChangeListener) trust(ok bool) {
 	}
 }
 
-// session is one listening connection, ended early if the heartbeat stops.
-func (l *ChangeListener) session(ctx context.Context) error {
-	ctx, cancel := context.WithCancelCause(ctx)
-	defer cancel(nil)
+// session is one listening connection until ctx ends, or earlier if the heartbeat stops.
+func (l *ChangeListener) session(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	l.lastBeat.Store(time.Now().UnixNano())
 	pl := &pgxlisten.Listener{
 		Connect: l.connect,
@@ -193,39 +183,25 @@ func (l *ChangeListener) session(ctx context.Context) error {
 		var beating sync.WaitGroup
 		beating.Go(func() { l.beat(ctx, cancel) })
 		defer beating.Wait() // after cancel: nothing logs once Run returned
-		defer cancel(nil)
+		defer cancel()
 	}
-	err := pl.Listen(ctx)
-	if cause := context.Cause(ctx); errors.Is(cause, errBeatLost) {
-		return cause
-	}
-	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return nil
-	}
-	return err
+	_ = pl.Listen(ctx) // it returns only when ctx ends
 }
 
 // beat sends a heartbeat every interval and ends the session when none is heard.
-func (l *ChangeListener) beat(ctx context.Context, end context.CancelCauseFunc) {
-	t := time.NewTicker(l.beatInterval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+func (l *ChangeListener) beat(ctx context.Context, end context.CancelFunc) {
+	every(ctx, l.beatInterval, func() { // end's cancel stops it
 		if silent := time.Since(time.Unix(0, l.lastBeat.Load())); silent > heartbeatMisses*l.beatInterval {
 			if l.trusted.Load() { // once per outage, not per reconnection
 				l.log.Warn("token change listener hears nothing; reading through and reconnecting",
 					"silent_for", silent.Round(time.Millisecond))
 			}
 			l.trust(false)
-			end(errBeatLost)
+			end()
 			return
 		}
 		l.sendBeat(ctx)
-	}
+	})
 }
 
 func (l *ChangeListener) sendBeat(ctx context.Context) {

@@ -46,8 +46,7 @@ func (c *DatabaseClock) Measure(ctx context.Context) error {
 		if err != nil {
 			return err
 		}
-		got := c.local()
-		rtt := got.Sub(sent)
+		rtt := c.local().Sub(sent)
 		if best < 0 || rtt < best {
 			best, offset = rtt, server.Sub(sent.Add(rtt/2))
 		}

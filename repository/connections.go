@@ -187,10 +187,8 @@ func readMetadata(object, tags string) domain.Metadata {
 // "<version+1> <connection>", resets the metadata, retires the version and queues a
 // connection.disconnected event. It returns the token as deleted.
 func (r *TokenRepository) Disconnect(ctx context.Context, connection string, wait time.Duration,
-	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (domain.Token, error) {
-	var found domain.Token
-	err := r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
-		var err error
+	before func(ctx context.Context, t domain.Token) (revoked bool, err error)) (found domain.Token, err error) {
+	err = r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
 		if found, err = r.get(ctx, tx, connection); err != nil {
 			return err
 		}
@@ -215,8 +213,7 @@ m AS (
 w AS (
     INSERT INTO tokenguard_webhook_outbox (type, connection, data)
     SELECT 'connection.disconnected', u.name, jsonb_strip_nulls(jsonb_build_object(
-        'version', u.version + 1, 'revoked', $4::boolean,
-        'provider', u.provider,
+        'version', u.version + 1, 'revoked', $4::boolean, 'provider', u.provider,
         'metadata', c.metadata, 'tags', to_jsonb(c.tags)))
     FROM u JOIN tokenguard_connections c ON c.id = u.lock_key
 )

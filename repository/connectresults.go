@@ -150,17 +150,16 @@ func (c *ConnectResults) Refuse(ctx context.Context, id int64) error {
 
 // Expired leases up to limit expired results for lease, away from other sweeps, tokens opened.
 func (c *ConnectResults) Expired(ctx context.Context, limit int, lease time.Duration) ([]domain.ExpiredGrant, error) {
-	var rows []resultRow
-	err := c.db.WithContext(ctx).Raw(`UPDATE tokenguard_connect_results r SET sweep_after = now() + ?::interval
+	rows, err := allRows(ctx, c.db, "lease expired connect results", asIs[resultRow], `UPDATE tokenguard_connect_results r SET sweep_after = now() + ?::interval
 FROM (SELECT id FROM tokenguard_connect_results
       WHERE expires_at <= now() AND (sweep_after IS NULL OR sweep_after <= now())
       ORDER BY expires_at LIMIT ? FOR UPDATE SKIP LOCKED) s
 WHERE r.id = s.id
 RETURNING r.id, encode(r.result_hash, 'hex') AS hash_hex, r.connection, coalesce(r.provider, '') AS provider, r.refresh_token, r.created_at,
           coalesce(r.dpop_key, '') AS dpop_key, coalesce(r.dpop_jkt, '') AS dpop_jkt`,
-		fmt.Sprintf("%d milliseconds", lease.Milliseconds()), limit).Scan(&rows).Error
+		fmt.Sprintf("%d milliseconds", lease.Milliseconds()), limit)
 	if err != nil {
-		return nil, storeError(ctx, "lease expired connect results", err)
+		return nil, err
 	}
 	out := make([]domain.ExpiredGrant, 0, len(rows))
 	for _, r := range rows {

@@ -19,25 +19,21 @@ import (
 // storeError turns a database error into a domain error. It keeps the SQLSTATE and message but
 // drops the detail, which for constraint errors repeats the failing row, tokens included.
 func storeError(ctx context.Context, op string, err error) error {
-	if err == nil {
+	var pgErr *pgconn.PgError
+	switch ctxErr := ctx.Err(); {
+	case err == nil:
 		return nil
-	}
-	if errors.Is(err, gorm.ErrRecordNotFound) {
+	case errors.Is(err, gorm.ErrRecordNotFound):
 		return fmt.Errorf("%s: %w", op, domain.ErrNotFound)
-	}
-	if sqlState(err) == "55P03" { // lock_not_available: lock_timeout fired
+	case sqlState(err) == "55P03": // lock_not_available: lock_timeout fired
 		return fmt.Errorf("%s: %w", op, domain.ErrLockTimeout)
-	}
 	// A context ended surfaces as whatever the driver saw: report the reason. A deadline is also
 	// the store's failure to answer in time, which callers tell from their own cancellation.
-	switch ctxErr := ctx.Err(); {
 	case errors.Is(ctxErr, context.DeadlineExceeded):
 		return fmt.Errorf("%s: %w (%w)", op, domain.ErrStoreUnavailable, ctxErr)
 	case ctxErr != nil:
 		return fmt.Errorf("%s: %w", op, ctxErr)
-	}
-	var pgErr *pgconn.PgError
-	if errors.As(err, &pgErr) {
+	case errors.As(err, &pgErr):
 		return fmt.Errorf("%s: %w: %s", op, domain.ErrStoreUnavailable, safeMessage(pgErr))
 	}
 	return fmt.Errorf("%s: %w: %v", op, domain.ErrStoreUnavailable, err)
@@ -96,12 +92,6 @@ func (l redactingLogger) Trace(ctx context.Context, begin time.Time, fc func() (
 
 // expected: tokenguard expects and handles err (context ended, lock or statement timeout, lost race).
 func expected(ctx context.Context, err error) bool {
-	if err == nil {
-		return false
-	}
-	if ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
-		return true
-	}
 	switch sqlState(err) {
 	case "55P03", // lock_not_available: lock_timeout
 		"57014", // query_canceled: statement_timeout, a cancel request
@@ -110,7 +100,7 @@ func expected(ctx context.Context, err error) bool {
 		"40P01": // deadlock_detected
 		return true
 	}
-	return false
+	return err != nil && (ctx.Err() != nil || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded))
 }
 
 // ParamsFilter keeps GORM from handing bound values to the logger at all.

@@ -18,14 +18,8 @@ func NewAuthStyles(db *gorm.DB) *AuthStyles { return &AuthStyles{db: db} }
 
 // Load returns the remembered style, or "" when there is none.
 func (s *AuthStyles) Load(ctx context.Context, tokenURL, clientID string) (string, error) {
-	var styles []string
-	err := s.db.WithContext(ctx).
-		Raw("SELECT style FROM tokenguard_client_auth_styles WHERE token_url = ? AND client_id = ?", tokenURL, clientID).
-		Find(&styles).Error
-	if err != nil || len(styles) == 0 {
-		return "", storeError(ctx, "load client auth style", err)
-	}
-	return styles[0], nil
+	return scan[string](ctx, s.db, "load client auth style",
+		"SELECT style FROM tokenguard_client_auth_styles WHERE token_url = ? AND client_id = ?", tokenURL, clientID)
 }
 
 // Save remembers style, replacing what was remembered.

@@ -91,9 +91,6 @@ type leaseRenewer struct {
 func (r *leaseRenewer) add(l *heldLease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.holders == nil {
-		r.holders = map[string]*heldLease{}
-	}
 	r.holders[l.holder] = l
 	if !r.running {
 		r.running = true

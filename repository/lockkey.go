@@ -49,13 +49,16 @@ const settingsSQL = `SELECT set_config('plan_cache_mode', 'force_generic_plan', 
 func (s lockSettings) args() []any { return []any{s.timeout, s.timeout, s.syncCommit, s.syncCommit} }
 
 // lockConnectionByName takes one connection's lock, resolving its key and applying the settings
-// (scanned first) in the same statement; found is false for an unregistered name.
-func lockConnectionByName(tx *gorm.DB, name string, set lockSettings) (found bool, err error) {
+// (scanned first) in the same statement; an unregistered name is domain.ErrNotFound.
+func lockConnectionByName(tx *gorm.DB, name string, set lockSettings) error {
 	var rows []struct{ Locked string }
-	err = tx.Raw(`WITH s AS MATERIALIZED (`+settingsSQL+`)
+	err := tx.Raw(`WITH s AS MATERIALIZED (`+settingsSQL+`)
 SELECT pg_advisory_xact_lock(`+nsInSchema("?")+`, c.id)::text AS locked FROM s, tokenguard_connections c WHERE c.name = ?`,
 		append(set.args(), lockNamespace, name)...).Find(&rows).Error
-	return len(rows) == 1, err
+	if err == nil && len(rows) != 1 {
+		err = fmt.Errorf("lock %s: %w", name, domain.ErrNotFound)
+	}
+	return err
 }
 
 // lockConnectionsByName locks in ascending key order, so overlapping sets cannot deadlock.

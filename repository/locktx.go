@@ -14,10 +14,12 @@ import (
 
 // Once its lock is held, a locked transaction runs to its end whatever its caller does, so that a
 // caller giving up cannot roll back a claim or a token half-way: lockedHold bounds the refresh
-// path's, operatorHold an operator's (disconnect, reactivate, reseal).
+// path's, operatorHold an operator's (disconnect, reactivate, reseal). A lock wait gives up
+// lockTimeoutMargin before its deadline.
 const (
-	lockedHold   = 5 * time.Second
-	operatorHold = 10 * time.Second
+	lockedHold        = 5 * time.Second
+	operatorHold      = 10 * time.Second
+	lockTimeoutMargin = 20 * time.Millisecond
 )
 
 // inLock runs fn in a transaction of its own holding connection's advisory lock, and commits when
@@ -75,6 +77,3 @@ func (r *TokenRepository) inLock(ctx context.Context, connection string, wait, h
 	}
 	return storeError(txCtx, op, err)
 }
-
-// lockTimeoutMargin is how much earlier than its deadline a lock wait gives up.
-const lockTimeoutMargin = 20 * time.Millisecond

@@ -76,8 +76,12 @@ const providerWritten = `token_url, auth_url, revocation_url, api_base_url, clie
 
 const providerValues = `?, ?, ?, ?, ?, ?, ?, ?::text[], ?, ?, ?, ?, NULLIF(?, false), NULLIF(?, ''), NULLIF(?, ''), ?, ?, ?`
 
-// written is what p stores in providerWritten: its client secret and key (none: NULL) sealed.
+// written validates p and returns what it stores in providerWritten: its client secret and key
+// (none: NULL) sealed.
 func (r *ProviderRepository) written(p domain.Provider) ([]any, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
 	secret, err := r.sealer.Seal(p.ClientSecret.Reveal(), providerAAD(p.Name, "client_secret"))
 	if err != nil {
 		return nil, fmt.Errorf("seal client secret of provider %s: %w", p.Name, err)
@@ -149,9 +153,6 @@ func nullMillis(d time.Duration) sql.NullInt64 {
 // Add registers p. Errors wrap domain.ErrInvalidProvider or domain.ErrProviderExists.
 func (r *ProviderRepository) Add(ctx context.Context, p domain.Provider) (domain.Provider, error) {
 	p.AuthStyle = cmp.Or(p.AuthStyle, domain.AuthStyleAuto)
-	if err := p.Validate(); err != nil {
-		return domain.Provider{}, err
-	}
 	values, err := r.written(p)
 	if err != nil {
 		return domain.Provider{}, err
@@ -178,9 +179,6 @@ func (r *ProviderRepository) Update(ctx context.Context, name string, fn func(*d
 			return err
 		}
 		next.Name = cur.Name
-		if err := next.Validate(); err != nil {
-			return err
-		}
 		values, err := r.written(next)
 		if err != nil {
 			return err

@@ -32,14 +32,8 @@ func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason str
 		}
 		row, err := oneRow[tokenRow](ctx, tx, "reactivate", nil, `
 WITH u AS (
-    UPDATE tokenguard_tokens AS t SET
-        status        = 'active',
-        status_reason = '',
-        version       = t.version + 1,
-        access_token  = $4,
-        refresh_token = $5,
-        sealed_version = NULL,
-        updated_at    = now()
+    UPDATE tokenguard_tokens AS t SET status = 'active', status_reason = '', version = t.version + 1,
+        access_token = $4, refresh_token = $5, sealed_version = NULL, updated_at = now()
     FROM tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2 AND t.status = 'needs_reauth' AND c.id = $6
     RETURNING c.id AS lock_key, c.name, t.*
@@ -75,9 +69,8 @@ func (r *TokenRepository) NeedingReauth(ctx context.Context, reason, after strin
 // stored although known was committed before. Every process finding the same loss writes the
 // same event id, which receivers deduplicate on.
 func (r *TokenRepository) RecordRollback(ctx context.Context, connection string, known, stored int64) error {
-	err := r.db.WithContext(ctx).Exec(`INSERT INTO tokenguard_webhook_outbox (event_id, type, connection, data)
+	return exec(ctx, r.db, "record the rollback of "+connection, `INSERT INTO tokenguard_webhook_outbox (event_id, type, connection, data)
 VALUES ('evt_' || md5('rolled_back ' || ? || ' ' || ?::bigint || ' ' || ?::bigint), 'connection.rolled_back', ?,
         jsonb_build_object('known_version', ?::bigint, 'stored_version', ?::bigint))
-ON CONFLICT (event_id) DO NOTHING`, connection, known, stored, connection, known, stored).Error
-	return storeError(ctx, "record the rollback of "+connection, err)
+ON CONFLICT (event_id) DO NOTHING`, connection, known, stored, connection, known, stored)
 }

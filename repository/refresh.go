@@ -144,14 +144,13 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 		if err != nil {
 			return err
 		}
-		at := seal{id: id, version: t.Version + 1} // bound to the version the write gives the row
-		st, err := sealed(r.sealer, t, at)
+		st, err := sealed(r.sealer, t, seal{id: id, version: t.Version + 1}) // bound to the version the write gives the row
 		if err != nil {
 			return err
 		}
 		row, err := oneRow[tokenRow](ctx, tx, "save token", nil, saveSQL, st.AccessToken.Reveal(), st.TokenType, st.RefreshToken.Reveal(), nullTime(st.Expiry),
 			nullTime(st.RefreshExpiry), st.ObtainedAt, string(st.Status), st.StatusReason, st.Connection, st.Version, ChangeChannel,
-			at.id, textArray(st.Binding.Answered), textArray(st.Binding.ScopesReduced))
+			id, textArray(st.Binding.Answered), textArray(st.Binding.ScopesReduced))
 		if err != nil {
 			return err
 		}

@@ -56,15 +56,11 @@ func ParseSyncCommit(level string) (string, error) {
 // ReadReplication asks the database about its standbys (none on a non-primary, which CheckPrimary refuses).
 func (r *TokenRepository) ReadReplication(ctx context.Context) (Replication, error) {
 	// Without pg_read_all_stats a role sees only the pid of each standby.
-	rep, err := scan[Replication](ctx, r.db, "read replication state", `SELECT current_setting('synchronous_standby_names') AS sync_standby_names,
+	return scan[Replication](ctx, r.db, "read replication state", `SELECT current_setting('synchronous_standby_names') AS sync_standby_names,
        count(s.pid)::int AS standbys,
        count(s.pid) FILTER (WHERE s.sync_state IN ('sync', 'quorum'))::int AS sync_standbys,
        count(s.pid) FILTER (WHERE s.sync_state IS NULL)::int AS hidden
 FROM (SELECT 1) one LEFT JOIN pg_stat_replication s ON true`)
-	if err != nil {
-		return Replication{}, err
-	}
-	return rep, nil
 }
 
 // Durability holds the synchronous_commit level of the token writes and refresh claims: the

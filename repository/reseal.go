@@ -88,9 +88,8 @@ func (r *TokenRepository) Reseal(ctx context.Context, batch int, wait time.Durat
 	return res, err
 }
 
-func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (bool, error) {
-	resealed := false
-	err := r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
+func (r *TokenRepository) resealOne(ctx context.Context, connection string, wait time.Duration) (resealed bool, err error) {
+	err = r.inLock(ctx, connection, wait, operatorHold, func(ctx context.Context, tx *gorm.DB) error {
 		row, err := oneRow[tokenRow](ctx, tx, "read token", nil, selectStored+"WHERE c.name = ?", connection)
 		if err != nil {
 			return err

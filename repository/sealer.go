@@ -44,11 +44,9 @@ func sealed(s Sealer, t domain.Token, at seal) (domain.Token, error) {
 	if err != nil {
 		return domain.Token{}, fmt.Errorf("seal access token of %s: %w", t.Connection, err)
 	}
-	rt := ""
-	if !t.RefreshToken.IsZero() {
-		if rt, err = s.Seal(t.RefreshToken.Reveal(), at.aad(colRefresh)); err != nil {
-			return domain.Token{}, fmt.Errorf("seal refresh token of %s: %w", t.Connection, err)
-		}
+	rt, err := s.Seal(t.RefreshToken.Reveal(), at.aad(colRefresh)) // "" stays ""
+	if err != nil {
+		return domain.Token{}, fmt.Errorf("seal refresh token of %s: %w", t.Connection, err)
 	}
 	t.AccessToken, t.RefreshToken = domain.NewSecret(a), domain.NewSecret(rt)
 	return t, nil

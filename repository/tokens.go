@@ -33,7 +33,7 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db}, ids: &connIDs{}}
+	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db, holders: map[string]*heldLease{}}, ids: &connIDs{}}
 }
 
 // selectToken reads tokenRows: the token, its connection and its version's failure record, if any.
@@ -149,9 +149,7 @@ func (r *TokenRepository) Register(ctx context.Context, connection string) error
 	if err := domain.ValidateName(connection); err != nil {
 		return err
 	}
-	err := r.db.WithContext(ctx).
-		Exec("INSERT INTO tokenguard_connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connection).Error
-	return storeError(ctx, "register connection", err)
+	return exec(ctx, r.db, "register connection", "INSERT INTO tokenguard_connections (name) VALUES (?) ON CONFLICT (name) DO NOTHING", connection)
 }
 
 // WithAdvisoryLock takes on tx the transaction-scoped advisory locks of the named (registered)
@@ -168,11 +166,7 @@ func (r *TokenRepository) WithAdvisoryLock(tx *gorm.DB, connections ...string) e
 		set.timeout = fmt.Sprintf("%dms", max((time.Until(d)-lockTimeoutMargin).Milliseconds(), 1))
 	}
 	if len(ids) == 1 {
-		found, err := lockConnectionByName(tx, ids[0], set)
-		if err == nil && !found {
-			err = fmt.Errorf("lock %s: %w", ids[0], domain.ErrNotFound)
-		}
-		return err
+		return lockConnectionByName(tx, ids[0], set)
 	}
 	return lockConnectionsByName(tx, ids, set)
 }
@@ -205,19 +199,10 @@ const endLeases = `ended AS (DELETE FROM tokenguard_refresh_leases l USING u WHE
 var saveSQL = `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET
-        access_token  = $1,
-        token_type    = $2,
-        refresh_token = COALESCE(NULLIF($3, ''), t.refresh_token),
-        expiry        = $4,
-        refresh_expiry = $5,
-        obtained_at   = $6,
-        status        = $7,
-        status_reason = $8,
-        version       = t.version + 1,
-        sealed_version = NULL,
-        answered_scopes = $13::text[],
-        scopes_reduced  = $14::text[],
-        updated_at    = now()
+        access_token = $1, token_type = $2, refresh_token = COALESCE(NULLIF($3, ''), t.refresh_token),
+        expiry = $4, refresh_expiry = $5, obtained_at = $6, status = $7, status_reason = $8,
+        version = t.version + 1, sealed_version = NULL,
+        answered_scopes = $13::text[], scopes_reduced = $14::text[], updated_at = now()
     FROM tokenguard_connections c
     WHERE c.id = t.connection_id AND c.name = $9 AND t.version = $10 AND c.id = $12
     RETURNING c.id AS lock_key, c.name, t.*
@@ -256,29 +241,16 @@ FROM tokenguard_connections c WHERE c.name = ?`, t.Connection)
 WITH c AS (SELECT id, name FROM tokenguard_connections WHERE name = $1 AND id = $13),
 t AS (
     INSERT INTO tokenguard_tokens AS t (connection_id, access_token, token_type, refresh_token, expiry, refresh_expiry, obtained_at, version, status, status_reason,
-                             granted_account, granted_scopes, missing_scopes, granted_at,
-                             provider, sealed_version)
+                             granted_account, granted_scopes, missing_scopes, granted_at, provider, sealed_version)
     SELECT c.id, $2, $3, $4, $5, $6, $7, 1, 'active', '', NULLIF($9, ''), $10::text[], $11::text[], now(),
            NULLIF($12, ''), NULL FROM c
     ON CONFLICT (connection_id) DO UPDATE SET
-        sealed_version  = NULL,
-        provider        = EXCLUDED.provider,
-        granted_account = EXCLUDED.granted_account,
-        granted_scopes  = EXCLUDED.granted_scopes,
-        missing_scopes  = EXCLUDED.missing_scopes,
-        answered_scopes = NULL,
-        scopes_reduced  = NULL,
-        granted_at      = EXCLUDED.granted_at,
-        access_token  = EXCLUDED.access_token,
-        token_type    = EXCLUDED.token_type,
-        refresh_token = EXCLUDED.refresh_token,
-        expiry        = EXCLUDED.expiry,
-        refresh_expiry = EXCLUDED.refresh_expiry,
-        obtained_at   = EXCLUDED.obtained_at,
-        status        = 'active',
-        status_reason = '',
-        version       = t.version + 1,
-        updated_at    = now()
+        sealed_version = NULL, provider = EXCLUDED.provider, granted_account = EXCLUDED.granted_account,
+        granted_scopes = EXCLUDED.granted_scopes, missing_scopes = EXCLUDED.missing_scopes,
+        answered_scopes = NULL, scopes_reduced = NULL, granted_at = EXCLUDED.granted_at,
+        access_token = EXCLUDED.access_token, token_type = EXCLUDED.token_type, refresh_token = EXCLUDED.refresh_token,
+        expiry = EXCLUDED.expiry, refresh_expiry = EXCLUDED.refresh_expiry, obtained_at = EXCLUDED.obtained_at,
+        status = 'active', status_reason = '', version = t.version + 1, updated_at = now()
     RETURNING t.*
 ),
 u AS (SELECT c.id AS lock_key, c.name, t.* FROM t JOIN c ON c.id = t.connection_id),
