@@ -163,7 +163,7 @@ func New(d Deps) *Console {
 		addrs: ratelimit.New[string](1, loginBurst, 0, 0)}
 	var buf bytes.Buffer
 	const status = http.StatusTooManyRequests
-	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
+	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Status": status,
 		"StatusText": http.StatusText(status), "Message": "Too many requests from your address; wait a moment (Retry-After says how long) and try again."})
 	c.tooMany = buf.Bytes()
 	static, _ := fs.Sub(assets, "assets")

@@ -216,7 +216,6 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 
 // render writes page with data, adding what the layout needs.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
-	data["Session"] = nil
 	if s := sessionOf(r); !s.token.IsZero() {
 		data["Session"], data["CSRF"] = s, s.CSRF
 	}
