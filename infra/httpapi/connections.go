@@ -177,9 +177,8 @@ func decodeBody(r *http.Request, v any, whole bool) error {
 	return err
 }
 
-// refreshToken answers POST /connections/{name}/token/refresh
-// {"stale_version": N} after the API refused version N: a refresh only if
-// the stored version is still N, then the current token.
+// refreshToken answers POST /connections/{name}/token/refresh {"stale_version": N}
+// after the API refused version N: a refresh only if still N, then the current token.
 func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var body struct {
@@ -218,9 +217,8 @@ type proofView struct {
 // methodPattern is an HTTP method token, as a proof's htm.
 var methodPattern = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
 
-// dpopProof answers POST /connections/{name}/dpop-proof
-// {"method","url","nonce"}: the token and a proof for that one request
-// (RFC 9449 §7), the URL under the connection's API base URL.
+// dpopProof answers POST /connections/{name}/dpop-proof {"method","url","nonce"}: the
+// token and a proof for that one request (RFC 9449 §7) under the connection's API.
 func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var body struct {

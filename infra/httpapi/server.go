@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -137,9 +138,7 @@ func (s *Server) MountConsole(c Console) { s.console = c }
 
 // New builds the server.
 func New(d Deps) *Server {
-	if d.Log == nil {
-		d.Log = slog.Default()
-	}
+	d.Log = cmp.Or(d.Log, slog.Default())
 	e := &d.Edges
 	e.RequestTimeout = positive(e.RequestTimeout, 30*time.Second)
 	e.Rate = positive(e.Rate, 100)

@@ -10,6 +10,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -149,9 +150,7 @@ const (
 
 // New builds the console.
 func New(d Deps) *Console {
-	if d.Log == nil {
-		d.Log = slog.Default()
-	}
+	d.Log = cmp.Or(d.Log, slog.Default())
 	if d.Now == nil {
 		d.Now = time.Now
 	}
