@@ -1,6 +1,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -71,14 +72,10 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit := defaultConnectionsLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxConnectionsLimit {
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "limit must be 1 to " + strconv.Itoa(maxConnectionsLimit), Code: "bad_request"})
-			return
-		}
-		limit = n
+	limit, err := strconv.Atoi(cmp.Or(q.Get("limit"), strconv.Itoa(defaultConnectionsLimit)))
+	if err != nil || limit < 1 || limit > maxConnectionsLimit {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: "limit must be 1 to " + strconv.Itoa(maxConnectionsLimit), Code: "bad_request"})
+		return
 	}
 	after := q.Get("after")
 	if err := domain.ValidateName(after); after != "" && err != nil {
