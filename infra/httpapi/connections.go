@@ -1,12 +1,14 @@
 package httpapi
 
 import (
+	"cmp"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/url"
+	"regexp"
 	"strconv"
 	"strings"
 	"time"
@@ -70,14 +72,10 @@ func (s *Server) listConnections(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	q := r.URL.Query()
-	limit := defaultConnectionsLimit
-	if v := q.Get("limit"); v != "" {
-		n, err := strconv.Atoi(v)
-		if err != nil || n < 1 || n > maxConnectionsLimit {
-			writeJSON(w, http.StatusBadRequest, errorBody{Error: "limit must be 1 to " + strconv.Itoa(maxConnectionsLimit), Code: "bad_request"})
-			return
-		}
-		limit = n
+	limit, err := strconv.Atoi(cmp.Or(q.Get("limit"), strconv.Itoa(defaultConnectionsLimit)))
+	if err != nil || limit < 1 || limit > maxConnectionsLimit {
+		writeJSON(w, http.StatusBadRequest, errorBody{Error: "limit must be 1 to " + strconv.Itoa(maxConnectionsLimit), Code: "bad_request"})
+		return
 	}
 	after := q.Get("after")
 	if err := domain.ValidateName(after); after != "" && err != nil {
@@ -176,9 +174,8 @@ func decodeBody(r *http.Request, v any, whole bool) error {
 	return err
 }
 
-// refreshToken answers POST /connections/{name}/token/refresh
-// {"stale_version": N} after the API refused version N: a refresh only if
-// the stored version is still N, then the current token.
+// refreshToken answers POST /connections/{name}/token/refresh {"stale_version": N}
+// after the API refused version N: a refresh only if still N, then the current token.
 func (s *Server) refreshToken(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var body struct {
@@ -214,9 +211,11 @@ type proofView struct {
 	ExpiresAt   *time.Time `json:"expires_at"`
 }
 
-// dpopProof answers POST /connections/{name}/dpop-proof
-// {"method","url","nonce"}: the token and a proof for that one request
-// (RFC 9449 §7), the URL under the connection's API base URL.
+// methodPattern is an HTTP method token, as a proof's htm.
+var methodPattern = regexp.MustCompile(`^[A-Za-z]{1,16}$`)
+
+// dpopProof answers POST /connections/{name}/dpop-proof {"method","url","nonce"}: the
+// token and a proof for that one request (RFC 9449 §7) under the connection's API.
 func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 	name := r.PathValue("name")
 	var body struct {
@@ -224,7 +223,7 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 		URL    string `json:"url"`
 		Nonce  string `json:"nonce"`
 	}
-	if err := decodeBody(r, &body, true); err != nil || !validMethod(body.Method) || body.URL == "" {
+	if err := decodeBody(r, &body, true); err != nil || !methodPattern.MatchString(body.Method) || body.URL == "" {
 		writeJSON(w, http.StatusBadRequest, errorBody{
 			Error: `the body must be {"method": "GET", "url": "https://api.example.com/..."}`, Code: "bad_request", Connection: name})
 		return
@@ -260,11 +259,4 @@ func (s *Server) dpopProof(w http.ResponseWriter, r *http.Request) {
 	}
 	w.Header().Set("Pragma", "no-cache")
 	writeJSON(w, http.StatusOK, proofView{AccessToken: c.Token.AccessToken, TokenType: "DPoP", DPoP: proof, ExpiresAt: utcOrNil(c.Token.Expiry)})
-}
-
-// validMethod: an HTTP method token, as a proof's htm.
-func validMethod(m string) bool {
-	return m != "" && len(m) <= 16 && !strings.ContainsFunc(m, func(c rune) bool {
-		return (c < 'A' || c > 'Z') && (c < 'a' || c > 'z')
-	})
 }

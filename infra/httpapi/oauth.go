@@ -221,9 +221,8 @@ func under(u, base *url.URL) bool {
 		(u.Path == prefix || strings.HasPrefix(u.Path, prefix+"/"))
 }
 
-// connectPage answers a connect link with a consent page: nothing starts
-// until a person presses its button, whose CSRF token is bound to the flow
-// cookie the page sets.
+// connectPage answers a connect link with a consent page: nothing starts until
+// a person presses its button, whose CSRF token is bound to the flow cookie set here.
 func (s *Server) connectPage(w http.ResponseWriter, r *http.Request) {
 	token := r.URL.Query().Get("session")
 	if !domain.WellFormed(token, domain.SessionPrefix) {

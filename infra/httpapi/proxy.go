@@ -159,9 +159,8 @@ func (copyBuffers) Put(b []byte) { copyBufferPool.Put(&b) }
 var errTokens = errors.New("token")
 
 // tokenTransport sends a proxied call with the connection's token. With a
-// replayable body, a 401 that refuses the token is sent again once with a
-// newer one, and a repeatable request's 429 or 503 with Retry-After again
-// within retryWithin.
+// replayable body it resends a 401 that refuses the token once with a newer
+// one, and a repeatable request's 429 or 503 with Retry-After within retryWithin.
 type tokenTransport struct {
 	tokens Tokens
 	next   http.RoundTripper

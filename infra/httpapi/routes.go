@@ -76,8 +76,8 @@ func (s *Server) routes() []route {
 // guard wraps a route in its deadline, body limit and access checks.
 func (s *Server) guard(rt route) http.Handler {
 	h := http.Handler(rt.handle)
-	if want, ok := publicRoutes[rt.pattern()]; !ok || want != rt.access {
-		// Claiming less than publicRoutes lists still needs a key.
+	if publicRoutes[rt.pattern()] != rt.access {
+		// Claiming other than publicRoutes lists (an unlisted route: apiKey) needs a key.
 		rt.access = apiKey
 	}
 	if rt.access == apiKey {
@@ -181,11 +181,10 @@ type keyAccessKey struct{}
 
 // keyAccess is the request's verified key; outside requireKey, one that may do nothing.
 func keyAccess(ctx context.Context) domain.KeyAccess {
-	a, ok := ctx.Value(keyAccessKey{}).(domain.KeyAccess)
-	if !ok {
-		return domain.KeyAccess{Scopes: []domain.Scope{}, Connections: []string{}}
+	if a, ok := ctx.Value(keyAccessKey{}).(domain.KeyAccess); ok {
+		return a
 	}
-	return a
+	return domain.KeyAccess{Scopes: []domain.Scope{}, Connections: []string{}}
 }
 
 // edges apply to every request: nosniff, and the Host check against DNS rebinding.

@@ -3,6 +3,7 @@
 package httpapi
 
 import (
+	"cmp"
 	"context"
 	_ "embed"
 	"encoding/json"
@@ -69,9 +70,8 @@ type Deps struct {
 		ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 	}
 	Keys console.KeyVerifier
-	// Sessions store connect sessions and the browser flows they start. They
-	// and DB (/healthz) use the browser routes' own small pool, so that a
-	// flood of them takes no connection from token reads.
+	// Sessions store connect sessions and their browser flows. They and DB
+	// use the browser routes' own small pool: a flood takes none from token reads.
 	Sessions interface {
 		Create(ctx context.Context, s domain.ConnectSession) (domain.Secret, time.Time, error)
 		// Peek reads an unopened, unexpired session; else domain.ErrUnauthorized.
@@ -115,16 +115,15 @@ const ResourcePath = "/resource"
 
 // Server is the HTTP app.
 type Server struct {
-	deps    Deps
-	hosts   map[string]bool
-	limits  *ratelimit.Limits[int32]  // per API key
-	public  *ratelimit.Limits[string] // the public routes' limits per client address
-	health  health
-	rp      *httputil.ReverseProxy
-	tracer  *tracing.Tracer
-	console Console // /console, when mounted
-	// consoleLimits bound the console per address, apart from public.
-	consoleLimits *ratelimit.Limits[string]
+	deps          Deps
+	hosts         map[string]bool
+	limits        *ratelimit.Limits[int32]  // per API key
+	public        *ratelimit.Limits[string] // the public routes' limits per client address
+	health        health
+	rp            *httputil.ReverseProxy
+	tracer        *tracing.Tracer
+	console       Console                   // /console, when mounted
+	consoleLimits *ratelimit.Limits[string] // the console's per address, apart from public
 }
 
 // Console is the operator console: it checks its own session and answers
@@ -139,9 +138,7 @@ func (s *Server) MountConsole(c Console) { s.console = c }
 
 // New builds the server.
 func New(d Deps) *Server {
-	if d.Log == nil {
-		d.Log = slog.Default()
-	}
+	d.Log = cmp.Or(d.Log, slog.Default())
 	e := &d.Edges
 	e.RequestTimeout = positive(e.RequestTimeout, 30*time.Second)
 	e.Rate = positive(e.Rate, 100)
@@ -214,8 +211,7 @@ func (s *Server) healthz(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
 }
 
-// openapiJSON describes every route of routes(); TestOpenAPIMatchesRoutes
-// keeps the two in step.
+// openapiJSON describes routes(); TestOpenAPIMatchesRoutes keeps them in step.
 //
 //go:embed openapi.json
 var openapiJSON []byte

@@ -10,6 +10,7 @@ package console
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/hmac"
 	"crypto/rand"
@@ -149,9 +150,7 @@ const (
 
 // New builds the console.
 func New(d Deps) *Console {
-	if d.Log == nil {
-		d.Log = slog.Default()
-	}
+	d.Log = cmp.Or(d.Log, slog.Default())
 	if d.Now == nil {
 		d.Now = time.Now
 	}
@@ -163,7 +162,7 @@ func New(d Deps) *Console {
 		addrs: ratelimit.New[string](1, loginBurst, 0, 0)}
 	var buf bytes.Buffer
 	const status = http.StatusTooManyRequests
-	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Session": nil, "Status": status,
+	_ = c.pages["error"].ExecuteTemplate(&buf, "layout", map[string]any{"Nav": "", "Status": status,
 		"StatusText": http.StatusText(status), "Message": "Too many requests from your address; wait a moment (Retry-After says how long) and try again."})
 	c.tooMany = buf.Bytes()
 	static, _ := fs.Sub(assets, "assets")

@@ -216,7 +216,6 @@ func (c *Console) fail(w http.ResponseWriter, r *http.Request, status int, msg s
 
 // render writes page with data, adding what the layout needs.
 func (c *Console) render(w http.ResponseWriter, r *http.Request, status int, page string, data map[string]any) {
-	data["Session"] = nil
 	if s := sessionOf(r); !s.token.IsZero() {
 		data["Session"], data["CSRF"] = s, s.CSRF
 	}
@@ -293,16 +292,15 @@ func parsePages() map[string]*template.Template {
 
 // short is d in its largest unit, rounded: 59m40s is "1h", 4d23h "5d".
 func short(d time.Duration) string {
-	if s := d.Round(time.Second); s < time.Second {
+	switch {
+	case d.Round(time.Second) < time.Second:
 		return "now"
-	} else if s < time.Minute {
-		return fmt.Sprintf("%ds", int(s.Seconds()))
+	case d.Round(time.Second) < time.Minute:
+		return fmt.Sprintf("%ds", d.Round(time.Second)/time.Second)
+	case d.Round(time.Minute) < time.Hour:
+		return fmt.Sprintf("%dm", d.Round(time.Minute)/time.Minute)
+	case d.Round(time.Hour) < 48*time.Hour:
+		return fmt.Sprintf("%dh", d.Round(time.Hour)/time.Hour)
 	}
-	if m := d.Round(time.Minute); m < time.Hour {
-		return fmt.Sprintf("%dm", int(m.Minutes()))
-	}
-	if h := d.Round(time.Hour); h < 48*time.Hour {
-		return fmt.Sprintf("%dh", int(h.Hours()))
-	}
-	return fmt.Sprintf("%dd", int(d.Round(24*time.Hour).Hours()/24))
+	return fmt.Sprintf("%dd", d.Round(24*time.Hour)/(24*time.Hour))
 }
