@@ -3,6 +3,7 @@ package tokenguard
 import (
 	"crypto"
 	"encoding/json"
+	"slices"
 
 	jose "github.com/go-jose/go-jose/v4"
 
@@ -19,10 +20,8 @@ func WithClientKey(signer crypto.Signer) Option { return func(o *options) { o.cl
 // ({"keys":[]} when none), for GET /.well-known/jwks.json.
 func (t *Tokens) ClientJWKS() []byte {
 	set := jose.JSONWebKeySet{Keys: []jose.JSONWebKey{}}
-	seen := map[string]bool{}
 	for _, k := range append([]*clientkey.Key{t.clientKey}, t.providers.ClientKeys()...) {
-		if k != nil && !seen[k.KID()] {
-			seen[k.KID()] = true
+		if k != nil && !slices.ContainsFunc(set.Keys, func(j jose.JSONWebKey) bool { return j.KeyID == k.KID() }) {
 			set.Keys = append(set.Keys, k.PublicJWK())
 		}
 	}

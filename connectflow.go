@@ -236,10 +236,7 @@ func metadataOf(f ConnectFlow) (*domain.Metadata, error) {
 		return nil, nil
 	}
 	m, err := domain.NewMetadata(f.Metadata, f.Tags)
-	if err != nil {
-		return nil, err
-	}
-	return &m, nil
+	return &m, err
 }
 
 // oauthCode keeps an OAuth2 error code from outside printable and short.

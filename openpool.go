@@ -38,15 +38,11 @@ type poolDialector struct {
 // listenConfig is where Run will listen: WithListenDSN's, OpenPool's or db's
 // DSN. Without one New fails, rather than a Run whose error may be discarded.
 func listenConfig(db *gorm.DB, dsn string) (*pgx.ConnConfig, error) {
-	if dsn == "" {
-		switch d := db.Dialector.(type) {
-		case poolDialector:
-			return d.listen, nil
-		case *gormpostgres.Dialector:
-			if d.Config != nil {
-				dsn = d.Config.DSN
-			}
-		}
+	if d, ok := db.Dialector.(poolDialector); ok && dsn == "" {
+		return d.listen, nil
+	}
+	if d, ok := db.Dialector.(*gormpostgres.Dialector); ok && dsn == "" && d.Config != nil {
+		dsn = d.Config.DSN
 	}
 	if dsn == "" {
 		return nil, ErrCannotListen

@@ -386,7 +386,7 @@ func (t *Tokens) Run(ctx context.Context) error {
 		return errors.New("tokenguard: Run is running already")
 	}
 	defer t.running.Store(false)
-	go t.clock.Run(ctx, clockInterval)
+	go t.clock.Run(ctx, 5*time.Minute) // measures the host clock's offset again
 	err := repository.NewConfigChangeListener(t.listen, cacheState{ChangeTarget: t.uc, t: t}, t.o.Logger).WithHeartbeat(t.db, repository.DefaultHeartbeat).
 		OnProviderChange(t.providers.Changed).OnConnect(func(ctx context.Context) { t.observeReplication(ctx, false) }).Run(ctx)
 	t.runOnce.Do(func() { // for WaitReady
@@ -417,9 +417,6 @@ func (t *Tokens) WaitReady(ctx context.Context) error {
 		}
 	}
 }
-
-// clockInterval is how often Run measures the host clock's offset again.
-const clockInterval = 5 * time.Minute
 
 // cacheState passes the listener's calls on, and records whether the cache is trusted.
 type cacheState struct {

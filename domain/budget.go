@@ -23,12 +23,11 @@ func (r TokenRate) String() string {
 	if r.IsZero() {
 		return ""
 	}
-	p := r.Period.String() // without its zero units: 1m, not 1m0s
-	if strings.HasSuffix(p, "m0s") {
-		p = strings.TrimSuffix(p, "0s")
-	}
-	if strings.HasSuffix(p, "h0m") {
-		p = strings.TrimSuffix(p, "0m")
+	p := r.Period.String()
+	for _, zero := range []string{"m0s", "h0m"} { // without its zero units: 1m, not 1m0s
+		if strings.HasSuffix(p, zero) {
+			p = p[:len(p)-2]
+		}
 	}
 	return strconv.Itoa(r.Limit) + "/" + p
 }
@@ -62,7 +61,7 @@ func ParseTokenRate(s string) (TokenRate, error) {
 
 // Validate checks r as ParseTokenRate would; the zero TokenRate is valid.
 func (r TokenRate) Validate() error {
-	if r.IsZero() && r.Period == 0 {
+	if r == (TokenRate{}) {
 		return nil
 	}
 	if r.Limit < 1 || r.Limit > MaxTokenRateLimit || r.Period < time.Millisecond {

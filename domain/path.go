@@ -38,13 +38,11 @@ func checkLayer(p string) error {
 	if !utf8.ValidString(p) {
 		return fmt.Errorf("%w: not valid UTF-8", ErrUnsafePath)
 	}
-	for i := 0; i < len(p); i++ {
-		switch c := p[i]; {
-		case c < 0x20 || c == 0x7f:
-			return fmt.Errorf("%w: a control byte", ErrUnsafePath)
-		case c == '\\':
+	if i := strings.IndexFunc(p, func(r rune) bool { return r < 0x20 || r == 0x7f || r == '\\' }); i >= 0 {
+		if p[i] == '\\' {
 			return fmt.Errorf("%w: a backslash", ErrUnsafePath)
 		}
+		return fmt.Errorf("%w: a control byte", ErrUnsafePath)
 	}
 	for seg := range strings.SplitSeq(p, "/") {
 		seg, _, _ = strings.Cut(seg, ";")

@@ -13,8 +13,6 @@ import (
 // and then shows an address, not the credential.
 type Secret struct{ v *string }
 
-const redacted = "[REDACTED]"
-
 // NewSecret wraps a credential.
 func NewSecret(s string) Secret {
 	if s == "" {
@@ -75,5 +73,5 @@ func (s Secret) mask() string {
 	if s.v == nil {
 		return ""
 	}
-	return redacted
+	return "[REDACTED]"
 }

@@ -125,11 +125,8 @@ type Grant struct {
 // EffectiveSkew caps skew at half the lifetime the provider granted, so a
 // skew longer than the lifetime cannot turn every call into a refresh.
 func (t Token) EffectiveSkew(skew time.Duration) time.Duration {
-	if t.Expiry.IsZero() || t.ObtainedAt.IsZero() {
-		return skew
-	}
-	if half := t.Expiry.Sub(t.ObtainedAt) / 2; half >= 0 && skew > half {
-		return half
+	if half := t.Expiry.Sub(t.ObtainedAt) / 2; half >= 0 && !t.Expiry.IsZero() && !t.ObtainedAt.IsZero() {
+		return min(skew, half)
 	}
 	return skew
 }
@@ -139,10 +136,7 @@ func (t Token) FreshAt(now time.Time, skew time.Duration) bool {
 	if t.Status != StatusActive || t.AccessToken.IsZero() {
 		return false
 	}
-	if t.Expiry.IsZero() {
-		return true
-	}
-	return now.Before(t.Expiry.Add(-t.EffectiveSkew(skew)))
+	return t.Expiry.IsZero() || now.Before(t.Expiry.Add(-t.EffectiveSkew(skew)))
 }
 
 // Rotated returns t carrying g, issued at now. The refresh token and its expiry

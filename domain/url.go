@@ -39,10 +39,7 @@ func IsLoopback(host string) bool {
 // CheckURLs applies CheckURL to the provider's URLs that are set; field names the first that fails.
 func (p Provider) CheckURLs(allowInsecure bool) (field string, err error) {
 	for _, f := range p.urls() {
-		if f.v == "" {
-			continue
-		}
-		if err := CheckURL(f.v, allowInsecure); err != nil {
+		if err := CheckURL(f.v, allowInsecure); f.v != "" && err != nil {
 			return f.name, fmt.Errorf("%w: %s %w", ErrInvalidProvider, f.name, err)
 		}
 	}
