@@ -98,13 +98,14 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 // expired one waits for the budget.
 func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wait time.Duration, forced bool,
 	asked time.Time, woken <-chan struct{}) error {
+	spent := fmt.Errorf("%w (for %v)", domain.ErrTokenBudgetSpent, wait.Round(time.Millisecond))
 	if !usable(t, u.opts.Clock.Now()) {
-		return u.await(ctx, wait, asked, woken, budgetSpent(wait))
+		return u.await(ctx, wait, asked, woken, spent)
 	}
 	if !forced {
 		u.hold(t)
 	}
-	return budgetSpent(wait)
+	return spent
 }
 
 // claimOnce is one traced lease, holding an in-flight slot, within the lock wait begun at asked.

@@ -94,13 +94,10 @@ func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
-		slog.String("connection", e.Connection),
-		slog.String("outcome", string(e.Outcome)),
-		slog.Int64("old_version", e.OldVersion),
-		slog.Int64("new_version", e.NewVersion),
+		slog.String("connection", e.Connection), slog.String("outcome", string(e.Outcome)),
+		slog.Int64("old_version", e.OldVersion), slog.Int64("new_version", e.NewVersion),
 		slog.Float64("lock_wait_ms", float64(e.LockWait.Microseconds())/1000),
-		slog.Float64("provider_ms", float64(e.ProviderLatency.Microseconds())/1000),
-		slog.Bool("forced", e.Forced),
+		slog.Float64("provider_ms", float64(e.ProviderLatency.Microseconds())/1000), slog.Bool("forced", e.Forced),
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.String("err", e.Err.Error()))
