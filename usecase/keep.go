@@ -109,11 +109,10 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 }
 
 // keep stores a rotated token if the stored token is still the one it was rotated from, ending its
-// lease. A failed write is retried for RescueWindow (the rescue), unless another token was stored
-// meanwhile. One exception: if this process's lease ran out at the provider, another may have
-// presented the same refresh token, been told invalid_grant and marked the connection
-// needs_reauth; if the stored refresh token is still the spent one, the rotated token is the
-// grant's only live one: stored.
+// lease; a failed write is retried for RescueWindow (the rescue) unless another token was stored
+// meanwhile. Exception: if this lease ran out at the provider, another process may have presented
+// the same refresh token, been told invalid_grant and marked the connection needs_reauth; while the
+// stored refresh token is the spent one, the rotated token is the grant's only live one: stored.
 func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, rotated domain.Token, from domain.Secret,
 	end func(release bool)) (domain.Token, error) {
 	defer end(false)
