@@ -109,10 +109,9 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	var key domain.Secret // a proof of it goes along when the grant is sender-constrained
-	if keys, ok := u.store.(ProofKeys); ok && t.SenderConstrained() {
-		if _, bound := u.revoker.(BoundRevoker); bound {
-			key, err = keys.DPoPKey(rctx, t.Connection, t.DPoPJKT)
-		}
+	keys, ok := u.store.(ProofKeys)
+	if _, bound := u.revoker.(BoundRevoker); ok && bound && t.SenderConstrained() {
+		key, err = keys.DPoPKey(rctx, t.Connection, t.DPoPJKT)
 	}
 	if err == nil {
 		err = revokeWith(rctx, u.revoker, t.Provider, t.RefreshToken, key)

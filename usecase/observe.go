@@ -84,12 +84,10 @@ func (noObserver) Invalidated()           {}
 func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	level := slog.LevelInfo
 	switch {
-	case e.Outcome == OutcomeSkippedFresh:
+	case e.Outcome == OutcomeSkippedFresh, e.Outcome == OutcomeBackoff,
+		e.ProviderLatency == 0 && (e.Outcome == OutcomeClientRejected || e.Outcome == OutcomeEndpointMisconfigured):
+		// No provider call: fresh, a backoff (its episode was logged when recorded), or the client gate paused it.
 		level = slog.LevelDebug
-	case e.ProviderLatency == 0 && (e.Outcome == OutcomeClientRejected || e.Outcome == OutcomeEndpointMisconfigured):
-		level = slog.LevelDebug // paused by the client gate: no provider call to follow
-	case e.Outcome == OutcomeBackoff:
-		level = slog.LevelDebug // no provider call: the episode was logged when recorded
 	case e.Err != nil:
 		level = slog.LevelWarn
 	}
