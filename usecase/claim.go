@@ -249,13 +249,11 @@ func (u *RefreshTokenUseCase) acquireSlot(ctx context.Context, woken <-chan stru
 		case <-qctx.Done():
 		}
 	}()
-	if err := u.slots.Acquire(qctx, 1); err != nil {
-		if cause := context.Cause(qctx); errors.Is(cause, errAnnounced) && ctx.Err() == nil {
-			return errAnnounced
-		}
-		return err
+	err := u.slots.Acquire(qctx, 1)
+	if err != nil && errors.Is(context.Cause(qctx), errAnnounced) && ctx.Err() == nil {
+		return errAnnounced
 	}
-	return nil
+	return err
 }
 
 var errAnnounced = errors.New("announced while queued for a slot")
