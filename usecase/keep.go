@@ -54,24 +54,22 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	case err == nil:
 		p.gate.pause.Succeed()
 		r.tok, err = u.keep(ctx, store, t.Rotated(g, u.opts.Clock.Now()), t.RefreshToken, c.End)
-		return r, err
 	case clientSide(err):
 		c.End(true)
 		u.clientFailed(t, settings, err)
-		return r, err
 	case isPaced:
 		u.recordFailure(ctx, store, c, pe)
 		if pe.Class == domain.Unclassified && !pe.Lost {
 			// Callers are told the refresh is failing, with the answer.
 			err = fmt.Errorf("%w: %w", domain.ErrRefreshFailing, err)
 		}
-		return r, err
-	case !errors.Is(err, domain.ErrGrantRevoked):
+	case errors.Is(err, domain.ErrGrantRevoked):
+		defer c.End(false)
+		return u.dead(ctx, store, t, r, err)
+	default:
 		c.End(true)
-		return r, err
 	}
-	defer c.End(false)
-	return u.dead(ctx, store, t, r, err)
+	return r, err
 }
 
 // dead stores t's connection as needs_reauth after the provider rejected its grant, unless a newer
