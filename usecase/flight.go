@@ -191,19 +191,21 @@ type running struct {
 
 func (r *running) add() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n++; r.n == 1 {
+	if r.n == 0 {
 		r.idle = make(chan struct{})
 	}
+	r.n++
+	r.mu.Unlock()
 }
 
 func (r *running) done() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	if r.n--; r.n == 0 {
+	r.n--
+	if r.n == 0 {
 		close(r.idle)
 		r.idle = nil
 	}
+	r.mu.Unlock()
 }
 
 func (r *running) wait(ctx context.Context) error {
