@@ -169,10 +169,8 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 	var r redeemed
 	switch {
 	case err != nil:
-	case c.BudgetWait > 0:
-		return sweepSkipped, nil // the budget's reserve is the callers'
-	case c.End == nil && (c.Lease.Running || c.Lease.Abandoned):
-		return sweepSkipped, nil
+	case c.BudgetWait > 0, c.End == nil && (c.Lease.Running || c.Lease.Abandoned):
+		return sweepSkipped, nil // the budget's reserve is the callers', or another holder has the refresh
 	case c.End == nil:
 		return fresh(c.Token)
 	default:

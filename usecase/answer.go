@@ -93,11 +93,10 @@ func (u *RefreshTokenUseCase) abandoned(ctx context.Context, t domain.Token) (do
 	if err != nil {
 		return t, fmt.Errorf("record the lost answer of an abandoned refresh: %w", err)
 	}
-	out := t
-	out.Failure = f
 	u.opts.Logger.Error("a refresh's holder vanished before its answer came; the refresh token is presented again once the provider answers a probe",
 		"connection", t.Connection, "provider", t.Provider, "version", t.Version)
-	return out, nil
+	t.Failure = f
+	return t, nil
 }
 
 // probe presents a refresh token that cannot exist: any 2xx-4xx answer but 429 says the provider

@@ -4,16 +4,10 @@ import (
 	"container/heap"
 	"context"
 	"errors"
-	"fmt"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
 )
-
-// budgetSpent is the error of a refresh the provider's token budget refused for wait.
-func budgetSpent(wait time.Duration) error {
-	return fmt.Errorf("%w (for %v)", domain.ErrTokenBudgetSpent, wait.Round(time.Millisecond))
-}
 
 // shrinkOn429 spends provider's fleet-wide token budget for its 429's Retry-After, if budgeted.
 func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, err error) {

@@ -74,7 +74,8 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 	if !ok {
 		return nil, miss
 	}
-	s := v.(*cacheSlot).cur.Load()
+	slot := v.(*cacheSlot)
+	s := slot.cur.Load()
 	if s == nil || s.epoch != c.epoch.Load() || s.tok.Version == 0 || s.tok.Version < s.floor {
 		return nil, miss
 	}
@@ -84,8 +85,8 @@ func (c *tokenCache) get(id string, now time.Time) (*snapshot, lookup) {
 		}
 		return s, stale // what was cached: the version the refresh is for
 	}
-	if !v.(*cacheSlot).ref.Load() {
-		v.(*cacheSlot).ref.Store(true)
+	if !slot.ref.Load() {
+		slot.ref.Store(true)
 	}
 	return s, hit
 }
@@ -101,7 +102,6 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 		return
 	}
 	tok.RefreshToken = domain.Secret{}
-	epoch := m.epoch
 	// domain.Token.FreshAt as one instant, for the hot path.
 	var until int64
 	untimed := tok.Expiry.IsZero()
@@ -118,14 +118,14 @@ func (c *tokenCache) put(tok domain.Token, m cacheMark, skew time.Duration) {
 		var floor int64
 		if old != nil {
 			floor = old.floor
-			if old.epoch == epoch && old.tok.Version > tok.Version {
+			if old.epoch == m.epoch && old.tok.Version > tok.Version {
 				return // never go back to an older token
 			}
 		}
-		if tok.Version < floor || epoch != c.epoch.Load() {
+		if tok.Version < floor || m.epoch != c.epoch.Load() {
 			return
 		}
-		next := &snapshot{tok: tok, until: until, epoch: epoch, floor: floor, untimed: untimed}
+		next := &snapshot{tok: tok, until: until, epoch: m.epoch, floor: floor, untimed: untimed}
 		if slot.cur.CompareAndSwap(old, next) {
 			return
 		}

@@ -98,13 +98,14 @@ func (u *RefreshTokenUseCase) claim(ctx context.Context, connection string, forc
 // expired one waits for the budget.
 func (u *RefreshTokenUseCase) budgetHeld(ctx context.Context, t domain.Token, wait time.Duration, forced bool,
 	asked time.Time, woken <-chan struct{}) error {
+	spent := fmt.Errorf("%w (for %v)", domain.ErrTokenBudgetSpent, wait.Round(time.Millisecond))
 	if !usable(t, u.opts.Clock.Now()) {
-		return u.await(ctx, wait, asked, woken, budgetSpent(wait))
+		return u.await(ctx, wait, asked, woken, spent)
 	}
 	if !forced {
 		u.hold(t)
 	}
-	return budgetSpent(wait)
+	return spent
 }
 
 // claimOnce is one traced lease, holding an in-flight slot, within the lock wait begun at asked.
@@ -248,13 +249,11 @@ func (u *RefreshTokenUseCase) acquireSlot(ctx context.Context, woken <-chan stru
 		case <-qctx.Done():
 		}
 	}()
-	if err := u.slots.Acquire(qctx, 1); err != nil {
-		if cause := context.Cause(qctx); errors.Is(cause, errAnnounced) && ctx.Err() == nil {
-			return errAnnounced
-		}
-		return err
+	err := u.slots.Acquire(qctx, 1)
+	if err != nil && errors.Is(context.Cause(qctx), errAnnounced) && ctx.Err() == nil {
+		return errAnnounced
 	}
-	return nil
+	return err
 }
 
 var errAnnounced = errors.New("announced while queued for a slot")

@@ -63,7 +63,7 @@ type MetadataStore interface {
 // ConnectGrant stores g with what r carries, in one transaction under the connection's lock: a
 // refused grant changes nothing. Another account's grant is domain.ErrAccountMismatch unless allowed.
 func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g domain.Grant, r ConnectRequest) (domain.Token, error) {
-	b, allowChange, provider := r.Binding, r.AllowAccountChange, r.Provider
+	b := r.Binding
 	tok, err := domain.NewToken(connection, g, u.clock.Now())
 	if err != nil {
 		return domain.Token{}, err
@@ -76,8 +76,7 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 		b.Scopes = strings.Join(domain.ScopeFields(g.Scope), " ")
 	}
 	b.Answered, b.ScopesReduced = "", "" // a new grant: nothing reduced
-	tok.Binding, tok.Provider = b, provider
-	tok.DPoPKey, tok.DPoPJKT = r.DPoPKey, r.DPoPJKT
+	tok.Binding, tok.Provider, tok.DPoPKey, tok.DPoPJKT = b, r.Provider, r.DPoPKey, r.DPoPJKT
 	if err := u.store.Register(ctx, connection); err != nil {
 		return domain.Token{}, fmt.Errorf("connect %s: %w", connection, err)
 	}
@@ -92,14 +91,14 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 				return err
 			}
 		}
-		if !allowChange {
+		if !r.AllowAccountChange {
 			cur, err := s.Get(txCtx, connection)
 			switch {
 			case errors.Is(err, domain.ErrNotFound):
 			case err != nil:
 				return err
 			// The same account id at another provider is another account.
-			case cur.Binding.Account != "" && (cur.Binding.Account != b.Account || cur.Provider != provider):
+			case cur.Binding.Account != "" && (cur.Binding.Account != b.Account || cur.Provider != r.Provider):
 				return domain.ErrAccountMismatch
 			}
 		}

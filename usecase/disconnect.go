@@ -46,11 +46,10 @@ func NewDisconnectUseCase(store DisconnectStore, revoker Revoker, lockWait, revo
 }
 
 // Disconnect deletes connection's token, after revoking its refresh token at the provider when
-// revoke is true. Order: the lease (so no refresh presents the token meanwhile), the revocation
-// (holding no lock or database connection), then the delete. A failed revocation changes nothing
-// and is returned: deleting the only way to revoke a live grant would strand it; a token already
-// invalid at the provider counts as revoked. It returns the deleted token, whose refresh token
-// must never be used.
+// revoke is true: the lease (no refresh presents the token meanwhile), the revocation (holding no
+// lock or database connection), the delete. A failed revocation changes nothing and is returned:
+// deleting the only way to revoke a live grant would strand it; a token already invalid at the
+// provider counts as revoked. The deleted token is returned; its refresh token must never be used.
 func (u *DisconnectUseCase) Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error) {
 	if err := domain.ValidateName(connection); err != nil {
 		return domain.Token{}, err
@@ -109,10 +108,9 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	var key domain.Secret // a proof of it goes along when the grant is sender-constrained
-	if keys, ok := u.store.(ProofKeys); ok && t.SenderConstrained() {
-		if _, bound := u.revoker.(BoundRevoker); bound {
-			key, err = keys.DPoPKey(rctx, t.Connection, t.DPoPJKT)
-		}
+	keys, ok := u.store.(ProofKeys)
+	if _, bound := u.revoker.(BoundRevoker); ok && bound && t.SenderConstrained() {
+		key, err = keys.DPoPKey(rctx, t.Connection, t.DPoPJKT)
 	}
 	if err == nil {
 		err = revokeWith(rctx, u.revoker, t.Provider, t.RefreshToken, key)

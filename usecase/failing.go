@@ -35,8 +35,7 @@ func checkFailure(t domain.Token, now time.Time) error {
 		return fmt.Errorf("%w: %w (%s): the refresh token may have been spent and the provider accepts none twice; connect again",
 			domain.ErrProviderUnavailable, domain.ErrRefreshFailing, f.Describe())
 	case now.Before(f.RetryAt):
-		// The last answer rides along for its status and code, as Transient:
-		// not a new answer to pace.
+		// The last answer rides along for its status and code, as Transient: not a new answer to pace.
 		last := &domain.ProviderError{Code: f.Code, HTTPStatus: f.HTTPStatus, Class: domain.Transient}
 		return fmt.Errorf("%w: %w (%s): next attempt in %v%w", domain.ErrProviderUnavailable, domain.ErrRefreshFailing,
 			f.Describe(), f.RetryAt.Sub(now).Round(time.Millisecond), quiet{last})

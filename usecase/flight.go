@@ -33,21 +33,17 @@ type flight struct {
 
 // addWaiter counts one more waiter unless every waiter has left already.
 func (fl *flight) addWaiter() bool {
-	for {
-		n := fl.waiters.Load()
-		if n == 0 {
-			return false
-		}
+	for n := fl.waiters.Load(); n > 0; n = fl.waiters.Load() {
 		if fl.waiters.CompareAndSwap(n, n+1) {
 			return true
 		}
 	}
+	return false
 }
 
 // do runs fn once for key at a time and returns the finished flight (see wait). fn's context keeps
 // ctx's values and ends when all callers have left.
-func (f *flights) do(ctx context.Context, key string,
-	fn func(context.Context) (domain.Token, error)) (*flight, error) {
+func (f *flights) do(ctx context.Context, key string, fn func(context.Context) (domain.Token, error)) (*flight, error) {
 	if err := ctx.Err(); err != nil {
 		return nil, err
 	}
@@ -55,8 +51,7 @@ func (f *flights) do(ctx context.Context, key string,
 }
 
 // join returns key's flight, started if there is none, with the caller counted as a waiter.
-func (f *flights) join(ctx context.Context, key string,
-	fn func(context.Context) (domain.Token, error)) *flight {
+func (f *flights) join(ctx context.Context, key string, fn func(context.Context) (domain.Token, error)) *flight {
 	for {
 		v, ok := f.m.Load(key)
 		if !ok {
@@ -98,8 +93,7 @@ func (f *flights) wait(ctx context.Context, key string, fl *flight) (*flight, er
 // one first. A frame of its own, so joiners' stacks stay small (see RefreshTokenUseCase.Token).
 //
 //go:noinline
-func (f *flights) start(ctx context.Context, key string,
-	fn func(context.Context) (domain.Token, error)) *flight {
+func (f *flights) start(ctx context.Context, key string, fn func(context.Context) (domain.Token, error)) *flight {
 	fctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	fl := &flight{done: make(chan struct{}), cancel: cancel}
 	fl.waiters.Store(1)

@@ -54,24 +54,22 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 	case err == nil:
 		p.gate.pause.Succeed()
 		r.tok, err = u.keep(ctx, store, t.Rotated(g, u.opts.Clock.Now()), t.RefreshToken, c.End)
-		return r, err
 	case clientSide(err):
 		c.End(true)
 		u.clientFailed(t, settings, err)
-		return r, err
 	case isPaced:
 		u.recordFailure(ctx, store, c, pe)
 		if pe.Class == domain.Unclassified && !pe.Lost {
 			// Callers are told the refresh is failing, with the answer.
 			err = fmt.Errorf("%w: %w", domain.ErrRefreshFailing, err)
 		}
-		return r, err
-	case !errors.Is(err, domain.ErrGrantRevoked):
+	case errors.Is(err, domain.ErrGrantRevoked):
+		defer c.End(false)
+		return u.dead(ctx, store, t, r, err)
+	default:
 		c.End(true)
-		return r, err
 	}
-	defer c.End(false)
-	return u.dead(ctx, store, t, r, err)
+	return r, err
 }
 
 // dead stores t's connection as needs_reauth after the provider rejected its grant, unless a newer
@@ -109,11 +107,10 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 }
 
 // keep stores a rotated token if the stored token is still the one it was rotated from, ending its
-// lease. A failed write is retried for RescueWindow (the rescue), unless another token was stored
-// meanwhile. One exception: if this process's lease ran out at the provider, another may have
-// presented the same refresh token, been told invalid_grant and marked the connection
-// needs_reauth; if the stored refresh token is still the spent one, the rotated token is the
-// grant's only live one: stored.
+// lease; a failed write is retried for RescueWindow (the rescue) unless another token was stored
+// meanwhile. Exception: if this lease ran out at the provider, another process may have presented
+// the same refresh token, been told invalid_grant and marked the connection needs_reauth; while the
+// stored refresh token is the spent one, the rotated token is the grant's only live one: stored.
 func (u *RefreshTokenUseCase) keep(ctx context.Context, store TokenStore, rotated domain.Token, from domain.Secret,
 	end func(release bool)) (domain.Token, error) {
 	defer end(false)

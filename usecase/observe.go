@@ -84,23 +84,18 @@ func (noObserver) Invalidated()           {}
 func (u *RefreshTokenUseCase) observe(e RefreshEvent) {
 	level := slog.LevelInfo
 	switch {
-	case e.Outcome == OutcomeSkippedFresh:
+	case e.Outcome == OutcomeSkippedFresh, e.Outcome == OutcomeBackoff,
+		e.ProviderLatency == 0 && (e.Outcome == OutcomeClientRejected || e.Outcome == OutcomeEndpointMisconfigured):
+		// No provider call: fresh, a backoff (its episode was logged when recorded), or the client gate paused it.
 		level = slog.LevelDebug
-	case e.ProviderLatency == 0 && (e.Outcome == OutcomeClientRejected || e.Outcome == OutcomeEndpointMisconfigured):
-		level = slog.LevelDebug // paused by the client gate: no provider call to follow
-	case e.Outcome == OutcomeBackoff:
-		level = slog.LevelDebug // no provider call: the episode was logged when recorded
 	case e.Err != nil:
 		level = slog.LevelWarn
 	}
 	attrs := []slog.Attr{
-		slog.String("connection", e.Connection),
-		slog.String("outcome", string(e.Outcome)),
-		slog.Int64("old_version", e.OldVersion),
-		slog.Int64("new_version", e.NewVersion),
+		slog.String("connection", e.Connection), slog.String("outcome", string(e.Outcome)),
+		slog.Int64("old_version", e.OldVersion), slog.Int64("new_version", e.NewVersion),
 		slog.Float64("lock_wait_ms", float64(e.LockWait.Microseconds())/1000),
-		slog.Float64("provider_ms", float64(e.ProviderLatency.Microseconds())/1000),
-		slog.Bool("forced", e.Forced),
+		slog.Float64("provider_ms", float64(e.ProviderLatency.Microseconds())/1000), slog.Bool("forced", e.Forced),
 	}
 	if e.Err != nil {
 		attrs = append(attrs, slog.String("err", e.Err.Error()))

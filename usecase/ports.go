@@ -60,8 +60,7 @@ func SpareBudget(ctx context.Context) context.Context {
 
 // SpareBudgetOnly reports whether ctx was marked by SpareBudget.
 func SpareBudgetOnly(ctx context.Context) bool {
-	v, _ := ctx.Value(spareBudgetKey{}).(bool)
-	return v
+	return ctx.Value(spareBudgetKey{}) != nil
 }
 
 // BudgetShrinker is a TokenStore whose token budgets a 429 with Retry-After shrinks, fleet-wide.

@@ -3,6 +3,7 @@ package usecase
 import (
 	"cmp"
 	"fmt"
+	"maps"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -121,11 +122,7 @@ func (th *throttle) allow(key string, now time.Time, every time.Duration) bool {
 	}
 	limit := cmp.Or(th.limit, throttleLimit)
 	if !ok && (len(th.last) >= max(th.sweep, forgetAt) || len(th.last) >= limit) {
-		for k, last := range th.last {
-			if now.Sub(last) >= th.keep {
-				delete(th.last, k)
-			}
-		}
+		maps.DeleteFunc(th.last, func(_ string, last time.Time) bool { return now.Sub(last) >= th.keep })
 		// Sweep again only once the map has doubled: constant cost per event.
 		th.sweep = 2 * len(th.last)
 		if len(th.last) >= limit {

@@ -142,9 +142,8 @@ func (u *RefreshTokenUseCase) TrustCache(trusted bool) {
 	u.cache.setTrusted(trusted)
 }
 
-// load reads the stored token and refreshes it if stale; a token the cache knows is stale (cached)
-// is not read again outside the lock. A wait for another holder's lease in that read is traced as a
-// lock wait.
+// load reads the stored token and refreshes it if stale; a token the cache knows stale (cached) is
+// not read again outside the lock. Waiting for another holder's lease there is traced as a lock wait.
 func (u *RefreshTokenUseCase) load(ctx context.Context, connection string, cached *snapshot) (domain.Token, error) {
 	epoch := u.cache.begin()
 	var seen domain.Token
