@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -44,11 +45,15 @@ func (s *Server) Run(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("listen on HTTP_ADDR: %w", err)
 	}
+	// Both rounds end before Run returns: the caller closes the pool next.
 	bgCtx, stop := context.WithCancel(ctx)
-	swept := make(chan struct{})
-	go func() { defer close(swept); s.sweepLoop(bgCtx) }()
-	defer func() { stop(); <-swept }()
-	go s.pruner.Run(bgCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
+	var bg sync.WaitGroup
+	defer bg.Wait()
+	defer stop()
+	bg.Go(func() { s.sweepLoop(bgCtx) })
+	bg.Go(func() {
+		s.pruner.Run(bgCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
+	})
 	return s.srv.Serve(ctx, ln, shutdownGrace)
 }
 
