@@ -32,10 +32,17 @@ var everything = cacheMark{seq: math.MaxUint64}
 // knew records that version of id was committed; announced ones only for connections with a slot,
 // so an announcement allocates nothing.
 func (c *tokenCache) knew(id string, version int64, announced bool) {
-	if _, ok := c.slots.Load(id); announced && !ok {
-		return
+	var slot *cacheSlot
+	if announced {
+		v, ok := c.slots.Load(id)
+		if !ok {
+			return
+		}
+		slot = v.(*cacheSlot)
+	} else {
+		slot = c.slot(id)
 	}
-	h := &c.slot(id).hist
+	h := &slot.hist
 	h.mu.Lock()
 	h.learn(version, c)
 	if !announced {
