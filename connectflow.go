@@ -141,13 +141,7 @@ func (t *Tokens) Complete(ctx context.Context, f ConnectFlow, callback url.Value
 	if err != nil {
 		return ConnectResult{}, err
 	}
-	var grant domain.Grant
-	var tok *oauth2.Token
-	if keyPEM.IsZero() {
-		grant, tok, err = t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, verifier)
-	} else {
-		grant, tok, err = t.providers.ExchangeBound(ctx, f.Provider, code, client.RedirectURL, verifier, keyPEM)
-	}
+	grant, tok, err := t.providers.Exchange(ctx, f.Provider, code, client.RedirectURL, verifier, keyPEM)
 	if err != nil {
 		// Never the error's text: an answer's body is not ours to repeat.
 		reason := "no answer"

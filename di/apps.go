@@ -58,18 +58,11 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 func (s *Server) sweepLoop(ctx context.Context) {
-	t := time.NewTicker(sweepEvery)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
+	usecase.Every(ctx, sweepEvery, func() {
 		if _, err := s.sweep(ctx); err != nil && ctx.Err() == nil {
 			s.log.Warn("sweeping the expired connect results failed; trying again", "err", err)
 		}
-	}
+	})
 }
 
 // NewServer wires the HTTP app. Call the returned cleanup when done.

@@ -30,11 +30,9 @@ var ErrKeyExists = errors.New("an API key with that name exists")
 
 // APIKey is a stored key as an operator sees it: never the key itself.
 type APIKey struct {
-	ID         int32
-	Name       string
+	KeyAccess  // its ID, name and what it may do
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
-	Access     KeyAccess // what it may do (Scopes and Connections nil: everything)
 }
 
 // ErrInvalidKeyAccess: an API key's scopes or connection patterns are malformed. Nothing was stored.

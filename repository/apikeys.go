@@ -94,7 +94,7 @@ VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING
 // List returns every key, by name.
 func (k *APIKeys) List(ctx context.Context) ([]domain.APIKey, error) {
 	return allRows(ctx, k.db, "list API keys", func(r keyRow) (domain.APIKey, error) {
-		return domain.APIKey{ID: r.ID, Name: r.Name, CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt, Access: r.access()}, nil
+		return domain.APIKey{KeyAccess: r.access(), CreatedAt: r.CreatedAt, LastUsedAt: r.LastUsedAt}, nil
 	}, "SELECT "+keyColumns+" FROM tokenguard_api_keys ORDER BY name")
 }
 

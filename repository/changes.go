@@ -17,6 +17,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgxlisten"
 	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // ChangeChannel announces every committed token write as "<version> <connection>" (no secret).
@@ -190,7 +192,7 @@ func (l *ChangeListener) session(ctx context.Context) {
 
 // beat sends a heartbeat every interval and ends the session when none is heard.
 func (l *ChangeListener) beat(ctx context.Context, end context.CancelFunc) {
-	every(ctx, l.beatInterval, func() { // end's cancel stops it
+	usecase.Every(ctx, l.beatInterval, func() { // end's cancel stops it
 		if silent := time.Since(time.Unix(0, l.lastBeat.Load())); silent > heartbeatMisses*l.beatInterval {
 			if l.trusted.Load() { // once per outage, not per reconnection
 				l.log.Warn("token change listener hears nothing; reading through and reconnecting",

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // DatabaseClock tells the database server's time on this host: its clock corrected by the
@@ -57,19 +59,5 @@ func (c *DatabaseClock) Measure(ctx context.Context) error {
 
 // Run measures again every interval until ctx ends; failures keep the last offset.
 func (c *DatabaseClock) Run(ctx context.Context, interval time.Duration) {
-	every(ctx, interval, func() { _ = c.Measure(ctx) })
-}
-
-// every calls fn every interval until ctx ends.
-func every(ctx context.Context, interval time.Duration, fn func()) {
-	t := time.NewTicker(interval)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-			fn()
-		}
-	}
+	usecase.Every(ctx, interval, func() { _ = c.Measure(ctx) })
 }

@@ -8,6 +8,7 @@ import (
 	"gorm.io/gorm"
 
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/usecase"
 )
 
 // ConsoleSessions stores the operator console's sessions by the SHA-256 of their token, each bound
@@ -132,5 +133,5 @@ func (p *EventPruner) Run(ctx context.Context, interval time.Duration, onErr fun
 		}
 	}
 	round()
-	every(ctx, interval, round)
+	usecase.Every(ctx, interval, round)
 }

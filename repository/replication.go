@@ -100,9 +100,6 @@ func (d *Durability) SyncCommit() string {
 	return cmp.Or(d.configured, r.DefaultSyncCommit())
 }
 
-// Configured is the level set by the operator, "" for the default.
-func (d *Durability) Configured() string { return d.configured }
-
 // SetDurability makes token writes and refresh claims commit at d's level; call it before use.
 func (r *TokenRepository) SetDurability(d *Durability) { r.durability = d }
 

@@ -68,7 +68,7 @@ func TestAPIKeysStoredHashedVerifiedAndRevoked(t *testing.T) {
 		t.Errorf("revoked key: %v", err)
 	}
 	list, err := keys.List(ctx)
-	if err != nil || len(list) != 1 || list[0].Name != "late" || list[0].LastUsedAt == nil || !slices.Equal(list[0].Access.Connections, scoped.Connections) {
+	if err != nil || len(list) != 1 || list[0].Name != "late" || list[0].LastUsedAt == nil || !slices.Equal(list[0].Connections, scoped.Connections) {
 		t.Errorf("List = %+v, %v (want late, last used set)", list, err)
 	}
 }

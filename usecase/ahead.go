@@ -193,3 +193,17 @@ func (u *RefreshTokenUseCase) sweepOne(ctx context.Context, store AheadStore, ca
 	}
 	return sweepRefreshed, nil
 }
+
+// Every calls fn every interval until ctx ends: the loop of the background rounds in the outer layers.
+func Every(ctx context.Context, interval time.Duration, fn func()) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			fn()
+		}
+	}
+}

@@ -33,6 +33,13 @@ func TestMain(m *testing.M) {
 // conn is the connection testworld.World.Connect grants.
 const conn = testworld.Conn
 
+// tokenClients is apiclient.Clients on a use case: the client the apps use, without a *tokenguard.Tokens.
+type tokenClients struct{ apiclient.Tokens }
+
+func (c tokenClients) Client(ctx context.Context, connection string) *http.Client {
+	return apiclient.NewHTTPClient(ctx, c.Tokens, connection)
+}
+
 // waitUntilStale sleeps until the stored token is due for refresh.
 func waitUntilStale(t testing.TB, s *testworld.Stack, skew time.Duration) {
 	t.Helper()
@@ -66,7 +73,7 @@ func TestStormAtExpiryRefreshesOncePerCycle(t *testing.T) {
 	stop := make(chan struct{})
 	var flow sync.WaitGroup
 	for _, s := range stacks {
-		client, err := apiclient.New(w.Server.URL, apiclient.TokenClients(s.UC), apiclient.Options{})
+		client, err := apiclient.New(w.Server.URL, tokenClients{s.UC}, apiclient.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -30,7 +30,7 @@ func startCalls(t *testing.T, w *testworld.World, stacks []*testworld.Stack, per
 	t.Helper()
 	l := &callLoop{errs: map[string]int{}, stop: make(chan struct{})}
 	for i, s := range stacks {
-		c, err := apiclient.New(w.Server.URL, apiclient.TokenClients(s.UC), apiclient.Options{UserAgent: fmt.Sprintf("tokenguard-test-%d/1", i)})
+		c, err := apiclient.New(w.Server.URL, tokenClients{s.UC}, apiclient.Options{UserAgent: fmt.Sprintf("tokenguard-test-%d/1", i)})
 		if err != nil {
 			t.Fatal(err)
 		}

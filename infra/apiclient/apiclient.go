@@ -29,19 +29,9 @@ type Tokens interface {
 	ForceRefresh(ctx context.Context, connection string, failed int64) (domain.Token, error)
 }
 
-// Clients hands out a connection's *http.Client (see NewHTTPClient);
-// *tokenguard.Tokens is one, TokenClients makes one of Tokens.
+// Clients hands out a connection's *http.Client (see NewHTTPClient); *tokenguard.Tokens is one.
 type Clients interface {
 	Client(ctx context.Context, connection string) *http.Client
-}
-
-// TokenClients is Clients on Tokens.
-func TokenClients(t Tokens) Clients { return tokenClients{t} }
-
-type tokenClients struct{ t Tokens }
-
-func (c tokenClients) Client(ctx context.Context, connection string) *http.Client {
-	return NewHTTPClient(ctx, c.t, connection)
 }
 
 // NewHTTPClient is an *http.Client carrying connection's token from t over the transport of ctx's

@@ -257,10 +257,10 @@ func positive[T ~int | ~int64 | ~float64](v, def T) T {
 }
 
 // newAddrLimits bound a public route's requests per client address (the
-// TCP peer), and across all addresses.
+// TCP peer): 4 at once each, and 64 across all addresses.
 func newAddrLimits(e Edges) *ratelimit.Limits[string] {
 	r := positive(e.PublicRate, 20)
-	return ratelimit.New[string](r, positive(e.PublicBurst, int(2*r)), positive(e.PublicInFlight, 4), positive(e.PublicTotal, 64))
+	return ratelimit.New[string](r, positive(e.PublicBurst, int(2*r)), 4, 64)
 }
 
 // limited answers 429 (refuse, or nil: JSON) to an address over its limits.

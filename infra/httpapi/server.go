@@ -100,12 +100,9 @@ type Edges struct {
 	// Rate and Burst limit requests per API key (0: 100/s, twice Rate).
 	Rate  rate.Limit
 	Burst int
-	// The public routes' limits per client address: rate (0: 20/s), burst
-	// (0: twice the rate), at once (0: 4); PublicTotal across all (0: 64).
+	// The public routes' limits per client address: rate (0: 20/s), burst (0: twice the rate).
 	PublicRate     rate.Limit
 	PublicBurst    int
-	PublicInFlight int
-	PublicTotal    int
 	RequestTimeout time.Duration // every request's deadline (0: 30s)
 	ProxyMaxBody   int64         // a proxied request's body limit (0: 10 MiB)
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 
-	"golang.org/x/oauth2"
-
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/dpop"
 )
@@ -29,15 +27,6 @@ func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshTok
 		return domain.Grant{}, err
 	}
 	return r.Refresh(ctx, provider, refreshToken)
-}
-
-// ExchangeBound redeems an authorization code with a proof of key, binding the grant to it.
-func (r *Registry) ExchangeBound(ctx context.Context, provider, code, redirectURL, verifier string, key domain.Secret) (domain.Grant, *oauth2.Token, error) {
-	ctx, err := proofKey(ctx, key)
-	if err != nil {
-		return domain.Grant{}, nil, err
-	}
-	return r.Exchange(ctx, provider, code, redirectURL, verifier)
 }
 
 // DPoP reports whether provider ("" the configuration's: dflt) requires DPoP-bound grants.

@@ -52,8 +52,15 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 	return g, tok.WithExtra(raw), nil
 }
 
-// Exchange redeems an authorization code at provider ("" the configuration's).
-func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string) (domain.Grant, *oauth2.Token, error) {
+// Exchange redeems an authorization code at provider ("" the configuration's); with a DPoP key
+// (PEM; zero: none) every request carries a proof of it, binding the grant to it (RFC 9449).
+func (r *Registry) Exchange(ctx context.Context, provider, code, redirectURL, verifier string, key domain.Secret) (domain.Grant, *oauth2.Token, error) {
+	if !key.IsZero() {
+		var err error
+		if ctx, err = proofKey(ctx, key); err != nil {
+			return domain.Grant{}, nil, err
+		}
+	}
 	ref, err := r.refresher(ctx, provider, "redeem authorization codes")
 	if err != nil {
 		return domain.Grant{}, nil, err

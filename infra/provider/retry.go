@@ -35,9 +35,6 @@ type Policy struct {
 	// RetryWithin bounds when a new attempt may start, from the first (0: until
 	// the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
-	// AttemptTimeout bounds one try (0: all the time left); below the provider's
-	// worst normal latency it loses answers (see Retrying).
-	AttemptTimeout time.Duration
 	// PauseAfter: tries in a row finding the endpoint unreachable before calls
 	// fail at once for a pause (default DefaultPauseAfter; negative: never).
 	PauseAfter int
@@ -116,7 +113,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			}
 			return domain.Grant{}, err
 		}
-		g, err := r.try(ctx, refreshToken)
+		g, err := r.next.Refresh(ctx, refreshToken)
 		if r.record(time.Now(), err) {
 			p.Log.LogAttrs(ctx, slog.LevelWarn, "token endpoint unreachable: calls to it fail at once for a while",
 				slog.String("error", err.Error()))
@@ -168,15 +165,6 @@ func (r *Retrying) mayReplay(pe *domain.ProviderError, first time.Time) bool {
 	}
 	pe.ReplayUntil = first.Add(g.D)
 	return time.Now().Before(pe.ReplayUntil)
-}
-
-func (r *Retrying) try(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
-	if r.policy.AttemptTimeout > 0 {
-		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, r.policy.AttemptTimeout)
-		defer cancel()
-	}
-	return r.next.Refresh(ctx, refreshToken)
 }
 
 func attempts(n int, err error) error {

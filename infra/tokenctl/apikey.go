@@ -130,7 +130,7 @@ func listKeys(ctx context.Context, store KeyStore, stdio IO, fail failFunc) int 
 		if k.LastUsedAt != nil {
 			used = formatTime(*k.LastUsedAt)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, accessList(k.Access.Scopes), accessList(k.Access.Connections))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", k.Name, formatTime(k.CreatedAt), used, accessList(k.Scopes), accessList(k.Connections))
 	}
 	_ = tw.Flush()
 	return exitOK

@@ -119,10 +119,9 @@ type Deps struct {
 	}
 	Providers func(ctx context.Context) ([]Provider, error) // those connections may name
 	// Secure: PUBLIC_URL is https; cookies are Secure and __Host-.
-	Secure          bool
-	SessionLifetime time.Duration // 0: DefaultSessionLifetime
-	Log             *slog.Logger
-	Now             func() time.Time
+	Secure bool
+	Log    *slog.Logger
+	Now    func() time.Time
 }
 
 // Console is the console's handler, mounted at /console.
@@ -142,10 +141,10 @@ type Console struct {
 var assets embed.FS
 
 const (
-	DefaultSessionLifetime = 8 * time.Hour // how long a login lasts
-	pageSize               = 50            // connections a page lists
-	maxLoginTries          = 5             // per login form, and one more each 10 minutes
-	loginBurst             = 10            // per client address, and one more each second
+	sessionLifetime = 8 * time.Hour // how long a login lasts
+	pageSize        = 50            // connections a page lists
+	maxLoginTries   = 5             // per login form, and one more each 10 minutes
+	loginBurst      = 10            // per client address, and one more each second
 )
 
 // New builds the console.
@@ -153,9 +152,6 @@ func New(d Deps) *Console {
 	d.Log = cmp.Or(d.Log, slog.Default())
 	if d.Now == nil {
 		d.Now = time.Now
-	}
-	if d.SessionLifetime <= 0 {
-		d.SessionLifetime = DefaultSessionLifetime
 	}
 	c := &Console{d: d, mux: http.NewServeMux(), pages: parsePages(),
 		tries: ratelimit.New[string](rate.Every(10*time.Minute), maxLoginTries, 0, 0),
@@ -354,7 +350,7 @@ func (c *Console) login(w http.ResponseWriter, r *http.Request) {
 		c.showLogin(w, r, http.StatusForbidden, "That API key may not use the console: it needs the admin scope.")
 		return
 	}
-	token, expires, err := c.d.Sessions.Create(r.Context(), access.ID, c.d.SessionLifetime)
+	token, expires, err := c.d.Sessions.Create(r.Context(), access.ID, sessionLifetime)
 	if err != nil {
 		c.unavailable(w, r, "console login: session not stored", err)
 		return
