@@ -65,7 +65,7 @@ const (
 	markStore   = "tokenguard/repository." // any of tokenguard's database calls
 	markLock    = "TokenRepository).Claim" // tokenguard's claim: lock, re-read, lease and COMMIT
 	markFloor   = "floorStack).refresh"    // the protocol floor's transaction
-	markFlight  = "flights).join.func1"    // tokenguard's flight goroutine
+	markFlight  = "flights).start.func1"   // tokenguard's flight goroutine
 )
 
 // ReadStorm reads the execution trace of one storm.
