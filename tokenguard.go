@@ -229,7 +229,9 @@ func (t *Tokens) build(ctx context.Context, sealer repository.Sealer, prof profi
 	stored, authStyles := repository.NewProviderRepository(t.db, sealer), repository.NewAuthStyles(t.db)
 	refresherOf := func(cfg *oauth2.Config, defaultLifetime time.Duration, prof profiles.Profile, rate domain.TokenRate, extra ...provider.Option) provider.GrantRefresher {
 		pol := provider.PolicyFor(prof, o.Logger)
-		pol.RetryWithin = o.RefreshTimeout // answered failures; an answer is awaited until the answer deadline
+		// Answered failures are retried within the refresh timeout; each request's answer is awaited
+		// for the answer deadline (the use case's call lasts both).
+		pol.RetryWithin, pol.AnswerWithin = o.RefreshTimeout, o.AnswerDeadline
 		if !rate.IsZero() {
 			pol.MaxAttempts = 1 // each request is debited from the budget: none is resent within a call
 		}

@@ -85,7 +85,7 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions
 	})
 	cleanup := func() {
 		// An awaited answer is awaited up to its deadline, or its request stays unresolved.
-		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.AnswerDeadline+usecase.DefaultWriteTimeout)
+		closeCtx, cancel := context.WithTimeout(context.Background(), cfg.RefreshTimeout+cfg.AnswerDeadline+usecase.DefaultWriteTimeout)
 		if err := guard.Close(closeCtx); err != nil {
 			log.Error("stopping with a refresh still in flight", "err", err)
 		}

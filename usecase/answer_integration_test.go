@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -232,11 +233,107 @@ func TestAbandonedLeaseIsAnswerLostNotFree(t *testing.T) {
 	}
 }
 
+// A refresh retried after a 429 presents the refresh token again, and the
+// answer to that request is awaited for the whole answer deadline, not what
+// is left of it after the first request and the Retry-After. The provider
+// answers the first request 429, then takes 3.5 s (past the 4 s deadline
+// less the 1 s spent, within the deadline): the answer is stored, a later
+// refresh finds the token fresh, no reuse. The control bounds the whole call
+// by the answer deadline, as before: the retry's answer is cut off, the
+// provider rotates anyway, and the next presentation kills the grant.
+func TestRetriedRequestAnswerIsAwaitedTheWholeDeadline(t *testing.T) {
+	const (
+		refreshTimeout = 2 * time.Second
+		deadline       = 4 * time.Second
+		latency        = 3500 * time.Millisecond
+	)
+	for _, control := range []bool{false, true} {
+		t.Run(map[bool]string{false: "each request awaited for the deadline", true: "control: one deadline for the call"}[control], func(t *testing.T) {
+			p, w, clock, opts := hangWorld(t, refreshTimeout, deadline)
+			prof, _ := profiles.Get(profiles.Generic)
+			pol := retryPolicyFor(prof, opts)
+			var ref provider.GrantRefresher = provider.NewRetrying(provider.NewRefresher(w.OAuth, provider.NewHTTPClient(deadline),
+				provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), pol)
+			if control {
+				pol.AnswerWithin = 0
+				ref = callDeadline{provider.NewRetrying(provider.NewRefresher(w.OAuth, provider.NewHTTPClient(deadline),
+					provider.WithProfile(prof), provider.WithClock(opts.Clock.Now)), pol), deadline}
+			}
+			a, b := w.StackWith(t, ref, opts), profiledStack(t, w, opts, profiles.Generic)
+			first := w.Connect(t, a)
+			var faulted atomic.Bool
+			p.SetRefreshFault(func() sandbox.Fault {
+				if faulted.CompareAndSwap(false, true) {
+					return sandbox.FaultTooManyRequests // Retry-After: 1
+				}
+				return sandbox.FaultNone
+			})
+			p.SetRefreshLatency(latency)
+			clock.set(first.Expiry.Add(time.Second))
+			if _, err := a.UC.Token(context.Background(), conn); !errors.Is(err, domain.ErrProviderUnavailable) {
+				t.Fatalf("Token while the retry is out: %v, want ErrProviderUnavailable", err)
+			}
+			waitfor.Until(t, 10*time.Second, "the retried refresh was never processed", func() bool { return p.Stats().Refreshes == 1 })
+			p.SetRefreshLatency(0)
+			if !control {
+				waitfor.Until(t, 5*time.Second, "the retry's answer was not stored", func() bool {
+					got, err := b.Repo.Get(context.Background(), conn)
+					return err == nil && got.Version == first.Version+1
+				})
+			}
+			later := first.Expiry
+			var errLater error
+			ask := func() {
+				later = later.Add(time.Hour)
+				clock.set(later)
+				_, errLater = b.UC.Token(context.Background(), conn)
+			}
+			ask()
+			c := func() domain.Connection {
+				c, err := b.Repo.Connection(context.Background(), conn)
+				if err != nil {
+					t.Fatal(err)
+				}
+				return c
+			}
+			if control {
+				waitfor.Until(t, 20*time.Second, "control: the grant was not killed by a second presentation", func() bool {
+					if p.Stats().RefreshReuse > 0 && c().Status == domain.StatusNeedsReauth {
+						return true
+					}
+					ask()
+					return false
+				})
+				return
+			}
+			st := p.Stats()
+			if st.RefreshFaults != 1 || st.RefreshReuse != 0 || c().Status != domain.StatusActive || errLater != nil {
+				t.Errorf("provider: %d faults, %d reuse; status %s; later call %v: want 1, 0, active, a token",
+					st.RefreshFaults, st.RefreshReuse, c().Status, errLater)
+			}
+		})
+	}
+}
+
+// callDeadline bounds a whole refresh call, retries included, by d: the
+// strategy before each request's answer had the answer deadline of its own.
+type callDeadline struct {
+	next provider.GrantRefresher
+	d    time.Duration
+}
+
+func (c callDeadline) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
+	ctx, cancel := context.WithTimeout(ctx, c.d)
+	defer cancel()
+	return c.next.Refresh(ctx, refreshToken)
+}
+
 // retryPolicyFor is the retry policy the apps build for prof: answered
-// failures retried within the refresh timeout.
+// failures retried within the refresh timeout, each request's answer
+// awaited for the answer deadline.
 func retryPolicyFor(prof profiles.Profile, opts usecase.Options) provider.Policy {
 	pol := provider.PolicyFor(prof, nil)
-	pol.RetryWithin = opts.RefreshTimeout
+	pol.RetryWithin, pol.AnswerWithin = opts.RefreshTimeout, opts.AnswerDeadline
 	return pol
 }
 

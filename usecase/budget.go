@@ -112,7 +112,7 @@ func (u *RefreshTokenUseCase) drainQueue(p *providerState) {
 		sem <- struct{}{}
 		go func() {
 			defer func() { <-sem }()
-			ctx, cancel := context.WithTimeout(context.Background(), u.opts.LockWait+u.opts.AnswerDeadline)
+			ctx, cancel := context.WithTimeout(context.Background(), u.opts.LockWait+u.opts.callWindow())
 			defer cancel()
 			out, err := u.refresh(ctx, t.Connection, false, u.stale, t)
 			if err == nil && out.Version == t.Version && p.budgetWait(u.opts.Clock.Now()) > 0 && usable(out, u.opts.Clock.Now()) {

@@ -128,7 +128,7 @@ func (u *RefreshTokenUseCase) claimOnce(ctx context.Context, t domain.Token, ask
 func (u *RefreshTokenUseCase) lease(ctx context.Context, store TokenStore, t domain.Token, wait time.Duration) (claimed, error) {
 	lockCtx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	cl, err := store.Claim(lockCtx, t, u.opts.AnswerDeadline)
+	cl, err := store.Claim(lockCtx, t, u.opts.callWindow())
 	if cl.End == nil {
 		u.slots.Release(1)
 		return claimed{Claim: cl}, err

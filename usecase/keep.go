@@ -27,7 +27,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 			return r, err
 		}
 	}
-	callCtx, cancel := context.WithTimeout(ctx, u.opts.AnswerDeadline)
+	callCtx, cancel := context.WithTimeout(ctx, u.opts.callWindow())
 	callCtx, span := u.opts.Tracer.Start(callCtx, StepProvider, t.Connection)
 	p := u.provider(t.Provider)
 	settings := p.gate.generation.Load() // the provider's settings the call goes out with

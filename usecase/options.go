@@ -16,8 +16,10 @@ type Options struct {
 	// RefreshTimeout bounds how long callers wait for a provider call (default 10s); shorter than
 	// LockWait, so a process waiting behind a refresh outlasts it.
 	RefreshTimeout time.Duration
-	// AnswerDeadline bounds the wait for the answer to a presented refresh token, independent of
-	// callers (default 2m, at least RefreshTimeout); until then no process presents it again.
+	// AnswerDeadline bounds the wait for the answer to each request that presented a refresh
+	// token, independent of callers (default 2m, at least RefreshTimeout); until then no process
+	// presents it again. A refresh's retries start within RefreshTimeout (the refresher's policy),
+	// so its call to the provider lasts up to both (callWindow).
 	AnswerDeadline time.Duration
 	WriteTimeout   time.Duration // bounds persisting the provider's answer (default 5s)
 	Clock          Clock         // default: the system clock
@@ -87,3 +89,7 @@ func (o Options) withDefaults() (Options, error) {
 	}
 	return o, nil
 }
+
+// callWindow bounds a refresh's call to the provider, retries included, and the lease that covers it:
+// a retry started within the refresh timeout is awaited for the whole answer deadline.
+func (o Options) callWindow() time.Duration { return o.RefreshTimeout + o.AnswerDeadline }

@@ -35,6 +35,9 @@ type Policy struct {
 	// RetryWithin bounds when a new attempt may start, from the first (0: until
 	// the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
+	// AnswerWithin: a retry starts only while this much of ctx's time is left, so that
+	// its answer is awaited that long (0: any time before the deadline).
+	AnswerWithin time.Duration
 	// PauseAfter: tries in a row finding the endpoint unreachable before calls
 	// fail at once for a pause (default DefaultPauseAfter; negative: never).
 	PauseAfter int
@@ -135,7 +138,7 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 			wait = pe.RetryAfter
 		}
 		// Out of attempts, or the next try could not start in time.
-		if (p.MaxAttempts > 0 && attempt >= p.MaxAttempts) || time.Until(deadline) <= wait ||
+		if (p.MaxAttempts > 0 && attempt >= p.MaxAttempts) || time.Until(deadline) <= wait+p.AnswerWithin ||
 			(p.RetryWithin > 0 && time.Since(first)+wait >= p.RetryWithin) {
 			return domain.Grant{}, attempts(attempt, err)
 		}

@@ -234,6 +234,31 @@ func TestRetryingStartsAttemptsOnlyWithinRetryWithin(t *testing.T) {
 	}
 }
 
+// A retry starts only while AnswerWithin of the deadline is left: its answer
+// is awaited that long. Against a refusing provider, retries stop 1.5 s
+// before a 2 s deadline; the control, without AnswerWithin, retries until it.
+func TestRetryingLeavesEachRetryItsAnswerTime(t *testing.T) {
+	for _, answerWithin := range []time.Duration{1500 * time.Millisecond, 0} {
+		r := newRig(t)
+		r.p.SetRefreshFault(always(sandbox.FaultUnavailable))
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		start := time.Now()
+		_, err := r.retrying(provider.Policy{AnswerWithin: answerWithin, Jitter: -1}).Refresh(ctx, domain.NewSecret(r.first.RefreshToken))
+		took := time.Since(start)
+		cancel()
+		if !errors.Is(err, domain.ErrProviderUnavailable) {
+			t.Fatalf("AnswerWithin %v: err = %v, want ErrProviderUnavailable", answerWithin, err)
+		}
+		n := r.p.Stats().RefreshFaults
+		if answerWithin > 0 && (took > 2*time.Second-answerWithin || n < 2) {
+			t.Errorf("AnswerWithin %v: returned after %v with %d attempts; want retries only in the first 500ms", answerWithin, took, n)
+		}
+		if answerWithin == 0 && took < time.Second {
+			t.Errorf("control: returned after %v with %d attempts; want retries until about the deadline", took, n)
+		}
+	}
+}
+
 func TestRetryingStopsAtTheDeadline(t *testing.T) {
 	for _, f := range []sandbox.Fault{sandbox.FaultUnavailable, sandbox.FaultHang} {
 		t.Run(f.String(), func(t *testing.T) {
