@@ -67,20 +67,18 @@ func scanOf(p string) ConnectionScan {
 	return s
 }
 
-// class writes the character class of p from i (after its '[') and returns the index of its ']'.
+// class writes the character class of p from i (after its '[') and returns the index of its ']',
+// which path.Match never takes as a class's first character.
 // An inverted range matches nothing in path.Match and no regexp takes it, so it is left out;
 // an empty class matches '/', which no name has (negated: any character).
 func class(p string, i int, re *strings.Builder) int {
 	re.WriteString("[")
-	if i < len(p) && p[i] == '^' {
+	if p[i] == '^' {
 		re.WriteString("^")
 		i++
 	}
 	empty := true
-	for first := true; ; first = false {
-		if p[i] == ']' && !first {
-			break
-		}
+	for p[i] != ']' {
 		lo, next := classChar(p, i)
 		hi := lo
 		i = next
