@@ -95,9 +95,7 @@ type Binding struct {
 	Account       string // the consenting account's provider id; "" when unknown
 	Scopes        string // granted; "" when unknown
 	MissingScopes string // requested (OAUTH_SCOPES) but not granted
-	// Answered is the scope the latest refresh answer named; "" when none
-	// did since the grant (RFC 6749 §5.1: then the scope is unchanged).
-	Answered      string
+	Answered      string // the scope the latest refresh answer named; "" when none did since the grant (§5.1: unchanged)
 	ScopesReduced string // the granted Scopes that Answered lacks; the grant stays usable
 }
 
@@ -113,13 +111,11 @@ type Grant struct {
 	TokenType         string
 	RefreshToken      Secret // zero when the provider did not rotate
 	Expiry            time.Time
-	RefreshExpiry     time.Time // when the refresh token expires, if the provider said; else zero
-	KeepRefreshExpiry bool      // the refresh token dies on the grant's calendar (from consent): its expiry holds once rotated
-	// Scope is the scope the answer named, ScopeNamed whether it named
-	// one (without, the scope is what was asked: RFC 6749 §5.1).
-	Scope      string
-	ScopeNamed bool
-	Extra      map[string]string // answer fields the profile keeps (Salesforce instance_url); never a credential
+	RefreshExpiry     time.Time         // when the refresh token expires, if the provider said; else zero
+	KeepRefreshExpiry bool              // the refresh token dies on the grant's calendar: its expiry holds once rotated
+	Scope             string            // the scope the answer named, if ScopeNamed
+	ScopeNamed        bool              // without, the scope is what was asked (RFC 6749 §5.1)
+	Extra             map[string]string // answer fields the profile keeps (Salesforce instance_url); never a credential
 }
 
 // EffectiveSkew caps skew at half the lifetime the provider granted, so a
