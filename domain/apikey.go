@@ -80,8 +80,7 @@ func (a KeyAccess) Permit(s Scope, connection string) error {
 	return nil
 }
 
-// ParseScopes reads scope names without repeats. Errors name an unknown
-// scope's position, not its text: it came from a command line.
+// ParseScopes reads scope names without repeats; errors give an unknown one's position, not its text (a command line's).
 func ParseScopes(names []string) ([]Scope, error) {
 	out := make([]Scope, 0, len(names))
 	for i, n := range names {

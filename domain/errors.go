@@ -83,15 +83,13 @@ const (
 	EvidenceClientWorks = "client_works"
 )
 
-// ErrorClass is what a token endpoint's answer means for the grant. The
-// provider adapter decides it, in one table; the use case acts on it.
+// ErrorClass is what a token endpoint's answer means for the grant, as the provider adapter's table decides.
 type ErrorClass int
 
 const (
 	// Transient: 5xx, 429, timeouts, network errors. Retried; the stored token is untouched.
 	Transient ErrorClass = iota
-	// GrantDead: the grant is gone (invalid_grant). The only class that may
-	// mark a connection needs_reauth, after a re-read.
+	// GrantDead: the grant is gone (invalid_grant); the only class that may mark needs_reauth, after a re-read.
 	GrantDead
 	ClientRejected        // the client's registration or credentials are wrong; the refresh token was not spent
 	EndpointMisconfigured // the token URL does not lead to a token endpoint; no grant is touched
