@@ -9,8 +9,7 @@ import (
 	"time"
 )
 
-// Provider is a stored OAuth2 client registration, so that one deployment
-// serves several providers. Printing it never shows a secret.
+// Provider is a stored OAuth2 client registration, so that a deployment may serve several; printing it shows no secret.
 type Provider struct {
 	Name          string
 	TokenURL      string
