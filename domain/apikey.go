@@ -25,8 +25,13 @@ const (
 // AllScopes are the scopes there are, in the order they are documented.
 var AllScopes = []Scope{ScopeConnectionsRead, ScopeTokenRead, ScopeAPICall, ScopeConnect, ScopeAdmin}
 
-// ErrKeyExists: an API key by that name exists already.
-var ErrKeyExists = errors.New("an API key with that name exists")
+// Errors of API keys; nothing was stored or done.
+var (
+	ErrKeyExists            = errors.New("an API key with that name exists")
+	ErrInvalidKeyAccess     = errors.New("invalid API key scopes or connection patterns")
+	ErrMissingScope         = errors.New("the API key lacks the scope") // the action needs
+	ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
+)
 
 // APIKey is a stored key as an operator sees it: never the key itself.
 type APIKey struct {
@@ -34,9 +39,6 @@ type APIKey struct {
 	CreatedAt  time.Time
 	LastUsedAt *time.Time
 }
-
-// ErrInvalidKeyAccess: an API key's scopes or connection patterns are malformed. Nothing was stored.
-var ErrInvalidKeyAccess = errors.New("invalid API key scopes or connection patterns")
 
 // MaxPatternLength bounds one connection pattern of an API key.
 const MaxPatternLength = 128
@@ -62,12 +64,6 @@ func (a KeyAccess) AllowsConnection(name string) bool {
 	})
 }
 
-// ErrMissingScope: the API key lacks the scope an action needs.
-var ErrMissingScope = errors.New("the API key lacks the scope")
-
-// ErrConnectionNotAllowed: no pattern of the API key matches the action's connection. Nothing was done.
-var ErrConnectionNotAllowed = errors.New("the API key's connection patterns do not match the connection")
-
 // Permit is the one authorization rule of every surface that acts for a key: it must hold scope s
 // and, unless connection is "" (a listing, filtered by AllowsConnection), a pattern matching it.
 func (a KeyAccess) Permit(s Scope, connection string) error {
@@ -80,8 +76,7 @@ func (a KeyAccess) Permit(s Scope, connection string) error {
 	return nil
 }
 
-// ParseScopes reads scope names without repeats. Errors name an unknown
-// scope's position, not its text: it came from a command line.
+// ParseScopes reads scope names without repeats; errors give an unknown one's position, not its text (a command line's).
 func ParseScopes(names []string) ([]Scope, error) {
 	out := make([]Scope, 0, len(names))
 	for i, n := range names {

@@ -8,8 +8,7 @@ import (
 	"time"
 )
 
-// TokenRate is a provider's deployment-wide token-request budget: at most Limit
-// token requests in any Period. The zero value is no budget.
+// TokenRate is a provider's deployment-wide budget: at most Limit token requests in any Period; zero: none.
 type TokenRate struct {
 	Limit  int
 	Period time.Duration
@@ -35,8 +34,7 @@ func (r TokenRate) String() string {
 // MaxTokenRateLimit bounds N in N/PERIOD: the budget keeps the time of every request of the last period.
 const MaxTokenRateLimit = 10000
 
-// ErrInvalidTokenRate: a token budget is not N/PERIOD with 1 <= N <=
-// MaxTokenRateLimit and PERIOD a Go duration of at least a millisecond.
+// ErrInvalidTokenRate: a token budget is not N/PERIOD, 1 <= N <= MaxTokenRateLimit, PERIOD >= 1ms.
 var ErrInvalidTokenRate = errors.New("invalid token rate (want N/PERIOD, e.g. 20/1s, 100/1m, 10/10m)")
 
 // ParseTokenRate reads N/PERIOD ("20/1s", "100/1m", "10/10m"); "" is no budget.

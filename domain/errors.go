@@ -61,18 +61,16 @@ func (e *ConnectError) Unwrap() error { return e.Err }
 // ProviderError describes a failed token request, never with the response
 // body, which a provider may fill with anything, even the credentials sent.
 type ProviderError struct {
-	Code       string        // OAuth2 error code such as "invalid_grant"; empty for transport failures
-	HTTPStatus int           // 0 when no response arrived
-	RetryAfter time.Duration // from a Retry-After header, when the provider sent one
-	Class      ErrorClass    // what the answer means for the grant
-	Err        error         // transport cause (already free of secrets), or nil
-	Lost       bool          // the request reached the provider and its answer was lost: the refresh token may be spent
-	// ReplayUntil ends a Lost answer's reuse grace window (zero: never present
-	// the refresh token again); NoReplay: the profile declares no window.
-	ReplayUntil time.Time
-	NoReplay    bool
-	Ambiguous   bool   // a refusal that could be about the client or the grant (invalid_request, a bare 400)
-	Evidence    string // what decided an Ambiguous refusal's Class: an Evidence* value, or "" (unclassified)
+	Code        string        // OAuth2 error code such as "invalid_grant"; empty for transport failures
+	HTTPStatus  int           // 0 when no response arrived
+	RetryAfter  time.Duration // from a Retry-After header, when the provider sent one
+	Class       ErrorClass    // what the answer means for the grant
+	Err         error         // transport cause (already free of secrets), or nil
+	Lost        bool          // the request was sent and its answer lost: the refresh token may be spent
+	ReplayUntil time.Time     // ends a Lost answer's reuse grace window; zero: never present the refresh token again
+	NoReplay    bool          // the profile declares no reuse grace window
+	Ambiguous   bool          // a refusal that could be about the client or the grant (invalid_request, a bare 400)
+	Evidence    string        // what decided an Ambiguous refusal's Class: an Evidence* value, or "" (unclassified)
 }
 
 // The evidence that decides an ambiguous refusal (ProviderError.Evidence).
@@ -85,15 +83,13 @@ const (
 	EvidenceClientWorks = "client_works"
 )
 
-// ErrorClass is what a token endpoint's answer means for the grant. The
-// provider adapter decides it, in one table; the use case acts on it.
+// ErrorClass is what a token endpoint's answer means for the grant, as the provider adapter's table decides.
 type ErrorClass int
 
 const (
 	// Transient: 5xx, 429, timeouts, network errors. Retried; the stored token is untouched.
 	Transient ErrorClass = iota
-	// GrantDead: the grant is gone (invalid_grant). The only class that may
-	// mark a connection needs_reauth, after a re-read.
+	// GrantDead: the grant is gone (invalid_grant); the only class that may mark needs_reauth, after a re-read.
 	GrantDead
 	ClientRejected        // the client's registration or credentials are wrong; the refresh token was not spent
 	EndpointMisconfigured // the token URL does not lead to a token endpoint; no grant is touched
@@ -150,9 +146,8 @@ func (e *ProviderError) Error() string {
 
 // Unwrap lets errors.Is match the class's sentinel and the transport cause (context.DeadlineExceeded).
 func (e *ProviderError) Unwrap() []error {
-	kind := e.Class.Sentinel()
 	if e.Err == nil {
-		return []error{kind}
+		return []error{e.Class.Sentinel()}
 	}
-	return []error{kind, e.Err}
+	return []error{e.Class.Sentinel(), e.Err}
 }

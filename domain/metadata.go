@@ -84,6 +84,3 @@ type Connection struct {
 	Failure       RefreshFailure // this version's; once shown as failing, Status is StatusFailing and StatusReason says why
 	DPoPJKT       string         // thumbprint of the grant's DPoP key; "" for a bearer grant
 }
-
-// ErrNoRevocationEndpoint: a revocation was asked of a provider without a revocation endpoint. Nothing was changed.
-var ErrNoRevocationEndpoint = errors.New("the provider has no revocation endpoint configured")

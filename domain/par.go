@@ -2,8 +2,7 @@ package domain
 
 import "errors"
 
-// PARMode says when the connect flow pushes its authorization request to
-// the provider (RFC 9126) instead of putting it in the browser's URL.
+// PARMode says when the connect flow pushes its authorization request (RFC 9126) instead of sending it in the URL.
 type PARMode string
 
 const (

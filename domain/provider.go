@@ -9,8 +9,7 @@ import (
 	"time"
 )
 
-// Provider is a stored OAuth2 client registration, so that one deployment
-// serves several providers. Printing it never shows a secret.
+// Provider is a stored OAuth2 client registration, so that a deployment may serve several; printing it shows no secret.
 type Provider struct {
 	Name          string
 	TokenURL      string
@@ -64,19 +63,19 @@ func parseChoice[T ~string](s, want string, choices ...T) (T, error) {
 // ReservedProviderName is what metrics call the OAUTH_* provider; no stored provider may take it.
 const ReservedProviderName = "default"
 
+// Errors of stored providers.
 var (
 	// ErrUnknownProvider: a connection or an import names no registered provider; no grant is touched.
 	ErrUnknownProvider = errors.New("unknown provider (see tokenctl provider list)")
-	// ErrProviderExists: a provider by that name is registered already.
-	ErrProviderExists = errors.New("a provider with that name exists")
-	// ErrProviderInUse: connections still name the provider.
-	ErrProviderInUse = errors.New("provider still used by connections")
+	ErrProviderExists  = errors.New("a provider with that name exists")
+	ErrProviderInUse   = errors.New("provider still used by connections")
 	// ErrInvalidProvider: a provider's settings are malformed.
 	ErrInvalidProvider = errors.New("invalid provider")
-	// ErrUnknownProfile: no provider profile has that name.
-	ErrUnknownProfile = errors.New("unknown provider profile")
+	ErrUnknownProfile  = errors.New("unknown provider profile")
 	// ErrNoAPIBaseURL: the connection's stored provider has no API base URL; its token never goes to API_BASE_URL.
 	ErrNoAPIBaseURL = errors.New("the connection's provider has no API base URL (tokenctl provider update --api-base-url)")
+	// ErrNoRevocationEndpoint: a revocation was asked of a provider without one. Nothing was changed.
+	ErrNoRevocationEndpoint = errors.New("the provider has no revocation endpoint configured")
 )
 
 // Validate checks what can be checked without asking the provider; errors never show the secret.

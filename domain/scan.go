@@ -7,9 +7,7 @@ import "strings"
 type ConnectionScan struct {
 	Prefix string // the names start with it ("" for any)
 	Exact  bool   // the pattern is the one name Prefix
-	// Regexp is the pattern as an anchored regexp RE2 and PostgreSQL read alike;
-	// "" when the prefix alone is the pattern (prefix*).
-	Regexp string
+	Regexp string // the pattern as an anchored regexp RE2 and PostgreSQL read alike; "" when it is Prefix*
 }
 
 // ConnectionScans are the scans of the key's patterns, or all when it may see every
@@ -72,15 +70,12 @@ func scanOf(p string) ConnectionScan {
 // an empty class matches '/', which no name has (negated: any character).
 func class(p string, i int, re *strings.Builder) int {
 	re.WriteString("[")
-	if i < len(p) && p[i] == '^' {
+	if p[i] == '^' {
 		re.WriteString("^")
 		i++
 	}
 	empty := true
-	for first := true; ; first = false {
-		if p[i] == ']' && !first {
-			break
-		}
+	for p[i] != ']' { // path.Match refuses a class that opens with ']'
 		lo, next := classChar(p, i)
 		hi := lo
 		i = next
@@ -109,8 +104,7 @@ func classChar(p string, i int) (byte, int) {
 	return p[i], i + 1
 }
 
-// quoteRegexp escapes every non-alphanumeric c, which both syntaxes read
-// as that character (inside a class too).
+// quoteRegexp escapes every non-alphanumeric c, which both syntaxes then read as c, in a class too.
 func quoteRegexp(c byte) string {
 	if c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' {
 		return string(c)

@@ -57,10 +57,9 @@ func (s Secret) IsZero() bool { return s.v == nil }
 // Equal reports whether two secrets hold the same value.
 func (s Secret) Equal(o Secret) bool { return s.Reveal() == o.Reveal() }
 
-func (s Secret) String() string   { return s.mask() }
-func (s Secret) GoString() string { return s.mask() }
+func (s Secret) String() string { return s.mask() }
 
-// Format covers every verb, including %x and %q, which would otherwise bypass String.
+// Format covers every verb, %#v, %x and %q included, which would otherwise bypass String.
 func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.mask())) }
 
 // LogValue keeps slog from ever seeing the value.

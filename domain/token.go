@@ -23,8 +23,7 @@ const (
 	StatusFailing Status = "failing"
 )
 
-// RefreshFailure is the failure episode of a connection's refreshes, shared
-// through the store; the zero value is no failure.
+// RefreshFailure is a connection's episode of failed refreshes, shared through the store; zero: none.
 type RefreshFailure struct {
 	Failures int       // in a row; 0: no failure
 	Since    time.Time // the first of them
@@ -38,8 +37,7 @@ type RefreshFailure struct {
 	Failing     bool      // shown as failing (connection.refresh_failing sent)
 }
 
-// Blocked reports whether no refresh may be attempted at all: the refresh
-// token may have been spent and may not be presented again.
+// Blocked reports whether no refresh may be attempted: the refresh token may be spent and not presented again.
 func (f RefreshFailure) Blocked(now time.Time) bool {
 	return f.Failures > 0 && (f.RetryAt.IsZero() || (!f.ReplayUntil.IsZero() && !now.Before(f.ReplayUntil)))
 }
@@ -86,8 +84,7 @@ type Token struct {
 	DPoPKey       Secret         // that key's PEM, set only on a new grant on its way to the store
 }
 
-// SenderConstrained reports whether the grant is bound to a DPoP key: its
-// access token is useless without a proof signed with that key.
+// SenderConstrained reports whether the grant is DPoP-bound: its access token is useless without a proof.
 func (t Token) SenderConstrained() bool { return t.DPoPJKT != "" }
 
 // Binding is who granted a connection and what; space-separated scopes (RFC 6749 §3.3) keep Token comparable.
@@ -95,14 +92,11 @@ type Binding struct {
 	Account       string // the consenting account's provider id; "" when unknown
 	Scopes        string // granted; "" when unknown
 	MissingScopes string // requested (OAUTH_SCOPES) but not granted
-	// Answered is the scope the latest refresh answer named; "" when none
-	// did since the grant (RFC 6749 §5.1: then the scope is unchanged).
-	Answered      string
+	Answered      string // the scope the latest refresh answer named; "" when none did since the grant (§5.1: unchanged)
 	ScopesReduced string // the granted Scopes that Answered lacks; the grant stays usable
 }
 
-// ScopeFields splits a token answer's scope: space-separated (RFC 6749
-// §3.3), or comma-separated as GitHub writes it.
+// ScopeFields splits a token answer's scope: space-separated (RFC 6749 §3.3), or comma-separated (GitHub).
 func ScopeFields(scope string) []string {
 	return strings.Fields(strings.ReplaceAll(scope, ",", " "))
 }
@@ -113,17 +107,14 @@ type Grant struct {
 	TokenType         string
 	RefreshToken      Secret // zero when the provider did not rotate
 	Expiry            time.Time
-	RefreshExpiry     time.Time // when the refresh token expires, if the provider said; else zero
-	KeepRefreshExpiry bool      // the refresh token dies on the grant's calendar (from consent): its expiry holds once rotated
-	// Scope is the scope the answer named, ScopeNamed whether it named
-	// one (without, the scope is what was asked: RFC 6749 §5.1).
-	Scope      string
-	ScopeNamed bool
-	Extra      map[string]string // answer fields the profile keeps (Salesforce instance_url); never a credential
+	RefreshExpiry     time.Time         // when the refresh token expires, if the provider said; else zero
+	KeepRefreshExpiry bool              // the refresh token dies on the grant's calendar: its expiry holds once rotated
+	Scope             string            // the scope the answer named, if ScopeNamed
+	ScopeNamed        bool              // without, the scope is what was asked (RFC 6749 §5.1)
+	Extra             map[string]string // answer fields the profile keeps (Salesforce instance_url); never a credential
 }
 
-// EffectiveSkew caps skew at half the lifetime the provider granted, so a
-// skew longer than the lifetime cannot turn every call into a refresh.
+// EffectiveSkew caps skew at half the granted lifetime, so that a longer skew cannot make every call a refresh.
 func (t Token) EffectiveSkew(skew time.Duration) time.Duration {
 	if half := t.Expiry.Sub(t.ObtainedAt) / 2; half >= 0 && !t.Expiry.IsZero() && !t.ObtainedAt.IsZero() {
 		return min(skew, half)

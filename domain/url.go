@@ -29,11 +29,7 @@ func CheckURL(raw string, allowInsecure bool) error {
 
 // IsLoopback reports whether host (without a port) is localhost or a loopback address.
 func IsLoopback(host string) bool {
-	if strings.EqualFold(host, "localhost") {
-		return true
-	}
-	ip := net.ParseIP(host)
-	return ip != nil && ip.IsLoopback()
+	return strings.EqualFold(host, "localhost") || net.ParseIP(host).IsLoopback() // a nil IP is no loopback
 }
 
 // CheckURLs applies CheckURL to the provider's URLs that are set; field names the first that fails.
