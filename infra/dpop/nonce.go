@@ -164,9 +164,6 @@ func Replay(req *http.Request) (*http.Request, bool) {
 		return nil, false
 	}
 	body, err := req.GetBody()
-	if err != nil {
-		return nil, false
-	}
 	r.Body = body
-	return r, true
+	return r, err == nil
 }

@@ -26,12 +26,10 @@ type GrantRefresher interface {
 
 // Policy tunes Retrying. Zero values take the defaults.
 type Policy struct {
-	InitialInterval time.Duration // default 100ms
+	InitialInterval time.Duration // default 100ms, doubling
 	MaxInterval     time.Duration // caps every backoff, jitter included (default 2s)
-	Multiplier      float64       // default 2
 	Jitter          float64       // each wait from interval×[1-Jitter, 1+Jitter] (default 0.5; negative: none)
 	MaxAttempts     int           // the first included; 0: only the deadline bounds them
-	MaxElapsed      time.Duration // bounds the call when ctx has no deadline (default 30s)
 	// RetryWithin bounds when a new attempt may start, from the first (0: until
 	// the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
@@ -51,25 +49,20 @@ type Policy struct {
 
 // PolicyFor is the retry policy of a provider with profile p.
 func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
-	pol := Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo}
-	if !pol.ReplayHarmless {
-		pol.ReuseGrace = p.Grace
-	}
-	return pol
+	return Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo, ReuseGrace: p.Grace}
 }
 
 func (p Policy) withDefaults() Policy {
 	p.InitialInterval = cmp.Or(max(p.InitialInterval, 0), 100*time.Millisecond)
 	p.MaxInterval = max(cmp.Or(max(p.MaxInterval, 0), 2*time.Second), p.InitialInterval)
-	if p.Multiplier < 1 {
-		p.Multiplier = 2
-	}
 	p.Jitter = min(max(cmp.Or(p.Jitter, 0.5), 0), 1)
-	p.MaxElapsed = cmp.Or(max(p.MaxElapsed, 0), 30*time.Second)
 	p.PauseAfter = cmp.Or(p.PauseAfter, DefaultPauseAfter)
 	p.Log = cmp.Or(p.Log, slog.New(slog.DiscardHandler))
 	return p
 }
+
+// maxElapsed bounds a call whose ctx has no deadline.
+const maxElapsed = 30 * time.Second
 
 // Retrying retries transient failures (ErrProviderUnavailable) with capped,
 // jittered exponential backoff; safe for concurrent use. Every wait ends before
@@ -95,14 +88,14 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 	p := r.policy
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.MaxElapsed)
+		ctx, cancel = context.WithTimeout(ctx, maxElapsed)
 		defer cancel()
 	}
 	deadline, _ := ctx.Deadline()
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     p.InitialInterval,
 		RandomizationFactor: p.Jitter,
-		Multiplier:          p.Multiplier,
+		Multiplier:          2,
 		MaxInterval:         p.MaxInterval,
 	}
 	b.Reset()

@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // TestOperatorToolsWithClientKey: with the OAUTH_* provider authenticated
@@ -33,7 +34,8 @@ func TestOperatorToolsWithClientKey(t *testing.T) {
 	w.connect(t, tg, "op-control")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	refresher := provider.NewRefresher(w.cfg, provider.NewHTTPClient(10*time.Second), provider.WithClientKey(k))
+	keyed := provider.ClientOptions("", k, profiles.Profile{}, nil)
+	refresher := provider.NewRefresher(w.cfg, provider.NewHTTPClient(10*time.Second), keyed...)
 	revocations := func(status int) func(map[string]any) bool {
 		return func(ev map[string]any) bool {
 			return ev["event"] == "revocation" && ev["client_id"] == "pkjwt" && ev["status"] == float64(status)
