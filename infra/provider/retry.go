@@ -40,9 +40,9 @@ type Policy struct {
 	// fail at once for a pause (default DefaultPauseAfter; negative: never).
 	PauseAfter int
 	Log        *slog.Logger // one line per retry, never a token; nil: none
-	// ReuseGrace decides whether a request whose answer was lost is sent again:
-	// Unknown, not within the call; None, never (NoReplay); a window, only within
-	// it from the first presentation (ReplayUntil).
+	// ReuseGrace decides whether a request whose answer was lost is sent again (a strict
+	// provider revokes a grant whose spent token comes back): Unknown, not within the call;
+	// None, never (NoReplay); a window, only within it from the first presentation (ReplayUntil).
 	ReuseGrace     profiles.Duration
 	ReplayHarmless bool // refresh tokens do not rotate: a lost answer's token may go again at once
 }
@@ -67,8 +67,7 @@ const maxElapsed = 30 * time.Second
 // Retrying retries transient failures (ErrProviderUnavailable) with capped,
 // jittered exponential backoff; safe for concurrent use. Every wait ends before
 // ctx's deadline, so retries never outlast the connection's lock (backoff.Retry
-// would sleep past it). ReuseGrace decides whether a lost answer's request may go
-// again: strict providers revoke a grant whose spent token comes back.
+// would sleep past it); a lost answer's request goes again only as ReuseGrace allows.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy

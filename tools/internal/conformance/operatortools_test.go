@@ -69,8 +69,8 @@ func TestOperatorToolsWithClientKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		keyless := provider.NewRevocations(provider.StoredRevocationEndpoints{Env: provider.RevocationEndpoint{URL: w.d.Revocation, ClientID: "pkjwt",
-			AuthStyle: oauth2.AuthStyleInParams, TokenURL: w.d.Token}}, provider.NewHTTPClient(10*time.Second), nil)
+		keyless := provider.NewRevocations(provider.RevocationEndpoint{URL: w.d.Revocation, ClientID: "pkjwt",
+			AuthStyle: oauth2.AuthStyleInParams, TokenURL: w.d.Token}, nil, nil, provider.NewHTTPClient(10*time.Second), nil)
 		if err := keyless.Revoke(ctx, "", stored.RefreshToken); err == nil {
 			t.Fatal("a revocation without the client key was accepted")
 		}
