@@ -255,14 +255,10 @@ func (r *Registry) ClientKeys() []*clientkey.Key {
 }
 
 // Names lists the stored providers as last read, sorted.
-func (r *Registry) Names() []string {
-	return slices.Sorted(maps.Keys(r.all()))
-}
+func (r *Registry) Names() []string { return slices.Sorted(maps.Keys(r.all())) }
 
 // Skew is provider's own refresh skew; 0: the global one applies.
-func (r *Registry) Skew(provider string) time.Duration {
-	return r.all()[provider].p.Skew
-}
+func (r *Registry) Skew(provider string) time.Duration { return r.all()[provider].p.Skew }
 
 // KeepAlives are the stored providers' own keep-alive intervals, by name.
 func (r *Registry) KeepAlives() map[string]time.Duration {
