@@ -147,8 +147,7 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	g, err := reg.refresher.Refresh(ctx, refreshToken)
-	var pe *domain.ProviderError
-	if errors.As(err, &pe) && clientAuthFailed(pe) {
+	if pe, ok := errors.AsType[*domain.ProviderError](err); ok && clientAuthFailed(pe) {
 		if cur, ok := r.all()[provider]; ok && cur.p.Version != reg.p.Version {
 			// The settings changed and the refresh token was not looked at: it may go again.
 			return cur.refresher.Refresh(ctx, refreshToken)
@@ -237,9 +236,8 @@ func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Confi
 	if err != nil {
 		return nil, err
 	}
-	p := reg.p
-	p.ClientSecret = reg.secret
-	return OAuth2Config(p), nil
+	reg.p.ClientSecret = reg.secret // reg is a copy
+	return OAuth2Config(reg.p), nil
 }
 
 // ClientKeys are the stored providers' client keys, by provider name.
