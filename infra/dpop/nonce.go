@@ -67,9 +67,7 @@ func NonceRefused(status int, h http.Header, body []byte) bool {
 type keyCtx struct{}
 
 // WithKey makes token requests sent under ctx through a TokenTransport carry proofs signed by k.
-func WithKey(ctx context.Context, k *Key) context.Context {
-	return context.WithValue(ctx, keyCtx{}, k)
-}
+func WithKey(ctx context.Context, k *Key) context.Context { return context.WithValue(ctx, keyCtx{}, k) }
 
 // TokenTransport adds a DPoP proof to every token-endpoint request whose context carries a key
 // (WithKey); others pass untouched.
@@ -164,9 +162,6 @@ func Replay(req *http.Request) (*http.Request, bool) {
 		return nil, false
 	}
 	body, err := req.GetBody()
-	if err != nil {
-		return nil, false
-	}
 	r.Body = body
-	return r, true
+	return r, err == nil
 }

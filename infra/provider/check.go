@@ -118,9 +118,8 @@ func Check(ctx context.Context, cfg *oauth2.Config, client *http.Client, opts ..
 		}
 		switch {
 		case status == 0:
-			res.Verdict = CheckUnreachable
-			res.Err = pe.Err
-			if ue := (*url.Error)(nil); errors.As(res.Err, &ue) {
+			res.Verdict, res.Err = CheckUnreachable, pe.Err
+			if ue, ok := errors.AsType[*url.Error](pe.Err); ok {
 				res.Err = ue.Err // the URL is in the line already
 			}
 		case status/100 == 3, status == http.StatusNotFound, status == http.StatusMethodNotAllowed:

@@ -17,9 +17,6 @@ import (
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
-// WithClientKey authenticates the client with private_key_jwt (RFC 7523 §2.2).
-func WithClientKey(k *clientkey.Key) Option { return func(r *Refresher) { r.auth.key = k } }
-
 var errNoIssuer = errors.New("the provider's metadata, whose issuer is the client assertions' audience, cannot be read")
 
 // ClientOptions are the token request options of a client with resource

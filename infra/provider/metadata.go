@@ -41,11 +41,8 @@ const (
 	discoveryTimeout = 5 * time.Second // all of one discovery's documents
 )
 
-// NewDiscovery fetches with client (NewHTTPClient when nil).
+// NewDiscovery fetches with client, which should be bounded.
 func NewDiscovery(client *http.Client) *Discovery {
-	if client == nil {
-		client = NewHTTPClient(10 * time.Second)
-	}
 	return &Discovery{client: client, cache: map[string]found{}}
 }
 

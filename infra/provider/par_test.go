@@ -130,7 +130,7 @@ func TestAssertionAudience(t *testing.T) {
 		opts []provider.Option
 		want string
 	}{
-		"token endpoint": {[]provider.Option{provider.WithClientKey(k)}, iss + "/v1/token"},
+		"token endpoint": {provider.ClientOptions("", k, profiles.Profile{}, d), iss + "/v1/token"},
 		"issuer":         {provider.ClientOptions("", k, profiles.Profile{AssertionAud: domain.AudienceIssuer}, d), iss},
 	} {
 		t.Run(name, func(t *testing.T) {

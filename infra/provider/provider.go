@@ -104,6 +104,9 @@ func WithLogger(l *slog.Logger) Option { return func(r *Refresher) { r.log = l }
 // WithClock is the clock expiries are computed with (default time.Now).
 func WithClock(now func() time.Time) Option { return func(r *Refresher) { r.now = now } }
 
+// WithNonces shares the DPoP nonces with the rest of the process.
+func WithNonces(n *dpop.Nonces) Option { return func(r *Refresher) { r.nonces = n } }
+
 // storeTimeout bounds a store read or write: a failed one costs at most a
 // rejected probe, never a refresh token.
 const storeTimeout = 2 * time.Second

@@ -16,6 +16,7 @@ import (
 
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/clientkey"
+	"github.com/tokenguard/tokenguard/infra/dpop"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
@@ -146,8 +147,7 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 		return domain.Grant{}, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: err}
 	}
 	g, err := reg.refresher.Refresh(ctx, refreshToken)
-	var pe *domain.ProviderError
-	if errors.As(err, &pe) && clientAuthFailed(pe) {
+	if pe, ok := errors.AsType[*domain.ProviderError](err); ok && clientAuthFailed(pe) {
 		if cur, ok := r.all()[provider]; ok && cur.p.Version != reg.p.Version {
 			// The settings changed and the refresh token was not looked at: it may go again.
 			return cur.refresher.Refresh(ctx, refreshToken)
@@ -155,6 +155,32 @@ func (r *Registry) Refresh(ctx context.Context, provider string, refreshToken do
 		r.Changed(provider)
 	}
 	return g, err
+}
+
+// proofKey opens a grant's DPoP key for one call's requests; errors never show the key.
+func proofKey(ctx context.Context, key domain.Secret) (context.Context, error) {
+	k, err := dpop.ParsePEM([]byte(key.Reveal()))
+	if err != nil {
+		return nil, &domain.ProviderError{Class: domain.EndpointMisconfigured, Err: fmt.Errorf("the grant's DPoP key: %w", err)}
+	}
+	return dpop.WithKey(ctx, k), nil
+}
+
+// RefreshBound redeems a refresh token bound to key (PEM) with a DPoP proof (RFC 9449 §5).
+func (r *Registry) RefreshBound(ctx context.Context, provider string, refreshToken, key domain.Secret) (domain.Grant, error) {
+	ctx, err := proofKey(ctx, key)
+	if err != nil {
+		return domain.Grant{}, err
+	}
+	return r.Refresh(ctx, provider, refreshToken)
+}
+
+// DPoP reports whether provider ("" the configuration's: dflt) requires DPoP-bound grants.
+func (r *Registry) DPoP(provider string, dflt bool) bool {
+	if provider == "" {
+		return dflt
+	}
+	return r.all()[provider].p.DPoP
 }
 
 // lookup is provider, read again if unknown; an error wraps domain.ErrUnknownProvider.
@@ -210,9 +236,8 @@ func (r *Registry) ClientConfig(ctx context.Context, name string) (*oauth2.Confi
 	if err != nil {
 		return nil, err
 	}
-	p := reg.p
-	p.ClientSecret = reg.secret
-	return OAuth2Config(p), nil
+	reg.p.ClientSecret = reg.secret // reg is a copy
+	return OAuth2Config(reg.p), nil
 }
 
 // ClientKeys are the stored providers' client keys, by provider name.
@@ -228,14 +253,10 @@ func (r *Registry) ClientKeys() []*clientkey.Key {
 }
 
 // Names lists the stored providers as last read, sorted.
-func (r *Registry) Names() []string {
-	return slices.Sorted(maps.Keys(r.all()))
-}
+func (r *Registry) Names() []string { return slices.Sorted(maps.Keys(r.all())) }
 
 // Skew is provider's own refresh skew; 0: the global one applies.
-func (r *Registry) Skew(provider string) time.Duration {
-	return r.all()[provider].p.Skew
-}
+func (r *Registry) Skew(provider string) time.Duration { return r.all()[provider].p.Skew }
 
 // KeepAlives are the stored providers' own keep-alive intervals, by name.
 func (r *Registry) KeepAlives() map[string]time.Duration {

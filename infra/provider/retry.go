@@ -26,12 +26,10 @@ type GrantRefresher interface {
 
 // Policy tunes Retrying. Zero values take the defaults.
 type Policy struct {
-	InitialInterval time.Duration // default 100ms
+	InitialInterval time.Duration // default 100ms, doubling
 	MaxInterval     time.Duration // caps every backoff, jitter included (default 2s)
-	Multiplier      float64       // default 2
 	Jitter          float64       // each wait from interval×[1-Jitter, 1+Jitter] (default 0.5; negative: none)
 	MaxAttempts     int           // the first included; 0: only the deadline bounds them
-	MaxElapsed      time.Duration // bounds the call when ctx has no deadline (default 30s)
 	// RetryWithin bounds when a new attempt may start, from the first (0: until
 	// the deadline); an attempt under way may run to ctx's deadline.
 	RetryWithin time.Duration
@@ -42,40 +40,34 @@ type Policy struct {
 	// fail at once for a pause (default DefaultPauseAfter; negative: never).
 	PauseAfter int
 	Log        *slog.Logger // one line per retry, never a token; nil: none
-	// ReuseGrace decides whether a request whose answer was lost is sent again:
-	// Unknown, not within the call; None, never (NoReplay); a window, only within
-	// it from the first presentation (ReplayUntil).
+	// ReuseGrace decides whether a request whose answer was lost is sent again (a strict
+	// provider revokes a grant whose spent token comes back): Unknown, not within the call;
+	// None, never (NoReplay); a window, only within it from the first presentation (ReplayUntil).
 	ReuseGrace     profiles.Duration
 	ReplayHarmless bool // refresh tokens do not rotate: a lost answer's token may go again at once
 }
 
 // PolicyFor is the retry policy of a provider with profile p.
 func PolicyFor(p profiles.Profile, log *slog.Logger) Policy {
-	pol := Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo}
-	if !pol.ReplayHarmless {
-		pol.ReuseGrace = p.Grace
-	}
-	return pol
+	return Policy{Log: log, ReplayHarmless: p.Rotation == profiles.RotationNo, ReuseGrace: p.Grace}
 }
 
 func (p Policy) withDefaults() Policy {
 	p.InitialInterval = cmp.Or(max(p.InitialInterval, 0), 100*time.Millisecond)
 	p.MaxInterval = max(cmp.Or(max(p.MaxInterval, 0), 2*time.Second), p.InitialInterval)
-	if p.Multiplier < 1 {
-		p.Multiplier = 2
-	}
 	p.Jitter = min(max(cmp.Or(p.Jitter, 0.5), 0), 1)
-	p.MaxElapsed = cmp.Or(max(p.MaxElapsed, 0), 30*time.Second)
 	p.PauseAfter = cmp.Or(p.PauseAfter, DefaultPauseAfter)
 	p.Log = cmp.Or(p.Log, slog.New(slog.DiscardHandler))
 	return p
 }
 
+// maxElapsed bounds a call whose ctx has no deadline.
+const maxElapsed = 30 * time.Second
+
 // Retrying retries transient failures (ErrProviderUnavailable) with capped,
 // jittered exponential backoff; safe for concurrent use. Every wait ends before
 // ctx's deadline, so retries never outlast the connection's lock (backoff.Retry
-// would sleep past it). ReuseGrace decides whether a lost answer's request may go
-// again: strict providers revoke a grant whose spent token comes back.
+// would sleep past it); a lost answer's request goes again only as ReuseGrace allows.
 type Retrying struct {
 	next   GrantRefresher
 	policy Policy
@@ -95,14 +87,14 @@ func (r *Retrying) Refresh(ctx context.Context, refreshToken domain.Secret) (dom
 	p := r.policy
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
-		ctx, cancel = context.WithTimeout(ctx, p.MaxElapsed)
+		ctx, cancel = context.WithTimeout(ctx, maxElapsed)
 		defer cancel()
 	}
 	deadline, _ := ctx.Deadline()
 	b := &backoff.ExponentialBackOff{
 		InitialInterval:     p.InitialInterval,
 		RandomizationFactor: p.Jitter,
-		Multiplier:          p.Multiplier,
+		Multiplier:          2,
 		MaxInterval:         p.MaxInterval,
 	}
 	b.Reset()

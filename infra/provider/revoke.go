@@ -34,24 +34,16 @@ type ProviderLookup interface {
 	Get(ctx context.Context, name string) (domain.Provider, error)
 }
 
-// StoredRevocationEndpoints serves "" with Env and other names with the stored
-// provider (none when Providers is nil), read when asked for the current secret.
-type StoredRevocationEndpoints struct {
-	Env       RevocationEndpoint
-	Providers ProviderLookup
-	Discovery *Discovery
-}
-
-// revocationEndpoint is provider's endpoint ("" the environment's); an unknown
-// name wraps domain.ErrUnknownProvider.
-func (s StoredRevocationEndpoints) revocationEndpoint(ctx context.Context, provider string) (RevocationEndpoint, error) {
+// endpoint is provider's endpoint ("" the environment's), the stored provider read
+// for its current secret; an unknown name wraps domain.ErrUnknownProvider.
+func (r *Revocations) endpoint(ctx context.Context, provider string) (RevocationEndpoint, error) {
 	if provider == "" {
-		return s.Env, nil
+		return r.env, nil
 	}
-	if s.Providers == nil {
+	if r.providers == nil {
 		return RevocationEndpoint{}, fmt.Errorf("provider %q: %w", provider, domain.ErrUnknownProvider)
 	}
-	p, err := s.Providers.Get(ctx, provider)
+	p, err := r.providers.Get(ctx, provider)
 	if err != nil {
 		return RevocationEndpoint{}, err
 	}
@@ -60,7 +52,7 @@ func (s StoredRevocationEndpoints) revocationEndpoint(ctx context.Context, provi
 		return RevocationEndpoint{}, fmt.Errorf("provider %s: its client key: %w", provider, domain.ErrEndpointMisconfigured)
 	}
 	prof, _ := profiles.Get(p.Profile)
-	return revocationEndpoint(p.RevocationURL, OAuth2Config(p), key, prof, s.Discovery), nil
+	return revocationEndpoint(p.RevocationURL, OAuth2Config(p), key, prof, r.discovery), nil
 }
 
 // revocationEndpoint is url, the client authenticated as at its token endpoint.
@@ -71,7 +63,9 @@ func revocationEndpoint(url string, cfg *oauth2.Config, key *clientkey.Key, prof
 
 // Revocations revokes refresh tokens at their provider (RFC 7009); it is usecase.Revoker.
 type Revocations struct {
-	endpoints StoredRevocationEndpoints
+	env       RevocationEndpoint
+	providers ProviderLookup // nil: none
+	discovery *Discovery
 	client    *http.Client
 	styles    AuthStyleStore // may be nil
 }
@@ -81,15 +75,14 @@ type Revocations struct {
 // their own; client should be bounded, styles may be nil.
 func NewRevoker(cfg *oauth2.Config, revocationURL string, key *clientkey.Key, prof profiles.Profile,
 	providers ProviderLookup, d *Discovery, client *http.Client, styles AuthStyleStore) *Revocations {
-	env := revocationEndpoint(revocationURL, cfg, key, prof, d)
-	return NewRevocations(StoredRevocationEndpoints{Env: env, Providers: providers, Discovery: d}, client, styles)
+	return NewRevocations(revocationEndpoint(revocationURL, cfg, key, prof, d), providers, d, client, styles)
 }
 
-// NewRevocations builds the revoker; client should be bounded; styles may be nil.
-func NewRevocations(endpoints StoredRevocationEndpoints, client *http.Client, styles AuthStyleStore) *Revocations {
+// NewRevocations revokes at env for "" and at providers' endpoints (d finds their issuers).
+func NewRevocations(env RevocationEndpoint, providers ProviderLookup, d *Discovery, client *http.Client, styles AuthStyleStore) *Revocations {
 	c := *client
 	c.Transport = &dpop.TokenTransport{Base: c.Transport, Nonces: &dpop.Nonces{}}
-	return &Revocations{endpoints: endpoints, client: &c, styles: styles}
+	return &Revocations{env: env, providers: providers, discovery: d, client: &c, styles: styles}
 }
 
 // RevokeBound revokes a refresh token bound to key (PEM) with a DPoP proof.
@@ -106,7 +99,7 @@ var errRevocationRefused = errors.New("the revocation endpoint refused the reque
 // Revoke revokes refreshToken; a token invalid already is a success too.
 // Errors wrap a domain error or name the status and code, never the token.
 func (r *Revocations) Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error {
-	e, err := r.endpoints.revocationEndpoint(ctx, provider)
+	e, err := r.endpoint(ctx, provider)
 	if err != nil {
 		return err
 	}

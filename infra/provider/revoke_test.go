@@ -45,7 +45,7 @@ func TestRevokeAtTheSandbox(t *testing.T) {
 				}
 				e := endpoint
 				e.AuthStyle = tc.style
-				err = provider.NewRevocations(provider.StoredRevocationEndpoints{Env: e}, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret(tok.RefreshToken))
+				err = provider.NewRevocations(e, nil, nil, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret(tok.RefreshToken))
 				if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, domain.ErrClientRejected)) {
 					t.Fatalf("style %v: %v", tc.style, err)
 				}
@@ -75,7 +75,7 @@ func TestRevocationAnswers(t *testing.T) {
 		_, _ = w.Write([]byte(body.Load().(string)))
 	}))
 	defer srv.Close()
-	r := provider.NewRevocations(provider.StoredRevocationEndpoints{Env: provider.RevocationEndpoint{URL: srv.URL, ClientID: "c", AuthStyle: oauth2.AuthStyleInHeader}}, srv.Client(), nil)
+	r := provider.NewRevocations(provider.RevocationEndpoint{URL: srv.URL, ClientID: "c", AuthStyle: oauth2.AuthStyleInHeader}, nil, nil, srv.Client(), nil)
 	refused := errors.New("refused: an error naming the status and code")
 	for _, tc := range []struct {
 		status int
@@ -107,7 +107,7 @@ func TestRevocationAnswers(t *testing.T) {
 			t.Errorf("%d %s: the error shows the token: %v", tc.status, tc.body, err)
 		}
 	}
-	if err := provider.NewRevocations(provider.StoredRevocationEndpoints{}, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret("x")); !errors.Is(err, domain.ErrNoRevocationEndpoint) ||
+	if err := provider.NewRevocations(provider.RevocationEndpoint{}, nil, nil, srv.Client(), nil).Revoke(context.Background(), "", domain.NewSecret("x")); !errors.Is(err, domain.ErrNoRevocationEndpoint) ||
 		!strings.Contains(err.Error(), "OAUTH_REVOCATION_URL") {
 		t.Errorf("no endpoint: %v", err)
 	}

@@ -17,6 +17,7 @@ import (
 	"github.com/tokenguard/tokenguard/di"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // TestOperatorToolsWithClientKey: with the OAUTH_* provider authenticated
@@ -33,7 +34,8 @@ func TestOperatorToolsWithClientKey(t *testing.T) {
 	w.connect(t, tg, "op-control")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	refresher := provider.NewRefresher(w.cfg, provider.NewHTTPClient(10*time.Second), provider.WithClientKey(k))
+	keyed := provider.ClientOptions("", k, profiles.Profile{}, nil)
+	refresher := provider.NewRefresher(w.cfg, provider.NewHTTPClient(10*time.Second), keyed...)
 	revocations := func(status int) func(map[string]any) bool {
 		return func(ev map[string]any) bool {
 			return ev["event"] == "revocation" && ev["client_id"] == "pkjwt" && ev["status"] == float64(status)
@@ -67,8 +69,8 @@ func TestOperatorToolsWithClientKey(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		keyless := provider.NewRevocations(provider.StoredRevocationEndpoints{Env: provider.RevocationEndpoint{URL: w.d.Revocation, ClientID: "pkjwt",
-			AuthStyle: oauth2.AuthStyleInParams, TokenURL: w.d.Token}}, provider.NewHTTPClient(10*time.Second), nil)
+		keyless := provider.NewRevocations(provider.RevocationEndpoint{URL: w.d.Revocation, ClientID: "pkjwt",
+			AuthStyle: oauth2.AuthStyleInParams, TokenURL: w.d.Token}, nil, nil, provider.NewHTTPClient(10*time.Second), nil)
 		if err := keyless.Revoke(ctx, "", stored.RefreshToken); err == nil {
 			t.Fatal("a revocation without the client key was accepted")
 		}
