@@ -3,6 +3,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,18 +134,12 @@ type Worker struct {
 
 // NewWorker builds a River client that works events with h.
 func NewWorker(pool *pgxpool.Pool, h HandlerFunc, opts WorkerOptions, log *slog.Logger) (*Worker, error) {
-	if opts.Concurrency <= 0 {
-		opts.Concurrency = 10
-	}
-	if opts.JobTimeout <= 0 {
-		opts.JobTimeout = time.Minute
-	}
+	opts.Concurrency = cmp.Or(opts.Concurrency, 10)
+	opts.JobTimeout = cmp.Or(opts.JobTimeout, time.Minute)
 	if opts.RescueAfter <= opts.JobTimeout {
 		opts.RescueAfter = opts.JobTimeout + 15*time.Second
 	}
-	if opts.StopTimeout <= 0 {
-		opts.StopTimeout = 8 * time.Second
-	}
+	opts.StopTimeout = cmp.Or(opts.StopTimeout, 8*time.Second)
 	// AddWorker panics only for a kind added twice: two fixed, distinct kinds here.
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &eventWorker{h: h, log: log, tracer: tracing.New(nil)})
