@@ -188,13 +188,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// relay moves the webhook outbox into River until ctx is done.
+// relay moves the webhook outbox into River each second until ctx is done.
 func (w *Worker) relay(ctx context.Context) {
-	every := time.Second
-	if w.opts.Webhook != nil && w.opts.Webhook.Every > 0 {
-		every = w.opts.Webhook.Every
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	failing := false
 	var announced time.Time
@@ -255,13 +251,8 @@ func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) (err 
 	}
 }
 
-// riverLogger keeps River's own chatter at warnings (warnings passes on warnings and errors only).
-func riverLogger(log *slog.Logger) *slog.Logger {
-	if log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(warnings{log.Handler()})
-}
+// riverLogger is log for River's own chatter: its warnings and errors only.
+func riverLogger(log *slog.Logger) *slog.Logger { return slog.New(warnings{log.Handler()}) }
 
 type warnings struct{ slog.Handler }
 

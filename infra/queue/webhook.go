@@ -50,8 +50,7 @@ func (WebhookEvent) InsertOpts() river.InsertOpts {
 type Webhook struct {
 	URL       string
 	Secret    domain.Secret
-	UserAgent string        // default tokenguard
-	Every     time.Duration // how often the outbox is moved to River (default 1s)
+	UserAgent string // default tokenguard
 }
 
 // Signature header: t is the Unix time of the attempt, v1 the hex
