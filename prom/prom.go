@@ -23,8 +23,8 @@ func WithMetrics(r prometheus.Registerer) tokenguard.Option {
 	if r == nil {
 		return tokenguard.WithMetricsOf(nil)
 	}
-	return tokenguard.WithMetricsOf(func(c tokenguard.ConnectionCounter, perConnection bool, log *slog.Logger) tokenguard.Metrics {
-		m := metrics.New(metrics.Options{Registerer: r, ConnectionLabel: perConnection, Log: log})
+	return tokenguard.WithMetricsOf(func(c tokenguard.ConnectionCounter, perConnection bool, _ *slog.Logger) tokenguard.Metrics {
+		m := metrics.New(metrics.Options{Registerer: r, ConnectionLabel: perConnection})
 		m.CountConnections(c)
 		return m
 	})

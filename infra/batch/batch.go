@@ -98,8 +98,7 @@ func (r *Runner) round(ctx context.Context, n int) bool {
 	for _, id := range res.Skipped {
 		r.Log.Warn("connection needs re-authorisation; skipped", "round", n, "connection", id)
 	}
-	line, _ := json.Marshal(out)
-	_, _ = r.Out.Write(append(line, '\n'))
+	_ = json.NewEncoder(r.Out).Encode(out) // best effort: the failures are logged too
 	return err == nil && out.Failed == 0 && aheadOK
 }
 

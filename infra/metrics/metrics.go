@@ -32,22 +32,19 @@ type StatusCounter interface {
 	CountByStatus(ctx context.Context) (map[domain.Status]int, error)
 }
 
-// Options configure Metrics. The zero value is usable.
+// Options configure Metrics.
 type Options struct {
 	// ConnectionLabel adds a "connection" label to the refresh counters: a series per connection, for small fleets.
 	ConnectionLabel bool
-	Log             *slog.Logger // scrape errors (default slog.Default())
-	// Registerer, when set, receives tokenguard's collectors only (an application's registry has
-	// its own runtime collectors). Otherwise they go to a NewRegistry, served by Handler.
+	// Registerer receives tokenguard's collectors only (an application's registry has its own
+	// runtime collectors; NewRegistry adds them). Nil registers nothing, and CountConnections panics.
 	Registerer prometheus.Registerer
 }
 
 // Metrics is a usecase.Observer. It is safe for concurrent use.
 type Metrics struct {
-	reg             *prometheus.Registry // nil with Options.Registerer
 	registerer      prometheus.Registerer
 	connectionLabel bool
-	log             *slog.Logger
 
 	refreshes       *prometheus.CounterVec
 	forced          *prometheus.CounterVec
@@ -78,14 +75,9 @@ const (
 	TriggerUnauthorized = "unauthorized" // a caller's request was answered 401
 )
 
-// New builds and registers the metrics (see Options.Registerer); it panics if already there.
+// New builds and registers the metrics on o.Registerer; it panics if already there.
 func New(o Options) *Metrics {
-	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, log: cmp.Or(o.Log, slog.Default()),
-		providers: map[string]bool{}}
-	if m.registerer == nil {
-		m.reg = NewRegistry()
-		m.registerer = m.reg
-	}
+	m := &Metrics{registerer: o.Registerer, connectionLabel: o.ConnectionLabel, providers: map[string]bool{}}
 	f := promauto.With(m.registerer)
 	m.refreshes = f.NewCounterVec(prometheus.CounterOpts{Name: "tokenguard_token_refreshes_total",
 		Help: "Passes through a connection's refresh lock, by outcome: ok (refreshed and stored), skipped_fresh_after_lock (another process had refreshed), transient_error, invalid_grant (connection now needs_reauth), client_rejected (check OAUTH_CLIENT_ID, OAUTH_CLIENT_SECRET, OAUTH_AUTH_STYLE; connection untouched), endpoint_misconfigured (check OAUTH_TOKEN_URL; connection untouched), unclassified_answer (an answer tokenguard cannot classify, or a lost one whose refresh token may not be presented again: the connection backs off, see tokenguard_connections{status=\"failing\"}), backoff (not asked: the connection's failing refreshes are backing off), error (lock wait, store, context); by trigger (expiry or unauthorized: forced after a 401); and by provider (a stored provider's name, or default: the OAUTH_* one).",
@@ -137,9 +129,6 @@ func New(o Options) *Metrics {
 func (m *Metrics) CountConnections(c StatusCounter) {
 	m.registerer.MustRegister(statusCollector{c})
 }
-
-// Handler serves the fresh registry of New (see HandlerFor).
-func (m *Metrics) Handler() http.Handler { return HandlerFor(m.reg, m.log) }
 
 // HandlerFor serves reg; a failing collector (the database is down) is logged and left out of that scrape.
 func HandlerFor(reg *prometheus.Registry, log *slog.Logger) http.Handler {

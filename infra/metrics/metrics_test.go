@@ -80,14 +80,17 @@ next:
 	return sum
 }
 
-func route(m *metrics.Metrics) http.Handler {
+// newMetrics is New on a fresh NewRegistry, and the handler serving that registry at /metrics.
+func newMetrics(o metrics.Options) (*metrics.Metrics, http.Handler) {
+	reg := metrics.NewRegistry()
+	o.Registerer = reg
 	mux := http.NewServeMux()
-	mux.Handle("GET /metrics", m.Handler())
-	return mux
+	mux.Handle("GET /metrics", metrics.HandlerFor(reg, slog.New(slog.DiscardHandler)))
+	return metrics.New(o), mux
 }
 
 func TestObserverEventsBecomeMetrics(t *testing.T) {
-	m := metrics.New(metrics.Options{})
+	m, route := newMetrics(metrics.Options{})
 	for range 5 {
 		m.CacheLookup(true)
 	}
@@ -105,7 +108,7 @@ func TestObserverEventsBecomeMetrics(t *testing.T) {
 	m.VersionRegressed()
 	m.VersionRegressed()
 
-	fams, body := scrape(t, route(m))
+	fams, body := scrape(t, route)
 	for _, c := range []struct {
 		name   string
 		labels []string
@@ -147,11 +150,11 @@ func TestObserverEventsBecomeMetrics(t *testing.T) {
 }
 
 func TestConnectionLabelIsOptIn(t *testing.T) {
-	m := metrics.New(metrics.Options{ConnectionLabel: true})
+	m, route := newMetrics(metrics.Options{ConnectionLabel: true})
 	m.Refreshed(usecase.RefreshEvent{Connection: "acme", Outcome: usecase.OutcomeOK, ProviderLatency: time.Millisecond})
 	m.Refreshed(usecase.RefreshEvent{Connection: "globex", Outcome: usecase.OutcomeTransientError, ProviderLatency: time.Millisecond})
 	m.ForcedRefresh("globex")
-	fams, _ := scrape(t, route(m))
+	fams, _ := scrape(t, route)
 	if got := value(fams, "tokenguard_token_refreshes_total", "connection", "acme", "outcome", "ok"); got != 1 {
 		t.Errorf("refreshes{connection=acme,outcome=ok} = %v", got)
 	}
@@ -178,15 +181,15 @@ func (s *statuses) CountByStatus(ctx context.Context) (map[domain.Status]int, er
 }
 
 func TestConnectionsByStatusAtScrapeTime(t *testing.T) {
-	m := metrics.New(metrics.Options{Log: slog.New(slog.DiscardHandler)})
+	m, route := newMetrics(metrics.Options{})
 	st := &statuses{counts: map[domain.Status]int{domain.StatusActive: 7}}
 	m.CountConnections(st)
-	fams, _ := scrape(t, route(m))
+	fams, _ := scrape(t, route)
 	if a, n := value(fams, "tokenguard_connections", "status", "active"), value(fams, "tokenguard_connections", "status", "needs_reauth"); a != 7 || n != 0 {
 		t.Errorf("connections active=%v needs_reauth=%v, want 7 and 0", a, n)
 	}
 	st.counts = map[domain.Status]int{domain.StatusActive: 6, domain.StatusNeedsReauth: 1}
-	fams, _ = scrape(t, route(m))
+	fams, _ = scrape(t, route)
 	if a, n := value(fams, "tokenguard_connections", "status", "active"), value(fams, "tokenguard_connections", "status", "needs_reauth"); a != 6 || n != 1 {
 		t.Errorf("connections active=%v needs_reauth=%v, want 6 and 1", a, n)
 	}
@@ -197,11 +200,11 @@ func TestConnectionsByStatusAtScrapeTime(t *testing.T) {
 	// The database is down: the rest is still served.
 	st.err = errors.New("token store unavailable")
 	m.Invalidated()
-	fams, _ = scrape(t, route(m))
+	fams, _ = scrape(t, route)
 	if value(fams, "tokenguard_connections") != -1 || value(fams, "tokenguard_token_invalidations_total") != 1 {
 		t.Errorf("with the store down: connections %v, invalidations %v", value(fams, "tokenguard_connections"), value(fams, "tokenguard_token_invalidations_total"))
 	}
-	fams, _ = scrape(t, route(m)) // the failed scrape is counted after it was served
+	fams, _ = scrape(t, route) // the failed scrape is counted after it was served
 	if got := value(fams, "promhttp_metric_handler_errors_total", "cause", "gathering"); got != 1 {
 		t.Errorf("gathering errors = %v, want 1", got)
 	}

@@ -11,10 +11,10 @@ import (
 // The provider label names the connection's provider ("default" for the
 // OAUTH_* one) and takes at most MaxProviderLabels values besides.
 func TestProviderLabelIsBounded(t *testing.T) {
-	m := metrics.New(metrics.Options{})
+	m, route := newMetrics(metrics.Options{})
 	m.Refreshed(usecase.RefreshEvent{Connection: "a", Outcome: usecase.OutcomeOK, ProviderLatency: 1})
 	m.Refreshed(usecase.RefreshEvent{Connection: "b", Provider: "idp-b", Outcome: usecase.OutcomeClientRejected, ProviderLatency: 1})
-	fams, _ := scrape(t, m.Handler())
+	fams, _ := scrape(t, route)
 	if got := value(fams, "tokenguard_token_refreshes_total", "outcome", "ok", "provider", metrics.DefaultProvider); got != 1 {
 		t.Errorf("ok{provider=default} = %v, want 1", got)
 	}
@@ -28,7 +28,7 @@ func TestProviderLabelIsBounded(t *testing.T) {
 	for i := range 2 * metrics.MaxProviderLabels {
 		m.Refreshed(usecase.RefreshEvent{Connection: "c", Provider: fmt.Sprintf("p%d", i), Outcome: usecase.OutcomeOK})
 	}
-	fams, _ = scrape(t, m.Handler())
+	fams, _ = scrape(t, route)
 	values := map[string]bool{}
 	for _, s := range fams["tokenguard_token_refreshes_total"].GetMetric() {
 		for _, l := range s.GetLabel() {

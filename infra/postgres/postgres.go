@@ -2,6 +2,7 @@
 package postgres
 
 import (
+	"cmp"
 	"context"
 	"crypto/tls"
 	"fmt"
@@ -16,7 +17,7 @@ import (
 // Pool sizes the connection pool. A refresh holds a connection only for its
 // short transactions, never across a provider call, so a small pool serves many.
 type Pool struct {
-	MaxOpenConns int // default 10
+	MaxOpenConns int // 0: 10
 }
 
 // Open connects to the database at url and checks it answers. GORM logs
@@ -36,10 +37,7 @@ func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*go
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}
-	maxOpen := pool.MaxOpenConns
-	if maxOpen <= 0 {
-		maxOpen = 10
-	}
+	maxOpen := cmp.Or(pool.MaxOpenConns, 10)
 	sqlDB.SetMaxOpenConns(maxOpen)
 	// As many idle: fewer would close and reopen a connection (a new backend) per use above that many at once.
 	sqlDB.SetMaxIdleConns(maxOpen)

@@ -71,7 +71,7 @@ func TestExpiringAnnouncedOncePerGrant(t *testing.T) {
 	t.Cleanup(hook.Close)
 	log := slog.New(slog.DiscardHandler)
 	w, err := NewWorker(pool, HandlerFunc(func(context.Context, EventArgs) error { return nil }), WorkerOptions{
-		Webhook:        &Webhook{URL: hook.URL, Secret: domain.NewSecret("whsec_test"), Every: 20 * time.Millisecond},
+		Webhook:        &Webhook{URL: hook.URL, Secret: domain.NewSecret("whsec_test")},
 		ExpiringNotice: notice,
 	}, log)
 	if err != nil {

@@ -3,6 +3,7 @@
 package queue
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -133,18 +134,12 @@ type Worker struct {
 
 // NewWorker builds a River client that works events with h.
 func NewWorker(pool *pgxpool.Pool, h HandlerFunc, opts WorkerOptions, log *slog.Logger) (*Worker, error) {
-	if opts.Concurrency <= 0 {
-		opts.Concurrency = 10
-	}
-	if opts.JobTimeout <= 0 {
-		opts.JobTimeout = time.Minute
-	}
+	opts.Concurrency = cmp.Or(opts.Concurrency, 10)
+	opts.JobTimeout = cmp.Or(opts.JobTimeout, time.Minute)
 	if opts.RescueAfter <= opts.JobTimeout {
 		opts.RescueAfter = opts.JobTimeout + 15*time.Second
 	}
-	if opts.StopTimeout <= 0 {
-		opts.StopTimeout = 8 * time.Second
-	}
+	opts.StopTimeout = cmp.Or(opts.StopTimeout, 8*time.Second)
 	// AddWorker panics only for a kind added twice: two fixed, distinct kinds here.
 	workers := river.NewWorkers()
 	river.AddWorker(workers, &eventWorker{h: h, log: log, tracer: tracing.New(nil)})
@@ -193,13 +188,9 @@ func (w *Worker) Run(ctx context.Context) error {
 	return nil
 }
 
-// relay moves the webhook outbox into River until ctx is done.
+// relay moves the webhook outbox into River each second until ctx is done.
 func (w *Worker) relay(ctx context.Context) {
-	every := time.Second
-	if w.opts.Webhook != nil && w.opts.Webhook.Every > 0 {
-		every = w.opts.Webhook.Every
-	}
-	t := time.NewTicker(every)
+	t := time.NewTicker(time.Second)
 	defer t.Stop()
 	failing := false
 	var announced time.Time
@@ -260,13 +251,8 @@ func (w *eventWorker) Work(ctx context.Context, job *river.Job[EventArgs]) (err 
 	}
 }
 
-// riverLogger keeps River's own chatter at warnings (warnings passes on warnings and errors only).
-func riverLogger(log *slog.Logger) *slog.Logger {
-	if log == nil {
-		return slog.New(slog.DiscardHandler)
-	}
-	return slog.New(warnings{log.Handler()})
-}
+// riverLogger is log for River's own chatter: its warnings and errors only.
+func riverLogger(log *slog.Logger) *slog.Logger { return slog.New(warnings{log.Handler()}) }
 
 type warnings struct{ slog.Handler }
 

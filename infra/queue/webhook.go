@@ -50,8 +50,7 @@ func (WebhookEvent) InsertOpts() river.InsertOpts {
 type Webhook struct {
 	URL       string
 	Secret    domain.Secret
-	UserAgent string        // default tokenguard
-	Every     time.Duration // how often the outbox is moved to River (default 1s)
+	UserAgent string // default tokenguard
 }
 
 // Signature header: t is the Unix time of the attempt, v1 the hex
@@ -140,35 +139,28 @@ func relayOutbox(ctx context.Context, pool *pgxpool.Pool, client *river.Client[p
 		return 0, err
 	}
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	rows, err := tx.Query(ctx, `SELECT id, event_id, type, connection, data, occurred_at FROM tokenguard_webhook_outbox
-ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED`)
+	rows, err := tx.Query(ctx, `WITH moved AS (
+    DELETE FROM tokenguard_webhook_outbox WHERE id IN (
+        SELECT id FROM tokenguard_webhook_outbox ORDER BY id LIMIT 100 FOR UPDATE SKIP LOCKED)
+    RETURNING id, event_id, type, connection, occurred_at, data)
+SELECT event_id, type, connection, occurred_at, data FROM moved ORDER BY id`)
 	if err != nil {
 		return 0, err
 	}
-	var ids []int64
-	var params []river.InsertManyParams
-	var id int64
-	var e WebhookEvent
-	_, err = pgx.ForEachRow(rows, []any{&id, &e.ID, &e.Type, &e.Connection, &e.Data, &e.OccurredAt}, func() error {
-		ids = append(ids, id)
-		params = append(params, river.InsertManyParams{Args: e})
-		return nil
-	})
-	if err != nil {
+	events, err := pgx.CollectRows(rows, pgx.RowToStructByPos[WebhookEvent])
+	if err != nil || len(events) == 0 {
 		return 0, err
-	}
-	if len(ids) == 0 {
-		return 0, nil
 	}
 	if deliver {
+		params := make([]river.InsertManyParams, len(events))
+		for i, e := range events {
+			params[i].Args = e
+		}
 		if _, err := client.InsertManyTx(ctx, tx, params); err != nil {
 			return 0, err
 		}
 	}
-	if _, err := tx.Exec(ctx, "DELETE FROM tokenguard_webhook_outbox WHERE id = ANY($1)", ids); err != nil {
-		return 0, err
-	}
-	return len(ids), tx.Commit(ctx)
+	return len(events), tx.Commit(ctx)
 }
 
 // expiringEvery is how often to look for connections to announce: the notice is days ahead.
@@ -178,16 +170,13 @@ const expiringEvery = time.Minute
 // whose refresh token expires within $1 seconds, once per grant (the
 // notice's primary key; a new grant deletes its notice) however many workers run.
 const expiringSQL = `
-WITH due AS (
+WITH noticed AS (
+    INSERT INTO tokenguard_expiry_notices (connection_id, refresh_expiry)
     SELECT t.connection_id, t.refresh_expiry FROM tokenguard_tokens t
     WHERE t.status = 'active' AND t.refresh_expiry IS NOT NULL
       AND t.refresh_expiry < now() + $1 * interval '1 second'
       AND NOT EXISTS (SELECT FROM tokenguard_expiry_notices n WHERE n.connection_id = t.connection_id)
     ORDER BY t.refresh_expiry LIMIT 500
-),
-noticed AS (
-    INSERT INTO tokenguard_expiry_notices (connection_id, refresh_expiry)
-    SELECT connection_id, refresh_expiry FROM due
     ON CONFLICT (connection_id) DO NOTHING
     RETURNING connection_id, refresh_expiry
 )
