@@ -40,8 +40,7 @@ func (r *TokenRepository) activeBefore(ctx context.Context, column string, t tim
 		At    time.Time
 		Began time.Time
 	}
-	err := r.db.WithContext(ctx).Raw(`SELECT c.id AS lock_key, c.name, t.token_type, t.expiry, t.refresh_expiry, t.obtained_at,
-		t.version, t.status, t.status_reason, t.updated_at, `+providerColumn+`, `+failureColumns+`, t.`+column+` AS at, b.began
+	err := r.db.WithContext(ctx).Raw(`SELECT c.id AS lock_key, c.name, `+recordFields+failureColumns+`, t.`+column+` AS at, b.began
 		`+tokenFrom+`, (SELECT coalesce(?::timestamptz, now()) AS began) b
 		WHERE t.status = 'active' AND t.obtained_at < b.began AND `+q+`
 		ORDER BY t.`+column+`, t.connection_id LIMIT ?`, append(append([]any{began}, args...), limit)...).Find(&rows).Error

@@ -35,11 +35,10 @@ type ChangeTarget interface {
 
 // ChangeListener follows ChangeChannel on a dedicated connection for a ChangeTarget.
 type ChangeListener struct {
-	config         func() (*pgx.ConnConfig, error) // a new one per connection
-	target         ChangeTarget
-	log            *slog.Logger
-	reconnectDelay time.Duration
-	channel        string // ChangeChannel as the tables' schema has it
+	config  func() (*pgx.ConnConfig, error) // a new one per connection
+	target  ChangeTarget
+	log     *slog.Logger
+	channel string // ChangeChannel as the tables' schema has it
 
 	beatDB       *gorm.DB // WithHeartbeat; nil: no heartbeat
 	beatInterval time.Duration
@@ -57,13 +56,16 @@ type ChangeListener struct {
 // NewChangeListener listens on the database at url for target. log may be nil.
 func NewChangeListener(url string, target ChangeTarget, log *slog.Logger) *ChangeListener {
 	config := func() (*pgx.ConnConfig, error) { return pgx.ParseConfig(url) }
-	return &ChangeListener{config: config, target: target, log: cmp.Or(log, slog.Default()), reconnectDelay: 500 * time.Millisecond}
+	return &ChangeListener{config: config, target: target, log: cmp.Or(log, slog.Default())}
 }
 
 // DefaultHeartbeat is how often a listener with a heartbeat proves it hears.
 const DefaultHeartbeat = time.Second
 
-const heartbeatMisses = 3 // intervals without a beat that break the feed
+const (
+	heartbeatMisses = 3                      // intervals without a beat that break the feed
+	reconnectDelay  = 500 * time.Millisecond // before connecting again
+)
 
 // WithHeartbeat makes the listener prove that it hears, as a half-open TCP connection or a pooler
 // that swallowed the LISTEN looks alive: every interval it notifies a channel of its own through
@@ -146,7 +148,7 @@ func (l *ChangeListener) channelOf(ctx context.Context) (string, error) {
 		select {
 		case <-ctx.Done():
 			return "", ctx.Err()
-		case <-time.After(l.reconnectDelay):
+		case <-time.After(reconnectDelay):
 		}
 	}
 }
@@ -172,7 +174,7 @@ func (l *ChangeListener) session(ctx context.Context) {
 				l.log.Warn("token change listener lost; reading through until it is back", "err", err)
 			}
 		},
-		ReconnectDelay: l.reconnectDelay,
+		ReconnectDelay: reconnectDelay,
 	}
 	pl.Handle(l.channel, handler{l.listening, l.changed})
 	if l.onProvider != nil {

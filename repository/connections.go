@@ -15,16 +15,8 @@ import (
 )
 
 // selectConnection reads connectionRows: what a listing shows, never a credential.
-var selectConnection = `
-SELECT c.name, coalesce(t.provider, '') AS provider,
-       t.status, t.status_reason, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.updated_at,
-       coalesce(t.granted_account, '') AS account,
-       coalesce(array_to_string(t.granted_scopes, ' '), '') AS scopes,
-       coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
-       coalesce(array_to_string(t.scopes_reduced, ' '), '') AS scopes_reduced,
-       c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags,
-       ` + failureColumns + `,
-       coalesce(t.dpop_jkt, '') AS dpop_jkt` + tokenFrom
+var selectConnection = "SELECT c.name, " + recordFields + `c.metadata::text AS metadata, array_to_json(c.tags)::text AS tags,
+       ` + failureColumns + tokenFrom
 
 // connectionRow is a row of selectConnection: a tokenRow without credentials.
 type connectionRow struct {

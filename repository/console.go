@@ -53,7 +53,7 @@ type ConnectionEvents struct{ db *gorm.DB }
 // NewConnectionEvents binds the store to a pool.
 func NewConnectionEvents(db *gorm.DB) *ConnectionEvents { return &ConnectionEvents{db: db} }
 
-// History bounds: what the console shows and what PruneEvents keeps.
+// History bounds: what the console shows and what EventPruner keeps.
 const (
 	EventsPerConnection = 100
 	EventsMaxAge        = 30 * 24 * time.Hour

@@ -110,24 +110,16 @@ func (r *leaseRenewer) whyOf(connection string, version int64) string {
 	return ""
 }
 
-// held lists the holders to renew, or reports false (stopping the renewer) when there are none.
-func (r *leaseRenewer) held() ([]string, bool) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	if len(r.holders) == 0 {
-		r.running = false
-		return nil, false
-	}
-	return slices.Collect(maps.Keys(r.holders)), true
-}
-
 // run renews until no lease is held; a failed renewal is retried at the next tick.
 func (r *leaseRenewer) run() {
 	tick := time.NewTicker(leaseRenewEvery)
 	defer tick.Stop()
 	for range tick.C {
-		holders, ok := r.held()
-		if !ok {
+		r.mu.Lock()
+		holders := slices.Collect(maps.Keys(r.holders))
+		r.running = len(holders) > 0
+		r.mu.Unlock()
+		if len(holders) == 0 {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), leaseTerm)

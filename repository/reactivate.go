@@ -2,7 +2,6 @@ package repository
 
 import (
 	"context"
-	"fmt"
 	"time"
 
 	"gorm.io/gorm"
@@ -22,15 +21,7 @@ func (r *TokenRepository) Reactivate(ctx context.Context, connection, reason str
 		if found.Status != domain.StatusNeedsReauth || (reason != "" && found.StatusReason != reason) {
 			return nil
 		}
-		id, err := r.ids.lookup(ctx, tx, connection)
-		if err != nil {
-			return err
-		}
-		st, err := sealed(r.sealer, found, seal{id: id, version: found.Version + 1})
-		if err != nil {
-			return err
-		}
-		row, err := oneRow[tokenRow](ctx, tx, "reactivate", nil, `
+		row, err := r.writeNext(ctx, tx, "reactivate", found, `
 WITH u AS (
     UPDATE tokenguard_tokens AS t SET status = 'active', status_reason = '', version = t.version + 1,
         access_token = $4, refresh_token = $5, sealed_version = NULL, updated_at = now()
@@ -38,15 +29,11 @@ WITH u AS (
     WHERE c.id = t.connection_id AND c.name = $1 AND t.version = $2 AND t.status = 'needs_reauth' AND c.id = $6
     RETURNING c.id AS lock_key, c.name, t.*
 )
-`+notifiedTokens("$3"),
-			connection, found.Version, ChangeChannel, st.AccessToken.Reveal(), st.RefreshToken.Reveal(), id)
+`+notifiedTokens("$3"), func(st domain.Token, id int32) []any {
+			return []any{connection, found.Version, ChangeChannel, st.AccessToken.Reveal(), st.RefreshToken.Reveal(), id}
+		})
 		if err != nil {
 			return err
-		}
-		if row == nil {
-			// Under the lock, only if the id changed (a row re-created by hand).
-			r.ids.forget(connection)
-			return fmt.Errorf("reactivate %s at version %d: %w", connection, found.Version, domain.ErrConflict)
 		}
 		version = row.Version
 		return nil

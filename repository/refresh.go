@@ -140,28 +140,39 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 			}
 			t.RefreshToken = cur.RefreshToken
 		}
-		id, err := r.ids.lookup(ctx, tx, t.Connection)
+		row, err := r.writeNext(ctx, tx, "save token", t, saveSQL, func(st domain.Token, id int32) []any {
+			return []any{st.AccessToken.Reveal(), st.TokenType, st.RefreshToken.Reveal(), nullTime(st.Expiry),
+				nullTime(st.RefreshExpiry), st.ObtainedAt, string(st.Status), st.StatusReason, st.Connection, st.Version, ChangeChannel,
+				id, textArray(st.Binding.Answered), textArray(st.Binding.ScopesReduced)}
+		})
 		if err != nil {
 			return err
-		}
-		st, err := sealed(r.sealer, t, seal{id: id, version: t.Version + 1}) // bound to the version the write gives the row
-		if err != nil {
-			return err
-		}
-		row, err := oneRow[tokenRow](ctx, tx, "save token", nil, saveSQL, st.AccessToken.Reveal(), st.TokenType, st.RefreshToken.Reveal(), nullTime(st.Expiry),
-			nullTime(st.RefreshExpiry), st.ObtainedAt, string(st.Status), st.StatusReason, st.Connection, st.Version, ChangeChannel,
-			id, textArray(st.Binding.Answered), textArray(st.Binding.ScopesReduced))
-		if err != nil {
-			return err
-		}
-		if row == nil {
-			r.ids.forget(t.Connection) // or the id changed: read again by the next write
-			return fmt.Errorf("save token of %s at version %d: %w", t.Connection, t.Version, domain.ErrConflict)
 		}
 		out, err = row.domain(r.sealer)
 		return err
 	})
 	return out, err
+}
+
+// writeNext runs, under t's lock, the statement sql writing t's next version, with the arguments
+// args makes of t sealed for that version and of the connection's id. A row no longer at
+// t.Version, or whose id changed, is domain.ErrConflict.
+func (r *TokenRepository) writeNext(ctx context.Context, tx *gorm.DB, op string, t domain.Token, sql string,
+	args func(st domain.Token, id int32) []any) (*tokenRow, error) {
+	id, err := r.ids.lookup(ctx, tx, t.Connection)
+	if err != nil {
+		return nil, err
+	}
+	st, err := sealed(r.sealer, t, seal{id: id, version: t.Version + 1})
+	if err != nil {
+		return nil, err
+	}
+	row, err := oneRow[tokenRow](ctx, tx, op, nil, sql, args(st, id)...)
+	if err == nil && row == nil {
+		r.ids.forget(t.Connection) // or the id changed: read again by the next write
+		err = fmt.Errorf("%s of %s at version %d: %w", op, t.Connection, t.Version, domain.ErrConflict)
+	}
+	return row, err
 }
 
 // failSQL records the failure episode of version $2 of connection $1, ends that version's lease

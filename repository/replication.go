@@ -93,9 +93,6 @@ func (d *Durability) Replication() (Replication, bool) {
 
 // SyncCommit is the token writes' level: the configured one, else the cluster's DefaultSyncCommit, else on.
 func (d *Durability) SyncCommit() string {
-	if d == nil {
-		return "on"
-	}
 	r, _ := d.Replication() // unread: the zero Replication's "on"
 	return cmp.Or(d.configured, r.DefaultSyncCommit())
 }

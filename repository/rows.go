@@ -34,17 +34,6 @@ type tokenRow struct {
 	DPoPJKT       string                `gorm:"column:dpop_jkt"` // '' for a bearer grant
 }
 
-// domain opens the row's credentials with s: one that fails to open is domain.ErrUndecryptable.
-func (r tokenRow) domain(s Sealer) (domain.Token, error) {
-	at, rt, err := opened(s, r.Name, seal{r.LockKey, r.Version}, r.SealedVersion, r.AccessToken, r.RefreshToken)
-	if err != nil {
-		return domain.Token{}, err
-	}
-	t := r.record()
-	t.AccessToken, t.RefreshToken = domain.NewSecret(at), domain.NewSecret(rt)
-	return t, nil
-}
-
 // record is the row's token without its credentials.
 func (r tokenRow) record() domain.Token {
 	return domain.Token{

@@ -61,30 +61,36 @@ func resealed(s Sealer, stored, aad string) (string, error) {
 	return s.Seal(plain, aad)
 }
 
-// opened decrypts the credentials of connection's row at; sealedVersion 0 (NULL) is the current form.
-func opened(s Sealer, connection string, at seal, sealedVersion int64, access, refresh string) (a, rt string, err error) {
+// domain opens the row's credentials with s: one that fails to open is domain.ErrUndecryptable.
+// A row's sealed_version 0 (NULL) is the current form, bound to its id and version.
+func (r tokenRow) domain(s Sealer) (domain.Token, error) {
+	at := seal{r.LockKey, r.Version}
 	strict, _ := s.(onlyBound) // strict.versioned: the sealed_version form is refused
 	open := func(stored, column string) (string, error) {
 		switch {
 		case !s.Bound(stored): // the releases before the bound form
-			return s.Open(stored, connection+"/"+column)
-		case sealedVersion == 0:
+			return s.Open(stored, r.Name+"/"+column)
+		case r.SealedVersion == 0:
 			return s.Open(stored, at.aad(column))
 		case strict.versioned:
 			return "", fmt.Errorf("%w: bound to its sealed_version column, and tokenctl rotate-key has resealed every row bound to its version (copied back from another version, or written around tokenguard)",
 				domain.ErrUndecryptable)
 		default:
 			// Until rotate-key: rows bound to sealed_version (which a copy could bring back).
-			return s.Open(stored, fmt.Sprintf("c%d/v%d/%s", at.id, sealedVersion, column))
+			return s.Open(stored, fmt.Sprintf("c%d/v%d/%s", at.id, r.SealedVersion, column))
 		}
 	}
-	if a, err = open(access, colAccess); err != nil {
-		return "", "", fmt.Errorf("access token of %s: %w", connection, err)
+	a, err := open(r.AccessToken, colAccess)
+	if err != nil {
+		return domain.Token{}, fmt.Errorf("access token of %s: %w", r.Name, err)
 	}
-	if rt, err = open(refresh, colRefresh); err != nil {
-		return "", "", fmt.Errorf("refresh token of %s: %w", connection, err)
+	rt, err := open(r.RefreshToken, colRefresh)
+	if err != nil {
+		return domain.Token{}, fmt.Errorf("refresh token of %s: %w", r.Name, err)
 	}
-	return a, rt, nil
+	t := r.record()
+	t.AccessToken, t.RefreshToken = domain.NewSecret(a), domain.NewSecret(rt)
+	return t, nil
 }
 
 // onlyBound is the Sealer of a store where Reseal bound every value: a value in another form was

@@ -58,21 +58,20 @@ var tokenColumns = "u.lock_key, u.name, " + tokenFields("u") + noFailureColumns
 
 // tokenFields are the columns of token t but its key, name and failure; NULLs read as "".
 func tokenFields(t string) string {
-	return strings.ReplaceAll(`t.access_token, t.token_type, t.refresh_token,
-       t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
+	return strings.ReplaceAll("t.access_token, t.refresh_token, "+recordFields, "t.", t+".")
+}
+
+// recordFields are tokenFields but the credentials: what a listing shows.
+const recordFields = `t.token_type, t.expiry, t.refresh_expiry, t.obtained_at, t.version, t.status, t.status_reason, t.updated_at,
        coalesce(t.granted_account, '') AS account,
        coalesce(array_to_string(t.granted_scopes, ' '), '') AS scopes,
        coalesce(array_to_string(t.missing_scopes, ' '), '') AS missing_scopes,
        coalesce(array_to_string(t.answered_scopes, ' '), '') AS answered,
        coalesce(array_to_string(t.scopes_reduced, ' '), '') AS scopes_reduced,
-       `+providerColumn+`,
+       coalesce(t.provider, '') AS provider,
        coalesce(t.sealed_version, 0) AS sealed_version,
        coalesce(t.dpop_jkt, '') AS dpop_jkt,
-       `, "t.", t+".")
-}
-
-// providerColumn reads t's provider; NULL (the environment's) reads as "".
-const providerColumn = "coalesce(t.provider, '') AS provider"
+       `
 
 // failureColumns read the refresh failure episode f of the token's version; none reads as zeros.
 const failureColumns = `coalesce(f.failures, 0) AS failures, f.since, f.last_at,
