@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/oauth2"
 	"golang.org/x/time/rate"
 
@@ -84,10 +83,9 @@ type Deps struct {
 	OAuth   *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
 	Metrics http.Handler   // GET /metrics, behind an admin key; nil: no route
 	// Observer counts the outcomes of the connect flow.
-	Observer       interface{ ConnectOutcome(outcome string) }
-	Log            *slog.Logger
-	Edges          Edges
-	TracerProvider trace.TracerProvider // nil: the global provider
+	Observer interface{ ConnectOutcome(outcome string) }
+	Log      *slog.Logger
+	Edges    Edges
 }
 
 // Edges are the limits of the public listener.
@@ -141,11 +139,11 @@ func New(d Deps) *Server {
 	e.Rate = positive(e.Rate, 100)
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(d.TracerProvider),
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(nil),
 		limits: ratelimit.New[int32](e.Rate, e.Burst, 0, 0),
 		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
-	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
+	s.rp = s.newReverseProxy(tracing.Transport(upstream, nil))
 	return s
 }
 
@@ -164,7 +162,7 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such route", Code: "not_found"})
 	})
 	// Health checks come every few seconds and say nothing worth a trace.
-	return tracing.Handler(s.edges(mux), s.deps.TracerProvider, "/healthz")
+	return tracing.Handler(s.edges(mux), nil, "/healthz")
 }
 
 // Serve answers on ln until ctx is done, then lets requests finish within grace.
