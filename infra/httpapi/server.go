@@ -275,11 +275,14 @@ func (s *Server) logFailure(r *http.Request, name string, err error) {
 }
 
 // errorBody is an error answer: a stable code and a message for people.
-// Neither ever carries a token.
+// Neither ever carries a token. A 403 says what the key lacks, the scope or
+// the connection pattern, so that an operator knows which key to make.
 type errorBody struct {
-	Error      string `json:"error"`
-	Code       string `json:"code"`
-	Connection string `json:"connection,omitempty"`
+	Error        string       `json:"error"`
+	Code         string       `json:"code"`
+	MissingScope domain.Scope `json:"missing_scope,omitempty"`
+	Connection   string       `json:"connection,omitempty"`
+	Allowed      []string     `json:"allowed_connections,omitempty"` // the key's patterns
 }
 
 func writeError(w http.ResponseWriter, connection string, err error) {
@@ -293,10 +296,7 @@ func writeError(w http.ResponseWriter, connection string, err error) {
 func writeJSON(w http.ResponseWriter, status int, v any) {
 	// Tokenguard-Error tells tokenguard's own errors from the API's answers
 	// the proxy passes on.
-	switch e := v.(type) {
-	case errorBody:
-		w.Header().Set("Tokenguard-Error", e.Code)
-	case forbiddenBody:
+	if e, ok := v.(errorBody); ok {
 		w.Header().Set("Tokenguard-Error", e.Code)
 	}
 	w.Header().Set("Content-Type", "application/json")
