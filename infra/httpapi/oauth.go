@@ -113,10 +113,7 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		metadata = &m
 	}
 	if err := s.checkProvider(r.Context(), req.Provider); err != nil {
-		if !errors.Is(err, domain.ErrUnknownProvider) {
-			s.logFailure(r, req.Connection, err)
-		}
-		writeError(w, req.Connection, err)
+		s.failed(w, r, req.Connection, err)
 		return
 	}
 	if req.ReturnTo == "" {

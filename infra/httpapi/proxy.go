@@ -63,7 +63,6 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "the proxy forwards " + strings.Join(proxyMethods, ", ") + " only", Code: "method_not_allowed", Connection: name})
 		return
 	}
-	path := r.PathValue("path")
 	// Checked raw, as sent: whatever the upstream makes of it, the call
 	// stays under the API base URL.
 	if err := domain.CheckPath(r.URL.EscapedPath()); err != nil {
@@ -76,7 +75,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			h[k] = v
 		}
 	}
-	s.forward(w, r, name, "/"+path, r.URL.RawQuery, h)
+	s.forward(w, r, name, "/"+r.PathValue("path"), r.URL.RawQuery, h)
 }
 
 // resource answers GET /connections/{name}/resource: a GET of ResourcePath.
@@ -272,9 +271,7 @@ func (s *Server) target(provider, path, query string) (*url.URL, error) {
 		return nil, errors.New("no API base URL (API_BASE_URL)")
 	}
 	u := *base
-	u.Path = strings.TrimSuffix(u.Path, "/") + path
-	u.RawPath = ""
-	u.RawQuery = query
+	u.Path, u.RawPath, u.RawQuery = strings.TrimSuffix(u.Path, "/")+path, "", query
 	return &u, nil
 }
 
