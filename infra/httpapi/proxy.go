@@ -289,12 +289,9 @@ func repeatable(r *http.Request) bool {
 // wait ends after until or the request's deadline.
 func retryWait(ctx context.Context, h http.Header, until time.Time) (time.Duration, bool) {
 	v := h.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
 	wait := provider.RetryAfter(v, time.Now())
 	if wait == 0 && strings.TrimSpace(v) != "0" {
-		return 0, false // unreadable, or a date already past
+		return 0, false // none, unreadable, or a date already past
 	}
 	end := time.Now().Add(wait)
 	if dl, ok := ctx.Deadline(); ok && end.After(dl.Add(-time.Second)) {

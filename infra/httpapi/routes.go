@@ -76,11 +76,8 @@ func (s *Server) routes() []route {
 // guard wraps a route in its deadline, body limit and access checks.
 func (s *Server) guard(rt route) http.Handler {
 	h := http.Handler(rt.handle)
-	if publicRoutes[rt.pattern()] != rt.access {
-		// Claiming other than publicRoutes lists (an unlisted route: apiKey) needs a key.
-		rt.access = apiKey
-	}
-	if rt.access == apiKey {
+	// Claiming other than publicRoutes lists (an unlisted route: apiKey) needs a key.
+	if rt.access == apiKey || publicRoutes[rt.pattern()] != rt.access {
 		h = s.requireKey(requireScope(rt, h))
 	} else {
 		// Bounded per address: a flood takes no time from key holders.
