@@ -169,10 +169,9 @@ func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdB
 	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
 }
 
-// returnAllowed reports whether target is at or under one of the allowed
-// URLs, and a browser cannot read it as another path: it has no backslash,
-// control or non-ASCII byte, encoded (back)slash, or segment that decodes,
-// however often, to "." or "..".
+// returnAllowed reports whether target is at or under one of the allowed URLs, and a browser cannot
+// read it as another path: it has no backslash, control or non-ASCII byte, encoded (back)slash, or
+// segment that decodes, however often, to "." or "..".
 func returnAllowed(target string, allowed []string) bool {
 	if strings.ContainsFunc(target, func(c rune) bool { return c < 0x21 || c > 0x7e || c == '\\' }) {
 		return false

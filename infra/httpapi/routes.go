@@ -278,8 +278,7 @@ type health struct {
 	err error
 }
 
-// check pings db unless the last ping is under a second old; callers wait
-// for a ping in progress.
+// check pings db unless the last ping is under a second old; callers wait for a ping in progress.
 func (h *health) check(ctx context.Context, ping func(context.Context) error) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

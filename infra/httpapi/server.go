@@ -294,8 +294,7 @@ func writeError(w http.ResponseWriter, connection string, err error) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	// Tokenguard-Error tells tokenguard's own errors from the API's answers
-	// the proxy passes on.
+	// Tokenguard-Error tells tokenguard's own errors from the API's answers the proxy passes on.
 	if e, ok := v.(errorBody); ok {
 		w.Header().Set("Tokenguard-Error", e.Code)
 	}

@@ -267,9 +267,8 @@ func sessionOf(r *http.Request) current {
 	return s
 }
 
-// session answers only a live session (else the login form, or 401 for a
-// post) whose key may use scope on the path's connection, and POSTs only
-// with its CSRF token (else 403).
+// session answers only a live session (else the login form, or 401 for a post) whose key may use
+// scope on the path's connection, and POSTs only with its CSRF token (else 403).
 func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ck, err := r.Cookie(c.cookieName(sessionCookie))
