@@ -22,8 +22,7 @@ import (
 )
 
 const (
-	// flowCookie points at the flow kept in the database. Over https its
-	// __Host- prefix keeps other hosts (sibling subdomains) from setting it.
+	// flowCookie names the flow kept in the database; over https, __Host- bars sibling hosts from it.
 	flowCookie = "tokenguard_flow"
 	// callbackTimeout bounds the work after the provider's redirect, apart
 	// from the browser: a closed tab must not lose an issued grant.

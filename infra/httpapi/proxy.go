@@ -63,8 +63,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "the proxy forwards " + strings.Join(proxyMethods, ", ") + " only", Code: "method_not_allowed", Connection: name})
 		return
 	}
-	// Checked raw, as sent: whatever the upstream makes of it, the call
-	// stays under the API base URL.
+	// Checked raw, as sent: whatever the upstream makes of it, the call stays under the base URL.
 	if err := domain.CheckPath(r.URL.EscapedPath()); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "bad_path", Connection: name})
 		return

@@ -63,8 +63,7 @@ type Deps struct {
 	}
 	Flows       ConnectFlows  // nil disables the connect flow
 	Connections console.Pages // nil answers GET /connections 503
-	// Providers gives a stored provider's client, else domain.ErrUnknownProvider;
-	// nil knows only "" (OAUTH_*).
+	// Providers gives a stored provider's client, else ErrUnknownProvider; nil: only "" (OAUTH_*).
 	Providers interface {
 		ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 	}

@@ -92,8 +92,7 @@ type Deps struct {
 	// Sessions stores console sessions by a hash of their token.
 	Sessions interface {
 		Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
-		// Lookup returns the session's key and what it may do now;
-		// domain.ErrUnauthorized unless the session is live.
+		// Lookup is the live session's key as it is now; else domain.ErrUnauthorized.
 		Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error)
 		Delete(ctx context.Context, token domain.Secret) error
 	}
