@@ -51,10 +51,11 @@ func NewHTTPClient(ctx context.Context, t Tokens, connection string) *http.Clien
 type Options struct {
 	UserAgent string        // sent with Get's requests
 	Timeout   time.Duration // bounds one HTTP exchange with the API (default 10s)
-	// MaxBody caps the response body (default 1 MiB): a longer one is ErrTooLarge, never cut short.
-	MaxBody int64
-	Bases   Bases // when set, sends a connection's calls to its provider's API
+	Bases     Bases         // when set, sends a connection's calls to its provider's API
 }
+
+// maxBody caps an answer's body: a longer one is ErrTooLarge, never cut short.
+const maxBody = 1 << 20
 
 // Bases gives the API base URL of a connection's provider; "" for the Client's own.
 type Bases interface {
@@ -70,7 +71,7 @@ type Client struct {
 	tracer  *tracing.Tracer
 }
 
-// Response is an API answer, body included (at most Options.MaxBody).
+// Response is an API answer, body included (at most maxBody).
 type Response struct {
 	StatusCode int
 	Header     http.Header
@@ -87,7 +88,7 @@ func (e *StatusError) Error() string {
 // ErrUnavailable wraps failures to reach the API (network, timeout).
 var ErrUnavailable = errors.New("external API unavailable")
 
-// ErrTooLarge: the API's answer is longer than Options.MaxBody; none of it is returned.
+// ErrTooLarge: the API's answer is longer than 1 MiB; none of it is returned.
 var ErrTooLarge = errors.New("external API answer over the size limit")
 
 // New returns a Client for the API at baseURL, authorising with clients.
@@ -98,9 +99,6 @@ func New(baseURL string, clients Clients, opts Options) (*Client, error) {
 	}
 	if opts.Timeout <= 0 {
 		opts.Timeout = 10 * time.Second
-	}
-	if opts.MaxBody <= 0 {
-		opts.MaxBody = 1 << 20
 	}
 	return &Client{base: u, clients: clients, opts: opts, tracer: tracing.New(nil),
 		http: &http.Client{Transport: tracing.Transport(NewTransport(opts.Timeout, 32), nil)}}, nil
@@ -154,12 +152,12 @@ func (c *Client) Get(ctx context.Context, connection, path string) (_ *Response,
 		return nil, fmt.Errorf("GET %s: %w: %w", path, ErrUnavailable, scrub(err))
 	}
 	defer resp.Body.Close()
-	body, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxBody+1))
+	body, err := io.ReadAll(io.LimitReader(resp.Body, maxBody+1))
 	if err != nil {
 		return nil, fmt.Errorf("GET %s: read body: %w: %w", path, ErrUnavailable, scrub(err))
 	}
-	if int64(len(body)) > c.opts.MaxBody {
-		return nil, fmt.Errorf("GET %s: %w (%d bytes)", path, ErrTooLarge, c.opts.MaxBody)
+	if len(body) > maxBody {
+		return nil, fmt.Errorf("GET %s: %w (%d bytes)", path, ErrTooLarge, maxBody)
 	}
 	return &Response{StatusCode: resp.StatusCode, Header: resp.Header, Body: body}, nil
 }

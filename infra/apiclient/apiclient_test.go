@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -205,22 +206,23 @@ func TestCallsGoToTheConnectionsProviderAPI(t *testing.T) {
 	}
 }
 
-// TestAnswerOverTheLimitIsAnError: a body longer than MaxBody is
-// ErrTooLarge, never a truncated body; one of exactly MaxBody (the
+// TestAnswerOverTheLimitIsAnError: a body longer than maxBody is
+// ErrTooLarge, never a truncated body; one of exactly maxBody (the
 // control) is returned whole.
 func TestAnswerOverTheLimitIsAnError(t *testing.T) {
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = w.Write(bytes.Repeat([]byte("x"), len(strings.TrimPrefix(r.URL.Path, "/"))))
+		n, _ := strconv.Atoi(strings.TrimPrefix(r.URL.Path, "/"))
+		_, _ = w.Write(bytes.Repeat([]byte("x"), n))
 	}))
 	defer srv.Close()
-	c, err := New(srv.URL, TokenClients(newTokens()), Options{MaxBody: 10})
+	c, err := New(srv.URL, TokenClients(newTokens()), Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if resp, err := c.Get(context.Background(), "acme", "/"+strings.Repeat("a", 10)); err != nil || len(resp.Body) != 10 {
+	if resp, err := c.Get(context.Background(), "acme", "/"+strconv.Itoa(maxBody)); err != nil || len(resp.Body) != maxBody {
 		t.Fatalf("control, exactly the limit: %v", err)
 	}
-	if resp, err := c.Get(context.Background(), "acme", "/"+strings.Repeat("a", 11)); !errors.Is(err, ErrTooLarge) || resp != nil {
+	if resp, err := c.Get(context.Background(), "acme", "/"+strconv.Itoa(maxBody+1)); !errors.Is(err, ErrTooLarge) || resp != nil {
 		t.Errorf("one byte over the limit: %v, %v", resp, err)
 	}
 }

@@ -96,12 +96,12 @@ func TestAuthorizationTable(t *testing.T) {
 		}
 		h.Handle(rt.pattern(), s.guard(rt))
 	}
-	do := func(key, method, path, body string) (*httptest.ResponseRecorder, forbiddenBody) {
+	do := func(key, method, path, body string) (*httptest.ResponseRecorder, errorBody) {
 		req := httptest.NewRequest(method, "http://127.0.0.1:8080"+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+key)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
-		var f forbiddenBody
+		var f errorBody
 		if w.Code == http.StatusForbidden {
 			_ = json.Unmarshal(w.Body.Bytes(), &f)
 		}

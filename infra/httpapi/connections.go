@@ -38,11 +38,10 @@ type connectionView struct {
 	MissingScopes string          `json:"missing_scopes,omitempty"`
 	Metadata      json.RawMessage `json:"metadata"` // {} when none
 	Tags          []string        `json:"tags"`
-	Failure       *failureView    `json:"failure,omitempty"`  // while the refreshes fail
-	Binding       string          `json:"binding"`            // "dpop" or "bearer"
-	DPoPJKT       string          `json:"dpop_jkt,omitempty"` // the key's thumbprint
-	// ScopesReduced: scopes a refresh no longer granted (still usable).
-	ScopesReduced string `json:"scopes_reduced,omitempty"`
+	Failure       *failureView    `json:"failure,omitempty"`        // while the refreshes fail
+	Binding       string          `json:"binding"`                  // "dpop" or "bearer"
+	DPoPJKT       string          `json:"dpop_jkt,omitempty"`       // the key's thumbprint
+	ScopesReduced string          `json:"scopes_reduced,omitempty"` // no longer granted by a refresh (still usable)
 }
 
 // failureView is a refresh failure episode: the last answer, how many in

@@ -22,8 +22,7 @@ import (
 )
 
 const (
-	// flowCookie points at the flow kept in the database. Over https its
-	// __Host- prefix keeps other hosts (sibling subdomains) from setting it.
+	// flowCookie names the flow kept in the database; over https, __Host- bars sibling hosts from it.
 	flowCookie = "tokenguard_flow"
 	// callbackTimeout bounds the work after the provider's redirect, apart
 	// from the browser: a closed tab must not lose an issued grant.
@@ -112,19 +111,8 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		metadata = &m
 	}
-	if err := s.checkProvider(r.Context(), req.Provider); err != nil {
-		if !errors.Is(err, domain.ErrUnknownProvider) {
-			s.logFailure(r, req.Connection, err)
-		}
-		writeError(w, req.Connection, err)
-		return
-	}
 	if req.ReturnTo == "" {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is required: the browser brings the consent's result there, and your backend redeems it (POST /connect-results)", Code: "return_to_required", Connection: req.Connection})
-		return
-	}
-	if !returnAllowed(req.ReturnTo, s.deps.Edges.ReturnURLs) {
-		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is not in CONNECT_RETURN_URLS", Code: "return_to_not_allowed", Connection: req.Connection})
 		return
 	}
 	link, expires, err := s.newConnectLink(r.Context(), domain.ConnectSession{Connection: req.Connection, ReturnTo: req.ReturnTo,
@@ -136,8 +124,14 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 	writeJSON(w, http.StatusCreated, map[string]any{"connect_url": link, "expires_at": expires.UTC(), "connection": req.Connection})
 }
 
-// newConnectLink stores a connect session and returns its URL.
+// newConnectLink checks a connect session's provider and return_to, stores it and returns its URL.
 func (s *Server) newConnectLink(ctx context.Context, cs domain.ConnectSession) (string, time.Time, error) {
+	if err := s.checkProvider(ctx, cs.Provider); err != nil {
+		return "", time.Time{}, err
+	}
+	if !returnAllowed(cs.ReturnTo, s.deps.Edges.ReturnURLs) {
+		return "", time.Time{}, domain.ErrReturnToNotAllowed
+	}
 	token, expires, err := s.deps.Sessions.Create(ctx, cs)
 	if err != nil {
 		return "", time.Time{}, err
@@ -160,22 +154,15 @@ func (s *Server) ConnectLink(ctx context.Context, connection, provider, createdB
 	if !s.oauthConfigured() {
 		return "", time.Time{}, domain.ErrConnectNotConfigured
 	}
-	if returnTo == "" || !returnAllowed(returnTo, s.deps.Edges.ReturnURLs) {
-		return "", time.Time{}, domain.ErrReturnToNotAllowed
-	}
 	if err := domain.ValidateName(connection); err != nil {
-		return "", time.Time{}, err
-	}
-	if err := s.checkProvider(ctx, provider); err != nil {
 		return "", time.Time{}, err
 	}
 	return s.newConnectLink(ctx, domain.ConnectSession{Connection: connection, CreatedBy: createdBy, Provider: provider, ReturnTo: returnTo})
 }
 
-// returnAllowed reports whether target is at or under one of the allowed
-// URLs, and a browser cannot read it as another path: it has no backslash,
-// control or non-ASCII byte, encoded (back)slash, or segment that decodes,
-// however often, to "." or "..".
+// returnAllowed reports whether target is at or under one of the allowed URLs, and a browser cannot
+// read it as another path: it has no backslash, control or non-ASCII byte, encoded (back)slash, or
+// segment that decodes, however often, to "." or "..".
 func returnAllowed(target string, allowed []string) bool {
 	if strings.ContainsFunc(target, func(c rune) bool { return c < 0x21 || c > 0x7e || c == '\\' }) {
 		return false

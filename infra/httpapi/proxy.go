@@ -63,9 +63,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 		writeJSON(w, http.StatusMethodNotAllowed, errorBody{Error: "the proxy forwards " + strings.Join(proxyMethods, ", ") + " only", Code: "method_not_allowed", Connection: name})
 		return
 	}
-	path := r.PathValue("path")
-	// Checked raw, as sent: whatever the upstream makes of it, the call
-	// stays under the API base URL.
+	// Checked raw, as sent: whatever the upstream makes of it, the call stays under the base URL.
 	if err := domain.CheckPath(r.URL.EscapedPath()); err != nil {
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: err.Error(), Code: "bad_path", Connection: name})
 		return
@@ -76,7 +74,7 @@ func (s *Server) proxy(w http.ResponseWriter, r *http.Request) {
 			h[k] = v
 		}
 	}
-	s.forward(w, r, name, "/"+path, r.URL.RawQuery, h)
+	s.forward(w, r, name, "/"+r.PathValue("path"), r.URL.RawQuery, h)
 }
 
 // resource answers GET /connections/{name}/resource: a GET of ResourcePath.
@@ -272,9 +270,7 @@ func (s *Server) target(provider, path, query string) (*url.URL, error) {
 		return nil, errors.New("no API base URL (API_BASE_URL)")
 	}
 	u := *base
-	u.Path = strings.TrimSuffix(u.Path, "/") + path
-	u.RawPath = ""
-	u.RawQuery = query
+	u.Path, u.RawPath, u.RawQuery = strings.TrimSuffix(u.Path, "/")+path, "", query
 	return &u, nil
 }
 
@@ -292,12 +288,9 @@ func repeatable(r *http.Request) bool {
 // wait ends after until or the request's deadline.
 func retryWait(ctx context.Context, h http.Header, until time.Time) (time.Duration, bool) {
 	v := h.Get("Retry-After")
-	if v == "" {
-		return 0, false
-	}
 	wait := provider.RetryAfter(v, time.Now())
 	if wait == 0 && strings.TrimSpace(v) != "0" {
-		return 0, false // unreadable, or a date already past
+		return 0, false // none, unreadable, or a date already past
 	}
 	end := time.Now().Add(wait)
 	if dl, ok := ctx.Deadline(); ok && end.After(dl.Add(-time.Second)) {

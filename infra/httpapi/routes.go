@@ -76,11 +76,8 @@ func (s *Server) routes() []route {
 // guard wraps a route in its deadline, body limit and access checks.
 func (s *Server) guard(rt route) http.Handler {
 	h := http.Handler(rt.handle)
-	if publicRoutes[rt.pattern()] != rt.access {
-		// Claiming other than publicRoutes lists (an unlisted route: apiKey) needs a key.
-		rt.access = apiKey
-	}
-	if rt.access == apiKey {
+	// Claiming other than publicRoutes lists (an unlisted route: apiKey) needs a key.
+	if rt.access == apiKey || publicRoutes[rt.pattern()] != rt.access {
 		h = s.requireKey(requireScope(rt, h))
 	} else {
 		// Bounded per address: a flood takes no time from key holders.
@@ -128,16 +125,6 @@ func (s *Server) requireKey(next http.Handler) http.Handler {
 	})
 }
 
-// forbiddenBody is a 403: what the key lacks, the scope or the connection
-// pattern, so that an operator knows which key to make.
-type forbiddenBody struct {
-	Error        string       `json:"error"`
-	Code         string       `json:"code"` // missing_scope or connection_not_allowed
-	MissingScope domain.Scope `json:"missing_scope,omitempty"`
-	Connection   string       `json:"connection,omitempty"`
-	Allowed      []string     `json:"allowed_connections,omitempty"` // the key's patterns
-}
-
 // requireScope answers 403 unless domain.KeyAccess.Permit lets the key use
 // the route's scope on the connection it names (then 400 for a bad name).
 func requireScope(rt route, next http.Handler) http.Handler {
@@ -161,16 +148,16 @@ func permit(w http.ResponseWriter, acc domain.KeyAccess, s domain.Scope, name, w
 	if err == nil {
 		return true
 	}
-	b := forbiddenBody{Code: "missing_scope", MissingScope: s}
+	b := errorBody{Code: "missing_scope", MissingScope: s}
 	switch {
 	case s == "" || !slices.Contains(domain.AllScopes, s):
-		b = forbiddenBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"}
+		b = errorBody{Error: "this route declares no scope; no key may call it", Code: "missing_scope"}
 	case errors.Is(err, domain.ErrMissingScope) && what != "":
 		b.Error = what + " needs the scope " + string(s) + " (tokenctl apikey create --scopes)"
 	case errors.Is(err, domain.ErrMissingScope):
 		b.Error = "the API key lacks the scope " + string(s) + " (tokenctl apikey create --scopes)"
 	default:
-		b = forbiddenBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
+		b = errorBody{Error: "the API key's connection patterns do not match " + name + " (tokenctl apikey create --connections)",
 			Code: "connection_not_allowed", Connection: name, Allowed: acc.Connections}
 	}
 	writeJSON(w, http.StatusForbidden, b)
@@ -291,8 +278,7 @@ type health struct {
 	err error
 }
 
-// check pings db unless the last ping is under a second old; callers wait
-// for a ping in progress.
+// check pings db unless the last ping is under a second old; callers wait for a ping in progress.
 func (h *health) check(ctx context.Context, ping func(context.Context) error) error {
 	h.mu.Lock()
 	defer h.mu.Unlock()

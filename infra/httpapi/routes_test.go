@@ -302,12 +302,12 @@ func TestScopesAndPatterns(t *testing.T) {
 		rt.handle = func(w http.ResponseWriter, _ *http.Request) { w.WriteHeader(http.StatusOK) }
 		stub.Handle(rt.pattern(), s.guard(rt))
 	}
-	do := func(h http.Handler, key, method, path, body string) (int, forbiddenBody) {
+	do := func(h http.Handler, key, method, path, body string) (int, errorBody) {
 		req := httptest.NewRequest(method, "http://127.0.0.1:8080"+path, strings.NewReader(body))
 		req.Header.Set("Authorization", "Bearer "+key)
 		w := httptest.NewRecorder()
 		h.ServeHTTP(w, req)
-		var f forbiddenBody
+		var f errorBody
 		if w.Code == http.StatusForbidden {
 			if err := json.Unmarshal(w.Body.Bytes(), &f); err != nil || w.Header().Get("Tokenguard-Error") != f.Code || f.Error == "" {
 				t.Errorf("%s %s: 403 %s, header %q", method, path, w.Body, w.Header().Get("Tokenguard-Error"))

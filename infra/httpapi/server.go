@@ -17,7 +17,6 @@ import (
 	"net/url"
 	"time"
 
-	"go.opentelemetry.io/otel/trace"
 	"golang.org/x/oauth2"
 	"golang.org/x/time/rate"
 
@@ -64,8 +63,7 @@ type Deps struct {
 	}
 	Flows       ConnectFlows  // nil disables the connect flow
 	Connections console.Pages // nil answers GET /connections 503
-	// Providers gives a stored provider's client, else domain.ErrUnknownProvider;
-	// nil knows only "" (OAUTH_*).
+	// Providers gives a stored provider's client, else ErrUnknownProvider; nil: only "" (OAUTH_*).
 	Providers interface {
 		ClientConfig(ctx context.Context, provider string) (*oauth2.Config, error)
 	}
@@ -84,10 +82,9 @@ type Deps struct {
 	OAuth   *oauth2.Config // the flow's client; nil or no AuthURL/RedirectURL: no /oauth/connect
 	Metrics http.Handler   // GET /metrics, behind an admin key; nil: no route
 	// Observer counts the outcomes of the connect flow.
-	Observer       interface{ ConnectOutcome(outcome string) }
-	Log            *slog.Logger
-	Edges          Edges
-	TracerProvider trace.TracerProvider // nil: the global provider
+	Observer interface{ ConnectOutcome(outcome string) }
+	Log      *slog.Logger
+	Edges    Edges
 }
 
 // Edges are the limits of the public listener.
@@ -141,11 +138,11 @@ func New(d Deps) *Server {
 	e.Rate = positive(e.Rate, 100)
 	e.Burst = positive(e.Burst, int(2*e.Rate))
 	e.ProxyMaxBody = positive(e.ProxyMaxBody, defaultProxyMaxBody)
-	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(d.TracerProvider),
+	s := &Server{deps: d, hosts: allowedHosts(d.Edges), tracer: tracing.New(nil),
 		limits: ratelimit.New[int32](e.Rate, e.Burst, 0, 0),
 		public: newAddrLimits(d.Edges), consoleLimits: newAddrLimits(d.Edges)}
 	upstream := apiclient.NewTransport(positive(d.UpstreamTimeout, 10*time.Second), 64)
-	s.rp = s.newReverseProxy(tracing.Transport(upstream, d.TracerProvider))
+	s.rp = s.newReverseProxy(tracing.Transport(upstream, nil))
 	return s
 }
 
@@ -164,7 +161,7 @@ func (s *Server) Handler() http.Handler {
 		writeJSON(w, http.StatusNotFound, errorBody{Error: "no such route", Code: "not_found"})
 	})
 	// Health checks come every few seconds and say nothing worth a trace.
-	return tracing.Handler(s.edges(mux), s.deps.TracerProvider, "/healthz")
+	return tracing.Handler(s.edges(mux), nil, "/healthz")
 }
 
 // Serve answers on ln until ctx is done, then lets requests finish within grace.
@@ -277,11 +274,14 @@ func (s *Server) logFailure(r *http.Request, name string, err error) {
 }
 
 // errorBody is an error answer: a stable code and a message for people.
-// Neither ever carries a token.
+// Neither ever carries a token. A 403 says what the key lacks, the scope or
+// the connection pattern, so that an operator knows which key to make.
 type errorBody struct {
-	Error      string `json:"error"`
-	Code       string `json:"code"`
-	Connection string `json:"connection,omitempty"`
+	Error        string       `json:"error"`
+	Code         string       `json:"code"`
+	MissingScope domain.Scope `json:"missing_scope,omitempty"`
+	Connection   string       `json:"connection,omitempty"`
+	Allowed      []string     `json:"allowed_connections,omitempty"` // the key's patterns
 }
 
 func writeError(w http.ResponseWriter, connection string, err error) {
@@ -293,12 +293,8 @@ func writeError(w http.ResponseWriter, connection string, err error) {
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
-	// Tokenguard-Error tells tokenguard's own errors from the API's answers
-	// the proxy passes on.
-	switch e := v.(type) {
-	case errorBody:
-		w.Header().Set("Tokenguard-Error", e.Code)
-	case forbiddenBody:
+	// Tokenguard-Error tells tokenguard's own errors from the API's answers the proxy passes on.
+	if e, ok := v.(errorBody); ok {
 		w.Header().Set("Tokenguard-Error", e.Code)
 	}
 	w.Header().Set("Content-Type", "application/json")

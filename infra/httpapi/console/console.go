@@ -92,8 +92,7 @@ type Deps struct {
 	// Sessions stores console sessions by a hash of their token.
 	Sessions interface {
 		Create(ctx context.Context, keyID int32, lifetime time.Duration) (domain.Secret, time.Time, error)
-		// Lookup returns the session's key and what it may do now;
-		// domain.ErrUnauthorized unless the session is live.
+		// Lookup is the live session's key as it is now; else domain.ErrUnauthorized.
 		Lookup(ctx context.Context, token domain.Secret) (domain.KeyAccess, error)
 		Delete(ctx context.Context, token domain.Secret) error
 	}
@@ -267,9 +266,8 @@ func sessionOf(r *http.Request) current {
 	return s
 }
 
-// session answers only a live session (else the login form, or 401 for a
-// post) whose key may use scope on the path's connection, and POSTs only
-// with its CSRF token (else 403).
+// session answers only a live session (else the login form, or 401 for a post) whose key may use
+// scope on the path's connection, and POSTs only with its CSRF token (else 403).
 func (c *Console) session(scope domain.Scope, next http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ck, err := r.Cookie(c.cookieName(sessionCookie))

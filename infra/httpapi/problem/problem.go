@@ -1,6 +1,5 @@
-// Package problem maps an error from the layers below to what the HTTP
-// edges answer: the server's JSON errors and the operator console's pages.
-// It is the only place that does.
+// Package problem maps an error from the layers below to what the HTTP edges answer: the server's
+// JSON errors and the operator console's pages. It is the only place that does.
 package problem
 
 import (
@@ -15,9 +14,8 @@ import (
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 )
 
-// Problem is how an error is answered. None of its texts ever carries a
-// token: where Message is the error's own text, the layers below keep
-// secrets out of it.
+// Problem is how an error is answered. None of its texts ever carries a token: where Message is the
+// error's own text, the layers below keep secrets out of it.
 type Problem struct {
 	Status     int
 	Code       string // stable, for programs (Tokenguard-Error)
@@ -58,9 +56,8 @@ func timedOut(err error) bool {
 	return errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)
 }
 
-// table is read in order: a store failure beside a provider answer (a
-// refresh whose outcome could not be stored) is the store's, and never an
-// upstream's 502.
+// table is read in order: a store failure beside a provider answer (a refresh whose outcome could
+// not be stored) is the store's, and never an upstream's 502.
 var table = []row{
 	detailed(domain.ErrInvalidConnection, http.StatusBadRequest, "invalid_connection", "That is not a connection name."),
 	detailed(domain.ErrInvalidMetadata, http.StatusBadRequest, "invalid_metadata",

@@ -1,6 +1,5 @@
-// Package ratelimit is the HTTP edges' token buckets by key (an API key, a
-// client address, a console login form), optionally with bounds on the
-// requests at once.
+// Package ratelimit is the HTTP edges' token buckets by key (an API key, a client address, a
+// console login form), optionally with bounds on the requests at once.
 package ratelimit
 
 import (
