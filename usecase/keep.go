@@ -82,12 +82,8 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 	writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
 	stored, err := store.Store(writeCtx, marked)
 	if errors.Is(err, domain.ErrConflict) {
-		var now domain.Token
-		if now, _, err = store.Read(writeCtx, t.Connection); err == nil {
-			stored = now
-			if now.Status == domain.StatusActive {
-				r.tok = now // stale news
-			}
+		if stored, _, err = store.Read(writeCtx, t.Connection); err == nil && stored.Status == domain.StatusActive {
+			r.tok = stored // stale news
 		}
 	}
 	cancel()
