@@ -73,8 +73,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 }
 
 // dead stores t's connection as needs_reauth after the provider rejected its grant, unless a newer
-// token was stored meanwhile: then the rejection is stale news, and r.tok is that token. The
-// refresh token is kept, for forensics.
+// token was stored meanwhile (stale news: r.tok is that token). The refresh token is kept, for forensics.
 func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t domain.Token, r redeemed, rejected error) (redeemed, error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepCommit, t.Connection)
 	marked := t
