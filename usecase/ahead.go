@@ -89,16 +89,16 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 		counts  [sweepFailed + 1]int // by sweepOutcome
 		mu      sync.Mutex
 		errs    []error
+		toks    []domain.Token
+		after   string
 		listErr error
 	)
 	concurrency = max(concurrency, 1)
 	calls := semaphore.NewWeighted(int64(concurrency))
 	g, gctx := errgroup.WithContext(ctx)
 	g.SetLimit(2 * concurrency)
-	for after := ""; ; {
-		toks, next, err := list(ctx, t, after, sweepPage)
-		if err != nil {
-			listErr = err
+	for {
+		if toks, after, listErr = list(ctx, t, after, sweepPage); listErr != nil {
 			break
 		}
 		rep.Due += len(toks)
@@ -114,10 +114,9 @@ func (u *RefreshTokenUseCase) sweep(ctx context.Context, kind string, store Ahea
 				return nil
 			})
 		}
-		if next == "" {
+		if after == "" {
 			break
 		}
-		after = next
 	}
 	_ = g.Wait()
 	rep.Refreshed, rep.Skipped, rep.Fresh, rep.Failed = counts[sweepRefreshed], counts[sweepSkipped], counts[sweepFresh], counts[sweepFailed]

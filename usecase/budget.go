@@ -12,11 +12,8 @@ import (
 // shrinkOn429 spends provider's fleet-wide token budget for its 429's Retry-After, if budgeted.
 func (u *RefreshTokenUseCase) shrinkOn429(ctx context.Context, provider string, err error) {
 	var pe *domain.ProviderError
-	if !errors.As(err, &pe) || pe.HTTPStatus != 429 || pe.RetryAfter <= 0 {
-		return
-	}
 	s, ok := u.store.(BudgetShrinker)
-	if !ok {
+	if !ok || !errors.As(err, &pe) || pe.HTTPStatus != 429 || pe.RetryAfter <= 0 {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, u.opts.WriteTimeout)

@@ -136,9 +136,8 @@ func (u *RefreshTokenUseCase) lease(ctx context.Context, store TokenStore, t dom
 	return claimed{Claim: cl, release: sync.OnceFunc(func() { u.slots.Release(1) })}, err
 }
 
-// mayPresent refuses to present t's refresh token while its provider's calls pause, its failure
-// episode says wait, a forced refresh comes too soon, or ctx is done (checked here because past the
-// claim the refresh runs on).
+// mayPresent refuses to present t's refresh token while its provider's calls pause, its failure episode
+// says wait, a forced refresh comes too soon, or ctx is done (past the claim the refresh runs on).
 func (u *RefreshTokenUseCase) mayPresent(ctx context.Context, t domain.Token, forced bool) error {
 	now := u.opts.Clock.Now()
 	p := u.provider(t.Provider)

@@ -48,18 +48,6 @@ type ConnectRequest struct {
 	DPoPJKT string
 }
 
-// ResultSpender spends a connect result in its grant's transaction; domain.ErrResultInvalid if spent or expired.
-type ResultSpender interface {
-	SpendResult(ctx context.Context, id int64) error
-}
-
-// MetadataStore sets a connection's metadata in the grant's transaction.
-type MetadataStore interface {
-	SetMetadata(ctx context.Context, connection string, m domain.Metadata) error
-	// SetProviderFields replaces the "provider_fields" object of the connection's metadata, only.
-	SetProviderFields(ctx context.Context, connection string, fields map[string]string) error
-}
-
 // ConnectGrant stores g with what r carries, in one transaction under the connection's lock: a
 // refused grant changes nothing. Another account's grant is domain.ErrAccountMismatch unless allowed.
 func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g domain.Grant, r ConnectRequest) (domain.Token, error) {
@@ -83,11 +71,7 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 	var out domain.Token
 	err = u.store.InLock(ctx, connection, u.lockWait, DefaultWriteTimeout, func(txCtx context.Context, s LockedStore) error {
 		if r.Result != 0 {
-			rs, ok := s.(ResultSpender)
-			if !ok {
-				return fmt.Errorf("%w: this store keeps no connect results", domain.ErrResultInvalid)
-			}
-			if err := rs.SpendResult(txCtx, r.Result); err != nil {
+			if err := s.SpendResult(txCtx, r.Result); err != nil {
 				return err
 			}
 		}
@@ -102,17 +86,13 @@ func (u *ConnectUseCase) ConnectGrant(ctx context.Context, connection string, g 
 				return domain.ErrAccountMismatch
 			}
 		}
-		ms, keepsMetadata := s.(MetadataStore)
-		if (r.Metadata != nil || len(r.ProviderFields) > 0) && !keepsMetadata {
-			return fmt.Errorf("%w: this store keeps no metadata", domain.ErrInvalidMetadata)
-		}
 		if r.Metadata != nil {
-			if err := ms.SetMetadata(txCtx, connection, *r.Metadata); err != nil {
+			if err := s.SetMetadata(txCtx, connection, *r.Metadata); err != nil {
 				return err
 			}
 		}
 		if len(r.ProviderFields) > 0 {
-			if err := ms.SetProviderFields(txCtx, connection, r.ProviderFields); err != nil {
+			if err := s.SetProviderFields(txCtx, connection, r.ProviderFields); err != nil {
 				return err
 			}
 		}

@@ -20,12 +20,15 @@ type DisconnectStore interface {
 	// no refresh presents it meanwhile.
 	Read(ctx context.Context, connection string) (domain.Token, Lease, error)
 	Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (Claim, error)
+	ProofKeys // the key a bound grant's revocation carries a proof of
 }
 
 // Revoker revokes a refresh token at the provider's revocation endpoint (RFC 7009);
 // domain.ErrNoRevocationEndpoint when it has none.
 type Revoker interface {
 	Revoke(ctx context.Context, provider string, refreshToken domain.Secret) error
+	// RevokeBound revokes a refresh token bound to a DPoP key, with a proof signed with key.
+	RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error
 }
 
 // DefaultRevokeTimeout bounds a revocation request.
@@ -108,9 +111,8 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	rctx, cancel := context.WithTimeout(ctx, u.timeout)
 	defer cancel()
 	var key domain.Secret // a proof of it goes along when the grant is sender-constrained
-	keys, ok := u.store.(ProofKeys)
-	if _, bound := u.revoker.(BoundRevoker); ok && bound && t.SenderConstrained() {
-		key, err = keys.DPoPKey(rctx, t.Connection, t.DPoPJKT)
+	if t.SenderConstrained() {
+		key, err = u.store.DPoPKey(rctx, t.Connection, t.DPoPJKT)
 	}
 	if err == nil {
 		err = revokeWith(rctx, u.revoker, t.Provider, t.RefreshToken, key)
@@ -123,15 +125,10 @@ func (u *DisconnectUseCase) revoke(ctx context.Context, connection string) (doma
 	return t, end, nil
 }
 
-// BoundRevoker revokes refresh tokens bound to a DPoP key, with a proof signed with key.
-type BoundRevoker interface {
-	RevokeBound(ctx context.Context, provider string, refreshToken, key domain.Secret) error
-}
-
 // revokeWith revokes refreshToken, with a proof of key unless it is zero.
 func revokeWith(ctx context.Context, r Revoker, provider string, refreshToken, key domain.Secret) error {
-	if bound, ok := r.(BoundRevoker); ok && !key.IsZero() {
-		return bound.RevokeBound(ctx, provider, refreshToken, key)
+	if !key.IsZero() {
+		return r.RevokeBound(ctx, provider, refreshToken, key)
 	}
 	return r.Revoke(ctx, provider, refreshToken)
 }

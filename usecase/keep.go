@@ -73,8 +73,7 @@ func (u *RefreshTokenUseCase) resolve(ctx context.Context, store TokenStore, c c
 }
 
 // dead stores t's connection as needs_reauth after the provider rejected its grant, unless a newer
-// token was stored meanwhile: then the rejection is stale news, and r.tok is that token. The
-// refresh token is kept, for forensics.
+// token was stored meanwhile (stale news: r.tok is that token). The refresh token is kept, for forensics.
 func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t domain.Token, r redeemed, rejected error) (redeemed, error) {
 	ctx, span := u.opts.Tracer.Start(ctx, StepCommit, t.Connection)
 	marked := t
@@ -82,12 +81,8 @@ func (u *RefreshTokenUseCase) dead(ctx context.Context, store TokenStore, t doma
 	writeCtx, cancel := context.WithTimeout(ctx, u.opts.LockWait+u.opts.WriteTimeout)
 	stored, err := store.Store(writeCtx, marked)
 	if errors.Is(err, domain.ErrConflict) {
-		var now domain.Token
-		if now, _, err = store.Read(writeCtx, t.Connection); err == nil {
-			stored = now
-			if now.Status == domain.StatusActive {
-				r.tok = now // stale news
-			}
+		if stored, _, err = store.Read(writeCtx, t.Connection); err == nil && stored.Status == domain.StatusActive {
+			r.tok = stored // stale news
 		}
 	}
 	cancel()

@@ -75,6 +75,12 @@ type LockedStore interface {
 	Get(ctx context.Context, connection string) (domain.Token, error)
 	// Put stores a newly granted token, replacing the connection's grant.
 	Put(ctx context.Context, t domain.Token) (domain.Token, error)
+	// SpendResult spends a connect result in its grant's transaction; domain.ErrResultInvalid if spent or expired.
+	SpendResult(ctx context.Context, id int64) error
+	// SetMetadata replaces the connection's metadata and tags.
+	SetMetadata(ctx context.Context, connection string, m domain.Metadata) error
+	// SetProviderFields replaces the "provider_fields" object of the connection's metadata, only.
+	SetProviderFields(ctx context.Context, connection string, fields map[string]string) error
 }
 
 // ConnectionStore is what connecting a new grant needs on top of locking.
