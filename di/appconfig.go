@@ -14,6 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/infra/tokenctl"
 )
 
 // AppConfig is Config plus the settings only the three apps read.
@@ -48,14 +49,12 @@ type AppSettings struct {
 	WebhookSecret domain.Secret `env:"WEBHOOK_SECRET"`
 }
 
-// ConfigError is a missing or malformed setting, named in the message (exit status 2).
-type ConfigError struct{ Err error }
-
-func (e *ConfigError) Error() string { return e.Err.Error() }
-func (e *ConfigError) Unwrap() error { return e.Err }
+// ConfigError is a missing or malformed setting, named in the message (exit status 2): tokenctl's, which
+// exits 2 for it too.
+type ConfigError = tokenctl.ConfigError
 
 func configErr(format string, args ...any) error {
-	return &ConfigError{fmt.Errorf(format, args...)}
+	return &ConfigError{Err: fmt.Errorf(format, args...)}
 }
 
 // AppConfigFromEnv reads an app's configuration from environ.
@@ -69,7 +68,7 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 		err = s.validate(c.AllowInsecureURLs)
 	}
 	if err != nil {
-		return AppConfig{}, &ConfigError{err}
+		return AppConfig{}, &ConfigError{Err: err}
 	}
 	return AppConfig{Config: c, AppSettings: s}, nil
 }

@@ -50,19 +50,17 @@ func (s *Server) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer stop()
-	bg.Go(func() { s.sweepLoop(bgCtx) })
+	bg.Go(func() {
+		usecase.Every(bgCtx, sweepEvery, func() {
+			if _, err := s.sweep(bgCtx); err != nil && bgCtx.Err() == nil {
+				s.log.Warn("sweeping the expired connect results failed; trying again", "err", err)
+			}
+		})
+	})
 	bg.Go(func() {
 		s.pruner.Run(bgCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
 	})
 	return s.srv.Serve(ctx, ln, shutdownGrace)
-}
-
-func (s *Server) sweepLoop(ctx context.Context) {
-	usecase.Every(ctx, sweepEvery, func() {
-		if _, err := s.sweep(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("sweeping the expired connect results failed; trying again", "err", err)
-		}
-	})
 }
 
 // NewServer wires the HTTP app. Call the returned cleanup when done.

@@ -5,39 +5,17 @@ import (
 	"log/slog"
 	"net/http"
 	"sync"
-	"time"
 
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
-	"github.com/tokenguard/tokenguard/infra/tokenctl"
 )
-
-// Check is tokenctl check.
-func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error) {
-	cfg, err := b.config()
-	if err != nil {
-		return provider.CheckResult{}, err
-	}
-	var res provider.CheckResult
-	if err = cfg.RequireOAuth(); err == nil {
-		res, err = checkEndpoint(ctx, cfg, agentClient(10*time.Second, "tokenctl"))
-	}
-	if err != nil {
-		return res, &tokenctl.ConfigError{Err: err}
-	}
-	return res, nil
-}
 
 // checkEndpoint asks the token endpoint about the client as the token layer
 // would authenticate it: client key, resource indicator.
-func checkEndpoint(ctx context.Context, cfg Config, client *http.Client) (provider.CheckResult, error) {
-	key, err := cfg.OAuth.clientKey()
-	if err != nil {
-		return provider.CheckResult{}, err
-	}
+func checkEndpoint(ctx context.Context, cfg Config, client *http.Client) provider.CheckResult {
 	prof, _ := profiles.Get(cfg.OAuth.Profile)
-	opts := provider.ClientOptions(cfg.OAuth.Resource, key, prof, provider.NewDiscovery(client))
-	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...), nil
+	opts := provider.ClientOptions(cfg.OAuth.Resource, cfg.OAuth.key, prof, provider.NewDiscovery(client))
+	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...)
 }
 
 // checkAtStart logs the token endpoint check's verdict, and keeps its answer as evidence.
@@ -45,11 +23,7 @@ func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider
 	ctx, cancel := context.WithCancel(ctx)
 	var done sync.WaitGroup
 	done.Go(func() {
-		res, err := checkEndpoint(ctx, cfg, agentClient(cfg.RefreshTimeout, app))
-		if err != nil {
-			log.Error("token endpoint check: not run", "err", err)
-			return
-		}
+		res := checkEndpoint(ctx, cfg, agentClient(cfg.RefreshTimeout, app))
 		if ctx.Err() != nil {
 			return // stopped before the endpoint answered: nothing to tell
 		}

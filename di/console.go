@@ -21,10 +21,7 @@ func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *sl
 		return nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
-	ops, err := newOperator(cfg.Config, db, repo, repository.NewProviderRepository(db, sealer))
-	if err != nil {
-		return nil, err
-	}
+	ops := newOperator(cfg.Config, db, repo, repository.NewProviderRepository(db, sealer))
 	e := cfg.edges()
 	return console.New(console.Deps{
 		Keys:        repository.NewKeyCache(repository.NewAPIKeys(db), 0),

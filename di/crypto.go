@@ -11,9 +11,12 @@ import (
 	"github.com/tokenguard/tokenguard/repository"
 )
 
-// keyring parses TOKEN_ENCRYPTION_KEYS; nil when it is unset or blank.
+// hasKeys reports whether TOKEN_ENCRYPTION_KEYS is set, not blank.
+func (c Config) hasKeys() bool { return strings.TrimSpace(string(c.EncryptionKeys)) != "" }
+
+// keyring parses TOKEN_ENCRYPTION_KEYS; nil without keys.
 func (c Config) keyring() (*tokencrypt.Keyring, error) {
-	if strings.TrimSpace(string(c.EncryptionKeys)) == "" {
+	if !c.hasKeys() {
 		return nil, nil
 	}
 	return c.EncryptionKeys.Keyring()
@@ -50,17 +53,17 @@ func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.Resea
 		return repository.ResealResult{}, err
 	}
 	if k == nil {
-		return repository.ResealResult{}, fmt.Errorf("%s is required to rotate keys", tokencrypt.EnvKeys)
+		return repository.ResealResult{}, configErr("%s is required to rotate keys", tokencrypt.EnvKeys)
 	}
-	db, closeDB, err := openMigrated(ctx, cfg, log)
+	s, closeStore, err := NewStore(ctx, cfg, log)
 	if err != nil {
 		return repository.ResealResult{}, err
 	}
-	defer closeDB()
-	res, err := repository.NewTokenRepository(db, k).Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
+	defer closeStore()
+	res, err := s.Repository.Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
 	if err == nil {
 		var resealed, current int
-		resealed, current, err = repository.NewProviderRepository(db, k).Reseal(ctx)
+		resealed, current, err = s.Providers.Reseal(ctx)
 		log.Info("rotate-key: provider client secrets", slog.Int("resealed", resealed), slog.Int("already_current", current))
 	}
 	log.Info("rotate-key", slog.String("current_key", k.Current()),

@@ -246,7 +246,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
 			domain.ErrUnknownProvider, domain.ErrProviderInUse, domain.ErrInsecureURL, domain.ErrNotHTTPURL), "%s: %v", cmd, err)
 	}
-	return withOpen(ctx, backend, "provider", fail, func(s *Stores) int {
+	return withOpen(ctx, backend, fail, func(s *Stores) int {
 		// change applies the command line to p, refusing a URL secrets would reach in the clear.
 		change := func(p *domain.Provider) error {
 			if err := apply(p, rest, cmd == "update", clientKey, secret); err != nil {
