@@ -312,3 +312,35 @@ func redactURL(s string) string {
 	}
 	return u.Redacted()
 }
+
+// hasKeys reports whether TOKEN_ENCRYPTION_KEYS is set, not blank.
+func (c Config) hasKeys() bool { return strings.TrimSpace(string(c.EncryptionKeys)) != "" }
+
+// keyring parses TOKEN_ENCRYPTION_KEYS; nil without keys.
+func (c Config) keyring() (*tokencrypt.Keyring, error) {
+	if !c.hasKeys() {
+		return nil, nil
+	}
+	return c.EncryptionKeys.Keyring()
+}
+
+// encryption is what String shows: key ids, never keys.
+func (c Config) encryption() string {
+	switch k, err := c.keyring(); {
+	case err != nil:
+		return "invalid"
+	case k == nil:
+		return "off"
+	default:
+		return "current=" + k.Current()
+	}
+}
+
+// sealer seals token values with the keyring, when one is configured.
+func (c Config) sealer() (repository.Sealer, error) {
+	k, err := c.keyring()
+	if err != nil || k == nil {
+		return tokencrypt.Plaintext{}, err
+	}
+	return k, nil
+}

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"log/slog"
 	"time"
 
 	"gorm.io/gorm"
@@ -13,6 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
@@ -145,4 +147,36 @@ func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Gra
 	}
 	return s.store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata,
 		DPoPKey: key, DPoPJKT: jkt})
+}
+
+// Reseal is "tokenctl rotate-key": it re-encrypts every stored token and provider secret with the current
+// key, each connection under its refresh lock, so running apps (which must know the key already) keep
+// refreshing. It is safe to run again after a failure.
+func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
+	log = cmp.Or(log, discard)
+	k, err := cfg.keyring()
+	if err != nil {
+		return repository.ResealResult{}, err
+	}
+	if k == nil {
+		return repository.ResealResult{}, configErr("%s is required to rotate keys", tokencrypt.EnvKeys)
+	}
+	s, closeStore, err := NewStore(ctx, cfg, log)
+	if err != nil {
+		return repository.ResealResult{}, err
+	}
+	defer closeStore()
+	res, err := s.Repository.Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
+	if err == nil {
+		var resealed, current int
+		resealed, current, err = s.Providers.Reseal(ctx)
+		log.Info("rotate-key: provider client secrets", slog.Int("resealed", resealed), slog.Int("already_current", current))
+	}
+	log.Info("rotate-key", slog.String("current_key", k.Current()),
+		slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil),
+		slog.Bool("only_bound_form_from_now_on", res.OnlyBound))
+	if err != nil {
+		return res, fmt.Errorf("rotate-key: %w", err)
+	}
+	return res, nil
 }

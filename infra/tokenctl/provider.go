@@ -109,11 +109,6 @@ func apply(p *domain.Provider, args []string, update bool, clientKey, secret *do
 	if set["scopes"] {
 		p.Scopes = splitList(f.scopes)
 	}
-	if set["par"] {
-		if p.PAR, err = domain.ParsePARMode(string(p.PAR)); err != nil {
-			return err
-		}
-	}
 	switch {
 	case clientKey != nil:
 		p.ClientKey = *clientKey
