@@ -49,8 +49,7 @@ type AppSettings struct {
 	WebhookSecret domain.Secret `env:"WEBHOOK_SECRET"`
 }
 
-// ConfigError is a missing or malformed setting, named in the message (exit status 2): tokenctl's, which
-// exits 2 for it too.
+// ConfigError is a missing or malformed setting, named in the message: tokenctl's, exit status 2 for both.
 type ConfigError = tokenctl.ConfigError
 
 func configErr(format string, args ...any) error {

@@ -77,8 +77,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	if err != nil {
 		return fail(err)
 	}
-	// The public routes (the browser flow, /healthz) and the console, both
-	// reachable without a key, have small pools: the token layer keeps its own.
+	// The keyless public routes (browser flow, /healthz) and the console get small pools apart from the token layer's.
 	var pools [2]*gorm.DB
 	for i, conns := range []int{browserConns, consoleConns} {
 		db, closeDB, err := openDB(ctx, cfg.DatabaseURL, conns, log)
@@ -168,7 +167,7 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		UseCase:      usecase.NewCallAllUseCase(a.tokens.Repository, a.api, httpapi.ResourcePath, 4),
 		Out:          out,
 		Log:          log,
-		RoundTimeout: cfg.LockWait + cfg.RefreshTimeout + 3*cfg.APITimeout,
+		RoundTimeout: 2*(cfg.LockWait+cfg.RefreshTimeout) + 3*cfg.APITimeout, // a round of calls, then the keep-alive's
 	}
 	if ahead.Window > 0 {
 		r.Ahead = func(ctx context.Context) (usecase.AheadReport, error) {
@@ -187,7 +186,6 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 	r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
 		return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
 	}
-	r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
 	return r, cleanup, nil
 }
 
@@ -270,9 +268,8 @@ func (c cleanups) run() {
 	}
 }
 
-// providerBases are the stored providers' API base URLs; BaseURL sends a connection's API calls to its
-// provider's ("" for API_BASE_URL). A stored provider without one is refused: its token never goes to another
-// provider's API.
+// providerBases sends a connection's API calls to its provider's base URL ("" for API_BASE_URL); a stored
+// provider without one is refused, so that its token never goes to another provider's API.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase
 	providers *provider.Registry

@@ -76,9 +76,8 @@ func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), e
 	}, nil
 }
 
-// startTracing installs OpenTelemetry for app from the OTEL_* variables. Traces are exported only when asked
-// for (a process without a collector must not log failures); the propagator is installed in any case, so
-// trace context still travels. stop flushes the spans.
+// startTracing installs OpenTelemetry for app from the OTEL_* variables: the propagator always, an exporter only
+// when asked for (a process without a collector must not log failures). stop flushes the spans.
 func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
 	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
 	vars := env.ToMap(environ)
@@ -116,8 +115,7 @@ func startTracing(ctx context.Context, app string, environ []string, log *slog.L
 	}, nil
 }
 
-// checkEndpoint asks the token endpoint about the client as the token layer
-// would authenticate it: client key, resource indicator.
+// checkEndpoint asks the token endpoint about the client, authenticated as the token layer does it.
 func checkEndpoint(ctx context.Context, cfg Config, client *http.Client) provider.CheckResult {
 	prof, _ := profiles.Get(cfg.OAuth.Profile)
 	opts := provider.ClientOptions(cfg.OAuth.Resource, cfg.OAuth.key, prof, provider.NewDiscovery(client))

@@ -39,8 +39,7 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		return nil, nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
-	// The tools' locked writes (an import's grant, a reactivation) commit as durably as the apps' do:
-	// TOKEN_SYNC_COMMIT, else the cluster's default as read now.
+	// The tools' locked writes commit as durably as the apps': TOKEN_SYNC_COMMIT, else the cluster's default.
 	durability, err := repository.NewDurability(cfg.SyncCommit)
 	if err != nil {
 		closeDB()

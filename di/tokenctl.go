@@ -101,8 +101,7 @@ type operator struct {
 	lockWait                    time.Duration
 }
 
-// newOperator revokes at each connection's provider (OAUTH_REVOCATION_URL, or a stored provider's),
-// authenticated as at its token endpoint.
+// newOperator revokes at each connection's provider's revocation endpoint, authenticated as at its token endpoint.
 func newOperator(cfg Config, db *gorm.DB, repo *repository.TokenRepository, providers *repository.ProviderRepository) operator {
 	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
 	prof, _ := profiles.Get(cfg.OAuth.Profile) // generic when unknown
@@ -129,8 +128,7 @@ type ctlStore struct {
 	cfg   Config
 }
 
-// Connect stores an imported grant, bound to the DPoP key (PEM, thumbprint jkt) if any. A
-// grant without an expiry gets its provider's default lifetime.
+// Connect stores an imported grant (see tokenctl.Store); one without an expiry gets its provider's default lifetime.
 func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime
@@ -149,9 +147,8 @@ func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Gra
 		DPoPKey: key, DPoPJKT: jkt})
 }
 
-// Reseal is "tokenctl rotate-key": it re-encrypts every stored token and provider secret with the current
-// key, each connection under its refresh lock, so running apps (which must know the key already) keep
-// refreshing. It is safe to run again after a failure.
+// Reseal is "tokenctl rotate-key": it re-encrypts every stored token (under its refresh lock, so running apps
+// that know the key keep refreshing) and provider secret with the current key; it may be run again after a failure.
 func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
 	log = cmp.Or(log, discard)
 	k, err := cfg.keyring()

@@ -245,10 +245,15 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 			return status(ctx, s, connection, stdio, fail)
 		case cmd == "disconnect":
 			return disconnect(ctx, s.Connections, connection, revoke, stdio, fail)
-		case connection != "":
-			return reactivateOne(ctx, s.Connections, connection, stdio, fail)
+		case reason != "":
+			return reactivateAll(ctx, s.Connections, reason, stdio, fail)
 		}
-		return reactivateAll(ctx, s.Connections, reason, stdio, fail)
+		found, version, err := s.Connections.Reactivate(ctx, connection, "")
+		if err != nil {
+			return lookupFailed(fail, "reactivate", err, fmt.Sprintf("connection %q not found", connection))
+		}
+		fmt.Fprintln(stdio.Stdout, reactivated(found, version))
+		return exitOK
 	})
 }
 
