@@ -30,6 +30,11 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 	if err != nil {
 		return nil, nil, err
 	}
+	// The tools' locked writes commit as durably as the apps': TOKEN_SYNC_COMMIT, else the cluster's default.
+	durability, err := repository.NewDurability(cfg.SyncCommit)
+	if err != nil {
+		return nil, nil, fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
+	}
 	db, closeDB, err := openDB(ctx, cfg.DatabaseURL, min(cfg.DBMaxConns, 4), log)
 	if err != nil {
 		return nil, nil, err
@@ -39,12 +44,6 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		return nil, nil, err
 	}
 	repo := repository.NewTokenRepository(db, sealer)
-	// The tools' locked writes commit as durably as the apps': TOKEN_SYNC_COMMIT, else the cluster's default.
-	durability, err := repository.NewDurability(cfg.SyncCommit)
-	if err != nil {
-		closeDB()
-		return nil, nil, fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
-	}
 	if r, err := repo.ReadReplication(ctx); err == nil {
 		durability.Observe(r)
 	}
