@@ -14,6 +14,7 @@ import (
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
 	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/infra/tokenctl"
 )
 
 // AppConfig is Config plus the settings only the three apps read.
@@ -48,14 +49,11 @@ type AppSettings struct {
 	WebhookSecret domain.Secret `env:"WEBHOOK_SECRET"`
 }
 
-// ConfigError is a missing or malformed setting, named in the message (exit status 2).
-type ConfigError struct{ Err error }
-
-func (e *ConfigError) Error() string { return e.Err.Error() }
-func (e *ConfigError) Unwrap() error { return e.Err }
+// ConfigError is a missing or malformed setting, named in the message: tokenctl's, exit status 2 for both.
+type ConfigError = tokenctl.ConfigError
 
 func configErr(format string, args ...any) error {
-	return &ConfigError{fmt.Errorf(format, args...)}
+	return &ConfigError{Err: fmt.Errorf(format, args...)}
 }
 
 // AppConfigFromEnv reads an app's configuration from environ.
@@ -69,7 +67,7 @@ func AppConfigFromEnv(environ []string) (AppConfig, error) {
 		err = s.validate(c.AllowInsecureURLs)
 	}
 	if err != nil {
-		return AppConfig{}, &ConfigError{err}
+		return AppConfig{}, &ConfigError{Err: err}
 	}
 	return AppConfig{Config: c, AppSettings: s}, nil
 }
@@ -89,19 +87,6 @@ func (s AppSettings) validate(allowInsecure bool) error {
 		return fmt.Errorf("LOG_FORMAT must be json or text, got %q", s.LogFormat)
 	case s.MetricsAddr != "" && addrErr != nil:
 		return fmt.Errorf("METRICS_ADDR must be host:port, got %q", s.MetricsAddr)
-	}
-	if u, _ := url.Parse(s.PublicURL); s.PublicURL != "" && (domain.CheckURL(s.PublicURL, true) != nil || (u.Path != "" && u.Path != "/")) {
-		return fmt.Errorf("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", s.PublicURL)
-	}
-	if err := checkURL("PUBLIC_URL", s.PublicURL, allowInsecure); err != nil {
-		return err
-	}
-	for _, r := range s.ConnectReturnURLs {
-		if domain.CheckURL(r, true) != nil {
-			return fmt.Errorf("CONNECT_RETURN_URLS must be comma-separated http(s) URLs, got %q", r)
-		}
-	}
-	switch {
 	case s.APIKeyRate <= 0:
 		return errors.New("API_KEY_RATE must be positive (requests per second per API key)")
 	case s.APIKeyBurst < 1:
@@ -114,6 +99,17 @@ func (s AppSettings) validate(allowInsecure bool) error {
 		return errors.New("WEBHOOK_URL and WEBHOOK_SECRET are set together")
 	case !s.WebhookSecret.IsZero() && len(s.WebhookSecret.Reveal()) < 16:
 		return errors.New("WEBHOOK_SECRET must be at least 16 characters (e.g. openssl rand -hex 32)")
+	}
+	if u, _ := url.Parse(s.PublicURL); s.PublicURL != "" && (domain.CheckURL(s.PublicURL, true) != nil || (u.Path != "" && u.Path != "/")) {
+		return fmt.Errorf("PUBLIC_URL must be an http(s) origin such as https://tokenguard.example.com, got %q", s.PublicURL)
+	}
+	if err := checkURL("PUBLIC_URL", s.PublicURL, allowInsecure); err != nil {
+		return err
+	}
+	for _, r := range s.ConnectReturnURLs {
+		if domain.CheckURL(r, true) != nil {
+			return fmt.Errorf("CONNECT_RETURN_URLS must be comma-separated http(s) URLs, got %q", r)
+		}
 	}
 	if err := domain.CheckURL(s.WebhookURL, allowInsecure); s.WebhookURL != "" && err != nil {
 		return fmt.Errorf("WEBHOOK_URL %v", err) // not the URL: it may carry a token

@@ -1,6 +1,7 @@
 package di
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -19,6 +20,7 @@ import (
 	"github.com/tokenguard/tokenguard/infra/apiclient"
 	"github.com/tokenguard/tokenguard/infra/batch"
 	"github.com/tokenguard/tokenguard/infra/httpapi"
+	"github.com/tokenguard/tokenguard/infra/httpapi/console"
 	"github.com/tokenguard/tokenguard/infra/metrics"
 	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
@@ -50,19 +52,17 @@ func (s *Server) Run(ctx context.Context) error {
 	var bg sync.WaitGroup
 	defer bg.Wait()
 	defer stop()
-	bg.Go(func() { s.sweepLoop(bgCtx) })
+	bg.Go(func() {
+		usecase.Every(bgCtx, sweepEvery, func() {
+			if _, err := s.sweep(bgCtx); err != nil && bgCtx.Err() == nil {
+				s.log.Warn("sweeping the expired connect results failed; trying again", "err", err)
+			}
+		})
+	})
 	bg.Go(func() {
 		s.pruner.Run(bgCtx, eventsPruneEvery, func(err error) { s.log.Warn("pruning failed; next round in a minute", "err", err) })
 	})
 	return s.srv.Serve(ctx, ln, shutdownGrace)
-}
-
-func (s *Server) sweepLoop(ctx context.Context) {
-	usecase.Every(ctx, sweepEvery, func() {
-		if _, err := s.sweep(ctx); err != nil && ctx.Err() == nil {
-			s.log.Warn("sweeping the expired connect results failed; trying again", "err", err)
-		}
-	})
 }
 
 // NewServer wires the HTTP app. Call the returned cleanup when done.
@@ -77,8 +77,7 @@ func NewServer(ctx context.Context, cfg AppConfig, log *slog.Logger) (*Server, f
 	if err != nil {
 		return fail(err)
 	}
-	// The public routes (the browser flow, /healthz) and the console, both
-	// reachable without a key, have small pools: the token layer keeps its own.
+	// The keyless public routes (browser flow, /healthz) and the console get small pools apart from the token layer's.
 	var pools [2]*gorm.DB
 	for i, conns := range []int{browserConns, consoleConns} {
 		db, closeDB, err := openDB(ctx, cfg.DatabaseURL, conns, log)
@@ -168,7 +167,7 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 		UseCase:      usecase.NewCallAllUseCase(a.tokens.Repository, a.api, httpapi.ResourcePath, 4),
 		Out:          out,
 		Log:          log,
-		RoundTimeout: cfg.LockWait + cfg.RefreshTimeout + 3*cfg.APITimeout,
+		RoundTimeout: 2*(cfg.LockWait+cfg.RefreshTimeout) + 3*cfg.APITimeout, // a round of calls, then the keep-alive's
 	}
 	if ahead.Window > 0 {
 		r.Ahead = func(ctx context.Context) (usecase.AheadReport, error) {
@@ -187,7 +186,6 @@ func NewBatch(ctx context.Context, cfg AppConfig, out io.Writer, log *slog.Logge
 	r.KeepAlive = func(ctx context.Context) (usecase.AheadReport, error) {
 		return a.tokens.RefreshToken.KeepAlive(ctx, a.tokens.Repository, ahead.KeepAlive, ahead.Concurrency)
 	}
-	r.RoundTimeout += cfg.LockWait + cfg.RefreshTimeout
 	return r, cleanup, nil
 }
 
@@ -270,9 +268,8 @@ func (c cleanups) run() {
 	}
 }
 
-// providerBases are the stored providers' API base URLs; BaseURL sends a connection's API calls to its
-// provider's ("" for API_BASE_URL). A stored provider without one is refused: its token never goes to another
-// provider's API.
+// providerBases sends a connection's API calls to its provider's base URL ("" for API_BASE_URL); a stored
+// provider without one is refused, so that its token never goes to another provider's API.
 type providerBases struct {
 	tokens    *usecase.RefreshTokenUseCase
 	providers *provider.Registry
@@ -296,4 +293,53 @@ func (b providerBases) BaseURL(ctx context.Context, connection string) (string, 
 		return "", fmt.Errorf("provider %s: %w", t.Provider, domain.ErrNoAPIBaseURL)
 	}
 	return p.APIBaseURL, nil
+}
+
+// newConsole builds srv's operator console on db, a pool of its own, with tokenctl's use cases.
+func newConsole(cfg AppConfig, a *app, srv *httpapi.Server, db *gorm.DB, log *slog.Logger) (*console.Console, error) {
+	sealer, err := cfg.sealer()
+	if err != nil {
+		return nil, err
+	}
+	repo := repository.NewTokenRepository(db, sealer)
+	ops := newOperator(cfg.Config, db, repo, repository.NewProviderRepository(db, sealer))
+	e := cfg.edges()
+	return console.New(console.Deps{
+		Keys:        repository.NewKeyCache(repository.NewAPIKeys(db), 0),
+		Sessions:    repository.NewConsoleSessions(db),
+		Connections: repo,
+		History:     repository.NewConnectionEvents(db),
+		Actions:     ops,
+		Links:       srv,
+		Providers:   consoleProviders(cfg, a.tokens.Guard.ProviderRegistry(), repository.NewAuthStyles(db)),
+		Secure:      e.PublicURL != nil && e.PublicURL.Scheme == "https",
+		Log:         log,
+	}), nil
+}
+
+// consoleProviders lists the OAUTH_* provider and the stored ones.
+func consoleProviders(cfg AppConfig, registry *provider.Registry, styles *repository.AuthStyles) func(context.Context) ([]console.Provider, error) {
+	o := cfg.OAuth
+	env := domain.Provider{Profile: o.Profile, TokenURL: o.TokenURL, AuthURL: o.AuthURL, RevocationURL: o.RevocationURL,
+		APIBaseURL: cfg.APIBaseURL, ClientID: o.ClientID, AuthStyle: domain.AuthStyle(cmp.Or(o.AuthStyle, "auto")), Scopes: o.Scopes,
+		Skew: cfg.RefreshSkew, DefaultLifetime: cfg.DefaultLifetime}
+	return func(ctx context.Context) ([]console.Provider, error) {
+		ps := []domain.Provider{env}
+		for _, name := range registry.Names() {
+			if sp, ok := registry.Provider(name); ok {
+				ps = append(ps, sp)
+			}
+		}
+		out := make([]console.Provider, len(ps))
+		for i, p := range ps {
+			learned, err := styles.Load(ctx, p.TokenURL, p.ClientID)
+			if err != nil {
+				return nil, err
+			}
+			out[i] = console.Provider{Name: p.Name, Profile: p.Profile, TokenURL: p.TokenURL, AuthURL: p.AuthURL, RevokeURL: p.RevocationURL,
+				APIBaseURL: p.APIBaseURL, ClientID: p.ClientID, AuthStyle: string(p.AuthStyle), LearnedAuth: learned, Scopes: p.Scopes,
+				Skew: p.Skew, Lifetime: p.DefaultLifetime, KeepAlive: p.KeepAlive}
+		}
+		return out, nil
+	}
 }

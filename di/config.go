@@ -79,6 +79,7 @@ type OAuthConfig struct {
 	TokenRate     string `env:"TOKEN_RATE"` // N/PERIOD
 
 	params map[string]string // ProfileParams, parsed
+	key    *clientkey.Key    // ClientKeyFile's, parsed
 }
 
 // EncryptionRequired reports whether plaintext rows are refused.
@@ -86,7 +87,7 @@ func (c Config) EncryptionRequired() bool {
 	if c.RequireEncryption != nil {
 		return *c.RequireEncryption
 	}
-	return strings.TrimSpace(string(c.EncryptionKeys)) != ""
+	return c.hasKeys()
 }
 
 // ListenURL is where the change listener holds its session.
@@ -120,20 +121,19 @@ func (c Config) LogValue() slog.Value {
 	)
 }
 
-// clientKey reads OAUTH_CLIENT_KEY_FILE (nil but for private_key_jwt); errors never quote it.
-func (o OAuthConfig) clientKey() (*clientkey.Key, error) {
+// readKey reads OAUTH_CLIENT_KEY_FILE into key (nil but for private_key_jwt); errors never quote it.
+func (o *OAuthConfig) readKey() error {
 	if o.AuthStyle != "private_key_jwt" {
-		return nil, nil
+		return nil
 	}
 	data, err := os.ReadFile(o.ClientKeyFile)
 	if err != nil {
-		return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", errors.Unwrap(err))
+		return fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", errors.Unwrap(err))
 	}
-	k, err := clientkey.ParsePEM(data)
-	if err != nil {
-		return nil, fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
+	if o.key, err = clientkey.ParsePEM(data); err != nil {
+		return fmt.Errorf("OAUTH_CLIENT_KEY_FILE: %w", err)
 	}
-	return k, nil
+	return nil
 }
 
 // ConfigFromEnv reads and checks the configuration in environ; errors (*ConfigError) name the variable.
@@ -145,8 +145,11 @@ func ConfigFromEnv(environ []string) (Config, error) {
 	if err == nil {
 		err = c.validate()
 	}
+	if err == nil {
+		err = c.OAuth.readKey()
+	}
 	if err != nil {
-		return Config{}, &ConfigError{err}
+		return Config{}, &ConfigError{Err: err}
 	}
 	return c, nil
 }
@@ -217,13 +220,10 @@ func (c Config) validate() error {
 	if _, err := domain.ParseTokenRate(c.OAuth.TokenRate); err != nil {
 		return fmt.Errorf("OAUTH_TOKEN_RATE: %w", err)
 	}
-	if _, err := c.OAuth.clientKey(); err != nil {
-		return err
-	}
 	if _, err := c.keyring(); err != nil {
 		return err
 	}
-	if c.EncryptionRequired() && strings.TrimSpace(string(c.EncryptionKeys)) == "" {
+	if c.EncryptionRequired() && !c.hasKeys() {
 		return errors.New("TOKEN_ENCRYPTION_REQUIRED needs TOKEN_ENCRYPTION_KEYS")
 	}
 	if c.OAuth.RedirectURL != "" && domain.CheckURL(c.OAuth.RedirectURL, true) != nil {
@@ -311,4 +311,36 @@ func redactURL(s string) string {
 		return urlCredentials.ReplaceAllString(s, "://xxxxx@")
 	}
 	return u.Redacted()
+}
+
+// hasKeys reports whether TOKEN_ENCRYPTION_KEYS is set, not blank.
+func (c Config) hasKeys() bool { return strings.TrimSpace(string(c.EncryptionKeys)) != "" }
+
+// keyring parses TOKEN_ENCRYPTION_KEYS; nil without keys.
+func (c Config) keyring() (*tokencrypt.Keyring, error) {
+	if !c.hasKeys() {
+		return nil, nil
+	}
+	return c.EncryptionKeys.Keyring()
+}
+
+// encryption is what String shows: key ids, never keys.
+func (c Config) encryption() string {
+	switch k, err := c.keyring(); {
+	case err != nil:
+		return "invalid"
+	case k == nil:
+		return "off"
+	default:
+		return "current=" + k.Current()
+	}
+}
+
+// sealer seals token values with the keyring, when one is configured.
+func (c Config) sealer() (repository.Sealer, error) {
+	k, err := c.keyring()
+	if err != nil || k == nil {
+		return tokencrypt.Plaintext{}, err
+	}
+	return k, nil
 }

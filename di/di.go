@@ -17,7 +17,6 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
 	"github.com/tokenguard/tokenguard/infra/provider"
-	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/prom"
 	"github.com/tokenguard/tokenguard/repository"
@@ -47,10 +46,6 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions
 	if err := cfg.RequireOAuth(); err != nil {
 		return nil, nil, err
 	}
-	opts, err := tokenOptions(cfg, o, log)
-	if err != nil {
-		return nil, nil, err
-	}
 	if _, err := cfg.sealer(); err != nil { // the keys are checked before anything is opened
 		return nil, nil, err
 	}
@@ -65,7 +60,7 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions
 		}
 	}
 	oc := OAuth2Config(cfg.OAuth)
-	guard, err := tokenguard.New(db, oc, opts...)
+	guard, err := tokenguard.New(db, oc, tokenOptions(cfg, o, log)...)
 	switch {
 	case errors.Is(err, domain.ErrUndecryptable):
 		err = fmt.Errorf("%s cannot decrypt the stored tokens: %w", tokencrypt.EnvKeys, err)
@@ -104,11 +99,7 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions
 }
 
 // tokenOptions are the tokenguard options cfg and o ask for.
-func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Option, error) {
-	key, err := cfg.OAuth.clientKey()
-	if err != nil {
-		return nil, err
-	}
+func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) []tokenguard.Option {
 	tokenHTTP := agentClient(cfg.AnswerDeadline, o.App)
 	opts := []tokenguard.Option{
 		tokenguard.WithSkew(cfg.RefreshSkew),
@@ -138,8 +129,8 @@ func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Op
 	add(oa.Resource != "", tokenguard.WithResource(oa.Resource))
 	add(oa.PAR != "", tokenguard.WithPAR(tokenguard.PARMode(oa.PAR)))
 	add(oa.TokenRate != "", tokenguard.WithTokenRate(oa.TokenRate))
-	if key != nil {
-		opts = append(opts, tokenguard.WithClientKey(key.Signer()))
+	if oa.key != nil {
+		opts = append(opts, tokenguard.WithClientKey(oa.key.Signer()))
 	}
 	add(oa.RevocationURL != "", tokenguard.WithRevocationURL(oa.RevocationURL))
 	add(oa.UserInfoURL != "", tokenguard.WithUserInfo(oa.UserInfoURL, oa.UserInfoIDField))
@@ -151,20 +142,7 @@ func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) ([]tokenguard.Op
 	add(cfg.EncryptionKeys != "" && cfg.EncryptionRequired(), tokenguard.WithEncryptionRequired())
 	add(o.Registry != nil, prom.WithMetrics(o.Registry))
 	add(o.Registry != nil && o.ConnectionLabel, tokenguard.WithMetricsPerConnection())
-	return opts, nil
-}
-
-// NewRevoker revokes refresh tokens at each connection's provider (OAUTH_REVOCATION_URL, or a stored
-// provider's), authenticated as at its token endpoint.
-func NewRevoker(cfg Config, db *gorm.DB, providers provider.ProviderLookup) (*provider.Revocations, error) {
-	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
-	key, err := cfg.OAuth.clientKey()
-	if err != nil {
-		return nil, err
-	}
-	prof, _ := profiles.Get(cfg.OAuth.Profile) // generic when unknown
-	return provider.NewRevoker(OAuth2Config(cfg.OAuth), cfg.OAuth.RevocationURL, key, prof, providers,
-		provider.NewDiscovery(client), client, repository.NewAuthStyles(db)), nil
+	return opts
 }
 
 // OAuth2Config is the x/oauth2 view of the client registration, as of a stored provider's.

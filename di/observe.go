@@ -21,6 +21,7 @@ import (
 	sdktrace "go.opentelemetry.io/otel/sdk/trace"
 
 	"github.com/tokenguard/tokenguard/infra/provider"
+	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 )
 
 // userAgent names the app at the token endpoint: which process refreshed.
@@ -75,9 +76,8 @@ func serveMetrics(addr string, m http.Handler, log *slog.Logger) (stop func(), e
 	}, nil
 }
 
-// startTracing installs OpenTelemetry for app from the OTEL_* variables. Traces are exported only when asked
-// for (a process without a collector must not log failures); the propagator is installed in any case, so
-// trace context still travels. stop flushes the spans.
+// startTracing installs OpenTelemetry for app from the OTEL_* variables: the propagator always, an exporter only
+// when asked for (a process without a collector must not log failures). stop flushes the spans.
 func startTracing(ctx context.Context, app string, environ []string, log *slog.Logger) (stop func(), err error) {
 	otel.SetTextMapPropagator(autoprop.NewTextMapPropagator())
 	vars := env.ToMap(environ)
@@ -113,4 +113,36 @@ func startTracing(ctx context.Context, app string, environ []string, log *slog.L
 			log.Warn("OpenTelemetry: spans in flight not exported at shutdown", "err", err)
 		}
 	}, nil
+}
+
+// checkEndpoint asks the token endpoint about the client, authenticated as the token layer does it.
+func checkEndpoint(ctx context.Context, cfg Config, client *http.Client) provider.CheckResult {
+	prof, _ := profiles.Get(cfg.OAuth.Profile)
+	opts := provider.ClientOptions(cfg.OAuth.Resource, cfg.OAuth.key, prof, provider.NewDiscovery(client))
+	return provider.Check(ctx, OAuth2Config(cfg.OAuth), client, opts...)
+}
+
+// checkAtStart logs the token endpoint check's verdict, and keeps its answer as evidence.
+func checkAtStart(ctx context.Context, cfg Config, app string, evidence provider.EvidenceStore, log *slog.Logger) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	var done sync.WaitGroup
+	done.Go(func() {
+		res := checkEndpoint(ctx, cfg, agentClient(cfg.RefreshTimeout, app))
+		if ctx.Err() != nil {
+			return // stopped before the endpoint answered: nothing to tell
+		}
+		if err := provider.RecordCheck(ctx, evidence, OAuth2Config(cfg.OAuth), res); err != nil {
+			log.Warn("token endpoint check: its answer could not be kept; ambiguous refusals stay unclassified", "err", err)
+		}
+		level := slog.LevelError
+		switch res.Verdict {
+		case provider.CheckOK:
+			level = slog.LevelInfo
+		case provider.CheckInconclusive:
+			level = slog.LevelWarn
+		}
+		log.Log(context.Background(), level, "token endpoint check: "+res.String(),
+			"verdict", res.Verdict.String(), "auth_style", res.Style())
+	})
+	return func() { cancel(); done.Wait() }
 }

@@ -11,6 +11,7 @@ import (
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/infra/postgres"
 	"github.com/tokenguard/tokenguard/infra/queue"
+	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -23,24 +24,26 @@ type Store struct {
 	Providers  *repository.ProviderRepository
 }
 
-// NewStore opens the database unmigrated, needing no OAuth2 settings; call the cleanup.
+// NewStore opens the migrated database, needing no OAuth2 settings; call the cleanup.
 func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func(), error) {
 	sealer, err := cfg.sealer()
 	if err != nil {
 		return nil, nil, err
 	}
+	// The tools' locked writes commit as durably as the apps': TOKEN_SYNC_COMMIT, else the cluster's default.
+	durability, err := repository.NewDurability(cfg.SyncCommit)
+	if err != nil {
+		return nil, nil, fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
+	}
 	db, closeDB, err := openDB(ctx, cfg.DatabaseURL, min(cfg.DBMaxConns, 4), log)
 	if err != nil {
 		return nil, nil, err
 	}
-	repo := repository.NewTokenRepository(db, sealer)
-	// The tools' locked writes (an import's grant, a reactivation) commit as durably as the apps' do:
-	// TOKEN_SYNC_COMMIT, else the cluster's default as read now.
-	durability, err := repository.NewDurability(cfg.SyncCommit)
-	if err != nil {
+	if err := migrated(ctx, db); err != nil {
 		closeDB()
-		return nil, nil, fmt.Errorf("TOKEN_SYNC_COMMIT: %w", err)
+		return nil, nil, err
 	}
+	repo := repository.NewTokenRepository(db, sealer)
 	if r, err := repo.ReadReplication(ctx); err == nil {
 		durability.Observe(r)
 	}
@@ -51,6 +54,18 @@ func NewStore(ctx context.Context, cfg Config, log *slog.Logger) (*Store, func()
 		Connect:    usecase.NewConnectUseCase(repo, nil, cfg.LockWait),
 		Providers:  repository.NewProviderRepository(db, sealer),
 	}, closeDB, nil
+}
+
+// migrated refuses an unmigrated database, naming the command that fixes it.
+func migrated(ctx context.Context, db *gorm.DB) error {
+	var ok bool
+	if err := db.WithContext(ctx).Raw("SELECT to_regclass(?) IS NOT NULL", migrations.Table).Scan(&ok).Error; err != nil {
+		return fmt.Errorf("read the schema: %w", err)
+	}
+	if !ok {
+		return configErr("the database has no tokenguard tables yet: run `tokenctl migrate` first")
+	}
+	return nil
 }
 
 // openDB opens a pool of conns connections that logs to log (nil: nowhere); call the cleanup.

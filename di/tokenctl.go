@@ -3,7 +3,6 @@ package di
 import (
 	"cmp"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,10 +12,10 @@ import (
 
 	"github.com/tokenguard/tokenguard"
 	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/provider"
 	"github.com/tokenguard/tokenguard/infra/provider/profiles"
 	"github.com/tokenguard/tokenguard/infra/tokencrypt"
 	"github.com/tokenguard/tokenguard/infra/tokenctl"
-	"github.com/tokenguard/tokenguard/migrations"
 	"github.com/tokenguard/tokenguard/repository"
 	"github.com/tokenguard/tokenguard/usecase"
 )
@@ -44,16 +43,8 @@ type tokenctlBackend struct {
 	logTo   io.Writer
 }
 
-func (b tokenctlBackend) config() (Config, error) {
-	cfg, err := ConfigFromEnv(b.environ)
-	if err != nil {
-		return Config{}, &tokenctl.ConfigError{Err: err}
-	}
-	return cfg, nil
-}
-
 func (b tokenctlBackend) Migrate(ctx context.Context) error {
-	cfg, err := b.config()
+	cfg, err := ConfigFromEnv(b.environ)
 	if err != nil {
 		return err
 	}
@@ -70,81 +61,37 @@ func (b tokenctlBackend) Migrate(ctx context.Context) error {
 }
 
 func (b tokenctlBackend) RotateKey(ctx context.Context) (int, int, error) {
-	cfg, err := b.config()
+	cfg, err := ConfigFromEnv(b.environ)
 	if err != nil {
 		return 0, 0, err
-	}
-	if cfg.EncryptionKeys == "" {
-		return 0, 0, &tokenctl.ConfigError{Err: errors.New("TOKEN_ENCRYPTION_KEYS is required for rotate-key")}
 	}
 	res, err := Reseal(ctx, cfg, NewLogger(b.logTo, "warn", "text").With("app", "tokenctl"))
 	return res.Resealed, res.Current, err
 }
 
-func (b tokenctlBackend) Open(ctx context.Context, group string) (*tokenctl.Stores, func(), error) {
-	cfg, err := b.config()
+func (b tokenctlBackend) Check(ctx context.Context) (provider.CheckResult, error) {
+	cfg, err := ConfigFromEnv(b.environ)
+	if err == nil {
+		err = cfg.RequireOAuth()
+	}
+	if err != nil {
+		return provider.CheckResult{}, err
+	}
+	return checkEndpoint(ctx, cfg, agentClient(10*time.Second, "tokenctl")), nil
+}
+
+func (b tokenctlBackend) Open(ctx context.Context) (*tokenctl.Stores, func(), error) {
+	cfg, err := ConfigFromEnv(b.environ)
 	if err != nil {
 		return nil, nil, err
-	}
-	switch group {
-	case "apikey":
-		db, cleanup, err := openMigrated(ctx, cfg, nil)
-		if err != nil {
-			return nil, nil, err
-		}
-		return &tokenctl.Stores{Keys: repository.NewAPIKeys(db)}, cleanup, nil
-	case "provider":
-		sealer, err := cfg.sealer()
-		if err != nil {
-			return nil, nil, &tokenctl.ConfigError{Err: err}
-		}
-		db, cleanup, err := openMigrated(ctx, cfg, nil)
-		if err != nil {
-			return nil, nil, err
-		}
-		_, plaintext := sealer.(tokencrypt.Plaintext)
-		return &tokenctl.Stores{Providers: repository.NewProviderRepository(db, sealer), Encrypted: !plaintext,
-			AllowInsecureURLs: cfg.AllowInsecureURLs}, cleanup, nil
 	}
 	s, cleanup, err := NewStore(ctx, cfg, discard)
 	if err != nil {
 		return nil, nil, err
 	}
-	if err := migrated(ctx, s.DB); err != nil {
-		cleanup()
-		return nil, nil, err
-	}
-	ops, err := newOperator(cfg, s.DB, s.Repository, s.Providers)
-	if err != nil {
-		cleanup()
-		return nil, nil, &tokenctl.ConfigError{Err: err}
-	}
-	return &tokenctl.Stores{Connections: ctlStore{ops, s, cfg}, ExpiringNotice: cfg.ExpiringNotice}, cleanup, nil
-}
-
-// migrated refuses an unmigrated database, naming the command that fixes it.
-func migrated(ctx context.Context, db *gorm.DB) error {
-	var ok bool
-	if err := db.WithContext(ctx).Raw("SELECT to_regclass(?) IS NOT NULL", migrations.Table).Scan(&ok).Error; err != nil {
-		return fmt.Errorf("read the schema: %w", err)
-	}
-	if !ok {
-		return &tokenctl.ConfigError{Err: errors.New("the database has no tokenguard tables yet: run `tokenctl migrate` first")}
-	}
-	return nil
-}
-
-// openMigrated opens a small pool on a migrated database.
-func openMigrated(ctx context.Context, cfg Config, log *slog.Logger) (*gorm.DB, func(), error) {
-	db, closeDB, err := openDB(ctx, cfg.DatabaseURL, 2, log)
-	if err != nil {
-		return nil, nil, err
-	}
-	if err := migrated(ctx, db); err != nil {
-		closeDB()
-		return nil, nil, err
-	}
-	return db, closeDB, nil
+	ops := newOperator(cfg, s.DB, s.Repository, s.Providers)
+	return &tokenctl.Stores{Connections: ctlStore{ops, s, cfg}, ExpiringNotice: cfg.ExpiringNotice, Keys: repository.NewAPIKeys(s.DB),
+		Providers: s.Providers, Encrypted: cfg.hasKeys(), AllowInsecureURLs: cfg.AllowInsecureURLs}, cleanup, nil
 }
 
 // operator makes the operator's changes to connections, for tokenctl and the console alike.
@@ -154,12 +101,13 @@ type operator struct {
 	lockWait                    time.Duration
 }
 
-func newOperator(cfg Config, db *gorm.DB, repo *repository.TokenRepository, providers *repository.ProviderRepository) (operator, error) {
-	revoker, err := NewRevoker(cfg, db, providers)
-	if err != nil {
-		return operator{}, err
-	}
-	return operator{repo, usecase.NewDisconnectUseCase(repo, revoker, cfg.LockWait, cfg.RefreshTimeout), cfg.LockWait}, nil
+// newOperator revokes at each connection's provider's revocation endpoint, authenticated as at its token endpoint.
+func newOperator(cfg Config, db *gorm.DB, repo *repository.TokenRepository, providers *repository.ProviderRepository) operator {
+	client := provider.NewHTTPClient(min(cfg.RefreshTimeout, usecase.DefaultRevokeTimeout))
+	prof, _ := profiles.Get(cfg.OAuth.Profile) // generic when unknown
+	revoker := provider.NewRevoker(OAuth2Config(cfg.OAuth), cfg.OAuth.RevocationURL, cfg.OAuth.key, prof, providers,
+		provider.NewDiscovery(client), client, repository.NewAuthStyles(db))
+	return operator{repo, usecase.NewDisconnectUseCase(repo, revoker, cfg.LockWait, cfg.RefreshTimeout), cfg.LockWait}
 }
 
 func (o operator) Disconnect(ctx context.Context, connection string, revoke bool) (domain.Token, error) {
@@ -180,8 +128,7 @@ type ctlStore struct {
 	cfg   Config
 }
 
-// Connect stores an imported grant, bound to the DPoP key (PEM, thumbprint jkt) if any. A
-// grant without an expiry gets its provider's default lifetime.
+// Connect stores an imported grant (see tokenctl.Store); one without an expiry gets its provider's default lifetime.
 func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Grant, metadata *domain.Metadata, key domain.Secret, jkt string) (domain.Token, error) {
 	if g.Expiry.IsZero() {
 		lifetime := s.cfg.DefaultLifetime
@@ -198,4 +145,35 @@ func (s ctlStore) Connect(ctx context.Context, id, provider string, g domain.Gra
 	}
 	return s.store.Connect.ConnectGrant(ctx, id, g, usecase.ConnectRequest{AllowAccountChange: true, Provider: provider, Metadata: metadata,
 		DPoPKey: key, DPoPJKT: jkt})
+}
+
+// Reseal is "tokenctl rotate-key": it re-encrypts every stored token (under its refresh lock, so running apps
+// that know the key keep refreshing) and provider secret with the current key; it may be run again after a failure.
+func Reseal(ctx context.Context, cfg Config, log *slog.Logger) (repository.ResealResult, error) {
+	log = cmp.Or(log, discard)
+	k, err := cfg.keyring()
+	if err != nil {
+		return repository.ResealResult{}, err
+	}
+	if k == nil {
+		return repository.ResealResult{}, configErr("%s is required to rotate keys", tokencrypt.EnvKeys)
+	}
+	s, closeStore, err := NewStore(ctx, cfg, log)
+	if err != nil {
+		return repository.ResealResult{}, err
+	}
+	defer closeStore()
+	res, err := s.Repository.Reseal(ctx, repository.DefaultResealBatch, cfg.LockWait)
+	if err == nil {
+		var resealed, current int
+		resealed, current, err = s.Providers.Reseal(ctx)
+		log.Info("rotate-key: provider client secrets", slog.Int("resealed", resealed), slog.Int("already_current", current))
+	}
+	log.Info("rotate-key", slog.String("current_key", k.Current()),
+		slog.Int("resealed", res.Resealed), slog.Int("already_current", res.Current), slog.Bool("complete", err == nil),
+		slog.Bool("only_bound_form_from_now_on", res.OnlyBound))
+	if err != nil {
+		return res, fmt.Errorf("rotate-key: %w", err)
+	}
+	return res, nil
 }

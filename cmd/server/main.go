@@ -1,5 +1,4 @@
-// Command server is the HTTP app: see infra/httpapi for its endpoints and
-// docs/configuration.md for its configuration.
+// Command server is the HTTP app (endpoints: infra/httpapi; configuration: docs/configuration.md).
 package main
 
 import (

@@ -1,5 +1,4 @@
-// Command worker consumes the events the server queues and, for each, calls
-// the external API with the connection's token.
+// Command worker calls the external API with the connection's token for each event the server queues.
 package main
 
 import (

@@ -60,7 +60,7 @@ func apikey(ctx context.Context, args []string, backend Backend, stdio IO) int {
 	if code, ok := checkName(cmd, "key", name, fail); !ok {
 		return code
 	}
-	return withOpen(ctx, backend, "apikey", fail, func(s *Stores) int {
+	return withOpen(ctx, backend, fail, func(s *Stores) int {
 		switch cmd {
 		case "create":
 			key, err := s.Keys.Create(ctx, name, access)

@@ -99,9 +99,9 @@ func subcommand(args []string, usage string, stderr io.Writer) (int, bool) {
 	return exitOK, false
 }
 
-// withOpen runs fn on the stores of group, and closes them.
-func withOpen(ctx context.Context, backend Backend, group string, fail failFunc, fn func(*Stores) int) int {
-	s, cleanup, err := backend.Open(ctx, group)
+// withOpen runs fn on the stores, and closes them.
+func withOpen(ctx context.Context, backend Backend, fail failFunc, fn func(*Stores) int) int {
+	s, cleanup, err := backend.Open(ctx)
 	if err != nil {
 		return failed(fail, "", err)
 	}

@@ -33,16 +33,10 @@ const providerUsage = `usage:
       Running apps use the change from their next refresh, without a restart
   tokenctl provider list                  show providers and how many connections use each (never a secret)
   tokenctl provider remove --name NAME    delete a provider no connection uses
-settings:
-  --api-base-url URL --auth-url URL --revocation-url URL --auth-style auto|header|params --scopes a,b
-  --skew D --default-lifetime D --keep-alive D   (0: the global setting)
-  --dpop   the provider requires DPoP: each connection's grant is bound to a key made at connect time
-  --resource URL   the RFC 8707 resource indicator of every authorization and token request
-  --auth-style private_key_jwt --client-key-file PATH   authenticate with assertions signed by the PEM
-           private key in PATH (EC P-256 or RSA; sealed at rest; no client secret on stdin)
-  --par auto|always|never   push the connect flow's authorization request (RFC 9126): auto when the
-           provider's metadata or profile requires it
-  --token-rate N/PERIOD   at most N token requests in any PERIOD, fleet-wide (e.g. 100/1m; none: no budget)`
+settings (each explained by tokenctl provider add -h):
+  --api-base-url URL --auth-url URL --revocation-url URL --auth-style auto|header|params|private_key_jwt
+  --client-key-file PATH --scopes a,b --skew D --default-lifetime D --keep-alive D --dpop --resource URL
+  --par auto|always|never --token-rate N/PERIOD`
 
 // ProviderStore is the stored providers as the operator sees them.
 type ProviderStore interface {
@@ -74,8 +68,8 @@ func (f *providerFlags) register(fs *flag.FlagSet, p *domain.Provider, update bo
 	fs.StringVar(&p.RevocationURL, "revocation-url", p.RevocationURL, "the RFC 7009 revocation endpoint `URL`")
 	fs.StringVar((*string)(&p.AuthStyle), "auth-style", string(p.AuthStyle), "client authentication: `auto`, header, params or private_key_jwt")
 	fs.StringVar(&p.Resource, "resource", p.Resource, "the RFC 8707 resource indicator (`URL`) of every authorization and token request")
-	fs.StringVar((*string)(&p.PAR), "par", string(p.PAR), "push the connect flow's authorization request (RFC 9126): `auto`, always or never")
-	fs.StringVar(&f.clientKeyFile, "client-key-file", "", "the PEM private key (EC P-256 or RSA) of --auth-style private_key_jwt (`PATH`)")
+	fs.StringVar((*string)(&p.PAR), "par", string(p.PAR), "push the connect flow's authorization request (RFC 9126): `auto` (when the provider's metadata or profile requires it), always or never")
+	fs.StringVar(&f.clientKeyFile, "client-key-file", "", "the PEM private key (EC P-256 or RSA; sealed at rest; no client secret on stdin) of --auth-style private_key_jwt (`PATH`)")
 	fs.StringVar(&f.scopes, "scopes", "", "comma-separated `SCOPES`")
 	fs.DurationVar(&p.Skew, "skew", p.Skew, "refresh this long before expiry (`D`; 0: TOKEN_REFRESH_SKEW)")
 	fs.DurationVar(&p.DefaultLifetime, "default-lifetime", p.DefaultLifetime, "lifetime of an access token whose answer has no expires_in (`D`; 0: TOKEN_DEFAULT_LIFETIME)")
@@ -108,11 +102,6 @@ func apply(p *domain.Provider, args []string, update bool, clientKey, secret *do
 	}
 	if set["scopes"] {
 		p.Scopes = splitList(f.scopes)
-	}
-	if set["par"] {
-		if p.PAR, err = domain.ParsePARMode(string(p.PAR)); err != nil {
-			return err
-		}
 	}
 	switch {
 	case clientKey != nil:
@@ -246,7 +235,7 @@ func providerCmd(ctx context.Context, args []string, backend Backend, stdio IO) 
 		return fail(exitFor(err, domain.ErrInvalidProvider, domain.ErrProviderExists, domain.ErrUnknownProfile,
 			domain.ErrUnknownProvider, domain.ErrProviderInUse, domain.ErrInsecureURL, domain.ErrNotHTTPURL), "%s: %v", cmd, err)
 	}
-	return withOpen(ctx, backend, "provider", fail, func(s *Stores) int {
+	return withOpen(ctx, backend, fail, func(s *Stores) int {
 		// change applies the command line to p, refusing a URL secrets would reach in the clear.
 		change := func(p *domain.Provider) error {
 			if err := apply(p, rest, cmd == "update", clientKey, secret); err != nil {

@@ -11,16 +11,6 @@ import (
 // reactivatePage is how many connections --all-with-reason reads per query.
 const reactivatePage = 100
 
-// reactivateOne is tokenctl reactivate --connection NAME.
-func reactivateOne(ctx context.Context, store Store, name string, stdio IO, fail failFunc) int {
-	found, version, err := store.Reactivate(ctx, name, "")
-	if err != nil {
-		return lookupFailed(fail, "reactivate", err, fmt.Sprintf("connection %q not found", name))
-	}
-	fmt.Fprintln(stdio.Stdout, reactivated(found, version))
-	return exitOK
-}
-
 // reactivateAll is tokenctl reactivate --all-with-reason REASON, a page at a time, each under its own
 // lock. A connection whose lock stays taken is skipped, and the exit status says so; any other error stops.
 func reactivateAll(ctx context.Context, store Store, reason string, stdio IO, fail failFunc) int {

@@ -66,7 +66,7 @@ type storeBackend struct {
 	s       Store
 }
 
-func (b storeBackend) Open(context.Context, string) (*Stores, func(), error) {
+func (b storeBackend) Open(context.Context) (*Stores, func(), error) {
 	return &Stores{Connections: b.s}, func() {}, nil
 }
 

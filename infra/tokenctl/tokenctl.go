@@ -58,11 +58,11 @@ type Backend interface {
 	// RotateKey re-encrypts every stored token with the current key.
 	RotateKey(ctx context.Context) (resealed, current int, err error)
 	Check(ctx context.Context) (provider.CheckResult, error)
-	// Open opens the database for the commands of group ("apikey", "provider", "" for the connections'); call the cleanup.
-	Open(ctx context.Context, group string) (*Stores, func(), error)
+	// Open opens the database for the commands; call the cleanup.
+	Open(ctx context.Context) (*Stores, func(), error)
 }
 
-// Stores is what a command group works on: Open fills in the group's.
+// Stores is what the command groups work on.
 type Stores struct {
 	Connections    Store
 	ExpiringNotice time.Duration // TOKEN_EXPIRING_NOTICE
@@ -196,7 +196,7 @@ func importCmd(ctx context.Context, args []string, backend Backend, stdio IO, fa
 	if err != nil {
 		return fail(exitUsage, "import: %v; nothing stored", err)
 	}
-	return withOpen(ctx, backend, "", fail, func(s *Stores) int {
+	return withOpen(ctx, backend, fail, func(s *Stores) int {
 		t, err := s.Connections.Connect(ctx, connection, providerName, grant, metadata, key, jkt)
 		if err != nil {
 			return fail(exitFor(err, domain.ErrInvalidToken, domain.ErrInvalidConnection, domain.ErrUnknownProvider,
@@ -239,16 +239,21 @@ func connectionCmd(ctx context.Context, cmd string, args []string, backend Backe
 	if err := domain.ValidateName(connection); connection != "" && err != nil {
 		return fail(exitUsage, "%v", err)
 	}
-	return withOpen(ctx, backend, "", fail, func(s *Stores) int {
+	return withOpen(ctx, backend, fail, func(s *Stores) int {
 		switch {
 		case cmd == "status":
 			return status(ctx, s, connection, stdio, fail)
 		case cmd == "disconnect":
 			return disconnect(ctx, s.Connections, connection, revoke, stdio, fail)
-		case connection != "":
-			return reactivateOne(ctx, s.Connections, connection, stdio, fail)
+		case reason != "":
+			return reactivateAll(ctx, s.Connections, reason, stdio, fail)
 		}
-		return reactivateAll(ctx, s.Connections, reason, stdio, fail)
+		found, version, err := s.Connections.Reactivate(ctx, connection, "")
+		if err != nil {
+			return lookupFailed(fail, "reactivate", err, fmt.Sprintf("connection %q not found", connection))
+		}
+		fmt.Fprintln(stdio.Stdout, reactivated(found, version))
+		return exitOK
 	})
 }
 
