@@ -219,11 +219,13 @@ var catalog = func() map[string]Profile {
 	return out
 }()
 
-// Get returns the profile called name ("" is Generic), or an error wrapping domain.ErrUnknownProfile.
+// Get returns the profile called name ("" is Generic). An unknown name (a newer release's) is
+// an error wrapping domain.ErrUnknownProfile, returned with Generic, whose prompt=consent keeps
+// a connect link from passing unseen.
 func Get(name string) (Profile, error) {
 	p, ok := catalog[cmp.Or(name, Generic)]
 	if !ok {
-		return Profile{}, fmt.Errorf("%w: %q (see tokenctl provider profiles)", domain.ErrUnknownProfile, name)
+		return clone(catalog[Generic]), fmt.Errorf("%w: %q (see tokenctl provider profiles)", domain.ErrUnknownProfile, name)
 	}
 	return clone(p), nil
 }

@@ -39,8 +39,9 @@ func TestCatalog(t *testing.T) {
 	if len(gh.DeadGrants) != 1 || gh.DeadGrants[0] != (DeadGrant{Code: "bad_refresh_token", Field: "error", Status: 200}) {
 		t.Fatalf("github dead grants = %+v", gh.DeadGrants)
 	}
-	if _, err := Get("nope"); !errors.Is(err, domain.ErrUnknownProfile) {
-		t.Fatalf("Get(nope) = %v, want ErrUnknownProfile", err)
+	// A stored provider of a newer release's profile gets the generic behaviour, consent prompt included.
+	if u, err := Get("nope"); !errors.Is(err, domain.ErrUnknownProfile) || u.Name != Generic || u.AuthParams["prompt"] != "consent" {
+		t.Fatalf("Get(nope) = %+v, %v: want Generic and ErrUnknownProfile", u, err)
 	}
 }
 
