@@ -111,7 +111,11 @@ func (s *Server) createSession(w http.ResponseWriter, r *http.Request) {
 		}
 		metadata = &m
 	}
-	if req.ReturnTo == "" {
+	if req.ReturnTo == "" { // after the provider: an unknown one is the first thing to fix
+		if err := s.checkProvider(r.Context(), req.Provider); err != nil {
+			s.failed(w, r, req.Connection, err)
+			return
+		}
 		writeJSON(w, http.StatusBadRequest, errorBody{Error: "return_to is required: the browser brings the consent's result there, and your backend redeems it (POST /connect-results)", Code: "return_to_required", Connection: req.Connection})
 		return
 	}
