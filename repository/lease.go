@@ -14,7 +14,10 @@ import (
 // Lease timing. A live holder renews its leases every leaseRenewEvery, each renewal good for
 // leaseTerm, so a lease outlives a dead holder by at most leaseTerm. A lease interrupted by a
 // restart or failover is held for restartGrace from when a process first finds it on the new
-// server: its holder needs that long to reconnect and renew it or store its token.
+// server: its holder needs that long to reconnect and renew it or store its token. A promoted
+// standby may lack the lease altogether (an asynchronous standby loses the last commits): there
+// its holder restores it, and no lease is granted for restartGrace from the new timeline's first
+// claim (claimSQL).
 const (
 	leaseTerm       = time.Second
 	leaseRenewEvery = 300 * time.Millisecond
@@ -41,11 +44,34 @@ const leaseUpsert = `ON CONFLICT (connection_id) DO UPDATE SET
     WHERE ` + leaseFree + ` OR l.server_started IS DISTINCT FROM EXCLUDED.server_started
 RETURNING l.holder::text`
 
+// restoreLeaseSQL writes lease l back (connection $1, version $2 with $3 failures, holder $4,
+// taken $5 ms ago) if the token is still at that version and failure count: what the server
+// lost, not a refresh that ended. A lease on another version gives way, as in leaseFree.
+const restoreLeaseSQL = `INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started, taken_at)
+SELECT t.connection_id, t.version, $4::uuid, now() + $6 * interval '1 millisecond', pg_postmaster_start_time(),
+       now() - $5 * interval '1 millisecond'
+FROM tokenguard_tokens t JOIN tokenguard_connections c ON c.id = t.connection_id
+LEFT JOIN tokenguard_refresh_failures f ON f.connection_id = t.connection_id AND f.version = t.version
+WHERE c.name = $1 AND t.version = $2 AND coalesce(f.failures, 0) = $3
+ON CONFLICT (connection_id) DO UPDATE SET holder = EXCLUDED.holder, until = EXCLUDED.until, taken_at = EXCLUDED.taken_at,
+    version = EXCLUDED.version, server_started = EXCLUDED.server_started
+    WHERE ` + leaseFree
+
+// restoreLease writes l back under its connection's lock (restoreLeaseSQL).
+func (r *TokenRepository) restoreLease(ctx context.Context, l *heldLease) error {
+	return r.inLock(ctx, l.connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
+		return tx.WithContext(ctx).Exec(restoreLeaseSQL, l.connection, l.version, l.failures, l.holder,
+			time.Since(l.taken).Milliseconds(), leaseTerm.Milliseconds()).Error
+	})
+}
+
 // heldLease is a lease its process still renews.
 type heldLease struct {
 	renewer    *leaseRenewer
 	connection string
 	version    int64
+	failures   int       // the version's failure count when claimed: restored only while unchanged
+	taken      time.Time // when claimed, for a restored lease's age
 	holder     string
 	once       sync.Once
 	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
@@ -80,9 +106,11 @@ SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JO
 }
 
 // leaseRenewer renews every lease its process holds in one statement every leaseRenewEvery,
-// while there are any: a thousand refreshes in flight cost one renewal a tick.
+// while there are any: a thousand refreshes in flight cost one renewal a tick. A lease the
+// statement did not find is restored (restore), as the server may have lost it in a failover.
 type leaseRenewer struct {
 	db      *gorm.DB
+	restore func(context.Context, *heldLease) error
 	mu      sync.Mutex
 	holders map[string]*heldLease
 	running bool
@@ -123,9 +151,29 @@ func (r *leaseRenewer) run() {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), leaseTerm)
-		_ = r.db.WithContext(ctx).Exec(`UPDATE tokenguard_refresh_leases
+		var renewed []string
+		err := r.db.WithContext(ctx).Raw(`UPDATE tokenguard_refresh_leases
 SET until = greatest(until, now() + ? * interval '1 millisecond'), server_started = pg_postmaster_start_time()
-WHERE holder = ANY(?::uuid[])`, leaseTerm.Milliseconds(), "{"+strings.Join(holders, ",")+"}").Error // UUIDs: no quoting
+WHERE holder = ANY(?::uuid[]) RETURNING holder::text`, leaseTerm.Milliseconds(), "{"+strings.Join(holders, ",")+"}").Scan(&renewed).Error // UUIDs: no quoting
+		if err == nil {
+			r.restoreMissing(ctx, holders, renewed)
+		}
 		cancel()
+	}
+}
+
+// restoreMissing restores the leases of holders that the renewal did not find and that are
+// still held: a failover to a standby that never received them, or a refresh that just ended.
+func (r *leaseRenewer) restoreMissing(ctx context.Context, holders, renewed []string) {
+	for _, h := range holders {
+		if slices.Contains(renewed, h) {
+			continue
+		}
+		r.mu.Lock()
+		l := r.holders[h]
+		r.mu.Unlock()
+		if l != nil {
+			_ = r.restore(ctx, l) // retried at the next tick
+		}
 	}
 }

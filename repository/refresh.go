@@ -20,10 +20,40 @@ import (
 // (version and failure record), active, and no other holder's request for that version is
 // unresolved. This process renews the lease until Claim.End is called.
 func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (usecase.Claim, error) {
-	var (
-		c   usecase.Claim
-		row *claimRow
-	)
+	row, holder, err := r.claim(ctx, seen, answerWithin)
+	if err == nil && row.Timeline == timelineNew {
+		// The first claim on this timeline records it, and asks again.
+		if err = r.db.WithContext(ctx).Exec("INSERT INTO tokenguard_timelines (timeline) SELECT " + timelineID + " ON CONFLICT DO NOTHING").Error; err == nil {
+			row, holder, err = r.claim(ctx, seen, answerWithin)
+		}
+		err = storeError(ctx, "record the server's timeline", err)
+	}
+	if err != nil {
+		return usecase.Claim{}, err
+	}
+	c := usecase.Claim{Token: row.token, Lease: row.Read.lease()}
+	if w := row.BudgetWaitMs; w != nil && row.Took == nil {
+		c.BudgetWait = max(time.Duration(*w)*time.Millisecond, time.Millisecond)
+	}
+	switch took := row.Took; {
+	case took != nil && *took == holder:
+		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version,
+			failures: seen.Failure.Failures, taken: time.Now(), holder: holder}
+		r.leases.add(lease)
+		c.End, c.Why = lease.end, lease.note
+	case took != nil:
+		// A lease taken on another server (a restart, a failover), held for its holder for the grace.
+		c.Lease.Running = true
+	case row.Timeline != timelineSettled:
+		// A new timeline: leases the old primary did not send may be at the provider.
+		c.Lease.Running = true
+	}
+	return c, nil
+}
+
+// claim runs claimSQL under the lock, with holder the lease's holder if it takes one.
+func (r *TokenRepository) claim(ctx context.Context, seen domain.Token, answerWithin time.Duration) (*claimRow, string, error) {
+	var row *claimRow
 	holder := uuid.NewString() // the statement taking the lease tells whose lease it returns
 	err := r.inLock(ctx, seen.Connection, 0, lockedHold, func(ctx context.Context, tx *gorm.DB) error {
 		var err error
@@ -35,43 +65,51 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 			return err
 		}
 		// Opened before the commit: a token that cannot be rolls the lease back with it.
-		c.Token, err = row.Read.Token.domain(r.sealer)
+		row.token, err = row.Read.Token.domain(r.sealer)
 		return err
 	})
 	if err != nil {
-		return usecase.Claim{}, err
+		return nil, "", err
 	}
 	r.ids.put(&row.Read.Token)
-	c.Lease = row.Read.lease()
-	if w := row.BudgetWaitMs; w != nil && row.Took == nil {
-		c.BudgetWait = max(time.Duration(*w)*time.Millisecond, time.Millisecond)
-	}
-	switch took := row.Took; {
-	case took != nil && *took == holder:
-		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version, holder: holder}
-		r.leases.add(lease)
-		c.End, c.Why = lease.end, lease.note
-	case took != nil:
-		// A lease taken on another server (a restart, a failover), held for its holder for the grace.
-		c.Lease.Running = true
-	}
-	return c, nil
+	return row, holder, nil
 }
+
+// timelineID is the server's WAL timeline: a promotion or a restore from backup starts a new one.
+const timelineID = "('x' || left(pg_walfile_name(pg_current_wal_lsn()), 8))::bit(32)::int"
+
+// A claim's timeline: new (not recorded yet: no lease), held (recorded less than the grace ago,
+// following another: no lease) or settled.
+const (
+	timelineNew     = "new"
+	timelineHeld    = "held"
+	timelineSettled = "settled"
+)
 
 // claimSQL re-reads connection $1's token with its lease and leases version $2 for holder $3 for
 // $4 ms (a lease from another server kept for the grace $5 ms), if the token still has $6
-// failures, is $7 (active) and no other holder's request is unresolved; took is the lease's
-// holder afterwards, NULL when none was asked for. Where the provider has a token budget
-// (stored, or $8 requests in $9 ms for OAUTH_*), the lease comes only with a debit of it;
-// budget_wait_ms says, when the budget refused, how long until it may not (at least 1 ms).
+// failures, is $7 (active), no other holder's request is unresolved and the timeline is settled;
+// took is the lease's holder afterwards, NULL when none was asked for. Where the provider has a
+// token budget (stored, or $8 requests in $9 ms for OAUTH_*), the lease comes only with a debit of
+// it; budget_wait_ms says, when the budget refused, how long until it may not (at least 1 ms).
 // $10: the sweep's claim, which leaves a reserve to callers.
-var claimSQL = `WITH cur AS (` + selectTokenLeased + ` WHERE c.name = $1),
+var claimSQL = `WITH timeline AS (
+    SELECT coalesce((SELECT CASE WHEN tl.since + $5 * interval '1 millisecond' > now()
+                                  AND EXISTS (SELECT FROM tokenguard_timelines o WHERE o.timeline < tl.timeline)
+                             THEN '` + timelineHeld + `' ELSE '` + timelineSettled + `' END
+                     FROM tokenguard_timelines tl WHERE tl.timeline = ` + timelineID + `), '` + timelineNew + `') AS state
+),
+cur AS (
+    SELECT s.*, timeline.state AS timeline,
+           s.version = $2 AND s.failures = $6 AND s.status = $7 AND NOT s.leased AND NOT s.abandoned
+           AND timeline.state = '` + timelineSettled + `' AS claimable
+    FROM (` + selectTokenLeased + ` WHERE c.name = $1) s, timeline
+),
 ` + budgetSQL + `,
 took AS (
     INSERT INTO tokenguard_refresh_leases AS l (connection_id, version, holder, until, server_started)
     SELECT cur.lock_key, cur.version, $3::uuid, now() + $4 * interval '1 millisecond', pg_postmaster_start_time() FROM cur
-    WHERE cur.version = $2 AND cur.failures = $6 AND cur.status = $7 AND NOT cur.leased AND NOT cur.abandoned
-      AND (NOT EXISTS (SELECT FROM rate WHERE rate.lim > 0) OR EXISTS (SELECT FROM budget))
+    WHERE cur.claimable AND (NOT EXISTS (SELECT FROM rate WHERE rate.lim > 0) OR EXISTS (SELECT FROM budget))
     ` + leaseUpsert + `
 )
 SELECT cur.*, (SELECT holder FROM took) AS took,
@@ -94,7 +132,7 @@ const budgetSQL = `rate AS (
     FROM cur LEFT JOIN tokenguard_providers p ON p.name = cur.provider AND cur.provider <> '',
          LATERAL (SELECT CASE WHEN cur.provider = '' THEN $8::integer ELSE coalesce(p.token_rate_limit, 0) END AS lim,
                          CASE WHEN cur.provider = '' THEN $9::bigint ELSE coalesce(p.token_rate_period_ms, 0) END AS per) r
-    WHERE cur.version = $2 AND cur.failures = $6 AND cur.status = $7 AND NOT cur.leased AND NOT cur.abandoned
+    WHERE cur.claimable
 ),
 budget AS (
     INSERT INTO tokenguard_token_budgets AS b (provider, spent)
@@ -109,8 +147,10 @@ budget AS (
 // claimRow is a row of claimSQL.
 type claimRow struct {
 	Read         leasedTokenRow `gorm:"embedded"`
+	Timeline     string
 	Took         *string
 	BudgetWaitMs *int64
+	token        domain.Token // Read's, opened
 }
 
 // SetTokenRate sets the OAUTH_* provider's token budget (zero: none); call it before use.

@@ -33,7 +33,9 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 	if s == nil {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
-	return &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db, holders: map[string]*heldLease{}}, ids: &connIDs{}}
+	r := &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db, holders: map[string]*heldLease{}}, ids: &connIDs{}}
+	r.leases.restore = r.restoreLease
+	return r
 }
 
 // selectToken reads tokenRows: the token, its connection and its version's failure record, if any.

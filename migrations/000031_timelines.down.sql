@@ -1,0 +1,1 @@
+DROP TABLE IF EXISTS tokenguard_timelines;

@@ -1,0 +1,143 @@
+//go:build unix
+
+package repository_test
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/tokenguard/tokenguard/domain"
+	"github.com/tokenguard/tokenguard/infra/tokencrypt"
+	"github.com/tokenguard/tokenguard/internal/pgserver"
+	"github.com/tokenguard/tokenguard/internal/waitfor"
+	"github.com/tokenguard/tokenguard/migrations"
+	"github.com/tokenguard/tokenguard/repository"
+)
+
+// A lease the old primary acknowledged but never sent to its asynchronous
+// standby is lost by the failover, while its holder's request may still be
+// at the provider. On the promoted server (a new timeline) no lease is
+// granted for the grace after the timeline's first claim, and the holder
+// restores its lease meanwhile: nobody else presents that refresh token.
+// The control, a holder that does not restore its lease, loses it to the
+// next claim once the grace is over: what the hold and the restore prevent.
+func TestLeaseLostInAFailoverIsRestoredBeforeAnyoneClaims(t *testing.T) {
+	if testing.Short() {
+		t.Skip("needs Postgres binaries")
+	}
+	if err := pgserver.PairBinaries(); err != nil {
+		t.Skipf("no throw-away primary and standby: %v", err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	p, err := pgserver.StartPair(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	url := p.URL("postgres")
+	if err := migrations.Up(url); err != nil {
+		t.Fatal(err)
+	}
+	holder := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{}) // restores its leases
+	gone := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})   // the control's holder
+	other := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})  // another process
+	acme := put(t, holder, grantToken("acme", "at-1", "rt-1"))
+	globex := put(t, holder, grantToken("globex", "at-1", "rt-1"))
+	end, err := lease(t, holder, acme) // the first timeline is recorded
+	if err != nil {
+		t.Fatal(err)
+	}
+	end(true)
+	waitfor.Until(t, 30*time.Second, "the standby never received the first timeline", func() bool {
+		return count(ctx, p.StandbyURL(), "SELECT count(*) FROM tokenguard_timelines") == 1
+	})
+
+	type claimed struct {
+		end func(bool)
+		err error
+	}
+	taken := make(chan [2]claimed, 1)
+	failedOver := make(chan error, 1)
+	go func() {
+		_, err := p.Failover(ctx, 2*time.Second, func(ctx context.Context, standbyURL string) {
+			c := <-taken
+			if c[1].end != nil {
+				c[1].end(false) // the control's holder never comes back
+			}
+			if n := count(ctx, standbyURL, "SELECT count(*) FROM tokenguard_refresh_leases"); n != 0 {
+				t.Errorf("%d leases reached the standby: the claims came before the cut", n)
+			}
+			taken <- c
+		})
+		failedOver <- err
+	}()
+	time.Sleep(500 * time.Millisecond) // cut off, still running: acknowledged, never sent
+	var c [2]claimed
+	c[0].end, c[0].err = lease(t, holder, acme)
+	c[1].end, c[1].err = lease(t, gone, globex)
+	taken <- c
+	if err := <-failedOver; err != nil {
+		t.Fatal(err)
+	}
+	c = <-taken
+	if c[0].err != nil || c[1].err != nil {
+		t.Fatalf("claims on the isolated primary: %v, %v", c[0].err, c[1].err)
+	}
+
+	// The promoted server's first claims are held, whatever the leases say.
+	for _, tok := range []domain.Token{acme, globex} {
+		if _, err := lease(t, other, tok); !errors.Is(err, domain.ErrRefreshInProgress) {
+			t.Fatalf("claim of %s on the promoted server at once: err = %v, want ErrRefreshInProgress", tok.Connection, err)
+		}
+	}
+	waitfor.Until(t, 10*time.Second, "the holder never restored its lease", func() bool {
+		return count(ctx, p.PrimaryURL(), "SELECT count(*) FROM tokenguard_refresh_leases") == 1
+	})
+	if n := count(ctx, p.PrimaryURL(), "SELECT count(*) FROM tokenguard_timelines"); n != 2 {
+		t.Fatalf("%d timelines recorded, want 2", n)
+	}
+	if err := execOn(ctx, p.PrimaryURL(), "UPDATE tokenguard_timelines SET since = since - interval '1 hour'"); err != nil {
+		t.Fatal(err) // the grace is over
+	}
+	if _, err := lease(t, other, acme); !errors.Is(err, domain.ErrRefreshInProgress) {
+		t.Fatalf("claim of acme after the grace: err = %v, want ErrRefreshInProgress (its restored lease runs)", err)
+	}
+	endControl, err := lease(t, other, globex)
+	if err != nil {
+		t.Fatalf("control: claim of globex, whose holder never restored its lease: %v, want it granted", err)
+	}
+	endControl(true)
+	c[0].end(true)
+	endOther, err := lease(t, other, acme)
+	if err != nil {
+		t.Fatalf("claim of acme once its holder released it: %v", err)
+	}
+	endOther(true)
+}
+
+// count runs a count query on the server at url.
+func count(ctx context.Context, url, query string) int {
+	n := -1
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return n
+	}
+	defer c.Close(ctx)
+	_ = c.QueryRow(ctx, query).Scan(&n)
+	return n
+}
+
+func execOn(ctx context.Context, url, stmt string) error {
+	c, err := pgx.Connect(ctx, url)
+	if err != nil {
+		return err
+	}
+	defer c.Close(ctx)
+	_, err = c.Exec(ctx, stmt)
+	return err
+}
