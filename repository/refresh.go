@@ -44,7 +44,8 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	case took != nil:
 		// A lease taken on another server (a restart, a failover), held for its holder for the grace.
 		c.Lease.Running = true
-	case row.Timeline != timelineSettled:
+	case row.Timeline != timelineSettled && !c.Lease.Abandoned && c.Token.Version == seen.Version &&
+		c.Token.Failure.Failures == seen.Failure.Failures && c.Token.Status == domain.StatusActive:
 		// A new timeline: leases the old primary did not send may be at the provider.
 		c.Lease.Running = true
 	}
