@@ -23,10 +23,11 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	row, holder, err := r.claim(ctx, seen, answerWithin)
 	if err == nil && row.Timeline == timelineNew {
 		// The first claim on this timeline records it, and asks again.
-		if err = r.db.WithContext(ctx).Exec("INSERT INTO tokenguard_timelines (timeline) SELECT " + timelineID + " ON CONFLICT DO NOTHING").Error; err == nil {
+		err = storeError(ctx, "record the server's timeline",
+			r.db.WithContext(ctx).Exec("INSERT INTO tokenguard_timelines (timeline) SELECT "+timelineID+" ON CONFLICT DO NOTHING").Error)
+		if err == nil {
 			row, holder, err = r.claim(ctx, seen, answerWithin)
 		}
-		err = storeError(ctx, "record the server's timeline", err)
 	}
 	if err != nil {
 		return usecase.Claim{}, err
