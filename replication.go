@@ -41,6 +41,12 @@ func (t *Tokens) observeReplication(ctx context.Context, first bool) (lone strin
 	return ""
 }
 
+// writtenBack: the database lost a rotation this process stored, and it is stored again.
+func (t *Tokens) writtenBack(connection string, lost, found, stored int64) {
+	t.o.Logger.Warn("tokenguard: a rotation the database lost (a failover to an asynchronous standby, a restore) is stored again; its spent refresh token is never presented",
+		"connection", connection, "lost_version", lost, "found_version", found, "stored_version", stored)
+}
+
 // rolledBack: connection is stored behind a version known committed.
 func (t *Tokens) rolledBack(connection string, known, stored int64) {
 	if t.metrics != nil {

@@ -39,9 +39,11 @@ func TestWithSyncCommitIsValidated(t *testing.T) {
 // A database that goes back in time (here: the token row restored from a
 // copy taken before the last refresh, as a restore from backup or a
 // failover to a standby that missed the commit would leave it) holds a
-// refresh token the provider has already rotated. The process that knew
-// the newer version says so: an ERROR, the metric, the webhook event.
-func TestRolledBackTokenIsDetectedAndReported(t *testing.T) {
+// refresh token the provider has already rotated. The process that stored
+// the rotation writes it again: nothing is presented twice. When that
+// process is gone, one that knew the newer version says so: an ERROR, the
+// metric, the webhook event.
+func TestRolledBackTokenIsWrittenBackOrReported(t *testing.T) {
 	w := newWorld(t, sandbox.Options{AccessTokenLifespan: 2 * time.Second})
 	db := w.open(t, nil)
 	var logs bytes.Buffer
@@ -63,26 +65,66 @@ func TestRolledBackTokenIsDetectedAndReported(t *testing.T) {
 	if err := tg.Import(ctx, "acme", w.grant(t)); err != nil {
 		t.Fatal(err)
 	}
-	if err := db.Exec("CREATE TABLE tokens_backup AS SELECT * FROM tokenguard_tokens").Error; err != nil {
-		t.Fatal(err)
+	backup := func() {
+		if err := db.Exec("DROP TABLE IF EXISTS tokens_backup; CREATE TABLE tokens_backup AS SELECT * FROM tokenguard_tokens").Error; err != nil {
+			t.Fatal(err)
+		}
 	}
+	restore := func() {
+		if err := db.Exec(`UPDATE tokenguard_tokens t SET access_token = b.access_token, refresh_token = b.refresh_token, expiry = b.expiry,
+obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.connection_id = t.connection_id`).Error; err != nil {
+			t.Fatal(err)
+		}
+	}
+	version := func() int64 {
+		var v int64
+		if err := db.Raw("SELECT version FROM tokenguard_tokens").Scan(&v).Error; err != nil {
+			t.Fatal(err)
+		}
+		return v
+	}
+	backup()
 	time.Sleep(1100 * time.Millisecond) // due: within the skew of its expiry
 	if _, err := tg.Token(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
-	var version int64
-	if err := db.Raw("SELECT version FROM tokenguard_tokens").Scan(&version).Error; err != nil || version != 2 {
-		t.Fatalf("version after the refresh = %d (%v), want 2", version, err)
+	if v := version(); v != 2 {
+		t.Fatalf("version after the refresh = %d, want 2", v)
 	}
 	// The control: nothing went back, nothing is reported.
 	if logged("went back to an older version") || counter(t, reg, "tokenguard_token_version_regressions_total") != 0 {
 		t.Fatal("a regression reported while the database kept every write")
 	}
 
-	if err := db.Exec(`UPDATE tokenguard_tokens t SET access_token = b.access_token, refresh_token = b.refresh_token, expiry = b.expiry,
-obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.connection_id = t.connection_id`).Error; err != nil {
+	// The process that stored version 2 writes it again.
+	restore()
+	waitfor.Until(t, 5*time.Second, "the lost rotation was never written back", func() bool { return logged("is stored again") })
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := tg.Token(ctx, "acme"); err != nil {
+		t.Fatalf("Token after the rollback was written back: %v", err)
+	}
+	if v, st := version(), w.provider.Stats(); v != 3 || st.RefreshReuse != 0 {
+		t.Fatalf("after the write-back and a refresh: version %d, provider reuse %d; want 3, 0", v, st.RefreshReuse)
+	}
+
+	// Another process stores version 4 and is gone with it.
+	backup()
+	otherDB := w.open(t, nil)
+	other := newTokens(t, w, otherDB, tokenguard.WithSkew(time.Second))
+	time.Sleep(1100 * time.Millisecond)
+	if _, err := other.Token(ctx, "acme"); err != nil {
 		t.Fatal(err)
 	}
+	if _, err := tg.Token(ctx, "acme"); err != nil || version() != 4 {
+		t.Fatalf("Token after the other process refreshed: %v at version %d, want version 4", err, version())
+	}
+	if err := other.Close(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if sqlDB, err := otherDB.DB(); err != nil || sqlDB.Close() != nil {
+		t.Fatal("close the other process's pool")
+	}
+	restore()
 	time.Sleep(1100 * time.Millisecond)
 	if _, err := tg.Token(ctx, "acme"); !errors.Is(err, tokenguard.ErrNeedsReauth) {
 		t.Fatalf("Token after the rollback = %v, want ErrNeedsReauth (the restored refresh token was spent)", err)
@@ -99,12 +141,12 @@ obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.co
 			Stored                 int64 `json:"stored_version"`
 		}
 		if json.Unmarshal([]byte(l), &rec) == nil && strings.Contains(rec.Msg, "went back to an older version") {
-			found = rec.Level == "ERROR" && rec.Connection == "acme" && rec.Known == 2 && rec.Stored == 1
+			found = rec.Level == "ERROR" && rec.Connection == "acme" && rec.Known == 4 && rec.Stored == 3
 		}
 	}
 	mu.Unlock()
 	if !found {
-		t.Errorf("no ERROR line for acme, known 2, stored 1:\n%s", logs.String())
+		t.Errorf("no ERROR line for acme, known 4, stored 3:\n%s", logs.String())
 	}
 	if v := counter(t, reg, "tokenguard_token_version_regressions_total"); v != 1 {
 		t.Errorf("tokenguard_token_version_regressions_total = %v, want 1", v)
@@ -116,8 +158,8 @@ obtained_at = b.obtained_at, version = b.version FROM tokens_backup b WHERE b.co
 	if err := db.Raw("SELECT type, data::text AS data FROM tokenguard_webhook_outbox WHERE type = 'connection.rolled_back'").Scan(&events).Error; err != nil {
 		t.Fatal(err)
 	}
-	if len(events) != 1 || !strings.Contains(events[0].Data, `"known_version": 2`) || !strings.Contains(events[0].Data, `"stored_version": 1`) {
-		t.Errorf("connection.rolled_back events = %+v, want one, known 2, stored 1", events)
+	if len(events) != 1 || !strings.Contains(events[0].Data, `"known_version": 4`) || !strings.Contains(events[0].Data, `"stored_version": 3`) {
+		t.Errorf("connection.rolled_back events = %+v, want one, known 4, stored 3", events)
 	}
 }
 

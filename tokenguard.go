@@ -189,6 +189,7 @@ func (t *Tokens) openStore(ctx context.Context, pool gorm.ConnPool, sealer repos
 	}
 	t.repo.SetDurability(durability)
 	t.repo.SetTokenRate(envRate)
+	t.repo.OnRotationWrittenBack(t.writtenBack)
 	if err := migrations.CheckSearchPath(ctx, pool); err != nil {
 		return fmt.Errorf("tokenguard: %w", err)
 	}

@@ -16,3 +16,8 @@ func (r *TokenRepository) List(ctx context.Context) ([]domain.Token, error) {
 	err := r.Each(ctx, func(t domain.Token) error { out = append(out, t); return nil })
 	return out, err
 }
+
+// WriteNothingBack turns off the write-back of rotations the server lost (kept.go): its test's control.
+func (r *TokenRepository) WriteNothingBack() {
+	r.leases.writeBack = func(context.Context, []keptRotation) error { return nil }
+}

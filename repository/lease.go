@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"gorm.io/gorm"
+
+	"github.com/tokenguard/tokenguard/domain"
 )
 
 // Lease timing. A live holder renews its leases every leaseRenewEvery, each renewal good for
@@ -73,6 +75,7 @@ type heldLease struct {
 	failures   int       // the version's failure count when claimed: restored only while unchanged
 	taken      time.Time // when claimed, for a restored lease's age
 	holder     string
+	presented  domain.Secret // the refresh token the holder presents (kept with a rotation it stores)
 	once       sync.Once
 	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
 }
@@ -108,18 +111,26 @@ SELECT pg_notify(`+channelInSchema("?")+`, d.version || ' ' || c.name) FROM d JO
 // leaseRenewer renews every lease its process holds in one statement every leaseRenewEvery,
 // while there are any: a thousand refreshes in flight cost one renewal a tick. A lease the
 // statement did not find is restored (restore), as the server may have lost it in a failover.
+// At the same ticks it checks the rotations its process stored recently (kept.go).
 type leaseRenewer struct {
-	db      *gorm.DB
-	restore func(context.Context, *heldLease) error
-	mu      sync.Mutex
-	holders map[string]*heldLease
-	running bool
+	db        *gorm.DB
+	restore   func(context.Context, *heldLease) error
+	writeBack func(context.Context, []keptRotation) error
+	mu        sync.Mutex
+	holders   map[string]*heldLease
+	kept      []keptRotation // oldest first
+	running   bool
 }
 
 func (r *leaseRenewer) add(l *heldLease) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.holders[l.holder] = l
+	r.start()
+}
+
+// start runs the renewer if it is not running; r.mu is held.
+func (r *leaseRenewer) start() {
 	if !r.running {
 		r.running = true
 		go r.run()
@@ -138,25 +149,33 @@ func (r *leaseRenewer) whyOf(connection string, version int64) string {
 	return ""
 }
 
-// run renews until no lease is held; a failed renewal is retried at the next tick.
+// run renews until no lease is held and no rotation kept; a failed renewal or check is retried
+// at the next tick.
 func (r *leaseRenewer) run() {
 	tick := time.NewTicker(leaseRenewEvery)
 	defer tick.Stop()
 	for range tick.C {
 		r.mu.Lock()
 		holders := slices.Collect(maps.Keys(r.holders))
-		r.running = len(holders) > 0
+		kept := slices.Clone(r.kept)
+		live := len(holders) > 0 || len(kept) > 0
+		r.running = live
 		r.mu.Unlock()
-		if len(holders) == 0 {
+		if !live {
 			return
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), leaseTerm)
-		var renewed []string
-		err := r.db.WithContext(ctx).Raw(`UPDATE tokenguard_refresh_leases
+		if len(holders) > 0 {
+			var renewed []string
+			err := r.db.WithContext(ctx).Raw(`UPDATE tokenguard_refresh_leases
 SET until = greatest(until, now() + ? * interval '1 millisecond'), server_started = pg_postmaster_start_time()
 WHERE holder = ANY(?::uuid[]) RETURNING holder::text`, leaseTerm.Milliseconds(), "{"+strings.Join(holders, ",")+"}").Scan(&renewed).Error // UUIDs: no quoting
-		if err == nil {
-			r.restoreMissing(ctx, holders, renewed)
+			if err == nil {
+				r.restoreMissing(ctx, holders, renewed)
+			}
+		}
+		if len(kept) > 0 {
+			r.check(ctx, kept)
 		}
 		cancel()
 	}

@@ -39,7 +39,7 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	switch took := row.Took; {
 	case took != nil && *took == holder:
 		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version,
-			failures: seen.Failure.Failures, taken: time.Now(), holder: holder}
+			failures: seen.Failure.Failures, taken: time.Now(), holder: holder, presented: seen.RefreshToken}
 		r.leases.add(lease)
 		c.End, c.Why = lease.end, lease.note
 	case took != nil:
@@ -193,6 +193,9 @@ func (r *TokenRepository) Store(ctx context.Context, t domain.Token) (domain.Tok
 		out, err = row.domain(r.sealer)
 		return err
 	})
+	if err == nil {
+		r.leases.keep(t, out.Version)
+	}
 	return out, err
 }
 

@@ -26,6 +26,8 @@ type TokenRepository struct {
 	ids        *connIDs         // connection ids by name, for sealing
 	keys       sync.Map         // opened DPoP keys by connection id and thumbprint (never changing)
 	tokenRate  domain.TokenRate // the OAUTH_* provider's token budget (SetTokenRate)
+	// onWrittenBack reports a rotation the database lost, stored again (OnRotationWrittenBack).
+	onWrittenBack func(connection string, lost, found, stored int64)
 }
 
 // NewTokenRepository binds the repository to a pool; s seals the tokens (tokencrypt.Plaintext: as they are).
@@ -34,7 +36,7 @@ func NewTokenRepository(db *gorm.DB, s Sealer) *TokenRepository {
 		panic("repository: nil Sealer (tokencrypt.Plaintext stores tokens as they are)")
 	}
 	r := &TokenRepository{db: db, sealer: s, leases: &leaseRenewer{db: db, holders: map[string]*heldLease{}}, ids: &connIDs{}}
-	r.leases.restore = r.restoreLease
+	r.leases.restore, r.leases.writeBack = r.restoreLease, r.writeBack
 	return r
 }
 

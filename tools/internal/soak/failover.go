@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -27,6 +28,10 @@ const fFailover = "failover"
 // msgRegressed is the use case's ERROR line when a connection is stored
 // behind a version it knew committed (usecase/regress.go).
 const msgRegressed = "connection's stored token went back to an older version"
+
+// msgWrittenBack is the library's WARN line when the process that stored a
+// rotation finds the database lost it and stores it again (repository/kept.go).
+const msgWrittenBack = "tokenguard: a rotation the database lost"
 
 // Failover is one failover and what it cost.
 type Failover struct {
@@ -48,9 +53,12 @@ type Failover struct {
 	// Detected: connections the apps reported stored behind a version
 	// they knew (ERROR line), distinct.
 	Detected []string `json:"regressions_detected,omitempty"`
-	Reuse    int64    `json:"provider_reuse"`         // refresh-token reuse at the provider in its window
-	Reauth   []string `json:"needs_reauth,omitempty"` // connections marked needs_reauth (name: reason)
-	Webhooks int      `json:"rolled_back_webhooks"`   // connection.rolled_back events delivered, distinct ids
+	// WrittenBack: connections whose lost rotation the process that stored
+	// it wrote again (WARN line), distinct.
+	WrittenBack []string `json:"written_back,omitempty"`
+	Reuse       int64    `json:"provider_reuse"`         // refresh-token reuse at the provider in its window
+	Reauth      []string `json:"needs_reauth,omitempty"` // connections marked needs_reauth (name: reason)
+	Webhooks    int      `json:"rolled_back_webhooks"`   // connection.rolled_back events delivered, distinct ids
 	// EventsExempt: events accepted from a second before the cut until
 	// the promotion, left out of the events invariant with an
 	// asynchronous standby (their commits may be lost with it).
@@ -68,10 +76,11 @@ type versionLog struct {
 	rotations int              // "token refresh" lines with outcome ok
 	regressed map[string]bool  // "connection known stored" reported
 	regLines  []string         // in order
+	written   []string         // connections written back, in order (msgWrittenBack)
 }
 
 func (v *versionLog) line(l string) {
-	if !strings.Contains(l, `"token refresh"`) && !strings.Contains(l, msgRegressed) {
+	if !strings.Contains(l, `"token refresh"`) && !strings.Contains(l, msgRegressed) && !strings.Contains(l, msgWrittenBack) {
 		return
 	}
 	var rec struct {
@@ -96,6 +105,8 @@ func (v *versionLog) line(l string) {
 		if rec.Outcome == "ok" {
 			v.rotations++
 		}
+	case strings.HasPrefix(rec.Msg, msgWrittenBack):
+		v.written = append(v.written, rec.Connection)
 	case strings.HasPrefix(rec.Msg, msgRegressed):
 		key := fmt.Sprintf("%s %d %d", rec.Connection, rec.Known, rec.Stored)
 		if !v.regressed[key] {
@@ -113,6 +124,19 @@ func (v *versionLog) snapshot() (map[string]int64, int, int) {
 		m[k] = n
 	}
 	return m, v.rotations, len(v.regLines)
+}
+
+// writtenBackSince: the connections written back after the first n, and how many there are now.
+func (v *versionLog) writtenBackSince(n int) ([]string, int) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	var out []string
+	for _, c := range v.written[min(n, len(v.written)):] {
+		if !slices.Contains(out, c) {
+			out = append(out, c)
+		}
+	}
+	return out, len(v.written)
 }
 
 func (v *versionLog) regressionsFrom(i int) []string {
@@ -211,6 +235,7 @@ func (s *soak) failover(ctx context.Context, during bool) *Failover {
 	f.At = fmtOffset(s.since(f.start))
 	fault := &Fault{Kind: fFailover, At: f.At, start: f.start}
 	_, rotationsBefore, regBefore := s.versions.snapshot()
+	_, writtenBefore := s.versions.writtenBackSince(0)
 	reuseBefore := s.sb.Stats().RefreshReuse
 	var committed, kept map[string]int64
 	isolated := time.Duration(s.rng.IntN(300)) * time.Millisecond
@@ -258,6 +283,7 @@ func (s *soak) failover(ctx context.Context, during bool) *Failover {
 		f.Recovery = round(max(ok.Sub(f.start), parseDur(f.Recovery)))
 	}
 	f.Detected = s.versions.regressionsFrom(regBefore)
+	f.WrittenBack, _ = s.versions.writtenBackSince(writtenBefore)
 	f.Reuse = s.sb.Stats().RefreshReuse - reuseBefore
 	f.Webhooks = s.hooks.count("connection.rolled_back")
 	f.Reauth = s.regrant(ctx)
@@ -276,8 +302,8 @@ func (s *soak) failover(ctx context.Context, during bool) *Failover {
 		lost += int(n)
 	}
 	f.Kept = max(f.Committed-lost, 0)
-	s.say("%7s  %-21s committed %d rotations, kept %d; lost %v; regressions detected %v; provider reuse %d; needs_reauth %v; calls failed %d, recovered after %s",
-		fmtOffset(s.since(time.Now())), "  measured", f.Committed, f.Kept, f.Lost, f.Detected, f.Reuse, f.Reauth, f.Failed, f.Recovery)
+	s.say("%7s  %-21s committed %d rotations, kept %d; lost %v; written back %v; regressions detected %v; provider reuse %d; needs_reauth %v; calls failed %d, recovered after %s",
+		fmtOffset(s.since(time.Now())), "  measured", f.Committed, f.Kept, f.Lost, f.WrittenBack, f.Detected, f.Reuse, f.Reauth, f.Failed, f.Recovery)
 	return f
 }
 
@@ -377,7 +403,10 @@ func (s *soak) failoverInvariants(rep *Report, inv func(name string, ok bool, fo
 	s.fo.mu.Lock()
 	rep.Failovers = append([]*Failover(nil), s.fo.all...)
 	s.fo.mu.Unlock()
-	var lost, lostConns, detected, reauth int
+	// A lost rotation is written back by the process that stored it, or
+	// reported by one that knew it; only a reported loss that was not
+	// written back leaves the spent refresh token to be presented.
+	var lost, lostConns, detected, unrepaired, written, reauth int
 	var reuse int64
 	var rolledBack int
 	silent := []string{}
@@ -387,11 +416,18 @@ func (s *soak) failoverInvariants(rep *Report, inv func(name string, ok bool, fo
 		}
 		lostConns += len(f.Lost)
 		detected += len(f.Detected)
+		written += len(f.WrittenBack)
 		reuse += f.Reuse
 		reauth += len(f.Reauth)
 		seen := map[string]bool{}
+		for _, c := range f.WrittenBack {
+			seen[c] = true
+		}
 		for _, d := range f.Detected {
-			seen[strings.Fields(d)[0]] = true
+			if c := strings.Fields(d)[0]; !seen[c] {
+				seen[c] = true
+				unrepaired++
+			}
 		}
 		for name := range f.Lost {
 			if !seen[name] {
@@ -413,13 +449,14 @@ func (s *soak) failoverInvariants(rep *Report, inv func(name string, ok bool, fo
 		inv("needs_reauth after a failover", reauth == 0, "%d", reauth)
 		return
 	}
-	inv("lost rotations detected (connections with a loss, each reported)", len(silent) == 0,
-		"%d lost versions on %d connections; %d regressions reported; silent: %d%s", lost, lostConns, detected, len(silent), list(silent))
-	inv("provider reuse = regressions detected", reuse == int64(detected), "reuse %d, detected %d", reuse, detected)
-	inv("connection.rolled_back webhooks delivered", rep.RolledBackWebhooks >= lostConns,
-		"%d distinct events for %d losses", rep.RolledBackWebhooks, lostConns)
-	inv("needs_reauth only after a detected loss", reauth <= detected,
-		"%d needs_reauth (%d with reason rolled_back), %d detected", reauth, rolledBack, detected)
+	inv("lost rotations written back or reported (connections with a loss)", len(silent) == 0,
+		"%d lost versions on %d connections; %d written back, %d regressions reported; silent: %d%s",
+		lost, lostConns, written, detected, len(silent), list(silent))
+	inv("provider reuse = reported losses not written back", reuse == int64(unrepaired), "reuse %d, reported and not written back %d", reuse, unrepaired)
+	inv("connection.rolled_back webhooks delivered", rep.RolledBackWebhooks >= unrepaired,
+		"%d distinct events for %d losses not written back", rep.RolledBackWebhooks, unrepaired)
+	inv("needs_reauth only after a reported loss not written back", reauth <= unrepaired,
+		"%d needs_reauth (%d with reason rolled_back), %d reported and not written back", reauth, rolledBack, unrepaired)
 }
 
 // printFailovers writes the per-failover table.
@@ -427,9 +464,9 @@ func (rep *Report) printFailovers(w io.Writer) {
 	if len(rep.Failovers) == 0 {
 		return
 	}
-	fmt.Fprintf(w, "\nFailovers (%s standby)\n| at | during a refresh | isolated | promoted | rebuilt | calls failed | recovery | rotations committed | kept | regressions detected | provider reuse | needs_reauth |\n", rep.FailoverMode)
+	fmt.Fprintf(w, "\nFailovers (%s standby)\n| at | during a refresh | isolated | promoted | rebuilt | calls failed | recovery | rotations committed | kept | written back | regressions detected | provider reuse | needs_reauth |\n", rep.FailoverMode)
 	for _, f := range rep.Failovers {
-		fmt.Fprintf(w, "| %s | %v | %s | %s | %s | %d | %s | %d | %d | %d%s | %d | %d%s |\n", f.At, f.DuringRef, f.Isolated, f.Promoted, f.Rebuilt,
-			f.Failed, f.Recovery, f.Committed, f.Kept, len(f.Detected), list(f.Detected), f.Reuse, len(f.Reauth), list(f.Reauth))
+		fmt.Fprintf(w, "| %s | %v | %s | %s | %s | %d | %s | %d | %d | %d%s | %d%s | %d | %d%s |\n", f.At, f.DuringRef, f.Isolated, f.Promoted, f.Rebuilt,
+			f.Failed, f.Recovery, f.Committed, f.Kept, len(f.WrittenBack), list(f.WrittenBack), len(f.Detected), list(f.Detected), f.Reuse, len(f.Reauth), list(f.Reauth))
 	}
 }

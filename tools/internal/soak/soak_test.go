@@ -85,9 +85,17 @@ func TestVersionLogFollowsStoredVersionsAndRegressions(t *testing.T) {
 		`{"level":"WARN","msg":"token refresh","connection":"globex","outcome":"invalid_grant","old_version":5,"new_version":0}`,
 		`{"level":"ERROR","msg":"connection's stored token went back to an older version: the database lost committed writes","connection":"acme","known_version":4,"stored_version":3}`,
 		`{"level":"ERROR","msg":"connection's stored token went back to an older version: the database lost committed writes","connection":"acme","known_version":4,"stored_version":3}`,
+		`{"level":"WARN","msg":"tokenguard: a rotation the database lost (a failover to an asynchronous standby, a restore) is stored again; its spent refresh token is never presented","connection":"initech","lost_version":7,"found_version":6,"stored_version":7}`,
+		`{"level":"WARN","msg":"tokenguard: a rotation the database lost (a failover to an asynchronous standby, a restore) is stored again; its spent refresh token is never presented","connection":"initech","lost_version":8,"found_version":7,"stored_version":8}`,
 		`not json`,
 	} {
 		v.line(l)
+	}
+	if w, n := v.writtenBackSince(0); len(w) != 1 || w[0] != "initech" || n != 2 {
+		t.Fatalf("written back %q, %d lines; want [initech], 2", w, n)
+	}
+	if w, _ := v.writtenBackSince(2); len(w) != 0 {
+		t.Fatalf("written back after the first 2: %q", w)
 	}
 	stored, rotations, regressions := v.snapshot()
 	if stored["acme"] != 4 || stored["globex"] != 0 || rotations != 2 || regressions != 1 {
