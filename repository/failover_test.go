@@ -28,23 +28,9 @@ import (
 // The control, a holder that does not restore its lease, loses it to the
 // next claim once the grace is over: what the hold and the restore prevent.
 func TestLeaseLostInAFailoverIsRestoredBeforeAnyoneClaims(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Postgres binaries")
-	}
-	if err := pgserver.PairBinaries(); err != nil {
-		t.Skipf("no throw-away primary and standby: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p, err := pgserver.StartPair(ctx, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	url := p.URL("postgres")
-	if err := migrations.Up(url); err != nil {
-		t.Fatal(err)
-	}
+	p, url := startAsyncPair(ctx, t)
 	holder := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{}) // restores its leases
 	gone := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})   // the control's holder
 	other := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})  // another process
@@ -131,23 +117,9 @@ func TestLeaseLostInAFailoverIsRestoredBeforeAnyoneClaims(t *testing.T) {
 // token. The control, a process that does not, leaves the spent token to
 // the next claim: a reuse at the provider.
 func TestRotationLostInAFailoverIsWrittenBack(t *testing.T) {
-	if testing.Short() {
-		t.Skip("needs Postgres binaries")
-	}
-	if err := pgserver.PairBinaries(); err != nil {
-		t.Skipf("no throw-away primary and standby: %v", err)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
-	p, err := pgserver.StartPair(ctx, false)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(p.Close)
-	url := p.URL("postgres")
-	if err := migrations.Up(url); err != nil {
-		t.Fatal(err)
-	}
+	p, url := startAsyncPair(ctx, t)
 	holder := repository.NewTokenRepository(open(t, url), tokencrypt.Plaintext{})
 	written := make(chan string, 4)
 	holder.OnRotationWrittenBack(func(connection string, lost, found, stored int64) {
@@ -237,6 +209,28 @@ func TestRotationLostInAFailoverIsWrittenBack(t *testing.T) {
 			err, seen.Version, seen.RefreshToken.Reveal())
 	}
 	spent(true)
+}
+
+// startAsyncPair starts a migrated primary with an asynchronous standby,
+// and returns it with the primary's URL.
+func startAsyncPair(ctx context.Context, t *testing.T) (*pgserver.Pair, string) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("needs Postgres binaries")
+	}
+	if err := pgserver.PairBinaries(); err != nil {
+		t.Skipf("no throw-away primary and standby: %v", err)
+	}
+	p, err := pgserver.StartPair(ctx, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	url := p.URL("postgres")
+	if err := migrations.Up(url); err != nil {
+		t.Fatal(err)
+	}
+	return p, url
 }
 
 // count runs a count query on the server at url.

@@ -20,7 +20,9 @@ func TestLostRotationIsWrittenBackOnlyOverTheTokenItSpent(t *testing.T) {
 	r.OnRotationWrittenBack(func(connection string, lost, found, stored int64) { written <- connection })
 	for _, name := range []string{"acme", "globex"} {
 		seen := put(t, r, grantToken(name, "at-1", "rt-1"))
-		end, err := lease(t, r, seen)
+		claimed := seen
+		claimed.RefreshToken = domain.Secret{} // as the use case's cache holds it
+		end, err := lease(t, r, claimed)
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -75,7 +75,7 @@ type heldLease struct {
 	failures   int       // the version's failure count when claimed: restored only while unchanged
 	taken      time.Time // when claimed, for a restored lease's age
 	holder     string
-	presented  domain.Secret // the refresh token the holder presents (kept with a rotation it stores)
+	presented  domain.Secret // the refresh token the holder presents, as claimed (kept with a rotation it stores)
 	once       sync.Once
 	why        string // why the refresh token was not spent or stored (note); guarded by renewer.mu
 }

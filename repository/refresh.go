@@ -39,7 +39,7 @@ func (r *TokenRepository) Claim(ctx context.Context, seen domain.Token, answerWi
 	switch took := row.Took; {
 	case took != nil && *took == holder:
 		lease := &heldLease{renewer: r.leases, connection: seen.Connection, version: seen.Version,
-			failures: seen.Failure.Failures, taken: time.Now(), holder: holder, presented: seen.RefreshToken}
+			failures: seen.Failure.Failures, taken: time.Now(), holder: holder, presented: row.token.RefreshToken}
 		r.leases.add(lease)
 		c.End, c.Why = lease.end, lease.note
 	case took != nil:
