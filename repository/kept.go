@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/tokenguard/tokenguard/domain"
@@ -51,10 +52,12 @@ func (r *leaseRenewer) keep(t domain.Token, version int64) {
 // a kept rotation has its rotations written again (writeBack); a rotation found stored
 // keepRotations after its commit, or whose connection is gone, is let go.
 func (r *leaseRenewer) check(ctx context.Context, kept []keptRotation) {
-	var names []string
+	var names []string // quoted for an array literal: connection names hold no quote (domain.ValidateName)
+	seen := map[string]bool{}
 	for _, k := range kept {
-		if !slices.Contains(names, k.token.Connection) {
-			names = append(names, k.token.Connection)
+		if !seen[k.token.Connection] {
+			seen[k.token.Connection] = true
+			names = append(names, `"`+k.token.Connection+`"`)
 		}
 	}
 	var rows []struct {
@@ -62,7 +65,7 @@ func (r *leaseRenewer) check(ctx context.Context, kept []keptRotation) {
 		Version int64
 	}
 	if err := r.db.WithContext(ctx).Raw(`SELECT c.name, t.version FROM tokenguard_connections c
-JOIN tokenguard_tokens t ON t.connection_id = c.id WHERE c.name IN ?`, names).Scan(&rows).Error; err != nil {
+JOIN tokenguard_tokens t ON t.connection_id = c.id WHERE c.name = ANY(?::text[])`, "{"+strings.Join(names, ",")+"}").Scan(&rows).Error; err != nil {
 		// The server is away: looked at again at the next tick. A closed pool writes nothing again.
 		closed := err.Error() == "sql: database is closed" // database/sql does not export it
 		r.letGo(kept, func(k keptRotation) bool { return !closed && time.Since(k.at) < keepUnread })
