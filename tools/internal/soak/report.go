@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"time"
@@ -214,13 +215,16 @@ func (s *soak) finish(ctx context.Context, rep *Report, faultEnd time.Time) {
 	lostInFailovers := int64(0)
 	s.fo.mu.Lock()
 	for _, f := range s.fo.all {
-		for _, n := range f.Lost {
+		for name, n := range f.Lost {
+			if slices.Contains(f.WrittenBack, name) {
+				n-- // written back as one version, over the first it lost
+			}
 			lostInFailovers += n
 		}
 	}
 	s.fo.mu.Unlock()
 	inv("rotated tokens stored or logged lost", unaccounted == lostInFailovers,
-		"%d rotations = %d stored + %d dropped (logged) + %d lost in failovers (detected); %d unaccounted; %d persisted on retry",
+		"%d rotations = %d stored + %d dropped (logged) + %d lost in failovers (not written back); %d unaccounted; %d persisted on retry",
 		rep.Provider.Refreshes, stored, len(rep.Dropped), lostInFailovers, unaccounted-lostInFailovers, len(rep.Retried))
 	rep.WindowShare = coverage(windows, s.start, faultEnd)
 	inv("failed calls outside fault windows", len(rep.Unexplained) == 0, "%d of %d failed calls (windows cover %.0f%% of the run)",
