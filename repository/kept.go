@@ -81,18 +81,19 @@ JOIN tokenguard_tokens t ON t.connection_id = c.id WHERE c.name = ANY(?::text[])
 			lost[k.token.Connection] = append(lost[k.token.Connection], k)
 		}
 	}
+	done := map[string]bool{} // written back, or found not to be this process's to write
 	for name, ks := range lost {
-		if r.writeBack(ctx, ks) == nil {
-			delete(lost, name)
-			delete(stored, name)
-		}
+		done[name] = r.writeBack(ctx, ks) == nil
 	}
 	r.letGo(kept, func(k keptRotation) bool {
-		_, ok := stored[k.token.Connection]
-		if lost[k.token.Connection] != nil {
+		v, ok := stored[k.token.Connection]
+		switch {
+		case !ok || done[k.token.Connection]:
+			return false
+		case v < k.version:
 			return time.Since(k.at) < keepUnread // written back at the next tick, or given up
 		}
-		return ok && time.Since(k.at) < keepRotations
+		return time.Since(k.at) < keepRotations
 	})
 }
 
