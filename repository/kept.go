@@ -26,6 +26,26 @@ const keepRotations = 30 * time.Second
 // away) or written back: a failover that takes longer is outside what a write-back covers.
 const keepUnread = 10 * time.Minute
 
+// keptCheckDelay is how long the check of the kept rotations waits for an idle connection in the
+// pool, well within restartGrace. A check on a busy pool would open a connection that the refresh
+// path then takes first (database/sql reuses the newest), and a new connection prepares every
+// statement again: a storm's winner would wait for that.
+const keptCheckDelay = 2 * time.Second
+
+// checkNow says whether the kept rotations are checked at this tick: on an idle connection, or
+// once the pool has had none for keptCheckDelay.
+func (r *leaseRenewer) checkNow(now time.Time) bool {
+	pool, err := r.db.DB()
+	if err != nil || pool.Stats().Idle > 0 || (!r.busySince.IsZero() && now.Sub(r.busySince) >= keptCheckDelay) {
+		r.busySince = time.Time{}
+		return true
+	}
+	if r.busySince.IsZero() {
+		r.busySince = now
+	}
+	return false
+}
+
 // keptRotation is a rotation this process stored.
 type keptRotation struct {
 	token     domain.Token  // as Store wrote it, at the version it replaced

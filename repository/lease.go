@@ -120,6 +120,7 @@ type leaseRenewer struct {
 	holders   map[string]*heldLease
 	kept      []keptRotation // oldest first
 	running   bool
+	busySince time.Time // since when the pool has had no idle connection for the check; run's
 }
 
 func (r *leaseRenewer) add(l *heldLease) {
@@ -174,7 +175,7 @@ WHERE holder = ANY(?::uuid[]) RETURNING holder::text`, leaseTerm.Milliseconds(),
 				r.restoreMissing(ctx, holders, renewed)
 			}
 		}
-		if len(kept) > 0 {
+		if len(kept) > 0 && r.checkNow(time.Now()) {
 			r.check(ctx, kept)
 		}
 		cancel()
