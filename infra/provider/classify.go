@@ -99,8 +99,7 @@ type answer struct {
 	status int // 0: no answer came
 	header http.Header
 	body   []byte // at most maxAnswer bytes
-	fields fields // the body as far as it came; parsed reports whether it was JSON or a form
-	parsed bool
+	fields fields // the body as far as it came; nil unless it was JSON or a form
 	sent   time.Time
 }
 
@@ -129,7 +128,7 @@ func (c clientAuth) post(ctx context.Context, endpoint string, form url.Values, 
 	defer resp.Body.Close()
 	a.status, a.header = resp.StatusCode, resp.Header
 	a.body, err = io.ReadAll(io.LimitReader(resp.Body, maxAnswer))
-	a.fields, a.parsed = parseAnswer(a.header.Get("Content-Type"), a.body)
+	a.fields = parseAnswer(a.header.Get("Content-Type"), a.body)
 	if err != nil {
 		// A timeout or reset mid-body: whatever the provider did is done.
 		return a, &domain.ProviderError{HTTPStatus: a.status, Err: errors.Join(errReadAnswer, err), Lost: spends}
@@ -191,7 +190,7 @@ func (r *Refresher) judge(a answer) (domain.Grant, *domain.ProviderError) {
 	case status == http.StatusNotFound || status == http.StatusMethodNotAllowed:
 		pe.Err = errNotFound
 	case code != "":
-	case !a.parsed:
+	case a.fields == nil:
 		pe.Err = errNotJSON
 	default:
 		pe.Err = errNoCode
@@ -250,24 +249,24 @@ var tokenTypes = map[string]string{"": "Bearer", "bearer": "Bearer", "mac": "MAC
 // fields is a parsed answer: JSON values, or form values as JSON strings.
 type fields map[string]json.RawMessage
 
-// parseAnswer reads a JSON object, or a form when the provider says it is one.
-func parseAnswer(contentType string, body []byte) (f fields, ok bool) {
+// parseAnswer reads a JSON object, or a form when the provider says it is one; nil when neither.
+func parseAnswer(contentType string, body []byte) (f fields) {
 	if json.Unmarshal(body, &f) == nil && f != nil {
-		return f, true
+		return f
 	}
 	media, _, _ := mime.ParseMediaType(contentType)
 	if media != "application/x-www-form-urlencoded" && media != "text/plain" {
-		return nil, false
+		return nil
 	}
 	vals, err := url.ParseQuery(string(bytes.TrimSpace(body)))
 	if err != nil || len(vals) == 0 {
-		return nil, false
+		return nil
 	}
 	f = fields{}
 	for k, v := range vals {
 		f[k], _ = json.Marshal(v[0]) // a string always marshals
 	}
-	return f, true
+	return f
 }
 
 // str is the string value of k; "" when absent or not a string.

@@ -30,7 +30,7 @@ func (r *Refresher) Exchange(ctx context.Context, code, redirectURL, verifier st
 	}
 	var a answer
 	var g domain.Grant
-	pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
+	_, pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
 		a, g, pe = r.exchange(ctx, form, style, false)
 		return pe
 	})
@@ -120,7 +120,7 @@ var errPushRefused = errors.New("the pushed authorization request endpoint answe
 // Errors are *domain.ProviderError naming only the status and code.
 func (r *Refresher) Push(ctx context.Context, endpoint string, form url.Values) (string, error) {
 	var uri string
-	pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) *domain.ProviderError {
+	_, pe := r.authenticated(ctx, false, func(style oauth2.AuthStyle) *domain.ProviderError {
 		a, pe := r.auth.post(ctx, endpoint, maps.Clone(form), style, false)
 		if pe != nil && a.status == 0 {
 			return pe

@@ -13,11 +13,10 @@ import (
 
 // Metadata is what is read of a server's metadata (RFC 8414, OIDC Discovery).
 type Metadata struct {
-	Issuer                string `json:"issuer"`
-	AuthorizationEndpoint string `json:"authorization_endpoint"`
-	TokenEndpoint         string `json:"token_endpoint"`
-	PAREndpoint           string `json:"pushed_authorization_request_endpoint"`
-	RequirePAR            bool   `json:"require_pushed_authorization_requests"`
+	Issuer        string `json:"issuer"`
+	TokenEndpoint string `json:"token_endpoint"`
+	PAREndpoint   string `json:"pushed_authorization_request_endpoint"`
+	RequirePAR    bool   `json:"require_pushed_authorization_requests"`
 }
 
 // Discovery finds and caches a token endpoint's server metadata. A document

@@ -134,23 +134,22 @@ func noRedirect(*http.Request, []*http.Request) error { return http.ErrUseLastRe
 // Refresh redeems refreshToken. Errors are classified *domain.ProviderError.
 func (r *Refresher) Refresh(ctx context.Context, refreshToken domain.Secret) (domain.Grant, error) {
 	var g domain.Grant
-	var last oauth2.AuthStyle
 	form := refreshForm(refreshToken.Reveal())
-	pe := r.authenticated(ctx, true, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
-		last = style
+	style, pe := r.authenticated(ctx, true, func(style oauth2.AuthStyle) (pe *domain.ProviderError) {
 		_, g, pe = r.exchange(ctx, form, style, true)
 		return pe
 	})
 	if pe != nil {
-		r.weigh(ctx, pe, last)
+		r.weigh(ctx, pe, style)
 		return domain.Grant{}, pe
 	}
 	return g, nil
 }
 
 // authenticated calls send in the configured style; in auto, once more in the
-// other style only when the client's authentication failed.
-func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func(oauth2.AuthStyle) *domain.ProviderError) *domain.ProviderError {
+// other style only when the client's authentication failed. It returns the last style sent.
+func (r *Refresher) authenticated(ctx context.Context, logSwitch bool,
+	send func(oauth2.AuthStyle) *domain.ProviderError) (oauth2.AuthStyle, *domain.ProviderError) {
 	style := r.cfg.Endpoint.AuthStyle
 	auto := style == oauth2.AuthStyleAutoDetect
 	if auto {
@@ -171,7 +170,7 @@ func (r *Refresher) authenticated(ctx context.Context, logSwitch bool, send func
 		}
 		r.worked(style)
 	}
-	return pe
+	return style, pe
 }
 
 func (r *Refresher) startStyle(ctx context.Context) oauth2.AuthStyle {
