@@ -81,20 +81,16 @@ func ParsePEM(data []byte) (*Key, error) {
 // ParseSigner decodes a PEM private key of any algorithm (dpop shares it). Errors never quote the input.
 func ParseSigner(data []byte) (crypto.Signer, error) {
 	block, _ := pem.Decode(data)
-	if block == nil {
-		return nil, ErrBadKey
-	}
 	var k any
-	var err error
-	switch block.Type {
-	case "PRIVATE KEY":
+	err := ErrBadKey // no PEM block, or not a private key's
+	switch {
+	case block == nil:
+	case block.Type == "PRIVATE KEY":
 		k, err = x509.ParsePKCS8PrivateKey(block.Bytes)
-	case "EC PRIVATE KEY":
+	case block.Type == "EC PRIVATE KEY":
 		k, err = x509.ParseECPrivateKey(block.Bytes)
-	case "RSA PRIVATE KEY":
+	case block.Type == "RSA PRIVATE KEY":
 		k, err = x509.ParsePKCS1PrivateKey(block.Bytes)
-	default:
-		return nil, ErrBadKey
 	}
 	s, ok := k.(crypto.Signer)
 	if err != nil || !ok {

@@ -23,13 +23,11 @@ type Pool struct {
 // Open connects to the database at url and checks it answers. GORM logs
 // through log (repository.NewLogger keeps tokens out); nil logs nothing.
 func Open(ctx context.Context, url string, pool Pool, log logger.Interface) (*gorm.DB, error) {
-	if log == nil {
-		log = logger.Discard
-	}
+	// No default transaction: each write is in a transaction already.
 	db, err := gorm.Open(postgres.New(postgres.Config{
 		DSN:          url,
 		OptionOpenDB: []stdlib.OptionOpenDB{stdlib.OptionShouldPing(shouldPing)},
-	}), &gorm.Config{Logger: log, SkipDefaultTransaction: true}) // each write is in a transaction already
+	}), &gorm.Config{Logger: cmp.Or(log, logger.Discard), SkipDefaultTransaction: true})
 	if err != nil {
 		return nil, fmt.Errorf("open database: %w", err)
 	}

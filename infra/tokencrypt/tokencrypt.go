@@ -150,14 +150,21 @@ func (k *Keyring) Open(stored, aad string) (string, error) {
 		}
 		return stored, nil
 	}
-	id, head, raw, err := parseEnvelope(stored)
-	if err != nil {
-		return "", err
+	id, ok := KeyID(stored)
+	if !ok {
+		return "", &OpenError{Reason: "malformed envelope"}
+	}
+	body := strings.TrimPrefix(stored[len(prefix)+len(id)+1:], boundMark+":")
+	raw, err := bodyEncoding.DecodeString(body)
+	if err != nil || len(raw) < nonceSize+tagSize {
+		return "", &OpenError{KeyID: id, Reason: "malformed envelope"}
 	}
 	aead, ok := k.aeads[id]
 	if !ok {
 		return "", &OpenError{KeyID: id, Reason: "its key id is not in " + EnvKeys}
 	}
+	// Everything before the body, in either form, is with the caller's aad the GCM additional data.
+	head := stored[:len(stored)-len(body)]
 	pt, err := aead.Open(nil, raw[:nonceSize], raw[nonceSize:], []byte(head+aad))
 	if err != nil {
 		return "", &OpenError{KeyID: id, Reason: "authentication failed (altered, rolled back to an older value, or moved from another row or column)"}
@@ -180,21 +187,6 @@ func KeyID(stored string) (string, bool) {
 	}
 	id, _, ok := strings.Cut(stored[len(prefix):], ":")
 	return id, ok && keyIDPattern.MatchString(id)
-}
-
-// parseEnvelope splits stored into its key id, its header (everything before the body, which with
-// the caller's aad is the GCM additional data, in either form) and its decoded body.
-func parseEnvelope(stored string) (id, head string, raw []byte, err error) {
-	id, body, ok := strings.Cut(stored[len(prefix):], ":")
-	if !ok || !keyIDPattern.MatchString(id) {
-		return "", "", nil, &OpenError{Reason: "malformed envelope"}
-	}
-	body = strings.TrimPrefix(body, boundMark+":")
-	raw, err = bodyEncoding.DecodeString(body)
-	if err != nil || len(raw) < nonceSize+tagSize {
-		return "", "", nil, &OpenError{KeyID: id, Reason: "malformed envelope"}
-	}
-	return id, stored[:len(stored)-len(body)], raw, nil
 }
 
 // String shows the key ids and which one is current, never key bytes. Format (every verb: %#v

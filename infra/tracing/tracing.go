@@ -158,10 +158,7 @@ func Transport(base http.RoundTripper, tp trace.TracerProvider) http.RoundTrippe
 
 // Client is a copy of c (a zero client when nil) on Transport.
 func Client(c *http.Client, tp trace.TracerProvider) *http.Client {
-	var out http.Client
-	if c != nil {
-		out = *c
-	}
+	out := *cmp.Or(c, &http.Client{})
 	out.Transport = Transport(out.Transport, tp)
 	return &out
 }
