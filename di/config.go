@@ -285,7 +285,7 @@ func parseEnv[T any](environ []string) (T, error) {
 		} else if empty, ok := errors.AsType[env.EmptyVarError](e); ok {
 			msg = empty.Key + " must not be empty"
 		} else if parse, ok := errors.AsType[env.ParseError](e); ok { // it names the Go field
-			vars, name := envVars(reflect.TypeFor[T]()), parse.Name
+			vars, name := envVars(reflect.TypeFor[T](), ""), parse.Name
 			if i := slices.IndexFunc(vars, func(v envVar) bool { return v.field == parse.Name }); i >= 0 {
 				name = vars[i].name
 			}

@@ -100,7 +100,6 @@ func NewTokens(ctx context.Context, cfg Config, log *slog.Logger, o TokenOptions
 
 // tokenOptions are the tokenguard options cfg and o ask for.
 func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) []tokenguard.Option {
-	tokenHTTP := agentClient(cfg.AnswerDeadline, o.App)
 	opts := []tokenguard.Option{
 		tokenguard.WithSkew(cfg.RefreshSkew),
 		tokenguard.WithLockWait(cfg.LockWait),
@@ -111,7 +110,7 @@ func tokenOptions(cfg Config, o TokenOptions, log *slog.Logger) []tokenguard.Opt
 		tokenguard.WithSyncCommit(cfg.SyncCommit),
 		tokenguard.WithDefaultLifetime(cfg.DefaultLifetime),
 		tokenguard.WithLogger(log),
-		tokenguard.WithHTTPClient(tokenHTTP),
+		tokenguard.WithHTTPClient(agentClient(cfg.AnswerDeadline, o.App)),
 		tokenguard.WithListenDSN(cfg.ListenURL()),
 		// The process that found the grant revoked tells the operator what to do.
 		tokenguard.WithNeedsReauth(func(connection, reason string) {

@@ -19,7 +19,7 @@ func HelpAsked(args []string) bool {
 // env tags: the one list of them. traced: the app also reads OpenTelemetry's OTEL_* variables.
 func PrintEnv(w io.Writer, settings any, traced bool) {
 	fmt.Fprintln(w, "\nEnvironment (docs/configuration.md):")
-	for _, v := range envVars(reflect.TypeOf(settings)) {
+	for _, v := range envVars(reflect.TypeOf(settings), "") {
 		fmt.Fprintf(w, "  %s%s\n", v.name, v.note)
 	}
 	if traced {
@@ -29,35 +29,30 @@ func PrintEnv(w io.Writer, settings any, traced bool) {
 
 type envVar struct{ field, name, note string }
 
-// envVars are the variables t's env tags name, in field order, with default or "(required)".
-func envVars(t reflect.Type) []envVar {
-	var out []envVar
-	var walk func(t reflect.Type, prefix string)
-	walk = func(t reflect.Type, prefix string) {
-		for f := range t.Fields() {
-			if p, ok := f.Tag.Lookup("envPrefix"); ok {
-				walk(f.Type, prefix+p)
-			} else if f.Anonymous && f.Type.Kind() == reflect.Struct {
-				walk(f.Type, prefix)
-			} else if name, opts, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
-				note := ""
-				if def, ok := f.Tag.Lookup("envDefault"); ok {
-					note = " (default " + def + ")"
-				} else if strings.Contains(opts, "required") {
-					note = " (required)"
-				}
-				out = append(out, envVar{f.Name, prefix + name, note})
+// envVars are the variables t's env tags name after prefix, in field order, with default or "(required)".
+func envVars(t reflect.Type, prefix string) (out []envVar) {
+	for f := range t.Fields() {
+		if p, ok := f.Tag.Lookup("envPrefix"); ok {
+			out = append(out, envVars(f.Type, prefix+p)...)
+		} else if f.Anonymous && f.Type.Kind() == reflect.Struct {
+			out = append(out, envVars(f.Type, prefix)...)
+		} else if name, opts, _ := strings.Cut(f.Tag.Get("env"), ","); name != "" {
+			note := ""
+			if def, ok := f.Tag.Lookup("envDefault"); ok {
+				note = " (default " + def + ")"
+			} else if strings.Contains(opts, "required") {
+				note = " (required)"
 			}
+			out = append(out, envVar{f.Name, prefix + name, note})
 		}
 	}
-	walk(t, "")
 	return out
 }
 
 // knownVars are the names of every setting, from the env tags; ourPrefixes their first words (OAUTH_, TOKEN_,
 // ...): a variable that starts with one looks like a setting.
 var knownVars, ourPrefixes = func() (names, prefixes []string) {
-	for _, v := range envVars(reflect.TypeFor[AppConfig]()) {
+	for _, v := range envVars(reflect.TypeFor[AppConfig](), "") {
 		names = append(names, v.name)
 		if i := strings.IndexByte(v.name, '_'); i > 0 {
 			prefixes = append(prefixes, v.name[:i+1])
