@@ -60,16 +60,12 @@ func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (
 	if err := domain.ValidateName(name); err != nil {
 		return domain.Secret{}, fmt.Errorf("API key name: %w", err)
 	}
-	var scopes []string
-	if a.Scopes != nil {
-		if len(a.Scopes) == 0 {
-			return domain.Secret{}, fmt.Errorf("%w: an empty scope list", domain.ErrInvalidKeyAccess)
-		}
-		for _, s := range a.Scopes {
-			if _, err := domain.ParseScopes([]string{string(s)}); err != nil {
-				return domain.Secret{}, err
-			}
-			scopes = append(scopes, string(s))
+	if a.Scopes != nil && len(a.Scopes) == 0 {
+		return domain.Secret{}, fmt.Errorf("%w: an empty scope list", domain.ErrInvalidKeyAccess)
+	}
+	for _, s := range a.Scopes {
+		if _, err := domain.ParseScopes([]string{string(s)}); err != nil {
+			return domain.Secret{}, err
 		}
 	}
 	if a.Connections != nil && len(a.Connections) == 0 {
@@ -84,7 +80,7 @@ func (k *APIKeys) Create(ctx context.Context, name string, a domain.KeyAccess) (
 	err := changedRow(ctx, k.db, "create API key", fmt.Errorf("API key %q: %w", name, domain.ErrKeyExists),
 		`INSERT INTO tokenguard_api_keys (name, key_hash, scopes, connection_patterns)
 VALUES (?, decode(?, 'hex'), ?::text[], ?::text[]) ON CONFLICT (name) DO NOTHING`,
-		name, hashParam(key), stringArray(scopes), stringArray(a.Connections))
+		name, hashParam(key), stringArray(a.Scopes), stringArray(a.Connections))
 	if err != nil {
 		return domain.Secret{}, err
 	}

@@ -119,9 +119,8 @@ func safeMessage(e *pgconn.PgError) string {
 
 // safeError is what the logger is allowed to print of a query error.
 func safeError(err error) error {
-	var pgErr *pgconn.PgError
-	if err == nil || !errors.As(err, &pgErr) {
-		return err
+	if pgErr, ok := errors.AsType[*pgconn.PgError](err); ok {
+		return errors.New(safeMessage(pgErr))
 	}
-	return errors.New(safeMessage(pgErr))
+	return err
 }

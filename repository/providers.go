@@ -283,6 +283,6 @@ func unknownProvider(err error) bool {
 	if sqlState(err) != "23503" {
 		return false
 	}
-	var pgErr *pgconn.PgError // lib/pq's errors name no constraint here
-	return !errors.As(err, &pgErr) || strings.Contains(pgErr.ConstraintName, "provider")
+	pgErr, ok := errors.AsType[*pgconn.PgError](err) // lib/pq's errors name no constraint here
+	return !ok || strings.Contains(pgErr.ConstraintName, "provider")
 }

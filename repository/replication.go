@@ -84,11 +84,10 @@ func (d *Durability) Observe(r Replication) { d.last.Store(&r) }
 
 // Replication is the cluster as last read, and whether it was read.
 func (d *Durability) Replication() (Replication, bool) {
-	r := d.last.Load()
-	if r == nil {
-		return Replication{}, false
+	if r := d.last.Load(); r != nil {
+		return *r, true
 	}
-	return *r, true
+	return Replication{}, false
 }
 
 // SyncCommit is the token writes' level: the configured one, else the cluster's DefaultSyncCommit, else on.

@@ -62,7 +62,7 @@ func textArray(scopes string) any {
 }
 
 // stringArray is a text[] parameter; nil is NULL.
-func stringArray(v []string) any {
+func stringArray[S ~string](v []S) any {
 	if v == nil {
 		return nil
 	}
@@ -70,10 +70,10 @@ func stringArray(v []string) any {
 }
 
 // tagArray is v as a text[] literal, every element quoted.
-func tagArray(v []string) string {
+func tagArray[S ~string](v []S) string {
 	out := make([]string, len(v))
 	for i, s := range v {
-		out[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(s) + `"`
+		out[i] = `"` + strings.NewReplacer(`\`, `\\`, `"`, `\"`).Replace(string(s)) + `"`
 	}
 	return "{" + strings.Join(out, ",") + "}"
 }
@@ -162,11 +162,8 @@ func exec(ctx context.Context, db *gorm.DB, op, sql string, args ...any) error {
 // changedRow runs a write on db that must change a row; none is the error when it changes none.
 func changedRow(ctx context.Context, db *gorm.DB, op string, none error, sql string, args ...any) error {
 	res := db.WithContext(ctx).Exec(sql, args...)
-	if res.Error != nil {
-		return storeError(ctx, op, res.Error)
-	}
-	if res.RowsAffected == 0 {
+	if res.Error == nil && res.RowsAffected == 0 {
 		return none
 	}
-	return nil
+	return storeError(ctx, op, res.Error)
 }
