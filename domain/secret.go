@@ -57,18 +57,17 @@ func (s Secret) IsZero() bool { return s.v == nil }
 // Equal reports whether two secrets hold the same value.
 func (s Secret) Equal(o Secret) bool { return s.Reveal() == o.Reveal() }
 
-func (s Secret) String() string { return s.mask() }
-
 // Format covers every verb, %#v, %x and %q included, which would otherwise bypass String.
-func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.mask())) }
+func (s Secret) Format(f fmt.State, _ rune) { _, _ = f.Write([]byte(s.String())) }
 
 // LogValue keeps slog from ever seeing the value.
-func (s Secret) LogValue() slog.Value { return slog.StringValue(s.mask()) }
+func (s Secret) LogValue() slog.Value { return slog.StringValue(s.String()) }
 
 // MarshalText keeps encoders (JSON, YAML, text logs) from seeing the value.
-func (s Secret) MarshalText() ([]byte, error) { return []byte(s.mask()), nil }
+func (s Secret) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
 
-func (s Secret) mask() string {
+// String masks the value: "[REDACTED]", or "" for the zero Secret.
+func (s Secret) String() string {
 	if s.v == nil {
 		return ""
 	}

@@ -120,8 +120,7 @@ func (u *RefreshTokenUseCase) reasonFor(t domain.Token, err error) string {
 	if errors.Is(err, domain.ErrGrantRevoked) && u.cache.rolledBack(t.Connection, t.Version) {
 		return ReasonRolledBack
 	}
-	var pe *domain.ProviderError
-	if errors.As(err, &pe) && pe.Code != "" {
+	if pe, ok := errors.AsType[*domain.ProviderError](err); ok && pe.Code != "" {
 		if pe.Evidence == domain.EvidenceFingerprint {
 			return fmt.Sprintf("%s (HTTP %d, the provider's answer to a refresh token that cannot exist)", pe.Code, pe.HTTPStatus)
 		}
